@@ -1,0 +1,216 @@
+"""Decoder configuration: one small dataclass, validated on construction.
+
+The position method is the only thing that differs between the variants nopelens compares, so a
+comparison is apples to apples. Where each method acts is the table of seed
+``002_c993a97fc3f160f5.txt``:
+
+========================  ==============  ==============================================
+method                    ``position``    acts on
+========================  ==============  ==============================================
+NoPE                      ``nope``        nothing: only the causal mask carries order
+learned absolute          ``learned``     input representation (table ``[n_ctx, d_model]``)
+sinusoidal                ``sinusoidal``  input representation (fixed)
+RoPE                      ``rope``        projected Q/K pairs
+ALiBi                     ``alibi``       score bias before softmax
+Shaw relative             ``shaw``        score (and optionally value), clipped offsets
+========================  ==============  ==============================================
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+INPUT_METHODS = ("learned", "sinusoidal")
+"""Methods that add a vector to the input representation (one per model, not per layer)."""
+
+ATTENTION_METHODS = ("nope", "rope", "alibi", "shaw")
+"""Methods that act inside attention, and may differ from layer to layer."""
+
+POSITION_METHODS = ATTENTION_METHODS + INPUT_METHODS
+NORMALIZATIONS = ("layernorm", "rmsnorm", "none")
+ACT_FNS = ("gelu", "gelu_tanh", "relu", "silu")
+PAIRINGS = ("half", "interleaved")
+
+
+@dataclass(frozen=True)
+class DecoderConfig:
+    """Shape and position method of a :class:`~nopelens.models.Decoder`.
+
+    Dimension names follow TransformerLens. Validation happens in ``__post_init__``; every problem
+    raises ``ValueError`` naming the offending field.
+
+    Attributes:
+        d_vocab: vocabulary size; token ids must lie in ``[0, d_vocab)``.
+        n_ctx: longest sequence the model is meant for. Only ``learned`` enforces it (its table has
+            ``n_ctx`` rows); the other methods compute any position.
+        n_layers: number of blocks.
+        d_model: residual stream width.
+        n_heads: attention heads per block; must divide ``d_model``.
+        d_head: width of one head; defaults to ``d_model // n_heads``.
+        d_mlp: hidden width of the MLP; defaults to ``4 * d_model``; 0 means attention-only blocks.
+        act_fn: MLP non-linearity, one of ``gelu``, ``gelu_tanh`` (GPT-2's), ``relu``, ``silu``.
+        normalization: ``layernorm``, ``rmsnorm`` or ``none`` (pre-norm blocks; ``none`` lets
+            hand-set circuits write exact values).
+        use_bias: biases in attention, MLP, normalization and unembedding.
+        position: one method for every layer, or a list with one attention method per layer
+            (hybrids such as NoPE in some layers and RoPE in others). The input methods
+            ``learned`` and ``sinusoidal`` act once, on the embeddings, so they are given as a
+            single string.
+        rotary_fraction: RoPE's rho; the first ``rotary_dim = rho * d_head`` dims of each head are
+            rotated, the rest pass through (partial RoPE, seed ``004_150f630256efbd1c.txt``).
+        rotary_base: RoPE base b in theta_r = b^(-2r / rotary_dim).
+        pairing: ``half`` (GPT-NeoX / HF Llama: dims r and r + rotary_dim/2) or ``interleaved``
+            (GPT-J / Meta: dims 2r and 2r + 1).
+        shaw_clip: Shaw's k; relative offsets j - i are clipped to ``[-k, k]`` (2k + 1 rows).
+        shaw_values: also add relative value embeddings a^V (Shaw et al. 2018, eq. 3).
+        layer_norm_eps: epsilon of the normalization layers.
+        init_std: standard deviation of the normal weight initialization.
+    """
+
+    d_vocab: int
+    n_ctx: int
+    n_layers: int = 2
+    d_model: int = 64
+    n_heads: int = 4
+    d_head: int | None = None
+    d_mlp: int | None = None
+    act_fn: str = "gelu"
+    normalization: str = "layernorm"
+    use_bias: bool = True
+    position: str | tuple[str, ...] = "nope"
+    rotary_fraction: float = 1.0
+    rotary_base: float = 10000.0
+    pairing: str = "half"
+    shaw_clip: int = 16
+    shaw_values: bool = False
+    layer_norm_eps: float = 1e-5
+    init_std: float = 0.02
+    extra: dict = field(default_factory=dict, compare=False)
+
+    def __post_init__(self) -> None:
+        if isinstance(self.position, list):
+            object.__setattr__(self, "position", tuple(self.position))
+        if self.d_head is None and self.n_heads > 0:
+            object.__setattr__(self, "d_head", self.d_model // self.n_heads)
+        if self.d_mlp is None:
+            object.__setattr__(self, "d_mlp", 4 * self.d_model)
+        self._validate()
+
+    def _validate(self) -> None:
+        for name in ("d_vocab", "n_ctx", "n_layers", "d_model", "n_heads", "d_head"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        if not isinstance(self.d_mlp, int) or self.d_mlp < 0:
+            raise ValueError(f"d_mlp must be a non-negative integer, got {self.d_mlp!r}")
+        if self.d_model % self.n_heads:
+            raise ValueError(
+                f"n_heads={self.n_heads} must divide d_model={self.d_model} "
+                f"(d_model % n_heads = {self.d_model % self.n_heads})"
+            )
+        if self.act_fn not in ACT_FNS:
+            raise ValueError(f"act_fn must be one of {ACT_FNS}, got {self.act_fn!r}")
+        if self.normalization not in NORMALIZATIONS:
+            raise ValueError(
+                f"normalization must be one of {NORMALIZATIONS}, got {self.normalization!r}"
+            )
+        self._validate_position()
+        if self.pairing not in PAIRINGS:
+            raise ValueError(f"pairing must be one of {PAIRINGS}, got {self.pairing!r}")
+        if not 0.0 < self.rotary_fraction <= 1.0:
+            raise ValueError(f"rotary_fraction must lie in (0, 1], got {self.rotary_fraction!r}")
+        if "rope" in self.layer_positions:
+            exact = self.rotary_fraction * self.d_head
+            if abs(exact - round(exact)) > 1e-9 or round(exact) % 2:
+                raise ValueError(
+                    f"rotary_fraction={self.rotary_fraction} gives rotary_dim={exact:g} of "
+                    f"d_head={self.d_head}; RoPE rotates pairs, so rotary_dim must be an even "
+                    "integer"
+                )
+        if not self.rotary_base > 1.0:
+            raise ValueError(f"rotary_base must be > 1, got {self.rotary_base!r}")
+        if not isinstance(self.shaw_clip, int) or self.shaw_clip < 0:
+            raise ValueError(f"shaw_clip must be a non-negative integer, got {self.shaw_clip!r}")
+        if not self.layer_norm_eps > 0:
+            raise ValueError(f"layer_norm_eps must be > 0, got {self.layer_norm_eps!r}")
+        if not self.init_std > 0:
+            raise ValueError(f"init_std must be > 0, got {self.init_std!r}")
+
+    def _validate_position(self) -> None:
+        if isinstance(self.position, str):
+            if self.position not in POSITION_METHODS:
+                raise ValueError(
+                    f"position must be one of {POSITION_METHODS}, got {self.position!r}"
+                )
+            return
+        if len(self.position) != self.n_layers:
+            raise ValueError(
+                f"position lists one method per layer: got {len(self.position)} for "
+                f"n_layers={self.n_layers}"
+            )
+        for layer, method in enumerate(self.position):
+            if method in INPUT_METHODS:
+                raise ValueError(
+                    f"position[{layer}]={method!r}: {method} acts on the input embeddings, once "
+                    "per model; give it as a single string, not per layer"
+                )
+            if method not in ATTENTION_METHODS:
+                raise ValueError(
+                    f"position[{layer}] must be one of {ATTENTION_METHODS}, got {method!r}"
+                )
+
+    @property
+    def input_position(self) -> str | None:
+        """``learned`` or ``sinusoidal`` when the model adds position to its input, else None."""
+        return self.position if self.position in INPUT_METHODS else None
+
+    @property
+    def layer_positions(self) -> tuple[str, ...]:
+        """The attention-level method of each layer (``nope`` where position enters the input)."""
+        if isinstance(self.position, tuple):
+            return self.position
+        method = "nope" if self.position in INPUT_METHODS else self.position
+        return (method,) * self.n_layers
+
+    @property
+    def rotary_dim(self) -> int:
+        """Number of rotated dims per head, ``rotary_fraction * d_head``."""
+        return int(round(self.rotary_fraction * self.d_head))
+
+    @property
+    def position_name(self) -> str:
+        """A short label of the position method, e.g. ``rope`` or ``nope+rope``."""
+        if isinstance(self.position, str):
+            return self.position
+        return "+".join(dict.fromkeys(self.position))
+
+    def replace(self, **changes: Any) -> "DecoderConfig":
+        """A copy with some fields changed (and validated again)."""
+        return dataclasses.replace(self, **changes)
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready dict; :meth:`from_dict` inverts it."""
+        data = dataclasses.asdict(self)
+        if isinstance(self.position, tuple):
+            data["position"] = list(self.position)
+        return data
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "DecoderConfig":
+        """Build a config from :meth:`to_dict` output.
+
+        Raises:
+            ValueError: on unknown fields or invalid values.
+        """
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ValueError(f"unknown DecoderConfig fields: {unknown}")
+        return cls(**data)
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), sort_keys=True)
+

@@ -1,0 +1,516 @@
+"""The hooked decoder: a small pre-norm transformer whose only varying part is the position method.
+
+``Decoder`` is a TransformerLens ``HookedRootModule``, so ``run_with_cache``, ``hooks()``,
+``run_with_hooks`` and ``names_filter`` work as TransformerLens users expect. Hook and weight names
+follow TransformerLens (``blocks.{l}.attn.hook_pattern``, ``W_Q [n_heads, d_model, d_head]``).
+Content scores and position contributions are hooked separately (seed
+``002_c993a97fc3f160f5.txt``, audit step 6):
+
+- ``attn.hook_content_scores`` q.k / sqrt(d_head) (for RoPE, of the rotated q and k)
+- ``attn.hook_pos_bias`` the score a method adds: ALiBi's -m_h (i - j), Shaw's q.a^K / sqrt(d_head)
+- ``attn.hook_attn_scores`` their sum, with -inf at blocked entries (as in TransformerLens)
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from jaxtyping import Bool, Float, Int
+from torch import Tensor, nn
+from transformer_lens import ActivationCache, HookedRootModule
+from transformer_lens.hook_points import HookPoint
+
+from .config import DecoderConfig
+from .masks import check_rows_have_a_key, visibility
+from .positions import (
+    alibi_bias,
+    alibi_slopes,
+    apply_rope,
+    position_ids_from_mask,
+    shaw_relative_ids,
+    sinusoidal_table,
+)
+
+_ACTIVATIONS = {
+    "gelu": F.gelu,
+    "gelu_tanh": lambda x: F.gelu(x, approximate="tanh"),
+    "relu": F.relu,
+    "silu": F.silu,
+}
+
+
+@dataclass
+class KVCache:
+    """Keys (before rotation), values, positions and padding of the tokens decoded so far.
+
+    Keys are cached *unrotated*, so each step rotates every key at its true position id. The
+    ``Decoder`` appends to the cache only after a forward pass succeeds, so a failed step leaves
+    it as it was.
+
+    Attributes:
+        keys: per layer ``[batch, pos, head_index, d_head]`` or None before the first step.
+        values: per layer ``[batch, pos, head_index, d_head]`` or None.
+        position_ids: int64 ``[batch, pos]`` position ids of the cached tokens.
+        attention_mask: int64 ``[batch, pos]``, 1 for real tokens.
+    """
+
+    keys: list[Tensor | None]
+    values: list[Tensor | None]
+    position_ids: Tensor
+    attention_mask: Tensor
+
+    @classmethod
+    def empty(cls, cfg: DecoderConfig, batch: int, device: torch.device | str | None = None) -> "KVCache":
+        """A cache with no tokens for a model of config ``cfg``."""
+        none = [None] * cfg.n_layers
+        blank = torch.zeros(batch, 0, dtype=torch.long, device=device)
+        return cls(list(none), list(none), blank, blank.clone())
+
+    @property
+    def length(self) -> int:
+        """Number of cached positions (padding included)."""
+        return self.position_ids.shape[1]
+
+    @property
+    def next_position(self) -> Int[Tensor, "batch"]:
+        """Position id of the next real token of each row: the number of real tokens so far."""
+        return self.attention_mask.sum(-1)
+
+
+class Norm(nn.Module):
+    """LayerNorm, RMSNorm or identity, with ``hook_scale`` and ``hook_normalized``."""
+
+    def __init__(self, cfg: DecoderConfig):
+        super().__init__()
+        self.kind, self.eps = cfg.normalization, cfg.layer_norm_eps
+        if self.kind != "none":
+            self.w = nn.Parameter(torch.ones(cfg.d_model))
+        if self.kind == "layernorm" and cfg.use_bias:
+            self.b = nn.Parameter(torch.zeros(cfg.d_model))
+        self.hook_scale = HookPoint()  # [batch, pos, 1]
+        self.hook_normalized = HookPoint()  # [batch, pos, d_model]
+
+    def forward(self, x: Float[Tensor, "batch pos d_model"]) -> Float[Tensor, "batch pos d_model"]:
+        if self.kind == "none":
+            return self.hook_normalized(x)
+        if self.kind == "layernorm":
+            x = x - x.mean(-1, keepdim=True)
+        scale = self.hook_scale((x.pow(2).mean(-1, keepdim=True) + self.eps).sqrt())
+        x = self.hook_normalized(x / scale) * self.w
+        return x + self.b if hasattr(self, "b") else x
+
+
+class Attention(nn.Module):
+    """Causal multi-head attention with one position method (``nope``, ``rope``, ``alibi``, ``shaw``).
+
+    Scores are e_ij = q_i.k_j / sqrt(d_head) + bias_ij with blocked entries at -inf (seed 000).
+    RoPE rotates q and k (Su et al. 2021); ALiBi adds -m_h (i - j) (Press et al. 2022); Shaw adds
+    q_i.a^K_{clip(j-i)} / sqrt(d_head) and optionally a^V to the values (Shaw et al. 2018, eqs. 3-4).
+    """
+
+    def __init__(self, cfg: DecoderConfig, method: str):
+        super().__init__()
+        self.cfg, self.method = cfg, method
+        h, d, e = cfg.n_heads, cfg.d_model, cfg.d_head
+        self.W_Q = nn.Parameter(torch.empty(h, d, e))
+        self.W_K = nn.Parameter(torch.empty(h, d, e))
+        self.W_V = nn.Parameter(torch.empty(h, d, e))
+        self.W_O = nn.Parameter(torch.empty(h, e, d))
+        if cfg.use_bias:
+            self.b_Q = nn.Parameter(torch.zeros(h, e))
+            self.b_K = nn.Parameter(torch.zeros(h, e))
+            self.b_V = nn.Parameter(torch.zeros(h, e))
+            self.b_O = nn.Parameter(torch.zeros(d))
+        if method == "alibi":
+            self.register_buffer("alibi_slopes", alibi_slopes(h), persistent=False)
+        if method == "shaw":
+            self.W_rel_K = nn.Parameter(torch.empty(2 * cfg.shaw_clip + 1, e))
+            if cfg.shaw_values:
+                self.W_rel_V = nn.Parameter(torch.empty(2 * cfg.shaw_clip + 1, e))
+        self.hook_q = HookPoint()  # [batch, pos, head_index, d_head]
+        self.hook_k = HookPoint()
+        self.hook_v = HookPoint()
+        if method == "rope":
+            self.hook_rot_q = HookPoint()
+            self.hook_rot_k = HookPoint()
+        self.hook_content_scores = HookPoint()  # [batch, head_index, query_pos, key_pos]
+        if method in ("alibi", "shaw"):
+            self.hook_pos_bias = HookPoint()
+        self.hook_attn_scores = HookPoint()
+        self.hook_pattern = HookPoint()
+        self.hook_z = HookPoint()  # [batch, pos, head_index, d_head]
+        self.use_fused = True
+
+    def _project(self, x: Tensor, W: Tensor, name: str) -> Tensor:
+        out = torch.einsum("bpd,hde->bphe", x, W)
+        return out + getattr(self, name) if hasattr(self, name) else out
+
+    def _needs_pattern(self) -> bool:
+        """The explicit path runs when anyone hooks a score or pattern, or Shaw needs it."""
+        if not self.use_fused or self.method == "shaw":
+            return True
+        for name in ("hook_content_scores", "hook_pos_bias", "hook_attn_scores", "hook_pattern"):
+            hook = getattr(self, name, None)
+            if hook is not None and (hook._forward_hooks or hook._backward_hooks):
+                return True
+        return False
+
+    def forward(
+        self,
+        x: Float[Tensor, "batch pos d_model"],
+        key_positions: Int[Tensor, "batch key_pos"],
+        allowed: Bool[Tensor, "batch 1 pos key_pos"],
+        past: tuple[Tensor, Tensor] | None = None,
+    ) -> tuple[Float[Tensor, "batch pos d_model"], tuple[Tensor, Tensor]]:
+        """Attend from the rows of ``x`` to the cached keys plus the rows of ``x``.
+
+        Returns:
+            The attention output and the new (unrotated) keys and values to cache.
+        """
+        q = self.hook_q(self._project(x, self.W_Q, "b_Q"))
+        k_new = self.hook_k(self._project(x, self.W_K, "b_K"))
+        v_new = self.hook_v(self._project(x, self.W_V, "b_V"))
+        k, v = k_new, v_new
+        if past is not None:
+            k, v = torch.cat([past[0], k_new], dim=1), torch.cat([past[1], v_new], dim=1)
+        query_positions = key_positions[:, -x.shape[1] :]
+        if self.method == "rope":
+            rope = dict(rotary_dim=self.cfg.rotary_dim, base=self.cfg.rotary_base, pairing=self.cfg.pairing)
+            q = self.hook_rot_q(apply_rope(q, query_positions, **rope))
+            k = self.hook_rot_k(apply_rope(k, key_positions, **rope))
+        if self._needs_pattern():
+            z = self._explicit(q, k, v, query_positions, key_positions, allowed)
+        else:
+            z = self._fused(q, k, v, query_positions, key_positions, allowed)
+        z = self.hook_z(z)
+        out = torch.einsum("bphe,hed->bpd", z, self.W_O)
+        if hasattr(self, "b_O"):
+            out = out + self.b_O
+        return out, (k_new, v_new)
+
+    def _bias(self, q: Tensor, query_positions: Tensor, key_positions: Tensor) -> Tensor | None:
+        if self.method == "alibi":
+            return alibi_bias(self.alibi_slopes, query_positions, key_positions).to(q.dtype)
+        if self.method == "shaw":
+            ids = shaw_relative_ids(query_positions, key_positions, self.cfg.shaw_clip)
+            rel = self.W_rel_K[ids]  # [batch, query_pos, key_pos, d_head]
+            return torch.einsum("bqhe,bqke->bhqk", q, rel) / math.sqrt(self.cfg.d_head)
+        return None
+
+    def _explicit(self, q, k, v, query_positions, key_positions, allowed) -> Tensor:
+        content = torch.einsum("bqhe,bkhe->bhqk", q, k) / math.sqrt(self.cfg.d_head)
+        scores = self.hook_content_scores(content)
+        bias = self._bias(q, query_positions, key_positions)
+        if bias is not None:
+            scores = scores + self.hook_pos_bias(bias)
+        scores = self.hook_attn_scores(scores.masked_fill(~allowed, float("-inf")))
+        pattern = self.hook_pattern(scores.softmax(dim=-1))
+        z = torch.einsum("bhqk,bkhe->bqhe", pattern, v)
+        if self.method == "shaw" and self.cfg.shaw_values:
+            ids = shaw_relative_ids(query_positions, key_positions, self.cfg.shaw_clip)
+            z = z + torch.einsum("bhqk,bqke->bqhe", pattern, self.W_rel_V[ids])
+        return z
+
+    def _fused(self, q, k, v, query_positions, key_positions, allowed) -> Tensor:
+        """``scaled_dot_product_attention``: the same function, without materializing hooks."""
+        bias = self._bias(q, query_positions, key_positions)
+        q, k, v = (t.transpose(1, 2) for t in (q, k, v))
+        plain_causal = bias is None and allowed.shape[0] == 1 and q.shape[2] == k.shape[2]
+        if plain_causal:
+            z = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        elif bias is None:
+            z = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed)
+        else:
+            z = F.scaled_dot_product_attention(q, k, v, attn_mask=bias.masked_fill(~allowed, float("-inf")))
+        return z.transpose(1, 2)
+
+
+class MLP(nn.Module):
+    """Two-layer MLP: W_out act(W_in x + b_in) + b_out, hooked at ``hook_pre`` and ``hook_post``."""
+
+    def __init__(self, cfg: DecoderConfig):
+        super().__init__()
+        self.W_in = nn.Parameter(torch.empty(cfg.d_model, cfg.d_mlp))
+        self.W_out = nn.Parameter(torch.empty(cfg.d_mlp, cfg.d_model))
+        if cfg.use_bias:
+            self.b_in = nn.Parameter(torch.zeros(cfg.d_mlp))
+            self.b_out = nn.Parameter(torch.zeros(cfg.d_model))
+        self.act = _ACTIVATIONS[cfg.act_fn]
+        self.hook_pre = HookPoint()  # [batch, pos, d_mlp]
+        self.hook_post = HookPoint()
+
+    def forward(self, x: Float[Tensor, "batch pos d_model"]) -> Float[Tensor, "batch pos d_model"]:
+        pre = x @ self.W_in
+        if hasattr(self, "b_in"):
+            pre = pre + self.b_in
+        out = self.hook_post(self.act(self.hook_pre(pre))) @ self.W_out
+        return out + self.b_out if hasattr(self, "b_out") else out
+
+
+class Block(nn.Module):
+    """Pre-norm block: resid_mid = resid_pre + attn(ln1(resid_pre)); resid_post = resid_mid + mlp(ln2(resid_mid))."""
+
+    def __init__(self, cfg: DecoderConfig, method: str):
+        super().__init__()
+        self.ln1 = Norm(cfg)
+        self.attn = Attention(cfg, method)
+        self.has_mlp = cfg.d_mlp > 0
+        if self.has_mlp:
+            self.ln2 = Norm(cfg)
+            self.mlp = MLP(cfg)
+        self.hook_resid_pre = HookPoint()  # [batch, pos, d_model]
+        self.hook_attn_out = HookPoint()
+        self.hook_resid_mid = HookPoint()
+        self.hook_mlp_out = HookPoint()
+        self.hook_resid_post = HookPoint()
+
+    def forward(self, resid, key_positions, allowed, past=None):
+        resid = self.hook_resid_pre(resid)
+        attn_out, new_kv = self.attn(self.ln1(resid), key_positions, allowed, past)
+        resid = self.hook_resid_mid(resid + self.hook_attn_out(attn_out))
+        if self.has_mlp:
+            resid = resid + self.hook_mlp_out(self.mlp(self.ln2(resid)))
+        return self.hook_resid_post(resid), new_kv
+
+
+class Embed(nn.Module):
+    def __init__(self, cfg: DecoderConfig):
+        super().__init__()
+        self.W_E = nn.Parameter(torch.empty(cfg.d_vocab, cfg.d_model))
+
+
+class PosEmbed(nn.Module):
+    def __init__(self, cfg: DecoderConfig):
+        super().__init__()
+        self.W_pos = nn.Parameter(torch.empty(cfg.n_ctx, cfg.d_model))
+
+
+class Unembed(nn.Module):
+    def __init__(self, cfg: DecoderConfig):
+        super().__init__()
+        self.W_U = nn.Parameter(torch.empty(cfg.d_model, cfg.d_vocab))
+        if cfg.use_bias:
+            self.b_U = nn.Parameter(torch.zeros(cfg.d_vocab))
+
+    def forward(self, x: Float[Tensor, "batch pos d_model"]) -> Float[Tensor, "batch pos d_vocab"]:
+        logits = x @ self.W_U
+        return logits + self.b_U if hasattr(self, "b_U") else logits
+
+
+class Decoder(HookedRootModule):
+    """Decoder-only transformer with one configurable position method, hooked TransformerLens-style.
+
+    Args:
+        cfg: the configuration.
+        seed: if given, weights are initialized from a private generator seeded with it, so the
+            same seed gives the same weights whatever the global RNG state.
+        device: where to put the parameters.
+        dtype: parameter dtype (position angles and tables are computed in float32 or wider).
+
+    Hook points (shapes as TransformerLens names them): ``hook_embed`` and ``hook_pos_embed``
+    ``[batch, pos, d_model]``; ``blocks.{l}.hook_resid_pre|hook_attn_out|hook_resid_mid|
+    hook_mlp_out|hook_resid_post`` ``[batch, pos, d_model]``; ``blocks.{l}.attn.hook_q|hook_k|hook_v|
+    hook_rot_q|hook_rot_k|hook_z`` ``[batch, pos, head_index, d_head]``; ``blocks.{l}.attn.
+    hook_content_scores|hook_pos_bias|hook_attn_scores|hook_pattern`` ``[batch, head_index,
+    query_pos, key_pos]``; ``ln_final.hook_normalized``.
+    """
+
+    def __init__(
+        self,
+        cfg: DecoderConfig,
+        seed: int | None = None,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype = torch.float32,
+    ):
+        super().__init__()
+        self.cfg = cfg
+        self.embed = Embed(cfg)
+        self.hook_embed = HookPoint()
+        if cfg.input_position == "learned":
+            self.pos_embed = PosEmbed(cfg)
+        if cfg.input_position is not None:
+            self.hook_pos_embed = HookPoint()
+        self.blocks = nn.ModuleList(Block(cfg, m) for m in cfg.layer_positions)
+        self.ln_final = Norm(cfg)
+        self.unembed = Unembed(cfg)
+        self.init_weights(seed)
+        self.to(device=device, dtype=dtype)
+        self.setup()
+
+    # ----------------------------------------------------------------------------- weights
+    def init_weights(self, seed: int | None = None) -> None:
+        """Normal(0, init_std) weight matrices and tables, zero biases, unit norm weights."""
+        generator = torch.Generator().manual_seed(seed) if seed is not None else None
+        with torch.no_grad():
+            for name, param in self.named_parameters():
+                leaf = name.rsplit(".", 1)[-1]
+                if leaf.startswith("W_"):
+                    cpu = torch.empty(param.shape).normal_(0.0, self.cfg.init_std, generator=generator)
+                    param.copy_(cpu)
+                elif leaf == "w":
+                    param.fill_(1.0)
+                else:
+                    param.zero_()
+
+    @property
+    def device(self) -> torch.device:
+        return self.embed.W_E.device
+
+    def set_fused_attention(self, enabled: bool) -> None:
+        """Allow (default) or forbid ``scaled_dot_product_attention`` when no one hooks a pattern."""
+        for block in self.blocks:
+            block.attn.use_fused = enabled
+
+    # ----------------------------------------------------------------------------- forward
+    def forward(
+        self,
+        tokens: Int[Tensor, "batch pos"],
+        attention_mask: Int[Tensor, "batch pos"] | None = None,
+        position_ids: Int[Tensor, "batch pos"] | None = None,
+        stop_at_layer: int | None = None,
+        past_kv: KVCache | None = None,
+    ) -> Float[Tensor, "batch pos d_vocab"] | Float[Tensor, "batch pos d_model"]:
+        """Run the model.
+
+        Args:
+            tokens: int64 token ids in ``[0, d_vocab)``.
+            attention_mask: 1 for real tokens, 0 for padding (left or right), over the new tokens
+                only when ``past_kv`` is given. Default: all real.
+            position_ids: explicit int64 position ids (for interventions). Default: counted from
+                the attention mask, so the first real token of each row is at position 0 (or at the
+                cache's next position).
+            stop_at_layer: if given, run blocks ``0 .. stop_at_layer - 1`` and return the residual
+                stream ``[batch, pos, d_model]`` (0 returns the embeddings plus input positions).
+            past_kv: a :class:`KVCache`; the new keys and values are appended to it (only once the
+                pass has succeeded).
+
+        Returns:
+            Logits ``[batch, pos, d_vocab]``, or the residual stream when ``stop_at_layer`` is set.
+
+        Raises:
+            TypeError: if tokens, mask or position ids are not integer tensors.
+            ValueError: on a token id outside the vocabulary, a wrong shape, a mask that is not
+                0/1, a fully masked row, a negative position, a position past a learned table's
+                ``n_ctx`` rows, or ``stop_at_layer`` outside ``[0, n_layers]`` or with a cache.
+        """
+        self._check_tokens(tokens)
+        batch, n_new = tokens.shape
+        if past_kv is None:
+            past_mask = tokens.new_zeros(batch, 0)
+            past_positions = tokens.new_zeros(batch, 0)
+        else:
+            if stop_at_layer is not None:
+                raise ValueError("stop_at_layer cannot be combined with past_kv")
+            if past_kv.position_ids.shape[0] != batch:
+                raise ValueError(f"past_kv holds batch {past_kv.position_ids.shape[0]}, tokens have {batch}")
+            past_mask, past_positions = past_kv.attention_mask, past_kv.position_ids
+        attention_mask = self._check_mask(attention_mask, tokens)
+        if position_ids is None:
+            start = past_kv.next_position if past_kv is not None else None
+            position_ids = position_ids_from_mask(attention_mask, start)
+        self._check_position_ids(position_ids, tokens)
+        key_mask = torch.cat([past_mask, attention_mask], dim=1)
+        key_positions = torch.cat([past_positions, position_ids], dim=1)
+        has_padding = not bool(key_mask.all())
+        allowed = visibility(key_mask if has_padding else None, n_new, key_mask.shape[1], tokens.device)
+        if has_padding:
+            check_rows_have_a_key(allowed)
+
+        resid = self._embed(tokens, position_ids)
+        n_blocks = self.cfg.n_layers if stop_at_layer is None else self._check_stop(stop_at_layer)
+        new_kv = []
+        for layer, block in enumerate(self.blocks[:n_blocks]):
+            past = None
+            if past_kv is not None and past_kv.keys[layer] is not None:
+                past = (past_kv.keys[layer], past_kv.values[layer])
+            resid, kv = block(resid, key_positions, allowed, past)
+            new_kv.append(kv)
+        if stop_at_layer is not None:
+            return resid
+        logits = self.unembed(self.ln_final(resid))
+        if past_kv is not None:
+            self._append_to_cache(past_kv, new_kv, position_ids, attention_mask)
+        return logits
+
+    def _embed(self, tokens: Tensor, position_ids: Tensor) -> Float[Tensor, "batch pos d_model"]:
+        resid = self.hook_embed(self.embed.W_E[tokens])
+        method = self.cfg.input_position
+        if method == "learned":
+            resid = resid + self.hook_pos_embed(self.pos_embed.W_pos[position_ids])
+        elif method == "sinusoidal":
+            table = sinusoidal_table(position_ids, self.cfg.d_model)
+            resid = resid + self.hook_pos_embed(table.to(resid.dtype))
+        return resid
+
+    @staticmethod
+    def _append_to_cache(cache: KVCache, new_kv, position_ids, attention_mask) -> None:
+        for layer, (k, v) in enumerate(new_kv):
+            old_k, old_v = cache.keys[layer], cache.values[layer]
+            cache.keys[layer] = k if old_k is None else torch.cat([old_k, k], dim=1)
+            cache.values[layer] = v if old_v is None else torch.cat([old_v, v], dim=1)
+        cache.position_ids = torch.cat([cache.position_ids, position_ids], dim=1)
+        cache.attention_mask = torch.cat([cache.attention_mask, attention_mask], dim=1)
+
+    # ----------------------------------------------------------------------------- validation
+    def _check_tokens(self, tokens: Tensor) -> None:
+        if not isinstance(tokens, Tensor) or tokens.dtype.is_floating_point or tokens.dtype == torch.bool:
+            raise TypeError(f"tokens must be an integer tensor [batch, pos], got {_describe(tokens)}")
+        if tokens.ndim != 2 or tokens.shape[1] == 0:
+            raise ValueError(f"tokens must have shape [batch, pos] with pos >= 1, got {tuple(tokens.shape)}")
+        low, high = int(tokens.min()), int(tokens.max())
+        if low < 0 or high >= self.cfg.d_vocab:
+            bad = low if low < 0 else high
+            where = (tokens == bad).nonzero()[0].tolist()
+            raise ValueError(
+                f"token id {bad} at (batch {where[0]}, position {where[1]}) is outside the "
+                f"vocabulary [0, {self.cfg.d_vocab})"
+            )
+
+    @staticmethod
+    def _check_mask(mask: Tensor | None, tokens: Tensor) -> Tensor:
+        if mask is None:
+            return torch.ones_like(tokens, dtype=torch.long)
+        if not isinstance(mask, Tensor) or mask.dtype.is_floating_point:
+            raise TypeError(f"attention_mask must be an integer or bool tensor, got {_describe(mask)}")
+        if mask.shape != tokens.shape:
+            raise ValueError(f"attention_mask shape {tuple(mask.shape)} != tokens shape {tuple(tokens.shape)}")
+        if ((mask != 0) & (mask != 1)).any():
+            raise ValueError("attention_mask must hold only 0 (padding) and 1 (real token)")
+        return mask.long()
+
+    def _check_position_ids(self, position_ids: Tensor, tokens: Tensor) -> None:
+        if not isinstance(position_ids, Tensor) or position_ids.dtype.is_floating_point:
+            raise TypeError(f"position_ids must be an int64 tensor, got {_describe(position_ids)}")
+        if position_ids.shape != tokens.shape:
+            raise ValueError(
+                f"position_ids shape {tuple(position_ids.shape)} != tokens shape {tuple(tokens.shape)}"
+            )
+        if int(position_ids.min()) < 0:
+            raise ValueError(f"position ids must be >= 0, got {int(position_ids.min())}")
+        if self.cfg.input_position == "learned" and int(position_ids.max()) >= self.cfg.n_ctx:
+            raise ValueError(
+                f"position {int(position_ids.max())} is past the learned position table, which has "
+                f"n_ctx={self.cfg.n_ctx} rows; a learned table has no row to look up (no wrapping)"
+            )
+
+    def _check_stop(self, stop_at_layer: int) -> int:
+        if not 0 <= stop_at_layer <= self.cfg.n_layers:
+            raise ValueError(f"stop_at_layer must lie in [0, {self.cfg.n_layers}], got {stop_at_layer}")
+        return stop_at_layer
+
+    # ----------------------------------------------------------------------------- TransformerLens API
+    def run_with_cache(self, *args, **kwargs) -> tuple[Tensor, ActivationCache]:
+        """TransformerLens ``run_with_cache``, returning an ``ActivationCache``."""
+        out, cache = super().run_with_cache(*args, **kwargs)
+        if not isinstance(cache, ActivationCache):
+            cache = ActivationCache(cache, self)
+        return out, cache
+
+
+def _describe(value) -> str:
+    if isinstance(value, Tensor):
+        return f"tensor of dtype {value.dtype} and shape {tuple(value.shape)}"
+    return type(value).__name__

@@ -1,0 +1,3 @@
+from nopelens.analyses.cli import main
+
+raise SystemExit(main())
