@@ -1,0 +1,126 @@
+"""Hook models that nopelens did not build, so the same probes run on them.
+
+- HF causal LMs go through TransformerLens 4's ``TransformerBridge`` (:func:`bridge_hf_model`).
+- Any other ``torch.nn.Module`` is wrapped by :class:`HookedModule`, which turns a mapping from
+  site names to module paths into TransformerLens ``HookPoint`` s, via PyTorch forward hooks.
+
+Both give ``run_with_cache(tokens, names_filter=...)`` and ``hook_dict`` like a nopelens ``Decoder``.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Mapping
+
+import torch
+from torch import Tensor, nn
+from transformer_lens import ActivationCache, HookedRootModule
+from transformer_lens.hook_points import HookPoint
+
+
+def bridge_hf_model(hf_model: nn.Module, architecture: str | None = None) -> Any:
+    """Wrap an HF causal LM in a TransformerLens ``TransformerBridge``, offline.
+
+    ``TransformerBridge.boot_transformers`` fetches a tokenizer from the hub, which fails offline;
+    TransformerLens 4.3's ``build_bridge_from_module`` wraps an already-built model instead. It is
+    a private import, so it is isolated here: a TransformerLens upgrade touches this one function.
+    The bridge modifies ``hf_model`` in place (its submodules become bridge components) and switches
+    it to eager attention so that ``hook_pattern`` exists.
+
+    Args:
+        hf_model: a built HF model, e.g. ``GPT2LMHeadModel(GPT2Config(...))``.
+        architecture: the TransformerLens adapter name; default: the model's class name (e.g.
+            ``GPT2LMHeadModel``, ``GPTNeoXForCausalLM``, ``LlamaForCausalLM``, ``BloomForCausalLM``).
+
+    Returns:
+        A ``TransformerBridge``; ``run_with_cache`` gives ``blocks.{l}.hook_resid_pre``,
+        ``blocks.{l}.attn.hook_pattern`` and the rest, with logits equal to HF's.
+
+    Raises:
+        ValueError: if TransformerLens has no adapter for the architecture.
+    """
+    from transformer_lens.model_bridge.sources._bridge_builder import build_bridge_from_module
+
+    architecture = architecture or type(hf_model).__name__
+    config = getattr(hf_model, "config", None)
+    if config is not None and hasattr(config, "_attn_implementation"):
+        config._attn_implementation = "eager"
+    try:
+        return build_bridge_from_module(hf_model, architecture, hf_config=config)
+    except (KeyError, NotImplementedError, ValueError) as error:
+        raise ValueError(f"TransformerLens cannot bridge architecture {architecture!r}: {error}") from error
+
+
+class HookedModule(HookedRootModule):
+    """Any ``nn.Module`` with TransformerLens hook points at named submodule outputs.
+
+    A forward hook on each mapped submodule passes its output (the first element, when the
+    submodule returns a tuple) through a ``HookPoint``, so caching, ``names_filter`` and
+    ``run_with_hooks`` work as on a ``Decoder``.
+
+    Args:
+        model: the module to wrap; called as ``model(tokens, **kwargs)``.
+        sites: site name -> dotted path of a submodule, e.g.
+            ``{"blocks.0.hook_resid_post": "transformer.h.0"}``.
+        output_fn: turns the model's output into logits (default: ``.logits`` if present).
+
+    Raises:
+        KeyError: if a module path does not exist in ``model``, listing the paths that do.
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        sites: Mapping[str, str],
+        output_fn: Callable[[Any], Tensor] | None = None,
+    ):
+        super().__init__()
+        self.model = model
+        self.output_fn = output_fn
+        modules = dict(model.named_modules())
+        missing = [path for path in sites.values() if path not in modules]
+        if missing:
+            raise KeyError(
+                f"module paths not found: {missing}; available: {sorted(p for p in modules if p)}"
+            )
+        self.site_paths = dict(sites)
+        self.points = nn.ModuleDict({_key(name): HookPoint() for name in sites})
+        self._handles = [
+            modules[path].register_forward_hook(self._make_hook(_key(name)))
+            for name, path in sites.items()
+        ]
+        self.setup()
+        # Expose hook points under the site names the caller chose, not "points.<key>".
+        self.hook_dict = {name: self.points[_key(name)] for name in sites}
+        self.mod_dict.update(self.hook_dict)
+        for name, point in self.hook_dict.items():
+            point.name = name
+
+    def _make_hook(self, key: str):
+        def hook(module, inputs, output):
+            if isinstance(output, tuple):
+                return (self.points[key](output[0]),) + output[1:]
+            return self.points[key](output)
+
+        return hook
+
+    def forward(self, tokens: Tensor, **kwargs) -> Tensor:
+        out = self.model(tokens, **kwargs)
+        if self.output_fn is not None:
+            return self.output_fn(out)
+        return getattr(out, "logits", out)
+
+    def run_with_cache(self, *args, **kwargs) -> tuple[Tensor, ActivationCache]:
+        out, cache = super().run_with_cache(*args, **kwargs)
+        if not isinstance(cache, ActivationCache):
+            cache = ActivationCache(cache, self)
+        return out, cache
+
+    def remove(self) -> None:
+        """Detach the forward hooks from the wrapped model."""
+        for handle in self._handles:
+            handle.remove()
+        self._handles = []
+
+
+def _key(site: str) -> str:
+    return site.replace(".", "__")
