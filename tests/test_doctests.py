@@ -1,0 +1,18 @@
+"""Run the doctests of the math helpers (known values from the seeds and papers)."""
+
+import doctest
+import importlib
+
+import pytest
+
+MODULES = [
+    "nopelens.models.positions",
+    "nopelens.models.masks",
+]
+
+
+@pytest.mark.parametrize("name", MODULES)
+def test_doctests(name):
+    result = doctest.testmod(importlib.import_module(name), optionflags=doctest.NORMALIZE_WHITESPACE)
+    assert result.attempted > 0, f"{name} has no doctests"
+    assert result.failed == 0
