@@ -45,9 +45,27 @@ def bridge_hf_model(hf_model: nn.Module, architecture: str | None = None) -> Any
     if config is not None and hasattr(config, "_attn_implementation"):
         config._attn_implementation = "eager"
     try:
-        return build_bridge_from_module(hf_model, architecture, hf_config=config)
+        bridge = build_bridge_from_module(hf_model, architecture, hf_config=config)
     except (KeyError, NotImplementedError, ValueError) as error:
         raise ValueError(f"TransformerLens cannot bridge architecture {architecture!r}: {error}") from error
+    for block in getattr(bridge, "blocks", []):
+        if hasattr(block, "attn"):
+            block.attn.register_forward_pre_hook(_pass_renamed_cache, with_kwargs=True)
+    return bridge
+
+
+def _pass_renamed_cache(module: nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict] | None:
+    """Hand HF's KV cache to the bridge's attention under the name it reads.
+
+    transformers 5 passes the cache to GPT-2 and Llama attention as ``cache=``; TransformerLens
+    4.3's attention bridges read only ``past_key_values`` / ``layer_past``, so they silently skip
+    the cache and incremental decoding diverges from the full forward (found by ``nopelens
+    audit`` step 9).
+    """
+    cache = kwargs.get("cache")
+    if cache is None or kwargs.get("past_key_values") is not None:
+        return None
+    return args, {**kwargs, "past_key_values": cache}
 
 
 class HookedModule(HookedRootModule):
