@@ -1,0 +1,294 @@
+"""Checkpoints: a directory of safetensors weights plus a JSON description. Nothing is unpickled.
+
+A checkpoint directory holds
+
+- ``nopelens.json``: the format marker, the decoder config, the task, training lengths, steps,
+  seed, final losses, the nopelens version, and the sha256 of every other file;
+- ``model.safetensors``: the model's ``state_dict`` (TransformerLens weight names);
+- ``loss_curve.csv`` (optional): one row per training step;
+- ``training_state.safetensors`` (optional, unfinished runs): AdamW moments, to resume exactly.
+
+Writing is atomic: the files go into a temporary sibling directory that then replaces the target
+with ``os.replace``, so a reader sees the old checkpoint or the new one, never half of one.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import shutil
+import tempfile
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file, save_file
+from torch import Tensor
+
+from .config import DecoderConfig
+from .decoder import Decoder
+
+FORMAT = "nopelens-checkpoint"
+FORMAT_VERSION = 1
+METADATA_FILE = "nopelens.json"
+WEIGHTS_FILE = "model.safetensors"
+LOSS_CURVE_FILE = "loss_curve.csv"
+TRAINING_STATE_FILE = "training_state.safetensors"
+
+
+@dataclass
+class TrainedModel:
+    """A decoder with what is known about how it was made.
+
+    Attributes:
+        model: the decoder.
+        metadata: the checkpoint's JSON dict (``config``, ``task``, ``train_lengths``, ``steps``,
+            ``seed``, ``final_losses``, ``nopelens_version``, ...).
+        loss_curve: one row per training step (``step``, ``loss``, ``lr``, ...); may be empty.
+    """
+
+    model: Decoder
+    metadata: dict[str, Any] = field(default_factory=dict)
+    loss_curve: pd.DataFrame = field(default_factory=pd.DataFrame)
+
+    @property
+    def config(self) -> DecoderConfig:
+        return self.model.cfg
+
+    @property
+    def task(self):
+        """The task the model was trained on, rebuilt from ``metadata["task"]``.
+
+        Raises:
+            KeyError: if the metadata names no task.
+        """
+        from .tasks import make_task
+
+        if "task" not in self.metadata:
+            raise KeyError("this model's metadata names no task")
+        spec = self.metadata["task"]
+        return make_task(spec["name"], **spec.get("kwargs", {}))
+
+
+def _version() -> str:
+    from nopelens import __version__
+
+    return __version__
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for chunk in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def save_checkpoint(
+    directory: str | Path,
+    trained_or_model: TrainedModel | Decoder,
+    metadata: dict[str, Any] | None = None,
+    training_state: dict[str, Tensor] | None = None,
+) -> Path:
+    """Write a checkpoint directory atomically.
+
+    Args:
+        directory: the checkpoint directory; created, or replaced if it already is a checkpoint.
+        trained_or_model: a :class:`TrainedModel` (its metadata and loss curve are written too) or
+            a bare :class:`Decoder`.
+        metadata: JSON-ready entries to add (they override the ``TrainedModel``'s). ``format``,
+            ``format_version``, ``nopelens_version``, ``config`` and ``sha256`` are set here.
+        training_state: extra tensors needed to resume training (optimizer moments).
+
+    Returns:
+        The checkpoint directory.
+
+    Raises:
+        ValueError: if ``directory`` exists and is not a nopelens checkpoint (it is never
+            overwritten), or if the metadata is not JSON-serializable.
+        TypeError: if ``trained_or_model`` is neither a TrainedModel nor a Decoder.
+    """
+    if isinstance(trained_or_model, TrainedModel):
+        model, meta, curve = trained_or_model.model, dict(trained_or_model.metadata), trained_or_model.loss_curve
+    elif isinstance(trained_or_model, Decoder):
+        model, meta, curve = trained_or_model, {}, pd.DataFrame()
+    else:
+        raise TypeError(f"expected a TrainedModel or a Decoder, got {type(trained_or_model).__name__}")
+    meta.update(metadata or {})
+    meta.update(
+        format=FORMAT,
+        format_version=FORMAT_VERSION,
+        nopelens_version=_version(),
+        config=model.cfg.to_dict(),
+    )
+    target = Path(directory)
+    if target.exists() and not (target.is_dir() and ((target / METADATA_FILE).exists() or not any(target.iterdir()))):
+        raise ValueError(f"{target} exists and is not a nopelens checkpoint; refusing to overwrite it")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
+    try:
+        state = {name: t.detach().cpu().contiguous() for name, t in model.state_dict().items()}
+        save_file(state, staging / WEIGHTS_FILE)
+        files = [WEIGHTS_FILE]
+        if training_state:
+            save_file({k: v.detach().cpu().contiguous() for k, v in training_state.items()}, staging / TRAINING_STATE_FILE)
+            files.append(TRAINING_STATE_FILE)
+        if len(curve):
+            curve.to_csv(staging / LOSS_CURVE_FILE, index=False)
+            files.append(LOSS_CURVE_FILE)
+        meta["sha256"] = {name: _sha256(staging / name) for name in files}
+        try:
+            text = json.dumps(meta, indent=2, sort_keys=True)
+        except TypeError as error:
+            raise ValueError(f"checkpoint metadata is not JSON-serializable: {error}") from None
+        (staging / METADATA_FILE).write_text(text + "\n", encoding="utf-8")
+        _swap_into_place(staging, target)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    return target
+
+
+def _swap_into_place(staging: Path, target: Path) -> None:
+    """Rename ``staging`` to ``target``; an existing ``target`` is moved aside first, then deleted."""
+    if not target.exists():
+        os.replace(staging, target)
+        return
+    retired = target.parent / f".{target.name}.old-{uuid.uuid4().hex[:8]}"
+    os.replace(target, retired)
+    os.replace(staging, target)
+    shutil.rmtree(retired, ignore_errors=True)
+
+
+def read_metadata(path: str | Path) -> dict[str, Any]:
+    """The JSON of a checkpoint directory, after checking it is a nopelens checkpoint.
+
+    Raises:
+        FileNotFoundError: if ``path`` does not exist.
+        ValueError: if it is not a nopelens checkpoint (no or unreadable ``nopelens.json``, wrong
+            format marker, a newer format version).
+    """
+    path = Path(path)
+    if not path.exists():
+        raise FileNotFoundError(f"no checkpoint at {path}")
+    if not path.is_dir():
+        raise ValueError(
+            f"{path} is not a nopelens checkpoint: a checkpoint is a directory holding "
+            f"{WEIGHTS_FILE} and {METADATA_FILE}"
+        )
+    meta_path = path / METADATA_FILE
+    if not meta_path.is_file():
+        raise ValueError(f"{path} is not a nopelens checkpoint: it has no {METADATA_FILE}")
+    try:
+        meta = json.loads(meta_path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise ValueError(f"{meta_path} is corrupted (not valid JSON: {error})") from None
+    if not isinstance(meta, dict) or meta.get("format") != FORMAT:
+        found = meta.get("format") if isinstance(meta, dict) else type(meta).__name__
+        raise ValueError(f"{path} is not a nopelens checkpoint: format marker is {found!r}, expected {FORMAT!r}")
+    version = meta.get("format_version")
+    if not isinstance(version, int) or version > FORMAT_VERSION:
+        raise ValueError(
+            f"{path} has checkpoint format version {version!r}; this nopelens reads up to {FORMAT_VERSION}"
+        )
+    return meta
+
+
+def _verify_file(path: Path, name: str, meta: dict[str, Any]) -> None:
+    file = path / name
+    if not file.is_file():
+        raise ValueError(f"checkpoint {path} is missing {name}")
+    expected = meta.get("sha256", {}).get(name)
+    if expected is None:
+        raise ValueError(f"checkpoint {path} records no sha256 for {name}; it was not written by save_checkpoint")
+    if _sha256(file) != expected:
+        raise ValueError(f"checkpoint {path}: {name} is corrupted (its sha256 differs from the one recorded)")
+
+
+def _load_tensors(path: Path, name: str, meta: dict[str, Any]) -> dict[str, Tensor]:
+    _verify_file(path, name, meta)
+    try:
+        return load_file(path / name)
+    except (SafetensorError, OSError, ValueError) as error:
+        raise ValueError(f"checkpoint {path}: {name} is corrupted ({error})") from None
+
+
+def check_state_dict(model: Decoder, tensors: dict[str, Tensor], source: str = "checkpoint") -> None:
+    """Refuse weights that do not fit ``model``: missing or extra tensors, wrong shapes or dtypes.
+
+    Raises:
+        ValueError: naming the missing, extra or mis-shaped tensors.
+    """
+    expected = {name: tuple(t.shape) for name, t in model.state_dict().items()}
+    missing = sorted(set(expected) - set(tensors))
+    extra = sorted(set(tensors) - set(expected))
+    if missing or extra:
+        parts = []
+        if missing:
+            parts.append(f"missing tensors {missing}")
+        if extra:
+            parts.append(f"extra tensors {extra}")
+        raise ValueError(f"{source} does not match its config: " + "; ".join(parts))
+    wrong = [
+        f"{name}: config gives {expected[name]}, weights have {tuple(tensors[name].shape)}"
+        for name in sorted(expected)
+        if tuple(tensors[name].shape) != expected[name]
+    ]
+    if wrong:
+        raise ValueError(f"{source}: config shapes do not match the weights: " + "; ".join(wrong))
+    not_float = sorted(name for name, t in tensors.items() if not t.dtype.is_floating_point)
+    if not_float:
+        raise ValueError(f"{source}: tensors {not_float} are not floating point")
+
+
+def load_checkpoint(path: str | Path, device: torch.device | str | None = None) -> TrainedModel:
+    """Load a checkpoint written by :func:`save_checkpoint`.
+
+    Args:
+        path: the checkpoint directory.
+        device: where to put the model (default CPU).
+
+    Returns:
+        A :class:`TrainedModel` in eval mode, with the loss curve if the checkpoint has one.
+
+    Raises:
+        FileNotFoundError: if ``path`` does not exist.
+        ValueError: if it is not a nopelens checkpoint, a file is corrupted (bad JSON, sha256
+            mismatch, unreadable safetensors), the config is invalid, or tensors are missing,
+            extra, or shaped differently from what the config gives.
+    """
+    path = Path(path)
+    meta = read_metadata(path)
+    try:
+        config = DecoderConfig.from_dict(meta["config"])
+    except (KeyError, TypeError, ValueError) as error:
+        raise ValueError(f"checkpoint {path} has an invalid config: {error}") from None
+    tensors = _load_tensors(path, WEIGHTS_FILE, meta)
+    model = Decoder(config)
+    check_state_dict(model, tensors, source=f"checkpoint {path}")
+    model.load_state_dict(tensors, strict=True)
+    model.to(device).eval()
+    curve = pd.DataFrame()
+    if LOSS_CURVE_FILE in meta.get("sha256", {}):
+        _verify_file(path, LOSS_CURVE_FILE, meta)
+        curve = pd.read_csv(io.StringIO((path / LOSS_CURVE_FILE).read_text(encoding="utf-8")))
+    return TrainedModel(model, meta, curve)
+
+
+def load_training_state(path: str | Path) -> dict[str, Tensor]:
+    """The resume tensors of an unfinished run's checkpoint (empty dict if it has none).
+
+    Raises:
+        ValueError: if the checkpoint is invalid or the file is corrupted.
+    """
+    path = Path(path)
+    meta = read_metadata(path)
+    if TRAINING_STATE_FILE not in meta.get("sha256", {}):
+        return {}
+    return _load_tensors(path, TRAINING_STATE_FILE, meta)

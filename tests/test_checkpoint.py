@@ -1,0 +1,156 @@
+"""Checkpoints: round trip, atomic replace, and refusals that name the problem."""
+
+import json
+
+import pandas as pd
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from nopelens.models import Decoder, DecoderConfig
+from nopelens.models.checkpoint import (
+    METADATA_FILE,
+    WEIGHTS_FILE,
+    TrainedModel,
+    load_checkpoint,
+    save_checkpoint,
+)
+
+CFG = DecoderConfig(d_vocab=12, n_ctx=16, n_layers=2, d_model=16, n_heads=2, position="learned")
+
+
+@pytest.fixture
+def saved(tmp_path):
+    model = Decoder(CFG, seed=3)
+    curve = pd.DataFrame({"step": [1, 2], "loss": [2.5, 2.0]})
+    trained = TrainedModel(model, {"task": {"name": "copy", "kwargs": {"n_symbols": 8}}, "seed": 3}, curve)
+    path = save_checkpoint(tmp_path / "ckpt", trained, {"steps": 2})
+    return path, model
+
+
+def test_round_trip_same_logits_metadata_and_curve(saved):
+    path, model = saved
+    loaded = load_checkpoint(path)
+    tokens = torch.randint(0, 12, (3, 10), generator=torch.Generator().manual_seed(0))
+    assert torch.equal(loaded.model(tokens), model(tokens))
+    assert loaded.config == CFG
+    meta = loaded.metadata
+    assert meta["format"] == "nopelens-checkpoint" and meta["steps"] == 2 and meta["seed"] == 3
+    assert "nopelens_version" in meta and meta["config"]["position"] == "learned"
+    assert loaded.loss_curve["loss"].tolist() == [2.5, 2.0]
+    assert loaded.task.d_vocab == 12
+
+
+def test_hybrid_config_round_trip(tmp_path):
+    cfg = DecoderConfig(d_vocab=10, n_ctx=8, n_layers=2, d_model=16, n_heads=2, position=["nope", "rope"])
+    model = Decoder(cfg, seed=0)
+    loaded = load_checkpoint(save_checkpoint(tmp_path / "hybrid", model))
+    assert loaded.config == cfg
+    assert loaded.loss_curve.empty
+
+
+def test_overwrite_replaces_atomically_and_leaves_no_temp(saved, tmp_path):
+    path, _ = saved
+    other = Decoder(CFG, seed=4)
+    save_checkpoint(path, other)
+    assert torch.equal(load_checkpoint(path).model.embed.W_E, other.embed.W_E)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt"]
+
+
+def test_refuses_to_overwrite_a_foreign_directory(tmp_path):
+    (tmp_path / "notes").mkdir()
+    (tmp_path / "notes" / "todo.txt").write_text("keep me")
+    with pytest.raises(ValueError, match="not a nopelens checkpoint"):
+        save_checkpoint(tmp_path / "notes", Decoder(CFG))
+    assert (tmp_path / "notes" / "todo.txt").read_text() == "keep me"
+
+
+def test_missing_path_and_not_a_checkpoint(tmp_path):
+    with pytest.raises(FileNotFoundError, match="no checkpoint"):
+        load_checkpoint(tmp_path / "nothing")
+    (tmp_path / "plain").mkdir()
+    with pytest.raises(ValueError, match="not a nopelens checkpoint.*no nopelens.json"):
+        load_checkpoint(tmp_path / "plain")
+    (tmp_path / "file.bin").write_bytes(b"\x00")
+    with pytest.raises(ValueError, match="not a nopelens checkpoint"):
+        load_checkpoint(tmp_path / "file.bin")
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / METADATA_FILE).write_text(json.dumps({"format": "someone-else"}))
+    with pytest.raises(ValueError, match="format marker is 'someone-else'"):
+        load_checkpoint(other)
+
+
+def _rewrite(path, tensors):
+    """Replace the weights and re-record their sha256, as a careful forger would."""
+    from nopelens.models.checkpoint import _sha256
+
+    save_file(tensors, path / WEIGHTS_FILE)
+    meta = json.loads((path / METADATA_FILE).read_text())
+    meta["sha256"][WEIGHTS_FILE] = _sha256(path / WEIGHTS_FILE)
+    (path / METADATA_FILE).write_text(json.dumps(meta))
+
+
+def test_missing_and_extra_tensors_are_named(saved):
+    path, _ = saved
+    tensors = load_file(path / WEIGHTS_FILE)
+    del tensors["blocks.1.attn.W_Q"]
+    tensors["blocks.9.attn.W_Q"] = torch.zeros(2, 16, 8)
+    _rewrite(path, tensors)
+    with pytest.raises(ValueError, match=r"missing tensors \['blocks.1.attn.W_Q'\]; extra tensors \['blocks.9.attn.W_Q'\]"):
+        load_checkpoint(path)
+
+
+def test_config_not_matching_weight_shapes(saved):
+    path, _ = saved
+    meta = json.loads((path / METADATA_FILE).read_text())
+    meta["config"]["n_ctx"] = 32
+    (path / METADATA_FILE).write_text(json.dumps(meta))
+    with pytest.raises(ValueError, match=r"pos_embed.W_pos: config gives \(32, 16\), weights have \(16, 16\)"):
+        load_checkpoint(path)
+
+
+def test_config_with_another_method_has_missing_tensors(saved):
+    path, _ = saved
+    meta = json.loads((path / METADATA_FILE).read_text())
+    meta["config"]["position"] = "nope"
+    (path / METADATA_FILE).write_text(json.dumps(meta))
+    with pytest.raises(ValueError, match=r"extra tensors \['pos_embed.W_pos'\]"):
+        load_checkpoint(path)
+
+
+def test_corrupted_weights_and_json(saved):
+    path, _ = saved
+    data = bytearray((path / WEIGHTS_FILE).read_bytes())
+    data[-5] ^= 0xFF
+    (path / WEIGHTS_FILE).write_bytes(bytes(data))
+    with pytest.raises(ValueError, match="model.safetensors is corrupted"):
+        load_checkpoint(path)
+    (path / METADATA_FILE).write_text("{not json")
+    with pytest.raises(ValueError, match="corrupted"):
+        load_checkpoint(path)
+
+
+def test_truncated_safetensors_with_matching_hash_is_refused_not_crashing(saved):
+    path, _ = saved
+    from nopelens.models.checkpoint import _sha256
+
+    (path / WEIGHTS_FILE).write_bytes(b"\x08\x00\x00\x00\x00\x00\x00\x00{garbage")
+    meta = json.loads((path / METADATA_FILE).read_text())
+    meta["sha256"][WEIGHTS_FILE] = _sha256(path / WEIGHTS_FILE)
+    (path / METADATA_FILE).write_text(json.dumps(meta))
+    with pytest.raises(ValueError, match="corrupted"):
+        load_checkpoint(path)
+
+
+def test_never_unpickles(saved, monkeypatch):
+    import pickle
+
+    def forbidden(*args, **kwargs):
+        raise AssertionError("checkpoint loading must never unpickle")
+
+    monkeypatch.setattr(pickle, "load", forbidden)
+    monkeypatch.setattr(pickle, "loads", forbidden)
+    monkeypatch.setattr(torch, "load", forbidden)
+    path, _ = saved
+    load_checkpoint(path)

@@ -1,0 +1,198 @@
+"""Tasks: exact token layouts, padding, determinism, and the text corpus split."""
+
+import pytest
+import torch
+
+from nopelens.models.tasks import (
+    BOS_ID,
+    EOS_ID,
+    PAD_ID,
+    SEP_ID,
+    TASKS,
+    Batch,
+    TextTask,
+    default_documents,
+    file_documents,
+    is_validation_document,
+    make_task,
+)
+
+SYNTHETIC = ["copy", "repeat", "reverse", "previous_token", "addition", "parity"]
+
+
+def rows(batch: Batch):
+    """(real tokens, scored targets) per row."""
+    out = []
+    for b in range(len(batch)):
+        real = batch.attention_mask[b].bool()
+        out.append((batch.tokens[b][real].tolist(), batch.targets[b][batch.loss_mask[b]].tolist()))
+    return out
+
+
+@pytest.mark.parametrize("name", SYNTHETIC)
+def test_batch_shapes_padding_and_bos(name):
+    task = make_task(name)
+    batch = task.sample(32, 1, 6, seed=0)
+    assert batch.tokens.dtype == torch.long and batch.attention_mask.dtype == torch.long
+    assert batch.loss_mask.dtype == torch.bool and batch.tokens.shape == batch.loss_mask.shape
+    assert (batch.tokens[:, 0] == task.bos_id).all()
+    lengths_in_tokens = batch.attention_mask.sum(-1)
+    expected = torch.tensor([task.seq_len(int(n)) for n in batch.lengths])
+    assert torch.equal(lengths_in_tokens, expected)
+    # right padding: ones then zeros, pad tokens exactly where the mask is 0, never scored
+    assert (batch.attention_mask.diff(dim=-1) <= 0).all()
+    assert ((batch.tokens == task.pad_id) == (batch.attention_mask == 0)).all()
+    assert not (batch.loss_mask & (batch.attention_mask == 0)).any()
+    assert int(batch.tokens.max()) < task.d_vocab
+    assert set(batch.lengths.tolist()) <= set(range(1, 7))
+
+
+@pytest.mark.parametrize("name", SYNTHETIC)
+def test_same_seed_same_batch_other_seed_differs(name):
+    task = make_task(name)
+    a, b, c = task.sample(16, 2, 5, 7), task.sample(16, 2, 5, 7), task.sample(16, 2, 5, 8)
+    assert torch.equal(a.tokens, b.tokens) and torch.equal(a.loss_mask, b.loss_mask)
+    assert not (a.tokens.shape == c.tokens.shape and torch.equal(a.tokens, c.tokens))
+    generator = torch.Generator().manual_seed(7)
+    assert torch.equal(task.sample(16, 2, 5, generator).tokens, a.tokens)
+
+
+def test_copy_layout():
+    for tokens, answer in rows(make_task("copy", n_symbols=5).sample(20, 1, 6, 3)):
+        n = (len(tokens) - 3) // 2
+        xs = tokens[1 : 1 + n]
+        assert tokens == [BOS_ID] + xs + [SEP_ID] + xs + [EOS_ID]
+        assert answer == xs + [EOS_ID]
+        assert all(4 <= x < 9 for x in xs)
+
+
+def test_repeat_layout_is_one_symbol():
+    for tokens, answer in rows(make_task("repeat").sample(20, 1, 6, 3)):
+        n = (len(tokens) - 3) // 2
+        assert len(set(tokens[1 : 1 + n])) == 1
+        assert tokens == [BOS_ID] + [tokens[1]] * n + [SEP_ID] + [tokens[1]] * n + [EOS_ID]
+        assert answer == [tokens[1]] * n + [EOS_ID]
+
+
+def test_reverse_layout():
+    for tokens, answer in rows(make_task("reverse").sample(20, 1, 6, 3)):
+        n = (len(tokens) - 3) // 2
+        xs = tokens[1 : 1 + n]
+        assert answer == xs[::-1] + [EOS_ID]
+
+
+def test_previous_token_targets_are_the_token_before():
+    batch = make_task("previous_token").sample(8, 3, 9, 0)
+    for b in range(8):
+        for p in range(1, int(batch.attention_mask[b].sum())):
+            assert batch.loss_mask[b, p]
+            assert batch.targets[b, p] == batch.tokens[b, p - 1]
+        assert not batch.loss_mask[b, 0]
+
+
+def _number(ids):
+    return int("".join(str(i - 5) for i in ids))
+
+
+def test_addition_answer_is_the_reversed_sum():
+    task = make_task("addition")
+    for tokens, answer in rows(task.sample(50, 1, 7, 11)):
+        n = (len(tokens) - 5) // 3
+        a, b = _number(tokens[1 : 1 + n]), _number(tokens[2 + n : 2 + 2 * n])
+        assert tokens[1 + n] == task.PLUS_ID and tokens[2 + 2 * n] == SEP_ID
+        assert answer[-1] == EOS_ID and len(answer) == n + 2
+        assert _number(answer[:-1][::-1]) == a + b
+
+
+def test_addition_beyond_int64():
+    tokens, answer = rows(make_task("addition").sample(1, 25, 25, 0))[0]
+    a, b = _number(tokens[1:26]), _number(tokens[27:52])
+    assert _number(answer[:-1][::-1]) == a + b
+
+
+def test_parity_answer():
+    for tokens, answer in rows(make_task("parity").sample(50, 1, 9, 5)):
+        bits = [t - 4 for t in tokens[1:-3]]
+        assert answer == [4 + sum(bits) % 2, EOS_ID]
+
+
+@pytest.mark.parametrize(
+    "args, error",
+    [((0, 1, 2), ValueError), ((4, 0, 2), ValueError), ((4, 3, 2), ValueError), ((4, 1.5, 2), TypeError)],
+)
+def test_bad_sizes_are_refused(args, error):
+    with pytest.raises(error):
+        make_task("copy").sample(*args, seed=0)
+
+
+def test_bad_seed_type():
+    with pytest.raises(TypeError, match="seed"):
+        make_task("copy").sample(2, 1, 2, seed="zero")
+
+
+def test_registry_and_unknown_names():
+    assert set(TASKS) == set(SYNTHETIC) | {"text"}
+    with pytest.raises(KeyError, match="available"):
+        make_task("sorting")
+    with pytest.raises(TypeError, match="copy"):
+        make_task("copy", width=3)
+    task = make_task("copy", n_symbols=7)
+    assert make_task(task.name, **task.kwargs).d_vocab == task.d_vocab == 11
+
+
+# ----------------------------------------------------------------------------------------- text
+@pytest.fixture(scope="module")
+def text_task():
+    return TextTask()
+
+
+def test_default_corpus_split_by_document(text_task):
+    documents = default_documents()
+    validation = [k for k in documents if is_validation_document(k)]
+    assert 0 < len(validation) < len(documents)
+    assert text_task.documents == {"train": len(documents) - len(validation), "validation": len(validation)}
+    held_out = documents[validation[0]].encode("utf-8")
+    train_bytes = bytes(text_task.streams["train"].to(torch.uint8).tolist())
+    valid_bytes = bytes(text_task.streams["validation"].to(torch.uint8).tolist())
+    assert held_out in valid_bytes and held_out not in train_bytes
+    # the split is a function of the document key only: the same on every construction
+    assert torch.equal(TextTask().streams["validation"], text_task.streams["validation"])
+
+
+def test_text_windows_are_corpus_bytes(text_task):
+    batch = text_task.sample(4, 20, 30, 0)
+    stream = bytes(text_task.streams["train"].to(torch.uint8).tolist())
+    for b in range(4):
+        real = batch.tokens[b][batch.attention_mask[b].bool()].tolist()
+        assert real[0] == text_task.bos_id == 256
+        assert bytes(real[1:]) in stream
+        assert batch.loss_mask[b].sum() == len(real) - 1
+    windows = text_task.windows(64, "validation", max_windows=3)
+    assert windows.tokens.shape == (3, 65)
+    flat = windows.targets[:, :-1].reshape(-1)
+    assert torch.equal(flat, text_task.streams["validation"][: 3 * 64])
+    with pytest.raises(ValueError, match="split"):
+        text_task.sample(2, 5, 6, 0, split="test")
+
+
+def test_user_file(tmp_path):
+    path = tmp_path / "corpus.txt"
+    path.write_text("\n\n".join(f"paragraph number {i}: caf\u00e9" for i in range(60)), encoding="utf-8")
+    task = make_task("text", path=str(path))
+    assert task.kwargs["path"] == str(path)
+    assert sum(task.documents.values()) == 60 and task.documents["validation"] > 0
+    assert task.bytes_per_character("train") > 1.0  # the e-acute takes two UTF-8 bytes
+    assert len(file_documents(path)) == 60
+
+
+def test_user_file_errors(tmp_path):
+    with pytest.raises(FileNotFoundError, match="missing.txt"):
+        make_task("text", path=str(tmp_path / "missing.txt"))
+    latin = tmp_path / "latin1.txt"
+    latin.write_bytes("caf\u00e9\n\nna\u00efve".encode("latin-1"))
+    with pytest.raises(ValueError, match="not UTF-8"):
+        make_task("text", path=str(latin))
+    single = tmp_path / "single.txt"
+    single.write_text("only one paragraph\nwith two lines", encoding="utf-8")
+    with pytest.raises(ValueError, match="at least 2"):
+        make_task("text", path=str(single))
