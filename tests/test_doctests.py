@@ -8,6 +8,8 @@ import pytest
 MODULES = [
     "nopelens.models.positions",
     "nopelens.models.masks",
+    "nopelens.models.tasks",
+    "nopelens.models.training",
 ]
 
 
