@@ -96,11 +96,19 @@ class Norm(nn.Module):
     def forward(self, x: Float[Tensor, "batch pos d_model"]) -> Float[Tensor, "batch pos d_model"]:
         if self.kind == "none":
             return self.hook_normalized(x)
+        if not (_is_hooked(self.hook_scale) or _is_hooked(self.hook_normalized)):
+            return self._fused(x)
         if self.kind == "layernorm":
             x = x - x.mean(-1, keepdim=True)
         scale = self.hook_scale((x.pow(2).mean(-1, keepdim=True) + self.eps).sqrt())
         x = self.hook_normalized(x / scale) * self.w
         return x + self.b if hasattr(self, "b") else x
+
+    def _fused(self, x: Tensor) -> Tensor:
+        """The same function in one kernel, for when no hook needs the scale or normalized x."""
+        if self.kind == "layernorm":
+            return F.layer_norm(x, self.w.shape, self.w, getattr(self, "b", None), self.eps)
+        return F.rms_norm(x, self.w.shape, self.w, self.eps)
 
 
 class Attention(nn.Module):
@@ -144,19 +152,19 @@ class Attention(nn.Module):
         self.hook_z = HookPoint()  # [batch, pos, head_index, d_head]
         self.use_fused = True
 
-    def _project(self, x: Tensor, W: Tensor, name: str) -> Tensor:
-        out = torch.einsum("bpd,hde->bphe", x, W)
-        return out + getattr(self, name) if hasattr(self, name) else out
+    def _project_qkv(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """q, k, v ``[batch, pos, head_index, d_head]`` from one matmul with W_Q, W_K, W_V side by side."""
+        h, e = self.cfg.n_heads, self.cfg.d_head
+        W = torch.cat([self.W_Q, self.W_K, self.W_V]).transpose(1, 2).reshape(3 * h * e, -1)
+        b = torch.cat([self.b_Q, self.b_K, self.b_V]).flatten() if hasattr(self, "b_Q") else None
+        return F.linear(x, W, b).unflatten(-1, (3 * h, e)).split(h, dim=2)
 
     def _needs_pattern(self) -> bool:
         """The explicit path runs when anyone hooks a score or pattern, or Shaw needs it."""
         if not self.use_fused or self.method == "shaw":
             return True
-        for name in ("hook_content_scores", "hook_pos_bias", "hook_attn_scores", "hook_pattern"):
-            hook = getattr(self, name, None)
-            if hook is not None and (hook._forward_hooks or hook._backward_hooks):
-                return True
-        return False
+        names = ("hook_content_scores", "hook_pos_bias", "hook_attn_scores", "hook_pattern")
+        return any(_is_hooked(getattr(self, name, None)) for name in names)
 
     def forward(
         self,
@@ -170,9 +178,8 @@ class Attention(nn.Module):
         Returns:
             The attention output and the new (unrotated) keys and values to cache.
         """
-        q = self.hook_q(self._project(x, self.W_Q, "b_Q"))
-        k_new = self.hook_k(self._project(x, self.W_K, "b_K"))
-        v_new = self.hook_v(self._project(x, self.W_V, "b_V"))
+        q, k_new, v_new = self._project_qkv(x)
+        q, k_new, v_new = self.hook_q(q), self.hook_k(k_new), self.hook_v(v_new)
         k, v = k_new, v_new
         if past is not None:
             k, v = torch.cat([past[0], k_new], dim=1), torch.cat([past[1], v_new], dim=1)
@@ -186,9 +193,7 @@ class Attention(nn.Module):
         else:
             z = self._fused(q, k, v, query_positions, key_positions, allowed)
         z = self.hook_z(z)
-        out = torch.einsum("bphe,hed->bpd", z, self.W_O)
-        if hasattr(self, "b_O"):
-            out = out + self.b_O
+        out = F.linear(z.flatten(-2), self.W_O.flatten(0, 1).T, getattr(self, "b_O", None))
         return out, (k_new, v_new)
 
     def _bias(self, q: Tensor, query_positions: Tensor, key_positions: Tensor) -> Tensor | None:
@@ -243,11 +248,9 @@ class MLP(nn.Module):
         self.hook_post = HookPoint()
 
     def forward(self, x: Float[Tensor, "batch pos d_model"]) -> Float[Tensor, "batch pos d_model"]:
-        pre = x @ self.W_in
-        if hasattr(self, "b_in"):
-            pre = pre + self.b_in
-        out = self.hook_post(self.act(self.hook_pre(pre))) @ self.W_out
-        return out + self.b_out if hasattr(self, "b_out") else out
+        pre = F.linear(x, self.W_in.T, getattr(self, "b_in", None))
+        post = self.hook_post(self.act(self.hook_pre(pre)))
+        return F.linear(post, self.W_out.T, getattr(self, "b_out", None))
 
 
 class Block(nn.Module):
@@ -296,8 +299,7 @@ class Unembed(nn.Module):
             self.b_U = nn.Parameter(torch.zeros(cfg.d_vocab))
 
     def forward(self, x: Float[Tensor, "batch pos d_model"]) -> Float[Tensor, "batch pos d_vocab"]:
-        logits = x @ self.W_U
-        return logits + self.b_U if hasattr(self, "b_U") else logits
+        return F.linear(x, self.W_U.T, getattr(self, "b_U", None))
 
 
 class Decoder(HookedRootModule):
@@ -436,10 +438,10 @@ class Decoder(HookedRootModule):
         return logits
 
     def _embed(self, tokens: Tensor, position_ids: Tensor) -> Float[Tensor, "batch pos d_model"]:
-        resid = self.hook_embed(self.embed.W_E[tokens])
+        resid = self.hook_embed(F.embedding(tokens, self.embed.W_E))
         method = self.cfg.input_position
         if method == "learned":
-            resid = resid + self.hook_pos_embed(self.pos_embed.W_pos[position_ids])
+            resid = resid + self.hook_pos_embed(F.embedding(position_ids, self.pos_embed.W_pos))
         elif method == "sinusoidal":
             table = sinusoidal_table(position_ids, self.cfg.d_model)
             resid = resid + self.hook_pos_embed(table.to(resid.dtype))
@@ -508,6 +510,11 @@ class Decoder(HookedRootModule):
         if not isinstance(cache, ActivationCache):
             cache = ActivationCache(cache, self)
         return out, cache
+
+
+def _is_hooked(hook: HookPoint | None) -> bool:
+    """Whether a hook point exists and has a forward or backward hook attached."""
+    return hook is not None and bool(hook._forward_hooks or hook._backward_hooks)
 
 
 def _describe(value) -> str:

@@ -151,3 +151,33 @@ def test_hook_that_edits_the_pattern_takes_effect(sdpa_calls):
     edited = model.run_with_hooks(tokens, fwd_hooks=[("blocks.1.attn.hook_pattern", attend_to_first_key)])
     assert len(sdpa_calls) == 1
     assert not torch.allclose(edited, plain, atol=1e-3)
+
+
+# ----------------------------------------------------------------------------- normalization
+@pytest.mark.parametrize(
+    "normalization, use_bias", [("layernorm", True), ("layernorm", False), ("rmsnorm", True), ("rmsnorm", False)]
+)
+def test_fused_norm_equals_explicit_norm(normalization, use_bias, monkeypatch):
+    """Norms run F.layer_norm / F.rms_norm unless hook_scale or hook_normalized is hooked."""
+    cfg = DecoderConfig(**{**BASE, "normalization": normalization, "use_bias": use_bias, "position": "rope"})
+    model = Decoder(cfg, seed=9)
+    with torch.no_grad():  # norm weights and biases away from their init, so a dropped one shows
+        for name, param in model.named_parameters():
+            if name.endswith((".w", ".b")):
+                param.add_(torch.randn(param.shape, generator=torch.Generator().manual_seed(len(name))))
+    tokens, mask = tokens_and_padded_mask()
+    kernel = "layer_norm" if normalization == "layernorm" else "rms_norm"
+    calls = []
+    original = getattr(F, kernel)
+    monkeypatch.setattr(torch.nn.functional, kernel, lambda *a, **k: calls.append(1) or original(*a, **k))
+    fused = model(tokens, attention_mask=mask)
+    n_norms = 2 * cfg.n_layers + 1
+    assert len(calls) == n_norms
+    calls.clear()
+    scales = []
+    hooks = [(name, lambda act, hook: scales.append(hook.name) or act) for name in model.hook_dict if name.endswith("hook_scale")]
+    explicit = model.run_with_hooks(tokens, attention_mask=mask, fwd_hooks=hooks)
+    assert len(scales) == n_norms and not calls
+    torch.testing.assert_close(fused, explicit, atol=1e-5, rtol=1e-5)
+    doubled = model.run_with_hooks(tokens, attention_mask=mask, fwd_hooks=[("ln_final.hook_normalized", lambda a, hook: 2 * a)])
+    assert not torch.allclose(doubled, fused, atol=1e-3)
