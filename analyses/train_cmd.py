@@ -1,0 +1,107 @@
+"""``nopelens train``: train a decoder on a task (or a zoo model) and save a checkpoint.
+
+Examples::
+
+    nopelens train --zoo copy-nope-3l            # train or load the cached zoo model
+    nopelens train --list                        # zoo names and recipes
+    nopelens train --task copy --position rope --layers 3 --steps 600 --out runs/copy-rope
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+from pathlib import Path
+
+from nopelens.models import POSITION_METHODS, DecoderConfig
+from nopelens.models import zoo
+from nopelens.models.checkpoint import TrainedModel
+from nopelens.models.tasks import TASKS, TextTask, make_task
+from nopelens.models.training import evaluate_exact_match, train
+
+
+def report(trained: TrainedModel) -> str:
+    """A few lines on a trained model: losses, time, and exact match or bits per character."""
+    meta, task = trained.metadata, trained.task
+    losses = meta.get("final_losses", {})
+    lines = [
+        f"{task.name} / {trained.config.position_name}: {meta.get('steps')} steps, seed {meta.get('seed')}, "
+        f"trained in {meta.get('train_seconds', float('nan')):.0f} s on {meta.get('torch_threads', '?')} threads",
+        f"final loss (nats/token): train {losses.get('train', float('nan')):.4f}, validation {losses.get('validation', float('nan')):.4f}",
+    ]
+    if isinstance(task, TextTask):
+        bits = losses["validation"] / math.log(2)
+        lines.append(
+            f"validation: {bits:.3f} bits per byte, {bits * task.bytes_per_character():.3f} bits per character"
+        )
+    else:
+        table = evaluate_exact_match(trained, task, n=256, seed=1)
+        inside = table.loc[table["in_distribution"], "exact_match"].mean()
+        longer = table.loc[~table["in_distribution"], "exact_match"].mean()
+        lines.append(f"exact match: {inside:.4f} on training lengths, {longer:.4f} on longer ones (up to 2x)")
+    return "\n".join(lines)
+
+
+def _run(args: argparse.Namespace) -> int:
+    if args.list:
+        for name in zoo.names():
+            spec = zoo.recipe(name)
+            cached = "cached" if zoo.is_cached(name, args.cache_dir) else "not cached"
+            print(f"{name:<24} {spec.description} [{spec.steps} steps; {cached}]")
+        return 0
+    if args.zoo:
+        trained = zoo.load(args.zoo, cache_dir=args.cache_dir, progress=not args.no_progress)
+        print(report(trained))
+        return 0
+    if not args.task or not args.out:
+        raise ValueError("give --zoo NAME, --list, or both --task and --out")
+    task_kwargs = {"path": args.text_file} if args.task == "text" else {}
+    if args.text_file and args.task != "text":
+        raise ValueError("--text-file only applies to --task text")
+    task = make_task(args.task, **task_kwargs)
+    config = DecoderConfig(
+        d_vocab=task.d_vocab,
+        n_ctx=task.seq_len(2 * args.max_len),
+        n_layers=args.layers,
+        d_model=args.d_model,
+        n_heads=args.heads,
+        position=args.position,
+    )
+    out = Path(args.out)
+    trained = train(
+        config, task, args.steps, batch_size=args.batch_size, min_len=args.min_len, max_len=args.max_len,
+        lr=args.lr, seed=args.seed, checkpoint_dir=out / "checkpoint", out_dir=out, progress=not args.no_progress,
+    )
+    print(report(trained))
+    print(f"checkpoint: {out / 'checkpoint'}; loss curve: {out / 'loss_curve.csv'}")
+    return 0
+
+
+def register(subparsers) -> None:
+    parser = subparsers.add_parser(
+        "train",
+        help="train a decoder on a task, or train/load a zoo model",
+        description="Train a small decoder (AdamW, warmup + cosine, gradient clipping, fixed seed) "
+        "and save a safetensors+JSON checkpoint; an interrupted run resumes from --out. With --zoo, "
+        "load a named model from the cache, training it on first use.",
+        epilog="examples: nopelens train --zoo copy-nope-3l | nopelens train --task copy --position "
+        "rope --steps 600 --out runs/copy-rope",
+    )
+    parser.add_argument("--zoo", help=f"a zoo model name ({', '.join(zoo.names())})")
+    parser.add_argument("--list", action="store_true", help="list the zoo's models")
+    parser.add_argument("--cache-dir", help=f"zoo cache (default ${zoo.CACHE_ENV} or ~/.cache/nopelens)")
+    parser.add_argument("--task", choices=sorted(TASKS))
+    parser.add_argument("--text-file", help="UTF-8 corpus for --task text (default: CPython's help texts)")
+    parser.add_argument("--out", help="output folder (checkpoint/ and loss_curve.csv)")
+    parser.add_argument("--position", default="nope", choices=POSITION_METHODS)
+    parser.add_argument("--layers", type=int, default=3)
+    parser.add_argument("--d-model", type=int, default=64)
+    parser.add_argument("--heads", type=int, default=4)
+    parser.add_argument("--steps", type=int, default=600)
+    parser.add_argument("--batch-size", type=int, default=64)
+    parser.add_argument("--min-len", type=int, default=1)
+    parser.add_argument("--max-len", type=int, default=10)
+    parser.add_argument("--lr", type=float, default=3e-3)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--no-progress", action="store_true")
+    parser.set_defaults(func=_run)

@@ -1,0 +1,205 @@
+"""A model zoo: named recipes, trained on first use and cached.
+
+Each name maps to a fixed :class:`Recipe` (config, task, lengths, steps, optimizer settings,
+seed). ``load(name)`` returns the cached model if the cache holds a finished run of exactly that
+recipe; otherwise it trains it (resuming an interrupted run) and caches it. The cache folder's name
+includes a hash of the recipe, so a changed recipe never returns a stale model.
+
+Cache location: ``$NOPELENS_CACHE`` if set, else ``$XDG_CACHE_HOME/nopelens`` or
+``~/.cache/nopelens``; models live in its ``zoo/`` subfolder.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .checkpoint import METADATA_FILE, TrainedModel, load_checkpoint, read_metadata
+from .config import DecoderConfig
+from .tasks import Task, make_task
+from .training import train
+
+CACHE_ENV = "NOPELENS_CACHE"
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """Everything that determines a zoo model.
+
+    Attributes:
+        name: the zoo name.
+        description: one line for humans.
+        config: the decoder config.
+        task: task name (see :data:`~nopelens.models.tasks.TASKS`).
+        task_kwargs: the task's keyword arguments.
+        steps: optimizer steps.
+        train_kwargs: keyword arguments of :func:`~nopelens.models.training.train`
+            (``batch_size``, ``min_len``, ``max_len``, ``lr``, ...).
+        seed: model initialization and data seed.
+    """
+
+    name: str
+    description: str
+    config: DecoderConfig
+    task: str
+    steps: int
+    task_kwargs: dict[str, Any] = field(default_factory=dict)
+    train_kwargs: dict[str, Any] = field(default_factory=dict)
+    seed: int = 0
+
+    def make_task(self) -> Task:
+        return make_task(self.task, **self.task_kwargs)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dict(
+            name=self.name,
+            config=self.config.to_dict(),
+            task=self.task,
+            task_kwargs=self.task_kwargs,
+            steps=self.steps,
+            train_kwargs=self.train_kwargs,
+            seed=self.seed,
+        )
+
+    @property
+    def digest(self) -> str:
+        """First 10 hex digits of the sha256 of the recipe's JSON (names its cache folder)."""
+        text = json.dumps(self.to_dict(), sort_keys=True)
+        return hashlib.sha256(text.encode("utf-8")).hexdigest()[:10]
+
+    def train(self, checkpoint_dir: str | Path | None = None, progress: bool = True) -> TrainedModel:
+        """Train the recipe (resuming from ``checkpoint_dir`` if it holds an unfinished run)."""
+        return train(
+            self.config,
+            self.make_task(),
+            self.steps,
+            seed=self.seed,
+            checkpoint_dir=checkpoint_dir,
+            progress=progress,
+            extra_metadata={"zoo_name": self.name, "zoo_recipe": self.digest},
+            **self.train_kwargs,
+        )
+
+
+def _copy(method: str) -> Recipe:
+    task = make_task("copy", n_symbols=COPY_SYMBOLS)
+    config = DecoderConfig(
+        d_vocab=task.d_vocab, n_ctx=task.seq_len(2 * COPY_MAX_LEN), n_layers=3, d_model=64, n_heads=4, position=method
+    )
+    return Recipe(
+        name=f"copy-{method}-3l",
+        description=f"3-layer {method} decoder trained to copy 1-{COPY_MAX_LEN} symbols (Kazemnejad copy task)",
+        config=config,
+        task="copy",
+        task_kwargs={"n_symbols": COPY_SYMBOLS},
+        steps=COPY_STEPS,
+        train_kwargs=dict(batch_size=64, min_len=1, max_len=COPY_MAX_LEN, lr=3e-3),
+    )
+
+
+def _text(method: str) -> Recipe:
+    config = DecoderConfig(
+        d_vocab=258, n_ctx=TEXT_LEN + 1, n_layers=4, d_model=TEXT_D_MODEL, n_heads=4, position=method
+    )
+    return Recipe(
+        name=f"text-{method}-4l",
+        description=f"4-layer {method} byte-level language model of CPython's help texts (pydoc_data.topics)",
+        config=config,
+        task="text",
+        task_kwargs={"path": None, "validation_fraction": 0.1},
+        steps=TEXT_STEPS,
+        train_kwargs=dict(batch_size=TEXT_BATCH, min_len=TEXT_LEN, max_len=TEXT_LEN, lr=2e-3),
+    )
+
+
+COPY_SYMBOLS, COPY_MAX_LEN, COPY_STEPS = 32, 10, 600
+TEXT_LEN, TEXT_D_MODEL, TEXT_BATCH, TEXT_STEPS = 128, 128, 16, 900
+
+RECIPES: dict[str, Recipe] = {
+    r.name: r
+    for r in [
+        *(_copy(m) for m in ("nope", "rope", "alibi", "learned")),
+        *(_text(m) for m in ("nope", "rope", "learned")),
+        Recipe(
+            name="previous-token-nope-2l",
+            description="2-layer NoPE decoder whose logits at p predict the token at p - 1",
+            config=DecoderConfig(d_vocab=20, n_ctx=33, n_layers=2, d_model=64, n_heads=4, position="nope"),
+            task="previous_token",
+            task_kwargs={"n_symbols": 16},
+            steps=400,
+            train_kwargs=dict(batch_size=64, min_len=8, max_len=32, lr=3e-3),
+        ),
+    ]
+}
+
+
+def names() -> list[str]:
+    """The zoo's model names, sorted."""
+    return sorted(RECIPES)
+
+
+def recipe(name: str) -> Recipe:
+    """The recipe of a zoo model.
+
+    Raises:
+        KeyError: on an unknown name; the message lists the available ones.
+    """
+    if name not in RECIPES:
+        raise KeyError(f"unknown zoo model {name!r}; available: {', '.join(names())}")
+    return RECIPES[name]
+
+
+def cache_root(cache_dir: str | Path | None = None) -> Path:
+    """Where the zoo caches models: ``cache_dir``, else ``$NOPELENS_CACHE``, else the user cache."""
+    if cache_dir is not None:
+        return Path(cache_dir)
+    if os.environ.get(CACHE_ENV):
+        return Path(os.environ[CACHE_ENV])
+    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(base) / "nopelens"
+
+
+def model_dir(name: str, cache_dir: str | Path | None = None) -> Path:
+    """The checkpoint directory of a zoo model: ``<cache>/zoo/<name>-<recipe digest>``."""
+    return cache_root(cache_dir) / "zoo" / f"{name}-{recipe(name).digest}"
+
+
+def is_cached(name: str, cache_dir: str | Path | None = None) -> bool:
+    """True when the cache holds a finished run of ``name``'s current recipe."""
+    path = model_dir(name, cache_dir)
+    if not (path / METADATA_FILE).is_file():
+        return False
+    try:
+        meta = read_metadata(path)
+    except ValueError:
+        return False
+    return bool(meta.get("complete")) and meta.get("zoo_recipe") == recipe(name).digest
+
+
+def load(name: str, cache_dir: str | Path | None = None, progress: bool = True) -> TrainedModel:
+    """The zoo model ``name``: loaded from the cache, or trained (and cached) on first use.
+
+    Prints one line to stderr saying which happened.
+
+    Args:
+        name: one of :func:`names`.
+        cache_dir: cache root; default ``$NOPELENS_CACHE`` or the user cache directory.
+        progress: show the training progress bar.
+
+    Raises:
+        KeyError: on an unknown name (the message lists the available ones).
+        ValueError: if the cached checkpoint is corrupted (delete its folder to retrain).
+    """
+    spec = recipe(name)
+    path = model_dir(name, cache_dir)
+    if is_cached(name, cache_dir):
+        trained = load_checkpoint(path)
+        print(f"nopelens: loaded cached zoo model {name} from {path}", file=sys.stderr)
+        return trained
+    print(f"nopelens: training zoo model {name} ({spec.steps} steps); it will be cached in {path}", file=sys.stderr)
+    return spec.train(checkpoint_dir=path, progress=progress)
