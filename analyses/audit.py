@@ -1104,9 +1104,10 @@ def _rope_scores_check(run: _Run, layer: int, other: str, evidence: dict) -> Che
     declared = run.content(layer)
     e_other = _max_err(observed, run.content(layer, pairing=other), allowed)
     evidence[f"layer{layer}_scores_error_other_pairing"] = e_other
+    same = " (with one rotated pair the two pairings coincide)" if run.subject.rope.rotary_dim == 2 else ""
     return _agree(f"layer {layer} scores = R(p)q . R(p)k / sqrt(d_head)", observed, declared, run.tol,
-                  f"declared pairing, fraction and base reproduce the scores ({other} pairing: error {e_other:.3g})",
-                  allowed)
+                  f"declared pairing, fraction and base reproduce the scores ({other} pairing: error "
+                  f"{e_other:.3g}{same})", allowed)
 
 
 def _rope_offset_checks(run: _Run, layers: list[int], shift: int, evidence: dict) -> list[Check]:
@@ -1174,10 +1175,11 @@ def _step6(run: _Run) -> StepResult:
             content = run.content(layer)
             derived.append(layer)
         bias = run.position_contribution(layer)
-        total = content + (bias if bias is not None else 0.0)
-        checks.append(_agree(f"layer {layer} content + position = scores", scores, total, run.tol,
-                             f"{method}: " + ("content + position bias" if bias is not None else "content only (no score bias)"),
-                             allowed))
+        if bias is None or content_hook is not None:  # a derived bias adds up by construction
+            total = content + (bias if bias is not None else 0.0)
+            checks.append(_agree(f"layer {layer} content + position = scores", scores, total, run.tol,
+                                 f"{method}: " + ("content + position bias" if bias is not None else "content only (no score bias)"),
+                                 allowed))
         if method == "alibi":
             reference = alibi_bias(alibi_slopes(s.n_heads), run.ids_used.clamp(min=0), run.ids_used.clamp(min=0)).double()
             observed = bias
