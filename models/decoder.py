@@ -223,7 +223,13 @@ class Attention(nn.Module):
         """``scaled_dot_product_attention``: the same function, without materializing hooks."""
         bias = self._bias(q, query_positions, key_positions)
         q, k, v = (t.transpose(1, 2) for t in (q, k, v))
-        plain_causal = bias is None and allowed.shape[0] == 1 and q.shape[2] == k.shape[2]
+        n_query, n_key = q.shape[2], k.shape[2]
+        # allowed is a subset of the causal mask; it is exactly causal iff it has all its entries
+        # (a batch-1 input with left padding also has allowed.shape[0] == 1, but fewer entries)
+        plain_causal = (
+            bias is None and allowed.shape[0] == 1 and n_query == n_key
+            and int(allowed.sum()) == n_query * (n_query + 1) // 2
+        )
         if plain_causal:
             z = F.scaled_dot_product_attention(q, k, v, is_causal=True)
         elif bias is None:
