@@ -1,0 +1,94 @@
+"""The zoo: names, recipes, cache location, train-once-then-load, same recipe same weights."""
+
+import dataclasses
+
+import pytest
+import torch
+
+from nopelens.models import zoo
+from nopelens.models.tasks import make_task
+
+REQUIRED = {
+    "copy-nope-3l", "copy-rope-3l", "copy-alibi-3l", "copy-learned-3l",
+    "text-nope-4l", "text-rope-4l", "text-learned-4l", "previous-token-nope-2l",
+}
+
+
+def test_names_and_recipes():
+    assert REQUIRED <= set(zoo.names())
+    for name in zoo.names():
+        spec = zoo.recipe(name)
+        assert spec.name == name
+        task = spec.make_task()
+        assert spec.config.d_vocab >= task.d_vocab
+        assert task.seq_len(spec.train_kwargs["max_len"]) <= spec.config.n_ctx
+        layers = int(name.rsplit("-", 1)[1].rstrip("l"))
+        assert spec.config.n_layers == layers
+        assert spec.config.position_name in name
+
+
+def test_text_twins_differ_only_in_position():
+    nope, learned = zoo.recipe("text-nope-4l"), zoo.recipe("text-learned-4l")
+    assert nope.config.replace(position="learned") == learned.config
+    assert (nope.steps, nope.train_kwargs, nope.task_kwargs, nope.seed) == (
+        learned.steps, learned.train_kwargs, learned.task_kwargs, learned.seed)
+
+
+def test_unknown_name_lists_available():
+    with pytest.raises(KeyError, match="copy-nope-3l"):
+        zoo.recipe("copy-nope-99l")
+    with pytest.raises(KeyError, match="available"):
+        zoo.load("gpt-2")
+
+
+def test_cache_location(monkeypatch, tmp_path):
+    monkeypatch.setenv("NOPELENS_CACHE", str(tmp_path / "env"))
+    assert zoo.cache_root() == tmp_path / "env"
+    assert zoo.cache_root(tmp_path / "arg") == tmp_path / "arg"
+    monkeypatch.delenv("NOPELENS_CACHE")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert zoo.cache_root() == tmp_path / "xdg" / "nopelens"
+    path = zoo.model_dir("copy-nope-3l")
+    assert path.parent == tmp_path / "xdg" / "nopelens" / "zoo"
+    assert path.name == f"copy-nope-3l-{zoo.recipe('copy-nope-3l').digest}"
+
+
+def test_digest_changes_with_the_recipe():
+    spec = zoo.recipe("copy-rope-3l")
+    assert dataclasses.replace(spec, steps=spec.steps + 1).digest != spec.digest
+    assert dataclasses.replace(spec, seed=1).digest != spec.digest
+    assert zoo.recipe("copy-rope-3l").digest == spec.digest
+
+
+@pytest.fixture
+def tiny_recipe(monkeypatch):
+    task = make_task("repeat", n_symbols=4)
+    base = zoo.recipe("copy-nope-3l")
+    spec = dataclasses.replace(
+        base,
+        name="tiny-test",
+        config=base.config.replace(d_vocab=task.d_vocab, n_layers=1, d_model=16, n_heads=2),
+        task="repeat",
+        task_kwargs={"n_symbols": 4},
+        steps=4,
+        train_kwargs=dict(batch_size=4, min_len=1, max_len=3, lr=1e-3),
+    )
+    monkeypatch.setitem(zoo.RECIPES, "tiny-test", spec)
+    return spec
+
+
+def test_first_load_trains_and_caches_then_loads(tiny_recipe, tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("NOPELENS_CACHE", str(tmp_path))
+    assert not zoo.is_cached("tiny-test")
+    first = zoo.load("tiny-test", progress=False)
+    assert "training zoo model tiny-test" in capsys.readouterr().err
+    assert zoo.is_cached("tiny-test")
+    assert first.metadata["zoo_name"] == "tiny-test" and first.metadata["zoo_recipe"] == tiny_recipe.digest
+    second = zoo.load("tiny-test", progress=False)
+    assert "loaded cached zoo model tiny-test" in capsys.readouterr().err
+    for name, tensor in first.model.state_dict().items():
+        assert torch.equal(tensor, second.model.state_dict()[name])
+    # same recipe, trained again from nothing: identical weights (determinism on CPU)
+    again = tiny_recipe.train(progress=False)
+    for name, tensor in first.model.state_dict().items():
+        assert torch.equal(tensor, again.model.state_dict()[name])
