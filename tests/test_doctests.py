@@ -10,6 +10,9 @@ MODULES = [
     "nopelens.models.masks",
     "nopelens.models.tasks",
     "nopelens.models.training",
+    "nopelens.circuits.counter",
+    "nopelens.circuits.distance",
+    "nopelens.circuits.demos",
 ]
 
 
