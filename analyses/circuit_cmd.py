@@ -167,8 +167,8 @@ def run_equivariance(args) -> tuple[pd.DataFrame, plt.Figure]:
         rows.append({"subject": "equivariance", "check": name, "value": got, "max_error": error, "expected": want, "passed": got == want})
     table = pd.DataFrame(rows)
     fig, ax = plt.subplots(figsize=(7, 4))
-    plot = table.assign(max_error=table.max_error.clip(lower=1e-17))
-    sns.barplot(data=plot, x="check", y="max_error", hue="value", ax=ax, dodge=False)
+    plot = table.assign(max_error=table.max_error.clip(lower=1e-17), equivariant=table.value)  # log axis: 0 -> 1e-17
+    sns.barplot(data=plot, x="check", y="max_error", hue="equivariant", ax=ax, dodge=False)
     ax.set(yscale="log", xlabel="", ylabel="max |Attention(PX) - P Attention(X)|", title="seed 001: permutation equivariance")
     ax.tick_params(axis="x", rotation=15)
     return table, fig

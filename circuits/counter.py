@@ -227,7 +227,10 @@ def set_counter_block(model: Decoder, layer: int = 0, construction: str = "steps
     - ``W_in[one, .] = M + offset_k`` and ``b_in[2k] = -M``, ``b_in[2k+1] = -M - 1``: the
       pre-activations are z_k and z_k - 1. M = 1.5 * 2^23 cancels in exact arithmetic; in float32
       it rounds z_k to an integer (every float in [2^23, 2^24) is one), so all hidden values are
-      integers and the output sums are exact for n_ctx <= 2048.
+      integers and the output sums are exact for n_ctx <= 2048. (This needs the product x W_in
+      rounded before b_in is added, as torch's CPU ``F.linear``/``addmm`` does; an implementation
+      that added b_in first would leave generic floats, whose sums round like the interpolant's.
+      ``tests/test_circuits.py`` checks exactness at n_ctx = 2048.)
     - ``W_out[2k, position] = 1``, ``W_out[2k+1, position] = -1``: ReLU(z_k) - ReLU(z_k - 1) is the
       step [i > k]; their sum is i. ``W_out[., position_sq] = +-(2k+1)``: sum_{k<i} (2k+1) = i^2.
 
