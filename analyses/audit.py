@@ -31,6 +31,7 @@ import json
 import math
 import os
 import tempfile
+import warnings
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator
@@ -378,7 +379,8 @@ class _DecoderSubject(_Subject):
 
     def run_with_cache(self, tokens, mask, position_ids=None):
         with self.capture_position_ids() as seen:
-            logits, cache = self.model.run_with_cache(tokens, attention_mask=mask, position_ids=position_ids)
+            logits, cache = self.model.run_with_cache(tokens, attention_mask=mask, position_ids=position_ids,
+                                                      names_filter=_audited_hook)
         return logits, cache, seen[0]
 
     @contextlib.contextmanager
@@ -507,7 +509,8 @@ class _BridgeSubject(_Subject):
 
     def run_with_cache(self, tokens, mask, position_ids=None):
         with self._alibi_positions(position_ids), self.capture_position_ids() as seen:
-            logits, cache = self.model.run_with_cache(tokens, **self._kwargs(mask, position_ids))
+            logits, cache = self.model.run_with_cache(tokens, names_filter=_audited_hook,
+                                                      **self._kwargs(mask, position_ids))
         return logits, cache, (seen[0] if seen else None)
 
     @contextlib.contextmanager
@@ -567,7 +570,9 @@ class _BridgeSubject(_Subject):
 
     def decode_incrementally(self, tokens, mask, split):
         pieces = []
-        with self.capture_position_ids() as seen:
+        with self.capture_position_ids() as seen, warnings.catch_warnings():
+            # The bridge hands HF its cache as past_key_values, which transformers 5 deprecates.
+            warnings.filterwarnings("ignore", message=".*past_key_values.*deprecated", category=FutureWarning)
             logits, past = self.model(tokens[:, :split], attention_mask=mask[:, :split],
                                       return_type="logits_and_cache", use_cache=True)
             pieces.append(logits)
@@ -586,6 +591,17 @@ class _BridgeSubject(_Subject):
         if getattr(self.config, "scale_attn_by_inverse_layer_idx", False):
             scale /= layer + 1
         return scale
+
+
+def _audited_hook(name: str) -> bool:
+    """The hooks the audit reads: attention internals and the layer-0 input."""
+    if name in ("hook_embed", "hook_pos_embed", "blocks.0.hook_resid_pre"):
+        return True
+    return ".attn.hook_" in name and name.rsplit(".", 1)[-1] in _ATTENTION_HOOKS
+
+
+_ATTENTION_HOOKS = ("hook_q", "hook_k", "hook_v", "hook_rot_q", "hook_rot_k", "hook_content_scores",
+                    "hook_pos_bias", "hook_attn_scores", "hook_pattern", "hook_z", "hook_cos", "hook_sin")
 
 
 def _as_ids(values: Tensor) -> Tensor:
@@ -1070,6 +1086,8 @@ def _step5(run: _Run, shift: int) -> StepResult:
                 e_other = _max_err(rot_q, swapped, real_q)
                 check = _agree(f"layer {layer} hook_rot_q = R(p) hook_q", rot_q, declared, run.tol,
                                f"pairing {spec.pairing} (the {other} pairing gives error {e_other:.3g})", real_q)
+                if not check.passed and e_other <= check.tolerance:
+                    check.detail += f"; the rotation matches the {other} pairing instead of the declared {spec.pairing}"
                 checks.append(check)
                 rot_k = run.hook(layer, "hook_rot_k")
                 k = run.hook(layer, "hook_k")
