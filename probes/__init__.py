@@ -1,1 +1,33 @@
-"""probes"""
+"""From a hooked model to numbers: activation collection, position targets, grouped linear probes
+with controls, and attention-sink and attention-variance measurements."""
+
+from .collect import Activations, collect, is_pattern_site, resid_site, resid_sites, site_block, site_layer
+from .linear import (
+    RESULT_COLUMNS,
+    extrapolation_splits,
+    first_recoverable_layer,
+    make_probe,
+    out_of_fold_predictions,
+    probe_absolute_index,
+    probe_features,
+    probe_relative_distance,
+    sequence_splits,
+)
+from .metrics import bootstrap_scores, mad_chance, score
+from .targets import (
+    DistancePairs,
+    bilinear_features,
+    control_labels,
+    pair_features,
+    sample_distance_pairs,
+    shuffled_labels,
+    token_identity_predictions,
+)
+
+__all__ = [
+    "Activations", "DistancePairs", "RESULT_COLUMNS", "bilinear_features", "bootstrap_scores", "collect",
+    "control_labels", "extrapolation_splits", "first_recoverable_layer", "is_pattern_site", "mad_chance",
+    "make_probe", "out_of_fold_predictions", "pair_features", "probe_absolute_index", "probe_features",
+    "probe_relative_distance", "resid_site", "resid_sites", "sample_distance_pairs", "score", "sequence_splits",
+    "shuffled_labels", "site_block", "site_layer", "token_identity_predictions",
+]

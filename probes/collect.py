@@ -1,0 +1,342 @@
+"""Collect activations at named sites from any hooked model, as probe samples.
+
+One function, :func:`collect`, works on the three kinds of model nopelens reads:
+
+- a nopelens :class:`~nopelens.models.Decoder`;
+- an HF causal LM wrapped by :func:`nopelens.models.adapters.bridge_hf_model` (a TransformerLens
+  ``TransformerBridge``);
+- any ``torch.nn.Module`` wrapped by :class:`nopelens.models.adapters.HookedModule`.
+
+All three expose ``hook_dict`` (site name -> ``HookPoint``), and a ``HookPoint`` is an
+``nn.Module``, so collection registers plain PyTorch forward hooks on the requested hook points,
+keeps their handles, and removes exactly those handles afterwards (TransformerLens'
+``reset_hooks`` would also drop hooks the caller had added). A hook on the last site still
+missing raises a private exception that ends the forward pass early; nothing after it runs.
+
+Site names are TransformerLens hook names. Layer numbering follows DESIGN.md: layer 0 is the
+input to block 0 (``blocks.0.hook_resid_pre``), layer ``l + 1`` is the output of block ``l``
+(``blocks.{l}.hook_resid_post``); see :func:`resid_site` and :func:`site_layer`.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Sequence
+
+import numpy as np
+import torch
+from jaxtyping import Int
+from torch import Tensor
+
+PATTERN_SUFFIXES = ("hook_pattern", "hook_attn_scores", "hook_content_scores", "hook_pos_bias")
+"""Sites shaped ``[batch, head_index, query_pos, key_pos]``; collected per sequence."""
+
+_RESID_PRE = re.compile(r"^blocks\.(\d+)\.hook_resid_pre$")
+_RESID_POST = re.compile(r"^blocks\.(\d+)\.hook_resid_post$")
+_BLOCK = re.compile(r"^blocks\.(\d+)\.")
+
+
+class _StopForward(Exception):
+    """Raised by the hook on the last needed site; caught by :func:`collect`."""
+
+
+@dataclass
+class Activations:
+    """Activations at named sites, one row per real (non-pad) token.
+
+    Attributes:
+        acts: site -> float32 array ``[n_samples, *feature_shape]``: ``[n_samples, d_model]`` at
+            residual sites, ``[n_samples, head_index, d_head]`` at ``hook_q``/``hook_k``/
+            ``hook_rot_q``/``hook_rot_k``/``hook_z``.
+        sequence_id: int64 ``[n_samples]``, the row of ``tokens`` each sample comes from.
+        position: int64 ``[n_samples]``, the position id (number of real tokens before it).
+        token: int64 ``[n_samples]``, the token id.
+        patterns: site -> list (one per sequence) of float32 ``[head_index, n_real, n_real]``
+            arrays for ``[batch, head_index, query_pos, key_pos]`` sites, padded rows and columns
+            removed, so index ``[h, i, j]`` is query position ``i`` and key position ``j``.
+    """
+
+    acts: dict[str, np.ndarray]
+    sequence_id: np.ndarray
+    position: np.ndarray
+    token: np.ndarray
+    patterns: dict[str, list[np.ndarray]] = field(default_factory=dict)
+
+    @property
+    def n_samples(self) -> int:
+        return len(self.position)
+
+    @property
+    def n_sequences(self) -> int:
+        return len(np.unique(self.sequence_id))
+
+    def features(self, site: str) -> np.ndarray:
+        """The activations at ``site`` flattened to ``[n_samples, d]`` (a view when possible)."""
+        if site not in self.acts:
+            raise KeyError(f"site {site!r} was not collected; collected: {sorted(self.acts)}")
+        array = self.acts[site]
+        return array.reshape(len(array), -1)
+
+
+def resid_site(layer: int, n_layers: int | None = None) -> str:
+    """The residual-stream hook name of a DESIGN.md layer number.
+
+    Layer 0 is the input to block 0; layer ``l + 1`` is the output of block ``l``.
+
+    Args:
+        layer: layer number, >= 0.
+        n_layers: number of blocks, if known; then ``layer`` must be <= ``n_layers``.
+
+    Raises:
+        ValueError: if ``layer`` is negative or past ``n_layers``.
+
+    Example:
+        >>> resid_site(0), resid_site(1), resid_site(4)
+        ('blocks.0.hook_resid_pre', 'blocks.0.hook_resid_post', 'blocks.3.hook_resid_post')
+    """
+    if not isinstance(layer, (int, np.integer)) or layer < 0:
+        raise ValueError(f"layer must be an integer >= 0, got {layer!r}")
+    if n_layers is not None and layer > n_layers:
+        raise ValueError(f"layer {layer} is past the model's {n_layers} blocks (layers 0..{n_layers})")
+    return "blocks.0.hook_resid_pre" if layer == 0 else f"blocks.{layer - 1}.hook_resid_post"
+
+
+def resid_sites(n_layers: int) -> list[str]:
+    """Residual sites of every layer 0..n_layers (DESIGN.md numbering)."""
+    return [resid_site(layer) for layer in range(n_layers + 1)]
+
+
+def site_layer(site: str) -> int | None:
+    """The DESIGN.md layer number of a residual site, or None for any other site.
+
+    ``blocks.{l}.hook_resid_pre`` is layer ``l`` (the input to block ``l`` equals the output of
+    block ``l - 1``), ``blocks.{l}.hook_resid_post`` is layer ``l + 1``.
+
+    Example:
+        >>> site_layer("blocks.0.hook_resid_pre"), site_layer("blocks.2.hook_resid_post")
+        (0, 3)
+        >>> site_layer("blocks.2.attn.hook_pattern") is None
+        True
+    """
+    if match := _RESID_PRE.match(site):
+        return int(match.group(1))
+    if match := _RESID_POST.match(site):
+        return int(match.group(1)) + 1
+    return None
+
+
+def site_block(site: str) -> int | None:
+    """The block index in a ``blocks.{l}.…`` site name, or None (e.g. ``hook_embed``)."""
+    match = _BLOCK.match(site)
+    return int(match.group(1)) if match else None
+
+
+def is_pattern_site(site: str) -> bool:
+    """True for sites shaped ``[batch, head_index, query_pos, key_pos]``."""
+    return site.rsplit(".", 1)[-1] in PATTERN_SUFFIXES
+
+
+def collect(
+    model: torch.nn.Module,
+    tokens: Int[Tensor, "batch pos"] | np.ndarray,
+    sites: Sequence[str | int],
+    attention_mask: Int[Tensor, "batch pos"] | np.ndarray | None = None,
+    batch_size: int = 64,
+) -> Activations:
+    """Run ``model`` on ``tokens`` and keep the activations at ``sites`` for every real token.
+
+    Only the requested hook points get hooks; the forward pass stops as soon as every site has
+    been seen, and each batch is moved to CPU numpy right away, so peak memory stays near the
+    size of the output. Position ids are counted from ``attention_mask`` (the first real token of
+    a row is position 0); the model is given the mask, when there is one, and is expected to do
+    the same (the ``Decoder`` and ``TransformerBridge`` do; a ``HookedModule`` passes it on to the
+    wrapped module, so a module that takes no mask is called without one when none is given).
+
+    Args:
+        model: a ``Decoder``, a ``TransformerBridge`` or a ``HookedModule`` (anything with a
+            ``hook_dict`` of TransformerLens ``HookPoint`` s, called as
+            ``model(tokens, attention_mask=...)``).
+        tokens: int token ids ``[batch, pos]``.
+        sites: hook names (``blocks.{l}.hook_resid_post``, ``blocks.{l}.attn.hook_rot_q``,
+            ``blocks.{l}.attn.hook_pattern``, ...) or DESIGN.md layer numbers (ints, mapped by
+            :func:`resid_site`).
+        attention_mask: 1 for real tokens, 0 for padding (left or right); default: all real.
+        batch_size: sequences per forward pass.
+
+    Returns:
+        :class:`Activations`; padded positions are never samples, and pattern sites are kept per
+        sequence.
+
+    Raises:
+        TypeError: if the model has no ``hook_dict`` or tokens/mask are not integer arrays.
+        KeyError: if a site does not exist, listing the sites that do.
+        ValueError: on empty ``sites``, bad shapes, a mask that is not 0/1, a row with no real
+            token, a site whose output is not ``[batch, pos, ...]``, or a NaN/Inf activation
+            (naming the site, sequence and position).
+    """
+    hook_points = getattr(model, "hook_dict", None)
+    if not isinstance(hook_points, dict):
+        raise TypeError(
+            f"{type(model).__name__} has no TransformerLens hook_dict; wrap it with "
+            "nopelens.models.adapters.HookedModule(model, sites={site: module_path})"
+        )
+    sites = _resolve_sites(sites, hook_points)
+    tokens, mask = _check_inputs(tokens, attention_mask)
+    if not isinstance(batch_size, int) or batch_size < 1:
+        raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
+
+    device = _model_device(model)
+    position = (mask.cumsum(-1) - 1).masked_fill(mask == 0, 0)
+    real = mask.bool()
+    sequence_id = torch.arange(tokens.shape[0])[:, None].expand_as(tokens)
+    out = Activations(
+        acts={},
+        sequence_id=sequence_id[real].numpy().astype(np.int64),
+        position=position[real].numpy().astype(np.int64),
+        token=tokens[real].numpy().astype(np.int64),
+        patterns={site: [] for site in sites if is_pattern_site(site)},
+    )
+    n_samples, filled = int(real.sum()), 0
+    was_training = model.training
+    model.eval()
+    try:
+        for start in range(0, tokens.shape[0], batch_size):
+            batch_tokens, batch_mask = tokens[start : start + batch_size], mask[start : start + batch_size]
+            batch_mask_arg = None if attention_mask is None else batch_mask.to(device)
+            captured = _run_batch(model, hook_points, sites, batch_tokens.to(device), batch_mask_arg)
+            batch_real = batch_mask.bool()
+            for site in sites:
+                value = captured[site]
+                if is_pattern_site(site):
+                    _store_patterns(out.patterns[site], value, batch_mask, site, start)
+                    continue
+                rows = _real_rows(value, batch_real, site, start)
+                if site not in out.acts:
+                    out.acts[site] = np.empty((n_samples, *rows.shape[1:]), dtype=np.float32)
+                out.acts[site][filled : filled + len(rows)] = rows
+            filled += int(batch_real.sum())
+    finally:
+        model.train(was_training)
+    return out
+
+
+def _run_batch(model, hook_points: dict, sites: list[str], tokens: Tensor, mask: Tensor | None) -> dict[str, Tensor]:
+    """One forward pass with temporary hooks on ``sites``; returns site -> detached CPU tensor."""
+    captured: dict[str, Tensor] = {}
+    needed = set(sites)
+
+    def make_hook(site: str):
+        conversion = getattr(hook_points[site], "hook_conversion", None)
+
+        def hook(module, inputs, output):
+            value = output[0] if isinstance(output, tuple) else output
+            if conversion is not None:  # bridge hook points show TransformerLens' layout to hooks
+                value = conversion.convert(value)
+            captured[site] = value.detach().to("cpu", torch.float32)
+            if needed.issubset(captured):
+                raise _StopForward
+
+        return hook
+
+    handles = [hook_points[site].register_forward_hook(make_hook(site)) for site in sites]
+    try:
+        with torch.no_grad():
+            model(tokens) if mask is None else model(tokens, attention_mask=mask)
+    except _StopForward:
+        pass
+    finally:
+        for handle in handles:
+            handle.remove()
+    missing = needed.difference(captured)
+    if missing:
+        raise ValueError(f"sites {sorted(missing)} exist but were never reached by the forward pass")
+    return captured
+
+
+def _real_rows(value: Tensor, real: Tensor, site: str, start: int) -> np.ndarray:
+    """``[batch, pos, ...]`` -> ``[n_real, ...]`` numpy, checked finite."""
+    if value.ndim < 3 or tuple(value.shape[:2]) != tuple(real.shape):
+        raise ValueError(
+            f"site {site!r} gave shape {tuple(value.shape)}; collect needs [batch, pos, ...] "
+            f"matching tokens {tuple(real.shape)} (pattern sites are {PATTERN_SUFFIXES})"
+        )
+    rows = value[real.to(value.device)]
+    _check_finite(rows.reshape(len(rows), -1), site, real, start)
+    return rows.numpy()
+
+
+def _store_patterns(store: list, value: Tensor, mask: Tensor, site: str, start: int) -> None:
+    """``[batch, head, query, key]`` -> one ``[head, n_real, n_real]`` array per sequence."""
+    batch, pos = mask.shape
+    if value.ndim != 4 or value.shape[0] != batch or tuple(value.shape[2:]) != (pos, pos):
+        raise ValueError(
+            f"site {site!r} gave shape {tuple(value.shape)}; expected [batch, head_index, "
+            f"query_pos, key_pos] = [{batch}, *, {pos}, {pos}]"
+        )
+    for row in range(batch):
+        keep = mask[row].bool().cpu()
+        pattern = value[row][:, keep][:, :, keep]
+        if site.endswith("hook_pattern"):
+            finite = torch.isfinite(pattern)
+        else:  # scores hold -inf at blocked (future) keys by design
+            finite = ~torch.isnan(pattern) & (pattern != float("inf"))
+        if not bool(finite.all()):
+            head, query, _ = (~finite).nonzero()[0].tolist()
+            raise ValueError(
+                f"non-finite value at site {site!r}, sequence {start + row}, head {head}, "
+                f"query position {query}"
+            )
+        store.append(pattern.numpy())
+
+
+def _check_finite(rows: Tensor, site: str, real: Tensor, start: int) -> None:
+    bad = ~torch.isfinite(rows).all(-1)
+    if bool(bad.any()):
+        sample = int(bad.nonzero()[0])
+        seq, pos = real.nonzero()[sample].tolist()
+        position = int(real[seq, : pos + 1].sum()) - 1
+        raise ValueError(
+            f"NaN or Inf activation at site {site!r}, sequence {start + seq}, position {position}"
+        )
+
+
+def _resolve_sites(sites: Sequence[str | int], hook_points: dict) -> list[str]:
+    if isinstance(sites, (str, int)):
+        sites = [sites]
+    names = [resid_site(int(s)) if isinstance(s, (int, np.integer)) else s for s in sites]
+    if not names:
+        raise ValueError("sites is empty; name at least one hook point")
+    unknown = [name for name in names if name not in hook_points]
+    if unknown:
+        raise KeyError(f"unknown sites {unknown}; the model has: {sorted(hook_points)}")
+    return list(dict.fromkeys(names))
+
+
+def _check_inputs(tokens, attention_mask) -> tuple[Tensor, Tensor]:
+    tokens = torch.as_tensor(tokens)
+    if tokens.dtype.is_floating_point or tokens.dtype == torch.bool:
+        raise TypeError(f"tokens must be integer ids, got dtype {tokens.dtype}")
+    if tokens.ndim != 2 or tokens.shape[0] == 0 or tokens.shape[1] == 0:
+        raise ValueError(f"tokens must have shape [batch, pos] with both >= 1, got {tuple(tokens.shape)}")
+    if attention_mask is None:
+        mask = torch.ones_like(tokens, dtype=torch.long)
+    else:
+        mask = torch.as_tensor(attention_mask)
+        if mask.dtype.is_floating_point:
+            raise TypeError(f"attention_mask must be an integer or bool array, got dtype {mask.dtype}")
+        if mask.shape != tokens.shape:
+            raise ValueError(f"attention_mask shape {tuple(mask.shape)} != tokens shape {tuple(tokens.shape)}")
+        mask = mask.long()
+        if bool(((mask != 0) & (mask != 1)).any()):
+            raise ValueError("attention_mask must hold only 0 (padding) and 1 (real token)")
+        empty = (mask.sum(-1) == 0).nonzero().flatten().tolist()
+        if empty:
+            raise ValueError(f"rows {empty} of attention_mask have no real token")
+    return tokens.long().cpu(), mask.cpu()
+
+
+def _model_device(model: torch.nn.Module) -> torch.device:
+    for param in model.parameters():
+        return param.device
+    return torch.device("cpu")

@@ -1,0 +1,246 @@
+"""Probe metrics with bootstrap confidence intervals over sequences.
+
+Every metric here is computed from per-sample weights, so one code path gives the point estimate
+(all weights 1) and each bootstrap replicate (weights = how many times each sample's sequence was
+drawn). Resampling whole sequences, not tokens, keeps the interval honest about the dependence
+between tokens of one sequence. Each weighted metric equals its scikit-learn / SciPy counterpart on
+the data with every sample repeated ``weight`` times (tests check this); the vectorized form makes
+1000 replicates over 20 000 samples cost tens of milliseconds instead of seconds.
+
+Metrics (higher is better except ``mad``):
+
+- ``accuracy``, ``balanced_accuracy`` (mean recall over the classes present in ``y``),
+  ``within_one`` (|prediction - target| <= 1, the "±1 accuracy");
+- ``mad``: mean absolute distance |prediction - target| in positions (Haviv et al. 2022, "Transformer
+  language models without positional encodings still learn positional information", §4), with
+  chance value :func:`mad_chance`;
+- ``r2`` (coefficient of determination), ``spearman`` (Spearman's rho, average ranks for ties).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from jaxtyping import Float, Int
+
+CLASSIFICATION_METRICS = ("accuracy", "balanced_accuracy", "within_one", "mad")
+REGRESSION_METRICS = ("r2", "spearman", "mad")
+HIGHER_IS_BETTER = {"accuracy": True, "balanced_accuracy": True, "within_one": True, "r2": True, "spearman": True, "mad": False}
+
+
+def mad_chance(n_positions: int) -> float:
+    """Expected |X - Y| for X, Y independent and uniform on {0, ..., L - 1}: (L^2 - 1) / (3 L).
+
+    The chance level of the mean absolute distance (MAD) of a position probe whose predictions
+    carry no information, when positions are uniform (Haviv et al. 2022 report MAD against it).
+    Derivation: E|X - Y| = (2 / L^2) * sum_{d=1}^{L-1} d (L - d) = (L^2 - 1) / (3 L).
+
+    Args:
+        n_positions: L, the number of equally likely positions, >= 1.
+
+    Returns:
+        The chance MAD, in positions.
+
+    Raises:
+        ValueError: if ``n_positions`` < 1.
+
+    Example:
+        >>> mad_chance(64)
+        21.328125
+        >>> mad_chance(1), round(mad_chance(4), 6)
+        (0.0, 1.25)
+    """
+    if not isinstance(n_positions, (int, np.integer)) or n_positions < 1:
+        raise ValueError(f"n_positions must be an integer >= 1, got {n_positions!r}")
+    return (n_positions**2 - 1) / (3 * n_positions)
+
+
+def metric_names(task: str) -> tuple[str, ...]:
+    """The metrics reported for a ``classification`` or ``regression`` probe."""
+    if task == "classification":
+        return CLASSIFICATION_METRICS
+    if task == "regression":
+        return REGRESSION_METRICS
+    raise ValueError(f"task must be 'classification' or 'regression', got {task!r}")
+
+
+def score(y: np.ndarray, pred: np.ndarray, metric: str) -> float:
+    """One metric on unweighted data.
+
+    Args:
+        y: targets ``[n]`` (class labels that are positions or distances, or real values).
+        pred: predictions ``[n]``.
+        metric: one of ``accuracy``, ``balanced_accuracy``, ``within_one``, ``mad``, ``r2``,
+            ``spearman``.
+
+    Raises:
+        ValueError: on an unknown metric, mismatched or empty inputs, or an undefined value
+            (``r2``/``spearman`` of a constant target).
+
+    Example:
+        >>> score(np.array([0, 1, 2, 3]), np.array([0, 2, 2, 0]), "mad")
+        0.75
+        >>> score(np.array([0, 1, 2, 3]), np.array([0, 2, 2, 0]), "within_one")
+        0.75
+    """
+    y, pred = _check_pair(y, pred)
+    groups = np.arange(len(y))
+    value = _metric_values(metric, y, pred, groups, np.ones((1, len(y))))[0]
+    if not np.isfinite(value):
+        raise ValueError(f"{metric} is undefined here (constant targets or predictions)")
+    return float(value)
+
+
+def bootstrap_scores(
+    y: Float[np.ndarray, "n"] | Int[np.ndarray, "n"],
+    pred: Float[np.ndarray, "n"] | Int[np.ndarray, "n"],
+    groups: Int[np.ndarray, "n"],
+    metrics: tuple[str, ...] | list[str],
+    n_boot: int = 1000,
+    confidence: float = 0.95,
+    seed: int = 0,
+) -> dict[str, tuple[float, float, float]]:
+    """Point estimates and percentile bootstrap CIs, resampling sequences with replacement.
+
+    Each replicate draws ``n_groups`` sequences with replacement (Efron's percentile bootstrap,
+    with sequences as the resampled unit) and recomputes every metric on the samples of the drawn
+    sequences, counted with multiplicity.
+
+    Args:
+        y: targets ``[n]``.
+        pred: predictions ``[n]`` (out-of-fold).
+        groups: sequence id of each sample ``[n]``.
+        metrics: metric names (see the module docstring).
+        n_boot: bootstrap replicates, >= 1.
+        confidence: coverage of the interval, in (0, 1).
+        seed: seed of the resampling.
+
+    Returns:
+        metric -> (value, ci_low, ci_high).
+
+    Raises:
+        ValueError: on mismatched shapes, bad ``n_boot``/``confidence``, an unknown metric, an
+            undefined point estimate, or when more than half of the replicates are undefined.
+    """
+    y, pred = _check_pair(y, pred)
+    groups = np.asarray(groups)
+    if groups.shape != y.shape:
+        raise ValueError(f"groups shape {groups.shape} != y shape {y.shape}")
+    if not isinstance(n_boot, (int, np.integer)) or n_boot < 1:
+        raise ValueError(f"n_boot must be a positive integer, got {n_boot!r}")
+    if not 0 < confidence < 1:
+        raise ValueError(f"confidence must lie in (0, 1), got {confidence!r}")
+    _, group_index = np.unique(groups, return_inverse=True)
+    n_groups = int(group_index.max()) + 1
+    rng = np.random.default_rng(seed)
+    draws = rng.multinomial(n_groups, np.full(n_groups, 1.0 / n_groups), size=n_boot).astype(np.float64)
+    alpha = (1 - confidence) / 2
+    out = {}
+    for metric in metrics:
+        value = _metric_values(metric, y, pred, group_index, np.ones((1, n_groups)))[0]
+        if not np.isfinite(value):
+            raise ValueError(f"{metric} is undefined on these targets (constant targets or predictions)")
+        replicates = _metric_values(metric, y, pred, group_index, draws)
+        finite = replicates[np.isfinite(replicates)]
+        if len(finite) < max(1, n_boot // 2):
+            raise ValueError(f"{metric}: {n_boot - len(finite)} of {n_boot} bootstrap replicates are undefined")
+        low, high = np.quantile(finite, [alpha, 1 - alpha])
+        out[metric] = (float(value), float(low), float(high))
+    return out
+
+
+def _check_pair(y, pred) -> tuple[np.ndarray, np.ndarray]:
+    y, pred = np.asarray(y), np.asarray(pred)
+    if y.ndim != 1 or y.shape != pred.shape:
+        raise ValueError(f"y and pred must be 1-D of equal length, got {y.shape} and {pred.shape}")
+    if len(y) == 0:
+        raise ValueError("no samples to score")
+    for name, array in (("y", y), ("pred", pred)):
+        if not np.issubdtype(array.dtype, np.number) or not np.all(np.isfinite(array)):
+            raise ValueError(f"{name} must be finite numbers")
+    return y, pred
+
+
+def _metric_values(metric: str, y, pred, group_index, weights) -> np.ndarray:
+    """Metric under each row of group weights ``[B, n_groups]`` -> ``[B]``."""
+    counts = np.bincount(group_index, minlength=weights.shape[1]).astype(np.float64)
+    n = weights @ counts
+
+    def weighted_mean(per_sample):
+        return (weights @ np.bincount(group_index, per_sample, minlength=weights.shape[1])) / n
+
+    if metric == "accuracy":
+        return weighted_mean((y == pred).astype(np.float64))
+    if metric == "within_one":
+        return weighted_mean((np.abs(pred - y) <= 1).astype(np.float64))
+    if metric == "mad":
+        return weighted_mean(np.abs(pred - y).astype(np.float64))
+    if metric == "r2":
+        return _r2(y.astype(np.float64), pred.astype(np.float64), group_index, weights, n)
+    if metric == "balanced_accuracy":
+        return _balanced_accuracy(y, pred, group_index, weights)
+    if metric == "spearman":
+        return _spearman(y, pred, group_index, weights)
+    raise ValueError(f"unknown metric {metric!r}; known: {sorted(HIGHER_IS_BETTER)}")
+
+
+def _r2(y, pred, group_index, weights, n) -> np.ndarray:
+    size = weights.shape[1]
+    sum_y = weights @ np.bincount(group_index, y, minlength=size)
+    sum_y2 = weights @ np.bincount(group_index, y * y, minlength=size)
+    sse = weights @ np.bincount(group_index, (y - pred) ** 2, minlength=size)
+    sst = sum_y2 - sum_y**2 / n
+    with np.errstate(divide="ignore", invalid="ignore"):
+        # sst is exactly 0 only for a constant target; tiny float residue counts as constant too
+        return np.where(sst > 1e-12 * np.maximum(sum_y2, 1.0), 1 - sse / sst, np.nan)
+
+
+def _balanced_accuracy(y, pred, group_index, weights) -> np.ndarray:
+    classes, y_index = np.unique(y, return_inverse=True)
+    size = weights.shape[1]
+    flat = group_index * len(classes) + y_index
+    totals = np.bincount(flat, minlength=size * len(classes)).reshape(size, len(classes))
+    correct = np.bincount(flat, (y == pred).astype(np.float64), minlength=size * len(classes))
+    correct = correct.reshape(size, len(classes))
+    class_totals = weights @ totals
+    with np.errstate(divide="ignore", invalid="ignore"):
+        recall = (weights @ correct) / class_totals
+    present = class_totals > 0
+    return np.where(present, recall, 0.0).sum(1) / present.sum(1)
+
+
+def _spearman(y, pred, group_index, weights, chunk: int = 64) -> np.ndarray:
+    y_rank, pred_rank = _TieRanker(y), _TieRanker(pred)
+    out = np.empty(len(weights))
+    for start in range(0, len(weights), chunk):
+        w = weights[start : start + chunk][:, group_index]
+        a, b = y_rank(w), pred_rank(w)
+        total = w.sum(1, keepdims=True)
+        a = a - (w * a).sum(1, keepdims=True) / total
+        b = b - (w * b).sum(1, keepdims=True) / total
+        cov = (w * a * b).sum(1)
+        var = (w * a * a).sum(1) * (w * b * b).sum(1)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            out[start : start + chunk] = np.where(var > 0, cov / np.sqrt(var), np.nan)
+    return out
+
+
+class _TieRanker:
+    """Average ranks of ``x`` with integer sample weights (repeats), for many weight rows at once.
+
+    A tie group of total weight T that starts after cumulative weight B gets rank B + (T + 1) / 2,
+    which is ``scipy.stats.rankdata(method="average")`` on the data with samples repeated.
+    """
+
+    def __init__(self, x: np.ndarray):
+        self.order = np.argsort(x, kind="stable")
+        sorted_x = x[self.order]
+        self.starts = np.flatnonzero(np.r_[True, sorted_x[1:] != sorted_x[:-1]])
+        self.tie_group = np.cumsum(np.r_[True, sorted_x[1:] != sorted_x[:-1]]) - 1
+        self.inverse = np.empty_like(self.order)
+        self.inverse[self.order] = np.arange(len(x))
+
+    def __call__(self, w: np.ndarray) -> np.ndarray:
+        group_weight = np.add.reduceat(w[:, self.order], self.starts, axis=1)
+        before = np.cumsum(group_weight, axis=1) - group_weight
+        ranks_sorted = (before + (group_weight + 1) / 2)[:, self.tie_group]
+        return ranks_sorted[:, self.inverse]
