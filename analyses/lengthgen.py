@@ -55,8 +55,8 @@ class LengthGenSettings:
     n_layers: int = 3
     d_model: int = 64
     n_heads: int = 4
-    steps: int = 400
-    batch_size: int = 64
+    steps: int = 500
+    batch_size: int = 32
     lr: float = 3e-3
     n_symbols: int = 16
     n_eval: int = 128

@@ -1,0 +1,78 @@
+"""Length generalization: tidy output, summary arithmetic, plot files, resume, CLI."""
+
+import pandas as pd
+import pytest
+
+from nopelens.analyses import lengthgen
+from nopelens.analyses.cli import main
+from nopelens.analyses.lengthgen import KAZEMNEJAD_2023, LengthGenSettings, run_lengthgen, summarize
+
+TINY = LengthGenSettings(train_max_len=3, n_layers=1, d_model=16, n_heads=2, steps=3, batch_size=4, n_symbols=4, n_eval=4)
+
+
+def test_run_writes_tidy_table_summary_and_plots(tmp_path):
+    results = run_lengthgen(tmp_path, TINY, tasks=("repeat", "copy"), methods=("nope", "learned"), seeds=(0,), progress=False)
+    assert len(results) == 2 * 2 * 1 * 6  # tasks x methods x seeds x lengths 1..2L
+    assert set(results["length"]) == set(range(1, 7))
+    assert results.groupby(["task", "method", "seed"])["in_distribution"].sum().eq(3).all()
+    on_disk = pd.read_csv(tmp_path / "lengthgen.csv")
+    assert len(on_disk) == len(results)
+    assert {"task", "method", "seed", "length", "exact_match", "token_accuracy", "in_distribution"} <= set(on_disk.columns)
+    for name in ("summary.csv", "lengthgen.png", "lengthgen.svg", "settings.json"):
+        assert (tmp_path / name).stat().st_size > 0
+    assert (tmp_path / "lengthgen.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    summary = pd.read_csv(tmp_path / "summary.csv")
+    assert set(zip(summary["task"], summary["method"])) == {(t, m) for t in ("repeat", "copy") for m in ("nope", "learned")}
+    assert not any(p.name.startswith(".") for p in tmp_path.iterdir())  # no temp files left
+
+
+def test_rerun_resumes_and_skips_finished_runs(tmp_path, monkeypatch):
+    run_lengthgen(tmp_path, TINY, tasks=("repeat",), methods=("nope",), seeds=(0,), progress=False)
+    calls = []
+    real = lengthgen.run_one
+
+    def counting(task, method, seed, settings, progress=False):
+        calls.append((task, method, seed))
+        return real(task, method, seed, settings, progress)
+
+    monkeypatch.setattr(lengthgen, "run_one", counting)
+    results = run_lengthgen(tmp_path, TINY, tasks=("repeat",), methods=("nope", "alibi"), seeds=(0,), progress=False)
+    assert calls == [("repeat", "alibi", 0)]
+    assert sorted(set(results["method"])) == ["alibi", "nope"]
+
+
+def test_other_settings_in_the_same_folder_are_refused(tmp_path):
+    run_lengthgen(tmp_path, TINY, tasks=("repeat",), methods=("nope",), seeds=(0,), progress=False)
+    with pytest.raises(ValueError, match="other settings.*steps"):
+        run_lengthgen(tmp_path, LengthGenSettings(**{**TINY.__dict__, "steps": 4}), tasks=("repeat",), methods=("nope",), seeds=(0,))
+
+
+def test_unknown_method_and_bad_settings():
+    with pytest.raises(ValueError, match="unknown method"):
+        run_lengthgen("/nonexistent", TINY, methods=("t5",))
+    with pytest.raises(ValueError, match="steps"):
+        LengthGenSettings(steps=0)
+
+
+def test_summary_arithmetic():
+    rows = []
+    for seed, (inside, longer) in enumerate([(1.0, 0.5), (0.8, 0.1)]):
+        for length in (1, 2):
+            rows.append(dict(task="copy", method="nope", seed=seed, length=length, exact_match=inside, in_distribution=True))
+        for length in (3, 4):
+            rows.append(dict(task="copy", method="nope", seed=seed, length=length, exact_match=longer, in_distribution=False))
+    summary = summarize(pd.DataFrame(rows))
+    row = summary.iloc[0]
+    assert row["exact_match_in_distribution"] == pytest.approx(0.9)
+    assert row["exact_match_longer"] == pytest.approx(0.3)
+    assert row["exact_match_longer_std"] == pytest.approx(pd.Series([0.5, 0.1]).std())
+    assert row["seeds"] == 2 and row["kazemnejad_2023_repeat_copy"] == KAZEMNEJAD_2023["nope"] == 0.986
+
+
+def test_cli_quick_subset(tmp_path, capsys):
+    code = main(["lengthgen", "--out", str(tmp_path), "--quick", "--tasks", "repeat", "--methods", "rope",
+                 "--seeds", "0", "--steps", "2", "--no-progress"])
+    assert code == 0
+    out = capsys.readouterr().out
+    assert "rope" in out and "kazemnejad_2023_repeat_copy" in out
+    assert (tmp_path / "lengthgen.svg").exists()
