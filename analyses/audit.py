@@ -133,13 +133,13 @@ class AuditReport:
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict of the whole report."""
-        return {
+        return _finite({
             "model": self.model,
             "probe": self.probe,
             "passed": self.passed,
             "failed_steps": self.failed_steps,
             "steps": [asdict(s) for s in self.steps],
-        }
+        })
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), indent=1, sort_keys=False, allow_nan=False)
@@ -223,6 +223,17 @@ def _write_atomic(path: Path, text: str) -> None:
         raise
 
 
+def _finite(value: Any) -> Any:
+    """JSON has no NaN or infinity: write such measurements as the strings "nan", "inf", "-inf"."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite(v) for v in value]
+    return value
+
+
 def _clip(text: str, width: int) -> str:
     return text if len(text) <= width else text[: width - 3] + "..."
 
@@ -255,7 +266,12 @@ def _make_step(
 # ============================================================================= numerics
 @dataclass(frozen=True)
 class Tolerance:
-    """Agreement means max |a - b| <= atol + rtol * max |b| (float32 models by default)."""
+    """Agreement means max |a - b| <= atol + rtol * max |b| (float32 models by default).
+
+    Example:
+        >>> round(Tolerance(atol=1e-5, rtol=1e-4).of(torch.tensor([-3.0, 2.0])), 8)
+        0.00031
+    """
 
     atol: float = 1e-5
     rtol: float = 1e-4
@@ -280,7 +296,18 @@ def _agree(name: str, observed: Tensor, reference: Tensor, tol: Tolerance, detai
 
 
 def _rotate(x: Tensor, ids: Tensor, rotary_dim: int, base: float, pairing: str, direction: int = 1) -> Tensor:
-    """``apply_rope`` (direction +1) or the opposite rotation R(-p theta) (direction -1)."""
+    """``apply_rope`` (direction +1) or the opposite rotation R(-p theta) (direction -1).
+
+    Seed 002: with R(-p theta) the rotated dot product depends on m - n instead of n - m, a sign
+    bug that keeps every shape. R(-p theta) undoes R(p theta):
+
+    Example:
+        >>> x = torch.tensor([1.0, 2.0, 3.0, 4.0], dtype=torch.float64).view(1, 1, 1, 4)
+        >>> ids = torch.tensor([[5]])
+        >>> back = _rotate(_rotate(x, ids, 4, 10000.0, "half"), ids, 4, 10000.0, "half", direction=-1)
+        >>> [round(v, 6) for v in back.flatten().tolist()]
+        [1.0, 2.0, 3.0, 4.0]
+    """
     if direction == 1:
         return apply_rope(x, ids, rotary_dim, base, pairing)
     angles = -rope_angles(ids, rotary_dim, base, dtype=x.dtype)[:, :, None, :]
@@ -413,7 +440,7 @@ class _DecoderSubject(_Subject):
 
 
 _HF_METHODS = {"gpt2": "learned", "gpt_neox": "rope", "llama": "rope", "mistral": "rope", "qwen2": "rope",
-               "gptj": "rope", "bloom": "alibi", "opt": "learned", "gpt_neo": "learned"}
+               "gptj": "rope", "bloom": "alibi", "gpt_neo": "learned"}
 
 
 class _BridgeSubject(_Subject):
@@ -438,7 +465,7 @@ class _BridgeSubject(_Subject):
         if method == "rope":
             self.rope = self._rope_from_config(config)
         self.special_tokens = {k: getattr(config, k, None) for k in ("bos_token_id", "eos_token_id", "pad_token_id")}
-        self._position_override: Tensor | None = None
+        self.position_limit = 4096  # audit() sets it from the probe length
 
     def _method_from_config(self, config) -> str:
         if self.model_type in _HF_METHODS:
@@ -559,14 +586,20 @@ class _BridgeSubject(_Subject):
     def _decode_rope_ids(self, cos: Tensor, sin: Tensor) -> Tensor:
         """Integer positions p whose reference angles p * theta_r best match HF's cos/sin."""
         half = self.rope.rotary_dim // 2
-        cos, sin = cos[..., :half].double(), sin[..., :half].double()
-        candidates = torch.arange(4 * max(cos.shape[-2], 64) + 64)
+        cos, sin = cos[..., :half].double().cpu(), sin[..., :half].double().cpu()
+        candidates = torch.arange(self.position_limit)
         angles = rope_angles(candidates, self.rope.rotary_dim, self.rope.base, dtype=torch.float64)
-        err = (cos[..., None, :] - angles.cos()).abs().sum(-1) + (sin[..., None, :] - angles.sin()).abs().sum(-1)
-        best = err.argmin(-1)
-        if float(err.min(-1).values.max()) > 1e-3 * half:
-            return torch.full(best.shape, -1, dtype=torch.long)  # not a RoPE angle we can decode
-        return best
+        ref_cos, ref_sin = angles.cos(), angles.sin()
+        best, worst = [], 0.0
+        for start in range(0, cos.shape[-2], 32):  # chunks bound the [pos, candidate, half] tensor
+            c, s = cos[..., start:start + 32, None, :], sin[..., start:start + 32, None, :]
+            err = (c - ref_cos).abs().sum(-1) + (s - ref_sin).abs().sum(-1)
+            best.append(err.argmin(-1))
+            worst = max(worst, float(err.min(-1).values.max()))
+        ids = torch.cat(best, -1)
+        if worst > 1e-3 * half:  # not angles p * theta_r for any p < position_limit
+            ids = torch.full_like(ids, -1)
+        return ids
 
     def decode_incrementally(self, tokens, mask, split):
         pieces = []
@@ -605,7 +638,12 @@ _ATTENTION_HOOKS = ("hook_q", "hook_k", "hook_v", "hook_rot_q", "hook_rot_k", "h
 
 
 def _as_ids(values: Tensor) -> Tensor:
-    """Round float positions to int64; -1 marks values that are not integers."""
+    """Round float positions to int64; -1 marks values that are not integers.
+
+    Example:
+        >>> _as_ids(torch.tensor([0.0, 2.9999999, 1.5])).tolist()
+        [0, 3, -1]
+    """
     rounded = values.round()
     ids = rounded.long()
     return ids.masked_fill((values - rounded).abs() > 1e-3, -1)
@@ -751,6 +789,7 @@ def audit(
             "rows): those positions cannot be computed at all"
         )
     tol = Tolerance(atol, rtol)
+    subject.position_limit = 2 * eval_length + shift + 64
     module = subject.model
     was_training = module.training
     module.eval()
@@ -836,8 +875,11 @@ def _step1(run: _Run) -> StepResult:
         detail = "position ids the model used equal position_ids_from_mask at every real token"
         if bad.any():
             b, i = bad.nonzero()[0].tolist()
-            detail = (f"row {b} token {i} used position {int(seen[b, i])}, the mask gives {int(p.ids[b, i])} "
-                      f"(left padding of {p.n_pad} not subtracted?)")
+            used = int(seen[b, i])
+            used_text = "a position that cannot be decoded from its evidence" if used < 0 else f"position {used}"
+            detail = f"row {b} token {i} used {used_text}, the mask gives {int(p.ids[b, i])}"
+            if used >= 0 and b == 1 and used - int(p.ids[b, i]) == p.n_pad:
+                detail += f": the left padding of {p.n_pad} is not subtracted"
         checks.append(Check("position ids derived from the mask", not bad.any(), detail))
     else:
         evidence["recorded_position_ids"] = None
@@ -895,11 +937,12 @@ def _alibi_sign_check(run: _Run, layer: int, evidence: dict) -> Check:
     evidence[f"layer{layer}_alibi_fitted_slopes"] = fitted
     evidence[f"layer{layer}_alibi_expected_slopes"] = expected
     err = max(abs(a - b) for a, b in zip(fitted, expected))
-    ok = all(f > 0 for f in fitted) and err <= run.tol.atol + run.tol.rtol * max(expected) + 1e-4 * max(expected)
+    bound = run.tol.of(torch.tensor(expected))
+    ok = all(f > 0 for f in fitted) and err <= bound
     sign = "penalizes distant keys" if all(f > 0 for f in fitted) else "REWARDS distant keys (sign flipped)"
     return Check(f"layer {layer} ALiBi sign", ok,
                  f"bias vs distance i - j: fitted slopes {[round(f, 5) for f in fitted]} (expected "
-                 f"+m_h = {[round(e, 5) for e in expected]}); the bias {sign}", err, None)
+                 f"+m_h = {[round(e, 5) for e in expected]}); the bias {sign}", err, bound)
 
 
 def _shaw_sign_check(run: _Run, layer: int, evidence: dict) -> Check:

@@ -13,6 +13,7 @@ MODULES = [
     "nopelens.circuits.counter",
     "nopelens.circuits.distance",
     "nopelens.circuits.demos",
+    "nopelens.analyses.audit",
 ]
 
 
