@@ -172,3 +172,19 @@ def test_previous_token_is_learned_by_a_two_layer_nope_model():
     cfg = DecoderConfig(d_vocab=task.d_vocab, n_ctx=17, n_layers=2, d_model=32, n_heads=2, position="nope")
     trained = train(cfg, task, 150, batch_size=32, min_len=4, max_len=16, lr=1e-2, progress=False)
     assert trained.metadata["final_losses"]["validation"] < 0.2 < trained.loss_curve["loss"].iloc[0]
+
+
+def test_train_command_writes_checkpoint_and_reports(tmp_path, capsys):
+    from nopelens.analyses.cli import main
+
+    args = ["train", "--task", "repeat", "--steps", "3", "--out", str(tmp_path), "--layers", "1", "--d-model", "16",
+            "--heads", "2", "--max-len", "3", "--batch-size", "4", "--no-progress"]
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    assert "exact match" in out and "on training lengths" in out
+    assert load_checkpoint(tmp_path / "checkpoint").metadata["steps"] == 3
+    assert len(pd.read_csv(tmp_path / "loss_curve.csv")) == 3
+    assert main(["train", "--list"]) == 0
+    assert "previous-token-nope-2l" in capsys.readouterr().out
+    assert main(["train", "--task", "copy"]) == 2  # --out missing: a one-line user error
+    assert "--out" in capsys.readouterr().err
