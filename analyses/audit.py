@@ -31,6 +31,7 @@ import json
 import math
 import os
 import tempfile
+import textwrap
 import warnings
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -155,7 +156,8 @@ class AuditReport:
                 lines.append(f"          x {c.name}: {_clip(c.detail, 86)}")
         warnings = [(s.number, w) for s in self.steps for w in s.warnings]
         for number, warning in warnings:
-            lines.append(f" warning (step {number}): {_clip(warning, 100)}")
+            lines += textwrap.wrap(f"warning (step {number}): {warning}", 110, initial_indent=" ",
+                                   subsequent_indent="   ")
         verdict = "no step failed" if self.passed else f"FAILED steps: {self.failed_steps}"
         counts = {k: sum(s.status == k for s in self.steps) for k in STATUSES}
         lines.append(

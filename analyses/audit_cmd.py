@@ -51,6 +51,7 @@ def _load_hf(directory: Path) -> Any:
     from nopelens.models.adapters import bridge_hf_model
 
     transformers.logging.set_verbosity_error()
+    transformers.logging.disable_progress_bar()
     model = AutoModelForCausalLM.from_pretrained(directory, local_files_only=True)
     model.config._attn_implementation = "eager"
     return bridge_hf_model(model.eval())

@@ -154,6 +154,20 @@ def test_step9_catches_a_lost_cache_offset():
         "cached position assignments", "KV cache position ids", "cached logits = full forward"]
 
 
+class OffByOneTableDecoder(Decoder):
+    """Looks up the learned table one row late (an OPT-style offset the config does not declare)."""
+
+    def _embed(self, tokens, position_ids):
+        return super()._embed(tokens, position_ids + 1)
+
+
+def test_step4_catches_a_table_lookup_off_by_one():
+    model = OffByOneTableDecoder(DecoderConfig(d_vocab=64, n_ctx=32, d_model=32, n_heads=4, position="learned"), seed=0)
+    report = audit(model, eval_length=EVAL_LENGTH)
+    assert report.failed_steps == [4]
+    assert failed_check_names(report, 4) == ["hook_pos_embed equals the table"]
+
+
 # ----------------------------------------------------------------------------- HF models
 def hf_model(kind: str, **extra):
     torch.manual_seed(0)
@@ -272,6 +286,16 @@ def test_cli_hf_dir(tmp_path, capsys):
     captured = capsys.readouterr()
     assert "HF causal LM via TransformerBridge; input positions: learned" in captured.out
     assert "Warning" not in captured.err
+
+
+def test_cli_zoo_model_uses_its_metadata(capsys, monkeypatch):
+    from nopelens.models import zoo
+    from nopelens.models.checkpoint import TrainedModel
+
+    monkeypatch.setattr(zoo, "load", lambda name: TrainedModel(decoder("alibi"), {"train_lengths": [3, 5]}))
+    assert main(["audit", "--model", "copy-alibi-3l", "--eval-length", "6"]) == 0
+    out = capsys.readouterr().out
+    assert "zoo model copy-alibi-3l" in out and "trained on [3, 5]" in out
 
 
 def test_cli_exit_codes(tmp_path, capsys, monkeypatch):
