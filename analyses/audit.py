@@ -26,6 +26,7 @@ offset (seed 002: (R(m theta) q)^T (R(n theta) k) = q^T R((n - m) theta) k).
 
 from __future__ import annotations
 
+import abc
 import contextlib
 import json
 import math
@@ -35,7 +36,7 @@ import textwrap
 import warnings
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Iterator
 
 import torch
 from jaxtyping import Bool, Float, Int
@@ -339,7 +340,7 @@ class _RopeSpec:
     note: str = ""
 
 
-class _Subject:
+class _Subject(abc.ABC):
     """What the audit needs of a model, whatever its implementation."""
 
     kind: str
@@ -376,13 +377,32 @@ class _Subject:
             out["shaw_clip"] = self.shaw_clip
         return out
 
-    # each subject implements these
-    def forward(self, tokens, mask, position_ids=None, fwd_hooks=()) -> Tensor: ...
-    def run_with_cache(self, tokens, mask, position_ids=None): ...
-    def capture_position_ids(self) -> contextlib.AbstractContextManager[list]: ...
-    def decode_incrementally(self, tokens, mask, split) -> tuple[Tensor, dict[str, Any]]: ...
-    def drop_bias_hooks(self) -> list: ...
+    @abc.abstractmethod
+    def forward(self, tokens: Tensor, mask: Tensor, position_ids: Tensor | None = None,
+                fwd_hooks: Any = ()) -> Float[Tensor, "batch pos d_vocab"]:
+        """Logits, with explicit position ids (an intervention) and TransformerLens hooks."""
+
+    @abc.abstractmethod
+    def run_with_cache(self, tokens: Tensor, mask: Tensor, position_ids: Tensor | None = None
+                       ) -> tuple[Tensor, Any, Tensor | None]:
+        """Logits, the audited activations and the position ids the model used (None if unseen)."""
+
+    @abc.abstractmethod
+    def capture_position_ids(self) -> contextlib.AbstractContextManager[list]:
+        """A context collecting, per forward pass, the position ids of the new tokens."""
+
+    @abc.abstractmethod
+    def decode_incrementally(self, tokens: Tensor, mask: Tensor, split: int) -> tuple[Tensor, dict[str, Any]]:
+        """Logits of a prefix of ``split`` tokens then one token at a time through the KV cache,
+        and the position ids assigned on the way (``step_ids``; ``cache_ids`` where the cache
+        records them)."""
+
+    @abc.abstractmethod
+    def drop_bias_hooks(self) -> list:
+        """Hooks that zero every finite score bias (empty where biases are dropped otherwise)."""
+
     def score_scale(self, layer: int) -> float:
+        """The factor multiplying q.k in a layer's scores: 1 / sqrt(d_head)."""
         return self.d_head ** -0.5
 
 
