@@ -72,7 +72,6 @@ GENERALIZATION_NOTE = (
     "a position index that the method can compute is not demonstrated length generalization "
     "(seed 002_c993a97fc3f160f5.txt)"
 )
-RELATIVE_METHODS = ("nope", "rope", "alibi", "shaw")
 
 
 # ============================================================================= report
@@ -366,7 +365,8 @@ class _Subject(abc.ABC):
 
     def describe(self) -> dict[str, Any]:
         methods = sorted(set(self.layer_methods))
-        desc = f"{self.kind}; input positions: {self.input_method or 'none'}; attention methods per layer: {list(self.layer_methods)}"
+        desc = (f"{self.kind}; input positions: {self.input_method or 'none'}; attention methods per "
+                f"layer: {list(self.layer_methods)}")
         out = {"name": self.name, "kind": self.kind, "description": desc,
                "input_position": self.input_method, "layer_positions": list(self.layer_methods),
                "attention_methods": methods, "n_layers": self.n_layers, "n_heads": self.n_heads,
@@ -505,7 +505,8 @@ class _BridgeSubject(_Subject):
 
     def _rope_from_config(self, config) -> _RopeSpec:
         params = dict(getattr(config, "rope_parameters", None) or {})
-        base = params.get("rope_theta", getattr(config, "rope_theta", None) or getattr(config, "rotary_emb_base", 10000.0))
+        legacy_base = getattr(config, "rope_theta", None) or getattr(config, "rotary_emb_base", 10000.0)
+        base = params.get("rope_theta", legacy_base)
         fraction = params.get("partial_rotary_factor", getattr(config, "partial_rotary_factor", None)
                               or getattr(config, "rotary_pct", None) or 1.0)
         rotary_dim = int(getattr(config, "rotary_dim", None) or round(self.d_head * float(fraction)))
@@ -972,8 +973,9 @@ def _shaw_sign_check(run: _Run, layer: int, evidence: dict) -> Check:
     q = run.hook(layer, "hook_q").double()
     table = s.model.blocks[layer].attn.W_rel_K.double()
     allowed = p.allowed()
-    declared = torch.einsum("bqhe,bqke->bhqk", q, table[shaw_relative_ids(p.ids, p.ids, s.shaw_clip)]) * s.d_head ** -0.5
-    mirrored = torch.einsum("bqhe,bqke->bhqk", q, table[shaw_relative_ids(p.ids, p.ids, s.shaw_clip).transpose(1, 2)]) * s.d_head ** -0.5
+    rows = shaw_relative_ids(p.ids, p.ids, s.shaw_clip)  # clip(j - i) + k
+    declared = torch.einsum("bqhe,bqke->bhqk", q, table[rows]) * s.d_head ** -0.5
+    mirrored = torch.einsum("bqhe,bqke->bhqk", q, table[rows.transpose(1, 2)]) * s.d_head ** -0.5  # clip(i - j)
     observed = run.position_contribution(layer)
     e_dec, e_mir = _max_err(observed, declared, allowed), _max_err(observed, mirrored, allowed)
     evidence[f"layer{layer}_shaw_error_j_minus_i"] = e_dec
@@ -1026,7 +1028,8 @@ def _step3(run: _Run) -> StepResult:
             worst_bias.append(float(bias[allowed.expand_as(bias)].abs().max()))
     evidence.update(min_allowed_weight=min_allowed, max_blocked_weight=max_blocked, largest_bias=worst_bias)
     checks.append(Check("blocked entries have exactly zero weight", max(max_blocked) == 0.0,
-                        f"max weight on a blocked (future or padded) key: {max(max_blocked):.3g}", max(max_blocked), 0.0))
+                        f"max weight on a blocked (future or padded) key: {max(max_blocked):.3g}",
+                        max(max_blocked), 0.0))
     checks.append(Check("allowed entries keep weight > 0", min(min_allowed) > 0.0,
                         f"min weight on an allowed key {min(min_allowed):.3g}"
                         + (f", under biases up to {max(worst_bias):.3g}" if worst_bias else ""), min(min_allowed)))
@@ -1160,15 +1163,18 @@ def _step5(run: _Run, shift: int) -> StepResult:
                                      apply_rope(k, ids, spec.rotary_dim, spec.base, spec.pairing), run.tol,
                                      f"rotary_dim {spec.rotary_dim}, base {spec.base:g}", real_q))
                 if spec.rotary_dim < q.shape[-1]:
-                    checks.append(_agree(f"layer {layer} dims past rotary_dim pass through", rot_q[..., spec.rotary_dim:],
-                                         q[..., spec.rotary_dim:], run.tol,
+                    checks.append(_agree(f"layer {layer} dims past rotary_dim pass through",
+                                         rot_q[..., spec.rotary_dim:], q[..., spec.rotary_dim:], run.tol,
                                          f"{q.shape[-1] - spec.rotary_dim} of {q.shape[-1]} dims unrotated "
                                          f"(rotary_fraction {spec.rotary_dim / q.shape[-1]:g})", real_q))
             cos = run.hook(layer, "hook_cos")
             if cos is not None:
                 half = spec.rotary_dim // 2
                 angles = rope_angles(ids, spec.rotary_dim, spec.base, dtype=torch.float64)
-                ref = torch.cat([angles.cos(), angles.cos()], -1) if spec.pairing == "half" else angles.cos().repeat_interleave(2, -1)
+                if spec.pairing == "half":  # HF layout: [cos theta_0.., cos theta_0..]
+                    ref = torch.cat([angles.cos(), angles.cos()], -1)
+                else:
+                    ref = angles.cos().repeat_interleave(2, -1)
                 observed = cos.expand(ids.shape[0], -1, -1)[..., : 2 * half]
                 checks.append(_agree(f"layer {layer} hook_cos = cos(p theta_r)", observed, ref, run.tol,
                                      f"{half} frequencies base {spec.base:g} in the {spec.pairing} layout",
@@ -1232,7 +1238,8 @@ def _shaw_lookup_checks(run: _Run, layer: int, evidence: dict) -> list[Check]:
     if s.model.cfg.shaw_values:
         pattern = run.hook(layer, "hook_pattern").double()
         v = run.hook(layer, "hook_v").double()
-        z = torch.einsum("bhqk,bkhe->bqhe", pattern, v) + torch.einsum("bhqk,bqke->bqhe", pattern, attn.W_rel_V.double()[rel_ids])
+        z = torch.einsum("bhqk,bkhe->bqhe", pattern, v)
+        z = z + torch.einsum("bhqk,bqke->bqhe", pattern, attn.W_rel_V.double()[rel_ids])
         checks.append(_agree(f"layer {layer} Shaw a^V lookup", run.hook(layer, "hook_z"), z, run.tol,
                              "hook_z = A v + A a^V[clip(j - i)]", p.real[:, :, None, None]))
     return checks
@@ -1261,22 +1268,26 @@ def _step6(run: _Run) -> StepResult:
         if bias is None or content_hook is not None:  # a derived bias adds up by construction
             total = content + (bias if bias is not None else 0.0)
             checks.append(_agree(f"layer {layer} content + position = scores", scores, total, run.tol,
-                                 f"{method}: " + ("content + position bias" if bias is not None else "content only (no score bias)"),
+                                 f"{method}: " + ("content + position bias" if bias is not None
+                                                  else "content only (no score bias)"),
                                  allowed))
         if method == "alibi":
-            reference = alibi_bias(alibi_slopes(s.n_heads), run.ids_used.clamp(min=0), run.ids_used.clamp(min=0)).double()
+            ids = run.ids_used.clamp(min=0)
+            reference = alibi_bias(alibi_slopes(s.n_heads), ids, ids).double()
             observed = bias
             if content_hook is None:  # HF adds slope * p_j; compare up to the per-row constant
                 observed = bias - bias.diagonal(dim1=-2, dim2=-1)[..., :, None]
             checks.append(_agree(f"layer {layer} ALiBi position contribution", observed, reference, run.tol,
-                                 "-m_h (i - j) with the official slopes" + (" (row-centred)" if content_hook is None else ""),
+                                 "-m_h (i - j) with the official slopes"
+                                 + (" (row-centred)" if content_hook is None else ""),
                                  allowed))
     if derived:
         evidence["derived_content_layers"] = derived
         evidence["note"] = ("the bridge hooks no separate content or bias scores; content is recomputed from "
                             "hook_q/hook_k (rotated by the reference for RoPE) and the position part is "
                             "hook_attn_scores - content")
-    return _make_step(6, checks, evidence, "content and position parts are recorded separately and add up to the scores")
+    return _make_step(6, checks, evidence,
+                      "content and position parts are recorded separately and add up to the scores")
 
 
 # ----------------------------------------------------------------------------- step 7
@@ -1376,10 +1387,12 @@ def _step9(run: _Run) -> StepResult:
         bad = (cache_ids != p.ids) & p.real
         checks.append(Check("KV cache position ids", not bad.any(),
                             "cache.position_ids equal position_ids_from_mask" if not bad.any()
-                            else f"cache holds {_ids_list(cache_ids, p.real)}, the mask gives {_ids_list(p.ids, p.real)}"))
+                            else f"cache holds {_ids_list(cache_ids, p.real)}, the mask gives "
+                            f"{_ids_list(p.ids, p.real)}"))
     checks.append(_agree("cached logits = full forward", logits, run.logits, run.tol,
                          f"prefix of {split} tokens, then one token at a time", p.real[..., None]))
-    return _make_step(9, checks, evidence, "incremental decoding assigns the same positions and logits as the full forward")
+    return _make_step(9, checks, evidence,
+                      "incremental decoding assigns the same positions and logits as the full forward")
 
 
 # ----------------------------------------------------------------------------- step 10
@@ -1401,7 +1414,8 @@ def _step10(run: _Run, meta: dict[str, Any]) -> StepResult:
     beyond = [n for n in eval_lengths if n > max(lengths)]
     warnings = []
     if beyond:
-        warnings.append(f"evaluation lengths {beyond} go past the longest training length {max(lengths)}: {GENERALIZATION_NOTE}")
+        warnings.append(f"evaluation lengths {beyond} go past the longest training length {max(lengths)}: "
+                        f"{GENERALIZATION_NOTE}")
     check = Check("lengths reported before any generalization claim", True,
                   f"trained on lengths {lengths}, evaluated at {eval_lengths}"
                   + (f"; {len(beyond)} beyond training" if beyond else "; within training"))
