@@ -200,8 +200,9 @@ HF_APPLICABLE = {
 @pytest.mark.parametrize("kind", list(HF_APPLICABLE))
 def test_bridged_hf_model_passes_every_applicable_step(kind):
     extra = {"rotary_pct": 0.5} if kind == "neox" else {}  # 2 rotated pairs: the pairings differ
-    bridge = bridge_hf_model(hf_model(kind, **extra))
-    report = audit(bridge, eval_length=EVAL_LENGTH, train_lengths=[4, 8])
+    model = hf_model(kind, **extra)
+    subject = model if kind == "bloom" else bridge_hf_model(model)  # an HF model is bridged by audit()
+    report = audit(subject, eval_length=EVAL_LENGTH, train_lengths=[4, 8])
     got = statuses(report)
     assert report.passed, report.summary()
     assert {n for n, s in got.items() if s == "pass"} - {10} == HF_APPLICABLE[kind], report.summary()
@@ -254,6 +255,13 @@ def test_report_json_markdown_summary_and_atomic_write(tmp_path):
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["audit.json", "report.md"]
 
 
+def test_user_tokens_make_the_probe_batch():
+    report = audit(decoder("nope", n_layers=1), tokens=torch.arange(8) + 3)
+    assert report.probe["tokens"] == [list(range(3, 11)), [0, 0] + list(range(3, 9))]
+    assert report.probe["attention_mask"][1] == [0, 0, 1, 1, 1, 1, 1, 1]
+    assert report.step(1).evidence["recorded_position_ids"] == [list(range(8)), list(range(6))]
+
+
 def test_bad_input_is_rejected():
     with pytest.raises(ValueError, match="eval_length"):
         audit(decoder("rope"), eval_length=3)
@@ -261,6 +269,8 @@ def test_bad_input_is_rejected():
         audit(decoder("learned"), eval_length=40)
     with pytest.raises(TypeError, match="Decoder"):
         audit(torch.nn.Linear(2, 2))
+    with pytest.raises(ValueError, match="token ids must lie in"):
+        audit(decoder("nope", n_layers=1), tokens=torch.tensor([1, 2, 3, 64]))
 
 
 # ----------------------------------------------------------------------------- CLI
