@@ -98,6 +98,7 @@ def bootstrap_scores(
     n_boot: int = 1000,
     confidence: float = 0.95,
     seed: int = 0,
+    skip_undefined: bool = False,
 ) -> dict[str, tuple[float, float, float]]:
     """Point estimates and percentile bootstrap CIs, resampling sequences with replacement.
 
@@ -113,6 +114,8 @@ def bootstrap_scores(
         n_boot: bootstrap replicates, >= 1.
         confidence: coverage of the interval, in (0, 1).
         seed: seed of the resampling.
+        skip_undefined: leave out a metric that is undefined here (e.g. Spearman of the
+            constant predictions of a majority baseline) instead of raising.
 
     Returns:
         metric -> (value, ci_low, ci_high).
@@ -138,10 +141,14 @@ def bootstrap_scores(
     for metric in metrics:
         value = _metric_values(metric, y, pred, group_index, np.ones((1, n_groups)))[0]
         if not np.isfinite(value):
+            if skip_undefined:
+                continue
             raise ValueError(f"{metric} is undefined on these targets (constant targets or predictions)")
         replicates = _metric_values(metric, y, pred, group_index, draws)
         finite = replicates[np.isfinite(replicates)]
         if len(finite) < max(1, n_boot // 2):
+            if skip_undefined:
+                continue
             raise ValueError(f"{metric}: {n_boot - len(finite)} of {n_boot} bootstrap replicates are undefined")
         low, high = np.quantile(finite, [alpha, 1 - alpha])
         out[metric] = (float(value), float(low), float(high))

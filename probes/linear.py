@@ -1,0 +1,423 @@
+"""Linear position probes with sequence-grouped cross-validation, controls and tidy results.
+
+A probe is a scikit-learn ``Pipeline(StandardScaler, linear model)`` (:func:`make_probe`): for
+classes, shrinkage ``LinearDiscriminantAnalysis`` (default), ``RidgeClassifier`` or
+``LogisticRegression``; for values, ``RidgeCV``.
+Cross-validation is ``GroupKFold`` over sequences (:func:`sequence_splits`): no sequence is on both
+sides of a split, and the whole pipeline, scaler included, is cloned and refit on the fitting side
+of every fold, so nothing about the held-out sequences leaks into the scaling.
+
+Why ridge classification by default: on standardized features the one-vs-rest least-squares
+classifier has a closed form (one d x d solve per fold), which is tens of times faster than an
+iterative logistic fit at 64 classes; ``benchmarks/bench_probes.py``
+measures both on the same data and prints the speed ratio and the accuracy difference.
+``RidgeCV`` chooses alpha by efficient leave-one-out inside the fitting side only; the held-out
+sequences are never seen.
+
+Every result is a tidy ``pandas.DataFrame`` (:data:`RESULT_COLUMNS`), one row per site, target,
+task, feature kind, probe, split and metric, with bootstrap 95 % CIs over sequences
+(:mod:`~nopelens.probes.metrics`). Besides the ``linear`` probe, every site gets the Hewitt & Liang
+2019 ``control`` task and a ``shuffled``-label probe on the same features, and every target gets the
+``majority`` class (or mean) on the same split and the ``token_identity`` ceiling
+(:func:`~nopelens.probes.targets.token_identity_predictions`). ``selectivity`` = linear score -
+control score (Hewitt & Liang 2019, §2) on the linear rows, for metrics where higher is better.
+"""
+
+from __future__ import annotations
+
+from typing import Iterable, Sequence
+
+import numpy as np
+import pandas as pd
+from jaxtyping import Float, Int
+from sklearn.base import clone
+from sklearn.discriminant_analysis import LinearDiscriminantAnalysis
+from sklearn.dummy import DummyClassifier, DummyRegressor
+from sklearn.linear_model import LogisticRegression, RidgeClassifier, RidgeCV
+from sklearn.model_selection import GroupKFold
+from sklearn.pipeline import Pipeline
+from sklearn.preprocessing import StandardScaler
+
+from .collect import Activations, site_block, site_layer
+from .metrics import HIGHER_IS_BETTER, bootstrap_scores, metric_names
+from .targets import (
+    bilinear_features,
+    control_labels,
+    pair_features,
+    sample_distance_pairs,
+    shuffled_labels,
+    token_identity_predictions,
+)
+
+ALPHAS = (0.1, 1.0, 10.0)
+"""Ridge penalties ``RidgeCV`` tries by efficient leave-one-out on the fitting side (each costs
+about as much as one fit, so the grid is short; on standardized features with thousands of
+samples the choice among them barely moves the score)."""
+
+CLASSIFIER_ALPHA = 1.0
+"""Penalty of ``RidgeClassifier`` on standardized features."""
+
+RESULT_COLUMNS = (
+    "site", "layer", "block", "target", "task", "features", "probe", "split", "metric",
+    "value", "ci_low", "ci_high", "selectivity", "n_samples", "n_sequences",
+)
+"""Columns of every results table. ``layer`` is the DESIGN.md layer of residual sites (else NaN)."""
+
+CONTROL_PROBES = ("control", "shuffled", "majority", "token_identity")
+
+
+def make_probe(task: str, classifier: str = "lda", alphas: Sequence[float] = ALPHAS, seed: int = 0) -> Pipeline:
+    """An unfitted ``Pipeline(StandardScaler, linear model)``.
+
+    Args:
+        task: ``classification`` or ``regression`` (``RidgeCV`` over ``alphas``).
+        classifier: for classification, ``lda`` (``LinearDiscriminantAnalysis``, lsqr solver,
+            Ledoit-Wolf shrinkage), ``ridge`` (``RidgeClassifier``, alpha :data:`CLASSIFIER_ALPHA`)
+            or ``logistic`` (``LogisticRegression``, lbfgs, multinomial).
+        alphas: ridge penalties ``RidgeCV`` tries by efficient leave-one-out.
+        seed: random state of estimators that use one.
+
+    Raises:
+        ValueError: on an unknown task or classifier.
+    """
+    if task == "regression":
+        model = RidgeCV(alphas=alphas)
+    elif task == "classification" and classifier == "lda":
+        model = LinearDiscriminantAnalysis(solver="lsqr", shrinkage="auto")
+    elif task == "classification" and classifier == "ridge":
+        model = RidgeClassifier(alpha=CLASSIFIER_ALPHA)
+    elif task == "classification" and classifier == "logistic":
+        model = LogisticRegression(max_iter=1000, random_state=seed)
+    elif task == "classification":
+        raise ValueError(f"classifier must be 'lda', 'ridge' or 'logistic', got {classifier!r}")
+    else:
+        raise ValueError(f"task must be 'classification' or 'regression', got {task!r}")
+    return Pipeline([("scale", StandardScaler()), ("linear", model)])
+
+
+def sequence_splits(groups: Int[np.ndarray, "n"], n_splits: int = 5) -> list[tuple[np.ndarray, np.ndarray]]:
+    """GroupKFold splits by sequence: no sequence is ever on both sides of a split.
+
+    Args:
+        groups: sequence id of each sample ``[n]``.
+        n_splits: folds, >= 2.
+
+    Returns:
+        ``n_splits`` (fit_index, score_index) pairs; every sample is scored exactly once.
+
+    Raises:
+        ValueError: with one sequence (no grouped split exists), or fewer sequences than folds.
+
+    Example:
+        >>> splits = sequence_splits(np.array([0, 0, 1, 1, 2, 2]), n_splits=3)
+        >>> [sorted(set(np.array([0, 0, 1, 1, 2, 2])[test])) for _, test in splits]
+        [[0], [1], [2]]
+    """
+    groups = np.asarray(groups)
+    n_groups = len(np.unique(groups))
+    if not isinstance(n_splits, (int, np.integer)) or n_splits < 2:
+        raise ValueError(f"n_splits must be an integer >= 2, got {n_splits!r}")
+    if n_groups < 2:
+        raise ValueError(
+            f"all samples come from {n_groups} sequence; grouped cross-validation needs at least 2 "
+            "sequences, because no sequence may be on both sides of a split"
+        )
+    if n_groups < n_splits:
+        raise ValueError(f"{n_splits} folds need at least {n_splits} sequences, got {n_groups}")
+    return list(GroupKFold(n_splits=n_splits).split(np.zeros(len(groups)), groups=groups))
+
+
+def extrapolation_splits(
+    groups: Int[np.ndarray, "n"], position: Int[np.ndarray, "n"], boundary: int, n_splits: int = 5
+) -> list[tuple[np.ndarray, np.ndarray]]:
+    """Grouped splits that fit on positions < ``boundary`` and score on positions >= ``boundary``.
+
+    Within each GroupKFold fold, the fitting side keeps only its tokens before ``boundary`` and
+    the scoring side only its tokens at or after it, so the question is whether the linear
+    readout keeps counting past what it was fitted on, on sequences it never saw.
+
+    Raises:
+        ValueError: if no token lies on one side of ``boundary``, or as :func:`sequence_splits`.
+    """
+    position = np.asarray(position)
+    if not (position < boundary).any() or not (position >= boundary).any():
+        raise ValueError(
+            f"boundary {boundary} leaves no token on one side (positions span {position.min()}..{position.max()})"
+        )
+    return [
+        (fit[position[fit] < boundary], score[position[score] >= boundary])
+        for fit, score in sequence_splits(groups, n_splits)
+    ]
+
+
+def out_of_fold_predictions(
+    estimator, X: np.ndarray, y: np.ndarray, splits: Iterable[tuple[np.ndarray, np.ndarray]]
+) -> tuple[np.ndarray, np.ndarray]:
+    """Fit a fresh clone of ``estimator`` on each fitting side and predict its scoring side.
+
+    Returns:
+        (scored sample indices ``[m]``, predictions ``[m]``), concatenated over folds.
+    """
+    index, preds = [], []
+    for fit, score in splits:
+        if len(fit) == 0 or len(score) == 0:
+            raise ValueError("a split has an empty side")
+        model = clone(estimator).fit(X[fit], y[fit])
+        index.append(score)
+        preds.append(model.predict(X[score]))
+    return np.concatenate(index), np.concatenate(preds)
+
+
+def probe_features(
+    X: Float[np.ndarray, "n d"],
+    y: np.ndarray,
+    groups: Int[np.ndarray, "n"],
+    task: str,
+    token_types: np.ndarray | None = None,
+    splits: list[tuple[np.ndarray, np.ndarray]] | None = None,
+    n_splits: int = 5,
+    classifier: str = "lda",
+    controls: bool = True,
+    n_boot: int = 1000,
+    seed: int = 0,
+) -> pd.DataFrame:
+    """Probe one feature matrix for one target, with controls; tidy rows without site columns.
+
+    Args:
+        X: features ``[n, d]``.
+        y: targets ``[n]`` (int classes for classification).
+        groups: sequence id of each sample ``[n]`` (CV groups and bootstrap units).
+        task: ``classification`` or ``regression``.
+        token_types: ``[n]`` or ``[n, k]`` token types for the control task and the
+            token-identity ceiling; required when ``controls``.
+        splits: explicit (fit, score) splits; default :func:`sequence_splits`.
+        n_splits: folds when ``splits`` is None.
+        classifier: ``lda``, ``ridge`` or ``logistic`` (see :func:`make_probe`).
+        controls: also run control task, shuffled labels, majority and token identity.
+        n_boot: bootstrap replicates for the CIs.
+        seed: seed of the control labels, shuffling and bootstrap.
+
+    Returns:
+        DataFrame with columns ``probe, metric, value, ci_low, ci_high, selectivity, n_samples,
+        n_sequences``. A metric undefined for a control (Spearman of the constant majority
+        prediction) has no row; an undefined metric of the linear probe raises.
+
+    Raises:
+        ValueError: on mismatched shapes, non-finite features, a single sequence or too few
+            sequences for the folds, a missing ``token_types`` with controls.
+    """
+    X, y, groups = np.asarray(X), np.asarray(y), np.asarray(groups)
+    if X.ndim != 2 or len(X) != len(y) or len(y) != len(groups):
+        raise ValueError(f"X [n, d], y [n] and groups [n] do not match: {X.shape}, {y.shape}, {groups.shape}")
+    if not np.all(np.isfinite(X)):
+        raise ValueError("features contain NaN or Inf")
+    if task == "classification" and not np.issubdtype(y.dtype, np.integer):
+        raise ValueError(f"classification targets must be integers, got dtype {y.dtype}")
+    if controls and token_types is None:
+        raise ValueError("controls need token_types (token ids of the samples)")
+    splits = sequence_splits(groups, n_splits) if splits is None else splits
+    metrics = metric_names(task)
+    probe = make_probe(task, classifier, seed=seed)
+
+    def scored(probe_name: str, estimator, labels, features=X):
+        index, pred = out_of_fold_predictions(estimator, features, labels, splits)
+        # controls are scored against their own labels (control task) or the true ones (others)
+        truth = labels[index] if probe_name == "control" else y[index]
+        scores = bootstrap_scores(truth, pred, groups[index], metrics, n_boot, seed=seed,
+                                  skip_undefined=probe_name != "linear")
+        return probe_name, scores, len(index), groups[index]
+
+    runs = [scored("linear", probe, y)]
+    if controls:
+        dummy = DummyClassifier(strategy="most_frequent") if task == "classification" else DummyRegressor()
+        runs += [
+            scored("control", probe, control_labels(token_types, y, seed=seed)),
+            scored("shuffled", probe, shuffled_labels(y, seed=seed)),
+            scored("majority", dummy, y),
+        ]
+        index = np.concatenate([score for _, score in splits])
+        pred = token_identity_predictions(np.asarray(token_types)[index], y[index], task)
+        scores = bootstrap_scores(y[index], pred, groups[index], metrics, n_boot, seed=seed, skip_undefined=True)
+        runs.append(("token_identity", scores, len(index), groups[index]))
+
+    control = {run[0]: run[1] for run in runs}.get("control")
+    rows = []
+    for name, scores, n_samples, scored_groups in runs:
+        for metric, (value, low, high) in scores.items():
+            selectivity = np.nan
+            if name == "linear" and control is not None and HIGHER_IS_BETTER[metric]:
+                selectivity = value - control[metric][0]
+            rows.append(dict(probe=name, metric=metric, value=value, ci_low=low, ci_high=high,
+                             selectivity=selectivity, n_samples=n_samples,
+                             n_sequences=len(np.unique(scored_groups))))
+    return pd.DataFrame(rows)
+
+
+def probe_absolute_index(
+    acts: Activations,
+    sites: Sequence[str] | None = None,
+    tasks: Sequence[str] = ("classification", "regression"),
+    n_splits: int = 5,
+    classifier: str = "lda",
+    controls: bool = True,
+    extrapolate_from: int | None = None,
+    n_boot: int = 1000,
+    seed: int = 0,
+) -> pd.DataFrame:
+    """Probe the absolute index (position id) at every site, as classes and as a value.
+
+    Args:
+        acts: from :func:`~nopelens.probes.collect`.
+        sites: which collected sites (default: all non-pattern sites, in collection order).
+        tasks: ``classification`` and/or ``regression``.
+        n_splits: GroupKFold folds over sequences.
+        classifier: ``lda``, ``ridge`` or ``logistic``.
+        controls: add control task, shuffled, majority and token-identity rows.
+        extrapolate_from: if given, also a regression probe fitted on positions < P and scored
+            on positions >= P (``split == "extrapolation"``), on held-out sequences.
+        n_boot: bootstrap replicates.
+        seed: seed of controls and bootstrap.
+
+    Returns:
+        Tidy DataFrame with :data:`RESULT_COLUMNS`, ``target == "absolute_index"``.
+
+    Raises:
+        KeyError: for a site that was not collected.
+        ValueError: as :func:`probe_features`.
+    """
+    sites = list(acts.acts) if sites is None else list(sites)
+    frames = []
+    for site in sites:
+        X = acts.features(site)
+        for task in tasks:
+            frame = probe_features(X, acts.position, acts.sequence_id, task, acts.token, n_splits=n_splits,
+                                   classifier=classifier, controls=controls, n_boot=n_boot, seed=seed)
+            frames.append(_label(frame, site, "absolute_index", task, "token", "grouped"))
+        if extrapolate_from is not None:
+            splits = extrapolation_splits(acts.sequence_id, acts.position, extrapolate_from, n_splits)
+            frame = probe_features(X, acts.position, acts.sequence_id, "regression", acts.token, splits=splits,
+                                   controls=False, n_boot=n_boot, seed=seed)
+            frames.append(_label(frame, site, "absolute_index", "regression", "token", "extrapolation"))
+    return _tidy(frames)
+
+
+def probe_relative_distance(
+    acts: Activations,
+    sites: Sequence[str] | None = None,
+    feature_kinds: Sequence[str] = ("concat", "difference"),
+    attention: Sequence[tuple[str, str]] = (),
+    bilinear: str = "outer",
+    tasks: Sequence[str] = ("classification", "regression"),
+    max_distance: int | None = None,
+    pairs_per_distance: int | None = None,
+    n_splits: int = 5,
+    classifier: str = "lda",
+    controls: bool = True,
+    n_boot: int = 1000,
+    seed: int = 0,
+) -> pd.DataFrame:
+    """Probe the relative distance i - j of distance-balanced token pairs (j <= i, same sequence).
+
+    Residual sites get pair features ``concat`` [h_i; h_j] and ``difference`` h_i - h_j; each
+    (query site, key site) in ``attention`` gets the per-head bilinear read of q_i and k_j
+    (:func:`~nopelens.probes.targets.bilinear_features`). The control task and the token-identity
+    ceiling use the token pair (token_i, token_j) as the type.
+
+    Args:
+        acts: from :func:`~nopelens.probes.collect`.
+        sites: residual-like sites for pair features (default: every collected site shaped
+            ``[n, d]``).
+        feature_kinds: subset of ``concat``, ``difference``.
+        attention: pairs such as ``("blocks.0.attn.hook_rot_q", "blocks.0.attn.hook_rot_k")``.
+        bilinear: ``outer`` or ``elementwise``.
+        tasks, n_splits, classifier, controls, n_boot, seed: as :func:`probe_absolute_index`.
+        max_distance, pairs_per_distance: as :func:`~nopelens.probes.targets.sample_distance_pairs`.
+
+    Returns:
+        Tidy DataFrame with :data:`RESULT_COLUMNS`, ``target == "relative_distance"``; the
+        ``site`` of a bilinear row is the query site.
+    """
+    pairs = sample_distance_pairs(acts.sequence_id, acts.position, max_distance, pairs_per_distance, seed)
+    pair_tokens = np.stack([acts.token[pairs.query], acts.token[pairs.key]], axis=1)
+    if sites is None:
+        sites = [site for site, array in acts.acts.items() if array.ndim == 2]
+    jobs = [(site, kind, lambda s=site, k=kind: pair_features(acts.features(s), pairs, k))
+            for site in sites for kind in feature_kinds]
+    jobs += [(q_site, f"bilinear_{bilinear}",
+              lambda q=q_site, k=k_site: bilinear_features(_heads(acts, q), _heads(acts, k), pairs, bilinear))
+             for q_site, k_site in attention]
+    frames = []
+    for site, kind, build in jobs:
+        X = build()
+        for task in tasks:
+            frame = probe_features(X, pairs.distance, pairs.sequence_id, task, pair_tokens, n_splits=n_splits,
+                                   classifier=classifier, controls=controls, n_boot=n_boot, seed=seed)
+            frames.append(_label(frame, site, "relative_distance", task, kind, "grouped"))
+    return _tidy(frames)
+
+
+def first_recoverable_layer(
+    results: pd.DataFrame,
+    target: str = "absolute_index",
+    metric: str = "r2",
+    threshold: float = 0.9,
+    features: str | None = None,
+) -> int | None:
+    """The first layer whose CI lower bound clears ``threshold`` for ``target`` and ``metric``.
+
+    Only ``linear`` probes on the grouped split at residual sites (rows with a ``layer``) count.
+    "Clears" means ``ci_low >= threshold`` for higher-is-better metrics and ``ci_high <= threshold``
+    for ``mad``. Defaults follow the convention R^2 >= 0.9 for regression; use
+    ``metric="accuracy"`` (threshold 0.9) for classification.
+
+    Args:
+        results: from :func:`probe_absolute_index` or :func:`probe_relative_distance`.
+        target: ``absolute_index`` or ``relative_distance``.
+        metric: e.g. ``r2``, ``accuracy``, ``spearman``, ``mad``.
+        threshold: the bar.
+        features: feature kind (``token``, ``concat``, ...) when the table has several.
+
+    Returns:
+        The DESIGN.md layer number, or None when no layer clears the bar.
+
+    Raises:
+        ValueError: if no row matches, or several feature kinds match and ``features`` is None.
+    """
+    rows = results[(results["probe"] == "linear") & (results["split"] == "grouped") & (results["target"] == target)
+                   & (results["metric"] == metric) & results["layer"].notna()]
+    if features is not None:
+        rows = rows[rows["features"] == features]
+    if rows.empty:
+        raise ValueError(f"no linear probe rows for target {target!r}, metric {metric!r} at residual sites")
+    kinds = rows["features"].unique()
+    if len(kinds) > 1:
+        raise ValueError(f"several feature kinds {sorted(kinds)} for {target!r}; pass features=")
+    higher = HIGHER_IS_BETTER[metric]
+    clears = rows["ci_low"] >= threshold if higher else rows["ci_high"] <= threshold
+    layers = rows.loc[clears, "layer"]
+    return int(layers.min()) if len(layers) else None
+
+
+def _heads(acts: Activations, site: str) -> np.ndarray:
+    if site not in acts.acts:
+        raise KeyError(f"site {site!r} was not collected; collected: {sorted(acts.acts)}")
+    array = acts.acts[site]
+    if array.ndim != 3:
+        raise ValueError(f"site {site!r} has shape {array.shape}; a bilinear read needs [n, head_index, d_head]")
+    return array
+
+
+def _label(frame: pd.DataFrame, site: str, target: str, task: str, features: str, split: str) -> pd.DataFrame:
+    layer = site_layer(site)
+    block = site_block(site)
+    return frame.assign(site=site, layer=np.nan if layer is None else layer, block=np.nan if block is None else block,
+                        target=target, task=task, features=features, split=split)
+
+
+def _tidy(frames: list[pd.DataFrame]) -> pd.DataFrame:
+    if not frames:
+        raise ValueError("nothing to probe: no sites or tasks given")
+    table = pd.concat(frames, ignore_index=True)
+    table["layer"] = table["layer"].astype("Int64")
+    table["block"] = table["block"].astype("Int64")
+    return table[list(RESULT_COLUMNS)]
