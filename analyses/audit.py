@@ -608,7 +608,7 @@ class _BridgeSubject(_Subject):
 
     def _decode_rope_ids(self, cos: Tensor, sin: Tensor) -> Tensor:
         """Integer positions p whose reference angles p * theta_r best match HF's cos/sin."""
-        half = self.rope.rotary_dim // 2
+        half, device = self.rope.rotary_dim // 2, cos.device
         cos, sin = cos[..., :half].double().cpu(), sin[..., :half].double().cpu()
         candidates = torch.arange(self.position_limit)
         angles = rope_angles(candidates, self.rope.rotary_dim, self.rope.base, dtype=torch.float64)
@@ -622,7 +622,7 @@ class _BridgeSubject(_Subject):
         ids = torch.cat(best, -1)
         if worst > 1e-3 * half:  # not angles p * theta_r for any p < position_limit
             ids = torch.full_like(ids, -1)
-        return ids
+        return ids.to(device)
 
     def decode_incrementally(self, tokens, mask, split):
         pieces = []
@@ -729,7 +729,7 @@ def _make_probe(subject: _Subject, eval_length: int, seed: int, tokens: Tensor |
     else:
         if tokens.dtype.is_floating_point or tokens.ndim not in (1, 2):
             raise ValueError(f"tokens must be int64 [pos] or [batch, pos], got {tuple(tokens.shape)} {tokens.dtype}")
-        row = tokens.reshape(-1, tokens.shape[-1])[0].long()
+        row = tokens.reshape(-1, tokens.shape[-1])[0].long().cpu()
         if int(row.min()) < 0 or int(row.max()) >= subject.d_vocab:
             raise ValueError(f"token ids must lie in [0, {subject.d_vocab})")
     length = row.shape[0]
@@ -1273,7 +1273,7 @@ def _step6(run: _Run) -> StepResult:
                                  allowed))
         if method == "alibi":
             ids = run.ids_used.clamp(min=0)
-            reference = alibi_bias(alibi_slopes(s.n_heads), ids, ids).double()
+            reference = alibi_bias(alibi_slopes(s.n_heads, device=ids.device), ids, ids).double()
             observed = bias
             if content_hook is None:  # HF adds slope * p_j; compare up to the per-row constant
                 observed = bias - bias.diagonal(dim1=-2, dim2=-1)[..., :, None]
