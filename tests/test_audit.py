@@ -79,6 +79,8 @@ def test_correct_decoder_passes_every_applicable_step(name):
     assert {n for n, s in got.items() if s == "pass"} == APPLICABLE[name], report.summary()
     assert got[10] == "not_applicable"  # no metadata: training lengths unknown
     assert model.training  # the training flag is restored
+    assert not model.blocks[0]._forward_pre_hooks  # and no hook is left behind
+    assert not any(point._forward_hooks for point in model.hook_dict.values())
     # Step 8's expected effects, measured: a constant shift changes only absolute methods' logits,
     # zeroing or swapping positions changes every method but NoPE, and never the causal prefix.
     absolute = name in ("learned", "sinusoidal")
