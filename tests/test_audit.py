@@ -103,7 +103,22 @@ def test_step5_catches_rope_pairing_swapped():
     assert "layer 0 hook_rot_q = R(p) hook_q" in failed_check_names(report, 5)
     detail = next(c.detail for c in report.step(5).checks if c.name == "layer 0 hook_rot_q = R(p) hook_q")
     assert "matches the interleaved pairing instead of the declared half" in detail
-    assert report.step(1).status == "pass"
+    assert report.failed_steps == [5]  # the sign check of step 2 tries both pairings
+
+
+def test_step2_catches_rope_rotating_the_wrong_way(monkeypatch):
+    """R(-p theta) instead of R(+p theta): dot products depend on m - n, every shape unchanged."""
+    from nopelens.analyses import audit as audit_module
+    from nopelens.models import decoder as decoder_module
+
+    def backwards(x, ids, rotary_dim, base=10000.0, pairing="half"):
+        return audit_module._rotate(x, ids, rotary_dim, base, pairing, direction=-1)
+
+    monkeypatch.setattr(decoder_module, "apply_rope", backwards)
+    report = audit(decoder("rope"), eval_length=EVAL_LENGTH)
+    assert report.step(2).status == "fail"
+    assert failed_check_names(report, 2) == ["layer 0 RoPE rotation direction", "layer 1 RoPE rotation direction"]
+    assert "the sign is flipped" in report.step(2).failed_checks[0].detail
 
 
 def test_step2_catches_alibi_sign_flipped():
