@@ -261,8 +261,8 @@ def _make_step(
     failed = [c for c in checks if not c.passed]
     if failed:
         summary = f"{len(failed)} of {len(checks)} checks failed: " + "; ".join(c.name for c in failed)
-        return StepResult(number, STEP_TITLES[number], "fail", summary, checks, evidence, warnings or [], reason)
-    return StepResult(number, STEP_TITLES[number], "pass", summary_pass, checks, evidence, warnings or [], reason)
+        return StepResult(number, STEP_TITLES[number], "fail", summary, checks, evidence, warnings or [])
+    return StepResult(number, STEP_TITLES[number], "pass", summary_pass, checks, evidence, warnings or [])
 
 
 # ============================================================================= numerics
@@ -905,7 +905,7 @@ def _step1(run: _Run) -> StepResult:
                 detail += f": the left padding of {p.n_pad} is not subtracted"
         checks.append(Check("position ids derived from the mask", not bad.any(), detail))
     else:
-        evidence["recorded_position_ids"] = None
+        evidence["recorded_position_ids"] = "not observable: the model exposes no position evidence"
     n_real = p.tokens.shape[1] - p.n_pad
     reference = run.logits[0, :n_real]
     padded = run.logits[1, p.n_pad:]
@@ -913,9 +913,8 @@ def _step1(run: _Run) -> StepResult:
         "left-padding invariance", padded, reference, run.tol,
         f"logits of the left-padded row's {n_real} real tokens vs the same tokens unpadded"))
     evidence["left_padding"] = p.n_pad
-    reason = None if run.seen_ids is not None else "no position evidence hooked"
     return _make_step(1, checks, evidence, "probe batch recorded; left-padded row uses mask-derived ids "
-                      "and gives the unpadded logits", reason)
+                      "and gives the unpadded logits")
 
 
 # ----------------------------------------------------------------------------- step 2
@@ -941,7 +940,10 @@ def _step2(run: _Run) -> StepResult:
         elif method == "rope":
             checks.append(_rope_direction_check(run, layer, evidence))
     reason = None if checks else "no position method with an origin or signed offset (NoPE: only the causal mask)"
-    return _make_step(2, checks, evidence, "first real token at 0; every relative method has its declared sign", reason)
+    relative = len(checks) > 1 or (checks and checks[0].name != "index origin")
+    summary = ("first real token at 0; every relative method has its declared sign" if relative
+               else "first real token of every row at position 0")
+    return _make_step(2, checks, evidence, summary, reason)
 
 
 def _alibi_sign_check(run: _Run, layer: int, evidence: dict) -> Check:
