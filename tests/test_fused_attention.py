@@ -183,3 +183,10 @@ def test_fused_norm_equals_explicit_norm(normalization, use_bias, monkeypatch):
     torch.testing.assert_close(fused, explicit, atol=1e-5, rtol=1e-5)
     doubled = model.run_with_hooks(tokens, attention_mask=mask, fwd_hooks=[("ln_final.hook_normalized", lambda a, hook: 2 * a)])
     assert not torch.allclose(doubled, fused, atol=1e-3)
+    grads = []
+    for fwd_hooks in ([], hooks):
+        model.zero_grad()
+        model.run_with_hooks(tokens, attention_mask=mask, fwd_hooks=fwd_hooks).square().mean().backward()
+        grads.append({n: p.grad.clone() for n, p in model.named_parameters()})
+    for name in grads[0]:
+        torch.testing.assert_close(grads[0][name], grads[1][name], atol=1e-5, rtol=1e-4, msg=name)
