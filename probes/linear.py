@@ -1,7 +1,7 @@
 """Linear position probes with sequence-grouped cross-validation, controls and tidy results.
 
 A probe is a scikit-learn ``Pipeline(StandardScaler, linear model)`` (:func:`make_probe`): for
-classes, shrinkage ``LinearDiscriminantAnalysis`` (default), ``RidgeClassifier`` or
+classes, pooled-covariance LDA (:class:`PooledLDA`, default), ``RidgeClassifier`` or
 ``LogisticRegression``; for values, ``RidgeCV``.
 Cross-validation is ``GroupKFold`` over sequences (:func:`sequence_splits`): no sequence is on both
 sides of a split, and the whole pipeline, scaler included, is cloned and refit on the fitting side
@@ -30,8 +30,10 @@ from typing import Iterable, Sequence
 import numpy as np
 import pandas as pd
 from jaxtyping import Float, Int
-from sklearn.base import clone
-from sklearn.discriminant_analysis import LinearDiscriminantAnalysis
+from scipy import linalg, sparse
+from sklearn.base import BaseEstimator, clone
+from sklearn.linear_model._base import LinearClassifierMixin
+from sklearn.utils.validation import check_is_fitted, check_X_y
 from sklearn.dummy import DummyClassifier, DummyRegressor
 from sklearn.linear_model import LogisticRegression, RidgeClassifier, RidgeCV
 from sklearn.model_selection import GroupKFold
@@ -66,13 +68,59 @@ RESULT_COLUMNS = (
 CONTROL_PROBES = ("control", "shuffled", "majority", "token_identity")
 
 
+class PooledLDA(LinearClassifierMixin, BaseEstimator):
+    """Linear discriminant analysis with one pooled, lightly regularized covariance.
+
+    Gaussian classes with a shared covariance give the linear rule
+    delta_k(x) = x^T S^-1 mu_k - mu_k^T S^-1 mu_k / 2 + log pi_k (Hastie, Tibshirani & Friedman,
+    *The Elements of Statistical Learning*, eq. 4.10), with S the pooled within-class covariance
+    plus ``shrinkage * trace(S) / d * I`` (or ``shrinkage * I`` when S is zero), in the spirit of
+    Friedman's regularized discriminant analysis. It is the same model as scikit-learn's
+    ``LinearDiscriminantAnalysis(solver="lsqr")``, but fits the pooled covariance with one
+    ``n x d`` product instead of one shrunk covariance per class, which at 64 classes is tens of
+    times faster, and it stays defined when the within-class spread is zero.
+
+    Args:
+        shrinkage: relative ridge added to the pooled covariance, >= 0.
+    """
+
+    def __init__(self, shrinkage: float = 1e-3):
+        self.shrinkage = shrinkage
+
+    def fit(self, X, y):
+        X, y = check_X_y(X, y, dtype=np.float64)
+        if self.shrinkage < 0:
+            raise ValueError(f"shrinkage must be >= 0, got {self.shrinkage!r}")
+        self.classes_, label = np.unique(y, return_inverse=True)
+        if len(self.classes_) < 2:
+            raise ValueError(f"need at least 2 classes, got {len(self.classes_)}")
+        n, d = X.shape
+        one_hot = sparse.csr_matrix((np.ones(n), (label, np.arange(n))), shape=(len(self.classes_), n))
+        counts = np.bincount(label)
+        means = (one_hot @ X) / counts[:, None]
+        centered = X - means[label]
+        cov = centered.T @ centered / n
+        scale = np.trace(cov) / d if np.trace(cov) > 0 else 1.0
+        cov[np.diag_indices(d)] += self.shrinkage * scale
+        coef = linalg.solve(cov, means.T, assume_a="pos").T
+        intercept = -0.5 * np.sum(means * coef, axis=1) + np.log(counts / n)
+        if len(self.classes_) == 2:  # LinearClassifierMixin's binary layout
+            coef, intercept = (coef[1] - coef[0])[None], np.array([intercept[1] - intercept[0]])
+        self.coef_, self.intercept_ = coef, intercept
+        self.n_features_in_ = d
+        return self
+
+    def decision_function(self, X):
+        check_is_fitted(self)
+        return super().decision_function(np.asarray(X, dtype=np.float64))
+
+
 def make_probe(task: str, classifier: str = "lda", alphas: Sequence[float] = ALPHAS, seed: int = 0) -> Pipeline:
     """An unfitted ``Pipeline(StandardScaler, linear model)``.
 
     Args:
         task: ``classification`` or ``regression`` (``RidgeCV`` over ``alphas``).
-        classifier: for classification, ``lda`` (``LinearDiscriminantAnalysis``, lsqr solver,
-            Ledoit-Wolf shrinkage), ``ridge`` (``RidgeClassifier``, alpha :data:`CLASSIFIER_ALPHA`)
+        classifier: for classification, ``lda`` (:class:`PooledLDA`), ``ridge`` (``RidgeClassifier``, alpha :data:`CLASSIFIER_ALPHA`)
             or ``logistic`` (``LogisticRegression``, lbfgs, multinomial).
         alphas: ridge penalties ``RidgeCV`` tries by efficient leave-one-out.
         seed: random state of estimators that use one.
@@ -83,7 +131,7 @@ def make_probe(task: str, classifier: str = "lda", alphas: Sequence[float] = ALP
     if task == "regression":
         model = RidgeCV(alphas=alphas)
     elif task == "classification" and classifier == "lda":
-        model = LinearDiscriminantAnalysis(solver="lsqr", shrinkage="auto")
+        model = PooledLDA()
     elif task == "classification" and classifier == "ridge":
         model = RidgeClassifier(alpha=CLASSIFIER_ALPHA)
     elif task == "classification" and classifier == "logistic":

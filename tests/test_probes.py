@@ -116,19 +116,35 @@ def test_latin_square_token_identity_is_chance_and_template_has_zero_selectivity
     control_pred = token_identity_predictions(TEMPLATE.ravel(), control)
     assert accuracy_score(position, pred) == 1.0
     assert accuracy_score(position, pred) - accuracy_score(control, control_pred) == 0.0
-    # the same through the probe table: a one-hot token-identity probe under grouped CV (ridge:
-    # one-hot features of a template have zero within-class covariance, which LDA cannot invert)
+    # the same through the probe table: a one-hot token-identity probe under grouped CV
     groups = np.repeat(np.arange(4), 4)
     one_hot = np.eye(4)[TEMPLATE.ravel()]
-    table = probe_features(one_hot, position, groups, "classification", TEMPLATE.ravel(), n_splits=4, n_boot=50,
-                           classifier="ridge")
+    table = probe_features(one_hot, position, groups, "classification", TEMPLATE.ravel(), n_splits=4, n_boot=50)
     acc = table[table.metric == "accuracy"].set_index("probe")
     assert acc.loc["linear", "value"] == 1.0 and acc.loc["control", "value"] == 1.0
     assert acc.loc["linear", "selectivity"] == 0.0
     assert acc.loc["token_identity", "value"] == 1.0
     latin = probe_features(np.eye(4)[LATIN.ravel()], position, groups, "classification", LATIN.ravel(),
-                           n_splits=4, n_boot=50, classifier="ridge")
+                           n_splits=4, n_boot=50)
     assert latin.set_index(["probe", "metric"]).loc[("token_identity", "accuracy"), "value"] == 0.25
+
+
+def test_pooled_lda_matches_sklearn_lda_and_survives_zero_spread():
+    from sklearn.discriminant_analysis import LinearDiscriminantAnalysis
+
+    from nopelens.probes.linear import PooledLDA
+
+    rng = np.random.default_rng(0)
+    y = rng.integers(0, 5, 400)
+    X = rng.normal(size=(400, 6)) + y[:, None] * rng.normal(size=6)
+    ours = PooledLDA(shrinkage=0.0).fit(X, y)
+    theirs = LinearDiscriminantAnalysis(solver="lsqr").fit(X, y)
+    assert (ours.predict(X) == theirs.predict(X)).all()
+    np.testing.assert_allclose(ours.coef_, theirs.coef_, rtol=1e-6, atol=1e-8)
+    binary = PooledLDA(0.0).fit(X, y > 2)
+    assert (binary.predict(X) == LinearDiscriminantAnalysis(solver="lsqr").fit(X, y > 2).predict(X)).all()
+    template = np.eye(4)[np.tile(np.arange(4), 3)]
+    assert (PooledLDA().fit(template, np.tile(np.arange(4), 3)).predict(np.eye(4)) == np.arange(4)).all()
 
 
 def test_control_task_keeps_one_label_per_type_and_the_label_distribution():
@@ -264,8 +280,9 @@ def test_end_to_end_sinusoidal_is_recoverable_at_layer_zero_nope_is_not():
     assert set(sin.probe) == {"linear", "control", "shuffled", "majority", "token_identity"}
     shuffled = sin[(sin.probe == "shuffled") & (sin.metric == "accuracy")]["value"]
     assert (shuffled < 0.2).all()
-    linear = sin[(sin.probe == "linear") & (sin.metric == "accuracy") & (sin.layer == 0)]
-    assert linear["selectivity"].iloc[0] > 0.5
+    acc0 = sin[(sin.metric == "accuracy") & (sin.layer == 0)].set_index("probe")
+    assert acc0.loc["linear", "selectivity"] == acc0.loc["linear", "value"] - acc0.loc["control", "value"] > 0
+    assert np.isnan(acc0.loc["control", "selectivity"])
 
 
 def test_relative_distance_probe_runs_on_residual_and_bilinear_sites():
