@@ -333,10 +333,11 @@ def _dot_scores(q: Tensor, k: Tensor, scale: float) -> Float[Tensor, "batch head
 # ============================================================================= subjects
 @dataclass
 class _RopeSpec:
+    """RoPE as the model declares it: rotated dims per head, base b and pair layout."""
+
     rotary_dim: int
     base: float
     pairing: str
-    note: str = ""
 
 
 class _Subject(abc.ABC):
@@ -511,13 +512,12 @@ class _BridgeSubject(_Subject):
                               or getattr(config, "rotary_pct", None) or 1.0)
         rotary_dim = int(getattr(config, "rotary_dim", None) or round(self.d_head * float(fraction)))
         pairing = "interleaved" if self.model_type in ("gptj", "codegen") else "half"
-        note = ""
         if params.get("rope_type", "default") != "default":
             raise ValueError(
                 f"rope_type {params['rope_type']!r} scales RoPE frequencies; the audit's reference "
                 "covers the default (unscaled) RoPE only"
             )
-        return _RopeSpec(rotary_dim, float(base), pairing, note)
+        return _RopeSpec(rotary_dim, float(base), pairing)
 
     @property
     def _is_bloom(self) -> bool:

@@ -25,7 +25,7 @@ from nopelens.models.adapters import bridge_hf_model
 from nopelens.models.positions import position_ids_from_mask
 
 transformers.logging.set_verbosity_error()
-EVAL_LENGTH = 12
+EVAL_LENGTH = 8
 
 
 def decoder(position, **overrides) -> Decoder:
@@ -219,7 +219,7 @@ def test_bridged_hf_model_passes_every_applicable_step(kind):
     extra = {"rotary_pct": 0.5} if kind == "neox" else {}  # 2 rotated pairs: the pairings differ
     model = hf_model(kind, **extra)
     subject = model if kind == "bloom" else bridge_hf_model(model)  # an HF model is bridged by audit()
-    report = audit(subject, eval_length=EVAL_LENGTH, train_lengths=[4, 8])
+    report = audit(subject, eval_length=EVAL_LENGTH, train_lengths=[3, 6])
     got = statuses(report)
     assert report.passed, report.summary()
     assert {n for n, s in got.items() if s == "pass"} - {10} == HF_APPLICABLE[kind], report.summary()
@@ -231,7 +231,7 @@ def test_bridged_hf_model_passes_every_applicable_step(kind):
         assert report.model["rope"]["rotary_dim"] == 4
     shifted = shift_check(report)  # GPT-2's learned table is absolute; RoPE and ALiBi are not
     assert (shifted.value > shifted.tolerance) is (kind == "gpt2")
-    assert report.step(10).warnings and "[4, 8]" in report.step(10).summary
+    assert report.step(10).warnings and "[3, 6]" in report.step(10).summary
 
 
 def test_step9_catches_the_bridge_ignoring_hf_cache():
@@ -247,9 +247,9 @@ def test_step9_catches_the_bridge_ignoring_hf_cache():
 # ----------------------------------------------------------------------------- step 10 and reports
 def test_step10_warns_past_training_lengths():
     model = decoder("nope", n_layers=1)
-    report = audit(model, eval_length=EVAL_LENGTH, metadata={"train_lengths": [4, 8]})
+    report = audit(model, eval_length=EVAL_LENGTH, metadata={"train_lengths": [3, 6]})
     step = report.step(10)
-    assert step.status == "pass" and step.evidence["train_lengths"] == [4, 8]
+    assert step.status == "pass" and step.evidence["train_lengths"] == [3, 6]
     assert step.evidence["eval_lengths"] == [EVAL_LENGTH - EVAL_LENGTH // 4, EVAL_LENGTH]
     assert len(step.warnings) == 1 and "not demonstrated length generalization" in step.warnings[0]
     within = audit(model, eval_length=EVAL_LENGTH, train_lengths=[4, 16]).step(10)
