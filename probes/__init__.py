@@ -4,6 +4,7 @@ with controls, and attention-sink and attention-variance measurements."""
 from .collect import Activations, collect, is_pattern_site, resid_site, resid_sites, site_block, site_layer
 from .linear import (
     RESULT_COLUMNS,
+    PooledLDA,
     extrapolation_splits,
     first_recoverable_layer,
     make_probe,
@@ -14,6 +15,18 @@ from .linear import (
     sequence_splits,
 )
 from .metrics import bootstrap_scores, mad_chance, score
+from .sinks import (
+    attention_variance,
+    compare_bos,
+    sink_mass,
+    sink_mass_by_position,
+    sink_rate,
+    sink_scores,
+    sink_table,
+    strip_padding,
+    variance_shrinkage,
+    variance_slopes,
+)
 from .targets import (
     DistancePairs,
     bilinear_features,
@@ -25,7 +38,9 @@ from .targets import (
 )
 
 __all__ = [
-    "Activations", "DistancePairs", "RESULT_COLUMNS", "bilinear_features", "bootstrap_scores", "collect",
+    "Activations", "DistancePairs", "PooledLDA", "RESULT_COLUMNS", "attention_variance", "compare_bos",
+    "sink_mass", "sink_mass_by_position", "sink_rate", "sink_scores", "sink_table", "strip_padding",
+    "variance_shrinkage", "variance_slopes", "bilinear_features", "bootstrap_scores", "collect",
     "control_labels", "extrapolation_splits", "first_recoverable_layer", "is_pattern_site", "mad_chance",
     "make_probe", "out_of_fold_predictions", "pair_features", "probe_absolute_index", "probe_features",
     "probe_relative_distance", "resid_site", "resid_sites", "sample_distance_pairs", "score", "sequence_splits",

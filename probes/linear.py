@@ -157,8 +157,8 @@ def sequence_splits(groups: Int[np.ndarray, "n"], n_splits: int = 5) -> list[tup
         ValueError: with one sequence (no grouped split exists), or fewer sequences than folds.
 
     Example:
-        >>> splits = sequence_splits(np.array([0, 0, 1, 1, 2, 2]), n_splits=3)
-        >>> [sorted(set(np.array([0, 0, 1, 1, 2, 2])[test])) for _, test in splits]
+        >>> groups = np.array([0, 0, 1, 1, 2, 2])
+        >>> sorted(np.unique(groups[test]).tolist() for _, test in sequence_splits(groups, n_splits=3))
         [[0], [1], [2]]
     """
     groups = np.asarray(groups)

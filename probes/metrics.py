@@ -78,7 +78,7 @@ def score(y: np.ndarray, pred: np.ndarray, metric: str) -> float:
 
     Example:
         >>> score(np.array([0, 1, 2, 3]), np.array([0, 2, 2, 0]), "mad")
-        0.75
+        1.0
         >>> score(np.array([0, 1, 2, 3]), np.array([0, 2, 2, 0]), "within_one")
         0.75
     """

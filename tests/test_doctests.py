@@ -14,6 +14,11 @@ MODULES = [
     "nopelens.circuits.distance",
     "nopelens.circuits.demos",
     "nopelens.analyses.audit",
+    "nopelens.probes.collect",
+    "nopelens.probes.metrics",
+    "nopelens.probes.targets",
+    "nopelens.probes.linear",
+    "nopelens.probes.sinks",
 ]
 
 
