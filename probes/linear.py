@@ -407,39 +407,50 @@ def probe_relative_distance(
 def first_recoverable_layer(
     results: pd.DataFrame,
     target: str = "absolute_index",
-    metric: str = "r2",
+    metric: str | None = None,
     threshold: float = 0.9,
+    task: str | None = None,
     features: str | None = None,
 ) -> int | None:
     """The first layer whose CI lower bound clears ``threshold`` for ``target`` and ``metric``.
 
     Only ``linear`` probes on the grouped split at residual sites (rows with a ``layer``) count.
     "Clears" means ``ci_low >= threshold`` for higher-is-better metrics and ``ci_high <= threshold``
-    for ``mad``. Defaults follow the convention R^2 >= 0.9 for regression; use
-    ``metric="accuracy"`` (threshold 0.9) for classification.
+    for ``mad``. Defaults: R^2 >= 0.9 for regression, accuracy >= 0.9 for classification.
 
     Args:
         results: from :func:`probe_absolute_index` or :func:`probe_relative_distance`.
         target: ``absolute_index`` or ``relative_distance``.
-        metric: e.g. ``r2``, ``accuracy``, ``spearman``, ``mad``.
+        metric: e.g. ``r2``, ``accuracy``, ``spearman``, ``mad``; default ``r2`` for regression
+            and ``accuracy`` for classification.
         threshold: the bar.
+        task: ``regression`` or ``classification``; default: regression unless ``metric`` only
+            exists for classification. Needed for ``mad``, which both tasks report.
         features: feature kind (``token``, ``concat``, ...) when the table has several.
 
     Returns:
         The DESIGN.md layer number, or None when no layer clears the bar.
 
     Raises:
-        ValueError: if no row matches, or several feature kinds match and ``features`` is None.
+        ValueError: if no row matches, or several tasks or feature kinds match.
     """
+    if metric is None:
+        task = task or "regression"
+        metric = {"regression": "r2", "classification": "accuracy"}[task]
+    if metric not in HIGHER_IS_BETTER:
+        raise ValueError(f"unknown metric {metric!r}; known: {sorted(HIGHER_IS_BETTER)}")
     rows = results[(results["probe"] == "linear") & (results["split"] == "grouped") & (results["target"] == target)
                    & (results["metric"] == metric) & results["layer"].notna()]
+    if task is not None:
+        rows = rows[rows["task"] == task]
     if features is not None:
         rows = rows[rows["features"] == features]
     if rows.empty:
         raise ValueError(f"no linear probe rows for target {target!r}, metric {metric!r} at residual sites")
-    kinds = rows["features"].unique()
-    if len(kinds) > 1:
-        raise ValueError(f"several feature kinds {sorted(kinds)} for {target!r}; pass features=")
+    for column, argument in (("task", "task"), ("features", "features")):
+        kinds = rows[column].unique()
+        if len(kinds) > 1:
+            raise ValueError(f"several {column} values {sorted(kinds)} match {target!r}/{metric!r}; pass {argument}=")
     higher = HIGHER_IS_BETTER[metric]
     clears = rows["ci_low"] >= threshold if higher else rows["ci_high"] <= threshold
     layers = rows.loc[clears, "layer"]

@@ -259,6 +259,11 @@ def test_first_recoverable_layer_uses_the_ci_lower_bound():
     assert first_recoverable_layer(table, threshold=0.995) is None
     with pytest.raises(ValueError):
         first_recoverable_layer(table, metric="accuracy")
+    both = pd.concat([table.assign(metric="mad", ci_high=[3.0, 2.0, 0.5, 0.1]),
+                      table.assign(metric="mad", task="classification", ci_high=0.0)])
+    with pytest.raises(ValueError, match="several task"):
+        first_recoverable_layer(both, metric="mad", threshold=1.0)
+    assert first_recoverable_layer(both, metric="mad", threshold=1.0, task="regression") == 2
 
 
 def random_tokens(n_seq, n_ctx, d_vocab, seed=0):
@@ -274,7 +279,7 @@ def test_end_to_end_sinusoidal_is_recoverable_at_layer_zero_nope_is_not():
         results[position] = probe_absolute_index(acts, n_splits=4, n_boot=100)
     sin, nope = results["sinusoidal"], results["nope"]
     assert first_recoverable_layer(sin) == 0
-    assert first_recoverable_layer(sin, metric="accuracy") == 0
+    assert first_recoverable_layer(sin, task="classification") == 0
     nope_layer0 = nope[(nope.layer == 0) & (nope.probe == "linear") & (nope.metric == "r2")]
     assert nope_layer0["ci_high"].iloc[0] < 0.5  # layer 0 of NoPE is token embeddings only
     assert set(sin.probe) == {"linear", "control", "shuffled", "majority", "token_identity"}
