@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from .audit import AuditReport, audit
+from .subjects import load_hf_dir
 
 
 def load_subject(args: argparse.Namespace) -> tuple[Any, str]:
@@ -33,7 +34,7 @@ def load_subject(args: argparse.Namespace) -> tuple[Any, str]:
 
         return zoo.load(args.model), f"zoo model {args.model}"
     if args.hf_dir:
-        return _load_hf(_existing_dir(args.hf_dir)), f"HF model {args.hf_dir}"
+        return load_hf_dir(_existing_dir(args.hf_dir)), f"HF model {args.hf_dir}"
     return _fresh_decoder(args.position, args.eval_length, args.seed), f"random Decoder({args.position})"
 
 
@@ -42,19 +43,6 @@ def _existing_dir(path: str) -> Path:
     if not directory.is_dir():
         raise FileNotFoundError(f"no such directory: {path}")
     return directory
-
-
-def _load_hf(directory: Path) -> Any:
-    import transformers
-    from transformers import AutoModelForCausalLM
-
-    from nopelens.models.adapters import bridge_hf_model
-
-    transformers.logging.set_verbosity_error()
-    transformers.logging.disable_progress_bar()
-    model = AutoModelForCausalLM.from_pretrained(directory, local_files_only=True)
-    model.config._attn_implementation = "eager"
-    return bridge_hf_model(model.eval())
 
 
 def _fresh_decoder(position: str, eval_length: int, seed: int) -> Any:

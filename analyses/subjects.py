@@ -1,0 +1,206 @@
+"""The models an analysis looks at ("subjects"), and the evaluation sequences each one reads.
+
+A subject is named on the command line by one spec:
+
+- a zoo name (``text-nope-4l``; trained and cached on first use, see ``nopelens.models.zoo``);
+- a path to a nopelens checkpoint directory;
+- ``hf:DIR``, a local HF causal-LM directory, loaded offline and bridged with TransformerLens;
+- ``circuit``, the hand-built Theorem 1 + 2 NoPE circuit (positive control; ``nopelens.circuits``);
+- ``untrained-nope``, a randomly initialized NoPE decoder read without BOS (negative control).
+
+Every subject carries its own evaluation batch: fresh sequences the model never trained on
+(validation documents for text models, new samples for synthetic tasks).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor
+
+CONTROL_SPECS = ("circuit", "untrained-nope")
+HF_PREFIX = "hf:"
+
+
+@dataclass
+class Subject:
+    """A hooked model and the sequences to read it on.
+
+    Attributes:
+        name: label used in tables and figures.
+        model: a ``Decoder``, ``TransformerBridge`` or ``HookedModule``.
+        n_layers: number of blocks.
+        position: the position method's name (``nope``, ``rope``, ...; ``hf`` when unknown).
+        kind: ``trained``, ``circuit``, ``untrained`` or ``external``.
+        tokens: int64 ``[batch, pos]`` evaluation sequences.
+        attention_mask: int64 ``[batch, pos]``, 1 for real tokens.
+        has_bos: whether every sequence starts with a dedicated BOS token.
+        bos_token_id: the BOS id, if the model has one.
+        train_lengths: ``[min_len, max_len]`` of training, when known.
+        info: anything else worth reporting (steps, losses, recipe).
+    """
+
+    name: str
+    model: Any
+    n_layers: int
+    position: str
+    kind: str
+    tokens: Tensor
+    attention_mask: Tensor
+    has_bos: bool
+    bos_token_id: int | None = None
+    train_lengths: list[int] | None = None
+    info: dict[str, Any] = field(default_factory=dict)
+
+
+def resolve(
+    spec: str, n_sequences: int, seq_len: int, seed: int = 0, progress: bool = True, quick_steps: int | None = None
+) -> Subject:
+    """Build the subject a spec names, with ``n_sequences`` fresh evaluation sequences.
+
+    Args:
+        spec: see the module docstring.
+        n_sequences: evaluation sequences, >= 2 (probes split by sequence).
+        seq_len: tokens per evaluation sequence (BOS included), >= 3.
+        seed: seed of the evaluation sequences and of untrained weights.
+        progress: show training progress bars.
+        quick_steps: if given, a zoo model is trained afresh for only this many steps (not
+            cached), for smoke tests.
+
+    Raises:
+        KeyError: on an unknown zoo name (listing the available ones).
+        FileNotFoundError: on a checkpoint or HF directory that does not exist (listing the cached
+            zoo checkpoints).
+        ValueError: on an invalid checkpoint or bad sizes.
+    """
+    if n_sequences < 2:
+        raise ValueError(f"need at least 2 evaluation sequences (probes split by sequence), got {n_sequences}")
+    if seq_len < 3:
+        raise ValueError(f"seq_len must be >= 3, got {seq_len}")
+    if spec == "circuit":
+        return _circuit(n_sequences, seq_len, seed)
+    if spec == "untrained-nope":
+        return _untrained(n_sequences, seq_len, seed)
+    if spec.startswith(HF_PREFIX):
+        return _hf(Path(spec[len(HF_PREFIX):]), n_sequences, seq_len, seed)
+    if "/" in spec or Path(spec).exists():
+        return _trained(_load_checkpoint(Path(spec)), str(spec), n_sequences, seq_len, seed)
+    from nopelens.models import zoo
+
+    recipe = zoo.recipe(spec)
+    if quick_steps is not None:
+        trained = _quick_train(recipe, quick_steps)
+        return _trained(trained, f"{spec} ({quick_steps} steps)", n_sequences, seq_len, seed)
+    return _trained(zoo.load(spec, progress=progress), spec, n_sequences, seq_len, seed)
+
+
+def _circuit(n_sequences: int, seq_len: int, seed: int) -> Subject:
+    from nopelens.circuits import distance
+    from nopelens.circuits.layout import BOS_TOKEN
+
+    model = distance(n_ctx=seq_len)
+    tokens = _random_tokens(n_sequences, seq_len, 1, model.cfg.d_vocab, seed)
+    tokens[:, 0] = BOS_TOKEN
+    return Subject("circuit", model, model.cfg.n_layers, "nope", "circuit", tokens, torch.ones_like(tokens),
+                   has_bos=True, bos_token_id=BOS_TOKEN, info={"construction": "Kazemnejad et al. 2023 Thm 1+2"})
+
+
+def _untrained(n_sequences: int, seq_len: int, seed: int) -> Subject:
+    from nopelens.models import Decoder
+    from nopelens.models.zoo import recipe
+
+    config = recipe("text-nope-4l").config
+    model = Decoder(config, seed=seed).eval()
+    tokens = _random_tokens(n_sequences, seq_len, 0, config.d_vocab, seed)  # no distinct BOS
+    return Subject("untrained-nope", model, config.n_layers, "nope", "untrained", tokens, torch.ones_like(tokens),
+                   has_bos=False, info={"init_std": config.init_std})
+
+
+def _trained(trained, name: str, n_sequences: int, seq_len: int, seed: int) -> Subject:
+    task = trained.task
+    meta = trained.metadata
+    batch = _evaluation_batch(task, n_sequences, seq_len, meta.get("train_lengths"), seed)
+    config = trained.model.cfg
+    info = {k: meta[k] for k in ("steps", "final_losses", "zoo_recipe") if k in meta}
+    return Subject(name, trained.model.eval(), config.n_layers, config.position_name, "trained", batch.tokens,
+                   batch.attention_mask, has_bos=True, bos_token_id=task.bos_id,
+                   train_lengths=meta.get("train_lengths"), info=info)
+
+
+def _evaluation_batch(task, n_sequences: int, seq_len: int, train_lengths, seed: int):
+    """Fresh sequences: validation text windows for text, new samples for synthetic tasks."""
+    if task.name == "text":
+        return task.sample(n_sequences, seq_len - 1, seq_len - 1, seed, split="validation")
+    low, high = train_lengths or (task.min_length, task.min_length)
+    return task.sample(n_sequences, low, high, seed)
+
+
+def _hf(directory: Path, n_sequences: int, seq_len: int, seed: int) -> Subject:
+    model = load_hf_dir(directory)
+    config = model.cfg
+    bos_id = _hf_bos_id(directory)
+    tokens = _random_tokens(n_sequences, seq_len, 0, config.d_vocab, seed)
+    if bos_id is not None:
+        tokens[:, 0] = bos_id
+    return Subject(f"hf:{directory.name}", model, config.n_layers, "hf", "external", tokens, torch.ones_like(tokens),
+                   has_bos=bos_id is not None, bos_token_id=bos_id)
+
+
+def load_hf_dir(directory: Path) -> Any:
+    """Load a local HF causal LM offline (no hub access) and bridge it with TransformerLens.
+
+    Raises:
+        FileNotFoundError: if ``directory`` is not a directory.
+        ValueError: if it holds no loadable model.
+    """
+    import transformers
+    from transformers import AutoModelForCausalLM
+
+    from nopelens.models.adapters import bridge_hf_model
+
+    if not Path(directory).is_dir():
+        raise FileNotFoundError(f"no such HF model directory: {directory}")
+    transformers.logging.set_verbosity_error()
+    transformers.logging.disable_progress_bar()
+    try:
+        model = AutoModelForCausalLM.from_pretrained(directory, local_files_only=True)
+    except (OSError, ValueError) as error:
+        raise ValueError(f"{directory} holds no loadable HF causal LM: {error}") from None
+    model.config._attn_implementation = "eager"
+    return bridge_hf_model(model.eval())
+
+
+def _hf_bos_id(directory: Path) -> int | None:
+    import json
+
+    config = Path(directory) / "config.json"
+    bos = json.loads(config.read_text()).get("bos_token_id") if config.is_file() else None
+    return bos if isinstance(bos, int) else None
+
+
+def _load_checkpoint(path: Path):
+    from nopelens.models import zoo
+    from nopelens.models.checkpoint import load_checkpoint
+
+    if not path.is_dir():
+        cached = sorted(p.name for p in (zoo.cache_root() / "zoo").glob("*") if p.is_dir())
+        available = ", ".join(cached) if cached else "none cached yet"
+        raise FileNotFoundError(
+            f"no checkpoint directory at {path}; zoo names: {', '.join(zoo.names())}; cached checkpoints "
+            f"under {zoo.cache_root() / 'zoo'}: {available}"
+        )
+    return load_checkpoint(path)
+
+
+def _quick_train(recipe, steps: int):
+    import dataclasses
+
+    return dataclasses.replace(recipe, steps=steps).train(progress=False)
+
+
+def _random_tokens(n: int, length: int, low: int, high: int, seed: int) -> Tensor:
+    generator = torch.Generator().manual_seed(seed)
+    return torch.randint(low, high, (n, length), generator=generator)
