@@ -20,8 +20,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import os
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,7 +28,7 @@ import pandas as pd
 
 from nopelens.models import DecoderConfig
 from nopelens.models.tasks import make_task
-from nopelens.models.training import evaluate_exact_match, train, write_csv_atomic
+from nopelens.models.training import atomic_path, evaluate_exact_match, train, write_csv_atomic
 
 METHODS = ("nope", "learned", "sinusoidal", "rope", "alibi")
 TASK_NAMES = ("repeat", "copy")
@@ -151,24 +149,16 @@ def plot(results: pd.DataFrame, out_stem: Path) -> list[Path]:
     paths = []
     for suffix in ("png", "svg"):
         target = out_stem.with_suffix(f".{suffix}")
-        handle, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=f".{suffix}", dir=target.parent)
-        os.close(handle)
-        try:
+        with atomic_path(target) as tmp:
             grid.figure.savefig(tmp, format=suffix, dpi=130, bbox_inches="tight")
-            os.replace(tmp, target)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
         paths.append(target)
     plt.close(grid.figure)
     return paths
 
 
 def _write_text_atomic(path: Path, text: str) -> None:
-    handle, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    with os.fdopen(handle, "w") as stream:
-        stream.write(text)
-    os.replace(tmp, path)
+    with atomic_path(path) as tmp:
+        tmp.write_text(text, encoding="utf-8")
 
 
 def _check_settings(out_dir: Path, settings: LengthGenSettings) -> None:

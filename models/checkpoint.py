@@ -82,6 +82,12 @@ def _version() -> str:
     return __version__
 
 
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
 def _sha256(path: Path) -> str:
     digest = hashlib.sha256()
     with open(path, "rb") as handle:
@@ -133,6 +139,7 @@ def save_checkpoint(
     target.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
     try:
+        os.chmod(staging, 0o777 & ~_umask())  # mkdtemp makes it 0o700; give what mkdir would
         state = {name: t.detach().cpu().contiguous() for name, t in model.state_dict().items()}
         save_file(state, staging / WEIGHTS_FILE)
         files = [WEIGHTS_FILE]

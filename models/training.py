@@ -16,8 +16,9 @@ import math
 import os
 import tempfile
 import time
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import numpy as np
 import pandas as pd
@@ -133,19 +134,37 @@ def _check_lengths(task: Task, config: DecoderConfig, min_len: int, max_len: int
         )
 
 
-def write_csv_atomic(frame: pd.DataFrame, path: str | Path) -> Path:
-    """Write ``frame`` to ``path`` via a temporary file and ``os.replace``."""
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+@contextmanager
+def atomic_path(path: str | Path) -> Iterator[Path]:
+    """Yield a temporary path next to ``path``; on success it replaces ``path`` (``os.replace``).
+
+    The file gets the permissions a plain ``open`` would give (``0o666`` minus the umask), and
+    on any error the temporary file is removed and ``path`` is left as it was.
+    """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     handle, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    os.close(handle)
     try:
-        with os.fdopen(handle, "w") as stream:
-            frame.to_csv(stream, index=False)
+        yield Path(tmp)
+        os.chmod(tmp, 0o666 & ~_umask())
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
-    return path
+
+
+def write_csv_atomic(frame: pd.DataFrame, path: str | Path) -> Path:
+    """Write ``frame`` to ``path`` atomically (see :func:`atomic_path`)."""
+    with atomic_path(path) as tmp:
+        frame.to_csv(tmp, index=False)
+    return Path(path)
 
 
 def train(

@@ -1,6 +1,7 @@
 """Checkpoints: round trip, atomic replace, and refusals that name the problem."""
 
 import json
+import os
 
 import pandas as pd
 import pytest
@@ -55,6 +56,9 @@ def test_overwrite_replaces_atomically_and_leaves_no_temp(saved, tmp_path):
     save_checkpoint(path, other)
     assert torch.equal(load_checkpoint(path).model.embed.W_E, other.embed.W_E)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt"]
+    mask = os.umask(0)
+    os.umask(mask)
+    assert path.stat().st_mode & 0o777 == 0o777 & ~mask  # as mkdir makes it, not mkdtemp's 0o700
 
 
 def test_refuses_to_overwrite_a_foreign_directory(tmp_path):

@@ -1,5 +1,7 @@
 """Length generalization: tidy output, summary arithmetic, plot files, resume, CLI."""
 
+import os
+
 import pandas as pd
 import pytest
 
@@ -24,6 +26,10 @@ def test_run_writes_tidy_table_summary_and_plots(tmp_path):
     summary = pd.read_csv(tmp_path / "summary.csv")
     assert set(zip(summary["task"], summary["method"])) == {(t, m) for t in ("repeat", "copy") for m in ("nope", "learned")}
     assert not any(p.name.startswith(".") for p in tmp_path.iterdir())  # no temp files left
+    mask = os.umask(0)
+    os.umask(mask)
+    for name in ("lengthgen.csv", "lengthgen.png"):  # what a plain open() gives, not mkstemp's 0o600
+        assert (tmp_path / name).stat().st_mode & 0o777 == 0o666 & ~mask
 
 
 def test_rerun_resumes_and_skips_finished_runs(tmp_path, monkeypatch):
