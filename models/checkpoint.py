@@ -155,6 +155,8 @@ def save_checkpoint(
         except TypeError as error:
             raise ValueError(f"checkpoint metadata is not JSON-serializable: {error}") from None
         (staging / METADATA_FILE).write_text(text + "\n", encoding="utf-8")
+        for name in files:  # safetensors writes owner-only files; give what open() would
+            os.chmod(staging / name, 0o666 & ~_umask())
         _swap_into_place(staging, target)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)

@@ -59,6 +59,7 @@ def test_overwrite_replaces_atomically_and_leaves_no_temp(saved, tmp_path):
     mask = os.umask(0)
     os.umask(mask)
     assert path.stat().st_mode & 0o777 == 0o777 & ~mask  # as mkdir makes it, not mkdtemp's 0o700
+    assert (path / WEIGHTS_FILE).stat().st_mode & 0o777 == 0o666 & ~mask
 
 
 def test_refuses_to_overwrite_a_foreign_directory(tmp_path):
