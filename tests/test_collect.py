@@ -12,7 +12,6 @@ from torch import nn
 from nopelens.models import Decoder, DecoderConfig
 from nopelens.models.adapters import HookedModule, bridge_hf_model
 from nopelens.probes import collect, resid_site, resid_sites, site_layer
-from nopelens.probes import collect as collect_module  # noqa: F401  (the function, re-exported)
 from nopelens.probes.collect import _StopForward
 
 
