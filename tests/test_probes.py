@@ -299,3 +299,14 @@ def test_relative_distance_probe_runs_on_residual_and_bilinear_sites():
     assert set(table.features) == {"concat", "difference", "bilinear_outer"}
     assert table["value"].notna().all() and (table.target == "relative_distance").all()
     assert table.n_samples.nunique() == 1
+
+
+def test_extrapolation_rows_score_only_late_positions_of_held_out_sequences():
+    cfg = DecoderConfig(d_vocab=100, n_ctx=16, n_layers=1, d_model=16, n_heads=2, position="sinusoidal")
+    acts = collect(Decoder(cfg, seed=0), random_tokens(10, 16, 100), [0])
+    table = probe_absolute_index(acts, tasks=("regression",), controls=False, extrapolate_from=12,
+                                 n_splits=5, n_boot=50)
+    late = table[table.split == "extrapolation"]
+    assert set(late.metric) == {"r2", "spearman", "mad"} and (late.probe == "linear").all()
+    assert (late.n_samples == 10 * 4).all()  # positions 12..15 of every sequence, each scored once
+    assert (table[table.split == "grouped"].n_samples == 160).all()
