@@ -30,6 +30,7 @@ from tqdm.auto import tqdm
 from .checkpoint import (
     METADATA_FILE,
     TrainedModel,
+    _umask,
     load_checkpoint,
     load_training_state,
     read_metadata,
@@ -48,6 +49,8 @@ __all__ = [
     "validation_loss",
     "lr_at",
     "stream_seed",
+    "atomic_path",
+    "write_csv_atomic",
 ]
 
 
@@ -132,12 +135,6 @@ def _check_lengths(task: Task, config: DecoderConfig, min_len: int, max_len: int
             f"a {task.name} sequence of length {max_len} has {task.seq_len(max_len)} tokens, more than "
             f"the learned position table's n_ctx={config.n_ctx}"
         )
-
-
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
 
 
 @contextmanager

@@ -6,7 +6,6 @@ import torch
 from nopelens.models.tasks import (
     BOS_ID,
     EOS_ID,
-    PAD_ID,
     SEP_ID,
     TASKS,
     Batch,
