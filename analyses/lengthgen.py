@@ -243,11 +243,16 @@ def register(subparsers) -> None:
     parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     parser.add_argument("--train-max-len", type=int, default=None, help=f"L (default {defaults.train_max_len})")
     parser.add_argument("--steps", type=int, default=None, help=f"training steps per model (default {defaults.steps})")
+    parser.add_argument("--threads", type=int, help="torch intra-op threads (default: torch's); 1 is "
+                        "much faster for these small models on a CPU shared with other jobs")
     parser.add_argument("--no-progress", action="store_true")
     parser.set_defaults(func=_run)
 
 
 def _run(args: argparse.Namespace) -> int:
+    from nopelens.analyses.train_cmd import set_threads
+
+    set_threads(args.threads)
     settings = LengthGenSettings.quick() if args.quick else LengthGenSettings()
     changes = {k: v for k, v in (("train_max_len", args.train_max_len), ("steps", args.steps)) if v is not None}
     settings = dataclasses.replace(settings, **changes)

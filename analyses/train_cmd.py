@@ -13,6 +13,8 @@ import argparse
 import math
 from pathlib import Path
 
+import torch
+
 from nopelens.models import POSITION_METHODS, DecoderConfig
 from nopelens.models import zoo
 from nopelens.models.checkpoint import TrainedModel
@@ -42,7 +44,21 @@ def report(trained: TrainedModel) -> str:
     return "\n".join(lines)
 
 
+def set_threads(threads: int | None) -> None:
+    """Set torch's intra-op thread count (None leaves it).
+
+    Raises:
+        ValueError: if ``threads`` < 1.
+    """
+    if threads is None:
+        return
+    if threads < 1:
+        raise ValueError(f"--threads must be >= 1, got {threads}")
+    torch.set_num_threads(threads)
+
+
 def _run(args: argparse.Namespace) -> int:
+    set_threads(args.threads)
     if args.list:
         for name in zoo.names():
             spec = zoo.recipe(name)
@@ -103,5 +119,7 @@ def register(subparsers) -> None:
     parser.add_argument("--max-len", type=int, default=10)
     parser.add_argument("--lr", type=float, default=3e-3)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--threads", type=int, help="torch intra-op threads (default: torch's); 1 is "
+                        "much faster for these small models on a CPU shared with other jobs")
     parser.add_argument("--no-progress", action="store_true")
     parser.set_defaults(func=_run)
