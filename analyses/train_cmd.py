@@ -28,7 +28,7 @@ def report(trained: TrainedModel) -> str:
     losses = meta.get("final_losses", {})
     lines = [
         f"{task.name} / {trained.config.position_name}: {meta.get('steps')} steps, seed {meta.get('seed')}, "
-        f"trained in {meta.get('train_seconds', float('nan')):.0f} s on {meta.get('torch_threads', '?')} threads",
+        f"trained in {meta.get('train_seconds', float('nan')):.0f} s with {meta.get('torch_threads', '?')} torch thread(s)",
         f"final loss (nats/token): train {losses.get('train', float('nan')):.4f}, validation {losses.get('validation', float('nan')):.4f}",
     ]
     if isinstance(task, TextTask):
