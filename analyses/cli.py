@@ -12,7 +12,14 @@ import argparse
 import importlib
 import sys
 
-COMMAND_MODULES = ("nopelens.analyses.demo", "nopelens.analyses.train_cmd", "nopelens.analyses.lengthgen", "nopelens.analyses.circuit_cmd", "nopelens.analyses.audit_cmd")
+COMMAND_MODULES = (
+    "nopelens.analyses.sweep_cmd",
+    "nopelens.analyses.demo",
+    "nopelens.analyses.train_cmd",
+    "nopelens.analyses.lengthgen",
+    "nopelens.analyses.circuit_cmd",
+    "nopelens.analyses.audit_cmd",
+)
 
 USER_ERRORS = (ValueError, KeyError, TypeError, OSError)
 

@@ -80,6 +80,7 @@ def resolve(
         raise ValueError(f"need at least 2 evaluation sequences (probes split by sequence), got {n_sequences}")
     if seq_len < 3:
         raise ValueError(f"seq_len must be >= 3, got {seq_len}")
+    check_spec(spec)
     if spec == "circuit":
         return _circuit(n_sequences, seq_len, seed)
     if spec == "untrained-nope":
@@ -95,6 +96,28 @@ def resolve(
         trained = _quick_train(recipe, quick_steps)
         return _trained(trained, f"{spec} ({quick_steps} steps)", n_sequences, seq_len, seed)
     return _trained(zoo.load(spec, progress=progress), spec, n_sequences, seq_len, seed)
+
+
+def check_spec(spec: str) -> None:
+    """Fail fast, before any work, on a spec that names nothing.
+
+    Raises:
+        KeyError: on an unknown zoo name (listing the available ones).
+        FileNotFoundError: on a checkpoint or HF directory that does not exist.
+    """
+    if spec in CONTROL_SPECS:
+        return
+    if spec.startswith(HF_PREFIX):
+        if not Path(spec[len(HF_PREFIX):]).is_dir():
+            raise FileNotFoundError(f"no such HF model directory: {spec[len(HF_PREFIX):]}")
+        return
+    if "/" in spec or Path(spec).exists():
+        if not Path(spec).is_dir():
+            _load_checkpoint(Path(spec))  # raises, listing what exists
+        return
+    from nopelens.models import zoo
+
+    zoo.recipe(spec)
 
 
 def _circuit(n_sequences: int, seq_len: int, seed: int) -> Subject:

@@ -247,8 +247,9 @@ def probe_features(
 
     Returns:
         DataFrame with columns ``probe, metric, value, ci_low, ci_high, selectivity, n_samples,
-        n_sequences``. A metric undefined for a control (Spearman of the constant majority
-        prediction) has no row; an undefined metric of the linear probe raises.
+        n_sequences``. A metric that is undefined on a run has no row: Spearman of constant
+        predictions (the majority baseline, or a linear probe on features that carry nothing, such
+        as a head whose W_Q is zero).
 
     Raises:
         ValueError: on mismatched shapes, non-finite features, a single sequence or too few
@@ -272,7 +273,7 @@ def probe_features(
         # controls are scored against their own labels (control task) or the true ones (others)
         truth = labels[index] if probe_name == "control" else y[index]
         scores = bootstrap_scores(truth, pred, groups[index], metrics, n_boot, seed=seed,
-                                  skip_undefined=probe_name != "linear")
+                                  skip_undefined=True)
         return probe_name, scores, len(index), groups[index]
 
     runs = [scored("linear", probe, y)]

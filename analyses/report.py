@@ -1,0 +1,164 @@
+"""Run folders: tidy CSVs, seaborn figures (PNG and SVG) and a Markdown summary, all written atomically."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import pandas as pd  # noqa: E402
+import seaborn as sns  # noqa: E402
+
+from nopelens.models.io import write_atomic, write_csv_atomic, write_text_atomic  # noqa: E402
+
+if TYPE_CHECKING:
+    from .sweep import SweepResult, SweepSettings
+
+PROBE_PANELS = (
+    ("absolute index: accuracy", "absolute_index", "classification", "accuracy", "resid"),
+    ("absolute index: R²", "absolute_index", "regression", "r2", "resid"),
+    ("relative distance, pairs [h_i; h_j]: R²", "relative_distance", "regression", "r2", "concat"),
+    ("relative distance, q·k read: R²", "relative_distance", "regression", "r2", "bilinear"),
+)
+
+SUMMARY_HEADERS = {
+    "model": "model",
+    "absolute_acc": "abs. index acc ≥ 0.9",
+    "absolute_r2": "abs. index R² ≥ 0.9",
+    "relative_pairs_r2": "rel. dist. pairs R² ≥ 0.9",
+    "relative_qk_r2": "rel. dist. q·k R² ≥ 0.9",
+    "best_absolute_r2": "best abs. R²",
+    "best_absolute_layer": "at layer",
+    "selectivity_at_best": "selectivity (R²)",
+    "sink_rate": "sink rate",
+    "variance_slope_block0": "variance slope, block 0",
+}
+
+
+def save_figure(fig: plt.Figure, stem: str | Path) -> list[Path]:
+    """Save ``fig`` as ``stem.png`` and ``stem.svg``, each atomically, then close it."""
+    paths = [write_atomic(f"{stem}.{ext}", lambda temp, ext=ext: fig.savefig(temp, format=ext, dpi=120,
+                                                                                bbox_inches="tight"))
+             for ext in ("png", "svg")]
+    plt.close(fig)
+    return paths
+
+
+def probe_panel_rows(probes: pd.DataFrame, target: str, task: str, metric: str, features: str) -> pd.DataFrame:
+    """The linear-probe rows one panel of :func:`probe_figure` plots, one per model and layer."""
+    rows = probes[(probes["probe"] == "linear") & (probes["split"] == "grouped") & (probes["target"] == target)
+                  & (probes["task"] == task) & (probes["metric"] == metric) & probes["layer"].notna()]
+    if features == "resid":
+        rows = rows[rows["site"].str.contains("hook_resid_")]
+    elif features == "bilinear":
+        rows = rows[rows["features"].str.startswith("bilinear")]
+    else:
+        rows = rows[(rows["features"] == features) & rows["site"].str.contains("hook_resid_")]
+    return rows.sort_values(["model", "layer"])
+
+
+def probe_figure(probes: pd.DataFrame) -> plt.Figure:
+    """Per-layer probe score with 95 % CI bands: one line per model, one panel per target."""
+    sns.set_theme(style="whitegrid", context="notebook")
+    fig, axes = plt.subplots(1, len(PROBE_PANELS), figsize=(4.2 * len(PROBE_PANELS), 3.8), sharey=False)
+    palette = dict(zip(probes["model"].unique(), sns.color_palette("colorblind", probes["model"].nunique())))
+    for ax, (title, target, task, metric, features) in zip(axes, PROBE_PANELS):
+        rows = probe_panel_rows(probes, target, task, metric, features)
+        if not rows.empty:
+            sns.lineplot(data=rows, x="layer", y="value", hue="model", palette=palette, marker="o", ax=ax,
+                         errorbar=None, legend=ax is axes[-1])
+        for model, group in rows.groupby("model"):
+            ax.fill_between(group["layer"], group["ci_low"], group["ci_high"], color=palette[model], alpha=0.2)
+        ax.axhline(0.9, color="grey", linestyle="--", linewidth=1)
+        ax.set(title=title, xlabel="layer (0 = embeddings)", ylabel=metric, ylim=(-0.1 if metric == "r2" else 0, 1.05))
+    if axes[-1].get_legend() is not None:
+        sns.move_legend(axes[-1], "upper left", bbox_to_anchor=(1.02, 1))
+    fig.suptitle("Where position becomes linearly recoverable (dashed: threshold 0.9)")
+    return fig
+
+
+def sink_figure(sinks: pd.DataFrame) -> plt.Figure:
+    """Sink mass heatmap (layer x head) per model, as each model was read."""
+    sns.set_theme(style="white", context="notebook")
+    models = list(sinks["model"].unique())
+    fig, axes = plt.subplots(1, len(models), figsize=(3.6 * len(models), 3.4), squeeze=False)
+    for ax, model in zip(axes[0], models):
+        rows = sinks[sinks["model"] == model]
+        rows = rows[rows["condition"] == rows["condition"].iloc[0]]
+        grid = rows.pivot_table(index="block", columns="head", values="sink_mass")
+        sns.heatmap(grid, vmin=0, vmax=1, cmap="rocket_r", annot=grid.shape[1] <= 8, fmt=".2f", ax=ax, cbar=ax is axes[0][-1])
+        ax.set(title=f"{model}\n({rows['condition'].iloc[0].replace('_', ' ')})", xlabel="head", ylabel="layer (block)")
+    fig.suptitle("Attention-sink mass: mean attention on the first token")
+    return fig
+
+
+def variance_figure(variance: pd.DataFrame) -> plt.Figure:
+    """Attention-output variance against position on log-log axes, one panel per model."""
+    sns.set_theme(style="whitegrid", context="notebook")
+    data = variance[variance["variance"] > 0]  # a log axis cannot show an output that never varies
+    data = data.assign(position_plus_one=data["position"] + 1, layer=data["block"].astype(int).astype(str))
+    grid = sns.relplot(data=data, x="position_plus_one", y="variance", hue="layer", col="model", kind="line",
+                       col_wrap=min(4, data["model"].nunique()), height=3.2, facet_kws=dict(sharey=False))
+    for ax in grid.axes.flat:
+        ax.set(xscale="log", yscale="log", xlabel="position + 1")
+    grid.figure.suptitle("Variance shrinkage of attention outputs (slope -1 is the 1/(i+1) law)", y=1.03)
+    return grid.figure
+
+
+def summary_table(summary: pd.DataFrame) -> pd.DataFrame:
+    """The summary with readable headers, "none" for targets no layer recovered, rounded numbers."""
+    table = summary.copy()
+    for column in ("absolute_acc", "absolute_r2", "relative_pairs_r2", "relative_qk_r2"):
+        table[column] = table[column].map(lambda layer: "none" if layer < 0 else str(int(layer)))
+    table = table.round(3)
+    slope = table["variance_slope_block0"]
+    table["variance_slope_block0"] = slope.map(lambda v: "n/a (variance 0)" if pd.isna(v) else f"{v:.3f}")
+    return table.rename(columns=SUMMARY_HEADERS)
+
+
+def summary_markdown(result: "SweepResult", settings: "SweepSettings", command: str, versions: dict[str, str]) -> str:
+    """The ``summary.md`` of a sweep."""
+    table = summary_table(result.summary).to_markdown(index=False)
+    settings_text = ", ".join(f"{k}={v}" for k, v in dataclasses.asdict(settings).items())
+    version_text = ", ".join(f"{k} {v}" for k, v in versions.items())
+    return "\n".join([
+        "# nopelens sweep",
+        "",
+        "First layer whose 95 % CI lower bound clears 0.9 (layer 0 = embeddings, layer l + 1 = output of "
+        "block l; a q·k read of block l is reported at layer l + 1). `none`: no layer cleared it.",
+        "",
+        table,
+        "",
+        "Selectivity = probe score minus the Hewitt & Liang control-task score at the same layer. "
+        "Sink rate: fraction of (layer, head) pairs whose mean attention on token 0 exceeds 0.3 "
+        "(Gu et al. 2025); uniform attention gives 0.0741 per head. Variance slope: log-log slope of "
+        "block 0's attention-output variance against position + 1 (-1 is the 1/(i+1) law).",
+        "",
+        "![probes](probes.png)",
+        "",
+        "![sinks](sinks.png)",
+        "",
+        "![variance](variance.png)",
+        "",
+        f"Command: `{command}`",
+        "",
+        f"Settings: {settings_text}",
+        "",
+        f"Versions: {version_text}",
+        "",
+    ])
+
+
+def write_run(result: "SweepResult", settings: "SweepSettings", command: str, versions: dict[str, str]) -> None:
+    """Write the tables, figures and ``summary.md`` of a sweep into ``result.out_dir``."""
+    out = result.out_dir
+    for name in ("probes", "sinks", "variance", "summary"):
+        write_csv_atomic(getattr(result, name), out / f"{name}.csv")
+    save_figure(probe_figure(result.probes), out / "probes")
+    save_figure(sink_figure(result.sinks), out / "sinks")
+    save_figure(variance_figure(result.variance), out / "variance")
+    write_text_atomic(out / "summary.md", summary_markdown(result, settings, command, versions))

@@ -1,0 +1,303 @@
+"""The main job: at which layer does each model's absolute index, then relative distance, become
+linearly recoverable, and where are its attention sinks?
+
+For each subject (see :mod:`nopelens.analyses.subjects`) the sweep collects activations on fresh
+sequences and measures:
+
+- absolute index at every residual layer (0 = embeddings ... n_layers) and at every block's
+  ``hook_attn_out`` and ``hook_mlp_out``: classification and regression probes with the control
+  task, shuffled labels, majority class and token-identity baselines, and selectivity; plus an
+  extrapolation probe (fit on positions < L/2, score on >= L/2) at residual layers;
+- relative distance i - j over distance-balanced pairs: pair features [h_i; h_j] at residual
+  layers, and the per-head bilinear read of (rotated) q_i and k_j at every block's attention;
+- attention-sink mass, Gu et al.'s sink score and rate per layer and head, with and without BOS;
+- variance shrinkage of every block's attention output against position (Chi et al. 2023).
+
+Layer of an attention read: block ``l``'s q.k read is reported at layer ``l + 1``, the residual
+layer its head writes into, so "relative distance first recoverable at layer 2" means block 1's
+attention is the first whose scores can read i - j. Pair features on the residual stream inherit
+any linear absolute index (i - j is linear in [h_i; h_j] whenever i and j are), so that row
+clears wherever absolute regression does; the q.k read asks whether a head's own score can use
+the distance.
+
+Results go to a run folder: ``probes.csv``, ``sinks.csv``, ``variance.csv``, ``summary.csv``,
+figures (PNG and SVG) and ``summary.md``. Each subject's tables are written under ``parts/`` once
+it is done, so an interrupted sweep resumes where it stopped.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import platform
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import torch
+
+import nopelens
+from nopelens.models.io import read_json, write_csv_atomic, write_json_atomic
+from nopelens.probes import collect, probe_absolute_index, probe_relative_distance, resid_sites
+from nopelens.probes.sinks import GU_WINDOW, attention_variance, sink_table, variance_slopes
+
+from . import report
+from .subjects import CONTROL_SPECS, Subject, check_spec, resolve
+
+DEFAULT_MODELS = {"text": ("text-nope-4l", "text-rope-4l"), "copy": ("copy-nope-3l", "copy-rope-3l")}
+MAX_OUTER_FEATURES = 1024
+"""Use the full outer-product bilinear read while n_heads * d_head^2 stays below this; above it,
+the elementwise (diagonal) read keeps the fits inside the sweep's time budget."""
+
+THRESHOLDS = {"accuracy": 0.9, "r2": 0.9}
+"""A layer "recovers" a target when the 95 % CI lower bound of the metric clears this bar."""
+
+TABLES = ("probes", "sinks", "variance")
+
+
+@dataclass(frozen=True)
+class SweepSettings:
+    """What a sweep measures. Two runs with equal settings give equal numbers on CPU.
+
+    Attributes:
+        models: subject specs (zoo names, checkpoint paths, ``hf:DIR``, ``circuit``,
+            ``untrained-nope``), in order.
+        n_sequences: fresh evaluation sequences per subject.
+        seq_len: tokens per evaluation sequence (BOS included).
+        n_boot: bootstrap replicates for the 95 % CIs.
+        n_splits: GroupKFold folds over sequences.
+        seed: seed of the sequences, pairs, controls and bootstrap.
+        quick_steps: train zoo models afresh for only this many steps (smoke tests).
+    """
+
+    models: tuple[str, ...]
+    n_sequences: int = 96
+    seq_len: int = 64
+    n_boot: int = 200
+    n_splits: int = 5
+    seed: int = 0
+    quick_steps: int | None = None
+
+    @classmethod
+    def default(cls, task: str = "text", models: tuple[str, ...] | None = None, controls: bool = True, **kw) -> "SweepSettings":
+        """The default sweep: a NoPE and a RoPE zoo model of ``task`` plus the two controls."""
+        if models is None:
+            if task not in DEFAULT_MODELS:
+                raise ValueError(f"task must be one of {sorted(DEFAULT_MODELS)}, got {task!r}")
+            models = DEFAULT_MODELS[task]
+        models = tuple(models) + (CONTROL_SPECS if controls else ())
+        return cls(models=tuple(dict.fromkeys(models)), **kw)
+
+    @classmethod
+    def quick(cls, task: str = "text", models: tuple[str, ...] | None = None, controls: bool = True) -> "SweepSettings":
+        """A tiny sweep for smoke tests: few sequences, short sequences, briefly trained models."""
+        return cls.default(task, models, controls, n_sequences=24, seq_len=32, n_boot=50, n_splits=4, quick_steps=30)
+
+    def digest(self) -> str:
+        text = json.dumps(dataclasses.asdict(self), sort_keys=True)
+        return hashlib.sha256(text.encode()).hexdigest()[:12]
+
+
+@dataclass
+class SweepResult:
+    """The tidy tables of a sweep."""
+
+    probes: pd.DataFrame
+    sinks: pd.DataFrame
+    variance: pd.DataFrame
+    summary: pd.DataFrame
+    out_dir: Path | None = None
+    subjects: dict[str, dict] = field(default_factory=dict)
+
+
+# ----------------------------------------------------------------------------- one subject
+
+
+def analyse_subject(subject: Subject, settings: SweepSettings) -> dict[str, pd.DataFrame]:
+    """Probe, sink and variance tables of one subject (see the module docstring)."""
+    layers = subject.n_layers
+    residual = resid_sites(layers)
+    blocks = [(f"blocks.{l}.hook_attn_out", f"blocks.{l}.hook_mlp_out") for l in range(layers)]
+    inner = [site for pair in blocks for site in pair if site in subject.model.hook_dict]
+    qk = [_qk_sites(subject.model, l) for l in range(layers)]
+    patterns = [f"blocks.{l}.attn.hook_pattern" for l in range(layers)]
+    sites = residual + inner + [s for pair in qk for s in pair] + patterns
+    acts = collect(subject.model, subject.tokens, sites, attention_mask=subject.attention_mask, batch_size=32)
+
+    common = dict(n_splits=settings.n_splits, n_boot=settings.n_boot, seed=settings.seed)
+    absolute = probe_absolute_index(acts, sites=residual + inner, extrapolate_from=settings.seq_len // 2, **common)
+    mode = _bilinear_mode(acts, qk[0][0])
+    relative = probe_relative_distance(
+        acts, sites=residual, feature_kinds=("concat",), attention=qk, bilinear=mode, tasks=("regression",),
+        pairs_per_distance=min(64, settings.n_sequences), **common,
+    )
+    probes = pd.concat([absolute, relative], ignore_index=True)
+    attention_rows = probes["site"].str.contains(r"\.attn\.hook_")
+    probes.loc[attention_rows, "layer"] = probes.loc[attention_rows, "block"] + 1
+    probes.insert(0, "model", subject.name)
+
+    sinks = _sinks(subject, acts)
+    variance = attention_variance(acts, sites=[f"blocks.{l}.hook_attn_out" for l in range(layers)])
+    if subject.has_bos:  # every sequence has the same token at 0, so its variance is exactly 0
+        variance = variance[variance["position"] > 0]
+    return {"probes": probes, "sinks": sinks, "variance": _with_slopes(variance).assign(model=subject.name)}
+
+
+def _with_slopes(variance: pd.DataFrame) -> pd.DataFrame:
+    """Add each site's log-log slope; a site whose output never varies gets NaN, and says so."""
+    constant = variance.groupby("site")["variance"].transform(lambda v: bool((v <= 0).any()))
+    fitted = variance[~constant]
+    slopes = variance_slopes(fitted).set_index("site")["slope"] if len(fitted) else pd.Series(dtype=float)
+    note = np.where(constant, "output identical across sequences at some position (variance 0): no slope", "")
+    return variance.assign(slope=variance["site"].map(slopes), note=note)
+
+
+
+def _qk_sites(model, layer: int) -> tuple[str, str]:
+    """The rotated q/k hooks where the model rotates them (RoPE), else the plain ones."""
+    rotated = (f"blocks.{layer}.attn.hook_rot_q", f"blocks.{layer}.attn.hook_rot_k")
+    if all(site in model.hook_dict for site in rotated):
+        return rotated
+    return f"blocks.{layer}.attn.hook_q", f"blocks.{layer}.attn.hook_k"
+
+
+def _bilinear_mode(acts, q_site: str) -> str:
+    _, n_heads, d_head = acts.acts[q_site].shape
+    return "outer" if n_heads * d_head * d_head <= MAX_OUTER_FEATURES else "elementwise"
+
+
+def _sinks(subject: Subject, acts) -> pd.DataFrame:
+    """Sink table as read (with or without BOS), plus the other condition when the model has a BOS."""
+    window = min(GU_WINDOW, subject.tokens.shape[1])
+    condition = "with_bos" if subject.has_bos else "without_bos"
+    frames = [sink_table(acts, n_tokens=window).assign(condition=condition)]
+    if subject.has_bos:
+        stripped = collect(subject.model, subject.tokens[:, 1:], list(acts.patterns),
+                           attention_mask=subject.attention_mask[:, 1:], batch_size=32)
+        frames.append(sink_table(stripped, n_tokens=min(window, subject.tokens.shape[1] - 1)).assign(condition="without_bos"))
+    return pd.concat(frames, ignore_index=True).assign(model=subject.name, gu_window=window)
+
+
+# ----------------------------------------------------------------------------- summary
+
+
+def summarize(probes: pd.DataFrame, sinks: pd.DataFrame, variance: pd.DataFrame) -> pd.DataFrame:
+    """One row per model: the first layer at which each target is recovered, and key numbers.
+
+    Columns: ``model``, ``absolute_acc`` (first layer with classification accuracy CI >= 0.9),
+    ``absolute_r2`` (regression R^2 CI >= 0.9), ``relative_pairs_r2`` (pair features, residual),
+    ``relative_qk_r2`` (q.k read; layer = block + 1), ``best_absolute_r2`` and its ``selectivity``,
+    ``sink_rate`` (Gu et al., as read), ``variance_slope_block0``. A first layer of -1 means no
+    layer cleared the bar.
+    """
+    rows = []
+    for model, table in probes.groupby("model", sort=False):
+        linear = table[(table["probe"] == "linear") & (table["split"] == "grouped") & table["layer"].notna()]
+        residual = linear[linear["site"].str.contains("hook_resid_")]
+        absolute = residual[residual["target"] == "absolute_index"]
+        relative = linear[linear["target"] == "relative_distance"]
+        best = absolute[(absolute["metric"] == "r2")].sort_values("value").iloc[-1]
+        model_sinks = sinks[sinks["model"] == model]
+        as_read = model_sinks[model_sinks["condition"] == model_sinks["condition"].iloc[0]]
+        rows.append(dict(
+            model=model,
+            absolute_acc=_first_layer(absolute, "accuracy"),
+            absolute_r2=_first_layer(absolute, "r2"),
+            relative_pairs_r2=_first_layer(relative[relative["features"] == "concat"], "r2"),
+            relative_qk_r2=_first_layer(relative[relative["features"].str.startswith("bilinear")], "r2"),
+            best_absolute_r2=float(best["value"]),
+            best_absolute_layer=int(best["layer"]),
+            selectivity_at_best=float(best["selectivity"]),
+            sink_rate=float(as_read["is_sink"].mean()),
+            variance_slope_block0=float(variance[(variance["model"] == model) & (variance["block"] == 0)]["slope"].iloc[0]),
+        ))
+    return pd.DataFrame(rows)
+
+
+def _first_layer(rows: pd.DataFrame, metric: str) -> int:
+    rows = rows[rows["metric"] == metric]
+    cleared = rows[rows["ci_low"] >= THRESHOLDS[metric]]
+    return int(cleared["layer"].min()) if len(cleared) else -1
+
+
+# ----------------------------------------------------------------------------- the run folder
+
+
+def sweep(settings: SweepSettings, out_dir: str | Path | None = None, progress: bool = True) -> SweepResult:
+    """Run the sweep; with ``out_dir``, write (and resume) a run folder.
+
+    Raises:
+        ValueError: if ``out_dir`` holds a sweep made with other settings, or as
+            :func:`~nopelens.analyses.subjects.resolve`.
+        KeyError, FileNotFoundError: on an unknown model spec (the message lists what exists).
+    """
+    for spec in settings.models:
+        check_spec(spec)
+    out = Path(out_dir) if out_dir is not None else None
+    if out is not None:
+        _claim_run_folder(out, settings)
+    parts: dict[str, list[pd.DataFrame]] = {name: [] for name in TABLES}
+    subjects: dict[str, dict] = {}
+    for spec in settings.models:
+        tables, meta = _subject_tables(spec, settings, out, progress)
+        subjects[spec] = meta
+        for name in TABLES:
+            parts[name].append(tables[name])
+    probes, sinks, variance = (pd.concat(parts[name], ignore_index=True) for name in TABLES)
+    result = SweepResult(probes, sinks, variance, summarize(probes, sinks, variance), out, subjects)
+    if out is not None:
+        report.write_run(result, settings, command=" ".join(["nopelens", *sys.argv[1:]]), versions=versions())
+    return result
+
+
+def _subject_tables(spec: str, settings: SweepSettings, out: Path | None, progress: bool):
+    part = out / "parts" / _slug(spec) if out is not None else None
+    if part is not None and (part / "done.json").is_file():
+        print(f"nopelens sweep: {spec}: already measured in {part}, reusing", file=sys.stderr)
+        tables = {name: pd.read_csv(part / f"{name}.csv") for name in TABLES}
+        return tables, read_json(part / "done.json")
+    print(f"nopelens sweep: {spec}: loading", file=sys.stderr)
+    subject = resolve(spec, settings.n_sequences, settings.seq_len, settings.seed, progress, settings.quick_steps)
+    print(f"nopelens sweep: {subject.name}: probing {subject.n_layers + 1} layers", file=sys.stderr)
+    with torch.no_grad():
+        tables = analyse_subject(subject, settings)
+    meta = dict(name=subject.name, kind=subject.kind, position=subject.position, n_layers=subject.n_layers,
+                has_bos=subject.has_bos, train_lengths=subject.train_lengths, **subject.info)
+    if part is not None:
+        for name, table in tables.items():
+            write_csv_atomic(table, part / f"{name}.csv")
+        write_json_atomic(meta, part / "done.json")  # last: marks the subject complete
+    return tables, meta
+
+
+def _claim_run_folder(out: Path, settings: SweepSettings) -> None:
+    stamp = out / "sweep.json"
+    record = dict(settings=dataclasses.asdict(settings), digest=settings.digest())
+    if stamp.is_file():
+        previous = read_json(stamp)
+        if previous.get("digest") != settings.digest():
+            raise ValueError(
+                f"{out} holds a sweep made with other settings ({previous.get('settings')}); "
+                "use another --out folder, or delete it to start over"
+            )
+        return
+    write_json_atomic(record, stamp)
+
+
+def _slug(spec: str) -> str:
+    return "".join(c if c.isalnum() or c in "-_." else "_" for c in spec)
+
+
+def versions() -> dict[str, str]:
+    """Versions of what produced the numbers."""
+    import sklearn
+    import transformer_lens
+
+    return {
+        "nopelens": nopelens.__version__, "python": platform.python_version(), "torch": torch.__version__,
+        "transformer_lens": getattr(transformer_lens, "__version__", "unknown"), "scikit-learn": sklearn.__version__,
+        "numpy": np.__version__, "pandas": pd.__version__,
+    }

@@ -1,0 +1,127 @@
+"""``nopelens sweep``, ``nopelens probe`` and ``nopelens sinks`` on the command line."""
+
+from __future__ import annotations
+
+import argparse
+
+import torch
+
+from . import report
+from .subjects import resolve
+from .sweep import SweepSettings, sweep
+
+MODEL_HELP = ("zoo name (see `nopelens train --list`), checkpoint directory, hf:DIR (local HF model), "
+              "circuit or untrained-nope")
+
+
+def _models(text: str | None) -> tuple[str, ...] | None:
+    if text is None:
+        return None
+    models = tuple(m.strip() for m in text.split(",") if m.strip())
+    if not models:
+        raise ValueError("--models lists no model")
+    return models
+
+
+def _settings(args: argparse.Namespace, models, controls: bool) -> SweepSettings:
+    if args.quick:
+        settings = SweepSettings.quick(args.task, models, controls)
+    else:
+        settings = SweepSettings.default(args.task, models, controls)
+    overrides = {k: getattr(args, k) for k in ("n_sequences", "seq_len", "seed") if getattr(args, k) is not None}
+    return settings.__class__(**{**settings.__dict__, **overrides})
+
+
+def _print_summary(result) -> None:
+    print(report.summary_table(result.summary).to_string(index=False))
+    if result.out_dir is not None:
+        print(f"\nwrote {result.out_dir}/summary.md, probes.csv, sinks.csv, variance.csv and figures")
+
+
+def run_sweep(args: argparse.Namespace) -> int:
+    settings = _settings(args, _models(args.models), controls=not args.no_controls)
+    _print_summary(sweep(settings, args.out, progress=not args.quiet))
+    return 0
+
+
+def run_probe(args: argparse.Namespace) -> int:
+    settings = _settings(args, (args.model,), controls=False)
+    out = args.out or f"runs/probe-{''.join(c if c.isalnum() or c in '-_' else '_' for c in args.model)}"
+    _print_summary(sweep(settings, out, progress=not args.quiet))
+    return 0
+
+
+def run_sinks(args: argparse.Namespace) -> int:
+    settings = _settings(args, (args.model,), controls=False)
+    subject = resolve(args.model, settings.n_sequences, settings.seq_len, settings.seed, not args.quiet, settings.quick_steps)
+    from nopelens.probes import collect
+
+    from .sweep import _sinks
+
+    sites = [f"blocks.{l}.attn.hook_pattern" for l in range(subject.n_layers)]
+    with torch.no_grad():
+        acts = collect(subject.model, subject.tokens, sites, attention_mask=subject.attention_mask, batch_size=32)
+        table = _sinks(subject, acts)
+    for condition, rows in table.groupby("condition", sort=False):
+        grid = rows.pivot_table(index="block", columns="head", values="sink_mass")
+        print(f"{subject.name}, {condition.replace('_', ' ')}: sink mass (rows: layer, columns: head); "
+              f"sink rate {rows['is_sink'].mean():.3f} (Gu et al., eps 0.3, T = {int(rows['gu_window'].iloc[0])})")
+        print(grid.round(3).to_string())
+    if args.out:
+        from nopelens.models.io import write_csv_atomic
+
+        write_csv_atomic(table, f"{args.out}/sinks.csv")
+        report.save_figure(report.sink_figure(table), f"{args.out}/sinks")
+        print(f"wrote {args.out}/sinks.csv and sinks.png/svg")
+    return 0
+
+
+def _common(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--task", default="text", choices=("text", "copy"), help="task of the default zoo models")
+    parser.add_argument("--quick", action="store_true", help="tiny run for smoke tests (models trained for 30 steps)")
+    parser.add_argument("--n-sequences", type=int, help="evaluation sequences per model (default 96)")
+    parser.add_argument("--seq-len", type=int, help="tokens per evaluation sequence (default 64)")
+    parser.add_argument("--seed", type=int, help="seed of sequences, pairs, controls and bootstrap (default 0)")
+    parser.add_argument("--quiet", action="store_true", help="no training progress bars")
+
+
+def register(subparsers) -> None:
+    sweep_parser = subparsers.add_parser(
+        "sweep", help="where absolute index and relative distance first become recoverable (the main job)",
+        description="Probe every layer of a NoPE and a RoPE zoo model (trained on first use), the hand-built "
+        "Theorem 1/2 circuit and an untrained NoPE model, for absolute index and relative distance, with "
+        "controls, attention sinks and variance shrinkage; write a run folder and print the summary.",
+        epilog="examples:\n  nopelens sweep\n  nopelens sweep --quick --out runs/smoke\n"
+        "  nopelens sweep --models text-nope-4l,text-rope-4l,text-learned-4l\n  nopelens sweep --task copy",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    sweep_parser.add_argument("--models", help=f"comma list of models; each a {MODEL_HELP}")
+    sweep_parser.add_argument("--no-controls", action="store_true", help="leave out the circuit and untrained controls")
+    sweep_parser.add_argument("--out", default="runs/sweep", help="run folder (default runs/sweep); reruns resume")
+    _common(sweep_parser)
+    sweep_parser.set_defaults(func=run_sweep)
+
+    probe_parser = subparsers.add_parser(
+        "probe", help="probe one model (checkpoint, zoo name or HF directory) layer by layer",
+        description="Run the sweep's probes, sinks and variance measurements on one model.",
+        epilog="examples:\n  nopelens probe copy-nope-3l\n  nopelens probe runs/train/my-model\n"
+        "  nopelens probe hf:/path/to/gpt2-dir --seq-len 32",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    probe_parser.add_argument("model", help=MODEL_HELP)
+    probe_parser.add_argument("--out", help="run folder (default runs/probe-<model>)")
+    _common(probe_parser)
+    probe_parser.set_defaults(func=run_probe)
+
+    sinks_parser = subparsers.add_parser(
+        "sinks", help="attention-sink mass and rate per layer and head, with and without BOS",
+        description="Measure attention sinks of one model: mean attention on the first token per layer and head, "
+        "and Gu et al.'s sink rate, with and without a BOS token.",
+        epilog="examples:\n  nopelens sinks text-nope-4l\n  nopelens sinks circuit --out runs/sinks",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    sinks_parser.add_argument("model", help=MODEL_HELP)
+    sinks_parser.add_argument("--out", help="also write sinks.csv and a heatmap here")
+    _common(sinks_parser)
+    sinks_parser.set_defaults(func=run_sinks)
+

@@ -1,0 +1,89 @@
+"""The main job on its --quick setting: known answers of the controls, the run folder, resuming."""
+
+import pandas as pd
+import pytest
+
+from nopelens.analyses.cli import main
+from nopelens.analyses.sweep import SweepSettings, sweep
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def quick_run(tmp_path_factory):
+    cache = tmp_path_factory.mktemp("cache")
+    out = tmp_path_factory.mktemp("run") / "sweep"
+    mp = pytest.MonkeyPatch()
+    mp.setenv("NOPELENS_CACHE", str(cache))
+    result = sweep(SweepSettings.quick(), out, progress=False)
+    yield result, out
+    mp.undo()
+
+
+def linear(result, model, target, metric, features=None):
+    rows = result.probes
+    rows = rows[(rows["model"] == model) & (rows["probe"] == "linear") & (rows["split"] == "grouped")
+                & (rows["target"] == target) & (rows["metric"] == metric) & rows["layer"].notna()]
+    if features == "resid":
+        rows = rows[rows["site"].str.contains("hook_resid_")]
+    elif features is not None:
+        rows = rows[rows["features"].str.startswith(features)]
+    return rows.set_index("layer")
+
+
+def test_circuit_absolute_index_at_chance_at_layer_0_and_exact_at_layer_1(quick_run):
+    result, _ = quick_run
+    r2 = linear(result, "circuit", "absolute_index", "r2", "resid")["value"]
+    accuracy = linear(result, "circuit", "absolute_index", "accuracy", "resid")["value"]
+    assert r2.loc[0] < 0.2, "only the BOS flag distinguishes position 0 at the embeddings"
+    assert r2.loc[1] >= 0.9995 and accuracy.loc[1] == 1.0
+    summary = result.summary.set_index("model")
+    assert summary.loc["circuit", "absolute_r2"] == 1
+    assert summary.loc["circuit", "relative_qk_r2"] == 2, "the Theorem 2 head is block 1's attention"
+
+
+def test_untrained_nope_without_bos_recovers_nothing_and_shrinks_variance(quick_run):
+    result, _ = quick_run
+    summary = result.summary.set_index("model")
+    for column in ("absolute_acc", "absolute_r2", "relative_pairs_r2", "relative_qk_r2"):
+        assert summary.loc["untrained-nope", column] == -1, column
+    assert -1.3 < summary.loc["untrained-nope", "variance_slope_block0"] < -0.7
+
+
+def test_selectivity_next_to_every_linear_score(quick_run):
+    result, _ = quick_run
+    rows = result.probes[(result.probes["probe"] == "linear") & result.probes["metric"].isin(["accuracy", "r2"])
+                         & (result.probes["split"] == "grouped")]
+    assert rows["selectivity"].notna().all()
+    control = result.probes[result.probes["probe"] == "control"]
+    assert len(control) > 0
+
+
+def test_run_folder_holds_tables_figures_and_summary(quick_run):
+    result, out = quick_run
+    for name in ("probes.csv", "sinks.csv", "variance.csv", "summary.csv", "summary.md",
+                 "probes.png", "probes.svg", "sinks.png", "sinks.svg", "variance.png", "variance.svg"):
+        assert (out / name).is_file(), name
+    summary = (out / "summary.md").read_text()
+    assert "circuit" in summary and "Command:" in summary and "Versions:" in summary
+    assert set(pd.read_csv(out / "probes.csv")["model"]) == set(result.summary["model"])
+    assert not list(out.rglob(".*.csv")), "no temporary files left behind"
+
+
+def test_rerun_resumes_and_other_settings_are_refused(quick_run, capsys):
+    result, out = quick_run
+    for part in (out / "parts").iterdir():
+        (part / "probes.csv").write_text((part / "probes.csv").read_text())  # touch: contents unchanged
+    code = main(["sweep", "--quick", "--out", str(out), "--quiet"])
+    captured = capsys.readouterr()
+    assert code == 0
+    assert captured.err.count("already measured") == len(result.summary)
+    code = main(["sweep", "--quick", "--seed", "3", "--out", str(out)])
+    assert code == 2
+    assert "other settings" in capsys.readouterr().err
+
+
+def test_unknown_model_is_one_line_listing_the_zoo(capsys, tmp_path):
+    assert main(["sweep", "--models", "gpt-17", "--out", str(tmp_path / "x")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "text-nope-4l" in err[0]
