@@ -77,7 +77,7 @@ def probe_figure(probes: pd.DataFrame) -> plt.Figure:
         ax.set(title=title, xlabel="layer (0 = embeddings)", ylabel=metric, ylim=(-0.1 if metric == "r2" else 0, 1.05))
     if axes[-1].get_legend() is not None:
         sns.move_legend(axes[-1], "upper left", bbox_to_anchor=(1.02, 1))
-    fig.suptitle("Where position becomes linearly recoverable (dashed: threshold 0.9)")
+    fig.suptitle("Where position becomes linearly recoverable (dashed: threshold 0.9)", y=1.04)
     return fig
 
 
@@ -92,7 +92,7 @@ def sink_figure(sinks: pd.DataFrame) -> plt.Figure:
         grid = rows.pivot_table(index="block", columns="head", values="sink_mass")
         sns.heatmap(grid, vmin=0, vmax=1, cmap="rocket_r", annot=grid.shape[1] <= 8, fmt=".2f", ax=ax, cbar=ax is axes[0][-1])
         ax.set(title=f"{model}\n({rows['condition'].iloc[0].replace('_', ' ')})", xlabel="head", ylabel="layer (block)")
-    fig.suptitle("Attention-sink mass: mean attention on the first token")
+    fig.suptitle("Attention-sink mass: mean attention on the first token", y=1.08)
     return fig
 
 
@@ -100,8 +100,8 @@ def variance_figure(variance: pd.DataFrame) -> plt.Figure:
     """Attention-output variance against position on log-log axes, one panel per model."""
     sns.set_theme(style="whitegrid", context="notebook")
     data = variance[variance["variance"] > 0]  # a log axis cannot show an output that never varies
-    data = data.assign(position_plus_one=data["position"] + 1, layer=data["block"].astype(int).astype(str))
-    grid = sns.relplot(data=data, x="position_plus_one", y="variance", hue="layer", col="model", kind="line",
+    data = data.assign(position_plus_one=data["position"] + 1, block=data["block"].astype(int).astype(str))
+    grid = sns.relplot(data=data, x="position_plus_one", y="variance", hue="block", col="model", kind="line",
                        col_wrap=min(4, data["model"].nunique()), height=3.2, facet_kws=dict(sharey=False))
     for ax in grid.axes.flat:
         ax.set(xscale="log", yscale="log", xlabel="position + 1")

@@ -74,7 +74,7 @@ class SweepSettings:
     """
 
     models: tuple[str, ...]
-    n_sequences: int = 96
+    n_sequences: int = 80
     seq_len: int = 64
     n_boot: int = 200
     n_splits: int = 5
