@@ -30,8 +30,6 @@ import abc
 import contextlib
 import json
 import math
-import os
-import tempfile
 import textwrap
 import warnings
 from dataclasses import asdict, dataclass, field
@@ -43,6 +41,7 @@ from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
 from nopelens.models import Decoder, KVCache
+from nopelens.models.io import write_text_atomic
 from nopelens.models.masks import visibility
 from nopelens.models.positions import (
     alibi_bias,
@@ -208,21 +207,9 @@ class AuditReport:
         out_dir = Path(out_dir)
         out_dir.mkdir(parents=True, exist_ok=True)
         md, js = out_dir / "report.md", out_dir / "audit.json"
-        _write_atomic(md, self.to_markdown() + "\n")
-        _write_atomic(js, self.to_json() + "\n")
+        write_text_atomic(md, self.to_markdown() + "\n")
+        write_text_atomic(js, self.to_json() + "\n")
         return md, js
-
-
-def _write_atomic(path: Path, text: str) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
 
 
 def _finite(value: Any) -> Any:
@@ -312,16 +299,11 @@ def _rotate(x: Tensor, ids: Tensor, rotary_dim: int, base: float, pairing: str, 
     """
     if direction == 1:
         return apply_rope(x, ids, rotary_dim, base, pairing)
-    angles = -rope_angles(ids, rotary_dim, base, dtype=x.dtype)[:, :, None, :]
-    cos, sin = angles.cos(), angles.sin()
-    rot, rest = x[..., :rotary_dim].to(cos.dtype), x[..., rotary_dim:]
-    if pairing == "half":
-        a, b = rot[..., : rotary_dim // 2], rot[..., rotary_dim // 2:]
-        rotated = torch.cat([a * cos - b * sin, a * sin + b * cos], dim=-1)
-    else:
-        a, b = rot[..., 0::2], rot[..., 1::2]
-        rotated = torch.stack([a * cos - b * sin, a * sin + b * cos], dim=-1).flatten(-2)
-    return torch.cat([rotated.to(x.dtype), rest], dim=-1)
+    # R(-t)(a, b) = C R(t) C (a, b) with C (a, b) = (a, -b): negate each pair's second element
+    second = slice(rotary_dim // 2, rotary_dim) if pairing == "half" else slice(1, rotary_dim, 2)
+    sign = torch.ones(x.shape[-1], dtype=x.dtype, device=x.device)
+    sign[second] = -1
+    return apply_rope(x * sign, ids, rotary_dim, base, pairing) * sign
 
 
 def _dot_scores(q: Tensor, k: Tensor, scale: float) -> Float[Tensor, "batch head_index query_pos key_pos"]:

@@ -15,8 +15,6 @@ Each writes ``<subject>.png``, ``<subject>.svg`` and ``<subject>_checks.csv`` in
 from __future__ import annotations
 
 import argparse
-import os
-import tempfile
 from pathlib import Path
 
 import matplotlib
@@ -31,6 +29,9 @@ import torch  # noqa: E402
 from nopelens import circuits  # noqa: E402
 from nopelens.circuits import demos  # noqa: E402
 from nopelens.circuits.counter import CONSTRUCTIONS  # noqa: E402
+from nopelens.models.io import write_csv_atomic  # noqa: E402
+
+from .report import save_figure  # noqa: E402
 
 SUBJECTS = ("counter", "distance", "previous-token", "equivariance", "mask-table")
 
@@ -68,35 +69,8 @@ def _print_checks(table: pd.DataFrame) -> None:
         print(f"  {row.check:<40} {float(row.value):.6g}  ({sign} {row.bound:g}: {verdict})")
 
 
-def _atomic_write(path: Path, write) -> None:
-    """Call ``write(temp_path)`` on a temp file next to ``path``, then rename it onto ``path``."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    handle, temp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.close(handle)
-    try:
-        write(temp)
-        os.replace(temp, path)
-    except BaseException:
-        if os.path.exists(temp):
-            os.remove(temp)
-        raise
-
-
-def save_figure(fig: plt.Figure, out: Path, stem: str) -> list[Path]:
-    """Write ``fig`` as PNG and SVG into ``out`` atomically and close it; returns the paths."""
-    paths = []
-    for ext in ("png", "svg"):
-        path = out / f"{stem}.{ext}"
-        _atomic_write(path, lambda temp, ext=ext: fig.savefig(temp, format=ext, dpi=150, bbox_inches="tight"))
-        paths.append(path)
-    plt.close(fig)
-    return paths
-
-
 def save_table(table: pd.DataFrame, out: Path, stem: str) -> Path:
-    path = out / f"{stem}.csv"
-    _atomic_write(path, lambda temp: table.to_csv(temp, index=False))
-    return path
+    return write_csv_atomic(table, out / f"{stem}.csv")
 
 
 # ----------------------------------------------------------------------------- subjects
@@ -225,7 +199,7 @@ def run(args: argparse.Namespace) -> int:
     stem = args.subject.replace("-", "_")
     if args.subject in ("counter", "distance", "previous-token"):
         _print_checks(table)
-    paths = save_figure(fig, out, stem) + [save_table(table, out, f"{stem}_checks")]
+    paths = save_figure(fig, out / stem) + [save_table(table, out, f"{stem}_checks")]
     print("wrote " + ", ".join(str(p) for p in paths))
     failed = table[table.passed == False]  # noqa: E712 (None means: no bound, informational)
     if len(failed):

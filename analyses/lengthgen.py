@@ -28,7 +28,10 @@ import pandas as pd
 
 from nopelens.models import DecoderConfig
 from nopelens.models.tasks import make_task
-from nopelens.models.training import atomic_path, evaluate_exact_match, train, write_csv_atomic
+from nopelens.models.io import write_csv_atomic, write_json_atomic
+from nopelens.models.training import evaluate_exact_match, train
+
+from .report import save_figure
 
 METHODS = ("nope", "learned", "sinusoidal", "rope", "alibi")
 TASK_NAMES = ("repeat", "copy")
@@ -130,10 +133,6 @@ def plot(results: pd.DataFrame, out_stem: Path) -> list[Path]:
 
     Writes ``<out_stem>.png`` and ``<out_stem>.svg`` atomically; returns their paths.
     """
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
     import seaborn as sns
 
     L = int(results["train_max_len"].iloc[0])
@@ -146,19 +145,7 @@ def plot(results: pd.DataFrame, out_stem: Path) -> list[Path]:
         ax.set_ylim(-0.03, 1.03)
     grid.set_axis_labels("length (problem size)", "exact match")
     grid.figure.suptitle(f"train lengths 1-{L} (dashed line), test up to {2 * L}; band = range over seeds", y=1.03)
-    paths = []
-    for suffix in ("png", "svg"):
-        target = out_stem.with_suffix(f".{suffix}")
-        with atomic_path(target) as tmp:
-            grid.figure.savefig(tmp, format=suffix, dpi=130, bbox_inches="tight")
-        paths.append(target)
-    plt.close(grid.figure)
-    return paths
-
-
-def _write_text_atomic(path: Path, text: str) -> None:
-    with atomic_path(path) as tmp:
-        tmp.write_text(text, encoding="utf-8")
+    return save_figure(grid.figure, out_stem)
 
 
 def _check_settings(out_dir: Path, settings: LengthGenSettings) -> None:
@@ -173,7 +160,7 @@ def _check_settings(out_dir: Path, settings: LengthGenSettings) -> None:
                 f"{', '.join(differing)}); use another --out folder"
             )
     else:
-        _write_text_atomic(path, json.dumps(wanted, indent=2, sort_keys=True) + "\n")
+        write_json_atomic(wanted, path)
 
 
 def run_lengthgen(

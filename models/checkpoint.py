@@ -33,6 +33,7 @@ from torch import Tensor
 
 from .config import DecoderConfig
 from .decoder import Decoder
+from .io import umask
 
 FORMAT = "nopelens-checkpoint"
 FORMAT_VERSION = 1
@@ -80,12 +81,6 @@ def _version() -> str:
     from nopelens import __version__
 
     return __version__
-
-
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
 
 
 def _sha256(path: Path) -> str:
@@ -139,7 +134,7 @@ def save_checkpoint(
     target.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
     try:
-        os.chmod(staging, 0o777 & ~_umask())  # mkdtemp makes it 0o700; give what mkdir would
+        os.chmod(staging, 0o777 & ~umask())  # mkdtemp makes it 0o700; give what mkdir would
         state = {name: t.detach().cpu().contiguous() for name, t in model.state_dict().items()}
         save_file(state, staging / WEIGHTS_FILE)
         files = [WEIGHTS_FILE]
@@ -156,7 +151,7 @@ def save_checkpoint(
             raise ValueError(f"checkpoint metadata is not JSON-serializable: {error}") from None
         (staging / METADATA_FILE).write_text(text + "\n", encoding="utf-8")
         for name in files:  # safetensors writes owner-only files; give what open() would
-            os.chmod(staging / name, 0o666 & ~_umask())
+            os.chmod(staging / name, 0o666 & ~umask())
         _swap_into_place(staging, target)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)

@@ -36,11 +36,19 @@ def write_atomic(path: str | Path, write: Callable[[Path], None]) -> Path:
         write(Path(temp))
         with open(temp, "rb+") as stream:
             os.fsync(stream.fileno())
+        os.chmod(temp, 0o666 & ~umask())  # mkstemp makes 0o600; give what a plain open would
         os.replace(temp, path)
     except BaseException:
         Path(temp).unlink(missing_ok=True)
         raise
     return path
+
+
+def umask() -> int:
+    """The process umask (read without changing it for more than an instant)."""
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
 
 
 def write_text_atomic(path: str | Path, text: str) -> Path:

@@ -13,12 +13,9 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import tempfile
 import time
-from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
 
 import numpy as np
 import pandas as pd
@@ -30,7 +27,6 @@ from tqdm.auto import tqdm
 from .checkpoint import (
     METADATA_FILE,
     TrainedModel,
-    _umask,
     load_checkpoint,
     load_training_state,
     read_metadata,
@@ -38,6 +34,7 @@ from .checkpoint import (
 )
 from .config import DecoderConfig
 from .decoder import Decoder
+from .io import write_csv_atomic
 from .tasks import Batch, Task, TextTask
 
 TRAIN_STREAM, EVAL_STREAM, VALIDATION_STREAM = 0, 1, 2
@@ -49,8 +46,6 @@ __all__ = [
     "validation_loss",
     "lr_at",
     "stream_seed",
-    "atomic_path",
-    "write_csv_atomic",
 ]
 
 
@@ -135,33 +130,6 @@ def _check_lengths(task: Task, config: DecoderConfig, min_len: int, max_len: int
             f"a {task.name} sequence of length {max_len} has {task.seq_len(max_len)} tokens, more than "
             f"the learned position table's n_ctx={config.n_ctx}"
         )
-
-
-@contextmanager
-def atomic_path(path: str | Path) -> Iterator[Path]:
-    """Yield a temporary path next to ``path``; on success it replaces ``path`` (``os.replace``).
-
-    The file gets the permissions a plain ``open`` would give (``0o666`` minus the umask), and
-    on any error the temporary file is removed and ``path`` is left as it was.
-    """
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    handle, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    os.close(handle)
-    try:
-        yield Path(tmp)
-        os.chmod(tmp, 0o666 & ~_umask())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
-def write_csv_atomic(frame: pd.DataFrame, path: str | Path) -> Path:
-    """Write ``frame`` to ``path`` atomically (see :func:`atomic_path`)."""
-    with atomic_path(path) as tmp:
-        frame.to_csv(tmp, index=False)
-    return Path(path)
 
 
 def train(
