@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from .audit import AuditReport, audit
-from .subjects import load_hf_dir
+from .subjects import load_checkpoint_dir, load_hf_dir
 
 
 def load_subject(args: argparse.Namespace) -> tuple[Any, str]:
@@ -26,23 +26,14 @@ def load_subject(args: argparse.Namespace) -> tuple[Any, str]:
         ValueError: on an invalid checkpoint, an unknown zoo name or position method.
     """
     if args.checkpoint:
-        from nopelens.models.checkpoint import load_checkpoint
-
-        return load_checkpoint(_existing_dir(args.checkpoint)), f"checkpoint {args.checkpoint}"
+        return load_checkpoint_dir(Path(args.checkpoint)), f"checkpoint {args.checkpoint}"
     if args.model:
         from nopelens.models import zoo
 
         return zoo.load(args.model), f"zoo model {args.model}"
     if args.hf_dir:
-        return load_hf_dir(_existing_dir(args.hf_dir)), f"HF model {args.hf_dir}"
+        return load_hf_dir(Path(args.hf_dir)), f"HF model {args.hf_dir}"
     return _fresh_decoder(args.position, args.eval_length, args.seed), f"random Decoder({args.position})"
-
-
-def _existing_dir(path: str) -> Path:
-    directory = Path(path)
-    if not directory.is_dir():
-        raise FileNotFoundError(f"no such directory: {path}")
-    return directory
 
 
 def _fresh_decoder(position: str, eval_length: int, seed: int) -> Any:

@@ -88,7 +88,7 @@ def resolve(
     if spec.startswith(HF_PREFIX):
         return _hf(Path(spec[len(HF_PREFIX):]), n_sequences, seq_len, seed)
     if "/" in spec or Path(spec).exists():
-        return _trained(_load_checkpoint(Path(spec)), str(spec), n_sequences, seq_len, seed)
+        return _trained(load_checkpoint_dir(Path(spec)), str(spec), n_sequences, seq_len, seed)
     from nopelens.models import zoo
 
     recipe = zoo.recipe(spec)
@@ -113,7 +113,7 @@ def check_spec(spec: str) -> None:
         return
     if "/" in spec or Path(spec).exists():
         if not Path(spec).is_dir():
-            _load_checkpoint(Path(spec))  # raises, listing what exists
+            load_checkpoint_dir(Path(spec))  # raises, listing what exists
         return
     from nopelens.models import zoo
 
@@ -204,7 +204,13 @@ def _hf_bos_id(directory: Path) -> int | None:
     return bos if isinstance(bos, int) else None
 
 
-def _load_checkpoint(path: Path):
+def load_checkpoint_dir(path: Path):
+    """Load a nopelens checkpoint directory; a missing one names the zoo and the cached checkpoints.
+
+    Raises:
+        FileNotFoundError: if ``path`` is not a directory (the message lists what is available).
+        ValueError: if it is not a valid nopelens checkpoint.
+    """
     from nopelens.models import zoo
     from nopelens.models.checkpoint import load_checkpoint
 
