@@ -328,7 +328,7 @@ def test_cli_zoo_model_uses_its_metadata(capsys, monkeypatch):
 def test_cli_exit_codes(tmp_path, capsys, monkeypatch):
     assert main(["audit", "--checkpoint", str(tmp_path / "missing")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "no such directory" in err[0]
+    assert len(err) == 1 and "no checkpoint directory" in err[0] and "copy-nope-3l" in err[0]
     broken = CacheOffsetLostDecoder(DecoderConfig(d_vocab=64, n_ctx=32, d_model=32, n_heads=4, position="rope"), seed=0)
     monkeypatch.setattr(audit_cmd, "_fresh_decoder", lambda *args: broken)
     assert main(["audit", "--position", "rope", "--eval-length", "6"]) == 1
