@@ -776,11 +776,14 @@ def audit(
     Raises:
         TypeError: if ``model`` is of an unsupported type.
         ValueError: on a probe shorter than 4 tokens, longer than a learned table, a non-positive
-            shift, or an HF config whose position method cannot be read.
+            shift, train_lengths that are not [min, max] with 1 <= min <= max, or an HF config
+            whose position method cannot be read.
     """
     subject, meta = _subject(model, name)
     meta.update(metadata or {})
     if train_lengths is not None:
+        if len(train_lengths) != 2 or not 1 <= train_lengths[0] <= train_lengths[1]:
+            raise ValueError(f"train_lengths must be [min, max] with 1 <= min <= max, got {list(train_lengths)}")
         meta["train_lengths"] = list(train_lengths)
     if tokens is not None:
         eval_length = tokens.shape[-1]

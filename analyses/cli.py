@@ -55,3 +55,15 @@ def main(argv: list[str] | None = None) -> int:
         message = error.args[0] if isinstance(error, KeyError) and error.args else error
         print(f"nopelens {args.command}: error: {message}", file=sys.stderr)
         return 2
+    except (MemoryError, RuntimeError) as error:
+        if not _is_out_of_memory(error):
+            raise
+        print(f"nopelens {args.command}: error: out of memory ({str(error).strip().splitlines()[-1][:200]}); "
+              "use smaller lengths, sizes or counts", file=sys.stderr)
+        return 2
+
+
+def _is_out_of_memory(error: BaseException) -> bool:
+    """True for a failed allocation (torch raises RuntimeError for CPU, OutOfMemoryError for GPU)."""
+    text = str(error)
+    return isinstance(error, MemoryError) or "out of memory" in text.lower() or "can't allocate memory" in text

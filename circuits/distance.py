@@ -251,11 +251,11 @@ def previous_token(
         A :class:`~nopelens.models.Decoder` with ``model.circuit``.
 
     Raises:
-        ValueError: if ``sharpness <= 0`` or on the errors of
+        ValueError: if ``sharpness`` is not finite and > 0, or on the errors of
             :func:`~nopelens.circuits.counter.counter`.
     """
-    if not sharpness > 0:
-        raise ValueError(f"sharpness must be > 0, got {sharpness!r}")
+    if not 0 < sharpness < math.inf:
+        raise ValueError(f"sharpness must be finite and > 0, got {sharpness!r}")
     model = _two_layer_circuit(n_ctx, d_vocab, construction, dtype)
     set_previous_token_head(model, sharpness, layer=1)
     model.circuit = CircuitInfo(

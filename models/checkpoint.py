@@ -201,6 +201,11 @@ def read_metadata(path: str | Path) -> dict[str, Any]:
         raise ValueError(
             f"{path} has checkpoint format version {version!r}; this nopelens reads up to {FORMAT_VERSION}"
         )
+    digests = meta.get("sha256", {})
+    if not isinstance(digests, dict) or not all(isinstance(v, str) for v in digests.values()):
+        raise ValueError(f"{meta_path} is corrupted: 'sha256' must map file names to hex digests, got {digests!r:.80}")
+    if not isinstance(meta.get("config"), dict):
+        raise ValueError(f"{meta_path} is corrupted: 'config' must be a dict of DecoderConfig fields, got {meta.get('config')!r:.80}")
     return meta
 
 
@@ -227,7 +232,7 @@ def check_state_dict(model: Decoder, tensors: dict[str, Tensor], source: str = "
     """Refuse weights that do not fit ``model``: missing or extra tensors, wrong shapes or dtypes.
 
     Raises:
-        ValueError: naming the missing, extra or mis-shaped tensors.
+        ValueError: naming the missing, extra, mis-shaped, non-float or non-finite tensors.
     """
     expected = {name: tuple(t.shape) for name, t in model.state_dict().items()}
     missing = sorted(set(expected) - set(tensors))
@@ -249,6 +254,9 @@ def check_state_dict(model: Decoder, tensors: dict[str, Tensor], source: str = "
     not_float = sorted(name for name, t in tensors.items() if not t.dtype.is_floating_point)
     if not_float:
         raise ValueError(f"{source}: tensors {not_float} are not floating point")
+    not_finite = sorted(name for name, t in tensors.items() if not bool(torch.isfinite(t).all()))
+    if not_finite:
+        raise ValueError(f"{source}: tensors {not_finite} hold NaN or Inf")
 
 
 def load_checkpoint(path: str | Path, device: torch.device | str | None = None) -> TrainedModel:

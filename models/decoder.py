@@ -412,6 +412,10 @@ class Decoder(HookedRootModule):
         else:
             if stop_at_layer is not None:
                 raise ValueError("stop_at_layer cannot be combined with past_kv")
+            if not isinstance(past_kv, KVCache):
+                raise TypeError(f"past_kv must be a KVCache (KVCache.empty(cfg, batch)), got {type(past_kv).__name__}")
+            if len(past_kv.keys) != self.cfg.n_layers:
+                raise ValueError(f"past_kv holds {len(past_kv.keys)} layers, this model has {self.cfg.n_layers}")
             if past_kv.position_ids.shape[0] != batch:
                 raise ValueError(f"past_kv holds batch {past_kv.position_ids.shape[0]}, tokens have {batch}")
             past_mask, past_positions = past_kv.attention_mask, past_kv.position_ids
@@ -466,8 +470,8 @@ class Decoder(HookedRootModule):
     def _check_tokens(self, tokens: Tensor) -> None:
         if not isinstance(tokens, Tensor) or tokens.dtype.is_floating_point or tokens.dtype == torch.bool:
             raise TypeError(f"tokens must be an integer tensor [batch, pos], got {_describe(tokens)}")
-        if tokens.ndim != 2 or tokens.shape[1] == 0:
-            raise ValueError(f"tokens must have shape [batch, pos] with pos >= 1, got {tuple(tokens.shape)}")
+        if tokens.ndim != 2 or 0 in tokens.shape:
+            raise ValueError(f"tokens must have shape [batch, pos] with batch >= 1 and pos >= 1, got {tuple(tokens.shape)}")
         low, high = int(tokens.min()), int(tokens.max())
         if low < 0 or high >= self.cfg.d_vocab:
             bad = low if low < 0 else high

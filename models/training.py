@@ -191,12 +191,17 @@ def train(
     """
     if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
         raise ValueError(f"steps must be a positive integer, got {steps!r}")
+    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+        raise ValueError(f"seed must be a non-negative integer, got {seed!r}")
+    if not all(math.isfinite(value) for value in (lr, grad_clip, weight_decay)):
+        raise ValueError(f"lr, grad_clip and weight_decay must be finite, got {lr}, {grad_clip}, {weight_decay}")
     if batch_size < 1 or lr <= 0 or grad_clip <= 0 or not 0 <= min_lr_ratio <= 1 or weight_decay < 0:
         raise ValueError(
             f"invalid hyperparameters: batch_size={batch_size}, lr={lr}, grad_clip={grad_clip}, "
             f"min_lr_ratio={min_lr_ratio}, weight_decay={weight_decay}"
         )
     _check_lengths(task, config, min_len, max_len)
+    _make_folders([Path(folder) for folder in (checkpoint_dir and Path(checkpoint_dir).parent, out_dir) if folder])
     warmup_steps = max(1, steps // 20) if warmup_steps is None else warmup_steps
     checkpoint_every = max(1, steps // 10) if checkpoint_every is None else checkpoint_every
     if warmup_steps < 0 or checkpoint_every < 1:
@@ -246,6 +251,11 @@ def train(
             tokens_seen += batch.tokens.numel()
             elapsed = time.perf_counter() - clock
             value = loss.item()
+            if not math.isfinite(value):
+                raise ValueError(
+                    f"training loss became {value} at step {step + 1} (lr {rate:.3g}); the run diverged, "
+                    "so nothing past the last checkpoint was saved; lower --lr"
+                )
             rows.append(dict(step=step + 1, loss=value, lr=rate, grad_norm=float(grad_norm), elapsed_s=seconds_before + elapsed))
             bar.update(1)
             bar.set_postfix(loss=f"{value:.4f}", tok_s=f"{tokens_seen / max(elapsed, 1e-9):,.0f}")
@@ -281,6 +291,15 @@ def train(
     if out_dir is not None:
         write_csv_atomic(curve, Path(out_dir) / "loss_curve.csv")
     return trained
+
+
+def _make_folders(folders: list[Path]) -> None:
+    """Create the output folders before training, so a path blocked by a file fails at once, not at the first save."""
+    for folder in folders:
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+        except (FileExistsError, NotADirectoryError):
+            raise ValueError(f"cannot create folder {folder}: it, or a folder above it, is a file") from None
 
 
 def _check_checkpoint_dir(path: Path) -> None:

@@ -170,8 +170,10 @@ def sink_scores(patterns: Sequence[np.ndarray], n_tokens: int = GU_WINDOW) -> np
         ``[head_index]`` scores in [0, 1].
 
     Raises:
-        ValueError: if a sequence has fewer than T real tokens.
+        ValueError: if T is not an integer >= 1, or a sequence has fewer than T real tokens.
     """
+    if isinstance(n_tokens, bool) or not isinstance(n_tokens, (int, np.integer)) or n_tokens < 1:
+        raise ValueError(f"n_tokens (Gu's window T) must be an integer >= 1, got {n_tokens!r}")
     short = [k for k, p in enumerate(patterns) if p.shape[-1] < n_tokens]
     if short:
         raise ValueError(f"sequences {short[:10]} have fewer than T={n_tokens} real tokens")
@@ -299,9 +301,11 @@ def attention_variance(acts: Activations, sites: Sequence[str] | None = None) ->
 
     Raises:
         KeyError: for a site that was not collected.
-        ValueError: if no position has two sequences.
+        ValueError: if there is no site, or no position has two sequences.
     """
     sites = [s for s in acts.acts] if sites is None else list(sites)
+    if not sites:
+        raise ValueError("no non-pattern site was collected; collect blocks.{l}.hook_attn_out or attn.hook_z sites")
     frames = []
     for site in sites:
         X = acts.features(site).astype(np.float64)

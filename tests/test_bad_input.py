@@ -1,0 +1,145 @@
+"""Bad input found by trying to break nopelens: each case raises an error naming the problem."""
+
+import hashlib
+import json
+
+import numpy as np
+import pytest
+import torch
+from safetensors.torch import save_file
+
+from nopelens.analyses import cli, demo
+from nopelens.analyses.audit import audit
+from nopelens.circuits import previous_token
+from nopelens.models import Decoder, DecoderConfig
+from nopelens.models.checkpoint import load_checkpoint, save_checkpoint
+from nopelens.models.decoder import KVCache
+from nopelens.models.tasks import make_task
+from nopelens.models.training import train
+from nopelens.probes import attention_variance, collect, sink_scores
+
+
+def tiny_config(position="nope", n_layers=1):
+    return DecoderConfig(d_vocab=20, n_ctx=24, n_layers=n_layers, d_model=16, n_heads=2, position=position)
+
+
+# --------------------------------------------------------------------------- training
+def test_train_refuses_a_negative_seed():
+    with pytest.raises(ValueError, match="seed must be a non-negative integer, got -1"):
+        train(tiny_config(), make_task("copy"), 2, max_len=4, seed=-1, progress=False)
+
+
+def test_train_refuses_an_infinite_lr():
+    with pytest.raises(ValueError, match="must be finite"):
+        train(tiny_config(), make_task("copy"), 2, max_len=4, lr=float("inf"), progress=False)
+
+
+def test_a_diverging_run_raises_instead_of_saving_nan(tmp_path):
+    torch.set_num_threads(1)
+    with pytest.raises(ValueError, match="training loss became nan"):
+        train(tiny_config(), make_task("copy"), 4, batch_size=4, max_len=4, lr=1e30, warmup_steps=0,
+              checkpoint_dir=tmp_path / "ckpt", checkpoint_every=100, progress=False)
+    assert not (tmp_path / "ckpt").exists()
+
+
+def test_an_output_folder_blocked_by_a_file_fails_before_training(tmp_path):
+    blocker = tmp_path / "afile"
+    blocker.write_text("not a folder")
+    steps_run = []
+    with pytest.raises(ValueError, match="is a file"):
+        train(tiny_config(), make_task("copy"), 2, batch_size=4, max_len=4, checkpoint_dir=blocker / "zoo" / "m",
+              progress=False, callback=lambda step, loss, model: steps_run.append(step))
+    assert steps_run == []
+
+
+# --------------------------------------------------------------------------- checkpoints
+def _edit_metadata(path, edit):
+    meta = json.loads((path / "nopelens.json").read_text())
+    edit(meta)
+    (path / "nopelens.json").write_text(json.dumps(meta))
+
+
+@pytest.mark.parametrize(
+    "edit, message",
+    [
+        (lambda meta: meta.__setitem__("sha256", "abc"), "'sha256' must map file names"),
+        (lambda meta: meta.__setitem__("config", "abc"), "'config' must be a dict"),
+    ],
+)
+def test_edited_checkpoint_json_is_reported_as_corrupted(tmp_path, edit, message):
+    path = save_checkpoint(tmp_path / "ckpt", Decoder(tiny_config(), seed=0))
+    _edit_metadata(path, edit)
+    with pytest.raises(ValueError, match=message):
+        load_checkpoint(path)
+
+
+def test_checkpoint_with_nan_weights_is_refused(tmp_path):
+    path = save_checkpoint(tmp_path / "ckpt", Decoder(tiny_config(), seed=0))
+    state = {name: t.clone() for name, t in Decoder(tiny_config(), seed=0).state_dict().items()}
+    state["embed.W_E"][3, 2] = float("nan")
+    save_file(state, path / "model.safetensors")
+    digest = hashlib.sha256((path / "model.safetensors").read_bytes()).hexdigest()
+    _edit_metadata(path, lambda meta: meta["sha256"].__setitem__("model.safetensors", digest))
+    with pytest.raises(ValueError, match=r"\['embed.W_E'\] hold NaN or Inf"):
+        load_checkpoint(path)
+
+
+# --------------------------------------------------------------------------- decoder
+def test_decoder_refuses_an_empty_batch():
+    with pytest.raises(ValueError, match="batch >= 1"):
+        Decoder(tiny_config(), seed=0)(torch.zeros(0, 5, dtype=torch.long))
+
+
+def test_decoder_refuses_a_cache_that_is_not_a_kvcache():
+    with pytest.raises(TypeError, match="past_kv must be a KVCache"):
+        Decoder(tiny_config(), seed=0)(torch.ones(1, 3, dtype=torch.long), past_kv={"keys": []})
+
+
+def test_decoder_refuses_a_cache_of_another_depth():
+    cache = KVCache.empty(tiny_config(n_layers=1), batch=1)
+    with pytest.raises(ValueError, match="past_kv holds 1 layers, this model has 2"):
+        Decoder(tiny_config(n_layers=2), seed=0)(torch.ones(1, 3, dtype=torch.long), past_kv=cache)
+
+
+# --------------------------------------------------------------------------- probes
+def test_sink_scores_refuse_a_window_of_zero_tokens():
+    pattern = np.tril(np.ones((4, 4))) / np.arange(1, 5)[:, None]
+    with pytest.raises(ValueError, match="n_tokens"):
+        sink_scores([pattern[None]], n_tokens=0)
+
+
+def test_attention_variance_without_a_site_names_the_problem():
+    model = Decoder(tiny_config(), seed=0)
+    acts = collect(model, torch.randint(1, 12, (3, 4)), ["blocks.0.attn.hook_pattern"])
+    with pytest.raises(ValueError, match="no non-pattern site"):
+        attention_variance(acts)
+
+
+# --------------------------------------------------------------------------- analyses and CLI
+def test_audit_refuses_reversed_train_lengths():
+    with pytest.raises(ValueError, match="1 <= min <= max"):
+        audit(Decoder(tiny_config(), seed=0), train_lengths=(5, 2))
+
+
+def test_previous_token_circuit_refuses_infinite_sharpness():
+    with pytest.raises(ValueError, match="finite"):
+        previous_token(16, sharpness=float("inf"))
+
+
+def test_cli_turns_out_of_memory_into_one_line(monkeypatch, capsys):
+    def allocate(args):
+        raise RuntimeError("[enforce fail] DefaultCPUAllocator: can't allocate memory: you tried to allocate 8e10 bytes")
+
+    monkeypatch.setattr(demo, "run", allocate)
+    assert cli.main(["demo"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("nopelens demo: error: out of memory") and "\n" not in err
+
+
+def test_cli_lets_other_runtime_errors_through(monkeypatch):
+    def crash(args):
+        raise RuntimeError("a bug")
+
+    monkeypatch.setattr(demo, "run", crash)
+    with pytest.raises(RuntimeError, match="a bug"):
+        cli.main(["demo"])
