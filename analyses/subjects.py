@@ -177,7 +177,8 @@ def load_hf_dir(directory: Path) -> Any:
 
     Raises:
         FileNotFoundError: if ``directory`` is not a directory.
-        ValueError: if it holds no loadable model.
+        ValueError: if it holds no loadable model (weights must be safetensors; pickled
+            ``pytorch_model.bin`` files are refused).
     """
     import transformers
     from transformers import AutoModelForCausalLM
@@ -189,7 +190,8 @@ def load_hf_dir(directory: Path) -> Any:
     transformers.logging.set_verbosity_error()
     transformers.logging.disable_progress_bar()
     try:
-        model = AutoModelForCausalLM.from_pretrained(directory, local_files_only=True)
+        # safetensors only: a pytorch_model.bin is a pickle, and nopelens never unpickles a user file
+        model = AutoModelForCausalLM.from_pretrained(directory, local_files_only=True, use_safetensors=True)
     except (OSError, ValueError) as error:
         raise ValueError(f"{directory} holds no loadable HF causal LM: {error}") from None
     model.config._attn_implementation = "eager"

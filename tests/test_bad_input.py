@@ -143,3 +143,16 @@ def test_cli_lets_other_runtime_errors_through(monkeypatch):
     monkeypatch.setattr(demo, "run", crash)
     with pytest.raises(RuntimeError, match="a bug"):
         cli.main(["demo"])
+
+
+def test_an_hf_directory_with_pickled_weights_is_refused_not_unpickled(tmp_path):
+    from transformers import GPTNeoXConfig, GPTNeoXForCausalLM
+
+    from nopelens.analyses.subjects import load_hf_dir
+
+    config = GPTNeoXConfig(vocab_size=32, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+                           intermediate_size=32, max_position_embeddings=64)
+    config.save_pretrained(tmp_path)
+    torch.save(GPTNeoXForCausalLM(config).state_dict(), tmp_path / "pytorch_model.bin")  # a pickle
+    with pytest.raises(ValueError, match="model.safetensors"):
+        load_hf_dir(tmp_path)
