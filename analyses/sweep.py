@@ -171,13 +171,14 @@ def _bilinear_mode(acts, q_site: str) -> str:
 
 def _sinks(subject: Subject, acts) -> pd.DataFrame:
     """Sink table as read (with or without BOS), plus the other condition when the model has a BOS."""
-    window = min(GU_WINDOW, subject.tokens.shape[1])
+    shortest = int(subject.attention_mask.sum(-1).min())  # synthetic tasks pad sequences of mixed lengths
+    window = min(GU_WINDOW, shortest)
     condition = "with_bos" if subject.has_bos else "without_bos"
     frames = [sink_table(acts, n_tokens=window).assign(condition=condition)]
     if subject.has_bos:
         stripped = collect(subject.model, subject.tokens[:, 1:], list(acts.patterns),
                            attention_mask=subject.attention_mask[:, 1:], batch_size=32)
-        frames.append(sink_table(stripped, n_tokens=min(window, subject.tokens.shape[1] - 1)).assign(condition="without_bos"))
+        frames.append(sink_table(stripped, n_tokens=min(window, shortest - 1)).assign(condition="without_bos"))
     return pd.concat(frames, ignore_index=True).assign(model=subject.name, gu_window=window)
 
 
@@ -230,12 +231,18 @@ def sweep(settings: SweepSettings, out_dir: str | Path | None = None, progress: 
     """Run the sweep; with ``out_dir``, write (and resume) a run folder.
 
     Raises:
-        ValueError: if ``out_dir`` holds a sweep made with other settings, or as
+        ValueError: if ``out_dir`` holds a sweep made with other settings, if there are fewer
+            evaluation sequences than folds, or as
             :func:`~nopelens.analyses.subjects.resolve`.
         KeyError, FileNotFoundError: on an unknown model spec (the message lists what exists).
     """
     for spec in settings.models:
         check_spec(spec)
+    if settings.n_sequences < settings.n_splits:
+        raise ValueError(
+            f"{settings.n_sequences} evaluation sequences are fewer than the {settings.n_splits} cross-validation "
+            f"folds (each fold holds out whole sequences); use --n-sequences {settings.n_splits} or more"
+        )
     out = Path(out_dir) if out_dir is not None else None
     if out is not None:
         _claim_run_folder(out, settings)

@@ -156,3 +156,47 @@ def test_an_hf_directory_with_pickled_weights_is_refused_not_unpickled(tmp_path)
     torch.save(GPTNeoXForCausalLM(config).state_dict(), tmp_path / "pytorch_model.bin")  # a pickle
     with pytest.raises(ValueError, match="model.safetensors"):
         load_hf_dir(tmp_path)
+
+
+def test_sweep_with_fewer_sequences_than_folds_fails_before_any_work(tmp_path):
+    from nopelens.analyses.sweep import SweepSettings, sweep
+
+    with pytest.raises(ValueError, match="3 evaluation sequences are fewer than the 5 cross-validation folds"):
+        sweep(SweepSettings(models=("circuit",), n_sequences=3, n_splits=5), tmp_path / "run", progress=False)
+    assert not (tmp_path / "run").exists()
+
+
+def test_sinks_on_a_task_of_mixed_lengths_uses_the_shortest_sequence(tmp_path, capsys):
+    torch.set_num_threads(1)
+    train(tiny_config(), make_task("copy"), 1, batch_size=2, min_len=1, max_len=6,
+          checkpoint_dir=tmp_path / "ckpt", progress=False)
+    assert cli.main(["sinks", str(tmp_path / "ckpt"), "--n-sequences", "8", "--quiet"]) == 0
+    assert "T = " in capsys.readouterr().out
+
+
+def test_writing_under_a_file_names_the_blocking_path(tmp_path):
+    from nopelens.models.io import write_text_atomic
+
+    (tmp_path / "afile").write_text("x")
+    with pytest.raises(FileExistsError, match="afile or a folder above it is a file"):
+        write_text_atomic(tmp_path / "afile" / "report.md", "text")
+
+
+def test_an_interrupt_between_the_checkpoint_renames_keeps_the_old_checkpoint(tmp_path, monkeypatch):
+    from nopelens.models import checkpoint
+
+    path = save_checkpoint(tmp_path / "ckpt", Decoder(tiny_config(), seed=0))
+    real_replace, calls = checkpoint.os.replace, []
+
+    def interrupted_replace(source, target):
+        calls.append(source)
+        if len(calls) == 2:  # the old checkpoint is aside, the new one not yet in place
+            raise KeyboardInterrupt
+        real_replace(source, target)
+
+    monkeypatch.setattr(checkpoint.os, "replace", interrupted_replace)
+    with pytest.raises(KeyboardInterrupt):
+        save_checkpoint(path, Decoder(tiny_config(), seed=1))
+    monkeypatch.setattr(checkpoint.os, "replace", real_replace)
+    reloaded = load_checkpoint(path).model.state_dict()["embed.W_E"]
+    assert torch.equal(reloaded, Decoder(tiny_config(), seed=0).state_dict()["embed.W_E"])
