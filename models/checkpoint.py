@@ -166,7 +166,12 @@ def _swap_into_place(staging: Path, target: Path) -> None:
         return
     retired = target.parent / f".{target.name}.old-{uuid.uuid4().hex[:8]}"
     os.replace(target, retired)
-    os.replace(staging, target)
+    try:
+        os.replace(staging, target)
+    except BaseException:  # e.g. Ctrl-C between the two renames: put the old checkpoint back
+        if not target.exists():
+            os.replace(retired, target)
+        raise
     shutil.rmtree(retired, ignore_errors=True)
 
 

@@ -27,9 +27,15 @@ def write_atomic(path: str | Path, write: Callable[[Path], None]) -> Path:
 
     Returns:
         ``path`` as a ``Path``.
+
+    Raises:
+        FileExistsError, NotADirectoryError: if a file stands where a parent folder should be.
     """
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except (FileExistsError, NotADirectoryError) as error:
+        raise type(error)(f"cannot write {path}: {path.parent} or a folder above it is a file, not a folder") from None
     handle, temp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=path.suffix)
     os.close(handle)
     try:
