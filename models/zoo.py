@@ -198,7 +198,10 @@ def load(name: str, cache_dir: str | Path | None = None, progress: bool = True) 
     spec = recipe(name)
     path = model_dir(name, cache_dir)
     if is_cached(name, cache_dir):
-        trained = load_checkpoint(path)
+        try:
+            trained = load_checkpoint(path)
+        except ValueError as error:
+            raise ValueError(f"{error}; delete {path} to retrain {name}") from None
         print(f"nopelens: loaded cached zoo model {name} from {path}", file=sys.stderr)
         return trained
     print(f"nopelens: training zoo model {name} ({spec.steps} steps); it will be cached in {path}", file=sys.stderr)

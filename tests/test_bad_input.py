@@ -200,3 +200,15 @@ def test_an_interrupt_between_the_checkpoint_renames_keeps_the_old_checkpoint(tm
     monkeypatch.setattr(checkpoint.os, "replace", real_replace)
     reloaded = load_checkpoint(path).model.state_dict()["embed.W_E"]
     assert torch.equal(reloaded, Decoder(tiny_config(), seed=0).state_dict()["embed.W_E"])
+
+
+def test_a_corrupted_zoo_cache_says_how_to_recover(tmp_path):
+    from nopelens.models import zoo
+
+    path = zoo.model_dir("copy-nope-3l", tmp_path)
+    save_checkpoint(path, Decoder(tiny_config(), seed=0),
+                    metadata={"complete": True, "zoo_recipe": zoo.recipe("copy-nope-3l").digest})
+    weights = path / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:100])
+    with pytest.raises(ValueError, match=f"is corrupted.*; delete {path} to retrain copy-nope-3l"):
+        zoo.load("copy-nope-3l", cache_dir=tmp_path, progress=False)
