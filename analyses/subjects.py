@@ -154,11 +154,16 @@ def _trained(trained, name: str, n_sequences: int, seq_len: int, seed: int) -> S
 
 
 def _evaluation_batch(task, n_sequences: int, seq_len: int, train_lengths, seed: int):
-    """Fresh sequences: validation text windows for text, new samples for synthetic tasks."""
+    """Fresh sequences: validation text windows for text, new samples for synthetic tasks.
+
+    Synthetic samples all have the longest training length, so every sequence covers every
+    trained position (mixed lengths would leave long distances and late positions with too few
+    sequences for grouped probes and sink windows).
+    """
     if task.name == "text":
         return task.sample(n_sequences, seq_len - 1, seq_len - 1, seed, split="validation")
-    low, high = train_lengths or (task.min_length, task.min_length)
-    return task.sample(n_sequences, low, high, seed)
+    _, high = train_lengths or (task.min_length, task.min_length)
+    return task.sample(n_sequences, high, high, seed)
 
 
 def _hf(directory: Path, n_sequences: int, seq_len: int, seed: int) -> Subject:

@@ -128,7 +128,9 @@ def analyse_subject(subject: Subject, settings: SweepSettings) -> dict[str, pd.D
     acts = collect(subject.model, subject.tokens, sites, attention_mask=subject.attention_mask, batch_size=32)
 
     common = dict(n_splits=settings.n_splits, n_boot=settings.n_boot, seed=settings.seed)
-    absolute = probe_absolute_index(acts, sites=residual + inner, extrapolate_from=settings.seq_len // 2, **common)
+    # half the longest sequence: synthetic tasks take their lengths from training, not from seq_len
+    boundary = subject.tokens.shape[1] // 2
+    absolute = probe_absolute_index(acts, sites=residual + inner, extrapolate_from=boundary, **common)
     mode = _bilinear_mode(acts, qk[0][0])
     relative = probe_relative_distance(
         acts, sites=residual, feature_kinds=("concat",), attention=qk, bilinear=mode, tasks=("regression",),

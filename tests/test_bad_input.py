@@ -212,3 +212,13 @@ def test_a_corrupted_zoo_cache_says_how_to_recover(tmp_path):
     weights.write_bytes(weights.read_bytes()[:100])
     with pytest.raises(ValueError, match=f"is corrupted.*; delete {path} to retrain copy-nope-3l"):
         zoo.load("copy-nope-3l", cache_dir=tmp_path, progress=False)
+
+
+def test_probe_runs_on_a_checkpoint_of_a_synthetic_task(tmp_path, capsys):
+    """Copy-task sequences used to have mixed lengths: the extrapolation boundary (seq_len // 2)
+    and the relative-distance pair counts then had no data, and `nopelens probe copy-nope-3l` failed."""
+    torch.set_num_threads(1)
+    train(tiny_config(), make_task("copy"), 1, batch_size=2, min_len=1, max_len=6,
+          checkpoint_dir=tmp_path / "ckpt", progress=False)
+    assert cli.main(["probe", str(tmp_path / "ckpt"), "--quick", "--quiet", "--out", str(tmp_path / "run")]) == 0
+    assert (tmp_path / "run" / "summary.md").is_file()
