@@ -34,6 +34,8 @@ SUMMARY_HEADERS = {
     "best_absolute_r2": "best abs. R²",
     "best_absolute_layer": "at layer",
     "selectivity_at_best": "selectivity (R²)",
+    "mad_chance_layer0": "MAD/chance, layer 0",
+    "mad_chance_best": "MAD/chance, best",
     "sink_rate": "sink rate",
     "variance_slope_block0": "variance slope, block 0",
 }
@@ -134,6 +136,8 @@ def summary_markdown(result: "SweepResult", settings: "SweepSettings", command: 
         table,
         "",
         "Selectivity = probe score minus the Hewitt & Liang control-task score at the same layer. "
+        "MAD/chance: mean absolute distance of the regression probe over its chance value (L² - 1)/(3L) "
+        "(Haviv et al. 2022), at the embeddings and at the best layer. "
         "Sink rate: fraction of (layer, head) pairs whose mean attention on token 0 exceeds 0.3 "
         "(Gu et al. 2025); uniform attention gives 0.0741 per head. Variance slope: log-log slope of "
         "block 0's attention-output variance against position + 1 (-1 is the 1/(i+1) law).",

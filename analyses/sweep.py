@@ -41,7 +41,7 @@ import torch
 
 import nopelens
 from nopelens.models.io import read_json, write_csv_atomic, write_json_atomic
-from nopelens.probes import collect, probe_absolute_index, probe_relative_distance, resid_sites
+from nopelens.probes import collect, mad_chance, probe_absolute_index, probe_relative_distance, resid_sites
 from nopelens.probes.sinks import GU_WINDOW, attention_variance, sink_table, variance_slopes
 
 from . import report
@@ -193,6 +193,8 @@ def summarize(probes: pd.DataFrame, sinks: pd.DataFrame, variance: pd.DataFrame)
     Columns: ``model``, ``absolute_acc`` (first layer with classification accuracy CI >= 0.9),
     ``absolute_r2`` (regression R^2 CI >= 0.9), ``relative_pairs_r2`` (pair features, residual),
     ``relative_qk_r2`` (q.k read; layer = block + 1), ``best_absolute_r2`` and its ``selectivity``,
+    ``mad_chance_layer0`` and ``mad_chance_best`` (regression MAD over its chance value
+    (L^2 - 1)/(3L), at the embeddings and at the best residual layer; Haviv et al. 2022),
     ``sink_rate`` (Gu et al., as read), ``variance_slope_block0``. A first layer of -1 means no
     layer cleared the bar.
     """
@@ -203,6 +205,8 @@ def summarize(probes: pd.DataFrame, sinks: pd.DataFrame, variance: pd.DataFrame)
         absolute = residual[residual["target"] == "absolute_index"]
         relative = linear[linear["target"] == "relative_distance"]
         best = absolute[(absolute["metric"] == "r2")].sort_values("value").iloc[-1]
+        mad = absolute[(absolute["metric"] == "mad") & (absolute["task"] == "regression")].set_index("layer")
+        chance = mad_chance(int(round(mad["n_samples"].iloc[0] / mad["n_sequences"].iloc[0])))
         model_sinks = sinks[sinks["model"] == model]
         as_read = model_sinks[model_sinks["condition"] == model_sinks["condition"].iloc[0]]
         rows.append(dict(
@@ -214,6 +218,8 @@ def summarize(probes: pd.DataFrame, sinks: pd.DataFrame, variance: pd.DataFrame)
             best_absolute_r2=float(best["value"]),
             best_absolute_layer=int(best["layer"]),
             selectivity_at_best=float(best["selectivity"]),
+            mad_chance_layer0=float(mad.loc[0, "value"] / chance),
+            mad_chance_best=float(mad["value"].min() / chance),
             sink_rate=float(as_read["is_sink"].mean()),
             variance_slope_block0=float(variance[(variance["model"] == model) & (variance["block"] == 0)]["slope"].iloc[0]),
         ))
