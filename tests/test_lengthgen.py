@@ -13,14 +13,7 @@ from nopelens.analyses.lengthgen import KAZEMNEJAD_2023, LengthGenSettings, run_
 TINY = LengthGenSettings(train_max_len=3, n_layers=1, d_model=16, n_heads=2, steps=3, batch_size=4, n_symbols=4, n_eval=4)
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Tiny models gain nothing from intra-op threads, and on a loaded 2-core machine two threads
-    preempting each other made these tests 20x slower."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def test_run_writes_tidy_table_summary_and_plots(tmp_path):

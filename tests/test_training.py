@@ -17,14 +17,7 @@ CFG = DecoderConfig(d_vocab=TASK.d_vocab, n_ctx=TASK.seq_len(8), n_layers=1, d_m
 QUICK = dict(batch_size=8, min_len=1, max_len=4, lr=3e-3, progress=False)
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Tiny models gain nothing from intra-op threads, and on a loaded 2-core machine two threads
-    preempting each other made these tests 20x slower."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def weights(trained):
