@@ -4,7 +4,6 @@ import os
 
 import pandas as pd
 import pytest
-import torch
 
 from nopelens.analyses import lengthgen
 from nopelens.analyses.cli import main
