@@ -33,6 +33,8 @@ equals greedy decoding of the answer.
 
 from __future__ import annotations
 
+import abc
+
 import hashlib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -115,7 +117,7 @@ def _pad_rows(rows: list[tuple[list[int], list[int], list[bool]]], pad_id: int, 
     return Batch(tokens, loss_mask, attention_mask, targets, lengths)
 
 
-class Task:
+class Task(abc.ABC):
     """A source of training sequences; subclasses define the layout.
 
     Attributes:
@@ -136,10 +138,11 @@ class Task:
     def __init__(self) -> None:
         self.kwargs: dict[str, Any] = {}
 
+    @abc.abstractmethod
     def seq_len(self, length: int) -> int:
         """Number of tokens in a sequence of problem size ``length`` (BOS and EOS included)."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def sample(self, n: int, min_len: int, max_len: int, seed: SeedLike) -> Batch:
         """Sample ``n`` sequences with problem sizes drawn uniformly from ``[min_len, max_len]``.
 
@@ -155,7 +158,6 @@ class Task:
         Raises:
             ValueError: on sizes out of range. TypeError: on a seed of the wrong type.
         """
-        raise NotImplementedError
 
     def __repr__(self) -> str:
         args = ", ".join(f"{k}={v!r}" for k, v in self.kwargs.items())
@@ -181,7 +183,11 @@ class SymbolTask(Task):
         return (torch.randint(0, self.n_symbols, (k,), generator=generator) + N_SPECIAL).tolist()
 
     def _example(self, length: int, generator: torch.Generator) -> tuple[list[int], list[int]]:
-        raise NotImplementedError
+        """One problem of size ``length``: (prompt tokens, answer tokens ending with EOS).
+
+        Every subclass that uses :meth:`sample` as is defines it.
+        """
+        raise NotImplementedError(f"{type(self).__name__} defines no _example")
 
     def sample(self, n: int, min_len: int, max_len: int, seed: SeedLike) -> Batch:
         _check_sizes(n, min_len, max_len, self.min_length)
