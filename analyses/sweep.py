@@ -271,12 +271,12 @@ def sweep(settings: SweepSettings, out_dir: str | Path | None = None, progress: 
 def _subject_tables(spec: str, settings: SweepSettings, out: Path | None, progress: bool):
     part = out / "parts" / _slug(spec) if out is not None else None
     if part is not None and (part / "done.json").is_file():
-        print(f"nopelens sweep: {spec}: already measured in {part}, reusing", file=sys.stderr)
+        print(f"nopelens: {spec}: already measured in {part}, reusing", file=sys.stderr)
         tables = {name: pd.read_csv(part / f"{name}.csv") for name in TABLES}
         return tables, read_json(part / "done.json")
-    print(f"nopelens sweep: {spec}: loading", file=sys.stderr)
+    print(f"nopelens: {spec}: loading", file=sys.stderr)
     subject = resolve(spec, settings.n_sequences, settings.seq_len, settings.seed, progress, settings.quick_steps)
-    print(f"nopelens sweep: {subject.name}: probing {subject.n_layers + 1} layers", file=sys.stderr)
+    print(f"nopelens: {subject.name}: probing {subject.n_layers + 1} layers", file=sys.stderr)
     with torch.no_grad():
         tables = analyse_subject(subject, settings)
     meta = dict(name=subject.name, kind=subject.kind, position=subject.position, n_layers=subject.n_layers,

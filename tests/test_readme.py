@@ -27,3 +27,8 @@ def test_ci_runs_the_readme_test_command():
     assert len(commands) == 2, "exactly two set-up commands"
     assert "nopelens sweep" in commands[0]
     assert commands[1] in (ROOT / ".ci" / "run").read_text(encoding="utf-8")
+
+
+def test_decoder_example_runs(capsys):
+    exec(compile(python_block("## The decoder"), "README.md", "exec"), {})
+    assert capsys.readouterr().out.strip() == "torch.Size([2, 16, 4, 32])"
