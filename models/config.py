@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -130,8 +131,8 @@ class DecoderConfig:
                     f"d_head={self.d_head}; RoPE rotates pairs, so rotary_dim must be an even "
                     "integer"
                 )
-        if not self.rotary_base > 1.0:
-            raise ValueError(f"rotary_base must be > 1, got {self.rotary_base!r}")
+        if not 1.0 < self.rotary_base < math.inf:
+            raise ValueError(f"rotary_base must be finite and > 1, got {self.rotary_base!r}")
         if not isinstance(self.shaw_clip, int) or self.shaw_clip < 0:
             raise ValueError(f"shaw_clip must be a non-negative integer, got {self.shaw_clip!r}")
         if not self.layer_norm_eps > 0:

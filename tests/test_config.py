@@ -26,6 +26,8 @@ def cfg(**kw):
         (dict(n_layers=2, position=["nope"]), "position"),
         (dict(n_layers=2, position=["nope", "learned"]), r"position\[1\]"),
         (dict(shaw_clip=-1), "shaw_clip"),
+        (dict(position="rope", rotary_base=float("inf")), "rotary_base"),
+        (dict(position="rope", rotary_base=float("nan")), "rotary_base"),
         (dict(d_mlp=-4), "d_mlp"),
     ],
 )
