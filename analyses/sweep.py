@@ -38,6 +38,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import torch
+from tqdm.auto import tqdm
 
 import nopelens
 from nopelens.models.io import read_json, write_csv_atomic, write_json_atomic
@@ -256,7 +257,7 @@ def sweep(settings: SweepSettings, out_dir: str | Path | None = None, progress: 
         _claim_run_folder(out, settings)
     parts: dict[str, list[pd.DataFrame]] = {name: [] for name in TABLES}
     subjects: dict[str, dict] = {}
-    for spec in settings.models:
+    for spec in tqdm(settings.models, desc="nopelens sweep", unit="model", disable=not progress):
         tables, meta = _subject_tables(spec, settings, out, progress)
         subjects[spec] = meta
         for name in TABLES:
@@ -271,12 +272,12 @@ def sweep(settings: SweepSettings, out_dir: str | Path | None = None, progress: 
 def _subject_tables(spec: str, settings: SweepSettings, out: Path | None, progress: bool):
     part = out / "parts" / _slug(spec) if out is not None else None
     if part is not None and (part / "done.json").is_file():
-        print(f"nopelens: {spec}: already measured in {part}, reusing", file=sys.stderr)
+        tqdm.write(f"nopelens: {spec}: already measured in {part}, reusing", file=sys.stderr)
         tables = {name: pd.read_csv(part / f"{name}.csv") for name in TABLES}
         return tables, read_json(part / "done.json")
-    print(f"nopelens: {spec}: loading", file=sys.stderr)
+    tqdm.write(f"nopelens: {spec}: loading", file=sys.stderr)
     subject = resolve(spec, settings.n_sequences, settings.seq_len, settings.seed, progress, settings.quick_steps)
-    print(f"nopelens: {subject.name}: probing {subject.n_layers + 1} layers", file=sys.stderr)
+    tqdm.write(f"nopelens: {subject.name}: probing {subject.n_layers + 1} layers", file=sys.stderr)
     with torch.no_grad():
         tables = analyse_subject(subject, settings)
     meta = dict(name=subject.name, kind=subject.kind, position=subject.position, n_layers=subject.n_layers,
