@@ -142,7 +142,7 @@ def analyse_subject(subject: Subject, settings: SweepSettings) -> dict[str, pd.D
     probes.loc[attention_rows, "layer"] = probes.loc[attention_rows, "block"] + 1
     probes.insert(0, "model", subject.name)
 
-    sinks = _sinks(subject, acts)
+    sinks = sink_conditions(subject, acts)
     variance = attention_variance(acts, sites=[f"blocks.{l}.hook_attn_out" for l in range(layers)])
     if subject.has_bos:  # every sequence has the same token at 0, so its variance is exactly 0
         variance = variance[variance["position"] > 0]
@@ -172,8 +172,17 @@ def _bilinear_mode(acts, q_site: str) -> str:
     return "outer" if n_heads * d_head * d_head <= MAX_OUTER_FEATURES else "elementwise"
 
 
-def _sinks(subject: Subject, acts) -> pd.DataFrame:
-    """Sink table as read (with or without BOS), plus the other condition when the model has a BOS."""
+def sink_conditions(subject: Subject, acts) -> pd.DataFrame:
+    """Sink table of ``acts`` as read, plus a run without BOS when the subject's sequences start with one.
+
+    Args:
+        subject: the model and its evaluation sequences.
+        acts: activations of ``subject`` holding every ``blocks.{l}.attn.hook_pattern`` site.
+
+    Returns:
+        :func:`~nopelens.probes.sinks.sink_table` rows with ``condition`` (``with_bos`` or
+        ``without_bos``), ``model`` and ``gu_window`` (Gu et al.'s T, at most 64 tokens).
+    """
     shortest = int(subject.attention_mask.sum(-1).min())  # synthetic tasks pad sequences of mixed lengths
     window = min(GU_WINDOW, shortest)
     condition = "with_bos" if subject.has_bos else "without_bos"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 
 import torch
 
@@ -29,7 +30,7 @@ def _settings(args: argparse.Namespace, models, controls: bool) -> SweepSettings
     else:
         settings = SweepSettings.default(args.task, models, controls)
     overrides = {k: getattr(args, k) for k in ("n_sequences", "seq_len", "seed") if getattr(args, k) is not None}
-    return settings.__class__(**{**settings.__dict__, **overrides})
+    return dataclasses.replace(settings, **overrides)
 
 
 def _print_summary(result) -> None:
@@ -56,12 +57,12 @@ def run_sinks(args: argparse.Namespace) -> int:
     subject = resolve(args.model, settings.n_sequences, settings.seq_len, settings.seed, not args.quiet, settings.quick_steps)
     from nopelens.probes import collect
 
-    from .sweep import _sinks
+    from .sweep import sink_conditions
 
     sites = [f"blocks.{l}.attn.hook_pattern" for l in range(subject.n_layers)]
     with torch.no_grad():
         acts = collect(subject.model, subject.tokens, sites, attention_mask=subject.attention_mask, batch_size=32)
-        table = _sinks(subject, acts)
+        table = sink_conditions(subject, acts)
     for condition, rows in table.groupby("condition", sort=False):
         grid = rows.pivot_table(index="block", columns="head", values="sink_mass")
         print(f"{subject.name}, {condition.replace('_', ' ')}: sink mass (rows: layer, columns: head); "
