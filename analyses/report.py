@@ -1,4 +1,4 @@
-"""Run folders: tidy CSVs, seaborn figures (PNG and SVG) and a Markdown summary, all written atomically."""
+"""Run folders: tidy CSVs, seaborn figures (PNG, and SVG on request) and a Markdown summary, all written atomically."""
 
 from __future__ import annotations
 
@@ -25,6 +25,13 @@ PROBE_PANELS = (
     ("relative distance, q·k read: R²", "relative_distance", "regression", "r2", "bilinear"),
 )
 
+SEEDS_NOTE = (
+    "Several training seeds: a first layer reads `agreed (per seed)`, where agreed is the first layer by "
+    "which every seed recovers the target (`none` if some seed never does); a number reads `mean ± sd` "
+    "over seeds. Per-seed rows: `summary_per_seed.csv`; each probe number's mean, across-seed spread "
+    "and within-run 95 % CI: `probes_over_seeds.csv`."
+)
+
 SUMMARY_HEADERS = {
     "model": "model",
     "absolute_acc": "abs. index acc ≥ 0.9",
@@ -41,11 +48,11 @@ SUMMARY_HEADERS = {
 }
 
 
-def save_figure(fig: plt.Figure, stem: str | Path) -> list[Path]:
-    """Save ``fig`` as ``stem.png`` and ``stem.svg``, each atomically, then close it."""
+def save_figure(fig: plt.Figure, stem: str | Path, formats: tuple[str, ...] = ("png", "svg")) -> list[Path]:
+    """Save ``fig`` as ``stem.<format>`` for each of ``formats``, each atomically, then close it."""
     paths = [write_atomic(f"{stem}.{ext}", lambda temp, ext=ext: fig.savefig(temp, format=ext, dpi=120,
                                                                                 bbox_inches="tight"))
-             for ext in ("png", "svg")]
+             for ext in formats]
     plt.close(fig)
     return paths
 
@@ -64,7 +71,9 @@ def probe_panel_rows(probes: pd.DataFrame, target: str, task: str, metric: str, 
 
 
 def probe_figure(probes: pd.DataFrame) -> plt.Figure:
-    """Per-layer probe score with 95 % CI bands: one line per model, one panel per target."""
+    """Per-layer probe score, one line per model, one panel per target. The band is the 95 %
+    bootstrap CI with one training seed, and the range over seeds (line: their mean) with several."""
+    several_seeds = "train_seed" in probes.columns and probes.groupby("model")["train_seed"].nunique().max() > 1
     sns.set_theme(style="whitegrid", context="notebook")
     fig, axes = plt.subplots(1, len(PROBE_PANELS), figsize=(4.2 * len(PROBE_PANELS), 3.8), sharey=False)
     palette = dict(zip(probes["model"].unique(), sns.color_palette("colorblind", probes["model"].nunique())))
@@ -72,14 +81,15 @@ def probe_figure(probes: pd.DataFrame) -> plt.Figure:
         rows = probe_panel_rows(probes, target, task, metric, features)
         if not rows.empty:
             sns.lineplot(data=rows, x="layer", y="value", hue="model", palette=palette, marker="o", ax=ax,
-                         errorbar=None, legend=ax is axes[-1])
-        for model, group in rows.groupby("model"):
+                         errorbar=("pi", 100) if several_seeds else None, legend=ax is axes[-1])
+        for model, group in rows.groupby("model") if not several_seeds else ():
             ax.fill_between(group["layer"], group["ci_low"], group["ci_high"], color=palette[model], alpha=0.2)
         ax.axhline(0.9, color="grey", linestyle="--", linewidth=1)
         ax.set(title=title, xlabel="layer (0 = embeddings)", ylabel=metric, ylim=(-0.1 if metric == "r2" else 0, 1.05))
     if axes[-1].get_legend() is not None:
         sns.move_legend(axes[-1], "upper left", bbox_to_anchor=(1.02, 1))
-    fig.suptitle("Where position becomes linearly recoverable (dashed: threshold 0.9)", y=1.04)
+    band = "range over training seeds" if several_seeds else "95 % CI"
+    fig.suptitle(f"Where position becomes linearly recoverable (dashed: threshold 0.9; band: {band})", y=1.04)
     return fig
 
 
@@ -104,7 +114,8 @@ def variance_figure(variance: pd.DataFrame) -> plt.Figure:
     data = variance[variance["variance"] > 0]  # a log axis cannot show an output that never varies
     data = data.assign(position_plus_one=data["position"] + 1, block=data["block"].astype(int).astype(str))
     grid = sns.relplot(data=data, x="position_plus_one", y="variance", hue="block", col="model", kind="line",
-                       col_wrap=min(4, data["model"].nunique()), height=3.2, facet_kws=dict(sharey=False))
+                       col_wrap=min(4, data["model"].nunique()), height=3.2, facet_kws=dict(sharey=False),
+                       errorbar=("pi", 100))  # one run: no band; several training seeds: their range
     for ax in grid.axes.flat:
         ax.set(xscale="log", yscale="log", xlabel="position + 1")
     grid.figure.suptitle("Variance shrinkage of attention outputs (slope -1 is the 1/(i+1) law)", y=1.03)
@@ -112,14 +123,27 @@ def variance_figure(variance: pd.DataFrame) -> plt.Figure:
 
 
 def summary_table(summary: pd.DataFrame) -> pd.DataFrame:
-    """The summary with readable headers, "none" for targets no layer recovered, rounded numbers."""
+    """The summary with readable headers, "none" for targets no layer recovered, rounded numbers.
+
+    With several training seeds (columns from :func:`~nopelens.analyses.seeds.over_seeds`) a
+    first layer reads ``2 (1/1/2)``: the layer all seeds agree on, then each seed's; a number
+    reads ``0.953 ± 0.012``: mean ± standard deviation across seeds.
+    """
     table = summary.copy()
     for column in ("absolute_acc", "absolute_r2", "relative_pairs_r2", "relative_qk_r2"):
         table[column] = table[column].map(lambda layer: "none" if layer < 0 else str(int(layer)))
+        if f"{column}_per_seed" in table:
+            per_seed = table.pop(f"{column}_per_seed").str.replace("-1", "none")
+            table[column] = [f"{agreed} ({seeds})" if "/" in seeds else agreed
+                             for agreed, seeds in zip(table[column], per_seed)]
     table = table.round(3)
     slope = table["variance_slope_block0"]
     table["variance_slope_block0"] = slope.map(lambda v: "n/a (variance 0)" if pd.isna(v) else f"{v:.3f}")
-    return table.rename(columns=SUMMARY_HEADERS)
+    for column in [c for c in table.columns if c.endswith("_seed_sd")]:
+        spread = table.pop(column)
+        name = column[: -len("_seed_sd")]
+        table[name] = [value if pd.isna(sd) else f"{value} ± {sd:.3f}" for value, sd in zip(table[name], spread)]
+    return table.rename(columns=SUMMARY_HEADERS | {"n_seeds": "training seeds"})
 
 
 def summary_markdown(result: "SweepResult", settings: "SweepSettings", command: str, versions: dict[str, str]) -> str:
@@ -132,6 +156,7 @@ def summary_markdown(result: "SweepResult", settings: "SweepSettings", command: 
         "",
         "First layer whose 95 % CI lower bound clears 0.9 (layer 0 = embeddings, layer l + 1 = output of "
         "block l; a q·k read of block l is reported at layer l + 1). `none`: no layer cleared it.",
+        *([""] + [SEEDS_NOTE] if "n_seeds" in result.summary else []),
         "",
         table,
         "",
@@ -157,12 +182,21 @@ def summary_markdown(result: "SweepResult", settings: "SweepSettings", command: 
     ])
 
 
-def write_run(result: "SweepResult", settings: "SweepSettings", command: str, versions: dict[str, str]) -> None:
-    """Write the tables, figures and ``summary.md`` of a sweep into ``result.out_dir``."""
+def write_run(result: "SweepResult", settings: "SweepSettings", command: str, versions: dict[str, str],
+              svg: bool = False) -> None:
+    """Write the tables, figures (PNG; also SVG if ``svg``) and ``summary.md`` of a sweep into
+    ``result.out_dir``; with several training seeds also ``summary_per_seed.csv`` and
+    ``probes_over_seeds.csv`` (:mod:`~nopelens.analyses.seeds`)."""
+    from .seeds import probes_over_seeds
+
     out = result.out_dir
     for name in ("probes", "sinks", "variance", "summary"):
         write_csv_atomic(getattr(result, name), out / f"{name}.csv")
-    save_figure(probe_figure(result.probes), out / "probes")
-    save_figure(sink_figure(result.sinks), out / "sinks")
-    save_figure(variance_figure(result.variance), out / "variance")
+    if "n_seeds" in result.summary:
+        write_csv_atomic(result.summary_per_seed, out / "summary_per_seed.csv")
+        write_csv_atomic(probes_over_seeds(result.probes), out / "probes_over_seeds.csv")
+    formats = ("png", "svg") if svg else ("png",)
+    save_figure(probe_figure(result.probes), out / "probes", formats)
+    save_figure(sink_figure(result.sinks), out / "sinks", formats)
+    save_figure(variance_figure(result.variance), out / "variance", formats)
     write_text_atomic(out / "summary.md", summary_markdown(result, settings, command, versions))

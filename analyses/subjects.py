@@ -57,7 +57,8 @@ class Subject:
 
 
 def resolve(
-    spec: str, n_sequences: int, seq_len: int, seed: int = 0, progress: bool = True, quick_steps: int | None = None
+    spec: str, n_sequences: int, seq_len: int, seed: int = 0, progress: bool = True, quick_steps: int | None = None,
+    train_seed: int = 0,
 ) -> Subject:
     """Build the subject a spec names, with ``n_sequences`` fresh evaluation sequences.
 
@@ -69,6 +70,8 @@ def resolve(
         progress: show training progress bars.
         quick_steps: if given, a zoo model is trained afresh for only this many steps (not
             cached), for smoke tests.
+        train_seed: training seed of a zoo model (each seed is its own cached model), and the
+            offset added to ``seed`` for the untrained model's weights; see :func:`has_training_seed`.
 
     Raises:
         KeyError: on an unknown zoo name (listing the available ones).
@@ -84,18 +87,29 @@ def resolve(
     if spec == "circuit":
         return _circuit(n_sequences, seq_len, seed)
     if spec == "untrained-nope":
-        return _untrained(n_sequences, seq_len, seed)
+        return _untrained(n_sequences, seq_len, seed, seed + train_seed)
     if spec.startswith(HF_PREFIX):
         return _hf(Path(spec[len(HF_PREFIX):]), n_sequences, seq_len, seed)
     if "/" in spec or Path(spec).exists():
         return _trained(load_checkpoint_dir(Path(spec)), str(spec), n_sequences, seq_len, seed)
     from nopelens.models import zoo
 
-    recipe = zoo.recipe(spec)
+    recipe = zoo.recipe(spec, train_seed)
     if quick_steps is not None:
         trained = _quick_train(recipe, quick_steps)
         return _trained(trained, f"{spec} ({quick_steps} steps)", n_sequences, seq_len, seed)
-    return _trained(zoo.load(spec, progress=progress), spec, n_sequences, seq_len, seed)
+    return _trained(zoo.load(spec, progress=progress, seed=train_seed), spec, n_sequences, seq_len, seed)
+
+
+def has_training_seed(spec: str) -> bool:
+    """Whether a training seed changes the model ``spec`` names: zoo models (trained once per seed)
+    and ``untrained-nope`` (its random weights). A checkpoint, an HF directory and the hand-set
+    circuit are one fixed model each."""
+    if spec == "untrained-nope":
+        return True
+    if spec in CONTROL_SPECS or spec.startswith(HF_PREFIX) or "/" in spec or Path(spec).exists():
+        return False
+    return True
 
 
 def check_spec(spec: str) -> None:
@@ -131,12 +145,12 @@ def _circuit(n_sequences: int, seq_len: int, seed: int) -> Subject:
                    has_bos=True, bos_token_id=BOS_TOKEN, info={"construction": "Kazemnejad et al. 2023 Thm 1+2"})
 
 
-def _untrained(n_sequences: int, seq_len: int, seed: int) -> Subject:
+def _untrained(n_sequences: int, seq_len: int, seed: int, init_seed: int) -> Subject:
     from nopelens.models import Decoder
     from nopelens.models.zoo import recipe
 
     config = recipe("text-nope-4l").config
-    model = Decoder(config, seed=seed).eval()
+    model = Decoder(config, seed=init_seed).eval()
     tokens = _random_tokens(n_sequences, seq_len, 0, config.d_vocab, seed)  # no distinct BOS
     return Subject("untrained-nope", model, config.n_layers, "nope", "untrained", tokens, torch.ones_like(tokens),
                    has_bos=False, info={"init_std": config.init_std})

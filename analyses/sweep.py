@@ -20,9 +20,15 @@ any linear absolute index (i - j is linear in [h_i; h_j] whenever i and j are), 
 clears wherever absolute regression does; the q.k read asks whether a head's own score can use
 the distance.
 
+Training seeds: with ``train_seeds=(0, 1, 2)`` every zoo model is trained (and cached) once per
+seed and each is measured; the tables carry a ``train_seed`` column and the summary reports means
+over seeds with their spread (see :mod:`nopelens.analyses.seeds`). A sweep's unit of work is one
+(model, training seed); :mod:`nopelens.analyses.parallel` runs these in this process, in local
+worker processes (``jobs``) or on a Dask cluster (``scheduler``).
+
 Results go to a run folder: ``probes.csv``, ``sinks.csv``, ``variance.csv``, ``summary.csv``,
-figures (PNG and SVG) and ``summary.md``. Each subject's tables are written under ``parts/`` once
-it is done, so an interrupted sweep resumes where it stopped.
+figures (PNG; SVG on request) and ``summary.md``. Each (model, seed)'s tables are written under
+``parts/`` once it is done, so an interrupted sweep resumes where it stopped.
 """
 
 from __future__ import annotations
@@ -45,8 +51,8 @@ from nopelens.models.io import read_json, write_csv_atomic, write_json_atomic
 from nopelens.probes import collect, mad_chance, probe_absolute_index, probe_relative_distance, resid_sites
 from nopelens.probes.sinks import GU_WINDOW, attention_variance, sink_table, variance_slopes
 
-from . import report
-from .subjects import CONTROL_SPECS, Subject, check_spec, resolve
+from . import parallel, report, seeds
+from .subjects import CONTROL_SPECS, Subject, check_spec, has_training_seed, resolve
 
 DEFAULT_MODELS = {"text": ("text-nope-4l", "text-rope-4l"), "copy": ("copy-nope-3l", "copy-rope-3l")}
 MAX_OUTER_FEATURES = 1024
@@ -72,6 +78,9 @@ class SweepSettings:
         n_splits: GroupKFold folds over sequences.
         seed: seed of the sequences, pairs, controls and bootstrap.
         quick_steps: train zoo models afresh for only this many steps (smoke tests).
+        train_seeds: training seeds; each zoo model (and the untrained control's weights) is
+            measured once per seed. Models that no seed changes (circuit, checkpoints, HF
+            directories) are measured once.
     """
 
     models: tuple[str, ...]
@@ -81,6 +90,14 @@ class SweepSettings:
     n_splits: int = 5
     seed: int = 0
     quick_steps: int | None = None
+    train_seeds: tuple[int, ...] = (0,)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "train_seeds", tuple(self.train_seeds))
+        if not self.train_seeds or len(set(self.train_seeds)) < len(self.train_seeds):
+            raise ValueError(f"--seeds must list distinct training seeds, got {list(self.train_seeds)}")
+        if min(self.train_seeds) < 0:
+            raise ValueError(f"training seeds must be >= 0, got {list(self.train_seeds)}")
 
     @classmethod
     def default(cls, task: str = "text", models: tuple[str, ...] | None = None, controls: bool = True, **kw) -> "SweepSettings":
@@ -98,13 +115,25 @@ class SweepSettings:
         return cls.default(task, models, controls, n_sequences=24, seq_len=32, n_boot=50, n_splits=4, quick_steps=30)
 
     def digest(self) -> str:
-        text = json.dumps(dataclasses.asdict(self), sort_keys=True)
+        """Hash of what each (model, seed) measurement depends on. The list of training seeds is
+        left out: adding seeds to a run folder measures just the new ones."""
+        measured = {k: v for k, v in dataclasses.asdict(self).items() if k != "train_seeds"}
+        text = json.dumps(measured, sort_keys=True)
         return hashlib.sha256(text.encode()).hexdigest()[:12]
+
+    def tasks(self) -> list[tuple[str, int]]:
+        """The (model spec, training seed) pairs a sweep measures, in table order."""
+        return [(spec, seed) for spec in self.models
+                for seed in (self.train_seeds if has_training_seed(spec) else self.train_seeds[:1])]
 
 
 @dataclass
 class SweepResult:
-    """The tidy tables of a sweep."""
+    """The tidy tables of a sweep.
+
+    ``summary`` has one row per model (means over training seeds when there are several, see
+    :func:`~nopelens.analyses.seeds.over_seeds`); ``summary_per_seed`` one row per model and seed.
+    """
 
     probes: pd.DataFrame
     sinks: pd.DataFrame
@@ -112,6 +141,7 @@ class SweepResult:
     summary: pd.DataFrame
     out_dir: Path | None = None
     subjects: dict[str, dict] = field(default_factory=dict)
+    summary_per_seed: pd.DataFrame | None = None
 
 
 # ----------------------------------------------------------------------------- one subject
@@ -198,7 +228,29 @@ def sink_conditions(subject: Subject, acts) -> pd.DataFrame:
 
 
 def summarize(probes: pd.DataFrame, sinks: pd.DataFrame, variance: pd.DataFrame) -> pd.DataFrame:
-    """One row per model: the first layer at which each target is recovered, and key numbers.
+    """One row per model; with several training seeds, the mean over seeds (see
+    :func:`summarize_per_seed` for the columns and :func:`~nopelens.analyses.seeds.over_seeds`)."""
+    per_seed = summarize_per_seed(probes, sinks, variance)
+    if per_seed.groupby("model")["train_seed"].nunique().max() > 1:
+        return seeds.over_seeds(per_seed)
+    return per_seed.drop(columns="train_seed")
+
+
+def summarize_per_seed(probes: pd.DataFrame, sinks: pd.DataFrame, variance: pd.DataFrame) -> pd.DataFrame:
+    """:func:`summarize_seed` for each training seed, with a ``train_seed`` column (0 for tables
+    that have none), rows in model order."""
+    probes, sinks, variance = (seeds.with_train_seed(table) for table in (probes, sinks, variance))
+    frames = [summarize_seed(table, sinks[sinks["train_seed"] == seed], variance[variance["train_seed"] == seed])
+              .assign(train_seed=seed) for seed, table in probes.groupby("train_seed")]
+    order = {model: i for i, model in enumerate(probes["model"].unique())}
+    rows = pd.concat(frames, ignore_index=True)
+    return rows.sort_values(["model", "train_seed"], key=lambda c: c.map(order) if c.name == "model" else c,
+                            kind="stable").reset_index(drop=True)
+
+
+def summarize_seed(probes: pd.DataFrame, sinks: pd.DataFrame, variance: pd.DataFrame) -> pd.DataFrame:
+    """One row per model of one training seed: the first layer at which each target is recovered,
+    and key numbers.
 
     Columns: ``model``, ``absolute_acc`` (first layer with classification accuracy CI >= 0.9),
     ``absolute_r2`` (regression R^2 CI >= 0.9), ``relative_pairs_r2`` (pair features, residual),
@@ -245,14 +297,24 @@ def _first_layer(rows: pd.DataFrame, metric: str) -> int:
 # ----------------------------------------------------------------------------- the run folder
 
 
-def sweep(settings: SweepSettings, out_dir: str | Path | None = None, progress: bool = True) -> SweepResult:
+def sweep(settings: SweepSettings, out_dir: str | Path | None = None, progress: bool = True, jobs: int = 1,
+          scheduler: str | None = None, svg: bool = False) -> SweepResult:
     """Run the sweep; with ``out_dir``, write (and resume) a run folder.
+
+    Args:
+        settings: what to measure.
+        out_dir: run folder; each finished (model, seed) is saved under ``parts/`` at once.
+        progress: progress bars and lines on stderr.
+        jobs: local worker processes, one (model, seed) each (see :mod:`~nopelens.analyses.parallel`).
+        scheduler: address of a Dask scheduler to send the (model, seed) tasks to instead.
+        svg: also save the figures as SVG (PNG always).
 
     Raises:
         ValueError: if ``out_dir`` holds a sweep made with other settings, if there are fewer
             evaluation sequences than folds, or as
             :func:`~nopelens.analyses.subjects.resolve`.
         KeyError, FileNotFoundError: on an unknown model spec (the message lists what exists).
+        ChildProcessError: if parallel workers were lost (what finished is saved; rerun to resume).
     """
     for spec in settings.models:
         check_spec(spec)
@@ -264,38 +326,76 @@ def sweep(settings: SweepSettings, out_dir: str | Path | None = None, progress: 
     out = Path(out_dir) if out_dir is not None else None
     if out is not None:
         _claim_run_folder(out, settings)
-    parts: dict[str, list[pd.DataFrame]] = {name: [] for name in TABLES}
-    subjects: dict[str, dict] = {}
-    for spec in tqdm(settings.models, desc="nopelens sweep", unit="model", disable=not progress):
-        tables, meta = _subject_tables(spec, settings, out, progress)
-        subjects[spec] = meta
-        for name in TABLES:
-            parts[name].append(tables[name])
-    probes, sinks, variance = (pd.concat(parts[name], ignore_index=True) for name in TABLES)
-    result = SweepResult(probes, sinks, variance, summarize(probes, sinks, variance), out, subjects)
+    tasks = settings.tasks()
+    done: dict[tuple[str, int], tuple[dict, dict]] = {}
+    for task in tasks:
+        if out is not None and (_part_dir(out, *task) / "done.json").is_file():
+            tqdm.write(f"nopelens: {_label(*task)}: already measured in {_part_dir(out, *task)}, reusing", file=sys.stderr)
+            done[task] = _read_part(_part_dir(out, *task), task[1])
+    todo = [task for task in tasks if task not in done]
+    bar = tqdm(total=len(tasks), initial=len(done), desc="nopelens sweep", unit="model", disable=not progress)
+
+    def keep(task: tuple[str, int], measured: tuple[dict, dict]) -> None:
+        if out is not None:
+            _write_part(_part_dir(out, *task), *measured)
+        done[task] = measured
+        bar.update()
+
+    # in this process the training bars are shown; in workers they would interleave
+    show_training = progress and jobs == 1 and scheduler is None
+    parallel.run_tasks(measure, [(task, (*task, settings, show_training)) for task in todo], keep, jobs, scheduler)
+    bar.close()
+    parts = [done[task][0] for task in tasks]
+    probes, sinks, variance = (pd.concat([part[name] for part in parts], ignore_index=True) for name in TABLES)
+    per_seed = summarize_per_seed(probes, sinks, variance)
+    subjects = {_label(*task): done[task][1] for task in tasks}
+    result = SweepResult(probes, sinks, variance, summarize(probes, sinks, variance), out, subjects, per_seed)
     if out is not None:
-        report.write_run(result, settings, command=" ".join(["nopelens", *sys.argv[1:]]), versions=versions())
+        report.write_run(result, settings, command=" ".join(["nopelens", *sys.argv[1:]]), versions=versions(), svg=svg)
     return result
 
 
-def _subject_tables(spec: str, settings: SweepSettings, out: Path | None, progress: bool):
-    part = out / "parts" / _slug(spec) if out is not None else None
-    if part is not None and (part / "done.json").is_file():
-        tqdm.write(f"nopelens: {spec}: already measured in {part}, reusing", file=sys.stderr)
-        tables = {name: pd.read_csv(part / f"{name}.csv") for name in TABLES}
-        return tables, read_json(part / "done.json")
-    tqdm.write(f"nopelens: {spec}: loading", file=sys.stderr)
-    subject = resolve(spec, settings.n_sequences, settings.seq_len, settings.seed, progress, settings.quick_steps)
-    tqdm.write(f"nopelens: {subject.name}: probing {subject.n_layers + 1} layers", file=sys.stderr)
+def measure(spec: str, train_seed: int, settings: SweepSettings, progress: bool = False) -> tuple[dict, dict]:
+    """One sweep task: load (or train) ``spec`` with training seed ``train_seed`` and measure it.
+
+    Runs in any process (a local worker or a Dask worker): it reads only its arguments and the
+    zoo cache of the machine it runs on.
+
+    Returns:
+        ``(tables, meta)``: the ``probes``, ``sinks`` and ``variance`` tables (with ``train_seed``
+        columns) and what the run folder records about the model.
+    """
+    tqdm.write(f"nopelens: {_label(spec, train_seed)}: loading", file=sys.stderr)
+    subject = resolve(spec, settings.n_sequences, settings.seq_len, settings.seed, progress, settings.quick_steps,
+                      train_seed=train_seed)
+    tqdm.write(f"nopelens: {_label(subject.name, train_seed)}: probing {subject.n_layers + 1} layers", file=sys.stderr)
     with torch.no_grad():
         tables = analyse_subject(subject, settings)
+    tables = {name: table.assign(train_seed=train_seed) for name, table in tables.items()}
     meta = dict(name=subject.name, kind=subject.kind, position=subject.position, n_layers=subject.n_layers,
-                has_bos=subject.has_bos, train_lengths=subject.train_lengths, **subject.info)
-    if part is not None:
-        for name, table in tables.items():
-            write_csv_atomic(table, part / f"{name}.csv")
-        write_json_atomic(meta, part / "done.json")  # last: marks the subject complete
+                has_bos=subject.has_bos, train_lengths=subject.train_lengths, train_seed=train_seed, **subject.info)
     return tables, meta
+
+
+def _write_part(part: Path, tables: dict[str, pd.DataFrame], meta: dict) -> None:
+    for name, table in tables.items():
+        write_csv_atomic(table, part / f"{name}.csv")
+    write_json_atomic(meta, part / "done.json")  # last: marks the (model, seed) complete
+
+
+def _read_part(part: Path, train_seed: int) -> tuple[dict, dict]:
+    tables = {name: seeds.with_train_seed(pd.read_csv(part / f"{name}.csv"), train_seed) for name in TABLES}
+    return tables, read_json(part / "done.json")
+
+
+def _part_dir(out: Path, spec: str, train_seed: int) -> Path:
+    """``parts/<spec>`` for training seed 0 (where runs from before seeds keep theirs), else
+    ``parts/<spec>-seed<n>``."""
+    return out / "parts" / (_slug(spec) if train_seed == 0 else f"{_slug(spec)}-seed{train_seed}")
+
+
+def _label(spec: str, train_seed: int) -> str:
+    return spec if train_seed == 0 else f"{spec} (seed {train_seed})"
 
 
 def _claim_run_folder(out: Path, settings: SweepSettings) -> None:
@@ -308,8 +408,7 @@ def _claim_run_folder(out: Path, settings: SweepSettings) -> None:
                 f"{out} holds a sweep made with other settings ({previous.get('settings')}); "
                 "use another --out folder, or delete it to start over"
             )
-        return
-    write_json_atomic(record, stamp)
+    write_json_atomic(record, stamp)  # records the latest list of training seeds
 
 
 def _slug(spec: str) -> str:

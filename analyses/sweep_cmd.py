@@ -24,13 +24,34 @@ def _models(text: str | None) -> tuple[str, ...] | None:
     return models
 
 
+def parse_seeds(text: str) -> tuple[int, ...]:
+    """``"0,1,2"`` -> ``(0, 1, 2)``.
+
+    Raises:
+        ValueError: on anything but a comma list of integers.
+    """
+    try:
+        seeds = tuple(int(part) for part in text.split(",") if part.strip())
+    except ValueError:
+        raise ValueError(f"--seeds takes a comma list of integers such as 0,1,2, got {text!r}") from None
+    if not seeds:
+        raise ValueError("--seeds lists no seed")
+    return seeds
+
+
 def _settings(args: argparse.Namespace, models, controls: bool) -> SweepSettings:
     if args.quick:
         settings = SweepSettings.quick(args.task, models, controls)
     else:
         settings = SweepSettings.default(args.task, models, controls)
     overrides = {k: getattr(args, k) for k in ("n_sequences", "seq_len", "seed") if getattr(args, k) is not None}
+    if getattr(args, "seeds", None) is not None:
+        overrides["train_seeds"] = parse_seeds(args.seeds)
     return dataclasses.replace(settings, **overrides)
+
+
+def _sweep(args: argparse.Namespace, settings: SweepSettings, out):
+    return sweep(settings, out, progress=not args.quiet, jobs=args.jobs, scheduler=args.scheduler, svg=args.svg)
 
 
 def _print_summary(result) -> None:
@@ -41,14 +62,14 @@ def _print_summary(result) -> None:
 
 def run_sweep(args: argparse.Namespace) -> int:
     settings = _settings(args, _models(args.models), controls=not args.no_controls)
-    _print_summary(sweep(settings, args.out, progress=not args.quiet))
+    _print_summary(_sweep(args, settings, args.out))
     return 0
 
 
 def run_probe(args: argparse.Namespace) -> int:
     settings = _settings(args, (args.model,), controls=False)
     out = args.out or f"runs/probe-{''.join(c if c.isalnum() or c in '-_' else '_' for c in args.model)}"
-    _print_summary(sweep(settings, out, progress=not args.quiet))
+    _print_summary(_sweep(args, settings, out))
     return 0
 
 
@@ -86,6 +107,16 @@ def _common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--quiet", action="store_true", help="no training progress bars")
 
 
+def _runs(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--seeds", help="training seeds, comma list (default 0): each zoo model is trained, cached "
+                        "and measured once per seed; numbers are reported as mean and spread over seeds")
+    parser.add_argument("--jobs", type=int, default=1, help="measure models in this many local worker processes "
+                        "(default 1: in this process)")
+    parser.add_argument("--scheduler", help="address of a Dask scheduler (tcp://HOST:8786) to send the (model, seed) "
+                        'tasks to; needs pip install "nopelens[dask]"')
+    parser.add_argument("--svg", action="store_true", help="also save the figures as SVG (PNG always)")
+
+
 def register(subparsers) -> None:
     sweep_parser = subparsers.add_parser(
         "sweep", help="where absolute index and relative distance first become recoverable (the main job)",
@@ -93,13 +124,15 @@ def register(subparsers) -> None:
         "Theorem 1/2 circuit and an untrained NoPE model, for absolute index and relative distance, with "
         "controls, attention sinks and variance shrinkage; write a run folder and print the summary.",
         epilog="examples:\n  nopelens sweep\n  nopelens sweep --quick --out runs/smoke\n"
-        "  nopelens sweep --models text-nope-4l,text-rope-4l,text-learned-4l\n  nopelens sweep --task copy",
+        "  nopelens sweep --models text-nope-4l,text-rope-4l,text-learned-4l\n  nopelens sweep --task copy\n"
+        "  nopelens sweep --seeds 0,1,2 --jobs 2\n  nopelens sweep --scheduler tcp://127.0.0.1:8786",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     sweep_parser.add_argument("--models", help=f"comma list of models; each a {MODEL_HELP}")
     sweep_parser.add_argument("--no-controls", action="store_true", help="leave out the circuit and untrained controls")
     sweep_parser.add_argument("--out", default="runs/sweep", help="run folder (default runs/sweep); reruns resume")
     _common(sweep_parser)
+    _runs(sweep_parser)
     sweep_parser.set_defaults(func=run_sweep)
 
     probe_parser = subparsers.add_parser(
@@ -112,6 +145,7 @@ def register(subparsers) -> None:
     probe_parser.add_argument("model", help=MODEL_HELP)
     probe_parser.add_argument("--out", help="run folder (default runs/probe-<model>)")
     _common(probe_parser)
+    _runs(probe_parser)
     probe_parser.set_defaults(func=run_probe)
 
     sinks_parser = subparsers.add_parser(

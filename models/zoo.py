@@ -1,9 +1,11 @@
 """A model zoo: named recipes, trained on first use and cached.
 
 Each name maps to a fixed :class:`Recipe` (config, task, lengths, steps, optimizer settings,
-seed). ``load(name)`` returns the cached model if the cache holds a finished run of exactly that
-recipe; otherwise it trains it (resuming an interrupted run) and caches it. The cache folder's name
-includes a hash of the recipe, so a changed recipe never returns a stale model.
+seed). A training seed other than the recipe's (``load(name, seed=1)``) is the same recipe with
+that seed: a model of its own, cached in its own folder. ``load(name)`` returns the cached model
+if the cache holds a finished run of exactly that recipe; otherwise it trains it (resuming an
+interrupted run) and caches it. The cache folder's name includes a hash of the recipe, so a
+changed recipe never returns a stale model.
 
 Cache location: ``$NOPELENS_CACHE`` if set, else ``$XDG_CACHE_HOME/nopelens`` or
 ``~/.cache/nopelens``; models live in its ``zoo/`` subfolder.
@@ -15,7 +17,7 @@ import hashlib
 import json
 import os
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -143,15 +145,18 @@ def names() -> list[str]:
     return sorted(RECIPES)
 
 
-def recipe(name: str) -> Recipe:
-    """The recipe of a zoo model.
+def recipe(name: str, seed: int = 0) -> Recipe:
+    """The recipe of a zoo model, trained with training seed ``seed`` (initialization and data).
 
     Raises:
         KeyError: on an unknown name; the message lists the available ones.
+        ValueError: on a negative seed.
     """
     if name not in RECIPES:
         raise KeyError(f"unknown zoo model {name!r}; available: {', '.join(names())}")
-    return RECIPES[name]
+    if seed < 0:
+        raise ValueError(f"training seed must be >= 0, got {seed}")
+    return RECIPES[name] if seed == RECIPES[name].seed else replace(RECIPES[name], seed=seed)
 
 
 def cache_root(cache_dir: str | Path | None = None) -> Path:
@@ -164,24 +169,28 @@ def cache_root(cache_dir: str | Path | None = None) -> Path:
     return Path(base) / "nopelens"
 
 
-def model_dir(name: str, cache_dir: str | Path | None = None) -> Path:
-    """The checkpoint directory of a zoo model: ``<cache>/zoo/<name>-<recipe digest>``."""
-    return cache_root(cache_dir) / "zoo" / f"{name}-{recipe(name).digest}"
+def model_dir(name: str, cache_dir: str | Path | None = None, seed: int = 0) -> Path:
+    """The checkpoint directory of a zoo model: ``<cache>/zoo/<name>-<recipe digest>`` for training
+    seed 0 (where it has always been), ``<cache>/zoo/<name>-seed<seed>-<recipe digest>`` otherwise.
+    The digest covers the seed, so each seed has a folder of its own either way."""
+    spec = recipe(name, seed)
+    label = name if seed == 0 else f"{name}-seed{seed}"
+    return cache_root(cache_dir) / "zoo" / f"{label}-{spec.digest}"
 
 
-def is_cached(name: str, cache_dir: str | Path | None = None) -> bool:
-    """True when the cache holds a finished run of ``name``'s current recipe."""
-    path = model_dir(name, cache_dir)
+def is_cached(name: str, cache_dir: str | Path | None = None, seed: int = 0) -> bool:
+    """True when the cache holds a finished run of ``name``'s current recipe with training seed ``seed``."""
+    path = model_dir(name, cache_dir, seed)
     if not (path / METADATA_FILE).is_file():
         return False
     try:
         meta = read_metadata(path)
     except ValueError:
         return False
-    return bool(meta.get("complete")) and meta.get("zoo_recipe") == recipe(name).digest
+    return bool(meta.get("complete")) and meta.get("zoo_recipe") == recipe(name, seed).digest
 
 
-def load(name: str, cache_dir: str | Path | None = None, progress: bool = True) -> TrainedModel:
+def load(name: str, cache_dir: str | Path | None = None, progress: bool = True, seed: int = 0) -> TrainedModel:
     """The zoo model ``name``: loaded from the cache, or trained (and cached) on first use.
 
     Prints one line to stderr saying which happened.
@@ -190,19 +199,22 @@ def load(name: str, cache_dir: str | Path | None = None, progress: bool = True) 
         name: one of :func:`names`.
         cache_dir: cache root; default ``$NOPELENS_CACHE`` or the user cache directory.
         progress: show the training progress bar.
+        seed: training seed (initialization and data order); 0 is the recipe's own.
 
     Raises:
         KeyError: on an unknown name (the message lists the available ones).
-        ValueError: if the cached checkpoint is corrupted (delete its folder to retrain).
+        ValueError: if the cached checkpoint is corrupted (delete its folder to retrain), or on a
+            negative seed.
     """
-    spec = recipe(name)
-    path = model_dir(name, cache_dir)
-    if is_cached(name, cache_dir):
+    spec = recipe(name, seed)
+    path = model_dir(name, cache_dir, seed)
+    label = name if seed == 0 else f"{name} (seed {seed})"
+    if is_cached(name, cache_dir, seed):
         try:
             trained = load_checkpoint(path)
         except ValueError as error:
             raise ValueError(f"{error}; delete {path} to retrain {name}") from None
-        print(f"nopelens: loaded cached zoo model {name} from {path}", file=sys.stderr)
+        print(f"nopelens: loaded cached zoo model {label} from {path}", file=sys.stderr)
         return trained
-    print(f"nopelens: training zoo model {name} ({spec.steps} steps); it will be cached in {path}", file=sys.stderr)
+    print(f"nopelens: training zoo model {label} ({spec.steps} steps); it will be cached in {path}", file=sys.stderr)
     return spec.train(checkpoint_dir=path, progress=progress)

@@ -62,8 +62,10 @@ def test_selectivity_next_to_every_linear_score(quick_run):
 def test_run_folder_holds_tables_figures_and_summary(quick_run):
     result, out = quick_run
     for name in ("probes.csv", "sinks.csv", "variance.csv", "summary.csv", "summary.md",
-                 "probes.png", "probes.svg", "sinks.png", "sinks.svg", "variance.png", "variance.svg"):
+                 "probes.png", "sinks.png", "variance.png"):
         assert (out / name).is_file(), name
+    assert not list(out.glob("*.svg")), "SVG only on request (--svg)"
+    assert not (out / "summary_per_seed.csv").exists(), "one training seed: no per-seed tables"
     summary = (out / "summary.md").read_text()
     assert "circuit" in summary and "Command:" in summary and "Versions:" in summary
     assert set(pd.read_csv(out / "probes.csv")["model"]) == set(result.summary["model"])

@@ -1,0 +1,127 @@
+"""Sweeps in local worker processes and on a Dask cluster: same tables as the serial run, and a
+worker killed mid-run loses only its task (a rerun completes the folder, measuring nothing twice).
+
+Tiny settings (two controls, two training seeds of the untrained one, few short sequences) keep
+each run to seconds of work; the cost is mostly starting worker processes.
+"""
+
+import multiprocessing
+import os
+import signal
+import threading
+import time
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from nopelens.analyses import parallel
+from nopelens.analyses.sweep import TABLES, SweepSettings, sweep
+
+pytestmark = pytest.mark.slow
+
+SETTINGS = SweepSettings(models=("circuit", "untrained-nope"), n_sequences=12, seq_len=16, n_boot=20, n_splits=3,
+                         train_seeds=(0, 1))
+N_TASKS = 3
+
+
+@pytest.fixture(scope="module")
+def serial(tmp_path_factory):
+    out = tmp_path_factory.mktemp("serial") / "run"
+    sweep(SETTINGS, out, progress=False)
+    return out
+
+
+def assert_same_tables(run: Path, reference: Path) -> None:
+    for name in (*TABLES, "summary", "summary_per_seed", "probes_over_seeds"):
+        pd.testing.assert_frame_equal(pd.read_csv(run / f"{name}.csv"), pd.read_csv(reference / f"{name}.csv"))
+
+
+def done_parts(run: Path) -> int:
+    return len(list(run.glob("parts/*/done.json")))
+
+
+def test_jobs_give_the_serial_tables(serial, tmp_path):
+    sweep(SETTINGS, tmp_path / "run", progress=False, jobs=2)
+    assert_same_tables(tmp_path / "run", serial)
+
+
+def test_a_lost_local_worker_loses_only_unfinished_tasks(serial, tmp_path, capsys):
+    out = tmp_path / "run"
+    errors = []
+    runner = threading.Thread(target=lambda: _sweep_catching(out, errors, jobs=2))
+    runner.start()
+    _wait_for(lambda: done_parts(out) >= 1 or not runner.is_alive())
+    for child in multiprocessing.active_children():  # the pool's workers, mid-task
+        os.kill(child.pid, signal.SIGKILL)
+    runner.join()
+    finished = done_parts(out)
+    if errors:
+        assert isinstance(errors[0], ChildProcessError) and "rerun" in str(errors[0])
+        assert finished < N_TASKS
+    capsys.readouterr()
+    sweep(SETTINGS, out, progress=True, jobs=2)
+    assert capsys.readouterr().err.count("already measured") == finished, "nothing finished is measured twice"
+    assert_same_tables(out, serial)
+
+
+def test_run_tasks_reports_failures_after_passing_on_the_rest():
+    done = {}
+    with pytest.raises(ZeroDivisionError):
+        parallel.run_tasks(divmod, [("ok", (7, 2)), ("bad", (1, 0)), ("ok2", (9, 4))], done.__setitem__, jobs=2)
+    assert done == {"ok": (3, 1), "ok2": (2, 1)}
+    with pytest.raises(ValueError, match="--jobs"):
+        parallel.run_tasks(divmod, [], done.__setitem__, jobs=0)
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    distributed = pytest.importorskip("distributed", reason='Dask distributed is not installed (pip install ".[dask]")')
+    with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None) as local:
+        with distributed.Client(local) as client:
+            yield local.scheduler_address, client
+
+
+def test_dask_cluster_gives_the_serial_tables(serial, cluster, tmp_path):
+    address, _ = cluster
+    sweep(SETTINGS, tmp_path / "run", progress=False, scheduler=address)
+    assert_same_tables(tmp_path / "run", serial)
+
+
+def test_dask_worker_killed_mid_task_and_a_rerun_completes_the_folder(serial, cluster, tmp_path, capsys):
+    address, client = cluster
+    out = tmp_path / "run"
+    errors = []
+    runner = threading.Thread(target=lambda: _sweep_catching(out, errors, scheduler=address))
+    runner.start()
+    busy = _wait_for(lambda: [w for w, tasks in client.processing().items() if tasks] or not runner.is_alive())
+    killed = busy is not True
+    if killed:
+        client.run(os._exit, 1, workers=busy[:1], on_error="ignore")  # the worker process dies mid-task
+    runner.join()
+    if errors:
+        assert isinstance(errors[0], ChildProcessError), errors[0]
+    finished = done_parts(out)
+    capsys.readouterr()
+    sweep(SETTINGS, out, progress=True, scheduler=address)
+    assert capsys.readouterr().err.count("already measured") == finished
+    assert done_parts(out) == N_TASKS
+    assert_same_tables(out, serial)
+    assert killed, "the sweep finished before a worker could be killed"
+
+
+def _sweep_catching(out: Path, errors: list, **kwargs) -> None:
+    try:
+        sweep(SETTINGS, out, progress=False, **kwargs)
+    except Exception as error:  # noqa: BLE001 - the test inspects it
+        errors.append(error)
+
+
+def _wait_for(condition, timeout: float = 300.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = condition()
+        if value:
+            return value
+        time.sleep(0.05)
+    raise TimeoutError("condition not reached")
