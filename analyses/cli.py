@@ -21,6 +21,23 @@ COMMAND_MODULES = (
     "nopelens.analyses.audit_cmd",
 )
 
+COMMANDS = {
+    "sweep": ("nopelens.analyses.sweep_cmd", "where absolute index and relative distance first become recoverable (the main job)"),
+    "probe": ("nopelens.analyses.sweep_cmd", "probe one model (checkpoint, zoo name or HF directory) layer by layer"),
+    "sinks": ("nopelens.analyses.sweep_cmd", "attention-sink mass and rate per layer and head, with and without BOS"),
+    "demo": ("nopelens.analyses.demo", "build one model per position method and print its hook names"),
+    "train": ("nopelens.analyses.train_cmd", "train a decoder on a task, or train/load a zoo model"),
+    "lengthgen": ("nopelens.analyses.lengthgen",
+                  "train each position method on short sequences, test exact match on longer ones"),
+    "circuit": ("nopelens.analyses.circuit_cmd",
+                "hand-built NoPE circuits (Kazemnejad et al. 2023) and seed demos, with checks and a figure"),
+    "audit": ("nopelens.analyses.audit_cmd", "run seed 002's ten-step position audit on a model"),
+}
+"""Subcommand -> (module that registers it, its line in ``nopelens --help``). The CLI imports only
+the module of the command it runs, and none for ``nopelens --help``: the modules import torch and
+TransformerLens, seconds of start-up. A command missing here still works (every module is then
+imported); the tests check this table against what the modules register."""
+
 USER_ERRORS = (ValueError, KeyError, TypeError, OSError)
 
 
@@ -31,21 +48,41 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
+    """The CLI's parser; given ``argv``, only what that command needs is imported (see :data:`COMMANDS`)."""
     parser = _Parser(
         prog="nopelens",
         description="Where does a transformer know where a token is? Probes, sinks and circuits "
         "for NoPE, RoPE, ALiBi, learned and sinusoidal decoders.",
     )
     subparsers = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
-    for name in COMMAND_MODULES:
-        importlib.import_module(name).register(subparsers)
+    command = next((arg for arg in argv if not arg.startswith("-")), None) if argv is not None else None
+    if command in COMMANDS:
+        importlib.import_module(COMMANDS[command][0]).register(_Only(subparsers, command))
+    elif argv is not None and command is None:  # `nopelens --help` or no command: list them, import nothing
+        for name, (_, text) in COMMANDS.items():
+            subparsers.add_parser(name, help=text)
+    else:
+        for name in COMMAND_MODULES:
+            importlib.import_module(name).register(subparsers)
     return parser
+
+
+class _Only:
+    """The subparsers action, letting a module register only ``command`` of its subcommands."""
+
+    def __init__(self, subparsers, command: str):
+        self.subparsers, self.command = subparsers, command
+
+    def add_parser(self, name: str, **kwargs) -> argparse.ArgumentParser:
+        if name == self.command:
+            return self.subparsers.add_parser(name, **kwargs)
+        return argparse.ArgumentParser(add_help=False)  # a sibling command, not run now: discarded
 
 
 def main(argv: list[str] | None = None) -> int:
     """Run the CLI; returns the process exit code."""
-    args = build_parser().parse_args(argv)
+    args = build_parser(sys.argv[1:] if argv is None else argv).parse_args(argv)
     try:
         return int(args.func(args) or 0)
     except KeyboardInterrupt:

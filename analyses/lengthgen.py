@@ -227,7 +227,8 @@ def register(subparsers) -> None:
     parser.add_argument("--quick", action="store_true", help="tiny smoke-test settings (numbers not meaningful)")
     parser.add_argument("--tasks", nargs="+", default=list(TASK_NAMES), choices=TASK_NAMES)
     parser.add_argument("--methods", nargs="+", default=list(METHODS), choices=METHODS)
-    parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
+    parser.add_argument("--seeds", nargs="+", default=["0,1,2"],
+                        help="training seeds, as 0 1 2 or 0,1,2 (default 0,1,2)")
     parser.add_argument("--train-max-len", type=int, default=None, help=f"L (default {defaults.train_max_len})")
     parser.add_argument("--steps", type=int, default=None, help=f"training steps per model (default {defaults.steps})")
     parser.add_argument("--threads", type=int, help="torch intra-op threads (default: torch's); 1 is "
@@ -243,7 +244,10 @@ def _run(args: argparse.Namespace) -> int:
     settings = LengthGenSettings.quick() if args.quick else LengthGenSettings()
     changes = {k: v for k, v in (("train_max_len", args.train_max_len), ("steps", args.steps)) if v is not None}
     settings = dataclasses.replace(settings, **changes)
-    results = run_lengthgen(args.out, settings, tuple(args.tasks), tuple(args.methods), tuple(args.seeds), progress=not args.no_progress)
+    from .sweep_cmd import parse_seeds
+
+    seeds = tuple(seed for text in args.seeds for seed in parse_seeds(text))
+    results = run_lengthgen(args.out, settings, tuple(args.tasks), tuple(args.methods), seeds, progress=not args.no_progress)
     summary = summarize(results)
     print(summary.to_string(index=False, float_format=lambda x: f"{x:.3f}"))
     print(f"wrote {Path(args.out) / 'lengthgen.csv'}, summary.csv, lengthgen.png/.svg")

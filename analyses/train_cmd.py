@@ -65,9 +65,11 @@ def _run(args: argparse.Namespace) -> int:
             cached = "cached" if zoo.is_cached(name, args.cache_dir) else "not cached"
             print(f"{name:<24} {spec.description} [{spec.steps} steps; {cached}]")
         return 0
+    seeds = _seeds(args)
     if args.zoo:
-        trained = zoo.load(args.zoo, cache_dir=args.cache_dir, progress=not args.no_progress)
-        print(report(trained))
+        for seed in seeds:
+            trained = zoo.load(args.zoo, cache_dir=args.cache_dir, progress=not args.no_progress, seed=seed)
+            print(report(trained))
         return 0
     if not args.task or not args.out:
         raise ValueError("give --zoo NAME, --list, or both --task and --out")
@@ -83,14 +85,25 @@ def _run(args: argparse.Namespace) -> int:
         n_heads=args.heads,
         position=args.position,
     )
-    out = Path(args.out)
-    trained = train(
-        config, task, args.steps, batch_size=args.batch_size, min_len=args.min_len, max_len=args.max_len,
-        lr=args.lr, seed=args.seed, checkpoint_dir=out / "checkpoint", out_dir=out, progress=not args.no_progress,
-    )
-    print(report(trained))
-    print(f"checkpoint: {out / 'checkpoint'}; loss curve: {out / 'loss_curve.csv'}")
+    for seed in seeds:
+        out = Path(args.out) if args.seeds is None else Path(args.out) / f"seed{seed}"
+        trained = train(
+            config, task, args.steps, batch_size=args.batch_size, min_len=args.min_len, max_len=args.max_len,
+            lr=args.lr, seed=seed, checkpoint_dir=out / "checkpoint", out_dir=out, progress=not args.no_progress,
+        )
+        print(report(trained))
+        print(f"checkpoint: {out / 'checkpoint'}; loss curve: {out / 'loss_curve.csv'}")
     return 0
+
+
+def _seeds(args: argparse.Namespace) -> tuple[int, ...]:
+    from .sweep_cmd import parse_seeds
+
+    if args.seeds is None:
+        return (args.seed,)
+    if args.seed != 0:
+        raise ValueError("give --seed or --seeds, not both")
+    return parse_seeds(args.seeds)
 
 
 def register(subparsers) -> None:
@@ -100,8 +113,8 @@ def register(subparsers) -> None:
         description="Train a small decoder (AdamW, warmup + cosine, gradient clipping, fixed seed) "
         "and save a safetensors+JSON checkpoint; an interrupted run resumes from --out. With --zoo, "
         "load a named model from the cache, training it on first use.",
-        epilog="examples: nopelens train --zoo copy-nope-3l | nopelens train --task copy --position "
-        "rope --steps 600 --out runs/copy-rope",
+        epilog="examples: nopelens train --zoo copy-nope-3l | nopelens train --zoo text-nope-4l --seeds 0,1,2 | "
+        "nopelens train --task copy --position rope --steps 600 --out runs/copy-rope",
     )
     parser.add_argument("--zoo", help=f"a zoo model name ({', '.join(zoo.names())})")
     parser.add_argument("--list", action="store_true", help="list the zoo's models")
@@ -119,6 +132,8 @@ def register(subparsers) -> None:
     parser.add_argument("--max-len", type=int, default=10)
     parser.add_argument("--lr", type=float, default=3e-3)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seeds", help="train once per seed, comma list (0,1,2): zoo models are cached per seed, "
+                        "--task runs go to --out/seed<N>")
     parser.add_argument("--threads", type=int, help="torch intra-op threads (default: torch's); 1 is "
                         "much faster for these small models on a CPU shared with other jobs")
     parser.add_argument("--no-progress", action="store_true")

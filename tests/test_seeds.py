@@ -84,3 +84,14 @@ def test_probes_over_seeds_mean_spread_and_ci():
     assert row["value"] == pytest.approx(0.9) and row["seed_sd"] == pytest.approx(0.1)
     assert (row["seed_min"], row["seed_max"], row["n_seeds"]) == (0.8, 1.0, 3)
     assert row["ci_low"] == pytest.approx(0.8) and row["ci_high"] == pytest.approx(0.9333333)
+
+
+def test_train_seeds_train_once_per_seed(tmp_path):
+    from nopelens.analyses.cli import main
+    from nopelens.models.checkpoint import read_metadata
+
+    common = ["train", "--task", "copy", "--steps", "2", "--layers", "1", "--d-model", "16", "--batch-size", "4",
+              "--max-len", "3", "--no-progress", "--threads", "1", "--out", str(tmp_path)]
+    assert main([*common, "--seeds", "0,1"]) == 0
+    assert [read_metadata(tmp_path / f"seed{s}" / "checkpoint")["seed"] for s in (0, 1)] == [0, 1]
+    assert main([*common, "--seeds", "0", "--seed", "3"]) == 2
