@@ -73,9 +73,11 @@ def test_constant_input_without_bos_recovers_nothing(position, dtype):
     cfg = DecoderConfig(d_vocab=40, n_ctx=40, n_layers=2, d_model=32, n_heads=4, position=position)
     acts = collect(Decoder(cfg, seed=1).eval().to(dtype), torch.full((50, 30), 3), resid_sites(2))
     assert acts.dtype("blocks.0.hook_resid_post") == str(dtype).removeprefix("torch.")
-    table = probe_absolute_index(acts, n_boot=50, controls=False)
+    table = probe_absolute_index(acts, n_boot=50)  # default controls: one token id, control task undefined
     assert first_recoverable_layer(table, metric="r2") is None
     assert first_recoverable_layer(table, task="classification") is None
+    assert "control" not in set(table.probe) and table.selectivity.isna().all()
+    assert {"linear", "shuffled", "majority", "token_identity"} <= set(table.probe)
     r2 = table[(table.probe == "linear") & (table.metric == "r2")]
     assert (r2["ci_high"] < 0.05).all()
 
