@@ -188,3 +188,29 @@ def test_penalty_at_the_grid_edge_is_flagged():
     assert table["alpha_at_edge"].all() and (table["alpha"] == ALPHAS[0]).all()
     table = probe_features(X, position, groups, "regression", controls=False, n_splits=4, n_boot=20)
     assert not table["alpha_at_edge"].any() and ALPHAS[0] < table["alpha"].iloc[0] < ALPHAS[-1]
+
+
+@pytest.mark.slow
+def test_untrained_nope_control_reads_no_negative_r2_at_any_site():
+    """Issue 10 §3 known answer: the sweep's untrained-nope control (as the sweep builds and probes it)
+    read R² −0.86 at blocks.0.hook_attn_out with leave-one-token-out penalties; with the grouped
+    inner CV no site may read below −0.05."""
+    from nopelens.analyses.subjects import resolve
+    from nopelens.analyses.sweep import SweepSettings, _bilinear_mode, _qk_sites
+    from nopelens.probes import probe_relative_distance
+
+    settings = SweepSettings.default()
+    subject = resolve("untrained-nope", settings.n_sequences, settings.seq_len, settings.seed, False)
+    layers = subject.n_layers
+    sites = resid_sites(layers) + [f"blocks.{l}.hook_{kind}_out" for l in range(layers) for kind in ("attn", "mlp")]
+    qk = [_qk_sites(subject.model, l) for l in range(layers)]
+    acts = collect(subject.model, subject.tokens, sites + [s for pair in qk for s in pair],
+                   attention_mask=subject.attention_mask)
+    common = dict(tasks=("regression",), controls=False, n_splits=settings.n_splits, n_boot=10)
+    absolute = probe_absolute_index(acts, sites=sites, **common)
+    relative = probe_relative_distance(acts, sites=resid_sites(layers), feature_kinds=("concat",), attention=qk,
+                                       bilinear=_bilinear_mode(acts, qk[0][0]), pairs_per_distance=64, **common)
+    r2 = pd.concat([absolute, relative])
+    r2 = r2[r2.metric == "r2"]
+    assert len(r2) == len(sites) + 2 * layers + 1
+    assert (r2["value"] >= -0.05).all(), r2[["site", "features", "value", "alpha"]]
