@@ -143,11 +143,11 @@ def test_shared_ridge_fits_equal_sklearn_on_the_same_folds(n_splits, extrapolate
     X64 = X.astype(np.float64)
     offset = 0
     for k, (fit_side, score) in enumerate(splits):
-        Z = StandardScaler().fit(X64[fit_side]).transform(X64[fit_side])
         for t, y in enumerate(targets):
-            search = GridSearchCV(Ridge(), {"alpha": list(ALPHAS)}, cv=_inner_cv(members[k], blocks, fit_side, len(X)),
-                                  scoring="neg_mean_squared_error").fit(Z, y[fit_side])
-            assert fit.alphas[t][k] == search.best_params_["alpha"]
+            search = GridSearchCV(make_pipeline(StandardScaler(), Ridge()), {"ridge__alpha": list(ALPHAS)},
+                                  cv=_inner_cv(members[k], blocks, fit_side, len(X)),
+                                  scoring="neg_mean_squared_error").fit(X64[fit_side], y[fit_side])
+            assert fit.alphas[t][k] == search.best_params_["ridge__alpha"]
             reference = make_pipeline(StandardScaler(), Ridge(alpha=fit.alphas[t][k])).fit(X64[fit_side], y[fit_side])
             np.testing.assert_allclose(fit.predictions[t][offset:offset + len(score)], reference.predict(X64[score]),
                                        rtol=1e-9, atol=1e-9)
@@ -173,9 +173,10 @@ def test_grouped_ridge_cv_estimator_equals_grid_search_over_group_kfold():
     X, position, groups, _ = _data()
     Z = StandardScaler().fit_transform(X.astype(np.float64))
     ours = GroupedRidgeCV(n_splits=4).fit(Z, position, groups)
-    search = GridSearchCV(Ridge(), {"alpha": list(ALPHAS)}, cv=GroupKFold(4), scoring="neg_mean_squared_error")
+    search = GridSearchCV(make_pipeline(StandardScaler(), Ridge()), {"ridge__alpha": list(ALPHAS)}, cv=GroupKFold(4),
+                          scoring="neg_mean_squared_error")
     search.fit(Z, position, groups=groups)
-    assert ours.alpha_ == search.best_params_["alpha"]
+    assert ours.alpha_ == search.best_params_["ridge__alpha"]
     np.testing.assert_allclose(ours.predict(Z), search.predict(Z), rtol=1e-9, atol=1e-9)
     assert ours.score(Z, position) == pytest.approx(search.best_estimator_.score(Z, position))
     assert GroupedRidgeCV().get_params() == {"alphas": ALPHAS, "n_splits": 4}  # nothing learned in __init__
