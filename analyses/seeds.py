@@ -13,7 +13,7 @@ import pandas as pd
 FIRST_LAYER_COLUMNS = ("absolute_acc", "absolute_r2", "relative_pairs_r2", "relative_qk_r2")
 """Summary columns holding a first-recoverable layer (-1: none)."""
 
-PROBE_NUMBERS = ("value", "ci_low", "ci_high", "selectivity", "n_samples", "n_sequences", "train_seed")
+PROBE_NUMBERS = ("value", "ci_low", "ci_high", "selectivity", "chance", "n_samples", "n_sequences", "train_seed")
 """Probe-table columns that are measured; every other column names the number (model, site, ...)."""
 
 
