@@ -58,6 +58,13 @@ class TrainedModel:
     metadata: dict[str, Any] = field(default_factory=dict)
     loss_curve: pd.DataFrame = field(default_factory=pd.DataFrame)
 
+    def __post_init__(self) -> None:
+        spec = self.metadata.get("task")
+        if getattr(self.model, "tokenizer", None) is None and isinstance(spec, dict):
+            from .tasks import TASKS
+
+            self.model.set_tokenizer(getattr(TASKS.get(spec.get("name")), "tokenizer", None))
+
     @property
     def config(self) -> DecoderConfig:
         return self.model.cfg
