@@ -657,6 +657,10 @@ class Decoder(HookedRootModule):
         """Text of ``[pos]`` (a str) or ``[batch, pos]`` (a list) ids; see :func:`~nopelens.models.generation.to_string`."""
         return generation.to_string(self, tokens)
 
+    def to_str_tokens(self, input, prepend_bos=None):
+        """Each token of one sequence as a string; see :func:`~nopelens.models.generation.to_str_tokens`."""
+        return generation.to_str_tokens(self, input, prepend_bos)
+
     def to_single_token(self, string: str) -> int:
         """The id of a string that is exactly one token (one byte for byte-level models).
 

@@ -109,6 +109,24 @@ def to_string(model: "Decoder", tokens: Tensor | Sequence[int] | Sequence[Sequen
     return tokenizer.decode(tokens.reshape(-1).tolist())
 
 
+def to_str_tokens(model: "Decoder", input: str | Tensor | Sequence[int], prepend_bos: bool | None = None) -> list[str]:
+    """Each token of one sequence as a string, as ``TransformerBridge.to_str_tokens``.
+
+    Args:
+        model: a decoder with a tokenizer.
+        input: a string (tokenized with ``prepend_bos``) or token ids ``[pos]`` / ``[1, pos]``.
+
+    Raises:
+        ValueError: without a tokenizer, on a batch of more than one sequence, or on an id that is
+            not a token of the tokenizer.
+    """
+    tokenizer = require_tokenizer(model, "to_str_tokens")
+    tokens = to_tokens(model, input, prepend_bos) if isinstance(input, str) else torch.as_tensor(input)
+    if tokens.ndim > 1 and tokens.shape[0] != 1 or tokens.ndim > 2:
+        raise ValueError(f"to_str_tokens takes one sequence, got shape {tuple(tokens.shape)}")
+    return [tokenizer.token_string(t) for t in tokens.reshape(-1).tolist()]
+
+
 def sample_logits(
     logits: Float[Tensor, "batch d_vocab"],
     do_sample: bool = True,

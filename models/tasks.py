@@ -416,6 +416,19 @@ class ByteTokenizer:
                 )
         return bytes(t for t in ids if t < 256).decode("utf-8", errors="replace")
 
+    def token_string(self, token: int) -> str:
+        """One token as text: its character for ASCII, ``\\xNN`` for other bytes, ``<bos>``/``<pad>``.
+
+        Example:
+            >>> [ByteTokenizer().token_string(t) for t in (256, 104, 195)]
+            ['<bos>', 'h', '\\\\xc3']
+        """
+        special = {self.bos_id: "<bos>", self.pad_id: "<pad>"}
+        if token in special:
+            return special[token]
+        self.decode([token])  # checks the id
+        return bytes([token]).decode("utf-8", errors="backslashreplace")
+
     def __repr__(self) -> str:
         return "ByteTokenizer()"
 

@@ -31,6 +31,8 @@ def test_to_string_inverts_to_tokens(model):
     bare = model.to_tokens(TEXT, prepend_bos=False)
     assert bare[0].tolist() == list(TEXT.encode()) and model.to_string(bare[0]) == TEXT
     assert model.to_single_token("a") == 97
+    assert model.to_str_tokens("hé") == ["<bos>", "h", "\\xc3", "\\xa9"]
+    assert model.to_str_tokens(torch.tensor([[104, 105]])) == ["h", "i"]
 
 
 @pytest.mark.parametrize("side", ["left", "right"])
