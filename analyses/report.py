@@ -41,7 +41,7 @@ SUMMARY_HEADERS = {
 }
 
 
-REPRODUCIBLE = {"svg.hashsalt": "nopelens", "svg.id": "nopelens-figure"}
+REPRODUCIBLE = {"svg.hashsalt": "nopelens"}
 """rcParams that make SVG ids (clip paths, glyphs) a hash of the content instead of a random uuid."""
 NO_STAMPS = {"png": {"Software": None}, "svg": {"Date": None, "Creator": None}}
 """Metadata left out, so a file depends on the figure only (not on the date or matplotlib's version)."""

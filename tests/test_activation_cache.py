@@ -15,9 +15,9 @@ NORMS = ["layernorm", "rmsnorm", "none"]
 ATOL = 1e-10
 
 
-def make(normalization="layernorm", position="learned", d_mlp=24):
-    cfg = DecoderConfig(d_vocab=13, n_ctx=12, n_layers=2, d_model=16, n_heads=2, d_mlp=d_mlp,
-                        normalization=normalization, position=position, init_std=0.3)
+def make(normalization="layernorm", position="learned", d_mlp=24, shaw_values=False):
+    cfg = DecoderConfig(d_vocab=13, n_ctx=12, n_layers=2, d_model=16, n_heads=2, d_mlp=d_mlp, shaw_clip=3,
+                        shaw_values=shaw_values, normalization=normalization, position=position, init_std=0.3)
     model = Decoder(cfg, seed=0, dtype=torch.float64).eval()
     with torch.no_grad():  # non-zero biases and norm weights, so a forgotten term shows
         generator = torch.Generator().manual_seed(1)
@@ -217,12 +217,16 @@ def test_logit_attrs_sum_to_the_logits_less_the_biases(normalization):
     close(direction, model.W_U[:, 3] * weight)
 
 
-def test_rope_model_decomposes_too():
-    model = make(position="rope")
-    _, cache = run(model)
+@pytest.mark.parametrize("position", ["rope", "alibi", "shaw", "sinusoidal", ("nope", "rope")])
+def test_every_position_method_decomposes(position):
+    model = make(position=position, shaw_values=True)  # Shaw's a^V term is part of z, so of the head results
+    logits, cache = run(model)
     stack, labels = cache.get_full_resid_decomposition(return_labels=True)
-    assert "pos_embed" not in labels
+    assert ("pos_embed" in labels) == (position == "sinusoidal")
     close(stack.sum(0), cache["blocks.1.hook_resid_post"])
+    attrs = cache.logit_attrs(cache.decompose_resid(), TOKENS)
+    offset = model.b_U + model.ln_final.b @ model.W_U
+    close(attrs.sum(0), (logits - offset).gather(-1, TOKENS[..., None])[..., 0])
 
 
 def test_methods_the_decoder_cannot_serve_say_why():
