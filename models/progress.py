@@ -43,6 +43,11 @@ class _LogBar(std.tqdm):
     def set_description(self, desc=None, refresh=True):
         super().set_description(desc, refresh=False)
 
+    def close(self):
+        if not self.disable and self.last_print_n == self.n:
+            self.leave = False  # the last line written already shows the final count
+        super().close()
+
 
 def is_terminal(stream: IO[str]) -> bool:
     """Whether ``stream`` is an interactive terminal."""

@@ -37,3 +37,12 @@ def test_a_slow_loop_in_a_log_writes_a_line_per_interval(monkeypatch):
         pass
     lines = log.getvalue().splitlines()
     assert 60 / LOG_INTERVAL - 4 <= len(lines) <= 60 / LOG_INTERVAL + 4, len(lines)
+
+
+def test_the_final_state_is_written_once(monkeypatch):
+    clock = iter(range(0, 10**6, 60))  # a minute per step: every step is due a line
+    monkeypatch.setattr("tqdm.std.time", lambda: float(next(clock)))
+    log = io.StringIO()
+    for _ in progress_bar(range(3), file=log):
+        pass
+    assert sum("3/3" in line for line in log.getvalue().splitlines()) == 1, log.getvalue()
