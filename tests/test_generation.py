@@ -35,6 +35,18 @@ def test_to_string_inverts_to_tokens(model):
     assert model.to_str_tokens(torch.tensor([[104, 105]])) == ["h", "i"]
 
 
+def test_logit_attrs_take_a_one_byte_string(model):
+    tokens = model.to_tokens("ab")
+    logits, cache = model.run_with_cache(tokens)
+    stack = cache.decompose_resid()
+    by_string = cache.logit_attrs(stack, "b")
+    torch.testing.assert_close(by_string, cache.logit_attrs(stack, 98))
+    offset = model.b_U + model.ln_final.b @ model.W_U
+    torch.testing.assert_close(by_string.sum(0), (logits - offset)[..., 98], atol=1e-4, rtol=1e-4)
+    with pytest.raises(ValueError, match="not a single token"):
+        cache.logit_attrs(stack, "bc")
+
+
 @pytest.mark.parametrize("side", ["left", "right"])
 def test_a_list_of_strings_is_padded(model, side):
     texts = ["a", "abc"]
