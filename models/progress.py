@@ -8,6 +8,7 @@ as thousands of carriage-return "lines"; there the bar writes one plain line at 
 
 from __future__ import annotations
 
+import re
 import sys
 from typing import IO, Iterable
 
@@ -18,15 +19,17 @@ from tqdm.autonotebook import tqdm as _autonotebook_tqdm
 LOG_INTERVAL = 5.0
 """Seconds between two progress lines written to a file or a pipe."""
 
+_CURSOR_MOVES = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+
 
 class _LineStream:
-    """Turns tqdm's redraws (``\\r`` + the bar + padding) into whole lines, for logs."""
+    """Turns tqdm's redraws (``\\r`` + the bar + padding, cursor moves of nested bars) into lines."""
 
     def __init__(self, stream: IO[str]):
         self.stream = stream
 
     def write(self, text: str) -> None:
-        line = text.replace("\r", "").rstrip()
+        line = _CURSOR_MOVES.sub("", text).replace("\r", "").strip()
         if line:
             self.stream.write(line + "\n")
 
@@ -76,5 +79,5 @@ def progress_bar(iterable: Iterable | None = None, *, file: IO[str] | None = Non
     if notebook or is_terminal(stream):
         return tqdm(iterable, file=stream, **kwargs)
     kwargs.setdefault("mininterval", LOG_INTERVAL)
-    kwargs.update(leave=True, dynamic_ncols=False, ascii=True)
+    kwargs.update(leave=True, dynamic_ncols=False, ascii=True, position=0)  # nested bars: lines, not cursor moves
     return _LogBar(iterable, file=_LineStream(stream), **kwargs)

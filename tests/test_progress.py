@@ -46,3 +46,15 @@ def test_the_final_state_is_written_once(monkeypatch):
     for _ in progress_bar(range(3), file=log):
         pass
     assert sum("3/3" in line for line in log.getvalue().splitlines()) == 1, log.getvalue()
+
+
+def test_nested_bars_in_a_log_write_plain_lines():
+    log = io.StringIO()
+    for _ in progress_bar(range(3), file=log, desc="sweep", mininterval=0):
+        inner = progress_bar(total=4, file=log, desc="train", leave=False, mininterval=0)
+        for _ in range(4):
+            inner.update(1)
+        inner.close()
+    text = log.getvalue()
+    assert "\x1b" not in text and "\r" not in text
+    assert all(line.startswith(("sweep", "train")) for line in text.splitlines())
