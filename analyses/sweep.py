@@ -48,6 +48,7 @@ from tqdm.auto import tqdm
 
 import nopelens
 from nopelens.models.io import read_json, write_csv_atomic, write_json_atomic
+from nopelens.models.progress import progress_bar
 from nopelens.probes import collect, mad_chance, probe_absolute_index, probe_relative_distance, resid_sites
 from nopelens.probes.sinks import GU_WINDOW, attention_variance, sink_table, variance_slopes
 
@@ -342,7 +343,7 @@ def sweep(settings: SweepSettings, out_dir: str | Path | None = None, progress: 
             tqdm.write(f"nopelens: {_label(*task)}: already measured in {_part_dir(out, *task)}, reusing", file=sys.stderr)
             done[task] = _read_part(_part_dir(out, *task), task[1])
     todo = [task for task in tasks if task not in done]
-    bar = tqdm(total=len(tasks), initial=len(done), desc="nopelens sweep", unit="model", disable=not progress)
+    bar = progress_bar(total=len(tasks), initial=len(done), desc="nopelens sweep", unit="model", disable=not progress)
 
     def keep(task: tuple[str, int], measured: tuple[dict, dict]) -> None:
         if out is not None:
