@@ -86,6 +86,7 @@ def test_probes_over_seeds_mean_spread_and_ci():
     assert row["ci_low"] == pytest.approx(0.8) and row["ci_high"] == pytest.approx(0.9333333)
 
 
+@pytest.mark.slow
 def test_train_seeds_train_once_per_seed(tmp_path):
     from nopelens.analyses.cli import main
     from nopelens.models.checkpoint import read_metadata
