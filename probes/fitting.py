@@ -269,20 +269,23 @@ def fit_folds(
         dtype: dtype the activations were computed in; default ``X``'s.
         alphas: ridge penalty grid (ascending).
         shrinkage: :class:`PooledLDA` shrinkage.
-        device: torch device for the algebra.
-        compute_dtype: float64 by default; float32 allowed on an accelerator.
+        device: torch device for the algebra (``"cpu"``, ``"cuda"``, ...). CUDA is optional.
+        compute_dtype: float64 by default; float32 allowed on an accelerator only (the
+            round-off test and the Gram sums then carry float32 error).
 
     Returns:
         :class:`FoldFit`.
 
     Raises:
         ValueError: on bad splits (empty side, not grouped), fewer than 2 classes on a fitting
-            side, or an unknown task.
+            side, an unknown task, or float32 algebra on CPU.
     """
     if task not in ("regression", "classification"):
         raise ValueError(f"task must be 'classification' or 'regression', got {task!r}")
     dtype = (X.dtype if dtype is None else dtype)
     compute_dtype = compute_dtype or torch.float64
+    if torch.device(device).type == "cpu" and compute_dtype != torch.float64:
+        raise ValueError(f"probe algebra runs in float64 on CPU; {compute_dtype} is only for accelerators")
     alphas = np.asarray(sorted(alphas), dtype=np.float64)
     for fit, score in splits:
         if len(fit) == 0 or len(score) == 0:
