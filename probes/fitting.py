@@ -345,7 +345,7 @@ class _Ridge:
         self.alphas = torch.as_tensor(alphas, dtype=X.dtype, device=X.device)
         Y = torch.as_tensor(np.stack(targets, 1), dtype=X.dtype, device=X.device)
         self.n_targets = Y.shape[1]
-        self.xty = torch.stack([X[_rows(i, X)].T @ Y[_rows(i, X)] for i in stats.index])
+        self.xty = torch.stack([_cross(X[_rows(i, X)], Y[_rows(i, X)]) for i in stats.index])
         self.ysum = torch.stack([Y[_rows(i, X)].sum(0) for i in stats.index])
         self.yy = torch.stack([(Y[_rows(i, X)] ** 2).sum(0) for i in stats.index])
         self._factors: dict[frozenset, tuple] = {}
@@ -419,6 +419,13 @@ def _gram(X: torch.Tensor) -> torch.Tensor:
         A = X.numpy()
         return torch.from_numpy(A.T @ A)
     return X.T @ X
+
+
+def _cross(X: torch.Tensor, Y: torch.Tensor) -> torch.Tensor:
+    """X^T Y; on CPU through numpy (BLAS sees the transpose instead of copying it)."""
+    if X.device.type == "cpu":
+        return torch.from_numpy(X.numpy().T @ Y.numpy())
+    return X.T @ Y
 
 
 def _sub(M: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
