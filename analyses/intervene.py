@@ -24,7 +24,7 @@ manager of ``HookedRootModule`` and ``TransformerBridge`` alike):
 - **Activation patching** (:func:`position_patching`). The residual stream at layer l, position
   i of a sequence is replaced by the same token's state in a left-shifted copy of the sequence
   (the token sits at i - s there); a regression probe at the last layer reads the index at i. The
-  effect is normalized as in TransformerLens' ``patching`` module, which runs the patches:
+  effect is normalized as TransformerLens' ``patching`` module normalizes it (``PatchingResult.normalized``):
   (patched - corrupted) / (clean - corrupted), with the original sequence as the "corrupted"
   run and the shifted copy as the "clean" source, so 1 means all of the index moved with the
   patched state and 0 means the later layers recomputed it from the context.
@@ -514,8 +514,10 @@ def position_patching(model, tokens: Tensor, n_layers: int, settings: ProbeSetti
     """How much of the index moves with a residual state patched in from a left-shifted copy.
 
     For each patch layer l in 0 .. n_layers - 1 (``blocks.{l}.hook_resid_pre``) and position i,
-    TransformerLens' ``patching.generic_activation_patch`` runs the original sequences with the
-    state at (l, i) replaced by the copy's state of the same token (at i - shift). A regression
+    the original sequences run with the state at (l, i) replaced by the copy's state of the same
+    token (at i - shift). (TransformerLens' ``patching.generic_activation_patch`` patches an index
+    from the same index of the clean run and reads ``model.cfg.device``, which a ``Decoder``'s
+    config does not have, so the loop is here; its normalization is kept.) A regression
     probe fitted on clean final-layer states reads the index at i in the last layer. ``moved`` =
     mean(patched - original) / mean(copy - original) over sequences (TransformerLens'
     normalization (patched - corrupted) / (clean - corrupted), as a ratio of means, which stays
@@ -534,8 +536,6 @@ def position_patching(model, tokens: Tensor, n_layers: int, settings: ProbeSetti
         One row per (patch layer, position): ``layer``, ``position``, ``read_layer``,
         ``original_read``, ``copy_read``, ``patched_read`` (means), ``moved`` and its CI.
     """
-    from transformer_lens import patching
-
     length, start = tokens.shape[1], 1 if keep_first else 0
     shift = max(1, length // 4) if shift is None else shift
     copy = shifted_copy(tokens, shift, keep_first)
@@ -554,43 +554,31 @@ def position_patching(model, tokens: Tensor, n_layers: int, settings: ProbeSetti
     read_original = probe.predict(original.features(read_site)).reshape(tokens.shape)
     read_copy = probe.predict(source.features(read_site)).reshape(copy.shape)
 
-    captured: dict[str, Tensor] = {}
-    point = model.hook_dict[read_site]
-    conversion = getattr(point, "hook_conversion", None)
-
-    def capture(module, inputs, output):
-        value = output[0] if isinstance(output, tuple) else output
-        captured["resid"] = (conversion.convert(value) if conversion is not None else value).detach().float().cpu()
-
-    def setter(corrupted, index, clean):
-        corrupted[:, index[1]] = clean[:, index[1] - shift].to(corrupted.device, corrupted.dtype)
-        return corrupted
-
     rows = []
-    handle = point.register_forward_hook(capture)  # a plain torch hook: TransformerLens' resets leave it alone
-    try:
-        for position in positions:
-            def metric(logits, position=position):
-                return torch.as_tensor(probe.predict(captured["resid"][:, position].numpy()))
-
-            index_df = pd.DataFrame({"layer": range(n_layers), "pos": position})
-            with torch.no_grad(), warnings.catch_warnings():
-                warnings.simplefilter("ignore")
-                result = patching.generic_activation_patch(
-                    model, tokens, clean_cache, metric, setter, "resid_pre", index_df=index_df,
-                    reduce="none", baseline=True)
-            patched = result.values.numpy()  # [layer, batch]
-            before, after = read_original[:, position], read_copy[:, position - shift]
-            for layer in range(n_layers):
-                moved, low_ci, high_ci = _ratio_of_means(patched[layer] - before, after - before,
-                                                          settings.n_boot, settings.seed)
-                rows.append(dict(layer=layer, position=position, shift=shift, read_layer=n_layers,
-                                 original_read=float(before.mean()), copy_read=float(after.mean()),
-                                 patched_read=float(patched[layer].mean()), moved=moved,
-                                 moved_ci_low=low_ci, moved_ci_high=high_ci))
-    finally:
-        handle.remove()
+    for position in positions:
+        before, after = read_original[:, position], read_copy[:, position - shift]
+        for layer, site in enumerate(sites):
+            replacement = torch.from_numpy(source.acts[site]).reshape(len(copy), copy.shape[1], -1)[:, position - shift]
+            with intervention(model, [(site, patch_position_hook(position, replacement))]):
+                patched = collect(model, tokens, [read_site])
+            patched_read = probe.predict(patched.features(read_site)).reshape(tokens.shape)[:, position]
+            moved, low_ci, high_ci = _ratio_of_means(patched_read - before, after - before, settings.n_boot, settings.seed)
+            rows.append(dict(layer=layer, position=position, shift=shift, read_layer=n_layers,
+                             original_read=float(before.mean()), copy_read=float(after.mean()),
+                             patched_read=float(patched_read.mean()), moved=moved,
+                             moved_ci_low=low_ci, moved_ci_high=high_ci))
     return pd.DataFrame(rows)
+
+
+def patch_position_hook(position: int, replacement: Float[Tensor, "batch d_model"]) -> Callable:
+    """A residual hook that puts ``replacement`` at ``position`` of every row."""
+
+    def hook(resid: Tensor, hook) -> Tensor:
+        resid = resid.clone()
+        resid[:, position] = replacement.to(resid.device, resid.dtype)
+        return resid
+
+    return hook
 
 
 def _ratio_of_means(numerator: np.ndarray, denominator: np.ndarray, n_boot: int, seed: int) -> tuple[float, float, float]:
