@@ -200,7 +200,11 @@ def check_sink_ablation(model, block: int, mode: str, tokens: Tensor, attention_
     if name not in model.hook_dict:
         raise NotApplicable(f"no hook point {name}: the sink cannot be ablated in block {block}")
     pattern_site, out_site = f"blocks.{block}.attn.hook_pattern", f"blocks.{block}.hook_attn_out"
-    sites = [site for site in (pattern_site, out_site) if site in model.hook_dict]
+    needed = [pattern_site, out_site] if mode == "remove_key" else [out_site]
+    unverifiable = [site for site in needed if site not in model.hook_dict]
+    if unverifiable:
+        raise NotApplicable(f"no hook point {unverifiable[0]} to check that the ablation in block {block} took effect")
+    sites = needed
     clean = collect(model, tokens, sites, attention_mask=attention_mask)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -209,11 +213,11 @@ def check_sink_ablation(model, block: int, mode: str, tokens: Tensor, attention_
     if any("discarded" in str(w.message) for w in caught):
         raise NotApplicable(f"{name} is fired after the attention is computed (edits are discarded); "
                             "the sink ablation would measure nothing")
-    if mode == "remove_key" and pattern_site in sites:
+    if mode == "remove_key":
         kept = max(float(np.abs(p[:, 1:, 0]).max()) for p in ablated.patterns[pattern_site])
         if kept > PATTERN_TOLERANCE:
             raise NotApplicable(f"after blocking key 0 at {name}, hook_pattern still gives it weight {kept:.3g}")
-    if out_site in sites and np.array_equal(clean.acts[out_site], ablated.acts[out_site]):
+    if np.array_equal(clean.acts[out_site], ablated.acts[out_site]):
         raise NotApplicable(f"an edit at {name} does not change {out_site}: the hook is not on the computation path")
 
 
@@ -240,7 +244,9 @@ def qk_sites(model, block: int) -> tuple[str, str]:
 
 @dataclass(frozen=True)
 class ProbeSettings:
-    """How the interventions re-probe: folds, bootstrap replicates, seed, tasks and controls."""
+    """How the interventions re-probe: folds, bootstrap replicates, seed, tasks, controls, whether to
+    read relative distance from q.k, and the bilinear read (``outer``/``elementwise``; default:
+    outer up to :data:`MAX_OUTER_FEATURES` features per pair, as the sweep)."""
 
     n_splits: int = 5
     n_boot: int = 200
@@ -248,6 +254,7 @@ class ProbeSettings:
     tasks: tuple[str, ...] = ("classification", "regression")
     controls: bool = True
     relative: bool = True
+    bilinear: str | None = None
 
 
 def reprobe(model, tokens: Tensor, attention_mask: Tensor, from_layer: int, n_layers: int,
@@ -269,7 +276,7 @@ def reprobe(model, tokens: Tensor, attention_mask: Tensor, from_layer: int, n_la
     frames = [probe_absolute_index(acts, sites=residual, tasks=settings.tasks, controls=settings.controls, **common)]
     if qk:
         _, n_heads, d_head = acts.acts[qk[0][0]].shape
-        mode = "outer" if n_heads * d_head * d_head <= MAX_OUTER_FEATURES else "elementwise"
+        mode = settings.bilinear or ("outer" if n_heads * d_head * d_head <= MAX_OUTER_FEATURES else "elementwise")
         relative = probe_relative_distance(later_tokens(collected, renumber=True), sites=[], feature_kinds=(), attention=qk, bilinear=mode,
                                            tasks=("regression",), controls=settings.controls,
                                            pairs_per_distance=min(64, int(tokens.shape[0])), **common)
