@@ -598,3 +598,48 @@ def _ratio_of_means(numerator: np.ndarray, denominator: np.ndarray, n_boot: int,
     result = stats.bootstrap((numerator, denominator), lambda a, b, axis=-1: a.mean(axis) / b.mean(axis),
                              paired=True, vectorized=True, n_resamples=n_boot, method="percentile", random_state=seed)
     return ratio, float(result.confidence_interval.low), float(result.confidence_interval.high)
+
+
+# ----------------------------------------------------------------------------- the sweep's section
+
+
+def sink_ablation_drop(model, tokens: Tensor, attention_mask: Tensor, n_layers: int, clean: Activations,
+                       n_splits: int = 5, n_boot: int = 200, seed: int = 0) -> pd.DataFrame:
+    """Per block l, absolute-index R^2 at layer l + 1, clean and with the first key removed in block l.
+
+    The cheap form of :func:`sink_ablation` for the sweep: regression probes only, no controls,
+    the clean states taken from activations already collected, and each ablated pass stopped at
+    layer l + 1. Tokens after the first real one are probed (see the module docstring).
+
+    Args:
+        model, tokens, attention_mask, n_layers: the subject.
+        clean: activations of the same tokens holding every residual layer 1 .. n_layers.
+        n_splits, n_boot, seed: probe folds, bootstrap replicates and seed.
+
+    Returns:
+        One row per block: ``block``, ``layer``, ``r2_clean`` and ``r2_ablated`` with CIs, ``drop``
+        (clean - ablated), ``status`` (``measured`` or ``not_applicable``) and ``note``.
+    """
+    first = first_real_index(attention_mask)
+    common = dict(tasks=("regression",), controls=False, n_splits=n_splits, n_boot=n_boot, seed=seed)
+    later_clean = later_tokens(clean)
+    rows = []
+    for block in range(n_layers):
+        site = resid_site(block + 1)
+        row = dict(block=block, layer=block + 1)
+        try:
+            check_sink_ablation(model, block, "remove_key", tokens, attention_mask)
+        except NotApplicable as reason:
+            rows.append(dict(row, status="not_applicable", note=str(reason)))
+            continue
+        with intervention(model, sink_hooks(block, "remove_key", first)):
+            ablated = later_tokens(collect(model, tokens, [site], attention_mask=attention_mask, batch_size=32))
+        scores = {}
+        for name, acts in (("clean", later_clean), ("ablated", ablated)):
+            table = probe_absolute_index(acts, sites=[site], **common)
+            scores[name] = table[(table["probe"] == "linear") & (table["metric"] == "r2")].iloc[0]
+        rows.append(dict(row, r2_clean=scores["clean"]["value"], r2_clean_ci_low=scores["clean"]["ci_low"],
+                         r2_clean_ci_high=scores["clean"]["ci_high"], r2_ablated=scores["ablated"]["value"],
+                         r2_ablated_ci_low=scores["ablated"]["ci_low"], r2_ablated_ci_high=scores["ablated"]["ci_high"],
+                         drop=scores["clean"]["value"] - scores["ablated"]["value"], status="measured", note=""))
+    return pd.DataFrame(rows)

@@ -229,3 +229,31 @@ def register(subparsers) -> None:
     parser.add_argument("--quick", action="store_true", help="zoo models trained for 30 steps (smoke tests)")
     parser.add_argument("--quiet", action="store_true", help="no progress lines")
     parser.set_defaults(func=run_intervene)
+
+
+def sink_ablation_figure(table: pd.DataFrame):
+    """The sweep's figure: per model and block, the drop in next-layer absolute-index R^2."""
+    import matplotlib.pyplot as plt
+    import seaborn as sns
+
+    sns.set_theme(style="whitegrid", context="notebook")
+    measured = table[table["status"] == "measured"]
+    fig, ax = plt.subplots(figsize=(6.5, 3.6))
+    if not measured.empty:
+        sns.barplot(data=measured, x="block", y="drop", hue="model", ax=ax, errorbar=None)
+        sns.move_legend(ax, "upper left", bbox_to_anchor=(1.02, 1))
+    ax.set(xlabel="block l whose first key is removed", ylabel="R² drop at layer l + 1", ylim=(-0.1, 1.05),
+           title="Sink ablation: how much absolute index at the next layer\ncomes from the first token")
+    return fig
+
+
+def sink_ablation_markdown(table: pd.DataFrame) -> str:
+    """The sweep's compact table: one row per model, one column per block (R² clean → ablated)."""
+    def cell(row) -> str:
+        if row["status"] != "measured":
+            return "n/a"
+        return f"{row['r2_clean']:.2f} → {row['r2_ablated']:.2f}"
+
+    grid = table.assign(cell=table.apply(cell, axis=1)).pivot(index="model", columns="block", values="cell")
+    grid.columns = [f"block {int(b)}" for b in grid.columns]
+    return grid.reset_index().fillna("").to_markdown(index=False)
