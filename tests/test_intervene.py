@@ -90,9 +90,9 @@ def test_untrained_rope_relative_read_does_not_need_the_sink():
     assert after["value"] < before["value"] - 0.2 and after["ci_high"] < before["ci_low"]
 
 
-def test_remove_key_is_exact_on_the_fused_path_too(circuit):
-    """Hooking hook_attn_scores forces the explicit path; the result equals a hand-computed pattern."""
-    model, tokens, mask = circuit
+def test_remove_key_is_exact_on_the_fused_path_too():
+    """Hooking hook_attn_scores forces the explicit path: the fused and explicit passes agree, and
+    the pattern gives the removed key exactly zero and renormalizes over the rest."""
     config = DecoderConfig(d_vocab=16, n_ctx=16, n_layers=2, d_model=16, n_heads=2, position="nope")
     model = Decoder(config, seed=3).eval()
     tokens = torch.randint(0, 16, (2, 10), generator=torch.Generator().manual_seed(0))
