@@ -64,6 +64,10 @@ SINK_MODES = ("remove_key", "mean_value")
 MAX_OUTER_FEATURES = 1024
 """Full outer-product q.k read up to this many features per pair, else the elementwise read (as the sweep)."""
 
+MIN_READ_SHIFT = 0.5
+"""Patching normalizes by the index shift the last layer reads between the copy and the original;
+below this fraction of the true shift there is no scale, and ``moved`` is NaN with a note."""
+
 PATTERN_TOLERANCE = 1e-6
 """Largest attention weight a removed key may keep for the ablation to count as applied."""
 
@@ -540,8 +544,12 @@ def position_patching(model, tokens: Tensor, n_layers: int, settings: ProbeSetti
         keep_first: keep the first token (BOS) in the copy.
 
     Returns:
-        One row per (patch layer, position): ``layer``, ``position``, ``read_layer``,
-        ``original_read``, ``copy_read``, ``patched_read`` (means), ``moved`` and its CI.
+        One row per (patch layer, position): ``layer``, ``position``, ``read_layer``, ``read_r2``
+        (out-of-fold R^2 of the last-layer probe on clean states), ``original_read``,
+        ``copy_read``, ``patched_read`` (means), ``moved`` and its CI, and ``note``: where the last
+        layer does not read the copy's shift (|mean(copy - original)| < :data:`MIN_READ_SHIFT` *
+        shift, e.g. a RoPE model whose residual stream holds little index) ``moved`` is NaN and the
+        note says why.
     """
     length, start = tokens.shape[1], 1 if keep_first else 0
     shift = max(1, length // 4) if shift is None else shift
@@ -558,6 +566,7 @@ def position_patching(model, tokens: Tensor, n_layers: int, settings: ProbeSetti
     source = collect(model, copy, sites + [read_site])
     probe = make_probe("regression", seed=settings.seed).fit(original.features(read_site), original.position)
     clean_cache = {site: torch.from_numpy(source.acts[site]).reshape(len(copy), copy.shape[1], -1) for site in sites}
+    read_r2, _ = clean_probe_reads(original, original, read_site, settings.n_splits, settings.seed)
     read_original = probe.predict(original.features(read_site)).reshape(tokens.shape)
     read_copy = probe.predict(source.features(read_site)).reshape(copy.shape)
 
@@ -569,11 +578,19 @@ def position_patching(model, tokens: Tensor, n_layers: int, settings: ProbeSetti
             with intervention(model, [(site, patch_position_hook(position, replacement))]):
                 patched = collect(model, tokens, [read_site])
             patched_read = probe.predict(patched.features(read_site)).reshape(tokens.shape)[:, position]
-            moved, low_ci, high_ci = _ratio_of_means(patched_read - before, after - before, settings.n_boot, settings.seed)
-            rows.append(dict(layer=layer, position=position, shift=shift, read_layer=n_layers,
+            scale = float(np.mean(after - before))
+            if abs(scale) < MIN_READ_SHIFT * shift:
+                moved = low_ci = high_ci = float("nan")
+                note = (f"the last layer does not read the copy's index shift (copy - original = {scale:.2f}, "
+                        f"not about -{shift}): no scale to normalize by")
+            else:
+                moved, low_ci, high_ci = _ratio_of_means(patched_read - before, after - before, settings.n_boot,
+                                                          settings.seed)
+                note = ""
+            rows.append(dict(layer=layer, position=position, shift=shift, read_layer=n_layers, read_r2=read_r2,
                              original_read=float(before.mean()), copy_read=float(after.mean()),
                              patched_read=float(patched_read.mean()), moved=moved,
-                             moved_ci_low=low_ci, moved_ci_high=high_ci))
+                             moved_ci_low=low_ci, moved_ci_high=high_ci, note=note))
     return pd.DataFrame(rows)
 
 
@@ -603,8 +620,14 @@ def _ratio_of_means(numerator: np.ndarray, denominator: np.ndarray, n_boot: int,
 # ----------------------------------------------------------------------------- the sweep's section
 
 
+SWEEP_SEQUENCES = 16
+"""Sequences the sweep's sink-ablation section probes (the first ones of the evaluation batch):
+enough for grouped folds and CIs, few enough to keep the sweep inside its time budget."""
+
+
 def sink_ablation_drop(model, tokens: Tensor, attention_mask: Tensor, n_layers: int, clean: Activations,
-                       n_splits: int = 5, n_boot: int = 200, seed: int = 0) -> pd.DataFrame:
+                       n_splits: int = 5, n_boot: int = 200, seed: int = 0,
+                       max_sequences: int | None = SWEEP_SEQUENCES) -> pd.DataFrame:
     """Per block l, absolute-index R^2 at layer l + 1, clean and with the first key removed in block l.
 
     The cheap form of :func:`sink_ablation` for the sweep: regression probes only, no controls,
@@ -615,11 +638,15 @@ def sink_ablation_drop(model, tokens: Tensor, attention_mask: Tensor, n_layers: 
         model, tokens, attention_mask, n_layers: the subject.
         clean: activations of the same tokens holding every residual layer 1 .. n_layers.
         n_splits, n_boot, seed: probe folds, bootstrap replicates and seed.
+        max_sequences: probe only the first this many sequences (None: all).
 
     Returns:
         One row per block: ``block``, ``layer``, ``r2_clean`` and ``r2_ablated`` with CIs, ``drop``
         (clean - ablated), ``status`` (``measured`` or ``not_applicable``) and ``note``.
     """
+    if max_sequences is not None:
+        tokens, attention_mask = tokens[:max_sequences], attention_mask[:max_sequences]
+        clean = subset_sequences(clean, len(tokens))
     first = first_real_index(attention_mask)
     common = dict(tasks=("regression",), controls=False, n_splits=n_splits, n_boot=n_boot, seed=seed)
     later_clean = later_tokens(clean)
@@ -643,3 +670,10 @@ def sink_ablation_drop(model, tokens: Tensor, attention_mask: Tensor, n_layers: 
                          r2_ablated_ci_low=scores["ablated"]["ci_low"], r2_ablated_ci_high=scores["ablated"]["ci_high"],
                          drop=scores["clean"]["value"] - scores["ablated"]["value"], status="measured", note=""))
     return pd.DataFrame(rows)
+
+
+def subset_sequences(acts: Activations, n_sequences: int) -> Activations:
+    """The samples of the first ``n_sequences`` sequences (ids 0 .. n - 1) of ``acts``."""
+    keep = acts.sequence_id < n_sequences
+    return Activations(acts={site: array[keep] for site, array in acts.acts.items()},
+                       sequence_id=acts.sequence_id[keep], position=acts.position[keep], token=acts.token[keep])

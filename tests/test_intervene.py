@@ -219,7 +219,8 @@ def test_interventions_on_bridged_hf_models(name):
                 bridge(tokens + 100)
         assert torch.equal(bridge(tokens), clean)
     patched = iv.position_patching(bridge, tokens, 2, settings, shift=3, positions=[8])
-    assert len(patched) == 2 and np.isfinite(patched["moved"]).all()
+    assert len(patched) == 2
+    assert (np.isfinite(patched["moved"]) | patched["note"].str.contains("no scale")).all()
 
 
 def test_a_model_whose_ablation_cannot_be_checked_is_refused():
