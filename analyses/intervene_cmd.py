@@ -242,7 +242,8 @@ def sink_ablation_figure(table: pd.DataFrame):
     if not measured.empty:
         sns.barplot(data=measured, x="block", y="drop", hue="model", ax=ax, errorbar=None)
         sns.move_legend(ax, "upper left", bbox_to_anchor=(1.02, 1))
-    ax.set(xlabel="block l whose first key is removed", ylabel="R² drop at layer l + 1", ylim=(-0.1, 1.05),
+    low = min(-0.1, float(measured["drop"].min()) - 0.05) if not measured.empty else -0.1
+    ax.set(xlabel="block l whose first key is removed", ylabel="R² drop at layer l + 1", ylim=(low, 1.05),
            title="Sink ablation: how much absolute index at the next layer\ncomes from the first token")
     return fig
 

@@ -178,12 +178,14 @@ def _sink_ablation_section(result: "SweepResult") -> list[str]:
     """The summary's sink-ablation table (``nopelens intervene`` has the full measurement)."""
     if result.sink_ablation.empty:
         return []
+    from .intervene import SWEEP_SEQUENCES
     from .intervene_cmd import sink_ablation_markdown
 
     return [
         "## Sink ablation",
         "",
-        "Absolute-index R² (regression probe, tokens after the first) at layer l + 1, clean → with the first "
+        "Absolute-index R² (regression probe, tokens after the first, first "
+        f"{SWEEP_SEQUENCES} evaluation sequences) at layer l + 1, clean → with the first "
         "token removed from the keys of every later query in block l. `n/a`: the ablation cannot be applied "
         "and checked on that model (see sink_ablation.csv).",
         "",
