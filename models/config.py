@@ -20,20 +20,21 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
 from dataclasses import dataclass, field
 from typing import Any
 
-INPUT_METHODS = ("learned", "sinusoidal")
+from .methods import METHODS, PositionMethod, get_method, method_names
+from .methods.nope import NoPE
+
+INPUT_METHODS = method_names(per_layer=False)
 """Methods that add a vector to the input representation (one per model, not per layer)."""
 
-ATTENTION_METHODS = ("nope", "rope", "alibi", "shaw")
+ATTENTION_METHODS = method_names(per_layer=True)
 """Methods that act inside attention, and may differ from layer to layer."""
 
 POSITION_METHODS = ATTENTION_METHODS + INPUT_METHODS
 NORMALIZATIONS = ("layernorm", "rmsnorm", "none")
 ACT_FNS = ("gelu", "gelu_tanh", "relu", "silu")
-PAIRINGS = ("half", "interleaved")
 
 
 @dataclass(frozen=True)
@@ -119,22 +120,9 @@ class DecoderConfig:
                 f"normalization must be one of {NORMALIZATIONS}, got {self.normalization!r}"
             )
         self._validate_position()
-        if self.pairing not in PAIRINGS:
-            raise ValueError(f"pairing must be one of {PAIRINGS}, got {self.pairing!r}")
-        if not 0.0 < self.rotary_fraction <= 1.0:
-            raise ValueError(f"rotary_fraction must lie in (0, 1], got {self.rotary_fraction!r}")
-        if "rope" in self.layer_positions:
-            exact = self.rotary_fraction * self.d_head
-            if abs(exact - round(exact)) > 1e-9 or round(exact) % 2:
-                raise ValueError(
-                    f"rotary_fraction={self.rotary_fraction} gives rotary_dim={exact:g} of "
-                    f"d_head={self.d_head}; RoPE rotates pairs, so rotary_dim must be an even "
-                    "integer"
-                )
-        if not 1.0 < self.rotary_base < math.inf:
-            raise ValueError(f"rotary_base must be finite and > 1, got {self.rotary_base!r}")
-        if not isinstance(self.shaw_clip, int) or self.shaw_clip < 0:
-            raise ValueError(f"shaw_clip must be a non-negative integer, got {self.shaw_clip!r}")
+        used = {type(m) for m in self.layer_methods} | {type(self.input_method)}
+        for cls in METHODS.values():
+            cls.validate_config(self, used=cls in used)
         if not self.layer_norm_eps > 0:
             raise ValueError(f"layer_norm_eps must be > 0, got {self.layer_norm_eps!r}")
         if not self.init_std > 0:
@@ -173,8 +161,29 @@ class DecoderConfig:
         """The attention-level method of each layer (``nope`` where position enters the input)."""
         if isinstance(self.position, tuple):
             return self.position
-        method = "nope" if self.position in INPUT_METHODS else self.position
+        method = NoPE.name if self.position in INPUT_METHODS else self.position
         return (method,) * self.n_layers
+
+    @property
+    def input_method(self) -> PositionMethod | None:
+        """The method object acting on the input embeddings, or None."""
+        return get_method(self.input_position) if self.input_position else None
+
+    @property
+    def layer_methods(self) -> tuple[PositionMethod, ...]:
+        """The method object of each layer's attention (NoPE where position enters the input)."""
+        return tuple(get_method(name) for name in self.layer_positions)
+
+    @property
+    def reads_positions(self) -> bool:
+        """False only when no layer and no input method reads position ids (pure NoPE)."""
+        return self.input_method is not None or any(m.reads_positions for m in self.layer_methods)
+
+    @property
+    def max_positions(self) -> int | None:
+        """Positions the model can compute (a learned table's ``n_ctx`` rows), None if unbounded."""
+        method = self.input_method
+        return method.max_positions(self) if method is not None else None
 
     @property
     def rotary_dim(self) -> int:
