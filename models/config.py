@@ -13,6 +13,7 @@ sinusoidal                ``sinusoidal``  input representation (fixed)
 RoPE                      ``rope``        projected Q/K pairs
 ALiBi                     ``alibi``       score bias before softmax
 Shaw relative             ``shaw``        score (and optionally value), clipped offsets
+T5 relative bias          ``t5``          score bias per head and bucketed distance
 ========================  ==============  ==============================================
 """
 
@@ -35,6 +36,7 @@ ATTENTION_METHODS = method_names(per_layer=True)
 POSITION_METHODS = ATTENTION_METHODS + INPUT_METHODS
 NORMALIZATIONS = ("layernorm", "rmsnorm", "none")
 ACT_FNS = ("gelu", "gelu_tanh", "relu", "silu")
+_WRITTEN_WHEN_SET = ("t5_num_buckets", "t5_max_distance")
 
 
 @dataclass(frozen=True)
@@ -68,6 +70,9 @@ class DecoderConfig:
             (GPT-J / Meta: dims 2r and 2r + 1).
         shaw_clip: Shaw's k; relative offsets j - i are clipped to ``[-k, k]`` (2k + 1 rows).
         shaw_values: also add relative value embeddings a^V (Shaw et al. 2018, eq. 3).
+        t5_num_buckets: T5's num_buckets (HF ``relative_attention_num_buckets``); distances below
+            half of it get a bucket each, the rest log-spaced buckets (Raffel et al. 2020).
+        t5_max_distance: T5's max_distance; every distance from it on shares the last bucket.
         layer_norm_eps: epsilon of the normalization layers.
         init_std: standard deviation of the normal weight initialization.
     """
@@ -88,6 +93,8 @@ class DecoderConfig:
     pairing: str = "half"
     shaw_clip: int = 16
     shaw_values: bool = False
+    t5_num_buckets: int = 32
+    t5_max_distance: int = 128
     layer_norm_eps: float = 1e-5
     init_std: float = 0.02
     extra: dict = field(default_factory=dict, compare=False)
@@ -202,8 +209,16 @@ class DecoderConfig:
         return dataclasses.replace(self, **changes)
 
     def to_dict(self) -> dict[str, Any]:
-        """A JSON-ready dict; :meth:`from_dict` inverts it."""
+        """A JSON-ready dict; :meth:`from_dict` inverts it.
+
+        Fields added after the first checkpoints were written (:data:`_WRITTEN_WHEN_SET`) appear only
+        when they differ from their default, so older configs keep their JSON and zoo digests.
+        """
         data = dataclasses.asdict(self)
+        defaults = {f.name: f.default for f in dataclasses.fields(self)}
+        for name in _WRITTEN_WHEN_SET:
+            if data[name] == defaults[name]:
+                del data[name]
         if isinstance(self.position, tuple):
             data["position"] = list(self.position)
         return data

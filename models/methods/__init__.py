@@ -32,9 +32,10 @@ from .nope import NoPE
 from .rope import RoPE
 from .shaw import Shaw
 from .sinusoidal import Sinusoidal
+from .t5 import T5
 
 METHODS: dict[str, type[PositionMethod]] = {
-    cls.name: cls for cls in (NoPE, RoPE, ALiBi, Shaw, Learned, Sinusoidal)
+    cls.name: cls for cls in (NoPE, RoPE, ALiBi, Shaw, T5, Learned, Sinusoidal)
 }
 """Registry: config name -> method class. Attention methods first, then input methods."""
 

@@ -42,9 +42,12 @@ class Shaw(PositionMethod):
         """Row of the relative tables for each (i, j): clip(j - i, -k, k) + k."""
         return shaw_relative_ids(query_positions, key_positions, cfg.shaw_clip)
 
+    def lookup_bias(self, attn: nn.Module, q: Tensor, ids: Tensor) -> Tensor:
+        """q_i . a^K[ids] / sqrt(d_head) at given table rows ``ids [batch, query_pos, key_pos]``."""
+        return torch.einsum("bqhe,bqke->bhqk", q, attn.W_rel_K[ids]) / math.sqrt(attn.cfg.d_head)
+
     def score_bias(self, attn: nn.Module, q: Tensor, query_positions: Tensor, key_positions: Tensor) -> Tensor:
-        rel = attn.W_rel_K[self.relative_ids(attn.cfg, query_positions, key_positions)]  # [b, q, k, e]
-        return torch.einsum("bqhe,bqke->bhqk", q, rel) / math.sqrt(attn.cfg.d_head)
+        return self.lookup_bias(attn, q, self.relative_ids(attn.cfg, query_positions, key_positions))
 
     def value_term(self, attn: nn.Module, pattern: Tensor, query_positions: Tensor, key_positions: Tensor
                    ) -> Tensor | None:
