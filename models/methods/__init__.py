@@ -15,12 +15,21 @@ How to add a method (e.g. ``foo``):
    ``add_input_parameters`` + ``input_vectors`` for an input method, ``value_term``).
    Its formula, if new, goes into ``models/positions.py`` as a pure function with a doctest.
 2. One line in :data:`METHODS` below.
-3. New config fields, if any: declare them in ``DecoderConfig`` (``models/config.py``), validate
+3. New config fields, if any: declare them in ``DecoderConfig`` (``models/config.py``) and add
+   them to its ``_WRITTEN_WHEN_SET`` (so older configs keep their JSON and zoo digests); validate
    them in the method's ``validate_config``.
-4. Tests: ``tests/test_method_foo.py`` (formula against a reference, hooks, KV cache, left
-   padding); ``tests/test_decoder.py`` and ``tests/test_audit_methods.py`` run every registered
-   method automatically. For the audit, a score-bias method whose bias is a lookup of a learned
-   table declares ``relative_ids`` / ``lookup_bias`` (see ``t5.py``); the audit reads them.
+4. Tests: ``tests/test_method_foo.py`` (the formula against a reference implementation, hooks,
+   fused path, KV cache, left padding, checkpoint, ``nopelens train``; ``tests/test_method_t5.py``
+   is the template) and ``tests/test_audit_foo.py`` (the audit passes every applicable step, a
+   shape-preserving bug fails one; see ``tests/test_audit_t5.py``). ``tests/test_decoder.py``
+   runs every registered method automatically.
+
+What the audit (``nopelens.analyses.audit``) reads of a method: ``acts_on`` (which steps apply),
+``absolute`` (step 8's shift), ``bias_kind``: ``linear`` (``reference_slopes``, ``reference_bias``)
+or ``lookup`` (a :class:`~nopelens.models.methods.base.LookupBias`: ``relative_ids``,
+``reference_bias``, the declared and mirrored offsets), ``reference_vectors`` of input methods, and
+``describe`` (the report's model entries). Optional: a zoo recipe (``COPY_METHODS`` in
+``models/zoo.py``) and a ``nopelens lengthgen`` run (``METHODS`` in ``analyses/lengthgen.py``).
 """
 
 from __future__ import annotations

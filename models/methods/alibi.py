@@ -21,6 +21,8 @@ class ALiBi(PositionMethod):
     label = "ALiBi"
     acts_on = frozenset({SCORE_BIAS})
     convention = "bias -m_h (i - j), m_h > 0: distant keys are penalized"
+    bias_kind = "linear"
+    reference_text = "-m_h (i - j) with the official slopes"
 
     def add_parameters(self, attn: nn.Module, cfg) -> None:
         attn.register_buffer("alibi_slopes", alibi_slopes(cfg.n_heads), persistent=False)
@@ -30,5 +32,9 @@ class ALiBi(PositionMethod):
 
     @staticmethod
     def reference_slopes(n_heads: int, device=None) -> Tensor:
-        """The slopes the method declares (what the audit compares the fitted slopes with)."""
+        """The slopes m_h the method declares (what the audit compares the fitted slopes with)."""
         return alibi_slopes(n_heads, device=device)
+
+    def reference_bias(self, n_heads: int, query_positions: Tensor, key_positions: Tensor) -> Tensor:
+        """-m_h (i - j) with the declared slopes, ``[batch, head_index, query_pos, key_pos]``."""
+        return alibi_bias(alibi_slopes(n_heads, device=query_positions.device), query_positions, key_positions)

@@ -48,6 +48,10 @@ class PositionMethod:
     absolute: ClassVar[bool] = False
     convention: ClassVar[str] = ""
     config_fields: ClassVar[tuple[str, ...]] = ()
+    bias_kind: ClassVar[str | None] = None
+    """How an audit can recompute a score bias: ``linear`` (a fixed slope times i - j, readable from
+    the scores of any model), ``lookup`` (rows of the model's own learned table at relative ids,
+    readable from a nopelens Decoder), None (no score bias)."""
 
     # ------------------------------------------------------------------ declarations
     @property
@@ -87,8 +91,8 @@ class PositionMethod:
         return None
 
     def describe(self, cfg: "DecoderConfig") -> dict:
-        """The method's parameters as declared by the config, for reports."""
-        return {name: getattr(cfg, name) for name in self.config_fields}
+        """Top-level entries the method adds to a report's model description (its parameters)."""
+        return {}
 
     # ------------------------------------------------------------------ input embedding
     def add_input_parameters(self, decoder: nn.Module, cfg: "DecoderConfig") -> None:
@@ -119,3 +123,41 @@ class PositionMethod:
     def needs_explicit_scores(self, attn: nn.Module) -> bool:
         """True when the fused kernel cannot compute the method (e.g. it needs the pattern itself)."""
         return False
+
+
+class LookupBias(PositionMethod):
+    """A score bias read from a learned table at relative ids (Shaw, T5): what the audit recomputes.
+
+    Subclasses declare ``table_name`` (e.g. ``a^K``), ``declared_offset`` and ``mirrored_offset``
+    (e.g. ``clip(j - i)`` and ``clip(i - j)``) and implement :meth:`relative_ids` and
+    :meth:`reference_bias`. The audit checks ``hook_pos_bias`` against the reference at the declared
+    ids (step 5) and that the declared, not the mirrored (transposed) ids reproduce it (step 2).
+    """
+
+    bias_kind = "lookup"
+    table_name: ClassVar[str]
+    declared_offset: ClassVar[str]
+    mirrored_offset: ClassVar[str]
+    ids_evidence_name: ClassVar[str]
+    value_table_name: ClassVar[str | None] = None
+    value_formula: ClassVar[str | None] = None
+
+    def relative_ids(self, cfg: "DecoderConfig", query_positions: Tensor, key_positions: Tensor) -> Tensor:
+        """Table row of each (query i, key j), int64 ``[batch, query_pos, key_pos]``."""
+        raise NotImplementedError
+
+    def reference_bias(self, attn: nn.Module, q: Tensor, ids: Tensor) -> Tensor:
+        """The bias at table rows ``ids``, in the dtype of ``q`` (float64 in the audit)."""
+        raise NotImplementedError
+
+    def reference_value_term(self, attn: nn.Module, pattern: Tensor, ids: Tensor) -> Tensor | None:
+        """The value term at table rows ``ids`` in the dtype of ``pattern``, None when there is none."""
+        return None
+
+    def lookup_formula(self, cfg: "DecoderConfig") -> str:
+        """The bias in words, for reports."""
+        raise NotImplementedError
+
+    def ids_evidence(self, cfg: "DecoderConfig", ids: Tensor) -> list[int]:
+        """What the audit reports of the table rows used (e.g. the offsets they stand for)."""
+        return sorted(set(ids.tolist()))

@@ -39,6 +39,9 @@ class Learned(PositionMethod):
     def input_vectors(self, decoder: nn.Module, position_ids: Tensor, dtype) -> Tensor:
         return F.embedding(position_ids, decoder.pos_embed.W_pos)
 
-    def reference_table(self, decoder: nn.Module) -> Tensor:
-        """The rows the audit compares ``hook_pos_embed`` with: ``W_pos``."""
-        return decoder.pos_embed.W_pos
+    reference_text = "W_pos rows at the position ids"
+    fixed_formula = False
+
+    def reference_vectors(self, decoder: nn.Module, position_ids: Tensor, d_model: int) -> Tensor:
+        """What ``hook_pos_embed`` must equal, in float64: the ``W_pos`` rows at the ids."""
+        return decoder.pos_embed.W_pos.double()[position_ids]

@@ -46,7 +46,7 @@ class RoPE(PositionMethod):
             raise ValueError(f"rotary_base must be finite and > 1, got {cfg.rotary_base!r}")
 
     def describe(self, cfg) -> dict:
-        return {"rotary_dim": cfg.rotary_dim, "base": cfg.rotary_base, "pairing": cfg.pairing}
+        return {"rope": {"rotary_dim": cfg.rotary_dim, "base": cfg.rotary_base, "pairing": cfg.pairing}}
 
     def rotate(self, attn: nn.Module, x: Tensor, position_ids: Tensor) -> Tensor:
         cfg = attn.cfg

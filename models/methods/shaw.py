@@ -8,10 +8,10 @@ import torch
 from torch import Tensor, nn
 
 from ..positions import shaw_relative_ids
-from .base import SCORE_BIAS, VALUE, PositionMethod
+from .base import SCORE_BIAS, VALUE, LookupBias
 
 
-class Shaw(PositionMethod):
+class Shaw(LookupBias):
     """Adds q_i . a^K_{clip(j - i, -k, k)} / sqrt(d_head) to the scores (eq. 4), and with
     ``shaw_values`` the pattern-weighted a^V_{clip(j - i)} to the output (eq. 3).
 
@@ -27,6 +27,9 @@ class Shaw(PositionMethod):
     acts_on = frozenset({SCORE_BIAS, VALUE})
     convention = "offset clip(j - i, -k, k) indexes a^K (and a^V); row index clip(j - i) + k"
     config_fields = ("shaw_clip", "shaw_values")
+    table_name, declared_offset, mirrored_offset = "a^K", "clip(j - i)", "clip(i - j)"
+    ids_evidence_name = "offsets_used"
+    value_table_name, value_formula = "a^V", "hook_z = A v + A a^V[clip(j - i)]"
 
     @classmethod
     def validate_config(cls, cfg, used: bool) -> None:
@@ -42,12 +45,28 @@ class Shaw(PositionMethod):
         """Row of the relative tables for each (i, j): clip(j - i, -k, k) + k."""
         return shaw_relative_ids(query_positions, key_positions, cfg.shaw_clip)
 
-    def lookup_bias(self, attn: nn.Module, q: Tensor, ids: Tensor) -> Tensor:
-        """q_i . a^K[ids] / sqrt(d_head) at given table rows ``ids [batch, query_pos, key_pos]``."""
-        return torch.einsum("bqhe,bqke->bhqk", q, attn.W_rel_K[ids]) / math.sqrt(attn.cfg.d_head)
-
     def score_bias(self, attn: nn.Module, q: Tensor, query_positions: Tensor, key_positions: Tensor) -> Tensor:
-        return self.lookup_bias(attn, q, self.relative_ids(attn.cfg, query_positions, key_positions))
+        rel = attn.W_rel_K[self.relative_ids(attn.cfg, query_positions, key_positions)]  # [b, q, k, e]
+        return torch.einsum("bqhe,bqke->bhqk", q, rel) / math.sqrt(attn.cfg.d_head)
+
+    def describe(self, cfg) -> dict:
+        return {"shaw_clip": cfg.shaw_clip}
+
+    def reference_bias(self, attn: nn.Module, q: Tensor, ids: Tensor) -> Tensor:
+        table = attn.W_rel_K.to(q.dtype)
+        return torch.einsum("bqhe,bqke->bhqk", q, table[ids]) * attn.cfg.d_head ** -0.5
+
+    def reference_value_term(self, attn: nn.Module, pattern: Tensor, ids: Tensor) -> Tensor | None:
+        if not attn.cfg.shaw_values:
+            return None
+        return torch.einsum("bhqk,bqke->bqhe", pattern, attn.W_rel_V.to(pattern.dtype)[ids])
+
+    def lookup_formula(self, cfg) -> str:
+        k = cfg.shaw_clip
+        return f"q_i . a^K[clip(j - i, -{k}, {k})] / sqrt(d_head)"
+
+    def ids_evidence(self, cfg, ids: Tensor) -> list[int]:
+        return sorted(set((ids - cfg.shaw_clip).tolist()))
 
     def value_term(self, attn: nn.Module, pattern: Tensor, query_positions: Tensor, key_positions: Tensor
                    ) -> Tensor | None:

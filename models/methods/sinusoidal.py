@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import torch
 from torch import Tensor, nn
 
 from ..positions import sinusoidal_table
@@ -19,6 +20,13 @@ class Sinusoidal(PositionMethod):
     acts_on = frozenset({INPUT})
     absolute = True
     convention = "PE(p) at position p, p from 0; even dims sin, odd dims cos"
+
+    reference_text = "sinusoidal_table(ids)"
+    fixed_formula = True
+
+    def reference_vectors(self, decoder: nn.Module, position_ids: Tensor, d_model: int) -> Tensor:
+        """What ``hook_pos_embed`` must equal, in float64: the table at the ids."""
+        return sinusoidal_table(position_ids, d_model, dtype=torch.float64)
 
     def input_vectors(self, decoder: nn.Module, position_ids: Tensor, dtype) -> Tensor:
         return sinusoidal_table(position_ids, decoder.cfg.d_model).to(dtype)

@@ -6,10 +6,10 @@ from torch import Tensor, nn
 import torch
 
 from ..positions import t5_relative_bucket
-from .base import SCORE_BIAS, PositionMethod
+from .base import SCORE_BIAS, LookupBias
 
 
-class T5(PositionMethod):
+class T5(LookupBias):
     """Adds b_h[bucket(j - i)] to the score of query i and key j (Raffel et al. 2020, sec. 2.1).
 
     Unidirectional buckets (a decoder; HF's ``bidirectional=not is_decoder``): distance
@@ -32,6 +32,8 @@ class T5(PositionMethod):
                   "log-spaced up to max_distance, one bucket beyond")
     config_fields = ("t5_num_buckets", "t5_max_distance")
     bidirectional = False
+    table_name, declared_offset, mirrored_offset = "b_h", "bucket(j - i)", "bucket(i - j)"
+    ids_evidence_name = "buckets_used"
 
     @classmethod
     def validate_config(cls, cfg, used: bool) -> None:
@@ -46,8 +48,8 @@ class T5(PositionMethod):
             )
 
     def describe(self, cfg) -> dict:
-        return {"num_buckets": cfg.t5_num_buckets, "max_distance": cfg.t5_max_distance,
-                "bidirectional": self.bidirectional}
+        return {"t5": {"num_buckets": cfg.t5_num_buckets, "max_distance": cfg.t5_max_distance,
+                       "bidirectional": self.bidirectional}}
 
     def add_parameters(self, attn: nn.Module, cfg) -> None:
         attn.W_rel_bias = nn.Parameter(torch.empty(cfg.t5_num_buckets, cfg.n_heads))
@@ -57,10 +59,13 @@ class T5(PositionMethod):
         offset = key_positions[:, None, :] - query_positions[:, :, None]  # j - i
         return t5_relative_bucket(offset, self.bidirectional, cfg.t5_num_buckets, cfg.t5_max_distance)
 
-    def lookup_bias(self, attn: nn.Module, q: Tensor, ids: Tensor) -> Tensor:
-        """The bias at given table rows ``ids [batch, query_pos, key_pos]``: ``[batch, head, q, k]``."""
-        return attn.W_rel_bias[ids].permute(0, 3, 1, 2)
+    def reference_bias(self, attn: nn.Module, q: Tensor, ids: Tensor) -> Tensor:
+        """b_h at table rows ``ids [batch, query_pos, key_pos]``: ``[batch, head_index, query_pos, key_pos]``."""
+        return attn.W_rel_bias.to(q.dtype)[ids].permute(0, 3, 1, 2)
 
     def score_bias(self, attn: nn.Module, q: Tensor, query_positions: Tensor, key_positions: Tensor) -> Tensor:
-        ids = self.relative_ids(attn.cfg, query_positions, key_positions)
-        return self.lookup_bias(attn, q, ids).to(q.dtype)
+        return self.reference_bias(attn, q, self.relative_ids(attn.cfg, query_positions, key_positions))
+
+    def lookup_formula(self, cfg) -> str:
+        return (f"b_h[bucket(j - i)], {cfg.t5_num_buckets} buckets (exact below {cfg.t5_num_buckets // 2}), "
+                f"max_distance {cfg.t5_max_distance}, unidirectional")
