@@ -136,10 +136,11 @@ class DecoderConfig:
             raise ValueError(f"init_std must be > 0, got {self.init_std!r}")
 
     def _validate_position(self) -> None:
+        attention, inputs = method_names(per_layer=True), method_names(per_layer=False)  # the live registry
         if isinstance(self.position, str):
-            if self.position not in POSITION_METHODS:
+            if self.position not in attention + inputs:
                 raise ValueError(
-                    f"position must be one of {POSITION_METHODS}, got {self.position!r}"
+                    f"position must be one of {attention + inputs}, got {self.position!r}"
                 )
             return
         if len(self.position) != self.n_layers:
@@ -148,27 +149,29 @@ class DecoderConfig:
                 f"n_layers={self.n_layers}"
             )
         for layer, method in enumerate(self.position):
-            if method in INPUT_METHODS:
+            if method in inputs:
                 raise ValueError(
                     f"position[{layer}]={method!r}: {method} acts on the input embeddings, once "
                     "per model; give it as a single string, not per layer"
                 )
-            if method not in ATTENTION_METHODS:
+            if method not in attention:
                 raise ValueError(
-                    f"position[{layer}] must be one of {ATTENTION_METHODS}, got {method!r}"
+                    f"position[{layer}] must be one of {attention}, got {method!r}"
                 )
 
     @property
     def input_position(self) -> str | None:
         """``learned`` or ``sinusoidal`` when the model adds position to its input, else None."""
-        return self.position if self.position in INPUT_METHODS else None
+        if isinstance(self.position, tuple) or get_method(self.position).per_layer:
+            return None
+        return self.position
 
     @property
     def layer_positions(self) -> tuple[str, ...]:
         """The attention-level method of each layer (``nope`` where position enters the input)."""
         if isinstance(self.position, tuple):
             return self.position
-        method = NoPE.name if self.position in INPUT_METHODS else self.position
+        method = NoPE.name if self.input_position else self.position
         return (method,) * self.n_layers
 
     @property
