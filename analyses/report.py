@@ -158,6 +158,7 @@ def summary_markdown(result: "SweepResult", settings: "SweepSettings", command: 
         "",
         "![variance](variance.png)",
         "",
+        *_sink_ablation_section(result),
         f"Command: `{command}`",
         "",
         f"Settings: {settings_text}",
@@ -175,4 +176,31 @@ def write_run(result: "SweepResult", settings: "SweepSettings", command: str, ve
     save_figure(probe_figure(result.probes), out / "probes")
     save_figure(sink_figure(result.sinks), out / "sinks")
     save_figure(variance_figure(result.variance), out / "variance")
+    if not result.sink_ablation.empty:
+        from .intervene_cmd import sink_ablation_figure
+
+        write_csv_atomic(result.sink_ablation, out / "sink_ablation.csv")
+        save_figure(sink_ablation_figure(result.sink_ablation), out / "sink_ablation")
     write_text_atomic(out / "summary.md", summary_markdown(result, settings, command, versions))
+
+
+def _sink_ablation_section(result: "SweepResult") -> list[str]:
+    """The summary's sink-ablation table (``nopelens intervene`` has the full measurement)."""
+    if result.sink_ablation.empty:
+        return []
+    from .intervene import SWEEP_SEQUENCES
+    from .intervene_cmd import sink_ablation_markdown
+
+    return [
+        "## Sink ablation",
+        "",
+        "Absolute-index R² (regression probe, tokens after the first, first "
+        f"{SWEEP_SEQUENCES} evaluation sequences) at layer l + 1, clean → with the first "
+        "token removed from the keys of every later query in block l. `n/a`: the ablation cannot be applied "
+        "and checked on that model (see sink_ablation.csv).",
+        "",
+        sink_ablation_markdown(result.sink_ablation),
+        "",
+        "![sink ablation](sink_ablation.png)",
+        "",
+    ]

@@ -47,6 +47,7 @@ from nopelens.probes import collect, mad_chance, probe_absolute_index, probe_rel
 from nopelens.probes.sinks import GU_WINDOW, attention_variance, sink_table, variance_slopes
 
 from . import report
+from .intervene import sink_ablation_drop
 from .subjects import CONTROL_SPECS, Subject, check_spec, resolve
 
 DEFAULT_MODELS = {"text": ("text-nope-4l", "text-rope-4l"), "copy": ("copy-nope-3l", "copy-rope-3l")}
@@ -57,7 +58,7 @@ the elementwise (diagonal) read keeps the fits inside the sweep's time budget.""
 THRESHOLDS = {"accuracy": 0.9, "r2": 0.9}
 """A layer "recovers" a target when the 95 % CI lower bound of the metric clears this bar."""
 
-TABLES = ("probes", "sinks", "variance")
+TABLES = ("probes", "sinks", "variance", "sink_ablation")
 
 
 @dataclass(frozen=True)
@@ -113,6 +114,7 @@ class SweepResult:
     summary: pd.DataFrame
     out_dir: Path | None = None
     subjects: dict[str, dict] = field(default_factory=dict)
+    sink_ablation: pd.DataFrame = field(default_factory=pd.DataFrame)
 
 
 # ----------------------------------------------------------------------------- one subject
@@ -147,7 +149,11 @@ def analyse_subject(subject: Subject, settings: SweepSettings) -> dict[str, pd.D
     variance = attention_variance(acts, sites=[f"blocks.{l}.hook_attn_out" for l in range(layers)])
     if subject.has_bos:  # every sequence has the same token at 0, so its variance is exactly 0
         variance = variance[variance["position"] > 0]
-    return {"probes": probes, "sinks": sinks, "variance": _with_slopes(variance).assign(model=subject.name)}
+    # sink ablation (issue 14): next-layer absolute-index R^2 with block l's first key removed
+    ablation = sink_ablation_drop(subject.model, subject.tokens, subject.attention_mask, layers, acts,
+                                  settings.n_splits, settings.n_boot, settings.seed).assign(model=subject.name)
+    return {"probes": probes, "sinks": sinks, "variance": _with_slopes(variance).assign(model=subject.name),
+            "sink_ablation": ablation}
 
 
 def _with_slopes(variance: pd.DataFrame) -> pd.DataFrame:
@@ -281,8 +287,8 @@ def sweep(settings: SweepSettings, out_dir: str | Path | None = None, progress: 
         subjects[spec] = meta
         for name in TABLES:
             parts[name].append(tables[name])
-    probes, sinks, variance = (pd.concat(parts[name], ignore_index=True) for name in TABLES)
-    result = SweepResult(probes, sinks, variance, summarize(probes, sinks, variance), out, subjects)
+    probes, sinks, variance, ablation = (pd.concat(parts[name], ignore_index=True) for name in TABLES)
+    result = SweepResult(probes, sinks, variance, summarize(probes, sinks, variance), out, subjects, ablation)
     if out is not None:
         report.write_run(result, settings, command=" ".join(["nopelens", *sys.argv[1:]]), versions=versions())
     return result
@@ -290,7 +296,7 @@ def sweep(settings: SweepSettings, out_dir: str | Path | None = None, progress: 
 
 def _subject_tables(spec: str, settings: SweepSettings, out: Path | None, progress: bool):
     part = out / "parts" / _slug(spec) if out is not None else None
-    if part is not None and (part / "done.json").is_file():
+    if part is not None and (part / "done.json").is_file() and all((part / f"{n}.csv").is_file() for n in TABLES):
         tqdm.write(f"nopelens: {spec}: already measured in {part}, reusing", file=sys.stderr)
         tables = {name: pd.read_csv(part / f"{name}.csv") for name in TABLES}
         return tables, read_json(part / "done.json")
