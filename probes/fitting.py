@@ -123,6 +123,11 @@ class RoundoffScaler(TransformerMixin, BaseEstimator):
     its scale (:func:`signal_mask`) is constant for the probe: its transformed value is 0, so
     ``StandardScaler`` cannot blow 1e-7 differences up to unit variance (issue 10 §1).
 
+    Attributes:
+        mean_, scale_: as ``StandardScaler``'s (transform = (x - mean_) / scale_); ``scale_`` is
+            ``inf`` for the features judged constant.
+        signal_: bool ``[d]``, the features kept.
+
     Args:
         dtype: the dtype the activations were computed in (the model's), e.g. ``"bfloat16"``;
             ``None`` uses the dtype of the array given to ``fit``.
@@ -134,14 +139,16 @@ class RoundoffScaler(TransformerMixin, BaseEstimator):
     def fit(self, X, y=None):
         X = np.asarray(X)
         dtype = X.dtype if self.dtype is None else self.dtype
-        self.scaler_ = StandardScaler().fit(X)
+        scaler = StandardScaler().fit(X)
         self.signal_ = signal_mask(X.max(0).astype(np.float64), X.min(0).astype(np.float64), dtype)
+        self.mean_ = scaler.mean_
+        self.scale_ = np.where(self.signal_, scaler.scale_, np.inf)  # (x - mean) / inf = 0: constant
         self.n_features_in_ = X.shape[1]
         return self
 
     def transform(self, X):
         check_is_fitted(self)
-        return self.scaler_.transform(np.asarray(X, dtype=np.float64)) * self.signal_
+        return (np.asarray(X, dtype=np.float64) - self.mean_) / self.scale_
 
 
 # ----------------------------------------------------------------------------- block statistics
