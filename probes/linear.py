@@ -296,7 +296,8 @@ def probe_features(
 
     Raises:
         ValueError: on mismatched shapes, non-finite features, a single sequence or too few
-            sequences for the folds, a missing ``token_types`` with controls.
+            sequences for the folds, a missing ``token_types`` with controls, or (ridge and LDA)
+            explicit ``splits`` whose fitting sides are not made of whole sequences.
     """
     X, y, groups = np.asarray(X), np.asarray(y), np.asarray(groups)
     if X.ndim != 2 or len(X) != len(y) or len(y) != len(groups):
