@@ -39,13 +39,14 @@ def test_circuit_absolute_index_at_chance_at_layer_0_and_exact_at_layer_1(quick_
     assert r2.loc[1] >= 0.9995 and accuracy.loc[1] == 1.0
     summary = result.summary.set_index("model")
     assert summary.loc["circuit", "absolute_r2"] == 1
-    assert summary.loc["circuit", "relative_qk_r2"] == 2, "the Theorem 2 head is block 1's attention"
+    assert summary.loc["circuit", "relative_content_qk_r2"] == 2, "the Theorem 2 head is block 1's attention"
+    assert summary.loc["circuit", "relative_score_r2"] == 2, "block 1's own scores read i - j"
 
 
 def test_untrained_nope_without_bos_recovers_nothing_and_shrinks_variance(quick_run):
     result, _ = quick_run
     summary = result.summary.set_index("model")
-    for column in ("absolute_acc", "absolute_r2", "relative_pairs_r2", "relative_qk_r2"):
+    for column in ("absolute_acc", "absolute_r2", "relative_pairs_r2", "relative_score_r2", "relative_content_qk_r2"):
         assert summary.loc["untrained-nope", column] == -1, column
     assert -1.3 < summary.loc["untrained-nope", "variance_slope_block0"] < -0.7
 
