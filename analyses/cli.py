@@ -19,6 +19,7 @@ COMMAND_MODULES = (
     "nopelens.analyses.lengthgen",
     "nopelens.analyses.circuit_cmd",
     "nopelens.analyses.audit_cmd",
+    "nopelens.analyses.validate",
 )
 
 USER_ERRORS = (ValueError, KeyError, TypeError, OSError)
