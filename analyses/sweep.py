@@ -216,8 +216,9 @@ def summarize(probes: pd.DataFrame, sinks: pd.DataFrame, variance: pd.DataFrame)
     bias; layer = block + 1; None when the model has no ``hook_attn_scores``),
     ``relative_content_qk_r2`` (content-only bilinear q.k read; layer = block + 1),
     ``best_absolute_r2`` and its ``selectivity``,
-    ``mad_chance_layer0`` and ``mad_chance_best`` (regression MAD over its chance value
-    (L^2 - 1)/(3L), at the embeddings and at the best residual layer; Haviv et al. 2022),
+    ``mad_chance_layer0`` and ``mad_chance_best`` (regression MAD over its chance value E|X - Y|
+    for X, Y drawn from the scored positions, at the embeddings and at the best residual layer;
+    Haviv et al. 2022),
     ``sink_rate`` (Gu et al., as read), ``variance_slope_block0``. A first layer of -1 means no
     layer cleared the bar; None means the model has no site for that read.
     """
@@ -229,7 +230,7 @@ def summarize(probes: pd.DataFrame, sinks: pd.DataFrame, variance: pd.DataFrame)
         relative = linear[linear["target"] == "relative_distance"]
         best = absolute[(absolute["metric"] == "r2")].sort_values("value").iloc[-1]
         mad = absolute[(absolute["metric"] == "mad") & (absolute["task"] == "regression")].set_index("layer")
-        chance = mad_chance(int(round(mad["n_samples"].iloc[0] / mad["n_sequences"].iloc[0])))
+        chance = _mad_chance(mad)
         model_sinks = sinks[sinks["model"] == model]
         as_read = model_sinks[model_sinks["condition"] == model_sinks["condition"].iloc[0]]
         rows.append(dict(
@@ -242,12 +243,20 @@ def summarize(probes: pd.DataFrame, sinks: pd.DataFrame, variance: pd.DataFrame)
             best_absolute_r2=float(best["value"]),
             best_absolute_layer=int(best["layer"]),
             selectivity_at_best=float(best["selectivity"]),
-            mad_chance_layer0=float(mad.loc[0, "value"] / chance),
-            mad_chance_best=float(mad["value"].min() / chance),
+            mad_chance_layer0=float(mad.loc[0, "value"] / chance.loc[0]),
+            mad_chance_best=float((mad["value"] / chance).min()),
             sink_rate=float(as_read["is_sink"].mean()),
             variance_slope_block0=float(variance[(variance["model"] == model) & (variance["block"] == 0)]["slope"].iloc[0]),
         ))
     return pd.DataFrame(rows)
+
+
+def _mad_chance(mad: pd.DataFrame) -> pd.Series:
+    """Each MAD row's chance value: E|X - Y| over its scored positions (``chance`` column), or, for
+    tables written before that column existed, the uniform value at the mean sequence length."""
+    if "chance" in mad and mad["chance"].notna().all():
+        return mad["chance"]
+    return pd.Series(mad_chance(int(round(mad["n_samples"].iloc[0] / mad["n_sequences"].iloc[0]))), index=mad.index)
 
 
 def _first_layer(rows: pd.DataFrame, metric: str) -> int | None:

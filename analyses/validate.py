@@ -194,10 +194,10 @@ def check_bos_constant(seed: int = SEED) -> list[Row]:
       predicted for all: accuracy (1 + 1)/L = 2/L.
     - MAD of the regression read: (1/L) sum_{p=1}^{L-1} |p - L/2| = (L - 2)/4 for even L.
     - A mean predictor (the sweep's ``majority`` row) predicts (L - 1)/2 everywhere:
-      MAD = L/4 for even L, over the chance value (L² - 1)/(3L) gives 3L²/(4(L² - 1)).
+      MAD = L/4 for even L, over the chance value (L² - 1)/(3L) gives 3L²/(4(L² - 1)). The chance
+      value is the sweep's own (the table's ``chance`` column, E|X - Y| over the scored positions),
+      which on L equally frequent positions is (L² - 1)/(3L).
     """
-    from nopelens.probes import mad_chance
-
     model = _decoder(seed, d_vocab=8, position="nope")
     tokens = torch.full((N_SEQUENCES, LENGTH), 3, dtype=torch.long)
     tokens[:, 0] = 0  # BOS
@@ -213,7 +213,8 @@ def check_bos_constant(seed: int = SEED) -> list[Row]:
         Row("bos_constant_layer0_mad", label, "layer 0 regression MAD (positions)", (L - 2) / 4,
             _linear(table, "mad")[0], "==", EXACT * L, "MAD = (L - 2)/4 for even L"),
         Row("mean_predictor_mad_over_chance", "a mean predictor (the sweep's majority row)",
-            "MAD / chance MAD", 3 * L**2 / (4 * (L**2 - 1)), float(majority["value"].iloc[0]) / mad_chance(L), "==",
+            "MAD / chance MAD", 3 * L**2 / (4 * (L**2 - 1)),
+            float(majority["value"].iloc[0]) / float(majority["chance"].iloc[0]), "==",
             1e-9, "MAD = L/4 over (L² - 1)/(3L) = 3L²/(4(L² - 1))"),
     ]
 

@@ -41,7 +41,7 @@ from sklearn.pipeline import Pipeline
 from sklearn.preprocessing import StandardScaler
 
 from .collect import Activations, site_block, site_layer
-from .metrics import HIGHER_IS_BETTER, bootstrap_scores, metric_names
+from .metrics import HIGHER_IS_BETTER, bootstrap_scores, mad_chance_of, metric_names
 from .targets import (
     bilinear_features,
     control_labels,
@@ -62,10 +62,13 @@ CLASSIFIER_ALPHA = 1.0
 
 RESULT_COLUMNS = (
     "site", "layer", "block", "target", "task", "features", "probe", "split", "metric",
-    "value", "ci_low", "ci_high", "selectivity", "n_samples", "n_sequences",
+    "value", "ci_low", "ci_high", "selectivity", "n_samples", "n_sequences", "chance",
 )
 """Columns of every results table. ``layer`` is the DESIGN.md layer of residual sites, ``block + 1``
-for an attention read of relative distance, else NaN."""
+for an attention read of relative distance, else NaN.
+``chance`` is the metric's chance value on the targets actually scored, where one is computed:
+for ``mad``, E|X - Y| over the scored targets (:func:`~nopelens.probes.metrics.mad_chance_of`);
+NaN for the other metrics."""
 
 CONTROL_PROBES = ("control", "shuffled", "majority", "token_identity")
 
@@ -249,7 +252,7 @@ def probe_features(
 
     Returns:
         DataFrame with columns ``probe, metric, value, ci_low, ci_high, selectivity, n_samples,
-        n_sequences``. A metric that is undefined on a run has no row: Spearman of constant
+        n_sequences, chance`` (``chance``: see :data:`RESULT_COLUMNS`). A metric that is undefined on a run has no row: Spearman of constant
         predictions (the majority baseline, or a linear probe on features that carry nothing, such
         as a head whose W_Q is zero).
 
@@ -276,7 +279,7 @@ def probe_features(
         truth = labels[index] if probe_name == "control" else y[index]
         scores = bootstrap_scores(truth, pred, groups[index], metrics, n_boot, seed=seed,
                                   skip_undefined=True)
-        return probe_name, scores, len(index), groups[index]
+        return probe_name, scores, len(index), groups[index], truth
 
     runs = [scored("linear", probe, y)]
     if controls:
@@ -289,18 +292,19 @@ def probe_features(
         index = np.concatenate([score for _, score in splits])
         pred = token_identity_predictions(np.asarray(token_types)[index], y[index], task)
         scores = bootstrap_scores(y[index], pred, groups[index], metrics, n_boot, seed=seed, skip_undefined=True)
-        runs.append(("token_identity", scores, len(index), groups[index]))
+        runs.append(("token_identity", scores, len(index), groups[index], y[index]))
 
     control = {run[0]: run[1] for run in runs}.get("control")
     rows = []
-    for name, scores, n_samples, scored_groups in runs:
+    for name, scores, n_samples, scored_groups, truth in runs:
         for metric, (value, low, high) in scores.items():
+            chance = mad_chance_of(truth) if metric == "mad" else np.nan
             selectivity = np.nan
             if name == "linear" and control is not None and HIGHER_IS_BETTER[metric]:
                 selectivity = value - control[metric][0]
             rows.append(dict(probe=name, metric=metric, value=value, ci_low=low, ci_high=high,
                              selectivity=selectivity, n_samples=n_samples,
-                             n_sequences=len(np.unique(scored_groups))))
+                             n_sequences=len(np.unique(scored_groups)), chance=chance))
     return pd.DataFrame(rows)
 
 
