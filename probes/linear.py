@@ -414,21 +414,21 @@ def probe_relative_distance(
     pair_tokens = np.stack([acts.token[pairs.query], acts.token[pairs.key]], axis=1)
     if sites is None:
         sites = [site for site, array in acts.acts.items() if array.ndim == 2]
-    jobs = [(site, kind, lambda s=site, k=kind: pair_features(acts.features(s), pairs, k))
-            for site in sites for kind in feature_kinds]
-    jobs += [(q_site, f"bilinear_{bilinear}",
+    residual = [(site, kind, lambda s=site, k=kind: pair_features(acts.features(s), pairs, k))
+                for site in sites for kind in feature_kinds]
+    reads = [(q_site, f"bilinear_{bilinear}",
               lambda q=q_site, k=k_site: bilinear_features(_heads(acts, q), _heads(acts, k), pairs, bilinear))
              for q_site, k_site in attention]
-    jobs += [(site, "score", lambda s=site: score_features(_scores(acts, s), acts.sequence_id, acts.position, pairs))
-             for site in scores]
+    reads += [(site, "score", lambda s=site: score_features(_scores(acts, s), acts.sequence_id, acts.position, pairs))
+              for site in scores]
     frames = []
-    for site, kind, build in jobs:
+    for is_read, (site, kind, build) in [(False, job) for job in residual] + [(True, job) for job in reads]:
         X = build()
         for task in tasks:
             frame = probe_features(X, pairs.distance, pairs.sequence_id, task, pair_tokens, n_splits=n_splits,
                                    classifier=classifier, controls=controls, n_boot=n_boot, seed=seed)
             frame = _label(frame, site, "relative_distance", task, kind, "grouped")
-            if kind not in feature_kinds:  # an attention read of block l counts at layer l + 1
+            if is_read:  # an attention read of block l counts at layer l + 1
                 frame["layer"] = frame["block"] + 1
             frames.append(frame)
     return _tidy(frames)

@@ -67,6 +67,7 @@ def test_run_folder_holds_tables_figures_and_summary(quick_run):
         assert (out / name).is_file(), name
     summary = (out / "summary.md").read_text()
     assert "circuit" in summary and "Command:" in summary and "Versions:" in summary
+    assert "*Head scores*" in summary and "*Content q·k*" in summary, "summary.md says which read is which"
     assert set(pd.read_csv(out / "probes.csv")["model"]) == set(result.summary["model"])
     assert not list(out.rglob(".*.csv")), "no temporary files left behind"
 
