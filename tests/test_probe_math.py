@@ -52,3 +52,137 @@ def test_probe_mad_rows_carry_the_chance_of_their_scored_positions():
     frame = pd.DataFrame(dict(value=[5.0], n_samples=[len(position)], n_sequences=[12], chance=mad["chance"].iloc[:1].values))
     assert _mad_chance(frame).iloc[0] == pytest.approx(6.277778, abs=1e-6)
     assert _mad_chance(frame.drop(columns="chance")).iloc[0] == pytest.approx(mad_chance(15))
+
+
+# ----------------------------------------------------------------------------- §1 round-off
+
+import torch  # noqa: E402
+
+from nopelens.models import Decoder, DecoderConfig  # noqa: E402
+from nopelens.probes import collect, first_recoverable_layer, probe_absolute_index, resid_sites  # noqa: E402
+from nopelens.probes.fitting import RoundoffScaler, roundoff_tolerance, signal_mask  # noqa: E402
+
+CONSTANT_CASES = [(p, torch.float32) for p in ("nope", "rope", "alibi", "shaw", ("nope", "rope"))] + [
+    ("rope", torch.bfloat16), ("rope", torch.float16), (("rope", "nope"), torch.bfloat16)]
+
+
+@pytest.mark.parametrize("position, dtype", CONSTANT_CASES, ids=lambda v: str(v))
+def test_constant_input_without_bos_recovers_nothing(position, dtype):
+    """Issue 10 §1: every token id 3, no BOS: exact arithmetic gives every position the same state,
+    so no layer may read position from float round-off (today's pipeline read R² ≈ 1 at layer 1)."""
+    cfg = DecoderConfig(d_vocab=40, n_ctx=40, n_layers=2, d_model=32, n_heads=4, position=position)
+    acts = collect(Decoder(cfg, seed=1).eval().to(dtype), torch.full((50, 30), 3), resid_sites(2))
+    assert acts.dtype("blocks.0.hook_resid_post") == str(dtype).removeprefix("torch.")
+    table = probe_absolute_index(acts, n_boot=50, controls=False)
+    assert first_recoverable_layer(table, metric="r2") is None
+    assert first_recoverable_layer(table, task="classification") is None
+    r2 = table[(table.probe == "linear") & (table.metric == "r2")]
+    assert (r2["ci_high"] < 0.05).all()
+
+
+def test_roundoff_is_judged_by_the_activation_dtype_not_by_noise():
+    rng = np.random.default_rng(0)
+    base = rng.normal(size=8)
+    tiny = base + rng.normal(size=(200, 8)) * 1e-7 * np.abs(base)  # float32-level jitter
+    assert not signal_mask(tiny.max(0), tiny.min(0), "float32").any()
+    assert signal_mask(tiny.max(0), tiny.min(0), "float64").all()  # far above float64's resolution
+    real = base + rng.normal(size=(200, 8)) * 0.2
+    assert signal_mask(real.max(0), real.min(0), "bfloat16").all()
+    assert roundoff_tolerance("bfloat16") > roundoff_tolerance("float16") > roundoff_tolerance("float32")
+    Z = RoundoffScaler("float32").fit(np.c_[tiny[:, :1], real[:, :1]]).transform(np.c_[tiny[:, :1], real[:, :1]])
+    assert np.all(Z[:, 0] == 0) and Z[:, 1].std() == pytest.approx(1)
+    with pytest.raises(ValueError):
+        roundoff_tolerance("int64")
+
+
+def test_real_position_signal_in_bfloat16_survives():
+    cfg = DecoderConfig(d_vocab=40, n_ctx=40, n_layers=1, d_model=32, n_heads=4, position="sinusoidal")
+    acts = collect(Decoder(cfg, seed=1).eval().to(torch.bfloat16), torch.full((20, 30), 3), resid_sites(1))
+    table = probe_absolute_index(acts, tasks=("regression",), controls=False, n_splits=4, n_boot=50)
+    assert first_recoverable_layer(table, metric="r2") == 0
+
+
+# ----------------------------------------------------------------------------- §3 / 13 §1 shared fits
+
+from sklearn.linear_model import Ridge  # noqa: E402
+from sklearn.model_selection import GridSearchCV, GroupKFold, PredefinedSplit  # noqa: E402
+from sklearn.pipeline import make_pipeline  # noqa: E402
+from sklearn.preprocessing import StandardScaler  # noqa: E402
+
+from nopelens.probes import PooledLDA, extrapolation_splits, sequence_splits  # noqa: E402
+from nopelens.probes.fitting import ALPHAS, GroupedRidgeCV, fit_folds, fold_blocks  # noqa: E402
+
+
+def _data(n_seq=30, length=12, d=10, seed=0):
+    rng = np.random.default_rng(seed)
+    groups = np.repeat(np.arange(n_seq), length)
+    position = np.tile(np.arange(length), n_seq)
+    X = rng.normal(size=(len(groups), d)) * rng.uniform(0.1, 10, d) + rng.normal(size=d) * 5
+    X[:, 0] += 0.3 * position
+    X[:, 1] += 0.05 * position ** 1.5
+    return X.astype(np.float32), position, groups, rng
+
+
+def _inner_cv(members, blocks, fit, n):
+    test_fold = np.full(n, -1)
+    for j in members:
+        test_fold[blocks[j]] = j
+    return PredefinedSplit(test_fold[fit])
+
+
+@pytest.mark.parametrize("n_splits, extrapolate", [(5, False), (2, False), (4, True)])
+def test_shared_ridge_fits_equal_sklearn_on_the_same_folds(n_splits, extrapolate):
+    X, position, groups, rng = _data()
+    targets = [position.astype(float), rng.permutation(position).astype(float), rng.normal(size=len(position))]
+    splits = (extrapolation_splits(groups, position, 8, n_splits) if extrapolate
+              else sequence_splits(groups, n_splits))
+    fit = fit_folds(X, targets, groups, splits, "regression")
+    blocks, members = fold_blocks(splits, groups)
+    X64 = X.astype(np.float64)
+    offset = 0
+    for k, (fit_side, score) in enumerate(splits):
+        Z = StandardScaler().fit(X64[fit_side]).transform(X64[fit_side])
+        for t, y in enumerate(targets):
+            search = GridSearchCV(Ridge(), {"alpha": list(ALPHAS)}, cv=_inner_cv(members[k], blocks, fit_side, len(X)),
+                                  scoring="neg_mean_squared_error").fit(Z, y[fit_side])
+            assert fit.alphas[t][k] == search.best_params_["alpha"]
+            reference = make_pipeline(StandardScaler(), Ridge(alpha=fit.alphas[t][k])).fit(X64[fit_side], y[fit_side])
+            np.testing.assert_allclose(fit.predictions[t][offset:offset + len(score)], reference.predict(X64[score]),
+                                       rtol=1e-9, atol=1e-9)
+        offset += len(score)
+    np.testing.assert_array_equal(fit.index, np.concatenate([s for _, s in splits]))
+
+
+def test_shared_lda_fits_equal_pooled_lda_pipeline_on_the_same_folds():
+    X, position, groups, rng = _data()
+    targets = [position, rng.integers(0, 3, len(position)), rng.permutation(position)]
+    splits = sequence_splits(groups, 4)
+    fit = fit_folds(X, targets, groups, splits, "classification")
+    X64 = X.astype(np.float64)
+    offset = 0
+    for fit_side, score in splits:
+        for t, y in enumerate(targets):
+            reference = make_pipeline(StandardScaler(), PooledLDA()).fit(X64[fit_side], y[fit_side]).predict(X64[score])
+            np.testing.assert_array_equal(fit.predictions[t][offset:offset + len(score)], reference)
+        offset += len(score)
+
+
+def test_grouped_ridge_cv_estimator_equals_grid_search_over_group_kfold():
+    X, position, groups, _ = _data()
+    Z = StandardScaler().fit_transform(X.astype(np.float64))
+    ours = GroupedRidgeCV(n_splits=4).fit(Z, position, groups)
+    search = GridSearchCV(Ridge(), {"alpha": list(ALPHAS)}, cv=GroupKFold(4), scoring="neg_mean_squared_error")
+    search.fit(Z, position, groups=groups)
+    assert ours.alpha_ == search.best_params_["alpha"]
+    np.testing.assert_allclose(ours.predict(Z), search.predict(Z), rtol=1e-9, atol=1e-9)
+    assert ours.score(Z, position) == pytest.approx(search.best_estimator_.score(Z, position))
+    assert GroupedRidgeCV().get_params() == {"alphas": ALPHAS, "n_splits": 4}  # nothing learned in __init__
+
+
+def test_penalty_at_the_grid_edge_is_flagged():
+    X, position, groups, rng = _data()
+    exact = X.astype(np.float64) @ rng.normal(size=X.shape[1])  # noiseless: the least penalty wins
+    table = probe_features(X, exact, groups, "regression", controls=False, n_splits=4, n_boot=20)
+    assert table["alpha_at_edge"].all() and (table["alpha"] == ALPHAS[0]).all()
+    table = probe_features(X, position, groups, "regression", controls=False, n_splits=4, n_boot=20)
+    assert not table["alpha_at_edge"].any() and ALPHAS[0] < table["alpha"].iloc[0] < ALPHAS[-1]

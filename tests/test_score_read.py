@@ -48,11 +48,6 @@ def test_untrained_alibi_block_reads_distance_from_its_scores(d_model, one_threa
     assert rows.loc[("bilinear_elementwise", 1), "value"] < 0.1
 
 
-PROBEMATH_RIDGE = ("ridge penalty chosen by leave-one-token-out from (0.1, 1, 10) overfits 256 outer-product "
-                   "features (R² -1.05; alpha >= 1e4 gives -0.006): needs the grouped-CV penalty of issue 10 §3")
-
-
-@pytest.mark.xfail(strict=True, reason=PROBEMATH_RIDGE)
 def test_nope_content_only_read_stays_near_zero_on_random_tokens(one_thread):
     """Block 0 of NoPE sees token embeddings only: q_i and k_j carry no position, so no read of i - j."""
     cfg = DecoderConfig(d_vocab=50, n_ctx=LENGTH, n_layers=1, d_model=32, n_heads=4, position="nope")

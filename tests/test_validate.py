@@ -8,11 +8,6 @@ import pytest
 from nopelens.analyses import validate
 from nopelens.analyses.cli import main
 
-PROBEMATH_ROUND_OFF = ("float32 round-off of constant input is read as position (R² ≈ 1): needs the "
-                       "numerical-resolution fix of issue 10 §1 (branch probemath)")
-PENDING = {name: PROBEMATH_ROUND_OFF for name in validate.ROW_NAMES if name.startswith("constant_")}
-
-
 @pytest.fixture(scope="module")
 def suite() -> pd.DataFrame:
     return validate.run_suite()
@@ -22,10 +17,7 @@ def test_the_suite_produces_every_row_once(suite):
     assert list(suite["name"]) == list(validate.ROW_NAMES)
 
 
-@pytest.mark.parametrize("name", [
-    pytest.param(name, marks=pytest.mark.xfail(strict=True, reason=PENDING[name])) if name in PENDING else name
-    for name in validate.ROW_NAMES
-])
+@pytest.mark.parametrize("name", validate.ROW_NAMES)
 def test_known_answer(suite, name):
     row = suite.set_index("name").loc[name]
     assert row["passed"], f"{name}: expected {row['comparison']} {row['expected']:.6g} ± {row['tolerance']:.3g}, measured {row['measured']:.6g}"
