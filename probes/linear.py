@@ -293,6 +293,8 @@ def probe_features(
         n_sequences, chance, alpha, alpha_at_edge`` (see :data:`RESULT_COLUMNS`). A metric that is
         undefined on a run has no row: Spearman of constant predictions (the majority baseline,
         or a linear probe on features that carry nothing, such as a head whose W_Q is zero).
+        When every sample has the same token type, the control task (one random label per type)
+        is undefined: it has no row and ``selectivity`` is NaN; the other controls still run.
 
     Raises:
         ValueError: on mismatched shapes, non-finite features, a single sequence or too few
@@ -315,7 +317,8 @@ def probe_features(
 
     labels = {"linear": y}
     if controls:
-        labels["control"] = control_labels(token_types, y, seed=seed)
+        if len(np.unique(np.asarray(token_types), axis=0)) > 1:  # else the control task is undefined
+            labels["control"] = control_labels(token_types, y, seed=seed)
         labels["shuffled"] = shuffled_labels(y, seed=seed)
     fitted = _fit_all(X, labels, groups, splits, task, classifier, seed, dtype, device)
 

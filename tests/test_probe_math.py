@@ -73,9 +73,11 @@ def test_constant_input_without_bos_recovers_nothing(position, dtype):
     cfg = DecoderConfig(d_vocab=40, n_ctx=40, n_layers=2, d_model=32, n_heads=4, position=position)
     acts = collect(Decoder(cfg, seed=1).eval().to(dtype), torch.full((50, 30), 3), resid_sites(2))
     assert acts.dtype("blocks.0.hook_resid_post") == str(dtype).removeprefix("torch.")
-    table = probe_absolute_index(acts, n_boot=50, controls=False)
+    table = probe_absolute_index(acts, n_boot=50)  # default controls: one token id, control task undefined
     assert first_recoverable_layer(table, metric="r2") is None
     assert first_recoverable_layer(table, task="classification") is None
+    assert "control" not in set(table.probe) and table.selectivity.isna().all()
+    assert {"linear", "shuffled", "majority", "token_identity"} <= set(table.probe)
     r2 = table[(table.probe == "linear") & (table.metric == "r2")]
     assert (r2["ci_high"] < 0.05).all()
 
@@ -186,3 +188,29 @@ def test_penalty_at_the_grid_edge_is_flagged():
     assert table["alpha_at_edge"].all() and (table["alpha"] == ALPHAS[0]).all()
     table = probe_features(X, position, groups, "regression", controls=False, n_splits=4, n_boot=20)
     assert not table["alpha_at_edge"].any() and ALPHAS[0] < table["alpha"].iloc[0] < ALPHAS[-1]
+
+
+@pytest.mark.slow
+def test_untrained_nope_control_reads_no_negative_r2_at_any_site():
+    """Issue 10 §3 known answer: the sweep's untrained-nope control (as the sweep builds and probes it)
+    read R² −0.86 at blocks.0.hook_attn_out with leave-one-token-out penalties; with the grouped
+    inner CV no site may read below −0.05."""
+    from nopelens.analyses.subjects import resolve
+    from nopelens.analyses.sweep import SweepSettings, _bilinear_mode, _qk_sites
+    from nopelens.probes import probe_relative_distance
+
+    settings = SweepSettings.default()
+    subject = resolve("untrained-nope", settings.n_sequences, settings.seq_len, settings.seed, False)
+    layers = subject.n_layers
+    sites = resid_sites(layers) + [f"blocks.{l}.hook_{kind}_out" for l in range(layers) for kind in ("attn", "mlp")]
+    qk = [_qk_sites(subject.model, l) for l in range(layers)]
+    acts = collect(subject.model, subject.tokens, sites + [s for pair in qk for s in pair],
+                   attention_mask=subject.attention_mask)
+    common = dict(tasks=("regression",), controls=False, n_splits=settings.n_splits, n_boot=10)
+    absolute = probe_absolute_index(acts, sites=sites, **common)
+    relative = probe_relative_distance(acts, sites=resid_sites(layers), feature_kinds=("concat",), attention=qk,
+                                       bilinear=_bilinear_mode(acts, qk[0][0]), pairs_per_distance=64, **common)
+    r2 = pd.concat([absolute, relative])
+    r2 = r2[r2.metric == "r2"]
+    assert len(r2) == len(sites) + 2 * layers + 1
+    assert (r2["value"] >= -0.05).all(), r2[["site", "features", "value", "alpha"]]
