@@ -29,7 +29,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-CONTROL_SPECS = ("circuit", "untrained-nope")
+CONTROL_SPECS = ("circuit", "untrained-nope", "constant-nope")
 HF_PREFIX = "hf:"
 CONSTANT_PREFIX = "constant-"
 CONSTANT_TOKEN = 3

@@ -70,7 +70,7 @@ class SweepSettings:
 
     Attributes:
         models: subject specs (zoo names, checkpoint paths, ``hf:DIR``, ``circuit``,
-            ``untrained-nope``), in order.
+            ``untrained-nope``, ``constant-METHOD``), in order.
         n_sequences: fresh evaluation sequences per subject.
         seq_len: tokens per evaluation sequence (BOS included).
         n_boot: bootstrap replicates for the 95 % CIs.

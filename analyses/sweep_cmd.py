@@ -91,7 +91,8 @@ def register(subparsers) -> None:
     sweep_parser = subparsers.add_parser(
         "sweep", help="where absolute index and relative distance first become recoverable (the main job)",
         description="Probe every layer of a NoPE and a RoPE zoo model (trained on first use), the hand-built "
-        "Theorem 1/2 circuit and an untrained NoPE model, for absolute index and relative distance, with "
+        "Theorem 1/2 circuit, and untrained NoPE models on random tokens and on constant input (one token id, "
+        "no BOS), for absolute index and relative distance, with "
         "controls, attention sinks and variance shrinkage; write a run folder and print the summary.",
         epilog="examples:\n  nopelens sweep\n  nopelens sweep --quick --out runs/smoke\n"
         "  nopelens sweep --models text-nope-4l,text-rope-4l,text-learned-4l\n  nopelens sweep --task copy\n"

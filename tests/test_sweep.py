@@ -51,11 +51,22 @@ def test_untrained_nope_without_bos_recovers_nothing_and_shrinks_variance(quick_
     assert -1.3 < summary.loc["untrained-nope", "variance_slope_block0"] < -0.7
 
 
+def test_constant_input_recovers_nothing_at_any_layer(quick_run):
+    """Every token one id, no BOS: one state at every position, so every read is at chance."""
+    result, _ = quick_run
+    summary = result.summary.set_index("model")
+    for column in ("absolute_acc", "absolute_r2", "relative_pairs_r2", "relative_score_r2", "relative_content_qk_r2"):
+        assert summary.loc["constant-nope", column] == -1, column
+    assert summary.loc["constant-nope", "best_absolute_r2"] <= 0.05
+
+
 def test_selectivity_next_to_every_linear_score(quick_run):
     result, _ = quick_run
     rows = result.probes[(result.probes["probe"] == "linear") & result.probes["metric"].isin(["accuracy", "r2"])
                          & (result.probes["split"] == "grouped")]
-    assert rows["selectivity"].notna().all()
+    one_token = rows["model"] == "constant-nope"  # one token type: the control task is undefined
+    assert rows.loc[~one_token, "selectivity"].notna().all()
+    assert rows.loc[one_token, "selectivity"].isna().all()
     control = result.probes[result.probes["probe"] == "control"]
     assert len(control) > 0
 
