@@ -154,3 +154,17 @@ def test_distance_pairs_score_rows_use_each_pairs_own_sequence():
     pairs = DistancePairs(np.array([4, 5]), np.array([3, 3]), np.array([1, 2]), np.array([1, 1]))
     sequence_id, position = np.array([0, 0, 0, 1, 1, 1]), np.array([0, 1, 2, 0, 1, 2])
     assert score_features(scores, sequence_id, position, pairs).ravel().tolist() == [5.0, 7.0]
+
+
+def test_summary_says_na_where_a_model_has_no_score_site():
+    import pandas as pd
+
+    from nopelens.analyses.report import summary_table
+
+    summary = pd.DataFrame([dict(model="m", absolute_acc=-1, absolute_r2=1, relative_pairs_r2=2, relative_score_r2=None,
+                                 relative_content_qk_r2=-1, best_absolute_r2=0.9, best_absolute_layer=1,
+                                 selectivity_at_best=0.1, mad_chance_layer0=0.7, mad_chance_best=0.2, sink_rate=0.0,
+                                 variance_slope_block0=-1.0)])
+    row = summary_table(summary).iloc[0]
+    assert row["rel. dist. head scores R² ≥ 0.9"] == "n/a"
+    assert row["rel. dist. content q·k R² ≥ 0.9"] == "none" and row["abs. index R² ≥ 0.9"] == "1"
