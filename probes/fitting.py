@@ -10,16 +10,17 @@ and pooled LDA covariance is a sum of block statistics, so the whole site costs 
 ``X`` (about one ``X^T X``) plus d x d algebra per fold.
 
 Ridge penalties are chosen by grouped cross-validation inside the fitting side: the inner folds
-are the fitting side's own blocks (whole sequences), the features are standardized as in the
-outer fit, and each inner fit is one eigendecomposition ``C = U diag(e) U^T`` of its standardized
+are the fitting side's own blocks (whole sequences), each inner fit standardizes its own fitting
+set, and each inner fit is one eigendecomposition ``C = U diag(e) U^T`` of its standardized
 centered Gram matrix, which gives the validation error of every penalty on the grid at once:
 with ``p = U^T b`` and the validation block's second moments ``Q = U^T M U`` and ``r = U^T m`` in
 the same basis, the weights are ``p / (e + alpha)`` and the validation sum of squares is
 ``s0 - 2 r . (p / (e + alpha)) + (p / (e + alpha))^T Q (p / (e + alpha))``. The penalty with
 the lowest mean validation MSE over the inner folds wins (ties: the smallest), exactly as
-``GridSearchCV(Ridge(), {"alpha": grid}, cv=inner_folds, scoring="neg_mean_squared_error")``
-on the standardized fitting side; tests check the choice and the predictions against
-scikit-learn on the same folds.
+``GridSearchCV(Pipeline(StandardScaler, Ridge), {"ridge__alpha": grid}, cv=inner_folds,
+scoring="neg_mean_squared_error")`` on the fitting side; tests check the choice and the
+predictions against scikit-learn on the same folds. The inner fit on "all blocks but k and j"
+serves outer fold k and outer fold j alike, so K folds cost K (K - 1) / 2 eigendecompositions.
 
 Float round-off is not signal (issue 10 §1): a feature whose whole spread on the fitting side is
 at the numerical resolution of the activations' dtype and scale (:func:`roundoff_tolerance`) is
@@ -149,7 +150,7 @@ class RoundoffScaler(TransformerMixin, BaseEstimator):
 class _Blocks:
     """Per-block statistics of one feature matrix (features shifted by one global constant)."""
 
-    index: list[np.ndarray]  # samples of each block
+    index: list[slice]  # rows of each block (X sorted by block)
     count: torch.Tensor  # [B]
     total: torch.Tensor  # [B, d] feature sums
     gram: torch.Tensor  # [B, d, d]
@@ -182,9 +183,13 @@ def fold_blocks(splits: Sequence[tuple[np.ndarray, np.ndarray]], groups: np.ndar
     for k, (fit, _) in enumerate(splits):
         signature[np.asarray(fit), k] = True
     used = signature.any(1)
-    keys, inverse = np.unique(signature[used], axis=0, return_inverse=True)
+    packed = np.packbits(signature[used], axis=1)  # one row of bytes per sample: unique on a void view is fast
+    codes = np.ascontiguousarray(packed).view(np.dtype((np.void, packed.shape[1]))).ravel()
+    _, first, inverse = np.unique(codes, return_index=True, return_inverse=True)
+    keys = signature[used][first]
     samples = np.flatnonzero(used)
-    blocks = [samples[inverse.reshape(-1) == b] for b in range(len(keys))]
+    order = np.argsort(inverse, kind="stable")
+    blocks = np.split(samples[order], np.cumsum(np.bincount(inverse))[:-1])
     members = [[b for b in range(len(keys)) if keys[b, k]] for k in range(len(splits))]
     if min(len(m) for m in members) < 2:
         halves = []
@@ -202,20 +207,25 @@ def fold_blocks(splits: Sequence[tuple[np.ndarray, np.ndarray]], groups: np.ndar
     return blocks, members
 
 
-def _block_stats(X: torch.Tensor, blocks, members) -> _Blocks:
-    d = X.shape[1]
-    dtype = X.dtype
-    B = len(blocks)
-    count = torch.tensor([len(b) for b in blocks], dtype=dtype, device=X.device)
+def _block_stats(X: torch.Tensor, raw, bounds, members) -> _Blocks:
+    """Statistics of the blocks ``X[bounds[b]:bounds[b + 1]]`` (X sorted by block, shifted);
+    ``raw`` is the same rows unshifted (numpy or torch) for the per-feature extremes."""
+    d, dtype, B = X.shape[1], X.dtype, len(bounds) - 1
+    count = torch.tensor(np.diff(bounds), dtype=dtype, device=X.device)
     total = torch.zeros(B, d, dtype=dtype, device=X.device)
     gram = torch.zeros(B, d, d, dtype=dtype, device=X.device)
     high = torch.zeros(B, d, dtype=dtype, device=X.device)
     low = torch.zeros(B, d, dtype=dtype, device=X.device)
-    for b, index in enumerate(blocks):
-        Xb = X[torch.as_tensor(index, device=X.device)]
-        total[b], gram[b] = Xb.sum(0), Xb.T @ Xb
-        high[b], low[b] = Xb.max(0).values, Xb.min(0).values
-    return _Blocks(list(blocks), count, total, gram, high, low, members)
+    index = [slice(int(a), int(b)) for a, b in zip(bounds[:-1], bounds[1:])]
+    for b, rows in enumerate(index):
+        Xb = X[rows]
+        total[b], gram[b] = Xb.sum(0), _gram(Xb)
+        extremes = (raw[rows].max(0), raw[rows].min(0))
+        if isinstance(raw, torch.Tensor):
+            extremes = (extremes[0].values, extremes[1].values)
+        high[b], low[b] = (torch.as_tensor(np.asarray(e) if not isinstance(e, torch.Tensor) else e).to(X.device, dtype)
+                           for e in extremes)
+    return _Blocks(index, count, total, gram, high, low, members)
 
 
 # ----------------------------------------------------------------------------- fold engine
@@ -259,38 +269,44 @@ def fit_folds(
         dtype: dtype the activations were computed in; default ``X``'s.
         alphas: ridge penalty grid (ascending).
         shrinkage: :class:`PooledLDA` shrinkage.
-        device: torch device for the algebra.
-        compute_dtype: float64 by default; float32 allowed on an accelerator.
+        device: torch device for the algebra (``"cpu"``, ``"cuda"``, ...). CUDA is optional.
+        compute_dtype: float64 by default; float32 allowed on an accelerator only (the
+            round-off test and the Gram sums then carry float32 error).
 
     Returns:
         :class:`FoldFit`.
 
     Raises:
         ValueError: on bad splits (empty side, not grouped), fewer than 2 classes on a fitting
-            side, or an unknown task.
+            side, an unknown task, or float32 algebra on CPU.
     """
     if task not in ("regression", "classification"):
         raise ValueError(f"task must be 'classification' or 'regression', got {task!r}")
     dtype = (X.dtype if dtype is None else dtype)
     compute_dtype = compute_dtype or torch.float64
+    if torch.device(device).type == "cpu" and compute_dtype != torch.float64:
+        raise ValueError(f"probe algebra runs in float64 on CPU; {compute_dtype} is only for accelerators")
     alphas = np.asarray(sorted(alphas), dtype=np.float64)
     for fit, score in splits:
         if len(fit) == 0 or len(score) == 0:
             raise ValueError("a split has an empty side")
     groups = np.asarray(groups)
-    Xt = _as_tensor(X, device, compute_dtype)
-    high, low = Xt.max(0).values, Xt.min(0).values
-    shift = Xt.mean(0)
-    Xs = Xt - shift  # a global shift changes nothing mathematically and keeps Gram sums precise
     blocks, members = fold_blocks(splits, groups)
-    stats = _block_stats(Xs, blocks, members)
-    stats.high, stats.low = stats.high + shift, stats.low + shift
-    del high, low
+    # rows sorted by block (then the rows no fitting side uses), so every block is a slice
+    rest = np.setdiff1d(np.arange(len(groups)), np.concatenate(blocks))
+    order = np.concatenate(blocks + [rest])
+    where = np.empty_like(order)
+    where[order] = np.arange(len(order))
+    raw = X[torch.as_tensor(order)] if isinstance(X, torch.Tensor) else np.asarray(X)[order]
+    Xs = _as_tensor(raw, device, compute_dtype)
+    Xs -= Xs.mean(0)  # a global shift changes nothing mathematically and keeps Gram sums precise
+    bounds = np.concatenate([[0], np.cumsum([len(b) for b in blocks])])
+    stats = _block_stats(Xs, raw, bounds, members)
     fold = _Ridge if task == "regression" else _LDA
-    engine = fold(Xs, [np.asarray(t) for t in targets], stats, dtype, alphas, shrinkage)
+    engine = fold(Xs, [np.asarray(t)[order] for t in targets], stats, dtype, alphas, shrinkage)
     index, preds, chosen, n_signal = [], [[] for _ in targets], [[] for _ in targets], []
     for k, (_, score) in enumerate(splits):
-        out, alpha, kept = engine.fold(k, np.asarray(score))
+        out, alpha, kept = engine.fold(k, _slice_if_contiguous(where[np.asarray(score)]))
         index.append(np.asarray(score))
         n_signal.append(kept)
         for t in range(len(targets)):
@@ -319,73 +335,104 @@ class _Side:
 
 
 class _Ridge:
+    """Ridge on standardized features; penalties by grouped inner CV, one eigendecomposition per
+    inner fitting set. Each inner fit standardizes its own fitting set (as ``GridSearchCV`` over a
+    ``Pipeline(StandardScaler, Ridge)`` does), so the inner fit "all blocks but k and j" is the same
+    for outer fold k (validating on j) and outer fold j (validating on k), and is factorized once."""
+
     def __init__(self, X, targets, stats: _Blocks, dtype, alphas, shrinkage):
         self.X, self.stats, self.dtype = X, stats, dtype
         self.alphas = torch.as_tensor(alphas, dtype=X.dtype, device=X.device)
         Y = torch.as_tensor(np.stack(targets, 1), dtype=X.dtype, device=X.device)
-        self.Y = Y
-        self.xty = torch.stack([X[torch.as_tensor(i, device=X.device)].T @ Y[i] for i in stats.index])
-        self.ysum = torch.stack([Y[i].sum(0) for i in stats.index])
-        self.yy = torch.stack([(Y[i] ** 2).sum(0) for i in stats.index])
+        self.n_targets = Y.shape[1]
+        self.xty = torch.stack([X[_rows(i, X)].T @ Y[_rows(i, X)] for i in stats.index])
+        self.ysum = torch.stack([Y[_rows(i, X)].sum(0) for i in stats.index])
+        self.yy = torch.stack([(Y[_rows(i, X)] ** 2).sum(0) for i in stats.index])
+        self._factors: dict[frozenset, tuple] = {}
 
-    def _sums(self, blocks):
+    def _side(self, blocks):
+        """Own standardization and normal equations of a fitting set of blocks."""
+        side = _Side(self.stats, blocks, self.dtype)
         sel = torch.as_tensor(blocks, device=self.X.device)
-        s = self.stats
-        return s.count[sel].sum(), s.total[sel].sum(0), s.gram[sel].sum(0), self.xty[sel].sum(0), self.ysum[sel].sum(0)
+        ybar = self.ysum[sel].sum(0) / side.n
+        keep, D = side.keep, side.inv_sd[side.keep]
+        scatter = _sub(side.gram - side.n * torch.outer(side.mean, side.mean), keep)
+        cross = self.xty[sel].sum(0) - torch.outer(side.mean, self.ysum[sel].sum(0))
+        cross = cross if bool(keep.all()) else cross[keep]
+        return side, ybar, D[:, None] * scatter * D[None, :], D[:, None] * cross
+
+    def _factor(self, blocks):
+        key = frozenset(blocks)
+        if key not in self._factors:
+            side, ybar, C, b = self._side(sorted(blocks))
+            e, U = torch.linalg.eigh(C)
+            self._factors[key] = (side, ybar, e, U, U.T @ b)
+        return self._factors[key]
+
+    def _validation_mse(self, fit_blocks, val: int):
+        """Validation MSE of block ``val`` for every penalty ``[A, t]``, from the fit on ``fit_blocks``."""
+        side, ybar, e, U, p = self._factor(fit_blocks)
+        s, m, keep = self.stats, side.mean, side.keep
+        nv, sv, sy = s.count[val], s.total[val], self.ysum[val]
+        s0 = self.yy[val] - 2 * ybar * sy + nv * ybar**2
+        if not keep.any():
+            return (s0 / nv).expand(len(self.alphas), -1)
+        M = s.gram[val] - torch.outer(sv, m) - torch.outer(m, sv) + nv * torch.outer(m, m)
+        R = self.xty[val] - torch.outer(sv, ybar) - torch.outer(m, sy) + nv * torch.outer(m, ybar)
+        UD = side.inv_sd[keep][:, None] * U
+        A, t = len(self.alphas), p.shape[1]
+        c = p[None] / (e[None, :, None] + self.alphas[:, None, None])  # [A, d, t] in the eigenbasis
+        w = (UD @ c.permute(1, 0, 2).reshape(len(e), A * t))  # [d_kept, A*t] weights on unscaled features
+        Mk, Rk = _sub(M, keep), (R if bool(keep.all()) else R[keep])
+        quad = (w * (Mk @ w)).sum(0).reshape(A, t)
+        lin = (w.reshape(-1, A, t) * Rk[:, None, :]).sum(0)
+        sse = s0[None] - 2 * lin + quad
+        return sse / nv
 
     def solve(self, k: int):
-        """Fit fitting side ``k`` (penalty by inner CV over its blocks): (side mean, 1/sd of the kept
-        features, kept mask, target means [t], weights [d_kept, t] on standardized features, alphas [t])."""
+        """Fit fitting side ``k`` (penalty by inner CV over its blocks): (side, target means [t],
+        weights [d_kept, t] on standardized features, alphas [t])."""
         inner = self.stats.members[k]
-        side = _Side(self.stats, inner, self.dtype)
-        keep = side.keep
-        D = side.inv_sd[keep]
-        mse = torch.zeros(len(self.alphas), self.Y.shape[1], dtype=self.X.dtype, device=self.X.device)
-        if keep.any():
-            for j in inner:
-                mse += self._validation_mse([b for b in inner if b != j], j, keep, D)
+        mse = sum(self._validation_mse([b for b in inner if b != j], j) for j in inner)
         alpha = self.alphas[torch.argmin(mse, dim=0)]  # first minimum: the smallest penalty on ties
-        if not keep.any():  # nothing to penalize: the fit is the mean, and no penalty was chosen
-            alpha = torch.full_like(alpha, float("nan"))
-        n, total, gram, xty, ysum = self._sums(inner)
-        mean, ybar = total / n, ysum / n
-        W = torch.zeros(int(keep.sum()), self.Y.shape[1], dtype=self.X.dtype, device=self.X.device)
-        if keep.any():
-            C, b = self._normal_equations(n, mean, gram, xty, ysum, keep, D)
-            e, U = torch.linalg.eigh(C)
-            W = U @ ((U.T @ b) / (e[:, None] + alpha[None, :]))
-        return mean, D, keep, ybar, W, alpha
+        side, ybar, C, b = self._side(inner)
+        W = torch.zeros(C.shape[0], self.n_targets, dtype=C.dtype, device=C.device)
+        if not side.keep.any():  # nothing to penalize: the fit is the mean, and no penalty was chosen
+            return side, ybar, W, torch.full_like(alpha, float("nan"))
+        eye = torch.eye(C.shape[0], dtype=C.dtype, device=C.device)
+        for value in torch.unique(alpha):
+            columns = alpha == value
+            W[:, columns] = torch.linalg.solve(C + value * eye, b[:, columns])
+        return side, ybar, W, alpha
 
     def fold(self, k: int, score: np.ndarray):
-        mean, D, keep, ybar, W, alpha = self.solve(k)
-        Xk = self.X[torch.as_tensor(score, device=self.X.device)][:, keep]
-        pred = ybar + ((Xk - mean[keep]) * D) @ W
-        return [p.cpu().numpy() for p in pred.T], alpha.cpu().numpy(), int(keep.sum())
+        side, ybar, W, alpha = self.solve(k)
+        weights = torch.zeros(self.X.shape[1], W.shape[1], dtype=W.dtype, device=W.device)
+        weights[side.keep] = side.inv_sd[side.keep][:, None] * W  # on the unscaled (shifted) features
+        pred = self.X[_rows(score, self.X)] @ weights + (ybar - side.mean @ weights)
+        return [p.cpu().numpy() for p in pred.T], alpha.cpu().numpy(), int(side.keep.sum())
 
-    def _normal_equations(self, n, mean, gram, xty, ysum, keep, D):
-        scatter = (gram - n * torch.outer(mean, mean))[keep][:, keep]
-        cross = (xty - torch.outer(mean, ysum))[keep]
-        return D[:, None] * scatter * D[None, :], D[:, None] * cross
 
-    def _validation_mse(self, fit_blocks, val, keep, D):
-        n, total, gram, xty, ysum = self._sums(fit_blocks)
-        mean, ybar = total / n, ysum / n
-        C, b = self._normal_equations(n, mean, gram, xty, ysum, keep, D)
-        e, U = torch.linalg.eigh(C)
-        s = self.stats
-        nv, sv = s.count[val], s.total[val]
-        m = mean
-        M = s.gram[val] - torch.outer(sv, m) - torch.outer(m, sv) + nv * torch.outer(m, m)
-        R = self.xty[val] - torch.outer(sv, ybar) - torch.outer(m, self.ysum[val]) + nv * torch.outer(m, ybar)
-        s0 = self.yy[val] - 2 * ybar * self.ysum[val] + nv * ybar**2
-        UD = D[:, None] * U
-        Q = UD.T @ M[keep][:, keep] @ UD
-        r = UD.T @ R[keep]
-        p = U.T @ b
-        c = p[None] / (e[None, :, None] + self.alphas[:, None, None])  # [A, d, t]
-        quad = torch.einsum("adt,de,aet->at", c, Q, c)
-        sse = s0[None] - 2 * torch.einsum("adt,dt->at", c, r) + quad
-        return sse / nv
+def _gram(X: torch.Tensor) -> torch.Tensor:
+    """X^T X; on CPU through numpy, whose matmul sees the transpose and runs BLAS syrk (half the flops)."""
+    if X.device.type == "cpu":
+        A = X.numpy()
+        return torch.from_numpy(A.T @ A)
+    return X.T @ X
+
+
+def _sub(M: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
+    return M if bool(keep.all()) else M[keep][:, keep]
+
+
+def _rows(index, X: torch.Tensor):
+    return index if isinstance(index, slice) else torch.as_tensor(index, device=X.device)
+
+
+def _slice_if_contiguous(rows: np.ndarray):
+    if len(rows) and np.array_equal(rows, np.arange(rows[0], rows[0] + len(rows))):
+        return slice(int(rows[0]), int(rows[0]) + len(rows))
+    return rows
 
 
 class _LDA:
@@ -398,7 +445,7 @@ class _LDA:
             sums = torch.zeros(len(stats.index), len(classes), X.shape[1], dtype=X.dtype, device=X.device)
             counts = torch.zeros(len(stats.index), len(classes), dtype=X.dtype, device=X.device)
             for b, index in enumerate(stats.index):
-                i = torch.as_tensor(index, device=X.device)
+                i = _rows(index, X)
                 sums[b].index_add_(0, label[i], X[i])
                 counts[b] = torch.bincount(label[i], minlength=len(classes)).to(X.dtype)
             self.targets.append((classes, sums, counts))
@@ -409,7 +456,7 @@ class _LDA:
         keep, D = side.keep, side.inv_sd[side.keep]
         d_total = self.X.shape[1]
         sel = torch.as_tensor(blocks, device=self.X.device)
-        Xk = self.X[torch.as_tensor(score, device=self.X.device)][:, keep]
+        Xk = self.X[_rows(score, self.X)][:, keep]
         Z = (Xk - side.mean[keep]) * D
         out = []
         for classes, sums, counts in self.targets:
@@ -436,12 +483,13 @@ class GroupedRidgeCV(RegressorMixin, BaseEstimator):
     """Ridge regression whose penalty is chosen by cross-validation grouped by sequence.
 
     The inner folds are ``GroupKFold(n_splits)`` over ``groups``; each penalty on ``alphas`` is
-    scored by the mean validation MSE over the folds (ties: the smallest penalty), as
-    ``GridSearchCV(Ridge(), {"alpha": alphas}, cv=GroupKFold(n_splits), scoring="neg_mean_squared_error")``
-    would, and the model is refit on all samples with the winner. Each inner fold costs one
-    eigendecomposition, which serves every penalty (module docstring). Meant for standardized
-    features (``Pipeline(RoundoffScaler, GroupedRidgeCV)``, see
-    :func:`~nopelens.probes.linear.make_probe`); features without spread get weight 0.
+    scored by the mean validation MSE over the folds (ties: the smallest penalty), and the model
+    is refit on all samples with the winner, exactly as
+    ``GridSearchCV(Pipeline(StandardScaler, Ridge), {"alpha": alphas}, cv=GroupKFold(n_splits),
+    scoring="neg_mean_squared_error")`` would: every fit standardizes its own fitting side (a
+    no-op on features that are standardized already). Each inner fold costs one
+    eigendecomposition, which serves every penalty (module docstring). Features without spread
+    get weight 0.
 
     Args:
         alphas: penalty grid.
@@ -463,16 +511,18 @@ class GroupedRidgeCV(RegressorMixin, BaseEstimator):
         if n_splits < 2:
             raise ValueError("GroupedRidgeCV needs at least 2 groups for its inner cross-validation")
         blocks = [score for _, score in GroupKFold(n_splits).split(X, groups=groups)]
-        Xt = torch.as_tensor(X)
+        order = np.concatenate(blocks)
+        raw = X[order]
+        Xt = torch.as_tensor(raw)
         shift = Xt.mean(0)
-        stats = _block_stats(Xt - shift, blocks, [list(range(len(blocks)))])
-        stats.high, stats.low = stats.high + shift, stats.low + shift
+        bounds = np.concatenate([[0], np.cumsum([len(b) for b in blocks])])
+        stats = _block_stats(Xt - shift, raw, bounds, [list(range(len(blocks)))])
         alphas = np.asarray(sorted(self.alphas), dtype=np.float64)
-        mean, D, keep, ybar, W, alpha = _Ridge(Xt - shift, [y], stats, "float64", alphas, 0.0).solve(0)
+        side, ybar, W, alpha = _Ridge(Xt - shift, [y[order]], stats, "float64", alphas, 0.0).solve(0)
         coef = torch.zeros(X.shape[1], dtype=torch.float64)
-        coef[keep] = D * W[:, 0]
+        coef[side.keep] = side.inv_sd[side.keep] * W[:, 0]
         self.coef_ = coef.numpy()
-        self.intercept_ = float(ybar[0] - (mean + shift) @ coef)
+        self.intercept_ = float(ybar[0] - (side.mean + shift) @ coef)
         self.alpha_ = float(alpha[0])
         self.alpha_at_edge_ = self.alpha_ in (alphas[0], alphas[-1])
         self.n_features_in_ = X.shape[1]

@@ -329,7 +329,7 @@ def probe_features(
         runs.append((name, _scores(truth, pred, groups[index], metrics, n_boot, seed), index, truth, alpha, edge))
     if controls:
         dummy = DummyClassifier(strategy="most_frequent") if task == "classification" else DummyRegressor()
-        index, pred = out_of_fold_predictions(dummy, X, y, splits)
+        index, pred = out_of_fold_predictions(dummy, np.zeros((len(y), 1)), y, splits)  # it never reads X
         runs.append(("majority", _scores(y[index], pred, groups[index], metrics, n_boot, seed), index, y[index], np.nan, False))
         index = np.concatenate([score for _, score in splits])
         pred = token_identity_predictions(np.asarray(token_types)[index], y[index], task)

@@ -143,11 +143,11 @@ def test_shared_ridge_fits_equal_sklearn_on_the_same_folds(n_splits, extrapolate
     X64 = X.astype(np.float64)
     offset = 0
     for k, (fit_side, score) in enumerate(splits):
-        Z = StandardScaler().fit(X64[fit_side]).transform(X64[fit_side])
         for t, y in enumerate(targets):
-            search = GridSearchCV(Ridge(), {"alpha": list(ALPHAS)}, cv=_inner_cv(members[k], blocks, fit_side, len(X)),
-                                  scoring="neg_mean_squared_error").fit(Z, y[fit_side])
-            assert fit.alphas[t][k] == search.best_params_["alpha"]
+            search = GridSearchCV(make_pipeline(StandardScaler(), Ridge()), {"ridge__alpha": list(ALPHAS)},
+                                  cv=_inner_cv(members[k], blocks, fit_side, len(X)),
+                                  scoring="neg_mean_squared_error").fit(X64[fit_side], y[fit_side])
+            assert fit.alphas[t][k] == search.best_params_["ridge__alpha"]
             reference = make_pipeline(StandardScaler(), Ridge(alpha=fit.alphas[t][k])).fit(X64[fit_side], y[fit_side])
             np.testing.assert_allclose(fit.predictions[t][offset:offset + len(score)], reference.predict(X64[score]),
                                        rtol=1e-9, atol=1e-9)
@@ -173,9 +173,10 @@ def test_grouped_ridge_cv_estimator_equals_grid_search_over_group_kfold():
     X, position, groups, _ = _data()
     Z = StandardScaler().fit_transform(X.astype(np.float64))
     ours = GroupedRidgeCV(n_splits=4).fit(Z, position, groups)
-    search = GridSearchCV(Ridge(), {"alpha": list(ALPHAS)}, cv=GroupKFold(4), scoring="neg_mean_squared_error")
+    search = GridSearchCV(make_pipeline(StandardScaler(), Ridge()), {"ridge__alpha": list(ALPHAS)}, cv=GroupKFold(4),
+                          scoring="neg_mean_squared_error")
     search.fit(Z, position, groups=groups)
-    assert ours.alpha_ == search.best_params_["alpha"]
+    assert ours.alpha_ == search.best_params_["ridge__alpha"]
     np.testing.assert_allclose(ours.predict(Z), search.predict(Z), rtol=1e-9, atol=1e-9)
     assert ours.score(Z, position) == pytest.approx(search.best_estimator_.score(Z, position))
     assert GroupedRidgeCV().get_params() == {"alphas": ALPHAS, "n_splits": 4}  # nothing learned in __init__
@@ -214,3 +215,29 @@ def test_untrained_nope_control_reads_no_negative_r2_at_any_site():
     r2 = r2[r2.metric == "r2"]
     assert len(r2) == len(sites) + 2 * layers + 1
     assert (r2["value"] >= -0.05).all(), r2[["site", "features", "value", "alpha"]]
+
+
+def test_torch_input_and_device_option_give_the_same_math():
+    X, position, groups, _ = _data()
+    splits = sequence_splits(groups, 4)
+    y = position.astype(float)
+    reference = fit_folds(X, [y], groups, splits, "regression")
+    from_torch = fit_folds(torch.as_tensor(X), [y], groups, splits, "regression", device="cpu")
+    np.testing.assert_allclose(from_torch.predictions[0], reference.predictions[0], rtol=1e-12, atol=1e-12)
+    with pytest.raises(ValueError, match="float64 on CPU"):
+        fit_folds(X, [y], groups, splits, "regression", compute_dtype=torch.float32)
+    if torch.cuda.is_available():  # optional: runs where a GPU exists, never needed in CI
+        for dtype, tolerance in ((torch.float64, 1e-8), (torch.float32, 1e-2)):
+            gpu = fit_folds(X, [y], groups, splits, "regression", device="cuda", compute_dtype=dtype)
+            np.testing.assert_allclose(gpu.predictions[0], reference.predictions[0], atol=tolerance * position.max())
+
+
+def test_make_probe_pipeline_takes_groups_for_its_inner_cv():
+    from nopelens.probes import make_probe, out_of_fold_predictions
+
+    X, position, groups, _ = _data()
+    splits = sequence_splits(groups, 4)
+    index, pred = out_of_fold_predictions(make_probe("regression", n_inner=3), X, position.astype(float), splits, groups)
+    assert len(index) == len(X) and np.isfinite(pred).all()
+    probe = make_probe("regression").fit(X, position, linear__groups=groups)
+    assert probe.named_steps["linear"].alpha_ in ALPHAS
