@@ -43,11 +43,21 @@ SUMMARY_HEADERS = {
 }
 
 
+REPRODUCIBLE = {"svg.hashsalt": "nopelens"}
+"""rcParams that make SVG ids (clip paths, glyphs) a hash of the content instead of a random uuid."""
+NO_STAMPS = {"png": {"Software": None}, "svg": {"Date": None, "Creator": None}}
+"""Metadata left out, so a file depends on the figure only (not on the date or matplotlib's version)."""
+
+
 def save_figure(fig: plt.Figure, stem: str | Path) -> list[Path]:
-    """Save ``fig`` as ``stem.png`` and ``stem.svg``, each atomically, then close it."""
-    paths = [write_atomic(f"{stem}.{ext}", lambda temp, ext=ext: fig.savefig(temp, format=ext, dpi=120,
-                                                                                bbox_inches="tight"))
-             for ext in ("png", "svg")]
+    """Save ``fig`` as ``stem.png`` and ``stem.svg``, each atomically, then close it.
+
+    The files are reproducible: the same figure gives byte-identical files on every run.
+    """
+    with matplotlib.rc_context(REPRODUCIBLE):
+        paths = [write_atomic(f"{stem}.{ext}", lambda temp, ext=ext: fig.savefig(
+                     temp, format=ext, dpi=120, bbox_inches="tight", metadata=NO_STAMPS[ext]))
+                 for ext in ("png", "svg")]
     plt.close(fig)
     return paths
 

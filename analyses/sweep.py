@@ -47,6 +47,7 @@ from tqdm.auto import tqdm
 
 import nopelens
 from nopelens.models.io import read_json, write_csv_atomic, write_json_atomic
+from nopelens.models.progress import progress_bar
 from nopelens.probes import collect, mad_chance, probe_absolute_index, probe_relative_distance, resid_sites
 from nopelens.probes.sinks import GU_WINDOW, attention_variance, sink_table, variance_slopes
 
@@ -292,7 +293,7 @@ def sweep(settings: SweepSettings, out_dir: str | Path | None = None, progress: 
         _claim_run_folder(out, settings)
     parts: dict[str, list[pd.DataFrame]] = {name: [] for name in TABLES}
     subjects: dict[str, dict] = {}
-    for spec in tqdm(settings.models, desc="nopelens sweep", unit="model", disable=not progress):
+    for spec in progress_bar(settings.models, desc="nopelens sweep", unit="model", disable=not progress):
         tables, meta = _subject_tables(spec, settings, out, progress)
         subjects[spec] = meta
         for name in TABLES:
