@@ -10,7 +10,7 @@ one run and on the same data:
   5-fold probe with the ridge penalty chosen by a grouped inner CV over 28 penalties
   (1e-3 .. 1e6), point metrics included; and the same call with the default controls (control
   task, shuffled labels, majority, token identity);
-- **scikit-learn**: the same model fold by fold: ``GridSearchCV(Pipeline(StandardScaler, Ridge),
+- **scikit-learn** (on the float64 copy of ``X``, as ours computes): the same model fold by fold: ``GridSearchCV(Pipeline(StandardScaler, Ridge),
   28 penalties, cv=the same inner folds)`` refit per outer fold; its predictions are compared
   with ours (max abs difference). Also the previous default, ``Pipeline(StandardScaler,
   RidgeCV(alphas=(0.1, 1, 10)))`` (token-level leave-one-out), for reference.
@@ -134,15 +134,15 @@ def main() -> None:
     rows.append(("ours: probe_features, controls", controls, cpu))
     ours = fit_folds(X, [yf], groups, splits, "regression")
     if not args.skip_sklearn:
-        (index, pred), wall, cpu = timed(lambda: sklearn_grouped_ridge(X, yf, groups, splits))
+        (index, pred), wall, cpu = timed(lambda: sklearn_grouped_ridge(X64, yf, groups, splits))
         rows.append(("sklearn: GridSearchCV same folds", wall, cpu))
         difference = np.abs(pred - ours.predictions[0]).max() if np.array_equal(index, ours.index) else np.nan
         _, wall, cpu = timed(lambda: out_of_fold_predictions(make_pipeline(StandardScaler(), RidgeCV(alphas=(0.1, 1, 10))),
-                                                             X, yf, splits))
+                                                             X64, yf, splits))
         rows.append(("sklearn: previous RidgeCV (LOO)", wall, cpu))
     _, wall, cpu = timed(lambda: fit_folds(X, [y], groups, splits, "classification"), args.repeats)
     rows.append(("ours: LDA, 1 target", wall, cpu))
-    _, wall, cpu = timed(lambda: out_of_fold_predictions(make_pipeline(StandardScaler(), PooledLDA()), X, y, splits))
+    _, wall, cpu = timed(lambda: out_of_fold_predictions(make_pipeline(StandardScaler(), PooledLDA()), X64, y, splits))
     rows.append(("sklearn pipeline: PooledLDA", wall, cpu))
     pred = ours.predictions[0]
     _, wall, cpu = timed(lambda: bootstrap_scores(yf[ours.index], pred, groups[ours.index], ("r2", "spearman", "mad"),

@@ -3,7 +3,7 @@
 A probe is a scikit-learn ``Pipeline(scaler, linear model)`` (:func:`make_probe`; the scaler is
 ``StandardScaler`` that zeroes round-off-only features): for
 classes, pooled-covariance LDA (:class:`PooledLDA`, default), ``RidgeClassifier`` or
-``LogisticRegression``; for values, ``RidgeCV``.
+``LogisticRegression``; for values, ridge (:class:`~nopelens.probes.fitting.GroupedRidgeCV`).
 Cross-validation is ``GroupKFold`` over sequences (:func:`sequence_splits`): no sequence is on both
 sides of a split, and the whole pipeline, scaler included, is cloned and refit on the fitting side
 of every fold, so nothing about the held-out sequences leaks into the scaling.
@@ -317,7 +317,8 @@ def probe_features(
 
     labels = {"linear": y}
     if controls:
-        if len(np.unique(np.asarray(token_types), axis=0)) > 1:  # else the control task is undefined
+        types = np.asarray(token_types)
+        if not (types == types[:1]).all():  # one token type: the control task is undefined
             labels["control"] = control_labels(token_types, y, seed=seed)
         labels["shuffled"] = shuffled_labels(y, seed=seed)
     fitted = _fit_all(X, labels, groups, splits, task, classifier, seed, dtype, device)
@@ -339,13 +340,14 @@ def probe_features(
     control = {run[0]: run[1] for run in runs}.get("control")
     rows = []
     for name, scores, index, truth, alpha, edge in runs:
+        n_sequences = len(np.unique(groups[index]))
         for metric, (value, low, high) in scores.items():
             selectivity = np.nan
             if name == "linear" and control is not None and metric in control and HIGHER_IS_BETTER[metric]:
                 selectivity = value - control[metric][0]
             rows.append(dict(probe=name, metric=metric, value=value, ci_low=low, ci_high=high,
                              selectivity=selectivity, n_samples=len(index),
-                             n_sequences=len(np.unique(groups[index])),
+                             n_sequences=n_sequences,
                              chance=mad_chance_of(truth) if metric == "mad" else np.nan,
                              alpha=alpha, alpha_at_edge=edge))
     return pd.DataFrame(rows)
