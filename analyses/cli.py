@@ -19,6 +19,8 @@ COMMAND_MODULES = (
     "nopelens.analyses.lengthgen",
     "nopelens.analyses.circuit_cmd",
     "nopelens.analyses.audit_cmd",
+    "nopelens.analyses.intervene_cmd",
+    "nopelens.analyses.validate",
 )
 
 COMMANDS = {
@@ -32,6 +34,9 @@ COMMANDS = {
     "circuit": ("nopelens.analyses.circuit_cmd",
                 "hand-built NoPE circuits (Kazemnejad et al. 2023) and seed demos, with checks and a figure"),
     "audit": ("nopelens.analyses.audit_cmd", "run seed 002's ten-step position audit on a model"),
+    "intervene": ("nopelens.analyses.intervene_cmd",
+                  "causal tests: does the probed position come from the attention sink, and is it used?"),
+    "validate": ("nopelens.analyses.validate", "the known-answer suite: models where theory fixes every number"),
 }
 """Subcommand -> (module that registers it, its line in ``nopelens --help``). The CLI imports only
 the module of the command it runs, and none for ``nopelens --help``: the modules import torch and

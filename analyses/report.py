@@ -22,7 +22,8 @@ PROBE_PANELS = (
     ("absolute index: accuracy", "absolute_index", "classification", "accuracy", "resid"),
     ("absolute index: R²", "absolute_index", "regression", "r2", "resid"),
     ("relative distance, pairs [h_i; h_j]: R²", "relative_distance", "regression", "r2", "concat"),
-    ("relative distance, q·k read: R²", "relative_distance", "regression", "r2", "bilinear"),
+    ("relative distance, head scores\n(content + position bias): R²", "relative_distance", "regression", "r2", "score"),
+    ("relative distance, content-only q·k\n(no position bias): R²", "relative_distance", "regression", "r2", "bilinear"),
 )
 
 SEEDS_NOTE = (
@@ -37,7 +38,8 @@ SUMMARY_HEADERS = {
     "absolute_acc": "abs. index acc ≥ 0.9",
     "absolute_r2": "abs. index R² ≥ 0.9",
     "relative_pairs_r2": "rel. dist. pairs R² ≥ 0.9",
-    "relative_qk_r2": "rel. dist. q·k R² ≥ 0.9",
+    "relative_score_r2": "rel. dist. head scores R² ≥ 0.9",
+    "relative_content_qk_r2": "rel. dist. content q·k R² ≥ 0.9",
     "best_absolute_r2": "best abs. R²",
     "best_absolute_layer": "at layer",
     "selectivity_at_best": "selectivity (R²)",
@@ -75,6 +77,8 @@ def probe_panel_rows(probes: pd.DataFrame, target: str, task: str, metric: str, 
         rows = rows[rows["site"].str.contains("hook_resid_")]
     elif features == "bilinear":
         rows = rows[rows["features"].str.startswith("bilinear")]
+    elif features == "score":
+        rows = rows[rows["features"] == "score"]
     else:
         rows = rows[(rows["features"] == features) & rows["site"].str.contains("hook_resid_")]
     return rows.sort_values(["model", "layer"])
@@ -133,15 +137,16 @@ def variance_figure(variance: pd.DataFrame) -> plt.Figure:
 
 
 def summary_table(summary: pd.DataFrame) -> pd.DataFrame:
-    """The summary with readable headers, "none" for targets no layer recovered, rounded numbers.
+    """The summary with readable headers, "none" for targets no layer recovered, "n/a" for reads the
+    model has no site for (no ``hook_attn_scores``), rounded numbers.
 
     With several training seeds (columns from :func:`~nopelens.analyses.seeds.over_seeds`) a
     first layer reads ``2 (1/1/2)``: the layer all seeds agree on, then each seed's; a number
     reads ``0.953 ± 0.012``: mean ± standard deviation across seeds.
     """
     table = summary.copy()
-    for column in ("absolute_acc", "absolute_r2", "relative_pairs_r2", "relative_qk_r2"):
-        table[column] = table[column].map(lambda layer: "none" if layer < 0 else str(int(layer)))
+    for column in FIRST_LAYER_COLUMNS:
+        table[column] = table[column].map(_layer_text)
         if f"{column}_per_seed" in table:
             per_seed = table.pop(f"{column}_per_seed").str.replace("-1", "none")
             table[column] = [f"{agreed} ({seeds})" if "/" in seeds else agreed
@@ -156,6 +161,15 @@ def summary_table(summary: pd.DataFrame) -> pd.DataFrame:
     return table.rename(columns=SUMMARY_HEADERS | {"n_seeds": "training seeds"})
 
 
+FIRST_LAYER_COLUMNS = ("absolute_acc", "absolute_r2", "relative_pairs_r2", "relative_score_r2", "relative_content_qk_r2")
+
+
+def _layer_text(layer) -> str:
+    if layer is None or pd.isna(layer):
+        return "n/a"
+    return "none" if layer < 0 else str(int(layer))
+
+
 def summary_markdown(result: "SweepResult", settings: "SweepSettings", command: str, versions: dict[str, str]) -> str:
     """The ``summary.md`` of a sweep."""
     table = summary_table(result.summary).to_markdown(index=False)
@@ -165,10 +179,19 @@ def summary_markdown(result: "SweepResult", settings: "SweepSettings", command: 
         "# nopelens sweep",
         "",
         "First layer whose 95 % CI lower bound clears 0.9 (layer 0 = embeddings, layer l + 1 = output of "
-        "block l; a q·k read of block l is reported at layer l + 1). `none`: no layer cleared it.",
+        "block l; an attention read of block l is reported at layer l + 1). `none`: no layer cleared it; "
+        "`n/a`: the model has no site for that read.",
         *([""] + [SEEDS_NOTE] if "n_seeds" in result.summary else []),
         "",
         table,
+        "",
+        "Relative distance i − j is read three ways. *Pairs*: a linear probe on [h_i; h_j] from the residual "
+        "stream (it inherits any absolute index). *Head scores*: a linear probe on each head's pre-softmax "
+        "score of key j, content and position bias together (`hook_attn_scores`, taken relative to the "
+        "query's own key, since the softmax ignores a constant per query): what the head itself can use, "
+        "on the same footing for NoPE, RoPE, ALiBi and Shaw. *Content q·k*: a bilinear probe on the "
+        "(rotated) q_i and k_j only; it sees RoPE but never a bias added to the score, so ALiBi and Shaw "
+        "show their position there only through what earlier layers wrote.",
         "",
         "Selectivity = probe score minus the Hewitt & Liang control-task score at the same layer. "
         "MAD/chance: mean absolute distance of the regression probe over its chance value (L² - 1)/(3L) "
@@ -183,6 +206,7 @@ def summary_markdown(result: "SweepResult", settings: "SweepSettings", command: 
         "",
         "![variance](variance.png)",
         "",
+        *_sink_ablation_section(result),
         f"Command: `{command}`",
         "",
         f"Settings: {settings_text}",
@@ -209,4 +233,31 @@ def write_run(result: "SweepResult", settings: "SweepSettings", command: str, ve
     save_figure(probe_figure(result.probes), out / "probes", formats)
     save_figure(sink_figure(result.sinks), out / "sinks", formats)
     save_figure(variance_figure(result.variance), out / "variance", formats)
+    if not result.sink_ablation.empty:
+        from .intervene_cmd import sink_ablation_figure
+
+        write_csv_atomic(result.sink_ablation, out / "sink_ablation.csv")
+        save_figure(sink_ablation_figure(result.sink_ablation), out / "sink_ablation", formats)
     write_text_atomic(out / "summary.md", summary_markdown(result, settings, command, versions))
+
+
+def _sink_ablation_section(result: "SweepResult") -> list[str]:
+    """The summary's sink-ablation table (``nopelens intervene`` has the full measurement)."""
+    if result.sink_ablation.empty:
+        return []
+    from .intervene import SWEEP_SEQUENCES
+    from .intervene_cmd import sink_ablation_markdown
+
+    return [
+        "## Sink ablation",
+        "",
+        "Absolute-index R² (regression probe, tokens after the first, first "
+        f"{SWEEP_SEQUENCES} evaluation sequences) at layer l + 1, clean → with the first "
+        "token removed from the keys of every later query in block l. `n/a`: the ablation cannot be applied "
+        "and checked on that model (see sink_ablation.csv).",
+        "",
+        sink_ablation_markdown(result.sink_ablation),
+        "",
+        "![sink ablation](sink_ablation.png)",
+        "",
+    ]

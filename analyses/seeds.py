@@ -10,8 +10,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-FIRST_LAYER_COLUMNS = ("absolute_acc", "absolute_r2", "relative_pairs_r2", "relative_qk_r2")
-"""Summary columns holding a first-recoverable layer (-1: none)."""
+from .report import FIRST_LAYER_COLUMNS  # summary columns holding a first layer (-1: none; NaN: no such site)
 
 PROBE_NUMBERS = ("value", "ci_low", "ci_high", "selectivity", "chance", "n_samples", "n_sequences", "train_seed")
 """Probe-table columns that are measured; every other column names the number (model, site, ...)."""
@@ -25,13 +24,15 @@ def with_train_seed(table: pd.DataFrame, seed: int = 0) -> pd.DataFrame:
 
 def agreed_layer(layers: pd.Series) -> int:
     """The first layer by which every seed has recovered a target: the latest of the per-seed
-    first layers, or -1 if some seed never recovers it.
+    first layers, -1 if some seed never recovers it, NaN if the model has no site for it.
 
     >>> agreed_layer(pd.Series([1, 1, 2]))
     2
     >>> agreed_layer(pd.Series([1, -1, 1]))
     -1
     """
+    if layers.isna().any():
+        return float("nan")
     return -1 if (layers < 0).any() else int(layers.max())
 
 
@@ -55,7 +56,7 @@ def over_seeds(per_seed: pd.DataFrame) -> pd.DataFrame:
         row = {"model": model, "n_seeds": len(group)}
         for column in FIRST_LAYER_COLUMNS:
             row[column] = agreed_layer(group[column])
-            row[f"{column}_per_seed"] = "/".join(str(int(v)) for v in group[column])
+            row[f"{column}_per_seed"] = "/".join("n/a" if pd.isna(v) else str(int(v)) for v in group[column])
         for column in numbers:
             row[column] = float(group[column].mean())
             row[f"{column}_seed_sd"] = float(group[column].std()) if len(group) > 1 else float("nan")

@@ -9,16 +9,21 @@ sequences and measures:
   task, shuffled labels, majority class and token-identity baselines, and selectivity; plus an
   extrapolation probe (fit on positions < L/2, score on >= L/2) at residual layers;
 - relative distance i - j over distance-balanced pairs: pair features [h_i; h_j] at residual
-  layers, and the per-head bilinear read of (rotated) q_i and k_j at every block's attention;
+  layers; at every block's attention, the *score read* (a linear read of the heads' pre-softmax
+  scores ``hook_attn_scores``, content plus position bias, relative to the query's own key; where
+  a model has no such hook the column is absent) and the *content-only q.k read* (the per-head
+  bilinear read of (rotated) q_i and k_j, blind to a score bias such as ALiBi's or Shaw's);
 - attention-sink mass, Gu et al.'s sink score and rate per layer and head, with and without BOS;
 - variance shrinkage of every block's attention output against position (Chi et al. 2023).
 
-Layer of an attention read: block ``l``'s q.k read is reported at layer ``l + 1``, the residual
-layer its head writes into, so "relative distance first recoverable at layer 2" means block 1's
-attention is the first whose scores can read i - j. Pair features on the residual stream inherit
-any linear absolute index (i - j is linear in [h_i; h_j] whenever i and j are), so that row
-clears wherever absolute regression does; the q.k read asks whether a head's own score can use
-the distance.
+Layer of an attention read: block ``l``'s score and q.k reads are reported at layer ``l + 1``, the
+residual layer its head writes into (:func:`~nopelens.probes.probe_relative_distance` labels them
+so), so "relative distance first recoverable at layer 2" means block 1's attention is the first
+whose scores can read i - j. Pair features on the residual stream inherit any linear absolute
+index (i - j is linear in [h_i; h_j] whenever i and j are), so that row clears wherever absolute
+regression does; the score read asks whether a head's own scores can use the distance, whatever
+the method puts it there (RoPE through q and k, ALiBi and Shaw through the bias, NoPE only
+through what earlier layers wrote), and the content-only read asks whether q and k alone carry it.
 
 Training seeds: with ``train_seeds=(0, 1, 2)`` every zoo model is trained (and cached) once per
 seed and each is measured; the tables carry a ``train_seed`` column and the summary reports means
@@ -53,6 +58,7 @@ from nopelens.probes import collect, mad_chance, probe_absolute_index, probe_rel
 from nopelens.probes.sinks import GU_WINDOW, attention_variance, sink_table, variance_slopes
 
 from . import parallel, report, seeds
+from .intervene import sink_ablation_drop
 from .subjects import CONTROL_SPECS, Subject, check_spec, has_training_seed, resolve
 
 DEFAULT_MODELS = {"text": ("text-nope-4l", "text-rope-4l"), "copy": ("copy-nope-3l", "copy-rope-3l")}
@@ -63,7 +69,7 @@ the elementwise (diagonal) read keeps the fits inside the sweep's time budget.""
 THRESHOLDS = {"accuracy": 0.9, "r2": 0.9}
 """A layer "recovers" a target when the 95 % CI lower bound of the metric clears this bar."""
 
-TABLES = ("probes", "sinks", "variance")
+TABLES = ("probes", "sinks", "variance", "sink_ablation")
 
 
 @dataclass(frozen=True)
@@ -72,7 +78,7 @@ class SweepSettings:
 
     Attributes:
         models: subject specs (zoo names, checkpoint paths, ``hf:DIR``, ``circuit``,
-            ``untrained-nope``), in order.
+            ``untrained-nope``, ``constant-METHOD``), in order.
         n_sequences: fresh evaluation sequences per subject.
         seq_len: tokens per evaluation sequence (BOS included).
         n_boot: bootstrap replicates for the 95 % CIs.
@@ -143,6 +149,7 @@ class SweepResult:
     out_dir: Path | None = None
     subjects: dict[str, dict] = field(default_factory=dict)
     summary_per_seed: pd.DataFrame | None = None
+    sink_ablation: pd.DataFrame = field(default_factory=pd.DataFrame)
 
 
 # ----------------------------------------------------------------------------- one subject
@@ -155,8 +162,9 @@ def analyse_subject(subject: Subject, settings: SweepSettings) -> dict[str, pd.D
     blocks = [(f"blocks.{l}.hook_attn_out", f"blocks.{l}.hook_mlp_out") for l in range(layers)]
     inner = [site for pair in blocks for site in pair if site in subject.model.hook_dict]
     qk = [_qk_sites(subject.model, l) for l in range(layers)]
+    scores = score_sites(subject.model, layers)
     patterns = [f"blocks.{l}.attn.hook_pattern" for l in range(layers)]
-    sites = residual + inner + [s for pair in qk for s in pair] + patterns
+    sites = residual + inner + [s for pair in qk for s in pair] + patterns + scores
     acts = collect(subject.model, subject.tokens, sites, attention_mask=subject.attention_mask, batch_size=32)
 
     common = dict(n_splits=settings.n_splits, n_boot=settings.n_boot, seed=settings.seed)
@@ -165,19 +173,21 @@ def analyse_subject(subject: Subject, settings: SweepSettings) -> dict[str, pd.D
     absolute = probe_absolute_index(acts, sites=residual + inner, extrapolate_from=boundary, **common)
     mode = _bilinear_mode(acts, qk[0][0])
     relative = probe_relative_distance(
-        acts, sites=residual, feature_kinds=("concat",), attention=qk, bilinear=mode, tasks=("regression",),
-        pairs_per_distance=min(64, settings.n_sequences), **common,
+        acts, sites=residual, feature_kinds=("concat",), attention=qk, scores=scores, bilinear=mode,
+        tasks=("regression",), pairs_per_distance=min(64, settings.n_sequences), **common,
     )
     probes = pd.concat([absolute, relative], ignore_index=True)
-    attention_rows = probes["site"].str.contains(r"\.attn\.hook_")
-    probes.loc[attention_rows, "layer"] = probes.loc[attention_rows, "block"] + 1
     probes.insert(0, "model", subject.name)
 
     sinks = sink_conditions(subject, acts)
     variance = attention_variance(acts, sites=[f"blocks.{l}.hook_attn_out" for l in range(layers)])
     if subject.has_bos:  # every sequence has the same token at 0, so its variance is exactly 0
         variance = variance[variance["position"] > 0]
-    return {"probes": probes, "sinks": sinks, "variance": _with_slopes(variance).assign(model=subject.name)}
+    # sink ablation (issue 14): next-layer absolute-index R^2 with block l's first key removed
+    ablation = sink_ablation_drop(subject.model, subject.tokens, subject.attention_mask, layers, acts,
+                                  settings.n_splits, settings.n_boot, settings.seed).assign(model=subject.name)
+    return {"probes": probes, "sinks": sinks, "variance": _with_slopes(variance).assign(model=subject.name),
+            "sink_ablation": ablation}
 
 
 def _with_slopes(variance: pd.DataFrame) -> pd.DataFrame:
@@ -196,6 +206,12 @@ def _qk_sites(model, layer: int) -> tuple[str, str]:
     if all(site in model.hook_dict for site in rotated):
         return rotated
     return f"blocks.{layer}.attn.hook_q", f"blocks.{layer}.attn.hook_k"
+
+
+def score_sites(model, n_layers: int) -> list[str]:
+    """The ``blocks.{l}.attn.hook_attn_scores`` sites the model has (none: no score-read column)."""
+    sites = [f"blocks.{l}.attn.hook_attn_scores" for l in range(n_layers)]
+    return [site for site in sites if site in model.hook_dict]
 
 
 def _bilinear_mode(acts, q_site: str) -> str:
@@ -255,12 +271,15 @@ def summarize_seed(probes: pd.DataFrame, sinks: pd.DataFrame, variance: pd.DataF
 
     Columns: ``model``, ``absolute_acc`` (first layer with classification accuracy CI >= 0.9),
     ``absolute_r2`` (regression R^2 CI >= 0.9), ``relative_pairs_r2`` (pair features, residual),
-    ``relative_qk_r2`` (q.k read; layer = block + 1), ``best_absolute_r2`` and its ``selectivity``,
+    ``relative_score_r2`` (score read of the heads' pre-softmax scores, content plus position
+    bias; layer = block + 1; None when the model has no ``hook_attn_scores``),
+    ``relative_content_qk_r2`` (content-only bilinear q.k read; layer = block + 1),
+    ``best_absolute_r2`` and its ``selectivity``,
     ``mad_chance_layer0`` and ``mad_chance_best`` (regression MAD over its chance value E|X - Y|
     for X, Y drawn from the scored positions, at the embeddings and at the best residual layer;
     Haviv et al. 2022),
     ``sink_rate`` (Gu et al., as read), ``variance_slope_block0``. A first layer of -1 means no
-    layer cleared the bar.
+    layer cleared the bar; None means the model has no site for that read.
     """
     rows = []
     for model, table in probes.groupby("model", sort=False):
@@ -278,7 +297,8 @@ def summarize_seed(probes: pd.DataFrame, sinks: pd.DataFrame, variance: pd.DataF
             absolute_acc=_first_layer(absolute, "accuracy"),
             absolute_r2=_first_layer(absolute, "r2"),
             relative_pairs_r2=_first_layer(relative[relative["features"] == "concat"], "r2"),
-            relative_qk_r2=_first_layer(relative[relative["features"].str.startswith("bilinear")], "r2"),
+            relative_score_r2=_first_layer(relative[relative["features"] == "score"], "r2"),
+            relative_content_qk_r2=_first_layer(relative[relative["features"].str.startswith("bilinear")], "r2"),
             best_absolute_r2=float(best["value"]),
             best_absolute_layer=int(best["layer"]),
             selectivity_at_best=float(best["selectivity"]),
@@ -298,8 +318,11 @@ def _mad_chance(mad: pd.DataFrame) -> pd.Series:
     return pd.Series(mad_chance(int(round(mad["n_samples"].iloc[0] / mad["n_sequences"].iloc[0]))), index=mad.index)
 
 
-def _first_layer(rows: pd.DataFrame, metric: str) -> int:
+def _first_layer(rows: pd.DataFrame, metric: str) -> int | None:
+    """First layer clearing the bar; -1 when none does; None when nothing was measured."""
     rows = rows[rows["metric"] == metric]
+    if rows.empty:
+        return None
     cleared = rows[rows["ci_low"] >= THRESHOLDS[metric]]
     return int(cleared["layer"].min()) if len(cleared) else -1
 
@@ -339,7 +362,8 @@ def sweep(settings: SweepSettings, out_dir: str | Path | None = None, progress: 
     tasks = settings.tasks()
     done: dict[tuple[str, int], tuple[dict, dict]] = {}
     for task in tasks:
-        if out is not None and (_part_dir(out, *task) / "done.json").is_file():
+        part = _part_dir(out, *task) if out is not None else None
+        if part is not None and (part / "done.json").is_file() and all((part / f"{n}.csv").is_file() for n in TABLES):
             tqdm.write(f"nopelens: {_label(*task)}: already measured in {_part_dir(out, *task)}, reusing", file=sys.stderr)
             done[task] = _read_part(_part_dir(out, *task), task[1])
     todo = [task for task in tasks if task not in done]
@@ -356,10 +380,12 @@ def sweep(settings: SweepSettings, out_dir: str | Path | None = None, progress: 
     parallel.run_tasks(measure, [(task, (*task, settings, show_training)) for task in todo], keep, jobs, scheduler)
     bar.close()
     parts = [done[task][0] for task in tasks]
-    probes, sinks, variance = (pd.concat([part[name] for part in parts], ignore_index=True) for name in TABLES)
+    probes, sinks, variance, ablation = (pd.concat([part[name] for part in parts], ignore_index=True)
+                                         for name in TABLES)
     per_seed = summarize_per_seed(probes, sinks, variance)
     subjects = {_label(*task): done[task][1] for task in tasks}
-    result = SweepResult(probes, sinks, variance, summarize(probes, sinks, variance), out, subjects, per_seed)
+    result = SweepResult(probes, sinks, variance, summarize(probes, sinks, variance), out, subjects,
+                         summary_per_seed=per_seed, sink_ablation=ablation)
     if out is not None:
         report.write_run(result, settings, command=" ".join(["nopelens", *sys.argv[1:]]), versions=versions(), svg=svg)
     return result

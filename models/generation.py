@@ -239,10 +239,11 @@ def generate(
         raise ValueError(f"max_new_tokens must be a non-negative integer, got {max_new_tokens!r}")
     sample_logits(torch.zeros(1, 1), do_sample, temperature, top_k, top_p)  # checks the arguments
     tokens, mask, text_input = _prompt(model, input, prepend_bos, attention_mask)
-    if model.cfg.input_position == "learned" and int(mask.sum(-1).max()) + max_new_tokens > model.cfg.n_ctx:
+    limit = model.cfg.max_positions
+    if limit is not None and int(mask.sum(-1).max()) + max_new_tokens > limit:
         raise ValueError(
             f"a prompt of {int(mask.sum(-1).max())} tokens plus max_new_tokens={max_new_tokens} is "
-            f"longer than the learned position table (n_ctx={model.cfg.n_ctx})"
+            f"longer than the learned position table (n_ctx={limit})"
         )
     if eos_token_id is None:
         eos_token_id = getattr(getattr(model, "tokenizer", None), "eos_id", None)

@@ -119,14 +119,16 @@ def _text(method: str) -> Recipe:
     )
 
 
+COPY_METHODS = ("nope", "rope", "alibi", "learned", "t5")
+TEXT_METHODS = ("nope", "rope", "learned")
 COPY_SYMBOLS, COPY_MAX_LEN, COPY_STEPS = 32, 10, 1500
 TEXT_LEN, TEXT_D_MODEL, TEXT_BATCH, TEXT_STEPS = 64, 128, 16, 1000
 
 RECIPES: dict[str, Recipe] = {
     r.name: r
     for r in [
-        *(_copy(m) for m in ("nope", "rope", "alibi", "learned")),
-        *(_text(m) for m in ("nope", "rope", "learned")),
+        *(_copy(m) for m in COPY_METHODS),
+        *(_text(m) for m in TEXT_METHODS),
         Recipe(
             name="previous-token-nope-2l",
             description="2-layer NoPE decoder whose logits at p predict the token at p - 1",

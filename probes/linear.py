@@ -3,7 +3,7 @@
 A probe is a scikit-learn ``Pipeline(scaler, linear model)`` (:func:`make_probe`; the scaler is
 ``StandardScaler`` that zeroes round-off-only features): for
 classes, pooled-covariance LDA (:class:`PooledLDA`, default), ``RidgeClassifier`` or
-``LogisticRegression``; for values, ``RidgeCV``.
+``LogisticRegression``; for values, ridge (:class:`~nopelens.probes.fitting.GroupedRidgeCV`).
 Cross-validation is ``GroupKFold`` over sequences (:func:`sequence_splits`): no sequence is on both
 sides of a split, and the whole pipeline, scaler included, is cloned and refit on the fitting side
 of every fold, so nothing about the held-out sequences leaks into the scaling.
@@ -54,6 +54,7 @@ from .targets import (
     control_labels,
     pair_features,
     sample_distance_pairs,
+    score_features,
     shuffled_labels,
     token_identity_predictions,
 )
@@ -66,7 +67,8 @@ RESULT_COLUMNS = (
     "value", "ci_low", "ci_high", "selectivity", "n_samples", "n_sequences", "chance", "alpha",
     "alpha_at_edge",
 )
-"""Columns of every results table. ``layer`` is the DESIGN.md layer of residual sites (else NaN).
+"""Columns of every results table. ``layer`` is the DESIGN.md layer of residual sites, ``block + 1``
+for an attention read of relative distance, else NaN.
 ``chance`` is the metric's chance value on the targets actually scored, where one is computed:
 for ``mad``, E|X - Y| over the scored targets (:func:`~nopelens.probes.metrics.mad_chance_of`);
 NaN for the other metrics. ``alpha`` is the median over folds of the ridge penalty the grouped
@@ -296,7 +298,8 @@ def probe_features(
 
     Raises:
         ValueError: on mismatched shapes, non-finite features, a single sequence or too few
-            sequences for the folds, a missing ``token_types`` with controls.
+            sequences for the folds, a missing ``token_types`` with controls, or (ridge and LDA)
+            explicit ``splits`` whose fitting sides are not made of whole sequences.
     """
     X, y, groups = np.asarray(X), np.asarray(y), np.asarray(groups)
     if X.ndim != 2 or len(X) != len(y) or len(y) != len(groups):
@@ -315,7 +318,8 @@ def probe_features(
 
     labels = {"linear": y}
     if controls:
-        if len(np.unique(np.asarray(token_types), axis=0)) > 1:  # else the control task is undefined
+        types = np.asarray(token_types)
+        if not (types == types[:1]).all():  # one token type: the control task is undefined
             labels["control"] = control_labels(token_types, y, seed=seed)
         labels["shuffled"] = shuffled_labels(y, seed=seed)
     fitted = _fit_all(X, labels, groups, splits, task, classifier, seed, dtype, device)
@@ -327,7 +331,7 @@ def probe_features(
         runs.append((name, _scores(truth, pred, groups[index], metrics, n_boot, seed), index, truth, alpha, edge))
     if controls:
         dummy = DummyClassifier(strategy="most_frequent") if task == "classification" else DummyRegressor()
-        index, pred = out_of_fold_predictions(dummy, X, y, splits)
+        index, pred = out_of_fold_predictions(dummy, np.zeros((len(y), 1)), y, splits)  # it never reads X
         runs.append(("majority", _scores(y[index], pred, groups[index], metrics, n_boot, seed), index, y[index], np.nan, False))
         index = np.concatenate([score for _, score in splits])
         pred = token_identity_predictions(np.asarray(token_types)[index], y[index], task)
@@ -337,13 +341,14 @@ def probe_features(
     control = {run[0]: run[1] for run in runs}.get("control")
     rows = []
     for name, scores, index, truth, alpha, edge in runs:
+        n_sequences = len(np.unique(groups[index]))
         for metric, (value, low, high) in scores.items():
             selectivity = np.nan
             if name == "linear" and control is not None and metric in control and HIGHER_IS_BETTER[metric]:
                 selectivity = value - control[metric][0]
             rows.append(dict(probe=name, metric=metric, value=value, ci_low=low, ci_high=high,
                              selectivity=selectivity, n_samples=len(index),
-                             n_sequences=len(np.unique(groups[index])),
+                             n_sequences=n_sequences,
                              chance=mad_chance_of(truth) if metric == "mad" else np.nan,
                              alpha=alpha, alpha_at_edge=edge))
     return pd.DataFrame(rows)
@@ -427,6 +432,7 @@ def probe_relative_distance(
     sites: Sequence[str] | None = None,
     feature_kinds: Sequence[str] = ("concat", "difference"),
     attention: Sequence[tuple[str, str]] = (),
+    scores: Sequence[str] = (),
     bilinear: str = "outer",
     tasks: Sequence[str] = ("classification", "regression"),
     max_distance: int | None = None,
@@ -440,10 +446,22 @@ def probe_relative_distance(
 ) -> pd.DataFrame:
     """Probe the relative distance i - j of distance-balanced token pairs (j <= i, same sequence).
 
-    Residual sites get pair features ``concat`` [h_i; h_j] and ``difference`` h_i - h_j; each
-    (query site, key site) in ``attention`` gets the per-head bilinear read of q_i and k_j
-    (:func:`~nopelens.probes.targets.bilinear_features`). The control task and the token-identity
-    ceiling use the token pair (token_i, token_j) as the type.
+    Residual sites get pair features ``concat`` [h_i; h_j] and ``difference`` h_i - h_j. Attention
+    gets two reads, kept apart because they answer different questions:
+
+    - ``attention`` (query site, key site): the *content-only q.k read*, a per-head bilinear read of
+      q_i and k_j (:func:`~nopelens.probes.targets.bilinear_features`; features
+      ``bilinear_outer``/``bilinear_elementwise``). It sees RoPE (pass the rotated q and k) but
+      never a bias added to the score, so it cannot see ALiBi or Shaw.
+    - ``scores`` (``blocks.{l}.attn.hook_attn_scores`` sites): the *score read*, what the head
+      actually scores, content plus position bias, relative to the query's own key
+      (:func:`~nopelens.probes.targets.score_features`; features ``score``). It compares NoPE,
+      RoPE, ALiBi and Shaw on the same footing.
+
+    Layer of an attention read: block ``l``'s read is reported at ``layer = l + 1``, the residual
+    layer its head writes into (DESIGN.md numbering), so :func:`first_recoverable_layer` takes
+    this table directly. The control task and the token-identity ceiling use the token pair
+    (token_i, token_j) as the type.
 
     Args:
         acts: from :func:`~nopelens.probes.collect`.
@@ -451,31 +469,42 @@ def probe_relative_distance(
             ``[n, d]``).
         feature_kinds: subset of ``concat``, ``difference``.
         attention: pairs such as ``("blocks.0.attn.hook_rot_q", "blocks.0.attn.hook_rot_k")``.
+        scores: collected ``hook_attn_scores`` sites, e.g. ``["blocks.0.attn.hook_attn_scores"]``.
         bilinear: ``outer`` or ``elementwise``.
         tasks, n_splits, classifier, controls, n_boot, seed, device: as :func:`probe_absolute_index`.
         max_distance, pairs_per_distance: as :func:`~nopelens.probes.targets.sample_distance_pairs`.
 
     Returns:
         Tidy DataFrame with :data:`RESULT_COLUMNS`, ``target == "relative_distance"``; the
-        ``site`` of a bilinear row is the query site.
+        ``site`` of a bilinear row is the query site, of a score row the scores site.
+
+    Raises:
+        KeyError: for a site that was not collected.
+        ValueError: as :func:`probe_features` and :func:`~nopelens.probes.targets.score_features`.
     """
     pairs = sample_distance_pairs(acts.sequence_id, acts.position, max_distance, pairs_per_distance, seed)
     pair_tokens = np.stack([acts.token[pairs.query], acts.token[pairs.key]], axis=1)
     if sites is None:
         sites = [site for site, array in acts.acts.items() if array.ndim == 2]
-    jobs = [(site, kind, acts.dtype(site), lambda s=site, k=kind: pair_features(acts.features(s), pairs, k))
-            for site in sites for kind in feature_kinds]
-    jobs += [(q_site, f"bilinear_{bilinear}", _coarser(acts.dtype(q_site), acts.dtype(k_site)),
+    residual = [(site, kind, acts.dtype(site), lambda s=site, k=kind: pair_features(acts.features(s), pairs, k))
+                for site in sites for kind in feature_kinds]
+    reads = [(q_site, f"bilinear_{bilinear}", _coarser(acts.dtype(q_site), acts.dtype(k_site)),
               lambda q=q_site, k=k_site: bilinear_features(_heads(acts, q), _heads(acts, k), pairs, bilinear))
              for q_site, k_site in attention]
+    reads += [(site, "score", _score_dtype(acts, site),
+               lambda s=site: score_features(_score_arrays(acts, s), acts.sequence_id, acts.position, pairs))
+              for site in scores]
     frames = []
-    for site, kind, dtype, build in jobs:
+    for is_read, (site, kind, dtype, build) in [(False, job) for job in residual] + [(True, job) for job in reads]:
         X = build()
         for task in tasks:
             frame = probe_features(X, pairs.distance, pairs.sequence_id, task, pair_tokens, n_splits=n_splits,
                                    classifier=classifier, controls=controls, n_boot=n_boot, seed=seed,
                                    dtype=dtype, device=device)
-            frames.append(_label(frame, site, "relative_distance", task, kind, "grouped"))
+            frame = _label(frame, site, "relative_distance", task, kind, "grouped")
+            if is_read:  # an attention read of block l counts at layer l + 1
+                frame["layer"] = frame["block"] + 1
+            frames.append(frame)
     return _tidy(frames)
 
 
@@ -489,7 +518,8 @@ def first_recoverable_layer(
 ) -> int | None:
     """The first layer whose CI lower bound clears ``threshold`` for ``target`` and ``metric``.
 
-    Only ``linear`` probes on the grouped split at residual sites (rows with a ``layer``) count.
+    Only ``linear`` probes on the grouped split at rows with a ``layer`` count: residual sites,
+    and the attention reads of :func:`probe_relative_distance` (block ``l`` at layer ``l + 1``).
     "Clears" means ``ci_low >= threshold`` for higher-is-better metrics and ``ci_high <= threshold``
     for ``mad``. Defaults: R^2 >= 0.9 for regression, accuracy >= 0.9 for classification.
 
@@ -501,7 +531,8 @@ def first_recoverable_layer(
         threshold: the bar.
         task: ``regression`` or ``classification``; default: regression unless ``metric`` only
             exists for classification. Needed for ``mad``, which both tasks report.
-        features: feature kind (``token``, ``concat``, ...) when the table has several.
+        features: feature kind (``token``, ``concat``, ``score``, ``bilinear_outer``, ...) when
+            the table has several.
 
     Returns:
         The DESIGN.md layer number, or None when no layer clears the bar.
@@ -521,7 +552,7 @@ def first_recoverable_layer(
     if features is not None:
         rows = rows[rows["features"] == features]
     if rows.empty:
-        raise ValueError(f"no linear probe rows for target {target!r}, metric {metric!r} at residual sites")
+        raise ValueError(f"no linear probe rows for target {target!r}, metric {metric!r} at a layer")
     for column, argument in (("task", "task"), ("features", "features")):
         kinds = rows[column].unique()
         if len(kinds) > 1:
@@ -544,6 +575,17 @@ def _heads(acts: Activations, site: str) -> np.ndarray:
     if array.ndim != 3:
         raise ValueError(f"site {site!r} has shape {array.shape}; a bilinear read needs [n, head_index, d_head]")
     return array
+
+
+def _score_dtype(acts: Activations, site: str) -> str:
+    _score_arrays(acts, site)
+    return acts.dtypes.get(site, "float32")
+
+
+def _score_arrays(acts: Activations, site: str) -> list[np.ndarray]:
+    if site not in acts.patterns:
+        raise KeyError(f"score site {site!r} was not collected; collected pattern sites: {sorted(acts.patterns)}")
+    return acts.patterns[site]
 
 
 def _label(frame: pd.DataFrame, site: str, target: str, task: str, features: str, split: str) -> pd.DataFrame:

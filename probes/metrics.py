@@ -176,13 +176,14 @@ def bootstrap_scores(
     draws = rng.multinomial(n_groups, np.full(n_groups, 1.0 / n_groups), size=n_boot).astype(np.float64)
     alpha = (1 - confidence) / 2
     out = {}
+    weights = np.vstack([np.ones((1, n_groups)), draws])  # row 0: the point estimate; one pass serves all
     for metric in metrics:
-        value = _metric_values(metric, y, pred, group_index, np.ones((1, n_groups)))[0]
+        values = _metric_values(metric, y, pred, group_index, weights)
+        value, replicates = values[0], values[1:]
         if not np.isfinite(value):
             if skip_undefined:
                 continue
             raise ValueError(f"{metric} is undefined on these targets (constant targets or predictions)")
-        replicates = _metric_values(metric, y, pred, group_index, draws)
         finite = replicates[np.isfinite(replicates)]
         if len(finite) < max(1, n_boot // 2):
             if skip_undefined:

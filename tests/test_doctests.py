@@ -13,11 +13,12 @@ MODULES = [
     "nopelens.circuits.counter",
     "nopelens.circuits.distance",
     "nopelens.circuits.demos",
-    "nopelens.analyses.audit",
+    "nopelens.analyses.audit.numerics",
     "nopelens.probes.collect",
     "nopelens.probes.metrics",
     "nopelens.probes.targets",
     "nopelens.probes.linear",
+    "nopelens.probes.fitting",
     "nopelens.probes.sinks",
 ]
 

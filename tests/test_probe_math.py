@@ -135,16 +135,17 @@ def _inner_cv(members, blocks, fit, n):
 @pytest.mark.parametrize("n_splits, extrapolate", [(5, False), (2, False), (4, True)])
 def test_shared_ridge_fits_equal_sklearn_on_the_same_folds(n_splits, extrapolate):
     X, position, groups, rng = _data()
-    targets = [position.astype(float), rng.permutation(position).astype(float), rng.normal(size=len(position))]
+    targets = [position.astype(float), rng.normal(size=len(position))]
     splits = (extrapolation_splits(groups, position, 8, n_splits) if extrapolate
               else sequence_splits(groups, n_splits))
-    fit = fit_folds(X, targets, groups, splits, "regression")
+    grid = ALPHAS[::3]  # every third penalty keeps scikit-learn's grid search cheap
+    fit = fit_folds(X, targets, groups, splits, "regression", alphas=grid)
     blocks, members = fold_blocks(splits, groups)
     X64 = X.astype(np.float64)
     offset = 0
     for k, (fit_side, score) in enumerate(splits):
         for t, y in enumerate(targets):
-            search = GridSearchCV(make_pipeline(StandardScaler(), Ridge()), {"ridge__alpha": list(ALPHAS)},
+            search = GridSearchCV(make_pipeline(StandardScaler(), Ridge()), {"ridge__alpha": list(grid)},
                                   cv=_inner_cv(members[k], blocks, fit_side, len(X)),
                                   scoring="neg_mean_squared_error").fit(X64[fit_side], y[fit_side])
             assert fit.alphas[t][k] == search.best_params_["ridge__alpha"]
@@ -215,3 +216,29 @@ def test_untrained_nope_control_reads_no_negative_r2_at_any_site():
     r2 = r2[r2.metric == "r2"]
     assert len(r2) == len(sites) + 2 * layers + 1
     assert (r2["value"] >= -0.05).all(), r2[["site", "features", "value", "alpha"]]
+
+
+def test_torch_input_and_device_option_give_the_same_math():
+    X, position, groups, _ = _data()
+    splits = sequence_splits(groups, 4)
+    y = position.astype(float)
+    reference = fit_folds(X, [y], groups, splits, "regression")
+    from_torch = fit_folds(torch.as_tensor(X), [y], groups, splits, "regression", device="cpu")
+    np.testing.assert_allclose(from_torch.predictions[0], reference.predictions[0], rtol=1e-12, atol=1e-12)
+    with pytest.raises(ValueError, match="float64 on CPU"):
+        fit_folds(X, [y], groups, splits, "regression", compute_dtype=torch.float32)
+    if torch.cuda.is_available():  # optional: runs where a GPU exists, never needed in CI
+        for dtype, tolerance in ((torch.float64, 1e-8), (torch.float32, 1e-2)):
+            gpu = fit_folds(X, [y], groups, splits, "regression", device="cuda", compute_dtype=dtype)
+            np.testing.assert_allclose(gpu.predictions[0], reference.predictions[0], atol=tolerance * position.max())
+
+
+def test_make_probe_pipeline_takes_groups_for_its_inner_cv():
+    from nopelens.probes import make_probe, out_of_fold_predictions
+
+    X, position, groups, _ = _data()
+    splits = sequence_splits(groups, 4)
+    index, pred = out_of_fold_predictions(make_probe("regression", n_inner=3), X, position.astype(float), splits, groups)
+    assert len(index) == len(X) and np.isfinite(pred).all()
+    probe = make_probe("regression").fit(X, position, linear__groups=groups)
+    assert probe.named_steps["linear"].alpha_ in ALPHAS

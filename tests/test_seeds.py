@@ -51,7 +51,7 @@ def _per_seed():
     return pd.DataFrame(dict(
         model=["a", "a", "a", "b"], train_seed=[0, 1, 2, 0],
         absolute_acc=[1, 1, 2, 1], absolute_r2=[1, -1, 1, 3], relative_pairs_r2=[0, 0, 0, 1],
-        relative_qk_r2=[2, 2, 2, -1], best_absolute_r2=[0.9, 0.95, 1.0, 0.5], variance_slope_block0=[-1.0, -0.9, -1.1, math.nan],
+        relative_score_r2=[2, 2, 2, -1], relative_content_qk_r2=[2, 3, 2, math.nan], best_absolute_r2=[0.9, 0.95, 1.0, 0.5], variance_slope_block0=[-1.0, -0.9, -1.1, math.nan],
     ))
 
 
@@ -61,6 +61,8 @@ def test_over_seeds_agreed_layer_per_seed_layers_mean_and_spread():
     assert a["n_seeds"] == 3
     assert (a["absolute_acc"], a["absolute_acc_per_seed"]) == (2, "1/1/2"), "all seeds agree only from layer 2"
     assert (a["absolute_r2"], a["absolute_r2_per_seed"]) == (-1, "1/-1/1"), "one seed never recovers it"
+    assert (a["relative_content_qk_r2"], a["relative_content_qk_r2_per_seed"]) == (3, "2/3/2")
+    assert math.isnan(summary.loc["b", "relative_content_qk_r2"]), "no site for that read: n/a, not a layer"
     assert a["best_absolute_r2"] == pytest.approx(0.95)
     assert a["best_absolute_r2_seed_sd"] == pytest.approx(0.05)
     assert math.isnan(summary.loc["b", "best_absolute_r2_seed_sd"]), "one seed has no spread"
@@ -73,6 +75,7 @@ def test_summary_table_shows_agreed_and_per_seed_layers_and_mean_plus_minus_sd()
     assert row["abs. index R² ≥ 0.9"] == "none (1/none/1)"
     assert row["best abs. R²"] == "0.95 ± 0.050"
     assert table.iloc[1]["abs. index R² ≥ 0.9"] == "3"
+    assert table.iloc[1][report.SUMMARY_HEADERS["relative_content_qk_r2"]] == "n/a"
 
 
 def test_probes_over_seeds_mean_spread_and_ci():
