@@ -149,8 +149,8 @@ def summary_table(summary: pd.DataFrame) -> pd.DataFrame:
         table[column] = table[column].map(_layer_text)
         if f"{column}_per_seed" in table:
             per_seed = table.pop(f"{column}_per_seed").str.replace("-1", "none")
-            table[column] = [f"{agreed} ({seeds})" if "/" in seeds else agreed
-                             for agreed, seeds in zip(table[column], per_seed)]
+            table[column] = [f"{agreed} ({seeds})" if n_seeds > 1 else agreed
+                             for agreed, seeds, n_seeds in zip(table[column], per_seed, table["n_seeds"])]
     table = table.round(3)
     slope = table["variance_slope_block0"]
     table["variance_slope_block0"] = slope.map(lambda v: "n/a (variance 0)" if pd.isna(v) else f"{v:.3f}")
