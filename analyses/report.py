@@ -247,6 +247,7 @@ def _sink_ablation_section(result: "SweepResult") -> list[str]:
         return []
     from .intervene import SWEEP_SEQUENCES
     from .intervene_cmd import sink_ablation_markdown
+    from .seeds import sink_ablation_over_seeds
 
     return [
         "## Sink ablation",
@@ -256,7 +257,7 @@ def _sink_ablation_section(result: "SweepResult") -> list[str]:
         "token removed from the keys of every later query in block l. `n/a`: the ablation cannot be applied "
         "and checked on that model (see sink_ablation.csv).",
         "",
-        sink_ablation_markdown(result.sink_ablation),
+        sink_ablation_markdown(sink_ablation_over_seeds(result.sink_ablation)),
         "",
         "![sink ablation](sink_ablation.png)",
         "",

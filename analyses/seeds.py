@@ -80,3 +80,15 @@ def probes_over_seeds(probes: pd.DataFrame) -> pd.DataFrame:
                         seed_max=("value", "max"), ci_low=("ci_low", "mean"), ci_high=("ci_high", "mean"),
                         selectivity=("selectivity", "mean"), n_seeds=("train_seed", "nunique"))
     return table.reset_index()
+
+
+def sink_ablation_over_seeds(table: pd.DataFrame) -> pd.DataFrame:
+    """The sweep's sink-ablation rows averaged over training seeds, one per (model, block):
+    ``r2_clean``, ``r2_ablated`` and ``drop`` are means, ``status`` is ``measured`` only where
+    every seed was measured. A table of one seed per model is returned as it is."""
+    if "train_seed" not in table or table.groupby("model")["train_seed"].nunique().max() <= 1:
+        return table
+    keys = ["model", "block"]
+    grouped = table.groupby(keys, sort=False)
+    status = grouped["status"].agg(lambda s: "measured" if (s == "measured").all() else s[s != "measured"].iloc[0])
+    return grouped[["r2_clean", "r2_ablated", "drop"]].mean().join(status).reset_index()

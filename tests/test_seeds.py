@@ -99,3 +99,12 @@ def test_train_seeds_train_once_per_seed(tmp_path):
     assert main([*common, "--seeds", "0,1"]) == 0
     assert [read_metadata(tmp_path / f"seed{s}" / "checkpoint")["seed"] for s in (0, 1)] == [0, 1]
     assert main([*common, "--seeds", "0", "--seed", "3"]) == 2
+
+
+def test_sink_ablation_over_seeds_means_and_a_status_every_seed_shares():
+    rows = pd.DataFrame(dict(model="a", block=[0, 0, 1, 1], train_seed=[0, 1, 0, 1], r2_clean=[0.9, 0.7, 0.5, 0.5],
+                             r2_ablated=[0.5, 0.5, 0.4, math.nan], drop=[0.4, 0.2, 0.1, math.nan],
+                             status=["measured", "measured", "measured", "not_applicable"]))
+    table = seeds.sink_ablation_over_seeds(rows).set_index("block")
+    assert table.loc[0, "r2_clean"] == pytest.approx(0.8) and table.loc[0, "drop"] == pytest.approx(0.3)
+    assert list(table["status"]) == ["measured", "not_applicable"]
