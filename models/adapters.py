@@ -33,24 +33,27 @@ def bridge_hf_model(hf_model: nn.Module, architecture: str | None = None) -> Any
 
     Returns:
         A ``TransformerBridge``; ``run_with_cache`` gives ``blocks.{l}.hook_resid_pre``,
-        ``blocks.{l}.attn.hook_pattern`` and the rest, with logits equal to HF's.
+        ``blocks.{l}.attn.hook_pattern`` and the rest, with logits equal to HF's. One census
+        forward pass has run (:func:`nopelens.models.hf.describe`), so a bridge that builds but
+        cannot run is refused here.
 
     Raises:
-        ValueError: if TransformerLens has no adapter for the architecture.
+        nopelens.models.hf.UnsupportedModelError: (a ``ValueError``) if TransformerLens has no
+            adapter for the architecture, fails to build it, or the built bridge cannot run.
     """
     from transformer_lens.model_bridge.sources._bridge_builder import build_bridge_from_module
+
+    from .hf import describe, refusing
 
     architecture = architecture or type(hf_model).__name__
     config = getattr(hf_model, "config", None)
     if config is not None and hasattr(config, "_attn_implementation"):
         config._attn_implementation = "eager"
-    try:
-        bridge = build_bridge_from_module(hf_model, architecture, hf_config=config)
-    except (KeyError, NotImplementedError, ValueError) as error:
-        raise ValueError(f"TransformerLens cannot bridge architecture {architecture!r}: {error}") from error
+    bridge = refusing(lambda: build_bridge_from_module(hf_model, architecture, hf_config=config), architecture)
     for block in getattr(bridge, "blocks", []):
         if hasattr(block, "attn"):
             block.attn.register_forward_pre_hook(_pass_renamed_cache, with_kwargs=True)
+    describe(bridge)
     return bridge
 
 
