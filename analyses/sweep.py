@@ -122,8 +122,8 @@ def analyse_subject(subject: Subject, settings: SweepSettings) -> dict[str, pd.D
     layers = subject.n_layers
     residual = resid_sites(layers)
     blocks = [(f"blocks.{l}.hook_attn_out", f"blocks.{l}.hook_mlp_out") for l in range(layers)]
-    inner = [site for pair in blocks for site in pair if site in subject.model.hook_dict]
-    qk = [_qk_sites(subject.model, l) for l in range(layers)]
+    inner = [site for pair in blocks for site in pair if subject.usable(site)]
+    qk = [_qk_sites(subject, l) for l in range(layers)]
     patterns = [f"blocks.{l}.attn.hook_pattern" for l in range(layers)]
     sites = residual + inner + [s for pair in qk for s in pair] + patterns
     acts = collect(subject.model, subject.tokens, sites, attention_mask=subject.attention_mask, batch_size=32)
@@ -143,7 +143,8 @@ def analyse_subject(subject: Subject, settings: SweepSettings) -> dict[str, pd.D
     probes.insert(0, "model", subject.name)
 
     sinks = sink_conditions(subject, acts)
-    variance = attention_variance(acts, sites=[f"blocks.{l}.hook_attn_out" for l in range(layers)])
+    variance = attention_variance(acts, sites=[f"blocks.{l}.hook_attn_out" for l in range(layers)
+                                               if f"blocks.{l}.hook_attn_out" in acts.acts])
     if subject.has_bos:  # every sequence has the same token at 0, so its variance is exactly 0
         variance = variance[variance["position"] > 0]
     return {"probes": probes, "sinks": sinks, "variance": _with_slopes(variance).assign(model=subject.name)}
@@ -159,10 +160,10 @@ def _with_slopes(variance: pd.DataFrame) -> pd.DataFrame:
 
 
 
-def _qk_sites(model, layer: int) -> tuple[str, str]:
-    """The rotated q/k hooks where the model rotates them (RoPE), else the plain ones."""
+def _qk_sites(subject: Subject, layer: int) -> tuple[str, str]:
+    """The rotated q/k hooks where the model rotates them and they fire, else the plain ones."""
     rotated = (f"blocks.{layer}.attn.hook_rot_q", f"blocks.{layer}.attn.hook_rot_k")
-    if all(site in model.hook_dict for site in rotated):
+    if all(subject.usable(site) for site in rotated):
         return rotated
     return f"blocks.{layer}.attn.hook_q", f"blocks.{layer}.attn.hook_k"
 

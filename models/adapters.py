@@ -76,7 +76,14 @@ class HookedModule(HookedRootModule):
 
     A forward hook on each mapped submodule passes its output (the first element, when the
     submodule returns a tuple) through a ``HookPoint``, so caching, ``names_filter`` and
-    ``run_with_hooks`` work as on a ``Decoder``.
+    ``run_with_hooks`` work as on a ``Decoder``. Sites are named by the caller, by TransformerLens'
+    convention (``blocks.{l}.hook_resid_post``, ``blocks.{l}.attn.hook_pattern``, ...).
+
+    A mapped submodule that runs more than once in one forward pass (a shared layer, a loop) is
+    refused: which call a site means would be ambiguous. Under left padding, position ids are
+    counted from the attention mask and passed as ``position_ids`` when the wrapped module's
+    forward takes them; a module that takes none is refused padded input (its positions would
+    be those of the padded row, shifted by the padding).
 
     Args:
         model: the module to wrap; called as ``model(tokens, **kwargs)``.
@@ -87,6 +94,10 @@ class HookedModule(HookedRootModule):
     Raises:
         KeyError: if a module path does not exist in ``model``, listing the paths that do.
     """
+
+    sites_may_repeat = True
+    """Tells :func:`nopelens.probes.collect` to run the forward pass to the end, so a repeated
+    submodule is seen and refused rather than cut off after its first call."""
 
     def __init__(
         self,
@@ -104,6 +115,7 @@ class HookedModule(HookedRootModule):
                 f"module paths not found: {missing}; available: {sorted(p for p in modules if p)}"
             )
         self.site_paths = dict(sites)
+        self._calls: dict[str, int] | None = None
         self.points = nn.ModuleDict({_key(name): HookPoint() for name in sites})
         self._handles = [
             modules[path].register_forward_hook(self._make_hook(_key(name)))
@@ -118,6 +130,14 @@ class HookedModule(HookedRootModule):
 
     def _make_hook(self, key: str):
         def hook(module, inputs, output):
+            if self._calls is not None:  # counted only inside this wrapper's forward
+                self._calls[key] = self._calls.get(key, 0) + 1
+            if self._calls is not None and self._calls[key] > 1:
+                name = self.points[key].name
+                raise ValueError(
+                    f"module {self.site_paths[name]!r} (site {name!r}) ran {self._calls[key]} times in one "
+                    "forward pass; a site must name one call: map a submodule that runs once"
+                )
             if isinstance(output, tuple):
                 return (self.points[key](output[0]),) + output[1:]
             return self.points[key](output)
@@ -125,7 +145,19 @@ class HookedModule(HookedRootModule):
         return hook
 
     def forward(self, tokens: Tensor, **kwargs) -> Tensor:
-        out = self.model(tokens, **kwargs)
+        mask = kwargs.get("attention_mask")
+        if mask is not None and kwargs.get("position_ids") is None and _left_padded(mask):
+            if not _takes(self.model, "position_ids"):
+                raise ValueError(
+                    f"{type(self.model).__name__} takes no position_ids, so under left padding its positions "
+                    "would be shifted by the padding; pad on the right, or wrap a module that takes position_ids"
+                )
+            kwargs["position_ids"] = (mask.long().cumsum(-1) - 1).clamp(min=0)
+        self._calls = {}
+        try:
+            out = self.model(tokens, **kwargs)
+        finally:
+            self._calls = None
         if self.output_fn is not None:
             return self.output_fn(out)
         return getattr(out, "logits", out)
@@ -141,6 +173,23 @@ class HookedModule(HookedRootModule):
         for handle in self._handles:
             handle.remove()
         self._handles = []
+
+
+def _left_padded(mask: Tensor) -> bool:
+    """True if some row has a padding entry before a real token."""
+    mask = mask.bool()
+    return bool((~mask[:, :-1] & mask[:, 1:]).any())
+
+
+def _takes(module: nn.Module, name: str) -> bool:
+    """Whether ``module``'s forward accepts keyword ``name`` (explicitly or through ``**kwargs``)."""
+    import inspect
+
+    try:
+        params = inspect.signature(module.forward).parameters
+    except (TypeError, ValueError):
+        return False
+    return name in params or any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
 
 
 def _key(site: str) -> str:
