@@ -48,7 +48,7 @@ from nopelens.probes.sinks import GU_WINDOW, attention_variance, sink_table, var
 from . import report
 from .subjects import CONTROL_SPECS, Subject, check_spec, resolve
 
-DEFAULT_MODELS = {"text": ("text-nope-4l", "text-rope-4l"), "copy": ("copy-nope-3l", "copy-rope-3l")}
+DEFAULT_MODELS = {"text": ("text-nope-4l", "text-rope-4l", "text-hybrid-4l"), "copy": ("copy-nope-3l", "copy-rope-3l")}
 MAX_OUTER_FEATURES = 1024
 """Use the full outer-product bilinear read while n_heads * d_head^2 stays below this; above it,
 the elementwise (diagonal) read keeps the fits inside the sweep's time budget."""
@@ -84,7 +84,8 @@ class SweepSettings:
 
     @classmethod
     def default(cls, task: str = "text", models: tuple[str, ...] | None = None, controls: bool = True, **kw) -> "SweepSettings":
-        """The default sweep: a NoPE and a RoPE zoo model of ``task`` plus the two controls."""
+        """The default sweep: the zoo models of ``task`` (text: NoPE, RoPE and the RoPE/NoPE hybrid)
+        plus the two controls."""
         if models is None:
             if task not in DEFAULT_MODELS:
                 raise ValueError(f"task must be one of {sorted(DEFAULT_MODELS)}, got {task!r}")

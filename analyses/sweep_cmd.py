@@ -89,7 +89,8 @@ def _common(parser: argparse.ArgumentParser) -> None:
 def register(subparsers) -> None:
     sweep_parser = subparsers.add_parser(
         "sweep", help="where absolute index and relative distance first become recoverable (the main job)",
-        description="Probe every layer of a NoPE and a RoPE zoo model (trained on first use), the hand-built "
+        description="Probe every layer of a NoPE, a RoPE and a hybrid (RoPE, RoPE, RoPE, NoPE, as SmolLM3) zoo "
+        "model (trained on first use), the hand-built "
         "Theorem 1/2 circuit and an untrained NoPE model, for absolute index and relative distance, with "
         "controls, attention sinks and variance shrinkage; write a run folder and print the summary.",
         epilog="examples:\n  nopelens sweep\n  nopelens sweep --quick --out runs/smoke\n"
