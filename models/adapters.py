@@ -50,8 +50,11 @@ def bridge_hf_model(hf_model: nn.Module, architecture: str | None = None) -> Any
     if config is not None and hasattr(config, "_attn_implementation"):
         config._attn_implementation = "eager"
     bridge = refusing(lambda: build_bridge_from_module(hf_model, architecture, hf_config=config), architecture)
+    from transformer_lens.model_bridge.generalized_components import AttentionBridge
+
     for block in getattr(bridge, "blocks", []):
-        if hasattr(block, "attn"):
+        # the plain AttentionBridge hands every kwarg to HF's own attention, which reads ``cache``
+        if hasattr(block, "attn") and type(block.attn) is not AttentionBridge:
             block.attn.register_forward_pre_hook(_pass_renamed_cache, with_kwargs=True)
     describe(bridge)
     return bridge
