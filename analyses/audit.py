@@ -388,6 +388,40 @@ class _Subject(abc.ABC):
         """The factor multiplying q.k in a layer's scores: 1 / sqrt(d_head)."""
         return self.d_head ** -0.5
 
+    def rope_spec(self, layer: int) -> _RopeSpec | None:
+        """The RoPE parameters of a layer, None where the layer does not rotate."""
+        return self.rope if self.layer_methods[layer] == "rope" else None
+
+    def content_scores(self, q: Tensor, k: Tensor, layer: int) -> Tensor:
+        """A layer's content scores from the q and k entering them: q.k * score_scale."""
+        return _dot_scores(q, k, self.score_scale(layer))
+
+    def qk_names(self, layer: int) -> tuple[str, str]:
+        """The attention hooks holding the q and k that enter the scores (before rotation)."""
+        return "hook_q", "hook_k"
+
+    def prepare_qk(self, q: Tensor, k: Tensor, layer: int) -> tuple[Tensor, Tensor]:
+        """What the model does to the hooked q and k before the scores, besides rotating them."""
+        return q, k
+
+    @property
+    def scores_trusted(self) -> bool:
+        """``hook_attn_scores`` are the pre-softmax scores behind ``hook_pattern``."""
+        return True
+
+    @property
+    def takes_positions(self) -> bool:
+        """Position ids can be handed to the model (interventions, step 8)."""
+        return True
+
+    def unverifiable(self) -> str | None:
+        """Why the position steps cannot be verified at all, or None."""
+        return None
+
+    def alibi_slopes(self, layer: int) -> Tensor:
+        """Slopes m_h of an ALiBi layer, in score units per token (float64)."""
+        return alibi_slopes(self.n_heads).double()
+
 
 class _DecoderSubject(_Subject):
     kind = "nopelens Decoder"
@@ -444,88 +478,125 @@ class _DecoderSubject(_Subject):
                 for l, m in enumerate(self.layer_methods) if m in ("alibi", "shaw")]
 
 
-_HF_METHODS = {"gpt2": "learned", "gpt_neox": "rope", "llama": "rope", "mistral": "rope", "qwen2": "rope",
-               "gptj": "rope", "bloom": "alibi", "gpt_neo": "learned"}
-
-
 class _BridgeSubject(_Subject):
+    """An HF causal LM through TransformerBridge, read through :func:`nopelens.models.hf.describe`.
+
+    Everything family-specific (per-layer method, RoPE parameters, score scale and soft-capping,
+    q/k norms, which hooks carry what they say, how positions enter) comes from the description;
+    this class only runs the model.
+    """
+
     kind = "HF causal LM via TransformerBridge"
 
     def __init__(self, bridge: Any, name: str):
+        from nopelens.models.hf import check_readable, describe
+
         self.model, self.name = bridge, name
-        hf = bridge.original_model
-        config = hf.config
-        self.config = config
-        self.model_type = getattr(config, "model_type", type(hf).__name__)
-        method = self._method_from_config(config)
-        n_layers = len(bridge.blocks)
-        self.n_heads = int(config.num_attention_heads)
-        self.d_head = int(getattr(config, "head_dim", None) or config.hidden_size // self.n_heads)
-        self.d_vocab = int(config.vocab_size)
-        self.input_method = "learned" if method == "learned" else None
-        self.layer_methods = ("nope" if method == "learned" else method,) * n_layers
-        self.max_positions = None
-        if method == "learned":
-            self.max_positions = int(getattr(config, "n_positions", None) or config.max_position_embeddings)
-        if method == "rope":
-            self.rope = self._rope_from_config(config)
-        self.special_tokens = {k: getattr(config, k, None) for k in ("bos_token_id", "eos_token_id", "pad_token_id")}
+        self.hf = describe(bridge)
+        check_readable(self.hf)
+        self.config = bridge.original_model.config
+        self.layer_methods = self.hf.layer_methods
+        self.input_method = self.hf.input_position
+        self.n_heads, self.d_head, self.d_vocab = self.hf.n_heads, self.hf.d_head, self.hf.d_vocab
+        self.max_positions = self.hf.max_positions
+        self.position_offset = self.hf.position_offset
+        rope = [l for l in self.hf.layers if l.method == "rope"]
+        if rope:
+            self.rope = self.rope_spec(self.layer_methods.index("rope"))
+        self.special_tokens = {k: getattr(self.config, k, None) for k in ("bos_token_id", "eos_token_id", "pad_token_id")}
         self.position_limit = 4096  # audit() sets it from the probe length
 
-    def _method_from_config(self, config) -> str:
-        if self.model_type in _HF_METHODS:
-            return _HF_METHODS[self.model_type]
-        if getattr(config, "alibi", False):
-            return "alibi"
-        if getattr(config, "rope_parameters", None) or getattr(config, "rope_theta", None):
-            return "rope"
-        if getattr(config, "position_embedding_type", None) == "absolute":
-            return "learned"
-        raise ValueError(
-            f"cannot tell the position method of HF model_type {self.model_type!r} from its config; "
-            f"known: {sorted(_HF_METHODS)}"
-        )
+    def describe(self) -> dict[str, Any]:
+        out = super().describe()
+        out["hf"] = {"architecture": self.hf.architecture, "family": self.hf.family, "qk_norm": self.hf.qk_norm,
+                     "scores_hook": self.hf.scores_hook, "position_input": self.hf.position_input,
+                     "layers": [asdict(layer) for layer in self.hf.layers], "notes": list(self.hf.notes)}
+        return out
 
-    def _rope_from_config(self, config) -> _RopeSpec:
-        params = dict(getattr(config, "rope_parameters", None) or {})
-        legacy_base = getattr(config, "rope_theta", None) or getattr(config, "rotary_emb_base", 10000.0)
-        base = params.get("rope_theta", legacy_base)
-        fraction = params.get("partial_rotary_factor", getattr(config, "partial_rotary_factor", None)
-                              or getattr(config, "rotary_pct", None) or 1.0)
-        rotary_dim = int(getattr(config, "rotary_dim", None) or round(self.d_head * float(fraction)))
-        pairing = "interleaved" if self.model_type in ("gptj", "codegen") else "half"
-        if params.get("rope_type", "default") != "default":
-            raise ValueError(
-                f"rope_type {params['rope_type']!r} scales RoPE frequencies; the audit's reference "
-                "covers the default (unscaled) RoPE only"
-            )
-        return _RopeSpec(rotary_dim, float(base), pairing)
+    # --- what the description says -----------------------------------------------------------
+    def rope_spec(self, layer: int) -> _RopeSpec | None:
+        spec = self.hf.layers[layer]
+        if spec.method != "rope":
+            return None
+        return _RopeSpec(spec.rotary_dim, spec.rotary_base, spec.pairing)
+
+    def score_scale(self, layer: int) -> float:
+        return self.hf.layers[layer].score_scale
+
+    def content_scores(self, q: Tensor, k: Tensor, layer: int) -> Tensor:
+        scores = _dot_scores(q, k, self.score_scale(layer))
+        cap = self.hf.layers[layer].softcap
+        return scores if cap is None else cap * torch.tanh(scores / cap)
+
+    def qk_names(self, layer: int) -> tuple[str, str]:
+        return self.hf.q_hook, self.hf.k_hook
+
+    def prepare_qk(self, q: Tensor, k: Tensor, layer: int) -> tuple[Tensor, Tensor]:
+        q, k = self._tl_layout(q), self._tl_layout(k)
+        if self.hf.qk_norm == "l2 after rope" and self.hf.layers[layer].method == "rope":
+            from nopelens.models.hf import l2_normalize  # commutes with the rotation
+
+            eps = float(getattr(self.config, "rms_norm_eps", 1e-6))
+            return l2_normalize(q.double(), eps), l2_normalize(k.double(), eps)
+        return q, k
+
+    def _tl_layout(self, x: Tensor) -> Tensor:
+        """The description's q/k layout -> ``[batch, pos, head_index, d_head]``."""
+        if self.hf.qk_layout == "batch head pos d_head":
+            return x.transpose(1, 2)
+        if self.hf.qk_layout == "batch pos (head d_head)":
+            return x.reshape(*x.shape[:2], -1, self.d_head)
+        return x
 
     @property
-    def _is_bloom(self) -> bool:
-        return self.input_method is None and self.layer_methods[0] == "alibi"
+    def scores_trusted(self) -> bool:
+        return self.hf.scores_hook
+
+    def unverifiable(self) -> str | None:
+        unknown = [l for l, m in enumerate(self.layer_methods) if m == "unknown"]
+        if unknown:
+            return (f"the position method of {self.hf.family!r} layers {unknown} is not known to nopelens.models.hf; "
+                    "nothing about positions is verified")
+        scaled = sorted({l.rope_type for l in self.hf.layers if l.method == "rope" and l.rope_type != "default"})
+        if scaled:
+            return f"rope_type {scaled} scales RoPE frequencies; the reference covers the default (unscaled) RoPE only"
+        return None
+
+    @property
+    def _alibi_input(self) -> bool:
+        return self.hf.position_input == "alibi"
+
+    @property
+    def takes_positions(self) -> bool:
+        return self.hf.position_input is not None
+
+    def alibi_slopes(self, layer: int) -> Tensor:
+        spec = self.hf.layers[layer]
+        return torch.tensor(spec.alibi_slopes, dtype=torch.float64) * spec.bias_scale
 
     # --- running ---------------------------------------------------------------------------
     def _kwargs(self, mask, position_ids):
         kwargs = {"attention_mask": mask}
-        if position_ids is not None and not self._is_bloom:
+        if position_ids is not None and self.hf.position_input == "position_ids":
             kwargs["position_ids"] = position_ids
         return kwargs
 
     @contextlib.contextmanager
     def _alibi_positions(self, position_ids: Tensor | None) -> Iterator[None]:
-        """Bloom takes no position ids: an intervention replaces its ALiBi tensor slope * p_j."""
-        if position_ids is None or not self._is_bloom:
+        """Positions enter an ALiBi model as the tensor slope_h * p_j: an intervention replaces it."""
+        if position_ids is None or not self._alibi_input:
             yield
             return
-        slopes = alibi_slopes(self.n_heads).to(position_ids.device)
+        slopes = torch.tensor(self.hf.layers[0].alibi_slopes, device=position_ids.device)
 
         def pre(module, args, kwargs):
             alibi = kwargs.get("alibi")
             if alibi is None:
                 return None
+            batch = (args[0] if args else kwargs["hidden_states"]).shape[0]
             ids = position_ids[:, -alibi.shape[-1]:].to(alibi.dtype)
-            new = (slopes[None, :, None] * ids[:, None, :]).reshape(alibi.shape)
+            new = (slopes[None, :, None].to(alibi.dtype) * ids[:, None, :]).reshape(alibi.shape)
+            assert new.shape[0] in (batch, batch * self.n_heads)
             return args, {**kwargs, "alibi": new}
 
         handles = [b.attn.register_forward_pre_hook(pre, with_kwargs=True) for b in self.model.blocks]
@@ -549,22 +620,22 @@ class _BridgeSubject(_Subject):
     def capture_position_ids(self) -> Iterator[list]:
         """Record the position ids the HF model used, read back from its own position evidence.
 
-        GPT-2: the ids entering the position table (``pos_embed.hook_in``). RoPE models: decoded
-        from the cos/sin the rotary embedding computed (``blocks.0.attn.hook_cos|hook_sin``).
-        Bloom: read from the ALiBi tensor slope_h * p_j handed to block 0.
+        Learned tables: the ids entering the table (``pos_embed.hook_in``, less the family's row
+        offset). RoPE: decoded from the cos/sin the rotary embedding computed (``hook_cos|hook_sin``
+        of the first RoPE layer). ALiBi handed as a tensor: read from slope_h * p_j. Otherwise not
+        observable.
         """
         seen: list[Tensor] = []
         bridge = self.model
-        if self._is_bloom:
-            slope = float(alibi_slopes(self.n_heads)[0])
+        if self._alibi_input:
+            slope = float(self.hf.layers[0].alibi_slopes[0])
 
             def pre(module, args, kwargs):
                 alibi = kwargs.get("alibi")
                 if alibi is not None:
-                    batch = alibi.shape[0] // self.n_heads
-                    keys = alibi.reshape(batch, self.n_heads, -1)[:, 0] / slope
-                    n_new = (args[0] if args else kwargs["hidden_states"]).shape[1]
-                    seen.append(_as_ids(keys[:, -n_new:]))
+                    hidden = args[0] if args else kwargs["hidden_states"]
+                    keys = alibi.reshape(hidden.shape[0], self.n_heads, -1)[:, 0] / slope
+                    seen.append(_as_ids(keys[:, -hidden.shape[1]:]))
 
             handle = bridge.blocks[0].attn.register_forward_pre_hook(pre, with_kwargs=True)
             try:
@@ -572,45 +643,59 @@ class _BridgeSubject(_Subject):
             finally:
                 handle.remove()
             return
-        if self.input_method == "learned":
+        if self.hf.position_ids_hook is not None:
+            offset = self.hf.position_offset
+
             def hook(x, hook):
-                seen.append(x.detach().clone())
-            with bridge.hooks(fwd_hooks=[("pos_embed.hook_in", hook)]):
+                seen.append(x.detach().clone() - offset)
+            with bridge.hooks(fwd_hooks=[(self.hf.position_ids_hook, hook)]):
                 yield seen
+            return
+        rope_layers = [l for l, m in enumerate(self.layer_methods) if m == "rope"]
+        names = [f"blocks.{rope_layers[0]}.attn.{n}" for n in ("hook_cos", "hook_sin")] if rope_layers else []
+        if not names or not all(self.hf.fires(n) for n in names):
+            yield seen
             return
         store: dict[str, Tensor] = {}
 
         def keep(x, hook):
             store[hook.name.rsplit(".", 1)[-1]] = x.detach().clone()
             if len(store) == 2:
-                seen.append(self._decode_rope_ids(store.pop("hook_cos"), store.pop("hook_sin")))
+                seen.append(self._decode_rope_ids(rope_layers[0], store.pop("hook_cos"), store.pop("hook_sin")))
 
-        with bridge.hooks(fwd_hooks=[("blocks.0.attn.hook_cos", keep), ("blocks.0.attn.hook_sin", keep)]):
+        with bridge.hooks(fwd_hooks=[(n, keep) for n in names]):
             yield seen
 
-    def _decode_rope_ids(self, cos: Tensor, sin: Tensor) -> Tensor:
-        """Integer positions p whose reference angles p * theta_r best match HF's cos/sin."""
-        half, device = self.rope.rotary_dim // 2, cos.device
-        cos, sin = cos[..., :half].double().cpu(), sin[..., :half].double().cpu()
-        candidates = torch.arange(self.position_limit)
-        angles = rope_angles(candidates, self.rope.rotary_dim, self.rope.base, dtype=torch.float64)
+    def _decode_rope_ids(self, layer: int, cos: Tensor, sin: Tensor) -> Tensor:
+        """Integer positions p whose reference angles p * theta_r best match HF's cos/sin.
+
+        HF lays the rotary_dim / 2 angles out as [theta_0.., theta_0..] (``half``) or
+        [theta_0, theta_0, theta_1, ..] (Cohere's ``repeat_interleave``); both layouts are tried.
+        """
+        spec = self.rope_spec(layer)
+        half, device = spec.rotary_dim // 2, cos.device
+        angles = rope_angles(torch.arange(self.position_limit), spec.rotary_dim, spec.base, dtype=torch.float64)
         ref_cos, ref_sin = angles.cos(), angles.sin()
-        best, worst = [], 0.0
-        for start in range(0, cos.shape[-2], 32):  # chunks bound the [pos, candidate, half] tensor
-            c, s = cos[..., start:start + 32, None, :], sin[..., start:start + 32, None, :]
-            err = (c - ref_cos).abs().sum(-1) + (s - ref_sin).abs().sum(-1)
-            best.append(err.argmin(-1))
-            worst = max(worst, float(err.min(-1).values.max()))
-        ids = torch.cat(best, -1)
-        if worst > 1e-3 * half:  # not angles p * theta_r for any p < position_limit
-            ids = torch.full_like(ids, -1)
-        return ids.to(device)
+        best_ids, best_worst = None, math.inf
+        for pick in (slice(0, half), slice(0, 2 * half, 2)):
+            c_all, s_all = cos[..., pick].double().cpu(), sin[..., pick].double().cpu()
+            found, worst = [], 0.0
+            for start in range(0, c_all.shape[-2], 32):  # chunks bound the [pos, candidate, half] tensor
+                c, s = c_all[..., start:start + 32, None, :], s_all[..., start:start + 32, None, :]
+                err = (c - ref_cos).abs().sum(-1) + (s - ref_sin).abs().sum(-1)
+                found.append(err.argmin(-1))
+                worst = max(worst, float(err.min(-1).values.max()))
+            if worst < best_worst:
+                best_ids, best_worst = torch.cat(found, -1), worst
+        if best_worst > 1e-3 * half:  # not angles p * theta_r for any p < position_limit
+            best_ids = torch.full_like(best_ids, -1)
+        return best_ids.to(device)
 
     def decode_incrementally(self, tokens, mask, split):
         pieces = []
         with self.capture_position_ids() as seen, warnings.catch_warnings():
             # The bridge hands HF its cache as past_key_values, which transformers 5 deprecates.
-            warnings.filterwarnings("ignore", message=".*past_key_values.*deprecated", category=FutureWarning)
+            warnings.filterwarnings("ignore", message=".*past_key_values.*", category=FutureWarning)
             logits, past = self.model(tokens[:, :split], attention_mask=mask[:, :split],
                                       return_type="logits_and_cache", use_cache=True)
             pieces.append(logits)
@@ -624,12 +709,6 @@ class _BridgeSubject(_Subject):
     def drop_bias_hooks(self):
         return []
 
-    def score_scale(self, layer: int) -> float:
-        scale = self.d_head ** -0.5
-        if getattr(self.config, "scale_attn_by_inverse_layer_idx", False):
-            scale /= layer + 1
-        return scale
-
 
 def _audited_hook(name: str) -> bool:
     """The hooks the audit reads: attention internals and the layer-0 input."""
@@ -638,7 +717,8 @@ def _audited_hook(name: str) -> bool:
     return ".attn.hook_" in name and name.rsplit(".", 1)[-1] in _ATTENTION_HOOKS
 
 
-_ATTENTION_HOOKS = ("hook_q", "hook_k", "hook_v", "hook_rot_q", "hook_rot_k", "hook_content_scores",
+_ATTENTION_HOOKS = ("hook_q", "hook_k", "hook_q_normed", "hook_k_normed", "hook_v", "hook_rot_q", "hook_rot_k",
+                    "hook_content_scores",
                     "hook_pos_bias", "hook_attn_scores", "hook_pattern", "hook_z", "hook_cos", "hook_sin")
 
 
@@ -810,6 +890,10 @@ def audit(
                 _step1(run), _step2(run), _step3(run), _step4(run), _step5(run, shift),
                 _step6(run), _step7(run), _step8(run, shift), _step9(run), _step10(run, meta),
             ]
+            reason = subject.unverifiable()
+            if reason is not None:  # position steps: not_applicable, never a false fail
+                steps = [_make_step(st.number, [], {}, "", reason) if st.number in (2, 4, 5, 6, 8) else st
+                         for st in steps]
     finally:
         module.train(was_training)
     probe_record = {
@@ -837,16 +921,38 @@ class _Run:
         key = f"blocks.{layer}.attn.{name}"
         return self.cache[key] if key in self.cache.keys() else None
 
+    def qk(self, layer: int) -> tuple[Tensor, Tensor]:
+        """The q and k entering a layer's scores, before rotation (after any q/k norm)."""
+        q_name, k_name = self.subject.qk_names(layer)
+        return self.subject.prepare_qk(self.hook(layer, q_name), self.hook(layer, k_name), layer)
+
     def content(self, layer: int, ids: Tensor | None = None, pairing: str | None = None,
-                direction: int = 1) -> Tensor:
-        """q.k * scale of a layer, with q and k rotated by the reference when the layer is RoPE."""
-        q, k = self.hook(layer, "hook_q"), self.hook(layer, "hook_k")
-        if self.subject.layer_methods[layer] == "rope":
-            spec = self.subject.rope
+                direction: int = 1, base: float | None = None) -> Tensor:
+        """q.k * scale of a layer, with q and k rotated by the reference when the layer is RoPE
+        (row-centred where the model records no pre-softmax scores, see :meth:`scores`)."""
+        q, k = self.qk(layer)
+        spec = self.subject.rope_spec(layer)
+        if spec is not None:
             ids = self.probe.ids if ids is None else ids
-            q = _rotate(q, ids, spec.rotary_dim, spec.base, pairing or spec.pairing, direction)
-            k = _rotate(k, ids, spec.rotary_dim, spec.base, pairing or spec.pairing, direction)
-        return _dot_scores(q, k, self.subject.score_scale(layer))
+            b = spec.base if base is None else base
+            q = _rotate(q.double(), ids, spec.rotary_dim, b, pairing or spec.pairing, direction)
+            k = _rotate(k.double(), ids, spec.rotary_dim, b, pairing or spec.pairing, direction)
+        return self._comparable(self.subject.content_scores(q, k, layer))
+
+    def scores(self, layer: int) -> Tensor:
+        """The pre-softmax scores: ``hook_attn_scores``, or, where the bridge's scores hook carries
+        something else, log(hook_pattern) at allowed keys, which is the scores less a per-row
+        constant (so both sides of every comparison are then row-centred)."""
+        if self.subject.scores_trusted:
+            return self.hook(layer, "hook_attn_scores").double()
+        allowed = self.probe.allowed()
+        logp = self.hook(layer, "hook_pattern").double().clamp(min=1e-300).log()
+        return self._comparable(logp.masked_fill(~allowed, 0.0))
+
+    def _comparable(self, scores: Tensor) -> Tensor:
+        if self.subject.scores_trusted:
+            return scores
+        return scores - scores.diagonal(dim1=-2, dim2=-1)[..., :, None]
 
     def position_contribution(self, layer: int) -> Tensor | None:
         """The score a method adds: ``hook_pos_bias`` where hooked, else scores - content (HF)."""
@@ -856,9 +962,8 @@ class _Run:
         recorded = self.hook(layer, "hook_pos_bias")
         if recorded is not None:
             return recorded.double()
-        scores = self.hook(layer, "hook_attn_scores").double()
         allowed = self.probe.allowed()
-        return (scores - self.content(layer)).masked_fill(~allowed, 0.0)
+        return (self.scores(layer) - self.content(layer)).masked_fill(~allowed, 0.0)
 
     @property
     def ids_used(self) -> Tensor:
@@ -943,7 +1048,7 @@ def _alibi_sign_check(run: _Run, layer: int, evidence: dict) -> Check:
         c = centered[:, h][allowed]
         dd = distance[allowed]
         fitted.append(float(-(c * dd).sum() / (dd * dd).sum()))
-    expected = alibi_slopes(run.subject.n_heads).tolist()
+    expected = run.subject.alibi_slopes(layer).tolist()
     evidence[f"layer{layer}_alibi_fitted_slopes"] = fitted
     evidence[f"layer{layer}_alibi_expected_slopes"] = expected
     err = max(abs(a - b) for a, b in zip(fitted, expected))
@@ -1003,8 +1108,7 @@ def _observed_content(run: _Run, layer: int) -> Tensor:
     content = run.hook(layer, "hook_content_scores")
     if content is not None:
         return content.double()
-    scores = run.hook(layer, "hook_attn_scores").double()
-    return scores.masked_fill(~run.probe.allowed(), 0.0)
+    return run.scores(layer).masked_fill(~run.probe.allowed(), 0.0)
 
 
 # ----------------------------------------------------------------------------- step 3
@@ -1016,12 +1120,13 @@ def _step3(run: _Run) -> StepResult:
     blocked_scores_ok, allowed_finite = True, True
     for layer in range(s.n_layers):
         pattern = run.hook(layer, "hook_pattern").double()
-        scores = run.hook(layer, "hook_attn_scores").double()
         min_allowed.append(float(pattern[allowed.expand_as(pattern)].min()))
         max_blocked.append(float(pattern[blocked.expand_as(pattern)].abs().max()))
-        blocked_values = scores[blocked.expand_as(scores)]
-        blocked_scores_ok &= bool((blocked_values <= -1e30).all())
-        allowed_finite &= bool(scores[allowed.expand_as(scores)].isfinite().all())
+        if s.scores_trusted:
+            scores = run.hook(layer, "hook_attn_scores").double()
+            blocked_values = scores[blocked.expand_as(scores)]
+            blocked_scores_ok &= bool((blocked_values <= -1e30).all())
+            allowed_finite &= bool(scores[allowed.expand_as(scores)].isfinite().all())
         bias = run.position_contribution(layer)
         if bias is not None:
             worst_bias.append(float(bias[allowed.expand_as(bias)].abs().max()))
@@ -1032,9 +1137,13 @@ def _step3(run: _Run) -> StepResult:
     checks.append(Check("allowed entries keep weight > 0", min(min_allowed) > 0.0,
                         f"min weight on an allowed key {min(min_allowed):.3g}"
                         + (f", under biases up to {max(worst_bias):.3g}" if worst_bias else ""), min(min_allowed)))
-    checks.append(Check("mask is -inf (or the dtype minimum), biases finite", blocked_scores_ok and allowed_finite,
-                        "blocked scores <= -1e30 and every allowed score finite" if blocked_scores_ok and allowed_finite
-                        else "a blocked score is finite-valued or an allowed score is not finite"))
+    if s.scores_trusted:
+        checks.append(Check("mask is -inf (or the dtype minimum), biases finite", blocked_scores_ok and allowed_finite,
+                            "blocked scores <= -1e30 and every allowed score finite" if blocked_scores_ok
+                            and allowed_finite else "a blocked score is finite-valued or an allowed score is not finite"))
+    else:
+        evidence["masked_scores"] = ("not checked: the model records no pre-softmax scores (its hook_attn_scores "
+                                     "carry the pattern); blocked weights are checked on hook_pattern")
     bias_layers = [l for l, m in enumerate(s.layer_methods) if m in ("alibi", "shaw")]
     if bias_layers:
         drop = _drop_bias(run, bias_layers)
@@ -1059,7 +1168,7 @@ def _drop_bias(run: _Run, layers: list[int]) -> tuple[list[Check], dict] | None:
 
     keep_hooks = [(n, keep) for n in names]
     if isinstance(s, _BridgeSubject):
-        if not s._is_bloom:
+        if not s._alibi_input:
             return None
         s.forward(p.tokens, p.mask, torch.zeros_like(p.ids), keep_hooks)
     else:
@@ -1089,11 +1198,17 @@ def _step4(run: _Run) -> StepResult:
     s, p = run.subject, run.probe
     if s.input_method is None:
         return _make_step(4, [], {}, "", f"no absolute position addition (methods {sorted(set(s.layer_methods))})")
+    if "hook_pos_embed" not in run.cache.keys():
+        return _make_step(4, [], {}, "", f"{s.input_method} positions are added, but the model's hook_pos_embed never "
+                          "fires, so the added rows cannot be read")
     ids = run.ids_used.clamp(min=0)
     recorded = run.cache["hook_pos_embed"].double()
+    offset = getattr(s, "position_offset", 0)
     if s.input_method == "learned":
         table = _learned_table(s).double()
-        reference, what = table[ids], "W_pos rows at the position ids"
+        reference = table[ids + offset]
+        what = "W_pos rows at the position ids" + (f" + {offset} (the table's first {offset} rows are reserved)"
+                                                  if offset else "")
     else:
         reference, what = sinusoidal_table(ids, recorded.shape[-1], dtype=torch.float64), "sinusoidal_table(ids)"
     real = p.real[..., None]
@@ -1112,23 +1227,9 @@ def _step4(run: _Run) -> StepResult:
 def _learned_table(s: _Subject) -> Tensor:
     if isinstance(s, _DecoderSubject):
         return s.model.pos_embed.W_pos
-    hf = s.model.original_model
-    for name in ("transformer.wpe", "model.decoder.embed_positions", "transformer.wpe.original_component"):
-        module = hf.get_submodule(name) if _has_submodule(hf, name) else None
-        if module is not None and hasattr(module, "weight"):
-            return module.weight
-    embeddings = hf.get_position_embeddings() if hasattr(hf, "get_position_embeddings") else None
-    if embeddings is None:
-        raise ValueError(f"cannot find the learned position table of {type(hf).__name__}")
-    return embeddings.weight
+    from nopelens.models.hf import position_table
 
-
-def _has_submodule(module, name: str) -> bool:
-    try:
-        module.get_submodule(name)
-        return True
-    except AttributeError:
-        return False
+    return position_table(s.model.original_model)
 
 
 # ----------------------------------------------------------------------------- step 5
@@ -1142,11 +1243,12 @@ def _step5(run: _Run, shift: int) -> StepResult:
     ids = run.ids_used.clamp(min=0)
     real_q = p.real[:, :, None, None]
     if rope_layers:
-        spec = s.rope
-        other = "interleaved" if spec.pairing == "half" else "half"
-        evidence["rope"] = asdict(spec)
+        evidence["rope"] = {layer: asdict(s.rope_spec(layer)) for layer in rope_layers}
         for layer in rope_layers:
-            q, rot_q = run.hook(layer, "hook_q"), run.hook(layer, "hook_rot_q")
+            spec = s.rope_spec(layer)
+            other = "interleaved" if spec.pairing == "half" else "half"
+            q, k = run.qk(layer)
+            rot_q = run.hook(layer, "hook_rot_q")
             if rot_q is not None:
                 declared = apply_rope(q, ids, spec.rotary_dim, spec.base, spec.pairing)
                 swapped = apply_rope(q, ids, spec.rotary_dim, spec.base, other)
@@ -1157,7 +1259,6 @@ def _step5(run: _Run, shift: int) -> StepResult:
                     check.detail += f"; the rotation matches the {other} pairing instead of the declared {spec.pairing}"
                 checks.append(check)
                 rot_k = run.hook(layer, "hook_rot_k")
-                k = run.hook(layer, "hook_k")
                 checks.append(_agree(f"layer {layer} hook_rot_k = R(p) hook_k", rot_k,
                                      apply_rope(k, ids, spec.rotary_dim, spec.base, spec.pairing), run.tol,
                                      f"rotary_dim {spec.rotary_dim}, base {spec.base:g}", real_q))
@@ -1170,13 +1271,13 @@ def _step5(run: _Run, shift: int) -> StepResult:
             if cos is not None:
                 half = spec.rotary_dim // 2
                 angles = rope_angles(ids, spec.rotary_dim, spec.base, dtype=torch.float64)
-                if spec.pairing == "half":  # HF layout: [cos theta_0.., cos theta_0..]
-                    ref = torch.cat([angles.cos(), angles.cos()], -1)
-                else:
-                    ref = angles.cos().repeat_interleave(2, -1)
+                layouts = {"half": torch.cat([angles.cos(), angles.cos()], -1),  # [theta_0.., theta_0..]
+                           "interleaved": angles.cos().repeat_interleave(2, -1)}  # [theta_0, theta_0, ..]
                 observed = cos.expand(ids.shape[0], -1, -1)[..., : 2 * half]
-                checks.append(_agree(f"layer {layer} hook_cos = cos(p theta_r)", observed, ref, run.tol,
-                                     f"{half} frequencies base {spec.base:g} in the {spec.pairing} layout",
+                errors = {name: _max_err(observed, ref, p.real[..., None]) for name, ref in layouts.items()}
+                layout = min(errors, key=errors.get)  # the cos layout is HF's bookkeeping, not the pairing
+                checks.append(_agree(f"layer {layer} hook_cos = cos(p theta_r)", observed, layouts[layout], run.tol,
+                                     f"{half} frequencies base {spec.base:g} (HF's {layout} cos layout)",
                                      p.real[..., None]))
             checks.append(_rope_scores_check(run, layer, other, evidence))
         checks += _rope_offset_checks(run, rope_layers, shift, evidence)
@@ -1192,7 +1293,7 @@ def _rope_scores_check(run: _Run, layer: int, other: str, evidence: dict) -> Che
     declared = run.content(layer)
     e_other = _max_err(observed, run.content(layer, pairing=other), allowed)
     evidence[f"layer{layer}_scores_error_other_pairing"] = e_other
-    same = " (with one rotated pair the two pairings coincide)" if run.subject.rope.rotary_dim == 2 else ""
+    same = " (with one rotated pair the two pairings coincide)" if run.subject.rope_spec(layer).rotary_dim == 2 else ""
     return _agree(f"layer {layer} scores = R(p)q . R(p)k / sqrt(d_head)", observed, declared, run.tol,
                   f"scores vs the reference with the declared pairing, fraction and base ({other} "
                   f"pairing: error {e_other:.3g}{same})", allowed)
@@ -1201,20 +1302,21 @@ def _rope_scores_check(run: _Run, layer: int, other: str, evidence: dict) -> Che
 def _rope_offset_checks(run: _Run, layers: list[int], shift: int, evidence: dict) -> list[Check]:
     """Shift every position by a constant: the rotated dot products of RoPE layers do not change."""
     s, p = run.subject, run.probe
-    if s.input_method is not None:
+    if s.input_method is not None or not s.takes_positions:
         return []
     kept: dict[str, Tensor] = {}
 
     def keep(x, hook):
         kept[hook.name] = x.detach().clone()
 
-    names = [(f"blocks.{l}.attn.hook_content_scores" if isinstance(s, _DecoderSubject)
-              else f"blocks.{l}.attn.hook_attn_scores") for l in layers]
+    site = "hook_content_scores" if isinstance(s, _DecoderSubject) else (
+        "hook_attn_scores" if s.scores_trusted else "hook_pattern")
+    names = [f"blocks.{l}.attn.{site}" for l in layers]
     s.forward(p.tokens, p.mask, p.ids + shift, [(n, keep) for n in names])
     allowed = p.allowed()
     checks = []
     for layer, name in zip(layers, names):
-        before = _observed_content(run, layer)
+        before = _observed_content(run, layer) if site != "hook_pattern" else run.hook(layer, site).double()
         after = kept[name].double().masked_fill(~allowed, 0.0)
         checks.append(_agree(f"layer {layer} rotated q.k depends only on the offset", after, before, run.tol,
                              f"scores with every position + {shift} vs the originals", allowed))
@@ -1250,7 +1352,7 @@ def _step6(run: _Run) -> StepResult:
     allowed = p.allowed()
     checks, evidence, derived = [], {}, []
     for layer, method in enumerate(s.layer_methods):
-        scores = run.hook(layer, "hook_attn_scores").double()
+        scores = run.scores(layer)
         content_hook = run.hook(layer, "hook_content_scores")
         q_rot = run.hook(layer, "hook_rot_q")
         if content_hook is not None:
@@ -1272,7 +1374,7 @@ def _step6(run: _Run) -> StepResult:
                                  allowed))
         if method == "alibi":
             ids = run.ids_used.clamp(min=0)
-            reference = alibi_bias(alibi_slopes(s.n_heads, device=ids.device), ids, ids).double()
+            reference = alibi_bias(s.alibi_slopes(layer).to(ids.device), ids, ids).double()
             observed = bias
             if content_hook is None:  # HF adds slope * p_j; compare up to the per-row constant
                 observed = bias - bias.diagonal(dim1=-2, dim2=-1)[..., :, None]
@@ -1297,27 +1399,36 @@ def _step7(run: _Run) -> StepResult:
     checks = []
     worst_key, worst_query, worst_sum, worst_block = 0.0, math.inf, 0.0, 0.0
     for layer in range(s.n_layers):
-        scores = run.hook(layer, "hook_attn_scores").double()
         pattern = run.hook(layer, "hook_pattern").double()
-        worst_key = max(worst_key, _max_err(pattern, scores.softmax(-1), real_rows))
-        worst_query = min(worst_query, _max_err(pattern, scores.softmax(-2), real_rows))
+        if s.scores_trusted:
+            scores = run.hook(layer, "hook_attn_scores").double()
+            worst_key = max(worst_key, _max_err(pattern, scores.softmax(-1), real_rows))
+            worst_query = min(worst_query, _max_err(pattern, scores.softmax(-2), real_rows))
         worst_sum = max(worst_sum, _max_err(pattern.sum(-1), torch.ones_like(pattern.sum(-1)), p.real[:, None]))
         worst_block = max(worst_block, float(pattern[blocked.expand_as(pattern)].abs().max()))
     bound = run.tol.atol
-    checks.append(Check("softmax over the key axis", worst_key <= bound,
-                        f"hook_pattern = softmax(hook_attn_scores, key axis): error {worst_key:.3g}; over the "
-                        f"query axis it would be {worst_query:.3g}", worst_key, bound))
+    evidence: dict[str, Any] = {"padded_query_rows_excluded": p.n_pad}
+    if s.scores_trusted:
+        checks.append(Check("softmax over the key axis", worst_key <= bound,
+                            f"hook_pattern = softmax(hook_attn_scores, key axis): error {worst_key:.3g}; over the "
+                            f"query axis it would be {worst_query:.3g}", worst_key, bound))
+    else:
+        evidence["softmax_axis"] = ("not checked: the model records no pre-softmax scores (its hook_attn_scores carry "
+                                    "the pattern)")
     checks.append(Check("unmasked rows sum to 1", worst_sum <= bound,
                         f"max |row sum - 1| over real query rows {worst_sum:.3g}", worst_sum, bound))
     checks.append(Check("blocked entries exactly 0", worst_block == 0.0,
                         f"max weight at blocked entries {worst_block:.3g}", worst_block, 0.0))
-    return _make_step(7, checks, {"padded_query_rows_excluded": p.n_pad},
+    return _make_step(7, checks, evidence,
                       "patterns are key-axis softmaxes; rows sum to 1; blocked entries are exactly 0")
 
 
 # ----------------------------------------------------------------------------- step 8
 def _step8(run: _Run, shift: int) -> StepResult:
     s, p = run.subject, run.probe
+    if not s.takes_positions:
+        return _make_step(8, [], {}, "", "the model takes no position ids (its position bias is built from key "
+                          "indices), so positions cannot be intervened on")
     base = run.logits.double()
     bound = run.tol.of(base)
     checks, evidence = [], {"expectations": {}}

@@ -91,6 +91,15 @@ class HFDescription:
             ``full-width`` or ``l2 after rope``).
         q_hook, k_hook: the attention hook names (under ``blocks.{l}.attn.``) holding the q and k
             that enter the scores, before rotation.
+        qk_layout: how those hooks lay q and k out: ``batch pos head d_head`` (TransformerLens'
+            layout), ``batch head pos d_head`` (the bridged per-head q/k norms) or
+            ``batch pos (head d_head)`` (OLMo-2's full-width norm).
+        position_ids_hook: a hook whose input is the position ids (a learned table that is a
+            plain ``nn.Embedding``), or None (OPT's table takes the attention mask).
+        position_input: how positions enter the model: ``position_ids`` (the forward takes them),
+            ``alibi`` (an ``alibi`` tensor slope_h * p_j, with p_j counted from the attention mask, is
+            handed to every attention: Bloom, Falcon with ALiBi) or None (MPT builds its ALiBi bias
+            from key indices; no position ids can be given).
         fired: every hook name that fired in the census forward pass.
         scores_hook: ``hook_attn_scores`` holds the pre-softmax scores behind ``hook_pattern``.
         causal_under_mask: future keys got zero weight with an ``attention_mask`` passed.
@@ -111,6 +120,9 @@ class HFDescription:
     qk_norm: str | None
     q_hook: str
     k_hook: str
+    qk_layout: str = "batch pos head d_head"
+    position_ids_hook: str | None = None
+    position_input: str | None = "position_ids"
     fired: frozenset[str] = field(default_factory=frozenset)
     scores_hook: bool = True
     causal_under_mask: bool = True
@@ -166,12 +178,17 @@ def describe_config(config: Any, architecture: str | None = None) -> HFDescripti
     input_position, max_positions = _input_position(config, family)
     layers = tuple(_layer(config, family, layer, d_head) for layer in range(n_layers))
     qk_norm, q_hook, k_hook = _qk_norm(config, family)
+    qk_layout = {"per-head": "batch head pos d_head", "full-width": "batch pos (head d_head)"}.get(
+        qk_norm or "", "batch pos head d_head")
+    position_input = "position_ids"
+    if layers and layers[0].method == "alibi":
+        position_input = None if family == "mpt" else "alibi"
     return HFDescription(
         architecture=architecture, family=family, n_layers=n_layers, n_heads=n_heads,
         n_kv_heads=int(n_kv or n_heads), d_head=d_head, d_vocab=int(config.vocab_size),
         input_position=input_position, position_offset=POSITION_OFFSET.get(family, 0),
         max_positions=max_positions, layers=layers, qk_norm=qk_norm, q_hook=q_hook, k_hook=k_hook,
-        notes=_notes(config, family),
+        position_input=position_input, qk_layout=qk_layout, notes=_notes(config, family),
     )
 
 
@@ -273,6 +290,9 @@ def _alibi(config: Any, family: str, d_head: int) -> tuple[tuple[float, ...], fl
     if family == "mpt":  # build_mpt_alibi_tensor, after MPT's released attention.py
         slopes = mpt_alibi_slopes(n_heads, float(config.attn_config.alibi_bias_max))
         return tuple(slopes.tolist()), 1.0
+    # Falcon (Penedo et al. 2023, Falcon-RW's released code): (q.k + alibi) / sqrt(d_head). In eager
+    # attention, transformers 5.24's FalconModel also folds alibi / sqrt(d_head) into the causal mask,
+    # so the bias counts twice there; the audit reports that against the documented formula.
     from .positions import alibi_slopes
 
     bias_scale = d_head ** -0.5 if family == "falcon" else 1.0  # Falcon: (q.k + alibi) * inv_norm_factor
@@ -326,6 +346,26 @@ def _notes(config: Any, family: str) -> tuple[str, ...]:
     return tuple(notes)
 
 
+POSITION_TABLES = ("transformer.wpe", "model.decoder.embed_positions", "transformer.positions_embed")
+"""Where the families with a learned table keep it (GPT-2, GPT-Neo, GPT-BigCode; OPT; OpenAI-GPT)."""
+
+
+def position_table(hf_model: Any) -> Tensor:
+    """The learned position table ``[n_rows, d_model]`` of an HF model (rows include any offset).
+
+    Raises:
+        UnsupportedModelError: if the model keeps no table nopelens knows where to find.
+    """
+    modules = dict(hf_model.named_modules())
+    for name in POSITION_TABLES:
+        for candidate in (name, f"{name}.original_component"):
+            module = modules.get(candidate)
+            if module is not None and isinstance(getattr(module, "weight", None), Tensor):
+                return module.weight
+    raise UnsupportedModelError(f"cannot find the learned position table of {type(hf_model).__name__} "
+                                f"(looked for {', '.join(POSITION_TABLES)})")
+
+
 def l2_normalize(x: Tensor, eps: float) -> Tensor:
     """Llama 4's ``Llama4TextL2Norm`` without weight: x / sqrt(mean(x^2) + eps) over the last axis.
 
@@ -352,7 +392,7 @@ def describe(bridge: Any) -> HFDescription:
         return _DESCRIPTIONS[bridge]
     hf = bridge.original_model
     static = describe_config(hf.config, type(hf).__name__)
-    description = replace(static, **census(bridge, static))
+    description = replace(static, **census(bridge, static), position_ids_hook=_position_ids_hook(bridge))
     _DESCRIPTIONS[bridge] = description
     return description
 
@@ -406,6 +446,19 @@ def census(bridge: Any, static: HFDescription) -> dict[str, Any]:
         recomputed = scores.double().masked_fill(future, float("-inf")).softmax(-1)
         scores_ok &= float((recomputed - pattern.double()).abs().max()) < 1e-4
     return {"fired": frozenset(captured), "scores_hook": scores_ok, "causal_under_mask": causal}
+
+
+def _position_ids_hook(bridge: Any) -> str | None:
+    """``pos_embed.hook_in`` when the position table is a plain ``nn.Embedding`` fed position ids."""
+    from torch import nn
+
+    try:
+        table = position_table(bridge.original_model)
+    except UnsupportedModelError:
+        return None
+    plain = any(getattr(m, "weight", None) is table and type(m).forward is nn.Embedding.forward
+                for m in bridge.original_model.modules())
+    return "pos_embed.hook_in" if plain and "pos_embed.hook_in" in bridge.hook_dict else None
 
 
 def check_readable(description: HFDescription) -> None:
