@@ -84,7 +84,7 @@ def register(subparsers) -> None:
     source.add_argument("--hf-dir", metavar="DIR", help="a local HF causal LM directory (offline)")
     source.add_argument("--position", metavar="METHOD",
                         help="audit a fresh random Decoder of this method (nope, learned, sinusoidal, "
-                        "rope, alibi, shaw) or per-layer list such as nope,rope")
+                        "rope, alibi, shaw, t5) or per-layer list such as nope,rope")
     parser.add_argument("--eval-length", type=int, default=16, help="probe length in tokens (default 16)")
     parser.add_argument("--train-lengths", type=int, nargs=2, metavar=("MIN", "MAX"),
                         help="training lengths, overriding the checkpoint metadata")

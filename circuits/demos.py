@@ -231,7 +231,7 @@ def constant_input_control(model: Decoder, token: int, length: int) -> dict[str,
         ValueError: if the model has a position method other than ``nope`` in some layer, or on
             the Decoder's own input errors.
     """
-    if any(method != "nope" for method in model.cfg.layer_positions) or model.cfg.input_position:
+    if model.cfg.reads_positions:
         raise ValueError(f"constant_input_control needs a NoPE model, got position={model.cfg.position!r}")
     tokens = torch.full((1, length), token, dtype=torch.long)
     with torch.no_grad():

@@ -13,6 +13,7 @@ sinusoidal                ``sinusoidal``  input representation (fixed)
 RoPE                      ``rope``        projected Q/K pairs
 ALiBi                     ``alibi``       score bias before softmax
 Shaw relative             ``shaw``        score (and optionally value), clipped offsets
+T5 relative bias          ``t5``          score bias per head and bucketed distance
 ========================  ==============  ==============================================
 """
 
@@ -20,20 +21,22 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
 from dataclasses import dataclass, field
 from typing import Any
 
-INPUT_METHODS = ("learned", "sinusoidal")
+from .methods import METHODS, PositionMethod, get_method, method_names
+from .methods.nope import NoPE
+
+INPUT_METHODS = method_names(per_layer=False)
 """Methods that add a vector to the input representation (one per model, not per layer)."""
 
-ATTENTION_METHODS = ("nope", "rope", "alibi", "shaw")
+ATTENTION_METHODS = method_names(per_layer=True)
 """Methods that act inside attention, and may differ from layer to layer."""
 
 POSITION_METHODS = ATTENTION_METHODS + INPUT_METHODS
 NORMALIZATIONS = ("layernorm", "rmsnorm", "none")
 ACT_FNS = ("gelu", "gelu_tanh", "relu", "silu")
-PAIRINGS = ("half", "interleaved")
+_WRITTEN_WHEN_SET = ("t5_num_buckets", "t5_max_distance")
 
 
 @dataclass(frozen=True)
@@ -67,6 +70,9 @@ class DecoderConfig:
             (GPT-J / Meta: dims 2r and 2r + 1).
         shaw_clip: Shaw's k; relative offsets j - i are clipped to ``[-k, k]`` (2k + 1 rows).
         shaw_values: also add relative value embeddings a^V (Shaw et al. 2018, eq. 3).
+        t5_num_buckets: T5's num_buckets (HF ``relative_attention_num_buckets``); distances below
+            half of it get a bucket each, the rest log-spaced buckets (Raffel et al. 2020).
+        t5_max_distance: T5's max_distance; every distance from it on shares the last bucket.
         layer_norm_eps: epsilon of the normalization layers.
         init_std: standard deviation of the normal weight initialization.
     """
@@ -87,6 +93,8 @@ class DecoderConfig:
     pairing: str = "half"
     shaw_clip: int = 16
     shaw_values: bool = False
+    t5_num_buckets: int = 32
+    t5_max_distance: int = 128
     layer_norm_eps: float = 1e-5
     init_std: float = 0.02
     extra: dict = field(default_factory=dict, compare=False)
@@ -119,32 +127,20 @@ class DecoderConfig:
                 f"normalization must be one of {NORMALIZATIONS}, got {self.normalization!r}"
             )
         self._validate_position()
-        if self.pairing not in PAIRINGS:
-            raise ValueError(f"pairing must be one of {PAIRINGS}, got {self.pairing!r}")
-        if not 0.0 < self.rotary_fraction <= 1.0:
-            raise ValueError(f"rotary_fraction must lie in (0, 1], got {self.rotary_fraction!r}")
-        if "rope" in self.layer_positions:
-            exact = self.rotary_fraction * self.d_head
-            if abs(exact - round(exact)) > 1e-9 or round(exact) % 2:
-                raise ValueError(
-                    f"rotary_fraction={self.rotary_fraction} gives rotary_dim={exact:g} of "
-                    f"d_head={self.d_head}; RoPE rotates pairs, so rotary_dim must be an even "
-                    "integer"
-                )
-        if not 1.0 < self.rotary_base < math.inf:
-            raise ValueError(f"rotary_base must be finite and > 1, got {self.rotary_base!r}")
-        if not isinstance(self.shaw_clip, int) or self.shaw_clip < 0:
-            raise ValueError(f"shaw_clip must be a non-negative integer, got {self.shaw_clip!r}")
+        used = {type(m) for m in self.layer_methods} | {type(self.input_method)}
+        for cls in METHODS.values():
+            cls.validate_config(self, used=cls in used)
         if not self.layer_norm_eps > 0:
             raise ValueError(f"layer_norm_eps must be > 0, got {self.layer_norm_eps!r}")
         if not self.init_std > 0:
             raise ValueError(f"init_std must be > 0, got {self.init_std!r}")
 
     def _validate_position(self) -> None:
+        attention, inputs = method_names(per_layer=True), method_names(per_layer=False)  # the live registry
         if isinstance(self.position, str):
-            if self.position not in POSITION_METHODS:
+            if self.position not in attention + inputs:
                 raise ValueError(
-                    f"position must be one of {POSITION_METHODS}, got {self.position!r}"
+                    f"position must be one of {attention + inputs}, got {self.position!r}"
                 )
             return
         if len(self.position) != self.n_layers:
@@ -153,28 +149,51 @@ class DecoderConfig:
                 f"n_layers={self.n_layers}"
             )
         for layer, method in enumerate(self.position):
-            if method in INPUT_METHODS:
+            if method in inputs:
                 raise ValueError(
                     f"position[{layer}]={method!r}: {method} acts on the input embeddings, once "
                     "per model; give it as a single string, not per layer"
                 )
-            if method not in ATTENTION_METHODS:
+            if method not in attention:
                 raise ValueError(
-                    f"position[{layer}] must be one of {ATTENTION_METHODS}, got {method!r}"
+                    f"position[{layer}] must be one of {attention}, got {method!r}"
                 )
 
     @property
     def input_position(self) -> str | None:
         """``learned`` or ``sinusoidal`` when the model adds position to its input, else None."""
-        return self.position if self.position in INPUT_METHODS else None
+        if isinstance(self.position, tuple) or get_method(self.position).per_layer:
+            return None
+        return self.position
 
     @property
     def layer_positions(self) -> tuple[str, ...]:
         """The attention-level method of each layer (``nope`` where position enters the input)."""
         if isinstance(self.position, tuple):
             return self.position
-        method = "nope" if self.position in INPUT_METHODS else self.position
+        method = NoPE.name if self.input_position else self.position
         return (method,) * self.n_layers
+
+    @property
+    def input_method(self) -> PositionMethod | None:
+        """The method object acting on the input embeddings, or None."""
+        return get_method(self.input_position) if self.input_position else None
+
+    @property
+    def layer_methods(self) -> tuple[PositionMethod, ...]:
+        """The method object of each layer's attention (NoPE where position enters the input)."""
+        return tuple(get_method(name) for name in self.layer_positions)
+
+    @property
+    def reads_positions(self) -> bool:
+        """False only when no layer and no input method reads position ids (pure NoPE)."""
+        return self.input_method is not None or any(m.reads_positions for m in self.layer_methods)
+
+    @property
+    def max_positions(self) -> int | None:
+        """Positions the model can compute (a learned table's ``n_ctx`` rows), None if unbounded."""
+        method = self.input_method
+        return method.max_positions(self) if method is not None else None
 
     @property
     def rotary_dim(self) -> int:
@@ -193,8 +212,16 @@ class DecoderConfig:
         return dataclasses.replace(self, **changes)
 
     def to_dict(self) -> dict[str, Any]:
-        """A JSON-ready dict; :meth:`from_dict` inverts it."""
+        """A JSON-ready dict; :meth:`from_dict` inverts it.
+
+        Fields added after the first checkpoints were written (:data:`_WRITTEN_WHEN_SET`) appear only
+        when they differ from their default, so older configs keep their JSON and zoo digests.
+        """
         data = dataclasses.asdict(self)
+        defaults = {f.name: f.default for f in dataclasses.fields(self)}
+        for name in _WRITTEN_WHEN_SET:
+            if data[name] == defaults[name]:
+                del data[name]
         if isinstance(self.position, tuple):
             data["position"] = list(self.position)
         return data

@@ -25,14 +25,9 @@ from transformer_lens.hook_points import HookPoint
 
 from .config import DecoderConfig
 from .masks import check_rows_have_a_key, visibility
-from .positions import (
-    alibi_bias,
-    alibi_slopes,
-    apply_rope,
-    position_ids_from_mask,
-    shaw_relative_ids,
-    sinusoidal_table,
-)
+from .methods import QK_ROTATION, SCORE_BIAS, PositionMethod, get_method
+from .methods.learned import PosEmbed  # noqa: F401  (its home before the method modules)
+from .positions import position_ids_from_mask
 
 _ACTIVATIONS = {
     "gelu": F.gelu,
@@ -112,16 +107,22 @@ class Norm(nn.Module):
 
 
 class Attention(nn.Module):
-    """Causal multi-head attention with one position method (``nope``, ``rope``, ``alibi``, ``shaw``).
+    """Causal multi-head attention with one position method (a :class:`PositionMethod`).
 
     Scores are e_ij = q_i.k_j / sqrt(d_head) + bias_ij with blocked entries at -inf (seed 000).
-    RoPE rotates q and k (Su et al. 2021); ALiBi adds -m_h (i - j) (Press et al. 2022); Shaw adds
-    q_i.a^K_{clip(j-i)} / sqrt(d_head) and optionally a^V to the values (Shaw et al. 2018, eqs. 3-4).
+    The method rotates q and k (RoPE, Su et al. 2021), adds a score bias (ALiBi's -m_h (i - j),
+    Press et al. 2022; Shaw's q_i.a^K_{clip(j-i)} / sqrt(d_head), Shaw et al. 2018; T5's bucketed
+    bias, Raffel et al. 2020) and/or a value term (Shaw's a^V), as it declares.
+
+    Args:
+        cfg: the configuration.
+        method: a method object or its config name (``nope``, ``rope``, ...).
     """
 
-    def __init__(self, cfg: DecoderConfig, method: str):
+    def __init__(self, cfg: DecoderConfig, method: PositionMethod | str):
         super().__init__()
-        self.cfg, self.method = cfg, method
+        self.cfg = cfg
+        self.position_method = get_method(method) if isinstance(method, str) else method
         h, d, e = cfg.n_heads, cfg.d_model, cfg.d_head
         self.W_Q = nn.Parameter(torch.empty(h, d, e))
         self.W_K = nn.Parameter(torch.empty(h, d, e))
@@ -132,25 +133,25 @@ class Attention(nn.Module):
             self.b_K = nn.Parameter(torch.zeros(h, e))
             self.b_V = nn.Parameter(torch.zeros(h, e))
             self.b_O = nn.Parameter(torch.zeros(d))
-        if method == "alibi":
-            self.register_buffer("alibi_slopes", alibi_slopes(h), persistent=False)
-        if method == "shaw":
-            self.W_rel_K = nn.Parameter(torch.empty(2 * cfg.shaw_clip + 1, e))
-            if cfg.shaw_values:
-                self.W_rel_V = nn.Parameter(torch.empty(2 * cfg.shaw_clip + 1, e))
+        self.position_method.add_parameters(self, cfg)
         self.hook_q = HookPoint()  # [batch, pos, head_index, d_head]
         self.hook_k = HookPoint()
         self.hook_v = HookPoint()
-        if method == "rope":
+        if self.position_method.acts(QK_ROTATION):
             self.hook_rot_q = HookPoint()
             self.hook_rot_k = HookPoint()
         self.hook_content_scores = HookPoint()  # [batch, head_index, query_pos, key_pos]
-        if method in ("alibi", "shaw"):
+        if self.position_method.acts(SCORE_BIAS):
             self.hook_pos_bias = HookPoint()
         self.hook_attn_scores = HookPoint()
         self.hook_pattern = HookPoint()
         self.hook_z = HookPoint()  # [batch, pos, head_index, d_head]
         self.use_fused = True
+
+    @property
+    def method(self) -> str:
+        """The config name of the layer's position method."""
+        return self.position_method.name
 
     def _project_qkv(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """q, k, v ``[batch, pos, head_index, d_head]`` from one matmul with W_Q, W_K, W_V side by side."""
@@ -160,8 +161,8 @@ class Attention(nn.Module):
         return F.linear(x, W, b).unflatten(-1, (3 * h, e)).split(h, dim=2)
 
     def _needs_pattern(self) -> bool:
-        """The explicit path runs when anyone hooks a score or pattern, or Shaw needs it."""
-        if not self.use_fused or self.method == "shaw":
+        """The explicit path runs when anyone hooks a score or pattern, or the method needs it."""
+        if not self.use_fused or self.position_method.needs_explicit_scores(self):
             return True
         names = ("hook_content_scores", "hook_pos_bias", "hook_attn_scores", "hook_pattern")
         return any(_is_hooked(getattr(self, name, None)) for name in names)
@@ -184,10 +185,10 @@ class Attention(nn.Module):
         if past is not None:
             k, v = torch.cat([past[0], k_new], dim=1), torch.cat([past[1], v_new], dim=1)
         query_positions = key_positions[:, -x.shape[1] :]
-        if self.method == "rope":
-            rope = dict(rotary_dim=self.cfg.rotary_dim, base=self.cfg.rotary_base, pairing=self.cfg.pairing)
-            q = self.hook_rot_q(apply_rope(q, query_positions, **rope))
-            k = self.hook_rot_k(apply_rope(k, key_positions, **rope))
+        method = self.position_method
+        if method.acts(QK_ROTATION):
+            q = self.hook_rot_q(method.rotate(self, q, query_positions))
+            k = self.hook_rot_k(method.rotate(self, k, key_positions))
         if self._needs_pattern():
             z = self._explicit(q, k, v, query_positions, key_positions, allowed)
         else:
@@ -196,32 +197,21 @@ class Attention(nn.Module):
         out = F.linear(z.flatten(-2), self.W_O.flatten(0, 1).T, getattr(self, "b_O", None))
         return out, (k_new, v_new)
 
-    def _bias(self, q: Tensor, query_positions: Tensor, key_positions: Tensor) -> Tensor | None:
-        if self.method == "alibi":
-            return alibi_bias(self.alibi_slopes, query_positions, key_positions).to(q.dtype)
-        if self.method == "shaw":
-            ids = shaw_relative_ids(query_positions, key_positions, self.cfg.shaw_clip)
-            rel = self.W_rel_K[ids]  # [batch, query_pos, key_pos, d_head]
-            return torch.einsum("bqhe,bqke->bhqk", q, rel) / math.sqrt(self.cfg.d_head)
-        return None
-
     def _explicit(self, q, k, v, query_positions, key_positions, allowed) -> Tensor:
         content = torch.einsum("bqhe,bkhe->bhqk", q, k) / math.sqrt(self.cfg.d_head)
         scores = self.hook_content_scores(content)
-        bias = self._bias(q, query_positions, key_positions)
+        bias = self.position_method.score_bias(self, q, query_positions, key_positions)
         if bias is not None:
             scores = scores + self.hook_pos_bias(bias)
         scores = self.hook_attn_scores(scores.masked_fill(~allowed, float("-inf")))
         pattern = self.hook_pattern(scores.softmax(dim=-1))
         z = torch.einsum("bhqk,bkhe->bqhe", pattern, v)
-        if self.method == "shaw" and self.cfg.shaw_values:
-            ids = shaw_relative_ids(query_positions, key_positions, self.cfg.shaw_clip)
-            z = z + torch.einsum("bhqk,bqke->bqhe", pattern, self.W_rel_V[ids])
-        return z
+        value_term = self.position_method.value_term(self, pattern, query_positions, key_positions)
+        return z if value_term is None else z + value_term
 
     def _fused(self, q, k, v, query_positions, key_positions, allowed) -> Tensor:
         """``scaled_dot_product_attention``: the same function, without materializing hooks."""
-        bias = self._bias(q, query_positions, key_positions)
+        bias = self.position_method.score_bias(self, q, query_positions, key_positions)
         q, k, v = (t.transpose(1, 2) for t in (q, k, v))
         n_query, n_key = q.shape[2], k.shape[2]
         # allowed is a subset of the causal mask; it is exactly causal iff it has all its entries
@@ -262,7 +252,7 @@ class MLP(nn.Module):
 class Block(nn.Module):
     """Pre-norm block: resid_mid = resid_pre + attn(ln1(resid_pre)); resid_post = resid_mid + mlp(ln2(resid_mid))."""
 
-    def __init__(self, cfg: DecoderConfig, method: str):
+    def __init__(self, cfg: DecoderConfig, method: PositionMethod | str):
         super().__init__()
         self.ln1 = Norm(cfg)
         self.attn = Attention(cfg, method)
@@ -289,12 +279,6 @@ class Embed(nn.Module):
     def __init__(self, cfg: DecoderConfig):
         super().__init__()
         self.W_E = nn.Parameter(torch.empty(cfg.d_vocab, cfg.d_model))
-
-
-class PosEmbed(nn.Module):
-    def __init__(self, cfg: DecoderConfig):
-        super().__init__()
-        self.W_pos = nn.Parameter(torch.empty(cfg.n_ctx, cfg.d_model))
 
 
 class Unembed(nn.Module):
@@ -337,11 +321,11 @@ class Decoder(HookedRootModule):
         self.cfg = cfg
         self.embed = Embed(cfg)
         self.hook_embed = HookPoint()
-        if cfg.input_position == "learned":
-            self.pos_embed = PosEmbed(cfg)
-        if cfg.input_position is not None:
+        self.input_method = cfg.input_method
+        if self.input_method is not None:
+            self.input_method.add_input_parameters(self, cfg)
             self.hook_pos_embed = HookPoint()
-        self.blocks = nn.ModuleList(Block(cfg, m) for m in cfg.layer_positions)
+        self.blocks = nn.ModuleList(Block(cfg, m) for m in cfg.layer_methods)
         self.ln_final = Norm(cfg)
         self.unembed = Unembed(cfg)
         self.init_weights(seed)
@@ -449,12 +433,8 @@ class Decoder(HookedRootModule):
 
     def _embed(self, tokens: Tensor, position_ids: Tensor) -> Float[Tensor, "batch pos d_model"]:
         resid = self.hook_embed(F.embedding(tokens, self.embed.W_E))
-        method = self.cfg.input_position
-        if method == "learned":
-            resid = resid + self.hook_pos_embed(F.embedding(position_ids, self.pos_embed.W_pos))
-        elif method == "sinusoidal":
-            table = sinusoidal_table(position_ids, self.cfg.d_model)
-            resid = resid + self.hook_pos_embed(table.to(resid.dtype))
+        if self.input_method is not None:
+            resid = resid + self.hook_pos_embed(self.input_method.input_vectors(self, position_ids, resid.dtype))
         return resid
 
     @staticmethod
@@ -502,10 +482,11 @@ class Decoder(HookedRootModule):
             )
         if int(position_ids.min()) < 0:
             raise ValueError(f"position ids must be >= 0, got {int(position_ids.min())}")
-        if self.cfg.input_position == "learned" and int(position_ids.max()) >= self.cfg.n_ctx:
+        limit = self.cfg.max_positions
+        if limit is not None and int(position_ids.max()) >= limit:
             raise ValueError(
                 f"position {int(position_ids.max())} is past the learned position table, which has "
-                f"n_ctx={self.cfg.n_ctx} rows; a learned table has no row to look up (no wrapping)"
+                f"n_ctx={limit} rows; a learned table has no row to look up (no wrapping)"
             )
 
     def _check_stop(self, stop_at_layer: int) -> int:

@@ -1,4 +1,4 @@
-"""Position methods as plain tensor functions: sinusoidal tables, RoPE, ALiBi, Shaw offsets.
+"""Position methods as plain tensor functions: sinusoidal tables, RoPE, ALiBi, Shaw offsets, T5 buckets.
 
 Conventions (DESIGN.md): positions start at 0; query index i, key index j; relative distance
 i - j >= 0 for visible keys. Angles and tables are computed in float32 or wider whatever the model
@@ -241,6 +241,57 @@ def shaw_relative_ids(
     """
     offset = key_positions[:, None, :] - query_positions[:, :, None]  # j - i
     return offset.clamp(-clip, clip) + clip
+
+
+def t5_relative_bucket(
+    relative_position: Int[Tensor, "..."],
+    bidirectional: bool = False,
+    num_buckets: int = 32,
+    max_distance: int = 128,
+) -> Int[Tensor, "..."]:
+    """T5's bucket of a signed offset j - i (key minus query): exact near, log-spaced far.
+
+    Raffel et al. 2020, sec. 2.1 (the released Mesh TensorFlow ``_relative_position_bucket``, as in
+    HF's ``T5Attention``). Unidirectional (a decoder): d = max(i - j, 0); distances
+    d < num_buckets / 2 get their own bucket, larger ones log-spaced buckets up to max_distance,
+    and every d >= max_distance the last bucket. Bidirectional: half the buckets for each sign
+    of j - i. The log is taken in float32, as in the reference, so bucket edges match it exactly.
+
+    Args:
+        relative_position: int64 offsets j - i, any shape.
+        bidirectional: False for a causal decoder.
+        num_buckets: number of buckets, >= 2 (>= 4 when bidirectional).
+        max_distance: distance from which all offsets share the last bucket, > the exact range.
+
+    Returns:
+        int64 buckets in ``[0, num_buckets)``, the shape of ``relative_position``.
+
+    Raises:
+        ValueError: if the exact range is empty or max_distance does not exceed it.
+
+    Example:
+        >>> d = torch.tensor([0, -1, -7, -8, -9, -15, -16, -50, -127, -128, -1000, 3])
+        >>> t5_relative_bucket(d, num_buckets=16, max_distance=128).tolist()
+        [0, 1, 7, 8, 8, 9, 10, 13, 15, 15, 15, 0]
+    """
+    n = num_buckets // 2 if bidirectional else num_buckets
+    max_exact = n // 2
+    if max_exact < 1 or max_distance <= max_exact:
+        raise ValueError(
+            f"num_buckets={num_buckets} and max_distance={max_distance} leave no exact or no log-spaced "
+            "range: need num_buckets // 2 >= 1 (per direction) and max_distance > that"
+        )
+    buckets = torch.zeros_like(relative_position, dtype=torch.long)
+    if bidirectional:
+        buckets = buckets + (relative_position > 0).long() * n
+        distance = relative_position.abs()
+    else:
+        distance = (-relative_position).clamp(min=0)
+    far = max_exact + (
+        torch.log(distance.clamp(min=1).float() / max_exact) / math.log(max_distance / max_exact) * (n - max_exact)
+    ).long()
+    far = far.clamp(max=n - 1)
+    return buckets + torch.where(distance < max_exact, distance, far)
 
 
 def position_ids_from_mask(

@@ -125,10 +125,10 @@ def _check_lengths(task: Task, config: DecoderConfig, min_len: int, max_len: int
         raise ValueError(f"need {task.min_length} <= min_len <= max_len, got min_len={min_len}, max_len={max_len}")
     if config.d_vocab < task.d_vocab:
         raise ValueError(f"config.d_vocab={config.d_vocab} is smaller than task {task.name!r}'s d_vocab={task.d_vocab}")
-    if config.input_position == "learned" and task.seq_len(max_len) > config.n_ctx:
+    if config.max_positions is not None and task.seq_len(max_len) > config.max_positions:
         raise ValueError(
             f"a {task.name} sequence of length {max_len} has {task.seq_len(max_len)} tokens, more than "
-            f"the learned position table's n_ctx={config.n_ctx}"
+            f"the learned position table's n_ctx={config.max_positions}"
         )
 
 

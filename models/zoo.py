@@ -117,6 +117,8 @@ def _text(method: str | tuple[str, ...], label: str | None = None, what: str | N
     )
 
 
+COPY_METHODS = ("nope", "rope", "alibi", "learned", "t5")
+TEXT_METHODS = ("nope", "rope", "learned")
 COPY_SYMBOLS, COPY_MAX_LEN, COPY_STEPS = 32, 10, 1500
 TEXT_LEN, TEXT_D_MODEL, TEXT_BATCH, TEXT_STEPS = 64, 128, 16, 1000
 HYBRID_LAYERS = ("rope", "rope", "rope", "nope")
@@ -124,8 +126,8 @@ HYBRID_LAYERS = ("rope", "rope", "rope", "nope")
 RECIPES: dict[str, Recipe] = {
     r.name: r
     for r in [
-        *(_copy(m) for m in ("nope", "rope", "alibi", "learned")),
-        *(_text(m) for m in ("nope", "rope", "learned")),
+        *(_copy(m) for m in COPY_METHODS),
+        *(_text(m) for m in TEXT_METHODS),
         # the hybrid pattern real NoPE models ship (SmolLM3, Llama 4: NoPE in every fourth layer)
         _text(HYBRID_LAYERS, "hybrid", "hybrid (RoPE in layers 0-2, NoPE in layer 3, as SmolLM3 and Llama 4)"),
         Recipe(

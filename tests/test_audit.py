@@ -109,12 +109,12 @@ def test_step5_catches_rope_pairing_swapped():
 def test_step2_catches_rope_rotating_the_wrong_way(monkeypatch):
     """R(-p theta) instead of R(+p theta): dot products depend on m - n, every shape unchanged."""
     from nopelens.analyses import audit as audit_module
-    from nopelens.models import decoder as decoder_module
+    from nopelens.models.methods import rope as rope_module
 
     def backwards(x, ids, rotary_dim, base=10000.0, pairing="half"):
         return audit_module._rotate(x, ids, rotary_dim, base, pairing, direction=-1)
 
-    monkeypatch.setattr(decoder_module, "apply_rope", backwards)
+    monkeypatch.setattr(rope_module, "apply_rope", backwards)
     report = audit(decoder("rope"), eval_length=EVAL_LENGTH)
     assert report.step(2).status == "fail"
     assert failed_check_names(report, 2) == ["layer 0 RoPE rotation direction", "layer 1 RoPE rotation direction"]

@@ -14,7 +14,7 @@ MODULES = [
     "nopelens.circuits.counter",
     "nopelens.circuits.distance",
     "nopelens.circuits.demos",
-    "nopelens.analyses.audit",
+    "nopelens.analyses.audit.numerics",
     "nopelens.probes.collect",
     "nopelens.probes.metrics",
     "nopelens.probes.targets",

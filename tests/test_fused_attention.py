@@ -20,6 +20,7 @@ CONFIGS = {
     "rope_interleaved_partial": dict(position="rope", pairing="interleaved", rotary_fraction=0.5),
     "alibi_6_heads": dict(position="alibi", n_heads=6),
     "shaw_values": dict(position="shaw", shaw_clip=3, shaw_values=True),
+    "t5_few_buckets": dict(position="t5", t5_num_buckets=6, t5_max_distance=5),
     "nope_rope_hybrid": dict(position=("nope", "rope")),
     "alibi_rope_hybrid": dict(position=("alibi", "rope")),
 }

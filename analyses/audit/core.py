@@ -1,0 +1,123 @@
+"""The audit itself: wrap the model, build the probe batch, run the ten steps, assemble the report."""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import torch
+from jaxtyping import Int
+from torch import Tensor
+
+from .numerics import Tolerance
+from .probe import Run, make_probe
+from .report import AuditReport, StepResult, make_step
+from .steps_lookups import step5_rotations_and_lookups
+from .steps_positions import step1_position_ids, step2_origin_and_sign, step4_absolute_additions
+from .steps_runtime import step8_interventions, step9_cached_decoding, step10_lengths
+from .steps_scores import step3_masks_vs_biases, step6_score_parts, step7_softmax
+from .subjects import make_subject
+
+STEPS: list[Callable[[Run, int, dict], StepResult]] = [
+    lambda run, shift, meta: step1_position_ids(run),
+    lambda run, shift, meta: step2_origin_and_sign(run),
+    lambda run, shift, meta: step3_masks_vs_biases(run),
+    lambda run, shift, meta: step4_absolute_additions(run),
+    lambda run, shift, meta: step5_rotations_and_lookups(run, shift),
+    lambda run, shift, meta: step6_score_parts(run),
+    lambda run, shift, meta: step7_softmax(run),
+    lambda run, shift, meta: step8_interventions(run, shift),
+    lambda run, shift, meta: step9_cached_decoding(run),
+    lambda run, shift, meta: step10_lengths(run, meta),
+]
+"""Seed 002's audit order; each step takes the run, step 8's shift and the metadata."""
+
+
+def audit(
+    model: Any,
+    eval_length: int = 16,
+    *,
+    tokens: Int[Tensor, "... pos"] | None = None,
+    metadata: dict[str, Any] | None = None,
+    train_lengths: tuple[int, int] | list[int] | None = None,
+    shift: int = 3,
+    seed: int = 0,
+    atol: float = 1e-5,
+    rtol: float = 1e-4,
+    name: str | None = None,
+) -> AuditReport:
+    """Run seed 002's ten-step position audit on a model.
+
+    The probe batch is two rows: ``eval_length`` tokens (random with ``seed`` unless ``tokens`` is
+    given; an HF model's BOS id first), and the same tokens left-padded by ``eval_length // 4``
+    pads. Every step reports pass / fail / not_applicable and its evidence; see the module
+    docstring for what each step checks. The model is run in eval mode under ``torch.no_grad``
+    and its training flag is restored afterwards.
+
+    Args:
+        model: a nopelens ``Decoder``, a ``TrainedModel`` (its metadata gives training lengths),
+            a TransformerLens ``TransformerBridge`` from
+            :func:`~nopelens.models.adapters.bridge_hf_model`, or an HF causal LM (bridged here,
+            which modifies it in place).
+        eval_length: probe length in tokens, >= 4; at most the learned table's rows.
+        tokens: optional int64 token ids ``[pos]`` (or ``[batch, pos]``: the first row is used).
+        metadata: checkpoint metadata (``train_lengths`` = [min, max] and similar keys), merged
+            over a ``TrainedModel``'s.
+        train_lengths: training lengths, overriding the metadata.
+        shift: the constant added to every position in step 8's shift intervention, >= 1.
+        seed: seed of the random probe tokens.
+        atol, rtol: agreement means max |a - b| <= atol + rtol * max |reference|.
+        name: label of the model in the report.
+
+    Returns:
+        An :class:`AuditReport`.
+
+    Raises:
+        TypeError: if ``model`` is of an unsupported type.
+        ValueError: on a probe shorter than 4 tokens, longer than a learned table, a non-positive
+            shift, train_lengths that are not [min, max] with 1 <= min <= max, or an HF config
+            whose position method cannot be read.
+    """
+    subject, meta = make_subject(model, name)
+    meta.update(metadata or {})
+    if train_lengths is not None:
+        if len(train_lengths) != 2 or not 1 <= train_lengths[0] <= train_lengths[1]:
+            raise ValueError(f"train_lengths must be [min, max] with 1 <= min <= max, got {list(train_lengths)}")
+        meta["train_lengths"] = list(train_lengths)
+    if tokens is not None:
+        eval_length = tokens.shape[-1]
+    if not isinstance(eval_length, int) or eval_length < 4:
+        raise ValueError(f"eval_length must be an integer >= 4, got {eval_length!r}")
+    if not isinstance(shift, int) or shift < 1:
+        raise ValueError(f"shift must be an integer >= 1, got {shift!r}")
+    if subject.max_positions is not None and eval_length > subject.max_positions:
+        raise ValueError(
+            f"eval_length={eval_length} is past the learned position table ({subject.max_positions} "
+            "rows): those positions cannot be computed at all"
+        )
+    tol = Tolerance(atol, rtol)
+    subject.position_limit = 2 * eval_length + shift + 64
+    module = subject.model
+    was_training = module.training
+    module.eval()
+    try:
+        with torch.no_grad():
+            probe = make_probe(subject, eval_length, seed, tokens)
+            logits, cache, seen_ids = subject.run_with_cache(probe.tokens, probe.mask)
+            run = Run(subject, probe, logits, cache, seen_ids, tol)
+            steps = [run_step(run, shift, meta) for run_step in STEPS]
+            reason = subject.unverifiable()
+            if reason is not None:  # the position steps: not_applicable with the reason, never a false fail
+                steps = [make_step(step.number, [], {}, "", reason) if step.number in (2, 4, 5, 6, 8) else step
+                         for step in steps]
+    finally:
+        module.train(was_training)
+    probe_record = {
+        "tokens": probe.tokens.tolist(),
+        "attention_mask": probe.mask.tolist(),
+        "position_ids_from_mask": probe.ids.tolist(),
+        "left_padding": probe.n_pad,
+        "eval_length": eval_length,
+        "seed": seed if tokens is None else None,
+        "special_tokens": subject.special_tokens,
+    }
+    return AuditReport(subject.describe(), probe_record, steps)

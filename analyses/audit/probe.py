@@ -1,0 +1,137 @@
+"""The probe batch the audit runs (two rows: plain and left-padded) and one audit run's records."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from jaxtyping import Bool, Int
+from torch import Tensor
+
+from nopelens.models.masks import visibility
+from nopelens.models.methods import QK_ROTATION, SCORE_BIAS
+from nopelens.models.positions import position_ids_from_mask
+
+from .numerics import Tolerance, dot_scores, rotate
+from .subjects import Subject
+
+
+@dataclass
+class Probe:
+    tokens: Int[Tensor, "batch pos"]
+    mask: Int[Tensor, "batch pos"]
+    ids: Int[Tensor, "batch pos"]  # expected: position_ids_from_mask(mask)
+    n_pad: int
+
+    @property
+    def real(self) -> Bool[Tensor, "batch pos"]:
+        return self.mask.bool()
+
+    def allowed(self) -> Bool[Tensor, "batch 1 query_pos key_pos"]:
+        """Visible (query, key) pairs whose query is a real token."""
+        length = self.tokens.shape[1]
+        return visibility(self.mask, length, length) & self.real[:, None, :, None]
+
+    def blocked(self) -> Bool[Tensor, "batch 1 query_pos key_pos"]:
+        """Hidden (query, key) pairs (future or padded keys) whose query is a real token."""
+        length = self.tokens.shape[1]
+        return ~visibility(self.mask, length, length) & self.real[:, None, :, None]
+
+
+def make_probe(subject: Subject, eval_length: int, seed: int, tokens: Tensor | None) -> Probe:
+    if tokens is None:
+        generator = torch.Generator().manual_seed(seed)
+        row = torch.randint(0, subject.d_vocab, (eval_length,), generator=generator)
+        bos = subject.special_tokens.get("bos_token_id")
+        if isinstance(bos, int) and 0 <= bos < subject.d_vocab:
+            row[0] = bos
+    else:
+        if tokens.dtype.is_floating_point or tokens.ndim not in (1, 2):
+            raise ValueError(f"tokens must be int64 [pos] or [batch, pos], got {tuple(tokens.shape)} {tokens.dtype}")
+        row = tokens.reshape(-1, tokens.shape[-1])[0].long().cpu()
+        if int(row.min()) < 0 or int(row.max()) >= subject.d_vocab:
+            raise ValueError(f"token ids must lie in [0, {subject.d_vocab})")
+    length = row.shape[0]
+    if length < 4:
+        raise ValueError(f"the probe needs at least 4 tokens, got {length}")
+    n_pad = max(1, length // 4)
+    pad = subject.special_tokens.get("pad_token_id")
+    pad = pad if isinstance(pad, int) and 0 <= pad < subject.d_vocab else 0
+    padded = torch.cat([torch.full((n_pad,), pad), row[: length - n_pad]])
+    token_batch = torch.stack([row, padded])
+    mask = torch.ones_like(token_batch)
+    mask[1, :n_pad] = 0
+    device = device_of(subject)
+    token_batch, mask = token_batch.to(device), mask.to(device)
+    return Probe(token_batch, mask, position_ids_from_mask(mask), n_pad)
+
+
+def device_of(subject: Subject) -> torch.device:
+    return next(subject.model.parameters()).device
+
+
+@dataclass
+class Run:
+    subject: Subject
+    probe: Probe
+    logits: Tensor
+    cache: Any
+    seen_ids: Tensor | None
+    tol: Tolerance
+
+    def hook(self, layer: int, name: str) -> Tensor | None:
+        key = f"blocks.{layer}.attn.{name}"
+        return self.cache[key] if key in self.cache.keys() else None
+
+    def qk(self, layer: int) -> tuple[Tensor, Tensor]:
+        """The q and k entering a layer's scores, before rotation (after any q/k norm)."""
+        q_name, k_name = self.subject.qk_names(layer)
+        return self.subject.prepare_qk(self.hook(layer, q_name), self.hook(layer, k_name), layer)
+
+    def content(self, layer: int, ids: Tensor | None = None, pairing: str | None = None,
+                direction: int = 1) -> Tensor:
+        """q.k * scale of a layer, with q and k rotated by the reference when the layer is RoPE
+        (row-centred where the model records no pre-softmax scores, see :meth:`scores`)."""
+        q, k = self.qk(layer)
+        spec = self.subject.rope_spec(layer)
+        if spec is not None:
+            ids = self.probe.ids if ids is None else ids
+            q = rotate(q, ids, spec.rotary_dim, spec.base, pairing or spec.pairing, direction)
+            k = rotate(k, ids, spec.rotary_dim, spec.base, pairing or spec.pairing, direction)
+        return self.comparable(self.subject.content_scores(q, k, layer))
+
+    def scores(self, layer: int) -> Tensor:
+        """The pre-softmax scores: ``hook_attn_scores``; where that hook carries something else (the
+        pattern), log(``hook_pattern``) at allowed keys: the scores less a per-row constant, so both
+        sides of every comparison are then row-centred (:meth:`comparable`)."""
+        if self.subject.scores_trusted:
+            return self.hook(layer, "hook_attn_scores").double()
+        allowed = self.probe.allowed()
+        log_pattern = self.hook(layer, "hook_pattern").double().clamp(min=1e-300).log()
+        return self.comparable(log_pattern.masked_fill(~allowed, 0.0))
+
+    def comparable(self, scores: Tensor) -> Tensor:
+        """``scores`` as compared with the model's: as they are, or row-centred (minus the score of
+        each query with itself) when only the pattern records them."""
+        if self.subject.scores_trusted:
+            return scores
+        return scores - scores.diagonal(dim1=-2, dim2=-1)[..., :, None]
+
+    def position_contribution(self, layer: int) -> Tensor | None:
+        """The score a method adds: ``hook_pos_bias`` where hooked, else scores - content (HF)."""
+        if not self.subject.layer_methods[layer].acts(SCORE_BIAS):
+            return None
+        recorded = self.hook(layer, "hook_pos_bias")
+        if recorded is not None:
+            return recorded.double()
+        allowed = self.probe.allowed()
+        return (self.scores(layer) - self.content(layer)).masked_fill(~allowed, 0.0)
+
+    @property
+    def ids_used(self) -> Tensor:
+        return self.seen_ids.expand_as(self.probe.ids) if self.seen_ids is not None else self.probe.ids
+
+
+def ids_list(ids: Tensor, real: Tensor) -> list[list[int]]:
+    return [[int(p) for p, r in zip(row, rrow) if r] for row, rrow in zip(ids.tolist(), real.tolist())]

@@ -1,0 +1,143 @@
+"""Audit step 5: q/k rotations (RoPE) and relation lookups (Shaw, T5) against their references."""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+
+import torch
+from torch import Tensor
+
+from nopelens.models.methods import QK_ROTATION
+from nopelens.models.positions import apply_rope, rope_angles
+
+from .numerics import agree, max_err
+from .probe import Run
+from .report import Check, StepResult, make_step
+from .steps_positions import observed_content
+
+
+# ----------------------------------------------------------------------------- step 5
+def step5_rotations_and_lookups(run: Run, shift: int) -> StepResult:
+    """Step 5: q/k rotations and relation lookups match the reference at the declared parameters.
+
+    RoPE layers: ``hook_rot_q = R(p) hook_q`` and ``hook_rot_k = R(p) hook_k`` at the declared
+    pairing, fraction and base (the other pairing's error is reported), unrotated dims pass
+    through, HF's ``hook_cos`` equals cos(p theta_r), the scores equal R(p)q . R(p)k / sqrt(d_head),
+    and shifting every position leaves the rotated dot products unchanged. Lookup layers (Shaw,
+    T5): ``hook_pos_bias`` equals the model's table at the declared relative ids, and a value term
+    (Shaw's a^V) is in ``hook_z``.
+    """
+    s, p = run.subject, run.probe
+    rope_layers = s.layers_acting(QK_ROTATION)
+    lookup_layers = [l for l, m in enumerate(s.layer_methods) if m.bias_kind == "lookup"]
+    if not rope_layers and not lookup_layers:
+        return make_step(5, [], {}, "", f"no Q/K rotation or relation lookup (methods {s.method_names})")
+    checks, evidence = [], {}
+    ids = run.ids_used.clamp(min=0)
+    real_q = p.real[:, :, None, None]
+    if rope_layers:
+        specs = {layer: s.rope_spec(layer) for layer in rope_layers}
+        same = len({(sp.rotary_dim, sp.base, sp.pairing) for sp in specs.values()}) == 1
+        evidence["rope"] = asdict(specs[rope_layers[0]]) if same else {l: asdict(sp) for l, sp in specs.items()}
+        for layer in rope_layers:
+            spec = specs[layer]
+            other = "interleaved" if spec.pairing == "half" else "half"
+            q, k = run.qk(layer)
+            rot_q = run.hook(layer, "hook_rot_q")
+            if rot_q is not None:
+                declared = apply_rope(q, ids, spec.rotary_dim, spec.base, spec.pairing)
+                swapped = apply_rope(q, ids, spec.rotary_dim, spec.base, other)
+                e_other = max_err(rot_q, swapped, real_q)
+                check = agree(f"layer {layer} hook_rot_q = R(p) hook_q", rot_q, declared, run.tol,
+                               f"pairing {spec.pairing} (the {other} pairing gives error {e_other:.3g})", real_q)
+                if not check.passed and e_other <= check.tolerance:
+                    check.detail += f"; the rotation matches the {other} pairing instead of the declared {spec.pairing}"
+                checks.append(check)
+                rot_k = run.hook(layer, "hook_rot_k")
+                checks.append(agree(f"layer {layer} hook_rot_k = R(p) hook_k", rot_k,
+                                     apply_rope(k, ids, spec.rotary_dim, spec.base, spec.pairing), run.tol,
+                                     f"rotary_dim {spec.rotary_dim}, base {spec.base:g}", real_q))
+                if spec.rotary_dim < q.shape[-1]:
+                    checks.append(agree(f"layer {layer} dims past rotary_dim pass through",
+                                         rot_q[..., spec.rotary_dim:], q[..., spec.rotary_dim:], run.tol,
+                                         f"{q.shape[-1] - spec.rotary_dim} of {q.shape[-1]} dims unrotated "
+                                         f"(rotary_fraction {spec.rotary_dim / q.shape[-1]:g})", real_q))
+            cos = run.hook(layer, "hook_cos")
+            if cos is not None:
+                half = spec.rotary_dim // 2
+                angles = rope_angles(ids, spec.rotary_dim, spec.base, dtype=torch.float64)
+                layouts = {"half": torch.cat([angles.cos(), angles.cos()], -1),  # [theta_0.., theta_0..]
+                           "interleaved": angles.cos().repeat_interleave(2, -1)}  # [theta_0, theta_0, ..]
+                observed = cos.expand(ids.shape[0], -1, -1)[..., : 2 * half]
+                errors = {name: max_err(observed, ref, p.real[..., None]) for name, ref in layouts.items()}
+                layout = min(errors, key=errors.get)  # how HF lays out cos is bookkeeping, not the pairing
+                checks.append(agree(f"layer {layer} hook_cos = cos(p theta_r)", observed, layouts[layout], run.tol,
+                                     f"{half} frequencies base {spec.base:g} (HF's {layout} cos layout)",
+                                     p.real[..., None]))
+            checks.append(_rope_scores_check(run, layer, other, evidence))
+        checks += _rope_offset_checks(run, rope_layers, shift, evidence)
+    for layer in lookup_layers:
+        checks += _lookup_checks(run, layer, evidence)
+    return make_step(5, checks, evidence, "rotations / lookups match the reference at the declared pairing, "
+                      "fraction and offsets")
+
+
+def _rope_scores_check(run: Run, layer: int, other: str, evidence: dict) -> Check:
+    observed = observed_content(run, layer)
+    allowed = run.probe.allowed()
+    declared = run.content(layer)
+    e_other = max_err(observed, run.content(layer, pairing=other), allowed)
+    evidence[f"layer{layer}_scores_error_other_pairing"] = e_other
+    same = " (with one rotated pair the two pairings coincide)" if run.subject.rope_spec(layer).rotary_dim == 2 else ""
+    return agree(f"layer {layer} scores = R(p)q . R(p)k / sqrt(d_head)", observed, declared, run.tol,
+                  f"scores vs the reference with the declared pairing, fraction and base ({other} "
+                  f"pairing: error {e_other:.3g}{same})", allowed)
+
+
+def _rope_offset_checks(run: Run, layers: list[int], shift: int, evidence: dict) -> list[Check]:
+    """Shift every position by a constant: the rotated dot products of RoPE layers do not change."""
+    s, p = run.subject, run.probe
+    if s.input_method is not None or not s.takes_positions:
+        return []
+    kept: dict[str, Tensor] = {}
+
+    def keep(x, hook):
+        kept[hook.name] = x.detach().clone()
+
+    site = s.content_hook if s.scores_trusted else "hook_pattern"  # a pattern-only model: compare patterns
+    names = [f"blocks.{l}.attn.{site}" for l in layers]
+    s.forward(p.tokens, p.mask, p.ids + shift, [(n, keep) for n in names])
+    allowed = p.allowed()
+    checks = []
+    for layer, name in zip(layers, names):
+        before = observed_content(run, layer) if s.scores_trusted else run.hook(layer, site).double()
+        after = kept[name].double().masked_fill(~allowed, 0.0)
+        checks.append(agree(f"layer {layer} rotated q.k depends only on the offset", after, before, run.tol,
+                             f"scores with every position + {shift} vs the originals", allowed))
+    return checks
+
+
+def _lookup_checks(run: Run, layer: int, evidence: dict) -> list[Check]:
+    """``hook_pos_bias`` (and a value term) against the layer's own table at the declared ids."""
+    s, p = run.subject, run.probe
+    if not s.reads_tables:
+        return []
+    method, attn = s.layer_methods[layer], s.attention(layer)
+    ids = run.ids_used.clamp(min=0)
+    rel_ids = method.relative_ids(attn.cfg, ids, ids)
+    q = run.hook(layer, "hook_q").double()
+    reference = method.reference_bias(attn, q, rel_ids)
+    allowed = p.allowed()
+    checks = [agree(f"layer {layer} {method.label} {method.table_name} lookup", run.hook(layer, "hook_pos_bias"),
+                    reference, run.tol, method.lookup_formula(attn.cfg), allowed)]
+    evidence[f"layer{layer}_{method.name}_{method.ids_evidence_name}"] = method.ids_evidence(
+        attn.cfg, rel_ids[allowed[:, 0]])
+    pattern = run.hook(layer, "hook_pattern").double()
+    value_term = method.reference_value_term(attn, pattern, rel_ids)
+    if value_term is not None:
+        v = run.hook(layer, "hook_v").double()
+        z = torch.einsum("bhqk,bkhe->bqhe", pattern, v)
+        z = z + value_term
+        checks.append(agree(f"layer {layer} {method.label} {method.value_table_name} lookup", run.hook(layer, "hook_z"),
+                            z, run.tol, method.value_formula, p.real[:, :, None, None]))
+    return checks

@@ -1,0 +1,186 @@
+"""Audit steps 3, 6 and 7: masks against biases, the parts of the scores, and the softmax."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor
+
+from nopelens.models.methods import SCORE_BIAS
+from nopelens.models.positions import alibi_bias
+
+from .numerics import agree, dot_scores, max_err
+from .probe import Run
+from .report import Check, StepResult, make_step
+
+
+# ----------------------------------------------------------------------------- step 3
+def step3_masks_vs_biases(run: Run) -> StepResult:
+    """Step 3: the mask blocks keys exactly; finite score biases never do.
+
+    Blocked entries (future or padded keys of real queries) must have weight exactly 0 and scores
+    at -inf (or <= -1e30); allowed entries keep weight > 0 and finite scores. Where a layer adds a
+    score bias, a rerun with every bias dropped must change the scores but not the blocked set.
+    """
+    s, p = run.subject, run.probe
+    allowed, blocked = p.allowed(), p.blocked()
+    checks, evidence = [], {}
+    min_allowed, max_blocked, worst_bias = [], [], []
+    blocked_scores_ok, allowed_finite = True, True
+    for layer in range(s.n_layers):
+        pattern = run.hook(layer, "hook_pattern").double()
+        min_allowed.append(float(pattern[allowed.expand_as(pattern)].min()))
+        max_blocked.append(float(pattern[blocked.expand_as(pattern)].abs().max()))
+        if s.scores_trusted:
+            scores = run.hook(layer, "hook_attn_scores").double()
+            blocked_scores_ok &= bool((scores[blocked.expand_as(scores)] <= -1e30).all())
+            allowed_finite &= bool(scores[allowed.expand_as(scores)].isfinite().all())
+        bias = run.position_contribution(layer)
+        if bias is not None:
+            worst_bias.append(float(bias[allowed.expand_as(bias)].abs().max()))
+    evidence.update(min_allowed_weight=min_allowed, max_blocked_weight=max_blocked, largest_bias=worst_bias)
+    checks.append(Check("blocked entries have exactly zero weight", max(max_blocked) == 0.0,
+                        f"max weight on a blocked (future or padded) key: {max(max_blocked):.3g}",
+                        max(max_blocked), 0.0))
+    checks.append(Check("allowed entries keep weight > 0", min(min_allowed) > 0.0,
+                        f"min weight on an allowed key {min(min_allowed):.3g}"
+                        + (f", under biases up to {max(worst_bias):.3g}" if worst_bias else ""), min(min_allowed)))
+    if s.scores_trusted:
+        checks.append(Check("mask is -inf (or the dtype minimum), biases finite", blocked_scores_ok and allowed_finite,
+                            "blocked scores <= -1e30 and every allowed score finite" if blocked_scores_ok
+                            and allowed_finite else "a blocked score is finite-valued or an allowed score is not finite"))
+    else:
+        evidence["masked_scores"] = ("not checked: the model records no pre-softmax scores (its hook_attn_scores "
+                                     "carry the pattern); blocked weights are checked on hook_pattern")
+    bias_layers = s.layers_acting(SCORE_BIAS)
+    if bias_layers:
+        drop = _drop_bias(run, bias_layers)
+        if drop is not None:
+            checks += drop[0]
+            evidence.update(drop[1])
+        else:
+            evidence["drop_bias"] = "not applicable: this model exposes no way to drop its score bias"
+    else:
+        evidence["drop_bias"] = "not applicable: no finite score bias in any layer"
+    return make_step(3, checks, evidence, "masks give exactly-zero weight; finite biases never block a key")
+
+
+def _drop_bias(run: Run, layers: list[int]) -> tuple[list[Check], dict] | None:
+    """Re-run with every score bias zeroed: scores change, the blocked set does not."""
+    s, p = run.subject, run.probe
+    names = [f"blocks.{l}.attn.{n}" for l in layers for n in ("hook_attn_scores", "hook_pattern")]
+    kept: dict[str, Tensor] = {}
+
+    def keep(x, hook):
+        kept[hook.name] = x.detach().clone()
+
+    if not s.forward_without_bias(p.tokens, p.mask, [(n, keep) for n in names]):
+        return None
+    allowed = p.allowed()
+    real_rows = p.real[:, None, :, None]
+    same_blocked, changed = True, []
+    for layer in layers:
+        before = run.hook(layer, "hook_pattern")
+        after = kept[f"blocks.{layer}.attn.hook_pattern"]
+        same_blocked &= bool(((before == 0) == (after == 0))[real_rows.expand_as(before)].all())
+        score_before = run.hook(layer, "hook_attn_scores")
+        score_after = kept[f"blocks.{layer}.attn.hook_attn_scores"]
+        changed.append(max_err(score_before, score_after, allowed))
+    bound = run.tol.of(run.logits)
+    checks = [
+        Check("dropping the bias keeps the blocked set", same_blocked,
+              "entries with zero weight are the same with and without the position bias"),
+        Check("dropping the bias changes the scores", min(changed) > bound,
+              f"max score change per bias layer {[round(c, 6) for c in changed]}", min(changed), bound),
+    ]
+    return checks, {"drop_bias_score_change": changed}
+
+
+# ----------------------------------------------------------------------------- step 6
+def step6_score_parts(run: Run) -> StepResult:
+    """Step 6: content scores and position contributions, recorded separately, add up to the scores.
+
+    ``hook_content_scores`` is recomputed from the hooked (rotated) q and k; content + position
+    bias must equal ``hook_attn_scores`` at allowed entries; a linear bias must equal the declared
+    -m_h (i - j). Where a model hooks no separate parts (HF), content is recomputed from
+    ``hook_q``/``hook_k`` and the position part is the difference.
+    """
+    s, p = run.subject, run.probe
+    allowed = p.allowed()
+    checks, evidence, derived = [], {}, []
+    for layer, method in enumerate(s.layer_methods):
+        scores = run.scores(layer)
+        content_hook = run.hook(layer, "hook_content_scores")
+        q_rot = run.hook(layer, "hook_rot_q")
+        if content_hook is not None:
+            q = q_rot if q_rot is not None else run.hook(layer, "hook_q")
+            k = run.hook(layer, "hook_rot_k") if q_rot is not None else run.hook(layer, "hook_k")
+            checks.append(agree(f"layer {layer} content = q.k / sqrt(d_head)", content_hook,
+                                 dot_scores(q, k, s.score_scale(layer)), run.tol,
+                                 "hook_content_scores recomputed from the hooked q and k", allowed))
+            content = content_hook.double()
+        else:
+            content = run.content(layer)
+            derived.append(layer)
+        bias = run.position_contribution(layer)
+        if bias is None or content_hook is not None:  # a derived bias adds up by construction
+            total = content + (bias if bias is not None else 0.0)
+            checks.append(agree(f"layer {layer} content + position = scores", scores, total, run.tol,
+                                 f"{method.name}: " + ("content + position bias" if bias is not None
+                                                  else "content only (no score bias)"),
+                                 allowed))
+        if method.bias_kind == "linear":
+            ids = run.ids_used.clamp(min=0)
+            reference = alibi_bias(s.alibi_slopes(layer).to(ids.device), ids, ids).double()
+            observed = bias
+            if content_hook is None:  # HF adds slope * p_j; compare up to the per-row constant
+                observed = bias - bias.diagonal(dim1=-2, dim2=-1)[..., :, None]
+            checks.append(agree(f"layer {layer} {method.label} position contribution", observed, reference,
+                                 run.tol, method.reference_text
+                                 + (" (row-centred)" if content_hook is None else ""),
+                                 allowed))
+    if derived:
+        evidence["derived_content_layers"] = derived
+        evidence["note"] = ("the bridge hooks no separate content or bias scores; content is recomputed from "
+                            "hook_q/hook_k (rotated by the reference for RoPE) and the position part is "
+                            "hook_attn_scores - content")
+    return make_step(6, checks, evidence,
+                      "content and position parts are recorded separately and add up to the scores")
+
+
+# ----------------------------------------------------------------------------- step 7
+def step7_softmax(run: Run) -> StepResult:
+    """Step 7: patterns are softmaxes of the combined scores over the key axis.
+
+    ``hook_pattern`` = softmax(``hook_attn_scores``, key axis) (the query-axis softmax is reported
+    for contrast), every real query row sums to 1, and blocked entries are exactly 0.
+    """
+    s, p = run.subject, run.probe
+    real_rows = p.real[:, None, :, None]
+    blocked = p.blocked()
+    checks = []
+    worst_key, worst_query, worst_sum, worst_block = 0.0, math.inf, 0.0, 0.0
+    for layer in range(s.n_layers):
+        pattern = run.hook(layer, "hook_pattern").double()
+        if s.scores_trusted:
+            scores = run.hook(layer, "hook_attn_scores").double()
+            worst_key = max(worst_key, max_err(pattern, scores.softmax(-1), real_rows))
+            worst_query = min(worst_query, max_err(pattern, scores.softmax(-2), real_rows))
+        worst_sum = max(worst_sum, max_err(pattern.sum(-1), torch.ones_like(pattern.sum(-1)), p.real[:, None]))
+        worst_block = max(worst_block, float(pattern[blocked.expand_as(pattern)].abs().max()))
+    bound = run.tol.atol
+    evidence: dict = {"padded_query_rows_excluded": p.n_pad}
+    if s.scores_trusted:
+        checks.append(Check("softmax over the key axis", worst_key <= bound,
+                            f"hook_pattern = softmax(hook_attn_scores, key axis): error {worst_key:.3g}; over the "
+                            f"query axis it would be {worst_query:.3g}", worst_key, bound))
+    else:
+        evidence["softmax_axis"] = ("not checked: the model records no pre-softmax scores (its hook_attn_scores "
+                                    "carry the pattern)")
+    checks.append(Check("unmasked rows sum to 1", worst_sum <= bound,
+                        f"max |row sum - 1| over real query rows {worst_sum:.3g}", worst_sum, bound))
+    checks.append(Check("blocked entries exactly 0", worst_block == 0.0,
+                        f"max weight at blocked entries {worst_block:.3g}", worst_block, 0.0))
+    return make_step(7, checks, evidence,
+                      "patterns are key-axis softmaxes; rows sum to 1; blocked entries are exactly 0")

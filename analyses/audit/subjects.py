@@ -1,0 +1,272 @@
+"""What the audit needs of a model (:class:`Subject`), and the nopelens ``Decoder`` as one.
+
+A subject exposes the per-layer position methods (the method objects of
+:mod:`nopelens.models.methods`), runs the model with explicit position ids and hooks, captures the
+position ids it used, decodes through its KV cache, and drops its score biases. The HF subject
+(a model bridged by TransformerLens) lives in :mod:`.hf`.
+"""
+
+from __future__ import annotations
+
+import abc
+import contextlib
+from dataclasses import dataclass
+from typing import Any, Iterator
+
+import torch
+from jaxtyping import Float
+from torch import Tensor
+
+from nopelens.models import Decoder, KVCache
+from nopelens.models.methods import METHODS, QK_ROTATION, SCORE_BIAS, PositionMethod, get_method
+
+
+@dataclass
+class RopeSpec:
+    """RoPE as the model declares it: rotated dims per head, base b and pair layout."""
+
+    rotary_dim: int
+    base: float
+    pairing: str
+
+
+class Subject(abc.ABC):
+    """What the audit needs of a model, whatever its implementation."""
+
+    kind: str
+    name: str
+    layer_methods: tuple[PositionMethod, ...]
+    input_method: PositionMethod | None
+    n_heads: int
+    d_head: int
+    d_vocab: int
+    max_positions: int | None
+    rope: RopeSpec | None = None
+    details: dict[str, Any]
+    special_tokens: dict[str, Any]
+    model: Any
+
+    @property
+    def n_layers(self) -> int:
+        return len(self.layer_methods)
+
+    @property
+    def uses_positions(self) -> bool:
+        return self.input_method is not None or any(m.reads_positions for m in self.layer_methods)
+
+    @property
+    def layer_names(self) -> list[str]:
+        return [m.name for m in self.layer_methods]
+
+    @property
+    def input_name(self) -> str | None:
+        return None if self.input_method is None else self.input_method.name
+
+    @property
+    def method_names(self) -> list[str]:
+        """The distinct attention methods, sorted by name."""
+        return sorted(set(self.layer_names))
+
+    def layers_acting(self, place: str) -> list[int]:
+        """The layers whose method acts at ``place`` (a :data:`~nopelens.models.methods.PLACES` entry)."""
+        return [layer for layer, m in enumerate(self.layer_methods) if m.acts(place)]
+
+    def describe(self) -> dict[str, Any]:
+        desc = (f"{self.kind}; input positions: {self.input_name or 'none'}; attention methods per "
+                f"layer: {self.layer_names}")
+        out = {"name": self.name, "kind": self.kind, "description": desc,
+               "input_position": self.input_name, "layer_positions": self.layer_names,
+               "attention_methods": self.method_names, "n_layers": self.n_layers, "n_heads": self.n_heads,
+               "d_head": self.d_head, "d_vocab": self.d_vocab, "max_positions": self.max_positions}
+        out.update(self.details)
+        return out
+
+    @property
+    def reads_tables(self) -> bool:
+        """Whether the audit can read the model's own position tables (a nopelens Decoder)."""
+        return False
+
+    @property
+    def content_hook(self) -> str:
+        """The hook holding a layer's content (q.k) scores, or its whole scores where none is separate."""
+        return "hook_attn_scores"
+
+    @abc.abstractmethod
+    def forward(self, tokens: Tensor, mask: Tensor, position_ids: Tensor | None = None,
+                fwd_hooks: Any = ()) -> Float[Tensor, "batch pos d_vocab"]:
+        """Logits, with explicit position ids (an intervention) and TransformerLens hooks."""
+
+    @abc.abstractmethod
+    def run_with_cache(self, tokens: Tensor, mask: Tensor, position_ids: Tensor | None = None
+                       ) -> tuple[Tensor, Any, Tensor | None]:
+        """Logits, the audited activations and the position ids the model used (None if unseen)."""
+
+    @abc.abstractmethod
+    def capture_position_ids(self) -> contextlib.AbstractContextManager[list]:
+        """A context collecting, per forward pass, the position ids of the new tokens."""
+
+    @abc.abstractmethod
+    def decode_incrementally(self, tokens: Tensor, mask: Tensor, split: int) -> tuple[Tensor, dict[str, Any]]:
+        """Logits of a prefix of ``split`` tokens then one token at a time through the KV cache,
+        and the position ids assigned on the way (``step_ids``; ``cache_ids`` where the cache
+        records them)."""
+
+    @abc.abstractmethod
+    def forward_without_bias(self, tokens: Tensor, mask: Tensor, fwd_hooks: Any) -> bool:
+        """Run with every finite score bias dropped (and the given hooks); False where impossible."""
+
+    def score_scale(self, layer: int) -> float:
+        """The factor multiplying q.k in a layer's scores: 1 / sqrt(d_head)."""
+        return self.d_head ** -0.5
+
+    def rope_spec(self, layer: int) -> RopeSpec | None:
+        """The RoPE parameters of a layer, None where the layer does not rotate."""
+        return self.rope if self.layer_methods[layer].acts(QK_ROTATION) else None
+
+    def content_scores(self, q: Tensor, k: Tensor, layer: int) -> Tensor:
+        """A layer's content scores from the q and k entering them: q.k * score_scale."""
+        from .numerics import dot_scores
+
+        return dot_scores(q, k, self.score_scale(layer))
+
+    def qk_names(self, layer: int) -> tuple[str, str]:
+        """The attention hooks holding the q and k that enter the scores (before rotation)."""
+        return "hook_q", "hook_k"
+
+    def prepare_qk(self, q: Tensor, k: Tensor, layer: int) -> tuple[Tensor, Tensor]:
+        """What the model does to the hooked q and k before the scores, besides rotating them."""
+        return q, k
+
+    @property
+    def scores_trusted(self) -> bool:
+        """``hook_attn_scores`` are the pre-softmax scores behind ``hook_pattern``."""
+        return True
+
+    @property
+    def takes_positions(self) -> bool:
+        """Position ids can be handed to the model (interventions, step 8)."""
+        return True
+
+    def unverifiable(self) -> str | None:
+        """Why the position steps cannot be verified at all, or None."""
+        return None
+
+    def alibi_slopes(self, layer: int) -> Tensor:
+        """Slopes m_h of a linear-bias layer, in score units per token (float64)."""
+        return self.layer_methods[layer].reference_slopes(self.n_heads).double()
+
+
+class DecoderSubject(Subject):
+    kind = "nopelens Decoder"
+
+    def __init__(self, model: Decoder, name: str):
+        cfg = model.cfg
+        self.model, self.name = model, name
+        self.layer_methods = cfg.layer_methods
+        self.input_method = cfg.input_method
+        self.n_heads, self.d_head, self.d_vocab = cfg.n_heads, cfg.d_head, cfg.d_vocab
+        self.max_positions = cfg.max_positions
+        if self.layers_acting(QK_ROTATION):
+            self.rope = RopeSpec(cfg.rotary_dim, cfg.rotary_base, cfg.pairing)
+        used = set(self.layer_methods)
+        self.details = {}
+        for method in (get_method(name) for name in METHODS):  # registry order: stable report keys
+            if method in used:
+                self.details.update(method.describe(cfg))
+        self.special_tokens = {"note": "a nopelens Decoder has no tokenizer; no special token ids are declared"}
+
+    @property
+    def reads_tables(self) -> bool:
+        return True
+
+    @property
+    def content_hook(self) -> str:
+        return "hook_content_scores"
+
+    def attention(self, layer: int):
+        """The ``Attention`` module of a layer (owner of its method's parameters)."""
+        return self.model.blocks[layer].attn
+
+    def input_reference(self, position_ids: Tensor, width: int) -> Tensor:
+        """What ``hook_pos_embed`` must be at the ids, float64, from the input method's formula."""
+        return self.input_method.reference_vectors(self.model, position_ids, width)
+
+    def forward(self, tokens, mask, position_ids=None, fwd_hooks=()):
+        return self.model.run_with_hooks(tokens, attention_mask=mask, position_ids=position_ids,
+                                         fwd_hooks=list(fwd_hooks))
+
+    def run_with_cache(self, tokens, mask, position_ids=None):
+        with self.capture_position_ids() as seen:
+            logits, cache = self.model.run_with_cache(tokens, attention_mask=mask, position_ids=position_ids,
+                                                      names_filter=audited_hook)
+        return logits, cache, seen[0]
+
+    @contextlib.contextmanager
+    def capture_position_ids(self) -> Iterator[list]:
+        """Record the query position ids block 0 receives (what every layer uses)."""
+        seen: list[Tensor] = []
+
+        def hook(module, args):
+            resid, key_positions = args[0], args[1]
+            seen.append(key_positions[:, -resid.shape[1]:].detach().clone())
+
+        handle = self.model.blocks[0].register_forward_pre_hook(hook)
+        try:
+            yield seen
+        finally:
+            handle.remove()
+
+    def decode_incrementally(self, tokens, mask, split):
+        cache = KVCache.empty(self.model.cfg, tokens.shape[0], tokens.device)
+        pieces = []
+        with self.capture_position_ids() as seen:
+            pieces.append(self.model(tokens[:, :split], attention_mask=mask[:, :split], past_kv=cache))
+            for t in range(split, tokens.shape[1]):
+                pieces.append(self.model(tokens[:, t:t + 1], attention_mask=mask[:, t:t + 1], past_kv=cache))
+        return torch.cat(pieces, 1), {"step_ids": torch.cat(seen, 1), "cache_ids": cache.position_ids}
+
+    def forward_without_bias(self, tokens, mask, fwd_hooks):
+        zero = [(f"blocks.{l}.attn.hook_pos_bias", lambda x, hook: torch.zeros_like(x))
+                for l in self.layers_acting(SCORE_BIAS)]
+        self.forward(tokens, mask, None, zero + list(fwd_hooks))
+        return True
+
+
+def audited_hook(name: str) -> bool:
+    """The hooks the audit reads: attention internals and the layer-0 input."""
+    if name in ("hook_embed", "hook_pos_embed", "blocks.0.hook_resid_pre"):
+        return True
+    return ".attn.hook_" in name and name.rsplit(".", 1)[-1] in ATTENTION_HOOKS
+
+
+ATTENTION_HOOKS = ("hook_q", "hook_k", "hook_q_normed", "hook_k_normed", "hook_v", "hook_rot_q", "hook_rot_k",
+                   "hook_content_scores",
+                    "hook_pos_bias", "hook_attn_scores", "hook_pattern", "hook_z", "hook_cos", "hook_sin")
+
+
+def make_subject(model: Any, name: str | None) -> tuple[Subject, dict[str, Any]]:
+    """Wrap a Decoder, a TrainedModel, a TransformerBridge or an HF model for the audit."""
+    metadata: dict[str, Any] = {}
+    if hasattr(model, "model") and hasattr(model, "metadata") and isinstance(model.model, Decoder):
+        metadata = dict(model.metadata or {})
+        model = model.model
+    if isinstance(model, Decoder):
+        return DecoderSubject(model, name or f"Decoder({model.cfg.position_name})"), metadata
+    if hasattr(model, "original_model") and hasattr(model, "blocks"):
+        from .hf import BridgeSubject
+
+        return BridgeSubject(model, name or type(model.original_model).__name__), metadata
+    try:
+        from transformers import PreTrainedModel
+    except ImportError:  # pragma: no cover - transformers is a dependency of transformer-lens
+        PreTrainedModel = ()
+    if isinstance(model, PreTrainedModel):
+        from nopelens.models.adapters import bridge_hf_model
+
+        from .hf import BridgeSubject
+
+        return BridgeSubject(bridge_hf_model(model), name or type(model).__name__), metadata
+    raise TypeError(
+        f"audit needs a nopelens Decoder, a TrainedModel, a TransformerBridge or an HF causal LM; "
+        f"got {type(model).__name__}"
+    )
