@@ -137,3 +137,133 @@ def test_collect_reads_every_probe_site_and_left_padding_changes_nothing(bridges
     assert left.position.tolist() == list(range(6)) * 2
     for site in resid_sites(describe(bridge).n_layers):
         np.testing.assert_allclose(left.acts[site], alone.acts[site], atol=2e-4, err_msg=site)
+
+
+# ----------------------------------------------------------------------------- the audit's verdicts
+NO_ROTATION = {5: "no Q/K rotation"}
+NO_TABLE = {4: "no absolute position addition"}
+AUDIT_NOT_APPLICABLE = {
+    # family: {step: what its not_applicable reason says}; every other step except 10 passes
+    "gpt2": NO_ROTATION, "gpt_neo": NO_ROTATION, "gpt_bigcode": NO_ROTATION,
+    "opt": {2: "no position method with an origin", **NO_ROTATION},  # OPT's table takes the mask, not ids
+    "xglm": {2: "no position method with an origin", 4: "hook_pos_embed never fires", **NO_ROTATION},
+    "bloom": {**NO_TABLE, **NO_ROTATION}, "falcon_alibi": {**NO_TABLE, **NO_ROTATION},
+    "mpt": {**NO_TABLE, **NO_ROTATION, 8: "takes no position ids"},
+}
+AUDIT_FAILS = {
+    # transformers 5.24's eager FalconModel folds alibi / sqrt(d_head) into the causal mask and
+    # FalconAttention adds alibi * inv_norm_factor again: the bias counts twice (eager != sdpa).
+    "falcon_alibi": {2: "ALiBi sign", 6: "ALiBi position contribution"},
+}
+AUDITED = [f for f in BRIDGED if f not in UNREADABLE]
+
+
+def statuses(report) -> dict[int, str]:
+    return {step.number: step.status for step in report.steps}
+
+
+@pytest.mark.parametrize("family", AUDITED)
+def test_audit_verdict(bridges, family):
+    from nopelens.analyses.audit import audit
+
+    report = audit(bridges(family), eval_length=8)
+    not_applicable, fails = AUDIT_NOT_APPLICABLE.get(family, NO_TABLE), AUDIT_FAILS.get(family, {})
+    expected = {n: "not_applicable" if n in not_applicable else "fail" if n in fails else "pass" for n in range(1, 10)}
+    assert {n: s for n, s in statuses(report).items() if n < 10} == expected, report.summary()
+    for number, reason in not_applicable.items():
+        assert reason in report.step(number).reason
+    for number, check in fails.items():
+        assert any(check in c.name for c in report.step(number).failed_checks), report.summary()
+    assert report.model["layer_positions"] == list(EXPECTED[family][1])  # e.g. SmolLM3: rope, rope, rope, nope
+
+
+@pytest.mark.parametrize("family", sorted(UNREADABLE))
+def test_audit_refuses_an_unreadable_model(bridges, family):
+    from nopelens.analyses.audit import audit
+
+    with pytest.raises(UnsupportedModelError, match=UNREADABLE[family]):
+        audit(bridges(family), eval_length=8)
+
+
+# ----------------------------------------------------------------------------- broken variants fail
+def _declare(config, **changes):
+    """Change what the config declares after the model was built from it (the model keeps its own)."""
+    for key, value in changes.items():
+        setattr(config, key, value)
+
+
+def _wrong_base(config):
+    params = dict(config.rope_parameters)
+    if "rope_theta" in params:
+        params["rope_theta"] = 3.0 * params["rope_theta"]
+    else:  # Gemma 3: one set per layer type
+        params = {kind: {**p, "rope_theta": 3.0 * p["rope_theta"]} for kind, p in params.items()}
+    config.rope_parameters = params
+
+
+def _scale_alibi(bridge):
+    """Every attention gets twice its ALiBi tensor: the slopes are not the declared ones."""
+    def pre(module, args, kwargs):
+        return (args, {**kwargs, "alibi": 2 * kwargs["alibi"]}) if kwargs.get("alibi") is not None else None
+
+    for block in bridge.blocks:
+        block.attn.register_forward_pre_hook(pre, with_kwargs=True)
+
+
+def _ignore_padding(bridge):
+    """Position ids counted from column 0 whatever the mask says (left padding not subtracted)."""
+    def pre(module, args, kwargs):
+        tokens = args[0] if args else kwargs["input_ids"]
+        ids = torch.arange(tokens.shape[1], device=tokens.device).expand_as(tokens)
+        return args, {**kwargs, "position_ids": ids}
+
+    bridge.original_model.register_forward_pre_hook(pre, with_kwargs=True)
+
+
+HYBRIDS = ("smollm3", "llama4")
+BROKEN = {
+    # family: (what is broken, how, the steps that must fail (any of them))
+    **{f: ("a rotation on the declared NoPE layer", "rope_everywhere", {2, 5, 6}) for f in HYBRIDS},
+    "cohere2": ("a rotation on the declared NoPE layer", "cohere2_rope_everywhere", {2, 5, 6}),
+    "gptj": ("a wrong rotary_dim", "gptj_rotary_dim", {5}),
+    "bloom": ("ALiBi slopes twice the declared ones", "alibi", {2, 6}),
+    "falcon_alibi": ("ALiBi slopes twice the declared ones", "alibi", {2, 6}),
+    "mpt": ("a wrong alibi_bias_max", "mpt_bias_max", {2, 6}),
+    **{f: ("left padding not subtracted from the position ids", "padding", {1})
+       for f in ("gpt2", "gpt_neo", "opt", "gpt_bigcode", "xglm")},
+}
+for _family, (_input, _methods, _pairing) in EXPECTED.items():
+    if _family not in BROKEN and _family not in UNREADABLE and R in _methods:
+        BROKEN[_family] = ("a wrong RoPE base", "base", {5})
+
+
+@pytest.mark.parametrize("family", sorted(BROKEN))
+def test_a_broken_variant_fails(family):
+    from nopelens.analyses.audit import audit
+
+    what, how, steps = BROKEN[family]
+    if how == "rope_everywhere":
+        model = build(family, no_rope_layers=[1, 1, 1, 1])
+        _declare(model.config, no_rope_layers=[1, 1, 1, 0])
+    elif how == "cohere2_rope_everywhere":
+        model = build(family, layer_types=["sliding_attention"] * 4)
+        _declare(model.config, layer_types=["sliding_attention"] * 3 + ["full_attention"])
+    elif how == "gptj_rotary_dim":
+        model = build(family)
+        _declare(model.config, rotary_dim=2)
+    elif how == "mpt_bias_max":
+        model = build(family)
+        model.config.attn_config.alibi_bias_max = 4
+    else:
+        model = build(family)
+        if how == "base":
+            _wrong_base(model.config)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        bridge = bridge_hf_model(model)
+    if how == "alibi":
+        _scale_alibi(bridge)
+    elif how == "padding":
+        _ignore_padding(bridge)
+    report = audit(bridge, eval_length=8)
+    assert set(report.failed_steps) & steps, f"{family} with {what}: {report.summary()}"
