@@ -267,3 +267,53 @@ def test_a_broken_variant_fails(family):
         _ignore_padding(bridge)
     report = audit(bridge, eval_length=8)
     assert set(report.failed_steps) & steps, f"{family} with {what}: {report.summary()}"
+
+
+# ----------------------------------------------------------------------------- the CLI on HF directories
+def _save(tmp_path, family, **overrides):
+    path = tmp_path / family
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        build(family, **overrides).save_pretrained(path)
+    return str(path)
+
+
+@pytest.mark.parametrize("family", ["gpt_neox", "granite"])
+def test_probe_cli_reads_families_whose_hooks_misled_it(tmp_path, family, capsys):
+    """GPT-NeoX lists hook_rot_q/k that never fire; Granite's hook_attn_out fires only through
+    TransformerLens' hook API. Both used to exit 2."""
+    from nopelens.analyses.cli import main
+
+    code = main(["probe", f"hf:{_save(tmp_path, family)}", "--seq-len", "8", "--n-sequences", "6", "--quiet",
+                 "--out", str(tmp_path / "run")])
+    assert code == 0, capsys.readouterr().err
+    import pandas as pd
+
+    probes = pd.read_csv(tmp_path / "run" / "probes.csv")
+    assert {f"blocks.{l}.hook_attn_out" for l in range(2)} <= set(probes.site)
+
+
+@pytest.mark.parametrize("family, args, message", [
+    ("openai_gpt", ["sinks"], "causal mask is dropped"),
+    ("codegen", ["probe"], "forward pass fails"),
+    ("gpt2", ["probe", "--seq-len", "80"], "longer than the learned position table"),
+])
+def test_cli_refuses_in_one_line_with_exit_2(tmp_path, family, args, message, capsys):
+    from nopelens.analyses.cli import main
+
+    path = _save(tmp_path, family)
+    capsys.readouterr()
+    code = main([args[0], f"hf:{path}", *args[1:], "--quiet", "--n-sequences", "6"])
+    err = capsys.readouterr().err
+    errors = [line for line in err.splitlines() if ": error: " in line]
+    assert code == 2 and len(errors) == 1 and message in errors[0] and "Traceback" not in err, err
+
+
+def test_cli_refuses_a_bos_outside_the_vocabulary(tmp_path, capsys):
+    from nopelens.analyses.cli import main
+
+    path = _save(tmp_path, "llama", bos_token_id=500)
+    capsys.readouterr()
+    code = main(["sinks", f"hf:{path}", "--quiet", "--n-sequences", "6", "--seq-len", "8"])
+    err = capsys.readouterr().err
+    assert code == 2 and "bos_token_id 500 is outside the vocabulary" in err, err
