@@ -278,13 +278,14 @@ def _save(tmp_path, family, **overrides):
     return str(path)
 
 
-@pytest.mark.parametrize("family", ["gpt_neox", "granite"])
-def test_probe_cli_reads_families_whose_hooks_misled_it(tmp_path, family, capsys):
-    """GPT-NeoX lists hook_rot_q/k that never fire; Granite's hook_attn_out fires only through
-    TransformerLens' hook API. Both used to exit 2."""
+def test_probe_cli_reads_a_family_whose_hooks_misled_it(tmp_path, capsys):
+    """GPT-NeoX lists hook_rot_q/k that never fire; ``nopelens probe`` used to exit 2 on it (and on
+    Granite, whose hook_attn_out fires only through TransformerLens' hook API: covered, for every
+    family, by the collect test above, which reads the same sites)."""
     from nopelens.analyses.cli import main
 
-    code = main(["probe", f"hf:{_save(tmp_path, family)}", "--seq-len", "8", "--n-sequences", "6", "--quiet",
+    family = "gpt_neox"
+    code = main(["probe", f"hf:{_save(tmp_path, family)}", "--quick", "--seq-len", "8", "--n-sequences", "6", "--quiet",
                  "--out", str(tmp_path / "run")])
     assert code == 0, capsys.readouterr().err
     import pandas as pd
