@@ -22,6 +22,7 @@ COMMAND_MODULES = (
     "nopelens.analyses.lengthgen",
     "nopelens.analyses.circuit_cmd",
     "nopelens.analyses.audit_cmd",
+    "nopelens.analyses.intervene_cmd",
 )
 
 USER_ERRORS = (ValueError, KeyError, TypeError, OSError)

@@ -41,11 +41,21 @@ SUMMARY_HEADERS = {
 }
 
 
+REPRODUCIBLE = {"svg.hashsalt": "nopelens"}
+"""rcParams that make SVG ids (clip paths, glyphs) a hash of the content instead of a random uuid."""
+NO_STAMPS = {"png": {"Software": None}, "svg": {"Date": None, "Creator": None}}
+"""Metadata left out, so a file depends on the figure only (not on the date or matplotlib's version)."""
+
+
 def save_figure(fig: plt.Figure, stem: str | Path) -> list[Path]:
-    """Save ``fig`` as ``stem.png`` and ``stem.svg``, each atomically, then close it."""
-    paths = [write_atomic(f"{stem}.{ext}", lambda temp, ext=ext: fig.savefig(temp, format=ext, dpi=120,
-                                                                                bbox_inches="tight"))
-             for ext in ("png", "svg")]
+    """Save ``fig`` as ``stem.png`` and ``stem.svg``, each atomically, then close it.
+
+    The files are reproducible: the same figure gives byte-identical files on every run.
+    """
+    with matplotlib.rc_context(REPRODUCIBLE):
+        paths = [write_atomic(f"{stem}.{ext}", lambda temp, ext=ext: fig.savefig(
+                     temp, format=ext, dpi=120, bbox_inches="tight", metadata=NO_STAMPS[ext]))
+                 for ext in ("png", "svg")]
     plt.close(fig)
     return paths
 
@@ -148,6 +158,7 @@ def summary_markdown(result: "SweepResult", settings: "SweepSettings", command: 
         "",
         "![variance](variance.png)",
         "",
+        *_sink_ablation_section(result),
         f"Command: `{command}`",
         "",
         f"Settings: {settings_text}",
@@ -165,4 +176,31 @@ def write_run(result: "SweepResult", settings: "SweepSettings", command: str, ve
     save_figure(probe_figure(result.probes), out / "probes")
     save_figure(sink_figure(result.sinks), out / "sinks")
     save_figure(variance_figure(result.variance), out / "variance")
+    if not result.sink_ablation.empty:
+        from .intervene_cmd import sink_ablation_figure
+
+        write_csv_atomic(result.sink_ablation, out / "sink_ablation.csv")
+        save_figure(sink_ablation_figure(result.sink_ablation), out / "sink_ablation")
     write_text_atomic(out / "summary.md", summary_markdown(result, settings, command, versions))
+
+
+def _sink_ablation_section(result: "SweepResult") -> list[str]:
+    """The summary's sink-ablation table (``nopelens intervene`` has the full measurement)."""
+    if result.sink_ablation.empty:
+        return []
+    from .intervene import SWEEP_SEQUENCES
+    from .intervene_cmd import sink_ablation_markdown
+
+    return [
+        "## Sink ablation",
+        "",
+        "Absolute-index R² (regression probe, tokens after the first, first "
+        f"{SWEEP_SEQUENCES} evaluation sequences) at layer l + 1, clean → with the first "
+        "token removed from the keys of every later query in block l. `n/a`: the ablation cannot be applied "
+        "and checked on that model (see sink_ablation.csv).",
+        "",
+        sink_ablation_markdown(result.sink_ablation),
+        "",
+        "![sink ablation](sink_ablation.png)",
+        "",
+    ]

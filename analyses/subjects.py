@@ -41,6 +41,8 @@ class Subject:
         bos_token_id: the BOS id, if the model has one.
         train_lengths: ``[min_len, max_len]`` of training, when known.
         info: anything else worth reporting (steps, losses, recipe).
+        targets: int64 ``[batch, pos]``, what each position should predict (trained models).
+        loss_mask: bool ``[batch, pos]``, where a prediction is scored (trained models).
         hf: the :class:`~nopelens.models.hf.HFDescription` of an HF model (None otherwise).
     """
 
@@ -55,6 +57,8 @@ class Subject:
     bos_token_id: int | None = None
     train_lengths: list[int] | None = None
     info: dict[str, Any] = field(default_factory=dict)
+    targets: Tensor | None = None
+    loss_mask: Tensor | None = None
     hf: Any = None
 
     def usable(self, site: str) -> bool:
@@ -156,7 +160,8 @@ def _trained(trained, name: str, n_sequences: int, seq_len: int, seed: int) -> S
     info = {k: meta[k] for k in ("steps", "final_losses", "zoo_recipe") if k in meta}
     return Subject(name, trained.model.eval(), config.n_layers, config.position_name, "trained", batch.tokens,
                    batch.attention_mask, has_bos=True, bos_token_id=task.bos_id,
-                   train_lengths=meta.get("train_lengths"), info=info)
+                   train_lengths=meta.get("train_lengths"), info=info, targets=batch.targets,
+                   loss_mask=batch.loss_mask)
 
 
 def _evaluation_batch(task, n_sequences: int, seq_len: int, train_lengths, seed: int):

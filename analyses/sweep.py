@@ -42,10 +42,12 @@ from tqdm.auto import tqdm
 
 import nopelens
 from nopelens.models.io import read_json, write_csv_atomic, write_json_atomic
+from nopelens.models.progress import progress_bar
 from nopelens.probes import collect, mad_chance, probe_absolute_index, probe_relative_distance, resid_sites
 from nopelens.probes.sinks import GU_WINDOW, attention_variance, sink_table, variance_slopes
 
 from . import report
+from .intervene import sink_ablation_drop
 from .subjects import CONTROL_SPECS, Subject, check_spec, resolve
 
 DEFAULT_MODELS = {"text": ("text-nope-4l", "text-rope-4l", "text-hybrid-4l"), "copy": ("copy-nope-3l", "copy-rope-3l")}
@@ -56,7 +58,7 @@ the elementwise (diagonal) read keeps the fits inside the sweep's time budget.""
 THRESHOLDS = {"accuracy": 0.9, "r2": 0.9}
 """A layer "recovers" a target when the 95 % CI lower bound of the metric clears this bar."""
 
-TABLES = ("probes", "sinks", "variance")
+TABLES = ("probes", "sinks", "variance", "sink_ablation")
 
 
 @dataclass(frozen=True)
@@ -113,6 +115,7 @@ class SweepResult:
     summary: pd.DataFrame
     out_dir: Path | None = None
     subjects: dict[str, dict] = field(default_factory=dict)
+    sink_ablation: pd.DataFrame = field(default_factory=pd.DataFrame)
 
 
 # ----------------------------------------------------------------------------- one subject
@@ -148,7 +151,11 @@ def analyse_subject(subject: Subject, settings: SweepSettings) -> dict[str, pd.D
                                                if f"blocks.{l}.hook_attn_out" in acts.acts])
     if subject.has_bos:  # every sequence has the same token at 0, so its variance is exactly 0
         variance = variance[variance["position"] > 0]
-    return {"probes": probes, "sinks": sinks, "variance": _with_slopes(variance).assign(model=subject.name)}
+    # sink ablation (issue 14): next-layer absolute-index R^2 with block l's first key removed
+    ablation = sink_ablation_drop(subject.model, subject.tokens, subject.attention_mask, layers, acts,
+                                  settings.n_splits, settings.n_boot, settings.seed).assign(model=subject.name)
+    return {"probes": probes, "sinks": sinks, "variance": _with_slopes(variance).assign(model=subject.name),
+            "sink_ablation": ablation}
 
 
 def _with_slopes(variance: pd.DataFrame) -> pd.DataFrame:
@@ -268,13 +275,13 @@ def sweep(settings: SweepSettings, out_dir: str | Path | None = None, progress: 
         _claim_run_folder(out, settings)
     parts: dict[str, list[pd.DataFrame]] = {name: [] for name in TABLES}
     subjects: dict[str, dict] = {}
-    for spec in tqdm(settings.models, desc="nopelens sweep", unit="model", disable=not progress):
+    for spec in progress_bar(settings.models, desc="nopelens sweep", unit="model", disable=not progress):
         tables, meta = _subject_tables(spec, settings, out, progress)
         subjects[spec] = meta
         for name in TABLES:
             parts[name].append(tables[name])
-    probes, sinks, variance = (pd.concat(parts[name], ignore_index=True) for name in TABLES)
-    result = SweepResult(probes, sinks, variance, summarize(probes, sinks, variance), out, subjects)
+    probes, sinks, variance, ablation = (pd.concat(parts[name], ignore_index=True) for name in TABLES)
+    result = SweepResult(probes, sinks, variance, summarize(probes, sinks, variance), out, subjects, ablation)
     if out is not None:
         report.write_run(result, settings, command=" ".join(["nopelens", *sys.argv[1:]]), versions=versions())
     return result
@@ -282,7 +289,7 @@ def sweep(settings: SweepSettings, out_dir: str | Path | None = None, progress: 
 
 def _subject_tables(spec: str, settings: SweepSettings, out: Path | None, progress: bool):
     part = out / "parts" / _slug(spec) if out is not None else None
-    if part is not None and (part / "done.json").is_file():
+    if part is not None and (part / "done.json").is_file() and all((part / f"{n}.csv").is_file() for n in TABLES):
         tqdm.write(f"nopelens: {spec}: already measured in {part}, reusing", file=sys.stderr)
         tables = {name: pd.read_csv(part / f"{name}.csv") for name in TABLES}
         return tables, read_json(part / "done.json")

@@ -58,6 +58,13 @@ class TrainedModel:
     metadata: dict[str, Any] = field(default_factory=dict)
     loss_curve: pd.DataFrame = field(default_factory=pd.DataFrame)
 
+    def __post_init__(self) -> None:
+        spec = self.metadata.get("task")
+        if getattr(self.model, "tokenizer", None) is None and isinstance(spec, dict):
+            from .tasks import TASKS
+
+            self.model.set_tokenizer(getattr(TASKS.get(spec.get("name")), "tokenizer", None))
+
     @property
     def config(self) -> DecoderConfig:
         return self.model.cfg
@@ -127,6 +134,7 @@ def save_checkpoint(
         format_version=FORMAT_VERSION,
         nopelens_version=_version(),
         config=model.cfg.to_dict(),
+        dtype=str(model.embed.W_E.dtype).removeprefix("torch."),
     )
     target = Path(directory)
     if target.exists() and not (target.is_dir() and ((target / METADATA_FILE).exists() or not any(target.iterdir()))):
@@ -264,12 +272,17 @@ def check_state_dict(model: Decoder, tensors: dict[str, Tensor], source: str = "
         raise ValueError(f"{source}: tensors {not_finite} hold NaN or Inf")
 
 
-def load_checkpoint(path: str | Path, device: torch.device | str | None = None) -> TrainedModel:
+def load_checkpoint(
+    path: str | Path, device: torch.device | str | None = None, dtype: torch.dtype | None = None
+) -> TrainedModel:
     """Load a checkpoint written by :func:`save_checkpoint`.
 
     Args:
         path: the checkpoint directory.
         device: where to put the model (default CPU).
+        dtype: parameter dtype of the loaded model; default the dtype the weights were saved in
+            (that of ``embed.W_E``), so a bfloat16 model comes back bfloat16. Another dtype casts
+            the weights (e.g. ``torch.float32`` to compute in full precision).
 
     Returns:
         A :class:`TrainedModel` in eval mode, with the loss curve if the checkpoint has one.
@@ -287,7 +300,10 @@ def load_checkpoint(path: str | Path, device: torch.device | str | None = None) 
     except (KeyError, TypeError, ValueError) as error:
         raise ValueError(f"checkpoint {path} has an invalid config: {error}") from None
     tensors = _load_tensors(path, WEIGHTS_FILE, meta)
-    model = Decoder(config)
+    if dtype is None:
+        saved = tensors.get("embed.W_E")
+        dtype = saved.dtype if saved is not None and saved.dtype.is_floating_point else torch.float32
+    model = Decoder(config, dtype=dtype)
     check_state_dict(model, tensors, source=f"checkpoint {path}")
     model.load_state_dict(tensors, strict=True)
     model.to(device).eval()

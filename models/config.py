@@ -207,6 +207,22 @@ class DecoderConfig:
             return self.position
         return "+".join(dict.fromkeys(self.position))
 
+    # TransformerLens reads these names (ActivationCache.apply_ln_to_stack, decompose_resid, ...)
+    @property
+    def normalization_type(self) -> str | None:
+        """TransformerLens' name of ``normalization``: ``"LN"``, ``"RMS"`` or None (no norm)."""
+        return {"layernorm": "LN", "rmsnorm": "RMS", "none": None}[self.normalization]
+
+    @property
+    def attn_only(self) -> bool:
+        """True when the blocks have no MLP (``d_mlp == 0``), as TransformerLens names it."""
+        return self.d_mlp == 0
+
+    @property
+    def default_prepend_bos(self) -> bool:
+        """``to_tokens`` puts BOS at position 0 unless told not to (nopelens convention)."""
+        return True
+
     def replace(self, **changes: Any) -> "DecoderConfig":
         """A copy with some fields changed (and validated again)."""
         return dataclasses.replace(self, **changes)

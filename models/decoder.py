@@ -23,6 +23,7 @@ from torch import Tensor, nn
 from transformer_lens import ActivationCache, HookedRootModule
 from transformer_lens.hook_points import HookPoint
 
+from . import generation
 from .config import DecoderConfig
 from .masks import check_rows_have_a_key, visibility
 from .methods import QK_ROTATION, SCORE_BIAS, PositionMethod, get_method
@@ -76,7 +77,13 @@ class KVCache:
 
 
 class Norm(nn.Module):
-    """LayerNorm, RMSNorm or identity, with ``hook_scale`` and ``hook_normalized``."""
+    """LayerNorm, RMSNorm or identity, with ``hook_scale`` and ``hook_normalized``.
+
+    As in TransformerLens' ``LayerNorm``/``RMSNorm``: ``hook_scale`` ``[batch, pos, 1]`` is
+    sqrt(mean(x_c^2) + eps) with x_c = x - mean(x) for LayerNorm and x_c = x for RMSNorm, and
+    ``hook_normalized`` is x_c / scale before the weight w and bias b. TransformerLens'
+    ``ActivationCache.apply_ln_to_stack`` divides a stack by this cached scale.
+    """
 
     def __init__(self, cfg: DecoderConfig):
         super().__init__()
@@ -146,7 +153,9 @@ class Attention(nn.Module):
         self.hook_attn_scores = HookPoint()
         self.hook_pattern = HookPoint()
         self.hook_z = HookPoint()  # [batch, pos, head_index, d_head]
+        self.hook_result = HookPoint()  # [batch, pos, head_index, d_model], when use_attn_result
         self.use_fused = True
+        self.use_attn_result = False
 
     @property
     def method(self) -> str:
@@ -194,6 +203,9 @@ class Attention(nn.Module):
         else:
             z = self._fused(q, k, v, query_positions, key_positions, allowed)
         z = self.hook_z(z)
+        if self.use_attn_result:
+            out = self.hook_result(torch.einsum("bqhe,hed->bqhd", z, self.W_O)).sum(-2)
+            return (out + self.b_O if hasattr(self, "b_O") else out), (k_new, v_new)
         out = F.linear(z.flatten(-2), self.W_O.flatten(0, 1).T, getattr(self, "b_O", None))
         return out, (k_new, v_new)
 
@@ -251,6 +263,8 @@ class MLP(nn.Module):
 
 class Block(nn.Module):
     """Pre-norm block: resid_mid = resid_pre + attn(ln1(resid_pre)); resid_post = resid_mid + mlp(ln2(resid_mid))."""
+
+    hook_out_is_single_residual_stream = True  # TransformerLens' logit_lens asks before reading resid_post
 
     def __init__(self, cfg: DecoderConfig, method: PositionMethod | str):
         super().__init__()
@@ -328,6 +342,7 @@ class Decoder(HookedRootModule):
         self.blocks = nn.ModuleList(Block(cfg, m) for m in cfg.layer_methods)
         self.ln_final = Norm(cfg)
         self.unembed = Unembed(cfg)
+        self.tokenizer = None  # set_tokenizer(); byte-level text models carry a ByteTokenizer
         self.init_weights(seed)
         self.to(device=device, dtype=dtype)
         self.setup()
@@ -496,11 +511,172 @@ class Decoder(HookedRootModule):
 
     # ----------------------------------------------------------------------------- TransformerLens API
     def run_with_cache(self, *args, **kwargs) -> tuple[Tensor, ActivationCache]:
-        """TransformerLens ``run_with_cache``, returning an ``ActivationCache``."""
+        """TransformerLens ``run_with_cache``, returning an ``ActivationCache``.
+
+        The cache's methods work as on a TransformerLens model: ``accumulated_resid``,
+        ``decompose_resid``, ``stack_head_results``/``compute_head_results``,
+        ``get_full_resid_decomposition``, ``stack_neuron_results``, ``apply_ln_to_stack``,
+        ``logit_attrs`` and ``logit_lens``. They read ``cfg.normalization_type`` and
+        ``cfg.attn_only``, each norm's ``hook_scale``, and the weights below (``W_U``, ``b_U``,
+        ``blocks.{l}.attn.W_O``, ``blocks.{l}.mlp.W_out``), through :meth:`accumulated_bias` and
+        :meth:`tokens_to_residual_directions`.
+        """
         out, cache = super().run_with_cache(*args, **kwargs)
-        if not isinstance(cache, ActivationCache):
-            cache = ActivationCache(cache, self)
+        if not isinstance(cache, DecoderCache):
+            cache = DecoderCache(getattr(cache, "cache_dict", cache), self)
         return out, cache
+
+    def set_use_attn_result(self, use_attn_result: bool) -> None:
+        """Compute each head's output ``blocks.{l}.attn.hook_result`` ``[batch, pos, head_index,
+        d_model]`` = z_h W_O[h] in the forward pass (TransformerLens' flag; off by default, it
+        costs n_heads times the memory of ``hook_attn_out``). Their sum plus b_O is ``hook_attn_out``.
+        """
+        for block in self.blocks:
+            block.attn.use_attn_result = bool(use_attn_result)
+
+    def accumulated_bias(self, layer: int, mlp_input: bool = False, include_mlp_biases: bool = True) -> Float[Tensor, "d_model"]:
+        """Sum of the output biases written into the residual stream before block ``layer``'s input.
+
+        As TransformerLens' ``accumulated_bias``: b_O of blocks ``0 .. layer - 1`` (and their MLPs'
+        b_out if ``include_mlp_biases``), plus block ``layer``'s b_O when ``mlp_input``. Zero when
+        the model has no biases.
+
+        Raises:
+            ValueError: if ``layer`` is outside ``[0, n_layers]``, or ``mlp_input`` at ``n_layers``.
+        """
+        if not 0 <= layer <= self.cfg.n_layers or (mlp_input and layer == self.cfg.n_layers):
+            raise ValueError(f"layer must lie in [0, {self.cfg.n_layers}] ({self.cfg.n_layers - 1} with mlp_input), got {layer}")
+        total = torch.zeros(self.cfg.d_model, device=self.device, dtype=self.embed.W_E.dtype)
+        for index, block in enumerate(self.blocks[: layer + int(mlp_input)]):
+            total = total + getattr(block.attn, "b_O", 0)
+            if include_mlp_biases and index < layer and block.has_mlp:
+                total = total + getattr(block.mlp, "b_out", 0)
+        return total
+
+    def tokens_to_residual_directions(self, tokens: str | int | Tensor) -> Float[Tensor, "... d_model"]:
+        """The direction of the *normalized* final residual stream that a token's logit reads.
+
+        TransformerLens returns ``W_U[:, tokens]`` and assumes the final norm's weight w was
+        folded into ``W_U``. nopelens keeps w apart, so this returns w * W_U[:, tokens]: dotted
+        with ``cache.apply_ln_to_stack(stack)`` (centred and divided by the cached
+        ``ln_final.hook_scale``), the components sum to the logit minus ``b_U`` minus the final
+        norm's bias read through W_U. ``logit_attrs`` relies on this.
+
+        Args:
+            tokens: a token id, a one-byte string (byte-level models), or int tokens of any shape.
+
+        Returns:
+            ``[d_model]`` for one token, else ``[*tokens.shape, d_model]``.
+        """
+        if isinstance(tokens, str):
+            tokens = self.to_single_token(tokens)
+        if isinstance(tokens, Tensor) and tokens.numel() == 1:
+            tokens = int(tokens.item())
+        if not isinstance(tokens, (int, Tensor)):
+            raise TypeError(f"tokens must be a str, an int or an int tensor, got {type(tokens).__name__}")
+        directions = self.W_U[:, tokens]
+        if isinstance(tokens, Tensor):
+            directions = directions.movedim(0, -1)
+        weight = getattr(self.ln_final, "w", None)
+        return directions * weight if weight is not None else directions
+
+    # ----------------------------------------------------------------------------- weights, stacked
+    @property
+    def W_E(self) -> Float[Tensor, "d_vocab d_model"]:
+        return self.embed.W_E
+
+    @property
+    def W_U(self) -> Float[Tensor, "d_model d_vocab"]:
+        return self.unembed.W_U
+
+    @property
+    def b_U(self) -> Float[Tensor, "d_vocab"]:
+        """The unembedding bias (zeros when ``use_bias`` is off)."""
+        bias = getattr(self.unembed, "b_U", None)
+        return bias if bias is not None else self.W_U.new_zeros(self.cfg.d_vocab)
+
+    @property
+    def W_Q(self) -> Float[Tensor, "n_layers n_heads d_model d_head"]:
+        return torch.stack([block.attn.W_Q for block in self.blocks])
+
+    @property
+    def W_K(self) -> Float[Tensor, "n_layers n_heads d_model d_head"]:
+        return torch.stack([block.attn.W_K for block in self.blocks])
+
+    @property
+    def W_V(self) -> Float[Tensor, "n_layers n_heads d_model d_head"]:
+        return torch.stack([block.attn.W_V for block in self.blocks])
+
+    @property
+    def W_O(self) -> Float[Tensor, "n_layers n_heads d_head d_model"]:
+        return torch.stack([block.attn.W_O for block in self.blocks])
+
+    @property
+    def b_O(self) -> Float[Tensor, "n_layers d_model"]:
+        """Attention output biases (zeros when ``use_bias`` is off)."""
+        return torch.stack([getattr(b.attn, "b_O", torch.zeros_like(self.W_U[:, 0])) for b in self.blocks])
+
+    # ----------------------------------------------------------------------------- text
+    def set_tokenizer(self, tokenizer) -> None:
+        """Give the model a tokenizer (a :class:`~nopelens.models.tasks.ByteTokenizer`), or None.
+
+        Raises:
+            ValueError: if the tokenizer's ids do not fit in ``d_vocab``.
+        """
+        if tokenizer is not None and tokenizer.d_vocab > self.cfg.d_vocab:
+            raise ValueError(
+                f"{tokenizer!r} uses ids up to {tokenizer.d_vocab - 1}, but this model's "
+                f"vocabulary is [0, {self.cfg.d_vocab})"
+            )
+        self.tokenizer = tokenizer
+
+    def to_tokens(self, input, prepend_bos=None, padding_side="right", move_to_device=True, truncate=False):
+        """Token ids ``[batch, pos]`` of a string or a list of strings; see :func:`~nopelens.models.generation.to_tokens`."""
+        return generation.to_tokens(self, input, prepend_bos, padding_side, move_to_device, truncate)
+
+    def to_string(self, tokens):
+        """Text of ``[pos]`` (a str) or ``[batch, pos]`` (a list) ids; see :func:`~nopelens.models.generation.to_string`."""
+        return generation.to_string(self, tokens)
+
+    def to_str_tokens(self, input, prepend_bos=None):
+        """Each token of one sequence as a string; see :func:`~nopelens.models.generation.to_str_tokens`."""
+        return generation.to_str_tokens(self, input, prepend_bos)
+
+    def to_single_token(self, string: str) -> int:
+        """The id of a string that is exactly one token (one byte for byte-level models).
+
+        Raises:
+            ValueError: if ``string`` is not exactly one token.
+        """
+        tokens = self.to_tokens(string, prepend_bos=False)
+        if tokens.numel() != 1:
+            raise ValueError(f"{string!r} is {tokens.numel()} tokens, not a single token")
+        return int(tokens.item())
+
+    def generate(self, input="", max_new_tokens=10, **kwargs):
+        """Continue a prompt, greedy or sampled, with or without the KV cache (TransformerLens'
+        signature); see :func:`~nopelens.models.generation.generate` for every argument."""
+        return generation.generate(self, input, max_new_tokens, **kwargs)
+
+
+class DecoderCache(ActivationCache):
+    """TransformerLens' ``ActivationCache``, unchanged, except for a clear error where a method
+    reads a part a :class:`Decoder` does not have (MLP neurons of an attention-only model)."""
+
+    def _require_mlp(self, operation: str) -> None:
+        if self.model.cfg.attn_only:
+            raise ValueError(
+                f"{operation}: this model is attention-only (d_mlp=0), so it has no MLP neurons; "
+                "use decompose_resid or stack_head_results"
+            )
+
+    def get_neuron_results(self, *args, **kwargs):
+        self._require_mlp("get_neuron_results")
+        return super().get_neuron_results(*args, **kwargs)
+
+    def stack_neuron_results(self, *args, **kwargs):
+        self._require_mlp("stack_neuron_results")
+        return super().stack_neuron_results(*args, **kwargs)
 
 
 def _is_hooked(hook: HookPoint | None) -> bool:

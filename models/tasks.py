@@ -134,6 +134,8 @@ class Task(abc.ABC):
     bos_id: int = BOS_ID
     pad_id: int = PAD_ID
     min_length: int = 1
+    tokenizer: "ByteTokenizer | None" = None
+    """Maps text to the task's token ids; None for the synthetic tasks (they have no text)."""
 
     def __init__(self) -> None:
         self.kwargs: dict[str, Any] = {}
@@ -373,6 +375,64 @@ def is_validation_document(key: str, fraction: float = VALIDATION_FRACTION) -> b
     return int.from_bytes(digest[:8], "big") / 2**64 < fraction
 
 
+class ByteTokenizer:
+    """The ``text`` task's vocabulary: UTF-8 bytes are ids 0-255, then BOS and PAD.
+
+    Decoding skips BOS and PAD (as HF's ``skip_special_tokens``) and turns a byte sequence that is
+    not valid UTF-8 (e.g. a character cut in half by ``max_new_tokens``) into U+FFFD, as
+    byte-level tokenizers do. Byte-level text has no end-of-sequence token: ``eos_id`` is None.
+
+    Example:
+        >>> tok = ByteTokenizer()
+        >>> tok.encode("hé")
+        [104, 195, 169]
+        >>> tok.decode([256, 104, 195, 169, 257])
+        'hé'
+    """
+
+    bos_id, pad_id, eos_id, d_vocab = 256, 257, None, 258
+
+    def encode(self, text: str) -> list[int]:
+        """The UTF-8 bytes of ``text`` as token ids (no BOS).
+
+        Raises:
+            TypeError: if ``text`` is not a str.
+        """
+        if not isinstance(text, str):
+            raise TypeError(f"a byte-level model reads str input, got {type(text).__name__}")
+        return list(text.encode("utf-8"))
+
+    def decode(self, ids: list[int]) -> str:
+        """The text of token ids; BOS and PAD are skipped.
+
+        Raises:
+            ValueError: on an id outside ``[0, 258)``, naming it and its index.
+        """
+        for index, token in enumerate(ids):
+            if not 0 <= token < self.d_vocab:
+                raise ValueError(
+                    f"token id {token} at index {index} is not a byte-level token: ids 0-255 are "
+                    f"bytes, {self.bos_id} is BOS, {self.pad_id} is PAD"
+                )
+        return bytes(t for t in ids if t < 256).decode("utf-8", errors="replace")
+
+    def token_string(self, token: int) -> str:
+        """One token as text: its character for ASCII, ``\\xNN`` for other bytes, ``<bos>``/``<pad>``.
+
+        Example:
+            >>> [ByteTokenizer().token_string(t) for t in (256, 104, 195)]
+            ['<bos>', 'h', '\\\\xc3']
+        """
+        special = {self.bos_id: "<bos>", self.pad_id: "<pad>"}
+        if token in special:
+            return special[token]
+        self.decode([token])  # checks the id
+        return bytes([token]).decode("utf-8", errors="backslashreplace")
+
+    def __repr__(self) -> str:
+        return "ByteTokenizer()"
+
+
 class TextTask(Task):
     """``text``: a byte-level language model over a UTF-8 corpus, split by document.
 
@@ -392,6 +452,7 @@ class TextTask(Task):
 
     name = "text"
     min_length = 1
+    tokenizer = ByteTokenizer()
 
     def __init__(self, path: str | None = None, validation_fraction: float = VALIDATION_FRACTION) -> None:
         super().__init__()
@@ -416,7 +477,7 @@ class TextTask(Task):
             for name, docs in split.items()
         }
         self.characters = {name: sum(len(t) for t in docs) + 2 * (len(docs) - 1) for name, docs in split.items()}
-        self.d_vocab, self.bos_id, self.pad_id = 258, 256, 257
+        self.d_vocab, self.bos_id, self.pad_id = self.tokenizer.d_vocab, self.tokenizer.bos_id, self.tokenizer.pad_id
 
     def seq_len(self, length: int) -> int:
         return length + 1

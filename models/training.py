@@ -22,7 +22,7 @@ import pandas as pd
 import torch
 import torch.nn.functional as F
 from torch import Tensor
-from tqdm.auto import tqdm
+from .progress import progress_bar
 
 from .checkpoint import (
     METADATA_FILE,
@@ -233,7 +233,7 @@ def train(
         start, rows, seconds_before = resumed
 
     model.train()
-    bar = tqdm(total=steps, initial=start, disable=not progress, desc=f"train {task.name} {config.position_name}", leave=False)
+    bar = progress_bar(total=steps, initial=start, disable=not progress, desc=f"train {task.name} {config.position_name}", leave=False)
     clock, cpu_clock = time.perf_counter(), time.process_time()
     tokens_seen = 0
     try:

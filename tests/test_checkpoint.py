@@ -42,6 +42,21 @@ def test_round_trip_same_logits_metadata_and_curve(saved):
     assert loaded.task.d_vocab == 12
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_a_checkpoint_keeps_its_dtype_unless_asked_for_another(tmp_path, dtype):
+    model = Decoder(CFG.replace(position="rope"), seed=3, dtype=dtype)
+    path = save_checkpoint(tmp_path / "ckpt", model)
+    assert json.loads((path / METADATA_FILE).read_text())["dtype"] == str(dtype).removeprefix("torch.")
+    loaded = load_checkpoint(path).model
+    tokens = torch.randint(0, 12, (2, 9), generator=torch.Generator().manual_seed(0))
+    for name, param in loaded.state_dict().items():
+        assert param.dtype == dtype and torch.equal(param, model.state_dict()[name]), name
+    assert torch.equal(loaded(tokens), model(tokens)) and loaded(tokens).dtype == dtype
+    upcast = load_checkpoint(path, dtype=torch.float64).model
+    for name, param in upcast.state_dict().items():
+        assert param.dtype == torch.float64 and torch.equal(param, model.state_dict()[name].double()), name
+
+
 def test_hybrid_config_round_trip(tmp_path):
     cfg = DecoderConfig(d_vocab=10, n_ctx=8, n_layers=2, d_model=16, n_heads=2, position=["nope", "rope"])
     model = Decoder(cfg, seed=0)

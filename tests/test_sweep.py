@@ -87,3 +87,14 @@ def test_unknown_model_is_one_line_listing_the_zoo(capsys, tmp_path):
     assert main(["sweep", "--models", "gpt-17", "--out", str(tmp_path / "x")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "text-nope-4l" in err[0]
+
+
+def test_sink_ablation_section(quick_run):
+    """Theorem 1: the circuit's index at layer 1 is all from the first token; block 1 adds none."""
+    result, out = quick_run
+    table = result.sink_ablation[result.sink_ablation["model"] == "circuit"].set_index("block")
+    assert table.loc[0, "drop"] > 0.95 and table.loc[0, "r2_ablated"] < 0.05
+    assert abs(table.loc[1, "drop"]) < 1e-3
+    assert set(result.sink_ablation["model"]) == set(result.summary["model"])
+    assert (out / "sink_ablation.csv").is_file() and (out / "sink_ablation.png").is_file()
+    assert "## Sink ablation" in (out / "summary.md").read_text()

@@ -1,0 +1,679 @@
+"""Causal tests of where a model's position comes from: sink ablation, position directions, patching.
+
+A probe shows that the absolute index is *readable*; these interventions ask whether it is *made*
+by the attention sink and whether the model *uses* it (issue 14). Kazemnejad et al. 2023
+(NeurIPS), App. C, Theorem 1, and seed ``004_150f630256efbd1c.txt``: a head that spreads its
+attention over the i + 1 visible keys writes 1/(i + 1) of the first token's value, so in a NoPE
+model the index should come from the first token.
+
+Three interventions, each a set of TransformerLens hooks added for the forward passes of one
+measurement and removed afterwards, also when a pass raises (``model.hooks(...)``, the context
+manager of ``HookedRootModule`` and ``TransformerBridge`` alike):
+
+- **Sink ablation** (:func:`sink_ablation`). In block l, the first real token is removed from the
+  keys of every later query: ``hook_attn_scores`` gets -inf at (query > first, key = first), so
+  the softmax renormalizes over the other keys; the query at the first token keeps its only key.
+  Or (``mean_value``) the first token's value (``hook_v``) is replaced by the mean value of the
+  other real tokens of the evaluation batch, which keeps it in the denominator but makes it an
+  ordinary token. Every later layer is then probed again (refitted probes: is the index still
+  readable?), and the loss or exact match is measured.
+- **Position directions** (:func:`direction_interventions`). The regression probe for the index
+  at layer l, mapped back to the residual stream through its scaler, gives a direction w with
+  prediction = (x - mean) . w + b. Project it out (x - ((x - mean) . w^) w^), or move every
+  state by k w / |w|^2, so the probe reads i + k. Report what the next layers read and the loss.
+- **Activation patching** (:func:`position_patching`). The residual stream at layer l, position
+  i of a sequence is replaced by the same token's state in a left-shifted copy of the sequence
+  (the token sits at i - s there); a regression probe at the last layer reads the index at i. The
+  effect is normalized as TransformerLens' ``patching`` module normalizes it (``PatchingResult.normalized``):
+  (patched - corrupted) / (clean - corrupted), with the original sequence as the "corrupted"
+  run and the shifted copy as the "clean" source, so 1 means all of the index moved with the
+  patched state and 0 means the later layers recomputed it from the context.
+
+Probed samples are the tokens after the first real one (position >= 1): the first token is never
+touched by a sink ablation, and as the only BOS it would be identified by its content alone.
+"""
+
+from __future__ import annotations
+
+import warnings
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Callable, Iterator, Sequence
+
+import numpy as np
+import pandas as pd
+import torch
+import torch.nn.functional as F
+from jaxtyping import Float
+from scipy import stats
+from torch import Tensor
+
+from nopelens.probes import (
+    Activations,
+    collect,
+    make_probe,
+    probe_absolute_index,
+    probe_relative_distance,
+    resid_site,
+    sequence_splits,
+)
+
+SINK_MODES = ("remove_key", "mean_value")
+"""How a sink ablation takes the first token out of a block's attention (see the module docstring)."""
+
+MAX_OUTER_FEATURES = 1024
+"""Full outer-product q.k read up to this many features per pair, else the elementwise read (as the sweep)."""
+
+MIN_READ_SHIFT = 0.5
+"""Patching normalizes by the index shift the last layer reads between the copy and the original;
+below this fraction of the true shift there is no scale, and ``moved`` is NaN with a note."""
+
+PATTERN_TOLERANCE = 1e-6
+"""Largest attention weight a removed key may keep for the ablation to count as applied."""
+
+HookList = list[tuple[str, Callable]]
+
+
+class NotApplicable(ValueError):
+    """An intervention that cannot be measured right on this model; the message says why."""
+
+
+# ----------------------------------------------------------------------------- hooks
+
+
+@contextmanager
+def intervention(model, hooks: HookList) -> Iterator[None]:
+    """Add ``hooks`` (``[(hook name, fn(activation, hook))]``) for the passes inside the block.
+
+    The hooks are removed when the block exits, also when a forward pass inside it raises
+    (TransformerLens' ``model.hooks`` context manager; hooks the caller added before are kept).
+
+    Raises:
+        KeyError: if a hook name does not exist on the model, naming it.
+    """
+    missing = [name for name, _ in hooks if name not in model.hook_dict]
+    if missing:
+        raise KeyError(f"{type(model).__name__} has no hook point {missing[0]!r}")
+    with model.hooks(fwd_hooks=hooks):
+        yield
+
+
+def first_real_index(attention_mask: Tensor) -> Tensor:
+    """Index of the first real token of each row ``[batch]`` (0 unless the row is left-padded)."""
+    return attention_mask.long().argmax(-1)
+
+
+def remove_first_key_hook(first: Tensor) -> Callable:
+    """A ``hook_attn_scores`` hook that blocks key ``first[b]`` for every query after it.
+
+    Args:
+        first: int64 ``[batch]``, the first real index of each row of the batch the hook will see.
+
+    Returns:
+        ``fn(scores [batch, head_index, query_pos, key_pos], hook)`` returning the scores with -inf
+        at (query > first, key = first); the softmax then renormalizes over the other keys.
+    """
+
+    def hook(scores: Tensor, hook) -> Tensor:
+        n_query, n_key = scores.shape[-2:]
+        offset = n_key - n_query  # keys before the queries (a cache); 0 in a full pass
+        key = torch.arange(n_key, device=scores.device)
+        query = torch.arange(n_query, device=scores.device) + offset
+        f = first.to(scores.device)[: scores.shape[0], None, None]
+        blocked = (key[None, None, :] == f) & (query[None, :, None] > f)
+        return scores.masked_fill(blocked[:, None], float("-inf"))
+
+    return hook
+
+
+def replace_first_value_hook(first: Tensor, mean_value: Tensor) -> Callable:
+    """A ``hook_v`` hook that sets the first real token's value to ``mean_value``.
+
+    Args:
+        first: int64 ``[batch]``, first real index per row.
+        mean_value: ``[head_index, d_head]`` (the mean value of the other real tokens).
+    """
+
+    def hook(v: Tensor, hook) -> Tensor:
+        v = v.clone()
+        rows = torch.arange(v.shape[0], device=v.device)
+        v[rows, first.to(v.device)[: v.shape[0]]] = mean_value.to(v.device, v.dtype)
+        return v
+
+    return hook
+
+
+def shift_hook(direction: Tensor, amount: float) -> Callable:
+    """A residual hook adding ``amount * direction`` to every token's state."""
+
+    def hook(resid: Tensor, hook) -> Tensor:
+        return resid + amount * direction.to(resid.device, resid.dtype)
+
+    return hook
+
+
+def project_out_hook(direction: Tensor, center: Tensor) -> Callable:
+    """A residual hook removing each state's component along ``direction`` about ``center``."""
+    unit = direction / direction.norm()
+
+    def hook(resid: Tensor, hook) -> Tensor:
+        u, c = unit.to(resid.device, resid.dtype), center.to(resid.device, resid.dtype)
+        return resid - ((resid - c) @ u)[..., None] * u
+
+    return hook
+
+
+# ----------------------------------------------------------------------------- sink ablation
+
+
+def mean_values(model, tokens: Tensor, attention_mask: Tensor, blocks: Sequence[int]) -> dict[int, Tensor]:
+    """Mean ``hook_v`` ``[head_index, d_head]`` per block over real tokens after the first of each row."""
+    sites = [f"blocks.{block}.attn.hook_v" for block in blocks]
+    acts = collect(model, tokens, sites, attention_mask=attention_mask, batch_size=32)
+    later = acts.position > 0
+    return {block: torch.from_numpy(acts.acts[site][later].mean(0)) for block, site in zip(blocks, sites)}
+
+
+def sink_hooks(block: int, mode: str, first: Tensor, mean_value: Tensor | None = None) -> HookList:
+    """The hooks of one sink ablation of ``block`` (``remove_key`` or ``mean_value``)."""
+    if mode == "remove_key":
+        return [(f"blocks.{block}.attn.hook_attn_scores", remove_first_key_hook(first))]
+    if mode == "mean_value":
+        if mean_value is None:
+            raise ValueError("mode 'mean_value' needs the mean value of the block")
+        return [(f"blocks.{block}.attn.hook_v", replace_first_value_hook(first, mean_value))]
+    raise ValueError(f"sink ablation mode must be one of {SINK_MODES}, got {mode!r}")
+
+
+def check_sink_ablation(model, block: int, mode: str, tokens: Tensor, attention_mask: Tensor,
+                        mean_value: Tensor | None = None) -> None:
+    """Check on two sequences that the ablation reaches the attention output, or refuse.
+
+    A bridged HF attention that delegates to the HF module fires ``hook_attn_scores`` after the
+    fact, so an edit there changes nothing (TransformerLens warns); a model without the hook
+    point cannot be ablated at all. Checked: the hook point exists, no edit is discarded, the
+    removed key has weight <= :data:`PATTERN_TOLERANCE` in ``hook_pattern`` (``remove_key``), and
+    the block's attention output changes.
+
+    Raises:
+        NotApplicable: with a one-line reason.
+    """
+    tokens, attention_mask = tokens[:2], attention_mask[:2]
+    hooks = sink_hooks(block, mode, first_real_index(attention_mask), mean_value)
+    name = hooks[0][0]
+    if name not in model.hook_dict:
+        raise NotApplicable(f"no hook point {name}: the sink cannot be ablated in block {block}")
+    pattern_site, out_site = f"blocks.{block}.attn.hook_pattern", f"blocks.{block}.hook_attn_out"
+    needed = [pattern_site, out_site] if mode == "remove_key" else [out_site]
+    unverifiable = [site for site in needed if site not in model.hook_dict]
+    if unverifiable:
+        raise NotApplicable(f"no hook point {unverifiable[0]} to check that the ablation in block {block} took effect")
+    sites = needed
+    clean = collect(model, tokens, sites, attention_mask=attention_mask)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with intervention(model, hooks):
+            ablated = collect(model, tokens, sites, attention_mask=attention_mask)
+    if any("discarded" in str(w.message) for w in caught):
+        raise NotApplicable(f"{name} is fired after the attention is computed (edits are discarded); "
+                            "the sink ablation would measure nothing")
+    if mode == "remove_key":
+        kept = max(float(np.abs(p[:, 1:, 0]).max()) for p in ablated.patterns[pattern_site])
+        if kept > PATTERN_TOLERANCE:
+            raise NotApplicable(f"after blocking key 0 at {name}, hook_pattern still gives it weight {kept:.3g}")
+    if np.array_equal(clean.acts[out_site], ablated.acts[out_site]):
+        raise NotApplicable(f"an edit at {name} does not change {out_site}: the hook is not on the computation path")
+
+
+def later_tokens(acts: Activations, renumber: bool = False) -> Activations:
+    """The samples at position >= 1 (the queries a sink ablation touches).
+
+    With ``renumber``, positions count from the second token (position - 1), as the distance
+    pair sampler needs positions 0..n - 1; distances i - j are unchanged by it.
+    """
+    keep = acts.position > 0
+    return Activations(
+        acts={site: array[keep] for site, array in acts.acts.items()},
+        sequence_id=acts.sequence_id[keep], position=acts.position[keep] - int(renumber), token=acts.token[keep],
+    )
+
+
+def qk_sites(model, block: int) -> tuple[str, str]:
+    """The (rotated, where the model rotates) query and key hook names of ``block``."""
+    rotated = (f"blocks.{block}.attn.hook_rot_q", f"blocks.{block}.attn.hook_rot_k")
+    if all(site in model.hook_dict for site in rotated):
+        return rotated
+    return f"blocks.{block}.attn.hook_q", f"blocks.{block}.attn.hook_k"
+
+
+@dataclass(frozen=True)
+class ProbeSettings:
+    """How the interventions re-probe: folds, bootstrap replicates, seed, tasks, controls, whether to
+    read relative distance from q.k, and the bilinear read (``outer``/``elementwise``; default:
+    outer up to :data:`MAX_OUTER_FEATURES` features per pair, as the sweep)."""
+
+    n_splits: int = 5
+    n_boot: int = 200
+    seed: int = 0
+    tasks: tuple[str, ...] = ("classification", "regression")
+    controls: bool = True
+    relative: bool = True
+    bilinear: str | None = None
+
+
+def reprobe(model, tokens: Tensor, attention_mask: Tensor, from_layer: int, n_layers: int,
+            settings: ProbeSettings, hooks: HookList = ()) -> pd.DataFrame:
+    """Probe absolute index at layers ``from_layer .. n_layers`` and the q.k distance read of the
+    blocks whose queries and keys come from those layers, under ``hooks``.
+
+    Returns:
+        :data:`~nopelens.probes.linear.RESULT_COLUMNS` rows; a q.k read of block b is at layer b + 1.
+    """
+    residual = [resid_site(layer) for layer in range(from_layer, n_layers + 1)]
+    blocks = range(from_layer, n_layers) if settings.relative else ()
+    qk = [qk_sites(model, block) for block in blocks]
+    sites = residual + [site for pair in qk for site in pair]
+    with intervention(model, list(hooks)):
+        collected = collect(model, tokens, sites, attention_mask=attention_mask, batch_size=32)
+    acts = later_tokens(collected)
+    common = dict(n_splits=settings.n_splits, n_boot=settings.n_boot, seed=settings.seed)
+    frames = [probe_absolute_index(acts, sites=residual, tasks=settings.tasks, controls=settings.controls, **common)]
+    if qk:
+        _, n_heads, d_head = acts.acts[qk[0][0]].shape
+        mode = settings.bilinear or ("outer" if n_heads * d_head * d_head <= MAX_OUTER_FEATURES else "elementwise")
+        relative = probe_relative_distance(later_tokens(collected, renumber=True), sites=[], feature_kinds=(), attention=qk, bilinear=mode,
+                                           tasks=("regression",), controls=settings.controls,
+                                           pairs_per_distance=min(64, int(tokens.shape[0])), **common)
+        relative["layer"] = relative["block"] + 1
+        frames.append(relative)
+    return pd.concat(frames, ignore_index=True)
+
+
+def behavior(model, tokens: Tensor, attention_mask: Tensor, targets: Tensor | None = None,
+             loss_mask: Tensor | None = None, hooks: HookList = ()) -> pd.DataFrame:
+    """Per-sequence loss (nats per scored token) and exact match under ``hooks``.
+
+    Args:
+        tokens, attention_mask: ``[batch, pos]``.
+        targets, loss_mask: what each position should predict and where it is scored (a task's
+            :class:`~nopelens.models.tasks.Batch`); default: the next token at every real position
+            whose next token is real.
+
+    Returns:
+        One row per sequence: ``sequence``, ``loss``, ``exact_match`` (every scored argmax right).
+    """
+    if targets is None:
+        targets = torch.cat([tokens[:, 1:], tokens[:, :1]], dim=1)
+        loss_mask = torch.cat([(attention_mask[:, 1:] * attention_mask[:, :-1]).bool(),
+                               torch.zeros_like(tokens[:, :1], dtype=torch.bool)], dim=1)
+    rows = []
+    with torch.no_grad(), intervention(model, list(hooks)):
+        for start in range(0, tokens.shape[0], 32):
+            part = slice(start, start + 32)
+            logits = _logits(model(tokens[part], attention_mask=attention_mask[part])).float()
+            mask = loss_mask[part].to(logits.device)
+            target = targets[part].to(logits.device)
+            nats = F.cross_entropy(logits.transpose(1, 2), target, reduction="none") * mask
+            right = (logits.argmax(-1) == target) & mask
+            for row in range(logits.shape[0]):
+                rows.append(dict(sequence=start + row, loss=float(nats[row].sum() / mask[row].sum()),
+                                 exact_match=float(bool(right[row].sum() == mask[row].sum()))))
+    return pd.DataFrame(rows)
+
+
+def _logits(output) -> Tensor:
+    return output.logits if hasattr(output, "logits") else output
+
+
+def behavior_change(clean: pd.DataFrame, changed: pd.DataFrame, n_boot: int, seed: int) -> list[dict]:
+    """Mean loss and exact match, clean and changed, with a paired bootstrap CI of the change."""
+    rows = []
+    for metric in ("loss", "exact_match"):
+        delta = changed[metric].to_numpy() - clean[metric].to_numpy()
+        low, high = _mean_ci(delta, n_boot, seed)
+        rows.append(dict(metric=metric, clean=float(clean[metric].mean()), value=float(changed[metric].mean()),
+                         delta=float(delta.mean()), delta_ci_low=low, delta_ci_high=high))
+    return rows
+
+
+def _mean_ci(values: np.ndarray, n_boot: int, seed: int) -> tuple[float, float]:
+    """Percentile bootstrap 95 % CI of a mean (SciPy); a constant sample has a zero-width CI."""
+    if np.ptp(values) == 0:
+        return float(values[0]), float(values[0])
+    result = stats.bootstrap((values,), np.mean, n_resamples=n_boot, method="percentile", random_state=seed)
+    return float(result.confidence_interval.low), float(result.confidence_interval.high)
+
+
+def sink_ablation(model, tokens: Tensor, attention_mask: Tensor, n_layers: int, settings: ProbeSettings,
+                  modes: Sequence[str] = SINK_MODES, blocks: Sequence[int] | None = None,
+                  targets: Tensor | None = None, loss_mask: Tensor | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Ablate the first real token in each block; re-probe every later layer and measure behaviour.
+
+    Args:
+        model: a ``Decoder`` or bridged HF model.
+        tokens, attention_mask: evaluation sequences ``[batch, pos]`` (>= ``n_splits`` of them).
+        n_layers: number of blocks.
+        settings: probe settings.
+        modes: subset of :data:`SINK_MODES`.
+        blocks: blocks to ablate (default all).
+        targets, loss_mask: as :func:`behavior`.
+
+    Returns:
+        ``(probes, behaviour)``. ``probes``: the probe rows of the clean run (``condition ==
+        "clean"``, ``block`` of the ablation NaN) and of each ablation (``condition`` = mode,
+        ``ablated_block``), at layers after the ablated block, with ``clean_value`` and ``delta``.
+        ``behaviour``: loss and exact match per ablation with paired CIs of the change. An
+        ablation refused on this model (:class:`NotApplicable`) gives a behaviour row with
+        ``status == "not_applicable"`` and its reason.
+    """
+    for mode in modes:
+        if mode not in SINK_MODES:
+            raise ValueError(f"sink ablation mode must be one of {SINK_MODES}, got {mode!r}")
+    blocks = list(range(n_layers)) if blocks is None else list(blocks)
+    for block in blocks:
+        if not 0 <= block < n_layers:
+            raise ValueError(f"block {block} is outside 0..{n_layers - 1}")
+    first = first_real_index(attention_mask)
+    clean = reprobe(model, tokens, attention_mask, 1, n_layers, settings).assign(condition="clean", ablated_block=np.nan)
+    clean_behavior = behavior(model, tokens, attention_mask, targets, loss_mask)
+    means = mean_values(model, tokens, attention_mask, blocks) if "mean_value" in modes else {}
+    probe_frames, behavior_rows = [clean], []
+    for mode in modes:
+        for block in blocks:
+            mean_value = means.get(block)
+            try:
+                check_sink_ablation(model, block, mode, tokens, attention_mask, mean_value)
+            except NotApplicable as reason:
+                behavior_rows.append(dict(condition=mode, ablated_block=block, status="not_applicable", note=str(reason)))
+                continue
+            hooks = sink_hooks(block, mode, first, mean_value)
+            table = reprobe(model, tokens, attention_mask, block + 1, n_layers, settings, hooks)
+            probe_frames.append(table.assign(condition=mode, ablated_block=block))
+            changed = behavior(model, tokens, attention_mask, targets, loss_mask, hooks)
+            for row in behavior_change(clean_behavior, changed, settings.n_boot, settings.seed):
+                behavior_rows.append(dict(condition=mode, ablated_block=block, status="measured", note="", **row))
+    probes = with_clean_values(pd.concat(probe_frames, ignore_index=True))
+    return probes, pd.DataFrame(behavior_rows)
+
+
+PROBE_KEY = ["site", "target", "task", "features", "probe", "split", "metric"]
+
+
+def with_clean_values(probes: pd.DataFrame) -> pd.DataFrame:
+    """Add ``clean_value`` (the same probe row without intervention) and ``delta`` = value - clean."""
+    clean = probes[probes["condition"] == "clean"].set_index(PROBE_KEY)["value"].rename("clean_value")
+    merged = probes.join(clean, on=PROBE_KEY)
+    return merged.assign(delta=merged["value"] - merged["clean_value"])
+
+
+# ----------------------------------------------------------------------------- position directions
+
+
+@dataclass(frozen=True)
+class IndexDirection:
+    """The absolute-index direction of a ridge probe, in residual-stream units.
+
+    prediction(x) = (x - center) . weights + intercept, from the ``Pipeline(StandardScaler,
+    RidgeCV)`` of :func:`~nopelens.probes.make_probe`: weights = coef / scale, center = the
+    scaler's mean (features with zero spread have scale 1, as StandardScaler sets it).
+
+    Attributes:
+        layer: DESIGN.md layer the probe reads.
+        weights: ``[d_model]``, positions per unit of residual stream.
+        center: ``[d_model]``.
+        intercept: the prediction at ``center``.
+    """
+
+    layer: int
+    weights: Tensor
+    center: Tensor
+    intercept: float
+
+    @classmethod
+    def fit(cls, acts: Activations, layer: int, seed: int = 0) -> "IndexDirection":
+        """Fit a regression probe for the index on every sample of ``acts`` at ``layer``."""
+        site = resid_site(layer)
+        pipeline = make_probe("regression", seed=seed).fit(acts.features(site), acts.position)
+        scaler, ridge = pipeline[0], pipeline[-1]
+        weights = torch.as_tensor(ridge.coef_ / scaler.scale_, dtype=torch.float64)
+        if not bool(torch.isfinite(weights).all()) or float(weights.norm()) == 0:
+            raise ValueError(f"the index probe at layer {layer} has no usable direction (zero or non-finite weights)")
+        return cls(layer, weights.float(), torch.as_tensor(scaler.mean_, dtype=torch.float32), float(ridge.intercept_))
+
+    def predict(self, resid: Float[Tensor, "... d_model"]) -> Float[Tensor, "..."]:
+        """The probe's index read of residual states."""
+        return (resid.double() - self.center.double()) @ self.weights.double() + self.intercept
+
+    def shift(self, k: float) -> HookList:
+        """Hooks moving every state at this layer by k w / |w|^2 (the probe then reads i + k)."""
+        step = self.weights.double() / self.weights.double().pow(2).sum()
+        return [(resid_site(self.layer), shift_hook(step.float(), k))]
+
+    def project_out(self) -> HookList:
+        """Hooks removing the states' component along w (about the probe's center)."""
+        return [(resid_site(self.layer), project_out_hook(self.weights, self.center))]
+
+
+def clean_probe_reads(clean: Activations, changed: Activations, site: str, n_splits: int, seed: int) -> tuple[float, float]:
+    """Out-of-fold: fit an index probe on the clean states of the fitting sequences and read the
+    changed states of the held-out ones. Returns (R^2 of that read, mean read minus clean read)."""
+    y, groups = clean.position, clean.sequence_id
+    X_clean, X_changed = clean.features(site), changed.features(site)
+    read_clean, read_changed = np.empty(len(y)), np.empty(len(y))
+    for fit, score in sequence_splits(groups, n_splits):
+        probe = make_probe("regression", seed=seed).fit(X_clean[fit], y[fit])
+        read_clean[score], read_changed[score] = probe.predict(X_clean[score]), probe.predict(X_changed[score])
+    r2 = 1 - np.sum((read_changed - y) ** 2) / np.sum((y - y.mean()) ** 2)
+    return float(r2), float(np.mean(read_changed - read_clean))
+
+
+def direction_interventions(model, tokens: Tensor, attention_mask: Tensor, n_layers: int, settings: ProbeSettings,
+                            layers: Sequence[int] | None = None, shifts: Sequence[int] = (4,),
+                            targets: Tensor | None = None, loss_mask: Tensor | None = None) -> pd.DataFrame:
+    """Project out or shift the index direction at each layer; read the next layers and the loss.
+
+    For each intervened layer l (default 1 .. n_layers - 1) and each later layer l' >= l, one row
+    per intervention (``project_out``, ``shift`` with ``k``): ``r2_refit`` (a probe refitted on the
+    changed states, out of fold), ``r2_clean_probe`` and ``read_shift`` (an out-of-fold probe fitted
+    on clean states reads the changed ones: R^2, and mean read minus clean read, in positions;
+    ``read_shift / k`` is the fraction of the shift the later layer carries), and ``loss_delta``
+    and ``exact_match_delta`` of the whole model with their paired CIs.
+    """
+    layers = list(range(1, n_layers)) if layers is None else list(layers)
+    sites = [resid_site(layer) for layer in range(n_layers + 1)]
+    clean = later_tokens(collect(model, tokens, sites, attention_mask=attention_mask, batch_size=32))
+    clean_behavior = behavior(model, tokens, attention_mask, targets, loss_mask)
+    rows = []
+    for layer in layers:
+        direction = IndexDirection.fit(clean, layer, settings.seed)
+        for name, k, hooks in [("project_out", 0, direction.project_out())] + [
+                ("shift", k, direction.shift(k)) for k in shifts]:
+            with intervention(model, hooks):
+                changed = later_tokens(collect(model, tokens, sites[layer:], attention_mask=attention_mask, batch_size=32))
+            effect = {f"{row['metric']}_{key}": row[key] for row in behavior_change(
+                clean_behavior, behavior(model, tokens, attention_mask, targets, loss_mask, hooks),
+                settings.n_boot, settings.seed) for key in ("delta", "delta_ci_low", "delta_ci_high")}
+            refit = probe_absolute_index(changed, sites=sites[layer:], tasks=("regression",), controls=False,
+                                         n_splits=settings.n_splits, n_boot=settings.n_boot, seed=settings.seed)
+            refit = refit[(refit["probe"] == "linear") & (refit["metric"] == "r2")].set_index("site")
+            for read_layer in range(layer, n_layers + 1):
+                site = resid_site(read_layer)
+                r2_clean_probe, read_shift = clean_probe_reads(clean, changed, site, settings.n_splits, settings.seed)
+                rows.append(dict(intervention=name, k=k, layer=layer, read_layer=read_layer,
+                                 r2_refit=refit.loc[site, "value"], r2_refit_ci_low=refit.loc[site, "ci_low"],
+                                 r2_refit_ci_high=refit.loc[site, "ci_high"], r2_clean_probe=r2_clean_probe,
+                                 read_shift=read_shift, **effect))
+    return pd.DataFrame(rows)
+
+
+# ----------------------------------------------------------------------------- activation patching
+
+
+def shifted_copy(tokens: Tensor, shift: int, keep_first: bool) -> Tensor:
+    """The sequences with ``shift`` tokens dropped after the first (``keep_first``, e.g. BOS) or at the start.
+
+    The token at index i >= shift (+1 with ``keep_first``) of ``tokens`` sits at i - shift in the copy.
+    """
+    start = 1 if keep_first else 0
+    if not 1 <= shift <= tokens.shape[1] - start - 2:
+        raise ValueError(f"shift must lie in 1..{tokens.shape[1] - start - 2} for sequences of {tokens.shape[1]} tokens, got {shift}")
+    return torch.cat([tokens[:, :start], tokens[:, start + shift:]], dim=1)
+
+
+def position_patching(model, tokens: Tensor, n_layers: int, settings: ProbeSettings, shift: int | None = None,
+                      positions: Sequence[int] | None = None, keep_first: bool = True) -> pd.DataFrame:
+    """How much of the index moves with a residual state patched in from a left-shifted copy.
+
+    For each patch layer l in 0 .. n_layers - 1 (``blocks.{l}.hook_resid_pre``) and position i,
+    the original sequences run with the state at (l, i) replaced by the copy's state of the same
+    token (at i - shift). (TransformerLens' ``patching.generic_activation_patch`` patches an index
+    from the same index of the clean run and reads ``model.cfg.device``, which a ``Decoder``'s
+    config does not have, so the loop is here; its normalization is kept.) A regression
+    probe fitted on clean final-layer states reads the index at i in the last layer. ``moved`` =
+    mean(patched - original) / mean(copy - original) over sequences (TransformerLens'
+    normalization (patched - corrupted) / (clean - corrupted), as a ratio of means, which stays
+    defined when one sequence's two reads coincide), with a paired bootstrap CI over sequences.
+
+    Args:
+        model: a ``Decoder`` or bridged HF model, in eval mode.
+        tokens: ``[batch, pos]`` without padding.
+        n_layers: number of blocks.
+        settings: seed, bootstrap replicates and folds.
+        shift: s, default a quarter of the length.
+        positions: positions i to patch (default four, evenly spread over the patchable range).
+        keep_first: keep the first token (BOS) in the copy.
+
+    Returns:
+        One row per (patch layer, position): ``layer``, ``position``, ``read_layer``, ``read_r2``
+        (out-of-fold R^2 of the last-layer probe on clean states), ``original_read``,
+        ``copy_read``, ``patched_read`` (means), ``moved`` and its CI, and ``note``: where the last
+        layer does not read the copy's shift (|mean(copy - original)| < :data:`MIN_READ_SHIFT` *
+        shift, e.g. a RoPE model whose residual stream holds little index) ``moved`` is NaN and the
+        note says why.
+    """
+    length, start = tokens.shape[1], 1 if keep_first else 0
+    shift = max(1, length // 4) if shift is None else shift
+    copy = shifted_copy(tokens, shift, keep_first)
+    low = start + shift
+    if positions is None:
+        positions = sorted(set(np.linspace(low, length - 1, 4).round().astype(int).tolist()))
+    for position in positions:
+        if not low <= position < length:
+            raise ValueError(f"patched positions must lie in {low}..{length - 1} (the copy holds those tokens), got {position}")
+    read_site = resid_site(n_layers)
+    sites = [f"blocks.{layer}.hook_resid_pre" for layer in range(n_layers)]
+    original = collect(model, tokens, sites + [read_site])
+    source = collect(model, copy, sites + [read_site])
+    probe = make_probe("regression", seed=settings.seed).fit(original.features(read_site), original.position)
+    clean_cache = {site: torch.from_numpy(source.acts[site]).reshape(len(copy), copy.shape[1], -1) for site in sites}
+    read_r2, _ = clean_probe_reads(original, original, read_site, settings.n_splits, settings.seed)
+    read_original = probe.predict(original.features(read_site)).reshape(tokens.shape)
+    read_copy = probe.predict(source.features(read_site)).reshape(copy.shape)
+
+    rows = []
+    for position in positions:
+        before, after = read_original[:, position], read_copy[:, position - shift]
+        for layer, site in enumerate(sites):
+            replacement = torch.from_numpy(source.acts[site]).reshape(len(copy), copy.shape[1], -1)[:, position - shift]
+            with intervention(model, [(site, patch_position_hook(position, replacement))]):
+                patched = collect(model, tokens, [read_site])
+            patched_read = probe.predict(patched.features(read_site)).reshape(tokens.shape)[:, position]
+            scale = float(np.mean(after - before))
+            if abs(scale) < MIN_READ_SHIFT * shift:
+                moved = low_ci = high_ci = float("nan")
+                note = (f"the last layer does not read the copy's index shift (copy - original = {scale:.2f}, "
+                        f"not about -{shift}): no scale to normalize by")
+            else:
+                moved, low_ci, high_ci = _ratio_of_means(patched_read - before, after - before, settings.n_boot,
+                                                          settings.seed)
+                note = ""
+            rows.append(dict(layer=layer, position=position, shift=shift, read_layer=n_layers, read_r2=read_r2,
+                             original_read=float(before.mean()), copy_read=float(after.mean()),
+                             patched_read=float(patched_read.mean()), moved=moved,
+                             moved_ci_low=low_ci, moved_ci_high=high_ci, note=note))
+    return pd.DataFrame(rows)
+
+
+def patch_position_hook(position: int, replacement: Float[Tensor, "batch d_model"]) -> Callable:
+    """A residual hook that puts ``replacement`` at ``position`` of every row."""
+
+    def hook(resid: Tensor, hook) -> Tensor:
+        resid = resid.clone()
+        resid[:, position] = replacement.to(resid.device, resid.dtype)
+        return resid
+
+    return hook
+
+
+def _ratio_of_means(numerator: np.ndarray, denominator: np.ndarray, n_boot: int, seed: int) -> tuple[float, float, float]:
+    """mean(numerator) / mean(denominator) with a paired percentile bootstrap CI over sequences (SciPy)."""
+    if np.mean(denominator) == 0:
+        raise ValueError("the copy and the original read the same index: the patching effect has no scale")
+    ratio = float(np.mean(numerator) / np.mean(denominator))
+    if np.ptp(numerator) == 0 and np.ptp(denominator) == 0:
+        return ratio, ratio, ratio
+    result = stats.bootstrap((numerator, denominator), lambda a, b, axis=-1: a.mean(axis) / b.mean(axis),
+                             paired=True, vectorized=True, n_resamples=n_boot, method="percentile", random_state=seed)
+    return ratio, float(result.confidence_interval.low), float(result.confidence_interval.high)
+
+
+# ----------------------------------------------------------------------------- the sweep's section
+
+
+SWEEP_SEQUENCES = 16
+"""Sequences the sweep's sink-ablation section probes (the first ones of the evaluation batch):
+enough for grouped folds and CIs, few enough to keep the sweep inside its time budget."""
+
+
+def sink_ablation_drop(model, tokens: Tensor, attention_mask: Tensor, n_layers: int, clean: Activations,
+                       n_splits: int = 5, n_boot: int = 200, seed: int = 0,
+                       max_sequences: int | None = SWEEP_SEQUENCES) -> pd.DataFrame:
+    """Per block l, absolute-index R^2 at layer l + 1, clean and with the first key removed in block l.
+
+    The cheap form of :func:`sink_ablation` for the sweep: regression probes only, no controls,
+    the clean states taken from activations already collected, and each ablated pass stopped at
+    layer l + 1. Tokens after the first real one are probed (see the module docstring).
+
+    Args:
+        model, tokens, attention_mask, n_layers: the subject.
+        clean: activations of the same tokens holding every residual layer 1 .. n_layers.
+        n_splits, n_boot, seed: probe folds, bootstrap replicates and seed.
+        max_sequences: probe only the first this many sequences (None: all).
+
+    Returns:
+        One row per block: ``block``, ``layer``, ``r2_clean`` and ``r2_ablated`` with CIs, ``drop``
+        (clean - ablated), ``status`` (``measured`` or ``not_applicable``) and ``note``.
+    """
+    if max_sequences is not None:
+        tokens, attention_mask = tokens[:max_sequences], attention_mask[:max_sequences]
+        clean = subset_sequences(clean, len(tokens))
+    first = first_real_index(attention_mask)
+    common = dict(tasks=("regression",), controls=False, n_splits=n_splits, n_boot=n_boot, seed=seed)
+    later_clean = later_tokens(clean)
+    rows = []
+    for block in range(n_layers):
+        site = resid_site(block + 1)
+        row = dict(block=block, layer=block + 1)
+        try:
+            check_sink_ablation(model, block, "remove_key", tokens, attention_mask)
+        except NotApplicable as reason:
+            rows.append(dict(row, status="not_applicable", note=str(reason)))
+            continue
+        with intervention(model, sink_hooks(block, "remove_key", first)):
+            ablated = later_tokens(collect(model, tokens, [site], attention_mask=attention_mask, batch_size=32))
+        scores = {}
+        for name, acts in (("clean", later_clean), ("ablated", ablated)):
+            table = probe_absolute_index(acts, sites=[site], **common)
+            scores[name] = table[(table["probe"] == "linear") & (table["metric"] == "r2")].iloc[0]
+        rows.append(dict(row, r2_clean=scores["clean"]["value"], r2_clean_ci_low=scores["clean"]["ci_low"],
+                         r2_clean_ci_high=scores["clean"]["ci_high"], r2_ablated=scores["ablated"]["value"],
+                         r2_ablated_ci_low=scores["ablated"]["ci_low"], r2_ablated_ci_high=scores["ablated"]["ci_high"],
+                         drop=scores["clean"]["value"] - scores["ablated"]["value"], status="measured", note=""))
+    return pd.DataFrame(rows)
+
+
+def subset_sequences(acts: Activations, n_sequences: int) -> Activations:
+    """The samples of the first ``n_sequences`` sequences (ids 0 .. n - 1) of ``acts``."""
+    keep = acts.sequence_id < n_sequences
+    return Activations(acts={site: array[keep] for site, array in acts.acts.items()},
+                       sequence_id=acts.sequence_id[keep], position=acts.position[keep], token=acts.token[keep])

@@ -1,0 +1,264 @@
+"""Interventions (issue 14): known answers on the Theorem 1/2 circuit, hook hygiene, HF bridges, CLI."""
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+from nopelens.analyses import intervene as iv
+from nopelens.analyses.cli import main
+from nopelens.circuits import distance
+from nopelens.circuits.layout import ATTENDED_POSITION, BOS_TOKEN, POSITION
+from nopelens.models import Decoder, DecoderConfig
+from nopelens.models.adapters import HookedModule, bridge_hf_model
+from nopelens.probes import collect
+
+SETTINGS = iv.ProbeSettings(n_splits=3, n_boot=30)
+
+
+@pytest.fixture(scope="module")
+def circuit():
+    torch.set_num_threads(1)
+    model = distance(n_ctx=24)
+    generator = torch.Generator().manual_seed(0)
+    tokens = torch.randint(1, model.cfg.d_vocab, (12, 24), generator=generator)
+    tokens[:, 0] = BOS_TOKEN
+    return model, tokens, torch.ones_like(tokens)
+
+
+def linear_rows(table: pd.DataFrame, **where) -> pd.DataFrame:
+    rows = table
+    for column, value in where.items():
+        rows = rows[rows[column] == value]
+    return rows
+
+
+def beats_chance(table: pd.DataFrame, metric: str, **where) -> bool:
+    """The linear probe's CI lies above every chance baseline's CI (shuffled labels, majority)."""
+    rows = linear_rows(table, metric=metric, **where)
+    linear = rows[rows["probe"] == "linear"].iloc[0]
+    chance = rows[rows["probe"].isin(["shuffled", "majority"])]["ci_high"].max()
+    return bool(linear["ci_low"] > chance)
+
+
+def test_circuit_sink_ablation_known_answers(circuit):
+    """Theorem 1: the index is 1/(i+1) of the first token's value. Without that key in block 0,
+    layer 1 carries no index and block 1's q.k read no distance; ablating block 1 leaves layer 1."""
+    model, tokens, mask = circuit
+    probes, behavior = iv.sink_ablation(model, tokens, mask, 2, SETTINGS, modes=("remove_key", "mean_value"))
+    clean = probes[probes["condition"] == "clean"]
+    assert beats_chance(clean, "r2", layer=1, target="absolute_index")
+    assert beats_chance(clean, "accuracy", layer=1, target="absolute_index")
+    assert beats_chance(clean, "r2", target="relative_distance", block=1)
+    for mode in ("remove_key", "mean_value"):
+        ablated = probes[(probes["condition"] == mode) & (probes["ablated_block"] == 0)]
+        assert not beats_chance(ablated, "r2", layer=1, target="absolute_index")
+        assert not beats_chance(ablated, "accuracy", layer=1, target="absolute_index")
+        assert not beats_chance(ablated, "r2", target="relative_distance", block=1)
+    assert set(behavior["status"]) == {"measured"}
+
+    hooks = iv.sink_hooks(1, "remove_key", iv.first_real_index(mask))
+    with iv.intervention(model, hooks):
+        after = collect(model, tokens, [1, 2])
+    before = collect(model, tokens, [1, 2])
+    assert np.array_equal(after.acts["blocks.0.hook_resid_post"], before.acts["blocks.0.hook_resid_post"])
+    assert not np.array_equal(after.acts["blocks.1.hook_resid_post"], before.acts["blocks.1.hook_resid_post"])
+
+
+def relative_read_with_and_without_sink(position: str) -> tuple[pd.Series, pd.Series]:
+    """Block 1's q.k read of i - j in an untrained 2-block model, clean and with the sink removed in block 0.
+
+    Content is a BOS then two token types, so the read is mostly about position."""
+    config = DecoderConfig(d_vocab=32, n_ctx=24, n_layers=2, d_model=32, n_heads=2, d_head=8, position=position)
+    model = Decoder(config, seed=0).eval()
+    tokens = 5 + torch.randint(0, 2, (12, 24), generator=torch.Generator().manual_seed(1))
+    tokens[:, 0] = 0
+    mask = torch.ones_like(tokens)
+    settings = iv.ProbeSettings(n_splits=3, n_boot=30, tasks=("regression",), controls=False, bilinear="outer")
+    hooks = iv.sink_hooks(0, "remove_key", iv.first_real_index(mask))
+    read = dict(target="relative_distance", probe="linear", metric="r2")
+    return tuple(linear_rows(iv.reprobe(model, tokens, mask, 1, 2, settings, h), **read).iloc[0] for h in ([], hooks))
+
+
+def test_untrained_rope_relative_read_does_not_need_the_sink():
+    torch.set_num_threads(1)
+    before, after = relative_read_with_and_without_sink("rope")
+    assert before["value"] > 0.9  # the rotation alone makes i - j readable
+    assert abs(after["value"] - before["value"]) < 0.05
+    # the same test fails where the distance does come from the sink: an untrained NoPE model
+    before, after = relative_read_with_and_without_sink("nope")
+    assert after["value"] < before["value"] - 0.2 and after["ci_high"] < before["ci_low"]
+
+
+def test_remove_key_is_exact_on_the_fused_path_too():
+    """Hooking hook_attn_scores forces the explicit path: the fused and explicit passes agree, and
+    the pattern gives the removed key exactly zero and renormalizes over the rest."""
+    config = DecoderConfig(d_vocab=16, n_ctx=16, n_layers=2, d_model=16, n_heads=2, position="nope")
+    model = Decoder(config, seed=3).eval()
+    tokens = torch.randint(0, 16, (2, 10), generator=torch.Generator().manual_seed(0))
+    hooks = iv.sink_hooks(0, "remove_key", torch.zeros(2, dtype=torch.long))
+    with torch.no_grad():
+        clean = model(tokens)
+        with iv.intervention(model, hooks):
+            fused = model(tokens)
+            _, cache = model.run_with_cache(tokens, names_filter="blocks.0.attn.hook_pattern")
+        model.set_fused_attention(False)
+        with iv.intervention(model, hooks):
+            explicit = model(tokens)
+        model.set_fused_attention(True)
+    pattern = cache["blocks.0.attn.hook_pattern"]
+    assert torch.equal(pattern[:, :, 1:, 0], torch.zeros_like(pattern[:, :, 1:, 0]))
+    assert torch.allclose(pattern.sum(-1), torch.ones(pattern.shape[:-1]))
+    assert torch.allclose(pattern[:, :, 0, 0], torch.ones(2, 2))  # the first query keeps its own key
+    assert torch.allclose(fused, explicit, atol=1e-6)
+    assert not torch.allclose(fused, clean, atol=1e-4)
+
+
+def test_hooks_are_removed_after_the_pass_and_when_it_raises(circuit):
+    model, tokens, mask = circuit
+    hooks = iv.sink_hooks(0, "remove_key", iv.first_real_index(mask))
+    point = model.hook_dict["blocks.0.attn.hook_attn_scores"]
+    with torch.no_grad():
+        clean = model(tokens)
+        with iv.intervention(model, hooks):
+            assert len(point._forward_hooks) == 1
+        assert not point._forward_hooks
+        bad = tokens.clone()
+        bad[0, 3] = model.cfg.d_vocab  # outside the vocabulary: the forward raises
+        with pytest.raises(ValueError, match="outside the vocabulary"):
+            with iv.intervention(model, hooks):
+                model(bad)
+        assert not point._forward_hooks
+        with pytest.raises(RuntimeError, match="inside"):
+            with iv.intervention(model, iv.IndexDirection(1, torch.ones(model.cfg.d_model), torch.zeros(model.cfg.d_model), 0.0).shift(2)):
+                raise RuntimeError("inside")
+        assert not any(p._forward_hooks for p in model.hook_dict.values())
+        assert torch.equal(model(tokens), clean)
+    with pytest.raises(KeyError, match="no hook point"):
+        with iv.intervention(model, [("blocks.9.hook_resid_pre", lambda x, hook: x)]):
+            pass
+
+
+def test_shifting_the_index_dimension_shifts_what_the_distance_head_writes_by_k(circuit):
+    """Block 1's head scores -m(i - j): moving every index by k leaves its pattern unchanged (a
+    relative head) and moves the position it writes, sum_j A_ij j, by exactly k."""
+    model, tokens, mask = circuit
+    unit = torch.zeros(model.cfg.d_model)
+    unit[POSITION] = 1.0
+    for k in (3, -2):
+        sites = ["blocks.1.attn.hook_pattern", "blocks.1.hook_resid_post"]
+        before = collect(model, tokens, sites)
+        with iv.intervention(model, [("blocks.0.hook_resid_post", iv.shift_hook(unit, k))]):
+            after = collect(model, tokens, sites)
+        for a, b in zip(after.patterns["blocks.1.attn.hook_pattern"], before.patterns["blocks.1.attn.hook_pattern"]):
+            np.testing.assert_allclose(a, b, atol=1e-6)
+        moved = after.acts["blocks.1.hook_resid_post"][:, ATTENDED_POSITION] - before.acts["blocks.1.hook_resid_post"][:, ATTENDED_POSITION]
+        np.testing.assert_allclose(moved, k, atol=1e-4)
+
+
+def test_probe_direction_shift_and_projection(circuit):
+    model, tokens, mask = circuit
+    clean = iv.later_tokens(collect(model, tokens, [1]))
+    direction = iv.IndexDirection.fit(clean, 1)
+    with iv.intervention(model, direction.shift(5)):
+        shifted = iv.later_tokens(collect(model, tokens, [1]))
+    with iv.intervention(model, direction.project_out()):
+        projected = iv.later_tokens(collect(model, tokens, [1]))
+    site = "blocks.0.hook_resid_post"
+    read = lambda acts: direction.predict(torch.from_numpy(acts.features(site))).numpy()
+    np.testing.assert_allclose(read(shifted) - read(clean), 5, atol=1e-3)
+    np.testing.assert_allclose(read(projected), direction.intercept, atol=1e-3)
+    table = iv.direction_interventions(model, tokens, mask, 2, SETTINGS, layers=[1], shifts=(2,))
+    shift = table[(table["intervention"] == "shift") & (table["read_layer"] == 1)].iloc[0]
+    assert shift["read_shift"] == pytest.approx(2, abs=0.2)  # an out-of-fold probe, not the direction's own
+    projected_row = table[(table["intervention"] == "project_out") & (table["read_layer"] == 1)].iloc[0]
+    assert projected_row["r2_clean_probe"] < 0.2 < projected_row["r2_refit"]  # i^2 and 1/(i+1) still hold it
+
+
+def test_patching_on_the_circuit(circuit):
+    """An embedding has no index in a NoPE model (nothing moves); after block 0 the position dimension
+    moves with the state, while block 1's head rereads positions from the unpatched keys."""
+    model, tokens, mask = circuit
+    table = iv.position_patching(model, tokens, 2, SETTINGS, shift=6, positions=[10, 20])
+    layer0, layer1 = table[table["layer"] == 0], table[table["layer"] == 1]
+    np.testing.assert_allclose(layer0["moved"], 0, atol=1e-6)
+    assert ((layer1["moved"] > 0.3) & (layer1["moved"] < 0.95)).all()
+    assert (layer1["copy_read"] < layer1["original_read"] - 5).all()
+    with pytest.raises(ValueError, match="patched positions"):
+        iv.position_patching(model, tokens, 2, SETTINGS, shift=6, positions=[3])
+
+
+def hf_models():
+    from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    return {
+        "gpt2": GPT2LMHeadModel(GPT2Config(n_embd=32, n_layer=2, n_head=4, vocab_size=64, n_positions=64,
+                                           bos_token_id=0, eos_token_id=0)),
+        "llama": LlamaForCausalLM(LlamaConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                                              num_key_value_heads=4, intermediate_size=64, vocab_size=64,
+                                              max_position_embeddings=64, bos_token_id=0, eos_token_id=0)),
+    }
+
+
+@pytest.mark.parametrize("name", ["gpt2", "llama"])
+def test_interventions_on_bridged_hf_models(name):
+    torch.set_num_threads(1)
+    bridge = bridge_hf_model(hf_models()[name].eval())
+    tokens = torch.randint(1, 64, (6, 12), generator=torch.Generator().manual_seed(0))
+    tokens[:, 0] = 0
+    mask = torch.ones_like(tokens)
+    settings = iv.ProbeSettings(n_splits=2, n_boot=20, tasks=("regression",), controls=False, relative=False)
+    probes, behavior = iv.sink_ablation(bridge, tokens, mask, 2, settings)
+    assert set(behavior["status"]) == {"measured"}
+    assert (behavior[behavior["metric"] == "loss"]["delta"].abs() > 0).all()
+    with torch.no_grad():
+        clean = bridge(tokens)
+        with pytest.raises((IndexError, ValueError)):  # a token outside the vocabulary
+            with iv.intervention(bridge, iv.sink_hooks(0, "remove_key", iv.first_real_index(mask))):
+                bridge(tokens + 100)
+        assert torch.equal(bridge(tokens), clean)
+    patched = iv.position_patching(bridge, tokens, 2, settings, shift=3, positions=[8])
+    assert len(patched) == 2
+    assert (np.isfinite(patched["moved"]) | patched["note"].str.contains("no scale")).all()
+
+
+def test_a_model_whose_ablation_cannot_be_checked_is_refused():
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    hf = GPT2LMHeadModel(GPT2Config(n_embd=32, n_layer=1, n_head=4, vocab_size=64, n_positions=64)).eval()
+    wrapped = HookedModule(hf, {"blocks.0.hook_resid_pre": "transformer.drop", "blocks.0.hook_resid_post": "transformer.h.0"})
+    tokens = torch.randint(0, 64, (4, 8), generator=torch.Generator().manual_seed(0))
+    with pytest.raises(iv.NotApplicable, match="no hook point blocks.0.attn.hook_attn_scores"):
+        iv.check_sink_ablation(wrapped, 0, "remove_key", tokens, torch.ones_like(tokens))
+    wrapped = HookedModule(hf, {"blocks.0.attn.hook_attn_scores": "transformer.h.0.attn.attn_dropout",
+                                "blocks.0.hook_resid_post": "transformer.h.0"})
+    with pytest.raises(iv.NotApplicable, match="to check that the ablation"):
+        iv.check_sink_ablation(wrapped, 0, "remove_key", tokens, torch.ones_like(tokens))
+    _, behavior = iv.sink_ablation(wrapped, tokens, torch.ones_like(tokens), 1,
+                                   iv.ProbeSettings(n_splits=2, n_boot=10, tasks=("regression",), controls=False,
+                                                    relative=False), modes=("remove_key",))
+    assert behavior["status"].tolist() == ["not_applicable"]
+
+
+@pytest.mark.slow
+def test_cli_writes_a_run_folder_and_bad_input_is_one_line(tmp_path, capsys):
+    out = tmp_path / "run"
+    args = ["intervene", "circuit", "--out", str(out), "--n-sequences", "6", "--seq-len", "12", "--n-boot", "10",
+            "--modes", "remove_key", "--quiet"]
+    assert main(args) == 0
+    for name in ("summary.csv", "sink_probes.csv", "sink_behavior.csv", "directions.csv", "patching.csv",
+                 "intervene.png", "intervene.svg", "run.json"):
+        assert (out / name).is_file(), name
+    summary = pd.read_csv(out / "summary.csv")
+    assert summary.loc[summary["ablated_block"] == 0, "abs_r2_delta"].iloc[0] < -0.5
+    assert main(args) == 0  # resumes from the written tables
+    capsys.readouterr()
+    for bad, message in ((["intervene", "nosuch-model"], "unknown zoo model"),
+                         (["intervene", "circuit", "--modes", "sideways", "--out", str(tmp_path / "b")], "sideways"),
+                         (["intervene", "circuit", "--shift", "0", "--out", str(tmp_path / "c")], "non-zero"),
+                         (["intervene", "circuit", "--n-sequences", "3", "--out", str(tmp_path / "d")], "folds"),
+                         (args[:-3] + ["--n-boot", "11"], "other settings")):
+        assert main(bad) == 2
+        err = capsys.readouterr().err.strip()
+        assert "\n" not in err and message in err and "Traceback" not in err

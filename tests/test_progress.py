@@ -1,0 +1,60 @@
+"""Progress bars suit where they go: live on a terminal, a line every few seconds in a log (issue 15)."""
+
+import io
+
+from nopelens.models.progress import LOG_INTERVAL, progress_bar
+
+
+class Terminal(io.StringIO):
+    def isatty(self):
+        return True
+
+
+def test_a_fast_loop_writes_only_a_few_lines_to_a_log():
+    log = io.StringIO()
+    for step in (bar := progress_bar(range(20_000), file=log, desc="train")):
+        bar.set_postfix(loss=f"{1 / (step + 1):.4f}")  # tqdm redraws on each postfix unless told not to
+    lines = log.getvalue().splitlines()
+    assert LOG_INTERVAL >= 1 and 1 <= len(lines) <= 3, lines
+    assert "\r" not in log.getvalue()
+    assert lines[-1].startswith("train: 100%") and "20000/20000" in lines[-1]
+
+
+def test_a_terminal_gets_the_live_bar():
+    screen = Terminal()
+    bar = progress_bar(total=20_000, file=screen, mininterval=0, miniters=1, leave=False)
+    for _ in range(200):
+        bar.update(1)
+    bar.close()
+    assert screen.getvalue().count("\r") >= 200  # redrawn in place
+
+
+def test_a_slow_loop_in_a_log_writes_a_line_per_interval(monkeypatch):
+    clock = iter(range(0, 10**6, 1))  # one second per step, through tqdm's own timer
+    monkeypatch.setattr("tqdm.std.time", lambda: float(next(clock)))
+    log = io.StringIO()
+    for _ in progress_bar(range(60), file=log):
+        pass
+    lines = log.getvalue().splitlines()
+    assert 60 / LOG_INTERVAL - 4 <= len(lines) <= 60 / LOG_INTERVAL + 4, len(lines)
+
+
+def test_the_final_state_is_written_once(monkeypatch):
+    clock = iter(range(0, 10**6, 60))  # a minute per step: every step is due a line
+    monkeypatch.setattr("tqdm.std.time", lambda: float(next(clock)))
+    log = io.StringIO()
+    for _ in progress_bar(range(3), file=log):
+        pass
+    assert sum("3/3" in line for line in log.getvalue().splitlines()) == 1, log.getvalue()
+
+
+def test_nested_bars_in_a_log_write_plain_lines():
+    log = io.StringIO()
+    for _ in progress_bar(range(3), file=log, desc="sweep", mininterval=0):
+        inner = progress_bar(total=4, file=log, desc="train", leave=False, mininterval=0)
+        for _ in range(4):
+            inner.update(1)
+        inner.close()
+    text = log.getvalue()
+    assert "\x1b" not in text and "\r" not in text
+    assert all(line.startswith(("sweep", "train")) for line in text.splitlines())
