@@ -318,3 +318,15 @@ def test_cli_refuses_a_bos_outside_the_vocabulary(tmp_path, capsys):
     code = main(["sinks", f"hf:{path}", "--quiet", "--n-sequences", "6", "--seq-len", "8"])
     err = capsys.readouterr().err
     assert code == 2 and "bos_token_id 500 is outside the vocabulary" in err, err
+
+
+def test_scaled_rope_is_read_but_its_position_steps_are_not_applicable():
+    from nopelens.analyses.audit import audit
+
+    model = build("llama", rope_parameters={"rope_type": "linear", "factor": 2.0, "rope_theta": 10000.0})
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        report = audit(bridge_hf_model(model), eval_length=8)
+    got = statuses(report)
+    assert [n for n in range(1, 10) if got[n] == "not_applicable"] == [2, 4, 5, 6, 8], report.summary()
+    assert "scales RoPE frequencies" in report.step(5).reason and report.passed

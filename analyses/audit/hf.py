@@ -159,10 +159,9 @@ class BridgeSubject(Subject):
             alibi = kwargs.get("alibi")
             if alibi is None:
                 return None
-            batch = (args[0] if args else kwargs["hidden_states"]).shape[0]
+            # Bloom hands [batch * heads, 1, key], Falcon [batch, heads, 1, key]: both hold slope_h * p_j
             ids = position_ids[:, -alibi.shape[-1]:].to(alibi.dtype)
             new = (slopes[None, :, None].to(alibi.dtype) * ids[:, None, :]).reshape(alibi.shape)
-            assert new.shape[0] in (batch, batch * self.n_heads)
             return args, {**kwargs, "alibi": new}
 
         handles = [b.attn.register_forward_pre_hook(pre, with_kwargs=True) for b in self.model.blocks]
@@ -219,8 +218,8 @@ class BridgeSubject(Subject):
             return
         rope_layers = [l for l, m in enumerate(self.hf.layer_methods) if m == "rope"]
         names = [f"blocks.{rope_layers[0]}.attn.{n}" for n in ("hook_cos", "hook_sin")] if rope_layers else []
-        if not names or not all(self.hf.fires(n) for n in names):
-            yield seen
+        if not names or not all(self.hf.fires(n) for n in names) or self.unverifiable() is not None:
+            yield seen  # no angles nopelens can decode (e.g. scaled RoPE frequencies)
             return
         store: dict[str, Tensor] = {}
 

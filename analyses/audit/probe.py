@@ -10,10 +10,10 @@ from jaxtyping import Bool, Int
 from torch import Tensor
 
 from nopelens.models.masks import visibility
-from nopelens.models.methods import QK_ROTATION, SCORE_BIAS
+from nopelens.models.methods import SCORE_BIAS
 from nopelens.models.positions import position_ids_from_mask
 
-from .numerics import Tolerance, dot_scores, rotate
+from .numerics import Tolerance, rotate
 from .subjects import Subject
 
 
