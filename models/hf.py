@@ -74,6 +74,27 @@ class LayerPosition:
     sliding_window: int | None = None
     rope_type: str = "default"
 
+    @property
+    def unit(self):
+        """The registry's method unit of this layer (:mod:`nopelens.models.methods`), None if unknown."""
+        from .methods import METHODS, get_method
+
+        return get_method(self.method) if self.method in METHODS else None
+
+    @property
+    def rotates(self) -> bool:
+        """The layer rotates q and k (its unit acts as a q/k rotation)."""
+        from .methods import QK_ROTATION
+
+        return self.unit is not None and self.unit.acts(QK_ROTATION)
+
+    @property
+    def biases_scores(self) -> bool:
+        """The layer adds a finite bias to its scores (its unit acts as a score bias)."""
+        from .methods import SCORE_BIAS
+
+        return self.unit is not None and self.unit.acts(SCORE_BIAS)
+
 
 @dataclass(frozen=True)
 class HFDescription:
@@ -97,7 +118,7 @@ class HFDescription:
         position_ids_hook: a hook whose input is the position ids (a learned table that is a
             plain ``nn.Embedding``), or None (OPT's table takes the attention mask).
         position_input: how positions enter the model: ``position_ids`` (the forward takes them),
-            ``alibi`` (an ``alibi`` tensor slope_h * p_j, with p_j counted from the attention mask, is
+            ``alibi_tensor`` (an ``alibi`` tensor slope_h * p_j, with p_j counted from the attention mask, is
             handed to every attention: Bloom, Falcon with ALiBi) or None (MPT builds its ALiBi bias
             from key indices; no position ids can be given).
         fired: every hook name that fired in the census forward pass.
@@ -140,7 +161,7 @@ class HFDescription:
     def rotated_qk_sites(self, layer: int) -> tuple[str, str] | None:
         """``hook_rot_q``/``hook_rot_k`` of a RoPE layer when the bridge fires them, else None."""
         names = (f"blocks.{layer}.attn.hook_rot_q", f"blocks.{layer}.attn.hook_rot_k")
-        if self.layers[layer].method == "rope" and all(self.fires(n) for n in names):
+        if self.layers[layer].rotates and all(self.fires(n) for n in names):
             return names
         return None
 
@@ -181,8 +202,8 @@ def describe_config(config: Any, architecture: str | None = None) -> HFDescripti
     qk_layout = {"per-head": "batch head pos d_head", "full-width": "batch pos (head d_head)"}.get(
         qk_norm or "", "batch pos head d_head")
     position_input = "position_ids"
-    if layers and layers[0].method == "alibi":
-        position_input = None if family == "mpt" else "alibi"
+    if layers and layers[0].biases_scores:
+        position_input = None if family == "mpt" else "alibi_tensor"
     return HFDescription(
         architecture=architecture, family=family, n_layers=n_layers, n_heads=n_heads,
         n_kv_heads=int(n_kv or n_heads), d_head=d_head, d_vocab=int(config.vocab_size),
@@ -215,20 +236,17 @@ def _layer(config: Any, family: str, layer: int, d_head: int) -> LayerPosition:
     window = _sliding_window(config, layer)
     softcap = getattr(config, "attn_logit_softcapping", None)
     common = dict(score_scale=scale, sliding_window=window, softcap=float(softcap) if softcap else None)
-    method = _layer_method(config, family, layer)
-    if method == "unknown":
-        return LayerPosition("unknown", **common)
-    if method == "alibi":
+    plain = LayerPosition(_layer_method(config, family, layer), **common)
+    if plain.biases_scores:
         slopes, bias_scale = _alibi(config, family, d_head)
-        return LayerPosition("alibi", alibi_slopes=slopes, bias_scale=bias_scale, **common)
-    if method == "nope":
-        return LayerPosition("nope", **common)
+        return replace(plain, alibi_slopes=slopes, bias_scale=bias_scale)
+    if not plain.rotates:  # NoPE, or a method nopelens does not know (nothing about it is verified)
+        return plain
     base, fraction, rope_type = _rope_parameters(config, family, layer)
     rotary_dim = int(getattr(config, "rotary_dim", None) or round(d_head * fraction))
     rotary_dim -= rotary_dim % 2
     pairing = "interleaved" if family in INTERLEAVED_FAMILIES else "half"
-    return LayerPosition("rope", rotary_dim=rotary_dim, rotary_base=base, pairing=pairing, rope_type=rope_type,
-                         **common)
+    return replace(plain, rotary_dim=rotary_dim, rotary_base=base, pairing=pairing, rope_type=rope_type)
 
 
 def _layer_method(config: Any, family: str, layer: int) -> str:

@@ -102,7 +102,7 @@ def test_description_per_layer(bridges, family):
     input_position, methods, pairing = EXPECTED[family]
     assert description.input_position == input_position
     assert description.layer_methods == methods
-    rope = [layer for layer in description.layers if layer.method == "rope"]
+    rope = [layer for layer in description.layers if layer.rotates]
     assert {layer.pairing for layer in rope} == ({pairing} if rope else set())
     assert description.fires("blocks.0.attn.hook_pattern")
 

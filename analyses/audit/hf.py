@@ -17,7 +17,8 @@ from typing import Any, Iterator
 import torch
 from torch import Tensor
 
-from nopelens.models.methods import METHODS, get_method
+from nopelens.models.methods import get_method
+from nopelens.models.methods.nope import NoPE
 from nopelens.models.positions import rope_angles
 
 from .numerics import as_ids, dot_scores
@@ -42,12 +43,12 @@ class BridgeSubject(Subject):
         check_readable(self.hf)
         self.config = bridge.original_model.config
         # each layer's method is the registry's unit; its parameters come from the description
-        self.layer_methods = tuple(get_method(m if m in METHODS else "nope") for m in self.hf.layer_methods)
+        self.layer_methods = tuple(spec.unit or NoPE() for spec in self.hf.layers)
         self.input_method = get_method(self.hf.input_position) if self.hf.input_position else None
         self.n_heads, self.d_head, self.d_vocab = self.hf.n_heads, self.hf.d_head, self.hf.d_vocab
         self.max_positions = self.hf.max_positions
         self.position_offset = self.hf.position_offset
-        rope_layers = [l for l, m in enumerate(self.hf.layer_methods) if m == "rope"]
+        rope_layers = [l for l, spec in enumerate(self.hf.layers) if spec.rotates]
         self.details = {}
         if rope_layers:
             self.rope = self.rope_spec(rope_layers[0])
@@ -66,7 +67,7 @@ class BridgeSubject(Subject):
     # --- what the description says -----------------------------------------------------------
     def rope_spec(self, layer: int) -> RopeSpec | None:
         spec = self.hf.layers[layer]
-        if spec.method != "rope":
+        if not spec.rotates:
             return None
         return RopeSpec(spec.rotary_dim, spec.rotary_base, spec.pairing)
 
@@ -83,7 +84,7 @@ class BridgeSubject(Subject):
 
     def prepare_qk(self, q: Tensor, k: Tensor, layer: int) -> tuple[Tensor, Tensor]:
         q, k = self._tl_layout(q), self._tl_layout(k)
-        if self.hf.qk_norm == "l2 after rope" and self.hf.layers[layer].method == "rope":
+        if self.hf.qk_norm == "l2 after rope" and self.hf.layers[layer].rotates:
             from nopelens.models.hf import l2_normalize  # commutes with the rotation
 
             eps = float(getattr(self.config, "rms_norm_eps", 1e-6))
@@ -103,18 +104,18 @@ class BridgeSubject(Subject):
         return self.hf.scores_hook
 
     def unverifiable(self) -> str | None:
-        unknown = [l for l, m in enumerate(self.hf.layer_methods) if m == "unknown"]
+        unknown = [l for l, spec in enumerate(self.hf.layers) if spec.unit is None]
         if unknown:
             return (f"the position method of {self.hf.family!r} layers {unknown} is not known to nopelens.models.hf; "
                     "nothing about positions is verified")
-        scaled = sorted({l.rope_type for l in self.hf.layers if l.method == "rope" and l.rope_type != "default"})
+        scaled = sorted({l.rope_type for l in self.hf.layers if l.rotates and l.rope_type != "default"})
         if scaled:
             return f"rope_type {scaled} scales RoPE frequencies; the reference covers the default (unscaled) RoPE only"
         return None
 
     @property
     def _alibi_input(self) -> bool:
-        return self.hf.position_input == "alibi"
+        return self.hf.position_input == "alibi_tensor"
 
     @property
     def takes_positions(self) -> bool:
@@ -216,7 +217,7 @@ class BridgeSubject(Subject):
             with bridge.hooks(fwd_hooks=[(self.hf.position_ids_hook, hook)]):
                 yield seen
             return
-        rope_layers = [l for l, m in enumerate(self.hf.layer_methods) if m == "rope"]
+        rope_layers = [l for l, spec in enumerate(self.hf.layers) if spec.rotates]
         names = [f"blocks.{rope_layers[0]}.attn.{n}" for n in ("hook_cos", "hook_sin")] if rope_layers else []
         if not names or not all(self.hf.fires(n) for n in names) or self.unverifiable() is not None:
             yield seen  # no angles nopelens can decode (e.g. scaled RoPE frequencies)
