@@ -330,3 +330,16 @@ def test_scaled_rope_is_read_but_its_position_steps_are_not_applicable():
     got = statuses(report)
     assert [n for n in range(1, 10) if got[n] == "not_applicable"] == [2, 4, 5, 6, 8], report.summary()
     assert "scales RoPE frequencies" in report.step(5).reason and report.passed
+
+
+def test_audit_and_collect_restore_every_submodule_flag(bridges):
+    from nopelens.analyses.audit import audit
+
+    bridge = bridges("smollm3")
+    bridge.train()
+    bridge.blocks[1].eval()
+    before = [m.training for m in bridge.modules()]
+    audit(bridge, eval_length=6)
+    collect(bridge, torch.randint(3, 64, (1, 5)), resid_sites(1))
+    assert [m.training for m in bridge.modules()] == before
+    bridge.eval()

@@ -51,7 +51,7 @@ def audit(
     given; an HF model's BOS id first), and the same tokens left-padded by ``eval_length // 4``
     pads. Every step reports pass / fail / not_applicable and its evidence; see the module
     docstring for what each step checks. The model is run in eval mode under ``torch.no_grad``
-    and its training flag is restored afterwards.
+    and every submodule's training flag is restored afterwards.
 
     Args:
         model: a nopelens ``Decoder``, a ``TrainedModel`` (its metadata gives training lengths),
@@ -97,7 +97,7 @@ def audit(
     tol = Tolerance(atol, rtol)
     subject.position_limit = 2 * eval_length + shift + 64
     module = subject.model
-    was_training = module.training
+    flags = [(m, m.training) for m in module.modules()]  # each submodule's own flag, restored below
     module.eval()
     try:
         with torch.no_grad():
@@ -110,7 +110,8 @@ def audit(
                 steps = [make_step(step.number, [], {}, "", reason) if step.number in (2, 4, 5, 6, 8) else step
                          for step in steps]
     finally:
-        module.train(was_training)
+        for m, training in flags:
+            m.training = training
     probe_record = {
         "tokens": probe.tokens.tolist(),
         "attention_mask": probe.mask.tolist(),
