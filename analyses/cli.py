@@ -23,6 +23,7 @@ COMMAND_MODULES = (
     "nopelens.analyses.circuit_cmd",
     "nopelens.analyses.audit_cmd",
     "nopelens.analyses.intervene_cmd",
+    "nopelens.analyses.validate",
 )
 
 USER_ERRORS = (ValueError, KeyError, TypeError, OSError)

@@ -22,7 +22,8 @@ PROBE_PANELS = (
     ("absolute index: accuracy", "absolute_index", "classification", "accuracy", "resid"),
     ("absolute index: R²", "absolute_index", "regression", "r2", "resid"),
     ("relative distance, pairs [h_i; h_j]: R²", "relative_distance", "regression", "r2", "concat"),
-    ("relative distance, q·k read: R²", "relative_distance", "regression", "r2", "bilinear"),
+    ("relative distance, head scores\n(content + position bias): R²", "relative_distance", "regression", "r2", "score"),
+    ("relative distance, content-only q·k\n(no position bias): R²", "relative_distance", "regression", "r2", "bilinear"),
 )
 
 SUMMARY_HEADERS = {
@@ -30,7 +31,8 @@ SUMMARY_HEADERS = {
     "absolute_acc": "abs. index acc ≥ 0.9",
     "absolute_r2": "abs. index R² ≥ 0.9",
     "relative_pairs_r2": "rel. dist. pairs R² ≥ 0.9",
-    "relative_qk_r2": "rel. dist. q·k R² ≥ 0.9",
+    "relative_score_r2": "rel. dist. head scores R² ≥ 0.9",
+    "relative_content_qk_r2": "rel. dist. content q·k R² ≥ 0.9",
     "best_absolute_r2": "best abs. R²",
     "best_absolute_layer": "at layer",
     "selectivity_at_best": "selectivity (R²)",
@@ -68,6 +70,8 @@ def probe_panel_rows(probes: pd.DataFrame, target: str, task: str, metric: str, 
         rows = rows[rows["site"].str.contains("hook_resid_")]
     elif features == "bilinear":
         rows = rows[rows["features"].str.startswith("bilinear")]
+    elif features == "score":
+        rows = rows[rows["features"] == "score"]
     else:
         rows = rows[(rows["features"] == features) & rows["site"].str.contains("hook_resid_")]
     return rows.sort_values(["model", "layer"])
@@ -122,14 +126,24 @@ def variance_figure(variance: pd.DataFrame) -> plt.Figure:
 
 
 def summary_table(summary: pd.DataFrame) -> pd.DataFrame:
-    """The summary with readable headers, "none" for targets no layer recovered, rounded numbers."""
+    """The summary with readable headers, "none" for targets no layer recovered, "n/a" for reads the
+    model has no site for (no ``hook_attn_scores``), rounded numbers."""
     table = summary.copy()
-    for column in ("absolute_acc", "absolute_r2", "relative_pairs_r2", "relative_qk_r2"):
-        table[column] = table[column].map(lambda layer: "none" if layer < 0 else str(int(layer)))
+    for column in FIRST_LAYER_COLUMNS:
+        table[column] = table[column].map(_layer_text)
     table = table.round(3)
     slope = table["variance_slope_block0"]
     table["variance_slope_block0"] = slope.map(lambda v: "n/a (variance 0)" if pd.isna(v) else f"{v:.3f}")
     return table.rename(columns=SUMMARY_HEADERS)
+
+
+FIRST_LAYER_COLUMNS = ("absolute_acc", "absolute_r2", "relative_pairs_r2", "relative_score_r2", "relative_content_qk_r2")
+
+
+def _layer_text(layer) -> str:
+    if layer is None or pd.isna(layer):
+        return "n/a"
+    return "none" if layer < 0 else str(int(layer))
 
 
 def summary_markdown(result: "SweepResult", settings: "SweepSettings", command: str, versions: dict[str, str]) -> str:
@@ -141,9 +155,18 @@ def summary_markdown(result: "SweepResult", settings: "SweepSettings", command: 
         "# nopelens sweep",
         "",
         "First layer whose 95 % CI lower bound clears 0.9 (layer 0 = embeddings, layer l + 1 = output of "
-        "block l; a q·k read of block l is reported at layer l + 1). `none`: no layer cleared it.",
+        "block l; an attention read of block l is reported at layer l + 1). `none`: no layer cleared it; "
+        "`n/a`: the model has no site for that read.",
         "",
         table,
+        "",
+        "Relative distance i − j is read three ways. *Pairs*: a linear probe on [h_i; h_j] from the residual "
+        "stream (it inherits any absolute index). *Head scores*: a linear probe on each head's pre-softmax "
+        "score of key j, content and position bias together (`hook_attn_scores`, taken relative to the "
+        "query's own key, since the softmax ignores a constant per query): what the head itself can use, "
+        "on the same footing for NoPE, RoPE, ALiBi and Shaw. *Content q·k*: a bilinear probe on the "
+        "(rotated) q_i and k_j only; it sees RoPE but never a bias added to the score, so ALiBi and Shaw "
+        "show their position there only through what earlier layers wrote.",
         "",
         "Selectivity = probe score minus the Hewitt & Liang control-task score at the same layer. "
         "MAD/chance: mean absolute distance of the regression probe over its chance value (L² - 1)/(3L) "

@@ -6,7 +6,15 @@ A subject is named on the command line by one spec:
 - a path to a nopelens checkpoint directory;
 - ``hf:DIR``, a local HF causal-LM directory, loaded offline and bridged with TransformerLens;
 - ``circuit``, the hand-built Theorem 1 + 2 NoPE circuit (positive control; ``nopelens.circuits``);
-- ``untrained-nope``, a randomly initialized NoPE decoder read without BOS (negative control).
+- ``untrained-nope``, a randomly initialized NoPE decoder read without BOS (negative control);
+- ``constant-METHOD``, a randomly initialized decoder with position method METHOD read on constant
+  input: every token the same id, no BOS (negative control, issue 10). In exact arithmetic every
+  position then has the same state at every layer for any method that puts position only into
+  attention (``nope``, ``rope``, ``alibi``, ``shaw`` without value terms): keys and values are
+  equal, so any pattern averages the same value. Float round-off is all that differs, and it is not
+  signal. ``constant-rope+rope+rope+nope`` is a hybrid: the ``+`` list is repeated over the layers
+  (here NoPE every fourth layer, as in SmolLM3). With ``learned`` or ``sinusoidal`` the input still
+  carries the position table, so there it is a positive check, not a negative control.
 
 Every subject carries its own evaluation batch: fresh sequences the model never trained on
 (validation documents for text models, new samples for synthetic tasks).
@@ -21,8 +29,11 @@ from typing import Any
 import torch
 from torch import Tensor
 
-CONTROL_SPECS = ("circuit", "untrained-nope")
+CONTROL_SPECS = ("circuit", "untrained-nope", "constant-nope")
 HF_PREFIX = "hf:"
+CONSTANT_PREFIX = "constant-"
+CONSTANT_TOKEN = 3
+"""The one token id of a ``constant-METHOD`` subject's sequences."""
 
 
 @dataclass
@@ -95,6 +106,8 @@ def resolve(
         return _circuit(n_sequences, seq_len, seed)
     if spec == "untrained-nope":
         return _untrained(n_sequences, seq_len, seed)
+    if spec.startswith(CONSTANT_PREFIX):
+        return _constant(spec, n_sequences, seq_len, seed)
     if spec.startswith(HF_PREFIX):
         return _hf(Path(spec[len(HF_PREFIX):]), n_sequences, seq_len, seed)
     if "/" in spec or Path(spec).exists():
@@ -116,6 +129,9 @@ def check_spec(spec: str) -> None:
         FileNotFoundError: on a checkpoint or HF directory that does not exist.
     """
     if spec in CONTROL_SPECS:
+        return
+    if spec.startswith(CONSTANT_PREFIX):
+        constant_config(spec)
         return
     if spec.startswith(HF_PREFIX):
         if not Path(spec[len(HF_PREFIX):]).is_dir():
@@ -150,6 +166,36 @@ def _untrained(n_sequences: int, seq_len: int, seed: int) -> Subject:
     tokens = _random_tokens(n_sequences, seq_len, 0, config.d_vocab, seed)  # no distinct BOS
     return Subject("untrained-nope", model, config.n_layers, "nope", "untrained", tokens, torch.ones_like(tokens),
                    has_bos=False, info={"init_std": config.init_std})
+
+
+def constant_config(spec: str):
+    """The untrained decoder config of a ``constant-METHOD`` spec: the text zoo shape, METHOD's position.
+
+    Raises:
+        ValueError: if METHOD is not a position method (the message lists them).
+    """
+    from nopelens.models.zoo import recipe
+
+    config = recipe("text-nope-4l").config
+    methods = spec[len(CONSTANT_PREFIX):].split("+")
+    if len(methods) == 1:
+        position = methods[0]
+    else:
+        position = tuple(methods[layer % len(methods)] for layer in range(config.n_layers))
+    try:
+        return config.replace(position=position)
+    except ValueError as error:
+        raise ValueError(f"{spec!r}: {error}") from None
+
+
+def _constant(spec: str, n_sequences: int, seq_len: int, seed: int) -> Subject:
+    from nopelens.models import Decoder
+
+    config = constant_config(spec)
+    model = Decoder(config, seed=seed).eval()
+    tokens = torch.full((n_sequences, seq_len), CONSTANT_TOKEN, dtype=torch.long)  # no BOS
+    return Subject(spec, model, config.n_layers, config.position_name, "untrained", tokens, torch.ones_like(tokens),
+                   has_bos=False, info={"init_std": config.init_std, "token": CONSTANT_TOKEN})
 
 
 def _trained(trained, name: str, n_sequences: int, seq_len: int, seed: int) -> Subject:

@@ -9,16 +9,21 @@ sequences and measures:
   task, shuffled labels, majority class and token-identity baselines, and selectivity; plus an
   extrapolation probe (fit on positions < L/2, score on >= L/2) at residual layers;
 - relative distance i - j over distance-balanced pairs: pair features [h_i; h_j] at residual
-  layers, and the per-head bilinear read of (rotated) q_i and k_j at every block's attention;
+  layers; at every block's attention, the *score read* (a linear read of the heads' pre-softmax
+  scores ``hook_attn_scores``, content plus position bias, relative to the query's own key; where
+  a model has no such hook the column is absent) and the *content-only q.k read* (the per-head
+  bilinear read of (rotated) q_i and k_j, blind to a score bias such as ALiBi's or Shaw's);
 - attention-sink mass, Gu et al.'s sink score and rate per layer and head, with and without BOS;
 - variance shrinkage of every block's attention output against position (Chi et al. 2023).
 
-Layer of an attention read: block ``l``'s q.k read is reported at layer ``l + 1``, the residual
-layer its head writes into, so "relative distance first recoverable at layer 2" means block 1's
-attention is the first whose scores can read i - j. Pair features on the residual stream inherit
-any linear absolute index (i - j is linear in [h_i; h_j] whenever i and j are), so that row
-clears wherever absolute regression does; the q.k read asks whether a head's own score can use
-the distance.
+Layer of an attention read: block ``l``'s score and q.k reads are reported at layer ``l + 1``, the
+residual layer its head writes into (:func:`~nopelens.probes.probe_relative_distance` labels them
+so), so "relative distance first recoverable at layer 2" means block 1's attention is the first
+whose scores can read i - j. Pair features on the residual stream inherit any linear absolute
+index (i - j is linear in [h_i; h_j] whenever i and j are), so that row clears wherever absolute
+regression does; the score read asks whether a head's own scores can use the distance, whatever
+the method puts it there (RoPE through q and k, ALiBi and Shaw through the bias, NoPE only
+through what earlier layers wrote), and the content-only read asks whether q and k alone carry it.
 
 Results go to a run folder: ``probes.csv``, ``sinks.csv``, ``variance.csv``, ``summary.csv``,
 figures (PNG and SVG) and ``summary.md``. Each subject's tables are written under ``parts/`` once
@@ -67,7 +72,7 @@ class SweepSettings:
 
     Attributes:
         models: subject specs (zoo names, checkpoint paths, ``hf:DIR``, ``circuit``,
-            ``untrained-nope``), in order.
+            ``untrained-nope``, ``constant-METHOD``), in order.
         n_sequences: fresh evaluation sequences per subject.
         seq_len: tokens per evaluation sequence (BOS included).
         n_boot: bootstrap replicates for the 95 % CIs.
@@ -128,8 +133,9 @@ def analyse_subject(subject: Subject, settings: SweepSettings) -> dict[str, pd.D
     blocks = [(f"blocks.{l}.hook_attn_out", f"blocks.{l}.hook_mlp_out") for l in range(layers)]
     inner = [site for pair in blocks for site in pair if subject.usable(site)]
     qk = [_qk_sites(subject, l) for l in range(layers)]
+    scores = score_sites(subject.model, layers, subject.hf)
     patterns = [f"blocks.{l}.attn.hook_pattern" for l in range(layers)]
-    sites = residual + inner + [s for pair in qk for s in pair] + patterns
+    sites = residual + inner + [s for pair in qk for s in pair] + patterns + scores
     acts = collect(subject.model, subject.tokens, sites, attention_mask=subject.attention_mask, batch_size=32)
 
     common = dict(n_splits=settings.n_splits, n_boot=settings.n_boot, seed=settings.seed)
@@ -138,12 +144,10 @@ def analyse_subject(subject: Subject, settings: SweepSettings) -> dict[str, pd.D
     absolute = probe_absolute_index(acts, sites=residual + inner, extrapolate_from=boundary, **common)
     mode = _bilinear_mode(acts, qk[0][0])
     relative = probe_relative_distance(
-        acts, sites=residual, feature_kinds=("concat",), attention=qk, bilinear=mode, tasks=("regression",),
-        pairs_per_distance=min(64, settings.n_sequences), **common,
+        acts, sites=residual, feature_kinds=("concat",), attention=qk, scores=scores, bilinear=mode,
+        tasks=("regression",), pairs_per_distance=min(64, settings.n_sequences), **common,
     )
     probes = pd.concat([absolute, relative], ignore_index=True)
-    attention_rows = probes["site"].str.contains(r"\.attn\.hook_")
-    probes.loc[attention_rows, "layer"] = probes.loc[attention_rows, "block"] + 1
     probes.insert(0, "model", subject.name)
 
     sinks = sink_conditions(subject, acts)
@@ -174,6 +178,18 @@ def _qk_sites(subject: Subject, layer: int) -> tuple[str, str]:
     if all(subject.usable(site) for site in rotated):
         return rotated
     return f"blocks.{layer}.attn.hook_q", f"blocks.{layer}.attn.hook_k"
+
+
+def score_sites(model, n_layers: int, hf=None) -> list[str]:
+    """The ``blocks.{l}.attn.hook_attn_scores`` sites the model has (none: no score-read column).
+
+    With an HF description (``hf``), only sites that fire and hold the scores behind the pattern:
+    a bridge whose scores hook carries the pattern itself (GPT-J, GPT-Neo, OPT, XGLM, Llama 4) has none.
+    """
+    if hf is not None and not hf.scores_hook:
+        return []
+    sites = [f"blocks.{l}.attn.hook_attn_scores" for l in range(n_layers)]
+    return [site for site in sites if site in model.hook_dict and (hf is None or hf.fires(site))]
 
 
 def _bilinear_mode(acts, q_site: str) -> str:
@@ -211,11 +227,15 @@ def summarize(probes: pd.DataFrame, sinks: pd.DataFrame, variance: pd.DataFrame)
 
     Columns: ``model``, ``absolute_acc`` (first layer with classification accuracy CI >= 0.9),
     ``absolute_r2`` (regression R^2 CI >= 0.9), ``relative_pairs_r2`` (pair features, residual),
-    ``relative_qk_r2`` (q.k read; layer = block + 1), ``best_absolute_r2`` and its ``selectivity``,
-    ``mad_chance_layer0`` and ``mad_chance_best`` (regression MAD over its chance value
-    (L^2 - 1)/(3L), at the embeddings and at the best residual layer; Haviv et al. 2022),
+    ``relative_score_r2`` (score read of the heads' pre-softmax scores, content plus position
+    bias; layer = block + 1; None when the model has no ``hook_attn_scores``),
+    ``relative_content_qk_r2`` (content-only bilinear q.k read; layer = block + 1),
+    ``best_absolute_r2`` and its ``selectivity``,
+    ``mad_chance_layer0`` and ``mad_chance_best`` (regression MAD over its chance value E|X - Y|
+    for X, Y drawn from the scored positions, at the embeddings and at the best residual layer;
+    Haviv et al. 2022),
     ``sink_rate`` (Gu et al., as read), ``variance_slope_block0``. A first layer of -1 means no
-    layer cleared the bar.
+    layer cleared the bar; None means the model has no site for that read.
     """
     rows = []
     for model, table in probes.groupby("model", sort=False):
@@ -225,7 +245,7 @@ def summarize(probes: pd.DataFrame, sinks: pd.DataFrame, variance: pd.DataFrame)
         relative = linear[linear["target"] == "relative_distance"]
         best = absolute[(absolute["metric"] == "r2")].sort_values("value").iloc[-1]
         mad = absolute[(absolute["metric"] == "mad") & (absolute["task"] == "regression")].set_index("layer")
-        chance = mad_chance(int(round(mad["n_samples"].iloc[0] / mad["n_sequences"].iloc[0])))
+        chance = _mad_chance(mad)
         model_sinks = sinks[sinks["model"] == model]
         as_read = model_sinks[model_sinks["condition"] == model_sinks["condition"].iloc[0]]
         rows.append(dict(
@@ -233,20 +253,32 @@ def summarize(probes: pd.DataFrame, sinks: pd.DataFrame, variance: pd.DataFrame)
             absolute_acc=_first_layer(absolute, "accuracy"),
             absolute_r2=_first_layer(absolute, "r2"),
             relative_pairs_r2=_first_layer(relative[relative["features"] == "concat"], "r2"),
-            relative_qk_r2=_first_layer(relative[relative["features"].str.startswith("bilinear")], "r2"),
+            relative_score_r2=_first_layer(relative[relative["features"] == "score"], "r2"),
+            relative_content_qk_r2=_first_layer(relative[relative["features"].str.startswith("bilinear")], "r2"),
             best_absolute_r2=float(best["value"]),
             best_absolute_layer=int(best["layer"]),
             selectivity_at_best=float(best["selectivity"]),
-            mad_chance_layer0=float(mad.loc[0, "value"] / chance),
-            mad_chance_best=float(mad["value"].min() / chance),
+            mad_chance_layer0=float(mad.loc[0, "value"] / chance.loc[0]),
+            mad_chance_best=float((mad["value"] / chance).min()),
             sink_rate=float(as_read["is_sink"].mean()),
             variance_slope_block0=float(variance[(variance["model"] == model) & (variance["block"] == 0)]["slope"].iloc[0]),
         ))
     return pd.DataFrame(rows)
 
 
-def _first_layer(rows: pd.DataFrame, metric: str) -> int:
+def _mad_chance(mad: pd.DataFrame) -> pd.Series:
+    """Each MAD row's chance value: E|X - Y| over its scored positions (``chance`` column), or, for
+    tables written before that column existed, the uniform value at the mean sequence length."""
+    if "chance" in mad and mad["chance"].notna().all():
+        return mad["chance"]
+    return pd.Series(mad_chance(int(round(mad["n_samples"].iloc[0] / mad["n_sequences"].iloc[0]))), index=mad.index)
+
+
+def _first_layer(rows: pd.DataFrame, metric: str) -> int | None:
+    """First layer clearing the bar; -1 when none does; None when nothing was measured."""
     rows = rows[rows["metric"] == metric]
+    if rows.empty:
+        return None
     cleared = rows[rows["ci_low"] >= THRESHOLDS[metric]]
     return int(cleared["layer"].min()) if len(cleared) else -1
 

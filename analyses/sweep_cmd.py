@@ -12,7 +12,8 @@ from .subjects import resolve
 from .sweep import SweepSettings, sweep
 
 MODEL_HELP = ("zoo name (see `nopelens train --list`), checkpoint directory, hf:DIR (local HF model), "
-              "circuit or untrained-nope")
+              "circuit, untrained-nope or constant-METHOD (constant input, no BOS; e.g. constant-nope, "
+              "constant-rope+rope+rope+nope)")
 
 
 def _models(text: str | None) -> tuple[str, ...] | None:
@@ -91,10 +92,12 @@ def register(subparsers) -> None:
         "sweep", help="where absolute index and relative distance first become recoverable (the main job)",
         description="Probe every layer of a NoPE, a RoPE and a hybrid (RoPE, RoPE, RoPE, NoPE, as SmolLM3) zoo "
         "model (trained on first use), the hand-built "
-        "Theorem 1/2 circuit and an untrained NoPE model, for absolute index and relative distance, with "
+        "Theorem 1/2 circuit, and untrained NoPE models on random tokens and on constant input (one token id, "
+        "no BOS), for absolute index and relative distance, with "
         "controls, attention sinks and variance shrinkage; write a run folder and print the summary.",
         epilog="examples:\n  nopelens sweep\n  nopelens sweep --quick --out runs/smoke\n"
-        "  nopelens sweep --models text-nope-4l,text-rope-4l,text-learned-4l\n  nopelens sweep --task copy",
+        "  nopelens sweep --models text-nope-4l,text-rope-4l,text-learned-4l\n  nopelens sweep --task copy\n"
+        "  nopelens sweep --models constant-nope,constant-rope,constant-alibi,constant-shaw,constant-rope+rope+rope+nope",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     sweep_parser.add_argument("--models", help=f"comma list of models; each a {MODEL_HELP}")

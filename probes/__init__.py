@@ -14,7 +14,7 @@ from .linear import (
     probe_relative_distance,
     sequence_splits,
 )
-from .metrics import bootstrap_scores, mad_chance, score
+from .metrics import bootstrap_scores, mad_chance, mad_chance_of, score
 from .sinks import (
     attention_variance,
     compare_bos,
@@ -33,6 +33,7 @@ from .targets import (
     control_labels,
     pair_features,
     sample_distance_pairs,
+    score_features,
     shuffled_labels,
     token_identity_predictions,
 )
@@ -41,8 +42,8 @@ __all__ = [
     "Activations", "DistancePairs", "PooledLDA", "RESULT_COLUMNS", "attention_variance", "compare_bos",
     "sink_mass", "sink_mass_by_position", "sink_rate", "sink_scores", "sink_table", "strip_padding",
     "variance_shrinkage", "variance_slopes", "bilinear_features", "bootstrap_scores", "collect",
-    "control_labels", "extrapolation_splits", "first_recoverable_layer", "is_pattern_site", "mad_chance",
+    "control_labels", "extrapolation_splits", "first_recoverable_layer", "is_pattern_site", "mad_chance", "mad_chance_of",
     "make_probe", "out_of_fold_predictions", "pair_features", "probe_absolute_index", "probe_features",
-    "probe_relative_distance", "resid_site", "resid_sites", "sample_distance_pairs", "score", "sequence_splits",
+    "probe_relative_distance", "resid_site", "resid_sites", "sample_distance_pairs", "score", "score_features", "sequence_splits",
     "shuffled_labels", "site_block", "site_layer", "token_identity_predictions",
 ]

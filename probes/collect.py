@@ -62,6 +62,8 @@ class Activations:
         patterns: site -> list (one per sequence) of float32 ``[head_index, n_real, n_real]``
             arrays for ``[batch, head_index, query_pos, key_pos]`` sites, padded rows and columns
             removed, so index ``[h, i, j]`` is query position ``i`` and key position ``j``.
+        dtypes: site -> name of the dtype the model computed the site in (``"bfloat16"``, ...),
+            before the float32 copy; probes judge float round-off by it.
     """
 
     acts: dict[str, np.ndarray]
@@ -69,6 +71,7 @@ class Activations:
     position: np.ndarray
     token: np.ndarray
     patterns: dict[str, list[np.ndarray]] = field(default_factory=dict)
+    dtypes: dict[str, str] = field(default_factory=dict)
 
     @property
     def n_samples(self) -> int:
@@ -77,6 +80,14 @@ class Activations:
     @property
     def n_sequences(self) -> int:
         return len(np.unique(self.sequence_id))
+
+    def dtype(self, site: str) -> str:
+        """Name of the dtype ``site`` was computed in: the recorded one, else the stored array's."""
+        if site in self.dtypes:
+            return self.dtypes[site]
+        if site not in self.acts:
+            raise KeyError(f"site {site!r} was not collected; collected: {sorted(self.acts)}")
+        return str(self.acts[site].dtype)
 
     def features(self, site: str) -> np.ndarray:
         """The activations at ``site`` flattened to ``[n_samples, d]`` (a view when possible)."""
@@ -211,7 +222,7 @@ def collect(
         for start in range(0, tokens.shape[0], batch_size):
             batch_tokens, batch_mask = tokens[start : start + batch_size], mask[start : start + batch_size]
             batch_mask_arg = None if attention_mask is None else batch_mask.to(device)
-            captured = _run_batch(model, hook_points, sites, batch_tokens.to(device), batch_mask_arg)
+            captured = _run_batch(model, hook_points, sites, batch_tokens.to(device), batch_mask_arg, out.dtypes)
             batch_real = batch_mask.bool()
             for site in sites:
                 value = captured[site]
@@ -229,8 +240,11 @@ def collect(
     return out
 
 
-def _run_batch(model, hook_points: dict, sites: list[str], tokens: Tensor, mask: Tensor | None) -> dict[str, Tensor]:
-    """One forward pass with temporary hooks on ``sites``; returns site -> detached CPU tensor."""
+def _run_batch(
+    model, hook_points: dict, sites: list[str], tokens: Tensor, mask: Tensor | None, dtypes: dict | None = None
+) -> dict[str, Tensor]:
+    """One forward pass with temporary hooks on ``sites``; returns site -> detached CPU float32 tensor
+    and records each site's original dtype name in ``dtypes``."""
     captured: dict[str, Tensor] = {}
     needed = set(sites)
     stop_early = not getattr(model, "sites_may_repeat", False)
@@ -240,6 +254,8 @@ def _run_batch(model, hook_points: dict, sites: list[str], tokens: Tensor, mask:
             if site in captured:
                 raise ValueError(f"site {site!r} fired twice in one forward pass; a site must name one call")
             value = value[0] if isinstance(value, tuple) else value
+            if dtypes is not None:
+                dtypes[site] = str(value.dtype).removeprefix("torch.")
             captured[site] = value.detach().to("cpu", torch.float32)
             if stop_early and needed.issubset(captured):
                 raise _StopForward

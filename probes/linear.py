@@ -1,8 +1,9 @@
 """Linear position probes with sequence-grouped cross-validation, controls and tidy results.
 
-A probe is a scikit-learn ``Pipeline(StandardScaler, linear model)`` (:func:`make_probe`): for
+A probe is a scikit-learn ``Pipeline(scaler, linear model)`` (:func:`make_probe`; the scaler is
+``StandardScaler`` that zeroes round-off-only features): for
 classes, pooled-covariance LDA (:class:`PooledLDA`, default), ``RidgeClassifier`` or
-``LogisticRegression``; for values, ``RidgeCV``.
+``LogisticRegression``; for values, ridge (:class:`~nopelens.probes.fitting.GroupedRidgeCV`).
 Cross-validation is ``GroupKFold`` over sequences (:func:`sequence_splits`): no sequence is on both
 sides of a split, and the whole pipeline, scaler included, is cloned and refit on the fitting side
 of every fold, so nothing about the held-out sequences leaks into the scaling.
@@ -11,8 +12,14 @@ Why ridge classification by default: on standardized features the one-vs-rest le
 classifier has a closed form (one d x d solve per fold), which is tens of times faster than an
 iterative logistic fit at 64 classes; ``benchmarks/bench_probes.py``
 measures both on the same data and prints the speed ratio and the accuracy difference.
-``RidgeCV`` chooses alpha by efficient leave-one-out inside the fitting side only; the held-out
-sequences are never seen.
+The ridge penalty is chosen by cross-validation grouped by sequence inside the fitting side only
+(:class:`~nopelens.probes.fitting.GroupedRidgeCV`, over :data:`ALPHAS`, 1e-3 .. 1e6); the held-out
+sequences are never seen, and a result row says when the choice sat at an edge of the grid.
+:func:`probe_features` fits the main probe, the control task and the shuffled labels of one site
+from shared per-fold statistics (:func:`~nopelens.probes.fitting.fit_folds`); the results equal
+scikit-learn's ``StandardScaler`` + ``Ridge`` / :class:`PooledLDA` on the same folds.
+Features whose spread is only float round-off of the activations' dtype carry no signal and are
+zeroed (:class:`~nopelens.probes.fitting.RoundoffScaler`, issue 10 §1).
 
 Every result is a tidy ``pandas.DataFrame`` (:data:`RESULT_COLUMNS`), one row per site, target,
 task, feature kind, probe, split and metric, with bootstrap 95 % CIs over sequences
@@ -35,35 +42,38 @@ from sklearn.base import BaseEstimator, clone
 from sklearn.linear_model._base import LinearClassifierMixin
 from sklearn.utils.validation import check_is_fitted, check_X_y
 from sklearn.dummy import DummyClassifier, DummyRegressor
-from sklearn.linear_model import LogisticRegression, RidgeClassifier, RidgeCV
+from sklearn.linear_model import LogisticRegression, RidgeClassifier
 from sklearn.model_selection import GroupKFold
 from sklearn.pipeline import Pipeline
-from sklearn.preprocessing import StandardScaler
 
 from .collect import Activations, site_block, site_layer
-from .metrics import HIGHER_IS_BETTER, bootstrap_scores, metric_names
+from .fitting import ALPHAS, GroupedRidgeCV, RoundoffScaler, fit_folds, roundoff_tolerance
+from .metrics import HIGHER_IS_BETTER, bootstrap_scores, mad_chance_of, metric_names
 from .targets import (
     bilinear_features,
     control_labels,
     pair_features,
     sample_distance_pairs,
+    score_features,
     shuffled_labels,
     token_identity_predictions,
 )
-
-ALPHAS = (0.1, 1.0, 10.0)
-"""Ridge penalties ``RidgeCV`` tries by efficient leave-one-out on the fitting side (each costs
-about as much as one fit, so the grid is short; on standardized features with thousands of
-samples the choice among them barely moves the score)."""
 
 CLASSIFIER_ALPHA = 1.0
 """Penalty of ``RidgeClassifier`` on standardized features."""
 
 RESULT_COLUMNS = (
     "site", "layer", "block", "target", "task", "features", "probe", "split", "metric",
-    "value", "ci_low", "ci_high", "selectivity", "n_samples", "n_sequences",
+    "value", "ci_low", "ci_high", "selectivity", "n_samples", "n_sequences", "chance", "alpha",
+    "alpha_at_edge",
 )
-"""Columns of every results table. ``layer`` is the DESIGN.md layer of residual sites (else NaN)."""
+"""Columns of every results table. ``layer`` is the DESIGN.md layer of residual sites, ``block + 1``
+for an attention read of relative distance, else NaN.
+``chance`` is the metric's chance value on the targets actually scored, where one is computed:
+for ``mad``, E|X - Y| over the scored targets (:func:`~nopelens.probes.metrics.mad_chance_of`);
+NaN for the other metrics. ``alpha`` is the median over folds of the ridge penalty the grouped
+inner CV chose (NaN for probes without one); ``alpha_at_edge`` is True when some fold chose the
+smallest or largest value of :data:`ALPHAS` (widen the grid, or read the score with care)."""
 
 CONTROL_PROBES = ("control", "shuffled", "majority", "token_identity")
 
@@ -115,21 +125,29 @@ class PooledLDA(LinearClassifierMixin, BaseEstimator):
         return super().decision_function(np.asarray(X, dtype=np.float64))
 
 
-def make_probe(task: str, classifier: str = "lda", alphas: Sequence[float] = ALPHAS, seed: int = 0) -> Pipeline:
-    """An unfitted ``Pipeline(StandardScaler, linear model)``.
+def make_probe(task: str, classifier: str = "lda", alphas: Sequence[float] = ALPHAS, seed: int = 0,
+               dtype=None, n_inner: int = 4) -> Pipeline:
+    """An unfitted ``Pipeline(RoundoffScaler, linear model)``.
+
+    The scaler is ``StandardScaler`` that zeroes features whose spread is only round-off of
+    ``dtype`` (:class:`~nopelens.probes.fitting.RoundoffScaler`).
 
     Args:
-        task: ``classification`` or ``regression`` (``RidgeCV`` over ``alphas``).
+        task: ``classification`` or ``regression`` (:class:`~nopelens.probes.fitting.GroupedRidgeCV`
+            over ``alphas``; pass the sequence ids as ``linear__groups`` to ``fit``, as
+            :func:`out_of_fold_predictions` does when given ``groups``).
         classifier: for classification, ``lda`` (:class:`PooledLDA`), ``ridge`` (``RidgeClassifier``, alpha :data:`CLASSIFIER_ALPHA`)
             or ``logistic`` (``LogisticRegression``, lbfgs, multinomial).
-        alphas: ridge penalties ``RidgeCV`` tries by efficient leave-one-out.
+        alphas: ridge penalties tried by the grouped inner cross-validation.
         seed: random state of estimators that use one.
+        dtype: dtype the activations were computed in (default: that of the fitted array).
+        n_inner: inner folds of the penalty's cross-validation.
 
     Raises:
         ValueError: on an unknown task or classifier.
     """
     if task == "regression":
-        model = RidgeCV(alphas=alphas)
+        model = GroupedRidgeCV(alphas=alphas, n_splits=n_inner)
     elif task == "classification" and classifier == "lda":
         model = PooledLDA()
     elif task == "classification" and classifier == "ridge":
@@ -140,7 +158,7 @@ def make_probe(task: str, classifier: str = "lda", alphas: Sequence[float] = ALP
         raise ValueError(f"classifier must be 'lda', 'ridge' or 'logistic', got {classifier!r}")
     else:
         raise ValueError(f"task must be 'classification' or 'regression', got {task!r}")
-    return Pipeline([("scale", StandardScaler()), ("linear", model)])
+    return Pipeline([("scale", RoundoffScaler(dtype)), ("linear", model)])
 
 
 def sequence_splits(groups: Int[np.ndarray, "n"], n_splits: int = 5) -> list[tuple[np.ndarray, np.ndarray]]:
@@ -199,9 +217,13 @@ def extrapolation_splits(
 
 
 def out_of_fold_predictions(
-    estimator, X: np.ndarray, y: np.ndarray, splits: Iterable[tuple[np.ndarray, np.ndarray]]
+    estimator, X: np.ndarray, y: np.ndarray, splits: Iterable[tuple[np.ndarray, np.ndarray]],
+    groups: np.ndarray | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Fit a fresh clone of ``estimator`` on each fitting side and predict its scoring side.
+
+    With ``groups`` (sequence ids ``[n]``), a :class:`~nopelens.probes.fitting.GroupedRidgeCV`
+    (alone or as a pipeline's ``linear`` step) gets the fitting side's groups for its inner CV.
 
     Returns:
         (scored sample indices ``[m]``, predictions ``[m]``), concatenated over folds.
@@ -210,10 +232,20 @@ def out_of_fold_predictions(
     for fit, score in splits:
         if len(fit) == 0 or len(score) == 0:
             raise ValueError("a split has an empty side")
-        model = clone(estimator).fit(X[fit], y[fit])
+        model = clone(estimator).fit(X[fit], y[fit], **_group_params(estimator, groups, fit))
         index.append(score)
         preds.append(model.predict(X[score]))
     return np.concatenate(index), np.concatenate(preds)
+
+
+def _group_params(estimator, groups, fit) -> dict:
+    if groups is None:
+        return {}
+    if isinstance(estimator, GroupedRidgeCV):
+        return {"groups": np.asarray(groups)[fit]}
+    if isinstance(estimator, Pipeline) and isinstance(estimator.steps[-1][1], GroupedRidgeCV):
+        return {f"{estimator.steps[-1][0]}__groups": np.asarray(groups)[fit]}
+    return {}
 
 
 def probe_features(
@@ -228,8 +260,14 @@ def probe_features(
     controls: bool = True,
     n_boot: int = 1000,
     seed: int = 0,
+    dtype=None,
+    device: str = "cpu",
 ) -> pd.DataFrame:
     """Probe one feature matrix for one target, with controls; tidy rows without site columns.
+
+    Regression and LDA probes of the target, the control task and the shuffled labels are fitted
+    together from shared per-fold statistics (:func:`~nopelens.probes.fitting.fit_folds`); the
+    other classifiers go through :func:`make_probe` pipelines fold by fold.
 
     Args:
         X: features ``[n, d]``.
@@ -238,22 +276,30 @@ def probe_features(
         task: ``classification`` or ``regression``.
         token_types: ``[n]`` or ``[n, k]`` token types for the control task and the
             token-identity ceiling; required when ``controls``.
-        splits: explicit (fit, score) splits; default :func:`sequence_splits`.
+        splits: explicit (fit, score) splits, grouped by sequence; default :func:`sequence_splits`.
         n_splits: folds when ``splits`` is None.
         classifier: ``lda``, ``ridge`` or ``logistic`` (see :func:`make_probe`).
         controls: also run control task, shuffled labels, majority and token identity.
         n_boot: bootstrap replicates for the CIs.
         seed: seed of the control labels, shuffling and bootstrap.
+        dtype: the dtype the activations were computed in (``"bfloat16"``, ...), which sets the
+            round-off resolution below which a feature counts as constant; default ``X.dtype``.
+        device: torch device for the regression and LDA algebra (``"cpu"``: float64; an
+            accelerator such as ``"cuda"``: float64 too, see
+            :func:`~nopelens.probes.fitting.fit_folds` for float32).
 
     Returns:
         DataFrame with columns ``probe, metric, value, ci_low, ci_high, selectivity, n_samples,
-        n_sequences``. A metric that is undefined on a run has no row: Spearman of constant
-        predictions (the majority baseline, or a linear probe on features that carry nothing, such
-        as a head whose W_Q is zero).
+        n_sequences, chance, alpha, alpha_at_edge`` (see :data:`RESULT_COLUMNS`). A metric that is
+        undefined on a run has no row: Spearman of constant predictions (the majority baseline,
+        or a linear probe on features that carry nothing, such as a head whose W_Q is zero).
+        When every sample has the same token type, the control task (one random label per type)
+        is undefined: it has no row and ``selectivity`` is NaN; the other controls still run.
 
     Raises:
         ValueError: on mismatched shapes, non-finite features, a single sequence or too few
-            sequences for the folds, a missing ``token_types`` with controls.
+            sequences for the folds, a missing ``token_types`` with controls, or (ridge and LDA)
+            explicit ``splits`` whose fitting sides are not made of whole sequences.
     """
     X, y, groups = np.asarray(X), np.asarray(y), np.asarray(groups)
     if X.ndim != 2 or len(X) != len(y) or len(y) != len(groups):
@@ -266,40 +312,66 @@ def probe_features(
         raise ValueError("controls need token_types (token ids of the samples)")
     splits = sequence_splits(groups, n_splits) if splits is None else splits
     metrics = metric_names(task)
-    probe = make_probe(task, classifier, seed=seed)
+    if not np.issubdtype(X.dtype, np.floating):
+        X = X.astype(np.float64)
+    dtype = str(X.dtype) if dtype is None else _coarser(str(dtype), str(X.dtype))
 
-    def scored(probe_name: str, estimator, labels, features=X):
-        index, pred = out_of_fold_predictions(estimator, features, labels, splits)
+    labels = {"linear": y}
+    if controls:
+        types = np.asarray(token_types)
+        if not (types == types[:1]).all():  # one token type: the control task is undefined
+            labels["control"] = control_labels(token_types, y, seed=seed)
+        labels["shuffled"] = shuffled_labels(y, seed=seed)
+    fitted = _fit_all(X, labels, groups, splits, task, classifier, seed, dtype, device)
+
+    runs = []
+    for name, (index, pred, alpha, edge) in fitted.items():
         # controls are scored against their own labels (control task) or the true ones (others)
-        truth = labels[index] if probe_name == "control" else y[index]
-        scores = bootstrap_scores(truth, pred, groups[index], metrics, n_boot, seed=seed,
-                                  skip_undefined=True)
-        return probe_name, scores, len(index), groups[index]
-
-    runs = [scored("linear", probe, y)]
+        truth = labels[name][index] if name == "control" else y[index]
+        runs.append((name, _scores(truth, pred, groups[index], metrics, n_boot, seed), index, truth, alpha, edge))
     if controls:
         dummy = DummyClassifier(strategy="most_frequent") if task == "classification" else DummyRegressor()
-        runs += [
-            scored("control", probe, control_labels(token_types, y, seed=seed)),
-            scored("shuffled", probe, shuffled_labels(y, seed=seed)),
-            scored("majority", dummy, y),
-        ]
+        index, pred = out_of_fold_predictions(dummy, np.zeros((len(y), 1)), y, splits)  # it never reads X
+        runs.append(("majority", _scores(y[index], pred, groups[index], metrics, n_boot, seed), index, y[index], np.nan, False))
         index = np.concatenate([score for _, score in splits])
         pred = token_identity_predictions(np.asarray(token_types)[index], y[index], task)
-        scores = bootstrap_scores(y[index], pred, groups[index], metrics, n_boot, seed=seed, skip_undefined=True)
-        runs.append(("token_identity", scores, len(index), groups[index]))
+        runs.append(("token_identity", _scores(y[index], pred, groups[index], metrics, n_boot, seed), index, y[index],
+                     np.nan, False))
 
     control = {run[0]: run[1] for run in runs}.get("control")
     rows = []
-    for name, scores, n_samples, scored_groups in runs:
+    for name, scores, index, truth, alpha, edge in runs:
+        n_sequences = len(np.unique(groups[index]))
         for metric, (value, low, high) in scores.items():
             selectivity = np.nan
-            if name == "linear" and control is not None and HIGHER_IS_BETTER[metric]:
+            if name == "linear" and control is not None and metric in control and HIGHER_IS_BETTER[metric]:
                 selectivity = value - control[metric][0]
             rows.append(dict(probe=name, metric=metric, value=value, ci_low=low, ci_high=high,
-                             selectivity=selectivity, n_samples=n_samples,
-                             n_sequences=len(np.unique(scored_groups))))
+                             selectivity=selectivity, n_samples=len(index),
+                             n_sequences=n_sequences,
+                             chance=mad_chance_of(truth) if metric == "mad" else np.nan,
+                             alpha=alpha, alpha_at_edge=edge))
     return pd.DataFrame(rows)
+
+
+def _scores(truth, pred, groups, metrics, n_boot, seed):
+    return bootstrap_scores(truth, pred, groups, metrics, n_boot, seed=seed, skip_undefined=True)
+
+
+def _median(values: np.ndarray) -> float:
+    values = values[~np.isnan(values)]
+    return float(np.median(values)) if len(values) else np.nan
+
+
+def _fit_all(X, labels: dict, groups, splits, task, classifier, seed, dtype, device) -> dict:
+    """probe name -> (scored index, out-of-fold predictions, median chosen alpha, alpha at an edge)."""
+    if task == "regression" or classifier == "lda":
+        fit = fit_folds(X, list(labels.values()), groups, splits, task, dtype=dtype, device=device)
+        return {name: (fit.index, fit.predictions[t], _median(fit.alphas[t]), fit.at_edge[t])
+                for t, name in enumerate(labels)}
+    probe = make_probe(task, classifier, seed=seed, dtype=dtype)
+    return {name: (*out_of_fold_predictions(probe, X, target, splits, groups), np.nan, False)
+            for name, target in labels.items()}
 
 
 def probe_absolute_index(
@@ -312,6 +384,7 @@ def probe_absolute_index(
     extrapolate_from: int | None = None,
     n_boot: int = 1000,
     seed: int = 0,
+    device: str = "cpu",
 ) -> pd.DataFrame:
     """Probe the absolute index (position id) at every site, as classes and as a value.
 
@@ -326,9 +399,12 @@ def probe_absolute_index(
             on positions >= P (``split == "extrapolation"``), on held-out sequences.
         n_boot: bootstrap replicates.
         seed: seed of controls and bootstrap.
+        device: torch device for the probe algebra (see :func:`probe_features`).
 
     Returns:
-        Tidy DataFrame with :data:`RESULT_COLUMNS`, ``target == "absolute_index"``.
+        Tidy DataFrame with :data:`RESULT_COLUMNS`, ``target == "absolute_index"``. Features are
+        judged against the round-off of the dtype the activations were computed in
+        (:meth:`~nopelens.probes.collect.Activations.dtype`).
 
     Raises:
         KeyError: for a site that was not collected.
@@ -340,12 +416,13 @@ def probe_absolute_index(
         X = acts.features(site)
         for task in tasks:
             frame = probe_features(X, acts.position, acts.sequence_id, task, acts.token, n_splits=n_splits,
-                                   classifier=classifier, controls=controls, n_boot=n_boot, seed=seed)
+                                   classifier=classifier, controls=controls, n_boot=n_boot, seed=seed,
+                                   dtype=acts.dtype(site), device=device)
             frames.append(_label(frame, site, "absolute_index", task, "token", "grouped"))
         if extrapolate_from is not None:
             splits = extrapolation_splits(acts.sequence_id, acts.position, extrapolate_from, n_splits)
             frame = probe_features(X, acts.position, acts.sequence_id, "regression", acts.token, splits=splits,
-                                   controls=False, n_boot=n_boot, seed=seed)
+                                   controls=False, n_boot=n_boot, seed=seed, dtype=acts.dtype(site), device=device)
             frames.append(_label(frame, site, "absolute_index", "regression", "token", "extrapolation"))
     return _tidy(frames)
 
@@ -355,6 +432,7 @@ def probe_relative_distance(
     sites: Sequence[str] | None = None,
     feature_kinds: Sequence[str] = ("concat", "difference"),
     attention: Sequence[tuple[str, str]] = (),
+    scores: Sequence[str] = (),
     bilinear: str = "outer",
     tasks: Sequence[str] = ("classification", "regression"),
     max_distance: int | None = None,
@@ -364,13 +442,26 @@ def probe_relative_distance(
     controls: bool = True,
     n_boot: int = 1000,
     seed: int = 0,
+    device: str = "cpu",
 ) -> pd.DataFrame:
     """Probe the relative distance i - j of distance-balanced token pairs (j <= i, same sequence).
 
-    Residual sites get pair features ``concat`` [h_i; h_j] and ``difference`` h_i - h_j; each
-    (query site, key site) in ``attention`` gets the per-head bilinear read of q_i and k_j
-    (:func:`~nopelens.probes.targets.bilinear_features`). The control task and the token-identity
-    ceiling use the token pair (token_i, token_j) as the type.
+    Residual sites get pair features ``concat`` [h_i; h_j] and ``difference`` h_i - h_j. Attention
+    gets two reads, kept apart because they answer different questions:
+
+    - ``attention`` (query site, key site): the *content-only q.k read*, a per-head bilinear read of
+      q_i and k_j (:func:`~nopelens.probes.targets.bilinear_features`; features
+      ``bilinear_outer``/``bilinear_elementwise``). It sees RoPE (pass the rotated q and k) but
+      never a bias added to the score, so it cannot see ALiBi or Shaw.
+    - ``scores`` (``blocks.{l}.attn.hook_attn_scores`` sites): the *score read*, what the head
+      actually scores, content plus position bias, relative to the query's own key
+      (:func:`~nopelens.probes.targets.score_features`; features ``score``). It compares NoPE,
+      RoPE, ALiBi and Shaw on the same footing.
+
+    Layer of an attention read: block ``l``'s read is reported at ``layer = l + 1``, the residual
+    layer its head writes into (DESIGN.md numbering), so :func:`first_recoverable_layer` takes
+    this table directly. The control task and the token-identity ceiling use the token pair
+    (token_i, token_j) as the type.
 
     Args:
         acts: from :func:`~nopelens.probes.collect`.
@@ -378,30 +469,42 @@ def probe_relative_distance(
             ``[n, d]``).
         feature_kinds: subset of ``concat``, ``difference``.
         attention: pairs such as ``("blocks.0.attn.hook_rot_q", "blocks.0.attn.hook_rot_k")``.
+        scores: collected ``hook_attn_scores`` sites, e.g. ``["blocks.0.attn.hook_attn_scores"]``.
         bilinear: ``outer`` or ``elementwise``.
-        tasks, n_splits, classifier, controls, n_boot, seed: as :func:`probe_absolute_index`.
+        tasks, n_splits, classifier, controls, n_boot, seed, device: as :func:`probe_absolute_index`.
         max_distance, pairs_per_distance: as :func:`~nopelens.probes.targets.sample_distance_pairs`.
 
     Returns:
         Tidy DataFrame with :data:`RESULT_COLUMNS`, ``target == "relative_distance"``; the
-        ``site`` of a bilinear row is the query site.
+        ``site`` of a bilinear row is the query site, of a score row the scores site.
+
+    Raises:
+        KeyError: for a site that was not collected.
+        ValueError: as :func:`probe_features` and :func:`~nopelens.probes.targets.score_features`.
     """
     pairs = sample_distance_pairs(acts.sequence_id, acts.position, max_distance, pairs_per_distance, seed)
     pair_tokens = np.stack([acts.token[pairs.query], acts.token[pairs.key]], axis=1)
     if sites is None:
         sites = [site for site, array in acts.acts.items() if array.ndim == 2]
-    jobs = [(site, kind, lambda s=site, k=kind: pair_features(acts.features(s), pairs, k))
-            for site in sites for kind in feature_kinds]
-    jobs += [(q_site, f"bilinear_{bilinear}",
+    residual = [(site, kind, acts.dtype(site), lambda s=site, k=kind: pair_features(acts.features(s), pairs, k))
+                for site in sites for kind in feature_kinds]
+    reads = [(q_site, f"bilinear_{bilinear}", _coarser(acts.dtype(q_site), acts.dtype(k_site)),
               lambda q=q_site, k=k_site: bilinear_features(_heads(acts, q), _heads(acts, k), pairs, bilinear))
              for q_site, k_site in attention]
+    reads += [(site, "score", _score_dtype(acts, site),
+               lambda s=site: score_features(_score_arrays(acts, s), acts.sequence_id, acts.position, pairs))
+              for site in scores]
     frames = []
-    for site, kind, build in jobs:
+    for is_read, (site, kind, dtype, build) in [(False, job) for job in residual] + [(True, job) for job in reads]:
         X = build()
         for task in tasks:
             frame = probe_features(X, pairs.distance, pairs.sequence_id, task, pair_tokens, n_splits=n_splits,
-                                   classifier=classifier, controls=controls, n_boot=n_boot, seed=seed)
-            frames.append(_label(frame, site, "relative_distance", task, kind, "grouped"))
+                                   classifier=classifier, controls=controls, n_boot=n_boot, seed=seed,
+                                   dtype=dtype, device=device)
+            frame = _label(frame, site, "relative_distance", task, kind, "grouped")
+            if is_read:  # an attention read of block l counts at layer l + 1
+                frame["layer"] = frame["block"] + 1
+            frames.append(frame)
     return _tidy(frames)
 
 
@@ -415,7 +518,8 @@ def first_recoverable_layer(
 ) -> int | None:
     """The first layer whose CI lower bound clears ``threshold`` for ``target`` and ``metric``.
 
-    Only ``linear`` probes on the grouped split at residual sites (rows with a ``layer``) count.
+    Only ``linear`` probes on the grouped split at rows with a ``layer`` count: residual sites,
+    and the attention reads of :func:`probe_relative_distance` (block ``l`` at layer ``l + 1``).
     "Clears" means ``ci_low >= threshold`` for higher-is-better metrics and ``ci_high <= threshold``
     for ``mad``. Defaults: R^2 >= 0.9 for regression, accuracy >= 0.9 for classification.
 
@@ -427,7 +531,8 @@ def first_recoverable_layer(
         threshold: the bar.
         task: ``regression`` or ``classification``; default: regression unless ``metric`` only
             exists for classification. Needed for ``mad``, which both tasks report.
-        features: feature kind (``token``, ``concat``, ...) when the table has several.
+        features: feature kind (``token``, ``concat``, ``score``, ``bilinear_outer``, ...) when
+            the table has several.
 
     Returns:
         The DESIGN.md layer number, or None when no layer clears the bar.
@@ -447,7 +552,7 @@ def first_recoverable_layer(
     if features is not None:
         rows = rows[rows["features"] == features]
     if rows.empty:
-        raise ValueError(f"no linear probe rows for target {target!r}, metric {metric!r} at residual sites")
+        raise ValueError(f"no linear probe rows for target {target!r}, metric {metric!r} at a layer")
     for column, argument in (("task", "task"), ("features", "features")):
         kinds = rows[column].unique()
         if len(kinds) > 1:
@@ -458,6 +563,11 @@ def first_recoverable_layer(
     return int(layers.min()) if len(layers) else None
 
 
+def _coarser(a: str, b: str) -> str:
+    """The dtype with the larger round-off of two (a product is no finer than its factors)."""
+    return a if roundoff_tolerance(a) >= roundoff_tolerance(b) else b
+
+
 def _heads(acts: Activations, site: str) -> np.ndarray:
     if site not in acts.acts:
         raise KeyError(f"site {site!r} was not collected; collected: {sorted(acts.acts)}")
@@ -465,6 +575,17 @@ def _heads(acts: Activations, site: str) -> np.ndarray:
     if array.ndim != 3:
         raise ValueError(f"site {site!r} has shape {array.shape}; a bilinear read needs [n, head_index, d_head]")
     return array
+
+
+def _score_dtype(acts: Activations, site: str) -> str:
+    _score_arrays(acts, site)
+    return acts.dtypes.get(site, "float32")
+
+
+def _score_arrays(acts: Activations, site: str) -> list[np.ndarray]:
+    if site not in acts.patterns:
+        raise KeyError(f"score site {site!r} was not collected; collected pattern sites: {sorted(acts.patterns)}")
+    return acts.patterns[site]
 
 
 def _label(frame: pd.DataFrame, site: str, target: str, task: str, features: str, split: str) -> pd.DataFrame:

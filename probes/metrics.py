@@ -13,7 +13,8 @@ Metrics (higher is better except ``mad``):
   ``within_one`` (|prediction - target| <= 1, the "±1 accuracy");
 - ``mad``: mean absolute distance |prediction - target| in positions (Haviv et al. 2022, "Transformer
   language models without positional encodings still learn positional information", §4), with
-  chance value :func:`mad_chance`;
+  chance value :func:`mad_chance_of` (E|X - Y| over the positions actually scored; :func:`mad_chance`
+  is its special case for L equally likely positions);
 - ``r2`` (coefficient of determination), ``spearman`` (Spearman's rho, average ranks for ties).
 """
 
@@ -52,6 +53,43 @@ def mad_chance(n_positions: int) -> float:
     if not isinstance(n_positions, (int, np.integer)) or n_positions < 1:
         raise ValueError(f"n_positions must be an integer >= 1, got {n_positions!r}")
     return (n_positions**2 - 1) / (3 * n_positions)
+
+
+def mad_chance_of(targets: np.ndarray) -> float:
+    """Expected |X - Y| for X, Y drawn independently from the empirical distribution of ``targets``.
+
+    The chance level of the mean absolute distance (MAD) of a probe whose predictions carry no
+    information about the scored samples: a prediction drawn from the same distribution as the
+    targets, independently of them. It uses the positions (or distances) actually scored, so
+    with variable sequence lengths late positions count as rarely as they occur; on sequences of
+    one length L it equals :func:`mad_chance` (L). With the values sorted, x_(0) <= ... <= x_(n-1),
+    sum_{i,j} |x_i - x_j| = 2 sum_k (2k - n + 1) x_(k) (each sorted value is larger than the k
+    before it and smaller than the n - 1 - k after it).
+
+    Args:
+        targets: scored targets ``[n]`` (positions or distances), finite, n >= 1.
+
+    Returns:
+        E|X - Y|, in the targets' unit (positions).
+
+    Raises:
+        ValueError: on empty, non-1-D or non-finite input.
+
+    Example:
+        Half of the sequences of length 10, half of length 20 (issue 10 §4): the uniform
+        formula at the mean length, mad_chance(15), would say 4.977778.
+
+        >>> positions = np.concatenate([np.arange(10), np.arange(20)])
+        >>> round(mad_chance_of(positions), 6)
+        6.277778
+        >>> mad_chance_of(np.tile(np.arange(64), 3)) == mad_chance(64)
+        True
+    """
+    x = np.sort(np.asarray(targets, dtype=np.float64))
+    if x.ndim != 1 or len(x) == 0 or not np.all(np.isfinite(x)):
+        raise ValueError(f"targets must be a non-empty 1-D array of finite numbers, got shape {x.shape}")
+    n = len(x)
+    return float(2 * np.dot(2 * np.arange(n) - n + 1, x) / n**2)
 
 
 def metric_names(task: str) -> tuple[str, ...]:
@@ -138,13 +176,14 @@ def bootstrap_scores(
     draws = rng.multinomial(n_groups, np.full(n_groups, 1.0 / n_groups), size=n_boot).astype(np.float64)
     alpha = (1 - confidence) / 2
     out = {}
+    weights = np.vstack([np.ones((1, n_groups)), draws])  # row 0: the point estimate; one pass serves all
     for metric in metrics:
-        value = _metric_values(metric, y, pred, group_index, np.ones((1, n_groups)))[0]
+        values = _metric_values(metric, y, pred, group_index, weights)
+        value, replicates = values[0], values[1:]
         if not np.isfinite(value):
             if skip_undefined:
                 continue
             raise ValueError(f"{metric} is undefined on these targets (constant targets or predictions)")
-        replicates = _metric_values(metric, y, pred, group_index, draws)
         finite = replicates[np.isfinite(replicates)]
         if len(finite) < max(1, n_boot // 2):
             if skip_undefined:

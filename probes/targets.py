@@ -9,8 +9,13 @@ Targets:
   cannot win by predicting the most common distance).
 
 Pair features: ``[h_i; h_j]`` (``concat``) and ``h_i - h_j`` (``difference``) at residual sites;
-at attention sites a bilinear read of the (rotated) query of token i and key of token j per head,
-:func:`bilinear_features`.
+at attention sites two reads per head:
+
+- the *score read* :func:`score_features`: what the head actually scores, the pre-softmax score
+  (``hook_attn_scores``: content q.k plus any position bias, ALiBi's or Shaw's), taken relative to
+  the query's own key, e_h(i, j) - e_h(i, i);
+- the *content-only q.k read* :func:`bilinear_features`: a bilinear read of the (rotated) query of
+  token i and key of token j, which never sees a bias added to the score.
 
 Controls: the control task of Hewitt & Liang 2019 ("Designing and interpreting probes with
 control tasks", §2: each word type gets a fixed random label drawn from the task's label
@@ -21,6 +26,7 @@ token-identity ceiling :func:`token_identity_predictions`; shuffled labels :func
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Sequence
 
 import numpy as np
 from jaxtyping import Float, Int
@@ -193,6 +199,77 @@ def bilinear_features(
     if mode == "elementwise":
         return (q * k).reshape(len(pairs), -1)
     raise ValueError(f"mode must be 'outer' or 'elementwise', got {mode!r}")
+
+
+BLOCKED_SCORE = -1e30
+"""A collected score at or below this (or -inf) marks a blocked key: masks write -inf or the
+dtype's lowest value (HF uses ``torch.finfo(dtype).min``), never a real score."""
+
+
+def score_features(
+    scores: Sequence[np.ndarray],
+    sequence_id: Int[np.ndarray, "n"],
+    position: Int[np.ndarray, "n"],
+    pairs: DistancePairs,
+) -> Float[np.ndarray, "n_pairs head_index"]:
+    """Per-head pre-softmax score of each pair, relative to the query's own key: e_h(i, j) - e_h(i, i).
+
+    e_h(i, j) is the score the head gives key j before the softmax, content and position bias
+    together: for ALiBi q_i.k_j / sqrt(d_head) - m_h (i - j) (Press et al. 2022; seed
+    ``002_c993a97fc3f160f5.txt``), for Shaw (q_i.k_j + q_i.a^K_{clip(j - i, -k, k)}) / sqrt(d_head)
+    (Shaw et al. 2018, eq. 5). The softmax of row i ignores any constant added to the whole row,
+    so only differences within a row reach the pattern; subtracting the query's own key e_h(i, i)
+    removes such constants. This makes the read the same for every way of writing one bias: the
+    Decoder's ALiBi adds -m_h (i - j), HF Bloom adds m_h j, and both give -m_h (i - j) here. A
+    linear probe on these features asks whether the head's own scores, as the softmax sees them,
+    carry i - j.
+
+    Args:
+        scores: one ``[head_index, n_real, n_real]`` array per sequence (``Activations.patterns``
+            of a ``hook_attn_scores`` site), index ``[h, i, j]`` = query position i, key position j.
+        sequence_id: sequence of each sample ``[n]`` (the index into ``scores``).
+        position: position id of each sample ``[n]``.
+        pairs: from :func:`sample_distance_pairs`.
+
+    Returns:
+        ``[n_pairs, head_index]`` float64; 0 for every pair of distance 0.
+
+    Raises:
+        ValueError: if a pair's key is blocked (score -inf or <= :data:`BLOCKED_SCORE`, e.g. outside
+            a sliding window), a sequence is missing, or the score arrays are not square per head.
+
+    Example:
+        >>> alibi = -0.5 * np.subtract.outer(np.arange(3), np.arange(3)).astype(float)[None]  # -m (i - j)
+        >>> bloom = 0.5 * np.tile(np.arange(3.0), (3, 1))[None]  # m j: the same softmax
+        >>> p = DistancePairs(np.array([2, 2]), np.array([0, 1]), np.array([2, 1]), np.array([0, 0]))
+        >>> ids, pos = np.zeros(3, dtype=int), np.arange(3)
+        >>> score_features([alibi], ids, pos, p).ravel().tolist(), score_features([bloom], ids, pos, p).ravel().tolist()
+        ([-1.0, -0.5], [-1.0, -0.5])
+    """
+    sequence_id, position = np.asarray(sequence_id), np.asarray(position)
+    if not scores:
+        raise ValueError("no score arrays given")
+    n_heads = np.asarray(scores[0]).shape[0]
+    out = np.empty((len(pairs), n_heads))
+    seq = sequence_id[pairs.query]
+    for s in np.unique(seq):
+        if not 0 <= s < len(scores):
+            raise ValueError(f"sequence {s} has no score array ({len(scores)} given)")
+        e = np.asarray(scores[s], dtype=np.float64)
+        if e.ndim != 3 or e.shape[1] != e.shape[2] or e.shape[0] != n_heads:
+            raise ValueError(f"scores of sequence {s} must be [{n_heads}, n, n], got {e.shape}")
+        rows = np.flatnonzero(seq == s)
+        i, j = position[pairs.query[rows]], position[pairs.key[rows]]
+        pair_score, own_score = e[:, i, j], e[:, i, i]
+        blocked = ~np.isfinite(pair_score) | (pair_score <= BLOCKED_SCORE) | (own_score <= BLOCKED_SCORE)
+        if blocked.any():
+            head, k = np.argwhere(blocked)[0]
+            raise ValueError(
+                f"sequence {s}, head {head}: key {j[k]} is blocked for query {i[k]} (score {pair_score[head, k]:.3g}); "
+                "the score read needs every pair j <= i visible (a sliding window shorter than the sequence?)"
+            )
+        out[rows] = (pair_score - own_score).T
+    return out
 
 
 def control_labels(

@@ -19,6 +19,7 @@ MODULES = [
     "nopelens.probes.metrics",
     "nopelens.probes.targets",
     "nopelens.probes.linear",
+    "nopelens.probes.fitting",
     "nopelens.probes.sinks",
 ]
 

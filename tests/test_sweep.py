@@ -39,22 +39,34 @@ def test_circuit_absolute_index_at_chance_at_layer_0_and_exact_at_layer_1(quick_
     assert r2.loc[1] >= 0.9995 and accuracy.loc[1] == 1.0
     summary = result.summary.set_index("model")
     assert summary.loc["circuit", "absolute_r2"] == 1
-    assert summary.loc["circuit", "relative_qk_r2"] == 2, "the Theorem 2 head is block 1's attention"
+    assert summary.loc["circuit", "relative_content_qk_r2"] == 2, "the Theorem 2 head is block 1's attention"
+    assert summary.loc["circuit", "relative_score_r2"] == 2, "block 1's own scores read i - j"
 
 
 def test_untrained_nope_without_bos_recovers_nothing_and_shrinks_variance(quick_run):
     result, _ = quick_run
     summary = result.summary.set_index("model")
-    for column in ("absolute_acc", "absolute_r2", "relative_pairs_r2", "relative_qk_r2"):
+    for column in ("absolute_acc", "absolute_r2", "relative_pairs_r2", "relative_score_r2", "relative_content_qk_r2"):
         assert summary.loc["untrained-nope", column] == -1, column
     assert -1.3 < summary.loc["untrained-nope", "variance_slope_block0"] < -0.7
+
+
+def test_constant_input_recovers_nothing_at_any_layer(quick_run):
+    """Every token one id, no BOS: one state at every position, so every read is at chance."""
+    result, _ = quick_run
+    summary = result.summary.set_index("model")
+    for column in ("absolute_acc", "absolute_r2", "relative_pairs_r2", "relative_score_r2", "relative_content_qk_r2"):
+        assert summary.loc["constant-nope", column] == -1, column
+    assert summary.loc["constant-nope", "best_absolute_r2"] <= 0.05
 
 
 def test_selectivity_next_to_every_linear_score(quick_run):
     result, _ = quick_run
     rows = result.probes[(result.probes["probe"] == "linear") & result.probes["metric"].isin(["accuracy", "r2"])
                          & (result.probes["split"] == "grouped")]
-    assert rows["selectivity"].notna().all()
+    one_token = rows["model"] == "constant-nope"  # one token type: the control task is undefined
+    assert rows.loc[~one_token, "selectivity"].notna().all()
+    assert rows.loc[one_token, "selectivity"].isna().all()
     control = result.probes[result.probes["probe"] == "control"]
     assert len(control) > 0
 
@@ -66,6 +78,7 @@ def test_run_folder_holds_tables_figures_and_summary(quick_run):
         assert (out / name).is_file(), name
     summary = (out / "summary.md").read_text()
     assert "circuit" in summary and "Command:" in summary and "Versions:" in summary
+    assert "*Head scores*" in summary and "*Content q·k*" in summary, "summary.md says which read is which"
     assert set(pd.read_csv(out / "probes.csv")["model"]) == set(result.summary["model"])
     assert not list(out.rglob(".*.csv")), "no temporary files left behind"
 

@@ -1,0 +1,59 @@
+"""Issue 10 §5: the known-answer suite. The suite runs once (module fixture); every row asserts its value."""
+
+from __future__ import annotations
+
+import pandas as pd
+import pytest
+
+from nopelens.analyses import validate
+from nopelens.analyses.cli import main
+
+@pytest.fixture(scope="module")
+def suite() -> pd.DataFrame:
+    return validate.run_suite()
+
+
+def test_the_suite_produces_every_row_once(suite):
+    assert list(suite["name"]) == list(validate.ROW_NAMES)
+
+
+@pytest.mark.parametrize("name", validate.ROW_NAMES)
+def test_known_answer(suite, name):
+    row = suite.set_index("name").loc[name]
+    assert row["passed"], f"{name}: expected {row['comparison']} {row['expected']:.6g} ± {row['tolerance']:.3g}, measured {row['measured']:.6g}"
+
+
+@pytest.mark.parametrize("comparison, measured, passed", [
+    ("==", 1.05, True), ("==", 1.2, False), ("<=", 1.1, True), ("<=", 1.2, False), (">=", 0.9, True),
+    (">=", 0.8, False), ("==", float("nan"), False),
+])
+def test_row_verdicts(comparison, measured, passed):
+    row = validate.Row("x", "m", "q", 1.0, measured, comparison, 0.1, "d")
+    assert row.passed is passed
+
+
+def test_validate_command_prints_rows_writes_the_report_and_exits_1_on_a_failed_row(suite, tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(validate, "run_suite", lambda seed: suite)
+    out = tmp_path / "docs" / "known_answers.md"
+    code = main(["validate", "--out", str(out)])
+    printed = capsys.readouterr().out
+    assert code == (0 if suite["passed"].all() else 1)
+    assert all(name in printed for name in validate.ROW_NAMES)
+    text = out.read_text()
+    assert "| row" in text and all(name in text for name in validate.ROW_NAMES)
+    assert not list(out.parent.glob(".*")), "atomic write leaves no temporary file"
+
+    failing = suite.assign(passed=[True] * (len(suite) - 1) + [False])
+    monkeypatch.setattr(validate, "run_suite", lambda seed: failing)
+    assert main(["validate", "--out", "-"]) == 1
+    passing = suite.assign(passed=True)
+    monkeypatch.setattr(validate, "run_suite", lambda seed: passing)
+    assert main(["validate", "--out", "-"]) == 0
+    assert "FAIL" not in capsys.readouterr().out.split("rows pass")[-1]
+
+
+def test_validate_help_has_examples(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["validate", "--help"])
+    assert exit_info.value.code == 0
+    assert "nopelens validate --out" in capsys.readouterr().out
