@@ -172,10 +172,14 @@ def _with_slopes(variance: pd.DataFrame) -> pd.DataFrame:
 
 
 
-def _qk_sites(subject: Subject, layer: int) -> tuple[str, str]:
-    """The rotated q/k hooks where the model rotates them and they fire, else the plain ones."""
+def _qk_sites(source, layer: int) -> tuple[str, str]:
+    """The rotated q/k hooks where the model rotates them and they fire, else the plain ones.
+
+    ``source`` is a :class:`Subject` (whose HF description says which hooks fire) or a bare model.
+    """
+    usable = source.usable if isinstance(source, Subject) else (lambda site: site in source.hook_dict)
     rotated = (f"blocks.{layer}.attn.hook_rot_q", f"blocks.{layer}.attn.hook_rot_k")
-    if all(subject.usable(site) for site in rotated):
+    if all(usable(site) for site in rotated):
         return rotated
     return f"blocks.{layer}.attn.hook_q", f"blocks.{layer}.attn.hook_k"
 
