@@ -343,3 +343,12 @@ def test_audit_and_collect_restore_every_submodule_flag(bridges):
     collect(bridge, torch.randint(3, 64, (1, 5)), resid_sites(1))
     assert [m.training for m in bridge.modules()] == before
     bridge.eval()
+
+
+def test_an_unhooked_qk_norm_makes_the_score_steps_not_applicable_not_failed():
+    from nopelens.analyses.audit import audit
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        report = audit(bridge_hf_model(build("stablelm", qk_layernorm=True)), eval_length=8)
+    assert report.passed and "cannot be read" in report.step(5).reason, report.summary()

@@ -108,6 +108,9 @@ class BridgeSubject(Subject):
         if unknown:
             return (f"the position method of {self.hf.family!r} layers {unknown} is not known to nopelens.models.hf; "
                     "nothing about positions is verified")
+        if self.hf.qk_norm is not None and "not hooked" in self.hf.qk_norm:
+            return (f"{self.hf.family} normalizes q and k ({self.hf.qk_norm}) where the bridge hooks neither, so "
+                    "the q and k entering the scores cannot be read")
         scaled = sorted({l.rope_type for l in self.hf.layers if l.rotates and l.rope_type != "default"})
         if scaled:
             return f"rope_type {scaled} scales RoPE frequencies; the reference covers the default (unscaled) RoPE only"
