@@ -2,14 +2,17 @@
 
 Each subcommand lives in its own module, which exposes ``register(subparsers)``; the module adds
 its parser and sets ``func`` to a callable taking the parsed args and returning an exit code.
-Errors a user can cause (bad arguments, missing files, invalid input) become one line on stderr
-and exit code 2, with no traceback.
+Exit codes: 0 when the command passed, 1 when a step it checks failed (``audit``), 2 on bad input or
+an unsupported model (one line on stderr, no traceback), 3 on an internal error (a bug in
+nopelens: one line saying so, where it happened and where to report it; ``NOPELENS_TRACEBACK=1``
+shows the traceback).
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 
 COMMAND_MODULES = (
@@ -95,14 +98,37 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     except USER_ERRORS as error:
         message = error.args[0] if isinstance(error, KeyError) and error.args else error
-        print(f"nopelens {args.command}: error: {message}", file=sys.stderr)
+        print(f"nopelens {args.command}: error: {' '.join(str(message).split())}", file=sys.stderr)
         return 2
-    except (MemoryError, RuntimeError) as error:
-        if not _is_out_of_memory(error):
+    except (MemoryError, Exception) as error:  # anything else is a bug: one line, never a traceback
+        if _is_out_of_memory(error):
+            print(f"nopelens {args.command}: error: out of memory ({str(error).strip().splitlines()[-1][:200]}); "
+                  "use smaller lengths, sizes or counts", file=sys.stderr)
+            return 2
+        if os.environ.get("NOPELENS_TRACEBACK"):
             raise
-        print(f"nopelens {args.command}: error: out of memory ({str(error).strip().splitlines()[-1][:200]}); "
-              "use smaller lengths, sizes or counts", file=sys.stderr)
-        return 2
+        print(f"nopelens {args.command}: internal error: {type(error).__name__}: {_first_line(error)} "
+              f"(at {_where(error)}); this is a bug in nopelens: please report it with the command line to "
+              f"{REPORT_TO} (rerun with NOPELENS_TRACEBACK=1 for the traceback)", file=sys.stderr)
+        return 3
+
+
+REPORT_TO = "the nopelens issue tracker (`issues` in the nopelens repository)"
+
+
+def _first_line(error: BaseException) -> str:
+    lines = str(error).strip().splitlines()
+    return lines[0][:200] if lines else "(no message)"
+
+
+def _where(error: BaseException) -> str:
+    import traceback
+
+    frames = traceback.extract_tb(error.__traceback__)
+    if not frames:
+        return "unknown place"
+    last = frames[-1]
+    return f"{os.path.basename(last.filename)}:{last.lineno} in {last.name}"
 
 
 def _is_out_of_memory(error: BaseException) -> bool:

@@ -413,9 +413,10 @@ def with_clean_values(probes: pd.DataFrame) -> pd.DataFrame:
 class IndexDirection:
     """The absolute-index direction of a ridge probe, in residual-stream units.
 
-    prediction(x) = (x - center) . weights + intercept, from the ``Pipeline(StandardScaler,
-    RidgeCV)`` of :func:`~nopelens.probes.make_probe`: weights = coef / scale, center = the
-    scaler's mean (features with zero spread have scale 1, as StandardScaler sets it).
+    prediction(x) = (x - center) . weights + intercept, from the ``Pipeline(RoundoffScaler,
+    GroupedRidgeCV)`` of :func:`~nopelens.probes.make_probe` (penalty chosen by CV grouped by
+    sequence): weights = coef / scale, center = the scaler's mean (features whose spread is only
+    round-off have infinite scale, hence weight 0).
 
     Attributes:
         layer: DESIGN.md layer the probe reads.
@@ -433,7 +434,8 @@ class IndexDirection:
     def fit(cls, acts: Activations, layer: int, seed: int = 0) -> "IndexDirection":
         """Fit a regression probe for the index on every sample of ``acts`` at ``layer``."""
         site = resid_site(layer)
-        pipeline = make_probe("regression", seed=seed).fit(acts.features(site), acts.position)
+        pipeline = make_probe("regression", seed=seed, dtype=acts.dtype(site)).fit(
+            acts.features(site), acts.position, linear__groups=acts.sequence_id)
         scaler, ridge = pipeline[0], pipeline[-1]
         weights = torch.as_tensor(ridge.coef_ / scaler.scale_, dtype=torch.float64)
         if not bool(torch.isfinite(weights).all()) or float(weights.norm()) == 0:
@@ -461,7 +463,8 @@ def clean_probe_reads(clean: Activations, changed: Activations, site: str, n_spl
     X_clean, X_changed = clean.features(site), changed.features(site)
     read_clean, read_changed = np.empty(len(y)), np.empty(len(y))
     for fit, score in sequence_splits(groups, n_splits):
-        probe = make_probe("regression", seed=seed).fit(X_clean[fit], y[fit])
+        probe = make_probe("regression", seed=seed, dtype=clean.dtype(site)).fit(
+            X_clean[fit], y[fit], linear__groups=groups[fit])
         read_clean[score], read_changed[score] = probe.predict(X_clean[score]), probe.predict(X_changed[score])
     r2 = 1 - np.sum((read_changed - y) ** 2) / np.sum((y - y.mean()) ** 2)
     return float(r2), float(np.mean(read_changed - read_clean))
@@ -564,7 +567,8 @@ def position_patching(model, tokens: Tensor, n_layers: int, settings: ProbeSetti
     sites = [f"blocks.{layer}.hook_resid_pre" for layer in range(n_layers)]
     original = collect(model, tokens, sites + [read_site])
     source = collect(model, copy, sites + [read_site])
-    probe = make_probe("regression", seed=settings.seed).fit(original.features(read_site), original.position)
+    probe = make_probe("regression", seed=settings.seed, dtype=original.dtype(read_site)).fit(
+        original.features(read_site), original.position, linear__groups=original.sequence_id)
     clean_cache = {site: torch.from_numpy(source.acts[site]).reshape(len(copy), copy.shape[1], -1) for site in sites}
     read_r2, _ = clean_probe_reads(original, original, read_site, settings.n_splits, settings.seed)
     read_original = probe.predict(original.features(read_site)).reshape(tokens.shape)

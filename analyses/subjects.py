@@ -54,6 +54,7 @@ class Subject:
         info: anything else worth reporting (steps, losses, recipe).
         targets: int64 ``[batch, pos]``, what each position should predict (trained models).
         loss_mask: bool ``[batch, pos]``, where a prediction is scored (trained models).
+        hf: the :class:`~nopelens.models.hf.HFDescription` of an HF model (None otherwise).
     """
 
     name: str
@@ -69,6 +70,11 @@ class Subject:
     info: dict[str, Any] = field(default_factory=dict)
     targets: Tensor | None = None
     loss_mask: Tensor | None = None
+    hf: Any = None
+
+    def usable(self, site: str) -> bool:
+        """The model has hook ``site`` and it fires (bridged hook points that never fire are not)."""
+        return site in self.model.hook_dict and (self.hf is None or self.hf.fires(site))
 
 
 def resolve(
@@ -233,14 +239,28 @@ def _evaluation_batch(task, n_sequences: int, seq_len: int, train_lengths, seed:
 
 
 def _hf(directory: Path, n_sequences: int, seq_len: int, seed: int) -> Subject:
+    from nopelens.models.hf import UnsupportedModelError, check_readable, describe
+
     model = load_hf_dir(directory)
-    config = model.cfg
+    description = describe(model)
+    check_readable(description)
+    if description.max_positions is not None and seq_len > description.max_positions:
+        raise UnsupportedModelError(
+            f"--seq-len {seq_len} is longer than the learned position table of {directory.name} "
+            f"({description.max_positions} positions); use --seq-len {description.max_positions} or less"
+        )
     bos_id = _hf_bos_id(directory)
-    tokens = _random_tokens(n_sequences, seq_len, 0, config.d_vocab, seed)
+    if bos_id is not None and not 0 <= bos_id < description.d_vocab:
+        raise ValueError(f"{directory}/config.json: bos_token_id {bos_id} is outside the vocabulary "
+                         f"(0..{description.d_vocab - 1})")
+    tokens = _random_tokens(n_sequences, seq_len, 0, description.d_vocab, seed)
     if bos_id is not None:
         tokens[:, 0] = bos_id
-    return Subject(f"hf:{directory.name}", model, config.n_layers, "hf", "external", tokens, torch.ones_like(tokens),
-                   has_bos=bos_id is not None, bos_token_id=bos_id)
+    methods = sorted(set(description.layer_methods))
+    position = description.input_position or ",".join(description.layer_methods if len(methods) > 1 else methods)
+    return Subject(f"hf:{directory.name}", model, description.n_layers, position, "external", tokens,
+                   torch.ones_like(tokens), has_bos=bos_id is not None, bos_token_id=bos_id,
+                   info={"hf": description.summary()}, hf=description)
 
 
 def load_hf_dir(directory: Path) -> Any:

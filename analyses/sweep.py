@@ -61,7 +61,7 @@ from . import parallel, report, seeds
 from .intervene import sink_ablation_drop
 from .subjects import CONTROL_SPECS, Subject, check_spec, has_training_seed, resolve
 
-DEFAULT_MODELS = {"text": ("text-nope-4l", "text-rope-4l"), "copy": ("copy-nope-3l", "copy-rope-3l")}
+DEFAULT_MODELS = {"text": ("text-nope-4l", "text-rope-4l", "text-hybrid-4l"), "copy": ("copy-nope-3l", "copy-rope-3l")}
 MAX_OUTER_FEATURES = 1024
 """Use the full outer-product bilinear read while n_heads * d_head^2 stays below this; above it,
 the elementwise (diagonal) read keeps the fits inside the sweep's time budget."""
@@ -108,7 +108,8 @@ class SweepSettings:
 
     @classmethod
     def default(cls, task: str = "text", models: tuple[str, ...] | None = None, controls: bool = True, **kw) -> "SweepSettings":
-        """The default sweep: a NoPE and a RoPE zoo model of ``task`` plus the two controls."""
+        """The default sweep: the zoo models of ``task`` (text: NoPE, RoPE and the RoPE/NoPE hybrid)
+        plus the two controls."""
         if models is None:
             if task not in DEFAULT_MODELS:
                 raise ValueError(f"task must be one of {sorted(DEFAULT_MODELS)}, got {task!r}")
@@ -160,9 +161,9 @@ def analyse_subject(subject: Subject, settings: SweepSettings) -> dict[str, pd.D
     layers = subject.n_layers
     residual = resid_sites(layers)
     blocks = [(f"blocks.{l}.hook_attn_out", f"blocks.{l}.hook_mlp_out") for l in range(layers)]
-    inner = [site for pair in blocks for site in pair if site in subject.model.hook_dict]
-    qk = [_qk_sites(subject.model, l) for l in range(layers)]
-    scores = score_sites(subject.model, layers)
+    inner = [site for pair in blocks for site in pair if subject.usable(site)]
+    qk = [_qk_sites(subject, l) for l in range(layers)]
+    scores = score_sites(subject.model, layers, subject.hf)
     patterns = [f"blocks.{l}.attn.hook_pattern" for l in range(layers)]
     sites = residual + inner + [s for pair in qk for s in pair] + patterns + scores
     acts = collect(subject.model, subject.tokens, sites, attention_mask=subject.attention_mask, batch_size=32)
@@ -180,7 +181,8 @@ def analyse_subject(subject: Subject, settings: SweepSettings) -> dict[str, pd.D
     probes.insert(0, "model", subject.name)
 
     sinks = sink_conditions(subject, acts)
-    variance = attention_variance(acts, sites=[f"blocks.{l}.hook_attn_out" for l in range(layers)])
+    variance = attention_variance(acts, sites=[f"blocks.{l}.hook_attn_out" for l in range(layers)
+                                               if f"blocks.{l}.hook_attn_out" in acts.acts])
     if subject.has_bos:  # every sequence has the same token at 0, so its variance is exactly 0
         variance = variance[variance["position"] > 0]
     # sink ablation (issue 14): next-layer absolute-index R^2 with block l's first key removed
@@ -200,18 +202,28 @@ def _with_slopes(variance: pd.DataFrame) -> pd.DataFrame:
 
 
 
-def _qk_sites(model, layer: int) -> tuple[str, str]:
-    """The rotated q/k hooks where the model rotates them (RoPE), else the plain ones."""
+def _qk_sites(source, layer: int) -> tuple[str, str]:
+    """The rotated q/k hooks where the model rotates them and they fire, else the plain ones.
+
+    ``source`` is a :class:`Subject` (whose HF description says which hooks fire) or a bare model.
+    """
+    usable = source.usable if isinstance(source, Subject) else (lambda site: site in source.hook_dict)
     rotated = (f"blocks.{layer}.attn.hook_rot_q", f"blocks.{layer}.attn.hook_rot_k")
-    if all(site in model.hook_dict for site in rotated):
+    if all(usable(site) for site in rotated):
         return rotated
     return f"blocks.{layer}.attn.hook_q", f"blocks.{layer}.attn.hook_k"
 
 
-def score_sites(model, n_layers: int) -> list[str]:
-    """The ``blocks.{l}.attn.hook_attn_scores`` sites the model has (none: no score-read column)."""
+def score_sites(model, n_layers: int, hf=None) -> list[str]:
+    """The ``blocks.{l}.attn.hook_attn_scores`` sites the model has (none: no score-read column).
+
+    With an HF description (``hf``), only sites that fire and hold the scores behind the pattern:
+    a bridge whose scores hook carries the pattern itself (GPT-J, GPT-Neo, OPT, XGLM, Llama 4) has none.
+    """
+    if hf is not None and not hf.scores_hook:
+        return []
     sites = [f"blocks.{l}.attn.hook_attn_scores" for l in range(n_layers)]
-    return [site for site in sites if site in model.hook_dict]
+    return [site for site in sites if site in model.hook_dict and (hf is None or hf.fires(site))]
 
 
 def _bilinear_mode(acts, q_site: str) -> str:

@@ -121,7 +121,8 @@ def _runs(parser: argparse.ArgumentParser) -> None:
 def register(subparsers) -> None:
     sweep_parser = subparsers.add_parser(
         "sweep", help="where absolute index and relative distance first become recoverable (the main job)",
-        description="Probe every layer of a NoPE and a RoPE zoo model (trained on first use), the hand-built "
+        description="Probe every layer of a NoPE, a RoPE and a hybrid (RoPE, RoPE, RoPE, NoPE, as SmolLM3) zoo "
+        "model (trained on first use), the hand-built "
         "Theorem 1/2 circuit, and untrained NoPE models on random tokens and on constant input (one token id, "
         "no BOS), for absolute index and relative distance, with "
         "controls, attention sinks and variance shrinkage; write a run folder and print the summary.",

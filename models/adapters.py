@@ -33,24 +33,30 @@ def bridge_hf_model(hf_model: nn.Module, architecture: str | None = None) -> Any
 
     Returns:
         A ``TransformerBridge``; ``run_with_cache`` gives ``blocks.{l}.hook_resid_pre``,
-        ``blocks.{l}.attn.hook_pattern`` and the rest, with logits equal to HF's.
+        ``blocks.{l}.attn.hook_pattern`` and the rest, with logits equal to HF's. One census
+        forward pass has run (:func:`nopelens.models.hf.describe`), so a bridge that builds but
+        cannot run is refused here.
 
     Raises:
-        ValueError: if TransformerLens has no adapter for the architecture.
+        nopelens.models.hf.UnsupportedModelError: (a ``ValueError``) if TransformerLens has no
+            adapter for the architecture, fails to build it, or the built bridge cannot run.
     """
     from transformer_lens.model_bridge.sources._bridge_builder import build_bridge_from_module
+
+    from .hf import describe, refusing
 
     architecture = architecture or type(hf_model).__name__
     config = getattr(hf_model, "config", None)
     if config is not None and hasattr(config, "_attn_implementation"):
         config._attn_implementation = "eager"
-    try:
-        bridge = build_bridge_from_module(hf_model, architecture, hf_config=config)
-    except (KeyError, NotImplementedError, ValueError) as error:
-        raise ValueError(f"TransformerLens cannot bridge architecture {architecture!r}: {error}") from error
+    bridge = refusing(lambda: build_bridge_from_module(hf_model, architecture, hf_config=config), architecture)
+    from transformer_lens.model_bridge.generalized_components import AttentionBridge
+
     for block in getattr(bridge, "blocks", []):
-        if hasattr(block, "attn"):
+        # the plain AttentionBridge hands every kwarg to HF's own attention, which reads ``cache``
+        if hasattr(block, "attn") and type(block.attn) is not AttentionBridge:
             block.attn.register_forward_pre_hook(_pass_renamed_cache, with_kwargs=True)
+    describe(bridge)
     return bridge
 
 
@@ -73,7 +79,14 @@ class HookedModule(HookedRootModule):
 
     A forward hook on each mapped submodule passes its output (the first element, when the
     submodule returns a tuple) through a ``HookPoint``, so caching, ``names_filter`` and
-    ``run_with_hooks`` work as on a ``Decoder``.
+    ``run_with_hooks`` work as on a ``Decoder``. Sites are named by the caller, by TransformerLens'
+    convention (``blocks.{l}.hook_resid_post``, ``blocks.{l}.attn.hook_pattern``, ...).
+
+    A mapped submodule that runs more than once in one forward pass (a shared layer, a loop) is
+    refused: which call a site means would be ambiguous. Under left padding, position ids are
+    counted from the attention mask and passed as ``position_ids`` when the wrapped module's
+    forward takes them; a module that takes none is refused padded input (its positions would
+    be those of the padded row, shifted by the padding).
 
     Args:
         model: the module to wrap; called as ``model(tokens, **kwargs)``.
@@ -84,6 +97,10 @@ class HookedModule(HookedRootModule):
     Raises:
         KeyError: if a module path does not exist in ``model``, listing the paths that do.
     """
+
+    sites_may_repeat = True
+    """Tells :func:`nopelens.probes.collect` to run the forward pass to the end, so a repeated
+    submodule is seen and refused rather than cut off after its first call."""
 
     def __init__(
         self,
@@ -101,6 +118,7 @@ class HookedModule(HookedRootModule):
                 f"module paths not found: {missing}; available: {sorted(p for p in modules if p)}"
             )
         self.site_paths = dict(sites)
+        self._calls: dict[str, int] | None = None
         self.points = nn.ModuleDict({_key(name): HookPoint() for name in sites})
         self._handles = [
             modules[path].register_forward_hook(self._make_hook(_key(name)))
@@ -115,6 +133,14 @@ class HookedModule(HookedRootModule):
 
     def _make_hook(self, key: str):
         def hook(module, inputs, output):
+            if self._calls is not None:  # counted only inside this wrapper's forward
+                self._calls[key] = self._calls.get(key, 0) + 1
+            if self._calls is not None and self._calls[key] > 1:
+                name = self.points[key].name
+                raise ValueError(
+                    f"module {self.site_paths[name]!r} (site {name!r}) ran {self._calls[key]} times in one "
+                    "forward pass; a site must name one call: map a submodule that runs once"
+                )
             if isinstance(output, tuple):
                 return (self.points[key](output[0]),) + output[1:]
             return self.points[key](output)
@@ -122,7 +148,19 @@ class HookedModule(HookedRootModule):
         return hook
 
     def forward(self, tokens: Tensor, **kwargs) -> Tensor:
-        out = self.model(tokens, **kwargs)
+        mask = kwargs.get("attention_mask")
+        if mask is not None and kwargs.get("position_ids") is None and _left_padded(mask):
+            if not _takes(self.model, "position_ids"):
+                raise ValueError(
+                    f"{type(self.model).__name__} takes no position_ids, so under left padding its positions "
+                    "would be shifted by the padding; pad on the right, or wrap a module that takes position_ids"
+                )
+            kwargs["position_ids"] = (mask.long().cumsum(-1) - 1).clamp(min=0)
+        self._calls = {}
+        try:
+            out = self.model(tokens, **kwargs)
+        finally:
+            self._calls = None
         if self.output_fn is not None:
             return self.output_fn(out)
         return getattr(out, "logits", out)
@@ -138,6 +176,23 @@ class HookedModule(HookedRootModule):
         for handle in self._handles:
             handle.remove()
         self._handles = []
+
+
+def _left_padded(mask: Tensor) -> bool:
+    """True if some row has a padding entry before a real token."""
+    mask = mask.bool()
+    return bool((~mask[:, :-1] & mask[:, 1:]).any())
+
+
+def _takes(module: nn.Module, name: str) -> bool:
+    """Whether ``module``'s forward accepts keyword ``name`` (explicitly or through ``**kwargs``)."""
+    import inspect
+
+    try:
+        params = inspect.signature(module.forward).parameters
+    except (TypeError, ValueError):
+        return False
+    return name in params or any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
 
 
 def _key(site: str) -> str:

@@ -104,13 +104,13 @@ def _copy(method: str) -> Recipe:
     )
 
 
-def _text(method: str) -> Recipe:
+def _text(method: str | tuple[str, ...], label: str | None = None, what: str | None = None) -> Recipe:
     config = DecoderConfig(
         d_vocab=258, n_ctx=TEXT_LEN + 1, n_layers=4, d_model=TEXT_D_MODEL, n_heads=4, position=method
     )
     return Recipe(
-        name=f"text-{method}-4l",
-        description=f"4-layer {method} byte-level language model of CPython's help texts (pydoc_data.topics)",
+        name=f"text-{label or method}-4l",
+        description=f"4-layer {what or method} byte-level language model of CPython's help texts (pydoc_data.topics)",
         config=config,
         task="text",
         task_kwargs={"path": None, "validation_fraction": 0.1},
@@ -123,12 +123,15 @@ COPY_METHODS = ("nope", "rope", "alibi", "learned", "t5")
 TEXT_METHODS = ("nope", "rope", "learned")
 COPY_SYMBOLS, COPY_MAX_LEN, COPY_STEPS = 32, 10, 1500
 TEXT_LEN, TEXT_D_MODEL, TEXT_BATCH, TEXT_STEPS = 64, 128, 16, 1000
+HYBRID_LAYERS = ("rope", "rope", "rope", "nope")
 
 RECIPES: dict[str, Recipe] = {
     r.name: r
     for r in [
         *(_copy(m) for m in COPY_METHODS),
         *(_text(m) for m in TEXT_METHODS),
+        # the hybrid pattern real NoPE models ship (SmolLM3, Llama 4: NoPE in every fourth layer)
+        _text(HYBRID_LAYERS, "hybrid", "hybrid (RoPE in layers 0-2, NoPE in layer 3, as SmolLM3 and Llama 4)"),
         Recipe(
             name="previous-token-nope-2l",
             description="2-layer NoPE decoder whose logits at p predict the token at p - 1",

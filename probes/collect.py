@@ -7,11 +7,18 @@ One function, :func:`collect`, works on the three kinds of model nopelens reads:
   ``TransformerBridge``);
 - any ``torch.nn.Module`` wrapped by :class:`nopelens.models.adapters.HookedModule`.
 
-All three expose ``hook_dict`` (site name -> ``HookPoint``), and a ``HookPoint`` is an
-``nn.Module``, so collection registers plain PyTorch forward hooks on the requested hook points,
-keeps their handles, and removes exactly those handles afterwards (TransformerLens'
-``reset_hooks`` would also drop hooks the caller had added). A hook on the last site still
-missing raises a private exception that ends the forward pass early; nothing after it runs.
+All three expose ``hook_dict`` (site name -> ``HookPoint``). Collection adds hooks through
+TransformerLens' own ``HookPoint.add_hook`` (some bridged hook points fire only for hooks added
+that way, e.g. Granite's scaled ``hook_attn_out``), keeps their handles, and removes exactly those
+handles afterwards (TransformerLens' ``reset_hooks`` would also drop hooks the caller had added).
+A hook on the last site still missing raises a private exception that ends the forward pass
+early; nothing after it runs (except on a model that says ``sites_may_repeat``, such as a
+``HookedModule``: it runs to the end, and a site that fires twice is refused). Every submodule's
+train/eval flag is restored afterwards.
+
+At ``hook_pattern`` sites, every future key must get exactly zero weight: a model whose attention
+ignores the causal mask (OpenAI-GPT's bridged attention given an ``attention_mask``) is refused
+rather than measured.
 
 Site names are TransformerLens hook names. Layer numbering follows DESIGN.md: layer 0 is the
 input to block 0 (``blocks.0.hook_resid_pre``), layer ``l + 1`` is the output of block ``l``
@@ -209,7 +216,7 @@ def collect(
         patterns={site: [] for site in sites if is_pattern_site(site)},
     )
     n_samples, filled = int(real.sum()), 0
-    was_training = model.training
+    flags = [(module, module.training) for module in model.modules()]
     model.eval()
     try:
         for start in range(0, tokens.shape[0], batch_size):
@@ -228,7 +235,8 @@ def collect(
                 out.acts[site][filled : filled + len(rows)] = rows
             filled += int(batch_real.sum())
     finally:
-        model.train(was_training)
+        for module, training in flags:
+            module.training = training
     return out
 
 
@@ -239,31 +247,32 @@ def _run_batch(
     and records each site's original dtype name in ``dtypes``."""
     captured: dict[str, Tensor] = {}
     needed = set(sites)
+    stop_early = not getattr(model, "sites_may_repeat", False)
 
     def make_hook(site: str):
-        conversion = getattr(hook_points[site], "hook_conversion", None)
-
-        def hook(module, inputs, output):
-            value = output[0] if isinstance(output, tuple) else output
-            if conversion is not None:  # bridge hook points show TransformerLens' layout to hooks
-                value = conversion.convert(value)
+        def hook(value, hook):  # TransformerLens applies a bridge's layout conversion first
+            if site in captured:
+                raise ValueError(f"site {site!r} fired twice in one forward pass; a site must name one call")
+            value = value[0] if isinstance(value, tuple) else value
             if dtypes is not None:
                 dtypes[site] = str(value.dtype).removeprefix("torch.")
             captured[site] = value.detach().to("cpu", torch.float32)
-            if needed.issubset(captured):
+            if stop_early and needed.issubset(captured):
                 raise _StopForward
 
         return hook
 
-    handles = [hook_points[site].register_forward_hook(make_hook(site)) for site in sites]
+    handles = [(hook_points[site], hook_points[site].add_hook(make_hook(site))) for site in sites]
     try:
         with torch.no_grad():
             model(tokens) if mask is None else model(tokens, attention_mask=mask)
     except _StopForward:
         pass
     finally:
-        for handle in handles:
-            handle.remove()
+        for point, handle in handles:
+            handle.hook.remove()
+            if handle in point.fwd_hooks:
+                point.fwd_hooks.remove(handle)
     missing = needed.difference(captured)
     if missing:
         raise ValueError(f"sites {sorted(missing)} exist but were never reached by the forward pass")
@@ -290,6 +299,8 @@ def _store_patterns(store: list, value: Tensor, mask: Tensor, site: str, start: 
             f"site {site!r} gave shape {tuple(value.shape)}; expected [batch, head_index, "
             f"query_pos, key_pos] = [{batch}, *, {pos}, {pos}]"
         )
+    if site.endswith("hook_pattern"):
+        _check_causal(value, mask, site, start)
     for row in range(batch):
         keep = mask[row].bool().cpu()
         pattern = value[row][:, keep][:, :, keep]
@@ -304,6 +315,20 @@ def _store_patterns(store: list, value: Tensor, mask: Tensor, site: str, start: 
                 f"query position {query}"
             )
         store.append(pattern.numpy())
+
+
+def _check_causal(pattern: Tensor, mask: Tensor, site: str, start: int) -> None:
+    """Refuse a pattern that gives a future key of a real query any weight (DESIGN.md: blocked
+    keys get exactly zero weight)."""
+    pos = mask.shape[1]
+    future = torch.triu(torch.ones(pos, pos, dtype=torch.bool), 1)
+    leaked = pattern[..., future].abs() * mask.bool()[:, None, :, None].expand(-1, -1, -1, pos)[..., future]
+    if bool((leaked > 0).any()):
+        row = int((leaked > 0).flatten(1).any(1).nonzero()[0])
+        raise ValueError(
+            f"site {site!r} gives future keys weight up to {float(leaked.max()):.3g} (sequence {start + row}): "
+            "the model's attention ignores the causal mask, so its patterns and activations cannot be read"
+        )
 
 
 def _check_finite(rows: Tensor, site: str, real: Tensor, start: int) -> None:

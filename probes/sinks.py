@@ -281,6 +281,8 @@ def compare_bos(
     """
     sites = [f"blocks.{layer}.attn.hook_pattern" for layer in range(n_layers)]
     with_tokens, with_mask = prepend_bos(tokens, bos_token_id, attention_mask)
+    if attention_mask is None:  # all real: a module that takes no mask is not handed one
+        with_mask = None
     frames = []
     for condition, toks, mask in (("without_bos", tokens, attention_mask), ("with_bos", with_tokens, with_mask)):
         acts = collect(model, toks, sites, attention_mask=mask, batch_size=batch_size)
@@ -353,10 +355,20 @@ def variance_shrinkage(
     attention_mask: Int[torch.Tensor, "batch pos"] | None = None,
     batch_size: int = 256,
 ) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """Collect ``blocks.{l}.hook_attn_out`` and return (:func:`attention_variance`, :func:`variance_slopes`)."""
+    """Collect ``blocks.{l}.hook_attn_out`` and return (:func:`attention_variance`, :func:`variance_slopes`).
+
+    When every sequence starts with the same token (a BOS), position 0 sees only that token, so
+    its output is identical across sequences (variance 0, no log): position 0 is left out of both
+    tables, and the variance table says so in its ``note`` column.
+    """
     sites = [f"blocks.{layer}.hook_attn_out" for layer in layers]
     acts = collect(model, tokens, sites, attention_mask=attention_mask, batch_size=batch_size)
-    table = attention_variance(acts)
+    table = attention_variance(acts).assign(note="")
+    first = acts.token[acts.position == 0]
+    if len(first) and bool((first == first[0]).all()):
+        table = table[table["position"] > 0].reset_index(drop=True)
+        table = table.assign(note=f"position 0 left out: every sequence starts with token {int(first[0])} (BOS), "
+                             "so its output never varies")
     return table, variance_slopes(table)
 
 

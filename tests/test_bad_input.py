@@ -136,11 +136,17 @@ def test_cli_turns_out_of_memory_into_one_line(monkeypatch, capsys):
     assert err.startswith("nopelens demo: error: out of memory") and "\n" not in err
 
 
-def test_cli_lets_other_runtime_errors_through(monkeypatch):
+def test_cli_reports_an_internal_error_in_one_line_not_a_traceback(monkeypatch, capsys):
     def crash(args):
-        raise RuntimeError("a bug")
+        raise RuntimeError("a bug\nsecond line")
 
     monkeypatch.setattr(demo, "run", crash)
+    monkeypatch.delenv("NOPELENS_TRACEBACK", raising=False)
+    assert cli.main(["demo"]) == 3
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1
+    assert "internal error: RuntimeError: a bug (at test_bad_input.py:" in err and "report" in err
+    monkeypatch.setenv("NOPELENS_TRACEBACK", "1")
     with pytest.raises(RuntimeError, match="a bug"):
         cli.main(["demo"])
 

@@ -211,3 +211,80 @@ def test_pattern_sites_are_per_sequence_without_padding():
     assert first.shape == (4, 3, 3) and second.shape == (4, 5, 5)
     np.testing.assert_allclose(first.sum(-1), 1.0, atol=1e-6)
     assert np.all(np.triu(first[0], 1) == 0)
+
+
+# ----------------------------------------------------------------------------- HookedModule edge cases (issue 12)
+class _Shared(nn.Module):
+    """One linear layer applied twice in a forward pass."""
+
+    def __init__(self):
+        super().__init__()
+        self.embed, self.layer = nn.Embedding(20, 8), nn.Linear(8, 8)
+
+    def forward(self, tokens):
+        return self.layer(self.layer(self.embed(tokens)))
+
+
+class _Positional(nn.Module):
+    """Token plus learned position embedding; takes position ids (and a mask it ignores)."""
+
+    def __init__(self):
+        super().__init__()
+        self.embed, self.pos, self.out = nn.Embedding(20, 8), nn.Embedding(16, 8), nn.Identity()
+
+    def forward(self, tokens, attention_mask=None, position_ids=None):
+        ids = torch.arange(tokens.shape[1])[None] if position_ids is None else position_ids
+        return self.out(self.embed(tokens) + self.pos(ids))
+
+
+class _Blind(_Positional):
+    """The same, but positions always count from the first column (no position_ids argument)."""
+
+    def forward(self, tokens, attention_mask=None):
+        return super().forward(tokens)
+
+
+def test_hooked_module_refuses_a_submodule_that_runs_twice():
+    hooked = HookedModule(_Shared(), {"hidden": "layer"})
+    tokens = torch.randint(0, 20, (2, 4))
+    with pytest.raises(ValueError, match="ran 2 times in one forward pass"):
+        collect(hooked, tokens, ["hidden"])
+    with pytest.raises(ValueError, match="ran 2 times"):
+        hooked.run_with_cache(tokens)
+
+
+def test_hooked_module_left_padding_passes_position_ids_or_refuses():
+    torch.manual_seed(0)
+    net = _Positional()
+    hooked = HookedModule(net, {"out": "out"}, output_fn=lambda x: x)
+    tokens = torch.randint(1, 20, (1, 5))
+    padded = torch.cat([torch.zeros(1, 3, dtype=torch.long), tokens], 1)
+    mask = torch.tensor([[0, 0, 0, 1, 1, 1, 1, 1]])
+    alone, left = collect(hooked, tokens, ["out"]), collect(hooked, padded, ["out"], attention_mask=mask)
+    np.testing.assert_allclose(left.acts["out"], alone.acts["out"], atol=1e-6)
+    blind = HookedModule(_Blind(), {"out": "out"}, output_fn=lambda x: x)
+    with pytest.raises(ValueError, match="takes no position_ids"):
+        collect(blind, padded, ["out"], attention_mask=mask)
+    right = torch.tensor([[1, 1, 1, 1, 1, 0, 0, 0]])  # right padding keeps positions from 0
+    assert collect(blind, padded.roll(-3, 1), ["out"], attention_mask=right).n_samples == 5
+
+
+def test_collect_restores_every_submodule_training_flag():
+    model = tiny_decoder()
+    model.train()
+    model.blocks[0].eval()
+    before = [m.training for m in model.modules()]
+    collect(model, torch.zeros(1, 4, dtype=torch.long), [resid_site(2)])
+    assert [m.training for m in model.modules()] == before
+
+
+def test_a_pattern_that_sees_the_future_is_refused():
+    model = tiny_decoder()
+
+    def leak(pattern, hook):
+        return torch.ones_like(pattern) / pattern.shape[-1]
+
+    model.blocks[1].attn.hook_pattern.add_hook(leak)
+    with pytest.raises(ValueError, match="ignores the causal mask"):
+        collect(model, torch.zeros(1, 4, dtype=torch.long), ["blocks.1.attn.hook_pattern"])
+    model.reset_hooks()

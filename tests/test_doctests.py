@@ -7,6 +7,7 @@ import pytest
 
 MODULES = [
     "nopelens.models.positions",
+    "nopelens.models.hf",
     "nopelens.models.masks",
     "nopelens.models.tasks",
     "nopelens.models.training",

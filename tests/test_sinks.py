@@ -123,3 +123,32 @@ def test_attention_variance_ignores_padding_and_needs_two_sequences():
     assert table.position.tolist() == [0, 1, 2]  # position 3 has one sequence
     with pytest.raises(ValueError, match=">= 3 positions"):
         variance_slopes(table.iloc[:2])
+
+
+def test_compare_bos_hands_no_mask_to_a_module_that_takes_none():
+    from nopelens.models.adapters import HookedModule
+
+    model = Decoder(DecoderConfig(d_vocab=20, n_ctx=16, n_layers=1, d_model=16, n_heads=2), seed=0)
+
+    class NoMask(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.decoder = model
+
+        def forward(self, tokens):  # takes no attention_mask
+            return self.decoder(tokens)
+
+    hooked = HookedModule(NoMask(), {"blocks.0.attn.hook_pattern": "decoder.blocks.0.attn.hook_pattern"})
+    table = compare_bos(hooked, torch.randint(2, 20, (3, 6)), bos_token_id=1, n_layers=1, n_tokens=6)
+    assert sorted(table.condition.unique()) == ["with_bos", "without_bos"]
+
+
+def test_variance_shrinkage_leaves_out_a_shared_bos_and_says_so():
+    model = Decoder(DecoderConfig(d_vocab=50, n_ctx=16, n_layers=1, d_model=16, n_heads=2), seed=0)
+    tokens = torch.randint(2, 50, (40, 8), generator=torch.Generator().manual_seed(0))
+    tokens[:, 0] = 1
+    table, slopes = variance_shrinkage(model, tokens, layers=[0])
+    assert table.position.min() == 1 and len(slopes) == 1
+    assert table.note.str.contains("position 0 left out").all()
+    free, _ = variance_shrinkage(model, tokens[:, 1:], layers=[0])
+    assert free.position.min() == 0 and (free.note == "").all()

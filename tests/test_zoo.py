@@ -10,7 +10,7 @@ from nopelens.models.tasks import make_task
 
 REQUIRED = {
     "copy-nope-3l", "copy-rope-3l", "copy-alibi-3l", "copy-learned-3l",
-    "text-nope-4l", "text-rope-4l", "text-learned-4l", "previous-token-nope-2l",
+    "text-nope-4l", "text-rope-4l", "text-learned-4l", "text-hybrid-4l", "previous-token-nope-2l",
 }
 
 
@@ -27,7 +27,7 @@ def test_names_and_recipes():
         assert task.seq_len(spec.train_kwargs["max_len"]) <= spec.config.n_ctx
         layers = int(name.rsplit("-", 1)[1].rstrip("l"))
         assert spec.config.n_layers == layers
-        assert spec.config.position_name in name
+        assert spec.config.position_name in name or (name == "text-hybrid-4l" and spec.config.position_name == "rope+nope")
 
 
 def test_text_twins_differ_only_in_position():
@@ -35,6 +35,14 @@ def test_text_twins_differ_only_in_position():
     assert nope.config.replace(position="learned") == learned.config
     assert (nope.steps, nope.train_kwargs, nope.task_kwargs, nope.seed) == (
         learned.steps, learned.train_kwargs, learned.task_kwargs, learned.seed)
+
+
+def test_hybrid_is_the_text_recipe_with_nope_in_the_last_layer():
+    hybrid, rope = zoo.recipe("text-hybrid-4l"), zoo.recipe("text-rope-4l")
+    assert hybrid.config.layer_positions == ("rope", "rope", "rope", "nope")  # SmolLM3's no_rope_layers [1, 1, 1, 0]
+    assert rope.config.replace(position=("rope", "rope", "rope", "nope")) == hybrid.config
+    assert (hybrid.steps, hybrid.train_kwargs, hybrid.task_kwargs, hybrid.seed) == (
+        rope.steps, rope.train_kwargs, rope.task_kwargs, rope.seed)
 
 
 def test_unknown_name_lists_available():

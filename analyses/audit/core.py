@@ -10,7 +10,7 @@ from torch import Tensor
 
 from .numerics import Tolerance
 from .probe import Run, make_probe
-from .report import AuditReport, StepResult
+from .report import AuditReport, StepResult, make_step
 from .steps_lookups import step5_rotations_and_lookups
 from .steps_positions import step1_position_ids, step2_origin_and_sign, step4_absolute_additions
 from .steps_runtime import step8_interventions, step9_cached_decoding, step10_lengths
@@ -51,7 +51,7 @@ def audit(
     given; an HF model's BOS id first), and the same tokens left-padded by ``eval_length // 4``
     pads. Every step reports pass / fail / not_applicable and its evidence; see the module
     docstring for what each step checks. The model is run in eval mode under ``torch.no_grad``
-    and its training flag is restored afterwards.
+    and every submodule's training flag is restored afterwards.
 
     Args:
         model: a nopelens ``Decoder``, a ``TrainedModel`` (its metadata gives training lengths),
@@ -97,7 +97,7 @@ def audit(
     tol = Tolerance(atol, rtol)
     subject.position_limit = 2 * eval_length + shift + 64
     module = subject.model
-    was_training = module.training
+    flags = [(m, m.training) for m in module.modules()]  # each submodule's own flag, restored below
     module.eval()
     try:
         with torch.no_grad():
@@ -105,8 +105,13 @@ def audit(
             logits, cache, seen_ids = subject.run_with_cache(probe.tokens, probe.mask)
             run = Run(subject, probe, logits, cache, seen_ids, tol)
             steps = [run_step(run, shift, meta) for run_step in STEPS]
+            reason = subject.unverifiable()
+            if reason is not None:  # the position steps: not_applicable with the reason, never a false fail
+                steps = [make_step(step.number, [], {}, "", reason) if step.number in (2, 4, 5, 6, 8) else step
+                         for step in steps]
     finally:
-        module.train(was_training)
+        for m, training in flags:
+            m.training = training
     probe_record = {
         "tokens": probe.tokens.tolist(),
         "attention_mask": probe.mask.tolist(),

@@ -1,14 +1,15 @@
-"""HF models as audit subjects: which position method an HF config uses, and how to run, hook and
-read positions of an HF causal LM bridged by TransformerLens.
+"""HF models as audit subjects, read through :func:`nopelens.models.hf.describe`.
 
-All knowledge of HF model families in the audit lives here (the model types and config keys that
-name a position method, RoPE's parameters, Bloom's ALiBi tensor, where a learned table sits), so it
-can move as one piece into a module that describes HF models per layer.
+Everything family-specific (per-layer method, RoPE parameters, score scale and soft-capping, q/k
+norms, which hooks carry what they say, how positions enter the model) comes from the description
+in :mod:`nopelens.models.hf`, the one module that knows HF families; this module only runs the
+bridged model and hands the audit what the description says.
 """
 
 from __future__ import annotations
 
 import contextlib
+import math
 import warnings
 from dataclasses import asdict
 from typing import Any, Iterator
@@ -16,101 +17,155 @@ from typing import Any, Iterator
 import torch
 from torch import Tensor
 
-from nopelens.models.methods import QK_ROTATION, SCORE_BIAS, get_method
+from nopelens.models.methods import get_method
 from nopelens.models.methods.nope import NoPE
-from nopelens.models.positions import alibi_slopes, rope_angles
+from nopelens.models.positions import rope_angles
 
-from .numerics import as_ids
+from .numerics import as_ids, dot_scores
 from .subjects import RopeSpec, Subject, audited_hook
-
-HF_METHODS = {"gpt2": "learned", "gpt_neox": "rope", "llama": "rope", "mistral": "rope", "qwen2": "rope",
-              "gptj": "rope", "bloom": "alibi", "gpt_neo": "learned"}
-"""Position method (a registry name) of the HF model types the audit knows by name."""
-
 
 
 class BridgeSubject(Subject):
+    """An HF causal LM through TransformerBridge, read through :func:`nopelens.models.hf.describe`.
+
+    Everything family-specific (per-layer method, RoPE parameters, score scale and soft-capping,
+    q/k norms, which hooks carry what they say, how positions enter) comes from the description;
+    this class only runs the model.
+    """
+
     kind = "HF causal LM via TransformerBridge"
 
     def __init__(self, bridge: Any, name: str):
+        from nopelens.models.hf import check_readable, describe
+
         self.model, self.name = bridge, name
-        hf = bridge.original_model
-        config = hf.config
-        self.config = config
-        self.model_type = getattr(config, "model_type", type(hf).__name__)
-        method = get_method(self._method_from_config(config))
-        n_layers = len(bridge.blocks)
-        self.n_heads = int(config.num_attention_heads)
-        self.d_head = int(getattr(config, "head_dim", None) or config.hidden_size // self.n_heads)
-        self.d_vocab = int(config.vocab_size)
-        self.input_method = None if method.per_layer else method
-        self.layer_methods = (method if method.per_layer else NoPE(),) * n_layers
-        self.max_positions = None
-        if self.input_method is not None:  # HF's input positions are learned tables
-            self.max_positions = int(getattr(config, "n_positions", None) or config.max_position_embeddings)
+        self.hf = describe(bridge)
+        check_readable(self.hf)
+        self.config = bridge.original_model.config
+        # each layer's method is the registry's unit; its parameters come from the description
+        self.layer_methods = tuple(spec.unit or NoPE() for spec in self.hf.layers)
+        self.input_method = get_method(self.hf.input_position) if self.hf.input_position else None
+        self.n_heads, self.d_head, self.d_vocab = self.hf.n_heads, self.hf.d_head, self.hf.d_vocab
+        self.max_positions = self.hf.max_positions
+        self.position_offset = self.hf.position_offset
+        rope_layers = [l for l, spec in enumerate(self.hf.layers) if spec.rotates]
         self.details = {}
-        if method.acts(QK_ROTATION):
-            self.rope = self._rope_from_config(config)
+        if rope_layers:
+            self.rope = self.rope_spec(rope_layers[0])
             self.details["rope"] = asdict(self.rope)
-        # a score-bias family (Bloom) hands its bias to every block as an ``alibi`` tensor
-        self.bias_as_alibi_tensor = method.acts(SCORE_BIAS)
-        self.special_tokens = {k: getattr(config, k, None) for k in ("bos_token_id", "eos_token_id", "pad_token_id")}
+        self.details |= {"hf": {"architecture": self.hf.architecture, "family": self.hf.family,
+                               "layer_positions": list(self.hf.layer_methods), "qk_norm": self.hf.qk_norm,
+                               "scores_hook": self.hf.scores_hook, "position_input": self.hf.position_input,
+                               "layers": [asdict(layer) for layer in self.hf.layers], "notes": list(self.hf.notes)}}
+        self.special_tokens = {k: getattr(self.config, k, None) for k in ("bos_token_id", "eos_token_id", "pad_token_id")}
         self.position_limit = 4096  # audit() sets it from the probe length
 
-    def _method_from_config(self, config) -> str:
-        if self.model_type in HF_METHODS:
-            return HF_METHODS[self.model_type]
-        if getattr(config, "alibi", False):
-            return "alibi"
-        if getattr(config, "rope_parameters", None) or getattr(config, "rope_theta", None):
-            return "rope"
-        if getattr(config, "position_embedding_type", None) == "absolute":
-            return "learned"
-        raise ValueError(
-            f"cannot tell the position method of HF model_type {self.model_type!r} from its config; "
-            f"known: {sorted(HF_METHODS)}"
-        )
+    @property
+    def layer_names(self) -> list[str]:
+        return list(self.hf.layer_methods)  # ``unknown`` stays visible in reports
 
-    def _rope_from_config(self, config) -> RopeSpec:
-        params = dict(getattr(config, "rope_parameters", None) or {})
-        legacy_base = getattr(config, "rope_theta", None) or getattr(config, "rotary_emb_base", 10000.0)
-        base = params.get("rope_theta", legacy_base)
-        fraction = params.get("partial_rotary_factor", getattr(config, "partial_rotary_factor", None)
-                              or getattr(config, "rotary_pct", None) or 1.0)
-        rotary_dim = int(getattr(config, "rotary_dim", None) or round(self.d_head * float(fraction)))
-        pairing = "interleaved" if self.model_type in ("gptj", "codegen") else "half"
-        if params.get("rope_type", "default") != "default":
-            raise ValueError(
-                f"rope_type {params['rope_type']!r} scales RoPE frequencies; the audit's reference "
-                "covers the default (unscaled) RoPE only"
-            )
-        return RopeSpec(rotary_dim, float(base), pairing)
+    # --- what the description says -----------------------------------------------------------
+    def rope_spec(self, layer: int) -> RopeSpec | None:
+        spec = self.hf.layers[layer]
+        if not spec.rotates:
+            return None
+        return RopeSpec(spec.rotary_dim, spec.rotary_base, spec.pairing)
+
+    def score_scale(self, layer: int) -> float:
+        return self.hf.layers[layer].score_scale
+
+    def content_scores(self, q: Tensor, k: Tensor, layer: int) -> Tensor:
+        scores = dot_scores(q, k, self.score_scale(layer))
+        cap = self.hf.layers[layer].softcap
+        return scores if cap is None else cap * torch.tanh(scores / cap)
+
+    def qk_names(self, layer: int) -> tuple[str, str]:
+        return self.hf.q_hook, self.hf.k_hook
+
+    def prepare_qk(self, q: Tensor, k: Tensor, layer: int) -> tuple[Tensor, Tensor]:
+        q, k = self._tl_layout(q), self._tl_layout(k)
+        if self.hf.qk_norm == "l2 after rope" and self.hf.layers[layer].rotates:
+            from nopelens.models.hf import l2_normalize  # commutes with the rotation
+
+            eps = float(getattr(self.config, "rms_norm_eps", 1e-6))
+            return l2_normalize(q.double(), eps), l2_normalize(k.double(), eps)
+        return q, k
+
+    def _tl_layout(self, x: Tensor) -> Tensor:
+        """The description's q/k layout -> ``[batch, pos, head_index, d_head]``."""
+        if self.hf.qk_layout == "batch head pos d_head":
+            return x.transpose(1, 2)
+        if self.hf.qk_layout == "batch pos (head d_head)":
+            return x.reshape(*x.shape[:2], -1, self.d_head)
+        return x
 
     @property
-    def _is_bloom(self) -> bool:
-        return self.bias_as_alibi_tensor
+    def scores_trusted(self) -> bool:
+        return self.hf.scores_hook
+
+    def unverifiable(self) -> str | None:
+        unknown = [l for l, spec in enumerate(self.hf.layers) if spec.unit is None]
+        if unknown:
+            return (f"the position method of {self.hf.family!r} layers {unknown} is not known to nopelens.models.hf; "
+                    "nothing about positions is verified")
+        if self.hf.qk_norm is not None and "not hooked" in self.hf.qk_norm:
+            return (f"{self.hf.family} normalizes q and k ({self.hf.qk_norm}) where the bridge hooks neither, so "
+                    "the q and k entering the scores cannot be read")
+        scaled = sorted({l.rope_type for l in self.hf.layers if l.rotates and l.rope_type != "default"})
+        if scaled:
+            return f"rope_type {scaled} scales RoPE frequencies; the reference covers the default (unscaled) RoPE only"
+        return None
+
+    @property
+    def _alibi_input(self) -> bool:
+        return self.hf.position_input == "alibi_tensor"
+
+    @property
+    def takes_positions(self) -> bool:
+        return self.hf.position_input is not None
+
+    def alibi_slopes(self, layer: int) -> Tensor:
+        spec = self.hf.layers[layer]
+        return torch.tensor(spec.alibi_slopes, dtype=torch.float64) * spec.bias_scale
+
+    def attention(self, layer: int):
+        raise TypeError("the audit reads no position table of an HF model's attention")
+
+    def input_reference(self, position_ids: Tensor, width: int) -> Tensor:
+        """The learned position table's rows at the ids (plus the family's row offset), float64."""
+        from nopelens.models.hf import position_table
+
+        return position_table(self.model.original_model).double()[position_ids + self.position_offset]
+
+    def forward_without_bias(self, tokens, mask, fwd_hooks):
+        """An ALiBi tensor built from zero positions is zero; other families cannot drop a bias."""
+        if not self._alibi_input:
+            return False
+        self.forward(tokens, mask, torch.zeros_like(tokens), fwd_hooks)
+        return True
 
     # --- running ---------------------------------------------------------------------------
     def _kwargs(self, mask, position_ids):
         kwargs = {"attention_mask": mask}
-        if position_ids is not None and not self._is_bloom:
+        if position_ids is not None and self.hf.position_input == "position_ids":
             kwargs["position_ids"] = position_ids
         return kwargs
 
     @contextlib.contextmanager
     def _alibi_positions(self, position_ids: Tensor | None) -> Iterator[None]:
-        """Bloom takes no position ids: an intervention replaces its ALiBi tensor slope * p_j."""
-        if position_ids is None or not self._is_bloom:
+        """Positions enter an ALiBi model as the tensor slope_h * p_j: an intervention replaces it."""
+        if position_ids is None or not self._alibi_input:
             yield
             return
-        slopes = alibi_slopes(self.n_heads).to(position_ids.device)
+        slopes = torch.tensor(self.hf.layers[0].alibi_slopes, device=position_ids.device)
 
         def pre(module, args, kwargs):
             alibi = kwargs.get("alibi")
             if alibi is None:
                 return None
+            # Bloom hands [batch * heads, 1, key], Falcon [batch, heads, 1, key]: both hold slope_h * p_j
             ids = position_ids[:, -alibi.shape[-1]:].to(alibi.dtype)
-            new = (slopes[None, :, None] * ids[:, None, :]).reshape(alibi.shape)
+            new = (slopes[None, :, None].to(alibi.dtype) * ids[:, None, :]).reshape(alibi.shape)
             return args, {**kwargs, "alibi": new}
 
         handles = [b.attn.register_forward_pre_hook(pre, with_kwargs=True) for b in self.model.blocks]
@@ -134,22 +189,22 @@ class BridgeSubject(Subject):
     def capture_position_ids(self) -> Iterator[list]:
         """Record the position ids the HF model used, read back from its own position evidence.
 
-        GPT-2: the ids entering the position table (``pos_embed.hook_in``). RoPE models: decoded
-        from the cos/sin the rotary embedding computed (``blocks.0.attn.hook_cos|hook_sin``).
-        Bloom: read from the ALiBi tensor slope_h * p_j handed to block 0.
+        Learned tables: the ids entering the table (``pos_embed.hook_in``, less the family's row
+        offset). RoPE: decoded from the cos/sin the rotary embedding computed (``hook_cos|hook_sin``
+        of the first RoPE layer). ALiBi handed as a tensor: read from slope_h * p_j. Otherwise not
+        observable.
         """
         seen: list[Tensor] = []
         bridge = self.model
-        if self._is_bloom:
-            slope = float(alibi_slopes(self.n_heads)[0])
+        if self._alibi_input:
+            slope = float(self.hf.layers[0].alibi_slopes[0])
 
             def pre(module, args, kwargs):
                 alibi = kwargs.get("alibi")
                 if alibi is not None:
-                    batch = alibi.shape[0] // self.n_heads
-                    keys = alibi.reshape(batch, self.n_heads, -1)[:, 0] / slope
-                    n_new = (args[0] if args else kwargs["hidden_states"]).shape[1]
-                    seen.append(as_ids(keys[:, -n_new:]))
+                    hidden = args[0] if args else kwargs["hidden_states"]
+                    keys = alibi.reshape(hidden.shape[0], self.n_heads, -1)[:, 0] / slope
+                    seen.append(as_ids(keys[:, -hidden.shape[1]:]))
 
             handle = bridge.blocks[0].attn.register_forward_pre_hook(pre, with_kwargs=True)
             try:
@@ -157,45 +212,59 @@ class BridgeSubject(Subject):
             finally:
                 handle.remove()
             return
-        if self.input_method is not None:
+        if self.hf.position_ids_hook is not None:
+            offset = self.hf.position_offset
+
             def hook(x, hook):
-                seen.append(x.detach().clone())
-            with bridge.hooks(fwd_hooks=[("pos_embed.hook_in", hook)]):
+                seen.append(x.detach().clone() - offset)
+            with bridge.hooks(fwd_hooks=[(self.hf.position_ids_hook, hook)]):
                 yield seen
+            return
+        rope_layers = [l for l, spec in enumerate(self.hf.layers) if spec.rotates]
+        names = [f"blocks.{rope_layers[0]}.attn.{n}" for n in ("hook_cos", "hook_sin")] if rope_layers else []
+        if not names or not all(self.hf.fires(n) for n in names) or self.unverifiable() is not None:
+            yield seen  # no angles nopelens can decode (e.g. scaled RoPE frequencies)
             return
         store: dict[str, Tensor] = {}
 
         def keep(x, hook):
             store[hook.name.rsplit(".", 1)[-1]] = x.detach().clone()
             if len(store) == 2:
-                seen.append(self._decode_rope_ids(store.pop("hook_cos"), store.pop("hook_sin")))
+                seen.append(self._decode_rope_ids(rope_layers[0], store.pop("hook_cos"), store.pop("hook_sin")))
 
-        with bridge.hooks(fwd_hooks=[("blocks.0.attn.hook_cos", keep), ("blocks.0.attn.hook_sin", keep)]):
+        with bridge.hooks(fwd_hooks=[(n, keep) for n in names]):
             yield seen
 
-    def _decode_rope_ids(self, cos: Tensor, sin: Tensor) -> Tensor:
-        """Integer positions p whose reference angles p * theta_r best match HF's cos/sin."""
-        half, device = self.rope.rotary_dim // 2, cos.device
-        cos, sin = cos[..., :half].double().cpu(), sin[..., :half].double().cpu()
-        candidates = torch.arange(self.position_limit)
-        angles = rope_angles(candidates, self.rope.rotary_dim, self.rope.base, dtype=torch.float64)
+    def _decode_rope_ids(self, layer: int, cos: Tensor, sin: Tensor) -> Tensor:
+        """Integer positions p whose reference angles p * theta_r best match HF's cos/sin.
+
+        HF lays the rotary_dim / 2 angles out as [theta_0.., theta_0..] (``half``) or
+        [theta_0, theta_0, theta_1, ..] (Cohere's ``repeat_interleave``); both layouts are tried.
+        """
+        spec = self.rope_spec(layer)
+        half, device = spec.rotary_dim // 2, cos.device
+        angles = rope_angles(torch.arange(self.position_limit), spec.rotary_dim, spec.base, dtype=torch.float64)
         ref_cos, ref_sin = angles.cos(), angles.sin()
-        best, worst = [], 0.0
-        for start in range(0, cos.shape[-2], 32):  # chunks bound the [pos, candidate, half] tensor
-            c, s = cos[..., start:start + 32, None, :], sin[..., start:start + 32, None, :]
-            err = (c - ref_cos).abs().sum(-1) + (s - ref_sin).abs().sum(-1)
-            best.append(err.argmin(-1))
-            worst = max(worst, float(err.min(-1).values.max()))
-        ids = torch.cat(best, -1)
-        if worst > 1e-3 * half:  # not angles p * theta_r for any p < position_limit
-            ids = torch.full_like(ids, -1)
-        return ids.to(device)
+        best_ids, best_worst = None, math.inf
+        for pick in (slice(0, half), slice(0, 2 * half, 2)):
+            c_all, s_all = cos[..., pick].double().cpu(), sin[..., pick].double().cpu()
+            found, worst = [], 0.0
+            for start in range(0, c_all.shape[-2], 32):  # chunks bound the [pos, candidate, half] tensor
+                c, s = c_all[..., start:start + 32, None, :], s_all[..., start:start + 32, None, :]
+                err = (c - ref_cos).abs().sum(-1) + (s - ref_sin).abs().sum(-1)
+                found.append(err.argmin(-1))
+                worst = max(worst, float(err.min(-1).values.max()))
+            if worst < best_worst:
+                best_ids, best_worst = torch.cat(found, -1), worst
+        if best_worst > 1e-3 * half:  # not angles p * theta_r for any p < position_limit
+            best_ids = torch.full_like(best_ids, -1)
+        return best_ids.to(device)
 
     def decode_incrementally(self, tokens, mask, split):
         pieces = []
         with self.capture_position_ids() as seen, warnings.catch_warnings():
             # The bridge hands HF its cache as past_key_values, which transformers 5 deprecates.
-            warnings.filterwarnings("ignore", message=".*past_key_values.*deprecated", category=FutureWarning)
+            warnings.filterwarnings("ignore", message=".*past_key_values.*", category=FutureWarning)
             logits, past = self.model(tokens[:, :split], attention_mask=mask[:, :split],
                                       return_type="logits_and_cache", use_cache=True)
             pieces.append(logits)
@@ -206,42 +275,3 @@ class BridgeSubject(Subject):
         ids = torch.cat([s.expand(tokens.shape[0], -1) for s in seen], 1) if len(seen) == len(pieces) else None
         return torch.cat(pieces, 1), {"step_ids": ids, "cache_ids": None}
 
-    def forward_without_bias(self, tokens, mask, fwd_hooks):
-        """Bloom: zero position ids make its ALiBi tensor zero; other families cannot drop a bias."""
-        if not self._is_bloom:
-            return False
-        self.forward(tokens, mask, torch.zeros_like(tokens), fwd_hooks)
-        return True
-
-    def attention(self, layer: int):
-        raise TypeError("the audit reads no position table of an HF model")
-
-    def input_reference(self, position_ids: Tensor, width: int) -> Tensor:
-        """The learned position table's rows at the ids, float64."""
-        return _learned_table(self.model.original_model).double()[position_ids]
-
-    def score_scale(self, layer: int) -> float:
-        scale = self.d_head ** -0.5
-        if getattr(self.config, "scale_attn_by_inverse_layer_idx", False):
-            scale /= layer + 1
-        return scale
-
-
-
-def _learned_table(hf) -> Tensor:
-    for name in ("transformer.wpe", "model.decoder.embed_positions", "transformer.wpe.original_component"):
-        module = hf.get_submodule(name) if _has_submodule(hf, name) else None
-        if module is not None and hasattr(module, "weight"):
-            return module.weight
-    embeddings = hf.get_position_embeddings() if hasattr(hf, "get_position_embeddings") else None
-    if embeddings is None:
-        raise ValueError(f"cannot find the learned position table of {type(hf).__name__}")
-    return embeddings.weight
-
-
-def _has_submodule(module, name: str) -> bool:
-    try:
-        module.get_submodule(name)
-        return True
-    except AttributeError:
-        return False

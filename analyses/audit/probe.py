@@ -10,10 +10,10 @@ from jaxtyping import Bool, Int
 from torch import Tensor
 
 from nopelens.models.masks import visibility
-from nopelens.models.methods import QK_ROTATION, SCORE_BIAS
+from nopelens.models.methods import SCORE_BIAS
 from nopelens.models.positions import position_ids_from_mask
 
-from .numerics import Tolerance, dot_scores, rotate
+from .numerics import Tolerance, rotate
 from .subjects import Subject
 
 
@@ -84,16 +84,39 @@ class Run:
         key = f"blocks.{layer}.attn.{name}"
         return self.cache[key] if key in self.cache.keys() else None
 
+    def qk(self, layer: int) -> tuple[Tensor, Tensor]:
+        """The q and k entering a layer's scores, before rotation (after any q/k norm)."""
+        q_name, k_name = self.subject.qk_names(layer)
+        return self.subject.prepare_qk(self.hook(layer, q_name), self.hook(layer, k_name), layer)
+
     def content(self, layer: int, ids: Tensor | None = None, pairing: str | None = None,
                 direction: int = 1) -> Tensor:
-        """q.k * scale of a layer, with q and k rotated by the reference when the layer is RoPE."""
-        q, k = self.hook(layer, "hook_q"), self.hook(layer, "hook_k")
-        if self.subject.layer_methods[layer].acts(QK_ROTATION):
-            spec = self.subject.rope
+        """q.k * scale of a layer, with q and k rotated by the reference when the layer is RoPE
+        (row-centred where the model records no pre-softmax scores, see :meth:`scores`)."""
+        q, k = self.qk(layer)
+        spec = self.subject.rope_spec(layer)
+        if spec is not None:
             ids = self.probe.ids if ids is None else ids
             q = rotate(q, ids, spec.rotary_dim, spec.base, pairing or spec.pairing, direction)
             k = rotate(k, ids, spec.rotary_dim, spec.base, pairing or spec.pairing, direction)
-        return dot_scores(q, k, self.subject.score_scale(layer))
+        return self.comparable(self.subject.content_scores(q, k, layer))
+
+    def scores(self, layer: int) -> Tensor:
+        """The pre-softmax scores: ``hook_attn_scores``; where that hook carries something else (the
+        pattern), log(``hook_pattern``) at allowed keys: the scores less a per-row constant, so both
+        sides of every comparison are then row-centred (:meth:`comparable`)."""
+        if self.subject.scores_trusted:
+            return self.hook(layer, "hook_attn_scores").double()
+        allowed = self.probe.allowed()
+        log_pattern = self.hook(layer, "hook_pattern").double().clamp(min=1e-300).log()
+        return self.comparable(log_pattern.masked_fill(~allowed, 0.0))
+
+    def comparable(self, scores: Tensor) -> Tensor:
+        """``scores`` as compared with the model's: as they are, or row-centred (minus the score of
+        each query with itself) when only the pattern records them."""
+        if self.subject.scores_trusted:
+            return scores
+        return scores - scores.diagonal(dim1=-2, dim2=-1)[..., :, None]
 
     def position_contribution(self, layer: int) -> Tensor | None:
         """The score a method adds: ``hook_pos_bias`` where hooked, else scores - content (HF)."""
@@ -102,9 +125,8 @@ class Run:
         recorded = self.hook(layer, "hook_pos_bias")
         if recorded is not None:
             return recorded.double()
-        scores = self.hook(layer, "hook_attn_scores").double()
         allowed = self.probe.allowed()
-        return (scores - self.content(layer)).masked_fill(~allowed, 0.0)
+        return (self.scores(layer) - self.content(layer)).masked_fill(~allowed, 0.0)
 
     @property
     def ids_used(self) -> Tensor:

@@ -36,11 +36,14 @@ def step5_rotations_and_lookups(run: Run, shift: int) -> StepResult:
     ids = run.ids_used.clamp(min=0)
     real_q = p.real[:, :, None, None]
     if rope_layers:
-        spec = s.rope
-        other = "interleaved" if spec.pairing == "half" else "half"
-        evidence["rope"] = asdict(spec)
+        specs = {layer: s.rope_spec(layer) for layer in rope_layers}
+        same = len({(sp.rotary_dim, sp.base, sp.pairing) for sp in specs.values()}) == 1
+        evidence["rope"] = asdict(specs[rope_layers[0]]) if same else {l: asdict(sp) for l, sp in specs.items()}
         for layer in rope_layers:
-            q, rot_q = run.hook(layer, "hook_q"), run.hook(layer, "hook_rot_q")
+            spec = specs[layer]
+            other = "interleaved" if spec.pairing == "half" else "half"
+            q, k = run.qk(layer)
+            rot_q = run.hook(layer, "hook_rot_q")
             if rot_q is not None:
                 declared = apply_rope(q, ids, spec.rotary_dim, spec.base, spec.pairing)
                 swapped = apply_rope(q, ids, spec.rotary_dim, spec.base, other)
@@ -51,7 +54,6 @@ def step5_rotations_and_lookups(run: Run, shift: int) -> StepResult:
                     check.detail += f"; the rotation matches the {other} pairing instead of the declared {spec.pairing}"
                 checks.append(check)
                 rot_k = run.hook(layer, "hook_rot_k")
-                k = run.hook(layer, "hook_k")
                 checks.append(agree(f"layer {layer} hook_rot_k = R(p) hook_k", rot_k,
                                      apply_rope(k, ids, spec.rotary_dim, spec.base, spec.pairing), run.tol,
                                      f"rotary_dim {spec.rotary_dim}, base {spec.base:g}", real_q))
@@ -64,13 +66,13 @@ def step5_rotations_and_lookups(run: Run, shift: int) -> StepResult:
             if cos is not None:
                 half = spec.rotary_dim // 2
                 angles = rope_angles(ids, spec.rotary_dim, spec.base, dtype=torch.float64)
-                if spec.pairing == "half":  # HF layout: [cos theta_0.., cos theta_0..]
-                    ref = torch.cat([angles.cos(), angles.cos()], -1)
-                else:
-                    ref = angles.cos().repeat_interleave(2, -1)
+                layouts = {"half": torch.cat([angles.cos(), angles.cos()], -1),  # [theta_0.., theta_0..]
+                           "interleaved": angles.cos().repeat_interleave(2, -1)}  # [theta_0, theta_0, ..]
                 observed = cos.expand(ids.shape[0], -1, -1)[..., : 2 * half]
-                checks.append(agree(f"layer {layer} hook_cos = cos(p theta_r)", observed, ref, run.tol,
-                                     f"{half} frequencies base {spec.base:g} in the {spec.pairing} layout",
+                errors = {name: max_err(observed, ref, p.real[..., None]) for name, ref in layouts.items()}
+                layout = min(errors, key=errors.get)  # how HF lays out cos is bookkeeping, not the pairing
+                checks.append(agree(f"layer {layer} hook_cos = cos(p theta_r)", observed, layouts[layout], run.tol,
+                                     f"{half} frequencies base {spec.base:g} (HF's {layout} cos layout)",
                                      p.real[..., None]))
             checks.append(_rope_scores_check(run, layer, other, evidence))
         checks += _rope_offset_checks(run, rope_layers, shift, evidence)
@@ -86,7 +88,7 @@ def _rope_scores_check(run: Run, layer: int, other: str, evidence: dict) -> Chec
     declared = run.content(layer)
     e_other = max_err(observed, run.content(layer, pairing=other), allowed)
     evidence[f"layer{layer}_scores_error_other_pairing"] = e_other
-    same = " (with one rotated pair the two pairings coincide)" if run.subject.rope.rotary_dim == 2 else ""
+    same = " (with one rotated pair the two pairings coincide)" if run.subject.rope_spec(layer).rotary_dim == 2 else ""
     return agree(f"layer {layer} scores = R(p)q . R(p)k / sqrt(d_head)", observed, declared, run.tol,
                   f"scores vs the reference with the declared pairing, fraction and base ({other} "
                   f"pairing: error {e_other:.3g}{same})", allowed)
@@ -95,19 +97,20 @@ def _rope_scores_check(run: Run, layer: int, other: str, evidence: dict) -> Chec
 def _rope_offset_checks(run: Run, layers: list[int], shift: int, evidence: dict) -> list[Check]:
     """Shift every position by a constant: the rotated dot products of RoPE layers do not change."""
     s, p = run.subject, run.probe
-    if s.input_method is not None:
+    if s.input_method is not None or not s.takes_positions:
         return []
     kept: dict[str, Tensor] = {}
 
     def keep(x, hook):
         kept[hook.name] = x.detach().clone()
 
-    names = [f"blocks.{l}.attn.{s.content_hook}" for l in layers]
+    site = s.content_hook if s.scores_trusted else "hook_pattern"  # a pattern-only model: compare patterns
+    names = [f"blocks.{l}.attn.{site}" for l in layers]
     s.forward(p.tokens, p.mask, p.ids + shift, [(n, keep) for n in names])
     allowed = p.allowed()
     checks = []
     for layer, name in zip(layers, names):
-        before = observed_content(run, layer)
+        before = observed_content(run, layer) if s.scores_trusted else run.hook(layer, site).double()
         after = kept[name].double().masked_fill(~allowed, 0.0)
         checks.append(agree(f"layer {layer} rotated q.k depends only on the offset", after, before, run.tol,
                              f"scores with every position + {shift} vs the originals", allowed))

@@ -101,7 +101,7 @@ def _linear_bias_sign_check(run: Run, layer: int, evidence: dict) -> Check:
         c = centered[:, h][allowed]
         dd = distance[allowed]
         fitted.append(float(-(c * dd).sum() / (dd * dd).sum()))
-    expected = method.reference_slopes(run.subject.n_heads).tolist()
+    expected = run.subject.alibi_slopes(layer).tolist()
     evidence[f"layer{layer}_{method.name}_fitted_slopes"] = fitted
     evidence[f"layer{layer}_{method.name}_expected_slopes"] = expected
     err = max(abs(a - b) for a, b in zip(fitted, expected))
@@ -163,8 +163,7 @@ def observed_content(run: Run, layer: int) -> Tensor:
     content = run.hook(layer, "hook_content_scores")
     if content is not None:
         return content.double()
-    scores = run.hook(layer, "hook_attn_scores").double()
-    return scores.masked_fill(~run.probe.allowed(), 0.0)
+    return run.scores(layer).masked_fill(~run.probe.allowed(), 0.0)
 
 
 # ----------------------------------------------------------------------------- step 4
@@ -178,9 +177,15 @@ def step4_absolute_additions(run: Run) -> StepResult:
     s, p = run.subject, run.probe
     if s.input_method is None:
         return make_step(4, [], {}, "", f"no absolute position addition (methods {s.method_names})")
+    if "hook_pos_embed" not in run.cache.keys():
+        return make_step(4, [], {}, "", f"{s.input_name} positions are added, but the model's hook_pos_embed never "
+                         "fires, so the added rows cannot be read")
     ids = run.ids_used.clamp(min=0)
     recorded = run.cache["hook_pos_embed"].double()
     reference, what = s.input_reference(ids, recorded.shape[-1]), s.input_method.reference_text
+    offset = getattr(s, "position_offset", 0)
+    if offset:
+        what += f" (table rows at position + {offset}: the first {offset} rows are reserved)"
     real = p.real[..., None]
     checks = [agree("hook_pos_embed equals the table", recorded, reference, run.tol, what, real)]
     resid = run.cache["blocks.0.hook_resid_pre"].double()

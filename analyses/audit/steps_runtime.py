@@ -36,6 +36,9 @@ def step8_interventions(run: Run, shift: int) -> StepResult:
     the model reads no positions.
     """
     s, p = run.subject, run.probe
+    if not s.takes_positions:
+        return make_step(8, [], {}, "", "the model takes no position ids (its position bias is built from key "
+                         "indices), so positions cannot be intervened on")
     base = run.logits.double()
     bound = run.tol.of(base)
     checks, evidence = [], {"expectations": {}}

@@ -8,6 +8,7 @@ import torch
 from torch import Tensor
 
 from nopelens.models.methods import SCORE_BIAS
+from nopelens.models.positions import alibi_bias
 
 from .numerics import agree, dot_scores, max_err
 from .probe import Run
@@ -29,12 +30,12 @@ def step3_masks_vs_biases(run: Run) -> StepResult:
     blocked_scores_ok, allowed_finite = True, True
     for layer in range(s.n_layers):
         pattern = run.hook(layer, "hook_pattern").double()
-        scores = run.hook(layer, "hook_attn_scores").double()
         min_allowed.append(float(pattern[allowed.expand_as(pattern)].min()))
         max_blocked.append(float(pattern[blocked.expand_as(pattern)].abs().max()))
-        blocked_values = scores[blocked.expand_as(scores)]
-        blocked_scores_ok &= bool((blocked_values <= -1e30).all())
-        allowed_finite &= bool(scores[allowed.expand_as(scores)].isfinite().all())
+        if s.scores_trusted:
+            scores = run.hook(layer, "hook_attn_scores").double()
+            blocked_scores_ok &= bool((scores[blocked.expand_as(scores)] <= -1e30).all())
+            allowed_finite &= bool(scores[allowed.expand_as(scores)].isfinite().all())
         bias = run.position_contribution(layer)
         if bias is not None:
             worst_bias.append(float(bias[allowed.expand_as(bias)].abs().max()))
@@ -45,9 +46,13 @@ def step3_masks_vs_biases(run: Run) -> StepResult:
     checks.append(Check("allowed entries keep weight > 0", min(min_allowed) > 0.0,
                         f"min weight on an allowed key {min(min_allowed):.3g}"
                         + (f", under biases up to {max(worst_bias):.3g}" if worst_bias else ""), min(min_allowed)))
-    checks.append(Check("mask is -inf (or the dtype minimum), biases finite", blocked_scores_ok and allowed_finite,
-                        "blocked scores <= -1e30 and every allowed score finite" if blocked_scores_ok and allowed_finite
-                        else "a blocked score is finite-valued or an allowed score is not finite"))
+    if s.scores_trusted:
+        checks.append(Check("mask is -inf (or the dtype minimum), biases finite", blocked_scores_ok and allowed_finite,
+                            "blocked scores <= -1e30 and every allowed score finite" if blocked_scores_ok
+                            and allowed_finite else "a blocked score is finite-valued or an allowed score is not finite"))
+    else:
+        evidence["masked_scores"] = ("not checked: the model records no pre-softmax scores (its hook_attn_scores "
+                                     "carry the pattern); blocked weights are checked on hook_pattern")
     bias_layers = s.layers_acting(SCORE_BIAS)
     if bias_layers:
         drop = _drop_bias(run, bias_layers)
@@ -105,7 +110,7 @@ def step6_score_parts(run: Run) -> StepResult:
     allowed = p.allowed()
     checks, evidence, derived = [], {}, []
     for layer, method in enumerate(s.layer_methods):
-        scores = run.hook(layer, "hook_attn_scores").double()
+        scores = run.scores(layer)
         content_hook = run.hook(layer, "hook_content_scores")
         q_rot = run.hook(layer, "hook_rot_q")
         if content_hook is not None:
@@ -127,7 +132,7 @@ def step6_score_parts(run: Run) -> StepResult:
                                  allowed))
         if method.bias_kind == "linear":
             ids = run.ids_used.clamp(min=0)
-            reference = method.reference_bias(s.n_heads, ids, ids).double()
+            reference = alibi_bias(s.alibi_slopes(layer).to(ids.device), ids, ids).double()
             observed = bias
             if content_hook is None:  # HF adds slope * p_j; compare up to the per-row constant
                 observed = bias - bias.diagonal(dim1=-2, dim2=-1)[..., :, None]
@@ -157,19 +162,25 @@ def step7_softmax(run: Run) -> StepResult:
     checks = []
     worst_key, worst_query, worst_sum, worst_block = 0.0, math.inf, 0.0, 0.0
     for layer in range(s.n_layers):
-        scores = run.hook(layer, "hook_attn_scores").double()
         pattern = run.hook(layer, "hook_pattern").double()
-        worst_key = max(worst_key, max_err(pattern, scores.softmax(-1), real_rows))
-        worst_query = min(worst_query, max_err(pattern, scores.softmax(-2), real_rows))
+        if s.scores_trusted:
+            scores = run.hook(layer, "hook_attn_scores").double()
+            worst_key = max(worst_key, max_err(pattern, scores.softmax(-1), real_rows))
+            worst_query = min(worst_query, max_err(pattern, scores.softmax(-2), real_rows))
         worst_sum = max(worst_sum, max_err(pattern.sum(-1), torch.ones_like(pattern.sum(-1)), p.real[:, None]))
         worst_block = max(worst_block, float(pattern[blocked.expand_as(pattern)].abs().max()))
     bound = run.tol.atol
-    checks.append(Check("softmax over the key axis", worst_key <= bound,
-                        f"hook_pattern = softmax(hook_attn_scores, key axis): error {worst_key:.3g}; over the "
-                        f"query axis it would be {worst_query:.3g}", worst_key, bound))
+    evidence: dict = {"padded_query_rows_excluded": p.n_pad}
+    if s.scores_trusted:
+        checks.append(Check("softmax over the key axis", worst_key <= bound,
+                            f"hook_pattern = softmax(hook_attn_scores, key axis): error {worst_key:.3g}; over the "
+                            f"query axis it would be {worst_query:.3g}", worst_key, bound))
+    else:
+        evidence["softmax_axis"] = ("not checked: the model records no pre-softmax scores (its hook_attn_scores "
+                                    "carry the pattern)")
     checks.append(Check("unmasked rows sum to 1", worst_sum <= bound,
                         f"max |row sum - 1| over real query rows {worst_sum:.3g}", worst_sum, bound))
     checks.append(Check("blocked entries exactly 0", worst_block == 0.0,
                         f"max weight at blocked entries {worst_block:.3g}", worst_block, 0.0))
-    return make_step(7, checks, {"padded_query_rows_excluded": p.n_pad},
+    return make_step(7, checks, evidence,
                       "patterns are key-axis softmaxes; rows sum to 1; blocked entries are exactly 0")

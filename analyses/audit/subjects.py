@@ -119,6 +119,42 @@ class Subject(abc.ABC):
         """The factor multiplying q.k in a layer's scores: 1 / sqrt(d_head)."""
         return self.d_head ** -0.5
 
+    def rope_spec(self, layer: int) -> RopeSpec | None:
+        """The RoPE parameters of a layer, None where the layer does not rotate."""
+        return self.rope if self.layer_methods[layer].acts(QK_ROTATION) else None
+
+    def content_scores(self, q: Tensor, k: Tensor, layer: int) -> Tensor:
+        """A layer's content scores from the q and k entering them: q.k * score_scale."""
+        from .numerics import dot_scores
+
+        return dot_scores(q, k, self.score_scale(layer))
+
+    def qk_names(self, layer: int) -> tuple[str, str]:
+        """The attention hooks holding the q and k that enter the scores (before rotation)."""
+        return "hook_q", "hook_k"
+
+    def prepare_qk(self, q: Tensor, k: Tensor, layer: int) -> tuple[Tensor, Tensor]:
+        """What the model does to the hooked q and k before the scores, besides rotating them."""
+        return q, k
+
+    @property
+    def scores_trusted(self) -> bool:
+        """``hook_attn_scores`` are the pre-softmax scores behind ``hook_pattern``."""
+        return True
+
+    @property
+    def takes_positions(self) -> bool:
+        """Position ids can be handed to the model (interventions, step 8)."""
+        return True
+
+    def unverifiable(self) -> str | None:
+        """Why the position steps cannot be verified at all, or None."""
+        return None
+
+    def alibi_slopes(self, layer: int) -> Tensor:
+        """Slopes m_h of a linear-bias layer, in score units per token (float64)."""
+        return self.layer_methods[layer].reference_slopes(self.n_heads).double()
+
 
 class DecoderSubject(Subject):
     kind = "nopelens Decoder"
@@ -203,7 +239,8 @@ def audited_hook(name: str) -> bool:
     return ".attn.hook_" in name and name.rsplit(".", 1)[-1] in ATTENTION_HOOKS
 
 
-ATTENTION_HOOKS = ("hook_q", "hook_k", "hook_v", "hook_rot_q", "hook_rot_k", "hook_content_scores",
+ATTENTION_HOOKS = ("hook_q", "hook_k", "hook_q_normed", "hook_k_normed", "hook_v", "hook_rot_q", "hook_rot_k",
+                   "hook_content_scores",
                     "hook_pos_bias", "hook_attn_scores", "hook_pattern", "hook_z", "hook_cos", "hook_sin")
 
 
