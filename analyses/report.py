@@ -138,7 +138,8 @@ def variance_figure(variance: pd.DataFrame) -> plt.Figure:
 
 def summary_table(summary: pd.DataFrame) -> pd.DataFrame:
     """The summary with readable headers, "none" for targets no layer recovered, "n/a" for reads the
-    model has no site for (no ``hook_attn_scores``), rounded numbers.
+    model has no site for (no ``hook_attn_scores``) and for selectivity where the control task is
+    undefined, rounded numbers.
 
     With several training seeds (columns from :func:`~nopelens.analyses.seeds.over_seeds`) a
     first layer reads ``2 (1/1/2)``: the layer all seeds agree on, then each seed's; a number
@@ -154,6 +155,9 @@ def summary_table(summary: pd.DataFrame) -> pd.DataFrame:
     table = table.round(3)
     slope = table["variance_slope_block0"]
     table["variance_slope_block0"] = slope.map(lambda v: "n/a (variance 0)" if pd.isna(v) else f"{v:.3f}")
+    # NaN selectivity: the control task is undefined (every sampled token has one id)
+    table["selectivity_at_best"] = table["selectivity_at_best"].map(
+        lambda v: "n/a (one token id)" if pd.isna(v) else v)
     for column in [c for c in table.columns if c.endswith("_seed_sd")]:
         spread = table.pop(column)
         name = column[: -len("_seed_sd")]

@@ -465,11 +465,12 @@ def _slug(spec: str) -> str:
 
 def versions() -> dict[str, str]:
     """Versions of what produced the numbers."""
+    from importlib.metadata import version
+
     import sklearn
-    import transformer_lens
 
     return {
         "nopelens": nopelens.__version__, "python": platform.python_version(), "torch": torch.__version__,
-        "transformer_lens": getattr(transformer_lens, "__version__", "unknown"), "scikit-learn": sklearn.__version__,
+        "transformer_lens": version("transformer-lens"), "scikit-learn": sklearn.__version__,
         "numpy": np.__version__, "pandas": pd.__version__,
     }
