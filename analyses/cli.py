@@ -97,6 +97,8 @@ def main(argv: list[str] | None = None) -> int:
         print("nopelens: interrupted; results written so far are kept, rerun to resume", file=sys.stderr)
         return 130
     except USER_ERRORS as error:
+        if os.environ.get("NOPELENS_TRACEBACK"):
+            raise
         message = error.args[0] if isinstance(error, KeyError) and error.args else error
         print(f"nopelens {args.command}: error: {' '.join(str(message).split())}", file=sys.stderr)
         return 2

@@ -223,7 +223,7 @@ def register(subparsers) -> None:
         epilog="example: nopelens lengthgen --out runs/lengthgen --quick",
     )
     defaults = LengthGenSettings()
-    parser.add_argument("--out", required=True, help="run folder (created; resumed if it exists)")
+    parser.add_argument("--out", default="runs/lengthgen", help="run folder (created; resumed if it exists; default %(default)s)")
     parser.add_argument("--quick", action="store_true", help="tiny smoke-test settings (numbers not meaningful)")
     parser.add_argument("--tasks", nargs="+", default=list(TASK_NAMES), choices=TASK_NAMES)
     parser.add_argument("--methods", nargs="+", default=list(METHODS), choices=METHODS)

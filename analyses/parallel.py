@@ -43,7 +43,7 @@ def run_tasks(
 
     Raises:
         ValueError: if ``jobs`` < 1.
-        ImportError: if ``scheduler`` is given and ``distributed`` is not installed.
+        ValueError: if ``scheduler`` is given and ``distributed`` is not installed.
         ChildProcessError: if workers were lost; every task that finished has been passed to
             ``on_done`` first, so a rerun measures only what is missing.
         Exception: the first exception a task raised, after every other task was run and passed on.
@@ -84,7 +84,7 @@ def _executor(jobs: int, scheduler: str | None) -> Iterator[cf.Executor]:
     try:
         from distributed import Client
     except ImportError:
-        raise ImportError('--scheduler needs Dask distributed: pip install "nopelens[dask]"') from None
+        raise ValueError('--scheduler needs Dask distributed, which is not installed: pip install "nopelens[dask]"') from None
     try:
         client = Client(scheduler, timeout="30s")
     except OSError as error:

@@ -156,8 +156,9 @@ def summary_table(summary: pd.DataFrame) -> pd.DataFrame:
     slope = table["variance_slope_block0"]
     table["variance_slope_block0"] = slope.map(lambda v: "n/a (variance 0)" if pd.isna(v) else f"{v:.3f}")
     # NaN selectivity: the control task is undefined (every sampled token has one id)
-    table["selectivity_at_best"] = table["selectivity_at_best"].map(
-        lambda v: "n/a (one token id)" if pd.isna(v) else v)
+    if "selectivity_at_best" in table:
+        table["selectivity_at_best"] = table["selectivity_at_best"].map(
+            lambda v: "n/a (one token id)" if pd.isna(v) else v)
     for column in [c for c in table.columns if c.endswith("_seed_sd")]:
         spread = table.pop(column)
         name = column[: -len("_seed_sd")]
@@ -236,7 +237,8 @@ def write_run(result: "SweepResult", settings: "SweepSettings", command: str, ve
     formats = ("png", "svg") if svg else ("png",)
     save_figure(probe_figure(result.probes), out / "probes", formats)
     save_figure(sink_figure(result.sinks), out / "sinks", formats)
-    save_figure(variance_figure(result.variance), out / "variance", formats)
+    if (result.variance.get("variance", pd.Series(dtype=float)) > 0).any():  # nothing varies: no figure
+        save_figure(variance_figure(result.variance), out / "variance", formats)
     if not result.sink_ablation.empty:
         from .intervene_cmd import sink_ablation_figure
 

@@ -183,6 +183,18 @@ def _swap_into_place(staging: Path, target: Path) -> None:
     shutil.rmtree(retired, ignore_errors=True)
 
 
+def checkpoint_dir(path: str | Path) -> Path:
+    """``path``, or its ``checkpoint/`` subfolder when ``path`` is a training run folder.
+
+    ``nopelens train --out RUN`` writes its checkpoint to ``RUN/checkpoint``; users pass either.
+    """
+    path = Path(path)
+    inner = path / "checkpoint"
+    if not (path / METADATA_FILE).exists() and (inner / METADATA_FILE).is_file():
+        return inner
+    return path
+
+
 def read_metadata(path: str | Path) -> dict[str, Any]:
     """The JSON of a checkpoint directory, after checking it is a nopelens checkpoint.
 
@@ -191,7 +203,7 @@ def read_metadata(path: str | Path) -> dict[str, Any]:
         ValueError: if it is not a nopelens checkpoint (no or unreadable ``nopelens.json``, wrong
             format marker, a newer format version).
     """
-    path = Path(path)
+    path = checkpoint_dir(path)
     if not path.exists():
         raise FileNotFoundError(f"no checkpoint at {path}")
     if not path.is_dir():
@@ -278,7 +290,7 @@ def load_checkpoint(
     """Load a checkpoint written by :func:`save_checkpoint`.
 
     Args:
-        path: the checkpoint directory.
+        path: the checkpoint directory, or the training run folder holding it as ``checkpoint/``.
         device: where to put the model (default CPU).
         dtype: parameter dtype of the loaded model; default the dtype the weights were saved in
             (that of ``embed.W_E``), so a bfloat16 model comes back bfloat16. Another dtype casts
@@ -293,7 +305,7 @@ def load_checkpoint(
             mismatch, unreadable safetensors), the config is invalid, or tensors are missing,
             extra, or shaped differently from what the config gives.
     """
-    path = Path(path)
+    path = checkpoint_dir(path)
     meta = read_metadata(path)
     try:
         config = DecoderConfig.from_dict(meta["config"])

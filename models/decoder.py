@@ -333,6 +333,9 @@ class Decoder(HookedRootModule):
     ):
         super().__init__()
         self.cfg = cfg
+        if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+            raise ValueError(f"dtype must be a real floating torch.dtype such as torch.float32 or torch.bfloat16, "
+                             f"got {dtype!r}")
         self.embed = Embed(cfg)
         self.hook_embed = HookPoint()
         self.input_method = cfg.input_method

@@ -9,6 +9,7 @@ models, checkpoints trained on the ``text`` task) carry a
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING, Sequence
 
 import torch
@@ -144,8 +145,8 @@ def sample_logits(
     Raises:
         ValueError: on a negative temperature, ``top_k < 1`` or ``top_p`` outside (0, 1].
     """
-    if temperature < 0:
-        raise ValueError(f"temperature must be >= 0, got {temperature!r}")
+    if not math.isfinite(temperature) or temperature < 0:
+        raise ValueError(f"temperature must be a finite number >= 0, got {temperature!r}")
     if top_k is not None and top_k < 1:
         raise ValueError(f"top_k must be >= 1, got {top_k!r}")
     if top_p is not None and not 0.0 < top_p <= 1.0:

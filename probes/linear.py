@@ -538,8 +538,11 @@ def first_recoverable_layer(
         The DESIGN.md layer number, or None when no layer clears the bar.
 
     Raises:
-        ValueError: if no row matches, or several tasks or feature kinds match.
+        ValueError: if ``threshold`` is not finite, no row matches, or several tasks or feature
+            kinds match.
     """
+    if not np.isfinite(threshold):
+        raise ValueError(f"threshold must be a finite number, got {threshold!r}")
     if metric is None:
         task = task or "regression"
         metric = {"regression": "r2", "classification": "accuracy"}[task]

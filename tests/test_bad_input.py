@@ -4,6 +4,7 @@ import hashlib
 import json
 
 import numpy as np
+import pandas as pd
 import pytest
 import torch
 from safetensors.torch import save_file
@@ -228,3 +229,26 @@ def test_probe_runs_on_a_checkpoint_of_a_synthetic_task(tmp_path, capsys):
           checkpoint_dir=tmp_path / "ckpt", progress=False)
     assert cli.main(["probe", str(tmp_path / "ckpt"), "--quick", "--quiet", "--out", str(tmp_path / "run")]) == 0
     assert (tmp_path / "run" / "summary.md").is_file()
+
+
+def test_late_fixes_from_the_bad_input_pass(tmp_path, capsys):
+    """Found by trying to break the merged features: each now refuses with a line naming the problem."""
+    import math
+
+    from nopelens.analyses.cli import main
+    from nopelens.models.checkpoint import load_checkpoint, save_checkpoint
+    from nopelens.probes.linear import first_recoverable_layer
+
+    cfg = DecoderConfig(d_vocab=12, n_ctx=16, n_layers=1, d_model=16, n_heads=2)
+    with pytest.raises(ValueError, match="dtype must be a real floating"):
+        Decoder(cfg, dtype=torch.complex64)
+    with pytest.raises(ValueError, match="dtype must be a real floating"):
+        Decoder(cfg, dtype="float16")
+    # a training run folder is accepted where its checkpoint/ is meant
+    save_checkpoint(tmp_path / "run" / "checkpoint", Decoder(cfg, seed=0))
+    assert load_checkpoint(tmp_path / "run").model.cfg == cfg
+    with pytest.raises(ValueError, match="threshold must be a finite"):
+        first_recoverable_layer(pd.DataFrame(), threshold=math.nan)
+    (tmp_path / "folder").mkdir()
+    assert main(["validate", "--out", str(tmp_path / "folder")]) == 2
+    assert "is a directory" in capsys.readouterr().err

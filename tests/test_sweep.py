@@ -113,3 +113,11 @@ def test_sink_ablation_section(quick_run):
     assert set(result.sink_ablation["model"]) == set(result.summary["model"])
     assert (out / "sink_ablation.csv").is_file() and (out / "sink_ablation.png").is_file()
     assert "## Sink ablation" in (out / "summary.md").read_text()
+
+
+def test_a_sweep_of_models_whose_attention_output_never_varies_writes_no_variance_figure(tmp_path):
+    """constant-nope alone: every variance is 0, so there is nothing to draw on log axes (it used to
+    crash the figure with a bare KeyError after probing)."""
+    out = tmp_path / "constant"
+    assert main(["sweep", "--models", "constant-nope", "--no-controls", "--quick", "--out", str(out)]) == 0
+    assert (out / "summary.md").is_file() and not (out / "variance.png").exists()
