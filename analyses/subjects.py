@@ -272,6 +272,7 @@ def load_hf_dir(directory: Path) -> Any:
             ``pytorch_model.bin`` files are refused).
     """
     import transformers
+    from safetensors import SafetensorError
     from transformers import AutoModelForCausalLM
 
     from nopelens.models.adapters import bridge_hf_model
@@ -285,6 +286,8 @@ def load_hf_dir(directory: Path) -> Any:
         model = AutoModelForCausalLM.from_pretrained(directory, local_files_only=True, use_safetensors=True)
     except (OSError, ValueError) as error:
         raise ValueError(f"{directory} holds no loadable HF causal LM: {error}") from None
+    except SafetensorError as error:
+        raise ValueError(f"{directory}: a safetensors weight file is corrupted or truncated ({error})") from None
     model.config._attn_implementation = "eager"
     return bridge_hf_model(model.eval())
 

@@ -252,3 +252,16 @@ def test_late_fixes_from_the_bad_input_pass(tmp_path, capsys):
     (tmp_path / "folder").mkdir()
     assert main(["validate", "--out", str(tmp_path / "folder")]) == 2
     assert "is a directory" in capsys.readouterr().err
+
+
+def test_a_truncated_hf_weight_file_is_named_not_an_internal_error(tmp_path):
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    from nopelens.analyses.subjects import load_hf_dir
+
+    config = GPT2Config(n_embd=16, n_layer=1, n_head=2, vocab_size=32, n_positions=16, bos_token_id=0, eos_token_id=0)
+    GPT2LMHeadModel(config).save_pretrained(tmp_path, safe_serialization=True)
+    weights = tmp_path / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
+    with pytest.raises(ValueError, match="corrupted or truncated|no loadable"):
+        load_hf_dir(tmp_path)
