@@ -193,6 +193,8 @@ def intervention_figure(tables: dict[str, pd.DataFrame], name: str):
 
 def run_intervene(args: argparse.Namespace) -> int:
     modes = tuple(m.strip() for m in args.modes.split(",") if m.strip())
+    if not modes:
+        raise ValueError(f"--modes lists no sink ablation; choose from {', '.join(iv.SINK_MODES)}")
     settings = InterveneSettings(model=args.model, modes=modes, shift=args.shift,
                                  quick_steps=30 if args.quick else None,
                                  **{k: getattr(args, k) for k in ("n_sequences", "seq_len", "seed", "n_boot")

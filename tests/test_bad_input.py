@@ -265,3 +265,10 @@ def test_a_truncated_hf_weight_file_is_named_not_an_internal_error(tmp_path):
     weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
     with pytest.raises(ValueError, match="corrupted or truncated|no loadable"):
         load_hf_dir(tmp_path)
+
+
+def test_intervene_with_no_mode_is_refused(capsys):
+    from nopelens.analyses.cli import main
+
+    assert main(["intervene", "circuit", "--modes", ""]) == 2
+    assert "--modes lists no sink ablation" in capsys.readouterr().err
