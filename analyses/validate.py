@@ -459,26 +459,11 @@ def report_markdown(table: pd.DataFrame, command: str = "nopelens validate") -> 
 # ----------------------------------------------------------------------------- command line
 
 
-def check_writable_file(path: Path) -> None:
-    """Refuse an ``--out`` that cannot take the report, before the suite runs.
-
-    Raises:
-        ValueError: if ``path`` is empty, a directory, or lies under a file.
-    """
-    if str(path) in ("", "."):
-        raise ValueError("--out is empty; give a file path such as docs/known_answers.md, or - for none")
-    if path.is_dir():
-        raise ValueError(f"--out {path} is a directory; give a file path such as {path / 'known_answers.md'}")
-    blocking = next((parent for parent in path.parents if parent.exists() and not parent.is_dir()), None)
-    if blocking is not None:
-        raise ValueError(f"--out {path} cannot be written: {blocking} is a file, not a folder")
-
-
 def run_validate(args: argparse.Namespace) -> int:
-    from nopelens.models.io import write_text_atomic
+    from nopelens.models.io import check_writable, write_text_atomic
 
     if args.out != "-":
-        check_writable_file(Path(args.out))
+        check_writable(args.out)  # before the suite runs, so a bad --out wastes no work
     table = run_suite(args.seed)
     width = max(len(name) for name in table["name"])
     for row in table.itertuples():

@@ -15,6 +15,21 @@ from typing import Any, Callable
 import pandas as pd
 
 
+def check_writable(path: str | Path) -> Path:
+    """Refuse a target file that cannot be written, before any work goes into it.
+
+    Raises:
+        IsADirectoryError: if ``path`` is a folder (an empty path is the current folder).
+        FileExistsError: if a file stands where one of its parent folders should be.
+    """
+    path = Path(path)
+    if path.is_dir():
+        raise IsADirectoryError(f"cannot write {path}: it is a folder; give a file path")
+    if any(parent.exists() and not parent.is_dir() for parent in path.parents):
+        raise FileExistsError(f"cannot write {path}: {path.parent} or a folder above it is a file, not a folder")
+    return path
+
+
 def write_atomic(path: str | Path, write: Callable[[Path], None]) -> Path:
     """Call ``write(temp_path)``, then move the temporary file onto ``path``.
 
@@ -29,13 +44,10 @@ def write_atomic(path: str | Path, write: Callable[[Path], None]) -> Path:
         ``path`` as a ``Path``.
 
     Raises:
-        FileExistsError, NotADirectoryError: if a file stands where a parent folder should be.
+        IsADirectoryError, FileExistsError: as :func:`check_writable`.
     """
-    path = Path(path)
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-    except (FileExistsError, NotADirectoryError) as error:
-        raise type(error)(f"cannot write {path}: {path.parent} or a folder above it is a file, not a folder") from None
+    path = check_writable(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
     handle, temp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=path.suffix)
     os.close(handle)
     try:

@@ -251,7 +251,7 @@ def test_late_fixes_from_the_bad_input_pass(tmp_path, capsys):
         first_recoverable_layer(pd.DataFrame(), threshold=math.nan)
     (tmp_path / "folder").mkdir()
     assert main(["validate", "--out", str(tmp_path / "folder")]) == 2
-    assert "is a directory" in capsys.readouterr().err
+    assert "is a folder" in capsys.readouterr().err
 
 
 def test_a_truncated_hf_weight_file_is_named_not_an_internal_error(tmp_path):
