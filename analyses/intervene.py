@@ -46,6 +46,7 @@ import torch
 import torch.nn.functional as F
 from jaxtyping import Float
 from scipy import stats
+from sklearn.metrics import r2_score
 from torch import Tensor
 
 from nopelens.probes import (
@@ -466,7 +467,7 @@ def clean_probe_reads(clean: Activations, changed: Activations, site: str, n_spl
         probe = make_probe("regression", seed=seed, dtype=clean.dtype(site)).fit(
             X_clean[fit], y[fit], linear__groups=groups[fit])
         read_clean[score], read_changed[score] = probe.predict(X_clean[score]), probe.predict(X_changed[score])
-    r2 = 1 - np.sum((read_changed - y) ** 2) / np.sum((y - y.mean()) ** 2)
+    r2 = r2_score(y, read_changed)
     return float(r2), float(np.mean(read_changed - read_clean))
 
 
