@@ -255,38 +255,83 @@ def _balanced_accuracy(y, pred, group_index, weights) -> np.ndarray:
 
 
 def _spearman(y, pred, group_index, weights, chunk: int = 64) -> np.ndarray:
-    y_rank, pred_rank = _TieRanker(y), _TieRanker(pred)
+    """Spearman's rho under each weight row: Pearson's r between average ranks (ties share the mean
+    of their ranks), where sample i counts ``weights[b, group_index[i]]`` times, which is
+    ``scipy.stats.spearmanr`` on the repeated samples.
+
+    Samples are taken in the order of ``pred``, so its ranks are a running sum of the weights. The
+    mean rank is (N + 1) / 2 whatever the weights (N their total), so the centered sums need only
+    sum(w a b), sum(w a^2) and sum(w b^2). With integer weights every term is a multiple of 1/4,
+    so the sums are exact below 2^51 and a constant variable gives a variance of exactly 0.
+    """
+    order = np.argsort(pred, kind="stable")
+    n_groups = weights.shape[1]
+    y_ranks = _TieRanks(y[order], group_index[order], n_groups)
+    pred_ranks = _TieRanks(pred[order], group_index[order], n_groups)
+    sample_group = group_index[order]
     out = np.empty(len(weights))
     for start in range(0, len(weights), chunk):
-        w = weights[start : start + chunk][:, group_index]
-        a, b = y_rank(w), pred_rank(w)
-        total = w.sum(1, keepdims=True)
-        a = a - (w * a).sum(1, keepdims=True) / total
-        b = b - (w * b).sum(1, keepdims=True) / total
-        cov = (w * a * b).sum(1)
-        var = (w * a * a).sum(1) * (w * b * b).sum(1)
+        rows = weights[start : start + chunk]
+        w = rows[:, sample_group]  # [b, n] multiplicity of each sample, in pred order
+        total = w.sum(1)
+        a, a_square = y_ranks(rows, w)
+        b, b_square = pred_ranks(rows, w)
+        offset = total * ((total + 1) / 2) ** 2  # N m^2 with m = (N + 1) / 2, the mean rank
+        cov = np.einsum("ij,ij,ij->i", w, a, b) - offset
+        var = (a_square - offset) * (b_square - offset)
         with np.errstate(divide="ignore", invalid="ignore"):
             out[start : start + chunk] = np.where(var > 0, cov / np.sqrt(var), np.nan)
     return out
 
 
-class _TieRanker:
-    """Average ranks of ``x`` with integer sample weights (repeats), for many weight rows at once.
+class _TieRanks:
+    """Average ranks of ``x`` when sample i is repeated ``w_i`` times, for many weight rows at once.
 
-    A tie group of total weight T that starts after cumulative weight B gets rank B + (T + 1) / 2,
-    which is ``scipy.stats.rankdata(method="average")`` on the data with samples repeated.
+    A tie group (equal values) of total weight T that starts after cumulative weight C gets rank
+    C + (T + 1) / 2, which is ``scipy.stats.rankdata(method="average")`` on the repeated data. With
+    few tie groups (positions, distances, class labels) their weights are one small product of the
+    sequence weights with a [n_groups, n_ties] count table; otherwise the sample weights are
+    summed per tie group in sorted order (no reordering when ``x`` comes sorted).
     """
 
-    def __init__(self, x: np.ndarray):
-        self.order = np.argsort(x, kind="stable")
-        sorted_x = x[self.order]
-        self.starts = np.flatnonzero(np.r_[True, sorted_x[1:] != sorted_x[:-1]])
-        self.tie_group = np.cumsum(np.r_[True, sorted_x[1:] != sorted_x[:-1]]) - 1
-        self.inverse = np.empty_like(self.order)
-        self.inverse[self.order] = np.arange(len(x))
+    def __init__(self, x: np.ndarray, group_index: np.ndarray, n_groups: int):
+        values, tie = np.unique(x, return_inverse=True)
+        self.tie = tie.reshape(-1)
+        self.counts = self.perm = None
+        if len(values) * n_groups <= COUNT_TABLE_MAX and 4 * len(values) <= len(x):
+            self.counts = np.zeros((n_groups, len(values)))
+            np.add.at(self.counts, (group_index, self.tie), 1.0)
+            return
+        if np.any(self.tie[1:] < self.tie[:-1]):
+            self.perm = np.argsort(self.tie, kind="stable")
+            self.inverse = np.argsort(self.perm)
+        self.sorted_tie = self.tie if self.perm is None else self.tie[self.perm]
+        self.starts = np.flatnonzero(np.r_[True, self.sorted_tie[1:] != self.sorted_tie[:-1]])
+        self.distinct = len(self.starts) == len(x)
 
-    def __call__(self, w: np.ndarray) -> np.ndarray:
-        group_weight = np.add.reduceat(w[:, self.order], self.starts, axis=1)
-        before = np.cumsum(group_weight, axis=1) - group_weight
-        ranks_sorted = (before + (group_weight + 1) / 2)[:, self.tie_group]
-        return ranks_sorted[:, self.inverse]
+    def __call__(self, rows: np.ndarray, w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Ranks of every sample ``[b, n]`` and the sum of weight x rank^2 ``[b]``, for sequence
+        weights ``rows`` ``[b, n_groups]`` whose per-sample weights are ``w`` ``[b, n]``."""
+        if self.counts is not None:
+            tie_weight = rows @ self.counts
+            ranks = _average_ranks(tie_weight)
+            return ranks[:, self.tie], (tie_weight * ranks**2).sum(1)
+        ordered = w if self.perm is None else w[:, self.perm]
+        tie_weight = ordered if self.distinct else np.add.reduceat(ordered, self.starts, axis=1)
+        ranks = _average_ranks(tie_weight)
+        square = np.einsum("ij,ij,ij->i", tie_weight, ranks, ranks)
+        if not self.distinct:
+            ranks = ranks[:, self.sorted_tie]
+        return (ranks if self.perm is None else ranks[:, self.inverse]), square
+
+
+COUNT_TABLE_MAX = 1 << 20
+"""Largest [n_groups, n_ties] count table :class:`_TieRanks` builds (8 MiB of float64)."""
+
+
+def _average_ranks(tie_weight: np.ndarray) -> np.ndarray:
+    """Rank C + (T + 1) / 2 of tie groups of weights T ``[b, k]`` (ascending), C the weight before."""
+    ranks = np.cumsum(tie_weight, axis=1)
+    ranks -= 0.5 * tie_weight
+    ranks += 0.5
+    return ranks
