@@ -6,7 +6,11 @@ can write it into the run folder at once: a task that finished is never measured
 worker lost mid-task loses only its own tasks (a rerun measures just those).
 
 - ``jobs=1``, no scheduler: a plain loop in this process (progress bars shown);
-- ``jobs=N``: :class:`concurrent.futures.ProcessPoolExecutor` with ``N`` spawned workers;
+- ``jobs=N``: :class:`concurrent.futures.ProcessPoolExecutor` with ``N`` workers (a sweep task
+  runs on one thread, :func:`nopelens.models.threads.one_thread`, so N workers share N cores
+  without oversubscribing them). On Linux the
+  workers are forked from this process, so they start at once with its imports (the imports cost
+  seconds, as much as measuring a small model); elsewhere they are spawned;
 - ``scheduler=ADDRESS``: a Dask ``distributed`` cluster through its ``concurrent.futures``
   executor (``Client(ADDRESS).get_executor()``; ``pip install "nopelens[dask]"``). Workers need
   nopelens installed; a worker reads zoo models from its own cache (``$NOPELENS_CACHE``) and
@@ -17,6 +21,8 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import multiprocessing
+import os
+import sys
 from contextlib import contextmanager
 from typing import Any, Callable, Hashable, Iterator, Sequence
 
@@ -50,7 +56,8 @@ def run_tasks(
     """
     if jobs < 1:
         raise ValueError(f"--jobs must be >= 1, got {jobs}")
-    if scheduler is None and (jobs == 1 or len(tasks) <= 1):
+    jobs = min(jobs, len(tasks))
+    if scheduler is None and jobs <= 1:
         for key, args in tasks:
             on_done(key, function(*args))
         return
@@ -77,8 +84,8 @@ def run_tasks(
 @contextmanager
 def _executor(jobs: int, scheduler: str | None) -> Iterator[cf.Executor]:
     if scheduler is None:
-        # spawn: forking a process that already runs torch threads can deadlock
-        with cf.ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
+        context = multiprocessing.get_context("fork" if sys.platform.startswith("linux") else "spawn")
+        with cf.ProcessPoolExecutor(max_workers=jobs, mp_context=context) as pool:
             yield pool
         return
     try:
@@ -94,6 +101,11 @@ def _executor(jobs: int, scheduler: str | None) -> Iterator[cf.Executor]:
         yield client.get_executor(pure=False)
     finally:
         client.close()
+
+
+def default_jobs() -> int:
+    """The cores this process may run on (its CPU affinity), the default number of local workers."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
 
 def _raise_failures(failures: list[tuple[Hashable, BaseException]], n_tasks: int) -> None:

@@ -54,6 +54,7 @@ from tqdm.auto import tqdm
 import nopelens
 from nopelens.models.io import read_json, write_csv_atomic, write_json_atomic
 from nopelens.models.progress import progress_bar
+from nopelens.models.threads import one_thread
 from nopelens.probes import collect, mad_chance, probe_absolute_index, probe_relative_distance, resid_sites
 from nopelens.probes.sinks import GU_WINDOW, attention_variance, sink_table, variance_slopes
 
@@ -407,12 +408,19 @@ def measure(spec: str, train_seed: int, settings: SweepSettings, progress: bool 
     """One sweep task: load (or train) ``spec`` with training seed ``train_seed`` and measure it.
 
     Runs in any process (a local worker or a Dask worker): it reads only its arguments and the
-    zoo cache of the machine it runs on.
+    zoo cache of the machine it runs on. It runs on one thread
+    (:func:`~nopelens.models.threads.one_thread`), so its numbers do not depend on the core count
+    or on how many workers share the machine.
 
     Returns:
         ``(tables, meta)``: the ``probes``, ``sinks`` and ``variance`` tables (with ``train_seed``
         columns) and what the run folder records about the model.
     """
+    with one_thread():
+        return _measure(spec, train_seed, settings, progress)
+
+
+def _measure(spec: str, train_seed: int, settings: SweepSettings, progress: bool) -> tuple[dict, dict]:
     tqdm.write(f"nopelens: {_label(spec, train_seed)}: loading", file=sys.stderr)
     subject = resolve(spec, settings.n_sequences, settings.seq_len, settings.seed, progress, settings.quick_steps,
                       train_seed=train_seed)

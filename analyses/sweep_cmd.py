@@ -52,7 +52,10 @@ def _settings(args: argparse.Namespace, models, controls: bool) -> SweepSettings
 
 
 def _sweep(args: argparse.Namespace, settings: SweepSettings, out):
-    return sweep(settings, out, progress=not args.quiet, jobs=args.jobs, scheduler=args.scheduler, svg=args.svg)
+    from .parallel import default_jobs
+
+    jobs = default_jobs() if args.jobs is None else args.jobs
+    return sweep(settings, out, progress=not args.quiet, jobs=jobs, scheduler=args.scheduler, svg=args.svg)
 
 
 def _print_summary(result) -> None:
@@ -111,8 +114,9 @@ def _common(parser: argparse.ArgumentParser) -> None:
 def _runs(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seeds", help="training seeds, comma list (default 0): each zoo model is trained, cached "
                         "and measured once per seed; numbers are reported as mean and spread over seeds")
-    parser.add_argument("--jobs", type=int, default=1, help="measure models in this many local worker processes "
-                        "(default 1: in this process)")
+    parser.add_argument("--jobs", type=int, help="measure models in this many local worker processes, one thread "
+                        "each (default: one per core this process may use; 1: in this process, with training "
+                        "progress bars)")
     parser.add_argument("--scheduler", help="address of a Dask scheduler (tcp://HOST:8786) to send the (model, seed) "
                         'tasks to; needs pip install "nopelens[dask]"')
     parser.add_argument("--svg", action="store_true", help="also save the figures as SVG (PNG always)")

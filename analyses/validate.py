@@ -31,15 +31,16 @@ Rows (L = :data:`LENGTH` positions, 0..L - 1, every sequence of full length):
 from __future__ import annotations
 
 import argparse
-import contextlib
 from dataclasses import asdict, dataclass
 from fractions import Fraction
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Callable
 
 import numpy as np
 import pandas as pd
 import torch
+
+from nopelens.models.threads import one_thread
 
 LENGTH = 16
 """Positions per sequence (even, so the MAD formulas below hold as written)."""
@@ -394,20 +395,6 @@ ROW_NAMES = (
     "sink_all_mass_on_token0", "sink_uniform_head", "nope_block0_variance_slope",
 )
 """Every row the suite produces, in order."""
-
-
-@contextlib.contextmanager
-def one_thread() -> Iterator[None]:
-    """torch and the BLAS libraries on one thread (the suite's models are tiny)."""
-    from threadpoolctl import threadpool_limits
-
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        with threadpool_limits(limits=1):
-            yield
-    finally:
-        torch.set_num_threads(before)
 
 
 def run_suite(seed: int = SEED) -> pd.DataFrame:
