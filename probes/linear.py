@@ -492,7 +492,8 @@ def probe_relative_distance(
               lambda q=q_site, k=k_site: bilinear_features(_heads(acts, q), _heads(acts, k), pairs, bilinear))
              for q_site, k_site in attention]
     reads += [(site, "score", _score_dtype(acts, site),
-               lambda s=site: score_features(_score_arrays(acts, s), acts.sequence_id, acts.position, pairs))
+               lambda s=site: score_features(_score_arrays(acts, s), acts.sequence_id, acts.position, pairs,
+                                             _score_dtype(acts, s)))
               for site in scores]
     frames = []
     for is_read, (site, kind, dtype, build) in [(False, job) for job in residual] + [(True, job) for job in reads]:

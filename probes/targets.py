@@ -31,6 +31,8 @@ from typing import Sequence
 import numpy as np
 from jaxtyping import Float, Int
 
+from .fitting import roundoff_tolerance
+
 
 @dataclass
 class DistancePairs:
@@ -211,6 +213,7 @@ def score_features(
     sequence_id: Int[np.ndarray, "n"],
     position: Int[np.ndarray, "n"],
     pairs: DistancePairs,
+    dtype="float32",
 ) -> Float[np.ndarray, "n_pairs head_index"]:
     """Per-head pre-softmax score of each pair, relative to the query's own key: e_h(i, j) - e_h(i, i).
 
@@ -224,12 +227,19 @@ def score_features(
     linear probe on these features asks whether the head's own scores, as the softmax sees them,
     carry i - j.
 
+    Float round-off is not signal (issue 10 §1): a difference within the round-off of its two
+    scores, ``|e(i, j) - e(i, i)| <= roundoff_tolerance(dtype) * max(|e(i, j)|, |e(i, i)|)``, is 0.
+    Without this, the scores of a NoPE model on constant input (equal in exact arithmetic) differ
+    by float error that grows with the position, and a probe reads that error as distance.
+
     Args:
         scores: one ``[head_index, n_real, n_real]`` array per sequence (``Activations.patterns``
             of a ``hook_attn_scores`` site), index ``[h, i, j]`` = query position i, key position j.
         sequence_id: sequence of each sample ``[n]`` (the index into ``scores``).
         position: position id of each sample ``[n]``.
         pairs: from :func:`sample_distance_pairs`.
+        dtype: the dtype the scores were computed in (sets the round-off, see
+            :func:`~nopelens.probes.fitting.roundoff_tolerance`).
 
     Returns:
         ``[n_pairs, head_index]`` float64; 0 for every pair of distance 0.
@@ -268,7 +278,9 @@ def score_features(
                 f"sequence {s}, head {head}: key {j[k]} is blocked for query {i[k]} (score {pair_score[head, k]:.3g}); "
                 "the score read needs every pair j <= i visible (a sliding window shorter than the sequence?)"
             )
-        out[rows] = (pair_score - own_score).T
+        difference = pair_score - own_score
+        resolution = roundoff_tolerance(dtype) * np.maximum(np.abs(pair_score), np.abs(own_score))
+        out[rows] = np.where(np.abs(difference) <= resolution, 0.0, difference).T
     return out
 
 

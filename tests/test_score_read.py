@@ -56,6 +56,17 @@ def test_nope_content_only_read_stays_near_zero_on_random_tokens(one_thread):
         assert abs(rows.loc[(features, 1), "value"]) <= 0.05, features
 
 
+def test_score_read_finds_no_distance_on_constant_input_to_nope(one_thread):
+    """One token id, no BOS, NoPE: in exact arithmetic every position holds the same state at every
+    layer, so every key gets the same score and the read has nothing to find. Float error grows with
+    the position; before the round-off rule in score_features it was read as R² 0.1-0.2 at blocks 1-3."""
+    cfg = DecoderConfig(d_vocab=50, n_ctx=64, n_layers=4, d_model=128, n_heads=4, position="nope")
+    tokens = torch.full((40, 64), 7)
+    rows, _ = reads(Decoder(cfg, seed=0).eval(), tokens, layers=range(4), bilinear="elementwise")
+    for layer in (1, 2, 3, 4):
+        assert rows.loc[("score", layer), "ci_high"] <= 0.02, layer
+
+
 def shaw_ceiling(n_distances: int, clip: int) -> float:
     """Best R² of any read of i - j that sees only min(i - j, k), for i - j uniform on 0..D.
 
