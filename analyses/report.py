@@ -7,9 +7,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import matplotlib
+import matplotlib.lines
+import matplotlib.ticker
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 import seaborn as sns  # noqa: E402
 
@@ -93,15 +96,19 @@ def probe_figure(probes: pd.DataFrame) -> plt.Figure:
     palette = dict(zip(probes["model"].unique(), sns.color_palette("colorblind", probes["model"].nunique())))
     for ax, (title, target, task, metric, features) in zip(axes, PROBE_PANELS):
         rows = probe_panel_rows(probes, target, task, metric, features)
-        if not rows.empty:
-            sns.lineplot(data=rows, x="layer", y="value", hue="model", palette=palette, marker="o", ax=ax,
-                         errorbar=("pi", 100) if several_seeds else None, legend=ax is axes[-1])
-        for model, group in rows.groupby("model") if not several_seeds else ():
-            ax.fill_between(group["layer"], group["ci_low"], group["ci_high"], color=palette[model], alpha=0.2)
+        for model, group in rows.groupby("model", sort=False):
+            if several_seeds:  # line: mean over seeds; band: their range
+                over_seeds = group.groupby("layer")["value"].agg(["mean", "min", "max"]).reset_index()
+                layer, value, low, high = (over_seeds[c] for c in ("layer", "mean", "min", "max"))
+            else:  # line: the value; band: its 95 % CI
+                layer, value, low, high = (group[c] for c in ("layer", "value", "ci_low", "ci_high"))
+            ax.plot(layer, value, marker="o", color=palette[model], label=model)
+            ax.fill_between(layer, low, high, color=palette[model], alpha=0.2)
         ax.axhline(0.9, color="grey", linestyle="--", linewidth=1)
         ax.set(title=title, xlabel="layer (0 = embeddings)", ylabel=metric, ylim=(-0.1 if metric == "r2" else 0, 1.05))
-    if axes[-1].get_legend() is not None:
-        sns.move_legend(axes[-1], "upper left", bbox_to_anchor=(1.02, 1))
+    axes[-1].legend(handles=[matplotlib.lines.Line2D([], [], color=color, marker="o", label=model)
+                             for model, color in palette.items()],
+                    title="model", loc="upper left", bbox_to_anchor=(1.02, 1))
     band = "range over training seeds" if several_seeds else "95 % CI"
     fig.suptitle(f"Where position becomes linearly recoverable (dashed: threshold 0.9; band: {band})", y=1.04)
     return fig
@@ -116,24 +123,60 @@ def sink_figure(sinks: pd.DataFrame) -> plt.Figure:
         rows = sinks[sinks["model"] == model]
         rows = rows[rows["condition"] == rows["condition"].iloc[0]]
         grid = rows.pivot_table(index="block", columns="head", values="sink_mass")
-        sns.heatmap(grid, vmin=0, vmax=1, cmap="rocket_r", annot=grid.shape[1] <= 8, fmt=".2f", ax=ax, cbar=ax is axes[0][-1])
+        _heatmap(ax, grid, colorbar=ax is axes[0][-1])
         ax.set(title=f"{model}\n({rows['condition'].iloc[0].replace('_', ' ')})", xlabel="head", ylabel="layer (block)")
     fig.suptitle("Attention-sink mass: mean attention on the first token", y=1.08)
     return fig
 
 
+def _heatmap(ax: plt.Axes, grid: pd.DataFrame, colorbar: bool) -> None:
+    """``grid`` (values in [0, 1]) as cells, annotated when there are at most 8 columns.
+
+    Drawn with matplotlib: ``seaborn.heatmap`` draws the whole figure once per call to check its
+    tick labels for overlap, which made a six-model figure cost seconds.
+    """
+    cmap = sns.color_palette("rocket_r", as_cmap=True)
+    values = grid.to_numpy()
+    image = ax.imshow(values, vmin=0, vmax=1, cmap=cmap, aspect="auto", interpolation="nearest")
+    if grid.shape[1] <= 8:
+        for (i, j), value in np.ndenumerate(values):
+            dark = sns.utils.relative_luminance(cmap(value)) <= 0.408  # seaborn's rule for the text colour
+            ax.text(j, i, f"{value:.2f}", ha="center", va="center", color="white" if dark else "black")
+    ax.set_xticks(range(grid.shape[1]), [str(c) for c in grid.columns])
+    ax.set_yticks(range(grid.shape[0]), [str(r) for r in grid.index])
+    ax.grid(False)
+    if colorbar:
+        ax.figure.colorbar(image, ax=ax)
+
+
 def variance_figure(variance: pd.DataFrame) -> plt.Figure:
-    """Attention-output variance against position on log-log axes, one panel per model."""
+    """Attention-output variance against position on log-log axes, one panel per model, one line
+    per block (several training seeds: their mean, and a band over their range)."""
     sns.set_theme(style="whitegrid", context="notebook")
     data = variance[variance["variance"] > 0]  # a log axis cannot show an output that never varies
-    data = data.assign(position_plus_one=data["position"] + 1, block=data["block"].astype(int).astype(str))
-    grid = sns.relplot(data=data, x="position_plus_one", y="variance", hue="block", col="model", kind="line",
-                       col_wrap=min(4, data["model"].nunique()), height=3.2, facet_kws=dict(sharey=False),
-                       errorbar=("pi", 100))  # one run: no band; several training seeds: their range
-    for ax in grid.axes.flat:
-        ax.set(xscale="log", yscale="log", xlabel="position + 1")
-    grid.figure.suptitle("Variance shrinkage of attention outputs (slope -1 is the 1/(i+1) law)", y=1.03)
-    return grid.figure
+    models = list(data["model"].unique())
+    n_cols = min(4, len(models))
+    n_rows = -(-len(models) // n_cols)
+    fig, axes = plt.subplots(n_rows, n_cols, figsize=(3.4 * n_cols + 1, 3.2 * n_rows), squeeze=False, sharex=True)
+    fig.subplots_adjust(wspace=0.35, hspace=0.4)
+    blocks = sorted(data["block"].astype(int).unique())
+    palette = dict(zip(blocks, sns.color_palette(n_colors=len(blocks))))
+    for ax, model in zip(axes.flat, models):
+        stats = (data[data["model"] == model].groupby(["block", "position"])["variance"]
+                 .agg(["mean", "min", "max"]).reset_index())
+        for block, line in stats.groupby("block"):
+            x = line["position"] + 1
+            ax.plot(x, line["mean"], color=palette[int(block)], label=str(int(block)))
+            if (line["max"] > line["min"]).any():
+                ax.fill_between(x, line["min"], line["max"], color=palette[int(block)], alpha=0.2)
+        ax.set(xscale="log", yscale="log", xlabel="position + 1", ylabel="variance", title=f"model = {model}")
+        ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
+        ax.yaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
+    for ax in list(axes.flat)[len(models):]:
+        ax.set_visible(False)
+    axes.flat[len(models) - 1].legend(title="block", loc="upper left", bbox_to_anchor=(1.02, 1))
+    fig.suptitle("Variance shrinkage of attention outputs (slope -1 is the 1/(i+1) law)", y=1.03)
+    return fig
 
 
 def summary_table(summary: pd.DataFrame) -> pd.DataFrame:
