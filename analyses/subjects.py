@@ -89,8 +89,8 @@ def resolve(
         seq_len: tokens per evaluation sequence (BOS included), >= 3.
         seed: seed of the evaluation sequences and of untrained weights.
         progress: show training progress bars.
-        quick_steps: if given, a zoo model is trained afresh for only this many steps (not
-            cached), for smoke tests.
+        quick_steps: if given, a zoo model is trained afresh for only this many steps, on
+            batches of :data:`QUICK_BATCH` sequences (not cached), for smoke tests.
         train_seed: training seed of a zoo model (each seed is its own cached model), and the
             offset added to ``seed`` for the untrained and constant models' weights; see
             :func:`has_training_seed`.
@@ -320,10 +320,17 @@ def load_checkpoint_dir(path: Path):
     return load_checkpoint(path)
 
 
+QUICK_BATCH = 4
+"""Training batch of a quick (smoke-test) model: a few steps on a few sequences exercise training,
+which is all a smoke test asks; the numbers mean nothing."""
+
+
 def _quick_train(recipe, steps: int):
     import dataclasses
 
-    return dataclasses.replace(recipe, steps=steps).train(progress=False)
+    batch = min(QUICK_BATCH, recipe.train_kwargs.get("batch_size", QUICK_BATCH))
+    quick = dataclasses.replace(recipe, steps=steps, train_kwargs=recipe.train_kwargs | {"batch_size": batch})
+    return quick.train(progress=False)
 
 
 def _random_tokens(n: int, length: int, low: int, high: int, seed: int) -> Tensor:

@@ -1,12 +1,12 @@
 """The sweep's own time against its goals (issue 13 §2), measured side by side in one run.
 
 Runs each case as the user would, ``nopelens ...`` in a fresh process (imports included), into a
-fresh run folder, single-threaded (``OMP_NUM_THREADS=1``, torch's intra-op threads follow it):
+fresh run folder (``OMP_NUM_THREADS=1``; each sweep task runs on one thread anyway):
 
 - ``help``: ``nopelens --help`` (start-up);
-- ``quick``: ``nopelens sweep --quick`` (trains its two 30-step models, not cached);
+- ``quick``: ``nopelens sweep --quick`` (trains its three 30-step models, not cached);
 - ``cached``: the default ``nopelens sweep`` with the zoo models already in the cache;
-- ``fresh``: the default sweep into an empty cache (trains both text models; ``--skip-fresh``
+- ``fresh``: the default sweep into an empty cache (trains the three text models; ``--skip-fresh``
   leaves it out, it takes minutes).
 
 For each it prints the wall time, the CPU time of the process (user + system, from
@@ -17,6 +17,9 @@ CPU time is close to the wall time on one idle core.
 Usage::
 
     python benchmarks/bench_sweep.py [--skip-fresh] [--jobs N]
+
+Without ``--jobs`` the sweeps run with the CLI's default: one worker per core this process may
+use (two on the 2-core machines of the goals), each on one thread.
 """
 
 from __future__ import annotations
@@ -30,6 +33,10 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+TEXT_MODELS = ("text-nope-4l", "text-rope-4l", "text-hybrid-4l")
+"""The zoo models of the default sweep (``nopelens.analyses.sweep.DEFAULT_MODELS["text"]``, not
+imported here so that this script starts nothing heavy before its first measurement)."""
 
 GOALS_S = {"help": 1.0, "quick": 15.0, "cached": 20.0, "fresh": 150.0}
 """Wall-time goals on 2 cores (issue 13 §2); ``help`` is ours (no torch import)."""
@@ -54,10 +61,10 @@ def timed(command: list[str], env: dict[str, str]) -> tuple[float, float, float]
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--skip-fresh", action="store_true", help="leave out the fresh-cache default sweep")
-    parser.add_argument("--jobs", type=int, default=1, help="--jobs of the sweeps (default 1)")
+    parser.add_argument("--jobs", type=int, help="--jobs of the sweeps (default: the CLI's, one per usable core)")
     args = parser.parse_args()
     env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
-    jobs = ["--jobs", str(args.jobs), "--quiet"]
+    jobs = (["--jobs", str(args.jobs)] if args.jobs else []) + ["--quiet"]
     scratch = Path(tempfile.mkdtemp(prefix="bench_sweep_"))
     cases = {
         "help": (nopelens("--help"), env),
@@ -68,10 +75,10 @@ def main() -> None:
         fresh_env = dict(env, NOPELENS_CACHE=str(scratch / "cache"))
         cases["fresh"] = (nopelens("sweep", "--out", str(scratch / "fresh"), *jobs), fresh_env)
     try:
-        subprocess.run(nopelens("train", "--zoo", "text-nope-4l", "--threads", "1", "--no-progress"), env=env,
-                       check=True, stdout=subprocess.DEVNULL)  # "cached" means cached: fill the cache first
-        subprocess.run(nopelens("train", "--zoo", "text-rope-4l", "--threads", "1", "--no-progress"), env=env,
-                       check=True, stdout=subprocess.DEVNULL)
+        for name in TEXT_MODELS:  # "cached" means cached: fill the cache first
+            subprocess.run(nopelens("train", "--zoo", name, "--threads", "1", "--no-progress"), env=env,
+                           check=True, stdout=subprocess.DEVNULL)
+        print(f"cores usable: {len(os.sched_getaffinity(0))}; sweep workers: {args.jobs or 'CLI default (one per core)'}")
         print(f"{'case':<8} {'wall s':>8} {'CPU s':>8} {'load':>6} {'goal s':>7} {'wall/goal':>10} {'CPU/goal':>9}")
         for name, (command, case_env) in cases.items():
             wall, cpu, load = timed(command, case_env)
