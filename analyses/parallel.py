@@ -26,6 +26,8 @@ import sys
 from contextlib import contextmanager
 from typing import Any, Callable, Hashable, Iterator, Sequence
 
+from nopelens.models.progress import lines_only
+
 WORKER_LOST = ("BrokenProcessPool", "KilledWorker", "CommClosedError", "FutureCancelledError", "CancelledError")
 """Exception class names that mean "the worker went away", not "the measurement failed"."""
 
@@ -85,7 +87,8 @@ def run_tasks(
 def _executor(jobs: int, scheduler: str | None) -> Iterator[cf.Executor]:
     if scheduler is None:
         context = multiprocessing.get_context("fork" if sys.platform.startswith("linux") else "spawn")
-        with cf.ProcessPoolExecutor(max_workers=jobs, mp_context=context) as pool:
+        # workers share this terminal: their progress bars write lines instead of redrawing
+        with cf.ProcessPoolExecutor(max_workers=jobs, mp_context=context, initializer=lines_only) as pool:
             yield pool
         return
     try:

@@ -388,8 +388,8 @@ def sweep(settings: SweepSettings, out_dir: str | Path | None = None, progress: 
         done[task] = measured
         bar.update()
 
-    # in this process the training bars are shown; in workers they would interleave
-    show_training = progress and jobs == 1 and scheduler is None
+    # local workers write their training progress as timed lines; Dask workers log elsewhere
+    show_training = progress and scheduler is None
     parallel.run_tasks(measure, [(task, (*task, settings, show_training)) for task in todo], keep, jobs, scheduler)
     bar.close()
     parts = [done[task][0] for task in tasks]

@@ -115,8 +115,8 @@ def _runs(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seeds", help="training seeds, comma list (default 0): each zoo model is trained, cached "
                         "and measured once per seed; numbers are reported as mean and spread over seeds")
     parser.add_argument("--jobs", type=int, help="measure models in this many local worker processes, one thread "
-                        "each (default: one per core this process may use; 1: in this process, with training "
-                        "progress bars)")
+                        "each (default: one per core this process may use; their training progress comes as "
+                        "lines; 1: in this process, with live bars)")
     parser.add_argument("--scheduler", help="address of a Dask scheduler (tcp://HOST:8786) to send the (model, seed) "
                         'tasks to; needs pip install "nopelens[dask]"')
     parser.add_argument("--svg", action="store_true", help="also save the figures as SVG (PNG always)")

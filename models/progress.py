@@ -54,6 +54,19 @@ class _LogBar(std.tqdm):
         super().close()
 
 
+_LINES_ONLY = False
+
+
+def lines_only() -> None:
+    """Make every later bar of this process write timed plain lines, even on a terminal.
+
+    For worker processes that share their parent's terminal: live bars of several processes would
+    overwrite each other's lines.
+    """
+    global _LINES_ONLY
+    _LINES_ONLY = True
+
+
 def is_terminal(stream: IO[str]) -> bool:
     """Whether ``stream`` is an interactive terminal."""
     isatty = getattr(stream, "isatty", None)
@@ -64,7 +77,8 @@ def is_terminal(stream: IO[str]) -> bool:
 
 
 def progress_bar(iterable: Iterable | None = None, *, file: IO[str] | None = None, **kwargs) -> tqdm:
-    """A tqdm bar on ``file`` (default stderr): live on a terminal, a line every few seconds in a log.
+    """A tqdm bar on ``file`` (default stderr): live on a terminal, a line every few seconds in a log
+    (and everywhere after :func:`lines_only`).
 
     Args:
         iterable: what to iterate over, as for ``tqdm``.
@@ -78,7 +92,7 @@ def progress_bar(iterable: Iterable | None = None, *, file: IO[str] | None = Non
     """
     stream = file if file is not None else sys.stderr
     notebook = _autonotebook_tqdm is not std.tqdm  # a notebook front end: its widget suits it
-    if notebook or is_terminal(stream):
+    if not _LINES_ONLY and (notebook or is_terminal(stream)):
         return tqdm(iterable, file=stream, **kwargs)
     kwargs.setdefault("mininterval", LOG_INTERVAL)
     kwargs.update(leave=True, dynamic_ncols=False, ascii=True, position=0)  # nested bars: lines, not cursor moves

@@ -58,3 +58,16 @@ def test_nested_bars_in_a_log_write_plain_lines():
     text = log.getvalue()
     assert "\x1b" not in text and "\r" not in text
     assert all(line.startswith(("sweep", "train")) for line in text.splitlines())
+
+
+def test_after_lines_only_a_terminal_gets_lines_too(monkeypatch):
+    """Sweep workers share their parent's terminal: their bars must not redraw over each other."""
+    from nopelens.models import progress
+
+    monkeypatch.setattr(progress, "_LINES_ONLY", False)
+    progress.lines_only()
+    screen = Terminal()
+    for _ in progress_bar(range(20_000), file=screen, desc="train"):
+        pass
+    assert "\r" not in screen.getvalue()
+    assert screen.getvalue().splitlines()[-1].startswith("train: 100%")
