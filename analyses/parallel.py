@@ -8,9 +8,9 @@ worker lost mid-task loses only its own tasks (a rerun measures just those).
 - ``jobs=1``, no scheduler: a plain loop in this process (progress bars shown);
 - ``jobs=N``: :class:`concurrent.futures.ProcessPoolExecutor` with ``N`` workers (a sweep task
   runs on one thread, :func:`nopelens.models.threads.one_thread`, so N workers share N cores
-  without oversubscribing them). On Linux the
-  workers are forked from this process, so they start at once with its imports (the imports cost
-  seconds, as much as measuring a small model); elsewhere they are spawned;
+  without oversubscribing them). On Linux the workers are forked from this process, so they start
+  at once with its imports (the imports cost seconds, as much as measuring a small model);
+  elsewhere they are spawned. Their progress bars write timed lines (they share a terminal);
 - ``scheduler=ADDRESS``: a Dask ``distributed`` cluster through its ``concurrent.futures``
   executor (``Client(ADDRESS).get_executor()``; ``pip install "nopelens[dask]"``). Workers need
   nopelens installed; a worker reads zoo models from its own cache (``$NOPELENS_CACHE``) and

@@ -491,10 +491,7 @@ def probe_relative_distance(
     reads = [(q_site, f"bilinear_{bilinear}", _coarser(acts.dtype(q_site), acts.dtype(k_site)),
               lambda q=q_site, k=k_site: bilinear_features(_heads(acts, q), _heads(acts, k), pairs, bilinear))
              for q_site, k_site in attention]
-    reads += [(site, "score", _score_dtype(acts, site),
-               lambda s=site: score_features(_score_arrays(acts, s), acts.sequence_id, acts.position, pairs,
-                                             _score_dtype(acts, s)))
-              for site in scores]
+    reads += [_score_read(acts, site, pairs) for site in scores]
     frames = []
     for is_read, (site, kind, dtype, build) in [(False, job) for job in residual] + [(True, job) for job in reads]:
         X = build()
@@ -581,9 +578,11 @@ def _heads(acts: Activations, site: str) -> np.ndarray:
     return array
 
 
-def _score_dtype(acts: Activations, site: str) -> str:
-    _score_arrays(acts, site)
-    return acts.dtypes.get(site, "float32")
+def _score_read(acts: Activations, site: str, pairs):
+    """(site, "score", dtype, build) of the score read at ``site``; build() gives its features."""
+    arrays = _score_arrays(acts, site)
+    dtype = acts.dtypes.get(site, "float32")
+    return site, "score", dtype, lambda: score_features(arrays, acts.sequence_id, acts.position, pairs, dtype)
 
 
 def _score_arrays(acts: Activations, site: str) -> list[np.ndarray]:

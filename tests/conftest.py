@@ -1,14 +1,13 @@
 """Shared fixtures."""
 
 import pytest
-import torch
+
+from nopelens.models import threads
 
 
 @pytest.fixture
 def one_thread():
-    """Run a test with one intra-op thread: tiny models gain nothing from more, and on a loaded
-    2-core machine two threads preempting each other made the training tests 20x slower."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+    """Run a test with torch and BLAS on one thread: tiny models gain nothing from more, and on a
+    loaded 2-core machine two threads preempting each other made the training tests 20x slower."""
+    with threads.one_thread():
+        yield
