@@ -72,6 +72,11 @@ class Subject:
     loss_mask: Tensor | None = None
     hf: Any = None
 
+    def key_windows(self) -> dict:
+        """Block -> its sliding window or chunk (:class:`~nopelens.models.masks.KeyWindow`), for the
+        blocks of an HF model that have one; empty for nopelens' own models (causal attention)."""
+        return self.hf.key_windows() if self.hf is not None else {}
+
     def usable(self, site: str) -> bool:
         """The model has hook ``site`` and it fires (bridged hook points that never fire are not)."""
         return site in self.model.hook_dict and (self.hf is None or self.hf.fires(site))

@@ -164,7 +164,7 @@ def analyse_subject(subject: Subject, settings: SweepSettings) -> dict[str, pd.D
     blocks = [(f"blocks.{l}.hook_attn_out", f"blocks.{l}.hook_mlp_out") for l in range(layers)]
     inner = [site for pair in blocks for site in pair if subject.usable(site)]
     qk = [_qk_sites(subject, l) for l in range(layers)]
-    scores = score_sites(subject.model, layers, subject.hf)
+    scores = readable_score_sites(subject, score_sites(subject.model, layers, subject.hf))
     patterns = [f"blocks.{l}.attn.hook_pattern" for l in range(layers)]
     sites = residual + inner + [s for pair in qk for s in pair] + patterns + scores
     acts = collect(subject.model, subject.tokens, sites, attention_mask=subject.attention_mask, batch_size=32)
@@ -183,7 +183,8 @@ def analyse_subject(subject: Subject, settings: SweepSettings) -> dict[str, pd.D
 
     sinks = sink_conditions(subject, acts)
     variance = attention_variance(acts, sites=[f"blocks.{l}.hook_attn_out" for l in range(layers)
-                                               if f"blocks.{l}.hook_attn_out" in acts.acts])
+                                               if f"blocks.{l}.hook_attn_out" in acts.acts],
+                                  windows=subject.key_windows())
     if subject.has_bos:  # every sequence has the same token at 0, so its variance is exactly 0
         variance = variance[variance["position"] > 0]
     # sink ablation (issue 14): next-layer absolute-index R^2 with block l's first key removed
@@ -227,6 +228,31 @@ def score_sites(model, n_layers: int, hf=None) -> list[str]:
     return [site for site in sites if site in model.hook_dict and (hf is None or hf.fires(site))]
 
 
+def readable_score_sites(subject: Subject, sites: list[str]) -> list[str]:
+    """The score sites whose block sees every pair j <= i of the subject's sequences.
+
+    A sliding window or chunk shorter than the sequences blocks the pairs further apart (their
+    score is -inf: the head gives them no weight and there is no score to read), so that block's
+    score read is not applicable; the reason goes into ``subject.info["not_applicable"]`` and every
+    other read of the block still runs.
+    """
+    from nopelens.probes.collect import site_block
+
+    length = int(subject.attention_mask.sum(-1).max())
+    windows = subject.key_windows()
+    kept, skipped = [], []
+    for site in sites:
+        keys = windows.get(site_block(site))
+        (skipped if keys is not None and keys.bites(length) else kept).append(site)
+    if skipped:
+        blocks = [site_block(site) for site in skipped]
+        reasons = sorted({windows[b].describe() for b in blocks})
+        subject.info.setdefault("not_applicable", {})["score read"] = (
+            f"blocks {blocks}: {', '.join(reasons)} shorter than the {length}-token sequences blocks the pairs "
+            "further apart, whose scores are -inf (no score to read)")
+    return kept
+
+
 def _bilinear_mode(acts, q_site: str) -> str:
     _, n_heads, d_head = acts.acts[q_site].shape
     return "outer" if n_heads * d_head * d_head <= MAX_OUTER_FEATURES else "elementwise"
@@ -246,11 +272,13 @@ def sink_conditions(subject: Subject, acts) -> pd.DataFrame:
     shortest = int(subject.attention_mask.sum(-1).min())  # synthetic tasks pad sequences of mixed lengths
     window = min(GU_WINDOW, shortest)
     condition = "with_bos" if subject.has_bos else "without_bos"
-    frames = [sink_table(acts, n_tokens=window).assign(condition=condition)]
+    windows = subject.key_windows()
+    frames = [sink_table(acts, n_tokens=window, windows=windows).assign(condition=condition)]
     if subject.has_bos:
         stripped = collect(subject.model, subject.tokens[:, 1:], list(acts.patterns),
                            attention_mask=subject.attention_mask[:, 1:], batch_size=32)
-        frames.append(sink_table(stripped, n_tokens=min(window, shortest - 1)).assign(condition="without_bos"))
+        frames.append(sink_table(stripped, n_tokens=min(window, shortest - 1), windows=windows)
+                      .assign(condition="without_bos"))
     return pd.concat(frames, ignore_index=True).assign(model=subject.name, gu_window=window)
 
 

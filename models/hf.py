@@ -59,7 +59,10 @@ class LayerPosition:
         bias_scale: factor on the ALiBi bias (Falcon multiplies q.k + bias by 1/sqrt(d_head)).
         score_scale: factor on q.k in the scores (1/sqrt(d_head) unless the family says otherwise).
         softcap: scores become softcap * tanh(scores / softcap) (Gemma 2 ``attn_logit_softcapping``).
-        sliding_window: keys further back than this are masked (None: full causal attention).
+        sliding_window: key j is visible to query i only when i - j < sliding_window (None: no
+            window); see :mod:`nopelens.models.masks`.
+        chunk_size: key j is visible to query i only when i // chunk_size == j // chunk_size
+            (Llama 4's ``attention_chunk_size`` on its ``chunked_attention`` layers), or None.
         rope_type: HF's ``rope_type``; only ``default`` (unscaled) has a nopelens reference.
     """
 
@@ -72,7 +75,15 @@ class LayerPosition:
     bias_scale: float = 1.0
     softcap: float | None = None
     sliding_window: int | None = None
+    chunk_size: int | None = None
     rope_type: str = "default"
+
+    @property
+    def key_window(self) -> "KeyWindow":
+        """The layer's window and chunk as the mask rule of :mod:`nopelens.models.masks`."""
+        from .masks import KeyWindow
+
+        return KeyWindow(self.sliding_window, self.chunk_size)
 
     @property
     def unit(self):
@@ -154,6 +165,11 @@ class HFDescription:
         """Per-layer attention method names, e.g. SmolLM3 ``('rope', 'rope', 'rope', 'nope')``."""
         return tuple(layer.method for layer in self.layers)
 
+    def key_windows(self) -> dict[int, "KeyWindow"]:
+        """Layer -> its sliding window or chunk, for every layer that has one (the sink and
+        variance reads take this as ``windows``)."""
+        return {l: layer.key_window for l, layer in enumerate(self.layers) if not layer.key_window.causal_only}
+
     def fires(self, site: str) -> bool:
         """True if the hook ``site`` fired in the census (hook points that never fire are untrusted)."""
         return site in self.fired
@@ -233,9 +249,10 @@ def _input_position(config: Any, family: str) -> tuple[str | None, int | None]:
 
 def _layer(config: Any, family: str, layer: int, d_head: int) -> LayerPosition:
     scale = _score_scale(config, family, layer, d_head)
-    window = _sliding_window(config, layer)
+    window, chunk = _key_window(config, layer)
     softcap = getattr(config, "attn_logit_softcapping", None)
-    common = dict(score_scale=scale, sliding_window=window, softcap=float(softcap) if softcap else None)
+    common = dict(score_scale=scale, sliding_window=window, chunk_size=chunk,
+                  softcap=float(softcap) if softcap else None)
     plain = LayerPosition(_layer_method(config, family, layer), **common)
     if plain.biases_scores:
         slopes, bias_scale = _alibi(config, family, d_head)
@@ -295,12 +312,25 @@ def _score_scale(config: Any, family: str, layer: int, d_head: int) -> float:
     return scale
 
 
-def _sliding_window(config: Any, layer: int) -> int | None:
+def _key_window(config: Any, layer: int) -> tuple[int | None, int | None]:
+    """(sliding window, chunk) of a layer, as transformers picks its mask.
+
+    A model's forward builds one mask per layer type (``causal_mask_mapping`` in e.g.
+    ``transformers/models/cohere2/modeling_cohere2.py``): ``sliding_attention`` layers get
+    ``create_sliding_window_causal_mask`` with ``config.sliding_window``, ``chunked_attention``
+    layers ``create_chunked_causal_mask`` with ``config.attention_chunk_size``
+    (``transformers/masking_utils.py``), every other layer the causal mask. A config without
+    ``layer_types`` windows every layer when it sets ``sliding_window`` (Mistral before layer types).
+    """
     window = getattr(config, "sliding_window", None)
     layer_types = getattr(config, "layer_types", None)
-    if window is None or (layer_types is not None and layer_types[layer] != "sliding_attention"):
-        return None
-    return int(window)
+    kind = layer_types[layer] if layer_types is not None else None
+    if kind == "chunked_attention":
+        chunk = getattr(config, "attention_chunk_size", None)
+        return None, (int(chunk) if chunk else None)
+    if window is None or (kind is not None and kind != "sliding_attention"):
+        return None, None
+    return int(window), None
 
 
 def _alibi(config: Any, family: str, d_head: int) -> tuple[tuple[float, ...], float]:

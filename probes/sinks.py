@@ -15,6 +15,11 @@ position ``i``. Padded positions are therefore never rows of a sink statistic. A
   receives from the queries that see it (all of them, row 0 included); a head is a sink when
   the score is > eps = 0.3 (strict); the rate is the fraction of (layer, head) pairs that are
   sinks. Uniform attention gives H_64 / 64 = 0.0741 (:func:`uniform_sink_score`), rate 0.
+- Sliding windows and chunks (:class:`~nopelens.models.masks.KeyWindow`, passed per block as
+  ``windows``): a query outside the first token's window or chunk cannot see it, so its zero mass
+  says nothing about the head; both the sink mass and Gu's score average only the queries that can
+  see token 0 (a sliding window of w: queries 0..w-1). Averaging all queries instead would shrink
+  a sliding layer's mass by about T / w and no sliding layer could ever be a sink.
 - Variance shrinkage (Chi et al. 2023, "Latent positional information is in the self-attention
   variance of transformer language models without positional embeddings"; seed
   ``004_150f630256efbd1c.txt``, "Softmax variance shrinkage"): with near-uniform causal attention,
@@ -32,6 +37,8 @@ import pandas as pd
 import torch
 from jaxtyping import Float, Int
 from scipy import stats
+
+from nopelens.models.masks import CAUSAL, KeyWindow
 
 from .collect import Activations, collect, site_block
 
@@ -109,15 +116,28 @@ def sink_mass_by_query(patterns: Sequence[np.ndarray]) -> list[np.ndarray]:
     return [_check_pattern(p, k)[:, :, 0] for k, p in enumerate(patterns)]
 
 
-def sink_mass(patterns: Sequence[np.ndarray], include_sink_row: bool = False) -> np.ndarray:
+def _seeing(patterns: Sequence[np.ndarray], keys: KeyWindow, start: int = 0) -> list[np.ndarray]:
+    """Per sequence, the masses ``[head, n_seeing]`` of the query rows >= ``start`` that can see key 0."""
+    out = []
+    for mass in sink_mass_by_query(patterns):
+        sees = keys.sees_first(mass.shape[1]).numpy()
+        sees[:start] = False
+        out.append(mass[:, sees])
+    return out
+
+
+def sink_mass(patterns: Sequence[np.ndarray], include_sink_row: bool = False,
+              keys: KeyWindow = CAUSAL) -> np.ndarray:
     """Mean attention on the first non-pad key over the query rows that see it, per head.
 
-    The mean pools all (sequence, query) rows; the sink's own row (always 1 under a causal mask)
-    is excluded unless ``include_sink_row``.
+    The mean pools all (sequence, query) rows that can see key 0 (all of them under the causal
+    rule; under a sliding window of w only queries 0..w-1); the sink's own row (always 1 under a
+    causal mask) is excluded unless ``include_sink_row``.
 
     Args:
         patterns: per sequence ``[head_index, n_real, n_real]`` (padding removed).
         include_sink_row: count row 0 too.
+        keys: the layer's sliding window or chunk.
 
     Returns:
         ``[head_index]`` mean masses in [0, 1].
@@ -130,21 +150,25 @@ def sink_mass(patterns: Sequence[np.ndarray], include_sink_row: bool = False) ->
         >>> uniform = (np.tril(np.ones((4, 4))) / np.arange(1, 5)[:, None])[None]
         >>> round(float(sink_mass([uniform])[0]), 6), round(float(sink_mass([uniform], True)[0]), 6)
         (0.361111, 0.520833)
+        >>> windowed = KeyWindow(window=2).visible(4).double().numpy()
+        >>> windowed = (windowed / windowed.sum(1, keepdims=True))[None]  # uniform over each window
+        >>> float(sink_mass([windowed], keys=KeyWindow(window=2))[0])  # query 1 only: 1/2
+        0.5
     """
-    start = 0 if include_sink_row else 1
-    rows = [m[:, start:] for m in sink_mass_by_query(patterns)]
+    rows = _seeing(patterns, keys, start=0 if include_sink_row else 1)
     rows = np.concatenate(rows, axis=1) if rows else np.empty((0, 0))
     if rows.shape[1] == 0:
         raise ValueError("no query row can see a sink other than itself (all sequences have one token)")
     return rows.mean(1)
 
 
-def sink_mass_by_position(patterns: Sequence[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+def sink_mass_by_position(patterns: Sequence[np.ndarray], keys: KeyWindow = CAUSAL) -> tuple[np.ndarray, np.ndarray]:
     """Mean attention on key 0 as a function of query position, per head.
 
     Returns:
         (``[head_index, max_len]`` mean mass at each query position over the sequences that
-        have it, ``[max_len]`` number of those sequences).
+        have it, ``[max_len]`` number of those sequences). Positions that cannot see key 0
+        (outside its window or chunk) have no sequence: count 0, mass NaN.
     """
     masses = sink_mass_by_query(patterns)
     if not masses:
@@ -154,17 +178,21 @@ def sink_mass_by_position(patterns: Sequence[np.ndarray]) -> tuple[np.ndarray, n
     for mass in masses:
         total[:, : mass.shape[1]] += mass
         count[: mass.shape[1]] += 1
-    return total / count, count
+    count[~keys.sees_first(longest).numpy()] = 0
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.where(count > 0, total / np.maximum(count, 1), np.nan), count
 
 
-def sink_scores(patterns: Sequence[np.ndarray], n_tokens: int = GU_WINDOW) -> np.ndarray:
-    """Gu et al. 2025 sink score per head: mean attention on token 0 over queries 0..T-1.
+def sink_scores(patterns: Sequence[np.ndarray], n_tokens: int = GU_WINDOW, keys: KeyWindow = CAUSAL) -> np.ndarray:
+    """Gu et al. 2025 sink score per head: mean attention on token 0 over queries 0..T-1 that see it.
 
     Every sequence contributes its first T tokens (its first T rows and columns); row 0 counts.
+    Under a sliding window or chunk, only the queries that can see token 0 count (module docstring).
 
     Args:
         patterns: per sequence ``[head_index, n_real, n_real]``.
         n_tokens: T, 64 in Gu et al.
+        keys: the layer's sliding window or chunk.
 
     Returns:
         ``[head_index]`` scores in [0, 1].
@@ -177,23 +205,27 @@ def sink_scores(patterns: Sequence[np.ndarray], n_tokens: int = GU_WINDOW) -> np
     short = [k for k, p in enumerate(patterns) if p.shape[-1] < n_tokens]
     if short:
         raise ValueError(f"sequences {short[:10]} have fewer than T={n_tokens} real tokens")
-    masses = [m[:, :n_tokens] for m in sink_mass_by_query(patterns)]
-    if not masses:
+    if not patterns:
         raise ValueError("no patterns given")
+    masses = _seeing([np.asarray(p)[:, :n_tokens, :n_tokens] for p in patterns], keys)
     return np.concatenate(masses, axis=1).mean(1)
 
 
-def sink_table(acts: Activations, eps: float = GU_EPSILON, n_tokens: int | None = GU_WINDOW) -> pd.DataFrame:
+def sink_table(acts: Activations, eps: float = GU_EPSILON, n_tokens: int | None = GU_WINDOW,
+               windows: dict[int, KeyWindow] | None = None) -> pd.DataFrame:
     """Sink mass, Gu sink score and sink flag for every collected ``hook_pattern`` site and head.
 
     Args:
         acts: activations with ``blocks.{l}.attn.hook_pattern`` sites.
         eps: Gu's threshold; a head is a sink when its score is > eps.
         n_tokens: Gu's window T; None skips the score (e.g. for sequences shorter than 64).
+        windows: block -> its sliding window or chunk (blocks not listed: the causal rule), e.g.
+            :meth:`nopelens.models.hf.HFDescription.key_windows`.
 
     Returns:
-        DataFrame with columns ``site, block, head, sink_mass, sink_score, is_sink``
-        (``sink_score``/``is_sink`` absent when ``n_tokens`` is None).
+        DataFrame with columns ``site, block, head, sink_mass, sink_score, is_sink, key_window``
+        (``sink_score``/``is_sink`` absent when ``n_tokens`` is None; ``key_window`` says which
+        queries were averaged, e.g. ``sliding window 4``).
 
     Raises:
         ValueError: if no pattern site was collected, or as :func:`sink_scores`.
@@ -201,14 +233,17 @@ def sink_table(acts: Activations, eps: float = GU_EPSILON, n_tokens: int | None 
     sites = [site for site in acts.patterns if site.endswith("hook_pattern")]
     if not sites:
         raise ValueError(f"no hook_pattern site was collected (collected: {sorted(acts.acts) + sorted(acts.patterns)})")
+    windows = windows or {}
     rows = []
     for site in sites:
-        masses = sink_mass(acts.patterns[site])
-        scores = sink_scores(acts.patterns[site], n_tokens) if n_tokens is not None else None
+        keys = windows.get(site_block(site), CAUSAL)
+        masses = sink_mass(acts.patterns[site], keys=keys)
+        scores = sink_scores(acts.patterns[site], n_tokens, keys) if n_tokens is not None else None
         for head, mass in enumerate(masses):
             row = dict(site=site, block=site_block(site), head=head, sink_mass=float(mass))
             if scores is not None:
                 row.update(sink_score=float(scores[head]), is_sink=bool(scores[head] > eps))
+            row["key_window"] = keys.describe()
             rows.append(row)
     return pd.DataFrame(rows)
 
@@ -220,15 +255,17 @@ def sink_rate(table: pd.DataFrame) -> float:
     return float(table["is_sink"].mean())
 
 
-def sink_mass_by_position_table(acts: Activations) -> pd.DataFrame:
-    """Tidy sink mass vs query position: ``site, block, head, query_position, sink_mass, n_sequences``."""
+def sink_mass_by_position_table(acts: Activations, windows: dict[int, KeyWindow] | None = None) -> pd.DataFrame:
+    """Tidy sink mass vs query position: ``site, block, head, query_position, sink_mass, n_sequences``
+    (query positions that cannot see key 0 under their block's window are left out)."""
     frames = []
+    windows = windows or {}
     for site in (s for s in acts.patterns if s.endswith("hook_pattern")):
-        mass, count = sink_mass_by_position(acts.patterns[site])
+        mass, count = sink_mass_by_position(acts.patterns[site], windows.get(site_block(site), CAUSAL))
         heads, positions = np.meshgrid(np.arange(mass.shape[0]), np.arange(mass.shape[1]), indexing="ij")
         frames.append(pd.DataFrame(dict(site=site, block=site_block(site), head=heads.ravel(),
                                         query_position=positions.ravel(), sink_mass=mass.ravel(),
-                                        n_sequences=np.broadcast_to(count, mass.shape).ravel())))
+                                        n_sequences=np.broadcast_to(count, mass.shape).ravel())).query("n_sequences > 0"))
     if not frames:
         raise ValueError("no hook_pattern site was collected")
     return pd.concat(frames, ignore_index=True)
@@ -268,6 +305,7 @@ def compare_bos(
     eps: float = GU_EPSILON,
     n_tokens: int | None = GU_WINDOW,
     batch_size: int = 32,
+    windows: dict[int, KeyWindow] | None = None,
 ) -> pd.DataFrame:
     """Sink statistics of every layer and head with and without a BOS token in front.
 
@@ -277,7 +315,7 @@ def compare_bos(
 
     Returns:
         :func:`sink_table` rows of both runs with a ``condition`` column (``without_bos``,
-        ``with_bos``).
+        ``with_bos``); ``windows`` as :func:`sink_table`.
     """
     sites = [f"blocks.{layer}.attn.hook_pattern" for layer in range(n_layers)]
     with_tokens, with_mask = prepend_bos(tokens, bos_token_id, attention_mask)
@@ -286,20 +324,29 @@ def compare_bos(
     frames = []
     for condition, toks, mask in (("without_bos", tokens, attention_mask), ("with_bos", with_tokens, with_mask)):
         acts = collect(model, toks, sites, attention_mask=mask, batch_size=batch_size)
-        frames.append(sink_table(acts, eps, n_tokens).assign(condition=condition))
+        frames.append(sink_table(acts, eps, n_tokens, windows).assign(condition=condition))
     return pd.concat(frames, ignore_index=True)
 
 
-def attention_variance(acts: Activations, sites: Sequence[str] | None = None) -> pd.DataFrame:
+def attention_variance(acts: Activations, sites: Sequence[str] | None = None,
+                       windows: dict[int, KeyWindow] | None = None) -> pd.DataFrame:
     """Per-position variance of attention outputs across sequences, averaged over coordinates.
 
     For each site and position i: Var_s(z_{s,i,c}) over the sequences s that have position i
     (unbiased, ddof = 1), then the mean over coordinates c. This is the definition under which
-    near-uniform causal attention over independent tokens gives Var(v) / (i + 1) (see the module
-    docstring). Use ``blocks.{l}.hook_attn_out`` (or ``attn.hook_z``) sites.
+    near-uniform causal attention over independent tokens gives Var(v) / n_i, with n_i = i + 1
+    visible keys (see the module docstring); under a sliding window w or chunk c of the block,
+    n_i = min(i + 1, w) or i mod c + 1, given in ``visible_keys``. Use ``blocks.{l}.hook_attn_out``
+    (or ``attn.hook_z``) sites.
+
+    Args:
+        acts: activations at the sites.
+        sites: default: every collected non-pattern site.
+        windows: block -> its sliding window or chunk (blocks not listed: the causal rule).
 
     Returns:
-        DataFrame ``site, block, position, variance, n_sequences`` (positions with >= 2 sequences).
+        DataFrame ``site, block, position, visible_keys, variance, n_sequences`` (positions with
+        >= 2 sequences).
 
     Raises:
         KeyError: for a site that was not collected.
@@ -308,6 +355,7 @@ def attention_variance(acts: Activations, sites: Sequence[str] | None = None) ->
     sites = [s for s in acts.acts] if sites is None else list(sites)
     if not sites:
         raise ValueError("no non-pattern site was collected; collect blocks.{l}.hook_attn_out or attn.hook_z sites")
+    windows = windows or {}
     frames = []
     for site in sites:
         X = acts.features(site).astype(np.float64)
@@ -320,21 +368,25 @@ def attention_variance(acts: Activations, sites: Sequence[str] | None = None) ->
         if not rows:
             raise ValueError(f"site {site!r}: no position is shared by two sequences")
         frame = pd.DataFrame(rows, columns=["position", "variance", "n_sequences"])
-        frames.append(frame.assign(site=site, block=site_block(site)))
+        keys = windows.get(site_block(site), CAUSAL)
+        visible = keys.n_visible(int(frame["position"].max()) + 1).numpy()
+        frames.append(frame.assign(site=site, block=site_block(site), visible_keys=visible[frame["position"]]))
     table = pd.concat(frames, ignore_index=True)
-    return table[["site", "block", "position", "variance", "n_sequences"]]
+    return table[["site", "block", "position", "visible_keys", "variance", "n_sequences"]]
 
 
 def variance_slopes(table: pd.DataFrame) -> pd.DataFrame:
-    """Least-squares slope of log variance against log(position + 1), per site.
+    """Least-squares slope of log variance against log(visible keys), per site.
 
-    A slope of -1 is the 1/(i+1) shrinkage law (Chi et al. 2023; seed 004).
+    The visible keys are i + 1 under the causal rule (the ``visible_keys`` column of
+    :func:`attention_variance`; a table without it is read as i + 1). A slope of -1 is the
+    1/(i+1) shrinkage law (Chi et al. 2023; seed 004).
 
     Returns:
         DataFrame ``site, block, slope, intercept, r_value, n_positions``.
 
     Raises:
-        ValueError: if a site has fewer than 3 positions or a variance <= 0.
+        ValueError: if a site has fewer than 3 positions or distinct key counts, or a variance <= 0.
     """
     rows = []
     for site, group in table.groupby("site", sort=False):
@@ -342,7 +394,11 @@ def variance_slopes(table: pd.DataFrame) -> pd.DataFrame:
             raise ValueError(f"site {site!r}: a slope needs >= 3 positions, got {len(group)}")
         if (group["variance"] <= 0).any():
             raise ValueError(f"site {site!r}: variance <= 0 at some position; the log-log fit is undefined")
-        fit = stats.linregress(np.log(group["position"] + 1.0), np.log(group["variance"]))
+        keys = group["visible_keys"] if "visible_keys" in group else group["position"] + 1.0
+        if keys.nunique() < 3:
+            raise ValueError(f"site {site!r}: a slope needs >= 3 distinct numbers of visible keys, got "
+                             f"{sorted(keys.unique().tolist())} (a window shorter than 3?)")
+        fit = stats.linregress(np.log(keys.astype(float)), np.log(group["variance"]))
         rows.append(dict(site=site, block=site_block(site), slope=fit.slope, intercept=fit.intercept,
                          r_value=fit.rvalue, n_positions=len(group)))
     return pd.DataFrame(rows)
@@ -354,6 +410,7 @@ def variance_shrinkage(
     layers: Sequence[int],
     attention_mask: Int[torch.Tensor, "batch pos"] | None = None,
     batch_size: int = 256,
+    windows: dict[int, KeyWindow] | None = None,
 ) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Collect ``blocks.{l}.hook_attn_out`` and return (:func:`attention_variance`, :func:`variance_slopes`).
 
@@ -363,7 +420,7 @@ def variance_shrinkage(
     """
     sites = [f"blocks.{layer}.hook_attn_out" for layer in layers]
     acts = collect(model, tokens, sites, attention_mask=attention_mask, batch_size=batch_size)
-    table = attention_variance(acts).assign(note="")
+    table = attention_variance(acts, windows=windows).assign(note="")
     first = acts.token[acts.position == 0]
     if len(first) and bool((first == first[0]).all()):
         table = table[table["position"] > 0].reset_index(drop=True)

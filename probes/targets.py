@@ -205,7 +205,24 @@ def bilinear_features(
 
 BLOCKED_SCORE = -1e30
 """A collected score at or below this (or -inf) marks a blocked key: masks write -inf or the
-dtype's lowest value (HF uses ``torch.finfo(dtype).min``), never a real score."""
+dtype's lowest value (HF uses ``torch.finfo(dtype).min``), never a real score. In float16 the
+lowest value is -65504, so there the bar is half of it (:func:`blocked_score`)."""
+
+
+def blocked_score(dtype="float32") -> float:
+    """The bar at or below which a score of ``dtype`` marks a blocked key.
+
+    Example:
+        >>> blocked_score("float32"), blocked_score("float16")
+        (-1e+30, -32752.0)
+    """
+    import torch
+
+    name = str(dtype).removeprefix("torch.")
+    torch_dtype = getattr(torch, name, None)
+    if not isinstance(torch_dtype, torch.dtype) or not torch_dtype.is_floating_point:
+        return BLOCKED_SCORE
+    return max(BLOCKED_SCORE, 0.5 * float(torch.finfo(torch_dtype).min))
 
 
 def score_features(
@@ -245,8 +262,10 @@ def score_features(
         ``[n_pairs, head_index]`` float64; 0 for every pair of distance 0.
 
     Raises:
-        ValueError: if a pair's key is blocked (score -inf or <= :data:`BLOCKED_SCORE`, e.g. outside
-            a sliding window), a sequence is missing, or the score arrays are not square per head.
+        ValueError: if a pair's key is blocked (score -inf or <= :func:`blocked_score` of ``dtype``,
+            e.g. outside a sliding window: the sweep leaves such blocks out of the score read, see
+            :func:`nopelens.analyses.sweep.readable_score_sites`), a sequence is missing, or the
+            score arrays are not square per head.
 
     Example:
         >>> alibi = -0.5 * np.subtract.outer(np.arange(3), np.arange(3)).astype(float)[None]  # -m (i - j)
@@ -260,6 +279,7 @@ def score_features(
     if not scores:
         raise ValueError("no score arrays given")
     n_heads = np.asarray(scores[0]).shape[0]
+    bar = blocked_score(dtype)
     out = np.empty((len(pairs), n_heads))
     seq = sequence_id[pairs.query]
     for s in np.unique(seq):
@@ -271,12 +291,13 @@ def score_features(
         rows = np.flatnonzero(seq == s)
         i, j = position[pairs.query[rows]], position[pairs.key[rows]]
         pair_score, own_score = e[:, i, j], e[:, i, i]
-        blocked = ~np.isfinite(pair_score) | (pair_score <= BLOCKED_SCORE) | (own_score <= BLOCKED_SCORE)
+        blocked = ~np.isfinite(pair_score) | (pair_score <= bar) | (own_score <= bar)
         if blocked.any():
             head, k = np.argwhere(blocked)[0]
             raise ValueError(
                 f"sequence {s}, head {head}: key {j[k]} is blocked for query {i[k]} (score {pair_score[head, k]:.3g}); "
-                "the score read needs every pair j <= i visible (a sliding window shorter than the sequence?)"
+                "the score read needs every pair j <= i visible, and a sliding window or chunk shorter than the "
+                "sequence blocks the pairs further apart: leave that block out of the score read"
             )
         difference = pair_score - own_score
         resolution = roundoff_tolerance(dtype) * np.maximum(np.abs(pair_score), np.abs(own_score))

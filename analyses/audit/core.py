@@ -41,8 +41,8 @@ def audit(
     train_lengths: tuple[int, int] | list[int] | None = None,
     shift: int = 3,
     seed: int = 0,
-    atol: float = 1e-5,
-    rtol: float = 1e-4,
+    atol: float | None = None,
+    rtol: float | None = None,
     name: str | None = None,
 ) -> AuditReport:
     """Run seed 002's ten-step position audit on a model.
@@ -65,7 +65,9 @@ def audit(
         train_lengths: training lengths, overriding the metadata.
         shift: the constant added to every position in step 8's shift intervention, >= 1.
         seed: seed of the random probe tokens.
-        atol, rtol: agreement means max |a - b| <= atol + rtol * max |reference|.
+        atol, rtol: agreement means max |a - b| <= atol + rtol * max |reference|; default: the
+            tolerance of the model's compute dtype (:meth:`Tolerance.for_dtype`: float32 1e-5 and
+            1e-4, bfloat16 and float16 4 eps).
         name: label of the model in the report.
 
     Returns:
@@ -94,7 +96,7 @@ def audit(
             f"eval_length={eval_length} is past the learned position table ({subject.max_positions} "
             "rows): those positions cannot be computed at all"
         )
-    tol = Tolerance(atol, rtol)
+    tol = Tolerance.for_dtype(subject.compute_dtype, atol, rtol)
     subject.position_limit = 2 * eval_length + shift + 64
     module = subject.model
     flags = [(m, m.training) for m in module.modules()]  # each submodule's own flag, restored below
@@ -120,5 +122,7 @@ def audit(
         "eval_length": eval_length,
         "seed": seed if tokens is None else None,
         "special_tokens": subject.special_tokens,
+        "compute_dtype": tol.dtype,
+        "tolerance": {"atol": tol.atol, "rtol": tol.rtol},
     }
     return AuditReport(subject.describe(), probe_record, steps)

@@ -64,6 +64,15 @@ class BridgeSubject(Subject):
     def layer_names(self) -> list[str]:
         return list(self.hf.layer_methods)  # ``unknown`` stays visible in reports
 
+    @property
+    def compute_dtype(self) -> torch.dtype:
+        """The dtype of the input embedding: what the layers compute in (a few small parameters,
+        such as GPT-OSS's sinks, may be kept in float32)."""
+        return self.model.original_model.get_input_embeddings().weight.dtype
+
+    def key_window(self, layer: int):
+        return self.hf.layers[layer].key_window
+
     # --- what the description says -----------------------------------------------------------
     def rope_spec(self, layer: int) -> RopeSpec | None:
         spec = self.hf.layers[layer]
@@ -256,7 +265,8 @@ class BridgeSubject(Subject):
                 worst = max(worst, float(err.min(-1).values.max()))
             if worst < best_worst:
                 best_ids, best_worst = torch.cat(found, -1), worst
-        if best_worst > 1e-3 * half:  # not angles p * theta_r for any p < position_limit
+        resolution = max(1e-3, 4 * float(torch.finfo(cos.dtype).eps))  # cos/sin rounded to the model's dtype
+        if best_worst > resolution * half:  # not angles p * theta_r for any p < position_limit
             best_ids = torch.full_like(best_ids, -1)
         return best_ids.to(device)
 

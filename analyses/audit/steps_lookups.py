@@ -84,7 +84,7 @@ def step5_rotations_and_lookups(run: Run, shift: int) -> StepResult:
 
 def _rope_scores_check(run: Run, layer: int, other: str, evidence: dict) -> Check:
     observed = observed_content(run, layer)
-    allowed = run.probe.allowed()
+    allowed = run.allowed(layer)
     declared = run.content(layer)
     e_other = max_err(observed, run.content(layer, pairing=other), allowed)
     evidence[f"layer{layer}_scores_error_other_pairing"] = e_other
@@ -107,9 +107,9 @@ def _rope_offset_checks(run: Run, layers: list[int], shift: int, evidence: dict)
     site = s.content_hook if s.scores_trusted else "hook_pattern"  # a pattern-only model: compare patterns
     names = [f"blocks.{l}.attn.{site}" for l in layers]
     s.forward(p.tokens, p.mask, p.ids + shift, [(n, keep) for n in names])
-    allowed = p.allowed()
     checks = []
     for layer, name in zip(layers, names):
+        allowed = run.allowed(layer)
         before = observed_content(run, layer) if s.scores_trusted else run.hook(layer, site).double()
         after = kept[name].double().masked_fill(~allowed, 0.0)
         checks.append(agree(f"layer {layer} rotated q.k depends only on the offset", after, before, run.tol,
@@ -127,7 +127,7 @@ def _lookup_checks(run: Run, layer: int, evidence: dict) -> list[Check]:
     rel_ids = method.relative_ids(attn.cfg, ids, ids)
     q = run.hook(layer, "hook_q").double()
     reference = method.reference_bias(attn, q, rel_ids)
-    allowed = p.allowed()
+    allowed = run.allowed(layer)
     checks = [agree(f"layer {layer} {method.label} {method.table_name} lookup", run.hook(layer, "hook_pos_bias"),
                     reference, run.tol, method.lookup_formula(attn.cfg), allowed)]
     evidence[f"layer{layer}_{method.name}_{method.ids_evidence_name}"] = method.ids_evidence(

@@ -93,7 +93,7 @@ def _linear_bias_sign_check(run: Run, layer: int, evidence: dict) -> Check:
     """Fit bias_ij - bias_ii = -m_h (i - j) per head; expect m_h > 0, equal to the declared slopes."""
     p, method = run.probe, run.subject.layer_methods[layer]
     bias = run.position_contribution(layer)
-    allowed = p.allowed()[:, 0]
+    allowed = run.allowed(layer)[:, 0]
     distance = (p.ids[:, :, None] - p.ids[:, None, :]).double()  # i - j
     centered = bias - bias.diagonal(dim1=-2, dim2=-1)[..., :, None]
     fitted = []
@@ -118,7 +118,7 @@ def _lookup_sign_check(run: Run, layer: int, evidence: dict) -> Check:
     p, s = run.probe, run.subject
     method, attn = s.layer_methods[layer], s.attention(layer)
     q = run.hook(layer, "hook_q").double()
-    allowed = p.allowed()
+    allowed = run.allowed(layer)
     rows = method.relative_ids(attn.cfg, p.ids, p.ids)
     declared = method.reference_bias(attn, q, rows)
     mirrored = method.reference_bias(attn, q, rows.transpose(1, 2))
@@ -139,7 +139,7 @@ def _rotation_direction_check(run: Run, layer: int, evidence: dict) -> Check:
     Both pairings are tried, so a pairing fault (step 5) does not read as a sign fault here.
     """
     scores = observed_content(run, layer)
-    allowed = run.probe.allowed()
+    allowed = run.allowed(layer)
     errors = {(pairing, direction): max_err(scores, run.content(layer, pairing=pairing, direction=direction), allowed)
               for pairing in ("half", "interleaved") for direction in (1, -1)}
     evidence[f"layer{layer}_rope_errors"] = {f"{pairing} R({'+' if d > 0 else '-'}p)": e
@@ -163,7 +163,7 @@ def observed_content(run: Run, layer: int) -> Tensor:
     content = run.hook(layer, "hook_content_scores")
     if content is not None:
         return content.double()
-    return run.scores(layer).masked_fill(~run.probe.allowed(), 0.0)
+    return run.scores(layer).masked_fill(~run.allowed(layer), 0.0)
 
 
 # ----------------------------------------------------------------------------- step 4

@@ -24,17 +24,20 @@ def step3_masks_vs_biases(run: Run) -> StepResult:
     score bias, a rerun with every bias dropped must change the scores but not the blocked set.
     """
     s, p = run.subject, run.probe
-    allowed, blocked = p.allowed(), p.blocked()
     checks, evidence = [], {}
     min_allowed, max_blocked, worst_bias = [], [], []
     blocked_scores_ok, allowed_finite = True, True
-    for layer in range(s.n_layers):
+    windows = {layer: s.key_window(layer).describe() for layer in s.attention_layers if not s.key_window(layer).causal_only}
+    if windows:
+        evidence["windows"] = windows
+    for layer in s.attention_layers:
+        allowed, blocked = run.allowed(layer), run.blocked(layer)
         pattern = run.hook(layer, "hook_pattern").double()
         min_allowed.append(float(pattern[allowed.expand_as(pattern)].min()))
         max_blocked.append(float(pattern[blocked.expand_as(pattern)].abs().max()))
         if s.scores_trusted:
             scores = run.hook(layer, "hook_attn_scores").double()
-            blocked_scores_ok &= bool((scores[blocked.expand_as(scores)] <= -1e30).all())
+            blocked_scores_ok &= bool((scores[blocked.expand_as(scores)] <= run.tol.masked_score).all())
             allowed_finite &= bool(scores[allowed.expand_as(scores)].isfinite().all())
         bias = run.position_contribution(layer)
         if bias is not None:
@@ -48,7 +51,7 @@ def step3_masks_vs_biases(run: Run) -> StepResult:
                         + (f", under biases up to {max(worst_bias):.3g}" if worst_bias else ""), min(min_allowed)))
     if s.scores_trusted:
         checks.append(Check("mask is -inf (or the dtype minimum), biases finite", blocked_scores_ok and allowed_finite,
-                            "blocked scores <= -1e30 and every allowed score finite" if blocked_scores_ok
+                            f"blocked scores <= {run.tol.masked_score:.3g} and every allowed score finite" if blocked_scores_ok
                             and allowed_finite else "a blocked score is finite-valued or an allowed score is not finite"))
     else:
         evidence["masked_scores"] = ("not checked: the model records no pre-softmax scores (its hook_attn_scores "
@@ -77,10 +80,10 @@ def _drop_bias(run: Run, layers: list[int]) -> tuple[list[Check], dict] | None:
 
     if not s.forward_without_bias(p.tokens, p.mask, [(n, keep) for n in names]):
         return None
-    allowed = p.allowed()
     real_rows = p.real[:, None, :, None]
     same_blocked, changed = True, []
     for layer in layers:
+        allowed = run.allowed(layer)
         before = run.hook(layer, "hook_pattern")
         after = kept[f"blocks.{layer}.attn.hook_pattern"]
         same_blocked &= bool(((before == 0) == (after == 0))[real_rows.expand_as(before)].all())
@@ -106,10 +109,12 @@ def step6_score_parts(run: Run) -> StepResult:
     -m_h (i - j). Where a model hooks no separate parts (HF), content is recomputed from
     ``hook_q``/``hook_k`` and the position part is the difference.
     """
-    s, p = run.subject, run.probe
-    allowed = p.allowed()
+    s = run.subject
     checks, evidence, derived = [], {}, []
     for layer, method in enumerate(s.layer_methods):
+        if layer not in s.attention_layers:
+            continue
+        allowed = run.allowed(layer)
         scores = run.scores(layer)
         content_hook = run.hook(layer, "hook_content_scores")
         q_rot = run.hook(layer, "hook_rot_q")
@@ -158,10 +163,10 @@ def step7_softmax(run: Run) -> StepResult:
     """
     s, p = run.subject, run.probe
     real_rows = p.real[:, None, :, None]
-    blocked = p.blocked()
     checks = []
     worst_key, worst_query, worst_sum, worst_block = 0.0, math.inf, 0.0, 0.0
-    for layer in range(s.n_layers):
+    for layer in s.attention_layers:
+        blocked = run.blocked(layer)
         pattern = run.hook(layer, "hook_pattern").double()
         if s.scores_trusted:
             scores = run.hook(layer, "hook_attn_scores").double()

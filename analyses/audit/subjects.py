@@ -18,6 +18,7 @@ from jaxtyping import Float
 from torch import Tensor
 
 from nopelens.models import Decoder, KVCache
+from nopelens.models.masks import CAUSAL, KeyWindow
 from nopelens.models.methods import METHODS, QK_ROTATION, SCORE_BIAS, PositionMethod, get_method
 
 
@@ -66,6 +67,23 @@ class Subject(abc.ABC):
     def method_names(self) -> list[str]:
         """The distinct attention methods, sorted by name."""
         return sorted(set(self.layer_names))
+
+    @property
+    def compute_dtype(self) -> torch.dtype:
+        """The dtype the model computes in (its first floating-point parameter's); sets the tolerances."""
+        for param in self.model.parameters():
+            if param.is_floating_point():
+                return param.dtype
+        return torch.float32
+
+    @property
+    def attention_layers(self) -> list[int]:
+        """The layers with a softmax attention pattern (all of them, unless the model has other mixers)."""
+        return list(range(self.n_layers))
+
+    def key_window(self, layer: int) -> KeyWindow:
+        """The sliding window or chunk of a layer's attention (none: the causal rule alone)."""
+        return CAUSAL
 
     def layers_acting(self, place: str) -> list[int]:
         """The layers whose method acts at ``place`` (a :data:`~nopelens.models.methods.PLACES` entry)."""
