@@ -492,8 +492,13 @@ def census(bridge: Any, static: HFDescription) -> dict[str, Any]:
             scores_ok = False
             continue
         recomputed = scores.double().masked_fill(future, float("-inf")).softmax(-1)
-        scores_ok &= float((recomputed - pattern.double()).abs().max()) < 1e-4
+        scores_ok &= float((recomputed - pattern.double()).abs().max()) < _census_tolerance(pattern.dtype)
     return {"fired": frozenset(captured), "scores_hook": scores_ok, "causal_under_mask": causal}
+
+
+def _census_tolerance(dtype: torch.dtype) -> float:
+    """How far softmax(scores) may be from a pattern stored in ``dtype``: 1e-4, or 4 eps of a half dtype."""
+    return max(1e-4, 4 * float(torch.finfo(dtype).eps))
 
 
 def _position_ids_hook(bridge: Any) -> str | None:

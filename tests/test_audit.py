@@ -53,13 +53,14 @@ DECODERS = {
     "hybrid-nope-rope": dict(position=["nope", "rope"]),
     "hybrid-alibi-shaw": dict(position=["alibi", "shaw"]),
 }
-# Which steps have something to check, per method family.
+# Which steps have something to check, per method family (step 5's per-layer detector measures
+# every model that takes position ids).
 APPLICABLE = {
-    "nope": {1, 3, 6, 7, 8, 9},
-    "learned": {1, 2, 3, 4, 6, 7, 8, 9},
-    "sinusoidal": {1, 2, 3, 4, 6, 7, 8, 9},
+    "nope": {1, 3, 5, 6, 7, 8, 9},
+    "learned": {1, 2, 3, 4, 5, 6, 7, 8, 9},
+    "sinusoidal": {1, 2, 3, 4, 5, 6, 7, 8, 9},
     "rope-partial-interleaved": {1, 2, 3, 5, 6, 7, 8, 9},
-    "alibi": {1, 2, 3, 6, 7, 8, 9},
+    "alibi": {1, 2, 3, 5, 6, 7, 8, 9},
     "shaw-clipped-values": {1, 2, 3, 5, 6, 7, 8, 9},
     "hybrid-nope-rope": {1, 2, 3, 5, 6, 7, 8, 9},
     "hybrid-alibi-shaw": {1, 2, 3, 5, 6, 7, 8, 9},
@@ -207,10 +208,10 @@ def hf_model(kind: str, **extra):
 
 
 HF_APPLICABLE = {
-    "gpt2": {1, 2, 3, 4, 6, 7, 8, 9},
+    "gpt2": {1, 2, 3, 4, 5, 6, 7, 8, 9},
     "neox": {1, 2, 3, 5, 6, 7, 8, 9},
     "llama": {1, 2, 3, 5, 6, 7, 8, 9},
-    "bloom": {1, 2, 3, 6, 7, 8, 9},
+    "bloom": {1, 2, 3, 5, 6, 7, 8, 9},
 }
 
 

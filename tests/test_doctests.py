@@ -15,6 +15,7 @@ MODULES = [
     "nopelens.circuits.distance",
     "nopelens.circuits.demos",
     "nopelens.analyses.audit.numerics",
+    "nopelens.analyses.audit.detector",
     "nopelens.probes.collect",
     "nopelens.probes.metrics",
     "nopelens.probes.targets",

@@ -140,15 +140,14 @@ def test_collect_reads_every_probe_site_and_left_padding_changes_nothing(bridges
 
 
 # ----------------------------------------------------------------------------- the audit's verdicts
-NO_ROTATION = {5: "no Q/K rotation"}
 NO_TABLE = {4: "no absolute position addition"}
 AUDIT_NOT_APPLICABLE = {
-    # family: {step: what its not_applicable reason says}; every other step except 10 passes
-    "gpt2": NO_ROTATION, "gpt_neo": NO_ROTATION, "gpt_bigcode": NO_ROTATION,
-    "opt": {2: "no position method with an origin", **NO_ROTATION},  # OPT's table takes the mask, not ids
-    "xglm": {2: "no position method with an origin", 4: "hook_pos_embed never fires", **NO_ROTATION},
-    "bloom": {**NO_TABLE, **NO_ROTATION}, "falcon_alibi": {**NO_TABLE, **NO_ROTATION},
-    "mpt": {**NO_TABLE, **NO_ROTATION, 8: "takes no position ids"},
+    # family: {step: what its not_applicable reason says}; every other step except 10 passes. Step 5's
+    # per-layer detector measures every model that takes position ids (GPT-2's layers: nope).
+    "gpt2": {}, "gpt_neo": {}, "gpt_bigcode": {},
+    "opt": {2: "no position method with an origin"},  # OPT's table takes the mask, not ids
+    "xglm": {2: "no position method with an origin", 4: "hook_pos_embed never fires"},
+    "mpt": {**NO_TABLE, 5: "not measured (the model takes no position ids)", 8: "takes no position ids"},
 }
 AUDIT_FAILS = {
     # transformers 5.24's eager FalconModel folds alibi / sqrt(d_head) into the causal mask and

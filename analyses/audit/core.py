@@ -125,4 +125,7 @@ def audit(
         "compute_dtype": tol.dtype,
         "tolerance": {"atol": tol.atol, "rtol": tol.rtol},
     }
-    return AuditReport(subject.describe(), probe_record, steps)
+    model = subject.describe()
+    if hasattr(run, "_readings"):  # the per-layer detector ran (step 5)
+        model["measured_layer_positions"] = [r.reading for r in run.readings]
+    return AuditReport(model, probe_record, steps)

@@ -80,6 +80,16 @@ class Run:
     seen_ids: Tensor | None
     tol: Tolerance
 
+    @property
+    def readings(self) -> list:
+        """The per-layer NoPE detector's readings (:func:`~nopelens.analyses.audit.detector.detect`),
+        measured once per run."""
+        if not hasattr(self, "_readings"):
+            from .detector import detect
+
+            self._readings = detect(self.subject, self.probe.tokens, self.probe.mask, self.tol)
+        return self._readings
+
     def allowed(self, layer: int) -> Bool[Tensor, "batch 1 query_pos key_pos"]:
         """The (query, key) pairs layer ``layer`` may read: causal, padding, and its window or chunk."""
         return self.probe.allowed(self.subject.key_window(layer))

@@ -20,7 +20,9 @@ from .steps_positions import observed_content
 def step5_rotations_and_lookups(run: Run, shift: int) -> StepResult:
     """Step 5: q/k rotations and relation lookups match the reference at the declared parameters.
 
-    RoPE layers: ``hook_rot_q = R(p) hook_q`` and ``hook_rot_k = R(p) hook_k`` at the declared
+    Every layer first: the per-layer detector (:mod:`.detector`) measures with the layer's input
+    held fixed whether it reads positions (nope, relative or absolute), and a layer whose
+    measurement disagrees with its declared method fails, named. Then RoPE layers: ``hook_rot_q = R(p) hook_q`` and ``hook_rot_k = R(p) hook_k`` at the declared
     pairing, fraction and base (the other pairing's error is reported), unrotated dims pass
     through, HF's ``hook_cos`` equals cos(p theta_r), the scores equal R(p)q . R(p)k / sqrt(d_head),
     and shifting every position leaves the rotated dot products unchanged. Lookup layers (Shaw,
@@ -30,9 +32,12 @@ def step5_rotations_and_lookups(run: Run, shift: int) -> StepResult:
     s, p = run.subject, run.probe
     rope_layers = s.layers_acting(QK_ROTATION)
     lookup_layers = [l for l, m in enumerate(s.layer_methods) if m.bias_kind == "lookup"]
-    if not rope_layers and not lookup_layers:
-        return make_step(5, [], {}, "", f"no Q/K rotation or relation lookup (methods {s.method_names})")
-    checks, evidence = [], {}
+    checks, evidence = _detector_checks(run)
+    if not rope_layers and not lookup_layers and not checks:
+        reason = f"no Q/K rotation or relation lookup (methods {s.method_names})"
+        if evidence.get("measured"):
+            reason += "; " + evidence["measured_note"]
+        return make_step(5, [], evidence, "", reason)
     ids = run.ids_used.clamp(min=0)
     real_q = p.real[:, :, None, None]
     if rope_layers:
@@ -78,8 +83,31 @@ def step5_rotations_and_lookups(run: Run, shift: int) -> StepResult:
         checks += _rope_offset_checks(run, rope_layers, shift, evidence)
     for layer in lookup_layers:
         checks += _lookup_checks(run, layer, evidence)
-    return make_step(5, checks, evidence, "rotations / lookups match the reference at the declared pairing, "
-                      "fraction and offsets")
+    summary = ("every layer reads positions as declared (measured); rotations / lookups match the reference "
+               "at the declared pairing, fraction and offsets" if rope_layers or lookup_layers
+               else "every layer reads positions as declared (measured with its input held fixed)")
+    return make_step(5, checks, evidence, summary)
+
+
+def _detector_checks(run: Run) -> tuple[list[Check], dict]:
+    """Declared against measured, per layer: a definite reading that disagrees fails, named."""
+    readings = run.readings
+    evidence = {"measured": [r.reading for r in readings], "declared": [r.declared for r in readings],
+                "detector": [r.describe() for r in readings]}
+    undecided = [r.layer for r in readings if r.agrees is None]
+    notes = {"flat": "too flat to tell (scores within round-off)", "not_measured": "not measured (the model takes "
+             "no position ids)"}
+    evidence["measured_note"] = "; ".join(f"layers {[r.layer for r in readings if r.reading == k]} {v}"
+                                          for k, v in notes.items() if any(r.reading == k for r in readings))
+    checks = []
+    for r in readings:
+        if r.agrees is None:
+            continue
+        name = f"layer {r.layer} reads positions as declared ({r.declared})"
+        checks.append(Check(name, bool(r.agrees), r.describe(), r.respaced_change, r.tolerance))
+    if undecided:
+        evidence["undecided_layers"] = undecided
+    return checks, evidence
 
 
 def _rope_scores_check(run: Run, layer: int, other: str, evidence: dict) -> Check:
