@@ -319,7 +319,9 @@ def test_cli_refuses_a_bos_outside_the_vocabulary(tmp_path, capsys):
     assert code == 2 and "bos_token_id 500 is outside the vocabulary" in err, err
 
 
-def test_scaled_rope_is_read_but_its_position_steps_are_not_applicable():
+def test_scaled_rope_is_measured_but_not_held_against_the_reference():
+    """Scaled RoPE (``rope_type`` linear): its q/k steps are not applicable, but the detector still
+    measures every layer relative and step 8's interventions run (scaled RoPE is still relative)."""
     from nopelens.analyses.audit import audit
 
     model = build("llama", rope_parameters={"rope_type": "linear", "factor": 2.0, "rope_theta": 10000.0})
@@ -327,8 +329,9 @@ def test_scaled_rope_is_read_but_its_position_steps_are_not_applicable():
         warnings.simplefilter("ignore")
         report = audit(bridge_hf_model(model), eval_length=8)
     got = statuses(report)
-    assert [n for n in range(1, 10) if got[n] == "not_applicable"] == [2, 4, 5, 6, 8], report.summary()
-    assert "scales RoPE frequencies" in report.step(5).reason and report.passed
+    assert [n for n in range(1, 10) if got[n] == "not_applicable"] == [2, 4, 6], report.summary()
+    assert "scales RoPE frequencies" in report.step(6).reason and report.passed
+    assert report.model["measured_layer_positions"] == ["relative", "relative"] and got[8] == "pass"
 
 
 def test_audit_and_collect_restore_every_submodule_flag(bridges):

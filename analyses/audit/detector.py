@@ -18,8 +18,9 @@ Bloom's ALiBi term m_h j, never reaches the pattern), else the log of its patter
 layer may read; for a layer that is no softmax attention (a linear-attention or SSM mixer), the
 block's output. "Unchanged" means within the compute dtype's relative tolerance
 (:class:`~nopelens.analyses.audit.numerics.Tolerance` ``rtol``: of the scores' or outputs' scale,
-and as is on log-pattern values, whose round-off is the pattern's relative round-off); a NoPE
-layer is in fact bitwise unchanged. A layer whose scores are flat to that tolerance (q.k about 0, uniform attention)
+and twice it on row-centred log-pattern values, whose round-off is that of two pattern entries
+relative to themselves); a NoPE layer is in fact bitwise unchanged. A change that is one factor
+per query row (the scores times c_i) is a query temperature, ``query_scaled``. A layer whose scores are flat to that tolerance (q.k about 0, uniform attention)
 cannot show a rotation: it is reported ``flat`` and never counted as agreeing or disagreeing.
 
 transformers treats position ids with gaps as *packed sequences* and masks across them when no
@@ -42,8 +43,9 @@ MAX_GAP = 4
 """Re-spaced position ids step by 1 to MAX_GAP tokens."""
 SHIFT = 5
 """The constant added to every position id in the shift run."""
-READINGS = ("nope", "relative", "absolute", "flat", "not_measured")
-"""What the detector can say of a layer: reads no positions; reads offsets only; reads absolute
+READINGS = ("nope", "query_scaled", "relative", "absolute", "flat", "not_measured")
+"""What the detector can say of a layer: reads no positions; only scales each query's scores by a
+factor of its position (a temperature, Beam's NoPE layers); reads offsets only; reads absolute
 positions; too flat to tell; not measured (the model takes no position ids)."""
 
 
@@ -73,10 +75,12 @@ class LayerReading:
 
     @property
     def agrees(self) -> bool | None:
-        """True/False when the reading is definite, None when it is ``flat`` or ``not_measured``."""
-        if self.reading in ("flat", "not_measured"):
+        """True/False when the reading is definite, None when it is ``flat`` or ``not_measured`` or
+        the declared method is unknown. A declared query scale may also read ``nope`` (its factor
+        can be within round-off at the probe's positions)."""
+        if self.reading in ("flat", "not_measured") or self.declared == "unknown":
             return None
-        return self.reading == self.declared
+        return self.reading == self.declared or (self.declared == "query_scaled" and self.reading == "nope")
 
     def describe(self) -> str:
         if self.reading == "not_measured":
@@ -94,10 +98,14 @@ class LayerReading:
 
 
 def declared_reading(subject: Subject, layer: int) -> str:
-    """What a layer's declared method implies the detector will read."""
+    """What a layer's declared method implies the detector will read (``unknown`` where the
+    subject does not know the layer's method)."""
+    if subject.layer_names[layer] == "unknown":
+        return "unknown"
     method = subject.layer_methods[layer]
     if not method.reads_positions:
-        return "nope"
+        scale = subject.query_scale(layer)
+        return "query_scaled" if scale is not None and scale.by == "position" else "nope"
     return "absolute" if method.absolute else "relative"
 
 
@@ -161,16 +169,21 @@ def detect(subject: Subject, tokens: Tensor, mask: Tensor, tol: Tolerance, seed:
         where = _compared(subject, layer, quantity[layer], mask)
         kind = quantity[layer]
         before = _as_softmax_sees(base[sites[layer]], kind, where)
-        bound = tol.rtol * (1.0 if kind == "pattern" else float(before[where.expand_as(before)].abs().max()))
+        scale = float(before[where.expand_as(before)].abs().max())
+        # log p_ij - log p_ii carries the relative round-off of two pattern entries: 2 rtol
+        bound = 2 * tol.rtol if kind == "pattern" else tol.rtol * scale
         spread = _spread(before, where)
         delta = _change(_as_softmax_sees(changed[sites[layer]], kind, where), before, where)
         shift = None
         if delta > bound:
+            after = _as_softmax_sees(changed[sites[layer]], kind, where)
             shift = (_change(_as_softmax_sees(shifted[sites[layer]], kind, where), before, where)
                      if shifted is not None else None)
             reading = "relative" if shift is not None and shift <= bound else "absolute"
             if shift is None:
                 reading = "relative" if declared[layer] == "relative" else "absolute"
+            if kind != "output" and _row_scaled(after, before, where, bound):
+                reading = "query_scaled"
         else:
             reading = "flat" if spread <= bound else "nope"
         readings.append(LayerReading(layer, reading, declared[layer], quantity[layer], delta, shift, spread, bound))
@@ -202,32 +215,48 @@ def _run(subject: Subject, tokens: Tensor, mask: Tensor, position_ids: Tensor, s
     kept: dict[str, Tensor] = {}
     inputs: dict[str, Tensor] = {}
 
-    def keep(x, hook):
-        kept[hook.name] = x.detach().clone()
+    # Hook names are bound here, not read from ``hook.name``: a bridge may alias one hook point
+    # under two names (block l's resid_post is block l + 1's resid_pre).
+    def keep(name):
+        def hook(x, hook):
+            kept[name] = x.detach().clone()
+        return hook
 
-    def hold(x, hook):
-        if patch is not None:
-            return patch[hook.name]
-        inputs[hook.name] = x.detach().clone()
-        return None
+    def hold(name):
+        def hook(x, hook):
+            if patch is not None:
+                return patch[name]
+            inputs[name] = x.detach().clone()
+            return None
+        return hook
 
-    hooks = [(name, hold) if name.endswith("hook_resid_pre") else (name, keep) for name in sites]
+    hooks = [(name, hold(name)) if name.endswith("hook_resid_pre") else (name, keep(name)) for name in sites]
     if patch is not None:
-        hooks += [(name, hold) for name in patch]
+        hooks += [(name, hold(name)) for name in patch]
     subject.forward(tokens, mask, position_ids, hooks)
     return kept, inputs
 
 
 def _as_softmax_sees(values: Tensor, quantity: str, where: Tensor) -> Tensor:
-    """Scores relative to the query's own key, log-pattern values, or outputs as they are (float64;
-    entries outside ``where`` set to 0)."""
+    """Scores, or log-pattern values, relative to the query's own key (log p_ij - log p_ii =
+    s_ij - s_ii: the same numbers), or outputs as they are (float64; entries outside ``where`` 0)."""
     values = values.double()
-    if quantity == "scores":
+    if quantity == "pattern":
+        values = values.clamp(min=1e-300).log()
+    if quantity in ("scores", "pattern"):
         own = values.diagonal(dim1=-2, dim2=-1)[..., :, None]
         values = (values - own).masked_fill(~where.expand_as(values), 0.0)
-    elif quantity == "pattern":
-        values = values.clamp(min=1e-300).log().masked_fill(~where.expand_as(values), 0.0)
     return values
+
+
+def _row_scaled(after: Tensor, before: Tensor, where: Tensor, bound: float) -> bool:
+    """Whether the change is one factor per query row (scores times c_i), to ``bound``: a query
+    temperature, which no rotation or offset bias gives."""
+    where = where.expand_as(before)
+    a, b = after.masked_fill(~where, 0.0), before.masked_fill(~where, 0.0)
+    norm = (b * b).sum(-1, keepdim=True)
+    factor = torch.where(norm > 0, (a * b).sum(-1, keepdim=True) / norm.clamp(min=1e-300), torch.ones_like(norm))
+    return float((a - factor * b).abs().max()) <= bound
 
 
 def _change(after: Tensor, before: Tensor, where: Tensor) -> float:

@@ -45,6 +45,9 @@ def step5_rotations_and_lookups(run: Run, shift: int) -> StepResult:
         same = len({(sp.rotary_dim, sp.base, sp.pairing) for sp in specs.values()}) == 1
         evidence["rope"] = asdict(specs[rope_layers[0]]) if same else {l: asdict(sp) for l, sp in specs.items()}
         for layer in rope_layers:
+            if s.qk_unreadable(layer) is not None:
+                evidence[f"layer{layer}_rotation"] = f"not checked against the reference: {s.qk_unreadable(layer)}"
+                continue
             spec = specs[layer]
             other = "interleaved" if spec.pairing == "half" else "half"
             q, k = run.qk(layer)

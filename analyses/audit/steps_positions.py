@@ -76,7 +76,9 @@ def step2_origin_and_sign(run: Run) -> StepResult:
         checks.append(Check("index origin", bool((origin == 0).all()),
                             f"first real token of each row at positions {origin.tolist()} (expected 0)"))
     for layer, method in enumerate(s.layer_methods):
-        if method.acts(QK_ROTATION):
+        if method.acts(QK_ROTATION) and s.qk_unreadable(layer) is not None:
+            evidence[f"layer{layer}_rotation_direction"] = f"not checked: {s.qk_unreadable(layer)}"
+        elif method.acts(QK_ROTATION):
             checks.append(_rotation_direction_check(run, layer, evidence))
         elif method.bias_kind == "linear":
             checks.append(_linear_bias_sign_check(run, layer, evidence))

@@ -99,6 +99,8 @@ def step9_cached_decoding(run: Run) -> StepResult:
     must equal the mask-derived ids, and the logits must equal the full forward's.
     """
     s, p = run.subject, run.probe
+    if s.decoding_unreadable() is not None:
+        return make_step(9, [], {}, "", s.decoding_unreadable())
     split = max(p.n_pad + 1, p.tokens.shape[1] // 2)
     logits, record = s.decode_incrementally(p.tokens, p.mask, split)
     checks, evidence = [], {"prefix_length": split, "decoded_one_token_at_a_time": p.tokens.shape[1] - split}

@@ -110,9 +110,12 @@ def step6_score_parts(run: Run) -> StepResult:
     ``hook_q``/``hook_k`` and the position part is the difference.
     """
     s = run.subject
-    checks, evidence, derived = [], {}, []
+    checks, evidence, derived, unreadable = [], {}, [], {}
     for layer, method in enumerate(s.layer_methods):
         if layer not in s.attention_layers:
+            continue
+        if s.qk_unreadable(layer) is not None:
+            unreadable[layer] = s.qk_unreadable(layer)
             continue
         allowed = run.allowed(layer)
         scores = run.scores(layer)
@@ -150,8 +153,20 @@ def step6_score_parts(run: Run) -> StepResult:
         evidence["note"] = ("the bridge hooks no separate content or bias scores; content is recomputed from "
                             "hook_q/hook_k (rotated by the reference for RoPE) and the position part is "
                             "hook_attn_scores - content")
+    reason = None
+    if unreadable:
+        evidence["q_k_not_read"] = {str(layer): why for layer, why in unreadable.items()}
+        reason = _unreadable_reason(unreadable)
     return make_step(6, checks, evidence,
-                      "content and position parts are recorded separately and add up to the scores")
+                      "content and position parts are recorded separately and add up to the scores", reason)
+
+
+def _unreadable_reason(unreadable: dict[int, str]) -> str:
+    """One line: which layers' q and k cannot be read, and why."""
+    by_reason: dict[str, list[int]] = {}
+    for layer, why in unreadable.items():
+        by_reason.setdefault(why, []).append(layer)
+    return "; ".join(f"layers {layers}: {why}" for why, layers in by_reason.items())
 
 
 # ----------------------------------------------------------------------------- step 7
@@ -159,33 +174,59 @@ def step7_softmax(run: Run) -> StepResult:
     """Step 7: patterns are softmaxes of the combined scores over the key axis.
 
     ``hook_pattern`` = softmax(``hook_attn_scores``, key axis) (the query-axis softmax is reported
-    for contrast), every real query row sums to 1, and blocked entries are exactly 0.
+    for contrast), every real query row sums to 1, and blocked entries are exactly 0. A layer with a
+    learned sink (one more logit per head in the denominator, :func:`~nopelens.models.hf.softmax_with_sink`)
+    has rows summing to 1 - p_sink instead: the sink must take mass (p_sink > 0 beyond round-off)
+    and no row may exceed 1; where the scores are recorded, the pattern must equal the softmax with
+    the model's own sink logits. An output-scale sink (Granite SWA) leaves the pattern a plain softmax.
     """
+    from nopelens.models.hf import softmax_with_sink
+
     s, p = run.subject, run.probe
     real_rows = p.real[:, None, :, None]
     checks = []
     worst_key, worst_query, worst_sum, worst_block = 0.0, math.inf, 0.0, 0.0
+    sink_mass, over_one = {}, 0.0
     for layer in s.attention_layers:
         blocked = run.blocked(layer)
         pattern = run.hook(layer, "hook_pattern").double()
+        kind, logits = s.sink(layer)
+        extra = kind in ("learned", "per_token")
         if s.scores_trusted:
             scores = run.hook(layer, "hook_attn_scores").double()
-            worst_key = max(worst_key, max_err(pattern, scores.softmax(-1), real_rows))
+            worst_key = max(worst_key, max_err(pattern, softmax_with_sink(scores, logits if extra else None), real_rows))
             worst_query = min(worst_query, max_err(pattern, scores.softmax(-2), real_rows))
-        worst_sum = max(worst_sum, max_err(pattern.sum(-1), torch.ones_like(pattern.sum(-1)), p.real[:, None]))
+        sums = pattern.sum(-1)[p.real[:, None].expand(-1, pattern.shape[1], -1)]
+        if extra:
+            sink_mass[layer] = float((1 - sums).mean())
+            over_one = max(over_one, float((sums - 1).max()))
+        else:
+            worst_sum = max(worst_sum, float((sums - 1).abs().max()))
         worst_block = max(worst_block, float(pattern[blocked.expand_as(pattern)].abs().max()))
     bound = run.tol.atol
     evidence: dict = {"padded_query_rows_excluded": p.n_pad}
     if s.scores_trusted:
         checks.append(Check("softmax over the key axis", worst_key <= bound,
-                            f"hook_pattern = softmax(hook_attn_scores, key axis): error {worst_key:.3g}; over the "
-                            f"query axis it would be {worst_query:.3g}", worst_key, bound))
+                            f"hook_pattern = softmax(hook_attn_scores, key axis){' with the learned sinks' if sink_mass else ''}"
+                            f": error {worst_key:.3g}; over the query axis it would be {worst_query:.3g}",
+                            worst_key, bound))
     else:
         evidence["softmax_axis"] = ("not checked: the model records no pre-softmax scores (its hook_attn_scores "
-                                    "carry the pattern)")
-    checks.append(Check("unmasked rows sum to 1", worst_sum <= bound,
-                        f"max |row sum - 1| over real query rows {worst_sum:.3g}", worst_sum, bound))
+                                    "carry the pattern, or it is hooked without the bridge)")
+    if len(sink_mass) < len(s.attention_layers):
+        checks.append(Check("unmasked rows sum to 1", worst_sum <= bound,
+                            f"max |row sum - 1| over real query rows {worst_sum:.3g}", worst_sum, bound))
+    if sink_mass:
+        evidence["mean_sink_mass_per_layer"] = {str(l): m for l, m in sink_mass.items()}
+        least = min(sink_mass.values())
+        checks.append(Check("learned-sink rows sum to 1 - p_sink", least > bound and over_one <= bound,
+                            f"mean p_sink = 1 - row sum per sink layer {[round(m, 4) for m in sink_mass.values()]} "
+                            f"(must be > {bound:.3g}: a declared sink takes mass); largest row sum - 1 "
+                            f"{over_one:.3g}", least, bound))
     checks.append(Check("blocked entries exactly 0", worst_block == 0.0,
                         f"max weight at blocked entries {worst_block:.3g}", worst_block, 0.0))
-    return make_step(7, checks, evidence,
-                      "patterns are key-axis softmaxes; rows sum to 1; blocked entries are exactly 0")
+    summary = "patterns are key-axis softmaxes; rows sum to 1; blocked entries are exactly 0"
+    if sink_mass:
+        summary = ("patterns are key-axis softmaxes (learned sinks in the denominator); rows sum to 1, or to "
+                   "1 - p_sink on sink layers; blocked entries are exactly 0")
+    return make_step(7, checks, evidence, summary)

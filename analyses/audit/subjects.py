@@ -147,6 +147,23 @@ class Subject(abc.ABC):
 
         return dot_scores(q, k, self.score_scale(layer))
 
+    def decoding_unreadable(self) -> str | None:
+        """Why decoding through the model's KV cache cannot be audited, or None."""
+        return None
+
+    def sink(self, layer: int) -> tuple[str | None, Tensor | None]:
+        """A layer's extra attention sink: (kind, per-head logits) as
+        :attr:`nopelens.models.hf.LayerPosition.sink` names it, or (None, None)."""
+        return None, None
+
+    def query_scale(self, layer: int):
+        """A layer's position-dependent query factor (:class:`nopelens.models.hf.QueryScale`), or None."""
+        return None
+
+    def qk_unreadable(self, layer: int) -> str | None:
+        """Why a layer's hooked q and k cannot be held against the reference, or None (they can)."""
+        return None
+
     def qk_names(self, layer: int) -> tuple[str, str]:
         """The attention hooks holding the q and k that enter the scores (before rotation)."""
         return "hook_q", "hook_k"
@@ -254,6 +271,8 @@ def audited_hook(name: str) -> bool:
     """The hooks the audit reads: attention internals and the layer-0 input."""
     if name in ("hook_embed", "hook_pos_embed", "blocks.0.hook_resid_pre"):
         return True
+    if name.endswith((".attn.q_norm.hook_out", ".attn.k_norm.hook_out")):  # OLMo-Hybrid's hooked full-width norms
+        return True
     return ".attn.hook_" in name and name.rsplit(".", 1)[-1] in ATTENTION_HOOKS
 
 
@@ -274,17 +293,21 @@ def make_subject(model: Any, name: str | None) -> tuple[Subject, dict[str, Any]]
         from .hf import BridgeSubject
 
         return BridgeSubject(model, name or type(model.original_model).__name__), metadata
+    from nopelens.models.adapters import HookedHFModel
+
+    if isinstance(model, HookedHFModel):
+        from .hf import HookedSubject
+
+        return HookedSubject(model, name or type(model.original_model).__name__), metadata
     try:
         from transformers import PreTrainedModel
     except ImportError:  # pragma: no cover - transformers is a dependency of transformer-lens
         PreTrainedModel = ()
     if isinstance(model, PreTrainedModel):
-        from nopelens.models.adapters import bridge_hf_model
+        from nopelens.models.adapters import load_hf_model
 
-        from .hf import BridgeSubject
-
-        return BridgeSubject(bridge_hf_model(model), name or type(model).__name__), metadata
+        return make_subject(load_hf_model(model), name or type(model).__name__)[0], metadata
     raise TypeError(
-        f"audit needs a nopelens Decoder, a TrainedModel, a TransformerBridge or an HF causal LM; "
+        f"audit needs a nopelens Decoder, a TrainedModel, a TransformerBridge, a HookedHFModel or an HF causal LM; "
         f"got {type(model).__name__}"
     )
