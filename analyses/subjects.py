@@ -77,6 +77,16 @@ class Subject:
         blocks of an HF model that have one; empty for nopelens' own models (causal attention)."""
         return self.hf.key_windows() if self.hf is not None else {}
 
+    def sinks(self) -> dict:
+        """Block -> (kind, per-head logits or None) of an HF model's non-token sinks (learned,
+        per-token or output-scale, :attr:`nopelens.models.hf.LayerPosition.sink`); empty otherwise."""
+        if self.hf is None:
+            return {}
+        from nopelens.models.hf import learned_sinks
+
+        logits = learned_sinks(self.model.original_model, self.hf)
+        return {l: (layer.sink, logits.get(l)) for l, layer in enumerate(self.hf.layers) if layer.sink is not None}
+
     def usable(self, site: str) -> bool:
         """The model has hook ``site`` and it fires (bridged hook points that never fire are not)."""
         return site in self.model.hook_dict and (self.hf is None or self.hf.fires(site))
@@ -269,7 +279,9 @@ def _hf(directory: Path, n_sequences: int, seq_len: int, seed: int) -> Subject:
 
 
 def load_hf_dir(directory: Path) -> Any:
-    """Load a local HF causal LM offline (no hub access) and bridge it with TransformerLens.
+    """Load a local HF causal LM offline (no hub access) and hook it: through TransformerLens'
+    bridge where it can, else with forward hooks (:func:`nopelens.models.adapters.load_hf_model`;
+    a bridge that fails is retried with hooks on a freshly loaded copy).
 
     Raises:
         FileNotFoundError: if ``directory`` is not a directory.
@@ -280,21 +292,25 @@ def load_hf_dir(directory: Path) -> Any:
     from safetensors import SafetensorError
     from transformers import AutoModelForCausalLM
 
-    from nopelens.models.adapters import bridge_hf_model
+    from nopelens.models.adapters import load_hf_model
 
     if not Path(directory).is_dir():
         raise FileNotFoundError(f"no such HF model directory: {directory}")
     transformers.logging.set_verbosity_error()
     transformers.logging.disable_progress_bar()
-    try:
-        # safetensors only: a pytorch_model.bin is a pickle, and nopelens never unpickles a user file
-        model = AutoModelForCausalLM.from_pretrained(directory, local_files_only=True, use_safetensors=True)
-    except (OSError, ValueError) as error:
-        raise ValueError(f"{directory} holds no loadable HF causal LM: {error}") from None
-    except SafetensorError as error:
-        raise ValueError(f"{directory}: a safetensors weight file is corrupted or truncated ({error})") from None
-    model.config._attn_implementation = "eager"
-    return bridge_hf_model(model.eval())
+
+    def load():
+        try:
+            # safetensors only: a pytorch_model.bin is a pickle, and nopelens never unpickles a user file
+            model = AutoModelForCausalLM.from_pretrained(directory, local_files_only=True, use_safetensors=True)
+        except (OSError, ValueError) as error:
+            raise ValueError(f"{directory} holds no loadable HF causal LM: {error}") from None
+        except SafetensorError as error:
+            raise ValueError(f"{directory}: a safetensors weight file is corrupted or truncated ({error})") from None
+        model.config._attn_implementation = "eager"
+        return model.eval()
+
+    return load_hf_model(load(), reload=load)
 
 
 def _hf_bos_id(directory: Path) -> int | None:

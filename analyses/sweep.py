@@ -163,9 +163,10 @@ def analyse_subject(subject: Subject, settings: SweepSettings) -> dict[str, pd.D
     residual = resid_sites(layers)
     blocks = [(f"blocks.{l}.hook_attn_out", f"blocks.{l}.hook_mlp_out") for l in range(layers)]
     inner = [site for pair in blocks for site in pair if subject.usable(site)]
-    qk = [_qk_sites(subject, l) for l in range(layers)]
+    # a hybrid's linear-attention layers have no q, k or pattern, nor has a model hooked without the bridge
+    qk = [pair for pair in (_qk_sites(subject, l) for l in range(layers)) if all(subject.usable(s) for s in pair)]
     scores = readable_score_sites(subject, score_sites(subject.model, layers, subject.hf))
-    patterns = [f"blocks.{l}.attn.hook_pattern" for l in range(layers)]
+    patterns = [site for site in (f"blocks.{l}.attn.hook_pattern" for l in range(layers)) if subject.usable(site)]
     sites = residual + inner + [s for pair in qk for s in pair] + patterns + scores
     acts = collect(subject.model, subject.tokens, sites, attention_mask=subject.attention_mask, batch_size=32)
 
@@ -173,7 +174,7 @@ def analyse_subject(subject: Subject, settings: SweepSettings) -> dict[str, pd.D
     # half the longest sequence: synthetic tasks take their lengths from training, not from seq_len
     boundary = subject.tokens.shape[1] // 2
     absolute = probe_absolute_index(acts, sites=residual + inner, extrapolate_from=boundary, **common)
-    mode = _bilinear_mode(acts, qk[0][0])
+    mode = _bilinear_mode(acts, qk[0][0]) if qk else "outer"
     relative = probe_relative_distance(
         acts, sites=residual, feature_kinds=("concat",), attention=qk, scores=scores, bilinear=mode,
         tasks=("regression",), pairs_per_distance=min(64, settings.n_sequences), **common,
@@ -182,7 +183,8 @@ def analyse_subject(subject: Subject, settings: SweepSettings) -> dict[str, pd.D
     probes.insert(0, "model", subject.name)
 
     sinks = sink_conditions(subject, acts)
-    variance = attention_variance(acts, sites=[f"blocks.{l}.hook_attn_out" for l in range(layers)
+    attention = [l for l in range(layers) if subject.hf is None or subject.hf.layers[l].mixer == "attention"]
+    variance = attention_variance(acts, sites=[f"blocks.{l}.hook_attn_out" for l in attention
                                                if f"blocks.{l}.hook_attn_out" in acts.acts],
                                   windows=subject.key_windows())
     if subject.has_bos:  # every sequence has the same token at 0, so its variance is exactly 0
@@ -272,14 +274,25 @@ def sink_conditions(subject: Subject, acts) -> pd.DataFrame:
     shortest = int(subject.attention_mask.sum(-1).min())  # synthetic tasks pad sequences of mixed lengths
     window = min(GU_WINDOW, shortest)
     condition = "with_bos" if subject.has_bos else "without_bos"
-    windows = subject.key_windows()
-    frames = [sink_table(acts, n_tokens=window, windows=windows).assign(condition=condition)]
+    windows, sinks = subject.key_windows(), subject.sinks()
+    extra = [site for site in sink_sites(subject) if site not in acts.acts and site not in acts.patterns]
+    if extra:  # an output-scale sink is read from hook_v and hook_z
+        acts = collect(subject.model, subject.tokens, list(acts.patterns) + sink_sites(subject),
+                       attention_mask=subject.attention_mask, batch_size=32)
+    frames = [sink_table(acts, n_tokens=window, windows=windows, sinks=sinks).assign(condition=condition)]
     if subject.has_bos:
-        stripped = collect(subject.model, subject.tokens[:, 1:], list(acts.patterns),
+        stripped = collect(subject.model, subject.tokens[:, 1:], list(dict.fromkeys(list(acts.patterns) + sink_sites(subject))),
                            attention_mask=subject.attention_mask[:, 1:], batch_size=32)
-        frames.append(sink_table(stripped, n_tokens=min(window, shortest - 1), windows=windows)
+        frames.append(sink_table(stripped, n_tokens=min(window, shortest - 1), windows=windows, sinks=sinks)
                       .assign(condition="without_bos"))
     return pd.concat(frames, ignore_index=True).assign(model=subject.name, gu_window=window)
+
+
+def sink_sites(subject: Subject) -> list[str]:
+    """The extra sites a subject's non-token sinks are read from: ``attn.hook_v`` and ``attn.hook_z``
+    of its output-scale sink blocks (see :func:`~nopelens.probes.sinks.output_scale_sink_mass`)."""
+    return [f"blocks.{block}.attn.{name}" for block, (kind, _) in subject.sinks().items() if kind == "output_scale"
+            for name in ("hook_v", "hook_z")]
 
 
 # ----------------------------------------------------------------------------- summary
@@ -346,9 +359,17 @@ def summarize_seed(probes: pd.DataFrame, sinks: pd.DataFrame, variance: pd.DataF
             mad_chance_layer0=float(mad.loc[0, "value"] / chance.loc[0]),
             mad_chance_best=float((mad["value"] / chance).min()),
             sink_rate=float(as_read["is_sink"].mean()),
-            variance_slope_block0=float(variance[(variance["model"] == model) & (variance["block"] == 0)]["slope"].iloc[0]),
+            variance_slope_block0=_first_block_slope(variance[variance["model"] == model]),
         ))
     return pd.DataFrame(rows)
+
+
+def _first_block_slope(variance: pd.DataFrame) -> float:
+    """The variance slope of the first block that has one (block 0, or a hybrid's first attention
+    block); NaN when no block has an attention output."""
+    if variance.empty:
+        return float("nan")
+    return float(variance[variance["block"] == variance["block"].min()]["slope"].iloc[0])
 
 
 def _mad_chance(mad: pd.DataFrame) -> pd.Series:

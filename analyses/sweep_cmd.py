@@ -93,6 +93,12 @@ def run_sinks(args: argparse.Namespace) -> int:
         print(f"{subject.name}, {condition.replace('_', ' ')}: sink mass (rows: layer, columns: head); "
               f"sink rate {rows['is_sink'].mean():.3f} (Gu et al., eps 0.3, T = {int(rows['gu_window'].iloc[0])})")
         print(grid.round(3).to_string())
+        if "learned_sink_mass" in rows and rows["learned_sink_mass"].notna().any():
+            learned = rows[rows["learned_sink_mass"].notna()]
+            print(f"{subject.name}, {condition.replace('_', ' ')}: sinks that are no token (mass 1 - row sum, or 1 - the "
+                  "output scale; the sink rate above thresholds the first token only)")
+            print(learned.pivot_table(index=["block", "sink_kind"], columns="head", values="learned_sink_mass")
+                  .round(3).to_string())
     if args.out:
         from nopelens.models.io import write_csv_atomic
 

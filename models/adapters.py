@@ -217,6 +217,9 @@ class HookedHFModel(HookedRootModule):
       linear-attention or SSM block), before the residual add;
     - ``blocks.{l}.attn.hook_pattern``: the attention weights the layer's eager attention returns
       (``[batch, head_index, query_pos, key_pos]``), on softmax-attention layers only;
+    - ``blocks.{l}.attn.hook_v`` and ``hook_z``: the value projection's output and the output
+      projection's input, ``[batch, pos, head_index, d_head]``, where the attention has
+      ``v_proj``/``o_proj`` (Granite SWA's output-scale sink is read from them);
     - ``ln_final.hook_normalized``: the final norm's output.
 
     The model is switched to eager attention (which returns its weights). Position ids are counted
@@ -251,6 +254,10 @@ class HookedHFModel(HookedRootModule):
                 names[f"blocks.{l}.hook_attn_out"] = (mixer, "output")
                 if attention:
                     names[f"blocks.{l}.attn.hook_pattern"] = (mixer, "weights")
+            if l < len(self.layout.values) and self.layout.values[l] is not None:
+                names[f"blocks.{l}.attn.hook_v"] = (self.layout.values[l], "heads")
+            if l < len(self.layout.outputs) and self.layout.outputs[l] is not None:
+                names[f"blocks.{l}.attn.hook_z"] = (self.layout.outputs[l], "input heads")
         if self.layout.final_norm is not None:
             names["ln_final.hook_normalized"] = (self.layout.final_norm, "output")
         self.site_paths = {name: path for name, (path, _) in names.items()}
@@ -260,8 +267,11 @@ class HookedHFModel(HookedRootModule):
             module, point = modules[path], self.points[_key(name)]
             if kind == "input":
                 self._handles.append(module.register_forward_pre_hook(_input_hook(point), with_kwargs=True))
+            elif kind == "input heads":
+                self._handles.append(module.register_forward_pre_hook(_input_hook(point, self.layout.d_head),
+                                                                      with_kwargs=True))
             else:
-                self._handles.append(module.register_forward_hook(_output_hook(point, kind)))
+                self._handles.append(module.register_forward_hook(_output_hook(point, kind, self.layout.d_head)))
         self.setup()
         self.hook_dict = {name: self.points[_key(name)] for name in names}
         self.mod_dict.update(self.hook_dict)
@@ -283,24 +293,31 @@ class HookedHFModel(HookedRootModule):
         self._handles = []
 
 
-def _input_hook(point: HookPoint):
+def _by_heads(point: HookPoint, x: Tensor, d_head: int) -> Tensor:
+    """Pass ``[batch, pos, n * d_head]`` through ``point`` as ``[batch, pos, n, d_head]``."""
+    return point(x.view(*x.shape[:-1], -1, d_head)).reshape(x.shape)
+
+
+def _input_hook(point: HookPoint, d_head: int | None = None):
     def hook(module, args, kwargs):
+        through = (lambda x: _by_heads(point, x, d_head)) if d_head else point
         if args:
-            new = point(args[0])
-            return (new,) + tuple(args[1:]), kwargs
-        new = point(kwargs["hidden_states"])
-        return args, {**kwargs, "hidden_states": new}
+            return (through(args[0]),) + tuple(args[1:]), kwargs
+        key = "hidden_states" if "hidden_states" in kwargs else "input"
+        return args, {**kwargs, key: through(kwargs[key])}
 
     return hook
 
 
-def _output_hook(point: HookPoint, kind: str):
+def _output_hook(point: HookPoint, kind: str, d_head: int = 0):
     def hook(module, inputs, output):
         if kind == "weights":
             weights = output[1] if isinstance(output, tuple) and len(output) > 1 else None
             if isinstance(weights, Tensor) and weights.ndim == 4:
                 return (output[0], point(weights)) + tuple(output[2:])
             return None
+        if kind == "heads":
+            return _by_heads(point, output, d_head)
         if isinstance(output, tuple):
             return (point(output[0]),) + output[1:]
         return point(output)

@@ -616,6 +616,9 @@ class HookLayout:
         mixers: each layer's attention or other mixer (None for an MLP-only block).
         attention: whether that mixer is softmax attention returning its weights.
         final_norm: the norm before the unembedding, or None.
+        values, outputs: each attention's value projection (``v_proj``, whose output is
+            ``hook_v``) and output projection (``o_proj``, whose input is ``hook_z``), or None.
+        d_head: the head size ``hook_v``/``hook_z`` are split by.
     """
 
     embed: str
@@ -623,6 +626,9 @@ class HookLayout:
     mixers: tuple[str | None, ...]
     attention: tuple[bool, ...]
     final_norm: str | None
+    values: tuple[str | None, ...] = ()
+    outputs: tuple[str | None, ...] = ()
+    d_head: int = 0
 
 
 def hook_layout(hf_model: Any) -> HookLayout:
@@ -656,7 +662,15 @@ def hook_layout(hf_model: Any) -> HookLayout:
     norm = next((f"{prefix}.{n}".lstrip(".") for n in ("norm", "final_layernorm", "ln_f", "final_norm")
                  if f"{prefix}.{n}".lstrip(".") in modules), None)
     attention = tuple(layer.mixer == "attention" and mixer is not None for layer, mixer in zip(static.layers, mixers))
-    return HookLayout(embed, layers, tuple(mixers), attention, norm)
+
+    def child(mixer: str | None, name: str, is_attention: bool) -> str | None:
+        path = f"{mixer}.{name}"
+        return path if is_attention and path in modules and isinstance(modules[path], nn.Linear) else None
+
+    values = tuple(child(m, "v_proj", a) for m, a in zip(mixers, attention))
+    outputs = tuple(child(m, "o_proj", a) for m, a in zip(mixers, attention))
+    v_head = int(getattr(hf_model.config, "v_head_dim", None) or static.d_head)  # MiMo-V2-Flash: v != q/k heads
+    return HookLayout(embed, layers, tuple(mixers), attention, norm, values, outputs, v_head)
 
 
 def bridge_refused(hf_model: Any) -> str | None:

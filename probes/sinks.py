@@ -15,6 +15,16 @@ position ``i``. Padded positions are therefore never rows of a sink statistic. A
   receives from the queries that see it (all of them, row 0 included); a head is a sink when
   the score is > eps = 0.3 (strict); the rate is the fraction of (layer, head) pairs that are
   sinks. Uniform attention gives H_64 / 64 = 0.0741 (:func:`uniform_sink_score`), rate 0.
+- Sinks that are not a token (passed per block as ``sinks``: kind and per-head logits, from
+  :func:`nopelens.models.hf.learned_sinks`). A *learned* sink (GPT-OSS, Flint, MiMo-V2-Flash's
+  sliding layers) is one more logit s_h in every row's softmax denominator with a zero value, so
+  the returned pattern sums to 1 - p_sink: its mass is the mean of 1 - row sum over the real query
+  rows (:func:`learned_sink_mass`); a *per-token* sink (Inkling 2) is read the same way. An
+  *output-scale* sink (Granite SWA) multiplies the head's output by sigmoid(lse_i - s_h) = 1 -
+  p_sink and leaves the pattern a plain softmax, so its mass is read from that scale: the output
+  ``hook_z`` against the pattern-weighted values ``hook_v`` (:func:`output_scale_sink_mass`).
+  These are reported next to Gu's first-token score; the threshold eps is applied to the
+  first-token score only (``threshold_on``).
 - Sliding windows and chunks (:class:`~nopelens.models.masks.KeyWindow`, passed per block as
   ``windows``): a query outside the first token's window or chunk cannot see it, so its zero mass
   says nothing about the head; both the sink mass and Gu's score average only the queries that can
@@ -211,8 +221,52 @@ def sink_scores(patterns: Sequence[np.ndarray], n_tokens: int = GU_WINDOW, keys:
     return np.concatenate(masses, axis=1).mean(1)
 
 
+def learned_sink_mass(patterns: Sequence[np.ndarray]) -> np.ndarray:
+    """Mean mass a learned sink takes, per head: 1 - row sum, over every real query row.
+
+    Example:
+        >>> rows = np.array([[[0.5, 0.0], [0.25, 0.25]]])  # one head, rows sum to 0.5
+        >>> learned_sink_mass([rows]).tolist()
+        [0.5]
+    """
+    sums = [_check_pattern(p, k).sum(-1) for k, p in enumerate(patterns)]
+    if not sums:
+        raise ValueError("no patterns given")
+    return 1.0 - np.concatenate(sums, axis=1).mean(1)
+
+
+def output_scale_sink_mass(patterns: Sequence[np.ndarray], values: np.ndarray, outputs: np.ndarray,
+                           sequence_id: np.ndarray) -> np.ndarray:
+    """Mean sink mass of an output-scale sink per head: 1 - c, with z_i = c_i (sum_j p_ij v_j).
+
+    Granite SWA's eager attention computes the plain softmax pattern p, then multiplies each
+    head's output by sigmoid(lse_i - s_h) = 1 - p_sink (``transformers/models/granite_swa/
+    modeling_granite_swa.py``). The factor c_i of each (query, head) is fitted by least squares
+    over d_head: <z_i, pv_i> / <pv_i, pv_i>.
+
+    Args:
+        patterns: per sequence ``[head_index, n, n]``.
+        values: ``[n_samples, n_kv_heads, d_head]`` (``attn.hook_v``; repeated to the query heads).
+        outputs: ``[n_samples, head_index, d_head]`` (``attn.hook_z``, the scaled head outputs).
+        sequence_id: ``[n_samples]``.
+
+    Returns:
+        ``[head_index]`` mean 1 - c over every real query row.
+    """
+    masses = []
+    for s, pattern in enumerate(patterns):
+        rows = sequence_id == s
+        v, z = values[rows].astype(np.float64), outputs[rows].astype(np.float64)
+        v = np.repeat(v, pattern.shape[0] // v.shape[1], axis=1)
+        weighted = np.einsum("hij,jhd->ihd", pattern.astype(np.float64), v)
+        norm = (weighted * weighted).sum(-1)
+        scale = np.where(norm > 0, (z * weighted).sum(-1) / np.maximum(norm, 1e-300), 1.0)
+        masses.append(1.0 - scale)  # [n, head]
+    return np.concatenate(masses, axis=0).mean(0)
+
+
 def sink_table(acts: Activations, eps: float = GU_EPSILON, n_tokens: int | None = GU_WINDOW,
-               windows: dict[int, KeyWindow] | None = None) -> pd.DataFrame:
+               windows: dict[int, KeyWindow] | None = None, sinks: dict | None = None) -> pd.DataFrame:
     """Sink mass, Gu sink score and sink flag for every collected ``hook_pattern`` site and head.
 
     Args:
@@ -221,14 +275,20 @@ def sink_table(acts: Activations, eps: float = GU_EPSILON, n_tokens: int | None 
         n_tokens: Gu's window T; None skips the score (e.g. for sequences shorter than 64).
         windows: block -> its sliding window or chunk (blocks not listed: the causal rule), e.g.
             :meth:`nopelens.models.hf.HFDescription.key_windows`.
+        sinks: block -> (kind, per-head logits or None) of a sink that is not a token
+            (``learned``, ``per_token``, ``output_scale``; module docstring). An output-scale
+            block needs its ``attn.hook_v`` and ``attn.hook_z`` collected.
 
     Returns:
-        DataFrame with columns ``site, block, head, sink_mass, sink_score, is_sink, key_window``
-        (``sink_score``/``is_sink`` absent when ``n_tokens`` is None; ``key_window`` says which
-        queries were averaged, e.g. ``sliding window 4``).
+        DataFrame with columns ``site, block, head, sink_mass, sink_score, is_sink, key_window,
+        threshold_on`` (``sink_score``/``is_sink`` absent when ``n_tokens`` is None; ``key_window``
+        says which queries were averaged, e.g. ``sliding window 4``; ``threshold_on`` which mass
+        eps was applied to), and with ``sinks``: ``sink_kind``, ``sink_logit`` (the head's learned
+        logit, NaN for a per-token sink) and ``learned_sink_mass`` (NaN on blocks without one).
 
     Raises:
         ValueError: if no pattern site was collected, or as :func:`sink_scores`.
+        KeyError: if an output-scale block's ``hook_v``/``hook_z`` were not collected.
     """
     sites = [site for site in acts.patterns if site.endswith("hook_pattern")]
     if not sites:
@@ -236,16 +296,41 @@ def sink_table(acts: Activations, eps: float = GU_EPSILON, n_tokens: int | None 
     windows = windows or {}
     rows = []
     for site in sites:
-        keys = windows.get(site_block(site), CAUSAL)
+        block = site_block(site)
+        keys = windows.get(block, CAUSAL)
         masses = sink_mass(acts.patterns[site], keys=keys)
         scores = sink_scores(acts.patterns[site], n_tokens, keys) if n_tokens is not None else None
+        extra = _extra_sink(acts, site, (sinks or {}).get(block)) if sinks is not None else None
         for head, mass in enumerate(masses):
-            row = dict(site=site, block=site_block(site), head=head, sink_mass=float(mass))
+            row = dict(site=site, block=block, head=head, sink_mass=float(mass))
             if scores is not None:
                 row.update(sink_score=float(scores[head]), is_sink=bool(scores[head] > eps))
             row["key_window"] = keys.describe()
+            row["threshold_on"] = "first token (Gu et al.)"
+            if sinks is not None:
+                kind, logits, learned = extra
+                row.update(sink_kind=kind or "", sink_logit=float(logits[head]) if logits is not None else np.nan,
+                           learned_sink_mass=float(learned[head]) if learned is not None else np.nan)
             rows.append(row)
     return pd.DataFrame(rows)
+
+
+def _extra_sink(acts: Activations, site: str, sink) -> tuple:
+    """(kind, logits, mass per head) of a block's non-token sink; (None, None, None) without one."""
+    if sink is None or sink[0] is None:
+        return None, None, None
+    kind, logits = sink
+    logits = None if logits is None else np.asarray(logits, dtype=np.float64)
+    if kind == "output_scale":
+        prefix = site.rsplit(".", 1)[0]
+        for name in ("hook_v", "hook_z"):
+            if f"{prefix}.{name}" not in acts.acts:
+                raise KeyError(f"the output-scale sink of {prefix} is read from {prefix}.hook_v and hook_z; collect them")
+        mass = output_scale_sink_mass(acts.patterns[site], acts.acts[f"{prefix}.hook_v"], acts.acts[f"{prefix}.hook_z"],
+                                      acts.sequence_id)
+    else:
+        mass = learned_sink_mass(acts.patterns[site])
+    return kind, logits, mass
 
 
 def sink_rate(table: pd.DataFrame) -> float:

@@ -295,7 +295,6 @@ def test_probe_cli_reads_a_family_whose_hooks_misled_it(tmp_path, capsys):
 
 @pytest.mark.parametrize("family, args, message", [
     ("openai_gpt", ["sinks"], "causal mask is dropped"),
-    ("codegen", ["probe"], "forward pass fails"),
     ("gpt2", ["probe", "--seq-len", "80"], "longer than the learned position table"),
 ])
 def test_cli_refuses_in_one_line_with_exit_2(tmp_path, family, args, message, capsys):
@@ -307,6 +306,18 @@ def test_cli_refuses_in_one_line_with_exit_2(tmp_path, family, args, message, ca
     err = capsys.readouterr().err
     errors = [line for line in err.splitlines() if ": error: " in line]
     assert code == 2 and len(errors) == 1 and message in errors[0] and "Traceback" not in err, err
+
+
+def test_a_model_the_bridge_refuses_is_read_through_forward_hooks_from_the_command_line(tmp_path, capsys):
+    """CodeGen's bridge builds but cannot run (and has rebuilt the model in place): ``hf:DIR``
+    loads a fresh copy and hooks it, so probe and audit run, and the audit says why q and k are
+    not read."""
+    from nopelens.analyses.cli import main
+
+    path = _save(tmp_path, "codegen")
+    code = main(["audit", "--hf-dir", path, "--eval-length", "8"])
+    out = capsys.readouterr().out
+    assert code == 0 and "via forward hooks" in out and "TransformerLens cannot b" in out, out
 
 
 def test_cli_refuses_a_bos_outside_the_vocabulary(tmp_path, capsys):
