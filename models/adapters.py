@@ -379,8 +379,12 @@ def load_hf_model(hf_model: nn.Module, reload: Callable[[], nn.Module] | None = 
     if reason is None and not bridge_supports(architecture):
         reason = f"TransformerLens has no bridge adapter for {architecture}"
     if reason is None:
+        from .hf import check_readable, describe
+
         try:
-            return bridge_hf_model(hf_model)
+            bridge = bridge_hf_model(hf_model)
+            check_readable(describe(bridge))  # e.g. a hybrid whose bridged attention fires no hook_pattern
+            return bridge
         except UnsupportedModelError as error:
             if reload is None:
                 raise

@@ -332,17 +332,15 @@ def _layer(config: Any, family: str, layer: int, d_head: int) -> LayerPosition:
         slopes, bias_scale = _alibi(config, family, d_head)
         return replace(plain, alibi_slopes=slopes, bias_scale=bias_scale)
     if not plain.rotates:  # NoPE, or a method nopelens does not know (nothing about it is verified)
-        return replace(plain, query_scale=_query_scale(config, family, layer))
+        return replace(plain, query_scale=_query_scale(config, family, layer),
+                       qk_reference=MLA_REFERENCE if family in MLA_FAMILIES else None)
     base, fraction, rope_type = _rope_parameters(config, family, layer)
     pairing = "interleaved" if family in INTERLEAVED_FAMILIES else "half"
     if family in MLA_FAMILIES:  # heads are [nope | rope]; the rope slice of k is one head shared by all
         rotary_dim, start = int(config.qk_rope_head_dim), int(config.qk_nope_head_dim)
         pairing = "interleaved" if getattr(config, "rope_interleave", False) else pairing
         return replace(plain, rotary_dim=rotary_dim, rotary_base=base, pairing=pairing, rope_type=rope_type,
-                       rotary_start=start, qk_reference=(
-                           "multi-head latent attention: the rotated slice is the last qk_rope_head_dim dims of "
-                           "each head and one rotated key slice is shared by every head; nopelens' reference "
-                           "rotation covers leading dims of per-head q and k"))
+                       rotary_start=start, qk_reference=MLA_REFERENCE)
     rotary_dim = int(getattr(config, "rotary_dim", None) or round(d_head * fraction))
     rotary_dim -= rotary_dim % 2
     return replace(plain, rotary_dim=rotary_dim, rotary_base=base, pairing=pairing, rope_type=rope_type)
@@ -377,6 +375,11 @@ MLA_FAMILIES = ("deepseek_v2", "deepseek_v3", "deepseek_v32", "glm4_moe_lite", "
 """Multi-head latent attention (``deepseek_v3/modeling_deepseek_v3.py``): q and k heads are
 ``[qk_nope_head_dim | qk_rope_head_dim]``; only the last slice rotates, and k's rotated slice is one
 head broadcast to all."""
+
+
+MLA_REFERENCE = ("multi-head latent attention: the rotated slice is the last qk_rope_head_dim dims of each head and "
+                 "one rotated key slice is shared by every head; nopelens' reference rotation covers leading dims of "
+                 "per-head q and k")
 
 
 def _layer_type(config: Any, layer: int) -> str | None:
@@ -512,6 +515,8 @@ def _key_window(config: Any, layer: int) -> tuple[int | None, int | None]:
     window = getattr(config, "sliding_window", None)
     layer_types = getattr(config, "layer_types", None)
     kind = layer_types[layer] if layer_types is not None else None
+    if getattr(config, "model_type", "") == "inkling2_text":  # Inkling2SlidingAttention: sliding_window_size
+        return (int(config.sliding_window_size) if kind == "hybrid_sliding" else None), None
     if kind == "chunked_attention":
         chunk = getattr(config, "attention_chunk_size", None)
         return None, (int(chunk) if chunk else None)
@@ -867,7 +872,10 @@ def check_readable(description: HFDescription) -> None:
         )
     attention = [l for l, layer in enumerate(description.layers) if layer.mixer == "attention"]
     if attention and not description.fires(f"blocks.{attention[0]}.attn.hook_pattern"):
-        raise UnsupportedModelError(f"the {description.adapter} of {description.architecture} fires no hook_pattern")
+        why = next((n for n in description.notes if n.startswith("hooked with")), None)
+        raise UnsupportedModelError(f"no hook_pattern fires in {description.architecture} through its "
+                                    f"{description.adapter} (its attention weights cannot be read)"
+                                    + (f"; {why}" if why else ""))
 
 
 def _one_line(error: BaseException) -> str:

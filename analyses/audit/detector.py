@@ -10,16 +10,18 @@ patched from that run), and the position ids are changed twice:
 2. *shifted*: every position plus :data:`SHIFT`, so no offset changes.
 
 With its input fixed, a layer that reads no positions computes exactly what it computed before
-(NoPE: only the causal mask carries order). A layer that reads them changes under re-spacing; a
+(NoPE: only the causal mask carries order): bitwise, since the same kernels run on the same inputs,
+so ``nope`` needs a change of exactly zero; a nonzero change within round-off (a partial rotation
+of a few dims in bfloat16) is ``undetermined`` and decides nothing. A layer that reads them changes under re-spacing; a
 relative one (RoPE, ALiBi, a relative bias) does not change under the shift, an absolute one does.
 What is compared is the layer's own attention as its softmax sees it: its pre-softmax scores where
 the model records them, taken relative to the query's own key (a constant per query row, such as
 Bloom's ALiBi term m_h j, never reaches the pattern), else the log of its pattern, at the keys the
 layer may read; for a layer that is no softmax attention (a linear-attention or SSM mixer), the
 block's output. "Unchanged" means within the compute dtype's relative tolerance
-(:class:`~nopelens.analyses.audit.numerics.Tolerance` ``rtol``: of the scores' or outputs' scale,
-and twice it on row-centred log-pattern values, whose round-off is that of two pattern entries
-relative to themselves); a NoPE layer is in fact bitwise unchanged. A change that is one factor
+(:class:`~nopelens.analyses.audit.numerics.Tolerance` ``rtol`` of the scores' or outputs' scale;
+row-centred log-pattern values are score differences, so the same, but at least twice ``rtol``,
+the round-off of two pattern entries relative to themselves); a NoPE layer is in fact bitwise unchanged. A change that is one factor
 per query row (the scores times c_i) is a query temperature, ``query_scaled``. A layer whose scores are flat to that tolerance (q.k about 0, uniform attention)
 cannot show a rotation: it is reported ``flat`` and never counted as agreeing or disagreeing.
 
@@ -43,10 +45,11 @@ MAX_GAP = 4
 """Re-spaced position ids step by 1 to MAX_GAP tokens."""
 SHIFT = 5
 """The constant added to every position id in the shift run."""
-READINGS = ("nope", "query_scaled", "relative", "absolute", "flat", "not_measured")
+READINGS = ("nope", "query_scaled", "relative", "absolute", "flat", "undetermined", "not_measured")
 """What the detector can say of a layer: reads no positions; only scales each query's scores by a
 factor of its position (a temperature, Beam's NoPE layers); reads offsets only; reads absolute
-positions; too flat to tell; not measured (the model takes no position ids)."""
+positions; too flat to tell; changed, but by no more than round-off; not measured (the model takes
+no position ids)."""
 
 
 @dataclass
@@ -78,7 +81,7 @@ class LayerReading:
         """True/False when the reading is definite, None when it is ``flat`` or ``not_measured`` or
         the declared method is unknown. A declared query scale may also read ``nope`` (its factor
         can be within round-off at the probe's positions)."""
-        if self.reading in ("flat", "not_measured") or self.declared == "unknown":
+        if self.reading in ("flat", "undetermined", "not_measured") or self.declared == "unknown":
             return None
         return self.reading == self.declared or (self.declared == "query_scaled" and self.reading == "nope")
 
@@ -91,6 +94,8 @@ class LayerReading:
             text += f", {self.shifted_change:.3g} under positions + {SHIFT}"
         if self.reading == "flat":
             text += f"; its {self.quantity} are flat (spread {self.spread:.3g}), so a rotation could not show"
+        if self.reading == "undetermined":
+            text += "; nonzero but within round-off, so it decides nothing"
         return text + f" (tolerance {self.tolerance:.3g})"
 
     def to_dict(self) -> dict[str, Any]:
@@ -170,8 +175,9 @@ def detect(subject: Subject, tokens: Tensor, mask: Tensor, tol: Tolerance, seed:
         kind = quantity[layer]
         before = _as_softmax_sees(base[sites[layer]], kind, where)
         scale = float(before[where.expand_as(before)].abs().max())
-        # log p_ij - log p_ii carries the relative round-off of two pattern entries: 2 rtol
-        bound = 2 * tol.rtol if kind == "pattern" else tol.rtol * scale
+        # log p_ij - log p_ii = s_ij - s_ii: the round-off of scores of that scale, and at least that of
+        # two pattern entries relative to themselves (2 rtol)
+        bound = tol.rtol * (max(2.0, scale) if kind == "pattern" else scale)
         spread = _spread(before, where)
         delta = _change(_as_softmax_sees(changed[sites[layer]], kind, where), before, where)
         shift = None
@@ -184,8 +190,10 @@ def detect(subject: Subject, tokens: Tensor, mask: Tensor, tol: Tolerance, seed:
                 reading = "relative" if declared[layer] == "relative" else "absolute"
             if kind != "output" and _row_scaled(after, before, where, bound):
                 reading = "query_scaled"
-        else:
-            reading = "flat" if spread <= bound else "nope"
+        elif spread <= bound:
+            reading = "flat"
+        else:  # a layer that reads no positions computes bitwise the same; round-off-sized changes decide nothing
+            reading = "nope" if delta == 0.0 else "undetermined"
         readings.append(LayerReading(layer, reading, declared[layer], quantity[layer], delta, shift, spread, bound))
     return readings
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -64,6 +65,22 @@ class Tolerance:
     def of(self, reference: Tensor) -> float:
         scale = float(reference.abs().max()) if reference.numel() else 0.0
         return self.atol + self.rtol * scale
+
+    def through(self, n_layers: int) -> "Tolerance":
+        """The tolerance of a whole forward pass's output (logits) through ``n_layers`` blocks.
+
+        A half-precision model rounds afresh in every block, and independent round-off adds up like
+        a random walk: sqrt(n_layers) times the per-block tolerance. Float32's tolerance (about 840
+        eps) covers any depth already.
+
+        Example:
+            >>> Tolerance.for_dtype("bfloat16").through(16).rtol, Tolerance().through(16).rtol
+            (0.125, 0.0001)
+        """
+        if self.dtype in ("float32", "float64"):
+            return self
+        factor = math.sqrt(max(1, n_layers))
+        return Tolerance(self.atol * factor, self.rtol * factor, self.dtype)
 
     @property
     def masked_score(self) -> float:

@@ -81,6 +81,11 @@ class Run:
     tol: Tolerance
 
     @property
+    def logit_tol(self):
+        """The tolerance of logits, through every block (:meth:`Tolerance.through`)."""
+        return self.tol.through(self.subject.n_layers)
+
+    @property
     def readings(self) -> list:
         """The per-layer NoPE detector's readings (:func:`~nopelens.analyses.audit.detector.detect`),
         measured once per run."""

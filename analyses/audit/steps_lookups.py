@@ -98,8 +98,8 @@ def _detector_checks(run: Run) -> tuple[list[Check], dict]:
     evidence = {"measured": [r.reading for r in readings], "declared": [r.declared for r in readings],
                 "detector": [r.describe() for r in readings]}
     undecided = [r.layer for r in readings if r.agrees is None]
-    notes = {"flat": "too flat to tell (scores within round-off)", "not_measured": "not measured (the model takes "
-             "no position ids)"}
+    notes = {"flat": "too flat to tell (scores within round-off)", "undetermined": "changed within round-off only",
+             "not_measured": "not measured (the model takes no position ids)"}
     evidence["measured_note"] = "; ".join(f"layers {[r.layer for r in readings if r.reading == k]} {v}"
                                           for k, v in notes.items() if any(r.reading == k for r in readings))
     checks = []
@@ -126,25 +126,25 @@ def _rope_scores_check(run: Run, layer: int, other: str, evidence: dict) -> Chec
 
 
 def _rope_offset_checks(run: Run, layers: list[int], shift: int, evidence: dict) -> list[Check]:
-    """Shift every position by a constant: the rotated dot products of RoPE layers do not change."""
-    s, p = run.subject, run.probe
+    """Shift every position by a constant: the rotated dot products of RoPE layers do not change.
+
+    Measured by the detector's shift run, with each layer's input held at its unshifted value (so
+    round-off from earlier layers does not pile up, which in half precision it would): the layer's
+    scores (or log-pattern) relative to the query's own key, before and after.
+    """
+    s = run.subject
     if s.input_method is not None or not s.takes_positions:
         return []
-    kept: dict[str, Tensor] = {}
+    from .detector import SHIFT
 
-    def keep(x, hook):
-        kept[hook.name] = x.detach().clone()
-
-    site = s.content_hook if s.scores_trusted else "hook_pattern"  # a pattern-only model: compare patterns
-    names = [f"blocks.{l}.attn.{site}" for l in layers]
-    s.forward(p.tokens, p.mask, p.ids + shift, [(n, keep) for n in names])
     checks = []
-    for layer, name in zip(layers, names):
-        allowed = run.allowed(layer)
-        before = observed_content(run, layer) if s.scores_trusted else run.hook(layer, site).double()
-        after = kept[name].double().masked_fill(~allowed, 0.0)
-        checks.append(agree(f"layer {layer} rotated q.k depends only on the offset", after, before, run.tol,
-                             f"scores with every position + {shift} vs the originals", allowed))
+    for reading in run.readings:
+        if reading.layer not in layers or reading.shifted_change is None:
+            continue
+        checks.append(Check(f"layer {reading.layer} rotated q.k depends only on the offset",
+                            reading.shifted_change <= reading.tolerance,
+                            f"{reading.quantity} with every position + {SHIFT} (the layer's input held fixed) vs the "
+                            f"originals: change {reading.shifted_change:.3g}", reading.shifted_change, reading.tolerance))
     return checks
 
 

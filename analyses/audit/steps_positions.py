@@ -47,7 +47,7 @@ def step1_position_ids(run: Run) -> StepResult:
     reference = run.logits[0, :n_real]
     padded = run.logits[1, p.n_pad:]
     checks.append(agree(
-        "left-padding invariance", padded, reference, run.tol,
+        "left-padding invariance", padded, reference, run.logit_tol,
         f"logits of the left-padded row's {n_real} real tokens vs the same tokens unpadded"))
     evidence["left_padding"] = p.n_pad
     return make_step(1, checks, evidence, "probe batch recorded; left-padded row uses mask-derived ids "

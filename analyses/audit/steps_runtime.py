@@ -42,7 +42,7 @@ def step8_interventions(run: Run, shift: int) -> StepResult:
         return make_step(8, [], {}, "", "the model takes no position ids (its position bias is built from key "
                          "indices), so positions cannot be intervened on")
     base = run.logits.double()
-    bound = run.tol.of(base)
+    bound = run.logit_tol.of(base)
     checks, evidence = [], {"expectations": {}}
 
     def effect(position_ids: Tensor) -> Tensor:
@@ -121,7 +121,7 @@ def step9_cached_decoding(run: Run) -> StepResult:
                             "cache.position_ids equal position_ids_from_mask" if not bad.any()
                             else f"cache holds {ids_list(cache_ids, p.real)}, the mask gives "
                             f"{ids_list(p.ids, p.real)}"))
-    checks.append(agree("cached logits = full forward", logits, run.logits, run.tol,
+    checks.append(agree("cached logits = full forward", logits, run.logits, run.logit_tol,
                          f"prefix of {split} tokens, then one token at a time", p.real[..., None]))
     return make_step(9, checks, evidence,
                       "incremental decoding assigns the same positions and logits as the full forward")

@@ -161,6 +161,19 @@ def step6_score_parts(run: Run) -> StepResult:
                       "content and position parts are recorded separately and add up to the scores", reason)
 
 
+def _output_scale(run: Run, layer: int, pattern: Tensor) -> Tensor | None:
+    """The factor c of each real (query, head) in hook_z = c * (pattern @ hook_v): an output-scale
+    sink's 1 - p_sink (see :func:`nopelens.probes.sinks.output_scale_sink_mass`); None unhooked."""
+    v, z = run.hook(layer, "hook_v"), run.hook(layer, "hook_z")
+    if v is None or z is None:
+        return None
+    v = v.double().repeat_interleave(pattern.shape[1] // v.shape[2], dim=2)
+    weighted = torch.einsum("bhqk,bkhd->bqhd", pattern, v)
+    norm = (weighted * weighted).sum(-1)
+    scale = (z.double() * weighted).sum(-1) / norm.clamp(min=1e-300)
+    return scale[run.probe.real]
+
+
 def _unreadable_reason(unreadable: dict[int, str]) -> str:
     """One line: which layers' q and k cannot be read, and why."""
     by_reason: dict[str, list[int]] = {}
@@ -186,7 +199,7 @@ def step7_softmax(run: Run) -> StepResult:
     real_rows = p.real[:, None, :, None]
     checks = []
     worst_key, worst_query, worst_sum, worst_block = 0.0, math.inf, 0.0, 0.0
-    sink_mass, over_one = {}, 0.0
+    sink_mass, over_one, plain = {}, 0.0, False
     for layer in s.attention_layers:
         blocked = run.blocked(layer)
         pattern = run.hook(layer, "hook_pattern").double()
@@ -197,10 +210,16 @@ def step7_softmax(run: Run) -> StepResult:
             worst_key = max(worst_key, max_err(pattern, softmax_with_sink(scores, logits if extra else None), real_rows))
             worst_query = min(worst_query, max_err(pattern, scores.softmax(-2), real_rows))
         sums = pattern.sum(-1)[p.real[:, None].expand(-1, pattern.shape[1], -1)]
+        if kind == "output_scale":
+            scale = _output_scale(run, layer, pattern)
+            if scale is not None:
+                sink_mass[layer] = float((1 - scale).mean())
+                over_one = max(over_one, float((scale - 1).max()))
         if extra:
             sink_mass[layer] = float((1 - sums).mean())
             over_one = max(over_one, float((sums - 1).max()))
         else:
+            plain = True
             worst_sum = max(worst_sum, float((sums - 1).abs().max()))
         worst_block = max(worst_block, float(pattern[blocked.expand_as(pattern)].abs().max()))
     bound = run.tol.atol
@@ -213,16 +232,16 @@ def step7_softmax(run: Run) -> StepResult:
     else:
         evidence["softmax_axis"] = ("not checked: the model records no pre-softmax scores (its hook_attn_scores "
                                     "carry the pattern, or it is hooked without the bridge)")
-    if len(sink_mass) < len(s.attention_layers):
+    if plain:
         checks.append(Check("unmasked rows sum to 1", worst_sum <= bound,
                             f"max |row sum - 1| over real query rows {worst_sum:.3g}", worst_sum, bound))
     if sink_mass:
         evidence["mean_sink_mass_per_layer"] = {str(l): m for l, m in sink_mass.items()}
         least = min(sink_mass.values())
-        checks.append(Check("learned-sink rows sum to 1 - p_sink", least > bound and over_one <= bound,
-                            f"mean p_sink = 1 - row sum per sink layer {[round(m, 4) for m in sink_mass.values()]} "
-                            f"(must be > {bound:.3g}: a declared sink takes mass); largest row sum - 1 "
-                            f"{over_one:.3g}", least, bound))
+        checks.append(Check("declared sinks take mass", least > bound and over_one <= bound,
+                            f"mean p_sink per sink layer {[round(m, 4) for m in sink_mass.values()]} (1 - row sum, "
+                            f"or 1 - the output scale; must be > {bound:.3g}: a declared sink takes mass); largest "
+                            f"row sum (or scale) - 1 {over_one:.3g}", least, bound))
     checks.append(Check("blocked entries exactly 0", worst_block == 0.0,
                         f"max weight at blocked entries {worst_block:.3g}", worst_block, 0.0))
     summary = "patterns are key-axis softmaxes; rows sum to 1; blocked entries are exactly 0"
