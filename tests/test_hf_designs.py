@@ -239,3 +239,35 @@ def test_an_undeclared_learned_sink_fails_step_7(hooked):
     layers = describe(model).layers
     report = _audit_declared(model, _redeclared(model, 1, dataclasses.replace(layers[1], sink=None))[1])
     assert "unmasked rows sum to 1" in [c.name for c in report.step(7).failed_checks], report.summary()
+
+
+# ----------------------------------------------------------------------------- the command line
+@pytest.mark.slow
+def test_every_design_runs_from_the_command_line(tmp_path, capsys):
+    """Each design saved as an HF directory: ``nopelens audit --hf-dir`` passes (exit 0), and the
+    probe measurements run on all of them (one ``nopelens sweep`` over every ``hf:DIR``: the same
+    per-model measurement as ``nopelens probe``, with the run folder's figures drawn once) and on
+    one through ``nopelens probe`` itself."""
+    import pandas as pd
+
+    from nopelens.analyses.cli import main
+
+    paths = {}
+    for family in sorted(EXPECTED):
+        paths[family] = str(tmp_path / family)
+        build_design(family).save_pretrained(paths[family])
+        code = main(["audit", "--hf-dir", paths[family]])
+        out = capsys.readouterr().out
+        assert code == 0 and "no step failed" in out, f"{family}: {out}"
+    specs = ",".join(f"hf:{path}" for path in paths.values())
+    code = main(["sweep", "--models", specs, "--no-controls", "--quick", "--seq-len", "8", "--n-sequences", "4",
+                 "--quiet", "--jobs", "1", "--out", str(tmp_path / "sweep")])
+    assert code == 0, capsys.readouterr().err
+    sinks = pd.read_csv(tmp_path / "sweep" / "sinks.csv")
+    assert set(sinks["model"]) == {f"hf:{family}" for family in EXPECTED}
+    learned = sinks[sinks["learned_sink_mass"].notna()]
+    assert set(learned["model"]) == {f"hf:{family}" for family, expected in EXPECTED.items() if expected[3]}
+    assert (learned["learned_sink_mass"] > 0).all()
+    code = main(["probe", f"hf:{paths['granite_swa']}", "--quick", "--seq-len", "8", "--n-sequences", "4", "--quiet",
+                 "--out", str(tmp_path / "probe")])
+    assert code == 0, capsys.readouterr().err
