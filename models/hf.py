@@ -382,6 +382,10 @@ MLA_REFERENCE = ("multi-head latent attention: the rotated slice is the last qk_
                  "per-head q and k")
 
 
+GRANITE_ROTARY_TYPES = frozenset({"rope"})
+"""GraniteMoeHybrid's ``position_embedding_type`` values that build a rotary embedding (None: NoPE)."""
+
+
 def _layer_type(config: Any, layer: int) -> str | None:
     kinds = getattr(config, "layer_types", None)
     return kinds[layer] if kinds is not None and layer < len(kinds) else None
@@ -411,7 +415,7 @@ def _rotates(config: Any, family: str, layer: int) -> bool | None:
         params = getattr(config, "rope_parameters", None) or {}
         return kind == "full_attention" and params.get("rope_theta") is not None
     if family == "granitemoehybrid":  # GraniteMoeHybridModel: rotary_emb only for position_embedding_type "rope"
-        return getattr(config, "position_embedding_type", None) == "rope"
+        return getattr(config, "position_embedding_type", None) in GRANITE_ROTARY_TYPES
     if family == "zamba2":  # Zamba2Model: rotary_emb only with use_mem_rope
         return bool(getattr(config, "use_mem_rope", False))
     if family in NOPE_ATTENTION_FAMILIES:
@@ -436,6 +440,10 @@ def _layer_method(config: Any, family: str, layer: int) -> str:
 LEARNED_SINK_FAMILIES = ("gpt_oss", "flint", "hy_v4", "deepseek_v4")
 """One learned logit per head in every layer's softmax denominator (``sinks`` in
 ``gpt_oss/modeling_gpt_oss.py``); MiMo-V2-Flash has it in sliding layers only."""
+
+
+SINKS_IN_THE_SOFTMAX = frozenset({"learned"})
+"""Sink kinds whose logit is known and sits in the softmax denominator (the pattern sums to 1 - p_sink)."""
 
 
 def _sink(config: Any, family: str, layer: int) -> str | None:
@@ -794,7 +802,7 @@ def census(bridge: Any, static: HFDescription) -> dict[str, Any]:
         if scores is None or torch.equal(scores, pattern) or sinks is None:
             scores_ok = False
             continue
-        sink = sinks.get(layer) if static.layers[layer].sink == "learned" else None
+        sink = sinks.get(layer) if static.layers[layer].sink in SINKS_IN_THE_SOFTMAX else None
         recomputed = softmax_with_sink(scores.double().masked_fill(future, float("-inf")), sink)
         scores_ok &= float((recomputed - pattern.double()).abs().max()) < _census_tolerance(pattern.dtype)
     return {"fired": frozenset(captured), "scores_hook": scores_ok, "causal_under_mask": causal}

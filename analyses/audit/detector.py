@@ -46,6 +46,7 @@ MAX_GAP = 4
 SHIFT = 5
 """The constant added to every position id in the shift run."""
 READINGS = ("nope", "query_scaled", "relative", "absolute", "flat", "undetermined", "not_measured")
+NOPE, QUERY_SCALED, RELATIVE, ABSOLUTE, FLAT, UNDETERMINED, NOT_MEASURED = READINGS
 """What the detector can say of a layer: reads no positions; only scales each query's scores by a
 factor of its position (a temperature, Beam's NoPE layers); reads offsets only; reads absolute
 positions; too flat to tell; changed, but by no more than round-off; not measured (the model takes
@@ -81,20 +82,20 @@ class LayerReading:
         """True/False when the reading is definite, None when it is ``flat`` or ``not_measured`` or
         the declared method is unknown. A declared query scale may also read ``nope`` (its factor
         can be within round-off at the probe's positions)."""
-        if self.reading in ("flat", "undetermined", "not_measured") or self.declared == "unknown":
+        if self.reading in (FLAT, UNDETERMINED, NOT_MEASURED) or self.declared == "unknown":
             return None
-        return self.reading == self.declared or (self.declared == "query_scaled" and self.reading == "nope")
+        return self.reading == self.declared or (self.declared == QUERY_SCALED and self.reading == NOPE)
 
     def describe(self) -> str:
-        if self.reading == "not_measured":
+        if self.reading == NOT_MEASURED:
             return f"layer {self.layer}: not measured"
         text = (f"layer {self.layer} declared {self.declared}, measured {self.reading}: {self.quantity} change "
                 f"{self.respaced_change:.3g} under re-spaced positions")
         if self.shifted_change is not None:
             text += f", {self.shifted_change:.3g} under positions + {SHIFT}"
-        if self.reading == "flat":
+        if self.reading == FLAT:
             text += f"; its {self.quantity} are flat (spread {self.spread:.3g}), so a rotation could not show"
-        if self.reading == "undetermined":
+        if self.reading == UNDETERMINED:
             text += "; nonzero but within round-off, so it decides nothing"
         return text + f" (tolerance {self.tolerance:.3g})"
 
@@ -110,8 +111,8 @@ def declared_reading(subject: Subject, layer: int) -> str:
     method = subject.layer_methods[layer]
     if not method.reads_positions:
         scale = subject.query_scale(layer)
-        return "query_scaled" if scale is not None and scale.by == "position" else "nope"
-    return "absolute" if method.absolute else "relative"
+        return QUERY_SCALED if scale is not None and scale.by == "position" else NOPE
+    return ABSOLUTE if method.absolute else RELATIVE
 
 
 def respaced_ids(ids: Tensor, mask: Tensor, seed: int = 0, limit: int | None = None) -> Tensor:
@@ -160,7 +161,7 @@ def detect(subject: Subject, tokens: Tensor, mask: Tensor, tol: Tolerance, seed:
     quantity = {layer: ("scores" if subject.scores_trusted else "pattern") if layer in attention else "output"
                 for layer in range(subject.n_layers)}
     if not subject.takes_positions:
-        return [LayerReading(l, "not_measured", declared[l], quantity[l]) for l in range(subject.n_layers)]
+        return [LayerReading(l, NOT_MEASURED, declared[l], quantity[l]) for l in range(subject.n_layers)]
     ids = position_ids_from_mask(mask)
     sites = {layer: _site(layer, quantity[layer]) for layer in range(subject.n_layers)}
     inputs = [f"blocks.{layer}.hook_resid_pre" for layer in range(subject.n_layers)]
@@ -185,15 +186,15 @@ def detect(subject: Subject, tokens: Tensor, mask: Tensor, tol: Tolerance, seed:
             after = _as_softmax_sees(changed[sites[layer]], kind, where)
             shift = (_change(_as_softmax_sees(shifted[sites[layer]], kind, where), before, where)
                      if shifted is not None else None)
-            reading = "relative" if shift is not None and shift <= bound else "absolute"
+            reading = RELATIVE if shift is not None and shift <= bound else ABSOLUTE
             if shift is None:
-                reading = "relative" if declared[layer] == "relative" else "absolute"
+                reading = RELATIVE if declared[layer] == RELATIVE else ABSOLUTE
             if kind != "output" and _row_scaled(after, before, where, bound):
-                reading = "query_scaled"
+                reading = QUERY_SCALED
         elif spread <= bound:
-            reading = "flat"
+            reading = FLAT
         else:  # a layer that reads no positions computes bitwise the same; round-off-sized changes decide nothing
-            reading = "nope" if delta == 0.0 else "undetermined"
+            reading = NOPE if delta == 0.0 else UNDETERMINED
         readings.append(LayerReading(layer, reading, declared[layer], quantity[layer], delta, shift, spread, bound))
     return readings
 

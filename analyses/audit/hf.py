@@ -361,7 +361,9 @@ class HookedSubject(BridgeSubject):
 
         hf, ids = self.model.original_model, position_ids_from_mask(mask)
         pieces = []
-        with self.capture_position_ids() as seen:
+        with self.capture_position_ids() as seen, warnings.catch_warnings():
+            # transformers 5.24 renames past_key_values to cache in some families and warns about it
+            warnings.filterwarnings("ignore", message=".*past_key_values.*", category=FutureWarning)
             out = hf(tokens[:, :split], attention_mask=mask[:, :split], position_ids=ids[:, :split], use_cache=True)
             pieces.append(out.logits)
             for t in range(split, tokens.shape[1]):

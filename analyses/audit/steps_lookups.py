@@ -86,8 +86,9 @@ def step5_rotations_and_lookups(run: Run, shift: int) -> StepResult:
         checks += _rope_offset_checks(run, rope_layers, shift, evidence)
     for layer in lookup_layers:
         checks += _lookup_checks(run, layer, evidence)
+    referenced = [l for l in rope_layers if s.qk_unreadable(l) is None] + lookup_layers
     summary = ("every layer reads positions as declared (measured); rotations / lookups match the reference "
-               "at the declared pairing, fraction and offsets" if rope_layers or lookup_layers
+               "at the declared pairing, fraction and offsets" if referenced
                else "every layer reads positions as declared (measured with its input held fixed)")
     return make_step(5, checks, evidence, summary)
 
