@@ -343,6 +343,11 @@ def _layer(config: Any, family: str, layer: int, d_head: int) -> LayerPosition:
                        rotary_start=start, qk_reference=MLA_REFERENCE)
     rotary_dim = int(getattr(config, "rotary_dim", None) or round(d_head * fraction))
     rotary_dim -= rotary_dim % 2
+    if family in TRAILING_ROPE_FAMILIES:
+        return replace(plain, rotary_dim=rotary_dim, rotary_base=base, pairing="interleaved", rope_type=rope_type,
+                       rotary_start=d_head - rotary_dim, qk_reference=(
+                           "the rotated slice is the trailing rotary_dim dims of each head (DeepSeek V4's "
+                           "[nope | rope] layout); nopelens' reference rotation covers the leading dims"))
     return replace(plain, rotary_dim=rotary_dim, rotary_base=base, pairing=pairing, rope_type=rope_type)
 
 
@@ -376,6 +381,10 @@ MLA_FAMILIES = ("deepseek_v2", "deepseek_v3", "deepseek_v32", "glm4_moe_lite", "
 ``[qk_nope_head_dim | qk_rope_head_dim]``; only the last slice rotates, and k's rotated slice is one
 head broadcast to all."""
 
+
+TRAILING_ROPE_FAMILIES = ("deepseek_v4",)
+"""Heads laid out ``[nope | rope]`` with the rotated slice last (``apply_rotary_pos_emb`` of
+``deepseek_v4/modeling_deepseek_v4.py`` rotates ``x[..., -rope_dim:]``)."""
 
 MLA_REFERENCE = ("multi-head latent attention: the rotated slice is the last qk_rope_head_dim dims of each head and "
                  "one rotated key slice is shared by every head; nopelens' reference rotation covers leading dims of "

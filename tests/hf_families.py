@@ -160,6 +160,9 @@ DESIGNS = {
                      T.BeamForCausalLM),
     # hybrids whose attention is NoPE (or rotates) between linear-attention / SSM mixers
     "olmo_hybrid": lambda: (_tiny(T.OlmoHybridConfig, **_LINEAR), T.OlmoHybridForCausalLM),
+    # the released OLMo-Hybrid checkpoints set no rope_theta: no rotary embedding at all
+    "olmo_hybrid_nope": lambda: (_tiny(T.OlmoHybridConfig, rope_parameters={"rope_type": "default", "rope_theta": None},
+                                       **_LINEAR), T.OlmoHybridForCausalLM),
     "granitemoehybrid": lambda: (_tiny(T.GraniteMoeHybridConfig, layer_types=["mamba", "attention"] * 2, mamba_n_heads=4,
                                        mamba_d_state=8, mamba_d_head=16, mamba_chunk_size=8, num_local_experts=2,
                                        num_experts_per_tok=1, shared_intermediate_size=32),

@@ -48,6 +48,7 @@ EXPECTED = {
     "granitemoe_swa": ((R, N, R, N), HOOKS, {1: WINDOW, 2: WINDOW, 3: WINDOW}, dict.fromkeys(range(4), "output_scale")),
     "beam": ((R, R, R, N), HOOKS, {0: WINDOW, 1: WINDOW, 2: WINDOW}, {}),
     "olmo_hybrid": ((N, N, N, R), BRIDGE, {}, {}),
+    "olmo_hybrid_nope": ((N, N, N, N), BRIDGE, {}, {}),
     "granitemoehybrid": ((N, N, N, N), HOOKS, {}, {}),
     "jamba": ((N, N, N, N), BRIDGE, {}, {}),
     "kimi_linear": ((N, N, N, N), HOOKS, {}, {}),
@@ -62,6 +63,7 @@ EXPECTED = {
 MIXERS = {  # families with layers that are no softmax attention
     "lara_mini": ("linear_attention", "attention", "linear_attention", "attention"),
     "olmo_hybrid": ("linear_attention",) * 3 + ("attention",),
+    "olmo_hybrid_nope": ("linear_attention",) * 3 + ("attention",),
     "qwen3_next": ("linear_attention",) * 3 + ("attention",),
     "granitemoehybrid": ("linear_attention", "attention") * 2,
     "jamba": ("linear_attention", "attention") * 2,
@@ -271,3 +273,28 @@ def test_every_design_runs_from_the_command_line(tmp_path, capsys):
     code = main(["probe", f"hf:{paths['granite_swa']}", "--quick", "--seq-len", "8", "--n-sequences", "4", "--quiet",
                  "--out", str(tmp_path / "probe")])
     assert code == 0, capsys.readouterr().err
+
+
+def test_labels_of_designs_without_a_tiny_model():
+    """Families whose labels are read from the config alone here (no causal-LM class in
+    transformers 5.24, or no tiny model in this suite): the rules still apply."""
+    import transformers as T
+
+    from nopelens.models.hf import describe_config
+
+    def layers(config):
+        return describe_config(config).layers
+
+    large4 = layers(T.MistralLarge4TextConfig(num_hidden_layers=4, no_rope_layers=[1, 1, 1, 0]))
+    assert [l.method for l in large4] == [R, R, R, N] and (large4[0].rotary_start, large4[0].rotary_dim) == (64, 64)
+    for config in (T.MuseGlimmerTextConfig, T.MuseSparkTextConfig):
+        assert [l.method for l in layers(config(num_hidden_layers=4, layer_rope_theta=[1e4, 0, 1e4, 0]))] == [R, N, R, N]
+    inkling = layers(T.Inkling2TextConfig(num_hidden_layers=6))
+    assert {l.method for l in inkling} == {N} and {l.sink for l in inkling} == {"per_token"}
+    assert (inkling[0].sliding_window, inkling[0].relative_bias) == (1024, 1024) and inkling[5].relative_bias == 1024
+    v4 = layers(T.DeepseekV4Config(num_hidden_layers=2))[0]
+    assert v4.sink == "learned" and v4.rotary_start == 512 - v4.rotary_dim and v4.qk_reference
+    zamba2 = T.Zamba2Config(num_hidden_layers=4, layers_block_type=["mamba", "hybrid"] * 2)
+    assert [l.method for l in layers(zamba2)] == [N] * 4
+    zamba2.use_mem_rope = True
+    assert [l.method for l in layers(zamba2)] == [N, R, N, R]
