@@ -786,10 +786,10 @@ def census(bridge: Any, static: HFDescription) -> dict[str, Any]:
         with torch.no_grad():
             bridge(tokens, attention_mask=torch.ones_like(tokens))
     except Exception as error:  # a bridge that builds but cannot run is refused, whatever it raised
-        raise UnsupportedModelError(
-            f"TransformerLens bridges {static.architecture} but its forward pass fails "
-            f"({type(error).__name__}: {_one_line(error)})"
-        ) from None
+        who = (f"TransformerLens bridges {static.architecture}" if hasattr(bridge, "blocks")
+               else f"nopelens hooks {static.architecture}")
+        raise UnsupportedModelError(f"{who} but its forward pass fails ({type(error).__name__}: {_one_line(error)})"
+                                    ) from None
     finally:
         bridge.train(was_training)
         for point, handle in handles:
