@@ -22,7 +22,7 @@ from nopelens.models.methods.nope import NoPE
 from nopelens.models.positions import rope_angles
 
 from .numerics import as_ids, dot_scores
-from .subjects import RopeSpec, Subject, audited_hook
+from .subjects import DecodingUnavailable, RopeSpec, Subject, audited_hook
 
 
 class BridgeSubject(Subject):
@@ -364,11 +364,17 @@ class HookedSubject(BridgeSubject):
         with self.capture_position_ids() as seen, warnings.catch_warnings():
             # transformers 5.24 renames past_key_values to cache in some families and warns about it
             warnings.filterwarnings("ignore", message=".*past_key_values.*", category=FutureWarning)
-            out = hf(tokens[:, :split], attention_mask=mask[:, :split], position_ids=ids[:, :split], use_cache=True)
-            pieces.append(out.logits)
-            for t in range(split, tokens.shape[1]):
-                out = hf(tokens[:, t:t + 1], attention_mask=mask[:, :t + 1], position_ids=ids[:, t:t + 1],
-                         past_key_values=out.past_key_values, use_cache=True)
+            try:
+                out = hf(tokens[:, :split], attention_mask=mask[:, :split], position_ids=ids[:, :split], use_cache=True)
                 pieces.append(out.logits)
+                for t in range(split, tokens.shape[1]):
+                    out = hf(tokens[:, t:t + 1], attention_mask=mask[:, :t + 1], position_ids=ids[:, t:t + 1],
+                             past_key_values=out.past_key_values, use_cache=True)
+                    pieces.append(out.logits)
+            except Exception as error:  # the model's own cache, not nopelens: say so, never a traceback
+                from nopelens.models.hf import _one_line
+
+                raise DecodingUnavailable(f"{type(hf).__name__}'s own KV cache fails when decoding one token at a "
+                                          f"time ({type(error).__name__}: {_one_line(error)})") from None
         step_ids = torch.cat(seen, 1) if len(seen) == len(pieces) else None
         return torch.cat(pieces, 1), {"step_ids": step_ids, "cache_ids": None}

@@ -102,7 +102,12 @@ def step9_cached_decoding(run: Run) -> StepResult:
     if s.decoding_unreadable() is not None:
         return make_step(9, [], {}, "", s.decoding_unreadable())
     split = max(p.n_pad + 1, p.tokens.shape[1] // 2)
-    logits, record = s.decode_incrementally(p.tokens, p.mask, split)
+    from .subjects import DecodingUnavailable
+
+    try:
+        logits, record = s.decode_incrementally(p.tokens, p.mask, split)
+    except DecodingUnavailable as reason:
+        return make_step(9, [], {}, "", str(reason))
     checks, evidence = [], {"prefix_length": split, "decoded_one_token_at_a_time": p.tokens.shape[1] - split}
     step_ids = record["step_ids"]
     if step_ids is not None:

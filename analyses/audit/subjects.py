@@ -22,6 +22,11 @@ from nopelens.models.masks import CAUSAL, KeyWindow
 from nopelens.models.methods import METHODS, QK_ROTATION, SCORE_BIAS, PositionMethod, get_method
 
 
+class DecodingUnavailable(RuntimeError):
+    """Raised by :meth:`Subject.decode_incrementally` when the model's own KV cache cannot run; step 9
+    is then not applicable, with this message as its reason."""
+
+
 @dataclass
 class RopeSpec:
     """RoPE as the model declares it: rotated dims per head, base b and pair layout."""
