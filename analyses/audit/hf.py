@@ -1,4 +1,5 @@
-"""HF models as audit subjects, read through :func:`nopelens.models.hf.describe`.
+"""HF models as audit subjects (bridged, or hooked with forward hooks), read through
+:func:`nopelens.models.hf.describe`.
 
 Everything family-specific (per-layer method, RoPE parameters, score scale and soft-capping, q/k
 norms, which hooks carry what they say, how positions enter the model) comes from the description
