@@ -601,10 +601,11 @@ class Decoder(tl_compat.TransformerLensCompat):
             raise ValueError(f"{string!r} is {tokens.numel()} tokens, not a single token")
         return int(tokens.item())
 
-    def generate(self, input="", max_new_tokens=10, **kwargs):
-        """Continue a prompt, greedy or sampled, with or without the KV cache (TransformerLens'
-        signature); see :func:`~nopelens.models.generation.generate` for every argument."""
-        return generation.generate(self, input, max_new_tokens, **kwargs)
+    def generate(self, input="", max_new_tokens=10, *args, **kwargs):
+        """Continue a prompt, greedy or sampled, with or without the KV cache (the arguments of
+        TransformerLens' ``TransformerBridge.generate``, in its order); see
+        :func:`~nopelens.models.generation.generate` for every argument."""
+        return generation.generate(self, input, max_new_tokens, *args, **kwargs)
 
 
 def _is_hooked(hook: HookPoint | None) -> bool:

@@ -11,6 +11,8 @@ MODULES = [
     "nopelens.models.masks",
     "nopelens.models.tasks",
     "nopelens.models.training",
+    "nopelens.models.tl_compat",
+    "nopelens.models.generation",
     "nopelens.circuits.counter",
     "nopelens.circuits.distance",
     "nopelens.circuits.demos",
