@@ -294,6 +294,7 @@ class TransformerLensCompat(HookedRootModule):
                 ``has_batch_dim`` is then False.
             incl_bwd: also backpropagate the output and cache each hook point's gradient as
                 ``{name}_grad``. The output must be the scalar loss: pass ``return_type="loss"``.
+                As in TransformerLens, the parameters' ``.grad`` accumulate.
             pos_slice: keep only these positions (TransformerLens ``Slice`` input) along each
                 hook's position axis (:func:`pos_axis`).
             *model_args, **model_kwargs: the forward pass's arguments.
