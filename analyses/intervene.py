@@ -49,6 +49,7 @@ from scipy import stats
 from sklearn.metrics import r2_score
 from torch import Tensor
 
+from nopelens.models.hooks import act_name, act_names
 from nopelens.probes import (
     Activations,
     collect,
@@ -169,7 +170,7 @@ def project_out_hook(direction: Tensor, center: Tensor) -> Callable:
 
 def mean_values(model, tokens: Tensor, attention_mask: Tensor, blocks: Sequence[int]) -> dict[int, Tensor]:
     """Mean ``hook_v`` ``[head_index, d_head]`` per block over real tokens after the first of each row."""
-    sites = [f"blocks.{block}.attn.hook_v" for block in blocks]
+    sites = act_names("v", blocks)
     acts = collect(model, tokens, sites, attention_mask=attention_mask, batch_size=32)
     later = acts.position > 0
     return {block: torch.from_numpy(acts.acts[site][later].mean(0)) for block, site in zip(blocks, sites)}
@@ -178,11 +179,11 @@ def mean_values(model, tokens: Tensor, attention_mask: Tensor, blocks: Sequence[
 def sink_hooks(block: int, mode: str, first: Tensor, mean_value: Tensor | None = None) -> HookList:
     """The hooks of one sink ablation of ``block`` (``remove_key`` or ``mean_value``)."""
     if mode == "remove_key":
-        return [(f"blocks.{block}.attn.hook_attn_scores", remove_first_key_hook(first))]
+        return [(act_name("attn_scores", block), remove_first_key_hook(first))]
     if mode == "mean_value":
         if mean_value is None:
             raise ValueError("mode 'mean_value' needs the mean value of the block")
-        return [(f"blocks.{block}.attn.hook_v", replace_first_value_hook(first, mean_value))]
+        return [(act_name("v", block), replace_first_value_hook(first, mean_value))]
     raise ValueError(f"sink ablation mode must be one of {SINK_MODES}, got {mode!r}")
 
 
@@ -204,7 +205,7 @@ def check_sink_ablation(model, block: int, mode: str, tokens: Tensor, attention_
     name = hooks[0][0]
     if name not in model.hook_dict:
         raise NotApplicable(f"no hook point {name}: the sink cannot be ablated in block {block}")
-    pattern_site, out_site = f"blocks.{block}.attn.hook_pattern", f"blocks.{block}.hook_attn_out"
+    pattern_site, out_site = act_name("pattern", block), act_name("attn_out", block)
     needed = [pattern_site, out_site] if mode == "remove_key" else [out_site]
     unverifiable = [site for site in needed if site not in model.hook_dict]
     if unverifiable:
@@ -241,10 +242,10 @@ def later_tokens(acts: Activations, renumber: bool = False) -> Activations:
 
 def qk_sites(model, block: int) -> tuple[str, str]:
     """The (rotated, where the model rotates) query and key hook names of ``block``."""
-    rotated = (f"blocks.{block}.attn.hook_rot_q", f"blocks.{block}.attn.hook_rot_k")
+    rotated = (act_name("rot_q", block), act_name("rot_k", block))
     if all(site in model.hook_dict for site in rotated):
         return rotated
-    return f"blocks.{block}.attn.hook_q", f"blocks.{block}.attn.hook_k"
+    return act_name("q", block), act_name("k", block)
 
 
 @dataclass(frozen=True)
@@ -565,7 +566,7 @@ def position_patching(model, tokens: Tensor, n_layers: int, settings: ProbeSetti
         if not low <= position < length:
             raise ValueError(f"patched positions must lie in {low}..{length - 1} (the copy holds those tokens), got {position}")
     read_site = resid_site(n_layers)
-    sites = [f"blocks.{layer}.hook_resid_pre" for layer in range(n_layers)]
+    sites = act_names("resid_pre", n_layers)
     original = collect(model, tokens, sites + [read_site])
     source = collect(model, copy, sites + [read_site])
     probe = make_probe("regression", seed=settings.seed, dtype=original.dtype(read_site)).fit(

@@ -52,6 +52,7 @@ import torch
 from tqdm.auto import tqdm
 
 import nopelens
+from nopelens.models.hooks import act_name, act_names
 from nopelens.models.io import read_json, write_csv_atomic, write_json_atomic
 from nopelens.models.progress import progress_bar
 from nopelens.models.threads import one_thread
@@ -161,11 +162,11 @@ def analyse_subject(subject: Subject, settings: SweepSettings) -> dict[str, pd.D
     """Probe, sink and variance tables of one subject (see the module docstring)."""
     layers = subject.n_layers
     residual = resid_sites(layers)
-    blocks = [(f"blocks.{l}.hook_attn_out", f"blocks.{l}.hook_mlp_out") for l in range(layers)]
+    blocks = [(act_name("attn_out", l), act_name("mlp_out", l)) for l in range(layers)]
     inner = [site for pair in blocks for site in pair if subject.usable(site)]
     qk = [_qk_sites(subject, l) for l in range(layers)]
     scores = score_sites(subject.model, layers, subject.hf)
-    patterns = [f"blocks.{l}.attn.hook_pattern" for l in range(layers)]
+    patterns = act_names("pattern", layers)
     sites = residual + inner + [s for pair in qk for s in pair] + patterns + scores
     acts = collect(subject.model, subject.tokens, sites, attention_mask=subject.attention_mask, batch_size=32)
 
@@ -182,8 +183,7 @@ def analyse_subject(subject: Subject, settings: SweepSettings) -> dict[str, pd.D
     probes.insert(0, "model", subject.name)
 
     sinks = sink_conditions(subject, acts)
-    variance = attention_variance(acts, sites=[f"blocks.{l}.hook_attn_out" for l in range(layers)
-                                               if f"blocks.{l}.hook_attn_out" in acts.acts])
+    variance = attention_variance(acts, sites=[site for site in act_names("attn_out", layers) if site in acts.acts])
     if subject.has_bos:  # every sequence has the same token at 0, so its variance is exactly 0
         variance = variance[variance["position"] > 0]
     # sink ablation (issue 14): next-layer absolute-index R^2 with block l's first key removed
@@ -209,10 +209,10 @@ def _qk_sites(source, layer: int) -> tuple[str, str]:
     ``source`` is a :class:`Subject` (whose HF description says which hooks fire) or a bare model.
     """
     usable = source.usable if isinstance(source, Subject) else (lambda site: site in source.hook_dict)
-    rotated = (f"blocks.{layer}.attn.hook_rot_q", f"blocks.{layer}.attn.hook_rot_k")
+    rotated = (act_name("rot_q", layer), act_name("rot_k", layer))
     if all(usable(site) for site in rotated):
         return rotated
-    return f"blocks.{layer}.attn.hook_q", f"blocks.{layer}.attn.hook_k"
+    return act_name("q", layer), act_name("k", layer)
 
 
 def score_sites(model, n_layers: int, hf=None) -> list[str]:
@@ -223,7 +223,7 @@ def score_sites(model, n_layers: int, hf=None) -> list[str]:
     """
     if hf is not None and not hf.scores_hook:
         return []
-    sites = [f"blocks.{l}.attn.hook_attn_scores" for l in range(n_layers)]
+    sites = act_names("attn_scores", n_layers)
     return [site for site in sites if site in model.hook_dict and (hf is None or hf.fires(site))]
 
 

@@ -7,6 +7,8 @@ import dataclasses
 
 import torch
 
+from nopelens.models.hooks import act_names
+
 from . import report
 from .subjects import resolve
 from .sweep import SweepSettings, sweep
@@ -84,7 +86,7 @@ def run_sinks(args: argparse.Namespace) -> int:
 
     from .sweep import sink_conditions
 
-    sites = [f"blocks.{l}.attn.hook_pattern" for l in range(subject.n_layers)]
+    sites = act_names("pattern", subject.n_layers)
     with torch.no_grad():
         acts = collect(subject.model, subject.tokens, sites, attention_mask=subject.attention_mask, batch_size=32)
         table = sink_conditions(subject, acts)

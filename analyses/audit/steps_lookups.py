@@ -7,6 +7,7 @@ from dataclasses import asdict
 import torch
 from torch import Tensor
 
+from nopelens.models.hooks import act_name
 from nopelens.models.methods import QK_ROTATION
 from nopelens.models.positions import apply_rope, rope_angles
 
@@ -105,7 +106,7 @@ def _rope_offset_checks(run: Run, layers: list[int], shift: int, evidence: dict)
         kept[hook.name] = x.detach().clone()
 
     site = s.content_hook if s.scores_trusted else "hook_pattern"  # a pattern-only model: compare patterns
-    names = [f"blocks.{l}.attn.{site}" for l in layers]
+    names = [act_name(site, l) for l in layers]
     s.forward(p.tokens, p.mask, p.ids + shift, [(n, keep) for n in names])
     allowed = p.allowed()
     checks = []

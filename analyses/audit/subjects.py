@@ -18,6 +18,7 @@ from jaxtyping import Float
 from torch import Tensor
 
 from nopelens.models import Decoder, KVCache
+from nopelens.models.hooks import act_name
 from nopelens.models.methods import METHODS, QK_ROTATION, SCORE_BIAS, PositionMethod, get_method
 
 
@@ -226,7 +227,7 @@ class DecoderSubject(Subject):
         return torch.cat(pieces, 1), {"step_ids": torch.cat(seen, 1), "cache_ids": cache.position_ids}
 
     def forward_without_bias(self, tokens, mask, fwd_hooks):
-        zero = [(f"blocks.{l}.attn.hook_pos_bias", lambda x, hook: torch.zeros_like(x))
+        zero = [(act_name("pos_bias", l), lambda x, hook: torch.zeros_like(x))
                 for l in self.layers_acting(SCORE_BIAS)]
         self.forward(tokens, mask, None, zero + list(fwd_hooks))
         return True
