@@ -17,7 +17,7 @@ from transformers import (
     LlamaForCausalLM,
 )
 
-from nopelens.analyses import audit_cmd
+from nopelens.analyses.cli import audit as audit_cmd
 from nopelens.analyses.audit import STATUSES, audit
 from nopelens.analyses.cli import main
 from nopelens.models import Decoder, DecoderConfig

@@ -9,7 +9,8 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from nopelens.analyses import cli, demo
+from nopelens.analyses import cli
+from nopelens.analyses.cli import demo
 from nopelens.analyses.audit import audit
 from nopelens.circuits import previous_token
 from nopelens.models import Decoder, DecoderConfig

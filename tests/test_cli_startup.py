@@ -21,7 +21,7 @@ def test_command_table_matches_what_the_modules_register():
 
 def test_a_command_gets_its_full_parser_alone():
     args = build_parser(["probe", "circuit", "--seeds", "0,1"]).parse_args(["probe", "circuit", "--seeds", "0,1"])
-    assert (args.command, args.model, args.seeds) == ("probe", "circuit", "0,1")
+    assert (args.command, args.model, args.seeds) == ("probe", "circuit", (0, 1))
 
 
 def test_top_level_help_imports_neither_torch_nor_pandas():

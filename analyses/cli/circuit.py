@@ -31,7 +31,7 @@ from nopelens.circuits import demos  # noqa: E402
 from nopelens.circuits.counter import CONSTRUCTIONS  # noqa: E402
 from nopelens.models.io import write_csv_atomic  # noqa: E402
 
-from .report import save_figure  # noqa: E402
+from nopelens.analyses.report import save_figure  # noqa: E402
 
 SUBJECTS = ("counter", "distance", "previous-token", "equivariance", "mask-table")
 
