@@ -302,10 +302,22 @@ def load_hf_dir(directory: Path) -> Any:
         model = AutoModelForCausalLM.from_pretrained(directory, local_files_only=True, use_safetensors=True)
     except (OSError, ValueError) as error:
         raise ValueError(f"{directory} holds no loadable HF causal LM: {error}") from None
+    except _config_errors() as error:  # a config field of the wrong type, e.g. "hidden_size": "big"
+        raise ValueError(f"{directory}/config.json is not a valid config: {' '.join(str(error).split())}") from None
     except SafetensorError as error:
         raise ValueError(f"{directory}: a safetensors weight file is corrupted or truncated ({error})") from None
     model.config._attn_implementation = "eager"
     return bridge_hf_model(model.eval())
+
+
+def _config_errors() -> tuple[type[Exception], ...]:
+    """What transformers raises for a config.json field of the wrong type (huggingface_hub's strict
+    dataclasses), besides ValueError."""
+    try:
+        from huggingface_hub.errors import StrictDataclassError
+    except ImportError:  # pragma: no cover - an older huggingface_hub raises ValueError or TypeError
+        return (TypeError,)
+    return (StrictDataclassError, TypeError)
 
 
 def _hf_bos_id(directory: Path) -> int | None:

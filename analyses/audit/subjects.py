@@ -188,6 +188,13 @@ class DecoderSubject(Subject):
         """The ``Attention`` module of a layer (owner of its method's parameters)."""
         return self.model.blocks[layer].attn
 
+    @property
+    def declaration(self):
+        """The model's declared config (what a checkpoint stores): every reference the audit
+        computes (RoPE's base and fraction, Shaw's clip, T5's buckets) comes from it, never from
+        a layer's own copy, so a layer that deviates from the declaration fails."""
+        return self.model.cfg
+
     def input_reference(self, position_ids: Tensor, width: int) -> Tensor:
         """What ``hook_pos_embed`` must be at the ids, float64, from the input method's formula."""
         return self.input_method.reference_vectors(self.model, position_ids, width)
