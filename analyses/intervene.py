@@ -64,7 +64,7 @@ from nopelens.probes import (
     sequence_splits,
 )
 
-from . import runs
+from . import report, runs
 from .reads import bilinear_mode
 from .subjects import Subject, check_spec, qk_sites, resolve
 
@@ -770,8 +770,6 @@ def run_intervene(settings: InterveneSettings, out: Path, progress: bool = True)
                                          "position patching"))
     tables["summary"] = sink_summary(tables["sink_probes"], tables["sink_behavior"]).assign(model=subject.name)
     write_csv_atomic(tables["summary"], out / "summary.csv")
-    from . import report
-
     report.save_figure(report.intervention_figure(tables, subject.name), out / "intervene")
     return tables
 

@@ -250,31 +250,3 @@ def audited_hook(name: str) -> bool:
 ATTENTION_HOOKS = ("hook_q", "hook_k", "hook_q_normed", "hook_k_normed", "hook_v", "hook_rot_q", "hook_rot_k",
                    "hook_content_scores",
                     "hook_pos_bias", "hook_attn_scores", "hook_pattern", "hook_z", "hook_cos", "hook_sin")
-
-
-def make_subject(model: Any, name: str | None) -> tuple[Subject, dict[str, Any]]:
-    """Wrap a Decoder, a TrainedModel, a TransformerBridge or an HF model for the audit."""
-    metadata: dict[str, Any] = {}
-    if hasattr(model, "model") and hasattr(model, "metadata") and isinstance(model.model, Decoder):
-        metadata = dict(model.metadata or {})
-        model = model.model
-    if isinstance(model, Decoder):
-        return DecoderSubject(model, name or f"Decoder({model.cfg.position_name})"), metadata
-    if hasattr(model, "original_model") and hasattr(model, "blocks"):
-        from .hf import BridgeSubject
-
-        return BridgeSubject(model, name or type(model.original_model).__name__), metadata
-    try:
-        from transformers import PreTrainedModel
-    except ImportError:  # pragma: no cover - transformers is a dependency of transformer-lens
-        PreTrainedModel = ()
-    if isinstance(model, PreTrainedModel):
-        from nopelens.models.adapters import bridge_hf_model
-
-        from .hf import BridgeSubject
-
-        return BridgeSubject(bridge_hf_model(model), name or type(model).__name__), metadata
-    raise TypeError(
-        f"audit needs a nopelens Decoder, a TrainedModel, a TransformerBridge or an HF causal LM; "
-        f"got {type(model).__name__}"
-    )
