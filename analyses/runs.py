@@ -80,7 +80,7 @@ def claim(folder: str | Path, kind: str, settings: dict[str, Any], ignore: Seque
         raise ValueError(f"unknown run kind {kind!r}; known: {', '.join(KINDS)}")
     for other in KINDS:
         if other != kind and ((folder / f"{other}.json").is_file() or _legacy(folder, other).is_file()):
-            raise ValueError(f"{folder} holds a {other} run; use another --out folder for this {kind} run")
+            raise ValueError(f"{folder} holds a run of nopelens {other}; use another --out folder for this {kind} run")
     digest = settings_digest(settings, ignore)
     previous = _stamped_settings(folder, kind)
     if previous is not None and settings_digest(previous, ignore) != digest:
@@ -88,7 +88,7 @@ def claim(folder: str | Path, kind: str, settings: dict[str, Any], ignore: Seque
                            if key not in ignore and _json(previous.get(key)) != _json(settings.get(key)))
         changes = "; ".join(f"{key}: {_json(previous.get(key))} there, {_json(settings.get(key))} now"
                             for key in differing)
-        raise ValueError(f"{folder} holds a {kind} run made with other settings ({changes}); "
+        raise ValueError(f"{folder} holds a run of nopelens {kind} made with other settings ({changes}); "
                          "use another --out folder, or delete it to start over")
     write_json_atomic({"digest": digest, "settings": settings}, folder / f"{kind}.json")
     return folder
