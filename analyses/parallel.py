@@ -111,7 +111,7 @@ def _executor(jobs: int, scheduler: str | None, security: str | Path | None = No
         raise ValueError('--scheduler needs Dask distributed, which is not installed: pip install "nopelens[dask]"') from None
     settings = dask_security(security)
     scheme = scheduler.split("://", 1)[0] if "://" in scheduler else "tcp"
-    if scheme not in ("tcp", "tls"):
+    if scheme not in ("tcp", "tls", "inproc"):  # inproc: a cluster inside this process
         raise ValueError(f"--scheduler takes a tls:// or tcp:// address, got {scheduler!r}")
     if scheme == "tls" and not (settings.tls_ca_file and settings.tls_client_cert):
         raise ValueError(f"--scheduler {scheduler} is a TLS address, but no TLS settings were given: pass "
