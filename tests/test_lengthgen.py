@@ -80,7 +80,7 @@ def test_summary_arithmetic():
 
 def test_cli_quick_subset(tmp_path, capsys):
     code = main(["lengthgen", "--out", str(tmp_path), "--quick", "--tasks", "repeat", "--methods", "rope",
-                 "--seeds", "0", "--steps", "2", "--threads", "1", "--no-progress"])
+                 "--seeds", "0", "--steps", "2", "--threads", "1", "--quiet"])
     assert code == 0
     out = capsys.readouterr().out
     assert "rope" in out and "kazemnejad_2023_repeat_copy" in out

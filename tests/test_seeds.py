@@ -95,7 +95,7 @@ def test_train_seeds_train_once_per_seed(tmp_path):
     from nopelens.models.checkpoint import read_metadata
 
     common = ["train", "--task", "copy", "--steps", "2", "--layers", "1", "--d-model", "16", "--batch-size", "4",
-              "--max-len", "3", "--no-progress", "--threads", "1", "--out", str(tmp_path)]
+              "--max-len", "3", "--quiet", "--threads", "1", "--out", str(tmp_path)]
     assert main([*common, "--seeds", "0,1"]) == 0
     assert [read_metadata(tmp_path / f"seed{s}" / "checkpoint")["seed"] for s in (0, 1)] == [0, 1]
     assert main([*common, "--seeds", "0", "--seed", "3"]) == 2
