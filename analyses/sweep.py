@@ -31,8 +31,12 @@ over seeds with their spread (see :mod:`nopelens.analyses.seeds`). A sweep's uni
 (model, training seed); :mod:`nopelens.analyses.parallel` runs these in this process, in local
 worker processes (``jobs``) or on a Dask cluster (``scheduler``).
 
-Results go to a run folder: ``probes.csv``, ``sinks.csv``, ``variance.csv``, ``summary.csv``,
-figures (PNG; SVG on request) and ``summary.md``. Each (model, seed)'s tables are written under
+What the summary reports per model (one column, header and figure panel each) are the reads of
+:data:`~nopelens.analyses.reads.SWEEP_READS`; the probe rows come from their target functions.
+
+Results go to a run folder (:mod:`~nopelens.analyses.runs`): ``probes.csv``, ``sinks.csv``,
+``variance.csv``, ``sink_ablation.csv``, ``summary.csv``, figures (PNG; SVG on request),
+``summary.md`` and the stamp ``sweep.json``. Each (model, seed)'s tables are written under
 ``parts/`` once it is done, so an interrupted sweep resumes where it stopped.
 """
 

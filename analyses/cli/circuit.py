@@ -24,14 +24,12 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 import seaborn as sns  # noqa: E402
-import torch  # noqa: E402
 
 from nopelens import circuits  # noqa: E402
+from nopelens.analyses.report import save_figure  # noqa: E402
 from nopelens.circuits import demos  # noqa: E402
 from nopelens.circuits.counter import CONSTRUCTIONS  # noqa: E402
 from nopelens.models.io import write_csv_atomic  # noqa: E402
-
-from nopelens.analyses.report import save_figure  # noqa: E402
 
 SUBJECTS = ("counter", "distance", "previous-token", "equivariance", "mask-table")
 
