@@ -1,14 +1,7 @@
-"""``nopelens circuit``: build a hand-set circuit or run a seed demo, print its checks, draw its figure.
+"""``nopelens circuit``: build a hand-set circuit or run a seed demo, print its checks, draw its figure
+(:mod:`nopelens.analyses.circuit_checks`).
 
-Subjects:
-
-- ``counter``: Theorem 1 (Kazemnejad et al. 2023, App. C); counter and position dims vs position.
-- ``distance``: Theorem 2; the layer-2 pattern next to the Decoder's own ALiBi head of slope m.
-- ``previous-token``: the -c (i - j - 1)^2 head; its pattern and its mass on j = i - 1.
-- ``equivariance``: seed 001, Attention(PX) = P Attention(X) with and without a causal mask.
-- ``mask-table``: seed 000, the FIG-004 causal table, the fully-masked rejection, blocking vs a zero score.
-
-Each writes ``<subject>.png``, ``<subject>.svg`` and ``<subject>_checks.csv`` into ``--out``
+Each subject writes ``<subject>.png``, ``<subject>.svg`` and ``<subject>_checks.csv`` into ``--out``
 (atomically: temp file, then rename) and exits 1 if a check fails.
 """
 
@@ -17,44 +10,12 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-import matplotlib
+import pandas as pd
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-import pandas as pd  # noqa: E402
-import seaborn as sns  # noqa: E402
-
-from nopelens import circuits  # noqa: E402
-from nopelens.analyses.report import save_figure  # noqa: E402
-from nopelens.circuits import demos  # noqa: E402
-from nopelens.circuits.counter import CONSTRUCTIONS  # noqa: E402
-from nopelens.models.io import write_csv_atomic  # noqa: E402
-
-SUBJECTS = ("counter", "distance", "previous-token", "equivariance", "mask-table")
-
-# (check name, bound, "max" if the value must stay <= bound, "min" if it must exceed it)
-COUNTER_BOUNDS = {
-    "counter_max_error": (1e-6, "max"),
-    "position_max_error": (1e-4, "max"),
-    "no_bos_counter_max_abs": (0.0, "max"),
-    "constant_input_max_pattern_deviation": (1e-6, "max"),
-}
-DISTANCE_BOUNDS = {"pattern_max_error": (1e-5, "max")}
-PREVIOUS_BOUNDS = {"min_previous_mass": (0.99, "min"), "row0_self_mass": (1.0 - 1e-6, "min")}
-
-
-def _passes(value: float, bound: float, kind: str) -> bool:
-    return value <= bound if kind == "max" else value > bound
-
-
-def _checks_table(subject: str, values: dict, bounds: dict) -> pd.DataFrame:
-    rows = []
-    for name, value in values.items():
-        bound, kind = bounds.get(name, (None, None))
-        passed = None if bound is None else _passes(float(value), bound, kind)
-        rows.append({"subject": subject, "check": name, "value": value, "bound": bound, "kind": kind, "passed": passed})
-    return pd.DataFrame(rows)
+from nopelens.analyses.circuit_checks import RUNNERS, SUBJECTS, CircuitSettings
+from nopelens.analyses.report import save_figure
+from nopelens.circuits.counter import CONSTRUCTIONS
+from nopelens.models.io import write_csv_atomic
 
 
 def _print_checks(table: pd.DataFrame) -> None:
@@ -71,129 +32,13 @@ def save_table(table: pd.DataFrame, out: Path, stem: str) -> Path:
     return write_csv_atomic(table, out / f"{stem}.csv")
 
 
-# ----------------------------------------------------------------------------- subjects
-def run_counter(args) -> tuple[pd.DataFrame, plt.Figure]:
-    model = circuits.counter(args.n_ctx, d_vocab=args.d_vocab, construction=args.construction)
-    print(model.circuit.describe())
-    values = circuits.check_counter(model, seed=args.seed)
-    control = demos.constant_input_control(model, token=1, length=args.n_ctx)
-    values.update({f"constant_input_{name}": value for name, value in control.items()})
-    trace = circuits.counter_trace(model, circuits.circuit_tokens(model, seed=args.seed))
-    no_bos = circuits.counter_trace(model, circuits.circuit_tokens(model, seed=args.seed, bos=False))
-
-    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
-    sns.lineplot(x=trace.position, y=trace.expected_counter, ax=left, color="0.6", linestyle="--", label="1/(i+1)")
-    sns.scatterplot(x=trace.position, y=trace.counter, ax=left, s=14, label="counter dim, BOS first")
-    sns.scatterplot(x=no_bos.position, y=no_bos.counter, ax=left, s=14, marker="x", label="counter dim, no BOS")
-    left.set(xlabel="position i", ylabel="counter dimension after layer 1", title="Theorem 1: the counter")
-    sns.lineplot(x=trace.position, y=trace.position, ax=right, color="0.6", linestyle="--", label="i")
-    sns.scatterplot(x=trace.position, y=trace.position_value, ax=right, s=14, label="position dim")
-    right.set(xlabel="position i", ylabel="position dimension after layer 1",
-              title=f"MLP inverse ({args.construction}): max error {values['position_max_error']:.1e}")
-    return _checks_table("counter", values, COUNTER_BOUNDS), fig
-
-
-def run_distance(args) -> tuple[pd.DataFrame, plt.Figure]:
-    model = circuits.distance(args.n_ctx, slope=args.slope, d_vocab=args.d_vocab, construction=args.construction)
-    print(model.circuit.describe())
-    values = circuits.check_distance(model, seed=args.seed)
-    pattern = circuits.head_pattern(model, circuits.circuit_tokens(model, seed=args.seed)).numpy()
-    reference = circuits.alibi_reference_pattern(args.n_ctx, args.slope).numpy()
-    fig, axes = plt.subplots(1, 3, figsize=(15, 4.5))
-    panels = [
-        (pattern, "circuit: blocks.1.attn.hook_pattern"),
-        (reference, f"Decoder ALiBi head {values['alibi_head']} of {values['alibi_heads']} (m = {args.slope:g})"),
-        (np.abs(pattern - reference), f"|difference| (max {values['pattern_max_error']:.1e})"),
-    ]
-    for ax, (matrix, title) in zip(axes, panels):
-        sns.heatmap(matrix, ax=ax, cmap="viridis", square=True, xticklabels=False, yticklabels=False)
-        ax.set(xlabel="key position j", ylabel="query position i", title=title)
-    return _checks_table("distance", values, DISTANCE_BOUNDS), fig
-
-
-def run_previous_token(args) -> tuple[pd.DataFrame, plt.Figure]:
-    model = circuits.previous_token(args.n_ctx, sharpness=args.sharpness, d_vocab=args.d_vocab, construction=args.construction)
-    print(model.circuit.describe())
-    values = circuits.check_previous_token(model, seed=args.seed)
-    tokens = circuits.circuit_tokens(model, seed=args.seed)
-    pattern = circuits.head_pattern(model, tokens).numpy()
-    mass = circuits.previous_token_mass(model, tokens)
-    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.5))
-    sns.heatmap(pattern, ax=left, cmap="viridis", square=True, xticklabels=False, yticklabels=False)
-    left.set(xlabel="key position j", ylabel="query position i", title=f"previous-token head (c = {args.sharpness:g})")
-    sns.lineplot(x=mass.position[1:], y=mass.previous_mass[1:], ax=right, marker="o", markersize=3)
-    right.axhline(0.99, color="0.6", linestyle="--", label="0.99")
-    right.set(xlabel="query position i", ylabel="attention on j = i - 1", title="mass on the previous token")
-    right.legend()
-    return _checks_table("previous_token", values, PREVIOUS_BOUNDS), fig
-
-
-def run_equivariance(args) -> tuple[pd.DataFrame, plt.Figure]:
-    result = demos.permutation_equivariance(seed=args.seed)
-    expected = {"all_visible": True, "fixed_causal_mask": False, "permuted_causal_mask": True, "nope_decoder_causal": False}
-    print("seed 001: Attention(PX) == P Attention(X)?  (P reorders rows [0, 1, 2] to [2, 0, 1])")
-    rows = []
-    for name, want in expected.items():
-        got, error = result[name], result[f"{name}_max_error"]
-        print(f"  {name:<24} {str(got):<5} (max |A(PX) - P A(X)| = {error:.2e}; expected {want})")
-        rows.append({"subject": "equivariance", "check": name, "value": got, "max_error": error, "expected": want, "passed": got == want})
-    table = pd.DataFrame(rows)
-    fig, ax = plt.subplots(figsize=(7, 4))
-    plot = table.assign(max_error=table.max_error.clip(lower=1e-17), equivariant=table.value)  # log axis: 0 -> 1e-17
-    sns.barplot(data=plot, x="check", y="max_error", hue="equivariant", ax=ax, dodge=False)
-    ax.set(yscale="log", xlabel="", ylabel="max |Attention(PX) - P Attention(X)|", title="seed 001: permutation equivariance")
-    ax.tick_params(axis="x", rotation=15)
-    return table, fig
-
-
-def run_mask_table(args) -> tuple[pd.DataFrame, plt.Figure]:
-    table = demos.causal_table()
-    print("seed 000, FIG-004: causal visibility (rows: queries, columns: keys)")
-    print(table.to_string())
-    empty_rows = demos.rows_with_no_allowed_key(table)
-    print(f"  rows with no allowed key: {empty_rows or 'none'}")
-    message = demos.fully_masked_rejection()
-    print(f"  fully masked input -> ValueError: {message}")
-    weights = demos.blocking_vs_zero_score()
-    print("seed 000: blocking is not scoring zero (query 'rises', key 'rises' blocked or scored 0)")
-    print(weights.round(6).to_string())
-    allowed = weights.index != weights.index[-1]
-    checks = pd.DataFrame(
-        [
-            {"subject": "mask_table", "check": "rows_with_no_allowed_key", "value": len(empty_rows), "passed": not empty_rows},
-            {"subject": "mask_table", "check": "fully_masked_rejected", "value": message, "passed": True},
-            {"subject": "mask_table", "check": "blocked_weight", "value": float(weights.blocked.iloc[-1]),
-             "passed": weights.blocked.iloc[-1] == 0.0},
-            {"subject": "mask_table", "check": "zero_score_weight", "value": float(weights.zero_score.iloc[-1]),
-             "passed": weights.zero_score.iloc[-1] > 0.0},
-            {"subject": "mask_table", "check": "renormalized_max_error",
-             "value": float((weights.blocked - weights.renormalized)[allowed].abs().max()),
-             "passed": bool(np.allclose(weights.blocked, weights.renormalized, atol=1e-12))},
-        ]
-    )
-    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
-    sns.heatmap((table == "Allowed").astype(int), annot=table.to_numpy(), fmt="", cbar=False, cmap="Greens", ax=left)
-    left.set(title="FIG-004: key j visible to query i iff j <= i")
-    long = weights[["unmasked", "zero_score", "blocked"]].reset_index().melt(id_vars="key", var_name="key score", value_name="weight")
-    sns.barplot(data=long, x="key", y="weight", hue="key score", ax=right)
-    right.set(title="blocked (-inf) vs zero score", ylabel="attention weight")
-    return checks, fig
-
-
-RUNNERS = {
-    "counter": run_counter,
-    "distance": run_distance,
-    "previous-token": run_previous_token,
-    "equivariance": run_equivariance,
-    "mask-table": run_mask_table,
-}
-
-
 def run(args: argparse.Namespace) -> int:
     if args.n_ctx < 2:
         raise ValueError(f"--n-ctx must be >= 2, got {args.n_ctx}")
     out = Path(args.out)
-    table, fig = RUNNERS[args.subject](args)
+    settings = CircuitSettings(n_ctx=args.n_ctx, slope=args.slope, sharpness=args.sharpness,
+                               construction=args.construction, d_vocab=args.d_vocab, seed=args.seed)
+    table, fig = RUNNERS[args.subject](settings)
     stem = args.subject.replace("-", "_")
     if args.subject in ("counter", "distance", "previous-token"):
         _print_checks(table)
@@ -210,7 +55,7 @@ def register(subparsers) -> None:
     parser = subparsers.add_parser(
         "circuit",
         help="hand-built NoPE circuits (Kazemnejad et al. 2023) and seed demos, with checks and a figure",
-        description=__doc__.split("\n\n")[0]
+        description="Build a hand-set circuit or run a seed demo, print its checks, draw its figure."
         + " Subjects: counter, distance, previous-token (circuits) and equivariance, mask-table (seed demos).",
         epilog="example: nopelens circuit distance --n-ctx 128 --slope 0.25 --out runs/circuit",
     )
