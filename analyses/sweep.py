@@ -353,7 +353,8 @@ def sweep(settings: SweepSettings, out_dir: str | Path | None = None, progress: 
         if finished is not None:
             tqdm.write(f"nopelens: {_label(*task)}: already measured in {part}, reusing", file=sys.stderr)
             tables, meta = finished
-            done[task] = {name: seeds.with_train_seed(table, task[1]) for name, table in tables.items()}, meta
+            done[task] = {name: _as_measured(name, seeds.with_train_seed(table, task[1]))
+                          for name, table in tables.items()}, meta
     todo = [task for task in tasks if task not in done]
     bar = progress_bar(total=len(tasks), initial=len(done), desc="nopelens sweep", unit="model", disable=not progress)
 
@@ -410,6 +411,14 @@ def _measure(spec: str, train_seed: int, settings: SweepSettings, progress: bool
     meta = dict(name=subject.name, kind=subject.kind, position=subject.position, n_layers=subject.n_layers,
                 has_bos=subject.has_bos, train_lengths=subject.train_lengths, train_seed=train_seed, **subject.info)
     return tables, meta
+
+
+def _as_measured(name: str, table: pd.DataFrame) -> pd.DataFrame:
+    """A part's table as read back, with the dtypes it was measured with: the probe table's layer
+    and block are nullable ints (CSV reads them as floats), so a resumed run writes the same bytes."""
+    if name == "probes":
+        return table.astype({"layer": "Int64", "block": "Int64"})
+    return table
 
 
 def _label(spec: str, train_seed: int) -> str:

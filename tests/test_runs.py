@@ -69,5 +69,7 @@ def test_an_emptied_table_of_a_finished_part_is_named_and_measured_again(tmp_pat
     assert probes.stat().st_size > 0
     for name, table in first.items():
         pd.testing.assert_frame_equal(pd.read_csv(out / f"{name}.csv"), table)
+    fresh = {name: (out / f"{name}.csv").read_bytes() for name in (*TABLES, "summary")}
     sweep(settings, out, progress=True)
     assert "already measured" in capsys.readouterr().err
+    assert {name: (out / f"{name}.csv").read_bytes() for name in fresh} == fresh, "a resumed run writes the same bytes"
