@@ -35,9 +35,12 @@ touched by a sink ablation, and as the only BOS it would be identified by its co
 
 from __future__ import annotations
 
+import dataclasses
+import sys
 import warnings
 from contextlib import contextmanager
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Callable, Iterator, Sequence
 
 import numpy as np
@@ -49,6 +52,8 @@ from scipy import stats
 from sklearn.metrics import r2_score
 from torch import Tensor
 
+from nopelens.models.hooks import act_name, act_names
+from nopelens.models.io import write_csv_atomic
 from nopelens.probes import (
     Activations,
     collect,
@@ -59,11 +64,12 @@ from nopelens.probes import (
     sequence_splits,
 )
 
+from . import report, runs
+from .reads import bilinear_mode
+from .subjects import Subject, check_spec, qk_sites, resolve
+
 SINK_MODES = ("remove_key", "mean_value")
 """How a sink ablation takes the first token out of a block's attention (see the module docstring)."""
-
-MAX_OUTER_FEATURES = 1024
-"""Full outer-product q.k read up to this many features per pair, else the elementwise read (as the sweep)."""
 
 MIN_READ_SHIFT = 0.5
 """Patching normalizes by the index shift the last layer reads between the copy and the original;
@@ -169,7 +175,7 @@ def project_out_hook(direction: Tensor, center: Tensor) -> Callable:
 
 def mean_values(model, tokens: Tensor, attention_mask: Tensor, blocks: Sequence[int]) -> dict[int, Tensor]:
     """Mean ``hook_v`` ``[head_index, d_head]`` per block over real tokens after the first of each row."""
-    sites = [f"blocks.{block}.attn.hook_v" for block in blocks]
+    sites = act_names("v", blocks)
     acts = collect(model, tokens, sites, attention_mask=attention_mask, batch_size=32)
     later = acts.position > 0
     return {block: torch.from_numpy(acts.acts[site][later].mean(0)) for block, site in zip(blocks, sites)}
@@ -178,11 +184,11 @@ def mean_values(model, tokens: Tensor, attention_mask: Tensor, blocks: Sequence[
 def sink_hooks(block: int, mode: str, first: Tensor, mean_value: Tensor | None = None) -> HookList:
     """The hooks of one sink ablation of ``block`` (``remove_key`` or ``mean_value``)."""
     if mode == "remove_key":
-        return [(f"blocks.{block}.attn.hook_attn_scores", remove_first_key_hook(first))]
+        return [(act_name("attn_scores", block), remove_first_key_hook(first))]
     if mode == "mean_value":
         if mean_value is None:
             raise ValueError("mode 'mean_value' needs the mean value of the block")
-        return [(f"blocks.{block}.attn.hook_v", replace_first_value_hook(first, mean_value))]
+        return [(act_name("v", block), replace_first_value_hook(first, mean_value))]
     raise ValueError(f"sink ablation mode must be one of {SINK_MODES}, got {mode!r}")
 
 
@@ -204,7 +210,7 @@ def check_sink_ablation(model, block: int, mode: str, tokens: Tensor, attention_
     name = hooks[0][0]
     if name not in model.hook_dict:
         raise NotApplicable(f"no hook point {name}: the sink cannot be ablated in block {block}")
-    pattern_site, out_site = f"blocks.{block}.attn.hook_pattern", f"blocks.{block}.hook_attn_out"
+    pattern_site, out_site = act_name("pattern", block), act_name("attn_out", block)
     needed = [pattern_site, out_site] if mode == "remove_key" else [out_site]
     unverifiable = [site for site in needed if site not in model.hook_dict]
     if unverifiable:
@@ -239,19 +245,11 @@ def later_tokens(acts: Activations, renumber: bool = False) -> Activations:
     )
 
 
-def qk_sites(model, block: int) -> tuple[str, str]:
-    """The (rotated, where the model rotates) query and key hook names of ``block``."""
-    rotated = (f"blocks.{block}.attn.hook_rot_q", f"blocks.{block}.attn.hook_rot_k")
-    if all(site in model.hook_dict for site in rotated):
-        return rotated
-    return f"blocks.{block}.attn.hook_q", f"blocks.{block}.attn.hook_k"
-
-
 @dataclass(frozen=True)
 class ProbeSettings:
     """How the interventions re-probe: folds, bootstrap replicates, seed, tasks, controls, whether to
     read relative distance from q.k, and the bilinear read (``outer``/``elementwise``; default:
-    outer up to :data:`MAX_OUTER_FEATURES` features per pair, as the sweep)."""
+    outer up to :data:`~nopelens.analyses.reads.MAX_OUTER_FEATURES` features per pair, as the sweep)."""
 
     n_splits: int = 5
     n_boot: int = 200
@@ -280,8 +278,7 @@ def reprobe(model, tokens: Tensor, attention_mask: Tensor, from_layer: int, n_la
     common = dict(n_splits=settings.n_splits, n_boot=settings.n_boot, seed=settings.seed)
     frames = [probe_absolute_index(acts, sites=residual, tasks=settings.tasks, controls=settings.controls, **common)]
     if qk:
-        _, n_heads, d_head = acts.acts[qk[0][0]].shape
-        mode = settings.bilinear or ("outer" if n_heads * d_head * d_head <= MAX_OUTER_FEATURES else "elementwise")
+        mode = settings.bilinear or bilinear_mode(acts, qk[0][0])
         relative = probe_relative_distance(later_tokens(collected, renumber=True), sites=[], feature_kinds=(), attention=qk, bilinear=mode,
                                            tasks=("regression",), controls=settings.controls,
                                            pairs_per_distance=min(64, int(tokens.shape[0])), **common)
@@ -565,7 +562,7 @@ def position_patching(model, tokens: Tensor, n_layers: int, settings: ProbeSetti
         if not low <= position < length:
             raise ValueError(f"patched positions must lie in {low}..{length - 1} (the copy holds those tokens), got {position}")
     read_site = resid_site(n_layers)
-    sites = [f"blocks.{layer}.hook_resid_pre" for layer in range(n_layers)]
+    sites = act_names("resid_pre", n_layers)
     original = collect(model, tokens, sites + [read_site])
     source = collect(model, copy, sites + [read_site])
     probe = make_probe("regression", seed=settings.seed, dtype=original.dtype(read_site)).fit(
@@ -682,3 +679,120 @@ def subset_sequences(acts: Activations, n_sequences: int) -> Activations:
     keep = acts.sequence_id < n_sequences
     return Activations(acts={site: array[keep] for site, array in acts.acts.items()},
                        sequence_id=acts.sequence_id[keep], position=acts.position[keep], token=acts.token[keep])
+
+
+# ----------------------------------------------------------------------------- nopelens intervene's run folder
+#
+# ``run_intervene`` writes: ``sink_probes.csv`` (every re-probe, clean and ablated, with ``delta``),
+# ``sink_behavior.csv`` (loss and exact match per ablation, with paired CIs), ``directions.csv``,
+# ``patching.csv``, ``summary.csv`` (one row per ablated block), the figure ``intervene.png``/``.svg``
+# and the stamp ``intervene.json``. Each table is written atomically once it is done, so an
+# interrupted run resumes from the tables already there (same settings only).
+
+
+@dataclass(frozen=True)
+class InterveneSettings:
+    """What ``nopelens intervene`` measures; equal settings give equal numbers on CPU."""
+
+    model: str
+    n_sequences: int = 40
+    seq_len: int = 64
+    seed: int = 0
+    n_splits: int = 5
+    n_boot: int = 200
+    modes: tuple[str, ...] = SINK_MODES
+    shift: int = 4
+    quick_steps: int | None = None
+
+    def probes(self) -> ProbeSettings:
+        return ProbeSettings(n_splits=self.n_splits, n_boot=self.n_boot, seed=self.seed)
+
+
+def sink_summary(probes: pd.DataFrame, behavior: pd.DataFrame) -> pd.DataFrame:
+    """One row per (mode, ablated block) l: absolute-index R^2 and accuracy at layer l + 1, the q.k
+    distance read of block l + 1 (``qk_*``; none after the last block), each clean -> ablated, and the change in loss and exact match."""
+    linear = probes[(probes["probe"] == "linear") & (probes["condition"] != "clean")]
+    absolute = (linear["target"] == "absolute_index") & (linear["layer"] == linear["ablated_block"] + 1)
+    next_read = (linear["target"] == "relative_distance") & (linear["block"] == linear["ablated_block"] + 1)
+    linear = linear[absolute | next_read]
+    rows = []
+    for (mode, block), group in linear.groupby(["condition", "ablated_block"], sort=False):
+        row = dict(condition=mode, ablated_block=int(block), next_layer=int(block) + 1)
+        for name, target, metric, features in (("abs_r2", "absolute_index", "r2", "token"),
+                                               ("abs_acc", "absolute_index", "accuracy", "token"),
+                                               ("qk_r2", "relative_distance", "r2", None)):
+            hit = group[(group["target"] == target) & (group["metric"] == metric)]
+            if features is not None:
+                hit = hit[hit["features"] == features]
+            if len(hit):
+                first = hit.iloc[0]
+                row.update({f"{name}_clean": first["clean_value"], f"{name}": first["value"],
+                            f"{name}_ci_low": first["ci_low"], f"{name}_ci_high": first["ci_high"],
+                            f"{name}_delta": first["delta"]})
+        measured = behavior[(behavior["condition"] == mode) & (behavior["ablated_block"] == block)]
+        for _, b in measured.iterrows():
+            if b.get("status") == "measured":
+                row.update({f"{b['metric']}_delta": b["delta"], f"{b['metric']}_delta_ci_low": b["delta_ci_low"],
+                            f"{b['metric']}_delta_ci_high": b["delta_ci_high"]})
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def run_intervene(settings: InterveneSettings, out: Path, progress: bool = True) -> dict[str, pd.DataFrame]:
+    """Measure ``settings.model`` and write (or resume) the run folder ``out``.
+
+    Raises:
+        ValueError: on settings that differ from the ones ``out`` was made with, fewer sequences
+            than folds, or as :func:`~nopelens.analyses.subjects.resolve`.
+        KeyError, FileNotFoundError: on a model spec that names nothing.
+    """
+    check_spec(settings.model)
+    if settings.n_sequences < settings.n_splits:
+        raise ValueError(f"{settings.n_sequences} sequences are fewer than the {settings.n_splits} folds; "
+                         f"use --n-sequences {settings.n_splits} or more")
+    for mode in settings.modes:
+        if mode not in SINK_MODES:
+            raise ValueError(f"unknown sink ablation mode {mode!r}; choose from {', '.join(SINK_MODES)}")
+    if settings.shift == 0:
+        raise ValueError("--shift must be non-zero (it is the k of 'as if the index were i + k')")
+    runs.claim(out, "intervene", dataclasses.asdict(settings))
+    say = (lambda text: print(f"nopelens: {text}", file=sys.stderr)) if progress else (lambda text: None)
+    say(f"{settings.model}: loading")
+    subject = resolve(settings.model, settings.n_sequences, settings.seq_len, settings.seed, progress,
+                      settings.quick_steps)
+    tables: dict[str, pd.DataFrame] = {}
+    with torch.no_grad():
+        tables.update(runs.cached_tables(out, ("sink_probes", "sink_behavior"), lambda: _sink(subject, settings), say,
+                                         "sink ablation"))
+        tables.update(runs.cached_tables(out, ("directions",), lambda: _directions(subject, settings), say,
+                                         "index directions"))
+        tables.update(runs.cached_tables(out, ("patching",), lambda: _patching(subject, settings), say,
+                                         "position patching"))
+    tables["summary"] = sink_summary(tables["sink_probes"], tables["sink_behavior"]).assign(model=subject.name)
+    write_csv_atomic(tables["summary"], out / "summary.csv")
+    report.save_figure(report.intervention_figure(tables, subject.name), out / "intervene")
+    return tables
+
+
+def _sink(subject: Subject, settings: InterveneSettings) -> tuple[pd.DataFrame, pd.DataFrame]:
+    probes, behavior = sink_ablation(subject.model, subject.tokens, subject.attention_mask, subject.n_layers,
+                                        settings.probes(), settings.modes, targets=subject.targets,
+                                        loss_mask=subject.loss_mask)
+    return probes.assign(model=subject.name), behavior.assign(model=subject.name)
+
+
+def _directions(subject: Subject, settings: InterveneSettings) -> tuple[pd.DataFrame]:
+    if subject.n_layers < 2:
+        return (pd.DataFrame({"note": ["one block: no layer has a later layer to read"]}),)
+    table = direction_interventions(subject.model, subject.tokens, subject.attention_mask, subject.n_layers,
+                                       settings.probes(), shifts=(settings.shift,), targets=subject.targets,
+                                       loss_mask=subject.loss_mask)
+    return (table.assign(model=subject.name),)
+
+
+def _patching(subject: Subject, settings: InterveneSettings) -> tuple[pd.DataFrame]:
+    if not bool(subject.attention_mask.all()):
+        return (pd.DataFrame({"note": ["padded sequences: position patching needs sequences without padding"]}),)
+    table = position_patching(subject.model, subject.tokens, subject.n_layers, settings.probes(),
+                                 keep_first=subject.has_bos)
+    return (table.assign(model=subject.name),)

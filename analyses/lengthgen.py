@@ -11,15 +11,15 @@ sinusoidal 0.000 (:data:`KAZEMNEJAD_2023`).
 Results go into a run folder, each file written atomically:
 ``lengthgen.csv`` (tidy, one row per task, method, seed, length), ``summary.csv`` (mean exact
 match on L+1 .. 2L per task and method, next to the published numbers), ``lengthgen.png`` and
-``lengthgen.svg`` (accuracy against length, one line per method), ``settings.json``. A rerun with
-the same settings skips the (task, method, seed) triples already in ``lengthgen.csv``.
+``lengthgen.svg`` (accuracy against length, one line per method), and the stamp ``lengthgen.json``
+(:func:`~nopelens.analyses.runs.claim`). A rerun with the same settings skips the (task, method,
+seed) triples already in ``lengthgen.csv``.
 """
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
-import json
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,9 +28,10 @@ import pandas as pd
 
 from nopelens.models import DecoderConfig
 from nopelens.models.tasks import make_task
-from nopelens.models.io import write_csv_atomic, write_json_atomic
+from nopelens.models.io import write_csv_atomic
 from nopelens.models.training import evaluate_exact_match, train
 
+from . import runs
 from .report import save_figure
 
 METHODS = ("nope", "learned", "sinusoidal", "rope", "alibi", "t5")
@@ -148,19 +149,15 @@ def plot(results: pd.DataFrame, out_stem: Path) -> list[Path]:
     return save_figure(grid.figure, out_stem)
 
 
-def _check_settings(out_dir: Path, settings: LengthGenSettings) -> None:
-    path = out_dir / "settings.json"
-    wanted = dataclasses.asdict(settings)
-    if path.exists():
-        stored = json.loads(path.read_text())
-        if stored != wanted:
-            differing = sorted(k for k in wanted if stored.get(k) != wanted[k])
-            raise ValueError(
-                f"{out_dir} holds a length-generalization run with other settings (differs in "
-                f"{', '.join(differing)}); use another --out folder"
-            )
-    else:
-        write_json_atomic(wanted, path)
+def _read_results(path: Path) -> pd.DataFrame:
+    """The runs already in ``lengthgen.csv`` (none when it is missing, or emptied: then it says so)."""
+    if not path.exists():
+        return pd.DataFrame()
+    try:
+        return pd.read_csv(path)
+    except pd.errors.EmptyDataError:
+        print(f"nopelens lengthgen: {path} is empty; measuring every run again", file=sys.stderr)
+        return pd.DataFrame()
 
 
 def run_lengthgen(
@@ -174,7 +171,8 @@ def run_lengthgen(
     """Run (or resume) the experiment into ``out_dir``; returns the tidy results.
 
     Raises:
-        ValueError: on an unknown task or method, or if ``out_dir`` holds a run with other settings.
+        ValueError: on an unknown task or method, or if ``out_dir`` holds a run with other settings
+            or another analysis's run.
     """
     settings = settings or LengthGenSettings()
     for method in methods:
@@ -183,11 +181,9 @@ def run_lengthgen(
     for name in tasks:
         if name not in TASK_NAMES:
             raise ValueError(f"unknown task {name!r}; choose from {TASK_NAMES}")
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    _check_settings(out_dir, settings)
+    out_dir = runs.claim(out_dir, "lengthgen", dataclasses.asdict(settings))
     csv_path = out_dir / "lengthgen.csv"
-    results = pd.read_csv(csv_path) if csv_path.exists() else pd.DataFrame()
+    results = _read_results(csv_path)
     done = set() if results.empty else set(zip(results["task"], results["method"], results["seed"]))
     todo = [(t, m, s) for t in tasks for m in methods for s in seeds if (t, m, s) not in done]
     if progress and done:
@@ -210,45 +206,3 @@ def run_lengthgen(
     write_csv_atomic(summary, out_dir / "summary.csv")
     plot(results, out_dir / "lengthgen")
     return results
-
-
-def register(subparsers) -> None:
-    parser = subparsers.add_parser(
-        "lengthgen",
-        help="train each position method on short sequences, test exact match on longer ones",
-        description="Length generalization (Kazemnejad et al. 2023, scaled down): for the repeat "
-        "and copy tasks, train each position method on lengths 1..L over several seeds and "
-        "measure exact match at 1..2L. Writes lengthgen.csv, summary.csv and a plot (PNG+SVG) "
-        "into --out; a rerun resumes.",
-        epilog="example: nopelens lengthgen --out runs/lengthgen --quick",
-    )
-    defaults = LengthGenSettings()
-    parser.add_argument("--out", default="runs/lengthgen", help="run folder (created; resumed if it exists; default %(default)s)")
-    parser.add_argument("--quick", action="store_true", help="tiny smoke-test settings (numbers not meaningful)")
-    parser.add_argument("--tasks", nargs="+", default=list(TASK_NAMES), choices=TASK_NAMES)
-    parser.add_argument("--methods", nargs="+", default=list(METHODS), choices=METHODS)
-    parser.add_argument("--seeds", nargs="+", default=["0,1,2"],
-                        help="training seeds, as 0 1 2 or 0,1,2 (default 0,1,2)")
-    parser.add_argument("--train-max-len", type=int, default=None, help=f"L (default {defaults.train_max_len})")
-    parser.add_argument("--steps", type=int, default=None, help=f"training steps per model (default {defaults.steps})")
-    parser.add_argument("--threads", type=int, help="torch intra-op threads (default: torch's); 1 is "
-                        "much faster for these small models on a CPU shared with other jobs")
-    parser.add_argument("--no-progress", action="store_true")
-    parser.set_defaults(func=_run)
-
-
-def _run(args: argparse.Namespace) -> int:
-    from nopelens.analyses.train_cmd import set_threads
-
-    set_threads(args.threads)
-    settings = LengthGenSettings.quick() if args.quick else LengthGenSettings()
-    changes = {k: v for k, v in (("train_max_len", args.train_max_len), ("steps", args.steps)) if v is not None}
-    settings = dataclasses.replace(settings, **changes)
-    from .sweep_cmd import parse_seeds
-
-    seeds = tuple(seed for text in args.seeds for seed in parse_seeds(text))
-    results = run_lengthgen(args.out, settings, tuple(args.tasks), tuple(args.methods), seeds, progress=not args.no_progress)
-    summary = summarize(results)
-    print(summary.to_string(index=False, float_format=lambda x: f"{x:.3f}"))
-    print(f"wrote {Path(args.out) / 'lengthgen.csv'}, summary.csv, lengthgen.png/.svg")
-    return 0

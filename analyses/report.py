@@ -1,4 +1,10 @@
-"""Run folders: tidy CSVs, seaborn figures (PNG, and SVG on request) and a Markdown summary, all written atomically."""
+"""Rendering: seaborn figures (PNG, and SVG on request), readable summary tables and Markdown, for
+the sweep and ``nopelens intervene``; every file is written atomically.
+
+The sweep's columns, headers and probe panels come from its reads
+(:data:`~nopelens.analyses.reads.SWEEP_READS`); this module draws and formats what the analyses
+measured and imports none of them.
+"""
 
 from __future__ import annotations
 
@@ -17,17 +23,13 @@ import pandas as pd  # noqa: E402
 import seaborn as sns  # noqa: E402
 
 from nopelens.models.io import write_atomic, write_csv_atomic, write_text_atomic  # noqa: E402
+from nopelens.probes.linear import NOT_RECOVERED  # noqa: E402
+
+from . import reads, seeds  # noqa: E402
 
 if TYPE_CHECKING:
+    from .reads import SweepRead
     from .sweep import SweepResult, SweepSettings
-
-PROBE_PANELS = (
-    ("absolute index: accuracy", "absolute_index", "classification", "accuracy", "resid"),
-    ("absolute index: R²", "absolute_index", "regression", "r2", "resid"),
-    ("relative distance, pairs [h_i; h_j]: R²", "relative_distance", "regression", "r2", "concat"),
-    ("relative distance, head scores\n(content + position bias): R²", "relative_distance", "regression", "r2", "score"),
-    ("relative distance, content-only q·k\n(no position bias): R²", "relative_distance", "regression", "r2", "bilinear"),
-)
 
 SEEDS_NOTE = (
     "Several training seeds: a first layer reads `agreed (per seed)`, where agreed is the first layer by "
@@ -36,13 +38,7 @@ SEEDS_NOTE = (
     "and within-run 95 % CI: `probes_over_seeds.csv`."
 )
 
-SUMMARY_HEADERS = {
-    "model": "model",
-    "absolute_acc": "abs. index acc ≥ 0.9",
-    "absolute_r2": "abs. index R² ≥ 0.9",
-    "relative_pairs_r2": "rel. dist. pairs R² ≥ 0.9",
-    "relative_score_r2": "rel. dist. head scores R² ≥ 0.9",
-    "relative_content_qk_r2": "rel. dist. content q·k R² ≥ 0.9",
+NUMBER_HEADERS = {
     "best_absolute_r2": "best abs. R²",
     "best_absolute_layer": "at layer",
     "selectivity_at_best": "selectivity (R²)",
@@ -51,6 +47,13 @@ SUMMARY_HEADERS = {
     "sink_rate": "sink rate",
     "variance_slope_block0": "variance slope, block 0",
 }
+"""Headers of the summary's numbers (the first-layer columns take theirs from their reads)."""
+
+
+def summary_headers() -> dict[str, str]:
+    """Summary column -> header: ``model``, each read's column (:data:`~nopelens.analyses.reads.SWEEP_READS`),
+    then the numbers."""
+    return {"model": "model", **{read.column: read.header for read in reads.SWEEP_READS}, **NUMBER_HEADERS}
 
 
 REPRODUCIBLE = {"svg.hashsalt": "nopelens"}
@@ -72,30 +75,23 @@ def save_figure(fig: plt.Figure, stem: str | Path, formats: tuple[str, ...] = ("
     return paths
 
 
-def probe_panel_rows(probes: pd.DataFrame, target: str, task: str, metric: str, features: str) -> pd.DataFrame:
-    """The linear-probe rows one panel of :func:`probe_figure` plots, one per model and layer."""
-    rows = probes[(probes["probe"] == "linear") & (probes["split"] == "grouped") & (probes["target"] == target)
-                  & (probes["task"] == task) & (probes["metric"] == metric) & probes["layer"].notna()]
-    if features == "resid":
-        rows = rows[rows["site"].str.contains("hook_resid_")]
-    elif features == "bilinear":
-        rows = rows[rows["features"].str.startswith("bilinear")]
-    elif features == "score":
-        rows = rows[rows["features"] == "score"]
-    else:
-        rows = rows[(rows["features"] == features) & rows["site"].str.contains("hook_resid_")]
-    return rows.sort_values(["model", "layer"])
+def probe_panel_rows(probes: pd.DataFrame, read: "SweepRead") -> pd.DataFrame:
+    """The linear-probe rows the panel of ``read`` in :func:`probe_figure` plots, by model and layer."""
+    return read.rows(probes).sort_values(["model", "layer"])
 
 
 def probe_figure(probes: pd.DataFrame) -> plt.Figure:
-    """Per-layer probe score, one line per model, one panel per target. The band is the 95 %
+    """Per-layer probe score, one line per model, one panel per read
+    (:data:`~nopelens.analyses.reads.SWEEP_READS`, dashed: its threshold). The band is the 95 %
     bootstrap CI with one training seed, and the range over seeds (line: their mean) with several."""
+    panels = reads.SWEEP_READS
     several_seeds = "train_seed" in probes.columns and probes.groupby("model")["train_seed"].nunique().max() > 1
     sns.set_theme(style="whitegrid", context="notebook")
-    fig, axes = plt.subplots(1, len(PROBE_PANELS), figsize=(4.2 * len(PROBE_PANELS), 3.8), sharey=False)
+    fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 3.8), sharey=False, squeeze=False)
+    axes = axes[0]
     palette = dict(zip(probes["model"].unique(), sns.color_palette("colorblind", probes["model"].nunique())))
-    for ax, (title, target, task, metric, features) in zip(axes, PROBE_PANELS):
-        rows = probe_panel_rows(probes, target, task, metric, features)
+    for ax, read in zip(axes, panels):
+        rows = probe_panel_rows(probes, read)
         for model, group in rows.groupby("model", sort=False):
             if several_seeds:  # line: mean over seeds; band: their range
                 over_seeds = group.groupby("layer")["value"].agg(["mean", "min", "max"]).reset_index()
@@ -104,13 +100,16 @@ def probe_figure(probes: pd.DataFrame) -> plt.Figure:
                 layer, value, low, high = (group[c] for c in ("layer", "value", "ci_low", "ci_high"))
             ax.plot(layer, value, marker="o", color=palette[model], label=model)
             ax.fill_between(layer, low, high, color=palette[model], alpha=0.2)
-        ax.axhline(0.9, color="grey", linestyle="--", linewidth=1)
-        ax.set(title=title, xlabel="layer (0 = embeddings)", ylabel=metric, ylim=(-0.1 if metric == "r2" else 0, 1.05))
+        ax.axhline(read.threshold, color="grey", linestyle="--", linewidth=1)
+        ax.set(title=read.panel, xlabel="layer (0 = embeddings)", ylabel=read.metric,
+               ylim=(-0.1 if read.metric == "r2" else 0, 1.05))
     axes[-1].legend(handles=[matplotlib.lines.Line2D([], [], color=color, marker="o", label=model)
                              for model, color in palette.items()],
                     title="model", loc="upper left", bbox_to_anchor=(1.02, 1))
     band = "range over training seeds" if several_seeds else "95 % CI"
-    fig.suptitle(f"Where position becomes linearly recoverable (dashed: threshold 0.9; band: {band})", y=1.04)
+    bars = sorted({read.threshold for read in panels})
+    bar = f"threshold {bars[0]:g}" if len(bars) == 1 else "each panel's threshold"
+    fig.suptitle(f"Where position becomes linearly recoverable (dashed: {bar}; band: {band})", y=1.04)
     return fig
 
 
@@ -189,10 +188,10 @@ def summary_table(summary: pd.DataFrame) -> pd.DataFrame:
     reads ``0.953 ± 0.012``: mean ± standard deviation across seeds.
     """
     table = summary.copy()
-    for column in FIRST_LAYER_COLUMNS:
+    for column in reads.read_columns():
         table[column] = table[column].map(_layer_text)
         if f"{column}_per_seed" in table:
-            per_seed = table.pop(f"{column}_per_seed").str.replace("-1", "none")
+            per_seed = table.pop(f"{column}_per_seed").str.replace(str(NOT_RECOVERED), "none")
             table[column] = [f"{agreed} ({seeds})" if n_seeds > 1 else agreed
                              for agreed, seeds, n_seeds in zip(table[column], per_seed, table["n_seeds"])]
     table = table.round(3)
@@ -206,20 +205,19 @@ def summary_table(summary: pd.DataFrame) -> pd.DataFrame:
         spread = table.pop(column)
         name = column[: -len("_seed_sd")]
         table[name] = [value if pd.isna(sd) else f"{value} ± {sd:.3f}" for value, sd in zip(table[name], spread)]
-    return table.rename(columns=SUMMARY_HEADERS | {"n_seeds": "training seeds"})
-
-
-FIRST_LAYER_COLUMNS = ("absolute_acc", "absolute_r2", "relative_pairs_r2", "relative_score_r2", "relative_content_qk_r2")
+    return table.rename(columns=summary_headers() | {"n_seeds": "training seeds"})
 
 
 def _layer_text(layer) -> str:
     if layer is None or pd.isna(layer):
         return "n/a"
-    return "none" if layer < 0 else str(int(layer))
+    return "none" if layer == NOT_RECOVERED else str(int(layer))
 
 
-def summary_markdown(result: "SweepResult", settings: "SweepSettings", command: str, versions: dict[str, str]) -> str:
-    """The ``summary.md`` of a sweep."""
+def summary_markdown(result: "SweepResult", settings: "SweepSettings", command: str, versions: dict[str, str],
+                     ablation_sequences: int | None = None) -> str:
+    """The ``summary.md`` of a sweep (``ablation_sequences``: how many sequences its sink
+    ablation probed, for the text of that section)."""
     table = summary_table(result.summary).to_markdown(index=False)
     settings_text = ", ".join(f"{k}={v}" for k, v in dataclasses.asdict(settings).items())
     version_text = ", ".join(f"{k} {v}" for k, v in versions.items())
@@ -254,7 +252,7 @@ def summary_markdown(result: "SweepResult", settings: "SweepSettings", command: 
         "",
         "![variance](variance.png)",
         "",
-        *_sink_ablation_section(result),
+        *_sink_ablation_section(result, ablation_sequences),
         f"Command: `{command}`",
         "",
         f"Settings: {settings_text}",
@@ -265,49 +263,98 @@ def summary_markdown(result: "SweepResult", settings: "SweepSettings", command: 
 
 
 def write_run(result: "SweepResult", settings: "SweepSettings", command: str, versions: dict[str, str],
-              svg: bool = False) -> None:
+              svg: bool = False, ablation_sequences: int | None = None) -> None:
     """Write the tables, figures (PNG; also SVG if ``svg``) and ``summary.md`` of a sweep into
     ``result.out_dir``; with several training seeds also ``summary_per_seed.csv`` and
     ``probes_over_seeds.csv`` (:mod:`~nopelens.analyses.seeds`)."""
-    from .seeds import probes_over_seeds
-
     out = result.out_dir
     for name in ("probes", "sinks", "variance", "summary"):
         write_csv_atomic(getattr(result, name), out / f"{name}.csv")
     if "n_seeds" in result.summary:
         write_csv_atomic(result.summary_per_seed, out / "summary_per_seed.csv")
-        write_csv_atomic(probes_over_seeds(result.probes), out / "probes_over_seeds.csv")
+        write_csv_atomic(seeds.probes_over_seeds(result.probes), out / "probes_over_seeds.csv")
     formats = ("png", "svg") if svg else ("png",)
     save_figure(probe_figure(result.probes), out / "probes", formats)
     save_figure(sink_figure(result.sinks), out / "sinks", formats)
     if (result.variance.get("variance", pd.Series(dtype=float)) > 0).any():  # nothing varies: no figure
         save_figure(variance_figure(result.variance), out / "variance", formats)
     if not result.sink_ablation.empty:
-        from .intervene_cmd import sink_ablation_figure
-
         write_csv_atomic(result.sink_ablation, out / "sink_ablation.csv")
         save_figure(sink_ablation_figure(result.sink_ablation), out / "sink_ablation", formats)
-    write_text_atomic(out / "summary.md", summary_markdown(result, settings, command, versions))
+    write_text_atomic(out / "summary.md", summary_markdown(result, settings, command, versions, ablation_sequences))
 
 
-def _sink_ablation_section(result: "SweepResult") -> list[str]:
+def _sink_ablation_section(result: "SweepResult", n_sequences: int | None) -> list[str]:
     """The summary's sink-ablation table (``nopelens intervene`` has the full measurement)."""
     if result.sink_ablation.empty:
         return []
-    from .intervene import SWEEP_SEQUENCES
-    from .intervene_cmd import sink_ablation_markdown
-    from .seeds import sink_ablation_over_seeds
-
+    which = "all" if n_sequences is None else f"first {n_sequences}"
     return [
         "## Sink ablation",
         "",
-        "Absolute-index R² (regression probe, tokens after the first, first "
-        f"{SWEEP_SEQUENCES} evaluation sequences) at layer l + 1, clean → with the first "
+        "Absolute-index R² (regression probe, tokens after the first, "
+        f"{which} evaluation sequences) at layer l + 1, clean → with the first "
         "token removed from the keys of every later query in block l. `n/a`: the ablation cannot be applied "
         "and checked on that model (see sink_ablation.csv).",
         "",
-        sink_ablation_markdown(sink_ablation_over_seeds(result.sink_ablation)),
+        sink_ablation_markdown(seeds.sink_ablation_over_seeds(result.sink_ablation)),
         "",
         "![sink ablation](sink_ablation.png)",
         "",
     ]
+
+
+# ----------------------------------------------------------------------------- nopelens intervene
+
+
+def intervention_figure(tables: dict[str, pd.DataFrame], name: str):
+    """Three panels: sink ablation (next-layer R^2 change per block), shift carried per read
+    layer, and the share of the index that moves with a patched state per layer."""
+    sns.set_theme(style="whitegrid", context="notebook")
+    fig, axes = plt.subplots(1, 3, figsize=(13.5, 3.8))
+    summary = tables["summary"]
+    if "abs_r2_delta" in summary:
+        sns.barplot(data=summary, x="ablated_block", y="abs_r2_delta", hue="condition", ax=axes[0], errorbar=None)
+    axes[0].set(title="sink ablated in block l:\nchange in abs. index R² at layer l + 1", xlabel="ablated block",
+                ylabel="Δ R² (refitted probe)", ylim=(-1.05, 0.2))
+    directions = tables["directions"]
+    if "read_shift" in directions:
+        shifted = directions[directions["intervention"] == "shift"]
+        shifted = shifted.assign(carried=shifted["read_shift"] / shifted["k"], layer=shifted["layer"].astype(str))
+        sns.lineplot(data=shifted, x="read_layer", y="carried", hue="layer", marker="o", ax=axes[1])
+    axes[1].set(title="index direction shifted by k at layer l:\nshift a clean probe reads / k", xlabel="read layer",
+                ylabel="read shift / k")
+    patching = tables["patching"]
+    if "moved" in patching:
+        sns.pointplot(data=patching, x="layer", y="moved", ax=axes[2], errorbar=None)
+    axes[2].set(title="state patched from a shifted copy:\nshare of the index that moves (last layer)",
+                xlabel="patched layer (resid_pre)", ylabel="moved (0 = recomputed, 1 = carried)")
+    fig.subplots_adjust(wspace=0.4)
+    fig.suptitle(f"{name}: does the model make and use the position a probe reads?", y=1.06)
+    return fig
+
+
+def sink_ablation_figure(table: pd.DataFrame):
+    """The sweep's figure: per model and block, the drop in next-layer absolute-index R^2."""
+    sns.set_theme(style="whitegrid", context="notebook")
+    measured = table[table["status"] == "measured"]
+    fig, ax = plt.subplots(figsize=(6.5, 3.6))
+    if not measured.empty:
+        sns.barplot(data=measured, x="block", y="drop", hue="model", ax=ax, errorbar=None)
+        sns.move_legend(ax, "upper left", bbox_to_anchor=(1.02, 1))
+    low = min(-0.1, float(measured["drop"].min()) - 0.05) if not measured.empty else -0.1
+    ax.set(xlabel="block l whose first key is removed", ylabel="R² drop at layer l + 1", ylim=(low, 1.05),
+           title="Sink ablation: how much absolute index at the next layer\ncomes from the first token")
+    return fig
+
+
+def sink_ablation_markdown(table: pd.DataFrame) -> str:
+    """The sweep's compact table: one row per model, one column per block (R² clean → ablated)."""
+    def cell(row) -> str:
+        if row["status"] != "measured":
+            return "n/a"
+        return f"{row['r2_clean']:.2f} → {row['r2_ablated']:.2f}"
+
+    grid = table.assign(cell=table.apply(cell, axis=1)).pivot(index="model", columns="block", values="cell")
+    grid.columns = [f"block {int(b)}" for b in grid.columns]
+    return grid.reset_index().fillna("").to_markdown(index=False)

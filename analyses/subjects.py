@@ -29,6 +29,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from nopelens.models.hooks import act_name
+
 CONTROL_SPECS = ("circuit", "untrained-nope", "constant-nope")
 HF_PREFIX = "hf:"
 CONSTANT_PREFIX = "constant-"
@@ -90,6 +92,20 @@ class Subject:
     def usable(self, site: str) -> bool:
         """The model has hook ``site`` and it fires (bridged hook points that never fire are not)."""
         return site in self.model.hook_dict and (self.hf is None or self.hf.fires(site))
+
+
+def qk_sites(source, layer: int) -> tuple[str, str]:
+    """The (query, key) hooks of a block's content q.k read: the rotated ones where the model
+    rotates q and k and those hooks fire, else the plain ``hook_q``/``hook_k``.
+
+    ``source`` is a :class:`Subject` (whose HF description says which hooks fire) or a bare
+    hooked model (its ``hook_dict``).
+    """
+    usable = source.usable if isinstance(source, Subject) else (lambda site: site in source.hook_dict)
+    rotated = (act_name("rot_q", layer), act_name("rot_k", layer))
+    if all(usable(site) for site in rotated):
+        return rotated
+    return act_name("q", layer), act_name("k", layer)
 
 
 def resolve(
@@ -305,12 +321,24 @@ def load_hf_dir(directory: Path) -> Any:
             model = AutoModelForCausalLM.from_pretrained(directory, local_files_only=True, use_safetensors=True)
         except (OSError, ValueError) as error:
             raise ValueError(f"{directory} holds no loadable HF causal LM: {error}") from None
+        except _config_errors() as error:  # a config field of the wrong type, e.g. "hidden_size": "big"
+            raise ValueError(f"{directory}/config.json is not a valid config: {' '.join(str(error).split())}") from None
         except SafetensorError as error:
             raise ValueError(f"{directory}: a safetensors weight file is corrupted or truncated ({error})") from None
         model.config._attn_implementation = "eager"
         return model.eval()
 
     return load_hf_model(load(), reload=load)
+
+
+def _config_errors() -> tuple[type[Exception], ...]:
+    """What transformers raises for a config.json field of the wrong type (huggingface_hub's strict
+    dataclasses), besides ValueError."""
+    try:
+        from huggingface_hub.errors import StrictDataclassError
+    except ImportError:  # pragma: no cover - an older huggingface_hub raises ValueError or TypeError
+        return (TypeError,)
+    return (StrictDataclassError, TypeError)
 
 
 def _hf_bos_id(directory: Path) -> int | None:

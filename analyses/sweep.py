@@ -31,16 +31,18 @@ over seeds with their spread (see :mod:`nopelens.analyses.seeds`). A sweep's uni
 (model, training seed); :mod:`nopelens.analyses.parallel` runs these in this process, in local
 worker processes (``jobs``) or on a Dask cluster (``scheduler``).
 
-Results go to a run folder: ``probes.csv``, ``sinks.csv``, ``variance.csv``, ``summary.csv``,
-figures (PNG; SVG on request) and ``summary.md``. Each (model, seed)'s tables are written under
+What the summary reports per model (one column, header and figure panel each) are the reads of
+:data:`~nopelens.analyses.reads.SWEEP_READS`; the probe rows come from their target functions.
+
+Results go to a run folder (:mod:`~nopelens.analyses.runs`): ``probes.csv``, ``sinks.csv``,
+``variance.csv``, ``sink_ablation.csv``, ``summary.csv``, figures (PNG; SVG on request),
+``summary.md`` and the stamp ``sweep.json``. Each (model, seed)'s tables are written under
 ``parts/`` once it is done, so an interrupted sweep resumes where it stopped.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import hashlib
-import json
 import platform
 import sys
 from dataclasses import dataclass, field
@@ -52,23 +54,18 @@ import torch
 from tqdm.auto import tqdm
 
 import nopelens
-from nopelens.models.io import read_json, write_csv_atomic, write_json_atomic
+from nopelens.models.hooks import act_name, act_names
 from nopelens.models.progress import progress_bar
 from nopelens.models.threads import one_thread
-from nopelens.probes import collect, mad_chance, probe_absolute_index, probe_relative_distance, resid_sites
+from nopelens.probes import collect, mad_chance, resid_sites
 from nopelens.probes.sinks import GU_WINDOW, attention_variance, sink_table, variance_slopes
 
-from . import parallel, report, seeds
-from .intervene import sink_ablation_drop
-from .subjects import CONTROL_SPECS, Subject, check_spec, has_training_seed, resolve
+from . import parallel, reads, report, runs, seeds
+from .intervene import SWEEP_SEQUENCES, sink_ablation_drop
+from .reads import ProbeInput, SweepSites
+from .subjects import CONTROL_SPECS, Subject, check_spec, has_training_seed, qk_sites, resolve
 
 DEFAULT_MODELS = {"text": ("text-nope-4l", "text-rope-4l", "text-hybrid-4l"), "copy": ("copy-nope-3l", "copy-rope-3l")}
-MAX_OUTER_FEATURES = 1024
-"""Use the full outer-product bilinear read while n_heads * d_head^2 stays below this; above it,
-the elementwise (diagonal) read keeps the fits inside the sweep's time budget."""
-
-THRESHOLDS = {"accuracy": 0.9, "r2": 0.9}
-"""A layer "recovers" a target when the 95 % CI lower bound of the metric clears this bar."""
 
 TABLES = ("probes", "sinks", "variance", "sink_ablation")
 
@@ -123,12 +120,13 @@ class SweepSettings:
         """A tiny sweep for smoke tests: few sequences, short sequences, briefly trained models."""
         return cls.default(task, models, controls, n_sequences=24, seq_len=32, n_boot=50, n_splits=4, quick_steps=30)
 
+    RESUMABLE_CHANGES = ("train_seeds",)
+    """Settings a run folder may change between runs: adding seeds measures just the new ones."""
+
     def digest(self) -> str:
-        """Hash of what each (model, seed) measurement depends on. The list of training seeds is
-        left out: adding seeds to a run folder measures just the new ones."""
-        measured = {k: v for k, v in dataclasses.asdict(self).items() if k != "train_seeds"}
-        text = json.dumps(measured, sort_keys=True)
-        return hashlib.sha256(text.encode()).hexdigest()[:12]
+        """Hash of what each (model, seed) measurement depends on (the run folder's stamp,
+        :func:`~nopelens.analyses.runs.claim`); the list of training seeds is left out."""
+        return runs.settings_digest(dataclasses.asdict(self), ignore=self.RESUMABLE_CHANGES)
 
     def tasks(self) -> list[tuple[str, int]]:
         """The (model spec, training seed) pairs a sweep measures, in table order."""
@@ -157,35 +155,39 @@ class SweepResult:
 # ----------------------------------------------------------------------------- one subject
 
 
-def analyse_subject(subject: Subject, settings: SweepSettings) -> dict[str, pd.DataFrame]:
-    """Probe, sink and variance tables of one subject (see the module docstring)."""
+def sweep_sites(subject: Subject) -> SweepSites:
+    """The sites the sweep collects of ``subject`` (those it has and that fire)."""
     layers = subject.n_layers
-    residual = resid_sites(layers)
-    blocks = [(f"blocks.{l}.hook_attn_out", f"blocks.{l}.hook_mlp_out") for l in range(layers)]
-    inner = [site for pair in blocks for site in pair if subject.usable(site)]
+    blocks = [(act_name("attn_out", l), act_name("mlp_out", l)) for l in range(layers)]
     # a hybrid's linear-attention layers have no q, k or pattern, nor has a model hooked without the bridge
-    qk = [pair for pair in (_qk_sites(subject, l) for l in range(layers)) if all(subject.usable(s) for s in pair)]
-    scores = readable_score_sites(subject, score_sites(subject.model, layers, subject.hf))
-    patterns = [site for site in (f"blocks.{l}.attn.hook_pattern" for l in range(layers)) if subject.usable(site)]
-    sites = residual + inner + [s for pair in qk for s in pair] + patterns + scores
-    acts = collect(subject.model, subject.tokens, sites, attention_mask=subject.attention_mask, batch_size=32)
+    qk = [pair for pair in (qk_sites(subject, l) for l in range(layers)) if all(subject.usable(s) for s in pair)]
+    scores, not_applicable = reads.readable_score_sites(score_sites(subject.model, layers, subject.hf),
+                                                        subject.key_windows(), int(subject.attention_mask.sum(-1).max()))
+    if not_applicable is not None:
+        subject.info.setdefault("not_applicable", {})["score read"] = not_applicable
+    return SweepSites(residual=resid_sites(layers), inner=[site for pair in blocks for site in pair if subject.usable(site)],
+                      qk=qk, scores=scores, patterns=pattern_sites(subject))
 
-    common = dict(n_splits=settings.n_splits, n_boot=settings.n_boot, seed=settings.seed)
-    # half the longest sequence: synthetic tasks take their lengths from training, not from seq_len
-    boundary = subject.tokens.shape[1] // 2
-    absolute = probe_absolute_index(acts, sites=residual + inner, extrapolate_from=boundary, **common)
-    mode = _bilinear_mode(acts, qk[0][0]) if qk else "outer"
-    relative = probe_relative_distance(
-        acts, sites=residual, feature_kinds=("concat",), attention=qk, scores=scores, bilinear=mode,
-        tasks=("regression",), pairs_per_distance=min(64, settings.n_sequences), **common,
-    )
-    probes = pd.concat([absolute, relative], ignore_index=True)
+
+def pattern_sites(subject: Subject) -> list[str]:
+    """Every block's ``hook_pattern`` that fires (a hybrid's linear-attention blocks have none)."""
+    return [site for site in act_names("pattern", subject.n_layers) if subject.usable(site)]
+
+
+def analyse_subject(subject: Subject, settings: SweepSettings) -> dict[str, pd.DataFrame]:
+    """Probe, sink and variance tables of one subject (see the module docstring); the probe rows
+    are those of the targets :data:`~nopelens.analyses.reads.SWEEP_READS` names."""
+    layers = subject.n_layers
+    sites = sweep_sites(subject)
+    acts = collect(subject.model, subject.tokens, sites.all(), attention_mask=subject.attention_mask, batch_size=32)
+    probes = reads.measure_targets(ProbeInput(acts, sites, seq_len=subject.tokens.shape[1],
+                                              n_sequences=settings.n_sequences, n_splits=settings.n_splits,
+                                              n_boot=settings.n_boot, seed=settings.seed))
     probes.insert(0, "model", subject.name)
 
     sinks = sink_conditions(subject, acts)
     attention = [l for l in range(layers) if subject.hf is None or subject.hf.layers[l].mixer == "attention"]
-    variance = attention_variance(acts, sites=[f"blocks.{l}.hook_attn_out" for l in attention
-                                               if f"blocks.{l}.hook_attn_out" in acts.acts],
+    variance = attention_variance(acts, sites=[site for site in act_names("attn_out", attention) if site in acts.acts],
                                   windows=subject.key_windows())
     if subject.has_bos:  # every sequence has the same token at 0, so its variance is exactly 0
         variance = variance[variance["position"] > 0]
@@ -206,18 +208,6 @@ def _with_slopes(variance: pd.DataFrame) -> pd.DataFrame:
 
 
 
-def _qk_sites(source, layer: int) -> tuple[str, str]:
-    """The rotated q/k hooks where the model rotates them and they fire, else the plain ones.
-
-    ``source`` is a :class:`Subject` (whose HF description says which hooks fire) or a bare model.
-    """
-    usable = source.usable if isinstance(source, Subject) else (lambda site: site in source.hook_dict)
-    rotated = (f"blocks.{layer}.attn.hook_rot_q", f"blocks.{layer}.attn.hook_rot_k")
-    if all(usable(site) for site in rotated):
-        return rotated
-    return f"blocks.{layer}.attn.hook_q", f"blocks.{layer}.attn.hook_k"
-
-
 def score_sites(model, n_layers: int, hf=None) -> list[str]:
     """The ``blocks.{l}.attn.hook_attn_scores`` sites the model has (none: no score-read column).
 
@@ -226,38 +216,8 @@ def score_sites(model, n_layers: int, hf=None) -> list[str]:
     """
     if hf is not None and not hf.scores_hook:
         return []
-    sites = [f"blocks.{l}.attn.hook_attn_scores" for l in range(n_layers)]
+    sites = act_names("attn_scores", n_layers)
     return [site for site in sites if site in model.hook_dict and (hf is None or hf.fires(site))]
-
-
-def readable_score_sites(subject: Subject, sites: list[str]) -> list[str]:
-    """The score sites whose block sees every pair j <= i of the subject's sequences.
-
-    A sliding window or chunk shorter than the sequences blocks the pairs further apart (their
-    score is -inf: the head gives them no weight and there is no score to read), so that block's
-    score read is not applicable; the reason goes into ``subject.info["not_applicable"]`` and every
-    other read of the block still runs.
-    """
-    from nopelens.probes.collect import site_block
-
-    length = int(subject.attention_mask.sum(-1).max())
-    windows = subject.key_windows()
-    kept, skipped = [], []
-    for site in sites:
-        keys = windows.get(site_block(site))
-        (skipped if keys is not None and keys.bites(length) else kept).append(site)
-    if skipped:
-        blocks = [site_block(site) for site in skipped]
-        reasons = sorted({windows[b].describe() for b in blocks})
-        subject.info.setdefault("not_applicable", {})["score read"] = (
-            f"blocks {blocks}: {', '.join(reasons)} shorter than the {length}-token sequences blocks the pairs "
-            "further apart, whose scores are -inf (no score to read)")
-    return kept
-
-
-def _bilinear_mode(acts, q_site: str) -> str:
-    _, n_heads, d_head = acts.acts[q_site].shape
-    return "outer" if n_heads * d_head * d_head <= MAX_OUTER_FEATURES else "elementwise"
 
 
 def sink_conditions(subject: Subject, acts) -> pd.DataFrame:
@@ -291,8 +251,16 @@ def sink_conditions(subject: Subject, acts) -> pd.DataFrame:
 def sink_sites(subject: Subject) -> list[str]:
     """The extra sites a subject's non-token sinks are read from: ``attn.hook_v`` and ``attn.hook_z``
     of its output-scale sink blocks (see :func:`~nopelens.probes.sinks.output_scale_sink_mass`)."""
-    return [f"blocks.{block}.attn.{name}" for block, (kind, _) in subject.sinks().items() if kind == "output_scale"
-            for name in ("hook_v", "hook_z")]
+    return [act_name(name, block) for block, (kind, _) in subject.sinks().items() if kind == "output_scale"
+            for name in ("v", "z")]
+
+
+def measure_sinks(subject: Subject) -> pd.DataFrame:
+    """:func:`sink_conditions` of ``subject``, collecting only its patterns (``nopelens sinks``)."""
+    with torch.no_grad():
+        acts = collect(subject.model, subject.tokens, pattern_sites(subject), attention_mask=subject.attention_mask,
+                       batch_size=32)
+        return sink_conditions(subject, acts)
 
 
 # ----------------------------------------------------------------------------- summary
@@ -323,24 +291,22 @@ def summarize_seed(probes: pd.DataFrame, sinks: pd.DataFrame, variance: pd.DataF
     """One row per model of one training seed: the first layer at which each target is recovered,
     and key numbers.
 
-    Columns: ``model``, ``absolute_acc`` (first layer with classification accuracy CI >= 0.9),
-    ``absolute_r2`` (regression R^2 CI >= 0.9), ``relative_pairs_r2`` (pair features, residual),
-    ``relative_score_r2`` (score read of the heads' pre-softmax scores, content plus position
-    bias; layer = block + 1; None when the model has no ``hook_attn_scores``),
-    ``relative_content_qk_r2`` (content-only bilinear q.k read; layer = block + 1),
+    Columns: ``model``; one column per read of :data:`~nopelens.analyses.reads.SWEEP_READS`
+    (``absolute_acc``, ``absolute_r2``, ``relative_pairs_r2``, ``relative_score_r2``,
+    ``relative_content_qk_r2``), the first layer that clears its bar
+    (:meth:`~nopelens.analyses.reads.SweepRead.first_layer`: -1 when no layer does, None when the
+    model has no site for the read, e.g. no ``hook_attn_scores``); then
     ``best_absolute_r2`` and its ``selectivity``,
     ``mad_chance_layer0`` and ``mad_chance_best`` (regression MAD over its chance value E|X - Y|
     for X, Y drawn from the scored positions, at the embeddings and at the best residual layer;
     Haviv et al. 2022),
-    ``sink_rate`` (Gu et al., as read), ``variance_slope_block0``. A first layer of -1 means no
-    layer cleared the bar; None means the model has no site for that read.
+    ``sink_rate`` (Gu et al., as read), ``variance_slope_block0``.
     """
     rows = []
     for model, table in probes.groupby("model", sort=False):
         linear = table[(table["probe"] == "linear") & (table["split"] == "grouped") & table["layer"].notna()]
         residual = linear[linear["site"].str.contains("hook_resid_")]
         absolute = residual[residual["target"] == "absolute_index"]
-        relative = linear[linear["target"] == "relative_distance"]
         best = absolute[(absolute["metric"] == "r2")].sort_values("value").iloc[-1]
         mad = absolute[(absolute["metric"] == "mad") & (absolute["task"] == "regression")].set_index("layer")
         chance = _mad_chance(mad)
@@ -348,11 +314,7 @@ def summarize_seed(probes: pd.DataFrame, sinks: pd.DataFrame, variance: pd.DataF
         as_read = model_sinks[model_sinks["condition"] == model_sinks["condition"].iloc[0]]
         rows.append(dict(
             model=model,
-            absolute_acc=_first_layer(absolute, "accuracy"),
-            absolute_r2=_first_layer(absolute, "r2"),
-            relative_pairs_r2=_first_layer(relative[relative["features"] == "concat"], "r2"),
-            relative_score_r2=_first_layer(relative[relative["features"] == "score"], "r2"),
-            relative_content_qk_r2=_first_layer(relative[relative["features"].str.startswith("bilinear")], "r2"),
+            **{read.column: read.first_layer(table) for read in reads.SWEEP_READS},
             best_absolute_r2=float(best["value"]),
             best_absolute_layer=int(best["layer"]),
             selectivity_at_best=float(best["selectivity"]),
@@ -380,20 +342,11 @@ def _mad_chance(mad: pd.DataFrame) -> pd.Series:
     return pd.Series(mad_chance(int(round(mad["n_samples"].iloc[0] / mad["n_sequences"].iloc[0]))), index=mad.index)
 
 
-def _first_layer(rows: pd.DataFrame, metric: str) -> int | None:
-    """First layer clearing the bar; -1 when none does; None when nothing was measured."""
-    rows = rows[rows["metric"] == metric]
-    if rows.empty:
-        return None
-    cleared = rows[rows["ci_low"] >= THRESHOLDS[metric]]
-    return int(cleared["layer"].min()) if len(cleared) else -1
-
-
 # ----------------------------------------------------------------------------- the run folder
 
 
 def sweep(settings: SweepSettings, out_dir: str | Path | None = None, progress: bool = True, jobs: int = 1,
-          scheduler: str | None = None, svg: bool = False) -> SweepResult:
+          scheduler: str | None = None, svg: bool = False, security: str | Path | None = None) -> SweepResult:
     """Run the sweep; with ``out_dir``, write (and resume) a run folder.
 
     Args:
@@ -401,13 +354,17 @@ def sweep(settings: SweepSettings, out_dir: str | Path | None = None, progress: 
         out_dir: run folder; each finished (model, seed) is saved under ``parts/`` at once.
         progress: progress bars and lines on stderr.
         jobs: local worker processes, one (model, seed) each (see :mod:`~nopelens.analyses.parallel`).
-        scheduler: address of a Dask scheduler to send the (model, seed) tasks to instead.
+        scheduler: address of a Dask scheduler (``tls://`` or ``tcp://``) to send the (model,
+            seed) tasks to instead.
         svg: also save the figures as SVG (PNG always).
+        security: YAML file of distributed's TLS settings for a ``tls://`` scheduler (see
+            :func:`~nopelens.analyses.parallel.dask_security`).
 
     Raises:
-        ValueError: if ``out_dir`` holds a sweep made with other settings, if there are fewer
-            evaluation sequences than folds, or as
-            :func:`~nopelens.analyses.subjects.resolve`.
+        ValueError: if ``out_dir`` holds a sweep made with other settings or another analysis's
+            run (:func:`~nopelens.analyses.runs.claim`), if there are fewer evaluation sequences
+            than folds, or as :func:`~nopelens.analyses.subjects.resolve` and
+            :func:`~nopelens.analyses.parallel.run_tasks`.
         KeyError, FileNotFoundError: on an unknown model spec (the message lists what exists).
         ChildProcessError: if parallel workers were lost (what finished is saved; rerun to resume).
     """
@@ -420,26 +377,30 @@ def sweep(settings: SweepSettings, out_dir: str | Path | None = None, progress: 
         )
     out = Path(out_dir) if out_dir is not None else None
     if out is not None:
-        _claim_run_folder(out, settings)
+        runs.claim(out, "sweep", dataclasses.asdict(settings), ignore=settings.RESUMABLE_CHANGES)
     tasks = settings.tasks()
     done: dict[tuple[str, int], tuple[dict, dict]] = {}
     for task in tasks:
-        part = _part_dir(out, *task) if out is not None else None
-        if part is not None and (part / "done.json").is_file() and all((part / f"{n}.csv").is_file() for n in TABLES):
-            tqdm.write(f"nopelens: {_label(*task)}: already measured in {_part_dir(out, *task)}, reusing", file=sys.stderr)
-            done[task] = _read_part(_part_dir(out, *task), task[1])
+        part = runs.part_dir(out, *task) if out is not None else None
+        finished = runs.read_part(part, TABLES) if part is not None else None
+        if finished is not None:
+            tqdm.write(f"nopelens: {_label(*task)}: already measured in {part}, reusing", file=sys.stderr)
+            tables, meta = finished
+            done[task] = {name: _as_measured(name, seeds.with_train_seed(table, task[1]))
+                          for name, table in tables.items()}, meta
     todo = [task for task in tasks if task not in done]
     bar = progress_bar(total=len(tasks), initial=len(done), desc="nopelens sweep", unit="model", disable=not progress)
 
     def keep(task: tuple[str, int], measured: tuple[dict, dict]) -> None:
         if out is not None:
-            _write_part(_part_dir(out, *task), *measured)
+            runs.write_part(runs.part_dir(out, *task), *measured)
         done[task] = measured
         bar.update()
 
     # local workers write their training progress as timed lines; Dask workers log elsewhere
     show_training = progress and scheduler is None
-    parallel.run_tasks(measure, [(task, (*task, settings, show_training)) for task in todo], keep, jobs, scheduler)
+    parallel.run_tasks(measure, [(task, (*task, settings, show_training)) for task in todo], keep, jobs, scheduler,
+                       security)
     bar.close()
     parts = [done[task][0] for task in tasks]
     probes, sinks, variance, ablation = (pd.concat([part[name] for part in parts], ignore_index=True)
@@ -449,7 +410,8 @@ def sweep(settings: SweepSettings, out_dir: str | Path | None = None, progress: 
     result = SweepResult(probes, sinks, variance, summarize(probes, sinks, variance), out, subjects,
                          summary_per_seed=per_seed, sink_ablation=ablation)
     if out is not None:
-        report.write_run(result, settings, command=" ".join(["nopelens", *sys.argv[1:]]), versions=versions(), svg=svg)
+        report.write_run(result, settings, command=" ".join(["nopelens", *sys.argv[1:]]), versions=versions(), svg=svg,
+                         ablation_sequences=SWEEP_SEQUENCES)
     return result
 
 
@@ -459,12 +421,14 @@ def measure(spec: str, train_seed: int, settings: SweepSettings, progress: bool 
     Runs in any process (a local worker or a Dask worker): it reads only its arguments and the
     zoo cache of the machine it runs on. It runs on one thread
     (:func:`~nopelens.models.threads.one_thread`), so its numbers do not depend on the core count
-    or on how many workers share the machine.
+    or on how many workers share the machine; in a Dask worker that runs several tasks at once it
+    refuses (:func:`~nopelens.analyses.parallel.check_alone_in_process`).
 
     Returns:
         ``(tables, meta)``: the ``probes``, ``sinks`` and ``variance`` tables (with ``train_seed``
         columns) and what the run folder records about the model.
     """
+    parallel.check_alone_in_process()
     with one_thread():
         return _measure(spec, train_seed, settings, progress)
 
@@ -482,42 +446,16 @@ def _measure(spec: str, train_seed: int, settings: SweepSettings, progress: bool
     return tables, meta
 
 
-def _write_part(part: Path, tables: dict[str, pd.DataFrame], meta: dict) -> None:
-    for name, table in tables.items():
-        write_csv_atomic(table, part / f"{name}.csv")
-    write_json_atomic(meta, part / "done.json")  # last: marks the (model, seed) complete
-
-
-def _read_part(part: Path, train_seed: int) -> tuple[dict, dict]:
-    tables = {name: seeds.with_train_seed(pd.read_csv(part / f"{name}.csv"), train_seed) for name in TABLES}
-    return tables, read_json(part / "done.json")
-
-
-def _part_dir(out: Path, spec: str, train_seed: int) -> Path:
-    """``parts/<spec>`` for training seed 0 (where runs from before seeds keep theirs), else
-    ``parts/<spec>-seed<n>``."""
-    return out / "parts" / (_slug(spec) if train_seed == 0 else f"{_slug(spec)}-seed{train_seed}")
+def _as_measured(name: str, table: pd.DataFrame) -> pd.DataFrame:
+    """A part's table as read back, with the dtypes it was measured with: the probe table's layer
+    and block are nullable ints (CSV reads them as floats), so a resumed run writes the same bytes."""
+    if name == "probes":
+        return table.astype({"layer": "Int64", "block": "Int64"})
+    return table
 
 
 def _label(spec: str, train_seed: int) -> str:
     return spec if train_seed == 0 else f"{spec} (seed {train_seed})"
-
-
-def _claim_run_folder(out: Path, settings: SweepSettings) -> None:
-    stamp = out / "sweep.json"
-    record = dict(settings=dataclasses.asdict(settings), digest=settings.digest())
-    if stamp.is_file():
-        previous = read_json(stamp)
-        if previous.get("digest") != settings.digest():
-            raise ValueError(
-                f"{out} holds a sweep made with other settings ({previous.get('settings')}); "
-                "use another --out folder, or delete it to start over"
-            )
-    write_json_atomic(record, stamp)  # records the latest list of training seeds
-
-
-def _slug(spec: str) -> str:
-    return "".join(c if c.isalnum() or c in "-_." else "_" for c in spec)
 
 
 def versions() -> dict[str, str]:

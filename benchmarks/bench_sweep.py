@@ -76,7 +76,7 @@ def main() -> None:
         cases["fresh"] = (nopelens("sweep", "--out", str(scratch / "fresh"), *jobs), fresh_env)
     try:
         for name in TEXT_MODELS:  # "cached" means cached: fill the cache first
-            subprocess.run(nopelens("train", "--zoo", name, "--threads", "1", "--no-progress"), env=env,
+            subprocess.run(nopelens("train", "--zoo", name, "--threads", "1", "--quiet"), env=env,
                            check=True, stdout=subprocess.DEVNULL)
         print(f"cores usable: {len(os.sched_getaffinity(0))}; sweep workers: {args.jobs or 'CLI default (one per core)'}")
         print(f"{'case':<8} {'wall s':>8} {'CPU s':>8} {'load':>6} {'goal s':>7} {'wall/goal':>10} {'CPU/goal':>9}")

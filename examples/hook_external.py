@@ -21,6 +21,7 @@ from torch import nn
 
 from nopelens.analyses.subjects import load_hf_dir
 from nopelens.models.adapters import HookedModule
+from nopelens.models.hooks import act_name
 from nopelens.models.io import write_csv_atomic
 from nopelens.probes import collect, probe_absolute_index, resid_sites
 
@@ -84,8 +85,8 @@ def main(argv: list[str] | None = None) -> list[Path]:
 
     torch.manual_seed(0)
     module = TorchNoPE().eval()
-    sites = {"blocks.0.hook_resid_pre": "embed"}
-    sites.update({f"blocks.{l}.hook_resid_post": f"layers.{l}" for l in range(len(module.layers))})
+    sites = {act_name("resid_pre", 0): "embed"}
+    sites.update({act_name("resid_post", l): f"layers.{l}" for l in range(len(module.layers))})
     hooked = HookedModule(module, sites)
     tokens = torch.randint(1, 64, (args.n_sequences, args.seq_len), generator=generator)
     tokens[:, 0] = 0  # a BOS: the only token that tells a NoPE model where the sequence starts

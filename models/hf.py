@@ -33,6 +33,8 @@ from typing import Any, Callable
 import torch
 from torch import Tensor
 
+from .hooks import act_name
+
 PAIRINGS = ("half", "interleaved")
 INTERLEAVED_FAMILIES = ("gptj", "codegen", "cohere", "cohere2", "glm", "llama4_text", "llama4")
 LEARNED_FAMILIES = ("gpt2", "gpt_neo", "opt", "gpt_bigcode", "openai-gpt")
@@ -247,7 +249,7 @@ class HFDescription:
 
     def rotated_qk_sites(self, layer: int) -> tuple[str, str] | None:
         """``hook_rot_q``/``hook_rot_k`` of a RoPE layer when the bridge fires them, else None."""
-        names = (f"blocks.{layer}.attn.hook_rot_q", f"blocks.{layer}.attn.hook_rot_k")
+        names = (act_name("rot_q", layer), act_name("rot_k", layer))
         if self.layers[layer].rotates and all(self.fires(n) for n in names):
             return names
         return None
@@ -807,8 +809,8 @@ def census(bridge: Any, static: HFDescription) -> dict[str, Any]:
     except UnsupportedModelError:
         sinks = None
     for layer in range(static.n_layers):
-        pattern = captured.get(f"blocks.{layer}.attn.hook_pattern")
-        scores = captured.get(f"blocks.{layer}.attn.hook_attn_scores")
+        pattern = captured.get(act_name("pattern", layer))
+        scores = captured.get(act_name("attn_scores", layer))
         if pattern is None:
             continue
         causal &= float(pattern[..., future].abs().max()) == 0.0

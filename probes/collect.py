@@ -36,6 +36,8 @@ import torch
 from jaxtyping import Int
 from torch import Tensor
 
+from nopelens.models.hooks import act_name
+
 PATTERN_SUFFIXES = ("hook_pattern", "hook_attn_scores", "hook_content_scores", "hook_pos_bias")
 """Sites shaped ``[batch, head_index, query_pos, key_pos]``; collected per sequence."""
 
@@ -117,7 +119,7 @@ def resid_site(layer: int, n_layers: int | None = None) -> str:
         raise ValueError(f"layer must be an integer >= 0, got {layer!r}")
     if n_layers is not None and layer > n_layers:
         raise ValueError(f"layer {layer} is past the model's {n_layers} blocks (layers 0..{n_layers})")
-    return "blocks.0.hook_resid_pre" if layer == 0 else f"blocks.{layer - 1}.hook_resid_post"
+    return act_name("resid_pre", 0) if layer == 0 else act_name("resid_post", int(layer) - 1)
 
 
 def resid_sites(n_layers: int) -> list[str]:

@@ -506,6 +506,12 @@ def probe_relative_distance(
     return _tidy(frames)
 
 
+NOT_RECOVERED = -1
+"""What :func:`first_recoverable_layer` returns, and a summary table holds, when no layer clears
+the bar. (A read with no probe rows at all, e.g. a model without ``hook_attn_scores``, is not
+measured: ``None``, an empty cell in a table.)"""
+
+
 def first_recoverable_layer(
     results: pd.DataFrame,
     target: str = "absolute_index",
@@ -533,7 +539,7 @@ def first_recoverable_layer(
             the table has several.
 
     Returns:
-        The DESIGN.md layer number, or None when no layer clears the bar.
+        The DESIGN.md layer number, or :data:`NOT_RECOVERED` (-1) when no layer clears the bar.
 
     Raises:
         ValueError: if ``threshold`` is not finite, no row matches, or several tasks or feature
@@ -561,7 +567,7 @@ def first_recoverable_layer(
     higher = HIGHER_IS_BETTER[metric]
     clears = rows["ci_low"] >= threshold if higher else rows["ci_high"] <= threshold
     layers = rows.loc[clears, "layer"]
-    return int(layers.min()) if len(layers) else None
+    return int(layers.min()) if len(layers) else NOT_RECOVERED
 
 
 def _coarser(a: str, b: str) -> str:

@@ -48,6 +48,7 @@ import torch
 from jaxtyping import Float, Int
 from scipy import stats
 
+from nopelens.models.hooks import act_names
 from nopelens.models.masks import CAUSAL, KeyWindow
 
 from .collect import Activations, collect, site_block
@@ -402,7 +403,7 @@ def compare_bos(
         :func:`sink_table` rows of both runs with a ``condition`` column (``without_bos``,
         ``with_bos``); ``windows`` as :func:`sink_table`.
     """
-    sites = [f"blocks.{layer}.attn.hook_pattern" for layer in range(n_layers)]
+    sites = act_names("pattern", n_layers)
     with_tokens, with_mask = prepend_bos(tokens, bos_token_id, attention_mask)
     if attention_mask is None:  # all real: a module that takes no mask is not handed one
         with_mask = None
@@ -503,7 +504,7 @@ def variance_shrinkage(
     its output is identical across sequences (variance 0, no log): position 0 is left out of both
     tables, and the variance table says so in its ``note`` column.
     """
-    sites = [f"blocks.{layer}.hook_attn_out" for layer in layers]
+    sites = act_names("attn_out", layers)
     acts = collect(model, tokens, sites, attention_mask=attention_mask, batch_size=batch_size)
     table = attention_variance(acts, windows=windows).assign(note="")
     first = acts.token[acts.position == 0]

@@ -17,7 +17,7 @@ from transformers import (
     LlamaForCausalLM,
 )
 
-from nopelens.analyses import audit_cmd
+from nopelens.analyses.cli import audit as audit_cmd
 from nopelens.analyses.audit import STATUSES, audit
 from nopelens.analyses.cli import main
 from nopelens.models import Decoder, DecoderConfig
@@ -177,6 +177,23 @@ class OffByOneTableDecoder(Decoder):
 
     def _embed(self, tokens, position_ids):
         return super()._embed(tokens, position_ids + 1)
+
+
+@pytest.mark.parametrize("layer_clip", [2, 6])
+def test_step5_checks_shaw_lookups_against_the_declared_clip(layer_clip):
+    """The config declares shaw_clip 4; block 0 clips at another k (its table kept, or too small
+    for the declaration): the reference comes from the declaration, as RoPE's base does."""
+    model = decoder("shaw", shaw_clip=4)
+    model.blocks[0].attn.cfg = model.cfg.replace(shaw_clip=layer_clip)
+    if layer_clip > 4:  # a layer built for a wider clip: its table has 2 k + 1 rows
+        model.blocks[0].attn.W_rel_K = torch.nn.Parameter(torch.randn(2 * layer_clip + 1, model.cfg.d_head))
+    report = audit(model, eval_length=16)
+    assert report.step(5).status == "fail"
+    assert failed_check_names(report, 5) == ["layer 0 Shaw a^K lookup"]
+    assert "clip(j - i, -4, 4)" in next(c.detail for c in report.step(5).checks if not c.passed)
+    assert 5 in report.failed_steps and 1 not in report.failed_steps
+    unchanged = audit(decoder("shaw", shaw_clip=4), eval_length=16)
+    assert unchanged.step(5).status == "pass"
 
 
 def test_step4_catches_a_table_lookup_off_by_one():

@@ -9,7 +9,8 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from nopelens.analyses import cli, demo
+from nopelens.analyses import cli
+from nopelens.analyses.cli import demo
 from nopelens.analyses.audit import audit
 from nopelens.circuits import previous_token
 from nopelens.models import Decoder, DecoderConfig
@@ -272,3 +273,19 @@ def test_intervene_with_no_mode_is_refused(capsys):
 
     assert main(["intervene", "circuit", "--modes", ""]) == 2
     assert "--modes lists no sink ablation" in capsys.readouterr().err
+
+
+def test_an_hf_config_field_of_the_wrong_type_is_bad_input_not_an_internal_error(tmp_path, capsys):
+    import json
+
+    from transformers import LlamaConfig
+
+    from nopelens.analyses.cli import main
+
+    LlamaConfig(hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
+                vocab_size=32).save_pretrained(tmp_path)
+    config = json.loads((tmp_path / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps({**config, "hidden_size": "big"}))
+    assert main(["audit", "--hf-dir", str(tmp_path)]) == 2  # `probe hf:DIR` loads it the same way
+    err = capsys.readouterr().err
+    assert "config.json is not a valid config" in err and "hidden_size" in err and "internal error" not in err

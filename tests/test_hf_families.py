@@ -110,12 +110,12 @@ def test_description_per_layer(bridges, family):
 def probe_sites(bridge) -> list[str]:
     """The sites ``nopelens probe`` reads (see analyses.sweep.analyse_subject), as it chooses them."""
     from nopelens.analyses.subjects import Subject
-    from nopelens.analyses.sweep import _qk_sites
+    from nopelens.analyses.subjects import qk_sites
 
     d = describe(bridge)
     subject = Subject("x", bridge, d.n_layers, "", "external", torch.zeros(1, 1), torch.zeros(1, 1), False, hf=d)
     inner = [f"blocks.{l}.hook_{part}_out" for l in range(d.n_layers) for part in ("attn", "mlp")]
-    qk = [site for l in range(d.n_layers) for site in _qk_sites(subject, l)]
+    qk = [site for l in range(d.n_layers) for site in qk_sites(subject, l)]
     patterns = [f"blocks.{l}.attn.hook_pattern" for l in range(d.n_layers)]
     return resid_sites(d.n_layers) + [s for s in inner if subject.usable(s)] + qk + patterns
 

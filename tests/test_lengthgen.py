@@ -23,7 +23,7 @@ def test_run_writes_tidy_table_summary_and_plots(tmp_path):
     on_disk = pd.read_csv(tmp_path / "lengthgen.csv")
     assert len(on_disk) == len(results)
     assert {"task", "method", "seed", "length", "exact_match", "token_accuracy", "in_distribution"} <= set(on_disk.columns)
-    for name in ("summary.csv", "lengthgen.png", "lengthgen.svg", "settings.json"):
+    for name in ("summary.csv", "lengthgen.png", "lengthgen.svg", "lengthgen.json"):
         assert (tmp_path / name).stat().st_size > 0
     assert (tmp_path / "lengthgen.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     summary = pd.read_csv(tmp_path / "summary.csv")
@@ -80,7 +80,7 @@ def test_summary_arithmetic():
 
 def test_cli_quick_subset(tmp_path, capsys):
     code = main(["lengthgen", "--out", str(tmp_path), "--quick", "--tasks", "repeat", "--methods", "rope",
-                 "--seeds", "0", "--steps", "2", "--threads", "1", "--no-progress"])
+                 "--seeds", "0", "--steps", "2", "--threads", "1", "--quiet"])
     assert code == 0
     out = capsys.readouterr().out
     assert "rope" in out and "kazemnejad_2023_repeat_copy" in out

@@ -59,7 +59,7 @@ def test_probe_mad_rows_carry_the_chance_of_their_scored_positions():
 import torch  # noqa: E402
 
 from nopelens.models import Decoder, DecoderConfig  # noqa: E402
-from nopelens.probes import collect, first_recoverable_layer, probe_absolute_index, resid_sites  # noqa: E402
+from nopelens.probes import NOT_RECOVERED, collect, first_recoverable_layer, probe_absolute_index, resid_sites  # noqa: E402
 from nopelens.probes.fitting import RoundoffScaler, roundoff_tolerance, signal_mask  # noqa: E402
 
 CONSTANT_CASES = [(p, torch.float32) for p in ("nope", "rope", "alibi", "shaw", ("nope", "rope"))] + [
@@ -74,8 +74,8 @@ def test_constant_input_without_bos_recovers_nothing(position, dtype):
     acts = collect(Decoder(cfg, seed=1).eval().to(dtype), torch.full((50, 30), 3), resid_sites(2))
     assert acts.dtype("blocks.0.hook_resid_post") == str(dtype).removeprefix("torch.")
     table = probe_absolute_index(acts, n_boot=50)  # default controls: one token id, control task undefined
-    assert first_recoverable_layer(table, metric="r2") is None
-    assert first_recoverable_layer(table, task="classification") is None
+    assert first_recoverable_layer(table, metric="r2") == NOT_RECOVERED
+    assert first_recoverable_layer(table, task="classification") == NOT_RECOVERED
     assert "control" not in set(table.probe) and table.selectivity.isna().all()
     assert {"linear", "shuffled", "majority", "token_identity"} <= set(table.probe)
     r2 = table[(table.probe == "linear") & (table.metric == "r2")]
@@ -198,20 +198,22 @@ def test_untrained_nope_control_reads_no_negative_r2_at_any_site():
     read R² −0.86 at blocks.0.hook_attn_out with leave-one-token-out penalties; with the grouped
     inner CV no site may read below −0.05."""
     from nopelens.analyses.subjects import resolve
-    from nopelens.analyses.sweep import SweepSettings, _bilinear_mode, _qk_sites
+    from nopelens.analyses.reads import bilinear_mode
+    from nopelens.analyses.subjects import qk_sites
+    from nopelens.analyses.sweep import SweepSettings
     from nopelens.probes import probe_relative_distance
 
     settings = SweepSettings.default()
     subject = resolve("untrained-nope", settings.n_sequences, settings.seq_len, settings.seed, False)
     layers = subject.n_layers
     sites = resid_sites(layers) + [f"blocks.{l}.hook_{kind}_out" for l in range(layers) for kind in ("attn", "mlp")]
-    qk = [_qk_sites(subject.model, l) for l in range(layers)]
+    qk = [qk_sites(subject.model, l) for l in range(layers)]
     acts = collect(subject.model, subject.tokens, sites + [s for pair in qk for s in pair],
                    attention_mask=subject.attention_mask)
     common = dict(tasks=("regression",), controls=False, n_splits=settings.n_splits, n_boot=10)
     absolute = probe_absolute_index(acts, sites=sites, **common)
     relative = probe_relative_distance(acts, sites=resid_sites(layers), feature_kinds=("concat",), attention=qk,
-                                       bilinear=_bilinear_mode(acts, qk[0][0]), pairs_per_distance=64, **common)
+                                       bilinear=bilinear_mode(acts, qk[0][0]), pairs_per_distance=64, **common)
     r2 = pd.concat([absolute, relative])
     r2 = r2[r2.metric == "r2"]
     assert len(r2) == len(sites) + 2 * layers + 1

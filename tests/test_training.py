@@ -181,7 +181,7 @@ def test_train_command_writes_checkpoint_and_reports(tmp_path, capsys):
     from nopelens.analyses.cli import main
 
     args = ["train", "--task", "repeat", "--steps", "3", "--out", str(tmp_path), "--layers", "1", "--d-model", "16",
-            "--heads", "2", "--max-len", "3", "--batch-size", "4", "--no-progress"]
+            "--heads", "2", "--max-len", "3", "--batch-size", "4", "--quiet"]
     assert main(args) == 0
     out = capsys.readouterr().out
     assert "exact match" in out and "on training lengths" in out

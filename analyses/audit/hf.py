@@ -18,6 +18,7 @@ from typing import Any, Iterator
 import torch
 from torch import Tensor
 
+from nopelens.models.hooks import act_name
 from nopelens.models.methods import get_method
 from nopelens.models.methods.nope import NoPE
 from nopelens.models.positions import rope_angles
@@ -255,7 +256,7 @@ class BridgeSubject(Subject):
                 yield seen
             return
         rope_layers = [l for l, spec in enumerate(self.hf.layers) if spec.rotates]
-        names = [f"blocks.{rope_layers[0]}.attn.{n}" for n in ("hook_cos", "hook_sin")] if rope_layers else []
+        names = [act_name(n, rope_layers[0]) for n in ("cos", "sin")] if rope_layers else []
         if (not names or not all(self.hf.fires(n) for n in names) or self.unverifiable() is not None
                 or self.hf.layers[rope_layers[0]].rope_type != "default"):
             yield seen  # no angles nopelens can decode (e.g. scaled RoPE frequencies)

@@ -9,6 +9,7 @@ import torch
 from jaxtyping import Bool, Int
 from torch import Tensor
 
+from nopelens.models.hooks import act_name
 from nopelens.models.masks import CAUSAL, KeyWindow, visibility
 from nopelens.models.methods import SCORE_BIAS
 from nopelens.models.positions import position_ids_from_mask
@@ -104,7 +105,7 @@ class Run:
         return self.probe.blocked(self.subject.key_window(layer))
 
     def hook(self, layer: int, name: str) -> Tensor | None:
-        key = f"blocks.{layer}.attn.{name}"
+        key = act_name(name, layer)
         return self.cache[key] if key in self.cache.keys() else None
 
     def qk(self, layer: int) -> tuple[Tensor, Tensor]:

@@ -150,20 +150,26 @@ def _rope_offset_checks(run: Run, layers: list[int], shift: int, evidence: dict)
 
 
 def _lookup_checks(run: Run, layer: int, evidence: dict) -> list[Check]:
-    """``hook_pos_bias`` (and a value term) against the layer's own table at the declared ids."""
+    """``hook_pos_bias`` (and a value term) against the layer's own table at the relative ids of
+    the declaration (the model config), as RoPE's references use the declared base and fraction."""
     s, p = run.subject, run.probe
     if not s.reads_tables:
         return []
-    method, attn = s.layer_methods[layer], s.attention(layer)
+    method, attn, declared = s.layer_methods[layer], s.attention(layer), s.declaration
     ids = run.ids_used.clamp(min=0)
-    rel_ids = method.relative_ids(attn.cfg, ids, ids)
+    rel_ids = method.relative_ids(declared, ids, ids)
     q = run.hook(layer, "hook_q").double()
-    reference = method.reference_bias(attn, q, rel_ids)
+    name = f"layer {layer} {method.label} {method.table_name} lookup"
+    try:
+        reference = method.reference_bias(attn, q, rel_ids)
+    except IndexError as error:  # the layer's table is smaller than the declaration needs
+        return [Check(name, False, f"the layer's {method.table_name} cannot be read at the ids of the declaration "
+                      f"({method.lookup_formula(declared)}): {error}")]
     allowed = run.allowed(layer)
-    checks = [agree(f"layer {layer} {method.label} {method.table_name} lookup", run.hook(layer, "hook_pos_bias"),
-                    reference, run.tol, method.lookup_formula(attn.cfg), allowed)]
+    checks = [agree(name, run.hook(layer, "hook_pos_bias"), reference, run.tol, method.lookup_formula(declared),
+                    allowed)]
     evidence[f"layer{layer}_{method.name}_{method.ids_evidence_name}"] = method.ids_evidence(
-        attn.cfg, rel_ids[allowed[:, 0]])
+        declared, rel_ids[allowed[:, 0]])
     pattern = run.hook(layer, "hook_pattern").double()
     value_term = method.reference_value_term(attn, pattern, rel_ids)
     if value_term is not None:

@@ -121,8 +121,12 @@ def _lookup_sign_check(run: Run, layer: int, evidence: dict) -> Check:
     method, attn = s.layer_methods[layer], s.attention(layer)
     q = run.hook(layer, "hook_q").double()
     allowed = run.allowed(layer)
-    rows = method.relative_ids(attn.cfg, p.ids, p.ids)
-    declared = method.reference_bias(attn, q, rows)
+    rows = method.relative_ids(s.declaration, p.ids, p.ids)
+    try:
+        declared = method.reference_bias(attn, q, rows)
+    except IndexError as error:  # the layer's table is smaller than the declaration needs
+        return Check(f"layer {layer} {method.label} offset sign", False,
+                     f"the layer's {method.table_name} cannot be read at the ids of the declaration: {error}")
     mirrored = method.reference_bias(attn, q, rows.transpose(1, 2))
     observed = run.position_contribution(layer)
     e_dec, e_mir = max_err(observed, declared, allowed), max_err(observed, mirrored, allowed)

@@ -7,6 +7,7 @@ import math
 import torch
 from torch import Tensor
 
+from nopelens.models.hooks import act_name
 from nopelens.models.methods import SCORE_BIAS
 from nopelens.models.positions import alibi_bias
 
@@ -72,7 +73,7 @@ def step3_masks_vs_biases(run: Run) -> StepResult:
 def _drop_bias(run: Run, layers: list[int]) -> tuple[list[Check], dict] | None:
     """Re-run with every score bias zeroed: scores change, the blocked set does not."""
     s, p = run.subject, run.probe
-    names = [f"blocks.{l}.attn.{n}" for l in layers for n in ("hook_attn_scores", "hook_pattern")]
+    names = [act_name(n, l) for l in layers for n in ("attn_scores", "pattern")]
     kept: dict[str, Tensor] = {}
 
     def keep(x, hook):
@@ -85,10 +86,10 @@ def _drop_bias(run: Run, layers: list[int]) -> tuple[list[Check], dict] | None:
     for layer in layers:
         allowed = run.allowed(layer)
         before = run.hook(layer, "hook_pattern")
-        after = kept[f"blocks.{layer}.attn.hook_pattern"]
+        after = kept[act_name("pattern", layer)]
         same_blocked &= bool(((before == 0) == (after == 0))[real_rows.expand_as(before)].all())
         score_before = run.hook(layer, "hook_attn_scores")
-        score_after = kept[f"blocks.{layer}.attn.hook_attn_scores"]
+        score_after = kept[act_name("attn_scores", layer)]
         changed.append(max_err(score_before, score_after, allowed))
     bound = run.tol.of(run.logits)
     checks = [

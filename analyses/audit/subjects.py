@@ -18,6 +18,7 @@ from jaxtyping import Float
 from torch import Tensor
 
 from nopelens.models import Decoder, KVCache
+from nopelens.models.hooks import act_name
 from nopelens.models.masks import CAUSAL, KeyWindow
 from nopelens.models.methods import METHODS, QK_ROTATION, SCORE_BIAS, PositionMethod, get_method
 
@@ -227,6 +228,13 @@ class DecoderSubject(Subject):
         """The ``Attention`` module of a layer (owner of its method's parameters)."""
         return self.model.blocks[layer].attn
 
+    @property
+    def declaration(self):
+        """The model's declared config (what a checkpoint stores): every reference the audit
+        computes (RoPE's base and fraction, Shaw's clip, T5's buckets) comes from it, never from
+        a layer's own copy, so a layer that deviates from the declaration fails."""
+        return self.model.cfg
+
     def input_reference(self, position_ids: Tensor, width: int) -> Tensor:
         """What ``hook_pos_embed`` must be at the ids, float64, from the input method's formula."""
         return self.input_method.reference_vectors(self.model, position_ids, width)
@@ -266,7 +274,7 @@ class DecoderSubject(Subject):
         return torch.cat(pieces, 1), {"step_ids": torch.cat(seen, 1), "cache_ids": cache.position_ids}
 
     def forward_without_bias(self, tokens, mask, fwd_hooks):
-        zero = [(f"blocks.{l}.attn.hook_pos_bias", lambda x, hook: torch.zeros_like(x))
+        zero = [(act_name("pos_bias", l), lambda x, hook: torch.zeros_like(x))
                 for l in self.layers_acting(SCORE_BIAS)]
         self.forward(tokens, mask, None, zero + list(fwd_hooks))
         return True
@@ -284,35 +292,3 @@ def audited_hook(name: str) -> bool:
 ATTENTION_HOOKS = ("hook_q", "hook_k", "hook_q_normed", "hook_k_normed", "hook_v", "hook_rot_q", "hook_rot_k",
                    "hook_content_scores",
                     "hook_pos_bias", "hook_attn_scores", "hook_pattern", "hook_z", "hook_cos", "hook_sin")
-
-
-def make_subject(model: Any, name: str | None) -> tuple[Subject, dict[str, Any]]:
-    """Wrap a Decoder, a TrainedModel, a TransformerBridge or an HF model for the audit."""
-    metadata: dict[str, Any] = {}
-    if hasattr(model, "model") and hasattr(model, "metadata") and isinstance(model.model, Decoder):
-        metadata = dict(model.metadata or {})
-        model = model.model
-    if isinstance(model, Decoder):
-        return DecoderSubject(model, name or f"Decoder({model.cfg.position_name})"), metadata
-    if hasattr(model, "original_model") and hasattr(model, "blocks"):
-        from .hf import BridgeSubject
-
-        return BridgeSubject(model, name or type(model.original_model).__name__), metadata
-    from nopelens.models.adapters import HookedHFModel
-
-    if isinstance(model, HookedHFModel):
-        from .hf import HookedSubject
-
-        return HookedSubject(model, name or type(model.original_model).__name__), metadata
-    try:
-        from transformers import PreTrainedModel
-    except ImportError:  # pragma: no cover - transformers is a dependency of transformer-lens
-        PreTrainedModel = ()
-    if isinstance(model, PreTrainedModel):
-        from nopelens.models.adapters import load_hf_model
-
-        return make_subject(load_hf_model(model), name or type(model).__name__)[0], metadata
-    raise TypeError(
-        f"audit needs a nopelens Decoder, a TrainedModel, a TransformerBridge, a HookedHFModel or an HF causal LM; "
-        f"got {type(model).__name__}"
-    )

@@ -1,6 +1,7 @@
-"""``nopelens circuit``: build a hand-set circuit or run a seed demo, print its checks, draw its figure.
+"""The hand-built circuits and seed demonstrations behind ``nopelens circuit``: each subject
+builds its model or demo, checks it against its exact answer, and draws its figure.
 
-Subjects:
+Subjects (:data:`RUNNERS`):
 
 - ``counter``: Theorem 1 (Kazemnejad et al. 2023, App. C); counter and position dims vs position.
 - ``distance``: Theorem 2; the layer-2 pattern next to the Decoder's own ALiBi head of slope m.
@@ -8,14 +9,14 @@ Subjects:
 - ``equivariance``: seed 001, Attention(PX) = P Attention(X) with and without a causal mask.
 - ``mask-table``: seed 000, the FIG-004 causal table, the fully-masked rejection, blocking vs a zero score.
 
-Each writes ``<subject>.png``, ``<subject>.svg`` and ``<subject>_checks.csv`` into ``--out``
-(atomically: temp file, then rename) and exits 1 if a check fails.
+Each runner returns its checks (one row per check: value, bound, passed; ``passed`` is None for
+an informational row) and its figure, and says what it built through ``say``.
 """
 
 from __future__ import annotations
 
-import argparse
-from pathlib import Path
+from dataclasses import dataclass
+from typing import Callable
 
 import matplotlib
 
@@ -24,16 +25,33 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 import seaborn as sns  # noqa: E402
-import torch  # noqa: E402
 
 from nopelens import circuits  # noqa: E402
 from nopelens.circuits import demos  # noqa: E402
-from nopelens.circuits.counter import CONSTRUCTIONS  # noqa: E402
-from nopelens.models.io import write_csv_atomic  # noqa: E402
-
-from .report import save_figure  # noqa: E402
 
 SUBJECTS = ("counter", "distance", "previous-token", "equivariance", "mask-table")
+
+
+@dataclass(frozen=True)
+class CircuitSettings:
+    """What a circuit subject is built with.
+
+    Attributes:
+        n_ctx: positions the circuit covers (>= 2).
+        slope: ALiBi slope m of the distance head.
+        sharpness: c of the previous-token head.
+        construction: the counter MLP (:data:`nopelens.circuits.counter.CONSTRUCTIONS`).
+        d_vocab: vocabulary size, BOS included.
+        seed: seed of the random tokens and demo inputs.
+    """
+
+    n_ctx: int = 64
+    slope: float = 0.5
+    sharpness: float = 10.0
+    construction: str = "steps"
+    d_vocab: int = 8
+    seed: int = 0
+
 
 # (check name, bound, "max" if the value must stay <= bound, "min" if it must exceed it)
 COUNTER_BOUNDS = {
@@ -59,29 +77,17 @@ def _checks_table(subject: str, values: dict, bounds: dict) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def _print_checks(table: pd.DataFrame) -> None:
-    for row in table.itertuples():
-        if row.bound is None or pd.isna(row.bound):
-            print(f"  {row.check:<40} {row.value}")
-            continue
-        sign = "<=" if row.kind == "max" else ">"
-        verdict = "ok" if row.passed else "FAIL"
-        print(f"  {row.check:<40} {float(row.value):.6g}  ({sign} {row.bound:g}: {verdict})")
-
-
-def save_table(table: pd.DataFrame, out: Path, stem: str) -> Path:
-    return write_csv_atomic(table, out / f"{stem}.csv")
 
 
 # ----------------------------------------------------------------------------- subjects
-def run_counter(args) -> tuple[pd.DataFrame, plt.Figure]:
-    model = circuits.counter(args.n_ctx, d_vocab=args.d_vocab, construction=args.construction)
-    print(model.circuit.describe())
-    values = circuits.check_counter(model, seed=args.seed)
-    control = demos.constant_input_control(model, token=1, length=args.n_ctx)
+def run_counter(settings: CircuitSettings, say: Callable[[str], None] = print) -> tuple[pd.DataFrame, plt.Figure]:
+    model = circuits.counter(settings.n_ctx, d_vocab=settings.d_vocab, construction=settings.construction)
+    say(model.circuit.describe())
+    values = circuits.check_counter(model, seed=settings.seed)
+    control = demos.constant_input_control(model, token=1, length=settings.n_ctx)
     values.update({f"constant_input_{name}": value for name, value in control.items()})
-    trace = circuits.counter_trace(model, circuits.circuit_tokens(model, seed=args.seed))
-    no_bos = circuits.counter_trace(model, circuits.circuit_tokens(model, seed=args.seed, bos=False))
+    trace = circuits.counter_trace(model, circuits.circuit_tokens(model, seed=settings.seed))
+    no_bos = circuits.counter_trace(model, circuits.circuit_tokens(model, seed=settings.seed, bos=False))
 
     fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
     sns.lineplot(x=trace.position, y=trace.expected_counter, ax=left, color="0.6", linestyle="--", label="1/(i+1)")
@@ -91,20 +97,20 @@ def run_counter(args) -> tuple[pd.DataFrame, plt.Figure]:
     sns.lineplot(x=trace.position, y=trace.position, ax=right, color="0.6", linestyle="--", label="i")
     sns.scatterplot(x=trace.position, y=trace.position_value, ax=right, s=14, label="position dim")
     right.set(xlabel="position i", ylabel="position dimension after layer 1",
-              title=f"MLP inverse ({args.construction}): max error {values['position_max_error']:.1e}")
+              title=f"MLP inverse ({settings.construction}): max error {values['position_max_error']:.1e}")
     return _checks_table("counter", values, COUNTER_BOUNDS), fig
 
 
-def run_distance(args) -> tuple[pd.DataFrame, plt.Figure]:
-    model = circuits.distance(args.n_ctx, slope=args.slope, d_vocab=args.d_vocab, construction=args.construction)
-    print(model.circuit.describe())
-    values = circuits.check_distance(model, seed=args.seed)
-    pattern = circuits.head_pattern(model, circuits.circuit_tokens(model, seed=args.seed)).numpy()
-    reference = circuits.alibi_reference_pattern(args.n_ctx, args.slope).numpy()
+def run_distance(settings: CircuitSettings, say: Callable[[str], None] = print) -> tuple[pd.DataFrame, plt.Figure]:
+    model = circuits.distance(settings.n_ctx, slope=settings.slope, d_vocab=settings.d_vocab, construction=settings.construction)
+    say(model.circuit.describe())
+    values = circuits.check_distance(model, seed=settings.seed)
+    pattern = circuits.head_pattern(model, circuits.circuit_tokens(model, seed=settings.seed)).numpy()
+    reference = circuits.alibi_reference_pattern(settings.n_ctx, settings.slope).numpy()
     fig, axes = plt.subplots(1, 3, figsize=(15, 4.5))
     panels = [
         (pattern, "circuit: blocks.1.attn.hook_pattern"),
-        (reference, f"Decoder ALiBi head {values['alibi_head']} of {values['alibi_heads']} (m = {args.slope:g})"),
+        (reference, f"Decoder ALiBi head {values['alibi_head']} of {values['alibi_heads']} (m = {settings.slope:g})"),
         (np.abs(pattern - reference), f"|difference| (max {values['pattern_max_error']:.1e})"),
     ]
     for ax, (matrix, title) in zip(axes, panels):
@@ -113,16 +119,16 @@ def run_distance(args) -> tuple[pd.DataFrame, plt.Figure]:
     return _checks_table("distance", values, DISTANCE_BOUNDS), fig
 
 
-def run_previous_token(args) -> tuple[pd.DataFrame, plt.Figure]:
-    model = circuits.previous_token(args.n_ctx, sharpness=args.sharpness, d_vocab=args.d_vocab, construction=args.construction)
-    print(model.circuit.describe())
-    values = circuits.check_previous_token(model, seed=args.seed)
-    tokens = circuits.circuit_tokens(model, seed=args.seed)
+def run_previous_token(settings: CircuitSettings, say: Callable[[str], None] = print) -> tuple[pd.DataFrame, plt.Figure]:
+    model = circuits.previous_token(settings.n_ctx, sharpness=settings.sharpness, d_vocab=settings.d_vocab, construction=settings.construction)
+    say(model.circuit.describe())
+    values = circuits.check_previous_token(model, seed=settings.seed)
+    tokens = circuits.circuit_tokens(model, seed=settings.seed)
     pattern = circuits.head_pattern(model, tokens).numpy()
     mass = circuits.previous_token_mass(model, tokens)
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.5))
     sns.heatmap(pattern, ax=left, cmap="viridis", square=True, xticklabels=False, yticklabels=False)
-    left.set(xlabel="key position j", ylabel="query position i", title=f"previous-token head (c = {args.sharpness:g})")
+    left.set(xlabel="key position j", ylabel="query position i", title=f"previous-token head (c = {settings.sharpness:g})")
     sns.lineplot(x=mass.position[1:], y=mass.previous_mass[1:], ax=right, marker="o", markersize=3)
     right.axhline(0.99, color="0.6", linestyle="--", label="0.99")
     right.set(xlabel="query position i", ylabel="attention on j = i - 1", title="mass on the previous token")
@@ -130,14 +136,14 @@ def run_previous_token(args) -> tuple[pd.DataFrame, plt.Figure]:
     return _checks_table("previous_token", values, PREVIOUS_BOUNDS), fig
 
 
-def run_equivariance(args) -> tuple[pd.DataFrame, plt.Figure]:
-    result = demos.permutation_equivariance(seed=args.seed)
+def run_equivariance(settings: CircuitSettings, say: Callable[[str], None] = print) -> tuple[pd.DataFrame, plt.Figure]:
+    result = demos.permutation_equivariance(seed=settings.seed)
     expected = {"all_visible": True, "fixed_causal_mask": False, "permuted_causal_mask": True, "nope_decoder_causal": False}
-    print("seed 001: Attention(PX) == P Attention(X)?  (P reorders rows [0, 1, 2] to [2, 0, 1])")
+    say("seed 001: Attention(PX) == P Attention(X)?  (P reorders rows [0, 1, 2] to [2, 0, 1])")
     rows = []
     for name, want in expected.items():
         got, error = result[name], result[f"{name}_max_error"]
-        print(f"  {name:<24} {str(got):<5} (max |A(PX) - P A(X)| = {error:.2e}; expected {want})")
+        say(f"  {name:<24} {str(got):<5} (max |A(PX) - P A(X)| = {error:.2e}; expected {want})")
         rows.append({"subject": "equivariance", "check": name, "value": got, "max_error": error, "expected": want, "passed": got == want})
     table = pd.DataFrame(rows)
     fig, ax = plt.subplots(figsize=(7, 4))
@@ -148,17 +154,17 @@ def run_equivariance(args) -> tuple[pd.DataFrame, plt.Figure]:
     return table, fig
 
 
-def run_mask_table(args) -> tuple[pd.DataFrame, plt.Figure]:
+def run_mask_table(settings: CircuitSettings, say: Callable[[str], None] = print) -> tuple[pd.DataFrame, plt.Figure]:
     table = demos.causal_table()
-    print("seed 000, FIG-004: causal visibility (rows: queries, columns: keys)")
-    print(table.to_string())
+    say("seed 000, FIG-004: causal visibility (rows: queries, columns: keys)")
+    say(table.to_string())
     empty_rows = demos.rows_with_no_allowed_key(table)
-    print(f"  rows with no allowed key: {empty_rows or 'none'}")
+    say(f"  rows with no allowed key: {empty_rows or 'none'}")
     message = demos.fully_masked_rejection()
-    print(f"  fully masked input -> ValueError: {message}")
+    say(f"  fully masked input -> ValueError: {message}")
     weights = demos.blocking_vs_zero_score()
-    print("seed 000: blocking is not scoring zero (query 'rises', key 'rises' blocked or scored 0)")
-    print(weights.round(6).to_string())
+    say("seed 000: blocking is not scoring zero (query 'rises', key 'rises' blocked or scored 0)")
+    say(weights.round(6).to_string())
     allowed = weights.index != weights.index[-1]
     checks = pd.DataFrame(
         [
@@ -191,37 +197,10 @@ RUNNERS = {
 }
 
 
-def run(args: argparse.Namespace) -> int:
-    if args.n_ctx < 2:
-        raise ValueError(f"--n-ctx must be >= 2, got {args.n_ctx}")
-    out = Path(args.out)
-    table, fig = RUNNERS[args.subject](args)
-    stem = args.subject.replace("-", "_")
-    if args.subject in ("counter", "distance", "previous-token"):
-        _print_checks(table)
-    paths = save_figure(fig, out / stem) + [save_table(table, out, f"{stem}_checks")]
-    print("wrote " + ", ".join(str(p) for p in paths))
-    failed = table[table.passed == False]  # noqa: E712 (None means: no bound, informational)
-    if len(failed):
-        print(f"FAILED: {', '.join(failed.check)}")
-        return 1
-    return 0
-
-
-def register(subparsers) -> None:
-    parser = subparsers.add_parser(
-        "circuit",
-        help="hand-built NoPE circuits (Kazemnejad et al. 2023) and seed demos, with checks and a figure",
-        description=__doc__.split("\n\n")[0]
-        + " Subjects: counter, distance, previous-token (circuits) and equivariance, mask-table (seed demos).",
-        epilog="example: nopelens circuit distance --n-ctx 128 --slope 0.25 --out runs/circuit",
-    )
-    parser.add_argument("subject", choices=SUBJECTS)
-    parser.add_argument("--n-ctx", type=int, default=64, help="positions the circuit covers (default 64)")
-    parser.add_argument("--slope", type=float, default=0.5, help="ALiBi slope m of the distance head (default 0.5)")
-    parser.add_argument("--sharpness", type=float, default=10.0, help="c of the previous-token head (default 10)")
-    parser.add_argument("--construction", choices=CONSTRUCTIONS, default="steps", help="counter MLP (default steps)")
-    parser.add_argument("--d-vocab", type=int, default=8, help="vocabulary size including BOS (default 8)")
-    parser.add_argument("--seed", type=int, default=0, help="seed of the random tokens / demo inputs")
-    parser.add_argument("--out", default="runs/circuit", help="folder for figures and check tables")
-    parser.set_defaults(func=run)
+RUNNERS = {
+    "counter": run_counter,
+    "distance": run_distance,
+    "previous-token": run_previous_token,
+    "equivariance": run_equivariance,
+    "mask-table": run_mask_table,
+}

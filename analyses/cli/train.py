@@ -13,13 +13,13 @@ import argparse
 import math
 from pathlib import Path
 
-import torch
-
 from nopelens.models import POSITION_METHODS, DecoderConfig
 from nopelens.models import zoo
 from nopelens.models.checkpoint import TrainedModel
 from nopelens.models.tasks import TASKS, TextTask, make_task
 from nopelens.models.training import evaluate_exact_match, train
+
+from .options import add_quiet, add_seeds, add_threads, set_threads
 
 
 def report(trained: TrainedModel) -> str:
@@ -44,19 +44,6 @@ def report(trained: TrainedModel) -> str:
     return "\n".join(lines)
 
 
-def set_threads(threads: int | None) -> None:
-    """Set torch's intra-op thread count (None leaves it).
-
-    Raises:
-        ValueError: if ``threads`` < 1.
-    """
-    if threads is None:
-        return
-    if threads < 1:
-        raise ValueError(f"--threads must be >= 1, got {threads}")
-    torch.set_num_threads(threads)
-
-
 def _run(args: argparse.Namespace) -> int:
     set_threads(args.threads)
     if args.list:
@@ -68,7 +55,7 @@ def _run(args: argparse.Namespace) -> int:
     seeds = _seeds(args)
     if args.zoo:
         for seed in seeds:
-            trained = zoo.load(args.zoo, cache_dir=args.cache_dir, progress=not args.no_progress, seed=seed)
+            trained = zoo.load(args.zoo, cache_dir=args.cache_dir, progress=not args.quiet, seed=seed)
             print(report(trained))
         return 0
     if not args.task or not args.out:
@@ -89,7 +76,7 @@ def _run(args: argparse.Namespace) -> int:
         out = Path(args.out) if args.seeds is None else Path(args.out) / f"seed{seed}"
         trained = train(
             config, task, args.steps, batch_size=args.batch_size, min_len=args.min_len, max_len=args.max_len,
-            lr=args.lr, seed=seed, checkpoint_dir=out / "checkpoint", out_dir=out, progress=not args.no_progress,
+            lr=args.lr, seed=seed, checkpoint_dir=out / "checkpoint", out_dir=out, progress=not args.quiet,
         )
         print(report(trained))
         print(f"checkpoint: {out / 'checkpoint'}; loss curve: {out / 'loss_curve.csv'}")
@@ -97,13 +84,11 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def _seeds(args: argparse.Namespace) -> tuple[int, ...]:
-    from .sweep_cmd import parse_seeds
-
     if args.seeds is None:
         return (args.seed,)
     if args.seed != 0:
         raise ValueError("give --seed or --seeds, not both")
-    return parse_seeds(args.seeds)
+    return args.seeds
 
 
 def register(subparsers) -> None:
@@ -132,9 +117,7 @@ def register(subparsers) -> None:
     parser.add_argument("--max-len", type=int, default=10)
     parser.add_argument("--lr", type=float, default=3e-3)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--seeds", help="train once per seed, comma list (0,1,2): zoo models are cached per seed, "
-                        "--task runs go to --out/seed<N>")
-    parser.add_argument("--threads", type=int, help="torch intra-op threads (default: torch's); 1 is "
-                        "much faster for these small models on a CPU shared with other jobs")
-    parser.add_argument("--no-progress", action="store_true")
+    add_seeds(parser, "train once per seed; zoo models are cached per seed, --task runs go to --out/seed<N>")
+    add_threads(parser)
+    add_quiet(parser, "training progress bar")
     parser.set_defaults(func=_run)

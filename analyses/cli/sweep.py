@@ -5,15 +5,12 @@ from __future__ import annotations
 import argparse
 import dataclasses
 
-import torch
+from nopelens.analyses import report
+from nopelens.analyses.runs import slug
+from nopelens.analyses.subjects import resolve
+from nopelens.analyses.sweep import SweepSettings, measure_sinks, sweep
 
-from . import report
-from .subjects import resolve
-from .sweep import SweepSettings, sweep
-
-MODEL_HELP = ("zoo name (see `nopelens train --list`), checkpoint directory, hf:DIR (local HF model), "
-              "circuit, untrained-nope or constant-METHOD (constant input, no BOS; e.g. constant-nope, "
-              "constant-rope+rope+rope+nope)")
+from .options import MODEL_HELP, add_quiet, add_seeds
 
 
 def _models(text: str | None) -> tuple[str, ...] | None:
@@ -25,21 +22,6 @@ def _models(text: str | None) -> tuple[str, ...] | None:
     return models
 
 
-def parse_seeds(text: str) -> tuple[int, ...]:
-    """``"0,1,2"`` -> ``(0, 1, 2)``.
-
-    Raises:
-        ValueError: on anything but a comma list of integers.
-    """
-    try:
-        seeds = tuple(int(part) for part in text.split(",") if part.strip())
-    except ValueError:
-        raise ValueError(f"--seeds takes a comma list of integers such as 0,1,2, got {text!r}") from None
-    if not seeds:
-        raise ValueError("--seeds lists no seed")
-    return seeds
-
-
 def _settings(args: argparse.Namespace, models, controls: bool) -> SweepSettings:
     if args.quick:
         settings = SweepSettings.quick(args.task, models, controls)
@@ -47,15 +29,16 @@ def _settings(args: argparse.Namespace, models, controls: bool) -> SweepSettings
         settings = SweepSettings.default(args.task, models, controls)
     overrides = {k: getattr(args, k) for k in ("n_sequences", "seq_len", "seed") if getattr(args, k) is not None}
     if getattr(args, "seeds", None) is not None:
-        overrides["train_seeds"] = parse_seeds(args.seeds)
+        overrides["train_seeds"] = args.seeds
     return dataclasses.replace(settings, **overrides)
 
 
 def _sweep(args: argparse.Namespace, settings: SweepSettings, out):
-    from .parallel import default_jobs
+    from nopelens.analyses.parallel import default_jobs
 
     jobs = default_jobs() if args.jobs is None else args.jobs
-    return sweep(settings, out, progress=not args.quiet, jobs=jobs, scheduler=args.scheduler, svg=args.svg)
+    return sweep(settings, out, progress=not args.quiet, jobs=jobs, scheduler=args.scheduler, svg=args.svg,
+                 security=args.dask_security)
 
 
 def _print_summary(result) -> None:
@@ -72,22 +55,14 @@ def run_sweep(args: argparse.Namespace) -> int:
 
 def run_probe(args: argparse.Namespace) -> int:
     settings = _settings(args, (args.model,), controls=False)
-    out = args.out or f"runs/probe-{''.join(c if c.isalnum() or c in '-_' else '_' for c in args.model)}"
-    _print_summary(_sweep(args, settings, out))
+    _print_summary(_sweep(args, settings, args.out or f"runs/probe-{slug(args.model)}"))
     return 0
 
 
 def run_sinks(args: argparse.Namespace) -> int:
     settings = _settings(args, (args.model,), controls=False)
     subject = resolve(args.model, settings.n_sequences, settings.seq_len, settings.seed, not args.quiet, settings.quick_steps)
-    from nopelens.probes import collect
-
-    from .sweep import sink_conditions
-
-    sites = [f"blocks.{l}.attn.hook_pattern" for l in range(subject.n_layers)]
-    with torch.no_grad():
-        acts = collect(subject.model, subject.tokens, sites, attention_mask=subject.attention_mask, batch_size=32)
-        table = sink_conditions(subject, acts)
+    table = measure_sinks(subject)
     for condition, rows in table.groupby("condition", sort=False):
         grid = rows.pivot_table(index="block", columns="head", values="sink_mass")
         print(f"{subject.name}, {condition.replace('_', ' ')}: sink mass (rows: layer, columns: head); "
@@ -114,17 +89,23 @@ def _common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--n-sequences", type=int, help="evaluation sequences per model (default 80)")
     parser.add_argument("--seq-len", type=int, help="tokens per evaluation sequence (default 64)")
     parser.add_argument("--seed", type=int, help="seed of sequences, pairs, controls and bootstrap (default 0)")
-    parser.add_argument("--quiet", action="store_true", help="no training progress bars")
+    add_quiet(parser, "training progress bars or progress lines")
 
 
 def _runs(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--seeds", help="training seeds, comma list (default 0): each zoo model is trained, cached "
-                        "and measured once per seed; numbers are reported as mean and spread over seeds")
+    add_seeds(parser, "each zoo model is trained, cached and measured once per seed; numbers are reported as mean "
+              "and spread over seeds (default 0)")
     parser.add_argument("--jobs", type=int, help="measure models in this many local worker processes, one thread "
                         "each (default: one per core this process may use; their training progress comes as "
                         "lines; 1: in this process, with live bars)")
-    parser.add_argument("--scheduler", help="address of a Dask scheduler (tcp://HOST:8786) to send the (model, seed) "
-                        'tasks to; needs pip install "nopelens[dask]"')
+    parser.add_argument("--scheduler", metavar="ADDRESS",
+                        help="a Dask scheduler (tls://HOST:8786, or tcp:// on a private network) to send the "
+                        '(model, seed) tasks to; workers run one thread each (--nthreads 1); needs pip install '
+                        '"nopelens[dask]"')
+    parser.add_argument("--dask-security", metavar="FILE",
+                        help="YAML file in distributed's configuration format with the client's TLS settings "
+                        "(distributed: comm: tls: ca-file, client: cert, key) for a tls:// --scheduler; "
+                        "default: distributed's own configuration")
     parser.add_argument("--svg", action="store_true", help="also save the figures as SVG (PNG always)")
 
 
@@ -139,7 +120,8 @@ def register(subparsers) -> None:
         epilog="examples:\n  nopelens sweep\n  nopelens sweep --quick --out runs/smoke\n"
         "  nopelens sweep --models text-nope-4l,text-rope-4l,text-learned-4l\n  nopelens sweep --task copy\n"
         "  nopelens sweep --models constant-nope,constant-rope,constant-alibi,constant-shaw,constant-rope+rope+rope+nope\n"
-        "  nopelens sweep --seeds 0,1,2 --jobs 2\n  nopelens sweep --scheduler tcp://127.0.0.1:8786",
+        "  nopelens sweep --seeds 0,1,2 --jobs 2\n"
+        "  nopelens sweep --scheduler tls://10.0.0.5:8786 --dask-security dask-tls.yaml",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     sweep_parser.add_argument("--models", help=f"comma list of models; each a {MODEL_HELP}")
@@ -173,4 +155,3 @@ def register(subparsers) -> None:
     sinks_parser.add_argument("--out", help="also write sinks.csv and a heatmap here")
     _common(sinks_parser)
     sinks_parser.set_defaults(func=run_sinks)
-

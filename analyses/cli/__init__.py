@@ -1,7 +1,9 @@
-"""The ``nopelens`` command line: one subcommand per analysis.
+"""The ``nopelens`` command line: one subcommand per analysis, thin over :mod:`nopelens.analyses`.
 
-Each subcommand lives in its own module, which exposes ``register(subparsers)``; the module adds
-its parser and sets ``func`` to a callable taking the parsed args and returning an exit code.
+Each subcommand lives in its own module of this package, which exposes ``register(subparsers)``;
+the module adds its parser (with the shared options of :mod:`.options`) and sets ``func`` to a
+callable taking the parsed args and returning an exit code. Command modules parse, call the
+analyses and print; the analyses never import this package.
 Exit codes: 0 when the command passed, 1 when a step it checks failed (``audit``), 2 on bad input or
 an unsupported model (one line on stderr, no traceback), 3 on an internal error (a bug in
 nopelens: one line saying so, where it happened and where to report it; ``NOPELENS_TRACEBACK=1``
@@ -16,30 +18,30 @@ import os
 import sys
 
 COMMAND_MODULES = (
-    "nopelens.analyses.sweep_cmd",
-    "nopelens.analyses.demo",
-    "nopelens.analyses.train_cmd",
-    "nopelens.analyses.lengthgen",
-    "nopelens.analyses.circuit_cmd",
-    "nopelens.analyses.audit_cmd",
-    "nopelens.analyses.intervene_cmd",
-    "nopelens.analyses.validate",
+    "nopelens.analyses.cli.sweep",
+    "nopelens.analyses.cli.demo",
+    "nopelens.analyses.cli.train",
+    "nopelens.analyses.cli.lengthgen",
+    "nopelens.analyses.cli.circuit",
+    "nopelens.analyses.cli.audit",
+    "nopelens.analyses.cli.intervene",
+    "nopelens.analyses.cli.validate",
 )
 
 COMMANDS = {
-    "sweep": ("nopelens.analyses.sweep_cmd", "where absolute index and relative distance first become recoverable (the main job)"),
-    "probe": ("nopelens.analyses.sweep_cmd", "probe one model (checkpoint, zoo name or HF directory) layer by layer"),
-    "sinks": ("nopelens.analyses.sweep_cmd", "attention-sink mass and rate per layer and head, with and without BOS"),
-    "demo": ("nopelens.analyses.demo", "build one model per position method and print its hook names"),
-    "train": ("nopelens.analyses.train_cmd", "train a decoder on a task, or train/load a zoo model"),
-    "lengthgen": ("nopelens.analyses.lengthgen",
+    "sweep": ("nopelens.analyses.cli.sweep", "where absolute index and relative distance first become recoverable (the main job)"),
+    "probe": ("nopelens.analyses.cli.sweep", "probe one model (checkpoint, zoo name or HF directory) layer by layer"),
+    "sinks": ("nopelens.analyses.cli.sweep", "attention-sink mass and rate per layer and head, with and without BOS"),
+    "demo": ("nopelens.analyses.cli.demo", "build one model per position method and print its hook names"),
+    "train": ("nopelens.analyses.cli.train", "train a decoder on a task, or train/load a zoo model"),
+    "lengthgen": ("nopelens.analyses.cli.lengthgen",
                   "train each position method on short sequences, test exact match on longer ones"),
-    "circuit": ("nopelens.analyses.circuit_cmd",
+    "circuit": ("nopelens.analyses.cli.circuit",
                 "hand-built NoPE circuits (Kazemnejad et al. 2023) and seed demos, with checks and a figure"),
-    "audit": ("nopelens.analyses.audit_cmd", "run seed 002's ten-step position audit on a model"),
-    "intervene": ("nopelens.analyses.intervene_cmd",
+    "audit": ("nopelens.analyses.cli.audit", "run seed 002's ten-step position audit on a model"),
+    "intervene": ("nopelens.analyses.cli.intervene",
                   "causal tests: does the probed position come from the attention sink, and is it used?"),
-    "validate": ("nopelens.analyses.validate", "the known-answer suite: models where theory fixes every number"),
+    "validate": ("nopelens.analyses.cli.validate", "the known-answer suite: models where theory fixes every number"),
 }
 """Subcommand -> (module that registers it, its line in ``nopelens --help``). The CLI imports only
 the module of the command it runs, and none for ``nopelens --help``: the modules import torch and
