@@ -47,6 +47,7 @@ import numpy as np
 import pandas as pd
 import torch
 
+from nopelens.models.hooks import act_names
 from nopelens.models.threads import one_thread
 
 LENGTH = 16
@@ -397,7 +398,7 @@ def check_repeated_tokens(seed: int = SEED) -> list[Row]:
 
     model = _decoder(seed, n_layers=2, position="nope", init_std=0.3)
     tokens = torch.full((4, LENGTH), 5, dtype=torch.long)
-    sites = [f"blocks.{l}.attn.hook_pattern" for l in range(2)]
+    sites = act_names("pattern", 2)
     acts = collect(model, tokens, sites)
     uniform = np.tril(np.ones((LENGTH, LENGTH))) / np.arange(1, LENGTH + 1)[:, None]
     deviation = max(float(np.abs(p - uniform[None]).max()) for site in sites for p in acts.patterns[site])
@@ -517,7 +518,7 @@ def check_detector(seed: int = SEED) -> list[Row]:
 
     from nopelens.analyses.audit import Tolerance
     from nopelens.analyses.audit.detector import declared_reading, detect
-    from nopelens.analyses.audit.subjects import make_subject
+    from nopelens.analyses.audit.core import make_subject
     from nopelens.models.adapters import bridge_hf_model
 
     tokens = _tokens(2, LENGTH, 3, 16, seed)

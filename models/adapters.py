@@ -21,6 +21,8 @@ from torch import Tensor, nn
 from transformer_lens import ActivationCache, HookedRootModule
 from transformer_lens.hook_points import HookPoint
 
+from .hooks import act_name
+
 
 def bridge_hf_model(hf_model: nn.Module, architecture: str | None = None) -> Any:
     """Wrap an HF causal LM in a TransformerLens ``TransformerBridge``, offline.
@@ -248,16 +250,16 @@ class HookedHFModel(HookedRootModule):
         modules = dict(hf_model.named_modules())
         names: dict[str, tuple[str, str]] = {"hook_embed": (self.layout.embed, "output")}
         for l, (layer, mixer, attention) in enumerate(zip(self.layout.layers, self.layout.mixers, self.layout.attention)):
-            names[f"blocks.{l}.hook_resid_pre"] = (layer, "input")
-            names[f"blocks.{l}.hook_resid_post"] = (layer, "output")
+            names[act_name("resid_pre", l)] = (layer, "input")
+            names[act_name("resid_post", l)] = (layer, "output")
             if mixer is not None:
-                names[f"blocks.{l}.hook_attn_out"] = (mixer, "output")
+                names[act_name("attn_out", l)] = (mixer, "output")
                 if attention:
-                    names[f"blocks.{l}.attn.hook_pattern"] = (mixer, "weights")
+                    names[act_name("pattern", l)] = (mixer, "weights")
             if l < len(self.layout.values) and self.layout.values[l] is not None:
-                names[f"blocks.{l}.attn.hook_v"] = (self.layout.values[l], "heads")
+                names[act_name("v", l)] = (self.layout.values[l], "heads")
             if l < len(self.layout.outputs) and self.layout.outputs[l] is not None:
-                names[f"blocks.{l}.attn.hook_z"] = (self.layout.outputs[l], "input heads")
+                names[act_name("z", l)] = (self.layout.outputs[l], "input heads")
         if self.layout.final_norm is not None:
             names["ln_final.hook_normalized"] = (self.layout.final_norm, "output")
         self.site_paths = {name: path for name, (path, _) in names.items()}

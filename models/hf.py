@@ -894,7 +894,7 @@ def check_readable(description: HFDescription) -> None:
             "attention_mask is passed (the causal mask is dropped); its patterns and activations would be wrong"
         )
     attention = [l for l, layer in enumerate(description.layers) if layer.mixer == "attention"]
-    if attention and not description.fires(f"blocks.{attention[0]}.attn.hook_pattern"):
+    if attention and not description.fires(act_name("pattern", attention[0])):
         why = next((n for n in description.notes if n.startswith("hooked with")), None)
         raise UnsupportedModelError(f"no hook_pattern fires in {description.architecture} through its "
                                     f"{description.adapter} (its attention weights cannot be read)"

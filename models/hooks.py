@@ -30,6 +30,11 @@ pattern ``[batch, head_index, query_pos, key_pos]``)."""
 MLP_HOOKS = ("pre", "post")
 """Hooks under ``blocks.{l}.mlp`` (``[batch, pos, d_mlp]``)."""
 
+ATTN_NORM_HOOKS = ("q_norm.hook_out", "k_norm.hook_out")
+"""Output hooks of a ``TransformerBridge``'s q/k norm components under ``blocks.{l}.attn``, where a
+bridge normalizes the full-width projection in a component of its own (OLMo-Hybrid:
+``[batch, pos, n_heads * d_head]``)."""
+
 
 def block(layer: int) -> str:
     """The name prefix of block ``layer``'s hooks and parameters.
@@ -55,12 +60,12 @@ def act_name(name: str, layer: int) -> str:
     Args:
         name: a short name (``resid_post``, ``pattern``, ``rot_q``, ``pre``, ...; see
             :data:`BLOCK_HOOKS`, :data:`ATTN_HOOKS` and :data:`MLP_HOOKS`), with or without
-            its ``hook_`` prefix.
+            its ``hook_`` prefix, or a bridge component's hook (:data:`ATTN_NORM_HOOKS`).
         layer: the block index, >= 0.
 
     Returns:
-        ``blocks.{layer}.hook_{name}``, ``blocks.{layer}.attn.hook_{name}`` or
-        ``blocks.{layer}.mlp.hook_{name}``.
+        ``blocks.{layer}.hook_{name}``, ``blocks.{layer}.attn.hook_{name}``,
+        ``blocks.{layer}.mlp.hook_{name}`` or ``blocks.{layer}.attn.{name}``.
 
     Raises:
         ValueError: on an unknown name (the message lists the known ones) or a bad ``layer``.
@@ -68,6 +73,8 @@ def act_name(name: str, layer: int) -> str:
     Example:
         >>> act_name("resid_post", 2), act_name("hook_pattern", 0), act_name("pre", 1)
         ('blocks.2.hook_resid_post', 'blocks.0.attn.hook_pattern', 'blocks.1.mlp.hook_pre')
+        >>> act_name("q_norm.hook_out", 3)
+        'blocks.3.attn.q_norm.hook_out'
     """
     short = name[len("hook_"):] if name.startswith("hook_") else name
     prefix = block(layer)
@@ -77,7 +84,10 @@ def act_name(name: str, layer: int) -> str:
         return f"{prefix}.attn.hook_{short}"
     if short in MLP_HOOKS:
         return f"{prefix}.mlp.hook_{short}"
-    raise ValueError(f"unknown hook {name!r}; known: {', '.join(BLOCK_HOOKS + ATTN_HOOKS + MLP_HOOKS)}")
+    if short in ATTN_NORM_HOOKS:
+        return f"{prefix}.attn.{short}"
+    known = BLOCK_HOOKS + ATTN_HOOKS + MLP_HOOKS + ATTN_NORM_HOOKS
+    raise ValueError(f"unknown hook {name!r}; known: {', '.join(known)}")
 
 
 def act_names(name: str, layers) -> list[str]:

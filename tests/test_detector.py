@@ -10,7 +10,7 @@ import torch
 
 from nopelens.analyses.audit import Tolerance, audit
 from nopelens.analyses.audit.detector import MAX_GAP, detect, respaced_ids
-from nopelens.analyses.audit.subjects import make_subject
+from nopelens.analyses.audit.core import make_subject
 from nopelens.models import Decoder, DecoderConfig
 from nopelens.models.adapters import bridge_hf_model
 from nopelens.models.positions import position_ids_from_mask

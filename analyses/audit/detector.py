@@ -38,6 +38,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from nopelens.models.hooks import act_name, act_names
+
 from .numerics import Tolerance
 from .subjects import Subject
 
@@ -164,7 +166,7 @@ def detect(subject: Subject, tokens: Tensor, mask: Tensor, tol: Tolerance, seed:
         return [LayerReading(l, NOT_MEASURED, declared[l], quantity[l]) for l in range(subject.n_layers)]
     ids = position_ids_from_mask(mask)
     sites = {layer: _site(layer, quantity[layer]) for layer in range(subject.n_layers)}
-    inputs = [f"blocks.{layer}.hook_resid_pre" for layer in range(subject.n_layers)]
+    inputs = act_names("resid_pre", subject.n_layers)
     base, held = _run(subject, tokens, mask, ids, list(sites.values()) + inputs)
     respaced = respaced_ids(ids, mask, seed, subject.max_positions)
     changed, _ = _run(subject, tokens, mask, respaced, list(sites.values()), patch=held)
@@ -200,8 +202,7 @@ def detect(subject: Subject, tokens: Tensor, mask: Tensor, tol: Tolerance, seed:
 
 
 def _site(layer: int, quantity: str) -> str:
-    return {"scores": f"blocks.{layer}.attn.hook_attn_scores", "pattern": f"blocks.{layer}.attn.hook_pattern",
-            "output": f"blocks.{layer}.hook_resid_post"}[quantity]
+    return act_name({"scores": "attn_scores", "pattern": "pattern", "output": "resid_post"}[quantity], layer)
 
 
 def _compared(subject: Subject, layer: int, quantity: str, mask: Tensor) -> Tensor:
