@@ -133,7 +133,9 @@ def _seeing(patterns: Sequence[np.ndarray], keys: KeyWindow, start: int = 0) -> 
     for mass in sink_mass_by_query(patterns):
         sees = keys.sees_first(mass.shape[1]).numpy()
         sees[:start] = False
-        out.append(mass[:, sees])
+        # C order, as a slice gives: numpy's float32 mean sums pairwise along a contiguous axis only, and a
+        # boolean index returns the other layout (the same masses, a mean different in the last bits)
+        out.append(np.ascontiguousarray(mass[:, sees]))
     return out
 
 
