@@ -102,7 +102,10 @@ if hasattr(T, "Llama4TextConfig"):
 
 def build(family: str, seed: int = 0, **overrides) -> torch.nn.Module:
     """A random-init HF model of ``family`` (eager attention, eval mode), config fields overridden."""
-    config, cls = FAMILIES[family]()
+    return _instantiate(*FAMILIES[family](), seed, overrides)
+
+
+def _instantiate(config, cls, seed: int, overrides: dict) -> torch.nn.Module:
     for key, value in overrides.items():
         setattr(config, key, value)
     config._attn_implementation = "eager"
@@ -200,11 +203,4 @@ DESIGNS = {
 
 def build_design(family: str, dtype: torch.dtype = torch.float32, seed: int = 0, **overrides) -> torch.nn.Module:
     """A tiny random-init model of a :data:`DESIGNS` family, in ``dtype`` (eager attention, eval mode)."""
-    config, cls = DESIGNS[family]()
-    for key, value in overrides.items():
-        setattr(config, key, value)
-    config._attn_implementation = "eager"
-    torch.manual_seed(seed)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        return cls(config).eval().to(dtype)
+    return _instantiate(*DESIGNS[family](), seed, overrides).to(dtype)

@@ -21,8 +21,8 @@ from .subjects import DecoderSubject, Subject
 
 
 def make_subject(model: Any, name: str | None) -> tuple[Subject, dict[str, Any]]:
-    """Wrap a Decoder, a TrainedModel, a TransformerBridge, a HookedHFModel or an HF model for the audit (here, not
-    in :mod:`.subjects`, which :mod:`.hf` builds on: no import loop)."""
+    """Wrap a Decoder, a TrainedModel, a TransformerBridge, a HookedHFModel or an HF model for the
+    audit (here, not in :mod:`.subjects`, which :mod:`.hf` builds on: no import loop)."""
     metadata: dict[str, Any] = {}
     if hasattr(model, "model") and hasattr(model, "metadata") and isinstance(model.model, Decoder):
         metadata = dict(model.metadata or {})

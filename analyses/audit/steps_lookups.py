@@ -5,7 +5,6 @@ from __future__ import annotations
 from dataclasses import asdict
 
 import torch
-from torch import Tensor
 
 from nopelens.models.methods import QK_ROTATION
 from nopelens.models.positions import apply_rope, rope_angles
