@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
+import sys
 
 from nopelens.analyses import report
+from nopelens.analyses.reads import choose_reads
 from nopelens.analyses.runs import slug
 from nopelens.analyses.subjects import resolve
-from nopelens.analyses.sweep import SweepSettings, measure_sinks, sweep
+from nopelens.analyses.sweep import DEFAULT_SITES, SITE_KINDS, SweepSettings, measure_sinks, sweep
 
 from .options import MODEL_HELP, add_quiet, add_seeds
 
@@ -30,32 +33,58 @@ def _settings(args: argparse.Namespace, models, controls: bool) -> SweepSettings
     overrides = {k: getattr(args, k) for k in ("n_sequences", "seq_len", "seed") if getattr(args, k) is not None}
     if getattr(args, "seeds", None) is not None:
         overrides["train_seeds"] = args.seeds
+    if getattr(args, "sites", None) is not None:
+        overrides["sites"] = tuple(kind.strip() for kind in args.sites.split(",") if kind.strip())
     return dataclasses.replace(settings, **overrides)
 
 
-def _sweep(args: argparse.Namespace, settings: SweepSettings, out):
+def _sweep(args: argparse.Namespace, settings: SweepSettings, out, name: str):
     from nopelens.analyses.parallel import default_jobs
 
+    sweep_reads = choose_reads(args.metric, args.threshold)  # before any work: a bad --metric costs nothing
     jobs = default_jobs() if args.jobs is None else args.jobs
     return sweep(settings, out, progress=not args.quiet, jobs=jobs, scheduler=args.scheduler, svg=args.svg,
-                 security=args.dask_security)
+                 security=args.dask_security, sweep_reads=sweep_reads, name=name)
 
 
-def _print_summary(result) -> None:
-    print(report.summary_table(result.summary).to_string(index=False))
+def _print_results(result, as_json: bool) -> None:
+    if as_json:
+        print(json.dumps(results_json(result), indent=1, allow_nan=False))
+        if result.out_dir is not None:
+            print(f"nopelens: wrote {result.out_dir}/summary.md and its tables and figures", file=sys.stderr)
+        return
+    print(report.summary_text(result.summary, result.reads))
+    print()
+    print(report.layer_tables_text(result.curves, result.reads))
     if result.out_dir is not None:
-        print(f"\nwrote {result.out_dir}/summary.md, probes.csv, sinks.csv, variance.csv and figures")
+        print(f"\nwrote {result.out_dir}/summary.md, layers.csv, probes.csv, sinks.csv, variance.csv and figures "
+              "(columns: docs/schema.md)")
+
+
+def results_json(result) -> dict:
+    """What ``--json`` prints: the reads, the summary and the per-layer curves, as JSON-ready records
+    (missing numbers are null; columns as in summary.csv and layers.csv, docs/schema.md)."""
+    def records(table):
+        return json.loads(table.to_json(orient="records"))
+
+    return {
+        "out_dir": None if result.out_dir is None else str(result.out_dir),
+        "reads": [dict(column=r.column, header=r.header, target=r.target, task=r.task, features=r.features,
+                       metric=r.metric, threshold=r.threshold, split=r.split) for r in result.reads],
+        "summary": records(result.summary),
+        "layers": records(result.curves),
+    }
 
 
 def run_sweep(args: argparse.Namespace) -> int:
     settings = _settings(args, _models(args.models), controls=not args.no_controls)
-    _print_summary(_sweep(args, settings, args.out))
+    _print_results(_sweep(args, settings, args.out, "sweep"), args.json)
     return 0
 
 
 def run_probe(args: argparse.Namespace) -> int:
     settings = _settings(args, (args.model,), controls=False)
-    _print_summary(_sweep(args, settings, args.out or f"runs/probe-{slug(args.model)}"))
+    _print_results(_sweep(args, settings, args.out or f"runs/probe-{slug(args.model)}", "probe"), args.json)
     return 0
 
 
@@ -101,6 +130,20 @@ def _runs(parser: argparse.ArgumentParser) -> None:
                         "(distributed: comm: tls: ca-file, client: cert, key) for a tls:// --scheduler; "
                         "default: distributed's own configuration")
     parser.add_argument("--svg", action="store_true", help="also save the figures as SVG (PNG always)")
+    parser.add_argument("--sites", metavar="KINDS",
+                        help=f"where absolute index is probed, a comma list of {', '.join(SITE_KINDS)} "
+                        f"(default {','.join(DEFAULT_SITES)}; resid is required; a run folder keeps its sites)")
+    parser.add_argument("--metric", metavar="METRIC",
+                        help="what counts as recoverable: r2 (default for values), accuracy (default for classes), "
+                        "spearman, balanced_accuracy, within_one or mad (needs --threshold, in positions); a bare "
+                        "metric applies to the reads of the task that reports it, TASK=METRIC names the task "
+                        "(e.g. classification=within_one)")
+    parser.add_argument("--threshold", type=float, metavar="BAR",
+                        help="the bar every read's 95 %% CI must clear (default 0.9; for mad: positions, the upper "
+                        "bound must stay at or below it); --metric and --threshold only re-read what was measured, "
+                        "so an existing run folder is summarized again in seconds")
+    parser.add_argument("--json", action="store_true",
+                        help="print the reads, the summary and the per-layer curves as JSON on stdout instead of tables")
 
 
 def register(subparsers) -> None:
