@@ -235,4 +235,7 @@ def load_run(folder: str | Path) -> Run:
     curves = tables.get("layers")
     if curves is None:
         curves = layer_curves(tables["probes"], tables.get("sinks"))
+    else:  # the dtypes layer_curves gives (CSV reads a column with empty cells as floats or objects)
+        curves = curves.astype({"clears": "boolean", "n_heads": "Int64"})
+        tables["layers"] = curves
     return Run(folder, curves, tables)

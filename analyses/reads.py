@@ -159,7 +159,7 @@ def read_columns(sweep_reads: Sequence[SweepRead] | None = None) -> tuple[str, .
     return tuple(read.column for read in (SWEEP_READS if sweep_reads is None else sweep_reads))
 
 
-def choose_reads(metric: str | None = None, threshold: float | None = None,
+def choose_reads(metric: str | None = None, threshold: float | str | None = None,
                  sweep_reads: Sequence[SweepRead] | None = None) -> tuple[SweepRead, ...]:
     """The sweep's reads with another metric or bar (``nopelens sweep --metric --threshold``).
 
@@ -170,7 +170,8 @@ def choose_reads(metric: str | None = None, threshold: float | None = None,
             reads; ``classification=mad`` names the other). A replaced read gets the column
             ``<prefix>_<metric>`` (``absolute_spearman``), so a summary never holds a Spearman
             layer under an R² name.
-        threshold: the bar of every read (default: each read's own, 0.9).
+        threshold: a bar for every read, or a comma list ``BAR`` / ``METRIC=BAR`` (``0.8,mad=2``:
+            MAD reads at 2 positions, the others at 0.8); default: each read's own, 0.9.
         sweep_reads: the reads to change (default :data:`SWEEP_READS`).
 
     Returns:
@@ -178,21 +179,21 @@ def choose_reads(metric: str | None = None, threshold: float | None = None,
 
     Raises:
         ValueError: on a metric no task reports, a task that is not ``classification`` or
-            ``regression``, ``mad`` without a threshold (MAD is in positions, not a fraction), a
-            threshold that is not finite, or above 1 for a metric that cannot exceed 1.
+            ``regression``, a MAD read without a MAD bar (MAD is in positions, not a fraction), a
+            bar that is not a finite number, above 1 for a metric that cannot exceed 1, or not
+            positive for MAD.
 
     Example:
         >>> [read.column for read in choose_reads("spearman")][:2]
         ['absolute_acc', 'absolute_spearman']
         >>> choose_reads(threshold=0.8)[1].header
         'abs. index R² ≥ 0.8'
+        >>> choose_reads("mad", "mad=2")[1].header
+        'abs. index MAD ≤ 2'
     """
     chosen = list(SWEEP_READS if sweep_reads is None else sweep_reads)
     if metric is not None:
         by_task = _metric_by_task(metric)
-        if "mad" in by_task.values() and threshold is None:
-            raise ValueError("--metric mad needs --threshold: MAD is in positions (e.g. --threshold 2: "
-                             "within 2 positions on average)")
         taken = {read.column for read in chosen if read.task not in by_task}
         renamed = []
         for read in chosen:
@@ -205,16 +206,44 @@ def choose_reads(metric: str | None = None, threshold: float | None = None,
             taken.add(column)
             renamed.append(dataclasses.replace(read, metric=new, column=column))
         chosen = renamed
-    if threshold is not None:
-        if not math.isfinite(threshold):
-            raise ValueError(f"--threshold must be a finite number, got {threshold!r}")
-        for read in chosen:
-            if read.metric in BOUNDED_METRICS and threshold > 1:
-                raise ValueError(f"--threshold {threshold:g}: {read.metric} cannot exceed 1, so no layer could clear it")
-            if read.metric == "mad" and threshold <= 0:
-                raise ValueError(f"--threshold {threshold:g}: a MAD bar must be positive (positions)")
-        chosen = [dataclasses.replace(read, threshold=float(threshold)) for read in chosen]
-    return tuple(chosen)
+    default, by_metric = _bars(threshold)
+    if any(read.metric == "mad" for read in chosen) and "mad" not in by_metric and default is None:
+        raise ValueError("a MAD read needs its bar in positions: add --threshold mad=2 (within 2 positions on average)")
+    result = []
+    for read in chosen:
+        bar = by_metric.get(read.metric, default)
+        if bar is None:
+            result.append(read)
+            continue
+        if read.metric in BOUNDED_METRICS and bar > 1:
+            raise ValueError(f"--threshold {bar:g}: {read.metric} cannot exceed 1, so no layer could clear it "
+                             "(give a MAD bar alone as mad=BAR)")
+        if read.metric == "mad" and bar <= 0:
+            raise ValueError(f"--threshold {bar:g}: a MAD bar must be positive (positions)")
+        result.append(dataclasses.replace(read, threshold=float(bar)))
+    return tuple(result)
+
+
+def _bars(threshold: float | str | None) -> tuple[float | None, dict[str, float]]:
+    """``"0.8,mad=2"`` -> (0.8, {mad: 2}); a number -> (it, {})."""
+    if threshold is None:
+        return None, {}
+    default, by_metric = None, {}
+    for part in (str(threshold).split(",") if isinstance(threshold, str) else [threshold]):
+        name, _, text = str(part).strip().rpartition("=")
+        try:
+            bar = float(text)
+        except ValueError:
+            raise ValueError(f"--threshold takes BAR or METRIC=BAR (e.g. 0.8 or mad=2), got {part!r}") from None
+        if not math.isfinite(bar):
+            raise ValueError(f"--threshold must be a finite number, got {part!r}")
+        if name and name not in HIGHER_IS_BETTER:
+            raise ValueError(f"--threshold {part!r}: unknown metric {name!r} (known: {', '.join(HIGHER_IS_BETTER)})")
+        if name:
+            by_metric[name] = bar
+        else:
+            default = bar
+    return default, by_metric
 
 
 def _metric_by_task(text: str) -> dict[str, str]:
@@ -249,6 +278,8 @@ class SweepSites:
             rotates and the hooks fire).
         scores: the ``hook_attn_scores`` sites that hold the scores behind the pattern (may be empty).
         patterns: every block's ``hook_pattern``.
+        outputs: every block's ``hook_attn_out`` where it fires, for the variance measurement
+            (collected whether or not ``inner`` probes it).
     """
 
     residual: list[str]
@@ -256,10 +287,12 @@ class SweepSites:
     qk: list[tuple[str, str]]
     scores: list[str]
     patterns: list[str]
+    outputs: list[str] = dataclasses.field(default_factory=list)
 
     def all(self) -> list[str]:
-        """Every site, in collection order."""
-        return self.residual + self.inner + [s for pair in self.qk for s in pair] + self.patterns + self.scores
+        """Every site, in collection order, each once."""
+        sites = self.residual + self.inner + [s for pair in self.qk for s in pair] + self.patterns + self.scores
+        return list(dict.fromkeys(sites + self.outputs))
 
 
 @dataclass(frozen=True)

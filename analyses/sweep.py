@@ -195,8 +195,9 @@ def sweep_sites(subject: Subject, kinds: tuple[str, ...] = DEFAULT_SITES) -> Swe
     layers = subject.n_layers
     finer = [kind for kind in kinds if kind != "resid"]
     inner = [act_name(kind, l) for l in range(layers) for kind in finer]
+    outputs = [site for site in act_names("attn_out", layers) if subject.usable(site)]
     return SweepSites(residual=resid_sites(layers), inner=[site for site in inner if subject.usable(site)],
-                      qk=[qk_sites(subject, l) for l in range(layers)],
+                      outputs=outputs, qk=[qk_sites(subject, l) for l in range(layers)],
                       scores=score_sites(subject.model, layers, subject.hf), patterns=act_names("pattern", layers))
 
 

@@ -57,8 +57,8 @@ def _print_results(result, as_json: bool) -> None:
     print()
     print(report.layer_tables_text(result.curves, result.reads))
     if result.out_dir is not None:
-        print(f"\nwrote {result.out_dir}/summary.md, layers.csv, probes.csv, sinks.csv, variance.csv and figures "
-              "(columns: docs/schema.md)")
+        print("\nwrote summary.md, tables (layers.csv: the curves above) and figures (columns: docs/schema.md) to"
+              f"\n{result.out_dir}")
 
 
 def results_json(result) -> dict:
@@ -135,13 +135,14 @@ def _runs(parser: argparse.ArgumentParser) -> None:
                         f"(default {','.join(DEFAULT_SITES)}; resid is required; a run folder keeps its sites)")
     parser.add_argument("--metric", metavar="METRIC",
                         help="what counts as recoverable: r2 (default for values), accuracy (default for classes), "
-                        "spearman, balanced_accuracy, within_one or mad (needs --threshold, in positions); a bare "
-                        "metric applies to the reads of the task that reports it, TASK=METRIC names the task "
-                        "(e.g. classification=within_one)")
-    parser.add_argument("--threshold", type=float, metavar="BAR",
-                        help="the bar every read's 95 %% CI must clear (default 0.9; for mad: positions, the upper "
-                        "bound must stay at or below it); --metric and --threshold only re-read what was measured, "
-                        "so an existing run folder is summarized again in seconds")
+                        "spearman, balanced_accuracy, within_one or mad (give its bar, in positions: --threshold "
+                        "mad=2); a bare metric applies to the reads of the task that reports it, TASK=METRIC names "
+                        "the task (e.g. classification=within_one)")
+    parser.add_argument("--threshold", metavar="BAR",
+                        help="the bar each read's 95 %% CI must clear: a number for every read (default 0.9), or "
+                        "METRIC=BAR for one metric's reads (mad=2: the upper bound within 2 positions), comma "
+                        "separated; --metric and --threshold only re-read what was measured, so an existing run "
+                        "folder is summarized again in seconds")
     parser.add_argument("--json", action="store_true",
                         help="print the reads, the summary and the per-layer curves as JSON on stdout instead of tables")
 
