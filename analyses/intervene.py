@@ -375,17 +375,22 @@ def sink_ablation(model, tokens: Tensor, attention_mask: Tensor, n_layers: int, 
         if not 0 <= block < n_layers:
             raise ValueError(f"block {block} is outside 0..{n_layers - 1}")
     first = first_real_index(attention_mask)
+    ablations = [(mode, block) for mode in modes for block in blocks]
+    bar = progress_bar(total=len(ablations) + 1, desc="sink ablation", unit="probe set", disable=not progress)
+    bar.set_postfix_str("clean")
     clean = reprobe(model, tokens, attention_mask, 1, n_layers, settings).assign(condition="clean", ablated_block=np.nan)
     clean_behavior = behavior(model, tokens, attention_mask, targets, loss_mask)
     means = mean_values(model, tokens, attention_mask, blocks) if "mean_value" in modes else {}
     probe_frames, behavior_rows = [clean], []
-    ablations = [(mode, block) for mode in modes for block in blocks]
-    for mode, block in progress_bar(ablations, desc="sink ablation", unit="block", disable=not progress):
+    bar.update()
+    for mode, block in ablations:
+        bar.set_postfix_str(f"{mode}, block {block}")
         mean_value = means.get(block)
         try:
             check_sink_ablation(model, block, mode, tokens, attention_mask, mean_value)
         except NotApplicable as reason:
             behavior_rows.append(dict(condition=mode, ablated_block=block, status="not_applicable", note=str(reason)))
+            bar.update()
             continue
         hooks = sink_hooks(block, mode, first, mean_value)
         table = reprobe(model, tokens, attention_mask, block + 1, n_layers, settings, hooks)
@@ -393,6 +398,8 @@ def sink_ablation(model, tokens: Tensor, attention_mask: Tensor, n_layers: int, 
         changed = behavior(model, tokens, attention_mask, targets, loss_mask, hooks)
         for row in behavior_change(clean_behavior, changed, settings.n_boot, settings.seed):
             behavior_rows.append(dict(condition=mode, ablated_block=block, status="measured", note="", **row))
+        bar.update()
+    bar.close()
     probes = with_clean_values(pd.concat(probe_frames, ignore_index=True))
     return probes, pd.DataFrame(behavior_rows)
 

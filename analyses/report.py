@@ -234,27 +234,36 @@ def site_figure(probes: pd.DataFrame) -> plt.Figure:
     return fig
 
 
-def sink_figure(sinks: pd.DataFrame) -> plt.Figure:
-    """Gu et al.'s sink score (layer x head) per model, as each model was read, on one colour
-    scale fitted to the data and reaching past the sink threshold, which the colour bar marks;
-    heads above it are outlined. (Tables without a score, from sequences too short for Gu's
-    window, show the sink mass instead.)"""
+def sink_figure(sinks: pd.DataFrame, every_condition: bool = False) -> plt.Figure:
+    """Gu et al.'s sink score (layer x head) per model, as each model was read (``every_condition``:
+    one panel per model and condition, with and without BOS), on one colour scale fitted to the
+    data and reaching past the sink threshold, which the colour bar marks; heads above it are
+    outlined. (Tables without a score, from sequences too short for Gu's window, show the sink
+    mass instead.)"""
     sns.set_theme(style="white", context="notebook")
     value = "sink_score" if "sink_score" in sinks else "sink_mass"
-    models = list(sinks["model"].unique())
-    grids, conditions = [], []
-    for model in models:
+    models, grids, conditions = [], [], []
+    for model in sinks["model"].unique():
         rows = sinks[sinks["model"] == model]
-        rows = rows[rows["condition"] == rows["condition"].iloc[0]]
-        grids.append(rows.pivot_table(index="block", columns="head", values=value))
-        conditions.append(rows["condition"].iloc[0].replace("_", " ").replace("bos", "BOS"))
+        for condition in rows["condition"].unique()[: None if every_condition else 1]:
+            picked = rows[rows["condition"] == condition]
+            models.append(model)
+            grids.append(picked.pivot_table(index="block", columns="head", values=value))
+            conditions.append(condition.replace("_", " ").replace("bos", "BOS"))
     top = max(float(max(grid.to_numpy().max() for grid in grids)), GU_EPSILON * 1.1)
     n_cols = max(1, min(3, len(models)))
     n_rows = -(-len(models) // n_cols)
-    height = 2.9 * n_rows + 0.9
-    fig = plt.figure(figsize=(3.3 * n_cols + 1.2, height))
+    width = 3.3 * n_cols + 1.2
+    if value == "sink_score":
+        title = ("Attention sinks: Gu et al.'s sink score per block and head (mean attention on the first token "
+                 f"over the first T ≤ 64 queries; a head above {GU_EPSILON:g} is a sink, outlined)")
+    else:
+        title = "Attention sinks: sink mass per block and head (mean attention on the first token)"
+    title = textwrap.fill(title, int(width * 9))
+    height = 2.9 * n_rows + 0.5 + 0.3 * (title.count("\n") + 1)
+    fig = plt.figure(figsize=(width, height))
     grid_spec = fig.add_gridspec(n_rows, n_cols + 1, width_ratios=[1] * n_cols + [0.07], wspace=0.35, hspace=0.6,
-                                 top=1 - 1.2 / height, bottom=0.5 / height)
+                                 top=1 - (0.55 + 0.3 * (title.count("\n") + 1)) / height, bottom=0.5 / height)
     cmap = sns.color_palette("rocket_r", as_cmap=True)
     image = None
     for index, (model, grid, condition) in enumerate(zip(models, grids, conditions)):
@@ -266,13 +275,8 @@ def sink_figure(sinks: pd.DataFrame) -> plt.Figure:
     bar.ax.axhline(GU_EPSILON, color=TOL_BRIGHT[4], linewidth=3)
     nice = matplotlib.ticker.MaxNLocator(nbins=5).tick_values(0, top)
     bar.set_ticks(sorted({float(t) for t in nice if 0 <= t <= top and abs(t - GU_EPSILON) > 0.02 * top} | {GU_EPSILON}))
-    what = "sink score" if value == "sink_score" else "sink mass"
-    bar.set_label(f"{what} (cyan line: sink threshold {GU_EPSILON:g})")
-    if value == "sink_score":
-        fig.suptitle("Attention sinks: Gu et al.'s sink score per block and head\n(mean attention on the first "
-                     f"token over the first T ≤ 64 queries; a head above {GU_EPSILON:g} is a sink, outlined)")
-    else:
-        fig.suptitle("Attention sinks: sink mass per block and head\n(mean attention on the first token)")
+    bar.set_label(f"{'sink score' if value == 'sink_score' else 'sink mass'} (line: sink threshold {GU_EPSILON:g})")
+    fig.suptitle(title, y=1 - 0.15 / height)
     return fig
 
 

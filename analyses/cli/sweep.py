@@ -101,7 +101,7 @@ def run_sinks(args: argparse.Namespace) -> int:
         from nopelens.models.io import write_csv_atomic
 
         write_csv_atomic(table, f"{args.out}/sinks.csv")
-        report.save_figure(report.sink_figure(table), f"{args.out}/sinks")
+        report.save_figure(report.sink_figure(table, every_condition=True), f"{args.out}/sinks")
         print(f"wrote {args.out}/sinks.csv and sinks.png/svg")
     return 0
 
@@ -159,6 +159,8 @@ def register(subparsers) -> None:
         "  nopelens sweep --models text-nope-4l,text-rope-4l,text-learned-4l\n  nopelens sweep --task copy\n"
         "  nopelens sweep --models constant-nope,constant-rope,constant-alibi,constant-shaw,constant-rope+rope+rope+nope\n"
         "  nopelens sweep --seeds 0,1,2 --jobs 2\n"
+        "  nopelens sweep --metric spearman --threshold 0.8     # re-reads a finished folder in seconds\n"
+        "  nopelens sweep --json > sweep.json\n"
         "  nopelens sweep --scheduler tls://10.0.0.5:8786 --dask-security dask-tls.yaml",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -171,9 +173,12 @@ def register(subparsers) -> None:
 
     probe_parser = subparsers.add_parser(
         "probe", help="probe one model (checkpoint, zoo name or HF directory) layer by layer",
-        description="Run the sweep's probes, sinks and variance measurements on one model.",
+        description="Run the sweep's probes, sinks and variance measurements on one model; print its summary "
+        "and per-layer table (value [95 % CI] per layer) and write a run folder.",
         epilog="examples:\n  nopelens probe copy-nope-3l\n  nopelens probe runs/train/my-model\n"
-        "  nopelens probe hf:/path/to/gpt2-dir --seq-len 32",
+        "  nopelens probe hf:/path/to/gpt2-dir --seq-len 32\n"
+        "  nopelens probe text-rope-4l --sites resid,attn_out,resid_mid,mlp_out --json > rope.json\n"
+        "  nopelens probe text-nope-4l --metric mad --threshold mad=2",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     probe_parser.add_argument("model", help=MODEL_HELP)
