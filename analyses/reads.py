@@ -306,6 +306,7 @@ class ProbeInput:
         n_sequences: evaluation sequences.
         n_splits, n_boot, seed: GroupKFold folds, bootstrap replicates and seed of every probe.
         progress: show a bar over the sites as they are fitted.
+        label: what the bars name first (the model: workers share one log).
     """
 
     acts: Activations
@@ -316,6 +317,7 @@ class ProbeInput:
     n_boot: int
     seed: int
     progress: bool = False
+    label: str = ""
 
     @property
     def common(self) -> dict:
@@ -324,7 +326,8 @@ class ProbeInput:
 
     def each(self, items: Sequence, what: str):
         """``items``, behind a progress bar (``probing <what>``) when :attr:`progress` is set."""
-        return progress_bar(items, desc=f"probing {what}", unit="site", leave=False, disable=not self.progress)
+        desc = f"{self.label}: probing {what}" if self.label else f"probing {what}"
+        return progress_bar(items, desc=desc, unit="site", leave=False, disable=not self.progress)
 
 
 def absolute_index(inp: ProbeInput) -> pd.DataFrame:

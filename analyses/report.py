@@ -710,8 +710,10 @@ def sink_ablation_figure(table: pd.DataFrame):
         _bars(ax, blocks, series, CONDITION_COLORS, CONDITION_NAMES)
         ax.set(title=model, xlabel="block l", ylabel="R² at layer l + 1", ylim=(min(-0.1, lowest - 0.05), 1.1))
         ax.title.set_fontsize(11)
+    several = "train_seed" in table and table.groupby("model")["train_seed"].nunique().max() > 1
     fig.suptitle("Sink ablation: absolute-index R² at layer l + 1, clean and with the first token\nremoved "
-                 "from the keys of block l (error bars: 95 % CI over sequences)")
+                 "from the keys of block l (error bars: 95 % CI over sequences"
+                 + ("; bars and bounds: means over training seeds)" if several else ")"))
     fig.tight_layout()
     handles = [matplotlib.patches.Patch(color=CONDITION_COLORS[c], label=CONDITION_NAMES[c]) for c in ("clean", "remove_key")]
     fig.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, 0.0), ncol=2, frameon=False)

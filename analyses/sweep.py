@@ -210,7 +210,8 @@ def analyse_subject(subject: Subject, settings: SweepSettings, progress: bool = 
     acts = collect(subject.model, subject.tokens, sites.all(), attention_mask=subject.attention_mask, batch_size=32)
     probes = reads.measure_targets(ProbeInput(acts, sites, seq_len=subject.tokens.shape[1],
                                               n_sequences=settings.n_sequences, n_splits=settings.n_splits,
-                                              n_boot=settings.n_boot, seed=settings.seed, progress=progress))
+                                              n_boot=settings.n_boot, seed=settings.seed, progress=progress,
+                                              label=subject.name))
     probes.insert(0, "model", subject.name)
 
     sinks = sink_conditions(subject, acts)

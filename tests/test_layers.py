@@ -36,7 +36,7 @@ def test_the_screen_shows_each_layer_with_its_ci_within_100_columns(probed):
     assert cell in printed, "the layer-0 R² and its CI are printed"
     assert "1.00 [1.00, 1.00]*" in printed, "layer 1 clears the bar (Theorem 1)"
     assert "nopelens probe: " in progress and "nopelens sweep" not in progress, "the bar names the command"
-    assert "probing absolute index" in progress, "probe fitting has its own bar"
+    assert "circuit: probing absolute index" in progress, "probe fitting has its own bar, named by model"
 
 
 def test_summary_md_holds_the_per_layer_tables_and_links_only_written_figures(probed):
