@@ -348,7 +348,7 @@ def relative_distance(inp: ProbeInput) -> pd.DataFrame:
 
     The pairs are a function of the seed and the batch, so each site, q/k pair and score site is
     fitted in a call of its own (behind the progress bar) on the same pairs."""
-    mode = bilinear_mode(inp.acts, inp.sites.qk[0][0])
+    mode = bilinear_mode(inp.acts, inp.sites.qk[0][0]) if inp.sites.qk else "outer"  # no q/k: no bilinear read
     jobs = ([dict(sites=[site], feature_kinds=("concat",)) for site in inp.sites.residual]
             + [dict(sites=[], feature_kinds=(), attention=[pair]) for pair in inp.sites.qk]
             + [dict(sites=[], feature_kinds=(), scores=[site]) for site in inp.sites.scores])
