@@ -564,10 +564,16 @@ def first_recoverable_layer(
         kinds = rows[column].unique()
         if len(kinds) > 1:
             raise ValueError(f"several {column} values {sorted(kinds)} match {target!r}/{metric!r}; pass {argument}=")
-    higher = HIGHER_IS_BETTER[metric]
-    clears = rows["ci_low"] >= threshold if higher else rows["ci_high"] <= threshold
-    layers = rows.loc[clears, "layer"]
+    layers = rows.loc[clears_bar(rows, metric, threshold), "layer"]
     return int(layers.min()) if len(layers) else NOT_RECOVERED
+
+
+def clears_bar(rows: pd.DataFrame, metric: str, threshold: float) -> pd.Series:
+    """Whether each result row clears ``threshold``: ``ci_low >= threshold`` for higher-is-better
+    metrics, ``ci_high <= threshold`` for ``mad`` (the rule of :func:`first_recoverable_layer`)."""
+    if HIGHER_IS_BETTER[metric]:
+        return rows["ci_low"] >= threshold
+    return rows["ci_high"] <= threshold
 
 
 def _coarser(a: str, b: str) -> str:

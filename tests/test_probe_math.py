@@ -8,7 +8,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from nopelens.analyses.sweep import _mad_chance
+from nopelens.analyses.layers import chance_of_mad
 from nopelens.probes import mad_chance, mad_chance_of, probe_features, score
 
 
@@ -50,8 +50,8 @@ def test_probe_mad_rows_carry_the_chance_of_their_scored_positions():
     assert table[table.metric != "mad"]["chance"].isna().all()
     # the sweep's summary divides by this value, not by the uniform formula at the mean length
     frame = pd.DataFrame(dict(value=[5.0], n_samples=[len(position)], n_sequences=[12], chance=mad["chance"].iloc[:1].values))
-    assert _mad_chance(frame).iloc[0] == pytest.approx(6.277778, abs=1e-6)
-    assert _mad_chance(frame.drop(columns="chance")).iloc[0] == pytest.approx(mad_chance(15))
+    assert chance_of_mad(frame).iloc[0] == pytest.approx(6.277778, abs=1e-6)
+    assert chance_of_mad(frame.drop(columns="chance")).iloc[0] == pytest.approx(mad_chance(15))
 
 
 # ----------------------------------------------------------------------------- §1 round-off
