@@ -26,8 +26,8 @@ reads, variance shrinkage): subclass :class:`Measurement` and implement
   queries give the first key, and counts the queries: no pattern is kept). Use
   :meth:`Batch.real` for the rows of real tokens;
 - ``end_pass()``: after the last batch of a pass; return True to be fed another pass;
-- ``spawn()`` and ``merge(other)``: an empty copy with the same plan (and what earlier passes
-  fitted) for a shard, and adding a shard's copy back; the statistics must add;
+- ``spawn()`` and ``merge(other)``: an empty copy in the same phase, with the same plan (and what
+  earlier passes fitted), for a shard; and adding a shard's copy back; the statistics must add;
 - ``result()``.
 
 :class:`AttentionVariance` is a complete small example: the per-position variance of attention
@@ -378,7 +378,9 @@ class AttentionVariance(Measurement):
         return False
 
     def spawn(self) -> "AttentionVariance":
-        return AttentionVariance(self.sequences, self.site_list)
+        other = AttentionVariance(self.sequences, self.site_list)
+        other.done = self.done
+        return other
 
     def merge(self, other: "AttentionVariance") -> None:
         for site, part in other.state.items():
