@@ -49,7 +49,7 @@ import torch
 from torch import Tensor
 
 from .collect import _store_patterns
-from .fitting import ALPHAS, BlockMoments, FoldFit, check_compute_dtype, fold_blocks, fold_models
+from .fitting import ALPHAS, BlockMoments, FoldFit, _check_task, check_compute_dtype, fold_blocks, fold_models
 from .linear import (
     _coarser,
     _label,
@@ -99,19 +99,20 @@ class _Layout:
     def __init__(self, groups: np.ndarray, token_types: np.ndarray, families: list[_Family]):
         self.groups, self.token_types, self.families = groups, token_types, families
         n_rows = len(groups)
-        codes = []
+        codes, n_blocks = [], []
         for family in families:
             blocks, family.members = fold_blocks(family.splits, groups)
             for b, rows in enumerate(blocks):
                 family.block[rows] = b
             codes.append(family.block)
+            n_blocks.append(len(blocks))
         combos, cell = np.unique(np.stack(codes, 1), axis=0, return_inverse=True)
         cell = cell.reshape(-1)
         unused = (combos == -1).all(1)
         cell[unused[cell]] = -1  # rows on no fitting side add to no statistic
         self.cell, self.n_cells = cell, len(combos)
-        self.cells_of = [[[c for c in range(len(combos)) if combos[c, f] == b] for b in range(len(family.members))]
-                         for f, family in enumerate(families)]
+        self.cells_of = [[[c for c in range(len(combos)) if combos[c, f] == b] for b in range(n_blocks[f])]
+                         for f in range(len(families))]
         # value targets (regression) and class targets (classification), each array once
         self.values, self.classes, self.columns = [], [], []
         for family in families:
@@ -403,8 +404,7 @@ def absolute_index_probes(
             :func:`~nopelens.probes.linear.extrapolation_splits`.
     """
     for task in tasks:
-        if task not in ("classification", "regression"):
-            raise ValueError(f"task must be 'classification' or 'regression', got {task!r}")
+        _check_task(task)
     groups, position, token = sequences.sequence_id, sequences.position, sequences.token
     splits = sequence_splits(groups, n_splits)
     families = []
@@ -459,8 +459,7 @@ def relative_distance_probes(
             :func:`~nopelens.probes.linear.sequence_splits`.
     """
     for task in tasks:
-        if task not in ("classification", "regression"):
-            raise ValueError(f"task must be 'classification' or 'regression', got {task!r}")
+        _check_task(task)
     if distances == "spread":
         longest = int(np.diff(sequences.offsets).max())
         distances = spread_distances(longest - 1 if max_distance is None else max_distance, MAX_DISTANCES)

@@ -127,6 +127,21 @@ def test_streamed_probes_equal_in_memory_on_a_bridged_hf_llama(one_thread):
     assert tables[0]["n_samples"].max() == int(mask.sum())
 
 
+def test_two_folds_halve_the_blocks_and_left_padding_stays_out_of_the_samples(one_thread):
+    """With 2 folds every fitting side is one block, so blocks are halved by sequence for the inner
+    CV (fold_blocks); an ALiBi decoder, left-padded rows."""
+    model = Decoder(DecoderConfig(d_vocab=50, n_ctx=32, n_layers=2, d_model=32, n_heads=4, position="alibi"),
+                    seed=1).eval()
+    tokens = torch.randint(0, 50, (9, 20), generator=torch.Generator().manual_seed(5))
+    mask = torch.ones_like(tokens)
+    mask[2:5, :6] = 0
+    qk = [("blocks.1.attn.hook_q", "blocks.1.attn.hook_k")]
+    args = (model, tokens, mask, resid_sites(2), ["blocks.0.hook_attn_out"], qk, ["blocks.1.attn.hook_attn_scores"],
+            2, 30, "outer", 3)
+    for memory, stream in zip(in_memory(*args), streamed(*args, keep=0)[0]):
+        assert_tables_equal(memory, stream)
+
+
 def _tiny_rope_decoder():
     return Decoder(DecoderConfig(d_vocab=50, n_ctx=32, n_layers=2, d_model=32, n_heads=4, position="rope"), seed=3).eval()
 

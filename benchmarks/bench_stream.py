@@ -1,0 +1,225 @@
+"""Benchmark: memory and time of streamed probes against today's in-memory path (issue 19).
+
+Two measurements, side by side in one run, on random-init Llama-shaped HF models saved to a
+temporary directory and loaded as ``nopelens probe hf:DIR`` loads them (offline, safetensors,
+bridged by TransformerLens), with random token ids after BOS:
+
+- **memory**: peak RSS of one process per case (``os.wait4`` of a child that loads the model and
+  measures; nothing else runs in it) at 1x and 4x the sequences, d_model 384, 6 layers, 256 tokens,
+  24 and 96 sequences by default. Cases: ``memory`` (:func:`~nopelens.probes.collect` of every site
+  the probes read, then the in-memory probes), ``stream-keep-all`` (streamed, every batch's
+  features kept until the fit: one forward pass) and ``stream-keep-none`` (nothing kept: a second
+  pass predicts; memory bounded). The issue's target: 4x within 25 % of 1x.
+- **time**: collection plus probes against the plain HF forward pass over the same tokens and
+  batches (``model(tokens)``, logits included, eager attention as the bridge runs it; the SDPA time
+  is printed too), d_model 512, 8 layers, 512 tokens, 32 sequences by default. Probe sets:
+  ``absolute`` (absolute index, classification over position bins and regression with the control
+  task, shuffled labels, majority and token identity, at every residual layer) and ``sweep``
+  (what the sweep measures per model: absolute index at every residual layer and every block's
+  ``hook_attn_out``/``hook_mlp_out`` with the extrapolation split, relative distance from pair
+  features at every residual layer, the bilinear q.k read and the score read of every block, and
+  the attention-variance read). The issue's target: at most 1.5x the forward pass.
+
+Both paths probe the same definitions (classification over at most 64 position bins, pairs at 64
+distances spread over the range), so the comparison is of the engines. Everything runs on one
+thread (torch and BLAS), as nopelens measures. Not a test: it prints measured numbers.
+
+    python benchmarks/bench_stream.py                    # both, the issue's shapes (tens of minutes)
+    python benchmarks/bench_stream.py --quick            # a quick look at small shapes
+    python benchmarks/bench_stream.py --only time --probes absolute
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+import warnings
+from pathlib import Path
+
+CASES = ("memory", "stream-keep-all", "stream-keep-none")
+
+
+def make_model_dir(directory: Path, d_model: int, n_layers: int, n_ctx: int, seed: int = 0) -> Path:
+    """A random-init Llama (grouped-query attention, SwiGLU, RoPE, 32k vocabulary) saved as safetensors."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    n_heads = d_model // 64
+    config = LlamaConfig(hidden_size=d_model, num_hidden_layers=n_layers, num_attention_heads=n_heads,
+                         num_key_value_heads=max(1, n_heads // 2), intermediate_size=int(8 * d_model / 3 // 64 * 64),
+                         vocab_size=32000, max_position_embeddings=max(n_ctx, 2048), bos_token_id=1, eos_token_id=2)
+    torch.manual_seed(seed)
+    LlamaForCausalLM(config).save_pretrained(directory, safe_serialization=True)
+    return directory
+
+
+def probe_plan(subject, probes: str):
+    """(absolute sites, inner sites, q/k pairs, score sites, variance sites, bilinear mode) of a probe set."""
+    from nopelens.analyses.sweep import MAX_OUTER_FEATURES, _qk_sites, score_sites
+    from nopelens.probes import resid_sites, site_block
+
+    layers = subject.n_layers
+    residual = resid_sites(layers)
+    if probes == "absolute":
+        return residual, [], [], [], [], "outer"
+    outputs = (".hook_attn_out", ".hook_mlp_out")  # per block, in the sweep's order
+    inner = sorted((s for s in subject.model.hook_dict if s.endswith(outputs) and site_block(s) is not None
+                    and subject.usable(s)), key=lambda s: (site_block(s), s.endswith(outputs[1])))
+    qk = [_qk_sites(subject, l) for l in range(layers)]
+    mode = "outer" if subject.hf.n_heads * subject.hf.d_head**2 <= MAX_OUTER_FEATURES else "elementwise"
+    variance = [s for s in inner if s.endswith("hook_attn_out")]
+    return residual, inner, qk, score_sites(subject.model, layers, subject.hf), variance, mode
+
+
+def measure(case: str, model_dir: str, n_sequences: int, seq_len: int, probes: str, batch_size: int, n_boot: int) -> dict:
+    """Load the model, measure one case; the seconds of each stage."""
+    import numpy as np
+    import torch
+
+    from nopelens.analyses.subjects import resolve
+    from nopelens.probes import collect, probe_absolute_index, probe_relative_distance
+    from nopelens.probes.sinks import attention_variance
+    from nopelens.probes.stream import AttentionVariance, KeepBudget, Sequences, run
+    from nopelens.probes.stream_probes import absolute_index_probes, relative_distance_probes
+    from nopelens.probes.targets import spread_distances
+
+    torch.set_num_threads(1)
+    subject = resolve(f"hf:{model_dir}", n_sequences, seq_len, seed=0, progress=False)
+    residual, inner, qk, scores, variance_sites, mode = probe_plan(subject, probes)
+    pairs = min(64, n_sequences)
+    common = dict(n_splits=5, n_boot=n_boot, seed=0)
+    extrapolate = seq_len // 2 if probes == "sweep" else None
+    out = {}
+    start = time.perf_counter()
+    with torch.no_grad():
+        if case == "memory":
+            sites = residual + inner + [s for pair in qk for s in pair] + scores
+            acts = collect(subject.model, subject.tokens, sites, attention_mask=subject.attention_mask,
+                           batch_size=batch_size)
+            out["collect_s"] = time.perf_counter() - start
+            tables = [probe_absolute_index(acts, sites=residual + inner, extrapolate_from=extrapolate, max_classes=64,
+                                           **common)]
+            if probes == "sweep":
+                tables.append(probe_relative_distance(
+                    acts, sites=residual, feature_kinds=("concat",), attention=qk, scores=scores, bilinear=mode,
+                    tasks=("regression",), pairs_per_distance=pairs, distances=spread_distances(seq_len - 1, 64),
+                    **common))
+                tables.append(attention_variance(acts, variance_sites))
+        else:
+            budget = KeepBudget(None if case == "stream-keep-all" else 0)
+            sequences = Sequences.of(subject.tokens, subject.attention_mask)
+            measurements = [absolute_index_probes(sequences, residual + inner, extrapolate_from=extrapolate, keep=budget,
+                                                  **common)]
+            if probes == "sweep":
+                measurements.append(relative_distance_probes(
+                    sequences, sites=residual, feature_kinds=("concat",), attention=qk, scores=scores, bilinear=mode,
+                    tasks=("regression",), pairs_per_distance=pairs, keep=budget, **common))
+                measurements.append(AttentionVariance(sequences, variance_sites))
+            tables = run(subject.model, sequences, measurements, batch_size=batch_size)
+    out["total_s"] = time.perf_counter() - start
+    out["rows"] = int(sum(len(t) for t in tables))
+    out["checksum"] = float(np.nansum(tables[0]["value"].to_numpy()))
+    return out
+
+
+def forward_seconds(model_dir: str, n_sequences: int, seq_len: int, batch_size: int) -> dict:
+    """The plain HF forward pass (logits included) over the probes' tokens and batches."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from nopelens.analyses.subjects import resolve
+
+    torch.set_num_threads(1)
+    tokens = resolve(f"hf:{model_dir}", n_sequences, seq_len, seed=0, progress=False).tokens
+    out = {}
+    for implementation in ("eager", "sdpa"):
+        model = AutoModelForCausalLM.from_pretrained(model_dir, local_files_only=True,
+                                                     attn_implementation=implementation).eval()
+        with torch.no_grad():
+            model(tokens[:1, :16])  # warm-up
+            start = time.perf_counter()
+            for first in range(0, n_sequences, batch_size):
+                model(tokens[first:first + batch_size])
+        out[implementation] = time.perf_counter() - start
+    return out
+
+
+def child(args: argparse.Namespace) -> int:
+    """Run one case in this (fresh) process and print its numbers as JSON."""
+    warnings.simplefilter("ignore")
+    if args.child == "forward":
+        result = forward_seconds(args.model_dir, args.n_sequences, args.seq_len, args.batch_size)
+    else:
+        result = measure(args.child, args.model_dir, args.n_sequences, args.seq_len, args.probes, args.batch_size,
+                         args.n_boot)
+    print(json.dumps(result))
+    return 0
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--only", choices=("memory", "time"))
+    parser.add_argument("--quick", action="store_true", help="small shapes, for a quick look")
+    parser.add_argument("--probes", default="sweep", choices=("absolute", "sweep"), help="probe set of the time runs")
+    parser.add_argument("--n-boot", type=int, default=200)
+    parser.add_argument("--batch-size", type=int, default=32)
+    parser.add_argument("--child", help=argparse.SUPPRESS)
+    parser.add_argument("--model-dir", help=argparse.SUPPRESS)
+    parser.add_argument("--n-sequences", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--seq-len", type=int, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        sys.exit(child(args))
+    memory_shape = (192, 4, 128, 12) if args.quick else (384, 6, 256, 24)  # d_model, layers, tokens, sequences
+    time_shape = (256, 4, 256, 16) if args.quick else (512, 8, 512, 32)
+    print(f"nopelens bench_stream: one thread; load average {os.getloadavg()}")
+    with tempfile.TemporaryDirectory() as tmp:
+        if args.only in (None, "memory"):
+            d, layers, tokens, n = memory_shape
+            model_dir = make_model_dir(Path(tmp) / "memory", d, layers, tokens)
+            print(f"\nmemory: Llama d_model {d}, {layers} layers, {tokens} tokens, the sweep's probes; peak RSS per process")
+            print(f"{'case':18s} {'1x MiB':>9s} {'4x MiB':>9s} {'4x / 1x':>8s} {'1x s':>7s} {'4x s':>7s}")
+            for case in CASES:
+                small, rss_small = run_child(case, model_dir, n, tokens, "sweep", args)
+                large, rss_large = run_child(case, model_dir, 4 * n, tokens, "sweep", args)
+                print(f"{case:18s} {rss_small:9.0f} {rss_large:9.0f} {rss_large / rss_small:8.2f} "
+                      f"{small['total_s']:7.1f} {large['total_s']:7.1f}", flush=True)
+        if args.only in (None, "time"):
+            d, layers, tokens, n = time_shape
+            model_dir = make_model_dir(Path(tmp) / "time", d, layers, tokens)
+            forward, forward_rss = run_child("forward", model_dir, n, tokens, args.probes, args)
+            print(f"\ntime: Llama d_model {d}, {layers} layers, {tokens} tokens, {n} sequences, probes: {args.probes}")
+            print(f"plain HF forward pass: {forward['eager']:.1f} s eager attention, {forward['sdpa']:.1f} s SDPA "
+                  f"(peak RSS {forward_rss:.0f} MiB)")
+            print(f"{'case':18s} {'total s':>8s} {'x forward':>9s} {'collect s':>9s} {'peak MiB':>9s}")
+            for case in CASES:
+                result, rss = run_child(case, model_dir, n, tokens, args.probes, args)
+                collect = f"{result['collect_s']:9.1f}" if "collect_s" in result else f"{'':9s}"
+                print(f"{case:18s} {result['total_s']:8.1f} {result['total_s'] / forward['eager']:9.2f} {collect} "
+                      f"{rss:9.0f}", flush=True)
+    print(f"load average after: {os.getloadavg()}")
+
+
+def run_child(case: str, model_dir: Path, n_sequences: int, seq_len: int, probes: str, args) -> tuple[dict, float]:
+    """(the case's numbers, its peak RSS in MiB), measured in a fresh process (``os.wait4``)."""
+    command = [sys.executable, __file__, "--child", case, "--model-dir", str(model_dir), "--n-sequences",
+               str(n_sequences), "--seq-len", str(seq_len), "--probes", probes, "--batch-size", str(args.batch_size),
+               "--n-boot", str(args.n_boot)]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1"}
+    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
+        process = subprocess.Popen(command, stdout=out, stderr=err, env=env, text=True)
+        _, status, usage = os.wait4(process.pid, 0)
+        process.returncode = os.waitstatus_to_exitcode(status)
+        out.seek(0), err.seek(0)
+        if process.returncode:
+            raise RuntimeError(f"case {case} failed:\n{err.read()[-3000:]}")
+        return json.loads(out.read().strip().splitlines()[-1]), usage.ru_maxrss / 1024  # Linux: KiB
+
+
+if __name__ == "__main__":
+    main()
