@@ -30,7 +30,10 @@ second time, in which the probes only predict (memory bounded; the forward pass 
 Either way each token ends with a few numbers (its predictions), from which the metrics and
 their bootstrap CIs over sequences are computed exactly as in memory
 (:func:`~nopelens.probes.linear.score_probes`). The result equals the in-memory tables on the
-same batches up to float round-off of the sums (tests: 1e-8).
+same batches, with the same sites hooked (hooks can change a model's arithmetic: the Decoder
+attends through a fused kernel unless scores or patterns are hooked), up to float round-off of the
+sums (tests: 1e-8). Features are read in the model's own dtype; :func:`~nopelens.probes.collect`
+stores float32 copies, so for a float64 model the two paths agree only to float32 precision.
 
 Long context: with more than :data:`MAX_POSITION_CLASSES` positions, classification is over
 position bins (:func:`~nopelens.probes.linear.position_classes`, target ``absolute_index//W``);

@@ -142,6 +142,23 @@ def test_two_folds_halve_the_blocks_and_left_padding_stays_out_of_the_samples(on
         assert_tables_equal(memory, stream)
 
 
+def test_constant_input_in_bfloat16_recovers_nothing_streamed_as_in_memory(one_thread):
+    """Round-off is not signal: the streamed statistics judge raw per-feature extremes by the
+    activations' own dtype (bfloat16 here, kept as such), as the in-memory path does."""
+    model = Decoder(DecoderConfig(d_vocab=50, n_ctx=32, n_layers=2, d_model=32, n_heads=4, position="nope"), seed=1,
+                    dtype=torch.bfloat16).eval()
+    tokens = torch.full((8, 20), 3)  # one token id, no BOS: every position has the same state
+    qk = [("blocks.1.attn.hook_q", "blocks.1.attn.hook_k")]
+    args = (model, tokens, None, resid_sites(2), ["blocks.0.hook_attn_out"], qk, ["blocks.1.attn.hook_attn_scores"],
+            4, 30, "outer", 4)
+    tables, measurements = streamed(*args, keep=0)
+    for memory, stream in zip(in_memory(*args)[:2], tables[:2]):
+        assert_tables_equal(memory, stream)
+    assert {job.dtype for job in measurements[0].jobs} == {"bfloat16"}
+    grouped = tables[0][(tables[0].probe == "linear") & (tables[0].metric == "r2") & (tables[0].split == "grouped")]
+    assert (grouped["value"] == 0.0).all(), "every feature is round-off: the fit is the mean"
+
+
 def _tiny_rope_decoder():
     return Decoder(DecoderConfig(d_vocab=50, n_ctx=32, n_layers=2, d_model=32, n_heads=4, position="rope"), seed=3).eval()
 
