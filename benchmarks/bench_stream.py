@@ -12,13 +12,17 @@ bridged by TransformerLens), with random token ids after BOS:
   pass predicts; memory bounded). The issue's target: 4x within 25 % of 1x.
 - **time**: collection plus probes against the plain HF forward pass over the same tokens and
   batches (``model(tokens)``, logits included, eager attention as the bridge runs it; the SDPA time
-  is printed too), d_model 512, 8 layers, 512 tokens, 32 sequences by default. Probe sets:
+  is printed too), d_model 512, 8 layers, 512 tokens, 32 sequences by default. Each case runs in
+  its own process right after a plain forward pass and is divided by it (wall and CPU seconds), so
+  a ratio compares two measurements made minutes apart on a shared machine. Probe sets:
   ``absolute`` (absolute index, classification over position bins and regression with the control
   task, shuffled labels, majority and token identity, at every residual layer) and ``sweep``
   (what the sweep measures per model: absolute index at every residual layer and every block's
   ``hook_attn_out``/``hook_mlp_out`` with the extrapolation split, relative distance from pair
   features at every residual layer, the bilinear q.k read and the score read of every block, and
-  the attention-variance read). The issue's target: at most 1.5x the forward pass.
+  the attention-variance read). The issue's target: at most 1.5x the forward pass. With
+  ``--main``, also the in-memory path with main's definitions before issue 19 (every position its
+  own class, pairs at every distance).
 
 Both paths probe the same definitions (classification over at most 64 position bins, pairs at 64
 distances spread over the range), so the comparison is of the engines. Everything runs on one
@@ -42,6 +46,9 @@ import warnings
 from pathlib import Path
 
 CASES = ("memory", "stream-keep-all", "stream-keep-none")
+MAIN_CASE = "memory-main"
+"""The in-memory path with main's definitions before issue 19: every position its own class, pairs at
+every distance (time runs only, with ``--main``)."""
 
 
 def make_model_dir(directory: Path, d_model: int, n_layers: int, n_ctx: int, seed: int = 0) -> Path:
@@ -95,20 +102,21 @@ def measure(case: str, model_dir: str, n_sequences: int, seq_len: int, probes: s
     common = dict(n_splits=5, n_boot=n_boot, seed=0)
     extrapolate = seq_len // 2 if probes == "sweep" else None
     out = {}
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), time.process_time()
     with torch.no_grad():
-        if case == "memory":
+        if case in ("memory", MAIN_CASE):
+            exact = case == MAIN_CASE
             sites = residual + inner + [s for pair in qk for s in pair] + scores
             acts = collect(subject.model, subject.tokens, sites, attention_mask=subject.attention_mask,
                            batch_size=batch_size)
             out["collect_s"] = time.perf_counter() - start
-            tables = [probe_absolute_index(acts, sites=residual + inner, extrapolate_from=extrapolate, max_classes=64,
-                                           **common)]
+            tables = [probe_absolute_index(acts, sites=residual + inner, extrapolate_from=extrapolate,
+                                           max_classes=None if exact else 64, **common)]
             if probes == "sweep":
                 tables.append(probe_relative_distance(
                     acts, sites=residual, feature_kinds=("concat",), attention=qk, scores=scores, bilinear=mode,
-                    tasks=("regression",), pairs_per_distance=pairs, distances=spread_distances(seq_len - 1, 64),
-                    **common))
+                    tasks=("regression",), pairs_per_distance=pairs,
+                    distances=None if exact else spread_distances(seq_len - 1, 64), **common))
                 tables.append(attention_variance(acts, variance_sites))
         else:
             budget = KeepBudget(None if case == "stream-keep-all" else 0)
@@ -121,14 +129,16 @@ def measure(case: str, model_dir: str, n_sequences: int, seq_len: int, probes: s
                     tasks=("regression",), pairs_per_distance=pairs, keep=budget, **common))
                 measurements.append(AttentionVariance(sequences, variance_sites))
             tables = run(subject.model, sequences, measurements, batch_size=batch_size)
-    out["total_s"] = time.perf_counter() - start
+    out["total_s"], out["total_cpu_s"] = time.perf_counter() - start, time.process_time() - cpu
     out["rows"] = int(sum(len(t) for t in tables))
     out["checksum"] = float(np.nansum(tables[0]["value"].to_numpy()))
     return out
 
 
-def forward_seconds(model_dir: str, n_sequences: int, seq_len: int, batch_size: int) -> dict:
-    """The plain HF forward pass (logits included) over the probes' tokens and batches."""
+def forward_seconds(model_dir: str, n_sequences: int, seq_len: int, batch_size: int,
+                    implementations=("eager", "sdpa")) -> dict:
+    """Wall and CPU seconds of the plain HF forward pass (logits included) over the probes' tokens
+    and batches, per attention implementation."""
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -137,15 +147,16 @@ def forward_seconds(model_dir: str, n_sequences: int, seq_len: int, batch_size: 
     torch.set_num_threads(1)
     tokens = resolve(f"hf:{model_dir}", n_sequences, seq_len, seed=0, progress=False).tokens
     out = {}
-    for implementation in ("eager", "sdpa"):
+    for implementation in implementations:
         model = AutoModelForCausalLM.from_pretrained(model_dir, local_files_only=True,
                                                      attn_implementation=implementation).eval()
         with torch.no_grad():
             model(tokens[:1, :16])  # warm-up
-            start = time.perf_counter()
+            start, cpu = time.perf_counter(), time.process_time()
             for first in range(0, n_sequences, batch_size):
                 model(tokens[first:first + batch_size])
-        out[implementation] = time.perf_counter() - start
+        out[implementation], out[f"{implementation}_cpu"] = time.perf_counter() - start, time.process_time() - cpu
+        del model
     return out
 
 
@@ -154,6 +165,10 @@ def child(args: argparse.Namespace) -> int:
     warnings.simplefilter("ignore")
     if args.child == "forward":
         result = forward_seconds(args.model_dir, args.n_sequences, args.seq_len, args.batch_size)
+    elif args.child.startswith("paired-"):  # the forward pass, then the case, in one process: paired ratios
+        result = forward_seconds(args.model_dir, args.n_sequences, args.seq_len, args.batch_size, ("eager",))
+        result |= measure(args.child.removeprefix("paired-"), args.model_dir, args.n_sequences, args.seq_len,
+                          args.probes, args.batch_size, args.n_boot)
     else:
         result = measure(args.child, args.model_dir, args.n_sequences, args.seq_len, args.probes, args.batch_size,
                          args.n_boot)
@@ -167,6 +182,8 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="small shapes, for a quick look")
     parser.add_argument("--probes", default="sweep", choices=("absolute", "sweep"), help="probe set of the time runs")
     parser.add_argument("--n-boot", type=int, default=200)
+    parser.add_argument("--main", action="store_true", help=f"time runs: also the case {MAIN_CASE!r}")
+    parser.add_argument("--cases", help="comma list of the cases to run (default: all)")
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument("--model-dir", help=argparse.SUPPRESS)
@@ -184,7 +201,7 @@ def main() -> None:
             model_dir = make_model_dir(Path(tmp) / "memory", d, layers, tokens)
             print(f"\nmemory: Llama d_model {d}, {layers} layers, {tokens} tokens, the sweep's probes; peak RSS per process")
             print(f"{'case':18s} {'1x MiB':>9s} {'4x MiB':>9s} {'4x / 1x':>8s} {'1x s':>7s} {'4x s':>7s}")
-            for case in CASES:
+            for case in selected(args, CASES):
                 small, rss_small = run_child(case, model_dir, n, tokens, "sweep", args)
                 large, rss_large = run_child(case, model_dir, 4 * n, tokens, "sweep", args)
                 print(f"{case:18s} {rss_small:9.0f} {rss_large:9.0f} {rss_large / rss_small:8.2f} "
@@ -194,15 +211,29 @@ def main() -> None:
             model_dir = make_model_dir(Path(tmp) / "time", d, layers, tokens)
             forward, forward_rss = run_child("forward", model_dir, n, tokens, args.probes, args)
             print(f"\ntime: Llama d_model {d}, {layers} layers, {tokens} tokens, {n} sequences, probes: {args.probes}")
-            print(f"plain HF forward pass: {forward['eager']:.1f} s eager attention, {forward['sdpa']:.1f} s SDPA "
-                  f"(peak RSS {forward_rss:.0f} MiB)")
-            print(f"{'case':18s} {'total s':>8s} {'x forward':>9s} {'collect s':>9s} {'peak MiB':>9s}")
-            for case in CASES:
-                result, rss = run_child(case, model_dir, n, tokens, args.probes, args)
-                collect = f"{result['collect_s']:9.1f}" if "collect_s" in result else f"{'':9s}"
-                print(f"{case:18s} {result['total_s']:8.1f} {result['total_s'] / forward['eager']:9.2f} {collect} "
-                      f"{rss:9.0f}", flush=True)
+            print(f"plain HF forward pass alone: {forward['eager']:.1f} s eager attention, {forward['sdpa']:.1f} s SDPA "
+                  f"(peak RSS {forward_rss:.0f} MiB). Each case below runs in its own process right after a plain "
+                  "forward pass (eager), and is divided by that one: the ratios pair measurements made minutes apart, "
+                  "not hours, on a shared machine")
+            print(f"{'case':18s} {'forward s':>9s} {'case s':>8s} {'x forward':>9s} {'fwd CPU s':>9s} {'case CPU s':>10s} "
+                  f"{'x (CPU)':>8s} {'collect s':>9s}")
+            for case in selected(args, CASES + ((MAIN_CASE,) if args.main else ())):
+                r, _ = run_child(f"paired-{case}", model_dir, n, tokens, args.probes, args)
+                collect = f"{r['collect_s']:9.1f}" if "collect_s" in r else f"{'':9s}"
+                print(f"{case:18s} {r['eager']:9.1f} {r['total_s']:8.1f} {r['total_s'] / r['eager']:9.2f} "
+                      f"{r['eager_cpu']:9.1f} {r['total_cpu_s']:10.1f} {r['total_cpu_s'] / r['eager_cpu']:8.2f} {collect}",
+                      flush=True)
     print(f"load average after: {os.getloadavg()}")
+
+
+def selected(args, cases: tuple[str, ...]) -> tuple[str, ...]:
+    if not args.cases:
+        return cases
+    wanted = tuple(c.strip() for c in args.cases.split(","))
+    unknown = set(wanted) - set(cases)
+    if unknown:
+        raise SystemExit(f"unknown cases {sorted(unknown)}; known: {list(cases)}")
+    return tuple(c for c in cases if c in wanted)
 
 
 def run_child(case: str, model_dir: Path, n_sequences: int, seq_len: int, probes: str, args) -> tuple[dict, float]:
