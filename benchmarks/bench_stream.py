@@ -65,22 +65,33 @@ def make_model_dir(directory: Path, d_model: int, n_layers: int, n_ctx: int, see
     return directory
 
 
+OUTER_FEATURES = 1024
+"""The sweep's bound on the full outer-product q.k read (n_heads * d_head^2), above which it reads
+the elementwise one."""
+
+
 def probe_plan(subject, probes: str):
-    """(absolute sites, inner sites, q/k pairs, score sites, variance sites, bilinear mode) of a probe set."""
-    from nopelens.analyses.sweep import MAX_OUTER_FEATURES, _qk_sites, score_sites
+    """(absolute sites, inner sites, q/k pairs, score sites, variance sites, bilinear mode) of a probe
+    set, chosen as the sweep chooses them: every block's outputs that fire, the rotated q/k where the
+    layer rotates (else the plain ones), the scores where they hold the scores behind the pattern."""
     from nopelens.probes import resid_sites, site_block
 
     layers = subject.n_layers
     residual = resid_sites(layers)
     if probes == "absolute":
         return residual, [], [], [], [], "outer"
-    outputs = (".hook_attn_out", ".hook_mlp_out")  # per block, in the sweep's order
-    inner = sorted((s for s in subject.model.hook_dict if s.endswith(outputs) and site_block(s) is not None
-                    and subject.usable(s)), key=lambda s: (site_block(s), s.endswith(outputs[1])))
-    qk = [_qk_sites(subject, l) for l in range(layers)]
-    mode = "outer" if subject.hf.n_heads * subject.hf.d_head**2 <= MAX_OUTER_FEATURES else "elementwise"
-    variance = [s for s in inner if s.endswith("hook_attn_out")]
-    return residual, inner, qk, score_sites(subject.model, layers, subject.hf), variance, mode
+
+    def per_block(suffix: str) -> dict[int, str]:
+        return {site_block(s): s for s in subject.model.hook_dict
+                if s.endswith(suffix) and site_block(s) is not None and subject.usable(s)}
+
+    outputs = (".hook_attn_out", ".hook_mlp_out")
+    inner = [per_block(suffix)[l] for l in range(layers) for suffix in outputs if l in per_block(suffix)]
+    rot_q, rot_k, q, k = (per_block(f".attn.hook_{name}") for name in ("rot_q", "rot_k", "q", "k"))
+    qk = [(rot_q[l], rot_k[l]) if l in rot_q and l in rot_k else (q[l], k[l]) for l in range(layers)]
+    scores = [] if not subject.hf.scores_hook else sorted(per_block(".attn.hook_attn_scores").values(), key=site_block)
+    mode = "outer" if subject.hf.n_heads * subject.hf.d_head**2 <= OUTER_FEATURES else "elementwise"
+    return residual, inner, qk, scores, [s for s in inner if s.endswith(outputs[0])], mode
 
 
 def measure(case: str, model_dir: str, n_sequences: int, seq_len: int, probes: str, batch_size: int, n_boot: int) -> dict:

@@ -253,16 +253,17 @@ def test_streamed_probes_equal_in_memory_on_the_zoo_hybrid(one_thread):
     """The zoo's RoPE/NoPE hybrid (its config, untrained: the probes' arithmetic does not care),
     with the sweep's sites: rotated q/k where the layer rotates, plain ones in its NoPE layer,
     every block's scores and outputs."""
-    from nopelens.analyses.sweep import _qk_sites, score_sites
     from nopelens.models import zoo
 
     model = Decoder(zoo.recipe("text-hybrid-4l").config, seed=0).eval()
     layers = model.cfg.n_layers
     tokens = torch.randint(1, model.cfg.d_vocab, (8, 20), generator=torch.Generator().manual_seed(4))
     tokens[:, 0] = 0
-    qk = [_qk_sites(model, l) for l in range(layers)]
+    rotated = [f"blocks.{l}.attn.hook_rot_q" in model.hook_dict for l in range(layers)]
+    qk = [(f"blocks.{l}.attn.hook_{'rot_' * r}q", f"blocks.{l}.attn.hook_{'rot_' * r}k") for l, r in enumerate(rotated)]
     inner = [f"blocks.{l}.hook_{name}" for l in range(layers) for name in ("attn_out", "mlp_out")]
-    args = (model, tokens, None, resid_sites(layers), inner, qk, score_sites(model, layers), 4, 40, "elementwise", 8)
+    scores = [f"blocks.{l}.attn.hook_attn_scores" for l in range(layers)]
+    args = (model, tokens, None, resid_sites(layers), inner, qk, scores, 4, 40, "elementwise", 8)
     absolute, relative, variance = in_memory(*args)
     tables, _ = streamed(*args, keep=0)
     assert {pair[0].rsplit(".", 1)[-1] for pair in qk} == {"hook_rot_q", "hook_q"}
