@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 
 from nopelens.analyses.layers import chance_of_mad
-from nopelens.probes import mad_chance, mad_chance_of, probe_features, score
+from nopelens.probes import bootstrap_scores, mad_chance, mad_chance_of, probe_features, score
 
 
 def _two_lengths():
@@ -244,3 +244,22 @@ def test_make_probe_pipeline_takes_groups_for_its_inner_cv():
     assert len(index) == len(X) and np.isfinite(pred).all()
     probe = make_probe("regression").fit(X, position, linear__groups=groups)
     assert probe.named_steps["linear"].alpha_ in ALPHAS
+
+
+def test_spearman_ties_predictions_that_differ_only_by_round_off():
+    """Identical feature rows get predictions a last bit apart, depending on where each row sits in
+    a matrix product; ranked as distinct, that noise moved rho by up to 1e-2 on the circuit."""
+    from scipy.stats import spearmanr
+
+    rng = np.random.default_rng(0)
+    y = np.tile(np.arange(8), 30)
+    exact = np.round(y + rng.normal(0, 2.0, len(y)))  # many exact ties, as rows of repeated tokens give
+    noisy = exact * (1 + rng.choice([-1, 0, 1], len(y)) * np.finfo(float).eps)  # the same, an ulp apart
+    groups = np.repeat(np.arange(30), 8)
+    assert not np.array_equal(np.unique(noisy), np.unique(exact))
+    on_exact = bootstrap_scores(y, exact, groups, ["spearman"], n_boot=50)["spearman"]
+    on_noisy = bootstrap_scores(y, noisy, groups, ["spearman"], n_boot=50)["spearman"]
+    assert on_noisy == on_exact
+    assert on_exact[0] == pytest.approx(spearmanr(y, exact).statistic, abs=1e-12)
+    assert bootstrap_scores(y, y + 1e-6 * rng.normal(size=len(y)), groups, ["spearman"], n_boot=5)["spearman"][0] \
+        < 1.0, "real differences, far above round-off, still rank"
