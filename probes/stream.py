@@ -47,6 +47,8 @@ import torch
 from jaxtyping import Int
 from torch import Tensor
 
+from nopelens.models.masks import CAUSAL, KeyWindow
+
 from .collect import _check_inputs, _model_device, _resolve_sites, forward_with_hooks, real_values, site_block
 
 
@@ -339,12 +341,15 @@ class AttentionVariance(Measurement):
     Args:
         sequences: the token set.
         sites: ``blocks.{l}.hook_attn_out`` (or ``attn.hook_z``) sites.
+        windows: block -> its sliding window or chunk, for the ``visible_keys`` column (blocks not
+            listed: the causal rule, i + 1).
     """
 
-    def __init__(self, sequences: Sequences, sites: Sequence[str]):
+    def __init__(self, sequences: Sequences, sites: Sequence[str], windows: dict[int, KeyWindow] | None = None):
         if not sites:
             raise ValueError("no site given; name blocks.{l}.hook_attn_out or attn.hook_z sites")
         self.sequences, self.site_list = sequences, list(sites)
+        self.windows = dict(windows or {})
         self.n_positions = int(sequences.position.max()) + 1
         self.state: dict[str, tuple[Tensor, Tensor, Tensor]] = {}  # site -> (n [P], mean [P, d], M2 [P, d])
         self.done = False
@@ -378,7 +383,7 @@ class AttentionVariance(Measurement):
         return False
 
     def spawn(self) -> "AttentionVariance":
-        other = AttentionVariance(self.sequences, self.site_list)
+        other = AttentionVariance(self.sequences, self.site_list, self.windows)
         other.done = self.done
         return other
 
@@ -387,7 +392,7 @@ class AttentionVariance(Measurement):
             self._combine(site, part)
 
     def result(self) -> pd.DataFrame:
-        """DataFrame ``site, block, position, variance, n_sequences`` (positions with >= 2 sequences).
+        """DataFrame ``site, block, position, visible_keys, variance, n_sequences`` (positions with >= 2 sequences).
 
         Raises:
             ValueError: if no position of a site has two sequences.
@@ -399,7 +404,9 @@ class AttentionVariance(Measurement):
             if not bool(shared.any()):
                 raise ValueError(f"site {site!r}: no position is shared by two sequences")
             variance = (m2[shared] / (n[shared, None] - 1)).mean(1)
-            frames.append(pd.DataFrame({"site": site, "block": site_block(site),
-                                        "position": torch.nonzero(shared).flatten().cpu().numpy().astype(int),
+            position = torch.nonzero(shared).flatten().cpu().numpy().astype(int)
+            visible = self.windows.get(site_block(site), CAUSAL).n_visible(self.n_positions).numpy()
+            frames.append(pd.DataFrame({"site": site, "block": site_block(site), "position": position,
+                                        "visible_keys": visible[position],
                                         "variance": variance.cpu().numpy(), "n_sequences": n[shared].cpu().numpy().astype(int)}))
-        return pd.concat(frames, ignore_index=True)[["site", "block", "position", "variance", "n_sequences"]]
+        return pd.concat(frames, ignore_index=True)[["site", "block", "position", "visible_keys", "variance", "n_sequences"]]
