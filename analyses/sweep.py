@@ -66,7 +66,7 @@ from . import layers, parallel, reads, report, runs, seeds
 from .eta import SweepETA
 from .intervene import SWEEP_SEQUENCES, sink_ablation_drop
 from .reads import ProbeInput, SweepSites
-from .subjects import CONTROL_SPECS, Subject, check_spec, has_training_seed, planned_work, qk_sites, resolve
+from .subjects import CONTROL_SPECS, HFInput, Subject, check_spec, has_training_seed, planned_work, qk_sites, resolve
 
 DEFAULT_MODELS = {"text": ("text-nope-4l", "text-rope-4l", "text-hybrid-4l"), "copy": ("copy-nope-3l", "copy-rope-3l")}
 
@@ -97,6 +97,11 @@ class SweepSettings:
         sites: where absolute index is probed (:data:`SITE_KINDS`): ``resid`` (required) and any
             of the finer sites ``attn_out``, ``resid_mid``, ``mlp_out`` of every block. Relative
             distance is read on the residual stream and every block's attention either way.
+        hf_input: how ``hf:DIR`` models are read (:class:`~nopelens.analyses.subjects.HFInput`:
+            text through their tokenizer, random ids or one token repeated; device; dtype).
+        streamed: measure ``hf:DIR`` models through the streaming engine
+            (:func:`~nopelens.analyses.streamed.analyse_subject_streamed`; ``nopelens probe``).
+        batch_size: sequences per forward pass of a streamed measurement.
     """
 
     models: tuple[str, ...]
@@ -108,6 +113,9 @@ class SweepSettings:
     quick_steps: int | None = None
     train_seeds: tuple[int, ...] = (0,)
     sites: tuple[str, ...] = DEFAULT_SITES
+    hf_input: HFInput = HFInput()
+    streamed: bool = False
+    batch_size: int = 32
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "train_seeds", tuple(self.train_seeds))
@@ -119,6 +127,8 @@ class SweepSettings:
             raise ValueError(f"--seeds must list distinct training seeds, got {list(self.train_seeds)}")
         if min(self.train_seeds) < 0:
             raise ValueError(f"training seeds must be >= 0, got {list(self.train_seeds)}")
+        if isinstance(self.batch_size, bool) or not isinstance(self.batch_size, int) or self.batch_size < 1:
+            raise ValueError(f"--batch-size must be a positive integer, got {self.batch_size!r}")
 
     @classmethod
     def default(cls, task: str = "text", models: tuple[str, ...] | None = None, controls: bool = True, **kw) -> "SweepSettings":
@@ -145,6 +155,10 @@ class SweepSettings:
         settings = dataclasses.asdict(self)
         if self.sites == DEFAULT_SITES:
             del settings["sites"]
+        # written only when set, so folders made before they existed keep their digest
+        for name, default in (("hf_input", HFInput()), ("streamed", False), ("batch_size", 32)):
+            if getattr(self, name) == default:
+                del settings[name]
         return settings
 
     def digest(self) -> str:
@@ -489,11 +503,17 @@ def _measure(spec: str, train_seed: int, settings: SweepSettings, progress: bool
     tqdm.write(f"nopelens: {_label(spec, train_seed)}: loading", file=sys.stderr)
     start = time.perf_counter()
     subject = resolve(spec, settings.n_sequences, settings.seq_len, settings.seed, progress, settings.quick_steps,
-                      train_seed=train_seed)
+                      train_seed=train_seed, hf_input=settings.hf_input)
     loaded = time.perf_counter()
     tqdm.write(f"nopelens: {_label(subject.name, train_seed)}: probing {subject.n_layers + 1} layers", file=sys.stderr)
     with torch.no_grad():
-        tables = analyse_subject(subject, settings, progress)
+        if settings.streamed and subject.hf is not None:
+            from .streamed import analyse_subject_streamed, plan
+
+            tqdm.write(plan(subject, settings).describe(_label(subject.name, train_seed)), file=sys.stderr)
+            tables = analyse_subject_streamed(subject, settings, progress)
+        else:
+            tables = analyse_subject(subject, settings, progress)
     tables = {name: table.assign(train_seed=train_seed) for name, table in tables.items()}
     seconds = {"load": loaded - start, "measure": time.perf_counter() - loaded}
     tqdm.write(f"nopelens: {_label(subject.name, train_seed)}: measured in {seconds['measure']:.0f} s", file=sys.stderr)
