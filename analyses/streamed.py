@@ -69,7 +69,7 @@ def measurements(subject: Subject, settings, shapes: dict[str, tuple[int, ...]] 
     sites = sweep_sites(subject, settings.sites)
     shapes = site_shapes(subject, sites) if shapes is None else shapes
     sequences = Sequences.of(subject.tokens, subject.attention_mask)
-    budget = KeepBudget("auto")
+    budget = KeepBudget("auto" if settings.keep_mib is None else settings.keep_mib * 2**20)
     common = dict(n_splits=settings.n_splits, n_boot=settings.n_boot, seed=settings.seed, keep=budget)
     probes = [absolute_index_probes(sequences, sites.residual + sites.inner,
                                     extrapolate_from=subject.tokens.shape[1] // 2, **common)]

@@ -102,6 +102,9 @@ class SweepSettings:
         streamed: measure ``hf:DIR`` models through the streaming engine
             (:func:`~nopelens.analyses.streamed.analyse_subject_streamed`; ``nopelens probe``).
         batch_size: sequences per forward pass of a streamed measurement.
+        keep_mib: MiB of features a streamed measurement may keep for its predictions instead of
+            a second forward pass (None: a quarter of the memory available; 0: none, so memory is
+            the statistics' whatever the number of tokens).
     """
 
     models: tuple[str, ...]
@@ -116,6 +119,7 @@ class SweepSettings:
     hf_input: HFInput = HFInput()
     streamed: bool = False
     batch_size: int = 32
+    keep_mib: int | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "train_seeds", tuple(self.train_seeds))
@@ -129,6 +133,9 @@ class SweepSettings:
             raise ValueError(f"training seeds must be >= 0, got {list(self.train_seeds)}")
         if isinstance(self.batch_size, bool) or not isinstance(self.batch_size, int) or self.batch_size < 1:
             raise ValueError(f"--batch-size must be a positive integer, got {self.batch_size!r}")
+        if self.keep_mib is not None and (isinstance(self.keep_mib, bool) or not isinstance(self.keep_mib, int)
+                                          or self.keep_mib < 0):
+            raise ValueError(f"--keep-mib must be an integer >= 0, got {self.keep_mib!r}")
 
     @classmethod
     def default(cls, task: str = "text", models: tuple[str, ...] | None = None, controls: bool = True, **kw) -> "SweepSettings":
@@ -156,7 +163,7 @@ class SweepSettings:
         if self.sites == DEFAULT_SITES:
             del settings["sites"]
         # written only when set, so folders made before they existed keep their digest
-        for name, default in (("hf_input", HFInput()), ("streamed", False), ("batch_size", 32)):
+        for name, default in (("hf_input", HFInput()), ("streamed", False), ("batch_size", 32), ("keep_mib", None)):
             if getattr(self, name) == default:
                 del settings[name]
         return settings

@@ -93,19 +93,23 @@ def test_streamed_probe_tables_equal_the_in_memory_sweep_on_the_same_text(model_
     with torch.no_grad():
         memory = analyse_subject(subject, settings)
         streamed = analyse_subject_streamed(subject, settings)
+        assert subject.info["streamed"]["second_pass_batches"] == []  # every batch kept: one pass
+        twice = analyse_subject_streamed(subject, dataclasses.replace(settings, keep_mib=0))
+        assert subject.info["streamed"]["second_pass_batches"] == [0, 1]  # nothing kept: two passes
     keys = {"probes": ["site", "target", "features", "task", "probe", "split", "metric"],
             "sinks": ["condition", "site", "head"], "variance": ["site", "position"]}
-    for name, key in keys.items():
-        a = memory[name].sort_values(key).reset_index(drop=True)
-        b = streamed[name].sort_values(key).reset_index(drop=True)[list(a.columns)]
-        assert len(a) == len(b) > 0, name
-        for column in a.columns:
-            if a[column].dtype.kind == "f":
-                tolerance = 1e-6 if name == "sinks" else 1e-8  # the in-memory sink means are float32
-                np.testing.assert_allclose(b[column], a[column], rtol=tolerance, atol=tolerance, equal_nan=True,
-                                           err_msg=f"{name}.{column}")
-            else:
-                pd.testing.assert_series_equal(b[column], a[column], check_dtype=False, obj=f"{name}.{column}")
+    for tables in (streamed, twice):
+        for name, key in keys.items():
+            a = memory[name].sort_values(key).reset_index(drop=True)
+            b = tables[name].sort_values(key).reset_index(drop=True)[list(a.columns)]
+            assert len(a) == len(b) > 0, name
+            for column in a.columns:
+                if a[column].dtype.kind == "f":
+                    tolerance = 1e-6 if name == "sinks" else 1e-8  # the in-memory sink means are float32
+                    np.testing.assert_allclose(b[column], a[column], rtol=tolerance, atol=tolerance, equal_nan=True,
+                                               err_msg=f"{name}.{column}")
+                else:
+                    pd.testing.assert_series_equal(b[column], a[column], check_dtype=False, obj=f"{name}.{column}")
     assert set(streamed["sinks"]["condition"]) == {"with_bos", "without_bos"}
     assert streamed["sink_ablation"].empty and "sink ablation" in subject.info["not_applicable"]
 

@@ -88,15 +88,16 @@ def _probe_settings(args: argparse.Namespace) -> SweepSettings:
     from nopelens.analyses.subjects import HF_PREFIX, HFInput
 
     settings = _settings(args, (args.model,), controls=False)
-    hf_options = {name: getattr(args, name) for name in ("input", "text", "device", "dtype", "batch_size", "plan")
-                  if getattr(args, name) not in (None, False)}
+    hf_options = {name: getattr(args, name) for name in ("input", "text", "device", "dtype", "batch_size", "keep_mib", "plan")
+                  if getattr(args, name) is not None and getattr(args, name) is not False}
     if not args.model.startswith(HF_PREFIX):
         if hf_options:
             raise ValueError(f"--{next(iter(hf_options)).replace('_', '-')} applies to hf:DIR models (the streamed "
                              f"probe), not to {args.model}")
         return settings
     how = HFInput(input=args.input or "text", text=args.text, device=args.device or "cpu", dtype=args.dtype)
-    return dataclasses.replace(settings, hf_input=how, streamed=True, batch_size=args.batch_size or 32)
+    return dataclasses.replace(settings, hf_input=how, streamed=True, batch_size=args.batch_size or 32,
+                               keep_mib=args.keep_mib)
 
 
 def run_probe(args: argparse.Namespace) -> int:
@@ -224,6 +225,9 @@ def register(subparsers) -> None:
     hf.add_argument("--device", help="cpu (default), cuda or auto (CUDA when available)")
     hf.add_argument("--dtype", help="bfloat16 or float32 (default: the checkpoint's own); statistics are float64")
     hf.add_argument("--batch-size", type=int, help="sequences per forward pass (default 32)")
+    hf.add_argument("--keep-mib", type=int, help="MiB of features kept for the probes' predictions instead of a "
+                    "second forward pass (default: a quarter of the memory available; 0: none, two passes, memory "
+                    "bounded by the statistics)")
     hf.add_argument("--plan", action="store_true", help="print the forward passes, tokens, memory and ETA the run "
                     "needs, and exit")
     _common(probe_parser)
