@@ -16,6 +16,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 from hf_families import build  # noqa: E402
+from schema import assert_folder_documented  # noqa: E402
 
 ARGS = ["--quick", "--seq-len", "16", "--n-sequences", "6", "--quiet"]
 
@@ -124,6 +125,7 @@ def test_probe_cli_on_text_and_the_repeated_token_known_answer(model_dir, tmp_pa
     assert meta["input"] == "text" and meta["dtype"] == "float32" and meta["device"] == "cpu"
     assert meta["streamed"]["batch_size"] == 4
     assert set(pd.read_csv(tmp_path / "text" / "sinks.csv")["condition"]) == {"with_bos", "without_bos"}
+    assert "probes.csv" in assert_folder_documented(tmp_path / "text", "sweep")
 
     code = main(["probe", f"hf:{model_dir}", *ARGS, "--input", "repeated", "--dtype", "bfloat16",
                  "--out", str(tmp_path / "repeated")])
