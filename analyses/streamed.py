@@ -1,6 +1,6 @@
 """The sweep's measurements of one subject through the streaming engine (``nopelens probe hf:DIR``).
 
-:func:`analyse_subject_streamed` gives the tables :func:`~nopelens.analyses.sweep.analyse_subject`
+:func:`measure_streamed` gives the tables :func:`~nopelens.analyses.sweep.analyse_subject`
 gives (probes, sinks, variance), measured while the model runs
 (:func:`nopelens.probes.stream.run`): the probes from per-block sufficient statistics
 (:mod:`nopelens.probes.stream_probes`), the attention sinks from per-head sums
@@ -56,17 +56,16 @@ class Measurements:
     budget: KeepBudget
 
 
-def measurements(subject: Subject, settings, shapes: dict[str, tuple[int, ...]] | None = None) -> Measurements:
+def measurements(subject: Subject, settings, sites: SweepSites,
+                 shapes: dict[str, tuple[int, ...]] | None = None) -> Measurements:
     """The streamed measurements of ``subject`` under ``settings`` (a
-    :class:`~nopelens.analyses.sweep.SweepSettings`): the sweep's probe set, its sink conditions
-    and its variance sites.
+    :class:`~nopelens.analyses.sweep.SweepSettings`) on the sweep's ``sites``
+    (:func:`~nopelens.analyses.sweep.sweep_sites`): the sweep's probe set, its sink conditions and
+    its variance sites.
 
     Raises:
         ValueError: as the probes' and sinks' constructors (too few sequences for the folds, ...).
     """
-    from .sweep import sweep_sites
-
-    sites = sweep_sites(subject, settings.sites)
     shapes = site_shapes(subject, sites) if shapes is None else shapes
     sequences = Sequences.of(subject.tokens, subject.attention_mask)
     budget = KeepBudget("auto" if settings.keep_mib is None else settings.keep_mib * 2**20)
@@ -109,14 +108,13 @@ def site_shapes(subject: Subject, sites: SweepSites) -> dict[str, tuple[int, ...
     return shapes
 
 
-def analyse_subject_streamed(subject: Subject, settings, progress: bool = False) -> dict[str, pd.DataFrame]:
-    """:func:`~nopelens.analyses.sweep.analyse_subject`'s tables of ``subject``, streamed (module
-    docstring): ``probes``, ``sinks`` (with and without BOS), ``variance`` and an empty
-    ``sink_ablation``. With ``--input repeated`` the known answer is checked and recorded in
+def measure_streamed(subject: Subject, settings, sites: SweepSites) -> dict[str, pd.DataFrame | None]:
+    """:func:`~nopelens.analyses.sweep.analyse_subject`'s tables of ``subject`` on ``sites``, streamed
+    (module docstring): ``probes``, ``sinks`` (with and without BOS), ``variance`` as measured (per
+    position, before the sweep drops BOS and fits slopes; None without attention outputs) and an
+    empty ``sink_ablation``. With ``--input repeated`` the known answer is checked and recorded in
     ``subject.info["known_answer"]``."""
-    from .sweep import _with_slopes
-
-    plan_ = measurements(subject, settings)
+    plan_ = measurements(subject, settings, sites)
     batch_size = settings.batch_size
     asked = plan_.probes + ([plan_.variance] if plan_.variance is not None else []) + [plan_.sinks]
     results = run(subject.model, plan_.sequences, asked, batch_size=batch_size)
@@ -128,14 +126,7 @@ def analyse_subject_streamed(subject: Subject, settings, progress: bool = False)
         frames.append(run(subject.model, plan_.stripped, [plan_.sinks_stripped], batch_size=batch_size)[0]
                       .assign(condition="without_bos"))
     sinks = pd.concat(frames, ignore_index=True).assign(model=subject.name, gu_window=plan_.window)
-    if plan_.variance is not None:
-        variance = results[len(plan_.probes)]
-        if subject.has_bos:  # every sequence has the same token at 0, so its variance is exactly 0
-            variance = variance[variance["position"] > 0]
-        variance = _with_slopes(variance).assign(model=subject.name)
-    else:
-        variance = pd.DataFrame(columns=["site", "block", "position", "visible_keys", "variance", "n_sequences",
-                                         "slope", "note", "model"])
+    variance = results[len(plan_.probes)] if plan_.variance is not None else None
     subject.info.setdefault("not_applicable", {})["sink ablation"] = NOT_STREAMED_ABLATION
     subject.info["streamed"] = {"batch_size": batch_size, "kept_bytes_limit": plan_.budget.limit,
                                 "second_pass_batches": sorted({i for m in plan_.probes for job in m.jobs
@@ -159,7 +150,7 @@ def repeated_token_answer(subject: Subject, sinks: pd.DataFrame) -> str:
     """
     rows = sinks[sinks["condition"] == sinks["condition"].iloc[0]]
     methods = subject.hf.layer_methods if subject.hf is not None else [subject.position] * subject.n_layers
-    nope = [l for l, method in enumerate(methods) if method == "nope"]
+    nope = [l for l, method in enumerate(methods) if _positionless(method)]
     at = rows[rows["block"].isin(nope) & (rows["key_window"] == "causal")]
     if at.empty:
         return ("known answer (--input repeated, Gu et al. 2025 Prop. 1): every position's state is the same, so no "
@@ -172,6 +163,16 @@ def repeated_token_answer(subject: Subject, sinks: pd.DataFrame) -> str:
     return (f"known answer (--input repeated, Gu et al. 2025 Prop. 1): NoPE blocks {nope} attend exactly uniformly "
             f"(sink mass {mass:.6f}, Gu score H_T/T = {uniform_sink_score(window):.6f}); measured: largest deviation "
             f"{deviation:.2e} over their heads")
+
+
+def _positionless(method: str) -> bool:
+    """A layer method that puts no position anywhere (NoPE: the method unit acts on no place)."""
+    from nopelens.models.methods import get_method
+
+    try:
+        return not get_method(method).reads_positions
+    except ValueError:  # not a position method nopelens knows (e.g. a linear-attention layer)
+        return False
 
 
 # ----------------------------------------------------------------------------- the plan
@@ -225,8 +226,8 @@ ETA_MAX_PARAMETERS = 5_000_000
 parameters) on one CPU thread; beyond this size it does not apply."""
 
 
-def plan(subject: Subject, settings) -> Plan:
-    """The forward passes, tokens and statistics' memory of :func:`analyse_subject_streamed`, and an
+def plan(subject: Subject, settings, sites: SweepSites) -> Plan:
+    """The forward passes, tokens and statistics' memory of :func:`measure_streamed`, and an
     ETA from the project's model (:mod:`~nopelens.analyses.eta`) where it applies.
 
     Forward passes: one per batch, plus one per batch of the sequences without BOS (the sink
@@ -235,10 +236,9 @@ def plan(subject: Subject, settings) -> Plan:
     exceed it).
     """
     from .eta import MEASURE_OVERHEAD_TOKENS, MEASURE_PRIOR
-    from .sweep import sweep_sites
 
-    shapes = site_shapes(subject, sweep_sites(subject, settings.sites))
-    m = measurements(subject, settings, shapes)
+    shapes = site_shapes(subject, sites)
+    m = measurements(subject, settings, sites, shapes)
     n_batches = len(m.sequences.batches(settings.batch_size))
     stats = sum(statistics_bytes(probe, shapes) for probe in m.probes)
     per_token = sum(4 * 2 * _n_features(job, shapes) for probe in m.probes for job in probe.jobs

@@ -100,7 +100,7 @@ class SweepSettings:
         hf_input: how ``hf:DIR`` models are read (:class:`~nopelens.analyses.subjects.HFInput`:
             text through their tokenizer, random ids or one token repeated; device; dtype).
         streamed: measure ``hf:DIR`` models through the streaming engine
-            (:func:`~nopelens.analyses.streamed.analyse_subject_streamed`; ``nopelens probe``).
+            (:func:`analyse_subject_streamed`; ``nopelens probe``).
         batch_size: sequences per forward pass of a streamed measurement.
         keep_mib: MiB of features a streamed measurement may keep for its predictions instead of
             a second forward pass (None: a quarter of the memory available; 0: none, so memory is
@@ -249,13 +249,36 @@ def analyse_subject(subject: Subject, settings: SweepSettings, progress: bool = 
     attention = [l for l in range(layers) if subject.hf is None or subject.hf.layers[l].mixer == "attention"]
     variance = attention_variance(acts, sites=[site for site in act_names("attn_out", attention) if site in acts.acts],
                                   windows=subject.key_windows())
-    if subject.has_bos:  # every sequence has the same token at 0, so its variance is exactly 0
-        variance = variance[variance["position"] > 0]
+    variance = _variance_table(subject, variance)
     # sink ablation (issue 14): next-layer absolute-index R^2 with block l's first key removed
     ablation = sink_ablation_drop(subject.model, subject.tokens, subject.attention_mask, layers, acts,
                                   settings.n_splits, settings.n_boot, settings.seed).assign(model=subject.name)
-    return {"probes": probes, "sinks": sinks, "variance": _with_slopes(variance).assign(model=subject.name),
-            "sink_ablation": ablation}
+    return {"probes": probes, "sinks": sinks, "variance": variance, "sink_ablation": ablation}
+
+
+def analyse_subject_streamed(subject: Subject, settings: SweepSettings, label: str | None = None) -> dict[str, pd.DataFrame]:
+    """:func:`analyse_subject`'s tables of an HF subject through the streaming engine
+    (:func:`~nopelens.analyses.streamed.measure_streamed`; ``nopelens probe hf:DIR``), after printing
+    its plan; the sink ablation is not streamed (an empty table, and ``not_applicable`` says so)."""
+    from .streamed import measure_streamed, plan
+
+    sites = sweep_sites(subject, settings.sites)
+    tqdm.write(plan(subject, settings, sites).describe(label or subject.name), file=sys.stderr)
+    tables = measure_streamed(subject, settings, sites)
+    if tables["variance"] is None:
+        tables["variance"] = pd.DataFrame(columns=["site", "block", "position", "visible_keys", "variance",
+                                                   "n_sequences", "slope", "note", "model"])
+    else:
+        tables["variance"] = _variance_table(subject, tables["variance"])
+    return tables
+
+
+def _variance_table(subject: Subject, variance: pd.DataFrame) -> pd.DataFrame:
+    """The variance table as the sweep writes it: position 0 left out after a BOS (every sequence has
+    the same token there, so its variance is exactly 0), each site's slope, the model."""
+    if subject.has_bos:
+        variance = variance[variance["position"] > 0]
+    return _with_slopes(variance).assign(model=subject.name)
 
 
 def _with_slopes(variance: pd.DataFrame) -> pd.DataFrame:
@@ -515,10 +538,7 @@ def _measure(spec: str, train_seed: int, settings: SweepSettings, progress: bool
     tqdm.write(f"nopelens: {_label(subject.name, train_seed)}: probing {subject.n_layers + 1} layers", file=sys.stderr)
     with torch.no_grad():
         if settings.streamed and subject.hf is not None:
-            from .streamed import analyse_subject_streamed, plan
-
-            tqdm.write(plan(subject, settings).describe(_label(subject.name, train_seed)), file=sys.stderr)
-            tables = analyse_subject_streamed(subject, settings, progress)
+            tables = analyse_subject_streamed(subject, settings, label=_label(subject.name, train_seed))
         else:
             tables = analyse_subject(subject, settings, progress)
     tables = {name: table.assign(train_seed=train_seed) for name, table in tables.items()}

@@ -84,9 +84,8 @@ def test_streamed_probe_tables_equal_the_in_memory_sweep_on_the_same_text(model_
 
     import torch
 
-    from nopelens.analyses.streamed import analyse_subject_streamed
     from nopelens.analyses.subjects import HFInput, resolve
-    from nopelens.analyses.sweep import SweepSettings, analyse_subject
+    from nopelens.analyses.sweep import SweepSettings, analyse_subject, analyse_subject_streamed
 
     settings = dataclasses.replace(SweepSettings.quick("text", (f"hf:{model_dir}",), controls=False), n_sequences=6,
                                    seq_len=16, hf_input=HFInput(input="text"), streamed=True, batch_size=4)

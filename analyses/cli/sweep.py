@@ -104,10 +104,12 @@ def run_probe(args: argparse.Namespace) -> int:
     settings = _probe_settings(args)
     if args.plan:
         from nopelens.analyses.streamed import plan
+        from nopelens.analyses.sweep import sweep_sites
 
         subject = resolve(args.model, settings.n_sequences, settings.seq_len, settings.seed, not args.quiet,
                           hf_input=settings.hf_input)
-        print(plan(subject, settings).describe(subject.name).removeprefix("nopelens: "))
+        plan_ = plan(subject, settings, sweep_sites(subject, settings.sites))
+        print(plan_.describe(subject.name).removeprefix("nopelens: "))
         return 0
     _print_results(_sweep(args, settings, args.out or f"runs/probe-{slug(args.model)}", "probe"), args.json)
     return 0
