@@ -306,18 +306,27 @@ def sink_table(acts: Activations, eps: float = GU_EPSILON, n_tokens: int | None 
         masses = sink_mass(acts.patterns[site], keys=keys)
         scores = sink_scores(acts.patterns[site], n_tokens, keys) if n_tokens is not None else None
         extra = _extra_sink(acts, site, (sinks or {}).get(block)) if sinks is not None else None
-        for head, mass in enumerate(masses):
-            row = dict(site=site, block=block, head=head, sink_mass=float(mass))
-            if scores is not None:
-                row.update(sink_score=float(scores[head]), is_sink=bool(scores[head] > eps))
-            row["key_window"] = keys.describe()
-            row["threshold_on"] = "first token (Gu et al.)"
-            if sinks is not None:
-                kind, logits, learned = extra
-                row.update(sink_kind=kind or "", sink_logit=float(logits[head]) if logits is not None else np.nan,
-                           learned_sink_mass=float(learned[head]) if learned is not None else np.nan)
-            rows.append(row)
+        rows += _sink_rows(site, keys, masses, scores, eps, extra)
     return pd.DataFrame(rows)
+
+
+def _sink_rows(site: str, keys: KeyWindow, masses: np.ndarray, scores: np.ndarray | None, eps: float,
+               extra: tuple | None) -> list[dict]:
+    """One :func:`sink_table` row per head of ``site`` (``extra``: (kind, logits, learned mass) of
+    the block's non-token sink when sinks were asked for, else None)."""
+    rows = []
+    for head, mass in enumerate(masses):
+        row = dict(site=site, block=site_block(site), head=head, sink_mass=float(mass))
+        if scores is not None:
+            row.update(sink_score=float(scores[head]), is_sink=bool(scores[head] > eps))
+        row["key_window"] = keys.describe()
+        row["threshold_on"] = "first token (Gu et al.)"
+        if extra is not None:
+            kind, logits, learned = extra
+            row.update(sink_kind=kind or "", sink_logit=float(logits[head]) if logits is not None else np.nan,
+                       learned_sink_mass=float(learned[head]) if learned is not None else np.nan)
+        rows.append(row)
+    return rows
 
 
 def _extra_sink(acts: Activations, site: str, sink) -> tuple:
@@ -482,24 +491,16 @@ class SinkStats(Measurement):
             held = {name: value.cpu().numpy() for name, value in self.sums[site].items()}
             if held["mass_rows"] == 0:
                 raise ValueError("no query row can see a sink other than itself (all sequences have one token)")
-            block, keys = site_block(site), self.windows.get(site_block(site), CAUSAL)
+            keys = self.windows.get(site_block(site), CAUSAL)
             masses = held["mass"] / held["mass_rows"]
             scores = held["score"] / held["score_rows"] if self.n_tokens is not None else None
-            kind = self.kind(site)
-            sink = (self.sinks or {}).get(block)
-            logits = None if sink is None or sink[1] is None else np.asarray(sink[1], dtype=np.float64)
-            learned = held["learned"] / held["learned_rows"] if kind is not None else None
-            for head, mass in enumerate(masses):
-                row = dict(site=site, block=block, head=head, sink_mass=float(mass))
-                if scores is not None:
-                    row.update(sink_score=float(scores[head]), is_sink=bool(scores[head] > self.eps))
-                row["key_window"] = keys.describe()
-                row["threshold_on"] = "first token (Gu et al.)"
-                if self.sinks is not None:
-                    row.update(sink_kind=kind or "",
-                               sink_logit=float(logits[head]) if kind is not None and logits is not None else np.nan,
-                               learned_sink_mass=float(learned[head]) if learned is not None else np.nan)
-                rows.append(row)
+            extra = None
+            if self.sinks is not None:
+                kind, logits = self.sinks.get(site_block(site), (None, None))
+                extra = (None, None, None) if kind is None else (
+                    kind, None if logits is None else np.asarray(logits, dtype=np.float64),
+                    held["learned"] / held["learned_rows"])
+            rows += _sink_rows(site, keys, masses, scores, self.eps, extra)
         return pd.DataFrame(rows)
 
 
