@@ -108,22 +108,25 @@ def site_shapes(subject: Subject, sites: SweepSites) -> dict[str, tuple[int, ...
     return shapes
 
 
-def measure_streamed(subject: Subject, settings, sites: SweepSites) -> dict[str, pd.DataFrame | None]:
+def measure_streamed(subject: Subject, settings, sites: SweepSites,
+                     progress: bool = False) -> dict[str, pd.DataFrame | None]:
     """:func:`~nopelens.analyses.sweep.analyse_subject`'s tables of ``subject`` on ``sites``, streamed
     (module docstring): ``probes``, ``sinks`` (with and without BOS), ``variance`` as measured (per
     position, before the sweep drops BOS and fits slopes; None without attention outputs) and an
     empty ``sink_ablation``. With ``--input repeated`` the known answer is checked and recorded in
-    ``subject.info["known_answer"]``."""
+    ``subject.info["known_answer"]``. ``progress``: a bar per pass with tokens/s and ETA."""
     plan_ = measurements(subject, settings, sites)
     batch_size = settings.batch_size
     asked = plan_.probes + ([plan_.variance] if plan_.variance is not None else []) + [plan_.sinks]
-    results = run(subject.model, plan_.sequences, asked, batch_size=batch_size)
+    label = subject.name if progress else None
+    results = run(subject.model, plan_.sequences, asked, batch_size=batch_size, progress=label)
     probes = pd.concat(results[:len(plan_.probes)], ignore_index=True)
     probes.insert(0, "model", subject.name)
     condition = "with_bos" if subject.has_bos else "without_bos"
     frames = [results[-1].assign(condition=condition)]
     if plan_.sinks_stripped is not None:
-        frames.append(run(subject.model, plan_.stripped, [plan_.sinks_stripped], batch_size=batch_size)[0]
+        frames.append(run(subject.model, plan_.stripped, [plan_.sinks_stripped], batch_size=batch_size,
+                          progress=label and f"{label} without BOS")[0]
                       .assign(condition="without_bos"))
     sinks = pd.concat(frames, ignore_index=True).assign(model=subject.name, gu_window=plan_.window)
     variance = results[len(plan_.probes)] if plan_.variance is not None else None

@@ -256,7 +256,8 @@ def analyse_subject(subject: Subject, settings: SweepSettings, progress: bool = 
     return {"probes": probes, "sinks": sinks, "variance": variance, "sink_ablation": ablation}
 
 
-def analyse_subject_streamed(subject: Subject, settings: SweepSettings, label: str | None = None) -> dict[str, pd.DataFrame]:
+def analyse_subject_streamed(subject: Subject, settings: SweepSettings, label: str | None = None,
+                             progress: bool = False) -> dict[str, pd.DataFrame]:
     """:func:`analyse_subject`'s tables of an HF subject through the streaming engine
     (:func:`~nopelens.analyses.streamed.measure_streamed`; ``nopelens probe hf:DIR``), after printing
     its plan; the sink ablation is not streamed (an empty table, and ``not_applicable`` says so)."""
@@ -264,7 +265,7 @@ def analyse_subject_streamed(subject: Subject, settings: SweepSettings, label: s
 
     sites = sweep_sites(subject, settings.sites)
     tqdm.write(plan(subject, settings, sites).describe(label or subject.name), file=sys.stderr)
-    tables = measure_streamed(subject, settings, sites)
+    tables = measure_streamed(subject, settings, sites, progress)
     if tables["variance"] is None:
         tables["variance"] = pd.DataFrame(columns=["site", "block", "position", "visible_keys", "variance",
                                                    "n_sequences", "slope", "note", "model"])
@@ -538,7 +539,7 @@ def _measure(spec: str, train_seed: int, settings: SweepSettings, progress: bool
     tqdm.write(f"nopelens: {_label(subject.name, train_seed)}: probing {subject.n_layers + 1} layers", file=sys.stderr)
     with torch.no_grad():
         if settings.streamed and subject.hf is not None:
-            tables = analyse_subject_streamed(subject, settings, label=_label(subject.name, train_seed))
+            tables = analyse_subject_streamed(subject, settings, _label(subject.name, train_seed), progress)
         else:
             tables = analyse_subject(subject, settings, progress)
     tables = {name: table.assign(train_seed=train_seed) for name, table in tables.items()}
