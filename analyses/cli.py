@@ -24,6 +24,8 @@ COMMAND_MODULES = (
     "nopelens.analyses.audit_cmd",
     "nopelens.analyses.intervene_cmd",
     "nopelens.analyses.validate",
+    "nopelens.analyses.dynamics",
+    "nopelens.analyses.extreme_tokens",
 )
 
 COMMANDS = {
@@ -40,6 +42,9 @@ COMMANDS = {
     "intervene": ("nopelens.analyses.intervene_cmd",
                   "causal tests: does the probed position come from the attention sink, and is it used?"),
     "validate": ("nopelens.analyses.validate", "the known-answer suite: models where theory fixes every number"),
+    "dynamics": ("nopelens.analyses.dynamics", "follow position probes and attention sinks through training"),
+    "extreme-tokens": ("nopelens.analyses.extreme_tokens",
+                       "active-dormant heads, value-state drains and residual-state peaks (Guo et al. 2024)"),
 }
 """Subcommand -> (module that registers it, its line in ``nopelens --help``). The CLI imports only
 the module of the command it runs, and none for ``nopelens --help``: the modules import torch and

@@ -254,7 +254,7 @@ def summary_markdown(result: "SweepResult", settings: "SweepSettings", command: 
         "",
         "![variance](variance.png)",
         "",
-        *_sink_ablation_section(result),
+        *_sink_ablation_section(result, settings),
         f"Command: `{command}`",
         "",
         f"Settings: {settings_text}",
@@ -290,20 +290,20 @@ def write_run(result: "SweepResult", settings: "SweepSettings", command: str, ve
     write_text_atomic(out / "summary.md", summary_markdown(result, settings, command, versions))
 
 
-def _sink_ablation_section(result: "SweepResult") -> list[str]:
+def _sink_ablation_section(result: "SweepResult", settings: "SweepSettings") -> list[str]:
     """The summary's sink-ablation table (``nopelens intervene`` has the full measurement)."""
     if result.sink_ablation.empty:
         return []
-    from .intervene import SWEEP_SEQUENCES
     from .intervene_cmd import sink_ablation_markdown
     from .seeds import sink_ablation_over_seeds
 
     return [
         "## Sink ablation",
         "",
-        "Absolute-index R² (regression probe, tokens after the first, first "
-        f"{SWEEP_SEQUENCES} evaluation sequences) at layer l + 1, clean → with the first "
-        "token removed from the keys of every later query in block l. `n/a`: the ablation cannot be applied "
+        "Absolute-index R² (regression probe, tokens after the first, all "
+        f"{settings.n_sequences} evaluation sequences) at layer l + 1, clean → with the first "
+        "token removed from the keys of every later query in block l: with the same settings, the same numbers "
+        "as the `remove_key` rows of `nopelens intervene MODEL`. `n/a`: the ablation cannot be applied "
         "and checked on that model (see sink_ablation.csv).",
         "",
         sink_ablation_markdown(sink_ablation_over_seeds(result.sink_ablation)),

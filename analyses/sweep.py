@@ -62,7 +62,10 @@ from . import parallel, report, seeds
 from .intervene import sink_ablation_drop
 from .subjects import CONTROL_SPECS, Subject, check_spec, has_training_seed, resolve
 
-DEFAULT_MODELS = {"text": ("text-nope-4l", "text-rope-4l", "text-hybrid-4l"), "copy": ("copy-nope-3l", "copy-rope-3l")}
+DEFAULT_MODELS = {"text": ("text-nope-4l", "text-rope-4l", "text-hybrid-4l", "bb-rope-2l", "bb-nope-3l"),
+                  "copy": ("copy-nope-3l", "copy-rope-3l")}
+"""The zoo models of the default sweep: the text models, and two Bigram-Backcopy models whose
+attention sink forms in training (Guo et al. 2024). Those of ``text`` ship with the package."""
 MAX_OUTER_FEATURES = 1024
 """Use the full outer-product bilinear read while n_heads * d_head^2 stays below this; above it,
 the elementwise (diagonal) read keeps the fits inside the sweep's time budget."""
@@ -109,8 +112,8 @@ class SweepSettings:
 
     @classmethod
     def default(cls, task: str = "text", models: tuple[str, ...] | None = None, controls: bool = True, **kw) -> "SweepSettings":
-        """The default sweep: the zoo models of ``task`` (text: NoPE, RoPE and the RoPE/NoPE hybrid)
-        plus the two controls."""
+        """The default sweep: the zoo models of ``task`` (text: NoPE, RoPE and the RoPE/NoPE hybrid
+        language models and the two Bigram-Backcopy models) plus the controls."""
         if models is None:
             if task not in DEFAULT_MODELS:
                 raise ValueError(f"task must be one of {sorted(DEFAULT_MODELS)}, got {task!r}")

@@ -2,7 +2,7 @@
 
 Examples::
 
-    nopelens train --zoo copy-nope-3l            # train or load the cached zoo model
+    nopelens train --zoo copy-nope-3l            # train from the recipe, or load the cached run
     nopelens train --list                        # zoo names and recipes
     nopelens train --task copy --position rope --layers 3 --steps 600 --out runs/copy-rope
 """
@@ -36,12 +36,31 @@ def report(trained: TrainedModel) -> str:
         lines.append(
             f"validation: {bits:.3f} bits per byte, {bits * task.bytes_per_character():.3f} bits per character"
         )
+    elif hasattr(task, "oracle_nats"):  # a stochastic chain: no exact match, a loss floor instead
+        lines.append(backcopy_report(trained, task))
     else:
         table = evaluate_exact_match(trained, task, n=256, seed=1)
         inside = table.loc[table["in_distribution"], "exact_match"].mean()
         longer = table.loc[~table["in_distribution"], "exact_match"].mean()
         lines.append(f"exact match: {inside:.4f} on training lengths, {longer:.4f} on longer ones (up to 2x)")
     return "\n".join(lines)
+
+
+def backcopy_report(trained: TrainedModel, task) -> str:
+    """Loss against the task's floor and the back-copy accuracy after triggers, on 256 fresh sequences."""
+    from nopelens.models.training import EVAL_STREAM, stream_seed
+
+    low, high = trained.metadata["train_lengths"]
+    batch = task.sample(256, high, high, stream_seed(1, EVAL_STREAM, high))
+    with torch.no_grad():
+        logits = trained.model(batch.tokens).float()
+    nats = torch.nn.functional.cross_entropy(logits.transpose(1, 2), batch.targets, reduction="none")
+    trigger = task.is_trigger(batch.tokens) & batch.loss_mask
+    other = batch.loss_mask & ~trigger
+    floor = task.oracle_nats(batch)
+    right = (logits.argmax(-1) == batch.targets)[trigger].float().mean()
+    return (f"back-copy after triggers: accuracy {right:.4f}, loss {nats[trigger].mean():.4f} nats; other tokens: "
+            f"loss {nats[other].mean():.4f} nats against the chain's own {floor[other].mean():.4f}")
 
 
 def set_threads(threads: int | None) -> None:
@@ -63,14 +82,21 @@ def _run(args: argparse.Namespace) -> int:
         for name in zoo.names():
             spec = zoo.recipe(name)
             cached = "cached" if zoo.is_cached(name, args.cache_dir) else "not cached"
+            cached += ", shipped" if zoo.is_shipped(name) else ""
             print(f"{name:<24} {spec.description} [{spec.steps} steps; {cached}]")
         return 0
     seeds = _seeds(args)
     if args.zoo:
-        for seed in seeds:
-            trained = zoo.load(args.zoo, cache_dir=args.cache_dir, progress=not args.no_progress, seed=seed)
+        for seed in seeds:  # from the cache or the recipe, never the shipped copy: this command trains
+            trained = zoo.load(args.zoo, cache_dir=args.cache_dir, progress=not args.no_progress, seed=seed,
+                               shipped=False)
             print(report(trained))
+            print(zoo.compare_with_shipped(trained, args.zoo, seed))
+            if args.ship:
+                print(f"shipped: {zoo.ship(args.zoo, args.cache_dir, seed)}")
         return 0
+    if args.ship:
+        raise ValueError("--ship goes with --zoo NAME")
     if not args.task or not args.out:
         raise ValueError("give --zoo NAME, --list, or both --task and --out")
     task_kwargs = {"path": args.text_file} if args.task == "text" else {}
@@ -112,7 +138,8 @@ def register(subparsers) -> None:
         help="train a decoder on a task, or train/load a zoo model",
         description="Train a small decoder (AdamW, warmup + cosine, gradient clipping, fixed seed) "
         "and save a safetensors+JSON checkpoint; an interrupted run resumes from --out. With --zoo, "
-        "load a named model from the cache, training it on first use.",
+        "train a named model from its recipe (or load the finished run from the cache) and say whether it equals the "
+        "copy shipped with nopelens.",
         epilog="examples: nopelens train --zoo copy-nope-3l | nopelens train --zoo text-nope-4l --seeds 0,1,2 | "
         "nopelens train --task copy --position rope --steps 600 --out runs/copy-rope",
     )
@@ -137,4 +164,6 @@ def register(subparsers) -> None:
     parser.add_argument("--threads", type=int, help="torch intra-op threads (default: torch's); 1 is "
                         "much faster for these small models on a CPU shared with other jobs")
     parser.add_argument("--no-progress", action="store_true")
+    parser.add_argument("--ship", action="store_true", help="with --zoo, in a source checkout: copy the trained "
+                        "model into the package's shipped models (nopelens/models/shipped/), for maintainers")
     parser.set_defaults(func=_run)

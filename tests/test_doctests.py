@@ -21,6 +21,8 @@ MODULES = [
     "nopelens.probes.linear",
     "nopelens.probes.fitting",
     "nopelens.probes.sinks",
+    "nopelens.probes.extreme_tokens",
+    "nopelens.analyses.dynamics",
 ]
 
 
