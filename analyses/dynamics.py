@@ -334,13 +334,15 @@ def dynamics_figure(table: pd.DataFrame, name: str):
                     label=f"block {int(block)} head {int(head)}: {'BOS, non-trigger' if style == '-' else 'previous, trigger'}")
         ax.set(xscale="log", ylim=(-0.02, 1.02), xlabel="training step", ylabel="attention",
                title="dormant (on BOS) and active (on previous)")
-        ax.legend(fontsize=7, loc="upper left")
+        ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.22), ncol=1)
     fig.suptitle(f"{name} through training (R² below 0 drawn as 0)", y=1.03)
     fig.subplots_adjust(wspace=0.5)
     return fig
 
 
 def _claim(out: Path, settings: DynamicsSettings) -> None:
+    from .intervene_cmd import json_ready
+
     record = json_ready(dataclasses.asdict(settings))
     stamp = out / "dynamics.json"
     if stamp.is_file():
@@ -348,10 +350,6 @@ def _claim(out: Path, settings: DynamicsSettings) -> None:
             raise ValueError(f"{out} holds a dynamics run with other settings ({read_json(stamp)}); use another --out")
         return
     write_json_atomic(record, stamp)
-
-
-def json_ready(record: dict) -> dict:
-    return {k: list(v) if isinstance(v, tuple) else v for k, v in record.items()}
 
 
 def run_dynamics(args: argparse.Namespace) -> int:

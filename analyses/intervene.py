@@ -581,7 +581,7 @@ def position_patching(model, tokens: Tensor, n_layers: int, settings: ProbeSetti
         for layer, site in enumerate(sites):
             replacement = torch.from_numpy(source.acts[site]).reshape(len(copy), copy.shape[1], -1)[:, position - shift]
             with intervention(model, [(site, patch_position_hook(position, replacement))]):
-                patched = collect(model, tokens, [read_site])
+                patched = collect(model, tokens, [read_site], batch_size=len(tokens))  # the hook patches every row
             patched_read = probe.predict(patched.features(read_site)).reshape(tokens.shape)[:, position]
             scale = float(np.mean(after - before))
             if abs(scale) < MIN_READ_SHIFT * shift:

@@ -186,6 +186,12 @@ def test_patching_on_the_circuit(circuit):
     assert (layer1["copy_read"] < layer1["original_read"] - 5).all()
     with pytest.raises(ValueError, match="patched positions"):
         iv.position_patching(model, tokens, 2, SETTINGS, shift=6, positions=[3])
+    # more sequences than one collection batch (64): every row is patched with its own token's state
+    many = torch.randint(1, model.cfg.d_vocab, (70, 24), generator=torch.Generator().manual_seed(1))
+    many[:, 0] = BOS_TOKEN
+    again = iv.position_patching(model, many, 2, SETTINGS, shift=6, positions=[10])
+    np.testing.assert_allclose(again[again["layer"] == 0]["moved"], 0, atol=1e-6)
+    assert ((again[again["layer"] == 1]["moved"] > 0.3) & (again[again["layer"] == 1]["moved"] <= 1.0)).all()
 
 
 def hf_models():
