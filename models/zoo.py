@@ -213,9 +213,12 @@ def model_dir(name: str, cache_dir: str | Path | None = None, seed: int = 0) -> 
     """The checkpoint directory of a zoo model: ``<cache>/zoo/<name>-<recipe digest>`` for training
     seed 0 (where it has always been), ``<cache>/zoo/<name>-seed<seed>-<recipe digest>`` otherwise.
     The digest covers the seed, so each seed has a folder of its own either way."""
-    spec = recipe(name, seed)
+    return cache_root(cache_dir) / "zoo" / _folder_name(name, seed)
+
+
+def _folder_name(name: str, seed: int) -> str:
     label = name if seed == 0 else f"{name}-seed{seed}"
-    return cache_root(cache_dir) / "zoo" / f"{label}-{spec.digest}"
+    return f"{label}-{recipe(name, seed).digest}"
 
 
 def is_cached(name: str, cache_dir: str | Path | None = None, seed: int = 0) -> bool:
@@ -226,7 +229,7 @@ def is_cached(name: str, cache_dir: str | Path | None = None, seed: int = 0) -> 
 def shipped_dir(name: str, seed: int = 0) -> Path:
     """Where the package keeps the shipped copy of ``name`` (training seed ``seed``), if it has one:
     ``nopelens/models/shipped/`` plus the cache folder's name."""
-    return SHIPPED_DIR / model_dir(name, "", seed).name
+    return SHIPPED_DIR / _folder_name(name, seed)
 
 
 def is_shipped(name: str, seed: int = 0) -> bool:
@@ -295,11 +298,12 @@ def compare_with_shipped(trained: TrainedModel, name: str, seed: int = 0) -> str
     """
     if not is_shipped(name, seed):
         return f"no shipped copy of {name} (seed {seed}) to compare with"
-    ours, theirs = trained.model.state_dict(), load_checkpoint(shipped_dir(name, seed)).model.state_dict()
+    shipped = load_checkpoint(shipped_dir(name, seed))
+    ours, theirs = trained.model.state_dict(), shipped.model.state_dict()
     largest = max(float((ours[k].double() - theirs[k].double()).abs().max()) for k in theirs)
     if largest == 0:
         return f"{name}: weights bit-identical to the shipped copy"
-    env = load_checkpoint(shipped_dir(name, seed)).metadata.get("environment", {})
+    env = shipped.metadata.get("environment", {})
     return (f"{name}: weights differ from the shipped copy by up to {largest:.3g} (shipped copy trained with "
             f"torch {env.get('torch', '?')} on {env.get('cpu', '?')}, {env.get('torch_threads', '?')} thread(s))")
 
