@@ -25,7 +25,6 @@ measuring from the last measured step.
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import sys
 from dataclasses import dataclass
@@ -37,12 +36,15 @@ import torch
 
 from nopelens.models import Decoder
 from nopelens.models.checkpoint import METADATA_FILE, TrainedModel, save_checkpoint
-from nopelens.models.io import read_json, write_csv_atomic, write_json_atomic, write_text_atomic
+from nopelens.models.hooks import act_names
+from nopelens.models.io import write_csv_atomic, write_text_atomic
 from nopelens.models.threads import one_thread
 from nopelens.models.training import validation_loss
 from nopelens.probes import collect, probe_absolute_index, probe_relative_distance, resid_sites
 from nopelens.probes.extreme_tokens import active_dormant_table
 from nopelens.probes.sinks import GU_WINDOW, sink_rate_ci
+
+from . import runs
 
 THRESHOLD = 0.9
 """A layer recovers a target when the 95 % CI lower bound of R^2 clears this (the sweep's bar)."""
@@ -154,7 +156,7 @@ def measure_step(path: Path, settings: DynamicsSettings) -> pd.DataFrame:
     subject = from_trained(trained, settings.model, settings.n_sequences, settings.seq_len, settings.seed)
     layers = subject.n_layers
     residual, scores = resid_sites(layers), score_sites(subject.model, layers)
-    patterns = [f"blocks.{l}.attn.hook_pattern" for l in range(layers)]
+    patterns = act_names("pattern", layers)
     acts = collect(subject.model, subject.tokens, residual + scores + patterns,
                    attention_mask=subject.attention_mask, batch_size=32)
     common = dict(tasks=("regression",), controls=False, n_splits=settings.n_splits, n_boot=settings.n_boot,
@@ -207,7 +209,7 @@ def run(settings: DynamicsSettings, out: Path, progress: bool = True) -> pd.Data
             was made with.
     """
     spec = recipe_of(settings)
-    _claim(out, settings)
+    runs.claim(out, "dynamics", dataclasses.asdict(settings))
     steps = checkpoint_steps(spec.steps, settings.n_checkpoints)
     say = (lambda text: print(f"nopelens: {text}", file=sys.stderr)) if progress else (lambda text: None)
     say(f"{settings.model}: training {spec.steps} steps, keeping checkpoints at steps {steps}")
@@ -308,7 +310,9 @@ def dynamics_figure(table: pd.DataFrame, name: str):
             continue
         grid = rows.assign(row=(rows["layer"] - (1 if measure == "score_read_r2" else 0)).astype(int)).pivot(
             index="row", columns="step", values="value")
-        _heatmap(ax, grid.clip(lower=0).iloc[::-1], colorbar=ax is axes[1])
+        image = _heatmap(ax, grid.clip(lower=0).iloc[::-1], sns.color_palette("rocket_r", as_cmap=True), 1.0, THRESHOLD)
+        if ax is axes[1]:
+            fig.colorbar(image, ax=ax, fraction=0.05)
         ax.set(title=title, xlabel="training step", ylabel=label)
         ax.tick_params(axis="x", labelrotation=90)
     ax = axes[2]
@@ -338,46 +342,3 @@ def dynamics_figure(table: pd.DataFrame, name: str):
     fig.suptitle(f"{name} through training (R² below 0 drawn as 0)", y=1.03)
     fig.subplots_adjust(wspace=0.5)
     return fig
-
-
-def _claim(out: Path, settings: DynamicsSettings) -> None:
-    from .intervene_cmd import json_ready
-
-    record = json_ready(dataclasses.asdict(settings))
-    stamp = out / "dynamics.json"
-    if stamp.is_file():
-        if read_json(stamp) != record:
-            raise ValueError(f"{out} holds a dynamics run with other settings ({read_json(stamp)}); use another --out")
-        return
-    write_json_atomic(record, stamp)
-
-
-def run_dynamics(args: argparse.Namespace) -> int:
-    settings = DynamicsSettings(model=args.model, n_checkpoints=args.checkpoints, train_seed=args.train_seed,
-                                quick_steps=30 if args.quick else None,
-                                **{k: getattr(args, k) for k in ("n_sequences", "n_boot", "seed") if getattr(args, k) is not None})
-    out = Path(args.out or f"runs/dynamics-{args.model}{'-quick' if args.quick else ''}")
-    table = run(settings, out, progress=not args.quiet)
-    print(summary_markdown(table, settings.model))
-    print(f"wrote {out}/dynamics.csv, summary.md, dynamics.png; checkpoints in {out}/checkpoints")
-    return 0
-
-
-def register(subparsers) -> None:
-    parser = subparsers.add_parser(
-        "dynamics", help="follow position probes and attention sinks through training",
-        description="Retrain a zoo model from its recipe, keep checkpoints at log-spaced steps and measure each "
-        "with the sweep's probes: absolute-index R² per layer, the head-score read of i − j, the sink rate, the loss.",
-        epilog="examples:\n  nopelens dynamics bb-nope-3l\n  nopelens dynamics text-nope-4l --checkpoints 10",
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    parser.add_argument("model", help="a zoo name (nopelens train --list)")
-    parser.add_argument("--out", help="run folder (default runs/dynamics-<model>); reruns resume")
-    parser.add_argument("--checkpoints", type=int, default=12, help="checkpoints incl. step 0 (default 12)")
-    parser.add_argument("--train-seed", type=int, default=0, help="training seed of the recipe (default 0)")
-    parser.add_argument("--n-sequences", type=int, help="evaluation sequences (default 40)")
-    parser.add_argument("--n-boot", type=int, help="bootstrap replicates (default 200)")
-    parser.add_argument("--seed", type=int, help="seed of the evaluation sequences and probes (default 0)")
-    parser.add_argument("--quick", action="store_true", help="train 30 steps only (smoke test)")
-    parser.add_argument("--quiet", action="store_true", help="no progress")
-    parser.set_defaults(func=run_dynamics)

@@ -19,7 +19,6 @@ On a model of another task every query is one class (``all``) and the ablation r
 
 from __future__ import annotations
 
-import argparse
 from pathlib import Path
 
 import numpy as np
@@ -27,14 +26,13 @@ import pandas as pd
 import torch
 import torch.nn.functional as F
 
-from nopelens.models.io import write_csv_atomic
+from nopelens.models.hooks import act_names
 from nopelens.models.tasks import Batch
-from nopelens.models.threads import one_thread
 from nopelens.probes import collect, resid_sites
 from nopelens.probes.extreme_tokens import active_dormant_table, first_token_norms
 
 from . import intervene as iv
-from .subjects import Subject, resolve
+from .subjects import Subject
 
 
 def query_classes(subject: Subject) -> tuple[torch.Tensor, dict[str, bool]]:
@@ -101,8 +99,8 @@ def ablation_table(subject: Subject, modes: tuple[str, ...] = iv.SINK_MODES) -> 
 def measure(subject: Subject, n_boot: int = 200, seed: int = 0) -> dict[str, pd.DataFrame]:
     """The three tables of the module docstring for one subject."""
     layers = subject.n_layers
-    values = [f"blocks.{l}.attn.hook_v" for l in range(layers)]
-    patterns = [f"blocks.{l}.attn.hook_pattern" for l in range(layers)]
+    values = act_names("v", layers)
+    patterns = act_names("pattern", layers)
     residual = resid_sites(layers)
     acts = collect(subject.model, subject.tokens, patterns + values + residual,
                    attention_mask=subject.attention_mask, batch_size=32)
@@ -113,19 +111,6 @@ def measure(subject: Subject, n_boot: int = 200, seed: int = 0) -> dict[str, pd.
     norms = first_token_norms(acts, values + residual)
     return {name: table.assign(model=subject.name) for name, table in
             (("heads", heads), ("norms", norms), ("ablation", ablation_table(subject)))}
-
-
-def run_extreme_tokens(args: argparse.Namespace) -> int:
-    with one_thread():
-        subject = resolve(args.model, args.n_sequences, args.seq_len, args.seed, not args.quiet,
-                          30 if args.quick else None)
-        tables = measure(subject, args.n_boot, args.seed)
-    out = Path(args.out or f"runs/extreme-tokens-{''.join(c if c.isalnum() or c in '-_' else '_' for c in args.model)}")
-    for name, table in tables.items():
-        write_csv_atomic(table, out / f"{name}.csv")
-    print(format_report(tables))
-    print(f"\nwrote {out}/heads.csv, norms.csv, ablation.csv")
-    return 0
 
 
 def format_report(tables: dict[str, pd.DataFrame]) -> str:
@@ -150,23 +135,3 @@ def format_report(tables: dict[str, pd.DataFrame]) -> str:
         where = "" if pd.isna(r.get("ablated_block", np.nan)) else f" in block {int(r['ablated_block'])}"
         parts.append(f"not applicable: {r['condition']}{where}: {r['note']}")
     return "\n".join(parts)
-
-
-def register(subparsers) -> None:
-    parser = subparsers.add_parser(
-        "extreme-tokens", help="active-dormant heads, value-state drains and residual-state peaks (Guo et al. 2024)",
-        description="Measure on a model what Guo et al. 2024 measure on the Bigram-Backcopy task: per head the "
-        "attention on BOS and on the previous token for trigger and non-trigger queries, the first token's value and "
-        "residual norms, and the loss per query class under the sink ablations of `nopelens intervene`.",
-        epilog="examples:\n  nopelens extreme-tokens bb-nope-3l\n  nopelens extreme-tokens text-nope-4l",
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    parser.add_argument("model", help="zoo name, checkpoint directory, hf:DIR, circuit or untrained-nope")
-    parser.add_argument("--out", help="output folder (default runs/extreme-tokens-<model>)")
-    parser.add_argument("--n-sequences", type=int, default=80, help="evaluation sequences (default 80, as the sweep)")
-    parser.add_argument("--seq-len", type=int, default=64, help="tokens per sequence (default 64)")
-    parser.add_argument("--n-boot", type=int, default=200, help="bootstrap replicates (default 200)")
-    parser.add_argument("--seed", type=int, default=0, help="seed (default 0)")
-    parser.add_argument("--quick", action="store_true", help="zoo models trained for 30 steps (smoke tests)")
-    parser.add_argument("--quiet", action="store_true", help="no progress")
-    parser.set_defaults(func=run_extreme_tokens)

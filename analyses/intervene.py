@@ -35,9 +35,12 @@ touched by a sink ablation, and as the only BOS it would be identified by its co
 
 from __future__ import annotations
 
+import dataclasses
+import sys
 import warnings
 from contextlib import contextmanager
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Callable, Iterator, Sequence
 
 import numpy as np
@@ -49,6 +52,9 @@ from scipy import stats
 from sklearn.metrics import r2_score
 from torch import Tensor
 
+from nopelens.models.hooks import act_name, act_names
+from nopelens.models.io import write_csv_atomic
+from nopelens.models.progress import progress_bar
 from nopelens.probes import (
     Activations,
     collect,
@@ -59,11 +65,12 @@ from nopelens.probes import (
     sequence_splits,
 )
 
+from . import report, runs
+from .reads import bilinear_mode
+from .subjects import Subject, check_spec, qk_sites, resolve
+
 SINK_MODES = ("remove_key", "mean_value")
 """How a sink ablation takes the first token out of a block's attention (see the module docstring)."""
-
-MAX_OUTER_FEATURES = 1024
-"""Full outer-product q.k read up to this many features per pair, else the elementwise read (as the sweep)."""
 
 MIN_READ_SHIFT = 0.5
 """Patching normalizes by the index shift the last layer reads between the copy and the original;
@@ -169,7 +176,7 @@ def project_out_hook(direction: Tensor, center: Tensor) -> Callable:
 
 def mean_values(model, tokens: Tensor, attention_mask: Tensor, blocks: Sequence[int]) -> dict[int, Tensor]:
     """Mean ``hook_v`` ``[head_index, d_head]`` per block over real tokens after the first of each row."""
-    sites = [f"blocks.{block}.attn.hook_v" for block in blocks]
+    sites = act_names("v", blocks)
     acts = collect(model, tokens, sites, attention_mask=attention_mask, batch_size=32)
     later = acts.position > 0
     return {block: torch.from_numpy(acts.acts[site][later].mean(0)) for block, site in zip(blocks, sites)}
@@ -178,11 +185,11 @@ def mean_values(model, tokens: Tensor, attention_mask: Tensor, blocks: Sequence[
 def sink_hooks(block: int, mode: str, first: Tensor, mean_value: Tensor | None = None) -> HookList:
     """The hooks of one sink ablation of ``block`` (``remove_key`` or ``mean_value``)."""
     if mode == "remove_key":
-        return [(f"blocks.{block}.attn.hook_attn_scores", remove_first_key_hook(first))]
+        return [(act_name("attn_scores", block), remove_first_key_hook(first))]
     if mode == "mean_value":
         if mean_value is None:
             raise ValueError("mode 'mean_value' needs the mean value of the block")
-        return [(f"blocks.{block}.attn.hook_v", replace_first_value_hook(first, mean_value))]
+        return [(act_name("v", block), replace_first_value_hook(first, mean_value))]
     raise ValueError(f"sink ablation mode must be one of {SINK_MODES}, got {mode!r}")
 
 
@@ -204,7 +211,7 @@ def check_sink_ablation(model, block: int, mode: str, tokens: Tensor, attention_
     name = hooks[0][0]
     if name not in model.hook_dict:
         raise NotApplicable(f"no hook point {name}: the sink cannot be ablated in block {block}")
-    pattern_site, out_site = f"blocks.{block}.attn.hook_pattern", f"blocks.{block}.hook_attn_out"
+    pattern_site, out_site = act_name("pattern", block), act_name("attn_out", block)
     needed = [pattern_site, out_site] if mode == "remove_key" else [out_site]
     unverifiable = [site for site in needed if site not in model.hook_dict]
     if unverifiable:
@@ -239,19 +246,11 @@ def later_tokens(acts: Activations, renumber: bool = False) -> Activations:
     )
 
 
-def qk_sites(model, block: int) -> tuple[str, str]:
-    """The (rotated, where the model rotates) query and key hook names of ``block``."""
-    rotated = (f"blocks.{block}.attn.hook_rot_q", f"blocks.{block}.attn.hook_rot_k")
-    if all(site in model.hook_dict for site in rotated):
-        return rotated
-    return f"blocks.{block}.attn.hook_q", f"blocks.{block}.attn.hook_k"
-
-
 @dataclass(frozen=True)
 class ProbeSettings:
     """How the interventions re-probe: folds, bootstrap replicates, seed, tasks, controls, whether to
     read relative distance from q.k, and the bilinear read (``outer``/``elementwise``; default:
-    outer up to :data:`MAX_OUTER_FEATURES` features per pair, as the sweep)."""
+    outer up to :data:`~nopelens.analyses.reads.MAX_OUTER_FEATURES` features per pair, as the sweep)."""
 
     n_splits: int = 5
     n_boot: int = 200
@@ -280,8 +279,7 @@ def reprobe(model, tokens: Tensor, attention_mask: Tensor, from_layer: int, n_la
     common = dict(n_splits=settings.n_splits, n_boot=settings.n_boot, seed=settings.seed)
     frames = [probe_absolute_index(acts, sites=residual, tasks=settings.tasks, controls=settings.controls, **common)]
     if qk:
-        _, n_heads, d_head = acts.acts[qk[0][0]].shape
-        mode = settings.bilinear or ("outer" if n_heads * d_head * d_head <= MAX_OUTER_FEATURES else "elementwise")
+        mode = settings.bilinear or bilinear_mode(acts, qk[0][0])
         relative = probe_relative_distance(later_tokens(collected, renumber=True), sites=[], feature_kinds=(), attention=qk, bilinear=mode,
                                            tasks=("regression",), controls=settings.controls,
                                            pairs_per_distance=min(64, int(tokens.shape[0])), **common)
@@ -347,7 +345,8 @@ def _mean_ci(values: np.ndarray, n_boot: int, seed: int) -> tuple[float, float]:
 
 def sink_ablation(model, tokens: Tensor, attention_mask: Tensor, n_layers: int, settings: ProbeSettings,
                   modes: Sequence[str] = SINK_MODES, blocks: Sequence[int] | None = None,
-                  targets: Tensor | None = None, loss_mask: Tensor | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
+                  targets: Tensor | None = None, loss_mask: Tensor | None = None,
+                  progress: bool = False) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Ablate the first real token in each block; re-probe every later layer and measure behaviour.
 
     Args:
@@ -358,6 +357,7 @@ def sink_ablation(model, tokens: Tensor, attention_mask: Tensor, n_layers: int, 
         modes: subset of :data:`SINK_MODES`.
         blocks: blocks to ablate (default all).
         targets, loss_mask: as :func:`behavior`.
+        progress: a bar over the (mode, block) ablations.
 
     Returns:
         ``(probes, behaviour)``. ``probes``: the probe rows of the clean run (``condition ==
@@ -375,24 +375,31 @@ def sink_ablation(model, tokens: Tensor, attention_mask: Tensor, n_layers: int, 
         if not 0 <= block < n_layers:
             raise ValueError(f"block {block} is outside 0..{n_layers - 1}")
     first = first_real_index(attention_mask)
+    ablations = [(mode, block) for mode in modes for block in blocks]
+    bar = progress_bar(total=len(ablations) + 1, desc="sink ablation", unit="probe set", disable=not progress)
+    bar.set_postfix_str("clean")
     clean = reprobe(model, tokens, attention_mask, 1, n_layers, settings).assign(condition="clean", ablated_block=np.nan)
     clean_behavior = behavior(model, tokens, attention_mask, targets, loss_mask)
     means = mean_values(model, tokens, attention_mask, blocks) if "mean_value" in modes else {}
     probe_frames, behavior_rows = [clean], []
-    for mode in modes:
-        for block in blocks:
-            mean_value = means.get(block)
-            try:
-                check_sink_ablation(model, block, mode, tokens, attention_mask, mean_value)
-            except NotApplicable as reason:
-                behavior_rows.append(dict(condition=mode, ablated_block=block, status="not_applicable", note=str(reason)))
-                continue
-            hooks = sink_hooks(block, mode, first, mean_value)
-            table = reprobe(model, tokens, attention_mask, block + 1, n_layers, settings, hooks)
-            probe_frames.append(table.assign(condition=mode, ablated_block=block))
-            changed = behavior(model, tokens, attention_mask, targets, loss_mask, hooks)
-            for row in behavior_change(clean_behavior, changed, settings.n_boot, settings.seed):
-                behavior_rows.append(dict(condition=mode, ablated_block=block, status="measured", note="", **row))
+    bar.update()
+    for mode, block in ablations:
+        bar.set_postfix_str(f"{mode}, block {block}")
+        mean_value = means.get(block)
+        try:
+            check_sink_ablation(model, block, mode, tokens, attention_mask, mean_value)
+        except NotApplicable as reason:
+            behavior_rows.append(dict(condition=mode, ablated_block=block, status="not_applicable", note=str(reason)))
+            bar.update()
+            continue
+        hooks = sink_hooks(block, mode, first, mean_value)
+        table = reprobe(model, tokens, attention_mask, block + 1, n_layers, settings, hooks)
+        probe_frames.append(table.assign(condition=mode, ablated_block=block))
+        changed = behavior(model, tokens, attention_mask, targets, loss_mask, hooks)
+        for row in behavior_change(clean_behavior, changed, settings.n_boot, settings.seed):
+            behavior_rows.append(dict(condition=mode, ablated_block=block, status="measured", note="", **row))
+        bar.update()
+    bar.close()
     probes = with_clean_values(pd.concat(probe_frames, ignore_index=True))
     return probes, pd.DataFrame(behavior_rows)
 
@@ -473,7 +480,8 @@ def clean_probe_reads(clean: Activations, changed: Activations, site: str, n_spl
 
 def direction_interventions(model, tokens: Tensor, attention_mask: Tensor, n_layers: int, settings: ProbeSettings,
                             layers: Sequence[int] | None = None, shifts: Sequence[int] = (4,),
-                            targets: Tensor | None = None, loss_mask: Tensor | None = None) -> pd.DataFrame:
+                            targets: Tensor | None = None, loss_mask: Tensor | None = None,
+                            progress: bool = False) -> pd.DataFrame:
     """Project out or shift the index direction at each layer; read the next layers and the loss.
 
     For each intervened layer l (default 1 .. n_layers - 1) and each later layer l' >= l, one row
@@ -481,14 +489,15 @@ def direction_interventions(model, tokens: Tensor, attention_mask: Tensor, n_lay
     changed states, out of fold), ``r2_clean_probe`` and ``read_shift`` (an out-of-fold probe fitted
     on clean states reads the changed ones: R^2, and mean read minus clean read, in positions;
     ``read_shift / k`` is the fraction of the shift the later layer carries), and ``loss_delta``
-    and ``exact_match_delta`` of the whole model with their paired CIs.
+    and ``exact_match_delta`` of the whole model with their paired CIs. ``progress``: a bar over
+    the intervened layers.
     """
     layers = list(range(1, n_layers)) if layers is None else list(layers)
     sites = [resid_site(layer) for layer in range(n_layers + 1)]
     clean = later_tokens(collect(model, tokens, sites, attention_mask=attention_mask, batch_size=32))
     clean_behavior = behavior(model, tokens, attention_mask, targets, loss_mask)
     rows = []
-    for layer in layers:
+    for layer in progress_bar(layers, desc="index directions", unit="layer", disable=not progress):
         direction = IndexDirection.fit(clean, layer, settings.seed)
         for name, k, hooks in [("project_out", 0, direction.project_out())] + [
                 ("shift", k, direction.shift(k)) for k in shifts]:
@@ -525,7 +534,8 @@ def shifted_copy(tokens: Tensor, shift: int, keep_first: bool) -> Tensor:
 
 
 def position_patching(model, tokens: Tensor, n_layers: int, settings: ProbeSettings, shift: int | None = None,
-                      positions: Sequence[int] | None = None, keep_first: bool = True) -> pd.DataFrame:
+                      positions: Sequence[int] | None = None, keep_first: bool = True,
+                      progress: bool = False) -> pd.DataFrame:
     """How much of the index moves with a residual state patched in from a left-shifted copy.
 
     For each patch layer l in 0 .. n_layers - 1 (``blocks.{l}.hook_resid_pre``) and position i,
@@ -546,6 +556,7 @@ def position_patching(model, tokens: Tensor, n_layers: int, settings: ProbeSetti
         shift: s, default a quarter of the length.
         positions: positions i to patch (default four, evenly spread over the patchable range).
         keep_first: keep the first token (BOS) in the copy.
+        progress: a bar over the patched positions.
 
     Returns:
         One row per (patch layer, position): ``layer``, ``position``, ``read_layer``, ``read_r2``
@@ -565,7 +576,7 @@ def position_patching(model, tokens: Tensor, n_layers: int, settings: ProbeSetti
         if not low <= position < length:
             raise ValueError(f"patched positions must lie in {low}..{length - 1} (the copy holds those tokens), got {position}")
     read_site = resid_site(n_layers)
-    sites = [f"blocks.{layer}.hook_resid_pre" for layer in range(n_layers)]
+    sites = act_names("resid_pre", n_layers)
     original = collect(model, tokens, sites + [read_site])
     source = collect(model, copy, sites + [read_site])
     probe = make_probe("regression", seed=settings.seed, dtype=original.dtype(read_site)).fit(
@@ -576,7 +587,7 @@ def position_patching(model, tokens: Tensor, n_layers: int, settings: ProbeSetti
     read_copy = probe.predict(source.features(read_site)).reshape(copy.shape)
 
     rows = []
-    for position in positions:
+    for position in progress_bar(positions, desc="position patching", unit="position", disable=not progress):
         before, after = read_original[:, position], read_copy[:, position - shift]
         for layer, site in enumerate(sites):
             replacement = torch.from_numpy(source.acts[site]).reshape(len(copy), copy.shape[1], -1)[:, position - shift]
@@ -681,3 +692,120 @@ def subset_sequences(acts: Activations, n_sequences: int) -> Activations:
     keep = acts.sequence_id < n_sequences
     return Activations(acts={site: array[keep] for site, array in acts.acts.items()},
                        sequence_id=acts.sequence_id[keep], position=acts.position[keep], token=acts.token[keep])
+
+
+# ----------------------------------------------------------------------------- nopelens intervene's run folder
+#
+# ``run_intervene`` writes: ``sink_probes.csv`` (every re-probe, clean and ablated, with ``delta``),
+# ``sink_behavior.csv`` (loss and exact match per ablation, with paired CIs), ``directions.csv``,
+# ``patching.csv``, ``summary.csv`` (one row per ablated block), the figure ``intervene.png``/``.svg``
+# and the stamp ``intervene.json``. Each table is written atomically once it is done, so an
+# interrupted run resumes from the tables already there (same settings only).
+
+
+@dataclass(frozen=True)
+class InterveneSettings:
+    """What ``nopelens intervene`` measures; equal settings give equal numbers on CPU."""
+
+    model: str
+    n_sequences: int = 80  # the sweep's: its compact sink ablation then gives the same numbers
+    seq_len: int = 64
+    seed: int = 0
+    n_splits: int = 5
+    n_boot: int = 200
+    modes: tuple[str, ...] = SINK_MODES
+    shift: int = 4
+    quick_steps: int | None = None
+
+    def probes(self) -> ProbeSettings:
+        return ProbeSettings(n_splits=self.n_splits, n_boot=self.n_boot, seed=self.seed)
+
+
+def sink_summary(probes: pd.DataFrame, behavior: pd.DataFrame) -> pd.DataFrame:
+    """One row per (mode, ablated block) l: absolute-index R^2 and accuracy at layer l + 1, the q.k
+    distance read of block l + 1 (``qk_*``; none after the last block), each clean -> ablated, and the change in loss and exact match."""
+    linear = probes[(probes["probe"] == "linear") & (probes["condition"] != "clean")]
+    absolute = (linear["target"] == "absolute_index") & (linear["layer"] == linear["ablated_block"] + 1)
+    next_read = (linear["target"] == "relative_distance") & (linear["block"] == linear["ablated_block"] + 1)
+    linear = linear[absolute | next_read]
+    rows = []
+    for (mode, block), group in linear.groupby(["condition", "ablated_block"], sort=False):
+        row = dict(condition=mode, ablated_block=int(block), next_layer=int(block) + 1)
+        for name, target, metric, features in (("abs_r2", "absolute_index", "r2", "token"),
+                                               ("abs_acc", "absolute_index", "accuracy", "token"),
+                                               ("qk_r2", "relative_distance", "r2", None)):
+            hit = group[(group["target"] == target) & (group["metric"] == metric)]
+            if features is not None:
+                hit = hit[hit["features"] == features]
+            if len(hit):
+                first = hit.iloc[0]
+                row.update({f"{name}_clean": first["clean_value"], f"{name}": first["value"],
+                            f"{name}_ci_low": first["ci_low"], f"{name}_ci_high": first["ci_high"],
+                            f"{name}_delta": first["delta"]})
+        measured = behavior[(behavior["condition"] == mode) & (behavior["ablated_block"] == block)]
+        for _, b in measured.iterrows():
+            if b.get("status") == "measured":
+                row.update({f"{b['metric']}_delta": b["delta"], f"{b['metric']}_delta_ci_low": b["delta_ci_low"],
+                            f"{b['metric']}_delta_ci_high": b["delta_ci_high"]})
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def run_intervene(settings: InterveneSettings, out: Path, progress: bool = True) -> dict[str, pd.DataFrame]:
+    """Measure ``settings.model`` and write (or resume) the run folder ``out``.
+
+    Raises:
+        ValueError: on settings that differ from the ones ``out`` was made with, fewer sequences
+            than folds, or as :func:`~nopelens.analyses.subjects.resolve`.
+        KeyError, FileNotFoundError: on a model spec that names nothing.
+    """
+    check_spec(settings.model)
+    if settings.n_sequences < settings.n_splits:
+        raise ValueError(f"{settings.n_sequences} sequences are fewer than the {settings.n_splits} folds; "
+                         f"use --n-sequences {settings.n_splits} or more")
+    for mode in settings.modes:
+        if mode not in SINK_MODES:
+            raise ValueError(f"unknown sink ablation mode {mode!r}; choose from {', '.join(SINK_MODES)}")
+    if settings.shift == 0:
+        raise ValueError("--shift must be non-zero (it is the k of 'as if the index were i + k')")
+    runs.claim(out, "intervene", dataclasses.asdict(settings))
+    say = (lambda text: print(f"nopelens: {text}", file=sys.stderr)) if progress else (lambda text: None)
+    say(f"{settings.model}: loading")
+    subject = resolve(settings.model, settings.n_sequences, settings.seq_len, settings.seed, progress,
+                      settings.quick_steps)
+    tables: dict[str, pd.DataFrame] = {}
+    with torch.no_grad():
+        tables.update(runs.cached_tables(out, ("sink_probes", "sink_behavior"), lambda: _sink(subject, settings, progress),
+                                         say, "sink ablation"))
+        tables.update(runs.cached_tables(out, ("directions",), lambda: _directions(subject, settings, progress), say,
+                                         "index directions"))
+        tables.update(runs.cached_tables(out, ("patching",), lambda: _patching(subject, settings, progress), say,
+                                         "position patching"))
+    tables["summary"] = sink_summary(tables["sink_probes"], tables["sink_behavior"]).assign(model=subject.name)
+    write_csv_atomic(tables["summary"], out / "summary.csv")
+    report.save_figure(report.intervention_figure(tables, subject.name), out / "intervene")
+    return tables
+
+
+def _sink(subject: Subject, settings: InterveneSettings, progress: bool) -> tuple[pd.DataFrame, pd.DataFrame]:
+    probes, behavior = sink_ablation(subject.model, subject.tokens, subject.attention_mask, subject.n_layers,
+                                        settings.probes(), settings.modes, targets=subject.targets,
+                                        loss_mask=subject.loss_mask, progress=progress)
+    return probes.assign(model=subject.name), behavior.assign(model=subject.name)
+
+
+def _directions(subject: Subject, settings: InterveneSettings, progress: bool) -> tuple[pd.DataFrame]:
+    if subject.n_layers < 2:
+        return (pd.DataFrame({"note": ["one block: no layer has a later layer to read"]}),)
+    table = direction_interventions(subject.model, subject.tokens, subject.attention_mask, subject.n_layers,
+                                       settings.probes(), shifts=(settings.shift,), targets=subject.targets,
+                                       loss_mask=subject.loss_mask, progress=progress)
+    return (table.assign(model=subject.name),)
+
+
+def _patching(subject: Subject, settings: InterveneSettings, progress: bool) -> tuple[pd.DataFrame]:
+    if not bool(subject.attention_mask.all()):
+        return (pd.DataFrame({"note": ["padded sequences: position patching needs sequences without padding"]}),)
+    table = position_patching(subject.model, subject.tokens, subject.n_layers, settings.probes(),
+                                 keep_first=subject.has_bos, progress=progress)
+    return (table.assign(model=subject.name),)

@@ -11,15 +11,15 @@ sinusoidal 0.000 (:data:`KAZEMNEJAD_2023`).
 Results go into a run folder, each file written atomically:
 ``lengthgen.csv`` (tidy, one row per task, method, seed, length), ``summary.csv`` (mean exact
 match on L+1 .. 2L per task and method, next to the published numbers), ``lengthgen.png`` and
-``lengthgen.svg`` (accuracy against length, one line per method), ``settings.json``. A rerun with
-the same settings skips the (task, method, seed) triples already in ``lengthgen.csv``.
+``lengthgen.svg`` (accuracy against length, one line per method), and the stamp ``lengthgen.json``
+(:func:`~nopelens.analyses.runs.claim`). A rerun with the same settings skips the (task, method,
+seed) triples already in ``lengthgen.csv``.
 """
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
-import json
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,9 +28,11 @@ import pandas as pd
 
 from nopelens.models import DecoderConfig
 from nopelens.models.tasks import make_task
-from nopelens.models.io import write_csv_atomic, write_json_atomic
+from nopelens.models.io import write_csv_atomic
+from nopelens.models.threads import limited_threads
 from nopelens.models.training import evaluate_exact_match, train
 
+from . import runs
 from .report import save_figure
 
 METHODS = ("nope", "learned", "sinusoidal", "rope", "alibi", "t5")
@@ -50,6 +52,8 @@ class LengthGenSettings:
         steps, batch_size, lr: training (AdamW, warmup then cosine; see ``train``).
         n_symbols: alphabet size of the tasks.
         n_eval: test sequences per length.
+        threads: torch and BLAS threads while training and testing (the weights depend on it);
+            in the run folder's stamp only when it is not 1, so older folders still resume.
     """
 
     train_max_len: int = 8
@@ -61,12 +65,20 @@ class LengthGenSettings:
     lr: float = 3e-3
     n_symbols: int = 16
     n_eval: int = 128
+    threads: int = 1
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):
             value = getattr(self, f.name)
             if not value > 0:
                 raise ValueError(f"{f.name} must be positive, got {value!r}")
+
+    def to_dict(self) -> dict:
+        """The settings as the run folder's stamp holds them (``threads`` only when it is not 1)."""
+        settings = dataclasses.asdict(self)
+        if self.threads == 1:
+            del settings["threads"]
+        return settings
 
     @classmethod
     def quick(cls) -> "LengthGenSettings":
@@ -99,8 +111,11 @@ def run_one(task_name: str, method: str, seed: int, settings: LengthGenSettings,
         lr=settings.lr,
         seed=seed,
         progress=progress,
+        threads=settings.threads,
     )
-    table = evaluate_exact_match(trained, task, range(1, 2 * L + 1), n=settings.n_eval, seed=10_000 + seed)
+    with limited_threads(settings.threads):
+        table = evaluate_exact_match(trained, task, range(1, 2 * L + 1), n=settings.n_eval, seed=10_000 + seed,
+                                     progress=progress)
     table.insert(1, "method", method)
     table.insert(2, "seed", seed)
     table["train_max_len"] = L
@@ -133,34 +148,39 @@ def plot(results: pd.DataFrame, out_stem: Path) -> list[Path]:
 
     Writes ``<out_stem>.png`` and ``<out_stem>.svg`` atomically; returns their paths.
     """
+    import matplotlib.ticker
     import seaborn as sns
 
+    from .report import TOL_BRIGHT
+
     L = int(results["train_max_len"].iloc[0])
+    methods = [m for m in METHODS if m in set(results["method"])]
+    sns.set_theme(style="whitegrid", context="notebook")
     grid = sns.relplot(
-        data=results, x="length", y="exact_match", hue="method", hue_order=[m for m in METHODS if m in set(results["method"])],
-        col="task", kind="line", marker="o", errorbar=("pi", 100), height=3.2, aspect=1.3,
+        data=results, x="length", y="exact_match", hue="method", hue_order=methods,
+        palette=dict(zip(METHODS, TOL_BRIGHT)), col="task", kind="line", marker="o", errorbar=("pi", 100),
+        height=3.3, aspect=1.3,
     )
     for ax in grid.axes.flat:
         ax.axvline(L + 0.5, color="grey", linestyle="--", linewidth=1)
         ax.set_ylim(-0.03, 1.03)
-    grid.set_axis_labels("length (problem size)", "exact match")
-    grid.figure.suptitle(f"train lengths 1-{L} (dashed line), test up to {2 * L}; band = range over seeds", y=1.03)
+        ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
+    grid.set_titles("{col_name}")
+    grid.set_axis_labels("problem size (symbols)", "exact match (fraction of sequences)")
+    grid.figure.suptitle(f"Length generalization: trained on sizes 1-{L} (left of the dashed line), tested up to "
+                         f"{2 * L}\n(band: range over seeds)", y=1.13)
     return save_figure(grid.figure, out_stem)
 
 
-def _check_settings(out_dir: Path, settings: LengthGenSettings) -> None:
-    path = out_dir / "settings.json"
-    wanted = dataclasses.asdict(settings)
-    if path.exists():
-        stored = json.loads(path.read_text())
-        if stored != wanted:
-            differing = sorted(k for k in wanted if stored.get(k) != wanted[k])
-            raise ValueError(
-                f"{out_dir} holds a length-generalization run with other settings (differs in "
-                f"{', '.join(differing)}); use another --out folder"
-            )
-    else:
-        write_json_atomic(wanted, path)
+def _read_results(path: Path) -> pd.DataFrame:
+    """The runs already in ``lengthgen.csv`` (none when it is missing, or emptied: then it says so)."""
+    if not path.exists():
+        return pd.DataFrame()
+    try:
+        return pd.read_csv(path)
+    except pd.errors.EmptyDataError:
+        print(f"nopelens lengthgen: {path} is empty; measuring every run again", file=sys.stderr)
+        return pd.DataFrame()
 
 
 def run_lengthgen(
@@ -174,7 +194,8 @@ def run_lengthgen(
     """Run (or resume) the experiment into ``out_dir``; returns the tidy results.
 
     Raises:
-        ValueError: on an unknown task or method, or if ``out_dir`` holds a run with other settings.
+        ValueError: on an unknown task or method, or if ``out_dir`` holds a run with other settings
+            or another analysis's run.
     """
     settings = settings or LengthGenSettings()
     for method in methods:
@@ -183,11 +204,9 @@ def run_lengthgen(
     for name in tasks:
         if name not in TASK_NAMES:
             raise ValueError(f"unknown task {name!r}; choose from {TASK_NAMES}")
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    _check_settings(out_dir, settings)
+    out_dir = runs.claim(out_dir, "lengthgen", settings.to_dict())
     csv_path = out_dir / "lengthgen.csv"
-    results = pd.read_csv(csv_path) if csv_path.exists() else pd.DataFrame()
+    results = _read_results(csv_path)
     done = set() if results.empty else set(zip(results["task"], results["method"], results["seed"]))
     todo = [(t, m, s) for t in tasks for m in methods for s in seeds if (t, m, s) not in done]
     if progress and done:
@@ -210,45 +229,3 @@ def run_lengthgen(
     write_csv_atomic(summary, out_dir / "summary.csv")
     plot(results, out_dir / "lengthgen")
     return results
-
-
-def register(subparsers) -> None:
-    parser = subparsers.add_parser(
-        "lengthgen",
-        help="train each position method on short sequences, test exact match on longer ones",
-        description="Length generalization (Kazemnejad et al. 2023, scaled down): for the repeat "
-        "and copy tasks, train each position method on lengths 1..L over several seeds and "
-        "measure exact match at 1..2L. Writes lengthgen.csv, summary.csv and a plot (PNG+SVG) "
-        "into --out; a rerun resumes.",
-        epilog="example: nopelens lengthgen --out runs/lengthgen --quick",
-    )
-    defaults = LengthGenSettings()
-    parser.add_argument("--out", default="runs/lengthgen", help="run folder (created; resumed if it exists; default %(default)s)")
-    parser.add_argument("--quick", action="store_true", help="tiny smoke-test settings (numbers not meaningful)")
-    parser.add_argument("--tasks", nargs="+", default=list(TASK_NAMES), choices=TASK_NAMES)
-    parser.add_argument("--methods", nargs="+", default=list(METHODS), choices=METHODS)
-    parser.add_argument("--seeds", nargs="+", default=["0,1,2"],
-                        help="training seeds, as 0 1 2 or 0,1,2 (default 0,1,2)")
-    parser.add_argument("--train-max-len", type=int, default=None, help=f"L (default {defaults.train_max_len})")
-    parser.add_argument("--steps", type=int, default=None, help=f"training steps per model (default {defaults.steps})")
-    parser.add_argument("--threads", type=int, help="torch intra-op threads (default: torch's); 1 is "
-                        "much faster for these small models on a CPU shared with other jobs")
-    parser.add_argument("--no-progress", action="store_true")
-    parser.set_defaults(func=_run)
-
-
-def _run(args: argparse.Namespace) -> int:
-    from nopelens.analyses.train_cmd import set_threads
-
-    set_threads(args.threads)
-    settings = LengthGenSettings.quick() if args.quick else LengthGenSettings()
-    changes = {k: v for k, v in (("train_max_len", args.train_max_len), ("steps", args.steps)) if v is not None}
-    settings = dataclasses.replace(settings, **changes)
-    from .sweep_cmd import parse_seeds
-
-    seeds = tuple(seed for text in args.seeds for seed in parse_seeds(text))
-    results = run_lengthgen(args.out, settings, tuple(args.tasks), tuple(args.methods), seeds, progress=not args.no_progress)
-    summary = summarize(results)
-    print(summary.to_string(index=False, float_format=lambda x: f"{x:.3f}"))
-    print(f"wrote {Path(args.out) / 'lengthgen.csv'}, summary.csv, lengthgen.png/.svg")
-    return 0

@@ -14,16 +14,23 @@ worker lost mid-task loses only its own tasks (a rerun measures just those).
 - ``scheduler=ADDRESS``: a Dask ``distributed`` cluster through its ``concurrent.futures``
   executor (``Client(ADDRESS).get_executor()``; ``pip install "nopelens[dask]"``). Workers need
   nopelens installed; a worker reads zoo models from its own cache (``$NOPELENS_CACHE``) and
-  trains into it what it lacks.
+  trains into it what it lacks. A Dask task is pickled code that the workers run, so whoever can
+  reach the scheduler can run code on every worker: ``tls://`` addresses with a security file in
+  distributed's configuration format (:func:`dask_security`) let in only holders of a certificate
+  of your CA, and a plain ``tcp://`` address that is not on this machine gets a warning
+  (:func:`insecure_address`). Each worker must run one thread (``dask worker --nthreads 1``):
+  a sweep task sets process-wide thread limits (:func:`check_alone_in_process`).
 """
 
 from __future__ import annotations
 
 import concurrent.futures as cf
+import ipaddress
 import multiprocessing
 import os
 import sys
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any, Callable, Hashable, Iterator, Sequence
 
 from nopelens.models.progress import lines_only
@@ -38,6 +45,7 @@ def run_tasks(
     on_done: Callable[[Hashable, Any], None],
     jobs: int = 1,
     scheduler: str | None = None,
+    security: str | Path | None = None,
 ) -> None:
     """Run ``function(*args)`` for every ``(key, args)`` in ``tasks``; call ``on_done(key, result)``
     in this process as each one finishes (in finishing order).
@@ -47,11 +55,17 @@ def run_tasks(
         tasks: ``(key, args)`` pairs; ``args`` must pickle.
         on_done: receives each result; runs in the calling process, one at a time.
         jobs: local worker processes (1: run in this process).
-        scheduler: address of a Dask scheduler (``tcp://host:8786``); overrides ``jobs``.
+        scheduler: address of a Dask scheduler (``tls://host:8786`` or ``tcp://host:8786``);
+            overrides ``jobs``.
+        security: a YAML file of distributed's TLS settings for the client (see
+            :func:`dask_security`); default: distributed's own configuration.
 
     Raises:
         ValueError: if ``jobs`` < 1.
-        ValueError: if ``scheduler`` is given and ``distributed`` is not installed.
+        ValueError: if ``scheduler`` is given and ``distributed`` is not installed, names another
+            protocol, is ``tls://`` without TLS settings, or a worker runs more than one thread;
+            on a bad security file (:func:`dask_security`).
+        OSError: if the scheduler cannot be reached.
         ChildProcessError: if workers were lost; every task that finished has been passed to
             ``on_done`` first, so a rerun measures only what is missing.
         Exception: the first exception a task raised, after every other task was run and passed on.
@@ -64,7 +78,7 @@ def run_tasks(
             on_done(key, function(*args))
         return
     failures = []
-    with _executor(jobs, scheduler) as executor:
+    with _executor(jobs, scheduler, security) as executor:
         futures = {executor.submit(function, *args): key for key, args in tasks}
         try:
             for future in cf.as_completed(futures):
@@ -84,7 +98,7 @@ def run_tasks(
 
 
 @contextmanager
-def _executor(jobs: int, scheduler: str | None) -> Iterator[cf.Executor]:
+def _executor(jobs: int, scheduler: str | None, security: str | Path | None = None) -> Iterator[cf.Executor]:
     if scheduler is None:
         context = multiprocessing.get_context("fork" if sys.platform.startswith("linux") else "spawn")
         # workers share this terminal: their progress bars write lines instead of redrawing
@@ -95,15 +109,136 @@ def _executor(jobs: int, scheduler: str | None) -> Iterator[cf.Executor]:
         from distributed import Client
     except ImportError:
         raise ValueError('--scheduler needs Dask distributed, which is not installed: pip install "nopelens[dask]"') from None
+    settings = dask_security(security)
+    scheme = scheduler.split("://", 1)[0] if "://" in scheduler else "tcp"
+    if scheme not in ("tcp", "tls", "inproc"):  # inproc: a cluster inside this process
+        raise ValueError(f"--scheduler takes a tls:// or tcp:// address, got {scheduler!r}")
+    if scheme == "tls" and not (settings.tls_ca_file and settings.tls_client_cert):
+        raise ValueError(f"--scheduler {scheduler} is a TLS address, but no TLS settings were given: pass "
+                         "--dask-security FILE (distributed's ca-file and client cert and key)")
+    warning = insecure_address(scheduler)
+    if warning:
+        print(f"nopelens: warning: {warning}", file=sys.stderr)
     try:
-        client = Client(scheduler, timeout="30s")
-    except OSError as error:
-        raise OSError(f"cannot reach the Dask scheduler at {scheduler}: {error}") from None
+        client = Client(scheduler, timeout="30s", security=settings)
+    except (OSError, TimeoutError) as error:
+        raise OSError(f"cannot reach the Dask scheduler at {scheduler}: {' '.join(str(error).split())}") from None
     try:
+        _check_single_threaded(client)
         # pure=False: the same arguments on a rerun must run again, not return a cached key
         yield client.get_executor(pure=False)
     finally:
         client.close()
+
+
+def dask_security(path: str | Path | None = None):
+    """The client's ``distributed.Security``: distributed's own configuration, with the TLS
+    settings of ``path`` on top.
+
+    ``path`` is a YAML file in distributed's configuration format, so the same file can configure
+    the scheduler and workers (``DASK_CONFIG=FILE``)::
+
+        distributed:
+          comm:
+            require-encryption: true
+            tls:
+              ca-file: /etc/nopelens/ca.pem
+              client: {cert: /etc/nopelens/client.pem, key: /etc/nopelens/client-key.pem}
+
+    Certificates may be paths or the PEM text itself.
+
+    Raises:
+        FileNotFoundError: if ``path`` does not exist.
+        ValueError: if it is not such a YAML file, or names a setting distributed does not know.
+    """
+    import dask.config
+    import yaml
+    from distributed.security import Security
+
+    if path is None:
+        return Security()
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"no such Dask security file: {path}")
+    try:
+        loaded = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except (yaml.YAMLError, UnicodeDecodeError) as error:
+        raise ValueError(f"{path} is not a YAML file ({' '.join(str(error).split())})") from None
+    comm = loaded.get("distributed", {}).get("comm") if isinstance(loaded, dict) else None
+    if not isinstance(comm, dict) or not isinstance(comm.get("tls"), dict):
+        raise ValueError(f"{path} has no distributed: comm: tls: section (see `nopelens sweep --help`)")
+    flat = {f"distributed.comm.{key}": value for key, value in _flatten(comm)}
+    try:
+        with dask.config.set(flat):
+            return Security()
+    except (TypeError, ValueError) as error:
+        raise ValueError(f"{path}: {' '.join(str(error).split())}") from None
+
+
+def _flatten(tree: dict, prefix: str = "") -> Iterator[tuple[str, Any]]:
+    for key, value in tree.items():
+        if isinstance(value, dict):
+            yield from _flatten(value, f"{prefix}{key}.")
+        else:
+            yield f"{prefix}{key}", value
+
+
+def insecure_address(address: str) -> str | None:
+    """Why a scheduler address lets others in, or None: a plain ``tcp://`` address that is not on
+    this machine (loopback). Anyone who reaches it can send the workers code to run.
+
+    >>> insecure_address("tcp://127.0.0.1:8786") is None, insecure_address("tls://10.0.0.5:8786") is None
+    (True, True)
+    >>> insecure_address("tcp://10.0.0.5:8786").split(":")[0]
+    'tcp'
+    """
+    scheme, _, rest = address.rpartition("://")
+    if (scheme or "tcp") != "tcp":
+        return None
+    host = rest.rsplit(":", 1)[0].strip("[]") if ":" in rest else rest
+    try:
+        loopback = host == "localhost" or ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        loopback = False
+    if loopback:
+        return None
+    return (f"{address} is plain tcp: unencrypted, and anyone who can reach it can run code on the "
+            "workers; bind the scheduler and workers to a private interface, or use a tls:// address "
+            "with --dask-security (README, \"Sweeps on several processes or machines\")")
+
+
+def _check_single_threaded(client) -> None:
+    busy = {address: info.get("nthreads", 1) for address, info in client.scheduler_info()["workers"].items()
+            if info.get("nthreads", 1) > 1}
+    if busy:
+        raise ValueError(_threads_message(", ".join(f"{a} ({n} threads)" for a, n in busy.items())))
+
+
+def check_alone_in_process() -> None:
+    """Refuse to run a sweep task in a Dask worker that runs several tasks at once.
+
+    A sweep task runs torch and BLAS on one thread, and thread limits are process-wide: in a
+    worker started with ``--nthreads 2`` the first task to finish would restore them while the
+    other still runs. (Local pools run one task per process; a plain process has no Dask worker.)
+
+    Raises:
+        ValueError: inside a Dask worker with more than one thread.
+    """
+    distributed = sys.modules.get("distributed")
+    if distributed is None:
+        return
+    try:
+        worker = distributed.get_worker()
+    except ValueError:  # not in a worker
+        return
+    nthreads = getattr(getattr(worker, "state", worker), "nthreads", 1)
+    if nthreads > 1:
+        raise ValueError(_threads_message(f"{worker.address} ({nthreads} threads)"))
+
+
+def _threads_message(workers: str) -> str:
+    return (f"Dask workers must run one thread each (dask worker --nthreads 1): a sweep task sets "
+            f"process-wide thread limits; refused: {workers}")
 
 
 def default_jobs() -> int:

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import pandas as pd
 
-from .report import FIRST_LAYER_COLUMNS  # summary columns holding a first layer (-1: none; NaN: no such site)
+from nopelens.probes.linear import NOT_RECOVERED
+
+from . import reads
 
 PROBE_NUMBERS = ("value", "ci_low", "ci_high", "selectivity", "chance", "n_samples", "n_sequences", "train_seed")
 """Probe-table columns that are measured; every other column names the number (model, site, ...)."""
@@ -24,7 +26,8 @@ def with_train_seed(table: pd.DataFrame, seed: int = 0) -> pd.DataFrame:
 
 def agreed_layer(layers: pd.Series) -> int:
     """The first layer by which every seed has recovered a target: the latest of the per-seed
-    first layers, -1 if some seed never recovers it, NaN if the model has no site for it.
+    first layers, :data:`~nopelens.probes.linear.NOT_RECOVERED` (-1) if some seed never recovers
+    it, NaN if the model has no site for it.
 
     >>> agreed_layer(pd.Series([1, 1, 2]))
     2
@@ -33,15 +36,17 @@ def agreed_layer(layers: pd.Series) -> int:
     """
     if layers.isna().any():
         return float("nan")
-    return -1 if (layers < 0).any() else int(layers.max())
+    return NOT_RECOVERED if (layers == NOT_RECOVERED).any() else int(layers.max())
 
 
-def over_seeds(per_seed: pd.DataFrame) -> pd.DataFrame:
+def over_seeds(per_seed: pd.DataFrame, sweep_reads=None) -> pd.DataFrame:
     """One summary row per model from per-seed summary rows.
 
     Args:
         per_seed: rows of :func:`~nopelens.analyses.sweep.summarize_per_seed` (``model``,
-            ``train_seed``, first-layer columns, numbers).
+            ``train_seed``, the first-layer columns of ``sweep_reads`` (default
+            :data:`~nopelens.analyses.reads.SWEEP_READS`), numbers).
+        sweep_reads: the reads whose columns hold first layers.
 
     Returns:
         Per model: ``n_seeds``; each first-layer column as the layer all seeds agree on
@@ -49,12 +54,13 @@ def over_seeds(per_seed: pd.DataFrame) -> pd.DataFrame:
         other number as the mean over seeds plus ``<column>_seed_sd`` (sample standard deviation
         across seeds; NaN for a model measured once; ``best_absolute_layer`` is a mean too).
     """
-    numbers = [c for c in per_seed.columns if c not in ("model", "train_seed", *FIRST_LAYER_COLUMNS)]
+    first_layers = [column for column in reads.read_columns(sweep_reads) if column in per_seed.columns]
+    numbers = [c for c in per_seed.columns if c not in ("model", "train_seed", *first_layers)]
     rows = []
     for model, group in per_seed.groupby("model", sort=False):
         group = group.sort_values("train_seed")
         row = {"model": model, "n_seeds": len(group)}
-        for column in FIRST_LAYER_COLUMNS:
+        for column in first_layers:
             row[column] = agreed_layer(group[column])
             row[f"{column}_per_seed"] = "/".join("n/a" if pd.isna(v) else str(int(v)) for v in group[column])
         for column in numbers:

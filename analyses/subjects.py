@@ -29,6 +29,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from nopelens.models.hooks import act_name
+
 CONTROL_SPECS = ("circuit", "untrained-nope", "constant-nope")
 HF_PREFIX = "hf:"
 CONSTANT_PREFIX = "constant-"
@@ -74,9 +76,38 @@ class Subject:
     hf: Any = None
     task: Any = None
 
+    def key_windows(self) -> dict:
+        """Block -> its sliding window or chunk (:class:`~nopelens.models.masks.KeyWindow`), for the
+        blocks of an HF model that have one; empty for nopelens' own models (causal attention)."""
+        return self.hf.key_windows() if self.hf is not None else {}
+
+    def sinks(self) -> dict:
+        """Block -> (kind, per-head logits or None) of an HF model's non-token sinks (learned,
+        per-token or output-scale, :attr:`nopelens.models.hf.LayerPosition.sink`); empty otherwise."""
+        if self.hf is None:
+            return {}
+        from nopelens.models.hf import learned_sinks
+
+        logits = learned_sinks(self.model.original_model, self.hf)
+        return {l: (layer.sink, logits.get(l)) for l, layer in enumerate(self.hf.layers) if layer.sink is not None}
+
     def usable(self, site: str) -> bool:
         """The model has hook ``site`` and it fires (bridged hook points that never fire are not)."""
         return site in self.model.hook_dict and (self.hf is None or self.hf.fires(site))
+
+
+def qk_sites(source, layer: int) -> tuple[str, str]:
+    """The (query, key) hooks of a block's content q.k read: the rotated ones where the model
+    rotates q and k and those hooks fire, else the plain ``hook_q``/``hook_k``.
+
+    ``source`` is a :class:`Subject` (whose HF description says which hooks fire) or a bare
+    hooked model (its ``hook_dict``).
+    """
+    usable = source.usable if isinstance(source, Subject) else (lambda site: site in source.hook_dict)
+    rotated = (act_name("rot_q", layer), act_name("rot_k", layer))
+    if all(usable(site) for site in rotated):
+        return rotated
+    return act_name("q", layer), act_name("k", layer)
 
 
 def resolve(
@@ -136,6 +167,33 @@ def has_training_seed(spec: str) -> bool:
     if spec in CONTROL_SPECS or spec.startswith(HF_PREFIX) or "/" in spec or Path(spec).exists():
         return False
     return True
+
+
+def planned_work(spec: str, n_sequences: int, seq_len: int, train_seed: int = 0, quick_steps: int | None = None):
+    """What measuring ``spec`` will take, before it runs, for the sweep's ETA
+    (:class:`~nopelens.analyses.eta.TaskWork`): a zoo model trains first when it is not cached
+    (always with ``quick_steps``); every other spec only loads or builds. The layer count of a
+    checkpoint or HF directory is not read ahead: taken as 4.
+    """
+    from nopelens.models import zoo
+
+    from .eta import MEASURE_OVERHEAD_TOKENS, TaskWork
+
+    n_layers, steps, train_work = 4, 0, 0.0
+    if spec == "circuit":
+        n_layers = 2
+    elif not (spec in CONTROL_SPECS or spec.startswith((CONSTANT_PREFIX, HF_PREFIX)) or "/" in spec
+              or Path(spec).exists()):
+        recipe = zoo.recipe(spec, train_seed)
+        config = recipe.config
+        n_layers = config.n_layers
+        if quick_steps is not None or not zoo.is_cached(spec, seed=train_seed):
+            steps = recipe.steps if quick_steps is None else quick_steps
+            batch = recipe.train_kwargs.get("batch_size", 64) if quick_steps is None else QUICK_BATCH
+            tokens = batch * (recipe.train_kwargs.get("max_len", 16) + 1)
+            parameters = config.n_layers * 12 * config.d_model ** 2 + 2 * config.d_vocab * config.d_model
+            train_work = float(steps) * tokens * parameters
+    return TaskWork(steps, train_work, float((n_layers + 1) * (n_sequences * seq_len + MEASURE_OVERHEAD_TOKENS)))
 
 
 def check_spec(spec: str) -> None:
@@ -272,7 +330,9 @@ def _hf(directory: Path, n_sequences: int, seq_len: int, seed: int) -> Subject:
 
 
 def load_hf_dir(directory: Path) -> Any:
-    """Load a local HF causal LM offline (no hub access) and bridge it with TransformerLens.
+    """Load a local HF causal LM offline (no hub access) and hook it: through TransformerLens'
+    bridge where it can, else with forward hooks (:func:`nopelens.models.adapters.load_hf_model`;
+    a bridge that fails is retried with hooks on a freshly loaded copy).
 
     Raises:
         FileNotFoundError: if ``directory`` is not a directory.
@@ -283,21 +343,37 @@ def load_hf_dir(directory: Path) -> Any:
     from safetensors import SafetensorError
     from transformers import AutoModelForCausalLM
 
-    from nopelens.models.adapters import bridge_hf_model
+    from nopelens.models.adapters import load_hf_model
 
     if not Path(directory).is_dir():
         raise FileNotFoundError(f"no such HF model directory: {directory}")
     transformers.logging.set_verbosity_error()
     transformers.logging.disable_progress_bar()
+
+    def load():
+        try:
+            # safetensors only: a pytorch_model.bin is a pickle, and nopelens never unpickles a user file
+            model = AutoModelForCausalLM.from_pretrained(directory, local_files_only=True, use_safetensors=True)
+        except (OSError, ValueError) as error:
+            raise ValueError(f"{directory} holds no loadable HF causal LM: {error}") from None
+        except _config_errors() as error:  # a config field of the wrong type, e.g. "hidden_size": "big"
+            raise ValueError(f"{directory}/config.json is not a valid config: {' '.join(str(error).split())}") from None
+        except SafetensorError as error:
+            raise ValueError(f"{directory}: a safetensors weight file is corrupted or truncated ({error})") from None
+        model.config._attn_implementation = "eager"
+        return model.eval()
+
+    return load_hf_model(load(), reload=load)
+
+
+def _config_errors() -> tuple[type[Exception], ...]:
+    """What transformers raises for a config.json field of the wrong type (huggingface_hub's strict
+    dataclasses), besides ValueError."""
     try:
-        # safetensors only: a pytorch_model.bin is a pickle, and nopelens never unpickles a user file
-        model = AutoModelForCausalLM.from_pretrained(directory, local_files_only=True, use_safetensors=True)
-    except (OSError, ValueError) as error:
-        raise ValueError(f"{directory} holds no loadable HF causal LM: {error}") from None
-    except SafetensorError as error:
-        raise ValueError(f"{directory}: a safetensors weight file is corrupted or truncated ({error})") from None
-    model.config._attn_implementation = "eager"
-    return bridge_hf_model(model.eval())
+        from huggingface_hub.errors import StrictDataclassError
+    except ImportError:  # pragma: no cover - an older huggingface_hub raises ValueError or TypeError
+        return (TypeError,)
+    return (StrictDataclassError, TypeError)
 
 
 def _hf_bos_id(directory: Path) -> int | None:

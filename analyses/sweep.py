@@ -31,20 +31,24 @@ over seeds with their spread (see :mod:`nopelens.analyses.seeds`). A sweep's uni
 (model, training seed); :mod:`nopelens.analyses.parallel` runs these in this process, in local
 worker processes (``jobs``) or on a Dask cluster (``scheduler``).
 
-Results go to a run folder: ``probes.csv``, ``sinks.csv``, ``variance.csv``, ``summary.csv``,
-figures (PNG; SVG on request) and ``summary.md``. Each (model, seed)'s tables are written under
+What the summary reports per model (one column, header and figure panel each) are the reads of
+:data:`~nopelens.analyses.reads.SWEEP_READS`; the probe rows come from their target functions.
+
+Results go to a run folder (:mod:`~nopelens.analyses.runs`): ``probes.csv``, ``sinks.csv``,
+``variance.csv``, ``sink_ablation.csv``, ``summary.csv``, figures (PNG; SVG on request),
+``summary.md`` and the stamp ``sweep.json``. Each (model, seed)'s tables are written under
 ``parts/`` once it is done, so an interrupted sweep resumes where it stopped.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import hashlib
-import json
 import platform
 import sys
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Sequence
 
 import numpy as np
 import pandas as pd
@@ -52,28 +56,29 @@ import torch
 from tqdm.auto import tqdm
 
 import nopelens
-from nopelens.models.io import read_json, write_csv_atomic, write_json_atomic
+from nopelens.models.hooks import act_name, act_names
 from nopelens.models.progress import progress_bar
 from nopelens.models.threads import one_thread
-from nopelens.probes import collect, mad_chance, probe_absolute_index, probe_relative_distance, resid_sites
+from nopelens.probes import collect, resid_sites
 from nopelens.probes.sinks import GU_WINDOW, attention_variance, sink_table, variance_slopes
 
-from . import parallel, report, seeds
+from . import layers, parallel, reads, report, runs, seeds
+from .eta import SweepETA
 from .intervene import sink_ablation_drop
-from .subjects import CONTROL_SPECS, Subject, check_spec, has_training_seed, resolve
+from .reads import ProbeInput, SweepSites
+from .subjects import CONTROL_SPECS, Subject, check_spec, has_training_seed, planned_work, qk_sites, resolve
 
 DEFAULT_MODELS = {"text": ("text-nope-4l", "text-rope-4l", "text-hybrid-4l", "bb-rope-2l", "bb-nope-3l"),
                   "copy": ("copy-nope-3l", "copy-rope-3l")}
 """The zoo models of the default sweep: the text models, and two Bigram-Backcopy models whose
 attention sink forms in training (Guo et al. 2024). Those of ``text`` ship with the package."""
-MAX_OUTER_FEATURES = 1024
-"""Use the full outer-product bilinear read while n_heads * d_head^2 stays below this; above it,
-the elementwise (diagonal) read keeps the fits inside the sweep's time budget."""
-
-THRESHOLDS = {"accuracy": 0.9, "r2": 0.9}
-"""A layer "recovers" a target when the 95 % CI lower bound of the metric clears this bar."""
 
 TABLES = ("probes", "sinks", "variance", "sink_ablation")
+
+SITE_KINDS = ("resid", "attn_out", "resid_mid", "mlp_out")
+"""What ``--sites`` may name: ``resid`` (every residual layer 0 .. n_layers, where every read's
+curve lives) and each block's finer sites, in the order a block computes them."""
+DEFAULT_SITES = ("resid", "attn_out", "mlp_out")
 
 
 @dataclass(frozen=True)
@@ -92,6 +97,9 @@ class SweepSettings:
         train_seeds: training seeds; each zoo model (and the untrained control's weights) is
             measured once per seed. Models that no seed changes (circuit, checkpoints, HF
             directories) are measured once.
+        sites: where absolute index is probed (:data:`SITE_KINDS`): ``resid`` (required) and any
+            of the finer sites ``attn_out``, ``resid_mid``, ``mlp_out`` of every block. Relative
+            distance is read on the residual stream and every block's attention either way.
     """
 
     models: tuple[str, ...]
@@ -102,9 +110,14 @@ class SweepSettings:
     seed: int = 0
     quick_steps: int | None = None
     train_seeds: tuple[int, ...] = (0,)
+    sites: tuple[str, ...] = DEFAULT_SITES
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "train_seeds", tuple(self.train_seeds))
+        object.__setattr__(self, "sites", tuple(sorted(set(self.sites), key=_site_order)))
+        if "resid" not in self.sites:
+            raise ValueError(f"--sites must include resid (every read's layer curve is on the residual stream), "
+                             f"got {','.join(self.sites) or 'nothing'}")
         if not self.train_seeds or len(set(self.train_seeds)) < len(self.train_seeds):
             raise ValueError(f"--seeds must list distinct training seeds, got {list(self.train_seeds)}")
         if min(self.train_seeds) < 0:
@@ -126,12 +139,21 @@ class SweepSettings:
         """A tiny sweep for smoke tests: few sequences, short sequences, briefly trained models."""
         return cls.default(task, models, controls, n_sequences=24, seq_len=32, n_boot=50, n_splits=4, quick_steps=30)
 
+    RESUMABLE_CHANGES = ("train_seeds",)
+    """Settings a run folder may change between runs: adding seeds measures just the new ones."""
+
+    def to_dict(self) -> dict:
+        """The settings as the run folder's stamp holds them. ``sites`` is written only when it is
+        not :data:`DEFAULT_SITES`, so folders made before ``--sites`` existed keep their digest."""
+        settings = dataclasses.asdict(self)
+        if self.sites == DEFAULT_SITES:
+            del settings["sites"]
+        return settings
+
     def digest(self) -> str:
-        """Hash of what each (model, seed) measurement depends on. The list of training seeds is
-        left out: adding seeds to a run folder measures just the new ones."""
-        measured = {k: v for k, v in dataclasses.asdict(self).items() if k != "train_seeds"}
-        text = json.dumps(measured, sort_keys=True)
-        return hashlib.sha256(text.encode()).hexdigest()[:12]
+        """Hash of what each (model, seed) measurement depends on (the run folder's stamp,
+        :func:`~nopelens.analyses.runs.claim`); the list of training seeds is left out."""
+        return runs.settings_digest(self.to_dict(), ignore=self.RESUMABLE_CHANGES)
 
     def tasks(self) -> list[tuple[str, int]]:
         """The (model spec, training seed) pairs a sweep measures, in table order."""
@@ -144,7 +166,9 @@ class SweepResult:
     """The tidy tables of a sweep.
 
     ``summary`` has one row per model (means over training seeds when there are several, see
-    :func:`~nopelens.analyses.seeds.over_seeds`); ``summary_per_seed`` one row per model and seed.
+    :func:`~nopelens.analyses.seeds.over_seeds`); ``summary_per_seed`` one row per model and seed;
+    ``curves`` the main curves per layer (:func:`~nopelens.analyses.layers.layer_curves`);
+    ``reads`` the reads the summary and curves report (``--metric``, ``--threshold``).
     """
 
     probes: pd.DataFrame
@@ -155,38 +179,58 @@ class SweepResult:
     subjects: dict[str, dict] = field(default_factory=dict)
     summary_per_seed: pd.DataFrame | None = None
     sink_ablation: pd.DataFrame = field(default_factory=pd.DataFrame)
+    curves: pd.DataFrame | None = None
+    reads: tuple[reads.SweepRead, ...] | None = None
 
 
 # ----------------------------------------------------------------------------- one subject
 
 
-def analyse_subject(subject: Subject, settings: SweepSettings) -> dict[str, pd.DataFrame]:
-    """Probe, sink and variance tables of one subject (see the module docstring)."""
-    layers = subject.n_layers
-    residual = resid_sites(layers)
-    blocks = [(f"blocks.{l}.hook_attn_out", f"blocks.{l}.hook_mlp_out") for l in range(layers)]
-    inner = [site for pair in blocks for site in pair if subject.usable(site)]
-    qk = [_qk_sites(subject, l) for l in range(layers)]
-    scores = score_sites(subject.model, layers, subject.hf)
-    patterns = [f"blocks.{l}.attn.hook_pattern" for l in range(layers)]
-    sites = residual + inner + [s for pair in qk for s in pair] + patterns + scores
-    acts = collect(subject.model, subject.tokens, sites, attention_mask=subject.attention_mask, batch_size=32)
+def _site_order(kind: str) -> int:
+    if kind not in SITE_KINDS:
+        raise ValueError(f"unknown site kind {kind!r} for --sites; choose from {', '.join(SITE_KINDS)}")
+    return SITE_KINDS.index(kind)
 
-    common = dict(n_splits=settings.n_splits, n_boot=settings.n_boot, seed=settings.seed)
-    # half the longest sequence: synthetic tasks take their lengths from training, not from seq_len
-    boundary = subject.tokens.shape[1] // 2
-    absolute = probe_absolute_index(acts, sites=residual + inner, extrapolate_from=boundary, **common)
-    mode = _bilinear_mode(acts, qk[0][0])
-    relative = probe_relative_distance(
-        acts, sites=residual, feature_kinds=("concat",), attention=qk, scores=scores, bilinear=mode,
-        tasks=("regression",), pairs_per_distance=min(64, settings.n_sequences), **common,
-    )
-    probes = pd.concat([absolute, relative], ignore_index=True)
+
+def sweep_sites(subject: Subject, kinds: tuple[str, ...] = DEFAULT_SITES) -> SweepSites:
+    """The sites the sweep collects of ``subject`` (those it has and that fire); ``kinds`` as
+    :attr:`SweepSettings.sites`."""
+    layers = subject.n_layers
+    finer = [kind for kind in kinds if kind != "resid"]
+    inner = [act_name(kind, l) for l in range(layers) for kind in finer]
+    outputs = [site for site in act_names("attn_out", layers) if subject.usable(site)]
+    # a hybrid's linear-attention layers have no q, k or pattern, nor has a model hooked without the bridge
+    qk = [pair for pair in (qk_sites(subject, l) for l in range(layers)) if all(subject.usable(s) for s in pair)]
+    scores, not_applicable = reads.readable_score_sites(score_sites(subject.model, layers, subject.hf),
+                                                        subject.key_windows(), int(subject.attention_mask.sum(-1).max()))
+    if not_applicable is not None:
+        subject.info.setdefault("not_applicable", {})["score read"] = not_applicable
+    return SweepSites(residual=resid_sites(layers), inner=[site for site in inner if subject.usable(site)],
+                      outputs=outputs, qk=qk, scores=scores, patterns=pattern_sites(subject))
+
+
+def pattern_sites(subject: Subject) -> list[str]:
+    """Every block's ``hook_pattern`` that fires (a hybrid's linear-attention blocks have none)."""
+    return [site for site in act_names("pattern", subject.n_layers) if subject.usable(site)]
+
+
+def analyse_subject(subject: Subject, settings: SweepSettings, progress: bool = False) -> dict[str, pd.DataFrame]:
+    """Probe, sink and variance tables of one subject (see the module docstring); the probe rows
+    are those of the targets :data:`~nopelens.analyses.reads.SWEEP_READS` names (``progress``:
+    bars over the sites as they are fitted)."""
+    layers = subject.n_layers
+    sites = sweep_sites(subject, settings.sites)
+    acts = collect(subject.model, subject.tokens, sites.all(), attention_mask=subject.attention_mask, batch_size=32)
+    probes = reads.measure_targets(ProbeInput(acts, sites, seq_len=subject.tokens.shape[1],
+                                              n_sequences=settings.n_sequences, n_splits=settings.n_splits,
+                                              n_boot=settings.n_boot, seed=settings.seed, progress=progress,
+                                              label=subject.name))
     probes.insert(0, "model", subject.name)
 
     sinks = sink_conditions(subject, acts)
-    variance = attention_variance(acts, sites=[f"blocks.{l}.hook_attn_out" for l in range(layers)
-                                               if f"blocks.{l}.hook_attn_out" in acts.acts])
+    attention = [l for l in range(layers) if subject.hf is None or subject.hf.layers[l].mixer == "attention"]
+    variance = attention_variance(acts, sites=[site for site in act_names("attn_out", attention) if site in acts.acts],
+                                  windows=subject.key_windows())
     if subject.has_bos:  # every sequence has the same token at 0, so its variance is exactly 0
         variance = variance[variance["position"] > 0]
     # sink ablation (issue 14): next-layer absolute-index R^2 with block l's first key removed
@@ -206,18 +250,6 @@ def _with_slopes(variance: pd.DataFrame) -> pd.DataFrame:
 
 
 
-def _qk_sites(source, layer: int) -> tuple[str, str]:
-    """The rotated q/k hooks where the model rotates them and they fire, else the plain ones.
-
-    ``source`` is a :class:`Subject` (whose HF description says which hooks fire) or a bare model.
-    """
-    usable = source.usable if isinstance(source, Subject) else (lambda site: site in source.hook_dict)
-    rotated = (f"blocks.{layer}.attn.hook_rot_q", f"blocks.{layer}.attn.hook_rot_k")
-    if all(usable(site) for site in rotated):
-        return rotated
-    return f"blocks.{layer}.attn.hook_q", f"blocks.{layer}.attn.hook_k"
-
-
 def score_sites(model, n_layers: int, hf=None) -> list[str]:
     """The ``blocks.{l}.attn.hook_attn_scores`` sites the model has (none: no score-read column).
 
@@ -226,13 +258,8 @@ def score_sites(model, n_layers: int, hf=None) -> list[str]:
     """
     if hf is not None and not hf.scores_hook:
         return []
-    sites = [f"blocks.{l}.attn.hook_attn_scores" for l in range(n_layers)]
+    sites = act_names("attn_scores", n_layers)
     return [site for site in sites if site in model.hook_dict and (hf is None or hf.fires(site))]
-
-
-def _bilinear_mode(acts, q_site: str) -> str:
-    _, n_heads, d_head = acts.acts[q_site].shape
-    return "outer" if n_heads * d_head * d_head <= MAX_OUTER_FEATURES else "elementwise"
 
 
 def sink_conditions(subject: Subject, acts) -> pd.DataFrame:
@@ -249,105 +276,117 @@ def sink_conditions(subject: Subject, acts) -> pd.DataFrame:
     shortest = int(subject.attention_mask.sum(-1).min())  # synthetic tasks pad sequences of mixed lengths
     window = min(GU_WINDOW, shortest)
     condition = "with_bos" if subject.has_bos else "without_bos"
-    frames = [sink_table(acts, n_tokens=window).assign(condition=condition)]
+    windows, sinks = subject.key_windows(), subject.sinks()
+    extra = [site for site in sink_sites(subject) if site not in acts.acts and site not in acts.patterns]
+    if extra:  # an output-scale sink is read from hook_v and hook_z
+        acts = collect(subject.model, subject.tokens, list(acts.patterns) + sink_sites(subject),
+                       attention_mask=subject.attention_mask, batch_size=32)
+    frames = [sink_table(acts, n_tokens=window, windows=windows, sinks=sinks).assign(condition=condition)]
     if subject.has_bos:
-        stripped = collect(subject.model, subject.tokens[:, 1:], list(acts.patterns),
+        stripped = collect(subject.model, subject.tokens[:, 1:], list(dict.fromkeys(list(acts.patterns) + sink_sites(subject))),
                            attention_mask=subject.attention_mask[:, 1:], batch_size=32)
-        frames.append(sink_table(stripped, n_tokens=min(window, shortest - 1)).assign(condition="without_bos"))
+        frames.append(sink_table(stripped, n_tokens=min(window, shortest - 1), windows=windows, sinks=sinks)
+                      .assign(condition="without_bos"))
     return pd.concat(frames, ignore_index=True).assign(model=subject.name, gu_window=window)
+
+
+def sink_sites(subject: Subject) -> list[str]:
+    """The extra sites a subject's non-token sinks are read from: ``attn.hook_v`` and ``attn.hook_z``
+    of its output-scale sink blocks (see :func:`~nopelens.probes.sinks.output_scale_sink_mass`)."""
+    return [act_name(name, block) for block, (kind, _) in subject.sinks().items() if kind == "output_scale"
+            for name in ("v", "z")]
+
+
+def measure_sinks(subject: Subject) -> pd.DataFrame:
+    """:func:`sink_conditions` of ``subject``, collecting only its patterns (``nopelens sinks``)."""
+    with torch.no_grad():
+        acts = collect(subject.model, subject.tokens, pattern_sites(subject), attention_mask=subject.attention_mask,
+                       batch_size=32)
+        return sink_conditions(subject, acts)
 
 
 # ----------------------------------------------------------------------------- summary
 
 
-def summarize(probes: pd.DataFrame, sinks: pd.DataFrame, variance: pd.DataFrame) -> pd.DataFrame:
+def summarize(probes: pd.DataFrame, sinks: pd.DataFrame, variance: pd.DataFrame,
+              sweep_reads: Sequence[reads.SweepRead] | None = None) -> pd.DataFrame:
     """One row per model; with several training seeds, the mean over seeds (see
     :func:`summarize_per_seed` for the columns and :func:`~nopelens.analyses.seeds.over_seeds`)."""
-    per_seed = summarize_per_seed(probes, sinks, variance)
+    per_seed = summarize_per_seed(probes, sinks, variance, sweep_reads)
     if per_seed.groupby("model")["train_seed"].nunique().max() > 1:
-        return seeds.over_seeds(per_seed)
+        return seeds.over_seeds(per_seed, sweep_reads)
     return per_seed.drop(columns="train_seed")
 
 
-def summarize_per_seed(probes: pd.DataFrame, sinks: pd.DataFrame, variance: pd.DataFrame) -> pd.DataFrame:
+def summarize_per_seed(probes: pd.DataFrame, sinks: pd.DataFrame, variance: pd.DataFrame,
+                       sweep_reads: Sequence[reads.SweepRead] | None = None) -> pd.DataFrame:
     """:func:`summarize_seed` for each training seed, with a ``train_seed`` column (0 for tables
     that have none), rows in model order."""
     probes, sinks, variance = (seeds.with_train_seed(table) for table in (probes, sinks, variance))
-    frames = [summarize_seed(table, sinks[sinks["train_seed"] == seed], variance[variance["train_seed"] == seed])
-              .assign(train_seed=seed) for seed, table in probes.groupby("train_seed")]
+    frames = [summarize_seed(table, sinks[sinks["train_seed"] == seed], variance[variance["train_seed"] == seed],
+                             sweep_reads).assign(train_seed=seed) for seed, table in probes.groupby("train_seed")]
     order = {model: i for i, model in enumerate(probes["model"].unique())}
     rows = pd.concat(frames, ignore_index=True)
     return rows.sort_values(["model", "train_seed"], key=lambda c: c.map(order) if c.name == "model" else c,
                             kind="stable").reset_index(drop=True)
 
 
-def summarize_seed(probes: pd.DataFrame, sinks: pd.DataFrame, variance: pd.DataFrame) -> pd.DataFrame:
+def summarize_seed(probes: pd.DataFrame, sinks: pd.DataFrame, variance: pd.DataFrame,
+                   sweep_reads: Sequence[reads.SweepRead] | None = None) -> pd.DataFrame:
     """One row per model of one training seed: the first layer at which each target is recovered,
     and key numbers.
 
-    Columns: ``model``, ``absolute_acc`` (first layer with classification accuracy CI >= 0.9),
-    ``absolute_r2`` (regression R^2 CI >= 0.9), ``relative_pairs_r2`` (pair features, residual),
-    ``relative_score_r2`` (score read of the heads' pre-softmax scores, content plus position
-    bias; layer = block + 1; None when the model has no ``hook_attn_scores``),
-    ``relative_content_qk_r2`` (content-only bilinear q.k read; layer = block + 1),
+    Columns: ``model``; one column per read of :data:`~nopelens.analyses.reads.SWEEP_READS`
+    (``absolute_acc``, ``absolute_r2``, ``relative_pairs_r2``, ``relative_score_r2``,
+    ``relative_content_qk_r2``), the first layer that clears its bar
+    (:meth:`~nopelens.analyses.reads.SweepRead.first_layer`: -1 when no layer does, None when the
+    model has no site for the read, e.g. no ``hook_attn_scores``); then
     ``best_absolute_r2`` and its ``selectivity``,
     ``mad_chance_layer0`` and ``mad_chance_best`` (regression MAD over its chance value E|X - Y|
     for X, Y drawn from the scored positions, at the embeddings and at the best residual layer;
     Haviv et al. 2022),
-    ``sink_rate`` (Gu et al., as read), ``variance_slope_block0``. A first layer of -1 means no
-    layer cleared the bar; None means the model has no site for that read.
+    ``sink_rate`` (Gu et al., as read), ``variance_slope_block0``. ``sweep_reads`` replaces the
+    reads (``--metric``, ``--threshold``; default :data:`~nopelens.analyses.reads.SWEEP_READS`).
     """
+    chosen = reads.SWEEP_READS if sweep_reads is None else sweep_reads
     rows = []
     for model, table in probes.groupby("model", sort=False):
         linear = table[(table["probe"] == "linear") & (table["split"] == "grouped") & table["layer"].notna()]
         residual = linear[linear["site"].str.contains("hook_resid_")]
         absolute = residual[residual["target"] == "absolute_index"]
-        relative = linear[linear["target"] == "relative_distance"]
         best = absolute[(absolute["metric"] == "r2")].sort_values("value").iloc[-1]
         mad = absolute[(absolute["metric"] == "mad") & (absolute["task"] == "regression")].set_index("layer")
-        chance = _mad_chance(mad)
+        chance = layers.chance_of_mad(mad)
         model_sinks = sinks[sinks["model"] == model]
         as_read = model_sinks[model_sinks["condition"] == model_sinks["condition"].iloc[0]]
         rows.append(dict(
             model=model,
-            absolute_acc=_first_layer(absolute, "accuracy"),
-            absolute_r2=_first_layer(absolute, "r2"),
-            relative_pairs_r2=_first_layer(relative[relative["features"] == "concat"], "r2"),
-            relative_score_r2=_first_layer(relative[relative["features"] == "score"], "r2"),
-            relative_content_qk_r2=_first_layer(relative[relative["features"].str.startswith("bilinear")], "r2"),
+            **{read.column: read.first_layer(table) for read in chosen},
             best_absolute_r2=float(best["value"]),
             best_absolute_layer=int(best["layer"]),
             selectivity_at_best=float(best["selectivity"]),
             mad_chance_layer0=float(mad.loc[0, "value"] / chance.loc[0]),
             mad_chance_best=float((mad["value"] / chance).min()),
             sink_rate=float(as_read["is_sink"].mean()),
-            variance_slope_block0=float(variance[(variance["model"] == model) & (variance["block"] == 0)]["slope"].iloc[0]),
+            variance_slope_block0=_first_block_slope(variance[variance["model"] == model]),
         ))
     return pd.DataFrame(rows)
 
 
-def _mad_chance(mad: pd.DataFrame) -> pd.Series:
-    """Each MAD row's chance value: E|X - Y| over its scored positions (``chance`` column), or, for
-    tables written before that column existed, the uniform value at the mean sequence length."""
-    if "chance" in mad and mad["chance"].notna().all():
-        return mad["chance"]
-    return pd.Series(mad_chance(int(round(mad["n_samples"].iloc[0] / mad["n_sequences"].iloc[0]))), index=mad.index)
-
-
-def _first_layer(rows: pd.DataFrame, metric: str) -> int | None:
-    """First layer clearing the bar; -1 when none does; None when nothing was measured."""
-    rows = rows[rows["metric"] == metric]
-    if rows.empty:
-        return None
-    cleared = rows[rows["ci_low"] >= THRESHOLDS[metric]]
-    return int(cleared["layer"].min()) if len(cleared) else -1
+def _first_block_slope(variance: pd.DataFrame) -> float:
+    """The variance slope of the first block that has one (block 0, or a hybrid's first attention
+    block); NaN when no block has an attention output."""
+    if variance.empty:
+        return float("nan")
+    return float(variance[variance["block"] == variance["block"].min()]["slope"].iloc[0])
 
 
 # ----------------------------------------------------------------------------- the run folder
 
 
 def sweep(settings: SweepSettings, out_dir: str | Path | None = None, progress: bool = True, jobs: int = 1,
-          scheduler: str | None = None, svg: bool = False) -> SweepResult:
+          scheduler: str | None = None, svg: bool = False, security: str | Path | None = None,
+          sweep_reads: Sequence[reads.SweepRead] | None = None, name: str = "sweep") -> SweepResult:
     """Run the sweep; with ``out_dir``, write (and resume) a run folder.
 
     Args:
@@ -355,13 +394,21 @@ def sweep(settings: SweepSettings, out_dir: str | Path | None = None, progress: 
         out_dir: run folder; each finished (model, seed) is saved under ``parts/`` at once.
         progress: progress bars and lines on stderr.
         jobs: local worker processes, one (model, seed) each (see :mod:`~nopelens.analyses.parallel`).
-        scheduler: address of a Dask scheduler to send the (model, seed) tasks to instead.
+        scheduler: address of a Dask scheduler (``tls://`` or ``tcp://``) to send the (model,
+            seed) tasks to instead.
         svg: also save the figures as SVG (PNG always).
+        security: YAML file of distributed's TLS settings for a ``tls://`` scheduler (see
+            :func:`~nopelens.analyses.parallel.dask_security`).
+        sweep_reads: the reads the summary, the per-layer curves and the figure report (default
+            :data:`~nopelens.analyses.reads.SWEEP_READS`; :func:`~nopelens.analyses.reads.choose_reads`
+            makes others). They only read what was measured, so a run folder resumes with any.
+        name: the command, for the progress bar and ``summary.md`` (``sweep`` or ``probe``).
 
     Raises:
-        ValueError: if ``out_dir`` holds a sweep made with other settings, if there are fewer
-            evaluation sequences than folds, or as
-            :func:`~nopelens.analyses.subjects.resolve`.
+        ValueError: if ``out_dir`` holds a sweep made with other settings or another analysis's
+            run (:func:`~nopelens.analyses.runs.claim`), if there are fewer evaluation sequences
+            than folds, or as :func:`~nopelens.analyses.subjects.resolve` and
+            :func:`~nopelens.analyses.parallel.run_tasks`.
         KeyError, FileNotFoundError: on an unknown model spec (the message lists what exists).
         ChildProcessError: if parallel workers were lost (what finished is saved; rerun to resume).
     """
@@ -374,36 +421,52 @@ def sweep(settings: SweepSettings, out_dir: str | Path | None = None, progress: 
         )
     out = Path(out_dir) if out_dir is not None else None
     if out is not None:
-        _claim_run_folder(out, settings)
+        runs.claim(out, "sweep", settings.to_dict(), ignore=settings.RESUMABLE_CHANGES)
     tasks = settings.tasks()
     done: dict[tuple[str, int], tuple[dict, dict]] = {}
     for task in tasks:
-        part = _part_dir(out, *task) if out is not None else None
-        if part is not None and (part / "done.json").is_file() and all((part / f"{n}.csv").is_file() for n in TABLES):
-            tqdm.write(f"nopelens: {_label(*task)}: already measured in {_part_dir(out, *task)}, reusing", file=sys.stderr)
-            done[task] = _read_part(_part_dir(out, *task), task[1])
+        part = runs.part_dir(out, *task) if out is not None else None
+        finished = runs.read_part(part, TABLES) if part is not None else None
+        if finished is not None:
+            tqdm.write(f"nopelens: {_label(*task)}: already measured in {part}, reusing", file=sys.stderr)
+            tables, meta = finished
+            done[task] = {name: _as_measured(name, seeds.with_train_seed(table, task[1]))
+                          for name, table in tables.items()}, meta
     todo = [task for task in tasks if task not in done]
-    bar = progress_bar(total=len(tasks), initial=len(done), desc="nopelens sweep", unit="model", disable=not progress)
+    eta = SweepETA({task: planned_work(task[0], settings.n_sequences, settings.seq_len, task[1], settings.quick_steps)
+                    for task in todo}, jobs=1 if scheduler is None and jobs <= 1 else max(1, jobs))
+    bar = progress_bar(total=len(tasks), initial=len(done), desc=f"nopelens {name}", unit="model",
+                       bar_format="{desc}: {n_fmt}/{total_fmt} models [{elapsed}{postfix}]", disable=not progress)
+    bar.set_postfix_str(eta.describe())
+    clock = [time.perf_counter()]
 
     def keep(task: tuple[str, int], measured: tuple[dict, dict]) -> None:
         if out is not None:
-            _write_part(_part_dir(out, *task), *measured)
+            runs.write_part(runs.part_dir(out, *task), *measured)
         done[task] = measured
+        seconds = measured[1].get("seconds", {})
+        eta.finished(task, seconds.get("load", 0.0), seconds.get("measure", 0.0))
+        clock[0] = time.perf_counter()
+        bar.set_postfix_str(eta.describe(), refresh=False)
         bar.update()
 
     # local workers write their training progress as timed lines; Dask workers log elsewhere
     show_training = progress and scheduler is None
-    parallel.run_tasks(measure, [(task, (*task, settings, show_training)) for task in todo], keep, jobs, scheduler)
+    parallel.run_tasks(measure, [(task, (*task, settings, show_training)) for task in todo], keep, jobs, scheduler,
+                       security)
     bar.close()
     parts = [done[task][0] for task in tasks]
-    probes, sinks, variance, ablation = (pd.concat([part[name] for part in parts], ignore_index=True)
-                                         for name in TABLES)
-    per_seed = summarize_per_seed(probes, sinks, variance)
+    probes, sinks, variance, ablation = (pd.concat([part[table] for part in parts], ignore_index=True)
+                                         for table in TABLES)
+    chosen = tuple(reads.SWEEP_READS if sweep_reads is None else sweep_reads)
+    per_seed = summarize_per_seed(probes, sinks, variance, chosen)
     subjects = {_label(*task): done[task][1] for task in tasks}
-    result = SweepResult(probes, sinks, variance, summarize(probes, sinks, variance), out, subjects,
-                         summary_per_seed=per_seed, sink_ablation=ablation)
+    result = SweepResult(probes, sinks, variance, summarize(probes, sinks, variance, chosen), out, subjects,
+                         summary_per_seed=per_seed, sink_ablation=ablation,
+                         curves=layers.layer_curves(probes, sinks, chosen), reads=chosen)
     if out is not None:
-        report.write_run(result, settings, command=" ".join(["nopelens", *sys.argv[1:]]), versions=versions(), svg=svg)
+        report.write_run(result, settings, command=" ".join(["nopelens", *sys.argv[1:]]), versions=versions(), svg=svg,
+                         name=name)
     return result
 
 
@@ -413,65 +476,46 @@ def measure(spec: str, train_seed: int, settings: SweepSettings, progress: bool 
     Runs in any process (a local worker or a Dask worker): it reads only its arguments and the
     zoo cache of the machine it runs on. It runs on one thread
     (:func:`~nopelens.models.threads.one_thread`), so its numbers do not depend on the core count
-    or on how many workers share the machine.
+    or on how many workers share the machine; in a Dask worker that runs several tasks at once it
+    refuses (:func:`~nopelens.analyses.parallel.check_alone_in_process`).
 
     Returns:
         ``(tables, meta)``: the ``probes``, ``sinks`` and ``variance`` tables (with ``train_seed``
         columns) and what the run folder records about the model.
     """
+    parallel.check_alone_in_process()
     with one_thread():
         return _measure(spec, train_seed, settings, progress)
 
 
 def _measure(spec: str, train_seed: int, settings: SweepSettings, progress: bool) -> tuple[dict, dict]:
     tqdm.write(f"nopelens: {_label(spec, train_seed)}: loading", file=sys.stderr)
+    start = time.perf_counter()
     subject = resolve(spec, settings.n_sequences, settings.seq_len, settings.seed, progress, settings.quick_steps,
                       train_seed=train_seed)
+    loaded = time.perf_counter()
     tqdm.write(f"nopelens: {_label(subject.name, train_seed)}: probing {subject.n_layers + 1} layers", file=sys.stderr)
     with torch.no_grad():
-        tables = analyse_subject(subject, settings)
+        tables = analyse_subject(subject, settings, progress)
     tables = {name: table.assign(train_seed=train_seed) for name, table in tables.items()}
+    seconds = {"load": loaded - start, "measure": time.perf_counter() - loaded}
+    tqdm.write(f"nopelens: {_label(subject.name, train_seed)}: measured in {seconds['measure']:.0f} s", file=sys.stderr)
     meta = dict(name=subject.name, kind=subject.kind, position=subject.position, n_layers=subject.n_layers,
-                has_bos=subject.has_bos, train_lengths=subject.train_lengths, train_seed=train_seed, **subject.info)
+                has_bos=subject.has_bos, train_lengths=subject.train_lengths, train_seed=train_seed, **subject.info,
+                seconds=seconds)
     return tables, meta
 
 
-def _write_part(part: Path, tables: dict[str, pd.DataFrame], meta: dict) -> None:
-    for name, table in tables.items():
-        write_csv_atomic(table, part / f"{name}.csv")
-    write_json_atomic(meta, part / "done.json")  # last: marks the (model, seed) complete
-
-
-def _read_part(part: Path, train_seed: int) -> tuple[dict, dict]:
-    tables = {name: seeds.with_train_seed(pd.read_csv(part / f"{name}.csv"), train_seed) for name in TABLES}
-    return tables, read_json(part / "done.json")
-
-
-def _part_dir(out: Path, spec: str, train_seed: int) -> Path:
-    """``parts/<spec>`` for training seed 0 (where runs from before seeds keep theirs), else
-    ``parts/<spec>-seed<n>``."""
-    return out / "parts" / (_slug(spec) if train_seed == 0 else f"{_slug(spec)}-seed{train_seed}")
+def _as_measured(name: str, table: pd.DataFrame) -> pd.DataFrame:
+    """A part's table as read back, with the dtypes it was measured with: the probe table's layer
+    and block are nullable ints (CSV reads them as floats), so a resumed run writes the same bytes."""
+    if name == "probes":
+        return table.astype({"layer": "Int64", "block": "Int64"})
+    return table
 
 
 def _label(spec: str, train_seed: int) -> str:
     return spec if train_seed == 0 else f"{spec} (seed {train_seed})"
-
-
-def _claim_run_folder(out: Path, settings: SweepSettings) -> None:
-    stamp = out / "sweep.json"
-    record = dict(settings=dataclasses.asdict(settings), digest=settings.digest())
-    if stamp.is_file():
-        previous = read_json(stamp)
-        if previous.get("digest") != settings.digest():
-            raise ValueError(
-                f"{out} holds a sweep made with other settings ({previous.get('settings')}); "
-                "use another --out folder, or delete it to start over"
-            )
-    write_json_atomic(record, stamp)  # records the latest list of training seeds
-
-
-def _slug(spec: str) -> str:
-    return "".join(c if c.isalnum() or c in "-_." else "_" for c in spec)
 
 
 def versions() -> dict[str, str]:

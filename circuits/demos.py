@@ -20,6 +20,7 @@ from jaxtyping import Bool, Float
 from torch import Tensor
 
 from nopelens.models import Decoder, DecoderConfig
+from nopelens.models.hooks import act_name, act_names
 from nopelens.models.masks import causal_mask, masked_softmax
 
 FIG_004_TOKENS = ("grid", "load", "rises")
@@ -242,9 +243,9 @@ def constant_input_control(model: Decoder, token: int, length: int) -> dict[str,
     uniform = causal_mask(length, length).double() / torch.arange(1, length + 1, dtype=torch.float64)[:, None]
     deviation, spread, scale = 0.0, 0.0, 0.0
     for layer in range(model.cfg.n_layers):
-        pattern = cache[f"blocks.{layer}.attn.hook_pattern"][0].double()
+        pattern = cache[act_name("pattern", layer)][0].double()
         deviation = max(deviation, float((pattern - uniform).abs().max()))
-    resids = [cache["blocks.0.hook_resid_pre"]] + [cache[f"blocks.{l}.hook_resid_post"] for l in range(model.cfg.n_layers)]
+    resids = [cache[act_name("resid_pre", 0)]] + [cache[name] for name in act_names("resid_post", model.cfg.n_layers)]
     for resid in resids:
         spread = max(spread, float((resid[0] - resid[0, :1]).abs().max()))
         scale = max(scale, float(resid.abs().max()))

@@ -20,6 +20,7 @@ from jaxtyping import Float
 from torch import Tensor
 
 from nopelens.models import Decoder, DecoderConfig
+from nopelens.models.hooks import act_name
 from nopelens.models.positions import alibi_slopes
 
 from .counter import (
@@ -275,7 +276,7 @@ def previous_token(
 
 def head_pattern(model: Decoder, tokens: Tensor, layer: int = 1, head: int = 0) -> Float[Tensor, "query_pos key_pos"]:
     """``blocks.{layer}.attn.hook_pattern`` of one head on one sequence ``tokens [1, pos]``."""
-    name = f"blocks.{layer}.attn.hook_pattern"
+    name = act_name("pattern", layer)
     with torch.no_grad():
         _, cache = model.run_with_cache(tokens, names_filter=name)
     return cache[name][0, head]

@@ -1,10 +1,15 @@
 """Hook models that nopelens did not build, so the same probes run on them.
 
 - HF causal LMs go through TransformerLens 4's ``TransformerBridge`` (:func:`bridge_hf_model`).
+- An HF causal LM the bridge refuses (TransformerLens 4.3 has no adapter for Granite SWA, Flint,
+  Beam, MiMo-V2-Flash, Kimi Linear, ...) gets :class:`HookedHFModel`: PyTorch hooks on its decoder
+  layers at TransformerLens site names (the residual stream, the mixer's output, and the attention
+  weights its eager attention returns). :func:`hook_hf_model` builds it; :func:`load_hf_model`
+  tries the bridge first.
 - Any other ``torch.nn.Module`` is wrapped by :class:`HookedModule`, which turns a mapping from
   site names to module paths into TransformerLens ``HookPoint`` s, via PyTorch forward hooks.
 
-Both give ``run_with_cache(tokens, names_filter=...)`` and ``hook_dict`` like a nopelens ``Decoder``.
+All give ``run_with_cache(tokens, names_filter=...)`` and ``hook_dict`` like a nopelens ``Decoder``.
 """
 
 from __future__ import annotations
@@ -15,6 +20,8 @@ import torch
 from torch import Tensor, nn
 from transformer_lens import ActivationCache, HookedRootModule
 from transformer_lens.hook_points import HookPoint
+
+from .hooks import act_name
 
 
 def bridge_hf_model(hf_model: nn.Module, architecture: str | None = None) -> Any:
@@ -197,3 +204,191 @@ def _takes(module: nn.Module, name: str) -> bool:
 
 def _key(site: str) -> str:
     return site.replace(".", "__")
+
+
+class HookedHFModel(HookedRootModule):
+    """An HF causal LM with TransformerLens hook points on its decoder layers, without the bridge.
+
+    Sites (TransformerLens names, DESIGN.md layer numbering):
+
+    - ``hook_embed``: the token embedding's output;
+    - ``blocks.{l}.hook_resid_pre``: the input of decoder layer l (a forward pre-hook, so a hook
+      that returns a tensor replaces the layer's input: patching works);
+    - ``blocks.{l}.hook_resid_post``: the layer's output;
+    - ``blocks.{l}.hook_attn_out``: the output of the layer's attention or other mixer (a
+      linear-attention or SSM block), before the residual add;
+    - ``blocks.{l}.attn.hook_pattern``: the attention weights the layer's eager attention returns
+      (``[batch, head_index, query_pos, key_pos]``), on softmax-attention layers only;
+    - ``blocks.{l}.attn.hook_v`` and ``hook_z``: the value projection's output and the output
+      projection's input, ``[batch, pos, head_index, d_head]``, where the attention has
+      ``v_proj``/``o_proj`` (Granite SWA's output-scale sink is read from them);
+    - ``ln_final.hook_normalized``: the final norm's output.
+
+    The model is switched to eager attention (which returns its weights). Position ids are counted
+    from the attention mask and passed as ``position_ids`` unless given: transformers 5.24 would
+    otherwise count them from the cache position (the index), so a left-padded row would see
+    shifted positions. Where the modules sit comes from :func:`nopelens.models.hf.hook_layout`.
+
+    Args:
+        hf_model: an HF causal LM (``PreTrainedModel``) in eval mode.
+        layout: a :class:`nopelens.models.hf.HookLayout` (default: found for ``hf_model``).
+
+    Raises:
+        nopelens.models.hf.UnsupportedModelError: when the decoder layers cannot be found.
+    """
+
+    def __init__(self, hf_model: nn.Module, layout: Any = None):
+        super().__init__()
+        from .hf import hook_layout
+
+        config = getattr(hf_model, "config", None)
+        _set_eager(hf_model)
+        self.original_model = hf_model
+        self.cfg = config
+        self.reason: str | None = None  # why the model is hooked rather than bridged
+        self.layout = layout or hook_layout(hf_model)
+        modules = dict(hf_model.named_modules())
+        names: dict[str, tuple[str, str]] = {"hook_embed": (self.layout.embed, "output")}
+        for l, (layer, mixer, attention) in enumerate(zip(self.layout.layers, self.layout.mixers, self.layout.attention)):
+            names[act_name("resid_pre", l)] = (layer, "input")
+            names[act_name("resid_post", l)] = (layer, "output")
+            if mixer is not None:
+                names[act_name("attn_out", l)] = (mixer, "output")
+                if attention:
+                    names[act_name("pattern", l)] = (mixer, "weights")
+            if l < len(self.layout.values) and self.layout.values[l] is not None:
+                names[act_name("v", l)] = (self.layout.values[l], "heads")
+            if l < len(self.layout.outputs) and self.layout.outputs[l] is not None:
+                names[act_name("z", l)] = (self.layout.outputs[l], "input heads")
+        if self.layout.final_norm is not None:
+            names["ln_final.hook_normalized"] = (self.layout.final_norm, "output")
+        self.site_paths = {name: path for name, (path, _) in names.items()}
+        self.points = nn.ModuleDict({_key(name): HookPoint() for name in names})
+        self._handles = []
+        for name, (path, kind) in names.items():
+            module, point = modules[path], self.points[_key(name)]
+            if kind == "input":
+                self._handles.append(module.register_forward_pre_hook(_input_hook(point), with_kwargs=True))
+            elif kind == "input heads":
+                self._handles.append(module.register_forward_pre_hook(_input_hook(point, self.layout.d_head),
+                                                                      with_kwargs=True))
+            else:
+                self._handles.append(module.register_forward_hook(_output_hook(point, kind, self.layout.d_head)))
+        self.setup()
+        self.hook_dict = {name: self.points[_key(name)] for name in names}
+        self.mod_dict.update(self.hook_dict)
+        for name, point in self.hook_dict.items():
+            point.name = name
+
+    def forward(self, tokens: Tensor, attention_mask: Tensor | None = None, position_ids: Tensor | None = None,
+                **kwargs) -> Tensor:
+        if attention_mask is not None and position_ids is None:
+            position_ids = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
+        out = self.original_model(tokens, attention_mask=attention_mask, position_ids=position_ids, use_cache=False,
+                                  **kwargs)
+        return out.logits
+
+    def remove(self) -> None:
+        """Detach the hooks from the wrapped model."""
+        for handle in self._handles:
+            handle.remove()
+        self._handles = []
+
+
+def _by_heads(point: HookPoint, x: Tensor, d_head: int) -> Tensor:
+    """Pass ``[batch, pos, n * d_head]`` through ``point`` as ``[batch, pos, n, d_head]``."""
+    return point(x.view(*x.shape[:-1], -1, d_head)).reshape(x.shape)
+
+
+def _input_hook(point: HookPoint, d_head: int | None = None):
+    def hook(module, args, kwargs):
+        through = (lambda x: _by_heads(point, x, d_head)) if d_head else point
+        if args:
+            return (through(args[0]),) + tuple(args[1:]), kwargs
+        key = "hidden_states" if "hidden_states" in kwargs else "input"
+        return args, {**kwargs, key: through(kwargs[key])}
+
+    return hook
+
+
+def _output_hook(point: HookPoint, kind: str, d_head: int = 0):
+    def hook(module, inputs, output):
+        if kind == "weights":
+            weights = output[1] if isinstance(output, tuple) and len(output) > 1 else None
+            if isinstance(weights, Tensor) and weights.ndim == 4:
+                return (output[0], point(weights)) + tuple(output[2:])
+            return None
+        if kind == "heads":
+            return _by_heads(point, output, d_head)
+        if isinstance(output, tuple):
+            return (point(output[0]),) + output[1:]
+        return point(output)
+
+    return hook
+
+
+def _set_eager(hf_model: nn.Module) -> None:
+    """Eager attention everywhere (it returns the weights), sub-configs included."""
+    for module in hf_model.modules():
+        config = getattr(module, "config", None)
+        if config is not None and hasattr(config, "_attn_implementation"):
+            config._attn_implementation = "eager"
+
+
+def hook_hf_model(hf_model: nn.Module, reason: str | None = None) -> HookedHFModel:
+    """:class:`HookedHFModel` of an HF causal LM, described (one census forward pass) like a bridge.
+
+    Args:
+        hf_model: an HF causal LM.
+        reason: why it is hooked rather than bridged (kept in its description's notes).
+
+    Raises:
+        nopelens.models.hf.UnsupportedModelError: when the decoder layers cannot be found or the
+            model cannot run a forward pass.
+    """
+    from .hf import describe, refusing
+
+    hooked = refusing(lambda: HookedHFModel(hf_model.eval()), type(hf_model).__name__, "hook")
+    hooked.reason = reason
+    describe(hooked)
+    return hooked
+
+
+def bridge_supports(architecture: str) -> bool:
+    """Whether TransformerLens has a bridge adapter for the HF class name ``architecture``
+    (TransformerLens 4.3's private adapter registry, read here and nowhere else)."""
+    from transformer_lens.factories.architecture_adapter_factory import ArchitectureAdapterFactory
+
+    ArchitectureAdapterFactory.discover_entry_points()
+    return architecture in ArchitectureAdapterFactory._adapters
+
+
+def load_hf_model(hf_model: nn.Module, reload: Callable[[], nn.Module] | None = None) -> Any:
+    """The bridge where TransformerLens can bridge the model, else :class:`HookedHFModel`.
+
+    A family nopelens knows the bridge to misread (:func:`nopelens.models.hf.bridge_refused`) or one
+    TransformerLens has no adapter for goes to hooks directly. A bridge that fails while it builds
+    has already rebuilt the model in place, so the hooks need a fresh copy: ``reload`` gives one
+    (e.g. from the directory the model came from); without it, the bridge's refusal stands.
+
+    Raises:
+        nopelens.models.hf.UnsupportedModelError: if neither way can read the model.
+    """
+    from .hf import UnsupportedModelError, bridge_refused
+
+    architecture = type(hf_model).__name__
+    reason = bridge_refused(hf_model)
+    if reason is None and not bridge_supports(architecture):
+        reason = f"TransformerLens has no bridge adapter for {architecture}"
+    if reason is None:
+        from .hf import check_readable, describe
+
+        try:
+            bridge = bridge_hf_model(hf_model)
+            check_readable(describe(bridge))  # e.g. a hybrid whose bridged attention fires no hook_pattern
+            return bridge
+        except UnsupportedModelError as error:
+            if reload is None:
+                raise
+            reason, hf_model = str(error), reload()
+    return hook_hf_model(hf_model, reason)

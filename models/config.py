@@ -22,10 +22,13 @@ from __future__ import annotations
 import dataclasses
 import json
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .methods import METHODS, PositionMethod, get_method, method_names
 from .methods.nope import NoPE
+
+if TYPE_CHECKING:
+    import torch
 
 INPUT_METHODS = method_names(per_layer=False)
 """Methods that add a vector to the input representation (one per model, not per layer)."""
@@ -222,6 +225,40 @@ class DecoderConfig:
     def default_prepend_bos(self) -> bool:
         """``to_tokens`` puts BOS at position 0 unless told not to (nopelens convention)."""
         return True
+
+    @property
+    def n_key_value_heads(self) -> None:
+        """None: every head has its own keys and values (no grouped-query attention), as
+        TransformerLens says it (``transformer_lens.patching`` reads it for ``k``/``v`` sweeps)."""
+        return None
+
+    # Runtime state, not configuration. TransformerLens' tools read the model's device, dtype and
+    # use_attn_result flag from ``model.cfg``. They are not dataclass fields, so they never enter
+    # to_dict(), the JSON, equality, hashing or zoo digests; a Decoder owns a private copy of its
+    # config and keeps them current (on .to(), .half(), ... and set_use_attn_result).
+    @property
+    def device(self) -> "torch.device | None":
+        """Device of the Decoder that owns this config; None for a config no model owns."""
+        return self.__dict__.get("_device")
+
+    @property
+    def dtype(self) -> "torch.dtype | None":
+        """Parameter dtype of the Decoder that owns this config; None for a config no model owns."""
+        return self.__dict__.get("_dtype")
+
+    @property
+    def use_attn_result(self) -> bool:
+        """Whether the owning Decoder computes each head's output ``attn.hook_result``
+        (``Decoder.set_use_attn_result``); False for a config no model owns."""
+        return self.__dict__.get("_use_attn_result", False)
+
+    def _set_runtime(self, **state: Any) -> None:
+        """Set runtime state (``device``, ``dtype``, ``use_attn_result``); only a Decoder calls this,
+        on its own copy of the config."""
+        for name, value in state.items():
+            if name not in ("device", "dtype", "use_attn_result"):
+                raise AttributeError(f"{name!r} is not runtime state of a DecoderConfig")
+            object.__setattr__(self, f"_{name}", value)
 
     def replace(self, **changes: Any) -> "DecoderConfig":
         """A copy with some fields changed (and validated again)."""

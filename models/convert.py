@@ -10,6 +10,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
+from . import hooks
 from .config import DecoderConfig
 from .decoder import Decoder
 
@@ -101,7 +102,7 @@ def _gpt2_state_dict(hf_model: nn.Module, cfg: DecoderConfig) -> dict[str, Tenso
         "unembed.b_U": torch.zeros(cfg.d_vocab, dtype=gpt2.wte.weight.dtype, device=gpt2.wte.weight.device),
     }
     for layer, block in enumerate(gpt2.h):
-        prefix = f"blocks.{layer}"
+        prefix = hooks.block(layer)
         W_qkv, b_qkv = block.attn.c_attn.weight, block.attn.c_attn.bias
         if W_qkv.shape != (d, 3 * d):
             raise ValueError(f"{prefix}: c_attn.weight has shape {tuple(W_qkv.shape)}, expected ({d}, {3 * d})")

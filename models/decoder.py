@@ -1,7 +1,9 @@
 """The hooked decoder: a small pre-norm transformer whose only varying part is the position method.
 
 ``Decoder`` is a TransformerLens ``HookedRootModule``, so ``run_with_cache``, ``hooks()``,
-``run_with_hooks`` and ``names_filter`` work as TransformerLens users expect. Hook and weight names
+``run_with_hooks`` and ``names_filter`` work as TransformerLens users expect, and TransformerLens'
+own tools (``transformer_lens.patching``, ``head_detector``, the ``ActivationCache`` methods) run on
+it; what they need beyond ``HookedRootModule`` lives in :mod:`nopelens.models.tl_compat`. Hook and weight names
 follow TransformerLens (``blocks.{l}.attn.hook_pattern``, ``W_Q [n_heads, d_model, d_head]``).
 Content scores and position contributions are hooked separately (seed
 ``002_c993a97fc3f160f5.txt``, audit step 6):
@@ -13,6 +15,7 @@ Content scores and position contributions are hooked separately (seed
 
 from __future__ import annotations
 
+import copy
 import math
 from dataclasses import dataclass
 
@@ -20,10 +23,9 @@ import torch
 import torch.nn.functional as F
 from jaxtyping import Bool, Float, Int
 from torch import Tensor, nn
-from transformer_lens import ActivationCache, HookedRootModule
 from transformer_lens.hook_points import HookPoint
 
-from . import generation
+from . import generation, tl_compat
 from .config import DecoderConfig
 from .masks import check_rows_have_a_key, visibility
 from .methods import QK_ROTATION, SCORE_BIAS, PositionMethod, get_method
@@ -153,9 +155,8 @@ class Attention(nn.Module):
         self.hook_attn_scores = HookPoint()
         self.hook_pattern = HookPoint()
         self.hook_z = HookPoint()  # [batch, pos, head_index, d_head]
-        self.hook_result = HookPoint()  # [batch, pos, head_index, d_model], when use_attn_result
+        self.hook_result = HookPoint()  # [batch, pos, head_index, d_model], when cfg.use_attn_result
         self.use_fused = True
-        self.use_attn_result = False
 
     @property
     def method(self) -> str:
@@ -203,7 +204,7 @@ class Attention(nn.Module):
         else:
             z = self._fused(q, k, v, query_positions, key_positions, allowed)
         z = self.hook_z(z)
-        if self.use_attn_result:
+        if self.cfg.use_attn_result:
             out = self.hook_result(torch.einsum("bqhe,hed->bqhd", z, self.W_O)).sum(-2)
             return (out + self.b_O if hasattr(self, "b_O") else out), (k_new, v_new)
         out = F.linear(z.flatten(-2), self.W_O.flatten(0, 1).T, getattr(self, "b_O", None))
@@ -306,7 +307,7 @@ class Unembed(nn.Module):
         return F.linear(x, self.W_U.T, getattr(self, "b_U", None))
 
 
-class Decoder(HookedRootModule):
+class Decoder(tl_compat.TransformerLensCompat):
     """Decoder-only transformer with one configurable position method, hooked TransformerLens-style.
 
     Args:
@@ -322,6 +323,9 @@ class Decoder(HookedRootModule):
     hook_rot_q|hook_rot_k|hook_z`` ``[batch, pos, head_index, d_head]``; ``blocks.{l}.attn.
     hook_content_scores|hook_pos_bias|hook_attn_scores|hook_pattern`` ``[batch, head_index,
     query_pos, key_pos]``; ``ln_final.hook_normalized``.
+
+    ``model.cfg`` is the model's own copy of ``cfg`` (equal to it), whose ``device``, ``dtype`` and
+    ``use_attn_result`` follow the model, as TransformerLens' tools read them.
     """
 
     def __init__(
@@ -332,7 +336,8 @@ class Decoder(HookedRootModule):
         dtype: torch.dtype = torch.float32,
     ):
         super().__init__()
-        self.cfg = cfg
+        cfg = self.cfg = copy.copy(cfg)  # its own: .to() and set_use_attn_result update it
+        cfg._set_runtime(use_attn_result=False)
         if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
             raise ValueError(f"dtype must be a real floating torch.dtype such as torch.float32 or torch.bfloat16, "
                              f"got {dtype!r}")
@@ -382,7 +387,9 @@ class Decoder(HookedRootModule):
         position_ids: Int[Tensor, "batch pos"] | None = None,
         stop_at_layer: int | None = None,
         past_kv: KVCache | None = None,
-    ) -> Float[Tensor, "batch pos d_vocab"] | Float[Tensor, "batch pos d_model"]:
+        return_type: str | None = "logits",
+        loss_per_token: bool = False,
+    ):
         """Run the model.
 
         Args:
@@ -396,16 +403,24 @@ class Decoder(HookedRootModule):
                 stream ``[batch, pos, d_model]`` (0 returns the embeddings plus input positions).
             past_kv: a :class:`KVCache`; the new keys and values are appended to it (only once the
                 pass has succeeded).
+            return_type: as in TransformerLens: ``"logits"``, ``"loss"`` (next-token cross
+                entropy of ``tokens``, over pairs of real tokens; see
+                :func:`~nopelens.models.tl_compat.lm_output`), ``"both"`` (``(logits, loss)``) or
+                None (run for the hooks, return nothing).
+            loss_per_token: the loss per position ``[batch, pos - 1]`` instead of its mean.
 
         Returns:
-            Logits ``[batch, pos, d_vocab]``, or the residual stream when ``stop_at_layer`` is set.
+            Logits ``[batch, pos, d_vocab]`` (or the loss, as ``return_type`` says), or the residual
+            stream ``[batch, pos, d_model]`` when ``stop_at_layer`` is set.
 
         Raises:
             TypeError: if tokens, mask or position ids are not integer tensors.
             ValueError: on a token id outside the vocabulary, a wrong shape, a mask that is not
                 0/1, a fully masked row, a negative position, a position past a learned table's
-                ``n_ctx`` rows, or ``stop_at_layer`` outside ``[0, n_layers]`` or with a cache.
+                ``n_ctx`` rows, ``stop_at_layer`` outside ``[0, n_layers]`` or with a cache or a
+                loss, an unknown ``return_type``, or a loss with no two consecutive real tokens.
         """
+        tl_compat.check_return_type(return_type, loss_per_token, stop_at_layer)
         self._check_tokens(tokens)
         batch, n_new = tokens.shape
         if past_kv is None:
@@ -445,9 +460,10 @@ class Decoder(HookedRootModule):
         if stop_at_layer is not None:
             return resid
         logits = self.unembed(self.ln_final(resid))
+        output = tl_compat.lm_output(logits, tokens, attention_mask, return_type, loss_per_token)
         if past_kv is not None:
             self._append_to_cache(past_kv, new_kv, position_ids, attention_mask)
-        return logits
+        return output
 
     def _embed(self, tokens: Tensor, position_ids: Tensor) -> Float[Tensor, "batch pos d_model"]:
         resid = self.hook_embed(F.embedding(tokens, self.embed.W_E))
@@ -511,77 +527,6 @@ class Decoder(HookedRootModule):
         if not 0 <= stop_at_layer <= self.cfg.n_layers:
             raise ValueError(f"stop_at_layer must lie in [0, {self.cfg.n_layers}], got {stop_at_layer}")
         return stop_at_layer
-
-    # ----------------------------------------------------------------------------- TransformerLens API
-    def run_with_cache(self, *args, **kwargs) -> tuple[Tensor, ActivationCache]:
-        """TransformerLens ``run_with_cache``, returning an ``ActivationCache``.
-
-        The cache's methods work as on a TransformerLens model: ``accumulated_resid``,
-        ``decompose_resid``, ``stack_head_results``/``compute_head_results``,
-        ``get_full_resid_decomposition``, ``stack_neuron_results``, ``apply_ln_to_stack``,
-        ``logit_attrs`` and ``logit_lens``. They read ``cfg.normalization_type`` and
-        ``cfg.attn_only``, each norm's ``hook_scale``, and the weights below (``W_U``, ``b_U``,
-        ``blocks.{l}.attn.W_O``, ``blocks.{l}.mlp.W_out``), through :meth:`accumulated_bias` and
-        :meth:`tokens_to_residual_directions`.
-        """
-        out, cache = super().run_with_cache(*args, **kwargs)
-        if not isinstance(cache, DecoderCache):
-            cache = DecoderCache(getattr(cache, "cache_dict", cache), self)
-        return out, cache
-
-    def set_use_attn_result(self, use_attn_result: bool) -> None:
-        """Compute each head's output ``blocks.{l}.attn.hook_result`` ``[batch, pos, head_index,
-        d_model]`` = z_h W_O[h] in the forward pass (TransformerLens' flag; off by default, it
-        costs n_heads times the memory of ``hook_attn_out``). Their sum plus b_O is ``hook_attn_out``.
-        """
-        for block in self.blocks:
-            block.attn.use_attn_result = bool(use_attn_result)
-
-    def accumulated_bias(self, layer: int, mlp_input: bool = False, include_mlp_biases: bool = True) -> Float[Tensor, "d_model"]:
-        """Sum of the output biases written into the residual stream before block ``layer``'s input.
-
-        As TransformerLens' ``accumulated_bias``: b_O of blocks ``0 .. layer - 1`` (and their MLPs'
-        b_out if ``include_mlp_biases``), plus block ``layer``'s b_O when ``mlp_input``. Zero when
-        the model has no biases.
-
-        Raises:
-            ValueError: if ``layer`` is outside ``[0, n_layers]``, or ``mlp_input`` at ``n_layers``.
-        """
-        if not 0 <= layer <= self.cfg.n_layers or (mlp_input and layer == self.cfg.n_layers):
-            raise ValueError(f"layer must lie in [0, {self.cfg.n_layers}] ({self.cfg.n_layers - 1} with mlp_input), got {layer}")
-        total = torch.zeros(self.cfg.d_model, device=self.device, dtype=self.embed.W_E.dtype)
-        for index, block in enumerate(self.blocks[: layer + int(mlp_input)]):
-            total = total + getattr(block.attn, "b_O", 0)
-            if include_mlp_biases and index < layer and block.has_mlp:
-                total = total + getattr(block.mlp, "b_out", 0)
-        return total
-
-    def tokens_to_residual_directions(self, tokens: str | int | Tensor) -> Float[Tensor, "... d_model"]:
-        """The direction of the *normalized* final residual stream that a token's logit reads.
-
-        TransformerLens returns ``W_U[:, tokens]`` and assumes the final norm's weight w was
-        folded into ``W_U``. nopelens keeps w apart, so this returns w * W_U[:, tokens]: dotted
-        with ``cache.apply_ln_to_stack(stack)`` (centred and divided by the cached
-        ``ln_final.hook_scale``), the components sum to the logit minus ``b_U`` minus the final
-        norm's bias read through W_U. ``logit_attrs`` relies on this.
-
-        Args:
-            tokens: a token id, a one-byte string (byte-level models), or int tokens of any shape.
-
-        Returns:
-            ``[d_model]`` for one token, else ``[*tokens.shape, d_model]``.
-        """
-        if isinstance(tokens, str):
-            tokens = self.to_single_token(tokens)
-        if isinstance(tokens, Tensor) and tokens.numel() == 1:
-            tokens = int(tokens.item())
-        if not isinstance(tokens, (int, Tensor)):
-            raise TypeError(f"tokens must be a str, an int or an int tensor, got {type(tokens).__name__}")
-        directions = self.W_U[:, tokens]
-        if isinstance(tokens, Tensor):
-            directions = directions.movedim(0, -1)
-        weight = getattr(self.ln_final, "w", None)
-        return directions * weight if weight is not None else directions
 
     # ----------------------------------------------------------------------------- weights, stacked
     @property
@@ -656,30 +601,11 @@ class Decoder(HookedRootModule):
             raise ValueError(f"{string!r} is {tokens.numel()} tokens, not a single token")
         return int(tokens.item())
 
-    def generate(self, input="", max_new_tokens=10, **kwargs):
-        """Continue a prompt, greedy or sampled, with or without the KV cache (TransformerLens'
-        signature); see :func:`~nopelens.models.generation.generate` for every argument."""
-        return generation.generate(self, input, max_new_tokens, **kwargs)
-
-
-class DecoderCache(ActivationCache):
-    """TransformerLens' ``ActivationCache``, unchanged, except for a clear error where a method
-    reads a part a :class:`Decoder` does not have (MLP neurons of an attention-only model)."""
-
-    def _require_mlp(self, operation: str) -> None:
-        if self.model.cfg.attn_only:
-            raise ValueError(
-                f"{operation}: this model is attention-only (d_mlp=0), so it has no MLP neurons; "
-                "use decompose_resid or stack_head_results"
-            )
-
-    def get_neuron_results(self, *args, **kwargs):
-        self._require_mlp("get_neuron_results")
-        return super().get_neuron_results(*args, **kwargs)
-
-    def stack_neuron_results(self, *args, **kwargs):
-        self._require_mlp("stack_neuron_results")
-        return super().stack_neuron_results(*args, **kwargs)
+    def generate(self, input="", max_new_tokens=10, *args, **kwargs):
+        """Continue a prompt, greedy or sampled, with or without the KV cache (the arguments of
+        TransformerLens' ``TransformerBridge.generate``, in its order); see
+        :func:`~nopelens.models.generation.generate` for every argument."""
+        return generation.generate(self, input, max_new_tokens, *args, **kwargs)
 
 
 def _is_hooked(hook: HookPoint | None) -> bool:

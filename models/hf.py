@@ -25,12 +25,15 @@ Llama 4 (complex multiplication) do.
 from __future__ import annotations
 
 import math
+import re
 import weakref
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable
 
 import torch
 from torch import Tensor
+
+from .hooks import act_name
 
 PAIRINGS = ("half", "interleaved")
 INTERLEAVED_FAMILIES = ("gptj", "codegen", "cohere", "cohere2", "glm", "llama4_text", "llama4")
@@ -46,8 +49,50 @@ class UnsupportedModelError(ValueError):
 
 
 @dataclass(frozen=True)
+class QueryScale:
+    """A position-dependent factor tau(p) on a layer's queries (a temperature on its scores).
+
+    Attributes:
+        kind: ``llama4`` (``Llama4TextAttention``: tau = 1 + attn_scale * log1p(floor((p + 1) /
+            floor_scale)) on NoPE layers, ``transformers/models/llama4/modeling_llama4.py``) or
+            ``beam`` (``compute_attention_scaling``: tau = exp(0.1 * log1p((p + 1) / 2048)), i.e.
+            (1 + (p + 1) / 2048) ** 0.1, ``transformers/models/beam/modeling_beam.py``).
+        by: what p counts: ``index`` (Llama 4 counts the token's index, ``arange(seq_len) +
+            past_seen_tokens``, not its position id, so left padding shifts it) or ``position``
+            (Beam reads ``position_ids``).
+        floor_scale, attn_scale: Llama 4's parameters.
+
+    Example:
+        >>> [round(t, 6) for t in QueryScale("llama4", "index", 4, 0.1).factor(torch.arange(8)).tolist()[2:5]]
+        [1.0, 1.069315, 1.069315]
+        >>> round(float(QueryScale("beam", "position").factor(torch.tensor([2047]))), 6)
+        1.071773
+    """
+
+    kind: str
+    by: str
+    floor_scale: float | None = None
+    attn_scale: float | None = None
+
+    def factor(self, p: Tensor) -> Tensor:
+        """tau(p) in float64 for positions (or indices) ``p``."""
+        p = p.double()
+        if self.kind == "llama4":
+            return 1.0 + self.attn_scale * torch.log1p(torch.floor((p + 1.0) / self.floor_scale))
+        if self.kind == "beam":
+            return torch.exp(0.1 * torch.log1p((p + 1.0) / 2048.0))
+        raise ValueError(f"unknown query scale {self.kind!r}")
+
+    def describe(self) -> str:
+        if self.kind == "llama4":
+            return (f"queries times 1 + {self.attn_scale:g} log1p(floor((i + 1) / {self.floor_scale:g})), i the token's "
+                    "index (Llama 4 temperature tuning)")
+        return "queries times (1 + (p + 1) / 2048)^0.1, p the position id (Beam's scalable softmax)"
+
+
+@dataclass(frozen=True)
 class LayerPosition:
-    """How one attention layer uses positions.
+    """How one layer uses positions (its attention, or another mixer).
 
     Attributes:
         method: ``nope`` (only the causal mask), ``rope`` (rotated q/k), ``alibi`` (score bias) or
@@ -59,8 +104,26 @@ class LayerPosition:
         bias_scale: factor on the ALiBi bias (Falcon multiplies q.k + bias by 1/sqrt(d_head)).
         score_scale: factor on q.k in the scores (1/sqrt(d_head) unless the family says otherwise).
         softcap: scores become softcap * tanh(scores / softcap) (Gemma 2 ``attn_logit_softcapping``).
-        sliding_window: keys further back than this are masked (None: full causal attention).
+        sliding_window: key j is visible to query i only when i - j < sliding_window (None: no
+            window); see :mod:`nopelens.models.masks`.
+        chunk_size: key j is visible to query i only when i // chunk_size == j // chunk_size
+            (Llama 4's ``attention_chunk_size`` on its ``chunked_attention`` layers), or None.
         rope_type: HF's ``rope_type``; only ``default`` (unscaled) has a nopelens reference.
+        mixer: ``attention`` (softmax attention with a pattern), ``linear_attention`` (a
+            linear-attention or state-space mixer: Mamba, Gated DeltaNet, KDA; it takes no position
+            ids, so its method is ``nope``) or ``none`` (an MLP-only block).
+        rotary_start: first rotated dim of each q/k head (0; MLA heads are ``[nope | rope]``, so
+            the rotated slice starts at ``qk_nope_head_dim``).
+        query_scale: a position-dependent factor on the queries (:class:`QueryScale`), or None.
+        sink: how the layer adds an attention sink besides token 0: None, ``learned`` (one logit
+            per head in the softmax denominator, so rows sum to 1 - p_sink: GPT-OSS), ``output_scale``
+            (the same logit applied as a sigmoid(lse - s_h) scale on the output, so the returned
+            pattern still sums to 1: Granite SWA) or ``per_token`` (a logit per query token,
+            projected from its hidden state: Inkling 2).
+        relative_bias: keys closer than this get a learned bias by distance, none beyond
+            (Inkling 2's ``rel_extent``), or None.
+        qk_reference: why the hooked q and k cannot be held against nopelens' reference rotation
+            (e.g. MLA's shared key slice), or None; the detector still measures the layer.
     """
 
     method: str
@@ -72,7 +135,21 @@ class LayerPosition:
     bias_scale: float = 1.0
     softcap: float | None = None
     sliding_window: int | None = None
+    chunk_size: int | None = None
     rope_type: str = "default"
+    mixer: str = "attention"
+    rotary_start: int = 0
+    query_scale: "QueryScale | None" = None
+    sink: str | None = None
+    relative_bias: int | None = None
+    qk_reference: str | None = None
+
+    @property
+    def key_window(self) -> "KeyWindow":
+        """The layer's window and chunk as the mask rule of :mod:`nopelens.models.masks`."""
+        from .masks import KeyWindow
+
+        return KeyWindow(self.sliding_window, self.chunk_size)
 
     @property
     def unit(self):
@@ -125,6 +202,11 @@ class HFDescription:
         scores_hook: ``hook_attn_scores`` holds the pre-softmax scores behind ``hook_pattern``.
         causal_under_mask: future keys got zero weight with an ``attention_mask`` passed.
         notes: what the description could not verify, or knows to be approximate.
+        adapter: how the model is hooked: ``TransformerBridge``, or ``forward hooks``
+            (:class:`nopelens.models.adapters.HookedHFModel`, where the bridge refuses it; no
+            q, k or pre-softmax scores are hooked then).
+        cache_unreadable: why decoding through the hooked model's KV cache is not the model's own
+            (:data:`BRIDGE_CACHE_BROKEN`), or None.
     """
 
     architecture: str
@@ -148,11 +230,18 @@ class HFDescription:
     scores_hook: bool = True
     causal_under_mask: bool = True
     notes: tuple[str, ...] = ()
+    adapter: str = "TransformerBridge"
+    cache_unreadable: str | None = None
 
     @property
     def layer_methods(self) -> tuple[str, ...]:
         """Per-layer attention method names, e.g. SmolLM3 ``('rope', 'rope', 'rope', 'nope')``."""
         return tuple(layer.method for layer in self.layers)
+
+    def key_windows(self) -> dict[int, "KeyWindow"]:
+        """Layer -> its sliding window or chunk, for every layer that has one (the sink and
+        variance reads take this as ``windows``)."""
+        return {l: layer.key_window for l, layer in enumerate(self.layers) if not layer.key_window.causal_only}
 
     def fires(self, site: str) -> bool:
         """True if the hook ``site`` fired in the census (hook points that never fire are untrusted)."""
@@ -160,7 +249,7 @@ class HFDescription:
 
     def rotated_qk_sites(self, layer: int) -> tuple[str, str] | None:
         """``hook_rot_q``/``hook_rot_k`` of a RoPE layer when the bridge fires them, else None."""
-        names = (f"blocks.{layer}.attn.hook_rot_q", f"blocks.{layer}.attn.hook_rot_k")
+        names = (act_name("rot_q", layer), act_name("rot_k", layer))
         if self.layers[layer].rotates and all(self.fires(n) for n in names):
             return names
         return None
@@ -190,6 +279,8 @@ def describe_config(config: Any, architecture: str | None = None) -> HFDescripti
     n_heads = int(_first(config, "num_attention_heads", "n_head", "num_heads", "attention_heads", "n_heads"))
     d_model = int(_first(config, "hidden_size", "n_embd", "d_model"))
     d_head = int(getattr(config, "head_dim", None) or d_model // n_heads)
+    if family in MLA_FAMILIES:
+        d_head = int(config.qk_nope_head_dim + config.qk_rope_head_dim)
     n_kv = _first(config, "num_key_value_heads", "num_kv_heads", default=None)
     if family in ("falcon",) and not getattr(config, "new_decoder_architecture", False):
         n_kv = 1 if getattr(config, "multi_query", False) else n_heads
@@ -233,36 +324,167 @@ def _input_position(config: Any, family: str) -> tuple[str | None, int | None]:
 
 def _layer(config: Any, family: str, layer: int, d_head: int) -> LayerPosition:
     scale = _score_scale(config, family, layer, d_head)
-    window = _sliding_window(config, layer)
+    window, chunk = _key_window(config, layer)
     softcap = getattr(config, "attn_logit_softcapping", None)
-    common = dict(score_scale=scale, sliding_window=window, softcap=float(softcap) if softcap else None)
+    common = dict(score_scale=scale, sliding_window=window, chunk_size=chunk, mixer=_mixer(config, layer),
+                  softcap=float(softcap) if softcap else None, sink=_sink(config, family, layer),
+                  relative_bias=_relative_bias(config, family, layer))
     plain = LayerPosition(_layer_method(config, family, layer), **common)
     if plain.biases_scores:
         slopes, bias_scale = _alibi(config, family, d_head)
         return replace(plain, alibi_slopes=slopes, bias_scale=bias_scale)
     if not plain.rotates:  # NoPE, or a method nopelens does not know (nothing about it is verified)
-        return plain
+        return replace(plain, query_scale=_query_scale(config, family, layer),
+                       qk_reference=MLA_REFERENCE if family in MLA_FAMILIES else None)
     base, fraction, rope_type = _rope_parameters(config, family, layer)
+    pairing = "interleaved" if family in INTERLEAVED_FAMILIES else "half"
+    if family in MLA_FAMILIES:  # heads are [nope | rope]; the rope slice of k is one head shared by all
+        rotary_dim, start = int(config.qk_rope_head_dim), int(config.qk_nope_head_dim)
+        pairing = "interleaved" if getattr(config, "rope_interleave", False) else pairing
+        return replace(plain, rotary_dim=rotary_dim, rotary_base=base, pairing=pairing, rope_type=rope_type,
+                       rotary_start=start, qk_reference=MLA_REFERENCE)
     rotary_dim = int(getattr(config, "rotary_dim", None) or round(d_head * fraction))
     rotary_dim -= rotary_dim % 2
-    pairing = "interleaved" if family in INTERLEAVED_FAMILIES else "half"
+    if family in TRAILING_ROPE_FAMILIES:
+        return replace(plain, rotary_dim=rotary_dim, rotary_base=base, pairing="interleaved", rope_type=rope_type,
+                       rotary_start=d_head - rotary_dim, qk_reference=(
+                           "the rotated slice is the trailing rotary_dim dims of each head (DeepSeek V4's "
+                           "[nope | rope] layout); nopelens' reference rotation covers the leading dims"))
     return replace(plain, rotary_dim=rotary_dim, rotary_base=base, pairing=pairing, rope_type=rope_type)
 
 
+NON_ATTENTION_TYPES = {"linear_attention": "linear_attention", "mamba": "linear_attention", "moe": "none",
+                       "mlp": "none"}
+"""``config.layer_types`` entries (transformers normalizes hybrids' block types to these) that are
+no softmax attention: linear attention and state-space mixers (Mamba, Gated DeltaNet, KDA), and
+MLP-only blocks (Nemotron-H)."""
+
+NO_ROPE_LAYER_FAMILIES = ("smollm3", "llama4_text", "llama4", "mistral_large4_text")
+"""``no_rope_layers[l]``: 1 = layer l rotates, 0 = NoPE (``self.use_rope = config.no_rope_layers[layer_idx]``
+in ``transformers/models/smollm3/modeling_smollm3.py`` and ``llama4/modeling_llama4.py``; the
+SmolLM3 config docstring says the same, and the detector measures it)."""
+ROPE_IF_SLIDING = ("cohere2", "flint", "lara_mini")
+"""RoPE only in sliding-window layers, NoPE in full ones (``if self.sliding_window is not None:``
+in ``cohere2/modeling_cohere2.py`` and ``flint/modeling_flint.py``; ``lara_mini/modeling_lara_mini.py``
+passes ``position_embeddings=None`` to its global layers)."""
+ROPE_UNLESS_GLOBAL = ("exaone4", "exaone_moe", "kolibri1")
+"""``if self.sliding_window is None or self.is_sliding:`` rotate (``exaone4/modeling_exaone4.py``):
+with a window, the full-attention layers are NoPE; without one, every layer rotates."""
+LAYER_THETA_FAMILIES = ("granite_swa", "granitemoe_swa", "muse_glimmer_text", "muse_spark_text")
+"""``layer_rope_theta[l]`` is layer l's RoPE base; 0 = NoPE (``granite_swa/configuration_granite_swa.py``;
+the model passes ``position_embeddings=None`` to such a layer)."""
+NOPE_ATTENTION_FAMILIES = ("jamba", "kimi_linear", "nemotron_h", "zamba", "inkling2_text")
+"""Attention with no rotary embedding at all (``kimi_linear/modeling_kimi_linear.py`` keeps MLA's
+``k_rot`` slice but never rotates it; Jamba, Nemotron-H and Zamba attention apply none; Inkling 2
+has a relative bias instead)."""
+MLA_FAMILIES = ("deepseek_v2", "deepseek_v3", "deepseek_v32", "glm4_moe_lite", "minicpm3", "youtu",
+                "longcat_flash", "sarvam_mla", "mistral_large4_text")
+"""Multi-head latent attention (``deepseek_v3/modeling_deepseek_v3.py``): q and k heads are
+``[qk_nope_head_dim | qk_rope_head_dim]``; only the last slice rotates, and k's rotated slice is one
+head broadcast to all."""
+
+
+TRAILING_ROPE_FAMILIES = ("deepseek_v4",)
+"""Heads laid out ``[nope | rope]`` with the rotated slice last (``apply_rotary_pos_emb`` of
+``deepseek_v4/modeling_deepseek_v4.py`` rotates ``x[..., -rope_dim:]``)."""
+
+MLA_REFERENCE = ("multi-head latent attention: the rotated slice is the last qk_rope_head_dim dims of each head and "
+                 "one rotated key slice is shared by every head; nopelens' reference rotation covers leading dims of "
+                 "per-head q and k")
+
+
+GRANITE_ROTARY_TYPES = frozenset({"rope"})
+"""GraniteMoeHybrid's ``position_embedding_type`` values that build a rotary embedding (None: NoPE)."""
+
+
+def _layer_type(config: Any, layer: int) -> str | None:
+    kinds = getattr(config, "layer_types", None)
+    return kinds[layer] if kinds is not None and layer < len(kinds) else None
+
+
+def _mixer(config: Any, layer: int) -> str:
+    return NON_ATTENTION_TYPES.get(_layer_type(config, layer) or "", "attention")
+
+
+def _rotates(config: Any, family: str, layer: int) -> bool | None:
+    """Whether an attention layer rotates q and k by its family's rule; None: no per-layer rule."""
+    kind = _layer_type(config, layer)
+    if family in NO_ROPE_LAYER_FAMILIES and getattr(config, "no_rope_layers", None) is not None:
+        return bool(config.no_rope_layers[layer])
+    if family in ROPE_IF_SLIDING:
+        return kind == "sliding_attention"
+    if family == "cohere2_moe":  # cohere2_moe/modeling_cohere2_moe.py: dense prefix layers may be forced to rotate
+        forced = (config.mlp_layer_types[layer] == "dense" and config.prefix_dense_sliding_window_pattern == 1)
+        return kind == "sliding_attention" or forced
+    if family in ROPE_UNLESS_GLOBAL:
+        return getattr(config, "sliding_window", None) is None or kind == "sliding_attention"
+    if family in LAYER_THETA_FAMILIES:
+        return bool(config.layer_rope_theta[layer])
+    if family == "beam":  # beam/modeling_beam.py: rope_parameters[layer_type] None = NoPE (with a query scale)
+        return config.rope_parameters.get(kind) is not None
+    if family == "olmo_hybrid":  # OlmoHybridModel builds no rotary_emb when rope_theta is None
+        params = getattr(config, "rope_parameters", None) or {}
+        return kind == "full_attention" and params.get("rope_theta") is not None
+    if family == "granitemoehybrid":  # GraniteMoeHybridModel: rotary_emb only for position_embedding_type "rope"
+        return getattr(config, "position_embedding_type", None) in GRANITE_ROTARY_TYPES
+    if family == "zamba2":  # Zamba2Model: rotary_emb only with use_mem_rope
+        return bool(getattr(config, "use_mem_rope", False))
+    if family in NOPE_ATTENTION_FAMILIES:
+        return False
+    return None
+
+
 def _layer_method(config: Any, family: str, layer: int) -> str:
-    """``nope``/``rope``/``alibi`` of one layer (per-layer NoPE: SmolLM3, Llama 4, Cohere2)."""
-    if family in LEARNED_FAMILIES or family == "xglm":
+    """``nope``/``rope``/``alibi`` of one layer (per family: see the rule tables above)."""
+    if family in LEARNED_FAMILIES or family == "xglm" or _mixer(config, layer) != "attention":
         return "nope"
     if family in ALIBI_FAMILIES or (family == "falcon" and getattr(config, "alibi", False)):
         return "alibi"
-    no_rope = getattr(config, "no_rope_layers", None)
-    if no_rope is not None:  # SmolLM3 and Llama 4: 1 = this layer uses RoPE, 0 = NoPE
-        return "rope" if no_rope[layer] else "nope"
-    if family == "cohere2":  # Cohere2Attention rotates only when the layer has a sliding window
-        return "rope" if config.layer_types[layer] == "sliding_attention" else "nope"
+    rotates = _rotates(config, family, layer)
+    if rotates is not None:
+        return "rope" if rotates else "nope"
     if getattr(config, "rope_parameters", None) or getattr(config, "rope_theta", None) or family in ("gptj", "codegen"):
         return "rope"
     return "unknown"
+
+
+LEARNED_SINK_FAMILIES = ("gpt_oss", "flint", "hy_v4", "deepseek_v4")
+"""One learned logit per head in every layer's softmax denominator (``sinks`` in
+``gpt_oss/modeling_gpt_oss.py``); MiMo-V2-Flash has it in sliding layers only."""
+
+
+SINKS_IN_THE_SOFTMAX = frozenset({"learned"})
+"""Sink kinds whose logit is known and sits in the softmax denominator (the pattern sums to 1 - p_sink)."""
+
+
+def _sink(config: Any, family: str, layer: int) -> str | None:
+    if family in LEARNED_SINK_FAMILIES:
+        return "learned"
+    if family == "mimo_v2_flash":  # MiMoV2FlashAttention: self.sinks only when is_swa
+        return "learned" if _layer_type(config, layer) == "sliding_attention" else None
+    if family in ("granite_swa", "granitemoe_swa"):  # eager_attention_forward: sigmoid(lse - sinks) on the output
+        return "output_scale"
+    if family == "inkling2_text":  # Inkling2*Attention: sinks = sink_proj(hidden_states), one logit per token
+        return "per_token"
+    return None
+
+
+def _relative_bias(config: Any, family: str, layer: int) -> int | None:
+    """Inkling 2: a bias by distance i - j for 0 <= i - j < rel_extent, zero beyond
+    (``Inkling2RelativePositionBias``; sliding layers use the window as extent). The distance is
+    counted in token indices (``get_relative_distance``), not position ids."""
+    if family != "inkling2_text":
+        return None
+    sliding = _layer_type(config, layer) == "hybrid_sliding"
+    return int(config.sliding_window_size if sliding else config.rel_extent)
+
+
+def _query_scale(config: Any, family: str, layer: int) -> QueryScale | None:
+    if family in ("llama4_text", "llama4") and getattr(config, "attn_temperature_tuning", False):
+        return QueryScale("llama4", "index", float(config.floor_scale), float(config.attn_scale))
+    if family == "beam":
+        return QueryScale("beam", "position")
+    return None
 
 
 def _rope_parameters(config: Any, family: str, layer: int) -> tuple[float, float, str]:
@@ -272,6 +494,8 @@ def _rope_parameters(config: Any, family: str, layer: int) -> tuple[float, float
         params = dict(params[layer_types[layer]])
     rope_type = str(params.get("rope_type", "default"))
     base = params.get("rope_theta", getattr(config, "rope_theta", None) or getattr(config, "rotary_emb_base", 10000.0))
+    if family in LAYER_THETA_FAMILIES:  # Granite SWA: each layer's own base, over the global one
+        base = config.layer_rope_theta[layer]
     fraction = params.get("partial_rotary_factor", getattr(config, "partial_rotary_factor", None)
                           or getattr(config, "rotary_pct", None) or 1.0)
     return float(base), float(fraction), rope_type
@@ -281,8 +505,10 @@ def _score_scale(config: Any, family: str, layer: int, d_head: int) -> float:
     """The factor on q.k in the scores, by the family's own formula."""
     if family == "gpt_neo":  # GPTNeoSelfAttention does not scale q.k
         return 1.0
-    if family == "granite":  # GraniteAttention: self.scaling = config.attention_multiplier
-        return float(config.attention_multiplier)
+    if family in ("granite", "granite_swa", "granitemoe_swa", "granitemoe", "granitemoehybrid"):
+        return float(config.attention_multiplier)  # GraniteAttention: self.scaling = config.attention_multiplier
+    if family in MLA_FAMILIES:  # DeepseekV3Attention: qk_head_dim ** -0.5 (times yarn's mscale^2 if scaled)
+        return float(config.qk_nope_head_dim + config.qk_rope_head_dim) ** -0.5
     if getattr(config, "query_pre_attn_scalar", None):  # Gemma 2/3: query_pre_attn_scalar ** -0.5
         return float(config.query_pre_attn_scalar) ** -0.5
     if family == "mpt" and config.attn_config.softmax_scale is not None:
@@ -295,12 +521,27 @@ def _score_scale(config: Any, family: str, layer: int, d_head: int) -> float:
     return scale
 
 
-def _sliding_window(config: Any, layer: int) -> int | None:
+def _key_window(config: Any, layer: int) -> tuple[int | None, int | None]:
+    """(sliding window, chunk) of a layer, as transformers picks its mask.
+
+    A model's forward builds one mask per layer type (``causal_mask_mapping`` in e.g.
+    ``transformers/models/cohere2/modeling_cohere2.py``): ``sliding_attention`` layers get
+    ``create_sliding_window_causal_mask`` with ``config.sliding_window``, ``chunked_attention``
+    layers ``create_chunked_causal_mask`` with ``config.attention_chunk_size``
+    (``transformers/masking_utils.py``), every other layer the causal mask. A config without
+    ``layer_types`` windows every layer when it sets ``sliding_window`` (Mistral before layer types).
+    """
     window = getattr(config, "sliding_window", None)
     layer_types = getattr(config, "layer_types", None)
-    if window is None or (layer_types is not None and layer_types[layer] != "sliding_attention"):
-        return None
-    return int(window)
+    kind = layer_types[layer] if layer_types is not None else None
+    if getattr(config, "model_type", "") == "inkling2_text":  # Inkling2SlidingAttention: sliding_window_size
+        return (int(config.sliding_window_size) if kind == "hybrid_sliding" else None), None
+    if kind == "chunked_attention":
+        chunk = getattr(config, "attention_chunk_size", None)
+        return None, (int(chunk) if chunk else None)
+    if window is None or (kind is not None and kind != "sliding_attention"):
+        return None, None
+    return int(window), None
 
 
 def _alibi(config: Any, family: str, d_head: int) -> tuple[tuple[float, ...], float]:
@@ -338,16 +579,23 @@ def mpt_alibi_slopes(n_heads: int, alibi_bias_max: float = 8.0) -> Tensor:
     return slopes
 
 
+PER_HEAD_QK_NORM = ("qwen3", "gemma3_text", "gemma3", "qwen3_next", "exaone4", "flint", "beam")
+"""Families whose attention normalizes q and k per head before the rotation (``self.q_norm`` on
+``head_dim``, e.g. ``qwen3_next/modeling_qwen3_next.py``)."""
+
+
 def _qk_norm(config: Any, family: str) -> tuple[str | None, str, str]:
     """Where q/k are normalized, and the hooks that hold the q/k entering the scores.
 
     The bridge's ``hook_q``/``hook_k`` are the projection outputs, *before* any q/k norm; a norm
     the bridge hooks (Qwen3, OLMo-2, Gemma 3) is read from ``hook_q_normed``/``hook_k_normed``.
     """
-    if family in ("qwen3", "gemma3_text", "gemma3") or (family == "cohere" and getattr(config, "use_qk_norm", False)):
+    if family in PER_HEAD_QK_NORM or (family == "cohere" and getattr(config, "use_qk_norm", False)):
         return "per-head", "hook_q_normed", "hook_k_normed"
     if family == "olmo2":
         return "full-width", "hook_q_normed", "hook_k_normed"
+    if family == "olmo_hybrid":  # OlmoHybridAttention normalizes the whole projection; its bridge hooks the norm
+        return "full-width", "q_norm.hook_out", "k_norm.hook_out"
     if family in ("llama4_text", "llama4") and getattr(config, "use_qk_norm", False):
         return "l2 after rope", "hook_q", "hook_k"
     if getattr(config, "qk_layernorm", False) or (family == "mpt" and config.attn_config.qk_ln):
@@ -357,11 +605,105 @@ def _qk_norm(config: Any, family: str) -> tuple[str | None, str, str]:
 
 def _notes(config: Any, family: str) -> tuple[str, ...]:
     notes = []
+    if family == "inkling2_text":
+        notes.append("Inkling 2 adds a learned bias by token-index distance i - j < rel_extent (none beyond) and a "
+                     "short convolution over neighbouring tokens' keys and values; neither reads position ids, so "
+                     "the per-layer detector cannot see them and no audit step verifies them")
     if family in ("llama4_text", "llama4") and getattr(config, "attn_temperature_tuning", False):
         floor = int(config.floor_scale)
         notes.append(f"Llama 4 scales NoPE-layer queries by 1 + attn_scale * log(1 + floor((p + 1) / {floor})): "
                      f"exactly 1 below position {floor - 1}")
     return tuple(notes)
+
+
+# ----------------------------------------------------------------------------- hooks without the bridge
+BRIDGE_REFUSED = {
+    "granitemoehybrid": "TransformerLens 4.3's GraniteMoeHybrid bridge cannot run its forward pass "
+                        "(its rotary_emb component is never set)",
+}
+"""Families TransformerLens has an adapter for but cannot run or read right: they go to forward hooks."""
+
+BRIDGE_CACHE_BROKEN = {
+    "qwen3_next": "TransformerLens 4.3's Qwen3-Next bridge loses the linear-attention state between cached "
+                  "steps (its decoding diverges from the full forward while the HF model's own does not), so "
+                  "cached decoding through the bridge is not the model's",
+}
+"""Bridged families whose forward is right but whose KV-cache decoding through the bridge is not."""
+
+MIXER_NAMES = ("self_attn", "attention", "attn", "self_attention", "linear_attn", "mamba", "mixer")
+"""Child names of a decoder layer's attention or other sequence mixer, in the order looked for."""
+
+
+@dataclass(frozen=True)
+class HookLayout:
+    """Where :class:`nopelens.models.adapters.HookedHFModel` hooks an HF causal LM (module paths).
+
+    Attributes:
+        embed: the token embedding.
+        layers: each decoder layer.
+        mixers: each layer's attention or other mixer (None for an MLP-only block).
+        attention: whether that mixer is softmax attention returning its weights.
+        final_norm: the norm before the unembedding, or None.
+        values, outputs: each attention's value projection (``v_proj``, whose output is
+            ``hook_v``) and output projection (``o_proj``, whose input is ``hook_z``), or None.
+        d_head: the head size ``hook_v``/``hook_z`` are split by.
+    """
+
+    embed: str
+    layers: tuple[str, ...]
+    mixers: tuple[str | None, ...]
+    attention: tuple[bool, ...]
+    final_norm: str | None
+    values: tuple[str | None, ...] = ()
+    outputs: tuple[str | None, ...] = ()
+    d_head: int = 0
+
+
+def hook_layout(hf_model: Any) -> HookLayout:
+    """Find the embedding, decoder layers, mixers and final norm of an HF causal LM.
+
+    The decoder layers are the ``nn.ModuleList`` with one entry per ``num_hidden_layers`` (the
+    one under ``model.layers`` where there is one); a layer's mixer is its first child named as in
+    :data:`MIXER_NAMES`; it is attention when the config says so (:func:`describe_config`).
+
+    Raises:
+        UnsupportedModelError: if no such layer list (or embedding) is found.
+    """
+    from torch import nn
+
+    static = describe_config(hf_model.config, type(hf_model).__name__)
+    modules = dict(hf_model.named_modules())
+    lists = [name for name, m in modules.items() if isinstance(m, nn.ModuleList) and len(m) == static.n_layers]
+    if not lists:
+        raise UnsupportedModelError(f"cannot find the {static.n_layers} decoder layers of {static.architecture}")
+    root = min(lists, key=lambda name: (not name.endswith("layers"), name.count("."), name))
+    layers = tuple(f"{root}.{l}" for l in range(static.n_layers))
+    mixers = []
+    for path in layers:
+        children = dict(modules[path].named_children())
+        mixers.append(next((f"{path}.{n}" for n in MIXER_NAMES if n in children), None))
+    embedding = hf_model.get_input_embeddings()
+    embed = next((name for name, m in modules.items() if m is embedding), None)
+    if embed is None:
+        raise UnsupportedModelError(f"cannot find the token embedding of {static.architecture}")
+    prefix = root.rsplit(".", 1)[0] if "." in root else ""
+    norm = next((f"{prefix}.{n}".lstrip(".") for n in ("norm", "final_layernorm", "ln_f", "final_norm")
+                 if f"{prefix}.{n}".lstrip(".") in modules), None)
+    attention = tuple(layer.mixer == "attention" and mixer is not None for layer, mixer in zip(static.layers, mixers))
+
+    def child(mixer: str | None, name: str, is_attention: bool) -> str | None:
+        path = f"{mixer}.{name}"
+        return path if is_attention and path in modules and isinstance(modules[path], nn.Linear) else None
+
+    values = tuple(child(m, "v_proj", a) for m, a in zip(mixers, attention))
+    outputs = tuple(child(m, "o_proj", a) for m, a in zip(mixers, attention))
+    v_head = int(getattr(hf_model.config, "v_head_dim", None) or static.d_head)  # MiMo-V2-Flash: v != q/k heads
+    return HookLayout(embed, layers, tuple(mixers), attention, norm, values, outputs, v_head)
+
+
+def bridge_refused(hf_model: Any) -> str | None:
+    """Why a family goes to forward hooks although TransformerLens has an adapter for it, or None."""
+    return BRIDGE_REFUSED.get(str(getattr(getattr(hf_model, "config", None), "model_type", "")))
 
 
 POSITION_TABLES = ("transformer.wpe", "model.decoder.embed_positions", "transformer.positions_embed")
@@ -398,7 +740,10 @@ CENSUS_LENGTH = 6
 
 
 def describe(bridge: Any) -> HFDescription:
-    """The full description of a bridged HF causal LM: config plus one census forward pass.
+    """The full description of a hooked HF causal LM: config plus one census forward pass.
+
+    ``bridge`` is a ``TransformerBridge`` or a :class:`nopelens.models.adapters.HookedHFModel`
+    (then ``adapter`` is ``forward hooks`` and ``scores_hook`` False: no pre-softmax scores).
 
     The result is remembered per bridge.
 
@@ -410,7 +755,14 @@ def describe(bridge: Any) -> HFDescription:
         return _DESCRIPTIONS[bridge]
     hf = bridge.original_model
     static = describe_config(hf.config, type(hf).__name__)
+    hooked = not hasattr(bridge, "blocks")  # a HookedHFModel: PyTorch hooks, no bridge
+    extra = {} if hooked else {"cache_unreadable": BRIDGE_CACHE_BROKEN.get(static.family)}
+    if hooked:
+        reason = getattr(bridge, "reason", None)
+        extra = dict(adapter="forward hooks", scores_hook=False,
+                     notes=static.notes + ((f"hooked with PyTorch forward hooks: {reason}",) if reason else ()))
     description = replace(static, **census(bridge, static), position_ids_hook=_position_ids_hook(bridge))
+    description = replace(description, **extra)
     _DESCRIPTIONS[bridge] = description
     return description
 
@@ -440,10 +792,10 @@ def census(bridge: Any, static: HFDescription) -> dict[str, Any]:
         with torch.no_grad():
             bridge(tokens, attention_mask=torch.ones_like(tokens))
     except Exception as error:  # a bridge that builds but cannot run is refused, whatever it raised
-        raise UnsupportedModelError(
-            f"TransformerLens bridges {static.architecture} but its forward pass fails "
-            f"({type(error).__name__}: {_one_line(error)})"
-        ) from None
+        who = (f"TransformerLens bridges {static.architecture}" if hasattr(bridge, "blocks")
+               else f"nopelens hooks {static.architecture}")
+        raise UnsupportedModelError(f"{who} but its forward pass fails ({type(error).__name__}: {_one_line(error)})"
+                                    ) from None
     finally:
         bridge.train(was_training)
         for point, handle in handles:
@@ -452,18 +804,68 @@ def census(bridge: Any, static: HFDescription) -> dict[str, Any]:
                 point.fwd_hooks.remove(handle)
     future = torch.triu(torch.ones(length, length, dtype=torch.bool, device=device), 1)
     scores_ok, causal = True, True
+    try:
+        sinks = learned_sinks(bridge.original_model, static)
+    except UnsupportedModelError:
+        sinks = None
     for layer in range(static.n_layers):
-        pattern = captured.get(f"blocks.{layer}.attn.hook_pattern")
-        scores = captured.get(f"blocks.{layer}.attn.hook_attn_scores")
+        pattern = captured.get(act_name("pattern", layer))
+        scores = captured.get(act_name("attn_scores", layer))
         if pattern is None:
             continue
         causal &= float(pattern[..., future].abs().max()) == 0.0
-        if scores is None or torch.equal(scores, pattern):
+        if scores is None or torch.equal(scores, pattern) or sinks is None:
             scores_ok = False
             continue
-        recomputed = scores.double().masked_fill(future, float("-inf")).softmax(-1)
-        scores_ok &= float((recomputed - pattern.double()).abs().max()) < 1e-4
+        sink = sinks.get(layer) if static.layers[layer].sink in SINKS_IN_THE_SOFTMAX else None
+        recomputed = softmax_with_sink(scores.double().masked_fill(future, float("-inf")), sink)
+        scores_ok &= float((recomputed - pattern.double()).abs().max()) < _census_tolerance(pattern.dtype)
     return {"fired": frozenset(captured), "scores_hook": scores_ok, "causal_under_mask": causal}
+
+
+_SINK_PARAMETER = re.compile(r"layers\.(\d+)\..*\bsinks$")
+
+
+def learned_sinks(hf_model: Any, description: HFDescription) -> dict[int, Tensor]:
+    """Layer -> its learned sink logits ``[head_index]`` (float64), for the layers the description
+    says have a ``learned`` or ``output_scale`` sink (the ``sinks`` parameter of their attention,
+    found by name; a bridge wraps it as ``..._original_component.sinks``).
+
+    Raises:
+        UnsupportedModelError: if a layer that declares such a sink has no ``sinks`` parameter.
+    """
+    found = {}
+    for name, param in hf_model.named_parameters():
+        match = _SINK_PARAMETER.search(name)
+        if match:
+            found[int(match.group(1))] = param.detach().double().flatten()
+    declared = [l for l, layer in enumerate(description.layers) if layer.sink in ("learned", "output_scale")]
+    missing = [l for l in declared if l not in found]
+    if missing:
+        raise UnsupportedModelError(f"{description.architecture} declares learned sinks in layers {missing} but "
+                                    "has no sinks parameter there")
+    return {l: found[l] for l in declared}
+
+
+def softmax_with_sink(scores: Tensor, sink: Tensor | None) -> Tensor:
+    """softmax over the keys with one extra logit per head (the learned sink, zero value), sink column
+    dropped: rows sum to 1 - p_sink (``eager_attention_forward`` in ``gpt_oss/modeling_gpt_oss.py``).
+    ``sink`` None is the plain softmax. ``scores`` is ``[batch, head_index, query_pos, key_pos]``.
+
+    Example:
+        >>> p = softmax_with_sink(torch.zeros(1, 1, 1, 3, dtype=torch.float64), torch.zeros(1, dtype=torch.float64))
+        >>> p.tolist(), round(1 - float(p.sum()), 6)  # three keys and the sink share equally
+        ([[[[0.25, 0.25, 0.25]]]], 0.25)
+    """
+    if sink is None:
+        return scores.softmax(-1)
+    column = sink.to(scores.dtype).view(1, -1, 1, 1).expand(*scores.shape[:-1], 1)
+    return torch.cat([scores, column], -1).softmax(-1)[..., :-1]
+
+
+def _census_tolerance(dtype: torch.dtype) -> float:
+    """How far softmax(scores) may be from a pattern stored in ``dtype``: 1e-4, or 4 eps of a half dtype."""
+    return max(1e-4, 4 * float(torch.finfo(dtype).eps))
 
 
 def _position_ids_hook(bridge: Any) -> str | None:
@@ -491,8 +893,12 @@ def check_readable(description: HFDescription) -> None:
             f"the bridged attention of {description.architecture} gives future keys nonzero weight when an "
             "attention_mask is passed (the causal mask is dropped); its patterns and activations would be wrong"
         )
-    if not description.fires("blocks.0.attn.hook_pattern"):
-        raise UnsupportedModelError(f"the bridge of {description.architecture} fires no hook_pattern")
+    attention = [l for l, layer in enumerate(description.layers) if layer.mixer == "attention"]
+    if attention and not description.fires(act_name("pattern", attention[0])):
+        why = next((n for n in description.notes if n.startswith("hooked with")), None)
+        raise UnsupportedModelError(f"no hook_pattern fires in {description.architecture} through its "
+                                    f"{description.adapter} (its attention weights cannot be read)"
+                                    + (f"; {why}" if why else ""))
 
 
 def _one_line(error: BaseException) -> str:
@@ -500,13 +906,12 @@ def _one_line(error: BaseException) -> str:
     return text[0][:200] if text else type(error).__name__
 
 
-def refusing(action: Callable[[], Any], architecture: str) -> Any:
-    """Run ``action``; turn whatever the bridge raises into an :class:`UnsupportedModelError`."""
+def refusing(action: Callable[[], Any], architecture: str, verb: str = "bridge") -> Any:
+    """Run ``action``; turn whatever the bridge (or the hooks) raise into an :class:`UnsupportedModelError`."""
     try:
         return action()
     except UnsupportedModelError:
         raise
     except Exception as error:
-        raise UnsupportedModelError(
-            f"TransformerLens cannot bridge {architecture} ({type(error).__name__}: {_one_line(error)})"
-        ) from None
+        who = "TransformerLens cannot bridge" if verb == "bridge" else "nopelens cannot hook"
+        raise UnsupportedModelError(f"{who} {architecture} ({type(error).__name__}: {_one_line(error)})") from None

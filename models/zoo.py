@@ -53,6 +53,9 @@ class Recipe:
         train_kwargs: keyword arguments of :func:`~nopelens.models.training.train`
             (``batch_size``, ``min_len``, ``max_len``, ``lr``, ...).
         seed: model initialization and data seed.
+        threads: torch and BLAS threads it trains on (the weights depend on it; see
+            :func:`~nopelens.models.training.train`). In the recipe's JSON only when it is not 1,
+            so recipes from before it existed keep their digests and cache folders.
     """
 
     name: str
@@ -63,6 +66,7 @@ class Recipe:
     task_kwargs: dict[str, Any] = field(default_factory=dict)
     train_kwargs: dict[str, Any] = field(default_factory=dict)
     seed: int = 0
+    threads: int = 1
 
     def make_task(self) -> Task:
         return make_task(self.task, **self.task_kwargs)
@@ -76,6 +80,7 @@ class Recipe:
             steps=self.steps,
             train_kwargs=self.train_kwargs,
             seed=self.seed,
+            **({} if self.threads == 1 else {"threads": self.threads}),
         )
 
     @property
@@ -97,6 +102,7 @@ class Recipe:
             progress=progress,
             callback=callback,
             extra_metadata={"zoo_name": self.name, "zoo_recipe": self.digest},
+            threads=self.threads,
             **self.train_kwargs,
         )
 

@@ -15,6 +15,21 @@ position ``i``. Padded positions are therefore never rows of a sink statistic. A
   receives from the queries that see it (all of them, row 0 included); a head is a sink when
   the score is > eps = 0.3 (strict); the rate is the fraction of (layer, head) pairs that are
   sinks. Uniform attention gives H_64 / 64 = 0.0741 (:func:`uniform_sink_score`), rate 0.
+- Sinks that are not a token (passed per block as ``sinks``: kind and per-head logits, from
+  :func:`nopelens.models.hf.learned_sinks`). A *learned* sink (GPT-OSS, Flint, MiMo-V2-Flash's
+  sliding layers) is one more logit s_h in every row's softmax denominator with a zero value, so
+  the returned pattern sums to 1 - p_sink: its mass is the mean of 1 - row sum over the real query
+  rows (:func:`learned_sink_mass`); a *per-token* sink (Inkling 2) is read the same way. An
+  *output-scale* sink (Granite SWA) multiplies the head's output by sigmoid(lse_i - s_h) = 1 -
+  p_sink and leaves the pattern a plain softmax, so its mass is read from that scale: the output
+  ``hook_z`` against the pattern-weighted values ``hook_v`` (:func:`output_scale_sink_mass`).
+  These are reported next to Gu's first-token score; the threshold eps is applied to the
+  first-token score only (``threshold_on``).
+- Sliding windows and chunks (:class:`~nopelens.models.masks.KeyWindow`, passed per block as
+  ``windows``): a query outside the first token's window or chunk cannot see it, so its zero mass
+  says nothing about the head; both the sink mass and Gu's score average only the queries that can
+  see token 0 (a sliding window of w: queries 0..w-1). Averaging all queries instead would shrink
+  a sliding layer's mass by about T / w and no sliding layer could ever be a sink.
 - Variance shrinkage (Chi et al. 2023, "Latent positional information is in the self-attention
   variance of transformer language models without positional embeddings"; seed
   ``004_150f630256efbd1c.txt``, "Softmax variance shrinkage"): with near-uniform causal attention,
@@ -32,6 +47,9 @@ import pandas as pd
 import torch
 from jaxtyping import Float, Int
 from scipy import stats
+
+from nopelens.models.hooks import act_names
+from nopelens.models.masks import CAUSAL, KeyWindow
 
 from .collect import Activations, collect, site_block
 
@@ -109,15 +127,30 @@ def sink_mass_by_query(patterns: Sequence[np.ndarray]) -> list[np.ndarray]:
     return [_check_pattern(p, k)[:, :, 0] for k, p in enumerate(patterns)]
 
 
-def sink_mass(patterns: Sequence[np.ndarray], include_sink_row: bool = False) -> np.ndarray:
+def _seeing(patterns: Sequence[np.ndarray], keys: KeyWindow, start: int = 0) -> list[np.ndarray]:
+    """Per sequence, the masses ``[head, n_seeing]`` of the query rows >= ``start`` that can see key 0."""
+    out = []
+    for mass in sink_mass_by_query(patterns):
+        sees = keys.sees_first(mass.shape[1]).numpy()
+        sees[:start] = False
+        # C order, as a slice gives: numpy's float32 mean sums pairwise along a contiguous axis only, and a
+        # boolean index returns the other layout (the same masses, a mean different in the last bits)
+        out.append(np.ascontiguousarray(mass[:, sees]))
+    return out
+
+
+def sink_mass(patterns: Sequence[np.ndarray], include_sink_row: bool = False,
+              keys: KeyWindow = CAUSAL) -> np.ndarray:
     """Mean attention on the first non-pad key over the query rows that see it, per head.
 
-    The mean pools all (sequence, query) rows; the sink's own row (always 1 under a causal mask)
-    is excluded unless ``include_sink_row``.
+    The mean pools all (sequence, query) rows that can see key 0 (all of them under the causal
+    rule; under a sliding window of w only queries 0..w-1); the sink's own row (always 1 under a
+    causal mask) is excluded unless ``include_sink_row``.
 
     Args:
         patterns: per sequence ``[head_index, n_real, n_real]`` (padding removed).
         include_sink_row: count row 0 too.
+        keys: the layer's sliding window or chunk.
 
     Returns:
         ``[head_index]`` mean masses in [0, 1].
@@ -130,21 +163,25 @@ def sink_mass(patterns: Sequence[np.ndarray], include_sink_row: bool = False) ->
         >>> uniform = (np.tril(np.ones((4, 4))) / np.arange(1, 5)[:, None])[None]
         >>> round(float(sink_mass([uniform])[0]), 6), round(float(sink_mass([uniform], True)[0]), 6)
         (0.361111, 0.520833)
+        >>> windowed = KeyWindow(window=2).visible(4).double().numpy()
+        >>> windowed = (windowed / windowed.sum(1, keepdims=True))[None]  # uniform over each window
+        >>> float(sink_mass([windowed], keys=KeyWindow(window=2))[0])  # query 1 only: 1/2
+        0.5
     """
-    start = 0 if include_sink_row else 1
-    rows = [m[:, start:] for m in sink_mass_by_query(patterns)]
+    rows = _seeing(patterns, keys, start=0 if include_sink_row else 1)
     rows = np.concatenate(rows, axis=1) if rows else np.empty((0, 0))
     if rows.shape[1] == 0:
         raise ValueError("no query row can see a sink other than itself (all sequences have one token)")
     return rows.mean(1)
 
 
-def sink_mass_by_position(patterns: Sequence[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+def sink_mass_by_position(patterns: Sequence[np.ndarray], keys: KeyWindow = CAUSAL) -> tuple[np.ndarray, np.ndarray]:
     """Mean attention on key 0 as a function of query position, per head.
 
     Returns:
         (``[head_index, max_len]`` mean mass at each query position over the sequences that
-        have it, ``[max_len]`` number of those sequences).
+        have it, ``[max_len]`` number of those sequences). Positions that cannot see key 0
+        (outside its window or chunk) have no sequence: count 0, mass NaN.
     """
     masses = sink_mass_by_query(patterns)
     if not masses:
@@ -154,17 +191,21 @@ def sink_mass_by_position(patterns: Sequence[np.ndarray]) -> tuple[np.ndarray, n
     for mass in masses:
         total[:, : mass.shape[1]] += mass
         count[: mass.shape[1]] += 1
-    return total / count, count
+    count[~keys.sees_first(longest).numpy()] = 0
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.where(count > 0, total / np.maximum(count, 1), np.nan), count
 
 
-def sink_scores(patterns: Sequence[np.ndarray], n_tokens: int = GU_WINDOW) -> np.ndarray:
-    """Gu et al. 2025 sink score per head: mean attention on token 0 over queries 0..T-1.
+def sink_scores(patterns: Sequence[np.ndarray], n_tokens: int = GU_WINDOW, keys: KeyWindow = CAUSAL) -> np.ndarray:
+    """Gu et al. 2025 sink score per head: mean attention on token 0 over queries 0..T-1 that see it.
 
     Every sequence contributes its first T tokens (its first T rows and columns); row 0 counts.
+    Under a sliding window or chunk, only the queries that can see token 0 count (module docstring).
 
     Args:
         patterns: per sequence ``[head_index, n_real, n_real]``.
         n_tokens: T, 64 in Gu et al.
+        keys: the layer's sliding window or chunk.
 
     Returns:
         ``[head_index]`` scores in [0, 1].
@@ -177,40 +218,122 @@ def sink_scores(patterns: Sequence[np.ndarray], n_tokens: int = GU_WINDOW) -> np
     short = [k for k, p in enumerate(patterns) if p.shape[-1] < n_tokens]
     if short:
         raise ValueError(f"sequences {short[:10]} have fewer than T={n_tokens} real tokens")
-    masses = [m[:, :n_tokens] for m in sink_mass_by_query(patterns)]
-    if not masses:
+    if not patterns:
         raise ValueError("no patterns given")
+    masses = _seeing([np.asarray(p)[:, :n_tokens, :n_tokens] for p in patterns], keys)
     return np.concatenate(masses, axis=1).mean(1)
 
 
-def sink_table(acts: Activations, eps: float = GU_EPSILON, n_tokens: int | None = GU_WINDOW) -> pd.DataFrame:
+def learned_sink_mass(patterns: Sequence[np.ndarray]) -> np.ndarray:
+    """Mean mass a learned sink takes, per head: 1 - row sum, over every real query row.
+
+    Example:
+        >>> rows = np.array([[[0.5, 0.0], [0.25, 0.25]]])  # one head, rows sum to 0.5
+        >>> learned_sink_mass([rows]).tolist()
+        [0.5]
+    """
+    sums = [_check_pattern(p, k).sum(-1) for k, p in enumerate(patterns)]
+    if not sums:
+        raise ValueError("no patterns given")
+    return 1.0 - np.concatenate(sums, axis=1).mean(1)
+
+
+def output_scale_sink_mass(patterns: Sequence[np.ndarray], values: np.ndarray, outputs: np.ndarray,
+                           sequence_id: np.ndarray) -> np.ndarray:
+    """Mean sink mass of an output-scale sink per head: 1 - c, with z_i = c_i (sum_j p_ij v_j).
+
+    Granite SWA's eager attention computes the plain softmax pattern p, then multiplies each
+    head's output by sigmoid(lse_i - s_h) = 1 - p_sink (``transformers/models/granite_swa/
+    modeling_granite_swa.py``). The factor c_i of each (query, head) is fitted by least squares
+    over d_head: <z_i, pv_i> / <pv_i, pv_i>.
+
+    Args:
+        patterns: per sequence ``[head_index, n, n]``.
+        values: ``[n_samples, n_kv_heads, d_head]`` (``attn.hook_v``; repeated to the query heads).
+        outputs: ``[n_samples, head_index, d_head]`` (``attn.hook_z``, the scaled head outputs).
+        sequence_id: ``[n_samples]``.
+
+    Returns:
+        ``[head_index]`` mean 1 - c over every real query row.
+    """
+    masses = []
+    for s, pattern in enumerate(patterns):
+        rows = sequence_id == s
+        v, z = values[rows].astype(np.float64), outputs[rows].astype(np.float64)
+        v = np.repeat(v, pattern.shape[0] // v.shape[1], axis=1)
+        weighted = np.einsum("hij,jhd->ihd", pattern.astype(np.float64), v)
+        norm = (weighted * weighted).sum(-1)
+        scale = np.where(norm > 0, (z * weighted).sum(-1) / np.maximum(norm, 1e-300), 1.0)
+        masses.append(1.0 - scale)  # [n, head]
+    return np.concatenate(masses, axis=0).mean(0)
+
+
+def sink_table(acts: Activations, eps: float = GU_EPSILON, n_tokens: int | None = GU_WINDOW,
+               windows: dict[int, KeyWindow] | None = None, sinks: dict | None = None) -> pd.DataFrame:
     """Sink mass, Gu sink score and sink flag for every collected ``hook_pattern`` site and head.
 
     Args:
         acts: activations with ``blocks.{l}.attn.hook_pattern`` sites.
         eps: Gu's threshold; a head is a sink when its score is > eps.
         n_tokens: Gu's window T; None skips the score (e.g. for sequences shorter than 64).
+        windows: block -> its sliding window or chunk (blocks not listed: the causal rule), e.g.
+            :meth:`nopelens.models.hf.HFDescription.key_windows`.
+        sinks: block -> (kind, per-head logits or None) of a sink that is not a token
+            (``learned``, ``per_token``, ``output_scale``; module docstring). An output-scale
+            block needs its ``attn.hook_v`` and ``attn.hook_z`` collected.
 
     Returns:
-        DataFrame with columns ``site, block, head, sink_mass, sink_score, is_sink``
-        (``sink_score``/``is_sink`` absent when ``n_tokens`` is None).
+        DataFrame with columns ``site, block, head, sink_mass, sink_score, is_sink, key_window,
+        threshold_on`` (``sink_score``/``is_sink`` absent when ``n_tokens`` is None; ``key_window``
+        says which queries were averaged, e.g. ``sliding window 4``; ``threshold_on`` which mass
+        eps was applied to), and with ``sinks``: ``sink_kind``, ``sink_logit`` (the head's learned
+        logit, NaN for a per-token sink) and ``learned_sink_mass`` (NaN on blocks without one).
 
     Raises:
         ValueError: if no pattern site was collected, or as :func:`sink_scores`.
+        KeyError: if an output-scale block's ``hook_v``/``hook_z`` were not collected.
     """
     sites = [site for site in acts.patterns if site.endswith("hook_pattern")]
     if not sites:
         raise ValueError(f"no hook_pattern site was collected (collected: {sorted(acts.acts) + sorted(acts.patterns)})")
+    windows = windows or {}
     rows = []
     for site in sites:
-        masses = sink_mass(acts.patterns[site])
-        scores = sink_scores(acts.patterns[site], n_tokens) if n_tokens is not None else None
+        block = site_block(site)
+        keys = windows.get(block, CAUSAL)
+        masses = sink_mass(acts.patterns[site], keys=keys)
+        scores = sink_scores(acts.patterns[site], n_tokens, keys) if n_tokens is not None else None
+        extra = _extra_sink(acts, site, (sinks or {}).get(block)) if sinks is not None else None
         for head, mass in enumerate(masses):
-            row = dict(site=site, block=site_block(site), head=head, sink_mass=float(mass))
+            row = dict(site=site, block=block, head=head, sink_mass=float(mass))
             if scores is not None:
                 row.update(sink_score=float(scores[head]), is_sink=bool(scores[head] > eps))
+            row["key_window"] = keys.describe()
+            row["threshold_on"] = "first token (Gu et al.)"
+            if sinks is not None:
+                kind, logits, learned = extra
+                row.update(sink_kind=kind or "", sink_logit=float(logits[head]) if logits is not None else np.nan,
+                           learned_sink_mass=float(learned[head]) if learned is not None else np.nan)
             rows.append(row)
     return pd.DataFrame(rows)
+
+
+def _extra_sink(acts: Activations, site: str, sink) -> tuple:
+    """(kind, logits, mass per head) of a block's non-token sink; (None, None, None) without one."""
+    if sink is None or sink[0] is None:
+        return None, None, None
+    kind, logits = sink
+    logits = None if logits is None else np.asarray(logits, dtype=np.float64)
+    if kind == "output_scale":
+        prefix = site.rsplit(".", 1)[0]
+        for name in ("hook_v", "hook_z"):
+            if f"{prefix}.{name}" not in acts.acts:
+                raise KeyError(f"the output-scale sink of {prefix} is read from {prefix}.hook_v and hook_z; collect them")
+        mass = output_scale_sink_mass(acts.patterns[site], acts.acts[f"{prefix}.hook_v"], acts.acts[f"{prefix}.hook_z"],
+                                      acts.sequence_id)
+    else:
+        mass = learned_sink_mass(acts.patterns[site])
+    return kind, logits, mass
 
 
 def sink_rate(table: pd.DataFrame) -> float:
@@ -220,15 +343,17 @@ def sink_rate(table: pd.DataFrame) -> float:
     return float(table["is_sink"].mean())
 
 
-def sink_mass_by_position_table(acts: Activations) -> pd.DataFrame:
-    """Tidy sink mass vs query position: ``site, block, head, query_position, sink_mass, n_sequences``."""
+def sink_mass_by_position_table(acts: Activations, windows: dict[int, KeyWindow] | None = None) -> pd.DataFrame:
+    """Tidy sink mass vs query position: ``site, block, head, query_position, sink_mass, n_sequences``
+    (query positions that cannot see key 0 under their block's window are left out)."""
     frames = []
+    windows = windows or {}
     for site in (s for s in acts.patterns if s.endswith("hook_pattern")):
-        mass, count = sink_mass_by_position(acts.patterns[site])
+        mass, count = sink_mass_by_position(acts.patterns[site], windows.get(site_block(site), CAUSAL))
         heads, positions = np.meshgrid(np.arange(mass.shape[0]), np.arange(mass.shape[1]), indexing="ij")
         frames.append(pd.DataFrame(dict(site=site, block=site_block(site), head=heads.ravel(),
                                         query_position=positions.ravel(), sink_mass=mass.ravel(),
-                                        n_sequences=np.broadcast_to(count, mass.shape).ravel())))
+                                        n_sequences=np.broadcast_to(count, mass.shape).ravel())).query("n_sequences > 0"))
     if not frames:
         raise ValueError("no hook_pattern site was collected")
     return pd.concat(frames, ignore_index=True)
@@ -268,6 +393,7 @@ def compare_bos(
     eps: float = GU_EPSILON,
     n_tokens: int | None = GU_WINDOW,
     batch_size: int = 32,
+    windows: dict[int, KeyWindow] | None = None,
 ) -> pd.DataFrame:
     """Sink statistics of every layer and head with and without a BOS token in front.
 
@@ -277,29 +403,38 @@ def compare_bos(
 
     Returns:
         :func:`sink_table` rows of both runs with a ``condition`` column (``without_bos``,
-        ``with_bos``).
+        ``with_bos``); ``windows`` as :func:`sink_table`.
     """
-    sites = [f"blocks.{layer}.attn.hook_pattern" for layer in range(n_layers)]
+    sites = act_names("pattern", n_layers)
     with_tokens, with_mask = prepend_bos(tokens, bos_token_id, attention_mask)
     if attention_mask is None:  # all real: a module that takes no mask is not handed one
         with_mask = None
     frames = []
     for condition, toks, mask in (("without_bos", tokens, attention_mask), ("with_bos", with_tokens, with_mask)):
         acts = collect(model, toks, sites, attention_mask=mask, batch_size=batch_size)
-        frames.append(sink_table(acts, eps, n_tokens).assign(condition=condition))
+        frames.append(sink_table(acts, eps, n_tokens, windows).assign(condition=condition))
     return pd.concat(frames, ignore_index=True)
 
 
-def attention_variance(acts: Activations, sites: Sequence[str] | None = None) -> pd.DataFrame:
+def attention_variance(acts: Activations, sites: Sequence[str] | None = None,
+                       windows: dict[int, KeyWindow] | None = None) -> pd.DataFrame:
     """Per-position variance of attention outputs across sequences, averaged over coordinates.
 
     For each site and position i: Var_s(z_{s,i,c}) over the sequences s that have position i
     (unbiased, ddof = 1), then the mean over coordinates c. This is the definition under which
-    near-uniform causal attention over independent tokens gives Var(v) / (i + 1) (see the module
-    docstring). Use ``blocks.{l}.hook_attn_out`` (or ``attn.hook_z``) sites.
+    near-uniform causal attention over independent tokens gives Var(v) / n_i, with n_i = i + 1
+    visible keys (see the module docstring); under a sliding window w or chunk c of the block,
+    n_i = min(i + 1, w) or i mod c + 1, given in ``visible_keys``. Use ``blocks.{l}.hook_attn_out``
+    (or ``attn.hook_z``) sites.
+
+    Args:
+        acts: activations at the sites.
+        sites: default: every collected non-pattern site.
+        windows: block -> its sliding window or chunk (blocks not listed: the causal rule).
 
     Returns:
-        DataFrame ``site, block, position, variance, n_sequences`` (positions with >= 2 sequences).
+        DataFrame ``site, block, position, visible_keys, variance, n_sequences`` (positions with
+        >= 2 sequences).
 
     Raises:
         KeyError: for a site that was not collected.
@@ -308,6 +443,7 @@ def attention_variance(acts: Activations, sites: Sequence[str] | None = None) ->
     sites = [s for s in acts.acts] if sites is None else list(sites)
     if not sites:
         raise ValueError("no non-pattern site was collected; collect blocks.{l}.hook_attn_out or attn.hook_z sites")
+    windows = windows or {}
     frames = []
     for site in sites:
         X = acts.features(site).astype(np.float64)
@@ -320,21 +456,25 @@ def attention_variance(acts: Activations, sites: Sequence[str] | None = None) ->
         if not rows:
             raise ValueError(f"site {site!r}: no position is shared by two sequences")
         frame = pd.DataFrame(rows, columns=["position", "variance", "n_sequences"])
-        frames.append(frame.assign(site=site, block=site_block(site)))
+        keys = windows.get(site_block(site), CAUSAL)
+        visible = keys.n_visible(int(frame["position"].max()) + 1).numpy()
+        frames.append(frame.assign(site=site, block=site_block(site), visible_keys=visible[frame["position"]]))
     table = pd.concat(frames, ignore_index=True)
-    return table[["site", "block", "position", "variance", "n_sequences"]]
+    return table[["site", "block", "position", "visible_keys", "variance", "n_sequences"]]
 
 
 def variance_slopes(table: pd.DataFrame) -> pd.DataFrame:
-    """Least-squares slope of log variance against log(position + 1), per site.
+    """Least-squares slope of log variance against log(visible keys), per site.
 
-    A slope of -1 is the 1/(i+1) shrinkage law (Chi et al. 2023; seed 004).
+    The visible keys are i + 1 under the causal rule (the ``visible_keys`` column of
+    :func:`attention_variance`; a table without it is read as i + 1). A slope of -1 is the
+    1/(i+1) shrinkage law (Chi et al. 2023; seed 004).
 
     Returns:
         DataFrame ``site, block, slope, intercept, r_value, n_positions``.
 
     Raises:
-        ValueError: if a site has fewer than 3 positions or a variance <= 0.
+        ValueError: if a site has fewer than 3 positions or distinct key counts, or a variance <= 0.
     """
     rows = []
     for site, group in table.groupby("site", sort=False):
@@ -342,7 +482,11 @@ def variance_slopes(table: pd.DataFrame) -> pd.DataFrame:
             raise ValueError(f"site {site!r}: a slope needs >= 3 positions, got {len(group)}")
         if (group["variance"] <= 0).any():
             raise ValueError(f"site {site!r}: variance <= 0 at some position; the log-log fit is undefined")
-        fit = stats.linregress(np.log(group["position"] + 1.0), np.log(group["variance"]))
+        keys = group["visible_keys"] if "visible_keys" in group else group["position"] + 1.0
+        if keys.nunique() < 3:
+            raise ValueError(f"site {site!r}: a slope needs >= 3 distinct numbers of visible keys, got "
+                             f"{sorted(keys.unique().tolist())} (a window shorter than 3?)")
+        fit = stats.linregress(np.log(keys.astype(float)), np.log(group["variance"]))
         rows.append(dict(site=site, block=site_block(site), slope=fit.slope, intercept=fit.intercept,
                          r_value=fit.rvalue, n_positions=len(group)))
     return pd.DataFrame(rows)
@@ -354,6 +498,7 @@ def variance_shrinkage(
     layers: Sequence[int],
     attention_mask: Int[torch.Tensor, "batch pos"] | None = None,
     batch_size: int = 256,
+    windows: dict[int, KeyWindow] | None = None,
 ) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Collect ``blocks.{l}.hook_attn_out`` and return (:func:`attention_variance`, :func:`variance_slopes`).
 
@@ -361,9 +506,9 @@ def variance_shrinkage(
     its output is identical across sequences (variance 0, no log): position 0 is left out of both
     tables, and the variance table says so in its ``note`` column.
     """
-    sites = [f"blocks.{layer}.hook_attn_out" for layer in layers]
+    sites = act_names("attn_out", layers)
     acts = collect(model, tokens, sites, attention_mask=attention_mask, batch_size=batch_size)
-    table = attention_variance(acts).assign(note="")
+    table = attention_variance(acts, windows=windows).assign(note="")
     first = acts.token[acts.position == 0]
     if len(first) and bool((first == first[0]).all()):
         table = table[table["position"] > 0].reset_index(drop=True)

@@ -60,6 +60,7 @@ def sample_distance_pairs(
     max_distance: int | None = None,
     pairs_per_distance: int | None = None,
     seed: int = 0,
+    distances: Sequence[int] | None = None,
 ) -> DistancePairs:
     """Sample token pairs j <= i within sequences, the same number for every distance 0..max_distance.
 
@@ -76,6 +77,8 @@ def sample_distance_pairs(
         pairs_per_distance: pairs per distance; default (and at most): the fewest candidates any
             distance has.
         seed: seed of the draw.
+        distances: the distances to sample instead of every one of 0..max_distance (ascending, each
+            in 0..max_distance; e.g. :func:`spread_distances` at long context).
 
     Returns:
         :class:`DistancePairs`, sorted by distance.
@@ -102,18 +105,22 @@ def sample_distance_pairs(
         max_distance = longest - 1
     if not isinstance(max_distance, (int, np.integer)) or not 0 <= max_distance < longest:
         raise ValueError(f"max_distance must lie in [0, {longest - 1}] (longest sequence has {longest} tokens), got {max_distance!r}")
-    available = np.array([np.clip(lengths - d, 0, None).sum() for d in range(max_distance + 1)])
+    distances = np.arange(max_distance + 1) if distances is None else np.asarray(distances, dtype=np.int64)
+    if distances.ndim != 1 or len(distances) == 0 or distances.min() < 0 or distances.max() > max_distance \
+            or np.any(np.diff(distances) <= 0):
+        raise ValueError(f"distances must be ascending and distinct in [0, {max_distance}], got {distances.tolist()}")
+    available = np.array([np.clip(lengths - d, 0, None).sum() for d in distances])
     per_distance = int(available.min()) if pairs_per_distance is None else pairs_per_distance
     if not isinstance(per_distance, (int, np.integer)) or not 1 <= per_distance <= available.min():
         raise ValueError(
             f"pairs_per_distance must lie in [1, {int(available.min())}] (distance "
-            f"{int(available.argmin())} has only {int(available.min())} candidate pairs), got {pairs_per_distance!r}"
+            f"{int(distances[available.argmin()])} has only {int(available.min())} candidate pairs), got {pairs_per_distance!r}"
         )
     rng = np.random.default_rng(seed)
     query, key, distance = [], [], []
-    for d in range(max_distance + 1):
+    for d, candidates in zip(distances, available):
         per_sequence = np.clip(lengths - d, 0, None)
-        flat = rng.choice(int(available[d]), size=per_distance, replace=False)
+        flat = rng.choice(int(candidates), size=per_distance, replace=False)
         which = np.searchsorted(np.cumsum(per_sequence), flat, side="right")
         offset = flat - (np.cumsum(per_sequence) - per_sequence)[which]
         i = starts[which] + d + offset  # sorted index of the later token
@@ -122,6 +129,23 @@ def sample_distance_pairs(
         distance.append(np.full(per_distance, d))
     query, key = np.concatenate(query), np.concatenate(key)
     return DistancePairs(query, key, np.concatenate(distance).astype(np.int64), sequence_id[query].astype(np.int64))
+
+
+def spread_distances(max_distance: int, n: int) -> np.ndarray:
+    """``n`` distances spread evenly over 0..max_distance, both ends included (every distance when
+    there are no more than ``n``): the pairs of a long context cover its whole range without
+    sampling all of its distances.
+
+    Raises:
+        ValueError: if ``max_distance`` < 0 or ``n`` < 2.
+
+    Example:
+        >>> spread_distances(2047, 5).tolist(), spread_distances(3, 64).tolist()
+        ([0, 512, 1024, 1535, 2047], [0, 1, 2, 3])
+    """
+    if max_distance < 0 or n < 2:
+        raise ValueError(f"need max_distance >= 0 and n >= 2, got {max_distance}, {n}")
+    return np.unique(np.round(np.linspace(0, max_distance, min(n, max_distance + 1))).astype(np.int64))
 
 
 def pair_features(
@@ -205,7 +229,24 @@ def bilinear_features(
 
 BLOCKED_SCORE = -1e30
 """A collected score at or below this (or -inf) marks a blocked key: masks write -inf or the
-dtype's lowest value (HF uses ``torch.finfo(dtype).min``), never a real score."""
+dtype's lowest value (HF uses ``torch.finfo(dtype).min``), never a real score. In float16 the
+lowest value is -65504, so there the bar is half of it (:func:`blocked_score`)."""
+
+
+def blocked_score(dtype="float32") -> float:
+    """The bar at or below which a score of ``dtype`` marks a blocked key.
+
+    Example:
+        >>> blocked_score("float32"), blocked_score("float16")
+        (-1e+30, -32752.0)
+    """
+    import torch
+
+    name = str(dtype).removeprefix("torch.")
+    torch_dtype = getattr(torch, name, None)
+    if not isinstance(torch_dtype, torch.dtype) or not torch_dtype.is_floating_point:
+        return BLOCKED_SCORE
+    return max(BLOCKED_SCORE, 0.5 * float(torch.finfo(torch_dtype).min))
 
 
 def score_features(
@@ -245,8 +286,10 @@ def score_features(
         ``[n_pairs, head_index]`` float64; 0 for every pair of distance 0.
 
     Raises:
-        ValueError: if a pair's key is blocked (score -inf or <= :data:`BLOCKED_SCORE`, e.g. outside
-            a sliding window), a sequence is missing, or the score arrays are not square per head.
+        ValueError: if a pair's key is blocked (score -inf or <= :func:`blocked_score` of ``dtype``,
+            e.g. outside a sliding window: the sweep leaves such blocks out of the score read, see
+            :func:`nopelens.analyses.reads.readable_score_sites`), a sequence is missing, or the
+            score arrays are not square per head.
 
     Example:
         >>> alibi = -0.5 * np.subtract.outer(np.arange(3), np.arange(3)).astype(float)[None]  # -m (i - j)
@@ -260,6 +303,7 @@ def score_features(
     if not scores:
         raise ValueError("no score arrays given")
     n_heads = np.asarray(scores[0]).shape[0]
+    bar = blocked_score(dtype)
     out = np.empty((len(pairs), n_heads))
     seq = sequence_id[pairs.query]
     for s in np.unique(seq):
@@ -271,12 +315,13 @@ def score_features(
         rows = np.flatnonzero(seq == s)
         i, j = position[pairs.query[rows]], position[pairs.key[rows]]
         pair_score, own_score = e[:, i, j], e[:, i, i]
-        blocked = ~np.isfinite(pair_score) | (pair_score <= BLOCKED_SCORE) | (own_score <= BLOCKED_SCORE)
+        blocked = ~np.isfinite(pair_score) | (pair_score <= bar) | (own_score <= bar)
         if blocked.any():
             head, k = np.argwhere(blocked)[0]
             raise ValueError(
                 f"sequence {s}, head {head}: key {j[k]} is blocked for query {i[k]} (score {pair_score[head, k]:.3g}); "
-                "the score read needs every pair j <= i visible (a sliding window shorter than the sequence?)"
+                "the score read needs every pair j <= i visible, and a sliding window or chunk shorter than the "
+                "sequence blocks the pairs further apart: leave that block out of the score read"
             )
         difference = pair_score - own_score
         resolution = roundoff_tolerance(dtype) * np.maximum(np.abs(pair_score), np.abs(own_score))

@@ -102,7 +102,10 @@ if hasattr(T, "Llama4TextConfig"):
 
 def build(family: str, seed: int = 0, **overrides) -> torch.nn.Module:
     """A random-init HF model of ``family`` (eager attention, eval mode), config fields overridden."""
-    config, cls = FAMILIES[family]()
+    return _instantiate(*FAMILIES[family](), seed, overrides)
+
+
+def _instantiate(config, cls, seed: int, overrides: dict) -> torch.nn.Module:
     for key, value in overrides.items():
         setattr(config, key, value)
     config._attn_implementation = "eager"
@@ -110,3 +113,94 @@ def build(family: str, seed: int = 0, **overrides) -> torch.nn.Module:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         return cls(config).eval()
+
+
+# ----------------------------------------------------------------------------- NoPE, partial-rotation and sink designs
+# Issue 20: every family of transformers 5.24 whose config can make a layer NoPE, rotate part of
+# each head, or add a sink, built tiny (4 layers, d_model 32, 4 heads of 8) with windows and chunks
+# of 4 so they bite at the audit's 16 tokens, and weights at init std 0.2 so the scores are O(1)
+# and a rotation shows above bfloat16's round-off.
+DESIGN_INIT = 0.2
+WINDOW = 4
+
+
+def _tiny(cls_config, **extra):
+    base = dict(hidden_size=D, num_hidden_layers=4, num_attention_heads=HEADS, num_key_value_heads=2,
+                intermediate_size=64, vocab_size=VOCAB, max_position_embeddings=POSITIONS,
+                initializer_range=DESIGN_INIT, **SPECIAL)
+    return cls_config(**{**base, **extra})
+
+
+_MOE = dict(num_experts=2, num_experts_per_tok=1, moe_intermediate_size=32)
+_MLA = dict(kv_lora_rank=16, qk_rope_head_dim=4, qk_nope_head_dim=4, v_head_dim=8, num_key_value_heads=HEADS)
+_LINEAR = dict(linear_num_key_heads=2, linear_num_value_heads=2, linear_key_head_dim=8, linear_value_head_dim=8)
+
+DESIGNS = {
+    # per-layer NoPE
+    "smollm3": lambda: (_tiny(T.SmolLM3Config, no_rope_layers=[1, 1, 1, 0]), T.SmolLM3ForCausalLM),
+    "llama4_text": lambda: (_tiny(T.Llama4TextConfig, head_dim=8, intermediate_size_mlp=64, num_local_experts=2,
+                                  no_rope_layers=[1, 1, 1, 0], attention_chunk_size=WINDOW), T.Llama4ForCausalLM),
+    "cohere2": lambda: (_tiny(T.Cohere2Config, num_key_value_heads=HEADS, sliding_window=WINDOW), T.Cohere2ForCausalLM),
+    "cohere2_moe": lambda: (_tiny(T.Cohere2MoeConfig, head_dim=8, num_key_value_heads=HEADS, sliding_window=WINDOW,
+                                  num_experts=2, num_experts_per_tok=1, sliding_window_pattern=2,
+                                  mlp_layer_types=["dense", "sparse", "sparse", "sparse"],
+                                  prefix_dense_intermediate_size=64), T.Cohere2MoeForCausalLM),
+    "exaone4": lambda: (_tiny(T.Exaone4Config, sliding_window=WINDOW, sliding_window_pattern=2), T.Exaone4ForCausalLM),
+    "exaone_moe": lambda: (_tiny(T.ExaoneMoeConfig, num_key_value_heads=HEADS, sliding_window=WINDOW,
+                                 sliding_window_pattern=2, **_MOE), T.ExaoneMoeForCausalLM),
+    "kolibri1": lambda: (_tiny(T.Kolibri1Config, head_dim=8, sliding_window=WINDOW, shared_expert_intermediate_size=32,
+                               layer_types=["sliding_attention", "full_attention"] * 2, **_MOE),
+                         T.Kolibri1ForCausalLM),
+    "flint": lambda: (_tiny(T.FlintConfig, head_dim=8, sliding_window=WINDOW, shared_expert_intermediate_size=32,
+                            **_MOE), T.FlintForCausalLM),
+    "lara_mini": lambda: (_tiny(T.LaraMiniConfig, head_dim=8, sliding_window=WINDOW, shared_expert_intermediate_size=32,
+                                **_LINEAR, **_MOE), T.LaraMiniForCausalLM),
+    "granite_swa": lambda: (_tiny(T.GraniteSWAConfig, sliding_window=WINDOW, layer_rope_theta=[10000, 0, 10000, 0]),
+                            T.GraniteSWAForCausalLM),
+    "granitemoe_swa": lambda: (_tiny(T.GraniteMoeSWAConfig, sliding_window=WINDOW, layer_rope_theta=[10000, 0, 10000, 0],
+                                     num_local_experts=2, num_experts_per_tok=1), T.GraniteMoeSWAForCausalLM),
+    "beam": lambda: (_tiny(T.BeamConfig, head_dim=8, sliding_window=WINDOW, n_group=1, topk_group=1, **_MOE),
+                     T.BeamForCausalLM),
+    # hybrids whose attention is NoPE (or rotates) between linear-attention / SSM mixers
+    "olmo_hybrid": lambda: (_tiny(T.OlmoHybridConfig, **_LINEAR), T.OlmoHybridForCausalLM),
+    # the released OLMo-Hybrid checkpoints set no rope_theta: no rotary embedding at all
+    "olmo_hybrid_nope": lambda: (_tiny(T.OlmoHybridConfig, rope_parameters={"rope_type": "default", "rope_theta": None},
+                                       **_LINEAR), T.OlmoHybridForCausalLM),
+    "granitemoehybrid": lambda: (_tiny(T.GraniteMoeHybridConfig, layer_types=["mamba", "attention"] * 2, mamba_n_heads=4,
+                                       mamba_d_state=8, mamba_d_head=16, mamba_chunk_size=8, num_local_experts=2,
+                                       num_experts_per_tok=1, shared_intermediate_size=32),
+                                 T.GraniteMoeHybridForCausalLM),
+    "jamba": lambda: (_tiny(T.JambaConfig, attn_layer_period=2, attn_layer_offset=1, expert_layer_period=2,
+                            expert_layer_offset=1, num_experts=2, num_experts_per_tok=1, mamba_d_state=8),
+                      T.JambaForCausalLM),
+    "kimi_linear": lambda: (_tiny(T.KimiLinearConfig, **{**_MLA, "qk_rope_head_dim": 4}, linear_head_dim=8,
+                                  linear_num_heads=4, num_local_experts=2, num_experts_per_tok=1,
+                                  moe_intermediate_size=32, layer_types=["linear_attention", "full_attention"] * 2),
+                            T.KimiLinearForCausalLM),
+    "nemotron_h": lambda: (_tiny(T.NemotronHConfig, head_dim=8, layers_block_type=["mamba", "attention", "mlp", "attention"],
+                                 ssm_state_size=8, mamba_num_heads=4, mamba_head_dim=16, n_groups=1, chunk_size=8,
+                                 n_routed_experts=2, moe_intermediate_size=32, moe_shared_expert_intermediate_size=32,
+                                 num_experts_per_tok=1), T.NemotronHForCausalLM),
+    "qwen3_next": lambda: (_tiny(T.Qwen3NextConfig, head_dim=8, shared_expert_intermediate_size=32, **_LINEAR, **_MOE),
+                           T.Qwen3NextForCausalLM),
+    # multi-head latent attention: only a slice of each head rotates
+    "deepseek_v3": lambda: (_tiny(T.DeepseekV3Config, q_lora_rank=None, n_routed_experts=2, num_experts_per_tok=1,
+                                  n_group=1, topk_group=1, first_k_dense_replace=1, moe_intermediate_size=32, **_MLA),
+                            T.DeepseekV3ForCausalLM),
+    "deepseek_v2": lambda: (_tiny(T.DeepseekV2Config, q_lora_rank=None, n_routed_experts=2, num_experts_per_tok=1,
+                                  moe_intermediate_size=32, **_MLA), T.DeepseekV2ForCausalLM),
+    # learned sinks
+    "gpt_oss": lambda: (_tiny(T.GptOssConfig, head_dim=8, sliding_window=WINDOW, num_local_experts=2,
+                              num_experts_per_tok=1), T.GptOssForCausalLM),
+    "mimo_v2_flash": lambda: (_tiny(T.MiMoV2FlashConfig, head_dim=8, v_head_dim=8, sliding_window=WINDOW,
+                                    n_routed_experts=2, num_experts_per_tok=1, moe_intermediate_size=32),
+                              T.MiMoV2FlashForCausalLM),
+    "hy_v4": lambda: (_tiny(T.HYV4Config, head_dim=8, q_lora_rank=16, n_routed_experts=2, num_experts_per_tok=1,
+                            moe_intermediate_size=32, index_head_dim=8, index_n_heads=2, index_topk=POSITIONS, **_MLA),
+                      T.HYV4ForCausalLM),
+}
+
+
+def build_design(family: str, dtype: torch.dtype = torch.float32, seed: int = 0, **overrides) -> torch.nn.Module:
+    """A tiny random-init model of a :data:`DESIGNS` family, in ``dtype`` (eager attention, eval mode)."""
+    return _instantiate(*DESIGNS[family](), seed, overrides).to(dtype)

@@ -17,7 +17,7 @@ from transformers import (
     LlamaForCausalLM,
 )
 
-from nopelens.analyses import audit_cmd
+from nopelens.analyses.cli import audit as audit_cmd
 from nopelens.analyses.audit import STATUSES, audit
 from nopelens.analyses.cli import main
 from nopelens.models import Decoder, DecoderConfig
@@ -53,13 +53,14 @@ DECODERS = {
     "hybrid-nope-rope": dict(position=["nope", "rope"]),
     "hybrid-alibi-shaw": dict(position=["alibi", "shaw"]),
 }
-# Which steps have something to check, per method family.
+# Which steps have something to check, per method family (step 5's per-layer detector measures
+# every model that takes position ids).
 APPLICABLE = {
-    "nope": {1, 3, 6, 7, 8, 9},
-    "learned": {1, 2, 3, 4, 6, 7, 8, 9},
-    "sinusoidal": {1, 2, 3, 4, 6, 7, 8, 9},
+    "nope": {1, 3, 5, 6, 7, 8, 9},
+    "learned": {1, 2, 3, 4, 5, 6, 7, 8, 9},
+    "sinusoidal": {1, 2, 3, 4, 5, 6, 7, 8, 9},
     "rope-partial-interleaved": {1, 2, 3, 5, 6, 7, 8, 9},
-    "alibi": {1, 2, 3, 6, 7, 8, 9},
+    "alibi": {1, 2, 3, 5, 6, 7, 8, 9},
     "shaw-clipped-values": {1, 2, 3, 5, 6, 7, 8, 9},
     "hybrid-nope-rope": {1, 2, 3, 5, 6, 7, 8, 9},
     "hybrid-alibi-shaw": {1, 2, 3, 5, 6, 7, 8, 9},
@@ -178,6 +179,23 @@ class OffByOneTableDecoder(Decoder):
         return super()._embed(tokens, position_ids + 1)
 
 
+@pytest.mark.parametrize("layer_clip", [2, 6])
+def test_step5_checks_shaw_lookups_against_the_declared_clip(layer_clip):
+    """The config declares shaw_clip 4; block 0 clips at another k (its table kept, or too small
+    for the declaration): the reference comes from the declaration, as RoPE's base does."""
+    model = decoder("shaw", shaw_clip=4)
+    model.blocks[0].attn.cfg = model.cfg.replace(shaw_clip=layer_clip)
+    if layer_clip > 4:  # a layer built for a wider clip: its table has 2 k + 1 rows
+        model.blocks[0].attn.W_rel_K = torch.nn.Parameter(torch.randn(2 * layer_clip + 1, model.cfg.d_head))
+    report = audit(model, eval_length=16)
+    assert report.step(5).status == "fail"
+    assert failed_check_names(report, 5) == ["layer 0 Shaw a^K lookup"]
+    assert "clip(j - i, -4, 4)" in next(c.detail for c in report.step(5).checks if not c.passed)
+    assert 5 in report.failed_steps and 1 not in report.failed_steps
+    unchanged = audit(decoder("shaw", shaw_clip=4), eval_length=16)
+    assert unchanged.step(5).status == "pass"
+
+
 def test_step4_catches_a_table_lookup_off_by_one():
     model = OffByOneTableDecoder(DecoderConfig(d_vocab=64, n_ctx=32, d_model=32, n_heads=4, position="learned"), seed=0)
     report = audit(model, eval_length=EVAL_LENGTH)
@@ -207,10 +225,10 @@ def hf_model(kind: str, **extra):
 
 
 HF_APPLICABLE = {
-    "gpt2": {1, 2, 3, 4, 6, 7, 8, 9},
+    "gpt2": {1, 2, 3, 4, 5, 6, 7, 8, 9},
     "neox": {1, 2, 3, 5, 6, 7, 8, 9},
     "llama": {1, 2, 3, 5, 6, 7, 8, 9},
-    "bloom": {1, 2, 3, 6, 7, 8, 9},
+    "bloom": {1, 2, 3, 5, 6, 7, 8, 9},
 }
 
 

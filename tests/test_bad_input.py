@@ -8,8 +8,10 @@ import pandas as pd
 import pytest
 import torch
 from safetensors.torch import save_file
+from schema import assert_documented
 
-from nopelens.analyses import cli, demo
+from nopelens.analyses import cli
+from nopelens.analyses.cli import demo
 from nopelens.analyses.audit import audit
 from nopelens.circuits import previous_token
 from nopelens.models import Decoder, DecoderConfig
@@ -177,8 +179,9 @@ def test_sinks_on_a_task_of_mixed_lengths_uses_the_shortest_sequence(tmp_path, c
     torch.set_num_threads(1)
     train(tiny_config(), make_task("copy"), 1, batch_size=2, min_len=1, max_len=6,
           checkpoint_dir=tmp_path / "ckpt", progress=False)
-    assert cli.main(["sinks", str(tmp_path / "ckpt"), "--n-sequences", "8", "--quiet"]) == 0
+    assert cli.main(["sinks", str(tmp_path / "ckpt"), "--n-sequences", "8", "--quiet", "--out", str(tmp_path / "s")]) == 0
     assert "T = " in capsys.readouterr().out
+    assert_documented(tmp_path / "s" / "sinks.csv", "sinks: sinks.csv")
 
 
 def test_writing_under_a_file_names_the_blocking_path(tmp_path):
@@ -249,9 +252,9 @@ def test_late_fixes_from_the_bad_input_pass(tmp_path, capsys):
     assert load_checkpoint(tmp_path / "run").model.cfg == cfg
     with pytest.raises(ValueError, match="threshold must be a finite"):
         first_recoverable_layer(pd.DataFrame(), threshold=math.nan)
-    (tmp_path / "folder").mkdir()
-    assert main(["validate", "--out", str(tmp_path / "folder")]) == 2
-    assert "is a folder" in capsys.readouterr().err
+    (tmp_path / "afile").write_text("x")  # --out is a run folder: a file in its place is refused before any work
+    assert main(["validate", "--out", str(tmp_path / "afile")]) == 2
+    assert "is a file" in capsys.readouterr().err
 
 
 def test_a_truncated_hf_weight_file_is_named_not_an_internal_error(tmp_path):
@@ -272,3 +275,19 @@ def test_intervene_with_no_mode_is_refused(capsys):
 
     assert main(["intervene", "circuit", "--modes", ""]) == 2
     assert "--modes lists no sink ablation" in capsys.readouterr().err
+
+
+def test_an_hf_config_field_of_the_wrong_type_is_bad_input_not_an_internal_error(tmp_path, capsys):
+    import json
+
+    from transformers import LlamaConfig
+
+    from nopelens.analyses.cli import main
+
+    LlamaConfig(hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
+                vocab_size=32).save_pretrained(tmp_path)
+    config = json.loads((tmp_path / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps({**config, "hidden_size": "big"}))
+    assert main(["audit", "--hf-dir", str(tmp_path)]) == 2  # `probe hf:DIR` loads it the same way
+    err = capsys.readouterr().err
+    assert "config.json is not a valid config" in err and "hidden_size" in err and "internal error" not in err

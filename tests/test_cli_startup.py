@@ -21,7 +21,7 @@ def test_command_table_matches_what_the_modules_register():
 
 def test_a_command_gets_its_full_parser_alone():
     args = build_parser(["probe", "circuit", "--seeds", "0,1"]).parse_args(["probe", "circuit", "--seeds", "0,1"])
-    assert (args.command, args.model, args.seeds) == ("probe", "circuit", "0,1")
+    assert (args.command, args.model, args.seeds) == ("probe", "circuit", (0, 1))
 
 
 def test_top_level_help_imports_neither_torch_nor_pandas():
@@ -29,3 +29,32 @@ def test_top_level_help_imports_neither_torch_nor_pandas():
             "print(sorted(m for m in ('torch', 'pandas', 'transformer_lens') if m in sys.modules))")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert "sweep" in result.stdout and result.stdout.strip().endswith("[]")
+
+
+def test_every_command_spells_seeds_and_the_progress_switch_one_way(capsys):
+    for argv in (["sweep"], ["probe", "circuit"], ["train", "--zoo", "copy-nope-3l"], ["lengthgen"]):
+        args = build_parser(argv).parse_args([*argv, "--seeds", "0,2", "--quiet"])
+        assert args.seeds == (0, 2) and args.quiet, argv
+        assert build_parser(argv).parse_args([*argv, "--no-progress"]).quiet, "the former name still works"
+    assert build_parser(["lengthgen"]).parse_args(["lengthgen"]).seeds == (0, 1, 2)
+    assert build_parser(["sweep"]).parse_args(["sweep"]).seeds is None
+    for argv in (["sinks", "circuit"], ["intervene", "circuit"]):
+        assert build_parser(argv).parse_args([*argv, "--quiet"]).quiet
+    for bad in ("0 1", "a,b", ","):
+        try:
+            build_parser(["sweep"]).parse_args(["sweep", "--seeds", bad])
+        except SystemExit as exit_info:
+            assert exit_info.code == 2
+        else:
+            raise AssertionError(f"--seeds {bad!r} was accepted")
+    assert "--seeds" in capsys.readouterr().err
+
+
+def test_one_model_spec_help_for_every_command_that_takes_a_model():
+    from nopelens.analyses.cli.options import MODEL_HELP
+
+    for command in ("probe", "sinks", "intervene"):
+        parser = build_parser([command, "circuit"])
+        subparser = parser._subparsers._group_actions[0].choices[command]
+        model = next(action for action in subparser._actions if action.dest == "model")
+        assert model.help == MODEL_HELP, command

@@ -139,3 +139,145 @@ def test_text_checkpoints_carry_the_byte_tokenizer(tmp_path):
     assert loaded.to_string(loaded.to_tokens(TEXT)[0]) == TEXT
     save_checkpoint(tmp_path / "copy", TrainedModel(Decoder(DecoderConfig(d_vocab=20, n_ctx=8)), {"task": {"name": "copy"}}))
     assert load_checkpoint(tmp_path / "copy").model.tokenizer is None
+
+
+# ------------------------------------------------------------------ TransformerLens' generate arguments (issue 22)
+def test_generate_takes_every_argument_of_transformerbridge_generate():
+    import inspect
+
+    from transformer_lens.model_bridge import TransformerBridge
+
+    from nopelens.models import generation
+
+    ours = inspect.signature(generation.generate).parameters
+    theirs = [n for n, p in inspect.signature(TransformerBridge.generate).parameters.items()
+              if n != "self" and p.kind is not inspect.Parameter.VAR_KEYWORD]
+    assert [n for n in theirs if n not in ours] == []
+    assert list(ours)[1:len(theirs) + 1] == theirs  # same order, so positional calls mean the same
+
+
+def test_generate_refuses_by_name_what_a_decoder_cannot_do(model):
+    with pytest.raises(NotImplementedError, match="pixel_values"):
+        model.generate("a", pixel_values=torch.zeros(1, 3, 4, 4))
+    with pytest.raises(ValueError, match="forced_bos_token_id"):
+        model.generate("a", forced_bos_token_id=1)
+    with pytest.raises(TypeError, match="image_sizes"):
+        model.generate("a", image_sizes=[(4, 4)])
+    with pytest.raises(ValueError, match="return_cache"):
+        model.generate("a", names_filter="blocks.0.hook_resid_pre")
+    for bad in (dict(freq_penalty=-1.0), dict(repetition_penalty=0.0), dict(padding_side="middle"),
+                dict(return_type="text")):
+        with pytest.raises(ValueError, match=next(iter(bad))):
+            model.generate("a", **bad)
+
+
+def test_verbose_shows_a_progress_bar(model, capsys):
+    model.generate("a", max_new_tokens=3, do_sample=False, verbose=False)
+    assert capsys.readouterr().err == ""
+    model.generate("a", max_new_tokens=3, do_sample=False, verbose=True)
+    assert "generate" in capsys.readouterr().err
+
+
+def test_penalties_in_sample_logits_are_transformerlens_formulas():
+    from nopelens.models.generation import sample_logits
+
+    logits = torch.tensor([[0.5, 2.0, -1.0, 0.3, 1.5], [1.0, -2.0, 0.2, 0.1, 0.0]])
+    tokens = torch.tensor([[1, 1, 2, 4], [1, 3, 3, 0]])
+    mask = torch.tensor([[1, 1, 1, 1], [1, 1, 1, 0]])  # the pad (token 0 in row 1) is not counted
+    counts = torch.tensor([[0, 2, 1, 0, 1], [0, 1, 0, 2, 0]], dtype=torch.float32)
+    # repetition penalty r = 2 (greedy too): seen positive logits / r, seen negative ones * r
+    penalized = torch.where(counts > 0, torch.where(logits > 0, logits / 2, logits * 2), logits)
+    assert penalized[0].argmax() == 1 and penalized[0, 2] == -2.0
+    greedy = sample_logits(logits, do_sample=False, repetition_penalty=2.0, tokens=tokens, token_mask=mask)
+    assert greedy.tolist() == penalized.argmax(-1).tolist() == [1, 0]
+    assert sample_logits(logits, do_sample=False, repetition_penalty=5.0, tokens=tokens, token_mask=mask).tolist() == [0, 0]
+    # frequency penalty f (sampling only): logits / T - f * count, then the draw
+    manual = (logits / 0.8 - 0.7 * counts).softmax(-1)
+    for seed in range(5):
+        drawn = sample_logits(logits, temperature=0.8, freq_penalty=0.7, tokens=tokens, token_mask=mask,
+                              generator=torch.Generator().manual_seed(seed))
+        reference = torch.multinomial(manual, 1, generator=torch.Generator().manual_seed(seed)).squeeze(-1)
+        assert drawn.tolist() == reference.tolist()
+    assert sample_logits(logits, do_sample=False, freq_penalty=50.0, tokens=tokens).tolist() == [1, 0]  # greedy ignores it
+    with pytest.raises(ValueError, match="tokens so far"):
+        sample_logits(logits, freq_penalty=0.5)
+
+
+def test_generate_with_penalties_equals_a_decoding_loop_written_here(model):
+    prompt = model.to_tokens("ab")
+
+    def loop(pick, steps=10):
+        tokens = prompt
+        for _ in range(steps):
+            logits = model(tokens)[:, -1]
+            counts = torch.zeros_like(logits).scatter_add_(1, tokens, torch.ones_like(tokens, dtype=logits.dtype))
+            tokens = torch.cat([tokens, pick(logits, counts)[:, None]], dim=1)
+        return tokens
+
+    def repetition(logits, counts):
+        return torch.where(counts > 0, torch.where(logits > 0, logits / 3.0, logits * 3.0), logits).argmax(-1)
+
+    penalized = model.generate(prompt, max_new_tokens=10, do_sample=False, repetition_penalty=3.0)
+    assert torch.equal(penalized, loop(repetition))
+    assert not torch.equal(penalized, model.generate(prompt, max_new_tokens=10, do_sample=False))  # it bites
+    generator = torch.Generator().manual_seed(7)
+
+    def frequency(logits, counts):
+        return torch.multinomial((logits / 0.5 - 2.0 * counts).softmax(-1), 1, generator=generator).squeeze(-1)
+
+    sampled = model.generate(prompt, max_new_tokens=10, temperature=0.5, freq_penalty=2.0, seed=7)
+    assert torch.equal(sampled, loop(frequency))
+
+
+def test_padding_side_reads_the_mask_off_the_pad_token(model):
+    prompts = ["a", "Hello"]
+    padded = model.to_tokens(prompts, padding_side="left")
+    by_text = model.generate(prompts, max_new_tokens=4, do_sample=False, padding_side="right")  # text: always left
+    by_tokens = model.generate(padded, max_new_tokens=4, do_sample=False, padding_side="left")
+    assert model.to_string(by_tokens) == by_text
+    mask = (padded != 257).long()
+    assert torch.equal(by_tokens, model.generate(padded, max_new_tokens=4, do_sample=False, attention_mask=mask))
+    right = model.to_tokens(prompts, padding_side="right")
+    with pytest.raises(ValueError, match="row 0 of the prompt ends in padding"):
+        model.generate(right, padding_side="right")
+    with pytest.raises(ValueError, match="not left-padded"):
+        model.generate(torch.tensor([[97, 257, 98]]), padding_side="left")
+    with pytest.raises(ValueError, match="ends in padding"):
+        model.generate(right, attention_mask=(right != 257).long())
+
+
+def test_output_logits_cache_and_input_tokens(model):
+    prompt = model.to_tokens("ab")
+    out = model.generate("ab", max_new_tokens=4, do_sample=False, output_logits=True)
+    assert out.sequences.shape == (1, 7) and len(out.logits) == 4
+    for step, logits in enumerate(out.logits):  # the raw last-position logits of each step
+        torch.testing.assert_close(logits, model(out.sequences[:, : 3 + step])[:, -1], atol=1e-5, rtol=1e-5)
+    text, cache, tokens = model.generate("ab", max_new_tokens=4, do_sample=False, return_cache=True,
+                                         return_input_tokens=True, names_filter=["blocks.1.hook_resid_post"])
+    assert text == model.to_string(out.sequences[0]) and torch.equal(tokens, prompt)
+    assert list(cache.keys()) == ["blocks.1.hook_resid_post"]
+    _, reference = model.run_with_cache(out.sequences, names_filter="blocks.1.hook_resid_post")
+    torch.testing.assert_close(cache["blocks.1.hook_resid_post"], reference["blocks.1.hook_resid_post"])
+    assert model.generate("ab", max_new_tokens=2, do_sample=False, return_type=None) == model.to_string(out.sequences[0, :5])
+
+
+def test_stop_strings_stopping_criteria_and_several_end_tokens(model):
+    greedy = model.generate("ab", max_new_tokens=10, do_sample=False, return_type="tokens")
+    texts = [model.to_string(greedy[0, : 3 + k]) for k in range(11)]
+    stop = texts[4][-1]  # the last character after four new tokens
+    first = next(k for k in range(1, 11) if texts[k].endswith(stop))
+    stopped = model.generate("ab", max_new_tokens=10, do_sample=False, stop_strings=stop, return_type="tokens")
+    assert torch.equal(stopped, greedy[:, : 3 + first])
+    seen = []
+
+    def after_two(tokens, scores):
+        seen.append((tokens.clone(), scores.clone()))
+        return torch.tensor([tokens.shape[1] >= 5])
+
+    by_criterion = model.generate("ab", max_new_tokens=10, do_sample=False, stopping_criteria=[after_two], return_type="tokens")
+    assert torch.equal(by_criterion, greedy[:, :5])
+    for tokens, scores in seen:  # the scores are the logits the new token was picked from
+        torch.testing.assert_close(scores, model(tokens[:, :-1])[:, -1], atol=1e-5, rtol=1e-5)
+    ends = [int(greedy[0, 5]), int(greedy[0, 4])]
+    by_ends = model.generate("ab", max_new_tokens=10, do_sample=False, eos_token_id=ends, return_type="tokens")
+    assert torch.equal(by_ends, greedy[:, :5])

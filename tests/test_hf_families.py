@@ -110,12 +110,12 @@ def test_description_per_layer(bridges, family):
 def probe_sites(bridge) -> list[str]:
     """The sites ``nopelens probe`` reads (see analyses.sweep.analyse_subject), as it chooses them."""
     from nopelens.analyses.subjects import Subject
-    from nopelens.analyses.sweep import _qk_sites
+    from nopelens.analyses.subjects import qk_sites
 
     d = describe(bridge)
     subject = Subject("x", bridge, d.n_layers, "", "external", torch.zeros(1, 1), torch.zeros(1, 1), False, hf=d)
     inner = [f"blocks.{l}.hook_{part}_out" for l in range(d.n_layers) for part in ("attn", "mlp")]
-    qk = [site for l in range(d.n_layers) for site in _qk_sites(subject, l)]
+    qk = [site for l in range(d.n_layers) for site in qk_sites(subject, l)]
     patterns = [f"blocks.{l}.attn.hook_pattern" for l in range(d.n_layers)]
     return resid_sites(d.n_layers) + [s for s in inner if subject.usable(s)] + qk + patterns
 
@@ -140,15 +140,14 @@ def test_collect_reads_every_probe_site_and_left_padding_changes_nothing(bridges
 
 
 # ----------------------------------------------------------------------------- the audit's verdicts
-NO_ROTATION = {5: "no Q/K rotation"}
 NO_TABLE = {4: "no absolute position addition"}
 AUDIT_NOT_APPLICABLE = {
-    # family: {step: what its not_applicable reason says}; every other step except 10 passes
-    "gpt2": NO_ROTATION, "gpt_neo": NO_ROTATION, "gpt_bigcode": NO_ROTATION,
-    "opt": {2: "no position method with an origin", **NO_ROTATION},  # OPT's table takes the mask, not ids
-    "xglm": {2: "no position method with an origin", 4: "hook_pos_embed never fires", **NO_ROTATION},
-    "bloom": {**NO_TABLE, **NO_ROTATION}, "falcon_alibi": {**NO_TABLE, **NO_ROTATION},
-    "mpt": {**NO_TABLE, **NO_ROTATION, 8: "takes no position ids"},
+    # family: {step: what its not_applicable reason says}; every other step except 10 passes. Step 5's
+    # per-layer detector measures every model that takes position ids (GPT-2's layers: nope).
+    "gpt2": {}, "gpt_neo": {}, "gpt_bigcode": {},
+    "opt": {2: "no position method with an origin"},  # OPT's table takes the mask, not ids
+    "xglm": {2: "no position method with an origin", 4: "hook_pos_embed never fires"},
+    "mpt": {**NO_TABLE, 5: "not measured (the model takes no position ids)", 8: "takes no position ids"},
 }
 AUDIT_FAILS = {
     # transformers 5.24's eager FalconModel folds alibi / sqrt(d_head) into the causal mask and
@@ -296,7 +295,6 @@ def test_probe_cli_reads_a_family_whose_hooks_misled_it(tmp_path, capsys):
 
 @pytest.mark.parametrize("family, args, message", [
     ("openai_gpt", ["sinks"], "causal mask is dropped"),
-    ("codegen", ["probe"], "forward pass fails"),
     ("gpt2", ["probe", "--seq-len", "80"], "longer than the learned position table"),
 ])
 def test_cli_refuses_in_one_line_with_exit_2(tmp_path, family, args, message, capsys):
@@ -310,6 +308,18 @@ def test_cli_refuses_in_one_line_with_exit_2(tmp_path, family, args, message, ca
     assert code == 2 and len(errors) == 1 and message in errors[0] and "Traceback" not in err, err
 
 
+def test_a_model_the_bridge_refuses_is_read_through_forward_hooks_from_the_command_line(tmp_path, capsys):
+    """CodeGen's bridge builds but cannot run (and has rebuilt the model in place): ``hf:DIR``
+    loads a fresh copy and hooks it, so probe and audit run, and the audit says why q and k are
+    not read."""
+    from nopelens.analyses.cli import main
+
+    path = _save(tmp_path, "codegen")
+    code = main(["audit", "--hf-dir", path, "--eval-length", "8"])
+    out = capsys.readouterr().out
+    assert code == 0 and "via forward hooks" in out and "TransformerLens cannot b" in out, out
+
+
 def test_cli_refuses_a_bos_outside_the_vocabulary(tmp_path, capsys):
     from nopelens.analyses.cli import main
 
@@ -320,7 +330,9 @@ def test_cli_refuses_a_bos_outside_the_vocabulary(tmp_path, capsys):
     assert code == 2 and "bos_token_id 500 is outside the vocabulary" in err, err
 
 
-def test_scaled_rope_is_read_but_its_position_steps_are_not_applicable():
+def test_scaled_rope_is_measured_but_not_held_against_the_reference():
+    """Scaled RoPE (``rope_type`` linear): its q/k steps are not applicable, but the detector still
+    measures every layer relative and step 8's interventions run (scaled RoPE is still relative)."""
     from nopelens.analyses.audit import audit
 
     model = build("llama", rope_parameters={"rope_type": "linear", "factor": 2.0, "rope_theta": 10000.0})
@@ -328,8 +340,9 @@ def test_scaled_rope_is_read_but_its_position_steps_are_not_applicable():
         warnings.simplefilter("ignore")
         report = audit(bridge_hf_model(model), eval_length=8)
     got = statuses(report)
-    assert [n for n in range(1, 10) if got[n] == "not_applicable"] == [2, 4, 5, 6, 8], report.summary()
-    assert "scales RoPE frequencies" in report.step(5).reason and report.passed
+    assert [n for n in range(1, 10) if got[n] == "not_applicable"] == [2, 4, 6], report.summary()
+    assert "scales RoPE frequencies" in report.step(6).reason and report.passed
+    assert report.model["measured_layer_positions"] == ["relative", "relative"] and got[8] == "pass"
 
 
 def test_audit_and_collect_restore_every_submodule_flag(bridges):

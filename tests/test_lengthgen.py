@@ -4,6 +4,7 @@ import os
 
 import pandas as pd
 import pytest
+from schema import assert_folder_documented
 
 from nopelens.analyses import lengthgen
 from nopelens.analyses.cli import main
@@ -23,12 +24,13 @@ def test_run_writes_tidy_table_summary_and_plots(tmp_path):
     on_disk = pd.read_csv(tmp_path / "lengthgen.csv")
     assert len(on_disk) == len(results)
     assert {"task", "method", "seed", "length", "exact_match", "token_accuracy", "in_distribution"} <= set(on_disk.columns)
-    for name in ("summary.csv", "lengthgen.png", "lengthgen.svg", "settings.json"):
+    for name in ("summary.csv", "lengthgen.png", "lengthgen.svg", "lengthgen.json"):
         assert (tmp_path / name).stat().st_size > 0
     assert (tmp_path / "lengthgen.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     summary = pd.read_csv(tmp_path / "summary.csv")
     assert set(zip(summary["task"], summary["method"])) == {(t, m) for t in ("repeat", "copy") for m in ("nope", "learned")}
     assert not any(p.name.startswith(".") for p in tmp_path.iterdir())  # no temp files left
+    assert assert_folder_documented(tmp_path, "lengthgen") == ["lengthgen.csv", "summary.csv"]
     mask = os.umask(0)
     os.umask(mask)
     for name in ("lengthgen.csv", "lengthgen.png"):  # what a plain open() gives, not mkstemp's 0o600
@@ -80,7 +82,7 @@ def test_summary_arithmetic():
 
 def test_cli_quick_subset(tmp_path, capsys):
     code = main(["lengthgen", "--out", str(tmp_path), "--quick", "--tasks", "repeat", "--methods", "rope",
-                 "--seeds", "0", "--steps", "2", "--threads", "1", "--no-progress"])
+                 "--seeds", "0", "--steps", "2", "--threads", "1", "--quiet"])
     assert code == 0
     out = capsys.readouterr().out
     assert "rope" in out and "kazemnejad_2023_repeat_copy" in out

@@ -1,4 +1,4 @@
-"""Sweeps in local worker processes and on a Dask cluster: same tables as the serial run, and a
+"""Sweeps in local worker processes and on a Dask cluster (over TLS, the README's setup): same tables as the serial run, and a
 worker killed mid-run loses only its task (a rerun completes the folder, measuring nothing twice).
 
 Tiny settings (two controls, two training seeds of the untrained one, few short sequences) keep
@@ -75,24 +75,38 @@ def test_run_tasks_reports_failures_after_passing_on_the_rest():
 
 
 @pytest.fixture(scope="module")
-def cluster():
+def cluster(tmp_path_factory):
+    """A LocalCluster that speaks only TLS (the README's safe setup), with a throwaway self-signed
+    certificate (``Security.temporary``) and the client's security file in distributed's config format."""
     distributed = pytest.importorskip("distributed", reason='Dask distributed is not installed (pip install ".[dask]")')
-    with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None) as local:
+    pytest.importorskip("cryptography", reason="Security.temporary() needs the cryptography package")
+    security = distributed.security.Security.temporary()
+    folder = tmp_path_factory.mktemp("tls")
+    for name, pem in (("ca.pem", security.tls_ca_file), ("client.pem", security.tls_client_cert),
+                      ("client-key.pem", security.tls_client_key)):
+        (folder / name).write_text(pem)
+    config = folder / "dask-tls.yaml"
+    config.write_text("distributed:\n  comm:\n    require-encryption: true\n    tls:\n"
+                      f"      ca-file: {folder / 'ca.pem'}\n"
+                      f"      client:\n        cert: {folder / 'client.pem'}\n        key: {folder / 'client-key.pem'}\n")
+    with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None,
+                                  protocol="tls://", host="127.0.0.1", security=security) as local:
         with distributed.Client(local) as client:
-            yield local.scheduler_address, client
+            yield local.scheduler_address, client, config
 
 
-def test_dask_cluster_gives_the_serial_tables(serial, cluster, tmp_path):
-    address, _ = cluster
-    sweep(SETTINGS, tmp_path / "run", progress=False, scheduler=address)
+def test_a_tls_dask_cluster_gives_the_serial_tables(serial, cluster, tmp_path):
+    address, _, config = cluster
+    assert address.startswith("tls://")
+    sweep(SETTINGS, tmp_path / "run", progress=False, scheduler=address, security=config)
     assert_same_tables(tmp_path / "run", serial)
 
 
 def test_dask_worker_killed_mid_task_and_a_rerun_completes_the_folder(serial, cluster, tmp_path, capsys):
-    address, client = cluster
+    address, client, config = cluster
     out = tmp_path / "run"
     errors = []
-    runner = threading.Thread(target=lambda: _sweep_catching(out, errors, scheduler=address))
+    runner = threading.Thread(target=lambda: _sweep_catching(out, errors, scheduler=address, security=config))
     runner.start()
     busy = _wait_for(lambda: [w for w, tasks in client.processing().items() if tasks] or not runner.is_alive())
     killed = busy is not True
@@ -103,7 +117,7 @@ def test_dask_worker_killed_mid_task_and_a_rerun_completes_the_folder(serial, cl
         assert isinstance(errors[0], ChildProcessError), errors[0]
     finished = done_parts(out)
     capsys.readouterr()
-    sweep(SETTINGS, out, progress=True, scheduler=address)
+    sweep(SETTINGS, out, progress=True, scheduler=address, security=config)
     assert capsys.readouterr().err.count("already measured") == finished
     assert done_parts(out) == N_TASKS
     assert_same_tables(out, serial)
@@ -125,3 +139,51 @@ def _wait_for(condition, timeout: float = 300.0):
             return value
         time.sleep(0.05)
     raise TimeoutError("condition not reached")
+
+
+# ----------------------------------------------------------------------------- a cluster that lets no one else in
+
+
+def test_a_tls_scheduler_refuses_clients_without_its_certificate(cluster, tmp_path):
+    import distributed
+
+    address, _, _ = cluster
+    with pytest.raises(ValueError, match="TLS address, but no TLS settings were given: pass --dask-security"):
+        sweep(SETTINGS, tmp_path / "run", progress=False, scheduler=address)
+    stranger = distributed.security.Security.temporary()  # a certificate the cluster's CA did not sign
+    with pytest.raises((OSError, TimeoutError)):
+        distributed.Client(address, security=stranger, timeout="5s")
+
+
+def test_a_bad_security_file_is_named(tmp_path):
+    pytest.importorskip("distributed")
+    with pytest.raises(FileNotFoundError, match="no such Dask security file"):
+        parallel.dask_security(tmp_path / "missing.yaml")
+    (tmp_path / "bad.yaml").write_text("distributed: [unclosed")
+    with pytest.raises(ValueError, match="bad.yaml is not a YAML file"):
+        parallel.dask_security(tmp_path / "bad.yaml")
+    (tmp_path / "empty.yaml").write_text("distributed:\n  comm: {}\n")
+    with pytest.raises(ValueError, match="no distributed: comm: tls: section"):
+        parallel.dask_security(tmp_path / "empty.yaml")
+    with pytest.raises(ValueError, match="tls:// or tcp://"):
+        parallel.run_tasks(divmod, [("a", (1, 1))], lambda *a: None, scheduler="ucx://10.0.0.5:8786")
+
+
+def test_a_plain_tcp_scheduler_off_this_machine_is_warned_about():
+    assert parallel.insecure_address("tcp://127.0.0.1:8786") is None
+    assert parallel.insecure_address("localhost:8786") is None
+    assert parallel.insecure_address("tcp://[::1]:8786") is None
+    assert parallel.insecure_address("tls://10.0.0.5:8786") is None
+    for address in ("tcp://10.0.0.5:8786", "tcp://0.0.0.0:8786", "node7:8786", "tcp://[2001:db8::1]:8786"):
+        assert "anyone who can reach it can run code on the workers" in parallel.insecure_address(address), address
+
+
+def test_workers_running_several_threads_are_refused(tmp_path):
+    distributed = pytest.importorskip("distributed")
+    with distributed.LocalCluster(n_workers=1, threads_per_worker=2, processes=False, dashboard_address=None) as local:
+        with pytest.raises(ValueError, match=r"dask worker --nthreads 1.*\(2 threads\)"):
+            sweep(SETTINGS, tmp_path / "run", progress=False, scheduler=local.scheduler_address)
+        with distributed.Client(local) as client:  # a worker that joins later: the task refuses itself
+            with pytest.raises(ValueError, match="--nthreads 1"):
+                client.submit(parallel.check_alone_in_process).result()
+    parallel.check_alone_in_process()  # outside a worker: nothing to refuse

@@ -8,8 +8,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from nopelens.analyses.sweep import _mad_chance
-from nopelens.probes import mad_chance, mad_chance_of, probe_features, score
+from nopelens.analyses.layers import chance_of_mad
+from nopelens.probes import bootstrap_scores, mad_chance, mad_chance_of, probe_features, score
 
 
 def _two_lengths():
@@ -50,8 +50,8 @@ def test_probe_mad_rows_carry_the_chance_of_their_scored_positions():
     assert table[table.metric != "mad"]["chance"].isna().all()
     # the sweep's summary divides by this value, not by the uniform formula at the mean length
     frame = pd.DataFrame(dict(value=[5.0], n_samples=[len(position)], n_sequences=[12], chance=mad["chance"].iloc[:1].values))
-    assert _mad_chance(frame).iloc[0] == pytest.approx(6.277778, abs=1e-6)
-    assert _mad_chance(frame.drop(columns="chance")).iloc[0] == pytest.approx(mad_chance(15))
+    assert chance_of_mad(frame).iloc[0] == pytest.approx(6.277778, abs=1e-6)
+    assert chance_of_mad(frame.drop(columns="chance")).iloc[0] == pytest.approx(mad_chance(15))
 
 
 # ----------------------------------------------------------------------------- §1 round-off
@@ -59,7 +59,7 @@ def test_probe_mad_rows_carry_the_chance_of_their_scored_positions():
 import torch  # noqa: E402
 
 from nopelens.models import Decoder, DecoderConfig  # noqa: E402
-from nopelens.probes import collect, first_recoverable_layer, probe_absolute_index, resid_sites  # noqa: E402
+from nopelens.probes import NOT_RECOVERED, collect, first_recoverable_layer, probe_absolute_index, resid_sites  # noqa: E402
 from nopelens.probes.fitting import RoundoffScaler, roundoff_tolerance, signal_mask  # noqa: E402
 
 CONSTANT_CASES = [(p, torch.float32) for p in ("nope", "rope", "alibi", "shaw", ("nope", "rope"))] + [
@@ -74,8 +74,8 @@ def test_constant_input_without_bos_recovers_nothing(position, dtype):
     acts = collect(Decoder(cfg, seed=1).eval().to(dtype), torch.full((50, 30), 3), resid_sites(2))
     assert acts.dtype("blocks.0.hook_resid_post") == str(dtype).removeprefix("torch.")
     table = probe_absolute_index(acts, n_boot=50)  # default controls: one token id, control task undefined
-    assert first_recoverable_layer(table, metric="r2") is None
-    assert first_recoverable_layer(table, task="classification") is None
+    assert first_recoverable_layer(table, metric="r2") == NOT_RECOVERED
+    assert first_recoverable_layer(table, task="classification") == NOT_RECOVERED
     assert "control" not in set(table.probe) and table.selectivity.isna().all()
     assert {"linear", "shuffled", "majority", "token_identity"} <= set(table.probe)
     r2 = table[(table.probe == "linear") & (table.metric == "r2")]
@@ -198,20 +198,22 @@ def test_untrained_nope_control_reads_no_negative_r2_at_any_site():
     read R² −0.86 at blocks.0.hook_attn_out with leave-one-token-out penalties; with the grouped
     inner CV no site may read below −0.05."""
     from nopelens.analyses.subjects import resolve
-    from nopelens.analyses.sweep import SweepSettings, _bilinear_mode, _qk_sites
+    from nopelens.analyses.reads import bilinear_mode
+    from nopelens.analyses.subjects import qk_sites
+    from nopelens.analyses.sweep import SweepSettings
     from nopelens.probes import probe_relative_distance
 
     settings = SweepSettings.default()
     subject = resolve("untrained-nope", settings.n_sequences, settings.seq_len, settings.seed, False)
     layers = subject.n_layers
     sites = resid_sites(layers) + [f"blocks.{l}.hook_{kind}_out" for l in range(layers) for kind in ("attn", "mlp")]
-    qk = [_qk_sites(subject.model, l) for l in range(layers)]
+    qk = [qk_sites(subject.model, l) for l in range(layers)]
     acts = collect(subject.model, subject.tokens, sites + [s for pair in qk for s in pair],
                    attention_mask=subject.attention_mask)
     common = dict(tasks=("regression",), controls=False, n_splits=settings.n_splits, n_boot=10)
     absolute = probe_absolute_index(acts, sites=sites, **common)
     relative = probe_relative_distance(acts, sites=resid_sites(layers), feature_kinds=("concat",), attention=qk,
-                                       bilinear=_bilinear_mode(acts, qk[0][0]), pairs_per_distance=64, **common)
+                                       bilinear=bilinear_mode(acts, qk[0][0]), pairs_per_distance=64, **common)
     r2 = pd.concat([absolute, relative])
     r2 = r2[r2.metric == "r2"]
     assert len(r2) == len(sites) + 2 * layers + 1
@@ -242,3 +244,22 @@ def test_make_probe_pipeline_takes_groups_for_its_inner_cv():
     assert len(index) == len(X) and np.isfinite(pred).all()
     probe = make_probe("regression").fit(X, position, linear__groups=groups)
     assert probe.named_steps["linear"].alpha_ in ALPHAS
+
+
+def test_spearman_ties_predictions_that_differ_only_by_round_off():
+    """Identical feature rows get predictions a last bit apart, depending on where each row sits in
+    a matrix product; ranked as distinct, that noise moved rho by up to 1e-2 on the circuit."""
+    from scipy.stats import spearmanr
+
+    rng = np.random.default_rng(0)
+    y = np.tile(np.arange(8), 30)
+    exact = np.round(y + rng.normal(0, 2.0, len(y)))  # many exact ties, as rows of repeated tokens give
+    noisy = exact * (1 + rng.choice([-1, 0, 1], len(y)) * np.finfo(float).eps)  # the same, an ulp apart
+    groups = np.repeat(np.arange(30), 8)
+    assert not np.array_equal(np.unique(noisy), np.unique(exact))
+    on_exact = bootstrap_scores(y, exact, groups, ["spearman"], n_boot=50)["spearman"]
+    on_noisy = bootstrap_scores(y, noisy, groups, ["spearman"], n_boot=50)["spearman"]
+    assert on_noisy == on_exact
+    assert on_exact[0] == pytest.approx(spearmanr(y, exact).statistic, abs=1e-12)
+    assert bootstrap_scores(y, y + 1e-6 * rng.normal(size=len(y)), groups, ["spearman"], n_boot=5)["spearman"][0] \
+        < 1.0, "real differences, far above round-off, still rank"

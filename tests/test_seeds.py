@@ -7,7 +7,7 @@ import pytest
 
 from nopelens.analyses import report, seeds
 from nopelens.analyses.sweep import SweepSettings
-from nopelens.analyses.sweep_cmd import parse_seeds
+from nopelens.analyses.cli.options import parse_seeds
 from nopelens.models import zoo
 
 
@@ -75,7 +75,7 @@ def test_summary_table_shows_agreed_and_per_seed_layers_and_mean_plus_minus_sd()
     assert row["abs. index R² ≥ 0.9"] == "none (1/none/1)"
     assert row["best abs. R²"] == "0.95 ± 0.050"
     assert table.iloc[1]["abs. index R² ≥ 0.9"] == "3"
-    assert table.iloc[1][report.SUMMARY_HEADERS["relative_content_qk_r2"]] == "n/a"
+    assert table.iloc[1][report.summary_headers()["relative_content_qk_r2"]] == "n/a"
 
 
 def test_probes_over_seeds_mean_spread_and_ci():
@@ -95,7 +95,7 @@ def test_train_seeds_train_once_per_seed(tmp_path):
     from nopelens.models.checkpoint import read_metadata
 
     common = ["train", "--task", "copy", "--steps", "2", "--layers", "1", "--d-model", "16", "--batch-size", "4",
-              "--max-len", "3", "--no-progress", "--threads", "1", "--out", str(tmp_path)]
+              "--max-len", "3", "--quiet", "--threads", "1", "--out", str(tmp_path)]
     assert main([*common, "--seeds", "0,1"]) == 0
     assert [read_metadata(tmp_path / f"seed{s}" / "checkpoint")["seed"] for s in (0, 1)] == [0, 1]
     assert main([*common, "--seeds", "0", "--seed", "3"]) == 2

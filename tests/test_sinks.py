@@ -37,6 +37,20 @@ def test_uniform_causal_t4_masses():
     assert sink_mass([pattern])[0] == pytest.approx(0.361111, abs=1e-6)
 
 
+def test_causal_sink_mass_and_score_are_the_plain_float32_means_to_the_bit():
+    """Without a window the sink mass and Gu's score are the means of the first-key column (rows
+    1.. and rows 0..T-1), summed in numpy's float32 order: the window rule changes no causal number."""
+    rng = np.random.default_rng(0)
+    patterns = []
+    for _ in range(40):
+        x = rng.random((3, 64, 64)).astype(np.float32) * np.tril(np.ones((64, 64), np.float32))
+        patterns.append(x / x.sum(-1, keepdims=True))
+    plain_mass = np.concatenate([p[:, 1:, 0] for p in patterns], axis=1).mean(1)
+    plain_score = np.concatenate([p[:, :16, 0] for p in patterns], axis=1).mean(1)
+    assert sink_mass(patterns).tobytes() == plain_mass.tobytes()
+    assert sink_scores(patterns, n_tokens=16).tobytes() == plain_score.tobytes()
+
+
 def test_left_padded_sink_is_the_first_real_token():
     mask = np.array([[0, 0, 1, 1, 1]])  # [pad, pad, BOS, a, b]
     assert sink_index(mask).tolist() == [2]

@@ -10,14 +10,18 @@ the evidence: each step is ``pass``, ``fail`` or ``not_applicable`` (with the re
 2. index origin (first real token at 0) and the signed-offset convention of each method
 3. masks are separate from finite score biases (blocked -> exactly 0, allowed -> > 0)
 4. absolute additions: ``hook_pos_embed`` equals the table rows at the position ids
-5. Q/K rotations (``hook_rot_q = R(p) hook_q``, rotated fraction, pairing, offset-only dot
-   products) and Shaw relation lookups
+5. the per-layer detector (each layer's input held fixed, positions re-spaced and shifted:
+   declared against measured, :mod:`.detector`), Q/K rotations (``hook_rot_q = R(p) hook_q``,
+   rotated fraction, pairing, offset-only dot products) and Shaw relation lookups
 6. content scores and position contributions, recorded separately, add up to the scores
 7. softmax over the key axis, unmasked rows sum to 1, blocked entries exactly 0
 8. interventions (zeroed, shifted, swapped positions) against each method's expected effect
 9. cached (incremental) vs uncached decoding: position assignments and logits
 10. training vs evaluation lengths, with the seed's warning that a computable index is not
     demonstrated generalization
+
+Masks are per layer (a sliding window or chunk, :class:`nopelens.models.masks.KeyWindow`), and
+tolerances follow the model's compute dtype (:meth:`Tolerance.for_dtype`).
 
 Conventions are those of ``DESIGN.md``: query i, key j, positions from 0, relative distance
 i - j >= 0, ALiBi bias -m_h (i - j), Shaw offset clip(j - i), RoPE dot products depending on the
@@ -27,7 +31,9 @@ Layout of this package (one concern per module):
 
 - :mod:`.report` the report: checks, step results, Markdown / JSON / terminal summary
 - :mod:`.subjects` what the audit needs of a model, and the nopelens ``Decoder`` as a subject
-- :mod:`.hf` HF models bridged by TransformerLens as subjects (all HF family knowledge)
+- :mod:`.hf` HF models as subjects: bridged by TransformerLens, or hooked with forward hooks
+  where the bridge refuses (their family knowledge is in :mod:`nopelens.models.hf`)
+- :mod:`.detector` the per-layer NoPE detector (step 5)
 - :mod:`.probe` the two-row probe batch and one run's records
 - :mod:`.numerics` tolerances, agreement checks, the reference rotation
 - :mod:`.steps_positions` steps 1, 2, 4; :mod:`.steps_scores` steps 3, 6, 7;

@@ -8,6 +8,8 @@ import torch
 from jaxtyping import Int
 from torch import Tensor
 
+from nopelens.models import Decoder
+
 from .numerics import Tolerance
 from .probe import Run, make_probe
 from .report import AuditReport, StepResult, make_step
@@ -15,7 +17,41 @@ from .steps_lookups import step5_rotations_and_lookups
 from .steps_positions import step1_position_ids, step2_origin_and_sign, step4_absolute_additions
 from .steps_runtime import step8_interventions, step9_cached_decoding, step10_lengths
 from .steps_scores import step3_masks_vs_biases, step6_score_parts, step7_softmax
-from .subjects import make_subject
+from .subjects import DecoderSubject, Subject
+
+
+def make_subject(model: Any, name: str | None) -> tuple[Subject, dict[str, Any]]:
+    """Wrap a Decoder, a TrainedModel, a TransformerBridge, a HookedHFModel or an HF model for the
+    audit (here, not in :mod:`.subjects`, which :mod:`.hf` builds on: no import loop)."""
+    metadata: dict[str, Any] = {}
+    if hasattr(model, "model") and hasattr(model, "metadata") and isinstance(model.model, Decoder):
+        metadata = dict(model.metadata or {})
+        model = model.model
+    if isinstance(model, Decoder):
+        return DecoderSubject(model, name or f"Decoder({model.cfg.position_name})"), metadata
+    if hasattr(model, "original_model") and hasattr(model, "blocks"):
+        from .hf import BridgeSubject
+
+        return BridgeSubject(model, name or type(model.original_model).__name__), metadata
+    from nopelens.models.adapters import HookedHFModel
+
+    if isinstance(model, HookedHFModel):
+        from .hf import HookedSubject
+
+        return HookedSubject(model, name or type(model.original_model).__name__), metadata
+    try:
+        from transformers import PreTrainedModel
+    except ImportError:  # pragma: no cover - transformers is a dependency of transformer-lens
+        PreTrainedModel = ()
+    if isinstance(model, PreTrainedModel):
+        from nopelens.models.adapters import load_hf_model
+
+        return make_subject(load_hf_model(model), name or type(model).__name__)[0], metadata
+    raise TypeError(
+        f"audit needs a nopelens Decoder, a TrainedModel, a TransformerBridge, a HookedHFModel or an HF causal LM; "
+        f"got {type(model).__name__}"
+    )
+
 
 STEPS: list[Callable[[Run, int, dict], StepResult]] = [
     lambda run, shift, meta: step1_position_ids(run),
@@ -41,8 +77,8 @@ def audit(
     train_lengths: tuple[int, int] | list[int] | None = None,
     shift: int = 3,
     seed: int = 0,
-    atol: float = 1e-5,
-    rtol: float = 1e-4,
+    atol: float | None = None,
+    rtol: float | None = None,
     name: str | None = None,
 ) -> AuditReport:
     """Run seed 002's ten-step position audit on a model.
@@ -65,7 +101,9 @@ def audit(
         train_lengths: training lengths, overriding the metadata.
         shift: the constant added to every position in step 8's shift intervention, >= 1.
         seed: seed of the random probe tokens.
-        atol, rtol: agreement means max |a - b| <= atol + rtol * max |reference|.
+        atol, rtol: agreement means max |a - b| <= atol + rtol * max |reference|; default: the
+            tolerance of the model's compute dtype (:meth:`Tolerance.for_dtype`: float32 1e-5 and
+            1e-4, bfloat16 and float16 4 eps).
         name: label of the model in the report.
 
     Returns:
@@ -94,7 +132,7 @@ def audit(
             f"eval_length={eval_length} is past the learned position table ({subject.max_positions} "
             "rows): those positions cannot be computed at all"
         )
-    tol = Tolerance(atol, rtol)
+    tol = Tolerance.for_dtype(subject.compute_dtype, atol, rtol)
     subject.position_limit = 2 * eval_length + shift + 64
     module = subject.model
     flags = [(m, m.training) for m in module.modules()]  # each submodule's own flag, restored below
@@ -120,5 +158,10 @@ def audit(
         "eval_length": eval_length,
         "seed": seed if tokens is None else None,
         "special_tokens": subject.special_tokens,
+        "compute_dtype": tol.dtype,
+        "tolerance": {"atol": tol.atol, "rtol": tol.rtol},
     }
-    return AuditReport(subject.describe(), probe_record, steps)
+    model = subject.describe()
+    if hasattr(run, "_readings"):  # the per-layer detector ran (step 5)
+        model["measured_layer_positions"] = [r.reading for r in run.readings]
+    return AuditReport(model, probe_record, steps)

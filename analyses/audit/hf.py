@@ -1,4 +1,5 @@
-"""HF models as audit subjects, read through :func:`nopelens.models.hf.describe`.
+"""HF models as audit subjects (bridged, or hooked with forward hooks), read through
+:func:`nopelens.models.hf.describe`.
 
 Everything family-specific (per-layer method, RoPE parameters, score scale and soft-capping, q/k
 norms, which hooks carry what they say, how positions enter the model) comes from the description
@@ -17,12 +18,13 @@ from typing import Any, Iterator
 import torch
 from torch import Tensor
 
+from nopelens.models.hooks import act_name
 from nopelens.models.methods import get_method
 from nopelens.models.methods.nope import NoPE
 from nopelens.models.positions import rope_angles
 
 from .numerics import as_ids, dot_scores
-from .subjects import RopeSpec, Subject, audited_hook
+from .subjects import DecodingUnavailable, RopeSpec, Subject, audited_hook
 
 
 class BridgeSubject(Subject):
@@ -64,6 +66,15 @@ class BridgeSubject(Subject):
     def layer_names(self) -> list[str]:
         return list(self.hf.layer_methods)  # ``unknown`` stays visible in reports
 
+    @property
+    def compute_dtype(self) -> torch.dtype:
+        """The dtype of the input embedding: what the layers compute in (a few small parameters,
+        such as GPT-OSS's sinks, may be kept in float32)."""
+        return self.model.original_model.get_input_embeddings().weight.dtype
+
+    def key_window(self, layer: int):
+        return self.hf.layers[layer].key_window
+
     # --- what the description says -----------------------------------------------------------
     def rope_spec(self, layer: int) -> RopeSpec | None:
         spec = self.hf.layers[layer]
@@ -81,6 +92,33 @@ class BridgeSubject(Subject):
 
     def qk_names(self, layer: int) -> tuple[str, str]:
         return self.hf.q_hook, self.hf.k_hook
+
+    def qk_unreadable(self, layer: int) -> str | None:
+        spec = self.hf.layers[layer]
+        if spec.rotates and spec.rope_type != "default":
+            return (f"rope_type {spec.rope_type!r} scales RoPE frequencies; the reference covers the default "
+                    "(unscaled) RoPE only")
+        return spec.qk_reference
+
+    def query_scale(self, layer: int):
+        return self.hf.layers[layer].query_scale
+
+    def decoding_unreadable(self) -> str | None:
+        return self.hf.cache_unreadable
+
+    def sink(self, layer: int):
+        kind = self.hf.layers[layer].sink
+        if kind not in ("learned", "output_scale"):
+            return kind, None
+        if not hasattr(self, "_sinks"):
+            from nopelens.models.hf import learned_sinks
+
+            self._sinks = learned_sinks(self.model.original_model, self.hf)
+        return kind, self._sinks[layer]
+
+    @property
+    def attention_layers(self) -> list[int]:
+        return [l for l, spec in enumerate(self.hf.layers) if spec.mixer == "attention"]
 
     def prepare_qk(self, q: Tensor, k: Tensor, layer: int) -> tuple[Tensor, Tensor]:
         q, k = self._tl_layout(q), self._tl_layout(k)
@@ -111,9 +149,6 @@ class BridgeSubject(Subject):
         if self.hf.qk_norm is not None and "not hooked" in self.hf.qk_norm:
             return (f"{self.hf.family} normalizes q and k ({self.hf.qk_norm}) where the bridge hooks neither, so "
                     "the q and k entering the scores cannot be read")
-        scaled = sorted({l.rope_type for l in self.hf.layers if l.rotates and l.rope_type != "default"})
-        if scaled:
-            return f"rope_type {scaled} scales RoPE frequencies; the reference covers the default (unscaled) RoPE only"
         return None
 
     @property
@@ -221,8 +256,9 @@ class BridgeSubject(Subject):
                 yield seen
             return
         rope_layers = [l for l, spec in enumerate(self.hf.layers) if spec.rotates]
-        names = [f"blocks.{rope_layers[0]}.attn.{n}" for n in ("hook_cos", "hook_sin")] if rope_layers else []
-        if not names or not all(self.hf.fires(n) for n in names) or self.unverifiable() is not None:
+        names = [act_name(n, rope_layers[0]) for n in ("cos", "sin")] if rope_layers else []
+        if (not names or not all(self.hf.fires(n) for n in names) or self.unverifiable() is not None
+                or self.hf.layers[rope_layers[0]].rope_type != "default"):
             yield seen  # no angles nopelens can decode (e.g. scaled RoPE frequencies)
             return
         store: dict[str, Tensor] = {}
@@ -256,7 +292,8 @@ class BridgeSubject(Subject):
                 worst = max(worst, float(err.min(-1).values.max()))
             if worst < best_worst:
                 best_ids, best_worst = torch.cat(found, -1), worst
-        if best_worst > 1e-3 * half:  # not angles p * theta_r for any p < position_limit
+        resolution = max(1e-3, 4 * float(torch.finfo(cos.dtype).eps))  # cos/sin rounded to the model's dtype
+        if best_worst > resolution * half:  # not angles p * theta_r for any p < position_limit
             best_ids = torch.full_like(best_ids, -1)
         return best_ids.to(device)
 
@@ -275,3 +312,71 @@ class BridgeSubject(Subject):
         ids = torch.cat([s.expand(tokens.shape[0], -1) for s in seen], 1) if len(seen) == len(pieces) else None
         return torch.cat(pieces, 1), {"step_ids": ids, "cache_ids": None}
 
+
+
+class HookedSubject(BridgeSubject):
+    """An HF causal LM the bridge refuses, read through :class:`~nopelens.models.adapters.HookedHFModel`.
+
+    Its hooks reach the residual stream and the attention weights, not q, k or the pre-softmax
+    scores: the steps that need those (the rotation checks of steps 2 and 5, step 6) say so per
+    layer, and every other step, the per-layer detector included, runs on the patterns and logits.
+    HF's own cache serves step 9.
+    """
+
+    kind = "HF causal LM via forward hooks"
+
+    def qk_unreadable(self, layer: int) -> str | None:
+        return ("the model is hooked with PyTorch forward hooks (TransformerLens cannot bridge it), which reach "
+                "its attention weights but not its q and k")
+
+    def forward(self, tokens, mask, position_ids=None, fwd_hooks=()):
+        with self.model.hooks(fwd_hooks=list(fwd_hooks)):
+            return self.model(tokens, attention_mask=mask, position_ids=position_ids)
+
+    def run_with_cache(self, tokens, mask, position_ids=None):
+        with self.capture_position_ids() as seen:
+            logits, cache = self.model.run_with_cache(tokens, names_filter=audited_hook, attention_mask=mask,
+                                                      position_ids=position_ids)
+        return logits, cache, (seen[0] if seen else None)
+
+    @contextlib.contextmanager
+    def capture_position_ids(self) -> Iterator[list]:
+        """The position ids the model hands its first decoder layer (what its rotary embedding reads)."""
+        seen: list[Tensor] = []
+        layer = dict(self.model.original_model.named_modules())[self.model.layout.layers[0]]
+
+        def pre(module, args, kwargs):
+            ids = kwargs.get("position_ids")
+            if isinstance(ids, Tensor):
+                hidden = args[0] if args else kwargs["hidden_states"]
+                seen.append(ids.detach().clone().expand(hidden.shape[0], -1))
+
+        handle = layer.register_forward_pre_hook(pre, with_kwargs=True)
+        try:
+            yield seen
+        finally:
+            handle.remove()
+
+    def decode_incrementally(self, tokens, mask, split):
+        """HF's own KV cache: a prefix of ``split`` tokens, then one token at a time."""
+        from nopelens.models.positions import position_ids_from_mask
+
+        hf, ids = self.model.original_model, position_ids_from_mask(mask)
+        pieces = []
+        with self.capture_position_ids() as seen, warnings.catch_warnings():
+            # transformers 5.24 renames past_key_values to cache in some families and warns about it
+            warnings.filterwarnings("ignore", message=".*past_key_values.*", category=FutureWarning)
+            try:
+                out = hf(tokens[:, :split], attention_mask=mask[:, :split], position_ids=ids[:, :split], use_cache=True)
+                pieces.append(out.logits)
+                for t in range(split, tokens.shape[1]):
+                    out = hf(tokens[:, t:t + 1], attention_mask=mask[:, :t + 1], position_ids=ids[:, t:t + 1],
+                             past_key_values=out.past_key_values, use_cache=True)
+                    pieces.append(out.logits)
+            except Exception as error:  # the model's own cache, not nopelens: say so, never a traceback
+                from nopelens.models.hf import _one_line
+
+                raise DecodingUnavailable(f"{type(hf).__name__}'s own KV cache fails when decoding one token at a "
+                                          f"time ({type(error).__name__}: {_one_line(error)})") from None
+        step_ids = torch.cat(seen, 1) if len(seen) == len(pieces) else None
+        return torch.cat(pieces, 1), {"step_ids": step_ids, "cache_ids": None}

@@ -9,7 +9,8 @@ import torch
 from jaxtyping import Bool, Int
 from torch import Tensor
 
-from nopelens.models.masks import visibility
+from nopelens.models.hooks import act_name
+from nopelens.models.masks import CAUSAL, KeyWindow, visibility
 from nopelens.models.methods import SCORE_BIAS
 from nopelens.models.positions import position_ids_from_mask
 
@@ -28,15 +29,15 @@ class Probe:
     def real(self) -> Bool[Tensor, "batch pos"]:
         return self.mask.bool()
 
-    def allowed(self) -> Bool[Tensor, "batch 1 query_pos key_pos"]:
-        """Visible (query, key) pairs whose query is a real token."""
+    def allowed(self, keys: KeyWindow = CAUSAL) -> Bool[Tensor, "batch 1 query_pos key_pos"]:
+        """Visible (query, key) pairs whose query is a real token (``keys``: a layer's window or chunk)."""
         length = self.tokens.shape[1]
-        return visibility(self.mask, length, length) & self.real[:, None, :, None]
+        return visibility(self.mask, length, length, keys=keys) & self.real[:, None, :, None]
 
-    def blocked(self) -> Bool[Tensor, "batch 1 query_pos key_pos"]:
-        """Hidden (query, key) pairs (future or padded keys) whose query is a real token."""
+    def blocked(self, keys: KeyWindow = CAUSAL) -> Bool[Tensor, "batch 1 query_pos key_pos"]:
+        """Hidden (query, key) pairs (future, padded, or outside a window or chunk) whose query is real."""
         length = self.tokens.shape[1]
-        return ~visibility(self.mask, length, length) & self.real[:, None, :, None]
+        return ~visibility(self.mask, length, length, keys=keys) & self.real[:, None, :, None]
 
 
 def make_probe(subject: Subject, eval_length: int, seed: int, tokens: Tensor | None) -> Probe:
@@ -80,8 +81,31 @@ class Run:
     seen_ids: Tensor | None
     tol: Tolerance
 
+    @property
+    def logit_tol(self):
+        """The tolerance of logits, through every block (:meth:`Tolerance.through`)."""
+        return self.tol.through(self.subject.n_layers)
+
+    @property
+    def readings(self) -> list:
+        """The per-layer NoPE detector's readings (:func:`~nopelens.analyses.audit.detector.detect`),
+        measured once per run."""
+        if not hasattr(self, "_readings"):
+            from .detector import detect
+
+            self._readings = detect(self.subject, self.probe.tokens, self.probe.mask, self.tol)
+        return self._readings
+
+    def allowed(self, layer: int) -> Bool[Tensor, "batch 1 query_pos key_pos"]:
+        """The (query, key) pairs layer ``layer`` may read: causal, padding, and its window or chunk."""
+        return self.probe.allowed(self.subject.key_window(layer))
+
+    def blocked(self, layer: int) -> Bool[Tensor, "batch 1 query_pos key_pos"]:
+        """The pairs layer ``layer`` must give exactly zero weight (real queries only)."""
+        return self.probe.blocked(self.subject.key_window(layer))
+
     def hook(self, layer: int, name: str) -> Tensor | None:
-        key = f"blocks.{layer}.attn.{name}"
+        key = act_name(name, layer)
         return self.cache[key] if key in self.cache.keys() else None
 
     def qk(self, layer: int) -> tuple[Tensor, Tensor]:
@@ -107,7 +131,7 @@ class Run:
         sides of every comparison are then row-centred (:meth:`comparable`)."""
         if self.subject.scores_trusted:
             return self.hook(layer, "hook_attn_scores").double()
-        allowed = self.probe.allowed()
+        allowed = self.allowed(layer)
         log_pattern = self.hook(layer, "hook_pattern").double().clamp(min=1e-300).log()
         return self.comparable(log_pattern.masked_fill(~allowed, 0.0))
 
@@ -125,7 +149,7 @@ class Run:
         recorded = self.hook(layer, "hook_pos_bias")
         if recorded is not None:
             return recorded.double()
-        allowed = self.probe.allowed()
+        allowed = self.allowed(layer)
         return (self.scores(layer) - self.content(layer)).masked_fill(~allowed, 0.0)
 
     @property

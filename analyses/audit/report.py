@@ -101,6 +101,9 @@ class AuditReport:
         """A one-screen terminal summary: one line per step, then warnings and the verdict."""
         mark = {"pass": "PASS", "fail": "FAIL", "not_applicable": "n/a "}
         lines = [f"nopelens audit: {self.model['name']} ({self.model['description']})"]
+        if "measured_layer_positions" in self.model:
+            lines.append(f" measured per layer (input held fixed, positions re-spaced): "
+                         f"{', '.join(self.model['measured_layer_positions'])}")
         for s in self.steps:
             flag = " !" if s.warnings else ""
             lines.append(f" [{mark[s.status]}]{flag} {s.number:>2}. {s.title}: {_clip(s.summary, 90)}")

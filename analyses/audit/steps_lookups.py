@@ -5,7 +5,6 @@ from __future__ import annotations
 from dataclasses import asdict
 
 import torch
-from torch import Tensor
 
 from nopelens.models.methods import QK_ROTATION
 from nopelens.models.positions import apply_rope, rope_angles
@@ -20,7 +19,9 @@ from .steps_positions import observed_content
 def step5_rotations_and_lookups(run: Run, shift: int) -> StepResult:
     """Step 5: q/k rotations and relation lookups match the reference at the declared parameters.
 
-    RoPE layers: ``hook_rot_q = R(p) hook_q`` and ``hook_rot_k = R(p) hook_k`` at the declared
+    Every layer first: the per-layer detector (:mod:`.detector`) measures with the layer's input
+    held fixed whether it reads positions (nope, relative or absolute), and a layer whose
+    measurement disagrees with its declared method fails, named. Then RoPE layers: ``hook_rot_q = R(p) hook_q`` and ``hook_rot_k = R(p) hook_k`` at the declared
     pairing, fraction and base (the other pairing's error is reported), unrotated dims pass
     through, HF's ``hook_cos`` equals cos(p theta_r), the scores equal R(p)q . R(p)k / sqrt(d_head),
     and shifting every position leaves the rotated dot products unchanged. Lookup layers (Shaw,
@@ -30,9 +31,12 @@ def step5_rotations_and_lookups(run: Run, shift: int) -> StepResult:
     s, p = run.subject, run.probe
     rope_layers = s.layers_acting(QK_ROTATION)
     lookup_layers = [l for l, m in enumerate(s.layer_methods) if m.bias_kind == "lookup"]
-    if not rope_layers and not lookup_layers:
-        return make_step(5, [], {}, "", f"no Q/K rotation or relation lookup (methods {s.method_names})")
-    checks, evidence = [], {}
+    checks, evidence = _detector_checks(run)
+    if not rope_layers and not lookup_layers and not checks:
+        reason = f"no Q/K rotation or relation lookup (methods {s.method_names})"
+        if evidence.get("measured"):
+            reason += "; " + evidence["measured_note"]
+        return make_step(5, [], evidence, "", reason)
     ids = run.ids_used.clamp(min=0)
     real_q = p.real[:, :, None, None]
     if rope_layers:
@@ -40,6 +44,9 @@ def step5_rotations_and_lookups(run: Run, shift: int) -> StepResult:
         same = len({(sp.rotary_dim, sp.base, sp.pairing) for sp in specs.values()}) == 1
         evidence["rope"] = asdict(specs[rope_layers[0]]) if same else {l: asdict(sp) for l, sp in specs.items()}
         for layer in rope_layers:
+            if s.qk_unreadable(layer) is not None:
+                evidence[f"layer{layer}_rotation"] = f"not checked against the reference: {s.qk_unreadable(layer)}"
+                continue
             spec = specs[layer]
             other = "interleaved" if spec.pairing == "half" else "half"
             q, k = run.qk(layer)
@@ -78,13 +85,37 @@ def step5_rotations_and_lookups(run: Run, shift: int) -> StepResult:
         checks += _rope_offset_checks(run, rope_layers, shift, evidence)
     for layer in lookup_layers:
         checks += _lookup_checks(run, layer, evidence)
-    return make_step(5, checks, evidence, "rotations / lookups match the reference at the declared pairing, "
-                      "fraction and offsets")
+    referenced = [l for l in rope_layers if s.qk_unreadable(l) is None] + lookup_layers
+    summary = ("every layer reads positions as declared (measured); rotations / lookups match the reference "
+               "at the declared pairing, fraction and offsets" if referenced
+               else "every layer reads positions as declared (measured with its input held fixed)")
+    return make_step(5, checks, evidence, summary)
+
+
+def _detector_checks(run: Run) -> tuple[list[Check], dict]:
+    """Declared against measured, per layer: a definite reading that disagrees fails, named."""
+    readings = run.readings
+    evidence = {"measured": [r.reading for r in readings], "declared": [r.declared for r in readings],
+                "detector": [r.describe() for r in readings]}
+    undecided = [r.layer for r in readings if r.agrees is None]
+    notes = {"flat": "too flat to tell (scores within round-off)", "undetermined": "changed within round-off only",
+             "not_measured": "not measured (the model takes no position ids)"}
+    evidence["measured_note"] = "; ".join(f"layers {[r.layer for r in readings if r.reading == k]} {v}"
+                                          for k, v in notes.items() if any(r.reading == k for r in readings))
+    checks = []
+    for r in readings:
+        if r.agrees is None:
+            continue
+        name = f"layer {r.layer} reads positions as declared ({r.declared})"
+        checks.append(Check(name, bool(r.agrees), r.describe(), r.respaced_change, r.tolerance))
+    if undecided:
+        evidence["undecided_layers"] = undecided
+    return checks, evidence
 
 
 def _rope_scores_check(run: Run, layer: int, other: str, evidence: dict) -> Check:
     observed = observed_content(run, layer)
-    allowed = run.probe.allowed()
+    allowed = run.allowed(layer)
     declared = run.content(layer)
     e_other = max_err(observed, run.content(layer, pairing=other), allowed)
     evidence[f"layer{layer}_scores_error_other_pairing"] = e_other
@@ -95,43 +126,49 @@ def _rope_scores_check(run: Run, layer: int, other: str, evidence: dict) -> Chec
 
 
 def _rope_offset_checks(run: Run, layers: list[int], shift: int, evidence: dict) -> list[Check]:
-    """Shift every position by a constant: the rotated dot products of RoPE layers do not change."""
-    s, p = run.subject, run.probe
+    """Shift every position by a constant: the rotated dot products of RoPE layers do not change.
+
+    Measured by the detector's shift run, with each layer's input held at its unshifted value (so
+    round-off from earlier layers does not pile up, which in half precision it would): the layer's
+    scores (or log-pattern) relative to the query's own key, before and after.
+    """
+    s = run.subject
     if s.input_method is not None or not s.takes_positions:
         return []
-    kept: dict[str, Tensor] = {}
+    from .detector import SHIFT
 
-    def keep(x, hook):
-        kept[hook.name] = x.detach().clone()
-
-    site = s.content_hook if s.scores_trusted else "hook_pattern"  # a pattern-only model: compare patterns
-    names = [f"blocks.{l}.attn.{site}" for l in layers]
-    s.forward(p.tokens, p.mask, p.ids + shift, [(n, keep) for n in names])
-    allowed = p.allowed()
     checks = []
-    for layer, name in zip(layers, names):
-        before = observed_content(run, layer) if s.scores_trusted else run.hook(layer, site).double()
-        after = kept[name].double().masked_fill(~allowed, 0.0)
-        checks.append(agree(f"layer {layer} rotated q.k depends only on the offset", after, before, run.tol,
-                             f"scores with every position + {shift} vs the originals", allowed))
+    for reading in run.readings:
+        if reading.layer not in layers or reading.shifted_change is None:
+            continue
+        checks.append(Check(f"layer {reading.layer} rotated q.k depends only on the offset",
+                            reading.shifted_change <= reading.tolerance,
+                            f"{reading.quantity} with every position + {SHIFT} (the layer's input held fixed) vs the "
+                            f"originals: change {reading.shifted_change:.3g}", reading.shifted_change, reading.tolerance))
     return checks
 
 
 def _lookup_checks(run: Run, layer: int, evidence: dict) -> list[Check]:
-    """``hook_pos_bias`` (and a value term) against the layer's own table at the declared ids."""
+    """``hook_pos_bias`` (and a value term) against the layer's own table at the relative ids of
+    the declaration (the model config), as RoPE's references use the declared base and fraction."""
     s, p = run.subject, run.probe
     if not s.reads_tables:
         return []
-    method, attn = s.layer_methods[layer], s.attention(layer)
+    method, attn, declared = s.layer_methods[layer], s.attention(layer), s.declaration
     ids = run.ids_used.clamp(min=0)
-    rel_ids = method.relative_ids(attn.cfg, ids, ids)
+    rel_ids = method.relative_ids(declared, ids, ids)
     q = run.hook(layer, "hook_q").double()
-    reference = method.reference_bias(attn, q, rel_ids)
-    allowed = p.allowed()
-    checks = [agree(f"layer {layer} {method.label} {method.table_name} lookup", run.hook(layer, "hook_pos_bias"),
-                    reference, run.tol, method.lookup_formula(attn.cfg), allowed)]
+    name = f"layer {layer} {method.label} {method.table_name} lookup"
+    try:
+        reference = method.reference_bias(attn, q, rel_ids)
+    except IndexError as error:  # the layer's table is smaller than the declaration needs
+        return [Check(name, False, f"the layer's {method.table_name} cannot be read at the ids of the declaration "
+                      f"({method.lookup_formula(declared)}): {error}")]
+    allowed = run.allowed(layer)
+    checks = [agree(name, run.hook(layer, "hook_pos_bias"), reference, run.tol, method.lookup_formula(declared),
+                    allowed)]
     evidence[f"layer{layer}_{method.name}_{method.ids_evidence_name}"] = method.ids_evidence(
-        attn.cfg, rel_ids[allowed[:, 0]])
+        declared, rel_ids[allowed[:, 0]])
     pattern = run.hook(layer, "hook_pattern").double()
     value_term = method.reference_value_term(attn, pattern, rel_ids)
     if value_term is not None:

@@ -47,7 +47,7 @@ def step1_position_ids(run: Run) -> StepResult:
     reference = run.logits[0, :n_real]
     padded = run.logits[1, p.n_pad:]
     checks.append(agree(
-        "left-padding invariance", padded, reference, run.tol,
+        "left-padding invariance", padded, reference, run.logit_tol,
         f"logits of the left-padded row's {n_real} real tokens vs the same tokens unpadded"))
     evidence["left_padding"] = p.n_pad
     return make_step(1, checks, evidence, "probe batch recorded; left-padded row uses mask-derived ids "
@@ -76,7 +76,9 @@ def step2_origin_and_sign(run: Run) -> StepResult:
         checks.append(Check("index origin", bool((origin == 0).all()),
                             f"first real token of each row at positions {origin.tolist()} (expected 0)"))
     for layer, method in enumerate(s.layer_methods):
-        if method.acts(QK_ROTATION):
+        if method.acts(QK_ROTATION) and s.qk_unreadable(layer) is not None:
+            evidence[f"layer{layer}_rotation_direction"] = f"not checked: {s.qk_unreadable(layer)}"
+        elif method.acts(QK_ROTATION):
             checks.append(_rotation_direction_check(run, layer, evidence))
         elif method.bias_kind == "linear":
             checks.append(_linear_bias_sign_check(run, layer, evidence))
@@ -93,7 +95,7 @@ def _linear_bias_sign_check(run: Run, layer: int, evidence: dict) -> Check:
     """Fit bias_ij - bias_ii = -m_h (i - j) per head; expect m_h > 0, equal to the declared slopes."""
     p, method = run.probe, run.subject.layer_methods[layer]
     bias = run.position_contribution(layer)
-    allowed = p.allowed()[:, 0]
+    allowed = run.allowed(layer)[:, 0]
     distance = (p.ids[:, :, None] - p.ids[:, None, :]).double()  # i - j
     centered = bias - bias.diagonal(dim1=-2, dim2=-1)[..., :, None]
     fitted = []
@@ -118,9 +120,13 @@ def _lookup_sign_check(run: Run, layer: int, evidence: dict) -> Check:
     p, s = run.probe, run.subject
     method, attn = s.layer_methods[layer], s.attention(layer)
     q = run.hook(layer, "hook_q").double()
-    allowed = p.allowed()
-    rows = method.relative_ids(attn.cfg, p.ids, p.ids)
-    declared = method.reference_bias(attn, q, rows)
+    allowed = run.allowed(layer)
+    rows = method.relative_ids(s.declaration, p.ids, p.ids)
+    try:
+        declared = method.reference_bias(attn, q, rows)
+    except IndexError as error:  # the layer's table is smaller than the declaration needs
+        return Check(f"layer {layer} {method.label} offset sign", False,
+                     f"the layer's {method.table_name} cannot be read at the ids of the declaration: {error}")
     mirrored = method.reference_bias(attn, q, rows.transpose(1, 2))
     observed = run.position_contribution(layer)
     e_dec, e_mir = max_err(observed, declared, allowed), max_err(observed, mirrored, allowed)
@@ -139,7 +145,7 @@ def _rotation_direction_check(run: Run, layer: int, evidence: dict) -> Check:
     Both pairings are tried, so a pairing fault (step 5) does not read as a sign fault here.
     """
     scores = observed_content(run, layer)
-    allowed = run.probe.allowed()
+    allowed = run.allowed(layer)
     errors = {(pairing, direction): max_err(scores, run.content(layer, pairing=pairing, direction=direction), allowed)
               for pairing in ("half", "interleaved") for direction in (1, -1)}
     evidence[f"layer{layer}_rope_errors"] = {f"{pairing} R({'+' if d > 0 else '-'}p)": e
@@ -163,7 +169,7 @@ def observed_content(run: Run, layer: int) -> Tensor:
     content = run.hook(layer, "hook_content_scores")
     if content is not None:
         return content.double()
-    return run.scores(layer).masked_fill(~run.probe.allowed(), 0.0)
+    return run.scores(layer).masked_fill(~run.allowed(layer), 0.0)
 
 
 # ----------------------------------------------------------------------------- step 4

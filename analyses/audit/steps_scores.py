@@ -7,6 +7,7 @@ import math
 import torch
 from torch import Tensor
 
+from nopelens.models.hooks import act_name
 from nopelens.models.methods import SCORE_BIAS
 from nopelens.models.positions import alibi_bias
 
@@ -24,17 +25,20 @@ def step3_masks_vs_biases(run: Run) -> StepResult:
     score bias, a rerun with every bias dropped must change the scores but not the blocked set.
     """
     s, p = run.subject, run.probe
-    allowed, blocked = p.allowed(), p.blocked()
     checks, evidence = [], {}
     min_allowed, max_blocked, worst_bias = [], [], []
     blocked_scores_ok, allowed_finite = True, True
-    for layer in range(s.n_layers):
+    windows = {layer: s.key_window(layer).describe() for layer in s.attention_layers if not s.key_window(layer).causal_only}
+    if windows:
+        evidence["windows"] = windows
+    for layer in s.attention_layers:
+        allowed, blocked = run.allowed(layer), run.blocked(layer)
         pattern = run.hook(layer, "hook_pattern").double()
         min_allowed.append(float(pattern[allowed.expand_as(pattern)].min()))
         max_blocked.append(float(pattern[blocked.expand_as(pattern)].abs().max()))
         if s.scores_trusted:
             scores = run.hook(layer, "hook_attn_scores").double()
-            blocked_scores_ok &= bool((scores[blocked.expand_as(scores)] <= -1e30).all())
+            blocked_scores_ok &= bool((scores[blocked.expand_as(scores)] <= run.tol.masked_score).all())
             allowed_finite &= bool(scores[allowed.expand_as(scores)].isfinite().all())
         bias = run.position_contribution(layer)
         if bias is not None:
@@ -48,7 +52,7 @@ def step3_masks_vs_biases(run: Run) -> StepResult:
                         + (f", under biases up to {max(worst_bias):.3g}" if worst_bias else ""), min(min_allowed)))
     if s.scores_trusted:
         checks.append(Check("mask is -inf (or the dtype minimum), biases finite", blocked_scores_ok and allowed_finite,
-                            "blocked scores <= -1e30 and every allowed score finite" if blocked_scores_ok
+                            f"blocked scores <= {run.tol.masked_score:.3g} and every allowed score finite" if blocked_scores_ok
                             and allowed_finite else "a blocked score is finite-valued or an allowed score is not finite"))
     else:
         evidence["masked_scores"] = ("not checked: the model records no pre-softmax scores (its hook_attn_scores "
@@ -69,7 +73,7 @@ def step3_masks_vs_biases(run: Run) -> StepResult:
 def _drop_bias(run: Run, layers: list[int]) -> tuple[list[Check], dict] | None:
     """Re-run with every score bias zeroed: scores change, the blocked set does not."""
     s, p = run.subject, run.probe
-    names = [f"blocks.{l}.attn.{n}" for l in layers for n in ("hook_attn_scores", "hook_pattern")]
+    names = [act_name(n, l) for l in layers for n in ("attn_scores", "pattern")]
     kept: dict[str, Tensor] = {}
 
     def keep(x, hook):
@@ -77,15 +81,15 @@ def _drop_bias(run: Run, layers: list[int]) -> tuple[list[Check], dict] | None:
 
     if not s.forward_without_bias(p.tokens, p.mask, [(n, keep) for n in names]):
         return None
-    allowed = p.allowed()
     real_rows = p.real[:, None, :, None]
     same_blocked, changed = True, []
     for layer in layers:
+        allowed = run.allowed(layer)
         before = run.hook(layer, "hook_pattern")
-        after = kept[f"blocks.{layer}.attn.hook_pattern"]
+        after = kept[act_name("pattern", layer)]
         same_blocked &= bool(((before == 0) == (after == 0))[real_rows.expand_as(before)].all())
         score_before = run.hook(layer, "hook_attn_scores")
-        score_after = kept[f"blocks.{layer}.attn.hook_attn_scores"]
+        score_after = kept[act_name("attn_scores", layer)]
         changed.append(max_err(score_before, score_after, allowed))
     bound = run.tol.of(run.logits)
     checks = [
@@ -106,10 +110,15 @@ def step6_score_parts(run: Run) -> StepResult:
     -m_h (i - j). Where a model hooks no separate parts (HF), content is recomputed from
     ``hook_q``/``hook_k`` and the position part is the difference.
     """
-    s, p = run.subject, run.probe
-    allowed = p.allowed()
-    checks, evidence, derived = [], {}, []
+    s = run.subject
+    checks, evidence, derived, unreadable = [], {}, [], {}
     for layer, method in enumerate(s.layer_methods):
+        if layer not in s.attention_layers:
+            continue
+        if s.qk_unreadable(layer) is not None:
+            unreadable[layer] = s.qk_unreadable(layer)
+            continue
+        allowed = run.allowed(layer)
         scores = run.scores(layer)
         content_hook = run.hook(layer, "hook_content_scores")
         q_rot = run.hook(layer, "hook_rot_q")
@@ -145,8 +154,33 @@ def step6_score_parts(run: Run) -> StepResult:
         evidence["note"] = ("the bridge hooks no separate content or bias scores; content is recomputed from "
                             "hook_q/hook_k (rotated by the reference for RoPE) and the position part is "
                             "hook_attn_scores - content")
+    reason = None
+    if unreadable:
+        evidence["q_k_not_read"] = {str(layer): why for layer, why in unreadable.items()}
+        reason = _unreadable_reason(unreadable)
     return make_step(6, checks, evidence,
-                      "content and position parts are recorded separately and add up to the scores")
+                      "content and position parts are recorded separately and add up to the scores", reason)
+
+
+def _output_scale(run: Run, layer: int, pattern: Tensor) -> Tensor | None:
+    """The factor c of each real (query, head) in hook_z = c * (pattern @ hook_v): an output-scale
+    sink's 1 - p_sink (see :func:`nopelens.probes.sinks.output_scale_sink_mass`); None unhooked."""
+    v, z = run.hook(layer, "hook_v"), run.hook(layer, "hook_z")
+    if v is None or z is None:
+        return None
+    v = v.double().repeat_interleave(pattern.shape[1] // v.shape[2], dim=2)
+    weighted = torch.einsum("bhqk,bkhd->bqhd", pattern, v)
+    norm = (weighted * weighted).sum(-1)
+    scale = (z.double() * weighted).sum(-1) / norm.clamp(min=1e-300)
+    return scale[run.probe.real]
+
+
+def _unreadable_reason(unreadable: dict[int, str]) -> str:
+    """One line: which layers' q and k cannot be read, and why."""
+    by_reason: dict[str, list[int]] = {}
+    for layer, why in unreadable.items():
+        by_reason.setdefault(why, []).append(layer)
+    return "; ".join(f"layers {layers}: {why}" for why, layers in by_reason.items())
 
 
 # ----------------------------------------------------------------------------- step 7
@@ -154,33 +188,65 @@ def step7_softmax(run: Run) -> StepResult:
     """Step 7: patterns are softmaxes of the combined scores over the key axis.
 
     ``hook_pattern`` = softmax(``hook_attn_scores``, key axis) (the query-axis softmax is reported
-    for contrast), every real query row sums to 1, and blocked entries are exactly 0.
+    for contrast), every real query row sums to 1, and blocked entries are exactly 0. A layer with a
+    learned sink (one more logit per head in the denominator, :func:`~nopelens.models.hf.softmax_with_sink`)
+    has rows summing to 1 - p_sink instead: the sink must take mass (p_sink > 0 beyond round-off)
+    and no row may exceed 1; where the scores are recorded, the pattern must equal the softmax with
+    the model's own sink logits. An output-scale sink (Granite SWA) leaves the pattern a plain softmax.
     """
+    from nopelens.models.hf import softmax_with_sink
+
     s, p = run.subject, run.probe
     real_rows = p.real[:, None, :, None]
-    blocked = p.blocked()
     checks = []
     worst_key, worst_query, worst_sum, worst_block = 0.0, math.inf, 0.0, 0.0
-    for layer in range(s.n_layers):
+    sink_mass, over_one, plain = {}, 0.0, False
+    for layer in s.attention_layers:
+        blocked = run.blocked(layer)
         pattern = run.hook(layer, "hook_pattern").double()
+        kind, logits = s.sink(layer)
+        extra = kind in ("learned", "per_token")
         if s.scores_trusted:
             scores = run.hook(layer, "hook_attn_scores").double()
-            worst_key = max(worst_key, max_err(pattern, scores.softmax(-1), real_rows))
+            worst_key = max(worst_key, max_err(pattern, softmax_with_sink(scores, logits if extra else None), real_rows))
             worst_query = min(worst_query, max_err(pattern, scores.softmax(-2), real_rows))
-        worst_sum = max(worst_sum, max_err(pattern.sum(-1), torch.ones_like(pattern.sum(-1)), p.real[:, None]))
+        sums = pattern.sum(-1)[p.real[:, None].expand(-1, pattern.shape[1], -1)]
+        if kind == "output_scale":
+            scale = _output_scale(run, layer, pattern)
+            if scale is not None:
+                sink_mass[layer] = float((1 - scale).mean())
+                over_one = max(over_one, float((scale - 1).max()))
+        if extra:
+            sink_mass[layer] = float((1 - sums).mean())
+            over_one = max(over_one, float((sums - 1).max()))
+        else:
+            plain = True
+            worst_sum = max(worst_sum, float((sums - 1).abs().max()))
         worst_block = max(worst_block, float(pattern[blocked.expand_as(pattern)].abs().max()))
     bound = run.tol.atol
     evidence: dict = {"padded_query_rows_excluded": p.n_pad}
     if s.scores_trusted:
         checks.append(Check("softmax over the key axis", worst_key <= bound,
-                            f"hook_pattern = softmax(hook_attn_scores, key axis): error {worst_key:.3g}; over the "
-                            f"query axis it would be {worst_query:.3g}", worst_key, bound))
+                            f"hook_pattern = softmax(hook_attn_scores, key axis){' with the learned sinks' if sink_mass else ''}"
+                            f": error {worst_key:.3g}; over the query axis it would be {worst_query:.3g}",
+                            worst_key, bound))
     else:
         evidence["softmax_axis"] = ("not checked: the model records no pre-softmax scores (its hook_attn_scores "
-                                    "carry the pattern)")
-    checks.append(Check("unmasked rows sum to 1", worst_sum <= bound,
-                        f"max |row sum - 1| over real query rows {worst_sum:.3g}", worst_sum, bound))
+                                    "carry the pattern, or it is hooked without the bridge)")
+    if plain:
+        checks.append(Check("unmasked rows sum to 1", worst_sum <= bound,
+                            f"max |row sum - 1| over real query rows {worst_sum:.3g}", worst_sum, bound))
+    if sink_mass:
+        evidence["mean_sink_mass_per_layer"] = {str(l): m for l, m in sink_mass.items()}
+        least = min(sink_mass.values())
+        checks.append(Check("declared sinks take mass", least > bound and over_one <= bound,
+                            f"mean p_sink per sink layer {[round(m, 4) for m in sink_mass.values()]} (1 - row sum, "
+                            f"or 1 - the output scale; must be > {bound:.3g}: a declared sink takes mass); largest "
+                            f"row sum (or scale) - 1 {over_one:.3g}", least, bound))
     checks.append(Check("blocked entries exactly 0", worst_block == 0.0,
                         f"max weight at blocked entries {worst_block:.3g}", worst_block, 0.0))
-    return make_step(7, checks, evidence,
-                      "patterns are key-axis softmaxes; rows sum to 1; blocked entries are exactly 0")
+    summary = "patterns are key-axis softmaxes; rows sum to 1; blocked entries are exactly 0"
+    if sink_mass:
+        summary = ("patterns are key-axis softmaxes (learned sinks in the denominator); rows sum to 1, or to "
+                   "1 - p_sink on sink layers; blocked entries are exactly 0")
+    return make_step(7, checks, evidence, summary)

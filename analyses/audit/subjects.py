@@ -18,7 +18,14 @@ from jaxtyping import Float
 from torch import Tensor
 
 from nopelens.models import Decoder, KVCache
+from nopelens.models.hooks import act_name
+from nopelens.models.masks import CAUSAL, KeyWindow
 from nopelens.models.methods import METHODS, QK_ROTATION, SCORE_BIAS, PositionMethod, get_method
+
+
+class DecodingUnavailable(RuntimeError):
+    """Raised by :meth:`Subject.decode_incrementally` when the model's own KV cache cannot run; step 9
+    is then not applicable, with this message as its reason."""
 
 
 @dataclass
@@ -66,6 +73,23 @@ class Subject(abc.ABC):
     def method_names(self) -> list[str]:
         """The distinct attention methods, sorted by name."""
         return sorted(set(self.layer_names))
+
+    @property
+    def compute_dtype(self) -> torch.dtype:
+        """The dtype the model computes in (its first floating-point parameter's); sets the tolerances."""
+        for param in self.model.parameters():
+            if param.is_floating_point():
+                return param.dtype
+        return torch.float32
+
+    @property
+    def attention_layers(self) -> list[int]:
+        """The layers with a softmax attention pattern (all of them, unless the model has other mixers)."""
+        return list(range(self.n_layers))
+
+    def key_window(self, layer: int) -> KeyWindow:
+        """The sliding window or chunk of a layer's attention (none: the causal rule alone)."""
+        return CAUSAL
 
     def layers_acting(self, place: str) -> list[int]:
         """The layers whose method acts at ``place`` (a :data:`~nopelens.models.methods.PLACES` entry)."""
@@ -129,6 +153,23 @@ class Subject(abc.ABC):
 
         return dot_scores(q, k, self.score_scale(layer))
 
+    def decoding_unreadable(self) -> str | None:
+        """Why decoding through the model's KV cache cannot be audited, or None."""
+        return None
+
+    def sink(self, layer: int) -> tuple[str | None, Tensor | None]:
+        """A layer's extra attention sink: (kind, per-head logits) as
+        :attr:`nopelens.models.hf.LayerPosition.sink` names it, or (None, None)."""
+        return None, None
+
+    def query_scale(self, layer: int):
+        """A layer's position-dependent query factor (:class:`nopelens.models.hf.QueryScale`), or None."""
+        return None
+
+    def qk_unreadable(self, layer: int) -> str | None:
+        """Why a layer's hooked q and k cannot be held against the reference, or None (they can)."""
+        return None
+
     def qk_names(self, layer: int) -> tuple[str, str]:
         """The attention hooks holding the q and k that enter the scores (before rotation)."""
         return "hook_q", "hook_k"
@@ -187,6 +228,13 @@ class DecoderSubject(Subject):
         """The ``Attention`` module of a layer (owner of its method's parameters)."""
         return self.model.blocks[layer].attn
 
+    @property
+    def declaration(self):
+        """The model's declared config (what a checkpoint stores): every reference the audit
+        computes (RoPE's base and fraction, Shaw's clip, T5's buckets) comes from it, never from
+        a layer's own copy, so a layer that deviates from the declaration fails."""
+        return self.model.cfg
+
     def input_reference(self, position_ids: Tensor, width: int) -> Tensor:
         """What ``hook_pos_embed`` must be at the ids, float64, from the input method's formula."""
         return self.input_method.reference_vectors(self.model, position_ids, width)
@@ -226,7 +274,7 @@ class DecoderSubject(Subject):
         return torch.cat(pieces, 1), {"step_ids": torch.cat(seen, 1), "cache_ids": cache.position_ids}
 
     def forward_without_bias(self, tokens, mask, fwd_hooks):
-        zero = [(f"blocks.{l}.attn.hook_pos_bias", lambda x, hook: torch.zeros_like(x))
+        zero = [(act_name("pos_bias", l), lambda x, hook: torch.zeros_like(x))
                 for l in self.layers_acting(SCORE_BIAS)]
         self.forward(tokens, mask, None, zero + list(fwd_hooks))
         return True
@@ -236,37 +284,11 @@ def audited_hook(name: str) -> bool:
     """The hooks the audit reads: attention internals and the layer-0 input."""
     if name in ("hook_embed", "hook_pos_embed", "blocks.0.hook_resid_pre"):
         return True
+    if name.endswith((".attn.q_norm.hook_out", ".attn.k_norm.hook_out")):  # OLMo-Hybrid's hooked full-width norms
+        return True
     return ".attn.hook_" in name and name.rsplit(".", 1)[-1] in ATTENTION_HOOKS
 
 
 ATTENTION_HOOKS = ("hook_q", "hook_k", "hook_q_normed", "hook_k_normed", "hook_v", "hook_rot_q", "hook_rot_k",
                    "hook_content_scores",
                     "hook_pos_bias", "hook_attn_scores", "hook_pattern", "hook_z", "hook_cos", "hook_sin")
-
-
-def make_subject(model: Any, name: str | None) -> tuple[Subject, dict[str, Any]]:
-    """Wrap a Decoder, a TrainedModel, a TransformerBridge or an HF model for the audit."""
-    metadata: dict[str, Any] = {}
-    if hasattr(model, "model") and hasattr(model, "metadata") and isinstance(model.model, Decoder):
-        metadata = dict(model.metadata or {})
-        model = model.model
-    if isinstance(model, Decoder):
-        return DecoderSubject(model, name or f"Decoder({model.cfg.position_name})"), metadata
-    if hasattr(model, "original_model") and hasattr(model, "blocks"):
-        from .hf import BridgeSubject
-
-        return BridgeSubject(model, name or type(model.original_model).__name__), metadata
-    try:
-        from transformers import PreTrainedModel
-    except ImportError:  # pragma: no cover - transformers is a dependency of transformer-lens
-        PreTrainedModel = ()
-    if isinstance(model, PreTrainedModel):
-        from nopelens.models.adapters import bridge_hf_model
-
-        from .hf import BridgeSubject
-
-        return BridgeSubject(bridge_hf_model(model), name or type(model).__name__), metadata
-    raise TypeError(
-        f"audit needs a nopelens Decoder, a TrainedModel, a TransformerBridge or an HF causal LM; "
-        f"got {type(model).__name__}"
-    )

@@ -14,8 +14,8 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from .audit import AuditReport, audit
-from .subjects import load_checkpoint_dir, load_hf_dir
+from nopelens.analyses.audit import AuditReport, audit
+from nopelens.analyses.subjects import load_checkpoint_dir, load_hf_dir
 
 
 def load_subject(args: argparse.Namespace) -> tuple[Any, str]:

@@ -1,7 +1,9 @@
-"""The ``nopelens`` command line: one subcommand per analysis.
+"""The ``nopelens`` command line: one subcommand per analysis, thin over :mod:`nopelens.analyses`.
 
-Each subcommand lives in its own module, which exposes ``register(subparsers)``; the module adds
-its parser and sets ``func`` to a callable taking the parsed args and returning an exit code.
+Each subcommand lives in its own module of this package, which exposes ``register(subparsers)``;
+the module adds its parser (with the shared options of :mod:`.options`) and sets ``func`` to a
+callable taking the parsed args and returning an exit code. Command modules parse, call the
+analyses and print; the analyses never import this package.
 Exit codes: 0 when the command passed, 1 when a step it checks failed (``audit``), 2 on bad input or
 an unsupported model (one line on stderr, no traceback), 3 on an internal error (a bug in
 nopelens: one line saying so, where it happened and where to report it; ``NOPELENS_TRACEBACK=1``
@@ -14,36 +16,37 @@ import argparse
 import importlib
 import os
 import sys
+from typing import Callable
 
 COMMAND_MODULES = (
-    "nopelens.analyses.sweep_cmd",
-    "nopelens.analyses.demo",
-    "nopelens.analyses.train_cmd",
-    "nopelens.analyses.lengthgen",
-    "nopelens.analyses.circuit_cmd",
-    "nopelens.analyses.audit_cmd",
-    "nopelens.analyses.intervene_cmd",
-    "nopelens.analyses.validate",
-    "nopelens.analyses.dynamics",
-    "nopelens.analyses.extreme_tokens",
+    "nopelens.analyses.cli.sweep",
+    "nopelens.analyses.cli.demo",
+    "nopelens.analyses.cli.train",
+    "nopelens.analyses.cli.lengthgen",
+    "nopelens.analyses.cli.circuit",
+    "nopelens.analyses.cli.audit",
+    "nopelens.analyses.cli.intervene",
+    "nopelens.analyses.cli.validate",
+    "nopelens.analyses.cli.dynamics",
+    "nopelens.analyses.cli.extreme_tokens",
 )
 
 COMMANDS = {
-    "sweep": ("nopelens.analyses.sweep_cmd", "where absolute index and relative distance first become recoverable (the main job)"),
-    "probe": ("nopelens.analyses.sweep_cmd", "probe one model (checkpoint, zoo name or HF directory) layer by layer"),
-    "sinks": ("nopelens.analyses.sweep_cmd", "attention-sink mass and rate per layer and head, with and without BOS"),
-    "demo": ("nopelens.analyses.demo", "build one model per position method and print its hook names"),
-    "train": ("nopelens.analyses.train_cmd", "train a decoder on a task, or train/load a zoo model"),
-    "lengthgen": ("nopelens.analyses.lengthgen",
+    "sweep": ("nopelens.analyses.cli.sweep", "where absolute index and relative distance first become recoverable (the main job)"),
+    "probe": ("nopelens.analyses.cli.sweep", "probe one model (checkpoint, zoo name or HF directory) layer by layer"),
+    "sinks": ("nopelens.analyses.cli.sweep", "attention-sink mass and rate per layer and head, with and without BOS"),
+    "demo": ("nopelens.analyses.cli.demo", "build one model per position method and print its hook names"),
+    "train": ("nopelens.analyses.cli.train", "train a decoder on a task, or train/load a zoo model"),
+    "lengthgen": ("nopelens.analyses.cli.lengthgen",
                   "train each position method on short sequences, test exact match on longer ones"),
-    "circuit": ("nopelens.analyses.circuit_cmd",
+    "circuit": ("nopelens.analyses.cli.circuit",
                 "hand-built NoPE circuits (Kazemnejad et al. 2023) and seed demos, with checks and a figure"),
-    "audit": ("nopelens.analyses.audit_cmd", "run seed 002's ten-step position audit on a model"),
-    "intervene": ("nopelens.analyses.intervene_cmd",
+    "audit": ("nopelens.analyses.cli.audit", "run seed 002's ten-step position audit on a model"),
+    "intervene": ("nopelens.analyses.cli.intervene",
                   "causal tests: does the probed position come from the attention sink, and is it used?"),
-    "validate": ("nopelens.analyses.validate", "the known-answer suite: models where theory fixes every number"),
-    "dynamics": ("nopelens.analyses.dynamics", "follow position probes and attention sinks through training"),
-    "extreme-tokens": ("nopelens.analyses.extreme_tokens",
+    "validate": ("nopelens.analyses.cli.validate", "the known-answer suite: models where theory fixes every number"),
+    "dynamics": ("nopelens.analyses.cli.dynamics", "follow position probes and attention sinks through training"),
+    "extreme-tokens": ("nopelens.analyses.cli.extreme_tokens",
                        "active-dormant heads, value-state drains and residual-state peaks (Guo et al. 2024)"),
 }
 """Subcommand -> (module that registers it, its line in ``nopelens --help``). The CLI imports only
@@ -54,11 +57,14 @@ imported); the tests check this table against what the modules register."""
 USER_ERRORS = (ValueError, KeyError, TypeError, OSError)
 
 
-class _Parser(argparse.ArgumentParser):
-    """argparse, but a usage error is one line and exit code 2."""
+class OneLineParser(argparse.ArgumentParser):
+    """argparse, but a usage error is one line and exit code 2 (the examples use it too)."""
 
     def error(self, message: str):
         self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
+
+
+_Parser = OneLineParser
 
 
 def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
@@ -96,25 +102,39 @@ class _Only:
 def main(argv: list[str] | None = None) -> int:
     """Run the CLI; returns the process exit code."""
     args = build_parser(sys.argv[1:] if argv is None else argv).parse_args(argv)
+    return guarded(lambda: args.func(args), f"nopelens {args.command}")
+
+
+def guarded(run: Callable[[], int | None], label: str) -> int:
+    """Call ``run()`` and turn what it raises into the CLI's exit codes, each with one line on
+    stderr that starts with ``label``: 2 for bad input or an unsupported model (:data:`USER_ERRORS`,
+    or out of memory), 3 for an internal error (a bug; ``NOPELENS_TRACEBACK=1`` re-raises it),
+    130 for an interrupt. The examples in ``examples/`` end the same way (``sys.exit(guarded(...))``).
+
+    Returns:
+        ``run()``'s exit code when it returns an int (0 for anything else, such as the paths an
+        example wrote), or the code of what it raised.
+    """
     try:
-        return int(args.func(args) or 0)
+        code = run()
+        return code if isinstance(code, int) and not isinstance(code, bool) else 0
     except KeyboardInterrupt:
-        print("nopelens: interrupted; results written so far are kept, rerun to resume", file=sys.stderr)
+        print(f"{label}: interrupted; results written so far are kept, rerun to resume", file=sys.stderr)
         return 130
     except USER_ERRORS as error:
         if os.environ.get("NOPELENS_TRACEBACK"):
             raise
         message = error.args[0] if isinstance(error, KeyError) and error.args else error
-        print(f"nopelens {args.command}: error: {' '.join(str(message).split())}", file=sys.stderr)
+        print(f"{label}: error: {' '.join(str(message).split())}", file=sys.stderr)
         return 2
     except (MemoryError, Exception) as error:  # anything else is a bug: one line, never a traceback
         if _is_out_of_memory(error):
-            print(f"nopelens {args.command}: error: out of memory ({str(error).strip().splitlines()[-1][:200]}); "
+            print(f"{label}: error: out of memory ({str(error).strip().splitlines()[-1][:200]}); "
                   "use smaller lengths, sizes or counts", file=sys.stderr)
             return 2
         if os.environ.get("NOPELENS_TRACEBACK"):
             raise
-        print(f"nopelens {args.command}: internal error: {type(error).__name__}: {_first_line(error)} "
+        print(f"{label}: internal error: {type(error).__name__}: {_first_line(error)} "
               f"(at {_where(error)}); this is a bug in nopelens: please report it with the command line to "
               f"{REPORT_TO} (rerun with NOPELENS_TRACEBACK=1 for the traceback)", file=sys.stderr)
         return 3

@@ -13,17 +13,19 @@ import argparse
 import math
 from pathlib import Path
 
-import torch
-
 from nopelens.models import POSITION_METHODS, DecoderConfig
 from nopelens.models import zoo
 from nopelens.models.checkpoint import TrainedModel
 from nopelens.models.tasks import TASKS, TextTask, make_task
+from nopelens.models.threads import limited_threads
 from nopelens.models.training import evaluate_exact_match, train
 
+from .options import add_quiet, add_seeds, add_threads
 
-def report(trained: TrainedModel) -> str:
-    """A few lines on a trained model: losses, time, and exact match or bits per character."""
+
+def report(trained: TrainedModel, progress: bool = False, threads: int = 1) -> str:
+    """A few lines on a trained model: losses, time, and exact match or bits per character
+    (measured on ``threads`` threads, with a bar over the lengths when ``progress``)."""
     meta, task = trained.metadata, trained.task
     losses = meta.get("final_losses", {})
     lines = [
@@ -39,7 +41,8 @@ def report(trained: TrainedModel) -> str:
     elif hasattr(task, "oracle_nats"):  # a stochastic chain: no exact match, a loss floor instead
         lines.append(backcopy_report(trained, task))
     else:
-        table = evaluate_exact_match(trained, task, n=256, seed=1)
+        with limited_threads(threads):
+            table = evaluate_exact_match(trained, task, n=256, seed=1, progress=progress)
         inside = table.loc[table["in_distribution"], "exact_match"].mean()
         longer = table.loc[~table["in_distribution"], "exact_match"].mean()
         lines.append(f"exact match: {inside:.4f} on training lengths, {longer:.4f} on longer ones (up to 2x)")
@@ -48,9 +51,11 @@ def report(trained: TrainedModel) -> str:
 
 def backcopy_report(trained: TrainedModel, task) -> str:
     """Loss against the task's floor and the back-copy accuracy after triggers, on 256 fresh sequences."""
+    import torch
+
     from nopelens.models.training import EVAL_STREAM, stream_seed
 
-    low, high = trained.metadata["train_lengths"]
+    high = trained.metadata["train_lengths"][1]
     batch = task.sample(256, high, high, stream_seed(1, EVAL_STREAM, high))
     with torch.no_grad():
         logits = trained.model(batch.tokens).float()
@@ -63,21 +68,9 @@ def backcopy_report(trained: TrainedModel, task) -> str:
             f"loss {nats[other].mean():.4f} nats against the chain's own {floor[other].mean():.4f}")
 
 
-def set_threads(threads: int | None) -> None:
-    """Set torch's intra-op thread count (None leaves it).
-
-    Raises:
-        ValueError: if ``threads`` < 1.
-    """
-    if threads is None:
-        return
-    if threads < 1:
-        raise ValueError(f"--threads must be >= 1, got {threads}")
-    torch.set_num_threads(threads)
-
-
 def _run(args: argparse.Namespace) -> int:
-    set_threads(args.threads)
+    if args.threads < 1:
+        raise ValueError(f"--threads must be >= 1, got {args.threads}")
     if args.list:
         for name in zoo.names():
             spec = zoo.recipe(name)
@@ -87,10 +80,13 @@ def _run(args: argparse.Namespace) -> int:
         return 0
     seeds = _seeds(args)
     if args.zoo:
+        if args.threads != 1:
+            raise ValueError(f"--threads {args.threads}: a zoo recipe trains on 1 thread (its weights depend on the "
+                             "count); use --task for a run of your own on more threads")
         for seed in seeds:  # from the cache or the recipe, never the shipped copy: this command trains
-            trained = zoo.load(args.zoo, cache_dir=args.cache_dir, progress=not args.no_progress, seed=seed,
+            trained = zoo.load(args.zoo, cache_dir=args.cache_dir, progress=not args.quiet, seed=seed,
                                shipped=False)
-            print(report(trained))
+            print(report(trained, progress=not args.quiet))
             print(zoo.compare_with_shipped(trained, args.zoo, seed))
             if args.ship:
                 print(f"shipped: {zoo.ship(args.zoo, args.cache_dir, seed)}")
@@ -115,21 +111,20 @@ def _run(args: argparse.Namespace) -> int:
         out = Path(args.out) if args.seeds is None else Path(args.out) / f"seed{seed}"
         trained = train(
             config, task, args.steps, batch_size=args.batch_size, min_len=args.min_len, max_len=args.max_len,
-            lr=args.lr, seed=seed, checkpoint_dir=out / "checkpoint", out_dir=out, progress=not args.no_progress,
+            lr=args.lr, seed=seed, checkpoint_dir=out / "checkpoint", out_dir=out, progress=not args.quiet,
+            threads=args.threads,
         )
-        print(report(trained))
+        print(report(trained, progress=not args.quiet, threads=args.threads))
         print(f"checkpoint: {out / 'checkpoint'}; loss curve: {out / 'loss_curve.csv'}")
     return 0
 
 
 def _seeds(args: argparse.Namespace) -> tuple[int, ...]:
-    from .sweep_cmd import parse_seeds
-
     if args.seeds is None:
         return (args.seed,)
     if args.seed != 0:
         raise ValueError("give --seed or --seeds, not both")
-    return parse_seeds(args.seeds)
+    return args.seeds
 
 
 def register(subparsers) -> None:
@@ -159,11 +154,9 @@ def register(subparsers) -> None:
     parser.add_argument("--max-len", type=int, default=10)
     parser.add_argument("--lr", type=float, default=3e-3)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--seeds", help="train once per seed, comma list (0,1,2): zoo models are cached per seed, "
-                        "--task runs go to --out/seed<N>")
-    parser.add_argument("--threads", type=int, help="torch intra-op threads (default: torch's); 1 is "
-                        "much faster for these small models on a CPU shared with other jobs")
-    parser.add_argument("--no-progress", action="store_true")
+    add_seeds(parser, "train once per seed; zoo models are cached per seed, --task runs go to --out/seed<N>")
+    add_threads(parser)
+    add_quiet(parser, "training progress bar")
     parser.add_argument("--ship", action="store_true", help="with --zoo, in a source checkout: copy the trained "
                         "model into the package's shipped models (nopelens/models/shipped/), for maintainers")
     parser.set_defaults(func=_run)

@@ -1,0 +1,65 @@
+"""Options shared by the commands, so each is spelled, parsed and explained one way.
+
+- ``--seeds 0,1,2``: training seeds, a comma list (:func:`add_seeds`, :func:`parse_seeds`);
+- ``--quiet``: no progress bars or progress lines (:func:`add_quiet`; ``--no-progress`` is its
+  former name in ``train`` and ``lengthgen`` and still works);
+- a model spec (:data:`MODEL_HELP`): what ``probe``, ``sinks``, ``intervene`` and ``sweep
+  --models`` accept;
+- ``--threads N``: torch and BLAS threads while training, default 1 (:func:`add_threads`).
+
+This module imports no torch at import time: ``nopelens --help`` stays fast.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+MODEL_HELP = ("zoo name (see `nopelens train --list`), checkpoint directory, hf:DIR (local HF model), "
+              "circuit, untrained-nope or constant-METHOD (constant input, no BOS; e.g. constant-nope, "
+              "constant-rope+rope+rope+nope)")
+"""What a model spec may be (see :mod:`nopelens.analyses.subjects`)."""
+
+
+def parse_seeds(text: str) -> tuple[int, ...]:
+    """``"0,1,2"`` -> ``(0, 1, 2)``.
+
+    >>> parse_seeds("0, 1,2")
+    (0, 1, 2)
+
+    Raises:
+        ValueError: on anything but a comma list of integers, or an empty one.
+    """
+    try:
+        seeds = tuple(int(part) for part in text.split(",") if part.strip())
+    except ValueError:
+        raise ValueError(f"--seeds takes a comma list of integers such as 0,1,2, got {text!r}") from None
+    if not seeds:
+        raise ValueError("--seeds lists no seed")
+    return seeds
+
+
+def _seeds_type(text: str) -> tuple[int, ...]:
+    try:
+        return parse_seeds(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+
+
+def add_seeds(parser: argparse.ArgumentParser, help: str, default: tuple[int, ...] | None = None) -> None:
+    """``--seeds 0,1,2``, parsed to a tuple of ints (``default`` when not given)."""
+    shown = "" if default is None else f" (default {','.join(map(str, default))})"
+    parser.add_argument("--seeds", type=_seeds_type, default=default, metavar="0,1,2",
+                        help=f"training seeds, a comma list{shown}: {help}")
+
+
+def add_quiet(parser: argparse.ArgumentParser, what: str = "progress bars and progress lines") -> None:
+    """``--quiet`` (also ``--no-progress``, its former name in some commands): ``args.quiet``."""
+    parser.add_argument("--quiet", "--no-progress", dest="quiet", action="store_true", help=f"no {what}")
+
+
+def add_threads(parser: argparse.ArgumentParser) -> None:
+    """``--threads N``: torch and BLAS threads for training (default 1, part of the recipe)."""
+    parser.add_argument("--threads", type=int, default=1,
+                        help="torch and BLAS threads while training (default 1: the same recipe and seed give the "
+                        "same weights on any machine, and one thread is fastest for these small models on a shared "
+                        "CPU; the weights depend on the count, so it is part of the recipe)")

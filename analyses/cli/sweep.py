@@ -1,0 +1,206 @@
+"""``nopelens sweep``, ``nopelens probe`` and ``nopelens sinks`` on the command line."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+
+from nopelens.analyses import report
+from nopelens.analyses.reads import choose_reads
+from nopelens.analyses.runs import slug
+from nopelens.analyses.subjects import resolve
+from nopelens.analyses.sweep import DEFAULT_SITES, SITE_KINDS, SweepSettings, measure_sinks, sweep
+
+from .options import MODEL_HELP, add_quiet, add_seeds
+
+
+def _models(text: str | None) -> tuple[str, ...] | None:
+    if text is None:
+        return None
+    models = tuple(m.strip() for m in text.split(",") if m.strip())
+    if not models:
+        raise ValueError("--models lists no model")
+    return models
+
+
+def _settings(args: argparse.Namespace, models, controls: bool) -> SweepSettings:
+    if args.quick:
+        settings = SweepSettings.quick(args.task, models, controls)
+    else:
+        settings = SweepSettings.default(args.task, models, controls)
+    overrides = {k: getattr(args, k) for k in ("n_sequences", "seq_len", "seed") if getattr(args, k) is not None}
+    if getattr(args, "seeds", None) is not None:
+        overrides["train_seeds"] = args.seeds
+    if getattr(args, "sites", None) is not None:
+        overrides["sites"] = tuple(kind.strip() for kind in args.sites.split(",") if kind.strip())
+    return dataclasses.replace(settings, **overrides)
+
+
+def _sweep(args: argparse.Namespace, settings: SweepSettings, out, name: str):
+    from nopelens.analyses.parallel import default_jobs
+
+    sweep_reads = choose_reads(args.metric, args.threshold)  # before any work: a bad --metric costs nothing
+    jobs = default_jobs() if args.jobs is None else args.jobs
+    return sweep(settings, out, progress=not args.quiet, jobs=jobs, scheduler=args.scheduler, svg=args.svg,
+                 security=args.dask_security, sweep_reads=sweep_reads, name=name)
+
+
+def _print_results(result, as_json: bool) -> None:
+    if as_json:
+        print(json.dumps(results_json(result), indent=1, allow_nan=False))
+        if result.out_dir is not None:
+            print(f"nopelens: wrote {result.out_dir}/summary.md and its tables and figures", file=sys.stderr)
+        return
+    print(report.summary_text(result.summary, result.reads))
+    print()
+    print(report.layer_tables_text(result.curves, result.reads))
+    if result.out_dir is not None:
+        print("\nwrote summary.md, tables (layers.csv: the curves above) and figures (columns: docs/schema.md) to"
+              f"\n{result.out_dir}")
+
+
+def results_json(result) -> dict:
+    """What ``--json`` prints: the reads, the summary and the per-layer curves, as JSON-ready records
+    (missing numbers are null; columns as in summary.csv and layers.csv, docs/schema.md)."""
+    def records(table):
+        return json.loads(table.to_json(orient="records"))
+
+    return {
+        "out_dir": None if result.out_dir is None else str(result.out_dir),
+        "reads": [dict(column=r.column, header=r.header, target=r.target, task=r.task, features=r.features,
+                       metric=r.metric, threshold=r.threshold, split=r.split) for r in result.reads],
+        "summary": records(result.summary),
+        "layers": records(result.curves),
+    }
+
+
+def run_sweep(args: argparse.Namespace) -> int:
+    settings = _settings(args, _models(args.models), controls=not args.no_controls)
+    _print_results(_sweep(args, settings, args.out, "sweep"), args.json)
+    return 0
+
+
+def run_probe(args: argparse.Namespace) -> int:
+    settings = _settings(args, (args.model,), controls=False)
+    _print_results(_sweep(args, settings, args.out or f"runs/probe-{slug(args.model)}", "probe"), args.json)
+    return 0
+
+
+def run_sinks(args: argparse.Namespace) -> int:
+    settings = _settings(args, (args.model,), controls=False)
+    subject = resolve(args.model, settings.n_sequences, settings.seq_len, settings.seed, not args.quiet, settings.quick_steps)
+    table = measure_sinks(subject)
+    for condition, rows in table.groupby("condition", sort=False):
+        grid = rows.pivot_table(index="block", columns="head", values="sink_mass")
+        print(f"{subject.name}, {condition.replace('_', ' ')}: sink mass (rows: layer, columns: head); "
+              f"sink rate {rows['is_sink'].mean():.3f} (Gu et al., eps 0.3, T = {int(rows['gu_window'].iloc[0])})")
+        print(grid.round(3).to_string())
+        if "learned_sink_mass" in rows and rows["learned_sink_mass"].notna().any():
+            learned = rows[rows["learned_sink_mass"].notna()]
+            print(f"{subject.name}, {condition.replace('_', ' ')}: sinks that are no token (mass 1 - row sum, or 1 - the "
+                  "output scale; the sink rate above thresholds the first token only)")
+            print(learned.pivot_table(index=["block", "sink_kind"], columns="head", values="learned_sink_mass")
+                  .round(3).to_string())
+    if args.out:
+        from nopelens.models.io import write_csv_atomic
+
+        write_csv_atomic(table, f"{args.out}/sinks.csv")
+        report.save_figure(report.sink_figure(table, every_condition=True), f"{args.out}/sinks")
+        print(f"wrote {args.out}/sinks.csv and sinks.png/svg")
+    return 0
+
+
+def _common(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--task", default="text", choices=("text", "copy"), help="task of the default zoo models")
+    parser.add_argument("--quick", action="store_true", help="tiny run for smoke tests (models trained for 30 steps on batches of 4)")
+    parser.add_argument("--n-sequences", type=int, help="evaluation sequences per model (default 80)")
+    parser.add_argument("--seq-len", type=int, help="tokens per evaluation sequence (default 64)")
+    parser.add_argument("--seed", type=int, help="seed of sequences, pairs, controls and bootstrap (default 0)")
+    add_quiet(parser, "training progress bars or progress lines")
+
+
+def _runs(parser: argparse.ArgumentParser) -> None:
+    add_seeds(parser, "each zoo model is trained, cached and measured once per seed; numbers are reported as mean "
+              "and spread over seeds (default 0)")
+    parser.add_argument("--jobs", type=int, help="measure models in this many local worker processes, one thread "
+                        "each (default: one per core this process may use; their training progress comes as "
+                        "lines; 1: in this process, with live bars)")
+    parser.add_argument("--scheduler", metavar="ADDRESS",
+                        help="a Dask scheduler (tls://HOST:8786, or tcp:// on a private network) to send the "
+                        '(model, seed) tasks to; workers run one thread each (--nthreads 1); needs pip install '
+                        '"nopelens[dask]"')
+    parser.add_argument("--dask-security", metavar="FILE",
+                        help="YAML file in distributed's configuration format with the client's TLS settings "
+                        "(distributed: comm: tls: ca-file, client: cert, key) for a tls:// --scheduler; "
+                        "default: distributed's own configuration")
+    parser.add_argument("--svg", action="store_true", help="also save the figures as SVG (PNG always)")
+    parser.add_argument("--sites", metavar="KINDS",
+                        help=f"where absolute index is probed, a comma list of {', '.join(SITE_KINDS)} "
+                        f"(default {','.join(DEFAULT_SITES)}; resid is required; a run folder keeps its sites)")
+    parser.add_argument("--metric", metavar="METRIC",
+                        help="what counts as recoverable: r2 (default for values), accuracy (default for classes), "
+                        "spearman, balanced_accuracy, within_one or mad (give its bar, in positions: --threshold "
+                        "mad=2); a bare metric applies to the reads of the task that reports it, TASK=METRIC names "
+                        "the task (e.g. classification=within_one)")
+    parser.add_argument("--threshold", metavar="BAR",
+                        help="the bar each read's 95 %% CI must clear: a number for every read (default 0.9), or "
+                        "METRIC=BAR for one metric's reads (mad=2: the upper bound within 2 positions), comma "
+                        "separated; --metric and --threshold only re-read what was measured, so an existing run "
+                        "folder is summarized again in seconds")
+    parser.add_argument("--json", action="store_true",
+                        help="print the reads, the summary and the per-layer curves as JSON on stdout instead of tables")
+
+
+def register(subparsers) -> None:
+    sweep_parser = subparsers.add_parser(
+        "sweep", help="where absolute index and relative distance first become recoverable (the main job)",
+        description="Probe every layer of a NoPE, a RoPE and a hybrid (RoPE, RoPE, RoPE, NoPE, as SmolLM3) zoo "
+        "model (trained on first use), the hand-built "
+        "Theorem 1/2 circuit, and untrained NoPE models on random tokens and on constant input (one token id, "
+        "no BOS), for absolute index and relative distance, with "
+        "controls, attention sinks and variance shrinkage; write a run folder and print the summary.",
+        epilog="examples:\n  nopelens sweep\n  nopelens sweep --quick --out runs/smoke\n"
+        "  nopelens sweep --models text-nope-4l,text-rope-4l,text-learned-4l\n  nopelens sweep --task copy\n"
+        "  nopelens sweep --models constant-nope,constant-rope,constant-alibi,constant-shaw,constant-rope+rope+rope+nope\n"
+        "  nopelens sweep --seeds 0,1,2 --jobs 2\n"
+        "  nopelens sweep --metric spearman --threshold 0.8     # re-reads a finished folder in seconds\n"
+        "  nopelens sweep --json > sweep.json\n"
+        "  nopelens sweep --scheduler tls://10.0.0.5:8786 --dask-security dask-tls.yaml",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    sweep_parser.add_argument("--models", help=f"comma list of models; each a {MODEL_HELP}")
+    sweep_parser.add_argument("--no-controls", action="store_true", help="leave out the circuit and untrained controls")
+    sweep_parser.add_argument("--out", default="runs/sweep", help="run folder (default runs/sweep); reruns resume")
+    _common(sweep_parser)
+    _runs(sweep_parser)
+    sweep_parser.set_defaults(func=run_sweep)
+
+    probe_parser = subparsers.add_parser(
+        "probe", help="probe one model (checkpoint, zoo name or HF directory) layer by layer",
+        description="Run the sweep's probes, sinks and variance measurements on one model; print its summary "
+        "and per-layer table (value [95 % CI] per layer) and write a run folder.",
+        epilog="examples:\n  nopelens probe copy-nope-3l\n  nopelens probe runs/train/my-model\n"
+        "  nopelens probe hf:/path/to/gpt2-dir --seq-len 32\n"
+        "  nopelens probe text-rope-4l --sites resid,attn_out,resid_mid,mlp_out --json > rope.json\n"
+        "  nopelens probe text-nope-4l --metric mad --threshold mad=2",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    probe_parser.add_argument("model", help=MODEL_HELP)
+    probe_parser.add_argument("--out", help="run folder (default runs/probe-<model>)")
+    _common(probe_parser)
+    _runs(probe_parser)
+    probe_parser.set_defaults(func=run_probe)
+
+    sinks_parser = subparsers.add_parser(
+        "sinks", help="attention-sink mass and rate per layer and head, with and without BOS",
+        description="Measure attention sinks of one model: mean attention on the first token per layer and head, "
+        "and Gu et al.'s sink rate, with and without a BOS token.",
+        epilog="examples:\n  nopelens sinks text-nope-4l\n  nopelens sinks circuit --out runs/sinks",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    sinks_parser.add_argument("model", help=MODEL_HELP)
+    sinks_parser.add_argument("--out", help="also write sinks.csv and a heatmap here")
+    _common(sinks_parser)
+    sinks_parser.set_defaults(func=run_sinks)

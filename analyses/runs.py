@@ -1,0 +1,194 @@
+"""Run folders: one claim rule, one slug, part folders and cached tables, all written atomically.
+
+Every analysis that writes a run folder (``nopelens sweep`` and ``probe``, ``intervene``,
+``lengthgen``) goes through this module, so a folder behaves the same whichever command made it:
+
+- :func:`claim` stamps the folder with its analysis (the *kind*) and the digest of its settings
+  (``<kind>.json``), and refuses, with one message, a folder made with other settings or by another
+  analysis: a rerun resumes only what the same settings measured, and never overwrites another
+  command's tables;
+- :func:`slug` turns a model spec into a file name;
+- :func:`part_dir`, :func:`write_part` and :func:`read_part` keep one finished unit of work (a
+  model and training seed of a sweep) per folder under ``parts/``; its ``done.json`` is written
+  last, so a part without it is unfinished, and a part whose table cannot be read is measured
+  again (the warning names the file);
+- :func:`cached_tables` computes tables once and reads them back on a rerun.
+
+Files are written with :mod:`nopelens.models.io` (temp file, then rename): an interrupted run
+leaves the old file or the new one, never half of one.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import sys
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import pandas as pd
+
+from nopelens.models.io import read_json, write_csv_atomic, write_json_atomic
+
+KINDS = ("sweep", "intervene", "lengthgen", "dynamics")
+"""The analyses that write run folders; each stamps its folder with ``<kind>.json``."""
+
+LEGACY_STAMPS = {"intervene": "run.json", "lengthgen": "settings.json"}
+"""Stamps of folders made before this module (the settings themselves, no digest); still honoured."""
+
+DONE = "done.json"
+"""Written last into a part folder: the part is complete."""
+
+
+def settings_digest(settings: dict[str, Any], ignore: Sequence[str] = ()) -> str:
+    """A 12-hex-digit digest of ``settings`` without the keys in ``ignore``.
+
+    The digest is of the JSON text with sorted keys, so a tuple and the list JSON reads back give
+    the same digest.
+
+    >>> settings_digest({"seed": 0, "models": ("a", "b")}) == settings_digest({"models": ["a", "b"], "seed": 0})
+    True
+    >>> settings_digest({"seed": 0, "train_seeds": [0]}, ignore=("train_seeds",)) == settings_digest({"seed": 0})
+    True
+    """
+    measured = {key: value for key, value in settings.items() if key not in ignore}
+    return hashlib.sha256(json.dumps(measured, sort_keys=True).encode()).hexdigest()[:12]
+
+
+def claim(folder: str | Path, kind: str, settings: dict[str, Any], ignore: Sequence[str] = ()) -> Path:
+    """Make ``folder`` the run folder of a ``kind`` analysis with ``settings``, or refuse it.
+
+    Writes ``<kind>.json`` (``digest`` and ``settings``) into ``folder``, creating it. A folder
+    already stamped with the same digest is resumed (its stamp is rewritten with ``settings``,
+    which may differ in the ``ignore`` keys: a sweep records its latest list of training seeds).
+
+    Args:
+        folder: the run folder.
+        kind: one of :data:`KINDS`.
+        settings: JSON-ready settings (a dataclass's ``asdict``).
+        ignore: keys that do not change what a part of the run measures.
+
+    Returns:
+        ``folder`` as a ``Path``.
+
+    Raises:
+        ValueError: if ``folder`` holds a ``kind`` run made with other settings (the message names
+            the keys that differ), or a run of another analysis.
+    """
+    folder = Path(folder)
+    if kind not in KINDS:
+        raise ValueError(f"unknown run kind {kind!r}; known: {', '.join(KINDS)}")
+    for other in KINDS:
+        if other != kind and ((folder / f"{other}.json").is_file() or _legacy(folder, other).is_file()):
+            raise ValueError(f"{folder} holds a run of nopelens {other}; use another --out folder for this {kind} run")
+    digest = settings_digest(settings, ignore)
+    previous = _stamped_settings(folder, kind)
+    if previous is not None and settings_digest(previous, ignore) != digest:
+        differing = sorted(key for key in set(previous) | set(settings)
+                           if key not in ignore and _json(previous.get(key)) != _json(settings.get(key)))
+        changes = "; ".join(f"{key}: {_json(previous.get(key))} there, {_json(settings.get(key))} now"
+                            for key in differing)
+        raise ValueError(f"{folder} holds a run of nopelens {kind} made with other settings ({changes}); "
+                         "use another --out folder, or delete it to start over")
+    write_json_atomic({"digest": digest, "settings": settings}, folder / f"{kind}.json")
+    return folder
+
+
+def _legacy(folder: Path, kind: str) -> Path:
+    return folder / LEGACY_STAMPS.get(kind, f"{kind}.json")
+
+
+def _stamped_settings(folder: Path, kind: str) -> dict[str, Any] | None:
+    stamp = folder / f"{kind}.json"
+    if stamp.is_file():
+        record = read_json(stamp)
+        if not isinstance(record, dict) or not isinstance(record.get("settings"), dict):
+            raise ValueError(f"{stamp} is not a nopelens {kind} stamp; use another --out folder")
+        return record["settings"]
+    legacy = _legacy(folder, kind)
+    if legacy.is_file():
+        record = read_json(legacy)
+        if not isinstance(record, dict):
+            raise ValueError(f"{legacy} is not a nopelens {kind} stamp; use another --out folder")
+        return record
+    return None
+
+
+def _json(value: Any) -> str:
+    return json.dumps(value, sort_keys=True)
+
+
+def slug(spec: str) -> str:
+    """A file name for ``spec``: letters, digits, ``-``, ``_`` and ``.`` kept, anything else ``_``;
+    a leading dot too, so no slug is ``.``, ``..`` or a hidden file.
+
+    >>> slug("text-nope-4l"), slug("hf:/models/tiny"), slug("../ckpt.v2")
+    ('text-nope-4l', 'hf__models_tiny', '___ckpt.v2')
+    """
+    text = "".join(c if c.isalnum() or c in "-_." else "_" for c in spec)
+    stripped = text.lstrip(".")
+    return "_" * (len(text) - len(stripped)) + stripped if text else "_"
+
+
+def part_dir(folder: str | Path, spec: str, train_seed: int = 0) -> Path:
+    """``parts/<slug>`` for training seed 0 (where runs from before training seeds keep theirs),
+    else ``parts/<slug>-seed<n>``."""
+    name = slug(spec) if train_seed == 0 else f"{slug(spec)}-seed{train_seed}"
+    return Path(folder) / "parts" / name
+
+
+def write_part(part: Path, tables: dict[str, pd.DataFrame], meta: dict[str, Any]) -> None:
+    """Write a finished part: each table as ``<name>.csv``, then ``done.json`` (``meta``) last."""
+    for name, table in tables.items():
+        write_csv_atomic(table, part / f"{name}.csv")
+    write_json_atomic(meta, part / DONE)
+
+
+def read_part(part: Path, names: Sequence[str]) -> tuple[dict[str, pd.DataFrame], dict[str, Any]] | None:
+    """The tables ``names`` and the ``done.json`` of a finished part, or None to measure it (again).
+
+    None when the part is unfinished (no ``done.json`` or a table missing), and when a file of it
+    cannot be read (emptied, truncated or not CSV / JSON): then a line on stderr names the file and
+    says the part is measured again.
+    """
+    if not (part / DONE).is_file() or not all((part / f"{name}.csv").is_file() for name in names):
+        return None
+    tables = {}
+    for name in names:
+        path = part / f"{name}.csv"
+        try:
+            tables[name] = pd.read_csv(path)
+        except (pd.errors.EmptyDataError, pd.errors.ParserError, UnicodeDecodeError) as error:
+            _unreadable(path, error)
+            return None
+    try:
+        meta = read_json(part / DONE)
+    except ValueError as error:
+        _unreadable(part / DONE, error)
+        return None
+    return tables, meta
+
+
+def _unreadable(path: Path, error: Exception) -> None:
+    reason = " ".join(str(error).split()) or type(error).__name__
+    print(f"nopelens: {path} cannot be read ({reason}); measuring that part again", file=sys.stderr)
+
+
+def cached_tables(folder: Path, names: Sequence[str], compute: Callable[[], Sequence[pd.DataFrame]],
+                  say: Callable[[str], None], label: str) -> dict[str, pd.DataFrame]:
+    """Tables ``names`` read from ``folder`` when all are there and readable, else ``compute()``d
+    and written (one ``<name>.csv`` each)."""
+    paths = [folder / f"{name}.csv" for name in names]
+    if all(path.is_file() for path in paths):
+        try:
+            tables = {name: pd.read_csv(path) for name, path in zip(names, paths)}
+        except (pd.errors.EmptyDataError, pd.errors.ParserError, UnicodeDecodeError) as error:
+            say(f"{label}: a table in {folder} cannot be read ({' '.join(str(error).split())}); measuring again")
+        else:
+            say(f"{label}: already in {folder}, reusing")
+            return tables
+    say(label)
+    frames = compute()
+    for frame, path in zip(frames, paths):
+        write_csv_atomic(frame, path)
+    return dict(zip(names, frames))

@@ -1,0 +1,307 @@
+"""Every NoPE, partial-rotation and sink design transformers 5.24 ships, labelled and measured (issue 20).
+
+Each family of ``tests/hf_families.py``'s :data:`DESIGNS` is a tiny random-init model (windows and
+chunks of 4 tokens, so they bite at 16). Per family and dtype (float32 and bfloat16):
+
+- the labels nopelens reads from the config (per-layer method, mixer, window or chunk, sink kind,
+  query scale) are the expected ones, each trap as transformers' own source has it;
+- the per-layer detector's measurement equals the labels, layer by layer, and is definite;
+- the audit passes, with every not-applicable step named;
+- broken variants fail: a rotating layer declared NoPE (or a NoPE layer declared rotating), a
+  window one token off, a learned or output-scale sink dropped.
+
+Models are built once per (family, dtype) and shared; a broken variant changes the description or
+the sink logits for one audit and restores them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import warnings
+
+import pytest
+import torch
+
+from nopelens.analyses.audit import audit
+from nopelens.models import hf
+from nopelens.models.adapters import load_hf_model
+from nopelens.models.hf import describe
+
+from hf_families import DESIGNS, WINDOW, build_design
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+R, N = "rope", "nope"
+BRIDGE, HOOKS = "TransformerBridge", "forward hooks"
+EXPECTED = {
+    # family: (per-layer methods, adapter, {layer: window or chunk}, {layer: sink kind}, extra label checks)
+    "smollm3": ((R, R, R, N), BRIDGE, {}, {}),
+    "llama4_text": ((R, R, R, N), BRIDGE, {0: ("chunk", WINDOW), 1: ("chunk", WINDOW), 2: ("chunk", WINDOW)}, {}),
+    "cohere2": ((R, R, R, N), BRIDGE, {0: WINDOW, 1: WINDOW, 2: WINDOW}, {}),
+    "cohere2_moe": ((R, N, R, N), HOOKS, {0: WINDOW, 2: WINDOW}, {}),
+    "exaone4": ((R, N, R, N), BRIDGE, {0: WINDOW, 2: WINDOW}, {}),
+    "exaone_moe": ((R, N, R, N), HOOKS, {0: WINDOW, 2: WINDOW}, {}),
+    "kolibri1": ((R, N, R, N), HOOKS, {0: WINDOW, 2: WINDOW}, {}),
+    "flint": ((N, N, R, N), HOOKS, {2: WINDOW}, dict.fromkeys(range(4), "learned")),
+    "lara_mini": ((N, R, N, N), HOOKS, {1: WINDOW}, {}),
+    "granite_swa": ((R, N, R, N), HOOKS, {1: WINDOW, 2: WINDOW, 3: WINDOW}, dict.fromkeys(range(4), "output_scale")),
+    "granitemoe_swa": ((R, N, R, N), HOOKS, {1: WINDOW, 2: WINDOW, 3: WINDOW}, dict.fromkeys(range(4), "output_scale")),
+    "beam": ((R, R, R, N), HOOKS, {0: WINDOW, 1: WINDOW, 2: WINDOW}, {}),
+    "olmo_hybrid": ((N, N, N, R), BRIDGE, {}, {}),
+    "olmo_hybrid_nope": ((N, N, N, N), BRIDGE, {}, {}),
+    "granitemoehybrid": ((N, N, N, N), HOOKS, {}, {}),
+    "jamba": ((N, N, N, N), BRIDGE, {}, {}),
+    "kimi_linear": ((N, N, N, N), HOOKS, {}, {}),
+    "nemotron_h": ((N, N, N, N), HOOKS, {}, {}),
+    "qwen3_next": ((N, N, N, R), BRIDGE, {}, {}),
+    "deepseek_v3": ((R, R, R, R), BRIDGE, {}, {}),
+    "deepseek_v2": ((R, R, R, R), BRIDGE, {}, {}),
+    "gpt_oss": ((R, R, R, R), BRIDGE, {0: WINDOW, 2: WINDOW}, dict.fromkeys(range(4), "learned")),
+    "mimo_v2_flash": ((R, R, R, R), HOOKS, {1: WINDOW, 2: WINDOW, 3: WINDOW}, {1: "learned", 2: "learned", 3: "learned"}),
+    "hy_v4": ((R, R, R, R), HOOKS, {}, dict.fromkeys(range(4), "learned")),
+}
+MIXERS = {  # families with layers that are no softmax attention
+    "lara_mini": ("linear_attention", "attention", "linear_attention", "attention"),
+    "olmo_hybrid": ("linear_attention",) * 3 + ("attention",),
+    "olmo_hybrid_nope": ("linear_attention",) * 3 + ("attention",),
+    "qwen3_next": ("linear_attention",) * 3 + ("attention",),
+    "granitemoehybrid": ("linear_attention", "attention") * 2,
+    "jamba": ("linear_attention", "attention") * 2,
+    "kimi_linear": ("linear_attention", "attention") * 2,
+    "nemotron_h": ("linear_attention", "attention", "none", "attention"),
+}
+READING = {"rope": "relative", "nope": "nope"}
+DTYPES = [torch.float32, torch.bfloat16]
+NOT_APPLICABLE = {  # step -> what its reason may say
+    4: "no absolute position addition",
+    6: "not held against|forward hooks|multi-head latent|scales RoPE",
+    9: "linear-attention state",
+}
+
+
+def test_every_design_has_an_expectation():
+    assert set(DESIGNS) == set(EXPECTED)
+
+
+@pytest.fixture(scope="module")
+def hooked():
+    """(family, dtype) -> the model as nopelens hooks it (bridge or forward hooks), built once."""
+    cache: dict = {}
+
+    def get(family: str, dtype: torch.dtype):
+        if (family, dtype) not in cache:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                cache[family, dtype] = load_hf_model(build_design(family, dtype),
+                                                     reload=lambda: build_design(family, dtype))
+        return cache[family, dtype]
+
+    return get
+
+
+@pytest.fixture(scope="module")
+def reports(hooked):
+    cache: dict = {}
+
+    def get(family: str, dtype: torch.dtype):
+        if (family, dtype) not in cache:
+            cache[family, dtype] = audit(hooked(family, dtype), eval_length=16)
+        return cache[family, dtype]
+
+    return get
+
+
+@pytest.mark.parametrize("family", sorted(EXPECTED))
+def test_labels_from_the_config(hooked, family):
+    methods, adapter, windows, sinks = EXPECTED[family]
+    description = describe(hooked(family, torch.float32))
+    assert description.layer_methods == methods
+    assert description.adapter == adapter
+    got_windows = {l: ("chunk", layer.chunk_size) if layer.chunk_size else layer.sliding_window
+                   for l, layer in enumerate(description.layers) if layer.sliding_window or layer.chunk_size}
+    assert got_windows == windows
+    assert {l: layer.sink for l, layer in enumerate(description.layers) if layer.sink} == sinks
+    assert tuple(layer.mixer for layer in description.layers) == MIXERS.get(family, ("attention",) * 4)
+
+
+def test_the_traps_read_from_transformers_source(hooked):
+    layers = {family: describe(hooked(family, torch.float32)).layers for family in
+              ("beam", "granite_swa", "deepseek_v3", "qwen3_next", "kimi_linear", "llama4_text")}
+    assert layers["beam"][3].query_scale.kind == "beam" and layers["beam"][3].query_scale.by == "position"
+    assert [layer.rotary_base for layer in layers["granite_swa"]] == [10000.0, None, 10000.0, None]
+    mla = layers["deepseek_v3"][0]  # [nope | rope] heads: the last qk_rope_head_dim dims rotate
+    assert (mla.rotary_dim, mla.rotary_start, mla.pairing) == (4, 4, "interleaved") and mla.qk_reference
+    assert layers["qwen3_next"][3].rotary_dim == 2  # partial_rotary_factor 0.25 of head_dim 8
+    assert all(layer.rotary_dim is None for layer in layers["kimi_linear"])  # MLA fields, no rotation at all
+    llama4 = describe(hooked("llama4_text", torch.float32))
+    scale = llama4.layers[3].query_scale  # NoPE layers: temperature tuning, by token index (not position id)
+    assert (scale.kind, scale.by, scale.floor_scale) == ("llama4", "index", 8192.0)
+    assert all(layer.query_scale is None for layer in llama4.layers[:3])
+    assert llama4.layers[3].chunk_size is None and llama4.layers[0].chunk_size == WINDOW  # RoPE layers chunked
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=["float32", "bfloat16"])
+@pytest.mark.parametrize("family", sorted(EXPECTED))
+def test_the_detector_measures_the_labels_and_the_audit_passes(reports, family, dtype):
+    report = reports(family, dtype)
+    declared = [READING[m] for m in EXPECTED[family][0]]
+    if family == "beam":  # its NoPE layer scales queries by position: shown, or within round-off (bfloat16)
+        assert report.model["measured_layer_positions"][3] in ("query_scaled", "undetermined")
+        declared[3] = report.model["measured_layer_positions"][3]
+    assert report.model["measured_layer_positions"] == declared, report.summary()
+    assert report.passed, report.summary()
+    for step in report.steps:
+        if step.status == "not_applicable" and step.number in NOT_APPLICABLE:
+            assert any(text in step.reason for text in NOT_APPLICABLE[step.number].split("|")), step.reason
+
+
+def _redeclared(model, layer: int, spec: LayerPosition):
+    """The description with ``layer`` replaced (the model keeps computing what it computes)."""
+    right = describe(model)
+    layers = list(right.layers)
+    layers[layer] = spec
+    return right, dataclasses.replace(right, layers=tuple(layers))
+
+
+def _audit_declared(model, description):
+    right = describe(model)
+    hf._DESCRIPTIONS[model] = description
+    try:
+        return audit(model, eval_length=16)
+    finally:
+        hf._DESCRIPTIONS[model] = right
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=["float32", "bfloat16"])
+@pytest.mark.parametrize("family", sorted(EXPECTED))
+def test_a_mislabelled_layer_fails_step_5_by_name(hooked, family, dtype):
+    """A rotating layer declared NoPE; where no layer rotates, a NoPE attention layer declared RoPE."""
+    model = hooked(family, dtype)
+    layers = describe(model).layers
+    rotating = [l for l, layer in enumerate(layers) if layer.rotates]
+    if rotating:
+        layer = rotating[-1]
+        spec = dataclasses.replace(layers[layer], method="nope", rotary_dim=None, rotary_base=None, pairing=None)
+        declared = "nope"
+    else:
+        layer = next(l for l, spec in enumerate(layers) if spec.mixer == "attention")
+        spec = dataclasses.replace(layers[layer], method="rope", rotary_dim=8, rotary_base=10000.0, pairing="half")
+        declared = "relative"
+    report = _audit_declared(model, _redeclared(model, layer, spec)[1])
+    names = [c.name for c in report.step(5).failed_checks]
+    assert f"layer {layer} reads positions as declared ({declared})" in names, report.summary()
+
+
+WINDOWED = sorted(f for f, expected in EXPECTED.items() if any(not isinstance(w, tuple) for w in expected[2].values()))
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=["float32", "bfloat16"])
+@pytest.mark.parametrize("family", WINDOWED)
+def test_a_window_one_token_off_fails_step_3(hooked, family, dtype):
+    model = hooked(family, dtype)
+    layers = describe(model).layers
+    layer = next(l for l, spec in enumerate(layers) if spec.sliding_window)
+    spec = dataclasses.replace(layers[layer], sliding_window=layers[layer].sliding_window + 1)
+    report = _audit_declared(model, _redeclared(model, layer, spec)[1])
+    assert "allowed entries keep weight > 0" in [c.name for c in report.step(3).failed_checks], report.summary()
+
+
+def test_a_chunk_one_token_off_fails_step_3(hooked):
+    model = hooked("llama4_text", torch.float32)
+    layers = describe(model).layers
+    spec = dataclasses.replace(layers[0], chunk_size=WINDOW - 1)
+    report = _audit_declared(model, _redeclared(model, 0, spec)[1])
+    assert "blocked entries have exactly zero weight" in [c.name for c in report.step(3).failed_checks]
+
+
+SINKS = sorted(f for f, expected in EXPECTED.items() if expected[3])
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=["float32", "bfloat16"])
+@pytest.mark.parametrize("family", SINKS)
+def test_a_dropped_sink_fails_step_7(hooked, family, dtype):
+    """The model's sink logits set to -inf (the sink takes no mass) while its config still declares it."""
+    model = hooked(family, dtype)
+    sinks = [p for name, p in model.original_model.named_parameters() if name.endswith("sinks")]
+    saved = [p.detach().clone() for p in sinks]
+    try:
+        with torch.no_grad():
+            for p in sinks:
+                p.fill_(float("-inf"))
+        report = audit(model, eval_length=16)
+    finally:
+        with torch.no_grad():
+            for p, value in zip(sinks, saved):
+                p.copy_(value)
+    assert "declared sinks take mass" in [c.name for c in report.step(7).failed_checks], report.summary()
+
+
+def test_an_undeclared_learned_sink_fails_step_7(hooked):
+    model = hooked("gpt_oss", torch.float32)
+    layers = describe(model).layers
+    report = _audit_declared(model, _redeclared(model, 1, dataclasses.replace(layers[1], sink=None))[1])
+    assert "unmasked rows sum to 1" in [c.name for c in report.step(7).failed_checks], report.summary()
+
+
+# ----------------------------------------------------------------------------- the command line
+PROBED = ("smollm3", "qwen3_next", "deepseek_v3", "gpt_oss", "nemotron_h", "mimo_v2_flash", "granite_swa")
+"""The designs the command-line probe test measures: one per way of reading a model (bridged NoPE
+hybrid, bridged linear-attention hybrid, bridged MLA, bridged learned sinks, hooked SSM hybrid,
+hooked sliding-only sinks, hooked windows with an output-scale sink). Probing all 24 would cost
+about 90 s of suite time; the audit below runs on all of them."""
+
+
+@pytest.mark.slow
+def test_every_design_runs_from_the_command_line(tmp_path, capsys):
+    """Each design saved as an HF directory: ``nopelens audit --hf-dir`` passes (exit 0) on every
+    one, and the probe measurements run on one design per way of reading a model (one ``nopelens
+    sweep`` over their ``hf:DIR``: the same per-model measurement as ``nopelens probe``, with the run
+    folder's figures drawn once) and through ``nopelens probe`` itself on Granite SWA."""
+    import pandas as pd
+
+    from nopelens.analyses.cli import main
+
+    paths = {}
+    for family in sorted(EXPECTED):
+        paths[family] = str(tmp_path / family)
+        build_design(family).save_pretrained(paths[family])
+        code = main(["audit", "--hf-dir", paths[family]])
+        out = capsys.readouterr().out
+        assert code == 0 and "no step failed" in out, f"{family}: {out}"
+    specs = ",".join(f"hf:{paths[family]}" for family in PROBED[:-1])
+    code = main(["sweep", "--models", specs, "--no-controls", "--quick", "--seq-len", "8", "--n-sequences", "4",
+                 "--quiet", "--jobs", "1", "--out", str(tmp_path / "sweep")])
+    assert code == 0, capsys.readouterr().err
+    sinks = pd.read_csv(tmp_path / "sweep" / "sinks.csv")
+    assert set(sinks["model"]) == {f"hf:{family}" for family in PROBED[:-1]}
+    learned = sinks[sinks["learned_sink_mass"].notna()]
+    assert set(learned["model"]) == {f"hf:{family}" for family in PROBED[:-1] if EXPECTED[family][3]}
+    assert (learned["learned_sink_mass"] > 0).all()
+    code = main(["probe", f"hf:{paths['granite_swa']}", "--quick", "--seq-len", "8", "--n-sequences", "4", "--quiet",
+                 "--out", str(tmp_path / "probe")])
+    assert code == 0, capsys.readouterr().err
+
+
+def test_labels_of_designs_without_a_tiny_model():
+    """Families whose labels are read from the config alone here (no causal-LM class in
+    transformers 5.24, or no tiny model in this suite): the rules still apply."""
+    import transformers as T
+
+    from nopelens.models.hf import describe_config
+
+    def layers(config):
+        return describe_config(config).layers
+
+    large4 = layers(T.MistralLarge4TextConfig(num_hidden_layers=4, no_rope_layers=[1, 1, 1, 0]))
+    assert [l.method for l in large4] == [R, R, R, N] and (large4[0].rotary_start, large4[0].rotary_dim) == (64, 64)
+    for config in (T.MuseGlimmerTextConfig, T.MuseSparkTextConfig):
+        assert [l.method for l in layers(config(num_hidden_layers=4, layer_rope_theta=[1e4, 0, 1e4, 0]))] == [R, N, R, N]
+    inkling = layers(T.Inkling2TextConfig(num_hidden_layers=6))
+    assert {l.method for l in inkling} == {N} and {l.sink for l in inkling} == {"per_token"}
+    assert (inkling[0].sliding_window, inkling[0].relative_bias) == (1024, 1024) and inkling[5].relative_bias == 1024
+    v4 = layers(T.DeepseekV4Config(num_hidden_layers=2))[0]
+    assert v4.sink == "learned" and v4.rotary_start == 512 - v4.rotary_dim and v4.qk_reference
+    zamba2 = T.Zamba2Config(num_hidden_layers=4, layers_block_type=["mamba", "hybrid"] * 2)
+    assert [l.method for l in layers(zamba2)] == [N] * 4
+    zamba2.use_mem_rope = True
+    assert [l.method for l in layers(zamba2)] == [N, R, N, R]

@@ -1,0 +1,133 @@
+"""The package's layout holds: hook names come from one helper, imports flow one way
+(cli -> analyses -> probes -> models), and no module needs another to be imported first."""
+
+import os
+import re
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+from package_modules import imports, layer, modules
+
+from nopelens.models import hooks
+
+ROOT = Path(__file__).resolve().parents[1]
+SOURCE_FOLDERS = ("models", "circuits", "probes", "analyses", "examples", "benchmarks", "src")
+
+HAND_WRITTEN_HOOK = re.compile(r"""f["']blocks\.|["']blocks\.["']\s*\+""")
+
+
+def source_files():
+    for folder in SOURCE_FOLDERS:
+        yield from sorted((ROOT / folder).rglob("*.py"))
+
+
+def test_hook_names_are_built_by_the_helper_only():
+    """No ``f"blocks.{l}...."`` outside :mod:`nopelens.models.hooks`."""
+    found = [f"{path.relative_to(ROOT)}:{number}: {line.strip()}"
+             for path in source_files() if path != ROOT / "models" / "hooks.py"
+             for number, line in enumerate(path.read_text().splitlines(), 1) if HAND_WRITTEN_HOOK.search(line)]
+    assert not found, "build hook names with nopelens.models.hooks.act_name:\n" + "\n".join(found)
+
+
+def test_act_name_gives_transformer_lens_names_and_refuses_unknown_ones():
+    assert hooks.act_name("resid_pre", 0) == "blocks.0.hook_resid_pre"
+    assert hooks.act_name("hook_rot_k", 3) == "blocks.3.attn.hook_rot_k"
+    assert hooks.act_name("post", 1) == "blocks.1.mlp.hook_post"
+    import numpy as np
+
+    assert hooks.act_name("pattern", np.int64(2)) == "blocks.2.attn.hook_pattern"
+    with pytest.raises(ValueError, match="unknown hook 'resid_pst'.*resid_post"):
+        hooks.act_name("resid_pst", 0)
+    for bad in (-1, 1.0, True, "1"):
+        with pytest.raises(ValueError, match="block index"):
+            hooks.act_name("pattern", bad)
+
+
+def test_act_name_knows_every_hook_a_decoder_has():
+    from nopelens.models import Decoder, DecoderConfig
+
+    cfg = DecoderConfig(d_vocab=8, n_ctx=8, n_layers=2, d_model=16, n_heads=2, position=["alibi", "rope"])
+    names = {name for name in Decoder(cfg).hook_dict if name.startswith("blocks.") and ".ln" not in name}
+    known = {hooks.act_name(name.rsplit(".", 1)[-1], int(name.split(".")[1])) for name in names}
+    assert known == names and "blocks.1.attn.hook_rot_q" in names
+
+
+# ----------------------------------------------------------------------------- the import graph
+
+
+def test_imports_flow_one_way():
+    """cli -> analyses -> probes -> (circuits ->) models: no module imports a later layer, at
+    module level or inside a function."""
+    backwards = [f"{module} imports {target}" for module, targets in sorted(imports().items())
+                 for target in sorted(targets) if layer(target) > layer(module)]
+    assert not backwards, "\n".join(backwards)
+
+
+def test_no_import_loop_among_the_analyses_probes_and_circuits():
+    """Counting imports inside functions too: no module needs one that needs it back."""
+    graph = {m: {t for t in targets if layer(t) >= 1} for m, targets in imports().items() if layer(m) >= 1}
+    loops = [cycle for cycle in _cycles(graph) if len(cycle) > 1]
+    assert not loops, loops
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components (Tarjan), each a list of modules."""
+    index, low, stack, on_stack, found = {}, {}, [], set(), []
+
+    def visit(node):
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for target in graph.get(node, ()):
+            if target not in index:
+                visit(target)
+                low[node] = min(low[node], low[target])
+            elif target in on_stack:
+                low[node] = min(low[node], index[target])
+        if low[node] == index[node]:
+            component = []
+            while not component or component[-1] != node:
+                component.append(stack.pop())
+                on_stack.discard(component[-1])
+            found.append(component)
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return found
+
+
+def test_the_cycle_finder_finds_a_loop():
+    assert sorted(map(sorted, _cycles({"a": {"b"}, "b": {"a"}, "c": {"a"}}))) == [["a", "b"], ["c"]]
+
+
+def test_analyses_never_import_the_cli():
+    cli = [f"{module} imports {target}" for module, targets in imports().items()
+           if module.startswith("nopelens.analyses.") and not module.startswith("nopelens.analyses.cli")
+           for target in targets if target.startswith("nopelens.analyses.cli")]
+    assert not cli, cli
+
+
+def test_each_analyses_module_imports_alone():
+    """Import every analyses module first, in a fresh set of nopelens modules (third-party ones
+    stay loaded, so this takes seconds): an import that works only after another module would fail."""
+    names = [name for name in modules() if name.startswith("nopelens.analyses")]
+    code = textwrap.dedent(f"""
+        import importlib, sys, traceback
+        failed = []
+        for name in {names!r}:
+            for loaded in [m for m in sys.modules if m == "nopelens" or m.startswith("nopelens.")]:
+                del sys.modules[loaded]
+            try:
+                importlib.import_module(name)
+            except Exception:
+                failed.append(name + ": " + traceback.format_exc().strip().splitlines()[-1])
+        print("\\n".join(failed) or "ok")
+    """)
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600,
+                            env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.strip() == "ok", result.stdout

@@ -1,0 +1,75 @@
+"""Run folders: one claim rule for every analysis, one slug, and parts that resume or are measured
+again when a file of them was emptied."""
+
+import json
+
+import pandas as pd
+import pytest
+
+from nopelens.analyses import runs
+from nopelens.analyses.sweep import TABLES, SweepSettings, sweep
+
+
+def test_a_folder_is_resumed_with_the_same_settings_and_refused_with_others(tmp_path):
+    runs.claim(tmp_path / "run", "intervene", {"model": "circuit", "n_boot": 200, "modes": ("a", "b")})
+    stamp = json.loads((tmp_path / "run" / "intervene.json").read_text())
+    assert stamp["settings"]["modes"] == ["a", "b"] and len(stamp["digest"]) == 12
+    runs.claim(tmp_path / "run", "intervene", {"model": "circuit", "n_boot": 200, "modes": ["a", "b"]})
+    with pytest.raises(ValueError, match=r"holds a run of nopelens intervene made with other settings \(n_boot: 200 there, "
+                                         r"11 now\); use another --out folder, or delete it"):
+        runs.claim(tmp_path / "run", "intervene", {"model": "circuit", "n_boot": 11, "modes": ["a", "b"]})
+
+
+def test_ignored_settings_may_change_and_are_recorded(tmp_path):
+    runs.claim(tmp_path, "sweep", {"seed": 0, "train_seeds": [0]}, ignore=("train_seeds",))
+    runs.claim(tmp_path, "sweep", {"seed": 0, "train_seeds": [0, 1]}, ignore=("train_seeds",))
+    assert json.loads((tmp_path / "sweep.json").read_text())["settings"]["train_seeds"] == [0, 1]
+    with pytest.raises(ValueError, match="seed: 0 there, 1 now"):
+        runs.claim(tmp_path, "sweep", {"seed": 1, "train_seeds": [0]}, ignore=("train_seeds",))
+
+
+def test_a_folder_of_another_analysis_is_refused(tmp_path):
+    runs.claim(tmp_path, "sweep", {"seed": 0})
+    with pytest.raises(ValueError, match="holds a run of nopelens sweep; use another --out folder for this intervene run"):
+        runs.claim(tmp_path, "intervene", {"seed": 0})
+
+
+def test_stamps_of_older_folders_are_honoured(tmp_path):
+    (tmp_path / "settings.json").write_text(json.dumps({"steps": 500, "n_layers": 3}))
+    runs.claim(tmp_path, "lengthgen", {"steps": 500, "n_layers": 3})
+    assert (tmp_path / "lengthgen.json").is_file()
+    (tmp_path / "lengthgen.json").unlink()
+    with pytest.raises(ValueError, match="steps: 500 there, 60 now"):
+        runs.claim(tmp_path, "lengthgen", {"steps": 60, "n_layers": 3})
+    (tmp_path / "lengthgen.json").write_text("[1, 2]")
+    with pytest.raises(ValueError, match="not a nopelens lengthgen stamp"):
+        runs.claim(tmp_path, "lengthgen", {"steps": 500, "n_layers": 3})
+
+
+def test_slug_is_one_safe_file_name():
+    assert runs.slug("text-nope-4l") == "text-nope-4l"
+    assert runs.slug("constant-rope+rope+rope+nope") == "constant-rope_rope_rope_nope"
+    for spec in (".", "..", "../x", ".hidden", ""):
+        assert not runs.slug(spec).startswith("."), spec
+        assert "/" not in runs.slug(spec)
+    assert runs.part_dir("out", "hf:/m/x", 2).as_posix() == "out/parts/hf__m_x-seed2"
+
+
+def test_an_emptied_table_of_a_finished_part_is_named_and_measured_again(tmp_path, capsys, one_thread):
+    settings = SweepSettings(models=("circuit",), n_sequences=12, seq_len=16, n_boot=20, n_splits=3)
+    out = tmp_path / "run"
+    sweep(settings, out, progress=False)
+    first = {name: pd.read_csv(out / f"{name}.csv") for name in (*TABLES, "summary")}
+    probes = out / "parts" / "circuit" / "probes.csv"
+    probes.write_text("")
+    capsys.readouterr()
+    sweep(settings, out, progress=False)
+    err = capsys.readouterr().err
+    assert f"{probes} cannot be read" in err and "measuring that part again" in err
+    assert probes.stat().st_size > 0
+    for name, table in first.items():
+        pd.testing.assert_frame_equal(pd.read_csv(out / f"{name}.csv"), table)
+    fresh = {name: (out / f"{name}.csv").read_bytes() for name in (*TABLES, "summary")}
+    sweep(settings, out, progress=True)
+    assert "already measured" in capsys.readouterr().err
+    assert {name: (out / f"{name}.csv").read_bytes() for name in fresh} == fresh, "a resumed run writes the same bytes"

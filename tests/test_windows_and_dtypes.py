@@ -1,0 +1,191 @@
+"""Sliding windows and chunks are masks everywhere; audit tolerances follow the compute dtype (issue 20,
+items 4 and 5).
+
+The window rule lives in ``nopelens.models.masks``; these tests hold it against what transformers'
+own attention does (a zero weight exactly where the rule blocks a key, under left padding), then
+check every read that depends on it: the audit's masks (no false fail past the window, a window one
+token off fails), sink mass over the queries that can see the first token, the variance read, and
+``nopelens probe hf:`` on a windowed model. Tolerances: a correct tiny model in bfloat16 or float16
+passes where its float32 copy does, and a broken one still fails.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import warnings
+
+import numpy as np
+import pytest
+import torch
+
+from nopelens.models.adapters import bridge_hf_model
+from nopelens.models.hf import describe
+from nopelens.models.masks import KeyWindow, visibility
+from nopelens.probes import collect
+from nopelens.probes.sinks import attention_variance, sink_table, variance_slopes
+
+from hf_families import build
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+WINDOWED = {  # family: config overrides that make the window or chunk bite at 16 tokens
+    "mistral": dict(sliding_window=4),
+    "cohere2": dict(sliding_window=4),
+    "llama4": dict(attention_chunk_size=4),
+}
+
+
+def _bridge(family, **overrides):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return bridge_hf_model(build(family, **overrides))
+
+
+def _left_padded(length=16, n_pad=3, seed=0):
+    tokens = torch.randint(3, 64, (2, length), generator=torch.Generator().manual_seed(seed))
+    mask = torch.ones_like(tokens)
+    mask[1, :n_pad] = 0
+    return tokens, mask
+
+
+@pytest.mark.parametrize("family", sorted(WINDOWED))
+def test_the_mask_rule_is_what_transformers_attends_to_under_left_padding(family):
+    model = build(family, **WINDOWED[family])
+    tokens, mask = _left_padded()
+    with torch.no_grad():
+        attentions = model(tokens, attention_mask=mask, output_attentions=True).attentions
+    declared = describe(_bridge(family, **WINDOWED[family])).layers
+    real_rows = mask.bool()[:, None, :, None]
+    for layer, pattern in enumerate(attentions):
+        allowed = visibility(mask, 16, 16, keys=declared[layer].key_window)
+        assert torch.equal((pattern > 0) & real_rows, allowed.expand_as(pattern) & real_rows), layer
+    assert any(not layer.key_window.causal_only for layer in declared)
+
+
+@pytest.mark.parametrize("family", sorted(WINDOWED))
+def test_the_audit_passes_a_windowed_model_longer_than_its_window(family):
+    from nopelens.analyses.audit import audit
+
+    report = audit(_bridge(family, **WINDOWED[family]), eval_length=16)
+    assert report.passed, report.summary()
+    assert report.step(3).evidence["windows"]  # the audit says which layers it masked, and how
+
+
+@pytest.mark.parametrize("off_by", [1, -1])
+def test_a_window_one_token_off_fails_the_mask_step(off_by):
+    """The description says w +- 1 where the model uses w: either an allowed key has weight 0 or a
+    blocked key has weight."""
+    from nopelens.analyses.audit import audit
+    from nopelens.models import hf
+
+    bridge = _bridge("cohere2", sliding_window=4)
+    right = describe(bridge)
+    layers = tuple(dataclasses.replace(l, sliding_window=l.sliding_window + off_by) if l.sliding_window else l
+                   for l in right.layers)
+    hf._DESCRIPTIONS[bridge] = dataclasses.replace(right, layers=layers)
+    report = audit(bridge, eval_length=16)
+    failed = {c.name for c in report.step(3).failed_checks}
+    expected = "allowed entries keep weight > 0" if off_by > 0 else "blocked entries have exactly zero weight"
+    assert expected in failed, report.summary()
+
+
+def test_sink_mass_of_a_sliding_layer_averages_the_queries_that_see_the_first_token():
+    """The issue's numbers: bridged Mistral, window 4, 16 tokens, near-uniform random attention.
+    Queries 1..3 see token 0 with weight about 1/2, 1/3, 1/4 (mean 0.361); averaging all 15
+    queries instead gives about 0.072, five times too small."""
+    bridge = _bridge("mistral", sliding_window=4)
+    tokens = torch.randint(3, 64, (6, 16), generator=torch.Generator().manual_seed(2))
+    acts = collect(bridge, tokens, ["blocks.0.attn.hook_pattern"])
+    windows = describe(bridge).key_windows()
+    table = sink_table(acts, n_tokens=16, windows=windows)
+    by_hand = np.mean([p[:, 1:4, 0].mean(1) for p in acts.patterns["blocks.0.attn.hook_pattern"]], axis=0)
+    np.testing.assert_allclose(table["sink_mass"], by_hand, rtol=1e-6)
+    assert table["sink_mass"].min() == pytest.approx(0.3611, abs=0.01)
+    naive = sink_table(acts, n_tokens=16)
+    assert (table["sink_mass"] / naive["sink_mass"]).min() > 4
+    assert set(table["key_window"]) == {"sliding window 4"} and set(naive["key_window"]) == {"causal"}
+
+
+def test_the_variance_read_counts_the_visible_keys():
+    """Uniform attention over a window of w averages min(i + 1, w) values: the variance is flat
+    past the window. Fitted against the visible keys the slope stays -1; against i + 1 it is not."""
+    rng = np.random.default_rng(0)
+    n, length, w = 400, 12, 4
+    values = rng.normal(size=(n, length, 8))
+    keys = KeyWindow(window=w)
+    weights = keys.visible(length).double().numpy()
+    weights /= weights.sum(1, keepdims=True)
+    z = np.einsum("qk,skd->sqd", weights, values)
+    from nopelens.probes import Activations
+
+    acts = Activations(acts={"blocks.0.hook_attn_out": z.reshape(n * length, 8).astype(np.float32)},
+                       sequence_id=np.repeat(np.arange(n), length), position=np.tile(np.arange(length), n),
+                       token=np.zeros(n * length, dtype=np.int64))
+    table = attention_variance(acts, windows={0: keys})
+    assert table["visible_keys"].tolist() == [1, 2, 3] + [4] * 9
+    assert variance_slopes(table)["slope"].iloc[0] == pytest.approx(-1.0, abs=0.1)
+    causal = variance_slopes(table.drop(columns="visible_keys"))["slope"].iloc[0]
+    assert causal > -0.7
+
+
+def test_probe_hf_on_a_windowed_model_marks_only_the_score_read_not_applicable(tmp_path, capsys):
+    import json
+
+    from nopelens.analyses.cli import main
+
+    path = tmp_path / "cohere2"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        build("cohere2", sliding_window=4).save_pretrained(path)
+    code = main(["probe", f"hf:{path}", "--quick", "--seq-len", "16", "--n-sequences", "6", "--quiet",
+                 "--out", str(tmp_path / "run")])
+    assert code == 0, capsys.readouterr().err
+    import pandas as pd
+
+    probes = pd.read_csv(tmp_path / "run" / "probes.csv")
+    scored = set(probes.loc[probes["features"] == "score", "site"])
+    assert scored == {"blocks.3.attn.hook_attn_scores"}  # the full-attention NoPE layer; 0-2 slide
+    (done,) = (tmp_path / "run" / "parts").glob("*/done.json")
+    assert "blocks [0, 1, 2]: sliding window 4" in json.loads(done.read_text())["not_applicable"]["score read"]
+    sinks = pd.read_csv(tmp_path / "run" / "sinks.csv")
+    assert set(sinks.loc[sinks["block"] < 3, "key_window"]) == {"sliding window 4"}
+
+
+# ----------------------------------------------------------------------------- dtypes
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("family", ["smollm3", "cohere2"])
+def test_a_correct_half_precision_model_passes_where_its_float32_copy_does(family, dtype):
+    from nopelens.analyses.audit import audit
+
+    overrides = {"cohere2": dict(sliding_window=4)}.get(family, {})
+    full = audit(_bridge(family, **overrides), eval_length=16)
+    half = audit(bridge_hf_model(build(family, **overrides).to(dtype)), eval_length=16)
+    assert full.passed and half.passed, half.summary()
+    assert half.probe["compute_dtype"] == str(dtype).removeprefix("torch.")
+    assert half.probe["tolerance"]["rtol"] > full.probe["tolerance"]["rtol"]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_broken_half_precision_model_still_fails(dtype):
+    """SmolLM3 rotating its declared NoPE layer, and Llama with a RoPE base 3x the declared one."""
+    from nopelens.analyses.audit import audit
+
+    rotating = build("smollm3", no_rope_layers=[1, 1, 1, 1])
+    rotating.config.no_rope_layers = [1, 1, 1, 0]
+    assert not audit(bridge_hf_model(rotating.to(dtype)), eval_length=16).passed
+    wrong_base = build("llama")
+    wrong_base.config.rope_parameters = {**wrong_base.config.rope_parameters,
+                                         "rope_theta": 3 * wrong_base.config.rope_parameters["rope_theta"]}
+    assert 5 in audit(bridge_hf_model(wrong_base.to(dtype)), eval_length=16).failed_steps
+
+
+def test_tolerances_follow_the_dtype():
+    from nopelens.analyses.audit import Tolerance
+
+    assert Tolerance.for_dtype(torch.float32) == Tolerance()
+    bf16, fp16 = Tolerance.for_dtype(torch.bfloat16), Tolerance.for_dtype(torch.float16)
+    assert bf16.rtol == 4 * 2 ** -7 and fp16.rtol == 4 * 2 ** -10
+    assert fp16.masked_score == -32752.0 and bf16.masked_score == -1e30
+    assert Tolerance.for_dtype(torch.bfloat16, atol=1e-3).atol == 1e-3
+    with pytest.raises(ValueError, match="floating point"):
+        Tolerance.for_dtype(torch.int64)
