@@ -38,6 +38,55 @@ CONSTANT_TOKEN = 3
 """The one token id of a ``constant-METHOD`` subject's sequences."""
 
 
+INPUTS = ("text", "random", "repeated")
+"""What an HF model reads (``nopelens probe hf:DIR --input``): text through its own tokenizer,
+uniformly random token ids after the config's BOS, or one token repeated without BOS (a known
+answer, :func:`nopelens.analyses.streamed.repeated_token_answer`)."""
+DEVICES = ("cpu", "cuda", "auto")
+DTYPES = ("bfloat16", "float32")
+
+
+@dataclass(frozen=True)
+class HFInput:
+    """How an HF model is read: its input, device and dtype (``nopelens probe hf:DIR``).
+
+    Attributes:
+        input: one of :data:`INPUTS`. ``text`` reads ``text`` (default: the corpus nopelens ships,
+            :func:`nopelens.models.tasks.default_documents`) through the tokenizer saved in the
+            model's directory, with the special tokens (BOS) the tokenizer adds.
+        text: a UTF-8 text file, or None for the shipped corpus.
+        device: ``cpu``, ``cuda`` or ``auto`` (CUDA when available).
+        dtype: ``bfloat16``, ``float32`` or None (the checkpoint's own, its config's ``dtype``).
+    """
+
+    input: str = "random"
+    text: str | None = None
+    device: str = "cpu"
+    dtype: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.input not in INPUTS:
+            raise ValueError(f"--input must be one of {', '.join(INPUTS)}, got {self.input!r}")
+        if self.device not in DEVICES:
+            raise ValueError(f"--device must be one of {', '.join(DEVICES)}, got {self.device!r}")
+        if self.dtype is not None and self.dtype not in DTYPES:
+            raise ValueError(f"--dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
+        if self.text is not None and self.input != "text":
+            raise ValueError(f"--text is read only with --input text, not --input {self.input}")
+
+    def torch_device(self) -> torch.device:
+        """The device to run on.
+
+        Raises:
+            ValueError: for ``cuda`` where no CUDA device is available.
+        """
+        if self.device == "auto":
+            return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        if self.device == "cuda" and not torch.cuda.is_available():
+            raise ValueError("--device cuda: no CUDA device is available here (use --device cpu or auto)")
+        return torch.device(self.device)
+
+
 @dataclass
 class Subject:
     """A hooked model and the sequences to read it on.
@@ -112,7 +161,7 @@ def qk_sites(source, layer: int) -> tuple[str, str]:
 
 def resolve(
     spec: str, n_sequences: int, seq_len: int, seed: int = 0, progress: bool = True, quick_steps: int | None = None,
-    train_seed: int = 0,
+    train_seed: int = 0, hf_input: HFInput | None = None,
 ) -> Subject:
     """Build the subject a spec names, with ``n_sequences`` fresh evaluation sequences.
 
@@ -127,6 +176,7 @@ def resolve(
         train_seed: training seed of a zoo model (each seed is its own cached model), and the
             offset added to ``seed`` for the untrained and constant models' weights; see
             :func:`has_training_seed`.
+        hf_input: how an ``hf:DIR`` model is read (:class:`HFInput`; default: random ids, CPU, its dtype).
 
     Raises:
         KeyError: on an unknown zoo name (listing the available ones).
@@ -146,7 +196,7 @@ def resolve(
     if spec.startswith(CONSTANT_PREFIX):
         return _constant(spec, n_sequences, seq_len, seed, seed + train_seed)
     if spec.startswith(HF_PREFIX):
-        return _hf(Path(spec[len(HF_PREFIX):]), n_sequences, seq_len, seed)
+        return _hf(Path(spec[len(HF_PREFIX):]), n_sequences, seq_len, seed, hf_input or HFInput())
     if "/" in spec or Path(spec).exists():
         return _trained(load_checkpoint_dir(Path(spec)), str(spec), n_sequences, seq_len, seed)
     from nopelens.models import zoo
@@ -304,10 +354,12 @@ def _evaluation_batch(task, n_sequences: int, seq_len: int, train_lengths, seed:
     return task.sample(n_sequences, high, high, seed)
 
 
-def _hf(directory: Path, n_sequences: int, seq_len: int, seed: int) -> Subject:
+def _hf(directory: Path, n_sequences: int, seq_len: int, seed: int, how: HFInput) -> Subject:
     from nopelens.models.hf import UnsupportedModelError, check_readable, describe
 
-    model = load_hf_dir(directory)
+    device = how.torch_device()  # a bad device fails before the model loads
+    tokenizer = load_tokenizer(directory) if how.input == "text" else None
+    model = load_hf_dir(directory, dtype=how.dtype, device=device)
     description = describe(model)
     check_readable(description)
     if description.max_positions is not None and seq_len > description.max_positions:
@@ -315,24 +367,120 @@ def _hf(directory: Path, n_sequences: int, seq_len: int, seed: int) -> Subject:
             f"--seq-len {seq_len} is longer than the learned position table of {directory.name} "
             f"({description.max_positions} positions); use --seq-len {description.max_positions} or less"
         )
-    bos_id = _hf_bos_id(directory)
-    if bos_id is not None and not 0 <= bos_id < description.d_vocab:
-        raise ValueError(f"{directory}/config.json: bos_token_id {bos_id} is outside the vocabulary "
-                         f"(0..{description.d_vocab - 1})")
-    tokens = _random_tokens(n_sequences, seq_len, 0, description.d_vocab, seed)
-    if bos_id is not None:
-        tokens[:, 0] = bos_id
+    if tokenizer is not None:
+        tokens, bos_id = text_windows(tokenizer, how.text, n_sequences, seq_len, seed, description.d_vocab)
+    else:
+        bos_id = _hf_bos_id(directory)
+        if bos_id is not None and not 0 <= bos_id < description.d_vocab:
+            raise ValueError(f"{directory}/config.json: bos_token_id {bos_id} is outside the vocabulary "
+                             f"(0..{description.d_vocab - 1})")
+        if how.input == "repeated":  # no BOS: every token the same is the known answer's input
+            tokens = torch.full((n_sequences, seq_len), repeated_token(description.d_vocab, bos_id), dtype=torch.long)
+            bos_id = None
+        else:
+            tokens = _random_tokens(n_sequences, seq_len, 0, description.d_vocab, seed)
+        if bos_id is not None:
+            tokens[:, 0] = bos_id
     methods = sorted(set(description.layer_methods))
     position = description.input_position or ",".join(description.layer_methods if len(methods) > 1 else methods)
+    info = {"hf": description.summary(), "input": how.input, "device": str(device),
+            "dtype": str(next(model.parameters()).dtype).removeprefix("torch.")}
+    if how.input == "text":
+        info["text"] = how.text or "pydoc_data.topics (the corpus nopelens ships)"
     return Subject(f"hf:{directory.name}", model, description.n_layers, position, "external", tokens,
                    torch.ones_like(tokens), has_bos=bos_id is not None, bos_token_id=bos_id,
-                   info={"hf": description.summary()}, hf=description)
+                   info=info, hf=description)
 
 
-def load_hf_dir(directory: Path) -> Any:
+def repeated_token(d_vocab: int, bos_id: int | None) -> int:
+    """The token ``--input repeated`` repeats: :data:`CONSTANT_TOKEN`, or the next id that is not BOS."""
+    token = CONSTANT_TOKEN % d_vocab
+    return (token + 1) % d_vocab if token == bos_id else token
+
+
+def load_tokenizer(directory: Path):
+    """The tokenizer saved in an HF model's directory, offline.
+
+    Raises:
+        ValueError: if the directory holds no tokenizer (nopelens never fetches one).
+    """
+    import transformers
+    from transformers import AutoTokenizer
+
+    transformers.logging.set_verbosity_error()
+    try:
+        return AutoTokenizer.from_pretrained(directory, local_files_only=True)
+    except (OSError, ValueError, TypeError, KeyError) as error:
+        raise ValueError(f"{directory} holds no tokenizer nopelens can load offline ({' '.join(str(error).split())[:200]}); "
+                         "save one there (tokenizer.json and tokenizer_config.json) or use --input random") from None
+
+
+def text_windows(tokenizer, path: str | None, n_sequences: int, seq_len: int, seed: int,
+                 d_vocab: int) -> tuple[Tensor, int | None]:
+    """``n_sequences`` windows of ``seq_len`` tokens of a text, through the model's tokenizer.
+
+    The text (a UTF-8 file, or the shipped corpus :func:`~nopelens.models.tasks.default_documents`
+    joined by blank lines) is tokenized once without special tokens and cut into non-overlapping
+    windows; ``n_sequences`` of them are drawn with ``seed``, and each gets the special tokens the
+    tokenizer adds around a text (e.g. BOS first), so ``seq_len`` counts them.
+
+    Returns:
+        (int64 ``[n_sequences, seq_len]`` tokens, the BOS id when the tokenizer starts every text
+        with its BOS token, else None).
+
+    Raises:
+        FileNotFoundError: if ``path`` is not a file.
+        ValueError: if the text is not UTF-8, is empty, gives fewer than ``n_sequences`` windows,
+            or a token id falls outside the model's vocabulary.
+    """
+    import numpy as np
+
+    from nopelens.models.tasks import default_documents
+
+    if path is None:
+        text, name = "\n\n".join(default_documents().values()), "the shipped corpus"
+    else:
+        if not Path(path).is_file():
+            raise FileNotFoundError(f"--text {path}: no such file")
+        try:
+            text = Path(path).read_text(encoding="utf-8")
+        except UnicodeDecodeError as error:
+            raise ValueError(f"--text {path} is not UTF-8: {error}") from None
+        name = f"--text {path}"
+    if not text.strip():
+        raise ValueError(f"{name} is empty")
+    content = tokenizer("a", add_special_tokens=False)["input_ids"]
+    framed = tokenizer("a", add_special_tokens=True)["input_ids"]
+    at = next((k for k in range(len(framed) - len(content) + 1) if framed[k:k + len(content)] == content), 0)
+    prefix, suffix = framed[:at], framed[at + len(content):]
+    width = seq_len - len(prefix) - len(suffix)
+    ids = np.asarray(tokenizer(text, add_special_tokens=False)["input_ids"], dtype=np.int64)
+    n_windows = len(ids) // width if width > 0 else 0
+    if n_windows == 0:
+        raise ValueError(f"{name} gives {len(ids)} tokens through the model's tokenizer, shorter than one "
+                         f"{seq_len}-token sequence ({len(prefix) + len(suffix)} of them special); give a longer "
+                         "--text or a shorter --seq-len")
+    if n_windows < n_sequences:
+        raise ValueError(f"{name} gives {len(ids)} tokens through the model's tokenizer: {n_windows} windows of "
+                         f"{seq_len} tokens ({len(prefix) + len(suffix)} special), fewer than the {n_sequences} "
+                         "sequences asked for; give a longer --text, or fewer --n-sequences or a shorter --seq-len")
+    chosen = np.sort(np.random.default_rng(seed).choice(n_windows, n_sequences, replace=False))
+    windows = ids[: n_windows * width].reshape(n_windows, width)[chosen]
+    tokens = np.concatenate([np.tile(np.asarray(prefix, dtype=np.int64), (n_sequences, 1)), windows,
+                             np.tile(np.asarray(suffix, dtype=np.int64), (n_sequences, 1))], axis=1)
+    if tokens.min() < 0 or tokens.max() >= d_vocab:
+        raise ValueError(f"the tokenizer gives token id {int(tokens.max())} (or a negative one), outside the model's "
+                         f"vocabulary 0..{d_vocab - 1}: tokenizer and model do not match")
+    bos = tokenizer.bos_token_id
+    return torch.from_numpy(tokens), (bos if prefix and bos is not None and prefix[0] == bos else None)
+
+
+def load_hf_dir(directory: Path, dtype: str | None = None, device: str | torch.device = "cpu") -> Any:
     """Load a local HF causal LM offline (no hub access) and hook it: through TransformerLens'
     bridge where it can, else with forward hooks (:func:`nopelens.models.adapters.load_hf_model`;
     a bridge that fails is retried with hooks on a freshly loaded copy).
+
+    ``dtype``: ``bfloat16``, ``float32`` or None (the checkpoint's own); ``device``: where it runs.
 
     Raises:
         FileNotFoundError: if ``directory`` is not a directory.
@@ -353,7 +501,8 @@ def load_hf_dir(directory: Path) -> Any:
     def load():
         try:
             # safetensors only: a pytorch_model.bin is a pickle, and nopelens never unpickles a user file
-            model = AutoModelForCausalLM.from_pretrained(directory, local_files_only=True, use_safetensors=True)
+            model = AutoModelForCausalLM.from_pretrained(directory, local_files_only=True, use_safetensors=True,
+                                                         dtype=dtype or "auto")
         except (OSError, ValueError) as error:
             raise ValueError(f"{directory} holds no loadable HF causal LM: {error}") from None
         except _config_errors() as error:  # a config field of the wrong type, e.g. "hidden_size": "big"
@@ -361,7 +510,7 @@ def load_hf_dir(directory: Path) -> Any:
         except SafetensorError as error:
             raise ValueError(f"{directory}: a safetensors weight file is corrupted or truncated ({error})") from None
         model.config._attn_implementation = "eager"
-        return model.eval()
+        return model.to(device).eval()
 
     return load_hf_model(load(), reload=load)
 

@@ -66,7 +66,7 @@ from . import layers, parallel, reads, report, runs, seeds
 from .eta import SweepETA
 from .intervene import sink_ablation_drop
 from .reads import ProbeInput, SweepSites
-from .subjects import CONTROL_SPECS, Subject, check_spec, has_training_seed, planned_work, qk_sites, resolve
+from .subjects import CONTROL_SPECS, HFInput, Subject, check_spec, has_training_seed, planned_work, qk_sites, resolve
 
 DEFAULT_MODELS = {"text": ("text-nope-4l", "text-rope-4l", "text-hybrid-4l", "bb-rope-2l", "bb-nope-3l"),
                   "copy": ("copy-nope-3l", "copy-rope-3l")}
@@ -100,6 +100,14 @@ class SweepSettings:
         sites: where absolute index is probed (:data:`SITE_KINDS`): ``resid`` (required) and any
             of the finer sites ``attn_out``, ``resid_mid``, ``mlp_out`` of every block. Relative
             distance is read on the residual stream and every block's attention either way.
+        hf_input: how ``hf:DIR`` models are read (:class:`~nopelens.analyses.subjects.HFInput`:
+            text through their tokenizer, random ids or one token repeated; device; dtype).
+        streamed: measure ``hf:DIR`` models through the streaming engine
+            (:func:`analyse_subject_streamed`; ``nopelens probe``).
+        batch_size: sequences per forward pass of a streamed measurement.
+        keep_mib: MiB of features a streamed measurement may keep for its predictions instead of
+            a second forward pass (None: a quarter of the memory available; 0: none, so memory is
+            the statistics' whatever the number of tokens).
     """
 
     models: tuple[str, ...]
@@ -111,6 +119,10 @@ class SweepSettings:
     quick_steps: int | None = None
     train_seeds: tuple[int, ...] = (0,)
     sites: tuple[str, ...] = DEFAULT_SITES
+    hf_input: HFInput = HFInput()
+    streamed: bool = False
+    batch_size: int = 32
+    keep_mib: int | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "train_seeds", tuple(self.train_seeds))
@@ -122,6 +134,11 @@ class SweepSettings:
             raise ValueError(f"--seeds must list distinct training seeds, got {list(self.train_seeds)}")
         if min(self.train_seeds) < 0:
             raise ValueError(f"training seeds must be >= 0, got {list(self.train_seeds)}")
+        if isinstance(self.batch_size, bool) or not isinstance(self.batch_size, int) or self.batch_size < 1:
+            raise ValueError(f"--batch-size must be a positive integer, got {self.batch_size!r}")
+        if self.keep_mib is not None and (isinstance(self.keep_mib, bool) or not isinstance(self.keep_mib, int)
+                                          or self.keep_mib < 0):
+            raise ValueError(f"--keep-mib must be an integer >= 0, got {self.keep_mib!r}")
 
     @classmethod
     def default(cls, task: str = "text", models: tuple[str, ...] | None = None, controls: bool = True, **kw) -> "SweepSettings":
@@ -148,6 +165,10 @@ class SweepSettings:
         settings = dataclasses.asdict(self)
         if self.sites == DEFAULT_SITES:
             del settings["sites"]
+        # written only when set, so folders made before they existed keep their digest
+        for name, default in (("hf_input", HFInput()), ("streamed", False), ("batch_size", 32), ("keep_mib", None)):
+            if getattr(self, name) == default:
+                del settings[name]
         return settings
 
     def digest(self) -> str:
@@ -231,13 +252,37 @@ def analyse_subject(subject: Subject, settings: SweepSettings, progress: bool = 
     attention = [l for l in range(layers) if subject.hf is None or subject.hf.layers[l].mixer == "attention"]
     variance = attention_variance(acts, sites=[site for site in act_names("attn_out", attention) if site in acts.acts],
                                   windows=subject.key_windows())
-    if subject.has_bos:  # every sequence has the same token at 0, so its variance is exactly 0
-        variance = variance[variance["position"] > 0]
+    variance = _variance_table(subject, variance)
     # sink ablation (issue 14): next-layer absolute-index R^2 with block l's first key removed
     ablation = sink_ablation_drop(subject.model, subject.tokens, subject.attention_mask, layers, acts,
                                   settings.n_splits, settings.n_boot, settings.seed).assign(model=subject.name)
-    return {"probes": probes, "sinks": sinks, "variance": _with_slopes(variance).assign(model=subject.name),
-            "sink_ablation": ablation}
+    return {"probes": probes, "sinks": sinks, "variance": variance, "sink_ablation": ablation}
+
+
+def analyse_subject_streamed(subject: Subject, settings: SweepSettings, label: str | None = None,
+                             progress: bool = False) -> dict[str, pd.DataFrame]:
+    """:func:`analyse_subject`'s tables of an HF subject through the streaming engine
+    (:func:`~nopelens.analyses.streamed.measure_streamed`; ``nopelens probe hf:DIR``), after printing
+    its plan; the sink ablation is not streamed (an empty table, and ``not_applicable`` says so)."""
+    from .streamed import measure_streamed, plan
+
+    sites = sweep_sites(subject, settings.sites)
+    tqdm.write(plan(subject, settings, sites).describe(label or subject.name), file=sys.stderr)
+    tables = measure_streamed(subject, settings, sites, progress)
+    if tables["variance"] is None:
+        tables["variance"] = pd.DataFrame(columns=["site", "block", "position", "visible_keys", "variance",
+                                                   "n_sequences", "slope", "note", "model"])
+    else:
+        tables["variance"] = _variance_table(subject, tables["variance"])
+    return tables
+
+
+def _variance_table(subject: Subject, variance: pd.DataFrame) -> pd.DataFrame:
+    """The variance table as the sweep writes it: position 0 left out after a BOS (every sequence has
+    the same token there, so its variance is exactly 0), each site's slope, the model."""
+    if subject.has_bos:
+        variance = variance[variance["position"] > 0]
+    return _with_slopes(variance).assign(model=subject.name)
 
 
 def _with_slopes(variance: pd.DataFrame) -> pd.DataFrame:
@@ -492,11 +537,14 @@ def _measure(spec: str, train_seed: int, settings: SweepSettings, progress: bool
     tqdm.write(f"nopelens: {_label(spec, train_seed)}: loading", file=sys.stderr)
     start = time.perf_counter()
     subject = resolve(spec, settings.n_sequences, settings.seq_len, settings.seed, progress, settings.quick_steps,
-                      train_seed=train_seed)
+                      train_seed=train_seed, hf_input=settings.hf_input)
     loaded = time.perf_counter()
     tqdm.write(f"nopelens: {_label(subject.name, train_seed)}: probing {subject.n_layers + 1} layers", file=sys.stderr)
     with torch.no_grad():
-        tables = analyse_subject(subject, settings, progress)
+        if settings.streamed and subject.hf is not None:
+            tables = analyse_subject_streamed(subject, settings, _label(subject.name, train_seed), progress)
+        else:
+            tables = analyse_subject(subject, settings, progress)
     tables = {name: table.assign(train_seed=train_seed) for name, table in tables.items()}
     seconds = {"load": loaded - start, "measure": time.perf_counter() - loaded}
     tqdm.write(f"nopelens: {_label(subject.name, train_seed)}: measured in {seconds['measure']:.0f} s", file=sys.stderr)

@@ -333,6 +333,20 @@ def real_values(value: Tensor, real: Tensor, site: str, start: int) -> Tensor:
 
 def _store_patterns(store: list, value: Tensor, mask: Tensor, site: str, start: int) -> None:
     """``[batch, head, query, key]`` -> one ``[head, n_real, n_real]`` array per sequence."""
+    check_patterns(value, mask, site, start)
+    for row in range(mask.shape[0]):
+        keep = mask[row].bool().cpu()
+        store.append(value[row][:, keep][:, :, keep].numpy())
+
+
+def check_patterns(value: Tensor, mask: Tensor, site: str, start: int) -> None:
+    """Check a ``[batch, head_index, query_pos, key_pos]`` site output on its device: its shape, at
+    ``hook_pattern`` sites that no future key gets weight (DESIGN.md), and that its real rows and
+    columns are finite (scores may hold -inf at blocked keys by design).
+
+    Raises:
+        ValueError: naming the site, the sequence (``start`` + row), the head and the query position.
+    """
     batch, pos = mask.shape
     if value.ndim != 4 or value.shape[0] != batch or tuple(value.shape[2:]) != (pos, pos):
         raise ValueError(
@@ -341,28 +355,27 @@ def _store_patterns(store: list, value: Tensor, mask: Tensor, site: str, start: 
         )
     if site.endswith("hook_pattern"):
         _check_causal(value, mask, site, start)
-    for row in range(batch):
-        keep = mask[row].bool().cpu()
-        pattern = value[row][:, keep][:, :, keep]
-        if site.endswith("hook_pattern"):
-            finite = torch.isfinite(pattern)
-        else:  # scores hold -inf at blocked (future) keys by design
-            finite = ~torch.isnan(pattern) & (pattern != float("inf"))
-        if not bool(finite.all()):
-            head, query, _ = (~finite).nonzero()[0].tolist()
-            raise ValueError(
-                f"non-finite value at site {site!r}, sequence {start + row}, head {head}, "
-                f"query position {query}"
-            )
-        store.append(pattern.numpy())
+        finite = torch.isfinite(value)
+    else:  # scores hold -inf at blocked (future) keys by design
+        finite = ~torch.isnan(value) & (value != float("inf"))
+    real = mask.bool().to(value.device)
+    bad = ~finite & real[:, None, :, None] & real[:, None, None, :]
+    if bool(bad.any()):
+        row, head, query, _ = bad.nonzero()[0].tolist()
+        position = int(real[row, : query + 1].sum()) - 1
+        raise ValueError(
+            f"non-finite value at site {site!r}, sequence {start + row}, head {head}, "
+            f"query position {position}"
+        )
 
 
 def _check_causal(pattern: Tensor, mask: Tensor, site: str, start: int) -> None:
     """Refuse a pattern that gives a future key of a real query any weight (DESIGN.md: blocked
     keys get exactly zero weight)."""
     pos = mask.shape[1]
-    future = torch.triu(torch.ones(pos, pos, dtype=torch.bool), 1)
-    leaked = pattern[..., future].abs() * mask.bool()[:, None, :, None].expand(-1, -1, -1, pos)[..., future]
+    future = torch.triu(torch.ones(pos, pos, dtype=torch.bool, device=pattern.device), 1)
+    real = mask.bool().to(pattern.device)[:, None, :, None].expand(-1, -1, -1, pos)
+    leaked = pattern[..., future].abs() * real[..., future]
     if bool((leaked > 0).any()):
         row = int((leaked > 0).flatten(1).any(1).nonzero()[0])
         raise ValueError(

@@ -259,6 +259,18 @@ class BlockMoments:
         out.class_counts = self.class_counts
         return out
 
+    def select(self, values: Sequence[int] = (), classes: Sequence[int] = ()) -> "BlockMoments":
+        """The same statistics restricted to some value and class targets; the feature sums are
+        shared, not copied (a view for fitting one probe family of several)."""
+        out = object.__new__(BlockMoments)
+        out.__dict__.update(self.__dict__)
+        cols = torch.as_tensor(list(values), dtype=torch.long, device=self.shift.device)
+        out.ysum, out.yy, out.xty = self.ysum[:, cols], self.yy[:, cols], self.xty[:, :, cols]
+        out.classes = [self.classes[c] for c in classes]
+        out.class_sums = [self.class_sums[c] for c in classes]
+        out.class_counts = [self.class_counts[c] for c in classes]
+        return out
+
     def group(self, blocks: Sequence[Sequence[int]], values: Sequence[int] | None = None,
               classes: Sequence[int] | None = None) -> "BlockMoments":
         """Statistics of unions of blocks (``blocks[g]``: the blocks of new block ``g``), keeping the
@@ -430,8 +442,64 @@ def fit_folds(
     """
     _check_task(task)
     dtype = (X.dtype if dtype is None else dtype)
-    compute_dtype = check_compute_dtype(device, compute_dtype)
     alphas = np.asarray(sorted(alphas), dtype=np.float64)
+    regression = task == "regression"
+    stats = fold_statistics(X, groups, splits, targets if regression else (), () if regression else targets, device,
+                            compute_dtype)
+    models = fold_models(stats.moments, stats.members, task, dtype, alphas, shrinkage)
+    return FoldFit.assemble(splits, models, stats.predict(models, splits), alphas)
+
+
+@dataclass
+class FoldStatistics:
+    """A feature matrix's per-block statistics, filled at once, and its rows for predicting.
+
+    Attributes:
+        moments: :class:`BlockMoments` of the blocks of :func:`fold_blocks`.
+        members: the blocks of each fitting side.
+        Xs: the features minus their mean, in block order (then the rows no fitting side uses),
+            in the compute dtype.
+        where: ``[n]``, each row's place in ``Xs``.
+    """
+
+    moments: BlockMoments
+    members: list[list[int]]
+    Xs: torch.Tensor
+    where: np.ndarray
+
+    def predict(self, models, splits) -> list[list[np.ndarray]]:
+        """Each fold's predictions of its scoring side, ``[fold][target] -> [m]``, in ``score`` order."""
+        return [model.predict(self.Xs[_rows(_slice_if_contiguous(self.where[np.asarray(score)]), self.Xs)])
+                for model, (_, score) in zip(models, splits)]
+
+
+def fold_statistics(
+    X,
+    groups: np.ndarray,
+    splits: Sequence[tuple[np.ndarray, np.ndarray]],
+    values: Sequence[np.ndarray] = (),
+    classes: Sequence[np.ndarray] = (),
+    device: str | torch.device = "cpu",
+    compute_dtype: torch.dtype | None = None,
+) -> FoldStatistics:
+    """The per-block statistics of ``X`` for value targets (ridge) and class targets (LDA) at once.
+
+    Every block's Gram matrix is computed once, whichever targets read it, so a site's
+    classification and regression probes on the same splits share it; each target's numbers are
+    bit for bit those of a :func:`fit_folds` call of its own.
+
+    Args:
+        X: features ``[n, d]`` (numpy or torch).
+        groups: sequence id of each sample ``[n]``.
+        splits: (fit, score) index pairs, grouped by sequence.
+        values: ``[n]`` value targets (for ``regression`` models).
+        classes: ``[n]`` class targets (for ``classification`` models).
+        device, compute_dtype: as :func:`fit_folds`.
+
+    Raises:
+        ValueError: on a split with an empty side or not grouped by sequence, or float32 algebra on CPU.
+    """
+    compute_dtype = check_compute_dtype(device, compute_dtype)
     for fit, score in splits:
         if len(fit) == 0 or len(score) == 0:
             raise ValueError("a split has an empty side")
@@ -448,14 +516,12 @@ def fit_folds(
     Xs -= shift
     bounds = np.concatenate([[0], np.cumsum([len(b) for b in blocks])])
     index = [slice(int(a), int(b)) for a, b in zip(bounds[:-1], bounds[1:])]
-    ordered = [np.asarray(t)[order] for t in targets]
-    moments, values, labels = target_moments(len(blocks), shift, task, ordered)
+    moments, value_rows, labels = _moments_for(len(blocks), shift, [np.asarray(t)[order] for t in values],
+                                               [np.asarray(t)[order] for t in classes])
     for b, rows in enumerate(index):
-        moments.add(b, Xs[rows], raw[rows], None if values is None else values[rows], [label[rows] for label in labels])
-    models = fold_models(moments, members, task, dtype, alphas, shrinkage)
-    predictions = [model.predict(Xs[_rows(_slice_if_contiguous(where[np.asarray(score)]), Xs)])
-                   for model, (_, score) in zip(models, splits)]
-    return FoldFit.assemble(splits, models, predictions, alphas)
+        moments.add(b, Xs[rows], raw[rows], None if value_rows is None else value_rows[rows],
+                    [label[rows] for label in labels])
+    return FoldStatistics(moments, members, Xs, where)
 
 
 def target_moments(n_blocks: int, shift: torch.Tensor, task: str, targets: Sequence[np.ndarray]):
@@ -464,14 +530,21 @@ def target_moments(n_blocks: int, shift: torch.Tensor, task: str, targets: Seque
     class target its int64 label tensor ``[n]``)."""
     _check_task(task)
     if task == "regression":
-        values = torch.as_tensor(np.stack(targets, 1), dtype=shift.dtype, device=shift.device)
-        return BlockMoments(n_blocks, shift, n_values=len(targets)), values, []
-    classes, labels = [], []
-    for y in targets:
-        values, label = np.unique(y, return_inverse=True)
-        classes.append(values)
+        return _moments_for(n_blocks, shift, targets, ())
+    return _moments_for(n_blocks, shift, (), targets)
+
+
+def _moments_for(n_blocks: int, shift: torch.Tensor, values: Sequence[np.ndarray], classes: Sequence[np.ndarray]):
+    """(empty moments, values ``[n, t]`` tensor or None, per class target its label tensor)."""
+    value_rows = None
+    if len(values):
+        value_rows = torch.as_tensor(np.stack(values, 1), dtype=shift.dtype, device=shift.device)
+    kinds, labels = [], []
+    for y in classes:
+        kind, label = np.unique(y, return_inverse=True)
+        kinds.append(kind)
         labels.append(torch.as_tensor(label.reshape(-1), device=shift.device))
-    return BlockMoments(n_blocks, shift, classes=classes), None, labels
+    return BlockMoments(n_blocks, shift, n_values=len(values), classes=kinds), value_rows, labels
 
 
 def fold_models(moments: BlockMoments, members: Sequence[Sequence[int]], task: str, dtype,

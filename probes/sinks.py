@@ -47,11 +47,13 @@ import pandas as pd
 import torch
 from jaxtyping import Float, Int
 from scipy import stats
+from torch import Tensor
 
 from nopelens.models.hooks import act_names
 from nopelens.models.masks import CAUSAL, KeyWindow
 
-from .collect import Activations, collect, site_block
+from .collect import Activations, check_patterns, collect, site_block
+from .stream import Measurement
 
 GU_EPSILON = 0.3
 GU_WINDOW = 64
@@ -304,18 +306,27 @@ def sink_table(acts: Activations, eps: float = GU_EPSILON, n_tokens: int | None 
         masses = sink_mass(acts.patterns[site], keys=keys)
         scores = sink_scores(acts.patterns[site], n_tokens, keys) if n_tokens is not None else None
         extra = _extra_sink(acts, site, (sinks or {}).get(block)) if sinks is not None else None
-        for head, mass in enumerate(masses):
-            row = dict(site=site, block=block, head=head, sink_mass=float(mass))
-            if scores is not None:
-                row.update(sink_score=float(scores[head]), is_sink=bool(scores[head] > eps))
-            row["key_window"] = keys.describe()
-            row["threshold_on"] = "first token (Gu et al.)"
-            if sinks is not None:
-                kind, logits, learned = extra
-                row.update(sink_kind=kind or "", sink_logit=float(logits[head]) if logits is not None else np.nan,
-                           learned_sink_mass=float(learned[head]) if learned is not None else np.nan)
-            rows.append(row)
+        rows += _sink_rows(site, keys, masses, scores, eps, extra)
     return pd.DataFrame(rows)
+
+
+def _sink_rows(site: str, keys: KeyWindow, masses: np.ndarray, scores: np.ndarray | None, eps: float,
+               extra: tuple | None) -> list[dict]:
+    """One :func:`sink_table` row per head of ``site`` (``extra``: (kind, logits, learned mass) of
+    the block's non-token sink when sinks were asked for, else None)."""
+    rows = []
+    for head, mass in enumerate(masses):
+        row = dict(site=site, block=site_block(site), head=head, sink_mass=float(mass))
+        if scores is not None:
+            row.update(sink_score=float(scores[head]), is_sink=bool(scores[head] > eps))
+        row["key_window"] = keys.describe()
+        row["threshold_on"] = "first token (Gu et al.)"
+        if extra is not None:
+            kind, logits, learned = extra
+            row.update(sink_kind=kind or "", sink_logit=float(logits[head]) if logits is not None else np.nan,
+                       learned_sink_mass=float(learned[head]) if learned is not None else np.nan)
+        rows.append(row)
+    return rows
 
 
 def _extra_sink(acts: Activations, site: str, sink) -> tuple:
@@ -341,6 +352,156 @@ def sink_rate(table: pd.DataFrame) -> float:
     if "is_sink" not in table or table.empty:
         raise ValueError("the table has no is_sink column (build it with n_tokens set)")
     return float(table["is_sink"].mean())
+
+
+class SinkStats(Measurement):
+    """:func:`sink_table`, measured while the model runs: per site and head, sums and counts only.
+
+    Inside the hook each batch's ``[batch, head_index, query_pos, key_pos]`` pattern is checked
+    (:func:`~nopelens.probes.collect.check_patterns`) and reduced on the model's device, in
+    float64, to what the table's means need: the attention the real queries give the first
+    real key (the sink candidate; left padding is skipped as :func:`sink_index` does) summed
+    over the queries that see it (all but the sink's own row: ``sink_mass``; the first T
+    positions, row 0 included: Gu et al.'s ``sink_score``), the queries counted; on a learned or
+    per-token sink block the sum of 1 - row sum over real queries; on an output-scale block the
+    sum of 1 - c per query (:func:`output_scale_sink_mass`, from the batch's ``attn.hook_v`` and
+    ``attn.hook_z``, reduced at the end of the batch). Memory: a few numbers per site and head,
+    whatever the number of tokens; nothing of size T x T outlives its batch.
+
+    Sliding windows and chunks (``windows``) restrict every mean to the queries that can see
+    key 0, as :func:`sink_table` does. The numbers equal :func:`sink_table`'s on the same
+    patterns up to float32 round-off of its means (the in-memory table averages float32 copies;
+    these sums are float64).
+
+    Args:
+        sequences: the token set (:class:`~nopelens.probes.stream.Sequences`).
+        sites: ``blocks.{l}.attn.hook_pattern`` sites.
+        eps, n_tokens, windows, sinks: as :func:`sink_table` (``n_tokens`` None: no score).
+
+    Raises:
+        ValueError: if no site is given, ``n_tokens`` is not an integer >= 1, or a sequence has
+            fewer than ``n_tokens`` real tokens (before any forward pass); at the result, if no
+            query row can see a sink other than itself.
+    """
+
+    def __init__(self, sequences, sites: Sequence[str], eps: float = GU_EPSILON, n_tokens: int | None = GU_WINDOW,
+                 windows: dict[int, KeyWindow] | None = None, sinks: dict | None = None):
+        if not sites:
+            raise ValueError("no hook_pattern site given")
+        if n_tokens is not None:
+            if isinstance(n_tokens, bool) or not isinstance(n_tokens, (int, np.integer)) or n_tokens < 1:
+                raise ValueError(f"n_tokens (Gu's window T) must be an integer >= 1, got {n_tokens!r}")
+            short = np.flatnonzero(np.diff(sequences.offsets) < n_tokens)
+            if len(short):
+                raise ValueError(f"sequences {short[:10].tolist()} have fewer than T={n_tokens} real tokens")
+        self.sequences, self.site_list = sequences, list(sites)
+        self.eps, self.n_tokens, self.windows, self.sinks = eps, n_tokens, dict(windows or {}), sinks
+        self.n_positions = int(np.diff(sequences.offsets).max())
+        self.sums: dict[str, dict[str, Tensor]] = {}  # site -> name -> [head] float64 (counts: [])
+        self.pending: dict[str, Tensor] = {}  # an output-scale block's pattern and hook_v until its hook_z
+        self.done = False
+
+    def kind(self, site: str) -> str | None:
+        """The block's non-token sink (``learned``, ``per_token``, ``output_scale``) or None."""
+        sink = (self.sinks or {}).get(site_block(site))
+        return None if sink is None else sink[0]
+
+    def _outputs(self, site: str) -> tuple[str, str]:
+        prefix = site.rsplit(".", 1)[0]
+        return f"{prefix}.hook_v", f"{prefix}.hook_z"
+
+    def sites(self, batch_index: int) -> list[str]:
+        if self.done:
+            return []
+        extra = [name for site in self.site_list if self.kind(site) == "output_scale" for name in self._outputs(site)]
+        return self.site_list + extra
+
+    def _add(self, site: str, name: str, value: Tensor) -> None:
+        held = self.sums.setdefault(site, {})
+        value = value.to(torch.float64)
+        held[name] = value if name not in held else held[name] + value.to(held[name].device)
+
+    def update(self, site: str, value: Tensor, batch) -> None:
+        if site not in self.site_list:  # hook_v or hook_z of an output-scale block
+            self.pending[site] = value
+            return
+        mask = batch.mask
+        check_patterns(value, mask, site, batch.rows.start)
+        device = value.device
+        real = mask.bool().to(device)
+        position = (real.long().cumsum(-1) - 1).clamp(min=0)
+        sees = self.windows.get(site_block(site), CAUSAL).sees_first(self.n_positions).to(device)[position] & real
+        first = torch.as_tensor(sink_index(mask.numpy()), device=device)
+        first_key = value[torch.arange(len(mask), device=device), :, :, first].to(torch.float64)  # [batch, head, query]
+        rows = sees & (position >= 1)
+        self._add(site, "mass", (first_key * rows[:, None]).sum((0, 2)))
+        self._add(site, "mass_rows", rows.sum())
+        if self.n_tokens is not None:
+            rows = sees & (position < self.n_tokens)
+            self._add(site, "score", (first_key * rows[:, None]).sum((0, 2)))
+            self._add(site, "score_rows", rows.sum())
+        kind = self.kind(site)
+        if kind == "output_scale":
+            self.pending[site] = value
+        elif kind is not None:
+            row_sum = (value.to(torch.float64) * real[:, None, None, :]).sum(-1)  # [batch, head, query]
+            self._add(site, "learned", ((1.0 - row_sum) * real[:, None]).sum((0, 2)))
+            self._add(site, "learned_rows", real.sum())
+
+    def end_batch(self, batch) -> None:
+        """Reduce each output-scale block's pattern, ``hook_v`` and ``hook_z`` of the batch to 1 - c."""
+        for site in self.site_list:
+            if self.kind(site) != "output_scale":
+                continue
+            v_site, z_site = self._outputs(site)
+            pattern = self.pending.pop(site)
+            real = batch.mask.bool().to(pattern.device)
+            p = pattern.to(torch.float64) * real[:, None, None, :]
+            v = self.pending.pop(v_site).to(pattern.device, torch.float64)
+            z = self.pending.pop(z_site).to(pattern.device, torch.float64)
+            v = v.repeat_interleave(p.shape[1] // v.shape[2], dim=2)  # key-value heads -> query heads
+            weighted = torch.einsum("bhij,bjhd->bihd", p, v)
+            norm = (weighted * weighted).sum(-1)
+            scale = torch.where(norm > 0, (z * weighted).sum(-1) / norm.clamp(min=1e-300), 1.0)  # [batch, query, head]
+            self._add(site, "learned", ((1.0 - scale) * real[:, :, None]).sum((0, 1)))
+            self._add(site, "learned_rows", real.sum())
+        self.pending = {}
+
+    def end_pass(self) -> bool:
+        self.done = True
+        return False
+
+    def spawn(self) -> "SinkStats":
+        other = object.__new__(SinkStats)
+        other.__dict__.update(self.__dict__)
+        other.sums, other.pending = {}, {}
+        return other
+
+    def merge(self, other: "SinkStats") -> None:
+        for site, held in other.sums.items():
+            for name, value in held.items():
+                self._add(site, name, value)
+
+    def result(self) -> pd.DataFrame:
+        """The :func:`sink_table` rows (same columns)."""
+        rows = []
+        for site in self.site_list:
+            if site not in self.sums:
+                raise RuntimeError(f"{site}: no batch was measured")
+            held = {name: value.cpu().numpy() for name, value in self.sums[site].items()}
+            if held["mass_rows"] == 0:
+                raise ValueError("no query row can see a sink other than itself (all sequences have one token)")
+            keys = self.windows.get(site_block(site), CAUSAL)
+            masses = held["mass"] / held["mass_rows"]
+            scores = held["score"] / held["score_rows"] if self.n_tokens is not None else None
+            extra = None
+            if self.sinks is not None:
+                kind, logits = self.sinks.get(site_block(site), (None, None))
+                extra = (None, None, None) if kind is None else (
+                    kind, None if logits is None else np.asarray(logits, dtype=np.float64),
+                    held["learned"] / held["learned_rows"])
+            rows += _sink_rows(site, keys, masses, scores, self.eps, extra)
+        return pd.DataFrame(rows)
 
 
 def sink_mass_by_position_table(acts: Activations, windows: dict[int, KeyWindow] | None = None) -> pd.DataFrame:

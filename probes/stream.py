@@ -48,6 +48,7 @@ from jaxtyping import Int
 from torch import Tensor
 
 from nopelens.models.masks import CAUSAL, KeyWindow
+from nopelens.models.progress import progress_bar
 
 from .collect import _check_inputs, _model_device, _resolve_sites, forward_with_hooks, real_values, site_block
 
@@ -213,6 +214,7 @@ def run(
     batch_size: int = 32,
     executor=None,
     shards: int | None = None,
+    progress: str | None = None,
 ) -> list:
     """Feed ``measurements`` every batch of ``sequences``, pass after pass, and return their results.
 
@@ -227,6 +229,8 @@ def run(
             ``Client(address).get_executor()``; None: every batch here.
         shards: how many contiguous groups of batches to send to ``executor`` per pass
             (default: the number of batches, at most 8).
+        progress: a label to show a bar over the tokens of each pass with (tokens/s and ETA),
+            on stderr; None: no bar.
 
     Returns:
         ``[m.result() for m in measurements]``.
@@ -246,10 +250,15 @@ def run(
     # a later pass hooks what the first one did: which hooks are attached can change the model's
     # arithmetic (the Decoder attends through a fused kernel unless scores or patterns are hooked)
     hooked = {i: _asked(measurements, i) for i in range(len(batches))}
+    n_pass = 0
     while True:
         needed = [i for i in range(len(batches)) if _asked(measurements, i)]
+        n_pass += 1
         if executor is None:
-            _run_batches(model, sequences, measurements, batches, needed, hooked)
+            tokens = int(sum(sequences.offsets[batches[i].stop] - sequences.offsets[batches[i].start] for i in needed))
+            with progress_bar(total=tokens, desc=f"{progress}: pass {n_pass}", unit="token", unit_scale=True,
+                              leave=False, disable=progress is None) as bar:
+                _run_batches(model, sequences, measurements, batches, needed, hooked, bar.update)
         else:
             _run_shards(model, sequences, measurements, batches, needed, hooked, executor, shards)
         if not any([m.end_pass() for m in measurements]):
@@ -271,7 +280,7 @@ def _check_hooked(model) -> dict:
 
 
 def _run_batches(model, sequences: Sequences, measurements, batches: list[slice], indices: Sequence[int],
-                 hooked: dict[int, list[str]]) -> None:
+                 hooked: dict[int, list[str]], done: Callable[[int], object] | None = None) -> None:
     """Forward passes over ``batches[i]`` for ``i`` in ``indices`` with hooks on ``hooked[i]``, each
     site handed to whoever asked for it."""
     hook_points = _check_hooked(model)
@@ -297,6 +306,8 @@ def _run_batches(model, sequences: Sequences, measurements, batches: list[slice]
             for measurement, asked in wanted:
                 if asked:
                     measurement.end_batch(batch)
+            if done is not None:
+                done(batch.samples.stop - batch.samples.start)
     finally:
         for module, training in flags:
             module.training = training

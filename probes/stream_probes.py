@@ -51,8 +51,9 @@ import pandas as pd
 import torch
 from torch import Tensor
 
-from .collect import _store_patterns
-from .fitting import ALPHAS, BlockMoments, FoldFit, _check_task, check_compute_dtype, fold_blocks, fold_models
+from .fitting import (
+    ALPHAS, BlockMoments, FoldFit, _check_task, check_compute_dtype, fold_blocks, fold_models, fold_statistics,
+)
 from .linear import (
     _coarser,
     _label,
@@ -65,7 +66,9 @@ from .linear import (
     sequence_splits,
 )
 from .stream import Batch, KeepBudget, Measurement, Sequences
-from .targets import DistancePairs, bilinear_features, pair_features, sample_distance_pairs, score_features, spread_distances
+from .targets import (
+    DistancePairs, bilinear_features, pair_features, sample_distance_pairs, score_differences, spread_distances,
+)
 
 MAX_POSITION_CLASSES = 64
 """Absolute-index classification uses at most this many classes; beyond, position bins."""
@@ -142,11 +145,12 @@ class _Job:
         self.layout, self.sites, self.site, self.features, self.form, self.read = layout, sites, site, features, form, read
         # the activations' dtype for the round-off rule, no finer than what the in-memory path stores
         # (float32 copies; the score read's float64 differences)
-        self.dtype = "float64" if form == "patterns" else "float32"
+        self.dtype = "float64" if form == "scores" else "float32"
         self.shift: Tensor | None = None
         self.moments: BlockMoments | None = None
         self.kept: list[tuple[np.ndarray, Tensor]] = []
         self.kept_bytes = 0
+        self.spilled = False  # statistics are summed batch by batch (not every batch fitted the budget)
         self.rerun: set[int] = set()
         self.models: list | None = None
         self.predictions: list[dict[str, np.ndarray]] = []
@@ -157,6 +161,7 @@ class _Job:
         """A copy with the same plan and fit, and no statistics, kept rows or predictions."""
         job = _Job(self.layout, self.sites, self.site, self.features, self.form, self.read)
         job.dtype, job.models, job.rerun, job.shift = self.dtype, self.models, set(self.rerun), self.shift
+        job.spilled = True  # a shard keeps nothing: it sums its batches' statistics
         if self.models is not None:
             job._empty_predictions()
         return job
@@ -240,6 +245,7 @@ class Probes(Measurement):
             job.dtype = _coarser(job.dtype, part.dtype)
             job.rerun |= part.rerun
             if part.moments is not None:
+                job.spilled = True
                 if job.moments is None:
                     job.moments, job.shift = part.moments, part.shift
                 else:
@@ -286,21 +292,31 @@ class Probes(Measurement):
             X = bilinear_features(job.pending[job.sites[0]], job.pending[job.sites[1]], local,
                                   job.features.removeprefix("bilinear_"))
         else:
-            local_sequence = batch.sequence_id - batch.rows.start
-            X = score_features(job.pending[job.sites[0]], local_sequence, batch.position, local, job.dtype)
+            X = pair_scores(job.pending[job.sites[0]], batch, local, job.dtype)
         return ids, torch.from_numpy(np.ascontiguousarray(X))
 
     def _take(self, job: _Job, rows: np.ndarray, X: Tensor, batch: Batch) -> None:
-        if self.phase == "statistics":
-            self._add(job, rows, X)
-            nbytes = X.element_size() * X.nelement() + rows.nbytes
+        """First pass: keep a batch's features while the budget allows, and sum statistics only once
+        one does not fit (a job whose every batch was kept is fitted at once, as in memory, bit for
+        bit); later passes only predict."""
+        if self.phase != "statistics":
+            self._predict(job, rows, X)
+            return
+        nbytes = X.element_size() * X.nelement() + rows.nbytes
+        if not job.spilled:
             if self.budget.take(nbytes):
                 job.kept.append((rows, X))
                 job.kept_bytes += nbytes
-            else:
-                job.rerun.add(batch.index)
+                return
+            job.spilled = True
+            for kept_rows, kept_X in job.kept:
+                self._add(job, kept_rows, kept_X)
+        self._add(job, rows, X)
+        if self.budget.take(nbytes):
+            job.kept.append((rows, X))
+            job.kept_bytes += nbytes
         else:
-            self._predict(job, rows, X)
+            job.rerun.add(batch.index)
 
     def _add(self, job: _Job, rows: np.ndarray, X: Tensor) -> None:
         layout = job.layout
@@ -320,22 +336,57 @@ class Probes(Measurement):
 
     def _fit(self, job: _Job) -> None:
         layout = job.layout
-        if job.moments is None:
+        if job.moments is None and not job.kept:
             raise ValueError(f"no rows of {job.site} ({job.features}) were seen; nothing to probe")
-        job.models = []
-        for f, family in enumerate(layout.families):
-            cols = layout.columns[f]
-            if family.task == "regression":
-                moments = job.moments.group(layout.cells_of[f], values=cols, classes=[])
-            else:
-                moments = job.moments.group(layout.cells_of[f], values=[], classes=cols)
-            job.models.append(fold_models(moments, family.members, family.task, job.dtype, self.alphas, self.shrinkage))
-        job.moments = None
-        job._empty_predictions()
-        for rows, X in job.kept:
-            self._predict(job, rows, X)
+        if not job.spilled:
+            self._fit_at_once(job)
+        else:
+            job.models = []
+            for f, family in enumerate(layout.families):
+                cols = layout.columns[f]
+                if family.task == "regression":
+                    moments = job.moments.group(layout.cells_of[f], values=cols, classes=[])
+                else:
+                    moments = job.moments.group(layout.cells_of[f], values=[], classes=cols)
+                job.models.append(fold_models(moments, family.members, family.task, job.dtype, self.alphas,
+                                              self.shrinkage))
+            job.moments = None
+            job._empty_predictions()
+            for rows, X in job.kept:
+                self._predict(job, rows, X)
         self.budget.give(job.kept_bytes)
         job.kept, job.kept_bytes = [], 0
+
+    def _fit_at_once(self, job: _Job) -> None:
+        """Every batch was kept: fit from the whole feature matrix, family by family, as the
+        in-memory functions do (:func:`~nopelens.probes.fitting.fold_statistics`; families on the
+        same splits share each block's Gram matrix), so the numbers are theirs bit for bit."""
+        layout = job.layout
+        X = _assemble(job.kept, len(layout.groups), f"{job.site} ({job.features})")
+        job.kept = []
+        job.models = [None] * len(layout.families)
+        job._empty_predictions()
+        groups: dict[int, list[int]] = {}
+        for f, family in enumerate(layout.families):
+            groups.setdefault(id(family.splits), []).append(f)
+        for members in groups.values():
+            families = [layout.families[f] for f in members]
+            values = [y for family in families if family.task == "regression" for y in family.labels.values()]
+            classes = [y for family in families if family.task == "classification" for y in family.labels.values()]
+            stats = fold_statistics(X, layout.groups, families[0].splits, values, classes, X.device, self.compute_dtype)
+            taken = {"regression": 0, "classification": 0}
+            for f, family in zip(members, families):
+                first, count = taken[family.task], len(family.labels)
+                taken[family.task] += count
+                wanted = list(range(first, first + count))
+                moments = stats.moments.select(values=wanted) if family.task == "regression" else \
+                    stats.moments.select(classes=wanted)
+                job.models[f] = fold_models(moments, stats.members, family.task, job.dtype, self.alphas, self.shrinkage)
+                for (_, score), predicted in zip(family.splits, stats.predict(job.models[f], family.splits)):
+                    for name, values_k in zip(family.labels, predicted):
+                        job.predictions[f][name][np.asarray(score)] = values_k
+                    job.filled[f][np.asarray(score)] = True
+            del stats
 
     def _predict(self, job: _Job, rows: np.ndarray, X: Tensor) -> None:
         Xs = X.to(check_compute_dtype(X.device, self.compute_dtype)) - job.shift.to(X.device)
@@ -357,17 +408,73 @@ class Probes(Measurement):
                                        "were never predicted; a batch was not fed in the prediction pass")
 
 
+def _assemble(kept: list[tuple[np.ndarray, Tensor]], n_rows: int, what: str) -> Tensor:
+    """Kept batches' features in row order, ``[n_rows, d]``; every row must have been seen."""
+    first = kept[0][1]
+    X = torch.empty((n_rows, first.shape[1]), dtype=first.dtype, device=first.device)
+    seen = np.zeros(n_rows, dtype=bool)
+    while kept:
+        rows, part = kept.pop(0)
+        X[torch.as_tensor(rows, device=X.device)] = part
+        seen[rows] = True
+    if not seen.all():
+        raise RuntimeError(f"{what}: {int((~seen).sum())} rows were never seen; a batch was not fed")
+    return X
+
+
 def _as_form(form: str, site: str, value: Tensor, batch: Batch):
     """A site's output as a job reads it: real rows on the model's device and dtype (``rows``),
     as float32 CPU numpy like :func:`~nopelens.probes.collect.collect` stores them (``numpy``), or
-    per sequence ``[head, n_real, n_real]`` float32 arrays (``patterns``)."""
+    the batch's ``[batch, head_index, query_pos, key_pos]`` scores as they are (``scores``; only the
+    sampled pairs are read from them, :func:`pair_scores`)."""
     if form == "rows":
         return batch.real(site, value)
     if form == "numpy":
         return batch.real(site, value).to("cpu", torch.float32).numpy()
-    store: list[np.ndarray] = []
-    _store_patterns(store, value.to("cpu", torch.float32), batch.mask, site, batch.rows.start)
-    return store
+    b, pos = batch.mask.shape
+    if value.ndim != 4 or value.shape[0] != b or tuple(value.shape[2:]) != (pos, pos):
+        raise ValueError(f"site {site!r} gave shape {tuple(value.shape)}; expected [batch, head_index, query_pos, "
+                         f"key_pos] = [{b}, *, {pos}, {pos}]")
+    return value
+
+
+def pair_scores(scores: Tensor, batch: Batch, pairs: DistancePairs, dtype: str = "float32") -> np.ndarray:
+    """The score read of a batch's pairs (:func:`~nopelens.probes.targets.score_features`), gathered
+    from its scores on their device: only the pairs' e_h(i, j) and e_h(i, i) leave the hook.
+
+    Args:
+        scores: ``[batch, head_index, query_pos, key_pos]`` pre-softmax scores of the batch (padded).
+        batch: the batch.
+        pairs: the batch's pairs, ``query``/``key`` as sample indices within the batch.
+        dtype: the dtype the scores were computed in.
+
+    Returns:
+        ``[n_pairs, head_index]`` float64.
+
+    Raises:
+        ValueError: on a NaN score, or a blocked pair (:func:`~nopelens.probes.targets.score_differences`).
+    """
+    device = scores.device
+    real = batch.mask.bool()
+    r, c = torch.nonzero(real, as_tuple=True)
+    position = torch.as_tensor(batch.position)
+    column = torch.zeros(real.shape, dtype=torch.long)
+    column[r, position] = c  # the padded column of each (row, position)
+    row = torch.as_tensor(pairs.sequence_id - batch.rows.start)
+    i, j = position[torch.as_tensor(pairs.query)], position[torch.as_tensor(pairs.key)]
+    qc, kc = column[row, i].to(device), column[row, j].to(device)
+    row = row.to(device)
+    heads = torch.arange(scores.shape[1], device=device)
+    pair = scores[row[:, None], heads[None, :], qc[:, None], kc[:, None]].to("cpu", torch.float64).numpy()
+    own = scores[row[:, None], heads[None, :], qc[:, None], qc[:, None]].to("cpu", torch.float64).numpy()
+    i, j = i.numpy(), j.numpy()
+    out = np.empty((len(pair), scores.shape[1]))
+    for s in np.unique(pairs.sequence_id):
+        at = np.flatnonzero(pairs.sequence_id == s)
+        if np.isnan(pair[at]).any() or np.isnan(own[at]).any():
+            raise ValueError(f"NaN attention score of sequence {int(s)} (a pair's key or its query's own key)")
+        out[at] = score_differences(pair[at].T, own[at].T, i[at], j[at], int(s), dtype)
+    return out
 
 
 # ----------------------------------------------------------------------------- constructors
@@ -475,5 +582,5 @@ def relative_distance_probes(
     layout = _Layout(pairs.sequence_id, pair_tokens, families)
     jobs = [_Job(layout, (site,), site, kind, "numpy", read=False) for site in sites for kind in feature_kinds]
     jobs += [_Job(layout, (q, k), q, f"bilinear_{bilinear}", "numpy", read=True) for q, k in attention]
-    jobs += [_Job(layout, (site,), site, "score", "patterns", read=True) for site in scores]
+    jobs += [_Job(layout, (site,), site, "score", "scores", read=True) for site in scores]
     return Probes(sequences, jobs, pairs, n_boot, seed, keep, compute_dtype)

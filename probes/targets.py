@@ -303,7 +303,6 @@ def score_features(
     if not scores:
         raise ValueError("no score arrays given")
     n_heads = np.asarray(scores[0]).shape[0]
-    bar = blocked_score(dtype)
     out = np.empty((len(pairs), n_heads))
     seq = sequence_id[pairs.query]
     for s in np.unique(seq):
@@ -314,19 +313,37 @@ def score_features(
             raise ValueError(f"scores of sequence {s} must be [{n_heads}, n, n], got {e.shape}")
         rows = np.flatnonzero(seq == s)
         i, j = position[pairs.query[rows]], position[pairs.key[rows]]
-        pair_score, own_score = e[:, i, j], e[:, i, i]
-        blocked = ~np.isfinite(pair_score) | (pair_score <= bar) | (own_score <= bar)
-        if blocked.any():
-            head, k = np.argwhere(blocked)[0]
-            raise ValueError(
-                f"sequence {s}, head {head}: key {j[k]} is blocked for query {i[k]} (score {pair_score[head, k]:.3g}); "
-                "the score read needs every pair j <= i visible, and a sliding window or chunk shorter than the "
-                "sequence blocks the pairs further apart: leave that block out of the score read"
-            )
-        difference = pair_score - own_score
-        resolution = roundoff_tolerance(dtype) * np.maximum(np.abs(pair_score), np.abs(own_score))
-        out[rows] = np.where(np.abs(difference) <= resolution, 0.0, difference).T
+        out[rows] = score_differences(e[:, i, j], e[:, i, i], i, j, int(s), dtype)
     return out
+
+
+def score_differences(pair_score: np.ndarray, own_score: np.ndarray, query: np.ndarray, key: np.ndarray,
+                      sequence: int, dtype="float32") -> np.ndarray:
+    """The score read of some pairs of one sequence from their scores: ``[n_pairs, head_index]``
+    float64 (:func:`score_features`, which gathers ``pair_score`` and ``own_score`` from whole
+    score arrays; a streamed read gathers them from a batch's scores inside the hook).
+
+    Args:
+        pair_score, own_score: ``[head_index, n_pairs]`` scores e_h(i, j) and e_h(i, i), float64.
+        query, key: the pairs' positions i and j ``[n_pairs]`` (for errors).
+        sequence: the pairs' sequence (for errors).
+        dtype: the dtype the scores were computed in.
+
+    Raises:
+        ValueError: if a pair's key is blocked (see :func:`score_features`).
+    """
+    bar = blocked_score(dtype)
+    blocked = ~np.isfinite(pair_score) | (pair_score <= bar) | (own_score <= bar)
+    if blocked.any():
+        head, k = np.argwhere(blocked)[0]
+        raise ValueError(
+            f"sequence {sequence}, head {head}: key {key[k]} is blocked for query {query[k]} (score "
+            f"{pair_score[head, k]:.3g}); the score read needs every pair j <= i visible, and a sliding window or "
+            "chunk shorter than the sequence blocks the pairs further apart: leave that block out of the score read"
+        )
+    difference = pair_score - own_score
+    resolution = roundoff_tolerance(dtype) * np.maximum(np.abs(pair_score), np.abs(own_score))
+    return np.where(np.abs(difference) <= resolution, 0.0, difference).T
 
 
 def control_labels(

@@ -277,7 +277,7 @@ def test_every_design_runs_from_the_command_line(tmp_path, capsys):
     learned = sinks[sinks["learned_sink_mass"].notna()]
     assert set(learned["model"]) == {f"hf:{family}" for family in PROBED[:-1] if EXPECTED[family][3]}
     assert (learned["learned_sink_mass"] > 0).all()
-    code = main(["probe", f"hf:{paths['granite_swa']}", "--quick", "--seq-len", "8", "--n-sequences", "4", "--quiet",
+    code = main(["probe", f"hf:{paths['granite_swa']}", "--input", "random", "--quick", "--seq-len", "8", "--n-sequences", "4", "--quiet",
                  "--out", str(tmp_path / "probe")])
     assert code == 0, capsys.readouterr().err
 

@@ -284,7 +284,8 @@ def test_probe_cli_reads_a_family_whose_hooks_misled_it(tmp_path, capsys):
     from nopelens.analyses.cli import main
 
     family = "gpt_neox"
-    code = main(["probe", f"hf:{_save(tmp_path, family)}", "--quick", "--seq-len", "8", "--n-sequences", "6", "--quiet",
+    code = main(["probe", f"hf:{_save(tmp_path, family)}", "--input", "random", "--quick", "--seq-len", "8", "--n-sequences", "6",
+                 "--quiet",
                  "--out", str(tmp_path / "run")])
     assert code == 0, capsys.readouterr().err
     import pandas as pd
@@ -295,7 +296,7 @@ def test_probe_cli_reads_a_family_whose_hooks_misled_it(tmp_path, capsys):
 
 @pytest.mark.parametrize("family, args, message", [
     ("openai_gpt", ["sinks"], "causal mask is dropped"),
-    ("gpt2", ["probe", "--seq-len", "80"], "longer than the learned position table"),
+    ("gpt2", ["probe", "--input", "random", "--seq-len", "80"], "longer than the learned position table"),
 ])
 def test_cli_refuses_in_one_line_with_exit_2(tmp_path, family, args, message, capsys, monkeypatch):
     from nopelens.analyses.cli import main

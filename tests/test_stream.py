@@ -270,3 +270,90 @@ def test_streamed_probes_equal_in_memory_on_the_zoo_hybrid(one_thread):
     assert_tables_equal(absolute, tables[0])
     assert_tables_equal(relative, tables[1])
     assert_tables_equal(variance, tables[2], tolerance=1e-12)
+
+
+# ----------------------------------------------------------------------------- attention sinks
+
+
+def _sinks_both_ways(model, tokens, mask, sites, n_tokens, windows=None, sinks=None, batch_size=3):
+    from nopelens.probes.sinks import SinkStats, sink_table
+
+    with torch.no_grad():
+        extra = [s.replace("hook_pattern", name) for s in sites if (sinks or {}).get(int(s.split(".")[1]), (None,))[0]
+                 == "output_scale" for name in ("hook_v", "hook_z")]
+        acts = collect(model, tokens, sites + extra, attention_mask=mask, batch_size=batch_size)
+        memory = sink_table(acts, n_tokens=n_tokens, windows=windows, sinks=sinks)
+        sequences = Sequences.of(tokens, mask)
+        streamed_table, = run(model, sequences, [SinkStats(sequences, sites, n_tokens=n_tokens, windows=windows,
+                                                           sinks=sinks)], batch_size=batch_size)
+    return memory, streamed_table
+
+
+def test_streamed_sinks_equal_the_in_memory_table_with_padding_and_a_window(one_thread):
+    """Left padding (the sink is the first real key), a sliding window on block 1 (only the queries
+    that see key 0 count): the table of sums equals sink_table's means up to their float32 round-off."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from nopelens.models.adapters import bridge_hf_model
+    from nopelens.models.masks import KeyWindow
+
+    torch.manual_seed(0)
+    config = LlamaConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                         intermediate_size=64, vocab_size=64, max_position_embeddings=64, initializer_range=0.3)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model = bridge_hf_model(LlamaForCausalLM(config).eval())
+    tokens = torch.randint(0, 64, (7, 16), generator=torch.Generator().manual_seed(1))
+    mask = torch.ones_like(tokens)
+    mask[:3, :4] = 0
+    sites = ["blocks.0.attn.hook_pattern", "blocks.1.attn.hook_pattern"]
+    windows = {1: KeyWindow(window=5)}
+    memory, streamed_table = _sinks_both_ways(model, tokens, mask, sites, n_tokens=10, windows=windows)
+    assert_tables_equal(memory, streamed_table, tolerance=1e-6)
+    assert set(streamed_table["key_window"]) == {"causal", "sliding window 5"}
+    # a wrong window would average other queries: the numbers must move
+    _, causal = _sinks_both_ways(model, tokens, mask, sites[1:], n_tokens=10)
+    assert np.abs(causal["sink_mass"].to_numpy() - streamed_table["sink_mass"].to_numpy()[4:]).max() > 1e-3
+
+
+def test_streamed_sinks_of_uniform_attention_and_learned_sinks_are_the_known_answers(one_thread):
+    """Known answers: a repeated token under NoPE gives exactly uniform attention (Gu et al. 2025,
+    Prop. 1), so sink mass = mean_{i>=1} 1/(i+1) and Gu's score H_T / T; a learned sink logit log 2 with
+    q = 0 takes 2 / (n + 2) of a row of n keys (validate.check_learned_sinks), streamed as in memory."""
+    import transformers as T
+
+    from nopelens.analyses.validate import TINY_SPECIAL, _hf_model
+    from nopelens.models.adapters import hook_hf_model
+    from nopelens.probes.sinks import SinkStats, uniform_sink_score
+
+    n = 12
+    nope = Decoder(DecoderConfig(d_model=16, n_layers=1, n_heads=2, d_head=8, d_mlp=32, d_vocab=8, n_ctx=n,
+                                 position="nope"))
+    tokens = torch.full((5, n), 3)
+    sequences = Sequences.of(tokens)
+    with torch.no_grad():
+        table, = run(nope, sequences, [SinkStats(sequences, ["blocks.0.attn.hook_pattern"], n_tokens=n)], batch_size=2)
+    expected = np.mean([1 / (i + 1) for i in range(1, n)])
+    np.testing.assert_allclose(table["sink_mass"], expected, atol=1e-6)
+    np.testing.assert_allclose(table["sink_score"], uniform_sink_score(n), atol=1e-6)
+    assert not table["is_sink"].any()
+
+    base = dict(hidden_size=32, num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2,
+                intermediate_size=64, vocab_size=64, initializer_range=0.2, **TINY_SPECIAL)
+    for cls, config, kind in [
+        (T.FlintForCausalLM, T.FlintConfig(**base, head_dim=8, num_experts=2, num_experts_per_tok=1,
+                                           moe_intermediate_size=32, shared_expert_intermediate_size=32,
+                                           layer_types=["full_attention"]), "learned"),
+        (T.GraniteSWAForCausalLM, T.GraniteSWAConfig(**base, layer_types=["full_attention"]), "output_scale"),
+    ]:
+        hf_model = _hf_model(cls, config, 0)
+        attention = hf_model.model.layers[0].self_attn
+        attention.q_proj.weight.data.zero_()
+        attention.sinks.data.fill_(float(np.log(2.0)))
+        model = hook_hf_model(hf_model)
+        tokens = torch.randint(3, 64, (4, n), generator=torch.Generator().manual_seed(2))
+        memory, streamed_table = _sinks_both_ways(model, tokens, None, ["blocks.0.attn.hook_pattern"], n_tokens=n,
+                                                  sinks={0: (kind, attention.sinks.detach())})
+        assert_tables_equal(memory, streamed_table, tolerance=1e-6)
+        np.testing.assert_allclose(streamed_table["learned_sink_mass"], np.mean([2 / (i + 3) for i in range(n)]),
+                                   atol=1e-5, err_msg=kind)

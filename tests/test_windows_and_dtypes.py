@@ -137,7 +137,7 @@ def test_probe_hf_on_a_windowed_model_marks_only_the_score_read_not_applicable(t
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         build("cohere2", sliding_window=4).save_pretrained(path)
-    code = main(["probe", f"hf:{path}", "--quick", "--seq-len", "16", "--n-sequences", "6", "--quiet",
+    code = main(["probe", f"hf:{path}", "--input", "random", "--quick", "--seq-len", "16", "--n-sequences", "6", "--quiet",
                  "--out", str(tmp_path / "run")])
     assert code == 0, capsys.readouterr().err
     import pandas as pd

@@ -82,8 +82,35 @@ def run_sweep(args: argparse.Namespace) -> int:
     return 0
 
 
-def run_probe(args: argparse.Namespace) -> int:
+def _probe_settings(args: argparse.Namespace) -> SweepSettings:
+    """``probe``'s settings: an ``hf:DIR`` model is streamed, read as ``--input`` says (default: text
+    through its tokenizer), on ``--device`` in ``--dtype``."""
+    from nopelens.analyses.subjects import HF_PREFIX, HFInput
+
     settings = _settings(args, (args.model,), controls=False)
+    hf_options = {name: getattr(args, name) for name in ("input", "text", "device", "dtype", "batch_size", "keep_mib", "plan")
+                  if getattr(args, name) is not None and getattr(args, name) is not False}
+    if not args.model.startswith(HF_PREFIX):
+        if hf_options:
+            raise ValueError(f"--{next(iter(hf_options)).replace('_', '-')} applies to hf:DIR models (the streamed "
+                             f"probe), not to {args.model}")
+        return settings
+    how = HFInput(input=args.input or "text", text=args.text, device=args.device or "cpu", dtype=args.dtype)
+    return dataclasses.replace(settings, hf_input=how, streamed=True, batch_size=args.batch_size or 32,
+                               keep_mib=args.keep_mib)
+
+
+def run_probe(args: argparse.Namespace) -> int:
+    settings = _probe_settings(args)
+    if args.plan:
+        from nopelens.analyses.streamed import plan
+        from nopelens.analyses.sweep import sweep_sites
+
+        subject = resolve(args.model, settings.n_sequences, settings.seq_len, settings.seed, not args.quiet,
+                          hf_input=settings.hf_input)
+        plan_ = plan(subject, settings, sweep_sites(subject, settings.sites))
+        print(plan_.describe(subject.name).removeprefix("nopelens: "))
+        return 0
     _print_results(_sweep(args, settings, args.out or f"runs/probe-{slug(args.model)}", "probe"), args.json)
     return 0
 
@@ -183,12 +210,28 @@ def register(subparsers) -> None:
         "and per-layer table (value [95 % CI] per layer) and write a run folder.",
         epilog="examples:\n  nopelens probe copy-nope-3l\n  nopelens probe runs/train/my-model\n"
         "  nopelens probe hf:/path/to/gpt2-dir --seq-len 32\n"
+        "  nopelens probe hf:/path/to/smollm3-dir --text my.txt --seq-len 1024 --device cuda --dtype bfloat16 --plan\n"
         "  nopelens probe text-rope-4l --sites resid,attn_out,resid_mid,mlp_out --json > rope.json\n"
         "  nopelens probe text-nope-4l --metric mad --threshold mad=2",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     probe_parser.add_argument("model", help=MODEL_HELP)
     probe_parser.add_argument("--out", help="run folder (default runs/probe-<model>)")
+    hf = probe_parser.add_argument_group(
+        "hf:DIR models", "read through the streaming engine: statistics accumulate while the model runs, so memory does "
+        "not grow with the number of tokens")
+    hf.add_argument("--input", help="what the model reads: text (default; through the tokenizer saved in DIR, with "
+                    "the BOS it adds), random (uniform token ids) or repeated (one token repeated: a known answer)")
+    hf.add_argument("--text", metavar="FILE", help="a UTF-8 text file to read (default: the corpus nopelens ships, "
+                    "CPython's help texts)")
+    hf.add_argument("--device", help="cpu (default), cuda or auto (CUDA when available)")
+    hf.add_argument("--dtype", help="bfloat16 or float32 (default: the checkpoint's own); statistics are float64")
+    hf.add_argument("--batch-size", type=int, help="sequences per forward pass (default 32)")
+    hf.add_argument("--keep-mib", type=int, help="MiB of features kept for the probes' predictions instead of a "
+                    "second forward pass (default: a quarter of the memory available; 0: none, two passes, memory "
+                    "bounded by the statistics)")
+    hf.add_argument("--plan", action="store_true", help="print the forward passes, tokens, memory and ETA the run "
+                    "needs, and exit")
     _common(probe_parser)
     _runs(probe_parser)
     probe_parser.set_defaults(func=run_probe)

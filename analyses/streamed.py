@@ -1,0 +1,261 @@
+"""The sweep's measurements of one subject through the streaming engine (``nopelens probe hf:DIR``).
+
+:func:`measure_streamed` gives the tables :func:`~nopelens.analyses.sweep.analyse_subject`
+gives (probes, sinks, variance), measured while the model runs
+(:func:`nopelens.probes.stream.run`): the probes from per-block sufficient statistics
+(:mod:`nopelens.probes.stream_probes`), the attention sinks from per-head sums
+(:class:`~nopelens.probes.sinks.SinkStats`), the variance from per-position moments
+(:class:`~nopelens.probes.stream.AttentionVariance`). Nothing of size tokens x d_model or T x T
+outlives its batch beyond the keep budget (:class:`~nopelens.probes.stream.KeepBudget`: features
+kept for the out-of-fold predictions instead of a second forward pass, at most a quarter of the
+memory available when the run starts), so memory does not grow with the number of tokens past it.
+
+The sink ablation (re-running the model with block l's first key removed and probing in memory)
+is not streamed: its table is empty and the run says so (``not_applicable``); ``nopelens
+intervene`` measures it.
+
+:func:`plan` says before the run how many forward passes, tokens and how much memory the
+statistics need (``nopelens probe --plan``).
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+import torch
+from tqdm.auto import tqdm
+
+from nopelens.models.hooks import act_names
+from nopelens.probes import collect
+from nopelens.probes.sinks import GU_WINDOW, SinkStats, uniform_sink_score
+from nopelens.probes.stream import AttentionVariance, KeepBudget, Sequences, available_memory, run
+from nopelens.probes.stream_probes import absolute_index_probes, relative_distance_probes
+
+from .reads import MAX_OUTER_FEATURES, SweepSites
+from .subjects import Subject
+
+NOT_STREAMED_ABLATION = ("not measured by the streamed probe: the sink ablation re-runs the model with each "
+                         "block's first key removed and probes in memory (nopelens intervene measures it)")
+
+
+@dataclass
+class Measurements:
+    """A subject's streamed measurements, planned before any forward pass."""
+
+    sequences: Sequences
+    stripped: Sequences | None  # the sequences without BOS, for the sink table's second condition
+    sites: SweepSites
+    probes: list
+    variance: AttentionVariance | None
+    sinks: SinkStats
+    sinks_stripped: SinkStats | None
+    window: int
+    budget: KeepBudget
+
+
+def measurements(subject: Subject, settings, sites: SweepSites,
+                 shapes: dict[str, tuple[int, ...]] | None = None) -> Measurements:
+    """The streamed measurements of ``subject`` under ``settings`` (a
+    :class:`~nopelens.analyses.sweep.SweepSettings`) on the sweep's ``sites``
+    (:func:`~nopelens.analyses.sweep.sweep_sites`): the sweep's probe set, its sink conditions and
+    its variance sites.
+
+    Raises:
+        ValueError: as the probes' and sinks' constructors (too few sequences for the folds, ...).
+    """
+    shapes = site_shapes(subject, sites) if shapes is None else shapes
+    sequences = Sequences.of(subject.tokens, subject.attention_mask)
+    budget = KeepBudget("auto" if settings.keep_mib is None else settings.keep_mib * 2**20)
+    common = dict(n_splits=settings.n_splits, n_boot=settings.n_boot, seed=settings.seed, keep=budget)
+    probes = [absolute_index_probes(sequences, sites.residual + sites.inner,
+                                    extrapolate_from=subject.tokens.shape[1] // 2, **common)]
+    if sites.residual or sites.qk or sites.scores:
+        mode = "outer"
+        if sites.qk:
+            n_heads, d_head = shapes[sites.qk[0][0]][-2:]
+            mode = "outer" if n_heads * d_head * d_head <= MAX_OUTER_FEATURES else "elementwise"
+        probes.append(relative_distance_probes(sequences, sites=sites.residual, feature_kinds=("concat",),
+                                               attention=sites.qk, scores=sites.scores, bilinear=mode,
+                                               tasks=("regression",), pairs_per_distance=min(64, settings.n_sequences),
+                                               **common))
+    attention = [l for l in range(subject.n_layers) if subject.hf is None or subject.hf.layers[l].mixer == "attention"]
+    outputs = [site for site in act_names("attn_out", attention) if site in sites.outputs]
+    windows, sinks = subject.key_windows(), subject.sinks()
+    variance = AttentionVariance(sequences, outputs, windows) if outputs else None
+    shortest = int(subject.attention_mask.sum(-1).min())
+    window = min(GU_WINDOW, shortest)
+    # SinkStats asks for an output-scale block's hook_v and hook_z itself
+    sink_stats = SinkStats(sequences, sites.patterns, n_tokens=window, windows=windows, sinks=sinks)
+    stripped, stripped_stats = None, None
+    if subject.has_bos:
+        stripped = Sequences.of(subject.tokens[:, 1:], subject.attention_mask[:, 1:])
+        stripped_stats = SinkStats(stripped, sites.patterns, n_tokens=min(window, shortest - 1), windows=windows,
+                                   sinks=sinks)
+    return Measurements(sequences, stripped, sites, probes, variance, sink_stats, stripped_stats, window, budget)
+
+
+def site_shapes(subject: Subject, sites: SweepSites) -> dict[str, tuple[int, ...]]:
+    """Each site's output shape per token (``[pos, ...]`` dropped; a pattern or score site: its
+    head count first), read from one forward pass over the first three tokens of one sequence."""
+    n = min(3, subject.tokens.shape[1])
+    with torch.no_grad():
+        acts = collect(subject.model, subject.tokens[:1, :n], sites.all(), attention_mask=subject.attention_mask[:1, :n])
+    shapes = {site: tuple(value.shape[1:]) for site, value in acts.acts.items()}
+    shapes.update({site: tuple(value[0].shape) for site, value in acts.patterns.items()})
+    return shapes
+
+
+def measure_streamed(subject: Subject, settings, sites: SweepSites,
+                     progress: bool = False) -> dict[str, pd.DataFrame | None]:
+    """:func:`~nopelens.analyses.sweep.analyse_subject`'s tables of ``subject`` on ``sites``, streamed
+    (module docstring): ``probes``, ``sinks`` (with and without BOS), ``variance`` as measured (per
+    position, before the sweep drops BOS and fits slopes; None without attention outputs) and an
+    empty ``sink_ablation``. With ``--input repeated`` the known answer is checked and recorded in
+    ``subject.info["known_answer"]``. ``progress``: a bar per pass with tokens/s and ETA."""
+    plan_ = measurements(subject, settings, sites)
+    batch_size = settings.batch_size
+    asked = plan_.probes + ([plan_.variance] if plan_.variance is not None else []) + [plan_.sinks]
+    label = subject.name if progress else None
+    results = run(subject.model, plan_.sequences, asked, batch_size=batch_size, progress=label)
+    probes = pd.concat(results[:len(plan_.probes)], ignore_index=True)
+    probes.insert(0, "model", subject.name)
+    condition = "with_bos" if subject.has_bos else "without_bos"
+    frames = [results[-1].assign(condition=condition)]
+    if plan_.sinks_stripped is not None:
+        frames.append(run(subject.model, plan_.stripped, [plan_.sinks_stripped], batch_size=batch_size,
+                          progress=label and f"{label} without BOS")[0]
+                      .assign(condition="without_bos"))
+    sinks = pd.concat(frames, ignore_index=True).assign(model=subject.name, gu_window=plan_.window)
+    variance = results[len(plan_.probes)] if plan_.variance is not None else None
+    subject.info.setdefault("not_applicable", {})["sink ablation"] = NOT_STREAMED_ABLATION
+    subject.info["streamed"] = {"batch_size": batch_size, "kept_bytes_limit": plan_.budget.limit,
+                                "second_pass_batches": sorted({i for m in plan_.probes for job in m.jobs
+                                                               for i in job.rerun})}
+    if subject.info.get("input") == "repeated":
+        subject.info["known_answer"] = repeated_token_answer(subject, sinks)
+        tqdm.write(f"nopelens: {subject.name}: {subject.info['known_answer']}", file=sys.stderr)
+    return {"probes": probes, "sinks": sinks, "variance": variance, "sink_ablation": pd.DataFrame()}
+
+
+def repeated_token_answer(subject: Subject, sinks: pd.DataFrame) -> str:
+    """The known answer of one token repeated, checked on the sink table.
+
+    With every token the same, every key and value of block 0 is the same vector, so every
+    position's state is the same at every layer (whatever the attention weights: they average
+    equal values), under NoPE and RoPE alike (Gu et al. 2025, "When attention sink emerges in
+    language models", Prop. 1). Under NoPE the scores of a row are then equal too, so attention
+    is exactly uniform: sink mass mean_{i>=1} 1 / (i + 1), Gu's score H_T / T
+    (:func:`~nopelens.probes.sinks.uniform_sink_score`). The line gives the largest deviation of
+    the NoPE blocks' heads from these (float round-off of the model's dtype only).
+    """
+    rows = sinks[sinks["condition"] == sinks["condition"].iloc[0]]
+    methods = subject.hf.layer_methods if subject.hf is not None else [subject.position] * subject.n_layers
+    nope = [l for l, method in enumerate(methods) if _positionless(method)]
+    at = rows[rows["block"].isin(nope) & (rows["key_window"] == "causal")]
+    if at.empty:
+        return ("known answer (--input repeated, Gu et al. 2025 Prop. 1): every position's state is the same, so no "
+                "probe can recover position; no causal NoPE block here to check exactly uniform attention on")
+    length = int(subject.attention_mask.sum(-1).min())
+    window = int(rows["gu_window"].iloc[0])
+    mass = float(np.mean([1.0 / (i + 1) for i in range(1, length)]))
+    deviation = max(float((at["sink_mass"] - mass).abs().max()),
+                    float((at["sink_score"] - uniform_sink_score(window)).abs().max()))
+    return (f"known answer (--input repeated, Gu et al. 2025 Prop. 1): NoPE blocks {nope} attend exactly uniformly "
+            f"(sink mass {mass:.6f}, Gu score H_T/T = {uniform_sink_score(window):.6f}); measured: largest deviation "
+            f"{deviation:.2e} over their heads")
+
+
+def _positionless(method: str) -> bool:
+    """A layer method that puts no position anywhere (NoPE: the method unit acts on no place)."""
+    from nopelens.models.methods import get_method
+
+    try:
+        return not get_method(method).reads_positions
+    except ValueError:  # not a position method nopelens knows (e.g. a linear-attention layer)
+        return False
+
+
+# ----------------------------------------------------------------------------- the plan
+
+
+def _n_features(job, shapes: dict[str, tuple[int, ...]]) -> int:
+    shape = shapes[job.sites[0]]
+    d = int(np.prod(shape))
+    if job.features == "concat":
+        return 2 * d
+    if job.features == "bilinear_outer":
+        return int(shape[-2] * shape[-1] ** 2)
+    if job.features == "score":
+        return int(shape[0])
+    return d  # token, difference, bilinear_elementwise
+
+
+def statistics_bytes(probe, shapes: dict[str, tuple[int, ...]]) -> int:
+    """Bytes of the float64 per-block statistics of a streamed probe measurement's jobs
+    (:class:`~nopelens.probes.fitting.BlockMoments`: Gram matrix, sums, extremes, X^T y, class
+    sums per cell of the folds), from each site's per-token shape."""
+    total = 0
+    for job in probe.jobs:
+        layout, d = job.layout, _n_features(job, shapes)
+        classes = sum(len(values) for values in layout.class_values)
+        total += 8 * layout.n_cells * (d * d + d * (4 + len(layout.values) + classes))
+    return total
+
+
+@dataclass
+class Plan:
+    """What a streamed probe will do, before it runs."""
+
+    forward_passes: int
+    tokens: int
+    statistics_bytes: int
+    keep_bytes: int
+    eta_seconds: float | None
+    eta_note: str
+
+    def describe(self, name: str) -> str:
+        eta = f"about {self.eta_seconds:.0f} s" if self.eta_seconds is not None else self.eta_note
+        return (f"nopelens: plan for {name}: {self.forward_passes} forward passes over {self.tokens:,} tokens (a "
+                f"second pass only over batches whose features do not fit the keep budget); statistics "
+                f"{self.statistics_bytes / 2**20:,.1f} MiB, plus at most {self.keep_bytes / 2**20:,.0f} MiB of kept "
+                f"features; ETA {eta}")
+
+
+ETA_MAX_PARAMETERS = 5_000_000
+"""The ETA model's measuring prior is calibrated on the zoo's small models (under a million
+parameters) on one CPU thread; beyond this size it does not apply."""
+
+
+def plan(subject: Subject, settings, sites: SweepSites) -> Plan:
+    """The forward passes, tokens and statistics' memory of :func:`measure_streamed`, and an
+    ETA from the project's model (:mod:`~nopelens.analyses.eta`) where it applies.
+
+    Forward passes: one per batch, plus one per batch of the sequences without BOS (the sink
+    table's second condition); the probes may add a second pass over the batches whose features
+    do not fit the keep budget (counted here as the worst case when the features of all batches
+    exceed it).
+    """
+    from .eta import MEASURE_OVERHEAD_TOKENS, MEASURE_PRIOR
+
+    shapes = site_shapes(subject, sites)
+    m = measurements(subject, settings, sites, shapes)
+    n_batches = len(m.sequences.batches(settings.batch_size))
+    stats = sum(statistics_bytes(probe, shapes) for probe in m.probes)
+    per_token = sum(4 * 2 * _n_features(job, shapes) for probe in m.probes for job in probe.jobs
+                    if job.form != "scores") + 8 * len(m.sites.patterns)
+    features = per_token * m.sequences.n_samples
+    keep = m.budget.limit if m.budget.limit is not None else available_memory() // 4
+    passes = n_batches * (2 if features > keep else 1) + (n_batches if m.stripped is not None else 0)
+    tokens = int(m.sequences.n_samples) * (2 if features > keep else 1) + (
+        int(m.stripped.n_samples) if m.stripped is not None else 0)
+    parameters = sum(p.numel() for p in subject.model.parameters())
+    device = next(subject.model.parameters()).device
+    if parameters <= ETA_MAX_PARAMETERS and device.type == "cpu":
+        work = (subject.n_layers + 1) * (settings.n_sequences * subject.tokens.shape[1] + MEASURE_OVERHEAD_TOKENS)
+        return Plan(passes, tokens, stats, keep, work * MEASURE_PRIOR, "")
+    return Plan(passes, tokens, stats, keep, None,
+                f"not estimated (analyses/eta.py is calibrated on models of at most {ETA_MAX_PARAMETERS:,} parameters "
+                f"on one CPU thread; this one has {parameters:,} on {device.type})")

@@ -1,0 +1,196 @@
+"""``nopelens probe hf:DIR`` through the streaming engine (issue 19): text through the model's own
+tokenizer (trained offline here with the ``tokenizers`` library and saved next to a random-init
+SmolLM3-shaped model, NoPE in its last block), the streamed tables equal the in-memory sweep's on
+the same subject, the repeated-token known answer, the plan, and bad input in one line."""
+
+from __future__ import annotations
+
+import json
+import sys
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+from hf_families import build  # noqa: E402
+from schema import assert_folder_documented  # noqa: E402
+
+ARGS = ["--quick", "--seq-len", "16", "--n-sequences", "6", "--quiet"]
+
+
+def save_tokenizer(path: Path, vocab_size: int = 300) -> int:
+    """Train a byte-level BPE on part of the shipped corpus (offline) and save it as an HF fast
+    tokenizer that starts every text with ``<s>`` (id 1, the tiny configs' BOS); returns its size."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    from nopelens.models.tasks import default_documents
+
+    tok = Tokenizer(models.BPE(unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=["<pad>", "<s>", "</s>", "<unk>"],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    tok.train_from_iterator(list(default_documents().values())[:40], trainer)
+    tok.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", 1)])
+    PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", pad_token="<pad>",
+                            unk_token="<unk>").save_pretrained(path)
+    return tok.get_vocab_size()
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    path = tmp_path_factory.mktemp("hf") / "smol"
+    size = save_tokenizer(path)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        build("smollm3", vocab_size=size).save_pretrained(path)
+    return path
+
+
+def _one_error(code: int, err: str, message: str) -> None:
+    errors = [line for line in err.splitlines() if ": error: " in line]
+    assert code == 2 and len(errors) == 1 and message in errors[0] and "Traceback" not in err, err
+
+
+def test_text_is_read_through_the_models_tokenizer_with_its_bos(model_dir, tmp_path):
+    from transformers import AutoTokenizer
+
+    from nopelens.analyses.subjects import HFInput, resolve
+    from nopelens.models.tasks import default_documents
+
+    text = tmp_path / "mine.txt"
+    text.write_text("The quick brown fox jumps over the lazy dog. " * 40, encoding="utf-8")
+    tokenizer = AutoTokenizer.from_pretrained(model_dir, local_files_only=True)
+    corpus = "\n\n".join(default_documents().values())
+    for how, source in [(HFInput(input="text"), corpus), (HFInput(input="text", text=str(text)), text.read_text())]:
+        subject = resolve(f"hf:{model_dir}", 5, 16, seed=0, progress=False, hf_input=how)
+        assert subject.has_bos and subject.bos_token_id == 1 and (subject.tokens[:, 0] == 1).all()
+        assert subject.tokens.shape == (5, 16) and len({tuple(row) for row in subject.tokens.tolist()}) > 1
+        for row in subject.tokens:
+            assert tokenizer.decode(row[1:].tolist()) in source  # a window of the text, as the tokenizer cuts it
+    other = resolve(f"hf:{model_dir}", 5, 16, seed=1, progress=False, hf_input=HFInput(input="text"))
+    assert not (other.tokens == resolve(f"hf:{model_dir}", 5, 16, seed=0, progress=False,
+                                        hf_input=HFInput(input="text")).tokens).all()
+
+
+def test_streamed_probe_tables_equal_the_in_memory_sweep_on_the_same_text(model_dir, one_thread):
+    """Probes (grouped CV, controls, bootstrap; the q.k and score reads), sinks with and without BOS,
+    variance: the streaming engine's tables equal analyse_subject's in-memory ones."""
+    import dataclasses
+
+    import torch
+
+    from nopelens.analyses.subjects import HFInput, resolve
+    from nopelens.analyses.sweep import SweepSettings, analyse_subject, analyse_subject_streamed
+
+    settings = dataclasses.replace(SweepSettings.quick("text", (f"hf:{model_dir}",), controls=False), n_sequences=6,
+                                   seq_len=16, hf_input=HFInput(input="text"), streamed=True, batch_size=4)
+    subject = resolve(f"hf:{model_dir}", 6, 16, seed=0, progress=False, hf_input=settings.hf_input)
+    with torch.no_grad():
+        memory = analyse_subject(subject, settings)
+        streamed = analyse_subject_streamed(subject, settings)
+        assert subject.info["streamed"]["second_pass_batches"] == []  # every batch kept: one pass
+        twice = analyse_subject_streamed(subject, dataclasses.replace(settings, keep_mib=0))
+        assert subject.info["streamed"]["second_pass_batches"] == [0, 1]  # nothing kept: two passes
+    keys = {"probes": ["site", "target", "features", "task", "probe", "split", "metric"],
+            "sinks": ["condition", "site", "head"], "variance": ["site", "position"]}
+    for tables in (streamed, twice):
+        for name, key in keys.items():
+            a = memory[name].sort_values(key).reset_index(drop=True)
+            b = tables[name].sort_values(key).reset_index(drop=True)[list(a.columns)]
+            assert len(a) == len(b) > 0, name
+            for column in a.columns:
+                if a[column].dtype.kind == "f":
+                    tolerance = 1e-6 if name == "sinks" else 1e-8  # the in-memory sink means are float32
+                    np.testing.assert_allclose(b[column], a[column], rtol=tolerance, atol=tolerance, equal_nan=True,
+                                               err_msg=f"{name}.{column}")
+                else:
+                    pd.testing.assert_series_equal(b[column], a[column], check_dtype=False, obj=f"{name}.{column}")
+    assert set(streamed["sinks"]["condition"]) == {"with_bos", "without_bos"}
+    assert streamed["sink_ablation"].empty and "sink ablation" in subject.info["not_applicable"]
+
+
+def test_probe_cli_on_text_and_the_repeated_token_known_answer(model_dir, tmp_path, capsys, one_thread):
+    from nopelens.analyses.cli import main
+
+    code = main(["probe", f"hf:{model_dir}", *ARGS, "--batch-size", "4", "--out", str(tmp_path / "text")])
+    assert code == 0, capsys.readouterr().err
+    (done,) = (tmp_path / "text" / "parts").glob("*/done.json")
+    meta = json.loads(done.read_text())
+    assert meta["input"] == "text" and meta["dtype"] == "float32" and meta["device"] == "cpu"
+    assert meta["streamed"]["batch_size"] == 4
+    assert set(pd.read_csv(tmp_path / "text" / "sinks.csv")["condition"]) == {"with_bos", "without_bos"}
+    assert "probes.csv" in assert_folder_documented(tmp_path / "text", "sweep")
+
+    code = main(["probe", f"hf:{model_dir}", *ARGS, "--input", "repeated", "--dtype", "bfloat16",
+                 "--out", str(tmp_path / "repeated")])
+    assert code == 0, capsys.readouterr().err
+    (done,) = (tmp_path / "repeated" / "parts").glob("*/done.json")
+    meta = json.loads(done.read_text())
+    assert meta["dtype"] == "bfloat16" and not meta["has_bos"]
+    deviation = float(meta["known_answer"].rsplit("largest deviation ", 1)[1].split()[0])
+    assert "NoPE blocks [3]" in meta["known_answer"] and deviation < 1e-2  # bfloat16 round-off only
+    # repeated tokens: every position's state is the same, so no layer's absolute index is recoverable
+    probes = pd.read_csv(tmp_path / "repeated" / "probes.csv")
+    r2 = probes[(probes.probe == "linear") & (probes.metric == "r2") & (probes.split == "grouped")
+                & (probes.target == "absolute_index")]
+    assert len(r2) and (r2["value"] < 0.05).all()
+
+
+def test_plan_prints_passes_tokens_memory_and_exits(model_dir, tmp_path, capsys):
+    from nopelens.analyses.cli import main
+
+    code = main(["probe", f"hf:{model_dir}", *ARGS, "--plan", "--out", str(tmp_path / "run")])
+    out = capsys.readouterr().out
+    assert code == 0 and not (tmp_path / "run").exists()
+    # 6 sequences of 16 tokens in one batch, and the 15-token copies without BOS for the sink table
+    assert "2 forward passes over 186 tokens" in out and "MiB" in out and "ETA about" in out, out
+
+
+@pytest.mark.parametrize("case, message", [
+    ("no tokenizer", "holds no tokenizer"),
+    ("empty text", "is empty"),
+    ("short text", "shorter than one 16-token sequence"),
+    ("too few windows", "fewer than the 6 sequences"),
+    ("bad device", "--device must be one of"),
+    ("cuda", "no CUDA device"),
+    ("zoo model", "applies to hf:DIR models"),
+])
+def test_bad_input_is_one_line_and_exit_2(model_dir, tmp_path, capsys, case, message):
+    import shutil
+
+    import torch
+
+    from nopelens.analyses.cli import main
+
+    if case == "cuda" and torch.cuda.is_available():
+        pytest.skip("a CUDA device is available here")
+    target, extra = f"hf:{model_dir}", []
+    if case == "no tokenizer":
+        bare = tmp_path / "bare"
+        bare.mkdir()
+        for name in ("config.json", "model.safetensors"):
+            shutil.copy(model_dir / name, bare / name)
+        target = f"hf:{bare}"
+    elif case == "empty text":
+        (tmp_path / "empty.txt").write_text("  \n")
+        extra = ["--text", str(tmp_path / "empty.txt")]
+    elif case == "short text":
+        (tmp_path / "short.txt").write_text("a few words")
+        extra = ["--text", str(tmp_path / "short.txt")]
+    elif case == "too few windows":
+        (tmp_path / "few.txt").write_text("The quick brown fox jumps over the lazy dog. " * 2)
+        extra = ["--text", str(tmp_path / "few.txt")]
+    elif case == "bad device":
+        extra = ["--device", "tpu"]
+    elif case == "cuda":
+        extra = ["--device", "cuda"]
+    else:
+        target, extra = "circuit", ["--input", "random"]
+    capsys.readouterr()
+    code = main(["probe", target, *ARGS, *extra, "--out", str(tmp_path / "run")])
+    _one_error(code, capsys.readouterr().err, message)
