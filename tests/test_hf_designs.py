@@ -56,9 +56,18 @@ EXPECTED = {
     "qwen3_next": ((N, N, N, R), BRIDGE, {}, {}),
     "deepseek_v3": ((R, R, R, R), BRIDGE, {}, {}),
     "deepseek_v2": ((R, R, R, R), BRIDGE, {}, {}),
+    "deepseek_v32": ((R, R, R, R), HOOKS, {}, {}),
+    "glm4_moe_lite": ((R, R, R, R), BRIDGE, {}, {}),
+    "minicpm3": ((R, R, R, R), HOOKS, {}, {}),
+    "youtu": ((R, R, R, R), BRIDGE, {}, {}),
+    "sarvam_mla": ((R, R, R, R), BRIDGE, {}, {}),
+    "longcat_flash": ((R, R, R, R), HOOKS, {}, {}),
     "gpt_oss": ((R, R, R, R), BRIDGE, {0: WINDOW, 2: WINDOW}, dict.fromkeys(range(4), "learned")),
     "mimo_v2_flash": ((R, R, R, R), HOOKS, {1: WINDOW, 2: WINDOW, 3: WINDOW}, {1: "learned", 2: "learned", 3: "learned"}),
     "hy_v4": ((R, R, R, R), HOOKS, {}, dict.fromkeys(range(4), "learned")),
+    "inkling2": ((N, N, N, N), HOOKS, {0: WINDOW, 2: WINDOW}, dict.fromkeys(range(4), "per_token")),
+    "zamba": ((N, N, N, N), HOOKS, {}, {}),
+    "zamba2": ((N, R, N, R), HOOKS, {}, {}),
 }
 MIXERS = {  # families with layers that are no softmax attention
     "lara_mini": ("linear_attention", "attention", "linear_attention", "attention"),
@@ -69,6 +78,8 @@ MIXERS = {  # families with layers that are no softmax attention
     "jamba": ("linear_attention", "attention") * 2,
     "kimi_linear": ("linear_attention", "attention") * 2,
     "nemotron_h": ("linear_attention", "attention", "none", "attention"),
+    "zamba": ("linear_attention", "attention") * 2,
+    "zamba2": ("linear_attention", "attention") * 2,
 }
 READING = {"rope": "relative", "nope": "nope"}
 DTYPES = [torch.float32, torch.bfloat16]
@@ -220,16 +231,23 @@ SINKS = sorted(f for f, expected in EXPECTED.items() if expected[3])
 @pytest.mark.parametrize("dtype", DTYPES, ids=["float32", "bfloat16"])
 @pytest.mark.parametrize("family", SINKS)
 def test_a_dropped_sink_fails_step_7(hooked, family, dtype):
-    """The model's sink logits set to -inf (the sink takes no mass) while its config still declares it."""
+    """The model's sink logits set to -inf (the sink takes no mass) while its config still declares it:
+    learned sinks (a ``sinks`` parameter) filled with -inf, per-token sinks (Inkling 2's ``sink_proj``,
+    one logit per query token) made to output -inf."""
     model = hooked(family, dtype)
     sinks = [p for name, p in model.original_model.named_parameters() if name.endswith("sinks")]
+    per_token = [m for name, m in model.original_model.named_modules() if name.endswith("sink_proj")]
+    assert sinks or per_token
     saved = [p.detach().clone() for p in sinks]
+    handles = [m.register_forward_hook(lambda m, i, out: torch.full_like(out, float("-inf"))) for m in per_token]
     try:
         with torch.no_grad():
             for p in sinks:
                 p.fill_(float("-inf"))
         report = audit(model, eval_length=16)
     finally:
+        for handle in handles:
+            handle.remove()
         with torch.no_grad():
             for p, value in zip(sinks, saved):
                 p.copy_(value)
@@ -305,3 +323,59 @@ def test_labels_of_designs_without_a_tiny_model():
     assert [l.method for l in layers(zamba2)] == [N] * 4
     zamba2.use_mem_rope = True
     assert [l.method for l in layers(zamba2)] == [N, R, N, R]
+
+
+# ----------------------------------------------------------------------------- DeepSeek Sparse Attention
+@pytest.fixture(scope="module")
+def dsa():
+    """DeepSeek V3.2 with index_topk 8: its indexer bites on 16-token sequences, not on 8."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return load_hf_model(build_design("deepseek_v32", index_topk=8))
+
+
+def _dropped_visible_keys(model, length: int) -> int:
+    """Visible (causal) entries of layer 0's pattern with exactly zero weight on ``length`` tokens."""
+    tokens = torch.randint(3, 64, (2, length), generator=torch.Generator().manual_seed(0))
+    _, cache = model.run_with_cache(tokens)
+    pattern = cache["blocks.0.attn.hook_pattern"]
+    visible = torch.ones(length, length, dtype=torch.bool).tril()
+    return int((pattern[..., visible] == 0).sum())
+
+
+def test_dsa_past_index_topk_is_not_applicable_with_the_reason(dsa):
+    assert _dropped_visible_keys(dsa, 16) > 0  # the indexer drops keys a query can see: no static mask holds
+    report = audit(dsa, eval_length=16)
+    assert report.passed, report.summary()
+    for number in (3, 5, 7, 8):
+        step = report.step(number)
+        assert step.status == "not_applicable" and "DSA indexer keeps only the top 8" in step.reason, step.reason
+    assert "left-padding invariance" not in [c.name for c in report.step(1).checks]
+    assert "DSA indexer" in report.step(1).evidence["not_checked"]
+    assert "measured_layer_positions" not in report.model
+
+
+def test_dsa_within_index_topk_is_measured(dsa):
+    assert _dropped_visible_keys(dsa, 8) == 0  # every query sees at most 8 keys: the indexer keeps them all
+    report = audit(dsa, eval_length=8)
+    assert report.passed, report.summary()
+    assert all(report.step(n).status == "pass" for n in (1, 3, 5, 7, 8, 9))
+    assert "left-padding invariance" in [c.name for c in report.step(1).checks]
+    assert report.model["measured_layer_positions"] == ["relative"] * 4
+
+
+@pytest.mark.parametrize("off", [-1, 1])
+def test_a_relative_bias_extent_one_off_fails_step_5(hooked, off):
+    """Inkling 2's bias by token distance is read from hook_pos_bias: zero from rel_extent on, and
+    nonzero at every distance below it, so a declared extent one token off fails either way."""
+    model = hooked("inkling2", torch.float32)
+    layers = describe(model).layers
+    assert (layers[1].relative_bias, layers[0].relative_bias) == (8, WINDOW)  # full layers rel_extent; sliding: the window
+    report = audit(model, eval_length=16)
+    assert {"layer 1 relative bias is zero beyond rel_extent 8", "layer 1 relative bias acts below rel_extent 8"} <= {
+        c.name for c in report.step(5).checks if c.passed}
+    spec = dataclasses.replace(layers[1], relative_bias=8 + off)
+    report = _audit_declared(model, _redeclared(model, 1, spec)[1])
+    failed = [c.name for c in report.step(5).failed_checks]
+    check = "is zero beyond" if off < 0 else "acts below"
+    assert f"layer 1 relative bias {check} rel_extent {8 + off}" in failed, report.summary()
