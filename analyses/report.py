@@ -248,8 +248,7 @@ def summary_markdown(result: "SweepResult", settings: "SweepSettings", command: 
         "",
         "![probes](probes.png)",
         "",
-        "![sinks](sinks.png)",
-        "",
+        *(["![sinks](sinks.png)", ""] if not result.sinks.empty else []),
         "![variance](variance.png)",
         "",
         *_sink_ablation_section(result, ablation_sequences),
@@ -275,7 +274,8 @@ def write_run(result: "SweepResult", settings: "SweepSettings", command: str, ve
         write_csv_atomic(seeds.probes_over_seeds(result.probes), out / "probes_over_seeds.csv")
     formats = ("png", "svg") if svg else ("png",)
     save_figure(probe_figure(result.probes), out / "probes", formats)
-    save_figure(sink_figure(result.sinks), out / "sinks", formats)
+    if not result.sinks.empty:  # no sink read applies (every block a DSA past index_topk): no figure
+        save_figure(sink_figure(result.sinks), out / "sinks", formats)
     if (result.variance.get("variance", pd.Series(dtype=float)) > 0).any():  # nothing varies: no figure
         save_figure(variance_figure(result.variance), out / "variance", formats)
     if not result.sink_ablation.empty:

@@ -79,6 +79,16 @@ class Subject:
         blocks of an HF model that have one; empty for nopelens' own models (causal attention)."""
         return self.hf.key_windows() if self.hf is not None else {}
 
+    def sparse_blocks(self) -> dict[int, str]:
+        """Block -> why its attention over this subject's sequences is no static mask (a DSA indexer
+        past ``index_topk`` keys, :meth:`nopelens.models.hf.LayerPosition.sparse_reason`): the
+        reads that assume the window rule (sink mass, variance, scores) are not applicable there."""
+        if self.hf is None:
+            return {}
+        length = int(self.attention_mask.sum(-1).max())
+        reasons = {l: layer.sparse_reason(length) for l, layer in enumerate(self.hf.layers)}
+        return {l: why for l, why in reasons.items() if why is not None}
+
     def sinks(self) -> dict:
         """Block -> (kind, per-head logits or None) of an HF model's non-token sinks (learned,
         per-token or output-scale, :attr:`nopelens.models.hf.LayerPosition.sink`); empty otherwise."""

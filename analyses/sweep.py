@@ -58,6 +58,7 @@ from nopelens.models.hooks import act_name, act_names
 from nopelens.models.progress import progress_bar
 from nopelens.models.threads import one_thread
 from nopelens.probes import collect, mad_chance, resid_sites
+from nopelens.probes.collect import site_block
 from nopelens.probes.sinks import GU_WINDOW, attention_variance, sink_table, variance_slopes
 
 from . import parallel, reads, report, runs, seeds
@@ -161,8 +162,12 @@ def sweep_sites(subject: Subject) -> SweepSites:
     blocks = [(act_name("attn_out", l), act_name("mlp_out", l)) for l in range(layers)]
     # a hybrid's linear-attention layers have no q, k or pattern, nor has a model hooked without the bridge
     qk = [pair for pair in (qk_sites(subject, l) for l in range(layers)) if all(subject.usable(s) for s in pair)]
+    sparse = subject.sparse_blocks()
     scores, not_applicable = reads.readable_score_sites(score_sites(subject.model, layers, subject.hf),
                                                         subject.key_windows(), int(subject.attention_mask.sum(-1).max()))
+    scores = [site for site in scores if site_block(site) not in sparse]
+    if sparse:
+        not_applicable = "; ".join(filter(None, [not_applicable, _sparse_note(sparse)]))
     if not_applicable is not None:
         subject.info.setdefault("not_applicable", {})["score read"] = not_applicable
     return SweepSites(residual=resid_sites(layers), inner=[site for pair in blocks for site in pair if subject.usable(site)],
@@ -172,6 +177,13 @@ def sweep_sites(subject: Subject) -> SweepSites:
 def pattern_sites(subject: Subject) -> list[str]:
     """Every block's ``hook_pattern`` that fires (a hybrid's linear-attention blocks have none)."""
     return [site for site in act_names("pattern", subject.n_layers) if subject.usable(site)]
+
+
+def _sparse_note(sparse: dict[int, str]) -> str:
+    by_reason: dict[str, list[int]] = {}
+    for block, why in sparse.items():
+        by_reason.setdefault(why, []).append(block)
+    return "; ".join(f"blocks {blocks}: {why}" for why, blocks in by_reason.items())
 
 
 def analyse_subject(subject: Subject, settings: SweepSettings) -> dict[str, pd.DataFrame]:
@@ -186,9 +198,11 @@ def analyse_subject(subject: Subject, settings: SweepSettings) -> dict[str, pd.D
     probes.insert(0, "model", subject.name)
 
     sinks = sink_conditions(subject, acts)
-    attention = [l for l in range(layers) if subject.hf is None or subject.hf.layers[l].mixer == "attention"]
-    variance = attention_variance(acts, sites=[site for site in act_names("attn_out", attention) if site in acts.acts],
-                                  windows=subject.key_windows())
+    attention = [l for l in range(layers) if (subject.hf is None or subject.hf.layers[l].mixer == "attention")
+                 and l not in subject.sparse_blocks()]  # a DSA block's kept keys are chosen by content
+    variance_sites = [site for site in act_names("attn_out", attention) if site in acts.acts]
+    variance = (attention_variance(acts, sites=variance_sites, windows=subject.key_windows()) if variance_sites else
+                pd.DataFrame(columns=["site", "block", "position", "visible_keys", "variance", "n_sequences"]))
     if subject.has_bos:  # every sequence has the same token at 0, so its variance is exactly 0
         variance = variance[variance["position"] > 0]
     # sink ablation (issue 14): next-layer absolute-index R^2 with block l's first key removed
@@ -245,7 +259,13 @@ def sink_conditions(subject: Subject, acts) -> pd.DataFrame:
                            attention_mask=subject.attention_mask[:, 1:], batch_size=32)
         frames.append(sink_table(stripped, n_tokens=min(window, shortest - 1), windows=windows, sinks=sinks)
                       .assign(condition="without_bos"))
-    return pd.concat(frames, ignore_index=True).assign(model=subject.name, gu_window=window)
+    table = pd.concat(frames, ignore_index=True).assign(model=subject.name, gu_window=window)
+    sparse = subject.sparse_blocks()
+    if sparse:  # a content-selected key set: mass at key 0 mixes "not kept" with "not attended"
+        notes = subject.info.setdefault("not_applicable", {})
+        notes["sink read"] = notes["variance read"] = _sparse_note(sparse)
+        table = table[~table["block"].isin(list(sparse))].reset_index(drop=True)
+    return table
 
 
 def sink_sites(subject: Subject) -> list[str]:
@@ -311,7 +331,8 @@ def summarize_seed(probes: pd.DataFrame, sinks: pd.DataFrame, variance: pd.DataF
         mad = absolute[(absolute["metric"] == "mad") & (absolute["task"] == "regression")].set_index("layer")
         chance = _mad_chance(mad)
         model_sinks = sinks[sinks["model"] == model]
-        as_read = model_sinks[model_sinks["condition"] == model_sinks["condition"].iloc[0]]
+        as_read = model_sinks[model_sinks["condition"] == model_sinks["condition"].iloc[0]] if len(model_sinks) \
+            else model_sinks  # no sink read (every block DSA past index_topk): sink_rate NaN
         rows.append(dict(
             model=model,
             **{read.column: read.first_layer(table) for read in reads.SWEEP_READS},

@@ -660,7 +660,8 @@ def _notes(config: Any, family: str) -> tuple[str, ...]:
     if family == "inkling2_text":
         notes.append("Inkling 2 adds a learned bias by token-index distance i - j < rel_extent (none beyond) and a "
                      "short convolution over neighbouring tokens' keys and values; neither reads position ids, so "
-                     "the per-layer detector cannot see them and no audit step verifies them")
+                     "the per-layer detector cannot see them: the audit's step 5 reads the bias from hook_pos_bias, "
+                     "and no step verifies the convolution")
     if family in ("llama4_text", "llama4") and getattr(config, "attn_temperature_tuning", False):
         floor = int(config.floor_scale)
         notes.append(f"Llama 4 scales NoPE-layer queries by 1 + attn_scale * log(1 + floor((p + 1) / {floor})): "

@@ -262,42 +262,67 @@ def test_an_undeclared_learned_sink_fails_step_7(hooked):
 
 
 # ----------------------------------------------------------------------------- the command line
-PROBED = ("smollm3", "qwen3_next", "deepseek_v3", "gpt_oss", "nemotron_h", "mimo_v2_flash", "granite_swa")
-"""The designs the command-line probe test measures: one per way of reading a model (bridged NoPE
-hybrid, bridged linear-attention hybrid, bridged MLA, bridged learned sinks, hooked SSM hybrid,
-hooked sliding-only sinks, hooked windows with an output-scale sink). Probing all 24 would cost
-about 90 s of suite time; the audit below runs on all of them."""
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory):
+    """family -> the tiny float32 design saved as an HF directory (save_pretrained), saved once."""
+    root = tmp_path_factory.mktemp("designs")
+    paths: dict = {}
+
+    def get(family: str, **overrides) -> str:
+        key = (family, tuple(sorted(overrides.items())))
+        if key not in paths:
+            paths[key] = str(root / f"{family}{len(paths)}")
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                build_design(family, **overrides).save_pretrained(paths[key])
+        return paths[key]
+
+    return get
 
 
-@pytest.mark.slow
-def test_every_design_runs_from_the_command_line(tmp_path, capsys):
-    """Each design saved as an HF directory: ``nopelens audit --hf-dir`` passes (exit 0) on every
-    one, and the probe measurements run on one design per way of reading a model (one ``nopelens
-    sweep`` over their ``hf:DIR``: the same per-model measurement as ``nopelens probe``, with the run
-    folder's figures drawn once) and through ``nopelens probe`` itself on Granite SWA."""
+def _probe(path: str, out, capsys) -> "pd.DataFrame":
+    """``nopelens probe hf:DIR`` at 8 tokens x 4 sequences: exit 0, and its sink table."""
     import pandas as pd
 
     from nopelens.analyses.cli import main
 
-    paths = {}
-    for family in sorted(EXPECTED):
-        paths[family] = str(tmp_path / family)
-        build_design(family).save_pretrained(paths[family])
-        code = main(["audit", "--hf-dir", paths[family]])
-        out = capsys.readouterr().out
-        assert code == 0 and "no step failed" in out, f"{family}: {out}"
-    specs = ",".join(f"hf:{paths[family]}" for family in PROBED[:-1])
-    code = main(["sweep", "--models", specs, "--no-controls", "--quick", "--seq-len", "8", "--n-sequences", "4",
-                 "--quiet", "--jobs", "1", "--out", str(tmp_path / "sweep")])
+    code = main(["probe", f"hf:{path}", "--quick", "--seq-len", "8", "--n-sequences", "4", "--quiet",
+                 "--out", str(out)])
     assert code == 0, capsys.readouterr().err
-    sinks = pd.read_csv(tmp_path / "sweep" / "sinks.csv")
-    assert set(sinks["model"]) == {f"hf:{family}" for family in PROBED[:-1]}
-    learned = sinks[sinks["learned_sink_mass"].notna()]
-    assert set(learned["model"]) == {f"hf:{family}" for family in PROBED[:-1] if EXPECTED[family][3]}
-    assert (learned["learned_sink_mass"] > 0).all()
-    code = main(["probe", f"hf:{paths['granite_swa']}", "--quick", "--seq-len", "8", "--n-sequences", "4", "--quiet",
-                 "--out", str(tmp_path / "probe")])
-    assert code == 0, capsys.readouterr().err
+    return pd.read_csv(out / "sinks.csv")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("family", sorted(EXPECTED))
+def test_every_design_runs_from_the_command_line(saved, tmp_path, capsys, family):
+    """``nopelens audit --hf-dir DIR`` passes (exit 0) and ``nopelens probe hf:DIR`` measures every
+    attention block's sinks: each design saved as an HF directory, read back as a user's model is."""
+    from nopelens.analyses.cli import main
+
+    path = saved(family)
+    code = main(["audit", "--hf-dir", path])
+    out = capsys.readouterr().out
+    assert code == 0 and "no step failed" in out, f"{family}: {out}"
+    sinks = _probe(path, tmp_path / "probe", capsys)
+    attention = {l for l, mixer in enumerate(MIXERS.get(family, ("attention",) * 4)) if mixer == "attention"}
+    assert set(sinks["block"]) == attention
+    learned = sinks[sinks["learned_sink_mass"].notna()] if "learned_sink_mass" in sinks else sinks.iloc[:0]
+    declared = set(EXPECTED[family][3])  # learned, per-token and output-scale sinks: each reports its mass
+    assert set(learned["block"]) == declared and (learned["learned_sink_mass"] > 0).all()
+
+
+def test_dsa_past_index_topk_probes_with_the_reads_not_applicable(saved, tmp_path, capsys):
+    """``nopelens probe`` on DeepSeek V3.2 with index_topk 4 at 8 tokens: exit 0, the position probes
+    measured, no sink row (each block's kept keys are chosen by content), the reason recorded; with
+    index_topk 8 every block's sinks are read."""
+    import json
+
+    sinks = _probe(saved("deepseek_v32", index_topk=4), tmp_path / "sparse", capsys)
+    assert sinks.empty
+    (done,) = (tmp_path / "sparse" / "parts").glob("*/done.json")
+    notes = json.loads(done.read_text())["not_applicable"]
+    assert all("DSA indexer keeps only the top 4" in notes[read] for read in ("sink read", "variance read", "score read"))
+    assert set(_probe(saved("deepseek_v32", index_topk=8), tmp_path / "dense", capsys)["block"]) == {0, 1, 2, 3}
 
 
 def test_labels_of_designs_without_a_tiny_model():
