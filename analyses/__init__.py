@@ -5,8 +5,19 @@
   checks and figures), :mod:`.audit` (seed 002's ten-step audit);
 - :mod:`.subjects`: model specs -> a hooked model and its evaluation batch;
 - :mod:`.reads`: what the sweep reads, one :class:`~.reads.SweepRead` per summary column and figure panel;
+- :mod:`.layers`: the main curves per layer (``layers.csv``) and :func:`load_run`, which reads a
+  run folder back (``from nopelens.analyses import load_run``);
 - :mod:`.runs`: run folders (one claim rule, one slug, part folders, atomic writes);
 - :mod:`.report`: figures, summary tables and Markdown; :mod:`.seeds`: numbers over training seeds;
   :mod:`.parallel`: local worker processes and Dask;
 - :mod:`.cli`: the ``nopelens`` command, thin over the rest; nothing here imports it.
 """
+
+
+def __getattr__(name: str):
+    """``load_run`` and ``layer_curves`` on first use (importing them eagerly would slow every command's start-up)."""
+    if name in ("load_run", "layer_curves"):
+        from . import layers
+
+        return getattr(layers, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -29,6 +29,8 @@ import seaborn as sns  # noqa: E402
 from nopelens import circuits  # noqa: E402
 from nopelens.circuits import demos  # noqa: E402
 
+from .report import TOL_BRIGHT  # noqa: E402
+
 SUBJECTS = ("counter", "distance", "previous-token", "equivariance", "mask-table")
 
 
@@ -79,6 +81,19 @@ def _checks_table(subject: str, values: dict, bounds: dict) -> pd.DataFrame:
 
 
 
+def _style() -> None:
+    """The figures' look: seaborn's white grid with Tol's colour-blind-safe colours."""
+    sns.set_theme(style="whitegrid", context="notebook", palette=list(TOL_BRIGHT))
+
+
+def _pattern(ax: plt.Axes, matrix: np.ndarray, title: str, vmax: float = 1.0, label: str = "attention weight"):
+    """An attention pattern [query, key] as one image (small in SVG, unlike a heatmap of n^2 cells)."""
+    image = ax.imshow(matrix, cmap="viridis", vmin=0, vmax=vmax, interpolation="nearest")
+    ax.grid(False)
+    ax.set(xlabel="key position j", ylabel="query position i", title=title)
+    ax.figure.colorbar(image, ax=ax, label=label, shrink=0.85)
+
+
 # ----------------------------------------------------------------------------- subjects
 def run_counter(settings: CircuitSettings, say: Callable[[str], None] = print) -> tuple[pd.DataFrame, plt.Figure]:
     model = circuits.counter(settings.n_ctx, d_vocab=settings.d_vocab, construction=settings.construction)
@@ -89,7 +104,8 @@ def run_counter(settings: CircuitSettings, say: Callable[[str], None] = print) -
     trace = circuits.counter_trace(model, circuits.circuit_tokens(model, seed=settings.seed))
     no_bos = circuits.counter_trace(model, circuits.circuit_tokens(model, seed=settings.seed, bos=False))
 
-    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
+    _style()
+    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4), layout="constrained")
     sns.lineplot(x=trace.position, y=trace.expected_counter, ax=left, color="0.6", linestyle="--", label="1/(i+1)")
     sns.scatterplot(x=trace.position, y=trace.counter, ax=left, s=14, label="counter dim, BOS first")
     sns.scatterplot(x=no_bos.position, y=no_bos.counter, ax=left, s=14, marker="x", label="counter dim, no BOS")
@@ -107,15 +123,15 @@ def run_distance(settings: CircuitSettings, say: Callable[[str], None] = print) 
     values = circuits.check_distance(model, seed=settings.seed)
     pattern = circuits.head_pattern(model, circuits.circuit_tokens(model, seed=settings.seed)).numpy()
     reference = circuits.alibi_reference_pattern(settings.n_ctx, settings.slope).numpy()
-    fig, axes = plt.subplots(1, 3, figsize=(15, 4.5))
-    panels = [
-        (pattern, "circuit: blocks.1.attn.hook_pattern"),
-        (reference, f"Decoder ALiBi head {values['alibi_head']} of {values['alibi_heads']} (m = {settings.slope:g})"),
-        (np.abs(pattern - reference), f"|difference| (max {values['pattern_max_error']:.1e})"),
-    ]
-    for ax, (matrix, title) in zip(axes, panels):
-        sns.heatmap(matrix, ax=ax, cmap="viridis", square=True, xticklabels=False, yticklabels=False)
-        ax.set(xlabel="key position j", ylabel="query position i", title=title)
+    _style()
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4.6), layout="constrained")
+    _pattern(axes[0], pattern, "circuit: block 1's head\n(no position embedding)")
+    _pattern(axes[1], reference, f"Decoder's ALiBi head {values['alibi_head']} of {values['alibi_heads']}\n"
+             f"(slope m = {settings.slope:g})")
+    difference = np.abs(pattern - reference)
+    _pattern(axes[2], difference, f"|difference|: max {values['pattern_max_error']:.1e}",
+             vmax=max(float(difference.max()), 1e-6), label="|difference| (attention weight)")
+    fig.suptitle("Theorem 2: a NoPE head that scores -m (i - j) from the counted position attends like ALiBi")
     return _checks_table("distance", values, DISTANCE_BOUNDS), fig
 
 
@@ -126,13 +142,13 @@ def run_previous_token(settings: CircuitSettings, say: Callable[[str], None] = p
     tokens = circuits.circuit_tokens(model, seed=settings.seed)
     pattern = circuits.head_pattern(model, tokens).numpy()
     mass = circuits.previous_token_mass(model, tokens)
-    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.5))
-    sns.heatmap(pattern, ax=left, cmap="viridis", square=True, xticklabels=False, yticklabels=False)
-    left.set(xlabel="key position j", ylabel="query position i", title=f"previous-token head (c = {settings.sharpness:g})")
+    _style()
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.5), layout="constrained")
+    _pattern(left, pattern, f"previous-token head (c = {settings.sharpness:g})")
     sns.lineplot(x=mass.position[1:], y=mass.previous_mass[1:], ax=right, marker="o", markersize=3)
-    right.axhline(0.99, color="0.6", linestyle="--", label="0.99")
-    right.set(xlabel="query position i", ylabel="attention on j = i - 1", title="mass on the previous token")
-    right.legend()
+    right.axhline(0.99, color="0.6", linestyle="--", label="check bound 0.99")
+    right.set(xlabel="query position i", ylabel="attention weight on key j = i - 1", title="mass on the previous token")
+    right.legend(loc="lower right")
     return _checks_table("previous_token", values, PREVIOUS_BOUNDS), fig
 
 
@@ -146,10 +162,14 @@ def run_equivariance(settings: CircuitSettings, say: Callable[[str], None] = pri
         say(f"  {name:<24} {str(got):<5} (max |A(PX) - P A(X)| = {error:.2e}; expected {want})")
         rows.append({"subject": "equivariance", "check": name, "value": got, "max_error": error, "expected": want, "passed": got == want})
     table = pd.DataFrame(rows)
-    fig, ax = plt.subplots(figsize=(7, 4))
-    plot = table.assign(max_error=table.max_error.clip(lower=1e-17), equivariant=table.value)  # log axis: 0 -> 1e-17
-    sns.barplot(data=plot, x="check", y="max_error", hue="equivariant", ax=ax, dodge=False)
-    ax.set(yscale="log", xlabel="", ylabel="max |Attention(PX) - P Attention(X)|", title="seed 001: permutation equivariance")
+    _style()
+    fig, ax = plt.subplots(figsize=(7.5, 4.2), layout="constrained")
+    plot = table.assign(max_error=table.max_error.clip(lower=1e-17),  # log axis: 0 -> 1e-17
+                        equivariant=table.value.map({True: "yes", False: "no"}),
+                        check=table.check.str.replace("_", " "))
+    sns.barplot(data=plot, x="check", y="max_error", hue="equivariant", hue_order=["yes", "no"], ax=ax, dodge=False)
+    ax.set(yscale="log", xlabel="", ylabel="max |Attention(PX) − P Attention(X)|",
+           title="seed 001: permutation equivariance (exact values, no sampling)")
     ax.tick_params(axis="x", rotation=15)
     return table, fig
 
@@ -179,22 +199,16 @@ def run_mask_table(settings: CircuitSettings, say: Callable[[str], None] = print
              "passed": bool(np.allclose(weights.blocked, weights.renormalized, atol=1e-12))},
         ]
     )
-    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
+    _style()
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4), layout="constrained")
     sns.heatmap((table == "Allowed").astype(int), annot=table.to_numpy(), fmt="", cbar=False, cmap="Greens", ax=left)
     left.set(title="FIG-004: key j visible to query i iff j <= i")
-    long = weights[["unmasked", "zero_score", "blocked"]].reset_index().melt(id_vars="key", var_name="key score", value_name="weight")
-    sns.barplot(data=long, x="key", y="weight", hue="key score", ax=right)
-    right.set(title="blocked (-inf) vs zero score", ylabel="attention weight")
+    long = weights[["unmasked", "zero_score", "blocked"]].rename(columns={"zero_score": "zero score"}).reset_index().melt(
+        id_vars="key", var_name="key 'rises'", value_name="weight")
+    sns.barplot(data=long, x="key", y="weight", hue="key 'rises'", ax=right)
+    right.set(title="blocking (-inf) is not scoring zero\n(exact softmax weights, no sampling)", ylabel="attention weight")
     return checks, fig
 
-
-RUNNERS = {
-    "counter": run_counter,
-    "distance": run_distance,
-    "previous-token": run_previous_token,
-    "equivariance": run_equivariance,
-    "mask-table": run_mask_table,
-}
 
 
 RUNNERS = {

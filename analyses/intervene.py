@@ -54,6 +54,7 @@ from torch import Tensor
 
 from nopelens.models.hooks import act_name, act_names
 from nopelens.models.io import write_csv_atomic
+from nopelens.models.progress import progress_bar
 from nopelens.probes import (
     Activations,
     collect,
@@ -344,7 +345,8 @@ def _mean_ci(values: np.ndarray, n_boot: int, seed: int) -> tuple[float, float]:
 
 def sink_ablation(model, tokens: Tensor, attention_mask: Tensor, n_layers: int, settings: ProbeSettings,
                   modes: Sequence[str] = SINK_MODES, blocks: Sequence[int] | None = None,
-                  targets: Tensor | None = None, loss_mask: Tensor | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
+                  targets: Tensor | None = None, loss_mask: Tensor | None = None,
+                  progress: bool = False) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Ablate the first real token in each block; re-probe every later layer and measure behaviour.
 
     Args:
@@ -355,6 +357,7 @@ def sink_ablation(model, tokens: Tensor, attention_mask: Tensor, n_layers: int, 
         modes: subset of :data:`SINK_MODES`.
         blocks: blocks to ablate (default all).
         targets, loss_mask: as :func:`behavior`.
+        progress: a bar over the (mode, block) ablations.
 
     Returns:
         ``(probes, behaviour)``. ``probes``: the probe rows of the clean run (``condition ==
@@ -372,24 +375,31 @@ def sink_ablation(model, tokens: Tensor, attention_mask: Tensor, n_layers: int, 
         if not 0 <= block < n_layers:
             raise ValueError(f"block {block} is outside 0..{n_layers - 1}")
     first = first_real_index(attention_mask)
+    ablations = [(mode, block) for mode in modes for block in blocks]
+    bar = progress_bar(total=len(ablations) + 1, desc="sink ablation", unit="probe set", disable=not progress)
+    bar.set_postfix_str("clean")
     clean = reprobe(model, tokens, attention_mask, 1, n_layers, settings).assign(condition="clean", ablated_block=np.nan)
     clean_behavior = behavior(model, tokens, attention_mask, targets, loss_mask)
     means = mean_values(model, tokens, attention_mask, blocks) if "mean_value" in modes else {}
     probe_frames, behavior_rows = [clean], []
-    for mode in modes:
-        for block in blocks:
-            mean_value = means.get(block)
-            try:
-                check_sink_ablation(model, block, mode, tokens, attention_mask, mean_value)
-            except NotApplicable as reason:
-                behavior_rows.append(dict(condition=mode, ablated_block=block, status="not_applicable", note=str(reason)))
-                continue
-            hooks = sink_hooks(block, mode, first, mean_value)
-            table = reprobe(model, tokens, attention_mask, block + 1, n_layers, settings, hooks)
-            probe_frames.append(table.assign(condition=mode, ablated_block=block))
-            changed = behavior(model, tokens, attention_mask, targets, loss_mask, hooks)
-            for row in behavior_change(clean_behavior, changed, settings.n_boot, settings.seed):
-                behavior_rows.append(dict(condition=mode, ablated_block=block, status="measured", note="", **row))
+    bar.update()
+    for mode, block in ablations:
+        bar.set_postfix_str(f"{mode}, block {block}")
+        mean_value = means.get(block)
+        try:
+            check_sink_ablation(model, block, mode, tokens, attention_mask, mean_value)
+        except NotApplicable as reason:
+            behavior_rows.append(dict(condition=mode, ablated_block=block, status="not_applicable", note=str(reason)))
+            bar.update()
+            continue
+        hooks = sink_hooks(block, mode, first, mean_value)
+        table = reprobe(model, tokens, attention_mask, block + 1, n_layers, settings, hooks)
+        probe_frames.append(table.assign(condition=mode, ablated_block=block))
+        changed = behavior(model, tokens, attention_mask, targets, loss_mask, hooks)
+        for row in behavior_change(clean_behavior, changed, settings.n_boot, settings.seed):
+            behavior_rows.append(dict(condition=mode, ablated_block=block, status="measured", note="", **row))
+        bar.update()
+    bar.close()
     probes = with_clean_values(pd.concat(probe_frames, ignore_index=True))
     return probes, pd.DataFrame(behavior_rows)
 
@@ -470,7 +480,8 @@ def clean_probe_reads(clean: Activations, changed: Activations, site: str, n_spl
 
 def direction_interventions(model, tokens: Tensor, attention_mask: Tensor, n_layers: int, settings: ProbeSettings,
                             layers: Sequence[int] | None = None, shifts: Sequence[int] = (4,),
-                            targets: Tensor | None = None, loss_mask: Tensor | None = None) -> pd.DataFrame:
+                            targets: Tensor | None = None, loss_mask: Tensor | None = None,
+                            progress: bool = False) -> pd.DataFrame:
     """Project out or shift the index direction at each layer; read the next layers and the loss.
 
     For each intervened layer l (default 1 .. n_layers - 1) and each later layer l' >= l, one row
@@ -478,14 +489,15 @@ def direction_interventions(model, tokens: Tensor, attention_mask: Tensor, n_lay
     changed states, out of fold), ``r2_clean_probe`` and ``read_shift`` (an out-of-fold probe fitted
     on clean states reads the changed ones: R^2, and mean read minus clean read, in positions;
     ``read_shift / k`` is the fraction of the shift the later layer carries), and ``loss_delta``
-    and ``exact_match_delta`` of the whole model with their paired CIs.
+    and ``exact_match_delta`` of the whole model with their paired CIs. ``progress``: a bar over
+    the intervened layers.
     """
     layers = list(range(1, n_layers)) if layers is None else list(layers)
     sites = [resid_site(layer) for layer in range(n_layers + 1)]
     clean = later_tokens(collect(model, tokens, sites, attention_mask=attention_mask, batch_size=32))
     clean_behavior = behavior(model, tokens, attention_mask, targets, loss_mask)
     rows = []
-    for layer in layers:
+    for layer in progress_bar(layers, desc="index directions", unit="layer", disable=not progress):
         direction = IndexDirection.fit(clean, layer, settings.seed)
         for name, k, hooks in [("project_out", 0, direction.project_out())] + [
                 ("shift", k, direction.shift(k)) for k in shifts]:
@@ -522,7 +534,8 @@ def shifted_copy(tokens: Tensor, shift: int, keep_first: bool) -> Tensor:
 
 
 def position_patching(model, tokens: Tensor, n_layers: int, settings: ProbeSettings, shift: int | None = None,
-                      positions: Sequence[int] | None = None, keep_first: bool = True) -> pd.DataFrame:
+                      positions: Sequence[int] | None = None, keep_first: bool = True,
+                      progress: bool = False) -> pd.DataFrame:
     """How much of the index moves with a residual state patched in from a left-shifted copy.
 
     For each patch layer l in 0 .. n_layers - 1 (``blocks.{l}.hook_resid_pre``) and position i,
@@ -543,6 +556,7 @@ def position_patching(model, tokens: Tensor, n_layers: int, settings: ProbeSetti
         shift: s, default a quarter of the length.
         positions: positions i to patch (default four, evenly spread over the patchable range).
         keep_first: keep the first token (BOS) in the copy.
+        progress: a bar over the patched positions.
 
     Returns:
         One row per (patch layer, position): ``layer``, ``position``, ``read_layer``, ``read_r2``
@@ -573,7 +587,7 @@ def position_patching(model, tokens: Tensor, n_layers: int, settings: ProbeSetti
     read_copy = probe.predict(source.features(read_site)).reshape(copy.shape)
 
     rows = []
-    for position in positions:
+    for position in progress_bar(positions, desc="position patching", unit="position", disable=not progress):
         before, after = read_original[:, position], read_copy[:, position - shift]
         for layer, site in enumerate(sites):
             replacement = torch.from_numpy(source.acts[site]).reshape(len(copy), copy.shape[1], -1)[:, position - shift]
@@ -762,11 +776,11 @@ def run_intervene(settings: InterveneSettings, out: Path, progress: bool = True)
                       settings.quick_steps)
     tables: dict[str, pd.DataFrame] = {}
     with torch.no_grad():
-        tables.update(runs.cached_tables(out, ("sink_probes", "sink_behavior"), lambda: _sink(subject, settings), say,
-                                         "sink ablation"))
-        tables.update(runs.cached_tables(out, ("directions",), lambda: _directions(subject, settings), say,
+        tables.update(runs.cached_tables(out, ("sink_probes", "sink_behavior"), lambda: _sink(subject, settings, progress),
+                                         say, "sink ablation"))
+        tables.update(runs.cached_tables(out, ("directions",), lambda: _directions(subject, settings, progress), say,
                                          "index directions"))
-        tables.update(runs.cached_tables(out, ("patching",), lambda: _patching(subject, settings), say,
+        tables.update(runs.cached_tables(out, ("patching",), lambda: _patching(subject, settings, progress), say,
                                          "position patching"))
     tables["summary"] = sink_summary(tables["sink_probes"], tables["sink_behavior"]).assign(model=subject.name)
     write_csv_atomic(tables["summary"], out / "summary.csv")
@@ -774,25 +788,25 @@ def run_intervene(settings: InterveneSettings, out: Path, progress: bool = True)
     return tables
 
 
-def _sink(subject: Subject, settings: InterveneSettings) -> tuple[pd.DataFrame, pd.DataFrame]:
+def _sink(subject: Subject, settings: InterveneSettings, progress: bool) -> tuple[pd.DataFrame, pd.DataFrame]:
     probes, behavior = sink_ablation(subject.model, subject.tokens, subject.attention_mask, subject.n_layers,
                                         settings.probes(), settings.modes, targets=subject.targets,
-                                        loss_mask=subject.loss_mask)
+                                        loss_mask=subject.loss_mask, progress=progress)
     return probes.assign(model=subject.name), behavior.assign(model=subject.name)
 
 
-def _directions(subject: Subject, settings: InterveneSettings) -> tuple[pd.DataFrame]:
+def _directions(subject: Subject, settings: InterveneSettings, progress: bool) -> tuple[pd.DataFrame]:
     if subject.n_layers < 2:
         return (pd.DataFrame({"note": ["one block: no layer has a later layer to read"]}),)
     table = direction_interventions(subject.model, subject.tokens, subject.attention_mask, subject.n_layers,
                                        settings.probes(), shifts=(settings.shift,), targets=subject.targets,
-                                       loss_mask=subject.loss_mask)
+                                       loss_mask=subject.loss_mask, progress=progress)
     return (table.assign(model=subject.name),)
 
 
-def _patching(subject: Subject, settings: InterveneSettings) -> tuple[pd.DataFrame]:
+def _patching(subject: Subject, settings: InterveneSettings, progress: bool) -> tuple[pd.DataFrame]:
     if not bool(subject.attention_mask.all()):
         return (pd.DataFrame({"note": ["padded sequences: position patching needs sequences without padding"]}),)
     table = position_patching(subject.model, subject.tokens, subject.n_layers, settings.probes(),
-                                 keep_first=subject.has_bos)
+                                 keep_first=subject.has_bos, progress=progress)
     return (table.assign(model=subject.name),)

@@ -29,6 +29,7 @@ import pandas as pd
 from nopelens.models import DecoderConfig
 from nopelens.models.tasks import make_task
 from nopelens.models.io import write_csv_atomic
+from nopelens.models.threads import limited_threads
 from nopelens.models.training import evaluate_exact_match, train
 
 from . import runs
@@ -51,6 +52,8 @@ class LengthGenSettings:
         steps, batch_size, lr: training (AdamW, warmup then cosine; see ``train``).
         n_symbols: alphabet size of the tasks.
         n_eval: test sequences per length.
+        threads: torch and BLAS threads while training and testing (the weights depend on it);
+            in the run folder's stamp only when it is not 1, so older folders still resume.
     """
 
     train_max_len: int = 8
@@ -62,12 +65,20 @@ class LengthGenSettings:
     lr: float = 3e-3
     n_symbols: int = 16
     n_eval: int = 128
+    threads: int = 1
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):
             value = getattr(self, f.name)
             if not value > 0:
                 raise ValueError(f"{f.name} must be positive, got {value!r}")
+
+    def to_dict(self) -> dict:
+        """The settings as the run folder's stamp holds them (``threads`` only when it is not 1)."""
+        settings = dataclasses.asdict(self)
+        if self.threads == 1:
+            del settings["threads"]
+        return settings
 
     @classmethod
     def quick(cls) -> "LengthGenSettings":
@@ -100,8 +111,11 @@ def run_one(task_name: str, method: str, seed: int, settings: LengthGenSettings,
         lr=settings.lr,
         seed=seed,
         progress=progress,
+        threads=settings.threads,
     )
-    table = evaluate_exact_match(trained, task, range(1, 2 * L + 1), n=settings.n_eval, seed=10_000 + seed)
+    with limited_threads(settings.threads):
+        table = evaluate_exact_match(trained, task, range(1, 2 * L + 1), n=settings.n_eval, seed=10_000 + seed,
+                                     progress=progress)
     table.insert(1, "method", method)
     table.insert(2, "seed", seed)
     table["train_max_len"] = L
@@ -134,18 +148,27 @@ def plot(results: pd.DataFrame, out_stem: Path) -> list[Path]:
 
     Writes ``<out_stem>.png`` and ``<out_stem>.svg`` atomically; returns their paths.
     """
+    import matplotlib.ticker
     import seaborn as sns
 
+    from .report import TOL_BRIGHT
+
     L = int(results["train_max_len"].iloc[0])
+    methods = [m for m in METHODS if m in set(results["method"])]
+    sns.set_theme(style="whitegrid", context="notebook")
     grid = sns.relplot(
-        data=results, x="length", y="exact_match", hue="method", hue_order=[m for m in METHODS if m in set(results["method"])],
-        col="task", kind="line", marker="o", errorbar=("pi", 100), height=3.2, aspect=1.3,
+        data=results, x="length", y="exact_match", hue="method", hue_order=methods,
+        palette=dict(zip(METHODS, TOL_BRIGHT)), col="task", kind="line", marker="o", errorbar=("pi", 100),
+        height=3.3, aspect=1.3,
     )
     for ax in grid.axes.flat:
         ax.axvline(L + 0.5, color="grey", linestyle="--", linewidth=1)
         ax.set_ylim(-0.03, 1.03)
-    grid.set_axis_labels("length (problem size)", "exact match")
-    grid.figure.suptitle(f"train lengths 1-{L} (dashed line), test up to {2 * L}; band = range over seeds", y=1.03)
+        ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
+    grid.set_titles("{col_name}")
+    grid.set_axis_labels("problem size (symbols)", "exact match (fraction of sequences)")
+    grid.figure.suptitle(f"Length generalization: trained on sizes 1-{L} (left of the dashed line), tested up to "
+                         f"{2 * L}\n(band: range over seeds)", y=1.13)
     return save_figure(grid.figure, out_stem)
 
 
@@ -181,7 +204,7 @@ def run_lengthgen(
     for name in tasks:
         if name not in TASK_NAMES:
             raise ValueError(f"unknown task {name!r}; choose from {TASK_NAMES}")
-    out_dir = runs.claim(out_dir, "lengthgen", dataclasses.asdict(settings))
+    out_dir = runs.claim(out_dir, "lengthgen", settings.to_dict())
     csv_path = out_dir / "lengthgen.csv"
     results = _read_results(csv_path)
     done = set() if results.empty else set(zip(results["task"], results["method"], results["seed"]))

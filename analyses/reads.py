@@ -24,21 +24,37 @@ the summary gains the column, the figure the panel, ``--seeds`` runs the agreed 
 
 from __future__ import annotations
 
+import dataclasses
+import math
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Sequence
 
 import pandas as pd
 
+from nopelens.models.progress import progress_bar
 from nopelens.probes import (
     Activations, first_recoverable_layer, probe_absolute_index, probe_relative_distance, site_block,
 )
-from nopelens.probes.linear import NOT_RECOVERED
+from nopelens.probes.linear import NOT_RECOVERED, clears_bar
+from nopelens.probes.metrics import HIGHER_IS_BETTER, metric_names
 
 __all__ = ["NOT_RECOVERED", "ProbeInput", "SweepRead", "SweepSites", "SWEEP_READS", "TARGETS", "read_columns"]
 
 MAX_OUTER_FEATURES = 1024
 """Use the full outer-product bilinear read while n_heads * d_head^2 stays below this; above it,
 the elementwise (diagonal) read keeps the fits inside the sweep's time budget."""
+
+
+METRIC_NAMES = {"r2": "R²", "accuracy": "acc", "balanced_accuracy": "balanced acc", "within_one": "acc ±1",
+                "spearman": "Spearman ρ", "mad": "MAD"}
+"""Short names of the probe metrics, as summary headers and per-layer tables print them."""
+
+METRIC_AXES = {"r2": "R²", "accuracy": "accuracy", "balanced_accuracy": "balanced accuracy",
+               "within_one": "accuracy within ±1 position", "spearman": "Spearman ρ", "mad": "MAD (positions)"}
+"""Axis labels of the probe metrics in figures (with their units)."""
+
+BOUNDED_METRICS = ("r2", "accuracy", "balanced_accuracy", "within_one", "spearman")
+"""Metrics that cannot exceed 1, so a bar above 1 is one no layer can clear."""
 
 
 @dataclass(frozen=True)
@@ -49,8 +65,9 @@ class SweepRead:
         column: its ``summary.csv`` column, holding the first layer that clears the bar
             (:data:`~nopelens.probes.linear.NOT_RECOVERED`, -1, when none does; empty when the
             model has no probe rows for the read, e.g. no ``hook_attn_scores``).
-        header: the column's header in ``summary.md`` and the printed summary.
-        panel: the title of its panel in ``probes.png``.
+        name: what is read, short (``abs. index``, ``rel. dist. pairs``): with the metric it
+            makes the per-layer table's column (:attr:`label`) and the summary header (:attr:`header`).
+        panel: what is read, for the title of its panel in ``probes.png`` (the metric is added).
         target: the probe target (the ``target`` column of ``probes.csv``), a key of :data:`TARGETS`.
         task: ``classification`` or ``regression``.
         metric: the probe metric (``accuracy``, ``r2``, ``spearman``, ``mad``, ...).
@@ -60,10 +77,11 @@ class SweepRead:
         threshold: the bar: the CI lower bound must reach it (for ``mad``, lower is better: the
             upper bound must stay at or below it).
         split: the probe split (``grouped``: GroupKFold over sequences).
+        short: a shorter ``name`` for the per-layer tables' columns (default: ``name``).
     """
 
     column: str
-    header: str
+    name: str
     panel: str
     target: str
     task: str
@@ -71,6 +89,27 @@ class SweepRead:
     features: str
     threshold: float = 0.9
     split: str = "grouped"
+    short: str = ""
+
+    @property
+    def higher_is_better(self) -> bool:
+        return HIGHER_IS_BETTER[self.metric]
+
+    @property
+    def label(self) -> str:
+        """The read (short) and its metric (``pairs R²``): its column in the per-layer tables."""
+        return f"{self.short or self.name} {METRIC_NAMES.get(self.metric, self.metric)}"
+
+    @property
+    def header(self) -> str:
+        """The summary header: the read, its metric and its bar (``abs. index R² ≥ 0.9``)."""
+        sign = "≥" if self.higher_is_better else "≤"
+        return f"{self.name} {METRIC_NAMES.get(self.metric, self.metric)} {sign} {self.threshold:g}"
+
+    @property
+    def title(self) -> str:
+        """The title of its ``probes.png`` panel: what is read, then the metric."""
+        return f"{self.panel}: {METRIC_NAMES.get(self.metric, self.metric).replace('acc', 'accuracy', 1)}"
 
     def rows(self, probes: pd.DataFrame) -> pd.DataFrame:
         """The linear-probe rows of ``probes`` this read looks at, one per model, seed and layer.
@@ -87,6 +126,10 @@ class SweepRead:
                       & (probes["target"] == self.target) & (probes["task"] == self.task)
                       & (probes["metric"] == self.metric) & matches & probes["layer"].notna()]
 
+    def clears(self, rows: pd.DataFrame) -> pd.Series:
+        """Whether each of its probe rows clears the bar (:func:`~nopelens.probes.linear.clears_bar`)."""
+        return clears_bar(rows, self.metric, self.threshold)
+
     def first_layer(self, probes: pd.DataFrame) -> int | None:
         """The first layer at which this read clears its bar in ``probes`` (one model, one seed).
 
@@ -101,25 +144,126 @@ class SweepRead:
 
 
 SWEEP_READS: tuple[SweepRead, ...] = (
-    SweepRead("absolute_acc", "abs. index acc ≥ 0.9", "absolute index: accuracy",
-              "absolute_index", "classification", "accuracy", "token"),
-    SweepRead("absolute_r2", "abs. index R² ≥ 0.9", "absolute index: R²",
-              "absolute_index", "regression", "r2", "token"),
-    SweepRead("relative_pairs_r2", "rel. dist. pairs R² ≥ 0.9", "relative distance, pairs [h_i; h_j]: R²",
-              "relative_distance", "regression", "r2", "concat"),
-    SweepRead("relative_score_r2", "rel. dist. head scores R² ≥ 0.9",
-              "relative distance, head scores\n(content + position bias): R²",
-              "relative_distance", "regression", "r2", "score"),
-    SweepRead("relative_content_qk_r2", "rel. dist. content q·k R² ≥ 0.9",
-              "relative distance, content-only q·k\n(no position bias): R²",
-              "relative_distance", "regression", "r2", "bilinear_*"),
+    SweepRead("absolute_acc", "abs. index", "absolute index", "absolute_index", "classification", "accuracy", "token"),
+    SweepRead("absolute_r2", "abs. index", "absolute index", "absolute_index", "regression", "r2", "token"),
+    SweepRead("relative_pairs_r2", "rel. dist. pairs", "relative distance, pairs [h_i; h_j]",
+              "relative_distance", "regression", "r2", "concat", short="pairs"),
+    SweepRead("relative_score_r2", "rel. dist. head scores", "relative distance, head scores\n(content + position bias)",
+              "relative_distance", "regression", "r2", "score", short="head scores"),
+    SweepRead("relative_content_qk_r2", "rel. dist. content q·k", "relative distance, content-only q·k\n(no position bias)",
+              "relative_distance", "regression", "r2", "bilinear_*", short="content q·k"),
 )
 """The sweep's reads, in summary-column and figure-panel order."""
 
 
-def read_columns() -> tuple[str, ...]:
-    """The summary columns of :data:`SWEEP_READS` (each holds a first layer)."""
-    return tuple(read.column for read in SWEEP_READS)
+def read_columns(sweep_reads: Sequence[SweepRead] | None = None) -> tuple[str, ...]:
+    """The summary columns of ``sweep_reads`` (default :data:`SWEEP_READS`; each holds a first layer)."""
+    return tuple(read.column for read in (SWEEP_READS if sweep_reads is None else sweep_reads))
+
+
+def choose_reads(metric: str | None = None, threshold: float | str | None = None,
+                 sweep_reads: Sequence[SweepRead] | None = None) -> tuple[SweepRead, ...]:
+    """The sweep's reads with another metric or bar (``nopelens sweep --metric --threshold``).
+
+    Args:
+        metric: ``METRIC`` or a comma list of ``TASK=METRIC``. A bare metric replaces the metric
+            of every read whose task reports it (``spearman``: the regression reads;
+            ``within_one``: the classification read; ``mad``, which both report: the regression
+            reads; ``classification=mad`` names the other). A replaced read gets the column
+            ``<prefix>_<metric>`` (``absolute_spearman``), so a summary never holds a Spearman
+            layer under an R² name.
+        threshold: a bar for every read, or a comma list ``BAR`` / ``METRIC=BAR`` (``0.8,mad=2``:
+            MAD reads at 2 positions, the others at 0.8); default: each read's own, 0.9.
+        sweep_reads: the reads to change (default :data:`SWEEP_READS`).
+
+    Returns:
+        The reads, in order.
+
+    Raises:
+        ValueError: on a metric no task reports, a task that is not ``classification`` or
+            ``regression``, a MAD read without a MAD bar (MAD is in positions, not a fraction), a
+            bar that is not a finite number, above 1 for a metric that cannot exceed 1, or not
+            positive for MAD.
+
+    Example:
+        >>> [read.column for read in choose_reads("spearman")][:2]
+        ['absolute_acc', 'absolute_spearman']
+        >>> choose_reads(threshold=0.8)[1].header
+        'abs. index R² ≥ 0.8'
+        >>> choose_reads("mad", "mad=2")[1].header
+        'abs. index MAD ≤ 2'
+    """
+    chosen = list(SWEEP_READS if sweep_reads is None else sweep_reads)
+    if metric is not None:
+        by_task = _metric_by_task(metric)
+        taken = {read.column for read in chosen if read.task not in by_task}
+        renamed = []
+        for read in chosen:
+            new = by_task.get(read.task)
+            if new is None or new == read.metric:
+                renamed.append(read)
+                continue
+            prefix = read.column.rsplit("_", 1)[0]
+            column = f"{prefix}_{new}" if f"{prefix}_{new}" not in taken else f"{prefix}_{read.task}_{new}"
+            taken.add(column)
+            renamed.append(dataclasses.replace(read, metric=new, column=column))
+        chosen = renamed
+    default, by_metric = _bars(threshold)
+    if any(read.metric == "mad" for read in chosen) and "mad" not in by_metric and default is None:
+        raise ValueError("a MAD read needs its bar in positions: add --threshold mad=2 (within 2 positions on average)")
+    result = []
+    for read in chosen:
+        bar = by_metric.get(read.metric, default)
+        if bar is None:
+            result.append(read)
+            continue
+        if read.metric in BOUNDED_METRICS and bar > 1:
+            raise ValueError(f"--threshold {bar:g}: {read.metric} cannot exceed 1, so no layer could clear it "
+                             "(give a MAD bar alone as mad=BAR)")
+        if read.metric == "mad" and bar <= 0:
+            raise ValueError(f"--threshold {bar:g}: a MAD bar must be positive (positions)")
+        result.append(dataclasses.replace(read, threshold=float(bar)))
+    return tuple(result)
+
+
+def _bars(threshold: float | str | None) -> tuple[float | None, dict[str, float]]:
+    """``"0.8,mad=2"`` -> (0.8, {mad: 2}); a number -> (it, {})."""
+    if threshold is None:
+        return None, {}
+    default, by_metric = None, {}
+    for part in (str(threshold).split(",") if isinstance(threshold, str) else [threshold]):
+        name, _, text = str(part).strip().rpartition("=")
+        try:
+            bar = float(text)
+        except ValueError:
+            raise ValueError(f"--threshold takes BAR or METRIC=BAR (e.g. 0.8 or mad=2), got {part!r}") from None
+        if not math.isfinite(bar):
+            raise ValueError(f"--threshold must be a finite number, got {part!r}")
+        if name and name not in HIGHER_IS_BETTER:
+            raise ValueError(f"--threshold {part!r}: unknown metric {name!r} (known: {', '.join(HIGHER_IS_BETTER)})")
+        if name:
+            by_metric[name] = bar
+        else:
+            default = bar
+    return default, by_metric
+
+
+def _metric_by_task(text: str) -> dict[str, str]:
+    """``"spearman"`` -> {regression: spearman}; ``"classification=mad,regression=r2"`` -> both."""
+    by_task: dict[str, str] = {}
+    for part in (p.strip() for p in text.split(",") if p.strip()):
+        task, _, metric = part.rpartition("=")
+        tasks = [task.strip()] if task else [t for t in ("regression", "classification") if part in metric_names(t)][:1]
+        if task and task.strip() not in ("regression", "classification"):
+            raise ValueError(f"--metric {text!r}: the task before '=' is regression or classification, got {task!r}")
+        metric = metric.strip()
+        if not tasks or metric not in metric_names(tasks[0]):
+            known = ", ".join(sorted(set(metric_names("regression")) | set(metric_names("classification"))))
+            raise ValueError(f"--metric {text!r}: unknown metric {metric!r} (known: {known})")
+        by_task[tasks[0]] = metric
+    if not by_task:
+        raise ValueError("--metric names no metric")
+    return by_task
 
 
 # ----------------------------------------------------------------------------- target functions
@@ -137,6 +281,8 @@ class SweepSites:
         scores: the ``hook_attn_scores`` sites that hold the scores behind the pattern and whose
             block sees every causal pair (:func:`readable_score_sites`; may be empty).
         patterns: every block's ``hook_pattern`` that fires.
+        outputs: every block's ``hook_attn_out`` where it fires, for the variance measurement
+            (collected whether or not ``inner`` probes it).
     """
 
     residual: list[str]
@@ -144,10 +290,12 @@ class SweepSites:
     qk: list[tuple[str, str]]
     scores: list[str]
     patterns: list[str]
+    outputs: list[str] = dataclasses.field(default_factory=list)
 
     def all(self) -> list[str]:
-        """Every site, in collection order."""
-        return self.residual + self.inner + [s for pair in self.qk for s in pair] + self.patterns + self.scores
+        """Every site, in collection order, each once."""
+        sites = self.residual + self.inner + [s for pair in self.qk for s in pair] + self.patterns + self.scores
+        return list(dict.fromkeys(sites + self.outputs))
 
 
 @dataclass(frozen=True)
@@ -160,6 +308,8 @@ class ProbeInput:
         seq_len: tokens per evaluation sequence (the batch's width, padding included).
         n_sequences: evaluation sequences.
         n_splits, n_boot, seed: GroupKFold folds, bootstrap replicates and seed of every probe.
+        progress: show a bar over the sites as they are fitted.
+        label: what the bars name first (the model: workers share one log).
     """
 
     acts: Activations
@@ -169,30 +319,45 @@ class ProbeInput:
     n_splits: int
     n_boot: int
     seed: int
+    progress: bool = False
+    label: str = ""
 
     @property
     def common(self) -> dict:
         """The keyword arguments every probe call shares."""
         return dict(n_splits=self.n_splits, n_boot=self.n_boot, seed=self.seed)
 
+    def each(self, items: Sequence, what: str):
+        """``items``, behind a progress bar (``probing <what>``) when :attr:`progress` is set."""
+        desc = f"{self.label}: probing {what}" if self.label else f"probing {what}"
+        return progress_bar(items, desc=desc, unit="site", leave=False, disable=not self.progress)
+
 
 def absolute_index(inp: ProbeInput) -> pd.DataFrame:
     """Absolute index at every residual layer and block output, as classes and as a value, with
     controls, plus an extrapolation probe (fit on positions < L/2, score on >= L/2; half the batch
-    width, since synthetic tasks take their lengths from training, not from ``seq_len``)."""
-    return probe_absolute_index(inp.acts, sites=inp.sites.residual + inp.sites.inner,
-                                extrapolate_from=inp.seq_len // 2, **inp.common)
+    width, since synthetic tasks take their lengths from training, not from ``seq_len``).
+
+    Each site is its own probe (its rows depend on its activations and the seed only), so the
+    sites are fitted one call each, behind the progress bar."""
+    sites = inp.sites.residual + inp.sites.inner
+    return pd.concat([probe_absolute_index(inp.acts, sites=[site], extrapolate_from=inp.seq_len // 2, **inp.common)
+                      for site in inp.each(sites, "absolute index")], ignore_index=True)
 
 
 def relative_distance(inp: ProbeInput) -> pd.DataFrame:
     """Relative distance i - j over distance-balanced pairs: pair features [h_i; h_j] at residual
-    layers, the score read of each block's ``hook_attn_scores`` and the content-only q.k read."""
-    qk = inp.sites.qk  # empty for a model hooked without the bridge (no q or k to read)
-    return probe_relative_distance(
-        inp.acts, sites=inp.sites.residual, feature_kinds=("concat",), attention=qk, scores=inp.sites.scores,
-        bilinear=bilinear_mode(inp.acts, qk[0][0]) if qk else "outer", tasks=("regression",),
-        pairs_per_distance=min(64, inp.n_sequences), **inp.common,
-    )
+    layers, the score read of each block's ``hook_attn_scores`` and the content-only q.k read.
+
+    The pairs are a function of the seed and the batch, so each site, q/k pair and score site is
+    fitted in a call of its own (behind the progress bar) on the same pairs."""
+    mode = bilinear_mode(inp.acts, inp.sites.qk[0][0]) if inp.sites.qk else "outer"  # no q/k: no bilinear read
+    jobs = ([dict(sites=[site], feature_kinds=("concat",)) for site in inp.sites.residual]
+            + [dict(sites=[], feature_kinds=(), attention=[pair]) for pair in inp.sites.qk]
+            + [dict(sites=[], feature_kinds=(), scores=[site]) for site in inp.sites.scores])
+    return pd.concat([probe_relative_distance(inp.acts, bilinear=mode, tasks=("regression",),
+                                              pairs_per_distance=min(64, inp.n_sequences), **job, **inp.common)
+                      for job in inp.each(jobs, "relative distance")], ignore_index=True)
 
 
 def readable_score_sites(sites: list[str], windows: dict, length: int) -> tuple[list[str], str | None]:

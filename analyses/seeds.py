@@ -39,13 +39,14 @@ def agreed_layer(layers: pd.Series) -> int:
     return NOT_RECOVERED if (layers == NOT_RECOVERED).any() else int(layers.max())
 
 
-def over_seeds(per_seed: pd.DataFrame) -> pd.DataFrame:
+def over_seeds(per_seed: pd.DataFrame, sweep_reads=None) -> pd.DataFrame:
     """One summary row per model from per-seed summary rows.
 
     Args:
         per_seed: rows of :func:`~nopelens.analyses.sweep.summarize_per_seed` (``model``,
-            ``train_seed``, the first-layer columns of :data:`~nopelens.analyses.reads.SWEEP_READS`,
-            numbers).
+            ``train_seed``, the first-layer columns of ``sweep_reads`` (default
+            :data:`~nopelens.analyses.reads.SWEEP_READS`), numbers).
+        sweep_reads: the reads whose columns hold first layers.
 
     Returns:
         Per model: ``n_seeds``; each first-layer column as the layer all seeds agree on
@@ -53,7 +54,7 @@ def over_seeds(per_seed: pd.DataFrame) -> pd.DataFrame:
         other number as the mean over seeds plus ``<column>_seed_sd`` (sample standard deviation
         across seeds; NaN for a model measured once; ``best_absolute_layer`` is a mean too).
     """
-    first_layers = [column for column in reads.read_columns() if column in per_seed.columns]
+    first_layers = [column for column in reads.read_columns(sweep_reads) if column in per_seed.columns]
     numbers = [c for c in per_seed.columns if c not in ("model", "train_seed", *first_layers)]
     rows = []
     for model, group in per_seed.groupby("model", sort=False):

@@ -177,6 +177,33 @@ def has_training_seed(spec: str) -> bool:
     return True
 
 
+def planned_work(spec: str, n_sequences: int, seq_len: int, train_seed: int = 0, quick_steps: int | None = None):
+    """What measuring ``spec`` will take, before it runs, for the sweep's ETA
+    (:class:`~nopelens.analyses.eta.TaskWork`): a zoo model trains first when it is not cached
+    (always with ``quick_steps``); every other spec only loads or builds. The layer count of a
+    checkpoint or HF directory is not read ahead: taken as 4.
+    """
+    from nopelens.models import zoo
+
+    from .eta import MEASURE_OVERHEAD_TOKENS, TaskWork
+
+    n_layers, steps, train_work = 4, 0, 0.0
+    if spec == "circuit":
+        n_layers = 2
+    elif not (spec in CONTROL_SPECS or spec.startswith((CONSTANT_PREFIX, HF_PREFIX)) or "/" in spec
+              or Path(spec).exists()):
+        recipe = zoo.recipe(spec, train_seed)
+        config = recipe.config
+        n_layers = config.n_layers
+        if quick_steps is not None or not zoo.is_cached(spec, seed=train_seed):
+            steps = recipe.steps if quick_steps is None else quick_steps
+            batch = recipe.train_kwargs.get("batch_size", 64) if quick_steps is None else QUICK_BATCH
+            tokens = batch * (recipe.train_kwargs.get("max_len", 16) + 1)
+            parameters = config.n_layers * 12 * config.d_model ** 2 + 2 * config.d_vocab * config.d_model
+            train_work = float(steps) * tokens * parameters
+    return TaskWork(steps, train_work, float((n_layers + 1) * (n_sequences * seq_len + MEASURE_OVERHEAD_TOKENS)))
+
+
 def check_spec(spec: str) -> None:
     """Fail fast, before any work, on a spec that names nothing.
 

@@ -45,8 +45,10 @@ from __future__ import annotations
 import dataclasses
 import platform
 import sys
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Sequence
 
 import numpy as np
 import pandas as pd
@@ -57,18 +59,24 @@ import nopelens
 from nopelens.models.hooks import act_name, act_names
 from nopelens.models.progress import progress_bar
 from nopelens.models.threads import one_thread
-from nopelens.probes import collect, mad_chance, resid_sites
+from nopelens.probes import collect, resid_sites
 from nopelens.probes.collect import site_block
 from nopelens.probes.sinks import GU_WINDOW, attention_variance, sink_table, variance_slopes
 
-from . import parallel, reads, report, runs, seeds
+from . import layers, parallel, reads, report, runs, seeds
+from .eta import SweepETA
 from .intervene import SWEEP_SEQUENCES, sink_ablation_drop
 from .reads import ProbeInput, SweepSites
-from .subjects import CONTROL_SPECS, Subject, check_spec, has_training_seed, qk_sites, resolve
+from .subjects import CONTROL_SPECS, Subject, check_spec, has_training_seed, planned_work, qk_sites, resolve
 
 DEFAULT_MODELS = {"text": ("text-nope-4l", "text-rope-4l", "text-hybrid-4l"), "copy": ("copy-nope-3l", "copy-rope-3l")}
 
 TABLES = ("probes", "sinks", "variance", "sink_ablation")
+
+SITE_KINDS = ("resid", "attn_out", "resid_mid", "mlp_out")
+"""What ``--sites`` may name: ``resid`` (every residual layer 0 .. n_layers, where every read's
+curve lives) and each block's finer sites, in the order a block computes them."""
+DEFAULT_SITES = ("resid", "attn_out", "mlp_out")
 
 
 @dataclass(frozen=True)
@@ -87,6 +95,9 @@ class SweepSettings:
         train_seeds: training seeds; each zoo model (and the untrained control's weights) is
             measured once per seed. Models that no seed changes (circuit, checkpoints, HF
             directories) are measured once.
+        sites: where absolute index is probed (:data:`SITE_KINDS`): ``resid`` (required) and any
+            of the finer sites ``attn_out``, ``resid_mid``, ``mlp_out`` of every block. Relative
+            distance is read on the residual stream and every block's attention either way.
     """
 
     models: tuple[str, ...]
@@ -97,9 +108,14 @@ class SweepSettings:
     seed: int = 0
     quick_steps: int | None = None
     train_seeds: tuple[int, ...] = (0,)
+    sites: tuple[str, ...] = DEFAULT_SITES
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "train_seeds", tuple(self.train_seeds))
+        object.__setattr__(self, "sites", tuple(sorted(set(self.sites), key=_site_order)))
+        if "resid" not in self.sites:
+            raise ValueError(f"--sites must include resid (every read's layer curve is on the residual stream), "
+                             f"got {','.join(self.sites) or 'nothing'}")
         if not self.train_seeds or len(set(self.train_seeds)) < len(self.train_seeds):
             raise ValueError(f"--seeds must list distinct training seeds, got {list(self.train_seeds)}")
         if min(self.train_seeds) < 0:
@@ -124,10 +140,18 @@ class SweepSettings:
     RESUMABLE_CHANGES = ("train_seeds",)
     """Settings a run folder may change between runs: adding seeds measures just the new ones."""
 
+    def to_dict(self) -> dict:
+        """The settings as the run folder's stamp holds them. ``sites`` is written only when it is
+        not :data:`DEFAULT_SITES`, so folders made before ``--sites`` existed keep their digest."""
+        settings = dataclasses.asdict(self)
+        if self.sites == DEFAULT_SITES:
+            del settings["sites"]
+        return settings
+
     def digest(self) -> str:
         """Hash of what each (model, seed) measurement depends on (the run folder's stamp,
         :func:`~nopelens.analyses.runs.claim`); the list of training seeds is left out."""
-        return runs.settings_digest(dataclasses.asdict(self), ignore=self.RESUMABLE_CHANGES)
+        return runs.settings_digest(self.to_dict(), ignore=self.RESUMABLE_CHANGES)
 
     def tasks(self) -> list[tuple[str, int]]:
         """The (model spec, training seed) pairs a sweep measures, in table order."""
@@ -140,7 +164,9 @@ class SweepResult:
     """The tidy tables of a sweep.
 
     ``summary`` has one row per model (means over training seeds when there are several, see
-    :func:`~nopelens.analyses.seeds.over_seeds`); ``summary_per_seed`` one row per model and seed.
+    :func:`~nopelens.analyses.seeds.over_seeds`); ``summary_per_seed`` one row per model and seed;
+    ``curves`` the main curves per layer (:func:`~nopelens.analyses.layers.layer_curves`);
+    ``reads`` the reads the summary and curves report (``--metric``, ``--threshold``).
     """
 
     probes: pd.DataFrame
@@ -151,15 +177,26 @@ class SweepResult:
     subjects: dict[str, dict] = field(default_factory=dict)
     summary_per_seed: pd.DataFrame | None = None
     sink_ablation: pd.DataFrame = field(default_factory=pd.DataFrame)
+    curves: pd.DataFrame | None = None
+    reads: tuple[reads.SweepRead, ...] | None = None
 
 
 # ----------------------------------------------------------------------------- one subject
 
 
-def sweep_sites(subject: Subject) -> SweepSites:
-    """The sites the sweep collects of ``subject`` (those it has and that fire)."""
+def _site_order(kind: str) -> int:
+    if kind not in SITE_KINDS:
+        raise ValueError(f"unknown site kind {kind!r} for --sites; choose from {', '.join(SITE_KINDS)}")
+    return SITE_KINDS.index(kind)
+
+
+def sweep_sites(subject: Subject, kinds: tuple[str, ...] = DEFAULT_SITES) -> SweepSites:
+    """The sites the sweep collects of ``subject`` (those it has and that fire); ``kinds`` as
+    :attr:`SweepSettings.sites`."""
     layers = subject.n_layers
-    blocks = [(act_name("attn_out", l), act_name("mlp_out", l)) for l in range(layers)]
+    finer = [kind for kind in kinds if kind != "resid"]
+    inner = [act_name(kind, l) for l in range(layers) for kind in finer]
+    outputs = [site for site in act_names("attn_out", layers) if subject.usable(site)]
     # a hybrid's linear-attention layers have no q, k or pattern, nor has a model hooked without the bridge
     qk = [pair for pair in (qk_sites(subject, l) for l in range(layers)) if all(subject.usable(s) for s in pair)]
     sparse = subject.sparse_blocks()
@@ -170,8 +207,8 @@ def sweep_sites(subject: Subject) -> SweepSites:
         not_applicable = "; ".join(filter(None, [not_applicable, _sparse_note(sparse)]))
     if not_applicable is not None:
         subject.info.setdefault("not_applicable", {})["score read"] = not_applicable
-    return SweepSites(residual=resid_sites(layers), inner=[site for pair in blocks for site in pair if subject.usable(site)],
-                      qk=qk, scores=scores, patterns=pattern_sites(subject))
+    return SweepSites(residual=resid_sites(layers), inner=[site for site in inner if subject.usable(site)],
+                      outputs=outputs, qk=qk, scores=scores, patterns=pattern_sites(subject))
 
 
 def pattern_sites(subject: Subject) -> list[str]:
@@ -186,15 +223,17 @@ def _sparse_note(sparse: dict[int, str]) -> str:
     return "; ".join(f"blocks {blocks}: {why}" for why, blocks in by_reason.items())
 
 
-def analyse_subject(subject: Subject, settings: SweepSettings) -> dict[str, pd.DataFrame]:
+def analyse_subject(subject: Subject, settings: SweepSettings, progress: bool = False) -> dict[str, pd.DataFrame]:
     """Probe, sink and variance tables of one subject (see the module docstring); the probe rows
-    are those of the targets :data:`~nopelens.analyses.reads.SWEEP_READS` names."""
+    are those of the targets :data:`~nopelens.analyses.reads.SWEEP_READS` names (``progress``:
+    bars over the sites as they are fitted)."""
     layers = subject.n_layers
-    sites = sweep_sites(subject)
+    sites = sweep_sites(subject, settings.sites)
     acts = collect(subject.model, subject.tokens, sites.all(), attention_mask=subject.attention_mask, batch_size=32)
     probes = reads.measure_targets(ProbeInput(acts, sites, seq_len=subject.tokens.shape[1],
                                               n_sequences=settings.n_sequences, n_splits=settings.n_splits,
-                                              n_boot=settings.n_boot, seed=settings.seed))
+                                              n_boot=settings.n_boot, seed=settings.seed, progress=progress,
+                                              label=subject.name))
     probes.insert(0, "model", subject.name)
 
     sinks = sink_conditions(subject, acts)
@@ -286,28 +325,31 @@ def measure_sinks(subject: Subject) -> pd.DataFrame:
 # ----------------------------------------------------------------------------- summary
 
 
-def summarize(probes: pd.DataFrame, sinks: pd.DataFrame, variance: pd.DataFrame) -> pd.DataFrame:
+def summarize(probes: pd.DataFrame, sinks: pd.DataFrame, variance: pd.DataFrame,
+              sweep_reads: Sequence[reads.SweepRead] | None = None) -> pd.DataFrame:
     """One row per model; with several training seeds, the mean over seeds (see
     :func:`summarize_per_seed` for the columns and :func:`~nopelens.analyses.seeds.over_seeds`)."""
-    per_seed = summarize_per_seed(probes, sinks, variance)
+    per_seed = summarize_per_seed(probes, sinks, variance, sweep_reads)
     if per_seed.groupby("model")["train_seed"].nunique().max() > 1:
-        return seeds.over_seeds(per_seed)
+        return seeds.over_seeds(per_seed, sweep_reads)
     return per_seed.drop(columns="train_seed")
 
 
-def summarize_per_seed(probes: pd.DataFrame, sinks: pd.DataFrame, variance: pd.DataFrame) -> pd.DataFrame:
+def summarize_per_seed(probes: pd.DataFrame, sinks: pd.DataFrame, variance: pd.DataFrame,
+                       sweep_reads: Sequence[reads.SweepRead] | None = None) -> pd.DataFrame:
     """:func:`summarize_seed` for each training seed, with a ``train_seed`` column (0 for tables
     that have none), rows in model order."""
     probes, sinks, variance = (seeds.with_train_seed(table) for table in (probes, sinks, variance))
-    frames = [summarize_seed(table, sinks[sinks["train_seed"] == seed], variance[variance["train_seed"] == seed])
-              .assign(train_seed=seed) for seed, table in probes.groupby("train_seed")]
+    frames = [summarize_seed(table, sinks[sinks["train_seed"] == seed], variance[variance["train_seed"] == seed],
+                             sweep_reads).assign(train_seed=seed) for seed, table in probes.groupby("train_seed")]
     order = {model: i for i, model in enumerate(probes["model"].unique())}
     rows = pd.concat(frames, ignore_index=True)
     return rows.sort_values(["model", "train_seed"], key=lambda c: c.map(order) if c.name == "model" else c,
                             kind="stable").reset_index(drop=True)
 
 
-def summarize_seed(probes: pd.DataFrame, sinks: pd.DataFrame, variance: pd.DataFrame) -> pd.DataFrame:
+def summarize_seed(probes: pd.DataFrame, sinks: pd.DataFrame, variance: pd.DataFrame,
+                   sweep_reads: Sequence[reads.SweepRead] | None = None) -> pd.DataFrame:
     """One row per model of one training seed: the first layer at which each target is recovered,
     and key numbers.
 
@@ -320,8 +362,10 @@ def summarize_seed(probes: pd.DataFrame, sinks: pd.DataFrame, variance: pd.DataF
     ``mad_chance_layer0`` and ``mad_chance_best`` (regression MAD over its chance value E|X - Y|
     for X, Y drawn from the scored positions, at the embeddings and at the best residual layer;
     Haviv et al. 2022),
-    ``sink_rate`` (Gu et al., as read), ``variance_slope_block0``.
+    ``sink_rate`` (Gu et al., as read), ``variance_slope_block0``. ``sweep_reads`` replaces the
+    reads (``--metric``, ``--threshold``; default :data:`~nopelens.analyses.reads.SWEEP_READS`).
     """
+    chosen = reads.SWEEP_READS if sweep_reads is None else sweep_reads
     rows = []
     for model, table in probes.groupby("model", sort=False):
         linear = table[(table["probe"] == "linear") & (table["split"] == "grouped") & table["layer"].notna()]
@@ -329,13 +373,13 @@ def summarize_seed(probes: pd.DataFrame, sinks: pd.DataFrame, variance: pd.DataF
         absolute = residual[residual["target"] == "absolute_index"]
         best = absolute[(absolute["metric"] == "r2")].sort_values("value").iloc[-1]
         mad = absolute[(absolute["metric"] == "mad") & (absolute["task"] == "regression")].set_index("layer")
-        chance = _mad_chance(mad)
+        chance = layers.chance_of_mad(mad)
         model_sinks = sinks[sinks["model"] == model]
         as_read = model_sinks[model_sinks["condition"] == model_sinks["condition"].iloc[0]] if len(model_sinks) \
             else model_sinks  # no sink read (every block DSA past index_topk): sink_rate NaN
         rows.append(dict(
             model=model,
-            **{read.column: read.first_layer(table) for read in reads.SWEEP_READS},
+            **{read.column: read.first_layer(table) for read in chosen},
             best_absolute_r2=float(best["value"]),
             best_absolute_layer=int(best["layer"]),
             selectivity_at_best=float(best["selectivity"]),
@@ -355,19 +399,12 @@ def _first_block_slope(variance: pd.DataFrame) -> float:
     return float(variance[variance["block"] == variance["block"].min()]["slope"].iloc[0])
 
 
-def _mad_chance(mad: pd.DataFrame) -> pd.Series:
-    """Each MAD row's chance value: E|X - Y| over its scored positions (``chance`` column), or, for
-    tables written before that column existed, the uniform value at the mean sequence length."""
-    if "chance" in mad and mad["chance"].notna().all():
-        return mad["chance"]
-    return pd.Series(mad_chance(int(round(mad["n_samples"].iloc[0] / mad["n_sequences"].iloc[0]))), index=mad.index)
-
-
 # ----------------------------------------------------------------------------- the run folder
 
 
 def sweep(settings: SweepSettings, out_dir: str | Path | None = None, progress: bool = True, jobs: int = 1,
-          scheduler: str | None = None, svg: bool = False, security: str | Path | None = None) -> SweepResult:
+          scheduler: str | None = None, svg: bool = False, security: str | Path | None = None,
+          sweep_reads: Sequence[reads.SweepRead] | None = None, name: str = "sweep") -> SweepResult:
     """Run the sweep; with ``out_dir``, write (and resume) a run folder.
 
     Args:
@@ -380,6 +417,10 @@ def sweep(settings: SweepSettings, out_dir: str | Path | None = None, progress: 
         svg: also save the figures as SVG (PNG always).
         security: YAML file of distributed's TLS settings for a ``tls://`` scheduler (see
             :func:`~nopelens.analyses.parallel.dask_security`).
+        sweep_reads: the reads the summary, the per-layer curves and the figure report (default
+            :data:`~nopelens.analyses.reads.SWEEP_READS`; :func:`~nopelens.analyses.reads.choose_reads`
+            makes others). They only read what was measured, so a run folder resumes with any.
+        name: the command, for the progress bar and ``summary.md`` (``sweep`` or ``probe``).
 
     Raises:
         ValueError: if ``out_dir`` holds a sweep made with other settings or another analysis's
@@ -398,7 +439,7 @@ def sweep(settings: SweepSettings, out_dir: str | Path | None = None, progress: 
         )
     out = Path(out_dir) if out_dir is not None else None
     if out is not None:
-        runs.claim(out, "sweep", dataclasses.asdict(settings), ignore=settings.RESUMABLE_CHANGES)
+        runs.claim(out, "sweep", settings.to_dict(), ignore=settings.RESUMABLE_CHANGES)
     tasks = settings.tasks()
     done: dict[tuple[str, int], tuple[dict, dict]] = {}
     for task in tasks:
@@ -410,12 +451,21 @@ def sweep(settings: SweepSettings, out_dir: str | Path | None = None, progress: 
             done[task] = {name: _as_measured(name, seeds.with_train_seed(table, task[1]))
                           for name, table in tables.items()}, meta
     todo = [task for task in tasks if task not in done]
-    bar = progress_bar(total=len(tasks), initial=len(done), desc="nopelens sweep", unit="model", disable=not progress)
+    eta = SweepETA({task: planned_work(task[0], settings.n_sequences, settings.seq_len, task[1], settings.quick_steps)
+                    for task in todo}, jobs=1 if scheduler is None and jobs <= 1 else max(1, jobs))
+    bar = progress_bar(total=len(tasks), initial=len(done), desc=f"nopelens {name}", unit="model",
+                       bar_format="{desc}: {n_fmt}/{total_fmt} models [{elapsed}{postfix}]", disable=not progress)
+    bar.set_postfix_str(eta.describe())
+    clock = [time.perf_counter()]
 
     def keep(task: tuple[str, int], measured: tuple[dict, dict]) -> None:
         if out is not None:
             runs.write_part(runs.part_dir(out, *task), *measured)
         done[task] = measured
+        seconds = measured[1].get("seconds", {})
+        eta.finished(task, seconds.get("load", 0.0), seconds.get("measure", 0.0))
+        clock[0] = time.perf_counter()
+        bar.set_postfix_str(eta.describe(), refresh=False)
         bar.update()
 
     # local workers write their training progress as timed lines; Dask workers log elsewhere
@@ -424,15 +474,17 @@ def sweep(settings: SweepSettings, out_dir: str | Path | None = None, progress: 
                        security)
     bar.close()
     parts = [done[task][0] for task in tasks]
-    probes, sinks, variance, ablation = (pd.concat([part[name] for part in parts], ignore_index=True)
-                                         for name in TABLES)
-    per_seed = summarize_per_seed(probes, sinks, variance)
+    probes, sinks, variance, ablation = (pd.concat([part[table] for part in parts], ignore_index=True)
+                                         for table in TABLES)
+    chosen = tuple(reads.SWEEP_READS if sweep_reads is None else sweep_reads)
+    per_seed = summarize_per_seed(probes, sinks, variance, chosen)
     subjects = {_label(*task): done[task][1] for task in tasks}
-    result = SweepResult(probes, sinks, variance, summarize(probes, sinks, variance), out, subjects,
-                         summary_per_seed=per_seed, sink_ablation=ablation)
+    result = SweepResult(probes, sinks, variance, summarize(probes, sinks, variance, chosen), out, subjects,
+                         summary_per_seed=per_seed, sink_ablation=ablation,
+                         curves=layers.layer_curves(probes, sinks, chosen), reads=chosen)
     if out is not None:
         report.write_run(result, settings, command=" ".join(["nopelens", *sys.argv[1:]]), versions=versions(), svg=svg,
-                         ablation_sequences=SWEEP_SEQUENCES)
+                         ablation_sequences=SWEEP_SEQUENCES, name=name)
     return result
 
 
@@ -456,14 +508,19 @@ def measure(spec: str, train_seed: int, settings: SweepSettings, progress: bool 
 
 def _measure(spec: str, train_seed: int, settings: SweepSettings, progress: bool) -> tuple[dict, dict]:
     tqdm.write(f"nopelens: {_label(spec, train_seed)}: loading", file=sys.stderr)
+    start = time.perf_counter()
     subject = resolve(spec, settings.n_sequences, settings.seq_len, settings.seed, progress, settings.quick_steps,
                       train_seed=train_seed)
+    loaded = time.perf_counter()
     tqdm.write(f"nopelens: {_label(subject.name, train_seed)}: probing {subject.n_layers + 1} layers", file=sys.stderr)
     with torch.no_grad():
-        tables = analyse_subject(subject, settings)
+        tables = analyse_subject(subject, settings, progress)
     tables = {name: table.assign(train_seed=train_seed) for name, table in tables.items()}
+    seconds = {"load": loaded - start, "measure": time.perf_counter() - loaded}
+    tqdm.write(f"nopelens: {_label(subject.name, train_seed)}: measured in {seconds['measure']:.0f} s", file=sys.stderr)
     meta = dict(name=subject.name, kind=subject.kind, position=subject.position, n_layers=subject.n_layers,
-                has_bos=subject.has_bos, train_lengths=subject.train_lengths, train_seed=train_seed, **subject.info)
+                has_bos=subject.has_bos, train_lengths=subject.train_lengths, train_seed=train_seed, **subject.info,
+                seconds=seconds)
     return tables, meta
 
 

@@ -23,6 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 from .progress import progress_bar
+from .threads import limited_threads
 
 from .checkpoint import (
     METADATA_FILE,
@@ -152,6 +153,7 @@ def train(
     progress: bool = True,
     callback: Callable[[int, float, Decoder], None] | None = None,
     extra_metadata: dict[str, Any] | None = None,
+    threads: int = 1,
 ) -> TrainedModel:
     """Train a :class:`Decoder` on ``task``.
 
@@ -180,6 +182,10 @@ def train(
         callback: called as ``callback(step, loss, model)`` after each step (step counts from 1);
             it may raise (e.g. KeyboardInterrupt) to stop the run, which resumes from its last checkpoint.
         extra_metadata: JSON-ready entries added to the metadata (e.g. a zoo name).
+        threads: torch and BLAS threads while training and evaluating (default 1). The weights
+            depend on it (reductions split differently), so it is part of the recipe: a
+            checkpoint made with another count is not resumed. (Written into the metadata's
+            recipe only when it is not 1, so checkpoints from before it existed still resume.)
 
     Returns:
         A :class:`TrainedModel`; ``metadata`` holds the recipe, ``final_losses`` (``train``: mean
@@ -218,8 +224,17 @@ def train(
             steps=steps,
             seed=seed,
             training=hyper,
+            **({} if threads == 1 else {"threads": threads}),
         )
     )
+    with limited_threads(threads):
+        return _train(config, task, steps, recipe, batch_size, min_len, max_len, lr, weight_decay, warmup_steps,
+                      min_lr_ratio, grad_clip, seed, checkpoint_dir, checkpoint_every, out_dir, progress, callback,
+                      extra_metadata)
+
+
+def _train(config, task, steps, recipe, batch_size, min_len, max_len, lr, weight_decay, warmup_steps, min_lr_ratio,
+           grad_clip, seed, checkpoint_dir, checkpoint_every, out_dir, progress, callback, extra_metadata) -> TrainedModel:
 
     model = Decoder(config, seed=seed)
     optimizer = torch.optim.AdamW(_param_groups(model, weight_decay), lr=lr, betas=(0.9, 0.95))
@@ -273,7 +288,7 @@ def train(
     tail = max(1, steps // 10)
     final_losses = {
         "train": float(curve["loss"].tail(tail).mean()),
-        "validation": validation_loss(model, task, min_len, max_len, seed=seed),
+        "validation": validation_loss(model, task, min_len, max_len, seed=seed, progress=progress),
     }
     meta = dict(
         recipe,
@@ -332,10 +347,12 @@ def _resume(path: Path, recipe: dict, model: Decoder, optimizer, progress: bool)
 
 
 @torch.no_grad()
-def _scored(model: Decoder, batch: Batch, chunk: int = 256) -> tuple[Tensor, Tensor, Tensor]:
+def _scored(model: Decoder, batch: Batch, chunk: int = 256, progress: bool = False,
+            desc: str = "evaluating") -> tuple[Tensor, Tensor, Tensor]:
     """Per-row (all scored predictions right, number right, summed nats) over ``batch``."""
     exact, right, nats = [], [], []
-    for start in range(0, len(batch), chunk):
+    starts = range(0, len(batch), chunk)
+    for start in progress_bar(starts, desc=desc, unit="batch", leave=False, disable=not progress or len(starts) < 2):
         tokens = batch.tokens[start : start + chunk].to(model.device)
         mask = batch.loss_mask[start : start + chunk].to(model.device)
         targets = batch.targets[start : start + chunk].to(model.device)
@@ -355,6 +372,7 @@ def validation_loss(
     max_len: int,
     seed: int = 0,
     n: int = 512,
+    progress: bool = False,
 ) -> float:
     """Mean cross-entropy in nats per scored token on held-out data.
 
@@ -362,7 +380,7 @@ def validation_loss(
     in non-overlapping windows of ``max_len`` bytes (each window starts from BOS). For synthetic
     tasks it is ``n`` fresh sequences from a random stream training never uses.
     Divide by ln 2 for bits per token (per byte for text; times
-    ``task.bytes_per_character()`` for bits per character).
+    ``task.bytes_per_character()`` for bits per character). ``progress``: a bar over the batches.
     """
     model = model.model if isinstance(model, TrainedModel) else model
     was_training = model.training
@@ -371,7 +389,7 @@ def validation_loss(
         batch = task.windows(max_len, split="validation")
     else:
         batch = task.sample(n, min_len, max_len, stream_seed(seed, VALIDATION_STREAM, 0))
-    _, _, nats = _scored(model, batch)
+    _, _, nats = _scored(model, batch, progress=progress, desc="validation loss")
     model.train(was_training)
     return float(nats.sum() / batch.loss_mask.sum())
 
@@ -382,6 +400,7 @@ def evaluate_exact_match(
     lengths: list[int] | range | None = None,
     n: int = 256,
     seed: int = 0,
+    progress: bool = False,
 ) -> pd.DataFrame:
     """Exact match by length bin: the share of sequences whose every scored prediction is right.
 
@@ -394,6 +413,7 @@ def evaluate_exact_match(
             its training lengths (in-distribution, then up to twice the longest).
         n: sequences per length.
         seed: evaluation seed (a stream training never uses).
+        progress: a bar over the lengths.
 
     Returns:
         Tidy DataFrame, one row per length: ``task``, ``length``, ``n``, ``exact_match``,
@@ -415,7 +435,8 @@ def evaluate_exact_match(
     was_training = model.training
     model.eval()
     rows = []
-    for length in lengths:
+    for length in progress_bar(list(lengths), desc="exact match by length", unit="length", leave=False,
+                               disable=not progress):
         batch = task.sample(n, length, length, stream_seed(seed, EVAL_STREAM, int(length)))
         exact, right, nats = _scored(model, batch)
         scored = batch.loss_mask.sum()

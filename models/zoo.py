@@ -43,6 +43,9 @@ class Recipe:
         train_kwargs: keyword arguments of :func:`~nopelens.models.training.train`
             (``batch_size``, ``min_len``, ``max_len``, ``lr``, ...).
         seed: model initialization and data seed.
+        threads: torch and BLAS threads it trains on (the weights depend on it; see
+            :func:`~nopelens.models.training.train`). In the recipe's JSON only when it is not 1,
+            so recipes from before it existed keep their digests and cache folders.
     """
 
     name: str
@@ -53,6 +56,7 @@ class Recipe:
     task_kwargs: dict[str, Any] = field(default_factory=dict)
     train_kwargs: dict[str, Any] = field(default_factory=dict)
     seed: int = 0
+    threads: int = 1
 
     def make_task(self) -> Task:
         return make_task(self.task, **self.task_kwargs)
@@ -66,6 +70,7 @@ class Recipe:
             steps=self.steps,
             train_kwargs=self.train_kwargs,
             seed=self.seed,
+            **({} if self.threads == 1 else {"threads": self.threads}),
         )
 
     @property
@@ -84,6 +89,7 @@ class Recipe:
             checkpoint_dir=checkpoint_dir,
             progress=progress,
             extra_metadata={"zoo_name": self.name, "zoo_recipe": self.digest},
+            threads=self.threads,
             **self.train_kwargs,
         )
 

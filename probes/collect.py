@@ -248,18 +248,40 @@ def _run_batch(
     """One forward pass with temporary hooks on ``sites``; returns site -> detached CPU float32 tensor
     and records each site's original dtype name in ``dtypes``."""
     captured: dict[str, Tensor] = {}
+
+    def keep(site: str, value: Tensor) -> None:
+        if dtypes is not None:
+            dtypes[site] = str(value.dtype).removeprefix("torch.")
+        captured[site] = value.to("cpu", torch.float32)
+
+    forward_with_hooks(model, hook_points, sites, tokens, mask, keep)
+    return captured
+
+
+def forward_with_hooks(model, hook_points: dict, sites: Sequence[str], tokens: Tensor, mask: Tensor | None,
+                       on_value) -> None:
+    """One forward pass that hands each site's detached output to ``on_value(site, value)`` as it is
+    computed (inside the hook, so a caller can reduce it at once and keep nothing of it).
+
+    Hooks go through ``HookPoint.add_hook`` and exactly those handles are removed afterwards, also
+    when the forward raises; the pass stops after the last site unless the model says
+    ``sites_may_repeat`` (module docstring). Runs under ``torch.no_grad``.
+
+    Raises:
+        ValueError: if a site fires twice, or some site is never reached.
+    """
+    seen: set[str] = set()
     needed = set(sites)
     stop_early = not getattr(model, "sites_may_repeat", False)
 
     def make_hook(site: str):
         def hook(value, hook):  # TransformerLens applies a bridge's layout conversion first
-            if site in captured:
+            if site in seen:
                 raise ValueError(f"site {site!r} fired twice in one forward pass; a site must name one call")
+            seen.add(site)
             value = value[0] if isinstance(value, tuple) else value
-            if dtypes is not None:
-                dtypes[site] = str(value.dtype).removeprefix("torch.")
-            captured[site] = value.detach().to("cpu", torch.float32)
-            if stop_early and needed.issubset(captured):
+            on_value(site, value.detach())
+            if stop_early and needed.issubset(seen):
                 raise _StopForward
 
         return hook
@@ -275,14 +297,30 @@ def _run_batch(
             handle.hook.remove()
             if handle in point.fwd_hooks:
                 point.fwd_hooks.remove(handle)
-    missing = needed.difference(captured)
+    missing = needed.difference(seen)
     if missing:
         raise ValueError(f"sites {sorted(missing)} exist but were never reached by the forward pass")
-    return captured
 
 
 def _real_rows(value: Tensor, real: Tensor, site: str, start: int) -> np.ndarray:
     """``[batch, pos, ...]`` -> ``[n_real, ...]`` numpy, checked finite."""
+    return real_values(value, real, site, start).numpy()
+
+
+def real_values(value: Tensor, real: Tensor, site: str, start: int) -> Tensor:
+    """The rows of real tokens, ``[batch, pos, ...]`` -> ``[n_real, ...]`` (sequence-major, on
+    ``value``'s device and in its dtype), checked finite.
+
+    Args:
+        value: a site's output.
+        real: bool ``[batch, pos]``, True at real tokens.
+        site: its name, for errors.
+        start: the batch's first sequence, for errors.
+
+    Raises:
+        ValueError: on a shape other than ``[batch, pos, ...]``, or a NaN/Inf (naming the site,
+            sequence and position).
+    """
     if value.ndim < 3 or tuple(value.shape[:2]) != tuple(real.shape):
         raise ValueError(
             f"site {site!r} gave shape {tuple(value.shape)}; collect needs [batch, pos, ...] "
@@ -290,7 +328,7 @@ def _real_rows(value: Tensor, real: Tensor, site: str, start: int) -> np.ndarray
         )
     rows = value[real.to(value.device)]
     _check_finite(rows.reshape(len(rows), -1), site, real, start)
-    return rows.numpy()
+    return rows
 
 
 def _store_patterns(store: list, value: Tensor, mask: Tensor, site: str, start: int) -> None:

@@ -154,17 +154,134 @@ class RoundoffScaler(TransformerMixin, BaseEstimator):
 # ----------------------------------------------------------------------------- block statistics
 
 
-@dataclass
-class _Blocks:
-    """Per-block statistics of one feature matrix (features shifted by one global constant)."""
+class BlockMoments:
+    """Additive sufficient statistics of one feature matrix and its targets, per block.
 
-    index: list[slice]  # rows of each block (X sorted by block)
-    count: torch.Tensor  # [B]
-    total: torch.Tensor  # [B, d] feature sums
-    gram: torch.Tensor  # [B, d, d]
-    high: torch.Tensor  # [B, d] raw max
-    low: torch.Tensor  # [B, d] raw min
-    members: list[list[int]]  # blocks of each fitting side
+    For each block ``b`` (a set of whole sequences, :func:`fold_blocks`) and the features shifted
+    by one constant vector ``shift`` (any value; it only keeps the sums precise, ideally near the
+    mean): the count, ``total = sum (x - shift)``, ``gram = sum (x - shift)(x - shift)^T``, the raw
+    per-feature extremes (before the shift: the round-off rule, :func:`signal_mask`, judges them),
+    and per target either ``sum y``, ``sum y^2`` and ``sum (x - shift) y`` (values, for ridge) or
+    per class the count and ``sum (x - shift)`` (class labels, for LDA). Every fitting side's
+    standardization, ridge normal equations, inner-CV errors and pooled LDA covariance are sums of
+    these (module docstring), so statistics of batches, or of shards measured on different
+    machines, add (:meth:`merge`), and :func:`fit_folds` is the same statistics filled at once.
+
+    Attributes:
+        shift: ``[d]``.
+        count ``[B]``, total ``[B, d]``, gram ``[B, d, d]``, high ``[B, d]``, low ``[B, d]``.
+        ysum, yy ``[B, t]`` and xty ``[B, d, t]`` for ``t`` value targets.
+        classes: per class target, its class values (sorted); class_sums ``[B, C, d]`` and
+            class_counts ``[B, C]`` per class target.
+    """
+
+    def __init__(self, n_blocks: int, shift: torch.Tensor, n_values: int = 0, classes: Sequence[np.ndarray] = ()):
+        d, dtype, device = shift.shape[0], shift.dtype, shift.device
+        zeros = lambda *shape: torch.zeros(*shape, dtype=dtype, device=device)  # noqa: E731
+        self.shift = shift
+        self.count, self.total, self.gram = zeros(n_blocks), zeros(n_blocks, d), zeros(n_blocks, d, d)
+        self.high = torch.full((n_blocks, d), -torch.inf, dtype=dtype, device=device)
+        self.low = torch.full((n_blocks, d), torch.inf, dtype=dtype, device=device)
+        self.ysum, self.yy, self.xty = zeros(n_blocks, n_values), zeros(n_blocks, n_values), zeros(n_blocks, d, n_values)
+        self.classes = [np.asarray(c) for c in classes]
+        self.class_sums = [zeros(n_blocks, len(c), d) for c in self.classes]
+        self.class_counts = [zeros(n_blocks, len(c)) for c in self.classes]
+
+    @property
+    def n_blocks(self) -> int:
+        return len(self.count)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes held by the statistics."""
+        tensors = [self.total, self.gram, self.high, self.low, self.ysum, self.yy, self.xty, *self.class_sums]
+        return sum(t.element_size() * t.nelement() for t in tensors)
+
+    def add(self, block: int, Xs: torch.Tensor, raw, values: torch.Tensor | None = None,
+            labels: Sequence[torch.Tensor] = ()) -> None:
+        """Add rows to ``block``.
+
+        Args:
+            block: block number.
+            Xs: ``[n, d]`` features minus ``shift``, in the statistics' dtype and device.
+            raw: the same rows before the shift (numpy or torch, any float dtype), for the extremes.
+            values: ``[n, t]`` value targets (statistics' dtype and device).
+            labels: per class target, int64 ``[n]`` indices into its ``classes``.
+        """
+        self.count[block] += len(Xs)
+        self.total[block] += Xs.sum(0)
+        self.gram[block] += _gram(Xs)
+        high, low = raw.max(0), raw.min(0)
+        if isinstance(raw, torch.Tensor):
+            high, low = high.values, low.values
+        for target, extreme, pick in ((self.high, high, torch.maximum), (self.low, low, torch.minimum)):
+            extreme = torch.as_tensor(np.asarray(extreme) if not isinstance(extreme, torch.Tensor) else extreme)
+            target[block] = pick(target[block], extreme.to(Xs.device, Xs.dtype))
+        if values is not None and values.shape[1]:
+            self.xty[block] += _cross(Xs, values)
+            self.ysum[block] += values.sum(0)
+            self.yy[block] += (values**2).sum(0)
+        for sums, counts, label, classes in zip(self.class_sums, self.class_counts, labels, self.classes):
+            sums[block].index_add_(0, label, Xs)
+            counts[block] += torch.bincount(label, minlength=len(classes)).to(Xs.dtype)
+
+    def merge(self, other: "BlockMoments") -> "BlockMoments":
+        """Add ``other`` (same blocks and targets, any shift) into these statistics, in place."""
+        if other.gram.shape != self.gram.shape or len(other.classes) != len(self.classes) \
+                or other.xty.shape != self.xty.shape:
+            raise ValueError("statistics of different blocks, features or targets cannot be merged")
+        other = other.reshifted(self.shift)
+        for name in ("count", "total", "gram", "ysum", "yy", "xty"):
+            getattr(self, name).add_(getattr(other, name).to(self.shift.device))
+        self.high = torch.maximum(self.high, other.high.to(self.shift.device))
+        self.low = torch.minimum(self.low, other.low.to(self.shift.device))
+        for mine, theirs in zip(self.class_sums + self.class_counts, other.class_sums + other.class_counts):
+            mine.add_(theirs.to(self.shift.device))
+        return self
+
+    def reshifted(self, shift: torch.Tensor) -> "BlockMoments":
+        """The same statistics about another ``shift`` (self when it is the same): with
+        a = old - new shift, x - new = (x - old) + a, so total += n a, gram += total a^T + a total^T
+        + n a a^T, xty += a ysum^T, class sums += counts a."""
+        shift = shift.to(self.shift.device, self.shift.dtype)
+        if torch.equal(shift, self.shift):
+            return self
+        a = self.shift - shift
+        out = BlockMoments(0, shift)
+        n = self.count[:, None]
+        out.count, out.ysum, out.yy, out.high, out.low = self.count, self.ysum, self.yy, self.high, self.low
+        out.total = self.total + n * a
+        out.gram = (self.gram + self.total[:, :, None] * a[None, None, :] + a[None, :, None] * self.total[:, None, :]
+                    + n[:, :, None] * torch.outer(a, a))
+        out.xty = self.xty + a[None, :, None] * self.ysum[:, None, :]
+        out.classes = self.classes
+        out.class_sums = [s + c[:, :, None] * a for s, c in zip(self.class_sums, self.class_counts)]
+        out.class_counts = self.class_counts
+        return out
+
+    def group(self, blocks: Sequence[Sequence[int]], values: Sequence[int] | None = None,
+              classes: Sequence[int] | None = None) -> "BlockMoments":
+        """Statistics of unions of blocks (``blocks[g]``: the blocks of new block ``g``), keeping the
+        value targets ``values`` and the class targets ``classes`` (default: all)."""
+        values = range(self.xty.shape[2]) if values is None else list(values)
+        classes = range(len(self.classes)) if classes is None else list(classes)
+        out = BlockMoments(0, self.shift)
+        cols = torch.as_tensor(list(values), dtype=torch.long, device=self.shift.device)
+        parts = [torch.as_tensor(list(b), dtype=torch.long, device=self.shift.device) for b in blocks]
+
+        def combine(array, how="sum"):
+            if how == "sum":
+                return torch.stack([array[p].sum(0) for p in parts])
+            return torch.stack([getattr(array[p], how)(0).values for p in parts])
+
+        out.count, out.total, out.gram = combine(self.count), combine(self.total), combine(self.gram)
+        out.high, out.low = combine(self.high, "max"), combine(self.low, "min")
+        out.ysum, out.yy = combine(self.ysum[:, cols]), combine(self.yy[:, cols])
+        out.xty = combine(self.xty[:, :, cols])
+        out.classes = [self.classes[c] for c in classes]
+        out.class_sums = [combine(self.class_sums[c]) for c in classes]
+        out.class_counts = [combine(self.class_counts[c]) for c in classes]
+        return out
 
 
 def _as_tensor(X, device, dtype) -> torch.Tensor:
@@ -215,27 +332,6 @@ def fold_blocks(splits: Sequence[tuple[np.ndarray, np.ndarray]], groups: np.ndar
     return blocks, members
 
 
-def _block_stats(X: torch.Tensor, raw, bounds, members) -> _Blocks:
-    """Statistics of the blocks ``X[bounds[b]:bounds[b + 1]]`` (X sorted by block, shifted);
-    ``raw`` is the same rows unshifted (numpy or torch) for the per-feature extremes."""
-    d, dtype, B = X.shape[1], X.dtype, len(bounds) - 1
-    count = torch.tensor(np.diff(bounds), dtype=dtype, device=X.device)
-    total = torch.zeros(B, d, dtype=dtype, device=X.device)
-    gram = torch.zeros(B, d, d, dtype=dtype, device=X.device)
-    high = torch.zeros(B, d, dtype=dtype, device=X.device)
-    low = torch.zeros(B, d, dtype=dtype, device=X.device)
-    index = [slice(int(a), int(b)) for a, b in zip(bounds[:-1], bounds[1:])]
-    for b, rows in enumerate(index):
-        Xb = X[rows]
-        total[b], gram[b] = Xb.sum(0), _gram(Xb)
-        extremes = (raw[rows].max(0), raw[rows].min(0))
-        if isinstance(raw, torch.Tensor):
-            extremes = (extremes[0].values, extremes[1].values)
-        high[b], low[b] = (torch.as_tensor(np.asarray(e) if not isinstance(e, torch.Tensor) else e).to(X.device, dtype)
-                           for e in extremes)
-    return _Blocks(index, count, total, gram, high, low, members)
-
-
 # ----------------------------------------------------------------------------- fold engine
 
 
@@ -248,6 +344,49 @@ class FoldFit:
     alphas: list[np.ndarray]  # per target [n_folds] chosen ridge penalty (empty for LDA; NaN: no feature kept)
     at_edge: list[bool]  # per target: some fold chose the smallest or largest penalty
     n_signal: np.ndarray  # [n_folds] features above round-off on each fitting side
+
+    @classmethod
+    def assemble(cls, splits, models: Sequence["RidgeFold | LDAFold"], predictions: Sequence[Sequence[np.ndarray]],
+                 alphas: np.ndarray) -> "FoldFit":
+        """From each fold's model and its predictions of its scoring side (``predictions[k][t]``)."""
+        n_targets = len(predictions[0]) if len(predictions) else 0
+        chosen = [np.asarray([m.alpha[t] for m in models if m.alpha is not None]) for t in range(n_targets)]
+        at_edge = [bool(len(c) and ((c == alphas[0]) | (c == alphas[-1])).any()) for c in chosen]
+        return cls(np.concatenate([np.asarray(score) for _, score in splits]),
+                   [np.concatenate([p[t] for p in predictions]) for t in range(n_targets)], chosen, at_edge,
+                   np.asarray([m.n_signal for m in models]))
+
+
+@dataclass
+class RidgeFold:
+    """One fold's ridge fit: ``prediction = (x - shift) @ weights + offset`` for every target."""
+
+    weights: torch.Tensor  # [d, t] on the shifted (unscaled) features
+    offset: torch.Tensor  # [t]
+    alpha: np.ndarray  # [t] chosen penalty (NaN: no feature kept)
+    n_signal: int
+
+    def predict(self, Xs: torch.Tensor) -> list[np.ndarray]:
+        """Predictions ``[n]`` of each target for shifted features ``Xs`` ``[n, d]``."""
+        pred = Xs @ self.weights + self.offset
+        return [p.cpu().numpy() for p in pred.T]
+
+
+@dataclass
+class LDAFold:
+    """One fold's pooled LDA: standardize the kept features, then the largest decision per target."""
+
+    keep: torch.Tensor  # bool [d]
+    mean: torch.Tensor  # [d_kept] fitting-side mean of the shifted features
+    inv_sd: torch.Tensor  # [d_kept]
+    rules: list[tuple[torch.Tensor, torch.Tensor, np.ndarray]]  # per target (coef [C, d_kept], intercept [C], classes [C])
+    n_signal: int
+    alpha = None
+
+    def predict(self, Xs: torch.Tensor) -> list[np.ndarray]:
+        """Predicted class ``[n]`` of each target for shifted features ``Xs`` ``[n, d]``."""
+        Z = (Xs[:, self.keep] - self.mean) * self.inv_sd
+        return [classes[(Z @ coef.T + intercept).argmax(1).cpu().numpy()] for coef, intercept, classes in self.rules]
 
 
 def fit_folds(
@@ -266,7 +405,8 @@ def fit_folds(
 
     ``regression``: ``StandardScaler`` + ridge, penalty by grouped inner CV over ``alphas``
     (module docstring). ``classification``: ``StandardScaler`` + :class:`PooledLDA`. Features at
-    round-off resolution are zeroed on each fitting side (:class:`RoundoffScaler`).
+    round-off resolution are zeroed on each fitting side (:class:`RoundoffScaler`). This is
+    :class:`BlockMoments` filled with every block at once, then :func:`fold_models`.
 
     Args:
         X: features ``[n, d]`` (numpy or torch).
@@ -288,12 +428,9 @@ def fit_folds(
         ValueError: on bad splits (empty side, not grouped), fewer than 2 classes on a fitting
             side, an unknown task, or float32 algebra on CPU.
     """
-    if task not in ("regression", "classification"):
-        raise ValueError(f"task must be 'classification' or 'regression', got {task!r}")
+    _check_task(task)
     dtype = (X.dtype if dtype is None else dtype)
-    compute_dtype = compute_dtype or torch.float64
-    if torch.device(device).type == "cpu" and compute_dtype != torch.float64:
-        raise ValueError(f"probe algebra runs in float64 on CPU; {compute_dtype} is only for accelerators")
+    compute_dtype = check_compute_dtype(device, compute_dtype)
     alphas = np.asarray(sorted(alphas), dtype=np.float64)
     for fit, score in splits:
         if len(fit) == 0 or len(score) == 0:
@@ -307,29 +444,83 @@ def fit_folds(
     where[order] = np.arange(len(order))
     raw = X[torch.as_tensor(order)] if isinstance(X, torch.Tensor) else np.asarray(X)[order]
     Xs = _as_tensor(raw, device, compute_dtype)
-    Xs -= Xs.mean(0)  # a global shift changes nothing mathematically and keeps Gram sums precise
+    shift = Xs.mean(0)  # a global shift changes nothing mathematically and keeps Gram sums precise
+    Xs -= shift
     bounds = np.concatenate([[0], np.cumsum([len(b) for b in blocks])])
-    stats = _block_stats(Xs, raw, bounds, members)
-    fold = _Ridge if task == "regression" else _LDA
-    engine = fold(Xs, [np.asarray(t)[order] for t in targets], stats, dtype, alphas, shrinkage)
-    index, preds, chosen, n_signal = [], [[] for _ in targets], [[] for _ in targets], []
-    for k, (_, score) in enumerate(splits):
-        out, alpha, kept = engine.fold(k, _slice_if_contiguous(where[np.asarray(score)]))
-        index.append(np.asarray(score))
-        n_signal.append(kept)
-        for t in range(len(targets)):
-            preds[t].append(out[t])
-            if alpha is not None:
-                chosen[t].append(alpha[t])
-    chosen = [np.asarray(c) for c in chosen]
-    at_edge = [bool(len(c) and ((c == alphas[0]) | (c == alphas[-1])).any()) for c in chosen]
-    return FoldFit(np.concatenate(index), [np.concatenate(p) for p in preds], chosen, at_edge, np.asarray(n_signal))
+    index = [slice(int(a), int(b)) for a, b in zip(bounds[:-1], bounds[1:])]
+    ordered = [np.asarray(t)[order] for t in targets]
+    moments, values, labels = target_moments(len(blocks), shift, task, ordered)
+    for b, rows in enumerate(index):
+        moments.add(b, Xs[rows], raw[rows], None if values is None else values[rows], [label[rows] for label in labels])
+    models = fold_models(moments, members, task, dtype, alphas, shrinkage)
+    predictions = [model.predict(Xs[_rows(_slice_if_contiguous(where[np.asarray(score)]), Xs)])
+                   for model, (_, score) in zip(models, splits)]
+    return FoldFit.assemble(splits, models, predictions, alphas)
+
+
+def target_moments(n_blocks: int, shift: torch.Tensor, task: str, targets: Sequence[np.ndarray]):
+    """Empty :class:`BlockMoments` for ``targets`` (values for regression, classes for classification),
+    with the targets as the statistics take them: (moments, values ``[n, t]`` tensor or None, per
+    class target its int64 label tensor ``[n]``)."""
+    _check_task(task)
+    if task == "regression":
+        values = torch.as_tensor(np.stack(targets, 1), dtype=shift.dtype, device=shift.device)
+        return BlockMoments(n_blocks, shift, n_values=len(targets)), values, []
+    classes, labels = [], []
+    for y in targets:
+        values, label = np.unique(y, return_inverse=True)
+        classes.append(values)
+        labels.append(torch.as_tensor(label.reshape(-1), device=shift.device))
+    return BlockMoments(n_blocks, shift, classes=classes), None, labels
+
+
+def fold_models(moments: BlockMoments, members: Sequence[Sequence[int]], task: str, dtype,
+                alphas: Sequence[float] = ALPHAS, shrinkage: float = 1e-3) -> list["RidgeFold | LDAFold"]:
+    """Fit every fold from its blocks' statistics: fold ``k`` fits on blocks ``members[k]``.
+
+    Args:
+        moments: per-block statistics (value targets for ``regression``, class targets for
+            ``classification``).
+        members: the blocks of each fitting side (from :func:`fold_blocks`).
+        task: ``regression`` (ridge, penalty by grouped inner CV over the fitting side's blocks)
+            or ``classification`` (:class:`PooledLDA`).
+        dtype: dtype the activations were computed in (the round-off rule).
+        alphas: ridge penalty grid.
+        shrinkage: LDA shrinkage.
+
+    Returns:
+        One :class:`RidgeFold` or :class:`LDAFold` per fold.
+
+    Raises:
+        ValueError: on an unknown task, or fewer than 2 classes on a fitting side.
+    """
+    _check_task(task)
+    alphas = np.asarray(sorted(alphas), dtype=np.float64)
+    engine = _Ridge(moments, members, dtype, alphas) if task == "regression" else _LDA(moments, members, dtype, shrinkage)
+    return [engine.model(k) for k in range(len(members))]
+
+
+def check_compute_dtype(device, compute_dtype: torch.dtype | None) -> torch.dtype:
+    """float64 by default; float32 only on an accelerator.
+
+    Raises:
+        ValueError: for float32 algebra on CPU.
+    """
+    compute_dtype = compute_dtype or torch.float64
+    if torch.device(device).type == "cpu" and compute_dtype != torch.float64:
+        raise ValueError(f"probe algebra runs in float64 on CPU; {compute_dtype} is only for accelerators")
+    return compute_dtype
+
+
+def _check_task(task: str) -> None:
+    if task not in ("regression", "classification"):
+        raise ValueError(f"task must be 'classification' or 'regression', got {task!r}")
 
 
 class _Side:
     """Standardization of one fitting side (a set of blocks), StandardScaler semantics."""
 
-    def __init__(self, stats: _Blocks, blocks: list[int], dtype):
+    def __init__(self, stats: BlockMoments, blocks: list[int], dtype):
         sel = torch.as_tensor(blocks, device=stats.count.device)
         self.n = stats.count[sel].sum()
         self.total = stats.total[sel].sum(0)
@@ -348,20 +539,17 @@ class _Ridge:
     ``Pipeline(StandardScaler, Ridge)`` does), so the inner fit "all blocks but k and j" is the same
     for outer fold k (validating on j) and outer fold j (validating on k), and is factorized once."""
 
-    def __init__(self, X, targets, stats: _Blocks, dtype, alphas, shrinkage):
-        self.X, self.stats, self.dtype = X, stats, dtype
-        self.alphas = torch.as_tensor(alphas, dtype=X.dtype, device=X.device)
-        Y = torch.as_tensor(np.stack(targets, 1), dtype=X.dtype, device=X.device)
-        self.n_targets = Y.shape[1]
-        self.xty = torch.stack([_cross(X[_rows(i, X)], Y[_rows(i, X)]) for i in stats.index])
-        self.ysum = torch.stack([Y[_rows(i, X)].sum(0) for i in stats.index])
-        self.yy = torch.stack([(Y[_rows(i, X)] ** 2).sum(0) for i in stats.index])
+    def __init__(self, stats: BlockMoments, members, dtype, alphas):
+        self.stats, self.members, self.dtype = stats, [list(m) for m in members], dtype
+        self.alphas = torch.as_tensor(alphas, dtype=stats.gram.dtype, device=stats.gram.device)
+        self.n_targets = stats.xty.shape[2]
+        self.xty, self.ysum, self.yy = stats.xty, stats.ysum, stats.yy
         self._factors: dict[frozenset, tuple] = {}
 
     def _side(self, blocks):
         """Own standardization and normal equations of a fitting set of blocks."""
         side = _Side(self.stats, blocks, self.dtype)
-        sel = torch.as_tensor(blocks, device=self.X.device)
+        sel = torch.as_tensor(blocks, device=self.stats.gram.device)
         ybar = self.ysum[sel].sum(0) / side.n
         keep, D = side.keep, side.inv_sd[side.keep]
         scatter = _sub(side.gram - side.n * torch.outer(side.mean, side.mean), keep)
@@ -400,7 +588,7 @@ class _Ridge:
     def solve(self, k: int):
         """Fit fitting side ``k`` (penalty by inner CV over its blocks): (side, target means [t],
         weights [d_kept, t] on standardized features, alphas [t])."""
-        inner = self.stats.members[k]
+        inner = self.members[k]
         mse = sum(self._validation_mse([b for b in inner if b != j], j) for j in inner)
         alpha = self.alphas[torch.argmin(mse, dim=0)]  # first minimum: the smallest penalty on ties
         side, ybar, C, b = self._side(inner)
@@ -413,12 +601,11 @@ class _Ridge:
             W[:, columns] = torch.linalg.solve(C + value * eye, b[:, columns])
         return side, ybar, W, alpha
 
-    def fold(self, k: int, score: np.ndarray):
+    def model(self, k: int) -> RidgeFold:
         side, ybar, W, alpha = self.solve(k)
-        weights = torch.zeros(self.X.shape[1], W.shape[1], dtype=W.dtype, device=W.device)
+        weights = torch.zeros(self.stats.gram.shape[1], W.shape[1], dtype=W.dtype, device=W.device)
         weights[side.keep] = side.inv_sd[side.keep][:, None] * W  # on the unscaled (shifted) features
-        pred = self.X[_rows(score, self.X)] @ weights + (ybar - side.mean @ weights)
-        return [p.cpu().numpy() for p in pred.T], alpha.cpu().numpy(), int(side.keep.sum())
+        return RidgeFold(weights, ybar - side.mean @ weights, alpha.cpu().numpy(), int(side.keep.sum()))
 
 
 def _gram(X: torch.Tensor) -> torch.Tensor:
@@ -451,30 +638,17 @@ def _slice_if_contiguous(rows: np.ndarray):
 
 
 class _LDA:
-    def __init__(self, X, targets, stats: _Blocks, dtype, alphas, shrinkage):
-        self.X, self.stats, self.dtype, self.shrinkage = X, stats, dtype, shrinkage
-        self.targets = []
-        for y in targets:
-            classes, label = np.unique(y, return_inverse=True)
-            label = torch.as_tensor(label.reshape(-1), device=X.device)
-            sums = torch.zeros(len(stats.index), len(classes), X.shape[1], dtype=X.dtype, device=X.device)
-            counts = torch.zeros(len(stats.index), len(classes), dtype=X.dtype, device=X.device)
-            for b, index in enumerate(stats.index):
-                i = _rows(index, X)
-                sums[b].index_add_(0, label[i], X[i])
-                counts[b] = torch.bincount(label[i], minlength=len(classes)).to(X.dtype)
-            self.targets.append((classes, sums, counts))
+    def __init__(self, stats: BlockMoments, members, dtype, shrinkage):
+        self.stats, self.members, self.dtype, self.shrinkage = stats, [list(m) for m in members], dtype, shrinkage
 
-    def fold(self, k: int, score: np.ndarray):
-        blocks = self.stats.members[k]
+    def model(self, k: int) -> LDAFold:
+        blocks = self.members[k]
         side = _Side(self.stats, blocks, self.dtype)
         keep, D = side.keep, side.inv_sd[side.keep]
-        d_total = self.X.shape[1]
-        sel = torch.as_tensor(blocks, device=self.X.device)
-        Xk = self.X[_rows(score, self.X)][:, keep]
-        Z = (Xk - side.mean[keep]) * D
-        out = []
-        for classes, sums, counts in self.targets:
+        d_total = self.stats.gram.shape[1]
+        sel = torch.as_tensor(blocks, device=self.stats.gram.device)
+        rules = []
+        for classes, sums, counts in zip(self.stats.classes, self.stats.class_sums, self.stats.class_counts):
             count = counts[sel].sum(0)
             present = count > 0
             if int(present.sum()) < 2:
@@ -489,9 +663,8 @@ class _LDA:
             mz = (means[:, keep] - side.mean[keep]) * D
             coef = torch.linalg.solve(cov, mz.T).T if len(D) else mz
             intercept = -0.5 * (mz * coef).sum(1) + torch.log(count / side.n)
-            decision = Z @ coef.T + intercept
-            out.append(classes[present.cpu().numpy()][decision.argmax(1).cpu().numpy()])
-        return out, None, int(keep.sum())
+            rules.append((coef, intercept, classes[present.cpu().numpy()]))
+        return LDAFold(keep, side.mean[keep], D, rules, int(keep.sum()))
 
 
 class GroupedRidgeCV(RegressorMixin, BaseEstimator):
@@ -530,10 +703,13 @@ class GroupedRidgeCV(RegressorMixin, BaseEstimator):
         raw = X[order]
         Xt = torch.as_tensor(raw)
         shift = Xt.mean(0)
+        Xs = Xt - shift
         bounds = np.concatenate([[0], np.cumsum([len(b) for b in blocks])])
-        stats = _block_stats(Xt - shift, raw, bounds, [list(range(len(blocks)))])
+        moments, values, _ = target_moments(len(blocks), shift, "regression", [y[order]])
+        for b, (start, stop) in enumerate(zip(bounds[:-1], bounds[1:])):
+            moments.add(b, Xs[start:stop], raw[start:stop], values[start:stop])
         alphas = np.asarray(sorted(self.alphas), dtype=np.float64)
-        side, ybar, W, alpha = _Ridge(Xt - shift, [y[order]], stats, "float64", alphas, 0.0).solve(0)
+        side, ybar, W, alpha = _Ridge(moments, [list(range(len(blocks)))], "float64", alphas).solve(0)
         coef = torch.zeros(X.shape[1], dtype=torch.float64)
         coef[side.keep] = side.inv_sd[side.keep] * W[:, 0]
         self.coef_ = coef.numpy()

@@ -311,19 +311,51 @@ def probe_features(
     if controls and token_types is None:
         raise ValueError("controls need token_types (token ids of the samples)")
     splits = sequence_splits(groups, n_splits) if splits is None else splits
-    metrics = metric_names(task)
     if not np.issubdtype(X.dtype, np.floating):
         X = X.astype(np.float64)
     dtype = str(X.dtype) if dtype is None else _coarser(str(dtype), str(X.dtype))
+    labels = probe_labels(y, token_types, controls, seed)
+    fitted = _fit_all(X, labels, groups, splits, task, classifier, seed, dtype, device)
+    return score_probes(fitted, labels, groups, splits, task, token_types, controls, n_boot, seed)
 
+
+def probe_labels(y: np.ndarray, token_types: np.ndarray | None, controls: bool = True, seed: int = 0) -> dict[str, np.ndarray]:
+    """The targets a site's probes fit: probe name -> ``[n]`` labels.
+
+    ``linear``: ``y``; with ``controls``, ``control`` (Hewitt & Liang's control task,
+    :func:`~nopelens.probes.targets.control_labels`; absent when every sample has the same token
+    type) and ``shuffled`` (:func:`~nopelens.probes.targets.shuffled_labels`). All are known before
+    any activation is read, so a streamed run fits them from the same statistics.
+    """
     labels = {"linear": y}
     if controls:
         types = np.asarray(token_types)
         if not (types == types[:1]).all():  # one token type: the control task is undefined
             labels["control"] = control_labels(token_types, y, seed=seed)
         labels["shuffled"] = shuffled_labels(y, seed=seed)
-    fitted = _fit_all(X, labels, groups, splits, task, classifier, seed, dtype, device)
+    return labels
 
+
+def fitted_probes(fit, labels: dict[str, np.ndarray]) -> dict:
+    """probe name -> (scored index, out-of-fold predictions, median chosen alpha, alpha at an edge),
+    from a :class:`~nopelens.probes.fitting.FoldFit` of ``labels`` (in their order)."""
+    return {name: (fit.index, fit.predictions[t], _median(fit.alphas[t]), fit.at_edge[t]) for t, name in enumerate(labels)}
+
+
+def score_probes(fitted: dict, labels: dict[str, np.ndarray], groups: np.ndarray, splits, task: str,
+                 token_types: np.ndarray | None, controls: bool = True, n_boot: int = 1000, seed: int = 0) -> pd.DataFrame:
+    """The tidy rows of :func:`probe_features` from out-of-fold predictions.
+
+    Scores every fitted probe with bootstrap CIs over sequences, adds the ``majority`` and
+    ``token_identity`` baselines (they read no features) and selectivity.
+
+    Args:
+        fitted: from :func:`fitted_probes` (or :func:`_fit_all`).
+        labels: from :func:`probe_labels`; ``labels["linear"]`` is the target.
+        groups, splits, task, token_types, controls, n_boot, seed: as :func:`probe_features`.
+    """
+    y = labels["linear"]
+    metrics = metric_names(task)
     runs = []
     for name, (index, pred, alpha, edge) in fitted.items():
         # controls are scored against their own labels (control task) or the true ones (others)
@@ -367,8 +399,7 @@ def _fit_all(X, labels: dict, groups, splits, task, classifier, seed, dtype, dev
     """probe name -> (scored index, out-of-fold predictions, median chosen alpha, alpha at an edge)."""
     if task == "regression" or classifier == "lda":
         fit = fit_folds(X, list(labels.values()), groups, splits, task, dtype=dtype, device=device)
-        return {name: (fit.index, fit.predictions[t], _median(fit.alphas[t]), fit.at_edge[t])
-                for t, name in enumerate(labels)}
+        return fitted_probes(fit, labels)
     probe = make_probe(task, classifier, seed=seed, dtype=dtype)
     return {name: (*out_of_fold_predictions(probe, X, target, splits, groups), np.nan, False)
             for name, target in labels.items()}
@@ -385,6 +416,7 @@ def probe_absolute_index(
     n_boot: int = 1000,
     seed: int = 0,
     device: str = "cpu",
+    max_classes: int | None = None,
 ) -> pd.DataFrame:
     """Probe the absolute index (position id) at every site, as classes and as a value.
 
@@ -400,9 +432,12 @@ def probe_absolute_index(
         n_boot: bootstrap replicates.
         seed: seed of controls and bootstrap.
         device: torch device for the probe algebra (see :func:`probe_features`).
+        max_classes: classify at most this many classes: with more positions, classes are
+            position bins of equal width (:func:`position_classes`). None: every position its class.
 
     Returns:
-        Tidy DataFrame with :data:`RESULT_COLUMNS`, ``target == "absolute_index"``. Features are
+        Tidy DataFrame with :data:`RESULT_COLUMNS`, ``target == "absolute_index"`` (classification
+        over bins of width W: ``"absolute_index//W"``, see :func:`position_classes`). Features are
         judged against the round-off of the dtype the activations were computed in
         (:meth:`~nopelens.probes.collect.Activations.dtype`).
 
@@ -415,16 +450,47 @@ def probe_absolute_index(
     for site in sites:
         X = acts.features(site)
         for task in tasks:
-            frame = probe_features(X, acts.position, acts.sequence_id, task, acts.token, n_splits=n_splits,
+            y, target = position_classes(acts.position, max_classes) if task == "classification" else \
+                (acts.position, "absolute_index")
+            frame = probe_features(X, y, acts.sequence_id, task, acts.token, n_splits=n_splits,
                                    classifier=classifier, controls=controls, n_boot=n_boot, seed=seed,
                                    dtype=acts.dtype(site), device=device)
-            frames.append(_label(frame, site, "absolute_index", task, "token", "grouped"))
+            frames.append(_label(frame, site, target, task, "token", "grouped"))
         if extrapolate_from is not None:
             splits = extrapolation_splits(acts.sequence_id, acts.position, extrapolate_from, n_splits)
             frame = probe_features(X, acts.position, acts.sequence_id, "regression", acts.token, splits=splits,
                                    controls=False, n_boot=n_boot, seed=seed, dtype=acts.dtype(site), device=device)
             frames.append(_label(frame, site, "absolute_index", "regression", "token", "extrapolation"))
     return _tidy(frames)
+
+
+def position_classes(position: Int[np.ndarray, "n"], max_classes: int | None) -> tuple[np.ndarray, str]:
+    """Classes of an absolute-index classification, and the target name the table gives them.
+
+    With at most ``max_classes`` positions (or ``max_classes`` None), each position is its class
+    (``"absolute_index"``). Otherwise positions are cut into bins of equal width
+    W = ceil(n_positions / max_classes), class = position // W, and the target is named
+    ``"absolute_index//W"``: a probe then says which W-token stretch a token sits in, and its
+    ``mad`` and ``within_one`` rows count in bins (the regression rows keep positions).
+
+    Raises:
+        ValueError: if ``max_classes`` < 2.
+
+    Example:
+        >>> y, name = position_classes(np.arange(2048), 64)
+        >>> name, int(y.max()), y[:3].tolist(), y[-1].item()
+        ('absolute_index//32', 63, [0, 0, 0], 63)
+        >>> position_classes(np.arange(64), 64)[1]
+        'absolute_index'
+    """
+    position = np.asarray(position)
+    if max_classes is not None and (not isinstance(max_classes, (int, np.integer)) or max_classes < 2):
+        raise ValueError(f"max_classes must be an integer >= 2, got {max_classes!r}")
+    n_positions = int(position.max()) + 1
+    if max_classes is None or n_positions <= max_classes:
+        return position, "absolute_index"
+    width = -(-n_positions // max_classes)
+    return position // width, f"absolute_index//{width}"
 
 
 def probe_relative_distance(
@@ -443,6 +509,7 @@ def probe_relative_distance(
     n_boot: int = 1000,
     seed: int = 0,
     device: str = "cpu",
+    distances: Sequence[int] | None = None,
 ) -> pd.DataFrame:
     """Probe the relative distance i - j of distance-balanced token pairs (j <= i, same sequence).
 
@@ -472,7 +539,9 @@ def probe_relative_distance(
         scores: collected ``hook_attn_scores`` sites, e.g. ``["blocks.0.attn.hook_attn_scores"]``.
         bilinear: ``outer`` or ``elementwise``.
         tasks, n_splits, classifier, controls, n_boot, seed, device: as :func:`probe_absolute_index`.
-        max_distance, pairs_per_distance: as :func:`~nopelens.probes.targets.sample_distance_pairs`.
+        max_distance, pairs_per_distance, distances: as
+            :func:`~nopelens.probes.targets.sample_distance_pairs` (at long context, pass
+            :func:`~nopelens.probes.targets.spread_distances` rather than every distance).
 
     Returns:
         Tidy DataFrame with :data:`RESULT_COLUMNS`, ``target == "relative_distance"``; the
@@ -482,7 +551,7 @@ def probe_relative_distance(
         KeyError: for a site that was not collected.
         ValueError: as :func:`probe_features` and :func:`~nopelens.probes.targets.score_features`.
     """
-    pairs = sample_distance_pairs(acts.sequence_id, acts.position, max_distance, pairs_per_distance, seed)
+    pairs = sample_distance_pairs(acts.sequence_id, acts.position, max_distance, pairs_per_distance, seed, distances)
     pair_tokens = np.stack([acts.token[pairs.query], acts.token[pairs.key]], axis=1)
     if sites is None:
         sites = [site for site, array in acts.acts.items() if array.ndim == 2]
@@ -564,10 +633,16 @@ def first_recoverable_layer(
         kinds = rows[column].unique()
         if len(kinds) > 1:
             raise ValueError(f"several {column} values {sorted(kinds)} match {target!r}/{metric!r}; pass {argument}=")
-    higher = HIGHER_IS_BETTER[metric]
-    clears = rows["ci_low"] >= threshold if higher else rows["ci_high"] <= threshold
-    layers = rows.loc[clears, "layer"]
+    layers = rows.loc[clears_bar(rows, metric, threshold), "layer"]
     return int(layers.min()) if len(layers) else NOT_RECOVERED
+
+
+def clears_bar(rows: pd.DataFrame, metric: str, threshold: float) -> pd.Series:
+    """Whether each result row clears ``threshold``: ``ci_low >= threshold`` for higher-is-better
+    metrics, ``ci_high <= threshold`` for ``mad`` (the rule of :func:`first_recoverable_layer`)."""
+    if HIGHER_IS_BETTER[metric]:
+        return rows["ci_low"] >= threshold
+    return rows["ci_high"] <= threshold
 
 
 def _coarser(a: str, b: str) -> str:

@@ -263,11 +263,18 @@ def _spearman(y, pred, group_index, weights, chunk: int = 64) -> np.ndarray:
     mean rank is (N + 1) / 2 whatever the weights (N their total), so the centered sums need only
     sum(w a b), sum(w a^2) and sum(w b^2). With integer weights every term is a multiple of 1/4,
     so the sums are exact below 2^51 and a constant variable gives a variance of exactly 0.
+
+    Predictions within :data:`PREDICTION_TIES` of their largest magnitude are tied: float round-off
+    is not signal. A linear probe gives identical feature rows (a BOS token, a repeated token's
+    embedding, the pairs of a position-only circuit) predictions that differ in the last bit,
+    depending on where each row sits in a matrix product; ranked as distinct, that noise would move
+    rho by up to 1e-4, and differently for the same probe fitted in memory or streamed.
     """
     order = np.argsort(pred, kind="stable")
     n_groups = weights.shape[1]
     y_ranks = _TieRanks(y[order], group_index[order], n_groups)
-    pred_ranks = _TieRanks(pred[order], group_index[order], n_groups)
+    scale = float(np.abs(pred).max()) if len(pred) else 0.0
+    pred_ranks = _TieRanks(pred[order], group_index[order], n_groups, tolerance=PREDICTION_TIES * scale)
     sample_group = group_index[order]
     out = np.empty(len(weights))
     for start in range(0, len(weights), chunk):
@@ -294,12 +301,16 @@ class _TieRanks:
     summed per tie group in sorted order (no reordering when ``x`` comes sorted).
     """
 
-    def __init__(self, x: np.ndarray, group_index: np.ndarray, n_groups: int):
-        values, tie = np.unique(x, return_inverse=True)
-        self.tie = tie.reshape(-1)
+    def __init__(self, x: np.ndarray, group_index: np.ndarray, n_groups: int, tolerance: float = 0.0):
+        if tolerance > 0:  # x sorted: a tie group is a run of neighbours at most ``tolerance`` apart
+            self.tie = np.cumsum(np.r_[0, np.diff(x) > tolerance])
+            n_values = int(self.tie[-1]) + 1 if len(x) else 0
+        else:
+            values, tie = np.unique(x, return_inverse=True)
+            self.tie, n_values = tie.reshape(-1), len(values)
         self.counts = self.perm = None
-        if len(values) * n_groups <= COUNT_TABLE_MAX and 4 * len(values) <= len(x):
-            self.counts = np.zeros((n_groups, len(values)))
+        if n_values * n_groups <= COUNT_TABLE_MAX and 4 * n_values <= len(x):
+            self.counts = np.zeros((n_groups, n_values))
             np.add.at(self.counts, (group_index, self.tie), 1.0)
             return
         if np.any(self.tie[1:] < self.tie[:-1]):
@@ -324,6 +335,11 @@ class _TieRanks:
             ranks = ranks[:, self.sorted_tie]
         return (ranks if self.perm is None else ranks[:, self.inverse]), square
 
+
+PREDICTION_TIES = 1e-9
+"""Predictions closer than this times their largest magnitude share a rank in Spearman's rho. It
+is far above the float64 round-off of a prediction (a dot product of at most a few thousand terms,
+~1e-13 relative) and far below the spacing of real position or distance predictions."""
 
 COUNT_TABLE_MAX = 1 << 20
 """Largest [n_groups, n_ties] count table :class:`_TieRanks` builds (8 MiB of float64)."""

@@ -60,6 +60,7 @@ def sample_distance_pairs(
     max_distance: int | None = None,
     pairs_per_distance: int | None = None,
     seed: int = 0,
+    distances: Sequence[int] | None = None,
 ) -> DistancePairs:
     """Sample token pairs j <= i within sequences, the same number for every distance 0..max_distance.
 
@@ -76,6 +77,8 @@ def sample_distance_pairs(
         pairs_per_distance: pairs per distance; default (and at most): the fewest candidates any
             distance has.
         seed: seed of the draw.
+        distances: the distances to sample instead of every one of 0..max_distance (ascending, each
+            in 0..max_distance; e.g. :func:`spread_distances` at long context).
 
     Returns:
         :class:`DistancePairs`, sorted by distance.
@@ -102,18 +105,22 @@ def sample_distance_pairs(
         max_distance = longest - 1
     if not isinstance(max_distance, (int, np.integer)) or not 0 <= max_distance < longest:
         raise ValueError(f"max_distance must lie in [0, {longest - 1}] (longest sequence has {longest} tokens), got {max_distance!r}")
-    available = np.array([np.clip(lengths - d, 0, None).sum() for d in range(max_distance + 1)])
+    distances = np.arange(max_distance + 1) if distances is None else np.asarray(distances, dtype=np.int64)
+    if distances.ndim != 1 or len(distances) == 0 or distances.min() < 0 or distances.max() > max_distance \
+            or np.any(np.diff(distances) <= 0):
+        raise ValueError(f"distances must be ascending and distinct in [0, {max_distance}], got {distances.tolist()}")
+    available = np.array([np.clip(lengths - d, 0, None).sum() for d in distances])
     per_distance = int(available.min()) if pairs_per_distance is None else pairs_per_distance
     if not isinstance(per_distance, (int, np.integer)) or not 1 <= per_distance <= available.min():
         raise ValueError(
             f"pairs_per_distance must lie in [1, {int(available.min())}] (distance "
-            f"{int(available.argmin())} has only {int(available.min())} candidate pairs), got {pairs_per_distance!r}"
+            f"{int(distances[available.argmin()])} has only {int(available.min())} candidate pairs), got {pairs_per_distance!r}"
         )
     rng = np.random.default_rng(seed)
     query, key, distance = [], [], []
-    for d in range(max_distance + 1):
+    for d, candidates in zip(distances, available):
         per_sequence = np.clip(lengths - d, 0, None)
-        flat = rng.choice(int(available[d]), size=per_distance, replace=False)
+        flat = rng.choice(int(candidates), size=per_distance, replace=False)
         which = np.searchsorted(np.cumsum(per_sequence), flat, side="right")
         offset = flat - (np.cumsum(per_sequence) - per_sequence)[which]
         i = starts[which] + d + offset  # sorted index of the later token
@@ -122,6 +129,23 @@ def sample_distance_pairs(
         distance.append(np.full(per_distance, d))
     query, key = np.concatenate(query), np.concatenate(key)
     return DistancePairs(query, key, np.concatenate(distance).astype(np.int64), sequence_id[query].astype(np.int64))
+
+
+def spread_distances(max_distance: int, n: int) -> np.ndarray:
+    """``n`` distances spread evenly over 0..max_distance, both ends included (every distance when
+    there are no more than ``n``): the pairs of a long context cover its whole range without
+    sampling all of its distances.
+
+    Raises:
+        ValueError: if ``max_distance`` < 0 or ``n`` < 2.
+
+    Example:
+        >>> spread_distances(2047, 5).tolist(), spread_distances(3, 64).tolist()
+        ([0, 512, 1024, 1535, 2047], [0, 1, 2, 3])
+    """
+    if max_distance < 0 or n < 2:
+        raise ValueError(f"need max_distance >= 0 and n >= 2, got {max_distance}, {n}")
+    return np.unique(np.round(np.linspace(0, max_distance, min(n, max_distance + 1))).astype(np.int64))
 
 
 def pair_features(

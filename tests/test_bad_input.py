@@ -8,6 +8,7 @@ import pandas as pd
 import pytest
 import torch
 from safetensors.torch import save_file
+from schema import assert_documented
 
 from nopelens.analyses import cli
 from nopelens.analyses.cli import demo
@@ -178,8 +179,9 @@ def test_sinks_on_a_task_of_mixed_lengths_uses_the_shortest_sequence(tmp_path, c
     torch.set_num_threads(1)
     train(tiny_config(), make_task("copy"), 1, batch_size=2, min_len=1, max_len=6,
           checkpoint_dir=tmp_path / "ckpt", progress=False)
-    assert cli.main(["sinks", str(tmp_path / "ckpt"), "--n-sequences", "8", "--quiet"]) == 0
+    assert cli.main(["sinks", str(tmp_path / "ckpt"), "--n-sequences", "8", "--quiet", "--out", str(tmp_path / "s")]) == 0
     assert "T = " in capsys.readouterr().out
+    assert_documented(tmp_path / "s" / "sinks.csv", "sinks: sinks.csv")
 
 
 def test_writing_under_a_file_names_the_blocking_path(tmp_path):
@@ -250,9 +252,9 @@ def test_late_fixes_from_the_bad_input_pass(tmp_path, capsys):
     assert load_checkpoint(tmp_path / "run").model.cfg == cfg
     with pytest.raises(ValueError, match="threshold must be a finite"):
         first_recoverable_layer(pd.DataFrame(), threshold=math.nan)
-    (tmp_path / "folder").mkdir()
-    assert main(["validate", "--out", str(tmp_path / "folder")]) == 2
-    assert "is a folder" in capsys.readouterr().err
+    (tmp_path / "afile").write_text("x")  # --out is a run folder: a file in its place is refused before any work
+    assert main(["validate", "--out", str(tmp_path / "afile")]) == 2
+    assert "is a file" in capsys.readouterr().err
 
 
 def test_a_truncated_hf_weight_file_is_named_not_an_internal_error(tmp_path):

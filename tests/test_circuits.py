@@ -5,6 +5,7 @@ import math
 import pandas as pd
 import pytest
 import torch
+from schema import assert_documented
 
 from nopelens import circuits
 from nopelens.analyses.cli import main
@@ -235,6 +236,9 @@ def test_circuit_command_writes_figure_and_checks(subject, tmp_path, capsys):
     assert not list(tmp_path.glob(".*tmp"))
     checks = pd.read_csv(tmp_path / f"{stem}_checks.csv")
     assert checks.passed.dropna().astype(bool).all()
+    assert_documented(checks, "circuit: <subject>_checks.csv")
+    if subject in ("distance", "previous-token"):  # patterns are one image, not n_ctx^2 vector cells
+        assert (tmp_path / f"{stem}.svg").stat().st_size < 200_000
     assert "wrote" in capsys.readouterr().out
 
 

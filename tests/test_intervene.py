@@ -4,6 +4,7 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
+from schema import assert_folder_documented
 
 from nopelens.analyses import intervene as iv
 from nopelens.analyses.cli import main
@@ -252,6 +253,7 @@ def test_cli_writes_a_run_folder_and_bad_input_is_one_line(tmp_path, capsys):
         assert (out / name).is_file(), name
     summary = pd.read_csv(out / "summary.csv")
     assert summary.loc[summary["ablated_block"] == 0, "abs_r2_delta"].iloc[0] < -0.5
+    assert_folder_documented(out, "intervene")  # every column is in docs/schema.md
     assert main(args) == 0  # resumes from the written tables
     capsys.readouterr()
     for bad, message in ((["intervene", "nosuch-model"], "unknown zoo model"),

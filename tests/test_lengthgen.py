@@ -4,6 +4,7 @@ import os
 
 import pandas as pd
 import pytest
+from schema import assert_folder_documented
 
 from nopelens.analyses import lengthgen
 from nopelens.analyses.cli import main
@@ -29,6 +30,7 @@ def test_run_writes_tidy_table_summary_and_plots(tmp_path):
     summary = pd.read_csv(tmp_path / "summary.csv")
     assert set(zip(summary["task"], summary["method"])) == {(t, m) for t in ("repeat", "copy") for m in ("nope", "learned")}
     assert not any(p.name.startswith(".") for p in tmp_path.iterdir())  # no temp files left
+    assert assert_folder_documented(tmp_path, "lengthgen") == ["lengthgen.csv", "summary.csv"]
     mask = os.umask(0)
     os.umask(mask)
     for name in ("lengthgen.csv", "lengthgen.png"):  # what a plain open() gives, not mkstemp's 0o600

@@ -5,6 +5,7 @@ import pytest
 import torch
 from transformers import T5Config
 from transformers.models.t5.modeling_t5 import T5Attention
+from schema import assert_documented
 
 from nopelens.analyses.cli import main
 from nopelens.models import Decoder, DecoderConfig, KVCache
@@ -105,5 +106,6 @@ def test_cli_train_t5(tmp_path):
     assert main(["train", "--task", "copy", "--position", "t5", "--layers", "1", "--steps", "3",
                  "--out", str(out), "--threads", "1"]) == 0
     trained = load_checkpoint(out / "checkpoint").model
+    assert_documented(out / "loss_curve.csv", "train: loss_curve.csv")
     assert trained.cfg.position == "t5" and trained.cfg.layer_methods == (get_method("t5"),)
     assert "blocks.0.attn.W_rel_bias" in dict(trained.named_parameters())

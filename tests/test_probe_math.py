@@ -8,8 +8,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from nopelens.analyses.sweep import _mad_chance
-from nopelens.probes import mad_chance, mad_chance_of, probe_features, score
+from nopelens.analyses.layers import chance_of_mad
+from nopelens.probes import bootstrap_scores, mad_chance, mad_chance_of, probe_features, score
 
 
 def _two_lengths():
@@ -50,8 +50,8 @@ def test_probe_mad_rows_carry_the_chance_of_their_scored_positions():
     assert table[table.metric != "mad"]["chance"].isna().all()
     # the sweep's summary divides by this value, not by the uniform formula at the mean length
     frame = pd.DataFrame(dict(value=[5.0], n_samples=[len(position)], n_sequences=[12], chance=mad["chance"].iloc[:1].values))
-    assert _mad_chance(frame).iloc[0] == pytest.approx(6.277778, abs=1e-6)
-    assert _mad_chance(frame.drop(columns="chance")).iloc[0] == pytest.approx(mad_chance(15))
+    assert chance_of_mad(frame).iloc[0] == pytest.approx(6.277778, abs=1e-6)
+    assert chance_of_mad(frame.drop(columns="chance")).iloc[0] == pytest.approx(mad_chance(15))
 
 
 # ----------------------------------------------------------------------------- §1 round-off
@@ -244,3 +244,22 @@ def test_make_probe_pipeline_takes_groups_for_its_inner_cv():
     assert len(index) == len(X) and np.isfinite(pred).all()
     probe = make_probe("regression").fit(X, position, linear__groups=groups)
     assert probe.named_steps["linear"].alpha_ in ALPHAS
+
+
+def test_spearman_ties_predictions_that_differ_only_by_round_off():
+    """Identical feature rows get predictions a last bit apart, depending on where each row sits in
+    a matrix product; ranked as distinct, that noise moved rho by up to 1e-2 on the circuit."""
+    from scipy.stats import spearmanr
+
+    rng = np.random.default_rng(0)
+    y = np.tile(np.arange(8), 30)
+    exact = np.round(y + rng.normal(0, 2.0, len(y)))  # many exact ties, as rows of repeated tokens give
+    noisy = exact * (1 + rng.choice([-1, 0, 1], len(y)) * np.finfo(float).eps)  # the same, an ulp apart
+    groups = np.repeat(np.arange(30), 8)
+    assert not np.array_equal(np.unique(noisy), np.unique(exact))
+    on_exact = bootstrap_scores(y, exact, groups, ["spearman"], n_boot=50)["spearman"]
+    on_noisy = bootstrap_scores(y, noisy, groups, ["spearman"], n_boot=50)["spearman"]
+    assert on_noisy == on_exact
+    assert on_exact[0] == pytest.approx(spearmanr(y, exact).statistic, abs=1e-12)
+    assert bootstrap_scores(y, y + 1e-6 * rng.normal(size=len(y)), groups, ["spearman"], n_boot=5)["spearman"][0] \
+        < 1.0, "real differences, far above round-off, still rank"

@@ -32,3 +32,12 @@ def test_ci_runs_the_readme_test_command():
 def test_decoder_example_runs(capsys):
     exec(compile(python_block("## The decoder"), "README.md", "exec"), {})
     assert capsys.readouterr().out.strip() == "torch.Size([2, 16, 4, 32])"
+
+
+def test_streamed_probe_example_runs_at_512_tokens(capsys):
+    code = python_block("### Probe in bounded memory")
+    assert len(code.strip().splitlines()) <= 16
+    exec(compile(code, "README.md", "exec"), {})
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert lines[0].split() == ["target", "metric", "value"]
+    assert {line.split()[0] for line in lines[1:]} == {"absolute_index//8", "absolute_index"}

@@ -23,7 +23,7 @@ def second_half(inp: reads.ProbeInput) -> pd.DataFrame:
     return pd.concat(frames, ignore_index=True)
 
 
-SECOND_HALF = SweepRead("second_half_acc", "second half acc ≥ 0.95", "position ≥ L/2: accuracy",
+SECOND_HALF = SweepRead("second_half_acc", "second half", "position ≥ L/2",
                         "second_half", "classification", "accuracy", "token", threshold=0.95)
 
 
@@ -42,10 +42,16 @@ def test_adding_a_read_is_one_definition_plus_its_target_function(monkeypatch, o
     table = report.summary_table(result.summary)
     assert "second half acc ≥ 0.95" in table.columns and table.loc[0, "second half acc ≥ 0.95"] == "1"
 
-    figure = report.probe_figure(result.probes)
+    curves = result.curves[result.curves["curve"] == "second_half_acc"]
+    assert curves["clears"].tolist() == [False, True, True], "the curve says which layers clear the bar"
+    assert "second half acc" in report.layer_table(result.curves, "circuit").columns, "the per-layer table gains it"
+
+    figure = report.probe_figure(result.curves)
     titles = [ax.get_title() for ax in figure.axes if ax.get_visible()]
-    assert titles == [read.panel for read in reads.SWEEP_READS]
-    assert figure.axes[-1].lines[-1].get_ydata()[0] == 0.95, "the panel's dashed line is the read's threshold"
+    assert titles == [read.title for read in reads.SWEEP_READS[:2]] + ["absolute index: MAD / chance"] + [
+        read.title for read in reads.SWEEP_READS[2:]]
+    panel = next(ax for ax in figure.axes if ax.get_title() == "position ≥ L/2: accuracy")
+    assert panel.lines[-1].get_ydata()[0] == 0.95, "the panel's dashed line is the read's threshold"
 
     two_seeds = pd.concat([result.summary_per_seed, result.summary_per_seed.assign(train_seed=1)])
     over = seeds.over_seeds(two_seeds)

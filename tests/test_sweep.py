@@ -2,7 +2,9 @@
 
 import pandas as pd
 import pytest
+from schema import assert_documented, assert_folder_documented
 
+from nopelens.analyses import seeds
 from nopelens.analyses.cli import main
 from nopelens.analyses.sweep import SweepSettings, sweep
 
@@ -73,8 +75,8 @@ def test_selectivity_next_to_every_linear_score(quick_run):
 
 def test_run_folder_holds_tables_figures_and_summary(quick_run):
     result, out = quick_run
-    for name in ("probes.csv", "sinks.csv", "variance.csv", "summary.csv", "summary.md",
-                 "probes.png", "sinks.png", "variance.png"):
+    for name in ("probes.csv", "sinks.csv", "variance.csv", "summary.csv", "layers.csv", "summary.md",
+                 "probes.png", "sites.png", "sinks.png", "variance.png"):
         assert (out / name).is_file(), name
     assert not list(out.glob("*.svg")), "SVG only on request (--svg)"
     assert not (out / "summary_per_seed.csv").exists(), "one training seed: no per-seed tables"
@@ -83,6 +85,19 @@ def test_run_folder_holds_tables_figures_and_summary(quick_run):
     assert "*Head scores*" in summary and "*Content q·k*" in summary, "summary.md says which read is which"
     assert set(pd.read_csv(out / "probes.csv")["model"]) == set(result.summary["model"])
     assert not list(out.rglob(".*.csv")), "no temporary files left behind"
+
+
+def test_every_column_of_every_table_is_documented(quick_run):
+    """docs/schema.md describes every column (and listed value) of the folder's tables, of its parts,
+    and of the tables several training seeds add."""
+    result, out = quick_run
+    written = assert_folder_documented(out, "sweep")
+    assert {"probes.csv", "layers.csv", "summary.csv", "sinks.csv", "variance.csv", "sink_ablation.csv"} <= set(written)
+    two_seeds = pd.concat([result.summary_per_seed, result.summary_per_seed.assign(train_seed=1)])
+    assert_documented(two_seeds, "sweep: summary_per_seed.csv")
+    assert_documented(seeds.over_seeds(two_seeds), "sweep: summary.csv")
+    assert_documented(seeds.probes_over_seeds(pd.concat([result.probes, result.probes.assign(train_seed=1)])),
+                      "sweep: probes_over_seeds.csv")
 
 
 def test_rerun_resumes_and_other_settings_are_refused(quick_run, capsys):

@@ -1,5 +1,6 @@
 """Training: determinism, exact resume, recipe checks, the schedule, and exact-match evaluation."""
 
+import dataclasses
 import math
 
 import pandas as pd
@@ -191,3 +192,32 @@ def test_train_command_writes_checkpoint_and_reports(tmp_path, capsys):
     assert "previous-token-nope-2l" in capsys.readouterr().out
     assert main(["train", "--task", "copy"]) == 2  # --out missing: a one-line user error
     assert "--out" in capsys.readouterr().err
+
+
+def test_training_runs_on_one_thread_by_default_and_the_count_is_part_of_the_recipe(tmp_path):
+    """Issue 23: "same recipe and seed, same weights" holds as written: the thread count, which the
+    weights depend on, is 1 unless the recipe says otherwise, and a checkpoint made with another count
+    is not resumed."""
+    from nopelens.analyses.cli import build_parser
+    from nopelens.models import zoo
+
+    torch.set_num_threads(2)  # what torch would use on a 2-core machine
+    seen = []
+    trained = train(CFG, TASK, 2, seed=0, checkpoint_dir=tmp_path / "one",
+                    callback=lambda step, loss, model: seen.append(torch.get_num_threads()), **QUICK)
+    assert seen == [1, 1] and trained.metadata["torch_threads"] == 1
+    assert torch.get_num_threads() == 2, "the caller's thread count is restored"
+    assert "threads" not in trained.metadata, "1 thread is the recipe's default: old checkpoints still resume"
+    with pytest.raises(ValueError, match="differs in threads"):
+        train(CFG, TASK, 2, seed=0, checkpoint_dir=tmp_path / "one", threads=2, **QUICK)
+    two = train(CFG, TASK, 2, seed=0, threads=2, **QUICK)
+    assert two.metadata["threads"] == 2 and two.metadata["torch_threads"] == 2
+
+    recipe = zoo.recipe("text-nope-4l")
+    assert recipe.threads == 1 and "threads" not in recipe.to_dict(), "zoo digests and cache folders unchanged"
+    assert dataclasses.replace(recipe, threads=2).digest != recipe.digest
+    for argv in (["train", "--task", "copy", "--out", "x"], ["lengthgen"]):
+        assert build_parser(argv).parse_args(argv).threads == 1, argv
+    from nopelens.analyses.cli import main
+
+    assert main(["train", "--zoo", "text-nope-4l", "--threads", "2"]) == 2, "a zoo recipe fixes its thread count"

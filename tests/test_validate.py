@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pandas as pd
 import pytest
+from schema import assert_documented
 
 from nopelens.analyses import validate
 from nopelens.analyses.cli import main
@@ -42,6 +43,7 @@ def test_validate_command_prints_rows_writes_the_report_and_exits_1_on_a_failed_
     text = out.read_text()
     assert "| row" in text and all(name in text for name in validate.ROW_NAMES)
     assert not list(out.parent.glob(".*")), "atomic write leaves no temporary file"
+    assert_documented(out.with_suffix(".csv"), "validate: known_answers.csv")
 
     failing = suite.assign(passed=[True] * (len(suite) - 1) + [False])
     monkeypatch.setattr(validate, "run_suite", lambda seed: failing)
@@ -50,6 +52,18 @@ def test_validate_command_prints_rows_writes_the_report_and_exits_1_on_a_failed_
     monkeypatch.setattr(validate, "run_suite", lambda seed: passing)
     assert main(["validate", "--out", "-"]) == 0
     assert "FAIL" not in capsys.readouterr().out.split("rows pass")[-1]
+
+
+def test_validate_writes_into_a_run_folder_by_default(suite, tmp_path, monkeypatch, capsys):
+    """Not docs/known_answers.md of whatever folder it runs from: runs/validate/ there."""
+    monkeypatch.setattr(validate, "run_suite", lambda seed: suite)
+    monkeypatch.chdir(tmp_path)
+    main(["validate"])
+    assert sorted(p.name for p in (tmp_path / "runs" / "validate").iterdir()) == ["known_answers.csv", "known_answers.md"]
+    assert not (tmp_path / "docs").exists()
+    assert "runs/validate/known_answers.md" in capsys.readouterr().out
+    main(["validate", "--out", "elsewhere"])
+    assert (tmp_path / "elsewhere" / "known_answers.md").is_file()
 
 
 def test_validate_help_has_examples(capsys):

@@ -16,6 +16,7 @@ import argparse
 import importlib
 import os
 import sys
+from typing import Callable
 
 COMMAND_MODULES = (
     "nopelens.analyses.cli.sweep",
@@ -51,11 +52,14 @@ imported); the tests check this table against what the modules register."""
 USER_ERRORS = (ValueError, KeyError, TypeError, OSError)
 
 
-class _Parser(argparse.ArgumentParser):
-    """argparse, but a usage error is one line and exit code 2."""
+class OneLineParser(argparse.ArgumentParser):
+    """argparse, but a usage error is one line and exit code 2 (the examples use it too)."""
 
     def error(self, message: str):
         self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
+
+
+_Parser = OneLineParser
 
 
 def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
@@ -93,25 +97,39 @@ class _Only:
 def main(argv: list[str] | None = None) -> int:
     """Run the CLI; returns the process exit code."""
     args = build_parser(sys.argv[1:] if argv is None else argv).parse_args(argv)
+    return guarded(lambda: args.func(args), f"nopelens {args.command}")
+
+
+def guarded(run: Callable[[], int | None], label: str) -> int:
+    """Call ``run()`` and turn what it raises into the CLI's exit codes, each with one line on
+    stderr that starts with ``label``: 2 for bad input or an unsupported model (:data:`USER_ERRORS`,
+    or out of memory), 3 for an internal error (a bug; ``NOPELENS_TRACEBACK=1`` re-raises it),
+    130 for an interrupt. The examples in ``examples/`` end the same way (``sys.exit(guarded(...))``).
+
+    Returns:
+        ``run()``'s exit code when it returns an int (0 for anything else, such as the paths an
+        example wrote), or the code of what it raised.
+    """
     try:
-        return int(args.func(args) or 0)
+        code = run()
+        return code if isinstance(code, int) and not isinstance(code, bool) else 0
     except KeyboardInterrupt:
-        print("nopelens: interrupted; results written so far are kept, rerun to resume", file=sys.stderr)
+        print(f"{label}: interrupted; results written so far are kept, rerun to resume", file=sys.stderr)
         return 130
     except USER_ERRORS as error:
         if os.environ.get("NOPELENS_TRACEBACK"):
             raise
         message = error.args[0] if isinstance(error, KeyError) and error.args else error
-        print(f"nopelens {args.command}: error: {' '.join(str(message).split())}", file=sys.stderr)
+        print(f"{label}: error: {' '.join(str(message).split())}", file=sys.stderr)
         return 2
     except (MemoryError, Exception) as error:  # anything else is a bug: one line, never a traceback
         if _is_out_of_memory(error):
-            print(f"nopelens {args.command}: error: out of memory ({str(error).strip().splitlines()[-1][:200]}); "
+            print(f"{label}: error: out of memory ({str(error).strip().splitlines()[-1][:200]}); "
                   "use smaller lengths, sizes or counts", file=sys.stderr)
             return 2
         if os.environ.get("NOPELENS_TRACEBACK"):
             raise
-        print(f"nopelens {args.command}: internal error: {type(error).__name__}: {_first_line(error)} "
+        print(f"{label}: internal error: {type(error).__name__}: {_first_line(error)} "
               f"(at {_where(error)}); this is a bug in nopelens: please report it with the command line to "
               f"{REPORT_TO} (rerun with NOPELENS_TRACEBACK=1 for the traceback)", file=sys.stderr)
         return 3

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from nopelens.analyses.lengthgen import METHODS, TASK_NAMES, LengthGenSettings, run_lengthgen, summarize
 
-from .options import add_quiet, add_seeds, add_threads, set_threads
+from .options import add_quiet, add_seeds, add_threads
 
 
 def register(subparsers) -> None:
@@ -35,9 +35,9 @@ def register(subparsers) -> None:
 
 
 def _run(args: argparse.Namespace) -> int:
-    set_threads(args.threads)
     settings = LengthGenSettings.quick() if args.quick else LengthGenSettings()
-    changes = {k: v for k, v in (("train_max_len", args.train_max_len), ("steps", args.steps)) if v is not None}
+    changes = {k: v for k, v in (("train_max_len", args.train_max_len), ("steps", args.steps), ("threads", args.threads))
+               if v is not None}
     settings = dataclasses.replace(settings, **changes)
     results = run_lengthgen(args.out, settings, tuple(args.tasks), tuple(args.methods), args.seeds,
                             progress=not args.quiet)

@@ -5,7 +5,7 @@
   former name in ``train`` and ``lengthgen`` and still works);
 - a model spec (:data:`MODEL_HELP`): what ``probe``, ``sinks``, ``intervene`` and ``sweep
   --models`` accept;
-- ``--threads N``: torch's intra-op threads (:func:`add_threads`, :func:`set_threads`).
+- ``--threads N``: torch and BLAS threads while training, default 1 (:func:`add_threads`).
 
 This module imports no torch at import time: ``nopelens --help`` stays fast.
 """
@@ -58,21 +58,8 @@ def add_quiet(parser: argparse.ArgumentParser, what: str = "progress bars and pr
 
 
 def add_threads(parser: argparse.ArgumentParser) -> None:
-    """``--threads N``: torch's intra-op threads for training."""
-    parser.add_argument("--threads", type=int, help="torch intra-op threads (default: torch's); 1 is much faster "
-                        "for these small models on a CPU shared with other jobs")
-
-
-def set_threads(threads: int | None) -> None:
-    """Set torch's intra-op thread count (None leaves it).
-
-    Raises:
-        ValueError: if ``threads`` < 1.
-    """
-    if threads is None:
-        return
-    if threads < 1:
-        raise ValueError(f"--threads must be >= 1, got {threads}")
-    import torch
-
-    torch.set_num_threads(threads)
+    """``--threads N``: torch and BLAS threads for training (default 1, part of the recipe)."""
+    parser.add_argument("--threads", type=int, default=1,
+                        help="torch and BLAS threads while training (default 1: the same recipe and seed give the "
+                        "same weights on any machine, and one thread is fastest for these small models on a shared "
+                        "CPU; the weights depend on the count, so it is part of the recipe)")

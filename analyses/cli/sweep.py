@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
+import sys
 
 from nopelens.analyses import report
+from nopelens.analyses.reads import choose_reads
 from nopelens.analyses.runs import slug
 from nopelens.analyses.subjects import resolve
-from nopelens.analyses.sweep import SweepSettings, measure_sinks, sweep
+from nopelens.analyses.sweep import DEFAULT_SITES, SITE_KINDS, SweepSettings, measure_sinks, sweep
 
 from .options import MODEL_HELP, add_quiet, add_seeds
 
@@ -30,32 +33,58 @@ def _settings(args: argparse.Namespace, models, controls: bool) -> SweepSettings
     overrides = {k: getattr(args, k) for k in ("n_sequences", "seq_len", "seed") if getattr(args, k) is not None}
     if getattr(args, "seeds", None) is not None:
         overrides["train_seeds"] = args.seeds
+    if getattr(args, "sites", None) is not None:
+        overrides["sites"] = tuple(kind.strip() for kind in args.sites.split(",") if kind.strip())
     return dataclasses.replace(settings, **overrides)
 
 
-def _sweep(args: argparse.Namespace, settings: SweepSettings, out):
+def _sweep(args: argparse.Namespace, settings: SweepSettings, out, name: str):
     from nopelens.analyses.parallel import default_jobs
 
+    sweep_reads = choose_reads(args.metric, args.threshold)  # before any work: a bad --metric costs nothing
     jobs = default_jobs() if args.jobs is None else args.jobs
     return sweep(settings, out, progress=not args.quiet, jobs=jobs, scheduler=args.scheduler, svg=args.svg,
-                 security=args.dask_security)
+                 security=args.dask_security, sweep_reads=sweep_reads, name=name)
 
 
-def _print_summary(result) -> None:
-    print(report.summary_table(result.summary).to_string(index=False))
+def _print_results(result, as_json: bool) -> None:
+    if as_json:
+        print(json.dumps(results_json(result), indent=1, allow_nan=False))
+        if result.out_dir is not None:
+            print(f"nopelens: wrote {result.out_dir}/summary.md and its tables and figures", file=sys.stderr)
+        return
+    print(report.summary_text(result.summary, result.reads))
+    print()
+    print(report.layer_tables_text(result.curves, result.reads))
     if result.out_dir is not None:
-        print(f"\nwrote {result.out_dir}/summary.md, probes.csv, sinks.csv, variance.csv and figures")
+        print("\nwrote summary.md, tables (layers.csv: the curves above) and figures (columns: docs/schema.md) to"
+              f"\n{result.out_dir}")
+
+
+def results_json(result) -> dict:
+    """What ``--json`` prints: the reads, the summary and the per-layer curves, as JSON-ready records
+    (missing numbers are null; columns as in summary.csv and layers.csv, docs/schema.md)."""
+    def records(table):
+        return json.loads(table.to_json(orient="records"))
+
+    return {
+        "out_dir": None if result.out_dir is None else str(result.out_dir),
+        "reads": [dict(column=r.column, header=r.header, target=r.target, task=r.task, features=r.features,
+                       metric=r.metric, threshold=r.threshold, split=r.split) for r in result.reads],
+        "summary": records(result.summary),
+        "layers": records(result.curves),
+    }
 
 
 def run_sweep(args: argparse.Namespace) -> int:
     settings = _settings(args, _models(args.models), controls=not args.no_controls)
-    _print_summary(_sweep(args, settings, args.out))
+    _print_results(_sweep(args, settings, args.out, "sweep"), args.json)
     return 0
 
 
 def run_probe(args: argparse.Namespace) -> int:
     settings = _settings(args, (args.model,), controls=False)
-    _print_summary(_sweep(args, settings, args.out or f"runs/probe-{slug(args.model)}"))
+    _print_results(_sweep(args, settings, args.out or f"runs/probe-{slug(args.model)}", "probe"), args.json)
     return 0
 
 
@@ -78,7 +107,7 @@ def run_sinks(args: argparse.Namespace) -> int:
         from nopelens.models.io import write_csv_atomic
 
         write_csv_atomic(table, f"{args.out}/sinks.csv")
-        report.save_figure(report.sink_figure(table), f"{args.out}/sinks")
+        report.save_figure(report.sink_figure(table, every_condition=True), f"{args.out}/sinks")
         print(f"wrote {args.out}/sinks.csv and sinks.png/svg")
     return 0
 
@@ -107,6 +136,21 @@ def _runs(parser: argparse.ArgumentParser) -> None:
                         "(distributed: comm: tls: ca-file, client: cert, key) for a tls:// --scheduler; "
                         "default: distributed's own configuration")
     parser.add_argument("--svg", action="store_true", help="also save the figures as SVG (PNG always)")
+    parser.add_argument("--sites", metavar="KINDS",
+                        help=f"where absolute index is probed, a comma list of {', '.join(SITE_KINDS)} "
+                        f"(default {','.join(DEFAULT_SITES)}; resid is required; a run folder keeps its sites)")
+    parser.add_argument("--metric", metavar="METRIC",
+                        help="what counts as recoverable: r2 (default for values), accuracy (default for classes), "
+                        "spearman, balanced_accuracy, within_one or mad (give its bar, in positions: --threshold "
+                        "mad=2); a bare metric applies to the reads of the task that reports it, TASK=METRIC names "
+                        "the task (e.g. classification=within_one)")
+    parser.add_argument("--threshold", metavar="BAR",
+                        help="the bar each read's 95 %% CI must clear: a number for every read (default 0.9), or "
+                        "METRIC=BAR for one metric's reads (mad=2: the upper bound within 2 positions), comma "
+                        "separated; --metric and --threshold only re-read what was measured, so an existing run "
+                        "folder is summarized again in seconds")
+    parser.add_argument("--json", action="store_true",
+                        help="print the reads, the summary and the per-layer curves as JSON on stdout instead of tables")
 
 
 def register(subparsers) -> None:
@@ -121,6 +165,8 @@ def register(subparsers) -> None:
         "  nopelens sweep --models text-nope-4l,text-rope-4l,text-learned-4l\n  nopelens sweep --task copy\n"
         "  nopelens sweep --models constant-nope,constant-rope,constant-alibi,constant-shaw,constant-rope+rope+rope+nope\n"
         "  nopelens sweep --seeds 0,1,2 --jobs 2\n"
+        "  nopelens sweep --metric spearman --threshold 0.8     # re-reads a finished folder in seconds\n"
+        "  nopelens sweep --json > sweep.json\n"
         "  nopelens sweep --scheduler tls://10.0.0.5:8786 --dask-security dask-tls.yaml",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -133,9 +179,12 @@ def register(subparsers) -> None:
 
     probe_parser = subparsers.add_parser(
         "probe", help="probe one model (checkpoint, zoo name or HF directory) layer by layer",
-        description="Run the sweep's probes, sinks and variance measurements on one model.",
+        description="Run the sweep's probes, sinks and variance measurements on one model; print its summary "
+        "and per-layer table (value [95 % CI] per layer) and write a run folder.",
         epilog="examples:\n  nopelens probe copy-nope-3l\n  nopelens probe runs/train/my-model\n"
-        "  nopelens probe hf:/path/to/gpt2-dir --seq-len 32",
+        "  nopelens probe hf:/path/to/gpt2-dir --seq-len 32\n"
+        "  nopelens probe text-rope-4l --sites resid,attn_out,resid_mid,mlp_out --json > rope.json\n"
+        "  nopelens probe text-nope-4l --metric mad --threshold mad=2",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     probe_parser.add_argument("model", help=MODEL_HELP)

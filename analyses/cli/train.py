@@ -17,13 +17,15 @@ from nopelens.models import POSITION_METHODS, DecoderConfig
 from nopelens.models import zoo
 from nopelens.models.checkpoint import TrainedModel
 from nopelens.models.tasks import TASKS, TextTask, make_task
+from nopelens.models.threads import limited_threads
 from nopelens.models.training import evaluate_exact_match, train
 
-from .options import add_quiet, add_seeds, add_threads, set_threads
+from .options import add_quiet, add_seeds, add_threads
 
 
-def report(trained: TrainedModel) -> str:
-    """A few lines on a trained model: losses, time, and exact match or bits per character."""
+def report(trained: TrainedModel, progress: bool = False, threads: int = 1) -> str:
+    """A few lines on a trained model: losses, time, and exact match or bits per character
+    (measured on ``threads`` threads, with a bar over the lengths when ``progress``)."""
     meta, task = trained.metadata, trained.task
     losses = meta.get("final_losses", {})
     lines = [
@@ -37,7 +39,8 @@ def report(trained: TrainedModel) -> str:
             f"validation: {bits:.3f} bits per byte, {bits * task.bytes_per_character():.3f} bits per character"
         )
     else:
-        table = evaluate_exact_match(trained, task, n=256, seed=1)
+        with limited_threads(threads):
+            table = evaluate_exact_match(trained, task, n=256, seed=1, progress=progress)
         inside = table.loc[table["in_distribution"], "exact_match"].mean()
         longer = table.loc[~table["in_distribution"], "exact_match"].mean()
         lines.append(f"exact match: {inside:.4f} on training lengths, {longer:.4f} on longer ones (up to 2x)")
@@ -45,7 +48,8 @@ def report(trained: TrainedModel) -> str:
 
 
 def _run(args: argparse.Namespace) -> int:
-    set_threads(args.threads)
+    if args.threads < 1:
+        raise ValueError(f"--threads must be >= 1, got {args.threads}")
     if args.list:
         for name in zoo.names():
             spec = zoo.recipe(name)
@@ -54,9 +58,12 @@ def _run(args: argparse.Namespace) -> int:
         return 0
     seeds = _seeds(args)
     if args.zoo:
+        if args.threads != 1:
+            raise ValueError(f"--threads {args.threads}: a zoo recipe trains on 1 thread (its weights depend on the "
+                             "count); use --task for a run of your own on more threads")
         for seed in seeds:
             trained = zoo.load(args.zoo, cache_dir=args.cache_dir, progress=not args.quiet, seed=seed)
-            print(report(trained))
+            print(report(trained, progress=not args.quiet))
         return 0
     if not args.task or not args.out:
         raise ValueError("give --zoo NAME, --list, or both --task and --out")
@@ -77,8 +84,9 @@ def _run(args: argparse.Namespace) -> int:
         trained = train(
             config, task, args.steps, batch_size=args.batch_size, min_len=args.min_len, max_len=args.max_len,
             lr=args.lr, seed=seed, checkpoint_dir=out / "checkpoint", out_dir=out, progress=not args.quiet,
+            threads=args.threads,
         )
-        print(report(trained))
+        print(report(trained, progress=not args.quiet, threads=args.threads))
         print(f"checkpoint: {out / 'checkpoint'}; loss curve: {out / 'loss_curve.csv'}")
     return 0
 

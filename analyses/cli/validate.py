@@ -8,11 +8,20 @@ from pathlib import Path
 from nopelens.analyses import validate
 
 
+REPORT = "known_answers.md"
+
+
+def report_path(out: str) -> Path:
+    """Where ``--out`` puts the report: a path ending in ``.md`` is the file itself, anything else
+    a run folder that gets ``known_answers.md`` (and ``known_answers.csv``)."""
+    return Path(out) if out.endswith(".md") else Path(out) / REPORT
+
+
 def run_validate(args: argparse.Namespace) -> int:
-    from nopelens.models.io import check_writable, write_text_atomic
+    from nopelens.models.io import check_writable, write_csv_atomic, write_text_atomic
 
     if args.out != "-":
-        check_writable(args.out)  # before the suite runs, so a bad --out wastes no work
+        check_writable(report_path(args.out))  # before the suite runs, so a bad --out wastes no work
     table = validate.run_suite(args.seed)
     width = max(len(name) for name in table["name"])
     for row in table.itertuples():
@@ -23,8 +32,9 @@ def run_validate(args: argparse.Namespace) -> int:
     print(f"\n{len(table) - failed} of {len(table)} rows pass")
     if args.out != "-":
         command = "nopelens validate" + ("" if args.seed == validate.SEED else f" --seed {args.seed}")
-        path = write_text_atomic(Path(args.out), validate.report_markdown(table, command))
-        print(f"wrote {path}")
+        path = write_text_atomic(report_path(args.out), validate.report_markdown(table, command))
+        table_path = write_csv_atomic(table, path.with_suffix(".csv"))
+        print(f"wrote {path} and {table_path.name}")
     return 1 if failed else 0
 
 
@@ -36,11 +46,13 @@ def register(subparsers) -> None:
         "hand-set sink heads, NoPE variance shrinkage), probe them with the sweep's own functions, print "
         "expected against measured with pass/fail, and write a Markdown report. Exit code 1 when a row fails. "
         "Runs on one thread in well under a minute.",
-        epilog="examples:\n  nopelens validate\n  nopelens validate --out runs/known_answers.md\n"
+        epilog="examples:\n  nopelens validate                       # writes runs/validate/known_answers.md\n"
+        "  nopelens validate --out docs            # refresh the report the README links\n"
         "  nopelens validate --seed 3 --out -",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("--out", default="docs/known_answers.md",
-                        help="Markdown report to write (default docs/known_answers.md; - writes none)")
+    parser.add_argument("--out", default="runs/validate",
+                        help="run folder for known_answers.md and known_answers.csv (default runs/validate); a path "
+                        "ending in .md is the report itself; - writes none")
     parser.add_argument("--seed", type=int, default=validate.SEED, help="seed of the weights and sequences (default 0)")
     parser.set_defaults(func=run_validate)

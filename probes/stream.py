@@ -1,0 +1,412 @@
+"""Measure while the model runs: measurements that take batches, add across batches and shards,
+and give their result, so memory does not grow with the number of tokens.
+
+DESIGN.md, "Measuring at scale": every measurement is a sum over sequences. A :class:`Measurement`
+asks for the hook sites it reads, is handed each site's output inside the hook
+(:meth:`Measurement.update`), folds it into its statistics at once and keeps nothing of size
+tokens x d_model or T x T. :func:`run` drives the forward passes: the same batches, in the same
+order, whether the run is one pass on this machine or shards on a Dask cluster, so the sums are
+those of one machine up to the order of float additions.
+
+Some measurements need more than one pass. A probe's out-of-fold predictions (needed for
+accuracy, MAD, Spearman and the bootstrap over sequences) use weights fitted on the *other*
+folds, known only once every batch has been seen; so a probe either keeps the features of a
+batch until the end (within a memory budget, :class:`KeepBudget`) or asks for a second pass over
+that batch, in which it only predicts (:mod:`nopelens.probes.stream_probes`). :func:`run` runs
+passes until no measurement asks for another, and in a later pass only the batches and sites
+someone still needs.
+
+Writing a measurement (the plug-in point for attention reductions: sink mass and rate, the score
+reads, variance shrinkage): subclass :class:`Measurement` and implement
+
+- ``sites(batch_index)``: the hook names it needs for that batch in the current pass (empty: skip);
+- ``update(site, value, batch)``: ``value`` is the site's detached output on the model's device
+  and in its dtype, ``[batch, pos, ...]`` or ``[batch, head_index, query_pos, key_pos]``; fold it
+  into additive statistics (e.g. a sink read adds, per layer and head, the attention the real
+  queries give the first key, and counts the queries: no pattern is kept). Use
+  :meth:`Batch.real` for the rows of real tokens;
+- ``end_pass()``: after the last batch of a pass; return True to be fed another pass;
+- ``spawn()`` and ``merge(other)``: an empty copy in the same phase, with the same plan (and what
+  earlier passes fitted), for a shard; and adding a shard's copy back; the statistics must add;
+- ``result()``.
+
+:class:`AttentionVariance` is a complete small example: the per-position variance of attention
+outputs across sequences (:func:`nopelens.probes.sinks.attention_variance`) from per-position
+counts, means and sums of squared deviations, combined across batches by Chan et al.'s update.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+import numpy as np
+import pandas as pd
+import torch
+from jaxtyping import Int
+from torch import Tensor
+
+from nopelens.models.masks import CAUSAL, KeyWindow
+
+from .collect import _check_inputs, _model_device, _resolve_sites, forward_with_hooks, real_values, site_block
+
+
+@dataclass
+class Sequences:
+    """The token set of a run, known before the first forward pass.
+
+    Attributes:
+        tokens: int64 ``[n_sequences, pos]`` (CPU).
+        mask: int64 ``[n_sequences, pos]``, 1 at real tokens.
+        masked: whether the model is given the mask (it was passed explicitly).
+        sequence_id, position, token: int64 ``[n_samples]`` per real token, sequence-major (the
+            order of :class:`~nopelens.probes.collect.Activations`).
+        offsets: int64 ``[n_sequences + 1]``: sequence ``s``'s tokens are samples
+            ``offsets[s]:offsets[s + 1]``.
+    """
+
+    tokens: Tensor
+    mask: Tensor
+    masked: bool
+    sequence_id: np.ndarray
+    position: np.ndarray
+    token: np.ndarray
+    offsets: np.ndarray
+
+    @classmethod
+    def of(cls, tokens: Int[Tensor, "batch pos"] | np.ndarray,
+           attention_mask: Int[Tensor, "batch pos"] | np.ndarray | None = None) -> "Sequences":
+        """Validate ``tokens`` and ``attention_mask`` (as :func:`~nopelens.probes.collect.collect`
+        does) and derive the per-token arrays.
+
+        Raises:
+            TypeError, ValueError: as :func:`~nopelens.probes.collect.collect`.
+        """
+        tokens, mask = _check_inputs(tokens, attention_mask)
+        real = mask.bool()
+        position = (mask.cumsum(-1) - 1).masked_fill(mask == 0, 0)
+        sequence_id = torch.arange(tokens.shape[0])[:, None].expand_as(tokens)
+        lengths = mask.sum(-1).numpy().astype(np.int64)
+        return cls(tokens, mask, attention_mask is not None, sequence_id[real].numpy().astype(np.int64),
+                   position[real].numpy().astype(np.int64), tokens[real].numpy().astype(np.int64),
+                   np.concatenate([[0], np.cumsum(lengths)]))
+
+    @property
+    def n_sequences(self) -> int:
+        return self.tokens.shape[0]
+
+    @property
+    def n_samples(self) -> int:
+        return len(self.position)
+
+    def batches(self, batch_size: int) -> list[slice]:
+        """The sequence ranges of the forward passes, in order."""
+        if not isinstance(batch_size, (int, np.integer)) or batch_size < 1:
+            raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
+        return [slice(start, min(start + batch_size, self.n_sequences)) for start in range(0, self.n_sequences, batch_size)]
+
+
+@dataclass
+class Batch:
+    """One forward pass: sequences ``rows`` of a :class:`Sequences`.
+
+    Attributes:
+        index: the batch number (its place in :meth:`Sequences.batches`).
+        rows: the sequences it holds.
+        samples: their real tokens' sample indices (a contiguous range).
+        sequences: the run's token set.
+    """
+
+    index: int
+    rows: slice
+    samples: slice
+    sequences: Sequences
+
+    @property
+    def mask(self) -> Tensor:
+        return self.sequences.mask[self.rows]
+
+    @property
+    def sequence_id(self) -> np.ndarray:
+        return self.sequences.sequence_id[self.samples]
+
+    @property
+    def position(self) -> np.ndarray:
+        return self.sequences.position[self.samples]
+
+    def real(self, site: str, value: Tensor) -> Tensor:
+        """The rows of real tokens of a ``[batch, pos, ...]`` site output, ``[n_real, ...]`` in
+        sample order, on its device and in its dtype; checked finite (the error names the site,
+        sequence and position)."""
+        return real_values(value, self.mask.bool(), site, self.rows.start)
+
+
+class Measurement:
+    """Something measured while the model runs (module docstring). Subclasses implement every
+    method; nothing is learned in ``__init__`` beyond the plan (which sequences, which sites)."""
+
+    def sites(self, batch_index: int) -> Sequence[str]:
+        raise NotImplementedError
+
+    def update(self, site: str, value: Tensor, batch: Batch) -> None:
+        raise NotImplementedError
+
+    def end_batch(self, batch: Batch) -> None:
+        """After every site of ``batch`` was handed over (nothing to do by default)."""
+
+    def end_pass(self) -> bool:
+        return False
+
+    def spawn(self) -> "Measurement":
+        raise NotImplementedError
+
+    def merge(self, other: "Measurement") -> None:
+        raise NotImplementedError
+
+    def result(self):
+        raise NotImplementedError
+
+
+class KeepBudget:
+    """Bytes that measurements may keep in memory until the end of a pass (shared among them).
+
+    ``None``: no limit (every batch is kept: one pass, memory grows with the tokens); ``0``: keep
+    nothing (a second pass recomputes what is needed: memory bounded); ``"auto"``: a quarter of
+    the memory available when the run starts.
+    """
+
+    def __init__(self, limit: int | str | None = "auto"):
+        if limit == "auto":
+            limit = available_memory() // 4
+        if limit is not None and (not isinstance(limit, (int, np.integer)) or limit < 0):
+            raise ValueError(f"a keep budget is a number of bytes >= 0, None or 'auto', got {limit!r}")
+        self.limit, self.used = limit, 0
+
+    def take(self, nbytes: int) -> bool:
+        """Reserve ``nbytes`` if they fit; True when they did."""
+        if self.limit is not None and self.used + nbytes > self.limit:
+            return False
+        self.used += nbytes
+        return True
+
+    def give(self, nbytes: int) -> None:
+        self.used = max(0, self.used - nbytes)
+
+
+def available_memory() -> int:
+    """Bytes of memory available now (Linux ``MemAvailable``; elsewhere the free physical pages)."""
+    try:
+        with open("/proc/meminfo") as info:
+            for line in info:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+
+
+def run(
+    model,
+    sequences: Sequences,
+    measurements: Sequence[Measurement],
+    batch_size: int = 32,
+    executor=None,
+    shards: int | None = None,
+) -> list:
+    """Feed ``measurements`` every batch of ``sequences``, pass after pass, and return their results.
+
+    Args:
+        model: a hooked model (``Decoder``, ``TransformerBridge``, ``HookedModule``: anything with
+            a ``hook_dict``). With ``executor``: a picklable zero-argument callable that loads
+            the model (each shard loads its own copy; the model itself is never shipped).
+        sequences: the token set (:meth:`Sequences.of`).
+        measurements: what to measure; each is updated in place.
+        batch_size: sequences per forward pass.
+        executor: a ``concurrent.futures`` executor to run shards on, e.g. a Dask cluster's
+            ``Client(address).get_executor()``; None: every batch here.
+        shards: how many contiguous groups of batches to send to ``executor`` per pass
+            (default: the number of batches, at most 8).
+
+    Returns:
+        ``[m.result() for m in measurements]``.
+
+    Raises:
+        TypeError: if the model has no ``hook_dict``, or ``executor`` is given with a model
+            instead of a loader.
+        KeyError: for a site the model does not have.
+        ValueError: as :func:`~nopelens.probes.collect.collect` and the measurements.
+    """
+    batches = sequences.batches(batch_size)
+    if executor is not None and (isinstance(model, torch.nn.Module) or not callable(model)):
+        raise TypeError("with an executor, pass a zero-argument function that loads the model: each shard "
+                        "loads its own copy (two shards must not hook one model object)")
+    if executor is None:
+        _check_hooked(model)
+    # a later pass hooks what the first one did: which hooks are attached can change the model's
+    # arithmetic (the Decoder attends through a fused kernel unless scores or patterns are hooked)
+    hooked = {i: _asked(measurements, i) for i in range(len(batches))}
+    while True:
+        needed = [i for i in range(len(batches)) if _asked(measurements, i)]
+        if executor is None:
+            _run_batches(model, sequences, measurements, batches, needed, hooked)
+        else:
+            _run_shards(model, sequences, measurements, batches, needed, hooked, executor, shards)
+        if not any([m.end_pass() for m in measurements]):
+            return [m.result() for m in measurements]
+
+
+def _asked(measurements, i: int) -> list[str]:
+    return list(dict.fromkeys(site for m in measurements for site in m.sites(i)))
+
+
+def _check_hooked(model) -> dict:
+    hook_points = getattr(model, "hook_dict", None)
+    if not isinstance(hook_points, dict):
+        raise TypeError(
+            f"{type(model).__name__} has no TransformerLens hook_dict; wrap it with "
+            "nopelens.models.adapters.HookedModule(model, sites={site: module_path})"
+        )
+    return hook_points
+
+
+def _run_batches(model, sequences: Sequences, measurements, batches: list[slice], indices: Sequence[int],
+                 hooked: dict[int, list[str]]) -> None:
+    """Forward passes over ``batches[i]`` for ``i`` in ``indices`` with hooks on ``hooked[i]``, each
+    site handed to whoever asked for it."""
+    hook_points = _check_hooked(model)
+    device = _model_device(model)
+    flags = [(module, module.training) for module in model.modules()]
+    model.eval()
+    try:
+        for i in indices:
+            wanted = [(m, set(m.sites(i))) for m in measurements]
+            if not any(asked for _, asked in wanted):
+                continue
+            sites = _resolve_sites(hooked[i], hook_points)
+            rows = batches[i]
+            batch = Batch(i, rows, slice(int(sequences.offsets[rows.start]), int(sequences.offsets[rows.stop])), sequences)
+
+            def hand_over(site: str, value: Tensor) -> None:
+                for measurement, asked in wanted:
+                    if site in asked:
+                        measurement.update(site, value, batch)
+
+            mask = sequences.mask[rows].to(device) if sequences.masked else None
+            forward_with_hooks(model, hook_points, sites, sequences.tokens[rows].to(device), mask, hand_over)
+            for measurement, asked in wanted:
+                if asked:
+                    measurement.end_batch(batch)
+    finally:
+        for module, training in flags:
+            module.training = training
+
+
+def _run_shards(load: Callable, sequences, measurements, batches, indices, hooked, executor, shards) -> None:
+    if not indices:
+        return
+    shards = min(len(indices), 8) if shards is None else shards
+    if not isinstance(shards, (int, np.integer)) or shards < 1:
+        raise ValueError(f"shards must be a positive integer, got {shards!r}")
+    groups = [list(part) for part in np.array_split(np.asarray(indices), min(shards, len(indices))) if len(part)]
+    futures = [executor.submit(_shard, load, sequences, [m.spawn() for m in measurements], batches, group,
+                               {i: hooked[i] for i in group}) for group in groups]
+    for future in futures:  # in shard order, so the sums are the same on every run
+        for measurement, part in zip(measurements, future.result()):
+            measurement.merge(part)
+
+
+def _shard(load: Callable, sequences: Sequences, measurements, batches, indices, hooked) -> list:
+    """One shard on a worker: load the model, feed the measurements its batches, return them."""
+    from nopelens.models.threads import one_thread
+
+    with one_thread():
+        _run_batches(load(), sequences, measurements, batches, indices, hooked)
+    return measurements
+
+
+# ----------------------------------------------------------------------------- attention variance
+
+
+class AttentionVariance(Measurement):
+    """Per-position variance of site outputs across sequences, averaged over coordinates, streamed.
+
+    The same table as :func:`nopelens.probes.sinks.attention_variance`: for each site and position
+    i, Var_s(z_{s,i,c}) over the sequences s that have position i (ddof = 1), then the mean over
+    coordinates c. Per position it keeps the count n, the mean and the sum of squared deviations
+    M2 ``[d]`` (float64); batches combine by Chan, Golub & LeVeque's pairwise update
+    (M2 = M2_a + M2_b + delta^2 n_a n_b / n, delta = mean_b - mean_a), which stays accurate where
+    sums of squares would cancel. Memory: positions x d_model per site.
+
+    Args:
+        sequences: the token set.
+        sites: ``blocks.{l}.hook_attn_out`` (or ``attn.hook_z``) sites.
+        windows: block -> its sliding window or chunk, for the ``visible_keys`` column (blocks not
+            listed: the causal rule, i + 1).
+    """
+
+    def __init__(self, sequences: Sequences, sites: Sequence[str], windows: dict[int, KeyWindow] | None = None):
+        if not sites:
+            raise ValueError("no site given; name blocks.{l}.hook_attn_out or attn.hook_z sites")
+        self.sequences, self.site_list = sequences, list(sites)
+        self.windows = dict(windows or {})
+        self.n_positions = int(sequences.position.max()) + 1
+        self.state: dict[str, tuple[Tensor, Tensor, Tensor]] = {}  # site -> (n [P], mean [P, d], M2 [P, d])
+        self.done = False
+
+    def sites(self, batch_index: int) -> Sequence[str]:
+        return [] if self.done else self.site_list
+
+    def update(self, site: str, value: Tensor, batch: Batch) -> None:
+        rows = batch.real(site, value)
+        X = rows.reshape(len(rows), -1).to(torch.float64)
+        position = torch.as_tensor(batch.position, device=X.device)
+        count = torch.bincount(position, minlength=self.n_positions).to(X.dtype)
+        present = count > 0
+        mean = torch.zeros(self.n_positions, X.shape[1], dtype=X.dtype, device=X.device).index_add_(0, position, X)
+        mean[present] /= count[present, None]
+        m2 = torch.zeros_like(mean).index_add_(0, position, (X - mean[position]) ** 2)
+        self._combine(site, (count, mean, m2))
+
+    def _combine(self, site: str, part: tuple[Tensor, Tensor, Tensor]) -> None:
+        if site not in self.state:
+            self.state[site] = part
+            return
+        (n_a, mean_a, m2_a), (n_b, mean_b, m2_b) = self.state[site], (t.to(self.state[site][0].device) for t in part)
+        n = n_a + n_b
+        share = torch.where(n > 0, n_b / torch.where(n > 0, n, 1), 0)[:, None]
+        delta = mean_b - mean_a
+        self.state[site] = (n, mean_a + delta * share, m2_a + m2_b + delta**2 * (n_a[:, None] * share))
+
+    def end_pass(self) -> bool:
+        self.done = True
+        return False
+
+    def spawn(self) -> "AttentionVariance":
+        other = AttentionVariance(self.sequences, self.site_list, self.windows)
+        other.done = self.done
+        return other
+
+    def merge(self, other: "AttentionVariance") -> None:
+        for site, part in other.state.items():
+            self._combine(site, part)
+
+    def result(self) -> pd.DataFrame:
+        """DataFrame ``site, block, position, visible_keys, variance, n_sequences`` (positions with >= 2 sequences).
+
+        Raises:
+            ValueError: if no position of a site has two sequences.
+        """
+        frames = []
+        for site in self.site_list:
+            n, _, m2 = self.state[site]
+            shared = n >= 2
+            if not bool(shared.any()):
+                raise ValueError(f"site {site!r}: no position is shared by two sequences")
+            variance = (m2[shared] / (n[shared, None] - 1)).mean(1)
+            position = torch.nonzero(shared).flatten().cpu().numpy().astype(int)
+            visible = self.windows.get(site_block(site), CAUSAL).n_visible(self.n_positions).numpy()
+            frames.append(pd.DataFrame({"site": site, "block": site_block(site), "position": position,
+                                        "visible_keys": visible[position],
+                                        "variance": variance.cpu().numpy(), "n_sequences": n[shared].cpu().numpy().astype(int)}))
+        return pd.concat(frames, ignore_index=True)[["site", "block", "position", "visible_keys", "variance", "n_sequences"]]

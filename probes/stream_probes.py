@@ -1,0 +1,479 @@
+"""Position probes from streamed statistics: the tables of
+:func:`~nopelens.probes.linear.probe_absolute_index` and
+:func:`~nopelens.probes.linear.probe_relative_distance`, with memory that does not grow with
+the tokens.
+
+Before the first forward pass, everything that does not depend on activations is fixed from the
+token set alone (:class:`~nopelens.probes.stream.Sequences`): the grouped folds
+(:func:`~nopelens.probes.linear.sequence_splits`, the same ``GroupKFold`` over the same sequence
+ids), the blocks every fitting side is made of (:func:`~nopelens.probes.fitting.fold_blocks`),
+the distance pairs, and every target (position, position bins, distance, the control task and
+the shuffled labels, :func:`~nopelens.probes.linear.probe_labels`). While the model runs, each
+batch's features are added into per-block sufficient statistics
+(:class:`~nopelens.probes.fitting.BlockMoments`: counts, sums, X^T X, X^T y for every value
+target, class sums for LDA, raw per-feature extremes for the round-off rule). Features that
+several probe families share are added once: the rows are cut into the finest common refinement
+("cells") of every family's blocks, and a family's block is a sum of cells (the grouped split
+and the extrapolation split at one residual site share one Gram per cell). Pair features
+[h_i; h_j], the per-head bilinear q.k read and the score read are built per batch from pairs
+drawn before the run (:func:`~nopelens.probes.targets.pair_features`,
+:func:`~nopelens.probes.targets.bilinear_features`, :func:`~nopelens.probes.targets.score_features`
+on that batch's sequences: no ``[head, T, T]`` array outlives its batch).
+
+After the first pass every fold's probe is fitted from the statistics with the same code as the
+in-memory path (:func:`~nopelens.probes.fitting.fold_models`). Out-of-fold predictions need each
+token's features *and* weights fitted on the other folds, which exist only after the last batch:
+exact K-fold predictions cannot be formed in the same single pass without keeping the features.
+So a batch's features are kept until the fit while a :class:`~nopelens.probes.stream.KeepBudget`
+allows (one pass, memory growing with the kept tokens), and the batches beyond it are run a
+second time, in which the probes only predict (memory bounded; the forward pass costs twice).
+Either way each token ends with a few numbers (its predictions), from which the metrics and
+their bootstrap CIs over sequences are computed exactly as in memory
+(:func:`~nopelens.probes.linear.score_probes`). The result equals the in-memory tables on the
+same batches, with the same sites hooked (hooks can change a model's arithmetic: the Decoder
+attends through a fused kernel unless scores or patterns are hooked), up to float round-off of the
+sums (tests: 1e-8). Features are read in the model's own dtype; :func:`~nopelens.probes.collect`
+stores float32 copies, so for a float64 model the two paths agree only to float32 precision.
+
+Long context: with more than :data:`MAX_POSITION_CLASSES` positions, classification is over
+position bins (:func:`~nopelens.probes.linear.position_classes`, target ``absolute_index//W``);
+regression, MAD and Spearman stay in positions. Pairs are drawn at :data:`MAX_DISTANCES`
+distances spread over the whole range (:func:`~nopelens.probes.targets.spread_distances`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Sequence
+
+import numpy as np
+import pandas as pd
+import torch
+from torch import Tensor
+
+from .collect import _store_patterns
+from .fitting import ALPHAS, BlockMoments, FoldFit, _check_task, check_compute_dtype, fold_blocks, fold_models
+from .linear import (
+    _coarser,
+    _label,
+    _tidy,
+    extrapolation_splits,
+    fitted_probes,
+    position_classes,
+    probe_labels,
+    score_probes,
+    sequence_splits,
+)
+from .stream import Batch, KeepBudget, Measurement, Sequences
+from .targets import DistancePairs, bilinear_features, pair_features, sample_distance_pairs, score_features, spread_distances
+
+MAX_POSITION_CLASSES = 64
+"""Absolute-index classification uses at most this many classes; beyond, position bins."""
+
+MAX_DISTANCES = 64
+"""Relative-distance pairs are drawn at at most this many distances, spread over the range."""
+
+
+@dataclass
+class _Family:
+    """One probe family on a layout's rows: a task, its grouped splits and its targets."""
+
+    target: str
+    task: str
+    split: str
+    labels: dict[str, np.ndarray]  # probe name -> [n_rows]
+    splits: list
+    controls: bool
+    block: np.ndarray = field(init=False)  # [n_rows] block of each row, -1: on no fitting side
+    members: list = field(init=False)
+    fold: np.ndarray = field(init=False)  # [n_rows] fold that scores each row, -1: none
+
+    def __post_init__(self):
+        n_rows = len(self.labels["linear"])
+        self.block = np.full(n_rows, -1, dtype=np.int64)
+        self.fold = np.full(n_rows, -1, dtype=np.int64)
+        for k, (_, score) in enumerate(self.splits):
+            self.fold[np.asarray(score)] = k
+
+
+class _Layout:
+    """The rows of a set of jobs (tokens, or pairs), their probe families and their cells."""
+
+    def __init__(self, groups: np.ndarray, token_types: np.ndarray, families: list[_Family]):
+        self.groups, self.token_types, self.families = groups, token_types, families
+        n_rows = len(groups)
+        codes, n_blocks = [], []
+        for family in families:
+            blocks, family.members = fold_blocks(family.splits, groups)
+            for b, rows in enumerate(blocks):
+                family.block[rows] = b
+            codes.append(family.block)
+            n_blocks.append(len(blocks))
+        combos, cell = np.unique(np.stack(codes, 1), axis=0, return_inverse=True)
+        cell = cell.reshape(-1)
+        unused = (combos == -1).all(1)
+        cell[unused[cell]] = -1  # rows on no fitting side add to no statistic
+        self.cell, self.n_cells = cell, len(combos)
+        self.cells_of = [[[c for c in range(len(combos)) if combos[c, f] == b] for b in range(n_blocks[f])]
+                         for f in range(len(families))]
+        # value targets (regression) and class targets (classification), each array once
+        self.values, self.classes, self.columns = [], [], []
+        for family in families:
+            store = self.values if family.task == "regression" else self.classes
+            cols = []
+            for y in family.labels.values():
+                same = [i for i, known in enumerate(store) if known is y or np.array_equal(known, y)]
+                if not same:
+                    store.append(y)
+                cols.append(same[0] if same else len(store) - 1)
+            self.columns.append(cols)
+        self.value_table = np.stack(self.values, 1).astype(np.float64) if self.values else np.zeros((n_rows, 0))
+        self.class_values, self.class_index = [], []
+        for y in self.classes:
+            values, index = np.unique(y, return_inverse=True)
+            self.class_values.append(values)
+            self.class_index.append(index.reshape(-1).astype(np.int64))
+
+
+class _Job:
+    """One feature matrix to probe: which sites make it, how a batch gives its rows."""
+
+    def __init__(self, layout: _Layout, sites: tuple[str, ...], site: str, features: str, form: str, read: bool):
+        self.layout, self.sites, self.site, self.features, self.form, self.read = layout, sites, site, features, form, read
+        # the activations' dtype for the round-off rule, no finer than what the in-memory path stores
+        # (float32 copies; the score read's float64 differences)
+        self.dtype = "float64" if form == "patterns" else "float32"
+        self.shift: Tensor | None = None
+        self.moments: BlockMoments | None = None
+        self.kept: list[tuple[np.ndarray, Tensor]] = []
+        self.kept_bytes = 0
+        self.rerun: set[int] = set()
+        self.models: list | None = None
+        self.predictions: list[dict[str, np.ndarray]] = []
+        self.filled: list[np.ndarray] = []
+        self.pending: dict[str, object] = {}
+
+    def fresh(self) -> "_Job":
+        """A copy with the same plan and fit, and no statistics, kept rows or predictions."""
+        job = _Job(self.layout, self.sites, self.site, self.features, self.form, self.read)
+        job.dtype, job.models, job.rerun, job.shift = self.dtype, self.models, set(self.rerun), self.shift
+        if self.models is not None:
+            job._empty_predictions()
+        return job
+
+    def _empty_predictions(self) -> None:
+        n_rows = len(self.layout.groups)
+        self.predictions = [{name: np.zeros(n_rows, dtype=np.float64 if family.task == "regression" else labels.dtype)
+                             for name, labels in family.labels.items()} for family in self.layout.families]
+        self.filled = [np.zeros(n_rows, dtype=bool) for _ in self.layout.families]
+
+
+class Probes(Measurement):
+    """Probe families on streamed features (module docstring); build with
+    :func:`absolute_index_probes` or :func:`relative_distance_probes`, feed with
+    :func:`~nopelens.probes.stream.run`; :meth:`result` is the tidy table of the in-memory
+    function (:data:`~nopelens.probes.linear.RESULT_COLUMNS`).
+
+    Phases: ``statistics`` (first pass: add every batch's features to the per-cell statistics,
+    keep them while the budget allows), ``predictions`` (second pass over the batches that were
+    not kept, if any), ``done``.
+    """
+
+    def __init__(self, sequences: Sequences, jobs: list[_Job], pairs: DistancePairs | None, n_boot: int, seed: int,
+                 keep, compute_dtype: torch.dtype | None, alphas=ALPHAS, shrinkage: float = 1e-3):
+        self.sequences, self.jobs, self.pairs = sequences, jobs, pairs
+        self.n_boot, self.seed, self.compute_dtype = n_boot, seed, compute_dtype
+        self.alphas, self.shrinkage = np.asarray(sorted(alphas), dtype=np.float64), shrinkage
+        self.budget = keep if isinstance(keep, KeepBudget) else KeepBudget(keep)
+        self.phase = "statistics"
+        if pairs is not None:
+            self._pair_order = np.argsort(pairs.sequence_id, kind="stable")
+            self._pair_starts = np.searchsorted(pairs.sequence_id[self._pair_order], np.arange(sequences.n_sequences + 1))
+
+    # ------------------------------------------------------------------ what the runner asks
+
+    def sites(self, batch_index: int) -> list[str]:
+        if self.phase == "done":
+            return []
+        jobs = self.jobs if self.phase == "statistics" else [j for j in self.jobs if batch_index in j.rerun]
+        return list(dict.fromkeys(site for job in jobs for site in job.sites))
+
+    def update(self, site: str, value: Tensor, batch: Batch) -> None:
+        forms: dict[str, object] = {}
+        for job in self.jobs:
+            if site not in job.sites or (self.phase == "predictions" and batch.index not in job.rerun):
+                continue
+            if job.form not in forms:
+                forms[job.form] = _as_form(job.form, site, value, batch)
+            job.pending[site] = forms[job.form]
+            job.dtype = _coarser(job.dtype, str(value.dtype).removeprefix("torch."))
+            if all(s in job.pending for s in job.sites):
+                rows, X = self._build(job, batch)
+                job.pending = {}
+                if len(rows):
+                    self._take(job, rows, X, batch)
+
+    def end_batch(self, batch: Batch) -> None:
+        for job in self.jobs:
+            job.pending = {}
+
+    def end_pass(self) -> bool:
+        if self.phase == "statistics":
+            for job in self.jobs:
+                self._fit(job)
+            self.phase = "predictions"
+            if any(job.rerun for job in self.jobs):
+                return True
+        self._check_complete()
+        self.phase = "done"
+        return False
+
+    def spawn(self) -> "Probes":
+        other = object.__new__(Probes)
+        other.__dict__.update(self.__dict__)
+        other.jobs = [job.fresh() for job in self.jobs]
+        other.budget = KeepBudget(0)  # a shard never sees the fit, so it keeps nothing
+        return other
+
+    def merge(self, other: "Probes") -> None:
+        for job, part in zip(self.jobs, other.jobs):
+            job.dtype = _coarser(job.dtype, part.dtype)
+            job.rerun |= part.rerun
+            if part.moments is not None:
+                if job.moments is None:
+                    job.moments, job.shift = part.moments, part.shift
+                else:
+                    job.moments.merge(part.moments)
+            for mine, theirs, filled, got in zip(job.predictions, part.predictions, job.filled, part.filled):
+                for name in mine:
+                    mine[name][got] = theirs[name][got]
+                filled |= got
+
+    def result(self) -> pd.DataFrame:
+        """The tidy table, in the row order of the in-memory functions."""
+        if self.phase != "done":
+            raise ValueError("the probes have not been fed every batch yet; pass them to nopelens.probes.stream.run")
+        frames = []
+        for job in self.jobs:
+            for f, family in enumerate(job.layout.families):
+                predictions = [[job.predictions[f][name][np.asarray(score)] for name in family.labels]
+                               for _, score in family.splits]
+                fit = FoldFit.assemble(family.splits, job.models[f], predictions, self.alphas)
+                frame = score_probes(fitted_probes(fit, family.labels), family.labels, job.layout.groups, family.splits,
+                                     family.task, job.layout.token_types, family.controls, self.n_boot, self.seed)
+                frame = _label(frame, job.site, family.target, family.task, job.features, family.split)
+                if job.read:  # an attention read of block l counts at layer l + 1
+                    frame["layer"] = frame["block"] + 1
+                frames.append(frame)
+        return _tidy(frames)
+
+    # ------------------------------------------------------------------ the work
+
+    def _local_pairs(self, batch: Batch) -> tuple[np.ndarray, DistancePairs]:
+        ids = self._pair_order[self._pair_starts[batch.rows.start]:self._pair_starts[batch.rows.stop]]
+        p, s0 = self.pairs, batch.samples.start
+        return ids, DistancePairs(p.query[ids] - s0, p.key[ids] - s0, p.distance[ids], p.sequence_id[ids])
+
+    def _build(self, job: _Job, batch: Batch) -> tuple[np.ndarray, Tensor]:
+        """The job's rows in this batch (indices into its layout) and their features ``[n, d]``."""
+        if job.form == "rows":
+            X = job.pending[job.sites[0]]
+            return np.arange(batch.samples.start, batch.samples.stop), X.reshape(len(X), -1)
+        ids, local = self._local_pairs(batch)
+        if job.form == "numpy" and len(job.sites) == 1:
+            X = pair_features(job.pending[job.sites[0]], local, job.features)
+        elif job.form == "numpy":
+            X = bilinear_features(job.pending[job.sites[0]], job.pending[job.sites[1]], local,
+                                  job.features.removeprefix("bilinear_"))
+        else:
+            local_sequence = batch.sequence_id - batch.rows.start
+            X = score_features(job.pending[job.sites[0]], local_sequence, batch.position, local, job.dtype)
+        return ids, torch.from_numpy(np.ascontiguousarray(X))
+
+    def _take(self, job: _Job, rows: np.ndarray, X: Tensor, batch: Batch) -> None:
+        if self.phase == "statistics":
+            self._add(job, rows, X)
+            nbytes = X.element_size() * X.nelement() + rows.nbytes
+            if self.budget.take(nbytes):
+                job.kept.append((rows, X))
+                job.kept_bytes += nbytes
+            else:
+                job.rerun.add(batch.index)
+        else:
+            self._predict(job, rows, X)
+
+    def _add(self, job: _Job, rows: np.ndarray, X: Tensor) -> None:
+        layout = job.layout
+        compute = check_compute_dtype(X.device, self.compute_dtype)
+        Xd = X.to(compute)
+        if job.moments is None:
+            job.shift = Xd.mean(0)  # near the mean keeps the Gram sums precise; merges reshift
+            job.moments = BlockMoments(layout.n_cells, job.shift, n_values=len(layout.values), classes=layout.class_values)
+        Xs = Xd - job.shift
+        cell = layout.cell[rows]
+        for c in np.unique(cell[cell >= 0]):
+            where = np.flatnonzero(cell == c)
+            index, picked = torch.as_tensor(where, device=X.device), rows[where]
+            values = torch.as_tensor(layout.value_table[picked], dtype=compute, device=X.device)
+            labels = [torch.as_tensor(index_of[picked], device=X.device) for index_of in layout.class_index]
+            job.moments.add(int(c), Xs[index], X[index], values, labels)
+
+    def _fit(self, job: _Job) -> None:
+        layout = job.layout
+        if job.moments is None:
+            raise ValueError(f"no rows of {job.site} ({job.features}) were seen; nothing to probe")
+        job.models = []
+        for f, family in enumerate(layout.families):
+            cols = layout.columns[f]
+            if family.task == "regression":
+                moments = job.moments.group(layout.cells_of[f], values=cols, classes=[])
+            else:
+                moments = job.moments.group(layout.cells_of[f], values=[], classes=cols)
+            job.models.append(fold_models(moments, family.members, family.task, job.dtype, self.alphas, self.shrinkage))
+        job.moments = None
+        job._empty_predictions()
+        for rows, X in job.kept:
+            self._predict(job, rows, X)
+        self.budget.give(job.kept_bytes)
+        job.kept, job.kept_bytes = [], 0
+
+    def _predict(self, job: _Job, rows: np.ndarray, X: Tensor) -> None:
+        Xs = X.to(check_compute_dtype(X.device, self.compute_dtype)) - job.shift.to(X.device)
+        for f, family in enumerate(job.layout.families):
+            fold = family.fold[rows]
+            for k in np.unique(fold[fold >= 0]):
+                where = np.flatnonzero(fold == k)
+                out = job.models[f][k].predict(Xs[torch.as_tensor(where, device=X.device)])
+                for name, values in zip(family.labels, out):
+                    job.predictions[f][name][rows[where]] = values
+                job.filled[f][rows[where]] = True
+
+    def _check_complete(self) -> None:
+        for job in self.jobs:
+            for family, filled in zip(job.layout.families, job.filled):
+                scored = family.fold >= 0
+                if not filled[scored].all():
+                    raise RuntimeError(f"{job.site} ({job.features}): {int((~filled[scored]).sum())} scored rows "
+                                       "were never predicted; a batch was not fed in the prediction pass")
+
+
+def _as_form(form: str, site: str, value: Tensor, batch: Batch):
+    """A site's output as a job reads it: real rows on the model's device and dtype (``rows``),
+    as float32 CPU numpy like :func:`~nopelens.probes.collect.collect` stores them (``numpy``), or
+    per sequence ``[head, n_real, n_real]`` float32 arrays (``patterns``)."""
+    if form == "rows":
+        return batch.real(site, value)
+    if form == "numpy":
+        return batch.real(site, value).to("cpu", torch.float32).numpy()
+    store: list[np.ndarray] = []
+    _store_patterns(store, value.to("cpu", torch.float32), batch.mask, site, batch.rows.start)
+    return store
+
+
+# ----------------------------------------------------------------------------- constructors
+
+
+def absolute_index_probes(
+    sequences: Sequences,
+    sites: Sequence[str],
+    tasks: Sequence[str] = ("classification", "regression"),
+    n_splits: int = 5,
+    controls: bool = True,
+    extrapolate_from: int | None = None,
+    max_classes: int | None = MAX_POSITION_CLASSES,
+    n_boot: int = 1000,
+    seed: int = 0,
+    keep: KeepBudget | int | str | None = "auto",
+    compute_dtype: torch.dtype | None = None,
+) -> Probes:
+    """Streamed :func:`~nopelens.probes.linear.probe_absolute_index` (LDA and ridge probes).
+
+    Args:
+        sequences: the token set the model will be run on.
+        sites: residual-like sites shaped ``[batch, pos, ...]`` (flattened per token).
+        tasks, n_splits, controls, extrapolate_from, n_boot, seed: as the in-memory function.
+        max_classes: classification over at most this many classes (position bins beyond it,
+            :func:`~nopelens.probes.linear.position_classes`); None: every position its class.
+        keep: features kept for the predictions instead of a second forward pass: a shared
+            :class:`~nopelens.probes.stream.KeepBudget`, or its limit (bytes; None: all; 0: none;
+            ``"auto"``: a quarter of the available memory).
+        compute_dtype: statistics' dtype (float64; float32 only on an accelerator).
+
+    Returns:
+        A :class:`Probes` measurement.
+
+    Raises:
+        ValueError: with too few sequences for the folds, an unknown task, or as
+            :func:`~nopelens.probes.linear.extrapolation_splits`.
+    """
+    for task in tasks:
+        _check_task(task)
+    groups, position, token = sequences.sequence_id, sequences.position, sequences.token
+    splits = sequence_splits(groups, n_splits)
+    families = []
+    for task in tasks:
+        y, target = position_classes(position, max_classes) if task == "classification" else (position, "absolute_index")
+        families.append(_Family(target, task, "grouped", probe_labels(y, token, controls, seed), splits, controls))
+    if extrapolate_from is not None:
+        families.append(_Family("absolute_index", "regression", "extrapolation", {"linear": position},
+                                extrapolation_splits(groups, position, extrapolate_from, n_splits), False))
+    layout = _Layout(groups, token, families)
+    jobs = [_Job(layout, (site,), site, "token", "rows", read=False) for site in sites]
+    return Probes(sequences, jobs, None, n_boot, seed, keep, compute_dtype)
+
+
+def relative_distance_probes(
+    sequences: Sequences,
+    sites: Sequence[str] = (),
+    feature_kinds: Sequence[str] = ("concat", "difference"),
+    attention: Sequence[tuple[str, str]] = (),
+    scores: Sequence[str] = (),
+    bilinear: str = "outer",
+    tasks: Sequence[str] = ("classification", "regression"),
+    max_distance: int | None = None,
+    pairs_per_distance: int | None = None,
+    distances: Sequence[int] | str | None = "spread",
+    n_splits: int = 5,
+    controls: bool = True,
+    n_boot: int = 1000,
+    seed: int = 0,
+    keep: KeepBudget | int | str | None = "auto",
+    compute_dtype: torch.dtype | None = None,
+) -> Probes:
+    """Streamed :func:`~nopelens.probes.linear.probe_relative_distance` (LDA and ridge probes).
+
+    Args:
+        sequences: the token set the model will be run on.
+        sites: residual sites for the pair features ``feature_kinds``.
+        attention: (query site, key site) pairs for the content-only bilinear q.k read.
+        scores: ``hook_attn_scores`` sites for the score read.
+        bilinear, tasks, max_distance, pairs_per_distance, n_splits, controls, n_boot, seed: as
+            the in-memory function.
+        distances: the distances to draw pairs at: ``"spread"`` (default) for at most
+            :data:`MAX_DISTANCES` spread over 0..max_distance (every distance when there are no
+            more), None for every distance, or an explicit ascending list.
+        keep, compute_dtype: as :func:`absolute_index_probes`.
+
+    Returns:
+        A :class:`Probes` measurement.
+
+    Raises:
+        ValueError: as :func:`~nopelens.probes.targets.sample_distance_pairs` and
+            :func:`~nopelens.probes.linear.sequence_splits`.
+    """
+    for task in tasks:
+        _check_task(task)
+    if distances == "spread":
+        longest = int(np.diff(sequences.offsets).max())
+        distances = spread_distances(longest - 1 if max_distance is None else max_distance, MAX_DISTANCES)
+    pairs = sample_distance_pairs(sequences.sequence_id, sequences.position, max_distance, pairs_per_distance, seed,
+                                  distances)
+    pair_tokens = np.stack([sequences.token[pairs.query], sequences.token[pairs.key]], axis=1)
+    splits = sequence_splits(pairs.sequence_id, n_splits)
+    families = [_Family("relative_distance", task, "grouped", probe_labels(pairs.distance, pair_tokens, controls, seed),
+                        splits, controls) for task in tasks]
+    layout = _Layout(pairs.sequence_id, pair_tokens, families)
+    jobs = [_Job(layout, (site,), site, kind, "numpy", read=False) for site in sites for kind in feature_kinds]
+    jobs += [_Job(layout, (q, k), q, f"bilinear_{bilinear}", "numpy", read=True) for q, k in attention]
+    jobs += [_Job(layout, (site,), site, "score", "patterns", read=True) for site in scores]
+    return Probes(sequences, jobs, pairs, n_boot, seed, keep, compute_dtype)

@@ -1,0 +1,52 @@
+"""The sweep's ETA knows which tasks train and which only measure (issue 23)."""
+
+import pytest
+
+from nopelens.analyses.eta import MEASURE_PRIOR, TRAIN_PRIOR, SweepETA, TaskWork
+from nopelens.analyses.subjects import planned_work
+from nopelens.models import zoo
+
+TRAIN = TaskWork(1000, 1000 * 16 * 65 * 0.85e6, 5 * (80 * 64 + 5120))  # text-nope-4l, not cached yet
+READ = TaskWork(0, 0.0, 5 * (80 * 64 + 5120))  # a cached model or a control
+
+
+def sweep_of_one_training_and_five_reads(jobs=1):
+    return SweepETA({"train": TRAIN, **{f"read{i}": READ for i in range(5)}}, jobs=jobs)
+
+
+def test_before_any_task_finishes_training_counts_far_more_than_measuring():
+    eta = sweep_of_one_training_and_five_reads()
+    assert eta.cost("train") > 3 * eta.cost("read0")
+    assert eta.remaining() == pytest.approx(TRAIN.train_work * TRAIN_PRIOR + 6 * READ.measure_work * MEASURE_PRIOR)
+    assert eta.describe().endswith("1 to train, 5 to measure")
+
+
+def test_after_the_training_task_the_rest_is_estimated_from_measuring_time_not_from_its_total():
+    """tqdm would extrapolate the first task's 300 s to the five left (25 min); they take 20 s each."""
+    eta = sweep_of_one_training_and_five_reads()
+    eta.finished("train", train_seconds=280.0, measure_seconds=20.0)
+    assert eta.remaining() == pytest.approx(5 * 20.0)
+    assert eta.remaining(since_last=30.0) == pytest.approx(70.0), "time spent on the running task counts"
+    assert eta.describe() == "about 2 min left: 0 to train, 5 to measure"
+    eta.finished("read0", train_seconds=1.0, measure_seconds=9.0)  # loading counts as measuring
+    assert eta.rate("measure") == pytest.approx(30.0 / (2 * READ.measure_work))
+    for key in ("read1", "read2", "read3", "read4"):
+        eta.finished(key, 0.0, 15.0)
+    assert eta.remaining() == 0 and eta.describe() == "done"
+
+
+def test_workers_share_what_is_left():
+    one, two = sweep_of_one_training_and_five_reads(1), sweep_of_one_training_and_five_reads(2)
+    assert two.remaining() == pytest.approx(one.remaining() / 2)
+
+
+def test_planned_work_knows_what_will_train(tmp_path, monkeypatch):
+    monkeypatch.setenv("NOPELENS_CACHE", str(tmp_path))  # an empty cache: every zoo model would train
+    fresh = planned_work("text-nope-4l", 80, 64)
+    recipe = zoo.recipe("text-nope-4l")
+    assert fresh.trains and fresh.train_steps == recipe.steps
+    assert fresh.train_work == pytest.approx(recipe.steps * 16 * 65 * (4 * 12 * 128**2 + 2 * 258 * 128))
+    assert planned_work("text-nope-4l", 80, 64, quick_steps=30).train_steps == 30
+    for control in ("circuit", "untrained-nope", "constant-nope"):
+        assert not planned_work(control, 80, 64).trains, control
+    assert planned_work("circuit", 80, 64).measure_work < fresh.measure_work, "two blocks, not four"

@@ -1,0 +1,272 @@
+"""Streamed probes and reads (issue 19): the tables equal the in-memory ones on the same batches,
+whether every batch is kept (one pass) or recomputed (two passes), shards on a Dask cluster add
+up to one machine's, and probes run at 2,048 tokens with position bins and spread distances."""
+
+from __future__ import annotations
+
+import functools
+import warnings
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+from nopelens.models import Decoder, DecoderConfig
+from nopelens.probes import collect, probe_absolute_index, probe_relative_distance, resid_sites
+from nopelens.probes.fitting import BlockMoments
+from nopelens.probes.sinks import attention_variance
+from nopelens.probes.stream import AttentionVariance, KeepBudget, Sequences, run
+from nopelens.probes.stream_probes import absolute_index_probes, relative_distance_probes
+
+TOLERANCE = 1e-8
+
+
+def assert_tables_equal(memory: pd.DataFrame, streamed: pd.DataFrame, tolerance: float = TOLERANCE) -> None:
+    """Same rows and labels; every number equal to ``tolerance`` (absolute and relative)."""
+    assert list(memory.columns) == list(streamed.columns)
+    assert len(memory) == len(streamed)
+    for column in memory.columns:
+        if memory[column].dtype.kind == "f":
+            np.testing.assert_allclose(streamed[column].to_numpy(), memory[column].to_numpy(), rtol=tolerance,
+                                       atol=tolerance, equal_nan=True, err_msg=column)
+        else:
+            pd.testing.assert_series_equal(streamed[column], memory[column], check_dtype=False)
+
+
+def sweep_reads(n_layers: int, qk, scores, inner=()):
+    """The sweep's probe set of a model (analyses.sweep.analyse_subject, without sinks)."""
+    residual = resid_sites(n_layers)
+    return residual, list(inner), list(qk), list(scores)
+
+
+def in_memory(model, tokens, mask, residual, inner, qk, scores, n_splits, n_boot, mode, pairs):
+    sites = residual + inner + [s for pair in qk for s in pair] + scores
+    acts = collect(model, tokens, sites, attention_mask=mask, batch_size=4)
+    common = dict(n_splits=n_splits, n_boot=n_boot, seed=0)
+    absolute = probe_absolute_index(acts, sites=residual + inner, extrapolate_from=tokens.shape[1] // 2,
+                                    max_classes=64, **common)
+    relative = probe_relative_distance(acts, sites=residual, feature_kinds=("concat",), attention=qk, scores=scores,
+                                       bilinear=mode, tasks=("regression",), pairs_per_distance=pairs, **common)
+    variance = attention_variance(acts, inner[:1]) if inner else None
+    return absolute, relative, variance
+
+
+def streamed(model, tokens, mask, residual, inner, qk, scores, n_splits, n_boot, mode, pairs, keep, **run_kwargs):
+    sequences = Sequences.of(tokens, mask)
+    budget = KeepBudget(keep)
+    common = dict(n_splits=n_splits, n_boot=n_boot, seed=0, keep=budget)
+    measurements = [
+        absolute_index_probes(sequences, residual + inner, extrapolate_from=tokens.shape[1] // 2, **common),
+        relative_distance_probes(sequences, sites=residual, feature_kinds=("concat",), attention=qk, scores=scores,
+                                 bilinear=mode, tasks=("regression",), pairs_per_distance=pairs, distances=None,
+                                 **common),
+    ]
+    if inner:
+        measurements.append(AttentionVariance(sequences, inner[:1]))
+    return run(model, sequences, measurements, batch_size=4, **run_kwargs), measurements
+
+
+@pytest.fixture(scope="module")
+def circuit():
+    from nopelens.analyses.subjects import resolve
+
+    with torch.no_grad():
+        return resolve("circuit", 12, 16, seed=0, progress=False)
+
+
+@pytest.mark.parametrize("keep", [None, 0, 60_000])
+def test_streamed_sweep_probes_equal_in_memory_on_the_circuit(circuit, one_thread, keep):
+    """Every batch kept (one pass), none kept (two passes), or some: the same tables to 1e-8."""
+    layers = circuit.n_layers
+    qk = [(f"blocks.{l}.attn.hook_q", f"blocks.{l}.attn.hook_k") for l in range(layers)]
+    scores = [f"blocks.{l}.attn.hook_attn_scores" for l in range(layers)]
+    inner = [f"blocks.{l}.hook_attn_out" for l in range(layers)]
+    args = (circuit.model, circuit.tokens, circuit.attention_mask, resid_sites(layers), inner, qk, scores, 4, 40,
+            "elementwise", 12)
+    absolute, relative, variance = in_memory(*args)
+    tables, measurements = streamed(*args, keep=keep)
+    assert_tables_equal(absolute, tables[0])
+    assert_tables_equal(relative, tables[1])
+    assert_tables_equal(variance, tables[2], tolerance=1e-12)
+    reruns = [job.rerun for m in measurements[:2] for job in m.jobs]
+    n_batches = len(circuit.tokens) // 4
+    if keep is None:
+        assert not any(reruns), "an unlimited budget keeps every batch: one pass"
+    elif keep == 0:
+        assert all(rerun == set(range(n_batches)) for rerun in reruns), "nothing kept: every batch runs twice"
+    else:
+        assert any(reruns) and not all(rerun == set(range(n_batches)) for rerun in reruns)
+    assert measurements[0].budget.used == 0, "kept features are released after the fit"
+    # the circuit's known answer survives streaming: block 0 counts positions exactly
+    linear = tables[0][(tables[0].probe == "linear") & (tables[0].metric == "r2") & (tables[0].split == "grouped")]
+    assert linear.set_index("site").loc["blocks.0.hook_resid_post", "value"] > 0.999
+
+
+def test_streamed_probes_equal_in_memory_on_a_bridged_hf_llama(one_thread):
+    """Grouped-query attention, RoPE applied inside HF's attention, bridged by TransformerLens."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from nopelens.models.adapters import bridge_hf_model
+
+    torch.manual_seed(0)
+    config = LlamaConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                         intermediate_size=64, vocab_size=64, max_position_embeddings=64)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model = bridge_hf_model(LlamaForCausalLM(config).eval())
+    tokens = torch.randint(0, 64, (10, 16), generator=torch.Generator().manual_seed(1))
+    mask = torch.ones_like(tokens)
+    mask[:3, :4] = 0  # left padding: positions come from the mask, padding is never a sample
+    qk = [("blocks.1.attn.hook_rot_q", "blocks.1.attn.hook_rot_k")]
+    args = (model, tokens, mask, resid_sites(2), [], qk, ["blocks.1.attn.hook_attn_scores"], 3, 40, "outer", 6)
+    absolute, relative, _ = in_memory(*args)
+    tables, _ = streamed(*args, keep=0)
+    assert_tables_equal(absolute, tables[0])
+    assert_tables_equal(relative, tables[1])
+    assert tables[0]["n_samples"].max() == int(mask.sum())
+
+
+def test_two_folds_halve_the_blocks_and_left_padding_stays_out_of_the_samples(one_thread):
+    """With 2 folds every fitting side is one block, so blocks are halved by sequence for the inner
+    CV (fold_blocks); an ALiBi decoder, left-padded rows."""
+    model = Decoder(DecoderConfig(d_vocab=50, n_ctx=32, n_layers=2, d_model=32, n_heads=4, position="alibi"),
+                    seed=1).eval()
+    tokens = torch.randint(0, 50, (9, 20), generator=torch.Generator().manual_seed(5))
+    mask = torch.ones_like(tokens)
+    mask[2:5, :6] = 0
+    qk = [("blocks.1.attn.hook_q", "blocks.1.attn.hook_k")]
+    args = (model, tokens, mask, resid_sites(2), ["blocks.0.hook_attn_out"], qk, ["blocks.1.attn.hook_attn_scores"],
+            2, 30, "outer", 3)
+    for memory, stream in zip(in_memory(*args), streamed(*args, keep=0)[0]):
+        assert_tables_equal(memory, stream)
+
+
+def test_constant_input_in_bfloat16_recovers_nothing_streamed_as_in_memory(one_thread):
+    """Round-off is not signal: the streamed statistics judge raw per-feature extremes by the
+    activations' own dtype (bfloat16 here, kept as such), as the in-memory path does."""
+    model = Decoder(DecoderConfig(d_vocab=50, n_ctx=32, n_layers=2, d_model=32, n_heads=4, position="nope"), seed=1,
+                    dtype=torch.bfloat16).eval()
+    tokens = torch.full((8, 20), 3)  # one token id, no BOS: every position has the same state
+    qk = [("blocks.1.attn.hook_q", "blocks.1.attn.hook_k")]
+    args = (model, tokens, None, resid_sites(2), ["blocks.0.hook_attn_out"], qk, ["blocks.1.attn.hook_attn_scores"],
+            4, 30, "outer", 4)
+    tables, measurements = streamed(*args, keep=0)
+    for memory, stream in zip(in_memory(*args)[:2], tables[:2]):
+        assert_tables_equal(memory, stream)
+    assert {job.dtype for job in measurements[0].jobs} == {"bfloat16"}
+    grouped = tables[0][(tables[0].probe == "linear") & (tables[0].metric == "r2") & (tables[0].split == "grouped")]
+    assert (grouped["value"] == 0.0).all(), "every feature is round-off: the fit is the mean"
+
+
+def _tiny_rope_decoder():
+    return Decoder(DecoderConfig(d_vocab=50, n_ctx=32, n_layers=2, d_model=32, n_heads=4, position="rope"), seed=3).eval()
+
+
+def test_shards_on_a_dask_cluster_equal_one_machine(one_thread):
+    distributed = pytest.importorskip("distributed", reason='Dask distributed is not installed (pip install ".[dask]")')
+    tokens = torch.randint(0, 50, (12, 20), generator=torch.Generator().manual_seed(2))
+    qk = [("blocks.1.attn.hook_rot_q", "blocks.1.attn.hook_rot_k")]
+    args = (tokens, None, resid_sites(2), ["blocks.0.hook_attn_out"], qk, ["blocks.1.attn.hook_attn_scores"], 4, 40,
+            "elementwise", 8)
+    local, _ = streamed(_tiny_rope_decoder(), *args, keep=None)
+    with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=False, dashboard_address=None) as cluster:
+        with distributed.Client(cluster) as client:
+            sharded, measurements = streamed(_tiny_rope_decoder, *args, keep=None,
+                                             executor=client.get_executor(pure=False), shards=3)
+    assert all(job.rerun == {0, 1, 2} for job in measurements[0].jobs), "a shard keeps nothing: a second pass predicts"
+    for one, many in zip(local, sharded):
+        assert_tables_equal(one, many, tolerance=1e-10)
+    with pytest.raises(TypeError, match="loads the model"):
+        run(_tiny_rope_decoder(), Sequences.of(tokens), [], executor=object())
+
+
+def test_long_context_2048_tokens_with_position_bins_and_spread_distances(one_thread):
+    """T = 2,048 on a tiny sinusoidal decoder: the absolute index is read at layer 0 (its input
+    carries the position table), classification is over 64 bins of 32 positions, the pairs cover
+    0..2047 at 64 distances, and the in-memory path gives the same table."""
+    T = 2048
+    model = Decoder(DecoderConfig(d_vocab=50, n_ctx=T, n_layers=1, d_model=32, n_heads=2, position="sinusoidal"),
+                    seed=0).eval()
+    tokens = torch.randint(0, 50, (3, T), generator=torch.Generator().manual_seed(0))
+    sequences = Sequences.of(tokens)
+    sites = resid_sites(1)
+    common = dict(n_splits=3, n_boot=20, seed=0, keep=0)
+    absolute = absolute_index_probes(sequences, sites, **common)
+    relative = relative_distance_probes(sequences, sites=sites[:1], feature_kinds=("concat",),
+                                        scores=["blocks.0.attn.hook_attn_scores"], tasks=("regression",), **common)
+    table, pairs = run(model, sequences, [absolute, relative], batch_size=1)
+    assert set(table["target"]) == {"absolute_index//32", "absolute_index"}
+    bins = table[table.target == "absolute_index//32"]
+    assert (bins["task"] == "classification").all() and not (table[table.target == "absolute_index"]["task"] != "regression").any()
+    linear = table[(table.probe == "linear") & (table.site == sites[0])].set_index(["task", "metric"])["value"]
+    assert linear["regression", "r2"] > 0.99 and linear["regression", "mad"] < 20
+    assert linear["classification", "within_one"] > 0.9
+    distances = np.unique(relative.pairs.distance)
+    assert len(distances) == 64 and distances[0] == 0 and distances[-1] == T - 1
+    assert pairs["n_samples"].iloc[0] == 64 * 3
+    acts = collect(model, tokens, sites + ["blocks.0.attn.hook_attn_scores"], batch_size=1)
+    assert_tables_equal(probe_absolute_index(acts, sites=sites, n_splits=3, n_boot=20, max_classes=64), table)
+
+
+def test_block_moments_of_two_shards_with_their_own_shifts_add_up_to_the_whole():
+    rng = np.random.default_rng(0)
+    X = torch.as_tensor(rng.normal(5.0, 2.0, (40, 3)))
+    y = torch.as_tensor(rng.normal(size=(40, 2)))
+    label = torch.as_tensor(rng.integers(0, 3, 40))
+    classes = [np.arange(3)]
+
+    def moments(rows, shift):
+        m = BlockMoments(2, shift, n_values=2, classes=classes)
+        for block in (0, 1):
+            part = rows[rows % 2 == block]
+            m.add(block, X[part] - shift, X[part], y[part], [label[part]])
+        return m
+
+    whole = moments(torch.arange(40), X.mean(0))
+    first, second = moments(torch.arange(20), X[:20].mean(0)), moments(torch.arange(20, 40), X[20:].mean(0))
+    merged = first.merge(second).reshifted(X.mean(0))
+    for name in ("count", "total", "gram", "high", "low", "ysum", "yy", "xty"):
+        torch.testing.assert_close(getattr(merged, name), getattr(whole, name), rtol=1e-12, atol=1e-10)
+    torch.testing.assert_close(merged.class_sums[0], whole.class_sums[0], rtol=1e-12, atol=1e-10)
+    grouped = whole.group([[0, 1]])
+    torch.testing.assert_close(grouped.gram[0], whole.gram.sum(0))
+
+
+def test_bad_plans_fail_before_any_forward_pass_and_bad_activations_name_their_site(one_thread):
+    tokens = torch.randint(0, 50, (3, 10), generator=torch.Generator().manual_seed(0))
+    with pytest.raises(ValueError, match="5 folds need at least 5 sequences"):
+        absolute_index_probes(Sequences.of(tokens), resid_sites(1))
+    probes = absolute_index_probes(Sequences.of(tokens), resid_sites(1), n_splits=3, n_boot=10)
+    with pytest.raises(ValueError, match="not been fed"):
+        probes.result()
+    model = _tiny_rope_decoder()
+    with torch.no_grad():
+        model.blocks[0].attn.W_O.fill_(float("nan"))
+    with pytest.raises(ValueError, match="blocks.0.hook_resid_post.*sequence 0"):
+        run(model, Sequences.of(tokens), [probes], batch_size=2)
+    with pytest.raises(KeyError, match="unknown sites"):
+        run(model, Sequences.of(tokens), [AttentionVariance(Sequences.of(tokens), ["blocks.9.hook_attn_out"])])
+
+
+def test_streamed_probes_equal_in_memory_on_the_zoo_hybrid(one_thread):
+    """The zoo's RoPE/NoPE hybrid (its config, untrained: the probes' arithmetic does not care),
+    with the sweep's sites: rotated q/k where the layer rotates, plain ones in its NoPE layer,
+    every block's scores and outputs."""
+    from nopelens.models import zoo
+
+    model = Decoder(zoo.recipe("text-hybrid-4l").config, seed=0).eval()
+    layers = model.cfg.n_layers
+    tokens = torch.randint(1, model.cfg.d_vocab, (8, 20), generator=torch.Generator().manual_seed(4))
+    tokens[:, 0] = 0
+    rotated = [f"blocks.{l}.attn.hook_rot_q" in model.hook_dict for l in range(layers)]
+    qk = [(f"blocks.{l}.attn.hook_{'rot_' * r}q", f"blocks.{l}.attn.hook_{'rot_' * r}k") for l, r in enumerate(rotated)]
+    inner = [f"blocks.{l}.hook_{name}" for l in range(layers) for name in ("attn_out", "mlp_out")]
+    scores = [f"blocks.{l}.attn.hook_attn_scores" for l in range(layers)]
+    args = (model, tokens, None, resid_sites(layers), inner, qk, scores, 4, 40, "elementwise", 8)
+    absolute, relative, variance = in_memory(*args)
+    tables, _ = streamed(*args, keep=0)
+    assert {pair[0].rsplit(".", 1)[-1] for pair in qk} == {"hook_rot_q", "hook_q"}
+    assert_tables_equal(absolute, tables[0])
+    assert_tables_equal(relative, tables[1])
+    assert_tables_equal(variance, tables[2], tolerance=1e-12)
