@@ -343,7 +343,6 @@ def load_hf_dir(directory: Path) -> Any:
     """
     import transformers
     from safetensors import SafetensorError
-    from transformers import AutoModelForCausalLM
 
     from nopelens.models.adapters import load_hf_model
 
@@ -355,7 +354,7 @@ def load_hf_dir(directory: Path) -> Any:
     def load():
         try:
             # safetensors only: a pytorch_model.bin is a pickle, and nopelens never unpickles a user file
-            model = AutoModelForCausalLM.from_pretrained(directory, local_files_only=True, use_safetensors=True)
+            model = _causal_lm_class(directory).from_pretrained(directory, local_files_only=True, use_safetensors=True)
         except (OSError, ValueError) as error:
             raise ValueError(f"{directory} holds no loadable HF causal LM: {error}") from None
         except _config_errors() as error:  # a config field of the wrong type, e.g. "hidden_size": "big"
@@ -366,6 +365,25 @@ def load_hf_dir(directory: Path) -> Any:
         return model.eval()
 
     return load_hf_model(load(), reload=load)
+
+
+def _causal_lm_class(directory: str | Path):
+    """``AutoModelForCausalLM``, or, for a config transformers' auto mapping lacks (Mistral 4 in
+    5.24), the ``...ForCausalLM`` class its ``config.json`` names in ``architectures``."""
+    import json
+
+    import transformers
+    from transformers import AutoModelForCausalLM
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    try:
+        config = json.loads((Path(directory) / "config.json").read_text())
+    except (OSError, ValueError):
+        return AutoModelForCausalLM  # it reports the missing or broken config itself
+    named = [name for name in config.get("architectures") or [] if str(name).endswith("ForCausalLM")]
+    if config.get("model_type") in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES or not named or not hasattr(transformers, named[0]):
+        return AutoModelForCausalLM
+    return getattr(transformers, named[0])
 
 
 def _config_errors() -> tuple[type[Exception], ...]:

@@ -362,7 +362,7 @@ def _layer(config: Any, family: str, layer: int, d_head: int) -> LayerPosition:
     softcap = getattr(config, "attn_logit_softcapping", None)
     common = dict(score_scale=scale, sliding_window=window, chunk_size=chunk, mixer=_mixer(config, layer),
                   softcap=float(softcap) if softcap else None, sink=_sink(config, family, layer),
-                  relative_bias=_relative_bias(config, family, layer), index_topk=_index_topk(config, family))
+                  relative_bias=_relative_bias(config, family, layer), index_topk=_index_topk(config, family, layer))
     plain = LayerPosition(_layer_method(config, family, layer), **common)
     if plain.biases_scores:
         slopes, bias_scale = _alibi(config, family, d_head)
@@ -413,25 +413,35 @@ NOPE_ATTENTION_FAMILIES = ("jamba", "kimi_linear", "nemotron_h", "zamba", "inkli
 ``k_rot`` slice but never rotates it; Jamba, Nemotron-H and Zamba attention apply none; Inkling 2
 has a relative bias instead)."""
 MLA_FAMILIES = ("deepseek_v2", "deepseek_v3", "deepseek_v32", "glm4_moe_lite", "minicpm3", "youtu",
-                "longcat_flash", "sarvam_mla", "mistral_large4_text")
+                "longcat_flash", "sarvam_mla", "mistral_large4_text", "mistral4", "axk1", "axk2", "glm_moe_dsa",
+                "bailing_hybrid", "dots3_note_text")
 """Multi-head latent attention (``deepseek_v3/modeling_deepseek_v3.py``): q and k heads are
 ``[qk_nope_head_dim | qk_rope_head_dim]``; only the last slice rotates, and k's rotated slice is one
 head broadcast to all."""
 
 
-MLA_ALWAYS_INTERLEAVED = ("deepseek_v2", "deepseek_v32", "longcat_flash", "mistral_large4_text")
+MLA_ALWAYS_INTERLEAVED = ("deepseek_v2", "deepseek_v32", "longcat_flash", "mistral_large4_text", "axk2",
+                          "glm_moe_dsa", "bailing_hybrid", "dots3_note_text")
 """MLA families that rotate interleaved pairs whatever the config says (no ``rope_interleave``
-field): ``apply_rotary_pos_emb_interleave`` in ``deepseek_v32``, ``longcat_flash`` and
-``mistral_large4``'s modeling files, and DeepSeek V2's complex multiplication (``apply_rotary_emb``)."""
+field): ``apply_rotary_pos_emb_interleave`` in the attention of ``deepseek_v32``, ``longcat_flash``,
+``mistral_large4``, ``axk2``, ``glm_moe_dsa``, ``bailing_hybrid`` and ``dots3_note``'s modeling
+files (their DSA indexers rotate half-split pairs, but only to choose keys), and DeepSeek V2's
+complex multiplication (``apply_rotary_emb``)."""
 
-DSA_FAMILIES = ("deepseek_v32", "hy_v4", "mistral_large4_text", "deepseek_v4")
+DSA_FAMILIES = ("deepseek_v32", "hy_v4", "mistral_large4_text", "deepseek_v4", "axk2", "glm_moe_dsa", "dots3_note_text")
 """Families with a DeepSeek Sparse Attention indexer: each query attends only to the
 ``index_topk`` keys its indexer scores highest (``DeepseekV32Indexer``: ``index_scores.topk(...)``
-scattered into the attention mask, ``deepseek_v32/modeling_deepseek_v32.py``)."""
+scattered into the attention mask, ``deepseek_v32/modeling_deepseek_v32.py``). GLM-MoE-DSA's
+``shared`` layers reuse the previous layer's selection (still sparse); Dots3-Note indexes only its
+``indexed_attention`` layers."""
 
 
-def _index_topk(config: Any, family: str) -> int | None:
-    return int(config.index_topk) if family in DSA_FAMILIES and getattr(config, "index_topk", None) else None
+def _index_topk(config: Any, family: str, layer: int) -> int | None:
+    if family not in DSA_FAMILIES or not getattr(config, "index_topk", None):
+        return None
+    if family == "dots3_note_text" and _layer_type(config, layer) != "indexed_attention":
+        return None
+    return int(config.index_topk)
 
 
 TRAILING_ROPE_FAMILIES = ("deepseek_v4",)

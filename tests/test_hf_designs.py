@@ -27,7 +27,7 @@ from nopelens.models import hf
 from nopelens.models.adapters import load_hf_model
 from nopelens.models.hf import describe
 
-from hf_families import DESIGNS, WINDOW, build_design
+from hf_families import DESIGNS, POSITIONS, WINDOW, build_design
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -62,6 +62,11 @@ EXPECTED = {
     "youtu": ((R, R, R, R), BRIDGE, {}, {}),
     "sarvam_mla": ((R, R, R, R), BRIDGE, {}, {}),
     "longcat_flash": ((R, R, R, R), HOOKS, {}, {}),
+    "mistral4": ((R, R, R, R), HOOKS, {}, {}),
+    "axk1": ((R, R, R, R), HOOKS, {}, {}),
+    "axk2": ((R, R, R, R), HOOKS, {}, {}),
+    "glm_moe_dsa": ((R, R, R, R), BRIDGE, {}, {}),
+    "bailing_hybrid": ((N, R, N, R), HOOKS, {}, {}),
     "gpt_oss": ((R, R, R, R), BRIDGE, {0: WINDOW, 2: WINDOW}, dict.fromkeys(range(4), "learned")),
     "mimo_v2_flash": ((R, R, R, R), HOOKS, {1: WINDOW, 2: WINDOW, 3: WINDOW}, {1: "learned", 2: "learned", 3: "learned"}),
     "hy_v4": ((R, R, R, R), HOOKS, {}, dict.fromkeys(range(4), "learned")),
@@ -79,6 +84,7 @@ MIXERS = {  # families with layers that are no softmax attention
     "kimi_linear": ("linear_attention", "attention") * 2,
     "nemotron_h": ("linear_attention", "attention", "none", "attention"),
     "zamba": ("linear_attention", "attention") * 2,
+    "bailing_hybrid": ("linear_attention", "attention") * 2,
     "zamba2": ("linear_attention", "attention") * 2,
 }
 READING = {"rope": "relative", "nope": "nope"}
@@ -149,6 +155,28 @@ def test_the_traps_read_from_transformers_source(hooked):
     assert (scale.kind, scale.by, scale.floor_scale) == ("llama4", "index", 8192.0)
     assert all(layer.query_scale is None for layer in llama4.layers[:3])
     assert llama4.layers[3].chunk_size is None and llama4.layers[0].chunk_size == WINDOW  # RoPE layers chunked
+    for family in ("mistral4", "axk1", "axk2", "glm_moe_dsa", "bailing_hybrid", "longcat_flash", "deepseek_v32"):
+        layer = next(l for l in describe(hooked(family, torch.float32)).layers if l.rotates)  # [nope 4 | rope 4]
+        assert (layer.rotary_dim, layer.rotary_start, layer.pairing) == (4, 4, "interleaved"), family
+        assert layer.index_topk == (POSITIONS if family in ("axk2", "glm_moe_dsa", "deepseek_v32") else None), family
+
+
+def test_dots3_note_is_refused_in_one_line():
+    """Dots3-Note's text config holds per-layer attention shapes (``per_layer_config``), which
+    nopelens does not read: refused by name, in one line, never measured wrong."""
+    import transformers as T
+
+    from hf_families import _instantiate, _tiny
+
+    config = _tiny(T.Dots3NoteTextConfig, q_lora_rank=16, n_routed_experts=2, num_experts_per_tok=1, n_group=1,
+                   topk_group=1, moe_intermediate_size=32, mlp_layer_types=["dense"] + ["sparse"] * 3,
+                   index_head_dim=8, index_n_heads=2, index_topk=64, sliding_window=WINDOW,
+                   layer_types=["indexed_attention", "sliding_attention"] * 2, kv_lora_rank=16, qk_rope_head_dim=4,
+                   qk_nope_head_dim=4, v_head_dim=8, num_key_value_heads=4)
+    model = _instantiate(config, T.Dots3NoteForCausalLM, 0, {})
+    with pytest.raises(hf.UnsupportedModelError, match="Dots3NoteForCausalLM.*per-layer") as error:
+        load_hf_model(model)
+    assert "\n" not in str(error.value)
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=["float32", "bfloat16"])
