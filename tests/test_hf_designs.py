@@ -314,8 +314,8 @@ def _probe(path: str, out, capsys) -> "pd.DataFrame":
 
     from nopelens.analyses.cli import main
 
-    code = main(["probe", f"hf:{path}", "--quick", "--seq-len", "8", "--n-sequences", "4", "--quiet",
-                 "--out", str(out)])
+    code = main(["probe", f"hf:{path}", "--quick", "--seq-len", "8", "--n-sequences", "4", "--quiet", "--jobs", "1",
+                 "--sites", "resid", "--out", str(out)])
     assert code == 0, capsys.readouterr().err
     return pd.read_csv(out / "sinks.csv")
 
@@ -354,8 +354,9 @@ def test_dsa_past_index_topk_probes_with_the_reads_not_applicable(saved, tmp_pat
 
 
 def test_labels_of_designs_without_a_tiny_model():
-    """Families whose labels are read from the config alone here (no causal-LM class in
-    transformers 5.24, or no tiny model in this suite): the rules still apply."""
+    """Families whose labels are read from the config alone (no text-only causal-LM class in
+    transformers 5.24: Mistral Large 4, Muse Glimmer / Spark; DeepSeek V4, which nopelens refuses),
+    and the shipped default configs of built ones (Inkling 2, Zamba2): the rules still apply."""
     import transformers as T
 
     from nopelens.models.hf import describe_config
@@ -432,3 +433,19 @@ def test_a_relative_bias_extent_one_off_fails_step_5(hooked, off):
     failed = [c.name for c in report.step(5).failed_checks]
     check = "is zero beyond" if off < 0 else "acts below"
     assert f"layer 1 relative bias {check} rel_extent {8 + off}" in failed, report.summary()
+
+
+def test_deepseek_v4_is_refused_in_one_line():
+    """DeepSeek V4's compressed-attention layers append compressed entries to the key axis (no
+    pattern column per key token): refused by name before any forward pass (built on the meta device)."""
+    import transformers as T
+
+    config = T.DeepseekV4Config(vocab_size=64, hidden_size=32, moe_intermediate_size=32, num_hidden_layers=2,
+                                num_attention_heads=4, head_dim=16, q_lora_rank=16, n_routed_experts=2,
+                                num_experts_per_tok=1, index_n_heads=2, index_head_dim=8, o_groups=2, o_lora_rank=8)
+    with torch.device("meta"), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model = T.DeepseekV4ForCausalLM(config)
+    with pytest.raises(hf.UnsupportedModelError, match="DeepseekV4ForCausalLM.*compress") as error:
+        load_hf_model(model)
+    assert "\n" not in str(error.value)
