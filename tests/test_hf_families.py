@@ -297,8 +297,10 @@ def test_probe_cli_reads_a_family_whose_hooks_misled_it(tmp_path, capsys):
     ("openai_gpt", ["sinks"], "causal mask is dropped"),
     ("gpt2", ["probe", "--seq-len", "80"], "longer than the learned position table"),
 ])
-def test_cli_refuses_in_one_line_with_exit_2(tmp_path, family, args, message, capsys):
+def test_cli_refuses_in_one_line_with_exit_2(tmp_path, family, args, message, capsys, monkeypatch):
     from nopelens.analyses.cli import main
+
+    monkeypatch.chdir(tmp_path)  # the default run folder runs/... goes there, not into the checkout
 
     path = _save(tmp_path, family)
     capsys.readouterr()
