@@ -608,7 +608,8 @@ def _sink_ablation_section(result: "SweepResult", n_sequences: int | None, figur
         "",
         "Absolute-index R² (regression probe, tokens after the first, "
         f"{which} evaluation sequences) at layer l + 1, clean → with the first "
-        "token removed from the keys of every later query in block l. `n/a`: the ablation cannot be applied "
+        "token removed from the keys of every later query in block l: on the same sequences and settings, the "
+        "numbers of the `remove_key` rows of `nopelens intervene MODEL`. `n/a`: the ablation cannot be applied "
         "and checked on that model (see sink_ablation.csv).",
         "",
         sink_ablation_markdown(seeds.sink_ablation_over_seeds(result.sink_ablation)),

@@ -30,7 +30,7 @@ import pandas as pd
 
 from nopelens.models.io import read_json, write_csv_atomic, write_json_atomic
 
-KINDS = ("sweep", "intervene", "lengthgen")
+KINDS = ("sweep", "intervene", "lengthgen", "dynamics")
 """The analyses that write run folders; each stamps its folder with ``<kind>.json``."""
 
 LEGACY_STAMPS = {"intervene": "run.json", "lengthgen": "settings.json"}

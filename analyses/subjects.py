@@ -57,6 +57,7 @@ class Subject:
         targets: int64 ``[batch, pos]``, what each position should predict (trained models).
         loss_mask: bool ``[batch, pos]``, where a prediction is scored (trained models).
         hf: the :class:`~nopelens.models.hf.HFDescription` of an HF model (None otherwise).
+        task: the :class:`~nopelens.models.tasks.Task` a trained model learned (None otherwise).
     """
 
     name: str
@@ -73,6 +74,7 @@ class Subject:
     targets: Tensor | None = None
     loss_mask: Tensor | None = None
     hf: Any = None
+    task: Any = None
 
     def key_windows(self) -> dict:
         """Block -> its sliding window or chunk (:class:`~nopelens.models.masks.KeyWindow`), for the
@@ -281,6 +283,12 @@ def _constant(spec: str, n_sequences: int, seq_len: int, seed: int, init_seed: i
                    has_bos=False, info={"init_std": config.init_std, "token": CONSTANT_TOKEN})
 
 
+def from_trained(trained, name: str, n_sequences: int, seq_len: int, seed: int = 0) -> Subject:
+    """The subject of a loaded :class:`~nopelens.models.checkpoint.TrainedModel`, named ``name``, read on
+    ``n_sequences`` fresh sequences of its task (see :func:`resolve`)."""
+    return _trained(trained, name, n_sequences, seq_len, seed)
+
+
 def _trained(trained, name: str, n_sequences: int, seq_len: int, seed: int) -> Subject:
     task = trained.task
     meta = trained.metadata
@@ -290,7 +298,7 @@ def _trained(trained, name: str, n_sequences: int, seq_len: int, seed: int) -> S
     return Subject(name, trained.model.eval(), config.n_layers, config.position_name, "trained", batch.tokens,
                    batch.attention_mask, has_bos=True, bos_token_id=task.bos_id,
                    train_lengths=meta.get("train_lengths"), info=info, targets=batch.targets,
-                   loss_mask=batch.loss_mask)
+                   loss_mask=batch.loss_mask, task=task)
 
 
 def _evaluation_batch(task, n_sequences: int, seq_len: int, train_lengths, seed: int):

@@ -65,11 +65,14 @@ from nopelens.probes.sinks import GU_WINDOW, attention_variance, sink_table, var
 
 from . import layers, parallel, reads, report, runs, seeds
 from .eta import SweepETA
-from .intervene import SWEEP_SEQUENCES, sink_ablation_drop
+from .intervene import sink_ablation_drop
 from .reads import ProbeInput, SweepSites
 from .subjects import CONTROL_SPECS, Subject, check_spec, has_training_seed, planned_work, qk_sites, resolve
 
-DEFAULT_MODELS = {"text": ("text-nope-4l", "text-rope-4l", "text-hybrid-4l"), "copy": ("copy-nope-3l", "copy-rope-3l")}
+DEFAULT_MODELS = {"text": ("text-nope-4l", "text-rope-4l", "text-hybrid-4l", "bb-rope-2l", "bb-nope-3l"),
+                  "copy": ("copy-nope-3l", "copy-rope-3l")}
+"""The zoo models of the default sweep: the text models, and two Bigram-Backcopy models whose
+attention sink forms in training (Guo et al. 2024). Those of ``text`` ship with the package."""
 
 TABLES = ("probes", "sinks", "variance", "sink_ablation")
 
@@ -123,8 +126,8 @@ class SweepSettings:
 
     @classmethod
     def default(cls, task: str = "text", models: tuple[str, ...] | None = None, controls: bool = True, **kw) -> "SweepSettings":
-        """The default sweep: the zoo models of ``task`` (text: NoPE, RoPE and the RoPE/NoPE hybrid)
-        plus the two controls."""
+        """The default sweep: the zoo models of ``task`` (text: NoPE, RoPE and the RoPE/NoPE hybrid
+        language models and the two Bigram-Backcopy models) plus the controls."""
         if models is None:
             if task not in DEFAULT_MODELS:
                 raise ValueError(f"task must be one of {sorted(DEFAULT_MODELS)}, got {task!r}")
@@ -484,7 +487,7 @@ def sweep(settings: SweepSettings, out_dir: str | Path | None = None, progress: 
                          curves=layers.layer_curves(probes, sinks, chosen), reads=chosen)
     if out is not None:
         report.write_run(result, settings, command=" ".join(["nopelens", *sys.argv[1:]]), versions=versions(), svg=svg,
-                         ablation_sequences=SWEEP_SEQUENCES, name=name)
+                         name=name)
     return result
 
 

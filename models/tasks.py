@@ -7,19 +7,21 @@ text bytes), not the number of tokens in the sequence; ``task.seq_len(length)`` 
 The token layouts, in the manner of minGPT's ``AdditionDataset`` (``x_i`` random symbols, ``n``
 the length; ``|`` marks where the loss starts, everything after it up to EOS is scored):
 
-=================  ==================================================================
-task               layout
-=================  ==================================================================
-``copy``           ``BOS x_1 .. x_n SEP | x_1 .. x_n EOS``  (Kazemnejad et al. 2023)
-``repeat``         ``BOS x x .. x SEP | x x .. x EOS``, one symbol n times both sides
-``reverse``        ``BOS x_1 .. x_n SEP | x_n .. x_1 EOS``
-``previous_token`` ``BOS x_1 .. x_n``; the logits at position p predict the token at p - 1
-``addition``       ``BOS a_{n-1} .. a_0 + b_{n-1} .. b_0 SEP | c_0 c_1 .. c_n EOS``,
-                   operands with n digits (leading zeros allowed), the sum reversed with
-                   n + 1 digits
-``parity``         ``BOS b_1 .. b_n SEP | p EOS``, p = b_1 xor .. xor b_n
-``text``           ``BOS byte_1 .. byte_n``, a window of UTF-8 bytes of a corpus
-=================  ==================================================================
+===================  ==================================================================
+task                 layout
+===================  ==================================================================
+``copy``             ``BOS x_1 .. x_n SEP | x_1 .. x_n EOS``  (Kazemnejad et al. 2023)
+``repeat``           ``BOS x x .. x SEP | x x .. x EOS``, one symbol n times both sides
+``reverse``          ``BOS x_1 .. x_n SEP | x_n .. x_1 EOS``
+``previous_token``   ``BOS x_1 .. x_n``; the logits at position p predict the token at p - 1
+``addition``         ``BOS a_{n-1} .. a_0 + b_{n-1} .. b_0 SEP | c_0 c_1 .. c_n EOS``,
+                     operands with n digits (leading zeros allowed), the sum reversed with
+                     n + 1 digits
+``parity``           ``BOS b_1 .. b_n SEP | p EOS``, p = b_1 xor .. xor b_n
+``text``             ``BOS byte_1 .. byte_n``, a window of UTF-8 bytes of a corpus
+``bigram_backcopy``  ``BOS x_1 .. x_n``: a bigram chain whose tokens after a trigger copy the
+                     token before it (Guo et al. 2024); every prediction is scored
+===================  ==================================================================
 
 Token ids of the synthetic tasks: 0 PAD, 1 BOS, 2 SEP, 3 EOS, then the task's own symbols
 (``+`` then the digits for ``addition``; the bits ``0``, ``1`` for ``parity``).
@@ -34,14 +36,14 @@ equals greedy decoding of the answer.
 from __future__ import annotations
 
 import abc
-
+import functools
 import hashlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
 import torch
-from jaxtyping import Bool, Int
+from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
 PAD_ID, BOS_ID, SEP_ID, EOS_ID = 0, 1, 2, 3
@@ -526,6 +528,134 @@ class TextTask(Task):
         return Batch(tokens, loss_mask, torch.ones_like(tokens), targets, torch.full((count,), length))
 
 
+# --------------------------------------------------------------------------- bigram-backcopy
+
+
+@functools.lru_cache(maxsize=8)
+def help_text_bigrams(n_symbols: int) -> tuple[bytes, Tensor, Tensor]:
+    """Byte statistics of CPython's help texts (:func:`default_documents`, every document).
+
+    Args:
+        n_symbols: how many of the most frequent bytes to keep (ties broken by byte value).
+
+    Returns:
+        ``(symbols, marginal, transition)``: the kept bytes, most frequent first; float64
+        ``[n_symbols]`` unigram frequencies among them; float64 ``[n_symbols, n_symbols]`` bigram
+        transition P(next | current), counted over adjacent byte pairs inside a document with both
+        bytes kept. A row with no count (never seen before a kept byte) is uniform.
+
+    Raises:
+        ValueError: if ``n_symbols`` is not in 2..256 or the corpus has fewer distinct bytes.
+    """
+    if isinstance(n_symbols, bool) or not isinstance(n_symbols, int) or not 2 <= n_symbols <= 256:
+        raise ValueError(f"n_symbols must be an integer in 2..256, got {n_symbols!r}")
+    documents = [torch.frombuffer(bytearray(text.encode("utf-8")), dtype=torch.uint8).long()
+                 for text in default_documents().values()]
+    counts = torch.bincount(torch.cat(documents), minlength=256)
+    if int((counts > 0).sum()) < n_symbols:
+        raise ValueError(f"the help texts have {int((counts > 0).sum())} distinct bytes, fewer than n_symbols={n_symbols}")
+    order = sorted(range(256), key=lambda b: (-int(counts[b]), b))[:n_symbols]
+    index = torch.full((256,), -1, dtype=torch.long)
+    index[torch.tensor(order)] = torch.arange(n_symbols)
+    pairs = torch.zeros(n_symbols, n_symbols, dtype=torch.float64)
+    for doc in documents:
+        a, b = index[doc[:-1]], index[doc[1:]]
+        kept = (a >= 0) & (b >= 0)
+        pairs.index_put_((a[kept], b[kept]), torch.ones(int(kept.sum()), dtype=torch.float64), accumulate=True)
+    totals = pairs.sum(1, keepdim=True)
+    transition = torch.where(totals > 0, pairs / totals.clamp_min(1), torch.full_like(pairs, 1.0 / n_symbols))
+    marginal = counts[torch.tensor(order)].double()
+    return bytes(order), marginal / marginal.sum(), transition
+
+
+class BigramBackcopyTask(Task):
+    """``bigram_backcopy``: the Bigram-Backcopy (BB) task of Guo et al. 2024 ("Active-dormant
+    attention heads: mechanistically demystifying extreme-token phenomena in LLMs", §2).
+
+    Layout ``BOS x_1 .. x_n``. The symbols are the ``n_symbols`` most frequent bytes of CPython's
+    help texts and the triggers the ``n_triggers`` most frequent of them (the paper: the
+    characters of tiny Shakespeare, the three most frequent as triggers). x_1 is drawn from the
+    unigram marginal without the triggers; after a non-trigger x_i, x_{i+1} ~ P(. | x_i), the
+    corpus's bigram transition; after a trigger, x_{i+1} = x_{i-1} (back-copy). Every next-token
+    prediction is scored. A one-layer model can solve it with one head that attends to the
+    previous token on triggers and has nothing to do elsewhere: Guo et al. find that head
+    *dormant* (an attention sink on BOS) on non-triggers and *active* on triggers.
+
+    Token ids: 0 PAD, 1 BOS, 2 SEP, 3 EOS (the last two unused), then 4 + k for symbol k.
+    A problem of size n has n tokens after BOS.
+
+    Args:
+        n_symbols: vocabulary of the chain (2..256), most frequent bytes first.
+        n_triggers: the most frequent this many symbols are triggers (1..n_symbols - 1).
+
+    Raises:
+        ValueError: on sizes out of range.
+    """
+
+    name = "bigram_backcopy"
+
+    def __init__(self, n_symbols: int = 64, n_triggers: int = 3) -> None:
+        super().__init__()
+        if isinstance(n_triggers, bool) or not isinstance(n_triggers, int) or not 1 <= n_triggers < n_symbols:
+            raise ValueError(f"n_triggers must be an integer in 1..n_symbols - 1 = {n_symbols - 1}, got {n_triggers!r}")
+        self.symbols, marginal, self.transition = help_text_bigrams(n_symbols)
+        self.n_symbols, self.n_triggers = n_symbols, n_triggers
+        self.kwargs = {"n_symbols": n_symbols, "n_triggers": n_triggers}
+        self.d_vocab = N_SPECIAL + n_symbols
+        self.trigger = torch.zeros(n_symbols, dtype=torch.bool)
+        self.trigger[:n_triggers] = True
+        first = marginal.masked_fill(self.trigger, 0.0)
+        self.first = first / first.sum()
+
+    @property
+    def trigger_ids(self) -> list[int]:
+        """Token ids of the triggers."""
+        return [N_SPECIAL + k for k in range(self.n_triggers)]
+
+    def is_trigger(self, tokens: Int[Tensor, "batch pos"]) -> Bool[Tensor, "batch pos"]:
+        """Where ``tokens`` holds a trigger (after which the next token is a back-copy)."""
+        return (tokens >= N_SPECIAL) & (tokens < N_SPECIAL + self.n_triggers)
+
+    def seq_len(self, length: int) -> int:
+        return length + 1
+
+    def sample(self, n: int, min_len: int, max_len: int, seed: SeedLike) -> Batch:
+        _check_sizes(n, min_len, max_len, self.min_length)
+        generator = as_generator(seed)
+        lengths = torch.randint(min_len, max_len + 1, (n,), generator=generator)
+        symbols = torch.empty(n, max_len, dtype=torch.long)
+        symbols[:, 0] = torch.multinomial(self.first.expand(n, -1), 1, generator=generator)[:, 0]
+        for i in range(1, max_len):  # one draw per row and step, also where a row copies, keeps the stream fixed
+            current = symbols[:, i - 1]
+            drawn = torch.multinomial(self.transition[current], 1, generator=generator)[:, 0]
+            previous = symbols[:, i - 2] if i >= 2 else drawn  # x_1 is never a trigger
+            symbols[:, i] = torch.where(self.trigger[current], previous, drawn)
+        width = int(lengths.max()) + 1
+        tokens = torch.full((n, width), self.pad_id, dtype=torch.long)
+        tokens[:, 0] = self.bos_id
+        tokens[:, 1:] = symbols[:, : width - 1] + N_SPECIAL
+        real = torch.arange(width)[None, :] <= lengths[:, None]
+        tokens = tokens.masked_fill(~real, self.pad_id)
+        targets = torch.cat([tokens[:, 1:], torch.full((n, 1), self.pad_id)], dim=1)
+        loss_mask = torch.arange(width)[None, :] < lengths[:, None]
+        return Batch(tokens, loss_mask, real.long(), targets, lengths)
+
+    def oracle_nats(self, batch: Batch) -> Float[Tensor, "batch pos"]:
+        """-log p of each scored target under the process that made it (0 where not scored).
+
+        The floor of the loss: 0 after a trigger (the back-copy is certain), the bigram surprisal
+        after another symbol, the no-trigger marginal's after BOS.
+        """
+        tokens, targets = batch.tokens, batch.targets
+        nats = torch.zeros(tokens.shape, dtype=torch.float64)
+        target = (targets - N_SPECIAL).clamp(0, self.n_symbols - 1)
+        current = (tokens - N_SPECIAL).clamp(0, self.n_symbols - 1)
+        bigram = -torch.log(self.transition[current, target])
+        nats = torch.where(self.is_trigger(tokens), nats, bigram)
+        nats = torch.where(tokens == self.bos_id, -torch.log(self.first[target]), nats)
+        return nats.masked_fill(~batch.loss_mask, 0.0)
+
+
 TASKS: dict[str, Callable[..., Task]] = {
     "copy": CopyTask,
     "repeat": RepeatTask,
@@ -534,6 +664,7 @@ TASKS: dict[str, Callable[..., Task]] = {
     "addition": AdditionTask,
     "parity": ParityTask,
     "text": TextTask,
+    "bigram_backcopy": BigramBackcopyTask,
 }
 """Task name -> class; ``make_task`` builds from it."""
 

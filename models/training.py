@@ -298,6 +298,7 @@ def _train(config, task, steps, recipe, batch_size, min_len, max_len, lr, weight
         train_seconds=train_seconds,
         cpu_seconds_this_session=time.process_time() - cpu_clock,
         torch_threads=torch.get_num_threads(),
+        environment=environment(),
         **(extra_metadata or {}),
     )
     trained = TrainedModel(model, meta, curve)
@@ -306,6 +307,30 @@ def _train(config, task, steps, recipe, batch_size, min_len, max_len, lr, weight
     if out_dir is not None:
         write_csv_atomic(curve, Path(out_dir) / "loss_curve.csv")
     return trained
+
+
+def environment() -> dict[str, str]:
+    """What the bitwise result of a training run depends on besides its recipe: library versions,
+    the CPU and the torch thread count (floating-point sums may be ordered differently elsewhere)."""
+    import platform
+
+    return {
+        "python": platform.python_version(), "torch": torch.__version__, "numpy": np.__version__,
+        "machine": platform.machine(), "cpu": _cpu_model(), "torch_threads": str(torch.get_num_threads()),
+    }
+
+
+def _cpu_model() -> str:
+    """The CPU's model name (Linux ``/proc/cpuinfo``), else ``platform.processor()``."""
+    import platform
+
+    try:
+        for line in Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace").splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
 
 
 def _make_folders(folders: list[Path]) -> None:

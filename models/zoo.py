@@ -9,6 +9,13 @@ changed recipe never returns a stale model.
 
 Cache location: ``$NOPELENS_CACHE`` if set, else ``$XDG_CACHE_HOME/nopelens`` or
 ``~/.cache/nopelens``; models live in its ``zoo/`` subfolder.
+
+Shipped models: the models of the default sweep come with the package, trained from their
+recipes (seed 0) and stored under ``nopelens/models/shipped/<name>-<recipe digest>/`` as
+checkpoints (safetensors weights; JSON with the recipe, seed, library versions and CPU of the
+run; the loss curve). ``load`` uses a shipped copy when the cache has none, so a fresh machine
+measures at once; ``load(name, shipped=False)`` (``nopelens train --zoo NAME``) trains from the
+recipe instead, and :func:`compare_with_shipped` says whether the result is the shipped one.
 """
 
 from __future__ import annotations
@@ -16,6 +23,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
 import sys
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -27,6 +35,8 @@ from .tasks import Task, make_task
 from .training import train
 
 CACHE_ENV = "NOPELENS_CACHE"
+SHIPPED_DIR = Path(__file__).resolve().parent / "shipped"
+"""Where the package keeps its shipped zoo models (package data)."""
 
 
 @dataclass(frozen=True)
@@ -79,8 +89,10 @@ class Recipe:
         text = json.dumps(self.to_dict(), sort_keys=True)
         return hashlib.sha256(text.encode("utf-8")).hexdigest()[:10]
 
-    def train(self, checkpoint_dir: str | Path | None = None, progress: bool = True) -> TrainedModel:
-        """Train the recipe (resuming from ``checkpoint_dir`` if it holds an unfinished run)."""
+    def train(self, checkpoint_dir: str | Path | None = None, progress: bool = True,
+              callback=None) -> TrainedModel:
+        """Train the recipe (resuming from ``checkpoint_dir`` if it holds an unfinished run);
+        ``callback`` as in :func:`~nopelens.models.training.train` (it does not change the result)."""
         return train(
             self.config,
             self.make_task(),
@@ -88,6 +100,7 @@ class Recipe:
             seed=self.seed,
             checkpoint_dir=checkpoint_dir,
             progress=progress,
+            callback=callback,
             extra_metadata={"zoo_name": self.name, "zoo_recipe": self.digest},
             threads=self.threads,
             **self.train_kwargs,
@@ -125,17 +138,39 @@ def _text(method: str | tuple[str, ...], label: str | None = None, what: str | N
     )
 
 
+def _bigram_backcopy(method: str, n_layers: int) -> Recipe:
+    task_kwargs = {"n_symbols": BB_SYMBOLS, "n_triggers": BB_TRIGGERS}
+    task = make_task("bigram_backcopy", **task_kwargs)
+    config = DecoderConfig(d_vocab=task.d_vocab, n_ctx=task.seq_len(BB_LEN), n_layers=n_layers, d_model=BB_D_MODEL,
+                           n_heads=1, position=method)
+    return Recipe(
+        name=f"bb-{method}-{n_layers}l",
+        description=f"{n_layers}-layer one-head {method} decoder trained on Bigram-Backcopy (Guo et al. 2024: "
+        "bigram chain of help-text bytes, the token after a trigger copies the one before it)",
+        config=config,
+        task="bigram_backcopy",
+        task_kwargs=task_kwargs,
+        steps=BB_STEPS,
+        train_kwargs=dict(batch_size=BB_BATCH, min_len=BB_LEN, max_len=BB_LEN, lr=BB_LR),
+    )
+
+
 COPY_METHODS = ("nope", "rope", "alibi", "learned", "t5")
 TEXT_METHODS = ("nope", "rope", "learned")
 COPY_SYMBOLS, COPY_MAX_LEN, COPY_STEPS = 32, 10, 1500
-TEXT_LEN, TEXT_D_MODEL, TEXT_BATCH, TEXT_STEPS = 64, 128, 16, 1000
+TEXT_LEN, TEXT_D_MODEL, TEXT_BATCH, TEXT_STEPS = 64, 128, 16, 4000
 HYBRID_LAYERS = ("rope", "rope", "rope", "nope")
+BB_SYMBOLS, BB_TRIGGERS, BB_LEN, BB_D_MODEL, BB_BATCH, BB_STEPS, BB_LR = 64, 3, 63, 64, 32, 1500, 3e-3
+BB_MODELS = (("rope", 2), ("nope", 3))
+"""Bigram-Backcopy models: RoPE finds the previous token in one block; NoPE first needs a block
+that makes position (Kazemnejad et al. 2023, Thm 1) before one can attend one step back."""
 
 RECIPES: dict[str, Recipe] = {
     r.name: r
     for r in [
         *(_copy(m) for m in COPY_METHODS),
         *(_text(m) for m in TEXT_METHODS),
+        *(_bigram_backcopy(m, n) for m, n in BB_MODELS),
         # the hybrid pattern real NoPE models ship (SmolLM3, Llama 4: NoPE in every fourth layer)
         _text(HYBRID_LAYERS, "hybrid", "hybrid (RoPE in layers 0-2, NoPE in layer 3, as SmolLM3 and Llama 4)"),
         Recipe(
@@ -184,25 +219,44 @@ def model_dir(name: str, cache_dir: str | Path | None = None, seed: int = 0) -> 
     """The checkpoint directory of a zoo model: ``<cache>/zoo/<name>-<recipe digest>`` for training
     seed 0 (where it has always been), ``<cache>/zoo/<name>-seed<seed>-<recipe digest>`` otherwise.
     The digest covers the seed, so each seed has a folder of its own either way."""
-    spec = recipe(name, seed)
+    return cache_root(cache_dir) / "zoo" / _folder_name(name, seed)
+
+
+def _folder_name(name: str, seed: int) -> str:
     label = name if seed == 0 else f"{name}-seed{seed}"
-    return cache_root(cache_dir) / "zoo" / f"{label}-{spec.digest}"
+    return f"{label}-{recipe(name, seed).digest}"
 
 
 def is_cached(name: str, cache_dir: str | Path | None = None, seed: int = 0) -> bool:
     """True when the cache holds a finished run of ``name``'s current recipe with training seed ``seed``."""
-    path = model_dir(name, cache_dir, seed)
+    return _holds_finished_run(model_dir(name, cache_dir, seed), recipe(name, seed))
+
+
+def shipped_dir(name: str, seed: int = 0) -> Path:
+    """Where the package keeps the shipped copy of ``name`` (training seed ``seed``), if it has one:
+    ``nopelens/models/shipped/`` plus the cache folder's name."""
+    return SHIPPED_DIR / _folder_name(name, seed)
+
+
+def is_shipped(name: str, seed: int = 0) -> bool:
+    """True when the package ships a finished run of ``name``'s current recipe with training seed ``seed``."""
+    return _holds_finished_run(shipped_dir(name, seed), recipe(name, seed))
+
+
+def _holds_finished_run(path: Path, spec: Recipe) -> bool:
     if not (path / METADATA_FILE).is_file():
         return False
     try:
         meta = read_metadata(path)
     except ValueError:
         return False
-    return bool(meta.get("complete")) and meta.get("zoo_recipe") == recipe(name, seed).digest
+    return bool(meta.get("complete")) and meta.get("zoo_recipe") == spec.digest
 
 
-def load(name: str, cache_dir: str | Path | None = None, progress: bool = True, seed: int = 0) -> TrainedModel:
-    """The zoo model ``name``: loaded from the cache, or trained (and cached) on first use.
+def load(name: str, cache_dir: str | Path | None = None, progress: bool = True, seed: int = 0,
+         shipped: bool = True) -> TrainedModel:
+    """The zoo model ``name``: from the cache, else the copy shipped with the package, else trained
+    (and cached).
 
     Prints one line to stderr saying which happened.
 
@@ -211,21 +265,69 @@ def load(name: str, cache_dir: str | Path | None = None, progress: bool = True, 
         cache_dir: cache root; default ``$NOPELENS_CACHE`` or the user cache directory.
         progress: show the training progress bar.
         seed: training seed (initialization and data order); 0 is the recipe's own.
+        shipped: use the shipped copy when the cache has none; False trains from the recipe.
 
     Raises:
         KeyError: on an unknown name (the message lists the available ones).
-        ValueError: if the cached checkpoint is corrupted (delete its folder to retrain), or on a
-            negative seed.
+        ValueError: if the cached or shipped checkpoint is corrupted (delete a cached folder to
+            retrain; reinstall nopelens for a shipped one), or on a negative seed.
     """
     spec = recipe(name, seed)
     path = model_dir(name, cache_dir, seed)
     label = name if seed == 0 else f"{name} (seed {seed})"
     if is_cached(name, cache_dir, seed):
-        try:
-            trained = load_checkpoint(path)
-        except ValueError as error:
-            raise ValueError(f"{error}; delete {path} to retrain {name}") from None
+        trained = _load(path, f"delete {path} to retrain {name}")
         print(f"nopelens: loaded cached zoo model {label} from {path}", file=sys.stderr)
+        return trained
+    if shipped and is_shipped(name, seed):
+        trained = _load(shipped_dir(name, seed), "reinstall nopelens, or train it with `nopelens train --zoo`")
+        print(f"nopelens: loaded zoo model {label} as shipped with nopelens (trained from its recipe; "
+              f"`nopelens train --zoo {name}` retrains it)", file=sys.stderr)
         return trained
     print(f"nopelens: training zoo model {label} ({spec.steps} steps); it will be cached in {path}", file=sys.stderr)
     return spec.train(checkpoint_dir=path, progress=progress)
+
+
+def _load(path: Path, remedy: str) -> TrainedModel:
+    try:
+        return load_checkpoint(path)
+    except ValueError as error:
+        raise ValueError(f"{error}; {remedy}") from None
+
+
+def compare_with_shipped(trained: TrainedModel, name: str, seed: int = 0) -> str:
+    """One line: whether ``trained`` (a run of ``name``'s recipe) has the shipped copy's weights.
+
+    Bit-identical weights are expected on the CPU model, torch version and thread count the
+    shipped copy records (its ``environment``); elsewhere the order of floating-point sums may
+    differ, and the line gives the largest weight difference.
+    """
+    if not is_shipped(name, seed):
+        return f"no shipped copy of {name} (seed {seed}) to compare with"
+    shipped = load_checkpoint(shipped_dir(name, seed))
+    ours, theirs = trained.model.state_dict(), shipped.model.state_dict()
+    largest = max(float((ours[k].double() - theirs[k].double()).abs().max()) for k in theirs)
+    if largest == 0:
+        return f"{name}: weights bit-identical to the shipped copy"
+    env = shipped.metadata.get("environment", {})
+    return (f"{name}: weights differ from the shipped copy by up to {largest:.3g} (shipped copy trained with "
+            f"torch {env.get('torch', '?')} on {env.get('cpu', '?')}, {env.get('torch_threads', '?')} thread(s))")
+
+
+def ship(name: str, cache_dir: str | Path | None = None, seed: int = 0) -> Path:
+    """Copy the cached finished run of ``name`` into the package's shipped models (for maintainers:
+    run in a source checkout after a recipe change; older shipped copies of ``name`` are removed).
+
+    Raises:
+        ValueError: if the cache holds no finished run of the current recipe.
+    """
+    if not is_cached(name, cache_dir, seed):
+        raise ValueError(f"the cache holds no finished run of {name} (seed {seed}); train it first "
+                         f"(`nopelens train --zoo {name}`)")
+    target = shipped_dir(name, seed)
+    label = name if seed == 0 else f"{name}-seed{seed}"
+    for old in SHIPPED_DIR.glob(f"{label}-*"):
+        if old.is_dir() and old.name.removeprefix(f"{label}-").isalnum():
+            shutil.rmtree(old)
+    shutil.copytree(model_dir(name, cache_dir, seed), target)
+    return target

@@ -524,3 +524,34 @@ def _check_pattern(pattern: np.ndarray, index: int) -> np.ndarray:
     if not np.all(np.isfinite(pattern)):
         raise ValueError(f"pattern {index} contains NaN or Inf")
     return pattern
+
+
+def sink_rate_ci(
+    acts: Activations, eps: float = GU_EPSILON, n_tokens: int = GU_WINDOW, n_boot: int = 200, seed: int = 0
+) -> tuple[float, float, float]:
+    """Gu et al.'s sink rate over every collected ``hook_pattern`` head, with a 95 % CI over sequences.
+
+    The rate is :func:`sink_rate` of :func:`sink_table`: the share of (layer, head) pairs whose
+    sink score (mean attention on token 0 over queries 0..T-1) is > eps. The CI is SciPy's
+    percentile bootstrap, resampling whole sequences and recomputing every head's score.
+
+    Returns:
+        ``(rate, ci_low, ci_high)``; the CI is NaN with fewer than 2 sequences or ``n_boot`` < 1.
+
+    Raises:
+        ValueError: as :func:`sink_scores` (no pattern site, sequences shorter than T).
+    """
+    sites = [site for site in acts.patterns if site.endswith("hook_pattern")]
+    if not sites:
+        raise ValueError("no hook_pattern site was collected")
+    per_sequence = np.concatenate([np.stack([sink_scores([p], n_tokens) for p in acts.patterns[site]])
+                                   for site in sites], axis=1)  # [sequence, all heads]
+    rate = float((per_sequence.mean(0) > eps).mean())
+    if n_boot < 1 or len(per_sequence) < 2:
+        return rate, float("nan"), float("nan")
+    if np.ptp(per_sequence, axis=0).max() == 0:
+        return rate, rate, rate
+    rows = np.arange(len(per_sequence))  # resampled sequence indices
+    result = stats.bootstrap((rows,), lambda idx: float((per_sequence[idx].mean(0) > eps).mean()),
+                             vectorized=False, n_resamples=n_boot, method="percentile", random_state=seed)
+    return rate, float(result.confidence_interval.low), float(result.confidence_interval.high)

@@ -187,6 +187,12 @@ def test_patching_on_the_circuit(circuit):
     assert (layer1["copy_read"] < layer1["original_read"] - 5).all()
     with pytest.raises(ValueError, match="patched positions"):
         iv.position_patching(model, tokens, 2, SETTINGS, shift=6, positions=[3])
+    # more sequences than one collection batch (64): every row is patched with its own token's state
+    many = torch.randint(1, model.cfg.d_vocab, (70, 24), generator=torch.Generator().manual_seed(1))
+    many[:, 0] = BOS_TOKEN
+    again = iv.position_patching(model, many, 2, SETTINGS, shift=6, positions=[10])
+    np.testing.assert_allclose(again[again["layer"] == 0]["moved"], 0, atol=1e-6)
+    assert ((again[again["layer"] == 1]["moved"] > 0.3) & (again[again["layer"] == 1]["moved"] <= 1.0)).all()
 
 
 def hf_models():
@@ -264,3 +270,28 @@ def test_cli_writes_a_run_folder_and_bad_input_is_one_line(tmp_path, capsys):
         assert main(bad) == 2
         err = capsys.readouterr().err.strip()
         assert "\n" not in err and message in err and "Traceback" not in err
+
+
+def test_sweep_compact_ablation_gives_intervenes_numbers():
+    """Issue 21: the sweep's compact sink ablation and `nopelens intervene` measure one thing one way: on the
+    same sequences, the compact table's R² clean -> ablated (and CIs) at layer l + 1 are intervene's
+    remove_key rows. (The sweep once probed a 16-sequence subset and read a different, lower number.)"""
+    torch.set_num_threads(1)
+    config = DecoderConfig(d_vocab=16, n_ctx=20, n_layers=2, d_model=32, n_heads=2, position="nope")
+    model = Decoder(config, seed=3).eval()
+    tokens = torch.randint(2, 16, (20, 20), generator=torch.Generator().manual_seed(1))
+    tokens[:, 0] = 1
+    mask = torch.ones_like(tokens)
+    acts = collect(model, tokens, [f"blocks.{l}.hook_resid_post" for l in range(2)], attention_mask=mask)
+    compact = iv.sink_ablation_drop(model, tokens, mask, 2, acts, n_splits=3, n_boot=30, seed=0)
+    settings = iv.ProbeSettings(n_splits=3, n_boot=30, tasks=("regression",), controls=False, relative=False)
+    probes, _ = iv.sink_ablation(model, tokens, mask, 2, settings, modes=("remove_key",))
+    r2 = probes[(probes["probe"] == "linear") & (probes["metric"] == "r2")]
+    for _, row in compact.iterrows():
+        full = r2[(r2["layer"] == row["layer"]) & (r2["ablated_block"] == row["block"])].iloc[0]
+        assert (row["r2_clean"], row["r2_ablated"]) == (full["clean_value"], full["value"])
+        assert (row["r2_ablated_ci_low"], row["r2_ablated_ci_high"]) == (full["ci_low"], full["ci_high"])
+    assert (compact["drop"].abs() > 1e-6).any()  # the ablation did something to compare
+    # a subset of the sequences is a different measurement, with a different number
+    subset = iv.sink_ablation_drop(model, tokens, mask, 2, acts, n_splits=3, n_boot=30, seed=0, max_sequences=8)
+    assert not np.allclose(subset["r2_ablated"], compact["r2_ablated"])

@@ -16,7 +16,7 @@ from nopelens.models.tasks import (
     make_task,
 )
 
-SYNTHETIC = ["copy", "repeat", "reverse", "previous_token", "addition", "parity"]
+SYNTHETIC = ["copy", "repeat", "reverse", "previous_token", "addition", "parity", "bigram_backcopy"]
 
 
 def rows(batch: Batch):
@@ -137,6 +137,36 @@ def test_registry_and_unknown_names():
         make_task("copy", width=3)
     task = make_task("copy", n_symbols=7)
     assert make_task(task.name, **task.kwargs).d_vocab == task.d_vocab == 11
+
+
+def test_bigram_backcopy_layout_and_floor():
+    """Guo et al. 2024's BB task: after a trigger the next token is the one before the trigger; after any
+    other symbol it follows the bigram chain, so the floor of the loss is 0 after triggers and the
+    chain's surprisal elsewhere."""
+    task = make_task("bigram_backcopy", n_symbols=16, n_triggers=2)
+    assert task.d_vocab == 20 and task.trigger_ids == [4, 5] and task.symbols[:1] == b" "
+    batch = task.sample(64, 40, 40, 0)
+    tokens, trigger = batch.tokens, task.is_trigger(batch.tokens)
+    assert not trigger[:, :2].any()  # x_1 is drawn without triggers
+    copies = trigger[:, 1:-1]
+    assert copies.any() and torch.equal(tokens[:, 2:][copies], tokens[:, :-2][copies])
+    assert torch.equal(batch.targets[:, :-1], tokens[:, 1:]) and batch.loss_mask[:, :-1].all()
+    floor = task.oracle_nats(batch)
+    assert (floor[trigger & batch.loss_mask] == 0).all() and (floor[~trigger & batch.loss_mask] > 0).all()
+    # the non-trigger transitions follow the corpus's bigram rows: empirical frequencies match P
+    big = task.sample(2000, 40, 40, 1)
+    current, following = big.tokens[:, 1:-1] - 4, big.tokens[:, 2:] - 4
+    plain = ~task.is_trigger(big.tokens[:, 1:-1])
+    row = int(torch.mode(current[plain]).values)
+    seen = torch.bincount(following[plain & (current == row)], minlength=16).double()
+    assert torch.allclose(seen / seen.sum(), task.transition[row], atol=0.02)
+
+
+def test_bigram_backcopy_bad_sizes():
+    with pytest.raises(ValueError, match="n_triggers"):
+        make_task("bigram_backcopy", n_symbols=4, n_triggers=4)
+    with pytest.raises(ValueError, match="n_symbols"):
+        make_task("bigram_backcopy", n_symbols=1)
 
 
 # ----------------------------------------------------------------------------------------- text

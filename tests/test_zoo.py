@@ -103,3 +103,32 @@ def test_first_load_trains_and_caches_then_loads(tiny_recipe, tmp_path, capsys, 
     again = tiny_recipe.train(progress=False)
     for name, tensor in first.model.state_dict().items():
         assert torch.equal(tensor, again.model.state_dict()[name])
+
+
+def test_load_uses_the_cache_then_the_shipped_copy_then_trains(tiny_recipe, tmp_path, capsys, monkeypatch):
+    """Issue 21: with an empty cache a shipped copy is loaded without training; `shipped=False` (what
+    `nopelens train --zoo` asks) trains from the recipe, and the result is the shipped copy, bit for bit."""
+    monkeypatch.setattr(zoo, "SHIPPED_DIR", tmp_path / "shipped")
+    cache, empty = tmp_path / "cache", tmp_path / "empty"
+    trained = zoo.load("tiny-test", cache_dir=cache, progress=False)
+    assert not zoo.is_shipped("tiny-test")
+    monkeypatch.setattr(zoo, "is_cached", lambda name, cache_dir=None, seed=0: cache_dir == cache)
+    assert zoo.ship("tiny-test", cache) == zoo.shipped_dir("tiny-test") and zoo.is_shipped("tiny-test")
+    capsys.readouterr()
+
+    def no_training(*args, **kwargs):
+        raise AssertionError("trained although a shipped copy exists")
+
+    monkeypatch.setattr(zoo.Recipe, "train", no_training)
+    shipped = zoo.load("tiny-test", cache_dir=empty, progress=False)
+    assert "as shipped with nopelens" in capsys.readouterr().err
+    assert all(torch.equal(t, trained.model.state_dict()[k]) for k, t in shipped.model.state_dict().items())
+    monkeypatch.undo()
+    monkeypatch.setitem(zoo.RECIPES, "tiny-test", tiny_recipe)
+    monkeypatch.setattr(zoo, "SHIPPED_DIR", tmp_path / "shipped")
+    again = zoo.load("tiny-test", cache_dir=empty, progress=False, shipped=False)
+    assert "training zoo model tiny-test" in capsys.readouterr().err
+    assert zoo.compare_with_shipped(again, "tiny-test") == "tiny-test: weights bit-identical to the shipped copy"
+    # a shipped copy of an older recipe is not used
+    monkeypatch.setitem(zoo.RECIPES, "tiny-test", dataclasses.replace(tiny_recipe, steps=5))
+    assert not zoo.is_shipped("tiny-test")

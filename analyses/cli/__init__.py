@@ -27,6 +27,8 @@ COMMAND_MODULES = (
     "nopelens.analyses.cli.audit",
     "nopelens.analyses.cli.intervene",
     "nopelens.analyses.cli.validate",
+    "nopelens.analyses.cli.dynamics",
+    "nopelens.analyses.cli.extreme_tokens",
 )
 
 COMMANDS = {
@@ -43,6 +45,9 @@ COMMANDS = {
     "intervene": ("nopelens.analyses.cli.intervene",
                   "causal tests: does the probed position come from the attention sink, and is it used?"),
     "validate": ("nopelens.analyses.cli.validate", "the known-answer suite: models where theory fixes every number"),
+    "dynamics": ("nopelens.analyses.cli.dynamics", "follow position probes and attention sinks through training"),
+    "extreme-tokens": ("nopelens.analyses.cli.extreme_tokens",
+                       "active-dormant heads, value-state drains and residual-state peaks (Guo et al. 2024)"),
 }
 """Subcommand -> (module that registers it, its line in ``nopelens --help``). The CLI imports only
 the module of the command it runs, and none for ``nopelens --help``: the modules import torch and

@@ -45,7 +45,7 @@ def register(subparsers) -> None:
     parser.add_argument("--out", help="run folder (default runs/intervene-<model>); reruns resume")
     parser.add_argument("--modes", default=",".join(SINK_MODES), help="sink ablations, comma list (default both)")
     parser.add_argument("--shift", type=int, default=4, help="k of the index-direction shift (default 4)")
-    parser.add_argument("--n-sequences", type=int, help="evaluation sequences (default 40)")
+    parser.add_argument("--n-sequences", type=int, help="evaluation sequences (default 80, as the sweep)")
     parser.add_argument("--seq-len", type=int, help="tokens per sequence (default 64)")
     parser.add_argument("--n-boot", type=int, help="bootstrap replicates (default 200)")
     parser.add_argument("--seed", type=int, help="seed (default 0)")

@@ -2,7 +2,7 @@
 
 Examples::
 
-    nopelens train --zoo copy-nope-3l            # train or load the cached zoo model
+    nopelens train --zoo copy-nope-3l            # train from the recipe, or load the cached run
     nopelens train --list                        # zoo names and recipes
     nopelens train --task copy --position rope --layers 3 --steps 600 --out runs/copy-rope
 """
@@ -38,6 +38,8 @@ def report(trained: TrainedModel, progress: bool = False, threads: int = 1) -> s
         lines.append(
             f"validation: {bits:.3f} bits per byte, {bits * task.bytes_per_character():.3f} bits per character"
         )
+    elif hasattr(task, "oracle_nats"):  # a stochastic chain: no exact match, a loss floor instead
+        lines.append(backcopy_report(trained, task))
     else:
         with limited_threads(threads):
             table = evaluate_exact_match(trained, task, n=256, seed=1, progress=progress)
@@ -47,6 +49,25 @@ def report(trained: TrainedModel, progress: bool = False, threads: int = 1) -> s
     return "\n".join(lines)
 
 
+def backcopy_report(trained: TrainedModel, task) -> str:
+    """Loss against the task's floor and the back-copy accuracy after triggers, on 256 fresh sequences."""
+    import torch
+
+    from nopelens.models.training import EVAL_STREAM, stream_seed
+
+    high = trained.metadata["train_lengths"][1]
+    batch = task.sample(256, high, high, stream_seed(1, EVAL_STREAM, high))
+    with torch.no_grad():
+        logits = trained.model(batch.tokens).float()
+    nats = torch.nn.functional.cross_entropy(logits.transpose(1, 2), batch.targets, reduction="none")
+    trigger = task.is_trigger(batch.tokens) & batch.loss_mask
+    other = batch.loss_mask & ~trigger
+    floor = task.oracle_nats(batch)
+    right = (logits.argmax(-1) == batch.targets)[trigger].float().mean()
+    return (f"back-copy after triggers: accuracy {right:.4f}, loss {nats[trigger].mean():.4f} nats; other tokens: "
+            f"loss {nats[other].mean():.4f} nats against the chain's own {floor[other].mean():.4f}")
+
+
 def _run(args: argparse.Namespace) -> int:
     if args.threads < 1:
         raise ValueError(f"--threads must be >= 1, got {args.threads}")
@@ -54,6 +75,7 @@ def _run(args: argparse.Namespace) -> int:
         for name in zoo.names():
             spec = zoo.recipe(name)
             cached = "cached" if zoo.is_cached(name, args.cache_dir) else "not cached"
+            cached += ", shipped" if zoo.is_shipped(name) else ""
             print(f"{name:<24} {spec.description} [{spec.steps} steps; {cached}]")
         return 0
     seeds = _seeds(args)
@@ -61,10 +83,16 @@ def _run(args: argparse.Namespace) -> int:
         if args.threads != 1:
             raise ValueError(f"--threads {args.threads}: a zoo recipe trains on 1 thread (its weights depend on the "
                              "count); use --task for a run of your own on more threads")
-        for seed in seeds:
-            trained = zoo.load(args.zoo, cache_dir=args.cache_dir, progress=not args.quiet, seed=seed)
+        for seed in seeds:  # from the cache or the recipe, never the shipped copy: this command trains
+            trained = zoo.load(args.zoo, cache_dir=args.cache_dir, progress=not args.quiet, seed=seed,
+                               shipped=False)
             print(report(trained, progress=not args.quiet))
+            print(zoo.compare_with_shipped(trained, args.zoo, seed))
+            if args.ship:
+                print(f"shipped: {zoo.ship(args.zoo, args.cache_dir, seed)}")
         return 0
+    if args.ship:
+        raise ValueError("--ship goes with --zoo NAME")
     if not args.task or not args.out:
         raise ValueError("give --zoo NAME, --list, or both --task and --out")
     task_kwargs = {"path": args.text_file} if args.task == "text" else {}
@@ -105,7 +133,8 @@ def register(subparsers) -> None:
         help="train a decoder on a task, or train/load a zoo model",
         description="Train a small decoder (AdamW, warmup + cosine, gradient clipping, fixed seed) "
         "and save a safetensors+JSON checkpoint; an interrupted run resumes from --out. With --zoo, "
-        "load a named model from the cache, training it on first use.",
+        "train a named model from its recipe (or load the finished run from the cache) and say whether it equals the "
+        "copy shipped with nopelens.",
         epilog="examples: nopelens train --zoo copy-nope-3l | nopelens train --zoo text-nope-4l --seeds 0,1,2 | "
         "nopelens train --task copy --position rope --steps 600 --out runs/copy-rope",
     )
@@ -128,4 +157,6 @@ def register(subparsers) -> None:
     add_seeds(parser, "train once per seed; zoo models are cached per seed, --task runs go to --out/seed<N>")
     add_threads(parser)
     add_quiet(parser, "training progress bar")
+    parser.add_argument("--ship", action="store_true", help="with --zoo, in a source checkout: copy the trained "
+                        "model into the package's shipped models (nopelens/models/shipped/), for maintainers")
     parser.set_defaults(func=_run)

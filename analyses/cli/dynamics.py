@@ -1,0 +1,41 @@
+"""``nopelens dynamics MODEL``: position and attention sinks through training (:mod:`nopelens.analyses.dynamics`)."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from nopelens.analyses import dynamics
+
+from .options import add_quiet
+
+
+def run(args: argparse.Namespace) -> int:
+    settings = dynamics.DynamicsSettings(model=args.model, n_checkpoints=args.checkpoints, train_seed=args.train_seed,
+                                quick_steps=30 if args.quick else None,
+                                **{k: getattr(args, k) for k in ("n_sequences", "n_boot", "seed") if getattr(args, k) is not None})
+    out = Path(args.out or f"runs/dynamics-{args.model}{'-quick' if args.quick else ''}")
+    table = dynamics.run(settings, out, progress=not args.quiet)
+    print(dynamics.summary_markdown(table, settings.model))
+    print(f"wrote {out}/dynamics.csv, summary.md, dynamics.png; checkpoints in {out}/checkpoints")
+    return 0
+
+
+def register(subparsers) -> None:
+    parser = subparsers.add_parser(
+        "dynamics", help="follow position probes and attention sinks through training",
+        description="Retrain a zoo model from its recipe, keep checkpoints at log-spaced steps and measure each "
+        "with the sweep's probes: absolute-index R² per layer, the head-score read of i − j, the sink rate, the loss.",
+        epilog="examples:\n  nopelens dynamics bb-nope-3l\n  nopelens dynamics text-nope-4l --checkpoints 10",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("model", help="a zoo name (nopelens train --list)")
+    parser.add_argument("--out", help="run folder (default runs/dynamics-<model>); reruns resume")
+    parser.add_argument("--checkpoints", type=int, default=12, help="checkpoints incl. step 0 (default 12)")
+    parser.add_argument("--train-seed", type=int, default=0, help="training seed of the recipe (default 0)")
+    parser.add_argument("--n-sequences", type=int, help="evaluation sequences (default 40)")
+    parser.add_argument("--n-boot", type=int, help="bootstrap replicates (default 200)")
+    parser.add_argument("--seed", type=int, help="seed of the evaluation sequences and probes (default 0)")
+    parser.add_argument("--quick", action="store_true", help="train 30 steps only (smoke test)")
+    add_quiet(parser)
+    parser.set_defaults(func=run)

@@ -1,0 +1,48 @@
+"""``nopelens extreme-tokens MODEL``: what Guo et al. 2024 measure on the Bigram-Backcopy task
+(:mod:`nopelens.analyses.extreme_tokens`)."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from nopelens.analyses import extreme_tokens
+from nopelens.analyses.runs import slug
+from nopelens.analyses.subjects import resolve
+from nopelens.models.io import write_csv_atomic
+from nopelens.models.threads import one_thread
+
+from .options import MODEL_HELP, add_quiet
+
+
+def run(args: argparse.Namespace) -> int:
+    with one_thread():
+        subject = resolve(args.model, args.n_sequences, args.seq_len, args.seed, not args.quiet,
+                          30 if args.quick else None)
+        tables = extreme_tokens.measure(subject, args.n_boot, args.seed)
+    out = Path(args.out or f"runs/extreme-tokens-{slug(args.model)}")
+    for name, table in tables.items():
+        write_csv_atomic(table, out / f"{name}.csv")
+    print(extreme_tokens.format_report(tables))
+    print(f"\nwrote {out}/heads.csv, norms.csv, ablation.csv")
+    return 0
+
+
+def register(subparsers) -> None:
+    parser = subparsers.add_parser(
+        "extreme-tokens", help="active-dormant heads, value-state drains and residual-state peaks (Guo et al. 2024)",
+        description="Measure on a model what Guo et al. 2024 measure on the Bigram-Backcopy task: per head the "
+        "attention on BOS and on the previous token for trigger and non-trigger queries, the first token's value and "
+        "residual norms, and the loss per query class under the sink ablations of `nopelens intervene`.",
+        epilog="examples:\n  nopelens extreme-tokens bb-nope-3l\n  nopelens extreme-tokens text-nope-4l",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("model", help=MODEL_HELP)
+    parser.add_argument("--out", help="output folder (default runs/extreme-tokens-<model>)")
+    parser.add_argument("--n-sequences", type=int, default=80, help="evaluation sequences (default 80, as the sweep)")
+    parser.add_argument("--seq-len", type=int, default=64, help="tokens per sequence (default 64)")
+    parser.add_argument("--n-boot", type=int, default=200, help="bootstrap replicates (default 200)")
+    parser.add_argument("--seed", type=int, default=0, help="seed (default 0)")
+    parser.add_argument("--quick", action="store_true", help="zoo models trained for 30 steps (smoke tests)")
+    add_quiet(parser)
+    parser.set_defaults(func=run)

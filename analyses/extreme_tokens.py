@@ -1,0 +1,137 @@
+"""``nopelens extreme-tokens MODEL``: what Guo et al. 2024 measure on the Bigram-Backcopy task.
+
+On a model trained on :class:`~nopelens.models.tasks.BigramBackcopyTask` (the zoo's ``bb-*``),
+three tables (Guo et al. 2024, "Active-dormant attention heads", §2; the measurements are in
+:mod:`nopelens.probes.extreme_tokens`):
+
+- ``heads.csv``: per head, the attention on the first token (BOS) and on the previous token, for
+  trigger and non-trigger queries, with CIs; a head is *dormant* on a class when its BOS mass is
+  above Gu's 0.3 and *active* when most of its attention is on the previous token;
+- ``norms.csv``: the first token's value norm (per head, ``hook_v``) and residual norm (per
+  layer) over the other tokens' (value-state drain: ratio < 1; residual-state peak: ratio > 1);
+- ``ablation.csv``: what the sink carries: the loss on trigger and non-trigger predictions (with
+  the task's floor, the loss of the process itself), clean and with the first token removed from
+  the keys of one block (``remove_key``) or its value replaced by the mean value (``mean_value``),
+  the sink ablations of ``nopelens intervene``; plus the back-copy accuracy after triggers.
+
+On a model of another task every query is one class (``all``) and the ablation reports the loss.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import torch
+import torch.nn.functional as F
+
+from nopelens.models.hooks import act_names
+from nopelens.models.tasks import Batch
+from nopelens.probes import collect, resid_sites
+from nopelens.probes.extreme_tokens import active_dormant_table, first_token_norms
+
+from . import intervene as iv
+from .subjects import Subject
+
+
+def query_classes(subject: Subject) -> tuple[torch.Tensor, dict[str, bool]]:
+    """``(flags [batch, pos], classes)``: True where the query token is a trigger (BB task), with the
+    class names; a task without triggers gives all False and one class, ``all``."""
+    if subject.task is not None and hasattr(subject.task, "is_trigger"):
+        return subject.task.is_trigger(subject.tokens), {"trigger": True, "non_trigger": False}
+    return torch.zeros_like(subject.tokens, dtype=torch.bool), {"all": False}
+
+
+def per_position_loss(model, subject: Subject, hooks: iv.HookList = ()) -> tuple[torch.Tensor, torch.Tensor]:
+    """(nats ``[batch, pos]``, right ``[batch, pos]``) of every prediction under ``hooks`` (0 / False where not scored)."""
+    with torch.no_grad(), iv.intervention(model, list(hooks)):
+        logits = model(subject.tokens, attention_mask=subject.attention_mask).float()
+    nats = F.cross_entropy(logits.transpose(1, 2), subject.targets, reduction="none") * subject.loss_mask
+    right = (logits.argmax(-1) == subject.targets) & subject.loss_mask
+    return nats, right
+
+
+def ablation_table(subject: Subject, modes: tuple[str, ...] = iv.SINK_MODES) -> pd.DataFrame:
+    """Loss and accuracy per query class: clean, with the task's floor, and under each sink ablation per block.
+
+    Returns:
+        Rows ``condition`` (``clean``, ``floor`` or a mode of :data:`~nopelens.analyses.intervene.SINK_MODES`),
+        ``ablated_block`` (NaN for clean and floor), ``query_class``, ``n``, ``loss`` (nats per
+        prediction) and ``accuracy`` (argmax right), ``status`` and ``note`` (``not_applicable``
+        when the ablation cannot be checked to act on this model).
+    """
+    if subject.targets is None:
+        return pd.DataFrame([dict(condition="clean", status="not_applicable",
+                                  note=f"{subject.name} has no task targets: no loss to measure")])
+    flags, classes = query_classes(subject)
+    model, scored = subject.model, subject.loss_mask
+
+    def rows_of(condition: str, block, nats, right) -> list[dict]:
+        out = []
+        for name, flag in classes.items():
+            cls = scored & (flags == flag)
+            if cls.any():
+                out.append(dict(condition=condition, ablated_block=block, query_class=name, n=int(cls.sum()),
+                                loss=float(nats[cls].double().mean()),
+                                accuracy=float(right[cls].float().mean()) if right is not None else np.nan,
+                                status="measured", note=""))
+        return out
+
+    rows = rows_of("clean", np.nan, *per_position_loss(model, subject))
+    if hasattr(subject.task, "oracle_nats"):
+        batch = Batch(subject.tokens, scored, subject.attention_mask, subject.targets)
+        rows += rows_of("floor", np.nan, subject.task.oracle_nats(batch), None)
+    first = iv.first_real_index(subject.attention_mask)
+    means = iv.mean_values(model, subject.tokens, subject.attention_mask, range(subject.n_layers)) if "mean_value" in modes else {}
+    for mode in modes:
+        for block in range(subject.n_layers):
+            try:
+                iv.check_sink_ablation(model, block, mode, subject.tokens, subject.attention_mask, means.get(block))
+            except iv.NotApplicable as reason:
+                rows.append(dict(condition=mode, ablated_block=block, status="not_applicable", note=str(reason)))
+                continue
+            hooks = iv.sink_hooks(block, mode, first, means.get(block))
+            rows += rows_of(mode, block, *per_position_loss(model, subject, hooks))
+    return pd.DataFrame(rows)
+
+
+def measure(subject: Subject, n_boot: int = 200, seed: int = 0) -> dict[str, pd.DataFrame]:
+    """The three tables of the module docstring for one subject."""
+    layers = subject.n_layers
+    values = act_names("v", layers)
+    patterns = act_names("pattern", layers)
+    residual = resid_sites(layers)
+    acts = collect(subject.model, subject.tokens, patterns + values + residual,
+                   attention_mask=subject.attention_mask, batch_size=32)
+    flags, classes = query_classes(subject)
+    real = subject.attention_mask.bool()
+    per_sequence = [row[mask].numpy() for row, mask in zip(flags, real)]
+    heads = active_dormant_table(acts, per_sequence, classes, n_boot=n_boot, seed=seed)
+    norms = first_token_norms(acts, values + residual)
+    return {name: table.assign(model=subject.name) for name, table in
+            (("heads", heads), ("norms", norms), ("ablation", ablation_table(subject)))}
+
+
+def format_report(tables: dict[str, pd.DataFrame]) -> str:
+    """The three tables as text, rounded."""
+    heads = tables["heads"][["block", "head", "query_class", "n_queries", "first_mass", "previous_mass", "dormant", "active"]]
+    norms = tables["norms"][["site", "head", "first_norm", "other_norm", "ratio"]]
+    ablation = tables["ablation"]
+    measured = ablation[ablation["status"] == "measured"]
+    shown = measured
+    if len(measured):
+        label = measured["condition"] + measured["ablated_block"].map(lambda b: "" if pd.isna(b) else f", block {int(b)}")
+        shown = measured.assign(condition=label).pivot_table(index="condition", columns="query_class",
+                                                             values=["loss", "accuracy"], sort=False)
+    parts = ["attention on the first token (BOS) and on the previous token, per head and query class",
+             heads.round(3).to_string(index=False),
+             "\nnorm of the first token's state over the other tokens' (value: hook_v per head; residual per layer)",
+             norms.round(3).to_string(index=False),
+             "\nloss (nats) and accuracy per query class: clean, the task's floor, and each sink ablation per block",
+             shown.round(3).to_string() if len(shown) else "(nothing measured)"]
+    refused = ablation[ablation["status"] == "not_applicable"]
+    for _, r in refused.iterrows():
+        where = "" if pd.isna(r.get("ablated_block", np.nan)) else f" in block {int(r['ablated_block'])}"
+        parts.append(f"not applicable: {r['condition']}{where}: {r['note']}")
+    return "\n".join(parts)
