@@ -583,7 +583,8 @@ def write_run(result: "SweepResult", settings: "SweepSettings", command: str, ve
     figures = {"probes": lambda: probe_figure(result.curves, result.reads)}
     if not site_rows(result.probes).query("kind not in ('resid_pre', 'resid_post')").empty:
         figures["sites"] = lambda: site_figure(result.probes)
-    figures["sinks"] = lambda: sink_figure(result.sinks)
+    if not result.sinks.empty:  # no sink read applies (every block a DSA past index_topk): no figure
+        figures["sinks"] = lambda: sink_figure(result.sinks)
     if (result.variance.get("variance", pd.Series(dtype=float)) > 0).any():  # nothing varies: no figure
         figures["variance"] = lambda: variance_figure(result.variance)
     if not result.sink_ablation.empty:

@@ -81,7 +81,10 @@ def measurements(subject: Subject, settings, sites: SweepSites,
                                                attention=sites.qk, scores=sites.scores, bilinear=mode,
                                                tasks=("regression",), pairs_per_distance=min(64, settings.n_sequences),
                                                **common))
-    attention = [l for l in range(subject.n_layers) if subject.hf is None or subject.hf.layers[l].mixer == "attention"]
+    sparse = subject.note_sparse_reads()  # a DSA block's kept keys are chosen by content: no sink or variance read
+    # (its sink sums are still taken, on the sweep's sites, and its rows dropped from the table)
+    attention = [l for l in range(subject.n_layers) if (subject.hf is None or subject.hf.layers[l].mixer == "attention")
+                 and l not in sparse]
     outputs = [site for site in act_names("attn_out", attention) if site in sites.outputs]
     windows, sinks = subject.key_windows(), subject.sinks()
     variance = AttentionVariance(sequences, outputs, windows) if outputs else None
@@ -129,6 +132,7 @@ def measure_streamed(subject: Subject, settings, sites: SweepSites,
                           progress=label and f"{label} without BOS")[0]
                       .assign(condition="without_bos"))
     sinks = pd.concat(frames, ignore_index=True).assign(model=subject.name, gu_window=plan_.window)
+    sinks = sinks[~sinks["block"].isin(list(subject.sparse_blocks()))].reset_index(drop=True)  # as sink_conditions
     variance = results[len(plan_.probes)] if plan_.variance is not None else None
     subject.info.setdefault("not_applicable", {})["sink ablation"] = NOT_STREAMED_ABLATION
     subject.info["streamed"] = {"batch_size": batch_size, "kept_bytes_limit": plan_.budget.limit,

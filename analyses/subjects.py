@@ -130,6 +130,33 @@ class Subject:
         blocks of an HF model that have one; empty for nopelens' own models (causal attention)."""
         return self.hf.key_windows() if self.hf is not None else {}
 
+    def sparse_blocks(self) -> dict[int, str]:
+        """Block -> why its attention over this subject's sequences is no static mask (a DSA indexer
+        past ``index_topk`` keys, :meth:`nopelens.models.hf.LayerPosition.sparse_reason`): the
+        reads that assume the window rule (sink mass, variance, scores) are not applicable there."""
+        if self.hf is None:
+            return {}
+        length = int(self.attention_mask.sum(-1).max())
+        reasons = {l: layer.sparse_reason(length) for l, layer in enumerate(self.hf.layers)}
+        return {l: why for l, why in reasons.items() if why is not None}
+
+    def sparse_note(self) -> str:
+        """:meth:`sparse_blocks` as one line, blocks grouped by reason ("" when there is none)."""
+        by_reason: dict[str, list[int]] = {}
+        for block, why in self.sparse_blocks().items():
+            by_reason.setdefault(why, []).append(block)
+        return "; ".join(f"blocks {blocks}: {why}" for why, blocks in by_reason.items())
+
+    def note_sparse_reads(self) -> dict[int, str]:
+        """Record in ``info["not_applicable"]`` that the sink and variance reads skip the
+        :meth:`sparse_blocks` (a content-selected key set: mass at key 0 mixes "not kept" with "not
+        attended"); returns those blocks."""
+        sparse = self.sparse_blocks()
+        if sparse:
+            notes = self.info.setdefault("not_applicable", {})
+            notes["sink read"] = notes["variance read"] = self.sparse_note()
+        return sparse
+
     def sinks(self) -> dict:
         """Block -> (kind, per-head logits or None) of an HF model's non-token sinks (learned,
         per-token or output-scale, :attr:`nopelens.models.hf.LayerPosition.sink`); empty otherwise."""
@@ -489,7 +516,6 @@ def load_hf_dir(directory: Path, dtype: str | None = None, device: str | torch.d
     """
     import transformers
     from safetensors import SafetensorError
-    from transformers import AutoModelForCausalLM
 
     from nopelens.models.adapters import load_hf_model
 
@@ -501,8 +527,8 @@ def load_hf_dir(directory: Path, dtype: str | None = None, device: str | torch.d
     def load():
         try:
             # safetensors only: a pytorch_model.bin is a pickle, and nopelens never unpickles a user file
-            model = AutoModelForCausalLM.from_pretrained(directory, local_files_only=True, use_safetensors=True,
-                                                         dtype=dtype or "auto")
+            model = _causal_lm_class(directory).from_pretrained(directory, local_files_only=True, use_safetensors=True,
+                                                                dtype=dtype or "auto")
         except (OSError, ValueError) as error:
             raise ValueError(f"{directory} holds no loadable HF causal LM: {error}") from None
         except _config_errors() as error:  # a config field of the wrong type, e.g. "hidden_size": "big"
@@ -513,6 +539,25 @@ def load_hf_dir(directory: Path, dtype: str | None = None, device: str | torch.d
         return model.to(device).eval()
 
     return load_hf_model(load(), reload=load)
+
+
+def _causal_lm_class(directory: str | Path):
+    """``AutoModelForCausalLM``, or, for a config transformers' auto mapping lacks (Mistral 4 in
+    5.24), the ``...ForCausalLM`` class its ``config.json`` names in ``architectures``."""
+    import json
+
+    import transformers
+    from transformers import AutoModelForCausalLM
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    try:
+        config = json.loads((Path(directory) / "config.json").read_text())
+    except (OSError, ValueError):
+        return AutoModelForCausalLM  # it reports the missing or broken config itself
+    named = [name for name in config.get("architectures") or [] if str(name).endswith("ForCausalLM")]
+    if config.get("model_type") in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES or not named or not hasattr(transformers, named[0]):
+        return AutoModelForCausalLM
+    return getattr(transformers, named[0])
 
 
 def _config_errors() -> tuple[type[Exception], ...]:

@@ -60,6 +60,7 @@ from nopelens.models.hooks import act_name, act_names
 from nopelens.models.progress import progress_bar
 from nopelens.models.threads import one_thread
 from nopelens.probes import collect, resid_sites
+from nopelens.probes.collect import site_block
 from nopelens.probes.sinks import GU_WINDOW, attention_variance, sink_table, variance_slopes
 
 from . import layers, parallel, reads, report, runs, seeds
@@ -222,8 +223,12 @@ def sweep_sites(subject: Subject, kinds: tuple[str, ...] = DEFAULT_SITES) -> Swe
     outputs = [site for site in act_names("attn_out", layers) if subject.usable(site)]
     # a hybrid's linear-attention layers have no q, k or pattern, nor has a model hooked without the bridge
     qk = [pair for pair in (qk_sites(subject, l) for l in range(layers)) if all(subject.usable(s) for s in pair)]
+    sparse = subject.sparse_blocks()
     scores, not_applicable = reads.readable_score_sites(score_sites(subject.model, layers, subject.hf),
                                                         subject.key_windows(), int(subject.attention_mask.sum(-1).max()))
+    scores = [site for site in scores if site_block(site) not in sparse]
+    if sparse:
+        not_applicable = "; ".join(filter(None, [not_applicable, subject.sparse_note()]))
     if not_applicable is not None:
         subject.info.setdefault("not_applicable", {})["score read"] = not_applicable
     return SweepSites(residual=resid_sites(layers), inner=[site for site in inner if subject.usable(site)],
@@ -249,9 +254,11 @@ def analyse_subject(subject: Subject, settings: SweepSettings, progress: bool = 
     probes.insert(0, "model", subject.name)
 
     sinks = sink_conditions(subject, acts)
-    attention = [l for l in range(layers) if subject.hf is None or subject.hf.layers[l].mixer == "attention"]
-    variance = attention_variance(acts, sites=[site for site in act_names("attn_out", attention) if site in acts.acts],
-                                  windows=subject.key_windows())
+    attention = [l for l in range(layers) if (subject.hf is None or subject.hf.layers[l].mixer == "attention")
+                 and l not in subject.sparse_blocks()]  # a DSA block's kept keys are chosen by content
+    variance_sites = [site for site in act_names("attn_out", attention) if site in acts.acts]
+    variance = (attention_variance(acts, sites=variance_sites, windows=subject.key_windows()) if variance_sites else
+                pd.DataFrame(columns=["site", "block", "position", "visible_keys", "variance", "n_sequences"]))
     variance = _variance_table(subject, variance)
     # sink ablation (issue 14): next-layer absolute-index R^2 with block l's first key removed
     ablation = sink_ablation_drop(subject.model, subject.tokens, subject.attention_mask, layers, acts,
@@ -332,7 +339,11 @@ def sink_conditions(subject: Subject, acts) -> pd.DataFrame:
                            attention_mask=subject.attention_mask[:, 1:], batch_size=32)
         frames.append(sink_table(stripped, n_tokens=min(window, shortest - 1), windows=windows, sinks=sinks)
                       .assign(condition="without_bos"))
-    return pd.concat(frames, ignore_index=True).assign(model=subject.name, gu_window=window)
+    table = pd.concat(frames, ignore_index=True).assign(model=subject.name, gu_window=window)
+    sparse = subject.note_sparse_reads()
+    if sparse:
+        table = table[~table["block"].isin(list(sparse))].reset_index(drop=True)
+    return table
 
 
 def sink_sites(subject: Subject) -> list[str]:
@@ -403,7 +414,8 @@ def summarize_seed(probes: pd.DataFrame, sinks: pd.DataFrame, variance: pd.DataF
         mad = absolute[(absolute["metric"] == "mad") & (absolute["task"] == "regression")].set_index("layer")
         chance = layers.chance_of_mad(mad)
         model_sinks = sinks[sinks["model"] == model]
-        as_read = model_sinks[model_sinks["condition"] == model_sinks["condition"].iloc[0]]
+        as_read = model_sinks[model_sinks["condition"] == model_sinks["condition"].iloc[0]] if len(model_sinks) \
+            else model_sinks  # no sink read (every block DSA past index_topk): sink_rate NaN
         rows.append(dict(
             model=model,
             **{read.column: read.first_layer(table) for read in chosen},

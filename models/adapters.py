@@ -213,8 +213,11 @@ class HookedHFModel(HookedRootModule):
 
     - ``hook_embed``: the token embedding's output;
     - ``blocks.{l}.hook_resid_pre``: the input of decoder layer l (a forward pre-hook, so a hook
-      that returns a tensor replaces the layer's input: patching works);
-    - ``blocks.{l}.hook_resid_post``: the layer's output;
+      that returns a tensor replaces the layer's input: patching works); a residual of several
+      parallel streams (hyper-connections) is read as their concatenation, ``[batch, pos,
+      n_streams * d_model]``;
+    - ``blocks.{l}.hook_resid_post``: the layer's output (where a decoder layer holds several
+      attention sublayers, LongCat-Flash's, each is a layer and ends at the next one's input);
     - ``blocks.{l}.hook_attn_out``: the output of the layer's attention or other mixer (a
       linear-attention or SSM block), before the residual add;
     - ``blocks.{l}.attn.hook_pattern``: the attention weights the layer's eager attention returns
@@ -222,6 +225,8 @@ class HookedHFModel(HookedRootModule):
     - ``blocks.{l}.attn.hook_v`` and ``hook_z``: the value projection's output and the output
       projection's input, ``[batch, pos, head_index, d_head]``, where the attention has
       ``v_proj``/``o_proj`` (Granite SWA's output-scale sink is read from them);
+    - ``blocks.{l}.attn.hook_pos_bias``: the score bias the attention adds by distance, where the
+      family has a module for it (Inkling 2's relative bias, ``[batch, head_index, query_pos, key_pos]``);
     - ``ln_final.hook_normalized``: the final norm's output.
 
     The model is switched to eager attention (which returns its weights). Position ids are counted
@@ -251,7 +256,7 @@ class HookedHFModel(HookedRootModule):
         names: dict[str, tuple[str, str]] = {"hook_embed": (self.layout.embed, "output")}
         for l, (layer, mixer, attention) in enumerate(zip(self.layout.layers, self.layout.mixers, self.layout.attention)):
             names[act_name("resid_pre", l)] = (layer, "input")
-            names[act_name("resid_post", l)] = (layer, "output")
+            names[act_name("resid_post", l)] = self.layout.outputs_at[l] if self.layout.outputs_at else (layer, "output")
             if mixer is not None:
                 names[act_name("attn_out", l)] = (mixer, "output")
                 if attention:
@@ -260,6 +265,8 @@ class HookedHFModel(HookedRootModule):
                 names[act_name("v", l)] = (self.layout.values[l], "heads")
             if l < len(self.layout.outputs) and self.layout.outputs[l] is not None:
                 names[act_name("z", l)] = (self.layout.outputs[l], "input heads")
+            if l < len(self.layout.biases) and self.layout.biases[l] is not None:
+                names[act_name("pos_bias", l)] = (self.layout.biases[l], "tensor")
         if self.layout.final_norm is not None:
             names["ln_final.hook_normalized"] = (self.layout.final_norm, "output")
         self.site_paths = {name: path for name, (path, _) in names.items()}
@@ -300,9 +307,18 @@ def _by_heads(point: HookPoint, x: Tensor, d_head: int) -> Tensor:
     return point(x.view(*x.shape[:-1], -1, d_head)).reshape(x.shape)
 
 
+def _by_token(point: HookPoint, x: Tensor) -> Tensor:
+    """Pass a residual state through ``point`` as one vector per token: ``[batch, pos, d_model]``
+    as it is, and several parallel streams ``[batch, pos, n_streams, d_model]`` (hyper-connections,
+    HY-V4) as their concatenation ``[batch, pos, n_streams * d_model]``."""
+    if not isinstance(x, Tensor) or x.ndim != 4:
+        return point(x)
+    return point(x.flatten(-2)).reshape(x.shape)
+
+
 def _input_hook(point: HookPoint, d_head: int | None = None):
     def hook(module, args, kwargs):
-        through = (lambda x: _by_heads(point, x, d_head)) if d_head else point
+        through = (lambda x: _by_heads(point, x, d_head)) if d_head else (lambda x: _by_token(point, x))
         if args:
             return (through(args[0]),) + tuple(args[1:]), kwargs
         key = "hidden_states" if "hidden_states" in kwargs else "input"
@@ -320,9 +336,11 @@ def _output_hook(point: HookPoint, kind: str, d_head: int = 0):
             return None
         if kind == "heads":
             return _by_heads(point, output, d_head)
+        if kind == "tensor":  # a [batch, head_index, query_pos, key_pos] bias: not a residual state
+            return point(output)
         if isinstance(output, tuple):
-            return (point(output[0]),) + output[1:]
-        return point(output)
+            return (_by_token(point, output[0]),) + output[1:]
+        return _by_token(point, output)
 
     return hook
 
@@ -372,11 +390,15 @@ def load_hf_model(hf_model: nn.Module, reload: Callable[[], nn.Module] | None = 
     (e.g. from the directory the model came from); without it, the bridge's refusal stands.
 
     Raises:
-        nopelens.models.hf.UnsupportedModelError: if neither way can read the model.
+        nopelens.models.hf.UnsupportedModelError: if neither way can read the model, or its family has
+            nothing per token to hook (:func:`nopelens.models.hf.unreadable`).
     """
-    from .hf import UnsupportedModelError, bridge_refused
+    from .hf import UnsupportedModelError, bridge_refused, unreadable
 
     architecture = type(hf_model).__name__
+    why = unreadable(hf_model)
+    if why is not None:
+        raise UnsupportedModelError(f"nopelens cannot read {architecture}: {why}")
     reason = bridge_refused(hf_model)
     if reason is None and not bridge_supports(architecture):
         reason = f"TransformerLens has no bridge adapter for {architecture}"

@@ -56,17 +56,23 @@ class QueryScale:
         kind: ``llama4`` (``Llama4TextAttention``: tau = 1 + attn_scale * log1p(floor((p + 1) /
             floor_scale)) on NoPE layers, ``transformers/models/llama4/modeling_llama4.py``) or
             ``beam`` (``compute_attention_scaling``: tau = exp(0.1 * log1p((p + 1) / 2048)), i.e.
-            (1 + (p + 1) / 2048) ** 0.1, ``transformers/models/beam/modeling_beam.py``).
+            (1 + (p + 1) / 2048) ** 0.1, ``transformers/models/beam/modeling_beam.py``) or ``inkling2``
+            (``Inkling2LogScale`` on full-attention layers: tau = 1 + attn_scale * log(max((p + 1) /
+            floor_scale, 1)), exactly 1 below position floor_scale - 1, on the queries and on the
+            relative-bias states alike, ``transformers/models/inkling2/modeling_inkling2.py``).
         by: what p counts: ``index`` (Llama 4 counts the token's index, ``arange(seq_len) +
             past_seen_tokens``, not its position id, so left padding shifts it) or ``position``
-            (Beam reads ``position_ids``).
-        floor_scale, attn_scale: Llama 4's parameters.
+            (Beam and Inkling 2 read ``position_ids``).
+        floor_scale, attn_scale: Llama 4's (and Inkling 2's ``log_scaling_n_floor`` and
+            ``log_scaling_alpha``) parameters.
 
     Example:
         >>> [round(t, 6) for t in QueryScale("llama4", "index", 4, 0.1).factor(torch.arange(8)).tolist()[2:5]]
         [1.0, 1.069315, 1.069315]
         >>> round(float(QueryScale("beam", "position").factor(torch.tensor([2047]))), 6)
         1.071773
+        >>> [round(t, 6) for t in QueryScale("inkling2", "position", 8, 0.1).factor(torch.tensor([0, 6, 15])).tolist()]
+        [1.0, 1.0, 1.069315]
     """
 
     kind: str
@@ -81,12 +87,17 @@ class QueryScale:
             return 1.0 + self.attn_scale * torch.log1p(torch.floor((p + 1.0) / self.floor_scale))
         if self.kind == "beam":
             return torch.exp(0.1 * torch.log1p((p + 1.0) / 2048.0))
+        if self.kind == "inkling2":
+            return 1.0 + self.attn_scale * torch.log(((p + 1.0) / self.floor_scale).clamp(min=1.0))
         raise ValueError(f"unknown query scale {self.kind!r}")
 
     def describe(self) -> str:
         if self.kind == "llama4":
             return (f"queries times 1 + {self.attn_scale:g} log1p(floor((i + 1) / {self.floor_scale:g})), i the token's "
                     "index (Llama 4 temperature tuning)")
+        if self.kind == "inkling2":
+            return (f"queries and relative-bias states times 1 + {self.attn_scale:g} log(max((p + 1) / "
+                    f"{self.floor_scale:g}, 1)), p the position id (Inkling 2's log scaling)")
         return "queries times (1 + (p + 1) / 2048)^0.1, p the position id (Beam's scalable softmax)"
 
 
@@ -124,6 +135,10 @@ class LayerPosition:
             (Inkling 2's ``rel_extent``), or None.
         qk_reference: why the hooked q and k cannot be held against nopelens' reference rotation
             (e.g. MLA's shared key slice), or None; the detector still measures the layer.
+        index_topk: a DeepSeek Sparse Attention (DSA) indexer keeps, per query, only the
+            ``index_topk`` visible keys it scores highest (the others get exactly zero weight): a
+            content-dependent sparse mask on top of the causal one, or None (no indexer). It bites
+            once a query sees more than ``index_topk`` keys (:meth:`sparse_reason`).
     """
 
     method: str
@@ -143,6 +158,7 @@ class LayerPosition:
     sink: str | None = None
     relative_bias: int | None = None
     qk_reference: str | None = None
+    index_topk: int | None = None
 
     @property
     def key_window(self) -> "KeyWindow":
@@ -150,6 +166,24 @@ class LayerPosition:
         from .masks import KeyWindow
 
         return KeyWindow(self.sliding_window, self.chunk_size)
+
+    def sparse_reason(self, length: int) -> str | None:
+        """Why the layer's attention over ``length`` real tokens is not the window rule alone, or None.
+
+        With a DSA indexer (``index_topk``), a query that sees more than ``index_topk`` keys attends
+        only to the ones its indexer picks; which ones depends on the content, so no static mask
+        (and no read that assumes one: masks, sink mass, variance, scores) describes it.
+
+        Example:
+            >>> LayerPosition("rope", 1.0, index_topk=8).sparse_reason(8) is None
+            True
+            >>> LayerPosition("rope", 1.0, index_topk=8).sparse_reason(9)[:38]
+            'a DSA indexer keeps only the top 8 of '
+        """
+        if self.index_topk is None or length <= self.index_topk:
+            return None
+        return (f"a DSA indexer keeps only the top {self.index_topk} of the keys a query sees (index_topk), a "
+                f"content-dependent sparse mask nopelens does not model, and {length}-token sequences exceed it")
 
     @property
     def unit(self):
@@ -328,7 +362,7 @@ def _layer(config: Any, family: str, layer: int, d_head: int) -> LayerPosition:
     softcap = getattr(config, "attn_logit_softcapping", None)
     common = dict(score_scale=scale, sliding_window=window, chunk_size=chunk, mixer=_mixer(config, layer),
                   softcap=float(softcap) if softcap else None, sink=_sink(config, family, layer),
-                  relative_bias=_relative_bias(config, family, layer))
+                  relative_bias=_relative_bias(config, family, layer), index_topk=_index_topk(config, family, layer))
     plain = LayerPosition(_layer_method(config, family, layer), **common)
     if plain.biases_scores:
         slopes, bias_scale = _alibi(config, family, d_head)
@@ -340,7 +374,8 @@ def _layer(config: Any, family: str, layer: int, d_head: int) -> LayerPosition:
     pairing = "interleaved" if family in INTERLEAVED_FAMILIES else "half"
     if family in MLA_FAMILIES:  # heads are [nope | rope]; the rope slice of k is one head shared by all
         rotary_dim, start = int(config.qk_rope_head_dim), int(config.qk_nope_head_dim)
-        pairing = "interleaved" if getattr(config, "rope_interleave", False) else pairing
+        interleaved = family in MLA_ALWAYS_INTERLEAVED or getattr(config, "rope_interleave", False)
+        pairing = "interleaved" if interleaved else pairing
         return replace(plain, rotary_dim=rotary_dim, rotary_base=base, pairing=pairing, rope_type=rope_type,
                        rotary_start=start, qk_reference=MLA_REFERENCE)
     rotary_dim = int(getattr(config, "rotary_dim", None) or round(d_head * fraction))
@@ -378,10 +413,35 @@ NOPE_ATTENTION_FAMILIES = ("jamba", "kimi_linear", "nemotron_h", "zamba", "inkli
 ``k_rot`` slice but never rotates it; Jamba, Nemotron-H and Zamba attention apply none; Inkling 2
 has a relative bias instead)."""
 MLA_FAMILIES = ("deepseek_v2", "deepseek_v3", "deepseek_v32", "glm4_moe_lite", "minicpm3", "youtu",
-                "longcat_flash", "sarvam_mla", "mistral_large4_text")
+                "longcat_flash", "sarvam_mla", "mistral_large4_text", "mistral4", "axk1", "axk2", "glm_moe_dsa",
+                "bailing_hybrid", "dots3_note_text")
 """Multi-head latent attention (``deepseek_v3/modeling_deepseek_v3.py``): q and k heads are
 ``[qk_nope_head_dim | qk_rope_head_dim]``; only the last slice rotates, and k's rotated slice is one
 head broadcast to all."""
+
+
+MLA_ALWAYS_INTERLEAVED = ("deepseek_v2", "deepseek_v32", "longcat_flash", "mistral_large4_text", "axk2",
+                          "glm_moe_dsa", "bailing_hybrid", "dots3_note_text")
+"""MLA families that rotate interleaved pairs whatever the config says (no ``rope_interleave``
+field): ``apply_rotary_pos_emb_interleave`` in the attention of ``deepseek_v32``, ``longcat_flash``,
+``mistral_large4``, ``axk2``, ``glm_moe_dsa``, ``bailing_hybrid`` and ``dots3_note``'s modeling
+files (their DSA indexers rotate half-split pairs, but only to choose keys), and DeepSeek V2's
+complex multiplication (``apply_rotary_emb``)."""
+
+DSA_FAMILIES = ("deepseek_v32", "hy_v4", "mistral_large4_text", "deepseek_v4", "axk2", "glm_moe_dsa", "dots3_note_text")
+"""Families with a DeepSeek Sparse Attention indexer: each query attends only to the
+``index_topk`` keys its indexer scores highest (``DeepseekV32Indexer``: ``index_scores.topk(...)``
+scattered into the attention mask, ``deepseek_v32/modeling_deepseek_v32.py``). GLM-MoE-DSA's
+``shared`` layers reuse the previous layer's selection (still sparse); Dots3-Note indexes only its
+``indexed_attention`` layers."""
+
+
+def _index_topk(config: Any, family: str, layer: int) -> int | None:
+    if family not in DSA_FAMILIES or not getattr(config, "index_topk", None):
+        return None
+    if family == "dots3_note_text" and _layer_type(config, layer) != "indexed_attention":
+        return None
+    return int(config.index_topk)
 
 
 TRAILING_ROPE_FAMILIES = ("deepseek_v4",)
@@ -484,6 +544,8 @@ def _query_scale(config: Any, family: str, layer: int) -> QueryScale | None:
         return QueryScale("llama4", "index", float(config.floor_scale), float(config.attn_scale))
     if family == "beam":
         return QueryScale("beam", "position")
+    if family == "inkling2_text" and _layer_type(config, layer) != "hybrid_sliding":  # Inkling2FullAttention
+        return QueryScale("inkling2", "position", float(config.log_scaling_n_floor), float(config.log_scaling_alpha))
     return None
 
 
@@ -608,7 +670,8 @@ def _notes(config: Any, family: str) -> tuple[str, ...]:
     if family == "inkling2_text":
         notes.append("Inkling 2 adds a learned bias by token-index distance i - j < rel_extent (none beyond) and a "
                      "short convolution over neighbouring tokens' keys and values; neither reads position ids, so "
-                     "the per-layer detector cannot see them and no audit step verifies them")
+                     "the per-layer detector cannot see them: the audit's step 5 reads the bias from hook_pos_bias, "
+                     "and no step verifies the convolution")
     if family in ("llama4_text", "llama4") and getattr(config, "attn_temperature_tuning", False):
         floor = int(config.floor_scale)
         notes.append(f"Llama 4 scales NoPE-layer queries by 1 + attn_scale * log(1 + floor((p + 1) / {floor})): "
@@ -623,6 +686,16 @@ BRIDGE_REFUSED = {
 }
 """Families TransformerLens has an adapter for but cannot run or read right: they go to forward hooks."""
 
+UNREADABLE_FAMILIES = {
+    "deepseek_v4": "DeepSeek V4's compressed-attention layers (layer_types compressed_sparse_attention and "
+                   "heavily_compressed_attention, every layer as shipped) append one compressed KV entry per "
+                   "compress_rate tokens to the key axis, so its attention weights are not one column per key token "
+                   "and no mask, sink or pattern read applies",
+}
+"""Families whose attention has no per-token pattern to hook (``DeepseekV4Attention`` concatenates
+its compressor's entries onto the keys, ``deepseek_v4/modeling_deepseek_v4.py``): refused in one
+line, never measured wrong."""
+
 BRIDGE_CACHE_BROKEN = {
     "qwen3_next": "TransformerLens 4.3's Qwen3-Next bridge loses the linear-attention state between cached "
                   "steps (its decoding diverges from the full forward while the HF model's own does not), so "
@@ -632,6 +705,23 @@ BRIDGE_CACHE_BROKEN = {
 
 MIXER_NAMES = ("self_attn", "attention", "attn", "self_attention", "linear_attn", "mamba", "mixer")
 """Child names of a decoder layer's attention or other sequence mixer, in the order looked for."""
+ATTENTION_NAMES = MIXER_NAMES[:4]
+"""Names of a softmax attention, looked for deeper in a layer that has no mixer child (Zamba's
+hybrid layers keep theirs under ``shared_transformer.self_attn`` next to a ``mamba_decoder``)."""
+
+POSITION_BIAS_MODULES = {"inkling2_text": "relative_position_bias"}
+"""Family -> the child of each attention whose output is the score bias it adds by distance
+(``Inkling2RelativePositionBias`` returns ``[batch, head_index, query_pos, key_pos]``), hooked as
+``attn.hook_pos_bias``."""
+
+SUBLAYER_FAMILIES = {"longcat_flash": ("self_attn", "input_layernorm")}
+"""Families whose decoder layer holds several attention sublayers, each one nopelens layer:
+``LongcatFlashDecoderLayer`` runs ``self_attn[i]`` on ``input_layernorm[i]`` of the stream for i in
+(0, 1), cache layer ``2 * layer + i``, and ``num_hidden_layers`` is twice the decoder layers
+(``longcat_flash/modeling_longcat_flash.py``). Sublayer i's input is the input of
+``input_layernorm[i]`` (so a patch there reaches its attention, not the residual it adds to); its
+output is the next sublayer's input, or the decoder layer's output (which adds the shortcut MoE
+computed in sublayer 0)."""
 
 
 @dataclass(frozen=True)
@@ -647,6 +737,10 @@ class HookLayout:
         values, outputs: each attention's value projection (``v_proj``, whose output is
             ``hook_v``) and output projection (``o_proj``, whose input is ``hook_z``), or None.
         d_head: the head size ``hook_v``/``hook_z`` are split by.
+        outputs_at: per layer, where ``hook_resid_post`` sits: ``(path, "output")`` (a module's
+            output) or ``(path, "input")`` (the next sublayer's input); empty: each layer's output.
+        biases: per layer, the module whose output is the attention's position bias
+            (``hook_pos_bias``, :data:`POSITION_BIAS_MODULES`), or None.
     """
 
     embed: str
@@ -657,14 +751,18 @@ class HookLayout:
     values: tuple[str | None, ...] = ()
     outputs: tuple[str | None, ...] = ()
     d_head: int = 0
+    outputs_at: tuple[tuple[str, str], ...] = ()
+    biases: tuple[str | None, ...] = ()
 
 
 def hook_layout(hf_model: Any) -> HookLayout:
     """Find the embedding, decoder layers, mixers and final norm of an HF causal LM.
 
     The decoder layers are the ``nn.ModuleList`` with one entry per ``num_hidden_layers`` (the
-    one under ``model.layers`` where there is one); a layer's mixer is its first child named as in
-    :data:`MIXER_NAMES`; it is attention when the config says so (:func:`describe_config`).
+    one under ``model.layers`` where there is one; a family of :data:`SUBLAYER_FAMILIES` has one
+    entry per group of sublayers); a layer's mixer is its first child named as in
+    :data:`MIXER_NAMES`, else (an attention layer) its shallowest module named as in
+    :data:`ATTENTION_NAMES`; it is attention when the config says so (:func:`describe_config`).
 
     Raises:
         UnsupportedModelError: if no such layer list (or embedding) is found.
@@ -673,15 +771,24 @@ def hook_layout(hf_model: Any) -> HookLayout:
 
     static = describe_config(hf_model.config, type(hf_model).__name__)
     modules = dict(hf_model.named_modules())
-    lists = [name for name, m in modules.items() if isinstance(m, nn.ModuleList) and len(m) == static.n_layers]
-    if not lists:
-        raise UnsupportedModelError(f"cannot find the {static.n_layers} decoder layers of {static.architecture}")
-    root = min(lists, key=lambda name: (not name.endswith("layers"), name.count("."), name))
-    layers = tuple(f"{root}.{l}" for l in range(static.n_layers))
-    mixers = []
-    for path in layers:
-        children = dict(modules[path].named_children())
-        mixers.append(next((f"{path}.{n}" for n in MIXER_NAMES if n in children), None))
+    sublayers = SUBLAYER_FAMILIES.get(static.family)
+    outputs_at: tuple[tuple[str, str], ...] = ()
+    if sublayers:
+        attn, norm_name = sublayers
+        root = _decoder_list(modules, static, lambda m: True)
+        per_layer = len(modules[f"{root}.0.{attn}"])
+        if per_layer * len(modules[root]) != static.n_layers:
+            raise UnsupportedModelError(f"{static.architecture}: {len(modules[root])} decoder layers of {per_layer} "
+                                        f"attention sublayers are not its {static.n_layers} layers")
+        block = [f"{root}.{l // per_layer}" for l in range(static.n_layers)]
+        layers = tuple(path if l % per_layer == 0 else f"{path}.{norm_name}.{l % per_layer}" for l, path in enumerate(block))
+        mixers = [f"{path}.{attn}.{l % per_layer}" for l, path in enumerate(block)]
+        outputs_at = tuple((layers[l + 1], "input") if (l + 1) % per_layer else (path, "output")
+                           for l, path in enumerate(block))
+    else:
+        root = _decoder_list(modules, static, lambda m: len(m) == static.n_layers)
+        layers = tuple(f"{root}.{l}" for l in range(static.n_layers))
+        mixers = [_mixer_path(modules, path, spec.mixer == "attention") for path, spec in zip(layers, static.layers)]
     embedding = hf_model.get_input_embeddings()
     embed = next((name for name, m in modules.items() if m is embedding), None)
     if embed is None:
@@ -697,8 +804,37 @@ def hook_layout(hf_model: Any) -> HookLayout:
 
     values = tuple(child(m, "v_proj", a) for m, a in zip(mixers, attention))
     outputs = tuple(child(m, "o_proj", a) for m, a in zip(mixers, attention))
+    bias = POSITION_BIAS_MODULES.get(static.family)
+    biases = tuple(f"{m}.{bias}" if bias and a and f"{m}.{bias}" in modules else None for m, a in zip(mixers, attention))
     v_head = int(getattr(hf_model.config, "v_head_dim", None) or static.d_head)  # MiMo-V2-Flash: v != q/k heads
-    return HookLayout(embed, layers, tuple(mixers), attention, norm, values, outputs, v_head)
+    return HookLayout(embed, layers, tuple(mixers), attention, norm, values, outputs, v_head, outputs_at, biases)
+
+
+def _decoder_list(modules: dict, static: HFDescription, fits: Callable[[Any], bool]) -> str:
+    """The path of the ``nn.ModuleList`` of decoder layers: of the lists that ``fits``, the one
+    named ``...layers`` nearest the root."""
+    from torch import nn
+
+    lists = [name for name, m in modules.items() if isinstance(m, nn.ModuleList) and fits(m)]
+    if not lists:
+        raise UnsupportedModelError(f"cannot find the {static.n_layers} decoder layers of {static.architecture}")
+    return min(lists, key=lambda name: (not name.endswith("layers"), name.count("."), name))
+
+
+def _mixer_path(modules: dict, layer: str, attention: bool) -> str | None:
+    """A decoder layer's mixer: its first child named as in :data:`MIXER_NAMES`, else, for an
+    attention layer, its shallowest descendant named as in :data:`ATTENTION_NAMES`."""
+    children = dict(modules[layer].named_children())
+    found = next((f"{layer}.{n}" for n in MIXER_NAMES if n in children), None)
+    if found is not None or not attention:
+        return found
+    deeper = [name for name in modules if name.startswith(f"{layer}.") and name.rsplit(".", 1)[-1] in ATTENTION_NAMES]
+    return min(deeper, key=lambda name: name.count("."), default=None)
+
+
+def unreadable(hf_model: Any) -> str | None:
+    """Why nopelens cannot read an HF model at all (:data:`UNREADABLE_FAMILIES`), or None."""
+    return UNREADABLE_FAMILIES.get(str(getattr(getattr(hf_model, "config", None), "model_type", "")))
 
 
 def bridge_refused(hf_model: Any) -> str | None:
@@ -813,6 +949,9 @@ def census(bridge: Any, static: HFDescription) -> dict[str, Any]:
         scores = captured.get(act_name("attn_scores", layer))
         if pattern is None:
             continue
+        if pattern.shape[-1] != length:
+            raise UnsupportedModelError(f"the attention weights of {static.architecture} layer {layer} have "
+                                        f"{pattern.shape[-1]} key columns for {length} tokens (not one per key token)")
         causal &= float(pattern[..., future].abs().max()) == 0.0
         if scores is None or torch.equal(scores, pattern) or sinks is None:
             scores_ok = False

@@ -189,6 +189,39 @@ DESIGNS = {
                             T.DeepseekV3ForCausalLM),
     "deepseek_v2": lambda: (_tiny(T.DeepseekV2Config, q_lora_rank=None, n_routed_experts=2, num_experts_per_tok=1,
                                   moe_intermediate_size=32, **_MLA), T.DeepseekV2ForCausalLM),
+    # DSA indexer: each query keeps its index_topk best keys (>= the sequence here; see the top-k test)
+    "deepseek_v32": lambda: (_tiny(T.DeepseekV32Config, q_lora_rank=16, n_routed_experts=2, num_experts_per_tok=1,
+                                   n_group=1, topk_group=1, first_k_dense_replace=1, moe_intermediate_size=32,
+                                   index_head_dim=8, index_n_heads=2, index_topk=POSITIONS, **_MLA),
+                             T.DeepseekV32ForCausalLM),
+    "glm4_moe_lite": lambda: (_tiny(T.Glm4MoeLiteConfig, q_lora_rank=16, n_routed_experts=2, num_experts_per_tok=1,
+                                    moe_intermediate_size=32, **_MLA), T.Glm4MoeLiteForCausalLM),
+    "minicpm3": lambda: (_tiny(T.MiniCPM3Config, q_lora_rank=16, **_MLA), T.MiniCPM3ForCausalLM),
+    "youtu": lambda: (_tiny(T.YoutuConfig, q_lora_rank=16, **_MLA), T.YoutuForCausalLM),
+    # Sarvam-MLA has a config of its own and runs as DeepSeek V3 (AutoModelForCausalLM maps it so)
+    "sarvam_mla": lambda: (_tiny(T.SarvamMLAConfig, n_routed_experts=2, num_experts_per_tok=1, moe_intermediate_size=32,
+                                 **_MLA), T.DeepseekV3ForCausalLM),
+    # two MLA sublayers per decoder layer (num_hidden_layers = 2 * num_layers); moe_topk 2: with one
+    # routed expert per token its experts loop squeezes the token axis away
+    "longcat_flash": lambda: (_tiny(T.LongcatFlashConfig, num_layers=2, q_lora_rank=16, head_dim=4, ffn_hidden_size=64,
+                                    expert_ffn_hidden_size=32, n_routed_experts=2, zero_expert_num=1, moe_topk=2,
+                                    **{**_MLA, "kv_lora_rank": 16}), T.LongcatFlashForCausalLM),
+    "mistral4": lambda: (_tiny(T.Mistral4Config, q_lora_rank=16, n_routed_experts=2, num_experts_per_tok=1, n_group=1,
+                               topk_group=1, moe_intermediate_size=32, **_MLA), T.Mistral4ForCausalLM),
+    "axk1": lambda: (_tiny(T.AXK1Config, q_lora_rank=16, n_routed_experts=2, num_experts_per_tok=1, n_group=1,
+                           topk_group=1, moe_intermediate_size=32, mlp_layer_types=["dense"] + ["sparse"] * 3, **_MLA),
+                     T.AXK1ForCausalLM),
+    "axk2": lambda: (_tiny(T.AXK2Config, q_lora_rank=16, n_routed_experts=2, num_experts_per_tok=1, n_group=1,
+                           topk_group=1, moe_intermediate_size=32, mlp_layer_types=["dense"] + ["sparse"] * 3,
+                           index_head_dim=8, index_n_heads=2, index_topk=POSITIONS, **_MLA), T.AXK2ForCausalLM),
+    "glm_moe_dsa": lambda: (_tiny(T.GlmMoeDsaConfig, q_lora_rank=16, n_routed_experts=2, num_experts_per_tok=1, n_group=1,
+                                  topk_group=1, moe_intermediate_size=32, mlp_layer_types=["dense"] + ["sparse"] * 3,
+                                  index_head_dim=8, index_n_heads=2, index_topk=POSITIONS, **_MLA),
+                            T.GlmMoeDsaForCausalLM),
+    "bailing_hybrid": lambda: (_tiny(T.BailingHybridConfig, q_lora_rank=16, num_local_experts=2, num_experts_per_tok=1,
+                                     n_group=1, topk_group=1, moe_intermediate_size=32, head_dim=8,
+                                     layer_types=["linear_attention", "full_attention"] * 2,
+                                     mlp_layer_types=["dense"] + ["sparse"] * 3, **_MLA), T.BailingHybridForCausalLM),
     # learned sinks
     "gpt_oss": lambda: (_tiny(T.GptOssConfig, head_dim=8, sliding_window=WINDOW, num_local_experts=2,
                               num_experts_per_tok=1), T.GptOssForCausalLM),
@@ -198,9 +231,53 @@ DESIGNS = {
     "hy_v4": lambda: (_tiny(T.HYV4Config, head_dim=8, q_lora_rank=16, n_routed_experts=2, num_experts_per_tok=1,
                             moe_intermediate_size=32, index_head_dim=8, index_n_heads=2, index_topk=POSITIONS, **_MLA),
                       T.HYV4ForCausalLM),
+    # a relative bias by token-index distance (within rel_extent 8, or the window), a per-token sink
+    # logit, windows of 4 on hybrid_sliding layers, block attention residuals; unpadded_vocab_size:
+    # loading pads the embedding from it to vocab_size
+    "inkling2": lambda: (_tiny(T.Inkling2TextConfig, head_dim=8, swa_num_attention_heads=HEADS, swa_num_key_value_heads=2,
+                               swa_head_dim=8, sliding_window_size=WINDOW, rel_extent=8, d_rel=4,
+                               layer_types=["hybrid_sliding", "hybrid"] * 2, moe_intermediate_size=32,
+                               n_routed_experts=2, num_experts_per_tok=1, n_layers_per_attn_res_block=2,
+                               unpadded_vocab_size=VOCAB), T.Inkling2ForCausalLM),
+    # hybrid layers: a Mamba block plus an attention block whose weights every hybrid layer shares
+    # (tied, one module per layer, so each layer's call is hooked on its own)
+    "zamba": lambda: (_tiny(T.ZambaConfig, layers_block_type=["mamba", "hybrid"] * 2, mamba_d_state=8, mamba_dt_rank=4,
+                            n_mamba_heads=2, attention_head_dim=16), T.ZambaForCausalLM),
+    # time_step_min 1e-9: HF's one-token Mamba2 update does not clamp dt to time_step_min while its
+    # full forward does (tested below); a clamp that never bites keeps the two the same computation
+    "zamba2": lambda: (_tiny(T.Zamba2Config, layers_block_type=["mamba", "hybrid"] * 2, mamba_d_state=8, mamba_headdim=8,
+                             n_mamba_heads=8, mamba_ngroups=1, attention_head_dim=8, num_mem_blocks=1,
+                             use_mem_rope=True, chunk_size=8, adapter_rank=4, time_step_min=1e-9),
+                       T.Zamba2ForCausalLM),
 }
 
 
 def build_design(family: str, dtype: torch.dtype = torch.float32, seed: int = 0, **overrides) -> torch.nn.Module:
-    """A tiny random-init model of a :data:`DESIGNS` family, in ``dtype`` (eager attention, eval mode)."""
-    return _instantiate(*DESIGNS[family](), seed, overrides).to(dtype)
+    """A tiny random-init model of a :data:`DESIGNS` family, in ``dtype`` (eager attention, eval mode).
+
+    As ``from_pretrained(dtype=...)`` builds it: the weights are cast to ``dtype`` except those the
+    model creates in float32 whatever the default dtype (Inkling 2's routers, DeepSeek-style norms).
+    """
+    config, cls = DESIGNS[family]()
+    model = _instantiate(config, cls, seed, overrides)
+    if dtype == torch.float32:
+        return model
+    kept = _float32_by_design(config, cls, dtype)
+    model = model.to(dtype)
+    for name, tensor in list(model.named_parameters()) + list(model.named_buffers()):
+        if name in kept and tensor.is_floating_point():
+            tensor.data = tensor.data.float()
+    return model
+
+
+def _float32_by_design(config, cls, dtype: torch.dtype) -> set[str]:
+    """Names of the parameters and buffers ``cls`` creates in float32 under default dtype ``dtype``."""
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        with torch.device("meta"), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            meta = cls(config)
+    finally:
+        torch.set_default_dtype(previous)
+    return {name for name, t in list(meta.named_parameters()) + list(meta.named_buffers()) if t.dtype == torch.float32}

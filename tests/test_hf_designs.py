@@ -27,7 +27,7 @@ from nopelens.models import hf
 from nopelens.models.adapters import load_hf_model
 from nopelens.models.hf import describe
 
-from hf_families import DESIGNS, WINDOW, build_design
+from hf_families import DESIGNS, POSITIONS, WINDOW, build_design
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -56,9 +56,23 @@ EXPECTED = {
     "qwen3_next": ((N, N, N, R), BRIDGE, {}, {}),
     "deepseek_v3": ((R, R, R, R), BRIDGE, {}, {}),
     "deepseek_v2": ((R, R, R, R), BRIDGE, {}, {}),
+    "deepseek_v32": ((R, R, R, R), HOOKS, {}, {}),
+    "glm4_moe_lite": ((R, R, R, R), BRIDGE, {}, {}),
+    "minicpm3": ((R, R, R, R), HOOKS, {}, {}),
+    "youtu": ((R, R, R, R), BRIDGE, {}, {}),
+    "sarvam_mla": ((R, R, R, R), BRIDGE, {}, {}),
+    "longcat_flash": ((R, R, R, R), HOOKS, {}, {}),
+    "mistral4": ((R, R, R, R), HOOKS, {}, {}),
+    "axk1": ((R, R, R, R), HOOKS, {}, {}),
+    "axk2": ((R, R, R, R), HOOKS, {}, {}),
+    "glm_moe_dsa": ((R, R, R, R), BRIDGE, {}, {}),
+    "bailing_hybrid": ((N, R, N, R), HOOKS, {}, {}),
     "gpt_oss": ((R, R, R, R), BRIDGE, {0: WINDOW, 2: WINDOW}, dict.fromkeys(range(4), "learned")),
     "mimo_v2_flash": ((R, R, R, R), HOOKS, {1: WINDOW, 2: WINDOW, 3: WINDOW}, {1: "learned", 2: "learned", 3: "learned"}),
     "hy_v4": ((R, R, R, R), HOOKS, {}, dict.fromkeys(range(4), "learned")),
+    "inkling2": ((N, N, N, N), HOOKS, {0: WINDOW, 2: WINDOW}, dict.fromkeys(range(4), "per_token")),
+    "zamba": ((N, N, N, N), HOOKS, {}, {}),
+    "zamba2": ((N, R, N, R), HOOKS, {}, {}),
 }
 MIXERS = {  # families with layers that are no softmax attention
     "lara_mini": ("linear_attention", "attention", "linear_attention", "attention"),
@@ -69,6 +83,9 @@ MIXERS = {  # families with layers that are no softmax attention
     "jamba": ("linear_attention", "attention") * 2,
     "kimi_linear": ("linear_attention", "attention") * 2,
     "nemotron_h": ("linear_attention", "attention", "none", "attention"),
+    "zamba": ("linear_attention", "attention") * 2,
+    "bailing_hybrid": ("linear_attention", "attention") * 2,
+    "zamba2": ("linear_attention", "attention") * 2,
 }
 READING = {"rope": "relative", "nope": "nope"}
 DTYPES = [torch.float32, torch.bfloat16]
@@ -138,6 +155,28 @@ def test_the_traps_read_from_transformers_source(hooked):
     assert (scale.kind, scale.by, scale.floor_scale) == ("llama4", "index", 8192.0)
     assert all(layer.query_scale is None for layer in llama4.layers[:3])
     assert llama4.layers[3].chunk_size is None and llama4.layers[0].chunk_size == WINDOW  # RoPE layers chunked
+    for family in ("mistral4", "axk1", "axk2", "glm_moe_dsa", "bailing_hybrid", "longcat_flash", "deepseek_v32"):
+        layer = next(l for l in describe(hooked(family, torch.float32)).layers if l.rotates)  # [nope 4 | rope 4]
+        assert (layer.rotary_dim, layer.rotary_start, layer.pairing) == (4, 4, "interleaved"), family
+        assert layer.index_topk == (POSITIONS if family in ("axk2", "glm_moe_dsa", "deepseek_v32") else None), family
+
+
+def test_dots3_note_is_refused_in_one_line():
+    """Dots3-Note's text config holds per-layer attention shapes (``per_layer_config``), which
+    nopelens does not read: refused by name, in one line, never measured wrong."""
+    import transformers as T
+
+    from hf_families import _instantiate, _tiny
+
+    config = _tiny(T.Dots3NoteTextConfig, q_lora_rank=16, n_routed_experts=2, num_experts_per_tok=1, n_group=1,
+                   topk_group=1, moe_intermediate_size=32, mlp_layer_types=["dense"] + ["sparse"] * 3,
+                   index_head_dim=8, index_n_heads=2, index_topk=64, sliding_window=WINDOW,
+                   layer_types=["indexed_attention", "sliding_attention"] * 2, kv_lora_rank=16, qk_rope_head_dim=4,
+                   qk_nope_head_dim=4, v_head_dim=8, num_key_value_heads=4)
+    model = _instantiate(config, T.Dots3NoteForCausalLM, 0, {})
+    with pytest.raises(hf.UnsupportedModelError, match="Dots3NoteForCausalLM.*per-layer") as error:
+        load_hf_model(model)
+    assert "\n" not in str(error.value)
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=["float32", "bfloat16"])
@@ -220,16 +259,23 @@ SINKS = sorted(f for f, expected in EXPECTED.items() if expected[3])
 @pytest.mark.parametrize("dtype", DTYPES, ids=["float32", "bfloat16"])
 @pytest.mark.parametrize("family", SINKS)
 def test_a_dropped_sink_fails_step_7(hooked, family, dtype):
-    """The model's sink logits set to -inf (the sink takes no mass) while its config still declares it."""
+    """The model's sink logits set to -inf (the sink takes no mass) while its config still declares it:
+    learned sinks (a ``sinks`` parameter) filled with -inf, per-token sinks (Inkling 2's ``sink_proj``,
+    one logit per query token) made to output -inf."""
     model = hooked(family, dtype)
     sinks = [p for name, p in model.original_model.named_parameters() if name.endswith("sinks")]
+    per_token = [m for name, m in model.original_model.named_modules() if name.endswith("sink_proj")]
+    assert sinks or per_token
     saved = [p.detach().clone() for p in sinks]
+    handles = [m.register_forward_hook(lambda m, i, out: torch.full_like(out, float("-inf"))) for m in per_token]
     try:
         with torch.no_grad():
             for p in sinks:
                 p.fill_(float("-inf"))
         report = audit(model, eval_length=16)
     finally:
+        for handle in handles:
+            handle.remove()
         with torch.no_grad():
             for p, value in zip(sinks, saved):
                 p.copy_(value)
@@ -244,47 +290,73 @@ def test_an_undeclared_learned_sink_fails_step_7(hooked):
 
 
 # ----------------------------------------------------------------------------- the command line
-PROBED = ("smollm3", "qwen3_next", "deepseek_v3", "gpt_oss", "nemotron_h", "mimo_v2_flash", "granite_swa")
-"""The designs the command-line probe test measures: one per way of reading a model (bridged NoPE
-hybrid, bridged linear-attention hybrid, bridged MLA, bridged learned sinks, hooked SSM hybrid,
-hooked sliding-only sinks, hooked windows with an output-scale sink). Probing all 24 would cost
-about 90 s of suite time; the audit below runs on all of them."""
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory):
+    """family -> the tiny float32 design saved as an HF directory (save_pretrained), saved once."""
+    root = tmp_path_factory.mktemp("designs")
+    paths: dict = {}
+
+    def get(family: str, **overrides) -> str:
+        key = (family, tuple(sorted(overrides.items())))
+        if key not in paths:
+            paths[key] = str(root / f"{family}{len(paths)}")
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                build_design(family, **overrides).save_pretrained(paths[key])
+        return paths[key]
+
+    return get
 
 
-@pytest.mark.slow
-def test_every_design_runs_from_the_command_line(tmp_path, capsys):
-    """Each design saved as an HF directory: ``nopelens audit --hf-dir`` passes (exit 0) on every
-    one, and the probe measurements run on one design per way of reading a model (one ``nopelens
-    sweep`` over their ``hf:DIR``: the same per-model measurement as ``nopelens probe``, with the run
-    folder's figures drawn once) and through ``nopelens probe`` itself on Granite SWA."""
+def _probe(path: str, out, capsys) -> "pd.DataFrame":
+    """``nopelens probe hf:DIR`` at 8 tokens x 4 sequences: exit 0, and its sink table."""
     import pandas as pd
 
     from nopelens.analyses.cli import main
 
-    paths = {}
-    for family in sorted(EXPECTED):
-        paths[family] = str(tmp_path / family)
-        build_design(family).save_pretrained(paths[family])
-        code = main(["audit", "--hf-dir", paths[family]])
-        out = capsys.readouterr().out
-        assert code == 0 and "no step failed" in out, f"{family}: {out}"
-    specs = ",".join(f"hf:{paths[family]}" for family in PROBED[:-1])
-    code = main(["sweep", "--models", specs, "--no-controls", "--quick", "--seq-len", "8", "--n-sequences", "4",
-                 "--quiet", "--jobs", "1", "--out", str(tmp_path / "sweep")])
+    code = main(["probe", f"hf:{path}", "--input", "random", "--quick", "--seq-len", "8", "--n-sequences", "4", "--quiet", "--jobs", "1",
+                 "--sites", "resid", "--out", str(out)])
     assert code == 0, capsys.readouterr().err
-    sinks = pd.read_csv(tmp_path / "sweep" / "sinks.csv")
-    assert set(sinks["model"]) == {f"hf:{family}" for family in PROBED[:-1]}
-    learned = sinks[sinks["learned_sink_mass"].notna()]
-    assert set(learned["model"]) == {f"hf:{family}" for family in PROBED[:-1] if EXPECTED[family][3]}
-    assert (learned["learned_sink_mass"] > 0).all()
-    code = main(["probe", f"hf:{paths['granite_swa']}", "--input", "random", "--quick", "--seq-len", "8", "--n-sequences", "4", "--quiet",
-                 "--out", str(tmp_path / "probe")])
-    assert code == 0, capsys.readouterr().err
+    return pd.read_csv(out / "sinks.csv")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("family", sorted(EXPECTED))
+def test_every_design_runs_from_the_command_line(saved, tmp_path, capsys, family):
+    """``nopelens audit --hf-dir DIR`` passes (exit 0) and ``nopelens probe hf:DIR`` measures every
+    attention block's sinks: each design saved as an HF directory, read back as a user's model is."""
+    from nopelens.analyses.cli import main
+
+    path = saved(family)
+    code = main(["audit", "--hf-dir", path])
+    out = capsys.readouterr().out
+    assert code == 0 and "no step failed" in out, f"{family}: {out}"
+    sinks = _probe(path, tmp_path / "probe", capsys)
+    attention = {l for l, mixer in enumerate(MIXERS.get(family, ("attention",) * 4)) if mixer == "attention"}
+    assert set(sinks["block"]) == attention
+    learned = sinks[sinks["learned_sink_mass"].notna()] if "learned_sink_mass" in sinks else sinks.iloc[:0]
+    declared = set(EXPECTED[family][3])  # learned, per-token and output-scale sinks: each reports its mass
+    assert set(learned["block"]) == declared and (learned["learned_sink_mass"] > 0).all()
+
+
+def test_dsa_past_index_topk_probes_with_the_reads_not_applicable(saved, tmp_path, capsys):
+    """``nopelens probe`` on DeepSeek V3.2 with index_topk 4 at 8 tokens: exit 0, the position probes
+    measured, no sink row (each block's kept keys are chosen by content), the reason recorded; with
+    index_topk 8 every block's sinks are read."""
+    import json
+
+    sinks = _probe(saved("deepseek_v32", index_topk=4), tmp_path / "sparse", capsys)
+    assert sinks.empty
+    (done,) = (tmp_path / "sparse" / "parts").glob("*/done.json")
+    notes = json.loads(done.read_text())["not_applicable"]
+    assert all("DSA indexer keeps only the top 4" in notes[read] for read in ("sink read", "variance read", "score read"))
+    assert set(_probe(saved("deepseek_v32", index_topk=8), tmp_path / "dense", capsys)["block"]) == {0, 1, 2, 3}
 
 
 def test_labels_of_designs_without_a_tiny_model():
-    """Families whose labels are read from the config alone here (no causal-LM class in
-    transformers 5.24, or no tiny model in this suite): the rules still apply."""
+    """Families whose labels are read from the config alone (no text-only causal-LM class in
+    transformers 5.24: Mistral Large 4, Muse Glimmer / Spark; DeepSeek V4, which nopelens refuses),
+    and the shipped default configs of built ones (Inkling 2, Zamba2): the rules still apply."""
     import transformers as T
 
     from nopelens.models.hf import describe_config
@@ -305,3 +377,75 @@ def test_labels_of_designs_without_a_tiny_model():
     assert [l.method for l in layers(zamba2)] == [N] * 4
     zamba2.use_mem_rope = True
     assert [l.method for l in layers(zamba2)] == [N, R, N, R]
+
+
+# ----------------------------------------------------------------------------- DeepSeek Sparse Attention
+@pytest.fixture(scope="module")
+def dsa():
+    """DeepSeek V3.2 with index_topk 8: its indexer bites on 16-token sequences, not on 8."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return load_hf_model(build_design("deepseek_v32", index_topk=8))
+
+
+def _dropped_visible_keys(model, length: int) -> int:
+    """Visible (causal) entries of layer 0's pattern with exactly zero weight on ``length`` tokens."""
+    tokens = torch.randint(3, 64, (2, length), generator=torch.Generator().manual_seed(0))
+    _, cache = model.run_with_cache(tokens)
+    pattern = cache["blocks.0.attn.hook_pattern"]
+    visible = torch.ones(length, length, dtype=torch.bool).tril()
+    return int((pattern[..., visible] == 0).sum())
+
+
+def test_dsa_past_index_topk_is_not_applicable_with_the_reason(dsa):
+    assert _dropped_visible_keys(dsa, 16) > 0  # the indexer drops keys a query can see: no static mask holds
+    report = audit(dsa, eval_length=16)
+    assert report.passed, report.summary()
+    for number in (3, 5, 7, 8):
+        step = report.step(number)
+        assert step.status == "not_applicable" and "DSA indexer keeps only the top 8" in step.reason, step.reason
+    assert "left-padding invariance" not in [c.name for c in report.step(1).checks]
+    assert "DSA indexer" in report.step(1).evidence["not_checked"]
+    assert "measured_layer_positions" not in report.model
+
+
+def test_dsa_within_index_topk_is_measured(dsa):
+    assert _dropped_visible_keys(dsa, 8) == 0  # every query sees at most 8 keys: the indexer keeps them all
+    report = audit(dsa, eval_length=8)
+    assert report.passed, report.summary()
+    assert all(report.step(n).status == "pass" for n in (1, 3, 5, 7, 8, 9))
+    assert "left-padding invariance" in [c.name for c in report.step(1).checks]
+    assert report.model["measured_layer_positions"] == ["relative"] * 4
+
+
+@pytest.mark.parametrize("off", [-1, 1])
+def test_a_relative_bias_extent_one_off_fails_step_5(hooked, off):
+    """Inkling 2's bias by token distance is read from hook_pos_bias: zero from rel_extent on, and
+    nonzero at every distance below it, so a declared extent one token off fails either way."""
+    model = hooked("inkling2", torch.float32)
+    layers = describe(model).layers
+    assert (layers[1].relative_bias, layers[0].relative_bias) == (8, WINDOW)  # full layers rel_extent; sliding: the window
+    report = audit(model, eval_length=16)
+    assert {"layer 1 relative bias is zero beyond rel_extent 8", "layer 1 relative bias acts below rel_extent 8"} <= {
+        c.name for c in report.step(5).checks if c.passed}
+    spec = dataclasses.replace(layers[1], relative_bias=8 + off)
+    report = _audit_declared(model, _redeclared(model, 1, spec)[1])
+    failed = [c.name for c in report.step(5).failed_checks]
+    check = "is zero beyond" if off < 0 else "acts below"
+    assert f"layer 1 relative bias {check} rel_extent {8 + off}" in failed, report.summary()
+
+
+def test_deepseek_v4_is_refused_in_one_line():
+    """DeepSeek V4's compressed-attention layers append compressed entries to the key axis (no
+    pattern column per key token): refused by name before any forward pass (built on the meta device)."""
+    import transformers as T
+
+    config = T.DeepseekV4Config(vocab_size=64, hidden_size=32, moe_intermediate_size=32, num_hidden_layers=2,
+                                num_attention_heads=4, head_dim=16, q_lora_rank=16, n_routed_experts=2,
+                                num_experts_per_tok=1, index_n_heads=2, index_head_dim=8, o_groups=2, o_lora_rank=8)
+    with torch.device("meta"), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model = T.DeepseekV4ForCausalLM(config)
+    with pytest.raises(hf.UnsupportedModelError, match="DeepseekV4ForCausalLM.*compress") as error:
+        load_hf_model(model)
+    assert "\n" not in str(error.value)

@@ -106,6 +106,17 @@ class BridgeSubject(Subject):
     def decoding_unreadable(self) -> str | None:
         return self.hf.cache_unreadable
 
+    def relative_bias(self, layer: int) -> int | None:
+        return self.hf.layers[layer].relative_bias
+
+    def sparse_reason(self, length: int) -> str | None:
+        found = {}
+        for l in self.attention_layers:
+            why = self.hf.layers[l].sparse_reason(length)
+            if why is not None:
+                found.setdefault(why, []).append(l)
+        return "; ".join(f"layers {layers}: {why}" for why, layers in found.items()) or None
+
     def sink(self, layer: int):
         kind = self.hf.layers[layer].sink
         if kind not in ("learned", "output_scale"):

@@ -26,12 +26,17 @@ def step5_rotations_and_lookups(run: Run, shift: int) -> StepResult:
     through, HF's ``hook_cos`` equals cos(p theta_r), the scores equal R(p)q . R(p)k / sqrt(d_head),
     and shifting every position leaves the rotated dot products unchanged. Lookup layers (Shaw,
     T5): ``hook_pos_bias`` equals the model's table at the declared relative ids, and a value term
-    (Shaw's a^V) is in ``hook_z``.
+    (Shaw's a^V) is in ``hook_z``. A learned bias by token-index distance (Inkling 2's, extent
+    ``rel_extent``): ``hook_pos_bias`` is exactly 0 at every distance i - j >= the extent and at
+    future keys, and nonzero at every distance below it (the extent is the declared one, both ways).
     """
     s, p = run.subject, run.probe
     rope_layers = s.layers_acting(QK_ROTATION)
     lookup_layers = [l for l, m in enumerate(s.layer_methods) if m.bias_kind == "lookup"]
     checks, evidence = _detector_checks(run)
+    bias_layers = [l for l in s.attention_layers if s.relative_bias(l) is not None]
+    for layer in bias_layers:
+        checks += _relative_bias_checks(run, layer, evidence)
     if not rope_layers and not lookup_layers and not checks:
         reason = f"no Q/K rotation or relation lookup (methods {s.method_names})"
         if evidence.get("measured"):
@@ -89,6 +94,8 @@ def step5_rotations_and_lookups(run: Run, shift: int) -> StepResult:
     summary = ("every layer reads positions as declared (measured); rotations / lookups match the reference "
                "at the declared pairing, fraction and offsets" if referenced
                else "every layer reads positions as declared (measured with its input held fixed)")
+    if bias_layers:
+        summary += "; relative biases act exactly within their declared extent"
     return make_step(5, checks, evidence, summary)
 
 
@@ -178,3 +185,34 @@ def _lookup_checks(run: Run, layer: int, evidence: dict) -> list[Check]:
         checks.append(agree(f"layer {layer} {method.label} {method.value_table_name} lookup", run.hook(layer, "hook_z"),
                             z, run.tol, method.value_formula, p.real[:, :, None, None]))
     return checks
+
+
+def _relative_bias_checks(run: Run, layer: int, evidence: dict) -> list[Check]:
+    """A bias by token-index distance i - j, zero outside 0 <= i - j < extent (Inkling 2's
+    ``Inkling2RelativePositionBias``; ``get_relative_distance`` counts token indices, not position
+    ids, so the detector, which re-spaces position ids, cannot see it: this reads the bias itself)."""
+    extent = run.subject.relative_bias(layer)
+    bias = run.hook(layer, "hook_pos_bias")
+    if bias is None:
+        evidence[f"layer{layer}_relative_bias"] = (f"a learned bias by token-index distance i - j < {extent} is "
+                                                   "declared, but no hook_pos_bias records it: not verified")
+        return []
+    bias = bias.double()
+    index = torch.arange(bias.shape[-1], device=bias.device)
+    distance = index[:, None] - index[None, :]
+    real = run.probe.real
+    pairs = (real[:, None, :, None] & real[:, None, None, :]).expand_as(bias)
+    beyond = pairs & ((distance >= extent) | (distance < 0))
+    outside = float(bias[beyond].abs().max()) if beyond.any() else 0.0
+    within = range(min(extent, int(real.sum(-1).max())))
+    silent = [d for d in within if float(bias[pairs & (distance == d)].abs().max()) == 0.0]
+    evidence[f"layer{layer}_relative_bias"] = (f"bias by token-index distance, extent {extent}: read from "
+                                               "hook_pos_bias (position ids do not enter it, so the detector cannot)")
+    return [
+        Check(f"layer {layer} relative bias is zero beyond rel_extent {extent}", outside == 0.0,
+              f"max |hook_pos_bias| at token distances i - j >= {extent} or < 0 ({int(beyond.sum())} entries): "
+              f"{outside:.3g}", outside, 0.0),
+        Check(f"layer {layer} relative bias acts below rel_extent {extent}", not silent,
+              f"hook_pos_bias is nonzero somewhere at every distance 0..{len(within) - 1}"
+              + (f"; exactly 0 at distances {silent}" if silent else ""), float(len(silent)), 0.0),
+    ]

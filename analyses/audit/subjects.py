@@ -192,6 +192,15 @@ class Subject(abc.ABC):
         """Why the position steps cannot be verified at all, or None."""
         return None
 
+    def relative_bias(self, layer: int) -> int | None:
+        """The extent of a layer's learned bias by token-index distance (zero at ``i - j >=`` it), or None."""
+        return None
+
+    def sparse_reason(self, length: int) -> str | None:
+        """Why the masks of ``length``-token sequences are not the static window rule in some layer
+        (a content-dependent sparse selection, :meth:`nopelens.models.hf.LayerPosition.sparse_reason`), or None."""
+        return None
+
     def alibi_slopes(self, layer: int) -> Tensor:
         """Slopes m_h of a linear-bias layer, in score units per token (float64)."""
         return self.layer_methods[layer].reference_slopes(self.n_heads).double()
