@@ -4,7 +4,6 @@ and the nopelens modules each one imports, read from its source."""
 from __future__ import annotations
 
 import ast
-import importlib.util
 from functools import lru_cache
 from pathlib import Path
 
@@ -16,14 +15,15 @@ LAYERS = ("models", "circuits", "probes", "analyses", "analyses.cli")
 
 @lru_cache(maxsize=None)
 def subpackages() -> dict[str, Path]:
-    """``nopelens.<folder>`` -> its folder, for every top-level folder that is a nopelens subpackage."""
-    found = {}
-    for folder in sorted(ROOT.iterdir()):
-        if (folder / "__init__.py").is_file():
-            spec = importlib.util.find_spec(f"nopelens.{folder.name}")
-            if spec is not None and Path(spec.origin).resolve() == (folder / "__init__.py").resolve():
-                found[f"nopelens.{folder.name}"] = folder
-    return found
+    """``nopelens.<name>`` -> its source folder, as pyproject.toml's ``package-dir`` maps them: the
+    source tree, whether nopelens is installed editable (as here) or not (as CI does)."""
+    try:
+        import tomllib
+    except ImportError:  # Python 3.10
+        import tomli as tomllib
+
+    mapping = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-dir"]
+    return {name: ROOT / folder for name, folder in mapping.items() if name != "nopelens"}
 
 
 @lru_cache(maxsize=None)
