@@ -314,13 +314,27 @@ def compare_with_shipped(trained: TrainedModel, name: str, seed: int = 0) -> str
             f"torch {env.get('torch', '?')} on {env.get('cpu', '?')}, {env.get('torch_threads', '?')} thread(s))")
 
 
+def check_source_checkout() -> None:
+    """Refuse to ship into an installed package: shipping writes ``models/shipped/`` of a source
+    checkout (the folder that holds ``pyproject.toml``), never into site-packages.
+
+    Raises:
+        ValueError: if nopelens is not imported from a source checkout.
+    """
+    if not (SHIPPED_DIR.parent.parent / "pyproject.toml").is_file():
+        raise ValueError(f"--ship writes into a source checkout's models/shipped/, but nopelens is imported from "
+                         f"{SHIPPED_DIR.parent.parent} (an installed package); install the checkout with `pip install -e .`")
+
+
 def ship(name: str, cache_dir: str | Path | None = None, seed: int = 0) -> Path:
     """Copy the cached finished run of ``name`` into the package's shipped models (for maintainers:
     run in a source checkout after a recipe change; older shipped copies of ``name`` are removed).
 
     Raises:
-        ValueError: if the cache holds no finished run of the current recipe.
+        ValueError: if the cache holds no finished run of the current recipe, or nopelens is not
+            imported from a source checkout (:func:`check_source_checkout`).
     """
+    check_source_checkout()
     if not is_cached(name, cache_dir, seed):
         raise ValueError(f"the cache holds no finished run of {name} (seed {seed}); train it first "
                          f"(`nopelens train --zoo {name}`)")

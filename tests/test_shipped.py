@@ -121,3 +121,19 @@ def test_retraining_a_shipped_model_fully_gives_its_weights():
         np.testing.assert_allclose(tables[0][column], tables[1][column], atol=0.02)
     assert math.isclose(shipped.metadata["final_losses"]["validation"], ours.metadata["final_losses"]["validation"],
                         abs_tol=1e-3)
+
+
+def test_ship_refuses_an_installed_package_before_training(tmp_path, monkeypatch, capsys):
+    """``train --zoo NAME --ship`` writes a source checkout's models/shipped/; imported from an
+    installed package (no pyproject.toml two levels up) it refuses in one line, before training."""
+    from nopelens.analyses.cli import main
+
+    installed = tmp_path / "site-packages" / "nopelens" / "models" / "shipped"
+    installed.mkdir(parents=True)
+    monkeypatch.setattr(zoo, "SHIPPED_DIR", installed)
+    monkeypatch.setattr(zoo, "load", lambda *args, **kwargs: pytest.fail("trained before refusing"))
+    assert main(["train", "--zoo", "bb-rope-2l", "--ship", "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert "installed package" in err and "Traceback" not in err
+    with pytest.raises(ValueError, match="source checkout"):
+        zoo.ship("bb-rope-2l", tmp_path / "cache")

@@ -80,6 +80,8 @@ def _run(args: argparse.Namespace) -> int:
         return 0
     seeds = _seeds(args)
     if args.zoo:
+        if args.ship:  # before training: a refusal after minutes of it would lose them
+            zoo.check_source_checkout()
         if args.threads != 1:
             raise ValueError(f"--threads {args.threads}: a zoo recipe trains on 1 thread (its weights depend on the "
                              "count); use --task for a run of your own on more threads")
