@@ -114,7 +114,8 @@ def measure(subject: Subject, n_boot: int = 200, seed: int = 0) -> dict[str, pd.
 
 
 def format_report(tables: dict[str, pd.DataFrame]) -> str:
-    """The three tables as text, rounded."""
+    """The three tables as text, rounded; an undefined number reads ``n/a`` (the norm ratio when the
+    other tokens' states are zero, the accuracy of the task's floor, which is a loss only)."""
     heads = tables["heads"][["block", "head", "query_class", "n_queries", "first_mass", "previous_mass", "dormant", "active"]]
     norms = tables["norms"][["site", "head", "first_norm", "other_norm", "ratio"]]
     ablation = tables["ablation"]
@@ -125,13 +126,20 @@ def format_report(tables: dict[str, pd.DataFrame]) -> str:
         shown = measured.assign(condition=label).pivot_table(index="condition", columns="query_class",
                                                              values=["loss", "accuracy"], sort=False)
     parts = ["attention on the first token (BOS) and on the previous token, per head and query class",
-             heads.round(3).to_string(index=False),
+             _text(heads).to_string(index=False),
              "\nnorm of the first token's state over the other tokens' (value: hook_v per head; residual per layer)",
-             norms.round(3).to_string(index=False),
+             _text(norms).to_string(index=False),
              "\nloss (nats) and accuracy per query class: clean, the task's floor, and each sink ablation per block",
-             shown.round(3).to_string() if len(shown) else "(nothing measured)"]
+             _text(shown).to_string() if len(shown) else "(nothing measured)"]
+    for _, r in tables["norms"][tables["norms"]["note"].fillna("") != ""].iterrows():
+        parts.append(f"ratio n/a at {r['site']}" + ("" if pd.isna(r["head"]) else f" head {int(r['head'])}") + f": {r['note']}")
     refused = ablation[ablation["status"] == "not_applicable"]
     for _, r in refused.iterrows():
         where = "" if pd.isna(r.get("ablated_block", np.nan)) else f" in block {int(r['ablated_block'])}"
         parts.append(f"not applicable: {r['condition']}{where}: {r['note']}")
     return "\n".join(parts)
+
+
+def _text(table: pd.DataFrame) -> pd.DataFrame:
+    """``table`` rounded to 3 decimals with every missing number shown as ``n/a``."""
+    return table.round(3).astype(object).where(table.notna(), "n/a")

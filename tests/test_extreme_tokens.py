@@ -91,7 +91,10 @@ def test_cli_on_a_quick_backcopy_model_and_a_text_model(tmp_path, capsys):
                  "--out", str(tmp_path / "bb"), "--quiet"]) == 0
     out = capsys.readouterr().out
     assert "non_trigger" in out and "remove_key, block 1" in out and "floor" in out
+    assert "NaN" not in out and "n/a" in out  # the floor is a loss only: its accuracy reads n/a
     assert all((tmp_path / "bb" / f"{name}.csv").is_file() for name in ("heads", "norms", "ablation"))
     assert main(["extreme-tokens", "circuit", "--n-sequences", "8", "--n-boot", "10", "--out", str(tmp_path / "c"),
                  "--quiet"]) == 0
-    assert " all " in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert " all " in out and "NaN" not in out
+    assert "ratio n/a at blocks.0.attn.hook_v" in out  # the circuit's other values are all zero
