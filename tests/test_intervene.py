@@ -261,7 +261,8 @@ def test_cli_writes_a_run_folder_and_bad_input_is_one_line(tmp_path, capsys):
     assert summary.loc[summary["ablated_block"] == 0, "abs_r2_delta"].iloc[0] < -0.5
     assert_folder_documented(out, "intervene")  # every column is in docs/schema.md
     assert main(args) == 0  # resumes from the written tables
-    capsys.readouterr()
+    printed = capsys.readouterr().out
+    assert "NaN" not in printed and "qk_r2 n/a" in printed  # the circuit's last block has no read after it
     for bad, message in ((["intervene", "nosuch-model"], "unknown zoo model"),
                          (["intervene", "circuit", "--modes", "sideways", "--out", str(tmp_path / "b")], "sideways"),
                          (["intervene", "circuit", "--shift", "0", "--out", str(tmp_path / "c")], "non-zero"),

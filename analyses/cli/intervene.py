@@ -24,7 +24,10 @@ def run(args: argparse.Namespace) -> int:
     tables = run_intervene(settings, out, progress=not args.quiet)
     columns = [c for c in ("condition", "ablated_block", "abs_r2_clean", "abs_r2", "abs_acc_clean", "abs_acc",
                            "qk_r2_clean", "qk_r2", "loss_delta", "exact_match_delta") if c in tables["summary"]]
-    print(tables["summary"][columns].round(3).to_string(index=False))
+    summary = tables["summary"][columns].round(3)
+    print(summary.astype(object).where(summary.notna(), "n/a").to_string(index=False))
+    if "qk_r2" in summary and summary["qk_r2"].isna().any():
+        print("qk_r2 n/a: the q·k read of block l + 1 is taken after ablating block l; the last block has none after it")
     refused = tables["sink_behavior"]
     if "status" in refused:
         for _, row in refused[refused["status"] == "not_applicable"].iterrows():
