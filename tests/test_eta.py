@@ -41,7 +41,9 @@ def test_workers_share_what_is_left():
 
 
 def test_planned_work_knows_what_will_train(tmp_path, monkeypatch):
-    monkeypatch.setenv("NOPELENS_CACHE", str(tmp_path))  # an empty cache: every zoo model would train
+    monkeypatch.setenv("NOPELENS_CACHE", str(tmp_path))  # an empty cache: a shipped model only loads
+    assert zoo.is_shipped("text-nope-4l") and not planned_work("text-nope-4l", 80, 64).trains
+    monkeypatch.setattr(zoo, "is_shipped", lambda *args: False)  # nor shipped: it trains
     fresh = planned_work("text-nope-4l", 80, 64)
     recipe = zoo.recipe("text-nope-4l")
     assert fresh.trains and fresh.train_steps == recipe.steps
