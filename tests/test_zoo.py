@@ -108,7 +108,10 @@ def test_first_load_trains_and_caches_then_loads(tiny_recipe, tmp_path, capsys, 
 def test_load_uses_the_cache_then_the_shipped_copy_then_trains(tiny_recipe, tmp_path, capsys, monkeypatch):
     """Issue 21: with an empty cache a shipped copy is loaded without training; `shipped=False` (what
     `nopelens train --zoo` asks) trains from the recipe, and the result is the shipped copy, bit for bit."""
-    monkeypatch.setattr(zoo, "SHIPPED_DIR", tmp_path / "shipped")
+    checkout = tmp_path / "checkout"  # ship() writes a source checkout's models/shipped/ only
+    (checkout / "models").mkdir(parents=True)
+    (checkout / "pyproject.toml").write_text("")
+    monkeypatch.setattr(zoo, "SHIPPED_DIR", checkout / "models" / "shipped")
     cache, empty = tmp_path / "cache", tmp_path / "empty"
     trained = zoo.load("tiny-test", cache_dir=cache, progress=False)
     assert not zoo.is_shipped("tiny-test")
@@ -125,7 +128,7 @@ def test_load_uses_the_cache_then_the_shipped_copy_then_trains(tiny_recipe, tmp_
     assert all(torch.equal(t, trained.model.state_dict()[k]) for k, t in shipped.model.state_dict().items())
     monkeypatch.undo()
     monkeypatch.setitem(zoo.RECIPES, "tiny-test", tiny_recipe)
-    monkeypatch.setattr(zoo, "SHIPPED_DIR", tmp_path / "shipped")
+    monkeypatch.setattr(zoo, "SHIPPED_DIR", checkout / "models" / "shipped")
     again = zoo.load("tiny-test", cache_dir=empty, progress=False, shipped=False)
     assert "training zoo model tiny-test" in capsys.readouterr().err
     assert zoo.compare_with_shipped(again, "tiny-test") == "tiny-test: weights bit-identical to the shipped copy"
