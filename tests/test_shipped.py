@@ -50,9 +50,13 @@ def test_pyproject_packages_every_shipped_file():
     config = tomllib.loads((REPO / "pyproject.toml").read_text())
     patterns = config["tool"]["setuptools"]["package-data"]["nopelens.models"]
     package = REPO / config["tool"]["setuptools"]["package-dir"]["nopelens.models"]
-    listed = {p for pattern in patterns for p in package.glob(pattern)}
-    files = {f for p in zoo.SHIPPED_DIR.iterdir() if p.is_dir() for f in p.iterdir()}
+    listed = {p.relative_to(package) for pattern in patterns for p in package.glob(pattern)}
+    source = package / "shipped"  # the checkout's, whether nopelens is installed editable or not
+    files = {f.relative_to(package) for p in source.iterdir() if p.is_dir() for f in p.iterdir()}
     assert files and files == listed
+    installed = {f.relative_to(zoo.SHIPPED_DIR.parent) for p in zoo.SHIPPED_DIR.iterdir() if p.is_dir()
+                 for f in p.iterdir()}
+    assert installed == files  # what the imported package holds is what the checkout ships
 
 
 def test_an_empty_cache_loads_the_shipped_models_without_training(tmp_path, monkeypatch, capsys):
