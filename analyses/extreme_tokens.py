@@ -32,6 +32,7 @@ from nopelens.probes import collect, resid_sites
 from nopelens.probes.extreme_tokens import active_dormant_table, first_token_norms
 
 from . import intervene as iv
+from .report import rounded_text
 from .subjects import Subject
 
 
@@ -126,11 +127,11 @@ def format_report(tables: dict[str, pd.DataFrame]) -> str:
         shown = measured.assign(condition=label).pivot_table(index="condition", columns="query_class",
                                                              values=["loss", "accuracy"], sort=False)
     parts = ["attention on the first token (BOS) and on the previous token, per head and query class",
-             _text(heads).to_string(index=False),
+             rounded_text(heads).to_string(index=False),
              "\nnorm of the first token's state over the other tokens' (value: hook_v per head; residual per layer)",
-             _text(norms).to_string(index=False),
+             rounded_text(norms).to_string(index=False),
              "\nloss (nats) and accuracy per query class: clean, the task's floor, and each sink ablation per block",
-             _text(shown).to_string() if len(shown) else "(nothing measured)"]
+             rounded_text(shown).to_string() if len(shown) else "(nothing measured)"]
     for _, r in tables["norms"][tables["norms"]["note"].fillna("") != ""].iterrows():
         parts.append(f"ratio n/a at {r['site']}" + ("" if pd.isna(r["head"]) else f" head {int(r['head'])}") + f": {r['note']}")
     refused = ablation[ablation["status"] == "not_applicable"]
@@ -138,8 +139,3 @@ def format_report(tables: dict[str, pd.DataFrame]) -> str:
         where = "" if pd.isna(r.get("ablated_block", np.nan)) else f" in block {int(r['ablated_block'])}"
         parts.append(f"not applicable: {r['condition']}{where}: {r['note']}")
     return "\n".join(parts)
-
-
-def _text(table: pd.DataFrame) -> pd.DataFrame:
-    """``table`` rounded to 3 decimals with every missing number shown as ``n/a``."""
-    return table.round(3).astype(object).where(table.notna(), "n/a")

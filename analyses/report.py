@@ -483,6 +483,11 @@ def summary_table(summary: pd.DataFrame, sweep_reads: Sequence["SweepRead"] | No
     return table.rename(columns=summary_headers(sweep_reads) | {"n_seeds": "training seeds"})
 
 
+def rounded_text(table: pd.DataFrame, decimals: int = 3) -> pd.DataFrame:
+    """``table`` rounded for printing, every missing number shown as ``n/a`` (never ``NaN``)."""
+    return table.round(decimals).astype(object).where(table.notna(), "n/a")
+
+
 def _layer_text(layer) -> str:
     if layer is None or pd.isna(layer):
         return "n/a"

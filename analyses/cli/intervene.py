@@ -7,6 +7,7 @@ import argparse
 from pathlib import Path
 
 from nopelens.analyses.intervene import SINK_MODES, InterveneSettings, run_intervene
+from nopelens.analyses.report import rounded_text
 from nopelens.analyses.runs import slug
 
 from .options import MODEL_HELP, add_quiet
@@ -24,8 +25,8 @@ def run(args: argparse.Namespace) -> int:
     tables = run_intervene(settings, out, progress=not args.quiet)
     columns = [c for c in ("condition", "ablated_block", "abs_r2_clean", "abs_r2", "abs_acc_clean", "abs_acc",
                            "qk_r2_clean", "qk_r2", "loss_delta", "exact_match_delta") if c in tables["summary"]]
-    summary = tables["summary"][columns].round(3)
-    print(summary.astype(object).where(summary.notna(), "n/a").to_string(index=False))
+    summary = tables["summary"][columns]
+    print(rounded_text(summary).to_string(index=False))
     if "qk_r2" in summary and summary["qk_r2"].isna().any():
         print("qk_r2 n/a: the q·k read of block l + 1 is taken after ablating block l; the last block has none after it")
     refused = tables["sink_behavior"]
