@@ -40,11 +40,14 @@ class TaskWork:
         train_steps: optimizer steps it trains for first (0: loaded from the cache or built).
         train_work: steps x tokens per step x parameters (0 when it does not train).
         measure_work: (layers + 1) x (sequences x tokens per sequence + :data:`MEASURE_OVERHEAD_TOKENS`).
+        estimated: False where the model's size is not read ahead (an HF or checkpoint directory):
+            the priors say nothing about it, so no time is printed for it.
     """
 
     train_steps: int
     train_work: float
     measure_work: float
+    estimated: bool = True
 
     @property
     def trains(self) -> bool:
@@ -100,16 +103,22 @@ class SweepETA:
 
     def remaining(self, since_last: float = 0.0) -> float:
         """Seconds left, ``since_last`` seconds after the last task finished (or the start)."""
-        if not self.left:
+        left = [key for key in self.left if self.work[key].estimated]
+        if not left:
             return 0.0
-        total = sum(self.cost(key) for key in self.left)
-        return max(0.0, total / min(self.jobs, len(self.left)) - since_last)
+        total = sum(self.cost(key) for key in left)
+        return max(0.0, total / min(self.jobs, len(left)) - since_last)
 
     def describe(self, since_last: float = 0.0) -> str:
-        """``about 4 min left: 1 to train, 3 to measure`` (or ``done``)."""
+        """``about 4 min left: 1 to train, 3 to measure`` (or ``done``); the tasks whose size is not
+        known ahead are counted apart (``1 not estimated``), and get no time."""
         if not self.left:
             return "done"
+        unknown = sum(not self.work[key].estimated for key in self.left)
+        training = sum(self.work[key].trains for key in self.left)
+        counts = f"{training} to train, {len(self.left) - training} to measure"
+        if unknown == len(self.left):
+            return f"time left not estimated: {counts}"
         seconds = self.remaining(since_last)
         when = f"about {seconds:.0f} s left" if seconds < 90 else f"about {seconds / 60:.0f} min left"
-        training = sum(self.work[key].trains for key in self.left)
-        return f"{when}: {training} to train, {len(self.left) - training} to measure"
+        return f"{when}{f' ({unknown} not estimated)' if unknown else ''}: {counts}"

@@ -7,8 +7,9 @@ gives (probes, sinks, variance), measured while the model runs
 (:class:`~nopelens.probes.sinks.SinkStats`), the variance from per-position moments
 (:class:`~nopelens.probes.stream.AttentionVariance`). Nothing of size tokens x d_model or T x T
 outlives its batch beyond the keep budget (:class:`~nopelens.probes.stream.KeepBudget`: features
-kept for the out-of-fold predictions instead of a second forward pass, at most a quarter of the
-memory available when the run starts), so memory does not grow with the number of tokens past it.
+kept for the out-of-fold predictions instead of a second forward pass: by default 1 GiB or a
+quarter of the memory available when the run starts, whichever is less), so memory does not grow
+with the number of tokens past it.
 
 The sink ablation (re-running the model with block l's first key removed and probing in memory)
 is not streamed: its table is empty and the run says so (``not_applicable``); ``nopelens
@@ -31,7 +32,7 @@ from tqdm.auto import tqdm
 from nopelens.models.hooks import act_names
 from nopelens.probes import collect
 from nopelens.probes.sinks import GU_WINDOW, SinkStats, uniform_sink_score
-from nopelens.probes.stream import AttentionVariance, KeepBudget, Sequences, available_memory, run
+from nopelens.probes.stream import AttentionVariance, KeepBudget, Sequences, run
 from nopelens.probes.stream_probes import absolute_index_probes, relative_distance_probes
 
 from .reads import MAX_OUTER_FEATURES, SweepSites
@@ -251,7 +252,7 @@ def plan(subject: Subject, settings, sites: SweepSites) -> Plan:
     per_token = sum(4 * 2 * _n_features(job, shapes) for probe in m.probes for job in probe.jobs
                     if job.form != "scores") + 8 * len(m.sites.patterns)
     features = per_token * m.sequences.n_samples
-    keep = m.budget.limit if m.budget.limit is not None else available_memory() // 4
+    keep = m.budget.limit if m.budget.limit is not None else features  # no limit: every batch is kept
     passes = n_batches * (2 if features > keep else 1) + (n_batches if m.stripped is not None else 0)
     tokens = int(m.sequences.n_samples) * (2 if features > keep else 1) + (
         int(m.stripped.n_samples) if m.stripped is not None else 0)

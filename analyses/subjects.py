@@ -249,14 +249,17 @@ def has_training_seed(spec: str) -> bool:
 def planned_work(spec: str, n_sequences: int, seq_len: int, train_seed: int = 0, quick_steps: int | None = None):
     """What measuring ``spec`` will take, before it runs, for the sweep's ETA
     (:class:`~nopelens.analyses.eta.TaskWork`): a zoo model trains first when it is not cached
-    (always with ``quick_steps``); every other spec only loads or builds. The layer count of a
-    checkpoint or HF directory is not read ahead: taken as 4.
+    (always with ``quick_steps``); every other spec only loads or builds. The size of a checkpoint
+    or HF directory is not read ahead: its work is marked not estimated.
     """
     from nopelens.models import zoo
 
     from .eta import MEASURE_OVERHEAD_TOKENS, TaskWork
 
     n_layers, steps, train_work = 4, 0, 0.0
+    built = spec == "circuit" or spec in CONTROL_SPECS or spec.startswith(CONSTANT_PREFIX)
+    if spec.startswith(HF_PREFIX) or (not built and ("/" in spec or Path(spec).exists())):
+        return TaskWork(0, 0.0, 0.0, estimated=False)
     if spec == "circuit":
         n_layers = 2
     elif not (spec in CONTROL_SPECS or spec.startswith((CONSTANT_PREFIX, HF_PREFIX)) or "/" in spec

@@ -107,7 +107,7 @@ class SweepSettings:
             (:func:`analyse_subject_streamed`; ``nopelens probe``).
         batch_size: sequences per forward pass of a streamed measurement.
         keep_mib: MiB of features a streamed measurement may keep for its predictions instead of
-            a second forward pass (None: a quarter of the memory available; 0: none, so memory is
+            a second forward pass (None: 1 GiB or a quarter of the memory available, whichever is less; 0: none, so memory is
             the statistics' whatever the number of tokens).
     """
 

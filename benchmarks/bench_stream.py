@@ -45,7 +45,11 @@ import time
 import warnings
 from pathlib import Path
 
-CASES = ("memory", "stream-keep-all", "stream-keep-none")
+CASES = ("memory", "stream-keep-all", "stream-keep-none", "stream-default")
+KEEP = {"stream-keep-all": None, "stream-keep-none": 0, "stream-default": "auto"}
+"""Each streamed case's keep budget (``stream-default``: what ``nopelens probe hf:DIR`` uses)."""
+CLI_CASE = "cli"
+"""Memory runs: ``nopelens probe hf:DIR --input random`` itself, as a user runs it (the issue's target)."""
 MAIN_CASE = "memory-main"
 """The in-memory path with main's definitions before issue 19: every position its own class, pairs at
 every distance (time runs only, with ``--main``)."""
@@ -130,7 +134,7 @@ def measure(case: str, model_dir: str, n_sequences: int, seq_len: int, probes: s
                     distances=None if exact else spread_distances(seq_len - 1, 64), **common))
                 tables.append(attention_variance(acts, variance_sites))
         else:
-            budget = KeepBudget(None if case == "stream-keep-all" else 0)
+            budget = KeepBudget(KEEP[case])
             sequences = Sequences.of(subject.tokens, subject.attention_mask)
             measurements = [absolute_index_probes(sequences, residual + inner, extrapolate_from=extrapolate, keep=budget,
                                                   **common)]
@@ -212,11 +216,15 @@ def main() -> None:
             model_dir = make_model_dir(Path(tmp) / "memory", d, layers, tokens)
             print(f"\nmemory: Llama d_model {d}, {layers} layers, {tokens} tokens, the sweep's probes; peak RSS per process")
             print(f"{'case':18s} {'1x MiB':>9s} {'4x MiB':>9s} {'4x / 1x':>8s} {'1x s':>7s} {'4x s':>7s}")
-            for case in selected(args, CASES):
-                small, rss_small = run_child(case, model_dir, n, tokens, "sweep", args)
-                large, rss_large = run_child(case, model_dir, 4 * n, tokens, "sweep", args)
+            for case in selected(args, CASES + (CLI_CASE,)):
+                if case == CLI_CASE:
+                    (small, rss_small), (large, rss_large) = (run_cli(model_dir, k * n, tokens, args) for k in (1, 4))
+                else:
+                    (small, rss_small), (large, rss_large) = (
+                        run_child(case, model_dir, k * n, tokens, "sweep", args) for k in (1, 4))
+                    small, large = small["total_s"], large["total_s"]
                 print(f"{case:18s} {rss_small:9.0f} {rss_large:9.0f} {rss_large / rss_small:8.2f} "
-                      f"{small['total_s']:7.1f} {large['total_s']:7.1f}", flush=True)
+                      f"{small:7.1f} {large:7.1f}", flush=True)
         if args.only in (None, "time"):
             d, layers, tokens, n = time_shape
             model_dir = make_model_dir(Path(tmp) / "time", d, layers, tokens)
@@ -247,20 +255,39 @@ def selected(args, cases: tuple[str, ...]) -> tuple[str, ...]:
     return tuple(c for c in cases if c in wanted)
 
 
+def run_cli(model_dir: Path, n_sequences: int, seq_len: int, args) -> tuple[float, float]:
+    """(wall seconds, peak RSS in MiB) of ``nopelens probe hf:DIR --input random`` as a user runs it:
+    its defaults (keep budget, sites, sinks, figures), one thread, a fresh run folder."""
+    with tempfile.TemporaryDirectory() as out:
+        command = [sys.executable, "-m", "nopelens", "probe", f"hf:{model_dir}", "--input", "random", "--n-sequences",
+                   str(n_sequences), "--seq-len", str(seq_len), "--batch-size", str(args.batch_size), "--quiet",
+                   "--jobs", "1", "--out", out]
+        return _wait(command, CLI_CASE, lambda text: None)
+
+
+def _wait(command: list[str], case: str, parse) -> tuple:
+    """Run ``command`` on one thread in a fresh process: (``parse(stdout)`` or its wall seconds when
+    ``parse`` gives None, peak RSS in MiB from ``os.wait4``)."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1"}
+    start = time.perf_counter()
+    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
+        process = subprocess.Popen(command, stdout=out, stderr=err, env=env, text=True)
+        _, status, usage = os.wait4(process.pid, 0)
+        seconds = time.perf_counter() - start
+        if os.waitstatus_to_exitcode(status):
+            err.seek(0)
+            raise RuntimeError(f"case {case} failed:\n{err.read()[-3000:]}")
+        out.seek(0)
+        parsed = parse(out.read())
+        return (seconds if parsed is None else parsed), usage.ru_maxrss / 1024  # Linux: KiB
+
+
 def run_child(case: str, model_dir: Path, n_sequences: int, seq_len: int, probes: str, args) -> tuple[dict, float]:
     """(the case's numbers, its peak RSS in MiB), measured in a fresh process (``os.wait4``)."""
     command = [sys.executable, __file__, "--child", case, "--model-dir", str(model_dir), "--n-sequences",
                str(n_sequences), "--seq-len", str(seq_len), "--probes", probes, "--batch-size", str(args.batch_size),
                "--n-boot", str(args.n_boot)]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1"}
-    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
-        process = subprocess.Popen(command, stdout=out, stderr=err, env=env, text=True)
-        _, status, usage = os.wait4(process.pid, 0)
-        process.returncode = os.waitstatus_to_exitcode(status)
-        out.seek(0), err.seek(0)
-        if process.returncode:
-            raise RuntimeError(f"case {case} failed:\n{err.read()[-3000:]}")
-        return json.loads(out.read().strip().splitlines()[-1]), usage.ru_maxrss / 1024  # Linux: KiB
+    return _wait(command, case, lambda text: json.loads(text.strip().splitlines()[-1]))
 
 
 if __name__ == "__main__":

@@ -7,13 +7,17 @@ What it does, offline, in one process:
    4 key-value heads of 128, RoPE with NoPE in every fourth layer, its 128,256-token vocabulary),
    layers cut to ``--layers``, in bfloat16, and next to it a byte-level BPE tokenizer trained with
    the ``tokenizers`` library on the corpus nopelens ships (its ids are a subset of the vocabulary);
-2. prints ``nopelens probe --plan`` (forward passes, tokens, statistics memory);
-3. runs ``nopelens probe hf:DIR --device cuda --dtype bfloat16`` on ``--seq-len``-token windows and
+2. runs ``nopelens audit --hf-dir`` on it: the per-layer NoPE detector measures which layers rotate
+   (declared against measured, step 5) in the model's dtype;
+3. prints ``nopelens probe --plan`` (forward passes, tokens, statistics memory);
+4. runs ``nopelens probe hf:DIR --device cuda --dtype bfloat16`` on ``--seq-len``-token windows and
    writes the run folder, wall seconds, peak CUDA memory and, per layer, the declared method
-   (RoPE or NoPE) next to what the run measured (summary and layer curves) to ``--out``.
+   (RoPE or NoPE) next to the detector's reading, the audit's step verdicts and what the run
+   measured (summary and layer curves) to ``--out``; on CPU the peak RSS of the process too.
 
     python benchmarks/gpu_probe.py --out /tmp/gpu-probe                 # the default shapes
     python benchmarks/gpu_probe.py --device cpu --layers 2 --d-model 256 --seq-len 64 --n-sequences 8  # a dry run
+    python benchmarks/gpu_probe.py --device cpu --layers 4 --n-sequences 8 --batch-size 2  # full width on CPU
 
 Numbers of a random-init model say nothing about trained SmolLM3; the run checks that the
 streamed probe works at this width, length, dtype and device, in bounded memory.
@@ -23,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import resource
 import sys
 import time
 import warnings
@@ -88,6 +93,9 @@ def main() -> int:
     save_model(model_dir, args.d_model, args.layers, args.vocab, args.dtype)
     save_tokenizer(model_dir)
     print(f"saved {model_dir} in {time.perf_counter() - start:.0f} s", flush=True)
+    if nopelens(["audit", "--hf-dir", str(model_dir), "--out", str(out / "audit")]) not in (0, 1):
+        return 2
+    audit = json.loads((out / "audit" / "audit.json").read_text())
     common = [f"hf:{model_dir}", "--device", args.device, "--dtype", args.dtype, "--seq-len", str(args.seq_len),
               "--n-sequences", str(args.n_sequences), "--batch-size", str(args.batch_size), "--jobs", "1"]
     if nopelens(["probe", *common, "--plan"]) != 0:
@@ -107,7 +115,9 @@ def main() -> int:
         "seconds": seconds, "device": meta["device"], "dtype": meta["dtype"], "input": meta["input"],
         "tokens": args.n_sequences * args.seq_len, "d_model": args.d_model, "layers": args.layers,
         "peak_cuda_mib": torch.cuda.max_memory_allocated() / 2**20 if args.device == "cuda" else None,
-        "declared_methods": methods, "second_pass_batches": meta["streamed"]["second_pass_batches"],
+        "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        "declared_methods": methods, "measured_layer_positions": audit["model"].get("measured_layer_positions"),
+        "audit_steps": {s["number"]: s["status"] for s in audit["steps"]}, "second_pass_batches": meta["streamed"]["second_pass_batches"],
         "summary": pd.read_csv(out / "run" / "summary.csv").to_dict(orient="records"),
         "layer_curves": layers.to_dict(orient="records"),
     }

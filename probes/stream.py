@@ -169,17 +169,23 @@ class Measurement:
         raise NotImplementedError
 
 
+AUTO_KEEP_BYTES = 2**30
+"""The most an ``"auto"`` keep budget holds: a fixed cap, so that memory stops growing with the
+number of tokens once the kept features reach it (the rest is predicted in a second pass)."""
+
+
 class KeepBudget:
     """Bytes that measurements may keep in memory until the end of a pass (shared among them).
 
     ``None``: no limit (every batch is kept: one pass, memory grows with the tokens); ``0``: keep
-    nothing (a second pass recomputes what is needed: memory bounded); ``"auto"``: a quarter of
-    the memory available when the run starts.
+    nothing (a second pass recomputes what is needed: memory bounded); ``"auto"``: 1 GiB
+    (:data:`AUTO_KEEP_BYTES`) or a quarter of the memory available when the run starts, whichever
+    is less (memory bounded, and one pass for runs whose features fit).
     """
 
     def __init__(self, limit: int | str | None = "auto"):
         if limit == "auto":
-            limit = available_memory() // 4
+            limit = min(AUTO_KEEP_BYTES, available_memory() // 4)
         if limit is not None and (not isinstance(limit, (int, np.integer)) or limit < 0):
             raise ValueError(f"a keep budget is a number of bytes >= 0, None or 'auto', got {limit!r}")
         self.limit, self.used = limit, 0

@@ -52,3 +52,17 @@ def test_planned_work_knows_what_will_train(tmp_path, monkeypatch):
     for control in ("circuit", "untrained-nope", "constant-nope"):
         assert not planned_work(control, 80, 64).trains, control
     assert planned_work("circuit", 80, 64).measure_work < fresh.measure_work, "two blocks, not four"
+
+
+def test_a_model_whose_size_is_not_read_ahead_gets_no_time(tmp_path):
+    """An HF directory or a checkpoint may be 3 B parameters: the zoo's priors say nothing about it."""
+    hf, checkpoint = planned_work("hf:/some/dir", 80, 64), planned_work(str(tmp_path), 80, 64)
+    assert not hf.estimated and not checkpoint.estimated
+    assert planned_work("circuit", 80, 64).estimated and planned_work("untrained-nope", 80, 64).estimated
+    alone = SweepETA({"hf": hf})
+    assert alone.describe() == "time left not estimated: 0 to train, 1 to measure"
+    mixed = SweepETA({"hf": hf, "read": READ})
+    assert mixed.remaining() == pytest.approx(READ.measure_work * MEASURE_PRIOR)
+    assert mixed.describe().startswith("about ") and "(1 not estimated): 0 to train, 2 to measure" in mixed.describe()
+    mixed.finished("hf", train_seconds=5.0, measure_seconds=3000.0)
+    assert mixed.rate("measure") == MEASURE_PRIOR, "its time says nothing about the rate of the zoo's models"
