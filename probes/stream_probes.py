@@ -15,8 +15,8 @@ target, class sums for LDA, raw per-feature extremes for the round-off rule). Fe
 several probe families share are added once: the rows are cut into the finest common refinement
 ("cells") of every family's blocks, and a family's block is a sum of cells (the grouped split
 and the extrapolation split at one residual site share one Gram per cell). Pair features
-[h_i; h_j], the per-head bilinear q.k read and the score read are built per batch from pairs
-drawn before the run (:func:`~nopelens.probes.targets.pair_features`,
+[h_i; h_j], the per-head bilinear q.k read and the score read are built per batch on the model's
+device, from pairs drawn before the run (:func:`~nopelens.probes.targets.pair_features`,
 :func:`~nopelens.probes.targets.bilinear_features`, :func:`~nopelens.probes.targets.score_features`
 on that batch's sequences: no ``[head, T, T]`` array outlives its batch).
 
@@ -286,14 +286,12 @@ class Probes(Measurement):
             X = job.pending[job.sites[0]]
             return np.arange(batch.samples.start, batch.samples.stop), X.reshape(len(X), -1)
         ids, local = self._local_pairs(batch)
-        if job.form == "numpy" and len(job.sites) == 1:
-            X = pair_features(job.pending[job.sites[0]], local, job.features)
-        elif job.form == "numpy":
-            X = bilinear_features(job.pending[job.sites[0]], job.pending[job.sites[1]], local,
-                                  job.features.removeprefix("bilinear_"))
-        else:
-            X = pair_scores(job.pending[job.sites[0]], batch, local, job.dtype)
-        return ids, torch.from_numpy(np.ascontiguousarray(X))
+        if job.form == "float32" and len(job.sites) == 1:
+            return ids, pair_features(job.pending[job.sites[0]], local, job.features)
+        if job.form == "float32":
+            return ids, bilinear_features(job.pending[job.sites[0]], job.pending[job.sites[1]], local,
+                                          job.features.removeprefix("bilinear_"))
+        return ids, torch.from_numpy(np.ascontiguousarray(pair_scores(job.pending[job.sites[0]], batch, local, job.dtype)))
 
     def _take(self, job: _Job, rows: np.ndarray, X: Tensor, batch: Batch) -> None:
         """First pass: keep a batch's features while the budget allows, and sum statistics only once
@@ -424,13 +422,15 @@ def _assemble(kept: list[tuple[np.ndarray, Tensor]], n_rows: int, what: str) -> 
 
 def _as_form(form: str, site: str, value: Tensor, batch: Batch):
     """A site's output as a job reads it: real rows on the model's device and dtype (``rows``),
-    as float32 CPU numpy like :func:`~nopelens.probes.collect.collect` stores them (``numpy``), or
+    on the model's device in float32, as :func:`~nopelens.probes.collect.collect` stores them
+    (``float32``: the pair and q.k features are built from these, so their numbers are the
+    in-memory path's), or
     the batch's ``[batch, head_index, query_pos, key_pos]`` scores as they are (``scores``; only the
     sampled pairs are read from them, :func:`pair_scores`)."""
     if form == "rows":
         return batch.real(site, value)
-    if form == "numpy":
-        return batch.real(site, value).to("cpu", torch.float32).numpy()
+    if form == "float32":
+        return batch.real(site, value).to(torch.float32)
     b, pos = batch.mask.shape
     if value.ndim != 4 or value.shape[0] != b or tuple(value.shape[2:]) != (pos, pos):
         raise ValueError(f"site {site!r} gave shape {tuple(value.shape)}; expected [batch, head_index, query_pos, "
@@ -580,7 +580,7 @@ def relative_distance_probes(
     families = [_Family("relative_distance", task, "grouped", probe_labels(pairs.distance, pair_tokens, controls, seed),
                         splits, controls) for task in tasks]
     layout = _Layout(pairs.sequence_id, pair_tokens, families)
-    jobs = [_Job(layout, (site,), site, kind, "numpy", read=False) for site in sites for kind in feature_kinds]
-    jobs += [_Job(layout, (q, k), q, f"bilinear_{bilinear}", "numpy", read=True) for q, k in attention]
+    jobs = [_Job(layout, (site,), site, kind, "float32", read=False) for site in sites for kind in feature_kinds]
+    jobs += [_Job(layout, (q, k), q, f"bilinear_{bilinear}", "float32", read=True) for q, k in attention]
     jobs += [_Job(layout, (site,), site, "score", "scores", read=True) for site in scores]
     return Probes(sequences, jobs, pairs, n_boot, seed, keep, compute_dtype)

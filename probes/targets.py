@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from typing import Sequence
 
 import numpy as np
+import torch
 from jaxtyping import Float, Int
 
 from .fitting import roundoff_tolerance
@@ -154,7 +155,8 @@ def pair_features(
     """Features of each pair from per-token features: ``concat`` [h_i; h_j] or ``difference`` h_i - h_j.
 
     Args:
-        features: ``[n_samples, d]`` (e.g. ``Activations.features(site)``).
+        features: ``[n_samples, d]`` (e.g. ``Activations.features(site)``): numpy, or a torch
+            tensor (the result is then a tensor on its device, the same numbers).
         pairs: from :func:`sample_distance_pairs`.
         kind: ``concat`` (``[n_pairs, 2 d]``) or ``difference`` (``[n_pairs, d]``).
 
@@ -169,10 +171,13 @@ def pair_features(
     """
     if features.ndim != 2:
         raise ValueError(f"features must be [n_samples, d], got shape {features.shape}")
+    query, key = _pair_index(features, pairs.query), _pair_index(features, pairs.key)
     if kind == "concat":
-        return np.concatenate([features[pairs.query], features[pairs.key]], axis=1)
+        if isinstance(features, torch.Tensor):
+            return torch.cat([features[query], features[key]], dim=1)
+        return np.concatenate([features[query], features[key]], axis=1)
     if kind == "difference":
-        return features[pairs.query] - features[pairs.key]
+        return features[query] - features[key]
     raise ValueError(f"kind must be 'concat' or 'difference', got {kind!r}")
 
 
@@ -198,8 +203,9 @@ def bilinear_features(
     reads key head ``h // (n_heads // n_kv)`` (HF ``repeat_kv``).
 
     Args:
-        queries: ``[n_samples, head_index, d_head]``.
-        keys: ``[n_samples, kv_head, d_head]``, kv_head dividing head_index.
+        queries: ``[n_samples, head_index, d_head]`` (numpy, or a torch tensor: the result is then a
+            tensor on its device, the same numbers).
+        keys: ``[n_samples, kv_head, d_head]``, kv_head dividing head_index (the type of ``queries``).
         pairs: from :func:`sample_distance_pairs`.
         mode: ``outer`` (``[n_pairs, head_index * d_head^2]``) or ``elementwise``
             (``[n_pairs, head_index * d_head]``).
@@ -218,13 +224,24 @@ def bilinear_features(
     n_heads, n_kv = queries.shape[1], keys.shape[1]
     if n_heads % n_kv:
         raise ValueError(f"key heads ({n_kv}) must divide query heads ({n_heads})")
-    q = queries[pairs.query]
-    k = np.repeat(keys[pairs.key], n_heads // n_kv, axis=1)
+    q = queries[_pair_index(queries, pairs.query)]
+    k = keys[_pair_index(keys, pairs.key)]
+    if isinstance(k, torch.Tensor):
+        k = torch.repeat_interleave(k, n_heads // n_kv, dim=1)
+    else:
+        k = np.repeat(k, n_heads // n_kv, axis=1)
     if mode == "outer":
-        return np.einsum("phe,phf->phef", q, k).reshape(len(pairs), -1)
+        return (q[..., :, None] * k[..., None, :]).reshape(len(pairs), -1)
     if mode == "elementwise":
         return (q * k).reshape(len(pairs), -1)
     raise ValueError(f"mode must be 'outer' or 'elementwise', got {mode!r}")
+
+
+def _pair_index(features, index: np.ndarray):
+    """``index`` as ``features`` is indexed: numpy as it is, a tensor on a tensor's device."""
+    if isinstance(features, torch.Tensor):
+        return torch.as_tensor(index, device=features.device)
+    return index
 
 
 BLOCKED_SCORE = -1e30

@@ -255,6 +255,22 @@ def test_pair_and_bilinear_features():
     np.testing.assert_allclose(np.trace(outer[:, 3], axis1=1, axis2=2), (q[pairs.query, 3] * k[pairs.key, 1]).sum(-1))
 
 
+
+def test_pair_and_bilinear_features_of_tensors_are_the_numpy_numbers_on_the_tensors_device():
+    """The streamed probes build them from float32 tensors on the model's device; the in-memory path
+    from float32 numpy: the same definition gives bit-equal features."""
+    rng = np.random.default_rng(2)
+    h, q, k = (rng.normal(size=shape).astype(np.float32) for shape in ((9, 5), (9, 4, 3), (9, 2, 3)))
+    pairs = sample_distance_pairs(np.zeros(9, int), np.arange(9), max_distance=4, pairs_per_distance=2)
+    for kind in ("concat", "difference"):
+        out = pair_features(torch.from_numpy(h), pairs, kind)
+        assert isinstance(out, torch.Tensor) and np.array_equal(out.numpy(), pair_features(h, pairs, kind))
+    for mode in ("outer", "elementwise"):
+        out = bilinear_features(torch.from_numpy(q), torch.from_numpy(k), pairs, mode)
+        assert isinstance(out, torch.Tensor) and np.array_equal(out.numpy(), bilinear_features(q, k, pairs, mode))
+    outer = bilinear_features(q, k, pairs).reshape(len(pairs), 4, 3, 3)
+    np.testing.assert_array_equal(outer[:, 1], np.einsum("pe,pf->pef", q[pairs.query, 1], k[pairs.key, 0]))
+
 def test_extrapolation_split_fits_early_positions_and_scores_late_ones():
     groups = np.repeat(np.arange(10), 20)
     position = np.tile(np.arange(20), 10)
