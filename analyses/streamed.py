@@ -7,7 +7,7 @@ gives (probes, sinks, variance), measured while the model runs
 (:class:`~nopelens.probes.sinks.SinkStats`), the variance from per-position moments
 (:class:`~nopelens.probes.stream.AttentionVariance`). Nothing of size tokens x d_model or T x T
 outlives its batch beyond the keep budget (:class:`~nopelens.probes.stream.KeepBudget`: features
-kept for the out-of-fold predictions instead of a second forward pass: by default 1 GiB or a
+kept for the out-of-fold predictions instead of a second forward pass: by default 512 MiB or a
 quarter of the memory available when the run starts, whichever is less), so memory does not grow
 with the number of tokens past it.
 

@@ -107,8 +107,8 @@ class SweepSettings:
             (:func:`analyse_subject_streamed`; ``nopelens probe``).
         batch_size: sequences per forward pass of a streamed measurement.
         keep_mib: MiB of features a streamed measurement may keep for its predictions instead of
-            a second forward pass (None: 1 GiB or a quarter of the memory available, whichever is less; 0: none, so memory is
-            the statistics' whatever the number of tokens).
+            a second forward pass (None: 512 MiB or a quarter of the memory available, whichever is
+            less; 0: none, so memory is the statistics' whatever the number of tokens).
     """
 
     models: tuple[str, ...]

@@ -8,8 +8,11 @@ bridged by TransformerLens), with random token ids after BOS:
   measures; nothing else runs in it) at 1x and 4x the sequences, d_model 384, 6 layers, 256 tokens,
   24 and 96 sequences by default. Cases: ``memory`` (:func:`~nopelens.probes.collect` of every site
   the probes read, then the in-memory probes), ``stream-keep-all`` (streamed, every batch's
-  features kept until the fit: one forward pass) and ``stream-keep-none`` (nothing kept: a second
-  pass predicts; memory bounded). The issue's target: 4x within 25 % of 1x.
+  features kept until the fit: one forward pass), ``stream-keep-none`` (nothing kept: a second
+  pass predicts; memory bounded), ``stream-default`` (the default keep budget of ``nopelens probe``:
+  512 MiB or a quarter of the available memory; past it a second pass), and ``cli``: the command
+  ``nopelens probe hf:DIR --input random`` itself, with all its defaults (sinks and figures too).
+  The issue's target: 4x within 25 % of 1x.
 - **time**: collection plus probes against the plain HF forward pass over the same tokens and
   batches (``model(tokens)``, logits included, eager attention as the bridge runs it; the SDPA time
   is printed too), d_model 512, 8 layers, 512 tokens, 32 sequences by default. Each case runs in

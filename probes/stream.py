@@ -169,7 +169,7 @@ class Measurement:
         raise NotImplementedError
 
 
-AUTO_KEEP_BYTES = 2**30
+AUTO_KEEP_BYTES = 2**29
 """The most an ``"auto"`` keep budget holds: a fixed cap, so that memory stops growing with the
 number of tokens once the kept features reach it (the rest is predicted in a second pass)."""
 
@@ -178,7 +178,7 @@ class KeepBudget:
     """Bytes that measurements may keep in memory until the end of a pass (shared among them).
 
     ``None``: no limit (every batch is kept: one pass, memory grows with the tokens); ``0``: keep
-    nothing (a second pass recomputes what is needed: memory bounded); ``"auto"``: 1 GiB
+    nothing (a second pass recomputes what is needed: memory bounded); ``"auto"``: 512 MiB
     (:data:`AUTO_KEEP_BYTES`) or a quarter of the memory available when the run starts, whichever
     is less (memory bounded, and one pass for runs whose features fit).
     """

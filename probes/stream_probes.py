@@ -503,7 +503,7 @@ def absolute_index_probes(
             :func:`~nopelens.probes.linear.position_classes`); None: every position its class.
         keep: features kept for the predictions instead of a second forward pass: a shared
             :class:`~nopelens.probes.stream.KeepBudget`, or its limit (bytes; None: all; 0: none;
-            ``"auto"``: 1 GiB or a quarter of the available memory, whichever is less).
+            ``"auto"``: 512 MiB or a quarter of the available memory, whichever is less).
         compute_dtype: statistics' dtype (float64; float32 only on an accelerator).
 
     Returns:

@@ -228,7 +228,7 @@ def register(subparsers) -> None:
     hf.add_argument("--dtype", help="bfloat16 or float32 (default: the checkpoint's own); statistics are float64")
     hf.add_argument("--batch-size", type=int, help="sequences per forward pass (default 32)")
     hf.add_argument("--keep-mib", type=int, help="MiB of features kept for the probes' predictions instead of a "
-                    "second forward pass (default: 1024 or a quarter of the memory available, whichever is less; 0: none, "
+                    "second forward pass (default: 512 or a quarter of the memory available, whichever is less; 0: none, "
                     "two passes, memory "
                     "bounded by the statistics)")
     hf.add_argument("--plan", action="store_true", help="print the forward passes, tokens, memory and ETA the run "
