@@ -341,12 +341,16 @@ def test_every_design_runs_from_the_command_line(saved, tmp_path, capsys, family
 
 def test_dsa_past_index_topk_probes_with_the_reads_not_applicable(saved, tmp_path, capsys):
     """``nopelens probe`` on DeepSeek V3.2 with index_topk 4 at 8 tokens: exit 0, the position probes
-    measured, no sink row (each block's kept keys are chosen by content), the reason recorded; with
-    index_topk 8 every block's sinks are read."""
+    measured, no sink row (each block's kept keys are chosen by content), the reason recorded and
+    printed under the summary (not "variance 0": the read never ran); with index_topk 8 every
+    block's sinks are read."""
     import json
 
     sinks = _probe(saved("deepseek_v32", index_topk=4), tmp_path / "sparse", capsys)
     assert sinks.empty
+    printed = capsys.readouterr().out
+    assert "variance 0" not in printed and "NaN" not in printed, printed
+    assert "variance read: blocks [0, 1, 2, 3]: a DSA indexer keeps only the top 4" in printed, printed
     (done,) = (tmp_path / "sparse" / "parts").glob("*/done.json")
     notes = json.loads(done.read_text())["not_applicable"]
     assert all("DSA indexer keeps only the top 4" in notes[read] for read in ("sink read", "variance read", "score read"))

@@ -53,7 +53,8 @@ def _print_results(result, as_json: bool) -> None:
         if result.out_dir is not None:
             print(f"nopelens: wrote {result.out_dir}/summary.md and its tables and figures", file=sys.stderr)
         return
-    print(report.summary_text(result.summary, result.reads))
+    print(report.summary_text(result.summary, result.reads,
+                              not_applicable=report.not_applicable_reads(result.subjects)))
     print()
     print(report.layer_tables_text(result.curves, result.reads))
     if result.out_dir is not None:
