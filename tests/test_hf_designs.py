@@ -54,6 +54,8 @@ EXPECTED = {
     "kimi_linear": ((N, N, N, N), HOOKS, {}, {}),
     "nemotron_h": ((N, N, N, N), HOOKS, {}, {}),
     "qwen3_next": ((N, N, N, R), BRIDGE, {}, {}),
+    "qwen4_exp": ((N, N, N, R), HOOKS, {}, {}),
+    "minimax_m3": ((R, R, R, R), HOOKS, {}, {}),
     "deepseek_v3": ((R, R, R, R), BRIDGE, {}, {}),
     "deepseek_v2": ((R, R, R, R), BRIDGE, {}, {}),
     "deepseek_v32": ((R, R, R, R), HOOKS, {}, {}),
@@ -79,6 +81,7 @@ MIXERS = {  # families with layers that are no softmax attention
     "olmo_hybrid": ("linear_attention",) * 3 + ("attention",),
     "olmo_hybrid_nope": ("linear_attention",) * 3 + ("attention",),
     "qwen3_next": ("linear_attention",) * 3 + ("attention",),
+    "qwen4_exp": ("linear_attention",) * 3 + ("attention",),
     "granitemoehybrid": ("linear_attention", "attention") * 2,
     "jamba": ("linear_attention", "attention") * 2,
     "kimi_linear": ("linear_attention", "attention") * 2,
@@ -159,6 +162,56 @@ def test_the_traps_read_from_transformers_source(hooked):
         layer = next(l for l in describe(hooked(family, torch.float32)).layers if l.rotates)  # [nope 4 | rope 4]
         assert (layer.rotary_dim, layer.rotary_start, layer.pairing) == (4, 4, "interleaved"), family
         assert layer.index_topk == (POSITIONS if family in ("axk2", "glm_moe_dsa", "deepseek_v32") else None), family
+
+
+def test_rotated_dims_and_block_indexers_as_the_models_compute_them(hooked):
+    """MiniMax-M3 rotates head_dim * partial_rotary_factor dims whatever its rotary_dim field says
+    (2 here); Qwen4-Exp's QSA layer is labelled with its budget and block size, and its notes say
+    its residual hooks hold the hyper-connection streams side by side."""
+    for family in ("minimax_m3", "qwen4_exp"):
+        model = hooked(family, torch.float32)
+        computed = 2 * model.original_model.model.rotary_emb.inv_freq.numel()
+        layers = describe(model).layers
+        assert {layer.rotary_dim for layer in layers if layer.rotates} == {computed} == {4}, family
+    qwen4 = describe(hooked("qwen4_exp", torch.float32))
+    assert (qwen4.layers[3].index_topk, qwen4.layers[3].index_block) == (16, 4)
+    assert all(layer.index_topk is None for layer in qwen4.layers[:3])
+    assert any("2 hyper-connection residual streams" in note for note in qwen4.notes)
+    _, cache = hooked("qwen4_exp", torch.float32).run_with_cache(torch.randint(3, 64, (1, 8)))
+    assert cache["blocks.3.hook_resid_post"].shape[-1] == 2 * 32
+
+
+def _tiny_text_model(config_class, model_class, **fields):
+    """A 4-layer random-init model of the HF classes, for refusal tests."""
+    import transformers as T
+
+    from hf_families import _instantiate, _tiny
+
+    return _instantiate(_tiny(getattr(T, config_class), **fields), getattr(T, model_class), 0, {})
+
+
+@pytest.mark.parametrize("config_class, model_class, fields, why", [
+    ("Inkling2LoopTextConfig", "Inkling2LoopForCausalLM", dict(
+        head_dim=8, swa_num_attention_heads=4, swa_num_key_value_heads=2, swa_head_dim=8, sliding_window_size=WINDOW,
+        rel_extent=8, d_rel=4, layer_types=["hybrid_sliding", "hybrid"] * 2, moe_intermediate_size=32,
+        n_routed_experts=2, num_experts_per_tok=1, n_layers_per_attn_res_block=1, unpadded_vocab_size=64,
+        loop_layer_index_start=1, loop_layer_index_end=3, loop_num_passes=2, loop_gate_rank=4),
+     "loop layers .* loop_num_passes times"),
+    ("MiniMaxM3VLTextConfig", "MiniMaxM3VLForCausalLM", dict(
+        head_dim=8, num_local_experts=2, num_experts_per_tok=1, shared_intermediate_size=32, dense_intermediate_size=64,
+        index_n_heads=2, index_head_dim=8, index_block_size=4, index_topk_blocks=2,
+        layer_types=["full_attention", "minimax_m3_sparse"] * 2), "minimax_m3_sparse .* position id"),
+], ids=["inkling2_loop", "minimax_m3_sparse"])
+def test_a_looped_or_block_sparse_model_is_refused_in_one_line(config_class, model_class, fields, why):
+    """Inkling 2 Loop (one layer module, several passes) and MiniMax-M3 with a block-sparse layer
+    (blocks placed by position id): both give false fails or crashes when measured (steps 3 and 7; an
+    index error under re-spaced positions), so both are refused by name before any forward pass."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model = _tiny_text_model(config_class, model_class, **fields)
+    with pytest.raises(hf.UnsupportedModelError, match=f"{model_class}: .*{why}") as error:
+        load_hf_model(model)
+    assert "\n" not in str(error.value)
 
 
 def test_dots3_note_is_refused_in_one_line():
@@ -392,11 +445,11 @@ def dsa():
         return load_hf_model(build_design("deepseek_v32", index_topk=8))
 
 
-def _dropped_visible_keys(model, length: int) -> int:
-    """Visible (causal) entries of layer 0's pattern with exactly zero weight on ``length`` tokens."""
+def _dropped_visible_keys(model, length: int, layer: int = 0) -> int:
+    """Visible (causal) entries of ``layer``'s pattern with exactly zero weight on ``length`` tokens."""
     tokens = torch.randint(3, 64, (2, length), generator=torch.Generator().manual_seed(0))
     _, cache = model.run_with_cache(tokens)
-    pattern = cache["blocks.0.attn.hook_pattern"]
+    pattern = cache[f"blocks.{layer}.attn.hook_pattern"]
     visible = torch.ones(length, length, dtype=torch.bool).tril()
     return int((pattern[..., visible] == 0).sum())
 
@@ -420,6 +473,23 @@ def test_dsa_within_index_topk_is_measured(dsa):
     assert all(report.step(n).status == "pass" for n in (1, 3, 5, 7, 8, 9))
     assert "left-padding invariance" in [c.name for c in report.step(1).checks]
     assert report.model["measured_layer_positions"] == ["relative"] * 4
+
+
+def test_qsa_past_its_budget_is_not_applicable_with_the_reason():
+    """Qwen4-Exp with indexer_budget 8 in blocks of 4: at 16 tokens its QSA layer drops visible keys
+    (no static mask holds): steps 3, 5, 7 and 8 not applicable with the reason, no false fail; at 11
+    tokens (under budget + block) it keeps every key and is measured."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model = load_hf_model(build_design("qwen4_exp", indexer_budget=8))
+    assert _dropped_visible_keys(model, 16, layer=3) > 0 and _dropped_visible_keys(model, 11, layer=3) == 0
+    report = audit(model, eval_length=16)
+    assert report.passed, report.summary()
+    for number in (3, 5, 7, 8):
+        step = report.step(number)
+        assert step.status == "not_applicable" and "QSA indexer keeps only the top 2 blocks of 4" in step.reason
+    report = audit(model, eval_length=11)
+    assert report.passed and report.model["measured_layer_positions"] == ["nope"] * 3 + ["relative"], report.summary()
 
 
 @pytest.mark.parametrize("off", [-1, 1])
