@@ -326,6 +326,7 @@ def describe_config(config: Any, architecture: str | None = None) -> HFDescripti
     Raises:
         UnsupportedModelError: on a config without the sizes every causal LM declares.
     """
+    config = text_config(config)
     family = str(getattr(config, "model_type", ""))
     architecture = architecture or (list(getattr(config, "architectures", None) or [family])[0])
     n_heads = int(_first(config, "num_attention_heads", "n_head", "num_heads", "attention_heads", "n_heads"))
@@ -354,6 +355,14 @@ def describe_config(config: Any, architecture: str | None = None) -> HFDescripti
         max_positions=max_positions, layers=layers, qk_norm=qk_norm, q_hook=q_hook, k_hook=k_hook,
         position_input=position_input, qk_layout=qk_layout, notes=_notes(config, family),
     )
+
+
+def text_config(config: Any) -> Any:
+    """The decoder's config: ``config`` itself for a causal LM, the text sub-config of a multimodal
+    ``...ForConditionalGeneration`` (Mistral Large 4, Muse Glimmer, Muse Spark: ``get_text_config``),
+    whose language model is the decoder nopelens reads (text input only)."""
+    get = getattr(config, "get_text_config", None)
+    return get(decoder=True) if callable(get) else config
 
 
 def _first(config: Any, *names: str, default: Any = ...) -> Any:
@@ -725,6 +734,8 @@ def _notes(config: Any, family: str) -> tuple[str, ...]:
 BRIDGE_REFUSED = {
     "granitemoehybrid": "TransformerLens 4.3's GraniteMoeHybrid bridge cannot run its forward pass "
                         "(its rotary_emb component is never set)",
+    "muse_glimmer_text": "TransformerLens 4.3's bridge of Muse Glimmer hooks q and k before its scaleless q/k norm "
+                         "and the qk_scale_factor on q, so its hook_q and hook_k are not what enters the scores",
 }
 """Families TransformerLens has an adapter for but cannot run or read right: they go to forward hooks."""
 
@@ -842,14 +853,16 @@ def hook_layout(hf_model: Any) -> HookLayout:
         mixers = [f"{path}.{attn}.{l % per_layer}" for l, path in enumerate(block)]
         outputs_at = tuple((layers[l + 1], "input") if (l + 1) % per_layer else (path, "output")
                            for l, path in enumerate(block))
-    else:
-        root = _decoder_list(modules, static, lambda m: len(m) == static.n_layers)
-        layers = tuple(f"{root}.{l}" for l in range(static.n_layers))
-        mixers = [_mixer_path(modules, path, spec.mixer == "attention") for path, spec in zip(layers, static.layers)]
     embedding = hf_model.get_input_embeddings()
     embed = next((name for name, m in modules.items() if m is embedding), None)
     if embed is None:
         raise UnsupportedModelError(f"cannot find the token embedding of {static.architecture}")
+    if not sublayers:
+        # a multimodal wrapper: the decoder layers beside the token embedding, not a vision tower's
+        beside = embed.rsplit(".", 1)[0] + "." if text_config(hf_model.config) is not hf_model.config else ""
+        root = _decoder_list(modules, static, lambda m: len(m) == static.n_layers, beside)
+        layers = tuple(f"{root}.{l}" for l in range(static.n_layers))
+        mixers = [_mixer_path(modules, path, spec.mixer == "attention") for path, spec in zip(layers, static.layers)]
     prefix = root.rsplit(".", 1)[0] if "." in root else ""
     norm = next((f"{prefix}.{n}".lstrip(".") for n in ("norm", "final_layernorm", "ln_f", "final_norm")
                  if f"{prefix}.{n}".lstrip(".") in modules), None)
@@ -863,16 +876,16 @@ def hook_layout(hf_model: Any) -> HookLayout:
     outputs = tuple(child(m, "o_proj", a) for m, a in zip(mixers, attention))
     bias = POSITION_BIAS_MODULES.get(static.family)
     biases = tuple(f"{m}.{bias}" if bias and a and f"{m}.{bias}" in modules else None for m, a in zip(mixers, attention))
-    v_head = int(getattr(hf_model.config, "v_head_dim", None) or static.d_head)  # MiMo-V2-Flash: v != q/k heads
+    v_head = int(getattr(text_config(hf_model.config), "v_head_dim", None) or static.d_head)  # MiMo-V2-Flash: v != q/k heads
     return HookLayout(embed, layers, tuple(mixers), attention, norm, values, outputs, v_head, outputs_at, biases)
 
 
-def _decoder_list(modules: dict, static: HFDescription, fits: Callable[[Any], bool]) -> str:
-    """The path of the ``nn.ModuleList`` of decoder layers: of the lists that ``fits``, the one
-    named ``...layers`` nearest the root."""
+def _decoder_list(modules: dict, static: HFDescription, fits: Callable[[Any], bool], under: str = "") -> str:
+    """The path of the ``nn.ModuleList`` of decoder layers: of the lists under ``under`` that
+    ``fits``, the one named ``...layers`` nearest the root."""
     from torch import nn
 
-    lists = [name for name, m in modules.items() if isinstance(m, nn.ModuleList) and fits(m)]
+    lists = [name for name, m in modules.items() if isinstance(m, nn.ModuleList) and fits(m) and name.startswith(under)]
     if not lists:
         raise UnsupportedModelError(f"cannot find the {static.n_layers} decoder layers of {static.architecture}")
     return min(lists, key=lambda name: (not name.endswith("layers"), name.count("."), name))
@@ -892,7 +905,7 @@ def _mixer_path(modules: dict, layer: str, attention: bool) -> str | None:
 def unreadable(hf_model: Any) -> str | None:
     """Why nopelens cannot read an HF model at all (:data:`UNREADABLE_FAMILIES`,
     :data:`UNREADABLE_LAYER_TYPES`), or None."""
-    config = getattr(hf_model, "config", None)
+    config = text_config(getattr(hf_model, "config", None))
     why = UNREADABLE_FAMILIES.get(str(getattr(config, "model_type", "")))
     kinds = getattr(config, "layer_types", None) or ()
     return why or next((UNREADABLE_LAYER_TYPES[k] for k in kinds if k in UNREADABLE_LAYER_TYPES), None)
@@ -900,7 +913,7 @@ def unreadable(hf_model: Any) -> str | None:
 
 def bridge_refused(hf_model: Any) -> str | None:
     """Why a family goes to forward hooks although TransformerLens has an adapter for it, or None."""
-    return BRIDGE_REFUSED.get(str(getattr(getattr(hf_model, "config", None), "model_type", "")))
+    return BRIDGE_REFUSED.get(str(getattr(text_config(getattr(hf_model, "config", None)), "model_type", "")))
 
 
 POSITION_TABLES = ("transformer.wpe", "model.decoder.embed_positions", "transformer.positions_embed")

@@ -133,6 +133,7 @@ def _tiny(cls_config, **extra):
 
 _MOE = dict(num_experts=2, num_experts_per_tok=1, moe_intermediate_size=32)
 _MLA = dict(kv_lora_rank=16, qk_rope_head_dim=4, qk_nope_head_dim=4, v_head_dim=8, num_key_value_heads=HEADS)
+_VISION = dict(num_hidden_layers=1, hidden_size=16, intermediate_size=32, num_attention_heads=2)
 _LINEAR = dict(linear_num_key_heads=2, linear_num_value_heads=2, linear_key_head_dim=8, linear_value_head_dim=8)
 
 DESIGNS = {
@@ -238,6 +239,22 @@ DESIGNS = {
                                  mlp_layer_types=["dense"] + ["sparse"] * 3, rope_parameters={
                                      "rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5}),
                            T.MiniMaxM3VLForCausalLM),
+    # multimodal wrappers (no text-only causal LM in transformers 5.24): a tiny vision tower (and
+    # audio encoder), measured on text input through the language model's layers
+    "mistral_large4": lambda: (T.MistralLarge4Config(text_config=_tiny(
+        T.MistralLarge4TextConfig, q_lora_rank=16, n_routed_experts=2, num_experts_per_tok=1, n_group=1, topk_group=1,
+        moe_intermediate_size=32, index_head_dim=8, index_n_heads=2, index_topk=POSITIONS, no_rope_layers=[1, 1, 1, 0],
+        **_MLA).to_dict(), vision_config=dict(_VISION, head_dim=8)), T.MistralLarge4ForConditionalGeneration),
+    "muse_glimmer": lambda: (T.MuseGlimmerConfig(text_config=_tiny(
+        T.MuseGlimmerTextConfig, head_dim=8, sliding_window=WINDOW, layer_rope_theta=[10000, 0, 10000, 0]).to_dict(),
+        vision_config=dict(_VISION, patch_size=2, pos_emb_height=2, pos_emb_width=2), out_hidden_size=16,
+        projector_hidden_size=16), T.MuseGlimmerForConditionalGeneration),
+    "muse_spark": lambda: (T.MuseSparkConfig(text_config=_tiny(
+        T.MuseSparkTextConfig, head_dim=8, sliding_window=WINDOW, layer_rope_theta=[10000, 0, 10000, 0],
+        num_local_experts=2, num_experts_per_tok=1, moe_intermediate_size=32, moe_hidden_size=32).to_dict(),
+        vision_config=dict(_VISION, patch_size=2, pos_emb_height=2, pos_emb_width=2), out_hidden_size=16,
+        projector_hidden_size=16, audio_config=dict(hidden_sizes=[8] * 4, depths=[1] * 4, out_hidden_size=D)),
+        T.MuseSparkForConditionalGeneration),
     # learned sinks
     "gpt_oss": lambda: (_tiny(T.GptOssConfig, head_dim=8, sliding_window=WINDOW, num_local_experts=2,
                               num_experts_per_tok=1), T.GptOssForCausalLM),

@@ -69,6 +69,9 @@ EXPECTED = {
     "axk2": ((R, R, R, R), HOOKS, {}, {}),
     "glm_moe_dsa": ((R, R, R, R), BRIDGE, {}, {}),
     "bailing_hybrid": ((N, R, N, R), HOOKS, {}, {}),
+    "mistral_large4": ((R, R, R, N), HOOKS, {}, {}),
+    "muse_glimmer": ((R, N, R, N), HOOKS, {0: WINDOW, 1: WINDOW, 2: WINDOW}, {}),
+    "muse_spark": ((R, N, R, N), HOOKS, {0: WINDOW, 1: WINDOW, 2: WINDOW}, {}),
     "gpt_oss": ((R, R, R, R), BRIDGE, {0: WINDOW, 2: WINDOW}, dict.fromkeys(range(4), "learned")),
     "mimo_v2_flash": ((R, R, R, R), HOOKS, {1: WINDOW, 2: WINDOW, 3: WINDOW}, {1: "learned", 2: "learned", 3: "learned"}),
     "hy_v4": ((R, R, R, R), HOOKS, {}, dict.fromkeys(range(4), "learned")),
@@ -158,10 +161,24 @@ def test_the_traps_read_from_transformers_source(hooked):
     assert (scale.kind, scale.by, scale.floor_scale) == ("llama4", "index", 8192.0)
     assert all(layer.query_scale is None for layer in llama4.layers[:3])
     assert llama4.layers[3].chunk_size is None and llama4.layers[0].chunk_size == WINDOW  # RoPE layers chunked
-    for family in ("mistral4", "axk1", "axk2", "glm_moe_dsa", "bailing_hybrid", "longcat_flash", "deepseek_v32"):
+    for family in ("mistral4", "axk1", "axk2", "glm_moe_dsa", "bailing_hybrid", "longcat_flash", "deepseek_v32",
+                   "mistral_large4"):
         layer = next(l for l in describe(hooked(family, torch.float32)).layers if l.rotates)  # [nope 4 | rope 4]
         assert (layer.rotary_dim, layer.rotary_start, layer.pairing) == (4, 4, "interleaved"), family
-        assert layer.index_topk == (POSITIONS if family in ("axk2", "glm_moe_dsa", "deepseek_v32") else None), family
+        dsa = ("axk2", "glm_moe_dsa", "deepseek_v32", "mistral_large4")
+        assert layer.index_topk == (POSITIONS if family in dsa else None), family
+
+
+def test_a_multimodal_wrapper_is_hooked_at_its_language_model():
+    """Muse Spark as ``...ForConditionalGeneration``, whose audio tower has as many layers as its
+    tiny text model (4, at ``model.audio_tower.layers``, first by name): the description comes from
+    the text config and the hooks sit on the language model's layers (beside the token embedding)."""
+    model = build_design("muse_spark")
+    assert len(model.model.audio_tower.layers) == 4
+    layout = hf.hook_layout(model)
+    assert layout.layers == tuple(f"model.language_model.layers.{l}" for l in range(4))
+    assert layout.embed == "model.language_model.embed_tokens" and layout.final_norm == "model.language_model.norm"
+    assert hf.describe_config(model.config).family == "muse_spark_text"
 
 
 def test_rotated_dims_and_block_indexers_as_the_models_compute_them(hooked):
@@ -411,9 +428,9 @@ def test_dsa_past_index_topk_probes_with_the_reads_not_applicable(saved, tmp_pat
 
 
 def test_labels_of_designs_without_a_tiny_model():
-    """Families whose labels are read from the config alone (no text-only causal-LM class in
-    transformers 5.24: Mistral Large 4, Muse Glimmer / Spark; DeepSeek V4, which nopelens refuses),
-    and the shipped default configs of built ones (Inkling 2, Zamba2): the rules still apply."""
+    """Labels from shipped-size text configs alone (Mistral Large 4, Muse Glimmer / Spark, built tiny
+    above as multimodal wrappers; DeepSeek V4, which nopelens refuses), and the shipped default
+    configs of built ones (Inkling 2, Zamba2): the rules still apply."""
     import transformers as T
 
     from nopelens.models.hf import describe_config
