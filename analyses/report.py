@@ -606,8 +606,9 @@ def summary_markdown(result: "SweepResult", settings: "SweepSettings", command: 
 
 
 def write_run(result: "SweepResult", settings: "SweepSettings", command: str, versions: dict[str, str],
-              svg: bool = False, ablation_sequences: int | None = None, name: str = "sweep") -> list[str]:
-    """Write the tables, figures (PNG; also SVG if ``svg``) and ``summary.md`` of a sweep into
+              svg: bool = False, ablation_sequences: int | None = None, name: str = "sweep",
+              draw: bool = True) -> list[str]:
+    """Write the tables, figures (PNG; also SVG if ``svg``; none unless ``draw``) and ``summary.md`` of a sweep into
     ``result.out_dir``: ``layers.csv`` (the main curves), and with several training seeds also
     ``summary_per_seed.csv`` and ``probes_over_seeds.csv`` (:mod:`~nopelens.analyses.seeds`).
 
@@ -634,8 +635,10 @@ def write_run(result: "SweepResult", settings: "SweepSettings", command: str, ve
         write_csv_atomic(result.sink_ablation, out / "sink_ablation.csv")
         if (result.sink_ablation["status"] == "measured").any():
             figures["sink_ablation"] = lambda: sink_ablation_figure(result.sink_ablation)
-    for stem, draw in figures.items():
-        save_figure(draw(), out / stem, formats)
+    if not draw:
+        figures = {}
+    for stem, figure in figures.items():
+        save_figure(figure(), out / stem, formats)
     write_text_atomic(out / "summary.md", summary_markdown(result, settings, command, versions, ablation_sequences,
                                                            list(figures), name))
     return list(figures)

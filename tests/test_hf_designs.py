@@ -379,13 +379,14 @@ def saved(tmp_path_factory):
 
 
 def _probe(path: str, out, capsys) -> "pd.DataFrame":
-    """``nopelens probe hf:DIR`` at 8 tokens x 4 sequences: exit 0, and its sink table."""
+    """``nopelens probe hf:DIR`` at 8 tokens x 4 sequences, tables only (``--no-figures``: figures
+    do not depend on the design, and drawing them was half the time): exit 0, and its sink table."""
     import pandas as pd
 
     from nopelens.analyses.cli import main
 
-    code = main(["probe", f"hf:{path}", "--input", "random", "--quick", "--seq-len", "8", "--n-sequences", "4", "--quiet", "--jobs", "1",
-                 "--sites", "resid", "--out", str(out)])
+    code = main(["probe", f"hf:{path}", "--input", "random", "--quick", "--seq-len", "8", "--n-sequences", "4", "--quiet",
+                 "--jobs", "1", "--sites", "resid", "--no-figures", "--out", str(out)])
     assert code == 0, capsys.readouterr().err
     return pd.read_csv(out / "sinks.csv")
 
@@ -412,14 +413,15 @@ def test_every_design_runs_from_the_command_line(saved, tmp_path, capsys, family
 def test_dsa_past_index_topk_probes_with_the_reads_not_applicable(saved, tmp_path, capsys):
     """``nopelens probe`` on DeepSeek V3.2 with index_topk 4 at 8 tokens: exit 0, the position probes
     measured, no sink row (each block's kept keys are chosen by content), the reason recorded and
-    printed under the summary (not "variance 0": the read never ran); with index_topk 8 every
-    block's sinks are read."""
+    printed under the summary (not "variance 0": the read never ran), and with ``--no-figures`` no
+    figure drawn or linked; with index_topk 8 every block's sinks are read."""
     import json
 
     sinks = _probe(saved("deepseek_v32", index_topk=4), tmp_path / "sparse", capsys)
     assert sinks.empty
     printed = capsys.readouterr().out
     assert "variance 0" not in printed and "NaN" not in printed, printed
+    assert not list((tmp_path / "sparse").glob("*.png")) and "![" not in (tmp_path / "sparse" / "summary.md").read_text()
     assert "variance read: blocks [0, 1, 2, 3]: a DSA indexer keeps only the top 4" in printed, printed
     (done,) = (tmp_path / "sparse" / "parts").glob("*/done.json")
     notes = json.loads(done.read_text())["not_applicable"]
