@@ -196,7 +196,8 @@ class LayerPosition:
         if self.index_block is None:
             if length <= self.index_topk:
                 return None
-            return f"a DSA indexer keeps only the top {self.index_topk} of the keys a query sees (index_topk), {unmodelled}"
+            return (f"a DSA indexer keeps only the top {self.index_topk} of the keys a query sees (index_topk), "
+                    f"{unmodelled}")
         if length < self.index_topk + self.index_block:
             return None
         return (f"a QSA indexer keeps only the top {self.index_topk // self.index_block} blocks of {self.index_block} "
@@ -876,7 +877,8 @@ def hook_layout(hf_model: Any) -> HookLayout:
     outputs = tuple(child(m, "o_proj", a) for m, a in zip(mixers, attention))
     bias = POSITION_BIAS_MODULES.get(static.family)
     biases = tuple(f"{m}.{bias}" if bias and a and f"{m}.{bias}" in modules else None for m, a in zip(mixers, attention))
-    v_head = int(getattr(text_config(hf_model.config), "v_head_dim", None) or static.d_head)  # MiMo-V2-Flash: v != q/k heads
+    # MiMo-V2-Flash: v heads differ from q/k heads
+    v_head = int(getattr(text_config(hf_model.config), "v_head_dim", None) or static.d_head)
     return HookLayout(embed, layers, tuple(mixers), attention, norm, values, outputs, v_head, outputs_at, biases)
 
 
