@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 import textwrap
 from pathlib import Path
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING, Mapping, Sequence
 
 import matplotlib
 import matplotlib.lines
@@ -447,16 +447,43 @@ def layer_tables_markdown(curves: pd.DataFrame, sweep_reads: "Sequence[SweepRead
 
 
 def summary_text(summary: pd.DataFrame, sweep_reads: "Sequence[SweepRead] | None" = None,
-                 width: int = SCREEN_WIDTH) -> str:
-    """The summary table (:func:`summary_table`) as plain text in column groups of at most ``width``."""
-    return "\n\n".join(fit_width(summary_table(summary, sweep_reads), _text, width))
+                 width: int = SCREEN_WIDTH, not_applicable: Mapping[str, Mapping[str, str]] | None = None) -> str:
+    """The summary table (:func:`summary_table`) as plain text in column groups of at most ``width``,
+    then the reads each model left out and why (``not_applicable``, :func:`not_applicable_reads`)."""
+    tables = fit_width(summary_table(summary, sweep_reads, not_applicable), _text, width)
+    return "\n\n".join(tables + [not_applicable_text(not_applicable)] if not_applicable else tables)
 
 
-def summary_table(summary: pd.DataFrame, sweep_reads: Sequence["SweepRead"] | None = None) -> pd.DataFrame:
+NOT_READ = "n/a (see below)"
+"""A summary number whose read the model made impossible (the reason is listed under the summary)."""
+
+
+def not_applicable_reads(subjects: Mapping[str, dict]) -> dict[str, dict[str, str]]:
+    """Model -> {read: why it was not applicable} from each measured subject's info
+    (:attr:`SweepResult.subjects <nopelens.analyses.sweep.SweepResult>`, as ``done.json`` holds it),
+    merged over training seeds; models that left nothing out are absent."""
+    reasons: dict[str, dict[str, str]] = {}
+    for label, info in subjects.items():
+        if info.get("not_applicable"):
+            reasons.setdefault(info.get("name", label), {}).update(info["not_applicable"])
+    return reasons
+
+
+def not_applicable_text(not_applicable: Mapping[str, Mapping[str, str]], bullet: str = "") -> str:
+    """``not_applicable`` (:func:`not_applicable_reads`) as lines ``model, read: why``."""
+    return "\n".join(["Not applicable:"] + [f"{bullet}{model}, {read}: {why}" for model, notes in not_applicable.items()
+                                            for read, why in sorted(notes.items())])
+
+
+def summary_table(summary: pd.DataFrame, sweep_reads: Sequence["SweepRead"] | None = None,
+                  not_applicable: Mapping[str, Mapping[str, str]] | None = None) -> pd.DataFrame:
     """The summary with readable headers, "none" for targets no layer recovered, "n/a" for reads the
     model has no site for (no ``hook_attn_scores``) and for selectivity where the control task is
     undefined, rounded numbers; ``sweep_reads`` are the reads whose first layers it holds (default
-    :data:`~nopelens.analyses.reads.SWEEP_READS`).
+    :data:`~nopelens.analyses.reads.SWEEP_READS`). A sink rate or variance slope whose read a model
+    left out (``not_applicable``: model -> {read: why}, :func:`not_applicable_reads`; e.g. every
+    block a DSA past ``index_topk``) reads :data:`NOT_READ`; a variance slope otherwise missing is
+    an output that never varies.
 
     With several training seeds (columns from :func:`~nopelens.analyses.seeds.over_seeds`) a
     first layer reads ``2 (1/1/2)``: the layer all seeds agree on, then each seed's; a number
@@ -470,8 +497,16 @@ def summary_table(summary: pd.DataFrame, sweep_reads: Sequence["SweepRead"] | No
             table[column] = [f"{agreed} ({seeds})" if n_seeds > 1 else agreed
                              for agreed, seeds, n_seeds in zip(table[column], per_seed, table["n_seeds"])]
     table = table.round(3)
-    slope = table["variance_slope_block0"]
-    table["variance_slope_block0"] = slope.map(lambda v: "n/a (variance 0)" if pd.isna(v) else f"{v:.3f}")
+    skipped = not_applicable or {}
+
+    def missing(model, read: str, otherwise: str) -> str:
+        return NOT_READ if read in skipped.get(model, {}) else otherwise
+
+    table["variance_slope_block0"] = [missing(model, "variance read", "n/a (variance 0)") if pd.isna(v) else f"{v:.3f}"
+                                      for model, v in zip(table["model"], table["variance_slope_block0"])]
+    if "sink_rate" in table:
+        table["sink_rate"] = [missing(model, "sink read", "n/a") if pd.isna(v) else v
+                              for model, v in zip(table["model"], table["sink_rate"])]
     # NaN selectivity: the control task is undefined (every sampled token has one id)
     if "selectivity_at_best" in table:
         table["selectivity_at_best"] = table["selectivity_at_best"].map(
@@ -539,7 +574,10 @@ def summary_markdown(result: "SweepResult", settings: "SweepSettings", command: 
     tables, the figures in ``figures`` (the stems written; only those are linked), the sink
     ablation (``ablation_sequences``: how many sequences it probed), command, settings and versions."""
     sweep_reads = result.reads
-    tables = fit_width(summary_table(result.summary, sweep_reads), _markdown)
+    skipped = not_applicable_reads(result.subjects)
+    tables = fit_width(summary_table(result.summary, sweep_reads, skipped), _markdown)
+    if skipped:
+        tables.append(not_applicable_text(skipped, bullet="- "))
     settings_text = ", ".join(f"{k}={v}" for k, v in dataclasses.asdict(settings).items())
     version_text = ", ".join(f"{k} {v}" for k, v in versions.items())
     pictures = [f"![{FIGURE_TITLES.get(stem, stem)}]({stem}.png)" for stem in figures if stem != "sink_ablation"]
@@ -568,8 +606,9 @@ def summary_markdown(result: "SweepResult", settings: "SweepSettings", command: 
 
 
 def write_run(result: "SweepResult", settings: "SweepSettings", command: str, versions: dict[str, str],
-              svg: bool = False, ablation_sequences: int | None = None, name: str = "sweep") -> list[str]:
-    """Write the tables, figures (PNG; also SVG if ``svg``) and ``summary.md`` of a sweep into
+              svg: bool = False, ablation_sequences: int | None = None, name: str = "sweep",
+              draw: bool = True) -> list[str]:
+    """Write the tables, figures (PNG; also SVG if ``svg``; none unless ``draw``) and ``summary.md`` of a sweep into
     ``result.out_dir``: ``layers.csv`` (the main curves), and with several training seeds also
     ``summary_per_seed.csv`` and ``probes_over_seeds.csv`` (:mod:`~nopelens.analyses.seeds`).
 
@@ -596,8 +635,10 @@ def write_run(result: "SweepResult", settings: "SweepSettings", command: str, ve
         write_csv_atomic(result.sink_ablation, out / "sink_ablation.csv")
         if (result.sink_ablation["status"] == "measured").any():
             figures["sink_ablation"] = lambda: sink_ablation_figure(result.sink_ablation)
-    for stem, draw in figures.items():
-        save_figure(draw(), out / stem, formats)
+    if not draw:
+        figures = {}
+    for stem, figure in figures.items():
+        save_figure(figure(), out / stem, formats)
     write_text_atomic(out / "summary.md", summary_markdown(result, settings, command, versions, ablation_sequences,
                                                            list(figures), name))
     return list(figures)

@@ -546,7 +546,8 @@ def load_hf_dir(directory: Path, dtype: str | None = None, device: str | torch.d
 
 def _causal_lm_class(directory: str | Path):
     """``AutoModelForCausalLM``, or, for a config transformers' auto mapping lacks (Mistral 4 in
-    5.24), the ``...ForCausalLM`` class its ``config.json`` names in ``architectures``."""
+    5.24; multimodal wrappers such as Muse Glimmer), the ``...ForCausalLM`` (or
+    ``...ForConditionalGeneration``) class its ``config.json`` names in ``architectures``."""
     import json
 
     import transformers
@@ -557,7 +558,8 @@ def _causal_lm_class(directory: str | Path):
         config = json.loads((Path(directory) / "config.json").read_text())
     except (OSError, ValueError):
         return AutoModelForCausalLM  # it reports the missing or broken config itself
-    named = [name for name in config.get("architectures") or [] if str(name).endswith("ForCausalLM")]
+    named = [name for name in config.get("architectures") or []
+             if str(name).endswith(("ForCausalLM", "ForConditionalGeneration"))]
     if config.get("model_type") in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES or not named or not hasattr(transformers, named[0]):
         return AutoModelForCausalLM
     return getattr(transformers, named[0])

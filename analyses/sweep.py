@@ -443,7 +443,8 @@ def _first_block_slope(variance: pd.DataFrame) -> float:
 
 def sweep(settings: SweepSettings, out_dir: str | Path | None = None, progress: bool = True, jobs: int = 1,
           scheduler: str | None = None, svg: bool = False, security: str | Path | None = None,
-          sweep_reads: Sequence[reads.SweepRead] | None = None, name: str = "sweep") -> SweepResult:
+          sweep_reads: Sequence[reads.SweepRead] | None = None, name: str = "sweep",
+          figures: bool = True) -> SweepResult:
     """Run the sweep; with ``out_dir``, write (and resume) a run folder.
 
     Args:
@@ -454,6 +455,7 @@ def sweep(settings: SweepSettings, out_dir: str | Path | None = None, progress: 
         scheduler: address of a Dask scheduler (``tls://`` or ``tcp://``) to send the (model,
             seed) tasks to instead.
         svg: also save the figures as SVG (PNG always).
+        figures: draw the figures (False: the tables and ``summary.md`` only, ``--no-figures``).
         security: YAML file of distributed's TLS settings for a ``tls://`` scheduler (see
             :func:`~nopelens.analyses.parallel.dask_security`).
         sweep_reads: the reads the summary, the per-layer curves and the figure report (default
@@ -523,7 +525,7 @@ def sweep(settings: SweepSettings, out_dir: str | Path | None = None, progress: 
                          curves=layers.layer_curves(probes, sinks, chosen), reads=chosen)
     if out is not None:
         report.write_run(result, settings, command=" ".join(["nopelens", *sys.argv[1:]]), versions=versions(), svg=svg,
-                         name=name)
+                         name=name, draw=figures)
     return result
 
 

@@ -139,6 +139,11 @@ class LayerPosition:
             ``index_topk`` visible keys it scores highest (the others get exactly zero weight): a
             content-dependent sparse mask on top of the causal one, or None (no indexer). It bites
             once a query sees more than ``index_topk`` keys (:meth:`sparse_reason`).
+        index_block: with a block indexer (Qwen4-Exp's QSA), the keys per block: each query keeps
+            the ``index_topk // index_block`` complete blocks of ``index_block`` visible keys it
+            scores highest (``index_topk`` is ``indexer_budget``) and its incomplete last block, so
+            it keeps every key while it sees fewer than ``index_topk + index_block``; None: a DSA
+            indexer, key by key.
     """
 
     method: str
@@ -159,6 +164,7 @@ class LayerPosition:
     relative_bias: int | None = None
     qk_reference: str | None = None
     index_topk: int | None = None
+    index_block: int | None = None
 
     @property
     def key_window(self) -> "KeyWindow":
@@ -171,19 +177,32 @@ class LayerPosition:
         """Why the layer's attention over ``length`` real tokens is not the window rule alone, or None.
 
         With a DSA indexer (``index_topk``), a query that sees more than ``index_topk`` keys attends
-        only to the ones its indexer picks; which ones depends on the content, so no static mask
-        (and no read that assumes one: masks, sink mass, variance, scores) describes it.
+        only to the ones its indexer picks; with a QSA block indexer (``index_block`` too), a query
+        that sees ``index_topk + index_block`` keys or more. Which ones depends on the content, so
+        no static mask (and no read that assumes one: masks, sink mass, variance, scores) describes it.
 
         Example:
             >>> LayerPosition("rope", 1.0, index_topk=8).sparse_reason(8) is None
             True
             >>> LayerPosition("rope", 1.0, index_topk=8).sparse_reason(9)[:38]
             'a DSA indexer keeps only the top 8 of '
+            >>> qsa = LayerPosition("rope", 1.0, index_topk=8, index_block=4)
+            >>> qsa.sparse_reason(11) is None, qsa.sparse_reason(12)[:50]
+            (True, 'a QSA indexer keeps only the top 2 blocks of 4 key')
         """
-        if self.index_topk is None or length <= self.index_topk:
+        if self.index_topk is None:
             return None
-        return (f"a DSA indexer keeps only the top {self.index_topk} of the keys a query sees (index_topk), a "
-                f"content-dependent sparse mask nopelens does not model, and {length}-token sequences exceed it")
+        unmodelled = f"a content-dependent sparse mask nopelens does not model, and {length}-token sequences exceed it"
+        if self.index_block is None:
+            if length <= self.index_topk:
+                return None
+            return (f"a DSA indexer keeps only the top {self.index_topk} of the keys a query sees (index_topk), "
+                    f"{unmodelled}")
+        if length < self.index_topk + self.index_block:
+            return None
+        return (f"a QSA indexer keeps only the top {self.index_topk // self.index_block} blocks of {self.index_block} "
+                f"keys a query sees and its incomplete last block (indexer_budget {self.index_topk}, "
+                f"indexer_compress_ratio {self.index_block}), {unmodelled}")
 
     @property
     def unit(self):
@@ -308,6 +327,7 @@ def describe_config(config: Any, architecture: str | None = None) -> HFDescripti
     Raises:
         UnsupportedModelError: on a config without the sizes every causal LM declares.
     """
+    config = text_config(config)
     family = str(getattr(config, "model_type", ""))
     architecture = architecture or (list(getattr(config, "architectures", None) or [family])[0])
     n_heads = int(_first(config, "num_attention_heads", "n_head", "num_heads", "attention_heads", "n_heads"))
@@ -338,6 +358,14 @@ def describe_config(config: Any, architecture: str | None = None) -> HFDescripti
     )
 
 
+def text_config(config: Any) -> Any:
+    """The decoder's config: ``config`` itself for a causal LM, the text sub-config of a multimodal
+    ``...ForConditionalGeneration`` (Mistral Large 4, Muse Glimmer, Muse Spark: ``get_text_config``),
+    whose language model is the decoder nopelens reads (text input only)."""
+    get = getattr(config, "get_text_config", None)
+    return get(decoder=True) if callable(get) else config
+
+
 def _first(config: Any, *names: str, default: Any = ...) -> Any:
     for name in names:
         value = getattr(config, name, None)
@@ -362,7 +390,7 @@ def _layer(config: Any, family: str, layer: int, d_head: int) -> LayerPosition:
     softcap = getattr(config, "attn_logit_softcapping", None)
     common = dict(score_scale=scale, sliding_window=window, chunk_size=chunk, mixer=_mixer(config, layer),
                   softcap=float(softcap) if softcap else None, sink=_sink(config, family, layer),
-                  relative_bias=_relative_bias(config, family, layer), index_topk=_index_topk(config, family, layer))
+                  relative_bias=_relative_bias(config, family, layer), **_indexer(config, family, layer))
     plain = LayerPosition(_layer_method(config, family, layer), **common)
     if plain.biases_scores:
         slopes, bias_scale = _alibi(config, family, d_head)
@@ -378,7 +406,8 @@ def _layer(config: Any, family: str, layer: int, d_head: int) -> LayerPosition:
         pairing = "interleaved" if interleaved else pairing
         return replace(plain, rotary_dim=rotary_dim, rotary_base=base, pairing=pairing, rope_type=rope_type,
                        rotary_start=start, qk_reference=MLA_REFERENCE)
-    rotary_dim = int(getattr(config, "rotary_dim", None) or round(d_head * fraction))
+    declared = None if family in ROTARY_DIM_UNREAD else getattr(config, "rotary_dim", None)
+    rotary_dim = int(declared or round(d_head * fraction))
     rotary_dim -= rotary_dim % 2
     if family in TRAILING_ROPE_FAMILIES:
         return replace(plain, rotary_dim=rotary_dim, rotary_base=base, pairing="interleaved", rope_type=rope_type,
@@ -436,13 +465,31 @@ scattered into the attention mask, ``deepseek_v32/modeling_deepseek_v32.py``). G
 ``indexed_attention`` layers."""
 
 
-def _index_topk(config: Any, family: str, layer: int) -> int | None:
-    if family not in DSA_FAMILIES or not getattr(config, "index_topk", None):
-        return None
-    if family == "dots3_note_text" and _layer_type(config, layer) != "indexed_attention":
-        return None
-    return int(config.index_topk)
+QSA_FAMILIES = ("qwen4_exp_text",)
+"""Families with a block indexer (Qwen4-Exp's QSA, ``Qwen4ExpTextQSAIndexer`` in
+``qwen4_exp/modeling_qwen4_exp.py``, on its ``indexed_attention`` layers once ``indexer_budget`` is
+set): each query's visible keys are cut into complete blocks of ``indexer_compress_ratio``, of which
+it keeps the ``indexer_budget // indexer_compress_ratio`` its index scores highest, plus the
+incomplete last block."""
 
+
+def _indexer(config: Any, family: str, layer: int) -> dict[str, int | None]:
+    """The layer's ``index_topk`` (and ``index_block``) of :class:`LayerPosition`: none without an indexer."""
+    if family in QSA_FAMILIES and getattr(config, "indexer_budget", None) and \
+            _layer_type(config, layer) == "indexed_attention":
+        return dict(index_topk=int(config.indexer_budget), index_block=int(config.indexer_compress_ratio))
+    if family not in DSA_FAMILIES or not getattr(config, "index_topk", None):
+        return {}
+    if family == "dots3_note_text" and _layer_type(config, layer) != "indexed_attention":
+        return {}
+    return dict(index_topk=int(config.index_topk))
+
+
+ROTARY_DIM_UNREAD = ("minimax_m3_vl_text",)
+"""Families whose config has a ``rotary_dim`` field the model never reads: MiniMax-M3's rotary
+embedding rotates ``head_dim * rope_parameters["partial_rotary_factor"]`` dims (1.0 when unset;
+``MiniMaxM3VLRotaryEmbedding.compute_default_rope_parameters``), whatever ``rotary_dim`` says
+(MiniMax-M2's config turns ``rotary_dim`` into that factor; M3's does not)."""
 
 TRAILING_ROPE_FAMILIES = ("deepseek_v4",)
 """Heads laid out ``[nope | rope]`` with the rotated slice last (``apply_rotary_pos_emb`` of
@@ -672,6 +719,11 @@ def _notes(config: Any, family: str) -> tuple[str, ...]:
                      "short convolution over neighbouring tokens' keys and values; neither reads position ids, so "
                      "the per-layer detector cannot see them: the audit's step 5 reads the bias from hook_pos_bias, "
                      "and no step verifies the convolution")
+    if family == "qwen4_exp_text":
+        notes.append(f"Qwen4-Exp keeps {config.hc_count} hyper-connection residual streams: hook_resid_pre/post hold "
+                     f"them side by side ({config.hc_count} x d_model wide), and the final mixer sums them"
+                     + ("; its PLE layers add hashed n-gram embeddings of neighbouring token ids, which read no "
+                        "position ids (nothing verifies them)" if config.ple_layer_ids else ""))
     if family in ("llama4_text", "llama4") and getattr(config, "attn_temperature_tuning", False):
         floor = int(config.floor_scale)
         notes.append(f"Llama 4 scales NoPE-layer queries by 1 + attn_scale * log(1 + floor((p + 1) / {floor})): "
@@ -683,6 +735,8 @@ def _notes(config: Any, family: str) -> tuple[str, ...]:
 BRIDGE_REFUSED = {
     "granitemoehybrid": "TransformerLens 4.3's GraniteMoeHybrid bridge cannot run its forward pass "
                         "(its rotary_emb component is never set)",
+    "muse_glimmer_text": "TransformerLens 4.3's bridge of Muse Glimmer hooks q and k before its scaleless q/k norm "
+                         "and the qk_scale_factor on q, so its hook_q and hook_k are not what enters the scores",
 }
 """Families TransformerLens has an adapter for but cannot run or read right: they go to forward hooks."""
 
@@ -691,10 +745,25 @@ UNREADABLE_FAMILIES = {
                    "heavily_compressed_attention, every layer as shipped) append one compressed KV entry per "
                    "compress_rate tokens to the key axis, so its attention weights are not one column per key token "
                    "and no mask, sink or pattern read applies",
+    "inkling2_loop_text": "Inkling 2 Loop runs its loop layers (loop_layer_index_start to loop_layer_index_end - 1) "
+                          "loop_num_passes times in one forward pass, the later passes mixing in messages from the "
+                          "one before, so one layer module is several steps of the computation and its hooks cannot "
+                          "tell the passes apart",
 }
 """Families whose attention has no per-token pattern to hook (``DeepseekV4Attention`` concatenates
-its compressor's entries onto the keys, ``deepseek_v4/modeling_deepseek_v4.py``): refused in one
-line, never measured wrong."""
+its compressor's entries onto the keys, ``deepseek_v4/modeling_deepseek_v4.py``), or whose layers
+are no single step of the computation (``Inkling2LoopTextModel.forward`` calls the loop layers once
+per pass, ``inkling2_loop/modeling_inkling2_loop.py``): refused in one line, never measured wrong."""
+
+UNREADABLE_LAYER_TYPES = {
+    "minimax_m3_sparse": "MiniMax-M3's minimax_m3_sparse layers keep, per query, only the key blocks its lightning "
+                         "indexer scores highest (a content-chosen key set) and place those blocks by position id in "
+                         "key-slot units, so re-spaced position ids (the per-layer detector's) crash it and left "
+                         "padding changes which keys it keeps",
+}
+"""``config.layer_types`` entries nopelens cannot read right (``MiniMaxM3VLIndexer`` in
+``minimax_m3_vl/modeling_minimax_m3_vl.py``: ``q_block = position_ids // block_size`` indexes the
+key blocks): a model with such a layer is refused in one line."""
 
 BRIDGE_CACHE_BROKEN = {
     "qwen3_next": "TransformerLens 4.3's Qwen3-Next bridge loses the linear-attention state between cached "
@@ -785,14 +854,16 @@ def hook_layout(hf_model: Any) -> HookLayout:
         mixers = [f"{path}.{attn}.{l % per_layer}" for l, path in enumerate(block)]
         outputs_at = tuple((layers[l + 1], "input") if (l + 1) % per_layer else (path, "output")
                            for l, path in enumerate(block))
-    else:
-        root = _decoder_list(modules, static, lambda m: len(m) == static.n_layers)
-        layers = tuple(f"{root}.{l}" for l in range(static.n_layers))
-        mixers = [_mixer_path(modules, path, spec.mixer == "attention") for path, spec in zip(layers, static.layers)]
     embedding = hf_model.get_input_embeddings()
     embed = next((name for name, m in modules.items() if m is embedding), None)
     if embed is None:
         raise UnsupportedModelError(f"cannot find the token embedding of {static.architecture}")
+    if not sublayers:
+        # a multimodal wrapper: the decoder layers beside the token embedding, not a vision tower's
+        beside = embed.rsplit(".", 1)[0] + "." if text_config(hf_model.config) is not hf_model.config else ""
+        root = _decoder_list(modules, static, lambda m: len(m) == static.n_layers, beside)
+        layers = tuple(f"{root}.{l}" for l in range(static.n_layers))
+        mixers = [_mixer_path(modules, path, spec.mixer == "attention") for path, spec in zip(layers, static.layers)]
     prefix = root.rsplit(".", 1)[0] if "." in root else ""
     norm = next((f"{prefix}.{n}".lstrip(".") for n in ("norm", "final_layernorm", "ln_f", "final_norm")
                  if f"{prefix}.{n}".lstrip(".") in modules), None)
@@ -806,16 +877,17 @@ def hook_layout(hf_model: Any) -> HookLayout:
     outputs = tuple(child(m, "o_proj", a) for m, a in zip(mixers, attention))
     bias = POSITION_BIAS_MODULES.get(static.family)
     biases = tuple(f"{m}.{bias}" if bias and a and f"{m}.{bias}" in modules else None for m, a in zip(mixers, attention))
-    v_head = int(getattr(hf_model.config, "v_head_dim", None) or static.d_head)  # MiMo-V2-Flash: v != q/k heads
+    # MiMo-V2-Flash: v heads differ from q/k heads
+    v_head = int(getattr(text_config(hf_model.config), "v_head_dim", None) or static.d_head)
     return HookLayout(embed, layers, tuple(mixers), attention, norm, values, outputs, v_head, outputs_at, biases)
 
 
-def _decoder_list(modules: dict, static: HFDescription, fits: Callable[[Any], bool]) -> str:
-    """The path of the ``nn.ModuleList`` of decoder layers: of the lists that ``fits``, the one
-    named ``...layers`` nearest the root."""
+def _decoder_list(modules: dict, static: HFDescription, fits: Callable[[Any], bool], under: str = "") -> str:
+    """The path of the ``nn.ModuleList`` of decoder layers: of the lists under ``under`` that
+    ``fits``, the one named ``...layers`` nearest the root."""
     from torch import nn
 
-    lists = [name for name, m in modules.items() if isinstance(m, nn.ModuleList) and fits(m)]
+    lists = [name for name, m in modules.items() if isinstance(m, nn.ModuleList) and fits(m) and name.startswith(under)]
     if not lists:
         raise UnsupportedModelError(f"cannot find the {static.n_layers} decoder layers of {static.architecture}")
     return min(lists, key=lambda name: (not name.endswith("layers"), name.count("."), name))
@@ -833,13 +905,17 @@ def _mixer_path(modules: dict, layer: str, attention: bool) -> str | None:
 
 
 def unreadable(hf_model: Any) -> str | None:
-    """Why nopelens cannot read an HF model at all (:data:`UNREADABLE_FAMILIES`), or None."""
-    return UNREADABLE_FAMILIES.get(str(getattr(getattr(hf_model, "config", None), "model_type", "")))
+    """Why nopelens cannot read an HF model at all (:data:`UNREADABLE_FAMILIES`,
+    :data:`UNREADABLE_LAYER_TYPES`), or None."""
+    config = text_config(getattr(hf_model, "config", None))
+    why = UNREADABLE_FAMILIES.get(str(getattr(config, "model_type", "")))
+    kinds = getattr(config, "layer_types", None) or ()
+    return why or next((UNREADABLE_LAYER_TYPES[k] for k in kinds if k in UNREADABLE_LAYER_TYPES), None)
 
 
 def bridge_refused(hf_model: Any) -> str | None:
     """Why a family goes to forward hooks although TransformerLens has an adapter for it, or None."""
-    return BRIDGE_REFUSED.get(str(getattr(getattr(hf_model, "config", None), "model_type", "")))
+    return BRIDGE_REFUSED.get(str(getattr(text_config(getattr(hf_model, "config", None)), "model_type", "")))
 
 
 POSITION_TABLES = ("transformer.wpe", "model.decoder.embed_positions", "transformer.positions_embed")

@@ -133,6 +133,7 @@ def _tiny(cls_config, **extra):
 
 _MOE = dict(num_experts=2, num_experts_per_tok=1, moe_intermediate_size=32)
 _MLA = dict(kv_lora_rank=16, qk_rope_head_dim=4, qk_nope_head_dim=4, v_head_dim=8, num_key_value_heads=HEADS)
+_VISION = dict(num_hidden_layers=1, hidden_size=16, intermediate_size=32, num_attention_heads=2)
 _LINEAR = dict(linear_num_key_heads=2, linear_num_value_heads=2, linear_key_head_dim=8, linear_value_head_dim=8)
 
 DESIGNS = {
@@ -183,6 +184,15 @@ DESIGNS = {
                                  num_experts_per_tok=1), T.NemotronHForCausalLM),
     "qwen3_next": lambda: (_tiny(T.Qwen3NextConfig, head_dim=8, shared_expert_intermediate_size=32, **_LINEAR, **_MOE),
                            T.Qwen3NextForCausalLM),
+    # Gated DeltaNet layers, then QSA block-indexed attention (budget 16 in blocks of 4: it keeps every
+    # key below 20 tokens, see the QSA test), 2 hyper-connection streams, a PLE n-gram layer
+    "qwen4_exp": lambda: (_tiny(T.Qwen4ExpTextConfig, head_dim=8, shared_expert_intermediate_size=32, hc_count=2,
+                                hc_lowrank=8, indexer_n_heads=2, indexer_kv_heads=1, indexer_head_dim=8,
+                                indexer_budget=16, indexer_compress_ratio=4, ple_layer_ids=[1], ple_embed_dim=32,
+                                heads_per_ngram=2, ngram_vocab_size_base=97, split_ngram_parts=1,
+                                make_ngram_vocab_size_divisible_by=8, rope_parameters={
+                                    "rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5},
+                                **_LINEAR, **_MOE), T.Qwen4ExpForCausalLM),
     # multi-head latent attention: only a slice of each head rotates
     "deepseek_v3": lambda: (_tiny(T.DeepseekV3Config, q_lora_rank=None, n_routed_experts=2, num_experts_per_tok=1,
                                   n_group=1, topk_group=1, first_k_dense_replace=1, moe_intermediate_size=32, **_MLA),
@@ -222,6 +232,29 @@ DESIGNS = {
                                      n_group=1, topk_group=1, moe_intermediate_size=32, head_dim=8,
                                      layer_types=["linear_attention", "full_attention"] * 2,
                                      mlp_layer_types=["dense"] + ["sparse"] * 3, **_MLA), T.BailingHybridForCausalLM),
+    # partial RoPE from rope_parameters; its rotary_dim field (2 here) is never read. Full attention
+    # only: a minimax_m3_sparse layer is refused (see the refusal test)
+    "minimax_m3": lambda: (_tiny(T.MiniMaxM3VLTextConfig, head_dim=8, rotary_dim=2, num_local_experts=2,
+                                 num_experts_per_tok=1, shared_intermediate_size=32, dense_intermediate_size=64,
+                                 mlp_layer_types=["dense"] + ["sparse"] * 3, rope_parameters={
+                                     "rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5}),
+                           T.MiniMaxM3VLForCausalLM),
+    # multimodal wrappers (no text-only causal LM in transformers 5.24): a tiny vision tower (and
+    # audio encoder), measured on text input through the language model's layers
+    "mistral_large4": lambda: (T.MistralLarge4Config(text_config=_tiny(
+        T.MistralLarge4TextConfig, q_lora_rank=16, n_routed_experts=2, num_experts_per_tok=1, n_group=1, topk_group=1,
+        moe_intermediate_size=32, index_head_dim=8, index_n_heads=2, index_topk=POSITIONS, no_rope_layers=[1, 1, 1, 0],
+        **_MLA).to_dict(), vision_config=dict(_VISION, head_dim=8)), T.MistralLarge4ForConditionalGeneration),
+    "muse_glimmer": lambda: (T.MuseGlimmerConfig(text_config=_tiny(
+        T.MuseGlimmerTextConfig, head_dim=8, sliding_window=WINDOW, layer_rope_theta=[10000, 0, 10000, 0]).to_dict(),
+        vision_config=dict(_VISION, patch_size=2, pos_emb_height=2, pos_emb_width=2), out_hidden_size=16,
+        projector_hidden_size=16), T.MuseGlimmerForConditionalGeneration),
+    "muse_spark": lambda: (T.MuseSparkConfig(text_config=_tiny(
+        T.MuseSparkTextConfig, head_dim=8, sliding_window=WINDOW, layer_rope_theta=[10000, 0, 10000, 0],
+        num_local_experts=2, num_experts_per_tok=1, moe_intermediate_size=32, moe_hidden_size=32).to_dict(),
+        vision_config=dict(_VISION, patch_size=2, pos_emb_height=2, pos_emb_width=2), out_hidden_size=16,
+        projector_hidden_size=16, audio_config=dict(hidden_sizes=[8] * 4, depths=[1] * 4, out_hidden_size=D)),
+        T.MuseSparkForConditionalGeneration),
     # learned sinks
     "gpt_oss": lambda: (_tiny(T.GptOssConfig, head_dim=8, sliding_window=WINDOW, num_local_experts=2,
                               num_experts_per_tok=1), T.GptOssForCausalLM),

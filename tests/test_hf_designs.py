@@ -54,6 +54,8 @@ EXPECTED = {
     "kimi_linear": ((N, N, N, N), HOOKS, {}, {}),
     "nemotron_h": ((N, N, N, N), HOOKS, {}, {}),
     "qwen3_next": ((N, N, N, R), BRIDGE, {}, {}),
+    "qwen4_exp": ((N, N, N, R), HOOKS, {}, {}),
+    "minimax_m3": ((R, R, R, R), HOOKS, {}, {}),
     "deepseek_v3": ((R, R, R, R), BRIDGE, {}, {}),
     "deepseek_v2": ((R, R, R, R), BRIDGE, {}, {}),
     "deepseek_v32": ((R, R, R, R), HOOKS, {}, {}),
@@ -67,6 +69,9 @@ EXPECTED = {
     "axk2": ((R, R, R, R), HOOKS, {}, {}),
     "glm_moe_dsa": ((R, R, R, R), BRIDGE, {}, {}),
     "bailing_hybrid": ((N, R, N, R), HOOKS, {}, {}),
+    "mistral_large4": ((R, R, R, N), HOOKS, {}, {}),
+    "muse_glimmer": ((R, N, R, N), HOOKS, {0: WINDOW, 1: WINDOW, 2: WINDOW}, {}),
+    "muse_spark": ((R, N, R, N), HOOKS, {0: WINDOW, 1: WINDOW, 2: WINDOW}, {}),
     "gpt_oss": ((R, R, R, R), BRIDGE, {0: WINDOW, 2: WINDOW}, dict.fromkeys(range(4), "learned")),
     "mimo_v2_flash": ((R, R, R, R), HOOKS, {1: WINDOW, 2: WINDOW, 3: WINDOW}, {1: "learned", 2: "learned", 3: "learned"}),
     "hy_v4": ((R, R, R, R), HOOKS, {}, dict.fromkeys(range(4), "learned")),
@@ -79,6 +84,7 @@ MIXERS = {  # families with layers that are no softmax attention
     "olmo_hybrid": ("linear_attention",) * 3 + ("attention",),
     "olmo_hybrid_nope": ("linear_attention",) * 3 + ("attention",),
     "qwen3_next": ("linear_attention",) * 3 + ("attention",),
+    "qwen4_exp": ("linear_attention",) * 3 + ("attention",),
     "granitemoehybrid": ("linear_attention", "attention") * 2,
     "jamba": ("linear_attention", "attention") * 2,
     "kimi_linear": ("linear_attention", "attention") * 2,
@@ -155,10 +161,74 @@ def test_the_traps_read_from_transformers_source(hooked):
     assert (scale.kind, scale.by, scale.floor_scale) == ("llama4", "index", 8192.0)
     assert all(layer.query_scale is None for layer in llama4.layers[:3])
     assert llama4.layers[3].chunk_size is None and llama4.layers[0].chunk_size == WINDOW  # RoPE layers chunked
-    for family in ("mistral4", "axk1", "axk2", "glm_moe_dsa", "bailing_hybrid", "longcat_flash", "deepseek_v32"):
+    for family in ("mistral4", "axk1", "axk2", "glm_moe_dsa", "bailing_hybrid", "longcat_flash", "deepseek_v32",
+                   "mistral_large4"):
         layer = next(l for l in describe(hooked(family, torch.float32)).layers if l.rotates)  # [nope 4 | rope 4]
         assert (layer.rotary_dim, layer.rotary_start, layer.pairing) == (4, 4, "interleaved"), family
-        assert layer.index_topk == (POSITIONS if family in ("axk2", "glm_moe_dsa", "deepseek_v32") else None), family
+        dsa = ("axk2", "glm_moe_dsa", "deepseek_v32", "mistral_large4")
+        assert layer.index_topk == (POSITIONS if family in dsa else None), family
+
+
+def test_a_multimodal_wrapper_is_hooked_at_its_language_model():
+    """Muse Spark as ``...ForConditionalGeneration``, whose audio tower has as many layers as its
+    tiny text model (4, at ``model.audio_tower.layers``, first by name): the description comes from
+    the text config and the hooks sit on the language model's layers (beside the token embedding)."""
+    model = build_design("muse_spark")
+    assert len(model.model.audio_tower.layers) == 4
+    layout = hf.hook_layout(model)
+    assert layout.layers == tuple(f"model.language_model.layers.{l}" for l in range(4))
+    assert layout.embed == "model.language_model.embed_tokens" and layout.final_norm == "model.language_model.norm"
+    assert hf.describe_config(model.config).family == "muse_spark_text"
+
+
+def test_rotated_dims_and_block_indexers_as_the_models_compute_them(hooked):
+    """MiniMax-M3 rotates head_dim * partial_rotary_factor dims whatever its rotary_dim field says
+    (2 here); Qwen4-Exp's QSA layer is labelled with its budget and block size, and its notes say
+    its residual hooks hold the hyper-connection streams side by side."""
+    for family in ("minimax_m3", "qwen4_exp"):
+        model = hooked(family, torch.float32)
+        computed = 2 * model.original_model.model.rotary_emb.inv_freq.numel()
+        layers = describe(model).layers
+        assert {layer.rotary_dim for layer in layers if layer.rotates} == {computed} == {4}, family
+    qwen4 = describe(hooked("qwen4_exp", torch.float32))
+    assert (qwen4.layers[3].index_topk, qwen4.layers[3].index_block) == (16, 4)
+    assert all(layer.index_topk is None for layer in qwen4.layers[:3])
+    assert any("2 hyper-connection residual streams" in note for note in qwen4.notes)
+    _, cache = hooked("qwen4_exp", torch.float32).run_with_cache(torch.randint(3, 64, (1, 8)))
+    assert cache["blocks.3.hook_resid_post"].shape[-1] == 2 * 32
+
+
+def _tiny_text_model(config_class, model_class, **fields):
+    """A 4-layer random-init model of the HF classes, for refusal tests."""
+    import transformers as T
+
+    from hf_families import _instantiate, _tiny
+
+    return _instantiate(_tiny(getattr(T, config_class), **fields), getattr(T, model_class), 0, {})
+
+
+@pytest.mark.parametrize("config_class, model_class, fields, why", [
+    ("Inkling2LoopTextConfig", "Inkling2LoopForCausalLM", dict(
+        head_dim=8, swa_num_attention_heads=4, swa_num_key_value_heads=2, swa_head_dim=8, sliding_window_size=WINDOW,
+        rel_extent=8, d_rel=4, layer_types=["hybrid_sliding", "hybrid"] * 2, moe_intermediate_size=32,
+        n_routed_experts=2, num_experts_per_tok=1, n_layers_per_attn_res_block=1, unpadded_vocab_size=64,
+        loop_layer_index_start=1, loop_layer_index_end=3, loop_num_passes=2, loop_gate_rank=4),
+     "loop layers .* loop_num_passes times"),
+    ("MiniMaxM3VLTextConfig", "MiniMaxM3VLForCausalLM", dict(
+        head_dim=8, num_local_experts=2, num_experts_per_tok=1, shared_intermediate_size=32, dense_intermediate_size=64,
+        index_n_heads=2, index_head_dim=8, index_block_size=4, index_topk_blocks=2,
+        layer_types=["full_attention", "minimax_m3_sparse"] * 2), "minimax_m3_sparse .* position id"),
+], ids=["inkling2_loop", "minimax_m3_sparse"])
+def test_a_looped_or_block_sparse_model_is_refused_in_one_line(config_class, model_class, fields, why):
+    """Inkling 2 Loop (one layer module, several passes) and MiniMax-M3 with a block-sparse layer
+    (blocks placed by position id): both give false fails or crashes when measured (steps 3 and 7; an
+    index error under re-spaced positions), so both are refused by name before any forward pass."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model = _tiny_text_model(config_class, model_class, **fields)
+    with pytest.raises(hf.UnsupportedModelError, match=f"{model_class}: .*{why}") as error:
+        load_hf_model(model)
+    assert "\n" not in str(error.value)
 
 
 def test_dots3_note_is_refused_in_one_line():
@@ -309,13 +379,14 @@ def saved(tmp_path_factory):
 
 
 def _probe(path: str, out, capsys) -> "pd.DataFrame":
-    """``nopelens probe hf:DIR`` at 8 tokens x 4 sequences: exit 0, and its sink table."""
+    """``nopelens probe hf:DIR`` at 8 tokens x 4 sequences, tables only (``--no-figures``: figures
+    do not depend on the design, and drawing them was half the time): exit 0, and its sink table."""
     import pandas as pd
 
     from nopelens.analyses.cli import main
 
-    code = main(["probe", f"hf:{path}", "--input", "random", "--quick", "--seq-len", "8", "--n-sequences", "4", "--quiet", "--jobs", "1",
-                 "--sites", "resid", "--out", str(out)])
+    code = main(["probe", f"hf:{path}", "--input", "random", "--quick", "--seq-len", "8", "--n-sequences", "4", "--quiet",
+                 "--jobs", "1", "--sites", "resid", "--no-figures", "--out", str(out)])
     assert code == 0, capsys.readouterr().err
     return pd.read_csv(out / "sinks.csv")
 
@@ -341,12 +412,17 @@ def test_every_design_runs_from_the_command_line(saved, tmp_path, capsys, family
 
 def test_dsa_past_index_topk_probes_with_the_reads_not_applicable(saved, tmp_path, capsys):
     """``nopelens probe`` on DeepSeek V3.2 with index_topk 4 at 8 tokens: exit 0, the position probes
-    measured, no sink row (each block's kept keys are chosen by content), the reason recorded; with
-    index_topk 8 every block's sinks are read."""
+    measured, no sink row (each block's kept keys are chosen by content), the reason recorded and
+    printed under the summary (not "variance 0": the read never ran), and with ``--no-figures`` no
+    figure drawn or linked; with index_topk 8 every block's sinks are read."""
     import json
 
     sinks = _probe(saved("deepseek_v32", index_topk=4), tmp_path / "sparse", capsys)
     assert sinks.empty
+    printed = capsys.readouterr().out
+    assert "variance 0" not in printed and "NaN" not in printed, printed
+    assert not list((tmp_path / "sparse").glob("*.png")) and "![" not in (tmp_path / "sparse" / "summary.md").read_text()
+    assert "variance read: blocks [0, 1, 2, 3]: a DSA indexer keeps only the top 4" in printed, printed
     (done,) = (tmp_path / "sparse" / "parts").glob("*/done.json")
     notes = json.loads(done.read_text())["not_applicable"]
     assert all("DSA indexer keeps only the top 4" in notes[read] for read in ("sink read", "variance read", "score read"))
@@ -354,9 +430,9 @@ def test_dsa_past_index_topk_probes_with_the_reads_not_applicable(saved, tmp_pat
 
 
 def test_labels_of_designs_without_a_tiny_model():
-    """Families whose labels are read from the config alone (no text-only causal-LM class in
-    transformers 5.24: Mistral Large 4, Muse Glimmer / Spark; DeepSeek V4, which nopelens refuses),
-    and the shipped default configs of built ones (Inkling 2, Zamba2): the rules still apply."""
+    """Labels from shipped-size text configs alone (Mistral Large 4, Muse Glimmer / Spark, built tiny
+    above as multimodal wrappers; DeepSeek V4, which nopelens refuses), and the shipped default
+    configs of built ones (Inkling 2, Zamba2): the rules still apply."""
     import transformers as T
 
     from nopelens.models.hf import describe_config
@@ -388,11 +464,11 @@ def dsa():
         return load_hf_model(build_design("deepseek_v32", index_topk=8))
 
 
-def _dropped_visible_keys(model, length: int) -> int:
-    """Visible (causal) entries of layer 0's pattern with exactly zero weight on ``length`` tokens."""
+def _dropped_visible_keys(model, length: int, layer: int = 0) -> int:
+    """Visible (causal) entries of ``layer``'s pattern with exactly zero weight on ``length`` tokens."""
     tokens = torch.randint(3, 64, (2, length), generator=torch.Generator().manual_seed(0))
     _, cache = model.run_with_cache(tokens)
-    pattern = cache["blocks.0.attn.hook_pattern"]
+    pattern = cache[f"blocks.{layer}.attn.hook_pattern"]
     visible = torch.ones(length, length, dtype=torch.bool).tril()
     return int((pattern[..., visible] == 0).sum())
 
@@ -416,6 +492,23 @@ def test_dsa_within_index_topk_is_measured(dsa):
     assert all(report.step(n).status == "pass" for n in (1, 3, 5, 7, 8, 9))
     assert "left-padding invariance" in [c.name for c in report.step(1).checks]
     assert report.model["measured_layer_positions"] == ["relative"] * 4
+
+
+def test_qsa_past_its_budget_is_not_applicable_with_the_reason():
+    """Qwen4-Exp with indexer_budget 8 in blocks of 4: at 16 tokens its QSA layer drops visible keys
+    (no static mask holds): steps 3, 5, 7 and 8 not applicable with the reason, no false fail; at 11
+    tokens (under budget + block) it keeps every key and is measured."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model = load_hf_model(build_design("qwen4_exp", indexer_budget=8))
+    assert _dropped_visible_keys(model, 16, layer=3) > 0 and _dropped_visible_keys(model, 11, layer=3) == 0
+    report = audit(model, eval_length=16)
+    assert report.passed, report.summary()
+    for number in (3, 5, 7, 8):
+        step = report.step(number)
+        assert step.status == "not_applicable" and "QSA indexer keeps only the top 2 blocks of 4" in step.reason
+    report = audit(model, eval_length=11)
+    assert report.passed and report.model["measured_layer_positions"] == ["nope"] * 3 + ["relative"], report.summary()
 
 
 @pytest.mark.parametrize("off", [-1, 1])

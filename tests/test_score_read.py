@@ -179,3 +179,24 @@ def test_summary_says_na_where_a_model_has_no_score_site():
     row = summary_table(summary).iloc[0]
     assert row["rel. dist. head scores R² ≥ 0.9"] == "n/a"
     assert row["rel. dist. content q·k R² ≥ 0.9"] == "none" and row["abs. index R² ≥ 0.9"] == "1"
+
+
+def test_summary_gives_the_reason_a_sink_or_variance_read_is_missing():
+    """A missing variance slope is "variance 0" only when the read ran; where the model left the
+    read out (every block a DSA past index_topk), the summary says so and lists why below."""
+    import pandas as pd
+
+    from nopelens.analyses.report import NOT_READ, summary_table, summary_text
+
+    row = dict(absolute_acc=-1, absolute_r2=1, relative_pairs_r2=2, relative_score_r2=None, relative_content_qk_r2=-1,
+               best_absolute_r2=0.9, best_absolute_layer=1, selectivity_at_best=0.1, mad_chance_layer0=0.7,
+               mad_chance_best=0.2, sink_rate=float("nan"), variance_slope_block0=float("nan"))
+    summary = pd.DataFrame([dict(row, model="sparse"), dict(row, model="constant")])
+    why = "blocks [0, 1]: a DSA indexer keeps only the top 4 of the keys a query sees"
+    skipped = {"sparse": {"variance read": why, "sink read": why}}
+    table = summary_table(summary, not_applicable=skipped).set_index("model")
+    assert table.loc["sparse", "variance slope, block 0"] == NOT_READ and table.loc["sparse", "sink rate"] == NOT_READ
+    assert table.loc["constant", "variance slope, block 0"] == "n/a (variance 0)"
+    assert table.loc["constant", "sink rate"] == "n/a"
+    text = summary_text(summary, not_applicable=skipped)
+    assert f"sparse, variance read: {why}" in text and "NaN" not in text

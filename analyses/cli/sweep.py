@@ -44,7 +44,7 @@ def _sweep(args: argparse.Namespace, settings: SweepSettings, out, name: str):
     sweep_reads = choose_reads(args.metric, args.threshold)  # before any work: a bad --metric costs nothing
     jobs = default_jobs() if args.jobs is None else args.jobs
     return sweep(settings, out, progress=not args.quiet, jobs=jobs, scheduler=args.scheduler, svg=args.svg,
-                 security=args.dask_security, sweep_reads=sweep_reads, name=name)
+                 security=args.dask_security, sweep_reads=sweep_reads, name=name, figures=not args.no_figures)
 
 
 def _print_results(result, as_json: bool) -> None:
@@ -53,7 +53,8 @@ def _print_results(result, as_json: bool) -> None:
         if result.out_dir is not None:
             print(f"nopelens: wrote {result.out_dir}/summary.md and its tables and figures", file=sys.stderr)
         return
-    print(report.summary_text(result.summary, result.reads))
+    print(report.summary_text(result.summary, result.reads,
+                              not_applicable=report.not_applicable_reads(result.subjects)))
     print()
     print(report.layer_tables_text(result.curves, result.reads))
     if result.out_dir is not None:
@@ -163,6 +164,9 @@ def _runs(parser: argparse.ArgumentParser) -> None:
                         "(distributed: comm: tls: ca-file, client: cert, key) for a tls:// --scheduler; "
                         "default: distributed's own configuration")
     parser.add_argument("--svg", action="store_true", help="also save the figures as SVG (PNG always)")
+    parser.add_argument("--no-figures", action="store_true",
+                        help="write the tables and summary.md but draw no figures (faster; rerun without it to "
+                        "draw them)")
     parser.add_argument("--sites", metavar="KINDS",
                         help=f"where absolute index is probed, a comma list of {', '.join(SITE_KINDS)} "
                         f"(default {','.join(DEFAULT_SITES)}; resid is required; a run folder keeps its sites)")
