@@ -8,7 +8,10 @@ model the index should come from the first token.
 
 Three interventions, each a set of TransformerLens hooks added for the forward passes of one
 measurement and removed afterwards, also when a pass raises (``model.hooks(...)``, the context
-manager of ``HookedRootModule`` and ``TransformerBridge`` alike):
+manager of ``HookedRootModule`` and ``TransformerBridge`` alike). Hooks that index rows (the first
+real token of each row, a per-row patched state) are made per batch
+(:data:`~nopelens.probes.collect.BatchHooks`, :func:`sink_batch_hooks`), so each batch of a
+batched pass gets its own rows' indices; a hook handed a batch of another size refuses it.
 
 - **Sink ablation** (:func:`sink_ablation`). In block l, the first real token is removed from the
   keys of every later query: ``hook_attn_scores`` gets -inf at (query > first, key = first), so
@@ -57,7 +60,11 @@ from nopelens.models.io import write_csv_atomic
 from nopelens.models.progress import progress_bar
 from nopelens.probes import (
     Activations,
+    BatchHooks,
+    HookList,
     collect,
+    hooks_added,
+    hooks_for_batch,
     make_probe,
     probe_absolute_index,
     probe_relative_distance,
@@ -79,7 +86,6 @@ below this fraction of the true shift there is no scale, and ``moved`` is NaN wi
 PATTERN_TOLERANCE = 1e-6
 """Largest attention weight a removed key may keep for the ablation to count as applied."""
 
-HookList = list[tuple[str, Callable]]
 
 
 class NotApplicable(ValueError):
@@ -99,16 +105,19 @@ def intervention(model, hooks: HookList) -> Iterator[None]:
     Raises:
         KeyError: if a hook name does not exist on the model, naming it.
     """
-    missing = [name for name, _ in hooks if name not in model.hook_dict]
-    if missing:
-        raise KeyError(f"{type(model).__name__} has no hook point {missing[0]!r}")
-    with model.hooks(fwd_hooks=hooks):
+    with hooks_added(model, hooks):
         yield
 
 
 def first_real_index(attention_mask: Tensor) -> Tensor:
     """Index of the first real token of each row ``[batch]`` (0 unless the row is left-padded)."""
     return attention_mask.long().argmax(-1)
+
+
+def _check_rows(first: Tensor, n_rows: int, site: str) -> None:
+    if first.shape[0] != n_rows:
+        raise ValueError(f"a sink hook at {site} was made for {first.shape[0]} rows but sees a batch of {n_rows}: "
+                         "make the hooks per batch (sink_batch_hooks), so each batch gets its own rows' first indices")
 
 
 def remove_first_key_hook(first: Tensor) -> Callable:
@@ -120,14 +129,17 @@ def remove_first_key_hook(first: Tensor) -> Callable:
     Returns:
         ``fn(scores [batch, head_index, query_pos, key_pos], hook)`` returning the scores with -inf
         at (query > first, key = first); the softmax then renormalizes over the other keys.
+        Raises ValueError when handed a batch of another size than ``first`` (a hook made for
+        other rows would block the wrong key of a left-padded row).
     """
 
     def hook(scores: Tensor, hook) -> Tensor:
+        _check_rows(first, scores.shape[0], "hook_attn_scores")
         n_query, n_key = scores.shape[-2:]
         offset = n_key - n_query  # keys before the queries (a cache); 0 in a full pass
         key = torch.arange(n_key, device=scores.device)
         query = torch.arange(n_query, device=scores.device) + offset
-        f = first.to(scores.device)[: scores.shape[0], None, None]
+        f = first.to(scores.device)[:, None, None]
         blocked = (key[None, None, :] == f) & (query[None, :, None] > f)
         return scores.masked_fill(blocked[:, None], float("-inf"))
 
@@ -138,14 +150,16 @@ def replace_first_value_hook(first: Tensor, mean_value: Tensor) -> Callable:
     """A ``hook_v`` hook that sets the first real token's value to ``mean_value``.
 
     Args:
-        first: int64 ``[batch]``, first real index per row.
+        first: int64 ``[batch]``, first real index per row of the batch the hook will see (a
+            batch of another size raises ValueError).
         mean_value: ``[head_index, d_head]`` (the mean value of the other real tokens).
     """
 
     def hook(v: Tensor, hook) -> Tensor:
+        _check_rows(first, v.shape[0], "hook_v")
         v = v.clone()
         rows = torch.arange(v.shape[0], device=v.device)
-        v[rows, first.to(v.device)[: v.shape[0]]] = mean_value.to(v.device, v.dtype)
+        v[rows, first.to(v.device)] = mean_value.to(v.device, v.dtype)
         return v
 
     return hook
@@ -183,7 +197,13 @@ def mean_values(model, tokens: Tensor, attention_mask: Tensor, blocks: Sequence[
 
 
 def sink_hooks(block: int, mode: str, first: Tensor, mean_value: Tensor | None = None) -> HookList:
-    """The hooks of one sink ablation of ``block`` (``remove_key`` or ``mean_value``)."""
+    """The hooks of one sink ablation of ``block`` (``remove_key`` or ``mean_value``) for one batch
+    whose rows have first real indices ``first`` (int64 ``[batch]``); for a batched pass use
+    :func:`sink_batch_hooks`.
+
+    Raises:
+        ValueError: on an unknown mode, or ``mean_value`` without its mean value.
+    """
     if mode == "remove_key":
         return [(act_name("attn_scores", block), remove_first_key_hook(first))]
     if mode == "mean_value":
@@ -191,6 +211,23 @@ def sink_hooks(block: int, mode: str, first: Tensor, mean_value: Tensor | None =
             raise ValueError("mode 'mean_value' needs the mean value of the block")
         return [(act_name("v", block), replace_first_value_hook(first, mean_value))]
     raise ValueError(f"sink ablation mode must be one of {SINK_MODES}, got {mode!r}")
+
+
+def sink_batch_hooks(block: int, mode: str, mean_value: Tensor | None = None) -> BatchHooks:
+    """One sink ablation of ``block`` as hooks made per batch (a
+    :data:`~nopelens.probes.collect.BatchHooks`): each batch gets :func:`sink_hooks` with its own
+    rows' first real indices (:func:`first_real_index` of its mask), so a left-padded row has its
+    own first key removed however the sequences are batched.
+
+    Raises:
+        ValueError: as :func:`sink_hooks`, at once.
+    """
+    sink_hooks(block, mode, torch.zeros(1, dtype=torch.long), mean_value)  # check mode and mean value now
+
+    def hooks(rows: slice, attention_mask: Tensor) -> HookList:
+        return sink_hooks(block, mode, first_real_index(attention_mask), mean_value)
+
+    return hooks
 
 
 def check_sink_ablation(model, block: int, mode: str, tokens: Tensor, attention_mask: Tensor,
@@ -207,8 +244,8 @@ def check_sink_ablation(model, block: int, mode: str, tokens: Tensor, attention_
         NotApplicable: with a one-line reason.
     """
     tokens, attention_mask = tokens[:2], attention_mask[:2]
-    hooks = sink_hooks(block, mode, first_real_index(attention_mask), mean_value)
-    name = hooks[0][0]
+    hooks = sink_batch_hooks(block, mode, mean_value)
+    name = hooks(slice(0, 2), attention_mask)[0][0]
     if name not in model.hook_dict:
         raise NotApplicable(f"no hook point {name}: the sink cannot be ablated in block {block}")
     pattern_site, out_site = act_name("pattern", block), act_name("attn_out", block)
@@ -220,8 +257,7 @@ def check_sink_ablation(model, block: int, mode: str, tokens: Tensor, attention_
     clean = collect(model, tokens, sites, attention_mask=attention_mask)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        with intervention(model, hooks):
-            ablated = collect(model, tokens, sites, attention_mask=attention_mask)
+        ablated = collect(model, tokens, sites, attention_mask=attention_mask, hooks=hooks)
     if any("discarded" in str(w.message) for w in caught):
         raise NotApplicable(f"{name} is fired after the attention is computed (edits are discarded); "
                             "the sink ablation would measure nothing")
@@ -262,9 +298,10 @@ class ProbeSettings:
 
 
 def reprobe(model, tokens: Tensor, attention_mask: Tensor, from_layer: int, n_layers: int,
-            settings: ProbeSettings, hooks: HookList = ()) -> pd.DataFrame:
+            settings: ProbeSettings, hooks: HookList | BatchHooks = ()) -> pd.DataFrame:
     """Probe absolute index at layers ``from_layer .. n_layers`` and the q.k distance read of the
-    blocks whose queries and keys come from those layers, under ``hooks``.
+    blocks whose queries and keys come from those layers, under ``hooks`` (the same for every
+    batch, or made per batch).
 
     Returns:
         :data:`~nopelens.probes.linear.RESULT_COLUMNS` rows; a q.k read of block b is at layer b + 1.
@@ -273,8 +310,7 @@ def reprobe(model, tokens: Tensor, attention_mask: Tensor, from_layer: int, n_la
     blocks = range(from_layer, n_layers) if settings.relative else ()
     qk = [qk_sites(model, block) for block in blocks]
     sites = residual + [site for pair in qk for site in pair]
-    with intervention(model, list(hooks)):
-        collected = collect(model, tokens, sites, attention_mask=attention_mask, batch_size=32)
+    collected = collect(model, tokens, sites, attention_mask=attention_mask, batch_size=32, hooks=hooks)
     acts = later_tokens(collected)
     common = dict(n_splits=settings.n_splits, n_boot=settings.n_boot, seed=settings.seed)
     frames = [probe_absolute_index(acts, sites=residual, tasks=settings.tasks, controls=settings.controls, **common)]
@@ -289,8 +325,9 @@ def reprobe(model, tokens: Tensor, attention_mask: Tensor, from_layer: int, n_la
 
 
 def behavior(model, tokens: Tensor, attention_mask: Tensor, targets: Tensor | None = None,
-             loss_mask: Tensor | None = None, hooks: HookList = ()) -> pd.DataFrame:
-    """Per-sequence loss (nats per scored token) and exact match under ``hooks``.
+             loss_mask: Tensor | None = None, hooks: HookList | BatchHooks = ()) -> pd.DataFrame:
+    """Per-sequence loss (nats per scored token) and exact match under ``hooks`` (the same for
+    every batch of 32 sequences, or made per batch).
 
     Args:
         tokens, attention_mask: ``[batch, pos]``.
@@ -306,10 +343,11 @@ def behavior(model, tokens: Tensor, attention_mask: Tensor, targets: Tensor | No
         loss_mask = torch.cat([(attention_mask[:, 1:] * attention_mask[:, :-1]).bool(),
                                torch.zeros_like(tokens[:, :1], dtype=torch.bool)], dim=1)
     rows = []
-    with torch.no_grad(), intervention(model, list(hooks)):
+    with torch.no_grad():
         for start in range(0, tokens.shape[0], 32):
-            part = slice(start, start + 32)
-            logits = _logits(model(tokens[part], attention_mask=attention_mask[part])).float()
+            part = slice(start, min(start + 32, tokens.shape[0]))
+            with intervention(model, hooks_for_batch(hooks, part, attention_mask[part])):
+                logits = _logits(model(tokens[part], attention_mask=attention_mask[part])).float()
             mask = loss_mask[part].to(logits.device)
             target = targets[part].to(logits.device)
             nats = F.cross_entropy(logits.transpose(1, 2), target, reduction="none") * mask
@@ -374,7 +412,6 @@ def sink_ablation(model, tokens: Tensor, attention_mask: Tensor, n_layers: int, 
     for block in blocks:
         if not 0 <= block < n_layers:
             raise ValueError(f"block {block} is outside 0..{n_layers - 1}")
-    first = first_real_index(attention_mask)
     ablations = [(mode, block) for mode in modes for block in blocks]
     bar = progress_bar(total=len(ablations) + 1, desc="sink ablation", unit="probe set", disable=not progress)
     bar.set_postfix_str("clean")
@@ -392,7 +429,7 @@ def sink_ablation(model, tokens: Tensor, attention_mask: Tensor, n_layers: int, 
             behavior_rows.append(dict(condition=mode, ablated_block=block, status="not_applicable", note=str(reason)))
             bar.update()
             continue
-        hooks = sink_hooks(block, mode, first, mean_value)
+        hooks = sink_batch_hooks(block, mode, mean_value)
         table = reprobe(model, tokens, attention_mask, block + 1, n_layers, settings, hooks)
         probe_frames.append(table.assign(condition=mode, ablated_block=block))
         changed = behavior(model, tokens, attention_mask, targets, loss_mask, hooks)
@@ -591,8 +628,9 @@ def position_patching(model, tokens: Tensor, n_layers: int, settings: ProbeSetti
         before, after = read_original[:, position], read_copy[:, position - shift]
         for layer, site in enumerate(sites):
             replacement = torch.from_numpy(source.acts[site]).reshape(len(copy), copy.shape[1], -1)[:, position - shift]
-            with intervention(model, [(site, patch_position_hook(position, replacement))]):
-                patched = collect(model, tokens, [read_site], batch_size=len(tokens))  # the hook patches every row
+            patched = collect(model, tokens, [read_site], batch_size=32,
+                              hooks=lambda rows, mask, site=site, replacement=replacement: [
+                                  (site, patch_position_hook(position, replacement[rows]))])
             patched_read = probe.predict(patched.features(read_site)).reshape(tokens.shape)[:, position]
             scale = float(np.mean(after - before))
             if abs(scale) < MIN_READ_SHIFT * shift:
@@ -611,9 +649,12 @@ def position_patching(model, tokens: Tensor, n_layers: int, settings: ProbeSetti
 
 
 def patch_position_hook(position: int, replacement: Float[Tensor, "batch d_model"]) -> Callable:
-    """A residual hook that puts ``replacement`` at ``position`` of every row."""
+    """A residual hook that puts ``replacement[b]`` at ``position`` of row b of the batch it sees
+    (a batch of another size than ``replacement`` raises ValueError: make it per batch)."""
 
     def hook(resid: Tensor, hook) -> Tensor:
+        if resid.shape[0] != replacement.shape[0]:
+            raise ValueError(f"a patch made for {replacement.shape[0]} rows sees a batch of {resid.shape[0]}")
         resid = resid.clone()
         resid[:, position] = replacement.to(resid.device, resid.dtype)
         return resid
@@ -662,7 +703,6 @@ def sink_ablation_drop(model, tokens: Tensor, attention_mask: Tensor, n_layers: 
     if max_sequences is not None:
         tokens, attention_mask = tokens[:max_sequences], attention_mask[:max_sequences]
         clean = subset_sequences(clean, len(tokens))
-    first = first_real_index(attention_mask)
     common = dict(tasks=("regression",), controls=False, n_splits=n_splits, n_boot=n_boot, seed=seed)
     later_clean = later_tokens(clean)
     rows = []
@@ -674,8 +714,8 @@ def sink_ablation_drop(model, tokens: Tensor, attention_mask: Tensor, n_layers: 
         except NotApplicable as reason:
             rows.append(dict(row, status="not_applicable", note=str(reason)))
             continue
-        with intervention(model, sink_hooks(block, "remove_key", first)):
-            ablated = later_tokens(collect(model, tokens, [site], attention_mask=attention_mask, batch_size=32))
+        ablated = later_tokens(collect(model, tokens, [site], attention_mask=attention_mask, batch_size=32,
+                                       hooks=sink_batch_hooks(block, "remove_key")))
         scores = {}
         for name, acts in (("clean", later_clean), ("ablated", ablated)):
             table = probe_absolute_index(acts, sites=[site], **common)
