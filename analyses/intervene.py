@@ -70,7 +70,10 @@ from nopelens.probes import (
     probe_relative_distance,
     resid_site,
     sequence_splits,
+    stream,
 )
+from nopelens.probes.stream import KeepBudget, Measurement, Sequences
+from nopelens.probes.stream_probes import absolute_index_probes
 
 from . import report, runs
 from .reads import bilinear_mode
@@ -213,21 +216,58 @@ def sink_hooks(block: int, mode: str, first: Tensor, mean_value: Tensor | None =
     raise ValueError(f"sink ablation mode must be one of {SINK_MODES}, got {mode!r}")
 
 
-def sink_batch_hooks(block: int, mode: str, mean_value: Tensor | None = None) -> BatchHooks:
+@dataclass(frozen=True)
+class SinkBatchHooks:
     """One sink ablation of ``block`` as hooks made per batch (a
-    :data:`~nopelens.probes.collect.BatchHooks`): each batch gets :func:`sink_hooks` with its own
-    rows' first real indices (:func:`first_real_index` of its mask), so a left-padded row has its
-    own first key removed however the sequences are batched.
+    :data:`~nopelens.probes.collect.BatchHooks`; build with :func:`sink_batch_hooks`). A dataclass,
+    so it pickles and can be sent to shards (:func:`nopelens.probes.stream.run` with ``executor``)."""
+
+    block: int
+    mode: str
+    mean_value: Tensor | None = None
+
+    def __call__(self, rows: slice, attention_mask: Tensor) -> HookList:
+        return sink_hooks(self.block, self.mode, first_real_index(attention_mask), self.mean_value)
+
+
+def sink_batch_hooks(block: int, mode: str, mean_value: Tensor | None = None) -> SinkBatchHooks:
+    """One sink ablation of ``block`` as hooks made per batch: each batch gets :func:`sink_hooks`
+    with its own rows' first real indices (:func:`first_real_index` of its mask), so a left-padded
+    row has its own first key removed however the sequences are batched.
 
     Raises:
         ValueError: as :func:`sink_hooks`, at once.
     """
     sink_hooks(block, mode, torch.zeros(1, dtype=torch.long), mean_value)  # check mode and mean value now
+    return SinkBatchHooks(block, mode, mean_value)
 
-    def hooks(rows: slice, attention_mask: Tensor) -> HookList:
-        return sink_hooks(block, mode, first_real_index(attention_mask), mean_value)
 
-    return hooks
+CHECK_TOKENS = 16
+"""Real tokens per sequence :func:`check_sink_ablation` runs on."""
+
+
+def first_real_tokens(tokens: Tensor, attention_mask: Tensor, n: int) -> tuple[Tensor, Tensor]:
+    """Each row's first ``n`` real tokens, left-padded to one length (the pad slots repeat the
+    row's first token, masked out).
+
+    Args:
+        tokens, attention_mask: ``[batch, pos]``; every row has a real token.
+        n: tokens to keep per row, >= 1.
+
+    Returns:
+        ``(tokens, attention_mask)``, ``[batch, min(n, longest row)]``.
+
+    Example:
+        >>> tokens, mask = first_real_tokens(torch.tensor([[0, 0, 5, 6], [4, 5, 6, 7]]),
+        ...                                  torch.tensor([[0, 0, 1, 1], [1, 1, 1, 1]]), 3)
+        >>> tokens.tolist(), mask.tolist()
+        ([[5, 5, 6], [4, 5, 6]], [[0, 1, 1], [1, 1, 1]])
+    """
+    real = [row[keep.bool()][:n] for row, keep in zip(tokens, attention_mask)]
+    width = max(len(row) for row in real)
+    padded = torch.stack([torch.cat([row[:1].expand(width - len(row)), row]) for row in real])
+    mask = torch.stack([(torch.arange(width) >= width - len(row)).long() for row in real])
+    return padded, mask
 
 
 def check_sink_ablation(model, block: int, mode: str, tokens: Tensor, attention_mask: Tensor,
@@ -238,12 +278,14 @@ def check_sink_ablation(model, block: int, mode: str, tokens: Tensor, attention_
     fact, so an edit there changes nothing (TransformerLens warns); a model without the hook
     point cannot be ablated at all. Checked: the hook point exists, no edit is discarded, the
     removed key has weight <= :data:`PATTERN_TOLERANCE` in ``hook_pattern`` (``remove_key``), and
-    the block's attention output changes.
+    the block's attention output changes. The two sequences are cut to their first
+    :data:`CHECK_TOKENS` real tokens (left-padded to one length), so the patterns the check reads
+    do not grow with the sequence length.
 
     Raises:
         NotApplicable: with a one-line reason.
     """
-    tokens, attention_mask = tokens[:2], attention_mask[:2]
+    tokens, attention_mask = first_real_tokens(tokens[:2], attention_mask[:2], CHECK_TOKENS)
     hooks = sink_batch_hooks(block, mode, mean_value)
     name = hooks(slice(0, 2), attention_mask)[0][0]
     if name not in model.hook_dict:
@@ -689,6 +731,8 @@ def sink_ablation_drop(model, tokens: Tensor, attention_mask: Tensor, n_layers: 
     ``remove_key`` rows at layer l + 1: the sweep and ``nopelens intervene`` give one number. (The
     sweep once probed only its first 16 sequences, and the smaller fits read text-nope-4l's
     block-0 ablation as R^2 0.81 -> -0.04 where 80 sequences read 0.92 -> 0.42.)
+    :func:`sink_ablation_drop_streamed` gives the same table in memory that does not grow with
+    the tokens.
 
     Args:
         model, tokens, attention_mask, n_layers: the subject.
@@ -698,33 +742,123 @@ def sink_ablation_drop(model, tokens: Tensor, attention_mask: Tensor, n_layers: 
 
     Returns:
         One row per block: ``block``, ``layer``, ``r2_clean`` and ``r2_ablated`` with CIs, ``drop``
-        (clean - ablated), ``status`` (``measured`` or ``not_applicable``) and ``note``.
+        (clean - ablated), ``status`` (``measured`` or ``not_applicable``, where
+        :func:`check_sink_ablation` refuses the block) and ``note``.
     """
     if max_sequences is not None:
         tokens, attention_mask = tokens[:max_sequences], attention_mask[:max_sequences]
         clean = subset_sequences(clean, len(tokens))
     common = dict(tasks=("regression",), controls=False, n_splits=n_splits, n_boot=n_boot, seed=seed)
     later_clean = later_tokens(clean)
+    refused = refused_sink_blocks(model, n_layers, tokens, attention_mask)
     rows = []
     for block in range(n_layers):
+        if block in refused:
+            rows.append(_drop_row(block, note=refused[block]))
+            continue
         site = resid_site(block + 1)
-        row = dict(block=block, layer=block + 1)
+        ablated = later_tokens(collect(model, tokens, [site], attention_mask=attention_mask, batch_size=32,
+                                       hooks=sink_batch_hooks(block, "remove_key")))
+        rows.append(_drop_row(block, *(_linear_r2(probe_absolute_index(acts, sites=[site], **common), site)
+                                      for acts in (later_clean, ablated))))
+    return pd.DataFrame(rows)
+
+
+def refused_sink_blocks(model, n_layers: int, tokens: Tensor, attention_mask: Tensor) -> dict[int, str]:
+    """Block -> why its first key cannot be removed and checked (:func:`check_sink_ablation`,
+    ``remove_key``, on two sequences); the blocks not listed can be ablated."""
+    refused = {}
+    for block in range(n_layers):
         try:
             check_sink_ablation(model, block, "remove_key", tokens, attention_mask)
         except NotApplicable as reason:
-            rows.append(dict(row, status="not_applicable", note=str(reason)))
+            refused[block] = str(reason)
+    return refused
+
+
+def later_token_probes(sequences: Sequences, layers: Sequence[int], n_splits: int = 5, n_boot: int = 200,
+                       seed: int = 0, keep: KeepBudget | int | str | None = "auto") -> Measurement:
+    """The sink ablation's probe, streamed: regression for the index, no controls, on the tokens
+    after the first real one (:func:`later_tokens`) at residual ``layers`` (DESIGN.md numbering);
+    its table is :func:`~nopelens.probes.linear.probe_absolute_index`'s on the same samples
+    (:func:`~nopelens.probes.stream_probes.absolute_index_probes` with ``min_position=1``).
+
+    Raises:
+        ValueError: as :func:`~nopelens.probes.stream_probes.absolute_index_probes` (too few
+            sequences with a second token for the folds).
+    """
+    return absolute_index_probes(sequences, [resid_site(layer) for layer in layers], tasks=("regression",),
+                                 controls=False, n_splits=n_splits, n_boot=n_boot, seed=seed, keep=keep,
+                                 min_position=1)
+
+
+def sink_ablation_drop_streamed(model, sequences: Sequences, n_layers: int, clean: pd.DataFrame,
+                                refused: dict[int, str], n_splits: int = 5, n_boot: int = 200, seed: int = 0,
+                                keep: KeepBudget | int | str | None = "auto", batch_size: int = 32,
+                                progress: str | None = None) -> pd.DataFrame:
+    """:func:`sink_ablation_drop`'s table, streamed (:func:`nopelens.probes.stream.run`): memory
+    does not grow with the tokens past the keep budget.
+
+    Per block l that is not ``refused``: one streamed run with block l's first real key removed
+    (:func:`sink_batch_hooks`, each batch its own rows' first indices), probing layer l + 1 on the
+    tokens after the first (:func:`later_token_probes`); each forward pass stops after that layer,
+    so the n blocks cost about (n + 1) / 2 full passes (twice that for batches whose features do
+    not fit the keep budget). The clean R^2 comes from ``clean``, the same probes measured in the
+    caller's clean run (which hooks the sweep's sites, as the in-memory clean states were
+    collected). On the same sequences, sites and settings the numbers equal
+    :func:`sink_ablation_drop`'s up to float round-off of the sums (tests: 1e-8).
+
+    Args:
+        model: the hooked model.
+        sequences: the token set (:meth:`~nopelens.probes.stream.Sequences.of`).
+        n_layers: number of blocks.
+        clean: :func:`later_token_probes`'s result on the clean model, holding layer l + 1 of
+            every block not refused.
+        refused: :func:`refused_sink_blocks` (their rows are ``not_applicable`` with the reason).
+        n_splits, n_boot, seed: probe folds, bootstrap replicates and seed.
+        keep: the keep budget (shared with the caller's measurements).
+        batch_size: sequences per forward pass.
+        progress: a label for a bar per ablated run (None: no bar).
+
+    Returns:
+        One row per block, the columns of :func:`sink_ablation_drop`.
+
+    Raises:
+        KeyError: if ``clean`` lacks the layer of a block to ablate.
+        ValueError: as :func:`later_token_probes` and :func:`~nopelens.probes.stream.run`.
+    """
+    rows = []
+    for block in range(n_layers):
+        if block in refused:
+            rows.append(_drop_row(block, note=refused[block]))
             continue
-        ablated = later_tokens(collect(model, tokens, [site], attention_mask=attention_mask, batch_size=32,
-                                       hooks=sink_batch_hooks(block, "remove_key")))
-        scores = {}
-        for name, acts in (("clean", later_clean), ("ablated", ablated)):
-            table = probe_absolute_index(acts, sites=[site], **common)
-            scores[name] = table[(table["probe"] == "linear") & (table["metric"] == "r2")].iloc[0]
-        rows.append(dict(row, r2_clean=scores["clean"]["value"], r2_clean_ci_low=scores["clean"]["ci_low"],
-                         r2_clean_ci_high=scores["clean"]["ci_high"], r2_ablated=scores["ablated"]["value"],
-                         r2_ablated_ci_low=scores["ablated"]["ci_low"], r2_ablated_ci_high=scores["ablated"]["ci_high"],
-                         drop=scores["clean"]["value"] - scores["ablated"]["value"], status="measured", note=""))
+        site = resid_site(block + 1)
+        probe = later_token_probes(sequences, [block + 1], n_splits, n_boot, seed, keep)
+        (ablated,) = stream.run(model, sequences, [probe], batch_size=batch_size,
+                                hooks=sink_batch_hooks(block, "remove_key"),
+                                progress=progress and f"{progress}: sink ablation, block {block}")
+        rows.append(_drop_row(block, _linear_r2(clean, site), _linear_r2(ablated, site)))
     return pd.DataFrame(rows)
+
+
+def _linear_r2(table: pd.DataFrame, site: str) -> pd.Series:
+    """The grouped linear probe's R^2 row of ``site`` in a probe table."""
+    hit = table[(table["site"] == site) & (table["probe"] == "linear") & (table["metric"] == "r2")
+                & (table["split"] == "grouped")]
+    if hit.empty:
+        raise KeyError(f"no linear R^2 of {site} in the probe table")
+    return hit.iloc[0]
+
+
+def _drop_row(block: int, clean: pd.Series | None = None, ablated: pd.Series | None = None, note: str = "") -> dict:
+    """One row of the sink ablation table; without scores, a ``not_applicable`` row with ``note``."""
+    row = dict(block=block, layer=block + 1)
+    if clean is None:
+        return dict(row, status="not_applicable", note=note)
+    return dict(row, r2_clean=clean["value"], r2_clean_ci_low=clean["ci_low"], r2_clean_ci_high=clean["ci_high"],
+                r2_ablated=ablated["value"], r2_ablated_ci_low=ablated["ci_low"],
+                r2_ablated_ci_high=ablated["ci_high"], drop=clean["value"] - ablated["value"], status="measured",
+                note="")
 
 
 def subset_sequences(acts: Activations, n_sequences: int) -> Activations:
