@@ -33,11 +33,10 @@ import torch
 from tqdm.auto import tqdm
 
 from nopelens.models.hooks import act_names
-from nopelens.probes.stream_probes import Probes
 from nopelens.probes import collect, resid_site
 from nopelens.probes.sinks import GU_WINDOW, SinkStats, uniform_sink_score
 from nopelens.probes.stream import AttentionVariance, KeepBudget, Sequences, run
-from nopelens.probes.stream_probes import absolute_index_probes, relative_distance_probes
+from nopelens.probes.stream_probes import Probes, absolute_index_probes, relative_distance_probes
 
 from .intervene import later_token_probes, refused_sink_blocks, sink_ablation_drop_streamed
 from .reads import MAX_OUTER_FEATURES, SweepSites
@@ -260,10 +259,10 @@ class Plan:
 
     def describe(self, name: str) -> str:
         eta = f"about {self.eta_seconds:.0f} s" if self.eta_seconds is not None else self.eta_note
-        ablation = (f", {self.ablation_passes} of them for the sink ablation of {self.ablated_blocks} blocks (each "
-                    f"stopped after its block)" if self.ablated_blocks else "")
-        return (f"nopelens: plan for {name}: {self.forward_passes} forward passes over {self.tokens:,} tokens{ablation} "
-                f"(a second pass only over batches whose features do not fit the keep budget); statistics "
+        ablation = (f"{self.ablation_passes} of them for the sink ablation of {self.ablated_blocks} blocks, each "
+                    f"stopped after its block; " if self.ablated_blocks else "")
+        return (f"nopelens: plan for {name}: {self.forward_passes} forward passes over {self.tokens:,} tokens "
+                f"({ablation}a second pass only over batches whose features do not fit the keep budget); statistics "
                 f"{self.statistics_bytes / 2**20:,.1f} MiB, plus at most {self.keep_bytes / 2**20:,.0f} MiB of kept "
                 f"features; ETA {eta}")
 

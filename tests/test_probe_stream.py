@@ -155,7 +155,7 @@ def test_plan_prints_passes_tokens_memory_and_exits(model_dir, tmp_path, capsys)
     assert code == 0 and not (tmp_path / "run").exists()
     # 6 sequences of 16 tokens in one batch, the 15-token copies without BOS for the sink table, and one
     # pass over the 96 tokens per block for its sink ablation
-    assert "6 forward passes over 570 tokens, 4 of them for the sink ablation of 4 blocks" in out, out
+    assert "6 forward passes over 570 tokens (4 of them for the sink ablation of 4 blocks" in out, out
     assert "MiB" in out and "ETA about" in out, out
     code = main(["probe", f"hf:{model_dir}", *ARGS, "--plan", "--no-sink-ablation", "--out", str(tmp_path / "run")])
     out = capsys.readouterr().out
