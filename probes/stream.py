@@ -16,6 +16,12 @@ that batch, in which it only predicts (:mod:`nopelens.probes.stream_probes`). :f
 passes until no measurement asks for another, and in a later pass only the batches and sites
 someone still needs.
 
+An intervention is measured the same way: :func:`run` takes TransformerLens hooks (``hooks=``,
+a list, or a function of each batch's rows and mask, :data:`~nopelens.probes.collect.BatchHooks`)
+and adds them around every batch's forward pass only, before the measurements' own hooks; the
+streamed sink ablation (:func:`~nopelens.analyses.intervene.sink_ablation_drop_streamed`) is one
+run per block with that block's first real key removed.
+
 Writing a measurement (the plug-in point for attention reductions: sink mass and rate, the score
 reads, variance shrinkage): subclass :class:`Measurement` and implement
 
