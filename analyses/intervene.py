@@ -8,7 +8,10 @@ model the index should come from the first token.
 
 Three interventions, each a set of TransformerLens hooks added for the forward passes of one
 measurement and removed afterwards, also when a pass raises (``model.hooks(...)``, the context
-manager of ``HookedRootModule`` and ``TransformerBridge`` alike):
+manager of ``HookedRootModule`` and ``TransformerBridge`` alike). Hooks that index rows (the first
+real token of each row, a per-row patched state) are made per batch
+(:data:`~nopelens.probes.collect.BatchHooks`, :func:`sink_batch_hooks`), so each batch of a
+batched pass gets its own rows' indices; a hook handed a batch of another size refuses it.
 
 - **Sink ablation** (:func:`sink_ablation`). In block l, the first real token is removed from the
   keys of every later query: ``hook_attn_scores`` gets -inf at (query > first, key = first), so
@@ -57,13 +60,20 @@ from nopelens.models.io import write_csv_atomic
 from nopelens.models.progress import progress_bar
 from nopelens.probes import (
     Activations,
+    BatchHooks,
+    HookList,
     collect,
+    hooks_added,
+    hooks_for_batch,
     make_probe,
     probe_absolute_index,
     probe_relative_distance,
     resid_site,
     sequence_splits,
+    stream,
 )
+from nopelens.probes.stream import KeepBudget, Measurement, Sequences
+from nopelens.probes.stream_probes import absolute_index_probes
 
 from . import report, runs
 from .reads import bilinear_mode
@@ -79,7 +89,6 @@ below this fraction of the true shift there is no scale, and ``moved`` is NaN wi
 PATTERN_TOLERANCE = 1e-6
 """Largest attention weight a removed key may keep for the ablation to count as applied."""
 
-HookList = list[tuple[str, Callable]]
 
 
 class NotApplicable(ValueError):
@@ -99,16 +108,19 @@ def intervention(model, hooks: HookList) -> Iterator[None]:
     Raises:
         KeyError: if a hook name does not exist on the model, naming it.
     """
-    missing = [name for name, _ in hooks if name not in model.hook_dict]
-    if missing:
-        raise KeyError(f"{type(model).__name__} has no hook point {missing[0]!r}")
-    with model.hooks(fwd_hooks=hooks):
+    with hooks_added(model, hooks):
         yield
 
 
 def first_real_index(attention_mask: Tensor) -> Tensor:
     """Index of the first real token of each row ``[batch]`` (0 unless the row is left-padded)."""
     return attention_mask.long().argmax(-1)
+
+
+def _check_rows(first: Tensor, n_rows: int, site: str) -> None:
+    if first.shape[0] != n_rows:
+        raise ValueError(f"a sink hook at {site} was made for {first.shape[0]} rows but sees a batch of {n_rows}: "
+                         "make the hooks per batch (sink_batch_hooks), so each batch gets its own rows' first indices")
 
 
 def remove_first_key_hook(first: Tensor) -> Callable:
@@ -120,14 +132,17 @@ def remove_first_key_hook(first: Tensor) -> Callable:
     Returns:
         ``fn(scores [batch, head_index, query_pos, key_pos], hook)`` returning the scores with -inf
         at (query > first, key = first); the softmax then renormalizes over the other keys.
+        Raises ValueError when handed a batch of another size than ``first`` (a hook made for
+        other rows would block the wrong key of a left-padded row).
     """
 
     def hook(scores: Tensor, hook) -> Tensor:
+        _check_rows(first, scores.shape[0], "hook_attn_scores")
         n_query, n_key = scores.shape[-2:]
         offset = n_key - n_query  # keys before the queries (a cache); 0 in a full pass
         key = torch.arange(n_key, device=scores.device)
         query = torch.arange(n_query, device=scores.device) + offset
-        f = first.to(scores.device)[: scores.shape[0], None, None]
+        f = first.to(scores.device)[:, None, None]
         blocked = (key[None, None, :] == f) & (query[None, :, None] > f)
         return scores.masked_fill(blocked[:, None], float("-inf"))
 
@@ -138,14 +153,16 @@ def replace_first_value_hook(first: Tensor, mean_value: Tensor) -> Callable:
     """A ``hook_v`` hook that sets the first real token's value to ``mean_value``.
 
     Args:
-        first: int64 ``[batch]``, first real index per row.
+        first: int64 ``[batch]``, first real index per row of the batch the hook will see (a
+            batch of another size raises ValueError).
         mean_value: ``[head_index, d_head]`` (the mean value of the other real tokens).
     """
 
     def hook(v: Tensor, hook) -> Tensor:
+        _check_rows(first, v.shape[0], "hook_v")
         v = v.clone()
         rows = torch.arange(v.shape[0], device=v.device)
-        v[rows, first.to(v.device)[: v.shape[0]]] = mean_value.to(v.device, v.dtype)
+        v[rows, first.to(v.device)] = mean_value.to(v.device, v.dtype)
         return v
 
     return hook
@@ -183,7 +200,13 @@ def mean_values(model, tokens: Tensor, attention_mask: Tensor, blocks: Sequence[
 
 
 def sink_hooks(block: int, mode: str, first: Tensor, mean_value: Tensor | None = None) -> HookList:
-    """The hooks of one sink ablation of ``block`` (``remove_key`` or ``mean_value``)."""
+    """The hooks of one sink ablation of ``block`` (``remove_key`` or ``mean_value``) for one batch
+    whose rows have first real indices ``first`` (int64 ``[batch]``); for a batched pass use
+    :func:`sink_batch_hooks`.
+
+    Raises:
+        ValueError: on an unknown mode, or ``mean_value`` without its mean value.
+    """
     if mode == "remove_key":
         return [(act_name("attn_scores", block), remove_first_key_hook(first))]
     if mode == "mean_value":
@@ -191,6 +214,60 @@ def sink_hooks(block: int, mode: str, first: Tensor, mean_value: Tensor | None =
             raise ValueError("mode 'mean_value' needs the mean value of the block")
         return [(act_name("v", block), replace_first_value_hook(first, mean_value))]
     raise ValueError(f"sink ablation mode must be one of {SINK_MODES}, got {mode!r}")
+
+
+@dataclass(frozen=True)
+class SinkBatchHooks:
+    """One sink ablation of ``block`` as hooks made per batch (a
+    :data:`~nopelens.probes.collect.BatchHooks`; build with :func:`sink_batch_hooks`). A dataclass,
+    so it pickles and can be sent to shards (:func:`nopelens.probes.stream.run` with ``executor``)."""
+
+    block: int
+    mode: str
+    mean_value: Tensor | None = None
+
+    def __call__(self, rows: slice, attention_mask: Tensor) -> HookList:
+        return sink_hooks(self.block, self.mode, first_real_index(attention_mask), self.mean_value)
+
+
+def sink_batch_hooks(block: int, mode: str, mean_value: Tensor | None = None) -> SinkBatchHooks:
+    """One sink ablation of ``block`` as hooks made per batch: each batch gets :func:`sink_hooks`
+    with its own rows' first real indices (:func:`first_real_index` of its mask), so a left-padded
+    row has its own first key removed however the sequences are batched.
+
+    Raises:
+        ValueError: as :func:`sink_hooks`, at once.
+    """
+    sink_hooks(block, mode, torch.zeros(1, dtype=torch.long), mean_value)  # check mode and mean value now
+    return SinkBatchHooks(block, mode, mean_value)
+
+
+CHECK_TOKENS = 16
+"""Real tokens per sequence :func:`check_sink_ablation` runs on."""
+
+
+def first_real_tokens(tokens: Tensor, attention_mask: Tensor, n: int) -> tuple[Tensor, Tensor]:
+    """Each row's first ``n`` real tokens, left-padded to one length (the pad slots repeat the
+    row's first token, masked out).
+
+    Args:
+        tokens, attention_mask: ``[batch, pos]``; every row has a real token.
+        n: tokens to keep per row, >= 1.
+
+    Returns:
+        ``(tokens, attention_mask)``, ``[batch, min(n, longest row)]``.
+
+    Example:
+        >>> tokens, mask = first_real_tokens(torch.tensor([[0, 0, 5, 6], [4, 5, 6, 7]]),
+        ...                                  torch.tensor([[0, 0, 1, 1], [1, 1, 1, 1]]), 3)
+        >>> tokens.tolist(), mask.tolist()
+        ([[5, 5, 6], [4, 5, 6]], [[0, 1, 1], [1, 1, 1]])
+    """
+    real = [row[keep.bool()][:n] for row, keep in zip(tokens, attention_mask)]
+    width = max(len(row) for row in real)
+    padded = torch.stack([torch.cat([row[:1].expand(width - len(row)), row]) for row in real])
+    mask = torch.stack([(torch.arange(width) >= width - len(row)).long() for row in real])
+    return padded, mask
 
 
 def check_sink_ablation(model, block: int, mode: str, tokens: Tensor, attention_mask: Tensor,
@@ -201,14 +278,16 @@ def check_sink_ablation(model, block: int, mode: str, tokens: Tensor, attention_
     fact, so an edit there changes nothing (TransformerLens warns); a model without the hook
     point cannot be ablated at all. Checked: the hook point exists, no edit is discarded, the
     removed key has weight <= :data:`PATTERN_TOLERANCE` in ``hook_pattern`` (``remove_key``), and
-    the block's attention output changes.
+    the block's attention output changes. The two sequences are cut to their first
+    :data:`CHECK_TOKENS` real tokens (left-padded to one length), so the patterns the check reads
+    do not grow with the sequence length.
 
     Raises:
         NotApplicable: with a one-line reason.
     """
-    tokens, attention_mask = tokens[:2], attention_mask[:2]
-    hooks = sink_hooks(block, mode, first_real_index(attention_mask), mean_value)
-    name = hooks[0][0]
+    tokens, attention_mask = first_real_tokens(tokens[:2], attention_mask[:2], CHECK_TOKENS)
+    hooks = sink_batch_hooks(block, mode, mean_value)
+    name = hooks(slice(0, 2), attention_mask)[0][0]
     if name not in model.hook_dict:
         raise NotApplicable(f"no hook point {name}: the sink cannot be ablated in block {block}")
     pattern_site, out_site = act_name("pattern", block), act_name("attn_out", block)
@@ -220,8 +299,7 @@ def check_sink_ablation(model, block: int, mode: str, tokens: Tensor, attention_
     clean = collect(model, tokens, sites, attention_mask=attention_mask)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        with intervention(model, hooks):
-            ablated = collect(model, tokens, sites, attention_mask=attention_mask)
+        ablated = collect(model, tokens, sites, attention_mask=attention_mask, hooks=hooks)
     if any("discarded" in str(w.message) for w in caught):
         raise NotApplicable(f"{name} is fired after the attention is computed (edits are discarded); "
                             "the sink ablation would measure nothing")
@@ -262,9 +340,10 @@ class ProbeSettings:
 
 
 def reprobe(model, tokens: Tensor, attention_mask: Tensor, from_layer: int, n_layers: int,
-            settings: ProbeSettings, hooks: HookList = ()) -> pd.DataFrame:
+            settings: ProbeSettings, hooks: HookList | BatchHooks = ()) -> pd.DataFrame:
     """Probe absolute index at layers ``from_layer .. n_layers`` and the q.k distance read of the
-    blocks whose queries and keys come from those layers, under ``hooks``.
+    blocks whose queries and keys come from those layers, under ``hooks`` (the same for every
+    batch, or made per batch).
 
     Returns:
         :data:`~nopelens.probes.linear.RESULT_COLUMNS` rows; a q.k read of block b is at layer b + 1.
@@ -273,8 +352,7 @@ def reprobe(model, tokens: Tensor, attention_mask: Tensor, from_layer: int, n_la
     blocks = range(from_layer, n_layers) if settings.relative else ()
     qk = [qk_sites(model, block) for block in blocks]
     sites = residual + [site for pair in qk for site in pair]
-    with intervention(model, list(hooks)):
-        collected = collect(model, tokens, sites, attention_mask=attention_mask, batch_size=32)
+    collected = collect(model, tokens, sites, attention_mask=attention_mask, batch_size=32, hooks=hooks)
     acts = later_tokens(collected)
     common = dict(n_splits=settings.n_splits, n_boot=settings.n_boot, seed=settings.seed)
     frames = [probe_absolute_index(acts, sites=residual, tasks=settings.tasks, controls=settings.controls, **common)]
@@ -289,8 +367,9 @@ def reprobe(model, tokens: Tensor, attention_mask: Tensor, from_layer: int, n_la
 
 
 def behavior(model, tokens: Tensor, attention_mask: Tensor, targets: Tensor | None = None,
-             loss_mask: Tensor | None = None, hooks: HookList = ()) -> pd.DataFrame:
-    """Per-sequence loss (nats per scored token) and exact match under ``hooks``.
+             loss_mask: Tensor | None = None, hooks: HookList | BatchHooks = ()) -> pd.DataFrame:
+    """Per-sequence loss (nats per scored token) and exact match under ``hooks`` (the same for
+    every batch of 32 sequences, or made per batch).
 
     Args:
         tokens, attention_mask: ``[batch, pos]``.
@@ -306,10 +385,11 @@ def behavior(model, tokens: Tensor, attention_mask: Tensor, targets: Tensor | No
         loss_mask = torch.cat([(attention_mask[:, 1:] * attention_mask[:, :-1]).bool(),
                                torch.zeros_like(tokens[:, :1], dtype=torch.bool)], dim=1)
     rows = []
-    with torch.no_grad(), intervention(model, list(hooks)):
+    with torch.no_grad():
         for start in range(0, tokens.shape[0], 32):
-            part = slice(start, start + 32)
-            logits = _logits(model(tokens[part], attention_mask=attention_mask[part])).float()
+            part = slice(start, min(start + 32, tokens.shape[0]))
+            with intervention(model, hooks_for_batch(hooks, part, attention_mask[part])):
+                logits = _logits(model(tokens[part], attention_mask=attention_mask[part])).float()
             mask = loss_mask[part].to(logits.device)
             target = targets[part].to(logits.device)
             nats = F.cross_entropy(logits.transpose(1, 2), target, reduction="none") * mask
@@ -374,7 +454,6 @@ def sink_ablation(model, tokens: Tensor, attention_mask: Tensor, n_layers: int, 
     for block in blocks:
         if not 0 <= block < n_layers:
             raise ValueError(f"block {block} is outside 0..{n_layers - 1}")
-    first = first_real_index(attention_mask)
     ablations = [(mode, block) for mode in modes for block in blocks]
     bar = progress_bar(total=len(ablations) + 1, desc="sink ablation", unit="probe set", disable=not progress)
     bar.set_postfix_str("clean")
@@ -392,7 +471,7 @@ def sink_ablation(model, tokens: Tensor, attention_mask: Tensor, n_layers: int, 
             behavior_rows.append(dict(condition=mode, ablated_block=block, status="not_applicable", note=str(reason)))
             bar.update()
             continue
-        hooks = sink_hooks(block, mode, first, mean_value)
+        hooks = sink_batch_hooks(block, mode, mean_value)
         table = reprobe(model, tokens, attention_mask, block + 1, n_layers, settings, hooks)
         probe_frames.append(table.assign(condition=mode, ablated_block=block))
         changed = behavior(model, tokens, attention_mask, targets, loss_mask, hooks)
@@ -591,8 +670,9 @@ def position_patching(model, tokens: Tensor, n_layers: int, settings: ProbeSetti
         before, after = read_original[:, position], read_copy[:, position - shift]
         for layer, site in enumerate(sites):
             replacement = torch.from_numpy(source.acts[site]).reshape(len(copy), copy.shape[1], -1)[:, position - shift]
-            with intervention(model, [(site, patch_position_hook(position, replacement))]):
-                patched = collect(model, tokens, [read_site], batch_size=len(tokens))  # the hook patches every row
+            patched = collect(model, tokens, [read_site], batch_size=32,
+                              hooks=lambda rows, mask, site=site, replacement=replacement: [
+                                  (site, patch_position_hook(position, replacement[rows]))])
             patched_read = probe.predict(patched.features(read_site)).reshape(tokens.shape)[:, position]
             scale = float(np.mean(after - before))
             if abs(scale) < MIN_READ_SHIFT * shift:
@@ -611,9 +691,12 @@ def position_patching(model, tokens: Tensor, n_layers: int, settings: ProbeSetti
 
 
 def patch_position_hook(position: int, replacement: Float[Tensor, "batch d_model"]) -> Callable:
-    """A residual hook that puts ``replacement`` at ``position`` of every row."""
+    """A residual hook that puts ``replacement[b]`` at ``position`` of row b of the batch it sees
+    (a batch of another size than ``replacement`` raises ValueError: make it per batch)."""
 
     def hook(resid: Tensor, hook) -> Tensor:
+        if resid.shape[0] != replacement.shape[0]:
+            raise ValueError(f"a patch made for {replacement.shape[0]} rows sees a batch of {resid.shape[0]}")
         resid = resid.clone()
         resid[:, position] = replacement.to(resid.device, resid.dtype)
         return resid
@@ -648,6 +731,8 @@ def sink_ablation_drop(model, tokens: Tensor, attention_mask: Tensor, n_layers: 
     ``remove_key`` rows at layer l + 1: the sweep and ``nopelens intervene`` give one number. (The
     sweep once probed only its first 16 sequences, and the smaller fits read text-nope-4l's
     block-0 ablation as R^2 0.81 -> -0.04 where 80 sequences read 0.92 -> 0.42.)
+    :func:`sink_ablation_drop_streamed` gives the same table in memory that does not grow with
+    the tokens.
 
     Args:
         model, tokens, attention_mask, n_layers: the subject.
@@ -657,34 +742,123 @@ def sink_ablation_drop(model, tokens: Tensor, attention_mask: Tensor, n_layers: 
 
     Returns:
         One row per block: ``block``, ``layer``, ``r2_clean`` and ``r2_ablated`` with CIs, ``drop``
-        (clean - ablated), ``status`` (``measured`` or ``not_applicable``) and ``note``.
+        (clean - ablated), ``status`` (``measured`` or ``not_applicable``, where
+        :func:`check_sink_ablation` refuses the block) and ``note``.
     """
     if max_sequences is not None:
         tokens, attention_mask = tokens[:max_sequences], attention_mask[:max_sequences]
         clean = subset_sequences(clean, len(tokens))
-    first = first_real_index(attention_mask)
     common = dict(tasks=("regression",), controls=False, n_splits=n_splits, n_boot=n_boot, seed=seed)
     later_clean = later_tokens(clean)
+    refused = refused_sink_blocks(model, n_layers, tokens, attention_mask)
     rows = []
     for block in range(n_layers):
+        if block in refused:
+            rows.append(_drop_row(block, note=refused[block]))
+            continue
         site = resid_site(block + 1)
-        row = dict(block=block, layer=block + 1)
+        ablated = later_tokens(collect(model, tokens, [site], attention_mask=attention_mask, batch_size=32,
+                                       hooks=sink_batch_hooks(block, "remove_key")))
+        rows.append(_drop_row(block, *(_linear_r2(probe_absolute_index(acts, sites=[site], **common), site)
+                                      for acts in (later_clean, ablated))))
+    return pd.DataFrame(rows)
+
+
+def refused_sink_blocks(model, n_layers: int, tokens: Tensor, attention_mask: Tensor) -> dict[int, str]:
+    """Block -> why its first key cannot be removed and checked (:func:`check_sink_ablation`,
+    ``remove_key``, on two sequences); the blocks not listed can be ablated."""
+    refused = {}
+    for block in range(n_layers):
         try:
             check_sink_ablation(model, block, "remove_key", tokens, attention_mask)
         except NotApplicable as reason:
-            rows.append(dict(row, status="not_applicable", note=str(reason)))
+            refused[block] = str(reason)
+    return refused
+
+
+def later_token_probes(sequences: Sequences, layers: Sequence[int], n_splits: int = 5, n_boot: int = 200,
+                       seed: int = 0, keep: KeepBudget | int | str | None = "auto") -> Measurement:
+    """The sink ablation's probe, streamed: regression for the index, no controls, on the tokens
+    after the first real one (:func:`later_tokens`) at residual ``layers`` (DESIGN.md numbering);
+    its table is :func:`~nopelens.probes.linear.probe_absolute_index`'s on the same samples
+    (:func:`~nopelens.probes.stream_probes.absolute_index_probes` with ``min_position=1``).
+
+    Raises:
+        ValueError: as :func:`~nopelens.probes.stream_probes.absolute_index_probes` (too few
+            sequences with a second token for the folds).
+    """
+    return absolute_index_probes(sequences, [resid_site(layer) for layer in layers], tasks=("regression",),
+                                 controls=False, n_splits=n_splits, n_boot=n_boot, seed=seed, keep=keep,
+                                 min_position=1)
+
+
+def sink_ablation_drop_streamed(model, sequences: Sequences, n_layers: int, clean: pd.DataFrame,
+                                refused: dict[int, str], n_splits: int = 5, n_boot: int = 200, seed: int = 0,
+                                keep: KeepBudget | int | str | None = "auto", batch_size: int = 32,
+                                progress: str | None = None) -> pd.DataFrame:
+    """:func:`sink_ablation_drop`'s table, streamed (:func:`nopelens.probes.stream.run`): memory
+    does not grow with the tokens past the keep budget.
+
+    Per block l that is not ``refused``: one streamed run with block l's first real key removed
+    (:func:`sink_batch_hooks`, each batch its own rows' first indices), probing layer l + 1 on the
+    tokens after the first (:func:`later_token_probes`); each forward pass stops after that layer,
+    so the n blocks cost about (n + 1) / 2 full passes (twice that for batches whose features do
+    not fit the keep budget). The clean R^2 comes from ``clean``, the same probes measured in the
+    caller's clean run (which hooks the sweep's sites, as the in-memory clean states were
+    collected). On the same sequences, sites and settings the numbers equal
+    :func:`sink_ablation_drop`'s up to float round-off of the sums (tests: 1e-8).
+
+    Args:
+        model: the hooked model.
+        sequences: the token set (:meth:`~nopelens.probes.stream.Sequences.of`).
+        n_layers: number of blocks.
+        clean: :func:`later_token_probes`'s result on the clean model, holding layer l + 1 of
+            every block not refused.
+        refused: :func:`refused_sink_blocks` (their rows are ``not_applicable`` with the reason).
+        n_splits, n_boot, seed: probe folds, bootstrap replicates and seed.
+        keep: the keep budget (shared with the caller's measurements).
+        batch_size: sequences per forward pass.
+        progress: a label for a bar per ablated run (None: no bar).
+
+    Returns:
+        One row per block, the columns of :func:`sink_ablation_drop`.
+
+    Raises:
+        KeyError: if ``clean`` lacks the layer of a block to ablate.
+        ValueError: as :func:`later_token_probes` and :func:`~nopelens.probes.stream.run`.
+    """
+    rows = []
+    for block in range(n_layers):
+        if block in refused:
+            rows.append(_drop_row(block, note=refused[block]))
             continue
-        with intervention(model, sink_hooks(block, "remove_key", first)):
-            ablated = later_tokens(collect(model, tokens, [site], attention_mask=attention_mask, batch_size=32))
-        scores = {}
-        for name, acts in (("clean", later_clean), ("ablated", ablated)):
-            table = probe_absolute_index(acts, sites=[site], **common)
-            scores[name] = table[(table["probe"] == "linear") & (table["metric"] == "r2")].iloc[0]
-        rows.append(dict(row, r2_clean=scores["clean"]["value"], r2_clean_ci_low=scores["clean"]["ci_low"],
-                         r2_clean_ci_high=scores["clean"]["ci_high"], r2_ablated=scores["ablated"]["value"],
-                         r2_ablated_ci_low=scores["ablated"]["ci_low"], r2_ablated_ci_high=scores["ablated"]["ci_high"],
-                         drop=scores["clean"]["value"] - scores["ablated"]["value"], status="measured", note=""))
+        site = resid_site(block + 1)
+        probe = later_token_probes(sequences, [block + 1], n_splits, n_boot, seed, keep)
+        (ablated,) = stream.run(model, sequences, [probe], batch_size=batch_size,
+                                hooks=sink_batch_hooks(block, "remove_key"),
+                                progress=progress and f"{progress}: sink ablation, block {block}")
+        rows.append(_drop_row(block, _linear_r2(clean, site), _linear_r2(ablated, site)))
     return pd.DataFrame(rows)
+
+
+def _linear_r2(table: pd.DataFrame, site: str) -> pd.Series:
+    """The grouped linear probe's R^2 row of ``site`` in a probe table."""
+    hit = table[(table["site"] == site) & (table["probe"] == "linear") & (table["metric"] == "r2")
+                & (table["split"] == "grouped")]
+    if hit.empty:
+        raise KeyError(f"no linear R^2 of {site} in the probe table")
+    return hit.iloc[0]
+
+
+def _drop_row(block: int, clean: pd.Series | None = None, ablated: pd.Series | None = None, note: str = "") -> dict:
+    """One row of the sink ablation table; without scores, a ``not_applicable`` row with ``note``."""
+    row = dict(block=block, layer=block + 1)
+    if clean is None:
+        return dict(row, status="not_applicable", note=note)
+    return dict(row, r2_clean=clean["value"], r2_clean_ci_low=clean["ci_low"], r2_clean_ci_high=clean["ci_high"],
+                r2_ablated=ablated["value"], r2_ablated_ci_low=ablated["ci_low"],
+                r2_ablated_ci_high=ablated["ci_high"], drop=clean["value"] - ablated["value"], status="measured",
+                note="")
 
 
 def subset_sequences(acts: Activations, n_sequences: int) -> Activations:

@@ -11,9 +11,12 @@ kept for the out-of-fold predictions instead of a second forward pass: by defaul
 quarter of the memory available when the run starts, whichever is less), so memory does not grow
 with the number of tokens past it.
 
-The sink ablation (re-running the model with block l's first key removed and probing in memory)
-is not streamed: its table is empty and the run says so (``not_applicable``); ``nopelens
-intervene`` measures it.
+The sink ablation is streamed too (:func:`~nopelens.analyses.intervene.sink_ablation_drop_streamed`):
+the clean later-token probes of every ablatable block's next layer are measured in the main run,
+then one run per block with its first real key removed probes that layer, each pass stopped
+after it (about n_layers / 2 extra full passes). Blocks whose attention cannot be ablated and
+checked get ``not_applicable`` rows with the reason, as in memory. ``sink_ablation=False`` in the
+settings (``nopelens probe --no-sink-ablation``) skips it, and the run says so.
 
 :func:`plan` says before the run how many forward passes, tokens and how much memory the
 statistics need (``nopelens probe --plan``).
@@ -30,16 +33,16 @@ import torch
 from tqdm.auto import tqdm
 
 from nopelens.models.hooks import act_names
-from nopelens.probes import collect
+from nopelens.probes import collect, resid_site
 from nopelens.probes.sinks import GU_WINDOW, SinkStats, uniform_sink_score
 from nopelens.probes.stream import AttentionVariance, KeepBudget, Sequences, run
-from nopelens.probes.stream_probes import absolute_index_probes, relative_distance_probes
+from nopelens.probes.stream_probes import Probes, absolute_index_probes, relative_distance_probes
 
+from .intervene import later_token_probes, refused_sink_blocks, sink_ablation_drop_streamed
 from .reads import MAX_OUTER_FEATURES, SweepSites
 from .subjects import Subject
 
-NOT_STREAMED_ABLATION = ("not measured by the streamed probe: the sink ablation re-runs the model with each "
-                         "block's first key removed and probes in memory (nopelens intervene measures it)")
+SKIPPED_ABLATION = "skipped (--no-sink-ablation): the sink ablation's extra forward passes were not run"
 
 
 @dataclass
@@ -55,14 +58,24 @@ class Measurements:
     sinks_stripped: SinkStats | None
     window: int
     budget: KeepBudget
+    ablation: Probes | None = None  # the sink ablation's clean later-token probes (None: skipped or nothing to ablate)
+    ablation_refused: dict[int, str] | None = None  # block -> why it cannot be ablated (None: the ablation is skipped)
+
+    def ablated_blocks(self, n_layers: int) -> list[int]:
+        """The blocks the sink ablation will run with their first key removed."""
+        if self.ablation_refused is None:
+            return []
+        return [block for block in range(n_layers) if block not in self.ablation_refused]
 
 
 def measurements(subject: Subject, settings, sites: SweepSites,
                  shapes: dict[str, tuple[int, ...]] | None = None) -> Measurements:
     """The streamed measurements of ``subject`` under ``settings`` (a
     :class:`~nopelens.analyses.sweep.SweepSettings`) on the sweep's ``sites``
-    (:func:`~nopelens.analyses.sweep.sweep_sites`): the sweep's probe set, its sink conditions and
-    its variance sites.
+    (:func:`~nopelens.analyses.sweep.sweep_sites`): the sweep's probe set, its sink conditions, its
+    variance sites and (unless ``settings.sink_ablation`` is False) the sink ablation's clean
+    probes, after checking on two sequences which blocks can be ablated
+    (:func:`~nopelens.analyses.intervene.refused_sink_blocks`: a few short forward passes).
 
     Raises:
         ValueError: as the probes' and sinks' constructors (too few sequences for the folds, ...).
@@ -98,7 +111,16 @@ def measurements(subject: Subject, settings, sites: SweepSites,
         stripped = Sequences.of(subject.tokens[:, 1:], subject.attention_mask[:, 1:])
         stripped_stats = SinkStats(stripped, sites.patterns, n_tokens=min(window, shortest - 1), windows=windows,
                                    sinks=sinks)
-    return Measurements(sequences, stripped, sites, probes, variance, sink_stats, stripped_stats, window, budget)
+    refused, ablation = None, None
+    if settings.sink_ablation:
+        with torch.no_grad():
+            refused = refused_sink_blocks(subject.model, subject.n_layers, subject.tokens, subject.attention_mask)
+        blocks = [block for block in range(subject.n_layers) if block not in refused]
+        if blocks:
+            ablation = later_token_probes(sequences, [block + 1 for block in blocks], settings.n_splits,
+                                          settings.n_boot, settings.seed, budget)
+    return Measurements(sequences, stripped, sites, probes, variance, sink_stats, stripped_stats, window, budget,
+                        ablation, refused)
 
 
 def site_shapes(subject: Subject, sites: SweepSites) -> dict[str, tuple[int, ...]]:
@@ -116,33 +138,45 @@ def measure_streamed(subject: Subject, settings, sites: SweepSites,
                      progress: bool = False) -> dict[str, pd.DataFrame | None]:
     """:func:`~nopelens.analyses.sweep.analyse_subject`'s tables of ``subject`` on ``sites``, streamed
     (module docstring): ``probes``, ``sinks`` (with and without BOS), ``variance`` as measured (per
-    position, before the sweep drops BOS and fits slopes; None without attention outputs) and an
-    empty ``sink_ablation``. With ``--input repeated`` the known answer is checked and recorded in
-    ``subject.info["known_answer"]``. ``progress``: a bar per pass with tokens/s and ETA."""
+    position, before the sweep drops BOS and fits slopes; None without attention outputs) and
+    ``sink_ablation`` (:func:`~nopelens.analyses.intervene.sink_ablation_drop`'s table; empty,
+    and ``not_applicable`` says so, when ``settings.sink_ablation`` is False). With ``--input
+    repeated`` the known answer is checked and recorded in ``subject.info["known_answer"]``.
+    ``progress``: a bar per pass with tokens/s and ETA."""
     plan_ = measurements(subject, settings, sites)
     batch_size = settings.batch_size
-    asked = plan_.probes + ([plan_.variance] if plan_.variance is not None else []) + [plan_.sinks]
+    others = [m for m in (plan_.variance, plan_.sinks, plan_.ablation) if m is not None]
     label = subject.name if progress else None
-    results = run(subject.model, plan_.sequences, asked, batch_size=batch_size, progress=label)
+    results = run(subject.model, plan_.sequences, plan_.probes + others, batch_size=batch_size, progress=label)
     probes = pd.concat(results[:len(plan_.probes)], ignore_index=True)
     probes.insert(0, "model", subject.name)
+    measured = {id(m): table for m, table in zip(others, results[len(plan_.probes):])}
     condition = "with_bos" if subject.has_bos else "without_bos"
-    frames = [results[-1].assign(condition=condition)]
+    frames = [measured[id(plan_.sinks)].assign(condition=condition)]
     if plan_.sinks_stripped is not None:
         frames.append(run(subject.model, plan_.stripped, [plan_.sinks_stripped], batch_size=batch_size,
                           progress=label and f"{label} without BOS")[0]
                       .assign(condition="without_bos"))
     sinks = pd.concat(frames, ignore_index=True).assign(model=subject.name, gu_window=plan_.window)
     sinks = sinks[~sinks["block"].isin(list(subject.sparse_blocks()))].reset_index(drop=True)  # as sink_conditions
-    variance = results[len(plan_.probes)] if plan_.variance is not None else None
-    subject.info.setdefault("not_applicable", {})["sink ablation"] = NOT_STREAMED_ABLATION
+    variance = measured.get(id(plan_.variance))
+    if plan_.ablation_refused is None:
+        ablation = pd.DataFrame()
+        subject.info.setdefault("not_applicable", {})["sink ablation"] = SKIPPED_ABLATION
+    else:
+        clean = measured.get(id(plan_.ablation))
+        with torch.no_grad():
+            ablation = sink_ablation_drop_streamed(subject.model, plan_.sequences, subject.n_layers, clean,
+                                                   plan_.ablation_refused, settings.n_splits, settings.n_boot,
+                                                   settings.seed, plan_.budget, batch_size, label)
+        ablation = ablation.assign(model=subject.name)
     subject.info["streamed"] = {"batch_size": batch_size, "kept_bytes_limit": plan_.budget.limit,
                                 "second_pass_batches": sorted({i for m in plan_.probes for job in m.jobs
                                                                for i in job.rerun})}
     if subject.info.get("input") == "repeated":
         subject.info["known_answer"] = repeated_token_answer(subject, sinks)
         tqdm.write(f"nopelens: {subject.name}: {subject.info['known_answer']}", file=sys.stderr)
-    return {"probes": probes, "sinks": sinks, "variance": variance, "sink_ablation": pd.DataFrame()}
+    return {"probes": probes, "sinks": sinks, "variance": variance, "sink_ablation": ablation}
 
 
 def repeated_token_answer(subject: Subject, sinks: pd.DataFrame) -> str:
@@ -220,11 +254,15 @@ class Plan:
     keep_bytes: int
     eta_seconds: float | None
     eta_note: str
+    ablation_passes: int = 0  # of the forward passes, those with one block's first key removed
+    ablated_blocks: int = 0
 
     def describe(self, name: str) -> str:
         eta = f"about {self.eta_seconds:.0f} s" if self.eta_seconds is not None else self.eta_note
-        return (f"nopelens: plan for {name}: {self.forward_passes} forward passes over {self.tokens:,} tokens (a "
-                f"second pass only over batches whose features do not fit the keep budget); statistics "
+        ablation = (f"{self.ablation_passes} of them for the sink ablation of {self.ablated_blocks} blocks, each "
+                    f"stopped after its block; " if self.ablated_blocks else "")
+        return (f"nopelens: plan for {name}: {self.forward_passes} forward passes over {self.tokens:,} tokens "
+                f"({ablation}a second pass only over batches whose features do not fit the keep budget); statistics "
                 f"{self.statistics_bytes / 2**20:,.1f} MiB, plus at most {self.keep_bytes / 2**20:,.0f} MiB of kept "
                 f"features; ETA {eta}")
 
@@ -239,28 +277,39 @@ def plan(subject: Subject, settings, sites: SweepSites) -> Plan:
     ETA from the project's model (:mod:`~nopelens.analyses.eta`) where it applies.
 
     Forward passes: one per batch, plus one per batch of the sequences without BOS (the sink
-    table's second condition); the probes may add a second pass over the batches whose features
-    do not fit the keep budget (counted here as the worst case when the features of all batches
-    exceed it).
+    table's second condition), plus one per batch and ablated block for the sink ablation (each
+    stopped after its block, so the n blocks cost about (n + 1) / 2 full passes; its tokens are
+    counted in full); the probes may add a second pass over the batches whose features do not fit
+    the keep budget (counted here as the worst case when the features of all batches exceed it).
+    The ETA's prior is calibrated on the in-memory sweep, which measures the sink ablation.
     """
     from .eta import MEASURE_OVERHEAD_TOKENS, MEASURE_PRIOR
 
     shapes = site_shapes(subject, sites)
     m = measurements(subject, settings, sites, shapes)
     n_batches = len(m.sequences.batches(settings.batch_size))
-    stats = sum(statistics_bytes(probe, shapes) for probe in m.probes)
-    per_token = sum(4 * 2 * _n_features(job, shapes) for probe in m.probes for job in probe.jobs
+    clean = m.probes + ([m.ablation] if m.ablation is not None else [])
+    stats = sum(statistics_bytes(probe, shapes) for probe in clean)
+    per_token = sum(4 * 2 * _n_features(job, shapes) for probe in clean for job in probe.jobs
                     if job.form != "scores") + 8 * len(m.sites.patterns)
     features = per_token * m.sequences.n_samples
     keep = m.budget.limit if m.budget.limit is not None else features  # no limit: every batch is kept
     passes = n_batches * (2 if features > keep else 1) + (n_batches if m.stripped is not None else 0)
     tokens = int(m.sequences.n_samples) * (2 if features > keep else 1) + (
         int(m.stripped.n_samples) if m.stripped is not None else 0)
+    ablated = m.ablated_blocks(subject.n_layers)
+    ablation_passes = 0
+    for block in ablated:  # one site (layer block + 1) per ablated run, fitted alone
+        site_features = 4 * 2 * int(np.prod(shapes[resid_site(block + 1)])) * m.sequences.n_samples
+        twice = 2 if site_features > keep else 1
+        ablation_passes += n_batches * twice
+        tokens += int(m.sequences.n_samples) * twice
+    passes += ablation_passes
     parameters = sum(p.numel() for p in subject.model.parameters())
     device = next(subject.model.parameters()).device
     if parameters <= ETA_MAX_PARAMETERS and device.type == "cpu":
         work = (subject.n_layers + 1) * (settings.n_sequences * subject.tokens.shape[1] + MEASURE_OVERHEAD_TOKENS)
-        return Plan(passes, tokens, stats, keep, work * MEASURE_PRIOR, "")
+        return Plan(passes, tokens, stats, keep, work * MEASURE_PRIOR, "", ablation_passes, len(ablated))
     return Plan(passes, tokens, stats, keep, None,
                 f"not estimated (analyses/eta.py is calibrated on models of at most {ETA_MAX_PARAMETERS:,} parameters "
-                f"on one CPU thread; this one has {parameters:,} on {device.type})")
+                f"on one CPU thread; this one has {parameters:,} on {device.type})", ablation_passes, len(ablated))

@@ -109,6 +109,9 @@ class SweepSettings:
         keep_mib: MiB of features a streamed measurement may keep for its predictions instead of
             a second forward pass (None: 512 MiB or a quarter of the memory available, whichever is
             less; 0: none, so memory is the statistics' whatever the number of tokens).
+        sink_ablation: measure the sink ablation of a streamed subject (about n_layers / 2 extra
+            forward passes; ``nopelens probe --no-sink-ablation`` turns it off). The in-memory
+            sweep always measures it.
     """
 
     models: tuple[str, ...]
@@ -124,6 +127,7 @@ class SweepSettings:
     streamed: bool = False
     batch_size: int = 32
     keep_mib: int | None = None
+    sink_ablation: bool = True
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "train_seeds", tuple(self.train_seeds))
@@ -167,7 +171,8 @@ class SweepSettings:
         if self.sites == DEFAULT_SITES:
             del settings["sites"]
         # written only when set, so folders made before they existed keep their digest
-        for name, default in (("hf_input", HFInput()), ("streamed", False), ("batch_size", 32), ("keep_mib", None)):
+        for name, default in (("hf_input", HFInput()), ("streamed", False), ("batch_size", 32), ("keep_mib", None),
+                              ("sink_ablation", True)):
             if getattr(self, name) == default:
                 del settings[name]
         return settings
@@ -270,7 +275,7 @@ def analyse_subject_streamed(subject: Subject, settings: SweepSettings, label: s
                              progress: bool = False) -> dict[str, pd.DataFrame]:
     """:func:`analyse_subject`'s tables of an HF subject through the streaming engine
     (:func:`~nopelens.analyses.streamed.measure_streamed`; ``nopelens probe hf:DIR``), after printing
-    its plan; the sink ablation is not streamed (an empty table, and ``not_applicable`` says so)."""
+    its plan; the sink ablation is streamed too unless ``settings.sink_ablation`` is False."""
     from .streamed import measure_streamed, plan
 
     sites = sweep_sites(subject, settings.sites)

@@ -1,7 +1,10 @@
 """From a hooked model to numbers: activation collection, position targets, grouped linear probes
 with controls, and attention-sink and attention-variance measurements."""
 
-from .collect import Activations, collect, is_pattern_site, resid_site, resid_sites, site_block, site_layer
+from .collect import (
+    Activations, BatchHooks, HookList, collect, hooks_added, hooks_for_batch, is_pattern_site, resid_site, resid_sites,
+    site_block, site_layer,
+)
 from .linear import (
     NOT_RECOVERED,
     RESULT_COLUMNS,
@@ -40,7 +43,7 @@ from .targets import (
 )
 
 __all__ = [
-    "Activations", "DistancePairs", "NOT_RECOVERED", "PooledLDA", "RESULT_COLUMNS", "attention_variance", "compare_bos",
+    "Activations", "BatchHooks", "HookList", "hooks_added", "hooks_for_batch", "DistancePairs", "NOT_RECOVERED", "PooledLDA", "RESULT_COLUMNS", "attention_variance", "compare_bos",
     "sink_mass", "sink_mass_by_position", "sink_rate", "sink_scores", "sink_table", "strip_padding",
     "variance_shrinkage", "variance_slopes", "bilinear_features", "bootstrap_scores", "collect",
     "control_labels", "extrapolation_splits", "first_recoverable_layer", "is_pattern_site", "mad_chance", "mad_chance_of",

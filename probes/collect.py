@@ -28,8 +28,9 @@ input to block 0 (``blocks.0.hook_resid_pre``), layer ``l + 1`` is the output of
 from __future__ import annotations
 
 import re
+from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Callable, Iterator, Sequence
 
 import numpy as np
 import torch
@@ -44,6 +45,45 @@ PATTERN_SUFFIXES = ("hook_pattern", "hook_attn_scores", "hook_content_scores", "
 _RESID_PRE = re.compile(r"^blocks\.(\d+)\.hook_resid_pre$")
 _RESID_POST = re.compile(r"^blocks\.(\d+)\.hook_resid_post$")
 _BLOCK = re.compile(r"^blocks\.(\d+)\.")
+
+
+HookList = list[tuple[str, Callable]]
+"""TransformerLens forward hooks: ``[(hook name, fn(activation, hook) -> activation or None)]``."""
+
+BatchHooks = Callable[[slice, Tensor], HookList]
+"""Hooks made for one forward pass from its batch: ``fn(rows, attention_mask)`` gets the batch's
+sequences ``rows`` (a slice of the whole token set) and its mask ``[batch, pos]`` (CPU int64, 1 at
+real tokens) and returns a :data:`HookList`. An intervention whose hooks index rows (the first real
+token of each row, a per-row replacement state) is one of these, so that every batch gets its own
+rows' values however the sequences are batched."""
+
+
+def hooks_for_batch(hooks: HookList | BatchHooks | None, rows: slice, attention_mask: Tensor) -> HookList:
+    """The hooks of one batch: ``hooks(rows, attention_mask)`` if it is a :data:`BatchHooks`, the
+    same list for every batch if it is a :data:`HookList`, none for None."""
+    if hooks is None:
+        return []
+    return list(hooks(rows, attention_mask)) if callable(hooks) else list(hooks)
+
+
+@contextmanager
+def hooks_added(model, hooks: HookList) -> Iterator[None]:
+    """Add ``hooks`` for the forward passes inside the block (TransformerLens' ``model.hooks``
+    context manager: removed when the block exits, also when a pass raises; hooks the caller added
+    before are kept). Added before :func:`collect`'s own hooks, so at a shared hook point the
+    intervention acts first and the collected value is the changed one.
+
+    Raises:
+        KeyError: if a hook name does not exist on the model, naming it.
+    """
+    missing = [name for name, _ in hooks if name not in model.hook_dict]
+    if missing:
+        raise KeyError(f"{type(model).__name__} has no hook point {missing[0]!r}")
+    if not hooks:
+        yield
+        return
+    with model.hooks(fwd_hooks=hooks):
+        yield
 
 
 class _StopForward(Exception):
@@ -163,6 +203,7 @@ def collect(
     sites: Sequence[str | int],
     attention_mask: Int[Tensor, "batch pos"] | np.ndarray | None = None,
     batch_size: int = 64,
+    hooks: HookList | BatchHooks | None = None,
 ) -> Activations:
     """Run ``model`` on ``tokens`` and keep the activations at ``sites`` for every real token.
 
@@ -183,6 +224,9 @@ def collect(
             :func:`resid_site`).
         attention_mask: 1 for real tokens, 0 for padding (left or right); default: all real.
         batch_size: sequences per forward pass.
+        hooks: an intervention, added around each forward pass only (:func:`hooks_added`): a
+            :data:`HookList` for every batch, or a :data:`BatchHooks` called with each batch's
+            rows and mask (hooks that index rows must be made per batch).
 
     Returns:
         :class:`Activations`; padded positions are never samples, and pattern sites are kept per
@@ -224,7 +268,9 @@ def collect(
         for start in range(0, tokens.shape[0], batch_size):
             batch_tokens, batch_mask = tokens[start : start + batch_size], mask[start : start + batch_size]
             batch_mask_arg = None if attention_mask is None else batch_mask.to(device)
-            captured = _run_batch(model, hook_points, sites, batch_tokens.to(device), batch_mask_arg, out.dtypes)
+            batch_rows = slice(start, start + len(batch_tokens))
+            with hooks_added(model, hooks_for_batch(hooks, batch_rows, batch_mask)):
+                captured = _run_batch(model, hook_points, sites, batch_tokens.to(device), batch_mask_arg, out.dtypes)
             batch_real = batch_mask.bool()
             for site in sites:
                 value = captured[site]

@@ -16,6 +16,12 @@ that batch, in which it only predicts (:mod:`nopelens.probes.stream_probes`). :f
 passes until no measurement asks for another, and in a later pass only the batches and sites
 someone still needs.
 
+An intervention is measured the same way: :func:`run` takes TransformerLens hooks (``hooks=``,
+a list, or a function of each batch's rows and mask, :data:`~nopelens.probes.collect.BatchHooks`)
+and adds them around every batch's forward pass only, before the measurements' own hooks; the
+streamed sink ablation (:func:`~nopelens.analyses.intervene.sink_ablation_drop_streamed`) is one
+run per block with that block's first real key removed.
+
 Writing a measurement (the plug-in point for attention reductions: sink mass and rate, the score
 reads, variance shrinkage): subclass :class:`Measurement` and implement
 
@@ -50,7 +56,10 @@ from torch import Tensor
 from nopelens.models.masks import CAUSAL, KeyWindow
 from nopelens.models.progress import progress_bar
 
-from .collect import _check_inputs, _model_device, _resolve_sites, forward_with_hooks, real_values, site_block
+from .collect import (
+    BatchHooks, HookList, _check_inputs, _model_device, _resolve_sites, forward_with_hooks, hooks_added, hooks_for_batch,
+    real_values, site_block,
+)
 
 
 @dataclass
@@ -221,6 +230,7 @@ def run(
     executor=None,
     shards: int | None = None,
     progress: str | None = None,
+    hooks: HookList | BatchHooks | None = None,
 ) -> list:
     """Feed ``measurements`` every batch of ``sequences``, pass after pass, and return their results.
 
@@ -237,14 +247,21 @@ def run(
             (default: the number of batches, at most 8).
         progress: a label to show a bar over the tokens of each pass with (tokens/s and ETA),
             on stderr; None: no bar.
+        hooks: an intervention for every pass: TransformerLens hooks added around each batch's
+            forward pass only (:func:`~nopelens.probes.collect.hooks_added`, before the
+            measurements' own hooks, so they read the changed values): a
+            :data:`~nopelens.probes.collect.HookList` for every batch, or a
+            :data:`~nopelens.probes.collect.BatchHooks` called with each batch's rows and mask
+            (e.g. :func:`~nopelens.analyses.intervene.sink_batch_hooks`). With ``executor`` it is
+            sent to the shards, so it must pickle (a module-level function or a dataclass does).
 
     Returns:
         ``[m.result() for m in measurements]``.
 
     Raises:
         TypeError: if the model has no ``hook_dict``, or ``executor`` is given with a model
-            instead of a loader.
-        KeyError: for a site the model does not have.
+            instead of a loader or with ``hooks`` that do not pickle.
+        KeyError: for a site or hook point the model does not have.
         ValueError: as :func:`~nopelens.probes.collect.collect` and the measurements.
     """
     batches = sequences.batches(batch_size)
@@ -253,6 +270,8 @@ def run(
                         "loads its own copy (two shards must not hook one model object)")
     if executor is None:
         _check_hooked(model)
+    elif hooks is not None:
+        _check_picklable(hooks)
     # a later pass hooks what the first one did: which hooks are attached can change the model's
     # arithmetic (the Decoder attends through a fused kernel unless scores or patterns are hooked)
     hooked = {i: _asked(measurements, i) for i in range(len(batches))}
@@ -264,15 +283,25 @@ def run(
             tokens = int(sum(sequences.offsets[batches[i].stop] - sequences.offsets[batches[i].start] for i in needed))
             with progress_bar(total=tokens, desc=f"{progress}: pass {n_pass}", unit="token", unit_scale=True,
                               leave=False, disable=progress is None) as bar:
-                _run_batches(model, sequences, measurements, batches, needed, hooked, bar.update)
+                _run_batches(model, sequences, measurements, batches, needed, hooked, bar.update, hooks)
         else:
-            _run_shards(model, sequences, measurements, batches, needed, hooked, executor, shards)
+            _run_shards(model, sequences, measurements, batches, needed, hooked, executor, shards, hooks)
         if not any([m.end_pass() for m in measurements]):
             return [m.result() for m in measurements]
 
 
 def _asked(measurements, i: int) -> list[str]:
     return list(dict.fromkeys(site for m in measurements for site in m.sites(i)))
+
+
+def _check_picklable(hooks) -> None:
+    import pickle
+
+    try:
+        pickle.dumps(hooks)
+    except Exception as error:  # pickle raises several types (PicklingError, AttributeError, TypeError)
+        raise TypeError(f"the intervention hooks cannot be sent to the shards ({type(error).__name__}: {error}); "
+                        "give a module-level function or a dataclass instance, or run without an executor") from None
 
 
 def _check_hooked(model) -> dict:
@@ -286,9 +315,10 @@ def _check_hooked(model) -> dict:
 
 
 def _run_batches(model, sequences: Sequences, measurements, batches: list[slice], indices: Sequence[int],
-                 hooked: dict[int, list[str]], done: Callable[[int], object] | None = None) -> None:
+                 hooked: dict[int, list[str]], done: Callable[[int], object] | None = None,
+                 hooks: HookList | BatchHooks | None = None) -> None:
     """Forward passes over ``batches[i]`` for ``i`` in ``indices`` with hooks on ``hooked[i]``, each
-    site handed to whoever asked for it."""
+    site handed to whoever asked for it, under the intervention ``hooks`` (see :func:`run`)."""
     hook_points = _check_hooked(model)
     device = _model_device(model)
     flags = [(module, module.training) for module in model.modules()]
@@ -308,7 +338,8 @@ def _run_batches(model, sequences: Sequences, measurements, batches: list[slice]
                         measurement.update(site, value, batch)
 
             mask = sequences.mask[rows].to(device) if sequences.masked else None
-            forward_with_hooks(model, hook_points, sites, sequences.tokens[rows].to(device), mask, hand_over)
+            with hooks_added(model, hooks_for_batch(hooks, rows, sequences.mask[rows])):
+                forward_with_hooks(model, hook_points, sites, sequences.tokens[rows].to(device), mask, hand_over)
             for measurement, asked in wanted:
                 if asked:
                     measurement.end_batch(batch)
@@ -319,7 +350,7 @@ def _run_batches(model, sequences: Sequences, measurements, batches: list[slice]
             module.training = training
 
 
-def _run_shards(load: Callable, sequences, measurements, batches, indices, hooked, executor, shards) -> None:
+def _run_shards(load: Callable, sequences, measurements, batches, indices, hooked, executor, shards, hooks) -> None:
     if not indices:
         return
     shards = min(len(indices), 8) if shards is None else shards
@@ -327,18 +358,19 @@ def _run_shards(load: Callable, sequences, measurements, batches, indices, hooke
         raise ValueError(f"shards must be a positive integer, got {shards!r}")
     groups = [list(part) for part in np.array_split(np.asarray(indices), min(shards, len(indices))) if len(part)]
     futures = [executor.submit(_shard, load, sequences, [m.spawn() for m in measurements], batches, group,
-                               {i: hooked[i] for i in group}) for group in groups]
+                               {i: hooked[i] for i in group}, hooks) for group in groups]
     for future in futures:  # in shard order, so the sums are the same on every run
         for measurement, part in zip(measurements, future.result()):
             measurement.merge(part)
 
 
-def _shard(load: Callable, sequences: Sequences, measurements, batches, indices, hooked) -> list:
-    """One shard on a worker: load the model, feed the measurements its batches, return them."""
+def _shard(load: Callable, sequences: Sequences, measurements, batches, indices, hooked, hooks=None) -> list:
+    """One shard on a worker: load the model, feed the measurements its batches (under ``hooks``),
+    return them."""
     from nopelens.models.threads import one_thread
 
     with one_thread():
-        _run_batches(load(), sequences, measurements, batches, indices, hooked)
+        _run_batches(load(), sequences, measurements, batches, indices, hooked, hooks=hooks)
     return measurements
 
 

@@ -102,8 +102,11 @@ class _Family:
 class _Layout:
     """The rows of a set of jobs (tokens, or pairs), their probe families and their cells."""
 
-    def __init__(self, groups: np.ndarray, token_types: np.ndarray, families: list[_Family]):
+    def __init__(self, groups: np.ndarray, token_types: np.ndarray, families: list[_Family],
+                 sample_rows: np.ndarray | None = None):
         self.groups, self.token_types, self.families = groups, token_types, families
+        # token jobs on a subset of the samples: each sample's row, -1 where it is not probed (None: row = sample)
+        self.sample_rows = sample_rows
         n_rows = len(groups)
         codes, n_blocks = [], []
         for family in families:
@@ -284,7 +287,12 @@ class Probes(Measurement):
         """The job's rows in this batch (indices into its layout) and their features ``[n, d]``."""
         if job.form == "rows":
             X = job.pending[job.sites[0]]
-            return np.arange(batch.samples.start, batch.samples.stop), X.reshape(len(X), -1)
+            rows = np.arange(batch.samples.start, batch.samples.stop)
+            if job.layout.sample_rows is not None:
+                rows = job.layout.sample_rows[rows]
+                probed = np.flatnonzero(rows >= 0)
+                rows, X = rows[probed], X[torch.as_tensor(probed, device=X.device)]
+            return rows, X.reshape(len(X), -1)
         ids, local = self._local_pairs(batch)
         if job.form == "float32" and len(job.sites) == 1:
             return ids, pair_features(job.pending[job.sites[0]], local, job.features)
@@ -492,6 +500,7 @@ def absolute_index_probes(
     seed: int = 0,
     keep: KeepBudget | int | str | None = "auto",
     compute_dtype: torch.dtype | None = None,
+    min_position: int = 0,
 ) -> Probes:
     """Streamed :func:`~nopelens.probes.linear.probe_absolute_index` (LDA and ridge probes).
 
@@ -505,17 +514,29 @@ def absolute_index_probes(
             :class:`~nopelens.probes.stream.KeepBudget`, or its limit (bytes; None: all; 0: none;
             ``"auto"``: 512 MiB or a quarter of the available memory, whichever is less).
         compute_dtype: statistics' dtype (float64; float32 only on an accelerator).
+        min_position: probe only the tokens at position >= this (positions keep their numbers):
+            1 probes the tokens after the first real one of each sequence, the queries a sink
+            ablation touches, as the in-memory probe on
+            :func:`~nopelens.analyses.intervene.later_tokens` does.
 
     Returns:
         A :class:`Probes` measurement.
 
     Raises:
-        ValueError: with too few sequences for the folds, an unknown task, or as
+        ValueError: with too few sequences for the folds (counting only sequences with a token at
+            ``min_position`` or later), an unknown task, a negative ``min_position``, or as
             :func:`~nopelens.probes.linear.extrapolation_splits`.
     """
     for task in tasks:
         _check_task(task)
+    if isinstance(min_position, bool) or not isinstance(min_position, (int, np.integer)) or min_position < 0:
+        raise ValueError(f"min_position must be an integer >= 0, got {min_position!r}")
     groups, position, token = sequences.sequence_id, sequences.position, sequences.token
+    sample_rows = None
+    if min_position > 0:
+        probed = position >= min_position
+        sample_rows = np.where(probed, np.cumsum(probed) - 1, -1)
+        groups, position, token = groups[probed], position[probed], token[probed]
     splits = sequence_splits(groups, n_splits)
     families = []
     for task in tasks:
@@ -524,7 +545,7 @@ def absolute_index_probes(
     if extrapolate_from is not None:
         families.append(_Family("absolute_index", "regression", "extrapolation", {"linear": position},
                                 extrapolation_splits(groups, position, extrapolate_from, n_splits), False))
-    layout = _Layout(groups, token, families)
+    layout = _Layout(groups, token, families, sample_rows)
     jobs = [_Job(layout, (site,), site, "token", "rows", read=False) for site in sites]
     return Probes(sequences, jobs, None, n_boot, seed, keep, compute_dtype)
 

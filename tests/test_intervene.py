@@ -12,7 +12,7 @@ from nopelens.circuits import distance
 from nopelens.circuits.layout import ATTENDED_POSITION, BOS_TOKEN, POSITION
 from nopelens.models import Decoder, DecoderConfig
 from nopelens.models.adapters import HookedModule, bridge_hf_model
-from nopelens.probes import collect
+from nopelens.probes import Activations, collect, probe_absolute_index
 
 SETTINGS = iv.ProbeSettings(n_splits=3, n_boot=30)
 
@@ -296,3 +296,69 @@ def test_sweep_compact_ablation_gives_intervenes_numbers():
     # a subset of the sequences is a different measurement, with a different number
     subset = iv.sink_ablation_drop(model, tokens, mask, 2, acts, n_splits=3, n_boot=30, seed=0, max_sequences=8)
     assert not np.allclose(subset["r2_ablated"], compact["r2_ablated"])
+
+
+def _left_padded_subject(n_sequences: int = 40, length: int = 12):
+    """A random-init NoPE Decoder and ``n_sequences`` left-padded sequences: row s has s % 3 pads, so
+    the rows of the second batch of 32 do not share the first rows' first real indices."""
+    config = DecoderConfig(d_vocab=16, n_ctx=length, n_layers=2, d_model=32, n_heads=2, position="nope")
+    model = Decoder(config, seed=5).eval()
+    tokens = torch.randint(2, 16, (n_sequences, length), generator=torch.Generator().manual_seed(2))
+    mask = torch.ones_like(tokens)
+    for s in range(n_sequences):
+        pads = s % 3
+        mask[s, :pads], tokens[s, :pads] = 0, 0
+        tokens[s, pads] = 1  # BOS at the first real token
+    return model, tokens, mask
+
+
+def _one_by_one(model, tokens, mask, sites, block):
+    """The states of every sequence run alone with its own first key removed in ``block`` (the reference)."""
+    parts = []
+    for s in range(len(tokens)):
+        with iv.intervention(model, iv.sink_hooks(block, "remove_key", iv.first_real_index(mask[s:s + 1]))):
+            parts.append(collect(model, tokens[s:s + 1], sites, attention_mask=mask[s:s + 1]))
+    return {site: np.concatenate([part.acts[site] for part in parts]) for site in sites}
+
+
+def test_sink_ablation_removes_each_rows_own_first_key_in_every_batch(one_thread):
+    """A sink ablation made once for all sequences and run in batches of 32 used rows 0.. of the first
+    batch's first indices for every later batch, so left-padded rows from the 33rd on had a padded key
+    blocked instead of their BOS. Per-batch hooks give every row its own: the batched ablated states
+    equal each sequence run alone, and the sweep's compact ablation probes those states."""
+    model, tokens, mask = _left_padded_subject()
+    sites = ["blocks.0.hook_resid_post", "blocks.1.hook_resid_post"]
+    reference = _one_by_one(model, tokens, mask, sites, block=0)
+    for batch_size in (3, 32):
+        batched = collect(model, tokens, sites, attention_mask=mask, batch_size=batch_size,
+                          hooks=iv.sink_batch_hooks(0, "remove_key"))
+        for site in sites:
+            np.testing.assert_allclose(batched.acts[site], reference[site], atol=1e-5, err_msg=site)
+    clean = collect(model, tokens, sites, attention_mask=mask)
+    table = iv.sink_ablation_drop(model, tokens, mask, 2, clean, n_splits=3, n_boot=20, seed=0)
+    acts = iv.later_tokens(Activations(acts={sites[0]: reference[sites[0]]}, sequence_id=clean.sequence_id,
+                                       position=clean.position, token=clean.token))
+    expected = probe_absolute_index(acts, sites=[sites[0]], tasks=("regression",), controls=False, n_splits=3,
+                                    n_boot=20, seed=0)
+    expected = expected[(expected["probe"] == "linear") & (expected["metric"] == "r2")].iloc[0]["value"]
+    assert table.loc[0, "r2_ablated"] == pytest.approx(expected, abs=1e-5)
+    # the behaviour under the same ablation: each sequence's loss is its own run's
+    batched = iv.behavior(model, tokens, mask, hooks=iv.sink_batch_hooks(0, "remove_key"))
+    alone = pd.concat([iv.behavior(model, tokens[s:s + 1], mask[s:s + 1],
+                                   hooks=iv.sink_hooks(0, "remove_key", iv.first_real_index(mask[s:s + 1])))
+                       for s in range(len(tokens))], ignore_index=True)
+    np.testing.assert_allclose(batched["loss"], alone["loss"], rtol=1e-5)
+
+
+def test_a_sink_hook_made_for_other_rows_is_refused():
+    model, tokens, mask = _left_padded_subject(n_sequences=6)
+    hooks = iv.sink_hooks(0, "remove_key", iv.first_real_index(mask))  # made for 6 rows
+    with pytest.raises(ValueError, match="made for 6 rows but sees a batch of 4"):
+        with iv.intervention(model, hooks):
+            model(tokens[:4], attention_mask=mask[:4])
+    means = iv.mean_values(model, tokens, mask, [0])
+    with pytest.raises(ValueError, match="made for 6 rows"):
+        with iv.intervention(model, iv.sink_hooks(0, "mean_value", iv.first_real_index(mask), means[0])):
+            model(tokens[:4], attention_mask=mask[:4])
+    with pytest.raises(ValueError, match="sink ablation mode"):
+        iv.sink_batch_hooks(0, "zero")

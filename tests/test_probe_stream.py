@@ -79,7 +79,7 @@ def test_text_is_read_through_the_models_tokenizer_with_its_bos(model_dir, tmp_p
 
 def test_streamed_probe_tables_equal_the_in_memory_sweep_on_the_same_text(model_dir, one_thread):
     """Probes (grouped CV, controls, bootstrap; the q.k and score reads), sinks with and without BOS,
-    variance: the streaming engine's tables equal analyse_subject's in-memory ones."""
+    variance, the sink ablation: the streaming engine's tables equal analyse_subject's in-memory ones."""
     import dataclasses
 
     import torch
@@ -97,7 +97,7 @@ def test_streamed_probe_tables_equal_the_in_memory_sweep_on_the_same_text(model_
         twice = analyse_subject_streamed(subject, dataclasses.replace(settings, keep_mib=0))
         assert subject.info["streamed"]["second_pass_batches"] == [0, 1]  # nothing kept: two passes
     keys = {"probes": ["site", "target", "features", "task", "probe", "split", "metric"],
-            "sinks": ["condition", "site", "head"], "variance": ["site", "position"]}
+            "sinks": ["condition", "site", "head"], "variance": ["site", "position"], "sink_ablation": ["block"]}
     for tables in (streamed, twice):
         for name, key in keys.items():
             a = memory[name].sort_values(key).reset_index(drop=True)
@@ -111,7 +111,7 @@ def test_streamed_probe_tables_equal_the_in_memory_sweep_on_the_same_text(model_
                 else:
                     pd.testing.assert_series_equal(b[column], a[column], check_dtype=False, obj=f"{name}.{column}")
     assert set(streamed["sinks"]["condition"]) == {"with_bos", "without_bos"}
-    assert streamed["sink_ablation"].empty and "sink ablation" in subject.info["not_applicable"]
+    assert set(streamed["sink_ablation"]["status"]) == {"measured"} and (streamed["sink_ablation"]["drop"].abs() > 1e-3).any()
 
 
 def test_probe_cli_on_text_and_the_repeated_token_known_answer(model_dir, tmp_path, capsys, one_thread):
@@ -125,13 +125,19 @@ def test_probe_cli_on_text_and_the_repeated_token_known_answer(model_dir, tmp_pa
     assert meta["streamed"]["batch_size"] == 4
     assert set(pd.read_csv(tmp_path / "text" / "sinks.csv")["condition"]) == {"with_bos", "without_bos"}
     assert "probes.csv" in assert_folder_documented(tmp_path / "text", "sweep")
+    ablation = pd.read_csv(tmp_path / "text" / "sink_ablation.csv")  # streamed, on by default
+    assert ablation["block"].tolist() == [0, 1, 2, 3] and set(ablation["status"]) == {"measured"}
+    assert "sink ablation" not in meta.get("not_applicable", {})
+    assert "sink ablation" in (tmp_path / "text" / "summary.md").read_text().lower()
 
     code = main(["probe", f"hf:{model_dir}", *ARGS, "--input", "repeated", "--dtype", "bfloat16",
-                 "--out", str(tmp_path / "repeated")])
+                 "--no-sink-ablation", "--out", str(tmp_path / "repeated")])
     assert code == 0, capsys.readouterr().err
     (done,) = (tmp_path / "repeated" / "parts").glob("*/done.json")
     meta = json.loads(done.read_text())
     assert meta["dtype"] == "bfloat16" and not meta["has_bos"]
+    assert "--no-sink-ablation" in meta["not_applicable"]["sink ablation"]
+    assert not (tmp_path / "repeated" / "sink_ablation.csv").exists()
     deviation = float(meta["known_answer"].rsplit("largest deviation ", 1)[1].split()[0])
     assert "NoPE blocks [3]" in meta["known_answer"] and deviation < 1e-2  # bfloat16 round-off only
     # repeated tokens: every position's state is the same, so no layer's absolute index is recoverable
@@ -147,8 +153,13 @@ def test_plan_prints_passes_tokens_memory_and_exits(model_dir, tmp_path, capsys)
     code = main(["probe", f"hf:{model_dir}", *ARGS, "--plan", "--out", str(tmp_path / "run")])
     out = capsys.readouterr().out
     assert code == 0 and not (tmp_path / "run").exists()
-    # 6 sequences of 16 tokens in one batch, and the 15-token copies without BOS for the sink table
-    assert "2 forward passes over 186 tokens" in out and "MiB" in out and "ETA about" in out, out
+    # 6 sequences of 16 tokens in one batch, the 15-token copies without BOS for the sink table, and one
+    # pass over the 96 tokens per block for its sink ablation
+    assert "6 forward passes over 570 tokens (4 of them for the sink ablation of 4 blocks" in out, out
+    assert "MiB" in out and "ETA about" in out, out
+    code = main(["probe", f"hf:{model_dir}", *ARGS, "--plan", "--no-sink-ablation", "--out", str(tmp_path / "run")])
+    out = capsys.readouterr().out
+    assert code == 0 and "2 forward passes over 186 tokens (" in out, out
 
 
 @pytest.mark.parametrize("case, message", [

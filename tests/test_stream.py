@@ -1,6 +1,7 @@
 """Streamed probes and reads (issue 19): the tables equal the in-memory ones on the same batches,
 whether every batch is kept (one pass) or recomputed (two passes), shards on a Dask cluster add
-up to one machine's, and probes run at 2,048 tokens with position bins and spread distances."""
+up to one machine's, probes run at 2,048 tokens with position bins and spread distances, and the
+sink ablation streamed (an intervention per batch) equals the in-memory one."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import pandas as pd
 import pytest
 import torch
 
+from nopelens.analyses.intervene import first_real_index
 from nopelens.models import Decoder, DecoderConfig
 from nopelens.probes import collect, probe_absolute_index, probe_relative_distance, resid_sites
 from nopelens.probes.fitting import BlockMoments
@@ -369,3 +371,118 @@ def test_streamed_sinks_of_uniform_attention_and_learned_sinks_are_the_known_ans
         assert_tables_equal(memory, streamed_table, tolerance=1e-6)
         np.testing.assert_allclose(streamed_table["learned_sink_mass"], np.mean([2 / (i + 3) for i in range(n)]),
                                    atol=1e-5, err_msg=kind)
+
+
+# ----------------------------------------------------------------------------- sink ablation
+
+
+def _ablation_both_ways(model, tokens, mask, n_layers, keep, n_splits=3, n_boot=30):
+    """sink_ablation_drop in memory and streamed (batches of 4) on the same sequences."""
+    from nopelens.analyses import intervene as iv
+
+    with torch.no_grad():
+        clean = collect(model, tokens, resid_sites(n_layers)[1:], attention_mask=mask, batch_size=4)
+        memory = iv.sink_ablation_drop(model, tokens, mask, n_layers, clean, n_splits, n_boot, seed=0)
+        sequences = Sequences.of(tokens, mask)
+        budget = KeepBudget(keep)
+        refused = iv.refused_sink_blocks(model, n_layers, tokens, sequences.mask)
+        blocks = [b for b in range(n_layers) if b not in refused]
+        clean_probes = iv.later_token_probes(sequences, [b + 1 for b in blocks], n_splits, n_boot, 0, budget)
+        (clean_table,) = run(model, sequences, [clean_probes], batch_size=4)
+        streamed_table = iv.sink_ablation_drop_streamed(model, sequences, n_layers, clean_table, refused, n_splits,
+                                                        n_boot, 0, budget, batch_size=4)
+    assert budget.used == 0, "kept features are released after each fit"
+    return memory, streamed_table
+
+
+@pytest.mark.parametrize("keep", [None, 0])
+def test_streamed_sink_ablation_equals_in_memory_on_a_zoo_nope_model(one_thread, keep):
+    """text-nope-4l's config (untrained), left-padded rows: the streamed table (one pass per ablated
+    block, or two when nothing is kept) equals sink_ablation_drop's to 1e-8."""
+    from nopelens.models import zoo
+
+    model = Decoder(zoo.recipe("text-nope-4l").config, seed=0).eval()
+    tokens = torch.randint(1, model.cfg.d_vocab, (9, 16), generator=torch.Generator().manual_seed(3))
+    mask = torch.ones_like(tokens)
+    for row, pads in ((1, 3), (4, 2), (7, 5)):
+        mask[row, :pads] = 0
+    tokens[torch.arange(9), first_real_index(mask)] = 0  # a BOS at each row's first real token
+    memory, streamed_table = _ablation_both_ways(model, tokens, mask, model.cfg.n_layers, keep)
+    assert set(memory["status"]) == {"measured"}
+    assert_tables_equal(memory, streamed_table)
+    assert (memory["drop"].abs() > 1e-3).any(), "the ablation changes something to compare"
+
+
+def test_streamed_sink_ablation_equals_in_memory_on_a_bridged_hf_model_with_left_padding(one_thread):
+    """A bridged Llama (RoPE inside HF's attention, grouped-query heads), left-padded rows spread over
+    three batches: each batch removes its own rows' first key, in memory and streamed alike."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from nopelens.models.adapters import bridge_hf_model
+
+    torch.manual_seed(0)
+    config = LlamaConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                         intermediate_size=64, vocab_size=64, max_position_embeddings=64)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model = bridge_hf_model(LlamaForCausalLM(config).eval())
+    tokens = torch.randint(1, 64, (10, 14), generator=torch.Generator().manual_seed(1))
+    mask = torch.ones_like(tokens)
+    for row, pads in ((0, 4), (5, 2), (9, 6)):
+        mask[row, :pads] = 0
+    tokens[torch.arange(10), first_real_index(mask)] = 0
+    memory, streamed_table = _ablation_both_ways(model, tokens, mask, 2, keep=None)
+    assert set(memory["status"]) == {"measured"}
+    assert_tables_equal(memory, streamed_table)
+    assert (memory["drop"].abs() > 1e-3).any()
+
+
+def test_later_token_probes_equal_the_in_memory_probe_of_later_tokens(one_thread):
+    """min_position=1 leaves out each row's first real token (the rows keep their positions), as
+    later_tokens does in memory; with min_position=0 the first tokens are samples again."""
+    from nopelens.analyses.intervene import later_tokens
+
+    model = _tiny_rope_decoder()
+    tokens = torch.randint(0, 50, (8, 12), generator=torch.Generator().manual_seed(6))
+    mask = torch.ones_like(tokens)
+    mask[2, :5] = 0
+    sites = resid_sites(2)
+    acts = later_tokens(collect(model, tokens, sites, attention_mask=mask))
+    common = dict(tasks=("classification", "regression"), controls=True, n_splits=4, n_boot=30, seed=0)
+    memory = probe_absolute_index(acts, sites=sites, **common)
+    sequences = Sequences.of(tokens, mask)
+    (later,) = run(model, sequences, [absolute_index_probes(sequences, sites, keep=0, min_position=1, **common)],
+                   batch_size=3)
+    assert_tables_equal(memory, later)
+    assert later["n_samples"].max() == int(mask.sum()) - 8
+    with pytest.raises(ValueError, match="min_position"):
+        absolute_index_probes(sequences, sites, min_position=-1)
+
+
+def test_an_intervention_is_added_per_batch_and_sent_to_shards_or_refused(one_thread):
+    """run(hooks=...) changes what the measurements read, batch by batch, on one machine and on a Dask
+    cluster alike; hooks that cannot be sent to the shards are refused before any pass."""
+    from nopelens.analyses import intervene as iv
+
+    distributed = pytest.importorskip("distributed", reason='Dask distributed is not installed (pip install ".[dask]")')
+    tokens = torch.randint(0, 50, (12, 16), generator=torch.Generator().manual_seed(7))
+    mask = torch.ones_like(tokens)
+    mask[5, :3] = mask[10, :6] = 0
+    sequences = Sequences.of(tokens, mask)
+    hooks = iv.sink_batch_hooks(0, "remove_key")
+
+    def probe():
+        return iv.later_token_probes(sequences, [1], n_splits=3, n_boot=30, keep=None)
+
+    clean, = run(_tiny_rope_decoder(), sequences, [probe()], batch_size=4)
+    local, = run(_tiny_rope_decoder(), sequences, [probe()], batch_size=4, hooks=hooks)
+    assert not np.allclose(local["value"], clean["value"]), "the intervention changed the states"
+    with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=False, dashboard_address=None) as cluster:
+        with distributed.Client(cluster) as client:
+            executor = client.get_executor(pure=False)
+            sharded, = run(_tiny_rope_decoder, sequences, [probe()], batch_size=4, executor=executor, shards=3,
+                           hooks=hooks)
+            with pytest.raises(TypeError, match="cannot be sent to the shards"):
+                run(_tiny_rope_decoder, sequences, [probe()], batch_size=4, executor=executor,
+                    hooks=lambda rows, mask: hooks(rows, mask))
+    assert_tables_equal(local, sharded, tolerance=1e-10)

@@ -89,7 +89,8 @@ def _probe_settings(args: argparse.Namespace) -> SweepSettings:
     from nopelens.analyses.subjects import HF_PREFIX, HFInput
 
     settings = _settings(args, (args.model,), controls=False)
-    hf_options = {name: getattr(args, name) for name in ("input", "text", "device", "dtype", "batch_size", "keep_mib", "plan")
+    hf_options = {name: getattr(args, name) for name in ("input", "text", "device", "dtype", "batch_size", "keep_mib", "plan",
+                                                         "no_sink_ablation")
                   if getattr(args, name) is not None and getattr(args, name) is not False}
     if not args.model.startswith(HF_PREFIX):
         if hf_options:
@@ -98,7 +99,7 @@ def _probe_settings(args: argparse.Namespace) -> SweepSettings:
         return settings
     how = HFInput(input=args.input or "text", text=args.text, device=args.device or "cpu", dtype=args.dtype)
     return dataclasses.replace(settings, hf_input=how, streamed=True, batch_size=args.batch_size or 32,
-                               keep_mib=args.keep_mib)
+                               keep_mib=args.keep_mib, sink_ablation=not args.no_sink_ablation)
 
 
 def run_probe(args: argparse.Namespace) -> int:
@@ -235,6 +236,9 @@ def register(subparsers) -> None:
                     "second forward pass (default: 512 or a quarter of the memory available, whichever is less; 0: none, "
                     "two passes, memory "
                     "bounded by the statistics)")
+    hf.add_argument("--no-sink-ablation", action="store_true", help="skip the sink ablation (block l's first key "
+                    "removed, layer l + 1 probed again: about n_layers / 2 extra forward passes; on by default, as in "
+                    "the sweep)")
     hf.add_argument("--plan", action="store_true", help="print the forward passes, tokens, memory and ETA the run "
                     "needs, and exit")
     _common(probe_parser)
