@@ -29,6 +29,7 @@ import numpy as np
 import pandas as pd
 
 from nopelens.probes import mad_chance
+from nopelens.probes.sinks import sink_flags
 
 from . import reads as reads_module
 from .reads import METRIC_AXES, SweepRead
@@ -160,7 +161,7 @@ def _sink_rates(sinks: pd.DataFrame) -> pd.DataFrame:
     frames = []
     for (model, seed), table in sinks.groupby(["model", "train_seed"], sort=False):
         as_read = table[table["condition"] == table["condition"].iloc[0]]
-        per_block = as_read.groupby("block")["is_sink"].agg(["mean", "size"]).reset_index()
+        per_block = as_read.assign(is_sink=sink_flags(as_read)).groupby("block")["is_sink"].agg(["mean", "size"]).reset_index()
         frames.append(pd.DataFrame({"model": model, "train_seed": seed, "layer": per_block["block"] + 1,
                                     "curve": SINK_RATE, "metric": "sink_rate", "value": per_block["mean"],
                                     "ci_low": np.nan, "ci_high": np.nan, "n_heads": per_block["size"]}))

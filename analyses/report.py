@@ -407,7 +407,8 @@ def layer_table(curves: pd.DataFrame, model: str, sweep_reads: "Sequence[SweepRe
                                                clears=("clears", lambda c: bool(c.notna().all() and c.all())
                                                        if c.notna().any() else None))
         if curve.key == layers.SINK_RATE:
-            cells = {layer: (f"{row.value:.2f}" if several else f"{round(row.value * row.n_heads)}/{row.n_heads}")
+            cells = {layer: ("n/a" if row.value != row.value else f"{row.value:.2f}" if several
+                             else f"{round(row.value * row.n_heads)}/{row.n_heads}")  # n/a: no head got a verdict
                      for layer, row in by_layer.iterrows()}
             table[curve.label] = table["layer"].map(cells).fillna("")
         else:
@@ -419,7 +420,7 @@ def layer_table(curves: pd.DataFrame, model: str, sweep_reads: "Sequence[SweepRe
 LAYER_NOTE = ("value [95 % CI over sequences] per layer (0 = embeddings, l + 1 = output of block l; an attention "
               "read of block l sits at layer l + 1); * = the CI clears the read's bar; n/a = no such site; "
               "MAD/chance: 0 = exact, about 0.75 = predicting the mean; sink heads: heads of block l with Gu et "
-              "al.'s score > 0.3, at layer l + 1.")
+              "al.'s score > 0.3, at layer l + 1 (n/a: a window so short that uniform attention alone scores > 0.3).")
 SEEDS_LAYER_NOTE = (" Several training seeds: each cell is the mean over seeds of the value and of its CI bounds; "
                     "* = every seed clears the bar; sink heads: the mean fraction.")
 

@@ -152,12 +152,13 @@ def measure_streamed(subject: Subject, settings, sites: SweepSites,
     probes.insert(0, "model", subject.name)
     measured = {id(m): table for m, table in zip(others, results[len(plan_.probes):])}
     condition = "with_bos" if subject.has_bos else "without_bos"
-    frames = [measured[id(plan_.sinks)].assign(condition=condition)]
+    frames = [measured[id(plan_.sinks)].assign(condition=condition, gu_window=plan_.sinks.n_tokens)]
     if plan_.sinks_stripped is not None:
         frames.append(run(subject.model, plan_.stripped, [plan_.sinks_stripped], batch_size=batch_size,
                           progress=label and f"{label} without BOS")[0]
-                      .assign(condition="without_bos"))
-    sinks = pd.concat(frames, ignore_index=True).assign(model=subject.name, gu_window=plan_.window)
+                      .assign(condition="without_bos", gu_window=plan_.sinks_stripped.n_tokens))
+    sinks = pd.concat(frames, ignore_index=True).assign(model=subject.name)
+    sinks = sinks[[c for c in sinks if c != "gu_window"] + ["gu_window"]]  # T per condition, as in memory
     sinks = sinks[~sinks["block"].isin(list(subject.sparse_blocks()))].reset_index(drop=True)  # as sink_conditions
     variance = measured.get(id(plan_.variance))
     if plan_.ablation_refused is None:

@@ -61,7 +61,7 @@ from nopelens.models.progress import progress_bar
 from nopelens.models.threads import one_thread
 from nopelens.probes import collect, resid_sites
 from nopelens.probes.collect import site_block
-from nopelens.probes.sinks import GU_WINDOW, attention_variance, sink_table, variance_slopes
+from nopelens.probes.sinks import GU_WINDOW, attention_variance, sink_flags, sink_table, variance_slopes
 
 from . import layers, parallel, reads, report, runs, seeds
 from .eta import SweepETA
@@ -338,13 +338,14 @@ def sink_conditions(subject: Subject, acts) -> pd.DataFrame:
     if extra:  # an output-scale sink is read from hook_v and hook_z
         acts = collect(subject.model, subject.tokens, list(acts.patterns) + sink_sites(subject),
                        attention_mask=subject.attention_mask, batch_size=32)
-    frames = [sink_table(acts, n_tokens=window, windows=windows, sinks=sinks).assign(condition=condition)]
+    frames = [sink_table(acts, n_tokens=window, windows=windows, sinks=sinks).assign(condition=condition, gu_window=window)]
     if subject.has_bos:
         stripped = collect(subject.model, subject.tokens[:, 1:], list(dict.fromkeys(list(acts.patterns) + sink_sites(subject))),
                            attention_mask=subject.attention_mask[:, 1:], batch_size=32)
         frames.append(sink_table(stripped, n_tokens=min(window, shortest - 1), windows=windows, sinks=sinks)
-                      .assign(condition="without_bos"))
-    table = pd.concat(frames, ignore_index=True).assign(model=subject.name, gu_window=window)
+                      .assign(condition="without_bos", gu_window=min(window, shortest - 1)))
+    table = pd.concat(frames, ignore_index=True).assign(model=subject.name)
+    table = table[[c for c in table if c != "gu_window"] + ["gu_window"]]  # T per condition, the last column
     sparse = subject.note_sparse_reads()
     if sparse:
         table = table[~table["block"].isin(list(sparse))].reset_index(drop=True)
@@ -429,7 +430,7 @@ def summarize_seed(probes: pd.DataFrame, sinks: pd.DataFrame, variance: pd.DataF
             selectivity_at_best=float(best["selectivity"]),
             mad_chance_layer0=float(mad.loc[0, "value"] / chance.loc[0]),
             mad_chance_best=float((mad["value"] / chance).min()),
-            sink_rate=float(as_read["is_sink"].mean()),
+            sink_rate=float(sink_flags(as_read).mean()) if "is_sink" in as_read else float("nan"),
             variance_slope_block0=_first_block_slope(variance[variance["model"] == model]),
         ))
     return pd.DataFrame(rows)

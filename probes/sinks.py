@@ -75,6 +75,36 @@ def uniform_sink_score(n_tokens: int = GU_WINDOW) -> float:
     return float(np.sum(1.0 / np.arange(1, n_tokens + 1)) / n_tokens)
 
 
+def gu_chance(n_tokens: int = GU_WINDOW, keys: KeyWindow = CAUSAL) -> float:
+    """The Gu score of uniform attention over the queries it averages: the chance level of a sink flag.
+
+    Gu et al.'s score averages, over the first T queries that can see token 0, the attention they
+    give it; a head with no preference (uniform over its visible keys) gives query i 1 / (its
+    visible keys). Under the causal rule that is H_T / T (:func:`uniform_sink_score`, 0.074 at
+    T = 64); under a sliding window or chunk of w < T only queries 0..w-1 see token 0, where
+    uniform attention alone gives H_w / w (0.52 at w = 4), so the threshold there can flag a head
+    that prefers nothing.
+
+    Example:
+        >>> round(gu_chance(64), 4), round(gu_chance(64, KeyWindow(window=4)), 4)
+        (0.0741, 0.5208)
+    """
+    sees, visible = keys.sees_first(n_tokens), keys.n_visible(n_tokens)
+    return float((1.0 / visible[sees].double()).mean())
+
+
+def sink_flags(table: pd.DataFrame) -> pd.Series:
+    """``is_sink`` as floats (1, 0, NaN where no verdict was possible), also as read back from CSV.
+
+    Raises:
+        ValueError: if the table has no ``is_sink`` column.
+    """
+    if "is_sink" not in table:
+        raise ValueError("the table has no is_sink column (build it with n_tokens set)")
+    flags = table["is_sink"].map({True: 1.0, False: 0.0, "True": 1.0, "False": 0.0})
+    return flags.astype(float)
+
+
 def sink_index(attention_mask: Int[torch.Tensor, "batch pos"] | np.ndarray) -> np.ndarray:
     """Index of the first non-pad token of each row (the sink candidate).
 
@@ -306,19 +336,23 @@ def sink_table(acts: Activations, eps: float = GU_EPSILON, n_tokens: int | None 
         masses = sink_mass(acts.patterns[site], keys=keys)
         scores = sink_scores(acts.patterns[site], n_tokens, keys) if n_tokens is not None else None
         extra = _extra_sink(acts, site, (sinks or {}).get(block)) if sinks is not None else None
-        rows += _sink_rows(site, keys, masses, scores, eps, extra)
+        rows += _sink_rows(site, keys, masses, scores, eps, extra, n_tokens)
     return pd.DataFrame(rows)
 
 
 def _sink_rows(site: str, keys: KeyWindow, masses: np.ndarray, scores: np.ndarray | None, eps: float,
-               extra: tuple | None) -> list[dict]:
+               extra: tuple | None, n_tokens: int | None = None) -> list[dict]:
     """One :func:`sink_table` row per head of ``site`` (``extra``: (kind, logits, learned mass) of
-    the block's non-token sink when sinks were asked for, else None)."""
+    the block's non-token sink when sinks were asked for, else None). ``is_sink`` is None (no
+    verdict) where uniform attention over the scored queries already reaches ``eps``
+    (:func:`gu_chance`): there the threshold cannot tell a sink from no preference."""
     rows = []
+    chance = gu_chance(n_tokens, keys) if scores is not None else None
     for head, mass in enumerate(masses):
         row = dict(site=site, block=site_block(site), head=head, sink_mass=float(mass))
         if scores is not None:
-            row.update(sink_score=float(scores[head]), is_sink=bool(scores[head] > eps))
+            row.update(sink_score=float(scores[head]), gu_chance=chance,
+                       is_sink=bool(scores[head] > eps) if chance < eps else None)
         row["key_window"] = keys.describe()
         row["threshold_on"] = "first token (Gu et al.)"
         if extra is not None:
@@ -348,10 +382,11 @@ def _extra_sink(acts: Activations, site: str, sink) -> tuple:
 
 
 def sink_rate(table: pd.DataFrame) -> float:
-    """Fraction of (layer, head) pairs flagged ``is_sink`` in a :func:`sink_table` (Gu et al. 2025)."""
+    """Fraction of (layer, head) pairs flagged ``is_sink`` in a :func:`sink_table` (Gu et al. 2025),
+    over the heads that got a verdict (NaN when none did: every block's window too short)."""
     if "is_sink" not in table or table.empty:
         raise ValueError("the table has no is_sink column (build it with n_tokens set)")
-    return float(table["is_sink"].mean())
+    return float(sink_flags(table).mean())
 
 
 class SinkStats(Measurement):
@@ -500,7 +535,7 @@ class SinkStats(Measurement):
                 extra = (None, None, None) if kind is None else (
                     kind, None if logits is None else np.asarray(logits, dtype=np.float64),
                     held["learned"] / held["learned_rows"])
-            rows += _sink_rows(site, keys, masses, scores, self.eps, extra)
+            rows += _sink_rows(site, keys, masses, scores, self.eps, extra, self.n_tokens)
         return pd.DataFrame(rows)
 
 

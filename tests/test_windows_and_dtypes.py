@@ -22,7 +22,7 @@ from nopelens.models.adapters import bridge_hf_model
 from nopelens.models.hf import describe
 from nopelens.models.masks import KeyWindow, visibility
 from nopelens.probes import collect
-from nopelens.probes.sinks import attention_variance, sink_table, variance_slopes
+from nopelens.probes.sinks import attention_variance, sink_table, uniform_sink_score, variance_slopes
 
 from hf_families import build
 
@@ -149,6 +149,30 @@ def test_probe_hf_on_a_windowed_model_marks_only_the_score_read_not_applicable(t
     assert "blocks [0, 1, 2]: sliding window 4" in json.loads(done.read_text())["not_applicable"]["score read"]
     sinks = pd.read_csv(tmp_path / "run" / "sinks.csv")
     assert set(sinks.loc[sinks["block"] < 3, "key_window"]) == {"sliding window 4"}
+    # a window of 4: uniform attention alone scores H_4/4 = 0.52 > eps, so no head gets a verdict
+    sliding, full = sinks[sinks["block"] < 3], sinks[sinks["block"] == 3]
+    assert sliding["is_sink"].isna().all() and np.allclose(sliding["gu_chance"], 25 / 48)
+    assert full["is_sink"].notna().all()
+    assert np.allclose(full["gu_chance"], [uniform_sink_score(int(t)) for t in full["gu_window"]])  # T = 16, 15 without BOS
+
+
+def test_a_head_with_no_preference_is_never_a_sink_whatever_the_window():
+    """Known answer: uniform attention over the visible keys prefers no key. Gu's threshold flags
+    it under a window of 4 (its score is H_4/4 = 0.52 > 0.3); the table gives no verdict there."""
+    from nopelens.probes import Activations
+    from nopelens.probes.sinks import gu_chance, sink_rate
+
+    n, length = 3, 16
+    for keys, verdict in ((KeyWindow(window=4), None), (KeyWindow(window=12), False), (KeyWindow(), False)):
+        weights = keys.visible(length).double().numpy()
+        pattern = np.broadcast_to(weights / weights.sum(1, keepdims=True), (2, length, length)).astype(np.float32)
+        acts = Activations(acts={}, sequence_id=np.repeat(np.arange(n), length), position=np.tile(np.arange(length), n),
+                           token=np.zeros(n * length, dtype=np.int64),
+                           patterns={"blocks.0.attn.hook_pattern": [pattern.copy() for _ in range(n)]})
+        table = sink_table(acts, n_tokens=length, windows={0: keys})
+        np.testing.assert_allclose(table["sink_score"], gu_chance(length, keys), rtol=1e-6)
+        assert table["is_sink"].tolist() == [verdict] * 2
+        assert (sink_rate(table) != sink_rate(table)) if verdict is None else sink_rate(table) == 0.0
 
 
 # ----------------------------------------------------------------------------- dtypes

@@ -12,6 +12,7 @@ from nopelens.analyses.reads import choose_reads
 from nopelens.analyses.runs import slug
 from nopelens.analyses.subjects import resolve
 from nopelens.analyses.sweep import DEFAULT_SITES, SITE_KINDS, SweepSettings, measure_sinks, sweep
+from nopelens.probes.sinks import sink_flags
 
 from .options import MODEL_HELP, add_quiet, add_seeds
 
@@ -117,6 +118,12 @@ def run_probe(args: argparse.Namespace) -> int:
     return 0
 
 
+def _rate_text(rate: float) -> str:
+    """A sink rate, or why there is none (every head's window too short for Gu's threshold)."""
+    return "n/a (no head gets a verdict: uniform attention over the queries scored reaches eps)" if rate != rate \
+        else f"{rate:.3f}"
+
+
 def run_sinks(args: argparse.Namespace) -> int:
     settings = _settings(args, (args.model,), controls=False)
     subject = resolve(args.model, settings.n_sequences, settings.seq_len, settings.seed, not args.quiet, settings.quick_steps)
@@ -124,7 +131,7 @@ def run_sinks(args: argparse.Namespace) -> int:
     for condition, rows in table.groupby("condition", sort=False):
         grid = rows.pivot_table(index="block", columns="head", values="sink_mass")
         print(f"{subject.name}, {condition.replace('_', ' ')}: sink mass (rows: layer, columns: head); "
-              f"sink rate {rows['is_sink'].mean():.3f} (Gu et al., eps 0.3, T = {int(rows['gu_window'].iloc[0])})")
+              f"sink rate {_rate_text(sink_flags(rows).mean())} (Gu et al., eps 0.3, T = {int(rows['gu_window'].iloc[0])})")
         print(grid.round(3).to_string())
         if "learned_sink_mass" in rows and rows["learned_sink_mass"].notna().any():
             learned = rows[rows["learned_sink_mass"].notna()]
