@@ -35,7 +35,7 @@ from nopelens.models.progress import progress_bar
 from nopelens.probes import (
     Activations, first_recoverable_layer, probe_absolute_index, probe_relative_distance, site_block,
 )
-from nopelens.probes.linear import NOT_RECOVERED, clears_bar
+from nopelens.probes.linear import NOT_RECOVERED, clears_bar, is_target
 from nopelens.probes.metrics import HIGHER_IS_BETTER, metric_names
 
 __all__ = ["NOT_RECOVERED", "ProbeInput", "SweepRead", "SweepSites", "SWEEP_READS", "TARGETS", "read_columns"]
@@ -123,7 +123,7 @@ class SweepRead:
         else:
             matches = features == self.features
         return probes[(probes["probe"] == "linear") & (probes["split"] == self.split)
-                      & (probes["target"] == self.target) & (probes["task"] == self.task)
+                      & is_target(probes["target"], self.target) & (probes["task"] == self.task)
                       & (probes["metric"] == self.metric) & matches & probes["layer"].notna()]
 
     def clears(self, rows: pd.DataFrame) -> pd.Series:

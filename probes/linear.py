@@ -581,6 +581,17 @@ the bar. (A read with no probe rows at all, e.g. a model without ``hook_attn_sco
 measured: ``None``, an empty cell in a table.)"""
 
 
+def is_target(targets: pd.Series, target: str) -> pd.Series:
+    """Rows of ``target``, its position-bin form included (``absolute_index//16`` is a read of
+    ``absolute_index``: classification over bins of 16 positions when there are too many to class).
+
+    Example:
+        >>> is_target(pd.Series(["absolute_index", "absolute_index//16", "relative_distance"]), "absolute_index").tolist()
+        [True, True, False]
+    """
+    return (targets == target) | targets.astype(str).str.startswith(f"{target}//")
+
+
 def first_recoverable_layer(
     results: pd.DataFrame,
     target: str = "absolute_index",
@@ -621,7 +632,7 @@ def first_recoverable_layer(
         metric = {"regression": "r2", "classification": "accuracy"}[task]
     if metric not in HIGHER_IS_BETTER:
         raise ValueError(f"unknown metric {metric!r}; known: {sorted(HIGHER_IS_BETTER)}")
-    rows = results[(results["probe"] == "linear") & (results["split"] == "grouped") & (results["target"] == target)
+    rows = results[(results["probe"] == "linear") & (results["split"] == "grouped") & is_target(results["target"], target)
                    & (results["metric"] == metric) & results["layer"].notna()]
     if task is not None:
         rows = rows[rows["task"] == task]
