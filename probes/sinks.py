@@ -341,7 +341,7 @@ def sink_table(acts: Activations, eps: float = GU_EPSILON, n_tokens: int | None 
 
 
 def _sink_rows(site: str, keys: KeyWindow, masses: np.ndarray, scores: np.ndarray | None, eps: float,
-               extra: tuple | None, n_tokens: int | None = None) -> list[dict]:
+               extra: tuple | None, n_tokens: int | None) -> list[dict]:
     """One :func:`sink_table` row per head of ``site`` (``extra``: (kind, logits, learned mass) of
     the block's non-token sink when sinks were asked for, else None). ``is_sink`` is None (no
     verdict) where uniform attention over the scored queries already reaches ``eps``

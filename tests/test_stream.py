@@ -105,8 +105,8 @@ def test_streamed_sweep_probes_equal_in_memory_on_the_circuit(circuit, one_threa
     assert linear.set_index("site").loc["blocks.0.hook_resid_post", "value"] > 0.999
 
 
-def test_streamed_probes_equal_in_memory_on_a_bridged_hf_llama(one_thread):
-    """Grouped-query attention, RoPE applied inside HF's attention, bridged by TransformerLens."""
+def _tiny_bridged_llama():
+    """A random-init 2-layer Llama (grouped-query heads, RoPE inside HF's attention), bridged."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
     from nopelens.models.adapters import bridge_hf_model
@@ -116,7 +116,12 @@ def test_streamed_probes_equal_in_memory_on_a_bridged_hf_llama(one_thread):
                          intermediate_size=64, vocab_size=64, max_position_embeddings=64)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        model = bridge_hf_model(LlamaForCausalLM(config).eval())
+        return bridge_hf_model(LlamaForCausalLM(config).eval())
+
+
+def test_streamed_probes_equal_in_memory_on_a_bridged_hf_llama(one_thread):
+    """Grouped-query attention, RoPE applied inside HF's attention, bridged by TransformerLens."""
+    model = _tiny_bridged_llama()
     tokens = torch.randint(0, 64, (10, 16), generator=torch.Generator().manual_seed(1))
     mask = torch.ones_like(tokens)
     mask[:3, :4] = 0  # left padding: positions come from the mask, padding is never a sample
@@ -416,16 +421,7 @@ def test_streamed_sink_ablation_equals_in_memory_on_a_zoo_nope_model(one_thread,
 def test_streamed_sink_ablation_equals_in_memory_on_a_bridged_hf_model_with_left_padding(one_thread):
     """A bridged Llama (RoPE inside HF's attention, grouped-query heads), left-padded rows spread over
     three batches: each batch removes its own rows' first key, in memory and streamed alike."""
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    from nopelens.models.adapters import bridge_hf_model
-
-    torch.manual_seed(0)
-    config = LlamaConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                         intermediate_size=64, vocab_size=64, max_position_embeddings=64)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        model = bridge_hf_model(LlamaForCausalLM(config).eval())
+    model = _tiny_bridged_llama()
     tokens = torch.randint(1, 64, (10, 14), generator=torch.Generator().manual_seed(1))
     mask = torch.ones_like(tokens)
     for row, pads in ((0, 4), (5, 2), (9, 6)):
