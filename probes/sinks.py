@@ -85,10 +85,15 @@ def gu_chance(n_tokens: int = GU_WINDOW, keys: KeyWindow = CAUSAL) -> float:
     uniform attention alone gives H_w / w (0.52 at w = 4), so the threshold there can flag a head
     that prefers nothing.
 
+    Raises:
+        ValueError: if ``n_tokens`` is not an integer >= 1.
+
     Example:
         >>> round(gu_chance(64), 4), round(gu_chance(64, KeyWindow(window=4)), 4)
         (0.0741, 0.5208)
     """
+    if isinstance(n_tokens, bool) or not isinstance(n_tokens, (int, np.integer)) or n_tokens < 1:
+        raise ValueError(f"n_tokens (Gu's window T) must be an integer >= 1, got {n_tokens!r}")
     sees, visible = keys.sees_first(n_tokens), keys.n_visible(n_tokens)
     return float((1.0 / visible[sees].double()).mean())
 
