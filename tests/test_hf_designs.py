@@ -17,7 +17,9 @@ the sink logits for one audit and restores them.
 from __future__ import annotations
 
 import dataclasses
+import re
 import warnings
+from pathlib import Path
 
 import pytest
 import torch
@@ -262,6 +264,55 @@ def test_the_detector_measures_the_labels_and_the_audit_passes(reports, family, 
     for step in report.steps:
         if step.status == "not_applicable" and step.number in NOT_APPLICABLE:
             assert any(text in step.reason for text in NOT_APPLICABLE[step.number].split("|")), step.reason
+
+
+README_ROWS = {  # family -> the first cell of its row in README's table of designs
+    "smollm3": "SmolLM3", "llama4_text": "Llama 4 text", "cohere2": "Cohere2", "cohere2_moe": "Cohere2-MoE",
+    "exaone4": "EXAONE 4", "exaone_moe": "EXAONE-MoE, Kolibri1", "kolibri1": "EXAONE-MoE, Kolibri1",
+    "flint": "Flint", "lara_mini": "Lara-mini", "granite_swa": "Granite SWA, GraniteMoe SWA",
+    "granitemoe_swa": "Granite SWA, GraniteMoe SWA", "beam": "Beam", "olmo_hybrid": "OLMo-Hybrid",
+    "olmo_hybrid_nope": "OLMo-Hybrid, as released", "granitemoehybrid": "GraniteMoeHybrid", "jamba": "Jamba",
+    "kimi_linear": "Kimi Linear", "nemotron_h": "Nemotron-H", "qwen3_next": "Qwen3-Next", "qwen4_exp": "Qwen4-Exp",
+    "minimax_m3": "MiniMax-M3 text", "deepseek_v3": "DeepSeek V3", "deepseek_v2": "DeepSeek V2",
+    "deepseek_v32": "DeepSeek V3.2", "glm4_moe_lite": "GLM-4-MoE-Lite, Youtu, Sarvam-MLA",
+    "youtu": "GLM-4-MoE-Lite, Youtu, Sarvam-MLA", "sarvam_mla": "GLM-4-MoE-Lite, Youtu, Sarvam-MLA",
+    "minicpm3": "MiniCPM3", "longcat_flash": "LongCat-Flash", "mistral4": "Mistral 4, AXK1", "axk1": "Mistral 4, AXK1",
+    "axk2": "AXK2, GLM-MoE-DSA", "glm_moe_dsa": "AXK2, GLM-MoE-DSA", "bailing_hybrid": "Bailing-Hybrid",
+    "mistral_large4": "Mistral Large 4 (`...ForConditionalGeneration`)",
+    "muse_glimmer": "Muse Glimmer, Muse Spark (`...ForConditionalGeneration`)",
+    "muse_spark": "Muse Glimmer, Muse Spark (`...ForConditionalGeneration`)", "gpt_oss": "GPT-OSS",
+    "mimo_v2_flash": "MiMo-V2-Flash", "hy_v4": "HY-V4", "inkling2": "Inkling 2", "zamba": "Zamba", "zamba2": "Zamba2",
+}
+ALWAYS_NOT_APPLICABLE = {4, 10}  # no absolute position addition; training lengths unknown
+
+
+def _readme_not_applicable() -> dict[str, set[int]]:
+    """Row name -> the steps its audit column lists as n/a ("pass (n/a 2, 6; ...)")."""
+    text = (Path(__file__).parents[1] / "README.md").read_text()
+    table = text.split("| family | layers (tiny config) |")[1].split("\n\n")[0]
+    rows = {}
+    for line in table.splitlines()[2:]:
+        cells = [c.strip() for c in line.strip("|").split(" | ")]
+        listed = re.match(r"pass(?: \(n/a ([\d, ]+))?", cells[-1])
+        assert listed, cells[-1]
+        rows[cells[0]] = {int(n) for n in (listed.group(1) or "").replace(" ", "").split(",") if n}
+    return rows
+
+
+@pytest.mark.parametrize("family", sorted(EXPECTED))
+def test_the_readme_table_lists_the_steps_the_audit_cannot_apply(reports, family):
+    listed = _readme_not_applicable()[README_ROWS[family]]
+    for dtype in DTYPES:
+        report = reports(family, dtype)
+        measured = {s.number for s in report.steps if s.status == "not_applicable"} - ALWAYS_NOT_APPLICABLE
+        assert measured == listed, (family, dtype, measured)
+
+
+def test_step_2_gives_the_nope_reason_only_where_every_layer_is_nope(reports):
+    for family in sorted(EXPECTED):
+        step2 = reports(family, torch.float32).steps[1]
+        if step2.status == "not_applicable" and "NoPE" in step2.reason:
+            assert set(EXPECTED[family][0]) == {"nope"}, (family, step2.reason)
 
 
 def _redeclared(model, layer: int, spec: LayerPosition):

@@ -187,6 +187,14 @@ def _md(text: str) -> str:
     return text.replace("|", "\\|").replace("\n", " ")
 
 
+def unreadable_reason(unreadable: dict[int, str]) -> str:
+    """One line: which layers' q and k cannot be read, and why."""
+    by_reason: dict[str, list[int]] = {}
+    for layer, why in unreadable.items():
+        by_reason.setdefault(why, []).append(layer)
+    return "; ".join(f"layers {layers}: {why}" for why, layers in by_reason.items())
+
+
 def make_step(
     number: int,
     checks: list[Check],

@@ -12,7 +12,7 @@ from nopelens.models.methods import QK_ROTATION
 
 from .numerics import agree, max_err
 from .probe import Run, ids_list
-from .report import Check, StepResult, make_step
+from .report import Check, StepResult, make_step, unreadable_reason
 
 
 # ----------------------------------------------------------------------------- step 1
@@ -64,6 +64,7 @@ def step2_origin_and_sign(run: Run) -> StepResult:
     """
     s, p = run.subject, run.probe
     checks: list[Check] = []
+    unreadable: dict[int, str] = {}
     evidence: dict[str, Any] = {
         "convention": "query i, key j, positions from 0; relative distance i - j >= 0 for visible keys; "
         "ALiBi bias -m_h (i - j); Shaw offset clip(j - i, -k, k); RoPE dot product depends on n - m "
@@ -77,14 +78,18 @@ def step2_origin_and_sign(run: Run) -> StepResult:
                             f"first real token of each row at positions {origin.tolist()} (expected 0)"))
     for layer, method in enumerate(s.layer_methods):
         if method.acts(QK_ROTATION) and s.qk_unreadable(layer) is not None:
-            evidence[f"layer{layer}_rotation_direction"] = f"not checked: {s.qk_unreadable(layer)}"
+            unreadable[layer] = s.qk_unreadable(layer)
+            evidence[f"layer{layer}_rotation_direction"] = f"not checked: {unreadable[layer]}"
         elif method.acts(QK_ROTATION):
             checks.append(_rotation_direction_check(run, layer, evidence))
         elif method.bias_kind == "linear":
             checks.append(_linear_bias_sign_check(run, layer, evidence))
         elif method.bias_kind == "lookup" and s.reads_tables:
             checks.append(_lookup_sign_check(run, layer, evidence))
-    reason = None if checks else "no position method with an origin or signed offset (NoPE: only the causal mask)"
+    reason = None
+    if not checks:
+        reason = (unreadable_reason(unreadable) if unreadable
+                  else "no position method with an origin or signed offset (NoPE: only the causal mask)")
     relative = len(checks) > 1 or (checks and checks[0].name != "index origin")
     summary = ("first real token at 0; every relative method has its declared sign" if relative
                else "first real token of every row at position 0")

@@ -13,7 +13,7 @@ from nopelens.models.positions import alibi_bias
 
 from .numerics import agree, dot_scores, max_err
 from .probe import Run
-from .report import Check, StepResult, make_step
+from .report import Check, StepResult, make_step, unreadable_reason
 
 
 # ----------------------------------------------------------------------------- step 3
@@ -157,7 +157,7 @@ def step6_score_parts(run: Run) -> StepResult:
     reason = None
     if unreadable:
         evidence["q_k_not_read"] = {str(layer): why for layer, why in unreadable.items()}
-        reason = _unreadable_reason(unreadable)
+        reason = unreadable_reason(unreadable)
     return make_step(6, checks, evidence,
                       "content and position parts are recorded separately and add up to the scores", reason)
 
@@ -173,14 +173,6 @@ def _output_scale(run: Run, layer: int, pattern: Tensor) -> Tensor | None:
     norm = (weighted * weighted).sum(-1)
     scale = (z.double() * weighted).sum(-1) / norm.clamp(min=1e-300)
     return scale[run.probe.real]
-
-
-def _unreadable_reason(unreadable: dict[int, str]) -> str:
-    """One line: which layers' q and k cannot be read, and why."""
-    by_reason: dict[str, list[int]] = {}
-    for layer, why in unreadable.items():
-        by_reason.setdefault(why, []).append(layer)
-    return "; ".join(f"layers {layers}: {why}" for why, layers in by_reason.items())
 
 
 # ----------------------------------------------------------------------------- step 7
