@@ -410,7 +410,8 @@ def layer_table(curves: pd.DataFrame, model: str, sweep_reads: "Sequence[SweepRe
             cells = {layer: ("n/a" if row.value != row.value else f"{row.value:.2f}" if several
                              else f"{round(row.value * row.n_heads)}/{row.n_heads}")  # n/a: no head got a verdict
                      for layer, row in by_layer.iterrows()}
-            table[curve.label] = table["layer"].map(cells).fillna("")
+            missing = np.where(table["layer"] == 0, "", "n/a")  # layer 0: the embeddings, no block
+            table[curve.label] = table["layer"].map(cells).fillna(pd.Series(missing, index=table.index))
         else:
             cells = {layer: _with_ci(row.value, row.ci_low, row.ci_high, row.clears) for layer, row in by_layer.iterrows()}
             table[curve.label] = table["layer"].map(cells).fillna("n/a")
@@ -420,7 +421,8 @@ def layer_table(curves: pd.DataFrame, model: str, sweep_reads: "Sequence[SweepRe
 LAYER_NOTE = ("value [95 % CI over sequences] per layer (0 = embeddings, l + 1 = output of block l; an attention "
               "read of block l sits at layer l + 1); * = the CI clears the read's bar; n/a = no such site; "
               "MAD/chance: 0 = exact, about 0.75 = predicting the mean; sink heads: heads of block l with Gu et "
-              "al.'s score > 0.3, at layer l + 1 (n/a: a window so short that uniform attention alone scores > 0.3).")
+              "al.'s score > 0.3, at layer l + 1 (n/a: no verdict, as a window so short that uniform attention alone "
+              "scores > 0.3, or no sink read at that block: see Not applicable).")
 SEEDS_LAYER_NOTE = (" Several training seeds: each cell is the mean over seeds of the value and of its CI bounds; "
                     "* = every seed clears the bar; sink heads: the mean fraction.")
 

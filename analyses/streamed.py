@@ -34,7 +34,8 @@ from tqdm.auto import tqdm
 
 from nopelens.models.hooks import act_names
 from nopelens.probes import collect, resid_site
-from nopelens.probes.sinks import GU_WINDOW, SinkStats, uniform_sink_score
+from nopelens.probes.collect import site_block
+from nopelens.probes.sinks import GU_WINDOW, SinkStats, empty_sink_table, uniform_sink_score
 from nopelens.probes.stream import AttentionVariance, KeepBudget, Sequences, run
 from nopelens.probes.stream_probes import Probes, absolute_index_probes, relative_distance_probes
 
@@ -54,7 +55,7 @@ class Measurements:
     sites: SweepSites
     probes: list
     variance: AttentionVariance | None
-    sinks: SinkStats
+    sinks: SinkStats | None  # None: no block's sink can be read (every window is 1, or every block is DSA)
     sinks_stripped: SinkStats | None
     window: int
     budget: KeepBudget
@@ -95,22 +96,22 @@ def measurements(subject: Subject, settings, sites: SweepSites,
                                                attention=sites.qk, scores=sites.scores, bilinear=mode,
                                                tasks=("regression",), pairs_per_distance=min(64, settings.n_sequences),
                                                **common))
-    sparse = subject.note_sparse_reads()  # a DSA block's kept keys are chosen by content: no sink or variance read
-    # (its sink sums are still taken, on the sweep's sites, and its rows dropped from the table)
+    skipped = subject.note_unreadable_reads()  # DSA blocks, windows that leave nothing to average
     attention = [l for l in range(subject.n_layers) if (subject.hf is None or subject.hf.layers[l].mixer == "attention")
-                 and l not in sparse]
+                 and l not in skipped["variance read"]]
     outputs = [site for site in act_names("attn_out", attention) if site in sites.outputs]
     windows, sinks = subject.key_windows(), subject.sinks()
     variance = AttentionVariance(sequences, outputs, windows) if outputs else None
     shortest = int(subject.attention_mask.sum(-1).min())
     window = min(GU_WINDOW, shortest)
     # SinkStats asks for an output-scale block's hook_v and hook_z itself
-    sink_stats = SinkStats(sequences, sites.patterns, n_tokens=window, windows=windows, sinks=sinks)
+    patterns = [site for site in sites.patterns if site_block(site) not in skipped["sink read"]]
+    sink_stats = SinkStats(sequences, patterns, n_tokens=window, windows=windows, sinks=sinks) if patterns else None
     stripped, stripped_stats = None, None
     if subject.has_bos:
         stripped = Sequences.of(subject.tokens[:, 1:], subject.attention_mask[:, 1:])
-        stripped_stats = SinkStats(stripped, sites.patterns, n_tokens=min(window, shortest - 1), windows=windows,
-                                   sinks=sinks)
+        stripped_stats = SinkStats(stripped, patterns, n_tokens=min(window, shortest - 1), windows=windows,
+                                   sinks=sinks) if patterns else None
     refused, ablation = None, None
     if settings.sink_ablation:
         with torch.no_grad():
@@ -152,14 +153,17 @@ def measure_streamed(subject: Subject, settings, sites: SweepSites,
     probes.insert(0, "model", subject.name)
     measured = {id(m): table for m, table in zip(others, results[len(plan_.probes):])}
     condition = "with_bos" if subject.has_bos else "without_bos"
-    frames = [measured[id(plan_.sinks)].assign(condition=condition, gu_window=plan_.sinks.n_tokens)]
+    if plan_.sinks is None:
+        frames = [empty_sink_table(plan_.window, subject.sinks()).assign(condition=condition,
+                                                                                 gu_window=plan_.window)]
+    else:
+        frames = [measured[id(plan_.sinks)].assign(condition=condition, gu_window=plan_.sinks.n_tokens)]
     if plan_.sinks_stripped is not None:
         frames.append(run(subject.model, plan_.stripped, [plan_.sinks_stripped], batch_size=batch_size,
                           progress=label and f"{label} without BOS")[0]
                       .assign(condition="without_bos", gu_window=plan_.sinks_stripped.n_tokens))
     sinks = pd.concat(frames, ignore_index=True).assign(model=subject.name)
     sinks = sinks[[c for c in sinks if c != "gu_window"] + ["gu_window"]]  # T per condition, as in memory
-    sinks = sinks[~sinks["block"].isin(list(subject.sparse_blocks()))].reset_index(drop=True)  # as sink_conditions
     variance = measured.get(id(plan_.variance))
     if plan_.ablation_refused is None:
         ablation = pd.DataFrame()
@@ -191,7 +195,7 @@ def repeated_token_answer(subject: Subject, sinks: pd.DataFrame) -> str:
     (:func:`~nopelens.probes.sinks.uniform_sink_score`). The line gives the largest deviation of
     the NoPE blocks' heads from these (float round-off of the model's dtype only).
     """
-    rows = sinks[sinks["condition"] == sinks["condition"].iloc[0]]
+    rows = sinks[sinks["condition"] == sinks["condition"].iloc[0]] if len(sinks) else sinks
     methods = subject.hf.layer_methods if subject.hf is not None else [subject.position] * subject.n_layers
     nope = [l for l, method in enumerate(methods) if _positionless(method)]
     at = rows[rows["block"].isin(nope) & (rows["key_window"] == "causal")]

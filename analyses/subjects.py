@@ -142,20 +142,39 @@ class Subject:
 
     def sparse_note(self) -> str:
         """:meth:`sparse_blocks` as one line, blocks grouped by reason ("" when there is none)."""
-        by_reason: dict[str, list[int]] = {}
-        for block, why in self.sparse_blocks().items():
-            by_reason.setdefault(why, []).append(block)
-        return "; ".join(f"blocks {blocks}: {why}" for why, blocks in by_reason.items())
+        return _by_reason(self.sparse_blocks())
 
-    def note_sparse_reads(self) -> dict[int, str]:
-        """Record in ``info["not_applicable"]`` that the sink and variance reads skip the
-        :meth:`sparse_blocks` (a content-selected key set: mass at key 0 mixes "not kept" with "not
-        attended"); returns those blocks."""
-        sparse = self.sparse_blocks()
-        if sparse:
-            notes = self.info.setdefault("not_applicable", {})
-            notes["sink read"] = notes["variance read"] = self.sparse_note()
-        return sparse
+    def unreadable_blocks(self, read: str) -> dict[int, str]:
+        """Block -> why ``read`` (``"sink read"`` or ``"variance read"``) cannot be made there: its
+        kept keys are chosen by content (:meth:`sparse_blocks`: mass at key 0 mixes "not kept" with
+        "not attended"), or its window leaves nothing to average
+        (:func:`~nopelens.probes.sinks.sink_read_reason`, :func:`~nopelens.probes.sinks.variance_read_reason`:
+        a sliding window of 1 for the sink, fewer than 3 distinct visible-key counts for the variance slope).
+
+        Raises:
+            ValueError: if ``read`` is neither.
+        """
+        from nopelens.probes.sinks import sink_read_reason, variance_read_reason
+
+        if read not in ("sink read", "variance read"):
+            raise ValueError(f"read must be 'sink read' or 'variance read', got {read!r}")
+        blocks = self.sparse_blocks()
+        length = int(self.attention_mask.sum(-1).max())
+        for block, keys in self.key_windows().items():
+            why = (sink_read_reason(keys, length) if read == "sink read"
+                   else variance_read_reason(keys, length, first_position=int(self.has_bos)))
+            if why is not None and block not in blocks:
+                blocks[block] = why
+        return dict(sorted(blocks.items()))
+
+    def note_unreadable_reads(self) -> dict[str, dict[int, str]]:
+        """Record in ``info["not_applicable"]`` the blocks the sink and variance reads skip
+        (:meth:`unreadable_blocks`); returns read -> those blocks."""
+        skipped = {read: self.unreadable_blocks(read) for read in ("sink read", "variance read")}
+        for read, blocks in skipped.items():
+            if blocks:
+                self.info.setdefault("not_applicable", {})[read] = _by_reason(blocks)
+        return skipped
 
     def sinks(self) -> dict:
         """Block -> (kind, per-head logits or None) of an HF model's non-token sinks (learned,
@@ -170,6 +189,14 @@ class Subject:
     def usable(self, site: str) -> bool:
         """The model has hook ``site`` and it fires (bridged hook points that never fire are not)."""
         return site in self.model.hook_dict and (self.hf is None or self.hf.fires(site))
+
+
+def _by_reason(blocks: dict[int, str]) -> str:
+    """``{block: why}`` as one line, blocks grouped by reason: ``blocks [0, 2]: why; ...``."""
+    grouped: dict[str, list[int]] = {}
+    for block, why in blocks.items():
+        grouped.setdefault(why, []).append(block)
+    return "; ".join(f"blocks {blocks}: {why}" for why, blocks in grouped.items())
 
 
 def qk_sites(source, layer: int) -> tuple[str, str]:

@@ -260,7 +260,7 @@ def analyse_subject(subject: Subject, settings: SweepSettings, progress: bool = 
 
     sinks = sink_conditions(subject, acts)
     attention = [l for l in range(layers) if (subject.hf is None or subject.hf.layers[l].mixer == "attention")
-                 and l not in subject.sparse_blocks()]  # a DSA block's kept keys are chosen by content
+                 and l not in subject.unreadable_blocks("variance read")]  # DSA blocks, windows under 3
     variance_sites = [site for site in act_names("attn_out", attention) if site in acts.acts]
     variance = (attention_variance(acts, sites=variance_sites, windows=subject.key_windows()) if variance_sites else
                 pd.DataFrame(columns=["site", "block", "position", "visible_keys", "variance", "n_sequences"]))
@@ -338,18 +338,17 @@ def sink_conditions(subject: Subject, acts) -> pd.DataFrame:
     if extra:  # an output-scale sink is read from hook_v and hook_z
         acts = collect(subject.model, subject.tokens, list(acts.patterns) + sink_sites(subject),
                        attention_mask=subject.attention_mask, batch_size=32)
-    frames = [sink_table(acts, n_tokens=window, windows=windows, sinks=sinks).assign(condition=condition, gu_window=window)]
+    skipped = subject.note_unreadable_reads()["sink read"]  # DSA blocks, windows of 1
+    readable = [site for site in acts.patterns if site.endswith("hook_pattern") and site_block(site) not in skipped]
+    frames = [sink_table(acts, n_tokens=window, windows=windows, sinks=sinks, sites=readable)
+              .assign(condition=condition, gu_window=window)]
     if subject.has_bos:
         stripped = collect(subject.model, subject.tokens[:, 1:], list(dict.fromkeys(list(acts.patterns) + sink_sites(subject))),
                            attention_mask=subject.attention_mask[:, 1:], batch_size=32)
-        frames.append(sink_table(stripped, n_tokens=min(window, shortest - 1), windows=windows, sinks=sinks)
+        frames.append(sink_table(stripped, n_tokens=min(window, shortest - 1), windows=windows, sinks=sinks, sites=readable)
                       .assign(condition="without_bos", gu_window=min(window, shortest - 1)))
     table = pd.concat(frames, ignore_index=True).assign(model=subject.name)
-    table = table[[c for c in table if c != "gu_window"] + ["gu_window"]]  # T per condition, the last column
-    sparse = subject.note_sparse_reads()
-    if sparse:
-        table = table[~table["block"].isin(list(sparse))].reset_index(drop=True)
-    return table
+    return table[[c for c in table if c != "gu_window"] + ["gu_window"]]  # T per condition, the last column
 
 
 def sink_sites(subject: Subject) -> list[str]:

@@ -204,6 +204,35 @@ class LayerPosition:
                 f"keys a query sees and its incomplete last block (indexer_budget {self.index_topk}, "
                 f"indexer_compress_ratio {self.index_block}), {unmodelled}")
 
+    def label(self, d_head: int | None = None) -> str:
+        """The layer in a few words, e.g. ``rope (rotary_fraction 0.5, sliding window 4, learned sink)``,
+        ``nope``, ``linear attention`` (a mixer without softmax attention) or ``MLP only``.
+
+        Example:
+            >>> LayerPosition("rope", 1.0, rotary_dim=4, sliding_window=4, sink="learned").label(d_head=8)
+            'rope (rotary_fraction 0.5, sliding window 4, learned sink)'
+            >>> LayerPosition("nope", 1.0, mixer="linear_attention").label()
+            'linear attention'
+        """
+        if self.mixer != "attention":
+            return {"linear_attention": "linear attention", "none": "MLP only"}.get(self.mixer, self.mixer)
+        parts = []
+        if self.rotates and d_head and self.rotary_dim is not None and self.rotary_dim < d_head:
+            parts.append(f"rotary_fraction {self.rotary_dim / d_head:g}")
+        if self.rotates and self.rope_type != "default":
+            parts.append(f"rope_type {self.rope_type}")
+        if not self.key_window.causal_only:
+            parts.append(self.key_window.describe())
+        if self.query_scale is not None:
+            parts.append("query scale")
+        if self.relative_bias is not None:
+            parts.append(f"relative bias below {self.relative_bias} tokens")
+        if self.sink is not None:
+            parts.append(f"{self.sink.replace('_', '-')} sink")
+        if self.index_topk is not None:
+            parts.append(f"{'QSA' if self.index_block else 'DSA'} indexer")
+        return self.method + (f" ({', '.join(parts)})" if parts else "")
+
     @property
     def unit(self):
         """The registry's method unit of this layer (:mod:`nopelens.models.methods`), None if unknown."""
@@ -295,6 +324,17 @@ class HFDescription:
         """Layer -> its sliding window or chunk, for every layer that has one (the sink and
         variance reads take this as ``windows``)."""
         return {l: layer.key_window for l, layer in enumerate(self.layers) if not layer.key_window.causal_only}
+
+    @property
+    def cache_caveat(self) -> str | None:
+        """What is known to make transformers' own cached decoding differ from its full forward
+        here, or None: with ``sliding_window`` 1, ``DynamicSlidingWindowLayer`` keeps the last
+        ``sliding_window - 1`` keys as ``keys[:, :, -0:]``, i.e. every key (transformers 5.24,
+        ``cache_utils.py``), so a decoded token sees keys the full forward blocks."""
+        if any(layer.key_window.window == 1 for layer in self.layers):
+            return ("sliding_window 1: transformers' sliding-window cache slices its last window - 1 = 0 keys as "
+                    "keys[-0:], i.e. keeps every key, so decoded tokens see keys the full forward blocks")
+        return None
 
     def fires(self, site: str) -> bool:
         """True if the hook ``site`` fired in the census (hook points that never fire are untrusted)."""

@@ -56,6 +56,11 @@ class KeyWindow:
         """Neither a window nor a chunk: the plain causal rule."""
         return self.window is None and self.chunk is None
 
+    @property
+    def only_self(self) -> bool:
+        """Every query sees only its own key (a window or chunk of 1): its softmax is 1 whatever the score."""
+        return self.window == 1 or self.chunk == 1
+
     def allows(self, query_pos: Tensor, key_pos: Tensor) -> Tensor:
         """True where key position ``key_pos`` is visible to query position ``query_pos`` (broadcast),
         causal rule included."""

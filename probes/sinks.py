@@ -98,6 +98,41 @@ def gu_chance(n_tokens: int = GU_WINDOW, keys: KeyWindow = CAUSAL) -> float:
     return float((1.0 / visible[sees].double()).mean())
 
 
+def sink_read_reason(keys: KeyWindow, n_tokens: int) -> str | None:
+    """Why no sink mass can be read under ``keys`` over ``n_tokens`` positions, or None when it can.
+
+    The sink mass averages the queries other than token 0 that see token 0; under a sliding window
+    or chunk of 1 every query sees only itself, so there is none (and Gu's score is 1 by
+    construction).
+
+    Example:
+        >>> sink_read_reason(KeyWindow(window=2), 8) is None
+        True
+        >>> sink_read_reason(KeyWindow(window=1), 8)
+        'sliding window 1: no query but token 0 itself sees token 0, so no sink can be read'
+    """
+    if bool(keys.sees_first(n_tokens)[1:].any()):
+        return None
+    return f"{keys.describe()}: no query but token 0 itself sees token 0, so no sink can be read"
+
+
+def variance_read_reason(keys: KeyWindow, n_tokens: int, first_position: int = 0) -> str | None:
+    """Why :func:`variance_slopes` cannot fit a slope under ``keys`` over positions
+    ``first_position..n_tokens-1``, or None when it can (it needs 3 distinct numbers of visible keys).
+
+    Example:
+        >>> variance_read_reason(KeyWindow(window=3), 8) is None
+        True
+        >>> variance_read_reason(KeyWindow(window=3), 8, first_position=1)  # BOS left out
+        'sliding window 3: the queries from position 1 on see [2, 3] keys; a variance slope needs 3 distinct numbers'
+    """
+    counts = sorted(keys.n_visible(n_tokens)[first_position:].unique().tolist())
+    if len(counts) >= 3:
+        return None
+    return (f"{keys.describe()}: the queries from position {first_position} on see {counts} keys; "
+            "a variance slope needs 3 distinct numbers")
+
+
 def sink_flags(table: pd.DataFrame) -> pd.Series:
     """``is_sink`` as floats (1, 0, NaN where no verdict was possible), also as read back from CSV.
 
@@ -208,8 +243,14 @@ def sink_mass(patterns: Sequence[np.ndarray], include_sink_row: bool = False,
     rows = _seeing(patterns, keys, start=0 if include_sink_row else 1)
     rows = np.concatenate(rows, axis=1) if rows else np.empty((0, 0))
     if rows.shape[1] == 0:
-        raise ValueError("no query row can see a sink other than itself (all sequences have one token)")
+        raise ValueError(_no_sink_row(keys, max((p.shape[-1] for p in patterns), default=0)))
     return rows.mean(1)
+
+
+def _no_sink_row(keys: KeyWindow, n_tokens: int) -> str:
+    if n_tokens > 1 and sink_read_reason(keys, n_tokens) is not None:
+        return sink_read_reason(keys, n_tokens)
+    return "no query row can see a sink other than itself (all sequences have one token)"
 
 
 def sink_mass_by_position(patterns: Sequence[np.ndarray], keys: KeyWindow = CAUSAL) -> tuple[np.ndarray, np.ndarray]:
@@ -306,7 +347,8 @@ def output_scale_sink_mass(patterns: Sequence[np.ndarray], values: np.ndarray, o
 
 
 def sink_table(acts: Activations, eps: float = GU_EPSILON, n_tokens: int | None = GU_WINDOW,
-               windows: dict[int, KeyWindow] | None = None, sinks: dict | None = None) -> pd.DataFrame:
+               windows: dict[int, KeyWindow] | None = None, sinks: dict | None = None,
+               sites: Sequence[str] | None = None) -> pd.DataFrame:
     """Sink mass, Gu sink score and sink flag for every collected ``hook_pattern`` site and head.
 
     Args:
@@ -318,6 +360,9 @@ def sink_table(acts: Activations, eps: float = GU_EPSILON, n_tokens: int | None 
         sinks: block -> (kind, per-head logits or None) of a sink that is not a token
             (``learned``, ``per_token``, ``output_scale``; module docstring). An output-scale
             block needs its ``attn.hook_v`` and ``attn.hook_z`` collected.
+        sites: the ``hook_pattern`` sites to read (default: every one collected); an empty list
+            gives an empty table with the columns (e.g. every block's window is 1,
+            :func:`sink_read_reason`).
 
     Returns:
         DataFrame with columns ``site, block, head, sink_mass, sink_score, is_sink, key_window,
@@ -330,9 +375,12 @@ def sink_table(acts: Activations, eps: float = GU_EPSILON, n_tokens: int | None 
         ValueError: if no pattern site was collected, or as :func:`sink_scores`.
         KeyError: if an output-scale block's ``hook_v``/``hook_z`` were not collected.
     """
-    sites = [site for site in acts.patterns if site.endswith("hook_pattern")]
+    if sites is None:
+        sites = [site for site in acts.patterns if site.endswith("hook_pattern")]
+        if not sites:
+            raise ValueError(f"no hook_pattern site was collected (collected: {sorted(acts.acts) + sorted(acts.patterns)})")
     if not sites:
-        raise ValueError(f"no hook_pattern site was collected (collected: {sorted(acts.acts) + sorted(acts.patterns)})")
+        return empty_sink_table(n_tokens, sinks)
     windows = windows or {}
     rows = []
     for site in sites:
@@ -343,6 +391,13 @@ def sink_table(acts: Activations, eps: float = GU_EPSILON, n_tokens: int | None 
         extra = _extra_sink(acts, site, (sinks or {}).get(block)) if sinks is not None else None
         rows += _sink_rows(site, keys, masses, scores, eps, extra, n_tokens)
     return pd.DataFrame(rows)
+
+
+def empty_sink_table(n_tokens: int | None = GU_WINDOW, sinks: dict | None = None) -> pd.DataFrame:
+    """A :func:`sink_table` with its columns and no row (no block can be read)."""
+    columns = ["site", "block", "head", "sink_mass"] + (["sink_score", "gu_chance", "is_sink"] if n_tokens else [])
+    columns += ["key_window", "threshold_on"] + (["sink_kind", "sink_logit", "learned_sink_mass"] if sinks is not None else [])
+    return pd.DataFrame(columns=columns)
 
 
 def _sink_rows(site: str, keys: KeyWindow, masses: np.ndarray, scores: np.ndarray | None, eps: float,
@@ -529,9 +584,9 @@ class SinkStats(Measurement):
             if site not in self.sums:
                 raise RuntimeError(f"{site}: no batch was measured")
             held = {name: value.cpu().numpy() for name, value in self.sums[site].items()}
-            if held["mass_rows"] == 0:
-                raise ValueError("no query row can see a sink other than itself (all sequences have one token)")
             keys = self.windows.get(site_block(site), CAUSAL)
+            if held["mass_rows"] == 0:
+                raise ValueError(f"{site}: " + _no_sink_row(keys, self.n_positions))
             masses = held["mass"] / held["mass_rows"]
             scores = held["score"] / held["score_rows"] if self.n_tokens is not None else None
             extra = None

@@ -213,3 +213,76 @@ def test_tolerances_follow_the_dtype():
     assert Tolerance.for_dtype(torch.bfloat16, atol=1e-3).atol == 1e-3
     with pytest.raises(ValueError, match="floating point"):
         Tolerance.for_dtype(torch.int64)
+
+
+@pytest.mark.parametrize("window, sink_na, variance_na", [(1, True, True), (2, False, True), (3, False, True),
+                                                          (5, False, False)])
+def test_a_window_too_short_for_a_read_makes_only_that_read_not_applicable(window, sink_na, variance_na):
+    """Cohere2 with a sliding window w on blocks 0-2 (block 3 is full NoPE): under w = 1 every query sees only
+    itself, so no sink can be read; the variance slope needs 3 distinct visible-key counts from position 1 on
+    (BOS left out), which w <= 3 does not give. Those blocks are left out with the reason, streamed and in
+    memory alike (the same tables), and everything else is measured."""
+    import dataclasses
+
+    import pandas as pd
+
+    from nopelens.analyses.subjects import Subject
+    from nopelens.analyses.sweep import SweepSettings, analyse_subject, analyse_subject_streamed
+
+    model = _bridge("cohere2", sliding_window=window)
+    tokens = torch.randint(3, 64, (8, 12), generator=torch.Generator().manual_seed(0))
+    tokens[:, 0] = 1
+    settings = dataclasses.replace(SweepSettings.quick("text", ("hf:x",), controls=False), n_sequences=8, seq_len=12,
+                                   streamed=True, batch_size=4, sink_ablation=False, n_boot=20)
+
+    def subject():
+        return Subject(name="hf:x", model=model, n_layers=4, position="hf", kind="external", tokens=tokens,
+                       attention_mask=torch.ones_like(tokens), has_bos=True, bos_token_id=1, hf=describe(model))
+
+    with torch.no_grad():
+        memory_subject, streamed_subject = subject(), subject()
+        memory = analyse_subject(memory_subject, settings)
+        streamed = analyse_subject_streamed(streamed_subject, settings)
+    for tables, who in ((memory, memory_subject), (streamed, streamed_subject)):
+        notes = who.info.get("not_applicable", {})
+        assert ("sink read" in notes) == sink_na and ("variance read" in notes) == variance_na, notes
+        assert set(tables["sinks"]["block"]) == ({3} if sink_na else {0, 1, 2, 3})
+        assert set(tables["variance"]["block"]) == ({3} if variance_na else {0, 1, 2, 3})
+        if sink_na:
+            assert "blocks [0, 1, 2]: sliding window 1: no query but token 0 itself sees token 0" in notes["sink read"]
+    for name, key in {"sinks": ["condition", "site", "head"], "variance": ["site", "position"]}.items():
+        a = memory[name].sort_values(key).reset_index(drop=True)
+        b = streamed[name].sort_values(key).reset_index(drop=True)[list(a.columns)]
+        assert len(a) == len(b) > 0
+        for column in a.columns:
+            if a[column].dtype.kind == "f":
+                np.testing.assert_allclose(b[column], a[column], rtol=1e-6, atol=1e-6, equal_nan=True)
+            else:
+                pd.testing.assert_series_equal(b[column], a[column], check_dtype=False)
+
+
+def test_no_readable_block_gives_an_empty_sink_table_with_its_columns():
+    from nopelens.probes.sinks import empty_sink_table
+
+    model = _bridge("mistral", sliding_window=1)
+    tokens, mask = _left_padded()
+    acts = collect(model, tokens, ["blocks.0.attn.hook_pattern"], attention_mask=mask)
+    with pytest.raises(ValueError, match="sliding window 1: no query but token 0 itself sees token 0"):
+        sink_table(acts, n_tokens=12, windows={0: KeyWindow(window=1)})
+    empty = sink_table(acts, n_tokens=12, windows={0: KeyWindow(window=1)}, sites=[])
+    assert empty.empty and list(empty.columns) == list(sink_table(collect(_bridge("mistral"), tokens, [
+        "blocks.0.attn.hook_pattern"], attention_mask=mask), n_tokens=12).columns) == list(empty_sink_table(12).columns)
+
+
+def test_a_window_of_1_makes_the_position_interventions_change_nothing():
+    """Each query sees only its own key: a RoPE offset of 0 and a softmax over one key, so zeroing or
+    swapping positions leaves the logits as they were (step 8 passes); transformers' own sliding-window cache
+    keeps every key at sliding_window 1, so step 9's failure is real and names that cause."""
+    from nopelens.analyses.audit import audit
+
+    report = audit(_bridge("mistral", sliding_window=1), eval_length=16)
+    step8, step9 = report.steps[7], report.steps[8]
+    assert step8.status == "pass", step8.summary
+    assert "a window or chunk of 1" in step8.evidence["expectations"]["zeroed positions"]
+    assert step9.status == "fail" and "keeps every key" in step9.checks[-1].detail
+    assert audit(_bridge("mistral", sliding_window=2), eval_length=16).steps[7].status == "pass"

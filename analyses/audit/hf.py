@@ -63,6 +63,10 @@ class BridgeSubject(Subject):
         self.position_limit = 4096  # audit() sets it from the probe length
 
     @property
+    def layer_labels(self) -> list[str]:
+        return [layer.label(self.hf.d_head) for layer in self.hf.layers]
+
+    @property
     def layer_names(self) -> list[str]:
         return list(self.hf.layer_methods)  # ``unknown`` stays visible in reports
 
@@ -105,6 +109,9 @@ class BridgeSubject(Subject):
 
     def decoding_unreadable(self) -> str | None:
         return self.hf.cache_unreadable
+
+    def decoding_caveat(self) -> str | None:
+        return self.hf.cache_caveat
 
     def relative_bias(self, layer: int) -> int | None:
         return self.hf.layers[layer].relative_bias

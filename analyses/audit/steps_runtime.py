@@ -33,7 +33,8 @@ def step8_interventions(run: Run, shift: int) -> StepResult:
     Zeroing every position changes the output of any model that reads positions (not NoPE);
     adding ``shift`` to every position changes it only where a method is absolute; swapping two
     positions leaves every earlier token unchanged (causality) and changes the later ones unless
-    the model reads no positions. A model that ignores an intervention computes exactly what it
+    the model reads no positions or every layer that reads them has a window or chunk of 1 (each
+    query sees only its own key: no offset but 0, and a softmax over one key). A model that ignores an intervention computes exactly what it
     computed before, so "a change" means any nonzero change (a half-precision model's position
     effects may be a few ulps of its logits); "no change" allows the agreement tolerance.
     """
@@ -59,10 +60,11 @@ def step8_interventions(run: Run, shift: int) -> StepResult:
                             f"expected {'a change' if should_change else f'no change beyond {bound:.3g}'} ({why}); "
                             f"max logit change {value:.3g}", value, threshold))
 
-    uses = s.uses_positions
+    uses = s.positions_reach_output
+    no_effect = ("NoPE reads no positions" if not s.uses_positions else
+                 "a window or chunk of 1: each query sees only its own key, so its softmax is 1 whatever the positions")
     zero = torch.zeros_like(p.ids)
-    expect("zeroed positions", effect(zero), p.real, uses,
-           "every method reads positions" if uses else "NoPE reads no positions")
+    expect("zeroed positions", effect(zero), p.real, uses, "every method reads positions" if uses else no_effect)
     absolute_names = [m.name for m in (s.input_method, *s.layer_methods) if m is not None and m.absolute]
     absolute = bool(absolute_names)
     top = int(p.ids.max()) + shift
@@ -87,7 +89,7 @@ def step8_interventions(run: Run, shift: int) -> StepResult:
     expect("swap: tokens before the first swapped one", diff, before, False,
            "causal: earlier queries neither see nor carry the swapped positions")
     expect("swap: tokens from the first swapped one on", diff, after, uses,
-           "their positions or offsets changed" if uses else "NoPE reads no positions")
+           "their positions or offsets changed" if uses else no_effect)
     return make_step(8, checks, evidence, "every intervention has its method's expected effect")
 
 
@@ -126,8 +128,11 @@ def step9_cached_decoding(run: Run) -> StepResult:
                             "cache.position_ids equal position_ids_from_mask" if not bad.any()
                             else f"cache holds {ids_list(cache_ids, p.real)}, the mask gives "
                             f"{ids_list(p.ids, p.real)}"))
-    checks.append(agree("cached logits = full forward", logits, run.logits, run.logit_tol,
-                         f"prefix of {split} tokens, then one token at a time", p.real[..., None]))
+    check = agree("cached logits = full forward", logits, run.logits, run.logit_tol,
+                  f"prefix of {split} tokens, then one token at a time", p.real[..., None])
+    if not check.passed and s.decoding_caveat() is not None:
+        check.detail += f" (known cause: {s.decoding_caveat()})"
+    checks.append(check)
     return make_step(9, checks, evidence,
                       "incremental decoding assigns the same positions and logits as the full forward")
 

@@ -62,6 +62,21 @@ class Subject(abc.ABC):
         return self.input_method is not None or any(m.reads_positions for m in self.layer_methods)
 
     @property
+    def positions_reach_output(self) -> bool:
+        """Some position the model reads can change its output: an input position method, an
+        absolute layer method, or a layer reading positions whose queries see more than their own
+        key (under a window or chunk of 1 a relative method meets offset 0 only, and the softmax
+        over one key is 1 whatever the score)."""
+        return self.input_method is not None or any(
+            m.reads_positions and (m.absolute or not self.key_window(layer).only_self)
+            for layer, m in enumerate(self.layer_methods))
+
+    @property
+    def layer_labels(self) -> list[str]:
+        """Each layer's method in a few words (with its window, sink and rotated part where it has them)."""
+        return self.layer_names
+
+    @property
     def layer_names(self) -> list[str]:
         return [m.name for m in self.layer_methods]
 
@@ -96,8 +111,8 @@ class Subject(abc.ABC):
         return [layer for layer, m in enumerate(self.layer_methods) if m.acts(place)]
 
     def describe(self) -> dict[str, Any]:
-        desc = (f"{self.kind}; input positions: {self.input_name or 'none'}; attention methods per "
-                f"layer: {self.layer_names}")
+        desc = (f"{self.kind}; input positions: {self.input_name or 'none'}; per layer: "
+                f"{_runs(self.layer_labels)}")
         out = {"name": self.name, "kind": self.kind, "description": desc,
                "input_position": self.input_name, "layer_positions": self.layer_names,
                "attention_methods": self.method_names, "n_layers": self.n_layers, "n_heads": self.n_heads,
@@ -155,6 +170,10 @@ class Subject(abc.ABC):
 
     def decoding_unreadable(self) -> str | None:
         """Why decoding through the model's KV cache cannot be audited, or None."""
+        return None
+
+    def decoding_caveat(self) -> str | None:
+        """A known cause of cached logits that differ from the full forward's (shown with the failure), or None."""
         return None
 
     def sink(self, layer: int) -> tuple[str | None, Tensor | None]:
@@ -301,3 +320,19 @@ def audited_hook(name: str) -> bool:
 ATTENTION_HOOKS = ("hook_q", "hook_k", "hook_q_normed", "hook_k_normed", "hook_v", "hook_rot_q", "hook_rot_k",
                    "hook_content_scores",
                     "hook_pos_bias", "hook_attn_scores", "hook_pattern", "hook_z", "hook_cos", "hook_sin")
+
+
+def _runs(labels: list[str]) -> str:
+    """Labels joined by ``; ``, a run of equal ones written once with its count.
+
+    Example:
+        >>> _runs(["rope", "rope", "rope", "nope", "rope"])
+        'rope ×3; nope; rope'
+    """
+    out: list[list] = []
+    for label in labels:
+        if out and out[-1][0] == label:
+            out[-1][1] += 1
+        else:
+            out.append([label, 1])
+    return "; ".join(label if n == 1 else f"{label} ×{n}" for label, n in out)
