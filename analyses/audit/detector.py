@@ -261,8 +261,12 @@ def _as_softmax_sees(values: Tensor, quantity: str, where: Tensor) -> Tensor:
 
 def _row_scaled(after: Tensor, before: Tensor, where: Tensor, bound: float) -> bool:
     """Whether the change is one factor per query row (scores times c_i), to ``bound``: a query
-    temperature, which no rotation or offset bias gives."""
+    temperature, which no rotation or offset bias gives. A row with one compared key besides its own
+    fits any factor, so with no row of two or more (a window of 2) the test cannot tell: False."""
     where = where.expand_as(before)
+    own = torch.eye(where.shape[-1], dtype=torch.bool, device=where.device)
+    if not bool(((where & ~own).sum(-1) >= 2).any()):
+        return False
     a, b = after.masked_fill(~where, 0.0), before.masked_fill(~where, 0.0)
     norm = (b * b).sum(-1, keepdim=True)
     factor = torch.where(norm > 0, (a * b).sum(-1, keepdim=True) / norm.clamp(min=1e-300), torch.ones_like(norm))
