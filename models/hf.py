@@ -328,12 +328,13 @@ class HFDescription:
     @property
     def cache_caveat(self) -> str | None:
         """What is known to make transformers' own cached decoding differ from its full forward
-        here, or None: with ``sliding_window`` 1, ``DynamicSlidingWindowLayer`` keeps the last
-        ``sliding_window - 1`` keys as ``keys[:, :, -0:]``, i.e. every key (transformers 5.24,
-        ``cache_utils.py``), so a decoded token sees keys the full forward blocks."""
-        if any(layer.key_window.window == 1 for layer in self.layers):
-            return ("sliding_window 1: transformers' sliding-window cache slices its last window - 1 = 0 keys as "
-                    "keys[-0:], i.e. keeps every key, so decoded tokens see keys the full forward blocks")
+        here, or None: with ``sliding_window`` 1 (or ``attention_chunk_size`` 1, cached in the same
+        layer), ``DynamicSlidingWindowLayer`` keeps the last ``sliding_window - 1`` keys as
+        ``keys[:, :, -0:]``, i.e. every key (transformers 5.24, ``cache_utils.py``), so a decoded
+        token sees keys the full forward blocks."""
+        if any(layer.key_window.only_self for layer in self.layers):
+            return ("a window or chunk of 1: transformers' sliding-window cache slices its last window - 1 = 0 keys "
+                    "as keys[-0:], i.e. keeps every key, so decoded tokens see keys the full forward blocks")
         return None
 
     def fires(self, site: str) -> bool:
