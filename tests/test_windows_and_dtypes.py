@@ -291,3 +291,16 @@ def test_a_window_of_1_makes_the_position_interventions_change_nothing(family, o
     # a window of 2: one key per row besides the query's own fits any per-row factor, so it is no query temperature
     two = audit(_bridge("mistral", sliding_window=2), eval_length=16)
     assert two.passed and two.model["measured_layer_positions"] == ["relative", "relative"], two.summary()
+
+
+def test_the_sinks_command_says_which_blocks_it_cannot_read(tmp_path, capsys):
+    from nopelens.analyses.cli import main
+
+    path = tmp_path / "mistral"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        build("mistral", sliding_window=1).save_pretrained(path)
+    code = main(["sinks", f"hf:{path}", "--n-sequences", "4", "--seq-len", "12", "--quiet", "--out", str(tmp_path / "s")])
+    out = capsys.readouterr().out
+    assert code == 0 and "no sink read on blocks [0, 1]: sliding window 1" in out, out
+    assert (tmp_path / "s" / "sinks.csv").exists() and not (tmp_path / "s" / "sinks.png").exists()

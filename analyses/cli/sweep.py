@@ -139,10 +139,16 @@ def run_sinks(args: argparse.Namespace) -> int:
                   "output scale; the sink rate above thresholds the first token only)")
             print(learned.pivot_table(index=["block", "sink_kind"], columns="head", values="learned_sink_mass")
                   .round(3).to_string())
+    skipped = subject.info.get("not_applicable", {}).get("sink read")
+    if skipped:
+        print(f"{subject.name}: no sink read on {skipped}")
     if args.out:
         from nopelens.models.io import write_csv_atomic
 
         write_csv_atomic(table, f"{args.out}/sinks.csv")
+        if table.empty:  # no block's sink can be read: nothing to draw
+            print(f"wrote {args.out}/sinks.csv (no rows)")
+            return 0
         report.save_figure(report.sink_figure(table, every_condition=True), f"{args.out}/sinks")
         print(f"wrote {args.out}/sinks.csv and sinks.png/svg")
     return 0
