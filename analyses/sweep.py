@@ -164,6 +164,12 @@ class SweepSettings:
     RESUMABLE_CHANGES = ("train_seeds",)
     """Settings a run folder may change between runs: adding seeds measures just the new ones."""
 
+    UNSET = {"hf_input": "input random, device cpu: as nopelens sweep and zoo-model runs read",
+             "streamed": "in memory, as nopelens sweep measures", "batch_size": "32",
+             "keep_mib": "512 MiB or a quarter of the memory available", "sink_ablation": "on",
+             "sites": ",".join(DEFAULT_SITES)}
+    """What a setting :meth:`to_dict` leaves out (at its default) means, for a refused run folder's message."""
+
     def to_dict(self) -> dict:
         """The settings as the run folder's stamp holds them. ``sites`` is written only when it is
         not :data:`DEFAULT_SITES`, so folders made before ``--sites`` existed keep their digest."""
@@ -455,7 +461,8 @@ def sweep(settings: SweepSettings, out_dir: str | Path | None = None, progress: 
 
     Args:
         settings: what to measure.
-        out_dir: run folder; each finished (model, seed) is saved under ``parts/`` at once.
+        out_dir: run folder; each finished (model, seed) is saved under ``parts/`` at once. A run
+            refused or failed before its first part leaves no stamp (:func:`~nopelens.analyses.runs.claimed`).
         progress: progress bars and lines on stderr.
         jobs: local worker processes, one (model, seed) each (see :mod:`~nopelens.analyses.parallel`).
         scheduler: address of a Dask scheduler (``tls://`` or ``tcp://``) to send the (model,
@@ -485,8 +492,17 @@ def sweep(settings: SweepSettings, out_dir: str | Path | None = None, progress: 
             f"folds (each fold holds out whole sequences); use --n-sequences {settings.n_splits} or more"
         )
     out = Path(out_dir) if out_dir is not None else None
-    if out is not None:
-        runs.claim(out, "sweep", settings.to_dict(), ignore=settings.RESUMABLE_CHANGES)
+    if out is None:
+        return _sweep_tasks(settings, None, progress, jobs, scheduler, svg, security, sweep_reads, name, figures)
+    with runs.claimed(out, "sweep", settings.to_dict(), ignore=settings.RESUMABLE_CHANGES, command=name,
+                      unset=settings.UNSET):
+        return _sweep_tasks(settings, out, progress, jobs, scheduler, svg, security, sweep_reads, name, figures)
+
+
+def _sweep_tasks(settings: SweepSettings, out: Path | None, progress: bool, jobs: int, scheduler: str | None, svg: bool,
+                 security: str | Path | None, sweep_reads: Sequence[reads.SweepRead] | None, name: str,
+                 figures: bool) -> SweepResult:
+    """:func:`sweep` once its folder ``out`` (or None) is claimed."""
     tasks = settings.tasks()
     done: dict[tuple[str, int], tuple[dict, dict]] = {}
     for task in tasks:
