@@ -276,6 +276,46 @@ def planned_work(spec: str, n_sequences: int, seq_len: int, train_seed: int = 0,
     return TaskWork(steps, train_work, float((n_layers + 1) * (n_sequences * seq_len + MEASURE_OVERHEAD_TOKENS)))
 
 
+def fixed_length(spec: str) -> str | None:
+    """Why ``seq_len`` does not set the length of ``spec``'s evaluation sequences, or None.
+
+    A model of a synthetic task (copy, Bigram-Backcopy, ...) is read on fresh samples of its task
+    at its longest training length (:func:`_evaluation_batch`), so that every sequence covers
+    every trained position; text models, the circuit, the controls and ``hf:DIR`` models take
+    ``seq_len``. Read from the zoo recipe or the checkpoint's ``nopelens.json``, without loading
+    weights (an unreadable checkpoint gives None: loading it reports the problem).
+    """
+    import json
+
+    from nopelens.models import zoo
+    from nopelens.models.checkpoint import METADATA_FILE
+
+    if spec in CONTROL_SPECS or spec.startswith((CONSTANT_PREFIX, HF_PREFIX)):
+        return None
+    if "/" in spec or Path(spec).exists():
+        for meta_path in (Path(spec) / METADATA_FILE, Path(spec) / "checkpoint" / METADATA_FILE):
+            try:
+                meta = json.loads(meta_path.read_text(encoding="utf-8"))
+                task, lengths = meta["task"]["name"], meta.get("train_lengths") or [None, None]
+                break
+            except (OSError, ValueError, KeyError, TypeError):
+                continue
+        else:
+            return None
+        longest = lengths[1]
+    else:
+        try:
+            recipe = zoo.recipe(spec)
+        except KeyError:
+            return None  # check_spec names it
+        task, longest = recipe.task, recipe.train_kwargs.get("max_len")
+    if task == "text":
+        return None
+    trained = f" (max_len {longest})" if longest is not None else ""
+    return (f"{spec} is a {task}-task model, read on {task} samples of its longest training length{trained}, "
+            "so that every sequence covers every trained position")
+
+
 def check_spec(spec: str) -> None:
     """Fail fast, before any work, on a spec that names nothing.
 

@@ -201,7 +201,8 @@ class SweepResult:
     ``summary`` has one row per model (means over training seeds when there are several, see
     :func:`~nopelens.analyses.seeds.over_seeds`); ``summary_per_seed`` one row per model and seed;
     ``curves`` the main curves per layer (:func:`~nopelens.analyses.layers.layer_curves`);
-    ``reads`` the reads the summary and curves report (``--metric``, ``--threshold``).
+    ``reads`` the reads the summary and curves report (``--metric``, ``--threshold``); ``figures``
+    the stems of the figures written into ``out_dir`` (none with ``figures=False``).
     """
 
     probes: pd.DataFrame
@@ -214,6 +215,7 @@ class SweepResult:
     sink_ablation: pd.DataFrame = field(default_factory=pd.DataFrame)
     curves: pd.DataFrame | None = None
     reads: tuple[reads.SweepRead, ...] | None = None
+    figures: tuple[str, ...] = ()
 
 
 # ----------------------------------------------------------------------------- one subject
@@ -546,8 +548,8 @@ def _sweep_tasks(settings: SweepSettings, out: Path | None, progress: bool, jobs
                          summary_per_seed=per_seed, sink_ablation=ablation,
                          curves=layers.layer_curves(probes, sinks, chosen), reads=chosen)
     if out is not None:
-        report.write_run(result, settings, command=" ".join(["nopelens", *sys.argv[1:]]), versions=versions(), svg=svg,
-                         name=name, draw=figures)
+        result.figures = tuple(report.write_run(result, settings, command=" ".join(["nopelens", *sys.argv[1:]]),
+                                                versions=versions(), svg=svg, name=name, draw=figures))
     return result
 
 

@@ -362,3 +362,34 @@ def test_a_zero_window_is_one_line_for_audit_and_probe_and_the_refused_probe_lea
     assert expected in _one_line_refusal(["probe", f"hf:{folder}", "--input", "random", "--out", str(out), "--quiet",
                                           "--no-figures"], capsys)
     assert not out.exists()
+
+
+def test_seq_len_on_synthetic_task_models_is_refused_or_noted_not_silently_ignored(tmp_path, capsys):
+    """A copy-task model is read at its training length: --seq-len used to do nothing, silently."""
+    from nopelens.analyses.subjects import fixed_length
+
+    assert _one_line_refusal(["probe", "copy-nope-3l", "--seq-len", "20", "--out", str(tmp_path / "run")], capsys) == (
+        "nopelens probe: error: --seq-len does not apply: copy-nope-3l is a copy-task model, read on copy samples of "
+        "its longest training length (max_len 10), so that every sequence covers every trained position; leave "
+        "--seq-len out")
+    assert not (tmp_path / "run").exists()
+    train(tiny_config(), make_task("copy"), 1, batch_size=2, min_len=1, max_len=6, checkpoint_dir=tmp_path / "ckpt",
+          progress=False)
+    assert "(max_len 6)" in fixed_length(str(tmp_path / "ckpt"))
+    assert fixed_length("text-nope-4l") is None and fixed_length("circuit") is None
+    from nopelens.analyses.cli.sweep import _check_seq_len
+
+    _check_seq_len(("copy-nope-3l", "circuit"), "sweep")  # the circuit takes it: a note, not a refusal
+    assert "nopelens sweep: note: --seq-len does not apply to copy-nope-3l" in capsys.readouterr().err
+
+
+def test_the_closing_line_of_a_probe_says_what_was_written(tmp_path, capsys):
+    """With --no-figures it said "... and figures" (none were drawn)."""
+    from hf_families import build
+
+    folder = _saved(build("llama"), tmp_path / "llama")
+    out = tmp_path / "run"
+    assert cli.main(["probe", f"hf:{folder}", "--input", "random", "--n-sequences", "8", "--seq-len", "12", "--quiet",
+                     "--no-figures", "--no-sink-ablation", "--out", str(out)]) == 0
+    closing = capsys.readouterr().out.strip().splitlines()[-2]
+    assert closing.endswith("no figures (--no-figures), to") and not list(out.glob("*.png"))
