@@ -67,7 +67,7 @@ def _figures_text(result) -> str:
     """What the run folder got besides its tables: the figures written, or that none were."""
     if not result.figures:
         return "no figures (--no-figures)"
-    return "figures " + ", ".join(f"{stem}.png" for stem in result.figures)
+    return "figures " + ", ".join(result.figures) + " (.png)"
 
 
 def _print_results(result, as_json: bool) -> None:
@@ -81,7 +81,7 @@ def _print_results(result, as_json: bool) -> None:
     print()
     print(report.layer_tables_text(result.curves, result.reads))
     if result.out_dir is not None:
-        print(f"\nwrote summary.md and tables (layers.csv: the curves above; columns: docs/schema.md); "
+        print("\nwrote summary.md and tables (layers.csv: the curves above; columns: docs/schema.md),\n"
               f"{_figures_text(result)}, to\n{result.out_dir}")
 
 
