@@ -3,7 +3,8 @@
 Every analysis that writes a run folder (``nopelens sweep`` and ``probe``, ``intervene``,
 ``lengthgen``) goes through this module, so a folder behaves the same whichever command made it:
 
-- :func:`claim` stamps the folder with its analysis (the *kind*) and the digest of its settings
+- :func:`claim` (or :func:`claimed`, which takes the stamp back from a run that fails before it
+  writes anything) stamps the folder with its analysis (the *kind*) and the digest of its settings
   (``<kind>.json``), and refuses, with one message, a folder made with other settings or by another
   analysis: a rerun resumes only what the same settings measured, and never overwrites another
   command's tables;
@@ -23,8 +24,9 @@ from __future__ import annotations
 import hashlib
 import json
 import sys
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import pandas as pd
 
@@ -55,18 +57,24 @@ def settings_digest(settings: dict[str, Any], ignore: Sequence[str] = ()) -> str
     return hashlib.sha256(json.dumps(measured, sort_keys=True).encode()).hexdigest()[:12]
 
 
-def claim(folder: str | Path, kind: str, settings: dict[str, Any], ignore: Sequence[str] = ()) -> Path:
+def claim(folder: str | Path, kind: str, settings: dict[str, Any], ignore: Sequence[str] = (),
+          command: str | None = None, unset: dict[str, str] | None = None) -> Path:
     """Make ``folder`` the run folder of a ``kind`` analysis with ``settings``, or refuse it.
 
-    Writes ``<kind>.json`` (``digest`` and ``settings``) into ``folder``, creating it. A folder
-    already stamped with the same digest is resumed (its stamp is rewritten with ``settings``,
-    which may differ in the ``ignore`` keys: a sweep records its latest list of training seeds).
+    Writes ``<kind>.json`` (``digest``, ``settings`` and the ``command``) into ``folder``, creating
+    it. A folder already stamped with the same digest is resumed (its stamp is rewritten with
+    ``settings``, which may differ in the ``ignore`` keys: a sweep records its latest list of
+    training seeds).
 
     Args:
         folder: the run folder.
         kind: one of :data:`KINDS`.
         settings: JSON-ready settings (a dataclass's ``asdict``).
         ignore: keys that do not change what a part of the run measures.
+        command: the ``nopelens`` subcommand running (default ``kind``; ``probe`` writes a sweep
+            folder); messages name it, and the command that made a refused folder.
+        unset: what a key means when one side's settings lack it (settings written only when not
+            at their default), e.g. ``{"hf_input": "random token ids on cpu"}``; default "the default".
 
     Returns:
         ``folder`` as a ``Path``.
@@ -76,22 +84,100 @@ def claim(folder: str | Path, kind: str, settings: dict[str, Any], ignore: Seque
             the keys that differ), or a run of another analysis.
     """
     folder = Path(folder)
+    command = command or kind
     if kind not in KINDS:
         raise ValueError(f"unknown run kind {kind!r}; known: {', '.join(KINDS)}")
     for other in KINDS:
         if other != kind and ((folder / f"{other}.json").is_file() or _legacy(folder, other).is_file()):
-            raise ValueError(f"{folder} holds a run of nopelens {other}; use another --out folder for this {kind} run")
+            raise ValueError(f"{folder} holds a run of nopelens {_made_by(folder, other)}; use another --out folder "
+                             f"for this {command} run")
     digest = settings_digest(settings, ignore)
     previous = _stamped_settings(folder, kind)
     if previous is not None and settings_digest(previous, ignore) != digest:
         differing = sorted(key for key in set(previous) | set(settings)
                            if key not in ignore and _json(previous.get(key)) != _json(settings.get(key)))
-        changes = "; ".join(f"{key}: {_json(previous.get(key))} there, {_json(settings.get(key))} now"
+        meaning = unset or {}
+        changes = "; ".join(f"{key}: {_shown(previous, key, meaning)} there, {_shown(settings, key, meaning)} now"
                             for key in differing)
-        raise ValueError(f"{folder} holds a run of nopelens {kind} made with other settings ({changes}); "
-                         "use another --out folder, or delete it to start over")
-    write_json_atomic({"digest": digest, "settings": settings}, folder / f"{kind}.json")
+        raise ValueError(f"{folder} holds a run of nopelens {_made_by(folder, kind)} made with other settings "
+                         f"({changes}); use another --out folder, or delete it to start over")
+    write_json_atomic({"digest": digest, "settings": settings, "command": command}, folder / f"{kind}.json")
     return folder
+
+
+def _made_by(folder: Path, kind: str) -> str:
+    """The command that made ``folder``'s ``kind`` run, as its stamp records it (else ``kind``)."""
+    try:
+        record = read_json(folder / f"{kind}.json")
+    except (OSError, ValueError):
+        return kind
+    command = record.get("command") if isinstance(record, dict) else None
+    return command if isinstance(command, str) and command else kind
+
+
+def _shown(settings: dict[str, Any], key: str, unset: dict[str, str]) -> str:
+    """A setting as a reader takes it in: plain words for lists and records, ``none`` for null, and
+    what a missing key means.
+
+    >>> _shown({"models": ["a", "b"], "hf": {"input": "text", "dtype": None}}, "hf", {})
+    'input text'
+    >>> _shown({}, "hf", {"hf": "random ids"}), _shown({"models": ["a", "b"]}, "models", {})
+    ('not set (random ids)', 'a,b')
+    """
+    if key not in settings:
+        return f"not set ({unset.get(key, 'the default')})"
+
+    def plain(value: Any) -> str:
+        if value is None:
+            return "none"
+        if isinstance(value, dict):
+            return ", ".join(f"{k} {plain(v)}" for k, v in value.items() if v is not None) or "none"
+        if isinstance(value, (list, tuple)):
+            return ",".join(plain(v) for v in value)
+        return value if isinstance(value, str) else _json(value)
+
+    return plain(settings[key])
+
+
+@contextmanager
+def claimed(folder: str | Path, kind: str, settings: dict[str, Any], ignore: Sequence[str] = (),
+            command: str | None = None, unset: dict[str, str] | None = None) -> Iterator[Path]:
+    """:func:`claim` ``folder`` for the run inside the ``with`` block; a run that fails (is refused,
+    raises, is interrupted) before it writes anything there leaves nothing behind.
+
+    A stamp this run wrote into a folder that had none is removed again when nothing else was
+    written beside it, and so is the folder when this run made it; a stamp a run resumed from, or
+    one next to finished parts, stays (a later run resumes from them). A refused run must not leave
+    a stamp: it would refuse the corrected rerun as "made with other settings".
+
+    Raises:
+        ValueError: as :func:`claim`; and whatever the block raises.
+    """
+    folder = Path(folder)
+    stamped = folder.is_dir() and _stamped_settings(folder, kind) is not None
+    before = set(folder.rglob("*")) if folder.is_dir() else None
+    claim(folder, kind, settings, ignore, command, unset)
+    try:
+        yield folder
+    except BaseException:
+        if not stamped:
+            _unclaim(folder, kind, before)
+        raise
+
+
+def _unclaim(folder: Path, kind: str, before: set[Path] | None) -> None:
+    """Remove ``folder``'s fresh ``<kind>.json`` when the run wrote no other file there, with the
+    folders it made (``folder`` itself when ``before`` is None: it did not exist)."""
+    stamp = folder / f"{kind}.json"
+    old = before or set()
+    if any(path.is_file() and path != stamp and path not in old for path in folder.rglob("*")):
+        return
+    stamp.unlink(missing_ok=True)
+    made = [path for path in folder.rglob("*") if path.is_dir() and path not in old]
+    for sub in sorted(made, key=lambda path: len(path.parts), reverse=True):
+        sub.rmdir()
+    if before is None:
+        folder.rmdir()
 
 
 def _legacy(folder: Path, kind: str) -> Path:

@@ -303,6 +303,46 @@ def planned_work(spec: str, n_sequences: int, seq_len: int, train_seed: int = 0,
     return TaskWork(steps, train_work, float((n_layers + 1) * (n_sequences * seq_len + MEASURE_OVERHEAD_TOKENS)))
 
 
+def fixed_length(spec: str) -> str | None:
+    """Why ``seq_len`` does not set the length of ``spec``'s evaluation sequences, or None.
+
+    A model of a synthetic task (copy, Bigram-Backcopy, ...) is read on fresh samples of its task
+    at its longest training length (:func:`_evaluation_batch`), so that every sequence covers
+    every trained position; text models, the circuit, the controls and ``hf:DIR`` models take
+    ``seq_len``. Read from the zoo recipe or the checkpoint's ``nopelens.json``, without loading
+    weights (an unreadable checkpoint gives None: loading it reports the problem).
+    """
+    import json
+
+    from nopelens.models import zoo
+    from nopelens.models.checkpoint import METADATA_FILE
+
+    if spec in CONTROL_SPECS or spec.startswith((CONSTANT_PREFIX, HF_PREFIX)):
+        return None
+    if "/" in spec or Path(spec).exists():
+        for meta_path in (Path(spec) / METADATA_FILE, Path(spec) / "checkpoint" / METADATA_FILE):
+            try:
+                meta = json.loads(meta_path.read_text(encoding="utf-8"))
+                task, lengths = meta["task"]["name"], meta.get("train_lengths") or [None, None]
+                break
+            except (OSError, ValueError, KeyError, TypeError):
+                continue
+        else:
+            return None
+        longest = lengths[1]
+    else:
+        try:
+            recipe = zoo.recipe(spec)
+        except KeyError:
+            return None  # check_spec names it
+        task, longest = recipe.task, recipe.train_kwargs.get("max_len")
+    if task == "text":
+        return None
+    trained = f" (max_len {longest})" if longest is not None else ""
+    return (f"{spec} is a {task}-task model, read on {task} samples of its longest training length{trained}, "
+            "so that every sequence covers every trained position")
+
+
 def check_spec(spec: str) -> None:
     """Fail fast, before any work, on a spec that names nothing.
 
@@ -548,6 +588,7 @@ def load_hf_dir(directory: Path, dtype: str | None = None, device: str | torch.d
     from safetensors import SafetensorError
 
     from nopelens.models.adapters import load_hf_model
+    from nopelens.models.hf import ConfigError, check_config
 
     if not Path(directory).is_dir():
         raise FileNotFoundError(f"no such HF model directory: {directory}")
@@ -555,20 +596,63 @@ def load_hf_dir(directory: Path, dtype: str | None = None, device: str | torch.d
     transformers.logging.disable_progress_bar()
 
     def load():
+        cls = _causal_lm_class(directory)
         try:
-            # safetensors only: a pytorch_model.bin is a pickle, and nopelens never unpickles a user file
-            model = _causal_lm_class(directory).from_pretrained(directory, local_files_only=True, use_safetensors=True,
-                                                                dtype=dtype or "auto")
+            check_config(_config_class(cls).from_pretrained(directory, local_files_only=True))
+            # safetensors only: a pytorch_model.bin is a pickle, and nopelens never unpickles a user file;
+            # mismatched shapes are reported below from transformers' loading info, not its log
+            model, info = cls.from_pretrained(directory, local_files_only=True, use_safetensors=True,
+                                              dtype=dtype or "auto", ignore_mismatched_sizes=True,
+                                              output_loading_info=True)
+        except ConfigError as error:
+            raise ValueError(f"{directory}/config.json: {error}") from None
         except (OSError, ValueError) as error:
             raise ValueError(f"{directory} holds no loadable HF causal LM: {error}") from None
         except _config_errors() as error:  # a config field of the wrong type, e.g. "hidden_size": "big"
             raise ValueError(f"{directory}/config.json is not a valid config: {' '.join(str(error).split())}") from None
         except SafetensorError as error:
             raise ValueError(f"{directory}: a safetensors weight file is corrupted or truncated ({error})") from None
+        _check_weights_match(info, model, directory)
         model.config._attn_implementation = "eager"
         return model.to(device).eval()
 
     return load_hf_model(load(), reload=load)
+
+
+SIZE_FIELDS = ("hidden_size", "num_attention_heads", "num_key_value_heads", "head_dim", "intermediate_size",
+               "vocab_size", "n_embd", "n_head", "d_model")
+"""Config fields that fix weight shapes, named in the hint when the saved weights do not fit the config."""
+
+
+def _check_weights_match(info: dict, model: Any, directory: Path) -> None:
+    """Refuse a model whose saved weights do not fill it: a tensor of another shape than its config
+    gives, or one the config asks for that the checkpoint lacks (transformers would initialize
+    either at random; nopelens never measures that). Extra saved tensors are allowed: a config
+    cut to fewer layers than were saved reads the first ones.
+
+    ``info`` is ``from_pretrained(..., output_loading_info=True)``'s: ``mismatched_keys`` holds
+    ``(name, checkpoint shape, model shape)`` triples, ``missing_keys`` names.
+    """
+    order = {name: k for k, name in enumerate(model.state_dict())}
+    mismatched = sorted(info.get("mismatched_keys") or (), key=lambda entry: (order.get(entry[0], len(order)), entry[0]))
+    missing = sorted(info.get("missing_keys") or (), key=lambda name: (order.get(name, len(order)), name))
+    if mismatched:
+        name, saved, built = mismatched[0]
+        sizes = " / ".join(field for field in SIZE_FIELDS if getattr(model.config, field, None) is not None)
+        more = f"; {len(mismatched) - 1} more tensors differ" if len(mismatched) > 1 else ""
+        raise ValueError(f"{directory}: the saved weights do not match config.json ({name}: checkpoint {list(saved)}, "
+                         f"config gives {list(built)}{more}): check {sizes}")
+    if missing:
+        more = f" and {len(missing) - 1} more" if len(missing) > 1 else ""
+        raise ValueError(f"{directory}: config.json asks for weights the checkpoint does not hold ({missing[0]}{more}); "
+                         "check num_hidden_layers and the other sizes against the saved model")
+
+
+def _config_class(model_class):
+    """The config class ``model_class.from_pretrained`` reads: ``AutoConfig`` for the auto class."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    return AutoConfig if model_class is AutoModelForCausalLM else model_class.config_class
 
 
 def _causal_lm_class(directory: str | Path):

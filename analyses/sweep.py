@@ -164,6 +164,12 @@ class SweepSettings:
     RESUMABLE_CHANGES = ("train_seeds",)
     """Settings a run folder may change between runs: adding seeds measures just the new ones."""
 
+    UNSET = {"hf_input": "input random, device cpu: as nopelens sweep and zoo-model runs read",
+             "streamed": "in memory, as nopelens sweep measures", "batch_size": "32",
+             "keep_mib": "512 MiB or a quarter of the memory available", "sink_ablation": "on",
+             "sites": ",".join(DEFAULT_SITES)}
+    """What a setting :meth:`to_dict` leaves out (at its default) means, for a refused run folder's message."""
+
     def to_dict(self) -> dict:
         """The settings as the run folder's stamp holds them. ``sites`` is written only when it is
         not :data:`DEFAULT_SITES`, so folders made before ``--sites`` existed keep their digest."""
@@ -195,7 +201,8 @@ class SweepResult:
     ``summary`` has one row per model (means over training seeds when there are several, see
     :func:`~nopelens.analyses.seeds.over_seeds`); ``summary_per_seed`` one row per model and seed;
     ``curves`` the main curves per layer (:func:`~nopelens.analyses.layers.layer_curves`);
-    ``reads`` the reads the summary and curves report (``--metric``, ``--threshold``).
+    ``reads`` the reads the summary and curves report (``--metric``, ``--threshold``); ``figures``
+    the stems of the figures written into ``out_dir`` (none with ``figures=False``).
     """
 
     probes: pd.DataFrame
@@ -208,6 +215,7 @@ class SweepResult:
     sink_ablation: pd.DataFrame = field(default_factory=pd.DataFrame)
     curves: pd.DataFrame | None = None
     reads: tuple[reads.SweepRead, ...] | None = None
+    figures: tuple[str, ...] = ()
 
 
 # ----------------------------------------------------------------------------- one subject
@@ -454,7 +462,8 @@ def sweep(settings: SweepSettings, out_dir: str | Path | None = None, progress: 
 
     Args:
         settings: what to measure.
-        out_dir: run folder; each finished (model, seed) is saved under ``parts/`` at once.
+        out_dir: run folder; each finished (model, seed) is saved under ``parts/`` at once. A run
+            refused or failed before its first part leaves no stamp (:func:`~nopelens.analyses.runs.claimed`).
         progress: progress bars and lines on stderr.
         jobs: local worker processes, one (model, seed) each (see :mod:`~nopelens.analyses.parallel`).
         scheduler: address of a Dask scheduler (``tls://`` or ``tcp://``) to send the (model,
@@ -484,8 +493,17 @@ def sweep(settings: SweepSettings, out_dir: str | Path | None = None, progress: 
             f"folds (each fold holds out whole sequences); use --n-sequences {settings.n_splits} or more"
         )
     out = Path(out_dir) if out_dir is not None else None
-    if out is not None:
-        runs.claim(out, "sweep", settings.to_dict(), ignore=settings.RESUMABLE_CHANGES)
+    if out is None:
+        return _sweep_tasks(settings, None, progress, jobs, scheduler, svg, security, sweep_reads, name, figures)
+    with runs.claimed(out, "sweep", settings.to_dict(), ignore=settings.RESUMABLE_CHANGES, command=name,
+                      unset=settings.UNSET):
+        return _sweep_tasks(settings, out, progress, jobs, scheduler, svg, security, sweep_reads, name, figures)
+
+
+def _sweep_tasks(settings: SweepSettings, out: Path | None, progress: bool, jobs: int, scheduler: str | None, svg: bool,
+                 security: str | Path | None, sweep_reads: Sequence[reads.SweepRead] | None, name: str,
+                 figures: bool) -> SweepResult:
+    """:func:`sweep` once its folder ``out`` (or None) is claimed."""
     tasks = settings.tasks()
     done: dict[tuple[str, int], tuple[dict, dict]] = {}
     for task in tasks:
@@ -529,8 +547,8 @@ def sweep(settings: SweepSettings, out_dir: str | Path | None = None, progress: 
                          summary_per_seed=per_seed, sink_ablation=ablation,
                          curves=layers.layer_curves(probes, sinks, chosen), reads=chosen)
     if out is not None:
-        report.write_run(result, settings, command=" ".join(["nopelens", *sys.argv[1:]]), versions=versions(), svg=svg,
-                         name=name, draw=figures)
+        result.figures = tuple(report.write_run(result, settings, command=" ".join(["nopelens", *sys.argv[1:]]),
+                                                versions=versions(), svg=svg, name=name, draw=figures))
     return result
 
 

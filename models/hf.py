@@ -48,6 +48,10 @@ class UnsupportedModelError(ValueError):
     """An HF model nopelens cannot measure right: refused with a one-line reason."""
 
 
+class ConfigError(ValueError):
+    """An HF config that contradicts itself (:func:`check_config`): the message names the field."""
+
+
 @dataclass(frozen=True)
 class QueryScale:
     """A position-dependent factor tau(p) on a layer's queries (a temperature on its scores).
@@ -369,6 +373,7 @@ def describe_config(config: Any, architecture: str | None = None) -> HFDescripti
         UnsupportedModelError: on a config without the sizes every causal LM declares.
     """
     config = text_config(config)
+    check_config(config)
     family = str(getattr(config, "model_type", ""))
     architecture = architecture or (list(getattr(config, "architectures", None) or [family])[0])
     n_heads = int(_first(config, "num_attention_heads", "n_head", "num_heads", "attention_heads", "n_heads"))
@@ -397,6 +402,48 @@ def describe_config(config: Any, architecture: str | None = None) -> HFDescripti
         max_positions=max_positions, layers=layers, qk_norm=qk_norm, q_hook=q_hook, k_hook=k_hook,
         position_input=position_input, qk_layout=qk_layout, notes=_notes(config, family),
     )
+
+
+PER_LAYER_FIELDS = ("layer_types", "mlp_layer_types", "no_rope_layers", "layer_rope_theta")
+"""Config fields with one entry per layer, which the family rules below index by layer."""
+
+LAYER_COUNT_FIELDS = ("num_hidden_layers", "n_layer", "num_layers", "n_layers")
+
+
+def check_config(config: Any) -> None:
+    """Refuse a config that contradicts itself, before a model is built from it or described.
+
+    transformers builds such a model with an ``IndexError`` deep in a layer's ``__init__``, or
+    builds one whose mask lets a query see no key at all; this names the field instead.
+
+    Args:
+        config: an HF ``PretrainedConfig`` of a causal LM (or its text sub-config).
+
+    Raises:
+        ConfigError: (a ``ValueError``) if a per-layer list (:data:`PER_LAYER_FIELDS`) does not have one entry per
+            layer, or a layer's sliding window or attention chunk is shorter than one token (a
+            window of 0 blocks every key: every query row would be fully masked).
+
+    Example:
+        >>> from transformers import MistralConfig
+        >>> try:
+        ...     check_config(MistralConfig(num_hidden_layers=2, sliding_window=0))
+        ... except ValueError as error:
+        ...     print(error)
+        sliding_window is 0: a window must be at least 1 token (every query row would be fully masked)
+        >>> check_config(MistralConfig(num_hidden_layers=2, sliding_window=1))  # one token: itself
+    """
+    config = text_config(config)
+    count = next((name for name in LAYER_COUNT_FIELDS if getattr(config, name, None) is not None), None)
+    if count is None:
+        return  # describe_config names the missing size
+    n_layers = int(getattr(config, count))
+    for name in PER_LAYER_FIELDS:
+        value = getattr(config, name, None)
+        if isinstance(value, (list, tuple)) and len(value) != n_layers:
+            raise ConfigError(f"{name} has {len(value)} entries for {n_layers} layers ({count})")
+    for layer in range(n_layers):
+        _key_window(config, layer)
 
 
 def text_config(config: Any) -> Any:
@@ -685,13 +732,22 @@ def _key_window(config: Any, layer: int) -> tuple[int | None, int | None]:
     layer_types = getattr(config, "layer_types", None)
     kind = layer_types[layer] if layer_types is not None else None
     if getattr(config, "model_type", "") == "inkling2_text":  # Inkling2SlidingAttention: sliding_window_size
-        return (int(config.sliding_window_size) if kind == "hybrid_sliding" else None), None
+        return (_at_least_one(config, "sliding_window_size") if kind == "hybrid_sliding" else None), None
     if kind == "chunked_attention":
         chunk = getattr(config, "attention_chunk_size", None)
-        return None, (int(chunk) if chunk else None)
+        return None, (_at_least_one(config, "attention_chunk_size") if chunk is not None else None)
     if window is None or (kind is not None and kind != "sliding_attention"):
         return None, None
-    return int(window), None
+    return _at_least_one(config, "sliding_window"), None
+
+
+def _at_least_one(config: Any, name: str) -> int:
+    """A window or chunk length in tokens; one below 1 leaves every query without a visible key."""
+    value = int(getattr(config, name))
+    if value < 1:
+        what = "a chunk" if "chunk" in name else "a window"
+        raise ConfigError(f"{name} is {value}: {what} must be at least 1 token (every query row would be fully masked)")
+    return value
 
 
 def _alibi(config: Any, family: str, d_head: int) -> tuple[tuple[float, ...], float]:

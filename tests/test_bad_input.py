@@ -291,3 +291,105 @@ def test_an_hf_config_field_of_the_wrong_type_is_bad_input_not_an_internal_error
     assert main(["audit", "--hf-dir", str(tmp_path)]) == 2  # `probe hf:DIR` loads it the same way
     err = capsys.readouterr().err
     assert "config.json is not a valid config" in err and "hidden_size" in err and "internal error" not in err
+
+
+# ----------------------------------------------------------------------------- configs that contradict their weights
+def _saved(model, folder, **edits):
+    """``model`` saved to ``folder`` (no tokenizer), then ``edits`` written into its config.json."""
+    model.save_pretrained(folder)
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, **edits}))
+    return folder
+
+
+def _one_line_refusal(argv, capsys) -> str:
+    capsys.readouterr()  # saving the model wrote a progress bar
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    errors = [line for line in err.splitlines() if "error" in line]  # the others are progress lines ("loading")
+    assert len(errors) == 1 and errors[0] == err.splitlines()[-1], err
+    assert "internal error" not in err and "Traceback" not in err
+    return errors[0]
+
+
+def test_a_per_layer_list_of_another_length_than_the_layers_is_named(tmp_path, capsys):
+    """transformers builds this SmolLM3 with an IndexError in a layer's __init__ (was: exit 3, "a bug in nopelens")."""
+    from hf_families import build_design
+
+    folder = _saved(build_design("smollm3"), tmp_path / "smollm3", no_rope_layers=[1, 1])
+    err = _one_line_refusal(["audit", "--hf-dir", str(folder)], capsys)
+    assert f"{folder}/config.json: no_rope_layers has 2 entries for 4 layers (num_hidden_layers)" in err
+
+
+def test_saved_weights_of_other_shapes_or_fewer_layers_than_the_config_are_named(tmp_path, capsys):
+    """transformers raises "You set ignore_mismatched_sizes to False..." (was exit 3); missing layers were random."""
+    from hf_families import build
+
+    from nopelens.analyses.subjects import load_hf_dir
+
+    folder = _saved(build("llama"), tmp_path / "heads", num_attention_heads=8)  # head_dim stays 8: q is 64 wide
+    err = _one_line_refusal(["audit", "--hf-dir", str(folder)], capsys)
+    assert ("the saved weights do not match config.json (model.layers.0.self_attn.q_proj.weight: checkpoint "
+            "[32, 32], config gives [64, 32]; 3 more tensors differ): check hidden_size / num_attention_heads") in err
+    deeper = _saved(build("llama"), tmp_path / "layers", num_hidden_layers=3)
+    with pytest.raises(ValueError, match=r"asks for weights the checkpoint does not hold \(model\.layers\.2\."):
+        load_hf_dir(deeper)
+    fewer = _saved(build("llama"), tmp_path / "cut", num_hidden_layers=1)  # cut to its first layers: allowed
+    assert load_hf_dir(fewer).cfg.n_layers == 1
+
+
+@pytest.mark.parametrize("family, field, value", [("mistral", "sliding_window", 0), ("mistral", "sliding_window", -3),
+                                                   ("llama4", "attention_chunk_size", 0)])
+def test_a_window_or_chunk_below_one_token_is_refused_at_description_time(family, field, value):
+    """A window of 0 lets no key through (was blamed on the bridge: "the causal mask is dropped")."""
+    from hf_families import build
+
+    from nopelens.models.hf import ConfigError, describe_config
+
+    config = build(family).config
+    setattr(config, field, value)
+    with pytest.raises(ConfigError, match=f"{field} is {value}: a (window|chunk) must be at least 1 token"):
+        describe_config(config)
+
+
+def test_a_zero_window_is_one_line_for_audit_and_probe_and_the_refused_probe_leaves_nothing(tmp_path, capsys):
+    from hf_families import build
+
+    folder = _saved(build("mistral"), tmp_path / "mistral", sliding_window=0)
+    expected = f"{folder}/config.json: sliding_window is 0: a window must be at least 1 token"
+    assert expected in _one_line_refusal(["audit", "--hf-dir", str(folder)], capsys)
+    out = tmp_path / "run"
+    assert expected in _one_line_refusal(["probe", f"hf:{folder}", "--input", "random", "--out", str(out), "--quiet",
+                                          "--no-figures"], capsys)
+    assert not out.exists()
+
+
+def test_seq_len_on_synthetic_task_models_is_refused_or_noted_not_silently_ignored(tmp_path, capsys):
+    """A copy-task model is read at its training length: --seq-len used to do nothing, silently."""
+    from nopelens.analyses.subjects import fixed_length
+
+    assert _one_line_refusal(["probe", "copy-nope-3l", "--seq-len", "20", "--out", str(tmp_path / "run")], capsys) == (
+        "nopelens probe: error: --seq-len does not apply: copy-nope-3l is a copy-task model, read on copy samples of "
+        "its longest training length (max_len 10), so that every sequence covers every trained position; leave "
+        "--seq-len out")
+    assert not (tmp_path / "run").exists()
+    train(tiny_config(), make_task("copy"), 1, batch_size=2, min_len=1, max_len=6, checkpoint_dir=tmp_path / "ckpt",
+          progress=False)
+    assert "(max_len 6)" in fixed_length(str(tmp_path / "ckpt"))
+    assert fixed_length("text-nope-4l") is None and fixed_length("circuit") is None
+    from nopelens.analyses.cli.sweep import _check_seq_len
+
+    _check_seq_len(("copy-nope-3l", "circuit"), "sweep")  # the circuit takes it: a note, not a refusal
+    assert "nopelens sweep: note: --seq-len does not apply to copy-nope-3l" in capsys.readouterr().err
+
+
+def test_the_closing_line_of_a_probe_says_what_was_written(tmp_path, capsys):
+    """With --no-figures it said "... and figures" (none were drawn)."""
+    from hf_families import build
+
+    folder = _saved(build("llama"), tmp_path / "llama")
+    out = tmp_path / "run"
+    assert cli.main(["probe", f"hf:{folder}", "--input", "random", "--n-sequences", "8", "--seq-len", "12", "--quiet",
+                     "--no-figures", "--no-sink-ablation", "--out", str(out)]) == 0
+    closing = capsys.readouterr().out.strip().splitlines()[-2]
+    assert closing.endswith("no figures (--no-figures), to") and not list(out.glob("*.png"))

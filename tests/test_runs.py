@@ -73,3 +73,39 @@ def test_an_emptied_table_of_a_finished_part_is_named_and_measured_again(tmp_pat
     sweep(settings, out, progress=True)
     assert "already measured" in capsys.readouterr().err
     assert {name: (out / f"{name}.csv").read_bytes() for name in fresh} == fresh, "a resumed run writes the same bytes"
+
+
+def test_a_run_that_fails_before_writing_leaves_no_stamp_but_finished_parts_keep_theirs(tmp_path):
+    """A refused probe left sweep.json behind, which then refused the corrected rerun as "other settings"."""
+    with pytest.raises(ValueError, match="refused"):
+        with runs.claimed(tmp_path / "new", "sweep", {"seed": 0}, command="probe"):
+            raise ValueError("refused")
+    assert not (tmp_path / "new").exists()
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "notes.txt").write_text("the user's")
+    with pytest.raises(KeyboardInterrupt):
+        with runs.claimed(tmp_path / "mine", "sweep", {"seed": 0}):
+            (tmp_path / "mine" / "parts" / "empty").mkdir(parents=True)
+            raise KeyboardInterrupt
+    assert sorted(p.name for p in (tmp_path / "mine").iterdir()) == ["notes.txt"]
+    with pytest.raises(ValueError):
+        with runs.claimed(tmp_path / "half", "sweep", {"seed": 0}):
+            runs.write_part(runs.part_dir(tmp_path / "half", "a"), {}, {"name": "a"})
+            raise ValueError("the second model is refused")
+    assert (tmp_path / "half" / "sweep.json").is_file()  # the next run resumes from part a
+    runs.claim(tmp_path / "old", "sweep", {"seed": 0})
+    with pytest.raises(ValueError):
+        with runs.claimed(tmp_path / "old", "sweep", {"seed": 0}):
+            raise ValueError("refused on a rerun")
+    assert (tmp_path / "old" / "sweep.json").is_file()
+
+
+def test_a_refused_folder_names_the_command_that_made_it_and_reads_unset_settings_in_words(tmp_path):
+    runs.claim(tmp_path, "sweep", {"seed": 0, "models": ["a", "b"]}, command="probe")
+    with pytest.raises(ValueError, match=r"holds a run of nopelens probe made with other settings \(hf_input: not set "
+                                         r"\(input random\) there, input text, device cpu now; models: a,b there, c now\)"):
+        runs.claim(tmp_path, "sweep", {"seed": 0, "models": ["c"], "hf_input": {"input": "text", "device": "cpu",
+                                                                                 "dtype": None}},
+                   command="sweep", unset={"hf_input": "input random"})
+    with pytest.raises(ValueError, match="holds a run of nopelens probe; use another --out folder for this intervene run"):
+        runs.claim(tmp_path, "intervene", {"seed": 0})

@@ -36,7 +36,22 @@ def _settings(args: argparse.Namespace, models, controls: bool) -> SweepSettings
         overrides["train_seeds"] = args.seeds
     if getattr(args, "sites", None) is not None:
         overrides["sites"] = tuple(kind.strip() for kind in args.sites.split(",") if kind.strip())
-    return dataclasses.replace(settings, **overrides)
+    settings = dataclasses.replace(settings, **overrides)
+    if args.seq_len is not None:
+        _check_seq_len(settings.models, args.command)
+    return settings
+
+
+def _check_seq_len(models: tuple[str, ...], command: str) -> None:
+    """Refuse ``--seq-len`` when no model of the run takes it; name the models that ignore it otherwise."""
+    from nopelens.analyses.subjects import fixed_length
+
+    fixed = {spec: why for spec in models if (why := fixed_length(spec)) is not None}
+    if fixed and len(fixed) == len(models):
+        raise ValueError(f"--seq-len does not apply: {next(iter(fixed.values()))}; leave --seq-len out")
+    if fixed:
+        print(f"nopelens {command}: note: --seq-len does not apply to {', '.join(fixed)} (synthetic-task models are "
+              "read at their longest training length)", file=sys.stderr)
 
 
 def _sweep(args: argparse.Namespace, settings: SweepSettings, out, name: str):
@@ -48,19 +63,26 @@ def _sweep(args: argparse.Namespace, settings: SweepSettings, out, name: str):
                  security=args.dask_security, sweep_reads=sweep_reads, name=name, figures=not args.no_figures)
 
 
+def _figures_text(result) -> str:
+    """What the run folder got besides its tables: the figures written, or that none were."""
+    if not result.figures:
+        return "no figures (--no-figures)"
+    return "figures " + ", ".join(result.figures) + " (.png)"
+
+
 def _print_results(result, as_json: bool) -> None:
     if as_json:
         print(json.dumps(results_json(result), indent=1, allow_nan=False))
         if result.out_dir is not None:
-            print(f"nopelens: wrote {result.out_dir}/summary.md and its tables and figures", file=sys.stderr)
+            print(f"nopelens: wrote {result.out_dir}/summary.md and its tables; {_figures_text(result)}", file=sys.stderr)
         return
     print(report.summary_text(result.summary, result.reads,
                               not_applicable=report.not_applicable_reads(result.subjects)))
     print()
     print(report.layer_tables_text(result.curves, result.reads))
     if result.out_dir is not None:
-        print("\nwrote summary.md, tables (layers.csv: the curves above) and figures (columns: docs/schema.md) to"
-              f"\n{result.out_dir}")
+        print("\nwrote summary.md and tables (layers.csv: the curves above; columns: docs/schema.md),\n"
+              f"{_figures_text(result)}, to\n{result.out_dir}")
 
 
 def results_json(result) -> dict:
