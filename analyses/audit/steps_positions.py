@@ -77,7 +77,11 @@ def step2_origin_and_sign(run: Run) -> StepResult:
         checks.append(Check("index origin", bool((origin == 0).all()),
                             f"first real token of each row at positions {origin.tolist()} (expected 0)"))
     for layer, method in enumerate(s.layer_methods):
-        if method.acts(QK_ROTATION) and s.qk_unreadable(layer) is not None:
+        if method.reads_positions and not method.absolute and s.key_window(layer).only_self:
+            unreadable[layer] = (f"{s.key_window(layer).describe()}: each query sees only its own key (offset 0), "
+                                 "so no offset's sign can show")
+            evidence[f"layer{layer}_offset_sign"] = f"not checked: {unreadable[layer]}"
+        elif method.acts(QK_ROTATION) and s.qk_unreadable(layer) is not None:
             unreadable[layer] = s.qk_unreadable(layer)
             evidence[f"layer{layer}_rotation_direction"] = f"not checked: {unreadable[layer]}"
         elif method.acts(QK_ROTATION):
