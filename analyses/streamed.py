@@ -196,12 +196,12 @@ def repeated_token_answer(subject: Subject, sinks: pd.DataFrame) -> str:
     the NoPE blocks' heads from these (float round-off of the model's dtype only).
     """
     rows = sinks[sinks["condition"] == sinks["condition"].iloc[0]] if len(sinks) else sinks
-    methods = subject.hf.layer_methods if subject.hf is not None else [subject.position] * subject.n_layers
-    nope = [l for l, method in enumerate(methods) if _positionless(method)]
-    at = rows[rows["block"].isin(nope) & (rows["key_window"] == "causal")]
+    nope = uniform_blocks(subject)
+    at = rows[rows["block"].isin(nope)]
     if at.empty:
-        return ("known answer (--input repeated, Gu et al. 2025 Prop. 1): every position's state is the same, so no "
-                "probe can recover position; no causal NoPE block here to check exactly uniform attention on")
+        return ("known answer (--input repeated, Gu et al. 2025 Prop. 1): no block here has the exactly uniform "
+                "attention the theory fixes (a causal NoPE softmax block without a sink or relative bias, after "
+                "blocks that keep every position's state the same)")
     length = int(subject.attention_mask.sum(-1).min())
     window = int(rows["gu_window"].iloc[0])
     mass = float(np.mean([1.0 / (i + 1) for i in range(1, length)]))
@@ -210,6 +210,31 @@ def repeated_token_answer(subject: Subject, sinks: pd.DataFrame) -> str:
     return (f"known answer (--input repeated, Gu et al. 2025 Prop. 1): NoPE blocks {nope} attend exactly uniformly "
             f"(sink mass {mass:.6f}, Gu score H_T/T = {uniform_sink_score(window):.6f}); measured: largest deviation "
             f"{deviation:.2e} over their heads")
+
+
+def uniform_blocks(subject: Subject) -> list[int]:
+    """The blocks whose attention one repeated token makes exactly uniform (Gu et al. 2025, Prop. 1).
+
+    Equal states stay equal through softmax attention that adds no sink (any weights average
+    equal values: NoPE, RoPE, windows) and through MLP-only blocks; a linear-attention or SSM
+    mixer (its convolution and recurrence see how far a token is from the start), a sink that is
+    no token (the row keeps 1 - p_sink, which depends on the query's position) or an absolute
+    input position ends it. Among the blocks reached with equal states, those whose scores are
+    then equal too: NoPE under the causal rule alone, without a relative bias.
+    """
+    if subject.hf is None:
+        return [l for l in range(subject.n_layers) if _positionless(subject.position)]
+    if subject.hf.input_position is not None:
+        return []
+    blocks = []
+    for l, layer in enumerate(subject.hf.layers):
+        if layer.mixer == "none":
+            continue
+        if layer.mixer != "attention" or layer.sink is not None:
+            break
+        if _positionless(layer.method) and layer.key_window.causal_only and layer.relative_bias is None:
+            blocks.append(l)
+    return blocks
 
 
 def _positionless(method: str) -> bool:

@@ -325,3 +325,21 @@ def test_a_correct_bfloat16_model_saved_and_loaded_passes_the_position_intervent
         report = audit(load_hf_dir(tmp_path / family), eval_length=16, seed=seed)
     assert report.passed, report.summary()
     assert "not checked in bfloat16" in report.steps[7].evidence["positions shifted by 3"]
+
+
+@pytest.mark.parametrize("family, expected", [("smollm3", [3]), ("cohere2", [3]), ("kimi_linear", []), ("qwen3_next", []),
+                                              ("gpt_oss", []), ("inkling2", []), ("jamba", [])])
+def test_the_repeated_token_known_answer_covers_only_blocks_theory_makes_uniform(family, expected):
+    """Prop. 1 (Gu et al. 2025) needs every earlier block to keep the repeated token's states equal: a
+    linear-attention or SSM mixer (Kimi's KDA, Jamba's Mamba, Qwen3-Next's DeltaNet) or a learned sink
+    (GPT-OSS, Inkling 2) ends it, and only causal NoPE blocks then attend exactly uniformly."""
+    from types import SimpleNamespace
+
+    from hf_families import DESIGNS
+
+    from nopelens.analyses.streamed import uniform_blocks
+    from nopelens.models.hf import describe_config
+
+    config, _ = DESIGNS[family]()
+    hf = describe_config(config)
+    assert uniform_blocks(SimpleNamespace(hf=hf, n_layers=hf.n_layers, position="hf")) == expected
