@@ -1125,6 +1125,11 @@ def census(bridge: Any, static: HFDescription) -> dict[str, Any]:
         if pattern.shape[-1] != length:
             raise UnsupportedModelError(f"the attention weights of {static.architecture} layer {layer} have "
                                         f"{pattern.shape[-1]} key columns for {length} tokens (not one per key token)")
+        if not bool(torch.isfinite(pattern).all()):
+            raise UnsupportedModelError(
+                f"{static.architecture} layer {layer} gives non-finite attention weights (NaN or inf) on a short "
+                "input: check its weights for NaN or inf and its RoPE base (rope_theta, layer_rope_theta) for a "
+                "positive value")
         causal &= float(pattern[..., future].abs().max()) == 0.0
         if scores is None or torch.equal(scores, pattern) or sinks is None:
             scores_ok = False
@@ -1202,8 +1207,9 @@ def check_readable(description: HFDescription) -> None:
     """
     if not description.causal_under_mask:
         raise UnsupportedModelError(
-            f"the bridged attention of {description.architecture} gives future keys nonzero weight when an "
-            "attention_mask is passed (the causal mask is dropped); its patterns and activations would be wrong"
+            f"the attention of {description.architecture} (through its {description.adapter}) gives future keys "
+            "nonzero weight when an attention_mask is passed (the causal mask is dropped); its patterns and "
+            "activations would be wrong"
         )
     attention = [l for l, layer in enumerate(description.layers) if layer.mixer == "attention"]
     if attention and not description.fires(act_name("pattern", attention[0])):

@@ -364,6 +364,18 @@ def test_a_zero_window_is_one_line_for_audit_and_probe_and_the_refused_probe_lea
     assert not out.exists()
 
 
+@pytest.mark.parametrize("theta", [0, -10000])
+def test_a_rope_base_that_is_not_positive_is_named_not_blamed_on_the_mask(tmp_path, capsys, theta):
+    """rope_theta 0 gives NaN RoPE frequencies and NaN attention weights (was: "the causal mask is dropped")."""
+    from hf_families import build_design
+
+    folder = _saved(build_design("smollm3"), tmp_path / "smollm3",
+                    rope_parameters={"rope_theta": theta, "rope_type": "default"})
+    err = _one_line_refusal(["audit", "--hf-dir", str(folder)], capsys)
+    assert "gives non-finite attention weights (NaN or inf)" in err and "rope_theta" in err
+    assert "causal mask" not in err
+
+
 def test_seq_len_on_synthetic_task_models_is_refused_or_noted_not_silently_ignored(tmp_path, capsys):
     """A copy-task model is read at its training length: --seq-len used to do nothing, silently."""
     from nopelens.analyses.subjects import fixed_length
