@@ -140,10 +140,15 @@ def run_probe(args: argparse.Namespace) -> int:
     return 0
 
 
-def _rate_text(rate: float) -> str:
-    """A sink rate, or why there is none (every head's window too short for Gu's threshold)."""
-    return "n/a (no head gets a verdict: uniform attention over the queries scored reaches eps)" if rate != rate \
-        else f"{rate:.3f}"
+def _rate_text(flags) -> str:
+    """A sink rate over the heads that got a verdict (and how many did), or why there is none."""
+    judged = int(flags.notna().sum())
+    if judged == 0:
+        return "n/a (no head gets a verdict: uniform attention over the queries scored reaches eps)"
+    if judged == len(flags):
+        return f"{flags.mean():.3f}"
+    return (f"{flags.mean():.3f} over the {judged} of {len(flags)} heads that get a verdict (the others: uniform "
+            "attention over the queries scored reaches eps, gu_chance in sinks.csv)")
 
 
 def run_sinks(args: argparse.Namespace) -> int:
@@ -153,7 +158,7 @@ def run_sinks(args: argparse.Namespace) -> int:
     for condition, rows in table.groupby("condition", sort=False):
         grid = rows.pivot_table(index="block", columns="head", values="sink_mass")
         print(f"{subject.name}, {condition.replace('_', ' ')}: sink mass (rows: layer, columns: head); "
-              f"sink rate {_rate_text(sink_flags(rows).mean())} (Gu et al., eps 0.3, T = {int(rows['gu_window'].iloc[0])})")
+              f"sink rate {_rate_text(sink_flags(rows))} (Gu et al., eps 0.3, T = {int(rows['gu_window'].iloc[0])})")
         print(grid.round(3).to_string())
         if "learned_sink_mass" in rows and rows["learned_sink_mass"].notna().any():
             learned = rows[rows["learned_sink_mass"].notna()]
