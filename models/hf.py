@@ -374,7 +374,9 @@ def describe_config(config: Any, architecture: str | None = None) -> HFDescripti
     """
     config = text_config(config)
     check_config(config)
-    family = str(getattr(config, "model_type", ""))
+    # the config class's own model_type: a config.json whose "model_type" was edited still builds the class
+    # its "architectures" names, and the family rules must be that class's
+    family = str(getattr(type(config), "model_type", "") or getattr(config, "model_type", ""))
     architecture = architecture or (list(getattr(config, "architectures", None) or [family])[0])
     n_heads = int(_first(config, "num_attention_heads", "n_head", "num_heads", "attention_heads", "n_heads"))
     d_model = int(_first(config, "hidden_size", "n_embd", "d_model"))

@@ -405,3 +405,15 @@ def test_the_closing_line_of_a_probe_says_what_was_written(tmp_path, capsys):
                      "--no-figures", "--no-sink-ablation", "--out", str(out)]) == 0
     closing = capsys.readouterr().out.strip().splitlines()[-2]
     assert closing.endswith("no figures (--no-figures), to") and not list(out.glob("*.png"))
+
+
+def test_an_edited_model_type_does_not_change_the_family_rules():
+    """config.json's "model_type" edited, "architectures" kept: transformers still builds SmolLM3, so its
+    no_rope_layers rule applies (was: generic labels, rope on every layer, and a probe with wrong labels)."""
+    from hf_families import build_design
+
+    from nopelens.models.hf import describe_config
+
+    config = build_design("smollm3").config
+    config.model_type = "nonexistent_family"
+    assert describe_config(config).layer_methods == ("rope", "rope", "rope", "nope")
