@@ -142,7 +142,9 @@ class Subject:
 
     def sparse_note(self) -> str:
         """:meth:`sparse_blocks` as one line, blocks grouped by reason ("" when there is none)."""
-        return _by_reason(self.sparse_blocks())
+        from .audit.report import by_reason
+
+        return by_reason(self.sparse_blocks(), noun="blocks")
 
     def unreadable_blocks(self, read: str) -> dict[int, str]:
         """Block -> why ``read`` (``"sink read"`` or ``"variance read"``) cannot be made there: its
@@ -170,10 +172,12 @@ class Subject:
     def note_unreadable_reads(self) -> dict[str, dict[int, str]]:
         """Record in ``info["not_applicable"]`` the blocks the sink and variance reads skip
         (:meth:`unreadable_blocks`); returns read -> those blocks."""
+        from .audit.report import by_reason
+
         skipped = {read: self.unreadable_blocks(read) for read in ("sink read", "variance read")}
         for read, blocks in skipped.items():
             if blocks:
-                self.info.setdefault("not_applicable", {})[read] = _by_reason(blocks)
+                self.info.setdefault("not_applicable", {})[read] = by_reason(blocks, noun="blocks")
         return skipped
 
     def sinks(self) -> dict:
@@ -189,14 +193,6 @@ class Subject:
     def usable(self, site: str) -> bool:
         """The model has hook ``site`` and it fires (bridged hook points that never fire are not)."""
         return site in self.model.hook_dict and (self.hf is None or self.hf.fires(site))
-
-
-def _by_reason(blocks: dict[int, str]) -> str:
-    """``{block: why}`` as one line, blocks grouped by reason: ``blocks [0, 2]: why; ...``."""
-    grouped: dict[str, list[int]] = {}
-    for block, why in blocks.items():
-        grouped.setdefault(why, []).append(block)
-    return "; ".join(f"blocks {blocks}: {why}" for why, blocks in grouped.items())
 
 
 def qk_sites(source, layer: int) -> tuple[str, str]:

@@ -248,9 +248,8 @@ def sink_mass(patterns: Sequence[np.ndarray], include_sink_row: bool = False,
 
 
 def _no_sink_row(keys: KeyWindow, n_tokens: int) -> str:
-    if n_tokens > 1 and sink_read_reason(keys, n_tokens) is not None:
-        return sink_read_reason(keys, n_tokens)
-    return "no query row can see a sink other than itself (all sequences have one token)"
+    window_blind = sink_read_reason(keys, n_tokens) if n_tokens > 1 else None
+    return window_blind or "no query row can see a sink other than itself (all sequences have one token)"
 
 
 def sink_mass_by_position(patterns: Sequence[np.ndarray], keys: KeyWindow = CAUSAL) -> tuple[np.ndarray, np.ndarray]:

@@ -24,6 +24,7 @@ from nopelens.models.methods.nope import NoPE
 from nopelens.models.positions import rope_angles
 
 from .numerics import as_ids, dot_scores
+from .report import by_reason
 from .subjects import DecodingUnavailable, RopeSpec, Subject, audited_hook
 
 
@@ -117,12 +118,8 @@ class BridgeSubject(Subject):
         return self.hf.layers[layer].relative_bias
 
     def sparse_reason(self, length: int) -> str | None:
-        found = {}
-        for l in self.attention_layers:
-            why = self.hf.layers[l].sparse_reason(length)
-            if why is not None:
-                found.setdefault(why, []).append(l)
-        return "; ".join(f"layers {layers}: {why}" for why, layers in found.items()) or None
+        reasons = {l: self.hf.layers[l].sparse_reason(length) for l in self.attention_layers}
+        return by_reason({l: why for l, why in reasons.items() if why is not None}) or None
 
     def sink(self, layer: int):
         kind = self.hf.layers[layer].sink

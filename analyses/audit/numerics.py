@@ -62,6 +62,11 @@ class Tolerance:
         return cls(base[0] if atol is None else atol, base[1] if rtol is None else rtol,
                    str(torch_dtype).removeprefix("torch."))
 
+    @property
+    def half_precision(self) -> bool:
+        """The compute dtype is bfloat16 or float16 (not float32 or float64)."""
+        return self.dtype not in ("float32", "float64")
+
     def of(self, reference: Tensor) -> float:
         scale = float(reference.abs().max()) if reference.numel() else 0.0
         return self.atol + self.rtol * scale
@@ -77,7 +82,7 @@ class Tolerance:
             >>> Tolerance.for_dtype("bfloat16").through(16).rtol, Tolerance().through(16).rtol
             (0.125, 0.0001)
         """
-        if self.dtype in ("float32", "float64"):
+        if not self.half_precision:
             return self
         factor = math.sqrt(max(1, n_layers))
         return Tolerance(self.atol * factor, self.rtol * factor, self.dtype)

@@ -187,12 +187,17 @@ def _md(text: str) -> str:
     return text.replace("|", "\\|").replace("\n", " ")
 
 
-def unreadable_reason(unreadable: dict[int, str]) -> str:
-    """One line: which layers' q and k cannot be read, and why."""
-    by_reason: dict[str, list[int]] = {}
-    for layer, why in unreadable.items():
-        by_reason.setdefault(why, []).append(layer)
-    return "; ".join(f"layers {layers}: {why}" for why, layers in by_reason.items())
+def by_reason(reasons: dict[int, str], noun: str = "layers") -> str:
+    """``{layer: why}`` as one line, the layers (or blocks) grouped by reason ("" for none).
+
+    Example:
+        >>> by_reason({0: "a", 2: "a", 3: "b"}, noun="blocks")
+        'blocks [0, 2]: a; blocks [3]: b'
+    """
+    grouped: dict[str, list[int]] = {}
+    for layer, why in reasons.items():
+        grouped.setdefault(why, []).append(layer)
+    return "; ".join(f"{noun} {layers}: {why}" for why, layers in grouped.items())
 
 
 def make_step(

@@ -12,7 +12,7 @@ from nopelens.models.methods import QK_ROTATION
 
 from .numerics import agree, max_err
 from .probe import Run, ids_list
-from .report import Check, StepResult, make_step, unreadable_reason
+from .report import Check, StepResult, make_step, by_reason
 
 
 # ----------------------------------------------------------------------------- step 1
@@ -77,7 +77,7 @@ def step2_origin_and_sign(run: Run) -> StepResult:
         checks.append(Check("index origin", bool((origin == 0).all()),
                             f"first real token of each row at positions {origin.tolist()} (expected 0)"))
     for layer, method in enumerate(s.layer_methods):
-        if method.reads_positions and not method.absolute and s.key_window(layer).only_self:
+        if method.reads_positions and s.offset_zero_only(layer):
             unreadable[layer] = (f"{s.key_window(layer).describe()}: each query sees only its own key (offset 0), "
                                  "so no offset's sign can show")
             evidence[f"layer{layer}_offset_sign"] = f"not checked: {unreadable[layer]}"
@@ -92,7 +92,7 @@ def step2_origin_and_sign(run: Run) -> StepResult:
             checks.append(_lookup_sign_check(run, layer, evidence))
     reason = None
     if not checks:
-        reason = (unreadable_reason(unreadable) if unreadable
+        reason = (by_reason(unreadable) if unreadable
                   else "no position method with an origin or signed offset (NoPE: only the causal mask)")
     relative = len(checks) > 1 or (checks and checks[0].name != "index origin")
     summary = ("first real token at 0; every relative method has its declared sign" if relative

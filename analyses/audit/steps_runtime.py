@@ -27,9 +27,6 @@ def _relative_note(methods) -> str:
 
 
 # ----------------------------------------------------------------------------- step 8
-HALF_DTYPES = ("bfloat16", "float16")
-
-
 def step8_interventions(run: Run, shift: int) -> StepResult:
     """Step 8: position interventions have each method's declared effect on the logits.
 
@@ -76,7 +73,7 @@ def step8_interventions(run: Run, shift: int) -> StepResult:
     top = int(p.ids.max()) + shift
     if s.max_positions is not None and top >= s.max_positions:
         evidence["shifted positions"] = f"not run: position {top} is past the {s.max_positions}-row table"
-    elif not absolute and run.tol.dtype in HALF_DTYPES:
+    elif not absolute and run.tol.half_precision:
         # Exact in real arithmetic, not in half precision: RoPE at other positions rounds otherwise, the
         # error grows through the blocks and can flip a mixture of experts' routing (GPT-OSS, Beam:
         # logit changes of O(1) in a correct model). Step 5's detector checks the shift per layer, input fixed.

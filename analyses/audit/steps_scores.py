@@ -13,7 +13,7 @@ from nopelens.models.positions import alibi_bias
 
 from .numerics import agree, dot_scores, max_err
 from .probe import Run
-from .report import Check, StepResult, make_step, unreadable_reason
+from .report import Check, StepResult, make_step, by_reason
 
 
 # ----------------------------------------------------------------------------- step 3
@@ -157,7 +157,7 @@ def step6_score_parts(run: Run) -> StepResult:
     reason = None
     if unreadable:
         evidence["q_k_not_read"] = {str(layer): why for layer, why in unreadable.items()}
-        reason = unreadable_reason(unreadable)
+        reason = by_reason(unreadable)
     return make_step(6, checks, evidence,
                       "content and position parts are recorded separately and add up to the scores", reason)
 

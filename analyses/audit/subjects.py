@@ -68,8 +68,13 @@ class Subject(abc.ABC):
         key (under a window or chunk of 1 a relative method meets offset 0 only, and the softmax
         over one key is 1 whatever the score)."""
         return self.input_method is not None or any(
-            m.reads_positions and (m.absolute or not self.key_window(layer).only_self)
-            for layer, m in enumerate(self.layer_methods))
+            m.reads_positions and not self.offset_zero_only(layer) for layer, m in enumerate(self.layer_methods))
+
+    def offset_zero_only(self, layer: int) -> bool:
+        """The layer's method reads only offsets, and each query sees only its own key (a window or
+        chunk of 1): offset 0 is all it meets."""
+        method = self.layer_methods[layer]
+        return not method.absolute and self.key_window(layer).only_self
 
     @property
     def layer_labels(self) -> list[str]:
