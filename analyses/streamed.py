@@ -36,7 +36,7 @@ from nopelens.models.hooks import act_names
 from nopelens.probes import collect, resid_site
 from nopelens.probes.collect import site_block
 from nopelens.probes.sinks import GU_WINDOW, SinkStats, empty_sink_table, uniform_sink_score
-from nopelens.probes.stream import AttentionVariance, KeepBudget, Sequences, run
+from nopelens.probes.stream import AttentionVariance, KeepBudget, Sequences, available_memory, run
 from nopelens.probes.stream_probes import Probes, absolute_index_probes, relative_distance_probes
 
 from .intervene import later_token_probes, refused_sink_blocks, sink_ablation_drop_streamed
@@ -59,6 +59,7 @@ class Measurements:
     sinks_stripped: SinkStats | None
     window: int
     budget: KeepBudget
+    batch_size: int  # sequences per forward pass (``--batch-size``, or chosen by :func:`auto_batch_size`)
     ablation: Probes | None = None  # the sink ablation's clean later-token probes (None: skipped or nothing to ablate)
     ablation_refused: dict[int, str] | None = None  # block -> why it cannot be ablated (None: the ablation is skipped)
 
@@ -120,8 +121,72 @@ def measurements(subject: Subject, settings, sites: SweepSites,
         if blocks:
             ablation = later_token_probes(sequences, [block + 1 for block in blocks], settings.n_splits,
                                           settings.n_boot, settings.seed, budget)
+    batch_size = settings.batch_size
+    if batch_size == "auto":
+        statistics = sum(statistics_bytes(probe, shapes) for probe in probes + ([ablation] if ablation else []))
+        device = next(subject.model.parameters()).device
+        batch_size = auto_batch_size(sequence_bytes(subject, shapes), available_memory(device),
+                                     statistics + (budget.limit or 0), min(MAX_AUTO_BATCH, sequences.n_sequences))
     return Measurements(sequences, stripped, sites, probes, variance, sink_stats, stripped_stats, window, budget,
-                        ablation, refused)
+                        batch_size, ablation, refused)
+
+
+MAX_AUTO_BATCH = 32
+"""``--batch-size auto`` runs at most this many sequences per forward pass (the fixed default before it)."""
+
+ACTIVATION_COPIES = 32
+"""How many float32 ``[pos, width]`` arrays :func:`sequence_bytes` counts per sequence, ``width`` the
+widest hooked site per token: the residual stream, q, k, v and their rotations, the gated MLP's
+three intermediates of about 4 x d_model, and the float32 copies the hooks take, with room to spare."""
+
+
+def sequence_bytes(subject: Subject, shapes: dict[str, tuple[int, ...]]) -> int:
+    """Upper estimate of the memory one sequence adds to a hooked forward pass of ``subject``.
+
+    ``T (4 d_vocab + 12 n_heads T + 4 * ACTIVATION_COPIES * width)`` bytes for ``T`` tokens: the
+    logits in float32, three float32 ``[head_index, T, T]`` arrays (scores, softmax, pattern; eager
+    attention materializes them) and :data:`ACTIVATION_COPIES` float32 arrays ``[T, width]``.
+    Only one layer's attention is alive at once; the statistics and kept features are counted
+    apart (:func:`auto_batch_size`'s ``reserved``).
+
+    Args:
+        subject: the model and its tokens ``[batch, T]``.
+        shapes: each hooked site's per-token shape (:func:`site_shapes`).
+
+    Returns:
+        Bytes per sequence.
+    """
+    T = int(subject.tokens.shape[1])
+    config = subject.hf if subject.hf is not None else subject.model.cfg
+    width = max([int(np.prod(shape)) for site, shape in shapes.items() if not site.endswith(_SQUARE_SITES)] + [1])
+    return T * (4 * int(config.d_vocab) + 12 * int(config.n_heads) * T + 4 * ACTIVATION_COPIES * width)
+
+
+_SQUARE_SITES = ("hook_pattern", "hook_attn_scores")
+
+
+def auto_batch_size(sequence: int, available: int, reserved: int, most: int = MAX_AUTO_BATCH) -> int:
+    """Sequences per forward pass for ``--batch-size auto``: as many as fit half the memory left
+    after ``reserved`` (the other half is margin for what :func:`sequence_bytes` does not count),
+    at most ``most`` and at least 1.
+
+    Args:
+        sequence: bytes one sequence adds to a forward pass (:func:`sequence_bytes`), > 0.
+        available: bytes free on the model's device (:func:`~nopelens.probes.stream.available_memory`).
+        reserved: bytes the run holds besides its batches (statistics, kept features).
+        most: the largest batch.
+
+    Returns:
+        The batch size, in ``[1, most]``.
+
+    Example:
+        >>> auto_batch_size(2**30, 40 * 2**30, 8 * 2**30)  # 1 GiB per sequence, 16 GiB of 32 left
+        16
+        >>> auto_batch_size(2**20, 40 * 2**30, 0), auto_batch_size(2**35, 2**30, 0)
+        (32, 1)
+    """
+    room = max(0, available - reserved) // 2
+    return int(min(most, max(1, room // max(1, sequence))))
 
 
 def site_shapes(subject: Subject, sites: SweepSites) -> dict[str, tuple[int, ...]]:
@@ -145,7 +210,7 @@ def measure_streamed(subject: Subject, settings, sites: SweepSites,
     repeated`` the known answer is checked and recorded in ``subject.info["known_answer"]``.
     ``progress``: a bar per pass with tokens/s and ETA."""
     plan_ = measurements(subject, settings, sites)
-    batch_size = settings.batch_size
+    batch_size = plan_.batch_size
     others = [m for m in (plan_.variance, plan_.sinks, plan_.ablation) if m is not None]
     label = subject.name if progress else None
     results = run(subject.model, plan_.sequences, plan_.probes + others, batch_size=batch_size, progress=label)
@@ -286,15 +351,16 @@ class Plan:
     eta_note: str
     ablation_passes: int = 0  # of the forward passes, those with one block's first key removed
     ablated_blocks: int = 0
+    batch_size: int = MAX_AUTO_BATCH
 
     def describe(self, name: str) -> str:
         eta = f"about {self.eta_seconds:.0f} s" if self.eta_seconds is not None else self.eta_note
         ablation = (f"{self.ablation_passes} of them for the sink ablation of {self.ablated_blocks} blocks, each "
                     f"stopped after its block; " if self.ablated_blocks else "")
         return (f"nopelens: plan for {name}: {self.forward_passes} forward passes over {self.tokens:,} tokens "
-                f"({ablation}a second pass only over batches whose features do not fit the keep budget); statistics "
-                f"{self.statistics_bytes / 2**20:,.1f} MiB, plus at most {self.keep_bytes / 2**20:,.0f} MiB of kept "
-                f"features; ETA {eta}")
+                f"({ablation}a second pass only over batches whose features do not fit the keep budget) in batches "
+                f"of at most {self.batch_size} sequences; statistics {self.statistics_bytes / 2**20:,.1f} MiB, plus at "
+                f"most {self.keep_bytes / 2**20:,.0f} MiB of kept features; ETA {eta}")
 
 
 ETA_MAX_PARAMETERS = 5_000_000
@@ -317,7 +383,7 @@ def plan(subject: Subject, settings, sites: SweepSites) -> Plan:
 
     shapes = site_shapes(subject, sites)
     m = measurements(subject, settings, sites, shapes)
-    n_batches = len(m.sequences.batches(settings.batch_size))
+    n_batches = len(m.sequences.batches(m.batch_size))
     clean = m.probes + ([m.ablation] if m.ablation is not None else [])
     stats = sum(statistics_bytes(probe, shapes) for probe in clean)
     per_token = sum(4 * 2 * _n_features(job, shapes) for probe in clean for job in probe.jobs
@@ -339,7 +405,9 @@ def plan(subject: Subject, settings, sites: SweepSites) -> Plan:
     device = next(subject.model.parameters()).device
     if parameters <= ETA_MAX_PARAMETERS and device.type == "cpu":
         work = (subject.n_layers + 1) * (settings.n_sequences * subject.tokens.shape[1] + MEASURE_OVERHEAD_TOKENS)
-        return Plan(passes, tokens, stats, keep, work * MEASURE_PRIOR, "", ablation_passes, len(ablated))
+        return Plan(passes, tokens, stats, keep, work * MEASURE_PRIOR, "", ablation_passes, len(ablated),
+                    m.batch_size)
     return Plan(passes, tokens, stats, keep, None,
                 f"not estimated (analyses/eta.py is calibrated on models of at most {ETA_MAX_PARAMETERS:,} parameters "
-                f"on one CPU thread; this one has {parameters:,} on {device.type})", ablation_passes, len(ablated))
+                f"on one CPU thread; this one has {parameters:,} on {device.type})", ablation_passes, len(ablated),
+                m.batch_size)

@@ -105,7 +105,9 @@ class SweepSettings:
             text through their tokenizer, random ids or one token repeated; device; dtype).
         streamed: measure ``hf:DIR`` models through the streaming engine
             (:func:`analyse_subject_streamed`; ``nopelens probe``).
-        batch_size: sequences per forward pass of a streamed measurement.
+        batch_size: sequences per forward pass of a streamed measurement, or ``"auto"``: at most 32,
+            fewer where a forward pass of 32 would not fit half the memory free on the model's
+            device (:func:`~nopelens.analyses.streamed.auto_batch_size`).
         keep_mib: MiB of features a streamed measurement may keep for its predictions instead of
             a second forward pass (None: 512 MiB or a quarter of the memory available, whichever is
             less; 0: none, so memory is the statistics' whatever the number of tokens).
@@ -125,7 +127,7 @@ class SweepSettings:
     sites: tuple[str, ...] = DEFAULT_SITES
     hf_input: HFInput = HFInput()
     streamed: bool = False
-    batch_size: int = 32
+    batch_size: int | str = "auto"
     keep_mib: int | None = None
     sink_ablation: bool = True
 
@@ -139,8 +141,9 @@ class SweepSettings:
             raise ValueError(f"--seeds must list distinct training seeds, got {list(self.train_seeds)}")
         if min(self.train_seeds) < 0:
             raise ValueError(f"training seeds must be >= 0, got {list(self.train_seeds)}")
-        if isinstance(self.batch_size, bool) or not isinstance(self.batch_size, int) or self.batch_size < 1:
-            raise ValueError(f"--batch-size must be a positive integer, got {self.batch_size!r}")
+        if self.batch_size != "auto" and (isinstance(self.batch_size, bool) or not isinstance(self.batch_size, int)
+                                          or self.batch_size < 1):
+            raise ValueError(f"--batch-size must be a positive integer or auto, got {self.batch_size!r}")
         if self.keep_mib is not None and (isinstance(self.keep_mib, bool) or not isinstance(self.keep_mib, int)
                                           or self.keep_mib < 0):
             raise ValueError(f"--keep-mib must be an integer >= 0, got {self.keep_mib!r}")
@@ -165,7 +168,8 @@ class SweepSettings:
     """Settings a run folder may change between runs: adding seeds measures just the new ones."""
 
     UNSET = {"hf_input": "input random, device cpu: as nopelens sweep and zoo-model runs read",
-             "streamed": "in memory, as nopelens sweep measures", "batch_size": "32",
+             "streamed": "in memory, as nopelens sweep measures",
+             "batch_size": "auto (32, or fewer where 32 do not fit the memory free)",
              "keep_mib": "512 MiB or a quarter of the memory available", "sink_ablation": "on",
              "sites": ",".join(DEFAULT_SITES)}
     """What a setting :meth:`to_dict` leaves out (at its default) means, for a refused run folder's message."""
@@ -177,7 +181,7 @@ class SweepSettings:
         if self.sites == DEFAULT_SITES:
             del settings["sites"]
         # written only when set, so folders made before they existed keep their digest
-        for name, default in (("hf_input", HFInput()), ("streamed", False), ("batch_size", 32), ("keep_mib", None),
+        for name, default in (("hf_input", HFInput()), ("streamed", False), ("batch_size", "auto"), ("keep_mib", None),
                               ("sink_ablation", True)):
             if getattr(self, name) == default:
                 del settings[name]

@@ -210,8 +210,12 @@ class KeepBudget:
         self.used = max(0, self.used - nbytes)
 
 
-def available_memory() -> int:
-    """Bytes of memory available now (Linux ``MemAvailable``; elsewhere the free physical pages)."""
+def available_memory(device: torch.device | str | None = None) -> int:
+    """Bytes of memory available now on ``device``: a CUDA device's free memory
+    (``torch.cuda.mem_get_info``), else the host's (Linux ``MemAvailable``; elsewhere the free
+    physical pages)."""
+    if device is not None and torch.device(device).type == "cuda":
+        return int(torch.cuda.mem_get_info(torch.device(device))[0])
     try:
         with open("/proc/meminfo") as info:
             for line in info:

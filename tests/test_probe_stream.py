@@ -114,6 +114,47 @@ def test_streamed_probe_tables_equal_the_in_memory_sweep_on_the_same_text(model_
     assert set(streamed["sink_ablation"]["status"]) == {"measured"} and (streamed["sink_ablation"]["drop"].abs() > 1e-3).any()
 
 
+def test_auto_batch_size_fits_the_memory_free_and_leaves_the_tables_unchanged(model_dir, monkeypatch, one_thread):
+    """--batch-size auto (the default) takes 32 sequences, or as many as fit half the memory left
+    after the statistics and kept features; the numbers do not depend on the batch size."""
+    import dataclasses
+
+    import torch
+
+    from nopelens.analyses import streamed
+    from nopelens.analyses.subjects import HFInput, resolve
+    from nopelens.analyses.sweep import SweepSettings, analyse_subject_streamed, sweep_sites
+
+    settings = dataclasses.replace(SweepSettings.quick("text", (f"hf:{model_dir}",), controls=False), n_sequences=6,
+                                   seq_len=16, hf_input=HFInput(input="text"), streamed=True)
+    assert settings.batch_size == "auto" and "batch_size" not in settings.to_dict()
+    subject = resolve(f"hf:{model_dir}", 6, 16, seed=0, progress=False, hf_input=settings.hf_input)
+    sites = sweep_sites(subject, settings.sites)
+    shapes = streamed.site_shapes(subject, sites)
+    per_sequence = streamed.sequence_bytes(subject, shapes)
+    assert per_sequence > 16 * 4 * subject.hf.d_vocab  # the logits alone are 16 x d_vocab float32
+    with torch.no_grad():
+        roomy = streamed.measurements(subject, settings, sites, shapes)
+        assert roomy.batch_size == 6  # plenty of memory: every sequence (up to 32) in one batch
+        reserved = sum(streamed.statistics_bytes(p, shapes) for p in roomy.probes + [roomy.ablation])
+        reserved += roomy.budget.limit
+        monkeypatch.setattr(streamed, "available_memory", lambda device=None: reserved + 2 * 2 * per_sequence + 1)
+        tight = streamed.measurements(subject, settings, sites, shapes)
+        assert tight.batch_size == 2  # half of what is left holds two sequences
+        assert "in batches of at most 2 sequences" in streamed.plan(subject, settings, sites).describe("m")
+        small = analyse_subject_streamed(subject, settings)
+        assert subject.info["streamed"]["batch_size"] == 2
+        monkeypatch.undo()
+        whole = analyse_subject_streamed(subject, settings)
+        assert subject.info["streamed"]["batch_size"] == 6
+    for name, key in {"probes": ["site", "target", "features", "task", "probe", "split", "metric"],
+                      "sinks": ["condition", "site", "head"]}.items():
+        a = whole[name].sort_values(key).reset_index(drop=True)
+        b = small[name].sort_values(key).reset_index(drop=True)
+        np.testing.assert_allclose(b["value"], a["value"], rtol=1e-8, atol=1e-8, equal_nan=True, err_msg=name) \
+            if "value" in a else pd.testing.assert_frame_equal(a, b, check_exact=False, rtol=1e-8, atol=1e-8)
+
+
 def test_probe_cli_on_text_and_the_repeated_token_known_answer(model_dir, tmp_path, capsys, one_thread):
     from nopelens.analyses.cli import main
 
@@ -170,6 +211,7 @@ def test_plan_prints_passes_tokens_memory_and_exits(model_dir, tmp_path, capsys)
     ("bad device", "--device must be one of"),
     ("cuda", "no CUDA device"),
     ("zoo model", "applies to hf:DIR models"),
+    ("batch size 0", "--batch-size must be a positive integer or auto, got 0"),
 ])
 def test_bad_input_is_one_line_and_exit_2(model_dir, tmp_path, capsys, case, message):
     import shutil
@@ -200,6 +242,8 @@ def test_bad_input_is_one_line_and_exit_2(model_dir, tmp_path, capsys, case, mes
         extra = ["--device", "tpu"]
     elif case == "cuda":
         extra = ["--device", "cuda"]
+    elif case == "batch size 0":
+        extra = ["--batch-size", "0"]
     else:
         target, extra = "circuit", ["--input", "random"]
     capsys.readouterr()

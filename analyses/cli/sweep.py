@@ -121,8 +121,18 @@ def _probe_settings(args: argparse.Namespace) -> SweepSettings:
                              f"probe), not to {args.model}")
         return settings
     how = HFInput(input=args.input or "text", text=args.text, device=args.device or "cpu", dtype=args.dtype)
-    return dataclasses.replace(settings, hf_input=how, streamed=True, batch_size=args.batch_size or 32,
+    return dataclasses.replace(settings, hf_input=how, streamed=True, batch_size="auto" if args.batch_size is None else args.batch_size,
                                keep_mib=args.keep_mib, sink_ablation=not args.no_sink_ablation)
+
+
+def _batch_size(text: str) -> int | str:
+    """``--batch-size``: ``auto`` or an integer (SweepSettings checks that it is >= 1)."""
+    if text == "auto":
+        return text
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a positive integer or auto, got {text!r}") from None
 
 
 def run_probe(args: argparse.Namespace) -> int:
@@ -271,7 +281,8 @@ def register(subparsers) -> None:
                     "CPython's help texts)")
     hf.add_argument("--device", help="cpu (default), cuda or auto (CUDA when available)")
     hf.add_argument("--dtype", help="bfloat16 or float32 (default: the checkpoint's own); statistics are float64")
-    hf.add_argument("--batch-size", type=int, help="sequences per forward pass (default 32)")
+    hf.add_argument("--batch-size", type=_batch_size, help="sequences per forward pass, or auto (default: 32, or "
+                    "fewer where a forward pass of 32 would not fit half the memory free on the device)")
     hf.add_argument("--keep-mib", type=int, help="MiB of features kept for the probes' predictions instead of a "
                     "second forward pass (default: 512 or a quarter of the memory available, whichever is less; 0: none, "
                     "two passes, memory "
