@@ -78,7 +78,8 @@ def main() -> int:
     parser.add_argument("--vocab", type=int, default=128256)
     parser.add_argument("--seq-len", type=int, default=1024)
     parser.add_argument("--n-sequences", type=int, default=32)
-    parser.add_argument("--batch-size", type=int, default=4)
+    parser.add_argument("--batch-size", default="auto", help="sequences per forward pass, or auto (nopelens probe's "
+                        "default: up to 32, as many as fit half the memory free on the device)")
     args = parser.parse_args()
 
     import pandas as pd
@@ -118,6 +119,7 @@ def main() -> int:
         "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
         "declared_methods": methods, "measured_layer_positions": audit["model"].get("measured_layer_positions"),
         "audit_steps": {s["number"]: s["status"] for s in audit["steps"]}, "second_pass_batches": meta["streamed"]["second_pass_batches"],
+        "batch_size": meta["streamed"]["batch_size"],
         "summary": pd.read_csv(out / "run" / "summary.csv").to_dict(orient="records"),
         "layer_curves": layers.to_dict(orient="records"),
     }

@@ -311,26 +311,35 @@ def _train(config, task, steps, recipe, batch_size, min_len, max_len, lr, weight
 
 def environment() -> dict[str, str]:
     """What the bitwise result of a training run depends on besides its recipe: library versions,
-    the CPU and the torch thread count (floating-point sums may be ordered differently elsewhere)."""
+    the CPU and the torch thread count (floating-point sums may be ordered differently elsewhere).
+
+    The CPU is its model name, its family and model numbers, and the vector instructions torch's
+    kernels use (``torch.backends.cpu.get_cpu_capability``): a virtual machine may call several
+    generations by one name ("AMD EPYC"), and AVX2 and AVX-512 kernels order their sums differently.
+    """
     import platform
 
+    cpu = _cpu_info()
     return {
         "python": platform.python_version(), "torch": torch.__version__, "numpy": np.__version__,
-        "machine": platform.machine(), "cpu": _cpu_model(), "torch_threads": str(torch.get_num_threads()),
+        "machine": platform.machine(), "cpu": cpu.get("model name", platform.processor() or "unknown"),
+        "cpu_family": f"{cpu.get('cpu family', '?')}/{cpu.get('model', '?')}",
+        "cpu_capability": torch.backends.cpu.get_cpu_capability(), "torch_threads": str(torch.get_num_threads()),
     }
 
 
-def _cpu_model() -> str:
-    """The CPU's model name (Linux ``/proc/cpuinfo``), else ``platform.processor()``."""
-    import platform
-
+def _cpu_info() -> dict[str, str]:
+    """The first processor's fields in Linux ``/proc/cpuinfo`` (empty elsewhere)."""
+    info: dict[str, str] = {}
     try:
         for line in Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace").splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
+            if not line.strip():
+                break
+            key, _, value = line.partition(":")
+            info.setdefault(key.strip(), value.strip())
     except OSError:
         pass
-    return platform.processor() or "unknown"
+    return info
 
 
 def _make_folders(folders: list[Path]) -> None:

@@ -298,9 +298,9 @@ def _load(path: Path, remedy: str) -> TrainedModel:
 def compare_with_shipped(trained: TrainedModel, name: str, seed: int = 0) -> str:
     """One line: whether ``trained`` (a run of ``name``'s recipe) has the shipped copy's weights.
 
-    Bit-identical weights are expected on the CPU model, torch version and thread count the
-    shipped copy records (its ``environment``); elsewhere the order of floating-point sums may
-    differ, and the line gives the largest weight difference.
+    Bit-identical weights are expected on the CPU (model, family and vector instructions), torch
+    version and thread count the shipped copy records (its ``environment``); elsewhere the order of
+    floating-point sums may differ, and the line gives the largest weight difference.
     """
     if not is_shipped(name, seed):
         return f"no shipped copy of {name} (seed {seed}) to compare with"
@@ -311,7 +311,8 @@ def compare_with_shipped(trained: TrainedModel, name: str, seed: int = 0) -> str
         return f"{name}: weights bit-identical to the shipped copy"
     env = shipped.metadata.get("environment", {})
     return (f"{name}: weights differ from the shipped copy by up to {largest:.3g} (shipped copy trained with "
-            f"torch {env.get('torch', '?')} on {env.get('cpu', '?')}, {env.get('torch_threads', '?')} thread(s))")
+            f"torch {env.get('torch', '?')} on {env.get('cpu', '?')} {env.get('cpu_family', '')} "
+            f"{env.get('cpu_capability', '')}, {env.get('torch_threads', '?')} thread(s))")
 
 
 def check_source_checkout() -> None:

@@ -645,9 +645,7 @@ def penalty_path(C: torch.Tensor, b: torch.Tensor, alphas: torch.Tensor) -> torc
     if d == 0:
         return torch.zeros(len(alphas), 0, t, dtype=C.dtype, device=C.device)
     if C.device.type != "cpu":
-        e, U = torch.linalg.eigh(C)
-        p = U.T @ b
-        return torch.stack([U @ (p / (e + alpha)[:, None]) for alpha in alphas])
+        return _eigen_penalty_path(C, b, alphas)
     A = C.numpy().T  # C is symmetric: its transpose is C in the column-major order LAPACK takes, uncopied
     reflectors, diagonal, off, tau, _ = lapack.dsytrd(A, lower=1, lwork=_sytrd_lwork(d)) if d > 1 else \
         (A, np.diagonal(A).copy(), np.zeros(0), np.zeros(0), 0)
@@ -667,6 +665,13 @@ def penalty_path(C: torch.Tensor, b: torch.Tensor, alphas: torch.Tensor) -> torc
         Z[i] = _tridiagonal_solve(diagonal + alpha, off, p, alpha)
     Z = torch.from_numpy(Z).permute(1, 0, 2).reshape(d, -1)
     return apply_q(Z, transpose=False).reshape(d, len(alphas), t).permute(1, 0, 2)
+
+
+def _eigen_penalty_path(C: torch.Tensor, b: torch.Tensor, alphas: torch.Tensor) -> torch.Tensor:
+    """:func:`penalty_path` by one eigendecomposition ``C = U diag(e) U^T``: ``w = U (U^T b / (e + alpha))``."""
+    e, U = torch.linalg.eigh(C)
+    p = U.T @ b
+    return torch.stack([U @ (p / (e + alpha)[:, None]) for alpha in alphas])
 
 
 def _tridiagonal_solve(diagonal: np.ndarray, off: np.ndarray, p: np.ndarray, alpha: float) -> np.ndarray:

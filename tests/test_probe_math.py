@@ -156,6 +156,32 @@ def test_shared_ridge_fits_equal_sklearn_on_the_same_folds(n_splits, extrapolate
     np.testing.assert_array_equal(fit.index, np.concatenate([s for _, s in splits]))
 
 
+@pytest.mark.parametrize("d", [1, 2, 3, 64, 300])
+def test_penalty_path_equals_one_solve_per_penalty_and_the_eigendecomposition(d):
+    """The tridiagonal penalty path (CPU) and the eigendecomposition (accelerators) give the ridge
+    weights (C + alpha I)^-1 b of every penalty, also where C is singular (a feature that is the sum
+    of two others), so only the penalty makes the system solvable."""
+    from nopelens.probes.fitting import _eigen_penalty_path, penalty_path
+
+    rng = np.random.default_rng(d)
+    X = rng.normal(size=(2 * d + 5, d)) * rng.uniform(0.1, 10, d)
+    if d >= 3:
+        X[:, 2] = X[:, 0] + X[:, 1]
+    C = torch.from_numpy(np.atleast_2d(np.cov(X.T, bias=True)))
+    b = torch.from_numpy(rng.normal(size=(d, 3)))
+    alphas = torch.tensor(ALPHAS, dtype=torch.float64)
+    W = penalty_path(C, b, alphas)
+    eye = torch.eye(d, dtype=torch.float64)
+    reference = torch.stack([torch.linalg.solve(C + alpha * eye, b) for alpha in alphas])
+    assert W.shape == (len(ALPHAS), d, 3)
+    scale = float(reference.abs().max())
+    np.testing.assert_allclose(W, reference, rtol=0, atol=1e-10 * scale)
+    np.testing.assert_allclose(_eigen_penalty_path(C, b, alphas), W, rtol=0, atol=1e-10 * scale)
+    if d >= 3:
+        with pytest.raises(ValueError, match="singular at penalty 0"):
+            penalty_path(torch.zeros(d, d, dtype=torch.float64), b, torch.tensor([0.0, 1.0], dtype=torch.float64))
+
+
 def test_shared_lda_fits_equal_pooled_lda_pipeline_on_the_same_folds():
     X, position, groups, rng = _data()
     targets = [position, rng.integers(0, 3, len(position)), rng.permutation(position)]

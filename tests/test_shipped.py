@@ -20,9 +20,12 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def same_environment(meta: dict) -> bool:
-    """Bitwise reproduction is promised on the CPU, torch and thread count the shipped run records."""
+    """Bitwise reproduction is promised on the CPU (model name, family and the vector instructions
+    torch uses), torch and thread count the shipped run records; a copy that does not record one of
+    them is compared within round-off."""
     here = environment()
-    return all(meta["environment"].get(key) == here[key] for key in ("torch", "cpu", "machine", "torch_threads"))
+    return all(meta["environment"].get(key) == here[key]
+               for key in ("torch", "cpu", "cpu_family", "cpu_capability", "machine", "torch_threads"))
 
 
 @pytest.mark.parametrize("name", SHIPPED)
