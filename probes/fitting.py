@@ -694,10 +694,11 @@ def _sytrd_lwork(d: int) -> int:
 
 
 class _Ridge:
-    """Ridge on standardized features; penalties by grouped inner CV, one eigendecomposition per
-    inner fitting set. Each inner fit standardizes its own fitting set (as ``GridSearchCV`` over a
-    ``Pipeline(StandardScaler, Ridge)`` does), so the inner fit "all blocks but k and j" is the same
-    for outer fold k (validating on j) and outer fold j (validating on k), and is factorized once."""
+    """Ridge on standardized features; penalties by grouped inner CV, one factorization
+    (:func:`penalty_path`) per inner fitting set. Each inner fit standardizes its own fitting set
+    (as ``GridSearchCV`` over a ``Pipeline(StandardScaler, Ridge)`` does), so the inner fit "all
+    blocks but k and j" is the same for outer fold k (validating on j) and outer fold j (validating
+    on k), and is factorized once."""
 
     def __init__(self, stats: BlockMoments, members, dtype, alphas):
         self.stats, self.members, self.dtype = stats, [list(m) for m in members], dtype
@@ -724,7 +725,8 @@ class _Ridge:
         if key not in self._factors:
             side, ybar, C, b = self._side(sorted(blocks))
             W = penalty_path(C, b, self.alphas).permute(1, 0, 2)  # [d_kept, A, t] on standardized features
-            self._factors[key] = (side, ybar, (side.inv_sd[side.keep][:, None, None] * W).reshape(len(W), W.shape[1] * W.shape[2]))
+            d_kept, A, t = W.shape
+            self._factors[key] = (side, ybar, (side.inv_sd[side.keep][:, None, None] * W).reshape(d_kept, A * t))
         return self._factors[key]
 
     def _validation_mse(self, fit_blocks, val: int):
@@ -755,12 +757,11 @@ class _Ridge:
         mse = sum(self._validation_mse([b for b in inner if b != j], j) for j in inner)
         alpha = self.alphas[torch.argmin(mse, dim=0)]  # first minimum: the smallest penalty on ties
         side, ybar, C, b = self._side(inner)
+        W = torch.zeros(C.shape[0], self.n_targets, dtype=C.dtype, device=C.device)
         if not side.keep.any():  # nothing to penalize: the fit is the mean, and no penalty was chosen
-            W = torch.zeros(0, self.n_targets, dtype=C.dtype, device=C.device)
             return side, ybar, W, torch.full_like(alpha, float("nan"))
-        W = torch.empty_like(b)
         eye = torch.eye(C.shape[0], dtype=C.dtype, device=C.device)
-        for value in torch.unique(alpha):  # one or two distinct penalties: a solve each beats a factorization
+        for value in torch.unique(alpha):  # one solve per chosen penalty costs less than a factorization
             columns = alpha == value
             W[:, columns] = torch.linalg.solve(C + value * eye, b[:, columns])
         return side, ybar, W, alpha
@@ -840,7 +841,7 @@ class GroupedRidgeCV(RegressorMixin, BaseEstimator):
     ``GridSearchCV(Pipeline(StandardScaler, Ridge), {"alpha": alphas}, cv=GroupKFold(n_splits),
     scoring="neg_mean_squared_error")`` would: every fit standardizes its own fitting side (a
     no-op on features that are standardized already). Each inner fold costs one
-    eigendecomposition, which serves every penalty (module docstring). Features without spread
+    factorization, which serves every penalty (module docstring). Features without spread
     get weight 0.
 
     Args:
