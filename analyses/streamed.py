@@ -122,7 +122,9 @@ def measurements(subject: Subject, settings, sites: SweepSites,
             ablation = later_token_probes(sequences, [block + 1 for block in blocks], settings.n_splits,
                                           settings.n_boot, settings.seed, budget)
     batch_size = settings.batch_size
-    if batch_size == "auto":
+    if batch_size != "auto":
+        batch_size = min(batch_size, sequences.n_sequences)  # the batches run, as the plan and done.json say
+    else:
         statistics = sum(statistics_bytes(probe, shapes) for probe in probes + ([ablation] if ablation else []))
         device = next(subject.model.parameters()).device
         batch_size = auto_batch_size(sequence_bytes(subject, shapes), available_memory(device),
