@@ -188,7 +188,7 @@ def auto_batch_size(sequence: int, available: int, reserved: int, most: int = MA
         (32, 1)
     """
     room = max(0, available - reserved) // 2
-    return int(min(most, max(1, room // max(1, sequence))))
+    return int(max(1, min(most, room // max(1, sequence))))
 
 
 def site_shapes(subject: Subject, sites: SweepSites) -> dict[str, tuple[int, ...]]:

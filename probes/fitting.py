@@ -50,6 +50,29 @@ ALPHAS = tuple(float(a) for a in np.logspace(-3, 6, 28))
 decade). On standardized features the useful range runs from "no penalty" (a penalty far below
 the smallest eigenvalue of the Gram matrix of thousands of samples) to "predict the mean"."""
 
+def ridge_alphas(alphas: Sequence[float]) -> np.ndarray:
+    """A ridge penalty grid, checked and sorted ascending (float64).
+
+    Args:
+        alphas: penalties; each finite and > 0 (a penalty of 0 leaves the normal equations of
+            collinear or constant features singular, and its validation error round-off).
+
+    Returns:
+        ``[A]`` float64, ascending.
+
+    Raises:
+        ValueError: on an empty grid, or a penalty that is not a finite number > 0.
+
+    Example:
+        >>> ridge_alphas([10, 0.1, 1]).tolist()
+        [0.1, 1.0, 10.0]
+    """
+    grid = np.sort(np.asarray(alphas, dtype=np.float64).reshape(-1))
+    if grid.size == 0 or not np.all(np.isfinite(grid)) or grid[0] <= 0:
+        raise ValueError(f"ridge penalties must be finite numbers > 0 (at least one), got {list(np.asarray(alphas))}")
+    return grid
+
+
 STORED_ULPS = 8
 """Round-off allowance, in units of the activations' own dtype: each stored activation is rounded
 to that dtype, and a few such roundings pile up through a block."""
@@ -444,7 +467,7 @@ def fit_folds(
     """
     _check_task(task)
     dtype = (X.dtype if dtype is None else dtype)
-    alphas = np.asarray(sorted(alphas), dtype=np.float64)
+    alphas = ridge_alphas(alphas)
     regression = task == "regression"
     stats = fold_statistics(X, groups, splits, targets if regression else (), () if regression else targets, device,
                             compute_dtype)
@@ -570,7 +593,7 @@ def fold_models(moments: BlockMoments, members: Sequence[Sequence[int]], task: s
         ValueError: on an unknown task, or fewer than 2 classes on a fitting side.
     """
     _check_task(task)
-    alphas = np.asarray(sorted(alphas), dtype=np.float64)
+    alphas = ridge_alphas(alphas)
     engine = _Ridge(moments, members, dtype, alphas) if task == "regression" else _LDA(moments, members, dtype, shrinkage)
     return [engine.model(k) for k in range(len(members))]
 
@@ -624,28 +647,36 @@ def penalty_path(C: torch.Tensor, b: torch.Tensor, alphas: torch.Tensor) -> torc
         C: ``[d, d]`` symmetric positive semi-definite (a standardized, centered Gram matrix);
             float64 on CPU.
         b: ``[d, t]`` right-hand sides.
-        alphas: ``[A]`` penalties, > 0 (or >= 0 where ``C`` is non-singular).
+        alphas: ``[A]`` penalties, each finite and > 0 (a tensor or a sequence).
 
     Returns:
         ``[A, d, t]`` weights, in ``C``'s dtype and device.
 
     Raises:
-        ValueError: if ``C + alpha I`` is singular for a penalty of the grid (CPU).
+        ValueError: on a penalty that is not finite and > 0; on CPU, on ``C`` or ``b`` not in
+            float64, or if round-off leaves ``C + alpha I`` singular.
 
     Example:
+        >>> C = torch.tensor([[2.0, 0.0], [0.0, 4.0]], dtype=torch.float64)
+        >>> b = torch.tensor([[2.0], [4.0]], dtype=torch.float64)
+        >>> [round(v, 12) for v in penalty_path(C, b, [2.0])[0, :, 0].tolist()]  # b_i / (c_ii + 2)
+        [0.5, 0.666666666667]
         >>> C = torch.tensor([[4.0, 2.0, 1.0], [2.0, 3.0, 0.5], [1.0, 0.5, 2.0]], dtype=torch.float64)
         >>> b = torch.tensor([[7.0], [5.5], [3.5]], dtype=torch.float64)
-        >>> w = penalty_path(C, b, torch.tensor([0.0, 1.0], dtype=torch.float64))
-        >>> [round(v, 12) for v in w[0, :, 0].tolist()]  # C @ [1, 1, 1] = b
-        [1.0, 1.0, 1.0]
+        >>> w = penalty_path(C, b, [1e-3, 1.0])
         >>> bool(torch.allclose(w[1], torch.linalg.solve(C + torch.eye(3, dtype=C.dtype), b)))
         True
     """
+    alphas = torch.as_tensor(alphas, dtype=C.dtype, device=C.device)
+    if not bool(torch.isfinite(alphas).all()) or bool((alphas <= 0).any()):
+        raise ValueError(f"ridge penalties must be finite numbers > 0, got {alphas.tolist()}")
     d, t = b.shape
     if d == 0:
         return torch.zeros(len(alphas), 0, t, dtype=C.dtype, device=C.device)
     if C.device.type != "cpu":
         return _eigen_penalty_path(C, b, alphas)
+    if C.dtype != torch.float64 or b.dtype != torch.float64:
+        raise ValueError(f"penalty_path runs in float64 on CPU, got C {C.dtype} and b {b.dtype}")
     A = C.numpy().T  # C is symmetric: its transpose is C in the column-major order LAPACK takes, uncopied
     reflectors, diagonal, off, tau, _ = lapack.dsytrd(A, lower=1, lwork=_sytrd_lwork(d)) if d > 1 else \
         (A, np.diagonal(A).copy(), np.zeros(0), np.zeros(0), 0)
@@ -685,7 +716,7 @@ def _tridiagonal_solve(diagonal: np.ndarray, off: np.ndarray, p: np.ndarray, alp
         if info != 0:  # not positive definite (a penalty <= 0 on a singular C)
             _, _, _, z, info = lapack.dgtsv(off, diagonal, off, p)
     if info != 0:
-        raise ValueError(f"ridge normal equations are singular at penalty {alpha:g}; use penalties > 0")
+        raise ValueError(f"ridge normal equations are singular at penalty {alpha:g} (round-off); use a larger penalty")
     return z
 
 
@@ -873,7 +904,7 @@ class GroupedRidgeCV(RegressorMixin, BaseEstimator):
         moments, values, _ = target_moments(len(blocks), shift, "regression", [y[order]])
         for b, (start, stop) in enumerate(zip(bounds[:-1], bounds[1:])):
             moments.add(b, Xs[start:stop], raw[start:stop], values[start:stop])
-        alphas = np.asarray(sorted(self.alphas), dtype=np.float64)
+        alphas = ridge_alphas(self.alphas)
         side, ybar, W, alpha = _Ridge(moments, [list(range(len(blocks)))], "float64", alphas).solve(0)
         coef = torch.zeros(X.shape[1], dtype=torch.float64)
         coef[side.keep] = side.inv_sd[side.keep] * W[:, 0]

@@ -53,6 +53,7 @@ from torch import Tensor
 
 from .fitting import (
     ALPHAS, BlockMoments, FoldFit, _check_task, check_compute_dtype, fold_blocks, fold_models, fold_statistics,
+    ridge_alphas,
 )
 from .linear import (
     _coarser,
@@ -191,7 +192,7 @@ class Probes(Measurement):
                  keep, compute_dtype: torch.dtype | None, alphas=ALPHAS, shrinkage: float = 1e-3):
         self.sequences, self.jobs, self.pairs = sequences, jobs, pairs
         self.n_boot, self.seed, self.compute_dtype = n_boot, seed, compute_dtype
-        self.alphas, self.shrinkage = np.asarray(sorted(alphas), dtype=np.float64), shrinkage
+        self.alphas, self.shrinkage = ridge_alphas(alphas), shrinkage
         self.budget = keep if isinstance(keep, KeepBudget) else KeepBudget(keep)
         self.phase = "statistics"
         if pairs is not None:

@@ -177,9 +177,23 @@ def test_penalty_path_equals_one_solve_per_penalty_and_the_eigendecomposition(d)
     scale = float(reference.abs().max())
     np.testing.assert_allclose(W, reference, rtol=0, atol=1e-10 * scale)
     np.testing.assert_allclose(_eigen_penalty_path(C, b, alphas), W, rtol=0, atol=1e-10 * scale)
-    if d >= 3:
-        with pytest.raises(ValueError, match="singular at penalty 0"):
-            penalty_path(torch.zeros(d, d, dtype=torch.float64), b, torch.tensor([0.0, 1.0], dtype=torch.float64))
+    for bad in ([0.0, 1.0], [-1.0], [float("nan")]):
+        with pytest.raises(ValueError, match="penalties must be finite numbers > 0"):
+            penalty_path(C, b, bad)
+    with pytest.raises(ValueError, match="float64 on CPU"):
+        penalty_path(C.float(), b.float(), alphas)
+
+
+def test_a_zero_or_missing_penalty_is_refused_where_the_probes_take_a_grid():
+    """A penalty of 0 on collinear features leaves the normal equations singular and makes its own
+    validation error round-off: every entry point refuses it in one clear error."""
+    X, position, groups, _ = _data()
+    splits = sequence_splits(groups, 4)
+    for call in (lambda a: fit_folds(X, [position.astype(float)], groups, splits, "regression", alphas=a),
+                 lambda a: GroupedRidgeCV(alphas=a).fit(X, position, groups)):
+        for bad in ([0.0, 1e-3, 1.0], [], [1.0, float("inf")]):
+            with pytest.raises(ValueError, match="penalties must be finite numbers > 0"):
+                call(bad)
 
 
 def test_shared_lda_fits_equal_pooled_lda_pipeline_on_the_same_folds():
