@@ -399,7 +399,7 @@ def check_patterns(value: Tensor, mask: Tensor, site: str, start: int) -> None:
             f"site {site!r} gave shape {tuple(value.shape)}; expected [batch, head_index, "
             f"query_pos, key_pos] = [{batch}, *, {pos}, {pos}]"
         )
-    total = value.sum()  # one cheap pass: a NaN or +inf anywhere shows in the sum
+    total = _sum(value)  # one cheap pass: a NaN or +inf anywhere shows in the sum
     if site.endswith("hook_pattern"):
         _check_causal(value, mask, site, start)
         if bool(torch.isfinite(total)):
@@ -435,8 +435,14 @@ def _check_causal(pattern: Tensor, mask: Tensor, site: str, start: int) -> None:
         )
 
 
+def _sum(value: Tensor) -> Tensor:
+    """The sum of every element, accumulated and returned in float32 at least (a half-precision
+    sum of many finite values would overflow to inf)."""
+    return value.sum(dtype=torch.promote_types(value.dtype, torch.float32))
+
+
 def _check_finite(rows: Tensor, site: str, real: Tensor, start: int) -> None:
-    if bool(torch.isfinite(rows.sum())):  # a NaN or Inf anywhere makes the sum non-finite: one cheap pass
+    if bool(torch.isfinite(_sum(rows))):  # a NaN or Inf anywhere makes the sum non-finite: one cheap pass
         return
     bad = ~torch.isfinite(rows).all(-1)
     if bool(bad.any()):

@@ -288,3 +288,29 @@ def test_a_pattern_that_sees_the_future_is_refused():
     with pytest.raises(ValueError, match="ignores the causal mask"):
         collect(model, torch.zeros(1, 4, dtype=torch.long), ["blocks.1.attn.hook_pattern"])
     model.reset_hooks()
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
+def test_finite_checks_accept_sums_that_overflow_and_name_a_bad_value(dtype):
+    """The finite checks first sum the whole tensor: finite values whose half-precision sum would
+    overflow are accepted, and a NaN or infinity is still named by site, sequence and position."""
+    from nopelens.probes.collect import check_patterns, real_values
+
+    big = torch.finfo(dtype).max / 4
+    value = torch.full((2, 3, 4), big, dtype=dtype)
+    mask = torch.tensor([[0, 1, 1], [1, 1, 1]])  # the first sequence left-padded
+    assert real_values(value, mask.bool(), "s", 0).shape == (5, 4)
+    for bad in (float("nan"), float("inf"), -float("inf")):
+        broken = value.clone()
+        broken[1, 2, 0] = bad
+        with pytest.raises(ValueError, match="site 's', sequence 11, position 2"):
+            real_values(broken, mask.bool(), "s", 10)
+    padded = value.clone()
+    padded[0, 0, 0] = float("nan")  # a padded position is no sample: not checked
+    real_values(padded, mask.bool(), "s", 0)
+    future = torch.ones(3, 3, dtype=torch.bool).triu(1)
+    scores = torch.full((2, 1, 3, 3), big, dtype=dtype).masked_fill(future, -float("inf"))
+    check_patterns(scores, mask, "blocks.0.attn.hook_attn_scores", 0)  # -inf at blocked keys by design
+    scores[1, 0, 2, 1] = float("nan")
+    with pytest.raises(ValueError, match="sequence 1, head 0, query position 2"):
+        check_patterns(scores, mask, "blocks.0.attn.hook_attn_scores", 0)

@@ -121,8 +121,9 @@ def _probe_settings(args: argparse.Namespace) -> SweepSettings:
                              f"probe), not to {args.model}")
         return settings
     how = HFInput(input=args.input or "text", text=args.text, device=args.device or "cpu", dtype=args.dtype)
-    return dataclasses.replace(settings, hf_input=how, streamed=True, batch_size="auto" if args.batch_size is None else args.batch_size,
-                               keep_mib=args.keep_mib, sink_ablation=not args.no_sink_ablation)
+    batch_size = "auto" if args.batch_size is None else args.batch_size
+    return dataclasses.replace(settings, hf_input=how, streamed=True, batch_size=batch_size, keep_mib=args.keep_mib,
+                               sink_ablation=not args.no_sink_ablation)
 
 
 def _batch_size(text: str) -> int | str:
