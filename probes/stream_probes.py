@@ -51,6 +51,7 @@ import pandas as pd
 import torch
 from torch import Tensor
 
+from .collect import check_patterns
 from .fitting import (
     ALPHAS, BlockMoments, FoldFit, _check_task, check_compute_dtype, fold_blocks, fold_models, fold_statistics,
     ridge_alphas,
@@ -440,10 +441,7 @@ def _as_form(form: str, site: str, value: Tensor, batch: Batch):
         return batch.real(site, value)
     if form == "float32":
         return batch.real(site, value).to(torch.float32)
-    b, pos = batch.mask.shape
-    if value.ndim != 4 or value.shape[0] != b or tuple(value.shape[2:]) != (pos, pos):
-        raise ValueError(f"site {site!r} gave shape {tuple(value.shape)}; expected [batch, head_index, query_pos, "
-                         f"key_pos] = [{b}, *, {pos}, {pos}]")
+    check_patterns(value, batch.mask, site, batch.rows.start)  # its shape, and NaN or +inf at a real key
     return value
 
 

@@ -268,6 +268,22 @@ def test_bad_plans_fail_before_any_forward_pass_and_bad_activations_name_their_s
         run(model, Sequences.of(tokens), [AttentionVariance(Sequences.of(tokens), ["blocks.9.hook_attn_out"])])
 
 
+def test_a_non_finite_score_names_the_scores_site(one_thread):
+    """The streamed score read checks the scores it is handed, as collect does: NaN or +inf at a real
+    key of a real query is named by the scores site (not found later, or blamed on a window)."""
+    tokens = torch.randint(0, 50, (4, 10), generator=torch.Generator().manual_seed(0))
+    site = "blocks.0.attn.hook_attn_scores"
+    for bad in (float("nan"), float("inf")):
+        def corrupt(value, hook, bad=bad):
+            value[1, 2, 6, 3] = bad  # sequence 1, head 2, query 6, a visible key
+            return value
+
+        probes = relative_distance_probes(Sequences.of(tokens), scores=[site], tasks=("regression",), n_splits=2,
+                                          n_boot=10)
+        with pytest.raises(ValueError, match=f"non-finite value at site '{site}', sequence 1, head 2, query position 6"):
+            run(_tiny_rope_decoder(), Sequences.of(tokens), [probes], batch_size=4, hooks=[(site, corrupt)])
+
+
 def test_streamed_probes_equal_in_memory_on_the_zoo_hybrid(one_thread):
     """The zoo's RoPE/NoPE hybrid (its config, untrained: the probes' arithmetic does not care),
     with the sweep's sites: rotated q/k where the layer rotates, plain ones in its NoPE layer,
