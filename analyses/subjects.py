@@ -151,18 +151,22 @@ class Subject:
         kept keys are chosen by content (:meth:`sparse_blocks`: mass at key 0 mixes "not kept" with
         "not attended"), or its window leaves nothing to average
         (:func:`~nopelens.probes.sinks.sink_read_reason`, :func:`~nopelens.probes.sinks.variance_read_reason`:
-        a sliding window of 1 for the sink, fewer than 3 distinct visible-key counts for the variance slope).
+        a sliding window of 1 for the sink, fewer than 3 distinct visible-key counts for the variance slope,
+        as in a causal block over 3 tokens after BOS).
 
         Raises:
             ValueError: if ``read`` is neither.
         """
+        from nopelens.models.masks import CAUSAL
         from nopelens.probes.sinks import sink_read_reason, variance_read_reason
 
         if read not in ("sink read", "variance read"):
             raise ValueError(f"read must be 'sink read' or 'variance read', got {read!r}")
         blocks = self.sparse_blocks()
         length = int(self.attention_mask.sum(-1).max())
-        for block, keys in self.key_windows().items():
+        windows = self.key_windows()
+        for block in range(self.n_layers):  # causal blocks too: 3 tokens after BOS leave 2 key counts
+            keys = windows.get(block, CAUSAL)
             why = (sink_read_reason(keys, length) if read == "sink read"
                    else variance_read_reason(keys, length, first_position=int(self.has_bos)))
             if why is not None and block not in blocks:

@@ -203,6 +203,21 @@ def test_plan_prints_passes_tokens_memory_and_exits(model_dir, tmp_path, capsys)
     assert code == 0 and "2 forward passes over 186 tokens (" in out, out
 
 
+def test_three_tokens_leave_no_variance_slope_and_say_so(model_dir, tmp_path, capsys):
+    """3 tokens with BOS leave queries that see 2 and 3 keys: no variance slope (it needs 3 distinct
+    counts). The plan and the run agree: the run measures the rest and names the read not applicable,
+    for causal blocks as for windows (it used to exit 2 after its forward passes)."""
+    from nopelens.analyses.cli import main
+
+    args = ["probe", f"hf:{model_dir}", "--quick", "--seq-len", "3", "--n-sequences", "5", "--quiet",
+            "--no-sink-ablation", "--no-figures", "--out", str(tmp_path / "run")]
+    assert main(args) == 0, capsys.readouterr().err
+    (done,) = (tmp_path / "run" / "parts").glob("*/done.json")
+    reason = json.loads(done.read_text())["not_applicable"]["variance read"]
+    assert reason.startswith("blocks [0, 1, 2, 3]: causal: the queries from position 1 on see [2, 3] keys"), reason
+    assert "n/a (see below)" in capsys.readouterr().out
+
+
 @pytest.mark.parametrize("case, message", [
     ("no tokenizer", "holds no tokenizer"),
     ("empty text", "is empty"),
