@@ -34,7 +34,7 @@ from tqdm.auto import tqdm
 
 from nopelens.models.hooks import act_names
 from nopelens.probes import collect, resid_site
-from nopelens.probes.collect import site_block
+from nopelens.probes.collect import is_pattern_site, site_block
 from nopelens.probes.sinks import GU_WINDOW, SinkStats, empty_sink_table, uniform_sink_score
 from nopelens.probes.stream import AttentionVariance, KeepBudget, Sequences, available_memory, run
 from nopelens.probes.stream_probes import Probes, absolute_index_probes, relative_distance_probes
@@ -160,11 +160,9 @@ def sequence_bytes(subject: Subject, shapes: dict[str, tuple[int, ...]]) -> int:
     """
     T = int(subject.tokens.shape[1])
     config = subject.hf if subject.hf is not None else subject.model.cfg
-    width = max([int(np.prod(shape)) for site, shape in shapes.items() if not site.endswith(_SQUARE_SITES)] + [1])
+    width = max([int(np.prod(shape)) for site, shape in shapes.items() if not is_pattern_site(site)] + [1])
     return T * (4 * int(config.d_vocab) + 12 * int(config.n_heads) * T + 4 * ACTIVATION_COPIES * width)
 
-
-_SQUARE_SITES = ("hook_pattern", "hook_attn_scores")
 
 
 def auto_batch_size(sequence: int, available: int, reserved: int, most: int = MAX_AUTO_BATCH) -> int:
