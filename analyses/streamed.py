@@ -352,15 +352,17 @@ class Plan:
     ablation_passes: int = 0  # of the forward passes, those with one block's first key removed
     ablated_blocks: int = 0
     batch_size: int = MAX_AUTO_BATCH
+    shortfall: str | None = None  # why the statistics cannot fit the memory free on the device (None: they can)
 
     def describe(self, name: str) -> str:
         eta = f"about {self.eta_seconds:.0f} s" if self.eta_seconds is not None else self.eta_note
         ablation = (f"{self.ablation_passes} of them for the sink ablation of {self.ablated_blocks} blocks, each "
                     f"stopped after its block; " if self.ablated_blocks else "")
+        shortfall = f"; WILL NOT FIT: {self.shortfall}" if self.shortfall else ""
         return (f"nopelens: plan for {name}: {self.forward_passes} forward passes over {self.tokens:,} tokens "
                 f"({ablation}a second pass only over batches whose features do not fit the keep budget) in batches "
                 f"of at most {self.batch_size} sequences; statistics {self.statistics_bytes / 2**20:,.1f} MiB, plus at "
-                f"most {self.keep_bytes / 2**20:,.0f} MiB of kept features; ETA {eta}")
+                f"most {self.keep_bytes / 2**20:,.0f} MiB of kept features; ETA {eta}{shortfall}")
 
 
 ETA_MAX_PARAMETERS = 5_000_000
@@ -403,11 +405,15 @@ def plan(subject: Subject, settings, sites: SweepSites) -> Plan:
     passes += ablation_passes
     parameters = sum(p.numel() for p in subject.model.parameters())
     device = next(subject.model.parameters()).device
+    shortfall = None
+    free = available_memory(device)
+    if features > keep and stats > free:  # every job then sums its statistics at once, all kept in memory
+        shortfall = (f"the probes' statistics need {stats / 2**30:,.1f} GiB (float64 on {device.type}) and "
+                     f"{free / 2**30:,.1f} GiB are free there; they grow with the sites and their width, not with "
+                     "the tokens: probe fewer sites (--sites resid) or run where more memory is free")
+    eta, note = None, (f"not estimated (analyses/eta.py is calibrated on models of at most {ETA_MAX_PARAMETERS:,} "
+                       f"parameters on one CPU thread; this one has {parameters:,} on {device.type})")
     if parameters <= ETA_MAX_PARAMETERS and device.type == "cpu":
         work = (subject.n_layers + 1) * (settings.n_sequences * subject.tokens.shape[1] + MEASURE_OVERHEAD_TOKENS)
-        return Plan(passes, tokens, stats, keep, work * MEASURE_PRIOR, "", ablation_passes, len(ablated),
-                    m.batch_size)
-    return Plan(passes, tokens, stats, keep, None,
-                f"not estimated (analyses/eta.py is calibrated on models of at most {ETA_MAX_PARAMETERS:,} parameters "
-                f"on one CPU thread; this one has {parameters:,} on {device.type})", ablation_passes, len(ablated),
-                m.batch_size)
+        eta, note = work * MEASURE_PRIOR, ""
+    return Plan(passes, tokens, stats, keep, eta, note, ablation_passes, len(ablated), m.batch_size, shortfall)

@@ -291,7 +291,10 @@ def analyse_subject_streamed(subject: Subject, settings: SweepSettings, label: s
     from .streamed import measure_streamed, plan
 
     sites = sweep_sites(subject, settings.sites)
-    tqdm.write(plan(subject, settings, sites).describe(label or subject.name), file=sys.stderr)
+    plan_ = plan(subject, settings, sites)
+    tqdm.write(plan_.describe(label or subject.name), file=sys.stderr)
+    if plan_.shortfall:  # refused before any forward pass, not out of memory hours later
+        raise ValueError(f"{label or subject.name}: {plan_.shortfall}")
     tables = measure_streamed(subject, settings, sites, progress)
     if tables["variance"] is None:
         tables["variance"] = pd.DataFrame(columns=["site", "block", "position", "visible_keys", "variance",

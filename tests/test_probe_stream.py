@@ -155,6 +155,29 @@ def test_auto_batch_size_fits_the_memory_free_and_leaves_the_tables_unchanged(mo
             if "value" in a else pd.testing.assert_frame_equal(a, b, check_exact=False, rtol=1e-8, atol=1e-8)
 
 
+def test_statistics_larger_than_the_memory_free_are_refused_before_any_forward_pass(model_dir, tmp_path, capsys,
+                                                                                       monkeypatch):
+    """With nothing kept every job holds its statistics at once; when they exceed the memory free on
+    the device the run says so in one line, before its forward passes, and --plan says it too."""
+    from nopelens.analyses import streamed
+    from nopelens.analyses.cli import main
+
+    monkeypatch.setattr(streamed, "available_memory", lambda device=None: 2**20)  # 1 MiB free
+    common = ["probe", f"hf:{model_dir}", *ARGS, "--no-sink-ablation", "--keep-mib", "0"]
+    assert main([*common, "--plan", "--out", str(tmp_path / "plan")]) == 0
+    assert "WILL NOT FIT: the probes' statistics need" in capsys.readouterr().out
+    forward = []
+    monkeypatch.setattr(streamed, "run", lambda *args, **kwargs: forward.append(1))
+    _one_error(main([*common, "--out", str(tmp_path / "run")]), capsys.readouterr().err,
+               "GiB are free there; they grow with the sites and their width")
+    assert not forward and not (tmp_path / "run").exists()
+    monkeypatch.undo()
+    # kept features fit the budget: one job's statistics at a time, so no refusal
+    monkeypatch.setattr(streamed, "available_memory", lambda device=None: 2**20)
+    assert main(["probe", f"hf:{model_dir}", *ARGS, "--no-sink-ablation", "--plan", "--out", str(tmp_path / "p2")]) == 0
+    assert "WILL NOT FIT" not in capsys.readouterr().out
+
+
 def test_probe_cli_on_text_and_the_repeated_token_known_answer(model_dir, tmp_path, capsys, one_thread):
     from nopelens.analyses.cli import main
 
