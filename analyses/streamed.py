@@ -84,7 +84,8 @@ def measurements(subject: Subject, settings, sites: SweepSites,
     """
     shapes = site_shapes(subject, sites) if shapes is None else shapes
     sequences = Sequences.of(subject.tokens, subject.attention_mask)
-    budget = KeepBudget("auto" if settings.keep_mib is None else settings.keep_mib * 2**20)
+    device = next(subject.model.parameters()).device
+    budget = KeepBudget("auto" if settings.keep_mib is None else settings.keep_mib * 2**20, device)
     common = dict(n_splits=settings.n_splits, n_boot=settings.n_boot, seed=settings.seed, keep=budget)
     probes = [absolute_index_probes(sequences, sites.residual + sites.inner,
                                     extrapolate_from=subject.tokens.shape[1] // 2, **common)]
@@ -121,16 +122,41 @@ def measurements(subject: Subject, settings, sites: SweepSites,
         if blocks:
             ablation = later_token_probes(sequences, [block + 1 for block in blocks], settings.n_splits,
                                           settings.n_boot, settings.seed, budget)
-    batch_size = settings.batch_size
-    if batch_size != "auto":
-        batch_size = min(batch_size, sequences.n_sequences)  # the batches run, as the plan and done.json say
+    m = Measurements(sequences, stripped, sites, probes, variance, sink_stats, stripped_stats, window, budget,
+                     settings.batch_size, ablation, refused)
+    if settings.batch_size != "auto":
+        m.batch_size = min(settings.batch_size, sequences.n_sequences)  # as run, planned and recorded
     else:
-        statistics = sum(statistics_bytes(probe, shapes) for probe in probes + ([ablation] if ablation else []))
-        device = next(subject.model.parameters()).device
-        batch_size = auto_batch_size(sequence_bytes(subject, shapes), available_memory(device),
-                                     statistics + (budget.limit or 0), min(MAX_AUTO_BATCH, sequences.n_sequences))
-    return Measurements(sequences, stripped, sites, probes, variance, sink_stats, stripped_stats, window, budget,
-                        batch_size, ablation, refused)
+        m.batch_size = auto_batch_size(sequence_bytes(subject, shapes), available_memory(device),
+                                       held_bytes(m, shapes), min(MAX_AUTO_BATCH, sequences.n_sequences))
+    return m
+
+
+STATISTICS_OVERHEAD = 1.5
+"""Peak memory of a run whose statistics are all summed at once, per byte of :func:`statistics_bytes`:
+the fits' grouped copies and the allocator's slack on top. Measured 1.35-1.43 with nothing kept on
+a 1024-wide SmolLM3-shaped model (QA, 2026-12-01)."""
+
+
+def held_bytes(m: Measurements, shapes: dict[str, tuple[int, ...]]) -> int:
+    """Bytes a streamed run holds besides its batches: with every batch's features kept (they fit
+    the keep budget), the features and one job's statistics at a time; otherwise every job's
+    statistics at once (times :data:`STATISTICS_OVERHEAD`) and the keep budget."""
+    probes = m.probes + ([m.ablation] if m.ablation is not None else [])
+    jobs = [job_statistics_bytes(job, shapes) for probe in probes for job in probe.jobs]
+    features = feature_bytes(m, shapes)
+    if m.budget.limit is None or features <= m.budget.limit:
+        return features + int(STATISTICS_OVERHEAD * max(jobs, default=0))
+    return int(STATISTICS_OVERHEAD * sum(jobs)) + m.budget.limit
+
+
+def feature_bytes(m: Measurements, shapes: dict[str, tuple[int, ...]]) -> int:
+    """Bytes of every probed feature of every token (float32, with its row index), as kept when
+    the keep budget holds them all."""
+    probes = m.probes + ([m.ablation] if m.ablation is not None else [])
+    per_token = sum(4 * 2 * _n_features(job, shapes) for probe in probes for job in probe.jobs
+                    if job.form != "scores") + 8 * len(m.sites.patterns)
+    return per_token * int(m.sequences.n_samples)
 
 
 MAX_AUTO_BATCH = 32
@@ -331,12 +357,14 @@ def statistics_bytes(probe, shapes: dict[str, tuple[int, ...]]) -> int:
     """Bytes of the float64 per-block statistics of a streamed probe measurement's jobs
     (:class:`~nopelens.probes.fitting.BlockMoments`: Gram matrix, sums, extremes, X^T y, class
     sums per cell of the folds), from each site's per-token shape."""
-    total = 0
-    for job in probe.jobs:
-        layout, d = job.layout, _n_features(job, shapes)
-        classes = sum(len(values) for values in layout.class_values)
-        total += 8 * layout.n_cells * (d * d + d * (4 + len(layout.values) + classes))
-    return total
+    return sum(job_statistics_bytes(job, shapes) for job in probe.jobs)
+
+
+def job_statistics_bytes(job, shapes: dict[str, tuple[int, ...]]) -> int:
+    """:func:`statistics_bytes` of one job (one feature matrix)."""
+    layout, d = job.layout, _n_features(job, shapes)
+    classes = sum(len(values) for values in layout.class_values)
+    return 8 * layout.n_cells * (d * d + d * (4 + len(layout.values) + classes))
 
 
 @dataclass
@@ -361,7 +389,7 @@ class Plan:
         shortfall = f"; WILL NOT FIT: {self.shortfall}" if self.shortfall else ""
         return (f"nopelens: plan for {name}: {self.forward_passes} forward passes over {self.tokens:,} tokens "
                 f"({ablation}a second pass only over batches whose features do not fit the keep budget) in batches "
-                f"of at most {self.batch_size} sequences; statistics {self.statistics_bytes / 2**20:,.1f} MiB, plus at "
+                f"of at most {self.batch_size} sequence{'s' * (self.batch_size != 1)}; statistics {self.statistics_bytes / 2**20:,.1f} MiB, plus at "
                 f"most {self.keep_bytes / 2**20:,.0f} MiB of kept features; ETA {eta}{shortfall}")
 
 
@@ -388,9 +416,7 @@ def plan(subject: Subject, settings, sites: SweepSites) -> Plan:
     n_batches = len(m.sequences.batches(m.batch_size))
     clean = m.probes + ([m.ablation] if m.ablation is not None else [])
     stats = sum(statistics_bytes(probe, shapes) for probe in clean)
-    per_token = sum(4 * 2 * _n_features(job, shapes) for probe in clean for job in probe.jobs
-                    if job.form != "scores") + 8 * len(m.sites.patterns)
-    features = per_token * m.sequences.n_samples
+    features = feature_bytes(m, shapes)
     keep = m.budget.limit if m.budget.limit is not None else features  # no limit: every batch is kept
     passes = n_batches * (2 if features > keep else 1) + (n_batches if m.stripped is not None else 0)
     tokens = int(m.sequences.n_samples) * (2 if features > keep else 1) + (
@@ -406,11 +432,12 @@ def plan(subject: Subject, settings, sites: SweepSites) -> Plan:
     parameters = sum(p.numel() for p in subject.model.parameters())
     device = next(subject.model.parameters()).device
     shortfall = None
-    free = available_memory(device)
-    if features > keep and stats > free:  # every job then sums its statistics at once, all kept in memory
-        shortfall = (f"the probes' statistics need {stats / 2**30:,.1f} GiB (float64 on {device.type}) and "
-                     f"{free / 2**30:,.1f} GiB are free there; they grow with the sites and their width, not with "
-                     "the tokens: probe fewer sites (--sites resid) or run where more memory is free")
+    free, held = available_memory(device), held_bytes(m, shapes)
+    if features > keep and held > free:  # every job then sums its statistics at once, all kept in memory
+        shortfall = (f"the probes' statistics need {stats / 2**20:,.0f} MiB (float64 on {device.type}; about "
+                     f"{held / 2**20:,.0f} MiB with the fits and the keep budget) and {free / 2**20:,.0f} MiB are "
+                     "free there; they grow with the sites and their width, not with the tokens: probe fewer sites "
+                     "(--sites resid) or run where more memory is free")
     eta, note = None, (f"not estimated (analyses/eta.py is calibrated on models of at most {ETA_MAX_PARAMETERS:,} "
                        f"parameters on one CPU thread; this one has {parameters:,} on {device.type})")
     if parameters <= ETA_MAX_PARAMETERS and device.type == "cpu":

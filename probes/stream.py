@@ -188,13 +188,14 @@ class KeepBudget:
 
     ``None``: no limit (every batch is kept: one pass, memory grows with the tokens); ``0``: keep
     nothing (a second pass recomputes what is needed: memory bounded); ``"auto"``: 512 MiB
-    (:data:`AUTO_KEEP_BYTES`) or a quarter of the memory available when the run starts, whichever
-    is less (memory bounded, and one pass for runs whose features fit).
+    (:data:`AUTO_KEEP_BYTES`) or a quarter of the memory available when the run starts on
+    ``device`` (where the kept features live: the model's), whichever is less (memory bounded,
+    and one pass for runs whose features fit).
     """
 
-    def __init__(self, limit: int | str | None = "auto"):
+    def __init__(self, limit: int | str | None = "auto", device: torch.device | str | None = None):
         if limit == "auto":
-            limit = min(AUTO_KEEP_BYTES, available_memory() // 4)
+            limit = min(AUTO_KEEP_BYTES, available_memory(device) // 4)
         if limit is not None and (not isinstance(limit, (int, np.integer)) or limit < 0):
             raise ValueError(f"a keep budget is a number of bytes >= 0, None or 'auto', got {limit!r}")
         self.limit, self.used = limit, 0

@@ -136,8 +136,13 @@ def test_auto_batch_size_fits_the_memory_free_and_leaves_the_tables_unchanged(mo
     with torch.no_grad():
         roomy = streamed.measurements(subject, settings, sites, shapes)
         assert roomy.batch_size == 6  # plenty of memory: every sequence (up to 32) in one batch
-        reserved = sum(streamed.statistics_bytes(p, shapes) for p in roomy.probes + [roomy.ablation])
-        reserved += roomy.budget.limit
+        statistics = [streamed.job_statistics_bytes(job, shapes) for p in roomy.probes + [roomy.ablation]
+                      for job in p.jobs]
+        # every batch kept: the features and one job's statistics at a time; nothing kept: all statistics at once
+        reserved = streamed.held_bytes(roomy, shapes)
+        assert reserved == streamed.feature_bytes(roomy, shapes) + int(streamed.STATISTICS_OVERHEAD * max(statistics))
+        spilled = streamed.measurements(subject, dataclasses.replace(settings, keep_mib=0), sites, shapes)
+        assert streamed.held_bytes(spilled, shapes) == int(streamed.STATISTICS_OVERHEAD * sum(statistics))
         monkeypatch.setattr(streamed, "available_memory", lambda device=None: reserved + 2 * 2 * per_sequence + 1)
         tight = streamed.measurements(subject, settings, sites, shapes)
         assert tight.batch_size == 2  # half of what is left holds two sequences
@@ -164,12 +169,14 @@ def test_statistics_larger_than_the_memory_free_are_refused_before_any_forward_p
 
     monkeypatch.setattr(streamed, "available_memory", lambda device=None: 2**20)  # 1 MiB free
     common = ["probe", f"hf:{model_dir}", *ARGS, "--no-sink-ablation", "--keep-mib", "0"]
-    assert main([*common, "--plan", "--out", str(tmp_path / "plan")]) == 0
-    assert "WILL NOT FIT: the probes' statistics need" in capsys.readouterr().out
+    code = main([*common, "--plan", "--out", str(tmp_path / "plan")])
+    out, err = capsys.readouterr()
+    assert "WILL NOT FIT: the probes' statistics need" in out
+    _one_error(code, err, "MiB are free there")
     forward = []
     monkeypatch.setattr(streamed, "run", lambda *args, **kwargs: forward.append(1))
     _one_error(main([*common, "--out", str(tmp_path / "run")]), capsys.readouterr().err,
-               "GiB are free there; they grow with the sites and their width")
+               "MiB are free there; they grow with the sites and their width")
     assert not forward and not (tmp_path / "run").exists()
     monkeypatch.undo()
     # kept features fit the budget: one job's statistics at a time, so no refusal

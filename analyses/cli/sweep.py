@@ -146,6 +146,8 @@ def run_probe(args: argparse.Namespace) -> int:
                           hf_input=settings.hf_input)
         plan_ = plan(subject, settings, sweep_sites(subject, settings.sites))
         print(plan_.describe(subject.name).removeprefix("nopelens: "))
+        if plan_.shortfall:
+            raise ValueError(f"{subject.name}: {plan_.shortfall}")
         return 0
     _print_results(_sweep(args, settings, args.out or f"runs/probe-{slug(args.model)}", "probe"), args.json)
     return 0
