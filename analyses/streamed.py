@@ -63,6 +63,10 @@ class Measurements:
     ablation: Probes | None = None  # the sink ablation's clean later-token probes (None: skipped or nothing to ablate)
     ablation_refused: dict[int, str] | None = None  # block -> why it cannot be ablated (None: the ablation is skipped)
 
+    def all_probes(self) -> list[Probes]:
+        """The probe measurements of the main run, the sink ablation's clean probes included."""
+        return self.probes + ([self.ablation] if self.ablation is not None else [])
+
     def ablated_blocks(self, n_layers: int) -> list[int]:
         """The blocks the sink ablation will run with their first key removed."""
         if self.ablation_refused is None:
@@ -142,8 +146,7 @@ def held_bytes(m: Measurements, shapes: dict[str, tuple[int, ...]]) -> int:
     """Bytes a streamed run holds besides its batches: with every batch's features kept (they fit
     the keep budget), the features and one job's statistics at a time; otherwise every job's
     statistics at once (times :data:`STATISTICS_OVERHEAD`) and the keep budget."""
-    probes = m.probes + ([m.ablation] if m.ablation is not None else [])
-    jobs = [job_statistics_bytes(job, shapes) for probe in probes for job in probe.jobs]
+    jobs = [job_statistics_bytes(job, shapes) for probe in m.all_probes() for job in probe.jobs]
     features = feature_bytes(m, shapes)
     if m.budget.limit is None or features <= m.budget.limit:
         return features + int(STATISTICS_OVERHEAD * max(jobs, default=0))
@@ -153,8 +156,7 @@ def held_bytes(m: Measurements, shapes: dict[str, tuple[int, ...]]) -> int:
 def feature_bytes(m: Measurements, shapes: dict[str, tuple[int, ...]]) -> int:
     """Bytes of every probed feature of every token (float32, with its row index), as kept when
     the keep budget holds them all."""
-    probes = m.probes + ([m.ablation] if m.ablation is not None else [])
-    per_token = sum(4 * 2 * _n_features(job, shapes) for probe in probes for job in probe.jobs
+    per_token = sum(4 * 2 * _n_features(job, shapes) for probe in m.all_probes() for job in probe.jobs
                     if job.form != "scores") + 8 * len(m.sites.patterns)
     return per_token * int(m.sequences.n_samples)
 
@@ -188,7 +190,6 @@ def sequence_bytes(subject: Subject, shapes: dict[str, tuple[int, ...]]) -> int:
     config = subject.hf if subject.hf is not None else subject.model.cfg
     width = max([int(np.prod(shape)) for site, shape in shapes.items() if not is_pattern_site(site)] + [1])
     return T * (4 * int(config.d_vocab) + 12 * int(config.n_heads) * T + 4 * ACTIVATION_COPIES * width)
-
 
 
 def auto_batch_size(sequence: int, available: int, reserved: int, most: int = MAX_AUTO_BATCH) -> int:
@@ -389,8 +390,9 @@ class Plan:
         shortfall = f"; WILL NOT FIT: {self.shortfall}" if self.shortfall else ""
         return (f"nopelens: plan for {name}: {self.forward_passes} forward passes over {self.tokens:,} tokens "
                 f"({ablation}a second pass only over batches whose features do not fit the keep budget) in batches "
-                f"of at most {self.batch_size} sequence{'s' * (self.batch_size != 1)}; statistics {self.statistics_bytes / 2**20:,.1f} MiB, plus at "
-                f"most {self.keep_bytes / 2**20:,.0f} MiB of kept features; ETA {eta}{shortfall}")
+                f"of at most {self.batch_size} sequence{'s' * (self.batch_size != 1)}; statistics "
+                f"{self.statistics_bytes / 2**20:,.1f} MiB, plus at most {self.keep_bytes / 2**20:,.0f} MiB of kept "
+                f"features; ETA {eta}{shortfall}")
 
 
 ETA_MAX_PARAMETERS = 5_000_000
@@ -414,8 +416,7 @@ def plan(subject: Subject, settings, sites: SweepSites) -> Plan:
     shapes = site_shapes(subject, sites)
     m = measurements(subject, settings, sites, shapes)
     n_batches = len(m.sequences.batches(m.batch_size))
-    clean = m.probes + ([m.ablation] if m.ablation is not None else [])
-    stats = sum(statistics_bytes(probe, shapes) for probe in clean)
+    stats = sum(statistics_bytes(probe, shapes) for probe in m.all_probes())
     features = feature_bytes(m, shapes)
     keep = m.budget.limit if m.budget.limit is not None else features  # no limit: every batch is kept
     passes = n_batches * (2 if features > keep else 1) + (n_batches if m.stripped is not None else 0)
