@@ -18,6 +18,12 @@ after it (about n_layers / 2 extra full passes). Blocks whose attention cannot b
 checked get ``not_applicable`` rows with the reason, as in memory. ``sink_ablation=False`` in the
 settings (``nopelens probe --no-sink-ablation``) skips it, and the run says so.
 
+The statistics grow with the sites probed and their width, not with the tokens (about 2 GB per
+layer of a 2048-wide model). When those of every site do not fit the memory the run may use
+(``--memory-mib``, default: what is free on the model's device), the sites run in groups by depth,
+one streamed run each, stopped after its deepest site (:func:`statistics_groups`): more forward
+passes, the same numbers, and memory that does not grow with the depth either.
+
 :func:`plan` says before the run how many forward passes, tokens and how much memory the
 statistics need (``nopelens probe --plan``).
 """
@@ -36,7 +42,9 @@ from nopelens.models.hooks import act_names
 from nopelens.probes import collect, resid_site
 from nopelens.probes.collect import is_pattern_site, site_block
 from nopelens.probes.sinks import GU_WINDOW, SinkStats, empty_sink_table, uniform_sink_score
-from nopelens.probes.stream import AttentionVariance, KeepBudget, Sequences, available_memory, run
+from nopelens.probes.stream import (
+    AUTO_KEEP_BYTES, AttentionVariance, KeepBudget, Sequences, available_memory, release_freed_memory, run,
+)
 from nopelens.probes.stream_probes import Probes, absolute_index_probes, relative_distance_probes
 
 from .intervene import later_token_probes, refused_sink_blocks, sink_ablation_drop_streamed
@@ -62,6 +70,8 @@ class Measurements:
     batch_size: int  # sequences per forward pass (``--batch-size``, or chosen by :func:`auto_batch_size`)
     ablation: Probes | None = None  # the sink ablation's clean later-token probes (None: skipped or nothing to ablate)
     ablation_refused: dict[int, str] | None = None  # block -> why it cannot be ablated (None: the ablation is skipped)
+    free: int = 0  # bytes the run may use on the model's device (free there, or --memory-mib)
+    groups: list[list] | None = None  # the probes' jobs, one run per group (:func:`statistics_groups`)
 
     def all_probes(self) -> list[Probes]:
         """The probe measurements of the main run, the sink ablation's clean probes included."""
@@ -89,7 +99,8 @@ def measurements(subject: Subject, settings, sites: SweepSites,
     shapes = site_shapes(subject, sites) if shapes is None else shapes
     sequences = Sequences.of(subject.tokens, subject.attention_mask)
     device = next(subject.model.parameters()).device
-    budget = KeepBudget("auto" if settings.keep_mib is None else settings.keep_mib * 2**20, device)
+    free = memory_allowed(settings, device)
+    budget = KeepBudget(min(AUTO_KEEP_BYTES, free // 4) if settings.keep_mib is None else settings.keep_mib * 2**20)
     common = dict(n_splits=settings.n_splits, n_boot=settings.n_boot, seed=settings.seed, keep=budget)
     probes = [absolute_index_probes(sequences, sites.residual + sites.inner,
                                     extrapolate_from=subject.tokens.shape[1] // 2, **common)]
@@ -127,13 +138,21 @@ def measurements(subject: Subject, settings, sites: SweepSites,
             ablation = later_token_probes(sequences, [block + 1 for block in blocks], settings.n_splits,
                                           settings.n_boot, settings.seed, budget)
     m = Measurements(sequences, stripped, sites, probes, variance, sink_stats, stripped_stats, window, budget,
-                     settings.batch_size, ablation, refused)
+                     settings.batch_size, ablation, refused, free)
+    m.groups = statistics_groups(m, shapes)
     if settings.batch_size != "auto":
         m.batch_size = min(settings.batch_size, sequences.n_sequences)  # as run, planned and recorded
     else:
-        m.batch_size = auto_batch_size(sequence_bytes(subject, shapes), available_memory(device),
-                                       held_bytes(m, shapes), min(MAX_AUTO_BATCH, sequences.n_sequences))
+        m.batch_size = auto_batch_size(sequence_bytes(subject, shapes), free, held_bytes(m, shapes),
+                                       min(MAX_AUTO_BATCH, sequences.n_sequences))
     return m
+
+
+def memory_allowed(settings, device: torch.device) -> int:
+    """Bytes a streamed run may use on ``device``: the memory free there when it starts
+    (:func:`~nopelens.probes.stream.available_memory`), or ``settings.memory_mib`` if less."""
+    free = available_memory(device)
+    return free if settings.memory_mib is None else min(free, settings.memory_mib * 2**20)
 
 
 STATISTICS_OVERHEAD = 1.5
@@ -142,15 +161,60 @@ the fits' grouped copies and the allocator's slack on top. Measured 1.35-1.43 wi
 a 1024-wide SmolLM3-shaped model (QA, 2026-12-01)."""
 
 
+STATISTICS_SHARE = 0.5
+"""The share of the memory a run may use that one group's statistics (times
+:data:`STATISTICS_OVERHEAD`) and the keep budget may take; the rest is for the forward passes."""
+
+
 def held_bytes(m: Measurements, shapes: dict[str, tuple[int, ...]]) -> int:
     """Bytes a streamed run holds besides its batches: with every batch's features kept (they fit
-    the keep budget), the features and one job's statistics at a time; otherwise every job's
-    statistics at once (times :data:`STATISTICS_OVERHEAD`) and the keep budget."""
+    the keep budget), the features and one job's statistics at a time; otherwise the statistics of
+    every job of its largest group at once (times :data:`STATISTICS_OVERHEAD`) and the keep budget."""
     jobs = [job_statistics_bytes(job, shapes) for probe in m.all_probes() for job in probe.jobs]
-    features = feature_bytes(m, shapes)
-    if m.budget.limit is None or features <= m.budget.limit:
-        return features + int(STATISTICS_OVERHEAD * max(jobs, default=0))
-    return int(STATISTICS_OVERHEAD * sum(jobs)) + m.budget.limit
+    if _all_kept(m, shapes):
+        return feature_bytes(m, shapes) + int(STATISTICS_OVERHEAD * max(jobs, default=0))
+    groups = m.groups if m.groups is not None else statistics_groups(m, shapes)
+    largest = max((sum(job_statistics_bytes(job, shapes) for job in group) for group in groups), default=0)
+    return int(STATISTICS_OVERHEAD * largest) + m.budget.limit
+
+
+def _all_kept(m: Measurements, shapes: dict[str, tuple[int, ...]]) -> bool:
+    return m.budget.limit is None or feature_bytes(m, shapes) <= m.budget.limit
+
+
+def statistics_groups(m: Measurements, shapes: dict[str, tuple[int, ...]]) -> list[list]:
+    """The probes' jobs (one feature matrix each) in groups whose statistics fit the memory the
+    run may use, one streamed run per group.
+
+    When every batch's features fit the keep budget, each job is fitted alone from its kept
+    features at the end of the pass: one group. Otherwise every job of a run sums its float64
+    statistics at once, which grow with the sites and their width (about 2 GB per layer of a
+    2048-wide model), not with the tokens. Then the jobs are taken in the order of the deepest
+    block they read, and a group closes before its statistics, times :data:`STATISTICS_OVERHEAD`,
+    plus the keep budget would pass :data:`STATISTICS_SHARE` of ``m.free``; each run stops after
+    its deepest site, so G groups cost between 1 and G forward passes' worth of compute. A job too
+    large for the memory alone gets a group of its own, which :func:`plan` refuses. The numbers do
+    not depend on the grouping (each job's fit uses its own statistics only).
+    """
+    jobs = [job for probe in m.all_probes() for job in probe.jobs]
+    if _all_kept(m, shapes):
+        return [jobs]
+    room = STATISTICS_SHARE * m.free - m.budget.limit
+    groups: list[list] = [[]]
+    size = 0.0
+    for job in sorted(jobs, key=_depth):
+        need = STATISTICS_OVERHEAD * job_statistics_bytes(job, shapes)
+        if groups[-1] and size + need > room:
+            groups.append([])
+            size = 0.0
+        groups[-1].append(job)
+        size += need
+    return groups
+
+
+def _depth(job) -> int:
+    """The deepest block a job's sites are in (-1: before block 0, e.g. ``hook_embed``)."""
+    return max(-1 if site_block(site) is None else site_block(site) for site in job.sites)
 
 
 def feature_bytes(m: Measurements, shapes: dict[str, tuple[int, ...]]) -> int:
@@ -238,12 +302,10 @@ def measure_streamed(subject: Subject, settings, sites: SweepSites,
     ``progress``: a bar per pass with tokens/s and ETA."""
     plan_ = measurements(subject, settings, sites)
     batch_size = plan_.batch_size
-    others = [m for m in (plan_.variance, plan_.sinks, plan_.ablation) if m is not None]
     label = subject.name if progress else None
-    results = run(subject.model, plan_.sequences, plan_.probes + others, batch_size=batch_size, progress=label)
-    probes = pd.concat(results[:len(plan_.probes)], ignore_index=True)
+    measured = _run_groups(subject.model, plan_, label)
+    probes = pd.concat([probe.result() for probe in plan_.probes], ignore_index=True)
     probes.insert(0, "model", subject.name)
-    measured = {id(m): table for m, table in zip(others, results[len(plan_.probes):])}
     condition = "with_bos" if subject.has_bos else "without_bos"
     if plan_.sinks is None:
         frames = [empty_sink_table(plan_.window, subject.sinks()).assign(condition=condition,
@@ -261,19 +323,42 @@ def measure_streamed(subject: Subject, settings, sites: SweepSites,
         ablation = pd.DataFrame()
         subject.info.setdefault("not_applicable", {})["sink ablation"] = SKIPPED_ABLATION
     else:
-        clean = measured.get(id(plan_.ablation))
+        clean = plan_.ablation.result() if plan_.ablation is not None else None
         with torch.no_grad():
             ablation = sink_ablation_drop_streamed(subject.model, plan_.sequences, subject.n_layers, clean,
                                                    plan_.ablation_refused, settings.n_splits, settings.n_boot,
                                                    settings.seed, plan_.budget, batch_size, label)
         ablation = ablation.assign(model=subject.name)
     subject.info["streamed"] = {"batch_size": batch_size, "kept_bytes_limit": plan_.budget.limit,
+                                "statistics_groups": len(plan_.groups),
                                 "second_pass_batches": sorted({i for m in plan_.probes for job in m.jobs
                                                                for i in job.rerun})}
     if subject.info.get("input") == "repeated":
         subject.info["known_answer"] = repeated_token_answer(subject, sinks)
         tqdm.write(f"nopelens: {subject.name}: {subject.info['known_answer']}", file=sys.stderr)
     return {"probes": probes, "sinks": sinks, "variance": variance, "sink_ablation": ablation}
+
+
+def _run_groups(model, m: Measurements, label: str | None) -> dict[int, pd.DataFrame]:
+    """Run the probes' jobs group by group (:func:`statistics_groups`), the sink and variance
+    reads with the last (deepest) group; every probe measurement of ``m`` is done afterwards.
+    Returns the sink and variance tables by ``id`` of their measurement."""
+    parents = m.all_probes()
+    others = [measurement for measurement in (m.variance, m.sinks) if measurement is not None]
+    measured = {}
+    for g, group in enumerate(m.groups):
+        members = {id(job) for job in group}
+        parts = [part for part in (probe.subset([job for job in probe.jobs if id(job) in members]) for probe in parents)
+                 if part.jobs]
+        extra = others if g == len(m.groups) - 1 else []
+        tag = label if label is None or len(m.groups) == 1 else f"{label}, sites {g + 1}/{len(m.groups)}"
+        results = run(model, m.sequences, parts + extra, batch_size=m.batch_size, progress=tag)
+        measured.update({id(measurement): table for measurement, table in zip(extra, results[len(parts):])})
+        del parts, results
+        release_freed_memory()  # this group's statistics, before the next group's
+    for probe in parents:
+        probe.finish()
+    return measured
 
 
 def repeated_token_answer(subject: Subject, sinks: pd.DataFrame) -> str:
@@ -382,17 +467,22 @@ class Plan:
     ablated_blocks: int = 0
     batch_size: int = MAX_AUTO_BATCH
     shortfall: str | None = None  # why the statistics cannot fit the memory free on the device (None: they can)
+    groups: int = 1  # runs over groups of sites whose statistics fit the memory (:func:`statistics_groups`)
+    held_bytes: int = 0  # the most the run holds besides its batches (:func:`held_bytes`)
 
     def describe(self, name: str) -> str:
         eta = f"about {self.eta_seconds:.0f} s" if self.eta_seconds is not None else self.eta_note
         ablation = (f"{self.ablation_passes} of them for the sink ablation of {self.ablated_blocks} blocks, each "
                     f"stopped after its block; " if self.ablated_blocks else "")
         shortfall = f"; WILL NOT FIT: {self.shortfall}" if self.shortfall else ""
+        groups = (f"the sites in {self.groups} groups whose statistics fit the memory, a run each, stopped after its "
+                  f"deepest site; " if self.groups > 1 else "")
         return (f"nopelens: plan for {name}: {self.forward_passes} forward passes over {self.tokens:,} tokens "
-                f"({ablation}a second pass only over batches whose features do not fit the keep budget) in batches "
-                f"of at most {self.batch_size} sequence{'s' * (self.batch_size != 1)}; statistics "
-                f"{self.statistics_bytes / 2**20:,.1f} MiB, plus at most {self.keep_bytes / 2**20:,.0f} MiB of kept "
-                f"features; ETA {eta}{shortfall}")
+                f"({groups}{ablation}a second pass only over batches whose features do not fit the keep budget) in "
+                f"batches of at most {self.batch_size} sequence{'s' * (self.batch_size != 1)}; statistics "
+                f"{self.statistics_bytes / 2**20:,.1f} MiB in all, at most {self.held_bytes / 2**20:,.0f} MiB held at "
+                f"once with the kept features and the fits' overhead (keep budget {self.keep_bytes / 2**20:,.0f} MiB); "
+                f"ETA {eta}{shortfall}")
 
 
 ETA_MAX_PARAMETERS = 5_000_000
@@ -409,7 +499,10 @@ def plan(subject: Subject, settings, sites: SweepSites) -> Plan:
     stopped after its block, so the n blocks cost about (n + 1) / 2 full passes; its tokens are
     counted in full); the probes may add a second pass over the batches whose features do not fit
     the keep budget (counted here as the worst case when the features of all batches exceed it).
-    The ETA's prior is calibrated on the in-memory sweep, which measures the sink ablation.
+    When the statistics of every site do not fit the memory the run may use, the sites run in
+    groups (:func:`statistics_groups`), one run of the passes above each (counted in full, though
+    each stops after its deepest site); a site whose statistics alone do not fit is a shortfall:
+    the run is refused before any forward pass. The ETA's prior is calibrated on the in-memory sweep, which measures the sink ablation.
     """
     from .eta import MEASURE_OVERHEAD_TOKENS, MEASURE_PRIOR
 
@@ -419,9 +512,9 @@ def plan(subject: Subject, settings, sites: SweepSites) -> Plan:
     stats = sum(statistics_bytes(probe, shapes) for probe in m.all_probes())
     features = feature_bytes(m, shapes)
     keep = m.budget.limit if m.budget.limit is not None else features  # no limit: every batch is kept
-    passes = n_batches * (2 if features > keep else 1) + (n_batches if m.stripped is not None else 0)
-    tokens = int(m.sequences.n_samples) * (2 if features > keep else 1) + (
-        int(m.stripped.n_samples) if m.stripped is not None else 0)
+    runs = len(m.groups) * (2 if features > keep else 1)
+    passes = n_batches * runs + (n_batches if m.stripped is not None else 0)
+    tokens = int(m.sequences.n_samples) * runs + (int(m.stripped.n_samples) if m.stripped is not None else 0)
     ablated = m.ablated_blocks(subject.n_layers)
     ablation_passes = 0
     for block in ablated:  # one site (layer block + 1) per ablated run, fitted alone
@@ -433,15 +526,19 @@ def plan(subject: Subject, settings, sites: SweepSites) -> Plan:
     parameters = sum(p.numel() for p in subject.model.parameters())
     device = next(subject.model.parameters()).device
     shortfall = None
-    free, held = available_memory(device), held_bytes(m, shapes)
-    if features > keep and held > free:  # every job then sums its statistics at once, all kept in memory
-        shortfall = (f"the probes' statistics need {stats / 2**20:,.0f} MiB (float64 on {device.type}; about "
-                     f"{held / 2**20:,.0f} MiB with the fits and the keep budget) and {free / 2**20:,.0f} MiB are "
-                     "free there; they grow with the sites and their width, not with the tokens: probe fewer sites "
-                     "(--sites resid) or run where more memory is free")
+    held = held_bytes(m, shapes)
+    if held > m.free:  # a group of one job: its statistics alone do not fit
+        largest = max((job for probe in m.all_probes() for job in probe.jobs),
+                      key=lambda job: job_statistics_bytes(job, shapes))
+        shortfall = (f"the probes' statistics need {job_statistics_bytes(largest, shapes) / 2**20:,.0f} MiB for "
+                     f"{largest.site} ({largest.features}) alone (float64 on {device.type}; about "
+                     f"{held / 2**20:,.0f} MiB with the fits and the keep budget) and {m.free / 2**20:,.0f} MiB "
+                     f"{'are free there' if settings.memory_mib is None else 'are allowed (--memory-mib)'}; they "
+                     "grow with the sites' width, not with the tokens: run where more memory is free")
     eta, note = None, (f"not estimated (analyses/eta.py is calibrated on models of at most {ETA_MAX_PARAMETERS:,} "
                        f"parameters on one CPU thread; this one has {parameters:,} on {device.type})")
     if parameters <= ETA_MAX_PARAMETERS and device.type == "cpu":
         work = (subject.n_layers + 1) * (settings.n_sequences * subject.tokens.shape[1] + MEASURE_OVERHEAD_TOKENS)
         eta, note = work * MEASURE_PRIOR, ""
-    return Plan(passes, tokens, stats, keep, eta, note, ablation_passes, len(ablated), m.batch_size, shortfall)
+    return Plan(passes, tokens, stats, keep, eta, note, ablation_passes, len(ablated), m.batch_size, shortfall,
+                len(m.groups), held)

@@ -111,6 +111,10 @@ class SweepSettings:
         keep_mib: MiB of features a streamed measurement may keep for its predictions instead of
             a second forward pass (None: 512 MiB or a quarter of the memory available, whichever is
             less; 0: none, so memory is the statistics' whatever the number of tokens).
+        memory_mib: MiB a streamed measurement may add on the model's device (None: what is free
+            there when it starts): the keep budget, the batch size and the groups of sites whose
+            statistics are summed in one run (:func:`~nopelens.analyses.streamed.statistics_groups`)
+            follow from it. It changes no number, so a run folder does not record it.
         sink_ablation: measure the sink ablation of a streamed subject (about n_layers / 2 extra
             forward passes; ``nopelens probe --no-sink-ablation`` turns it off). The in-memory
             sweep always measures it.
@@ -130,6 +134,7 @@ class SweepSettings:
     batch_size: int | str = "auto"
     keep_mib: int | None = None
     sink_ablation: bool = True
+    memory_mib: int | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "train_seeds", tuple(self.train_seeds))
@@ -147,6 +152,9 @@ class SweepSettings:
         if self.keep_mib is not None and (isinstance(self.keep_mib, bool) or not isinstance(self.keep_mib, int)
                                           or self.keep_mib < 0):
             raise ValueError(f"--keep-mib must be an integer >= 0, got {self.keep_mib!r}")
+        if self.memory_mib is not None and (isinstance(self.memory_mib, bool) or not isinstance(self.memory_mib, int)
+                                            or self.memory_mib < 1):
+            raise ValueError(f"--memory-mib must be an integer >= 1, got {self.memory_mib!r}")
 
     @classmethod
     def default(cls, task: str = "text", models: tuple[str, ...] | None = None, controls: bool = True, **kw) -> "SweepSettings":
@@ -178,6 +186,7 @@ class SweepSettings:
         """The settings as the run folder's stamp holds them. ``sites`` is written only when it is
         not :data:`DEFAULT_SITES`, so folders made before ``--sites`` existed keep their digest."""
         settings = dataclasses.asdict(self)
+        del settings["memory_mib"]  # how the work is split in runs, not what is measured
         if self.sites == DEFAULT_SITES:
             del settings["sites"]
         # written only when set, so folders made before they existed keep their digest

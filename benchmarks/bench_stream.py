@@ -26,6 +26,12 @@ bridged by TransformerLens), with random token ids after BOS:
   the attention-variance read). The issue's target: at most 1.5x the forward pass. With
   ``--main``, also the in-memory path with main's definitions before issue 19 (every position its
   own class, pairs at every distance).
+- **depth** (``--only depth``): peak RSS and wall time of ``nopelens probe hf:DIR --input random
+  --keep-mib 0`` (nothing kept, so every job of a run sums its statistics at once; no sink ablation,
+  no figures) at 1x and 4x the layers (d_model 384, 6 and 24 layers, 128 tokens, 24 sequences), with
+  the memory free and with ``--memory-mib`` (the jobs then run in groups whose statistics fit it,
+  :func:`~nopelens.analyses.streamed.statistics_groups`); the grouped tables are compared with the
+  ungrouped ones (the largest difference of any number is printed).
 
 Both paths probe the same definitions (classification over at most 64 position bins, pairs at 64
 distances spread over the range), so the comparison is of the engines. Everything runs on one
@@ -34,6 +40,7 @@ thread (torch and BLAS), as nopelens measures. Not a test: it prints measured nu
     python benchmarks/bench_stream.py                    # both, the issue's shapes (tens of minutes)
     python benchmarks/bench_stream.py --quick            # a quick look at small shapes
     python benchmarks/bench_stream.py --only time --probes absolute
+    python benchmarks/bench_stream.py --only depth --memory-mib 384
 """
 
 from __future__ import annotations
@@ -196,7 +203,8 @@ def child(args: argparse.Namespace) -> int:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--only", choices=("memory", "time"))
+    parser.add_argument("--only", choices=("memory", "time", "depth"))
+    parser.add_argument("--memory-mib", type=int, default=384, help="depth runs: the --memory-mib of the grouped runs")
     parser.add_argument("--quick", action="store_true", help="small shapes, for a quick look")
     parser.add_argument("--probes", default="sweep", choices=("absolute", "sweep"), help="probe set of the time runs")
     parser.add_argument("--n-boot", type=int, default=200)
@@ -245,7 +253,38 @@ def main() -> None:
                 print(f"{case:18s} {r['eager']:9.1f} {r['total_s']:8.1f} {r['total_s'] / r['eager']:9.2f} "
                       f"{r['eager_cpu']:9.1f} {r['total_cpu_s']:10.1f} {r['total_cpu_s'] / r['eager_cpu']:8.2f} {collect}",
                       flush=True)
+        if args.only == "depth":
+            depth(Path(tmp), args)
     print(f"load average after: {os.getloadavg()}")
+
+
+def depth(tmp: Path, args) -> None:
+    """Peak RSS with 1x and 4x the layers, every job's statistics at once or in groups (module docstring)."""
+    import numpy as np
+    import pandas as pd
+
+    d, tokens, n = (192, 64, 12) if args.quick else (384, 128, 24)
+    print(f"\ndepth: Llama d_model {d}, {tokens} tokens, {n} sequences; nopelens probe hf:DIR --input random "
+          "--keep-mib 0 --no-sink-ablation --no-figures; peak RSS per process")
+    print(f"{'layers':>6s} {'--memory-mib':>12s} {'groups':>6s} {'peak MiB':>9s} {'wall s':>7s} {'max |diff|':>10s}")
+    for layers in (6, 24):
+        model_dir = make_model_dir(tmp / f"depth-{layers}", d, layers, tokens)
+        tables = {}
+        for memory in (None, args.memory_mib):
+            out = tmp / f"depth-{layers}-{memory}"
+            extra = [] if memory is None else ["--memory-mib", str(memory)]
+            command = [sys.executable, "-m", "nopelens", "probe", f"hf:{model_dir}", "--input", "random",
+                       "--n-sequences", str(n), "--seq-len", str(tokens), "--keep-mib", "0", "--no-sink-ablation",
+                       "--no-figures", "--quiet", "--jobs", "1", "--out", str(out), *extra]
+            seconds, rss = _wait(command, f"depth {layers} {memory}", lambda text: None)
+            (done,) = out.glob("parts/*/done.json")
+            groups = json.loads(done.read_text())["streamed"]["statistics_groups"]
+            tables[memory] = pd.read_csv(out / "probes.csv")
+            diff = ""
+            if memory is not None:
+                a, b = tables[None]["value"].to_numpy(float), tables[memory]["value"].to_numpy(float)
+                diff = f"{np.nanmax(np.abs(a - b)):.1e}" if np.array_equal(np.isnan(a), np.isnan(b)) else "NaN differ"
+            print(f"{layers:6d} {memory or 'free':>12} {groups:6d} {rss:9.0f} {seconds:7.1f} {diff:>10s}", flush=True)
 
 
 def selected(args, cases: tuple[str, ...]) -> tuple[str, ...]:

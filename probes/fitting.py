@@ -395,6 +395,15 @@ class FoldFit:
 
 
 @dataclass
+class FoldChoice:
+    """What one fold's fit chose, kept once its predictions are made and its weights dropped: the
+    ridge penalty per target (None for LDA) and the features above round-off (:meth:`FoldFit.assemble`)."""
+
+    alpha: np.ndarray | None
+    n_signal: int
+
+
+@dataclass
 class RidgeFold:
     """One fold's ridge fit: ``prediction = (x - shift) @ weights + offset`` for every target."""
 

@@ -227,6 +227,24 @@ def available_memory(device: torch.device | str | None = None) -> int:
     return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
 
 
+def release_freed_memory() -> None:
+    """Hand the memory this process has freed back to the operating system (glibc's
+    ``malloc_trim``; elsewhere nothing). Between runs that each allocate and free their own float64
+    statistics (:func:`~nopelens.analyses.streamed.statistics_groups`), glibc otherwise keeps the
+    freed chunks of under 32 MB in its heap, fragmented, and the peak grows with the runs (measured:
+    1.78 GB instead of 1.42 GB over 18 runs)."""
+    import ctypes
+    import ctypes.util
+
+    name = ctypes.util.find_library("c")
+    try:
+        trim = ctypes.CDLL(name).malloc_trim if name else None
+    except (OSError, AttributeError):  # not glibc
+        trim = None
+    if trim is not None:
+        trim(0)
+
+
 def run(
     model,
     sequences: Sequences,

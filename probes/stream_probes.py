@@ -53,7 +53,7 @@ from torch import Tensor
 
 from .collect import check_patterns
 from .fitting import (
-    ALPHAS, BlockMoments, FoldFit, _check_task, check_compute_dtype, fold_blocks, fold_models, fold_statistics,
+    ALPHAS, BlockMoments, FoldChoice, FoldFit, _check_task, check_compute_dtype, fold_blocks, fold_models, fold_statistics,
     ridge_alphas,
 )
 from .linear import (
@@ -236,6 +236,8 @@ class Probes(Measurement):
                 return True
         self._check_complete()
         self.phase = "done"
+        for job in self.jobs:  # every prediction is made: only what each fold chose is still read
+            job.models = [[FoldChoice(model.alpha, model.n_signal) for model in models] for models in job.models]
         return False
 
     def spawn(self) -> "Probes":
@@ -259,6 +261,25 @@ class Probes(Measurement):
                 for name in mine:
                     mine[name][got] = theirs[name][got]
                 filled |= got
+
+    def subset(self, jobs: list[_Job]) -> "Probes":
+        """A measurement of some of these jobs (the same objects: what it fits and predicts lands
+        here), so that a run holds only their statistics; after every job has run in one,
+        :meth:`finish` and :meth:`result` give the whole table
+        (:func:`~nopelens.analyses.streamed.measure_streamed` runs a large model's jobs in groups)."""
+        part = object.__new__(Probes)
+        part.__dict__.update(self.__dict__)
+        part.jobs, part.phase = list(jobs), "statistics"
+        return part
+
+    def finish(self) -> None:
+        """Mark the probes done once every job has run in a :meth:`subset`.
+
+        Raises:
+            RuntimeError: if a scored row of some job was never predicted (a job never ran).
+        """
+        self._check_complete()
+        self.phase = "done"
 
     def result(self) -> pd.DataFrame:
         """The tidy table, in the row order of the in-memory functions."""

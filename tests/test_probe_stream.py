@@ -162,8 +162,9 @@ def test_auto_batch_size_fits_the_memory_free_and_leaves_the_tables_unchanged(mo
 
 def test_statistics_larger_than_the_memory_free_are_refused_before_any_forward_pass(model_dir, tmp_path, capsys,
                                                                                        monkeypatch):
-    """With nothing kept every job holds its statistics at once; when they exceed the memory free on
-    the device the run says so in one line, before its forward passes, and --plan says it too."""
+    """With nothing kept the jobs of a run hold their statistics at once; when one job's alone exceed
+    the memory free on the device the run says so in one line, before its forward passes, and --plan
+    says it too."""
     from nopelens.analyses import streamed
     from nopelens.analyses.cli import main
 
@@ -176,13 +177,59 @@ def test_statistics_larger_than_the_memory_free_are_refused_before_any_forward_p
     forward = []
     monkeypatch.setattr(streamed, "run", lambda *args, **kwargs: forward.append(1))
     _one_error(main([*common, "--out", str(tmp_path / "run")]), capsys.readouterr().err,
-               "MiB are free there; they grow with the sites and their width")
+               "MiB are free there; they grow with the sites' width")
     assert not forward and not (tmp_path / "run").exists()
     monkeypatch.undo()
-    # kept features fit the budget: one job's statistics at a time, so no refusal
-    monkeypatch.setattr(streamed, "available_memory", lambda device=None: 2**20)
-    assert main(["probe", f"hf:{model_dir}", *ARGS, "--no-sink-ablation", "--plan", "--out", str(tmp_path / "p2")]) == 0
-    assert "WILL NOT FIT" not in capsys.readouterr().out
+    # --memory-mib: room for the largest job, not for every job at once: groups, no refusal
+    assert main([*common, "--memory-mib", "8", "--plan", "--out", str(tmp_path / "p2")]) == 0
+    out = capsys.readouterr().out
+    assert "WILL NOT FIT" not in out and "groups whose statistics fit the memory" in out
+    _one_error(main([*common, "--memory-mib", "1", "--out", str(tmp_path / "p3")]), capsys.readouterr().err,
+               "MiB are allowed (--memory-mib)")
+
+
+def test_sites_whose_statistics_do_not_fit_together_run_in_groups_with_the_same_tables(model_dir, monkeypatch,
+                                                                                       one_thread):
+    """When every job's statistics do not fit the memory at once, the jobs run in groups by depth, a
+    run each (stopped after its deepest site); each job's numbers are those of one run, bit for bit,
+    and the run holds one group's statistics instead of all of them."""
+    import dataclasses
+
+    import torch
+
+    from nopelens.analyses import streamed
+    from nopelens.analyses.subjects import HFInput, resolve
+    from nopelens.analyses.sweep import SweepSettings, analyse_subject_streamed, sweep_sites
+
+    settings = dataclasses.replace(SweepSettings.quick("text", (f"hf:{model_dir}",), controls=False), n_sequences=6,
+                                   seq_len=16, hf_input=HFInput(input="text"), streamed=True, keep_mib=0,
+                                   batch_size=4)
+    subject = resolve(f"hf:{model_dir}", 6, 16, seed=0, progress=False, hf_input=settings.hf_input)
+    sites = sweep_sites(subject, settings.sites)
+    shapes = streamed.site_shapes(subject, sites)
+    with torch.no_grad():
+        whole = analyse_subject_streamed(subject, settings)
+        assert subject.info["streamed"]["statistics_groups"] == 1
+        one = streamed.measurements(subject, settings, sites, shapes)
+        sizes = [streamed.job_statistics_bytes(job, shapes) for probe in one.all_probes() for job in probe.jobs]
+        # room for a third of the statistics at once (and for the largest job alone)
+        free = int(max(sum(sizes) / 3, max(sizes)) * streamed.STATISTICS_OVERHEAD / streamed.STATISTICS_SHARE) + 1
+        monkeypatch.setattr(streamed, "available_memory", lambda device=None: free)
+        grouped = streamed.measurements(subject, settings, sites, shapes)
+        assert 3 <= len(grouped.groups) < len(sizes)
+        depths = [[streamed._depth(job) for job in group] for group in grouped.groups]
+        assert all(max(a) <= min(b) for a, b in zip(depths, depths[1:]))  # shallow sites first
+        assert streamed.held_bytes(grouped, shapes) <= streamed.STATISTICS_SHARE * free
+        assert streamed.held_bytes(grouped, shapes) < streamed.held_bytes(one, shapes)
+        plan = streamed.plan(subject, settings, sites)
+        assert plan.shortfall is None and f"in {len(grouped.groups)} groups whose statistics fit" in plan.describe("m")
+        run_in_groups = analyse_subject_streamed(subject, settings)
+        assert subject.info["streamed"]["statistics_groups"] == len(grouped.groups)
+        # the largest job alone no longer fits: refused, naming it
+        monkeypatch.setattr(streamed, "available_memory", lambda device=None: max(sizes))
+        assert "alone" in streamed.plan(subject, settings, sites).shortfall
+    for name in ("probes", "sinks", "variance", "sink_ablation"):
+        pd.testing.assert_frame_equal(run_in_groups[name], whole[name], check_exact=True, obj=name)
 
 
 def test_probe_cli_on_text_and_the_repeated_token_known_answer(model_dir, tmp_path, capsys, one_thread):
@@ -257,6 +304,7 @@ def test_three_tokens_leave_no_variance_slope_and_say_so(model_dir, tmp_path, ca
     ("cuda", "no CUDA device"),
     ("zoo model", "applies to hf:DIR models"),
     ("batch size 0", "--batch-size must be a positive integer or auto, got 0"),
+    ("memory 0", "--memory-mib must be an integer >= 1, got 0"),
 ])
 def test_bad_input_is_one_line_and_exit_2(model_dir, tmp_path, capsys, case, message):
     import shutil
@@ -289,6 +337,8 @@ def test_bad_input_is_one_line_and_exit_2(model_dir, tmp_path, capsys, case, mes
         extra = ["--device", "cuda"]
     elif case == "batch size 0":
         extra = ["--batch-size", "0"]
+    elif case == "memory 0":
+        extra = ["--memory-mib", "0"]
     else:
         target, extra = "circuit", ["--input", "random"]
     capsys.readouterr()

@@ -112,8 +112,8 @@ def _probe_settings(args: argparse.Namespace) -> SweepSettings:
     from nopelens.analyses.subjects import HF_PREFIX, HFInput
 
     settings = _settings(args, (args.model,), controls=False)
-    hf_options = {name: getattr(args, name) for name in ("input", "text", "device", "dtype", "batch_size", "keep_mib", "plan",
-                                                         "no_sink_ablation")
+    hf_options = {name: getattr(args, name) for name in ("input", "text", "device", "dtype", "batch_size", "keep_mib",
+                                                         "memory_mib", "plan", "no_sink_ablation")
                   if getattr(args, name) is not None and getattr(args, name) is not False}
     if not args.model.startswith(HF_PREFIX):
         if hf_options:
@@ -123,7 +123,7 @@ def _probe_settings(args: argparse.Namespace) -> SweepSettings:
     how = HFInput(input=args.input or "text", text=args.text, device=args.device or "cpu", dtype=args.dtype)
     batch_size = "auto" if args.batch_size is None else args.batch_size
     return dataclasses.replace(settings, hf_input=how, streamed=True, batch_size=batch_size, keep_mib=args.keep_mib,
-                               sink_ablation=not args.no_sink_ablation)
+                               memory_mib=args.memory_mib, sink_ablation=not args.no_sink_ablation)
 
 
 def _batch_size(text: str) -> int | str:
@@ -290,6 +290,9 @@ def register(subparsers) -> None:
                     "second forward pass (default: 512 or a quarter of the memory available, whichever is less; 0: none, "
                     "two passes, memory "
                     "bounded by the statistics)")
+    hf.add_argument("--memory-mib", type=int, help="MiB the run may add on the device (default: what is free there "
+                    "when it starts); sites whose statistics do not fit half of it together run in groups, a run each, "
+                    "with the same numbers")
     hf.add_argument("--no-sink-ablation", action="store_true", help="skip the sink ablation (block l's first key "
                     "removed, layer l + 1 probed again: about n_layers / 2 extra forward passes; on by default, as in "
                     "the sweep)")
