@@ -31,7 +31,7 @@ statistics need (``nopelens probe --plan``).
 from __future__ import annotations
 
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import pandas as pd
@@ -71,6 +71,7 @@ class Measurements:
     ablation: Probes | None = None  # the sink ablation's clean later-token probes (None: skipped or nothing to ablate)
     ablation_refused: dict[int, str] | None = None  # block -> why it cannot be ablated (None: the ablation is skipped)
     free: int = 0  # bytes the run may use on the model's device (free there, or --memory-mib)
+    free_source: str = "free on the device"  # which limit ``free`` is, for messages
     groups: list[list] | None = None  # the probes' jobs, one run per group (:func:`statistics_groups`)
 
     def all_probes(self) -> list[Probes]:
@@ -99,8 +100,8 @@ def measurements(subject: Subject, settings, sites: SweepSites,
     shapes = site_shapes(subject, sites) if shapes is None else shapes
     sequences = Sequences.of(subject.tokens, subject.attention_mask)
     device = next(subject.model.parameters()).device
-    free = memory_allowed(settings, device)
-    budget = KeepBudget(min(AUTO_KEEP_BYTES, free // 4) if settings.keep_mib is None else settings.keep_mib * 2**20)
+    free, free_source = memory_allowed(settings, device)
+    budget = KeepBudget(0 if settings.keep_mib is None else settings.keep_mib * 2**20)  # auto: set once the jobs are known
     common = dict(n_splits=settings.n_splits, n_boot=settings.n_boot, seed=settings.seed, keep=budget)
     probes = [absolute_index_probes(sequences, sites.residual + sites.inner,
                                     extrapolate_from=subject.tokens.shape[1] // 2, **common)]
@@ -138,21 +139,42 @@ def measurements(subject: Subject, settings, sites: SweepSites,
             ablation = later_token_probes(sequences, [block + 1 for block in blocks], settings.n_splits,
                                           settings.n_boot, settings.seed, budget)
     m = Measurements(sequences, stripped, sites, probes, variance, sink_stats, stripped_stats, window, budget,
-                     settings.batch_size, ablation, refused, free)
+                     settings.batch_size, ablation, refused, free, free_source)
+    if settings.keep_mib is None:
+        budget.limit = auto_keep_bytes(m, shapes)
     m.groups = statistics_groups(m, shapes)
+    n = sequences.n_sequences
     if settings.batch_size != "auto":
-        m.batch_size = min(settings.batch_size, sequences.n_sequences)  # as run, planned and recorded
+        m.batch_size = min(settings.batch_size, n)  # as run, planned and recorded
     else:
-        m.batch_size = auto_batch_size(sequence_bytes(subject, shapes), free, held_bytes(m, shapes),
-                                       min(MAX_AUTO_BATCH, sequences.n_sequences))
+        most = auto_batch_size(sequence_bytes(subject, shapes), free, held_bytes(m, shapes), min(MAX_AUTO_BATCH, n))
+        m.batch_size = -(-n // -(-n // most))  # as even as the same number of batches allows (20: 10 + 10, not 19 + 1)
     return m
 
 
-def memory_allowed(settings, device: torch.device) -> int:
-    """Bytes a streamed run may use on ``device``: the memory free there when it starts
-    (:func:`~nopelens.probes.stream.available_memory`), or ``settings.memory_mib`` if less."""
+def memory_allowed(settings, device: torch.device) -> tuple[int, str]:
+    """Bytes a streamed run may use on ``device`` (the memory free there when it starts,
+    :func:`~nopelens.probes.stream.available_memory`, or ``settings.memory_mib`` if less) and which
+    of the two it is, in words for a message."""
     free = available_memory(device)
-    return free if settings.memory_mib is None else min(free, settings.memory_mib * 2**20)
+    if settings.memory_mib is not None and settings.memory_mib * 2**20 <= free:
+        return settings.memory_mib * 2**20, "allowed (--memory-mib)"
+    return free, f"free on {torch.device(device).type}"
+
+
+def auto_keep_bytes(m: Measurements, shapes: dict[str, tuple[int, ...]]) -> int:
+    """The default keep budget: :data:`~nopelens.probes.stream.AUTO_KEEP_BYTES` or a quarter of the
+    memory the run may use, whichever is less, and no more than leaves room, within
+    :data:`STATISTICS_SHARE` of that memory, for the statistics of the largest site
+    (times :data:`STATISTICS_OVERHEAD`)."""
+    room = int(STATISTICS_SHARE * m.free - STATISTICS_OVERHEAD * _largest_job(m, shapes)[1])
+    return max(0, min(AUTO_KEEP_BYTES, m.free // 4, room))
+
+
+def _largest_job(m: Measurements, shapes: dict[str, tuple[int, ...]]):
+    """(the job with the largest statistics, their bytes); (None, 0) without jobs."""
+    sizes = [(job, job_statistics_bytes(job, shapes)) for probe in m.all_probes() for job in probe.jobs]
+    return max(sizes, key=lambda pair: pair[1], default=(None, 0))
 
 
 STATISTICS_OVERHEAD = 1.5
@@ -162,8 +184,10 @@ a 1024-wide SmolLM3-shaped model (QA, 2026-12-01)."""
 
 
 STATISTICS_SHARE = 0.5
-"""The share of the memory a run may use that one group's statistics (times
-:data:`STATISTICS_OVERHEAD`) and the keep budget may take; the rest is for the forward passes."""
+"""The share of the memory a run may use that what it holds besides its batches may take (one
+group's statistics times :data:`STATISTICS_OVERHEAD` and the keep budget, or the kept features and
+one site's statistics); the rest is for the forward passes. :func:`plan` refuses a run that cannot
+keep to it."""
 
 
 def held_bytes(m: Measurements, shapes: dict[str, tuple[int, ...]]) -> int:
@@ -193,7 +217,7 @@ def statistics_groups(m: Measurements, shapes: dict[str, tuple[int, ...]]) -> li
     block they read, and a group closes before its statistics, times :data:`STATISTICS_OVERHEAD`,
     plus the keep budget would pass :data:`STATISTICS_SHARE` of ``m.free``; each run stops after
     its deepest site, so G groups cost between 1 and G forward passes' worth of compute. A job too
-    large for the memory alone gets a group of its own, which :func:`plan` refuses. The numbers do
+    large for that share alone gets a group of its own, which :func:`plan` refuses. The numbers do
     not depend on the grouping (each job's fit uses its own statistics only).
     """
     jobs = [job for probe in m.all_probes() for job in probe.jobs]
@@ -220,9 +244,14 @@ def _depth(job) -> int:
 def feature_bytes(m: Measurements, shapes: dict[str, tuple[int, ...]]) -> int:
     """Bytes of every probed feature of every token (float32, with its row index), as kept when
     the keep budget holds them all."""
-    per_token = sum(4 * 2 * _n_features(job, shapes) for probe in m.all_probes() for job in probe.jobs
-                    if job.form != "scores") + 8 * len(m.sites.patterns)
-    return per_token * int(m.sequences.n_samples)
+    n = int(m.sequences.n_samples)
+    return sum(_job_feature_bytes(job, shapes, n) for probe in m.all_probes() for job in probe.jobs) + \
+        8 * len(m.sites.patterns) * n
+
+
+def _job_feature_bytes(job, shapes: dict[str, tuple[int, ...]], n_samples: int) -> int:
+    """Upper estimate of one job's kept features over ``n_samples`` tokens (a score read keeps none)."""
+    return 0 if job.form == "scores" else 4 * 2 * _n_features(job, shapes) * n_samples
 
 
 MAX_AUTO_BATCH = 32
@@ -291,16 +320,18 @@ def site_shapes(subject: Subject, sites: SweepSites) -> dict[str, tuple[int, ...
     return shapes
 
 
-def measure_streamed(subject: Subject, settings, sites: SweepSites,
-                     progress: bool = False) -> dict[str, pd.DataFrame | None]:
+def measure_streamed(subject: Subject, settings, sites: SweepSites, progress: bool = False,
+                     planned: Measurements | None = None) -> dict[str, pd.DataFrame | None]:
     """:func:`~nopelens.analyses.sweep.analyse_subject`'s tables of ``subject`` on ``sites``, streamed
     (module docstring): ``probes``, ``sinks`` (with and without BOS), ``variance`` as measured (per
     position, before the sweep drops BOS and fits slopes; None without attention outputs) and
     ``sink_ablation`` (:func:`~nopelens.analyses.intervene.sink_ablation_drop`'s table; empty,
     and ``not_applicable`` says so, when ``settings.sink_ablation`` is False). With ``--input
     repeated`` the known answer is checked and recorded in ``subject.info["known_answer"]``.
-    ``progress``: a bar per pass with tokens/s and ETA."""
-    plan_ = measurements(subject, settings, sites)
+    ``progress``: a bar per pass with tokens/s and ETA. ``planned``: the measurements a
+    :func:`plan` made (its :attr:`Plan.measurements`), so that the run keeps to the plan's batch
+    size, keep budget and groups whatever the free memory does in between; None: made here."""
+    plan_ = measurements(subject, settings, sites) if planned is None else planned
     batch_size = plan_.batch_size
     label = subject.name if progress else None
     measured = _run_groups(subject.model, plan_, label)
@@ -469,6 +500,7 @@ class Plan:
     shortfall: str | None = None  # why the statistics cannot fit the memory free on the device (None: they can)
     groups: int = 1  # runs over groups of sites whose statistics fit the memory (:func:`statistics_groups`)
     held_bytes: int = 0  # the most the run holds besides its batches (:func:`held_bytes`)
+    measurements: Measurements | None = field(default=None, repr=False)  # what the run measures, as planned
 
     def describe(self, name: str) -> str:
         eta = f"about {self.eta_seconds:.0f} s" if self.eta_seconds is not None else self.eta_note
@@ -480,8 +512,8 @@ class Plan:
         return (f"nopelens: plan for {name}: {self.forward_passes} forward passes over {self.tokens:,} tokens "
                 f"({groups}{ablation}a second pass only over batches whose features do not fit the keep budget) in "
                 f"batches of at most {self.batch_size} sequence{'s' * (self.batch_size != 1)}; statistics "
-                f"{self.statistics_bytes / 2**20:,.1f} MiB in all, at most {self.held_bytes / 2**20:,.0f} MiB held at "
-                f"once with the kept features and the fits' overhead (keep budget {self.keep_bytes / 2**20:,.0f} MiB); "
+                f"{self.statistics_bytes / 2**20:,.1f} MiB in all, at most {self.held_bytes / 2**20:,.1f} MiB held at "
+                f"once with the kept features and the fits' overhead (keep budget {self.keep_bytes / 2**20:,.1f} MiB); "
                 f"ETA {eta}{shortfall}")
 
 
@@ -511,8 +543,12 @@ def plan(subject: Subject, settings, sites: SweepSites) -> Plan:
     n_batches = len(m.sequences.batches(m.batch_size))
     stats = sum(statistics_bytes(probe, shapes) for probe in m.all_probes())
     features = feature_bytes(m, shapes)
-    keep = m.budget.limit if m.budget.limit is not None else features  # no limit: every batch is kept
-    runs = len(m.groups) * (2 if features > keep else 1)
+    keep = m.budget.limit
+    n = int(m.sequences.n_samples)
+    # a group's second pass: only when its features do not all fit the keep budget
+    runs = sum(2 if sum(_job_feature_bytes(job, shapes, n) for job in group) > keep else 1 for group in m.groups)
+    if _all_kept(m, shapes):
+        runs = 1
     passes = n_batches * runs + (n_batches if m.stripped is not None else 0)
     tokens = int(m.sequences.n_samples) * runs + (int(m.stripped.n_samples) if m.stripped is not None else 0)
     ablated = m.ablated_blocks(subject.n_layers)
@@ -527,18 +563,21 @@ def plan(subject: Subject, settings, sites: SweepSites) -> Plan:
     device = next(subject.model.parameters()).device
     shortfall = None
     held = held_bytes(m, shapes)
-    if held > m.free:  # a group of one job: its statistics alone do not fit
-        largest = max((job for probe in m.all_probes() for job in probe.jobs),
-                      key=lambda job: job_statistics_bytes(job, shapes))
-        shortfall = (f"the probes' statistics need {job_statistics_bytes(largest, shapes) / 2**20:,.0f} MiB for "
-                     f"{largest.site} ({largest.features}) alone (float64 on {device.type}; about "
-                     f"{held / 2**20:,.0f} MiB with the fits and the keep budget) and {m.free / 2**20:,.0f} MiB "
-                     f"{'are free there' if settings.memory_mib is None else 'are allowed (--memory-mib)'}; they "
-                     "grow with the sites' width, not with the tokens: run where more memory is free")
+    if held > STATISTICS_SHARE * m.free:  # a group of one job, or kept features: they alone do not fit
+        largest, size = _largest_job(m, shapes)
+        hint = ("keep fewer features (--keep-mib; 0 keeps none) or run where more memory is free"
+                if settings.keep_mib else "run where more memory is free")
+        shortfall = (f"the probes' statistics need {size / 2**20:,.1f} MiB for {largest.site} ({largest.features}) "
+                     f"alone (float64 on {device.type}); with the fits' overhead and the keep budget of "
+                     f"{keep / 2**20:,.1f} MiB the run would hold {held / 2**20:,.1f} MiB besides its batches, more "
+                     f"than half of the {m.free / 2**20:,.1f} MiB {m.free_source} (the rest is for the forward "
+                     "passes); they grow with the sites' width, not with the tokens: " + hint)
     eta, note = None, (f"not estimated (analyses/eta.py is calibrated on models of at most {ETA_MAX_PARAMETERS:,} "
                        f"parameters on one CPU thread; this one has {parameters:,} on {device.type})")
-    if parameters <= ETA_MAX_PARAMETERS and device.type == "cpu":
+    if parameters <= ETA_MAX_PARAMETERS and device.type == "cpu" and len(m.groups) == 1:
         work = (subject.n_layers + 1) * (settings.n_sequences * subject.tokens.shape[1] + MEASURE_OVERHEAD_TOKENS)
         eta, note = work * MEASURE_PRIOR, ""
+    elif len(m.groups) > 1:
+        note = "not estimated (analyses/eta.py is calibrated on runs of all sites at once, not in groups)"
     return Plan(passes, tokens, stats, keep, eta, note, ablation_passes, len(ablated), m.batch_size, shortfall,
-                len(m.groups), held)
+                len(m.groups), held, m)

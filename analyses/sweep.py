@@ -304,8 +304,8 @@ def analyse_subject_streamed(subject: Subject, settings: SweepSettings, label: s
     tqdm.write(plan_.describe(label or subject.name), file=sys.stderr)
     if plan_.shortfall:  # refused before any forward pass, not out of memory hours later
         raise ValueError(f"{label or subject.name}: {plan_.shortfall}")
-    # the batch size planned is the one run, whatever the memory free does in between
-    tables = measure_streamed(subject, dataclasses.replace(settings, batch_size=plan_.batch_size), sites, progress)
+    # the batch size, keep budget and groups planned are those run, whatever the memory free does in between
+    tables = measure_streamed(subject, settings, sites, progress, planned=plan_.measurements)
     if tables["variance"] is None:
         tables["variance"] = pd.DataFrame(columns=["site", "block", "position", "visible_keys", "variance",
                                                    "n_sequences", "slope", "note", "model"])

@@ -143,11 +143,17 @@ def test_auto_batch_size_fits_the_memory_free_and_leaves_the_tables_unchanged(mo
         assert reserved == streamed.feature_bytes(roomy, shapes) + int(streamed.STATISTICS_OVERHEAD * max(statistics))
         spilled = streamed.measurements(subject, dataclasses.replace(settings, keep_mib=0), sites, shapes)
         assert streamed.held_bytes(spilled, shapes) == int(streamed.STATISTICS_OVERHEAD * sum(statistics))
-        monkeypatch.setattr(streamed, "available_memory", lambda device=None: reserved + 2 * 2 * per_sequence + 1)
-        tight = streamed.measurements(subject, settings, sites, shapes)
-        assert tight.batch_size == 2  # half of what is left holds two sequences
-        assert "in batches of at most 2 sequences" in streamed.plan(subject, settings, sites).describe("m")
-        small = analyse_subject_streamed(subject, settings)
+        # every batch kept (64 MiB budget): the run holds `reserved` whatever the memory; a quarter of it free
+        # leaves room for 2 sequences of a patched size, or 4 (two even batches of 3, not 4 + 2)
+        tight_settings = dataclasses.replace(settings, keep_mib=64)
+        free = 4 * reserved
+        monkeypatch.setattr(streamed, "available_memory", lambda device=None: free)
+        for fit, expected in ((2, 2), (4, 3)):
+            monkeypatch.setattr(streamed, "sequence_bytes", lambda *args, fit=fit: (free - reserved) // 2 // fit)
+            assert streamed.measurements(subject, tight_settings, sites, shapes).batch_size == expected
+        monkeypatch.setattr(streamed, "sequence_bytes", lambda *args: (free - reserved) // 2 // 2)
+        assert "in batches of at most 2 sequences" in streamed.plan(subject, tight_settings, sites).describe("m")
+        small = analyse_subject_streamed(subject, tight_settings)
         assert subject.info["streamed"]["batch_size"] == 2
         monkeypatch.undo()
         whole = analyse_subject_streamed(subject, settings)
@@ -173,11 +179,11 @@ def test_statistics_larger_than_the_memory_free_are_refused_before_any_forward_p
     code = main([*common, "--plan", "--out", str(tmp_path / "plan")])
     out, err = capsys.readouterr()
     assert "WILL NOT FIT: the probes' statistics need" in out
-    _one_error(code, err, "MiB are free there")
+    _one_error(code, err, "MiB free on cpu")
     forward = []
     monkeypatch.setattr(streamed, "run", lambda *args, **kwargs: forward.append(1))
     _one_error(main([*common, "--out", str(tmp_path / "run")]), capsys.readouterr().err,
-               "MiB are free there; they grow with the sites' width")
+               "MiB free on cpu (the rest is for the forward passes); they grow with the sites' width")
     assert not forward and not (tmp_path / "run").exists()
     monkeypatch.undo()
     # --memory-mib: room for the largest job, not for every job at once: groups, no refusal
@@ -185,7 +191,14 @@ def test_statistics_larger_than_the_memory_free_are_refused_before_any_forward_p
     out = capsys.readouterr().out
     assert "WILL NOT FIT" not in out and "groups whose statistics fit the memory" in out
     _one_error(main([*common, "--memory-mib", "1", "--out", str(tmp_path / "p3")]), capsys.readouterr().err,
-               "MiB are allowed (--memory-mib)")
+               "MiB allowed (--memory-mib)")
+    # the default keep budget leaves room for the largest site: no refusal where keeping nothing fits
+    assert main(["probe", f"hf:{model_dir}", *ARGS, "--no-sink-ablation", "--memory-mib", "8", "--plan",
+                 "--out", str(tmp_path / "p4")]) == 0
+    assert "WILL NOT FIT" not in capsys.readouterr().out
+    # an explicit keep budget that leaves no room is refused, and the line says what to change
+    _one_error(main([*common[:-1], "6", "--memory-mib", "8", "--out", str(tmp_path / "p5")]), capsys.readouterr().err,
+               "keep fewer features (--keep-mib; 0 keeps none)")
 
 
 def test_sites_whose_statistics_do_not_fit_together_run_in_groups_with_the_same_tables(model_dir, monkeypatch,
@@ -223,8 +236,12 @@ def test_sites_whose_statistics_do_not_fit_together_run_in_groups_with_the_same_
         assert streamed.held_bytes(grouped, shapes) < streamed.held_bytes(one, shapes)
         plan = streamed.plan(subject, settings, sites)
         assert plan.shortfall is None and f"in {len(grouped.groups)} groups whose statistics fit" in plan.describe("m")
+        # the run keeps to its plan even when the memory free changes after it: it reads the memory once
+        calls = []
+        monkeypatch.setattr(streamed, "available_memory", lambda device=None: free if calls.append(1) or
+                            len(calls) == 1 else 64 * 2**30)
         run_in_groups = analyse_subject_streamed(subject, settings)
-        assert subject.info["streamed"]["statistics_groups"] == len(grouped.groups)
+        assert len(calls) == 1 and subject.info["streamed"]["statistics_groups"] == len(grouped.groups)
         # the largest job alone no longer fits: refused, naming it
         monkeypatch.setattr(streamed, "available_memory", lambda device=None: max(sizes))
         assert "alone" in streamed.plan(subject, settings, sites).shortfall
