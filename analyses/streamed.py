@@ -530,11 +530,13 @@ def plan(subject: Subject, settings, sites: SweepSites) -> Plan:
     table's second condition), plus one per batch and ablated block for the sink ablation (each
     stopped after its block, so the n blocks cost about (n + 1) / 2 full passes; its tokens are
     counted in full); the probes may add a second pass over the batches whose features do not fit
-    the keep budget (counted here as the worst case when the features of all batches exceed it).
-    When the statistics of every site do not fit the memory the run may use, the sites run in
-    groups (:func:`statistics_groups`), one run of the passes above each (counted in full, though
-    each stops after its deepest site); a site whose statistics alone do not fit is a shortfall:
-    the run is refused before any forward pass. The ETA's prior is calibrated on the in-memory sweep, which measures the sink ablation.
+    the keep budget (counted as the worst case: over every batch, once per group whose features
+    exceed the budget). When the statistics of every site do not fit the memory the run may use,
+    the sites run in groups (:func:`statistics_groups`), one run of the passes above each (counted
+    in full, though each stops after its deepest site). A run that cannot hold what it must besides
+    its batches within :data:`STATISTICS_SHARE` of that memory is a shortfall: refused before any
+    forward pass. The ETA's prior is calibrated on the in-memory sweep (all sites at once, the
+    sink ablation included).
     """
     from .eta import MEASURE_OVERHEAD_TOKENS, MEASURE_PRIOR
 
@@ -542,13 +544,11 @@ def plan(subject: Subject, settings, sites: SweepSites) -> Plan:
     m = measurements(subject, settings, sites, shapes)
     n_batches = len(m.sequences.batches(m.batch_size))
     stats = sum(statistics_bytes(probe, shapes) for probe in m.all_probes())
-    features = feature_bytes(m, shapes)
     keep = m.budget.limit
     n = int(m.sequences.n_samples)
     # a group's second pass: only when its features do not all fit the keep budget
-    runs = sum(2 if sum(_job_feature_bytes(job, shapes, n) for job in group) > keep else 1 for group in m.groups)
-    if _all_kept(m, shapes):
-        runs = 1
+    runs = 1 if _all_kept(m, shapes) else \
+        sum(2 if sum(_job_feature_bytes(job, shapes, n) for job in group) > keep else 1 for group in m.groups)
     passes = n_batches * runs + (n_batches if m.stripped is not None else 0)
     tokens = int(m.sequences.n_samples) * runs + (int(m.stripped.n_samples) if m.stripped is not None else 0)
     ablated = m.ablated_blocks(subject.n_layers)

@@ -109,8 +109,10 @@ class SweepSettings:
             fewer where a forward pass of 32 would not fit half the memory free on the model's
             device (:func:`~nopelens.analyses.streamed.auto_batch_size`).
         keep_mib: MiB of features a streamed measurement may keep for its predictions instead of
-            a second forward pass (None: 512 MiB or a quarter of the memory available, whichever is
-            less; 0: none, so memory is the statistics' whatever the number of tokens).
+            a second forward pass (None: 512 MiB or a quarter of the memory the run may use, whichever
+            is less, and no more than leaves room for the largest site's statistics,
+            :func:`~nopelens.analyses.streamed.auto_keep_bytes`; 0: none, so memory is the
+            statistics' whatever the number of tokens).
         memory_mib: MiB a streamed measurement may add on the model's device (None: what is free
             there when it starts): the keep budget, the batch size and the groups of sites whose
             statistics are summed in one run (:func:`~nopelens.analyses.streamed.statistics_groups`)

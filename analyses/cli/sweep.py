@@ -287,9 +287,9 @@ def register(subparsers) -> None:
     hf.add_argument("--batch-size", type=_batch_size, help="sequences per forward pass, or auto (default: 32, or "
                     "fewer where a forward pass of 32 would not fit half the memory free on the device)")
     hf.add_argument("--keep-mib", type=int, help="MiB of features kept for the probes' predictions instead of a "
-                    "second forward pass (default: 512 or a quarter of the memory available, whichever is less; 0: none, "
-                    "two passes, memory "
-                    "bounded by the statistics)")
+                    "second forward pass (default: 512 or a quarter of the memory the run may use, whichever is less, "
+                    "leaving room for the largest site's statistics; 0: none, two passes, memory bounded by the "
+                    "statistics)")
     hf.add_argument("--memory-mib", type=int, help="MiB the run may add on the device (default: what is free there "
                     "when it starts); sites whose statistics do not fit half of it together run in groups, a run each, "
                     "with the same numbers")
