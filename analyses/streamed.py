@@ -52,6 +52,7 @@ from .reads import MAX_OUTER_FEATURES, SweepSites
 from .subjects import Subject
 
 SKIPPED_ABLATION = "skipped (--no-sink-ablation): the sink ablation's extra forward passes were not run"
+NOT_PROBED = "not probed (--layers leaves this block out)"
 
 
 @dataclass
@@ -134,6 +135,8 @@ def measurements(subject: Subject, settings, sites: SweepSites,
     if settings.sink_ablation:
         with torch.no_grad():
             refused = refused_sink_blocks(subject.model, subject.n_layers, subject.tokens, subject.attention_mask)
+        if settings.layers is not None:  # blocks --layers leaves out get a not_applicable row, not a run
+            refused.update({block: NOT_PROBED for block in range(subject.n_layers) if block not in settings.layers})
         blocks = [block for block in range(subject.n_layers) if block not in refused]
         if blocks:
             ablation = later_token_probes(sequences, [block + 1 for block in blocks], settings.n_splits,
@@ -407,7 +410,7 @@ def repeated_token_answer(subject: Subject, sinks: pd.DataFrame) -> str:
     nope = uniform_blocks(subject)
     at = rows[rows["block"].isin(nope)]
     if at.empty:
-        return ("known answer (--input repeated, Gu et al. 2025 Prop. 1): no block here has the exactly uniform "
+        return ("known answer (--input repeated, Gu et al. 2025 Prop. 1): no block probed here has the exactly uniform "
                 "attention the theory fixes (a causal NoPE softmax block without a sink or relative bias, after "
                 "blocks that keep every position's state the same)")
     length = int(subject.attention_mask.sum(-1).min())

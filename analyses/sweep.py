@@ -59,7 +59,7 @@ import nopelens
 from nopelens.models.hooks import act_name, act_names
 from nopelens.models.progress import progress_bar
 from nopelens.models.threads import one_thread
-from nopelens.probes import collect, resid_sites
+from nopelens.probes import collect, resid_site
 from nopelens.probes.collect import site_block
 from nopelens.probes.sinks import GU_WINDOW, attention_variance, sink_flags, sink_table, variance_slopes
 
@@ -117,6 +117,11 @@ class SweepSettings:
             there when it starts): the keep budget, the batch size and the groups of sites whose
             statistics are summed in one run (:func:`~nopelens.analyses.streamed.statistics_groups`)
             follow from it. It changes no number, so a run folder does not record it.
+        layers: the blocks a streamed measurement probes (None: every block): each one's input and
+            output residual stream (layers l and l + 1), its attention and MLP outputs, q.k and
+            score reads, sinks, variance and sink ablation; each forward pass stops after the
+            deepest (:func:`sweep_sites`). The summary's first layers are then the first probed
+            ones that clear, and the run says which blocks it left out.
         sink_ablation: measure the sink ablation of a streamed subject (about n_layers / 2 extra
             forward passes; ``nopelens probe --no-sink-ablation`` turns it off). The in-memory
             sweep always measures it.
@@ -137,6 +142,7 @@ class SweepSettings:
     keep_mib: int | None = None
     sink_ablation: bool = True
     memory_mib: int | None = None
+    layers: tuple[int, ...] | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "train_seeds", tuple(self.train_seeds))
@@ -157,6 +163,13 @@ class SweepSettings:
         if self.memory_mib is not None and (isinstance(self.memory_mib, bool) or not isinstance(self.memory_mib, int)
                                             or self.memory_mib < 1):
             raise ValueError(f"--memory-mib must be an integer >= 1, got {self.memory_mib!r}")
+        if self.layers is not None:
+            object.__setattr__(self, "layers", tuple(sorted(set(self.layers))))
+            if not self.layers or any(isinstance(b, bool) or not isinstance(b, (int, np.integer)) or b < 0
+                                      for b in self.layers):
+                raise ValueError(f"--layers must name blocks by numbers >= 0, got {list(self.layers)}")
+            if not self.streamed:
+                raise ValueError("--layers applies to hf:DIR models (the streamed probe)")
 
     @classmethod
     def default(cls, task: str = "text", models: tuple[str, ...] | None = None, controls: bool = True, **kw) -> "SweepSettings":
@@ -181,7 +194,7 @@ class SweepSettings:
              "streamed": "in memory, as nopelens sweep measures",
              "batch_size": "auto (32, or fewer where 32 do not fit the memory free)",
              "keep_mib": "512 MiB or a quarter of the memory available", "sink_ablation": "on",
-             "sites": ",".join(DEFAULT_SITES)}
+             "sites": ",".join(DEFAULT_SITES), "layers": "every block"}
     """What a setting :meth:`to_dict` leaves out (at its default) means, for a refused run folder's message."""
 
     def to_dict(self) -> dict:
@@ -193,7 +206,7 @@ class SweepSettings:
             del settings["sites"]
         # written only when set, so folders made before they existed keep their digest
         for name, default in (("hf_input", HFInput()), ("streamed", False), ("batch_size", "auto"), ("keep_mib", None),
-                              ("sink_ablation", True)):
+                              ("sink_ablation", True), ("layers", None)):
             if getattr(self, name) == default:
                 del settings[name]
         return settings
@@ -242,25 +255,68 @@ def _site_order(kind: str) -> int:
     return SITE_KINDS.index(kind)
 
 
-def sweep_sites(subject: Subject, kinds: tuple[str, ...] = DEFAULT_SITES) -> SweepSites:
+def sweep_sites(subject: Subject, kinds: tuple[str, ...] = DEFAULT_SITES,
+                blocks: tuple[int, ...] | None = None) -> SweepSites:
     """The sites the sweep collects of ``subject`` (those it has and that fire); ``kinds`` as
-    :attr:`SweepSettings.sites`."""
+    :attr:`SweepSettings.sites`, ``blocks`` as :attr:`SweepSettings.layers` (None: every block;
+    otherwise each block's sites and its input and output residual stream, and the blocks left out
+    are recorded in ``subject.info["not_applicable"]``).
+
+    Raises:
+        ValueError: for a block the model does not have.
+    """
     layers = subject.n_layers
+    chosen = probed_blocks(subject, blocks)
     finer = [kind for kind in kinds if kind != "resid"]
-    inner = [act_name(kind, l) for l in range(layers) for kind in finer]
-    outputs = [site for site in act_names("attn_out", layers) if subject.usable(site)]
+    inner = [act_name(kind, l) for l in chosen for kind in finer]
+    outputs = [site for site in act_names("attn_out", chosen) if subject.usable(site)]
     # a hybrid's linear-attention layers have no q, k or pattern, nor has a model hooked without the bridge
-    qk = [pair for pair in (qk_sites(subject, l) for l in range(layers)) if all(subject.usable(s) for s in pair)]
+    qk = [pair for pair in (qk_sites(subject, l) for l in chosen) if all(subject.usable(s) for s in pair)]
     sparse = subject.sparse_blocks()
     scores, not_applicable = reads.readable_score_sites(score_sites(subject.model, layers, subject.hf),
                                                         subject.key_windows(), int(subject.attention_mask.sum(-1).max()))
-    scores = [site for site in scores if site_block(site) not in sparse]
+    scores = [site for site in scores if site_block(site) not in sparse and site_block(site) in chosen]
     if sparse:
         not_applicable = "; ".join(filter(None, [not_applicable, subject.sparse_note()]))
     if not_applicable is not None:
         subject.info.setdefault("not_applicable", {})["score read"] = not_applicable
-    return SweepSites(residual=resid_sites(layers), inner=[site for site in inner if subject.usable(site)],
-                      outputs=outputs, qk=qk, scores=scores, patterns=pattern_sites(subject))
+    residual = [resid_site(layer) for layer in sorted({l + step for l in chosen for step in (0, 1)})]
+    patterns = [site for site in pattern_sites(subject) if site_block(site) in chosen]
+    return SweepSites(residual=residual, inner=[site for site in inner if subject.usable(site)],
+                      outputs=outputs, qk=qk, scores=scores, patterns=patterns)
+
+
+def probed_blocks(subject: Subject, blocks: tuple[int, ...] | None) -> list[int]:
+    """The blocks a measurement of ``subject`` probes (``blocks``, or every block when None); the
+    blocks left out are noted in ``subject.info["not_applicable"]``.
+
+    Raises:
+        ValueError: for a block the model does not have.
+    """
+    if blocks is None:
+        return list(range(subject.n_layers))
+    missing = [b for b in blocks if b >= subject.n_layers]
+    if missing:
+        raise ValueError(f"--layers {','.join(map(str, missing))}: {subject.name} has {subject.n_layers} blocks "
+                         f"(0-{subject.n_layers - 1})")
+    left_out = [b for b in range(subject.n_layers) if b not in blocks]
+    if left_out:
+        subject.info.setdefault("not_applicable", {})["blocks not probed"] = (
+            f"blocks {_ranges(left_out)} (--layers {_ranges(blocks)}): their sites, sinks, variance and sink ablation "
+            "were not measured; a first layer is the first probed one that clears, the variance slope is the first "
+            "probed attention block's")
+    return list(blocks)
+
+
+def _ranges(blocks) -> str:
+    """``0-3,7`` for [0, 1, 2, 3, 7]."""
+    parts, start = [], None
+    for b, nxt in zip(blocks, list(blocks[1:]) + [None]):
+        start = b if start is None else start
+        if nxt != b + 1:
+            parts.append(str(b) if start == b else f"{start}-{b}")
+            start = None
+    return ",".join(parts)
 
 
 def pattern_sites(subject: Subject) -> list[str]:
@@ -273,6 +329,8 @@ def analyse_subject(subject: Subject, settings: SweepSettings, progress: bool = 
     are those of the targets :data:`~nopelens.analyses.reads.SWEEP_READS` names (``progress``:
     bars over the sites as they are fitted)."""
     layers = subject.n_layers
+    if settings.layers is not None:
+        raise ValueError("--layers applies to hf:DIR models (the streamed probe)")
     sites = sweep_sites(subject, settings.sites)
     acts = collect(subject.model, subject.tokens, sites.all(), attention_mask=subject.attention_mask, batch_size=32)
     probes = reads.measure_targets(ProbeInput(acts, sites, seq_len=subject.tokens.shape[1],
@@ -301,7 +359,7 @@ def analyse_subject_streamed(subject: Subject, settings: SweepSettings, label: s
     its plan; the sink ablation is streamed too unless ``settings.sink_ablation`` is False."""
     from .streamed import measure_streamed, plan
 
-    sites = sweep_sites(subject, settings.sites)
+    sites = sweep_sites(subject, settings.sites, settings.layers)
     plan_ = plan(subject, settings, sites)
     tqdm.write(plan_.describe(label or subject.name), file=sys.stderr)
     if plan_.shortfall:  # refused before any forward pass, not out of memory hours later
@@ -432,7 +490,7 @@ def summarize_seed(probes: pd.DataFrame, sinks: pd.DataFrame, variance: pd.DataF
     ``best_absolute_r2`` and its ``selectivity``,
     ``mad_chance_layer0`` and ``mad_chance_best`` (regression MAD over its chance value E|X - Y|
     for X, Y drawn from the scored positions, at the embeddings and at the best residual layer;
-    Haviv et al. 2022),
+    Haviv et al. 2022; NaN at layer 0 when ``--layers`` left block 0 out),
     ``sink_rate`` (Gu et al., as read), ``variance_slope_block0``. ``sweep_reads`` replaces the
     reads (``--metric``, ``--threshold``; default :data:`~nopelens.analyses.reads.SWEEP_READS`).
     """
@@ -454,7 +512,7 @@ def summarize_seed(probes: pd.DataFrame, sinks: pd.DataFrame, variance: pd.DataF
             best_absolute_r2=float(best["value"]),
             best_absolute_layer=int(best["layer"]),
             selectivity_at_best=float(best["selectivity"]),
-            mad_chance_layer0=float(mad.loc[0, "value"] / chance.loc[0]),
+            mad_chance_layer0=float(mad.loc[0, "value"] / chance.loc[0]) if 0 in mad.index else float("nan"),
             mad_chance_best=float((mad["value"] / chance).min()),
             sink_rate=float(sink_flags(as_read).mean()) if "is_sink" in as_read else float("nan"),
             variance_slope_block0=_first_block_slope(variance[variance["model"] == model]),

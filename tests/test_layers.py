@@ -135,7 +135,7 @@ def test_sites_choose_what_is_measured_and_keep_old_digests(tmp_path, capsys):
     assert default.digest() == runs.settings_digest(
         {k: v for k, v in dataclasses.asdict(default).items()
          if k not in ("sites", "hf_input", "streamed", "batch_size", "keep_mib", "sink_ablation",
-                      "memory_mib")}, ignore=("train_seeds",))
+                      "memory_mib", "layers")}, ignore=("train_seeds",))
     out = tmp_path / "resid"
     assert main(["probe", "circuit", "--out", str(out), *ARGS, "--quiet", "--sites", "resid,resid_mid"]) == 0
     sites = set(pd.read_csv(out / "probes.csv")["site"])

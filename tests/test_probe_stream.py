@@ -249,6 +249,51 @@ def test_sites_whose_statistics_do_not_fit_together_run_in_groups_with_the_same_
         pd.testing.assert_frame_equal(run_in_groups[name], whole[name], check_exact=True, obj=name)
 
 
+def test_layers_probe_a_subset_of_blocks_with_the_numbers_of_the_whole_run(model_dir, tmp_path, capsys, one_thread):
+    """--layers 1,2: only those blocks' sites (and residual layers 1-3), sinks, variance and sink
+    ablation are measured, each number equal to the whole run's; the run names what it left out."""
+    from nopelens.analyses.cli import main
+
+    common = ["probe", f"hf:{model_dir}", *ARGS, "--no-figures"]
+    assert main([*common, "--out", str(tmp_path / "all")]) == 0
+    assert main([*common, "--layers", "1-2", "--out", str(tmp_path / "some")]) == 0
+    out = capsys.readouterr().out
+    assert "blocks not probed: blocks 0,3 (--layers 1-2)" in out
+    keys = {"probes": ["site", "target", "features", "task", "probe", "split", "metric"],
+            "sinks": ["condition", "site", "head"], "variance": ["site", "position"]}
+    for name, key in keys.items():
+        whole = pd.read_csv(tmp_path / "all" / f"{name}.csv")
+        some = pd.read_csv(tmp_path / "some" / f"{name}.csv")
+        assert len(some) and set(some["block"].dropna().astype(int)) <= {0, 1, 2}, name  # layer 1 = block 0's output
+        if name == "probes":
+            layers = set(some.loc[some["site"].str.contains("hook_resid_"), "layer"].astype(int))
+            assert layers == {1, 2, 3}
+            assert set(some.loc[~some["site"].str.contains("hook_resid_"), "block"].astype(int)) == {1, 2}
+        else:
+            assert set(some["block"].astype(int)) == {1, 2}, name
+        merged = some.merge(whole, on=key, suffixes=("", "_all"), validate="one_to_one")
+        assert len(merged) == len(some), name
+        value = "value" if name == "probes" else ("sink_mass" if name == "sinks" else "variance")
+        np.testing.assert_allclose(merged[value], merged[f"{value}_all"], rtol=1e-10, atol=1e-12, equal_nan=True,
+                                   err_msg=name)
+    ablation = pd.read_csv(tmp_path / "some" / "sink_ablation.csv").set_index("block")
+    whole = pd.read_csv(tmp_path / "all" / "sink_ablation.csv").set_index("block")
+    np.testing.assert_allclose(ablation.loc[[1, 2], "drop"], whole.loc[[1, 2], "drop"], rtol=1e-10, atol=1e-12)
+    assert set(ablation.loc[[0, 3], "status"]) == {"not_applicable"}
+    assert ablation.loc[0, "note"].startswith("not probed (--layers")
+    capsys.readouterr()
+    for bad, message in (("4", "--layers 4: hf:smol has 4 blocks (0-3)"), ("a", "must be block numbers or ranges"),
+                         ("3-1", "names no block")):
+        try:
+            code = main([*common, "--layers", bad, "--out", str(tmp_path / "bad")])
+        except SystemExit as exit_:  # argparse refuses what its type does not parse
+            code = exit_.code
+        _one_error(code, capsys.readouterr().err, message)
+    assert not (tmp_path / "bad").exists()
+    _one_error(main(["probe", "circuit", *ARGS, "--layers", "1", "--out", str(tmp_path / "bad")]),
+               capsys.readouterr().err, "--layers applies to hf:DIR models")
+
+
 def test_probe_cli_on_text_and_the_repeated_token_known_answer(model_dir, tmp_path, capsys, one_thread):
     from nopelens.analyses.cli import main
 

@@ -113,7 +113,7 @@ def _probe_settings(args: argparse.Namespace) -> SweepSettings:
 
     settings = _settings(args, (args.model,), controls=False)
     hf_options = {name: getattr(args, name) for name in ("input", "text", "device", "dtype", "batch_size", "keep_mib",
-                                                         "memory_mib", "plan", "no_sink_ablation")
+                                                         "memory_mib", "layers", "plan", "no_sink_ablation")
                   if getattr(args, name) is not None and getattr(args, name) is not False}
     if not args.model.startswith(HF_PREFIX):
         if hf_options:
@@ -123,7 +123,21 @@ def _probe_settings(args: argparse.Namespace) -> SweepSettings:
     how = HFInput(input=args.input or "text", text=args.text, device=args.device or "cpu", dtype=args.dtype)
     batch_size = "auto" if args.batch_size is None else args.batch_size
     return dataclasses.replace(settings, hf_input=how, streamed=True, batch_size=batch_size, keep_mib=args.keep_mib,
-                               memory_mib=args.memory_mib, sink_ablation=not args.no_sink_ablation)
+                               memory_mib=args.memory_mib, layers=args.layers, sink_ablation=not args.no_sink_ablation)
+
+
+def _blocks(text: str) -> tuple[int, ...]:
+    """``--layers``: block numbers and ranges, ``0,4-7,12``."""
+    blocks = []
+    try:
+        for part in text.split(","):
+            first, _, last = part.strip().partition("-")
+            blocks += range(int(first), int(last or first) + 1)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be block numbers or ranges like 0,4-7,12, got {text!r}") from None
+    if not blocks:
+        raise argparse.ArgumentTypeError(f"names no block: {text!r}")
+    return tuple(blocks)
 
 
 def _batch_size(text: str) -> int | str:
@@ -144,7 +158,7 @@ def run_probe(args: argparse.Namespace) -> int:
 
         subject = resolve(args.model, settings.n_sequences, settings.seq_len, settings.seed, not args.quiet,
                           hf_input=settings.hf_input)
-        plan_ = plan(subject, settings, sweep_sites(subject, settings.sites))
+        plan_ = plan(subject, settings, sweep_sites(subject, settings.sites, settings.layers))
         print(plan_.describe(subject.name).removeprefix("nopelens: "))
         if plan_.shortfall:
             raise ValueError(f"{subject.name}: {plan_.shortfall}")
@@ -293,6 +307,10 @@ def register(subparsers) -> None:
     hf.add_argument("--memory-mib", type=int, help="MiB the run may add on the device (default: what is free there "
                     "when it starts); sites whose statistics do not fit half of it together run in groups, a run each, "
                     "with the same numbers")
+    hf.add_argument("--layers", type=_blocks, metavar="BLOCKS",
+                    help="probe only these blocks, e.g. 0,4-7,12 (default: every block): each one's input and output "
+                    "residual stream, attention and MLP outputs, q.k and score reads, sinks, variance and sink ablation; "
+                    "each forward pass stops after the deepest")
     hf.add_argument("--no-sink-ablation", action="store_true", help="skip the sink ablation (block l's first key "
                     "removed, layer l + 1 probed again: about n_layers / 2 extra forward passes; on by default, as in "
                     "the sweep)")
