@@ -761,7 +761,7 @@ def sink_ablation_drop(model, tokens: Tensor, attention_mask: Tensor, n_layers: 
                                        hooks=sink_batch_hooks(block, "remove_key")))
         rows.append(_drop_row(block, *(_linear_r2(probe_absolute_index(acts, sites=[site], **common), site)
                                       for acts in (later_clean, ablated))))
-    return pd.DataFrame(rows)
+    return pd.DataFrame(rows, columns=DROP_COLUMNS)
 
 
 def refused_sink_blocks(model, n_layers: int, tokens: Tensor, attention_mask: Tensor) -> dict[int, str]:
@@ -838,7 +838,7 @@ def sink_ablation_drop_streamed(model, sequences: Sequences, n_layers: int, clea
                                 hooks=sink_batch_hooks(block, "remove_key"),
                                 progress=progress and f"{progress}: sink ablation, block {block}")
         rows.append(_drop_row(block, _linear_r2(clean, site), _linear_r2(ablated, site)))
-    return pd.DataFrame(rows)
+    return pd.DataFrame(rows, columns=DROP_COLUMNS)
 
 
 def _linear_r2(table: pd.DataFrame, site: str) -> pd.Series:
@@ -848,6 +848,11 @@ def _linear_r2(table: pd.DataFrame, site: str) -> pd.Series:
     if hit.empty:
         raise KeyError(f"no linear R^2 of {site} in the probe table")
     return hit.iloc[0]
+
+
+DROP_COLUMNS = ("block", "layer", "r2_clean", "r2_clean_ci_low", "r2_clean_ci_high", "r2_ablated", "r2_ablated_ci_low",
+                "r2_ablated_ci_high", "drop", "status", "note")
+"""The sink ablation table's columns, in order (whichever block comes first)."""
 
 
 def _drop_row(block: int, clean: pd.Series | None = None, ablated: pd.Series | None = None, note: str = "") -> dict:

@@ -269,7 +269,9 @@ def sweep_sites(subject: Subject, kinds: tuple[str, ...] = DEFAULT_SITES,
     chosen = probed_blocks(subject, blocks)
     finer = [kind for kind in kinds if kind != "resid"]
     inner = [act_name(kind, l) for l in chosen for kind in finer]
-    outputs = [site for site in act_names("attn_out", chosen) if subject.usable(site)]
+    # the variance of the model's first attention block is read whatever --layers says: the summary's slope is its
+    variance_blocks = sorted(set(chosen) | ({first_variance_block(subject)} - {None} if blocks is not None else set()))
+    outputs = [site for site in act_names("attn_out", variance_blocks) if subject.usable(site)]
     # a hybrid's linear-attention layers have no q, k or pattern, nor has a model hooked without the bridge
     qk = [pair for pair in (qk_sites(subject, l) for l in chosen) if all(subject.usable(s) for s in pair)]
     sparse = subject.sparse_blocks()
@@ -286,6 +288,18 @@ def sweep_sites(subject: Subject, kinds: tuple[str, ...] = DEFAULT_SITES,
                       outputs=outputs, qk=qk, scores=scores, patterns=patterns)
 
 
+def first_variance_block(subject: Subject) -> int | None:
+    """The first block whose attention-output variance the sweep reads (an attention block whose
+    ``hook_attn_out`` fires and whose window leaves a slope to fit), or None: the block of the
+    summary's ``variance_slope_block0``."""
+    unreadable = subject.unreadable_blocks("variance read")
+    for l in range(subject.n_layers):
+        if (subject.hf is None or subject.hf.layers[l].mixer == "attention") and l not in unreadable \
+                and subject.usable(act_name("attn_out", l)):
+            return l
+    return None
+
+
 def probed_blocks(subject: Subject, blocks: tuple[int, ...] | None) -> list[int]:
     """The blocks a measurement of ``subject`` probes (``blocks``, or every block when None); the
     blocks left out are noted in ``subject.info["not_applicable"]``.
@@ -297,14 +311,14 @@ def probed_blocks(subject: Subject, blocks: tuple[int, ...] | None) -> list[int]
         return list(range(subject.n_layers))
     missing = [b for b in blocks if b >= subject.n_layers]
     if missing:
-        raise ValueError(f"--layers {','.join(map(str, missing))}: {subject.name} has {subject.n_layers} blocks "
+        raise ValueError(f"--layers {_ranges(missing)}: {subject.name} has {subject.n_layers} blocks "
                          f"(0-{subject.n_layers - 1})")
     left_out = [b for b in range(subject.n_layers) if b not in blocks]
     if left_out:
         subject.info.setdefault("not_applicable", {})["blocks not probed"] = (
-            f"blocks {_ranges(left_out)} (--layers {_ranges(blocks)}): their sites, sinks, variance and sink ablation "
-            "were not measured; a first layer is the first probed one that clears, the variance slope is the first "
-            "probed attention block's")
+            f"blocks {_ranges(left_out)} (--layers {_ranges(blocks)}): their sites, sinks and sink ablation were not "
+            "measured (n/a in the per-layer and sink ablation tables), nor their variance except the model's first "
+            "attention block's (the summary's slope); a first layer is the first probed one that clears")
     return list(blocks)
 
 
@@ -653,7 +667,8 @@ def _measure(spec: str, train_seed: int, settings: SweepSettings, progress: bool
     subject = resolve(spec, settings.n_sequences, settings.seq_len, settings.seed, progress, settings.quick_steps,
                       train_seed=train_seed, hf_input=settings.hf_input)
     loaded = time.perf_counter()
-    tqdm.write(f"nopelens: {_label(subject.name, train_seed)}: probing {subject.n_layers + 1} layers", file=sys.stderr)
+    what = f"{subject.n_layers + 1} layers" if settings.layers is None else f"blocks {_ranges(settings.layers)}"
+    tqdm.write(f"nopelens: {_label(subject.name, train_seed)}: probing {what}", file=sys.stderr)
     with torch.no_grad():
         if settings.streamed and subject.hf is not None:
             tables = analyse_subject_streamed(subject, settings, _label(subject.name, train_seed), progress)

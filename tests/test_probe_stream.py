@@ -269,21 +269,26 @@ def test_layers_probe_a_subset_of_blocks_with_the_numbers_of_the_whole_run(model
             layers = set(some.loc[some["site"].str.contains("hook_resid_"), "layer"].astype(int))
             assert layers == {1, 2, 3}
             assert set(some.loc[~some["site"].str.contains("hook_resid_"), "block"].astype(int)) == {1, 2}
-        else:
+        elif name == "sinks":
             assert set(some["block"].astype(int)) == {1, 2}, name
+        else:  # and the model's first attention block, whose slope the summary gives
+            assert set(some["block"].astype(int)) == {0, 1, 2}, name
         merged = some.merge(whole, on=key, suffixes=("", "_all"), validate="one_to_one")
         assert len(merged) == len(some), name
         value = "value" if name == "probes" else ("sink_mass" if name == "sinks" else "variance")
         np.testing.assert_allclose(merged[value], merged[f"{value}_all"], rtol=1e-10, atol=1e-12, equal_nan=True,
                                    err_msg=name)
+    summaries = [pd.read_csv(tmp_path / run / "summary.csv").iloc[0] for run in ("some", "all")]
+    assert summaries[0]["variance_slope_block0"] == pytest.approx(summaries[1]["variance_slope_block0"], abs=1e-12)
+    assert np.isnan(summaries[0]["mad_chance_layer0"]) and not np.isnan(summaries[1]["mad_chance_layer0"])
     ablation = pd.read_csv(tmp_path / "some" / "sink_ablation.csv").set_index("block")
     whole = pd.read_csv(tmp_path / "all" / "sink_ablation.csv").set_index("block")
     np.testing.assert_allclose(ablation.loc[[1, 2], "drop"], whole.loc[[1, 2], "drop"], rtol=1e-10, atol=1e-12)
     assert set(ablation.loc[[0, 3], "status"]) == {"not_applicable"}
     assert ablation.loc[0, "note"].startswith("not probed (--layers")
     capsys.readouterr()
-    for bad, message in (("4", "--layers 4: hf:smol has 4 blocks (0-3)"), ("a", "must be block numbers or ranges"),
-                         ("3-1", "names no block")):
+    for bad, message in (("4", "--layers 4: hf:smol has 4 blocks (0-3)"), ("a", "must be block numbers or rising ranges"),
+                         ("3-1", "a range must rise")):
         try:
             code = main([*common, "--layers", bad, "--out", str(tmp_path / "bad")])
         except SystemExit as exit_:  # argparse refuses what its type does not parse

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import re
 import sys
 
 from nopelens.analyses import report
@@ -126,17 +127,22 @@ def _probe_settings(args: argparse.Namespace) -> SweepSettings:
                                memory_mib=args.memory_mib, layers=args.layers, sink_ablation=not args.no_sink_ablation)
 
 
+MAX_BLOCK = 99_999
+"""The largest block number ``--layers`` takes (no model has that many blocks; a range is expanded)."""
+
+
 def _blocks(text: str) -> tuple[int, ...]:
-    """``--layers``: block numbers and ranges, ``0,4-7,12``."""
+    """``--layers``: block numbers and rising ranges, ``0,4-7,12`` (ASCII digits)."""
     blocks = []
-    try:
-        for part in text.split(","):
-            first, _, last = part.strip().partition("-")
-            blocks += range(int(first), int(last or first) + 1)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be block numbers or ranges like 0,4-7,12, got {text!r}") from None
-    if not blocks:
-        raise argparse.ArgumentTypeError(f"names no block: {text!r}")
+    for part in text.split(","):
+        match = re.fullmatch(r"\s*([0-9]+)(?:-([0-9]+))?\s*", part)
+        if match is None:
+            raise argparse.ArgumentTypeError(f"must be block numbers or rising ranges like 0,4-7,12, got {text!r}")
+        first, last = int(match.group(1)), int(match.group(2) or match.group(1))
+        if last < first or last > MAX_BLOCK:
+            raise argparse.ArgumentTypeError(f"{part.strip()!r}: a range must rise, and blocks are numbered 0 to "
+                                             f"at most {MAX_BLOCK:,}")
+        blocks += range(first, last + 1)
     return tuple(blocks)
 
 
