@@ -259,6 +259,9 @@ def test_layers_probe_a_subset_of_blocks_with_the_numbers_of_the_whole_run(model
     assert main([*common, "--layers", "1-2", "--out", str(tmp_path / "some")]) == 0
     out = capsys.readouterr().out
     assert "blocks not probed: blocks 0,3 (--layers 1-2)" in out
+    assert main([*common, "--layers", "1-2", "--json", "--out", str(tmp_path / "some")]) == 0  # reread, not measured
+    why = json.loads(capsys.readouterr().out)["not_applicable"]["hf:smol"]["blocks not probed"]
+    assert why.startswith("blocks 0,3 (--layers 1-2)")
     keys = {"probes": ["site", "target", "features", "task", "probe", "split", "metric"],
             "sinks": ["condition", "site", "head"], "variance": ["site", "position"]}
     for name, key in keys.items():

@@ -88,7 +88,8 @@ def _print_results(result, as_json: bool) -> None:
 
 def results_json(result) -> dict:
     """What ``--json`` prints: the reads, the summary and the per-layer curves, as JSON-ready records
-    (missing numbers are null; columns as in summary.csv and layers.csv, docs/schema.md)."""
+    (missing numbers are null; columns as in summary.csv and layers.csv, docs/schema.md), and per
+    model the reads it left out and why (``not_applicable``: model -> read -> reason)."""
     def records(table):
         return json.loads(table.to_json(orient="records"))
 
@@ -98,6 +99,7 @@ def results_json(result) -> dict:
                        metric=r.metric, threshold=r.threshold, split=r.split) for r in result.reads],
         "summary": records(result.summary),
         "layers": records(result.curves),
+        "not_applicable": report.not_applicable_reads(result.subjects),
     }
 
 
