@@ -119,9 +119,10 @@ class SweepSettings:
             follow from it. It changes no number, so a run folder does not record it.
         layers: the blocks a streamed measurement probes (None: every block): each one's input and
             output residual stream (layers l and l + 1), its attention and MLP outputs, q.k and
-            score reads, sinks, variance and sink ablation; each forward pass stops after the
-            deepest (:func:`sweep_sites`). The summary's first layers are then the first probed
-            ones that clear, and the run says which blocks it left out.
+            score reads, sinks, variance and sink ablation (and the variance of the model's first
+            attention block, :func:`first_variance_block`, which the summary's slope reads); each
+            forward pass stops after the deepest (:func:`sweep_sites`). The summary's first layers
+            are then the first probed ones that clear, and the run says which blocks it left out.
         sink_ablation: measure the sink ablation of a streamed subject (about n_layers / 2 extra
             forward passes; ``nopelens probe --no-sink-ablation`` turns it off). The in-memory
             sweep always measures it.
@@ -323,7 +324,11 @@ def probed_blocks(subject: Subject, blocks: tuple[int, ...] | None) -> list[int]
 
 
 def _ranges(blocks) -> str:
-    """``0-3,7`` for [0, 1, 2, 3, 7]."""
+    """Sorted block numbers as runs, for messages.
+
+    >>> _ranges([0, 1, 2, 3, 7]), _ranges([5])
+    ('0-3,7', '5')
+    """
     parts, start = [], None
     for b, nxt in zip(blocks, list(blocks[1:]) + [None]):
         start = b if start is None else start
