@@ -419,7 +419,8 @@ def layer_table(curves: pd.DataFrame, model: str, sweep_reads: "Sequence[SweepRe
 
 
 LAYER_NOTE = ("value [95 % CI over sequences] per layer (0 = embeddings, l + 1 = output of block l; an attention "
-              "read of block l sits at layer l + 1); * = the CI clears the read's bar; n/a = no such site; "
+              "read of block l sits at layer l + 1); * = the CI clears the read's bar; n/a = no such site (or a "
+              "block --layers left out: listed under Not applicable); "
               "MAD/chance: 0 = exact, about 0.75 = predicting the mean; sink heads: heads of block l with Gu et "
               "al.'s score > 0.3, at layer l + 1 (n/a: no verdict where uniform attention alone scores > 0.3 over the "
               "queries scored, under a short window or on short sequences: gu_chance in sinks.csv; or no sink read "
