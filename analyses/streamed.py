@@ -116,9 +116,7 @@ def measurements(subject: Subject, settings, sites: SweepSites,
                                                tasks=("regression",), pairs_per_distance=min(64, settings.n_sequences),
                                                **common))
     skipped = subject.note_unreadable_reads()  # DSA blocks, windows that leave nothing to average
-    attention = [l for l in range(subject.n_layers) if (subject.hf is None or subject.hf.layers[l].mixer == "attention")
-                 and l not in skipped["variance read"]]
-    outputs = [site for site in act_names("attn_out", attention) if site in sites.outputs]
+    outputs = [site for site in act_names("attn_out", subject.variance_blocks()) if site in sites.outputs]
     windows, sinks = subject.key_windows(), subject.sinks()
     variance = AttentionVariance(sequences, outputs, windows) if outputs else None
     shortest = int(subject.attention_mask.sum(-1).min())

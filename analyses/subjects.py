@@ -146,6 +146,13 @@ class Subject:
 
         return by_reason(self.sparse_blocks(), noun="blocks")
 
+    def variance_blocks(self) -> list[int]:
+        """The attention blocks whose output variance can be read: not a linear-attention or SSM
+        mixer, not a DSA block, a window that leaves a slope to fit (:meth:`unreadable_blocks`)."""
+        unreadable = self.unreadable_blocks("variance read")
+        return [l for l in range(self.n_layers) if (self.hf is None or self.hf.layers[l].mixer == "attention")
+                and l not in unreadable]
+
     def unreadable_blocks(self, read: str) -> dict[int, str]:
         """Block -> why ``read`` (``"sink read"`` or ``"variance read"``) cannot be made there: its
         kept keys are chosen by content (:meth:`sparse_blocks`: mass at key 0 mixes "not kept" with

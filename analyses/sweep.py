@@ -290,15 +290,9 @@ def sweep_sites(subject: Subject, kinds: tuple[str, ...] = DEFAULT_SITES,
 
 
 def first_variance_block(subject: Subject) -> int | None:
-    """The first block whose attention-output variance the sweep reads (an attention block whose
-    ``hook_attn_out`` fires and whose window leaves a slope to fit), or None: the block of the
+    """The first of :meth:`~nopelens.analyses.subjects.Subject.variance_blocks` whose ``hook_attn_out`` fires, or None: the block of the
     summary's ``variance_slope_block0``."""
-    unreadable = subject.unreadable_blocks("variance read")
-    for l in range(subject.n_layers):
-        if (subject.hf is None or subject.hf.layers[l].mixer == "attention") and l not in unreadable \
-                and subject.usable(act_name("attn_out", l)):
-            return l
-    return None
+    return next((l for l in subject.variance_blocks() if subject.usable(act_name("attn_out", l))), None)
 
 
 def probed_blocks(subject: Subject, blocks: tuple[int, ...] | None) -> list[int]:
@@ -359,9 +353,7 @@ def analyse_subject(subject: Subject, settings: SweepSettings, progress: bool = 
     probes.insert(0, "model", subject.name)
 
     sinks = sink_conditions(subject, acts)
-    attention = [l for l in range(layers) if (subject.hf is None or subject.hf.layers[l].mixer == "attention")
-                 and l not in subject.unreadable_blocks("variance read")]  # DSA blocks, windows under 3
-    variance_sites = [site for site in act_names("attn_out", attention) if site in acts.acts]
+    variance_sites = [site for site in act_names("attn_out", subject.variance_blocks()) if site in acts.acts]
     variance = (attention_variance(acts, sites=variance_sites, windows=subject.key_windows()) if variance_sites else
                 pd.DataFrame(columns=["site", "block", "position", "visible_keys", "variance", "n_sequences"]))
     variance = _variance_table(subject, variance)
