@@ -8,8 +8,10 @@ gives (probes, sinks, variance), measured while the model runs
 (:class:`~nopelens.probes.stream.AttentionVariance`). Nothing of size tokens x d_model or T x T
 outlives its batch beyond the keep budget (:class:`~nopelens.probes.stream.KeepBudget`: features
 kept for the out-of-fold predictions instead of a second forward pass: by default 512 MiB or a
-quarter of the memory available when the run starts, whichever is less), so memory does not grow
-with the number of tokens past it.
+quarter of the memory available when the run starts, whichever is less). The budget buys a whole
+pass: a run keeps its features when all of them fit it, and otherwise keeps none and predicts in a
+second pass (:func:`run_budget`), so a run holds the kept features or the statistics, never both,
+and memory does not grow with the number of tokens past the budget.
 
 The sink ablation is streamed too (:func:`~nopelens.analyses.intervene.sink_ablation_drop_streamed`):
 the clean later-token probes of every ablatable block's next layer are measured in the main run,
@@ -18,9 +20,10 @@ after it (about n_layers / 2 extra full passes). Blocks whose attention cannot b
 checked get ``not_applicable`` rows with the reason, as in memory. ``sink_ablation=False`` in the
 settings (``nopelens probe --no-sink-ablation``) skips it, and the run says so.
 
-The statistics grow with the sites probed and their width, not with the tokens (about 2 GB per
-layer of a 2048-wide model). When those of every site do not fit the memory the run may use
-(``--memory-mib``, default: what is free on the model's device), the sites run in groups by depth,
+The statistics grow with the sites probed and their width, not with the tokens (about 1 GB per
+layer of a 2048-wide model, each Gram matrix held as its upper triangle). When those of every
+site do not fit the memory the run may use (``--memory-mib``, default: what is free on the
+model's device), the sites run in groups by depth,
 one streamed run each, stopped after its deepest site (:func:`statistics_groups`): more forward
 passes, the same numbers, and memory that does not grow with the depth either.
 
@@ -39,7 +42,7 @@ import torch
 from tqdm.auto import tqdm
 
 from nopelens.models.hooks import act_names
-from nopelens.probes import collect, resid_site
+from nopelens.probes import collect
 from nopelens.probes.collect import is_pattern_site, site_block
 from nopelens.probes.sinks import GU_WINDOW, SinkStats, empty_sink_table, uniform_sink_score
 from nopelens.probes.stream import (
@@ -74,6 +77,8 @@ class Measurements:
     free: int = 0  # bytes the run may use on the model's device (free there, or --memory-mib)
     free_source: str = "free on the device"  # which limit ``free`` is, for messages
     groups: list[list] | None = None  # the probes' jobs, one run per group (:func:`statistics_groups`)
+    shapes: dict = field(default_factory=dict)  # each site's per-token shape (:func:`site_shapes`)
+    activation_bytes: int = 4  # bytes per element of the model's activations (its dtype's)
 
     def all_probes(self) -> list[Probes]:
         """The probe measurements of the main run, the sink ablation's clean probes included."""
@@ -140,7 +145,8 @@ def measurements(subject: Subject, settings, sites: SweepSites,
             ablation = later_token_probes(sequences, [block + 1 for block in blocks], settings.n_splits,
                                           settings.n_boot, settings.seed, budget)
     m = Measurements(sequences, stripped, sites, probes, variance, sink_stats, stripped_stats, window, budget,
-                     settings.batch_size, ablation, refused, free, free_source)
+                     settings.batch_size, ablation, refused, free, free_source, shapes=shapes,
+                     activation_bytes=next(subject.model.parameters()).element_size())
     if settings.keep_mib is None:
         budget.limit = auto_keep_bytes(m, shapes)
     m.groups = statistics_groups(m, shapes)
@@ -166,10 +172,16 @@ def memory_allowed(settings, device: torch.device) -> tuple[int, str]:
 def auto_keep_bytes(m: Measurements, shapes: dict[str, tuple[int, ...]]) -> int:
     """The default keep budget: :data:`~nopelens.probes.stream.AUTO_KEEP_BYTES` or a quarter of the
     memory the run may use, whichever is less, and no more than leaves room, within
-    :data:`STATISTICS_SHARE` of that memory, for the statistics of the largest site
-    (times :data:`STATISTICS_OVERHEAD`)."""
-    room = int(STATISTICS_SHARE * m.free - STATISTICS_OVERHEAD * _largest_job(m, shapes)[1])
+    :data:`STATISTICS_SHARE` of that memory, for the fit of the largest site (its unpacked
+    statistics, times :data:`STATISTICS_OVERHEAD`)."""
+    room = int(STATISTICS_SHARE * m.free - STATISTICS_OVERHEAD * _largest_fit(m.all_probes(), shapes))
     return max(0, min(AUTO_KEEP_BYTES, m.free // 4, room))
+
+
+def _largest_fit(probes_or_jobs, shapes: dict[str, tuple[int, ...]]) -> int:
+    """Bytes of the largest job's statistics as a fit reads them (Gram matrices unpacked)."""
+    jobs = [job for item in probes_or_jobs for job in (item.jobs if hasattr(item, "jobs") else [item])]
+    return max((job_statistics_bytes(job, shapes, packed=False) for job in jobs), default=0)
 
 
 def _largest_job(m: Measurements, shapes: dict[str, tuple[int, ...]]):
@@ -192,39 +204,73 @@ keep to it."""
 
 
 def held_bytes(m: Measurements, shapes: dict[str, tuple[int, ...]]) -> int:
-    """Bytes a streamed run holds besides its batches: with every batch's features kept (they fit
-    the keep budget), the features and one job's statistics at a time; otherwise the statistics of
-    every job of its largest group at once (times :data:`STATISTICS_OVERHEAD`) and the keep budget."""
-    jobs = [job_statistics_bytes(job, shapes) for probe in m.all_probes() for job in probe.jobs]
-    if _all_kept(m, shapes):
-        return feature_bytes(m, shapes) + int(STATISTICS_OVERHEAD * max(jobs, default=0))
+    """Bytes a streamed run holds besides its batches, the most of any of its groups: a group whose
+    features fit the keep budget holds them and one job's statistics at a time (times
+    :data:`STATISTICS_OVERHEAD`), any other the statistics of all its jobs at once (times the same)."""
     groups = m.groups if m.groups is not None else statistics_groups(m, shapes)
-    largest = max((sum(job_statistics_bytes(job, shapes) for job in group) for group in groups), default=0)
-    return int(STATISTICS_OVERHEAD * largest) + m.budget.limit
+    return max((_group_held_bytes(m, group, shapes) for group in groups), default=0)
 
 
-def _all_kept(m: Measurements, shapes: dict[str, tuple[int, ...]]) -> bool:
-    return m.budget.limit is None or feature_bytes(m, shapes) <= m.budget.limit
+def _group_held_bytes(m: Measurements, group: list, shapes: dict[str, tuple[int, ...]]) -> int:
+    kept, summed = _kept_and_summed_bytes(m, group, shapes)
+    return kept if _group_kept(m, group, shapes) else summed
+
+
+def _kept_and_summed_bytes(m: Measurements, group: list, shapes: dict[str, tuple[int, ...]]) -> tuple[int, int]:
+    """What a run over ``group`` holds with its features kept (they and one job's unpacked
+    statistics at a time, times :data:`STATISTICS_OVERHEAD`) and with none kept (every job's packed
+    statistics at once, times the same, and the unpacked copy of the one being fitted)."""
+    fit = _largest_fit(group, shapes)
+    kept = feature_bytes(m, shapes, group) + int(STATISTICS_OVERHEAD * fit)
+    return kept, int(STATISTICS_OVERHEAD * sum(job_statistics_bytes(job, shapes) for job in group)) + fit
+
+
+def _group_kept(m: Measurements, group: list, shapes: dict[str, tuple[int, ...]]) -> bool:
+    """Whether a run over ``group`` keeps its features: they all fit the keep budget, and the run
+    holds them within :data:`STATISTICS_SHARE` of the memory (or keeping is what fits best), so a
+    keep budget is never the reason a run is refused."""
+    if m.budget.limit is not None and feature_bytes(m, shapes, group) > m.budget.limit:
+        return False
+    kept, summed = _kept_and_summed_bytes(m, group, shapes)
+    return kept <= STATISTICS_SHARE * m.free or kept <= summed
+
+
+def run_budget(m: Measurements, group: list, shapes: dict[str, tuple[int, ...]]) -> KeepBudget:
+    """The keep budget of the run over ``group`` (jobs of ``m``'s probes): no limit when all its
+    features fit ``m.budget`` (one pass), else nothing kept (a second pass predicts). Keeping part
+    of them would save only part of the second pass while holding the budget on top of every
+    job's statistics; at the scale of the models users study, where the features of a few
+    sequences pass any budget, that part is small."""
+    return KeepBudget(None if _group_kept(m, group, shapes) else 0)
+
+
+def ablation_budget(m: Measurements) -> KeepBudget:
+    """The keep budget of each run of the sink ablation (one residual site, as wide as the clean
+    probes' first job): :func:`run_budget` of that site."""
+    jobs = m.ablation.jobs[:1] if m.ablation is not None else []
+    return run_budget(m, jobs, m.shapes)
 
 
 def statistics_groups(m: Measurements, shapes: dict[str, tuple[int, ...]]) -> list[list]:
     """The probes' jobs (one feature matrix each) in groups whose statistics fit the memory the
     run may use, one streamed run per group.
 
-    When every batch's features fit the keep budget, each job is fitted alone from its kept
-    features at the end of the pass: one group. Otherwise every job of a run sums its float64
-    statistics at once, which grow with the sites and their width (about 2 GB per layer of a
-    2048-wide model), not with the tokens. Then the jobs are taken in the order of the deepest
+    When every batch's features fit the keep budget, and they and the largest job's statistics
+    fit :data:`STATISTICS_SHARE` of ``m.free``, each job is fitted alone from its kept features at
+    the end of the pass: one group. Otherwise every job of a run sums its float64 statistics at
+    once (:func:`run_budget`), which grow with the sites and their width (about 1 GB per layer of
+    a 2048-wide model), not with the tokens. Then the jobs are taken in the order of the deepest
     block they read, and a group closes before its statistics, times :data:`STATISTICS_OVERHEAD`,
-    plus the keep budget would pass :data:`STATISTICS_SHARE` of ``m.free``; each run stops after
-    its deepest site, so G groups cost between 1 and G forward passes' worth of compute. A job too
-    large for that share alone gets a group of its own, which :func:`plan` refuses. The numbers do
-    not depend on the grouping (each job's fit uses its own statistics only).
+    and the unpacked copy one fit reads would pass that share; each run stops after its deepest
+    site, so G groups cost between 1 and G forward passes' worth of compute. A job too large for
+    that share alone gets a group of its own, which :func:`plan` refuses. The numbers do not
+    depend on the grouping (each job's fit uses its own statistics only).
     """
     jobs = [job for probe in m.all_probes() for job in probe.jobs]
-    if _all_kept(m, shapes):
-        return [jobs]
-    room = STATISTICS_SHARE * m.free - m.budget.limit
+    room = STATISTICS_SHARE * m.free
+    if _group_kept(m, jobs, shapes) and _group_held_bytes(m, jobs, shapes) <= room:
+        return [jobs]  # features kept and fitted job by job
+    room -= _largest_fit(jobs, shapes)  # the unpacked copy of the job being fitted
     groups: list[list] = [[]]
     size = 0.0
     for job in sorted(jobs, key=_depth):
@@ -242,17 +288,18 @@ def _depth(job) -> int:
     return max(-1 if site_block(site) is None else site_block(site) for site in job.sites)
 
 
-def feature_bytes(m: Measurements, shapes: dict[str, tuple[int, ...]]) -> int:
-    """Bytes of every probed feature of every token (float32, with its row index), as kept when
-    the keep budget holds them all."""
-    n = int(m.sequences.n_samples)
-    return sum(_job_feature_bytes(job, shapes, n) for probe in m.all_probes() for job in probe.jobs) + \
-        8 * len(m.sites.patterns) * n
+def feature_bytes(m: Measurements, shapes: dict[str, tuple[int, ...]], group: list | None = None) -> int:
+    """Bytes of the features a run keeps when the keep budget holds them all, for the jobs of
+    ``group`` (None: every job of ``m``'s probes): per row of each job (a token, or a pair), its
+    features (a site's activations in the model's dtype; pair and q.k features in float32; score
+    reads in float64) and its row index."""
+    jobs = [job for probe in m.all_probes() for job in probe.jobs] if group is None else group
+    return sum(_job_feature_bytes(job, shapes, m.activation_bytes) for job in jobs)
 
 
-def _job_feature_bytes(job, shapes: dict[str, tuple[int, ...]], n_samples: int) -> int:
-    """Upper estimate of one job's kept features over ``n_samples`` tokens (a score read keeps none)."""
-    return 0 if job.form == "scores" else 4 * 2 * _n_features(job, shapes) * n_samples
+def _job_feature_bytes(job, shapes: dict[str, tuple[int, ...]], activation_bytes: int) -> int:
+    item = {"rows": activation_bytes, "float32": 4}.get(job.form, 8)
+    return (item * _n_features(job, shapes) + 8) * len(job.layout.groups)
 
 
 MAX_AUTO_BATCH = 32
@@ -359,7 +406,7 @@ def measure_streamed(subject: Subject, settings, sites: SweepSites, progress: bo
         with torch.no_grad():
             ablation = sink_ablation_drop_streamed(subject.model, plan_.sequences, subject.n_layers, clean,
                                                    plan_.ablation_refused, settings.n_splits, settings.n_boot,
-                                                   settings.seed, plan_.budget, batch_size, label)
+                                                   settings.seed, ablation_budget(plan_), batch_size, label)
         ablation = ablation.assign(model=subject.name)
     subject.info["streamed"] = {"batch_size": batch_size, "kept_bytes_limit": plan_.budget.limit,
                                 "statistics_groups": len(plan_.groups),
@@ -372,16 +419,17 @@ def measure_streamed(subject: Subject, settings, sites: SweepSites, progress: bo
 
 
 def _run_groups(model, m: Measurements, label: str | None) -> dict[int, pd.DataFrame]:
-    """Run the probes' jobs group by group (:func:`statistics_groups`), the sink and variance
-    reads with the last (deepest) group; every probe measurement of ``m`` is done afterwards.
-    Returns the sink and variance tables by ``id`` of their measurement."""
+    """Run the probes' jobs group by group (:func:`statistics_groups`, each with its
+    :func:`run_budget`), the sink and variance reads with the last (deepest) group; every probe
+    measurement of ``m`` is done afterwards. Returns the sink and variance tables by ``id`` of
+    their measurement."""
     parents = m.all_probes()
     others = [measurement for measurement in (m.variance, m.sinks) if measurement is not None]
     measured = {}
     for g, group in enumerate(m.groups):
-        members = {id(job) for job in group}
-        parts = [part for part in (probe.subset([job for job in probe.jobs if id(job) in members]) for probe in parents)
-                 if part.jobs]
+        members, budget = {id(job) for job in group}, run_budget(m, group, m.shapes)
+        parts = [part for part in (probe.subset([job for job in probe.jobs if id(job) in members], budget)
+                                   for probe in parents) if part.jobs]
         extra = others if g == len(m.groups) - 1 else []
         tag = label if label is None or len(m.groups) == 1 else f"{label}, sites {g + 1}/{len(m.groups)}"
         results = run(model, m.sequences, parts + extra, batch_size=m.batch_size, progress=tag)
@@ -474,15 +522,18 @@ def _n_features(job, shapes: dict[str, tuple[int, ...]]) -> int:
 def statistics_bytes(probe, shapes: dict[str, tuple[int, ...]]) -> int:
     """Bytes of the float64 per-block statistics of a streamed probe measurement's jobs
     (:class:`~nopelens.probes.fitting.BlockMoments`: Gram matrix, sums, extremes, X^T y, class
-    sums per cell of the folds), from each site's per-token shape."""
+    sums per cell of the folds; each Gram matrix packed as its upper triangle), from each site's
+    per-token shape."""
     return sum(job_statistics_bytes(job, shapes) for job in probe.jobs)
 
 
-def job_statistics_bytes(job, shapes: dict[str, tuple[int, ...]]) -> int:
-    """:func:`statistics_bytes` of one job (one feature matrix)."""
+def job_statistics_bytes(job, shapes: dict[str, tuple[int, ...]], packed: bool = True) -> int:
+    """:func:`statistics_bytes` of one job (one feature matrix); ``packed=False``: with full Gram
+    matrices, as a fit reads them."""
     layout, d = job.layout, _n_features(job, shapes)
     classes = sum(len(values) for values in layout.class_values)
-    return 8 * layout.n_cells * (d * d + d * (4 + len(layout.values) + classes))
+    gram = d * (d + 1) // 2 if packed else d * d
+    return 8 * layout.n_cells * (gram + d * (4 + len(layout.values) + classes))
 
 
 @dataclass
@@ -511,10 +562,10 @@ class Plan:
         groups = (f"the sites in {self.groups} groups whose statistics fit the memory, a run each, stopped after its "
                   f"deepest site; " if self.groups > 1 else "")
         return (f"nopelens: plan for {name}: {self.forward_passes} forward passes over {self.tokens:,} tokens "
-                f"({groups}{ablation}a second pass only over batches whose features do not fit the keep budget) in "
+                f"({groups}{ablation}a second pass in a run whose features do not all fit the keep budget) in "
                 f"batches of at most {self.batch_size} sequence{'s' * (self.batch_size != 1)}; statistics "
                 f"{self.statistics_bytes / 2**20:,.1f} MiB in all, at most {self.held_bytes / 2**20:,.1f} MiB held at "
-                f"once with the kept features and the fits' overhead (keep budget {self.keep_bytes / 2**20:,.1f} MiB); "
+                f"once with the kept features or the fits' overhead (keep budget {self.keep_bytes / 2**20:,.1f} MiB); "
                 f"ETA {eta}{shortfall}")
 
 
@@ -530,11 +581,11 @@ def plan(subject: Subject, settings, sites: SweepSites) -> Plan:
     Forward passes: one per batch, plus one per batch of the sequences without BOS (the sink
     table's second condition), plus one per batch and ablated block for the sink ablation (each
     stopped after its block, so the n blocks cost about (n + 1) / 2 full passes; its tokens are
-    counted in full); the probes may add a second pass over the batches whose features do not fit
-    the keep budget (counted as the worst case: over every batch, once per group whose features
-    exceed the budget). When the statistics of every site do not fit the memory the run may use,
-    the sites run in groups (:func:`statistics_groups`), one run of the passes above each (counted
-    in full, though each stops after its deepest site). A run that cannot hold what it must besides
+    counted in full); the probes add a second pass over every batch to a run whose features do not
+    all fit the keep budget (:func:`run_budget`, :func:`ablation_budget`). When the statistics of
+    every site do not fit the memory the run may use, the sites run in groups
+    (:func:`statistics_groups`), one run of the passes above each (counted in full, though each
+    stops after its deepest site). A run that cannot hold what it must besides
     its batches within :data:`STATISTICS_SHARE` of that memory is a shortfall: refused before any
     forward pass. The ETA's prior is calibrated on the in-memory sweep (all sites at once, the
     sink ablation included).
@@ -546,33 +597,26 @@ def plan(subject: Subject, settings, sites: SweepSites) -> Plan:
     n_batches = len(m.sequences.batches(m.batch_size))
     stats = sum(statistics_bytes(probe, shapes) for probe in m.all_probes())
     keep = m.budget.limit
-    n = int(m.sequences.n_samples)
     # a group's second pass: only when its features do not all fit the keep budget
-    runs = 1 if _all_kept(m, shapes) else \
-        sum(2 if sum(_job_feature_bytes(job, shapes, n) for job in group) > keep else 1 for group in m.groups)
+    runs = sum(1 if _group_kept(m, group, shapes) else 2 for group in m.groups)
     passes = n_batches * runs + (n_batches if m.stripped is not None else 0)
     tokens = int(m.sequences.n_samples) * runs + (int(m.stripped.n_samples) if m.stripped is not None else 0)
     ablated = m.ablated_blocks(subject.n_layers)
-    ablation_passes = 0
-    for block in ablated:  # one site (layer block + 1) per ablated run, fitted alone
-        site_features = 4 * 2 * int(np.prod(shapes[resid_site(block + 1)])) * m.sequences.n_samples
-        twice = 2 if site_features > keep else 1
-        ablation_passes += n_batches * twice
-        tokens += int(m.sequences.n_samples) * twice
+    twice = 1 if ablation_budget(m).limit is None else 2  # one residual site per ablated run, fitted alone
+    ablation_passes = n_batches * twice * len(ablated)
+    tokens += int(m.sequences.n_samples) * twice * len(ablated)
     passes += ablation_passes
     parameters = sum(p.numel() for p in subject.model.parameters())
     device = next(subject.model.parameters()).device
     shortfall = None
     held = held_bytes(m, shapes)
-    if held > STATISTICS_SHARE * m.free:  # a group of one job, or kept features: they alone do not fit
+    if held > STATISTICS_SHARE * m.free:  # a group of one job: its statistics alone do not fit
         largest, size = _largest_job(m, shapes)
-        hint = ("keep fewer features (--keep-mib; 0 keeps none) or run where more memory is free"
-                if settings.keep_mib else "run where more memory is free")
         shortfall = (f"the probes' statistics need {size / 2**20:,.1f} MiB for {largest.site} ({largest.features}) "
-                     f"alone (float64 on {device.type}); with the fits' overhead and the keep budget of "
-                     f"{keep / 2**20:,.1f} MiB the run would hold {held / 2**20:,.1f} MiB besides its batches, more "
-                     f"than half of the {m.free / 2**20:,.1f} MiB {m.free_source} (the rest is for the forward "
-                     "passes); they grow with the sites' width, not with the tokens: " + hint)
+                     f"alone (float64 on {device.type}); with the fits' overhead the run would hold "
+                     f"{held / 2**20:,.1f} MiB besides its batches, more than half of the {m.free / 2**20:,.1f} MiB "
+                     f"{m.free_source} (the rest is for the forward passes); they grow with the sites' width, not "
+                     "with the tokens: run where more memory is free")
     eta, note = None, (f"not estimated (analyses/eta.py is calibrated on models of at most {ETA_MAX_PARAMETERS:,} "
                        f"parameters on one CPU thread; this one has {parameters:,} on {device.type})")
     if parameters <= ETA_MAX_PARAMETERS and device.type == "cpu" and len(m.groups) == 1:

@@ -34,6 +34,7 @@ All the algebra runs in torch (float64 on CPU; float32 or float64 on an accelera
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -192,19 +193,27 @@ class BlockMoments:
     these (module docstring), so statistics of batches, or of shards measured on different
     machines, add (:meth:`merge`), and :func:`fit_folds` is the same statistics filled at once.
 
+    With ``packed=True`` each block's Gram matrix is held as its upper triangle, row by row
+    (``[B, d (d + 1) / 2]``: half the memory of the statistics that grow with the width, which is
+    what a streamed run holds for every site at once); :meth:`group` gives full matrices, which is
+    what the fits read.
+
     Attributes:
         shift: ``[d]``.
-        count ``[B]``, total ``[B, d]``, gram ``[B, d, d]``, high ``[B, d]``, low ``[B, d]``.
+        count ``[B]``, total ``[B, d]``, gram ``[B, d, d]`` (``[B, d (d + 1) / 2]`` when packed),
+            high ``[B, d]``, low ``[B, d]``.
         ysum, yy ``[B, t]`` and xty ``[B, d, t]`` for ``t`` value targets.
         classes: per class target, its class values (sorted); class_sums ``[B, C, d]`` and
             class_counts ``[B, C]`` per class target.
     """
 
-    def __init__(self, n_blocks: int, shift: torch.Tensor, n_values: int = 0, classes: Sequence[np.ndarray] = ()):
+    def __init__(self, n_blocks: int, shift: torch.Tensor, n_values: int = 0, classes: Sequence[np.ndarray] = (),
+                 packed: bool = False):
         d, dtype, device = shift.shape[0], shift.dtype, shift.device
         zeros = lambda *shape: torch.zeros(*shape, dtype=dtype, device=device)  # noqa: E731
-        self.shift = shift
-        self.count, self.total, self.gram = zeros(n_blocks), zeros(n_blocks, d), zeros(n_blocks, d, d)
+        self.shift, self.packed = shift, packed
+        self.count, self.total = zeros(n_blocks), zeros(n_blocks, d)
+        self.gram = zeros(n_blocks, d * (d + 1) // 2) if packed else zeros(n_blocks, d, d)
         self.high = torch.full((n_blocks, d), -torch.inf, dtype=dtype, device=device)
         self.low = torch.full((n_blocks, d), torch.inf, dtype=dtype, device=device)
         self.ysum, self.yy, self.xty = zeros(n_blocks, n_values), zeros(n_blocks, n_values), zeros(n_blocks, d, n_values)
@@ -235,7 +244,8 @@ class BlockMoments:
         """
         self.count[block] += len(Xs)
         self.total[block] += Xs.sum(0)
-        self.gram[block] += _gram(Xs)
+        gram = _gram(Xs)
+        self.gram[block] += gram.reshape(-1)[_upper(len(self.shift), gram.device)] if self.packed else gram
         high, low = raw.max(0), raw.min(0)
         if isinstance(raw, torch.Tensor):
             high, low = high.values, low.values
@@ -252,7 +262,7 @@ class BlockMoments:
 
     def merge(self, other: "BlockMoments") -> "BlockMoments":
         """Add ``other`` (same blocks and targets, any shift) into these statistics, in place."""
-        if other.gram.shape != self.gram.shape or len(other.classes) != len(self.classes) \
+        if other.packed != self.packed or other.gram.shape != self.gram.shape or len(other.classes) != len(self.classes) \
                 or other.xty.shape != self.xty.shape:
             raise ValueError("statistics of different blocks, features or targets cannot be merged")
         other = other.reshifted(self.shift)
@@ -272,12 +282,15 @@ class BlockMoments:
         if torch.equal(shift, self.shift):
             return self
         a = self.shift - shift
-        out = BlockMoments(0, shift)
+        out = BlockMoments(0, shift, packed=self.packed)
         n = self.count[:, None]
         out.count, out.ysum, out.yy, out.high, out.low = self.count, self.ysum, self.yy, self.high, self.low
         out.total = self.total + n * a
-        out.gram = (self.gram + self.total[:, :, None] * a[None, None, :] + a[None, :, None] * self.total[:, None, :]
-                    + n[:, :, None] * torch.outer(a, a))
+        outer = self.total[:, :, None] * a[None, None, :] + a[None, :, None] * self.total[:, None, :] \
+            + n[:, :, None] * torch.outer(a, a)
+        if self.packed:
+            outer = outer.reshape(len(outer), -1)[:, _upper(len(a), a.device)]
+        out.gram = self.gram + outer
         out.xty = self.xty + a[None, :, None] * self.ysum[:, None, :]
         out.classes = self.classes
         out.class_sums = [s + c[:, :, None] * a for s, c in zip(self.class_sums, self.class_counts)]
@@ -312,6 +325,8 @@ class BlockMoments:
             return torch.stack([getattr(array[p], how)(0).values for p in parts])
 
         out.count, out.total, out.gram = combine(self.count), combine(self.total), combine(self.gram)
+        if self.packed:
+            out.gram = _unpack(out.gram, len(self.shift))
         out.high, out.low = combine(self.high, "max"), combine(self.low, "min")
         out.ysum, out.yy = combine(self.ysum[:, cols]), combine(self.yy[:, cols])
         out.xty = combine(self.xty[:, :, cols])
@@ -319,6 +334,23 @@ class BlockMoments:
         out.class_sums = [combine(self.class_sums[c]) for c in classes]
         out.class_counts = [combine(self.class_counts[c]) for c in classes]
         return out
+
+
+@functools.lru_cache(maxsize=8)
+def _upper(d: int, device: torch.device) -> torch.Tensor:
+    """Flat indices of the upper triangle of a ``[d, d]`` matrix, row by row (``torch.triu_indices``)."""
+    i, j = torch.triu_indices(d, d, device=device)
+    return i * d + j
+
+
+def _unpack(packed: torch.Tensor, d: int) -> torch.Tensor:
+    """``[B, d, d]`` symmetric matrices from their upper triangles ``[B, d (d + 1) / 2]``."""
+    full = torch.zeros(len(packed), d * d, dtype=packed.dtype, device=packed.device)
+    upper = _upper(d, packed.device)
+    full[:, upper] = packed
+    lower = upper // d + upper % d * d  # the same entries transposed
+    full[:, lower] = packed
+    return full.reshape(len(packed), d, d)
 
 
 def _as_tensor(X, device, dtype) -> torch.Tensor:

@@ -263,14 +263,17 @@ class Probes(Measurement):
                     mine[name][got] = theirs[name][got]
                 filled |= got
 
-    def subset(self, jobs: list[_Job]) -> "Probes":
+    def subset(self, jobs: list[_Job], keep: KeepBudget | None = None) -> "Probes":
         """A measurement of some of these jobs (the same objects: what it fits and predicts lands
         here), so that a run holds only their statistics; after every job has run in one,
         :meth:`finish` and :meth:`result` give the whole table
-        (:func:`~nopelens.analyses.streamed.measure_streamed` runs a large model's jobs in groups)."""
+        (:func:`~nopelens.analyses.streamed.measure_streamed` runs a large model's jobs in groups).
+        ``keep``: the run's keep budget (None: this measurement's)."""
         part = object.__new__(Probes)
         part.__dict__.update(self.__dict__)
         part.jobs, part.phase = list(jobs), "statistics"
+        if keep is not None:
+            part.budget = keep
         return part
 
     def finish(self) -> None:
@@ -358,7 +361,8 @@ class Probes(Measurement):
         Xd = X.to(compute)
         if job.moments is None:
             job.shift = Xd.mean(0)  # near the mean keeps the Gram sums precise; merges reshift
-            job.moments = BlockMoments(layout.n_cells, job.shift, n_values=len(layout.values), classes=layout.class_values)
+            job.moments = BlockMoments(layout.n_cells, job.shift, n_values=len(layout.values), classes=layout.class_values,
+                                      packed=True)
         Xs = Xd - job.shift
         cell = layout.cell[rows]
         for c in np.unique(cell[cell >= 0]):

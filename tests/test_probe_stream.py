@@ -136,13 +136,16 @@ def test_auto_batch_size_fits_the_memory_free_and_leaves_the_tables_unchanged(mo
     with torch.no_grad():
         roomy = streamed.measurements(subject, settings, sites, shapes)
         assert roomy.batch_size == 6  # plenty of memory: every sequence (up to 32) in one batch
-        statistics = [streamed.job_statistics_bytes(job, shapes) for p in roomy.probes + [roomy.ablation]
-                      for job in p.jobs]
-        # every batch kept: the features and one job's statistics at a time; nothing kept: all statistics at once
+        jobs = [job for p in roomy.probes + [roomy.ablation] for job in p.jobs]
+        statistics = [streamed.job_statistics_bytes(job, shapes) for job in jobs]
+        unpacked = max(streamed.job_statistics_bytes(job, shapes, packed=False) for job in jobs)
+        assert max(statistics) < unpacked < 2 * max(statistics)  # Gram matrices held as upper triangles
+        # every batch kept: the features and one job's (unpacked) statistics at a time;
+        # nothing kept: every job's packed statistics at once and one unpacked copy for the fit
         reserved = streamed.held_bytes(roomy, shapes)
-        assert reserved == streamed.feature_bytes(roomy, shapes) + int(streamed.STATISTICS_OVERHEAD * max(statistics))
+        assert reserved == streamed.feature_bytes(roomy, shapes) + int(streamed.STATISTICS_OVERHEAD * unpacked)
         spilled = streamed.measurements(subject, dataclasses.replace(settings, keep_mib=0), sites, shapes)
-        assert streamed.held_bytes(spilled, shapes) == int(streamed.STATISTICS_OVERHEAD * sum(statistics))
+        assert streamed.held_bytes(spilled, shapes) == int(streamed.STATISTICS_OVERHEAD * sum(statistics)) + unpacked
         # every batch kept (64 MiB budget): the run holds `reserved` whatever the memory; a quarter of it free
         # leaves room for 2 sequences of a patched size, or 4 (two even batches of 3, not 4 + 2)
         tight_settings = dataclasses.replace(settings, keep_mib=64)
@@ -196,9 +199,15 @@ def test_statistics_larger_than_the_memory_free_are_refused_before_any_forward_p
     assert main(["probe", f"hf:{model_dir}", *ARGS, "--no-sink-ablation", "--memory-mib", "8", "--plan",
                  "--out", str(tmp_path / "p4")]) == 0
     assert "WILL NOT FIT" not in capsys.readouterr().out
-    # an explicit keep budget that leaves no room is refused, and the line says what to change
-    _one_error(main([*common[:-1], "6", "--memory-mib", "8", "--out", str(tmp_path / "p5")]), capsys.readouterr().err,
-               "keep fewer features (--keep-mib; 0 keeps none)")
+    # a keep budget buys a whole pass where the kept features fit the memory, and is never why a run is refused
+    passes = {}
+    for keep, memory in (("0", "16"), ("100", "16"), ("0", "8"), ("100", "8")):
+        assert main([*common[:-1], keep, "--memory-mib", memory, "--plan", "--out", str(tmp_path / "p5")]) == 0
+        out = capsys.readouterr().out
+        assert "WILL NOT FIT" not in out
+        passes[keep, memory] = int(out.split(" forward passes")[0].split()[-1])
+    assert passes["100", "16"] == 2 < passes["0", "16"]  # one run and the run without BOS, against groups run twice
+    assert passes["100", "8"] < passes["0", "8"]  # where all of them do not fit, groups whose features fit keep them
 
 
 def test_sites_whose_statistics_do_not_fit_together_run_in_groups_with_the_same_tables(model_dir, monkeypatch,
@@ -225,8 +234,11 @@ def test_sites_whose_statistics_do_not_fit_together_run_in_groups_with_the_same_
         assert subject.info["streamed"]["statistics_groups"] == 1
         one = streamed.measurements(subject, settings, sites, shapes)
         sizes = [streamed.job_statistics_bytes(job, shapes) for probe in one.all_probes() for job in probe.jobs]
-        # room for a third of the statistics at once (and for the largest job alone)
-        free = int(max(sum(sizes) / 3, max(sizes)) * streamed.STATISTICS_OVERHEAD / streamed.STATISTICS_SHARE) + 1
+        unpacked = max(streamed.job_statistics_bytes(job, shapes, packed=False) for probe in one.all_probes()
+                       for job in probe.jobs)
+        # room for a third of the statistics at once (and for the largest job alone), and one fit's copy
+        free = int((max(sum(sizes) / 3, max(sizes)) * streamed.STATISTICS_OVERHEAD + unpacked)
+                   / streamed.STATISTICS_SHARE) + 1
         monkeypatch.setattr(streamed, "available_memory", lambda device=None: free)
         grouped = streamed.measurements(subject, settings, sites, shapes)
         assert 3 <= len(grouped.groups) < len(sizes)

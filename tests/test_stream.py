@@ -240,6 +240,24 @@ def test_block_moments_of_two_shards_with_their_own_shifts_add_up_to_the_whole()
     torch.testing.assert_close(grouped.gram[0], whole.gram.sum(0))
 
 
+def test_packed_block_moments_hold_half_the_gram_and_group_to_the_same_full_matrices():
+    rng = np.random.default_rng(1)
+    X = torch.as_tensor(rng.normal(3.0, 1.0, (30, 5)))
+    y = torch.as_tensor(rng.normal(size=(30, 1)))
+    shift, other_shift = X.mean(0), X[:10].mean(0)
+    full, packed = (BlockMoments(3, shift, n_values=1, packed=p) for p in (False, True))
+    for m in (full, packed):
+        for block in range(3):
+            m.add(block, X[block::3] - shift, X[block::3], y[block::3])
+    assert packed.gram.shape == (3, 15) and full.gram.shape == (3, 5, 5)
+    blocks = [[0, 2], [1]]
+    assert torch.equal(packed.group(blocks).gram, full.group(blocks).gram)  # the same sums, bit for bit
+    torch.testing.assert_close(packed.reshifted(other_shift).group(blocks).gram,
+                               full.reshifted(other_shift).group(blocks).gram, rtol=1e-14, atol=1e-12)
+    with pytest.raises(ValueError, match="cannot be merged"):
+        full.merge(packed)
+
+
 def test_the_default_keep_budget_is_capped_so_memory_stops_growing_with_the_tokens(monkeypatch):
     import nopelens.probes.stream as stream
 
