@@ -229,10 +229,12 @@ def available_memory(device: torch.device | str | None = None) -> int:
 
 def release_freed_memory() -> None:
     """Hand the memory this process has freed back to the operating system (glibc's
-    ``malloc_trim``; elsewhere nothing). Between runs that each allocate and free their own float64
-    statistics (:func:`~nopelens.analyses.streamed.statistics_groups`), glibc otherwise keeps the
-    freed chunks of under 32 MB in its heap, fragmented, and the peak grows with the runs (measured:
-    1.78 GB instead of 1.42 GB over 18 runs)."""
+    ``malloc_trim``; elsewhere nothing). glibc keeps freed chunks of under 32 MB in its heap, where
+    the long-lived statistics and predictions pin them, fragmented; a run calls this after each
+    batch (the forward pass's temporaries) and after each pass (the fits' copies), and between
+    groups of sites. Measured on a 384-wide, 6-layer Llama, 96 sequences of 256 tokens: after the
+    first pass the process held 1.57 GB without and 1.08 GB with it; over 18 grouped runs the peak
+    was 1.78 GB without and 1.42 GB with it. It costs about 17 ms a call there."""
     import ctypes
     import ctypes.util
 
@@ -309,7 +311,9 @@ def run(
                 _run_batches(model, sequences, measurements, batches, needed, hooked, bar.update, hooks)
         else:
             _run_shards(model, sequences, measurements, batches, needed, hooked, executor, shards, hooks)
-        if not any([m.end_pass() for m in measurements]):
+        more = any([m.end_pass() for m in measurements])
+        release_freed_memory()  # the fits' copies
+        if not more:
             return [m.result() for m in measurements]
 
 
@@ -366,6 +370,7 @@ def _run_batches(model, sequences: Sequences, measurements, batches: list[slice]
             for measurement, asked in wanted:
                 if asked:
                     measurement.end_batch(batch)
+            release_freed_memory()  # the forward pass's temporaries, before the statistics pin them
             if done is not None:
                 done(batch.samples.stop - batch.samples.start)
     finally:
