@@ -68,7 +68,7 @@ from .linear import (
     score_probes,
     sequence_splits,
 )
-from .stream import Batch, KeepBudget, Measurement, Sequences
+from .stream import Batch, KeepBudget, Measurement, Sequences, release_freed_memory
 from .targets import (
     DistancePairs, bilinear_features, pair_features, sample_distance_pairs, score_differences, spread_distances,
 )
@@ -232,6 +232,7 @@ class Probes(Measurement):
         if self.phase == "statistics":
             for job in self.jobs:
                 self._fit(job)
+                release_freed_memory()  # this fit's copies, before the next job's fit fragments the heap
             self.phase = "predictions"
             if any(job.rerun for job in self.jobs):
                 return True
