@@ -244,6 +244,19 @@ def run_budget(m: Measurements, group: list, shapes: dict[str, tuple[int, ...]])
     return KeepBudget(None if _group_kept(m, group, shapes) else 0)
 
 
+def _keeping_hint(m: Measurements, shapes: dict[str, tuple[int, ...]]) -> str:
+    """For a refusal: the keep budget under which every group that does not fit would fit by
+    keeping its features (fitted one site at a time), if there is one ("" otherwise)."""
+    room, need = STATISTICS_SHARE * m.free, 0
+    for group in m.groups:
+        kept, summed = _kept_and_summed_bytes(m, group, shapes)
+        if _group_held_bytes(m, group, shapes) > room:
+            if kept > room:
+                return ""
+            need = max(need, feature_bytes(m, shapes, group))
+    return f"keep the features (--keep-mib {-(-need // 2**20)} or more) or " if need else ""
+
+
 def ablation_budget(m: Measurements) -> KeepBudget:
     """The keep budget of each run of the sink ablation (one residual site, as wide as the clean
     probes' first job): :func:`run_budget` of that site."""
@@ -616,7 +629,7 @@ def plan(subject: Subject, settings, sites: SweepSites) -> Plan:
                      f"alone (float64 on {device.type}); with the fits' overhead the run would hold "
                      f"{held / 2**20:,.1f} MiB besides its batches, more than half of the {m.free / 2**20:,.1f} MiB "
                      f"{m.free_source} (the rest is for the forward passes); they grow with the sites' width, not "
-                     "with the tokens: run where more memory is free")
+                     f"with the tokens: {_keeping_hint(m, shapes)}run where more memory is free")
     eta, note = None, (f"not estimated (analyses/eta.py is calibrated on models of at most {ETA_MAX_PARAMETERS:,} "
                        f"parameters on one CPU thread; this one has {parameters:,} on {device.type})")
     if parameters <= ETA_MAX_PARAMETERS and device.type == "cpu" and len(m.groups) == 1:

@@ -208,6 +208,10 @@ def test_statistics_larger_than_the_memory_free_are_refused_before_any_forward_p
         passes[keep, memory] = int(out.split(" forward passes")[0].split()[-1])
     assert passes["100", "16"] == 2 < passes["0", "16"]  # one run and the run without BOS, against groups run twice
     assert passes["100", "8"] < passes["0", "8"]  # where all of them do not fit, groups whose features fit keep them
+    # keeping nothing can hold more than keeping every feature (each site fitted alone): the refusal says so
+    _one_error(main([*common, "--memory-mib", "7", "--out", str(tmp_path / "p6")]), capsys.readouterr().err,
+               "keep the features (--keep-mib 1 or more) or run where more memory is free")
+    assert main([*common[:-1], "1", "--memory-mib", "7", "--plan", "--out", str(tmp_path / "p7")]) == 0
 
 
 def test_sites_whose_statistics_do_not_fit_together_run_in_groups_with_the_same_tables(model_dir, monkeypatch,
