@@ -566,6 +566,8 @@ class Plan:
     groups: int = 1  # runs over groups of sites whose statistics fit the memory (:func:`statistics_groups`)
     held_bytes: int = 0  # the most the run holds besides its batches (:func:`held_bytes`)
     measurements: Measurements | None = field(default=None, repr=False)  # what the run measures, as planned
+    stripped_passes: int = 0  # of the forward passes, those over the sequences without BOS (the sink table's)
+    second_passes: int = 0  # of the forward passes, the probes' second passes (features over the keep budget)
 
     def describe(self, name: str) -> str:
         eta = f"about {self.eta_seconds:.0f} s" if self.eta_seconds is not None else self.eta_note
@@ -574,8 +576,12 @@ class Plan:
         shortfall = f"; WILL NOT FIT: {self.shortfall}" if self.shortfall else ""
         groups = (f"the sites in {self.groups} groups whose statistics fit the memory, a run each, stopped after its "
                   f"deepest site; " if self.groups > 1 else "")
+        stripped = (f"{self.stripped_passes} of them over the sequences without BOS, for the sink table; "
+                    if self.stripped_passes else "")
+        second = (f"{self.second_passes} second passes to predict, where a run's features do not all fit the keep "
+                  "budget" if self.second_passes else "no second pass: every run's features fit the keep budget")
         return (f"nopelens: plan for {name}: {self.forward_passes} forward passes over {self.tokens:,} tokens "
-                f"({groups}{ablation}a second pass in a run whose features do not all fit the keep budget) in "
+                f"({groups}{stripped}{ablation}{second}) in "
                 f"batches of at most {self.batch_size} sequence{'s' * (self.batch_size != 1)}; statistics "
                 f"{self.statistics_bytes / 2**20:,.1f} MiB in all, at most {self.held_bytes / 2**20:,.1f} MiB held at "
                 f"once with the kept features or the fits' overhead (keep budget {self.keep_bytes / 2**20:,.1f} MiB); "
@@ -612,11 +618,13 @@ def plan(subject: Subject, settings, sites: SweepSites) -> Plan:
     keep = m.budget.limit
     # a group's second pass: only when its features do not all fit the keep budget
     runs = sum(1 if _group_kept(m, group, shapes) else 2 for group in m.groups)
-    passes = n_batches * runs + (n_batches if m.stripped is not None else 0)
+    stripped_passes = n_batches if m.stripped is not None else 0
+    passes = n_batches * runs + stripped_passes
     tokens = int(m.sequences.n_samples) * runs + (int(m.stripped.n_samples) if m.stripped is not None else 0)
     ablated = m.ablated_blocks(subject.n_layers)
     twice = 1 if ablation_budget(m).limit is None else 2  # one residual site per ablated run, fitted alone
     ablation_passes = n_batches * twice * len(ablated)
+    second_passes = n_batches * (runs - len(m.groups) + (twice - 1) * len(ablated))
     tokens += int(m.sequences.n_samples) * twice * len(ablated)
     passes += ablation_passes
     parameters = sum(p.numel() for p in subject.model.parameters())
@@ -638,4 +646,4 @@ def plan(subject: Subject, settings, sites: SweepSites) -> Plan:
     elif len(m.groups) > 1:
         note = "not estimated (analyses/eta.py is calibrated on runs of all sites at once, not in groups)"
     return Plan(passes, tokens, stats, keep, eta, note, ablation_passes, len(ablated), m.batch_size, shortfall,
-                len(m.groups), held, m)
+                len(m.groups), held, m, stripped_passes, second_passes)
