@@ -578,8 +578,9 @@ class Plan:
                   f"deepest site; " if self.groups > 1 else "")
         stripped = (f"{self.stripped_passes} of them over the sequences without BOS, for the sink table; "
                     if self.stripped_passes else "")
-        second = (f"{self.second_passes} second passes to predict, where a run's features do not all fit the keep "
-                  "budget" if self.second_passes else "no second pass: every run's features fit the keep budget")
+        second = (f"{self.second_passes} second pass{'es' * (self.second_passes != 1)} to predict, where a run's "
+                  "features do not all fit the keep budget" if self.second_passes
+                  else "no second pass: every run's features fit the keep budget")
         return (f"nopelens: plan for {name}: {self.forward_passes} forward passes over {self.tokens:,} tokens "
                 f"({groups}{stripped}{ablation}{second}) in "
                 f"batches of at most {self.batch_size} sequence{'s' * (self.batch_size != 1)}; statistics "
