@@ -23,9 +23,9 @@ settings (``nopelens probe --no-sink-ablation``) skips it, and the run says so.
 The statistics grow with the sites probed and their width, not with the tokens (about 1 GB per
 layer of a 2048-wide model, each Gram matrix held as its upper triangle). When those of every
 site do not fit the memory the run may use (``--memory-mib``, default: what is free on the
-model's device), the sites run in groups by depth,
-one streamed run each, stopped after its deepest site (:func:`statistics_groups`): more forward
-passes, the same numbers, and memory that does not grow with the depth either.
+model's device), the sites run in groups by depth, one streamed run each, stopped after its
+deepest site (:func:`statistics_groups`): more forward passes, the same numbers, and memory that
+does not grow with the depth either.
 
 :func:`plan` says before the run how many forward passes, tokens and how much memory the
 statistics need (``nopelens probe --plan``).
@@ -83,6 +83,10 @@ class Measurements:
     def all_probes(self) -> list[Probes]:
         """The probe measurements of the main run, the sink ablation's clean probes included."""
         return self.probes + ([self.ablation] if self.ablation is not None else [])
+
+    def jobs(self) -> list:
+        """Every job (one feature matrix) of :meth:`all_probes`."""
+        return [job for probe in self.all_probes() for job in probe.jobs]
 
     def ablated_blocks(self, n_layers: int) -> list[int]:
         """The blocks the sink ablation will run with their first key removed."""
@@ -174,19 +178,18 @@ def auto_keep_bytes(m: Measurements, shapes: dict[str, tuple[int, ...]]) -> int:
     memory the run may use, whichever is less, and no more than leaves room, within
     :data:`STATISTICS_SHARE` of that memory, for the fit of the largest site (its unpacked
     statistics, times :data:`STATISTICS_OVERHEAD`)."""
-    room = int(STATISTICS_SHARE * m.free - STATISTICS_OVERHEAD * _largest_fit(m.all_probes(), shapes))
+    room = int(STATISTICS_SHARE * m.free - STATISTICS_OVERHEAD * _largest_fit(m.jobs(), shapes))
     return max(0, min(AUTO_KEEP_BYTES, m.free // 4, room))
 
 
-def _largest_fit(probes_or_jobs, shapes: dict[str, tuple[int, ...]]) -> int:
+def _largest_fit(jobs: list, shapes: dict[str, tuple[int, ...]]) -> int:
     """Bytes of the largest job's statistics as a fit reads them (Gram matrices unpacked)."""
-    jobs = [job for item in probes_or_jobs for job in (item.jobs if hasattr(item, "jobs") else [item])]
     return max((job_statistics_bytes(job, shapes, packed=False) for job in jobs), default=0)
 
 
 def _largest_job(m: Measurements, shapes: dict[str, tuple[int, ...]]):
     """(the job with the largest statistics, their bytes); (None, 0) without jobs."""
-    sizes = [(job, job_statistics_bytes(job, shapes)) for probe in m.all_probes() for job in probe.jobs]
+    sizes = [(job, job_statistics_bytes(job, shapes)) for job in m.jobs()]
     return max(sizes, key=lambda pair: pair[1], default=(None, 0))
 
 
@@ -198,8 +201,8 @@ a 1024-wide SmolLM3-shaped model (QA, 2026-12-01)."""
 
 STATISTICS_SHARE = 0.5
 """The share of the memory a run may use that what it holds besides its batches may take (one
-group's statistics times :data:`STATISTICS_OVERHEAD` and the keep budget, or the kept features and
-one site's statistics); the rest is for the forward passes. :func:`plan` refuses a run that cannot
+group's statistics, or its kept features and one site's statistics, with the fits' overhead:
+:func:`held_bytes`); the rest is for the forward passes. :func:`plan` refuses a run that cannot
 keep to it."""
 
 
@@ -249,9 +252,8 @@ def _keeping_hint(m: Measurements, shapes: dict[str, tuple[int, ...]]) -> str:
     keeping its features (fitted one site at a time), if there is one ("" otherwise)."""
     room, need = STATISTICS_SHARE * m.free, 0
     for group in m.groups:
-        kept, summed = _kept_and_summed_bytes(m, group, shapes)
         if _group_held_bytes(m, group, shapes) > room:
-            if kept > room:
+            if _kept_and_summed_bytes(m, group, shapes)[0] > room:
                 return ""
             need = max(need, feature_bytes(m, shapes, group))
     return f"keep the features (--keep-mib {-(-need // 2**20)} or more) or " if need else ""
@@ -279,7 +281,7 @@ def statistics_groups(m: Measurements, shapes: dict[str, tuple[int, ...]]) -> li
     that share alone gets a group of its own, which :func:`plan` refuses. The numbers do not
     depend on the grouping (each job's fit uses its own statistics only).
     """
-    jobs = [job for probe in m.all_probes() for job in probe.jobs]
+    jobs = m.jobs()
     room = STATISTICS_SHARE * m.free
     if _group_kept(m, jobs, shapes) and _group_held_bytes(m, jobs, shapes) <= room:
         return [jobs]  # features kept and fitted job by job
@@ -306,7 +308,7 @@ def feature_bytes(m: Measurements, shapes: dict[str, tuple[int, ...]], group: li
     ``group`` (None: every job of ``m``'s probes): per row of each job (a token, or a pair), its
     features (a site's activations in the model's dtype; pair and q.k features in float32; score
     reads in float64) and its row index."""
-    jobs = [job for probe in m.all_probes() for job in probe.jobs] if group is None else group
+    jobs = m.jobs() if group is None else group
     return sum(_job_feature_bytes(job, shapes, m.activation_bytes) for job in jobs)
 
 
