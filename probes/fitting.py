@@ -949,11 +949,12 @@ class _LDA:
                 raise ValueError(f"need at least 2 classes, got {int(present.sum())}")
             count, total = count[present], _block_sum(sums, blocks)[present]
             means = total / count[:, None]  # raw (shifted) class means
-            within = side.gram - (means.T * count) @ means
-            cov = (D[:, None] * within[keep][:, keep] * D[None, :]) / side.n
+            # D (gram - sum_c n_c mean_c mean_c^T) D / n + shrinkage I, in place: each entry's operations as written
+            between = (means.T * count) @ means
+            cov = _sub(torch.sub(side.gram, between, out=between), keep).mul_(D[:, None]).mul_(D[None, :]).div_(side.n)
             trace = torch.trace(cov)
             scale = trace / d_total if trace > 0 else torch.ones((), dtype=cov.dtype, device=cov.device)
-            cov = cov + self.shrinkage * scale * torch.eye(len(D), dtype=cov.dtype, device=cov.device)
+            cov.diagonal().add_(self.shrinkage * scale)
             mz = (means[:, keep] - side.mean[keep]) * D
             coef = _spd_solve(cov, mz.T).T if len(D) else mz
             intercept = -0.5 * (mz * coef).sum(1) + torch.log(count / side.n)
