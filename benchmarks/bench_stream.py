@@ -16,7 +16,8 @@ bridged by TransformerLens), with random token ids after BOS:
   The issue's target: 4x within 25 % of 1x.
 - **time**: collection plus probes against the plain HF forward pass over the same tokens and
   batches (``model(tokens)``, logits included, eager attention as the bridge runs it; the SDPA time
-  is printed too), d_model 512, 8 layers, 512 tokens, 32 sequences by default. Each case runs in
+  is printed too), d_model 512, 8 layers, 512 tokens, 32 sequences by default (``--time-sequences``: several
+  counts, to see how the ratio moves with the tokens). Each case runs in
   its own process right after a plain forward pass and is divided by it (wall and CPU seconds), so
   a ratio compares two measurements made minutes apart on a shared machine. Probe sets:
   ``absolute`` (absolute index, classification over position bins and regression with the control
@@ -41,6 +42,7 @@ thread (torch and BLAS), as nopelens measures. Not a test: it prints measured nu
     python benchmarks/bench_stream.py                    # both, the issue's shapes (tens of minutes)
     python benchmarks/bench_stream.py --quick            # a quick look at small shapes
     python benchmarks/bench_stream.py --only time --probes absolute
+    python benchmarks/bench_stream.py --only time --time-sequences 32,96   # the trend with the tokens
     python benchmarks/bench_stream.py --only depth --memory-mib 384
 """
 
@@ -235,6 +237,9 @@ def main() -> None:
     parser.add_argument("--main", action="store_true", help=f"time runs: also the case {MAIN_CASE!r}")
     parser.add_argument("--cases", help="comma list of the cases to run (default: all)")
     parser.add_argument("--batch-size", type=int, default=32)
+    parser.add_argument("--time-sequences",
+                        help="time runs: comma list of sequence counts, each measured (default 32, --quick 16; "
+                             "e.g. 32,96 for the trend with the tokens)")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument("--model-dir", help=argparse.SUPPRESS)
     parser.add_argument("--n-sequences", type=int, help=argparse.SUPPRESS)
@@ -263,23 +268,30 @@ def main() -> None:
         if args.only in (None, "time"):
             d, layers, tokens, n = time_shape
             model_dir = make_model_dir(Path(tmp) / "time", d, layers, tokens)
-            forward, forward_rss = run_child("forward", model_dir, n, tokens, args.probes, args)
-            print(f"\ntime: Llama d_model {d}, {layers} layers, {tokens} tokens, {n} sequences, probes: {args.probes}")
-            print(f"plain HF forward pass alone: {forward['eager']:.1f} s eager attention, {forward['sdpa']:.1f} s SDPA "
-                  f"(peak RSS {forward_rss:.0f} MiB). Each case below runs in its own process right after a plain "
-                  "forward pass (eager), and is divided by that one: the ratios pair measurements made minutes apart, "
-                  "not hours, on a shared machine")
-            print(f"{'case':18s} {'forward s':>9s} {'case s':>8s} {'x forward':>9s} {'fwd CPU s':>9s} {'case CPU s':>10s} "
-                  f"{'x (CPU)':>8s} {'collect s':>9s}")
-            for case in selected(args, CASES + ((MAIN_CASE,) if args.main else ())):
-                r, _ = run_child(f"paired-{case}", model_dir, n, tokens, args.probes, args)
-                collect = f"{r['collect_s']:9.1f}" if "collect_s" in r else f"{'':9s}"
-                print(f"{case:18s} {r['eager']:9.1f} {r['total_s']:8.1f} {r['total_s'] / r['eager']:9.2f} "
-                      f"{r['eager_cpu']:9.1f} {r['total_cpu_s']:10.1f} {r['total_cpu_s'] / r['eager_cpu']:8.2f} {collect}",
-                      flush=True)
+            counts = [n] if args.time_sequences is None else [int(c) for c in args.time_sequences.split(",")]
+            for n in counts:
+                time_runs(model_dir, d, layers, tokens, n, args)
         if args.only == "depth":
             depth(Path(tmp), args)
     print(f"load average after: {os.getloadavg()}")
+
+
+def time_runs(model_dir: Path, d: int, layers: int, tokens: int, n: int, args) -> None:
+    """Each time case at ``n`` sequences against a plain forward pass run right before it (module docstring)."""
+    forward, forward_rss = run_child("forward", model_dir, n, tokens, args.probes, args)
+    print(f"\ntime: Llama d_model {d}, {layers} layers, {tokens} tokens, {n} sequences, probes: {args.probes}")
+    print(f"plain HF forward pass alone: {forward['eager']:.1f} s eager attention, {forward['sdpa']:.1f} s SDPA "
+          f"(peak RSS {forward_rss:.0f} MiB). Each case below runs in its own process right after a plain "
+          "forward pass (eager), and is divided by that one: the ratios pair measurements made minutes apart, "
+          "not hours, on a shared machine")
+    print(f"{'case':18s} {'forward s':>9s} {'case s':>8s} {'x forward':>9s} {'fwd CPU s':>9s} {'case CPU s':>10s} "
+          f"{'x (CPU)':>8s} {'collect s':>9s}")
+    for case in selected(args, CASES + ((MAIN_CASE,) if args.main else ())):
+        r, _ = run_child(f"paired-{case}", model_dir, n, tokens, args.probes, args)
+        collect = f"{r['collect_s']:9.1f}" if "collect_s" in r else f"{'':9s}"
+        print(f"{case:18s} {r['eager']:9.1f} {r['total_s']:8.1f} {r['total_s'] / r['eager']:9.2f} "
+              f"{r['eager_cpu']:9.1f} {r['total_cpu_s']:10.1f} {r['total_cpu_s'] / r['eager_cpu']:8.2f} {collect}",
+              flush=True)
 
 
 def depth(tmp: Path, args) -> None:
