@@ -516,3 +516,31 @@ def test_an_intervention_is_added_per_batch_and_sent_to_shards_or_refused(one_th
                 run(_tiny_rope_decoder, sequences, [probe()], batch_size=4, executor=executor,
                     hooks=lambda rows, mask: hooks(rows, mask))
     assert_tables_equal(local, sharded, tolerance=1e-10)
+
+
+def test_attention_variance_in_row_chunks_is_bit_identical(monkeypatch):
+    """AttentionVariance converts a batch to float64 a few rows at a time (glibc reuses such copies
+    instead of mapping a fresh one per call); chunks of 7 rows give the same sums, bit for bit, as one
+    chunk, with padded sequences and float32 and float64 outputs."""
+    import nopelens.probes.stream as stream_module
+    from nopelens.probes.stream import Batch
+
+    torch.manual_seed(0)
+    tokens = torch.randint(3, 50, (5, 40))
+    mask = torch.ones(5, 40, dtype=torch.long)
+    mask[1, 30:] = 0
+    mask[3, :9] = 0
+    sequences = Sequences.of(tokens, mask)
+    batch = Batch(0, slice(0, 5), slice(0, int(mask.sum())), sequences)
+    values = [(torch.randn(5, 40, 12) * 3 + 5).to(dtype) for dtype in (torch.float32, torch.float64)]
+
+    def state(rows_at_once):
+        monkeypatch.setattr(stream_module, "ROWS_AT_ONCE", rows_at_once)
+        measurement = AttentionVariance(sequences, ["blocks.0.hook_attn_out"])
+        for value in values:
+            measurement.update("blocks.0.hook_attn_out", value, batch)
+        return measurement.state["blocks.0.hook_attn_out"]
+
+    for chunked, whole in zip(state(7 * 12), state(1 << 20)):
+        assert torch.equal(chunked, whole)
+    assert values[0].shape[0] * values[0].shape[1] > 7, "the small chunk really splits the batch"
