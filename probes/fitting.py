@@ -454,40 +454,29 @@ class RidgeFold:
 
 @dataclass
 class LDAFold:
-    """One fold's pooled LDA: standardize the kept features, then the largest decision per target."""
+    """One fold's pooled LDA: per target, the class of the largest decision
+    ``((x - mean) * inv_sd) @ coef.T + intercept``, held with the standardization folded into the
+    weights, so every target's classes are scored by one product of the features (3x faster than
+    standardizing them first, at d = 512 and 3 x 64 classes on one CPU thread)."""
 
-    keep: torch.Tensor  # bool [d]
-    mean: torch.Tensor  # [d_kept] fitting-side mean of the shifted features
-    inv_sd: torch.Tensor  # [d_kept]
-    rules: list[tuple[torch.Tensor, torch.Tensor, np.ndarray]]  # per target (coef [C, d_kept], intercept [C], classes [C])
+    weights: torch.Tensor  # [d, sum C] on the shifted features; 0 where a feature is not kept
+    bias: torch.Tensor  # [sum C]
+    classes: list[np.ndarray]  # per target its classes [C], in the order of the columns
     n_signal: int
     alpha = None
 
     def predict(self, Xs: torch.Tensor) -> list[np.ndarray]:
-        """Predicted class ``[n]`` of each target for shifted features ``Xs`` ``[n, d]``: the
-        largest of ``((x - mean) * inv_sd) @ coef.T + intercept``, every target's classes scored by
-        one product of ``Xs`` with the standardization folded into the weights (3x faster than
-        standardizing ``Xs`` first, at d = 512 and 3 x 64 classes on one CPU thread)."""
-        weights, bias = self._decision
+        """Predicted class ``[n]`` of each target for shifted features ``Xs`` ``[n, d]``."""
         if Xs.device.type == "cpu":
-            scores = Xs.numpy() @ weights.numpy()
-            scores += bias.numpy()
+            scores = Xs.numpy() @ self.weights.numpy()
+            scores += self.bias.numpy()
         else:
-            scores = torch.addmm(bias, Xs, weights).cpu().numpy()
+            scores = torch.addmm(self.bias, Xs, self.weights).cpu().numpy()
         out, first = [], 0
-        for _, _, classes in self.rules:
+        for classes in self.classes:
             out.append(classes[scores[:, first:first + len(classes)].argmax(1)])
             first += len(classes)
         return out
-
-    @functools.cached_property
-    def _decision(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """(weights ``[d, sum C]`` on the shifted features, 0 where a feature is not kept; bias ``[sum C]``)."""
-        scaled = [coef * self.inv_sd for coef, _, _ in self.rules]
-        weights = torch.zeros(len(self.keep), sum(len(c) for c in scaled), dtype=self.mean.dtype, device=self.mean.device)
-        weights[self.keep] = torch.cat(scaled).T
-        bias = torch.cat([intercept - coef @ self.mean for coef, (_, intercept, _) in zip(scaled, self.rules)])
-        return weights, bias
 
 
 def fit_folds(
@@ -958,8 +947,11 @@ class _LDA:
             mz = (means[:, keep] - side.mean[keep]) * D
             coef = _spd_solve(cov, mz.T).T if len(D) else mz
             intercept = -0.5 * (mz * coef).sum(1) + torch.log(count / side.n)
-            rules.append((coef, intercept, classes[present.cpu().numpy()]))
-        return LDAFold(keep, side.mean[keep], D, rules, int(keep.sum()))
+            scaled = coef * D  # the decision on the shifted features: x @ (D coef^T) + intercept - (mean D) @ coef^T
+            rules.append((scaled, intercept - scaled @ side.mean[keep], classes[present.cpu().numpy()]))
+        weights = torch.zeros(d_total, sum(len(c) for _, _, c in rules), dtype=D.dtype, device=D.device)
+        weights[keep] = torch.cat([scaled for scaled, _, _ in rules]).T
+        return LDAFold(weights, torch.cat([bias for _, bias, _ in rules]), [c for _, _, c in rules], int(keep.sum()))
 
 
 class GroupedRidgeCV(RegressorMixin, BaseEstimator):
