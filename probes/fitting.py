@@ -360,6 +360,12 @@ def _as_tensor(X, device, dtype) -> torch.Tensor:
     return X.to(device=device, dtype=dtype)
 
 
+def _same_memory(tensor: torch.Tensor, array) -> bool:
+    """Whether ``tensor`` is ``array``'s memory (a numpy array or tensor), not a copy."""
+    other = torch.as_tensor(array) if isinstance(array, np.ndarray) else array
+    return tensor.device == other.device and tensor.data_ptr() == other.data_ptr()
+
+
 def fold_blocks(splits: Sequence[tuple[np.ndarray, np.ndarray]], groups: np.ndarray) -> tuple[list[np.ndarray], list[list[int]]]:
     """Cut the samples into blocks such that every fitting side is a union of >= 2 whole blocks.
 
@@ -590,6 +596,8 @@ def fold_statistics(
     where[order] = np.arange(len(order))
     raw = X[torch.as_tensor(order)] if isinstance(X, torch.Tensor) else np.asarray(X)[order]
     Xs = _as_tensor(raw, device, compute_dtype)
+    if _same_memory(Xs, raw):  # features already in the compute dtype: the shift must not reach the raw extremes
+        Xs = Xs.clone()
     shift = Xs.mean(0)  # a global shift changes nothing mathematically and keeps Gram sums precise
     Xs -= shift
     bounds = np.concatenate([[0], np.cumsum([len(b) for b in blocks])])

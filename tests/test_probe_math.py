@@ -317,3 +317,22 @@ def test_spearman_ties_predictions_that_differ_only_by_round_off():
     assert on_exact[0] == pytest.approx(spearmanr(y, exact).statistic, abs=1e-12)
     assert bootstrap_scores(y, y + 1e-6 * rng.normal(size=len(y)), groups, ["spearman"], n_boot=5)["spearman"][0] \
         < 1.0, "real differences, far above round-off, still rank"
+
+
+@pytest.mark.parametrize("as_tensor", [False, True])
+def test_fold_statistics_judge_float64_features_by_their_raw_extremes(as_tensor):
+    """float64 features are already in the compute dtype, so the centred copy must not be the features'
+    own memory: the round-off rule reads the raw extremes. A feature of 1000 plus 2e-12 noise is round-off at
+    its scale (float64 tolerance x 1000 = 5.9e-11 > its spread); judged from its centred values (magnitude
+    ~1e-11, the other feature's ~4) it passed as signal."""
+    from nopelens.probes.fitting import fold_statistics
+
+    rng = np.random.default_rng(0)
+    n = 400
+    X = np.stack([1000 + 2e-12 * rng.standard_normal(n), rng.standard_normal(n)], 1)
+    groups = np.repeat(np.arange(20), 20)
+    stats = fold_statistics(torch.from_numpy(X.copy()) if as_tensor else X.copy(), groups,
+                            sequence_splits(groups, 5), [rng.standard_normal(n)])
+    high, low = stats.moments.high.max(0).values, stats.moments.low.min(0).values
+    assert np.array_equal(high.numpy(), X.max(0)) and np.array_equal(low.numpy(), X.min(0))
+    assert signal_mask(high, low, "float64").tolist() == [False, True]
