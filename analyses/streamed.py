@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import sys
 from dataclasses import dataclass, field
+from typing import Sequence
 
 import numpy as np
 import pandas as pd
@@ -107,7 +108,7 @@ def measurements(subject: Subject, settings, sites: SweepSites,
     Raises:
         ValueError: as the probes' and sinks' constructors (too few sequences for the folds, ...).
     """
-    shapes = site_shapes(subject, sites) if shapes is None else shapes
+    shapes = site_shapes(subject, sites.all()) if shapes is None else shapes
     sequences = Sequences.of(subject.tokens, subject.attention_mask)
     device = next(subject.model.parameters()).device
     free, free_source = memory_allowed(settings, device)
@@ -372,12 +373,12 @@ def auto_batch_size(sequence: int, available: int, reserved: int, most: int = MA
     return int(max(1, min(most, room // max(1, sequence))))
 
 
-def site_shapes(subject: Subject, sites: SweepSites) -> dict[str, tuple[int, ...]]:
-    """Each site's output shape per token (``[pos, ...]`` dropped; a pattern or score site: its
+def site_shapes(subject: Subject, names: Sequence[str]) -> dict[str, tuple[int, ...]]:
+    """Each named site's output shape per token (``[pos, ...]`` dropped; a pattern or score site: its
     head count first), read from one forward pass over the first three tokens of one sequence."""
     n = min(3, subject.tokens.shape[1])
     with torch.no_grad():
-        acts = collect(subject.model, subject.tokens[:1, :n], sites.all(), attention_mask=subject.attention_mask[:1, :n])
+        acts = collect(subject.model, subject.tokens[:1, :n], list(names), attention_mask=subject.attention_mask[:1, :n])
     shapes = {site: tuple(value.shape[1:]) for site, value in acts.acts.items()}
     shapes.update({site: tuple(value[0].shape) for site, value in acts.patterns.items()})
     return shapes
@@ -614,7 +615,7 @@ def plan(subject: Subject, settings, sites: SweepSites) -> Plan:
     """
     from .eta import MEASURE_OVERHEAD_TOKENS, MEASURE_PRIOR
 
-    shapes = site_shapes(subject, sites)
+    shapes = site_shapes(subject, sites.all())
     m = measurements(subject, settings, sites, shapes)
     n_batches = len(m.sequences.batches(m.batch_size))
     stats = sum(statistics_bytes(probe, shapes) for probe in m.all_probes())

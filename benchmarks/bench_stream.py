@@ -174,12 +174,9 @@ def plan_keep(subject, sequences, probes, sites, budget):
     from types import SimpleNamespace
 
     from nopelens.analyses import streamed
-    from nopelens.probes import collect
     from nopelens.probes.stream import available_memory
 
-    acts = collect(subject.model, subject.tokens[:1, :3], sites, attention_mask=subject.attention_mask[:1, :3])
-    shapes = {site: tuple(value.shape[1:]) for site, value in acts.acts.items()}
-    shapes.update({site: tuple(value[0].shape) for site, value in acts.patterns.items()})
+    shapes = streamed.site_shapes(subject, sites)
     probes = [probe for probe in probes if hasattr(probe, "jobs")]
     m = SimpleNamespace(all_probes=lambda: probes, sequences=sequences, budget=budget, free=available_memory(),
                         activation_bytes=next(subject.model.parameters()).element_size())

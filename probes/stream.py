@@ -454,8 +454,8 @@ class AttentionVariance(Measurement):
         mean = torch.zeros(self.n_positions, rows.shape[1], dtype=torch.float64, device=rows.device)
         # float64 copies a few MB at a time: glibc serves those from its heap and reuses them, where one
         # copy of the batch (64 MB at 16k x 512) is mapped afresh each call, page by page (4x slower here)
-        parts = [slice(start, start + ROWS_AT_ONCE // rows.shape[1] or 1)
-                 for start in range(0, len(rows), ROWS_AT_ONCE // rows.shape[1] or 1)]
+        step = max(1, ROWS_AT_ONCE // rows.shape[1])
+        parts = [slice(start, start + step) for start in range(0, len(rows), step)]
         for part in parts:
             mean.index_add_(0, position[part], rows[part].to(torch.float64))
         mean[present] /= count[present, None]

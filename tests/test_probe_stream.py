@@ -130,7 +130,7 @@ def test_auto_batch_size_fits_the_memory_free_and_leaves_the_tables_unchanged(mo
     assert settings.batch_size == "auto" and "batch_size" not in settings.to_dict()
     subject = resolve(f"hf:{model_dir}", 6, 16, seed=0, progress=False, hf_input=settings.hf_input)
     sites = sweep_sites(subject, settings.sites)
-    shapes = streamed.site_shapes(subject, sites)
+    shapes = streamed.site_shapes(subject, sites.all())
     per_sequence = streamed.sequence_bytes(subject, shapes)
     assert per_sequence > 16 * 4 * subject.hf.d_vocab  # the logits alone are 16 x d_vocab float32
     with torch.no_grad():
@@ -232,7 +232,7 @@ def test_sites_whose_statistics_do_not_fit_together_run_in_groups_with_the_same_
                                    batch_size=4)
     subject = resolve(f"hf:{model_dir}", 6, 16, seed=0, progress=False, hf_input=settings.hf_input)
     sites = sweep_sites(subject, settings.sites)
-    shapes = streamed.site_shapes(subject, sites)
+    shapes = streamed.site_shapes(subject, sites.all())
     with torch.no_grad():
         whole = analyse_subject_streamed(subject, settings)
         assert subject.info["streamed"]["statistics_groups"] == 1
