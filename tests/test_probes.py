@@ -36,7 +36,7 @@ from nopelens.probes import (
     sequence_splits,
     token_identity_predictions,
 )
-from nopelens.probes.metrics import _metric_values
+from nopelens.probes.metrics import _metric_values, _replicate_chunk, _spearman
 
 LATIN = np.array([[0, 1, 2, 3], [1, 2, 3, 0], [2, 3, 0, 1], [3, 0, 1, 2]])
 TEMPLATE = np.tile(np.arange(4), (4, 1))
@@ -208,6 +208,20 @@ def test_weighted_spearman_equals_scipy_on_repeated_samples_for_every_weight_row
             assert np.isnan(value)
             continue
         assert value == pytest.approx(stats.spearmanr(np.repeat(y, repeat), np.repeat(pred, repeat)).statistic, abs=1e-12)
+
+
+def test_spearman_replicates_are_the_same_numbers_whatever_the_chunk():
+    rng = np.random.default_rng(4)
+    n_groups = 30
+    groups = np.repeat(np.arange(n_groups), 50)
+    y = np.tile(np.arange(50), n_groups)
+    pred = y + rng.normal(0, 5, len(y))
+    pred[::9] = np.round(pred[::9])  # tied predictions take the other rank path
+    weights = rng.multinomial(n_groups, np.full(n_groups, 1 / n_groups), size=70).astype(float)
+    default = _spearman(y, pred, groups, weights)
+    for chunk in (1, 3, 64, 100):
+        np.testing.assert_array_equal(_spearman(y, pred, groups, weights, chunk=chunk), default)
+    assert _replicate_chunk(2048) == 64 and _replicate_chunk(16384) == 16 and _replicate_chunk(10**6) == 8
 
 
 def test_bootstrap_ci_brackets_the_estimate_and_narrows_with_more_sequences():
