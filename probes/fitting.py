@@ -238,7 +238,8 @@ class BlockMoments:
         Args:
             block: block number.
             Xs: ``[n, d]`` features minus ``shift``, in the statistics' dtype and device.
-            raw: the same rows before the shift (numpy or torch, any float dtype), for the extremes.
+            raw: the same rows before the shift (numpy or torch, any float dtype), for the
+                extremes; None when :meth:`add_extremes` was given them.
             values: ``[n, t]`` value targets (statistics' dtype and device).
             labels: per class target, int64 ``[n]`` indices into its ``classes``.
         """
@@ -246,14 +247,8 @@ class BlockMoments:
         self.total[block] += Xs.sum(0)
         gram = _gram(Xs)
         self.gram[block] += gram.reshape(-1)[_upper(len(self.shift), gram.device)] if self.packed else gram
-        if isinstance(raw, torch.Tensor) and raw.device.type == "cpu" and raw.dtype in (torch.float32, torch.float64):
-            raw = raw.numpy()  # numpy reduces over rows 15x faster than torch on one CPU thread; a maximum is exact
-        high, low = raw.max(0), raw.min(0)
-        if isinstance(raw, torch.Tensor):
-            high, low = high.values, low.values
-        for target, extreme, pick in ((self.high, high, torch.maximum), (self.low, low, torch.minimum)):
-            extreme = torch.as_tensor(np.asarray(extreme) if not isinstance(extreme, torch.Tensor) else extreme)
-            target[block] = pick(target[block], extreme.to(Xs.device, Xs.dtype))
+        if raw is not None:
+            self.add_extremes(block, raw)
         if values is not None and values.shape[1]:
             self.xty[block] += _cross(Xs, values)
             self.ysum[block] += values.sum(0)
@@ -261,6 +256,18 @@ class BlockMoments:
         for sums, counts, label, classes in zip(self.class_sums, self.class_counts, labels, self.classes):
             sums[block].index_add_(0, label, Xs)
             counts[block] += torch.bincount(label, minlength=len(classes)).to(Xs.dtype)
+
+    def add_extremes(self, block: int, raw) -> None:
+        """Widen ``block``'s per-feature extremes to those of ``raw`` ``[n, d]`` (rows before the
+        shift; numpy or torch, any float dtype)."""
+        if isinstance(raw, torch.Tensor) and raw.device.type == "cpu" and raw.dtype in (torch.float32, torch.float64):
+            raw = raw.numpy()  # numpy reduces over rows 15x faster than torch on one CPU thread; a maximum is exact
+        high, low = raw.max(0), raw.min(0)
+        if isinstance(raw, torch.Tensor):
+            high, low = high.values, low.values
+        for target, extreme, pick in ((self.high, high, torch.maximum), (self.low, low, torch.minimum)):
+            extreme = torch.as_tensor(np.asarray(extreme) if not isinstance(extreme, torch.Tensor) else extreme)
+            target[block] = pick(target[block], extreme.to(self.shift.device, self.shift.dtype))
 
     def merge(self, other: "BlockMoments") -> "BlockMoments":
         """Add ``other`` (same blocks and targets, any shift) into these statistics, in place."""
@@ -353,17 +360,6 @@ def _unpack(packed: torch.Tensor, d: int) -> torch.Tensor:
     lower = upper // d + upper % d * d  # the same entries transposed
     full[:, lower] = packed
     return full.reshape(len(packed), d, d)
-
-
-def _as_tensor(X, device, dtype) -> torch.Tensor:
-    X = torch.as_tensor(np.ascontiguousarray(X) if isinstance(X, np.ndarray) else X)
-    return X.to(device=device, dtype=dtype)
-
-
-def _same_memory(tensor: torch.Tensor, array) -> bool:
-    """Whether ``tensor`` is ``array``'s memory (a numpy array or tensor), not a copy."""
-    other = torch.as_tensor(array) if isinstance(array, np.ndarray) else array
-    return tensor.device == other.device and tensor.data_ptr() == other.data_ptr()
 
 
 def fold_blocks(splits: Sequence[tuple[np.ndarray, np.ndarray]], groups: np.ndarray) -> tuple[list[np.ndarray], list[list[int]]]:
@@ -594,20 +590,43 @@ def fold_statistics(
     order = np.concatenate(blocks + [rest])
     where = np.empty_like(order)
     where[order] = np.arange(len(order))
-    raw = X[torch.as_tensor(order)] if isinstance(X, torch.Tensor) else np.asarray(X)[order]
-    Xs = _as_tensor(raw, device, compute_dtype)
-    if _same_memory(Xs, raw):  # features already in the compute dtype: the shift must not reach the raw extremes
-        Xs = Xs.clone()
+    Xs, exact = _gathered(X, order, device, compute_dtype)
     shift = Xs.mean(0)  # a global shift changes nothing mathematically and keeps Gram sums precise
-    Xs -= shift
     bounds = np.concatenate([[0], np.cumsum([len(b) for b in blocks])])
     index = [slice(int(a), int(b)) for a, b in zip(bounds[:-1], bounds[1:])]
     moments, value_rows, labels = _moments_for(len(blocks), shift, [np.asarray(t)[order] for t in values],
                                                [np.asarray(t)[order] for t in classes])
+    for b, rows in enumerate(index):  # the raw extremes, before the shift
+        moments.add_extremes(b, Xs[rows] if exact else _take(X, order[rows]))
+    Xs -= shift
     for b, rows in enumerate(index):
-        moments.add(b, Xs[rows], raw[rows], None if value_rows is None else value_rows[rows],
+        moments.add(b, Xs[rows], None, None if value_rows is None else value_rows[rows],
                     [label[rows] for label in labels])
     return FoldStatistics(moments, members, Xs, where)
+
+
+GATHER_ELEMENTS = 1 << 20
+"""Elements (rows x features) :func:`_gathered` reorders at a time (4 MB of float32)."""
+
+
+def _gathered(X, order: np.ndarray, device, dtype) -> tuple[torch.Tensor, bool]:
+    """``X[order]`` ``[n, d]`` in ``dtype`` on ``device``, a new tensor filled a few MB of rows at a
+    time (not a reordered copy and then a converted one: two fewer passes over the features, and
+    no memory of their size but the result), and whether it holds ``X``'s values exactly (its dtype
+    is at least as wide)."""
+    X = X if isinstance(X, torch.Tensor) else np.asarray(X)
+    out = torch.empty((len(order), *X.shape[1:]), dtype=dtype, device=device)
+    step = max(1, GATHER_ELEMENTS // max(int(np.prod(X.shape[1:])), 1))
+    for start in range(0, len(order), step):
+        out[start:start + step] = _take(X, order[start:start + step])
+    return out, torch.promote_types(_take(X, order[:0]).dtype, dtype) == dtype
+
+
+def _take(X, rows: np.ndarray) -> torch.Tensor:
+    """``X[rows]`` as a tensor (on ``X``'s device when it is one)."""
+    if isinstance(X, torch.Tensor):
+        return X[torch.as_tensor(rows, device=X.device)]
+    return torch.from_numpy(np.ascontiguousarray(np.asarray(X)[rows]))
 
 
 def target_moments(n_blocks: int, shift: torch.Tensor, task: str, targets: Sequence[np.ndarray]):
