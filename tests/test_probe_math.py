@@ -336,3 +336,21 @@ def test_fold_statistics_judge_float64_features_by_their_raw_extremes(as_tensor)
     high, low = stats.moments.high.max(0).values, stats.moments.low.min(0).values
     assert np.array_equal(high.numpy(), X.max(0)) and np.array_equal(low.numpy(), X.min(0))
     assert signal_mask(high, low, "float64").tolist() == [False, True]
+
+
+@pytest.mark.parametrize("as_tensor", [False, True])
+def test_fold_statistics_reorders_features_exactly_and_says_when_a_narrower_dtype_is_not_exact(as_tensor, monkeypatch):
+    """The reordered copy is filled a few rows at a time (here 3): every row lands in its place, in the
+    compute dtype, and the raw extremes come from it only when the conversion widens."""
+    from nopelens.probes import fitting
+
+    monkeypatch.setattr(fitting, "GATHER_ELEMENTS", 7)  # 3 rows of 2 features at a time
+    rng = np.random.default_rng(1)
+    X = rng.standard_normal((11, 2)).astype(np.float32)
+    order = rng.permutation(11)
+    source = torch.from_numpy(X) if as_tensor else X
+    out, exact = fitting._gathered(source, order, "cpu", torch.float64)
+    assert exact and out.dtype == torch.float64 and np.array_equal(out.numpy(), X[order].astype(np.float64))
+    wide = X.astype(np.float64) + 1e-12
+    out, exact = fitting._gathered(torch.from_numpy(wide) if as_tensor else wide, order, "cpu", torch.float32)
+    assert not exact and np.array_equal(out.numpy(), wide[order].astype(np.float32))
