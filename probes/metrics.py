@@ -280,11 +280,12 @@ def _spearman(y, pred, group_index, weights, chunk: int | None = None) -> np.nda
     scale = float(np.abs(pred).max()) if len(pred) else 0.0
     pred_ranks = _TieRanks(pred[order], group_index[order], n_groups, tolerance=PREDICTION_TIES * scale)
     sample_group = group_index[order]
+    group_sizes = np.bincount(group_index, minlength=n_groups).astype(np.float64)
     out = np.empty(len(weights))
     for start in range(0, len(weights), chunk):
         rows = weights[start : start + chunk]
         w = rows[:, sample_group]  # [b, n] multiplicity of each sample, in pred order
-        total = w.sum(1)
+        total = rows @ group_sizes  # = w.sum(1): integer weights, so exact
         a, a_square = y_ranks(rows, w)
         b, b_square = pred_ranks(rows, w)
         offset = total * ((total + 1) / 2) ** 2  # N m^2 with m = (N + 1) / 2, the mean rank
@@ -335,6 +336,14 @@ class _TieRanks:
         self.sorted_tie = self.tie if self.perm is None else self.tie[self.perm]
         self.starts = np.flatnonzero(np.r_[True, self.sorted_tie[1:] != self.sorted_tie[:-1]])
         self.distinct = len(self.starts) == len(x)
+        sizes = np.diff(np.r_[self.starts, len(x)])
+        tied = sizes > 1
+        self.few_ties = not self.distinct and int(sizes[tied].sum()) * FEW_TIES <= len(x)
+        if self.few_ties:  # the tied samples (in sorted order), and the first and last of their groups
+            self.members = np.flatnonzero(np.repeat(tied, sizes))
+            self.first = self.starts[tied]
+            self.last = self.first + sizes[tied] - 1
+            self.member_group = np.repeat(np.arange(int(tied.sum())), sizes[tied])
 
     def __call__(self, rows: np.ndarray, w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Ranks of every sample ``[b, n]`` and the sum of weight x rank^2 ``[b]``, for sequence
@@ -344,6 +353,9 @@ class _TieRanks:
             ranks = _average_ranks(tie_weight)
             return ranks[:, self.tie], (tie_weight * ranks**2).sum(1)
         ordered = w if self.perm is None else w[:, self.perm]
+        if self.few_ties:
+            ranks, square = self._few_ties(ordered)
+            return (ranks if self.perm is None else ranks[:, self.inverse]), square
         tie_weight = ordered if self.distinct else np.add.reduceat(ordered, self.starts, axis=1)
         ranks = _average_ranks(tie_weight)
         square = np.einsum("ij,ij,ij->i", tie_weight, ranks, ranks)
@@ -351,6 +363,26 @@ class _TieRanks:
             ranks = ranks[:, self.sorted_tie]
         return (ranks if self.perm is None else ranks[:, self.inverse]), square
 
+
+    def _few_ties(self, ordered: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """:meth:`__call__` when few samples are tied (a BOS token's predictions): every sample
+        ranked as if distinct, then each tied group's members given the group's rank C + (T + 1) / 2.
+        The same numbers as summing the weights per tie group (every term a multiple of 1/2, so
+        exact), without a pass per group over all samples."""
+        through = np.cumsum(ordered, axis=1)  # weight up to and including each sample
+        ranks = through - 0.5 * ordered
+        ranks += 0.5
+        last = through[:, self.last]
+        weight = last - np.where(self.first > 0, through[:, self.first - 1], 0.0)
+        group_rank = last - 0.5 * weight
+        group_rank += 0.5
+        ranks[:, self.members] = group_rank[:, self.member_group]
+        return ranks, np.einsum("ij,ij,ij->i", ordered, ranks, ranks)
+
+
+FEW_TIES = 8
+""":class:`_TieRanks` ranks samples one by one and then fixes their tie groups when at most one
+sample in ``FEW_TIES`` is tied."""
 
 PREDICTION_TIES = 1e-9
 """Predictions closer than this times their largest magnitude share a rank in Spearman's rho. It

@@ -190,14 +190,17 @@ def test_weighted_metrics_equal_library_metrics_on_repeated_samples():
     assert rho == pytest.approx(stats.spearmanr(ey, np.repeat(pred_real, repeat)).statistic)
 
 
-@pytest.mark.parametrize("kind", ["ties_in_y", "ties_in_both", "real_y_tied_pred", "no_ties", "constant_pred"])
+@pytest.mark.parametrize("kind", ["ties_in_y", "ties_in_both", "real_y_tied_pred", "no_ties", "constant_pred",
+                                  "few_tied_pred"])
 def test_weighted_spearman_equals_scipy_on_repeated_samples_for_every_weight_row(kind):
     rng = np.random.default_rng(3)
     n, n_groups = 400, 25
     groups = rng.integers(0, n_groups, n)
     position = rng.integers(0, 12, n)
     noisy = position + rng.normal(size=n)
-    y, pred = {"ties_in_y": (position, noisy), "ties_in_both": (position, rng.integers(0, 12, n)),
+    few_tied = noisy.copy()
+    few_tied[:12], few_tied[200:204] = few_tied[0], few_tied[200]  # 16 of 400 tied: ranked one by one, then fixed
+    y, pred = {"few_tied_pred": (rng.normal(size=n), few_tied), "ties_in_y": (position, noisy), "ties_in_both": (position, rng.integers(0, 12, n)),
                "real_y_tied_pred": (noisy, position.astype(float)), "no_ties": (rng.normal(size=n), noisy),
                "constant_pred": (position, np.zeros(n))}[kind]
     weights = rng.multinomial(n_groups, np.full(n_groups, 1 / n_groups), size=6).astype(float)
