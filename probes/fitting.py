@@ -590,14 +590,16 @@ def fold_statistics(
     order = np.concatenate(blocks + [rest])
     where = np.empty_like(order)
     where[order] = np.arange(len(order))
-    Xs, exact = _gathered(X, order, device, compute_dtype)
+    Xs = _gathered(X, order, device, compute_dtype)
     shift = Xs.mean(0)  # a global shift changes nothing mathematically and keeps Gram sums precise
     bounds = np.concatenate([[0], np.cumsum([len(b) for b in blocks])])
     index = [slice(int(a), int(b)) for a, b in zip(bounds[:-1], bounds[1:])]
     moments, value_rows, labels = _moments_for(len(blocks), shift, [np.asarray(t)[order] for t in values],
                                                [np.asarray(t)[order] for t in classes])
-    for b, rows in enumerate(index):  # the raw extremes, before the shift
-        moments.add_extremes(b, Xs[rows] if exact else _take(X, order[rows]))
+    # the raw extremes, before the shift: rounding is monotone, so the extremes of the converted
+    # features are the converted extremes, which is what the statistics hold
+    for b, rows in enumerate(index):
+        moments.add_extremes(b, Xs[rows])
     Xs -= shift
     for b, rows in enumerate(index):
         moments.add(b, Xs[rows], None, None if value_rows is None else value_rows[rows],
@@ -609,17 +611,16 @@ GATHER_ELEMENTS = 1 << 20
 """Elements (rows x features) :func:`_gathered` reorders at a time (4 MB of float32)."""
 
 
-def _gathered(X, order: np.ndarray, device, dtype) -> tuple[torch.Tensor, bool]:
+def _gathered(X, order: np.ndarray, device, dtype) -> torch.Tensor:
     """``X[order]`` ``[n, d]`` in ``dtype`` on ``device``, a new tensor filled a few MB of rows at a
     time (not a reordered copy and then a converted one: two fewer passes over the features, and
-    no memory of their size but the result), and whether it holds ``X``'s values exactly (its dtype
-    is at least as wide)."""
+    no memory of their size but the result)."""
     X = X if isinstance(X, torch.Tensor) else np.asarray(X)
     out = torch.empty((len(order), *X.shape[1:]), dtype=dtype, device=device)
     step = max(1, GATHER_ELEMENTS // max(int(np.prod(X.shape[1:])), 1))
     for start in range(0, len(order), step):
         out[start:start + step] = _take(X, order[start:start + step])
-    return out, torch.promote_types(_take(X, order[:0]).dtype, dtype) == dtype
+    return out
 
 
 def _take(X, rows: np.ndarray) -> torch.Tensor:
