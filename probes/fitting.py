@@ -623,11 +623,11 @@ def _gathered(X, order: np.ndarray, device, dtype) -> torch.Tensor:
     return out
 
 
-def _take(X, rows: np.ndarray) -> torch.Tensor:
+def _take(X: torch.Tensor | np.ndarray, rows: np.ndarray) -> torch.Tensor:
     """``X[rows]`` as a tensor (on ``X``'s device when it is one)."""
     if isinstance(X, torch.Tensor):
         return X[torch.as_tensor(rows, device=X.device)]
-    return torch.from_numpy(np.ascontiguousarray(np.asarray(X)[rows]))
+    return torch.from_numpy(np.ascontiguousarray(X[rows]))
 
 
 def target_moments(n_blocks: int, shift: torch.Tensor, task: str, targets: Sequence[np.ndarray]):

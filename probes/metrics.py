@@ -363,20 +363,16 @@ class _TieRanks:
             ranks = ranks[:, self.sorted_tie]
         return (ranks if self.perm is None else ranks[:, self.inverse]), square
 
-
     def _few_ties(self, ordered: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """:meth:`__call__` when few samples are tied (a BOS token's predictions): every sample
         ranked as if distinct, then each tied group's members given the group's rank C + (T + 1) / 2.
         The same numbers as summing the weights per tie group (every term a multiple of 1/2, so
         exact), without a pass per group over all samples."""
         through = np.cumsum(ordered, axis=1)  # weight up to and including each sample
-        ranks = through - 0.5 * ordered
-        ranks += 0.5
         last = through[:, self.last]
         weight = last - np.where(self.first > 0, through[:, self.first - 1], 0.0)
-        group_rank = last - 0.5 * weight
-        group_rank += 0.5
-        ranks[:, self.members] = group_rank[:, self.member_group]
+        ranks = _mid_ranks(through, ordered)
+        ranks[:, self.members] = _mid_ranks(last, weight)[:, self.member_group]
         return ranks, np.einsum("ij,ij,ij->i", ordered, ranks, ranks)
 
 
@@ -395,7 +391,12 @@ COUNT_TABLE_MAX = 1 << 20
 
 def _average_ranks(tie_weight: np.ndarray) -> np.ndarray:
     """Rank C + (T + 1) / 2 of tie groups of weights T ``[b, k]`` (ascending), C the weight before."""
-    ranks = np.cumsum(tie_weight, axis=1)
-    ranks -= 0.5 * tie_weight
+    return _mid_ranks(np.cumsum(tie_weight, axis=1), tie_weight)
+
+
+def _mid_ranks(through: np.ndarray, weight: np.ndarray) -> np.ndarray:
+    """Rank C + (T + 1) / 2 = ``through`` - T / 2 + 1 / 2 of groups of weight T whose cumulative
+    weight ends at ``through``."""
+    ranks = through - 0.5 * weight
     ranks += 0.5
     return ranks

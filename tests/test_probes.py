@@ -200,9 +200,9 @@ def test_weighted_spearman_equals_scipy_on_repeated_samples_for_every_weight_row
     noisy = position + rng.normal(size=n)
     few_tied = noisy.copy()
     few_tied[:12], few_tied[200:204] = few_tied[0], few_tied[200]  # 16 of 400 tied: ranked one by one, then fixed
-    y, pred = {"few_tied_pred": (rng.normal(size=n), few_tied), "ties_in_y": (position, noisy), "ties_in_both": (position, rng.integers(0, 12, n)),
-               "real_y_tied_pred": (noisy, position.astype(float)), "no_ties": (rng.normal(size=n), noisy),
-               "constant_pred": (position, np.zeros(n))}[kind]
+    y, pred = {"ties_in_y": (position, noisy), "ties_in_both": (position, rng.integers(0, 12, n)),
+               "few_tied_pred": (rng.normal(size=n), few_tied), "real_y_tied_pred": (noisy, position.astype(float)),
+               "no_ties": (rng.normal(size=n), noisy), "constant_pred": (position, np.zeros(n))}[kind]
     weights = rng.multinomial(n_groups, np.full(n_groups, 1 / n_groups), size=6).astype(float)
     got = _metric_values("spearman", y, pred, groups, weights)
     for row, value in zip(weights, got):
