@@ -8,9 +8,14 @@ worker lost mid-task loses only its own tasks (a rerun measures just those).
 - ``jobs=1``, no scheduler: a plain loop in this process (progress bars shown);
 - ``jobs=N``: :class:`concurrent.futures.ProcessPoolExecutor` with ``N`` workers (a sweep task
   runs on one thread, :func:`nopelens.models.threads.one_thread`, so N workers share N cores
-  without oversubscribing them). On Linux the workers are forked from this process, so they start
-  at once with its imports (the imports cost seconds, as much as measuring a small model);
-  elsewhere they are spawned. Their progress bars write timed lines (they share a terminal);
+  without oversubscribing them). The workers are spawned, on every platform: each starts a fresh
+  interpreter and imports nopelens (about 4 s here, the workers in parallel). Forking would save
+  that, but this process is multi-threaded once pandas is imported (pyarrow's jemalloc starts a
+  background thread, torch and BLAS keep thread pools), and a child forked from a multi-threaded
+  process can deadlock on a lock another thread held at the fork (Python deprecates it from 3.12;
+  a forked test sweep hung that way, rarely). A script that calls ``sweep(..., jobs=N)`` must
+  therefore guard its entry point with ``if __name__ == "__main__":``, as spawned multiprocessing
+  always asks. Their progress bars write timed lines (they share a terminal);
 - ``scheduler=ADDRESS``: a Dask ``distributed`` cluster through its ``concurrent.futures``
   executor (``Client(ADDRESS).get_executor()``; ``pip install "nopelens[dask]"``). Workers need
   nopelens installed; a worker reads zoo models from its own cache (``$NOPELENS_CACHE``) and
@@ -100,9 +105,9 @@ def run_tasks(
 @contextmanager
 def _executor(jobs: int, scheduler: str | None, security: str | Path | None = None) -> Iterator[cf.Executor]:
     if scheduler is None:
-        context = multiprocessing.get_context("fork" if sys.platform.startswith("linux") else "spawn")
         # workers share this terminal: their progress bars write lines instead of redrawing
-        with cf.ProcessPoolExecutor(max_workers=jobs, mp_context=context, initializer=lines_only) as pool:
+        with cf.ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context("spawn"),
+                                    initializer=lines_only) as pool:
             yield pool
         return
     try:

@@ -16,8 +16,6 @@ from tqdm import std
 from tqdm.auto import tqdm
 from tqdm.autonotebook import tqdm as _autonotebook_tqdm
 
-std.tqdm.monitor_interval = 0  # no monitor thread: local sweep workers are forked from this process
-
 LOG_INTERVAL = 5.0
 """Seconds between two progress lines written to a file or a pipe."""
 

@@ -42,7 +42,7 @@ def done_parts(run: Path) -> int:
 
 
 def test_jobs_give_the_serial_tables(serial, tmp_path):
-    sweep(SETTINGS, tmp_path / "run", progress=False, jobs=2)
+    _bounded(sweep, SETTINGS, tmp_path / "run", progress=False, jobs=2)
     assert_same_tables(tmp_path / "run", serial)
 
 
@@ -54,13 +54,13 @@ def test_a_lost_local_worker_loses_only_unfinished_tasks(serial, tmp_path, capsy
     _wait_for(lambda: done_parts(out) >= 1 or not runner.is_alive())
     for child in multiprocessing.active_children():  # the pool's workers, mid-task
         os.kill(child.pid, signal.SIGKILL)
-    runner.join()
+    _join(runner)
     finished = done_parts(out)
     if errors:
         assert isinstance(errors[0], ChildProcessError) and "rerun" in str(errors[0])
         assert finished < N_TASKS
     capsys.readouterr()
-    sweep(SETTINGS, out, progress=True, jobs=2)
+    _bounded(sweep, SETTINGS, out, progress=True, jobs=2)
     assert capsys.readouterr().err.count("already measured") == finished, "nothing finished is measured twice"
     assert_same_tables(out, serial)
 
@@ -112,7 +112,7 @@ def test_dask_worker_killed_mid_task_and_a_rerun_completes_the_folder(serial, cl
     killed = busy is not True
     if killed:
         client.run(os._exit, 1, workers=busy[:1], on_error="ignore")  # the worker process dies mid-task
-    runner.join()
+    _join(runner)
     if errors:
         assert isinstance(errors[0], ChildProcessError), errors[0]
     finished = done_parts(out)
@@ -129,6 +129,30 @@ def _sweep_catching(out: Path, errors: list, **kwargs) -> None:
         sweep(SETTINGS, out, progress=False, **kwargs)
     except Exception as error:  # noqa: BLE001 - the test inspects it
         errors.append(error)
+
+
+def _join(thread: threading.Thread, timeout: float = 300.0) -> None:
+    """Wait for ``thread``: a hung pool fails the test in minutes instead of holding CI until its
+    time limit."""
+    thread.join(timeout)
+    assert not thread.is_alive(), f"the sweep did not finish in {timeout:.0f} s (a worker hung?)"
+
+
+def _bounded(function, *args, **kwargs) -> None:
+    """``function(*args, **kwargs)`` on a thread, waited for as :func:`_join` waits; its error is raised here."""
+    errors = []
+
+    def call():
+        try:
+            function(*args, **kwargs)
+        except BaseException as error:  # noqa: BLE001 - raised below, in the test's thread
+            errors.append(error)
+
+    thread = threading.Thread(target=call)
+    thread.start()
+    _join(thread)
+    if errors:
+        raise errors[0]
 
 
 def _wait_for(condition, timeout: float = 300.0):
