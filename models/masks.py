@@ -78,12 +78,21 @@ class KeyWindow:
         return self.allows(pos[:, None], pos[None, :])
 
     def sees_first(self, n: int) -> Bool[Tensor, "query_pos"]:
-        """``[n]``: which of n queries can see the first token (the sink candidate)."""
-        return self.visible(n)[:, 0]
+        """``[n]``: which of n queries can see the first token (the sink candidate); O(n) memory."""
+        pos = torch.arange(n)
+        return self.allows(pos, torch.zeros_like(pos))
 
     def n_visible(self, n: int) -> Int[Tensor, "query_pos"]:
-        """``[n]``: the number of keys each of n queries sees (i + 1 without a window or chunk)."""
-        return self.visible(n).sum(-1)
+        """``[n]``: the number of keys each of n queries sees (i + 1 without a window or chunk); O(n)
+        memory: query i sees exactly the keys from ``first`` to i, ``first`` the latest of 0, the
+        window's start i - w + 1 and the chunk's start (i // c) c."""
+        pos = torch.arange(n)
+        first = torch.zeros_like(pos)
+        if self.window is not None:
+            first = torch.maximum(first, pos - self.window + 1)
+        if self.chunk is not None:
+            first = torch.maximum(first, torch.div(pos, self.chunk, rounding_mode="floor") * self.chunk)
+        return pos - first + 1
 
     def bites(self, n: int) -> bool:
         """Whether the window or chunk blocks some causal pair among n tokens."""

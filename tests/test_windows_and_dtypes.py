@@ -106,6 +106,22 @@ def test_sink_mass_of_a_sliding_layer_averages_the_queries_that_see_the_first_to
     assert set(table["key_window"]) == {"sliding window 4"} and set(naive["key_window"]) == {"causal"}
 
 
+@pytest.mark.parametrize("keys", [KeyWindow(), KeyWindow(window=1), KeyWindow(window=3), KeyWindow(chunk=1),
+                                  KeyWindow(chunk=4), KeyWindow(window=3, chunk=4), KeyWindow(window=5, chunk=3)])
+def test_visible_key_counts_and_first_token_equal_the_mask_and_need_no_square_array(keys):
+    for n in (1, 2, 7, 13):
+        visible = keys.visible(n)
+        assert torch.equal(keys.n_visible(n), visible.sum(-1))
+        assert torch.equal(keys.sees_first(n), visible[:, 0])
+    n = 2**22  # an [n, n] mask would be 16 TiB: both take O(n) memory (the plan of a long-context run asks them)
+    counts, first = keys.n_visible(n), keys.sees_first(n)
+    reach = min(n, keys.window or n, keys.chunk or n)  # no key further back than this is visible
+    for i in (0, 1, n // 2 + 1, n - 2, n - 1):
+        candidates = torch.arange(max(0, i - reach + 1), i + 1)
+        assert int(counts[i]) == int(keys.allows(torch.tensor(i), candidates).sum())
+        assert bool(first[i]) == bool(keys.allows(torch.tensor(i), torch.tensor(0)))
+
+
 def test_the_variance_read_counts_the_visible_keys():
     """Uniform attention over a window of w averages min(i + 1, w) values: the variance is flat
     past the window. Fitted against the visible keys the slope stays -1; against i + 1 it is not."""

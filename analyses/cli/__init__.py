@@ -128,12 +128,12 @@ def guarded(run: Callable[[], int | None], label: str) -> int:
         print(f"{label}: error: {' '.join(str(message).split())}", file=sys.stderr)
         return 2
     except (MemoryError, Exception) as error:  # anything else is a bug: one line, never a traceback
+        if os.environ.get("NOPELENS_TRACEBACK"):
+            raise
         if _is_out_of_memory(error):
             print(f"{label}: error: out of memory ({str(error).strip().splitlines()[-1][:200]}); "
                   "use smaller lengths, sizes or counts", file=sys.stderr)
             return 2
-        if os.environ.get("NOPELENS_TRACEBACK"):
-            raise
         print(f"{label}: internal error: {type(error).__name__}: {_first_line(error)} "
               f"(at {_where(error)}); this is a bug in nopelens: please report it with the command line to "
               f"{REPORT_TO} (rerun with NOPELENS_TRACEBACK=1 for the traceback)", file=sys.stderr)
