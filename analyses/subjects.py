@@ -22,6 +22,7 @@ Every subject carries its own evaluation batch: fresh sequences the model never 
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -348,6 +349,71 @@ def fixed_length(spec: str) -> str | None:
     trained = f" (max_len {longest})" if longest is not None else ""
     return (f"{spec} is a {task}-task model, read on {task} samples of its longest training length{trained}, "
             "so that every sequence covers every trained position")
+
+
+def input_fingerprint(spec: str, hf_input: HFInput | None = None) -> dict[str, Any] | None:
+    """What a measurement of ``spec`` reads besides its settings, so that a rerun into the same run
+    folder can tell whether a finished part still stands for the model and text it would read now.
+
+    For a model in a directory (``hf:DIR``, or a nopelens checkpoint directory): each file directly
+    in it, by size and modification time in ns (as ``make`` and ``git`` notice a change; hashing a
+    checkpoint of hundreds of GB would cost minutes on every rerun). With ``--text FILE``, also the
+    sha256 of the text. A file that cannot be read is left out: the measurement itself reports it.
+
+    Returns:
+        ``{"files": {name: [bytes, mtime_ns]}, "text_sha256": hex or absent}``; None for the zoo and
+        control models (zoo weights are checked against their sha256 when loaded).
+    """
+    if spec.startswith(HF_PREFIX):
+        directory = Path(spec[len(HF_PREFIX):])
+    elif ("/" in spec or Path(spec).exists()) and Path(spec).is_dir():
+        directory = Path(spec)
+    else:
+        return None
+    files = {}
+    for path in sorted(directory.iterdir()) if directory.is_dir() else []:
+        try:
+            if path.is_file():
+                stat = path.stat()
+                files[path.name] = [stat.st_size, stat.st_mtime_ns]
+        except OSError:
+            continue
+    fingerprint: dict[str, Any] = {"files": files}
+    text = hf_input.text if hf_input is not None and spec.startswith(HF_PREFIX) else None
+    if text is not None:
+        try:
+            fingerprint["text_sha256"] = _sha256(Path(text))
+        except OSError:
+            pass
+    return fingerprint
+
+
+def input_changes(recorded: dict[str, Any] | None, current: dict[str, Any] | None) -> list[str]:
+    """What differs between two :func:`input_fingerprint` results, in words (empty: nothing, or a
+    part recorded before fingerprints existed).
+
+    >>> input_changes({"files": {"a": [1, 5], "b": [2, 5]}}, {"files": {"a": [1, 6], "c": [3, 5]}})
+    ['a changed', 'b is gone', 'c is new']
+    >>> input_changes({"files": {}, "text_sha256": "00"}, {"files": {}, "text_sha256": "ff"})
+    ['the --text file changed']
+    """
+    if recorded is None or current is None:
+        return []
+    before, now = recorded.get("files", {}), current.get("files", {})
+    changes = [f"{name} changed" for name in sorted(set(before) & set(now)) if list(before[name]) != list(now[name])]
+    changes += [f"{name} is gone" for name in sorted(set(before) - set(now))]
+    changes += [f"{name} is new" for name in sorted(set(now) - set(before))]
+    if recorded.get("text_sha256") != current.get("text_sha256"):
+        changes.append("the --text file changed")
+    return changes
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as stream:
+        for chunk in iter(lambda: stream.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
 
 
 def check_spec(spec: str) -> None:

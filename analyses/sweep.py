@@ -67,7 +67,10 @@ from . import layers, parallel, reads, report, runs, seeds
 from .eta import SweepETA
 from .intervene import sink_ablation_drop
 from .reads import ProbeInput, SweepSites
-from .subjects import CONTROL_SPECS, HFInput, Subject, check_spec, has_training_seed, planned_work, qk_sites, resolve
+from .subjects import (
+    CONTROL_SPECS, HFInput, Subject, check_spec, has_training_seed, input_changes, input_fingerprint, planned_work, qk_sites,
+    resolve,
+)
 
 DEFAULT_MODELS = {"text": ("text-nope-4l", "text-rope-4l", "text-hybrid-4l", "bb-rope-2l", "bb-nope-3l"),
                   "copy": ("copy-nope-3l", "copy-rope-3l")}
@@ -593,13 +596,15 @@ def _sweep_tasks(settings: SweepSettings, out: Path | None, progress: bool, jobs
                  figures: bool) -> SweepResult:
     """:func:`sweep` once its folder ``out`` (or None) is claimed."""
     tasks = settings.tasks()
+    inputs = {spec: input_fingerprint(spec, settings.hf_input) for spec in settings.models}
     done: dict[tuple[str, int], tuple[dict, dict]] = {}
     for task in tasks:
         part = runs.part_dir(out, *task) if out is not None else None
         finished = runs.read_part(part, TABLES) if part is not None else None
         if finished is not None:
-            tqdm.write(f"nopelens: {_label(*task)}: already measured in {part}, reusing", file=sys.stderr)
             tables, meta = finished
+            _check_same_inputs(part, task[0], meta.get("inputs"), inputs[task[0]])
+            tqdm.write(f"nopelens: {_label(*task)}: already measured in {part}, reusing", file=sys.stderr)
             done[task] = {name: _as_measured(name, seeds.with_train_seed(table, task[1]))
                           for name, table in tables.items()}, meta
     todo = [task for task in tasks if task not in done]
@@ -611,6 +616,8 @@ def _sweep_tasks(settings: SweepSettings, out: Path | None, progress: bool, jobs
     clock = [time.perf_counter()]
 
     def keep(task: tuple[str, int], measured: tuple[dict, dict]) -> None:
+        if inputs[task[0]] is not None:
+            measured = measured[0], {**measured[1], "inputs": inputs[task[0]]}
         if out is not None:
             runs.write_part(runs.part_dir(out, *task), *measured)
         done[task] = measured
@@ -638,6 +645,19 @@ def _sweep_tasks(settings: SweepSettings, out: Path | None, progress: bool, jobs
         result.figures = tuple(report.write_run(result, settings, command=" ".join(["nopelens", *sys.argv[1:]]),
                                                 versions=versions(), svg=svg, name=name, draw=figures))
     return result
+
+
+def _check_same_inputs(part: Path, spec: str, recorded: dict | None, current: dict | None) -> None:
+    """Refuse to reuse a finished part whose model files or text changed since it was measured
+    (:func:`~nopelens.analyses.subjects.input_fingerprint`): its tables would describe another model.
+
+    Raises:
+        ValueError: naming what changed.
+    """
+    changes = input_changes(recorded, current)
+    if changes:
+        raise ValueError(f"{part} was measured on other inputs than {spec} gives now ({', '.join(changes)} since); "
+                         "use another --out folder, or delete that part folder to measure it again")
 
 
 def measure(spec: str, train_seed: int, settings: SweepSettings, progress: bool = False) -> tuple[dict, dict]:

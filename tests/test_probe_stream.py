@@ -351,6 +351,34 @@ def test_probe_cli_on_text_and_the_repeated_token_known_answer(model_dir, tmp_pa
     assert len(r2) and (r2["value"] < 0.05).all()
 
 
+def test_a_rerun_refuses_parts_measured_on_other_weights_or_text(model_dir, tmp_path, capsys):
+    """A finished part stands for the files it read: after the weights or the --text file change, a
+    rerun into the same folder says so instead of reusing the old tables (found by QA)."""
+    import shutil
+
+    from nopelens.analyses.cli import main
+
+    model, text = tmp_path / "model", tmp_path / "mine.txt"
+    shutil.copytree(model_dir, model)
+    text.write_text("The quick brown fox jumps over the lazy dog. " * 40, encoding="utf-8")
+    args = ["probe", f"hf:{model}", "--quick", "--seq-len", "8", "--n-sequences", "4", "--quiet", "--no-sink-ablation",
+            "--no-figures", "--text", str(text), "--out", str(tmp_path / "run")]
+    assert main(args) == 0, capsys.readouterr().err
+    (done,) = (tmp_path / "run" / "parts").glob("*/done.json")
+    assert set(json.loads(done.read_text())["inputs"]) == {"files", "text_sha256"}
+    capsys.readouterr()
+    assert main(args) == 0 and "already measured" in capsys.readouterr().err
+    text.write_text("A different text, with other windows of other tokens. " * 40, encoding="utf-8")
+    code = main(args)
+    _one_error(code, capsys.readouterr().err, "was measured on other inputs than hf:")
+    text.write_text("The quick brown fox jumps over the lazy dog. " * 40, encoding="utf-8")  # the same bytes again
+    assert main(args) == 0, capsys.readouterr().err
+    weights = model / "model.safetensors"
+    weights.write_bytes(weights.read_bytes())  # rewritten: a new modification time
+    code = main(args)
+    _one_error(code, capsys.readouterr().err, "(model.safetensors changed since); use another --out folder")
+
+
 def test_plan_prints_passes_tokens_memory_and_exits(model_dir, tmp_path, capsys):
     from nopelens.analyses.cli import main
 
