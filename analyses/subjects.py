@@ -525,9 +525,10 @@ def _evaluation_batch(task, n_sequences: int, seq_len: int, train_lengths, seed:
 
 
 def _hf(directory: Path, n_sequences: int, seq_len: int, seed: int, how: HFInput) -> Subject:
-    from nopelens.models.hf import UnsupportedModelError, check_readable, describe
+    from nopelens.models.hf import UnsupportedModelError, check_readable, describe, text_config
 
     device = how.torch_device()  # a bad device fails before the model loads
+    checked_hf_config(directory)  # a broken config.json is named as such, not as a missing tokenizer
     tokenizer = load_tokenizer(directory) if how.input == "text" else None
     model = load_hf_dir(directory, dtype=how.dtype, device=device)
     description = describe(model)
@@ -557,6 +558,10 @@ def _hf(directory: Path, n_sequences: int, seq_len: int, seed: int, how: HFInput
             "dtype": str(next(model.parameters()).dtype).removeprefix("torch.")}
     if how.input == "text":
         info["text"] = how.text or "pydoc_data.topics (the corpus nopelens ships)"
+    trained = getattr(text_config(model.config), "max_position_embeddings", None)
+    if description.max_positions is None and isinstance(trained, int) and seq_len > trained:
+        info["beyond_trained_length"] = (f"--seq-len {seq_len} passes max_position_embeddings {trained} of config.json: "
+                                         f"positions from {trained} on are beyond the length the model was made for")
     return Subject(f"hf:{directory.name}", model, description.n_layers, position, "external", tokens,
                    torch.ones_like(tokens), has_bos=bos_id is not None, bos_token_id=bos_id,
                    info=info, hf=description)
@@ -661,7 +666,6 @@ def load_hf_dir(directory: Path, dtype: str | None = None, device: str | torch.d
     from safetensors import SafetensorError
 
     from nopelens.models.adapters import load_hf_model
-    from nopelens.models.hf import ConfigError, check_config
 
     if not Path(directory).is_dir():
         raise FileNotFoundError(f"no such HF model directory: {directory}")
@@ -669,19 +673,16 @@ def load_hf_dir(directory: Path, dtype: str | None = None, device: str | torch.d
     transformers.logging.disable_progress_bar()
 
     def load():
-        cls = _causal_lm_class(directory)
+        cls = checked_hf_config(directory)
         try:
-            check_config(_config_class(cls).from_pretrained(directory, local_files_only=True))
             # safetensors only: a pytorch_model.bin is a pickle, and nopelens never unpickles a user file;
             # mismatched shapes are reported below from transformers' loading info, not its log
             model, info = cls.from_pretrained(directory, local_files_only=True, use_safetensors=True,
                                               dtype=dtype or "auto", ignore_mismatched_sizes=True,
                                               output_loading_info=True)
-        except ConfigError as error:
-            raise ValueError(f"{directory}/config.json: {error}") from None
         except (OSError, ValueError) as error:
             raise ValueError(f"{directory} holds no loadable HF causal LM: {error}") from None
-        except _config_errors() as error:  # a config field of the wrong type, e.g. "hidden_size": "big"
+        except _config_errors() as error:
             raise ValueError(f"{directory}/config.json is not a valid config: {' '.join(str(error).split())}") from None
         except SafetensorError as error:
             raise ValueError(f"{directory}: a safetensors weight file is corrupted or truncated ({error})") from None
@@ -690,6 +691,29 @@ def load_hf_dir(directory: Path, dtype: str | None = None, device: str | torch.d
         return model.to(device).eval()
 
     return load_hf_model(load(), reload=load)
+
+
+def checked_hf_config(directory: Path):
+    """Read and check an HF model directory's ``config.json`` offline, before anything else is
+    loaded (its tokenizer reads it too, and would blame itself); returns the model class to load.
+
+    Raises:
+        ValueError: naming ``config.json`` when it is missing, not JSON, has a field of the wrong
+            type or fields that contradict each other (e.g. a width the head count does not divide),
+            or describes a model nopelens cannot read (:func:`nopelens.models.hf.check_config`).
+    """
+    from nopelens.models.hf import ConfigError, check_config
+
+    cls = _causal_lm_class(directory)
+    try:
+        check_config(_config_class(cls).from_pretrained(directory, local_files_only=True))
+    except ConfigError as error:
+        raise ValueError(f"{directory}/config.json: {error}") from None
+    except (OSError, ValueError) as error:
+        raise ValueError(f"{directory} holds no loadable HF causal LM: {error}") from None
+    except _config_errors() as error:  # a field of the wrong type ("hidden_size": "big"), or fields in conflict
+        raise ValueError(f"{directory}/config.json is not a valid config: {' '.join(str(error).split())}") from None
+    return cls
 
 
 SIZE_FIELDS = ("hidden_size", "num_attention_heads", "num_key_value_heads", "head_dim", "intermediate_size",
@@ -742,6 +766,8 @@ def _causal_lm_class(directory: str | Path):
         config = json.loads((Path(directory) / "config.json").read_text())
     except (OSError, ValueError):
         return AutoModelForCausalLM  # it reports the missing or broken config itself
+    if not isinstance(config, dict):
+        return AutoModelForCausalLM
     named = [name for name in config.get("architectures") or []
              if str(name).endswith(("ForCausalLM", "ForConditionalGeneration"))]
     if config.get("model_type") in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES or not named or not hasattr(transformers, named[0]):

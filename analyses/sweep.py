@@ -684,6 +684,9 @@ def _measure(spec: str, train_seed: int, settings: SweepSettings, progress: bool
     subject = resolve(spec, settings.n_sequences, settings.seq_len, settings.seed, progress, settings.quick_steps,
                       train_seed=train_seed, hf_input=settings.hf_input)
     loaded = time.perf_counter()
+    if "beyond_trained_length" in subject.info:
+        tqdm.write(f"nopelens: {_label(subject.name, train_seed)}: note: {subject.info['beyond_trained_length']}",
+                   file=sys.stderr)
     what = f"{subject.n_layers + 1} layers" if settings.layers is None else f"blocks {_ranges(settings.layers)}"
     tqdm.write(f"nopelens: {_label(subject.name, train_seed)}: probing {what}", file=sys.stderr)
     with torch.no_grad():

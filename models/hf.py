@@ -422,8 +422,8 @@ def check_config(config: Any) -> None:
         config: an HF ``PretrainedConfig`` of a causal LM (or its text sub-config).
 
     Raises:
-        ConfigError: (a ``ValueError``) if a per-layer list (:data:`PER_LAYER_FIELDS`) does not have one entry per
-            layer, or a layer's sliding window or attention chunk is shorter than one token (a
+        ConfigError: (a ``ValueError``) if the layer count is below 1, a per-layer list
+            (:data:`PER_LAYER_FIELDS`) does not have one entry per layer, or a layer's sliding window or attention chunk is shorter than one token (a
             window of 0 blocks every key: every query row would be fully masked).
 
     Example:
@@ -440,6 +440,8 @@ def check_config(config: Any) -> None:
     if count is None:
         return  # describe_config names the missing size
     n_layers = int(getattr(config, count))
+    if n_layers < 1:
+        raise ConfigError(f"{count} is {n_layers}: a model needs at least one layer")
     for name in PER_LAYER_FIELDS:
         value = getattr(config, name, None)
         if isinstance(value, (list, tuple)) and len(value) != n_layers:

@@ -379,6 +379,23 @@ def test_a_rerun_refuses_parts_measured_on_other_weights_or_text(model_dir, tmp_
     _one_error(code, capsys.readouterr().err, "(model.safetensors changed since); use another --out folder")
 
 
+def test_a_sequence_past_max_position_embeddings_is_noted(model_dir, tmp_path):
+    """RoPE and NoPE layers compute any position, so a longer --seq-len runs (length generalization is a
+    question users ask), but the run says the positions past the config's length are beyond it."""
+    import shutil
+
+    from nopelens.analyses.subjects import HFInput, resolve
+
+    short = tmp_path / "short"
+    shutil.copytree(model_dir, short)
+    config = json.loads((short / "config.json").read_text())
+    (short / "config.json").write_text(json.dumps({**config, "max_position_embeddings": 8}))
+    how = HFInput(input="random")
+    assert "beyond_trained_length" not in resolve(f"hf:{short}", 4, 8, progress=False, hf_input=how).info
+    note = resolve(f"hf:{short}", 4, 12, progress=False, hf_input=how).info["beyond_trained_length"]
+    assert note.startswith("--seq-len 12 passes max_position_embeddings 8 of config.json: positions from 8 on"), note
+
+
 def test_plan_prints_passes_tokens_memory_and_exits(model_dir, tmp_path, capsys):
     from nopelens.analyses.cli import main
 
@@ -424,6 +441,9 @@ def test_three_tokens_leave_no_variance_slope_and_say_so(model_dir, tmp_path, ca
     ("zoo model", "applies to hf:DIR models"),
     ("batch size 0", "--batch-size must be a positive integer or auto, got 0"),
     ("memory 0", "--memory-mib must be an integer >= 1, got 0"),
+    ("config not JSON", "holds no loadable HF causal LM: It looks like the config file"),
+    ("heads do not divide the width", "config.json is not a valid config: Class validation error"),
+    ("no layers", "config.json: num_hidden_layers is 0: a model needs at least one layer"),
 ])
 def test_bad_input_is_one_line_and_exit_2(model_dir, tmp_path, capsys, case, message):
     import shutil
@@ -458,6 +478,23 @@ def test_bad_input_is_one_line_and_exit_2(model_dir, tmp_path, capsys, case, mes
         extra = ["--batch-size", "0"]
     elif case == "memory 0":
         extra = ["--memory-mib", "0"]
+    elif case in ("config not JSON", "heads do not divide the width", "no layers"):
+        # with the tokenizer beside it: the message names config.json, not a missing tokenizer
+        broken = tmp_path / "broken"
+        shutil.copytree(model_dir, broken)
+        if case == "heads do not divide the width":  # Llama's config checks its shape (SmolLM3's does not)
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                build("llama", vocab_size=json.loads((broken / "config.json").read_text())["vocab_size"]).save_pretrained(
+                    broken)
+        config = json.loads((broken / "config.json").read_text())
+        config.update({"heads do not divide the width": {"num_attention_heads": 3},
+                       "no layers": {"num_hidden_layers": 0}}.get(case, {}))
+        if case == "no layers":  # without the per-layer lists transformers checks against the count
+            config = {key: value for key, value in config.items() if not isinstance(value, list) or key == "architectures"}
+        text = json.dumps(config) if case != "config not JSON" else "{not json"
+        (broken / "config.json").write_text(text)
+        target = f"hf:{broken}"
     else:
         target, extra = "circuit", ["--input", "random"]
     capsys.readouterr()
