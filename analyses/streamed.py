@@ -574,7 +574,8 @@ class Plan:
 
     def describe(self, name: str) -> str:
         eta = f"about {self.eta_seconds:.0f} s" if self.eta_seconds is not None else self.eta_note
-        ablation = (f"{self.ablation_passes} of them for the sink ablation of {self.ablated_blocks} blocks, each "
+        blocks = "block" if self.ablated_blocks == 1 else "blocks"
+        ablation = (f"{self.ablation_passes} of them for the sink ablation of {self.ablated_blocks} {blocks}, each "
                     f"stopped after its block; " if self.ablated_blocks else "")
         shortfall = f"; WILL NOT FIT: {self.shortfall}" if self.shortfall else ""
         groups = (f"the sites in {self.groups} groups whose statistics fit the memory, a run each, stopped after its "

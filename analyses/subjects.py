@@ -44,7 +44,7 @@ INPUTS = ("text", "random", "repeated")
 uniformly random token ids after the config's BOS, or one token repeated without BOS (a known
 answer, :func:`nopelens.analyses.streamed.repeated_token_answer`)."""
 DEVICES = ("cpu", "cuda", "auto")
-DTYPES = ("bfloat16", "float32")
+DTYPES = ("bfloat16", "float16", "float32")
 
 
 @dataclass(frozen=True)
@@ -57,7 +57,7 @@ class HFInput:
             model's directory, with the special tokens (BOS) the tokenizer adds.
         text: a UTF-8 text file, or None for the shipped corpus.
         device: ``cpu``, ``cuda`` or ``auto`` (CUDA when available).
-        dtype: ``bfloat16``, ``float32`` or None (the checkpoint's own, its config's ``dtype``).
+        dtype: ``bfloat16``, ``float16``, ``float32`` or None (the checkpoint's own, its config's ``dtype``).
     """
 
     input: str = "random"
@@ -249,7 +249,7 @@ def resolve(
     if n_sequences < 2:
         raise ValueError(f"need at least 2 evaluation sequences (probes split by sequence), got {n_sequences}")
     if seq_len < 3:
-        raise ValueError(f"seq_len must be >= 3, got {seq_len}")
+        raise ValueError(f"seq_len (--seq-len) must be >= 3, got {seq_len}")
     check_spec(spec)
     if spec == "circuit":
         return _circuit(n_sequences, seq_len, seed)
@@ -429,6 +429,8 @@ def check_spec(spec: str) -> None:
         constant_config(spec)
         return
     if spec.startswith(HF_PREFIX):
+        if not spec[len(HF_PREFIX):].strip():
+            raise FileNotFoundError(f"{spec!r} names no directory: give hf:DIR, e.g. hf:./my-model")
         if not Path(spec[len(HF_PREFIX):]).is_dir():
             raise FileNotFoundError(f"no such HF model directory: {spec[len(HF_PREFIX):]}")
         return
@@ -615,6 +617,8 @@ def text_windows(tokenizer, path: str | None, n_sequences: int, seq_len: int, se
     if path is None:
         text, name = "\n\n".join(default_documents().values()), "the shipped corpus"
     else:
+        if Path(path).is_dir():
+            raise IsADirectoryError(f"--text {path} is a directory: give a UTF-8 text file")
         if not Path(path).is_file():
             raise FileNotFoundError(f"--text {path}: no such file")
         try:

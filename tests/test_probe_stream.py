@@ -444,6 +444,11 @@ def test_three_tokens_leave_no_variance_slope_and_say_so(model_dir, tmp_path, ca
     ("config not JSON", "holds no loadable HF causal LM: It looks like the config file"),
     ("heads do not divide the width", "config.json is not a valid config: Class validation error"),
     ("no layers", "config.json: num_hidden_layers is 0: a model needs at least one layer"),
+    ("empty input", "--input must be one of text, random, repeated, got ''"),
+    ("empty out", "--out is empty: name the run folder"),
+    ("no directory", "'hf:' names no directory"),
+    ("seeds", "--seeds 0,1: training seeds apply to zoo models"),
+    ("text is a directory", "is a directory: give a UTF-8 text file"),
 ])
 def test_bad_input_is_one_line_and_exit_2(model_dir, tmp_path, capsys, case, message):
     import shutil
@@ -495,8 +500,13 @@ def test_bad_input_is_one_line_and_exit_2(model_dir, tmp_path, capsys, case, mes
         text = json.dumps(config) if case != "config not JSON" else "{not json"
         (broken / "config.json").write_text(text)
         target = f"hf:{broken}"
-    else:
+    elif case in ("empty input", "seeds", "text is a directory"):
+        extra = {"empty input": ["--input", ""], "seeds": ["--seeds", "0,1"], "text is a directory": ["--text", str(tmp_path)]}[case]
+    elif case == "no directory":
+        target = "hf:"
+    elif case != "empty out":
         target, extra = "circuit", ["--input", "random"]
     capsys.readouterr()
-    code = main(["probe", target, *ARGS, *extra, "--out", str(tmp_path / "run")])
+    out = "" if case == "empty out" else str(tmp_path / "run")
+    code = main(["probe", target, *ARGS, *extra, "--out", out])
     _one_error(code, capsys.readouterr().err, message)

@@ -60,6 +60,8 @@ def _sweep(args: argparse.Namespace, settings: SweepSettings, out, name: str):
 
     sweep_reads = choose_reads(args.metric, args.threshold)  # before any work: a bad --metric costs nothing
     jobs = default_jobs() if args.jobs is None else args.jobs
+    if out is not None and not str(out).strip():
+        raise ValueError("--out is empty: name the run folder")
     return sweep(settings, out, progress=not args.quiet, jobs=jobs, scheduler=args.scheduler, svg=args.svg,
                  security=args.dask_security, sweep_reads=sweep_reads, name=name, figures=not args.no_figures)
 
@@ -123,7 +125,11 @@ def _probe_settings(args: argparse.Namespace) -> SweepSettings:
             raise ValueError(f"--{next(iter(hf_options)).replace('_', '-')} applies to hf:DIR models (the streamed "
                              f"probe), not to {args.model}")
         return settings
-    how = HFInput(input=args.input or "text", text=args.text, device=args.device or "cpu", dtype=args.dtype)
+    if len(settings.train_seeds) > 1:
+        raise ValueError(f"--seeds {','.join(map(str, settings.train_seeds))}: training seeds apply to zoo models, "
+                         f"each trained with its seed; {args.model} has one set of weights")
+    how = HFInput(input="text" if args.input is None else args.input, text=args.text,
+                  device="cpu" if args.device is None else args.device, dtype=args.dtype)
     batch_size = "auto" if args.batch_size is None else args.batch_size
     return dataclasses.replace(settings, hf_input=how, streamed=True, batch_size=batch_size, keep_mib=args.keep_mib,
                                memory_mib=args.memory_mib, layers=args.layers, sink_ablation=not args.no_sink_ablation)
@@ -171,7 +177,8 @@ def run_probe(args: argparse.Namespace) -> int:
         if plan_.shortfall:
             raise ValueError(f"{subject.name}: {plan_.shortfall}")
         return 0
-    _print_results(_sweep(args, settings, args.out or f"runs/probe-{slug(args.model)}", "probe"), args.json)
+    out = f"runs/probe-{slug(args.model)}" if args.out is None else args.out
+    _print_results(_sweep(args, settings, out, "probe"), args.json)
     return 0
 
 
@@ -306,7 +313,7 @@ def register(subparsers) -> None:
     hf.add_argument("--text", metavar="FILE", help="a UTF-8 text file to read (default: the corpus nopelens ships, "
                     "CPython's help texts)")
     hf.add_argument("--device", help="cpu (default), cuda or auto (CUDA when available)")
-    hf.add_argument("--dtype", help="bfloat16 or float32 (default: the checkpoint's own); statistics are float64")
+    hf.add_argument("--dtype", help="bfloat16, float16 or float32 (default: the checkpoint's own); statistics are float64")
     hf.add_argument("--batch-size", type=_batch_size, help="sequences per forward pass, or auto (default: 32, or "
                     "fewer where a forward pass of 32 would not fit half the memory free on the device)")
     hf.add_argument("--keep-mib", type=int, help="MiB of features kept for the probes' predictions instead of a "
