@@ -560,7 +560,7 @@ def _hf(directory: Path, n_sequences: int, seq_len: int, seed: int, how: HFInput
             "dtype": str(next(model.parameters()).dtype).removeprefix("torch.")}
     if how.input == "text":
         info["text"] = how.text or "pydoc_data.topics (the corpus nopelens ships)"
-    trained = getattr(text_config(model.config), "max_position_embeddings", None)
+    trained = getattr(text_config(model.original_model.config), "max_position_embeddings", None)
     if description.max_positions is None and isinstance(trained, int) and seq_len > trained:
         info["beyond_trained_length"] = (f"--seq-len {seq_len} passes max_position_embeddings {trained} of config.json: "
                                          f"positions from {trained} on are beyond the length the model was made for")

@@ -375,9 +375,9 @@ def analyse_subject_streamed(subject: Subject, settings: SweepSettings, label: s
 
     sites = sweep_sites(subject, settings.sites, settings.layers)
     plan_ = plan(subject, settings, sites)
-    tqdm.write(plan_.describe(label or subject.name), file=sys.stderr)
-    if plan_.shortfall:  # refused before any forward pass, not out of memory hours later
+    if plan_.shortfall:  # refused before any forward pass, not out of memory hours later (--plan shows the plan)
         raise ValueError(f"{label or subject.name}: {plan_.shortfall}")
+    tqdm.write(plan_.describe(label or subject.name), file=sys.stderr)
     # the batch size, keep budget and groups planned are those run, whatever the memory free does in between
     tables = measure_streamed(subject, settings, sites, progress, planned=plan_.measurements)
     if tables["variance"] is None:
@@ -687,6 +687,7 @@ def _measure(spec: str, train_seed: int, settings: SweepSettings, progress: bool
     if "beyond_trained_length" in subject.info:
         tqdm.write(f"nopelens: {_label(subject.name, train_seed)}: note: {subject.info['beyond_trained_length']}",
                    file=sys.stderr)
+    probed_blocks(subject, settings.layers)  # a block the model lacks is refused before the "probing" line
     what = f"{subject.n_layers + 1} layers" if settings.layers is None else f"blocks {_ranges(settings.layers)}"
     tqdm.write(f"nopelens: {_label(subject.name, train_seed)}: probing {what}", file=sys.stderr)
     with torch.no_grad():

@@ -185,8 +185,9 @@ def test_statistics_larger_than_the_memory_free_are_refused_before_any_forward_p
     _one_error(code, err, "MiB free on cpu")
     forward = []
     monkeypatch.setattr(streamed, "run", lambda *args, **kwargs: forward.append(1))
-    _one_error(main([*common, "--out", str(tmp_path / "run")]), capsys.readouterr().err,
-               "MiB free on cpu (the rest is for the forward passes); they grow with the sites' width")
+    code, err = main([*common, "--out", str(tmp_path / "run")]), capsys.readouterr().err
+    _one_error(code, err, "MiB free on cpu (the rest is for the forward passes); they grow with the sites' width")
+    assert "WILL NOT FIT" not in err, err  # the reason once, not the plan line and then the error
     assert not forward and not (tmp_path / "run").exists()
     monkeypatch.undo()
     # --memory-mib: room for the largest job, not for every job at once: groups, no refusal
@@ -312,7 +313,9 @@ def test_layers_probe_a_subset_of_blocks_with_the_numbers_of_the_whole_run(model
             code = main([*common, "--layers", bad, "--out", str(tmp_path / "bad")])
         except SystemExit as exit_:  # argparse refuses what its type does not parse
             code = exit_.code
-        _one_error(code, capsys.readouterr().err, message)
+        err = capsys.readouterr().err
+        _one_error(code, err, message)
+        assert ": probing" not in err, err  # refused before it says what it probes
     assert not (tmp_path / "bad").exists()
     _one_error(main(["probe", "circuit", *ARGS, "--layers", "1", "--out", str(tmp_path / "bad")]),
                capsys.readouterr().err, "--layers applies to hf:DIR models")
