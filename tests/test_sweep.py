@@ -113,6 +113,23 @@ def test_rerun_resumes_and_other_settings_are_refused(quick_run, capsys):
     assert "other settings" in capsys.readouterr().err
 
 
+def test_the_quick_smoke_test_has_its_own_default_folder(monkeypatch):
+    """`nopelens sweep --quick` right after `nopelens sweep` must not meet the main job's folder (it
+    was refused there as "made with other settings")."""
+    from nopelens.analyses.cli import sweep as cli_sweep
+
+    folders = []
+
+    def record(args, settings, out, name):
+        folders.append(out)
+        raise ValueError("stop here")
+
+    monkeypatch.setattr(cli_sweep, "_sweep", record)
+    for args in (["sweep", "--quiet"], ["sweep", "--quick", "--quiet"], ["sweep", "--quick", "--out", "mine"]):
+        assert main(args) == 2
+    assert folders == ["runs/sweep", "runs/sweep-quick", "mine"]
+
+
 def test_unknown_model_is_one_line_listing_the_zoo(capsys, tmp_path):
     assert main(["sweep", "--models", "gpt-17", "--out", str(tmp_path / "x")]) == 2
     err = capsys.readouterr().err.strip().splitlines()

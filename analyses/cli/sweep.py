@@ -107,7 +107,8 @@ def results_json(result) -> dict:
 
 def run_sweep(args: argparse.Namespace) -> int:
     settings = _settings(args, _models(args.models), controls=not args.no_controls)
-    _print_results(_sweep(args, settings, args.out, "sweep"), args.json)
+    out = args.out if args.out is not None else "runs/sweep-quick" if args.quick else "runs/sweep"
+    _print_results(_sweep(args, settings, out, "sweep"), args.json)
     return 0
 
 
@@ -271,8 +272,9 @@ def _runs(parser: argparse.ArgumentParser) -> None:
 def register(subparsers) -> None:
     sweep_parser = subparsers.add_parser(
         "sweep", help="where absolute index and relative distance first become recoverable (the main job)",
-        description="Probe every layer of a NoPE, a RoPE and a hybrid (RoPE, RoPE, RoPE, NoPE, as SmolLM3) zoo "
-        "model (trained on first use), the hand-built "
+        description="Probe every layer of a NoPE, a RoPE and a hybrid (RoPE, RoPE, RoPE, NoPE, as SmolLM3) text "
+        "model and two Bigram-Backcopy models from the zoo (shipped with nopelens; trained on first use only where a "
+        "copy is missing), the hand-built "
         "Theorem 1/2 circuit, and untrained NoPE models on random tokens and on constant input (one token id, "
         "no BOS), for absolute index and relative distance, with "
         "controls, attention sinks and variance shrinkage; write a run folder and print the summary.",
@@ -287,7 +289,8 @@ def register(subparsers) -> None:
     )
     sweep_parser.add_argument("--models", help=f"comma list of models; each a {MODEL_HELP}")
     sweep_parser.add_argument("--no-controls", action="store_true", help="leave out the circuit and untrained controls")
-    sweep_parser.add_argument("--out", default="runs/sweep", help="run folder (default runs/sweep); reruns resume")
+    sweep_parser.add_argument("--out", help="run folder (default runs/sweep, or runs/sweep-quick with --quick, so "
+                              "the smoke test never meets the main job's folder); reruns resume")
     _common(sweep_parser)
     _runs(sweep_parser)
     sweep_parser.set_defaults(func=run_sweep)
