@@ -13,7 +13,7 @@ worker lost mid-task loses only its own tasks (a rerun measures just those).
   that, but this process is multi-threaded once pandas is imported (pyarrow's jemalloc starts a
   background thread, torch and BLAS keep thread pools), and a child forked from a multi-threaded
   process can deadlock on a lock another thread held at the fork (Python deprecates it from 3.12;
-  a forked test sweep hung that way, rarely). A script that calls ``sweep(..., jobs=N)`` must
+  a test sweep with forked workers hung, rarely, and never again reproduced). A script that calls ``sweep(..., jobs=N)`` must
   therefore guard its entry point with ``if __name__ == "__main__":``, as spawned multiprocessing
   always asks. Their progress bars write timed lines (they share a terminal);
 - ``scheduler=ADDRESS``: a Dask ``distributed`` cluster through its ``concurrent.futures``

@@ -366,7 +366,7 @@ def input_fingerprint(spec: str, hf_input: HFInput | None = None) -> dict[str, A
     """
     if spec.startswith(HF_PREFIX):
         directory = Path(spec[len(HF_PREFIX):])
-    elif ("/" in spec or Path(spec).exists()) and Path(spec).is_dir():
+    elif Path(spec).is_dir():  # a nopelens checkpoint directory (resolve reads an existing path as one)
         directory = Path(spec)
     else:
         return None
