@@ -527,7 +527,7 @@ def _evaluation_batch(task, n_sequences: int, seq_len: int, train_lengths, seed:
 
 
 def _hf(directory: Path, n_sequences: int, seq_len: int, seed: int, how: HFInput) -> Subject:
-    from nopelens.models.hf import UnsupportedModelError, check_readable, describe, text_config
+    from nopelens.models.hf import UnsupportedModelError, check_readable, describe, trained_length
 
     device = how.torch_device()  # a bad device fails before the model loads
     checked_hf_config(directory)  # a broken config.json is named as such, not as a missing tokenizer
@@ -560,8 +560,8 @@ def _hf(directory: Path, n_sequences: int, seq_len: int, seed: int, how: HFInput
             "dtype": str(next(model.parameters()).dtype).removeprefix("torch.")}
     if how.input == "text":
         info["text"] = how.text or "pydoc_data.topics (the corpus nopelens ships)"
-    trained = getattr(text_config(model.original_model.config), "max_position_embeddings", None)
-    if description.max_positions is None and isinstance(trained, int) and seq_len > trained:
+    trained = trained_length(model.original_model.config)
+    if description.max_positions is None and trained is not None and seq_len > trained:
         info["beyond_trained_length"] = (f"--seq-len {seq_len} passes max_position_embeddings {trained} of config.json: "
                                          f"positions from {trained} on are beyond the length the model was made for")
     return Subject(f"hf:{directory.name}", model, description.n_layers, position, "external", tokens,

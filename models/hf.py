@@ -458,6 +458,19 @@ def text_config(config: Any) -> Any:
     return get(decoder=True) if callable(get) else config
 
 
+def trained_length(config: Any) -> int | None:
+    """The sequence length an HF config says its model was made for (``max_position_embeddings``, or
+    GPT-2's ``n_positions``), or None where it says none. A RoPE or NoPE layer computes any position;
+    past this length the model was not trained.
+
+    >>> from transformers import LlamaConfig
+    >>> trained_length(LlamaConfig(max_position_embeddings=16, num_hidden_layers=1))
+    16
+    """
+    value = _first(text_config(config), "max_position_embeddings", "n_positions", default=None)
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
 def _first(config: Any, *names: str, default: Any = ...) -> Any:
     for name in names:
         value = getattr(config, name, None)
