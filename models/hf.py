@@ -423,7 +423,8 @@ def check_config(config: Any) -> None:
 
     Raises:
         ConfigError: (a ``ValueError``) if the layer count is below 1, a per-layer list
-            (:data:`PER_LAYER_FIELDS`) does not have one entry per layer, or a layer's sliding window or attention chunk is shorter than one token (a
+            (:data:`PER_LAYER_FIELDS`) does not have one entry per layer, or a layer's sliding
+            window or attention chunk is shorter than one token (a
             window of 0 blocks every key: every query row would be fully masked).
 
     Example:

@@ -507,7 +507,7 @@ def test_bad_input_is_one_line_and_exit_2(model_dir, tmp_path, capsys, case, mes
         extra = {"empty input": ["--input", ""], "seeds": ["--seeds", "0,1"], "text is a directory": ["--text", str(tmp_path)]}[case]
     elif case == "no directory":
         target = "hf:"
-    elif case != "empty out":
+    elif case == "zoo model":
         target, extra = "circuit", ["--input", "random"]
     capsys.readouterr()
     out = "" if case == "empty out" else str(tmp_path / "run")
