@@ -58,7 +58,7 @@ def settings_digest(settings: dict[str, Any], ignore: Sequence[str] = ()) -> str
 
 
 def claim(folder: str | Path, kind: str, settings: dict[str, Any], ignore: Sequence[str] = (),
-          command: str | None = None, unset: dict[str, str] | None = None) -> Path:
+          command: str | None = None, unset: dict[str, Any] | None = None) -> Path:
     """Make ``folder`` the run folder of a ``kind`` analysis with ``settings``, or refuse it.
 
     Writes ``<kind>.json`` (``digest``, ``settings`` and the ``command``) into ``folder``, creating
@@ -74,7 +74,8 @@ def claim(folder: str | Path, kind: str, settings: dict[str, Any], ignore: Seque
         command: the ``nopelens`` subcommand running (default ``kind``; ``probe`` writes a sweep
             folder); messages name it, and the command that made a refused folder.
         unset: what a key means when one side's settings lack it (settings written only when not
-            at their default), e.g. ``{"hf_input": "random token ids on cpu"}``; default "the default".
+            at their default): words, e.g. ``{"layers": "every block"}`` (default "the default"), or
+            for a record its default record, whose fields are then compared one by one.
 
     Returns:
         ``folder`` as a ``Path``.
@@ -94,11 +95,7 @@ def claim(folder: str | Path, kind: str, settings: dict[str, Any], ignore: Seque
     digest = settings_digest(settings, ignore)
     previous = _stamped_settings(folder, kind)
     if previous is not None and settings_digest(previous, ignore) != digest:
-        differing = sorted(key for key in set(previous) | set(settings)
-                           if key not in ignore and _json(previous.get(key)) != _json(settings.get(key)))
-        meaning = unset or {}
-        changes = "; ".join(f"{key}: {_shown(previous, key, meaning)} there, {_shown(settings, key, meaning)} now"
-                            for key in differing)
+        changes = "; ".join(_changes(previous, settings, ignore, unset or {}))
         raise ValueError(f"{folder} holds a run of nopelens {_made_by(folder, kind)} made with other settings "
                          f"({changes}); use another --out folder, or delete it to start over")
     write_json_atomic({"digest": digest, "settings": settings, "command": command}, folder / f"{kind}.json")
@@ -115,7 +112,41 @@ def _made_by(folder: Path, kind: str) -> str:
     return command if isinstance(command, str) and command else kind
 
 
-def _shown(settings: dict[str, Any], key: str, unset: dict[str, str]) -> str:
+def _changes(previous: dict[str, Any], settings: dict[str, Any], ignore: Sequence[str],
+             unset: dict[str, Any]) -> list[str]:
+    """Each setting that differs, as ``key: old there, new now``; a record (a dict) as each of its
+    fields that differs, ``key.field: ...``, a missing record read as its default in ``unset``.
+
+    >>> _changes({"hf": {"input": "text", "device": "cpu"}, "n": 8}, {"n": 9}, (), {"hf": {"input": "random", "device": "cpu"}})
+    ['hf.input: text there, random now', 'n: 8 there, 9 now']
+    """
+    changes = []
+    for key in sorted(set(previous) | set(settings)):
+        if key in ignore or _json(previous.get(key)) == _json(settings.get(key)):
+            continue
+        default = unset.get(key)
+        old, new = ((side.get(key, default) if isinstance(default, dict) else side.get(key))
+                    for side in (previous, settings))
+        if isinstance(old, dict) and isinstance(new, dict):
+            changes += [f"{key}.{field}: {_plain(old.get(field))} there, {_plain(new.get(field))} now"
+                        for field in sorted(set(old) | set(new)) if _json(old.get(field)) != _json(new.get(field))]
+        else:
+            changes.append(f"{key}: {_shown(previous, key, unset)} there, {_shown(settings, key, unset)} now")
+    return changes
+
+
+def _plain(value: Any) -> str:
+    """A setting's value in plain words: lists comma-joined, records as ``key value``, ``none`` for null."""
+    if value is None:
+        return "none"
+    if isinstance(value, dict):
+        return ", ".join(f"{k} {_plain(v)}" for k, v in value.items() if v is not None) or "none"
+    if isinstance(value, (list, tuple)):
+        return ",".join(_plain(v) for v in value)
+    return value if isinstance(value, str) else _json(value)
+
+
+def _shown(settings: dict[str, Any], key: str, unset: dict[str, Any]) -> str:
     """A setting as a reader takes it in: plain words for lists and records, ``none`` for null, and
     what a missing key means.
 
@@ -125,23 +156,14 @@ def _shown(settings: dict[str, Any], key: str, unset: dict[str, str]) -> str:
     ('not set (random ids)', 'a,b')
     """
     if key not in settings:
-        return f"not set ({unset.get(key, 'the default')})"
-
-    def plain(value: Any) -> str:
-        if value is None:
-            return "none"
-        if isinstance(value, dict):
-            return ", ".join(f"{k} {plain(v)}" for k, v in value.items() if v is not None) or "none"
-        if isinstance(value, (list, tuple)):
-            return ",".join(plain(v) for v in value)
-        return value if isinstance(value, str) else _json(value)
-
-    return plain(settings[key])
+        meaning = unset.get(key, "the default")
+        return f"not set ({meaning if isinstance(meaning, str) else _plain(meaning)})"
+    return _plain(settings[key])
 
 
 @contextmanager
 def claimed(folder: str | Path, kind: str, settings: dict[str, Any], ignore: Sequence[str] = (),
-            command: str | None = None, unset: dict[str, str] | None = None) -> Iterator[Path]:
+            command: str | None = None, unset: dict[str, Any] | None = None) -> Iterator[Path]:
     """:func:`claim` ``folder`` for the run inside the ``with`` block; a run that fails (is refused,
     raises, is interrupted) before it writes anything there leaves nothing behind.
 

@@ -194,7 +194,7 @@ class SweepSettings:
     RESUMABLE_CHANGES = ("train_seeds",)
     """Settings a run folder may change between runs: adding seeds measures just the new ones."""
 
-    UNSET = {"hf_input": "input random, device cpu: as nopelens sweep and zoo-model runs read",
+    UNSET = {"hf_input": dataclasses.asdict(HFInput()),
              "streamed": "in memory, as nopelens sweep measures",
              "batch_size": "auto (32, or fewer where 32 do not fit the memory free)",
              "keep_mib": "512 MiB or a quarter of the memory available", "sink_ablation": "on",

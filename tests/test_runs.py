@@ -109,3 +109,14 @@ def test_a_refused_folder_names_the_command_that_made_it_and_reads_unset_setting
                    command="sweep", unset={"hf_input": "input random"})
     with pytest.raises(ValueError, match="holds a run of nopelens probe; use another --out folder for this intervene run"):
         runs.claim(tmp_path, "intervene", {"seed": 0})
+
+
+def test_a_refused_folder_names_each_field_of_a_record_that_differs(tmp_path):
+    """A record (``hf_input``) missing on one side is read as its default record, field by field."""
+    default = {"input": "random", "text": None, "device": "cpu", "dtype": None}
+    runs.claim(tmp_path, "sweep", {"seed": 0, "hf_input": {**default, "input": "text"}}, command="probe")
+    for now, change in [({"seed": 0}, "hf_input.input: text there, random now"),
+                        ({"seed": 0, "hf_input": {**default, "dtype": "float32"}},
+                         "hf_input.dtype: none there, float32 now; hf_input.input: text there, random now")]:
+        with pytest.raises(ValueError, match=rf"made with other settings \({change}\); use another"):
+            runs.claim(tmp_path, "sweep", now, command="probe", unset={"hf_input": default})
