@@ -410,6 +410,9 @@ PER_LAYER_FIELDS = ("layer_types", "mlp_layer_types", "no_rope_layers", "layer_r
 """Config fields with one entry per layer, which the family rules below index by layer."""
 
 LAYER_COUNT_FIELDS = ("num_hidden_layers", "n_layer", "num_layers", "n_layers")
+SIZE_FIELDS = ("hidden_size", "n_embd", "d_model", "num_attention_heads", "n_head", "num_heads", "n_heads",
+               "num_key_value_heads", "head_dim", "vocab_size")
+"""Config sizes that must be at least 1 where a config gives them (transformers divides by some)."""
 
 
 def check_config(config: Any) -> None:
@@ -422,7 +425,8 @@ def check_config(config: Any) -> None:
         config: an HF ``PretrainedConfig`` of a causal LM (or its text sub-config).
 
     Raises:
-        ConfigError: (a ``ValueError``) if the layer count is below 1, a per-layer list
+        ConfigError: (a ``ValueError``) if the layer count or a size (:data:`SIZE_FIELDS`) is
+            below 1, a per-layer list
             (:data:`PER_LAYER_FIELDS`) does not have one entry per layer, or a layer's sliding
             window or attention chunk is shorter than one token (a
             window of 0 blocks every key: every query row would be fully masked).
@@ -443,6 +447,10 @@ def check_config(config: Any) -> None:
     n_layers = int(getattr(config, count))
     if n_layers < 1:
         raise ConfigError(f"{count} is {n_layers}: a model needs at least one layer")
+    for name in SIZE_FIELDS:
+        value = getattr(config, name, None)
+        if isinstance(value, int) and not isinstance(value, bool) and value < 1:
+            raise ConfigError(f"{name} is {value}: a model's sizes must be at least 1")
     for name in PER_LAYER_FIELDS:
         value = getattr(config, name, None)
         if isinstance(value, (list, tuple)) and len(value) != n_layers:
