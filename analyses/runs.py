@@ -30,7 +30,7 @@ from typing import Any, Callable, Iterator, Sequence
 
 import pandas as pd
 
-from nopelens.models.io import read_json, write_csv_atomic, write_json_atomic
+from nopelens.models.io import file_sha256, read_json, write_csv_atomic, write_json_atomic
 
 KINDS = ("sweep", "intervene", "lengthgen", "dynamics")
 """The analyses that write run folders; each stamps its folder with ``<kind>.json``."""
@@ -245,41 +245,58 @@ def part_dir(folder: str | Path, spec: str, train_seed: int = 0) -> Path:
     return Path(folder) / "parts" / name
 
 
+TABLE_DIGESTS = "table_sha256"
+"""The ``done.json`` key of a part's table checksums (each ``<name>.csv``'s sha256 as written)."""
+
+
 def write_part(part: Path, tables: dict[str, pd.DataFrame], meta: dict[str, Any]) -> None:
-    """Write a finished part: each table as ``<name>.csv``, then ``done.json`` (``meta``) last."""
-    for name, table in tables.items():
-        write_csv_atomic(table, part / f"{name}.csv")
-    write_json_atomic(meta, part / DONE)
+    """Write a finished part: each table as ``<name>.csv``, then ``done.json`` (``meta`` and each
+    table's sha256, :data:`TABLE_DIGESTS`) last."""
+    digests = {name: file_sha256(write_csv_atomic(table, part / f"{name}.csv")) for name, table in tables.items()}
+    write_json_atomic({**meta, TABLE_DIGESTS: digests}, part / DONE)
 
 
 def read_part(part: Path, names: Sequence[str]) -> tuple[dict[str, pd.DataFrame], dict[str, Any]] | None:
-    """The tables ``names`` and the ``done.json`` of a finished part, or None to measure it (again).
+    """The tables ``names`` and the ``done.json`` of a finished part (without its checksums), or
+    None to measure it (again).
 
     None when the part is unfinished (no ``done.json`` or a table missing), and when a file of it
-    cannot be read (emptied, truncated or not CSV / JSON): then a line on stderr names the file and
-    says the part is measured again.
+    cannot be read or is not what was written (emptied, truncated, edited: its sha256 differs from
+    the one ``done.json`` records; not CSV / JSON): then a line on stderr names the file and says
+    the part is measured again. Parts written before checksums were recorded are read unchecked.
     """
     if not (part / DONE).is_file() or not all((part / f"{name}.csv").is_file() for name in names):
         return None
-    tables = {}
-    for name in names:
-        path = part / f"{name}.csv"
-        try:
-            tables[name] = pd.read_csv(path)
-        except (pd.errors.EmptyDataError, pd.errors.ParserError, UnicodeDecodeError) as error:
-            _unreadable(path, error)
-            return None
     try:
         meta = read_json(part / DONE)
     except ValueError as error:
         _unreadable(part / DONE, error)
         return None
+    if not isinstance(meta, dict):
+        _unreadable(part / DONE, ValueError("it holds no JSON object"))
+        return None
+    digests = meta.pop(TABLE_DIGESTS, None) or {}
+    tables = {}
+    for name in names:
+        path = part / f"{name}.csv"
+        if name in digests and file_sha256(path) != digests[name]:
+            _measure_again(path, "is not what was written when the part was finished (its sha256 differs: "
+                                 "emptied, truncated or edited since)")
+            return None
+        try:
+            tables[name] = pd.read_csv(path)
+        except (pd.errors.EmptyDataError, pd.errors.ParserError, UnicodeDecodeError) as error:
+            _unreadable(path, error)
+            return None
     return tables, meta
 
 
 def _unreadable(path: Path, error: Exception) -> None:
-    reason = " ".join(str(error).split()) or type(error).__name__
-    print(f"nopelens: {path} cannot be read ({reason}); measuring that part again", file=sys.stderr)
+    _measure_again(path, f"cannot be read ({' '.join(str(error).split()) or type(error).__name__})")
+
+
+def _measure_again(path: Path, why: str) -> None:
+    print(f"nopelens: {path} {why}; measuring that part again", file=sys.stderr)
 
 
 def cached_tables(folder: Path, names: Sequence[str], compute: Callable[[], Sequence[pd.DataFrame]],

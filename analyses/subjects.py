@@ -22,7 +22,6 @@ Every subject carries its own evaluation batch: fresh sequences the model never 
 
 from __future__ import annotations
 
-import hashlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -31,6 +30,7 @@ import torch
 from torch import Tensor
 
 from nopelens.models.hooks import act_name
+from nopelens.models.io import file_sha256
 
 CONTROL_SPECS = ("circuit", "untrained-nope", "constant-nope")
 HF_PREFIX = "hf:"
@@ -382,7 +382,7 @@ def input_fingerprint(spec: str, hf_input: HFInput | None = None) -> dict[str, A
     text = hf_input.text if hf_input is not None and spec.startswith(HF_PREFIX) else None
     if text is not None:
         try:
-            fingerprint["text_sha256"] = _sha256(Path(text))
+            fingerprint["text_sha256"] = file_sha256(Path(text))
         except OSError:
             pass
     return fingerprint
@@ -406,14 +406,6 @@ def input_changes(recorded: dict[str, Any] | None, current: dict[str, Any] | Non
     if recorded.get("text_sha256") != current.get("text_sha256"):
         changes.append("the --text file changed")
     return changes
-
-
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as stream:
-        for chunk in iter(lambda: stream.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 def check_spec(spec: str) -> None:

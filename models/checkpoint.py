@@ -14,7 +14,6 @@ with ``os.replace``, so a reader sees the old checkpoint or the new one, never h
 
 from __future__ import annotations
 
-import hashlib
 import io
 import json
 import os
@@ -33,7 +32,7 @@ from torch import Tensor
 
 from .config import DecoderConfig
 from .decoder import Decoder
-from .io import umask
+from .io import file_sha256, umask
 
 FORMAT = "nopelens-checkpoint"
 FORMAT_VERSION = 1
@@ -90,14 +89,6 @@ def _version() -> str:
     return __version__
 
 
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for chunk in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
 def save_checkpoint(
     directory: str | Path,
     trained_or_model: TrainedModel | Decoder,
@@ -152,7 +143,7 @@ def save_checkpoint(
         if len(curve):
             curve.to_csv(staging / LOSS_CURVE_FILE, index=False)
             files.append(LOSS_CURVE_FILE)
-        meta["sha256"] = {name: _sha256(staging / name) for name in files}
+        meta["sha256"] = {name: file_sha256(staging / name) for name in files}
         try:
             text = json.dumps(meta, indent=2, sort_keys=True)
         except TypeError as error:
@@ -241,7 +232,7 @@ def _verify_file(path: Path, name: str, meta: dict[str, Any]) -> None:
     expected = meta.get("sha256", {}).get(name)
     if expected is None:
         raise ValueError(f"checkpoint {path} records no sha256 for {name}; it was not written by save_checkpoint")
-    if _sha256(file) != expected:
+    if file_sha256(file) != expected:
         raise ValueError(f"checkpoint {path}: {name} is corrupted (its sha256 differs from the one recorded)")
 
 

@@ -6,6 +6,7 @@ flush it to disk, then ``os.replace`` it over the target (atomic on POSIX within
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import tempfile
@@ -72,6 +73,19 @@ def umask() -> int:
 def write_text_atomic(path: str | Path, text: str) -> Path:
     """Write UTF-8 text atomically."""
     return write_atomic(path, lambda temp: temp.write_text(text, encoding="utf-8"))
+
+
+def file_sha256(path: str | Path) -> str:
+    """The sha256 of a file's bytes, hex, read a MiB at a time.
+
+    Raises:
+        OSError: if the file cannot be read.
+    """
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for chunk in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
 
 
 def write_csv_atomic(frame: pd.DataFrame, path: str | Path) -> Path:

@@ -103,11 +103,11 @@ def test_missing_path_and_not_a_checkpoint(tmp_path):
 
 def _rewrite(path, tensors):
     """Replace the weights and re-record their sha256, as a careful forger would."""
-    from nopelens.models.checkpoint import _sha256
+    from nopelens.models.io import file_sha256
 
     save_file(tensors, path / WEIGHTS_FILE)
     meta = json.loads((path / METADATA_FILE).read_text())
-    meta["sha256"][WEIGHTS_FILE] = _sha256(path / WEIGHTS_FILE)
+    meta["sha256"][WEIGHTS_FILE] = file_sha256(path / WEIGHTS_FILE)
     (path / METADATA_FILE).write_text(json.dumps(meta))
 
 
@@ -153,11 +153,11 @@ def test_corrupted_weights_and_json(saved):
 
 def test_truncated_safetensors_with_matching_hash_is_refused_not_crashing(saved):
     path, _ = saved
-    from nopelens.models.checkpoint import _sha256
+    from nopelens.models.io import file_sha256
 
     (path / WEIGHTS_FILE).write_bytes(b"\x08\x00\x00\x00\x00\x00\x00\x00{garbage")
     meta = json.loads((path / METADATA_FILE).read_text())
-    meta["sha256"][WEIGHTS_FILE] = _sha256(path / WEIGHTS_FILE)
+    meta["sha256"][WEIGHTS_FILE] = file_sha256(path / WEIGHTS_FILE)
     (path / METADATA_FILE).write_text(json.dumps(meta))
     with pytest.raises(ValueError, match="corrupted"):
         load_checkpoint(path)

@@ -55,20 +55,26 @@ def test_slug_is_one_safe_file_name():
     assert runs.part_dir("out", "hf:/m/x", 2).as_posix() == "out/parts/hf__m_x-seed2"
 
 
-def test_an_emptied_table_of_a_finished_part_is_named_and_measured_again(tmp_path, capsys, one_thread):
+def test_an_emptied_or_truncated_table_of_a_finished_part_is_named_and_measured_again(tmp_path, capsys, one_thread):
+    """Emptied, cut mid-line (it raised an IndexError in the summary) or cut at a line boundary (it
+    was reused, and the summary lost the reads of the missing rows): each is measured again."""
     settings = SweepSettings(models=("circuit",), n_sequences=12, seq_len=16, n_boot=20, n_splits=3)
     out = tmp_path / "run"
     sweep(settings, out, progress=False)
     first = {name: pd.read_csv(out / f"{name}.csv") for name in (*TABLES, "summary")}
     probes = out / "parts" / "circuit" / "probes.csv"
-    probes.write_text("")
-    capsys.readouterr()
-    sweep(settings, out, progress=False)
-    err = capsys.readouterr().err
-    assert f"{probes} cannot be read" in err and "measuring that part again" in err
-    assert probes.stat().st_size > 0
-    for name, table in first.items():
-        pd.testing.assert_frame_equal(pd.read_csv(out / f"{name}.csv"), table)
+    whole = probes.read_text()
+    lines = whole.splitlines(keepends=True)
+    for cut in ("", whole[: len(whole) // 2], "".join(lines[: len(lines) // 2])):
+        probes.write_text(cut)
+        capsys.readouterr()
+        sweep(settings, out, progress=False)
+        err = capsys.readouterr().err
+        assert f"{probes} is not what was written when the part was finished (its sha256 differs" in err, err
+        assert "measuring that part again" in err
+        assert probes.read_text() == whole
+        for name, table in first.items():
+            pd.testing.assert_frame_equal(pd.read_csv(out / f"{name}.csv"), table)
     fresh = {name: (out / f"{name}.csv").read_bytes() for name in (*TABLES, "summary")}
     sweep(settings, out, progress=True)
     assert "already measured" in capsys.readouterr().err
