@@ -590,6 +590,7 @@ class Plan:
     measurements: Measurements | None = field(default=None, repr=False)  # what the run measures, as planned
     stripped_passes: int = 0  # of the forward passes, those over the sequences without BOS (the sink table's)
     second_passes: int = 0  # of the forward passes, the probes' second passes (features over the keep budget)
+    ablation_second_passes: int = 0  # of the second passes, the sink ablation's (also among its ablation passes)
 
     def describe(self, name: str) -> str:
         eta = f"about {self.eta_seconds:.0f} s" if self.eta_seconds is not None else self.eta_note
@@ -601,8 +602,10 @@ class Plan:
                   f"deepest site; " if self.groups > 1 else "")
         stripped = (f"{self.stripped_passes} of them over the sequences without BOS, for the sink table; "
                     if self.stripped_passes else "")
-        second = (f"{self.second_passes} second pass{'es' * (self.second_passes != 1)} to predict, where a run's "
-                  "features do not all fit the keep budget" if self.second_passes
+        among = f", {self.ablation_second_passes} of the sink ablation's among them" if self.ablation_second_passes else ""
+        passes = "a second pass" if self.second_passes == 1 else "second passes"
+        second = (f"{self.second_passes} of them {passes} to predict{among}, where a "
+                  "run's features do not all fit the keep budget" if self.second_passes
                   else "no second pass: every run's features fit the keep budget")
         return (f"nopelens: plan for {name}: {self.forward_passes} forward passes over {self.tokens:,} tokens "
                 f"({groups}{stripped}{ablation}{second}) in "
@@ -678,4 +681,4 @@ def plan(subject: Subject, settings, sites: SweepSites) -> Plan:
     elif len(m.groups) > 1:
         note = "not estimated (analyses/eta.py is calibrated on runs of all sites at once, not in groups)"
     return Plan(passes, tokens, stats, keep, eta, note, ablation_passes, len(ablated), m.batch_size, shortfall,
-                len(m.groups), held, m, stripped_passes, second_passes)
+                len(m.groups), held, m, stripped_passes, second_passes, n_batches * (twice - 1) * len(ablated))

@@ -310,9 +310,10 @@ def compare_with_shipped(trained: TrainedModel, name: str, seed: int = 0) -> str
     if largest == 0:
         return f"{name}: weights bit-identical to the shipped copy"
     env = shipped.metadata.get("environment", {})
+    cpu = " ".join(str(env[key]) for key in ("cpu", "cpu_family", "cpu_capability") if env.get(key)) or "?"
     return (f"{name}: weights differ from the shipped copy by up to {largest:.3g} (shipped copy trained with "
-            f"torch {env.get('torch', '?')} on {env.get('cpu', '?')} {env.get('cpu_family', '')} "
-            f"{env.get('cpu_capability', '')}, {env.get('torch_threads', '?')} thread(s))")
+            f"torch {env.get('torch', '?')} on {cpu}, {env.get('torch_threads', '?')} thread(s); the order of "
+            f"floating-point sums differs between CPUs)")
 
 
 def check_source_checkout() -> None:

@@ -416,7 +416,7 @@ def test_plan_prints_passes_tokens_memory_and_exits(model_dir, tmp_path, capsys)
     # nothing kept: the main run and each ablated block's run make a second pass
     code = main(["probe", f"hf:{model_dir}", *ARGS, "--plan", "--keep-mib", "0", "--out", str(tmp_path / "run")])
     out = capsys.readouterr().out
-    assert code == 0 and "11 forward passes over 1,050 tokens" in out and "5 second passes to predict" in out, out
+    assert code == 0 and "11 forward passes over 1,050 tokens" in out and ("5 of them second passes to predict, 4 of the sink ablation's among them") in out, out
 
 
 def test_three_tokens_leave_no_variance_slope_and_say_so(model_dir, tmp_path, capsys):

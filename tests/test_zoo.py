@@ -132,6 +132,11 @@ def test_load_uses_the_cache_then_the_shipped_copy_then_trains(tiny_recipe, tmp_
     again = zoo.load("tiny-test", cache_dir=empty, progress=False, shipped=False)
     assert "training zoo model tiny-test" in capsys.readouterr().err
     assert zoo.compare_with_shipped(again, "tiny-test") == "tiny-test: weights bit-identical to the shipped copy"
+    with torch.no_grad():
+        next(again.model.parameters()).add_(1e-3)
+    line = zoo.compare_with_shipped(again, "tiny-test")
+    assert line.startswith("tiny-test: weights differ from the shipped copy by up to 0.001 (shipped copy trained with "
+                           "torch ") and "  " not in line and " ," not in line, line
     # a shipped copy of an older recipe is not used
     monkeypatch.setitem(zoo.RECIPES, "tiny-test", dataclasses.replace(tiny_recipe, steps=5))
     assert not zoo.is_shipped("tiny-test")
