@@ -33,6 +33,9 @@ import time
 import warnings
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
+from make_hf_model import save_tokenizer  # noqa: E402
+
 
 def save_model(directory: Path, d_model: int, n_layers: int, vocab: int, dtype: str) -> None:
     import torch
@@ -49,23 +52,6 @@ def save_model(directory: Path, d_model: int, n_layers: int, vocab: int, dtype: 
         warnings.simplefilter("ignore")
         model = SmolLM3ForCausalLM(config).to(getattr(torch, dtype)).eval()
     model.save_pretrained(directory)
-
-
-def save_tokenizer(directory: Path, vocab_size: int = 4000) -> None:
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
-    from transformers import PreTrainedTokenizerFast
-
-    from nopelens.models.tasks import default_documents
-
-    tok = Tokenizer(models.BPE(unk_token="<unk>"))
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=["<pad>", "<s>", "</s>", "<unk>"],
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
-    tok.train_from_iterator(list(default_documents().values()), trainer)
-    tok.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", 1)])
-    PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", pad_token="<pad>",
-                            unk_token="<unk>").save_pretrained(directory)
 
 
 def main() -> int:
@@ -92,7 +78,7 @@ def main() -> int:
     model_dir.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
     save_model(model_dir, args.d_model, args.layers, args.vocab, args.dtype)
-    save_tokenizer(model_dir)
+    save_tokenizer(model_dir, vocab_size=4000, documents=None)  # the example's BPE, on the whole corpus
     print(f"saved {model_dir} in {time.perf_counter() - start:.0f} s", flush=True)
     if nopelens(["audit", "--hf-dir", str(model_dir), "--out", str(out / "audit")]) not in (0, 1):
         return 2

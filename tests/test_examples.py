@@ -111,3 +111,25 @@ def test_hook_external_probes_an_hf_directory_and_a_plain_module(tmp_path):
     assert_documented(table, "examples: hook_external.csv")
     assert table.groupby("model").layer.apply(sorted).tolist() == [[0, 1, 2], [0, 1, 2]]
     assert table.value.notna().all()
+
+
+def test_make_hf_model_saves_a_model_nopelens_probe_reads_and_refuses_to_overwrite(tmp_path, capsys, one_thread):
+    """``python examples/make_hf_model.py --out DIR``, run as the shell would, then the command it
+    suggests (its plan); a second run into the same folder is one line and exit code 2."""
+    from nopelens.analyses.cli import main
+
+    out = tmp_path / "smol"
+    for expected in (0, 2):
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(sys, "argv", ["make_hf_model.py", "--out", str(out)])
+            with pytest.raises(SystemExit) as exit_info:
+                runpy.run_path(str(EXAMPLES / "make_hf_model.py"), run_name="__main__")
+        assert exit_info.value.code == expected
+    captured = capsys.readouterr()
+    assert f"nopelens probe hf:{out} --quick" in captured.out
+    assert captured.err.strip().splitlines() == [
+        f"make_hf_model.py: error: {out} already holds a model (config.json); give another --out, or delete it"]
+    assert {"config.json", "model.safetensors", "tokenizer.json"} <= {p.name for p in out.iterdir()}
+    assert main(["probe", f"hf:{out}", "--quick", "--seq-len", "16", "--n-sequences", "6", "--plan",
+                 "--out", str(tmp_path / "run")]) == 0
+    assert "plan for hf:" in capsys.readouterr().out

@@ -15,40 +15,18 @@ import pandas as pd
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
 from hf_families import build  # noqa: E402
+from make_hf_model import save_smol  # noqa: E402
 from schema import assert_folder_documented  # noqa: E402
 
 ARGS = ["--quick", "--seq-len", "16", "--n-sequences", "6", "--quiet"]
 
 
-def save_tokenizer(path: Path, vocab_size: int = 300) -> int:
-    """Train a byte-level BPE on part of the shipped corpus (offline) and save it as an HF fast
-    tokenizer that starts every text with ``<s>`` (id 1, the tiny configs' BOS); returns its size."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
-    from transformers import PreTrainedTokenizerFast
-
-    from nopelens.models.tasks import default_documents
-
-    tok = Tokenizer(models.BPE(unk_token="<unk>"))
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=["<pad>", "<s>", "</s>", "<unk>"],
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
-    tok.train_from_iterator(list(default_documents().values())[:40], trainer)
-    tok.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", 1)])
-    PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", pad_token="<pad>",
-                            unk_token="<unk>").save_pretrained(path)
-    return tok.get_vocab_size()
-
-
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory):
-    path = tmp_path_factory.mktemp("hf") / "smol"
-    size = save_tokenizer(path)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        build("smollm3", vocab_size=size).save_pretrained(path)
-    return path
+    """The README's ``hf:smol``: ``examples/make_hf_model.py``'s SmolLM3-shaped model and tokenizer."""
+    return save_smol(tmp_path_factory.mktemp("hf") / "smol")
 
 
 def _one_error(code: int, err: str, message: str) -> None:
