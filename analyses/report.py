@@ -420,7 +420,8 @@ def layer_table(curves: pd.DataFrame, model: str, sweep_reads: "Sequence[SweepRe
 
 LAYER_NOTE = ("value [95 % CI over sequences] per layer (0 = embeddings, l + 1 = output of block l; an attention "
               "read of block l sits at layer l + 1); * = the CI clears the read's bar; n/a = no such site (or a "
-              "block --layers left out: listed under Not applicable); "
+              "block --layers left out: listed under Not applicable), or a metric undefined there (Spearman's ρ of "
+              "predictions that are all equal); "
               "MAD/chance: 0 = exact, about 0.75 = predicting the mean; sink heads: heads of block l with Gu et "
               "al.'s score > 0.3, at layer l + 1 (n/a: no verdict where uniform attention alone scores > 0.3 over the "
               "queries scored, under a short window or on short sequences: gu_chance in sinks.csv; or no sink read "
@@ -546,7 +547,7 @@ def first_layer_note(sweep_reads: Sequence["SweepRead"] | None = None) -> str:
                 "bound stays at or below it)")
     return (f"First layer {rule} (layer 0 = embeddings, layer l + 1 = output of block l; an attention read of "
             "block l is reported at layer l + 1). `none`: no layer cleared it; `n/a`: the model has no site for "
-            "that read. The numbers behind each first layer are in the per-layer tables below.")
+            "that read, or its metric is undefined there (Spearman's ρ of predictions that are all equal). The numbers behind each first layer are in the per-layer tables below.")
 
 
 READS_TEXT = (

@@ -89,6 +89,7 @@ def test_json_threshold_and_metric_reread_the_folder_without_measuring_again(pro
     on_disk = pd.read_csv(out / "layers.csv")
     assert len(layer_rows) == len(on_disk) and layer_rows["value"].tolist() == pytest.approx(on_disk["value"].tolist())
     assert data["summary"][0]["absolute_r2"] == 1
+    assert all(type(data["summary"][0][column]) is int for column in reads.read_columns()), "first layers are ints"
 
     assert main(["probe", "circuit", "--out", str(out), *ARGS, "--quiet", "--metric", "spearman",
                  "--threshold", "0.5"]) == 0

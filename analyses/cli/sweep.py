@@ -8,7 +8,7 @@ import json
 import re
 import sys
 
-from nopelens.analyses import report
+from nopelens.analyses import reads, report
 from nopelens.analyses.reads import choose_reads
 from nopelens.analyses.runs import slug
 from nopelens.analyses.subjects import resolve
@@ -99,7 +99,9 @@ def results_json(result) -> dict:
         "out_dir": None if result.out_dir is None else str(result.out_dir),
         "reads": [dict(column=r.column, header=r.header, target=r.target, task=r.task, features=r.features,
                        metric=r.metric, threshold=r.threshold, split=r.split) for r in result.reads],
-        "summary": records(result.summary),
+        # a first layer is an integer, null where undefined (a column with one null reads as floats otherwise)
+        "summary": records(result.summary.astype({column: "Int64" for column in reads.read_columns(result.reads)
+                                                  if column in result.summary})),
         "layers": records(result.curves),
         "not_applicable": report.not_applicable_reads(result.subjects),
     }
