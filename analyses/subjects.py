@@ -700,6 +700,7 @@ def checked_hf_config(directory: Path):
     """
     from nopelens.models.hf import ConfigError, check_config
 
+    _check_dtype_fields(directory)
     cls = _causal_lm_class(directory)
     try:
         check_config(_config_class(cls).from_pretrained(directory, local_files_only=True))
@@ -746,6 +747,21 @@ def _config_class(model_class):
     from transformers import AutoConfig, AutoModelForCausalLM
 
     return AutoConfig if model_class is AutoModelForCausalLM else model_class.config_class
+
+
+def _check_dtype_fields(directory: Path) -> None:
+    """Refuse a ``config.json`` whose ``dtype`` (or older ``torch_dtype``) names no torch dtype
+    (transformers looks the name up on ``torch`` and fails with an AttributeError)."""
+    import json
+
+    try:
+        config = json.loads((Path(directory) / "config.json").read_text())
+    except (OSError, ValueError):
+        return  # the config's own check names a missing or broken file
+    for key in ("dtype", "torch_dtype"):
+        value = config.get(key) if isinstance(config, dict) else None
+        if isinstance(value, str) and value != "auto" and not isinstance(getattr(torch, value, None), torch.dtype):
+            raise ValueError(f"{directory}/config.json: {key} {value!r} is not a torch dtype (e.g. bfloat16, float32)")
 
 
 def _causal_lm_class(directory: str | Path):

@@ -426,6 +426,7 @@ def test_three_tokens_leave_no_variance_slope_and_say_so(model_dir, tmp_path, ca
     ("heads do not divide the width", "config.json is not a valid config: Class validation error"),
     ("no layers", "config.json: num_hidden_layers is 0: a model needs at least one layer"),
     ("no width", "config.json: hidden_size is 0: a model's sizes must be at least 1"),
+    ("no dtype", "config.json: dtype 'banana' is not a torch dtype"),
     ("empty input", "--input must be one of text, random, repeated, got ''"),
     ("empty out", "--out is empty: name the run folder"),
     ("no directory", "'hf:' names no directory"),
@@ -466,7 +467,7 @@ def test_bad_input_is_one_line_and_exit_2(model_dir, tmp_path, capsys, case, mes
         extra = ["--batch-size", "0"]
     elif case == "memory 0":
         extra = ["--memory-mib", "0"]
-    elif case in ("config not JSON", "heads do not divide the width", "no layers", "no width"):
+    elif case in ("config not JSON", "heads do not divide the width", "no layers", "no width", "no dtype"):
         # with the tokenizer beside it: the message names config.json, not a missing tokenizer
         broken = tmp_path / "broken"
         shutil.copytree(model_dir, broken)
@@ -477,7 +478,8 @@ def test_bad_input_is_one_line_and_exit_2(model_dir, tmp_path, capsys, case, mes
                     broken)
         config = json.loads((broken / "config.json").read_text())
         config.update({"heads do not divide the width": {"num_attention_heads": 3},
-                       "no layers": {"num_hidden_layers": 0}, "no width": {"hidden_size": 0}}.get(case, {}))
+                       "no layers": {"num_hidden_layers": 0}, "no width": {"hidden_size": 0},
+                       "no dtype": {"dtype": "banana"}}.get(case, {}))
         if case == "no layers":  # without the per-layer lists transformers checks against the count
             config = {key: value for key, value in config.items() if not isinstance(value, list) or key == "architectures"}
         text = json.dumps(config) if case != "config not JSON" else "{not json"
