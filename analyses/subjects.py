@@ -589,7 +589,8 @@ def text_windows(tokenizer, path: str | None, n_sequences: int, seq_len: int, se
     """``n_sequences`` windows of ``seq_len`` tokens of a text, through the model's tokenizer.
 
     The text (a UTF-8 file, or the shipped corpus :func:`~nopelens.models.tasks.default_documents`
-    joined by blank lines) is tokenized once without special tokens and cut into non-overlapping
+    joined by blank lines) is tokenized once without special tokens (a special token's text in it,
+    such as an HTML ``<s>``, is read as characters, not as that token) and cut into non-overlapping
     windows; ``n_sequences`` of them are drawn with ``seed``, and each gets the special tokens the
     tokenizer adds around a text (e.g. BOS first), so ``seq_len`` counts them.
 
@@ -600,7 +601,8 @@ def text_windows(tokenizer, path: str | None, n_sequences: int, seq_len: int, se
     Raises:
         FileNotFoundError: if ``path`` is not a file.
         ValueError: if the text is not UTF-8, is empty, gives fewer than ``n_sequences`` windows,
-            or a token id falls outside the model's vocabulary.
+            or a token id falls outside the model's vocabulary; if ``seq_len`` leaves no room
+            besides the special tokens.
     """
     import numpy as np
 
@@ -625,8 +627,12 @@ def text_windows(tokenizer, path: str | None, n_sequences: int, seq_len: int, se
     at = next((k for k in range(len(framed) - len(content) + 1) if framed[k:k + len(content)] == content), 0)
     prefix, suffix = framed[:at], framed[at + len(content):]
     width = seq_len - len(prefix) - len(suffix)
-    ids = np.asarray(tokenizer(text, add_special_tokens=False)["input_ids"], dtype=np.int64)
-    n_windows = len(ids) // width if width > 0 else 0
+    if width <= 0:
+        raise ValueError(f"--seq-len {seq_len} leaves no room for text: the model's tokenizer adds "
+                         f"{len(prefix) + len(suffix)} special tokens to every sequence; give a longer --seq-len")
+    # the text is text: a "<s>" or "</s>" in it is read as characters, not as the BOS or EOS token
+    ids = np.asarray(tokenizer(text, add_special_tokens=False, split_special_tokens=True)["input_ids"], dtype=np.int64)
+    n_windows = len(ids) // width
     if n_windows == 0:
         raise ValueError(f"{name} gives {len(ids)} tokens through the model's tokenizer, shorter than one "
                          f"{seq_len}-token sequence ({len(prefix) + len(suffix)} of them special); give a longer "

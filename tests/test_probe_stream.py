@@ -55,6 +55,23 @@ def test_text_is_read_through_the_models_tokenizer_with_its_bos(model_dir, tmp_p
                                         hf_input=HFInput(input="text")).tokens).all()
 
 
+def test_special_token_text_is_read_as_characters_and_a_length_of_only_specials_is_named(model_dir, tmp_path):
+    """An HTML ``<s>`` in the user's text is text, not a BOS in mid-sequence (the sink reads would
+    see a second first token); a --seq-len that only the BOS fills says so."""
+    from transformers import AutoTokenizer
+
+    from nopelens.analyses.subjects import text_windows
+
+    tokenizer = AutoTokenizer.from_pretrained(model_dir, local_files_only=True)
+    text = tmp_path / "tags.txt"
+    text.write_text("<s>a paragraph</s><pad> " * 200, encoding="utf-8")
+    tokens, bos = text_windows(tokenizer, str(text), 4, 16, 0, tokenizer.vocab_size)
+    specials = set(tokenizer.all_special_ids)
+    assert bos == 1 and (tokens[:, 0] == 1).all() and not specials & set(tokens[:, 1:].flatten().tolist())
+    with pytest.raises(ValueError, match="--seq-len 1 leaves no room for text: the model's tokenizer adds 1 special"):
+        text_windows(tokenizer, str(text), 4, 1, 0, tokenizer.vocab_size)
+
+
 def test_streamed_probe_tables_equal_the_in_memory_sweep_on_the_same_text(model_dir, one_thread):
     """Probes (grouped CV, controls, bootstrap; the q.k and score reads), sinks with and without BOS,
     variance, the sink ablation: the streaming engine's tables equal analyse_subject's in-memory ones."""
