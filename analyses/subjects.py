@@ -22,6 +22,7 @@ Every subject carries its own evaluation batch: fresh sequences the model never 
 
 from __future__ import annotations
 
+import fnmatch
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -356,9 +357,11 @@ def input_fingerprint(spec: str, hf_input: HFInput | None = None) -> dict[str, A
     folder can tell whether a finished part still stands for the model and text it would read now.
 
     For a model in a directory (``hf:DIR``, or a nopelens checkpoint directory): each file directly
-    in it, by size and modification time in ns (as ``make`` and ``git`` notice a change; hashing a
-    checkpoint of hundreds of GB would cost minutes on every rerun). With ``--text FILE``, also the
-    sha256 of the text. A file that cannot be read is left out: the measurement itself reports it.
+    in it that loading the model reads (:data:`MODEL_FILES`: its config, weights and tokenizer; not
+    a README, nor a run folder's own files when ``--out`` is inside it), by size and modification
+    time in ns (as ``make`` and ``git`` notice a change; hashing a checkpoint of hundreds of GB would
+    cost minutes on every rerun). With ``--text FILE``, also the sha256 of the text. A file that
+    cannot be read is left out: the measurement itself reports it.
 
     Returns:
         ``{"files": {name: [bytes, mtime_ns]}, "text_sha256": hex or absent}``; None for the zoo and
@@ -373,7 +376,7 @@ def input_fingerprint(spec: str, hf_input: HFInput | None = None) -> dict[str, A
     files = {}
     for path in sorted(directory.iterdir()) if directory.is_dir() else []:
         try:
-            if path.is_file():
+            if path.is_file() and is_model_file(path.name):
                 stat = path.stat()
                 files[path.name] = [stat.st_size, stat.st_mtime_ns]
         except OSError:
@@ -388,18 +391,37 @@ def input_fingerprint(spec: str, hf_input: HFInput | None = None) -> dict[str, A
     return fingerprint
 
 
+MODEL_FILES = ("config.json", "*.safetensors", "*.safetensors.index.json", "tokenizer*", "special_tokens_map.json",
+               "added_tokens.json", "vocab.*", "merges.txt", "*.model", "nopelens.json")
+"""The files of a model directory that loading it reads (fnmatch patterns): an HF model's config,
+weights and tokenizer, a nopelens checkpoint's metadata and weights."""
+
+
+def is_model_file(name: str) -> bool:
+    """Whether a file of a model directory is one loading the model reads (:data:`MODEL_FILES`).
+
+    >>> [is_model_file(n) for n in ("model-00001-of-00002.safetensors", "tokenizer.json", "README.md", "sweep.json")]
+    [True, True, False, False]
+    """
+    return any(fnmatch.fnmatchcase(name, pattern) for pattern in MODEL_FILES)
+
+
 def input_changes(recorded: dict[str, Any] | None, current: dict[str, Any] | None) -> list[str]:
     """What differs between two :func:`input_fingerprint` results, in words (empty: nothing, or a
     part recorded before fingerprints existed).
 
-    >>> input_changes({"files": {"a": [1, 5], "b": [2, 5]}}, {"files": {"a": [1, 6], "c": [3, 5]}})
-    ['a changed', 'b is gone', 'c is new']
+    >>> before = {"config.json": [1, 5], "a.safetensors": [2, 5], "README.md": [3, 5]}
+    >>> now = {"config.json": [1, 6], "b.safetensors": [2, 5], "README.md": [4, 6]}
+    >>> input_changes({"files": before}, {"files": now})
+    ['config.json changed', 'a.safetensors is gone', 'b.safetensors is new']
     >>> input_changes({"files": {}, "text_sha256": "00"}, {"files": {}, "text_sha256": "ff"})
     ['the --text file changed']
     """
     if recorded is None or current is None:
         return []
-    before, now = recorded.get("files", {}), current.get("files", {})
+    # a part recorded when every file counted: only the model's files compare
+    before, now = ({name: value for name, value in side.get("files", {}).items() if is_model_file(name)}
+                   for side in (recorded, current))
     changes = [f"{name} changed" for name in sorted(set(before) & set(now)) if list(before[name]) != list(now[name])]
     changes += [f"{name} is gone" for name in sorted(set(before) - set(now))]
     changes += [f"{name} is new" for name in sorted(set(now) - set(before))]

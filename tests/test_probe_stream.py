@@ -371,6 +371,9 @@ def test_a_rerun_refuses_parts_measured_on_other_weights_or_text(model_dir, tmp_
     _one_error(code, capsys.readouterr().err, "was measured on other inputs than hf:")
     text.write_text("The quick brown fox jumps over the lazy dog. " * 40, encoding="utf-8")  # the same bytes again
     assert main(args) == 0, capsys.readouterr().err
+    (model / "README.md").write_text("notes on this model")  # a file loading the model never reads
+    assert main([*args[:-1], str(model / "run")]) == 0, capsys.readouterr().err  # a run folder inside the model's
+    assert main([*args[:-1], str(model / "run")]) == 0 and "already measured" in capsys.readouterr().err
     weights = model / "model.safetensors"
     weights.write_bytes(weights.read_bytes())  # rewritten: a new modification time
     code = main(args)
