@@ -58,3 +58,15 @@ def test_one_model_spec_help_for_every_command_that_takes_a_model():
         subparser = parser._subparsers._group_actions[0].choices[command]
         model = next(action for action in subparser._actions if action.dest == "model")
         assert model.help == MODEL_HELP, command
+
+
+def test_an_interrupt_while_the_command_starts_is_one_line_and_exit_130(monkeypatch, capsys):
+    """Ctrl-C while the parser imports the command's modules printed a traceback of the imports."""
+    from nopelens.analyses import cli
+
+    def interrupted(argv):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cli, "build_parser", interrupted)
+    assert cli.main(["sweep"]) == 130
+    assert capsys.readouterr().err.splitlines() == ["nopelens: interrupted before the command started; nothing was written"]

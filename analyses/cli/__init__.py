@@ -101,7 +101,11 @@ class _Only:
 
 def main(argv: list[str] | None = None) -> int:
     """Run the CLI; returns the process exit code."""
-    args = build_parser(sys.argv[1:] if argv is None else argv).parse_args(argv)
+    try:  # building the parser imports the command's modules (torch, pandas): seconds a Ctrl-C may land in
+        args = build_parser(sys.argv[1:] if argv is None else argv).parse_args(argv)
+    except KeyboardInterrupt:
+        print("nopelens: interrupted before the command started; nothing was written", file=sys.stderr)
+        return 130
     return guarded(lambda: args.func(args), f"nopelens {args.command}")
 
 
