@@ -1,5 +1,6 @@
 """The CLI imports only what the command it runs needs; `nopelens --help` imports no torch."""
 
+import pytest
 import argparse
 import importlib
 import subprocess
@@ -70,3 +71,15 @@ def test_an_interrupt_while_the_command_starts_is_one_line_and_exit_130(monkeypa
     monkeypatch.setattr(cli, "build_parser", interrupted)
     assert cli.main(["sweep"]) == 130
     assert capsys.readouterr().err.splitlines() == ["nopelens: interrupted before the command started; nothing was written"]
+
+
+@pytest.mark.parametrize("argv", [["validate", "--seed", "-1"], ["probe", "circuit", "--seed", str(2**64)],
+                                  ["sweep", "--seeds", "0,-1"]])
+def test_a_seed_out_of_range_names_the_option(argv, capsys):
+    """``--seed -1`` said only "expected non-negative integer" (torch's words), 2**64 "Overflow when unpacking"."""
+    from nopelens.analyses.cli import main
+
+    with pytest.raises(SystemExit) as exit_info:
+        main(argv)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert exit_info.value.code == 2 and len(err) == 1 and f"0..{2**63 - 1}" in err[0] and "seed" in err[0], err

@@ -17,6 +17,8 @@ from typing import Any
 from nopelens.analyses.audit import AuditReport, audit
 from nopelens.analyses.subjects import load_checkpoint_dir, load_hf_dir
 
+from .options import seed_type
+
 
 def load_subject(args: argparse.Namespace) -> tuple[Any, str]:
     """The model the arguments name, and its label.
@@ -89,6 +91,6 @@ def register(subparsers) -> None:
     parser.add_argument("--train-lengths", type=int, nargs=2, metavar=("MIN", "MAX"),
                         help="training lengths, overriding the checkpoint metadata")
     parser.add_argument("--shift", type=int, default=3, help="constant added to positions in step 8")
-    parser.add_argument("--seed", type=int, default=0, help="seed of the probe tokens (and of --position)")
+    parser.add_argument("--seed", type=seed_type, default=0, help="seed of the probe tokens (and of --position)")
     parser.add_argument("--out", metavar="DIR", help="write report.md and audit.json here")
     parser.set_defaults(func=run)

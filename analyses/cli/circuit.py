@@ -17,6 +17,8 @@ from nopelens.analyses.report import save_figure
 from nopelens.circuits.counter import CONSTRUCTIONS
 from nopelens.models.io import write_csv_atomic
 
+from .options import seed_type
+
 
 def _print_checks(table: pd.DataFrame) -> None:
     for row in table.itertuples():
@@ -65,6 +67,6 @@ def register(subparsers) -> None:
     parser.add_argument("--sharpness", type=float, default=10.0, help="c of the previous-token head (default 10)")
     parser.add_argument("--construction", choices=CONSTRUCTIONS, default="steps", help="counter MLP (default steps)")
     parser.add_argument("--d-vocab", type=int, default=8, help="vocabulary size including BOS (default 8)")
-    parser.add_argument("--seed", type=int, default=0, help="seed of the random tokens / demo inputs")
+    parser.add_argument("--seed", type=seed_type, default=0, help="seed of the random tokens / demo inputs")
     parser.add_argument("--out", default="runs/circuit", help="folder for figures and check tables")
     parser.set_defaults(func=run)

@@ -8,6 +8,8 @@ import torch
 
 from nopelens.models import POSITION_METHODS, Decoder, DecoderConfig
 
+from .options import seed_type
+
 POSITION_HOOKS = ("hook_pos_embed", "hook_rot_q", "hook_rot_k", "hook_pos_bias")
 
 
@@ -37,6 +39,6 @@ def register(subparsers) -> None:
         description="Build one small decoder per position method and print its hook names.",
         epilog="example: nopelens demo --verbose",
     )
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seed", type=seed_type, default=0)
     parser.add_argument("--verbose", action="store_true", help="print every hook name")
     parser.set_defaults(func=run)

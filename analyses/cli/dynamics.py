@@ -7,7 +7,7 @@ from pathlib import Path
 
 from nopelens.analyses import dynamics
 
-from .options import add_quiet
+from .options import add_quiet, seed_type
 
 
 def run(args: argparse.Namespace) -> int:
@@ -35,7 +35,7 @@ def register(subparsers) -> None:
     parser.add_argument("--train-seed", type=int, default=0, help="training seed of the recipe (default 0)")
     parser.add_argument("--n-sequences", type=int, help="evaluation sequences (default 40)")
     parser.add_argument("--n-boot", type=int, help="bootstrap replicates (default 200)")
-    parser.add_argument("--seed", type=int, help="seed of the evaluation sequences and probes (default 0)")
+    parser.add_argument("--seed", type=seed_type, help="seed of the evaluation sequences and probes (default 0)")
     parser.add_argument("--quick", action="store_true", help="train 30 steps only (smoke test)")
     add_quiet(parser)
     parser.set_defaults(func=run)

@@ -12,7 +12,7 @@ from nopelens.analyses.subjects import resolve
 from nopelens.models.io import write_csv_atomic
 from nopelens.models.threads import one_thread
 
-from .options import MODEL_HELP, add_quiet
+from .options import MODEL_HELP, add_quiet, seed_type
 
 
 def run(args: argparse.Namespace) -> int:
@@ -42,7 +42,7 @@ def register(subparsers) -> None:
     parser.add_argument("--n-sequences", type=int, default=80, help="evaluation sequences (default 80, as the sweep)")
     parser.add_argument("--seq-len", type=int, default=64, help="tokens per sequence (default 64)")
     parser.add_argument("--n-boot", type=int, default=200, help="bootstrap replicates (default 200)")
-    parser.add_argument("--seed", type=int, default=0, help="seed (default 0)")
+    parser.add_argument("--seed", type=seed_type, default=0, help="seed (default 0)")
     parser.add_argument("--quick", action="store_true", help="zoo models trained for 30 steps (smoke tests)")
     add_quiet(parser)
     parser.set_defaults(func=run)

@@ -10,7 +10,7 @@ from nopelens.analyses.intervene import SINK_MODES, InterveneSettings, run_inter
 from nopelens.analyses.report import rounded_text
 from nopelens.analyses.runs import slug
 
-from .options import MODEL_HELP, add_quiet
+from .options import MODEL_HELP, add_quiet, seed_type
 
 
 def run(args: argparse.Namespace) -> int:
@@ -52,7 +52,7 @@ def register(subparsers) -> None:
     parser.add_argument("--n-sequences", type=int, help="evaluation sequences (default 80, as the sweep)")
     parser.add_argument("--seq-len", type=int, help="tokens per sequence (default 64)")
     parser.add_argument("--n-boot", type=int, help="bootstrap replicates (default 200)")
-    parser.add_argument("--seed", type=int, help="seed (default 0)")
+    parser.add_argument("--seed", type=seed_type, help="seed (default 0)")
     parser.add_argument("--quick", action="store_true", help="zoo models trained for 30 steps (smoke tests)")
     add_quiet(parser, "progress lines")
     parser.set_defaults(func=run)

@@ -20,6 +20,25 @@ MODEL_HELP = ("zoo name (see `nopelens train --list`), checkpoint directory, hf:
 """What a model spec may be (see :mod:`nopelens.analyses.subjects`)."""
 
 
+MAX_SEED = 2**63 - 1
+"""The largest seed: torch's generators unpack a seed as a signed 64-bit integer."""
+
+
+def seed_type(text: str) -> int:
+    """``--seed``: an integer in ``0..MAX_SEED`` (argparse names the option in its error).
+
+    >>> seed_type("7")
+    7
+    """
+    try:
+        seed = int(text)
+    except ValueError:
+        seed = None
+    if seed is None or not 0 <= seed <= MAX_SEED:
+        raise argparse.ArgumentTypeError(f"a seed is an integer in 0..{MAX_SEED}, got {text!r}")
+    return seed
+
+
 def parse_seeds(text: str) -> tuple[int, ...]:
     """``"0,1,2"`` -> ``(0, 1, 2)``.
 
@@ -27,7 +46,7 @@ def parse_seeds(text: str) -> tuple[int, ...]:
     (0, 1, 2)
 
     Raises:
-        ValueError: on anything but a comma list of integers, or an empty one.
+        ValueError: on anything but a comma list of integers in ``0..MAX_SEED``, or an empty one.
     """
     try:
         seeds = tuple(int(part) for part in text.split(",") if part.strip())
@@ -35,6 +54,8 @@ def parse_seeds(text: str) -> tuple[int, ...]:
         raise ValueError(f"--seeds takes a comma list of integers such as 0,1,2, got {text!r}") from None
     if not seeds:
         raise ValueError("--seeds lists no seed")
+    if not all(0 <= seed <= MAX_SEED for seed in seeds):
+        raise ValueError(f"--seeds takes integers in 0..{MAX_SEED}, got {text!r}")
     return seeds
 
 

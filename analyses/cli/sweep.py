@@ -15,7 +15,7 @@ from nopelens.analyses.subjects import resolve
 from nopelens.analyses.sweep import DEFAULT_SITES, SITE_KINDS, SweepSettings, measure_sinks, sweep
 from nopelens.probes.sinks import sink_flags
 
-from .options import MODEL_HELP, add_quiet, add_seeds
+from .options import MODEL_HELP, add_quiet, add_seeds, seed_type
 
 
 def _models(text: str | None) -> tuple[str, ...] | None:
@@ -232,7 +232,7 @@ def _common(parser: argparse.ArgumentParser) -> None:
                         "bootstrap replicates, 4 folds, zoo models trained for 30 steps on batches of 4")
     parser.add_argument("--n-sequences", type=int, help="evaluation sequences per model (default 80)")
     parser.add_argument("--seq-len", type=int, help="tokens per evaluation sequence (default 64)")
-    parser.add_argument("--seed", type=int, help="seed of sequences, pairs, controls and bootstrap (default 0)")
+    parser.add_argument("--seed", type=seed_type, help="seed of sequences, pairs, controls and bootstrap (default 0)")
     add_quiet(parser, "training progress bars or progress lines")
 
 

@@ -20,7 +20,7 @@ from nopelens.models.tasks import TASKS, TextTask, make_task
 from nopelens.models.threads import limited_threads
 from nopelens.models.training import evaluate_exact_match, train
 
-from .options import add_quiet, add_seeds, add_threads
+from .options import add_quiet, add_seeds, add_threads, seed_type
 
 
 def report(trained: TrainedModel, progress: bool = False, threads: int = 1) -> str:
@@ -155,7 +155,7 @@ def register(subparsers) -> None:
     parser.add_argument("--min-len", type=int, default=1)
     parser.add_argument("--max-len", type=int, default=10)
     parser.add_argument("--lr", type=float, default=3e-3)
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seed", type=seed_type, default=0)
     add_seeds(parser, "train once per seed; zoo models are cached per seed, --task runs go to --out/seed<N>")
     add_threads(parser)
     add_quiet(parser, "training progress bar")

@@ -7,6 +7,8 @@ from pathlib import Path
 
 from nopelens.analyses import validate
 
+from .options import seed_type
+
 
 REPORT = "known_answers.md"
 
@@ -54,5 +56,5 @@ def register(subparsers) -> None:
     parser.add_argument("--out", default="runs/validate",
                         help="run folder for known_answers.md and known_answers.csv (default runs/validate); a path "
                         "ending in .md is the report itself; - writes none")
-    parser.add_argument("--seed", type=int, default=validate.SEED, help="seed of the weights and sequences (default 0)")
+    parser.add_argument("--seed", type=seed_type, default=validate.SEED, help="seed of the weights and sequences (default 0)")
     parser.set_defaults(func=run_validate)
