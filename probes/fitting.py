@@ -132,13 +132,18 @@ def signal_mask(high, low, dtype):
     Returns:
         bool ``[d]``: True for features that may carry signal.
     """
+    return (high - low) > roundoff_tolerance(dtype) * roundoff_scale(high, low)
+
+
+def roundoff_scale(high, low):
+    """Each feature's scale for the round-off rule (:func:`signal_mask`): the larger of its largest
+    magnitude and the median largest magnitude of all features, ``[d]``."""
     lib = torch if isinstance(high, torch.Tensor) else np
     magnitude = lib.maximum(lib.abs(high), lib.abs(low))
     if magnitude.shape[0] == 0:
-        return magnitude > 0
+        return magnitude
     typical = magnitude.median() if lib is torch else np.median(magnitude)
-    scale = lib.maximum(magnitude, typical)
-    return (high - low) > roundoff_tolerance(dtype) * scale
+    return lib.maximum(magnitude, typical)
 
 
 class RoundoffScaler(TransformerMixin, BaseEstimator):
@@ -497,7 +502,11 @@ def fit_folds(
 
     ``regression``: ``StandardScaler`` + ridge, penalty by grouped inner CV over ``alphas``
     (module docstring). ``classification``: ``StandardScaler`` + :class:`PooledLDA`. Features at
-    round-off resolution are zeroed on each fitting side (:class:`RoundoffScaler`). This is
+    round-off resolution are zeroed on each fitting side (:class:`RoundoffScaler`), and a pooled
+    within-class covariance whose trace is at most what the kept features' round-off could give
+    (each at :func:`roundoff_tolerance` times its scale) is zero, so LDA is then the nearest class
+    mean (ties: the first class) instead of a read of round-off (``nopelens validate --seed 3``
+    failed its BOS-and-constant-content row on that). This is
     :class:`BlockMoments` filled with every block at once, then :func:`fold_models`.
 
     Args:
@@ -710,6 +719,9 @@ class _Side:
         # the diagonal of gram - n mean mean^T, entry by entry as the full matrix would give it
         var = torch.clamp((torch.diagonal(self.gram) - self.n * (self.mean * self.mean)) / self.n, min=0)
         self.inv_sd = torch.where(self.keep, 1 / torch.sqrt(torch.where(var > 0, var, 1)), 0)
+        # the variance a standardized kept feature can have from its dtype's round-off alone, summed
+        resolution = roundoff_tolerance(dtype) * roundoff_scale(high, low)[self.keep] * self.inv_sd[self.keep]
+        self.roundoff_variance = (resolution * resolution).sum()
 
 
 def penalty_path(C: torch.Tensor, b: torch.Tensor, alphas: torch.Tensor) -> torch.Tensor:
@@ -970,6 +982,9 @@ class _LDA:
             between = (means.T * count) @ means
             cov = _sub(torch.sub(side.gram, between, out=between), keep).mul_(D[:, None]).mul_(D[None, :]).div_(side.n)
             trace = torch.trace(cov)
+            if trace <= side.roundoff_variance:  # no spread within a class beyond round-off: it is none
+                cov.zero_()
+                trace = torch.zeros_like(trace)
             scale = trace / d_total if trace > 0 else torch.ones((), dtype=cov.dtype, device=cov.device)
             cov.diagonal().add_(self.shrinkage * scale)
             mz = (means[:, keep] - side.mean[keep]) * D
