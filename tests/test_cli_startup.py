@@ -1,10 +1,11 @@
 """The CLI imports only what the command it runs needs; `nopelens --help` imports no torch."""
 
-import pytest
 import argparse
 import importlib
 import subprocess
 import sys
+
+import pytest
 
 from nopelens.analyses.cli import COMMAND_MODULES, COMMANDS, build_parser
 
