@@ -53,7 +53,7 @@ from nopelens.probes.stream_probes import Probes, absolute_index_probes, relativ
 
 from .intervene import later_token_probes, refused_sink_blocks, sink_ablation_drop_streamed
 from .reads import MAX_OUTER_FEATURES, SweepSites
-from .subjects import Subject
+from .subjects import Subject, attention_shortfall
 
 SKIPPED_ABLATION = "skipped (--no-sink-ablation): the sink ablation's extra forward passes were not run"
 NOT_PROBED = "not probed (--layers leaves this block out)"
@@ -347,25 +347,6 @@ def sequence_bytes(subject: Subject, shapes: dict[str, tuple[int, ...]]) -> int:
     config = subject.hf if subject.hf is not None else subject.model.cfg
     width = max([int(np.prod(shape)) for site, shape in shapes.items() if not is_pattern_site(site)] + [1])
     return T * (4 * int(config.d_vocab) + 12 * int(config.n_heads) * T + 4 * ACTIVATION_COPIES * width)
-
-
-def attention_floor_bytes(subject: Subject, activation_bytes: int) -> int:
-    """The least memory one sequence's forward pass needs for one layer's attention:
-    ``T^2 ((item + 4) n_heads + 1)`` bytes for ``T`` tokens, the scores ``[n_heads, T, T]`` in the
-    model's dtype (``item`` bytes each) and their float32 softmax, which eager attention (the
-    attention the pattern hooks read) materializes, and a boolean ``[T, T]`` mask at least. A floor,
-    not an estimate: :func:`sequence_bytes` counts what else a pass holds.
-
-    Example:
-        >>> from types import SimpleNamespace
-        >>> cfg = SimpleNamespace(n_heads=16)
-        >>> subject = SimpleNamespace(tokens=torch.zeros(1, 1024), hf=None, model=SimpleNamespace(cfg=cfg))
-        >>> attention_floor_bytes(subject, 2) / 2**20  # bfloat16, 16 heads, 1,024 tokens: (6 * 16 + 1) MiB
-        97.0
-    """
-    T = int(subject.tokens.shape[1])
-    config = subject.hf if subject.hf is not None else subject.model.cfg
-    return T * T * ((activation_bytes + 4) * int(config.n_heads) + 1)
 
 
 def auto_batch_size(sequence: int, available: int, reserved: int, most: int = MAX_AUTO_BATCH) -> int:
@@ -665,14 +646,10 @@ def plan(subject: Subject, settings, sites: SweepSites) -> Plan:
                      f"{held / 2**20:,.1f} MiB besides its batches, more than half of the {m.free / 2**20:,.1f} MiB "
                      f"{m.free_source} (the rest is for the forward passes); they grow with the sites' width, not "
                      f"with the tokens: {_keeping_hint(m, shapes)}run where more memory is free")
-    attention, room = attention_floor_bytes(subject, m.activation_bytes), m.free - held
-    if shortfall is None and m.sites.patterns and attention > room:
-        T, n_heads = subject.tokens.shape[1], (subject.hf or subject.model.cfg).n_heads
-        shortfall = (f"one sequence of {T:,} tokens needs at least {attention / 2**20:,.1f} MiB for one layer's "
-                     f"attention (eager attention, which the pattern hooks read, materializes the scores "
-                     f"[{n_heads}, {T:,}, {T:,}] and their float32 softmax), more than the {max(room, 0) / 2**20:,.1f} "
-                     f"MiB {m.free_source} besides what the run holds; give a shorter --seq-len, or run where more "
-                     f"memory is free")
+    T, n_heads = subject.tokens.shape[1], int((subject.hf or subject.model.cfg).n_heads)
+    if shortfall is None and m.sites.patterns:
+        shortfall = attention_shortfall(T, n_heads, m.activation_bytes, m.free - held,
+                                        f"{m.free_source} besides what the run holds")
     eta, note = None, (f"not estimated (analyses/eta.py is calibrated on models of at most {ETA_MAX_PARAMETERS:,} "
                        f"parameters on one CPU thread; this one has {parameters:,} on {device.type})")
     if parameters <= ETA_MAX_PARAMETERS and device.type == "cpu" and len(m.groups) == 1:

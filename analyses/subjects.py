@@ -540,6 +540,31 @@ def _evaluation_batch(task, n_sequences: int, seq_len: int, train_lengths, seed:
     return task.sample(n_sequences, high, high, seed)
 
 
+def eager_attention_bytes(seq_len: int, n_heads: int, activation_bytes: int) -> int:
+    """The least memory one sequence's forward pass needs for one layer's attention:
+    ``T^2 ((item + 4) n_heads + 1)`` bytes for ``T`` tokens: the scores ``[n_heads, T, T]`` in the
+    model's dtype (``item`` bytes each) and their float32 softmax, which eager attention (the
+    attention the pattern hooks read) materializes, and a boolean ``[T, T]`` mask at least. A
+    floor, not an estimate (:func:`~nopelens.analyses.streamed.sequence_bytes` counts the rest).
+
+    >>> eager_attention_bytes(1024, 16, 2) / 2**20  # bfloat16, 16 heads, 1,024 tokens: (6 * 16 + 1) MiB
+    97.0
+    """
+    return seq_len * seq_len * ((activation_bytes + 4) * n_heads + 1)
+
+
+def attention_shortfall(seq_len: int, n_heads: int, activation_bytes: int, room: int, where: str) -> str | None:
+    """Why one sequence's eager attention (:func:`eager_attention_bytes`) cannot fit ``room`` bytes
+    (``where``: which memory, in words), or None when it can."""
+    need = eager_attention_bytes(seq_len, n_heads, activation_bytes)
+    if need <= room:
+        return None
+    return (f"one sequence of {seq_len:,} tokens needs at least {need / 2**20:,.1f} MiB for one layer's attention "
+            f"(eager attention, which the pattern hooks read, materializes the scores [{n_heads}, {seq_len:,}, "
+            f"{seq_len:,}] and their float32 softmax), more than the {max(room, 0) / 2**20:,.1f} MiB {where}; give a "
+            f"shorter --seq-len, or run where more memory is free")
+
+
 def _hf(directory: Path, n_sequences: int, seq_len: int, seed: int, how: HFInput) -> Subject:
     from nopelens.models.hf import UnsupportedModelError, check_readable, describe, trained_length
 
@@ -554,6 +579,13 @@ def _hf(directory: Path, n_sequences: int, seq_len: int, seed: int, how: HFInput
             f"--seq-len {seq_len} is longer than the learned position table of {directory.name} "
             f"({description.max_positions} positions); use --seq-len {description.max_positions} or less"
         )
+    if any(layer.mixer == "attention" for layer in description.layers):  # refused before any token is drawn
+        from nopelens.probes.stream import available_memory
+
+        shortfall = attention_shortfall(seq_len, description.n_heads, next(model.parameters()).element_size(),
+                                        available_memory(device), f"free on {device.type}")
+        if shortfall:
+            raise ValueError(f"{HF_PREFIX}{directory}: {shortfall}")
     if tokenizer is not None:
         tokens, bos_id = text_windows(tokenizer, how.text, n_sequences, seq_len, seed, description.d_vocab)
     else:

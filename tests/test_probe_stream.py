@@ -453,6 +453,7 @@ def test_three_tokens_leave_no_variance_slope_and_say_so(model_dir, tmp_path, ca
     ("seeds", "--seeds 0,1: training seeds apply to zoo models"),
     ("text is a directory", "is a directory: give a UTF-8 text file"),
     ("attention past the memory", "one sequence of 2,048 tokens needs at least 132.0 MiB for one layer's attention"),
+    ("attention past all memory", "one sequence of 10,000,000 tokens needs at least 3,147,125,244.1 MiB"),
 ])
 def test_bad_input_is_one_line_and_exit_2(model_dir, tmp_path, capsys, case, message):
     import shutil
@@ -505,10 +506,12 @@ def test_bad_input_is_one_line_and_exit_2(model_dir, tmp_path, capsys, case, mes
         text = json.dumps(config) if case != "config not JSON" else "{not json"
         (broken / "config.json").write_text(text)
         target = f"hf:{broken}"
-    elif case in ("empty input", "seeds", "text is a directory", "attention past the memory"):
+    elif case in ("empty input", "seeds", "text is a directory", "attention past the memory", "attention past all memory"):
         extra = {"empty input": ["--input", ""], "seeds": ["--seeds", "0,1"], "text is a directory": ["--text", str(tmp_path)],
                  # 4 float32 heads: 2048^2 (8 * 4 + 1) bytes, past the 100 MiB allowed before any forward pass
-                 "attention past the memory": ["--input", "random", "--seq-len", "2048", "--memory-mib", "100"]}[case]
+                 "attention past the memory": ["--input", "random", "--seq-len", "2048", "--memory-mib", "100"],
+                 # refused once the model is loaded, before 6 x 10^7 tokens are drawn and laid out
+                 "attention past all memory": ["--input", "random", "--seq-len", "10000000", "--plan"]}[case]
     elif case == "no directory":
         target = "hf:"
     elif case == "zoo model":
