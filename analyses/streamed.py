@@ -585,8 +585,8 @@ class Plan:
                     if self.stripped_passes else "")
         among = f", {self.ablation_second_passes} of the sink ablation's among them" if self.ablation_second_passes else ""
         passes = "a second pass" if self.second_passes == 1 else "second passes"
-        second = (f"{self.second_passes} of them {passes} to predict{among}, where a "
-                  "run's features do not all fit the keep budget" if self.second_passes
+        second = (f"{self.second_passes} of them {passes} to predict{among}, where a run's features do not all "
+                  "fit the keep budget within half the memory the run may use" if self.second_passes
                   else "no second pass: every run's features fit the keep budget")
         return (f"nopelens: plan for {name}: {self.forward_passes} forward passes over {self.tokens:,} tokens "
                 f"({groups}{stripped}{ablation}{second}) in "
