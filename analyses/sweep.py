@@ -279,17 +279,39 @@ def sweep_sites(subject: Subject, kinds: tuple[str, ...] = DEFAULT_SITES,
     # a hybrid's linear-attention layers have no q, k or pattern, nor has a model hooked without the bridge
     qk = [pair for pair in (qk_sites(subject, l) for l in chosen) if all(subject.usable(s) for s in pair)]
     sparse = subject.sparse_blocks()
-    scores, not_applicable = reads.readable_score_sites(score_sites(subject.model, layers, subject.hf),
-                                                        subject.key_windows(), int(subject.attention_mask.sum(-1).max()))
+    available = score_sites(subject.model, layers, subject.hf)
+    scores, not_applicable = reads.readable_score_sites(available, subject.key_windows(),
+                                                        int(subject.attention_mask.sum(-1).max()))
     scores = [site for site in scores if site_block(site) not in sparse and site_block(site) in chosen]
     if sparse:
         not_applicable = "; ".join(filter(None, [not_applicable, subject.sparse_note()]))
+    unscored = _unscored_note(subject, [l for l in chosen
+                                        if l not in sparse and act_name("attn_scores", l) not in available])
+    not_applicable = "; ".join(filter(None, [unscored, not_applicable])) or None
     if not_applicable is not None:
         subject.info.setdefault("not_applicable", {})["score read"] = not_applicable
     residual = [resid_site(layer) for layer in sorted({l + step for l in chosen for step in (0, 1)})]
     patterns = [site for site in pattern_sites(subject) if site_block(site) in chosen]
     return SweepSites(residual=residual, inner=[site for site in inner if subject.usable(site)],
                       outputs=outputs, qk=qk, scores=scores, patterns=patterns)
+
+
+def _unscored_note(subject: Subject, blocks: list[int]) -> str | None:
+    """Why the score read leaves out softmax-attention ``blocks`` of an HF model that expose no
+    pre-softmax scores (None: there are none)."""
+    if subject.hf is None:
+        return None
+    blocks = [l for l in blocks if subject.hf.layers[l].mixer == "attention"]
+    if not blocks:
+        return None
+    if subject.hf.adapter == "forward hooks":
+        why = "hooked with forward hooks, not through TransformerBridge: no hook exposes them"
+    elif not subject.hf.scores_hook:
+        why = ("the bridge's hook_attn_scores is not the scores behind hook_pattern: their softmax is not it, "
+               "or it is the pattern itself")
+    else:
+        why = "their hook_attn_scores never fires"
+    return f"blocks {_ranges(blocks)}: no pre-softmax scores to read ({why})"
 
 
 def first_variance_block(subject: Subject) -> int | None:

@@ -593,3 +593,18 @@ def test_deepseek_v4_is_refused_in_one_line():
     with pytest.raises(hf.UnsupportedModelError, match="DeepseekV4ForCausalLM.*compress") as error:
         load_hf_model(model)
     assert "\n" not in str(error.value)
+
+
+@pytest.mark.parametrize("family, note", [
+    ("llama4_text", "blocks 0-3: no pre-softmax scores to read (the bridge's hook_attn_scores is not the scores behind"),
+    ("jamba", "blocks 1,3: no pre-softmax scores to read"),  # its Mamba blocks 0 and 2 have no attention to score
+    ("granite_swa", "blocks 0-3: no pre-softmax scores to read (hooked with forward hooks, not through TransformerBridge"),
+])
+def test_a_score_read_without_scores_says_which_blocks_and_why(saved, family, note):
+    """Their head-score column read n/a at every layer with no reason in not_applicable."""
+    from nopelens.analyses.subjects import HFInput, resolve
+    from nopelens.analyses.sweep import sweep_sites
+
+    subject = resolve(f"hf:{saved(family)}", 4, 8, seed=0, progress=False, hf_input=HFInput(input="random"))
+    assert not sweep_sites(subject).scores
+    assert subject.info["not_applicable"]["score read"].startswith(note), subject.info["not_applicable"]
