@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
+import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
@@ -366,6 +367,10 @@ def test_a_rerun_refuses_parts_measured_on_other_weights_or_text(model_dir, tmp_
     assert set(json.loads(done.read_text())["inputs"]) == {"files", "text_sha256"}
     capsys.readouterr()
     assert main(args) == 0 and "already measured" in capsys.readouterr().err
+    respelled = [f"hf:{model}/", *args[2:]]  # the same model, text and device, spelled otherwise
+    respelled[respelled.index(str(text))] = f"{text.parent}/./{text.name}"
+    auto = [] if torch.cuda.is_available() else ["--device", "auto"]  # auto is cpu here, as measured
+    assert main(["probe", *respelled, *auto]) == 0 and "already measured" in capsys.readouterr().err
     text.write_text("A different text, with other windows of other tokens. " * 40, encoding="utf-8")
     code = main(args)
     _one_error(code, capsys.readouterr().err, "was measured on other inputs than hf:")

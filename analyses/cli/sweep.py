@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import os
 import re
 import sys
 
@@ -119,6 +120,11 @@ def _probe_settings(args: argparse.Namespace) -> SweepSettings:
     through its tokenizer), on ``--device`` in ``--dtype``."""
     from nopelens.analyses.subjects import HF_PREFIX, HFInput
 
+    # one spelling per model, text and device, so that a rerun spelled otherwise resumes the same folder
+    if args.model.startswith(HF_PREFIX) and args.model[len(HF_PREFIX):]:
+        args.model = HF_PREFIX + os.path.normpath(args.model[len(HF_PREFIX):])
+    if args.text:
+        args.text = os.path.normpath(args.text)
     settings = _settings(args, (args.model,), controls=False)
     hf_options = {name: getattr(args, name) for name in ("input", "text", "device", "dtype", "batch_size", "keep_mib",
                                                          "memory_mib", "layers", "plan", "no_sink_ablation")
@@ -133,6 +139,7 @@ def _probe_settings(args: argparse.Namespace) -> SweepSettings:
                          f"each trained with its seed; {args.model} has one set of weights")
     how = HFInput(input="text" if args.input is None else args.input, text=args.text,
                   device="cpu" if args.device is None else args.device, dtype=args.dtype)
+    how = dataclasses.replace(how, device=how.torch_device().type)  # auto: the device it picks here
     batch_size = "auto" if args.batch_size is None else args.batch_size
     return dataclasses.replace(settings, hf_input=how, streamed=True, batch_size=batch_size, keep_mib=args.keep_mib,
                                memory_mib=args.memory_mib, layers=args.layers, sink_ablation=not args.no_sink_ablation)
