@@ -171,7 +171,8 @@ def memory_allowed(settings, device: torch.device) -> tuple[int, str]:
     free = available_memory(device)
     if settings.memory_mib is not None and settings.memory_mib * 2**20 <= free:
         return settings.memory_mib * 2**20, "allowed (--memory-mib)"
-    return free, f"free on {torch.device(device).type}"
+    capped = f", less than --memory-mib {settings.memory_mib}" if settings.memory_mib is not None else ""
+    return free, f"free on {torch.device(device).type}{capped}"
 
 
 def auto_keep_bytes(m: Measurements, shapes: dict[str, tuple[int, ...]]) -> int:

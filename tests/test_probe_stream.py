@@ -185,6 +185,9 @@ def test_statistics_larger_than_the_memory_free_are_refused_before_any_forward_p
     _one_error(code, err, "MiB free on cpu (the rest is for the forward passes); they grow with the sites' width")
     assert "WILL NOT FIT" not in err, err  # the reason once, not the plan line and then the error
     assert not forward and not (tmp_path / "run").exists()
+    # a --memory-mib above what is free is capped, and the message says so
+    _one_error(main([*common, "--memory-mib", "64", "--out", str(tmp_path / "run")]), capsys.readouterr().err,
+               "MiB free on cpu, less than --memory-mib 64 (the rest is for the forward passes)")
     monkeypatch.undo()
     # --memory-mib: room for the largest job, not for every job at once: groups, no refusal
     assert main([*common, "--memory-mib", "8", "--plan", "--out", str(tmp_path / "p2")]) == 0
