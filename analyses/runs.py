@@ -265,7 +265,11 @@ def read_part(part: Path, names: Sequence[str]) -> tuple[dict[str, pd.DataFrame]
     the one ``done.json`` records; not CSV / JSON): then a line on stderr names the file and says
     the part is measured again. Parts written before checksums were recorded are read unchecked.
     """
-    if not (part / DONE).is_file() or not all((part / f"{name}.csv").is_file() for name in names):
+    if not (part / DONE).is_file():
+        return None  # unfinished: measured (again) without a word
+    missing = [name for name in names if not (part / f"{name}.csv").is_file()]
+    if missing:
+        _measure_again(part / f"{missing[0]}.csv", "is missing from a finished part")
         return None
     try:
         meta = read_json(part / DONE)

@@ -164,6 +164,12 @@ def measurements(subject: Subject, settings, sites: SweepSites,
     return m
 
 
+def _more_memory_hint(m: Measurements) -> str:
+    if m.free_source.startswith("allowed"):
+        return "give a larger --memory-mib, or run where more memory is free"
+    return "run where more memory is free"
+
+
 def memory_allowed(settings, device: torch.device) -> tuple[int, str]:
     """Bytes a streamed run may use on ``device`` (the memory free there when it starts,
     :func:`~nopelens.probes.stream.available_memory`, or ``settings.memory_mib`` if less) and which
@@ -646,7 +652,7 @@ def plan(subject: Subject, settings, sites: SweepSites) -> Plan:
                      f"alone (float64 on {device.type}); with the fits' overhead the run would hold "
                      f"{held / 2**20:,.1f} MiB besides its batches, more than half of the {m.free / 2**20:,.1f} MiB "
                      f"{m.free_source} (the rest is for the forward passes); they grow with the sites' width, not "
-                     f"with the tokens: {_keeping_hint(m, shapes)}run where more memory is free")
+                     f"with the tokens: {_keeping_hint(m, shapes)}{_more_memory_hint(m)}")
     T, n_heads = subject.tokens.shape[1], int((subject.hf or subject.model.cfg).n_heads)
     if shortfall is None and m.sites.patterns:
         shortfall = attention_shortfall(T, n_heads, m.activation_bytes, m.free - held,

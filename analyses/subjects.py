@@ -818,9 +818,13 @@ def _check_dtype_fields(directory: Path) -> None:
         config = json.loads((Path(directory) / "config.json").read_text())
     except (OSError, ValueError):
         return  # the config's own check names a missing or broken file
+    def named(value) -> bool:
+        return isinstance(value, str) and isinstance(getattr(torch, value, None), torch.dtype)
+
     for key in ("dtype", "torch_dtype"):
         value = config.get(key) if isinstance(config, dict) else None
-        if isinstance(value, str) and value != "auto" and not isinstance(getattr(torch, value, None), torch.dtype):
+        # a multimodal config may give one dtype per sub-model
+        if value is not None and not (named(value) or isinstance(value, dict) and all(map(named, value.values()))):
             raise ValueError(f"{directory}/config.json: {key} {value!r} is not a torch dtype (e.g. bfloat16, float32)")
 
 

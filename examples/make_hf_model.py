@@ -21,6 +21,7 @@ from pathlib import Path
 import torch
 
 from nopelens.analyses.cli import OneLineParser, guarded
+from nopelens.analyses.cli.options import seed_type
 from nopelens.models.tasks import default_documents
 
 SPECIAL_TOKENS = ["<pad>", "<s>", "</s>", "<unk>"]  # ids 0-3: the config's pad, BOS and EOS ids follow
@@ -75,9 +76,11 @@ def save_smol(path: Path, seed: int = 0) -> Path:
 def main(argv: list[str] | None = None) -> int:
     parser = OneLineParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", default="runs/examples/smol", help="the model folder (default runs/examples/smol)")
-    parser.add_argument("--seed", type=int, default=0, help="seed of the random weights (default 0)")
+    parser.add_argument("--seed", type=seed_type, default=0, help="seed of the random weights (default 0)")
     args = parser.parse_args(argv)
     out = Path(args.out)
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"--out {out} is a file; give a folder")
     if (out / "config.json").exists():
         raise ValueError(f"{out} already holds a model (config.json); give another --out, or delete it")
     save_smol(out, args.seed)

@@ -451,6 +451,10 @@ def check_config(config: Any) -> None:
         value = getattr(config, name, None)
         if isinstance(value, int) and not isinstance(value, bool) and value < 1:
             raise ConfigError(f"{name} is {value}: a model's sizes must be at least 1")
+    width, heads = getattr(config, "hidden_size", None), getattr(config, "num_attention_heads", None)
+    if getattr(config, "head_dim", None) is None and isinstance(width, int) and isinstance(heads, int) and heads > width:
+        raise ConfigError(f"num_attention_heads {heads} is more than hidden_size {width}: each head would have "
+                          f"{width // heads} dimensions")
     for name in PER_LAYER_FIELDS:
         value = getattr(config, name, None)
         if isinstance(value, (list, tuple)) and len(value) != n_layers:

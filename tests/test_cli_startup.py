@@ -84,3 +84,11 @@ def test_a_seed_out_of_range_names_the_option(argv, capsys):
         main(argv)
     err = capsys.readouterr().err.strip().splitlines()
     assert exit_info.value.code == 2 and len(err) == 1 and f"0..{2**63 - 1}" in err[0] and "seed" in err[0], err
+
+
+def test_a_seed_listed_twice_is_refused():
+    """``train --seeds 0,0`` trained seed 0 twice into one folder."""
+    from nopelens.analyses.cli.options import parse_seeds
+
+    with pytest.raises(ValueError, match="--seeds lists a seed twice: '0,1,0'"):
+        parse_seeds("0,1,0")

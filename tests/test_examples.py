@@ -1,6 +1,7 @@
 """The three examples in examples/ run end to end on small settings, write what they promise and say
 where (issue 15), use the sweep's defaults, and end like the CLI: one line and exit 2 on bad input."""
 
+import contextlib
 import importlib.util
 import runpy
 import sys
@@ -20,6 +21,11 @@ from nopelens.models.checkpoint import TrainedModel, save_checkpoint
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 pytestmark = pytest.mark.slow
+
+
+@contextlib.contextmanager
+def _no_exit():
+    yield
 
 
 def example(name):
@@ -130,6 +136,14 @@ def test_make_hf_model_saves_a_model_nopelens_probe_reads_and_refuses_to_overwri
     assert captured.err.strip().splitlines() == [
         f"make_hf_model.py: error: {out} already holds a model (config.json); give another --out, or delete it"]
     assert {"config.json", "model.safetensors", "tokenizer.json"} <= {p.name for p in out.iterdir()}
+    module = example("make_hf_model")
+    (tmp_path / "afile").write_text("")
+    for argv, message in [(["--out", str(tmp_path / "afile")], "is a file; give a folder"),
+                          (["--out", str(tmp_path / "other"), "--seed", "-1"], "argument --seed: a seed is an integer")]:
+        with pytest.raises(SystemExit) if "--seed" in argv else _no_exit():
+            assert guarded(lambda: module.main(argv), "make_hf_model.py") == 2
+        assert message in capsys.readouterr().err
+    assert not (tmp_path / "other").exists(), "a bad --seed writes nothing"
     assert main(["probe", f"hf:{out}", "--quick", "--seq-len", "16", "--n-sequences", "6", "--plan",
                  "--out", str(tmp_path / "run")]) == 0
     assert "plan for hf:" in capsys.readouterr().out

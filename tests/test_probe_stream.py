@@ -455,6 +455,8 @@ def test_three_tokens_leave_no_variance_slope_and_say_so(model_dir, tmp_path, ca
     ("no layers", "config.json: num_hidden_layers is 0: a model needs at least one layer"),
     ("no width", "config.json: hidden_size is 0: a model's sizes must be at least 1"),
     ("no dtype", "config.json: dtype 'banana' is not a torch dtype"),
+    ("dtype not a name", "config.json: dtype 5 is not a torch dtype"),
+    ("more heads than width", "config.json: num_attention_heads 64 is more than hidden_size 32"),
     ("empty input", "--input must be one of text, random, repeated, got ''"),
     ("empty out", "--out is empty: name the run folder"),
     ("no directory", "'hf:' names no directory"),
@@ -496,7 +498,8 @@ def test_bad_input_is_one_line_and_exit_2(model_dir, tmp_path, capsys, case, mes
         extra = ["--batch-size", "0"]
     elif case == "memory 0":
         extra = ["--memory-mib", "0"]
-    elif case in ("config not JSON", "heads do not divide the width", "no layers", "no width", "no dtype"):
+    elif case in ("config not JSON", "heads do not divide the width", "no layers", "no width", "no dtype",
+                  "dtype not a name", "more heads than width"):
         # with the tokenizer beside it: the message names config.json, not a missing tokenizer
         broken = tmp_path / "broken"
         shutil.copytree(model_dir, broken)
@@ -508,7 +511,8 @@ def test_bad_input_is_one_line_and_exit_2(model_dir, tmp_path, capsys, case, mes
         config = json.loads((broken / "config.json").read_text())
         config.update({"heads do not divide the width": {"num_attention_heads": 3},
                        "no layers": {"num_hidden_layers": 0}, "no width": {"hidden_size": 0},
-                       "no dtype": {"dtype": "banana"}}.get(case, {}))
+                       "no dtype": {"dtype": "banana"}, "dtype not a name": {"dtype": 5},
+                       "more heads than width": {"num_attention_heads": 64, "num_key_value_heads": 64}}.get(case, {}))
         if case == "no layers":  # without the per-layer lists transformers checks against the count
             config = {key: value for key, value in config.items() if not isinstance(value, list) or key == "architectures"}
         text = json.dumps(config) if case != "config not JSON" else "{not json"

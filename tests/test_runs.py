@@ -75,6 +75,10 @@ def test_an_emptied_or_truncated_table_of_a_finished_part_is_named_and_measured_
         assert probes.read_text() == whole
         for name, table in first.items():
             pd.testing.assert_frame_equal(pd.read_csv(out / f"{name}.csv"), table)
+    probes.unlink()
+    sweep(settings, out, progress=False)
+    assert f"{probes} is missing from a finished part; measuring that part again" in capsys.readouterr().err
+    assert probes.read_text() == whole
     fresh = {name: (out / f"{name}.csv").read_bytes() for name in (*TABLES, "summary")}
     sweep(settings, out, progress=True)
     assert "already measured" in capsys.readouterr().err

@@ -56,6 +56,8 @@ def parse_seeds(text: str) -> tuple[int, ...]:
         raise ValueError("--seeds lists no seed")
     if not all(0 <= seed <= MAX_SEED for seed in seeds):
         raise ValueError(f"--seeds takes integers in 0..{MAX_SEED}, got {text!r}")
+    if len(set(seeds)) < len(seeds):
+        raise ValueError(f"--seeds lists a seed twice: {text!r}")
     return seeds
 
 
