@@ -210,7 +210,7 @@ def test_statistics_larger_than_the_memory_free_are_refused_before_any_forward_p
     assert passes["100", "8"] < passes["0", "8"]  # where all of them do not fit, groups whose features fit keep them
     # keeping nothing can hold more than keeping every feature (each site fitted alone): the refusal says so
     _one_error(main([*common, "--memory-mib", "7", "--out", str(tmp_path / "p6")]), capsys.readouterr().err,
-               "keep the features (--keep-mib 1 or more) or run where more memory is free")
+               "keep the features (--keep-mib 1 or more) or give a larger --memory-mib, or run where more memory is free")
     assert main([*common[:-1], "1", "--memory-mib", "7", "--plan", "--out", str(tmp_path / "p7")]) == 0
 
 
