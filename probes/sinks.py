@@ -322,7 +322,8 @@ def output_scale_sink_mass(patterns: Sequence[np.ndarray], values: np.ndarray, o
     Granite SWA's eager attention computes the plain softmax pattern p, then multiplies each
     head's output by sigmoid(lse_i - s_h) = 1 - p_sink (``transformers/models/granite_swa/
     modeling_granite_swa.py``). The factor c_i of each (query, head) is fitted by least squares
-    over d_head: <z_i, pv_i> / <pv_i, pv_i>.
+    over d_head: <z_i, pv_i> / <pv_i, pv_i>. A row whose weighted value pv_i is 0 (every value it
+    weighs is 0, e.g. a pad embedding's) shows no scale and is left out of the mean.
 
     Args:
         patterns: per sequence ``[head_index, n, n]``.
@@ -331,18 +332,26 @@ def output_scale_sink_mass(patterns: Sequence[np.ndarray], values: np.ndarray, o
         sequence_id: ``[n_samples]``.
 
     Returns:
-        ``[head_index]`` mean 1 - c over every real query row.
+        ``[head_index]`` mean 1 - c over every real query row that shows its scale.
+
+    Raises:
+        ValueError: if a head has no such row (every weighted value 0).
     """
-    masses = []
+    masses, shown = [], []
     for s, pattern in enumerate(patterns):
         rows = sequence_id == s
         v, z = values[rows].astype(np.float64), outputs[rows].astype(np.float64)
         v = np.repeat(v, pattern.shape[0] // v.shape[1], axis=1)
         weighted = np.einsum("hij,jhd->ihd", pattern.astype(np.float64), v)
         norm = (weighted * weighted).sum(-1)
-        scale = np.where(norm > 0, (z * weighted).sum(-1) / np.maximum(norm, 1e-300), 1.0)
-        masses.append(1.0 - scale)  # [n, head]
-    return np.concatenate(masses, axis=0).mean(0)
+        scale = (z * weighted).sum(-1) / np.where(norm > 0, norm, 1.0)
+        masses.append(np.where(norm > 0, 1.0 - scale, 0.0))  # [n, head]
+        shown.append(norm > 0)
+    count = np.concatenate(shown, axis=0).sum(0)
+    if (count == 0).any():
+        raise ValueError(f"output-scale sink heads {np.flatnonzero(count == 0).tolist()}: every weighted value is 0, "
+                         "so no query shows its output scale (sink mass not measurable)")
+    return np.concatenate(masses, axis=0).sum(0) / count
 
 
 def sink_table(acts: Activations, eps: float = GU_EPSILON, n_tokens: int | None = GU_WINDOW,
@@ -556,9 +565,10 @@ class SinkStats(Measurement):
             v = v.repeat_interleave(p.shape[1] // v.shape[2], dim=2)  # key-value heads -> query heads
             weighted = torch.einsum("bhij,bjhd->bihd", p, v)
             norm = (weighted * weighted).sum(-1)
-            scale = torch.where(norm > 0, (z * weighted).sum(-1) / norm.clamp(min=1e-300), 1.0)  # [batch, query, head]
-            self._add(site, "learned", ((1.0 - scale) * real[:, :, None]).sum((0, 1)))
-            self._add(site, "learned_rows", real.sum())
+            shown = (norm > 0) & real[:, :, None]  # a row whose weighted value is 0 shows no scale
+            scale = (z * weighted).sum(-1) / torch.where(norm > 0, norm, 1.0)  # [batch, query, head]
+            self._add(site, "learned", torch.where(shown, 1.0 - scale, 0.0).sum((0, 1)))
+            self._add(site, "learned_rows", shown.sum((0, 1)))
         self.pending = {}
 
     def end_pass(self) -> bool:
@@ -591,6 +601,10 @@ class SinkStats(Measurement):
             extra = None
             if self.sinks is not None:
                 kind, logits = self.sinks.get(site_block(site), (None, None))
+                if kind == "output_scale" and (held["learned_rows"] == 0).any():
+                    raise ValueError(f"{site}: output-scale sink heads {np.flatnonzero(held['learned_rows'] == 0).tolist()}: "
+                                     "every weighted value is 0, so no query shows its output scale (sink mass not "
+                                     "measurable)")
                 extra = (None, None, None) if kind is None else (
                     kind, None if logits is None else np.asarray(logits, dtype=np.float64),
                     held["learned"] / held["learned_rows"])
