@@ -601,10 +601,10 @@ class SinkStats(Measurement):
             extra = None
             if self.sinks is not None:
                 kind, logits = self.sinks.get(site_block(site), (None, None))
-                if kind == "output_scale" and (held["learned_rows"] == 0).any():
-                    raise ValueError(f"{site}: output-scale sink heads {np.flatnonzero(held['learned_rows'] == 0).tolist()}: "
-                                     "every weighted value is 0, so no query shows its output scale (sink mass not "
-                                     "measurable)")
+                unshown = np.flatnonzero(held["learned_rows"] == 0).tolist() if kind == "output_scale" else []
+                if unshown:
+                    raise ValueError(f"{site}: output-scale sink heads {unshown}: every weighted value is 0, so no "
+                                     "query shows its output scale (sink mass not measurable)")
                 extra = (None, None, None) if kind is None else (
                     kind, None if logits is None else np.asarray(logits, dtype=np.float64),
                     held["learned"] / held["learned_rows"])
