@@ -219,6 +219,27 @@ def test_a_broken_half_precision_model_still_fails(dtype):
     assert 5 in audit(bridge_hf_model(wrong_base.to(dtype)), eval_length=16).failed_steps
 
 
+def test_a_float64_model_fails_only_left_padding_and_the_other_steps_read_the_unpadded_row():
+    """HF's eager attention takes the softmax in float32, where a float64 model's mask minimum is -inf:
+    the padded row's fully masked queries give NaN, which reaches its real tokens through zero weights on
+    NaN values. That is step 1's finding, named; the other steps read the unpadded row alone (they gave
+    NaN errors, false fails, when they read both)."""
+    from nopelens.analyses.audit import audit
+
+    report = audit(_bridge("smollm3").to(torch.float64), eval_length=16)
+    assert report.failed_steps == [1], report.summary()
+    (check,) = [c for c in report.steps[0].checks if not c.passed]
+    assert check.name == "left-padding invariance"
+    assert "blocks.0.attn.hook_pattern, only in the rows of its 4 padded queries" in check.detail
+    assert report.probe["padded_row_left_out"].startswith("steps 2-10 read the unpadded row alone")
+    assert report.probe["left_padding"] == 4 and len(report.probe["tokens"]) == 2
+    assert report.model["measured_layer_positions"] == ["relative", "relative", "relative", "nope"]
+    rotating = build("smollm3", no_rope_layers=[1, 1, 1, 1])  # a broken float64 model still fails step 5
+    rotating.config.no_rope_layers = [1, 1, 1, 0]
+    assert 5 in audit(bridge_hf_model(rotating.to(torch.float64)), eval_length=16).failed_steps
+    assert "padded_row_left_out" not in audit(_bridge("smollm3"), eval_length=16).probe
+
+
 def test_tolerances_follow_the_dtype():
     from nopelens.analyses.audit import Tolerance
 

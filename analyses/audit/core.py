@@ -11,7 +11,7 @@ from torch import Tensor
 from nopelens.models import Decoder
 
 from .numerics import Tolerance
-from .probe import Run, make_probe
+from .probe import Run, make_probe, unpadded
 from .report import AuditReport, StepResult, make_step
 from .steps_lookups import step5_rotations_and_lookups
 from .steps_positions import step1_position_ids, step2_origin_and_sign, step4_absolute_additions
@@ -149,9 +149,13 @@ def audit(
     try:
         with torch.no_grad():
             probe = make_probe(subject, eval_length, seed, tokens)
-            logits, cache, seen_ids = subject.run_with_cache(probe.tokens, probe.mask)
-            run = Run(subject, probe, logits, cache, seen_ids, tol)
-            steps = [run_step(run, shift, meta) for run_step in STEPS]
+            run = Run(subject, probe, *subject.run_with_cache(probe.tokens, probe.mask), tol)
+            steps = [STEPS[0](run, shift, meta)]
+            left_out = run.padded_row_not_finite()
+            if left_out is not None:  # step 1 fails on it; the other steps read the unpadded row alone
+                alone = unpadded(probe)
+                run = Run(subject, alone, *subject.run_with_cache(alone.tokens, alone.mask), tol)
+            steps += [run_step(run, shift, meta) for run_step in STEPS[1:]]
             reason = subject.unverifiable()
             if reason is not None:  # the position steps: not_applicable with the reason, never a false fail
                 steps = [make_step(step.number, [], {}, "", reason) if step.number in (2, 4, 5, 6, 8) else step
@@ -173,6 +177,8 @@ def audit(
         "compute_dtype": tol.dtype,
         "tolerance": {"atol": tol.atol, "rtol": tol.rtol},
     }
+    if left_out is not None:
+        probe_record["padded_row_left_out"] = f"steps 2-10 read the unpadded row alone: {left_out}"
     model = subject.describe()
     if hasattr(run, "_readings") and sparse is None:  # the per-layer detector ran (step 5) on a static mask
         model["measured_layer_positions"] = [r.reading for r in run.readings]

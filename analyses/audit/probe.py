@@ -68,6 +68,11 @@ def make_probe(subject: Subject, eval_length: int, seed: int, tokens: Tensor | N
     return Probe(token_batch, mask, position_ids_from_mask(mask), n_pad)
 
 
+def unpadded(probe: Probe) -> Probe:
+    """The probe's first (unpadded) row alone."""
+    return Probe(probe.tokens[:1], probe.mask[:1], probe.ids[:1], 0)
+
+
 def device_of(subject: Subject) -> torch.device:
     return next(subject.model.parameters()).device
 
@@ -151,6 +156,27 @@ class Run:
             return recorded.double()
         allowed = self.allowed(layer)
         return (self.scores(layer) - self.content(layer)).masked_fill(~allowed, 0.0)
+
+    def padded_row_not_finite(self) -> str | None:
+        """Why the left-padded row cannot be compared, or None: its logits are not finite where the
+        unpadded row's are. Names the first hook (in execution order) where the row is not finite,
+        and says when that is only at the padded queries, which every key is hidden from (a fully
+        masked softmax row: HF's eager attention takes the softmax in float32, where a float64
+        model's mask minimum overflows to -inf, and the row's NaN reaches the real tokens through
+        zero weights on NaN values)."""
+        if self.probe.n_pad == 0 or not bool(torch.isfinite(self.logits[0]).all()):
+            return None
+        if bool(torch.isfinite(self.logits[1]).all()):
+            return None
+        first = next((name for name in self.cache.keys()
+                      if self.cache[name].shape[:1] == (2,) and not bool(torch.isfinite(self.cache[name][1]).all())),
+                     None)
+        where = "" if first is None else f"; not finite first at {first}"
+        if first is not None and first.endswith("hook_pattern"):
+            bad = ~torch.isfinite(self.cache[first][1])  # [head, query, key]
+            if not bool(bad[:, self.probe.n_pad:].any()):
+                where += f", only in the rows of its {self.probe.n_pad} padded queries (every key hidden from them)"
+        return f"the left-padded row's logits are not finite{where}"
 
     @property
     def ids_used(self) -> Tensor:

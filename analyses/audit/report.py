@@ -104,6 +104,8 @@ class AuditReport:
         if "measured_layer_positions" in self.model:
             lines.append(f" measured per layer (input held fixed, positions re-spaced): "
                          f"{', '.join(self.model['measured_layer_positions'])}")
+        if "padded_row_left_out" in self.probe:
+            lines += textwrap.wrap(self.probe["padded_row_left_out"], 110, initial_indent=" ", subsequent_indent="   ")
         for s in self.steps:
             flag = " !" if s.warnings else ""
             lines.append(f" [{mark[s.status]}]{flag} {s.number:>2}. {s.title}: {_clip(s.summary, 90)}")

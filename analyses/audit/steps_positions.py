@@ -46,9 +46,10 @@ def step1_position_ids(run: Run) -> StepResult:
     n_real = p.tokens.shape[1] - p.n_pad
     reference = run.logits[0, :n_real]
     padded = run.logits[1, p.n_pad:]
-    checks.append(agree(
-        "left-padding invariance", padded, reference, run.logit_tol,
-        f"logits of the left-padded row's {n_real} real tokens vs the same tokens unpadded"))
+    compared = f"logits of the left-padded row's {n_real} real tokens vs the same tokens unpadded"
+    not_finite = run.padded_row_not_finite()
+    checks.append(agree("left-padding invariance", padded, reference, run.logit_tol,
+                        compared if not_finite is None else f"{compared}: {not_finite}"))
     evidence["left_padding"] = p.n_pad
     return make_step(1, checks, evidence, "probe batch recorded; left-padded row uses mask-derived ids "
                       "and gives the unpadded logits")
