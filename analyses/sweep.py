@@ -191,8 +191,10 @@ class SweepSettings:
         """A tiny sweep for smoke tests: few sequences, short sequences, briefly trained models."""
         return cls.default(task, models, controls, n_sequences=24, seq_len=32, n_boot=50, n_splits=4, quick_steps=30)
 
-    RESUMABLE_CHANGES = ("train_seeds",)
-    """Settings a run folder may change between runs: adding seeds measures just the new ones."""
+    RESUMABLE_CHANGES = ("train_seeds", "batch_size", "keep_mib")
+    """Settings a run folder may change between runs: adding seeds measures just the new ones; the
+    batch size and the keep budget cut the same work into other forward passes (``auto`` already
+    follows the memory free), which changes round-off only. The stamp records the latest."""
 
     UNSET = {"hf_input": dataclasses.asdict(HFInput()),
              "streamed": "in memory, as nopelens sweep measures",
@@ -217,7 +219,7 @@ class SweepSettings:
 
     def digest(self) -> str:
         """Hash of what each (model, seed) measurement depends on (the run folder's stamp,
-        :func:`~nopelens.analyses.runs.claim`); the list of training seeds is left out."""
+        :func:`~nopelens.analyses.runs.claim`); :data:`RESUMABLE_CHANGES` are left out."""
         return runs.settings_digest(self.to_dict(), ignore=self.RESUMABLE_CHANGES)
 
     def tasks(self) -> list[tuple[str, int]]:

@@ -130,3 +130,20 @@ def test_a_refused_folder_names_each_field_of_a_record_that_differs(tmp_path):
                          "hf_input.dtype: none there, float32 now; hf_input.input: text there, random now")]:
         with pytest.raises(ValueError, match=rf"made with other settings \({change}\); use another"):
             runs.claim(tmp_path, "sweep", now, command="probe", unset={"hf_input": default})
+
+
+def test_a_probe_folder_resumes_with_another_batch_size_or_keep_budget(tmp_path):
+    """They cut the same work into other forward passes (round-off only); the stamp records the latest."""
+    import dataclasses
+
+    from nopelens.analyses.sweep import SweepSettings
+
+    first = dataclasses.replace(SweepSettings.quick(), streamed=True, batch_size=4, keep_mib=0)
+    runs.claim(tmp_path, "sweep", first.to_dict(), ignore=first.RESUMABLE_CHANGES, command="probe")
+    again = dataclasses.replace(first, batch_size="auto", keep_mib=None)
+    assert again.digest() == first.digest()
+    runs.claim(tmp_path, "sweep", again.to_dict(), ignore=again.RESUMABLE_CHANGES, command="probe")
+    assert "batch_size" not in runs.read_json(tmp_path / "sweep.json")["settings"]
+    other = dataclasses.replace(first, n_boot=first.n_boot + 1)
+    with pytest.raises(ValueError, match="other settings"):
+        runs.claim(tmp_path, "sweep", other.to_dict(), ignore=other.RESUMABLE_CHANGES, command="probe")
