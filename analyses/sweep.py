@@ -703,7 +703,11 @@ def measure(spec: str, train_seed: int, settings: SweepSettings, progress: bool 
 
 
 def _measure(spec: str, train_seed: int, settings: SweepSettings, progress: bool) -> tuple[dict, dict]:
-    tqdm.write(f"nopelens: {_label(spec, train_seed)}: loading", file=sys.stderr)
+    def say(line: str) -> None:  # a progress line: --quiet hides it (notes and the plan stay)
+        if progress:
+            tqdm.write(f"nopelens: {line}", file=sys.stderr)
+
+    say(f"{_label(spec, train_seed)}: loading")
     start = time.perf_counter()
     subject = resolve(spec, settings.n_sequences, settings.seq_len, settings.seed, progress, settings.quick_steps,
                       train_seed=train_seed, hf_input=settings.hf_input)
@@ -713,7 +717,7 @@ def _measure(spec: str, train_seed: int, settings: SweepSettings, progress: bool
                    file=sys.stderr)
     probed_blocks(subject, settings.layers)  # a block the model lacks is refused before the "probing" line
     what = f"{subject.n_layers + 1} layers" if settings.layers is None else f"blocks {_ranges(settings.layers)}"
-    tqdm.write(f"nopelens: {_label(subject.name, train_seed)}: probing {what}", file=sys.stderr)
+    say(f"{_label(subject.name, train_seed)}: probing {what}")
     with torch.no_grad():
         if settings.streamed and subject.hf is not None:
             tables = analyse_subject_streamed(subject, settings, _label(subject.name, train_seed), progress)
@@ -721,7 +725,7 @@ def _measure(spec: str, train_seed: int, settings: SweepSettings, progress: bool
             tables = analyse_subject(subject, settings, progress)
     tables = {name: table.assign(train_seed=train_seed) for name, table in tables.items()}
     seconds = {"load": loaded - start, "measure": time.perf_counter() - loaded}
-    tqdm.write(f"nopelens: {_label(subject.name, train_seed)}: measured in {seconds['measure']:.0f} s", file=sys.stderr)
+    say(f"{_label(subject.name, train_seed)}: measured in {seconds['measure']:.0f} s")
     meta = dict(name=subject.name, kind=subject.kind, position=subject.position, n_layers=subject.n_layers,
                 has_bos=subject.has_bos, train_lengths=subject.train_lengths, train_seed=train_seed, **subject.info,
                 seconds=seconds)

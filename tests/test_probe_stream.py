@@ -324,7 +324,9 @@ def test_probe_cli_on_text_and_the_repeated_token_known_answer(model_dir, tmp_pa
     from nopelens.analyses.cli import main
 
     code = main(["probe", f"hf:{model_dir}", *ARGS, "--batch-size", "4", "--out", str(tmp_path / "text")])
-    assert code == 0, capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert code == 0, err
+    assert "plan for hf:" in err and not any(word in err for word in (": loading", ": probing", ": measured in"))
     (done,) = (tmp_path / "text" / "parts").glob("*/done.json")
     meta = json.loads(done.read_text())
     assert meta["input"] == "text" and meta["dtype"] == "float32" and meta["device"] == "cpu"
