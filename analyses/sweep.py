@@ -300,20 +300,17 @@ def sweep_sites(subject: Subject, kinds: tuple[str, ...] = DEFAULT_SITES,
 
 def _unscored_note(subject: Subject, blocks: list[int]) -> str | None:
     """Why the score read leaves out softmax-attention ``blocks`` of an HF model that expose no
-    pre-softmax scores (None: there are none)."""
+    pre-softmax scores (None: there are none; the reasons are the description's,
+    :meth:`~nopelens.models.hf.HFDescription.scores_unreadable`)."""
     if subject.hf is None:
         return None
-    blocks = [l for l in blocks if subject.hf.layers[l].mixer == "attention"]
-    if not blocks:
-        return None
-    if subject.hf.adapter == "forward hooks":
-        why = "hooked with forward hooks, not through TransformerBridge: no hook exposes them"
-    elif not subject.hf.scores_hook:
-        why = ("the bridge's hook_attn_scores is not the scores behind hook_pattern: their softmax is not it, "
-               "or it is the pattern itself")
-    else:
-        why = "their hook_attn_scores never fires"
-    return f"blocks {_ranges(blocks)}: no pre-softmax scores to read ({why})"
+    reasons = {l: subject.hf.scores_unreadable(act_name("attn_scores", l)) for l in blocks
+               if subject.hf.layers[l].mixer == "attention"}
+    grouped: dict[str, list[int]] = {}
+    for block, why in reasons.items():
+        if why is not None:
+            grouped.setdefault(why, []).append(block)
+    return "; ".join(f"blocks {_ranges(b)}: no pre-softmax scores to read ({why})" for why, b in grouped.items()) or None
 
 
 def first_variance_block(subject: Subject) -> int | None:

@@ -352,6 +352,18 @@ class HFDescription:
             return names
         return None
 
+    def scores_unreadable(self, site: str) -> str | None:
+        """Why the pre-softmax scores hooked at ``site`` (a block's ``hook_attn_scores``) cannot be
+        read, or None when they can."""
+        if self.adapter == "forward hooks":
+            return "hooked with forward hooks, not through TransformerBridge: no hook exposes them"
+        if not self.scores_hook:
+            return ("the bridge's hook_attn_scores is not the scores behind hook_pattern: their softmax is not it, "
+                    "or it is the pattern itself")
+        if not self.fires(site):
+            return "their hook_attn_scores never fires"
+        return None
+
     def summary(self) -> str:
         """One line: family, input positions and the per-layer methods."""
         methods = ", ".join(self.layer_methods)
