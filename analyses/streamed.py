@@ -585,7 +585,7 @@ class Plan:
         blocks = "block" if self.ablated_blocks == 1 else "blocks"
         ablation = (f"{self.ablation_passes} of them for the sink ablation of {self.ablated_blocks} {blocks}, each "
                     f"stopped after its block; " if self.ablated_blocks else "")
-        shortfall = f"; WILL NOT FIT: {self.shortfall}" if self.shortfall else ""
+        shortfall = "; WILL NOT FIT (the error line says why)" if self.shortfall else ""
         groups = (f"the sites in {self.groups} groups whose statistics fit the memory, a run each, stopped after its "
                   f"deepest site; " if self.groups > 1 else "")
         stripped = (f"{self.stripped_passes} of them over the sequences without BOS, for the sink table; "

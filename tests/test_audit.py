@@ -337,7 +337,7 @@ def test_cli_zoo_model_uses_its_metadata(capsys, monkeypatch):
     from nopelens.models import zoo
     from nopelens.models.checkpoint import TrainedModel
 
-    monkeypatch.setattr(zoo, "load", lambda name: TrainedModel(decoder("alibi"), {"train_lengths": [3, 5]}))
+    monkeypatch.setattr(zoo, "load", lambda name, progress: TrainedModel(decoder("alibi"), {"train_lengths": [3, 5]}))
     assert main(["audit", "--model", "copy-alibi-3l", "--eval-length", "6"]) == 0
     out = capsys.readouterr().out
     assert "zoo model copy-alibi-3l" in out and "trained on [3, 5]" in out

@@ -177,8 +177,9 @@ def test_statistics_larger_than_the_memory_free_are_refused_before_any_forward_p
     common = ["probe", f"hf:{model_dir}", *ARGS, "--no-sink-ablation", "--keep-mib", "0"]
     code = main([*common, "--plan", "--out", str(tmp_path / "plan")])
     out, err = capsys.readouterr()
-    assert "WILL NOT FIT: the probes' statistics need" in out
-    _one_error(code, err, "MiB free on cpu")
+    assert "WILL NOT FIT (the error line says why)" in out  # the reason once, in the error line
+    _one_error(code, err, "the probes' statistics need")
+    assert "MiB free on cpu" in err
     forward = []
     monkeypatch.setattr(streamed, "run", lambda *args, **kwargs: forward.append(1))
     code, err = main([*common, "--out", str(tmp_path / "run")]), capsys.readouterr().err

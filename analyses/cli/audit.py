@@ -17,7 +17,7 @@ from typing import Any
 from nopelens.analyses.audit import AuditReport, audit
 from nopelens.analyses.subjects import load_checkpoint_dir, load_hf_dir
 
-from .options import seed_type
+from .options import add_quiet, seed_type
 
 
 def load_subject(args: argparse.Namespace) -> tuple[Any, str]:
@@ -32,7 +32,7 @@ def load_subject(args: argparse.Namespace) -> tuple[Any, str]:
     if args.model:
         from nopelens.models import zoo
 
-        return zoo.load(args.model), f"zoo model {args.model}"
+        return zoo.load(args.model, progress=not args.quiet), f"zoo model {args.model}"
     if args.hf_dir:
         return load_hf_dir(Path(args.hf_dir)), f"HF model {args.hf_dir}"
     return _fresh_decoder(args.position, args.eval_length, args.seed), f"random Decoder({args.position})"
@@ -93,4 +93,5 @@ def register(subparsers) -> None:
     parser.add_argument("--shift", type=int, default=3, help="constant added to positions in step 8")
     parser.add_argument("--seed", type=seed_type, default=0, help="seed of the probe tokens (and of --position)")
     parser.add_argument("--out", metavar="DIR", help="write report.md and audit.json here")
+    add_quiet(parser, "training progress bar (a zoo model that is neither cached nor shipped trains first)")
     parser.set_defaults(func=run)
