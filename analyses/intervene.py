@@ -340,17 +340,18 @@ class ProbeSettings:
 
 
 def reprobe(model, tokens: Tensor, attention_mask: Tensor, from_layer: int, n_layers: int,
-            settings: ProbeSettings, hooks: HookList | BatchHooks = ()) -> pd.DataFrame:
+            settings: ProbeSettings, hooks: HookList | BatchHooks = (), subject: Subject | None = None) -> pd.DataFrame:
     """Probe absolute index at layers ``from_layer .. n_layers`` and the q.k distance read of the
     blocks whose queries and keys come from those layers, under ``hooks`` (the same for every
-    batch, or made per batch).
+    batch, or made per batch). ``subject`` (of ``model``), when given, says which q/k hooks fire
+    (:func:`~nopelens.analyses.subjects.qk_sites`: a bridge may list rotated q/k hooks that never fire).
 
     Returns:
         :data:`~nopelens.probes.linear.RESULT_COLUMNS` rows; a q.k read of block b is at layer b + 1.
     """
     residual = [resid_site(layer) for layer in range(from_layer, n_layers + 1)]
     blocks = range(from_layer, n_layers) if settings.relative else ()
-    qk = [qk_sites(model, block) for block in blocks]
+    qk = [qk_sites(model if subject is None else subject, block) for block in blocks]
     sites = residual + [site for pair in qk for site in pair]
     collected = collect(model, tokens, sites, attention_mask=attention_mask, batch_size=32, hooks=hooks)
     acts = later_tokens(collected)
@@ -426,7 +427,7 @@ def _mean_ci(values: np.ndarray, n_boot: int, seed: int) -> tuple[float, float]:
 def sink_ablation(model, tokens: Tensor, attention_mask: Tensor, n_layers: int, settings: ProbeSettings,
                   modes: Sequence[str] = SINK_MODES, blocks: Sequence[int] | None = None,
                   targets: Tensor | None = None, loss_mask: Tensor | None = None,
-                  progress: bool = False) -> tuple[pd.DataFrame, pd.DataFrame]:
+                  progress: bool = False, subject: Subject | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Ablate the first real token in each block; re-probe every later layer and measure behaviour.
 
     Args:
@@ -438,6 +439,7 @@ def sink_ablation(model, tokens: Tensor, attention_mask: Tensor, n_layers: int, 
         blocks: blocks to ablate (default all).
         targets, loss_mask: as :func:`behavior`.
         progress: a bar over the (mode, block) ablations.
+        subject: the subject of ``model``, whose description says which q/k hooks fire (:func:`reprobe`).
 
     Returns:
         ``(probes, behaviour)``. ``probes``: the probe rows of the clean run (``condition ==
@@ -457,7 +459,8 @@ def sink_ablation(model, tokens: Tensor, attention_mask: Tensor, n_layers: int, 
     ablations = [(mode, block) for mode in modes for block in blocks]
     bar = progress_bar(total=len(ablations) + 1, desc="sink ablation", unit="probe set", disable=not progress)
     bar.set_postfix_str("clean")
-    clean = reprobe(model, tokens, attention_mask, 1, n_layers, settings).assign(condition="clean", ablated_block=np.nan)
+    clean = reprobe(model, tokens, attention_mask, 1, n_layers, settings, subject=subject).assign(
+        condition="clean", ablated_block=np.nan)
     clean_behavior = behavior(model, tokens, attention_mask, targets, loss_mask)
     means = mean_values(model, tokens, attention_mask, blocks) if "mean_value" in modes else {}
     probe_frames, behavior_rows = [clean], []
@@ -472,7 +475,7 @@ def sink_ablation(model, tokens: Tensor, attention_mask: Tensor, n_layers: int, 
             bar.update()
             continue
         hooks = sink_batch_hooks(block, mode, mean_value)
-        table = reprobe(model, tokens, attention_mask, block + 1, n_layers, settings, hooks)
+        table = reprobe(model, tokens, attention_mask, block + 1, n_layers, settings, hooks, subject)
         probe_frames.append(table.assign(condition=mode, ablated_block=block))
         changed = behavior(model, tokens, attention_mask, targets, loss_mask, hooks)
         for row in behavior_change(clean_behavior, changed, settings.n_boot, settings.seed):
@@ -969,7 +972,7 @@ def run_intervene(settings: InterveneSettings, out: Path, progress: bool = True)
 def _sink(subject: Subject, settings: InterveneSettings, progress: bool) -> tuple[pd.DataFrame, pd.DataFrame]:
     probes, behavior = sink_ablation(subject.model, subject.tokens, subject.attention_mask, subject.n_layers,
                                         settings.probes(), settings.modes, targets=subject.targets,
-                                        loss_mask=subject.loss_mask, progress=progress)
+                                        loss_mask=subject.loss_mask, progress=progress, subject=subject)
     return probes.assign(model=subject.name), behavior.assign(model=subject.name)
 
 

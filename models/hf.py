@@ -769,7 +769,12 @@ def _key_window(config: Any, layer: int) -> tuple[int | None, int | None]:
     layers ``create_chunked_causal_mask`` with ``config.attention_chunk_size``
     (``transformers/masking_utils.py``), every other layer the causal mask. A config without
     ``layer_types`` windows every layer when it sets ``sliding_window`` (Mistral before layer types).
+    GPT-Neo's ``local`` layers (``config.attention_layers``) see the ``window_size`` keys up to the
+    query (``GPTNeoSelfAttention``: the causal mask less ``tril(mask, -window_size)``), the same rule.
     """
+    if getattr(config, "model_type", "") == "gpt_neo":  # GPTNeoSelfAttention: "local" layers see window_size keys
+        local = config.attention_layers[layer] == "local"
+        return (_at_least_one(config, "window_size") if local else None), None
     window = getattr(config, "sliding_window", None)
     layer_types = getattr(config, "layer_types", None)
     kind = layer_types[layer] if layer_types is not None else None

@@ -294,6 +294,20 @@ def test_probe_cli_reads_a_family_whose_hooks_misled_it(tmp_path, capsys):
     assert {f"blocks.{l}.hook_attn_out" for l in range(2)} <= set(probes.site)
 
 
+def test_intervene_cli_reads_a_family_whose_hooks_misled_it(tmp_path, capsys):
+    """GPT-NeoX's unfired hook_rot_q/k: the sink ablation's re-probes read the plain q and k, as ``probe`` does
+    (``nopelens intervene`` exited 2 on GPT-NeoX, GPT-J, Falcon and Phi-3)."""
+    from nopelens.analyses.cli import main
+
+    code = main(["intervene", f"hf:{_save(tmp_path, 'gpt_neox')}", "--quick", "--quiet", "--n-sequences", "8",
+                 "--seq-len", "8", "--out", str(tmp_path / "run")])
+    assert code == 0, capsys.readouterr().err
+    import pandas as pd
+
+    probes = pd.read_csv(tmp_path / "run" / "sink_probes.csv")
+    assert probes["site"].str.endswith("hook_q").any() and not probes["site"].str.contains("rot_").any()
+
+
 @pytest.mark.parametrize("family, args, message", [
     ("openai_gpt", ["sinks"], "causal mask is dropped"),
     ("gpt2", ["probe", "--input", "random", "--seq-len", "80"], "longer than the learned position table"),

@@ -32,6 +32,7 @@ WINDOWED = {  # family: config overrides that make the window or chunk bite at 1
     "mistral": dict(sliding_window=4),
     "cohere2": dict(sliding_window=4),
     "llama4": dict(attention_chunk_size=4),
+    "gpt_neo": dict(window_size=4),  # its "local" layers (GPTNeoSelfAttention), a rule of its own
 }
 
 
