@@ -141,6 +141,9 @@ def audit(
             f"eval_length={eval_length} is past the learned position table ({subject.max_positions} "
             "rows): those positions cannot be computed at all"
         )
+    shortfall = _memory_shortfall(subject, eval_length)
+    if shortfall is not None:
+        raise ValueError(shortfall)
     tol = Tolerance.for_dtype(subject.compute_dtype, atol, rtol)
     subject.position_limit = 2 * eval_length + shift + 64
     module = subject.model
@@ -183,6 +186,23 @@ def audit(
     if hasattr(run, "_readings") and sparse is None:  # the per-layer detector ran (step 5) on a static mask
         model["measured_layer_positions"] = [r.reading for r in run.readings]
     return AuditReport(model, probe_record, steps)
+
+
+def _memory_shortfall(subject: Subject, eval_length: int) -> str | None:
+    """Why the probe batch's attention arrays cannot fit the memory free on the model's device, or
+    None: the audit keeps every layer's scores and pattern ``[2, n_heads, T, T]`` of its two rows
+    (a floor of what it needs; the forward passes add more)."""
+    from nopelens.probes.stream import available_memory
+
+    item = torch.finfo(subject.compute_dtype).bits // 8
+    need = 2 * 2 * subject.n_layers * subject.n_heads * eval_length**2 * item
+    device = next(subject.model.parameters()).device
+    free = available_memory(device)
+    if need <= free:
+        return None
+    return (f"eval_length {eval_length:,} needs at least {need / 2**20:,.1f} MiB for the scores and patterns the audit "
+            f"keeps (2 rows x {subject.n_layers} layers x [{subject.n_heads}, {eval_length:,}, {eval_length:,}], "
+            f"twice), more than the {free / 2**20:,.1f} MiB free on {device.type}; give a smaller --eval-length")
 
 
 def _without_sparse(step: StepResult, sparse: str) -> StepResult:
