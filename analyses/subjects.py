@@ -742,11 +742,30 @@ def load_hf_dir(directory: Path, dtype: str | None = None, device: str | torch.d
             raise ValueError(f"{directory}/config.json is not a valid config: {' '.join(str(error).split())}") from None
         except SafetensorError as error:
             raise ValueError(f"{directory}: a safetensors weight file is corrupted or truncated ({error})") from None
+        except AssertionError as error:  # torch's own checks while transformers builds the layers
+            raise ValueError(f"{directory}/config.json: transformers cannot build this model from it "
+                             f"({_built_from(error, directory)})") from None
         _check_weights_match(info, model, directory)
         model.config._attn_implementation = "eager"
         return model.to(device).eval()
 
     return load_hf_model(load(), reload=load)
+
+
+def _built_from(error: AssertionError, directory: Path) -> str:
+    """What an ``AssertionError`` raised while building a model says, naming the config field behind
+    the one known case: torch's ``Embedding`` refuses a ``padding_idx`` (``pad_token_id``) outside it."""
+    import json
+
+    if "Padding_idx" in str(error):
+        try:
+            config = json.loads((Path(directory) / "config.json").read_text())
+        except (OSError, ValueError):
+            config = {}
+        fields = config.get("text_config", config) if isinstance(config, dict) else {}
+        pad, vocab = fields.get("pad_token_id"), fields.get("vocab_size")
+        return f"pad_token_id {pad} is outside the vocabulary (0..{vocab - 1 if isinstance(vocab, int) else '?'})"
+    return " ".join(str(error).split()) or "an internal check failed"
 
 
 def checked_hf_config(directory: Path):

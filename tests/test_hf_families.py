@@ -9,6 +9,8 @@ verify named as ``not_applicable`` and why), or the one-line refusal.
 
 from __future__ import annotations
 
+import json
+
 import warnings
 
 import numpy as np
@@ -19,7 +21,7 @@ from nopelens.models.adapters import bridge_hf_model
 from nopelens.models.hf import UnsupportedModelError, describe
 from nopelens.probes import collect, resid_sites
 
-from hf_families import FAMILIES, build
+from hf_families import FAMILIES, VOCAB, build
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -306,6 +308,24 @@ def test_intervene_cli_reads_a_family_whose_hooks_misled_it(tmp_path, capsys):
 
     probes = pd.read_csv(tmp_path / "run" / "sink_probes.csv")
     assert probes["site"].str.endswith("hook_q").any() and not probes["site"].str.contains("rot_").any()
+
+
+@pytest.mark.parametrize("field, value, message", [
+    ("pad_token_id", VOCAB, f"transformers cannot build this model from it (pad_token_id {VOCAB} is outside the vocabulary"),
+    ("bos_token_id", VOCAB + 5, f"bos_token_id {VOCAB + 5} is outside the vocabulary (0..{VOCAB - 1})"),
+])
+def test_audit_refuses_a_special_token_outside_the_vocabulary_in_one_line(tmp_path, field, value, message, capsys):
+    """A pad id torch's Embedding refuses was an internal error; a BOS id outside the vocabulary was
+    silently replaced by a random token (sinks and intervene refused it already)."""
+    from nopelens.analyses.cli import main
+
+    path = tmp_path / "llama"
+    build("llama").save_pretrained(path)
+    config = json.loads((path / "config.json").read_text())
+    (path / "config.json").write_text(json.dumps({**config, field: value}))
+    capsys.readouterr()
+    code, err = main(["audit", "--hf-dir", str(path)]), capsys.readouterr().err
+    assert code == 2 and message in err and "Traceback" not in err and len(err.strip().splitlines()) == 1, err
 
 
 @pytest.mark.parametrize("family, args, message", [

@@ -45,7 +45,9 @@ def make_probe(subject: Subject, eval_length: int, seed: int, tokens: Tensor | N
         generator = torch.Generator().manual_seed(seed)
         row = torch.randint(0, subject.d_vocab, (eval_length,), generator=generator)
         bos = subject.special_tokens.get("bos_token_id")
-        if isinstance(bos, int) and 0 <= bos < subject.d_vocab:
+        if isinstance(bos, int) and not 0 <= bos < subject.d_vocab:
+            raise ValueError(f"bos_token_id {bos} is outside the vocabulary (0..{subject.d_vocab - 1})")
+        if isinstance(bos, int):
             row[0] = bos
     else:
         if tokens.dtype.is_floating_point or tokens.ndim not in (1, 2):
