@@ -363,3 +363,10 @@ def test_an_eval_length_whose_attention_arrays_cannot_fit_is_refused_before_the_
         audit(model, eval_length=16)
     monkeypatch.setattr(stream, "available_memory", lambda device=None: 2 * 2 * 2 * 4 * 16**2 * 4)
     assert audit(model, eval_length=16).passed
+
+
+def test_cli_out_that_is_a_file_is_refused_before_the_audit(tmp_path, capsys):
+    (tmp_path / "afile").write_text("mine")
+    assert main(["audit", "--position", "rope", "--out", str(tmp_path / "afile")]) == 2
+    assert "afile or a folder above it is a file, not a folder" in capsys.readouterr().err
+    assert (tmp_path / "afile").read_text() == "mine"

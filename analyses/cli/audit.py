@@ -16,6 +16,7 @@ from typing import Any
 
 from nopelens.analyses.audit import AuditReport, audit
 from nopelens.analyses.subjects import load_checkpoint_dir, load_hf_dir
+from nopelens.models.io import check_writable
 
 from .options import add_quiet, seed_type
 
@@ -58,6 +59,8 @@ def exit_code(report: AuditReport) -> int:
 def run(args: argparse.Namespace) -> int:
     if args.eval_length < 4:
         raise ValueError(f"--eval-length must be >= 4, got {args.eval_length}")
+    if args.out:  # before the model loads: a file where the folder should be
+        check_writable(Path(args.out) / "report.md")
     model, label = load_subject(args)
     train_lengths = args.train_lengths
     report = audit(model, eval_length=args.eval_length, train_lengths=train_lengths, shift=args.shift,
