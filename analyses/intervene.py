@@ -72,6 +72,7 @@ from nopelens.probes import (
     sequence_splits,
     stream,
 )
+from nopelens.probes.metrics import random_state
 from nopelens.probes.stream import KeepBudget, Measurement, Sequences
 from nopelens.probes.stream_probes import absolute_index_probes
 
@@ -420,7 +421,7 @@ def _mean_ci(values: np.ndarray, n_boot: int, seed: int) -> tuple[float, float]:
     """Percentile bootstrap 95 % CI of a mean (SciPy); a constant sample has a zero-width CI."""
     if np.ptp(values) == 0:
         return float(values[0]), float(values[0])
-    result = stats.bootstrap((values,), np.mean, n_resamples=n_boot, method="percentile", random_state=seed)
+    result = stats.bootstrap((values,), np.mean, n_resamples=n_boot, method="percentile", random_state=random_state(seed))
     return float(result.confidence_interval.low), float(result.confidence_interval.high)
 
 
@@ -715,7 +716,7 @@ def _ratio_of_means(numerator: np.ndarray, denominator: np.ndarray, n_boot: int,
     if np.ptp(numerator) == 0 and np.ptp(denominator) == 0:
         return ratio, ratio, ratio
     result = stats.bootstrap((numerator, denominator), lambda a, b, axis=-1: a.mean(axis) / b.mean(axis),
-                             paired=True, vectorized=True, n_resamples=n_boot, method="percentile", random_state=seed)
+                             paired=True, vectorized=True, n_resamples=n_boot, method="percentile", random_state=random_state(seed))
     return ratio, float(result.confidence_interval.low), float(result.confidence_interval.high)
 
 
@@ -950,6 +951,8 @@ def run_intervene(settings: InterveneSettings, out: Path, progress: bool = True)
             raise ValueError(f"unknown sink ablation mode {mode!r}; choose from {', '.join(SINK_MODES)}")
     if settings.shift == 0:
         raise ValueError("--shift must be non-zero (it is the k of 'as if the index were i + k')")
+    if settings.seq_len < 4:  # shifted_copy: BOS, at least one dropped token and two more
+        raise ValueError(f"--seq-len {settings.seq_len} is too short for position patching: it needs at least 4 tokens")
     runs.claim(out, "intervene", dataclasses.asdict(settings))
     say = (lambda text: print(f"nopelens: {text}", file=sys.stderr)) if progress else (lambda text: None)
     say(f"{settings.model}: loading")

@@ -26,6 +26,7 @@ import pandas as pd
 from scipy import stats
 
 from .collect import Activations, site_block, site_layer
+from .metrics import random_state
 from .sinks import GU_EPSILON
 
 ACTIVE_THRESHOLD = 0.5
@@ -60,7 +61,7 @@ def ratio_ci(numerator: np.ndarray, denominator: np.ndarray, n_boot: int = 200,
         return value, value, value
     result = stats.bootstrap((numerator, denominator), lambda a, b, axis=-1: a.sum(axis) / b.sum(axis),
                              paired=True, vectorized=True, n_resamples=n_boot, method="percentile",
-                             random_state=seed)
+                             random_state=random_state(seed))
     return value, float(result.confidence_interval.low), float(result.confidence_interval.high)
 
 

@@ -48,7 +48,7 @@ from sklearn.pipeline import Pipeline
 
 from .collect import Activations, site_block, site_layer
 from .fitting import ALPHAS, GroupedRidgeCV, RoundoffScaler, fit_folds, roundoff_tolerance
-from .metrics import HIGHER_IS_BETTER, bootstrap_scores, mad_chance_of, metric_names
+from .metrics import HIGHER_IS_BETTER, bootstrap_scores, mad_chance_of, metric_names, random_state
 from .targets import (
     bilinear_features,
     control_labels,
@@ -153,7 +153,7 @@ def make_probe(task: str, classifier: str = "lda", alphas: Sequence[float] = ALP
     elif task == "classification" and classifier == "ridge":
         model = RidgeClassifier(alpha=CLASSIFIER_ALPHA)
     elif task == "classification" and classifier == "logistic":
-        model = LogisticRegression(max_iter=1000, random_state=seed)
+        model = LogisticRegression(max_iter=1000, random_state=random_state(seed))
     elif task == "classification":
         raise ValueError(f"classifier must be 'lda', 'ridge' or 'logistic', got {classifier!r}")
     else:

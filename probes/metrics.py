@@ -28,6 +28,22 @@ REGRESSION_METRICS = ("r2", "spearman", "mad")
 HIGHER_IS_BETTER = {"accuracy": True, "balanced_accuracy": True, "within_one": True, "r2": True, "spearman": True, "mad": False}
 
 
+def random_state(seed: int) -> int | np.random.Generator:
+    """The ``random_state`` to give SciPy and scikit-learn for a nopelens seed (``0..2^63 - 1``):
+    the seed itself where their ``RandomState`` takes it (below ``2^32``: the numbers nopelens has
+    always drawn), else a numpy ``Generator`` seeded with it.
+
+    Raises:
+        ValueError: on a negative seed.
+
+    >>> random_state(7), type(random_state(2**40)).__name__
+    (7, 'Generator')
+    """
+    if seed < 0:
+        raise ValueError(f"a seed is an integer >= 0, got {seed}")
+    return seed if seed < 2**32 else np.random.default_rng(seed)
+
+
 def mad_chance(n_positions: int) -> float:
     """Expected |X - Y| for X, Y independent and uniform on {0, ..., L - 1}: (L^2 - 1) / (3 L).
 

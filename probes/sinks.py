@@ -53,6 +53,7 @@ from nopelens.models.hooks import act_names
 from nopelens.models.masks import CAUSAL, KeyWindow
 
 from .collect import Activations, check_patterns, collect, site_block
+from .metrics import random_state
 from .stream import Measurement
 
 GU_EPSILON = 0.3
@@ -822,5 +823,5 @@ def sink_rate_ci(
         return rate, rate, rate
     rows = np.arange(len(per_sequence))  # resampled sequence indices
     result = stats.bootstrap((rows,), lambda idx: float((per_sequence[idx].mean(0) > eps).mean()),
-                             vectorized=False, n_resamples=n_boot, method="percentile", random_state=seed)
+                             vectorized=False, n_resamples=n_boot, method="percentile", random_state=random_state(seed))
     return rate, float(result.confidence_interval.low), float(result.confidence_interval.high)

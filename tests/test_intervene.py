@@ -362,3 +362,18 @@ def test_a_sink_hook_made_for_other_rows_is_refused():
             model(tokens[:4], attention_mask=mask[:4])
     with pytest.raises(ValueError, match="sink ablation mode"):
         iv.sink_batch_hooks(0, "zero")
+
+
+def test_seeds_past_2_to_the_32_draw_bootstrap_cis_and_too_short_sequences_are_named(tmp_path):
+    """--seed takes 0..2^63 - 1; SciPy's RandomState takes seeds below 2^32 (those keep their numbers)."""
+    from scipy import stats
+
+    values = np.arange(12, dtype=float) % 5
+    before = stats.bootstrap((values,), np.mean, n_resamples=50, method="percentile",
+                             random_state=np.random.RandomState(7)).confidence_interval
+    assert iv._mean_ci(values, 50, 7) == (before.low, before.high)
+    low, high = iv._mean_ci(values, 50, 2**40)
+    assert low <= values.mean() <= high
+    with pytest.raises(ValueError, match="--seq-len 3 is too short for position patching: it needs at least 4"):
+        iv.run_intervene(iv.InterveneSettings(model="circuit", seq_len=3), tmp_path / "run", progress=False)
+    assert not (tmp_path / "run").exists()
