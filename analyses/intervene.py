@@ -369,7 +369,7 @@ def reprobe(model, tokens: Tensor, attention_mask: Tensor, from_layer: int, n_la
 
 
 def behavior(model, tokens: Tensor, attention_mask: Tensor, targets: Tensor | None = None,
-             loss_mask: Tensor | None = None, hooks: HookList | BatchHooks = ()) -> pd.DataFrame:
+             loss_mask: Tensor | None = None, hooks: HookList | BatchHooks = (), check_finite: bool = False) -> pd.DataFrame:
     """Per-sequence loss (nats per scored token) and exact match under ``hooks`` (the same for
     every batch of 32 sequences, or made per batch).
 
@@ -379,8 +379,14 @@ def behavior(model, tokens: Tensor, attention_mask: Tensor, targets: Tensor | No
             :class:`~nopelens.models.tasks.Batch`); default: the next token at every real position
             whose next token is real.
 
+        check_finite: refuse logits that are not finite at a scored position (the clean run: no
+            change of its loss could be measured).
+
     Returns:
         One row per sequence: ``sequence``, ``loss``, ``exact_match`` (every scored argmax right).
+
+    Raises:
+        ValueError: with ``check_finite``, on a scored logit that is NaN or inf.
     """
     if targets is None:
         targets = torch.cat([tokens[:, 1:], tokens[:, :1]], dim=1)
@@ -393,6 +399,9 @@ def behavior(model, tokens: Tensor, attention_mask: Tensor, targets: Tensor | No
             with intervention(model, hooks_for_batch(hooks, part, attention_mask[part])):
                 logits = _logits(model(tokens[part], attention_mask=attention_mask[part])).float()
             mask = loss_mask[part].to(logits.device)
+            if check_finite and not bool(torch.isfinite(logits[mask]).all()):
+                raise ValueError("the model's logits are not finite (NaN or inf) on the clean sequences: check its "
+                                 "weights for NaN or inf")
             target = targets[part].to(logits.device)
             nats = F.cross_entropy(logits.transpose(1, 2), target, reduction="none") * mask
             right = (logits.argmax(-1) == target) & mask
@@ -462,7 +471,7 @@ def sink_ablation(model, tokens: Tensor, attention_mask: Tensor, n_layers: int, 
     bar.set_postfix_str("clean")
     clean = reprobe(model, tokens, attention_mask, 1, n_layers, settings, subject=subject).assign(
         condition="clean", ablated_block=np.nan)
-    clean_behavior = behavior(model, tokens, attention_mask, targets, loss_mask)
+    clean_behavior = behavior(model, tokens, attention_mask, targets, loss_mask, check_finite=True)
     means = mean_values(model, tokens, attention_mask, blocks) if "mean_value" in modes else {}
     probe_frames, behavior_rows = [clean], []
     bar.update()
@@ -578,7 +587,7 @@ def direction_interventions(model, tokens: Tensor, attention_mask: Tensor, n_lay
     layers = list(range(1, n_layers)) if layers is None else list(layers)
     sites = [resid_site(layer) for layer in range(n_layers + 1)]
     clean = later_tokens(collect(model, tokens, sites, attention_mask=attention_mask, batch_size=32))
-    clean_behavior = behavior(model, tokens, attention_mask, targets, loss_mask)
+    clean_behavior = behavior(model, tokens, attention_mask, targets, loss_mask, check_finite=True)
     rows = []
     for layer in progress_bar(layers, desc="index directions", unit="layer", disable=not progress):
         direction = IndexDirection.fit(clean, layer, settings.seed)

@@ -370,3 +370,13 @@ def test_cli_out_that_is_a_file_is_refused_before_the_audit(tmp_path, capsys):
     assert main(["audit", "--position", "rope", "--out", str(tmp_path / "afile")]) == 2
     assert "afile or a folder above it is a file, not a folder" in capsys.readouterr().err
     assert (tmp_path / "afile").read_text() == "mine"
+
+
+def test_logits_that_are_not_finite_are_refused_not_failed():
+    """NaN logits leave every comparison NaN: the audit refuses the model (a failed step would blame its positions)."""
+    model = decoder("rope")
+    with torch.no_grad():
+        model.unembed.W_U[0, 5] = float("nan")
+    with pytest.raises(ValueError, match=r"logits are not finite on the probe's unpadded row \(NaN or inf; every "
+                                         r"attention hook the audit caches is finite"):
+        audit(model, eval_length=8)

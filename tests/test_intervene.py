@@ -377,3 +377,14 @@ def test_seeds_past_2_to_the_32_draw_bootstrap_cis_and_too_short_sequences_are_n
     with pytest.raises(ValueError, match="--seq-len 3 is too short for position patching: it needs at least 4"):
         iv.run_intervene(iv.InterveneSettings(model="circuit", seq_len=3), tmp_path / "run", progress=False)
     assert not (tmp_path / "run").exists()
+
+
+def test_the_clean_behaviour_refuses_logits_that_are_not_finite():
+    model = Decoder(DecoderConfig(d_vocab=16, n_ctx=16, n_layers=1, d_model=16, n_heads=2, position="nope"), seed=0)
+    with torch.no_grad():
+        model.unembed.W_U[0, 3] = float("nan")
+    tokens = torch.randint(0, 16, (4, 8), generator=torch.Generator().manual_seed(0))
+    mask = torch.ones_like(tokens)
+    assert iv.behavior(model, tokens, mask)["loss"].isna().all()  # an ablated run's NaN is its own measurement
+    with pytest.raises(ValueError, match="logits are not finite"):
+        iv.behavior(model, tokens, mask, check_finite=True)

@@ -153,6 +153,12 @@ def audit(
         with torch.no_grad():
             probe = make_probe(subject, eval_length, seed, tokens)
             run = Run(subject, probe, *subject.run_with_cache(probe.tokens, probe.mask), tol)
+            if not bool(torch.isfinite(run.logits[0]).all()):  # nothing to compare: refused, not failed
+                first = run.first_not_finite(0)
+                where = (f"first at {first}" if first else "every attention hook the audit caches is finite: "
+                         "an MLP, the final norm or the unembedding gives them")
+                raise ValueError(f"the model's logits are not finite on the probe's unpadded row (NaN or inf; {where}): "
+                                 "check its weights for NaN or inf")
             steps = [STEPS[0](run, shift, meta)]
             left_out = run.padded_row_not_finite()
             if left_out is not None:  # step 1 fails on it; the other steps read the unpadded row alone

@@ -159,6 +159,13 @@ class Run:
         allowed = self.allowed(layer)
         return (self.scores(layer) - self.content(layer)).masked_fill(~allowed, 0.0)
 
+    def first_not_finite(self, row: int) -> str | None:
+        """The first cached hook, in execution order, whose values for batch row ``row`` are not
+        finite (None: every cached value is)."""
+        batch = self.probe.tokens.shape[0]
+        return next((name for name in self.cache.keys()
+                     if self.cache[name].shape[:1] == (batch,) and _not_finite(name, self.cache[name][row])), None)
+
     def padded_row_not_finite(self) -> str | None:
         """Why the left-padded row cannot be compared, or None: its logits are not finite where the
         unpadded row's are. Names the first hook (in execution order) where the row is not finite,
@@ -170,9 +177,7 @@ class Run:
             return None
         if bool(torch.isfinite(self.logits[1]).all()):
             return None
-        first = next((name for name in self.cache.keys()
-                      if self.cache[name].shape[:1] == (2,) and not bool(torch.isfinite(self.cache[name][1]).all())),
-                     None)
+        first = self.first_not_finite(1)
         where = "" if first is None else f"; not finite first at {first}"
         if first is not None and first.endswith("hook_pattern"):
             bad = ~torch.isfinite(self.cache[first][1])  # [head, query, key]
@@ -183,6 +188,13 @@ class Run:
     @property
     def ids_used(self) -> Tensor:
         return self.seen_ids.expand_as(self.probe.ids) if self.seen_ids is not None else self.probe.ids
+
+
+def _not_finite(name: str, values: Tensor) -> bool:
+    """NaN or inf in a hook's values; in pre-softmax scores, -inf is a mask and counts as finite."""
+    if name.endswith("hook_attn_scores"):
+        return bool((torch.isnan(values) | torch.isposinf(values)).any())
+    return not bool(torch.isfinite(values).all())
 
 
 def ids_list(ids: Tensor, real: Tensor) -> list[list[int]]:
