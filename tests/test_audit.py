@@ -128,7 +128,7 @@ def test_step2_catches_alibi_sign_flipped():
         block.attn.alibi_slopes = -block.attn.alibi_slopes
     report = audit(model, eval_length=EVAL_LENGTH)
     assert report.step(2).status == "fail"
-    assert failed_check_names(report, 2) == ["layer 0 ALiBi sign", "layer 1 ALiBi sign"]
+    assert failed_check_names(report, 2) == ["layer 0 ALiBi sign and slopes", "layer 1 ALiBi sign and slopes"]
     assert "sign flipped" in report.step(2).checks[1].detail
     assert report.step(2).evidence["layer0_alibi_fitted_slopes"][0] == pytest.approx(-0.25, abs=1e-5)
     assert report.step(6).status == "fail"  # the contribution is not the reference -m_h (i - j)

@@ -154,7 +154,7 @@ AUDIT_NOT_APPLICABLE = {
 AUDIT_FAILS = {
     # transformers 5.24's eager FalconModel folds alibi / sqrt(d_head) into the causal mask and
     # FalconAttention adds alibi * inv_norm_factor again: the bias counts twice (eager != sdpa).
-    "falcon_alibi": {2: "ALiBi sign", 6: "ALiBi position contribution"},
+    "falcon_alibi": {2: "ALiBi sign and slopes", 6: "ALiBi position contribution"},
 }
 AUDITED = [f for f in BRIDGED if f not in UNREADABLE]
 
@@ -175,6 +175,8 @@ def test_audit_verdict(bridges, family):
         assert reason in report.step(number).reason
     for number, check in fails.items():
         assert any(check in c.name for c in report.step(number).failed_checks), report.summary()
+    if family == "falcon_alibi":  # the detail says what is wrong: the bias counts twice
+        assert "with slopes 2x the declared m_h" in report.step(2).failed_checks[0].detail
     assert report.model["layer_positions"] == list(EXPECTED[family][1])  # e.g. SmolLM3: rope, rope, rope, nope
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -118,11 +119,18 @@ def _linear_bias_sign_check(run: Run, layer: int, evidence: dict) -> Check:
     evidence[f"layer{layer}_{method.name}_expected_slopes"] = expected
     err = max(abs(a - b) for a, b in zip(fitted, expected))
     bound = run.tol.of(torch.tensor(expected))
-    ok = all(f > 0 for f in fitted) and err <= bound
-    sign = "penalizes distant keys" if all(f > 0 for f in fitted) else "REWARDS distant keys (sign flipped)"
-    return Check(f"layer {layer} {method.label} sign", ok,
-                 f"bias vs distance i - j: fitted slopes {[round(f, 5) for f in fitted]} (expected "
-                 f"+m_h = {[round(e, 5) for e in expected]}); the bias {sign}", err, bound)
+    penalizes = all(f > 0 for f in fitted)
+    if not penalizes:
+        verdict = "the bias REWARDS distant keys (sign flipped)"
+    elif err > bound:
+        ratios = [f / e for f, e in zip(fitted, expected) if e != 0]
+        scale = f"{float(np.median(ratios)):.3g}x" if ratios else "other than"
+        verdict = f"the bias penalizes distant keys, with slopes {scale} the declared m_h"
+    else:
+        verdict = "the bias penalizes distant keys with the declared slopes"
+    return Check(f"layer {layer} {method.label} sign and slopes", penalizes and err <= bound,
+                 f"{verdict}: bias vs distance i - j fits slopes {[round(f, 5) for f in fitted]}, declared "
+                 f"+m_h = {[round(e, 5) for e in expected]}", err, bound)
 
 
 def _lookup_sign_check(run: Run, layer: int, evidence: dict) -> Check:
