@@ -207,7 +207,8 @@ def test_step4_catches_a_table_lookup_off_by_one():
 def hf_model(kind: str, **extra):
     torch.manual_seed(0)
     if kind == "gpt2":
-        config = GPT2Config(n_embd=32, n_layer=2, n_head=4, vocab_size=64, n_positions=64, **extra)
+        config = GPT2Config(n_embd=32, n_layer=2, n_head=4, vocab_size=64, n_positions=64, bos_token_id=1,
+                            eos_token_id=2, **extra)  # GPT-2's own BOS (50256) is outside this vocabulary
         model = GPT2LMHeadModel
     elif kind == "neox":
         config = GPTNeoXConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
