@@ -352,7 +352,7 @@ def reprobe(model, tokens: Tensor, attention_mask: Tensor, from_layer: int, n_la
     """
     residual = [resid_site(layer) for layer in range(from_layer, n_layers + 1)]
     blocks = range(from_layer, n_layers) if settings.relative else ()
-    qk = [qk_sites(model if subject is None else subject, block) for block in blocks]
+    qk = [pair for pair in (qk_sites(model if subject is None else subject, block) for block in blocks) if pair]
     sites = residual + [site for pair in qk for site in pair]
     collected = collect(model, tokens, sites, attention_mask=attention_mask, batch_size=32, hooks=hooks)
     acts = later_tokens(collected)

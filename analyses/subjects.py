@@ -208,9 +208,11 @@ class Subject:
         return site in self.model.hook_dict and (self.hf is None or self.hf.fires(site))
 
 
-def qk_sites(source, layer: int) -> tuple[str, str]:
+def qk_sites(source, layer: int) -> tuple[str, str] | None:
     """The (query, key) hooks of a block's content q.k read: the rotated ones where the model
-    rotates q and k and those hooks fire, else the plain ``hook_q``/``hook_k``.
+    rotates q and k and those hooks fire, else the plain ``hook_q``/``hook_k``; None where the
+    layer rotates but no hook that fires holds q and k rotated
+    (:meth:`~nopelens.models.hf.HFDescription.unrotated_qk` says why).
 
     ``source`` is a :class:`Subject` (whose HF description says which hooks fire) or a bare
     hooked model (its ``hook_dict``).
@@ -219,6 +221,9 @@ def qk_sites(source, layer: int) -> tuple[str, str]:
     rotated = (act_name("rot_q", layer), act_name("rot_k", layer))
     if all(usable(site) for site in rotated):
         return rotated
+    hf = source.hf if isinstance(source, Subject) else None
+    if hf is not None and hf.unrotated_qk(layer) is not None:
+        return None
     return act_name("q", layer), act_name("k", layer)
 
 

@@ -279,7 +279,12 @@ def sweep_sites(subject: Subject, kinds: tuple[str, ...] = DEFAULT_SITES,
     variance_blocks = sorted(set(chosen) | ({first_variance_block(subject)} - {None} if blocks is not None else set()))
     outputs = [site for site in act_names("attn_out", variance_blocks) if subject.usable(site)]
     # a hybrid's linear-attention layers have no q, k or pattern, nor has a model hooked without the bridge
-    qk = [pair for pair in (qk_sites(subject, l) for l in chosen) if all(subject.usable(s) for s in pair)]
+    pairs = {l: qk_sites(subject, l) for l in chosen}
+    qk = [pair for pair in pairs.values() if pair is not None and all(subject.usable(s) for s in pair)]
+    unrotated = _blocks_by_reason({l: subject.hf.unrotated_qk(l) for l, pair in pairs.items() if pair is None},
+                                  "no rotated q and k to read")
+    if unrotated is not None:
+        subject.info.setdefault("not_applicable", {})["content q·k read"] = unrotated
     sparse = subject.sparse_blocks()
     available = score_sites(subject.model, layers, subject.hf)
     scores, not_applicable = reads.readable_score_sites(available, subject.key_windows(),
@@ -304,13 +309,21 @@ def _unscored_note(subject: Subject, blocks: list[int]) -> str | None:
     :meth:`~nopelens.models.hf.HFDescription.scores_unreadable`)."""
     if subject.hf is None:
         return None
-    reasons = {l: subject.hf.scores_unreadable(act_name("attn_scores", l)) for l in blocks
-               if subject.hf.layers[l].mixer == "attention"}
+    return _blocks_by_reason({l: subject.hf.scores_unreadable(act_name("attn_scores", l)) for l in blocks
+                              if subject.hf.layers[l].mixer == "attention"}, "no pre-softmax scores to read")
+
+
+def _blocks_by_reason(reasons: dict[int, str | None], what: str) -> str | None:
+    """``{block: why}`` as one note, blocks grouped by reason (None where no block has one).
+
+    >>> _blocks_by_reason({0: "a", 1: "a", 3: "b", 4: None}, "not read")
+    'blocks 0-1: not read (a); blocks 3: not read (b)'
+    """
     grouped: dict[str, list[int]] = {}
     for block, why in reasons.items():
         if why is not None:
             grouped.setdefault(why, []).append(block)
-    return "; ".join(f"blocks {_ranges(b)}: no pre-softmax scores to read ({why})" for why, b in grouped.items()) or None
+    return "; ".join(f"blocks {_ranges(b)}: {what} ({why})" for why, b in grouped.items()) or None
 
 
 def first_variance_block(subject: Subject) -> int | None:

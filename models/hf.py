@@ -352,6 +352,16 @@ class HFDescription:
             return names
         return None
 
+    def unrotated_qk(self, layer: int) -> str | None:
+        """Why a content q.k read of ``layer`` cannot see the position RoPE adds, or None: the layer
+        rotates q and k, but no hook that fires holds them rotated (TransformerLens 4.3 lists
+        ``hook_rot_q/k`` on GPT-NeoX, Phi-3, GPT-J and Falcon and never fires them), and
+        ``hook_q``/``hook_k`` hold them before the rotation."""
+        if self.layers[layer].rotates and self.rotated_qk_sites(layer) is None:
+            return ("hook_rot_q/k never fire, and hook_q/k hold q and k before RoPE, where a q·k read misses the "
+                    "position RoPE adds; the score read covers it")
+        return None
+
     def scores_unreadable(self, site: str) -> str | None:
         """Why the pre-softmax scores hooked at ``site`` (a block's ``hook_attn_scores``) cannot be
         read, or None when they can."""

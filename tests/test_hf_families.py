@@ -117,7 +117,7 @@ def probe_sites(bridge) -> list[str]:
     d = describe(bridge)
     subject = Subject("x", bridge, d.n_layers, "", "external", torch.zeros(1, 1), torch.zeros(1, 1), False, hf=d)
     inner = [f"blocks.{l}.hook_{part}_out" for l in range(d.n_layers) for part in ("attn", "mlp")]
-    qk = [site for l in range(d.n_layers) for site in qk_sites(subject, l)]
+    qk = [site for l in range(d.n_layers) for site in qk_sites(subject, l) or ()]
     patterns = [f"blocks.{l}.attn.hook_pattern" for l in range(d.n_layers)]
     return resid_sites(d.n_layers) + [s for s in inner if subject.usable(s)] + qk + patterns
 
@@ -296,6 +296,11 @@ def test_probe_cli_reads_a_family_whose_hooks_misled_it(tmp_path, capsys):
 
     probes = pd.read_csv(tmp_path / "run" / "probes.csv")
     assert {f"blocks.{l}.hook_attn_out" for l in range(2)} <= set(probes.site)
+    # hook_q/k hold q and k before RoPE there: no content q.k read of them, and the run says why
+    assert not probes.site.str.contains(r"hook_(?:rot_)?[qk]$").any()
+    (done,) = (tmp_path / "run" / "parts").glob("*/done.json")
+    note = json.loads(done.read_text())["not_applicable"]["content q·k read"]
+    assert note.startswith("blocks 0-1: no rotated q and k to read (hook_rot_q/k never fire")
 
 
 def test_intervene_cli_reads_a_family_whose_hooks_misled_it(tmp_path, capsys):
@@ -309,7 +314,8 @@ def test_intervene_cli_reads_a_family_whose_hooks_misled_it(tmp_path, capsys):
     import pandas as pd
 
     probes = pd.read_csv(tmp_path / "run" / "sink_probes.csv")
-    assert probes["site"].str.endswith("hook_q").any() and not probes["site"].str.contains("rot_").any()
+    assert probes["target"].eq("absolute_index").any()
+    assert not probes["site"].str.contains(r"hook_(?:rot_)?[qk]$").any()  # q and k before RoPE: no q.k read
 
 
 @pytest.mark.parametrize("field, value, message", [

@@ -535,3 +535,22 @@ def test_bad_input_is_one_line_and_exit_2(model_dir, tmp_path, capsys, case, mes
     out = "" if case == "empty out" else str(tmp_path / "run")
     code = main(["probe", target, *ARGS, *extra, "--out", out])
     _one_error(code, capsys.readouterr().err, message)
+
+
+def test_sinks_reads_an_hf_model_through_its_tokenizer_as_probe_does(model_dir, tmp_path, capsys, one_thread):
+    """``nopelens sinks hf:DIR`` read uniform random ids whatever the directory held; it now takes
+    ``--input`` (default text through the model's tokenizer), ``--text``, ``--device`` and ``--dtype``."""
+    from nopelens.analyses.cli import main
+    from nopelens.analyses.subjects import HFInput, resolve
+    from nopelens.analyses.sweep import measure_sinks
+
+    args = ["sinks", f"hf:{model_dir}", "--quick", "--seq-len", "16", "--n-sequences", "6", "--quiet"]
+    assert main([*args, "--out", str(tmp_path / "text")]) == 0, capsys.readouterr().err
+    assert main([*args, "--input", "random", "--out", str(tmp_path / "random")]) == 0, capsys.readouterr().err
+    text, random = (pd.read_csv(tmp_path / name / "sinks.csv") for name in ("text", "random"))
+    expected = measure_sinks(resolve(f"hf:{model_dir}", 6, 16, 0, False, hf_input=HFInput(input="text")))
+    np.testing.assert_allclose(text["sink_mass"], expected["sink_mass"], atol=1e-12)
+    assert not np.allclose(text["sink_mass"], random["sink_mass"])
+    capsys.readouterr()
+    _one_error(main(["sinks", "circuit", "--input", "random"]), capsys.readouterr().err,
+               "--input applies to hf:DIR models, not to circuit")

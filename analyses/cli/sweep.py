@@ -118,7 +118,7 @@ def run_sweep(args: argparse.Namespace) -> int:
 def _probe_settings(args: argparse.Namespace) -> SweepSettings:
     """``probe``'s settings: an ``hf:DIR`` model is streamed, read as ``--input`` says (default: text
     through its tokenizer), on ``--device`` in ``--dtype``."""
-    from nopelens.analyses.subjects import HF_PREFIX, HFInput
+    from nopelens.analyses.subjects import HF_PREFIX
 
     # one spelling per model, text and device, so that a rerun spelled otherwise resumes the same folder
     if args.model.startswith(HF_PREFIX) and args.model[len(HF_PREFIX):]:
@@ -137,12 +137,30 @@ def _probe_settings(args: argparse.Namespace) -> SweepSettings:
     if len(settings.train_seeds) > 1:
         raise ValueError(f"--seeds {','.join(map(str, settings.train_seeds))}: training seeds apply to zoo models, "
                          f"each trained with its seed; {args.model} has one set of weights")
+    batch_size = "auto" if args.batch_size is None else args.batch_size
+    return dataclasses.replace(settings, hf_input=_hf_input(args), streamed=True, batch_size=batch_size, keep_mib=args.keep_mib,
+                               memory_mib=args.memory_mib, layers=args.layers, sink_ablation=not args.no_sink_ablation)
+
+
+def _hf_input(args: argparse.Namespace):
+    """How an ``hf:DIR`` model is read (``--input``, default text through its tokenizer; ``--text``,
+    ``--device``, ``--dtype``), with ``--device auto`` resolved to the device it picks here."""
+    from nopelens.analyses.subjects import HFInput
+
     how = HFInput(input="text" if args.input is None else args.input, text=args.text,
                   device="cpu" if args.device is None else args.device, dtype=args.dtype)
-    how = dataclasses.replace(how, device=how.torch_device().type)  # auto: the device it picks here
-    batch_size = "auto" if args.batch_size is None else args.batch_size
-    return dataclasses.replace(settings, hf_input=how, streamed=True, batch_size=batch_size, keep_mib=args.keep_mib,
-                               memory_mib=args.memory_mib, layers=args.layers, sink_ablation=not args.no_sink_ablation)
+    return dataclasses.replace(how, device=how.torch_device().type)
+
+
+def _add_input_options(group) -> None:
+    """``--input``, ``--text``, ``--device`` and ``--dtype`` of an ``hf:DIR`` model (:func:`_hf_input`)."""
+    group.add_argument("--input", help="what the model reads: text (default; through the tokenizer saved in DIR, with "
+                       "the BOS it adds), random (uniform token ids) or repeated (one token repeated: a known answer)")
+    group.add_argument("--text", metavar="FILE", help="a UTF-8 text file to read (default: the corpus nopelens ships, "
+                       "CPython's help texts)")
+    group.add_argument("--device", help="cpu (default), cuda or auto (CUDA when available)")
+    group.add_argument("--dtype", help="bfloat16, float16 or float32 (default: the checkpoint's own); statistics are "
+                       "float64")
 
 
 MAX_BLOCK = 99_999
@@ -204,8 +222,17 @@ def _rate_text(flags) -> str:
 
 
 def run_sinks(args: argparse.Namespace) -> int:
+    from nopelens.analyses.subjects import HF_PREFIX
+
     settings = _settings(args, (args.model,), controls=False)
-    subject = resolve(args.model, settings.n_sequences, settings.seq_len, settings.seed, not args.quiet, settings.quick_steps)
+    given = [name for name in ("input", "text", "device", "dtype") if getattr(args, name) is not None]
+    if given and not args.model.startswith(HF_PREFIX):
+        raise ValueError(f"--{given[0]} applies to hf:DIR models, not to {args.model}")
+    how = _hf_input(args) if args.model.startswith(HF_PREFIX) else None
+    subject = resolve(args.model, settings.n_sequences, settings.seq_len, settings.seed, not args.quiet, settings.quick_steps,
+                      hf_input=how)
+    if "beyond_trained_length" in subject.info:
+        print(f"nopelens sinks: {subject.name}: note: {subject.info['beyond_trained_length']}", file=sys.stderr)
     table = measure_sinks(subject)
     for condition, rows in table.groupby("condition", sort=False):
         grid = rows.pivot_table(index="block", columns="head", values="sink_mass")
@@ -320,12 +347,7 @@ def register(subparsers) -> None:
     hf = probe_parser.add_argument_group(
         "hf:DIR models", "read through the streaming engine: statistics accumulate while the model runs, so memory does "
         "not grow with the number of tokens")
-    hf.add_argument("--input", help="what the model reads: text (default; through the tokenizer saved in DIR, with "
-                    "the BOS it adds), random (uniform token ids) or repeated (one token repeated: a known answer)")
-    hf.add_argument("--text", metavar="FILE", help="a UTF-8 text file to read (default: the corpus nopelens ships, "
-                    "CPython's help texts)")
-    hf.add_argument("--device", help="cpu (default), cuda or auto (CUDA when available)")
-    hf.add_argument("--dtype", help="bfloat16, float16 or float32 (default: the checkpoint's own); statistics are float64")
+    _add_input_options(hf)
     hf.add_argument("--batch-size", type=_batch_size, help="sequences per forward pass, or auto (default: 32, or "
                     "fewer where a forward pass of 32 would not fit half the memory free on the device)")
     hf.add_argument("--keep-mib", type=int, help="MiB of features kept for the probes' predictions instead of a "
@@ -357,5 +379,6 @@ def register(subparsers) -> None:
     )
     sinks_parser.add_argument("model", help=MODEL_HELP)
     sinks_parser.add_argument("--out", help="also write sinks.csv and a heatmap here")
+    _add_input_options(sinks_parser.add_argument_group("hf:DIR models"))
     _common(sinks_parser)
     sinks_parser.set_defaults(func=run_sinks)
