@@ -28,7 +28,8 @@ def run(args: argparse.Namespace) -> int:
     summary = tables["summary"][columns]
     print(rounded_text(summary).to_string(index=False))
     if "qk_r2" in summary and summary["qk_r2"].isna().any():
-        print("qk_r2 n/a: the q·k read of block l + 1 is taken after ablating block l; the last block has none after it")
+        print("qk_r2 n/a: the q·k read of block l + 1 is taken after ablating block l; the last block has none after "
+              "it, nor has a RoPE block where no hook that fires holds q and k rotated")
     refused = tables["sink_behavior"]
     if "status" in refused:
         for _, row in refused[refused["status"] == "not_applicable"].iterrows():
