@@ -370,7 +370,7 @@ def test_cli_refuses_a_bos_outside_the_vocabulary(tmp_path, capsys):
 
     path = _save(tmp_path, "llama", bos_token_id=500)
     capsys.readouterr()
-    code = main(["sinks", f"hf:{path}", "--quiet", "--n-sequences", "6", "--seq-len", "8"])
+    code = main(["sinks", f"hf:{path}", "--input", "random", "--quiet", "--n-sequences", "6", "--seq-len", "8"])
     err = capsys.readouterr().err
     assert code == 2 and "bos_token_id 500 is outside the vocabulary" in err, err
 

@@ -340,7 +340,8 @@ def test_the_sinks_command_says_which_blocks_it_cannot_read(tmp_path, capsys):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         build("mistral", sliding_window=1).save_pretrained(path)
-    code = main(["sinks", f"hf:{path}", "--n-sequences", "4", "--seq-len", "12", "--quiet", "--out", str(tmp_path / "s")])
+    code = main(["sinks", f"hf:{path}", "--input", "random", "--n-sequences", "4", "--seq-len", "12", "--quiet",
+                 "--out", str(tmp_path / "s")])
     out = capsys.readouterr().out
     assert code == 0 and "no sink read on blocks [0, 1]: sliding window 1" in out, out
     assert (tmp_path / "s" / "sinks.csv").exists() and not (tmp_path / "s" / "sinks.png").exists()
