@@ -341,7 +341,8 @@ class ProbeSettings:
 
 
 def reprobe(model, tokens: Tensor, attention_mask: Tensor, from_layer: int, n_layers: int,
-            settings: ProbeSettings, hooks: HookList | BatchHooks = (), subject: Subject | None = None) -> pd.DataFrame:
+            settings: ProbeSettings, hooks: HookList | BatchHooks = (),
+            subject: Subject | None = None) -> pd.DataFrame:
     """Probe absolute index at layers ``from_layer .. n_layers`` and the q.k distance read of the
     blocks whose queries and keys come from those layers, under ``hooks`` (the same for every
     batch, or made per batch). ``subject`` (of ``model``), when given, says which q/k hooks fire
@@ -369,7 +370,8 @@ def reprobe(model, tokens: Tensor, attention_mask: Tensor, from_layer: int, n_la
 
 
 def behavior(model, tokens: Tensor, attention_mask: Tensor, targets: Tensor | None = None,
-             loss_mask: Tensor | None = None, hooks: HookList | BatchHooks = (), check_finite: bool = False) -> pd.DataFrame:
+             loss_mask: Tensor | None = None, hooks: HookList | BatchHooks = (),
+             check_finite: bool = False) -> pd.DataFrame:
     """Per-sequence loss (nats per scored token) and exact match under ``hooks`` (the same for
     every batch of 32 sequences, or made per batch).
 
@@ -378,7 +380,6 @@ def behavior(model, tokens: Tensor, attention_mask: Tensor, targets: Tensor | No
         targets, loss_mask: what each position should predict and where it is scored (a task's
             :class:`~nopelens.models.tasks.Batch`); default: the next token at every real position
             whose next token is real.
-
         check_finite: refuse logits that are not finite at a scored position (the clean run: no
             change of its loss could be measured).
 
@@ -430,7 +431,8 @@ def _mean_ci(values: np.ndarray, n_boot: int, seed: int) -> tuple[float, float]:
     """Percentile bootstrap 95 % CI of a mean (SciPy); a constant sample has a zero-width CI."""
     if np.ptp(values) == 0:
         return float(values[0]), float(values[0])
-    result = stats.bootstrap((values,), np.mean, n_resamples=n_boot, method="percentile", random_state=random_state(seed))
+    result = stats.bootstrap((values,), np.mean, n_resamples=n_boot, method="percentile",
+                             random_state=random_state(seed))
     return float(result.confidence_interval.low), float(result.confidence_interval.high)
 
 
@@ -725,7 +727,8 @@ def _ratio_of_means(numerator: np.ndarray, denominator: np.ndarray, n_boot: int,
     if np.ptp(numerator) == 0 and np.ptp(denominator) == 0:
         return ratio, ratio, ratio
     result = stats.bootstrap((numerator, denominator), lambda a, b, axis=-1: a.mean(axis) / b.mean(axis),
-                             paired=True, vectorized=True, n_resamples=n_boot, method="percentile", random_state=random_state(seed))
+                             paired=True, vectorized=True, n_resamples=n_boot, method="percentile",
+                             random_state=random_state(seed))
     return ratio, float(result.confidence_interval.low), float(result.confidence_interval.high)
 
 

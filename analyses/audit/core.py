@@ -160,7 +160,7 @@ def audit(
                 raise ValueError(f"the model's logits are not finite on the probe's unpadded row (NaN or inf; {where}): "
                                  "check its weights for NaN or inf")
             steps = [STEPS[0](run, shift, meta)]
-            left_out = run.padded_row_not_finite()
+            left_out = run.padded_row_not_finite
             if left_out is not None:  # step 1 fails on it; the other steps read the unpadded row alone
                 alone = unpadded(probe)
                 run = Run(subject, alone, *subject.run_with_cache(alone.tokens, alone.mask), tol)

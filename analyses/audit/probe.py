@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Any
 
@@ -166,6 +167,7 @@ class Run:
         return next((name for name in self.cache.keys()
                      if self.cache[name].shape[:1] == (batch,) and _not_finite(name, self.cache[name][row])), None)
 
+    @functools.cached_property
     def padded_row_not_finite(self) -> str | None:
         """Why the left-padded row cannot be compared, or None: its logits are not finite where the
         unpadded row's are. Names the first hook (in execution order) where the row is not finite,

@@ -48,7 +48,7 @@ def step1_position_ids(run: Run) -> StepResult:
     reference = run.logits[0, :n_real]
     padded = run.logits[1, p.n_pad:]
     compared = f"logits of the left-padded row's {n_real} real tokens vs the same tokens unpadded"
-    not_finite = run.padded_row_not_finite()
+    not_finite = run.padded_row_not_finite
     checks.append(agree("left-padding invariance", padded, reference, run.logit_tol,
                         compared if not_finite is None else f"{compared}: {not_finite}"))
     evidence["left_padding"] = p.n_pad

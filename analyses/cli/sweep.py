@@ -126,20 +126,17 @@ def _probe_settings(args: argparse.Namespace) -> SweepSettings:
     if args.text:
         args.text = os.path.normpath(args.text)
     settings = _settings(args, (args.model,), controls=False)
-    hf_options = {name: getattr(args, name) for name in ("input", "text", "device", "dtype", "batch_size", "keep_mib",
-                                                         "memory_mib", "layers", "plan", "no_sink_ablation")
-                  if getattr(args, name) is not None and getattr(args, name) is not False}
     if not args.model.startswith(HF_PREFIX):
-        if hf_options:
-            raise ValueError(f"--{next(iter(hf_options)).replace('_', '-')} applies to hf:DIR models (the streamed "
-                             f"probe), not to {args.model}")
+        _refuse_hf_options(args, ("input", "text", "device", "dtype", "batch_size", "keep_mib", "memory_mib", "layers",
+                                  "plan", "no_sink_ablation"), " (the streamed probe)")
         return settings
     if len(settings.train_seeds) > 1:
         raise ValueError(f"--seeds {','.join(map(str, settings.train_seeds))}: training seeds apply to zoo models, "
                          f"each trained with its seed; {args.model} has one set of weights")
     batch_size = "auto" if args.batch_size is None else args.batch_size
-    return dataclasses.replace(settings, hf_input=_hf_input(args), streamed=True, batch_size=batch_size, keep_mib=args.keep_mib,
-                               memory_mib=args.memory_mib, layers=args.layers, sink_ablation=not args.no_sink_ablation)
+    return dataclasses.replace(settings, hf_input=_hf_input(args), streamed=True, batch_size=batch_size,
+                               keep_mib=args.keep_mib, memory_mib=args.memory_mib, layers=args.layers,
+                               sink_ablation=not args.no_sink_ablation)
 
 
 def _hf_input(args: argparse.Namespace):
@@ -150,6 +147,17 @@ def _hf_input(args: argparse.Namespace):
     how = HFInput(input="text" if args.input is None else args.input, text=args.text,
                   device="cpu" if args.device is None else args.device, dtype=args.dtype)
     return dataclasses.replace(how, device=how.torch_device().type)
+
+
+def _refuse_hf_options(args: argparse.Namespace, names: tuple[str, ...], what: str = "") -> None:
+    """Refuse the first of the ``hf:DIR``-only options ``names`` given for another model.
+
+    Raises:
+        ValueError: naming the option and the model.
+    """
+    given = [name for name in names if getattr(args, name) is not None and getattr(args, name) is not False]
+    if given:
+        raise ValueError(f"--{given[0].replace('_', '-')} applies to hf:DIR models{what}, not to {args.model}")
 
 
 def _add_input_options(group) -> None:
@@ -225,12 +233,12 @@ def run_sinks(args: argparse.Namespace) -> int:
     from nopelens.analyses.subjects import HF_PREFIX
 
     settings = _settings(args, (args.model,), controls=False)
-    given = [name for name in ("input", "text", "device", "dtype") if getattr(args, name) is not None]
-    if given and not args.model.startswith(HF_PREFIX):
-        raise ValueError(f"--{given[0]} applies to hf:DIR models, not to {args.model}")
-    how = _hf_input(args) if args.model.startswith(HF_PREFIX) else None
-    subject = resolve(args.model, settings.n_sequences, settings.seq_len, settings.seed, not args.quiet, settings.quick_steps,
-                      hf_input=how)
+    is_hf = args.model.startswith(HF_PREFIX)
+    if not is_hf:
+        _refuse_hf_options(args, ("input", "text", "device", "dtype"))
+    how = _hf_input(args) if is_hf else None
+    subject = resolve(args.model, settings.n_sequences, settings.seq_len, settings.seed, not args.quiet,
+                      settings.quick_steps, hf_input=how)
     if "beyond_trained_length" in subject.info:
         print(f"nopelens sinks: {subject.name}: note: {subject.info['beyond_trained_length']}", file=sys.stderr)
     table = measure_sinks(subject)
