@@ -122,3 +122,53 @@ class SweepETA:
         seconds = self.remaining(since_last)
         when = f"about {seconds:.0f} s left" if seconds < 90 else f"about {seconds / 60:.0f} min left"
         return f"{when}{f' ({unknown} not estimated)' if unknown else ''}: {counts}"
+
+
+# ----------------------------------------------------------------------------- a streamed probe run
+
+
+@dataclass(frozen=True)
+class FitWork:
+    """The linear algebra of a streamed probe run's fits, counted from its plan before the run.
+
+    Attributes:
+        paths: sum of d^3 over the penalty paths (one per inner fitting set of a ridge family's
+            grouped inner CV, :func:`~nopelens.probes.fitting.penalty_path`).
+        solves: sum of d^3 over the Cholesky solves (ridge at each fold's penalty, LDA).
+        flops: floating-point operations of the matrix products (Gram matrices, validation
+            errors, out-of-fold predictions).
+        scored: samples scored, summed over probes (each with every metric and bootstrap replicate).
+        calls: ``(ridge families, LDA families, scorings)``: each has a fixed cost (its folds'
+            bookkeeping, validation errors, tables) that dominates at small width.
+    """
+
+    paths: float = 0.0
+    solves: float = 0.0
+    flops: float = 0.0
+    scored: float = 0.0
+    calls: tuple[int, int, int] = (0, 0, 0)
+
+
+@dataclass(frozen=True)
+class FitRates:
+    """Seconds per unit of :class:`FitWork`, measured on the machine and device that will fit: per
+    d^3 of a penalty path and of a Cholesky solve, per flop of a matrix product, per sample scored,
+    and the fixed seconds of a ridge family, an LDA family and a scoring (``call``).
+
+    Example:
+        >>> rates = FitRates(path=1e-10, solve=2e-11, flop=2e-11, score=1e-6, call=(1e-3, 1e-4, 1e-2))
+        >>> round(rates.seconds(FitWork(paths=512**3 * 10, flops=1e9, scored=16384, calls=(10, 0, 1))), 3)
+        0.191
+    """
+
+    path: float
+    solve: float
+    flop: float
+    score: float
+    call: tuple[float, float, float] = (0.0, 0.0, 0.0)
+
+    def seconds(self, work: FitWork) -> float:
+        """Estimated seconds of ``work``."""
+        fixed = sum(n * seconds for n, seconds in zip(work.calls, self.call))
+        return (work.paths * self.path + work.solves * self.solve + work.flops * self.flop
+                + work.scored * self.score + fixed)

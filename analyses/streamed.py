@@ -34,6 +34,7 @@ statistics need (``nopelens probe --plan``).
 from __future__ import annotations
 
 import sys
+import time
 from dataclasses import dataclass, field
 from typing import Sequence
 
@@ -44,13 +45,17 @@ from tqdm.auto import tqdm
 
 from nopelens.models.hooks import act_names
 from nopelens.probes import collect
-from nopelens.probes.collect import is_pattern_site, site_block
+from nopelens.probes.collect import forward_with_hooks, is_pattern_site, site_block
+from nopelens.probes.fitting import ALPHAS, _spd_solve, fit_folds, penalty_path
+from nopelens.probes.linear import sequence_splits
+from nopelens.probes.metrics import REGRESSION_METRICS, bootstrap_scores
 from nopelens.probes.sinks import GU_WINDOW, SinkStats, empty_sink_table, uniform_sink_score
 from nopelens.probes.stream import (
     AUTO_KEEP_BYTES, AttentionVariance, KeepBudget, Sequences, available_memory, release_freed_memory, run,
 )
 from nopelens.probes.stream_probes import Probes, absolute_index_probes, relative_distance_probes
 
+from .eta import FitRates, FitWork
 from .intervene import later_token_probes, refused_sink_blocks, sink_ablation_drop_streamed
 from .reads import MAX_OUTER_FEATURES, SweepSites
 from .subjects import Subject, attention_shortfall
@@ -581,7 +586,7 @@ class Plan:
     ablation_second_passes: int = 0  # of the second passes, the sink ablation's (also among its ablation passes)
 
     def describe(self, name: str) -> str:
-        eta = f"about {self.eta_seconds:.0f} s" if self.eta_seconds is not None else self.eta_note
+        eta = f"about {_duration(self.eta_seconds)}: {self.eta_note}" if self.eta_seconds is not None else self.eta_note
         blocks = "block" if self.ablated_blocks == 1 else "blocks"
         ablation = (f"{self.ablation_passes} of them for the sink ablation of {self.ablated_blocks} {blocks}, each "
                     f"stopped after its block; " if self.ablated_blocks else "")
@@ -603,14 +608,132 @@ class Plan:
                 f"ETA {eta}{shortfall}")
 
 
-ETA_MAX_PARAMETERS = 5_000_000
-"""The ETA model's measuring prior is calibrated on the zoo's small models (under a million
-parameters) on one CPU thread; beyond this size it does not apply."""
+CALIBRATION_MAX_WIDTH = 1024
+"""Widest d at which :func:`fit_rates` times the fits' kernels; wider fits scale by d^3 from it."""
+
+
+def fit_work(m: Measurements, shapes: dict[str, tuple[int, ...]]) -> FitWork:
+    """Count the linear algebra of every job's fits (:class:`~nopelens.analyses.eta.FitWork`), from
+    the plan alone: per ridge family K(K - 1)/2 penalty paths (the grouped inner CV's fitting sets,
+    each shared by two outer folds), K x t Cholesky solves and K(K - 1) validation products over
+    the penalty grid; per LDA family K x t solves with their class means; one Gram matrix of
+    every row per split set, and the out-of-fold predictions (K folds, t targets, d features)."""
+    paths = solves = flops = scored = 0.0
+    calls = np.zeros(3, dtype=np.int64)
+    for job in m.jobs():
+        d, n = _n_features(job, shapes), len(job.layout.groups)
+        families = job.layout.families
+        flops += n * d * d * len({id(family.splits) for family in families})
+        for family in families:
+            k, t = len(family.splits), len(family.labels)
+            scored += t * int((family.fold >= 0).sum())
+            calls += (family.task == "regression", family.task != "regression", t)
+            if family.task == "regression":
+                paths += k * (k - 1) / 2 * d**3
+                solves += k * t * d**3
+                flops += k * (k - 1) * 2 * d * d * len(ALPHAS) * t + 2 * n * d * t
+            else:
+                classes = len(np.unique(family.labels["linear"]))
+                solves += k * t * d**3
+                flops += k * t * 4 * d * d * classes + 2 * n * d * classes * t
+    return FitWork(paths, solves, flops, scored, tuple(int(c) for c in calls))
+
+
+def fit_rates(device: torch.device, width: int, n_boot: int, n_splits: int) -> FitRates:
+    """Time the fits' kernels here, on ``device``: a penalty path over the ridge grid, a Cholesky
+    solve and a matrix product at ``width`` features (at most :data:`CALIBRATION_MAX_WIDTH`), the
+    bootstrap scoring of 4,096 samples with ``n_boot`` replicates, and the fixed cost of a family
+    (a ridge and an LDA fit of three targets over ``n_splits`` folds at 4 features) and of a scoring
+    (64 samples)."""
+    d = max(32, min(int(width), CALIBRATION_MAX_WIDTH))
+    generator = torch.Generator().manual_seed(0)
+    X = torch.randn(2 * d, d, generator=generator, dtype=torch.float64).to(device)
+    C = X.T @ X
+    b = X.T @ torch.randn(2 * d, 3, generator=generator, dtype=torch.float64).to(device)
+    C.diagonal().add_(1.0)
+    path = _seconds(lambda: penalty_path(C, b, ALPHAS), device) / d**3
+    solve = _seconds(lambda: _spd_solve(C, b[:, :1]), device) / d**3
+    product = _seconds(lambda: X.T @ X, device) / (4.0 * d**3)
+    rng = np.random.default_rng(0)
+
+    def scoring(n: int) -> float:
+        y = rng.normal(size=n)
+        return _seconds(lambda: bootstrap_scores(y, y + rng.normal(size=n), np.arange(n) % 32, REGRESSION_METRICS,
+                                                 n_boot), torch.device("cpu"))
+
+    groups = np.arange(16 * n_splits) % (2 * n_splits)
+    splits = sequence_splits(groups, n_splits)
+    small = rng.normal(size=(len(groups), 4))
+    targets = [rng.integers(0, 4, size=len(groups)) for _ in range(3)]
+    family = [_seconds(lambda: fit_folds(small, targets, groups, splits, task, device=device), device)
+              for task in ("regression", "classification")]
+    score = max(scoring(4096) - scoring(64), 0.0) / 4096
+    return FitRates(path, solve, product, score, (*family, scoring(64)))
+
+
+def _seconds(work, device: torch.device) -> float:
+    """Wall seconds of ``work()`` (after one untimed call), the device's queue drained."""
+    work()
+    synchronize = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    synchronize()
+    start = time.perf_counter()
+    work()
+    synchronize()
+    return time.perf_counter() - start
+
+
+def block_seconds(subject: Subject, sites: Sequence[str], batch_size: int) -> float:
+    """Wall seconds one block of one sequence costs in a hooked forward pass: the first batch
+    (``batch_size`` sequences) run through the shallowest block any of ``sites`` is in, hooked
+    there (with hooks that keep nothing) and stopped after it, as the run's passes stop, divided
+    by the sequences and the blocks run (embedding included)."""
+    model, device = subject.model, next(subject.model.parameters()).device
+    first = min(site_block(site) or 0 for site in sites)
+    shallow = [site for site in sites if (site_block(site) or 0) == first]
+    rows = slice(0, batch_size)
+    mask = subject.attention_mask[rows]
+    mask = None if bool(mask.all()) else mask.to(device)
+    start = time.perf_counter()
+    forward_with_hooks(model, model.hook_dict, shallow, subject.tokens[rows].to(device), mask, lambda site, value: None)
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    return (time.perf_counter() - start) / (len(subject.tokens[rows]) * (first + 1))
+
+
+def _eta(subject: Subject, settings, m: Measurements, shapes, block_passes: float) -> tuple[float, str]:
+    """(seconds, what they are made of): the forward passes (:func:`block_seconds` times the blocks
+    the sequences run through, ``block_passes``) and the fits, counted (:func:`fit_work`) and timed
+    here (:func:`fit_rates`) at the width of the widest job."""
+    device = next(subject.model.parameters()).device
+    forward = block_seconds(subject, m.sites.all(), m.batch_size) * block_passes
+    jobs = m.jobs()
+    width = max((_n_features(job, shapes) for job in jobs), default=1)
+    fits = fit_rates(device, width, settings.n_boot, settings.n_splits).seconds(fit_work(m, shapes)) if jobs else 0.0
+    return forward + fits, (f"{_duration(forward)} of forward passes and {_duration(fits)} of fits (a batch's first "
+                            f"block timed here, the fits' factorizations and products counted and timed here at d = "
+                            f"{min(width, CALIBRATION_MAX_WIDTH)})")
+
+
+def _duration(seconds: float) -> str:
+    """``45 s``, ``4 min 10 s``, ``25 min``, ``3.5 h``.
+
+    Example:
+        >>> _duration(44.6), _duration(250), _duration(298), _duration(1500), _duration(12600)
+        ('45 s', '4 min 10 s', '5 min', '25 min', '3.5 h')
+    """
+    if seconds < 90:
+        return f"{seconds:.0f} s"
+    if seconds < 600:
+        minutes, rest = divmod(int(round(seconds / 10)) * 10, 60)
+        return f"{minutes} min {rest} s" if rest else f"{minutes} min"
+    if seconds < 90 * 60:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.1f} h"
 
 
 def plan(subject: Subject, settings, sites: SweepSites) -> Plan:
-    """The forward passes, tokens and statistics' memory of :func:`measure_streamed`, and an
-    ETA from the project's model (:mod:`~nopelens.analyses.eta`) where it applies.
+    """The forward passes, tokens and statistics' memory of :func:`measure_streamed`, and how long
+    it will take, measured here.
 
     Forward passes: one per batch, plus one per batch of the sequences without BOS (the sink
     table's second condition), plus one per batch and ablated block for the sink ablation (each
@@ -621,11 +744,15 @@ def plan(subject: Subject, settings, sites: SweepSites) -> Plan:
     (:func:`statistics_groups`), one run of the passes above each (counted in full, though each
     stops after its deepest site). A run that cannot hold what it must besides
     its batches within :data:`STATISTICS_SHARE` of that memory is a shortfall: refused before any
-    forward pass. The ETA's prior is calibrated on the in-memory sweep (all sites at once, the
-    sink ablation included).
-    """
-    from .eta import MEASURE_OVERHEAD_TOKENS, MEASURE_PRIOR
+    forward pass.
 
+    The ETA is measured on this machine and device, for models of any size: the first batch run
+    through its first hooked block (:func:`block_seconds`), scaled by the blocks every pass runs
+    (an ablation pass stops after its block; a group's run is counted in full), plus the fits: their penalty paths, Cholesky solves, matrix products and bootstrap
+    scoring counted from the plan (:func:`fit_work`) and timed at the widest job's width (at most
+    :data:`CALIBRATION_MAX_WIDTH`, scaled by d^3 beyond: :func:`fit_rates`). Nothing is estimated
+    for a run that does not fit.
+    """
     shapes = site_shapes(subject, sites.all())
     m = measurements(subject, settings, sites, shapes)
     n_batches = len(m.sequences.batches(m.batch_size))
@@ -642,7 +769,6 @@ def plan(subject: Subject, settings, sites: SweepSites) -> Plan:
     second_passes = n_batches * (runs - len(m.groups) + (twice - 1) * len(ablated))
     tokens += int(m.sequences.n_samples) * twice * len(ablated)
     passes += ablation_passes
-    parameters = sum(p.numel() for p in subject.model.parameters())
     device = next(subject.model.parameters()).device
     shortfall = None
     held = held_bytes(m, shapes)
@@ -657,12 +783,11 @@ def plan(subject: Subject, settings, sites: SweepSites) -> Plan:
     if shortfall is None and m.sites.patterns:
         shortfall = attention_shortfall(T, n_heads, m.activation_bytes, m.free - held,
                                         f"{m.free_source} besides what the run holds")
-    eta, note = None, (f"not estimated (analyses/eta.py is calibrated on models of at most {ETA_MAX_PARAMETERS:,} "
-                       f"parameters on one CPU thread; this one has {parameters:,} on {device.type})")
-    if parameters <= ETA_MAX_PARAMETERS and device.type == "cpu" and len(m.groups) == 1:
-        work = (subject.n_layers + 1) * (settings.n_sequences * subject.tokens.shape[1] + MEASURE_OVERHEAD_TOKENS)
-        eta, note = work * MEASURE_PRIOR, ""
-    elif len(m.groups) > 1:
-        note = "not estimated (analyses/eta.py is calibrated on runs of all sites at once, not in groups)"
+    eta, note = None, "not estimated: the run does not fit"
+    if shortfall is None:
+        depth = max(site_block(site) or 0 for site in m.sites.all()) + 1
+        n, stripped = int(m.sequences.n_sequences), int(m.stripped.n_sequences) if m.stripped else 0
+        block_passes = (n * runs + stripped) * depth + n * twice * sum(block + 1 for block in ablated)
+        eta, note = _eta(subject, settings, m, shapes, block_passes)
     return Plan(passes, tokens, stats, keep, eta, note, ablation_passes, len(ablated), m.batch_size, shortfall,
                 len(m.groups), held, m, stripped_passes, second_passes, n_batches * (twice - 1) * len(ablated))

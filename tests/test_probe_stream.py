@@ -554,3 +554,56 @@ def test_sinks_reads_an_hf_model_through_its_tokenizer_as_probe_does(model_dir, 
     capsys.readouterr()
     _one_error(main(["sinks", "circuit", "--input", "random"]), capsys.readouterr().err,
                "--input applies to hf:DIR models, not to circuit")
+
+
+@pytest.mark.parametrize("keep_mib", [None, 0])
+def test_the_plans_fit_count_is_what_the_run_factorizes(model_dir, monkeypatch, keep_mib, one_thread):
+    """The ETA's fits are counted from the plan (:func:`~nopelens.analyses.streamed.fit_work`): the
+    penalty paths' sum of d^3 is exactly what the run factorizes, kept or summed batch by batch;
+    the Cholesky solves counted bound those run (ridge solves once per distinct chosen penalty)."""
+    import dataclasses
+
+    from nopelens.analyses import streamed
+    from nopelens.analyses.eta import FitRates
+    from nopelens.analyses.subjects import HFInput, resolve
+    from nopelens.analyses.sweep import SweepSettings, analyse_subject_streamed, sweep_sites
+    from nopelens.probes import fitting
+
+    settings = dataclasses.replace(SweepSettings.quick("text", (f"hf:{model_dir}",), controls=False), n_sequences=6,
+                                   seq_len=16, hf_input=HFInput(input="text"), streamed=True, keep_mib=keep_mib,
+                                   batch_size=4)
+    subject = resolve(f"hf:{model_dir}", 6, 16, seed=0, progress=False, hf_input=settings.hf_input)
+    sites = sweep_sites(subject, settings.sites)
+    shapes = streamed.site_shapes(subject, sites.all())
+    with_ablation = streamed.fit_work(streamed.measurements(subject, settings, sites, shapes), shapes)
+    settings = dataclasses.replace(settings, sink_ablation=False)
+    counted = streamed.fit_work(streamed.measurements(subject, settings, sites, shapes), shapes)
+    done = {"paths": 0, "solves": 0}
+    path, solve = fitting.penalty_path, fitting._spd_solve
+
+    def counting_path(C, b, alphas):
+        done["paths"] += C.shape[0] ** 3
+        return path(C, b, alphas)
+
+    def counting_solve(A, B):
+        done["solves"] += A.shape[0] ** 3
+        return solve(A, B)
+
+    monkeypatch.setattr(fitting, "penalty_path", counting_path)
+    monkeypatch.setattr(fitting, "_spd_solve", counting_solve)
+    monkeypatch.setattr(streamed, "fit_rates", lambda *args: FitRates(0, 0, 0, 0))  # the plan's timing factorizes too
+    with torch.no_grad():
+        analyse_subject_streamed(subject, settings)
+    assert done["paths"] == counted.paths > 0 and with_ablation.paths > counted.paths  # the ablation's probes count too
+    assert 0 < done["solves"] <= counted.solves
+
+
+def test_the_plan_estimates_how_long_for_any_model_size(model_dir, capsys):
+    """No size cap: the plan times a batch's first block and the fits' kernels here, and says what
+    the estimate is made of; a run that does not fit gets no estimate."""
+    from nopelens.analyses.cli import main
+
+    code = main(["probe", f"hf:{model_dir}", *ARGS, "--plan"])
+    out = capsys.readouterr().out
+    assert code == 0 and "ETA about " in out and " of forward passes and " in out and " of fits (" in out, out
+    assert "not estimated" not in out
