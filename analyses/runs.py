@@ -24,6 +24,7 @@ from __future__ import annotations
 import hashlib
 import json
 import sys
+import uuid
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
@@ -58,7 +59,7 @@ def settings_digest(settings: dict[str, Any], ignore: Sequence[str] = ()) -> str
 
 
 def claim(folder: str | Path, kind: str, settings: dict[str, Any], ignore: Sequence[str] = (),
-          command: str | None = None, unset: dict[str, Any] | None = None) -> Path:
+          command: str | None = None, unset: dict[str, Any] | None = None, run: str | None = None) -> Path:
     """Make ``folder`` the run folder of a ``kind`` analysis with ``settings``, or refuse it.
 
     Writes ``<kind>.json`` (``digest``, ``settings`` and the ``command``) into ``folder``, creating
@@ -76,6 +77,7 @@ def claim(folder: str | Path, kind: str, settings: dict[str, Any], ignore: Seque
         unset: what a key means when one side's settings lack it (settings written only when not
             at their default): words, e.g. ``{"layers": "every block"}`` (default "the default"), or
             for a record its default record, whose fields are then compared one by one.
+        run: an id of the run writing the stamp (so that it removes only a stamp it wrote last).
 
     Returns:
         ``folder`` as a ``Path``.
@@ -98,7 +100,7 @@ def claim(folder: str | Path, kind: str, settings: dict[str, Any], ignore: Seque
         changes = "; ".join(_changes(previous, settings, ignore, unset or {}))
         raise ValueError(f"{folder} holds a run of nopelens {_made_by(folder, kind)} made with other settings "
                          f"({changes}); use another --out folder, or delete it to start over")
-    write_json_atomic({"digest": digest, "settings": settings, "command": command}, folder / f"{kind}.json")
+    write_json_atomic({"digest": digest, "settings": settings, "command": command, "run": run}, folder / f"{kind}.json")
     return folder
 
 
@@ -178,21 +180,28 @@ def claimed(folder: str | Path, kind: str, settings: dict[str, Any], ignore: Seq
     folder = Path(folder)
     stamped = folder.is_dir() and _stamped_settings(folder, kind) is not None
     before = set(folder.rglob("*")) if folder.is_dir() else None
-    claim(folder, kind, settings, ignore, command, unset)
+    run = uuid.uuid4().hex
+    claim(folder, kind, settings, ignore, command, unset, run)
     try:
         yield folder
     except BaseException:
         if not stamped:
-            _unclaim(folder, kind, before)
+            _unclaim(folder, kind, before, run)
         raise
 
 
-def _unclaim(folder: Path, kind: str, before: set[Path] | None) -> None:
-    """Remove ``folder``'s fresh ``<kind>.json`` when the run wrote no other file there, with the
-    folders it made (``folder`` itself when ``before`` is None: it did not exist)."""
+def _unclaim(folder: Path, kind: str, before: set[Path] | None, run: str) -> None:
+    """Remove ``folder``'s fresh ``<kind>.json`` when the run wrote no other file there and no other
+    run (``run`` is this one's id) claimed the folder since, with the folders it made (``folder``
+    itself when ``before`` is None: it did not exist)."""
     stamp = folder / f"{kind}.json"
     old = before or set()
     if any(path.is_file() and path != stamp and path not in old for path in folder.rglob("*")):
+        return
+    try:
+        if read_json(stamp).get("run") != run:
+            return  # another run uses the folder now
+    except (OSError, ValueError, AttributeError):
         return
     stamp.unlink(missing_ok=True)
     made = [path for path in folder.rglob("*") if path.is_dir() and path not in old]
@@ -280,6 +289,9 @@ def read_part(part: Path, names: Sequence[str]) -> tuple[dict[str, pd.DataFrame]
         _unreadable(part / DONE, ValueError("it holds no JSON object"))
         return None
     digests = meta.pop(TABLE_DIGESTS, None) or {}
+    if not isinstance(digests, dict):
+        _unreadable(part / DONE, ValueError(f"its {TABLE_DIGESTS} is not a record of checksums"))
+        return None
     tables = {}
     for name in names:
         path = part / f"{name}.csv"

@@ -435,6 +435,18 @@ def input_changes(recorded: dict[str, Any] | None, current: dict[str, Any] | Non
     return changes
 
 
+def display_name(spec: str) -> str:
+    """The name the tables give the model ``spec`` names: ``hf:`` and the directory's own name for
+    an HF model (as :func:`resolve` names it), else the spec.
+
+    >>> display_name("hf:/models/smol/"), display_name("hf:./smol"), display_name("text-nope-4l")
+    ('hf:smol', 'hf:smol', 'text-nope-4l')
+    """
+    if spec.startswith(HF_PREFIX):
+        return f"{HF_PREFIX}{Path(spec[len(HF_PREFIX):]).name}"
+    return spec
+
+
 def check_spec(spec: str) -> None:
     """Fail fast, before any work, on a spec that names nothing.
 

@@ -68,7 +68,7 @@ from .eta import SweepETA
 from .intervene import sink_ablation_drop
 from .reads import ProbeInput, SweepSites
 from .subjects import (
-    CONTROL_SPECS, HFInput, Subject, check_spec, has_training_seed, input_changes, input_fingerprint, planned_work, qk_sites,
+    CONTROL_SPECS, HF_PREFIX, HFInput, Subject, check_spec, display_name, has_training_seed, input_changes, input_fingerprint, planned_work, qk_sites,
     resolve,
 )
 
@@ -617,6 +617,9 @@ def sweep(settings: SweepSettings, out_dir: str | Path | None = None, progress: 
             f"{settings.n_sequences} evaluation sequences are fewer than the {settings.n_splits} cross-validation "
             f"folds (each fold holds out whole sequences); use --n-sequences {settings.n_splits} or more"
         )
+    _check_distinct(settings.tasks())
+    if scheduler is not None:
+        _check_absolute_paths(settings)
     out = Path(out_dir) if out_dir is not None else None
     if out is None:
         return _sweep_tasks(settings, None, progress, jobs, scheduler, svg, security, sweep_reads, name, figures)
@@ -638,6 +641,7 @@ def _sweep_tasks(settings: SweepSettings, out: Path | None, progress: bool, jobs
         if finished is not None:
             tables, meta = finished
             _check_same_inputs(part, task[0], meta.get("inputs"), inputs[task[0]])
+            _check_same_settings(part, meta.get(SETTINGS_DIGEST), settings)
             tqdm.write(f"nopelens: {_label(*task)}: already measured in {part}, reusing", file=sys.stderr)
             done[task] = {name: _as_measured(name, seeds.with_train_seed(table, task[1]))
                           for name, table in tables.items()}, meta
@@ -650,6 +654,7 @@ def _sweep_tasks(settings: SweepSettings, out: Path | None, progress: bool, jobs
     clock = [time.perf_counter()]
 
     def keep(task: tuple[str, int], measured: tuple[dict, dict]) -> None:
+        measured = measured[0], {**measured[1], SETTINGS_DIGEST: settings.digest()}
         if inputs[task[0]] is not None:
             measured = measured[0], {**measured[1], "inputs": inputs[task[0]]}
         if out is not None:
@@ -679,6 +684,58 @@ def _sweep_tasks(settings: SweepSettings, out: Path | None, progress: bool, jobs
         result.figures = tuple(report.write_run(result, settings, command=" ".join(["nopelens", *sys.argv[1:]]),
                                                 versions=versions(), svg=svg, name=name, draw=figures))
     return result
+
+
+SETTINGS_DIGEST = "settings_digest"
+"""The ``done.json`` key of the settings a part was measured with (:meth:`SweepSettings.digest`)."""
+
+
+def _check_same_settings(part: Path, recorded: str | None, settings: SweepSettings) -> None:
+    """Refuse to reuse a finished part measured with other settings (a folder whose stamp was lost,
+    or written by two runs at once). Parts from before the digest was recorded are reused.
+
+    Raises:
+        ValueError: naming the part.
+    """
+    if recorded is not None and recorded != settings.digest():
+        raise ValueError(f"{part} was measured with other settings than this run's (another --seq-len, "
+                         "--n-sequences, --seed, --sites, ...); use another --out folder, or delete that part folder "
+                         "to measure it again")
+
+
+def _check_distinct(tasks: Sequence[tuple[str, int]]) -> None:
+    """Refuse, before any work, two models that the tables would name alike or whose parts would
+    share a folder (``hf:a/m`` and ``hf:b/m`` are both ``hf:m``; ``hf:m a`` and ``hf:m_a`` share
+    ``parts/hf_m_a``).
+
+    Raises:
+        ValueError: naming both specs.
+    """
+    for what, key in (("would both be named", lambda spec, seed: _label(display_name(spec), seed)),
+                      ("would share the part folder", lambda spec, seed: runs.part_dir(".", spec, seed).name)):
+        seen: dict[str, str] = {}
+        for spec, seed in tasks:
+            name = key(spec, seed)
+            if name in seen and seen[name] != spec:
+                raise ValueError(f"{seen[name]} and {spec} {what} {name}; give each model once, under names "
+                                 "that differ (e.g. rename or link one directory)")
+            seen[name] = spec
+
+
+def _check_absolute_paths(settings: SweepSettings) -> None:
+    """Dask workers resolve paths in their own working directory: refuse relative ones.
+
+    Raises:
+        ValueError: naming the first relative path.
+    """
+    paths = [spec.removeprefix(HF_PREFIX) for spec in settings.models
+             if spec.startswith(HF_PREFIX) or "/" in spec or Path(spec).exists()]
+    if settings.hf_input.text is not None:
+        paths.append(settings.hf_input.text)
+    for path in paths:
+        if not Path(path).is_absolute():
+            raise ValueError(f"--scheduler: {path} is a relative path, which each Dask worker would read in its own "
+                             f"working directory; give it as an absolute path ({Path(path).resolve()})")
 
 
 def _check_same_inputs(part: Path, spec: str, recorded: dict | None, current: dict | None) -> None:

@@ -108,9 +108,9 @@ def read_json(path: str | Path) -> Any:
 
     Raises:
         FileNotFoundError: if it does not exist.
-        ValueError: if it is not valid JSON.
+        ValueError: if it is not valid JSON (or not UTF-8 text).
     """
     try:
         return json.loads(Path(path).read_text(encoding="utf-8"))
-    except json.JSONDecodeError as error:
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
         raise ValueError(f"{path} is not valid JSON ({error}); it may be corrupted") from None

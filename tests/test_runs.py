@@ -147,3 +147,93 @@ def test_a_probe_folder_resumes_with_another_batch_size_or_keep_budget(tmp_path)
     other = dataclasses.replace(first, n_boot=first.n_boot + 1)
     with pytest.raises(ValueError, match="other settings"):
         runs.claim(tmp_path, "sweep", other.to_dict(), ignore=other.RESUMABLE_CHANGES, command="probe")
+
+
+def test_a_part_measured_with_other_settings_is_refused_even_without_the_stamp(tmp_path, capsys, one_thread):
+    """done.json records the settings' digest: a folder whose stamp was lost (deleted, or removed by a
+    run interrupted while another used the folder) does not reuse parts measured otherwise."""
+    from nopelens.analyses.cli import main
+
+    out = str(tmp_path / "run")
+    assert main(["probe", "untrained-nope", "--quick", "--no-figures", "--quiet", "--out", out]) == 0
+    (tmp_path / "run" / "sweep.json").unlink()
+    capsys.readouterr()
+    assert main(["probe", "untrained-nope", "--quick", "--no-figures", "--quiet", "--out", out,
+                 "--seq-len", "16", "--n-sequences", "12"]) == 2
+    err = capsys.readouterr().err
+    assert "parts/untrained-nope was measured with other settings than this run's" in err and "Traceback" not in err
+    assert main(["probe", "untrained-nope", "--quick", "--no-figures", "--quiet", "--out", out]) == 0
+
+
+def test_an_interrupted_run_leaves_a_stamp_another_run_claimed_since(tmp_path):
+    settings = {"seed": 0}
+    with pytest.raises(KeyboardInterrupt):
+        with runs.claimed(tmp_path / "run", "sweep", settings):
+            runs.claim(tmp_path / "run", "sweep", settings)  # a second run with the same settings, meanwhile
+            raise KeyboardInterrupt
+    assert (tmp_path / "run" / "sweep.json").is_file()
+    with pytest.raises(KeyboardInterrupt):  # alone, the interrupted run removes what it made
+        with runs.claimed(tmp_path / "fresh", "sweep", settings):
+            raise KeyboardInterrupt
+    assert not (tmp_path / "fresh").exists()
+
+
+def test_models_the_tables_would_name_alike_or_that_share_a_part_folder_are_refused_before_any_work():
+    from nopelens.analyses.sweep import _check_distinct
+
+    _check_distinct([("hf:/a/m", 0), ("hf:/b/n", 0), ("text-nope-4l", 0), ("text-nope-4l", 1)])
+    with pytest.raises(ValueError, match="hf:/a/m and hf:/b/m would both be named hf:m; give each model once"):
+        _check_distinct([("hf:/a/m", 0), ("hf:/b/m", 0)])
+    with pytest.raises(ValueError, match="hf:m a and hf:m_a would share the part folder hf_m_a"):
+        _check_distinct([("hf:m a", 0), ("hf:m_a", 0)])
+
+
+def test_a_scheduler_gets_absolute_paths_only(tmp_path):
+    import dataclasses
+
+    from nopelens.analyses.subjects import HFInput
+    from nopelens.analyses.sweep import _check_absolute_paths
+
+    settings = SweepSettings(models=(f"hf:{tmp_path}", "text-nope-4l"))
+    _check_absolute_paths(settings)
+    with pytest.raises(ValueError, match="--scheduler: models/m is a relative path, which each Dask worker would read"):
+        _check_absolute_paths(dataclasses.replace(settings, models=("hf:models/m",)))
+    with pytest.raises(ValueError, match="--scheduler: my.txt is a relative path"):
+        _check_absolute_paths(dataclasses.replace(settings, hf_input=HFInput(input="text", text="my.txt")))
+
+
+def test_unreadable_stamps_and_part_records_are_named(tmp_path, capsys):
+    from nopelens.models.io import read_json
+
+    (tmp_path / "sweep.json").write_bytes(bytes(range(128, 256)))
+    with pytest.raises(ValueError, match="sweep.json is not valid JSON"):
+        read_json(tmp_path / "sweep.json")
+    part = tmp_path / "parts" / "m"
+    part.mkdir(parents=True)
+    pd.DataFrame({"a": [1]}).to_csv(part / "probes.csv", index=False)
+    (part / "done.json").write_text(json.dumps({"table_sha256": 5}))
+    assert runs.read_part(part, ["probes"]) is None
+    assert "its table_sha256 is not a record of checksums" in capsys.readouterr().err
+
+
+def test_sigterm_ends_a_run_as_an_interrupt_does(tmp_path):
+    """``kill`` or ``timeout``: one line, exit 130, and a run stopped before its first part leaves no
+    stamp (its corrected rerun is not refused)."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    out = tmp_path / "run"
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1"}
+    process = subprocess.Popen([sys.executable, "-m", "nopelens", "probe", "untrained-nope", "--quick", "--quiet",
+                                "--no-figures", "--n-sequences", "400", "--out", str(out)],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    deadline = time.monotonic() + 120
+    while not (out / "sweep.json").is_file() and process.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    process.send_signal(signal.SIGTERM)
+    _, err = process.communicate(timeout=120)
+    assert process.returncode == 130 and "interrupted" in err and "Traceback" not in err, err
+    assert not (out / "parts").exists() and not (out / "sweep.json").exists()

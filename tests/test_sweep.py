@@ -104,9 +104,12 @@ def test_rerun_resumes_and_other_settings_are_refused(quick_run, capsys):
     result, out = quick_run
     for part in (out / "parts").iterdir():
         (part / "probes.csv").write_text((part / "probes.csv").read_text())  # touch: contents unchanged
+    for name in ("summary_per_seed.csv", "probes_over_seeds.csv"):  # as a run over two training seeds left them
+        (out / name).write_text("train_seed\n0\n1\n")
     code = main(["sweep", "--quick", "--out", str(out), "--quiet"])
     captured = capsys.readouterr()
     assert code == 0
+    assert not (out / "summary_per_seed.csv").exists() and not (out / "probes_over_seeds.csv").exists()
     assert captured.err.count("already measured") == len(result.summary)
     code = main(["sweep", "--quick", "--seed", "3", "--out", str(out)])
     assert code == 2

@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import os
+import signal
 import sys
 from typing import Callable
 
@@ -100,13 +101,31 @@ class _Only:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run the CLI; returns the process exit code."""
-    try:  # building the parser imports the command's modules (torch, pandas): seconds a Ctrl-C may land in
-        args = build_parser(sys.argv[1:] if argv is None else argv).parse_args(argv)
-    except KeyboardInterrupt:
-        print("nopelens: interrupted before the command started; nothing was written", file=sys.stderr)
-        return 130
-    return guarded(lambda: args.func(args), f"nopelens {args.command}")
+    """Run the CLI; returns the process exit code. SIGTERM (``kill``, ``timeout``) ends it as Ctrl-C
+    does: what it claimed is released, workers are stopped, one line says so."""
+    previous = _terminate_as_interrupt()
+    try:
+        try:  # building the parser imports the command's modules (torch, pandas): seconds a Ctrl-C may land in
+            args = build_parser(sys.argv[1:] if argv is None else argv).parse_args(argv)
+        except KeyboardInterrupt:
+            print("nopelens: interrupted before the command started; nothing was written", file=sys.stderr)
+            return 130
+        return guarded(lambda: args.func(args), f"nopelens {args.command}")
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
+
+
+def _terminate_as_interrupt():
+    """Make SIGTERM raise KeyboardInterrupt in this (main) thread; the handler it replaces (None
+    where signals cannot be set here)."""
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt
+
+    try:
+        return signal.signal(signal.SIGTERM, interrupt)
+    except ValueError:  # not the main thread
+        return None
 
 
 def guarded(run: Callable[[], int | None], label: str) -> int:
