@@ -90,10 +90,7 @@ def claim(folder: str | Path, kind: str, settings: dict[str, Any], ignore: Seque
     command = command or kind
     if kind not in KINDS:
         raise ValueError(f"unknown run kind {kind!r}; known: {', '.join(KINDS)}")
-    for other in KINDS:
-        if other != kind and ((folder / f"{other}.json").is_file() or _legacy(folder, other).is_file()):
-            raise ValueError(f"{folder} holds a run of nopelens {_made_by(folder, other)}; use another --out folder "
-                             f"for this {command} run")
+    refuse_other_runs(folder, command, kind)
     digest = settings_digest(settings, ignore)
     previous = _stamped_settings(folder, kind)
     if previous is not None and settings_digest(previous, ignore) != digest:
@@ -102,6 +99,20 @@ def claim(folder: str | Path, kind: str, settings: dict[str, Any], ignore: Seque
                          f"({changes}); use another --out folder, or delete it to start over")
     write_json_atomic({"digest": digest, "settings": settings, "command": command, "run": run}, folder / f"{kind}.json")
     return folder
+
+
+def refuse_other_runs(folder: str | Path, command: str, kind: str | None = None) -> None:
+    """Refuse ``folder`` when it holds the run of an analysis other than ``kind`` (None: any), so that
+    ``command`` writes nothing into another command's run folder.
+
+    Raises:
+        ValueError: naming the command that made the folder.
+    """
+    folder = Path(folder)
+    for other in KINDS:
+        if other != kind and ((folder / f"{other}.json").is_file() or _legacy(folder, other).is_file()):
+            raise ValueError(f"{folder} holds a run of nopelens {_made_by(folder, other)}; use another --out folder "
+                             f"for this {command} run")
 
 
 def _made_by(folder: Path, kind: str) -> str:

@@ -237,3 +237,14 @@ def test_sigterm_ends_a_run_as_an_interrupt_does(tmp_path):
     _, err = process.communicate(timeout=120)
     assert process.returncode == 130 and "interrupted" in err and "Traceback" not in err, err
     assert not (out / "parts").exists() and not (out / "sweep.json").exists()
+
+
+def test_sinks_writes_into_no_other_commands_run_folder(tmp_path, capsys):
+    from nopelens.analyses.cli import main
+
+    runs.claim(tmp_path / "run", "intervene", {"seed": 0})
+    assert main(["sinks", "circuit", "--quick", "--quiet", "--out", str(tmp_path / "run")]) == 2
+    assert "holds a run of nopelens intervene; use another --out folder for this sinks run" in capsys.readouterr().err
+    assert not (tmp_path / "run" / "sinks.csv").exists()
+    assert main(["sinks", "circuit", "--quick", "--quiet", "--out", " "]) == 2
+    assert "--out is empty" in capsys.readouterr().err

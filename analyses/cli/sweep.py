@@ -9,7 +9,7 @@ import os
 import re
 import sys
 
-from nopelens.analyses import reads, report
+from nopelens.analyses import reads, report, runs
 from nopelens.analyses.reads import choose_reads
 from nopelens.analyses.runs import slug
 from nopelens.analyses.subjects import resolve
@@ -236,6 +236,10 @@ def run_sinks(args: argparse.Namespace) -> int:
     is_hf = args.model.startswith(HF_PREFIX)
     if not is_hf:
         _refuse_hf_options(args, ("input", "text", "device", "dtype"))
+    if args.out is not None:
+        if not args.out.strip():
+            raise ValueError("--out is empty; name a folder for sinks.csv and its figure")
+        runs.refuse_other_runs(args.out, "sinks")
     how = _hf_input(args) if is_hf else None
     subject = resolve(args.model, settings.n_sequences, settings.seq_len, settings.seed, not args.quiet,
                       settings.quick_steps, hf_input=how)
