@@ -83,6 +83,14 @@ class DynamicsSettings:
             raise ValueError(f"--checkpoints must be >= 2 (the initialization and the last step), got {self.n_checkpoints}")
         if self.n_sequences < self.n_splits:
             raise ValueError(f"{self.n_sequences} sequences are fewer than the {self.n_splits} folds")
+        # checked before training: a refusal at measuring time would strand the trained checkpoints
+        # behind a stamp that refuses the corrected rerun
+        if isinstance(self.n_boot, bool) or not isinstance(self.n_boot, int) or self.n_boot < 1:
+            raise ValueError(f"--n-boot must be a positive integer, got {self.n_boot!r}")
+        for name in ("seed", "train_seed"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < 2**63:
+                raise ValueError(f"--{name.replace('_', '-')} must be an integer in [0, 2^63), got {value!r}")
 
 
 def checkpoint_steps(steps: int, n_checkpoints: int) -> list[int]:

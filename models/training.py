@@ -201,6 +201,10 @@ def train(
         raise ValueError(f"seed must be a non-negative integer, got {seed!r}")
     if not all(math.isfinite(value) for value in (lr, grad_clip, weight_decay)):
         raise ValueError(f"lr, grad_clip and weight_decay must be finite, got {lr}, {grad_clip}, {weight_decay}")
+    too_large = torch.finfo(torch.float32).max  # the optimizer holds them next to float32 weights
+    if max(abs(lr), abs(grad_clip), abs(weight_decay)) > too_large:
+        raise ValueError(f"lr, grad_clip and weight_decay must be at most {too_large:.3g} (float32), got {lr}, "
+                         f"{grad_clip}, {weight_decay}")
     if batch_size < 1 or lr <= 0 or grad_clip <= 0 or not 0 <= min_lr_ratio <= 1 or weight_decay < 0:
         raise ValueError(
             f"invalid hyperparameters: batch_size={batch_size}, lr={lr}, grad_clip={grad_clip}, "

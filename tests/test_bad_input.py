@@ -417,3 +417,48 @@ def test_an_edited_model_type_does_not_change_the_family_rules():
     config = build_design("smollm3").config
     config.model_type = "nonexistent_family"
     assert describe_config(config).layer_methods == ("rope", "rope", "rope", "nope")
+
+
+# --------------------------------------------------------------------------- found at stop 36
+def test_train_refuses_an_lr_beyond_float32():
+    with pytest.raises(ValueError, match=r"at most 3.4e\+38 \(float32\), got 1e\+40"):
+        train(tiny_config(), make_task("copy"), 2, lr=1e40)
+
+
+def test_memory_errors_without_a_message_and_a_full_disk_are_one_line(capsys):
+    def no_memory():
+        raise MemoryError
+
+    def disk_full():
+        raise RuntimeError("Error while serializing: IoError(Os { code: 28, kind: StorageFull, message: "
+                           "\"No space left on device\" })")
+
+    assert cli.guarded(no_memory, "nopelens x") == 2
+    assert capsys.readouterr().err == "nopelens x: error: out of memory; use smaller lengths, sizes or counts\n"
+    assert cli.guarded(lambda: (_ for _ in ()).throw(RuntimeError("std::bad_alloc")), "nopelens x") == 2
+    assert "out of memory (std::bad_alloc)" in capsys.readouterr().err
+    assert cli.guarded(disk_full, "nopelens x") == 2
+    assert capsys.readouterr().err.startswith("nopelens x: error: no space left on the device written to")
+
+
+def test_threads_are_bounded_and_train_out_is_not_a_checkpoint_directory(tmp_path, capsys):
+    with pytest.raises(SystemExit) as exit_:  # a usage error: argparse exits
+        cli.main(["lengthgen", "--quick", "--threads", "100000", "--out", str(tmp_path / "lg")])
+    assert exit_.value.code == 2 and "--threads: must be between 1 and" in capsys.readouterr().err
+    args = ["train", "--task", "copy", "--layers", "1", "--d-model", "16", "--heads", "2", "--max-len", "4",
+            "--steps", "2", "--quiet"]
+    assert cli.main([*args, "--out", str(tmp_path / "t")]) == 0
+    before = (tmp_path / "t" / "checkpoint" / "loss_curve.csv").read_bytes()
+    capsys.readouterr()
+    assert cli.main([*args, "--out", str(tmp_path / "t" / "checkpoint")]) == 2
+    assert "is a checkpoint directory; give the folder to train into" in capsys.readouterr().err
+    assert (tmp_path / "t" / "checkpoint" / "loss_curve.csv").read_bytes() == before
+
+
+def test_dynamics_checks_its_measuring_settings_before_training(tmp_path, capsys):
+    for option, value, message in (("--n-boot", "0", "--n-boot must be a positive integer"),
+                                   ("--train-seed", str(10**20), "--train-seed must be an integer in [0, 2^63)")):
+        assert cli.main(["dynamics", "bb-rope-2l", "--quick", "--checkpoints", "2", option, value,
+                         "--out", str(tmp_path / "d")]) == 2
+        assert message in capsys.readouterr().err
+        assert not (tmp_path / "d").exists()

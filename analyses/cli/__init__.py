@@ -154,8 +154,13 @@ def guarded(run: Callable[[], int | None], label: str) -> int:
         if os.environ.get("NOPELENS_TRACEBACK"):
             raise
         if _is_out_of_memory(error):
-            print(f"{label}: error: out of memory ({str(error).strip().splitlines()[-1][:200]}); "
-                  "use smaller lengths, sizes or counts", file=sys.stderr)
+            lines = str(error).strip().splitlines()
+            detail = f" ({lines[-1][:200]})" if lines else ""
+            print(f"{label}: error: out of memory{detail}; use smaller lengths, sizes or counts", file=sys.stderr)
+            return 2
+        if _is_disk_full(error):
+            print(f"{label}: error: no space left on the device written to ({_first_line(error)}); free some, or "
+                  "write elsewhere (--out)", file=sys.stderr)
             return 2
         print(f"{label}: internal error: {type(error).__name__}: {_first_line(error)} "
               f"(at {_where(error)}); this is a bug in nopelens: please report it with the command line to "
@@ -184,4 +189,10 @@ def _where(error: BaseException) -> str:
 def _is_out_of_memory(error: BaseException) -> bool:
     """True for a failed allocation (torch raises RuntimeError for CPU, OutOfMemoryError for GPU)."""
     text = str(error)
-    return isinstance(error, MemoryError) or "out of memory" in text.lower() or "can't allocate memory" in text
+    return (isinstance(error, MemoryError) or "out of memory" in text.lower() or "can't allocate memory" in text
+            or "std::bad_alloc" in text)
+
+
+def _is_disk_full(error: BaseException) -> bool:
+    """True for a write that found the device full (safetensors raises its own error class for it)."""
+    return "No space left on device" in str(error)

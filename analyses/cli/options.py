@@ -13,6 +13,7 @@ This module imports no torch at import time: ``nopelens --help`` stays fast.
 from __future__ import annotations
 
 import argparse
+import os
 
 MODEL_HELP = ("zoo name (see `nopelens train --list`), checkpoint directory, hf:DIR (local HF model), "
               "circuit, untrained-nope or constant-METHOD (constant input, no BOS; e.g. constant-nope, "
@@ -80,9 +81,26 @@ def add_quiet(parser: argparse.ArgumentParser, what: str = "progress bars and pr
     parser.add_argument("--quiet", "--no-progress", dest="quiet", action="store_true", help=f"no {what}")
 
 
+MAX_THREADS = 1024
+"""The most ``--threads`` takes (or the machine's core count, if larger): beyond, starting the
+threads fails in the C library before a step is taken."""
+
+
+def _threads(text: str) -> int:
+    """``--threads``: an integer in [1, max(MAX_THREADS, cores)]."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be an integer, got {text!r}") from None
+    most = max(MAX_THREADS, os.cpu_count() or 1)
+    if not 1 <= value <= most:
+        raise argparse.ArgumentTypeError(f"must be between 1 and {most}, got {value}")
+    return value
+
+
 def add_threads(parser: argparse.ArgumentParser) -> None:
     """``--threads N``: torch and BLAS threads for training (default 1, part of the recipe)."""
-    parser.add_argument("--threads", type=int, default=1,
+    parser.add_argument("--threads", type=_threads, default=1,
                         help="torch and BLAS threads while training (default 1: the same recipe and seed give the "
                         "same weights on any machine, and one thread is fastest for these small models on a shared "
                         "CPU; the weights depend on the count, so it is part of the recipe)")

@@ -15,7 +15,8 @@ from pathlib import Path
 
 from nopelens.models import POSITION_METHODS, DecoderConfig
 from nopelens.models import zoo
-from nopelens.models.checkpoint import TrainedModel
+from nopelens.analyses.runs import refuse_other_runs
+from nopelens.models.checkpoint import METADATA_FILE, TrainedModel
 from nopelens.models.tasks import TASKS, TextTask, make_task
 from nopelens.models.threads import limited_threads
 from nopelens.models.training import evaluate_exact_match, train
@@ -97,6 +98,10 @@ def _run(args: argparse.Namespace) -> int:
         raise ValueError("--ship goes with --zoo NAME")
     if not args.task or not args.out:
         raise ValueError("give --zoo NAME, --list, or both --task and --out")
+    if (Path(args.out) / METADATA_FILE).is_file():  # the loss curve would overwrite the checkpoint's own
+        raise ValueError(f"--out {args.out} is a checkpoint directory; give the folder to train into (its "
+                         "checkpoint goes in OUT/checkpoint)")
+    refuse_other_runs(args.out, "train")
     task_kwargs = {"path": args.text_file} if args.task == "text" else {}
     if args.text_file and args.task != "text":
         raise ValueError("--text-file only applies to --task text")
