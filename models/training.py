@@ -126,6 +126,8 @@ def _check_lengths(task: Task, config: DecoderConfig, min_len: int, max_len: int
         raise ValueError(f"need {task.min_length} <= min_len <= max_len, got min_len={min_len}, max_len={max_len}")
     if config.d_vocab < task.d_vocab:
         raise ValueError(f"config.d_vocab={config.d_vocab} is smaller than task {task.name!r}'s d_vocab={task.d_vocab}")
+    if isinstance(task, TextTask):  # the validation loss after the last step reads whole windows of max_len
+        task.windows(max_len, split="validation", max_windows=1)
     if config.max_positions is not None and task.seq_len(max_len) > config.max_positions:
         raise ValueError(
             f"a {task.name} sequence of length {max_len} has {task.seq_len(max_len)} tokens, more than "

@@ -462,3 +462,13 @@ def test_dynamics_checks_its_measuring_settings_before_training(tmp_path, capsys
                          "--out", str(tmp_path / "d")]) == 2
         assert message in capsys.readouterr().err
         assert not (tmp_path / "d").exists()
+
+
+def test_a_text_too_short_for_one_validation_window_is_refused_before_training(tmp_path):
+    corpus = tmp_path / "short.txt"
+    corpus.write_text("\n\n".join(["abcdefghij" * 3] * 20))
+    task = make_task("text", path=str(corpus))
+    config = DecoderConfig(d_vocab=task.d_vocab, n_ctx=130, n_layers=1, d_model=16, n_heads=2)
+    with pytest.raises(ValueError, match="the validation stream .* is shorter than one window of 64"):
+        train(config, task, 400, max_len=64, checkpoint_dir=tmp_path / "c", out_dir=tmp_path)
+    assert not (tmp_path / "c").exists()
