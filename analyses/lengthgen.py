@@ -172,15 +172,38 @@ def plot(results: pd.DataFrame, out_stem: Path) -> list[Path]:
     return save_figure(grid.figure, out_stem)
 
 
-def _read_results(path: Path) -> pd.DataFrame:
-    """The runs already in ``lengthgen.csv`` (none when it is missing, or emptied: then it says so)."""
+RESULT_COLUMNS = ("task", "method", "seed", "length", "exact_match", "in_distribution")
+"""Columns a finished run's rows of ``lengthgen.csv`` must have."""
+
+
+def _read_results(path: Path, train_max_len: int) -> pd.DataFrame:
+    """The finished runs in ``lengthgen.csv``: none when it is missing; when it is emptied or cannot
+    be read (a line says so) none either, and every run is measured again; a run whose rows do not
+    cover every length ``1 .. 2 train_max_len`` (a truncated file) is left out, named, and measured
+    again."""
     if not path.exists():
         return pd.DataFrame()
     try:
-        return pd.read_csv(path)
+        results = pd.read_csv(path)
     except pd.errors.EmptyDataError:
         print(f"nopelens lengthgen: {path} is empty; measuring every run again", file=sys.stderr)
         return pd.DataFrame()
+    except (pd.errors.ParserError, UnicodeDecodeError, ValueError) as error:
+        print(f"nopelens lengthgen: {path} cannot be read ({' '.join(str(error).split())[:200]}); measuring every "
+              "run again", file=sys.stderr)
+        return pd.DataFrame()
+    missing = [column for column in RESULT_COLUMNS if column not in results]
+    if missing or results[list(RESULT_COLUMNS)].isna().any().any():
+        print(f"nopelens lengthgen: {path} is damaged (columns {missing or 'with empty cells'}); measuring every run "
+              "again", file=sys.stderr)
+        return pd.DataFrame()
+    lengths = set(range(1, 2 * train_max_len + 1))
+    complete = results.groupby(["task", "method", "seed"])["length"].transform(lambda rows: set(rows) == lengths
+                                                                                and len(rows) == len(lengths))
+    for (task, method, seed), _ in results[~complete.astype(bool)].groupby(["task", "method", "seed"]):
+        print(f"nopelens lengthgen: {path} holds only part of {task} {method} seed {seed} (a truncated file?); "
+              "measuring it again", file=sys.stderr)
+    return results[complete.astype(bool)].reset_index(drop=True)
 
 
 def run_lengthgen(
@@ -206,7 +229,7 @@ def run_lengthgen(
             raise ValueError(f"unknown task {name!r}; choose from {TASK_NAMES}")
     out_dir = runs.claim(out_dir, "lengthgen", settings.to_dict())
     csv_path = out_dir / "lengthgen.csv"
-    results = _read_results(csv_path)
+    results = _read_results(csv_path, settings.train_max_len)
     done = set() if results.empty else set(zip(results["task"], results["method"], results["seed"]))
     todo = [(t, m, s) for t in tasks for m in methods for s in seeds if (t, m, s) not in done]
     if progress and done:

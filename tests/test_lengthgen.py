@@ -52,6 +52,21 @@ def test_rerun_resumes_and_skips_finished_runs(tmp_path, monkeypatch):
     assert sorted(set(results["method"])) == ["alibi", "nope"]
 
 
+def test_a_truncated_table_measures_the_cut_runs_again(tmp_path, monkeypatch, capsys):
+    run_lengthgen(tmp_path, TINY, tasks=("repeat",), methods=("nope", "alibi"), seeds=(0,), progress=False)
+    whole = (tmp_path / "lengthgen.csv").read_text().splitlines()
+    (tmp_path / "lengthgen.csv").write_text("\n".join(whole[:9]) + "\n")  # nope's 6 rows and 2 of alibi's
+    calls = []
+    real = lengthgen.run_one
+    monkeypatch.setattr(lengthgen, "run_one", lambda *args, **kwargs: calls.append(args[:3]) or real(*args, **kwargs))
+    results = run_lengthgen(tmp_path, TINY, tasks=("repeat",), methods=("nope", "alibi"), seeds=(0,), progress=False)
+    assert calls == [("repeat", "alibi", 0)] and len(results) == 12
+    assert "holds only part of repeat alibi seed 0 (a truncated file?); measuring it again" in capsys.readouterr().err
+    (tmp_path / "lengthgen.csv").write_bytes(b"\xff\xfe garbage")
+    run_lengthgen(tmp_path, TINY, tasks=("repeat",), methods=("nope",), seeds=(0,), progress=False)
+    assert "cannot be read" in capsys.readouterr().err
+
+
 def test_other_settings_in_the_same_folder_are_refused(tmp_path):
     run_lengthgen(tmp_path, TINY, tasks=("repeat",), methods=("nope",), seeds=(0,), progress=False)
     with pytest.raises(ValueError, match="other settings.*steps"):
