@@ -98,3 +98,17 @@ def test_cli_on_a_quick_backcopy_model_and_a_text_model(tmp_path, capsys):
     out = capsys.readouterr().out
     assert " all " in out and "NaN" not in out
     assert "ratio n/a at blocks.0.attn.hook_v" in out  # the circuit's other values are all zero
+
+
+def test_the_command_refuses_options_it_would_ignore_or_misread(tmp_path, capsys):
+    from nopelens.analyses.cli import main
+    from nopelens.analyses.runs import claim
+
+    for option, value, message in (("--n-boot", "-1", "--n-boot must be a positive integer"),
+                                   ("--seq-len", "1000", "--seq-len does not apply: bb-rope-2l is a bigram_backcopy")):
+        assert main(["extreme-tokens", "bb-rope-2l", "--quick", option, value, "--out", str(tmp_path / "e")]) == 2
+        assert message in capsys.readouterr().err
+    claim(tmp_path / "run", "lengthgen", {"steps": 1})
+    assert main(["extreme-tokens", "bb-rope-2l", "--quick", "--out", str(tmp_path / "run")]) == 2
+    assert "holds a run of nopelens lengthgen" in capsys.readouterr().err
+    assert not (tmp_path / "run" / "heads.csv").exists()

@@ -7,15 +7,25 @@ import argparse
 from pathlib import Path
 
 from nopelens.analyses import extreme_tokens
-from nopelens.analyses.runs import slug
-from nopelens.analyses.subjects import resolve
+from nopelens.analyses.runs import refuse_other_runs, slug
+from nopelens.analyses.subjects import fixed_length, resolve
 from nopelens.models.io import write_csv_atomic
 from nopelens.models.threads import one_thread
 
 from .options import MODEL_HELP, add_quiet, seed_type
 
+DEFAULT_SEQ_LEN = 64
+
 
 def run(args: argparse.Namespace) -> int:
+    if isinstance(args.n_boot, bool) or args.n_boot < 1:
+        raise ValueError(f"--n-boot must be a positive integer, got {args.n_boot}")
+    if args.seq_len is None:
+        args.seq_len = DEFAULT_SEQ_LEN
+    elif (why := fixed_length(args.model)) is not None:
+        raise ValueError(f"--seq-len does not apply: {why}; leave --seq-len out")
+    if args.out is not None:
+        refuse_other_runs(args.out, "extreme-tokens")
     with one_thread():
         subject = resolve(args.model, args.n_sequences, args.seq_len, args.seed, not args.quiet,
                           30 if args.quick else None)
@@ -40,7 +50,8 @@ def register(subparsers) -> None:
     parser.add_argument("model", help=MODEL_HELP)
     parser.add_argument("--out", help="output folder (default runs/extreme-tokens-<model>)")
     parser.add_argument("--n-sequences", type=int, default=80, help="evaluation sequences (default 80, as the sweep)")
-    parser.add_argument("--seq-len", type=int, default=64, help="tokens per sequence (default 64)")
+    parser.add_argument("--seq-len", type=int, help=f"tokens per sequence (default {DEFAULT_SEQ_LEN}; synthetic-task "
+                        "models are read at their longest training length)")
     parser.add_argument("--n-boot", type=int, default=200, help="bootstrap replicates (default 200)")
     parser.add_argument("--seed", type=seed_type, default=0, help="seed (default 0)")
     parser.add_argument("--quick", action="store_true", help="zoo models trained for 30 steps (smoke tests)")
