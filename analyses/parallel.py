@@ -29,6 +29,7 @@ worker lost mid-task loses only its own tasks (a rerun measures just those).
 
 from __future__ import annotations
 
+import asyncio
 import concurrent.futures as cf
 import ipaddress
 import multiprocessing
@@ -42,6 +43,12 @@ from nopelens.models.progress import lines_only
 
 WORKER_LOST = ("BrokenProcessPool", "KilledWorker", "CommClosedError", "FutureCancelledError", "CancelledError")
 """Exception class names that mean "the worker went away", not "the measurement failed"."""
+
+CONNECT_TIMEOUT = 30.0
+"""Seconds a Dask scheduler has to answer (connect and handshake) before the sweep gives up."""
+
+WORKER_TIMEOUT = 30.0
+"""Seconds to wait, once connected, for the scheduler to have at least one worker."""
 
 
 def run_tasks(
@@ -67,9 +74,12 @@ def run_tasks(
 
     Raises:
         ValueError: if ``jobs`` < 1.
-        ValueError: if ``scheduler`` is given and ``distributed`` is not installed, names another
-            protocol, is ``tls://`` without TLS settings, or a worker runs more than one thread;
-            on a bad security file (:func:`dask_security`).
+        ValueError: if ``scheduler`` is given and ``distributed`` is not installed, is not a
+            ``tls://`` or ``tcp://`` HOST:PORT address, is ``tls://`` without TLS settings, does not
+            speak Dask, does not answer within :data:`CONNECT_TIMEOUT`, has no worker within
+            :data:`WORKER_TIMEOUT`, or has a worker that runs more than one thread; on a bad
+            security file (:func:`dask_security`).
+        FileNotFoundError: if a certificate or key file of the TLS settings does not exist.
         OSError: if the scheduler cannot be reached.
         ChildProcessError: if workers were lost; every task that finished has been passed to
             ``on_done`` first, so a rerun measures only what is missing.
@@ -77,6 +87,8 @@ def run_tasks(
     """
     if jobs < 1:
         raise ValueError(f"--jobs must be >= 1, got {jobs}")
+    if not tasks:  # a pure re-read: no pool to start, no scheduler to reach
+        return
     jobs = min(jobs, len(tasks))
     if scheduler is None and jobs <= 1:
         for key, args in tasks:
@@ -114,26 +126,110 @@ def _executor(jobs: int, scheduler: str | None, security: str | Path | None = No
         from distributed import Client
     except ImportError:
         raise ValueError('--scheduler needs Dask distributed, which is not installed: pip install "nopelens[dask]"') from None
+    scheme = _check_address(scheduler)
     settings = dask_security(security)
-    scheme = scheduler.split("://", 1)[0] if "://" in scheduler else "tcp"
-    if scheme not in ("tcp", "tls", "inproc"):  # inproc: a cluster inside this process
-        raise ValueError(f"--scheduler takes a tls:// or tcp:// address, got {scheduler!r}")
     if scheme == "tls" and not (settings.tls_ca_file and settings.tls_client_cert):
         raise ValueError(f"--scheduler {scheduler} is a TLS address, but no TLS settings were given: pass "
                          "--dask-security FILE (distributed's ca-file and client cert and key)")
+    _check_tls_files(settings, security)
     warning = insecure_address(scheduler)
     if warning:
         print(f"nopelens: warning: {warning}", file=sys.stderr)
+    _say_hello(scheduler, settings)
     try:
-        client = Client(scheduler, timeout="30s", security=settings)
-    except (OSError, TimeoutError) as error:
-        raise OSError(f"cannot reach the Dask scheduler at {scheduler}: {' '.join(str(error).split())}") from None
+        client = Client(scheduler, timeout=f"{CONNECT_TIMEOUT}s", security=settings)
+    except Exception as error:  # noqa: BLE001 - MemoryError included: distributed parsing a stranger's reply
+        raise _connection_error(scheduler, error) from None
     try:
+        _wait_for_a_worker(client, scheduler)
         _check_single_threaded(client)
         # pure=False: the same arguments on a rerun must run again, not return a cached key
         yield client.get_executor(pure=False)
     finally:
         client.close()
+
+
+def _check_address(scheduler: str) -> str:
+    """The scheme of a scheduler address (``tcp`` when it has none).
+
+    Raises:
+        ValueError: if it is not ``tls://HOST:PORT``, ``tcp://HOST:PORT`` (or ``HOST:PORT``), or an
+            ``inproc://`` address of a cluster inside this process.
+    """
+    scheme, _, location = scheduler.rpartition("://")
+    scheme = scheme or "tcp"
+    if scheme not in ("tcp", "tls", "inproc"):  # inproc: a cluster inside this process
+        raise ValueError(f"--scheduler takes a tls:// or tcp:// address, got {scheduler!r}")
+    if scheme == "inproc":
+        if location.count("/") != 2:
+            raise ValueError(f"--scheduler {scheduler}: an inproc:// address names a cluster inside this "
+                             "process (inproc://IP/PID/N); use a tls:// or tcp:// address")
+        return scheme
+    host, _, port = location.rpartition(":")
+    if not host.strip("[]") or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError(f"--scheduler takes a tls://HOST:PORT or tcp://HOST:PORT address, got {scheduler!r}")
+    return scheme
+
+
+def _check_tls_files(settings, security: str | Path | None) -> None:
+    """Raise FileNotFoundError naming a certificate or key file of ``settings`` that does not
+    exist (a value with a line break is the PEM text itself)."""
+    where = f" (in {security})" if security is not None else ""
+    for name, value in (("ca-file", settings.tls_ca_file), ("client cert", settings.tls_client_cert),
+                        ("client key", settings.tls_client_key)):
+        if isinstance(value, str) and "\n" not in value and not Path(value).is_file():
+            raise FileNotFoundError(f"no such file: {value}, the Dask TLS {name}{where}")
+
+
+def _say_hello(scheduler: str, settings) -> None:
+    """Connect to ``scheduler`` and exchange distributed's handshake, within :data:`CONNECT_TIMEOUT`.
+
+    ``Client(..., timeout=...)`` bounds the connection but not the handshake after it, so a
+    listener that accepts and never speaks would hang the client forever. The exchange runs on its
+    own event loop, in a thread (this thread may run a loop already, as in a notebook).
+
+    Raises:
+        OSError: if nothing listens at ``scheduler`` (distributed retries for :data:`CONNECT_TIMEOUT`).
+        ValueError: if it does not answer in time, or does not speak Dask.
+    """
+    from distributed.comm import connect
+
+    async def hello() -> None:
+        comm = await connect(scheduler, timeout=CONNECT_TIMEOUT, **settings.get_connection_args("client"))
+        await comm.close()
+
+    # 1 s over distributed's own timeout: a port where nothing listens says so itself
+    with cf.ThreadPoolExecutor(max_workers=1) as thread:
+        try:
+            thread.submit(asyncio.run, asyncio.wait_for(hello(), CONNECT_TIMEOUT + 1)).result()
+        except asyncio.TimeoutError:
+            raise ValueError(f"no Dask scheduler answered at {scheduler} within {CONNECT_TIMEOUT:.0f} s") from None
+        except Exception as error:  # noqa: BLE001 - MemoryError included: distributed parsing a stranger's reply
+            raise _connection_error(scheduler, error) from None
+
+
+def _connection_error(scheduler: str, error: BaseException) -> Exception:
+    """The one-line error to raise for ``error``, raised while connecting to ``scheduler``."""
+    said = " ".join((str(error) or str(error.__cause__ or "") or type(error).__name__).split())
+    if isinstance(error, OSError):
+        return OSError(f"cannot reach the Dask scheduler at {scheduler}: {said}")
+    if isinstance(error, MemoryError):  # distributed read the first bytes of a stranger's reply as a length
+        return ValueError(f"cannot talk to a Dask scheduler at {scheduler}: its reply is not Dask's protocol "
+                          "(is it another kind of server?)")
+    return ValueError(f"cannot talk to a Dask scheduler at {scheduler}: {type(error).__name__}: {said}")
+
+
+def _wait_for_a_worker(client, scheduler: str) -> None:
+    """Wait up to :data:`WORKER_TIMEOUT` for ``client``'s scheduler to have a running worker.
+
+    Raises:
+        ValueError: if none joins in time.
+    """
+    try:
+        client.wait_for_workers(n_workers=1, timeout=WORKER_TIMEOUT)
+    except (TimeoutError, asyncio.TimeoutError):
+        raise ValueError(f"the Dask scheduler at {scheduler} has no workers (none joined within "
+                         f"{WORKER_TIMEOUT:.0f} s); start one with `dask worker {scheduler} --nthreads 1`") from None
 
 
 def dask_security(path: str | Path | None = None):

@@ -8,8 +8,10 @@ each run to seconds of work; the cost is mostly starting worker processes.
 import multiprocessing
 import os
 import signal
+import socket
 import threading
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 import pandas as pd
@@ -211,3 +213,123 @@ def test_workers_running_several_threads_are_refused(tmp_path):
             with pytest.raises(ValueError, match="--nthreads 1"):
                 client.submit(parallel.check_alone_in_process).result()
     parallel.check_alone_in_process()  # outside a worker: nothing to refuse
+
+
+# ----------------------------------------------------------------------------- schedulers that are not there, or not Dask
+
+
+@contextmanager
+def _fake_server(reply: bytes | None):
+    """A localhost TCP server, at the address it yields, that answers every connection with
+    ``reply`` (None: accepts and never speaks)."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    listener.settimeout(0.1)
+    stop, connections = threading.Event(), []
+
+    def serve():
+        while not stop.is_set():
+            try:
+                connection, _ = listener.accept()
+            except OSError:  # a timeout: look at stop again
+                continue
+            connections.append(connection)
+            if reply is not None:
+                connection.recv(65536)
+                connection.sendall(reply)
+
+    server = threading.Thread(target=serve, daemon=True)
+    server.start()
+    try:
+        yield f"tcp://127.0.0.1:{listener.getsockname()[1]}"
+    finally:
+        stop.set()
+        server.join()
+        for connection in (listener, *connections):
+            connection.close()
+
+
+def _error_within(seconds: float, function, *args, **kwargs) -> BaseException | None:
+    """What ``function(*args, **kwargs)`` raised (None if nothing), failing the test if it takes
+    more than ``seconds`` (the thread is left behind, a daemon)."""
+    errors = []
+
+    def call():
+        try:
+            function(*args, **kwargs)
+        except BaseException as error:  # noqa: BLE001 - returned to the test
+            errors.append(error)
+
+    thread = threading.Thread(target=call, daemon=True)
+    thread.start()
+    thread.join(seconds)
+    assert not thread.is_alive(), f"still running after {seconds:.0f} s (hung?)"
+    return errors[0] if errors else None
+
+
+def _one_task(address: str, **kwargs) -> BaseException | None:
+    return _error_within(30, parallel.run_tasks, divmod, [("a", (7, 2))], lambda *a: None, scheduler=address, **kwargs)
+
+
+def test_a_server_that_is_not_dask_is_one_clear_error():
+    pytest.importorskip("distributed")
+    with _fake_server(b"HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\n\r\n") as address:
+        error = _one_task(address)
+    assert type(error) is ValueError, repr(error)  # not distributed's MemoryError ("out of memory" in the CLI)
+    assert str(error).startswith(f"cannot talk to a Dask scheduler at {address}: ") and "\n" not in str(error)
+
+
+def test_a_listener_that_never_speaks_times_out(monkeypatch):
+    pytest.importorskip("distributed")
+    monkeypatch.setattr(parallel, "CONNECT_TIMEOUT", 2.0)
+    with _fake_server(None) as address:
+        error = _one_task(address)
+    assert type(error) is ValueError and str(error) == f"no Dask scheduler answered at {address} within 2 s", repr(error)
+
+
+def test_a_scheduler_without_workers_is_named(monkeypatch):
+    distributed = pytest.importorskip("distributed")
+    monkeypatch.setattr(parallel, "WORKER_TIMEOUT", 1.0)
+    with distributed.LocalCluster(n_workers=0, processes=False, dashboard_address=":0") as local:
+        error = _one_task(local.scheduler_address)
+    assert type(error) is ValueError, repr(error)
+    assert str(error) == (f"the Dask scheduler at {local.scheduler_address} has no workers (none joined within 1 s); "
+                          f"start one with `dask worker {local.scheduler_address} --nthreads 1`")
+
+
+def test_nothing_to_measure_starts_no_executor(monkeypatch):
+    def refuse(*args, **kwargs):
+        raise AssertionError("an executor was created for no tasks")
+
+    monkeypatch.setattr(parallel, "_executor", refuse)
+    for kwargs in ({"scheduler": "tcp://127.0.0.1:1"}, {"jobs": 4}):
+        assert _error_within(5, parallel.run_tasks, divmod, [], lambda *a: None, **kwargs) is None, kwargs
+
+
+@pytest.mark.parametrize("address, says", [
+    ("garbage", "tls://HOST:PORT or tcp://HOST:PORT address, got 'garbage'"),
+    ("tcp://10.0.0.5", "tls://HOST:PORT or tcp://HOST:PORT address, got 'tcp://10.0.0.5'"),
+    ("inproc://foo", "inproc://foo: an inproc:// address names a cluster inside this process"),
+])
+def test_a_malformed_address_is_one_line(address, says, capsys):
+    pytest.importorskip("distributed")
+    error = _one_task(address)
+    assert type(error) is ValueError and says in str(error), repr(error)
+    assert capsys.readouterr().err == "", "no warning before the error"
+
+
+def test_missing_tls_files_are_named(tmp_path):
+    pytest.importorskip("distributed")
+    config = tmp_path / "dask-tls.yaml"
+    config.write_text("distributed:\n  comm:\n    tls:\n"
+                      f"      ca-file: {tmp_path / 'ca.pem'}\n      client:\n        cert: {tmp_path / 'client.pem'}\n")
+    error = _one_task("tls://127.0.0.1:1", security=config)
+    assert type(error) is FileNotFoundError, repr(error)
+    assert str(error) == f"no such file: {tmp_path / 'ca.pem'}, the Dask TLS ca-file (in {config})"
+
+
+def test_encryption_required_with_a_tcp_address_is_one_clear_error(cluster):
+    _, _, config = cluster
+    with _fake_server(b"") as address:
+        error = _one_task(address, security=config)
+    assert type(error) is ValueError, repr(error)
+    assert str(error).startswith(f"cannot talk to a Dask scheduler at {address}: RuntimeError: encryption required")
