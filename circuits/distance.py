@@ -252,13 +252,15 @@ def previous_token(
         A :class:`~nopelens.models.Decoder` with ``model.circuit``.
 
     Raises:
-        ValueError: if ``sharpness`` is not finite and > 0, or on the errors of
-            :func:`~nopelens.circuits.counter.counter`.
+        ValueError: if ``sharpness`` is not finite and > 0 or overflows the weights' dtype, or on
+            the errors of :func:`~nopelens.circuits.counter.counter`.
     """
     if not 0 < sharpness < math.inf:
         raise ValueError(f"sharpness must be finite and > 0, got {sharpness!r}")
     model = _two_layer_circuit(n_ctx, d_vocab, construction, dtype)
     set_previous_token_head(model, sharpness, layer=1)
+    if not all(bool(torch.isfinite(weight).all()) for weight in model.parameters()):
+        raise ValueError(f"sharpness {sharpness:g} overflows the circuit's {dtype} weights; use a smaller one")
     model.circuit = CircuitInfo(
         name="previous_token",
         n_ctx=n_ctx,

@@ -472,3 +472,15 @@ def test_a_text_too_short_for_one_validation_window_is_refused_before_training(t
     with pytest.raises(ValueError, match="the validation stream .* is shorter than one window of 64"):
         train(config, task, 400, max_len=64, checkpoint_dir=tmp_path / "c", out_dir=tmp_path)
     assert not (tmp_path / "c").exists()
+
+
+def test_a_sharpness_that_overflows_float32_is_refused_not_a_nan_check():
+    with pytest.raises(ValueError, match="sharpness 1e\\+38 overflows the circuit's torch.float32 weights"):
+        previous_token(sharpness=1e38)
+
+
+def test_backcopy_report_without_a_scored_trigger_says_so(tmp_path, capsys):
+    assert cli.main(["train", "--task", "bigram_backcopy", "--max-len", "2", "--steps", "3", "--layers", "1",
+                     "--d-model", "16", "--heads", "2", "--quiet", "--out", str(tmp_path / "bb")]) == 0
+    out = capsys.readouterr().out
+    assert "back-copy after triggers: none scored at length 2" in out and "nan" not in out

@@ -64,9 +64,11 @@ def backcopy_report(trained: TrainedModel, task) -> str:
     trigger = task.is_trigger(batch.tokens) & batch.loss_mask
     other = batch.loss_mask & ~trigger
     floor = task.oracle_nats(batch)
+    others = f"other tokens: loss {nats[other].mean():.4f} nats against the chain's own {floor[other].mean():.4f}"
+    if not bool(trigger.any()):  # too short for a trigger to be followed by a scored token
+        return f"back-copy after triggers: none scored at length {high}; {others}"
     right = (logits.argmax(-1) == batch.targets)[trigger].float().mean()
-    return (f"back-copy after triggers: accuracy {right:.4f}, loss {nats[trigger].mean():.4f} nats; other tokens: "
-            f"loss {nats[other].mean():.4f} nats against the chain's own {floor[other].mean():.4f}")
+    return f"back-copy after triggers: accuracy {right:.4f}, loss {nats[trigger].mean():.4f} nats; {others}"
 
 
 def _run(args: argparse.Namespace) -> int:
