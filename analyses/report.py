@@ -630,8 +630,8 @@ def write_run(result: "SweepResult", settings: "SweepSettings", command: str, ve
         write_csv_atomic(result.summary_per_seed, out / "summary_per_seed.csv")
         write_csv_atomic(seeds.probes_over_seeds(result.probes), out / "probes_over_seeds.csv")
     else:  # one training seed now: the tables of an earlier run over several would describe other parts
-        for name in ("summary_per_seed.csv", "probes_over_seeds.csv"):
-            (out / name).unlink(missing_ok=True)
+        for stale in ("summary_per_seed.csv", "probes_over_seeds.csv"):
+            (out / stale).unlink(missing_ok=True)
     formats = ("png", "svg") if svg else ("png",)
     figures = {"probes": lambda: probe_figure(result.curves, result.reads)}
     if not site_rows(result.probes).query("kind not in ('resid_pre', 'resid_post')").empty:
