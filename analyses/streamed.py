@@ -617,7 +617,12 @@ def fit_work(m: Measurements, shapes: dict[str, tuple[int, ...]]) -> FitWork:
     the plan alone: per ridge family K(K - 1)/2 penalty paths (the grouped inner CV's fitting sets,
     each shared by two outer folds), K x t Cholesky solves and K(K - 1) validation products over
     the penalty grid; per LDA family K x t solves with their class means; one Gram matrix of
-    every row per split set, and the out-of-fold predictions (K folds, t targets, d features)."""
+    every row per split set, and the out-of-fold predictions (K folds, t targets, d features).
+
+    Returns:
+        :class:`~nopelens.analyses.eta.FitWork`: sums of d^3 (paths, solves), flops, samples scored
+        and call counts.
+    """
     paths = solves = flops = scored = 0.0
     calls = np.zeros(3, dtype=np.int64)
     for job in m.jobs():
@@ -644,7 +649,11 @@ def fit_rates(device: torch.device, width: int, n_boot: int, n_splits: int) -> F
     solve and a matrix product at ``width`` features (at most :data:`CALIBRATION_MAX_WIDTH`), the
     bootstrap scoring of 4,096 samples with ``n_boot`` replicates, and the fixed cost of a family
     (a ridge and an LDA fit of three targets over ``n_splits`` folds at 4 features) and of a scoring
-    (64 samples)."""
+    (64 samples).
+
+    Returns:
+        :class:`~nopelens.analyses.eta.FitRates`: seconds per d^3, per flop, per sample and per call.
+    """
     d = max(32, min(int(width), CALIBRATION_MAX_WIDTH))
     generator = torch.Generator().manual_seed(0)
     X = torch.randn(2 * d, d, generator=generator, dtype=torch.float64).to(device)
@@ -686,7 +695,11 @@ def block_seconds(subject: Subject, sites: Sequence[str], batch_size: int) -> fl
     """Wall seconds one block of one sequence costs in a hooked forward pass: the first batch
     (``batch_size`` sequences) run through the shallowest block any of ``sites`` is in, hooked
     there (with hooks that keep nothing) and stopped after it, as the run's passes stop, divided
-    by the sequences and the blocks run (embedding included)."""
+    by the sequences and the blocks run (embedding included).
+
+    Returns:
+        Seconds per sequence and block (wall clock, the device's queue drained).
+    """
     model, device = subject.model, next(subject.model.parameters()).device
     first = min(site_block(site) or 0 for site in sites)
     shallow = [site for site in sites if (site_block(site) or 0) == first]
@@ -748,10 +761,12 @@ def plan(subject: Subject, settings, sites: SweepSites) -> Plan:
 
     The ETA is measured on this machine and device, for models of any size: the first batch run
     through its first hooked block (:func:`block_seconds`), scaled by the blocks every pass runs
-    (an ablation pass stops after its block; a group's run is counted in full), plus the fits: their penalty paths, Cholesky solves, matrix products and bootstrap
-    scoring counted from the plan (:func:`fit_work`) and timed at the widest job's width (at most
-    :data:`CALIBRATION_MAX_WIDTH`, scaled by d^3 beyond: :func:`fit_rates`). Nothing is estimated
-    for a run that does not fit.
+    (an ablation pass stops after its block; a group's run is counted in full), plus the fits:
+    their penalty paths, Cholesky solves, matrix products and bootstrap scoring counted from the
+    plan (:func:`fit_work`) and timed at the widest job's width (at most
+    :data:`CALIBRATION_MAX_WIDTH`, scaled by d^3 beyond: :func:`fit_rates`). It leaves out the
+    measurements' own work inside the hooks, so it runs low. Nothing is estimated for a run that
+    does not fit.
     """
     shapes = site_shapes(subject, sites.all())
     m = measurements(subject, settings, sites, shapes)

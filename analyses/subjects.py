@@ -627,7 +627,7 @@ def _hf(directory: Path, n_sequences: int, seq_len: int, seed: int, how: HFInput
     if description.max_positions is None and trained is not None and seq_len > trained:
         info["beyond_trained_length"] = (f"--seq-len {seq_len} passes max_position_embeddings {trained} of config.json: "
                                          f"positions from {trained} on are beyond the length the model was made for")
-    return Subject(f"hf:{directory.name}", model, description.n_layers, position, "external", tokens,
+    return Subject(display_name(f"{HF_PREFIX}{directory}"), model, description.n_layers, position, "external", tokens,
                    torch.ones_like(tokens), has_bos=bos_id is not None, bos_token_id=bos_id,
                    info=info, hf=description)
 

@@ -68,8 +68,8 @@ from .eta import SweepETA
 from .intervene import sink_ablation_drop
 from .reads import ProbeInput, SweepSites
 from .subjects import (
-    CONTROL_SPECS, HF_PREFIX, HFInput, Subject, check_spec, display_name, has_training_seed, input_changes, input_fingerprint, planned_work, qk_sites,
-    resolve,
+    CONTROL_SPECS, HF_PREFIX, HFInput, Subject, check_spec, display_name, has_training_seed, input_changes,
+    input_fingerprint, planned_work, qk_sites, resolve,
 )
 
 DEFAULT_MODELS = {"text": ("text-nope-4l", "text-rope-4l", "text-hybrid-4l", "bb-rope-2l", "bb-nope-3l"),

@@ -13,9 +13,9 @@ import argparse
 import math
 from pathlib import Path
 
+from nopelens.analyses.runs import refuse_other_runs
 from nopelens.models import POSITION_METHODS, DecoderConfig
 from nopelens.models import zoo
-from nopelens.analyses.runs import refuse_other_runs
 from nopelens.models.checkpoint import METADATA_FILE, TrainedModel
 from nopelens.models.tasks import TASKS, TextTask, make_task
 from nopelens.models.threads import limited_threads
