@@ -46,7 +46,7 @@ from tqdm.auto import tqdm
 from nopelens.models.hooks import act_names
 from nopelens.probes import collect
 from nopelens.probes.collect import forward_with_hooks, is_pattern_site, site_block
-from nopelens.probes.fitting import ALPHAS, _spd_solve, fit_folds, penalty_path
+from nopelens.probes.fitting import ALPHAS, fit_folds, penalty_path, spd_solve
 from nopelens.probes.linear import sequence_splits
 from nopelens.probes.metrics import REGRESSION_METRICS, bootstrap_scores
 from nopelens.probes.sinks import GU_WINDOW, SinkStats, empty_sink_table, uniform_sink_score
@@ -661,7 +661,7 @@ def fit_rates(device: torch.device, width: int, n_boot: int, n_splits: int) -> F
     b = X.T @ torch.randn(2 * d, 3, generator=generator, dtype=torch.float64).to(device)
     C.diagonal().add_(1.0)
     path = _seconds(lambda: penalty_path(C, b, ALPHAS), device) / d**3
-    solve = _seconds(lambda: _spd_solve(C, b[:, :1]), device) / d**3
+    solve = _seconds(lambda: spd_solve(C, b[:, :1]), device) / d**3
     product = _seconds(lambda: X.T @ X, device) / (4.0 * d**3)
     rng = np.random.default_rng(0)
 

@@ -187,15 +187,15 @@ def test_penalty_path_equals_one_solve_per_penalty_and_the_eigendecomposition(d)
 def test_spd_solve_equals_lu_and_falls_back_where_cholesky_fails():
     """The final ridge and LDA solves: Cholesky (LAPACK potrf/potrs) equals LU on a positive definite
     system, and a matrix round-off leaves indefinite still gets LU's answer, not an error."""
-    from nopelens.probes.fitting import _spd_solve
+    from nopelens.probes.fitting import spd_solve
 
     rng = np.random.default_rng(0)
     X = rng.normal(size=(80, 40))
     A = torch.from_numpy(X.T @ X / 80 + 1e-3 * np.eye(40))
     B = torch.from_numpy(rng.normal(size=(40, 3)))
-    np.testing.assert_allclose(_spd_solve(A, B), torch.linalg.solve(A, B), rtol=1e-10, atol=1e-12)
+    np.testing.assert_allclose(spd_solve(A, B), torch.linalg.solve(A, B), rtol=1e-10, atol=1e-12)
     indefinite = torch.from_numpy(np.diag(np.r_[np.ones(39), -1.0]))
-    np.testing.assert_allclose(_spd_solve(indefinite, B), torch.linalg.solve(indefinite, B), rtol=0, atol=1e-15)
+    np.testing.assert_allclose(spd_solve(indefinite, B), torch.linalg.solve(indefinite, B), rtol=0, atol=1e-15)
 
 
 def test_a_zero_or_missing_penalty_is_refused_where_the_probes_take_a_grid():

@@ -579,7 +579,7 @@ def test_the_plans_fit_count_is_what_the_run_factorizes(model_dir, monkeypatch, 
     settings = dataclasses.replace(settings, sink_ablation=False)
     counted = streamed.fit_work(streamed.measurements(subject, settings, sites, shapes), shapes)
     done = {"paths": 0, "solves": 0}
-    path, solve = fitting.penalty_path, fitting._spd_solve
+    path, solve = fitting.penalty_path, fitting.spd_solve
 
     def counting_path(C, b, alphas):
         done["paths"] += C.shape[0] ** 3
@@ -590,7 +590,7 @@ def test_the_plans_fit_count_is_what_the_run_factorizes(model_dir, monkeypatch, 
         return solve(A, B)
 
     monkeypatch.setattr(fitting, "penalty_path", counting_path)
-    monkeypatch.setattr(fitting, "_spd_solve", counting_solve)
+    monkeypatch.setattr(fitting, "spd_solve", counting_solve)
     monkeypatch.setattr(streamed, "fit_rates", lambda *args: FitRates(0, 0, 0, 0))  # the plan's timing factorizes too
     with torch.no_grad():
         analyse_subject_streamed(subject, settings)
