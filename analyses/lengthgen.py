@@ -127,6 +127,8 @@ def run_one(task_name: str, method: str, seed: int, settings: LengthGenSettings,
 def summarize(results: pd.DataFrame) -> pd.DataFrame:
     """Mean (and std over seeds) exact match on L+1 .. 2L and on 1 .. L, per task and method.
 
+    The std is the sample std (ddof 1), so it is empty (NaN) for a task and method with one seed.
+
     Adds the published repeat-copy number of the method (Kazemnejad et al. 2023) for reference.
     """
     frame = results.assign(split=results["in_distribution"].map({True: "in_distribution", False: "longer"}))
@@ -177,10 +179,10 @@ RESULT_COLUMNS = ("task", "method", "seed", "length", "exact_match", "in_distrib
 
 
 def _read_results(path: Path, train_max_len: int) -> pd.DataFrame:
-    """The finished runs in ``lengthgen.csv``: none when it is missing; when it is emptied or cannot
-    be read (a line says so) none either, and every run is measured again; a run whose rows do not
-    cover every length ``1 .. 2 train_max_len`` (a truncated file) is left out, named, and measured
-    again."""
+    """The finished runs in ``lengthgen.csv``: none when it is missing; when it is emptied, cannot be
+    read or lacks a column (a line says so) none either, and every run is measured again. A run with an
+    empty cell, or whose rows do not cover every length ``1 .. 2 train_max_len`` (a truncated file), is
+    left out, named, and measured again; the other runs are kept."""
     if not path.exists():
         return pd.DataFrame()
     try:
@@ -193,16 +195,19 @@ def _read_results(path: Path, train_max_len: int) -> pd.DataFrame:
               "run again", file=sys.stderr)
         return pd.DataFrame()
     missing = [column for column in RESULT_COLUMNS if column not in results]
-    if missing or results[list(RESULT_COLUMNS)].isna().any().any():
-        print(f"nopelens lengthgen: {path} is damaged (columns {missing or 'with empty cells'}); measuring every run "
-              "again", file=sys.stderr)
+    if missing:
+        print(f"nopelens lengthgen: {path} is damaged (columns {missing} missing); measuring every run again",
+              file=sys.stderr)
         return pd.DataFrame()
+    run = ["task", "method", "seed"]
+    # a row with an empty cell is dropped; its run then lacks a length and is measured again below
+    results = results[results[list(RESULT_COLUMNS)].notna().all(axis=1)]
+    results = results.astype({"seed": int, "length": int})  # an empty cell read the columns as floats
     lengths = set(range(1, 2 * train_max_len + 1))
-    complete = results.groupby(["task", "method", "seed"])["length"].transform(lambda rows: set(rows) == lengths
-                                                                                and len(rows) == len(lengths))
-    for (task, method, seed), _ in results[~complete.astype(bool)].groupby(["task", "method", "seed"]):
-        print(f"nopelens lengthgen: {path} holds only part of {task} {method} seed {seed} (a truncated file?); "
-              "measuring it again", file=sys.stderr)
+    complete = results.groupby(run)["length"].transform(lambda rows: set(rows) == lengths and len(rows) == len(lengths))
+    for (task, method, seed), _ in results[~complete.astype(bool)].groupby(run):
+        print(f"nopelens lengthgen: {path} holds only part of {task} {method} seed {seed} (a truncated or damaged "
+              "file?); measuring it again", file=sys.stderr)
     return results[complete.astype(bool)].reset_index(drop=True)
 
 
@@ -250,5 +255,9 @@ def run_lengthgen(
     results["in_distribution"] = results["in_distribution"].astype(bool)
     summary = summarize(results)
     write_csv_atomic(summary, out_dir / "summary.csv")
+    single = summary[summary["seeds"] < 2]
+    if len(single):
+        print(f"nopelens lengthgen: exact_match_longer_std is empty in summary.csv for {len(single)} task and method "
+              "pair(s) with one seed (a std over seeds needs two)", file=sys.stderr)
     plot(results, out_dir / "lengthgen")
     return results

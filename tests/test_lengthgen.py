@@ -61,10 +61,27 @@ def test_a_truncated_table_measures_the_cut_runs_again(tmp_path, monkeypatch, ca
     monkeypatch.setattr(lengthgen, "run_one", lambda *args, **kwargs: calls.append(args[:3]) or real(*args, **kwargs))
     results = run_lengthgen(tmp_path, TINY, tasks=("repeat",), methods=("nope", "alibi"), seeds=(0,), progress=False)
     assert calls == [("repeat", "alibi", 0)] and len(results) == 12
-    assert "holds only part of repeat alibi seed 0 (a truncated file?); measuring it again" in capsys.readouterr().err
+    assert "holds only part of repeat alibi seed 0 (a truncated or damaged file?); measuring it again" in capsys.readouterr().err
     (tmp_path / "lengthgen.csv").write_bytes(b"\xff\xfe garbage")
     run_lengthgen(tmp_path, TINY, tasks=("repeat",), methods=("nope",), seeds=(0,), progress=False)
     assert "cannot be read" in capsys.readouterr().err
+
+
+def test_an_empty_cell_measures_only_its_run_again(tmp_path, monkeypatch, capsys):
+    run_lengthgen(tmp_path, TINY, tasks=("repeat",), methods=("nope", "alibi"), seeds=(0,), progress=False)
+    table = pd.read_csv(tmp_path / "lengthgen.csv")
+    table.loc[(table["method"] == "alibi") & (table["length"] == 2), "exact_match"] = None
+    table.loc[(table["method"] == "alibi") & (table["length"] == 5), "seed"] = None
+    table.to_csv(tmp_path / "lengthgen.csv", index=False)
+    calls = []
+    real = lengthgen.run_one
+    monkeypatch.setattr(lengthgen, "run_one", lambda *args, **kwargs: calls.append(args[:3]) or real(*args, **kwargs))
+    results = run_lengthgen(tmp_path, TINY, tasks=("repeat",), methods=("nope", "alibi"), seeds=(0,), progress=False)
+    assert calls == [("repeat", "alibi", 0)] and len(results) == 12
+    assert results["seed"].dtype.kind == "i" and results["exact_match"].notna().all()
+    err = capsys.readouterr().err
+    assert "holds only part of repeat alibi seed 0" in err
+    assert "exact_match_longer_std is empty in summary.csv for 2 task and method pair(s) with one seed" in err
 
 
 def test_other_settings_in_the_same_folder_are_refused(tmp_path):
