@@ -35,6 +35,7 @@ import ipaddress
 import multiprocessing
 import os
 import sys
+import time
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Callable, Hashable, Iterator, Sequence
@@ -48,7 +49,11 @@ CONNECT_TIMEOUT = 30.0
 """Seconds a Dask scheduler has to answer (connect and handshake) before the sweep gives up."""
 
 WORKER_TIMEOUT = 30.0
-"""Seconds to wait, once connected, for the scheduler to have at least one worker."""
+"""Seconds to wait, once connected, for the scheduler to have at least one worker; and, mid-run,
+how long it may have none before the unfinished tasks are given up as lost."""
+
+POLL_SECONDS = 5.0
+"""While no task finishes, how often a Dask run asks the scheduler whether it still has workers."""
 
 
 def run_tasks(
@@ -81,8 +86,9 @@ def run_tasks(
             security file (:func:`dask_security`).
         FileNotFoundError: if a certificate or key file of the TLS settings does not exist.
         OSError: if the scheduler cannot be reached.
-        ChildProcessError: if workers were lost; every task that finished has been passed to
-            ``on_done`` first, so a rerun measures only what is missing.
+        ChildProcessError: if workers were lost, or a Dask scheduler has had no workers for
+            :data:`WORKER_TIMEOUT` mid-run; every task that finished has been passed to ``on_done``
+            first, so a rerun measures only what is missing.
         Exception: the first exception a task raised, after every other task was run and passed on.
     """
     if jobs < 1:
@@ -95,10 +101,10 @@ def run_tasks(
             on_done(key, function(*args))
         return
     failures = []
-    with _executor(jobs, scheduler, security) as executor:
+    with _executor(jobs, scheduler, security) as (executor, has_workers):
         futures = {executor.submit(function, *args): key for key, args in tasks}
         try:
-            for future in cf.as_completed(futures):
+            for future in _as_completed(futures, has_workers, scheduler):
                 key = futures[future]
                 try:
                     result = future.result()
@@ -106,12 +112,34 @@ def run_tasks(
                     failures.append((key, error))
                     continue
                 on_done(key, result)
-        except BaseException:  # an interrupt: drop what has not started instead of waiting for it
+        except BaseException:  # an interrupt, or no workers left: drop what has not started
             for future in futures:
                 future.cancel()
             executor.shutdown(wait=False)
             raise
     _raise_failures(failures, len(tasks))
+
+
+def _as_completed(futures: dict, has_workers: Callable[[], bool], scheduler: str | None) -> Iterator[cf.Future]:
+    """``futures`` as they finish; raises once the engine has had no worker for :data:`WORKER_TIMEOUT`
+    while some are unfinished (a Dask scheduler whose workers all left would wait for new ones forever).
+
+    Raises:
+        ChildProcessError: naming how many tasks did not finish.
+    """
+    pending, idle_since = set(futures), None
+    while pending:
+        done, pending = cf.wait(pending, timeout=POLL_SECONDS, return_when=cf.FIRST_COMPLETED)
+        yield from done
+        if done or has_workers():
+            idle_since = None
+            continue
+        idle_since = idle_since or time.monotonic()
+        if time.monotonic() - idle_since >= WORKER_TIMEOUT:
+            raise ChildProcessError(
+                f"the Dask scheduler at {scheduler} has had no workers for {WORKER_TIMEOUT:.0f} s; {len(pending)} of "
+                f"{len(futures)} tasks did not finish; the finished ones are saved: start workers (`dask worker "
+                f"{scheduler} --nthreads 1`) and rerun the same command to measure the rest")
 
 
 @contextmanager
@@ -120,7 +148,7 @@ def _executor(jobs: int, scheduler: str | None, security: str | Path | None = No
         # workers share this terminal: their progress bars write lines instead of redrawing
         with cf.ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context("spawn"),
                                     initializer=lines_only) as pool:
-            yield pool
+            yield pool, lambda: True  # a lost local worker breaks the pool, which raises
         return
     try:
         from distributed import Client
@@ -144,7 +172,7 @@ def _executor(jobs: int, scheduler: str | None, security: str | Path | None = No
         _wait_for_a_worker(client, scheduler)
         _check_single_threaded(client)
         # pure=False: the same arguments on a rerun must run again, not return a cached key
-        yield client.get_executor(pure=False)
+        yield client.get_executor(pure=False), lambda: _has_workers(client)
     finally:
         client.close()
 
@@ -217,6 +245,14 @@ def _connection_error(scheduler: str, error: BaseException) -> Exception:
         return ValueError(f"cannot talk to a Dask scheduler at {scheduler}: its reply is not Dask's protocol "
                           "(is it another kind of server?)")
     return ValueError(f"cannot talk to a Dask scheduler at {scheduler}: {type(error).__name__}: {said}")
+
+
+def _has_workers(client) -> bool:
+    """Whether ``client``'s scheduler has a worker now (False if the scheduler cannot be asked)."""
+    try:
+        return bool(client.nthreads())
+    except Exception:  # noqa: BLE001 - a lost scheduler has no workers to give
+        return False
 
 
 def _wait_for_a_worker(client, scheduler: str) -> None:

@@ -296,6 +296,24 @@ def test_a_scheduler_without_workers_is_named(monkeypatch):
                           f"start one with `dask worker {local.scheduler_address} --nthreads 1`")
 
 
+def test_a_scheduler_whose_workers_all_leave_mid_run_gives_up_in_one_line(monkeypatch):
+    distributed = pytest.importorskip("distributed")
+    monkeypatch.setattr(parallel, "WORKER_TIMEOUT", 1.0)
+    monkeypatch.setattr(parallel, "POLL_SECONDS", 0.2)
+    done = {}
+    with distributed.LocalCluster(n_workers=1, threads_per_worker=1, processes=False, dashboard_address=":0") as local:
+        address = local.scheduler_address
+        leave = threading.Timer(1.0, local.scale, args=(0,))  # the only worker leaves while the task runs
+        leave.start()
+        tasks = [("quick", (0.0,)), ("slow", (3.0,))]
+        error = _error_within(30, parallel.run_tasks, time.sleep, tasks, done.__setitem__, scheduler=address)
+        leave.join()
+    assert done == {"quick": None}, "the task that finished is passed on before the run gives up"
+    assert type(error) is ChildProcessError, repr(error)
+    assert str(error).startswith(f"the Dask scheduler at {address} has had no workers for 1 s; 1 of 2 tasks did not "
+                                 "finish; the finished ones are saved")
+
+
 def test_nothing_to_measure_starts_no_executor(monkeypatch):
     def refuse(*args, **kwargs):
         raise AssertionError("an executor was created for no tasks")
