@@ -611,12 +611,19 @@ def summary_markdown(result: "SweepResult", settings: "SweepSettings", command: 
     ])
 
 
+SWEEP_FIGURES = ("probes", "sites", "sinks", "variance", "sink_ablation")
+"""The stems of every figure :func:`write_run` may draw."""
+
+
 def write_run(result: "SweepResult", settings: "SweepSettings", command: str, versions: dict[str, str],
               svg: bool = False, ablation_sequences: int | None = None, name: str = "sweep",
               draw: bool = True) -> list[str]:
     """Write the tables, figures (PNG; also SVG if ``svg``; none unless ``draw``) and ``summary.md`` of a sweep into
     ``result.out_dir``: ``layers.csv`` (the main curves), and with several training seeds also
     ``summary_per_seed.csv`` and ``probes_over_seeds.csv`` (:mod:`~nopelens.analyses.seeds`).
+
+    A figure or table this run does not write (``--no-figures``, no SVG asked, nothing to show) is
+    removed if an earlier run in the folder left one, so the folder describes this run only.
 
     Returns:
         The stems of the figures written (a figure with nothing to show is not written: no
@@ -644,10 +651,16 @@ def write_run(result: "SweepResult", settings: "SweepSettings", command: str, ve
         write_csv_atomic(result.sink_ablation, out / "sink_ablation.csv")
         if (result.sink_ablation["status"] == "measured").any():
             figures["sink_ablation"] = lambda: sink_ablation_figure(result.sink_ablation)
+    else:
+        (out / "sink_ablation.csv").unlink(missing_ok=True)
     if not draw:
         figures = {}
     for stem, figure in figures.items():
         save_figure(figure(), out / stem, formats)
+    for stem in SWEEP_FIGURES:  # an earlier run's figures would show what this run did not draw
+        for ext in ("png", "svg"):
+            if stem not in figures or ext not in formats:
+                (out / f"{stem}.{ext}").unlink(missing_ok=True)
     write_text_atomic(out / "summary.md", summary_markdown(result, settings, command, versions, ablation_sequences,
                                                            list(figures), name))
     return list(figures)

@@ -106,10 +106,12 @@ def test_rerun_resumes_and_other_settings_are_refused(quick_run, capsys):
         (part / "probes.csv").write_text((part / "probes.csv").read_text())  # touch: contents unchanged
     for name in ("summary_per_seed.csv", "probes_over_seeds.csv"):  # as a run over two training seeds left them
         (out / name).write_text("train_seed\n0\n1\n")
+    (out / "probes.svg").write_text("<svg/>")  # as a run with --svg left it
     code = main(["sweep", "--quick", "--out", str(out), "--quiet"])
     captured = capsys.readouterr()
     assert code == 0
     assert not (out / "summary_per_seed.csv").exists() and not (out / "probes_over_seeds.csv").exists()
+    assert not (out / "probes.svg").exists() and (out / "probes.png").exists()
     assert captured.err.count("already measured") == len(result.summary)
     code = main(["sweep", "--quick", "--seed", "3", "--out", str(out)])
     assert code == 2
@@ -156,3 +158,13 @@ def test_a_sweep_of_models_whose_attention_output_never_varies_writes_no_varianc
     out = tmp_path / "constant"
     assert main(["sweep", "--models", "constant-nope", "--no-controls", "--quick", "--out", str(out)]) == 0
     assert (out / "summary.md").is_file() and not (out / "variance.png").exists()
+
+
+def test_a_rerun_with_no_figures_removes_the_earlier_figures(quick_run):
+    """Last in this file: it changes the shared run folder. The tables would otherwise sit beside figures
+    of an earlier run that this run did not draw."""
+    result, out = quick_run
+    assert list(out.glob("*.png"))
+    assert main(["sweep", "--quick", "--out", str(out), "--quiet", "--no-figures"]) == 0
+    assert not list(out.glob("*.png")) and not list(out.glob("*.svg"))
+    assert (out / "probes.csv").is_file() and "![" not in (out / "summary.md").read_text()

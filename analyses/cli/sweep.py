@@ -298,8 +298,8 @@ def _runs(parser: argparse.ArgumentParser) -> None:
                         "default: distributed's own configuration")
     parser.add_argument("--svg", action="store_true", help="also save the figures as SVG (PNG always)")
     parser.add_argument("--no-figures", action="store_true",
-                        help="write the tables and summary.md but draw no figures (faster; rerun without it to "
-                        "draw them)")
+                        help="write the tables and summary.md but draw no figures (faster; an earlier run's "
+                        "figures in the folder are removed; rerun without it to draw them)")
     parser.add_argument("--sites", metavar="KINDS",
                         help=f"where absolute index is probed, a comma list of {', '.join(SITE_KINDS)} "
                         f"(default {','.join(DEFAULT_SITES)}; resid is required; a run folder keeps its sites)")
