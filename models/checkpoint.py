@@ -4,7 +4,10 @@ A checkpoint directory holds
 
 - ``nopelens.json``: the format marker, the decoder config, the task, training lengths, steps,
   seed, final losses, the nopelens version, and the sha256 of every other file;
-- ``model.safetensors``: the model's ``state_dict`` (TransformerLens weight names);
+- ``model.safetensors``: the model's ``state_dict`` (TransformerLens weight names); its header's
+  metadata holds the sha256 of ``nopelens.json``'s description (everything but the weights' own
+  sha256), so an edited JSON (a changed ``config.position`` or ``step``, a removed checksum) is
+  refused. Checkpoints written before that digest existed carry none and load as before;
 - ``loss_curve.csv`` (optional): one row per training step;
 - ``training_state.safetensors`` (optional, unfinished runs): AdamW moments, to resume exactly.
 
@@ -14,6 +17,7 @@ with ``os.replace``, so a reader sees the old checkpoint or the new one, never h
 
 from __future__ import annotations
 
+import hashlib
 import io
 import json
 import os
@@ -26,7 +30,7 @@ from typing import Any
 
 import pandas as pd
 import torch
-from safetensors import SafetensorError
+from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, save_file
 from torch import Tensor
 
@@ -40,6 +44,8 @@ METADATA_FILE = "nopelens.json"
 WEIGHTS_FILE = "model.safetensors"
 LOSS_CURVE_FILE = "loss_curve.csv"
 TRAINING_STATE_FILE = "training_state.safetensors"
+DESCRIPTION_DIGEST = "nopelens_description_sha256"
+"""Key in ``model.safetensors``'s header metadata: :func:`description_digest` of ``nopelens.json``."""
 
 
 @dataclass
@@ -134,9 +140,7 @@ def save_checkpoint(
     staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
     try:
         os.chmod(staging, 0o777 & ~umask())  # mkdtemp makes it 0o700; give what mkdir would
-        state = {name: t.detach().cpu().contiguous() for name, t in model.state_dict().items()}
-        save_file(state, staging / WEIGHTS_FILE)
-        files = [WEIGHTS_FILE]
+        files = []
         if training_state:
             save_file({k: v.detach().cpu().contiguous() for k, v in training_state.items()}, staging / TRAINING_STATE_FILE)
             files.append(TRAINING_STATE_FILE)
@@ -145,9 +149,15 @@ def save_checkpoint(
             files.append(LOSS_CURVE_FILE)
         meta["sha256"] = {name: file_sha256(staging / name) for name in files}
         try:
-            text = json.dumps(meta, indent=2, sort_keys=True)
+            described = json.loads(json.dumps(meta))  # the description as read back: lists, string keys
         except TypeError as error:
             raise ValueError(f"checkpoint metadata is not JSON-serializable: {error}") from None
+        # the weights go last: their header seals the description, and their own sha256 is then added to it
+        state = {name: t.detach().cpu().contiguous() for name, t in model.state_dict().items()}
+        save_file(state, staging / WEIGHTS_FILE, metadata={DESCRIPTION_DIGEST: description_digest(described)})
+        files.append(WEIGHTS_FILE)
+        meta["sha256"][WEIGHTS_FILE] = file_sha256(staging / WEIGHTS_FILE)
+        text = json.dumps(meta, indent=2, sort_keys=True)
         (staging / METADATA_FILE).write_text(text + "\n", encoding="utf-8")
         for name in files:  # safetensors writes owner-only files; give what open() would
             os.chmod(staging / name, 0o666 & ~umask())
@@ -156,6 +166,44 @@ def save_checkpoint(
         shutil.rmtree(staging, ignore_errors=True)
         raise
     return target
+
+
+def description_digest(meta: dict[str, Any]) -> str:
+    """The sha256 of a checkpoint's JSON description: every entry but the weights' own sha256
+    (which cannot describe itself), serialized canonically (sorted keys, no spaces).
+
+    Args:
+        meta: the checkpoint's JSON dict, as :func:`json.loads` gives it.
+
+    Returns:
+        64 hex digits.
+
+    Example:
+        >>> a = {"step": 3, "sha256": {"model.safetensors": "ab"}}
+        >>> description_digest(a) == description_digest({**a, "sha256": {"model.safetensors": "cd"}})
+        True
+        >>> description_digest(a) == description_digest({**a, "step": 4})
+        False
+    """
+    digests = {name: value for name, value in meta.get("sha256", {}).items() if name != WEIGHTS_FILE}
+    described = {**meta, "sha256": digests}
+    return hashlib.sha256(json.dumps(described, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+
+def _check_description(path: Path, meta: dict[str, Any]) -> None:
+    """Refuse a ``nopelens.json`` edited after the checkpoint was written (its digest differs from the
+    one the weights' header records); a checkpoint without the digest (older) passes."""
+    weights = path / WEIGHTS_FILE
+    if not weights.is_file():
+        return  # named by the loader that needs the weights
+    try:
+        with safe_open(weights, framework="pt") as handle:
+            recorded = (handle.metadata() or {}).get(DESCRIPTION_DIGEST)
+    except (SafetensorError, OSError, ValueError) as error:
+        raise ValueError(f"checkpoint {path}: {WEIGHTS_FILE} is corrupted ({error})") from None
+    if recorded is not None and recorded != description_digest(meta):
+        raise ValueError(f"checkpoint {path}: {METADATA_FILE} was edited after the checkpoint was written (its "
+                         f"description no longer matches the digest sealed in {WEIGHTS_FILE}); restore it or retrain")
 
 
 def _swap_into_place(staging: Path, target: Path) -> None:
@@ -192,7 +240,8 @@ def read_metadata(path: str | Path) -> dict[str, Any]:
     Raises:
         FileNotFoundError: if ``path`` does not exist.
         ValueError: if it is not a nopelens checkpoint (no or unreadable ``nopelens.json``, wrong
-            format marker, a newer format version).
+            format marker, a newer format version). An edited JSON is refused by the loaders
+            (:func:`load_checkpoint`, :func:`load_training_state`), which read the weights' header.
     """
     path = checkpoint_dir(path)
     if not path.exists():
@@ -293,8 +342,9 @@ def load_checkpoint(
     Raises:
         FileNotFoundError: if ``path`` does not exist.
         ValueError: if it is not a nopelens checkpoint, a file is corrupted (bad JSON, sha256
-            mismatch, unreadable safetensors), the config is invalid, or tensors are missing,
-            extra, or shaped differently from what the config gives.
+            mismatch, unreadable safetensors), the JSON was edited after the checkpoint was written
+            (:func:`description_digest`), the config is invalid, or tensors are missing, extra, or
+            shaped differently from what the config gives.
     """
     path = checkpoint_dir(path)
     meta = read_metadata(path)
@@ -303,6 +353,7 @@ def load_checkpoint(
     except (KeyError, TypeError, ValueError) as error:
         raise ValueError(f"checkpoint {path} has an invalid config: {error}") from None
     tensors = _load_tensors(path, WEIGHTS_FILE, meta)
+    _check_description(path, meta)
     if dtype is None:
         saved = tensors.get("embed.W_E")
         dtype = saved.dtype if saved is not None and saved.dtype.is_floating_point else torch.float32
@@ -321,10 +372,12 @@ def load_training_state(path: str | Path) -> dict[str, Tensor]:
     """The resume tensors of an unfinished run's checkpoint (empty dict if it has none).
 
     Raises:
-        ValueError: if the checkpoint is invalid or the file is corrupted.
+        ValueError: if the checkpoint is invalid, its JSON was edited after it was written, or the
+            file is corrupted.
     """
     path = Path(path)
     meta = read_metadata(path)
+    _check_description(path, meta)
     if TRAINING_STATE_FILE not in meta.get("sha256", {}):
         return {}
     return _load_tensors(path, TRAINING_STATE_FILE, meta)

@@ -10,9 +10,11 @@ from safetensors.torch import load_file, save_file
 
 from nopelens.models import Decoder, DecoderConfig
 from nopelens.models.checkpoint import (
+    DESCRIPTION_DIGEST,
     METADATA_FILE,
     WEIGHTS_FILE,
     TrainedModel,
+    description_digest,
     load_checkpoint,
     save_checkpoint,
 )
@@ -101,14 +103,51 @@ def test_missing_path_and_not_a_checkpoint(tmp_path):
         load_checkpoint(other)
 
 
-def _rewrite(path, tensors):
-    """Replace the weights and re-record their sha256, as a careful forger would."""
+def _rewrite(path, tensors, meta=None):
+    """Replace the weights (and the JSON, if ``meta`` is given), reseal the description and re-record
+    the weights' sha256, as a careful forger would."""
     from nopelens.models.io import file_sha256
 
-    save_file(tensors, path / WEIGHTS_FILE)
-    meta = json.loads((path / METADATA_FILE).read_text())
+    meta = meta or json.loads((path / METADATA_FILE).read_text())
+    save_file(tensors, path / WEIGHTS_FILE, metadata={DESCRIPTION_DIGEST: description_digest(meta)})
     meta["sha256"][WEIGHTS_FILE] = file_sha256(path / WEIGHTS_FILE)
     (path / METADATA_FILE).write_text(json.dumps(meta))
+
+
+def _forge_json(path, edit):
+    """Edit ``nopelens.json`` with ``edit(meta)`` and reseal it, to reach the checks behind the seal."""
+    meta = json.loads((path / METADATA_FILE).read_text())
+    edit(meta)
+    _rewrite(path, load_file(path / WEIGHTS_FILE), meta)
+
+
+@pytest.mark.parametrize("edit", [
+    lambda meta: meta["config"].update(position="rope"),  # same shapes: it would load as another model
+    lambda meta: meta.update(steps=99),
+    lambda meta: meta["sha256"].pop("loss_curve.csv"),
+    lambda meta: meta.update(note="added"),
+])
+def test_an_edited_json_is_refused(saved, edit):
+    path, _ = saved
+    meta = json.loads((path / METADATA_FILE).read_text())
+    edit(meta)
+    (path / METADATA_FILE).write_text(json.dumps(meta, indent=4))
+    with pytest.raises(ValueError, match="nopelens.json was edited after the checkpoint was written"):
+        load_checkpoint(path)
+
+
+def test_the_json_may_be_reformatted_and_an_unsealed_older_checkpoint_loads(saved):
+    path, model = saved
+    meta = json.loads((path / METADATA_FILE).read_text())
+    (path / METADATA_FILE).write_text(json.dumps(meta, indent=1, sort_keys=False))  # same description
+    assert torch.equal(load_checkpoint(path).model.embed.W_E, model.embed.W_E)
+    from nopelens.models.io import file_sha256
+
+    save_file(load_file(path / WEIGHTS_FILE), path / WEIGHTS_FILE)  # no digest, as written before it existed
+    meta["sha256"][WEIGHTS_FILE] = file_sha256(path / WEIGHTS_FILE)
+    meta["steps"] = 5
+    (path / METADATA_FILE).write_text(json.dumps(meta))
+    assert load_checkpoint(path).metadata["steps"] == 5
 
 
 def test_missing_and_extra_tensors_are_named(saved):
@@ -123,18 +162,14 @@ def test_missing_and_extra_tensors_are_named(saved):
 
 def test_config_not_matching_weight_shapes(saved):
     path, _ = saved
-    meta = json.loads((path / METADATA_FILE).read_text())
-    meta["config"]["n_ctx"] = 32
-    (path / METADATA_FILE).write_text(json.dumps(meta))
+    _forge_json(path, lambda meta: meta["config"].update(n_ctx=32))
     with pytest.raises(ValueError, match=r"pos_embed.W_pos: config gives \(32, 16\), weights have \(16, 16\)"):
         load_checkpoint(path)
 
 
 def test_config_with_another_method_has_missing_tensors(saved):
     path, _ = saved
-    meta = json.loads((path / METADATA_FILE).read_text())
-    meta["config"]["position"] = "nope"
-    (path / METADATA_FILE).write_text(json.dumps(meta))
+    _forge_json(path, lambda meta: meta["config"].update(position="nope"))
     with pytest.raises(ValueError, match=r"extra tensors \['pos_embed.W_pos'\]"):
         load_checkpoint(path)
 
