@@ -154,7 +154,7 @@ def _executor(jobs: int, scheduler: str | None, security: str | Path | None = No
         from distributed import Client
     except ImportError:
         raise ValueError('--scheduler needs Dask distributed, which is not installed: pip install "nopelens[dask]"') from None
-    scheme = _check_address(scheduler)
+    scheme = check_address(scheduler)
     settings = dask_security(security)
     if scheme == "tls" and not (settings.tls_ca_file and settings.tls_client_cert):
         raise ValueError(f"--scheduler {scheduler} is a TLS address, but no TLS settings were given: pass "
@@ -177,7 +177,7 @@ def _executor(jobs: int, scheduler: str | None, security: str | Path | None = No
         client.close()
 
 
-def _check_address(scheduler: str) -> str:
+def check_address(scheduler: str) -> str:
     """The scheme of a scheduler address (``tcp`` when it has none).
 
     Raises:

@@ -618,7 +618,8 @@ def sweep(settings: SweepSettings, out_dir: str | Path | None = None, progress: 
             f"folds (each fold holds out whole sequences); use --n-sequences {settings.n_splits} or more"
         )
     _check_distinct(settings.tasks())
-    if scheduler is not None:
+    if scheduler is not None:  # a malformed address is refused before any work or progress bar
+        parallel.check_address(scheduler)
         _check_absolute_paths(settings)
     out = Path(out_dir) if out_dir is not None else None
     if out is None:
@@ -668,9 +669,11 @@ def _sweep_tasks(settings: SweepSettings, out: Path | None, progress: bool, jobs
 
     # local workers write their training progress as timed lines; Dask workers log elsewhere
     show_training = progress and scheduler is None
-    parallel.run_tasks(measure, [(task, (*task, settings, show_training)) for task in todo], keep, jobs, scheduler,
-                       security)
-    bar.close()
+    try:
+        parallel.run_tasks(measure, [(task, (*task, settings, show_training)) for task in todo], keep, jobs, scheduler,
+                           security)
+    finally:  # an error's one line then starts on a line of its own
+        bar.close()
     parts = [done[task][0] for task in tasks]
     probes, sinks, variance, ablation = (pd.concat([part[table] for part in parts], ignore_index=True)
                                          for table in TABLES)

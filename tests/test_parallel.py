@@ -335,6 +335,16 @@ def test_a_malformed_address_is_one_line(address, says, capsys):
     assert capsys.readouterr().err == "", "no warning before the error"
 
 
+def test_a_sweep_with_a_malformed_address_says_so_before_its_progress_bar(tmp_path, capsys):
+    from nopelens.analyses.cli import main
+
+    code = main(["sweep", "--models", "circuit", "--scheduler", "garbage", "--out", str(tmp_path / "run")])
+    err = capsys.readouterr().err
+    assert code == 2 and err.strip().splitlines() == [
+        "nopelens sweep: error: --scheduler takes a tls://HOST:PORT or tcp://HOST:PORT address, got 'garbage'"], err
+    assert not (tmp_path / "run").exists()
+
+
 def test_missing_tls_files_are_named(tmp_path):
     pytest.importorskip("distributed")
     config = tmp_path / "dask-tls.yaml"
