@@ -32,11 +32,13 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures as cf
 import ipaddress
+import logging
 import multiprocessing
 import os
 import sys
 import time
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Hashable, Iterator, Sequence
 
@@ -86,9 +88,9 @@ def run_tasks(
             security file (:func:`dask_security`).
         FileNotFoundError: if a certificate or key file of the TLS settings does not exist.
         OSError: if the scheduler cannot be reached.
-        ChildProcessError: if workers were lost, or a Dask scheduler has had no workers for
-            :data:`WORKER_TIMEOUT` mid-run; every task that finished has been passed to ``on_done``
-            first, so a rerun measures only what is missing.
+        ChildProcessError: if workers or the Dask scheduler were lost, or a Dask scheduler has had
+            no workers (or has not answered) for :data:`WORKER_TIMEOUT` mid-run; every task that
+            finished has been passed to ``on_done`` first, so a rerun measures only what is missing.
         Exception: the first exception a task raised, after every other task was run and passed on.
     """
     if jobs < 1:
@@ -101,10 +103,10 @@ def run_tasks(
             on_done(key, function(*args))
         return
     failures = []
-    with _executor(jobs, scheduler, security) as (executor, has_workers):
-        futures = {executor.submit(function, *args): key for key, args in tasks}
+    with _executor(jobs, scheduler, security) as engine:
+        futures = {engine.executor.submit(function, *args): key for key, args in tasks}
         try:
-            for future in _as_completed(futures, has_workers, scheduler):
+            for future in _as_completed(futures, engine.has_workers, scheduler):
                 key = futures[future]
                 try:
                     result = future.result()
@@ -115,9 +117,19 @@ def run_tasks(
         except BaseException:  # an interrupt, or no workers left: drop what has not started
             for future in futures:
                 future.cancel()
-            executor.shutdown(wait=False)
+            engine.executor.shutdown(wait=False)
             raise
-    _raise_failures(failures, len(tasks))
+        lost_scheduler = scheduler if failures and engine.scheduler_lost() else None
+    _raise_failures(failures, len(tasks), lost_scheduler)
+
+
+@dataclass
+class _Engine:
+    """Where the tasks run, and how to ask whether it can still run them."""
+
+    executor: cf.Executor
+    has_workers: Callable[[], bool] = lambda: True  # a lost local worker breaks the pool, which raises
+    scheduler_lost: Callable[[], bool] = lambda: False
 
 
 def _as_completed(futures: dict, has_workers: Callable[[], bool], scheduler: str | None) -> Iterator[cf.Future]:
@@ -137,7 +149,8 @@ def _as_completed(futures: dict, has_workers: Callable[[], bool], scheduler: str
         idle_since = idle_since or time.monotonic()
         if time.monotonic() - idle_since >= WORKER_TIMEOUT:
             raise ChildProcessError(
-                f"the Dask scheduler at {scheduler} has had no workers for {WORKER_TIMEOUT:.0f} s; {len(pending)} of "
+                f"the Dask scheduler at {scheduler} has had no workers (or has not answered) for {WORKER_TIMEOUT:.0f} s; "
+                f"{len(pending)} of "
                 f"{len(futures)} tasks did not finish; the finished ones are saved: start workers (`dask worker "
                 f"{scheduler} --nthreads 1`) and rerun the same command to measure the rest")
 
@@ -148,7 +161,7 @@ def _executor(jobs: int, scheduler: str | None, security: str | Path | None = No
         # workers share this terminal: their progress bars write lines instead of redrawing
         with cf.ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context("spawn"),
                                     initializer=lines_only) as pool:
-            yield pool, lambda: True  # a lost local worker breaks the pool, which raises
+            yield _Engine(pool)
         return
     try:
         from distributed import Client
@@ -168,13 +181,15 @@ def _executor(jobs: int, scheduler: str | None, security: str | Path | None = No
         client = Client(scheduler, timeout=f"{CONNECT_TIMEOUT}s", security=settings)
     except Exception as error:  # noqa: BLE001 - MemoryError included: distributed parsing a stranger's reply
         raise _connection_error(scheduler, error) from None
-    try:
-        _wait_for_a_worker(client, scheduler)
-        _check_single_threaded(client)
-        # pure=False: the same arguments on a rerun must run again, not return a cached key
-        yield client.get_executor(pure=False), lambda: _has_workers(client)
-    finally:
-        client.close()
+    with _quiet("distributed.client"):  # a lost scheduler is said in one line, not logged with tracebacks
+        try:
+            _wait_for_a_worker(client, scheduler)
+            _check_single_threaded(client)
+            # pure=False: the same arguments on a rerun must run again, not return a cached key
+            yield _Engine(client.get_executor(pure=False), lambda: _has_workers(client),
+                          lambda: client.status != "running")
+        finally:
+            client.close()
 
 
 def check_address(scheduler: str) -> str:
@@ -248,11 +263,24 @@ def _connection_error(scheduler: str, error: BaseException) -> Exception:
 
 
 def _has_workers(client) -> bool:
-    """Whether ``client``'s scheduler has a worker now (False if the scheduler cannot be asked)."""
+    """Whether ``client``'s scheduler has a worker now (False if it cannot be asked, or does not answer
+    within :data:`POLL_SECONDS`: a frozen scheduler or a network partition)."""
     try:
-        return bool(client.nthreads())
-    except Exception:  # noqa: BLE001 - a lost scheduler has no workers to give
+        return bool(client.nthreads(callback_timeout=POLL_SECONDS))
+    except Exception:  # noqa: BLE001 - a scheduler that cannot answer has no workers to give
         return False
+
+
+@contextmanager
+def _quiet(logger: str) -> Iterator[None]:
+    """Silence ``logger`` below CRITICAL inside the block."""
+    log = logging.getLogger(logger)
+    level = log.level
+    log.setLevel(logging.CRITICAL)
+    try:
+        yield
+    finally:
+        log.setLevel(level)
 
 
 def _wait_for_a_worker(client, scheduler: str) -> None:
@@ -383,14 +411,16 @@ def default_jobs() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
 
-def _raise_failures(failures: list[tuple[Hashable, BaseException]], n_tasks: int) -> None:
+def _raise_failures(failures: list[tuple[Hashable, BaseException]], n_tasks: int, lost_scheduler: str | None = None
+                    ) -> None:
     if not failures:
         return
     lost = [(key, error) for key, error in failures if type(error).__name__ in WORKER_LOST]
     if len(lost) < len(failures):
         raise next(error for _, error in failures if type(error).__name__ not in WORKER_LOST)
     names = ", ".join(str(key) for key, _ in lost)
+    what = f"the Dask scheduler at {lost_scheduler} was lost" if lost_scheduler else "a worker was lost"
     raise ChildProcessError(
-        f"{len(lost)} of {n_tasks} tasks did not finish because a worker was lost ({names}); "
+        f"{len(lost)} of {n_tasks} tasks did not finish because {what} ({names}); "
         "the finished ones are saved, rerun the same command to measure the rest"
     )

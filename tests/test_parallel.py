@@ -310,8 +310,55 @@ def test_a_scheduler_whose_workers_all_leave_mid_run_gives_up_in_one_line(monkey
         leave.join()
     assert done == {"quick": None}, "the task that finished is passed on before the run gives up"
     assert type(error) is ChildProcessError, repr(error)
-    assert str(error).startswith(f"the Dask scheduler at {address} has had no workers for 1 s; 1 of 2 tasks did not "
+    assert str(error).startswith(f"the Dask scheduler at {address} has had no workers (or has not answered) for 1 s; 1 of 2 tasks did not "
                                  "finish; the finished ones are saved")
+
+
+def test_a_lost_or_frozen_scheduler_is_named_in_one_line(caplog):
+    """A scheduler killed mid-run: the unfinished tasks are named as lost with it, and distributed's
+    reconnect tracebacks are not logged; a scheduler that stops answering (SIGSTOP, as a network
+    partition looks) is given up after WORKER_TIMEOUT instead of waited on forever."""
+    pytest.importorskip("distributed")
+    import subprocess
+    import sys
+
+    for stop, says in ((signal.SIGKILL, "did not finish because the Dask scheduler at {} was lost (slow)"),
+                       (signal.SIGSTOP, "the Dask scheduler at {} has had no workers (or has not answered) for 2 s")):
+        port = _free_port()
+        address = f"tcp://127.0.0.1:{port}"
+        options = dict(stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        scheduler = subprocess.Popen([sys.executable, "-m", "distributed.cli.dask_scheduler", "--host", "127.0.0.1",
+                                      "--port", str(port), "--no-dashboard"], **options)
+        worker = subprocess.Popen([sys.executable, "-m", "distributed.cli.dask_worker", address, "--nthreads", "1",
+                                   "--no-nanny", "--no-dashboard"], **options)
+        try:
+            with pytest.MonkeyPatch.context() as patch:
+                patch.setattr(parallel, "WORKER_TIMEOUT", 2.0)
+                patch.setattr(parallel, "POLL_SECONDS", 0.5)
+                done = {}
+
+                def on_done(key, result):
+                    done[key] = result
+                    if key == "quick":  # the worker runs; stop the scheduler while "slow" sleeps
+                        scheduler.send_signal(stop)
+
+                error = _error_within(120, parallel.run_tasks, time.sleep, [("quick", (0.0,)), ("slow", (30.0,))],
+                                      on_done, scheduler=address)
+        finally:
+            for process in (scheduler, worker):
+                process.send_signal(signal.SIGCONT)
+                process.kill()
+                process.wait()
+        assert done == {"quick": None} and type(error) is ChildProcessError, (done, repr(error))
+        assert says.format(address) in str(error), str(error)
+        logged = [record.getMessage() for record in caplog.records if record.name.startswith("distributed.client")]
+        assert not logged, logged
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
 
 
 def test_nothing_to_measure_starts_no_executor(monkeypatch):
