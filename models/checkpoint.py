@@ -157,7 +157,7 @@ def save_checkpoint(
         save_file(state, staging / WEIGHTS_FILE, metadata={DESCRIPTION_DIGEST: description_digest(described)})
         files.append(WEIGHTS_FILE)
         meta["sha256"][WEIGHTS_FILE] = file_sha256(staging / WEIGHTS_FILE)
-        text = json.dumps(meta, indent=2, sort_keys=True)
+        text = json.dumps(described | {"sha256": meta["sha256"]}, indent=2, sort_keys=True)
         (staging / METADATA_FILE).write_text(text + "\n", encoding="utf-8")
         for name in files:  # safetensors writes owner-only files; give what open() would
             os.chmod(staging / name, 0o666 & ~umask())
@@ -170,7 +170,8 @@ def save_checkpoint(
 
 def description_digest(meta: dict[str, Any]) -> str:
     """The sha256 of a checkpoint's JSON description: every entry but the weights' own sha256
-    (which cannot describe itself), serialized canonically (sorted keys, no spaces).
+    (which cannot describe itself), serialized canonically (sorted keys, no spaces, integral
+    numbers as integers), so a tool that only reformats the file keeps it valid.
 
     Args:
         meta: the checkpoint's JSON dict, as :func:`json.loads` gives it.
@@ -184,10 +185,24 @@ def description_digest(meta: dict[str, Any]) -> str:
         True
         >>> description_digest(a) == description_digest({**a, "step": 4})
         False
+        >>> description_digest(a) == description_digest({**a, "step": 3.0})  # one JSON number
+        True
     """
     digests = {name: value for name, value in meta.get("sha256", {}).items() if name != WEIGHTS_FILE}
-    described = {**meta, "sha256": digests}
+    described = _canonical_numbers({**meta, "sha256": digests})
     return hashlib.sha256(json.dumps(described, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+
+def _canonical_numbers(value: Any) -> Any:
+    """``value`` with every integral float as an int: JSON has one number type, and tools that
+    rewrite a file (jq, JavaScript) write ``10000.0`` as ``10000``, which Python reads as an int."""
+    if isinstance(value, dict):
+        return {key: _canonical_numbers(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_canonical_numbers(item) for item in value]
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return value
 
 
 def _check_description(path: Path, meta: dict[str, Any]) -> None:

@@ -79,6 +79,18 @@ def test_overwrite_replaces_atomically_and_leaves_no_temp(saved, tmp_path):
     assert (path / WEIGHTS_FILE).stat().st_mode & 0o777 == 0o666 & ~mask
 
 
+def test_metadata_that_is_not_json_is_refused_by_name(tmp_path):
+    for extra in ({"d": {1: "a", "b": 2}}, {"when": object()}):
+        json.dumps(extra, default=str)
+        try:
+            path = save_checkpoint(tmp_path / "ckpt", Decoder(CFG), extra)
+        except ValueError as error:
+            assert "not JSON-serializable" in str(error)
+        else:  # mixed key types are JSON (keys become strings)
+            assert load_checkpoint(path).metadata["d"] == {"1": "a", "b": 2}
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt"]
+
+
 def test_refuses_to_overwrite_a_foreign_directory(tmp_path):
     (tmp_path / "notes").mkdir()
     (tmp_path / "notes" / "todo.txt").write_text("keep me")
@@ -140,6 +152,11 @@ def test_the_json_may_be_reformatted_and_an_unsealed_older_checkpoint_loads(save
     path, model = saved
     meta = json.loads((path / METADATA_FILE).read_text())
     (path / METADATA_FILE).write_text(json.dumps(meta, indent=1, sort_keys=False))  # same description
+    assert torch.equal(load_checkpoint(path).model.embed.W_E, model.embed.W_E)
+    as_jq_writes = json.loads((path / METADATA_FILE).read_text(), parse_float=lambda text: (
+        int(float(text)) if float(text).is_integer() else float(text)))  # 10000.0 -> 10000, the same JSON number
+    assert json.dumps(as_jq_writes) != json.dumps(meta)  # (as dicts they are equal: 10000 == 10000.0)
+    (path / METADATA_FILE).write_text(json.dumps(as_jq_writes))
     assert torch.equal(load_checkpoint(path).model.embed.W_E, model.embed.W_E)
     from nopelens.models.io import file_sha256
 
