@@ -178,11 +178,28 @@ RESULT_COLUMNS = ("task", "method", "seed", "length", "exact_match", "in_distrib
 """Columns a finished run's rows of ``lengthgen.csv`` must have."""
 
 
+def _valid_rows(results: pd.DataFrame, train_max_len: int) -> pd.DataFrame:
+    """The rows of ``lengthgen.csv`` that hold what a run writes, parsed: a known task and method, an integer
+    seed >= 0 and length >= 1, an exact match in [0, 1], and ``in_distribution`` a boolean equal to
+    ``length <= train_max_len``. pandas reads a column with one bad cell as text, so each is parsed here."""
+    numbers = {column: pd.to_numeric(results[column], errors="coerce") for column in ("seed", "length", "exact_match")}
+    flag = results["in_distribution"].map(lambda cell: {"true": True, "false": False, "1": True, "0": False}.get(
+        str(cell).strip().lower()))
+    integral = {column: numbers[column].notna() & (numbers[column] == numbers[column].round()) for column in ("seed", "length")}
+    valid = (results["task"].isin(TASK_NAMES) & results["method"].isin(METHODS)
+             & integral["seed"] & numbers["seed"].between(0, 2**62) & integral["length"] & numbers["length"].between(1, 2**62)
+             & numbers["exact_match"].between(0, 1) & flag.notna() & (flag == (numbers["length"] <= train_max_len)))
+    parsed = results.assign(seed=numbers["seed"], length=numbers["length"], exact_match=numbers["exact_match"],
+                            in_distribution=flag)[valid]
+    return parsed.astype({"seed": int, "length": int, "exact_match": float, "in_distribution": bool})
+
+
 def _read_results(path: Path, train_max_len: int) -> pd.DataFrame:
     """The finished runs in ``lengthgen.csv``: none when it is missing; when it is emptied, cannot be
-    read or lacks a column (a line says so) none either, and every run is measured again. A run with an
-    empty cell, or whose rows do not cover every length ``1 .. 2 train_max_len`` (a truncated file), is
-    left out, named, and measured again; the other runs are kept."""
+    read or lacks a column (a line says so) none either, and every run is measured again. A run with a
+    damaged cell (empty, not a number, out of range: :func:`_valid_rows`), or whose rows do not cover
+    every length ``1 .. 2 train_max_len`` (a truncated file), is left out, named, and measured again;
+    the other runs are kept."""
     if not path.exists():
         return pd.DataFrame()
     try:
@@ -200,9 +217,8 @@ def _read_results(path: Path, train_max_len: int) -> pd.DataFrame:
               file=sys.stderr)
         return pd.DataFrame()
     run = ["task", "method", "seed"]
-    # a row with an empty cell is dropped; its run then lacks a length and is measured again below
-    results = results[results[list(RESULT_COLUMNS)].notna().all(axis=1)]
-    results = results.astype({"seed": int, "length": int})  # an empty cell read the columns as floats
+    # a row with a damaged cell is dropped; its run then lacks a length and is measured again below
+    results = _valid_rows(results, train_max_len)
     lengths = set(range(1, 2 * train_max_len + 1))
     complete = results.groupby(run)["length"].transform(lambda rows: set(rows) == lengths and len(rows) == len(lengths))
     for (task, method, seed), _ in results[~complete.astype(bool)].groupby(run):

@@ -67,18 +67,23 @@ def test_a_truncated_table_measures_the_cut_runs_again(tmp_path, monkeypatch, ca
     assert "cannot be read" in capsys.readouterr().err
 
 
-def test_an_empty_cell_measures_only_its_run_again(tmp_path, monkeypatch, capsys):
+@pytest.mark.parametrize("column, length, cell", [
+    ("exact_match", 2, None), ("seed", 5, None), ("seed", 1, "abc"), ("length", 3, "x"), ("exact_match", 2, "abc"),
+    ("exact_match", 2, 7), ("exact_match", 4, "inf"), ("in_distribution", 2, "yes"), ("in_distribution", 1, False),
+    ("seed", 2, 0.5), ("length", 6, -6), ("method", 3, "bogus"),
+])
+def test_a_damaged_cell_measures_only_its_run_again(tmp_path, monkeypatch, capsys, column, length, cell):
     run_lengthgen(tmp_path, TINY, tasks=("repeat",), methods=("nope", "alibi"), seeds=(0,), progress=False)
-    table = pd.read_csv(tmp_path / "lengthgen.csv")
-    table.loc[(table["method"] == "alibi") & (table["length"] == 2), "exact_match"] = None
-    table.loc[(table["method"] == "alibi") & (table["length"] == 5), "seed"] = None
+    table = pd.read_csv(tmp_path / "lengthgen.csv").astype({column: object})
+    table.loc[(table["method"] == "alibi") & (table["length"] == length), column] = cell
     table.to_csv(tmp_path / "lengthgen.csv", index=False)
     calls = []
     real = lengthgen.run_one
     monkeypatch.setattr(lengthgen, "run_one", lambda *args, **kwargs: calls.append(args[:3]) or real(*args, **kwargs))
     results = run_lengthgen(tmp_path, TINY, tasks=("repeat",), methods=("nope", "alibi"), seeds=(0,), progress=False)
     assert calls == [("repeat", "alibi", 0)] and len(results) == 12
-    assert results["seed"].dtype.kind == "i" and results["exact_match"].notna().all()
+    assert results["seed"].dtype.kind == "i" and results["exact_match"].between(0, 1).all()
+    assert (results["in_distribution"] == (results["length"] <= TINY.train_max_len)).all()
     err = capsys.readouterr().err
     assert "holds only part of repeat alibi seed 0" in err
     assert "exact_match_longer_std is empty in summary.csv for 2 task and method pair(s) with one seed" in err
