@@ -271,8 +271,8 @@ def read_metadata(path: str | Path) -> dict[str, Any]:
         raise ValueError(f"{path} is not a nopelens checkpoint: it has no {METADATA_FILE}")
     try:
         meta = json.loads(meta_path.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as error:
-        raise ValueError(f"{meta_path} is corrupted (not valid JSON: {error})") from None
+    except (UnicodeDecodeError, ValueError, RecursionError) as error:  # JSONDecodeError, a 4300-digit integer, deep nesting
+        raise ValueError(f"{meta_path} is corrupted (not valid JSON: {type(error).__name__}: {str(error)[:200]})") from None
     if not isinstance(meta, dict) or meta.get("format") != FORMAT:
         found = meta.get("format") if isinstance(meta, dict) else type(meta).__name__
         raise ValueError(f"{path} is not a nopelens checkpoint: format marker is {found!r}, expected {FORMAT!r}")

@@ -203,6 +203,14 @@ def test_corrupted_weights_and_json(saved):
         load_checkpoint(path)
 
 
+@pytest.mark.parametrize("text", ['{"step": ' + "9" * 5000 + "}", "[" * 100_000 + "]" * 100_000])
+def test_json_python_cannot_read_is_named_corrupted(saved, text):
+    path, _ = saved
+    (path / METADATA_FILE).write_text(text)
+    with pytest.raises(ValueError, match=r"nopelens.json is corrupted \(not valid JSON"):
+        load_checkpoint(path)
+
+
 def test_truncated_safetensors_with_matching_hash_is_refused_not_crashing(saved):
     path, _ = saved
     from nopelens.models.io import file_sha256
