@@ -179,18 +179,20 @@ RESULT_COLUMNS = ("task", "method", "seed", "length", "exact_match", "in_distrib
 
 
 def _valid_rows(results: pd.DataFrame, train_max_len: int) -> pd.DataFrame:
-    """The rows of ``lengthgen.csv`` that hold what a run writes, parsed: a known task and method, an integer
-    seed >= 0 and length >= 1, an exact match in [0, 1], and ``in_distribution`` a boolean equal to
-    ``length <= train_max_len``. pandas reads a column with one bad cell as text, so each is parsed here."""
-    numbers = {column: pd.to_numeric(results[column], errors="coerce") for column in ("seed", "length", "exact_match")}
-    flag = results["in_distribution"].map(lambda cell: {"true": True, "false": False, "1": True, "0": False}.get(
-        str(cell).strip().lower()))
-    integral = {column: numbers[column].notna() & (numbers[column] == numbers[column].round()) for column in ("seed", "length")}
-    valid = (results["task"].isin(TASK_NAMES) & results["method"].isin(METHODS)
-             & integral["seed"] & numbers["seed"].between(0, 2**62) & integral["length"] & numbers["length"].between(1, 2**62)
-             & numbers["exact_match"].between(0, 1) & flag.notna() & (flag == (numbers["length"] <= train_max_len)))
-    parsed = results.assign(seed=numbers["seed"], length=numbers["length"], exact_match=numbers["exact_match"],
-                            in_distribution=flag)[valid]
+    """The rows of ``lengthgen.csv`` that hold what a run writes, parsed: a known task and method, an
+    integer seed >= 0 and length >= 1, an exact match in [0, 1], and ``in_distribution`` a boolean
+    equal to ``length <= train_max_len``. pandas reads a column with one bad cell as text, so each
+    is parsed here."""
+    seed, length, exact = (pd.to_numeric(results[column], errors="coerce") for column in ("seed", "length", "exact_match"))
+    flag = results["in_distribution"].map(
+        lambda cell: {"true": True, "false": False, "1": True, "0": False}.get(str(cell).strip().lower()))
+
+    def whole(number: pd.Series, low: int) -> pd.Series:
+        return (number == number.round()) & number.between(low, 2**62)
+
+    valid = (results["task"].isin(TASK_NAMES) & results["method"].isin(METHODS) & whole(seed, 0) & whole(length, 1)
+             & exact.between(0, 1) & flag.notna() & (flag == (length <= train_max_len)))
+    parsed = results.assign(seed=seed, length=length, exact_match=exact, in_distribution=flag)[valid]
     return parsed.astype({"seed": int, "length": int, "exact_match": float, "in_distribution": bool})
 
 

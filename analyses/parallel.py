@@ -150,9 +150,8 @@ def _as_completed(futures: dict, has_workers: Callable[[], bool], scheduler: str
         if time.monotonic() - idle_since >= WORKER_TIMEOUT:
             raise ChildProcessError(
                 f"the Dask scheduler at {scheduler} has had no workers (or has not answered) for {WORKER_TIMEOUT:.0f} s; "
-                f"{len(pending)} of "
-                f"{len(futures)} tasks did not finish; the finished ones are saved: start workers (`dask worker "
-                f"{scheduler} --nthreads 1`) and rerun the same command to measure the rest")
+                f"{len(pending)} of {len(futures)} tasks did not finish; the finished ones are saved: start workers "
+                f"(`dask worker {scheduler} --nthreads 1`) and rerun the same command to measure the rest")
 
 
 @contextmanager
