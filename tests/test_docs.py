@@ -198,6 +198,13 @@ def test_hooking_hf_example_prints_a_per_layer_probe_curve(capsys):
     assert [float(line.split()[0]) for line in lines[1:]] == [0.0, 1.0, 2.0]
 
 
+def test_hooking_any_module_example_collects_every_named_site(capsys):
+    run_python(block_after("docs/hooking.md", "## Any torch module"), "hooking.md")
+    printed = capsys.readouterr().out.strip()
+    assert printed == str({site: (4 * 16, 32) for site in
+                           ("blocks.0.hook_resid_pre", "blocks.0.hook_resid_post", "blocks.1.hook_resid_post")})
+
+
 def _session():
     """The `$ command` lines of hooking.md's session and what each printed, in order."""
     session = blocks("docs/hooking.md", "text")[0].splitlines()
