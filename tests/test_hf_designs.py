@@ -288,7 +288,7 @@ ALWAYS_NOT_APPLICABLE = {4, 10}  # no absolute position addition; training lengt
 
 def _readme_not_applicable() -> dict[str, set[int]]:
     """Row name -> the steps its audit column lists as n/a ("pass (n/a 2, 6; ...)")."""
-    text = (Path(__file__).parents[1] / "README.md").read_text()
+    text = (Path(__file__).parents[1] / "docs" / "hooking.md").read_text()
     table = text.split("| family | layers (tiny config) |")[1].split("\n\n")[0]
     rows = {}
     for line in table.splitlines()[2:]:
