@@ -13,7 +13,7 @@ from nopelens.analyses.audit import Tolerance, audit
 from nopelens.analyses.audit import detector
 from nopelens.analyses.audit.core import LAYER_REDUCERS, ROWS_HELD, STEPS, make_subject
 from nopelens.analyses.audit.numerics import max_err
-from nopelens.analyses.audit.probe import Run, make_probe, stream
+from nopelens.analyses.audit.probe import Run, layer_of, make_probe, stream
 from nopelens.analyses.subjects import load_hf_dir
 from nopelens.models import Decoder, DecoderConfig
 from nopelens.models.hooks import act_name
@@ -104,6 +104,11 @@ def test_streamed_reductions_equal_the_all_layers_computation(name):
         streamed, cached = stream(subject, probe, tol, LAYER_REDUCERS), all_layers_run(subject, probe, tol)
         assert torch.equal(streamed.logits, cached.logits)
         assert list(streamed.cache) == [n for n in cached.cache if not n.startswith("blocks.") or ".attn." not in n]
+        per_layer = {}  # the [.., T, T] bytes of each layer's hooks: the streamed pass holds one layer's at most
+        for name, x in cached.cache.items():
+            if layer_of(name) is not None and tuple(x.shape[-2:]) == (12, 12):
+                per_layer[layer_of(name)] = per_layer.get(layer_of(name), 0) + x.numel() * x.element_size()
+        assert streamed.peak_attention_bytes == max(per_layer.values()) < sum(per_layer.values())
         for reducer in LAYER_REDUCERS:  # each step's per-layer statistics, exactly
             assert streamed.layer_records(reducer) == cached.layer_records(reducer), reducer.__name__
         assert [r.to_dict() for r in streamed.readings] == [
