@@ -354,15 +354,17 @@ def test_cli_exit_codes(tmp_path, capsys, monkeypatch):
     assert "FAILED steps: [9]" in capsys.readouterr().out
 
 
-def test_an_eval_length_whose_attention_arrays_cannot_fit_is_refused_before_the_forward_pass(monkeypatch):
-    """The audit keeps every layer's scores and pattern of its two rows: 2 x 2 x layers x [heads, T, T]."""
+def test_an_eval_length_whose_layer_attention_cannot_fit_is_refused_before_the_forward_pass(monkeypatch):
+    """The audit holds one layer's scores and pattern at a time, of at most 6 rows (the detector's three
+    copies of the two-row probe): 6 x 2 x [heads, T, T], whatever the number of layers."""
     from nopelens.probes import stream
 
-    model = decoder("rope")
-    monkeypatch.setattr(stream, "available_memory", lambda device=None: 2 * 2 * 2 * 4 * 16**2 * 4 - 1)
-    with pytest.raises(ValueError, match=r"eval_length 16 needs at least 0.0 MiB .* \[4, 16, 16\], twice\), more than"):
+    model = decoder("rope", n_layers=4)
+    monkeypatch.setattr(stream, "available_memory", lambda device=None: 6 * 2 * 4 * 16**2 * 4 - 1)
+    with pytest.raises(ValueError, match=r"eval_length 16 needs at least 0.0 MiB for one layer's .* \(6 rows x "
+                                         r"\[4, 16, 16\], twice\), more than"):
         audit(model, eval_length=16)
-    monkeypatch.setattr(stream, "available_memory", lambda device=None: 2 * 2 * 2 * 4 * 16**2 * 4)
+    monkeypatch.setattr(stream, "available_memory", lambda device=None: 6 * 2 * 4 * 16**2 * 4)
     assert audit(model, eval_length=16).passed
 
 

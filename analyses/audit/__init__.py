@@ -34,7 +34,8 @@ Layout of this package (one concern per module):
 - :mod:`.hf` HF models as subjects: bridged by TransformerLens, or hooked with forward hooks
   where the bridge refuses (their family knowledge is in :mod:`nopelens.models.hf`)
 - :mod:`.detector` the per-layer NoPE detector (step 5)
-- :mod:`.probe` the two-row probe batch and one run's records
+- :mod:`.probe` the two-row probe batch and one run's records, reduced layer by layer as the pass goes
+- :mod:`.streaming` hooks that hold one layer's tensors at a time, and the bytes they hold
 - :mod:`.numerics` tolerances, agreement checks, the reference rotation
 - :mod:`.steps_positions` steps 1, 2, 4; :mod:`.steps_scores` steps 3, 6, 7;
   :mod:`.steps_lookups` step 5; :mod:`.steps_runtime` steps 8, 9, 10

@@ -11,12 +11,14 @@ from torch import Tensor
 from nopelens.models import Decoder
 
 from .numerics import Tolerance
-from .probe import Run, make_probe, unpadded
+from .probe import Run, make_probe, stream, unpadded
 from .report import AuditReport, StepResult, make_step
-from .steps_lookups import step5_rotations_and_lookups
-from .steps_positions import step1_position_ids, step2_origin_and_sign, step4_absolute_additions
+from .steps_lookups import rotations_and_lookups_layer, step5_rotations_and_lookups
+from .steps_positions import (origin_and_sign_layer, step1_position_ids, step2_origin_and_sign,
+                              step4_absolute_additions)
 from .steps_runtime import step8_interventions, step9_cached_decoding, step10_lengths
-from .steps_scores import step3_masks_vs_biases, step6_score_parts, step7_softmax
+from .steps_scores import (masks_layer, score_parts_layer, softmax_layer, step3_masks_vs_biases, step6_score_parts,
+                           step7_softmax)
 from .subjects import DecoderSubject, Subject
 
 
@@ -66,6 +68,9 @@ STEPS: list[Callable[[Run, int, dict], StepResult]] = [
     lambda run, shift, meta: step10_lengths(run, meta),
 ]
 """Seed 002's audit order; each step takes the run, step 8's shift and the metadata."""
+LAYER_REDUCERS = (origin_and_sign_layer, masks_layer, rotations_and_lookups_layer, score_parts_layer, softmax_layer)
+"""The per-layer parts of steps 2, 3, 5, 6 and 7, run on each layer's hooks as the probe's forward
+pass reaches the next layer (:func:`~.probe.stream`): the audit holds one layer's attention at a time."""
 SPARSE_STEPS = (3, 5, 7, 8)
 """Steps whose checks assume the layer's mask is the static causal / window rule (masks, the
 detector's compared entries and the rotation checks, softmax rows, interventions): not applicable
@@ -152,7 +157,7 @@ def audit(
     try:
         with torch.no_grad():
             probe = make_probe(subject, eval_length, seed, tokens)
-            run = Run(subject, probe, *subject.run_with_cache(probe.tokens, probe.mask), tol)
+            run = stream(subject, probe, tol, LAYER_REDUCERS)
             if not bool(torch.isfinite(run.logits[0]).all()):  # nothing to compare: refused, not failed
                 first = run.first_not_finite(0)
                 where = (f"first at {first}" if first else "every attention hook the audit caches is finite: "
@@ -163,7 +168,7 @@ def audit(
             left_out = run.padded_row_not_finite
             if left_out is not None:  # step 1 fails on it; the other steps read the unpadded row alone
                 alone = unpadded(probe)
-                run = Run(subject, alone, *subject.run_with_cache(alone.tokens, alone.mask), tol)
+                run = stream(subject, alone, tol, LAYER_REDUCERS)
             steps += [run_step(run, shift, meta) for run_step in STEPS[1:]]
             reason = subject.unverifiable()
             if reason is not None:  # the position steps: not_applicable with the reason, never a false fail
@@ -194,21 +199,27 @@ def audit(
     return AuditReport(model, probe_record, steps)
 
 
+ROWS_HELD = 6
+"""The most batch rows whose attention one pass holds: the detector's three copies (original,
+re-spaced, shifted ids) of the two-row probe (:func:`~.detector.detect`)."""
+
+
 def _memory_shortfall(subject: Subject, eval_length: int) -> str | None:
-    """Why the probe batch's attention arrays cannot fit the memory free on the model's device, or
-    None: the audit keeps every layer's scores and pattern ``[2, n_heads, T, T]`` of its two rows
-    (a floor of what it needs; the forward passes add more)."""
+    """Why one layer's attention arrays cannot fit the memory free on the model's device, or None:
+    the audit holds one layer's scores and pattern ``[n_heads, T, T]`` at a time, of at most
+    :data:`ROWS_HELD` rows (a floor of what it needs; the forward passes and the float64 reductions
+    add more), whatever the number of layers."""
     from nopelens.probes.stream import available_memory
 
     item = torch.finfo(subject.compute_dtype).bits // 8
-    need = 2 * 2 * subject.n_layers * subject.n_heads * eval_length**2 * item
+    need = ROWS_HELD * 2 * subject.n_heads * eval_length**2 * item
     device = next(subject.model.parameters()).device
     free = available_memory(device)
     if need <= free:
         return None
-    return (f"eval_length {eval_length:,} needs at least {need / 2**20:,.1f} MiB for the scores and patterns the audit "
-            f"keeps (2 rows x {subject.n_layers} layers x [{subject.n_heads}, {eval_length:,}, {eval_length:,}], "
-            f"twice), more than the {free / 2**20:,.1f} MiB free on {device.type}; give a smaller --eval-length")
+    return (f"eval_length {eval_length:,} needs at least {need / 2**20:,.1f} MiB for one layer's scores and patterns "
+            f"({ROWS_HELD} rows x [{subject.n_heads}, {eval_length:,}, {eval_length:,}], twice), more than the "
+            f"{free / 2**20:,.1f} MiB free on {device.type}; give a smaller --eval-length")
 
 
 def _without_sparse(step: StepResult, sparse: str) -> StepResult:

@@ -41,6 +41,7 @@ from torch import Tensor
 from nopelens.models.hooks import act_name, act_names
 
 from .numerics import Tolerance
+from .streaming import HeldBytes, hold_by_layer
 from .subjects import Subject
 
 MAX_GAP = 4
@@ -143,14 +144,21 @@ def respaced_ids(ids: Tensor, mask: Tensor, seed: int = 0, limit: int | None = N
     return torch.where(real, new, ids)
 
 
-def detect(subject: Subject, tokens: Tensor, mask: Tensor, tol: Tolerance, seed: int = 0) -> list[LayerReading]:
+def detect(subject: Subject, tokens: Tensor, mask: Tensor, tol: Tolerance, seed: int = 0,
+           held=None) -> list[LayerReading]:
     """Measure, per layer, whether it reads positions (module docstring).
+
+    The original, re-spaced and shifted ids run as one batch (the probe's rows repeated): every
+    block's input in the second and third copies is replaced by the first copy's, and each layer
+    is read as soon as its hooks fire, so one layer's scores (or pattern) of the three copies are
+    held at a time (:func:`~.streaming.hold_by_layer`).
 
     Args:
         subject: the audit's model.
         tokens, mask: int64 ``[batch, pos]``, the probe batch (left padding allowed).
         tol: the compute dtype's tolerance.
         seed: seed of the re-spacing gaps.
+        held: a :class:`~.streaming.HeldBytes` that counts the bytes held (optional).
 
     Returns:
         One :class:`LayerReading` per layer (``not_measured`` everywhere when the model takes no
@@ -165,40 +173,55 @@ def detect(subject: Subject, tokens: Tensor, mask: Tensor, tol: Tolerance, seed:
     if not subject.takes_positions:
         return [LayerReading(l, NOT_MEASURED, declared[l], quantity[l]) for l in range(subject.n_layers)]
     ids = position_ids_from_mask(mask)
-    sites = {layer: _site(layer, quantity[layer]) for layer in range(subject.n_layers)}
-    inputs = act_names("resid_pre", subject.n_layers)
-    base, held = _run(subject, tokens, mask, ids, list(sites.values()) + inputs)
-    respaced = respaced_ids(ids, mask, seed, subject.max_positions)
-    changed, _ = _run(subject, tokens, mask, respaced, list(sites.values()), patch=held)
-    shift_fits = subject.max_positions is None or int(ids.max()) + SHIFT < subject.max_positions
-    shifted = _run(subject, tokens, mask, ids + SHIFT, list(sites.values()), patch=held)[0] if shift_fits else None
-    readings = []
-    for layer in range(subject.n_layers):
-        where = _compared(subject, layer, quantity[layer], mask)
-        kind = quantity[layer]
-        before = _as_softmax_sees(base[sites[layer]], kind, where)
-        scale = float(before[where.expand_as(before)].abs().max())
-        # log p_ij - log p_ii = s_ij - s_ii: the round-off of scores of that scale, and at least that of
-        # two pattern entries relative to themselves (2 rtol)
-        bound = tol.rtol * (max(2.0, scale) if kind == "pattern" else scale)
-        spread = _spread(before, where)
-        delta = _change(_as_softmax_sees(changed[sites[layer]], kind, where), before, where)
-        shift = None
-        if delta > bound:
-            after = _as_softmax_sees(changed[sites[layer]], kind, where)
-            shift = (_change(_as_softmax_sees(shifted[sites[layer]], kind, where), before, where)
-                     if shifted is not None else None)
-            reading = RELATIVE if shift is not None and shift <= bound else ABSOLUTE
-            if shift is None:
-                reading = RELATIVE if declared[layer] == RELATIVE else ABSOLUTE
-            if kind != "output" and _row_scaled(after, before, where, bound):
-                reading = QUERY_SCALED
-        elif spread <= bound:
-            reading = FLAT
-        else:  # a layer that reads no positions computes bitwise the same; round-off-sized changes decide nothing
-            reading = NOPE if delta == 0.0 else UNDETERMINED
-        readings.append(LayerReading(layer, reading, declared[layer], quantity[layer], delta, shift, spread, bound))
-    return readings
+    variants = [ids, respaced_ids(ids, mask, seed, subject.max_positions)]
+    if subject.max_positions is None or int(ids.max()) + SHIFT < subject.max_positions:
+        variants.append(ids + SHIFT)
+    rows, copies = tokens.shape[0], len(variants)
+    sites = {_site(layer, quantity[layer]): layer for layer in range(subject.n_layers)}
+    readings: dict[int, LayerReading] = {}
+
+    def read(layer, tensors):
+        values = tensors[_site(layer, quantity[layer])].split(rows)
+        readings[layer] = _reading(subject, layer, declared[layer], quantity[layer], mask, tol, *values)
+
+    def hold_first(x, hook):  # every copy's block input is the first copy's
+        return x[:rows].repeat(copies, *([1] * (x.ndim - 1)))
+
+    held = held if held is not None else HeldBytes(tokens.shape[1])
+    hooks, finish = hold_by_layer([n for n in subject.model.hook_dict if n in sites], sites.get, read, {}, held,
+                                  clone=True)
+    # the reads first: a bridge may alias block l's resid_post (a site) with block l + 1's resid_pre
+    hooks += [(name, hold_first) for name in act_names("resid_pre", subject.n_layers)]
+    subject.forward(tokens.repeat(copies, 1), mask.repeat(copies, 1), torch.cat(variants), hooks)
+    finish()
+    return [readings[layer] for layer in range(subject.n_layers)]
+
+
+def _reading(subject: Subject, layer: int, declared: str, kind: str, mask: Tensor, tol: Tolerance,
+             base: Tensor, changed: Tensor, shifted: Tensor | None = None) -> LayerReading:
+    """One layer's reading from its quantity with the original, re-spaced and shifted ids."""
+    where = _compared(subject, layer, kind, mask)
+    before = _as_softmax_sees(base, kind, where)
+    scale = float(before[where.expand_as(before)].abs().max())
+    # log p_ij - log p_ii = s_ij - s_ii: the round-off of scores of that scale, and at least that of
+    # two pattern entries relative to themselves (2 rtol)
+    bound = tol.rtol * (max(2.0, scale) if kind == "pattern" else scale)
+    spread = _spread(before, where)
+    after = _as_softmax_sees(changed, kind, where)
+    delta = _change(after, before, where)
+    shift = None
+    if delta > bound:
+        shift = _change(_as_softmax_sees(shifted, kind, where), before, where) if shifted is not None else None
+        reading = RELATIVE if shift is not None and shift <= bound else ABSOLUTE
+        if shift is None:
+            reading = RELATIVE if declared == RELATIVE else ABSOLUTE
+        if kind != "output" and _row_scaled(after, before, where, bound):
+            reading = QUERY_SCALED
+    elif spread <= bound:
+        reading = FLAT
+    else:  # a layer that reads no positions computes bitwise the same; round-off-sized changes decide nothing
+        reading = NOPE if delta == 0.0 else UNDETERMINED
+    return LayerReading(layer, reading, declared, kind, delta, shift, spread, bound)
 
 
 def _site(layer: int, quantity: str) -> str:
@@ -214,37 +237,6 @@ def _compared(subject: Subject, layer: int, quantity: str, mask: Tensor) -> Tens
         return real[:, :, None]
     length = mask.shape[1]
     return visibility(mask, length, length, keys=subject.key_window(layer)) & real[:, None, :, None]
-
-
-def _run(subject: Subject, tokens: Tensor, mask: Tensor, position_ids: Tensor, sites: list[str],
-         patch: dict[str, Tensor] | None = None) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
-    """One forward pass with the given ids; returns (captured sites, captured layer inputs).
-
-    With ``patch``, every block's input is replaced by the patched tensor before the block runs.
-    """
-    kept: dict[str, Tensor] = {}
-    inputs: dict[str, Tensor] = {}
-
-    # Hook names are bound here, not read from ``hook.name``: a bridge may alias one hook point
-    # under two names (block l's resid_post is block l + 1's resid_pre).
-    def keep(name):
-        def hook(x, hook):
-            kept[name] = x.detach().clone()
-        return hook
-
-    def hold(name):
-        def hook(x, hook):
-            if patch is not None:
-                return patch[name]
-            inputs[name] = x.detach().clone()
-            return None
-        return hook
-
-    hooks = [(name, hold(name)) if name.endswith("hook_resid_pre") else (name, keep(name)) for name in sites]
-    if patch is not None:
-        hooks += [(name, hold(name)) for name in patch]
-    subject.forward(tokens, mask, position_ids, hooks)
-    return kept, inputs
 
 
 def _as_softmax_sees(values: Tensor, quantity: str, where: Tensor) -> Tensor:

@@ -187,11 +187,25 @@ class BridgeSubject(Subject):
 
         return position_table(self.model.original_model).double()[position_ids + self.position_offset]
 
-    def forward_without_bias(self, tokens, mask, fwd_hooks):
-        """An ALiBi tensor built from zero positions is zero; other families cannot drop a bias."""
+    def forward_without_bias(self, tokens, mask, fwd_hooks, rows=slice(None)):
+        """The ALiBi tensor (slope_h * p_j) zeroed in batch rows ``rows``; other families cannot drop a bias."""
         if not self._alibi_input:
             return False
-        self.forward(tokens, mask, torch.zeros_like(tokens), fwd_hooks)
+
+        def pre(module, args, kwargs):
+            alibi = kwargs.get("alibi")
+            if alibi is None:
+                return None
+            zeroed = alibi.clone()  # Bloom's [batch * heads, 1, key], Falcon's [batch, heads, 1, key]
+            zeroed.view(tokens.shape[0], -1)[rows] = 0
+            return args, {**kwargs, "alibi": zeroed}
+
+        handles = [b.attn.register_forward_pre_hook(pre, with_kwargs=True) for b in self.model.blocks]
+        try:
+            self.forward(tokens, mask, None, fwd_hooks)
+        finally:
+            for h in handles:
+                h.remove()
         return True
 
     # --- running ---------------------------------------------------------------------------

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
-from typing import Any
+import re
+from dataclasses import dataclass, field
+from typing import Any, Callable
 
 import torch
 from jaxtyping import Bool, Int
@@ -16,7 +17,8 @@ from nopelens.models.methods import SCORE_BIAS
 from nopelens.models.positions import position_ids_from_mask
 
 from .numerics import Tolerance, rotate
-from .subjects import Subject
+from .streaming import HeldBytes, hold_by_layer
+from .subjects import Subject, audited_hook
 
 
 @dataclass
@@ -80,14 +82,35 @@ def device_of(subject: Subject) -> torch.device:
     return next(subject.model.parameters()).device
 
 
+LayerReducer = Callable[["Run", int], Any]
+"""A step's per-layer part: reduces one layer's hooked tensors (a :class:`Run` holding that layer's
+hooks alone) to the small record the step aggregates over the layers."""
+LAYER_HOOK = re.compile(r"^blocks\.(\d+)\.attn\.")
+"""The hooks held one layer at a time (a layer's attention internals); the others (``hook_embed``,
+``hook_pos_embed``, ``blocks.0.hook_resid_pre``) are O(T) and kept for the whole run."""
+
+
 @dataclass
 class Run:
+    """One audit forward pass of the probe.
+
+    ``cache`` holds the hooks kept for the whole run; a layer's attention hooks (``[batch, head,
+    T, T]`` scores and patterns among them) are held only while that layer's reducers run
+    (:func:`stream`), so ``records`` keeps what each step needs of each layer, not the tensors.
+    """
+
     subject: Subject
     probe: Probe
-    logits: Tensor
-    cache: Any
+    logits: Tensor | None
+    cache: dict[str, Tensor]
     seen_ids: Tensor | None
     tol: Tolerance
+    records: dict[Callable, dict[int, Any]] = field(default_factory=dict)
+    not_finite: list[tuple[str, tuple[bool, ...], bool]] = field(default_factory=list)
+    """Per hook, in execution order: whether each batch row has a value that is not finite, and
+    (patterns) whether row 1 has one outside its padded queries."""
+    peak_attention_bytes: int = 0
+    """The most bytes of ``[..., T, T]`` hook tensors held at once by this run's passes."""
 
     @property
     def logit_tol(self):
@@ -101,8 +124,19 @@ class Run:
         if not hasattr(self, "_readings"):
             from .detector import detect
 
-            self._readings = detect(self.subject, self.probe.tokens, self.probe.mask, self.tol)
+            held = HeldBytes(self.probe.tokens.shape[1])
+            self._readings = detect(self.subject, self.probe.tokens, self.probe.mask, self.tol, held=held)
+            self.peak_attention_bytes = max(self.peak_attention_bytes, held.peak)
         return self._readings
+
+    def layer_records(self, key: Callable) -> dict[int, Any]:
+        """What reducer ``key`` gave for each layer, in layer order (a reducer's error re-raised here,
+        where the step reads it, as it would have been raised by the step itself)."""
+        records = self.records[key]
+        for layer in sorted(records):
+            if isinstance(records[layer], _Raised):
+                raise records[layer].error
+        return {layer: records[layer] for layer in sorted(records)}
 
     def allowed(self, layer: int) -> Bool[Tensor, "batch 1 query_pos key_pos"]:
         """The (query, key) pairs layer ``layer`` may read: causal, padding, and its window or chunk."""
@@ -113,8 +147,7 @@ class Run:
         return self.probe.blocked(self.subject.key_window(layer))
 
     def hook(self, layer: int, name: str) -> Tensor | None:
-        key = act_name(name, layer)
-        return self.cache[key] if key in self.cache.keys() else None
+        return self.cache.get(act_name(name, layer))
 
     def qk(self, layer: int) -> tuple[Tensor, Tensor]:
         """The q and k entering a layer's scores, before rotation (after any q/k norm)."""
@@ -161,11 +194,9 @@ class Run:
         return (self.scores(layer) - self.content(layer)).masked_fill(~allowed, 0.0)
 
     def first_not_finite(self, row: int) -> str | None:
-        """The first cached hook, in execution order, whose values for batch row ``row`` are not
-        finite (None: every cached value is)."""
-        batch = self.probe.tokens.shape[0]
-        return next((name for name in self.cache.keys()
-                     if self.cache[name].shape[:1] == (batch,) and _not_finite(name, self.cache[name][row])), None)
+        """The first hook, in execution order, whose values for batch row ``row`` are not finite
+        (None: every hooked value is)."""
+        return next((name for name, rows, _ in self.not_finite if row < len(rows) and rows[row]), None)
 
     @functools.cached_property
     def padded_row_not_finite(self) -> str | None:
@@ -182,14 +213,74 @@ class Run:
         first = self.first_not_finite(1)
         where = "" if first is None else f"; not finite first at {first}"
         if first is not None and first.endswith("hook_pattern"):
-            bad = ~torch.isfinite(self.cache[first][1])  # [head, query, key]
-            if not bool(bad[:, self.probe.n_pad:].any()):
+            beyond_padding = next(bad for name, _, bad in self.not_finite if name == first)
+            if not beyond_padding:
                 where += f", only in the rows of its {self.probe.n_pad} padded queries (every key hidden from them)"
         return f"the left-padded row's logits are not finite{where}"
 
     @property
     def ids_used(self) -> Tensor:
         return self.seen_ids.expand_as(self.probe.ids) if self.seen_ids is not None else self.probe.ids
+
+
+@dataclass
+class _Raised:
+    error: Exception
+
+
+def layer_of(name: str) -> int | None:
+    """The block of a layer-held hook (:data:`LAYER_HOOK`), None for the others."""
+    match = LAYER_HOOK.match(name)
+    return None if match is None else int(match.group(1))
+
+
+def stream(subject: Subject, probe: Probe, tol: Tolerance, reducers) -> Run:
+    """Run the probe once, reducing each layer's attention hooks as soon as the layer is complete.
+
+    Every audited hook of layer ``l`` (:func:`~.subjects.audited_hook`) is held until the first hook
+    of a later layer fires (or the pass ends); then each reducer runs on a :class:`Run` holding that
+    layer's hooks (and the run-wide ones), its record is kept, and the tensors are dropped: the pass
+    holds one layer's attention at a time, not every layer's. Layers whose hooks never fire (a mixer
+    that is no attention) are reduced with none.
+
+    Args:
+        subject, probe, tol: the model, the probe batch and the compute dtype's tolerance.
+        reducers: the steps' per-layer parts (:data:`LayerReducer`); each is the key of its records.
+
+    Returns:
+        The :class:`Run`: logits, the run-wide hooks, the position ids used and the records.
+    """
+    kept: dict[str, Tensor] = {}
+    run = Run(subject, probe, None, kept, None, tol, {reducer: {} for reducer in reducers})
+    held, seen = HeldBytes(probe.tokens.shape[1]), []
+    batch = probe.tokens.shape[0]
+
+    def check_finite(name, x):
+        if x.shape[:1] == (batch,):
+            rows = tuple(_not_finite(name, x[row]) for row in range(batch))
+            beyond = (batch > 1 and rows[1] and name.endswith("hook_pattern")
+                      and not bool(torch.isfinite(x[1][:, probe.n_pad:]).all()))
+            run.not_finite.append((name, rows, beyond))
+
+    def reduce(layer, tensors):
+        view = Run(subject, probe, None, {**kept, **tensors}, seen[0] if seen else None, tol)
+        for reducer in reducers:
+            try:
+                run.records[reducer][layer] = reducer(view, layer)
+            except Exception as error:  # raised where the step reads it (after the finiteness refusal)
+                run.records[reducer][layer] = _Raised(error)
+
+    names = [name for name in subject.model.hook_dict if audited_hook(name)]
+    hooks, finish = hold_by_layer(names, layer_of, reduce, kept, held, check_finite)
+    with subject.capture_position_ids() as seen:
+        run.logits = subject.forward(probe.tokens, probe.mask, None, hooks)
+        finish()
+    run.seen_ids = seen[0] if seen else None
+    for layer in range(subject.n_layers):
+        if reducers and layer not in run.records[reducers[0]]:
+            reduce(layer, {})
+    run.peak_attention_bytes = held.peak
+    return run
 
 
 def _not_finite(name: str, values: Tensor) -> bool:

@@ -30,66 +30,28 @@ def step5_rotations_and_lookups(run: Run, shift: int) -> StepResult:
     ``rel_extent``): ``hook_pos_bias`` is exactly 0 at every distance i - j >= the extent and at
     future keys, and nonzero at every distance below it (the extent is the declared one, both ways).
     """
-    s, p = run.subject, run.probe
+    s = run.subject
     rope_layers = s.layers_acting(QK_ROTATION)
     lookup_layers = [l for l, m in enumerate(s.layer_methods) if m.bias_kind == "lookup"]
+    records = run.layer_records(rotations_and_lookups_layer)
     checks, evidence = _detector_checks(run)
     bias_layers = [l for l in s.attention_layers if s.relative_bias(l) is not None]
     for layer in bias_layers:
-        checks += _relative_bias_checks(run, layer, evidence)
+        _merge(records[layer]["relative"], checks, evidence)
     if not rope_layers and not lookup_layers and not checks:
         reason = f"no Q/K rotation or relation lookup (methods {s.method_names})"
         if evidence.get("measured"):
             reason += "; " + evidence["measured_note"]
         return make_step(5, [], evidence, "", reason)
-    ids = run.ids_used.clamp(min=0)
-    real_q = p.real[:, :, None, None]
     if rope_layers:
         specs = {layer: s.rope_spec(layer) for layer in rope_layers}
         same = len({(sp.rotary_dim, sp.base, sp.pairing) for sp in specs.values()}) == 1
         evidence["rope"] = asdict(specs[rope_layers[0]]) if same else {l: asdict(sp) for l, sp in specs.items()}
         for layer in rope_layers:
-            if s.qk_unreadable(layer) is not None:
-                evidence[f"layer{layer}_rotation"] = f"not checked against the reference: {s.qk_unreadable(layer)}"
-                continue
-            spec = specs[layer]
-            other = "interleaved" if spec.pairing == "half" else "half"
-            q, k = run.qk(layer)
-            rot_q = run.hook(layer, "hook_rot_q")
-            if rot_q is not None:
-                declared = apply_rope(q, ids, spec.rotary_dim, spec.base, spec.pairing)
-                swapped = apply_rope(q, ids, spec.rotary_dim, spec.base, other)
-                e_other = max_err(rot_q, swapped, real_q)
-                check = agree(f"layer {layer} hook_rot_q = R(p) hook_q", rot_q, declared, run.tol,
-                               f"pairing {spec.pairing} (the {other} pairing gives error {e_other:.3g})", real_q)
-                if not check.passed and e_other <= check.tolerance:
-                    check.detail += f"; the rotation matches the {other} pairing instead of the declared {spec.pairing}"
-                checks.append(check)
-                rot_k = run.hook(layer, "hook_rot_k")
-                checks.append(agree(f"layer {layer} hook_rot_k = R(p) hook_k", rot_k,
-                                     apply_rope(k, ids, spec.rotary_dim, spec.base, spec.pairing), run.tol,
-                                     f"rotary_dim {spec.rotary_dim}, base {spec.base:g}", real_q))
-                if spec.rotary_dim < q.shape[-1]:
-                    checks.append(agree(f"layer {layer} dims past rotary_dim pass through",
-                                         rot_q[..., spec.rotary_dim:], q[..., spec.rotary_dim:], run.tol,
-                                         f"{q.shape[-1] - spec.rotary_dim} of {q.shape[-1]} dims unrotated "
-                                         f"(rotary_fraction {spec.rotary_dim / q.shape[-1]:g})", real_q))
-            cos = run.hook(layer, "hook_cos")
-            if cos is not None:
-                half = spec.rotary_dim // 2
-                angles = rope_angles(ids, spec.rotary_dim, spec.base, dtype=torch.float64)
-                layouts = {"half": torch.cat([angles.cos(), angles.cos()], -1),  # [theta_0.., theta_0..]
-                           "interleaved": angles.cos().repeat_interleave(2, -1)}  # [theta_0, theta_0, ..]
-                observed = cos.expand(ids.shape[0], -1, -1)[..., : 2 * half]
-                errors = {name: max_err(observed, ref, p.real[..., None]) for name, ref in layouts.items()}
-                layout = min(errors, key=errors.get)  # how HF lays out cos is bookkeeping, not the pairing
-                checks.append(agree(f"layer {layer} hook_cos = cos(p theta_r)", observed, layouts[layout], run.tol,
-                                     f"{half} frequencies base {spec.base:g} (HF's {layout} cos layout)",
-                                     p.real[..., None]))
-            checks.append(_rope_scores_check(run, layer, other, evidence))
+            _merge(records[layer]["rope"], checks, evidence)
         checks += _rope_offset_checks(run, rope_layers, shift, evidence)
     for layer in lookup_layers:
-        checks += _lookup_checks(run, layer, evidence)
+        _merge(records[layer]["lookup"], checks, evidence)
     referenced = [l for l in rope_layers if s.qk_unreadable(l) is None] + lookup_layers
     summary = ("every layer reads positions as declared (measured); rotations / lookups match the reference "
                "at the declared pairing, fraction and offsets" if referenced
@@ -97,6 +59,74 @@ def step5_rotations_and_lookups(run: Run, shift: int) -> StepResult:
     if bias_layers:
         summary += "; relative biases act exactly within their declared extent"
     return make_step(5, checks, evidence, summary)
+
+
+def _merge(part: tuple[list[Check], dict], checks: list[Check], evidence: dict) -> None:
+    checks += part[0]
+    evidence.update(part[1])
+
+
+def rotations_and_lookups_layer(run: Run, layer: int) -> dict[str, tuple[list[Check], dict]]:
+    """Step 5's parts of one layer (checks and evidence): its relative bias by token distance, its
+    rotation, and its table lookup, each where the layer has one."""
+    s, parts = run.subject, {}
+    if layer in s.attention_layers and s.relative_bias(layer) is not None:
+        evidence: dict = {}
+        parts["relative"] = (_relative_bias_checks(run, layer, evidence), evidence)
+    if s.layer_methods[layer].acts(QK_ROTATION):
+        evidence = {}
+        parts["rope"] = (_rotation_checks(run, layer, evidence), evidence)
+    if s.layer_methods[layer].bias_kind == "lookup":
+        evidence = {}
+        parts["lookup"] = (_lookup_checks(run, layer, evidence), evidence)
+    return parts
+
+
+def _rotation_checks(run: Run, layer: int, evidence: dict) -> list[Check]:
+    """A RoPE layer's rotated q and k, HF's cos, and its scores against the declared reference."""
+    s, p = run.subject, run.probe
+    if s.qk_unreadable(layer) is not None:
+        evidence[f"layer{layer}_rotation"] = f"not checked against the reference: {s.qk_unreadable(layer)}"
+        return []
+    ids = run.ids_used.clamp(min=0)
+    real_q = p.real[:, :, None, None]
+    checks = []
+    spec = s.rope_spec(layer)
+    other = "interleaved" if spec.pairing == "half" else "half"
+    q, k = run.qk(layer)
+    rot_q = run.hook(layer, "hook_rot_q")
+    if rot_q is not None:
+        declared = apply_rope(q, ids, spec.rotary_dim, spec.base, spec.pairing)
+        swapped = apply_rope(q, ids, spec.rotary_dim, spec.base, other)
+        e_other = max_err(rot_q, swapped, real_q)
+        check = agree(f"layer {layer} hook_rot_q = R(p) hook_q", rot_q, declared, run.tol,
+                       f"pairing {spec.pairing} (the {other} pairing gives error {e_other:.3g})", real_q)
+        if not check.passed and e_other <= check.tolerance:
+            check.detail += f"; the rotation matches the {other} pairing instead of the declared {spec.pairing}"
+        checks.append(check)
+        rot_k = run.hook(layer, "hook_rot_k")
+        checks.append(agree(f"layer {layer} hook_rot_k = R(p) hook_k", rot_k,
+                             apply_rope(k, ids, spec.rotary_dim, spec.base, spec.pairing), run.tol,
+                             f"rotary_dim {spec.rotary_dim}, base {spec.base:g}", real_q))
+        if spec.rotary_dim < q.shape[-1]:
+            checks.append(agree(f"layer {layer} dims past rotary_dim pass through",
+                                 rot_q[..., spec.rotary_dim:], q[..., spec.rotary_dim:], run.tol,
+                                 f"{q.shape[-1] - spec.rotary_dim} of {q.shape[-1]} dims unrotated "
+                                 f"(rotary_fraction {spec.rotary_dim / q.shape[-1]:g})", real_q))
+    cos = run.hook(layer, "hook_cos")
+    if cos is not None:
+        half = spec.rotary_dim // 2
+        angles = rope_angles(ids, spec.rotary_dim, spec.base, dtype=torch.float64)
+        layouts = {"half": torch.cat([angles.cos(), angles.cos()], -1),  # [theta_0.., theta_0..]
+                   "interleaved": angles.cos().repeat_interleave(2, -1)}  # [theta_0, theta_0, ..]
+        observed = cos.expand(ids.shape[0], -1, -1)[..., : 2 * half]
+        errors = {name: max_err(observed, ref, p.real[..., None]) for name, ref in layouts.items()}
+        layout = min(errors, key=errors.get)  # how HF lays out cos is bookkeeping, not the pairing
+        checks.append(agree(f"layer {layer} hook_cos = cos(p theta_r)", observed, layouts[layout], run.tol,
+                             f"{half} frequencies base {spec.base:g} (HF's {layout} cos layout)",
+                             p.real[..., None]))
+    checks.append(_rope_scores_check(run, layer, other, evidence))
+    return checks
 
 
 def _detector_checks(run: Run) -> tuple[list[Check], dict]:

@@ -78,20 +78,11 @@ def step2_origin_and_sign(run: Run) -> StepResult:
         evidence["first_real_token_position"] = origin.tolist()
         checks.append(Check("index origin", bool((origin == 0).all()),
                             f"first real token of each row at positions {origin.tolist()} (expected 0)"))
-    for layer, method in enumerate(s.layer_methods):
-        if method.reads_positions and s.offset_zero_only(layer):
-            unreadable[layer] = (f"{s.key_window(layer).describe()}: each query sees only its own key (offset 0), "
-                                 "so no offset's sign can show")
-            evidence[f"layer{layer}_offset_sign"] = f"not checked: {unreadable[layer]}"
-        elif method.acts(QK_ROTATION) and s.qk_unreadable(layer) is not None:
-            unreadable[layer] = s.qk_unreadable(layer)
-            evidence[f"layer{layer}_rotation_direction"] = f"not checked: {unreadable[layer]}"
-        elif method.acts(QK_ROTATION):
-            checks.append(_rotation_direction_check(run, layer, evidence))
-        elif method.bias_kind == "linear":
-            checks.append(_linear_bias_sign_check(run, layer, evidence))
-        elif method.bias_kind == "lookup" and s.reads_tables:
-            checks.append(_lookup_sign_check(run, layer, evidence))
+    for layer, (layer_checks, layer_evidence, why) in run.layer_records(origin_and_sign_layer).items():
+        checks += layer_checks
+        evidence.update(layer_evidence)
+        if why is not None:
+            unreadable[layer] = why
     reason = None
     if not checks:
         reason = (by_reason(unreadable) if unreadable
@@ -100,6 +91,29 @@ def step2_origin_and_sign(run: Run) -> StepResult:
     summary = ("first real token at 0; every relative method has its declared sign" if relative
                else "first real token of every row at position 0")
     return make_step(2, checks, evidence, summary, reason)
+
+
+def origin_and_sign_layer(run: Run, layer: int) -> tuple[list[Check], dict[str, Any], str | None]:
+    """Step 2's part of one layer: the check its method's declarations choose (none, or the
+    reason it cannot be read), and its evidence."""
+    s, method = run.subject, run.subject.layer_methods[layer]
+    checks: list[Check] = []
+    evidence: dict[str, Any] = {}
+    why = None
+    if method.reads_positions and s.offset_zero_only(layer):
+        why = (f"{s.key_window(layer).describe()}: each query sees only its own key (offset 0), "
+               "so no offset's sign can show")
+        evidence[f"layer{layer}_offset_sign"] = f"not checked: {why}"
+    elif method.acts(QK_ROTATION) and s.qk_unreadable(layer) is not None:
+        why = s.qk_unreadable(layer)
+        evidence[f"layer{layer}_rotation_direction"] = f"not checked: {why}"
+    elif method.acts(QK_ROTATION):
+        checks.append(_rotation_direction_check(run, layer, evidence))
+    elif method.bias_kind == "linear":
+        checks.append(_linear_bias_sign_check(run, layer, evidence))
+    elif method.bias_kind == "lookup" and s.reads_tables:
+        checks.append(_lookup_sign_check(run, layer, evidence))
+    return checks, evidence, why
 
 
 def _linear_bias_sign_check(run: Run, layer: int, evidence: dict) -> Check:

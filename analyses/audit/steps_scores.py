@@ -13,10 +13,31 @@ from nopelens.models.positions import alibi_bias
 
 from .numerics import agree, dot_scores, max_err
 from .probe import Run
+from .streaming import HeldBytes, hold_by_layer
 from .report import Check, StepResult, make_step, by_reason
 
 
 # ----------------------------------------------------------------------------- step 3
+def masks_layer(run: Run, layer: int) -> dict | None:
+    """Step 3's part of one layer: its extreme allowed and blocked weights, scores and bias."""
+    s = run.subject
+    if layer not in s.attention_layers:
+        return None
+    allowed, blocked = run.allowed(layer), run.blocked(layer)
+    pattern = run.hook(layer, "hook_pattern").double()
+    record = {"min_allowed": float(pattern[allowed.expand_as(pattern)].min()),
+              "max_blocked": float(pattern[blocked.expand_as(pattern)].abs().max()),
+              "blocked_scores_ok": True, "allowed_finite": True, "worst_bias": None}
+    if s.scores_trusted:
+        scores = run.hook(layer, "hook_attn_scores").double()
+        record["blocked_scores_ok"] = bool((scores[blocked.expand_as(scores)] <= run.tol.masked_score).all())
+        record["allowed_finite"] = bool(scores[allowed.expand_as(scores)].isfinite().all())
+    bias = run.position_contribution(layer)
+    if bias is not None:
+        record["worst_bias"] = float(bias[allowed.expand_as(bias)].abs().max())
+    return record
+
+
 def step3_masks_vs_biases(run: Run) -> StepResult:
     """Step 3: the mask blocks keys exactly; finite score biases never do.
 
@@ -24,25 +45,16 @@ def step3_masks_vs_biases(run: Run) -> StepResult:
     at -inf (or <= -1e30); allowed entries keep weight > 0 and finite scores. Where a layer adds a
     score bias, a rerun with every bias dropped must change the scores but not the blocked set.
     """
-    s, p = run.subject, run.probe
+    s = run.subject
     checks, evidence = [], {}
-    min_allowed, max_blocked, worst_bias = [], [], []
-    blocked_scores_ok, allowed_finite = True, True
+    records = [r for r in run.layer_records(masks_layer).values() if r is not None]
+    min_allowed, max_blocked = [r["min_allowed"] for r in records], [r["max_blocked"] for r in records]
+    worst_bias = [r["worst_bias"] for r in records if r["worst_bias"] is not None]
+    blocked_scores_ok = all(r["blocked_scores_ok"] for r in records)
+    allowed_finite = all(r["allowed_finite"] for r in records)
     windows = {layer: s.key_window(layer).describe() for layer in s.attention_layers if not s.key_window(layer).causal_only}
     if windows:
         evidence["windows"] = windows
-    for layer in s.attention_layers:
-        allowed, blocked = run.allowed(layer), run.blocked(layer)
-        pattern = run.hook(layer, "hook_pattern").double()
-        min_allowed.append(float(pattern[allowed.expand_as(pattern)].min()))
-        max_blocked.append(float(pattern[blocked.expand_as(pattern)].abs().max()))
-        if s.scores_trusted:
-            scores = run.hook(layer, "hook_attn_scores").double()
-            blocked_scores_ok &= bool((scores[blocked.expand_as(scores)] <= run.tol.masked_score).all())
-            allowed_finite &= bool(scores[allowed.expand_as(scores)].isfinite().all())
-        bias = run.position_contribution(layer)
-        if bias is not None:
-            worst_bias.append(float(bias[allowed.expand_as(bias)].abs().max()))
     evidence.update(min_allowed_weight=min_allowed, max_blocked_weight=max_blocked, largest_bias=worst_bias)
     checks.append(Check("blocked entries have exactly zero weight", max(max_blocked) == 0.0,
                         f"max weight on a blocked (future or padded) key: {max(max_blocked):.3g}",
@@ -71,29 +83,33 @@ def step3_masks_vs_biases(run: Run) -> StepResult:
 
 
 def _drop_bias(run: Run, layers: list[int]) -> tuple[list[Check], dict] | None:
-    """Re-run with every score bias zeroed: scores change, the blocked set does not."""
+    """Run the probe twice in one batch, every score bias dropped in the second copy: the scores
+    change, the blocked set does not. Each bias layer's scores and pattern are compared as soon as
+    they fire (:func:`~.streaming.hold_by_layer`), one layer at a time."""
     s, p = run.subject, run.probe
-    names = [act_name(n, l) for l in layers for n in ("attn_scores", "pattern")]
-    kept: dict[str, Tensor] = {}
-
-    def keep(x, hook):
-        kept[hook.name] = x.detach().clone()
-
-    if not s.forward_without_bias(p.tokens, p.mask, [(n, keep) for n in names]):
-        return None
+    rows = p.tokens.shape[0]
+    wanted = {act_name(n, l): l for l in layers for n in ("attn_scores", "pattern")}
     real_rows = p.real[:, None, :, None]
-    same_blocked, changed = True, []
-    for layer in layers:
+    same_blocked, changed = [], {}
+
+    def compare(layer, tensors):
         allowed = run.allowed(layer)
-        before = run.hook(layer, "hook_pattern")
-        after = kept[act_name("pattern", layer)]
-        same_blocked &= bool(((before == 0) == (after == 0))[real_rows.expand_as(before)].all())
-        score_before = run.hook(layer, "hook_attn_scores")
-        score_after = kept[act_name("attn_scores", layer)]
-        changed.append(max_err(score_before, score_after, allowed))
+        pattern, scores = tensors[act_name("pattern", layer)], tensors[act_name("attn_scores", layer)]
+        before, after = pattern[:rows], pattern[rows:]
+        same_blocked.append(bool(((before == 0) == (after == 0))[real_rows.expand_as(before)].all()))
+        changed[layer] = max_err(scores[:rows], scores[rows:], allowed)
+
+    held = HeldBytes(p.tokens.shape[1])
+    hooks, finish = hold_by_layer([n for n in s.model.hook_dict if n in wanted], wanted.get, compare, {}, held,
+                                  clone=True)
+    if not s.forward_without_bias(p.tokens.repeat(2, 1), p.mask.repeat(2, 1), hooks, rows=slice(rows, None)):
+        return None
+    finish()
+    run.peak_attention_bytes = max(run.peak_attention_bytes, held.peak)
+    changed = [changed[layer] for layer in layers]
     bound = run.tol.of(run.logits)
     checks = [
-        Check("dropping the bias keeps the blocked set", same_blocked,
+        Check("dropping the bias keeps the blocked set", all(same_blocked),
               "entries with zero weight are the same with and without the position bias"),
         Check("dropping the bias changes the scores", min(changed) > bound,
               f"max score change per bias layer {[round(c, 6) for c in changed]}", min(changed), bound),
@@ -102,6 +118,48 @@ def _drop_bias(run: Run, layers: list[int]) -> tuple[list[Check], dict] | None:
 
 
 # ----------------------------------------------------------------------------- step 6
+def score_parts_layer(run: Run, layer: int) -> tuple[list[Check], bool, str | None] | None:
+    """Step 6's part of one layer: its checks, whether its content was derived, why its q and k
+    cannot be read (or None)."""
+    s = run.subject
+    if layer not in s.attention_layers:
+        return None
+    if s.qk_unreadable(layer) is not None:
+        return [], False, s.qk_unreadable(layer)
+    method, checks = s.layer_methods[layer], []
+    allowed = run.allowed(layer)
+    scores = run.scores(layer)
+    content_hook = run.hook(layer, "hook_content_scores")
+    q_rot = run.hook(layer, "hook_rot_q")
+    if content_hook is not None:
+        q = q_rot if q_rot is not None else run.hook(layer, "hook_q")
+        k = run.hook(layer, "hook_rot_k") if q_rot is not None else run.hook(layer, "hook_k")
+        checks.append(agree(f"layer {layer} content = q.k / sqrt(d_head)", content_hook,
+                             dot_scores(q, k, s.score_scale(layer)), run.tol,
+                             "hook_content_scores recomputed from the hooked q and k", allowed))
+        content = content_hook.double()
+    else:
+        content = run.content(layer)
+    bias = run.position_contribution(layer)
+    if bias is None or content_hook is not None:  # a derived bias adds up by construction
+        total = content + (bias if bias is not None else 0.0)
+        checks.append(agree(f"layer {layer} content + position = scores", scores, total, run.tol,
+                             f"{method.name}: " + ("content + position bias" if bias is not None
+                                              else "content only (no score bias)"),
+                             allowed))
+    if method.bias_kind == "linear":
+        ids = run.ids_used.clamp(min=0)
+        reference = alibi_bias(s.alibi_slopes(layer).to(ids.device), ids, ids).double()
+        observed = bias
+        if content_hook is None:  # HF adds slope * p_j; compare up to the per-row constant
+            observed = bias - bias.diagonal(dim1=-2, dim2=-1)[..., :, None]
+        checks.append(agree(f"layer {layer} {method.label} position contribution", observed, reference,
+                             run.tol, method.reference_text
+                             + (" (row-centred)" if content_hook is None else ""),
+                             allowed))
+    return checks, content_hook is None, None
+
+
 def step6_score_parts(run: Run) -> StepResult:
     """Step 6: content scores and position contributions, recorded separately, add up to the scores.
 
@@ -110,45 +168,16 @@ def step6_score_parts(run: Run) -> StepResult:
     -m_h (i - j). Where a model hooks no separate parts (HF), content is recomputed from
     ``hook_q``/``hook_k`` and the position part is the difference.
     """
-    s = run.subject
     checks, evidence, derived, unreadable = [], {}, [], {}
-    for layer, method in enumerate(s.layer_methods):
-        if layer not in s.attention_layers:
+    for layer, record in run.layer_records(score_parts_layer).items():
+        if record is None:
             continue
-        if s.qk_unreadable(layer) is not None:
-            unreadable[layer] = s.qk_unreadable(layer)
-            continue
-        allowed = run.allowed(layer)
-        scores = run.scores(layer)
-        content_hook = run.hook(layer, "hook_content_scores")
-        q_rot = run.hook(layer, "hook_rot_q")
-        if content_hook is not None:
-            q = q_rot if q_rot is not None else run.hook(layer, "hook_q")
-            k = run.hook(layer, "hook_rot_k") if q_rot is not None else run.hook(layer, "hook_k")
-            checks.append(agree(f"layer {layer} content = q.k / sqrt(d_head)", content_hook,
-                                 dot_scores(q, k, s.score_scale(layer)), run.tol,
-                                 "hook_content_scores recomputed from the hooked q and k", allowed))
-            content = content_hook.double()
-        else:
-            content = run.content(layer)
+        layer_checks, was_derived, why = record
+        checks += layer_checks
+        if why is not None:
+            unreadable[layer] = why
+        elif was_derived:
             derived.append(layer)
-        bias = run.position_contribution(layer)
-        if bias is None or content_hook is not None:  # a derived bias adds up by construction
-            total = content + (bias if bias is not None else 0.0)
-            checks.append(agree(f"layer {layer} content + position = scores", scores, total, run.tol,
-                                 f"{method.name}: " + ("content + position bias" if bias is not None
-                                                  else "content only (no score bias)"),
-                                 allowed))
-        if method.bias_kind == "linear":
-            ids = run.ids_used.clamp(min=0)
-            reference = alibi_bias(s.alibi_slopes(layer).to(ids.device), ids, ids).double()
-            observed = bias
-            if content_hook is None:  # HF adds slope * p_j; compare up to the per-row constant
-                observed = bias - bias.diagonal(dim1=-2, dim2=-1)[..., :, None]
-            checks.append(agree(f"layer {layer} {method.label} position contribution", observed, reference,
-                                 run.tol, method.reference_text
-                                 + (" (row-centred)" if content_hook is None else ""),
-                                 allowed))
     if derived:
         evidence["derived_content_layers"] = derived
         evidence["note"] = ("the bridge hooks no separate content or bias scores; content is recomputed from "
@@ -176,6 +205,36 @@ def _output_scale(run: Run, layer: int, pattern: Tensor) -> Tensor | None:
 
 
 # ----------------------------------------------------------------------------- step 7
+def softmax_layer(run: Run, layer: int) -> dict | None:
+    """Step 7's part of one layer: its softmax errors, row sums, sink mass and blocked weights."""
+    from nopelens.models.hf import softmax_with_sink
+
+    s, p = run.subject, run.probe
+    if layer not in s.attention_layers:
+        return None
+    real_rows = p.real[:, None, :, None]
+    blocked = run.blocked(layer)
+    pattern = run.hook(layer, "hook_pattern").double()
+    kind, logits = s.sink(layer)
+    extra = kind in ("learned", "per_token")
+    record = {"key": None, "query": None, "sink_mass": None, "over_one": None, "sum": None}
+    if s.scores_trusted:
+        scores = run.hook(layer, "hook_attn_scores").double()
+        record["key"] = max_err(pattern, softmax_with_sink(scores, logits if extra else None), real_rows)
+        record["query"] = max_err(pattern, scores.softmax(-2), real_rows)
+    sums = pattern.sum(-1)[p.real[:, None].expand(-1, pattern.shape[1], -1)]
+    if kind == "output_scale":
+        scale = _output_scale(run, layer, pattern)
+        if scale is not None:
+            record["sink_mass"], record["over_one"] = float((1 - scale).mean()), float((scale - 1).max())
+    if extra:
+        record["sink_mass"], record["over_one"] = float((1 - sums).mean()), float((sums - 1).max())
+    else:
+        record["sum"] = float((sums - 1).abs().max())
+    record["block"] = float(pattern[blocked.expand_as(pattern)].abs().max())
+    return record
+
+
 def step7_softmax(run: Run) -> StepResult:
     """Step 7: patterns are softmaxes of the combined scores over the key axis.
 
@@ -186,35 +245,16 @@ def step7_softmax(run: Run) -> StepResult:
     and no row may exceed 1; where the scores are recorded, the pattern must equal the softmax with
     the model's own sink logits. An output-scale sink (Granite SWA) leaves the pattern a plain softmax.
     """
-    from nopelens.models.hf import softmax_with_sink
-
     s, p = run.subject, run.probe
-    real_rows = p.real[:, None, :, None]
     checks = []
-    worst_key, worst_query, worst_sum, worst_block = 0.0, math.inf, 0.0, 0.0
-    sink_mass, over_one, plain = {}, 0.0, False
-    for layer in s.attention_layers:
-        blocked = run.blocked(layer)
-        pattern = run.hook(layer, "hook_pattern").double()
-        kind, logits = s.sink(layer)
-        extra = kind in ("learned", "per_token")
-        if s.scores_trusted:
-            scores = run.hook(layer, "hook_attn_scores").double()
-            worst_key = max(worst_key, max_err(pattern, softmax_with_sink(scores, logits if extra else None), real_rows))
-            worst_query = min(worst_query, max_err(pattern, scores.softmax(-2), real_rows))
-        sums = pattern.sum(-1)[p.real[:, None].expand(-1, pattern.shape[1], -1)]
-        if kind == "output_scale":
-            scale = _output_scale(run, layer, pattern)
-            if scale is not None:
-                sink_mass[layer] = float((1 - scale).mean())
-                over_one = max(over_one, float((scale - 1).max()))
-        if extra:
-            sink_mass[layer] = float((1 - sums).mean())
-            over_one = max(over_one, float((sums - 1).max()))
-        else:
-            plain = True
-            worst_sum = max(worst_sum, float((sums - 1).abs().max()))
-        worst_block = max(worst_block, float(pattern[blocked.expand_as(pattern)].abs().max()))
+    records = {layer: r for layer, r in run.layer_records(softmax_layer).items() if r is not None}
+    worst_key = max([0.0] + [r["key"] for r in records.values() if r["key"] is not None])
+    worst_query = min([math.inf] + [r["query"] for r in records.values() if r["query"] is not None])
+    sink_mass = {layer: r["sink_mass"] for layer, r in records.items() if r["sink_mass"] is not None}
+    over_one = max([0.0] + [r["over_one"] for r in records.values() if r["over_one"] is not None])
+    plain = any(r["sum"] is not None for r in records.values())
+    worst_sum = max([0.0] + [r["sum"] for r in records.values() if r["sum"] is not None])
+    worst_block = max([0.0] + [r["block"] for r in records.values()])
     bound = run.tol.atol
     evidence: dict = {"padded_query_rows_excluded": p.n_pad}
     if s.scores_trusted:

@@ -156,8 +156,9 @@ class Subject(abc.ABC):
         records them)."""
 
     @abc.abstractmethod
-    def forward_without_bias(self, tokens: Tensor, mask: Tensor, fwd_hooks: Any) -> bool:
-        """Run with every finite score bias dropped (and the given hooks); False where impossible."""
+    def forward_without_bias(self, tokens: Tensor, mask: Tensor, fwd_hooks: Any, rows: slice = slice(None)) -> bool:
+        """Run with every finite score bias dropped in batch rows ``rows`` (and the given hooks);
+        False where impossible."""
 
     def score_scale(self, layer: int) -> float:
         """The factor multiplying q.k in a layer's scores: 1 / sqrt(d_head)."""
@@ -306,9 +307,13 @@ class DecoderSubject(Subject):
                 pieces.append(self.model(tokens[:, t:t + 1], attention_mask=mask[:, t:t + 1], past_kv=cache))
         return torch.cat(pieces, 1), {"step_ids": torch.cat(seen, 1), "cache_ids": cache.position_ids}
 
-    def forward_without_bias(self, tokens, mask, fwd_hooks):
-        zero = [(act_name("pos_bias", l), lambda x, hook: torch.zeros_like(x))
-                for l in self.layers_acting(SCORE_BIAS)]
+    def forward_without_bias(self, tokens, mask, fwd_hooks, rows=slice(None)):
+        def drop(x, hook):
+            x = x.expand(tokens.shape[0], *x.shape[1:]).clone()
+            x[rows] = 0
+            return x
+
+        zero = [(act_name("pos_bias", l), drop) for l in self.layers_acting(SCORE_BIAS)]
         self.forward(tokens, mask, None, zero + list(fwd_hooks))
         return True
 
