@@ -62,11 +62,12 @@ from nopelens.models.threads import one_thread
 from nopelens.probes import collect, resid_site
 from nopelens.probes.collect import site_block
 from nopelens.probes.sinks import GU_WINDOW, attention_variance, sink_flags, sink_table, variance_slopes
+from nopelens.probes.stream import Sequences
 
 from . import layers, parallel, reads, report, runs, seeds
 from .eta import SweepETA
 from .intervene import sink_ablation_drop
-from .reads import ProbeInput, SweepSites
+from .reads import ProbeInput, SweepSites, bilinear_mode
 from .subjects import (
     CONTROL_SPECS, HF_PREFIX, HFInput, Subject, check_spec, display_name, has_training_seed, input_changes,
     input_fingerprint, planned_work, qk_sites, resolve,
@@ -383,10 +384,12 @@ def analyse_subject(subject: Subject, settings: SweepSettings, progress: bool = 
         raise ValueError("--layers applies to hf:DIR models (the streamed probe)")
     sites = sweep_sites(subject, settings.sites)
     acts = collect(subject.model, subject.tokens, sites.all(), attention_mask=subject.attention_mask, batch_size=32)
-    probes = reads.measure_targets(ProbeInput(acts, sites, seq_len=subject.tokens.shape[1],
-                                              n_sequences=settings.n_sequences, n_splits=settings.n_splits,
-                                              n_boot=settings.n_boot, seed=settings.seed, progress=progress,
-                                              label=subject.name))
+    # every batch kept, every position its class and every distance drawn, as the in-memory sweep always read them
+    inp = ProbeInput(Sequences.of_activations(acts), sites, seq_len=subject.tokens.shape[1],
+                     n_sequences=settings.n_sequences, n_splits=settings.n_splits, n_boot=settings.n_boot,
+                     seed=settings.seed, bilinear=bilinear_mode(acts, sites.qk[0][0]) if sites.qk else "outer",
+                     max_classes=None, distances=None)
+    probes = reads.measure_in_memory(reads.measure_targets(inp), acts, subject.name if progress else None)
     probes.insert(0, "model", subject.name)
 
     sinks = sink_conditions(subject, acts)
