@@ -61,8 +61,8 @@ from nopelens.models.progress import progress_bar
 from nopelens.models.threads import one_thread
 from nopelens.probes import collect, resid_site
 from nopelens.probes.collect import site_block
-from nopelens.probes.sinks import GU_WINDOW, attention_variance, sink_flags, sink_table, variance_slopes
-from nopelens.probes.stream import Sequences
+from nopelens.probes.sinks import GU_WINDOW, sink_flags, sink_table, variance_slopes
+from nopelens.probes.stream import AttentionVariance, Sequences, replay
 
 from . import layers, parallel, reads, report, runs, seeds
 from .eta import SweepETA
@@ -394,7 +394,8 @@ def analyse_subject(subject: Subject, settings: SweepSettings, progress: bool = 
 
     sinks = sink_conditions(subject, acts)
     variance_sites = [site for site in act_names("attn_out", subject.variance_blocks()) if site in acts.acts]
-    variance = (attention_variance(acts, sites=variance_sites, windows=subject.key_windows()) if variance_sites else
+    variance = (replay(acts, [AttentionVariance(inp.sequences, variance_sites, subject.key_windows())])[0]
+                if variance_sites else
                 pd.DataFrame(columns=["site", "block", "position", "visible_keys", "variance", "n_sequences"]))
     variance = _variance_table(subject, variance)
     # sink ablation (issue 14): next-layer absolute-index R^2 with block l's first key removed

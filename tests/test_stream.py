@@ -606,12 +606,12 @@ def test_every_default_read_streamed_in_memory_and_by_scikit_learn_agree(kind, o
     from nopelens.probes.linear import is_target, position_classes
     from nopelens.probes.targets import bilinear_features, pair_features, sample_distance_pairs, score_features
 
-    tokens = torch.randint(0, 50, (12, 16), generator=torch.Generator().manual_seed(7))
+    tokens = torch.randint(0, 50, (9, 12), generator=torch.Generator().manual_seed(7))
     mask = None
     if kind == "hf":
         model, rot = _tiny_bridged_llama(), "rot_"
     else:
-        model = Decoder(DecoderConfig(d_vocab=50, n_ctx=32, n_layers=2, d_model=32, n_heads=2, position=kind),
+        model = Decoder(DecoderConfig(d_vocab=50, n_ctx=32, n_layers=2, d_model=16, n_heads=2, position=kind),
                         seed=4).eval()
         rot = "rot_" if kind == "rope" else ""
     qk = [(f"blocks.{l}.attn.hook_{rot}q", f"blocks.{l}.attn.hook_{rot}k") for l in range(2)]
