@@ -61,7 +61,7 @@ from nopelens.models.progress import progress_bar
 from nopelens.models.threads import one_thread
 from nopelens.probes import collect, resid_site
 from nopelens.probes.collect import site_block
-from nopelens.probes.sinks import GU_WINDOW, sink_flags, sink_table, variance_slopes
+from nopelens.probes.sinks import GU_WINDOW, SinkStats, empty_sink_table, sink_flags, variance_slopes
 from nopelens.probes.stream import AttentionVariance, Sequences, replay
 
 from . import layers, parallel, reads, report, runs, seeds
@@ -477,15 +477,23 @@ def sink_conditions(subject: Subject, acts) -> pd.DataFrame:
                        attention_mask=subject.attention_mask, batch_size=32)
     skipped = subject.note_unreadable_reads()["sink read"]  # DSA blocks, windows of 1
     readable = [site for site in acts.patterns if site.endswith("hook_pattern") and site_block(site) not in skipped]
-    frames = [sink_table(acts, n_tokens=window, windows=windows, sinks=sinks, sites=readable)
-              .assign(condition=condition, gu_window=window)]
+    frames = [_sink_table(acts, window, windows, sinks, readable).assign(condition=condition, gu_window=window)]
     if subject.has_bos:
         stripped = collect(subject.model, subject.tokens[:, 1:], list(dict.fromkeys(list(acts.patterns) + sink_sites(subject))),
                            attention_mask=subject.attention_mask[:, 1:], batch_size=32)
-        frames.append(sink_table(stripped, n_tokens=min(window, shortest - 1), windows=windows, sinks=sinks, sites=readable)
+        frames.append(_sink_table(stripped, min(window, shortest - 1), windows, sinks, readable)
                       .assign(condition="without_bos", gu_window=min(window, shortest - 1)))
     table = pd.concat(frames, ignore_index=True).assign(model=subject.name)
     return table[[c for c in table if c != "gu_window"] + ["gu_window"]]  # T per condition, the last column
+
+
+def _sink_table(acts, window: int, windows: dict, sinks: dict, sites: list[str]) -> pd.DataFrame:
+    """The sink table of ``sites`` in ``acts``: the streamed :class:`~nopelens.probes.sinks.SinkStats`
+    replayed on them (one implementation of the read, streamed or in memory)."""
+    if not sites:
+        return empty_sink_table(window, sinks)
+    stats = SinkStats(Sequences.of_activations(acts), sites, n_tokens=window, windows=windows, sinks=sinks)
+    return replay(acts, [stats])[0]
 
 
 def sink_sites(subject: Subject) -> list[str]:
