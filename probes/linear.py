@@ -50,7 +50,7 @@ from sklearn.linear_model import LogisticRegression, RidgeClassifier
 from sklearn.model_selection import GroupKFold
 from sklearn.pipeline import Pipeline
 
-from .collect import Activations, site_block, site_layer
+from .collect import site_block, site_layer
 from .fitting import ALPHAS, GroupedRidgeCV, RoundoffScaler, fit_folds, roundoff_tolerance
 from .metrics import HIGHER_IS_BETTER, bootstrap_scores, mad_chance_of, metric_names, random_state
 from .targets import control_labels, shuffled_labels, token_identity_predictions
