@@ -10,10 +10,13 @@ the figure (:func:`~nopelens.analyses.report.probe_figure`) and the tables over 
 (:func:`~nopelens.analyses.seeds.over_seeds`) all take their reads from :data:`SWEEP_READS`, in
 its order, at call time.
 
-A *target function* (:data:`TARGETS`) measures one target on one subject: it gets the activations
-the sweep collected (:class:`ProbeInput`) and returns tidy probe rows
-(:data:`~nopelens.probes.linear.RESULT_COLUMNS`) whose ``target`` column is its key. The sweep
-runs the target functions its reads name, in order of first use.
+A *target function* (:data:`TARGETS`) is a target's one definition: from one subject's token set,
+sites and probe settings (:class:`ProbeInput`) it builds the measurement of its probe rows
+(:class:`~nopelens.probes.stream_probes.Probes`: tidy rows, :data:`~nopelens.probes.linear.RESULT_COLUMNS`,
+whose ``target`` column is its key). The streamed probe (``nopelens probe hf:DIR``,
+:func:`~nopelens.analyses.streamed.measurements`) feeds it a hooked forward pass; the in-memory
+sweep feeds it the activations it collected (:func:`measure_in_memory`); the answers are the same.
+The sweep runs the target functions its reads name, in order of first use.
 
 Adding a sweep read is one :class:`SweepRead` appended to :data:`SWEEP_READS`, plus its target
 function in :data:`TARGETS` when it reads a target the sweep does not measure yet (a read of an
@@ -31,11 +34,12 @@ from typing import Callable, Sequence
 
 import pandas as pd
 
-from nopelens.models.progress import progress_bar
-from nopelens.probes import (
-    Activations, first_recoverable_layer, probe_absolute_index, probe_relative_distance, site_block,
-)
+from nopelens.probes import Activations, first_recoverable_layer, site_block
 from nopelens.probes.linear import NOT_RECOVERED, clears_bar, is_target
+from nopelens.probes.stream import KeepBudget, Measurement, Sequences, replay
+from nopelens.probes.stream_probes import (
+    MAX_POSITION_CLASSES, Probes, absolute_index_probes, relative_distance_probes, replay_probes,
+)
 from nopelens.probes.metrics import HIGHER_IS_BETTER, metric_names
 
 __all__ = ["NOT_RECOVERED", "ProbeInput", "SweepRead", "SweepSites", "SWEEP_READS", "TARGETS", "read_columns"]
@@ -300,64 +304,56 @@ class SweepSites:
 
 @dataclass(frozen=True)
 class ProbeInput:
-    """What a target function gets: one subject's activations and the sweep's probe settings.
+    """What a target function gets: one subject's token set, its sites and the sweep's probe settings.
 
     Attributes:
-        acts: activations of every :class:`SweepSites` site on the subject's evaluation batch.
+        sequences: the evaluation batch (:class:`~nopelens.probes.stream.Sequences`).
         sites: the sites.
         seq_len: tokens per evaluation sequence (the batch's width, padding included).
         n_sequences: evaluation sequences.
         n_splits, n_boot, seed: GroupKFold folds, bootstrap replicates and seed of every probe.
-        progress: show a bar over the sites as they are fitted.
-        label: what the bars name first (the model: workers share one log).
+        bilinear: the content q.k read's features (:func:`bilinear_mode_of`).
+        keep: the keep budget the measurements share (None: every batch kept, one pass).
+        max_classes: absolute-index classes before position bins (None: every position its class).
+        distances: the distances pairs are drawn at (``"spread"``, or None: every distance).
     """
 
-    acts: Activations
+    sequences: Sequences
     sites: SweepSites
     seq_len: int
     n_sequences: int
     n_splits: int
     n_boot: int
     seed: int
-    progress: bool = False
-    label: str = ""
+    bilinear: str = "outer"
+    keep: KeepBudget | None = None
+    max_classes: int | None = MAX_POSITION_CLASSES
+    distances: str | None = "spread"
 
     @property
     def common(self) -> dict:
-        """The keyword arguments every probe call shares."""
-        return dict(n_splits=self.n_splits, n_boot=self.n_boot, seed=self.seed)
-
-    def each(self, items: Sequence, what: str):
-        """``items``, behind a progress bar (``probing <what>``) when :attr:`progress` is set."""
-        desc = f"{self.label}: probing {what}" if self.label else f"probing {what}"
-        return progress_bar(items, desc=desc, unit="site", leave=False, disable=not self.progress)
+        """The keyword arguments every probe measurement shares."""
+        return dict(n_splits=self.n_splits, n_boot=self.n_boot, seed=self.seed, keep=self.keep)
 
 
-def absolute_index(inp: ProbeInput) -> pd.DataFrame:
+def absolute_index(inp: ProbeInput) -> Probes:
     """Absolute index at every residual layer and block output, as classes and as a value, with
     controls, plus an extrapolation probe (fit on positions < L/2, score on >= L/2; half the batch
-    width, since synthetic tasks take their lengths from training, not from ``seq_len``).
-
-    Each site is its own probe (its rows depend on its activations and the seed only), so the
-    sites are fitted one call each, behind the progress bar."""
-    sites = inp.sites.residual + inp.sites.inner
-    return pd.concat([probe_absolute_index(inp.acts, sites=[site], extrapolate_from=inp.seq_len // 2, **inp.common)
-                      for site in inp.each(sites, "absolute index")], ignore_index=True)
+    width, since synthetic tasks take their lengths from training, not from ``seq_len``)."""
+    return absolute_index_probes(inp.sequences, inp.sites.residual + inp.sites.inner,
+                                 extrapolate_from=inp.seq_len // 2, max_classes=inp.max_classes, **inp.common)
 
 
-def relative_distance(inp: ProbeInput) -> pd.DataFrame:
+def relative_distance(inp: ProbeInput) -> Probes | None:
     """Relative distance i - j over distance-balanced pairs: pair features [h_i; h_j] at residual
-    layers, the score read of each block's ``hook_attn_scores`` and the content-only q.k read.
-
-    The pairs are a function of the seed and the batch, so each site, q/k pair and score site is
-    fitted in a call of its own (behind the progress bar) on the same pairs."""
-    mode = bilinear_mode(inp.acts, inp.sites.qk[0][0]) if inp.sites.qk else "outer"  # no q/k: no bilinear read
-    jobs = ([dict(sites=[site], feature_kinds=("concat",)) for site in inp.sites.residual]
-            + [dict(sites=[], feature_kinds=(), attention=[pair]) for pair in inp.sites.qk]
-            + [dict(sites=[], feature_kinds=(), scores=[site]) for site in inp.sites.scores])
-    return pd.concat([probe_relative_distance(inp.acts, bilinear=mode, tasks=("regression",),
-                                              pairs_per_distance=min(64, inp.n_sequences), **job, **inp.common)
-                      for job in inp.each(jobs, "relative distance")], ignore_index=True)
+    layers, the score read of each block's ``hook_attn_scores`` and the content-only q.k read
+    (None: the subject has none of these sites)."""
+    sites = inp.sites
+    if not (sites.residual or sites.qk or sites.scores):
+        return None
+    return relative_distance_probes(inp.sequences, sites=sites.residual, feature_kinds=("concat",), attention=sites.qk,
+                                    scores=sites.scores, bilinear=inp.bilinear, tasks=("regression",),
+                                    pairs_per_distance=min(64, inp.n_sequences), distances=inp.distances, **inp.common)
 
 
 def readable_score_sites(sites: list[str], windows: dict, length: int) -> tuple[list[str], str | None]:
@@ -388,20 +384,28 @@ def readable_score_sites(sites: list[str], windows: dict, length: int) -> tuple[
 
 
 def bilinear_mode(acts: Activations, q_site: str) -> str:
-    """``outer`` while n_heads * d_head^2 <= :data:`MAX_OUTER_FEATURES`, else ``elementwise``."""
-    _, n_heads, d_head = acts.acts[q_site].shape
+    """:func:`bilinear_mode_of` the collected ``q_site``."""
+    return bilinear_mode_of(acts.acts[q_site].shape[1:])
+
+
+def bilinear_mode_of(q_shape: Sequence[int]) -> str:
+    """``outer`` while n_heads * d_head^2 <= :data:`MAX_OUTER_FEATURES`, else ``elementwise``
+    (``q_shape``: a query site's per-token ``[head_index, d_head]``)."""
+    n_heads, d_head = q_shape[-2:]
     return "outer" if n_heads * d_head * d_head <= MAX_OUTER_FEATURES else "elementwise"
 
 
-TARGETS: dict[str, Callable[[ProbeInput], pd.DataFrame]] = {
+TARGETS: dict[str, Callable[[ProbeInput], Measurement | None]] = {
     "absolute_index": absolute_index,
     "relative_distance": relative_distance,
 }
-"""Target name -> the function measuring it (tidy probe rows with that ``target``)."""
+"""Target name -> its one definition: the measurement of its probe rows (tidy rows with that
+``target``), fed streamed by :func:`~nopelens.probes.stream.run` or in memory by
+:func:`measure_in_memory`; None when the subject has no site for it."""
 
 
-def measure_targets(inp: ProbeInput) -> pd.DataFrame:
-    """The probe rows of every target :data:`SWEEP_READS` names, in order of first use.
+def measure_targets(inp: ProbeInput) -> list[Measurement]:
+    """The measurements of every target :data:`SWEEP_READS` names, in order of first use.
 
     Raises:
         KeyError: if a read names a target :data:`TARGETS` has no function for.
@@ -410,4 +414,18 @@ def measure_targets(inp: ProbeInput) -> pd.DataFrame:
     missing = [name for name in names if name not in TARGETS]
     if missing:
         raise KeyError(f"sweep reads name targets without a target function: {missing}; add them to TARGETS")
-    return pd.concat([TARGETS[name](inp) for name in names], ignore_index=True)
+    return [m for m in (TARGETS[name](inp) for name in names) if m is not None]
+
+
+def measure_in_memory(measurements: Sequence[Measurement], acts: Activations, label: str | None = None) -> pd.DataFrame:
+    """The probe rows of ``measurements`` on cached activations (:func:`~nopelens.probes.stream.replay`;
+    probes one job at a time, :func:`~nopelens.probes.stream_probes.replay_probes`), one table;
+    ``label``: show a bar over the probes' jobs, ``<label>: probing <target>``."""
+    frames = [replay_probes(m, acts, progress=label and f"{label}: probing {_target_name(m)}")
+              if isinstance(m, Probes) else replay(acts, [m])[0] for m in measurements]
+    return pd.concat(frames, ignore_index=True)
+
+
+def _target_name(probes: Probes) -> str:
+    """``absolute index``: the target of a probe measurement's first family, in words."""
+    return probes.jobs[0].layout.families[0].target.split("//")[0].replace("_", " ") if probes.jobs else "nothing"

@@ -53,11 +53,11 @@ from nopelens.probes.sinks import GU_WINDOW, SinkStats, empty_sink_table, unifor
 from nopelens.probes.stream import (
     AUTO_KEEP_BYTES, AttentionVariance, KeepBudget, Sequences, available_memory, release_freed_memory, run,
 )
-from nopelens.probes.stream_probes import Probes, absolute_index_probes, relative_distance_probes
+from nopelens.probes.stream_probes import Probes
 
 from .eta import FitRates, FitWork
 from .intervene import later_token_probes, refused_sink_blocks, sink_ablation_drop_streamed
-from .reads import MAX_OUTER_FEATURES, SweepSites
+from .reads import ProbeInput, SweepSites, bilinear_mode_of, measure_targets
 from .subjects import Subject, attention_shortfall
 
 SKIPPED_ABLATION = "skipped (--no-sink-ablation): the sink ablation's extra forward passes were not run"
@@ -118,18 +118,10 @@ def measurements(subject: Subject, settings, sites: SweepSites,
     device = next(subject.model.parameters()).device
     free, free_source = memory_allowed(settings, device)
     budget = KeepBudget(0 if settings.keep_mib is None else settings.keep_mib * 2**20)  # auto: set once the jobs are known
-    common = dict(n_splits=settings.n_splits, n_boot=settings.n_boot, seed=settings.seed, keep=budget)
-    probes = [absolute_index_probes(sequences, sites.residual + sites.inner,
-                                    extrapolate_from=subject.tokens.shape[1] // 2, **common)]
-    if sites.residual or sites.qk or sites.scores:
-        mode = "outer"
-        if sites.qk:
-            n_heads, d_head = shapes[sites.qk[0][0]][-2:]
-            mode = "outer" if n_heads * d_head * d_head <= MAX_OUTER_FEATURES else "elementwise"
-        probes.append(relative_distance_probes(sequences, sites=sites.residual, feature_kinds=("concat",),
-                                               attention=sites.qk, scores=sites.scores, bilinear=mode,
-                                               tasks=("regression",), pairs_per_distance=min(64, settings.n_sequences),
-                                               **common))
+    mode = bilinear_mode_of(shapes[sites.qk[0][0]]) if sites.qk else "outer"
+    probes = measure_targets(ProbeInput(sequences, sites, seq_len=subject.tokens.shape[1],
+                                        n_sequences=settings.n_sequences, n_splits=settings.n_splits,
+                                        n_boot=settings.n_boot, seed=settings.seed, bilinear=mode, keep=budget))
     skipped = subject.note_unreadable_reads()  # DSA blocks, windows that leave nothing to average
     outputs = [site for site in act_names("attn_out", subject.variance_blocks()) if site in sites.outputs]
     windows, sinks = subject.key_windows(), subject.sinks()

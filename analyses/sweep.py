@@ -61,12 +61,13 @@ from nopelens.models.progress import progress_bar
 from nopelens.models.threads import one_thread
 from nopelens.probes import collect, resid_site
 from nopelens.probes.collect import site_block
-from nopelens.probes.sinks import GU_WINDOW, attention_variance, sink_flags, sink_table, variance_slopes
+from nopelens.probes.sinks import GU_WINDOW, SinkStats, empty_sink_table, sink_flags, variance_slopes
+from nopelens.probes.stream import AttentionVariance, Sequences, replay
 
 from . import layers, parallel, reads, report, runs, seeds
 from .eta import SweepETA
 from .intervene import sink_ablation_drop
-from .reads import ProbeInput, SweepSites
+from .reads import ProbeInput, SweepSites, bilinear_mode
 from .subjects import (
     CONTROL_SPECS, HF_PREFIX, HFInput, Subject, check_spec, display_name, has_training_seed, input_changes,
     input_fingerprint, planned_work, qk_sites, resolve,
@@ -383,15 +384,18 @@ def analyse_subject(subject: Subject, settings: SweepSettings, progress: bool = 
         raise ValueError("--layers applies to hf:DIR models (the streamed probe)")
     sites = sweep_sites(subject, settings.sites)
     acts = collect(subject.model, subject.tokens, sites.all(), attention_mask=subject.attention_mask, batch_size=32)
-    probes = reads.measure_targets(ProbeInput(acts, sites, seq_len=subject.tokens.shape[1],
-                                              n_sequences=settings.n_sequences, n_splits=settings.n_splits,
-                                              n_boot=settings.n_boot, seed=settings.seed, progress=progress,
-                                              label=subject.name))
+    # every batch kept, every position its class and every distance drawn, as the in-memory sweep always read them
+    inp = ProbeInput(Sequences.of_activations(acts), sites, seq_len=subject.tokens.shape[1],
+                     n_sequences=settings.n_sequences, n_splits=settings.n_splits, n_boot=settings.n_boot,
+                     seed=settings.seed, bilinear=bilinear_mode(acts, sites.qk[0][0]) if sites.qk else "outer",
+                     max_classes=None, distances=None)
+    probes = reads.measure_in_memory(reads.measure_targets(inp), acts, subject.name if progress else None)
     probes.insert(0, "model", subject.name)
 
     sinks = sink_conditions(subject, acts)
     variance_sites = [site for site in act_names("attn_out", subject.variance_blocks()) if site in acts.acts]
-    variance = (attention_variance(acts, sites=variance_sites, windows=subject.key_windows()) if variance_sites else
+    variance = (replay(acts, [AttentionVariance(inp.sequences, variance_sites, subject.key_windows())])[0]
+                if variance_sites else
                 pd.DataFrame(columns=["site", "block", "position", "visible_keys", "variance", "n_sequences"]))
     variance = _variance_table(subject, variance)
     # sink ablation (issue 14): next-layer absolute-index R^2 with block l's first key removed
@@ -473,15 +477,23 @@ def sink_conditions(subject: Subject, acts) -> pd.DataFrame:
                        attention_mask=subject.attention_mask, batch_size=32)
     skipped = subject.note_unreadable_reads()["sink read"]  # DSA blocks, windows of 1
     readable = [site for site in acts.patterns if site.endswith("hook_pattern") and site_block(site) not in skipped]
-    frames = [sink_table(acts, n_tokens=window, windows=windows, sinks=sinks, sites=readable)
-              .assign(condition=condition, gu_window=window)]
+    frames = [_sink_table(acts, window, windows, sinks, readable).assign(condition=condition, gu_window=window)]
     if subject.has_bos:
         stripped = collect(subject.model, subject.tokens[:, 1:], list(dict.fromkeys(list(acts.patterns) + sink_sites(subject))),
                            attention_mask=subject.attention_mask[:, 1:], batch_size=32)
-        frames.append(sink_table(stripped, n_tokens=min(window, shortest - 1), windows=windows, sinks=sinks, sites=readable)
+        frames.append(_sink_table(stripped, min(window, shortest - 1), windows, sinks, readable)
                       .assign(condition="without_bos", gu_window=min(window, shortest - 1)))
     table = pd.concat(frames, ignore_index=True).assign(model=subject.name)
     return table[[c for c in table if c != "gu_window"] + ["gu_window"]]  # T per condition, the last column
+
+
+def _sink_table(acts, window: int, windows: dict, sinks: dict, sites: list[str]) -> pd.DataFrame:
+    """The sink table of ``sites`` in ``acts``: the streamed :class:`~nopelens.probes.sinks.SinkStats`
+    replayed on them (one implementation of the read, streamed or in memory)."""
+    if not sites:
+        return empty_sink_table(window, sinks)
+    stats = SinkStats(Sequences.of_activations(acts), sites, n_tokens=window, windows=windows, sinks=sinks)
+    return replay(acts, [stats])[0]
 
 
 def sink_sites(subject: Subject) -> list[str]:

@@ -13,7 +13,11 @@ one run and on the same data:
 - **scikit-learn** (on the float64 copy of ``X``, as ours computes): the same model fold by fold: ``GridSearchCV(Pipeline(StandardScaler, Ridge),
   28 penalties, cv=the same inner folds)`` refit per outer fold; its predictions are compared
   with ours (max abs difference). Also the previous default, ``Pipeline(StandardScaler,
-  RidgeCV(alphas=(0.1, 1, 10)))`` (token-level leave-one-out), for reference.
+  RidgeCV(alphas=(0.1, 1, 10)))`` (token-level leave-one-out), for reference; and issue 38 §4's
+  peer ratio: one layer's absolute-index regression probe through the engine
+  (``probe_absolute_index``) against that GridSearchCV and against ``RidgeCV`` (leave-one-out over
+  the same 28 penalties) in the same outer GroupKFold, with both speed-ups and whether R^2 agrees
+  to 1e-4.
 - classification: shared-statistics pooled LDA vs the ``Pipeline(StandardScaler, PooledLDA)``.
 
 The bootstrap CIs (``n_boot`` replicates over sequences) are a separate cost, printed on its own
@@ -38,6 +42,7 @@ import time
 import numpy as np
 import torch
 from sklearn.linear_model import Ridge, RidgeCV
+from sklearn.metrics import r2_score
 from sklearn.model_selection import GridSearchCV, PredefinedSplit
 from sklearn.pipeline import make_pipeline
 from sklearn.preprocessing import StandardScaler
@@ -50,6 +55,7 @@ from nopelens.probes import (
     collect,
     control_labels,
     out_of_fold_predictions,
+    probe_absolute_index,
     probe_features,
     resid_sites,
     sequence_splits,
@@ -137,9 +143,19 @@ def main() -> None:
         (index, pred), wall, cpu = timed(lambda: sklearn_grouped_ridge(X64, yf, groups, splits))
         rows.append(("sklearn: GridSearchCV same folds", wall, cpu))
         difference = np.abs(pred - ours.predictions[0]).max() if np.array_equal(index, ours.index) else np.nan
+        sklearn_wall = wall
+        (loo_index, loo_pred), loo_wall, cpu = timed(lambda: out_of_fold_predictions(
+            make_pipeline(StandardScaler(), RidgeCV(alphas=ALPHAS)), X64, yf, splits))
+        rows.append(("sklearn: RidgeCV LOO, 28 penalties", loo_wall, cpu))
         _, wall, cpu = timed(lambda: out_of_fold_predictions(make_pipeline(StandardScaler(), RidgeCV(alphas=(0.1, 1, 10))),
                                                              X64, yf, splits))
         rows.append(("sklearn: previous RidgeCV (LOO)", wall, cpu))
+        # issue 38 §4: one layer's absolute-index regression probe through the engine (the in-memory API)
+        table, engine_wall, cpu = timed(lambda: probe_absolute_index(acts, sites=[args.site], tasks=("regression",),
+                                                                     controls=False, n_boot=1), args.repeats)
+        rows.append(("ours: probe_absolute_index (engine)", engine_wall, cpu))
+        engine_r2 = table[(table.probe == "linear") & (table.metric == "r2")]["value"].iloc[0]
+        peer_r2 = {"GridSearchCV": r2_score(yf[index], pred), "RidgeCV LOO": r2_score(yf[loo_index], loo_pred)}
     _, wall, cpu = timed(lambda: fit_folds(X, [y], groups, splits, "classification"), args.repeats)
     rows.append(("ours: LDA, 1 target", wall, cpu))
     _, wall, cpu = timed(lambda: out_of_fold_predictions(make_pipeline(StandardScaler(), PooledLDA()), X64, y, splits))
@@ -157,6 +173,12 @@ def main() -> None:
     if not args.skip_sklearn:
         print(f"max |ours - scikit-learn| over the out-of-fold predictions: {difference:.2e}; chosen penalties per fold: "
               f"{ours.alphas[0].tolist()}")
+        print(f"peer ratio (issue 38 §4), one layer's absolute-index regression probe: the engine is "
+              f"{sklearn_wall / engine_wall:.1f}x faster than the equal-work GridSearchCV and "
+              f"{loo_wall / engine_wall:.1f}x faster than RidgeCV's leave-one-out search in the same outer GroupKFold; "
+              f"R^2 {engine_r2:.6f}, " + ", ".join(f"{name} {r2:.6f} (|diff| {abs(r2 - engine_r2):.1e}, "
+                                                   f"{'within' if abs(r2 - engine_r2) <= 1e-4 else 'NOT within'} 1e-4)"
+                                                   for name, r2 in peer_r2.items()))
     print(f"load average after: {os.getloadavg()}")
 
 

@@ -13,11 +13,10 @@ from .linear import (
     first_recoverable_layer,
     make_probe,
     out_of_fold_predictions,
-    probe_absolute_index,
     probe_features,
-    probe_relative_distance,
     sequence_splits,
 )
+from .stream_probes import probe_absolute_index, probe_relative_distance
 from .metrics import bootstrap_scores, mad_chance, mad_chance_of, score
 from .sinks import (
     attention_variance,

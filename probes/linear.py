@@ -1,4 +1,8 @@
-"""Linear position probes with sequence-grouped cross-validation, controls and tidy results.
+"""Linear position probes with sequence-grouped cross-validation, controls and tidy results: the
+probe models, splits, labels and scoring the one engine (:mod:`nopelens.probes.stream_probes`,
+whose :func:`~nopelens.probes.stream_probes.probe_absolute_index` and
+:func:`~nopelens.probes.stream_probes.probe_relative_distance` are the in-memory API) fits and
+scores every read with, and :func:`probe_features` for a feature matrix of one's own.
 
 A probe is a scikit-learn ``Pipeline(scaler, linear model)`` (:func:`make_probe`; the scaler is
 ``StandardScaler`` that zeroes round-off-only features): for
@@ -46,18 +50,10 @@ from sklearn.linear_model import LogisticRegression, RidgeClassifier
 from sklearn.model_selection import GroupKFold
 from sklearn.pipeline import Pipeline
 
-from .collect import Activations, site_block, site_layer
+from .collect import site_block, site_layer
 from .fitting import ALPHAS, GroupedRidgeCV, RoundoffScaler, fit_folds, roundoff_tolerance
 from .metrics import HIGHER_IS_BETTER, bootstrap_scores, mad_chance_of, metric_names, random_state
-from .targets import (
-    bilinear_features,
-    control_labels,
-    pair_features,
-    sample_distance_pairs,
-    score_features,
-    shuffled_labels,
-    token_identity_predictions,
-)
+from .targets import control_labels, shuffled_labels, token_identity_predictions
 
 CLASSIFIER_ALPHA = 1.0
 """Penalty of ``RidgeClassifier`` on standardized features."""
@@ -415,71 +411,27 @@ def _fit_all(X, labels: dict, groups, splits, task, classifier, seed, dtype, dev
     if task == "regression" or classifier == "lda":
         fit = fit_folds(X, list(labels.values()), groups, splits, task, dtype=dtype, device=device)
         return fitted_probes(fit, labels)
-    probe = make_probe(task, classifier, seed=seed, dtype=dtype)
+    return pipeline_fits(X, labels, groups, splits, classifier, seed, dtype)
+
+
+CLASSIFIERS = ("lda", "ridge", "logistic")
+"""The classifiers of a classification probe (:func:`make_probe`)."""
+
+
+def check_classifier(classifier: str) -> None:
+    """Raises:
+        ValueError: for a classifier not in :data:`CLASSIFIERS`."""
+    if classifier not in CLASSIFIERS:
+        raise ValueError(f"classifier must be 'lda', 'ridge' or 'logistic', got {classifier!r}")
+
+
+def pipeline_fits(X: np.ndarray, labels: dict, groups, splits, classifier: str, seed: int, dtype) -> dict:
+    """Classification of every label set of ``labels`` by the :func:`make_probe` pipeline of
+    ``classifier`` (``ridge``, ``logistic``: they read the features themselves, not their
+    statistics), fold by fold: probe name -> (scored index, out-of-fold predictions, NaN, False)."""
+    probe = make_probe("classification", classifier, seed=seed, dtype=dtype)
     return {name: (*out_of_fold_predictions(probe, X, target, splits, groups), np.nan, False)
             for name, target in labels.items()}
-
-
-def probe_absolute_index(
-    acts: Activations,
-    sites: Sequence[str] | None = None,
-    tasks: Sequence[str] = ("classification", "regression"),
-    n_splits: int = 5,
-    classifier: str = "lda",
-    controls: bool = True,
-    extrapolate_from: int | None = None,
-    n_boot: int = 1000,
-    seed: int = 0,
-    device: str = "cpu",
-    max_classes: int | None = None,
-) -> pd.DataFrame:
-    """Probe the absolute index (position id) at every site, as classes and as a value.
-
-    Args:
-        acts: from :func:`~nopelens.probes.collect`.
-        sites: which collected sites (default: all non-pattern sites, in collection order).
-        tasks: ``classification`` and/or ``regression``.
-        n_splits: GroupKFold folds over sequences.
-        classifier: ``lda``, ``ridge`` or ``logistic``.
-        controls: add control task, shuffled, majority and token-identity rows.
-        extrapolate_from: if given, also a regression probe fitted on positions < P and scored
-            on positions >= P (``split == "extrapolation"``), on held-out sequences.
-        n_boot: bootstrap replicates.
-        seed: seed of controls and bootstrap.
-        device: torch device for the probe algebra (see :func:`probe_features`).
-        max_classes: classify at most this many classes: with more positions, classes are
-            position bins of equal width (:func:`position_classes`). None: every position its class.
-
-    Returns:
-        Tidy DataFrame with :data:`RESULT_COLUMNS`, ``target == "absolute_index"`` (classification
-        over bins of width W: ``"absolute_index//W"``, see :func:`position_classes`). Features are
-        judged against the round-off of the dtype the activations were computed in
-        (:meth:`~nopelens.probes.collect.Activations.dtype`).
-
-    Raises:
-        KeyError: for a site that was not collected.
-        ValueError: as :func:`probe_features`.
-    """
-    sites = list(acts.acts) if sites is None else list(sites)
-    frames, baselines = [], {}
-    for site in sites:
-        X = acts.features(site)
-        for task in tasks:
-            y, target = position_classes(acts.position, max_classes) if task == "classification" else \
-                (acts.position, "absolute_index")
-            if controls and task not in baselines:  # they read no features: every site shares them
-                baselines[task] = baseline_runs(y, acts.sequence_id, sequence_splits(acts.sequence_id, n_splits), task,
-                                                acts.token, n_boot, seed)
-            frame = probe_features(X, y, acts.sequence_id, task, acts.token, n_splits=n_splits,
-                                   classifier=classifier, controls=controls, n_boot=n_boot, seed=seed,
-                                   dtype=acts.dtype(site), device=device, baselines=baselines.get(task))
-            frames.append(_label(frame, site, target, task, "token", "grouped"))
-        if extrapolate_from is not None:
-            splits = extrapolation_splits(acts.sequence_id, acts.position, extrapolate_from, n_splits)
-            frame = probe_features(X, acts.position, acts.sequence_id, "regression", acts.token, splits=splits,
-                                   controls=False, n_boot=n_boot, seed=seed, dtype=acts.dtype(site), device=device)
-            frames.append(_label(frame, site, "absolute_index", "regression", "token", "extrapolation"))
-    return _tidy(frames)
 
 
 def position_classes(position: Int[np.ndarray, "n"], max_classes: int | None) -> tuple[np.ndarray, str]:
@@ -509,88 +461,6 @@ def position_classes(position: Int[np.ndarray, "n"], max_classes: int | None) ->
         return position, "absolute_index"
     width = -(-n_positions // max_classes)
     return position // width, f"absolute_index//{width}"
-
-
-def probe_relative_distance(
-    acts: Activations,
-    sites: Sequence[str] | None = None,
-    feature_kinds: Sequence[str] = ("concat", "difference"),
-    attention: Sequence[tuple[str, str]] = (),
-    scores: Sequence[str] = (),
-    bilinear: str = "outer",
-    tasks: Sequence[str] = ("classification", "regression"),
-    max_distance: int | None = None,
-    pairs_per_distance: int | None = None,
-    n_splits: int = 5,
-    classifier: str = "lda",
-    controls: bool = True,
-    n_boot: int = 1000,
-    seed: int = 0,
-    device: str = "cpu",
-    distances: Sequence[int] | None = None,
-) -> pd.DataFrame:
-    """Probe the relative distance i - j of distance-balanced token pairs (j <= i, same sequence).
-
-    Residual sites get pair features ``concat`` [h_i; h_j] and ``difference`` h_i - h_j. Attention
-    gets two reads, kept apart because they answer different questions:
-
-    - ``attention`` (query site, key site): the *content-only q.k read*, a per-head bilinear read of
-      q_i and k_j (:func:`~nopelens.probes.targets.bilinear_features`; features
-      ``bilinear_outer``/``bilinear_elementwise``). It sees RoPE (pass the rotated q and k) but
-      never a bias added to the score, so it cannot see ALiBi or Shaw.
-    - ``scores`` (``blocks.{l}.attn.hook_attn_scores`` sites): the *score read*, what the head
-      actually scores, content plus position bias, relative to the query's own key
-      (:func:`~nopelens.probes.targets.score_features`; features ``score``). It compares NoPE,
-      RoPE, ALiBi and Shaw on the same footing.
-
-    Layer of an attention read: block ``l``'s read is reported at ``layer = l + 1``, the residual
-    layer its head writes into (DESIGN.md numbering), so :func:`first_recoverable_layer` takes
-    this table directly. The control task and the token-identity ceiling use the token pair
-    (token_i, token_j) as the type.
-
-    Args:
-        acts: from :func:`~nopelens.probes.collect`.
-        sites: residual-like sites for pair features (default: every collected site shaped
-            ``[n, d]``).
-        feature_kinds: subset of ``concat``, ``difference``.
-        attention: pairs such as ``("blocks.0.attn.hook_rot_q", "blocks.0.attn.hook_rot_k")``.
-        scores: collected ``hook_attn_scores`` sites, e.g. ``["blocks.0.attn.hook_attn_scores"]``.
-        bilinear: ``outer`` or ``elementwise``.
-        tasks, n_splits, classifier, controls, n_boot, seed, device: as :func:`probe_absolute_index`.
-        max_distance, pairs_per_distance, distances: as
-            :func:`~nopelens.probes.targets.sample_distance_pairs` (at long context, pass
-            :func:`~nopelens.probes.targets.spread_distances` rather than every distance).
-
-    Returns:
-        Tidy DataFrame with :data:`RESULT_COLUMNS`, ``target == "relative_distance"``; the
-        ``site`` of a bilinear row is the query site, of a score row the scores site.
-
-    Raises:
-        KeyError: for a site that was not collected.
-        ValueError: as :func:`probe_features` and :func:`~nopelens.probes.targets.score_features`.
-    """
-    pairs = sample_distance_pairs(acts.sequence_id, acts.position, max_distance, pairs_per_distance, seed, distances)
-    pair_tokens = np.stack([acts.token[pairs.query], acts.token[pairs.key]], axis=1)
-    if sites is None:
-        sites = [site for site, array in acts.acts.items() if array.ndim == 2]
-    residual = [(site, kind, acts.dtype(site), lambda s=site, k=kind: pair_features(acts.features(s), pairs, k))
-                for site in sites for kind in feature_kinds]
-    reads = [(q_site, f"bilinear_{bilinear}", _coarser(acts.dtype(q_site), acts.dtype(k_site)),
-              lambda q=q_site, k=k_site: bilinear_features(_heads(acts, q), _heads(acts, k), pairs, bilinear))
-             for q_site, k_site in attention]
-    reads += [_score_read(acts, site, pairs) for site in scores]
-    frames = []
-    for is_read, (site, kind, dtype, build) in [(False, job) for job in residual] + [(True, job) for job in reads]:
-        X = build()
-        for task in tasks:
-            frame = probe_features(X, pairs.distance, pairs.sequence_id, task, pair_tokens, n_splits=n_splits,
-                                   classifier=classifier, controls=controls, n_boot=n_boot, seed=seed,
-                                   dtype=dtype, device=device)
-            frame = _label(frame, site, "relative_distance", task, kind, "grouped")
-            if is_read:  # an attention read of block l counts at layer l + 1
-                frame["layer"] = frame["block"] + 1
-            frames.append(frame)
-    return _tidy(frames)
 
 
 NOT_RECOVERED = -1
@@ -677,28 +547,6 @@ def clears_bar(rows: pd.DataFrame, metric: str, threshold: float) -> pd.Series:
 def _coarser(a: str, b: str) -> str:
     """The dtype with the larger round-off of two (a product is no finer than its factors)."""
     return a if roundoff_tolerance(a) >= roundoff_tolerance(b) else b
-
-
-def _heads(acts: Activations, site: str) -> np.ndarray:
-    if site not in acts.acts:
-        raise KeyError(f"site {site!r} was not collected; collected: {sorted(acts.acts)}")
-    array = acts.acts[site]
-    if array.ndim != 3:
-        raise ValueError(f"site {site!r} has shape {array.shape}; a bilinear read needs [n, head_index, d_head]")
-    return array
-
-
-def _score_read(acts: Activations, site: str, pairs):
-    """(site, "score", dtype, build) of the score read at ``site``; build() gives its features."""
-    arrays = _score_arrays(acts, site)
-    dtype = acts.dtypes.get(site, "float32")
-    return site, "score", dtype, lambda: score_features(arrays, acts.sequence_id, acts.position, pairs, dtype)
-
-
-def _score_arrays(acts: Activations, site: str) -> list[np.ndarray]:
-    if site not in acts.patterns:
-        raise KeyError(f"score site {site!r} was not collected; collected pattern sites: {sorted(acts.patterns)}")
-    return acts.patterns[site]
 
 
 def _label(frame: pd.DataFrame, site: str, target: str, task: str, features: str, split: str) -> pd.DataFrame:

@@ -58,7 +58,7 @@ from nopelens.models.masks import CAUSAL, KeyWindow
 from nopelens.models.progress import progress_bar
 
 from .collect import (
-    BatchHooks, HookList, _check_inputs, _model_device, _resolve_sites, forward_with_hooks, hooks_added, hooks_for_batch,
+    Activations, BatchHooks, HookList, _check_inputs, _model_device, _resolve_sites, forward_with_hooks, hooks_added, hooks_for_batch,
     real_values, site_block,
 )
 
@@ -101,6 +101,36 @@ class Sequences:
         lengths = mask.sum(-1).numpy().astype(np.int64)
         return cls(tokens, mask, attention_mask is not None, sequence_id[real].numpy().astype(np.int64),
                    position[real].numpy().astype(np.int64), tokens[real].numpy().astype(np.int64),
+                   np.concatenate([[0], np.cumsum(lengths)]))
+
+    @classmethod
+    def of_activations(cls, acts: Activations) -> "Sequences":
+        """The token set of cached activations (:func:`~nopelens.probes.collect.collect`, or a
+        subset of its samples such as the later tokens of a sink ablation), for :func:`replay`.
+
+        Sequence ``s`` of the result is the ``s``-th sequence id of ``acts`` in ascending order (the
+        same grouped folds: GroupKFold sees the same groups in the same order); a sample at
+        position ``p`` sits in column ``p`` of the padded rows, which are real exactly at the samples.
+
+        Raises:
+            ValueError: if the samples are not sequence-major in ascending position order (as
+                :func:`~nopelens.probes.collect.collect` stores them), or a position repeats or is negative.
+        """
+        sequence_id, position = np.asarray(acts.sequence_id), np.asarray(acts.position)
+        if len(position) == 0 or sequence_id.shape != position.shape or position.min() < 0:
+            raise ValueError("activations need samples with equal-length sequence ids and positions >= 0")
+        ids, row = np.unique(sequence_id, return_inverse=True)
+        row = row.reshape(-1).astype(np.int64)
+        step = np.diff(row * (int(position.max()) + 1) + position)
+        if (step <= 0).any():
+            raise ValueError("activations must hold each sequence's samples together, in ascending position order "
+                             "and each position once (as collect stores them)")
+        tokens = torch.zeros((len(ids), int(position.max()) + 1), dtype=torch.int64)
+        mask = torch.zeros_like(tokens)
+        tokens[row, position] = torch.as_tensor(np.asarray(acts.token), dtype=torch.int64)
+        mask[row, position] = 1
+        lengths = np.bincount(row, minlength=len(ids))
+        return cls(tokens, mask, True, row, position.astype(np.int64), np.asarray(acts.token).astype(np.int64),
                    np.concatenate([[0], np.cumsum(lengths)]))
 
     @property
@@ -322,6 +352,78 @@ def run(
         release_freed_memory()  # the fits' copies
         if not more:
             return [m.result() for m in measurements]
+
+
+def replay(acts: Activations, measurements: Sequence[Measurement], batch_size: int = 32,
+           device: torch.device | str = "cpu", sequences: Sequences | None = None) -> list:
+    """Feed ``measurements`` cached activations as :func:`run` feeds them a model's hooks, pass
+    after pass, and return their results: the in-memory API (``probe_absolute_index(acts, ...)``)
+    is this over the same measurements, so a read is one definition, streamed or in memory.
+
+    Each batch's site outputs are rebuilt padded (``[batch, pos, ...]``, and ``[batch, head_index,
+    query_pos, key_pos]`` with 0 weight or a -inf score at the padded entries) on ``device``,
+    in the dtype the model computed them in where that is coarser than the float32 copy
+    (bfloat16, float16: the conversion back is exact), else float32, so every measurement judges
+    round-off as it would on the model's output.
+
+    Args:
+        acts: from :func:`~nopelens.probes.collect.collect`.
+        measurements: what to measure (:mod:`nopelens.probes.stream_probes`, ...); each is updated in place.
+        batch_size: sequences per replayed batch (no number depends on it for measurements that
+            keep every batch).
+        device: where the rebuilt batches, and so the measurements' algebra, live.
+        sequences: the token set (default :meth:`Sequences.of_activations`; the measurements
+            must have been planned on the same one).
+
+    Returns:
+        ``[m.result() for m in measurements]``.
+
+    Raises:
+        KeyError: for a site that was not collected.
+        ValueError: as :meth:`Sequences.of_activations` and the measurements.
+    """
+    sequences = Sequences.of_activations(acts) if sequences is None else sequences
+    batches = sequences.batches(batch_size)
+    while True:
+        for i, rows in enumerate(batches):
+            wanted = [(m, set(m.sites(i))) for m in measurements]
+            batch = Batch(i, rows, slice(int(sequences.offsets[rows.start]), int(sequences.offsets[rows.stop])), sequences)
+            for site in dict.fromkeys(site for m in measurements for site in m.sites(i)):
+                value = _cached(acts, site, batch, torch.device(device))
+                for measurement, asked in wanted:
+                    if site in asked:
+                        measurement.update(site, value, batch)
+            for measurement, asked in wanted:
+                if asked:
+                    measurement.end_batch(batch)
+        if not any([m.end_pass() for m in measurements]):
+            return [m.result() for m in measurements]
+
+
+def _replay_dtype(name: str) -> torch.dtype:
+    """The dtype a replayed site is given: the model's when coarser than float32, else float32."""
+    return {"bfloat16": torch.bfloat16, "float16": torch.float16}.get(name, torch.float32)
+
+
+def _cached(acts: Activations, site: str, batch: Batch, device: torch.device) -> Tensor:
+    """``site``'s cached output on ``batch``, padded as the hook gave it."""
+    real = batch.mask.bool()
+    if site in acts.acts:
+        dtype = _replay_dtype(acts.dtype(site))
+        rows = torch.as_tensor(acts.acts[site][batch.samples])
+        value = torch.zeros((*real.shape, *rows.shape[1:]), dtype=dtype)
+        value[real] = rows.to(dtype)
+        return value.to(device)
+    if site in acts.patterns:
+        arrays = acts.patterns[site][batch.rows]
+        dtype = _replay_dtype(acts.dtypes.get(site, "float32"))
+        pad = 0.0 if site.endswith("hook_pattern") else -torch.inf  # no weight, or a blocked score
+        value = torch.full((real.shape[0], arrays[0].shape[0], *real.shape[1:], real.shape[1]), pad, dtype=dtype)
+        for r, array in enumerate(arrays):
+            columns = torch.nonzero(real[r]).flatten()
+            value[r][:, columns[:, None], columns[None, :]] = torch.as_tensor(array).to(dtype)
+        return value.to(device)
+    raise KeyError(f"site {site!r} was not collected; collected: {sorted(acts.acts) + sorted(acts.patterns)}")
 
 
 def _asked(measurements, i: int) -> list[str]:

@@ -1,7 +1,13 @@
-"""Position probes from streamed statistics: the tables of
-:func:`~nopelens.probes.linear.probe_absolute_index` and
-:func:`~nopelens.probes.linear.probe_relative_distance`, with memory that does not grow with
-the tokens.
+"""The one probe engine (issue 38): every probe read is a :class:`Probes` measurement, defined
+once, fed batch by batch from a hooked forward pass (:func:`~nopelens.probes.stream.run`) or
+from cached activations (:func:`~nopelens.probes.stream.replay`; the in-memory API
+:func:`probe_absolute_index` and :func:`probe_relative_distance` is this), like scikit-learn's
+``IncrementalPCA.fit`` looping over ``partial_fit``. A run that keeps every batch fits from the
+whole feature matrix in one pass; one that streams within its keep budget fits from the summed
+statistics and predicts in a second pass; the answers are the same (memory then does not grow
+with the tokens). A new token read is one :func:`token_probes` definition. Classifiers other
+than LDA (``ridge``, ``logistic``) are scikit-learn pipelines on the kept features
+(:func:`~nopelens.probes.linear.pipeline_fits`): such a run must keep them.
 
 Before the first forward pass, everything that does not depend on activations is fixed from the
 token set alone (:class:`~nopelens.probes.stream.Sequences`): the grouped folds
@@ -51,7 +57,9 @@ import pandas as pd
 import torch
 from torch import Tensor
 
-from .collect import check_patterns
+from nopelens.models.progress import progress_bar
+
+from .collect import Activations, check_patterns
 from .fitting import (
     ALPHAS, BlockMoments, FoldChoice, FoldFit, _check_task, check_compute_dtype, fold_blocks, fold_models, fold_statistics,
     ridge_alphas,
@@ -61,14 +69,16 @@ from .linear import (
     _label,
     _tidy,
     baseline_runs,
+    check_classifier,
     extrapolation_splits,
     fitted_probes,
+    pipeline_fits,
     position_classes,
     probe_labels,
     score_probes,
     sequence_splits,
 )
-from .stream import Batch, KeepBudget, Measurement, Sequences, release_freed_memory
+from .stream import Batch, KeepBudget, Measurement, Sequences, release_freed_memory, replay
 from .targets import (
     DistancePairs, bilinear_features, pair_features, sample_distance_pairs, score_differences, spread_distances,
 )
@@ -191,8 +201,10 @@ class Probes(Measurement):
     """
 
     def __init__(self, sequences: Sequences, jobs: list[_Job], pairs: DistancePairs | None, n_boot: int, seed: int,
-                 keep, compute_dtype: torch.dtype | None, alphas=ALPHAS, shrinkage: float = 1e-3):
-        self.sequences, self.jobs, self.pairs = sequences, jobs, pairs
+                 keep, compute_dtype: torch.dtype | None, alphas=ALPHAS, shrinkage: float = 1e-3,
+                 classifier: str = "lda"):
+        check_classifier(classifier)
+        self.sequences, self.jobs, self.pairs, self.classifier = sequences, jobs, pairs, classifier
         self.n_boot, self.seed, self.compute_dtype = n_boot, seed, compute_dtype
         self.alphas, self.shrinkage = ridge_alphas(alphas), shrinkage
         self.budget = keep if isinstance(keep, KeepBudget) else KeepBudget(keep)
@@ -346,6 +358,11 @@ class Probes(Measurement):
                 job.kept.append((rows, X))
                 job.kept_bytes += nbytes
                 return
+            if self._by_pipeline(job):
+                raise ValueError(
+                    f"{job.site} ({job.features}): classifier {self.classifier!r} is fitted on the features "
+                    f"themselves, not on streamed statistics, and they do not fit the keep budget of "
+                    f"{self.budget.limit / 2**20:,.1f} MiB; give a larger keep budget (--keep-mib), or classifier 'lda'")
             job.spilled = True
             for kept_rows, kept_X in job.kept:
                 self._add(job, kept_rows, kept_X)
@@ -379,6 +396,9 @@ class Probes(Measurement):
             raise ValueError(f"no rows of {job.site} ({job.features}) were seen; nothing to probe")
         if not job.spilled:
             self._fit_at_once(job)
+        elif self._by_pipeline(job):
+            raise ValueError(f"{job.site} ({job.features}): classifier {self.classifier!r} needs the features kept "
+                             "on one machine (a sharded run sums statistics only); use classifier 'lda'")
         else:
             job.models = []
             for f, family in enumerate(layout.families):
@@ -409,6 +429,11 @@ class Probes(Measurement):
         for f, family in enumerate(layout.families):
             groups.setdefault(id(family.splits), []).append(f)
         for members in groups.values():
+            for f in [f for f in members if self._by_pipeline(job, layout.families[f])]:
+                self._fit_pipeline(job, f, X)
+            members = [f for f in members if not self._by_pipeline(job, layout.families[f])]
+            if not members:
+                continue
             families = [layout.families[f] for f in members]
             values = [y for family in families if family.task == "regression" for y in family.labels.values()]
             classes = [y for family in families if family.task == "classification" for y in family.labels.values()]
@@ -426,6 +451,25 @@ class Probes(Measurement):
                         job.predictions[f][name][np.asarray(score)] = values_k
                     job.filled[f][np.asarray(score)] = True
             del stats
+
+    def _by_pipeline(self, job: _Job, family: _Family | None = None) -> bool:
+        """Whether ``family`` (default: any of the job's) is a classification by a scikit-learn
+        pipeline (:func:`~nopelens.probes.linear.make_probe`: ``ridge`` or ``logistic``), which
+        reads the features themselves rather than their statistics."""
+        families = job.layout.families if family is None else [family]
+        return self.classifier != "lda" and any(f.task == "classification" for f in families)
+
+    def _fit_pipeline(self, job: _Job, f: int, X: Tensor) -> None:
+        """Out-of-fold predictions of family ``f`` by the classifier's pipeline on the kept ``X``
+        (float32 as :func:`~nopelens.probes.collect.collect` stores it, float64 score reads as they are)."""
+        family = job.layout.families[f]
+        Xn = X.to(torch.float64 if X.dtype == torch.float64 else torch.float32).cpu().numpy()
+        fitted = pipeline_fits(Xn, family.labels, job.layout.groups, family.splits, self.classifier, self.seed,
+                               job.dtype)
+        for name, (index, predicted, _, _) in fitted.items():
+            job.predictions[f][name][index] = predicted
+            job.filled[f][index] = True
+        job.models[f] = [FoldChoice(None, X.shape[1]) for _ in family.splits]
 
     def _predict(self, job: _Job, rows: np.ndarray, X: Tensor) -> None:
         Xs = X.to(check_compute_dtype(X.device, self.compute_dtype)) - job.shift.to(X.device)
@@ -531,8 +575,9 @@ def absolute_index_probes(
     keep: KeepBudget | int | str | None = "auto",
     compute_dtype: torch.dtype | None = None,
     min_position: int = 0,
+    classifier: str = "lda",
 ) -> Probes:
-    """Streamed :func:`~nopelens.probes.linear.probe_absolute_index` (LDA and ridge probes).
+    """Streamed :func:`probe_absolute_index` (LDA and ridge probes).
 
     Args:
         sequences: the token set the model will be run on.
@@ -544,6 +589,9 @@ def absolute_index_probes(
             :class:`~nopelens.probes.stream.KeepBudget`, or its limit (bytes; None: all; 0: none;
             ``"auto"``: 512 MiB or a quarter of the available memory, whichever is less).
         compute_dtype: statistics' dtype (float64; float32 only on an accelerator).
+        classifier: ``lda`` (from the streamed statistics), ``ridge`` or ``logistic``
+            (:func:`~nopelens.probes.linear.make_probe` pipelines on the kept features: a run
+            whose features do not fit ``keep`` is refused).
         min_position: probe only the tokens at position >= this (positions keep their numbers):
             1 probes the tokens after the first real one of each sequence, the queries a sink
             ablation touches, as the in-memory probe on
@@ -557,27 +605,75 @@ def absolute_index_probes(
             ``min_position`` or later), an unknown task, a negative ``min_position``, or as
             :func:`~nopelens.probes.linear.extrapolation_splits`.
     """
+    def families(groups, position, token, splits):
+        out = []
+        for task in tasks:
+            y, target = position_classes(position, max_classes) if task == "classification" else \
+                (position, "absolute_index")
+            out.append(_Family(target, task, "grouped", probe_labels(y, token, controls, seed), splits, controls))
+        if extrapolate_from is not None:
+            out.append(_Family("absolute_index", "regression", "extrapolation", {"linear": position},
+                               extrapolation_splits(groups, position, extrapolate_from, n_splits), False))
+        return out
+
+    return token_probes(sequences, sites, families, tasks, n_splits, n_boot, seed, keep, compute_dtype, min_position,
+                        classifier)
+
+
+def token_probes(sequences: Sequences, sites: Sequence[str], families, tasks: Sequence[str] = ("classification",),
+                 n_splits: int = 5, n_boot: int = 1000, seed: int = 0, keep: KeepBudget | int | str | None = "auto",
+                 compute_dtype: torch.dtype | None = None, min_position: int = 0,
+                 classifier: str = "lda") -> Probes:
+    """Probes of a per-token target at residual-like ``sites``: the one definition of a new token
+    read, streamed (:func:`~nopelens.probes.stream.run`) or in memory
+    (:func:`~nopelens.probes.stream.replay`).
+
+    Args:
+        sequences: the token set.
+        sites: sites shaped ``[batch, pos, ...]`` (flattened per token).
+        families: ``(groups, position, token, splits) -> [probe_family(...), ...]`` of the probed
+            samples (sequence ids, positions and token ids ``[n]``, their GroupKFold splits); or,
+            for one target, ``(target, labels)``: ``labels`` ``[n_samples]`` per sample of
+            ``sequences`` (integers for classification), probed for every task of ``tasks``
+            with the control task and the shuffled labels.
+        tasks: the tasks of a ``(target, labels)`` target.
+        n_splits, n_boot, seed, keep, compute_dtype, min_position, classifier: as
+            :func:`absolute_index_probes`.
+
+    Raises:
+        ValueError: as :func:`absolute_index_probes`.
+    """
     for task in tasks:
         _check_task(task)
     if isinstance(min_position, bool) or not isinstance(min_position, (int, np.integer)) or min_position < 0:
         raise ValueError(f"min_position must be an integer >= 0, got {min_position!r}")
     groups, position, token = sequences.sequence_id, sequences.position, sequences.token
-    sample_rows = None
+    sample_rows, probed = None, slice(None)
     if min_position > 0:
         probed = position >= min_position
         sample_rows = np.where(probed, np.cumsum(probed) - 1, -1)
         groups, position, token = groups[probed], position[probed], token[probed]
     splits = sequence_splits(groups, n_splits)
-    families = []
-    for task in tasks:
-        y, target = position_classes(position, max_classes) if task == "classification" else (position, "absolute_index")
-        families.append(_Family(target, task, "grouped", probe_labels(y, token, controls, seed), splits, controls))
-    if extrapolate_from is not None:
-        families.append(_Family("absolute_index", "regression", "extrapolation", {"linear": position},
-                                extrapolation_splits(groups, position, extrapolate_from, n_splits), False))
-    layout = _Layout(groups, token, families, sample_rows)
+    if not callable(families):
+        target, labels = families
+        labels = np.asarray(labels)[probed]
+        made = [probe_family(target, task, labels, token, splits, seed=seed) for task in tasks]
+    else:
+        made = families(groups, position, token, splits)
+    layout = _Layout(groups, token, made, sample_rows)
     jobs = [_Job(layout, (site,), site, "token", "rows", read=False) for site in sites]
-    return Probes(sequences, jobs, None, n_boot, seed, keep, compute_dtype)
+    return Probes(sequences, jobs, None, n_boot, seed, keep, compute_dtype, classifier=classifier)
+
+
+def probe_family(target: str, task: str, labels: np.ndarray, token_types: np.ndarray, splits, split: str = "grouped",
+                 controls: bool = True, seed: int = 0) -> _Family:
+    """One probe family: ``target``'s ``labels`` ``[n]`` fitted as ``task`` on ``splits``, with the
+    control task and the shuffled labels of :func:`~nopelens.probes.linear.probe_labels` (and the
+    baselines) when ``controls``."""
+    _check_task(task)
+    if task == "classification" and not np.issubdtype(np.asarray(labels).dtype, np.integer):
+        raise ValueError(f"classification targets must be integers, got dtype {np.asarray(labels).dtype}")
+    return _Family(target, task, split, probe_labels(labels, token_types, controls, seed), splits, controls)
 
 
 def relative_distance_probes(
@@ -597,8 +693,9 @@ def relative_distance_probes(
     seed: int = 0,
     keep: KeepBudget | int | str | None = "auto",
     compute_dtype: torch.dtype | None = None,
+    classifier: str = "lda",
 ) -> Probes:
-    """Streamed :func:`~nopelens.probes.linear.probe_relative_distance` (LDA and ridge probes).
+    """Streamed :func:`probe_relative_distance` (LDA and ridge probes).
 
     Args:
         sequences: the token set the model will be run on.
@@ -610,7 +707,7 @@ def relative_distance_probes(
         distances: the distances to draw pairs at: ``"spread"`` (default) for at most
             :data:`MAX_DISTANCES` spread over 0..max_distance (every distance when there are no
             more), None for every distance, or an explicit ascending list.
-        keep, compute_dtype: as :func:`absolute_index_probes`.
+        keep, compute_dtype, classifier: as :func:`absolute_index_probes`.
 
     Returns:
         A :class:`Probes` measurement.
@@ -634,4 +731,136 @@ def relative_distance_probes(
     jobs = [_Job(layout, (site,), site, kind, "float32", read=False) for site in sites for kind in feature_kinds]
     jobs += [_Job(layout, (q, k), q, f"bilinear_{bilinear}", "float32", read=True) for q, k in attention]
     jobs += [_Job(layout, (site,), site, "score", "scores", read=True) for site in scores]
-    return Probes(sequences, jobs, pairs, n_boot, seed, keep, compute_dtype)
+    return Probes(sequences, jobs, pairs, n_boot, seed, keep, compute_dtype, classifier=classifier)
+
+
+def replay_probes(probes: Probes, acts, device: torch.device | str = "cpu", batch_size: int = 32,
+                  progress: str | None = None) -> pd.DataFrame:
+    """The table of ``probes`` on cached activations: every job replayed and fitted in turn
+    (:func:`~nopelens.probes.stream.replay`, one :meth:`Probes.subset` each, every batch kept), so
+    no more than one job's features are copied at a time; the in-memory API is this.
+    ``progress``: the label of a bar over the jobs (None: no bar).
+
+    Raises:
+        KeyError, ValueError: as :func:`~nopelens.probes.stream.replay` and the probes' fits.
+    """
+    for job in progress_bar(probes.jobs, desc=progress, unit="site", leave=False,
+                            disable=progress is None):
+        replay(acts, [probes.subset([job], KeepBudget(None))], batch_size, device, probes.sequences)
+    probes.finish()
+    return probes.result()
+
+
+# ----------------------------------------------------------------------------- the in-memory API
+
+
+def probe_absolute_index(
+    acts: Activations,
+    sites: Sequence[str] | None = None,
+    tasks: Sequence[str] = ("classification", "regression"),
+    n_splits: int = 5,
+    classifier: str = "lda",
+    controls: bool = True,
+    extrapolate_from: int | None = None,
+    n_boot: int = 1000,
+    seed: int = 0,
+    device: str = "cpu",
+    max_classes: int | None = None,
+) -> pd.DataFrame:
+    """Probe the absolute index (position id) at every site, as classes and as a value.
+
+    Args:
+        acts: from :func:`~nopelens.probes.collect`.
+        sites: which collected sites (default: all non-pattern sites, in collection order).
+        tasks: ``classification`` and/or ``regression``.
+        n_splits: GroupKFold folds over sequences.
+        classifier: ``lda``, ``ridge`` or ``logistic``.
+        controls: add control task, shuffled, majority and token-identity rows.
+        extrapolate_from: if given, also a regression probe fitted on positions < P and scored
+            on positions >= P (``split == "extrapolation"``), on held-out sequences.
+        n_boot: bootstrap replicates.
+        seed: seed of controls and bootstrap.
+        device: torch device for the probe algebra (see :func:`probe_features`).
+        max_classes: classify at most this many classes: with more positions, classes are
+            position bins of equal width (:func:`position_classes`). None: every position its class.
+
+    Returns:
+        Tidy DataFrame with :data:`RESULT_COLUMNS`, ``target == "absolute_index"`` (classification
+        over bins of width W: ``"absolute_index//W"``, see :func:`position_classes`). Features are
+        judged against the round-off of the dtype the activations were computed in
+        (:meth:`~nopelens.probes.collect.Activations.dtype`).
+
+    Raises:
+        KeyError: for a site that was not collected.
+        ValueError: as :func:`probe_features`.
+    """
+    sites = list(acts.acts) if sites is None else list(sites)
+    probes = absolute_index_probes(Sequences.of_activations(acts), sites, tasks, n_splits, controls, extrapolate_from,
+                                   max_classes, n_boot, seed, keep=None, classifier=classifier)
+    return replay_probes(probes, acts, device)
+
+
+def probe_relative_distance(
+    acts: Activations,
+    sites: Sequence[str] | None = None,
+    feature_kinds: Sequence[str] = ("concat", "difference"),
+    attention: Sequence[tuple[str, str]] = (),
+    scores: Sequence[str] = (),
+    bilinear: str = "outer",
+    tasks: Sequence[str] = ("classification", "regression"),
+    max_distance: int | None = None,
+    pairs_per_distance: int | None = None,
+    n_splits: int = 5,
+    classifier: str = "lda",
+    controls: bool = True,
+    n_boot: int = 1000,
+    seed: int = 0,
+    device: str = "cpu",
+    distances: Sequence[int] | None = None,
+) -> pd.DataFrame:
+    """Probe the relative distance i - j of distance-balanced token pairs (j <= i, same sequence).
+
+    Residual sites get pair features ``concat`` [h_i; h_j] and ``difference`` h_i - h_j. Attention
+    gets two reads, kept apart because they answer different questions:
+
+    - ``attention`` (query site, key site): the *content-only q.k read*, a per-head bilinear read of
+      q_i and k_j (:func:`~nopelens.probes.targets.bilinear_features`; features
+      ``bilinear_outer``/``bilinear_elementwise``). It sees RoPE (pass the rotated q and k) but
+      never a bias added to the score, so it cannot see ALiBi or Shaw.
+    - ``scores`` (``blocks.{l}.attn.hook_attn_scores`` sites): the *score read*, what the head
+      actually scores, content plus position bias, relative to the query's own key
+      (:func:`~nopelens.probes.targets.score_features`; features ``score``). It compares NoPE,
+      RoPE, ALiBi and Shaw on the same footing.
+
+    Layer of an attention read: block ``l``'s read is reported at ``layer = l + 1``, the residual
+    layer its head writes into (DESIGN.md numbering), so :func:`first_recoverable_layer` takes
+    this table directly. The control task and the token-identity ceiling use the token pair
+    (token_i, token_j) as the type.
+
+    Args:
+        acts: from :func:`~nopelens.probes.collect`.
+        sites: residual-like sites for pair features (default: every collected site shaped
+            ``[n, d]``).
+        feature_kinds: subset of ``concat``, ``difference``.
+        attention: pairs such as ``("blocks.0.attn.hook_rot_q", "blocks.0.attn.hook_rot_k")``.
+        scores: collected ``hook_attn_scores`` sites, e.g. ``["blocks.0.attn.hook_attn_scores"]``.
+        bilinear: ``outer`` or ``elementwise``.
+        tasks, n_splits, classifier, controls, n_boot, seed, device: as :func:`probe_absolute_index`.
+        max_distance, pairs_per_distance, distances: as
+            :func:`~nopelens.probes.targets.sample_distance_pairs` (at long context, pass
+            :func:`~nopelens.probes.targets.spread_distances` rather than every distance).
+
+    Returns:
+        Tidy DataFrame with :data:`RESULT_COLUMNS`, ``target == "relative_distance"``; the
+        ``site`` of a bilinear row is the query site, of a score row the scores site.
+
+    Raises:
+        KeyError: for a site that was not collected.
+        ValueError: as :func:`probe_features` and :func:`~nopelens.probes.targets.score_features`.
+    """
+    if sites is None:
+        sites = [site for site, array in acts.acts.items() if array.ndim == 2]
+    probes = relative_distance_probes(Sequences.of_activations(acts), sites, feature_kinds, attention, scores, bilinear,
+                                      tasks, max_distance, pairs_per_distance, distances, n_splits, controls, n_boot,
+                                      seed, keep=None, classifier=classifier)
+    return replay_probes(probes, acts, device)

@@ -364,3 +364,37 @@ def test_extrapolation_rows_score_only_late_positions_of_held_out_sequences():
     assert set(late.metric) == {"r2", "spearman", "mad"} and (late.probe == "linear").all()
     assert (late.n_samples == 10 * 4).all()  # positions 12..15 of every sequence, each scored once
     assert (table[table.split == "grouped"].n_samples == 160).all()
+
+
+def test_the_pipeline_classifiers_run_through_the_one_engine_streamed_and_in_memory(one_thread):
+    """Issue 38 §2: ``logistic`` and ``ridge`` give the same table streamed (features kept) and in
+    memory, that of scikit-learn's own pipeline on the same grouped folds; a streamed run whose
+    features do not fit the keep budget is refused, not fitted by another model."""
+    from sklearn.linear_model import LogisticRegression, RidgeClassifier
+    from sklearn.model_selection import GroupKFold, cross_val_predict
+    from sklearn.pipeline import make_pipeline
+
+    from nopelens.probes.stream import Sequences, run
+    from nopelens.probes.stream_probes import absolute_index_probes
+
+    model = Decoder(DecoderConfig(d_vocab=50, n_ctx=32, n_layers=1, d_model=16, n_heads=2, position="rope"), seed=2).eval()
+    tokens = torch.randint(0, 50, (9, 8), generator=torch.Generator().manual_seed(3))
+    site = "blocks.0.hook_resid_post"
+    acts = collect(model, tokens, [site])
+    oracles = {"logistic": LogisticRegression(max_iter=1000, random_state=0), "ridge": RidgeClassifier(alpha=1.0)}
+    for classifier, oracle in oracles.items():
+        common = dict(tasks=("classification",), n_splits=3, n_boot=20, classifier=classifier)
+        memory = probe_absolute_index(acts, sites=[site], **common)
+        probes = absolute_index_probes(Sequences.of(tokens), [site], keep=None, max_classes=None, **common)
+        streamed = run(model, Sequences.of(tokens), [probes], batch_size=4)[0]
+        pd.testing.assert_frame_equal(memory, streamed)
+        predicted = cross_val_predict(make_pipeline(StandardScaler(), oracle), acts.features(site).astype(np.float64),
+                                      acts.position, groups=acts.sequence_id, cv=GroupKFold(3))
+        row = memory[(memory.probe == "linear") & (memory.metric == "accuracy")].iloc[0]
+        assert row.value == pytest.approx(accuracy_score(acts.position, predicted), abs=1e-6), classifier
+    refused = absolute_index_probes(Sequences.of(tokens), [site], keep=0, tasks=("classification",), n_splits=3,
+                                    n_boot=20, classifier="logistic")
+    with pytest.raises(ValueError, match="classifier 'logistic' is fitted on the features themselves"):
+        run(model, Sequences.of(tokens), [refused], batch_size=4)
+    with pytest.raises(ValueError, match="classifier must be"):
+        absolute_index_probes(Sequences.of(tokens), [site], classifier="svm")

@@ -7,20 +7,16 @@ import pytest
 from nopelens.analyses import reads, report, seeds
 from nopelens.analyses.reads import NOT_RECOVERED, SweepRead
 from nopelens.analyses.sweep import SweepSettings, sweep
-from nopelens.probes import probe_features, site_block, site_layer
+from nopelens.probes.stream_probes import token_probes
 
 SETTINGS = SweepSettings(models=("circuit",), n_sequences=12, seq_len=16, n_boot=20, n_splits=3)
 
 
-def second_half(inp: reads.ProbeInput) -> pd.DataFrame:
-    """A target function: is the token in the second half of its sequence (position >= L/2)?"""
-    label = (inp.acts.position >= inp.seq_len // 2).astype(int)
-    frames = [probe_features(inp.acts.features(site), label, inp.acts.sequence_id, "classification",
-                             inp.acts.token, controls=False, **inp.common)
-              .assign(site=site, layer=site_layer(site), block=site_block(site), target="second_half",
-                      task="classification", features="token", split="grouped")
-              for site in inp.sites.residual]
-    return pd.concat(frames, ignore_index=True)
+def second_half(inp: reads.ProbeInput):
+    """A new read's one definition: is the token in the second half of its sequence (position >= L/2)?"""
+    label = (inp.sequences.position >= inp.seq_len // 2).astype(int)
+    return token_probes(inp.sequences, inp.sites.residual, ("second_half", label), n_splits=inp.n_splits,
+                        n_boot=inp.n_boot, seed=inp.seed, keep=inp.keep)
 
 
 SECOND_HALF = SweepRead("second_half_acc", "second half", "position ≥ L/2",
@@ -78,3 +74,33 @@ def test_a_read_of_an_unmeasured_target_is_refused(monkeypatch):
     monkeypatch.setattr(reads, "SWEEP_READS", reads.SWEEP_READS + (SECOND_HALF,))
     with pytest.raises(KeyError, match="second_half.*TARGETS"):
         reads.measure_targets(None)
+
+
+def test_a_new_read_is_one_definition_measured_streamed_and_in_memory(one_thread):
+    """Issue 38: the toy read's one definition runs streamed (statistics only, nothing kept) and in
+    memory (cached activations replayed into the same engine), with the same table."""
+    import numpy as np
+    import torch
+
+    from nopelens.models import Decoder, DecoderConfig
+    from nopelens.probes import collect, resid_sites
+    from nopelens.probes.stream import KeepBudget, Sequences, run
+
+    model = Decoder(DecoderConfig(d_vocab=50, n_ctx=32, n_layers=2, d_model=16, n_heads=2, position="rope"), seed=1).eval()
+    tokens = torch.randint(0, 50, (9, 12), generator=torch.Generator().manual_seed(4))
+    sites = reads.SweepSites(resid_sites(2), [], [], [], [])
+
+    def read_input(sequences, keep):
+        return reads.ProbeInput(sequences, sites, seq_len=12, n_sequences=9, n_splits=3, n_boot=20, seed=0, keep=keep)
+
+    streamed = run(model, Sequences.of(tokens), [second_half(read_input(Sequences.of(tokens), KeepBudget(0)))],
+                   batch_size=4)[0]
+    acts = collect(model, tokens, sites.all())
+    memory = reads.measure_in_memory([second_half(read_input(Sequences.of_activations(acts), None))], acts)
+    assert set(memory["target"]) == {"second_half"} and set(memory["site"]) == set(sites.residual)
+    assert list(memory.columns) == list(streamed.columns) and len(memory) == len(streamed)
+    for column in memory.columns:
+        if memory[column].dtype.kind == "f":
+            np.testing.assert_allclose(streamed[column], memory[column], rtol=1e-8, atol=1e-8, equal_nan=True)
+        else:
+            assert streamed[column].tolist() == memory[column].tolist(), column

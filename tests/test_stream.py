@@ -15,7 +15,7 @@ import torch
 
 from nopelens.analyses.intervene import first_real_index
 from nopelens.models import Decoder, DecoderConfig
-from nopelens.probes import collect, probe_absolute_index, probe_relative_distance, resid_sites
+from nopelens.probes import collect, probe_absolute_index, probe_relative_distance, resid_sites, sequence_splits
 from nopelens.probes.fitting import BlockMoments
 from nopelens.probes.sinks import attention_variance
 from nopelens.probes.stream import AttentionVariance, KeepBudget, Sequences, run
@@ -544,3 +544,106 @@ def test_attention_variance_in_row_chunks_is_bit_identical(monkeypatch):
     for chunked, whole in zip(state(7 * 12), state(1 << 20)):
         assert torch.equal(chunked, whole)
     assert values[0].shape[0] * values[0].shape[1] > 7, "the small chunk really splits the batch"
+
+
+# ----------------------------------------------------------------------------- one engine vs the oracle
+
+
+def _oracle_predictions(X: np.ndarray, y: np.ndarray, splits, task: str) -> tuple[np.ndarray, np.ndarray]:
+    """scikit-learn's own computation of a linear probe's out-of-fold predictions: the outer
+    GroupKFold splits; for values, GridSearchCV over StandardScaler + Ridge on the same 28
+    penalties, its inner folds the fitting side's sequences grouped as the outer folds left them
+    (grouped, never splitting a sequence); for classes, StandardScaler + PooledLDA."""
+    from sklearn.linear_model import Ridge
+    from sklearn.model_selection import GridSearchCV, PredefinedSplit
+    from sklearn.pipeline import make_pipeline
+    from sklearn.preprocessing import StandardScaler
+
+    from nopelens.probes import PooledLDA
+    from nopelens.probes.fitting import ALPHAS
+
+    fold_of = np.full(len(y), -1)
+    for k, (_, score) in enumerate(splits):
+        fold_of[score] = k
+    X = X.astype(np.float64)
+    index, predicted = [], []
+    for fit, score in splits:
+        if task == "regression":
+            model = GridSearchCV(make_pipeline(StandardScaler(), Ridge()), {"ridge__alpha": list(ALPHAS)},
+                                 cv=PredefinedSplit(fold_of[fit]), scoring="neg_mean_squared_error")
+        else:
+            model = make_pipeline(StandardScaler(), PooledLDA())
+        index.append(score)
+        predicted.append(model.fit(X[fit], y[fit]).predict(X[score]))
+    return np.concatenate(index), np.concatenate(predicted)
+
+
+def _default_reads_both_ways(model, tokens, mask, qk, scores, n_splits=3):
+    """Every default read's table (the sweep's target table), streamed with nothing kept (the
+    statistics alone) and in memory (cached activations replayed into the same engine)."""
+    from nopelens.analyses.reads import ProbeInput, SweepSites, measure_in_memory, measure_targets
+
+    layers = len([s for s in model.hook_dict if s.endswith("hook_resid_post")])
+    sites = SweepSites(resid_sites(layers), [], list(qk), list(scores), [])
+    sequences = Sequences.of(tokens, mask)
+    settings = dict(seq_len=tokens.shape[1], n_sequences=len(tokens), n_splits=n_splits, n_boot=20, seed=0,
+                    bilinear="outer", max_classes=None, distances=None)
+    streamed_tables = run(model, sequences, measure_targets(ProbeInput(sequences, sites, keep=KeepBudget(0),
+                                                                       **settings)), batch_size=4)
+    acts = collect(model, tokens, sites.all(), attention_mask=mask, batch_size=4)
+    memory = measure_in_memory(measure_targets(ProbeInput(Sequences.of_activations(acts), sites, **settings)), acts)
+    return pd.concat(streamed_tables, ignore_index=True), memory, acts, sites
+
+
+@pytest.mark.parametrize("kind", ["nope", "rope", "hf"])
+def test_every_default_read_streamed_in_memory_and_by_scikit_learn_agree(kind, one_thread):
+    """Issue 38: each default read, streamed from statistics and in memory, equals scikit-learn's
+    own pipelines on the same folds to 1e-6 (R^2 and accuracy absolute), on a NoPE, a RoPE and an
+    HF-bridged model."""
+    from sklearn.metrics import accuracy_score, r2_score
+
+    from nopelens.analyses.reads import SWEEP_READS
+    from nopelens.probes.linear import is_target, position_classes
+    from nopelens.probes.targets import bilinear_features, pair_features, sample_distance_pairs, score_features
+
+    tokens = torch.randint(0, 50, (9, 12), generator=torch.Generator().manual_seed(7))
+    mask = None
+    if kind == "hf":
+        model, rot = _tiny_bridged_llama(), "rot_"
+    else:
+        model = Decoder(DecoderConfig(d_vocab=50, n_ctx=32, n_layers=2, d_model=16, n_heads=2, position=kind),
+                        seed=4).eval()
+        rot = "rot_" if kind == "rope" else ""
+    qk = [(f"blocks.{l}.attn.hook_{rot}q", f"blocks.{l}.attn.hook_{rot}k") for l in range(2)]
+    scores = [f"blocks.{l}.attn.hook_attn_scores" for l in range(2)]
+    streamed_table, memory, acts, sites = _default_reads_both_ways(model, tokens, mask, qk, scores)
+    assert_tables_equal(memory, streamed_table, tolerance=1e-6)
+
+    pairs = sample_distance_pairs(acts.sequence_id, acts.position, None, min(64, len(tokens)), 0)
+    token_splits = sequence_splits(acts.sequence_id, 3)
+    pair_splits = sequence_splits(pairs.sequence_id, 3)
+    features = {"token": lambda s: acts.features(s), "concat": lambda s: pair_features(acts.features(s), pairs),
+                "score": lambda s: score_features(acts.patterns[s], acts.sequence_id, acts.position, pairs)}
+    heads = {q: k for q, k in qk}
+    checked = 0
+    for read in SWEEP_READS:
+        rows = memory[(memory.probe == "linear") & (memory.split == "grouped") & is_target(memory.target, read.target)
+                      & (memory.task == read.task) & (memory.metric == read.metric)
+                      & memory.features.str.startswith(read.features.rstrip("*"))]
+        assert len(rows), f"{read.column}: no rows"
+        for _, row in rows.iterrows():
+            if row.features.startswith("bilinear"):
+                shape = lambda s: acts.acts[s]  # noqa: E731
+                X = bilinear_features(shape(row.site), shape(heads[row.site]), pairs, "outer")
+            else:
+                X = features[row.features](row.site)
+            if read.target == "absolute_index":
+                y, splits = (position_classes(acts.position, None)[0] if read.task == "classification"
+                             else acts.position.astype(float)), token_splits
+            else:
+                y, splits = pairs.distance.astype(float), pair_splits
+            index, predicted = _oracle_predictions(X, y, splits, read.task)
+            oracle = r2_score(y[index], predicted) if read.metric == "r2" else accuracy_score(y[index], predicted)
+            assert abs(row.value - oracle) <= 1e-6, f"{read.column} at {row.site}: {row.value} vs scikit-learn {oracle}"
+            checked += 1
+    assert checked >= 2 * 3 + 3 + 2 + 2
