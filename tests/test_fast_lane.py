@@ -1,10 +1,11 @@
 """The fast lane, ``python -m pytest -m "not slow"``, still reaches every module of models/, circuits/,
 probes/ and analyses/: each one is reached by a test file with at least one test outside the slow lane.
 
-A file reaches a module when it imports it (a name that a package re-exports counts for the module that
-defines it; the test helpers it imports and conftest.py count as part of it), when it names one of
-``nopelens``'s commands or one of the position methods as a string (the CLI and ``get_method`` import
-by those names), or when a module it reaches imports it at run time. A package's ``__init__`` passes
+A file reaches a module when it imports it or a name of it (a name that a package re-exports, imported or
+read as ``package.name``, counts for the module that defines it; the test helpers the file imports and
+conftest.py count as part of it), when it names one of ``nopelens``'s commands or one of the position
+methods as a string (the CLI and ``get_method`` import by those names), or when a module it reaches
+imports it at run time. A package's ``__init__`` passes
 nothing on (it imports its whole subpackage), and is reached when it or a module in it is. This is an
 upper bound on the lane's reach, read from the source in a second; coverage measures the lines
 (``coverage run -m pytest -m "not slow"``)."""
@@ -48,11 +49,26 @@ def _defining_module(package: str, name: str, known: dict) -> str:
     return defined_in if defined_in in known else package
 
 
+def _module_aliases(tree: ast.Module, known: dict) -> dict[str, str]:
+    """Name -> the nopelens module it is bound to by an import (``from nopelens.analyses import intervene as iv``)."""
+    aliases = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            aliases.update({alias.asname: alias.name for alias in node.names if alias.asname and alias.name in known})
+        elif isinstance(node, ast.ImportFrom) and node.module in known:
+            aliases.update({alias.asname or alias.name: f"{node.module}.{alias.name}" for alias in node.names
+                            if f"{node.module}.{alias.name}" in known})
+    return aliases
+
+
 def named_modules(tree: ast.Module, helpers: dict[str, ast.Module]) -> set[str]:
     """The nopelens modules a test file imports or names a command or method of, with what the test
     helpers it imports name (``helpers``: module name -> its tree)."""
     known = package_modules.modules()
     found: set[str] = set()
+    for alias, module in _module_aliases(tree, known).items():  # ``iv.first_real_index``: where it is defined
+        found.update(_defining_module(module, node.attr, known) for node in ast.walk(tree)
+                     if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == alias)
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             names = [alias.name for alias in node.names]
@@ -127,3 +143,10 @@ def test_the_reach_rule_on_written_files(tmp_path):
         assert module in reach, module
     assert "nopelens.analyses.lengthgen" not in reach and "nopelens.analyses.validate" not in reach
     assert "nopelens.models.methods.shaw" not in reach  # the methods package imports it, and passes nothing on
+
+
+def test_a_name_read_from_a_package_reaches_the_module_that_defines_it(tmp_path):
+    (tmp_path / "test_a.py").write_text("import nopelens.probes as pr\ndef test_x():\n    pr.sink_table\n")
+    assert "nopelens.probes.sinks" in fast_lane_reach(tmp_path)
+    (tmp_path / "test_a.py").write_text("import nopelens.probes as pr\ndef test_x():\n    pr\n")
+    assert "nopelens.probes.sinks" not in fast_lane_reach(tmp_path)

@@ -111,7 +111,6 @@ def test_analyses_never_import_the_cli():
     assert not cli, cli
 
 
-@pytest.mark.slow
 def test_each_analyses_module_imports_alone():
     """Import every analyses module first, in a fresh set of nopelens modules (third-party ones
     stay loaded, so this takes seconds): an import that works only after another module would fail."""
