@@ -233,6 +233,7 @@ def test_a_looped_or_block_sparse_model_is_refused_in_one_line(config_class, mod
     assert "\n" not in str(error.value)
 
 
+@pytest.mark.slow
 def test_dots3_note_is_refused_in_one_line():
     """Dots3-Note's text config holds per-layer attention shapes (``per_layer_config``), which
     nopelens does not read: refused by name, in one line, never measured wrong."""
@@ -332,6 +333,7 @@ def _audit_declared(model, description):
         hf._DESCRIPTIONS[model] = right
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dtype", DTYPES, ids=["float32", "bfloat16"])
 @pytest.mark.parametrize("family", sorted(EXPECTED))
 def test_a_mislabelled_layer_fails_step_5_by_name(hooked, family, dtype):
@@ -355,6 +357,7 @@ def test_a_mislabelled_layer_fails_step_5_by_name(hooked, family, dtype):
 WINDOWED = sorted(f for f, expected in EXPECTED.items() if any(not isinstance(w, tuple) for w in expected[2].values()))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dtype", DTYPES, ids=["float32", "bfloat16"])
 @pytest.mark.parametrize("family", WINDOWED)
 def test_a_window_one_token_off_fails_step_3(hooked, family, dtype):
@@ -461,6 +464,7 @@ def test_every_design_runs_from_the_command_line(saved, tmp_path, capsys, family
     assert set(learned["block"]) == declared and (learned["learned_sink_mass"] > 0).all()
 
 
+@pytest.mark.slow
 def test_dsa_past_index_topk_probes_with_the_reads_not_applicable(saved, tmp_path, capsys):
     """``nopelens probe`` on DeepSeek V3.2 with index_topk 4 at 8 tokens: exit 0, the position probes
     measured, no sink row (each block's kept keys are chosen by content), the reason recorded and

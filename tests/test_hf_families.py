@@ -240,6 +240,7 @@ for _family, (_input, _methods, _pairing) in EXPECTED.items():
         BROKEN[_family] = ("a wrong RoPE base", "base", {5})
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("family", sorted(BROKEN))
 def test_a_broken_variant_fails(family):
     from nopelens.analyses.audit import audit
@@ -281,6 +282,7 @@ def _save(tmp_path, family, **overrides):
     return str(path)
 
 
+@pytest.mark.slow
 def test_probe_cli_reads_a_family_whose_hooks_misled_it(tmp_path, capsys):
     """GPT-NeoX lists hook_rot_q/k that never fire; ``nopelens probe`` used to exit 2 on it (and on
     Granite, whose hook_attn_out fires only through TransformerLens' hook API: covered, for every
@@ -303,6 +305,7 @@ def test_probe_cli_reads_a_family_whose_hooks_misled_it(tmp_path, capsys):
     assert note.startswith("blocks 0-1: no rotated q and k to read (hook_rot_q/k never fire")
 
 
+@pytest.mark.slow
 def test_intervene_cli_reads_a_family_whose_hooks_misled_it(tmp_path, capsys):
     """GPT-NeoX's unfired hook_rot_q/k: the sink ablation's re-probes read the plain q and k, as ``probe`` does
     (``nopelens intervene`` exited 2 on GPT-NeoX, GPT-J, Falcon and Phi-3)."""

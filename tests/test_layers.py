@@ -78,6 +78,7 @@ def test_the_curves_are_the_reads_probe_rows(probed):
     pd.testing.assert_frame_equal(recomputed.reset_index(drop=True), run.curves, check_dtype=False)
 
 
+@pytest.mark.slow
 def test_json_threshold_and_metric_reread_the_folder_without_measuring_again(probed, capsys):
     out, _, _ = probed
     assert main(["probe", "circuit", "--out", str(out), *ARGS, "--quiet", "--json"]) == 0

@@ -20,8 +20,6 @@ import pytest
 from nopelens.analyses import parallel
 from nopelens.analyses.sweep import TABLES, SweepSettings, sweep
 
-pytestmark = pytest.mark.slow
-
 SETTINGS = SweepSettings(models=("circuit", "untrained-nope"), n_sequences=12, seq_len=16, n_boot=20, n_splits=3,
                          train_seeds=(0, 1))
 N_TASKS = 3
@@ -43,11 +41,13 @@ def done_parts(run: Path) -> int:
     return len(list(run.glob("parts/*/done.json")))
 
 
+@pytest.mark.slow  # a Dask cluster or worker processes: seconds each
 def test_jobs_give_the_serial_tables(serial, tmp_path):
     _bounded(sweep, SETTINGS, tmp_path / "run", progress=False, jobs=2)
     assert_same_tables(tmp_path / "run", serial)
 
 
+@pytest.mark.slow  # a Dask cluster or worker processes: seconds each
 def test_a_lost_local_worker_loses_only_unfinished_tasks(serial, tmp_path, capsys):
     out = tmp_path / "run"
     errors = []
@@ -97,6 +97,7 @@ def cluster(tmp_path_factory):
             yield local.scheduler_address, client, config
 
 
+@pytest.mark.slow  # a Dask cluster or worker processes: seconds each
 def test_a_tls_dask_cluster_gives_the_serial_tables(serial, cluster, tmp_path):
     address, _, config = cluster
     assert address.startswith("tls://")
@@ -104,6 +105,7 @@ def test_a_tls_dask_cluster_gives_the_serial_tables(serial, cluster, tmp_path):
     assert_same_tables(tmp_path / "run", serial)
 
 
+@pytest.mark.slow  # a Dask cluster or worker processes: seconds each
 def test_dask_worker_killed_mid_task_and_a_rerun_completes_the_folder(serial, cluster, tmp_path, capsys):
     address, client, config = cluster
     out = tmp_path / "run"
@@ -170,6 +172,7 @@ def _wait_for(condition, timeout: float = 300.0):
 # ----------------------------------------------------------------------------- a cluster that lets no one else in
 
 
+@pytest.mark.slow  # a Dask cluster or worker processes: seconds each
 def test_a_tls_scheduler_refuses_clients_without_its_certificate(cluster, tmp_path):
     import distributed
 
@@ -278,6 +281,7 @@ def test_a_server_that_is_not_dask_is_one_clear_error():
     assert str(error).startswith(f"cannot talk to a Dask scheduler at {address}: ") and "\n" not in str(error)
 
 
+@pytest.mark.slow  # a Dask cluster or worker processes: seconds each
 def test_a_listener_that_never_speaks_times_out(monkeypatch):
     pytest.importorskip("distributed")
     monkeypatch.setattr(parallel, "CONNECT_TIMEOUT", 2.0)
@@ -286,6 +290,7 @@ def test_a_listener_that_never_speaks_times_out(monkeypatch):
     assert type(error) is ValueError and str(error) == f"no Dask scheduler answered at {address} within 2 s", repr(error)
 
 
+@pytest.mark.slow  # a Dask cluster or worker processes: seconds each
 def test_a_scheduler_without_workers_is_named(monkeypatch):
     distributed = pytest.importorskip("distributed")
     monkeypatch.setattr(parallel, "WORKER_TIMEOUT", 1.0)
@@ -296,6 +301,7 @@ def test_a_scheduler_without_workers_is_named(monkeypatch):
                           f"start one with `dask worker {local.scheduler_address} --nthreads 1`")
 
 
+@pytest.mark.slow  # a Dask cluster or worker processes: seconds each
 def test_a_scheduler_whose_workers_all_leave_mid_run_gives_up_in_one_line(monkeypatch):
     distributed = pytest.importorskip("distributed")
     monkeypatch.setattr(parallel, "WORKER_TIMEOUT", 1.0)
@@ -314,6 +320,7 @@ def test_a_scheduler_whose_workers_all_leave_mid_run_gives_up_in_one_line(monkey
                                  "finish; the finished ones are saved")
 
 
+@pytest.mark.slow  # a Dask cluster or worker processes: seconds each
 def test_a_lost_or_frozen_scheduler_is_named_in_one_line(caplog):
     """A scheduler killed mid-run: the unfinished tasks are named as lost with it, and distributed's
     reconnect tracebacks are not logged; a scheduler that stops answering (SIGSTOP, as a network
@@ -402,6 +409,7 @@ def test_missing_tls_files_are_named(tmp_path):
     assert str(error) == f"no such file: {tmp_path / 'ca.pem'}, the Dask TLS ca-file (in {config})"
 
 
+@pytest.mark.slow  # a Dask cluster or worker processes: seconds each
 def test_encryption_required_with_a_tcp_address_is_one_clear_error(cluster):
     _, _, config = cluster
     with _fake_server(b"") as address:

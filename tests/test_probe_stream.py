@@ -110,6 +110,7 @@ def test_streamed_probe_tables_equal_the_in_memory_sweep_on_the_same_text(model_
     assert set(streamed["sink_ablation"]["status"]) == {"measured"} and (streamed["sink_ablation"]["drop"].abs() > 1e-3).any()
 
 
+@pytest.mark.slow
 def test_auto_batch_size_fits_the_memory_free_and_leaves_the_tables_unchanged(model_dir, monkeypatch, one_thread):
     """--batch-size auto (the default) takes 32 sequences, or as many as fit half the memory left
     after the statistics and kept features; the numbers do not depend on the batch size."""
@@ -165,6 +166,7 @@ def test_auto_batch_size_fits_the_memory_free_and_leaves_the_tables_unchanged(mo
             if "value" in a else pd.testing.assert_frame_equal(a, b, check_exact=False, rtol=1e-8, atol=1e-8)
 
 
+@pytest.mark.slow
 def test_statistics_larger_than_the_memory_free_are_refused_before_any_forward_pass(model_dir, tmp_path, capsys,
                                                                                        monkeypatch):
     """With nothing kept the jobs of a run hold their statistics at once; when one job's alone exceed
@@ -215,6 +217,7 @@ def test_statistics_larger_than_the_memory_free_are_refused_before_any_forward_p
     assert main([*common[:-1], "1", "--memory-mib", "7", "--plan", "--out", str(tmp_path / "p7")]) == 0
 
 
+@pytest.mark.slow
 def test_sites_whose_statistics_do_not_fit_together_run_in_groups_with_the_same_tables(model_dir, monkeypatch,
                                                                                        one_thread):
     """When every job's statistics do not fit the memory at once, the jobs run in groups by depth, a
@@ -266,6 +269,7 @@ def test_sites_whose_statistics_do_not_fit_together_run_in_groups_with_the_same_
         pd.testing.assert_frame_equal(run_in_groups[name], whole[name], check_exact=True, obj=name)
 
 
+@pytest.mark.slow
 def test_layers_probe_a_subset_of_blocks_with_the_numbers_of_the_whole_run(model_dir, tmp_path, capsys, one_thread):
     """--layers 1,2: only those blocks' sites (and residual layers 1-3), sinks, variance and sink
     ablation are measured, each number equal to the whole run's; the run names what it left out."""
@@ -321,6 +325,7 @@ def test_layers_probe_a_subset_of_blocks_with_the_numbers_of_the_whole_run(model
                capsys.readouterr().err, "--layers applies to hf:DIR models")
 
 
+@pytest.mark.slow
 def test_probe_cli_on_text_and_the_repeated_token_known_answer(model_dir, tmp_path, capsys, one_thread):
     from nopelens.analyses.cli import main
 
@@ -356,6 +361,7 @@ def test_probe_cli_on_text_and_the_repeated_token_known_answer(model_dir, tmp_pa
     assert len(r2) and (r2["value"] < 0.05).all()
 
 
+@pytest.mark.slow
 def test_a_rerun_refuses_parts_measured_on_other_weights_or_text(model_dir, tmp_path, capsys):
     """A finished part stands for the files it read: after the weights or the --text file change, a
     rerun into the same folder says so instead of reusing the old tables (found by QA)."""
@@ -408,6 +414,7 @@ def test_a_sequence_past_max_position_embeddings_is_noted(model_dir, tmp_path):
     assert note.startswith("--seq-len 12 passes max_position_embeddings 8 of config.json: positions from 8 on"), note
 
 
+@pytest.mark.slow
 def test_plan_prints_passes_tokens_memory_and_exits(model_dir, tmp_path, capsys):
     from nopelens.analyses.cli import main
 
@@ -428,6 +435,7 @@ def test_plan_prints_passes_tokens_memory_and_exits(model_dir, tmp_path, capsys)
     assert code == 0 and "11 forward passes over 1,050 tokens" in out and ("5 of them second passes to predict, 4 of the sink ablation's among them") in out, out
 
 
+@pytest.mark.slow
 def test_three_tokens_leave_no_variance_slope_and_say_so(model_dir, tmp_path, capsys):
     """3 tokens with BOS leave queries that see 2 and 3 keys: no variance slope (it needs 3 distinct
     counts). The plan and the run agree: the run measures the rest and names the read not applicable,
@@ -537,6 +545,7 @@ def test_bad_input_is_one_line_and_exit_2(model_dir, tmp_path, capsys, case, mes
     _one_error(code, capsys.readouterr().err, message)
 
 
+@pytest.mark.slow
 def test_sinks_reads_an_hf_model_through_its_tokenizer_as_probe_does(model_dir, tmp_path, capsys, one_thread):
     """``nopelens sinks hf:DIR`` read uniform random ids whatever the directory held; it now takes
     ``--input`` (default text through the model's tokenizer), ``--text``, ``--device`` and ``--dtype``."""
@@ -556,6 +565,7 @@ def test_sinks_reads_an_hf_model_through_its_tokenizer_as_probe_does(model_dir, 
                "--input applies to hf:DIR models, not to circuit")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("keep_mib", [None, 0])
 def test_the_plans_fit_count_is_what_the_run_factorizes(model_dir, monkeypatch, keep_mib, one_thread):
     """The ETA's fits are counted from the plan (:func:`~nopelens.analyses.streamed.fit_work`): the
@@ -598,6 +608,7 @@ def test_the_plans_fit_count_is_what_the_run_factorizes(model_dir, monkeypatch, 
     assert 0 < done["solves"] <= counted.solves
 
 
+@pytest.mark.slow
 def test_the_plan_estimates_how_long_for_any_model_size(model_dir, capsys):
     """No size cap: the plan times a batch's first block and the fits' kernels here, and says what
     the estimate is made of; a run that does not fit gets no estimate."""

@@ -55,6 +55,7 @@ def test_slug_is_one_safe_file_name():
     assert runs.part_dir("out", "hf:/m/x", 2).as_posix() == "out/parts/hf__m_x-seed2"
 
 
+@pytest.mark.slow
 def test_an_emptied_or_truncated_table_of_a_finished_part_is_named_and_measured_again(tmp_path, capsys, one_thread):
     """Emptied, cut mid-line (it raised an IndexError in the summary) or cut at a line boundary (it
     was reused, and the summary lost the reads of the missing rows): each is measured again."""
@@ -149,6 +150,7 @@ def test_a_probe_folder_resumes_with_another_batch_size_or_keep_budget(tmp_path)
         runs.claim(tmp_path, "sweep", other.to_dict(), ignore=other.RESUMABLE_CHANGES, command="probe")
 
 
+@pytest.mark.slow
 def test_a_part_measured_with_other_settings_is_refused_even_without_the_stamp(tmp_path, capsys, one_thread):
     """done.json records the settings' digest: a folder whose stamp was lost (deleted, or removed by a
     run interrupted while another used the folder) does not reuse parts measured otherwise."""
@@ -216,6 +218,7 @@ def test_unreadable_stamps_and_part_records_are_named(tmp_path, capsys):
     assert "its table_sha256 is not a record of checksums" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_sigterm_ends_a_run_as_an_interrupt_does(tmp_path):
     """``kill`` or ``timeout``: one line, exit 130, and a run stopped before its first part leaves no
     stamp (its corrected rerun is not refused)."""

@@ -92,6 +92,7 @@ def first_losses(spec, steps: int) -> list[float]:
     return losses
 
 
+@pytest.mark.slow  # training: 3-7 s a recipe
 @pytest.mark.parametrize("name", ["text-nope-4l", "bb-rope-2l", "bb-nope-3l"])
 def test_retraining_the_first_100_steps_reproduces_the_recorded_loss_curve(name):
     """The recorded curve is the recipe's: exactly on the shipped run's CPU and torch, within float

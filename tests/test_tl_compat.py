@@ -210,7 +210,7 @@ def manual_patch(model, cache, metric, hook, axes, setter):
     return out
 
 
-@pytest.mark.parametrize("position", METHODS)
+@pytest.mark.parametrize("position", ["nope", *(pytest.param(m, marks=pytest.mark.slow) for m in METHODS[1:])])
 def test_every_patching_function_equals_a_patching_loop_written_here(position):
     model = make(position)  # random weights, two blocks
     _, cache = model.run_with_cache(CLEAN)
