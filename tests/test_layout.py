@@ -1,5 +1,5 @@
 """The package's layout holds: hook names come from one helper, imports flow one way
-(cli -> analyses -> probes -> models), and no module needs another to be imported first."""
+(cli -> analyses -> probes -> models) without a loop, and no module needs another to be imported first."""
 
 import os
 import re
@@ -66,11 +66,18 @@ def test_imports_flow_one_way():
     assert not backwards, "\n".join(backwards)
 
 
-def test_no_import_loop_among_the_analyses_probes_and_circuits():
-    """Counting imports inside functions too: no module needs one that needs it back."""
-    graph = {m: {t for t in targets if layer(t) >= 1} for m, targets in imports().items() if layer(m) >= 1}
-    loops = [cycle for cycle in _cycles(graph) if len(cycle) > 1]
+@pytest.mark.parametrize("type_checking", [False, True], ids=["run time", "type checking too"])
+def test_no_import_loop(type_checking):
+    """No module needs one that needs it back, in any layer: counting imports inside functions, and
+    then also those under ``if TYPE_CHECKING:`` (a circle of types is still a circle of concepts)."""
+    loops = [cycle for cycle in _cycles(dict(imports(type_checking))) if len(cycle) > 1]
     assert not loops, loops
+
+
+def test_the_import_graph_reads_type_checking_imports_only_when_asked():
+    """tl_compat imports the config for its annotations only (the case that makes the flag matter)."""
+    config, tl_compat = "nopelens.models.config", "nopelens.models.tl_compat"
+    assert config not in imports()[tl_compat] and config in imports(type_checking=True)[tl_compat]
 
 
 def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
