@@ -421,7 +421,7 @@ def generate(
     mask = torch.cat([mask, torch.ones_like(tokens[:, prompt.shape[1]:])], dim=1)
 
     if output_logits:
-        from transformers.generation.utils import GenerateDecoderOnlyOutput
+        from transformers.generation.utils import GenerateDecoderOnlyOutput  # lazy: seconds to import; output_logits only
 
         result = GenerateDecoderOnlyOutput(sequences=tokens, logits=tuple(step_logits))
     elif return_type == "tokens" or (return_type == "input" and not _is_text(input)):

@@ -15,6 +15,7 @@ from nopelens.models.masks import CAUSAL, KeyWindow, visibility
 from nopelens.models.methods import SCORE_BIAS
 from nopelens.models.positions import position_ids_from_mask
 
+from .detector import detect
 from .numerics import Tolerance, rotate
 from .subjects import Subject
 
@@ -99,8 +100,6 @@ class Run:
         """The per-layer NoPE detector's readings (:func:`~nopelens.analyses.audit.detector.detect`),
         measured once per run."""
         if not hasattr(self, "_readings"):
-            from .detector import detect
-
             self._readings = detect(self.subject, self.probe.tokens, self.probe.mask, self.tol)
         return self._readings
 

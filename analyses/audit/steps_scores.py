@@ -7,6 +7,7 @@ import math
 import torch
 from torch import Tensor
 
+from nopelens.models.hf import softmax_with_sink
 from nopelens.models.hooks import act_name
 from nopelens.models.methods import SCORE_BIAS
 from nopelens.models.positions import alibi_bias
@@ -186,8 +187,6 @@ def step7_softmax(run: Run) -> StepResult:
     and no row may exceed 1; where the scores are recorded, the pattern must equal the softmax with
     the model's own sink logits. An output-scale sink (Granite SWA) leaves the pattern a plain softmax.
     """
-    from nopelens.models.hf import softmax_with_sink
-
     s, p = run.subject, run.probe
     real_rows = p.real[:, None, :, None]
     checks = []
