@@ -17,7 +17,7 @@
 def __getattr__(name: str):
     """``load_run`` and ``layer_curves`` on first use (importing them eagerly would slow every command's start-up)."""
     if name in ("load_run", "layer_curves"):
-        from . import layers
+        from . import layers  # lazy: `nopelens --help` imports no pandas
 
         return getattr(layers, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

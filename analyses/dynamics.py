@@ -30,12 +30,14 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
+import seaborn as sns
 import torch
 
-from nopelens.models import Decoder
-from nopelens.models.checkpoint import METADATA_FILE, TrainedModel, save_checkpoint
+from nopelens.models import Decoder, zoo
+from nopelens.models.checkpoint import METADATA_FILE, TrainedModel, load_checkpoint, save_checkpoint
 from nopelens.models.hooks import act_names
 from nopelens.models.io import write_csv_atomic, write_text_atomic
 from nopelens.models.threads import one_thread
@@ -44,7 +46,10 @@ from nopelens.probes import collect, probe_absolute_index, probe_relative_distan
 from nopelens.probes.extreme_tokens import active_dormant_table
 from nopelens.probes.sinks import GU_WINDOW, sink_rate_ci
 
-from . import runs
+from . import report, runs
+from .report import _heatmap
+from .subjects import from_trained
+from .sweep import score_sites
 
 THRESHOLD = 0.9
 """A layer recovers a target when the 95 % CI lower bound of R^2 clears this (the sweep's bar)."""
@@ -108,8 +113,6 @@ def checkpoint_steps(steps: int, n_checkpoints: int) -> list[int]:
 
 def recipe_of(settings: DynamicsSettings):
     """The zoo recipe to retrain (shortened for ``quick_steps``)."""
-    from nopelens.models import zoo
-
     spec = zoo.recipe(settings.model, settings.train_seed)
     if settings.quick_steps is not None:
         spec = dataclasses.replace(spec, steps=settings.quick_steps)
@@ -154,11 +157,6 @@ def train_with_snapshots(spec, steps: list[int], out: Path, progress: bool = Tru
 
 def measure_step(path: Path, settings: DynamicsSettings) -> pd.DataFrame:
     """The tidy rows (:data:`TABLE_COLUMNS`) of one checkpoint."""
-    from nopelens.models.checkpoint import load_checkpoint
-
-    from .subjects import from_trained
-    from .sweep import score_sites
-
     trained = load_checkpoint(path)
     step = int(trained.metadata["snapshot_of_training_step"])
     subject = from_trained(trained, settings.model, settings.n_sequences, settings.seq_len, settings.seed)
@@ -234,7 +232,6 @@ def run(settings: DynamicsSettings, out: Path, progress: bool = True) -> pd.Data
     table = pd.concat(frames, ignore_index=True).assign(model=settings.model)
     write_csv_atomic(table, out / "dynamics.csv")
     write_text_atomic(out / "summary.md", summary_markdown(table, settings.model))
-    from . import report
 
     report.save_figure(dynamics_figure(table, settings.model), out / "dynamics", formats=("png",))
     return table
@@ -301,14 +298,10 @@ def dynamics_figure(table: pd.DataFrame, name: str):
     """Heatmaps (layer x step) of absolute-index R² and of the score read, the sink rate and
     validation loss against step (log scale, 95 % CI band), and on Bigram-Backcopy each head's
     attention on BOS (non-trigger queries) and on the previous token (trigger queries)."""
-    import matplotlib.pyplot as plt
-    import seaborn as sns
-
     sns.set_theme(style="whitegrid", context="notebook")
     heads = table[table["measure"].isin(["first_mass", "previous_mass"])]
     n_panels = 4 if len(heads) else 3
     fig, axes = plt.subplots(1, n_panels, figsize=(4.6 * n_panels, 3.9))
-    from .report import _heatmap
 
     for ax, measure, title, label in ((axes[0], "absolute_r2", "absolute index R²", "layer"),
                                       (axes[1], "score_read_r2", "head-score read of i − j, R²", "block")):

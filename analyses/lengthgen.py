@@ -24,7 +24,9 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import matplotlib.ticker
 import pandas as pd
+import seaborn as sns
 
 from nopelens.models import DecoderConfig
 from nopelens.models.tasks import make_task
@@ -33,7 +35,7 @@ from nopelens.models.threads import limited_threads
 from nopelens.models.training import evaluate_exact_match, train
 
 from . import runs
-from .report import save_figure
+from .report import TOL_BRIGHT, save_figure
 
 METHODS = ("nope", "learned", "sinusoidal", "rope", "alibi", "t5")
 TASK_NAMES = ("repeat", "copy")
@@ -150,11 +152,6 @@ def plot(results: pd.DataFrame, out_stem: Path) -> list[Path]:
 
     Writes ``<out_stem>.png`` and ``<out_stem>.svg`` atomically; returns their paths.
     """
-    import matplotlib.ticker
-    import seaborn as sns
-
-    from .report import TOL_BRIGHT
-
     L = int(results["train_max_len"].iloc[0])
     methods = [m for m in METHODS if m in set(results["method"])]
     sns.set_theme(style="whitegrid", context="notebook")

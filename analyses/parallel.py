@@ -42,6 +42,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Hashable, Iterator, Sequence
 
+import yaml
+
 from nopelens.models.progress import lines_only
 
 WORKER_LOST = ("BrokenProcessPool", "KilledWorker", "CommClosedError", "FutureCancelledError", "CancelledError")
@@ -163,7 +165,7 @@ def _executor(jobs: int, scheduler: str | None, security: str | Path | None = No
             yield _Engine(pool)
         return
     try:
-        from distributed import Client
+        from distributed import Client  # lazy: distributed is optional (nopelens[dask])
     except ImportError:
         raise ValueError('--scheduler needs Dask distributed, which is not installed: pip install "nopelens[dask]"') from None
     scheme = check_address(scheduler)
@@ -234,7 +236,7 @@ def _say_hello(scheduler: str, settings) -> None:
         OSError: if nothing listens at ``scheduler`` (distributed retries for :data:`CONNECT_TIMEOUT`).
         ValueError: if it does not answer in time, or does not speak Dask.
     """
-    from distributed.comm import connect
+    from distributed.comm import connect  # lazy: distributed is optional (nopelens[dask])
 
     async def hello() -> None:
         comm = await connect(scheduler, timeout=CONNECT_TIMEOUT, **settings.get_connection_args("client"))
@@ -315,9 +317,8 @@ def dask_security(path: str | Path | None = None):
         FileNotFoundError: if ``path`` does not exist.
         ValueError: if it is not such a YAML file, or names a setting distributed does not know.
     """
-    import dask.config
-    import yaml
-    from distributed.security import Security
+    import dask.config  # lazy: distributed is optional (nopelens[dask])
+    from distributed.security import Security  # lazy: distributed is optional (nopelens[dask])
 
     if path is None:
         return Security()

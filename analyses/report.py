@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 import textwrap
 from pathlib import Path
-from typing import TYPE_CHECKING, Mapping, Sequence
+from typing import Mapping, Sequence
 
 import matplotlib
 import matplotlib.lines
@@ -29,10 +29,7 @@ from nopelens.probes.linear import NOT_RECOVERED  # noqa: E402
 from nopelens.probes.sinks import GU_EPSILON  # noqa: E402
 
 from . import layers, reads, seeds  # noqa: E402
-
-if TYPE_CHECKING:
-    from .reads import SweepRead
-    from .sweep import SweepResult, SweepSettings
+from .reads import SweepRead  # noqa: E402
 
 SEEDS_NOTE = (
     "Several training seeds: a first layer reads `agreed (per seed)`, where agreed is the first layer by "
@@ -53,7 +50,7 @@ NUMBER_HEADERS = {
 """Headers of the summary's numbers (the first-layer columns take theirs from their reads)."""
 
 
-def summary_headers(sweep_reads: Sequence["SweepRead"] | None = None) -> dict[str, str]:
+def summary_headers(sweep_reads: Sequence[SweepRead] | None = None) -> dict[str, str]:
     """Summary column -> header: ``model``, each read's column (``sweep_reads``, default
     :data:`~nopelens.analyses.reads.SWEEP_READS`), then the numbers."""
     chosen = reads.SWEEP_READS if sweep_reads is None else sweep_reads
@@ -138,7 +135,7 @@ def _model_legend(fig: plt.Figure, styles: dict[str, Style], title: str = "model
 # ----------------------------------------------------------------------------- the sweep's figures
 
 
-def probe_figure(curves: pd.DataFrame, sweep_reads: "Sequence[SweepRead] | None" = None) -> plt.Figure:
+def probe_figure(curves: pd.DataFrame, sweep_reads: Sequence[SweepRead] | None = None) -> plt.Figure:
     """Per-layer curves (:func:`~nopelens.analyses.layers.layer_curves`), one line per model, one
     panel per read of ``sweep_reads`` plus MAD / chance, in a grid; dashed: the read's threshold.
     The band is the 95 % bootstrap CI with one training seed, and the range over seeds (line:
@@ -391,7 +388,7 @@ def _with_ci(value, low, high, clears) -> str:
     return f"{_number(value)}{ci}{'*' if clears is True else ''}"
 
 
-def layer_table(curves: pd.DataFrame, model: str, sweep_reads: "Sequence[SweepRead] | None" = None) -> pd.DataFrame:
+def layer_table(curves: pd.DataFrame, model: str, sweep_reads: Sequence[SweepRead] | None = None) -> pd.DataFrame:
     """One model's per-layer table: a row per layer, a column per curve
     (:func:`~nopelens.analyses.layers.curves_of`), each cell ``value [95 % CI]``, ``*`` where the
     CI clears the read's bar, ``n/a`` where the model has no such site; sink heads as ``k/n``.
@@ -430,7 +427,7 @@ SEEDS_LAYER_NOTE = (" Several training seeds: each cell is the mean over seeds o
                     "* = every seed clears the bar; sink heads: the mean fraction.")
 
 
-def layer_tables_text(curves: pd.DataFrame, sweep_reads: "Sequence[SweepRead] | None" = None,
+def layer_tables_text(curves: pd.DataFrame, sweep_reads: Sequence[SweepRead] | None = None,
                       width: int = SCREEN_WIDTH) -> str:
     """Every model's :func:`layer_table` as plain text, each part at most ``width`` characters."""
     several = curves.groupby("model")["train_seed"].nunique().max() > 1
@@ -441,7 +438,7 @@ def layer_tables_text(curves: pd.DataFrame, sweep_reads: "Sequence[SweepRead] | 
     return "\n".join(parts)
 
 
-def layer_tables_markdown(curves: pd.DataFrame, sweep_reads: "Sequence[SweepRead] | None" = None) -> list[str]:
+def layer_tables_markdown(curves: pd.DataFrame, sweep_reads: Sequence[SweepRead] | None = None) -> list[str]:
     """The "Per layer" section of ``summary.md``: :func:`layer_table` of every model."""
     several = curves.groupby("model")["train_seed"].nunique().max() > 1
     lines = ["## Per layer", "", LAYER_NOTE + (SEEDS_LAYER_NOTE if several else ""), ""]
@@ -452,7 +449,7 @@ def layer_tables_markdown(curves: pd.DataFrame, sweep_reads: "Sequence[SweepRead
     return lines
 
 
-def summary_text(summary: pd.DataFrame, sweep_reads: "Sequence[SweepRead] | None" = None,
+def summary_text(summary: pd.DataFrame, sweep_reads: Sequence[SweepRead] | None = None,
                  width: int = SCREEN_WIDTH, not_applicable: Mapping[str, Mapping[str, str]] | None = None) -> str:
     """The summary table (:func:`summary_table`) as plain text in column groups of at most ``width``,
     then the reads each model left out and why (``not_applicable``, :func:`not_applicable_reads`)."""
@@ -481,7 +478,7 @@ def not_applicable_text(not_applicable: Mapping[str, Mapping[str, str]], bullet:
                                             for read, why in sorted(notes.items())])
 
 
-def summary_table(summary: pd.DataFrame, sweep_reads: Sequence["SweepRead"] | None = None,
+def summary_table(summary: pd.DataFrame, sweep_reads: Sequence[SweepRead] | None = None,
                   not_applicable: Mapping[str, Mapping[str, str]] | None = None) -> pd.DataFrame:
     """The summary with readable headers, "none" for targets no layer recovered, "n/a" for reads the
     model has no site for (no ``hook_attn_scores``) and for selectivity where the control task is
@@ -535,7 +532,7 @@ def _layer_text(layer) -> str:
     return "none" if layer == NOT_RECOVERED else str(int(layer))
 
 
-def first_layer_note(sweep_reads: Sequence["SweepRead"] | None = None) -> str:
+def first_layer_note(sweep_reads: Sequence[SweepRead] | None = None) -> str:
     """What the summary's first-layer columns mean, with the bars of ``sweep_reads``."""
     chosen = reads.SWEEP_READS if sweep_reads is None else sweep_reads
     bars = sorted({read.threshold for read in chosen})
@@ -574,11 +571,14 @@ FIGURE_TITLES = {"probes": "per-layer probe curves", "sites": "absolute index in
                  "sink_ablation": "sink ablation"}
 
 
-def summary_markdown(result: "SweepResult", settings: "SweepSettings", command: str, versions: dict[str, str],
+def summary_markdown(result, settings, command: str, versions: dict[str, str],
                      ablation_sequences: int | None = None, figures: Sequence[str] = (), name: str = "sweep") -> str:
     """The ``summary.md`` of a sweep or ``nopelens probe`` (``name``): the summary, the per-layer
     tables, the figures in ``figures`` (the stems written; only those are linked), the sink
-    ablation (``ablation_sequences``: how many sequences it probed), command, settings and versions."""
+    ablation (``ablation_sequences``: how many sequences it probed), command, settings and versions.
+
+    ``result`` and ``settings`` are the sweep's :class:`~nopelens.analyses.sweep.SweepResult` and
+    :class:`~nopelens.analyses.sweep.SweepSettings` (not imported here: the sweep imports this module)."""
     sweep_reads = result.reads
     skipped = not_applicable_reads(result.subjects)
     tables = fit_width(summary_table(result.summary, sweep_reads, skipped), _markdown)
@@ -615,12 +615,13 @@ SWEEP_FIGURES = ("probes", "sites", "sinks", "variance", "sink_ablation")
 """The stems of every figure :func:`write_run` may draw."""
 
 
-def write_run(result: "SweepResult", settings: "SweepSettings", command: str, versions: dict[str, str],
+def write_run(result, settings, command: str, versions: dict[str, str],
               svg: bool = False, ablation_sequences: int | None = None, name: str = "sweep",
               draw: bool = True) -> list[str]:
     """Write the tables, figures (PNG; also SVG if ``svg``; none unless ``draw``) and ``summary.md`` of a sweep into
     ``result.out_dir``: ``layers.csv`` (the main curves), and with several training seeds also
     ``summary_per_seed.csv`` and ``probes_over_seeds.csv`` (:mod:`~nopelens.analyses.seeds`).
+    ``result`` and ``settings``: as :func:`summary_markdown`.
 
     A figure or table this run does not write (``--no-figures``, no SVG asked, nothing to show) is
     removed if an earlier run in the folder left one, so the folder describes this run only.
@@ -666,7 +667,7 @@ def write_run(result: "SweepResult", settings: "SweepSettings", command: str, ve
     return list(figures)
 
 
-def _sink_ablation_section(result: "SweepResult", n_sequences: int | None, figure: bool = True) -> list[str]:
+def _sink_ablation_section(result, n_sequences: int | None, figure: bool = True) -> list[str]:
     """The summary's sink-ablation table (``nopelens intervene`` has the full measurement)."""
     if result.sink_ablation.empty:
         return []

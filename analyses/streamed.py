@@ -44,6 +44,7 @@ import torch
 from tqdm.auto import tqdm
 
 from nopelens.models.hooks import act_names
+from nopelens.models.methods import get_method
 from nopelens.probes import collect
 from nopelens.probes.collect import forward_with_hooks, is_pattern_site, site_block
 from nopelens.probes.fitting import ALPHAS, fit_folds, penalty_path, spd_solve
@@ -516,8 +517,6 @@ def uniform_blocks(subject: Subject) -> list[int]:
 
 def _positionless(method: str) -> bool:
     """A layer method that puts no position anywhere (NoPE: the method unit acts on no place)."""
-    from nopelens.models.methods import get_method
-
     try:
         return not get_method(method).reads_positions
     except ValueError:  # not a position method nopelens knows (e.g. a linear-attention layer)

@@ -22,16 +22,46 @@ Every subject carries its own evaluation batch: fresh sequences the model never 
 
 from __future__ import annotations
 
+import dataclasses
 import fnmatch
+import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
+import transformers
+from safetensors import SafetensorError
 from torch import Tensor
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
+from nopelens.circuits import distance
+from nopelens.circuits.layout import BOS_TOKEN
+from nopelens.models import Decoder, zoo
+from nopelens.models.adapters import load_hf_model
+from nopelens.models.checkpoint import METADATA_FILE, load_checkpoint
+from nopelens.models.hf import (
+    ConfigError,
+    UnsupportedModelError,
+    check_config,
+    check_readable,
+    describe,
+    learned_sinks,
+    trained_length,
+)
 from nopelens.models.hooks import act_name
 from nopelens.models.io import file_sha256
+from nopelens.models.masks import CAUSAL
+from nopelens.models.tasks import default_documents
+from nopelens.models.zoo import recipe
+from nopelens.probes.sinks import sink_read_reason, variance_read_reason
+from nopelens.probes.stream import available_memory
+
+from .audit.report import by_reason
+
+from .eta import MEASURE_OVERHEAD_TOKENS, TaskWork
 
 CONTROL_SPECS = ("circuit", "untrained-nope", "constant-nope")
 HF_PREFIX = "hf:"
@@ -144,8 +174,6 @@ class Subject:
 
     def sparse_note(self) -> str:
         """:meth:`sparse_blocks` as one line, blocks grouped by reason ("" when there is none)."""
-        from .audit.report import by_reason
-
         return by_reason(self.sparse_blocks(), noun="blocks")
 
     def variance_blocks(self) -> list[int]:
@@ -166,9 +194,6 @@ class Subject:
         Raises:
             ValueError: if ``read`` is neither.
         """
-        from nopelens.models.masks import CAUSAL
-        from nopelens.probes.sinks import sink_read_reason, variance_read_reason
-
         if read not in ("sink read", "variance read"):
             raise ValueError(f"read must be 'sink read' or 'variance read', got {read!r}")
         blocks = self.sparse_blocks()
@@ -185,8 +210,6 @@ class Subject:
     def note_unreadable_reads(self) -> dict[str, dict[int, str]]:
         """Record in ``info["not_applicable"]`` the blocks the sink and variance reads skip
         (:meth:`unreadable_blocks`); returns read -> those blocks."""
-        from .audit.report import by_reason
-
         skipped = {read: self.unreadable_blocks(read) for read in ("sink read", "variance read")}
         for read, blocks in skipped.items():
             if blocks:
@@ -198,7 +221,6 @@ class Subject:
         per-token or output-scale, :attr:`nopelens.models.hf.LayerPosition.sink`); empty otherwise."""
         if self.hf is None:
             return {}
-        from nopelens.models.hf import learned_sinks
 
         logits = learned_sinks(self.model.original_model, self.hf)
         return {l: (layer.sink, logits.get(l)) for l, layer in enumerate(self.hf.layers) if layer.sink is not None}
@@ -267,7 +289,6 @@ def resolve(
         return _hf(Path(spec[len(HF_PREFIX):]), n_sequences, seq_len, seed, hf_input or HFInput())
     if "/" in spec or Path(spec).exists():
         return _trained(load_checkpoint_dir(Path(spec)), str(spec), n_sequences, seq_len, seed)
-    from nopelens.models import zoo
 
     recipe = zoo.recipe(spec, train_seed)
     if quick_steps is not None:
@@ -293,10 +314,6 @@ def planned_work(spec: str, n_sequences: int, seq_len: int, train_seed: int = 0,
     (always with ``quick_steps``); every other spec only loads or builds. The size of a checkpoint
     or HF directory is not read ahead: its work is marked not estimated.
     """
-    from nopelens.models import zoo
-
-    from .eta import MEASURE_OVERHEAD_TOKENS, TaskWork
-
     n_layers, steps, train_work = 4, 0, 0.0
     built = spec == "circuit" or spec in CONTROL_SPECS or spec.startswith(CONSTANT_PREFIX)
     if spec.startswith(HF_PREFIX) or (not built and ("/" in spec or Path(spec).exists())):
@@ -326,11 +343,6 @@ def fixed_length(spec: str) -> str | None:
     ``seq_len``. Read from the zoo recipe or the checkpoint's ``nopelens.json``, without loading
     weights (an unreadable checkpoint gives None: loading it reports the problem).
     """
-    import json
-
-    from nopelens.models import zoo
-    from nopelens.models.checkpoint import METADATA_FILE
-
     if spec in CONTROL_SPECS or spec.startswith((CONSTANT_PREFIX, HF_PREFIX)):
         return None
     if "/" in spec or Path(spec).exists():
@@ -469,15 +481,11 @@ def check_spec(spec: str) -> None:
         if not Path(spec).is_dir():
             load_checkpoint_dir(Path(spec))  # raises, listing what exists
         return
-    from nopelens.models import zoo
 
     zoo.recipe(spec)
 
 
 def _circuit(n_sequences: int, seq_len: int, seed: int) -> Subject:
-    from nopelens.circuits import distance
-    from nopelens.circuits.layout import BOS_TOKEN
-
     model = distance(n_ctx=seq_len)
     tokens = _random_tokens(n_sequences, seq_len, 1, model.cfg.d_vocab, seed)
     tokens[:, 0] = BOS_TOKEN
@@ -486,9 +494,6 @@ def _circuit(n_sequences: int, seq_len: int, seed: int) -> Subject:
 
 
 def _untrained(n_sequences: int, seq_len: int, seed: int, init_seed: int) -> Subject:
-    from nopelens.models import Decoder
-    from nopelens.models.zoo import recipe
-
     config = recipe("text-nope-4l").config
     model = Decoder(config, seed=init_seed).eval()
     tokens = _random_tokens(n_sequences, seq_len, 0, config.d_vocab, seed)  # no distinct BOS
@@ -502,8 +507,6 @@ def constant_config(spec: str):
     Raises:
         ValueError: if METHOD is not a position method (the message lists them).
     """
-    from nopelens.models.zoo import recipe
-
     config = recipe("text-nope-4l").config
     methods = spec[len(CONSTANT_PREFIX):].split("+")
     if len(methods) == 1:
@@ -517,8 +520,6 @@ def constant_config(spec: str):
 
 
 def _constant(spec: str, n_sequences: int, seq_len: int, seed: int, init_seed: int) -> Subject:
-    from nopelens.models import Decoder
-
     config = constant_config(spec)
     model = Decoder(config, seed=init_seed).eval()
     tokens = torch.full((n_sequences, seq_len), CONSTANT_TOKEN, dtype=torch.long)  # no BOS
@@ -583,8 +584,6 @@ def attention_shortfall(seq_len: int, n_heads: int, activation_bytes: int, room:
 
 
 def _hf(directory: Path, n_sequences: int, seq_len: int, seed: int, how: HFInput) -> Subject:
-    from nopelens.models.hf import UnsupportedModelError, check_readable, describe, trained_length
-
     device = how.torch_device()  # a bad device fails before the model loads
     checked_hf_config(directory)  # a broken config.json is named as such, not as a missing tokenizer
     tokenizer = load_tokenizer(directory) if how.input == "text" else None
@@ -597,7 +596,6 @@ def _hf(directory: Path, n_sequences: int, seq_len: int, seed: int, how: HFInput
             f"({description.max_positions} positions); use --seq-len {description.max_positions} or less"
         )
     if any(layer.mixer == "attention" for layer in description.layers):  # refused before any token is drawn
-        from nopelens.probes.stream import available_memory
 
         shortfall = attention_shortfall(seq_len, description.n_heads, next(model.parameters()).element_size(),
                                         available_memory(device), f"free on {device.type}")
@@ -644,9 +642,6 @@ def load_tokenizer(directory: Path):
     Raises:
         ValueError: if the directory holds no tokenizer (nopelens never fetches one).
     """
-    import transformers
-    from transformers import AutoTokenizer
-
     transformers.logging.set_verbosity_error()
     try:
         return AutoTokenizer.from_pretrained(directory, local_files_only=True)
@@ -675,10 +670,6 @@ def text_windows(tokenizer, path: str | None, n_sequences: int, seq_len: int, se
             or a token id falls outside the model's vocabulary; if ``seq_len`` leaves no room
             besides the special tokens.
     """
-    import numpy as np
-
-    from nopelens.models.tasks import default_documents
-
     if path is None:
         text, name = "\n\n".join(default_documents().values()), "the shipped corpus"
     else:
@@ -735,11 +726,6 @@ def load_hf_dir(directory: Path, dtype: str | None = None, device: str | torch.d
         ValueError: if it holds no loadable model (weights must be safetensors; pickled
             ``pytorch_model.bin`` files are refused).
     """
-    import transformers
-    from safetensors import SafetensorError
-
-    from nopelens.models.adapters import load_hf_model
-
     if not Path(directory).is_dir():
         raise FileNotFoundError(f"no such HF model directory: {directory}")
     transformers.logging.set_verbosity_error()
@@ -772,8 +758,6 @@ def load_hf_dir(directory: Path, dtype: str | None = None, device: str | torch.d
 def _built_from(error: AssertionError, directory: Path) -> str:
     """What an ``AssertionError`` raised while building a model says, naming the config field behind
     the one known case: torch's ``Embedding`` refuses a ``padding_idx`` (``pad_token_id``) outside it."""
-    import json
-
     if "Padding_idx" in str(error):
         try:
             config = json.loads((Path(directory) / "config.json").read_text())
@@ -794,8 +778,6 @@ def checked_hf_config(directory: Path):
             type or fields that contradict each other (e.g. a width the head count does not divide),
             or describes a model nopelens cannot read (:func:`nopelens.models.hf.check_config`).
     """
-    from nopelens.models.hf import ConfigError, check_config
-
     _check_dtype_fields(directory)
     cls = _causal_lm_class(directory)
     try:
@@ -840,16 +822,12 @@ def _check_weights_match(info: dict, model: Any, directory: Path) -> None:
 
 def _config_class(model_class):
     """The config class ``model_class.from_pretrained`` reads: ``AutoConfig`` for the auto class."""
-    from transformers import AutoConfig, AutoModelForCausalLM
-
     return AutoConfig if model_class is AutoModelForCausalLM else model_class.config_class
 
 
 def _check_dtype_fields(directory: Path) -> None:
     """Refuse a ``config.json`` whose ``dtype`` (or older ``torch_dtype``) names no torch dtype
     (transformers looks the name up on ``torch`` and fails with an AttributeError)."""
-    import json
-
     try:
         config = json.loads((Path(directory) / "config.json").read_text())
     except (OSError, ValueError):
@@ -868,12 +846,6 @@ def _causal_lm_class(directory: str | Path):
     """``AutoModelForCausalLM``, or, for a config transformers' auto mapping lacks (Mistral 4 in
     5.24; multimodal wrappers such as Muse Glimmer), the ``...ForCausalLM`` (or
     ``...ForConditionalGeneration``) class its ``config.json`` names in ``architectures``."""
-    import json
-
-    import transformers
-    from transformers import AutoModelForCausalLM
-    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
-
     try:
         config = json.loads((Path(directory) / "config.json").read_text())
     except (OSError, ValueError):
@@ -891,15 +863,13 @@ def _config_errors() -> tuple[type[Exception], ...]:
     """What transformers raises for a config.json field of the wrong type (huggingface_hub's strict
     dataclasses), besides ValueError."""
     try:
-        from huggingface_hub.errors import StrictDataclassError
+        from huggingface_hub.errors import StrictDataclassError  # lazy: older huggingface_hub lacks it
     except ImportError:  # pragma: no cover - an older huggingface_hub raises ValueError or TypeError
         return (TypeError,)
     return (StrictDataclassError, TypeError)
 
 
 def _hf_bos_id(directory: Path) -> int | None:
-    import json
-
     config = Path(directory) / "config.json"
     bos = json.loads(config.read_text()).get("bos_token_id") if config.is_file() else None
     return bos if isinstance(bos, int) else None
@@ -912,9 +882,6 @@ def load_checkpoint_dir(path: Path):
         FileNotFoundError: if ``path`` is not a directory (the message lists what is available).
         ValueError: if it is not a valid nopelens checkpoint.
     """
-    from nopelens.models import zoo
-    from nopelens.models.checkpoint import load_checkpoint
-
     if not path.is_dir():
         cached = sorted(p.name for p in (zoo.cache_root() / "zoo").glob("*") if p.is_dir())
         available = ", ".join(cached) if cached else "none cached yet"
@@ -931,8 +898,6 @@ which is all a smoke test asks; the numbers mean nothing."""
 
 
 def _quick_train(recipe, steps: int):
-    import dataclasses
-
     batch = min(QUICK_BATCH, recipe.train_kwargs.get("batch_size", QUICK_BATCH))
     quick = dataclasses.replace(recipe, steps=steps, train_kwargs=recipe.train_kwargs | {"batch_size": batch})
     return quick.train(progress=False)

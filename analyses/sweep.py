@@ -47,11 +47,13 @@ import platform
 import sys
 import time
 from dataclasses import dataclass, field
+from importlib.metadata import version
 from pathlib import Path
 from typing import Sequence
 
 import numpy as np
 import pandas as pd
+import sklearn
 import torch
 from tqdm.auto import tqdm
 
@@ -68,6 +70,7 @@ from . import layers, parallel, reads, report, runs, seeds
 from .eta import SweepETA
 from .intervene import sink_ablation_drop
 from .reads import ProbeInput, SweepSites, bilinear_mode
+from .streamed import measure_streamed, plan
 from .subjects import (
     CONTROL_SPECS, HF_PREFIX, HFInput, Subject, check_spec, display_name, has_training_seed, input_changes,
     input_fingerprint, planned_work, qk_sites, resolve,
@@ -409,8 +412,6 @@ def analyse_subject_streamed(subject: Subject, settings: SweepSettings, label: s
     """:func:`analyse_subject`'s tables of an HF subject through the streaming engine
     (:func:`~nopelens.analyses.streamed.measure_streamed`; ``nopelens probe hf:DIR``), after printing
     its plan; the sink ablation is streamed too unless ``settings.sink_ablation`` is False."""
-    from .streamed import measure_streamed, plan
-
     sites = sweep_sites(subject, settings.sites, settings.layers)
     plan_ = plan(subject, settings, sites)
     if plan_.shortfall:  # refused before any forward pass, not out of memory hours later (--plan shows the plan)
@@ -828,10 +829,6 @@ def _label(spec: str, train_seed: int) -> str:
 
 def versions() -> dict[str, str]:
     """Versions of what produced the numbers."""
-    from importlib.metadata import version
-
-    import sklearn
-
     return {
         "nopelens": nopelens.__version__, "python": platform.python_version(), "torch": torch.__version__,
         "transformer_lens": version("transformer-lens"), "scikit-learn": sklearn.__version__,

@@ -39,6 +39,7 @@ Rows (L = :data:`LENGTH` positions, 0..L - 1, every sequence of full length):
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import asdict, dataclass
 from fractions import Fraction
 from typing import Callable
@@ -46,9 +47,20 @@ from typing import Callable
 import numpy as np
 import pandas as pd
 import torch
+import transformers as T
 
+from nopelens.analyses.audit import Tolerance
+from nopelens.analyses.audit.core import make_subject
+from nopelens.analyses.audit.detector import declared_reading, detect
+from nopelens.circuits import distance
+from nopelens.circuits.layout import BOS_TOKEN
+from nopelens.models import Decoder, DecoderConfig
+from nopelens.models.adapters import bridge_hf_model, hook_hf_model
+from nopelens.models.hf import QueryScale
 from nopelens.models.hooks import act_names
 from nopelens.models.threads import one_thread
+from nopelens.probes import Activations, collect, probe_absolute_index, probe_relative_distance, resid_site
+from nopelens.probes.sinks import attention_variance, sink_rate, sink_table, variance_slopes
 
 LENGTH = 16
 """Positions per sequence (even, so the MAD formulas below hold as written)."""
@@ -114,15 +126,11 @@ def _linear(table: pd.DataFrame, metric: str, task: str = "regression", **where)
 
 
 def _absolute(model, tokens, layers, tasks=("classification", "regression"), controls=False, seed=SEED):
-    from nopelens.probes import collect, probe_absolute_index, resid_site
-
     acts = collect(model, tokens, [resid_site(layer) for layer in layers])
     return probe_absolute_index(acts, tasks=tasks, controls=controls, n_boot=N_BOOT, seed=seed)
 
 
 def _decoder(seed: int = SEED, **config):
-    from nopelens.models import Decoder, DecoderConfig
-
     defaults = dict(d_vocab=16, n_ctx=LENGTH, n_layers=1, d_model=32, n_heads=4)
     return Decoder(DecoderConfig(**{**defaults, **config}), seed=seed).eval()
 
@@ -240,10 +248,6 @@ def check_circuit(seed: int = SEED) -> list[Row]:
     Block 0's head has W_Q = 0, so its scores are 0 and read nothing (R² <= 0); block 1's head scores
     -m (i - j) (Theorem 2), a linear function of i - j: score read R² 1, reported at layer 2.
     """
-    from nopelens.circuits import distance
-    from nopelens.circuits.layout import BOS_TOKEN
-    from nopelens.probes import collect, probe_absolute_index, probe_relative_distance, resid_site
-
     model = distance(n_ctx=LENGTH)
     tokens = _tokens(N_SEQUENCES, LENGTH, 1, model.cfg.d_vocab, seed)
     tokens[:, 0] = BOS_TOKEN
@@ -277,8 +281,6 @@ def check_alibi(seed: int = SEED) -> list[Row]:
     order 1e-3, against a bias of m_h (i - j) up to 0.25 * 15 for the steepest of 4 heads, so the
     scores are linear in i - j up to that noise: R² >= 0.99 (tolerance 0.01).
     """
-    from nopelens.probes import collect, probe_relative_distance
-
     model = _decoder(seed, d_vocab=50, position="alibi")
     acts = collect(model, _tokens(N_SEQUENCES, LENGTH, 0, 50, seed), ["blocks.0.attn.hook_attn_scores"])
     table = probe_relative_distance(acts, sites=[], scores=list(acts.patterns), tasks=("regression",),
@@ -296,8 +298,6 @@ def check_rope_constant(seed: int = SEED) -> list[Row]:
     for d_head 8, keeps (i - j) theta <= 0.015, where sin is linear to 4e-5 relative, so i - j is
     a linear function of the features up to far less than the ridge penalty: R² = 1.
     """
-    from nopelens.probes import collect, probe_relative_distance
-
     model = _decoder(seed, position="rope")
     sites = ("blocks.0.attn.hook_rot_q", "blocks.0.attn.hook_rot_k")
     acts = collect(model, torch.full((N_SEQUENCES, LENGTH), 3, dtype=torch.long), list(sites))
@@ -316,8 +316,6 @@ def sink_model():
     otherwise: e^-141 underflows in float32 and the whole mass lands on token 0. Head 1 has zero
     weights: every score 0, uniform attention.
     """
-    from nopelens.models import Decoder, DecoderConfig
-
     cfg = DecoderConfig(d_vocab=4, n_ctx=LENGTH, n_layers=1, d_model=4, n_heads=2, d_mlp=0,
                         normalization="none", position="nope")
     model = Decoder(cfg, seed=SEED)
@@ -338,9 +336,6 @@ def check_sinks(seed: int = SEED) -> list[Row]:
     Query i of a uniform head gives 1/(i + 1) to token 0, so the mean over queries 0..T-1 is
     (1/T) sum_{i=1}^T 1/i = H_T / T (computed here as an exact fraction).
     """
-    from nopelens.probes import collect
-    from nopelens.probes.sinks import sink_table
-
     tokens = _tokens(N_SEQUENCES, LENGTH, 1, 4, seed)
     tokens[:, 0] = 0
     acts = collect(sink_model(), tokens, ["blocks.0.attn.hook_pattern"])
@@ -364,9 +359,6 @@ def check_variance(seed: int = SEED, n_sequences: int = 200, n_boot: int = 100) 
     ``n_sequences`` sequences; its sampling error is the standard deviation of the slope over
     ``n_boot`` bootstrap resamples of whole sequences, and the row passes within 3 of them.
     """
-    from nopelens.probes import Activations, collect
-    from nopelens.probes.sinks import attention_variance, variance_slopes
-
     site = "blocks.0.hook_attn_out"
     model = _decoder(seed, d_vocab=64, position="nope")
     acts = collect(model, _tokens(n_sequences, LENGTH, 0, 64, seed), [site])
@@ -393,9 +385,6 @@ def check_repeated_tokens(seed: int = SEED) -> list[Row]:
     Prop. 1); Gu's score of token 0 is then H_T/T = 0.211 for T = 16 < 0.3, so the sink rate is 0.
     Measured on a 2-layer random NoPE Decoder (every layer sees equal inputs, so both are uniform).
     """
-    from nopelens.probes import collect
-    from nopelens.probes.sinks import sink_rate, sink_table
-
     model = _decoder(seed, n_layers=2, position="nope", init_std=0.3)
     tokens = torch.full((4, LENGTH), 5, dtype=torch.long)
     sites = act_names("pattern", 2)
@@ -424,10 +413,6 @@ def check_query_temperatures(seed: int = SEED) -> list[Row]:
     - Beam: position ids p against p + 100000; the factor is tau(p + 100000) / tau(p) with
       tau(p) = (1 + (p + 1) / 2048)^0.1.
     """
-    import transformers as T
-
-    from nopelens.models.hf import QueryScale
-
     index = torch.arange(LENGTH)
     rows = []
     config = T.Llama4TextConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
@@ -448,8 +433,6 @@ def check_query_temperatures(seed: int = SEED) -> list[Row]:
                     "max |fitted row factor - tau(i)| over query rows 1..15", 0.0,
                     float((measured[1:] - expected[1:]).abs().max()), "==", 1e-4,
                     "tau(i) = 1 + attn_scale log1p(floor((i + 1) / floor_scale)), i the token index"))
-
-    from nopelens.models.adapters import hook_hf_model
 
     config = T.BeamConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
                           head_dim=8, intermediate_size=64, moe_intermediate_size=32, num_experts=2,
@@ -486,8 +469,6 @@ TINY_SPECIAL = dict(pad_token_id=0, bos_token_id=1, eos_token_id=2)
 
 
 def _hf_model(cls, config, seed: int):
-    import warnings
-
     config._attn_implementation = "eager"
     torch.manual_seed(seed)
     with warnings.catch_warnings():
@@ -512,15 +493,6 @@ def check_detector(seed: int = SEED) -> list[Row]:
     """The per-layer detector on models whose layers are known: a Decoder with NoPE, RoPE, ALiBi
     and NoPE layers, and SmolLM3 with ``no_rope_layers`` [0, 1, 1, 0] (1 = RoPE, as its config
     docstring says). Each layer's reading must be what its method implies (nope or relative)."""
-    import warnings
-
-    import transformers as T
-
-    from nopelens.analyses.audit import Tolerance
-    from nopelens.analyses.audit.detector import declared_reading, detect
-    from nopelens.analyses.audit.core import make_subject
-    from nopelens.models.adapters import bridge_hf_model
-
     tokens = _tokens(2, LENGTH, 3, 16, seed)
     mask = torch.ones_like(tokens)
     mask[1, :3] = 0
@@ -548,12 +520,6 @@ def check_learned_sinks(seed: int = SEED) -> list[Row]:
     takes e^s / (e^s + n) of it; with s = log 2, 2 / (n + 2). Full-attention layer 0 of Flint (a
     learned logit in the denominator, GPT-OSS style) and of Granite SWA (the same as an output scale
     sigmoid(lse - s)): mean over queries i of 2 / (i + 3), read by ``sink_table``."""
-    import transformers as T
-
-    from nopelens.models.adapters import hook_hf_model
-    from nopelens.probes import collect
-    from nopelens.probes.sinks import sink_table
-
     base = dict(hidden_size=32, num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2,
                 intermediate_size=64, vocab_size=64, initializer_range=0.2, **TINY_SPECIAL)
     models = {

@@ -14,13 +14,18 @@ All give ``run_with_cache(tokens, names_filter=...)`` and ``hook_dict`` like a n
 
 from __future__ import annotations
 
+import inspect
 from typing import Any, Callable, Mapping
 
 import torch
 from torch import Tensor, nn
 from transformer_lens import ActivationCache, HookedRootModule
+from transformer_lens.factories.architecture_adapter_factory import ArchitectureAdapterFactory
 from transformer_lens.hook_points import HookPoint
+from transformer_lens.model_bridge.generalized_components import AttentionBridge
+from transformer_lens.model_bridge.sources._bridge_builder import build_bridge_from_module
 
+from .hf import UnsupportedModelError, bridge_refused, check_readable, describe, hook_layout, refusing, unreadable
 from .hooks import act_name
 
 
@@ -48,16 +53,11 @@ def bridge_hf_model(hf_model: nn.Module, architecture: str | None = None) -> Any
         nopelens.models.hf.UnsupportedModelError: (a ``ValueError``) if TransformerLens has no
             adapter for the architecture, fails to build it, or the built bridge cannot run.
     """
-    from transformer_lens.model_bridge.sources._bridge_builder import build_bridge_from_module
-
-    from .hf import describe, refusing
-
     architecture = architecture or type(hf_model).__name__
     config = getattr(hf_model, "config", None)
     if config is not None and hasattr(config, "_attn_implementation"):
         config._attn_implementation = "eager"
     bridge = refusing(lambda: build_bridge_from_module(hf_model, architecture, hf_config=config), architecture)
-    from transformer_lens.model_bridge.generalized_components import AttentionBridge
 
     for block in getattr(bridge, "blocks", []):
         # the plain AttentionBridge hands every kwarg to HF's own attention, which reads ``cache``
@@ -193,8 +193,6 @@ def _left_padded(mask: Tensor) -> bool:
 
 def _takes(module: nn.Module, name: str) -> bool:
     """Whether ``module``'s forward accepts keyword ``name`` (explicitly or through ``**kwargs``)."""
-    import inspect
-
     try:
         params = inspect.signature(module.forward).parameters
     except (TypeError, ValueError):
@@ -244,7 +242,6 @@ class HookedHFModel(HookedRootModule):
 
     def __init__(self, hf_model: nn.Module, layout: Any = None):
         super().__init__()
-        from .hf import hook_layout
 
         config = getattr(hf_model, "config", None)
         _set_eager(hf_model)
@@ -364,8 +361,6 @@ def hook_hf_model(hf_model: nn.Module, reason: str | None = None) -> HookedHFMod
         nopelens.models.hf.UnsupportedModelError: when the decoder layers cannot be found or the
             model cannot run a forward pass.
     """
-    from .hf import describe, refusing
-
     hooked = refusing(lambda: HookedHFModel(hf_model.eval()), type(hf_model).__name__, "hook")
     hooked.reason = reason
     describe(hooked)
@@ -375,8 +370,6 @@ def hook_hf_model(hf_model: nn.Module, reason: str | None = None) -> HookedHFMod
 def bridge_supports(architecture: str) -> bool:
     """Whether TransformerLens has a bridge adapter for the HF class name ``architecture``
     (TransformerLens 4.3's private adapter registry, read here and nowhere else)."""
-    from transformer_lens.factories.architecture_adapter_factory import ArchitectureAdapterFactory
-
     ArchitectureAdapterFactory.discover_entry_points()
     return architecture in ArchitectureAdapterFactory._adapters
 
@@ -393,8 +386,6 @@ def load_hf_model(hf_model: nn.Module, reload: Callable[[], nn.Module] | None = 
         nopelens.models.hf.UnsupportedModelError: if neither way can read the model, or its family has
             nothing per token to hook (:func:`nopelens.models.hf.unreadable`).
     """
-    from .hf import UnsupportedModelError, bridge_refused, unreadable
-
     architecture = type(hf_model).__name__
     why = unreadable(hf_model)
     if why is not None:
@@ -403,8 +394,6 @@ def load_hf_model(hf_model: nn.Module, reload: Callable[[], nn.Module] | None = 
     if reason is None and not bridge_supports(architecture):
         reason = f"TransformerLens has no bridge adapter for {architecture}"
     if reason is None:
-        from .hf import check_readable, describe
-
         try:
             bridge = bridge_hf_model(hf_model)
             check_readable(describe(bridge))  # e.g. a hybrid whose bridged attention fires no hook_pattern

@@ -34,9 +34,12 @@ from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, save_file
 from torch import Tensor
 
+from nopelens import __version__
+
 from .config import DecoderConfig
 from .decoder import Decoder
 from .io import file_sha256, umask
+from .tasks import TASKS, make_task
 
 FORMAT = "nopelens-checkpoint"
 FORMAT_VERSION = 1
@@ -66,8 +69,6 @@ class TrainedModel:
     def __post_init__(self) -> None:
         spec = self.metadata.get("task")
         if getattr(self.model, "tokenizer", None) is None and isinstance(spec, dict):
-            from .tasks import TASKS
-
             self.model.set_tokenizer(getattr(TASKS.get(spec.get("name")), "tokenizer", None))
 
     @property
@@ -81,8 +82,6 @@ class TrainedModel:
         Raises:
             KeyError: if the metadata names no task.
         """
-        from .tasks import make_task
-
         if "task" not in self.metadata:
             raise KeyError("this model's metadata names no task")
         spec = self.metadata["task"]
@@ -90,8 +89,6 @@ class TrainedModel:
 
 
 def _version() -> str:
-    from nopelens import __version__
-
     return __version__
 
 

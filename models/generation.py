@@ -2,7 +2,8 @@
 
 The signatures mirror TransformerLens' (``TransformerBridge.to_tokens``, ``to_string``,
 ``generate``; TransformerLens 4.3 has no ``HookedTransformer``) so TransformerLens habits carry over; the ``Decoder`` methods of the same names call
-these functions. Strings need a model with a tokenizer: byte-level text models (zoo ``text-*``
+these functions, whose ``model`` is that ``Decoder`` (not imported here: the decoder imports this
+module). Strings need a model with a tokenizer: byte-level text models (zoo ``text-*``
 models, checkpoints trained on the ``text`` task) carry a
 :class:`~nopelens.models.tasks.ByteTokenizer`; any model generates from token tensors.
 """
@@ -10,22 +11,20 @@ models, checkpoints trained on the ``text`` task) carry a
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Sequence
+from typing import Sequence
 
 import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
+from .kv_cache import KVCache
 from .progress import progress_bar
-
-if TYPE_CHECKING:
-    from .decoder import Decoder
 
 PADDING_SIDES = ("left", "right")
 RETURN_TYPES = ("input", "str", "tokens")
 
 
-def require_tokenizer(model: "Decoder", operation: str):
+def require_tokenizer(model, operation: str):
     """The model's tokenizer, or a ValueError saying why ``operation`` needs one."""
     tokenizer = getattr(model, "tokenizer", None)
     if tokenizer is None:
@@ -39,7 +38,7 @@ def require_tokenizer(model: "Decoder", operation: str):
 
 
 def to_tokens(
-    model: "Decoder",
+    model,
     input: str | Sequence[str],
     prepend_bos: bool | None = None,
     padding_side: str = "right",
@@ -89,7 +88,7 @@ def to_tokens(
     return tokens.to(model.device) if move_to_device else tokens
 
 
-def to_string(model: "Decoder", tokens: Tensor | Sequence[int] | Sequence[Sequence[int]]) -> str | list[str]:
+def to_string(model, tokens: Tensor | Sequence[int] | Sequence[Sequence[int]]) -> str | list[str]:
     """The text of token ids, as ``TransformerBridge.to_string``: BOS and PAD are skipped.
 
     Args:
@@ -112,7 +111,7 @@ def to_string(model: "Decoder", tokens: Tensor | Sequence[int] | Sequence[Sequen
     return tokenizer.decode(tokens.reshape(-1).tolist())
 
 
-def to_str_tokens(model: "Decoder", input: str | Tensor | Sequence[int], prepend_bos: bool | None = None) -> list[str]:
+def to_str_tokens(model, input: str | Tensor | Sequence[int], prepend_bos: bool | None = None) -> list[str]:
     """Each token of one sequence as a string, as ``TransformerBridge.to_str_tokens``.
 
     Args:
@@ -302,7 +301,7 @@ REFUSED = {
 
 @torch.no_grad()
 def generate(
-    model: "Decoder",
+    model,
     input: str | Sequence[str] | Tensor = "",
     max_new_tokens: int = 10,
     stop_at_eos: bool = True,
@@ -422,7 +421,7 @@ def generate(
     mask = torch.cat([mask, torch.ones_like(tokens[:, prompt.shape[1]:])], dim=1)
 
     if output_logits:
-        from transformers.generation.utils import GenerateDecoderOnlyOutput
+        from transformers.generation.utils import GenerateDecoderOnlyOutput  # lazy: seconds to import; output_logits only
 
         result = GenerateDecoderOnlyOutput(sequences=tokens, logits=tuple(step_logits))
     elif return_type == "tokens" or (return_type == "input" and not _is_text(input)):
@@ -440,11 +439,7 @@ def generate(
 
 def _generate_tokens(model, tokens, mask, max_new_tokens, stopper, use_past_kv_cache, generator, verbose, sampling):
     """The decoding loop of :func:`generate`: tokens ``[batch, pos + new]`` and each step's logits."""
-    cache = None
-    if use_past_kv_cache:
-        from .decoder import KVCache
-
-        cache = KVCache.empty(model.cfg, tokens.shape[0], model.device)
+    cache = KVCache.empty(model.cfg, tokens.shape[0], model.device) if use_past_kv_cache else None
     finished = torch.zeros(tokens.shape[0], dtype=torch.bool, device=tokens.device)
     step_logits = []
     bar = progress_bar(total=max_new_tokens, desc="generate", disable=not verbose, leave=False)

@@ -32,8 +32,12 @@ from typing import Any, Callable
 
 import torch
 from torch import Tensor
+from torch import nn
 
 from .hooks import act_name
+from .masks import KeyWindow
+from .methods import METHODS, QK_ROTATION, SCORE_BIAS, get_method
+from .positions import alibi_slopes
 
 PAIRINGS = ("half", "interleaved")
 INTERLEAVED_FAMILIES = ("gptj", "codegen", "cohere", "cohere2", "glm", "llama4_text", "llama4")
@@ -173,8 +177,6 @@ class LayerPosition:
     @property
     def key_window(self) -> "KeyWindow":
         """The layer's window and chunk as the mask rule of :mod:`nopelens.models.masks`."""
-        from .masks import KeyWindow
-
         return KeyWindow(self.sliding_window, self.chunk_size)
 
     def sparse_reason(self, length: int) -> str | None:
@@ -240,22 +242,16 @@ class LayerPosition:
     @property
     def unit(self):
         """The registry's method unit of this layer (:mod:`nopelens.models.methods`), None if unknown."""
-        from .methods import METHODS, get_method
-
         return get_method(self.method) if self.method in METHODS else None
 
     @property
     def rotates(self) -> bool:
         """The layer rotates q and k (its unit acts as a q/k rotation)."""
-        from .methods import QK_ROTATION
-
         return self.unit is not None and self.unit.acts(QK_ROTATION)
 
     @property
     def biases_scores(self) -> bool:
         """The layer adds a finite bias to its scores (its unit acts as a score bias)."""
-        from .methods import SCORE_BIAS
-
         return self.unit is not None and self.unit.acts(SCORE_BIAS)
 
 
@@ -815,7 +811,6 @@ def _alibi(config: Any, family: str, d_head: int) -> tuple[tuple[float, ...], fl
     # Falcon (Penedo et al. 2023, Falcon-RW's released code): (q.k + alibi) / sqrt(d_head). In eager
     # attention, transformers 5.24's FalconModel also folds alibi / sqrt(d_head) into the causal mask,
     # so the bias counts twice there; the audit reports that against the documented formula.
-    from .positions import alibi_slopes
 
     bias_scale = d_head ** -0.5 if family == "falcon" else 1.0  # Falcon: (q.k + alibi) * inv_norm_factor
     return tuple(alibi_slopes(n_heads).tolist()), bias_scale
@@ -990,8 +985,6 @@ def hook_layout(hf_model: Any) -> HookLayout:
     Raises:
         UnsupportedModelError: if no such layer list (or embedding) is found.
     """
-    from torch import nn
-
     static = describe_config(hf_model.config, type(hf_model).__name__)
     modules = dict(hf_model.named_modules())
     sublayers = SUBLAYER_FAMILIES.get(static.family)
@@ -1039,8 +1032,6 @@ def hook_layout(hf_model: Any) -> HookLayout:
 def _decoder_list(modules: dict, static: HFDescription, fits: Callable[[Any], bool], under: str = "") -> str:
     """The path of the ``nn.ModuleList`` of decoder layers: of the lists under ``under`` that
     ``fits``, the one named ``...layers`` nearest the root."""
-    from torch import nn
-
     lists = [name for name, m in modules.items() if isinstance(m, nn.ModuleList) and fits(m) and name.startswith(under)]
     if not lists:
         raise UnsupportedModelError(f"cannot find the {static.n_layers} decoder layers of {static.architecture}")
@@ -1244,8 +1235,6 @@ def _census_tolerance(dtype: torch.dtype) -> float:
 
 def _position_ids_hook(bridge: Any) -> str | None:
     """``pos_embed.hook_in`` when the position table is a plain ``nn.Embedding`` fed position ids."""
-    from torch import nn
-
     try:
         table = position_table(bridge.original_model)
     except UnsupportedModelError:

@@ -40,6 +40,7 @@ import functools
 import hashlib
 from dataclasses import dataclass, field
 from pathlib import Path
+from pydoc_data.topics import topics
 from typing import Any, Callable
 
 import torch
@@ -334,8 +335,6 @@ def default_documents() -> dict[str, str]:
     Returns:
         ``{topic: text}``, one document per help topic, sorted by topic.
     """
-    from pydoc_data.topics import topics
-
     return dict(sorted(topics.items()))
 
 

@@ -13,6 +13,7 @@ import contextlib
 from typing import Iterator
 
 import torch
+from threadpoolctl import threadpool_limits
 
 
 @contextlib.contextmanager
@@ -24,7 +25,6 @@ def limited_threads(threads: int) -> Iterator[None]:
     """
     if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
         raise ValueError(f"threads must be an integer >= 1, got {threads!r}")
-    from threadpoolctl import threadpool_limits
 
     before = torch.get_num_threads()
     torch.set_num_threads(threads)

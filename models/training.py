@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import math
+import platform
 import time
 from pathlib import Path
 from typing import Any, Callable
@@ -323,8 +324,6 @@ def environment() -> dict[str, str]:
     kernels use (``torch.backends.cpu.get_cpu_capability``): a virtual machine may call several
     generations by one name ("AMD EPYC"), and AVX2 and AVX-512 kernels order their sums differently.
     """
-    import platform
-
     cpu = _cpu_info()
     return {
         "python": platform.python_version(), "torch": torch.__version__, "numpy": np.__version__,

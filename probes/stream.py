@@ -43,8 +43,11 @@ counts, means and sums of squared deviations, combined across batches by Chan et
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import functools
 import os
+import pickle
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
@@ -56,6 +59,7 @@ from torch import Tensor
 
 from nopelens.models.masks import CAUSAL, KeyWindow
 from nopelens.models.progress import progress_bar
+from nopelens.models.threads import one_thread
 
 from .collect import (
     Activations, BatchHooks, HookList, _check_inputs, _model_device, _resolve_sites, forward_with_hooks, hooks_added, hooks_for_batch,
@@ -274,9 +278,6 @@ def release_freed_memory() -> None:
 @functools.lru_cache(maxsize=1)
 def _malloc_trim():
     """glibc's ``malloc_trim``, looked up once (None where the C library has none)."""
-    import ctypes
-    import ctypes.util
-
     name = ctypes.util.find_library("c")
     try:
         return ctypes.CDLL(name).malloc_trim if name else None
@@ -431,8 +432,6 @@ def _asked(measurements, i: int) -> list[str]:
 
 
 def _check_picklable(hooks) -> None:
-    import pickle
-
     try:
         pickle.dumps(hooks)
     except Exception as error:  # pickle raises several types (PicklingError, AttributeError, TypeError)
@@ -504,8 +503,6 @@ def _run_shards(load: Callable, sequences, measurements, batches, indices, hooke
 def _shard(load: Callable, sequences: Sequences, measurements, batches, indices, hooked, hooks=None) -> list:
     """One shard on a worker: load the model, feed the measurements its batches (under ``hooks``),
     return them."""
-    from nopelens.models.threads import one_thread
-
     with one_thread():
         _run_batches(load(), sequences, measurements, batches, indices, hooked, hooks=hooks)
     return measurements

@@ -257,8 +257,6 @@ def blocked_score(dtype="float32") -> float:
         >>> blocked_score("float32"), blocked_score("float16")
         (-1e+30, -32752.0)
     """
-    import torch
-
     name = str(dtype).removeprefix("torch.")
     torch_dtype = getattr(torch, name, None)
     if not isinstance(torch_dtype, torch.dtype) or not torch_dtype.is_floating_point:

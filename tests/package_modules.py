@@ -58,9 +58,9 @@ def _type_checking_only(node: ast.AST, parents: dict) -> bool:
 
 
 @lru_cache(maxsize=None)
-def imports() -> dict[str, frozenset[str]]:
-    """Module -> the nopelens modules it imports at run time, at module level or inside a function
-    (imports under ``if TYPE_CHECKING:`` are not run and do not count)."""
+def imports(type_checking: bool = False) -> dict[str, frozenset[str]]:
+    """Module -> the nopelens modules it imports at run time, at module level or inside a function;
+    with ``type_checking``, also those imported only under ``if TYPE_CHECKING:`` (not run)."""
     known = modules()
     graph = {}
     for name, (path, is_package) in known.items():
@@ -68,7 +68,8 @@ def imports() -> dict[str, frozenset[str]]:
         parents = {child: node for node in ast.walk(tree) for child in ast.iter_child_nodes(node)}
         targets = set()
         for node in ast.walk(tree):
-            if not isinstance(node, (ast.Import, ast.ImportFrom)) or _type_checking_only(node, parents):
+            if not isinstance(node, (ast.Import, ast.ImportFrom)) or (
+                    not type_checking and _type_checking_only(node, parents)):
                 continue
             if isinstance(node, ast.Import):
                 targets.update(alias.name for alias in node.names)

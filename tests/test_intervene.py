@@ -7,6 +7,7 @@ import torch
 from schema import assert_folder_documented
 
 from nopelens.analyses import intervene as iv
+from nopelens.analyses.intervene import measure
 from nopelens.analyses.cli import main
 from nopelens.circuits import distance
 from nopelens.circuits.layout import ATTENDED_POSITION, BOS_TOKEN, POSITION
@@ -371,8 +372,8 @@ def test_seeds_past_2_to_the_32_draw_bootstrap_cis_and_too_short_sequences_are_n
     values = np.arange(12, dtype=float) % 5
     before = stats.bootstrap((values,), np.mean, n_resamples=50, method="percentile",
                              random_state=np.random.RandomState(7)).confidence_interval
-    assert iv._mean_ci(values, 50, 7) == (before.low, before.high)
-    low, high = iv._mean_ci(values, 50, 2**40)
+    assert measure._mean_ci(values, 50, 7) == (before.low, before.high)
+    low, high = measure._mean_ci(values, 50, 2**40)
     assert low <= values.mean() <= high
     with pytest.raises(ValueError, match="--seq-len 3 is too short for position patching: it needs at least 4"):
         iv.run_intervene(iv.InterveneSettings(model="circuit", seq_len=3), tmp_path / "run", progress=False)

@@ -1,6 +1,7 @@
 """The package's layout holds: hook names come from one helper, imports flow one way
-(cli -> analyses -> probes -> models), and no module needs another to be imported first."""
+(cli -> analyses -> probes -> models) without a loop, and no module needs another to be imported first."""
 
+import ast
 import os
 import re
 import subprocess
@@ -9,7 +10,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from package_modules import imports, layer, modules
+from package_modules import imports, layer, modules, subpackages
 
 from nopelens.models import hooks
 
@@ -66,11 +67,18 @@ def test_imports_flow_one_way():
     assert not backwards, "\n".join(backwards)
 
 
-def test_no_import_loop_among_the_analyses_probes_and_circuits():
-    """Counting imports inside functions too: no module needs one that needs it back."""
-    graph = {m: {t for t in targets if layer(t) >= 1} for m, targets in imports().items() if layer(m) >= 1}
-    loops = [cycle for cycle in _cycles(graph) if len(cycle) > 1]
+@pytest.mark.parametrize("type_checking", [False, True], ids=["run time", "type checking too"])
+def test_no_import_loop(type_checking):
+    """No module needs one that needs it back, in any layer: counting imports inside functions, and
+    then also those under ``if TYPE_CHECKING:`` (a circle of types is still a circle of concepts)."""
+    loops = [cycle for cycle in _cycles(dict(imports(type_checking))) if len(cycle) > 1]
     assert not loops, loops
+
+
+def test_the_import_graph_reads_type_checking_imports_only_when_asked():
+    """tl_compat imports the config for its annotations only (the case that makes the flag matter)."""
+    config, tl_compat = "nopelens.models.config", "nopelens.models.tl_compat"
+    assert config not in imports()[tl_compat] and config in imports(type_checking=True)[tl_compat]
 
 
 def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
@@ -104,6 +112,42 @@ def test_the_cycle_finder_finds_a_loop():
     assert sorted(map(sorted, _cycles({"a": {"b"}, "b": {"a"}, "c": {"a"}}))) == [["a", "b"], ["c"]]
 
 
+# ----------------------------------------------------------------------------- imports inside functions
+
+MAX_LAZY_IMPORTS = 8
+"""Imports inside a package function: each avoids a real cost (distributed is optional, a module
+that takes seconds to import, the CLI's start-up), and says so on its line."""
+
+LAZY_REASON = re.compile(r"#\s*lazy:\s*\S")
+
+
+def function_level_imports(path: Path) -> list[tuple[int, str]]:
+    """``(line number, line)`` of every import statement inside a function of ``path``."""
+    text = path.read_text(encoding="utf-8")
+    lines = text.splitlines()
+    functions = [node for node in ast.walk(ast.parse(text)) if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))]
+    found = {node.lineno for function in functions for node in ast.walk(function)
+             if isinstance(node, (ast.Import, ast.ImportFrom))}
+    return [(number, lines[number - 1]) for number in sorted(found)]
+
+
+def test_function_level_imports_are_few_and_each_says_why():
+    package = [path for folder in [ROOT / "src" / "nopelens", *subpackages().values()] for path in sorted(folder.rglob("*.py"))]
+    lazy = [(path.relative_to(ROOT), number, line.strip()) for path in package for number, line in function_level_imports(path)]
+    unexplained = [f"{path}:{number}: {line}" for path, number, line in lazy if not LAZY_REASON.search(line)]
+    assert not unexplained, ("import at the module's top, or say on the line why not (`# lazy: distributed is "
+                             "optional`):\n" + "\n".join(unexplained))
+    assert len(lazy) <= MAX_LAZY_IMPORTS, "\n".join(f"{path}:{number}: {line}" for path, number, line in lazy)
+
+
+def test_the_lazy_import_finder_reads_imports_inside_functions_only(tmp_path):
+    source = tmp_path / "m.py"
+    source.write_text("import os\n\ndef f():\n    import json  # lazy: why\n    class C:\n        def g(self):\n"
+                      "            from a import b\n")
+    assert function_level_imports(source) == [(4, "    import json  # lazy: why"), (7, "            from a import b")]
+    assert LAZY_REASON.search("    import json  # lazy: why") and not LAZY_REASON.search("    import json  # lazy:")
+
+
 def test_analyses_never_import_the_cli():
     cli = [f"{module} imports {target}" for module, targets in imports().items()
            if module.startswith("nopelens.analyses.") and not module.startswith("nopelens.analyses.cli")
@@ -111,10 +155,11 @@ def test_analyses_never_import_the_cli():
     assert not cli, cli
 
 
-def test_each_analyses_module_imports_alone():
-    """Import every analyses module first, in a fresh set of nopelens modules (third-party ones
-    stay loaded, so this takes seconds): an import that works only after another module would fail."""
-    names = [name for name in modules() if name.startswith("nopelens.analyses")]
+@pytest.mark.slow
+def test_each_module_imports_alone():
+    """Import every module first, in a fresh set of nopelens modules (third-party ones stay loaded,
+    so this takes seconds): an import that works only after another module would fail."""
+    names = list(modules())
     code = textwrap.dedent(f"""
         import importlib, sys, traceback
         failed = []

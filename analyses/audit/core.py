@@ -7,9 +7,13 @@ from typing import Any, Callable
 import torch
 from jaxtyping import Int
 from torch import Tensor
+from transformers import PreTrainedModel
 
 from nopelens.models import Decoder
+from nopelens.models.adapters import HookedHFModel, load_hf_model
+from nopelens.probes import stream as probes_stream
 
+from .hf import BridgeSubject, HookedSubject
 from .numerics import Tolerance
 from .probe import Run, make_probe, stream, unpadded
 from .report import AuditReport, StepResult, make_step
@@ -32,22 +36,11 @@ def make_subject(model: Any, name: str | None) -> tuple[Subject, dict[str, Any]]
     if isinstance(model, Decoder):
         return DecoderSubject(model, name or f"Decoder({model.cfg.position_name})"), metadata
     if hasattr(model, "original_model") and hasattr(model, "blocks"):
-        from .hf import BridgeSubject
-
         return BridgeSubject(model, name or type(model.original_model).__name__), metadata
-    from nopelens.models.adapters import HookedHFModel
 
     if isinstance(model, HookedHFModel):
-        from .hf import HookedSubject
-
         return HookedSubject(model, name or type(model.original_model).__name__), metadata
-    try:
-        from transformers import PreTrainedModel
-    except ImportError:  # pragma: no cover - transformers is a dependency of transformer-lens
-        PreTrainedModel = ()
     if isinstance(model, PreTrainedModel):
-        from nopelens.models.adapters import load_hf_model
-
         return make_subject(load_hf_model(model), name or type(model).__name__)[0], metadata
     raise TypeError(
         f"audit needs a nopelens Decoder, a TrainedModel, a TransformerBridge, a HookedHFModel or an HF causal LM; "
@@ -209,12 +202,10 @@ def _memory_shortfall(subject: Subject, eval_length: int) -> str | None:
     the audit holds one layer's scores and pattern ``[n_heads, T, T]`` at a time, of at most
     :data:`ROWS_HELD` rows (a floor of what it needs; the forward passes and the float64 reductions
     add more), whatever the number of layers."""
-    from nopelens.probes.stream import available_memory
-
     item = torch.finfo(subject.compute_dtype).bits // 8
     need = ROWS_HELD * 2 * subject.n_heads * eval_length**2 * item
     device = next(subject.model.parameters()).device
-    free = available_memory(device)
+    free = probes_stream.available_memory(device)
     if need <= free:
         return None
     return (f"eval_length {eval_length:,} needs at least {need / 2**20:,.1f} MiB for one layer's scores and patterns "

@@ -39,6 +39,8 @@ import torch
 from torch import Tensor
 
 from nopelens.models.hooks import act_name, act_names
+from nopelens.models.masks import visibility
+from nopelens.models.positions import position_ids_from_mask
 
 from .numerics import Tolerance
 from .streaming import HeldBytes, hold_by_layer
@@ -164,8 +166,6 @@ def detect(subject: Subject, tokens: Tensor, mask: Tensor, tol: Tolerance, seed:
         One :class:`LayerReading` per layer (``not_measured`` everywhere when the model takes no
         position ids).
     """
-    from nopelens.models.positions import position_ids_from_mask
-
     declared = [declared_reading(subject, layer) for layer in range(subject.n_layers)]
     attention = set(subject.attention_layers)
     quantity = {layer: ("scores" if subject.scores_trusted else "pattern") if layer in attention else "output"
@@ -230,8 +230,6 @@ def _site(layer: int, quantity: str) -> str:
 
 def _compared(subject: Subject, layer: int, quantity: str, mask: Tensor) -> Tensor:
     """The entries compared: keys the layer may read from real queries, or the real tokens' outputs."""
-    from nopelens.models.masks import visibility
-
     real = mask.bool()
     if quantity == "output":
         return real[:, :, None]

@@ -18,10 +18,12 @@ from typing import Any, Iterator
 import torch
 from torch import Tensor
 
+from nopelens.models.hf import _one_line, check_readable, describe, l2_normalize, learned_sinks, position_table
 from nopelens.models.hooks import act_name
 from nopelens.models.methods import get_method
 from nopelens.models.methods.nope import NoPE
 from nopelens.models.positions import rope_angles
+from nopelens.models.positions import position_ids_from_mask
 
 from .numerics import as_ids, dot_scores
 from .report import by_reason
@@ -39,8 +41,6 @@ class BridgeSubject(Subject):
     kind = "HF causal LM via TransformerBridge"
 
     def __init__(self, bridge: Any, name: str):
-        from nopelens.models.hf import check_readable, describe
-
         self.model, self.name = bridge, name
         self.hf = describe(bridge)
         check_readable(self.hf)
@@ -126,8 +126,6 @@ class BridgeSubject(Subject):
         if kind not in ("learned", "output_scale"):
             return kind, None
         if not hasattr(self, "_sinks"):
-            from nopelens.models.hf import learned_sinks
-
             self._sinks = learned_sinks(self.model.original_model, self.hf)
         return kind, self._sinks[layer]
 
@@ -138,10 +136,8 @@ class BridgeSubject(Subject):
     def prepare_qk(self, q: Tensor, k: Tensor, layer: int) -> tuple[Tensor, Tensor]:
         q, k = self._tl_layout(q), self._tl_layout(k)
         if self.hf.qk_norm == "l2 after rope" and self.hf.layers[layer].rotates:
-            from nopelens.models.hf import l2_normalize  # commutes with the rotation
-
             eps = float(getattr(self.config, "rms_norm_eps", 1e-6))
-            return l2_normalize(q.double(), eps), l2_normalize(k.double(), eps)
+            return l2_normalize(q.double(), eps), l2_normalize(k.double(), eps)  # commutes with the rotation
         return q, k
 
     def _tl_layout(self, x: Tensor) -> Tensor:
@@ -183,8 +179,6 @@ class BridgeSubject(Subject):
 
     def input_reference(self, position_ids: Tensor, width: int) -> Tensor:
         """The learned position table's rows at the ids (plus the family's row offset), float64."""
-        from nopelens.models.hf import position_table
-
         return position_table(self.model.original_model).double()[position_ids + self.position_offset]
 
     def forward_without_bias(self, tokens, mask, fwd_hooks, rows=slice(None)):
@@ -388,8 +382,6 @@ class HookedSubject(BridgeSubject):
 
     def decode_incrementally(self, tokens, mask, split):
         """HF's own KV cache: a prefix of ``split`` tokens, then one token at a time."""
-        from nopelens.models.positions import position_ids_from_mask
-
         hf, ids = self.model.original_model, position_ids_from_mask(mask)
         pieces = []
         with self.capture_position_ids() as seen, warnings.catch_warnings():
@@ -403,8 +395,6 @@ class HookedSubject(BridgeSubject):
                              past_key_values=out.past_key_values, use_cache=True)
                     pieces.append(out.logits)
             except Exception as error:  # the model's own cache, not nopelens: say so, never a traceback
-                from nopelens.models.hf import _one_line
-
                 raise DecodingUnavailable(f"{type(hf).__name__}'s own KV cache fails when decoding one token at a "
                                           f"time ({type(error).__name__}: {_one_line(error)})") from None
         step_ids = torch.cat(seen, 1) if len(seen) == len(pieces) else None

@@ -16,6 +16,7 @@ from nopelens.models.masks import CAUSAL, KeyWindow, visibility
 from nopelens.models.methods import SCORE_BIAS
 from nopelens.models.positions import position_ids_from_mask
 
+from .detector import detect
 from .numerics import Tolerance, rotate
 from .streaming import HeldBytes, hold_by_layer
 from .subjects import Subject, audited_hook
@@ -122,8 +123,6 @@ class Run:
         """The per-layer NoPE detector's readings (:func:`~nopelens.analyses.audit.detector.detect`),
         measured once per run."""
         if not hasattr(self, "_readings"):
-            from .detector import detect
-
             held = HeldBytes(self.probe.tokens.shape[1])
             self._readings = detect(self.subject, self.probe.tokens, self.probe.mask, self.tol, held=held)
             self.peak_attention_bytes = max(self.peak_attention_bytes, held.peak)

@@ -9,6 +9,7 @@ import torch
 from nopelens.models.methods import QK_ROTATION
 from nopelens.models.positions import apply_rope, rope_angles
 
+from .detector import SHIFT
 from .numerics import agree, max_err
 from .probe import Run
 from .report import Check, StepResult, make_step
@@ -172,7 +173,6 @@ def _rope_offset_checks(run: Run, layers: list[int], shift: int, evidence: dict)
     s = run.subject
     if s.input_method is not None or not s.takes_positions:
         return []
-    from .detector import SHIFT
 
     checks = []
     for reading in run.readings:

@@ -10,6 +10,7 @@ from torch import Tensor
 from .numerics import agree
 from .probe import Run, ids_list
 from .report import Check, StepResult, make_step
+from .subjects import DecodingUnavailable
 
 TRAIN_LENGTH_KEYS = ("train_lengths", "train_length", "max_train_length", "train_seq_len", "seq_len")
 GENERALIZATION_NOTE = (
@@ -116,7 +117,6 @@ def step9_cached_decoding(run: Run) -> StepResult:
     if s.decoding_unreadable() is not None:
         return make_step(9, [], {}, "", s.decoding_unreadable())
     split = max(p.n_pad + 1, p.tokens.shape[1] // 2)
-    from .subjects import DecodingUnavailable
 
     try:
         logits, record = s.decode_incrementally(p.tokens, p.mask, split)

@@ -7,6 +7,7 @@ import math
 import torch
 from torch import Tensor
 
+from nopelens.models.hf import softmax_with_sink
 from nopelens.models.hooks import act_name
 from nopelens.models.methods import SCORE_BIAS
 from nopelens.models.positions import alibi_bias
@@ -207,8 +208,6 @@ def _output_scale(run: Run, layer: int, pattern: Tensor) -> Tensor | None:
 # ----------------------------------------------------------------------------- step 7
 def softmax_layer(run: Run, layer: int) -> dict | None:
     """Step 7's part of one layer: its softmax errors, row sums, sink mass and blocked weights."""
-    from nopelens.models.hf import softmax_with_sink
-
     s, p = run.subject, run.probe
     if layer not in s.attention_layers:
         return None

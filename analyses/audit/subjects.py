@@ -22,6 +22,8 @@ from nopelens.models.hooks import act_name
 from nopelens.models.masks import CAUSAL, KeyWindow
 from nopelens.models.methods import METHODS, QK_ROTATION, SCORE_BIAS, PositionMethod, get_method
 
+from .numerics import dot_scores
+
 
 class DecodingUnavailable(RuntimeError):
     """Raised by :meth:`Subject.decode_incrementally` when the model's own KV cache cannot run; step 9
@@ -170,8 +172,6 @@ class Subject(abc.ABC):
 
     def content_scores(self, q: Tensor, k: Tensor, layer: int) -> Tensor:
         """A layer's content scores from the q and k entering them: q.k * score_scale."""
-        from .numerics import dot_scores
-
         return dot_scores(q, k, self.score_scale(layer))
 
     def decoding_unreadable(self) -> str | None:

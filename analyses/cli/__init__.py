@@ -17,6 +17,7 @@ import importlib
 import os
 import signal
 import sys
+import traceback
 from typing import Callable
 
 COMMAND_MODULES = (
@@ -177,8 +178,6 @@ def _first_line(error: BaseException) -> str:
 
 
 def _where(error: BaseException) -> str:
-    import traceback
-
     frames = traceback.extract_tb(error.__traceback__)
     if not frames:
         return "unknown place"

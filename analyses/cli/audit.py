@@ -16,6 +16,7 @@ from typing import Any
 
 from nopelens.analyses.audit import AuditReport, audit
 from nopelens.analyses.subjects import load_checkpoint_dir, load_hf_dir
+from nopelens.models import Decoder, DecoderConfig, zoo
 from nopelens.models.io import check_writable
 
 from .options import add_quiet, seed_type
@@ -31,8 +32,6 @@ def load_subject(args: argparse.Namespace) -> tuple[Any, str]:
     if args.checkpoint:
         return load_checkpoint_dir(Path(args.checkpoint)), f"checkpoint {args.checkpoint}"
     if args.model:
-        from nopelens.models import zoo
-
         return zoo.load(args.model, progress=not args.quiet), f"zoo model {args.model}"
     if args.hf_dir:
         return load_hf_dir(Path(args.hf_dir)), f"HF model {args.hf_dir}"
@@ -41,8 +40,6 @@ def load_subject(args: argparse.Namespace) -> tuple[Any, str]:
 
 def _fresh_decoder(position: str, eval_length: int, seed: int) -> Any:
     """A random 2-layer Decoder; ``position`` is a method or a comma list (one per layer)."""
-    from nopelens.models import Decoder, DecoderConfig
-
     methods = [m.strip() for m in position.split(",")]
     spec: str | list[str] = methods[0] if len(methods) == 1 else methods
     n_layers = 2 if len(methods) == 1 else len(methods)

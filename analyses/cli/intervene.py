@@ -1,5 +1,5 @@
 """``nopelens intervene MODEL``: sink ablation, index-direction interventions and position patching
-(:mod:`nopelens.analyses.intervene`; the run folder is described there)."""
+(:mod:`nopelens.analyses.intervene`; the run folder is described in :mod:`nopelens.analyses.intervene.run`)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import argparse
 from pathlib import Path
 
 from nopelens.analyses.intervene import SINK_MODES, InterveneSettings, run_intervene
-from nopelens.analyses.report import rounded_text
+from nopelens.analyses.report import intervention_figure, rounded_text, save_figure
 from nopelens.analyses.runs import slug
 
 from .options import MODEL_HELP, add_quiet, seed_type
@@ -23,6 +23,7 @@ def run(args: argparse.Namespace) -> int:
                                     if getattr(args, k) is not None})
     out = Path(args.out or f"runs/intervene-{slug(args.model)}")
     tables = run_intervene(settings, out, progress=not args.quiet)
+    save_figure(intervention_figure(tables, tables["sink_probes"]["model"].iloc[0]), out / "intervene")
     columns = [c for c in ("condition", "ablated_block", "abs_r2_clean", "abs_r2", "abs_acc_clean", "abs_acc",
                            "qk_r2_clean", "qk_r2", "loss_delta", "exact_match_delta") if c in tables["summary"]]
     summary = tables["summary"][columns]

@@ -10,10 +10,13 @@ import re
 import sys
 
 from nopelens.analyses import reads, report, runs
+from nopelens.analyses.parallel import default_jobs
 from nopelens.analyses.reads import choose_reads
 from nopelens.analyses.runs import slug
-from nopelens.analyses.subjects import resolve
-from nopelens.analyses.sweep import DEFAULT_SITES, SITE_KINDS, SweepSettings, measure_sinks, sweep
+from nopelens.analyses.streamed import plan
+from nopelens.analyses.subjects import HF_PREFIX, HFInput, fixed_length, resolve
+from nopelens.analyses.sweep import DEFAULT_SITES, SITE_KINDS, SweepSettings, measure_sinks, sweep, sweep_sites
+from nopelens.models.io import write_csv_atomic
 from nopelens.probes.sinks import sink_flags
 
 from .options import MODEL_HELP, add_quiet, add_seeds, seed_type
@@ -46,8 +49,6 @@ def _settings(args: argparse.Namespace, models, controls: bool) -> SweepSettings
 
 def _check_seq_len(models: tuple[str, ...], command: str) -> None:
     """Refuse ``--seq-len`` when no model of the run takes it; name the models that ignore it otherwise."""
-    from nopelens.analyses.subjects import fixed_length
-
     fixed = {spec: why for spec in models if (why := fixed_length(spec)) is not None}
     if fixed and len(fixed) == len(models):
         raise ValueError(f"--seq-len does not apply: {next(iter(fixed.values()))}; leave --seq-len out")
@@ -57,8 +58,6 @@ def _check_seq_len(models: tuple[str, ...], command: str) -> None:
 
 
 def _sweep(args: argparse.Namespace, settings: SweepSettings, out, name: str):
-    from nopelens.analyses.parallel import default_jobs
-
     sweep_reads = choose_reads(args.metric, args.threshold)  # before any work: a bad --metric costs nothing
     jobs = default_jobs() if args.jobs is None else args.jobs
     if out is not None and not str(out).strip():
@@ -118,8 +117,6 @@ def run_sweep(args: argparse.Namespace) -> int:
 def _probe_settings(args: argparse.Namespace) -> SweepSettings:
     """``probe``'s settings: an ``hf:DIR`` model is streamed, read as ``--input`` says (default: text
     through its tokenizer), on ``--device`` in ``--dtype``."""
-    from nopelens.analyses.subjects import HF_PREFIX
-
     # one spelling per model, text and device, so that a rerun spelled otherwise resumes the same folder
     if args.model.startswith(HF_PREFIX) and args.model[len(HF_PREFIX):]:
         args.model = HF_PREFIX + os.path.normpath(args.model[len(HF_PREFIX):])
@@ -142,8 +139,6 @@ def _probe_settings(args: argparse.Namespace) -> SweepSettings:
 def _hf_input(args: argparse.Namespace):
     """How an ``hf:DIR`` model is read (``--input``, default text through its tokenizer; ``--text``,
     ``--device``, ``--dtype``), with ``--device auto`` resolved to the device it picks here."""
-    from nopelens.analyses.subjects import HFInput
-
     how = HFInput(input="text" if args.input is None else args.input, text=args.text,
                   device="cpu" if args.device is None else args.device, dtype=args.dtype)
     return dataclasses.replace(how, device=how.torch_device().type)
@@ -203,9 +198,6 @@ def _batch_size(text: str) -> int | str:
 def run_probe(args: argparse.Namespace) -> int:
     settings = _probe_settings(args)
     if args.plan:
-        from nopelens.analyses.streamed import plan
-        from nopelens.analyses.sweep import sweep_sites
-
         subject = resolve(args.model, settings.n_sequences, settings.seq_len, settings.seed, not args.quiet,
                           hf_input=settings.hf_input)
         plan_ = plan(subject, settings, sweep_sites(subject, settings.sites, settings.layers))
@@ -230,8 +222,6 @@ def _rate_text(flags) -> str:
 
 
 def run_sinks(args: argparse.Namespace) -> int:
-    from nopelens.analyses.subjects import HF_PREFIX
-
     settings = _settings(args, (args.model,), controls=False)
     is_hf = args.model.startswith(HF_PREFIX)
     if not is_hf:
@@ -261,8 +251,6 @@ def run_sinks(args: argparse.Namespace) -> int:
     if skipped:
         print(f"{subject.name}: no sink read on {skipped}")
     if args.out:
-        from nopelens.models.io import write_csv_atomic
-
         write_csv_atomic(table, f"{args.out}/sinks.csv")
         if table.empty:  # no block's sink can be read: nothing to draw
             print(f"wrote {args.out}/sinks.csv (no rows)")

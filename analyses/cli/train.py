@@ -13,13 +13,15 @@ import argparse
 import math
 from pathlib import Path
 
+import torch
+
 from nopelens.analyses.runs import refuse_other_runs
 from nopelens.models import POSITION_METHODS, DecoderConfig
 from nopelens.models import zoo
 from nopelens.models.checkpoint import METADATA_FILE, TrainedModel
 from nopelens.models.tasks import TASKS, TextTask, make_task
 from nopelens.models.threads import limited_threads
-from nopelens.models.training import evaluate_exact_match, train
+from nopelens.models.training import EVAL_STREAM, evaluate_exact_match, stream_seed, train
 
 from .options import add_quiet, add_seeds, add_threads, seed_type
 
@@ -52,10 +54,6 @@ def report(trained: TrainedModel, progress: bool = False, threads: int = 1) -> s
 
 def backcopy_report(trained: TrainedModel, task) -> str:
     """Loss against the task's floor and the back-copy accuracy after triggers, on 256 fresh sequences."""
-    import torch
-
-    from nopelens.models.training import EVAL_STREAM, stream_seed
-
     high = trained.metadata["train_lengths"][1]
     batch = task.sample(256, high, high, stream_seed(1, EVAL_STREAM, high))
     with torch.no_grad():

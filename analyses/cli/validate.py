@@ -6,6 +6,7 @@ import argparse
 from pathlib import Path
 
 from nopelens.analyses import validate
+from nopelens.models.io import check_writable, write_csv_atomic, write_text_atomic
 
 from .options import seed_type
 
@@ -20,8 +21,6 @@ def report_path(out: str) -> Path:
 
 
 def run_validate(args: argparse.Namespace) -> int:
-    from nopelens.models.io import check_writable, write_csv_atomic, write_text_atomic
-
     if args.out != "-":
         check_writable(report_path(args.out))  # before the suite runs, so a bad --out wastes no work
     table = validate.run_suite(args.seed)

@@ -9,12 +9,9 @@ the method reads them, and the module's ``cfg``, at every call.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, ClassVar
+from typing import ClassVar
 
 from torch import Tensor, nn
-
-if TYPE_CHECKING:  # pragma: no cover
-    from nopelens.models.config import DecoderConfig
 
 INPUT = "input embedding"
 """Adds a vector to the token embeddings, once per model (learned, sinusoidal)."""
@@ -39,7 +36,9 @@ class PositionMethod:
         convention: the sign and offset convention, in DESIGN.md's terms (query i, key j).
         config_fields: the ``DecoderConfig`` fields that parameterize the method.
 
-    Subclasses override the hooks of the places they act on; the defaults do nothing.
+    Subclasses override the hooks of the places they act on; the defaults do nothing. Every ``cfg``
+    argument is the model's :class:`~nopelens.models.DecoderConfig` (not imported here: the config
+    imports the methods to validate itself).
     """
 
     name: ClassVar[str]
@@ -79,23 +78,23 @@ class PositionMethod:
 
     # ------------------------------------------------------------------ configuration
     @classmethod
-    def validate_config(cls, cfg: "DecoderConfig", used: bool) -> None:
+    def validate_config(cls, cfg, used: bool) -> None:
         """Check the method's config fields (every config), and what must hold when it is ``used``.
 
         Raises:
             ValueError: naming the offending field.
         """
 
-    def max_positions(self, cfg: "DecoderConfig") -> int | None:
+    def max_positions(self, cfg) -> int | None:
         """Number of positions the method can compute (a learned table's rows), None if unbounded."""
         return None
 
-    def describe(self, cfg: "DecoderConfig") -> dict:
+    def describe(self, cfg) -> dict:
         """Top-level entries the method adds to a report's model description (its parameters)."""
         return {}
 
     # ------------------------------------------------------------------ input embedding
-    def add_input_parameters(self, decoder: nn.Module, cfg: "DecoderConfig") -> None:
+    def add_input_parameters(self, decoder: nn.Module, cfg) -> None:
         """Register the parameters of an input method on the decoder (before the blocks)."""
 
     def input_vectors(self, decoder: nn.Module, position_ids: Tensor, dtype) -> Tensor | None:
@@ -103,7 +102,7 @@ class PositionMethod:
         return None
 
     # ------------------------------------------------------------------ attention
-    def add_parameters(self, attn: nn.Module, cfg: "DecoderConfig") -> None:
+    def add_parameters(self, attn: nn.Module, cfg) -> None:
         """Register the method's parameters and buffers on one ``Attention`` module."""
 
     def rotate(self, attn: nn.Module, x: Tensor, position_ids: Tensor) -> Tensor:
@@ -142,7 +141,7 @@ class LookupBias(PositionMethod):
     value_table_name: ClassVar[str | None] = None
     value_formula: ClassVar[str | None] = None
 
-    def relative_ids(self, cfg: "DecoderConfig", query_positions: Tensor, key_positions: Tensor) -> Tensor:
+    def relative_ids(self, cfg, query_positions: Tensor, key_positions: Tensor) -> Tensor:
         """Table row of each (query i, key j), int64 ``[batch, query_pos, key_pos]``."""
         raise NotImplementedError
 
@@ -154,10 +153,10 @@ class LookupBias(PositionMethod):
         """The value term at table rows ``ids`` in the dtype of ``pattern``, None when there is none."""
         return None
 
-    def lookup_formula(self, cfg: "DecoderConfig") -> str:
+    def lookup_formula(self, cfg) -> str:
         """The bias in words, for reports."""
         raise NotImplementedError
 
-    def ids_evidence(self, cfg: "DecoderConfig", ids: Tensor) -> list[int]:
+    def ids_evidence(self, cfg, ids: Tensor) -> list[int]:
         """What the audit reports of the table rows used (e.g. the offsets they stand for)."""
         return sorted(set(ids.tolist()))
