@@ -391,14 +391,20 @@ def load_hf_model(hf_model: nn.Module, reload: Callable[[], nn.Module] | None = 
 
     Raises:
         nopelens.models.hf.UnsupportedModelError: if neither way can read the model, or its family has
-            nothing per token to hook (:func:`nopelens.models.hf.unreadable`).
+            nothing per token to hook (:func:`nopelens.models.hf.unreadable`); that refusal keeps the
+            model's learned sink logits as ``sink_parameters``
+            (:func:`nopelens.models.hf.sink_parameters`), which need no hook.
     """
-    from .hf import UnsupportedModelError, bridge_refused, unreadable
+    from .hf import UnsupportedModelError, bridge_refused, sink_parameters, unreadable
 
     architecture = type(hf_model).__name__
     why = unreadable(hf_model)
     if why is not None:
-        raise UnsupportedModelError(f"nopelens cannot read {architecture}: {why}")
+        error = UnsupportedModelError(f"nopelens cannot read {architecture}: {why}")
+        # what can still be read: the learned sink logits are weights (none on the meta device)
+        error.sink_parameters = {l: (name, logits) for l, (name, logits) in sink_parameters(hf_model).items()
+                                 if not logits.is_meta}
+        raise error
     reason = bridge_refused(hf_model)
     if reason is None and not bridge_supports(architecture):
         reason = f"TransformerLens has no bridge adapter for {architecture}"

@@ -60,6 +60,7 @@ class BridgeSubject(Subject):
                                "layer_positions": list(self.hf.layer_methods), "qk_norm": self.hf.qk_norm,
                                "scores_hook": self.hf.scores_hook, "position_input": self.hf.position_input,
                                "layers": [asdict(layer) for layer in self.hf.layers], "notes": list(self.hf.notes)}}
+        self.details |= learned_sink_details(bridge.original_model)
         self.special_tokens = {k: getattr(self.config, k, None) for k in ("bos_token_id", "eos_token_id", "pad_token_id")}
         self.position_limit = 4096  # audit() sets it from the probe length
 
@@ -395,3 +396,17 @@ class HookedSubject(BridgeSubject):
                                           f"time ({type(error).__name__}: {_one_line(error)})") from None
         step_ids = torch.cat(seen, 1) if len(seen) == len(pieces) else None
         return torch.cat(pieces, 1), {"step_ids": step_ids, "cache_ids": None}
+
+
+def learned_sink_details(hf_model: Any) -> dict[str, Any]:
+    """``learned_sinks`` of an audit's model record: the model's learned sink logits, named, one
+    line summarising them and each block's per-head list (from the weights:
+    :func:`nopelens.probes.sinks.learned_sink_logits`); empty where it has none."""
+    from nopelens.probes.sinks import learned_sink_line, learned_sink_logits
+
+    table = learned_sink_logits(hf_model)
+    if table.empty:
+        return {}
+    per_block = {int(block): rows.sort_values("head")["sink_logit"].tolist() for block, rows in table.groupby("block")}
+    return {"learned_sinks": {"summary": learned_sink_line(table), "parameters": sorted(set(table["parameter"])),
+                              "logits_per_block": per_block}}
