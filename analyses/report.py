@@ -25,7 +25,7 @@ import pandas as pd  # noqa: E402
 import seaborn as sns  # noqa: E402
 
 from nopelens.models.io import write_atomic, write_csv_atomic, write_text_atomic  # noqa: E402
-from nopelens.probes.linear import NOT_RECOVERED  # noqa: E402
+from nopelens.analyses.reads import NO_LAYER_CLEARS  # noqa: E402
 from nopelens.probes.sinks import GU_EPSILON  # noqa: E402
 
 from . import layers, reads, seeds  # noqa: E402
@@ -499,7 +499,7 @@ def summary_table(summary: pd.DataFrame, sweep_reads: Sequence["SweepRead"] | No
     for column in reads.read_columns(sweep_reads):
         table[column] = table[column].map(_layer_text)
         if f"{column}_per_seed" in table:
-            per_seed = table.pop(f"{column}_per_seed").str.replace(str(NOT_RECOVERED), "none")
+            per_seed = table.pop(f"{column}_per_seed").str.replace(str(NO_LAYER_CLEARS), "none")
             table[column] = [f"{agreed} ({seeds})" if n_seeds > 1 else agreed
                              for agreed, seeds, n_seeds in zip(table[column], per_seed, table["n_seeds"])]
     table = table.round(3)
@@ -532,7 +532,7 @@ def rounded_text(table: pd.DataFrame, decimals: int = 3) -> pd.DataFrame:
 def _layer_text(layer) -> str:
     if layer is None or pd.isna(layer):
         return "n/a"
-    return "none" if layer == NOT_RECOVERED else str(int(layer))
+    return "none" if layer == NO_LAYER_CLEARS else str(int(layer))
 
 
 def first_layer_note(sweep_reads: Sequence["SweepRead"] | None = None) -> str:
