@@ -457,7 +457,7 @@ def summary_text(summary: pd.DataFrame, sweep_reads: "Sequence[SweepRead] | None
     """The summary table (:func:`summary_table`) as plain text in column groups of at most ``width``,
     then the reads each model left out and why (``not_applicable``, :func:`not_applicable_reads`)."""
     tables = fit_width(summary_table(summary, sweep_reads, not_applicable), _text, width)
-    return "\n\n".join(tables + [not_applicable_text(not_applicable)] if not_applicable else tables)
+    return "\n\n".join(tables + [not_applicable_text(not_applicable, width=width)] if not_applicable else tables)
 
 
 NOT_READ = "n/a (see below)"
@@ -475,10 +475,15 @@ def not_applicable_reads(subjects: Mapping[str, dict]) -> dict[str, dict[str, st
     return reasons
 
 
-def not_applicable_text(not_applicable: Mapping[str, Mapping[str, str]], bullet: str = "") -> str:
-    """``not_applicable`` (:func:`not_applicable_reads`) as lines ``model, read: why``."""
-    return "\n".join(["Not applicable:"] + [f"{bullet}{model}, {read}: {why}" for model, notes in not_applicable.items()
-                                            for read, why in sorted(notes.items())])
+def not_applicable_text(not_applicable: Mapping[str, Mapping[str, str]], bullet: str = "",
+                        width: int | None = None) -> str:
+    """``not_applicable`` (:func:`not_applicable_reads`) as lines ``model, read: why``, each wrapped at
+    ``width`` characters when given (on screen; Markdown keeps one line per read)."""
+    lines = [f"{bullet}{model}, {read}: {why}" for model, notes in not_applicable.items()
+             for read, why in sorted(notes.items())]
+    if width is not None:
+        lines = [textwrap.fill(line, width, subsequent_indent="  ") for line in lines]
+    return "\n".join(["Not applicable:"] + lines)
 
 
 def summary_table(summary: pd.DataFrame, sweep_reads: Sequence["SweepRead"] | None = None,

@@ -211,3 +211,16 @@ def test_one_field_off_gives_a_correct_run_or_one_clear_line(saved, tmp_path, ca
     line = captured.err.strip()
     assert len(line.splitlines()) == 1 and len(line) > 40, line
     assert not INTERNAL.search(line), line
+
+
+def test_the_probe_screen_is_at_most_100_columns_wide(saved, tmp_path, capsys):
+    """``nopelens probe`` on GPT-OSS at the quick defaults: its summary and per-layer tables, and the
+    reads it leaves out with their long reasons (a sliding window blocks the pairs further apart),
+    fit 100 columns; only the run folder's own path may be longer."""
+    out = tmp_path / "probe"
+    assert main(["probe", f"hf:{saved('gpt_oss')}", "--input", "random", "--quick", "--jobs", "1", "--quiet",
+                 "--no-figures", "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "Not applicable:" in printed and "score read: blocks [0, 2]: sliding window 4" in " ".join(printed.split())
+    widths = {line: len(line) for line in printed.splitlines() if line != str(out)}
+    assert max(widths.values()) <= 100, max(widths, key=widths.get)
