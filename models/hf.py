@@ -455,7 +455,9 @@ def check_config(config: Any) -> None:
             below 1, a per-layer list
             (:data:`PER_LAYER_FIELDS`) does not have one entry per layer, or a layer's sliding
             window or attention chunk is shorter than one token (a
-            window of 0 blocks every key: every query row would be fully masked).
+            window of 0 blocks every key: every query row would be fully masked), a
+            ``rope_parameters`` dict keyed by layer type has no entry for some layer's type, or a
+            multi-head latent attention config's head sizes cannot be read (:func:`mla_head_dims`).
 
     Example:
         >>> from transformers import MistralConfig
@@ -492,6 +494,7 @@ def check_config(config: Any) -> None:
             raise ConfigError(f"{name} has {len(value)} entries for {n_layers} layers ({count})")
     for layer in range(n_layers):
         _key_window(config, layer)
+        _rope_by_layer_type(config, layer)
 
 
 def mla_head_dims(config: Any) -> tuple[int, int]:
@@ -1376,7 +1379,7 @@ def refusing(action: Callable[[], Any], architecture: str, verb: str = "bridge")
     """Run ``action``; turn whatever the bridge (or the hooks) raise into an :class:`UnsupportedModelError`."""
     try:
         return action()
-    except UnsupportedModelError:
+    except (UnsupportedModelError, ConfigError):  # already one line naming the model or the field
         raise
     except Exception as error:
         who = "TransformerLens cannot bridge" if verb == "bridge" else "nopelens cannot hook"

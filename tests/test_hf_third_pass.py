@@ -79,6 +79,15 @@ def test_a_rope_dict_with_none_for_a_layer_type_makes_that_type_nope():
         hf.describe_config(config)
 
 
+def test_a_rope_dict_without_a_layer_types_entry_is_named_from_the_command_line(saved, tmp_path, capsys):
+    path = _edited(saved("cohere_compass"), tmp_path / "model", "rope_parameters.full_attention", MISSING)
+    capsys.readouterr()
+    assert main(["audit", "--hf-dir", path]) == 2
+    assert capsys.readouterr().err.strip().endswith(
+        "config.json: rope_parameters has entries per layer type (sliding_attention) but none for 'full_attention' "
+        "(layer 3); give it one, or None for a NoPE layer type")
+
+
 @pytest.mark.parametrize("family", ["nemotron_h", "zamba2", "zamba2_nope"])
 def test_hybrid_ssm_attention_is_hooked_directly_from_the_python_api(family):
     """``load_hf_model(model)`` with no way to reload it (the Python API's ``audit(model)``): their

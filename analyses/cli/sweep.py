@@ -277,8 +277,6 @@ def run_sinks(args: argparse.Namespace) -> int:
     if args.out:
         from nopelens.models.io import write_csv_atomic
 
-        if logits is not None and not logits.empty:
-            _write_learned_sinks(logits, args.out)
         write_csv_atomic(table, f"{args.out}/sinks.csv")
         if table.empty:  # no block's sink can be read: nothing to draw
             print(f"wrote {args.out}/sinks.csv (no rows)")
@@ -295,6 +293,7 @@ def _print_learned_sinks(name: str, learned) -> None:
 
 
 def _write_learned_sinks(learned, out: str) -> None:
+    """learned_sinks.csv, for a model whose sinks.csv would have no row (a readable one's holds sink_logit)."""
     from nopelens.models.io import write_csv_atomic
 
     write_csv_atomic(learned, f"{out}/learned_sinks.csv")
