@@ -739,7 +739,7 @@ def _rotates(config: Any, family: str, layer: int) -> bool | None:
     if family in NOPE_ATTENTION_FAMILIES:
         return False
     per_type = _rope_by_layer_type(config, layer)
-    return None if per_type is None else per_type[kind] is not None
+    return None if per_type is None else per_type.get(kind) is not None
 
 
 def _rope_by_layer_type(config: Any, layer: int) -> dict | None:
@@ -750,12 +750,14 @@ def _rope_by_layer_type(config: Any, layer: int) -> dict | None:
     ``cohere_compass/modeling_cohere_compass.py``, ``BeamModel.forward`` in ``beam/modeling_beam.py``).
 
     Raises:
-        ConfigError: if the dict is keyed by layer type but has no entry for this layer's type.
+        ConfigError: if the dict is keyed by layer type but has no entry for this attention layer's type.
     """
     params, kinds = getattr(config, "rope_parameters", None), getattr(config, "layer_types", None)
     if not isinstance(params, dict) or not kinds or not set(params) & set(kinds):
         return None
     if kinds[layer] not in params:
+        if _mixer(config, layer) != "attention":  # a Mamba or linear-attention layer takes no rotary embedding
+            return params
         raise ConfigError(f"rope_parameters has entries per layer type ({', '.join(sorted(set(params) & set(kinds)))}) "
                           f"but none for {kinds[layer]!r} (layer {layer}); give it one, or None for a NoPE layer type")
     return params
