@@ -24,6 +24,7 @@ Llama 4 (complex multiplication) do.
 
 from __future__ import annotations
 
+import inspect
 import math
 import re
 import weakref
@@ -286,7 +287,9 @@ class HFDescription:
             plain ``nn.Embedding``), or None (OPT's table takes the attention mask).
         position_input: how positions enter the model: ``position_ids`` (the forward takes them),
             ``alibi_tensor`` (an ``alibi`` tensor slope_h * p_j, with p_j counted from the attention mask, is
-            handed to every attention: Bloom, Falcon with ALiBi) or None (MPT builds its ALiBi bias
+            handed to every attention: Bloom, Falcon with ALiBi before transformers 5.25), ``alibi_mask``
+            (slope_h * p_j * bias_scale is folded into the 4-D attention mask every attention adds to
+            its scores: Falcon with ALiBi from transformers 5.25) or None (MPT builds its ALiBi bias
             from key indices; no position ids can be given).
         fired: every hook name that fired in the census forward pass.
         scores_hook: ``hook_attn_scores`` holds the pre-softmax scores behind ``hook_pattern``.
@@ -422,7 +425,7 @@ def describe_config(config: Any, architecture: str | None = None) -> HFDescripti
         qk_norm or "", "batch pos head d_head")
     position_input = "position_ids"
     if layers and layers[0].biases_scores:
-        position_input = None if family == "mpt" else "alibi_tensor"
+        position_input = None if family == "mpt" else _alibi_carrier(family)
     return HFDescription(
         architecture=architecture, family=family, n_layers=n_layers, n_heads=n_heads,
         n_kv_heads=int(n_kv or n_heads), d_head=d_head, d_vocab=int(config.vocab_size),
@@ -892,13 +895,26 @@ def _alibi(config: Any, family: str, d_head: int) -> tuple[tuple[float, ...], fl
     if family == "mpt":  # build_mpt_alibi_tensor, after MPT's released attention.py
         slopes = mpt_alibi_slopes(n_heads, float(config.attn_config.alibi_bias_max))
         return tuple(slopes.tolist()), 1.0
-    # Falcon (Penedo et al. 2023, Falcon-RW's released code): (q.k + alibi) / sqrt(d_head). In eager
-    # attention, transformers 5.24's FalconModel also folds alibi / sqrt(d_head) into the causal mask,
-    # so the bias counts twice there; the audit reports that against the documented formula.
+    # Falcon (Penedo et al. 2023, Falcon-RW's released code): (q.k + alibi) / sqrt(d_head). transformers
+    # 5.24's FalconModel folded alibi / sqrt(d_head) into the causal mask and also handed alibi to every
+    # attention, so the bias counted twice (the audit reports it); 5.25 folds it into the mask only.
     from .positions import alibi_slopes
 
     bias_scale = d_head ** -0.5 if family == "falcon" else 1.0  # Falcon: (q.k + alibi) * inv_norm_factor
     return tuple(alibi_slopes(n_heads).tolist()), bias_scale
+
+
+def _alibi_carrier(family: str) -> str:
+    """``alibi_tensor`` where the installed attention takes an ``alibi`` argument, else ``alibi_mask``.
+
+    Measured from the installed code, not its version: transformers 5.25's ``FalconAttention.forward``
+    has no ``alibi`` parameter (``FalconModel`` folds alibi / sqrt(d_head) into the attention mask).
+    """
+    if family != "falcon":
+        return "alibi_tensor"
+    from transformers.models.falcon.modeling_falcon import FalconAttention
+
+    return "alibi_tensor" if "alibi" in inspect.signature(FalconAttention.forward).parameters else "alibi_mask"
 
 
 def mpt_alibi_slopes(n_heads: int, alibi_bias_max: float = 8.0) -> Tensor:

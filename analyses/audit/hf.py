@@ -169,7 +169,19 @@ class BridgeSubject(Subject):
 
     @property
     def _alibi_input(self) -> bool:
-        return self.hf.position_input == "alibi_tensor"
+        return self.hf.position_input in ("alibi_tensor", "alibi_mask")
+
+    def _alibi_bias(self, kwargs: dict) -> tuple[str, Tensor | None]:
+        """The attention's keyword argument carrying slope_h * p_j, and its value (None: not handed)."""
+        key = "attention_mask" if self.hf.position_input == "alibi_mask" else "alibi"
+        return key, kwargs.get(key)
+
+    def _alibi_key_positions(self, bias: Tensor, batch: int) -> Tensor:
+        """``[batch, key]`` positions p_j read from head 0's bias (blocked keys, i.e. padding, read 0)."""
+        if self.hf.position_input == "alibi_mask":  # [batch, heads, query, key]; the last query sees every key
+            row = bias[:, 0, -1].double()
+            return row.masked_fill(row < -1, 0.0) / float(self.alibi_slopes(0)[0])
+        return bias.reshape(batch, self.n_heads, -1)[:, 0].double() / float(self.hf.layers[0].alibi_slopes[0])
 
     @property
     def takes_positions(self) -> bool:
@@ -208,16 +220,20 @@ class BridgeSubject(Subject):
         if position_ids is None or not self._alibi_input:
             yield
             return
-        slopes = torch.tensor(self.hf.layers[0].alibi_slopes, device=position_ids.device)
+        in_mask = self.hf.position_input == "alibi_mask"
+        slopes = self.alibi_slopes(0) if in_mask else torch.tensor(self.hf.layers[0].alibi_slopes)
+        slopes = slopes.to(position_ids.device)
 
         def pre(module, args, kwargs):
-            alibi = kwargs.get("alibi")
-            if alibi is None:
+            key, bias = self._alibi_bias(kwargs)
+            if bias is None:
                 return None
-            # Bloom hands [batch * heads, 1, key], Falcon [batch, heads, 1, key]: both hold slope_h * p_j
-            ids = position_ids[:, -alibi.shape[-1]:].to(alibi.dtype)
-            new = (slopes[None, :, None].to(alibi.dtype) * ids[:, None, :]).reshape(alibi.shape)
-            return args, {**kwargs, "alibi": new}
+            # Bloom hands [batch * heads, 1, key], Falcon <5.25 [batch, heads, 1, key]: both hold slope_h * p_j;
+            # Falcon 5.25's mask [batch, heads, query, key] holds slope_h * p_j / sqrt(d_head), blocked below -1
+            ids = position_ids[:, -bias.shape[-1]:].to(bias.dtype)
+            new = slopes[None, :, None].to(bias.dtype) * ids[:, None, :]
+            new = torch.where(bias < -1, bias, new[:, :, None]) if in_mask else new.reshape(bias.shape)
+            return args, {**kwargs, key: new}
 
         handles = [b.attn.register_forward_pre_hook(pre, with_kwargs=True) for b in self.model.blocks]
         try:
@@ -242,19 +258,17 @@ class BridgeSubject(Subject):
 
         Learned tables: the ids entering the table (``pos_embed.hook_in``, less the family's row
         offset). RoPE: decoded from the cos/sin the rotary embedding computed (``hook_cos|hook_sin``
-        of the first RoPE layer). ALiBi handed as a tensor: read from slope_h * p_j. Otherwise not
-        observable.
+        of the first RoPE layer). ALiBi handed as a tensor or folded into the mask: read from
+        slope_h * p_j. Otherwise not observable.
         """
         seen: list[Tensor] = []
         bridge = self.model
         if self._alibi_input:
-            slope = float(self.hf.layers[0].alibi_slopes[0])
-
             def pre(module, args, kwargs):
-                alibi = kwargs.get("alibi")
-                if alibi is not None:
+                _, bias = self._alibi_bias(kwargs)
+                if bias is not None:
                     hidden = args[0] if args else kwargs["hidden_states"]
-                    keys = alibi.reshape(hidden.shape[0], self.n_heads, -1)[:, 0] / slope
+                    keys = self._alibi_key_positions(bias, hidden.shape[0])
                     seen.append(as_ids(keys[:, -hidden.shape[1]:]))
 
             handle = bridge.blocks[0].attn.register_forward_pre_hook(pre, with_kwargs=True)
