@@ -180,6 +180,21 @@ def test_audit_verdict(bridges, family):
     assert report.model["layer_positions"] == list(EXPECTED[family][1])  # e.g. SmolLM3: rope, rope, rope, nope
 
 
+@pytest.mark.parametrize("broken", [False, True])
+def test_falcon_alibi_in_bfloat16(broken):
+    """transformers 5.25 folds m_h p_j / sqrt(d_head) into a bfloat16 mask, rounded there (d_head 8):
+    the audit reads p_j through that round-off, and still fails slopes twice the declared ones."""
+    from nopelens.analyses.audit import audit
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        bridge = bridge_hf_model(build("falcon_alibi").to(torch.bfloat16))
+    if broken:
+        _scale_alibi(bridge)
+    failed = set(audit(bridge, eval_length=8).failed_steps)
+    assert (failed & {2, 6}) if broken else not failed, failed
+
+
 @pytest.mark.parametrize("family", sorted(UNREADABLE))
 def test_audit_refuses_an_unreadable_model(bridges, family):
     from nopelens.analyses.audit import audit

@@ -180,7 +180,10 @@ class BridgeSubject(Subject):
         """``[batch, key]`` positions p_j read from head 0's bias (blocked keys, i.e. padding, read 0)."""
         if self.hf.position_input == "alibi_mask":  # [batch, heads, query, key]; the last query sees every key
             row = bias[:, 0, -1].double()
-            return row.masked_fill(row < -1, 0.0) / float(self.alibi_slopes(0)[0])
+            p = row.masked_fill(row < -1, 0.0) / float(self.alibi_slopes(0)[0])
+            # m_h / sqrt(d_head) is rarely exact in the mask's dtype: accept its round-off while it is unambiguous
+            slack = torch.finfo(bias.dtype).eps * p.abs()
+            return torch.where(((p - p.round()).abs() <= slack) & (slack < 0.5), p.round(), p)
         return bias.reshape(batch, self.n_heads, -1)[:, 0].double() / float(self.hf.layers[0].alibi_slopes[0])
 
     @property
