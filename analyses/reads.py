@@ -35,14 +35,14 @@ from typing import Callable, Sequence
 import pandas as pd
 
 from nopelens.probes import Activations, first_recoverable_layer, site_block
-from nopelens.probes.linear import NOT_RECOVERED, clears_bar, is_target
+from nopelens.probes.linear import clears_bar, is_target
 from nopelens.probes.stream import KeepBudget, Measurement, Sequences, replay
 from nopelens.probes.stream_probes import (
     MAX_POSITION_CLASSES, Probes, absolute_index_probes, relative_distance_probes, replay_probes,
 )
 from nopelens.probes.metrics import HIGHER_IS_BETTER, metric_names
 
-__all__ = ["NOT_RECOVERED", "ProbeInput", "SweepRead", "SweepSites", "SWEEP_READS", "TARGETS", "read_columns"]
+__all__ = ["NO_LAYER_CLEARS", "ProbeInput", "SweepRead", "SweepSites", "SWEEP_READS", "TARGETS", "read_columns"]
 
 MAX_OUTER_FEATURES = 1024
 """Use the full outer-product bilinear read while n_heads * d_head^2 stays below this; above it,
@@ -57,6 +57,11 @@ METRIC_AXES = {"r2": "R²", "accuracy": "accuracy", "balanced_accuracy": "balanc
                "within_one": "accuracy within ±1 position", "spearman": "Spearman ρ", "mad": "MAD (positions)"}
 """Axis labels of the probe metrics in figures (with their units)."""
 
+NO_LAYER_CLEARS = -1
+"""What a summary table's first-layer column holds when no layer clears the bar (docs/schema.md;
+shown ``none`` on screen). The Python API's :func:`~nopelens.probes.linear.first_recoverable_layer`
+returns None instead, which no list index mistakes for a layer."""
+
 BOUNDED_METRICS = ("r2", "accuracy", "balanced_accuracy", "within_one", "spearman")
 """Metrics that cannot exceed 1, so a bar above 1 is one no layer can clear."""
 
@@ -67,7 +72,7 @@ class SweepRead:
 
     Attributes:
         column: its ``summary.csv`` column, holding the first layer that clears the bar
-            (:data:`~nopelens.probes.linear.NOT_RECOVERED`, -1, when none does; empty when the
+            (:data:`NO_LAYER_CLEARS`, -1, when none does; empty when the
             model has no probe rows for the read, e.g. no ``hook_attn_scores``).
         name: what is read, short (``abs. index``, ``rel. dist. pairs``): with the metric it
             makes the per-layer table's column (:attr:`label`) and the summary header (:attr:`header`).
@@ -138,13 +143,14 @@ class SweepRead:
         """The first layer at which this read clears its bar in ``probes`` (one model, one seed).
 
         Returns:
-            The layer; :data:`~nopelens.probes.linear.NOT_RECOVERED` (-1) when no layer clears it;
-            None when ``probes`` has no row for this read (the model has no site for it).
+            The layer, as a summary table holds it: :data:`NO_LAYER_CLEARS` (-1) when no layer
+            clears it; None when ``probes`` has no row for this read (the model has no site for it).
         """
         rows = self.rows(probes)
         if rows.empty:
             return None
-        return first_recoverable_layer(rows, self.target, self.metric, self.threshold, self.task)
+        layer = first_recoverable_layer(rows, self.target, self.metric, self.threshold, self.task)
+        return NO_LAYER_CLEARS if layer is None else layer
 
 
 SWEEP_READS: tuple[SweepRead, ...] = (

@@ -25,7 +25,7 @@ import pandas as pd  # noqa: E402
 import seaborn as sns  # noqa: E402
 
 from nopelens.models.io import write_atomic, write_csv_atomic, write_text_atomic  # noqa: E402
-from nopelens.probes.linear import NOT_RECOVERED  # noqa: E402
+from nopelens.analyses.reads import NO_LAYER_CLEARS  # noqa: E402
 from nopelens.probes.sinks import GU_EPSILON  # noqa: E402
 
 from . import layers, reads, seeds  # noqa: E402
@@ -454,7 +454,7 @@ def summary_text(summary: pd.DataFrame, sweep_reads: Sequence[SweepRead] | None 
     """The summary table (:func:`summary_table`) as plain text in column groups of at most ``width``,
     then the reads each model left out and why (``not_applicable``, :func:`not_applicable_reads`)."""
     tables = fit_width(summary_table(summary, sweep_reads, not_applicable), _text, width)
-    return "\n\n".join(tables + [not_applicable_text(not_applicable)] if not_applicable else tables)
+    return "\n\n".join(tables + [not_applicable_text(not_applicable, width=width)] if not_applicable else tables)
 
 
 NOT_READ = "n/a (see below)"
@@ -472,10 +472,15 @@ def not_applicable_reads(subjects: Mapping[str, dict]) -> dict[str, dict[str, st
     return reasons
 
 
-def not_applicable_text(not_applicable: Mapping[str, Mapping[str, str]], bullet: str = "") -> str:
-    """``not_applicable`` (:func:`not_applicable_reads`) as lines ``model, read: why``."""
-    return "\n".join(["Not applicable:"] + [f"{bullet}{model}, {read}: {why}" for model, notes in not_applicable.items()
-                                            for read, why in sorted(notes.items())])
+def not_applicable_text(not_applicable: Mapping[str, Mapping[str, str]], bullet: str = "",
+                        width: int | None = None) -> str:
+    """``not_applicable`` (:func:`not_applicable_reads`) as lines ``model, read: why``, each wrapped at
+    ``width`` characters when given (on screen; Markdown keeps one line per read)."""
+    lines = [f"{bullet}{model}, {read}: {why}" for model, notes in not_applicable.items()
+             for read, why in sorted(notes.items())]
+    if width is not None:
+        lines = [textwrap.fill(line, width, subsequent_indent="  ") for line in lines]
+    return "\n".join(["Not applicable:"] + lines)
 
 
 def summary_table(summary: pd.DataFrame, sweep_reads: Sequence[SweepRead] | None = None,
@@ -496,7 +501,7 @@ def summary_table(summary: pd.DataFrame, sweep_reads: Sequence[SweepRead] | None
     for column in reads.read_columns(sweep_reads):
         table[column] = table[column].map(_layer_text)
         if f"{column}_per_seed" in table:
-            per_seed = table.pop(f"{column}_per_seed").str.replace(str(NOT_RECOVERED), "none")
+            per_seed = table.pop(f"{column}_per_seed").str.replace(str(NO_LAYER_CLEARS), "none")
             table[column] = [f"{agreed} ({seeds})" if n_seeds > 1 else agreed
                              for agreed, seeds, n_seeds in zip(table[column], per_seed, table["n_seeds"])]
     table = table.round(3)
@@ -529,7 +534,7 @@ def rounded_text(table: pd.DataFrame, decimals: int = 3) -> pd.DataFrame:
 def _layer_text(layer) -> str:
     if layer is None or pd.isna(layer):
         return "n/a"
-    return "none" if layer == NOT_RECOVERED else str(int(layer))
+    return "none" if layer == NO_LAYER_CLEARS else str(int(layer))
 
 
 def first_layer_note(sweep_reads: Sequence[SweepRead] | None = None) -> str:

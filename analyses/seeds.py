@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import pandas as pd
 
-from nopelens.probes.linear import NOT_RECOVERED
-
 from . import reads
 
 PROBE_NUMBERS = ("value", "ci_low", "ci_high", "selectivity", "chance", "n_samples", "n_sequences", "train_seed")
@@ -26,7 +24,7 @@ def with_train_seed(table: pd.DataFrame, seed: int = 0) -> pd.DataFrame:
 
 def agreed_layer(layers: pd.Series) -> int:
     """The first layer by which every seed has recovered a target: the latest of the per-seed
-    first layers, :data:`~nopelens.probes.linear.NOT_RECOVERED` (-1) if some seed never recovers
+    first layers, :data:`~nopelens.analyses.reads.NO_LAYER_CLEARS` (-1) if some seed never recovers
     it, NaN if the model has no site for it.
 
     >>> agreed_layer(pd.Series([1, 1, 2]))
@@ -36,7 +34,7 @@ def agreed_layer(layers: pd.Series) -> int:
     """
     if layers.isna().any():
         return float("nan")
-    return NOT_RECOVERED if (layers == NOT_RECOVERED).any() else int(layers.max())
+    return reads.NO_LAYER_CLEARS if (layers == reads.NO_LAYER_CLEARS).any() else int(layers.max())
 
 
 def over_seeds(per_seed: pd.DataFrame, sweep_reads=None) -> pd.DataFrame:

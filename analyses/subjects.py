@@ -25,6 +25,7 @@ from __future__ import annotations
 import dataclasses
 import fnmatch
 import json
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -646,8 +647,10 @@ def load_tokenizer(directory: Path):
     try:
         return AutoTokenizer.from_pretrained(directory, local_files_only=True)
     except (OSError, ValueError, TypeError, KeyError) as error:
-        raise ValueError(f"{directory} holds no tokenizer nopelens can load offline ({' '.join(str(error).split())[:200]}); "
-                         "save one there (tokenizer.json and tokenizer_config.json) or use --input random") from None
+        cause = " ".join(str(error).split())
+        raise ValueError(f"{directory} holds no tokenizer: save one there (tokenizer.json and tokenizer_config.json) "
+                         f"or use --input random (nopelens loads none from the hub; the tokenizer library said: "
+                         f"{cause[:100] + ('...' if len(cause) > 100 else '')})") from None
 
 
 def text_windows(tokenizer, path: str | None, n_sequences: int, seq_len: int, seed: int,
@@ -742,7 +745,10 @@ def load_hf_dir(directory: Path, dtype: str | None = None, device: str | torch.d
         except (OSError, ValueError) as error:
             raise ValueError(f"{directory} holds no loadable HF causal LM: {error}") from None
         except _config_errors() as error:
-            raise ValueError(f"{directory}/config.json is not a valid config: {' '.join(str(error).split())}") from None
+            raise ValueError(f"{directory}/config.json is not a valid config: {_config_message(error)}") from None
+        except KeyError as error:  # the model's code looks up an entry the config lacks
+            raise ValueError(f"{directory}/config.json: transformers cannot build this model from it (it looks up "
+                             f"{error.args[0] if error.args else '?'!r}, which the config does not give)") from None
         except SafetensorError as error:
             raise ValueError(f"{directory}: a safetensors weight file is corrupted or truncated ({error})") from None
         except AssertionError as error:  # torch's own checks while transformers builds the layers
@@ -787,7 +793,7 @@ def checked_hf_config(directory: Path):
     except (OSError, ValueError) as error:
         raise ValueError(f"{directory} holds no loadable HF causal LM: {error}") from None
     except _config_errors() as error:  # a field of the wrong type ("hidden_size": "big"), or fields in conflict
-        raise ValueError(f"{directory}/config.json is not a valid config: {' '.join(str(error).split())}") from None
+        raise ValueError(f"{directory}/config.json is not a valid config: {_config_message(error)}") from None
     return cls
 
 
@@ -857,6 +863,13 @@ def _causal_lm_class(directory: str | Path):
     if config.get("model_type") in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES or not named or not hasattr(transformers, named[0]):
         return AutoModelForCausalLM
     return getattr(transformers, named[0])
+
+
+def _config_message(error: Exception) -> str:
+    """A config error's text on one line, without the exception type names huggingface_hub's
+    strict dataclasses put in it (``Validation error for field 'x': TypeError: Field 'x' expected
+    int, got NoneType``): they say where nopelens failed, not what is wrong with the config."""
+    return re.sub(r"\b(TypeError|ValueError|KeyError): ", "", " ".join(str(error).split()))
 
 
 def _config_errors() -> tuple[type[Exception], ...]:

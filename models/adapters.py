@@ -25,7 +25,8 @@ from transformer_lens.hook_points import HookPoint
 from transformer_lens.model_bridge.generalized_components import AttentionBridge
 from transformer_lens.model_bridge.sources._bridge_builder import build_bridge_from_module
 
-from .hf import UnsupportedModelError, bridge_refused, check_readable, describe, hook_layout, refusing, unreadable
+from .hf import (UnsupportedModelError, bridge_refused, check_readable, describe, hook_layout, refusing,
+                 sink_parameters, unreadable)
 from .hooks import act_name
 
 
@@ -384,12 +385,18 @@ def load_hf_model(hf_model: nn.Module, reload: Callable[[], nn.Module] | None = 
 
     Raises:
         nopelens.models.hf.UnsupportedModelError: if neither way can read the model, or its family has
-            nothing per token to hook (:func:`nopelens.models.hf.unreadable`).
+            nothing per token to hook (:func:`nopelens.models.hf.unreadable`); that refusal keeps the
+            model's learned sink logits as ``sink_parameters``
+            (:func:`nopelens.models.hf.sink_parameters`), which need no hook.
     """
     architecture = type(hf_model).__name__
     why = unreadable(hf_model)
     if why is not None:
-        raise UnsupportedModelError(f"nopelens cannot read {architecture}: {why}")
+        error = UnsupportedModelError(f"nopelens cannot read {architecture}: {why}")
+        # what can still be read: the learned sink logits are weights (none on the meta device)
+        error.sink_parameters = {l: (name, logits) for l, (name, logits) in sink_parameters(hf_model).items()
+                                 if not logits.is_meta}
+        raise error
     reason = bridge_refused(hf_model)
     if reason is None and not bridge_supports(architecture):
         reason = f"TransformerLens has no bridge adapter for {architecture}"

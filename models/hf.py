@@ -24,6 +24,7 @@ Llama 4 (complex multiplication) do.
 
 from __future__ import annotations
 
+import inspect
 import math
 import re
 import weakref
@@ -31,8 +32,8 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Callable
 
 import torch
-from torch import Tensor
-from torch import nn
+from torch import Tensor, nn
+from transformers.models.falcon.modeling_falcon import FalconAttention
 
 from .hooks import act_name
 from .masks import KeyWindow
@@ -152,6 +153,8 @@ class LayerPosition:
             scores highest (``index_topk`` is ``indexer_budget``) and its incomplete last block, so
             it keeps every key while it sees fewer than ``index_topk + index_block``; None: a DSA
             indexer, key by key.
+        index_kind: which block indexer (a key of :data:`BLOCK_INDEXER_FIELDS`): ``QSA`` (Qwen4-Exp)
+            or ``DSA k-pool`` (GLM-5.3's pooled DSA, ``index_topk`` in pools of ``index_kpool``).
     """
 
     method: str
@@ -173,6 +176,7 @@ class LayerPosition:
     qk_reference: str | None = None
     index_topk: int | None = None
     index_block: int | None = None
+    index_kind: str = "QSA"
 
     @property
     def key_window(self) -> "KeyWindow":
@@ -206,9 +210,10 @@ class LayerPosition:
                     f"{unmodelled}")
         if length < self.index_topk + self.index_block:
             return None
-        return (f"a QSA indexer keeps only the top {self.index_topk // self.index_block} blocks of {self.index_block} "
-                f"keys a query sees and its incomplete last block (indexer_budget {self.index_topk}, "
-                f"indexer_compress_ratio {self.index_block}), {unmodelled}")
+        budget, block = BLOCK_INDEXER_FIELDS[self.index_kind]
+        return (f"a {self.index_kind} indexer keeps only the top {self.index_topk // self.index_block} blocks of "
+                f"{self.index_block} keys a query sees and its incomplete last block ({budget} {self.index_topk}, "
+                f"{block} {self.index_block}), {unmodelled}")
 
     def label(self, d_head: int | None = None) -> str:
         """The layer in a few words, e.g. ``rope (rotary_fraction 0.5, sliding window 4, learned sink)``,
@@ -236,7 +241,7 @@ class LayerPosition:
         if self.sink is not None:
             parts.append(f"{self.sink.replace('_', '-')} sink")
         if self.index_topk is not None:
-            parts.append(f"{'QSA' if self.index_block else 'DSA'} indexer")
+            parts.append(f"{self.index_kind if self.index_block else 'DSA'} indexer")
         return self.method + (f" ({', '.join(parts)})" if parts else "")
 
     @property
@@ -278,7 +283,9 @@ class HFDescription:
             plain ``nn.Embedding``), or None (OPT's table takes the attention mask).
         position_input: how positions enter the model: ``position_ids`` (the forward takes them),
             ``alibi_tensor`` (an ``alibi`` tensor slope_h * p_j, with p_j counted from the attention mask, is
-            handed to every attention: Bloom, Falcon with ALiBi) or None (MPT builds its ALiBi bias
+            handed to every attention: Bloom, Falcon with ALiBi before transformers 5.25), ``alibi_mask``
+            (slope_h * p_j * bias_scale is folded into the 4-D attention mask every attention adds to
+            its scores: Falcon with ALiBi from transformers 5.25) or None (MPT builds its ALiBi bias
             from key indices; no position ids can be given).
         fired: every hook name that fired in the census forward pass.
         scores_hook: ``hook_attn_scores`` holds the pre-softmax scores behind ``hook_pattern``.
@@ -400,7 +407,7 @@ def describe_config(config: Any, architecture: str | None = None) -> HFDescripti
     d_model = int(_first(config, "hidden_size", "n_embd", "d_model"))
     d_head = int(getattr(config, "head_dim", None) or d_model // n_heads)
     if family in MLA_FAMILIES:
-        d_head = int(config.qk_nope_head_dim + config.qk_rope_head_dim)
+        d_head = sum(mla_head_dims(config))
     n_kv = _first(config, "num_key_value_heads", "num_kv_heads", default=None)
     if family in ("falcon",) and not getattr(config, "new_decoder_architecture", False):
         n_kv = 1 if getattr(config, "multi_query", False) else n_heads
@@ -414,7 +421,7 @@ def describe_config(config: Any, architecture: str | None = None) -> HFDescripti
         qk_norm or "", "batch pos head d_head")
     position_input = "position_ids"
     if layers and layers[0].biases_scores:
-        position_input = None if family == "mpt" else "alibi_tensor"
+        position_input = None if family == "mpt" else _alibi_carrier(family)
     return HFDescription(
         architecture=architecture, family=family, n_layers=n_layers, n_heads=n_heads,
         n_kv_heads=int(n_kv or n_heads), d_head=d_head, d_vocab=int(config.vocab_size),
@@ -447,7 +454,9 @@ def check_config(config: Any) -> None:
             below 1, a per-layer list
             (:data:`PER_LAYER_FIELDS`) does not have one entry per layer, or a layer's sliding
             window or attention chunk is shorter than one token (a
-            window of 0 blocks every key: every query row would be fully masked).
+            window of 0 blocks every key: every query row would be fully masked), a
+            ``rope_parameters`` dict keyed by layer type has no entry for some layer's type, or a
+            multi-head latent attention config's head sizes cannot be read (:func:`mla_head_dims`).
 
     Example:
         >>> from transformers import MistralConfig
@@ -465,8 +474,13 @@ def check_config(config: Any) -> None:
     n_layers = int(getattr(config, count))
     if n_layers < 1:
         raise ConfigError(f"{count} is {n_layers}: a model needs at least one layer")
+    mla = str(getattr(type(config), "model_type", "")) in MLA_FAMILIES
+    if mla:
+        mla_head_dims(config)
     for name in SIZE_FIELDS:
         value = getattr(config, name, None)
+        if mla and name == "head_dim":  # MLA configs' convention: head_dim is the rope slice, 0 when NoPE
+            continue
         if isinstance(value, int) and not isinstance(value, bool) and value < 1:
             raise ConfigError(f"{name} is {value}: a model's sizes must be at least 1")
     width, heads = getattr(config, "hidden_size", None), getattr(config, "num_attention_heads", None)
@@ -479,6 +493,34 @@ def check_config(config: Any) -> None:
             raise ConfigError(f"{name} has {len(value)} entries for {n_layers} layers ({count})")
     for layer in range(n_layers):
         _key_window(config, layer)
+        _rope_by_layer_type(config, layer)
+
+
+def mla_head_dims(config: Any) -> tuple[int, int]:
+    """(``qk_nope_head_dim``, ``qk_rope_head_dim``) of a multi-head latent attention config, as its
+    attention reads them (``self.qk_head_dim = config.qk_nope_head_dim + config.qk_rope_head_dim``,
+    ``deepseek_v3/modeling_deepseek_v3.py``, ``glm5_next/modeling_glm5_next.py``). A rope slice of 0 is
+    a NoPE attention (GLM-5.3's indexed layers: ``Glm5NextTextConfig`` defaults it to 0 and
+    refuses any other value).
+
+    Raises:
+        ConfigError: if either is missing, not an integer or negative, or both are 0.
+
+    Example:
+        >>> from transformers import DeepseekV3Config
+        >>> mla_head_dims(DeepseekV3Config(num_hidden_layers=1))
+        (128, 64)
+    """
+    dims = []
+    for name in ("qk_nope_head_dim", "qk_rope_head_dim"):
+        value = getattr(config, name, None)
+        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+            raise ConfigError(f"{name} is {value!r}: multi-head latent attention needs a whole number of dims "
+                              "(0 or more) for each head's nope and rope slices")
+        dims.append(value)
+    if sum(dims) < 1:
+        raise ConfigError("qk_nope_head_dim and qk_rope_head_dim are both 0: each head needs at least one q/k dim")
+    return dims[0], dims[1]
 
 
 def text_config(config: Any) -> Any:
@@ -537,7 +579,7 @@ def _layer(config: Any, family: str, layer: int, d_head: int) -> LayerPosition:
     base, fraction, rope_type = _rope_parameters(config, family, layer)
     pairing = "interleaved" if family in INTERLEAVED_FAMILIES else "half"
     if family in MLA_FAMILIES:  # heads are [nope | rope]; the rope slice of k is one head shared by all
-        rotary_dim, start = int(config.qk_rope_head_dim), int(config.qk_nope_head_dim)
+        start, rotary_dim = mla_head_dims(config)
         interleaved = family in MLA_ALWAYS_INTERLEAVED or getattr(config, "rope_interleave", False)
         pairing = "interleaved" if interleaved else pairing
         return replace(plain, rotary_dim=rotary_dim, rotary_base=base, pairing=pairing, rope_type=rope_type,
@@ -579,7 +621,7 @@ NOPE_ATTENTION_FAMILIES = ("jamba", "kimi_linear", "nemotron_h", "zamba", "inkli
 has a relative bias instead)."""
 MLA_FAMILIES = ("deepseek_v2", "deepseek_v3", "deepseek_v32", "glm4_moe_lite", "minicpm3", "youtu",
                 "longcat_flash", "sarvam_mla", "mistral_large4_text", "mistral4", "axk1", "axk2", "glm_moe_dsa",
-                "bailing_hybrid", "dots3_note_text")
+                "bailing_hybrid", "dots3_note_text", "glm5_next_text")
 """Multi-head latent attention (``deepseek_v3/modeling_deepseek_v3.py``): q and k heads are
 ``[qk_nope_head_dim | qk_rope_head_dim]``; only the last slice rotates, and k's rotated slice is one
 head broadcast to all."""
@@ -609,11 +651,32 @@ it keeps the ``indexer_budget // indexer_compress_ratio`` its index scores highe
 incomplete last block."""
 
 
-def _indexer(config: Any, family: str, layer: int) -> dict[str, int | None]:
-    """The layer's ``index_topk`` (and ``index_block``) of :class:`LayerPosition`: none without an indexer."""
+BLOCK_INDEXER_FIELDS = {"QSA": ("indexer_budget", "indexer_compress_ratio"), "DSA k-pool": ("index_topk", "index_kpool")}
+"""Block indexer -> the config fields of its budget (keys) and block size."""
+
+POOLED_DSA_FAMILIES = ("glm5_next_text",)
+"""A DSA indexer that scores pools of ``index_kpool`` keys (``Glm5NextTextIndexer`` in
+``glm5_next/modeling_glm5_next.py``): a pool is a candidate once its last key is visible, each query
+keeps the ``index_topk // index_kpool`` best and, with ``index_kpool_always_select_tail``, its
+incomplete last pool: QSA's rule, in its own field names."""
+
+
+def _indexer(config: Any, family: str, layer: int) -> dict[str, Any]:
+    """The layer's ``index_topk`` (and ``index_block``) of :class:`LayerPosition`: none without an indexer.
+
+    Raises:
+        UnsupportedModelError: for a pooled DSA indexer that drops each query's incomplete last pool
+            (``index_kpool_always_select_tail`` false): its keys are cut at every length.
+    """
     if family in QSA_FAMILIES and getattr(config, "indexer_budget", None) and \
             _layer_type(config, layer) == "indexed_attention":
         return dict(index_topk=int(config.indexer_budget), index_block=int(config.indexer_compress_ratio))
+    if family in POOLED_DSA_FAMILIES and _layer_type(config, layer) == "indexed_attention":
+        if not getattr(config, "index_kpool_always_select_tail", True):
+            raise UnsupportedModelError("index_kpool_always_select_tail is false: each query's DSA indexer drops the "
+                                        "keys of its incomplete last pool at every length, a content-dependent sparse "
+                                        "mask nopelens does not model")
+        return dict(index_topk=int(config.index_topk), index_block=int(config.index_kpool), index_kind="DSA k-pool")
     if family not in DSA_FAMILIES or not getattr(config, "index_topk", None):
         return {}
     if family == "dots3_note_text" and _layer_type(config, layer) != "indexed_attention":
@@ -652,6 +715,8 @@ def _mixer(config: Any, layer: int) -> str:
 def _rotates(config: Any, family: str, layer: int) -> bool | None:
     """Whether an attention layer rotates q and k by its family's rule; None: no per-layer rule."""
     kind = _layer_type(config, layer)
+    if family in MLA_FAMILIES and mla_head_dims(config)[1] == 0:  # no rope slice: the attention is NoPE
+        return False
     if family in NO_ROPE_LAYER_FAMILIES and getattr(config, "no_rope_layers", None) is not None:
         return bool(config.no_rope_layers[layer])
     if family in ROPE_IF_SLIDING:
@@ -663,8 +728,6 @@ def _rotates(config: Any, family: str, layer: int) -> bool | None:
         return getattr(config, "sliding_window", None) is None or kind == "sliding_attention"
     if family in LAYER_THETA_FAMILIES:
         return bool(config.layer_rope_theta[layer])
-    if family == "beam":  # beam/modeling_beam.py: rope_parameters[layer_type] None = NoPE (with a query scale)
-        return config.rope_parameters.get(kind) is not None
     if family == "olmo_hybrid":  # OlmoHybridModel builds no rotary_emb when rope_theta is None
         params = getattr(config, "rope_parameters", None) or {}
         return kind == "full_attention" and params.get("rope_theta") is not None
@@ -674,7 +737,29 @@ def _rotates(config: Any, family: str, layer: int) -> bool | None:
         return bool(getattr(config, "use_mem_rope", False))
     if family in NOPE_ATTENTION_FAMILIES:
         return False
-    return None
+    per_type = _rope_by_layer_type(config, layer)
+    return None if per_type is None else per_type.get(kind) is not None
+
+
+def _rope_by_layer_type(config: Any, layer: int) -> dict | None:
+    """``rope_parameters`` when it holds one entry per layer type (Gemma 3, Beam, Cohere Compass), else None.
+
+    An entry of None makes that layer type NoPE: the model builds no rotary embedding for it and
+    passes ``position_embeddings=None`` to its attention (``CohereCompassTextModel.forward`` in
+    ``cohere_compass/modeling_cohere_compass.py``, ``BeamModel.forward`` in ``beam/modeling_beam.py``).
+
+    Raises:
+        ConfigError: if the dict is keyed by layer type but has no entry for this attention layer's type.
+    """
+    params, kinds = getattr(config, "rope_parameters", None), getattr(config, "layer_types", None)
+    if not isinstance(params, dict) or not kinds or not set(params) & set(kinds):
+        return None
+    if kinds[layer] not in params:
+        if _mixer(config, layer) != "attention":  # a Mamba or linear-attention layer takes no rotary embedding
+            return params
+        raise ConfigError(f"rope_parameters has entries per layer type ({', '.join(sorted(set(params) & set(kinds)))}) "
+                          f"but none for {kinds[layer]!r} (layer {layer}); give it one, or None for a NoPE layer type")
+    return params
 
 
 def _layer_method(config: Any, family: str, layer: int) -> str:
@@ -733,10 +818,8 @@ def _query_scale(config: Any, family: str, layer: int) -> QueryScale | None:
 
 
 def _rope_parameters(config: Any, family: str, layer: int) -> tuple[float, float, str]:
-    params = dict(getattr(config, "rope_parameters", None) or {})
-    layer_types = getattr(config, "layer_types", None)
-    if layer_types is not None and layer_types[layer] in params:  # Gemma 3: one set per layer type
-        params = dict(params[layer_types[layer]])
+    per_type = _rope_by_layer_type(config, layer)  # Gemma 3: one set per layer type
+    params = dict(per_type[config.layer_types[layer]] if per_type else getattr(config, "rope_parameters", None) or {})
     rope_type = str(params.get("rope_type", "default"))
     base = params.get("rope_theta", getattr(config, "rope_theta", None) or getattr(config, "rotary_emb_base", 10000.0))
     if family in LAYER_THETA_FAMILIES:  # Granite SWA: each layer's own base, over the global one
@@ -753,7 +836,7 @@ def _score_scale(config: Any, family: str, layer: int, d_head: int) -> float:
     if family in ("granite", "granite_swa", "granitemoe_swa", "granitemoe", "granitemoehybrid"):
         return float(config.attention_multiplier)  # GraniteAttention: self.scaling = config.attention_multiplier
     if family in MLA_FAMILIES:  # DeepseekV3Attention: qk_head_dim ** -0.5 (times yarn's mscale^2 if scaled)
-        return float(config.qk_nope_head_dim + config.qk_rope_head_dim) ** -0.5
+        return float(sum(mla_head_dims(config))) ** -0.5
     if getattr(config, "query_pre_attn_scalar", None):  # Gemma 2/3: query_pre_attn_scalar ** -0.5
         return float(config.query_pre_attn_scalar) ** -0.5
     if family == "mpt" and config.attn_config.softmax_scale is not None:
@@ -808,12 +891,23 @@ def _alibi(config: Any, family: str, d_head: int) -> tuple[tuple[float, ...], fl
     if family == "mpt":  # build_mpt_alibi_tensor, after MPT's released attention.py
         slopes = mpt_alibi_slopes(n_heads, float(config.attn_config.alibi_bias_max))
         return tuple(slopes.tolist()), 1.0
-    # Falcon (Penedo et al. 2023, Falcon-RW's released code): (q.k + alibi) / sqrt(d_head). In eager
-    # attention, transformers 5.24's FalconModel also folds alibi / sqrt(d_head) into the causal mask,
-    # so the bias counts twice there; the audit reports that against the documented formula.
+    # Falcon (Penedo et al. 2023, Falcon-RW's released code): (q.k + alibi) / sqrt(d_head). transformers
+    # 5.24's FalconModel folded alibi / sqrt(d_head) into the causal mask and also handed alibi to every
+    # attention, so the bias counted twice (the audit reports it); 5.25 folds it into the mask only.
 
     bias_scale = d_head ** -0.5 if family == "falcon" else 1.0  # Falcon: (q.k + alibi) * inv_norm_factor
     return tuple(alibi_slopes(n_heads).tolist()), bias_scale
+
+
+def _alibi_carrier(family: str) -> str:
+    """``alibi_tensor`` where the installed attention takes an ``alibi`` argument, else ``alibi_mask``.
+
+    Measured from the installed code, not its version: transformers 5.25's ``FalconAttention.forward``
+    has no ``alibi`` parameter (``FalconModel`` folds alibi / sqrt(d_head) into the attention mask).
+    """
+    if family != "falcon":
+        return "alibi_tensor"
+    return "alibi_tensor" if "alibi" in inspect.signature(FalconAttention.forward).parameters else "alibi_mask"
 
 
 def mpt_alibi_slopes(n_heads: int, alibi_bias_max: float = 8.0) -> Tensor:
@@ -886,6 +980,10 @@ BRIDGE_REFUSED = {
                         "(its rotary_emb component is never set)",
     "muse_glimmer_text": "TransformerLens 4.3's bridge of Muse Glimmer hooks q and k before its scaleless q/k norm "
                          "and the qk_scale_factor on q, so its hook_q and hook_k are not what enters the scores",
+    "nemotron_h": "TransformerLens 4.3's Nemotron-H bridge wraps every block's mixer (Mamba, attention or MLP) as one "
+                  "opaque SSM2MixerBridge, so no hook_pattern fires: its attention blocks are hooked directly",
+    "zamba2": "TransformerLens 4.3's Zamba2 bridge wraps each hybrid layer as one opaque SSMBlockBridge, so its "
+              "shared attention fires no hook_pattern: the attention blocks are hooked directly",
 }
 """Families TransformerLens has an adapter for but cannot run or read right: they go to forward hooks."""
 
@@ -1191,6 +1289,22 @@ def census(bridge: Any, static: HFDescription) -> dict[str, Any]:
 _SINK_PARAMETER = re.compile(r"layers\.(\d+)\..*\bsinks$")
 
 
+def sink_parameters(hf_model: Any) -> dict[int, tuple[str, Tensor]]:
+    """Layer -> (parameter name, its logits ``[head_index]`` in float64) of every learned ``sinks``
+    parameter of an HF model, read from the weights alone (no forward pass), whatever its
+    description says: the ``nn.Parameter`` named ``sinks`` under ``layers.{l}`` (GPT-OSS, Flint,
+    MiMo-V2-Flash, HY-V4, Granite SWA, DeepSeek V4: ``self.sinks = nn.Parameter(torch.empty(num_heads))``,
+    e.g. ``deepseek_v4/modeling_deepseek_v4.py``). Each is one logit s_h per head that enters every
+    query row's softmax as a key with a zero value (Granite SWA: as a sigmoid(lse - s_h) output scale).
+    A bridge's name (``..._original_component.sinks``) is given as the model's own."""
+    found = {}
+    for name, param in hf_model.named_parameters():
+        match = _SINK_PARAMETER.search(name)
+        if match:
+            found[int(match.group(1))] = (name.replace("._original_component", ""), param.detach().double().flatten())
+    return dict(sorted(found.items()))
+
+
 def learned_sinks(hf_model: Any, description: HFDescription) -> dict[int, Tensor]:
     """Layer -> its learned sink logits ``[head_index]`` (float64), for the layers the description
     says have a ``learned`` or ``output_scale`` sink (the ``sinks`` parameter of their attention,
@@ -1199,11 +1313,7 @@ def learned_sinks(hf_model: Any, description: HFDescription) -> dict[int, Tensor
     Raises:
         UnsupportedModelError: if a layer that declares such a sink has no ``sinks`` parameter.
     """
-    found = {}
-    for name, param in hf_model.named_parameters():
-        match = _SINK_PARAMETER.search(name)
-        if match:
-            found[int(match.group(1))] = param.detach().double().flatten()
+    found = {l: logits for l, (_, logits) in sink_parameters(hf_model).items()}
     declared = [l for l, layer in enumerate(description.layers) if layer.sink in ("learned", "output_scale")]
     missing = [l for l in declared if l not in found]
     if missing:
@@ -1274,7 +1384,7 @@ def refusing(action: Callable[[], Any], architecture: str, verb: str = "bridge")
     """Run ``action``; turn whatever the bridge (or the hooks) raise into an :class:`UnsupportedModelError`."""
     try:
         return action()
-    except UnsupportedModelError:
+    except (UnsupportedModelError, ConfigError):  # already one line naming the model or the field
         raise
     except Exception as error:
         who = "TransformerLens cannot bridge" if verb == "bridge" else "nopelens cannot hook"

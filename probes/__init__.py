@@ -6,7 +6,6 @@ from .collect import (
     site_block, site_layer,
 )
 from .linear import (
-    NOT_RECOVERED,
     RESULT_COLUMNS,
     PooledLDA,
     extrapolation_splits,
@@ -21,6 +20,7 @@ from .metrics import bootstrap_scores, mad_chance, mad_chance_of, score
 from .sinks import (
     attention_variance,
     compare_bos,
+    learned_sink_logits,
     sink_mass,
     sink_mass_by_position,
     sink_rate,
@@ -42,8 +42,8 @@ from .targets import (
 )
 
 __all__ = [
-    "Activations", "BatchHooks", "HookList", "hooks_added", "hooks_for_batch", "DistancePairs", "NOT_RECOVERED", "PooledLDA", "RESULT_COLUMNS", "attention_variance", "compare_bos",
-    "sink_mass", "sink_mass_by_position", "sink_rate", "sink_scores", "sink_table", "strip_padding",
+    "Activations", "BatchHooks", "HookList", "hooks_added", "hooks_for_batch", "DistancePairs", "PooledLDA", "RESULT_COLUMNS", "attention_variance", "compare_bos",
+    "learned_sink_logits", "sink_mass", "sink_mass_by_position", "sink_rate", "sink_scores", "sink_table", "strip_padding",
     "variance_shrinkage", "variance_slopes", "bilinear_features", "bootstrap_scores", "collect",
     "control_labels", "extrapolation_splits", "first_recoverable_layer", "is_pattern_site", "mad_chance", "mad_chance_of",
     "make_probe", "out_of_fold_predictions", "pair_features", "probe_absolute_index", "probe_features",

@@ -463,10 +463,6 @@ def position_classes(position: Int[np.ndarray, "n"], max_classes: int | None) ->
     return position // width, f"absolute_index//{width}"
 
 
-NOT_RECOVERED = -1
-"""What :func:`first_recoverable_layer` returns, and a summary table holds, when no layer clears
-the bar. (A read with no probe rows at all, e.g. a model without ``hook_attn_scores``, is not
-measured: ``None``, an empty cell in a table.)"""
 
 
 def is_target(targets: pd.Series, target: str) -> pd.Series:
@@ -507,7 +503,8 @@ def first_recoverable_layer(
             the table has several.
 
     Returns:
-        The DESIGN.md layer number, or :data:`NOT_RECOVERED` (-1) when no layer clears the bar.
+        The DESIGN.md layer number, or None when no layer clears the bar (a summary table writes
+        that as -1: :data:`nopelens.analyses.reads.NO_LAYER_CLEARS`).
 
     Raises:
         ValueError: if ``threshold`` is not finite, no row matches, or several tasks or feature
@@ -533,7 +530,7 @@ def first_recoverable_layer(
         if len(kinds) > 1:
             raise ValueError(f"several {column} values {sorted(kinds)} match {target!r}/{metric!r}; pass {argument}=")
     layers = rows.loc[clears_bar(rows, metric, threshold), "layer"]
-    return int(layers.min()) if len(layers) else NOT_RECOVERED
+    return int(layers.min()) if len(layers) else None
 
 
 def clears_bar(rows: pd.DataFrame, metric: str, threshold: float) -> pd.Series:

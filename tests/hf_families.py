@@ -160,6 +160,11 @@ DESIGNS = {
                             T.GraniteSWAForCausalLM),
     "granitemoe_swa": lambda: (_tiny(T.GraniteMoeSWAConfig, sliding_window=WINDOW, layer_rope_theta=[10000, 0, 10000, 0],
                                      num_local_experts=2, num_experts_per_tok=1), T.GraniteMoeSWAForCausalLM),
+    # per-layer-type rope_parameters, None for the NoPE type (Cohere Compass, as shipped: 3 sliding, 1 full)
+    "cohere_compass": lambda: (_tiny(T.CohereCompassTextConfig, num_key_value_heads=HEADS, sliding_window=WINDOW,
+                                     layer_types=["sliding_attention"] * 3 + ["full_attention"], rope_parameters={
+                                         "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+                                         "full_attention": None}), T.CohereCompassForCausalLM),
     "beam": lambda: (_tiny(T.BeamConfig, head_dim=8, sliding_window=WINDOW, n_group=1, topk_group=1, **_MOE),
                      T.BeamForCausalLM),
     # hybrids whose attention is NoPE (or rotates) between linear-attention / SSM mixers
@@ -282,6 +287,22 @@ DESIGNS = {
                              n_mamba_heads=8, mamba_ngroups=1, attention_head_dim=8, num_mem_blocks=1,
                              use_mem_rope=True, chunk_size=8, adapter_rank=4, time_step_min=1e-9),
                        T.Zamba2ForCausalLM),
+    # as shipped: use_mem_rope False, the shared attention is NoPE
+    "zamba2_nope": lambda: (_tiny(T.Zamba2Config, layers_block_type=["mamba", "hybrid"] * 2, mamba_d_state=8,
+                                  mamba_headdim=8, n_mamba_heads=8, mamba_ngroups=1, attention_head_dim=8,
+                                  num_mem_blocks=1, use_mem_rope=False, chunk_size=8, adapter_rank=4,
+                                  time_step_min=1e-9), T.Zamba2ForCausalLM),
+    # GLM-5.3 (multimodal wrapper): KDA linear attention, then MLA with no rope slice (qk_rope_head_dim 0,
+    # head_dim 0 by its convention) behind a DSA indexer over pools of 4 keys (64 keys: every key kept
+    # at 16 tokens), 2 hyper-connection streams
+    "glm5_next": lambda: (T.Glm5NextConfig(text_config=_tiny(
+        T.Glm5NextTextConfig, q_lora_rank=16, n_routed_experts=2, num_experts_per_tok=1, moe_intermediate_size=32,
+        mlp_layer_types=["dense"] + ["sparse"] * 3, index_head_dim=8, index_n_heads=2, index_topk=POSITIONS,
+        index_kpool=WINDOW, kv_lora_rank=16, qk_nope_head_dim=8, v_head_dim=8, num_key_value_heads=HEADS,
+        linear_head_dim=8, linear_num_heads=HEADS, hc_mult=2,
+        layer_types=["linear_attention", "indexed_attention"] * 2).to_dict(),
+        vision_config=dict(depth=1, hidden_size=16, intermediate_size=32, num_heads=2, out_hidden_size=16)),
+        T.Glm5NextForConditionalGeneration),
 }
 
 

@@ -151,11 +151,10 @@ AUDIT_NOT_APPLICABLE = {
     "xglm": {2: "no position method with an origin", 4: "hook_pos_embed never fires"},
     "mpt": {**NO_TABLE, 5: "not measured (the model takes no position ids)", 8: "takes no position ids"},
 }
-AUDIT_FAILS = {
-    # transformers 5.24's eager FalconModel folds alibi / sqrt(d_head) into the causal mask and
-    # FalconAttention adds alibi * inv_norm_factor again: the bias counts twice (eager != sdpa).
-    "falcon_alibi": {2: "ALiBi sign and slopes", 6: "ALiBi position contribution"},
-}
+FALCON_BIAS_TWICE = {2: "ALiBi sign and slopes", 6: "ALiBi position contribution"}
+"""transformers 5.24's eager FalconModel folds alibi / sqrt(d_head) into the causal mask and hands alibi
+to every attention too (position_input ``alibi_tensor``): the bias counts twice. From 5.25 it is in the
+mask only (``alibi_mask``): counted once, as Falcon-RW's formula says."""
 AUDITED = [f for f in BRIDGED if f not in UNREADABLE]
 
 
@@ -168,16 +167,32 @@ def test_audit_verdict(bridges, family):
     from nopelens.analyses.audit import audit
 
     report = audit(bridges(family), eval_length=8)
-    not_applicable, fails = AUDIT_NOT_APPLICABLE.get(family, NO_TABLE), AUDIT_FAILS.get(family, {})
+    twice = family == "falcon_alibi" and describe(bridges(family)).position_input == "alibi_tensor"
+    not_applicable, fails = AUDIT_NOT_APPLICABLE.get(family, NO_TABLE), FALCON_BIAS_TWICE if twice else {}
     expected = {n: "not_applicable" if n in not_applicable else "fail" if n in fails else "pass" for n in range(1, 10)}
     assert {n: s for n, s in statuses(report).items() if n < 10} == expected, report.summary()
     for number, reason in not_applicable.items():
         assert reason in report.step(number).reason
     for number, check in fails.items():
         assert any(check in c.name for c in report.step(number).failed_checks), report.summary()
-    if family == "falcon_alibi":  # the detail says what is wrong: the bias counts twice
+    if twice:  # the detail says what is wrong
         assert "with slopes 2x the declared m_h" in report.step(2).failed_checks[0].detail
     assert report.model["layer_positions"] == list(EXPECTED[family][1])  # e.g. SmolLM3: rope, rope, rope, nope
+
+
+@pytest.mark.parametrize("broken", [False, True])
+def test_falcon_alibi_in_bfloat16(broken):
+    """transformers 5.25 folds m_h p_j / sqrt(d_head) into a bfloat16 mask, rounded there (d_head 8):
+    the audit reads p_j through that round-off, and still fails slopes twice the declared ones."""
+    from nopelens.analyses.audit import audit
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        bridge = bridge_hf_model(build("falcon_alibi").to(torch.bfloat16))
+    if broken:
+        _scale_alibi(bridge)
+    failed = set(audit(bridge, eval_length=8).failed_steps)
+    assert (failed & {2, 6}) if broken else not failed, failed
 
 
 @pytest.mark.parametrize("family", sorted(UNREADABLE))
@@ -205,8 +220,13 @@ def _wrong_base(config):
 
 
 def _scale_alibi(bridge):
-    """Every attention gets twice its ALiBi tensor: the slopes are not the declared ones."""
+    """Every attention gets twice its ALiBi bias: the slopes are not the declared ones."""
+    in_mask = describe(bridge).position_input == "alibi_mask"
+
     def pre(module, args, kwargs):
+        if in_mask:  # the bias folded into the mask; blocked entries (below -1) stay blocked
+            mask = kwargs["attention_mask"]
+            return args, {**kwargs, "attention_mask": torch.where(mask < -1, mask, 2 * mask)}
         return (args, {**kwargs, "alibi": 2 * kwargs["alibi"]}) if kwargs.get("alibi") is not None else None
 
     for block in bridge.blocks:

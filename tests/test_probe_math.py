@@ -59,7 +59,7 @@ def test_probe_mad_rows_carry_the_chance_of_their_scored_positions():
 import torch  # noqa: E402
 
 from nopelens.models import Decoder, DecoderConfig  # noqa: E402
-from nopelens.probes import NOT_RECOVERED, collect, first_recoverable_layer, probe_absolute_index, resid_sites  # noqa: E402
+from nopelens.probes import collect, first_recoverable_layer, probe_absolute_index, resid_sites  # noqa: E402
 from nopelens.probes.fitting import RoundoffScaler, roundoff_tolerance, signal_mask  # noqa: E402
 
 CONSTANT_CASES = [(p, torch.float32) for p in ("nope", "rope", "alibi", "shaw", ("nope", "rope"))] + [
@@ -74,8 +74,8 @@ def test_constant_input_without_bos_recovers_nothing(position, dtype):
     acts = collect(Decoder(cfg, seed=1).eval().to(dtype), torch.full((50, 30), 3), resid_sites(2))
     assert acts.dtype("blocks.0.hook_resid_post") == str(dtype).removeprefix("torch.")
     table = probe_absolute_index(acts, n_boot=50)  # default controls: one token id, control task undefined
-    assert first_recoverable_layer(table, metric="r2") == NOT_RECOVERED
-    assert first_recoverable_layer(table, task="classification") == NOT_RECOVERED
+    assert first_recoverable_layer(table, metric="r2") is None
+    assert first_recoverable_layer(table, task="classification") is None
     assert "control" not in set(table.probe) and table.selectivity.isna().all()
     assert {"linear", "shuffled", "majority", "token_identity"} <= set(table.probe)
     r2 = table[(table.probe == "linear") & (table.metric == "r2")]

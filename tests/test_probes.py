@@ -16,7 +16,6 @@ from sklearn.preprocessing import StandardScaler
 
 from nopelens.models import Decoder, DecoderConfig
 from nopelens.probes import (
-    NOT_RECOVERED,
     bilinear_features,
     bootstrap_scores,
     collect,
@@ -310,7 +309,7 @@ def test_first_recoverable_layer_uses_the_ci_lower_bound():
         value=[0.5, 0.93, 0.97, 0.99], ci_low=[0.2, 0.85, 0.95, 0.99], ci_high=1.0))
     assert first_recoverable_layer(table) == 2
     assert first_recoverable_layer(table, threshold=0.99) == 3
-    assert first_recoverable_layer(table, threshold=0.995) == NOT_RECOVERED == -1
+    assert first_recoverable_layer(table, threshold=0.995) is None  # never -1, which would index the last layer
     with pytest.raises(ValueError):
         first_recoverable_layer(table, metric="accuracy")
     both = pd.concat([table.assign(metric="mad", ci_high=[3.0, 2.0, 0.5, 0.1]),

@@ -5,7 +5,7 @@ import pandas as pd
 import pytest
 
 from nopelens.analyses import reads, report, seeds
-from nopelens.analyses.reads import NOT_RECOVERED, SweepRead
+from nopelens.analyses.reads import NO_LAYER_CLEARS, SweepRead
 from nopelens.analyses.sweep import SweepSettings, sweep
 from nopelens.probes.stream_probes import token_probes
 
@@ -64,7 +64,7 @@ def test_a_read_names_its_rows_and_its_first_layer():
     qk, score = (next(r for r in reads.SWEEP_READS if r.column == c)
                  for c in ("relative_content_qk_r2", "relative_score_r2"))
     assert qk.first_layer(probes) == 2, "bilinear_* matches bilinear_outer"
-    assert score.first_layer(probes) == NOT_RECOVERED == -1
+    assert score.first_layer(probes) == NO_LAYER_CLEARS == -1  # the summary table's form
     assert reads.SWEEP_READS[0].first_layer(probes) is None, "no rows: the model has no site for the read"
     assert SweepRead("x", "x", "x", "relative_distance", "regression", "r2", "score", threshold=0.25
                      ).first_layer(probes) == 3

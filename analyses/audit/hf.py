@@ -24,6 +24,7 @@ from nopelens.models.methods import get_method
 from nopelens.models.methods.nope import NoPE
 from nopelens.models.positions import rope_angles
 from nopelens.models.positions import position_ids_from_mask
+from nopelens.probes.sinks import learned_sink_line, learned_sink_logits
 
 from .numerics import as_ids, dot_scores
 from .report import by_reason
@@ -60,6 +61,7 @@ class BridgeSubject(Subject):
                                "layer_positions": list(self.hf.layer_methods), "qk_norm": self.hf.qk_norm,
                                "scores_hook": self.hf.scores_hook, "position_input": self.hf.position_input,
                                "layers": [asdict(layer) for layer in self.hf.layers], "notes": list(self.hf.notes)}}
+        self.details |= learned_sink_details(bridge.original_model)
         self.special_tokens = {k: getattr(self.config, k, None) for k in ("bos_token_id", "eos_token_id", "pad_token_id")}
         self.position_limit = 4096  # audit() sets it from the probe length
 
@@ -164,7 +166,22 @@ class BridgeSubject(Subject):
 
     @property
     def _alibi_input(self) -> bool:
-        return self.hf.position_input == "alibi_tensor"
+        return self.hf.position_input in ("alibi_tensor", "alibi_mask")
+
+    def _alibi_bias(self, kwargs: dict) -> tuple[str, Tensor | None]:
+        """The attention's keyword argument carrying slope_h * p_j, and its value (None: not handed)."""
+        key = "attention_mask" if self.hf.position_input == "alibi_mask" else "alibi"
+        return key, kwargs.get(key)
+
+    def _alibi_key_positions(self, bias: Tensor, batch: int) -> Tensor:
+        """``[batch, key]`` positions p_j read from head 0's bias (blocked keys, i.e. padding, read 0)."""
+        if self.hf.position_input == "alibi_mask":  # [batch, heads, query, key]; the last query sees every key
+            row = bias[:, 0, -1].double()
+            p = row.masked_fill(row < -1, 0.0) / float(self.alibi_slopes(0)[0])
+            # m_h / sqrt(d_head) is rarely exact in the mask's dtype: accept its round-off while it is unambiguous
+            slack = torch.finfo(bias.dtype).eps * p.abs()
+            return torch.where(((p - p.round()).abs() <= slack) & (slack < 0.5), p.round(), p)
+        return bias.reshape(batch, self.n_heads, -1)[:, 0].double() / float(self.hf.layers[0].alibi_slopes[0])
 
     @property
     def takes_positions(self) -> bool:
@@ -182,17 +199,21 @@ class BridgeSubject(Subject):
         return position_table(self.model.original_model).double()[position_ids + self.position_offset]
 
     def forward_without_bias(self, tokens, mask, fwd_hooks, rows=slice(None)):
-        """The ALiBi tensor (slope_h * p_j) zeroed in batch rows ``rows``; other families cannot drop a bias."""
+        """The ALiBi bias (slope_h * p_j, as a tensor or folded into the mask) zeroed in batch rows ``rows``;
+        other families cannot drop a bias."""
         if not self._alibi_input:
             return False
 
         def pre(module, args, kwargs):
-            alibi = kwargs.get("alibi")
-            if alibi is None:
+            key, bias = self._alibi_bias(kwargs)
+            if bias is None:
                 return None
-            zeroed = alibi.clone()  # Bloom's [batch * heads, 1, key], Falcon's [batch, heads, 1, key]
-            zeroed.view(tokens.shape[0], -1)[rows] = 0
-            return args, {**kwargs, "alibi": zeroed}
+            zeroed = bias.clone()  # Bloom's [batch * heads, 1, key], Falcon <5.25 [batch, heads, 1, key]
+            if self.hf.position_input == "alibi_mask":  # Falcon 5.25's mask: open entries hold the bias
+                zeroed[rows] = torch.where(bias[rows] < -1, bias[rows], torch.zeros_like(bias[rows]))
+            else:
+                zeroed.view(tokens.shape[0], -1)[rows] = 0
+            return args, {**kwargs, key: zeroed}
 
         handles = [b.attn.register_forward_pre_hook(pre, with_kwargs=True) for b in self.model.blocks]
         try:
@@ -215,16 +236,20 @@ class BridgeSubject(Subject):
         if position_ids is None or not self._alibi_input:
             yield
             return
-        slopes = torch.tensor(self.hf.layers[0].alibi_slopes, device=position_ids.device)
+        in_mask = self.hf.position_input == "alibi_mask"
+        slopes = self.alibi_slopes(0) if in_mask else torch.tensor(self.hf.layers[0].alibi_slopes)
+        slopes = slopes.to(position_ids.device)
 
         def pre(module, args, kwargs):
-            alibi = kwargs.get("alibi")
-            if alibi is None:
+            key, bias = self._alibi_bias(kwargs)
+            if bias is None:
                 return None
-            # Bloom hands [batch * heads, 1, key], Falcon [batch, heads, 1, key]: both hold slope_h * p_j
-            ids = position_ids[:, -alibi.shape[-1]:].to(alibi.dtype)
-            new = (slopes[None, :, None].to(alibi.dtype) * ids[:, None, :]).reshape(alibi.shape)
-            return args, {**kwargs, "alibi": new}
+            # Bloom hands [batch * heads, 1, key], Falcon <5.25 [batch, heads, 1, key]: both hold slope_h * p_j;
+            # Falcon 5.25's mask [batch, heads, query, key] holds slope_h * p_j / sqrt(d_head), blocked below -1
+            ids = position_ids[:, -bias.shape[-1]:].to(bias.dtype)
+            new = slopes[None, :, None].to(bias.dtype) * ids[:, None, :]
+            new = torch.where(bias < -1, bias, new[:, :, None]) if in_mask else new.reshape(bias.shape)
+            return args, {**kwargs, key: new}
 
         handles = [b.attn.register_forward_pre_hook(pre, with_kwargs=True) for b in self.model.blocks]
         try:
@@ -249,19 +274,17 @@ class BridgeSubject(Subject):
 
         Learned tables: the ids entering the table (``pos_embed.hook_in``, less the family's row
         offset). RoPE: decoded from the cos/sin the rotary embedding computed (``hook_cos|hook_sin``
-        of the first RoPE layer). ALiBi handed as a tensor: read from slope_h * p_j. Otherwise not
-        observable.
+        of the first RoPE layer). ALiBi handed as a tensor or folded into the mask: read from
+        slope_h * p_j. Otherwise not observable.
         """
         seen: list[Tensor] = []
         bridge = self.model
         if self._alibi_input:
-            slope = float(self.hf.layers[0].alibi_slopes[0])
-
             def pre(module, args, kwargs):
-                alibi = kwargs.get("alibi")
-                if alibi is not None:
+                _, bias = self._alibi_bias(kwargs)
+                if bias is not None:
                     hidden = args[0] if args else kwargs["hidden_states"]
-                    keys = alibi.reshape(hidden.shape[0], self.n_heads, -1)[:, 0] / slope
+                    keys = self._alibi_key_positions(bias, hidden.shape[0])
                     seen.append(as_ids(keys[:, -hidden.shape[1]:]))
 
             handle = bridge.blocks[0].attn.register_forward_pre_hook(pre, with_kwargs=True)
@@ -399,3 +422,15 @@ class HookedSubject(BridgeSubject):
                                           f"time ({type(error).__name__}: {_one_line(error)})") from None
         step_ids = torch.cat(seen, 1) if len(seen) == len(pieces) else None
         return torch.cat(pieces, 1), {"step_ids": step_ids, "cache_ids": None}
+
+
+def learned_sink_details(hf_model: Any) -> dict[str, Any]:
+    """``learned_sinks`` of an audit's model record: the model's learned sink logits, named, one
+    line summarising them and each block's per-head list (from the weights:
+    :func:`nopelens.probes.sinks.learned_sink_logits`); empty where it has none."""
+    table = learned_sink_logits(hf_model)
+    if table.empty:
+        return {}
+    per_block = {int(block): rows.sort_values("head")["sink_logit"].tolist() for block, rows in table.groupby("block")}
+    return {"learned_sinks": {"summary": learned_sink_line(table), "parameters": sorted(set(table["parameter"])),
+                              "logits_per_block": per_block}}

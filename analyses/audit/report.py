@@ -104,6 +104,8 @@ class AuditReport:
         if "measured_layer_positions" in self.model:
             lines.append(f" measured per layer (input held fixed, positions re-spaced): "
                          f"{', '.join(self.model['measured_layer_positions'])}")
+        if "learned_sinks" in self.model:
+            lines += textwrap.wrap(self.model["learned_sinks"]["summary"], 110, initial_indent=" ", subsequent_indent="   ")
         if "padded_row_left_out" in self.probe:
             lines += textwrap.wrap(self.probe["padded_row_left_out"], 110, initial_indent=" ", subsequent_indent="   ")
         for s in self.steps:

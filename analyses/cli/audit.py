@@ -17,7 +17,9 @@ from typing import Any
 from nopelens.analyses.audit import AuditReport, audit
 from nopelens.analyses.subjects import load_checkpoint_dir, load_hf_dir
 from nopelens.models import Decoder, DecoderConfig, zoo
+from nopelens.models.hf import UnsupportedModelError
 from nopelens.models.io import check_writable
+from nopelens.probes.sinks import learned_sink_line, learned_sink_logits
 
 from .options import add_quiet, seed_type
 
@@ -58,7 +60,13 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(f"--eval-length must be >= 4, got {args.eval_length}")
     if args.out:  # before the model loads: a file where the folder should be
         check_writable(Path(args.out) / "report.md")
-    model, label = load_subject(args)
+    try:
+        model, label = load_subject(args)
+    except UnsupportedModelError as error:  # no pattern to audit; the learned sink logits are still named
+        line = learned_sink_line(learned_sink_logits(getattr(error, "sink_parameters", {})))
+        if line:
+            print(f"nopelens audit: {args.hf_dir}: {line} (per head: nopelens sinks)")
+        raise
     train_lengths = args.train_lengths
     report = audit(model, eval_length=args.eval_length, train_lengths=train_lengths, shift=args.shift,
                    seed=args.seed, name=label)

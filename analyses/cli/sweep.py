@@ -16,8 +16,9 @@ from nopelens.analyses.runs import slug
 from nopelens.analyses.streamed import plan
 from nopelens.analyses.subjects import HF_PREFIX, HFInput, fixed_length, resolve
 from nopelens.analyses.sweep import DEFAULT_SITES, SITE_KINDS, SweepSettings, measure_sinks, sweep, sweep_sites
+from nopelens.models.hf import UnsupportedModelError
 from nopelens.models.io import write_csv_atomic
-from nopelens.probes.sinks import sink_flags
+from nopelens.probes.sinks import learned_sink_line, learned_sink_logits, sink_flags
 
 from .options import MODEL_HELP, add_quiet, add_seeds, seed_type
 
@@ -231,8 +232,19 @@ def run_sinks(args: argparse.Namespace) -> int:
             raise ValueError("--out is empty; name a folder for sinks.csv and its figure")
         runs.refuse_other_runs(args.out, "sinks")
     how = _hf_input(args) if is_hf else None
-    subject = resolve(args.model, settings.n_sequences, settings.seq_len, settings.seed, not args.quiet,
-                      settings.quick_steps, hf_input=how)
+    try:
+        subject = resolve(args.model, settings.n_sequences, settings.seq_len, settings.seed, not args.quiet,
+                          settings.quick_steps, hf_input=how)
+    except UnsupportedModelError as error:  # no pattern to read; its learned sink logits may still be
+        logits = learned_sink_logits(getattr(error, "sink_parameters", {}))
+        if logits.empty:
+            raise
+        _print_learned_sinks(args.model, logits)
+        print(f"{args.model}: no sink mass read: {error}")
+        if args.out:
+            _write_learned_sinks(logits, args.out)
+        return 0
+    logits = learned_sink_logits(subject.model.original_model) if is_hf else None
     if "beyond_trained_length" in subject.info:
         print(f"nopelens sinks: {subject.name}: note: {subject.info['beyond_trained_length']}", file=sys.stderr)
     table = measure_sinks(subject)
@@ -247,6 +259,8 @@ def run_sinks(args: argparse.Namespace) -> int:
                   "output scale; the sink rate above thresholds the first token only)")
             print(learned.pivot_table(index=["block", "sink_kind"], columns="head", values="learned_sink_mass")
                   .round(3).to_string())
+    if logits is not None and not logits.empty:
+        _print_learned_sinks(subject.name, logits)
     skipped = subject.info.get("not_applicable", {}).get("sink read")
     if skipped:
         print(f"{subject.name}: no sink read on {skipped}")
@@ -258,6 +272,18 @@ def run_sinks(args: argparse.Namespace) -> int:
         report.save_figure(report.sink_figure(table, every_condition=True), f"{args.out}/sinks")
         print(f"wrote {args.out}/sinks.csv and sinks.png/svg")
     return 0
+
+
+def _print_learned_sinks(name: str, learned) -> None:
+    """The learned sink logits of a model, named and per head (rows: block, columns: head)."""
+    print(f"{name}: {learned_sink_line(learned)}; per head (rows: layer, columns: head):")
+    print(learned.pivot_table(index="block", columns="head", values="sink_logit").round(3).to_string())
+
+
+def _write_learned_sinks(learned, out: str) -> None:
+    """learned_sinks.csv, for a model whose sinks.csv would have no row (a readable one's holds sink_logit)."""
+    write_csv_atomic(learned, f"{out}/learned_sinks.csv")
+    print(f"wrote {out}/learned_sinks.csv")
 
 
 def _common(parser: argparse.ArgumentParser) -> None:
