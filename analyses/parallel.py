@@ -369,7 +369,7 @@ def insecure_address(address: str) -> str | None:
         return None
     return (f"{address} is plain tcp: unencrypted, and anyone who can reach it can run code on the "
             "workers; bind the scheduler and workers to a private interface, or use a tls:// address "
-            "with --dask-security (README, \"Sweeps on several processes or machines\")")
+            "with --dask-security (docs/dask.md)")
 
 
 def _check_single_threaded(client) -> None:
