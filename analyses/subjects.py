@@ -4,7 +4,8 @@ A subject is named on the command line by one spec:
 
 - a zoo name (``text-nope-4l``; trained and cached on first use, see ``nopelens.models.zoo``);
 - a path to a nopelens checkpoint directory;
-- ``hf:DIR``, a local HF causal-LM directory, loaded offline and bridged with TransformerLens;
+- ``hf:DIR``, a local HF causal-LM directory, loaded offline (:mod:`nopelens.models.hf_loading`) and
+  bridged with TransformerLens;
 - ``circuit``, the hand-built Theorem 1 + 2 NoPE circuit (positive control; ``nopelens.circuits``);
 - ``untrained-nope``, a randomly initialized NoPE decoder read without BOS (negative control);
 - ``constant-METHOD``, a randomly initialized decoder with position method METHOD read on constant
@@ -37,7 +38,8 @@ from nopelens.circuits.layout import BOS_TOKEN
 from nopelens.models import Decoder, zoo
 from nopelens.models.checkpoint import METADATA_FILE, load_checkpoint
 from nopelens.models.hf import SIZE_FIELDS, UnsupportedModelError, check_readable, describe, learned_sinks, trained_length
-from nopelens.models.hf_loading import (  # re-exported: these names were defined here before (issue 39)
+# HF loading lives in models/hf_loading.py; SIZE_FIELDS and these names were defined here before and still import from here
+from nopelens.models.hf_loading import (
     DEVICES,
     DTYPES,
     INPUTS,
