@@ -436,8 +436,10 @@ PER_LAYER_FIELDS = ("layer_types", "mlp_layer_types", "no_rope_layers", "layer_r
 
 LAYER_COUNT_FIELDS = ("num_hidden_layers", "n_layer", "num_layers", "n_layers")
 SIZE_FIELDS = ("hidden_size", "n_embd", "d_model", "num_attention_heads", "n_head", "num_heads", "n_heads",
-               "num_key_value_heads", "head_dim", "vocab_size")
-"""Config sizes that must be at least 1 where a config gives them (transformers divides by some)."""
+               "num_key_value_heads", "head_dim", "intermediate_size", "vocab_size")
+"""Config fields that fix weight shapes, under each family's name: each must be at least 1 where a
+config gives it (:func:`check_config`; transformers divides by some), and those a config gives are
+named in the hint when its saved weights do not fit it (:func:`nopelens.models.hf_loading.load_hf_dir`)."""
 
 
 def check_config(config: Any) -> None:

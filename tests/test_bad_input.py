@@ -157,7 +157,7 @@ def test_cli_reports_an_internal_error_in_one_line_not_a_traceback(monkeypatch, 
 def test_an_hf_directory_with_pickled_weights_is_refused_not_unpickled(tmp_path):
     from transformers import GPTNeoXConfig, GPTNeoXForCausalLM
 
-    from nopelens.analyses.subjects import load_hf_dir
+    from nopelens.models.hf_loading import load_hf_dir
 
     config = GPTNeoXConfig(vocab_size=32, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
                            intermediate_size=32, max_position_embeddings=64)
@@ -260,7 +260,7 @@ def test_late_fixes_from_the_bad_input_pass(tmp_path, capsys):
 def test_a_truncated_hf_weight_file_is_named_not_an_internal_error(tmp_path):
     from transformers import GPT2Config, GPT2LMHeadModel
 
-    from nopelens.analyses.subjects import load_hf_dir
+    from nopelens.models.hf_loading import load_hf_dir
 
     config = GPT2Config(n_embd=16, n_layer=1, n_head=2, vocab_size=32, n_positions=16, bos_token_id=0, eos_token_id=0)
     GPT2LMHeadModel(config).save_pretrained(tmp_path, safe_serialization=True)
@@ -325,7 +325,7 @@ def test_saved_weights_of_other_shapes_or_fewer_layers_than_the_config_are_named
     """transformers raises "You set ignore_mismatched_sizes to False..." (was exit 3); missing layers were random."""
     from hf_families import build
 
-    from nopelens.analyses.subjects import load_hf_dir
+    from nopelens.models.hf_loading import load_hf_dir
 
     folder = _saved(build("llama"), tmp_path / "heads", num_attention_heads=8)  # head_dim stays 8: q is 64 wide
     err = _one_line_refusal(["audit", "--hf-dir", str(folder)], capsys)

@@ -61,7 +61,7 @@ def test_special_token_text_is_read_as_characters_and_a_length_of_only_specials_
     see a second first token); a --seq-len that only the BOS fills says so."""
     from transformers import AutoTokenizer
 
-    from nopelens.analyses.subjects import text_windows
+    from nopelens.models.hf_loading import text_windows
 
     tokenizer = AutoTokenizer.from_pretrained(model_dir, local_files_only=True)
     text = tmp_path / "tags.txt"

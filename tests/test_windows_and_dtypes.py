@@ -358,7 +358,7 @@ def test_a_correct_bfloat16_model_saved_and_loaded_passes_the_position_intervent
     from hf_families import build_design
 
     from nopelens.analyses.audit import audit
-    from nopelens.analyses.subjects import load_hf_dir
+    from nopelens.models.hf_loading import load_hf_dir
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")

@@ -1,0 +1,345 @@
+"""Loading a local HF causal-LM directory (``hf:DIR``) offline: its config, weights, tokenizer,
+dtype and device, and the refusals that name what is wrong with it before anything is measured.
+
+:mod:`nopelens.models.adapters` hooks the loaded model; :mod:`nopelens.models.hf` describes it.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import transformers
+from safetensors import SafetensorError
+from torch import Tensor
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+from .adapters import load_hf_model
+from .hf import SIZE_FIELDS, ConfigError, check_config
+from .tasks import default_documents
+
+# what transformers raises for a config.json field of the wrong type (huggingface_hub's strict
+# dataclasses), besides ValueError; an older huggingface_hub lacks the class and raises TypeError
+try:
+    from huggingface_hub.errors import StrictDataclassError
+except ImportError:  # pragma: no cover
+    CONFIG_ERRORS: tuple[type[Exception], ...] = (TypeError,)
+else:
+    CONFIG_ERRORS = (StrictDataclassError, TypeError)
+
+
+INPUTS = ("text", "random", "repeated")
+"""What an HF model reads (``nopelens probe hf:DIR --input``): text through its own tokenizer,
+uniformly random token ids after the config's BOS, or one token repeated without BOS (a known
+answer, :func:`nopelens.analyses.streamed.repeated_token_answer`)."""
+DEVICES = ("cpu", "cuda", "auto")
+DTYPES = ("bfloat16", "float16", "float32")
+
+
+@dataclass(frozen=True)
+class HFInput:
+    """How an HF model is read: its input, device and dtype (``nopelens probe hf:DIR``).
+
+    Attributes:
+        input: one of :data:`INPUTS`. ``text`` reads ``text`` (default: the corpus nopelens ships,
+            :func:`nopelens.models.tasks.default_documents`) through the tokenizer saved in the
+            model's directory, with the special tokens (BOS) the tokenizer adds.
+        text: a UTF-8 text file, or None for the shipped corpus.
+        device: ``cpu``, ``cuda`` or ``auto`` (CUDA when available).
+        dtype: ``bfloat16``, ``float16``, ``float32`` or None (the checkpoint's own, its config's ``dtype``).
+    """
+
+    input: str = "random"
+    text: str | None = None
+    device: str = "cpu"
+    dtype: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.input not in INPUTS:
+            raise ValueError(f"--input must be one of {', '.join(INPUTS)}, got {self.input!r}")
+        if self.device not in DEVICES:
+            raise ValueError(f"--device must be one of {', '.join(DEVICES)}, got {self.device!r}")
+        if self.dtype is not None and self.dtype not in DTYPES:
+            raise ValueError(f"--dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
+        if self.text is not None and self.input != "text":
+            raise ValueError(f"--text is read only with --input text, not --input {self.input}")
+
+    def torch_device(self) -> torch.device:
+        """The device to run on.
+
+        Raises:
+            ValueError: for ``cuda`` where no CUDA device is available.
+        """
+        if self.device == "auto":
+            return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        if self.device == "cuda" and not torch.cuda.is_available():
+            raise ValueError("--device cuda: no CUDA device is available here (use --device cpu or auto)")
+        return torch.device(self.device)
+
+
+def eager_attention_bytes(seq_len: int, n_heads: int, activation_bytes: int) -> int:
+    """The least memory one sequence's forward pass needs for one layer's attention:
+    ``T^2 ((item + 4) n_heads + 1)`` bytes for ``T`` tokens: the scores ``[n_heads, T, T]`` in the
+    model's dtype (``item`` bytes each) and their float32 softmax, which eager attention (the
+    attention the pattern hooks read) materializes, and a boolean ``[T, T]`` mask at least. A
+    floor, not an estimate (:func:`~nopelens.analyses.streamed.sequence_bytes` counts the rest).
+
+    >>> eager_attention_bytes(1024, 16, 2) / 2**20  # bfloat16, 16 heads, 1,024 tokens: (6 * 16 + 1) MiB
+    97.0
+    """
+    return seq_len * seq_len * ((activation_bytes + 4) * n_heads + 1)
+
+
+def attention_shortfall(seq_len: int, n_heads: int, activation_bytes: int, room: int, where: str) -> str | None:
+    """Why one sequence's eager attention (:func:`eager_attention_bytes`) cannot fit ``room`` bytes
+    (``where``: which memory, in words), or None when it can."""
+    need = eager_attention_bytes(seq_len, n_heads, activation_bytes)
+    if need <= room:
+        return None
+    return (f"one sequence of {seq_len:,} tokens needs at least {need / 2**20:,.1f} MiB for one layer's attention "
+            f"(eager attention, which the pattern hooks read, materializes the scores [{n_heads}, {seq_len:,}, "
+            f"{seq_len:,}] and their float32 softmax), more than the {max(room, 0) / 2**20:,.1f} MiB {where}; give a "
+            f"shorter --seq-len, or run where more memory is free")
+
+
+def load_tokenizer(directory: Path):
+    """The tokenizer saved in an HF model's directory, offline.
+
+    Raises:
+        ValueError: if the directory holds no tokenizer (nopelens never fetches one).
+    """
+    transformers.logging.set_verbosity_error()
+    try:
+        return AutoTokenizer.from_pretrained(directory, local_files_only=True)
+    except (OSError, ValueError, TypeError, KeyError) as error:
+        cause = " ".join(str(error).split())
+        raise ValueError(f"{directory} holds no tokenizer: save one there (tokenizer.json and tokenizer_config.json) "
+                         f"or use --input random (nopelens loads none from the hub; the tokenizer library said: "
+                         f"{cause[:100] + ('...' if len(cause) > 100 else '')})") from None
+
+
+def text_windows(tokenizer, path: str | None, n_sequences: int, seq_len: int, seed: int,
+                 d_vocab: int) -> tuple[Tensor, int | None]:
+    """``n_sequences`` windows of ``seq_len`` tokens of a text, through the model's tokenizer.
+
+    The text (a UTF-8 file, or the shipped corpus :func:`~nopelens.models.tasks.default_documents`
+    joined by blank lines) is tokenized once without special tokens (a special token's text in it,
+    such as an HTML ``<s>``, is read as characters, not as that token) and cut into non-overlapping
+    windows; ``n_sequences`` of them are drawn with ``seed``, and each gets the special tokens the
+    tokenizer adds around a text (e.g. BOS first), so ``seq_len`` counts them.
+
+    Returns:
+        (int64 ``[n_sequences, seq_len]`` tokens, the BOS id when the tokenizer starts every text
+        with its BOS token, else None).
+
+    Raises:
+        FileNotFoundError: if ``path`` is not a file.
+        ValueError: if the text is not UTF-8, is empty, gives fewer than ``n_sequences`` windows,
+            or a token id falls outside the model's vocabulary; if ``seq_len`` leaves no room
+            besides the special tokens.
+    """
+    if path is None:
+        text, name = "\n\n".join(default_documents().values()), "the shipped corpus"
+    else:
+        if Path(path).is_dir():
+            raise IsADirectoryError(f"--text {path} is a directory: give a UTF-8 text file")
+        if not Path(path).is_file():
+            raise FileNotFoundError(f"--text {path}: no such file")
+        try:
+            text = Path(path).read_text(encoding="utf-8")
+        except UnicodeDecodeError as error:
+            raise ValueError(f"--text {path} is not UTF-8: {error}") from None
+        name = f"--text {path}"
+    if not text.strip():
+        raise ValueError(f"{name} is empty")
+    content = tokenizer("a", add_special_tokens=False)["input_ids"]
+    framed = tokenizer("a", add_special_tokens=True)["input_ids"]
+    at = next((k for k in range(len(framed) - len(content) + 1) if framed[k:k + len(content)] == content), 0)
+    prefix, suffix = framed[:at], framed[at + len(content):]
+    width = seq_len - len(prefix) - len(suffix)
+    if width <= 0:
+        raise ValueError(f"--seq-len {seq_len} leaves no room for text: the model's tokenizer adds "
+                         f"{len(prefix) + len(suffix)} special tokens to every sequence; give a longer --seq-len")
+    # the text is text: a "<s>" or "</s>" in it is read as characters, not as the BOS or EOS token
+    ids = np.asarray(tokenizer(text, add_special_tokens=False, split_special_tokens=True)["input_ids"], dtype=np.int64)
+    n_windows = len(ids) // width
+    if n_windows == 0:
+        raise ValueError(f"{name} gives {len(ids)} tokens through the model's tokenizer, shorter than one "
+                         f"{seq_len}-token sequence ({len(prefix) + len(suffix)} of them special); give a longer "
+                         "--text or a shorter --seq-len")
+    if n_windows < n_sequences:
+        raise ValueError(f"{name} gives {len(ids)} tokens through the model's tokenizer: {n_windows} windows of "
+                         f"{seq_len} tokens ({len(prefix) + len(suffix)} special), fewer than the {n_sequences} "
+                         "sequences asked for; give a longer --text, or fewer --n-sequences or a shorter --seq-len")
+    chosen = np.sort(np.random.default_rng(seed).choice(n_windows, n_sequences, replace=False))
+    windows = ids[: n_windows * width].reshape(n_windows, width)[chosen]
+    tokens = np.concatenate([np.tile(np.asarray(prefix, dtype=np.int64), (n_sequences, 1)), windows,
+                             np.tile(np.asarray(suffix, dtype=np.int64), (n_sequences, 1))], axis=1)
+    if tokens.min() < 0 or tokens.max() >= d_vocab:
+        raise ValueError(f"the tokenizer gives token id {int(tokens.max())} (or a negative one), outside the model's "
+                         f"vocabulary 0..{d_vocab - 1}: tokenizer and model do not match")
+    bos = tokenizer.bos_token_id
+    return torch.from_numpy(tokens), (bos if prefix and bos is not None and prefix[0] == bos else None)
+
+
+def load_hf_dir(directory: Path, dtype: str | None = None, device: str | torch.device = "cpu") -> Any:
+    """Load a local HF causal LM offline (no hub access) and hook it: through TransformerLens'
+    bridge where it can, else with forward hooks (:func:`nopelens.models.adapters.load_hf_model`;
+    a bridge that fails is retried with hooks on a freshly loaded copy).
+
+    ``dtype``: ``bfloat16``, ``float32`` or None (the checkpoint's own); ``device``: where it runs.
+
+    Raises:
+        FileNotFoundError: if ``directory`` is not a directory.
+        ValueError: if it holds no loadable model (weights must be safetensors; pickled
+            ``pytorch_model.bin`` files are refused).
+    """
+    if not Path(directory).is_dir():
+        raise FileNotFoundError(f"no such HF model directory: {directory}")
+    transformers.logging.set_verbosity_error()
+    transformers.logging.disable_progress_bar()
+
+    def load():
+        cls = checked_hf_config(directory)
+        try:
+            # safetensors only: a pytorch_model.bin is a pickle, and nopelens never unpickles a user file;
+            # mismatched shapes are reported below from transformers' loading info, not its log
+            model, info = cls.from_pretrained(directory, local_files_only=True, use_safetensors=True,
+                                              dtype=dtype or "auto", ignore_mismatched_sizes=True,
+                                              output_loading_info=True)
+        except (OSError, ValueError) as error:
+            raise ValueError(f"{directory} holds no loadable HF causal LM: {error}") from None
+        except CONFIG_ERRORS as error:
+            raise ValueError(f"{directory}/config.json is not a valid config: {_config_message(error)}") from None
+        except KeyError as error:  # the model's code looks up an entry the config lacks
+            raise ValueError(f"{directory}/config.json: transformers cannot build this model from it (it looks up "
+                             f"{error.args[0] if error.args else '?'!r}, which the config does not give)") from None
+        except SafetensorError as error:
+            raise ValueError(f"{directory}: a safetensors weight file is corrupted or truncated ({error})") from None
+        except AssertionError as error:  # torch's own checks while transformers builds the layers
+            raise ValueError(f"{directory}/config.json: transformers cannot build this model from it "
+                             f"({_built_from(error, directory)})") from None
+        _check_weights_match(info, model, directory)
+        model.config._attn_implementation = "eager"
+        return model.to(device).eval()
+
+    return load_hf_model(load(), reload=load)
+
+
+def _built_from(error: AssertionError, directory: Path) -> str:
+    """What an ``AssertionError`` raised while building a model says, naming the config field behind
+    the one known case: torch's ``Embedding`` refuses a ``padding_idx`` (``pad_token_id``) outside it."""
+    if "Padding_idx" in str(error):
+        try:
+            config = json.loads((Path(directory) / "config.json").read_text())
+        except (OSError, ValueError):
+            config = {}
+        fields = config.get("text_config", config) if isinstance(config, dict) else {}
+        pad, vocab = fields.get("pad_token_id"), fields.get("vocab_size")
+        return f"pad_token_id {pad} is outside the vocabulary (0..{vocab - 1 if isinstance(vocab, int) else '?'})"
+    return " ".join(str(error).split()) or "an internal check failed"
+
+
+def checked_hf_config(directory: Path):
+    """Read and check an HF model directory's ``config.json`` offline, before anything else is
+    loaded (its tokenizer reads it too, and would blame itself); returns the model class to load.
+
+    Raises:
+        ValueError: naming ``config.json`` when it is missing, not JSON, has a field of the wrong
+            type or fields that contradict each other (e.g. a width the head count does not divide),
+            or describes a model nopelens cannot read (:func:`nopelens.models.hf.check_config`).
+    """
+    _check_dtype_fields(directory)
+    cls = _causal_lm_class(directory)
+    try:
+        check_config(_config_class(cls).from_pretrained(directory, local_files_only=True))
+    except ConfigError as error:
+        raise ValueError(f"{directory}/config.json: {error}") from None
+    except (OSError, ValueError) as error:
+        raise ValueError(f"{directory} holds no loadable HF causal LM: {error}") from None
+    except CONFIG_ERRORS as error:  # a field of the wrong type ("hidden_size": "big"), or fields in conflict
+        raise ValueError(f"{directory}/config.json is not a valid config: {_config_message(error)}") from None
+    return cls
+
+
+def _check_weights_match(info: dict, model: Any, directory: Path) -> None:
+    """Refuse a model whose saved weights do not fill it: a tensor of another shape than its config
+    gives, or one the config asks for that the checkpoint lacks (transformers would initialize
+    either at random; nopelens never measures that). Extra saved tensors are allowed: a config
+    cut to fewer layers than were saved reads the first ones.
+
+    ``info`` is ``from_pretrained(..., output_loading_info=True)``'s: ``mismatched_keys`` holds
+    ``(name, checkpoint shape, model shape)`` triples, ``missing_keys`` names.
+    """
+    order = {name: k for k, name in enumerate(model.state_dict())}
+    mismatched = sorted(info.get("mismatched_keys") or (), key=lambda entry: (order.get(entry[0], len(order)), entry[0]))
+    missing = sorted(info.get("missing_keys") or (), key=lambda name: (order.get(name, len(order)), name))
+    if mismatched:
+        name, saved, built = mismatched[0]
+        sizes = " / ".join(field for field in SIZE_FIELDS if getattr(model.config, field, None) is not None)
+        more = f"; {len(mismatched) - 1} more tensors differ" if len(mismatched) > 1 else ""
+        raise ValueError(f"{directory}: the saved weights do not match config.json ({name}: checkpoint {list(saved)}, "
+                         f"config gives {list(built)}{more}): check {sizes}")
+    if missing:
+        more = f" and {len(missing) - 1} more" if len(missing) > 1 else ""
+        raise ValueError(f"{directory}: config.json asks for weights the checkpoint does not hold ({missing[0]}{more}); "
+                         "check num_hidden_layers and the other sizes against the saved model")
+
+
+def _config_class(model_class):
+    """The config class ``model_class.from_pretrained`` reads: ``AutoConfig`` for the auto class."""
+    return AutoConfig if model_class is AutoModelForCausalLM else model_class.config_class
+
+
+def _check_dtype_fields(directory: Path) -> None:
+    """Refuse a ``config.json`` whose ``dtype`` (or older ``torch_dtype``) names no torch dtype
+    (transformers looks the name up on ``torch`` and fails with an AttributeError)."""
+    try:
+        config = json.loads((Path(directory) / "config.json").read_text())
+    except (OSError, ValueError):
+        return  # the config's own check names a missing or broken file
+    def named(value) -> bool:
+        return isinstance(value, str) and isinstance(getattr(torch, value, None), torch.dtype)
+
+    for key in ("dtype", "torch_dtype"):
+        value = config.get(key) if isinstance(config, dict) else None
+        # a multimodal config may give one dtype per sub-model
+        if value is not None and not (named(value) or isinstance(value, dict) and all(map(named, value.values()))):
+            raise ValueError(f"{directory}/config.json: {key} {value!r} is not a torch dtype (e.g. bfloat16, float32)")
+
+
+def _causal_lm_class(directory: str | Path):
+    """``AutoModelForCausalLM``, or, for a config transformers' auto mapping lacks (Mistral 4 in
+    5.24; multimodal wrappers such as Muse Glimmer), the ``...ForCausalLM`` (or
+    ``...ForConditionalGeneration``) class its ``config.json`` names in ``architectures``."""
+    try:
+        config = json.loads((Path(directory) / "config.json").read_text())
+    except (OSError, ValueError):
+        return AutoModelForCausalLM  # it reports the missing or broken config itself
+    if not isinstance(config, dict):
+        return AutoModelForCausalLM
+    named = [name for name in config.get("architectures") or []
+             if str(name).endswith(("ForCausalLM", "ForConditionalGeneration"))]
+    if config.get("model_type") in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES or not named or not hasattr(transformers, named[0]):
+        return AutoModelForCausalLM
+    return getattr(transformers, named[0])
+
+
+def _config_message(error: Exception) -> str:
+    """A config error's text on one line, without the exception type names huggingface_hub's
+    strict dataclasses put in it (``Validation error for field 'x': TypeError: Field 'x' expected
+    int, got NoneType``): they say where nopelens failed, not what is wrong with the config."""
+    return re.sub(r"\b(TypeError|ValueError|KeyError): ", "", " ".join(str(error).split()))
+
+
+def config_bos_id(directory: Path) -> int | None:
+    """The ``bos_token_id`` an HF model directory's ``config.json`` gives, or None (no config, or no integer id)."""
+    config = Path(directory) / "config.json"
+    bos = json.loads(config.read_text()).get("bos_token_id") if config.is_file() else None
+    return bos if isinstance(bos, int) else None

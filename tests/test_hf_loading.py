@@ -1,0 +1,39 @@
+"""HF loading lives in :mod:`nopelens.models.hf_loading` (issue 39): the names it took from
+:mod:`nopelens.analyses.subjects` still import from there, and one ``SIZE_FIELDS`` serves both the
+config check and the hint for saved weights that do not fit the config."""
+
+import pytest
+from safetensors.torch import save_file
+from transformers import GPTNeoXConfig, GPTNeoXForCausalLM, LlamaConfig
+
+from nopelens.analyses import subjects
+from nopelens.models import hf, hf_loading
+
+MOVED = ("INPUTS", "DEVICES", "DTYPES", "HFInput", "eager_attention_bytes", "attention_shortfall", "load_tokenizer",
+         "text_windows", "load_hf_dir", "checked_hf_config", "SIZE_FIELDS")
+
+
+@pytest.mark.parametrize("name", MOVED)
+def test_a_moved_name_still_imports_from_subjects_as_the_same_object(name):
+    assert getattr(subjects, name) is getattr(hf_loading, name)
+
+
+def test_one_size_fields_for_the_config_check_and_the_weights_hint():
+    assert hf_loading.SIZE_FIELDS is hf.SIZE_FIELDS
+    # the check once lacked intermediate_size, the hint every family's own names (n_embd, n_head, ...)
+    assert {"intermediate_size", "hidden_size", "n_embd", "d_model", "n_head", "num_heads"} <= set(hf.SIZE_FIELDS)
+    with pytest.raises(hf.ConfigError, match="intermediate_size is 0"):
+        hf.check_config(LlamaConfig(num_hidden_layers=1, hidden_size=16, num_attention_heads=2, intermediate_size=0))
+
+
+def test_the_weights_hint_names_the_sizes_of_the_family_at_hand(tmp_path):
+    """GPT-NeoX names its sizes like Llama; a shape mismatch is named with the fields its config gives."""
+    config = GPTNeoXConfig(vocab_size=32, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+                           intermediate_size=32, max_position_embeddings=64)
+    weights = {name: tensor.contiguous() for name, tensor in GPTNeoXForCausalLM(config).state_dict().items()}
+    config.intermediate_size = 48  # the saved MLP is 32 wide
+    config.save_pretrained(tmp_path)
+    save_file(weights, tmp_path / "model.safetensors")
+    with pytest.raises(ValueError, match=r"do not match config\.json .*check hidden_size / num_attention_heads"
+                                         r".* / intermediate_size / vocab_size"):
+        hf_loading.load_hf_dir(tmp_path)
