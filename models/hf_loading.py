@@ -29,9 +29,10 @@ from .tasks import default_documents
 try:
     from huggingface_hub.errors import StrictDataclassError
 except ImportError:  # pragma: no cover
-    CONFIG_ERRORS: tuple[type[Exception], ...] = (TypeError,)
+    CONFIG_ERRORS: tuple[type[Exception], ...] = (TypeError, AttributeError)
 else:
-    CONFIG_ERRORS = (StrictDataclassError, TypeError)
+    # AttributeError: transformers reads a wrong-typed field as the type it expects (a rope entry "nope")
+    CONFIG_ERRORS = (StrictDataclassError, TypeError, AttributeError)
 
 
 INPUTS = ("text", "random", "repeated")
@@ -335,7 +336,7 @@ def _config_message(error: Exception) -> str:
     """A config error's text on one line, without the exception type names huggingface_hub's
     strict dataclasses put in it (``Validation error for field 'x': TypeError: Field 'x' expected
     int, got NoneType``): they say where nopelens failed, not what is wrong with the config."""
-    return re.sub(r"\b(TypeError|ValueError|KeyError): ", "", " ".join(str(error).split()))
+    return re.sub(r"\b(TypeError|ValueError|KeyError|AttributeError): ", "", " ".join(str(error).split()))
 
 
 def config_bos_id(directory: Path) -> int | None:

@@ -17,13 +17,14 @@ import warnings
 import pandas as pd
 import pytest
 import torch
+import transformers
 
 from nopelens.analyses.cli import main
 from nopelens.models import hf
 from nopelens.models.adapters import load_hf_model
 from nopelens.models.hf import describe
 
-from hf_families import POSITIONS, WINDOW, build_design
+from hf_families import POSITIONS, WINDOW, _instantiate, _tiny, build_design
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -233,3 +234,27 @@ def test_the_probe_screen_is_at_most_100_columns_wide(saved, tmp_path, capsys):
     assert "Not applicable:" in printed and "score read: blocks [0, 2]: sliding window 4" in " ".join(printed.split())
     widths = {line: len(line) for line in printed.splitlines() if line != str(out)}
     assert max(widths.values()) <= 100, max(widths, key=widths.get)
+
+
+def _mamba_only_zamba2(target) -> str:
+    config = _tiny(transformers.Zamba2Config, layers_block_type=["mamba"] * 4, mamba_d_state=8, mamba_headdim=8,
+                   n_mamba_heads=8, mamba_ngroups=1, attention_head_dim=8, num_mem_blocks=1, use_mem_rope=False,
+                   chunk_size=8, adapter_rank=4, time_step_min=1e-9)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        _instantiate(config, transformers.Zamba2ForCausalLM, 0, {}).save_pretrained(target)
+    return str(target)
+
+
+@pytest.mark.parametrize("case, message", [("rope entry a string", "is not a valid config"),
+                                           ("mamba blocks only", "has no attention layer")])
+def test_a_wrong_typed_field_or_no_attention_layer_is_one_clear_line(saved, tmp_path, capsys, case, message):
+    """Found by trying to break the families: a rope entry that is neither a dict nor None made transformers
+    raise an AttributeError (exit 3, an internal error), and a model of state-space blocks only failed
+    inside step 3 (``max() arg is an empty sequence``)."""
+    path = (_edited(saved("cohere_compass"), tmp_path / "model", "rope_parameters.full_attention", "nope")
+            if case == "rope entry a string" else _mamba_only_zamba2(tmp_path / "model"))
+    capsys.readouterr()
+    assert main(["audit", "--hf-dir", path]) == 2
+    line = capsys.readouterr().err.strip()
+    assert len(line.splitlines()) == 1 and message in line and not INTERNAL.search(line), line

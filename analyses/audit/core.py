@@ -139,6 +139,9 @@ def audit(
             f"eval_length={eval_length} is past the learned position table ({subject.max_positions} "
             "rows): those positions cannot be computed at all"
         )
+    if not subject.attention_layers:
+        raise ValueError("the model has no attention layer (every block is a state-space, linear-attention or MLP "
+                         "block): the audit checks how attention reads positions, so there is nothing to audit")
     shortfall = _memory_shortfall(subject, eval_length)
     if shortfall is not None:
         raise ValueError(shortfall)
