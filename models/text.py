@@ -1,0 +1,258 @@
+"""The ``text`` task: a byte-level language model over real text, and the corpus it reads.
+
+The corpus is a set of documents (CPython's bundled help texts by default, or the paragraphs of a
+UTF-8 file), split into train and validation by a hash of each document's key; the vocabulary is
+UTF-8 bytes plus BOS and PAD (:class:`ByteTokenizer`). :func:`help_text_bigrams` gives the byte
+statistics the ``bigram_backcopy`` task samples from.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+from pathlib import Path
+from pydoc_data.topics import topics
+
+import torch
+from torch import Tensor
+
+from .task_base import Batch, SeedLike, Task, as_generator, check_sizes, pad_rows
+
+VALIDATION_FRACTION = 0.1
+DOCUMENT_SEPARATOR = b"\n\n"
+
+
+def default_documents() -> dict[str, str]:
+    """CPython's bundled English help texts, ``pydoc_data.topics.topics`` (about 465 KB).
+
+    Returns:
+        ``{topic: text}``, one document per help topic, sorted by topic.
+    """
+    return dict(sorted(topics.items()))
+
+
+def file_documents(path: str | Path) -> dict[str, str]:
+    """The paragraphs (separated by blank lines) of a UTF-8 text file, keyed ``"<index>"``.
+
+    Raises:
+        FileNotFoundError: if the file does not exist.
+        ValueError: if it is not valid UTF-8 or holds fewer than two paragraphs.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"text corpus {str(path)!r} does not exist or is not a file")
+    raw = path.read_bytes()
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as error:
+        raise ValueError(f"text corpus {str(path)!r} is not UTF-8: {error}") from None
+    paragraphs = [p.strip("\n") for p in text.replace("\r\n", "\n").split("\n\n")]
+    paragraphs = [p for p in paragraphs if p.strip()]
+    if len(paragraphs) < 2:
+        raise ValueError(
+            f"text corpus {str(path)!r} has {len(paragraphs)} paragraph(s); the train/validation "
+            "split is by document (paragraphs separated by a blank line), so it needs at least 2"
+        )
+    return {str(i): p for i, p in enumerate(paragraphs)}
+
+
+def is_validation_document(key: str, fraction: float = VALIDATION_FRACTION) -> bool:
+    """Deterministic split: a document is in validation when sha256(key) falls in ``fraction``.
+
+    The choice depends on the document's own key only, so adding a document never moves another.
+
+    Example:
+        >>> [is_validation_document(k) for k in ("assert", "break", "class", "if")]
+        [False, True, True, False]
+    """
+    digest = hashlib.sha256(key.encode("utf-8")).digest()
+    return int.from_bytes(digest[:8], "big") / 2**64 < fraction
+
+
+class ByteTokenizer:
+    """The ``text`` task's vocabulary: UTF-8 bytes are ids 0-255, then BOS and PAD.
+
+    Decoding skips BOS and PAD (as HF's ``skip_special_tokens``) and turns a byte sequence that is
+    not valid UTF-8 (e.g. a character cut in half by ``max_new_tokens``) into U+FFFD, as
+    byte-level tokenizers do. Byte-level text has no end-of-sequence token: ``eos_id`` is None.
+
+    Example:
+        >>> tok = ByteTokenizer()
+        >>> tok.encode("hé")
+        [104, 195, 169]
+        >>> tok.decode([256, 104, 195, 169, 257])
+        'hé'
+    """
+
+    bos_id, pad_id, eos_id, d_vocab = 256, 257, None, 258
+
+    def encode(self, text: str) -> list[int]:
+        """The UTF-8 bytes of ``text`` as token ids (no BOS).
+
+        Raises:
+            TypeError: if ``text`` is not a str.
+        """
+        if not isinstance(text, str):
+            raise TypeError(f"a byte-level model reads str input, got {type(text).__name__}")
+        return list(text.encode("utf-8"))
+
+    def decode(self, ids: list[int]) -> str:
+        """The text of token ids; BOS and PAD are skipped.
+
+        Raises:
+            ValueError: on an id outside ``[0, 258)``, naming it and its index.
+        """
+        for index, token in enumerate(ids):
+            if not 0 <= token < self.d_vocab:
+                raise ValueError(
+                    f"token id {token} at index {index} is not a byte-level token: ids 0-255 are "
+                    f"bytes, {self.bos_id} is BOS, {self.pad_id} is PAD"
+                )
+        return bytes(t for t in ids if t < 256).decode("utf-8", errors="replace")
+
+    def token_string(self, token: int) -> str:
+        """One token as text: its character for ASCII, ``\\xNN`` for other bytes, ``<bos>``/``<pad>``.
+
+        Example:
+            >>> [ByteTokenizer().token_string(t) for t in (256, 104, 195)]
+            ['<bos>', 'h', '\\\\xc3']
+        """
+        special = {self.bos_id: "<bos>", self.pad_id: "<pad>"}
+        if token in special:
+            return special[token]
+        self.decode([token])  # checks the id
+        return bytes([token]).decode("utf-8", errors="backslashreplace")
+
+    def __repr__(self) -> str:
+        return "ByteTokenizer()"
+
+
+class TextTask(Task):
+    """``text``: a byte-level language model over a UTF-8 corpus, split by document.
+
+    Layout ``BOS byte_1 .. byte_n``; every next-byte prediction is scored. Token ids 0-255 are
+    bytes, 256 is BOS and 257 is PAD (never scored). Each split is its documents joined by a blank
+    line into one byte stream; a sample is a window of n bytes starting uniformly in its stream.
+
+    Args:
+        path: a UTF-8 text file whose paragraphs are the documents; None (default) uses CPython's
+            bundled help texts (:func:`default_documents`).
+        validation_fraction: share of documents (by hashed key) held out for validation.
+
+    Raises:
+        FileNotFoundError / ValueError: see :func:`file_documents`; ValueError if either split is
+            empty.
+    """
+
+    name = "text"
+    min_length = 1
+    tokenizer = ByteTokenizer()
+
+    def __init__(self, path: str | None = None, validation_fraction: float = VALIDATION_FRACTION) -> None:
+        super().__init__()
+        if not 0.0 < validation_fraction < 1.0:
+            raise ValueError(f"validation_fraction must lie in (0, 1), got {validation_fraction!r}")
+        self.path = None if path is None else str(path)
+        self.kwargs = {"path": self.path, "validation_fraction": validation_fraction}
+        documents = default_documents() if path is None else file_documents(path)
+        split = {"train": [], "validation": []}
+        for key, text in documents.items():
+            split["validation" if is_validation_document(key, validation_fraction) else "train"].append(text)
+        for name, docs in split.items():
+            if not docs:
+                raise ValueError(
+                    f"the {name} split of {self.path or 'pydoc_data.topics'} is empty "
+                    f"({len(documents)} documents, validation_fraction={validation_fraction}); "
+                    "use a corpus with more documents or another fraction"
+                )
+        self.documents = {name: len(docs) for name, docs in split.items()}
+        self.streams = {
+            name: torch.frombuffer(bytearray(DOCUMENT_SEPARATOR.join(t.encode("utf-8") for t in docs)), dtype=torch.uint8).long()
+            for name, docs in split.items()
+        }
+        self.characters = {name: sum(len(t) for t in docs) + 2 * (len(docs) - 1) for name, docs in split.items()}
+        self.d_vocab, self.bos_id, self.pad_id = self.tokenizer.d_vocab, self.tokenizer.bos_id, self.tokenizer.pad_id
+
+    def seq_len(self, length: int) -> int:
+        return length + 1
+
+    def bytes_per_character(self, split: str = "validation") -> float:
+        """UTF-8 bytes per character of a split (1.0 for pure ASCII); converts bits/byte to bits/char."""
+        return len(self.streams[self._check_split(split)]) / self.characters[split]
+
+    def _check_split(self, split: str) -> str:
+        if split not in self.streams:
+            raise ValueError(f"split must be 'train' or 'validation', got {split!r}")
+        return split
+
+    def sample(self, n: int, min_len: int, max_len: int, seed: SeedLike, split: str = "train") -> Batch:
+        """Windows of the ``split`` stream; see :meth:`Task.sample`. ``split`` is ``train`` or ``validation``."""
+        check_sizes(n, min_len, max_len, self.min_length)
+        stream = self.streams[self._check_split(split)]
+        if max_len > len(stream):
+            raise ValueError(f"max_len={max_len} is longer than the {split} stream ({len(stream)} bytes)")
+        generator = as_generator(seed)
+        lengths = torch.randint(min_len, max_len + 1, (n,), generator=generator)
+        starts = (torch.rand(n, generator=generator) * (len(stream) - lengths + 1)).long()
+        rows = []
+        for start, length in zip(starts.tolist(), lengths.tolist()):
+            tokens = [self.bos_id] + stream[start : start + length].tolist()
+            rows.append((tokens, tokens[1:] + [self.pad_id], [True] * length + [False]))
+        return pad_rows(rows, self.pad_id, lengths)
+
+    def windows(self, length: int, split: str = "validation", max_windows: int | None = None) -> Batch:
+        """Consecutive non-overlapping windows of ``length`` bytes tiling the split's stream.
+
+        The deterministic evaluation set: every byte of the stream (up to the last whole window,
+        or the first ``max_windows`` windows) is predicted exactly once.
+        """
+        stream = self.streams[self._check_split(split)]
+        count = len(stream) // length
+        if max_windows is not None:
+            count = min(count, max_windows)
+        if count < 1:
+            raise ValueError(f"the {split} stream ({len(stream)} bytes) is shorter than one window of {length}")
+        body = stream[: count * length].view(count, length)
+        tokens = torch.cat([torch.full((count, 1), self.bos_id), body], dim=1)
+        targets = torch.cat([body, torch.full((count, 1), self.pad_id)], dim=1)
+        loss_mask = torch.ones_like(tokens, dtype=torch.bool)
+        loss_mask[:, -1] = False
+        return Batch(tokens, loss_mask, torch.ones_like(tokens), targets, torch.full((count,), length))
+
+
+
+@functools.lru_cache(maxsize=8)
+def help_text_bigrams(n_symbols: int) -> tuple[bytes, Tensor, Tensor]:
+    """Byte statistics of CPython's help texts (:func:`default_documents`, every document).
+
+    Args:
+        n_symbols: how many of the most frequent bytes to keep (ties broken by byte value).
+
+    Returns:
+        ``(symbols, marginal, transition)``: the kept bytes, most frequent first; float64
+        ``[n_symbols]`` unigram frequencies among them; float64 ``[n_symbols, n_symbols]`` bigram
+        transition P(next | current), counted over adjacent byte pairs inside a document with both
+        bytes kept. A row with no count (never seen before a kept byte) is uniform.
+
+    Raises:
+        ValueError: if ``n_symbols`` is not in 2..256 or the corpus has fewer distinct bytes.
+    """
+    if isinstance(n_symbols, bool) or not isinstance(n_symbols, int) or not 2 <= n_symbols <= 256:
+        raise ValueError(f"n_symbols must be an integer in 2..256, got {n_symbols!r}")
+    documents = [torch.frombuffer(bytearray(text.encode("utf-8")), dtype=torch.uint8).long()
+                 for text in default_documents().values()]
+    counts = torch.bincount(torch.cat(documents), minlength=256)
+    if int((counts > 0).sum()) < n_symbols:
+        raise ValueError(f"the help texts have {int((counts > 0).sum())} distinct bytes, fewer than n_symbols={n_symbols}")
+    order = sorted(range(256), key=lambda b: (-int(counts[b]), b))[:n_symbols]
+    index = torch.full((256,), -1, dtype=torch.long)
+    index[torch.tensor(order)] = torch.arange(n_symbols)
+    pairs = torch.zeros(n_symbols, n_symbols, dtype=torch.float64)
+    for doc in documents:
+        a, b = index[doc[:-1]], index[doc[1:]]
+        kept = (a >= 0) & (b >= 0)
+        pairs.index_put_((a[kept], b[kept]), torch.ones(int(kept.sum()), dtype=torch.float64), accumulate=True)
+    totals = pairs.sum(1, keepdim=True)
+    transition = torch.where(totals > 0, pairs / totals.clamp_min(1), torch.full_like(pairs, 1.0 / n_symbols))
+    marginal = counts[torch.tensor(order)].double()
+    return bytes(order), marginal / marginal.sum(), transition
