@@ -8,7 +8,6 @@ queries as [batch, heads, pos, d_head]; nopelens keeps [batch, pos, head_index, 
 import pytest
 import torch
 from transformers import (
-    BloomConfig,
     GPT2Config,
     GPT2LMHeadModel,
     GPTJConfig,

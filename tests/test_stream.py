@@ -5,7 +5,6 @@ sink ablation streamed (an intervention per batch) equals the in-memory one."""
 
 from __future__ import annotations
 
-import functools
 import warnings
 
 import numpy as np

@@ -156,7 +156,7 @@ def step10_lengths(run: Run, meta: dict[str, Any]) -> StepResult:
     Reads the training lengths from the metadata; warns when the probe goes past them, with seed
     002's note that a computable index is not demonstrated length generalization.
     """
-    s, p = run.subject, run.probe
+    p = run.probe
     eval_lengths = sorted(set(p.mask.sum(-1).tolist()))
     evidence: dict[str, Any] = {"eval_lengths": eval_lengths, "max_eval_position": int(p.ids.max())}
     found = next(((k, meta[k]) for k in TRAIN_LENGTH_KEYS if meta.get(k) is not None), None)
