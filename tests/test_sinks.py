@@ -172,13 +172,16 @@ def test_an_output_scale_row_whose_values_are_zero_is_left_out_of_the_mass():
     """Granite SWA's sink scales each head's output by c = 1 - p_sink; a query whose weighted values
     are 0 (a pad embedding's) shows no c and counted as mass 0 (``nopelens validate --seed 10``
     read 0.2355 for 0.2494)."""
-    import numpy as np
-
-    from nopelens.probes.sinks import output_scale_sink_mass
-
     pattern = np.array([[[1.0, 0.0], [0.5, 0.5]]])  # one head, two queries
     values = np.array([[[0.0, 0.0]], [[2.0, 4.0]]])  # [sample, kv head, d_head]: key 0's value is 0
     outputs = np.array([[[0.0, 0.0]], [[0.6, 1.2]]])  # query 1: c = 0.6 of its weighted value (1, 2)
-    assert output_scale_sink_mass([pattern], values, outputs, np.zeros(2, dtype=int)).tolist() == pytest.approx([0.4])
+
+    def learned_mass(values):
+        acts = Activations(acts={"blocks.0.attn.hook_v": values, "blocks.0.attn.hook_z": outputs},
+                           sequence_id=np.zeros(2, int), position=np.arange(2), token=np.zeros(2, int),
+                           patterns={"blocks.0.attn.hook_pattern": [pattern]})
+        return sink_table(acts, n_tokens=None, sinks={0: ("output_scale", None)})["learned_sink_mass"].tolist()
+
+    assert learned_mass(values) == pytest.approx([0.4])
     with pytest.raises(ValueError, match=r"heads \[0\]: every weighted value is 0"):
-        output_scale_sink_mass([pattern], np.zeros_like(values), outputs, np.zeros(2, dtype=int))
+        learned_mass(np.zeros_like(values))
