@@ -39,7 +39,8 @@ def test_uniform_causal_t4_masses():
 
 def test_causal_sink_mass_and_score_are_the_plain_float32_means_to_the_bit():
     """Without a window the sink mass and Gu's score are the means of the first-key column (rows
-    1.. and rows 0..T-1), summed in numpy's float32 order: the window rule changes no causal number."""
+    1.. and rows 0..T-1), summed in numpy's float32 order: the window rule changes no causal number;
+    sink_table's are the same means."""
     rng = np.random.default_rng(0)
     patterns = []
     for _ in range(40):
@@ -49,6 +50,12 @@ def test_causal_sink_mass_and_score_are_the_plain_float32_means_to_the_bit():
     plain_score = np.concatenate([p[:, :16, 0] for p in patterns], axis=1).mean(1)
     assert sink_mass(patterns).tobytes() == plain_mass.tobytes()
     assert sink_scores(patterns, n_tokens=16).tobytes() == plain_score.tobytes()
+    # the table (SinkStats' float64 sums, replayed) gives the same means up to float32 round-off
+    acts = Activations(acts={}, sequence_id=np.zeros(0, int), position=np.zeros(0, int), token=np.zeros(0, int),
+                       patterns={"blocks.0.attn.hook_pattern": patterns})
+    table = sink_table(acts, n_tokens=16)
+    np.testing.assert_allclose(table["sink_mass"], plain_mass, rtol=1e-6)
+    np.testing.assert_allclose(table["sink_score"], plain_score, rtol=1e-6)
 
 
 def test_left_padded_sink_is_the_first_real_token():
