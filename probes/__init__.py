@@ -17,19 +17,10 @@ from .linear import (
 )
 from .stream_probes import probe_absolute_index, probe_relative_distance
 from .metrics import bootstrap_scores, mad_chance, mad_chance_of, score
-from .sinks import (
-    attention_variance,
-    compare_bos,
-    learned_sink_logits,
-    sink_mass,
-    sink_mass_by_position,
-    sink_rate,
-    sink_scores,
-    sink_table,
-    strip_padding,
-    variance_shrinkage,
-    variance_slopes,
-)
+from .learned_sinks import learned_sink_logits
+from .sink_patterns import sink_mass, sink_mass_by_position, sink_scores, strip_padding
+from .sinks import compare_bos, sink_rate, sink_table
+from .variance import attention_variance, variance_shrinkage, variance_slopes
 from .targets import (
     DistancePairs,
     bilinear_features,

@@ -37,16 +37,12 @@ reads, variance shrinkage): subclass :class:`Measurement` and implement
 - ``result()``.
 
 :class:`AttentionVariance` is a complete small example: the per-position variance of attention
-outputs across sequences (:func:`nopelens.probes.sinks.attention_variance`) from per-position
+outputs across sequences (:func:`nopelens.probes.variance.attention_variance`) from per-position
 counts, means and sums of squared deviations, combined across batches by Chan et al.'s update.
 """
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
-import functools
-import os
 import pickle
 from dataclasses import dataclass
 from typing import Callable, Sequence
@@ -65,6 +61,7 @@ from .collect import (
     Activations, BatchHooks, HookList, _check_inputs, _model_device, _resolve_sites, forward_with_hooks, hooks_added, hooks_for_batch,
     real_values, site_block,
 )
+from .memory import AUTO_KEEP_BYTES, KeepBudget, available_memory, release_freed_memory  # noqa: F401  (re-exported)
 
 
 @dataclass
@@ -115,12 +112,18 @@ class Sequences:
         Sequence ``s`` of the result is the ``s``-th sequence id of ``acts`` in ascending order (the
         same grouped folds: GroupKFold sees the same groups in the same order); a sample at
         position ``p`` sits in column ``p`` of the padded rows, which are real exactly at the samples.
+        Activations of patterns only (no sample) give sequence ``s`` the ``n_real`` tokens of its
+        patterns, with token ids 0.
 
         Raises:
             ValueError: if the samples are not sequence-major in ascending position order (as
                 :func:`~nopelens.probes.collect.collect` stores them), or a position repeats or is negative.
         """
         sequence_id, position = np.asarray(acts.sequence_id), np.asarray(acts.position)
+        if len(position) == 0 and acts.patterns:
+            lengths = np.array([np.shape(p)[-1] for p in next(iter(acts.patterns.values()))])
+            mask = (np.arange(lengths.max(initial=0))[None] < lengths[:, None]).astype(np.int64)
+            return cls.of(np.zeros_like(mask), mask)
         if len(position) == 0 or sequence_id.shape != position.shape or position.min() < 0:
             raise ValueError("activations need samples with equal-length sequence ids and positions >= 0")
         ids, row = np.unique(sequence_id, return_inverse=True)
@@ -211,78 +214,6 @@ class Measurement:
 
     def result(self):
         raise NotImplementedError
-
-
-AUTO_KEEP_BYTES = 2**29
-"""The most an ``"auto"`` keep budget holds: a fixed cap, so that memory stops growing with the
-number of tokens once the kept features reach it (the rest is predicted in a second pass)."""
-
-
-class KeepBudget:
-    """Bytes that measurements may keep in memory until the end of a pass (shared among them).
-
-    ``None``: no limit (every batch is kept: one pass, memory grows with the tokens); ``0``: keep
-    nothing (a second pass recomputes what is needed: memory bounded); ``"auto"``: 512 MiB
-    (:data:`AUTO_KEEP_BYTES`) or a quarter of the memory available when the run starts on
-    ``device`` (where the kept features live: the model's), whichever is less (memory bounded,
-    and one pass for runs whose features fit).
-    """
-
-    def __init__(self, limit: int | str | None = "auto", device: torch.device | str | None = None):
-        if limit == "auto":
-            limit = min(AUTO_KEEP_BYTES, available_memory(device) // 4)
-        if limit is not None and (not isinstance(limit, (int, np.integer)) or limit < 0):
-            raise ValueError(f"a keep budget is a number of bytes >= 0, None or 'auto', got {limit!r}")
-        self.limit, self.used = limit, 0
-
-    def take(self, nbytes: int) -> bool:
-        """Reserve ``nbytes`` if they fit; True when they did."""
-        if self.limit is not None and self.used + nbytes > self.limit:
-            return False
-        self.used += nbytes
-        return True
-
-    def give(self, nbytes: int) -> None:
-        self.used = max(0, self.used - nbytes)
-
-
-def available_memory(device: torch.device | str | None = None) -> int:
-    """Bytes of memory available now on ``device``: a CUDA device's free memory
-    (``torch.cuda.mem_get_info``), else the host's (Linux ``MemAvailable``; elsewhere the free
-    physical pages)."""
-    if device is not None and torch.device(device).type == "cuda":
-        return int(torch.cuda.mem_get_info(torch.device(device))[0])
-    try:
-        with open("/proc/meminfo") as info:
-            for line in info:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-
-
-def release_freed_memory() -> None:
-    """Hand the memory this process has freed back to the operating system (glibc's
-    ``malloc_trim``; elsewhere nothing). glibc keeps freed chunks of under 32 MB in its heap, where
-    the long-lived statistics and predictions pin them, fragmented; a run calls this after each
-    batch (the forward pass's temporaries), after each probe's fit (its unpacked statistics and
-    factorizations) and each pass, and between groups of sites. Measured on a 384-wide, 6-layer
-    Llama, 96 sequences of 256 tokens: after the first pass the process held 1.57 GB without and
-    1.08 GB with it; over 18 grouped runs the peak was 1.78 GB without and 1.42 GB with it."""
-    trim = _malloc_trim()
-    if trim is not None:
-        trim(0)
-
-
-@functools.lru_cache(maxsize=1)
-def _malloc_trim():
-    """glibc's ``malloc_trim``, looked up once (None where the C library has none)."""
-    name = ctypes.util.find_library("c")
-    try:
-        return ctypes.CDLL(name).malloc_trim if name else None
-    except (OSError, AttributeError):  # not glibc
-        return None
 
 
 def run(
@@ -518,7 +449,8 @@ ROWS_AT_ONCE = 1 << 20
 class AttentionVariance(Measurement):
     """Per-position variance of site outputs across sequences, averaged over coordinates, streamed.
 
-    The same table as :func:`nopelens.probes.sinks.attention_variance`: for each site and position
+    The table of :func:`nopelens.probes.variance.attention_variance` (which replays cached activations
+    into this measurement): for each site and position
     i, Var_s(z_{s,i,c}) over the sequences s that have position i (ddof = 1), then the mean over
     coordinates c. Per position it keeps the count n, the mean and the sum of squared deviations
     M2 ``[d]`` (float64); batches combine by Chan, Golub & LeVeque's pairwise update

@@ -39,7 +39,8 @@ def test_uniform_causal_t4_masses():
 
 def test_causal_sink_mass_and_score_are_the_plain_float32_means_to_the_bit():
     """Without a window the sink mass and Gu's score are the means of the first-key column (rows
-    1.. and rows 0..T-1), summed in numpy's float32 order: the window rule changes no causal number."""
+    1.. and rows 0..T-1), summed in numpy's float32 order: the window rule changes no causal number;
+    sink_table's are the same means."""
     rng = np.random.default_rng(0)
     patterns = []
     for _ in range(40):
@@ -49,6 +50,12 @@ def test_causal_sink_mass_and_score_are_the_plain_float32_means_to_the_bit():
     plain_score = np.concatenate([p[:, :16, 0] for p in patterns], axis=1).mean(1)
     assert sink_mass(patterns).tobytes() == plain_mass.tobytes()
     assert sink_scores(patterns, n_tokens=16).tobytes() == plain_score.tobytes()
+    # the table (SinkStats' float64 sums, replayed) gives the same means up to float32 round-off
+    acts = Activations(acts={}, sequence_id=np.zeros(0, int), position=np.zeros(0, int), token=np.zeros(0, int),
+                       patterns={"blocks.0.attn.hook_pattern": patterns})
+    table = sink_table(acts, n_tokens=16)
+    np.testing.assert_allclose(table["sink_mass"], plain_mass, rtol=1e-6)
+    np.testing.assert_allclose(table["sink_score"], plain_score, rtol=1e-6)
 
 
 def test_left_padded_sink_is_the_first_real_token():
@@ -172,13 +179,16 @@ def test_an_output_scale_row_whose_values_are_zero_is_left_out_of_the_mass():
     """Granite SWA's sink scales each head's output by c = 1 - p_sink; a query whose weighted values
     are 0 (a pad embedding's) shows no c and counted as mass 0 (``nopelens validate --seed 10``
     read 0.2355 for 0.2494)."""
-    import numpy as np
-
-    from nopelens.probes.sinks import output_scale_sink_mass
-
     pattern = np.array([[[1.0, 0.0], [0.5, 0.5]]])  # one head, two queries
     values = np.array([[[0.0, 0.0]], [[2.0, 4.0]]])  # [sample, kv head, d_head]: key 0's value is 0
     outputs = np.array([[[0.0, 0.0]], [[0.6, 1.2]]])  # query 1: c = 0.6 of its weighted value (1, 2)
-    assert output_scale_sink_mass([pattern], values, outputs, np.zeros(2, dtype=int)).tolist() == pytest.approx([0.4])
+
+    def learned_mass(values):
+        acts = Activations(acts={"blocks.0.attn.hook_v": values, "blocks.0.attn.hook_z": outputs},
+                           sequence_id=np.zeros(2, int), position=np.arange(2), token=np.zeros(2, int),
+                           patterns={"blocks.0.attn.hook_pattern": [pattern]})
+        return sink_table(acts, n_tokens=None, sinks={0: ("output_scale", None)})["learned_sink_mass"].tolist()
+
+    assert learned_mass(values) == pytest.approx([0.4])
     with pytest.raises(ValueError, match=r"heads \[0\]: every weighted value is 0"):
-        output_scale_sink_mass([pattern], np.zeros_like(values), outputs, np.zeros(2, dtype=int))
+        learned_mass(np.zeros_like(values))

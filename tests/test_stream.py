@@ -258,11 +258,11 @@ def test_packed_block_moments_hold_half_the_gram_and_group_to_the_same_full_matr
 
 
 def test_the_default_keep_budget_is_capped_so_memory_stops_growing_with_the_tokens(monkeypatch):
-    import nopelens.probes.stream as stream
+    import nopelens.probes.memory as memory
 
-    monkeypatch.setattr(stream, "available_memory", lambda device=None: 64 * 2**30)
-    assert KeepBudget().limit == stream.AUTO_KEEP_BYTES == 2**29  # a big machine: the fixed cap
-    monkeypatch.setattr(stream, "available_memory", lambda device=None: 2**30)
+    monkeypatch.setattr(memory, "available_memory", lambda device=None: 64 * 2**30)
+    assert KeepBudget().limit == memory.AUTO_KEEP_BYTES == 2**29  # a big machine: the fixed cap
+    monkeypatch.setattr(memory, "available_memory", lambda device=None: 2**30)
     assert KeepBudget("auto").limit == 2**28  # a small one: a quarter of what is available
     assert KeepBudget(None).limit is None and KeepBudget(0).limit == 0
     with pytest.raises(ValueError, match="a keep budget is a number of bytes"):

@@ -1,8 +1,9 @@
 """Sink ablation: the first real token taken out of one block's attention (:data:`SINK_MODES`),
 checked to take effect (:func:`check_sink_ablation`), then the later layers re-probed and the
-behaviour measured (:func:`sink_ablation`); and the sweep's cheap form of it, in memory
-(:func:`sink_ablation_drop`) or streamed (:func:`sink_ablation_drop_streamed`), which give the same
-numbers as :func:`sink_ablation`'s ``remove_key`` rows."""
+behaviour measured (:func:`sink_ablation`); and the sweep's cheap form of it, streamed
+(:func:`sink_ablation_drop_streamed`) or from clean activations in memory (:func:`sink_ablation_drop`,
+the same measurement with the clean states replayed), which give :func:`sink_ablation`'s
+``remove_key`` numbers."""
 
 from __future__ import annotations
 
@@ -16,13 +17,13 @@ from torch import Tensor
 
 from nopelens.models.hooks import act_name, act_names
 from nopelens.models.progress import progress_bar
-from nopelens.probes import Activations, collect, probe_absolute_index, resid_site, stream
+from nopelens.probes import Activations, collect, resid_site, stream
 from nopelens.probes.stream import KeepBudget, Measurement, Sequences
 from nopelens.probes.stream_probes import absolute_index_probes
 
 from ..subjects import Subject
 from .hooks import SINK_MODES, NotApplicable, sink_batch_hooks
-from .measure import ProbeSettings, behavior, behavior_change, later_tokens, reprobe, subset_sequences
+from .measure import ProbeSettings, behavior, behavior_change, reprobe, subset_sequences
 
 PATTERN_TOLERANCE = 1e-6
 """Largest attention weight a removed key may keep for the ablation to count as applied."""
@@ -191,9 +192,9 @@ def sink_ablation_drop(model, tokens: Tensor, attention_mask: Tensor, n_layers: 
     same sequences and probe settings its R^2 values (and CIs) are those of :func:`sink_ablation`'s
     ``remove_key`` rows at layer l + 1: the sweep and ``nopelens intervene`` give one number. (The
     sweep once probed only its first 16 sequences, and the smaller fits read text-nope-4l's
-    block-0 ablation as R^2 0.81 -> -0.04 where 80 sequences read 0.92 -> 0.42.)
-    :func:`sink_ablation_drop_streamed` gives the same table in memory that does not grow with
-    the tokens.
+    block-0 ablation as R^2 0.81 -> -0.04 where 80 sequences read 0.92 -> 0.42.) It is
+    :func:`sink_ablation_drop_streamed` with every batch kept, the clean probes replayed from
+    ``clean`` (:func:`~nopelens.probes.stream.replay`).
 
     Args:
         model, tokens, attention_mask, n_layers: the subject.
@@ -209,20 +210,15 @@ def sink_ablation_drop(model, tokens: Tensor, attention_mask: Tensor, n_layers: 
     if max_sequences is not None:
         tokens, attention_mask = tokens[:max_sequences], attention_mask[:max_sequences]
         clean = subset_sequences(clean, len(tokens))
-    common = dict(tasks=("regression",), controls=False, n_splits=n_splits, n_boot=n_boot, seed=seed)
-    later_clean = later_tokens(clean)
+    sequences = Sequences.of(tokens, attention_mask)
     refused = refused_sink_blocks(model, n_layers, tokens, attention_mask)
-    rows = []
-    for block in range(n_layers):
-        if block in refused:
-            rows.append(_drop_row(block, note=refused[block]))
-            continue
-        site = resid_site(block + 1)
-        ablated = later_tokens(collect(model, tokens, [site], attention_mask=attention_mask, batch_size=32,
-                                       hooks=sink_batch_hooks(block, "remove_key")))
-        rows.append(_drop_row(block, *(_linear_r2(probe_absolute_index(acts, sites=[site], **common), site)
-                                      for acts in (later_clean, ablated))))
-    return pd.DataFrame(rows, columns=DROP_COLUMNS)
+    layers = [block + 1 for block in range(n_layers) if block not in refused]
+    clean_table = None
+    if layers:  # else every block is refused: no probe to fit
+        probes = later_token_probes(sequences, layers, n_splits, n_boot, seed, keep=None)
+        (clean_table,) = stream.replay(clean, [probes], sequences=sequences)
+    return sink_ablation_drop_streamed(model, sequences, n_layers, clean_table, refused, n_splits, n_boot, seed,
+                                       keep=None)
 
 
 def refused_sink_blocks(model, n_layers: int, tokens: Tensor, attention_mask: Tensor) -> dict[int, str]:
@@ -265,9 +261,8 @@ def sink_ablation_drop_streamed(model, sequences: Sequences, n_layers: int, clea
     tokens after the first (:func:`later_token_probes`); each forward pass stops after that layer,
     so the n blocks cost about (n + 1) / 2 full passes (twice that for batches whose features do
     not fit the keep budget). The clean R^2 comes from ``clean``, the same probes measured in the
-    caller's clean run (which hooks the sweep's sites, as the in-memory clean states were
-    collected). On the same sequences, sites and settings the numbers equal
-    :func:`sink_ablation_drop`'s up to float round-off of the sums (tests: 1e-8).
+    caller's clean run (which hooks the sweep's sites, as the clean states of
+    :func:`sink_ablation_drop`, this with every batch kept, were collected).
 
     Args:
         model: the hooked model.
