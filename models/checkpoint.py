@@ -88,10 +88,6 @@ class TrainedModel:
         return make_task(spec["name"], **spec.get("kwargs", {}))
 
 
-def _version() -> str:
-    return __version__
-
-
 def save_checkpoint(
     directory: str | Path,
     trained_or_model: TrainedModel | Decoder,
@@ -126,7 +122,7 @@ def save_checkpoint(
     meta.update(
         format=FORMAT,
         format_version=FORMAT_VERSION,
-        nopelens_version=_version(),
+        nopelens_version=__version__,
         config=model.cfg.to_dict(),
         dtype=str(model.embed.W_E.dtype).removeprefix("torch."),
     )
@@ -315,11 +311,7 @@ def check_state_dict(model: Decoder, tensors: dict[str, Tensor], source: str = "
     missing = sorted(set(expected) - set(tensors))
     extra = sorted(set(tensors) - set(expected))
     if missing or extra:
-        parts = []
-        if missing:
-            parts.append(f"missing tensors {missing}")
-        if extra:
-            parts.append(f"extra tensors {extra}")
+        parts = [f"{what} tensors {names}" for what, names in (("missing", missing), ("extra", extra)) if names]
         raise ValueError(f"{source} does not match its config: " + "; ".join(parts))
     wrong = [
         f"{name}: config gives {expected[name]}, weights have {tuple(tensors[name].shape)}"
