@@ -127,7 +127,7 @@ def save_checkpoint(
         dtype=str(model.embed.W_E.dtype).removeprefix("torch."),
     )
     target = Path(directory)
-    if target.exists() and not (target.is_dir() and ((target / METADATA_FILE).exists() or not any(target.iterdir()))):
+    if not may_hold_checkpoint(target):
         raise ValueError(f"{target} exists and is not a nopelens checkpoint; refusing to overwrite it")
     target.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
@@ -159,6 +159,11 @@ def save_checkpoint(
         shutil.rmtree(staging, ignore_errors=True)
         raise
     return target
+
+
+def may_hold_checkpoint(path: Path) -> bool:
+    """Whether a checkpoint may be written at ``path``: nothing there, an empty folder, or a checkpoint."""
+    return not path.exists() or path.is_dir() and ((path / METADATA_FILE).exists() or not any(path.iterdir()))
 
 
 def description_digest(meta: dict[str, Any]) -> str:
