@@ -199,22 +199,21 @@ def _read_results(path: Path, train_max_len: int) -> pd.DataFrame:
     damaged cell (empty, not a number, out of range: :func:`_valid_rows`), or whose rows do not cover
     every length ``1 .. 2 train_max_len`` (a truncated file), is left out, named, and measured again;
     the other runs are kept."""
+    def measure_all_again(why: str) -> pd.DataFrame:
+        print(f"nopelens lengthgen: {path} {why}; measuring every run again", file=sys.stderr)
+        return pd.DataFrame()
+
     if not path.exists():
         return pd.DataFrame()
     try:
         results = pd.read_csv(path)
     except pd.errors.EmptyDataError:
-        print(f"nopelens lengthgen: {path} is empty; measuring every run again", file=sys.stderr)
-        return pd.DataFrame()
+        return measure_all_again("is empty")
     except (pd.errors.ParserError, UnicodeDecodeError, ValueError) as error:
-        print(f"nopelens lengthgen: {path} cannot be read ({' '.join(str(error).split())[:200]}); measuring every "
-              "run again", file=sys.stderr)
-        return pd.DataFrame()
+        return measure_all_again(f"cannot be read ({' '.join(str(error).split())[:200]})")
     missing = [column for column in RESULT_COLUMNS if column not in results]
     if missing:
-        print(f"nopelens lengthgen: {path} is damaged (columns {missing} missing); measuring every run again",
-              file=sys.stderr)
-        return pd.DataFrame()
+        return measure_all_again(f"is damaged (columns {missing} missing)")
     run = ["task", "method", "seed"]
     # a row with a damaged cell is dropped; its run then lacks a length and is measured again below
     results = _valid_rows(results, train_max_len)
@@ -241,12 +240,10 @@ def run_lengthgen(
             or another analysis's run.
     """
     settings = settings or LengthGenSettings()
-    for method in methods:
-        if method not in METHODS:
-            raise ValueError(f"unknown method {method!r}; choose from {METHODS}")
-    for name in tasks:
-        if name not in TASK_NAMES:
-            raise ValueError(f"unknown task {name!r}; choose from {TASK_NAMES}")
+    for kind, chosen, known in (("method", methods, METHODS), ("task", tasks, TASK_NAMES)):
+        unknown = next((name for name in chosen if name not in known), None)
+        if unknown is not None:
+            raise ValueError(f"unknown {kind} {unknown!r}; choose from {known}")
     out_dir = runs.claim(out_dir, "lengthgen", settings.to_dict())
     csv_path = out_dir / "lengthgen.csv"
     results = _read_results(csv_path, settings.train_max_len)

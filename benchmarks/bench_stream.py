@@ -132,10 +132,10 @@ def measure(case: str, model_dir: str, n_sequences: int, seq_len: int, probes: s
     extrapolate = seq_len // 2 if probes == "sweep" else None
     out = {}
     start, cpu = time.perf_counter(), time.process_time()
+    sites = residual + inner + [s for pair in qk for s in pair] + scores
     with torch.no_grad():
         if case in ("memory", MAIN_CASE):
             exact = case == MAIN_CASE
-            sites = residual + inner + [s for pair in qk for s in pair] + scores
             acts = collect(subject.model, subject.tokens, sites, attention_mask=subject.attention_mask,
                            batch_size=batch_size)
             out["collect_s"] = time.perf_counter() - start
@@ -150,7 +150,6 @@ def measure(case: str, model_dir: str, n_sequences: int, seq_len: int, probes: s
         else:
             budget = KeepBudget(KEEP[case])
             sequences = Sequences.of(subject.tokens, subject.attention_mask)
-            hooked = residual + inner + [s for pair in qk for s in pair] + scores
             measurements = [absolute_index_probes(sequences, residual + inner, extrapolate_from=extrapolate, keep=budget,
                                                   **common)]
             if probes == "sweep":
@@ -159,7 +158,7 @@ def measure(case: str, model_dir: str, n_sequences: int, seq_len: int, probes: s
                     tasks=("regression",), pairs_per_distance=pairs, keep=budget, **common))
                 measurements.append(AttentionVariance(sequences, variance_sites))
             if case == "stream-default":
-                budget.limit = plan_keep(subject, sequences, measurements[:2], hooked, budget).limit
+                budget.limit = plan_keep(subject, sequences, measurements[:2], sites, budget).limit
                 out["kept"] = budget.limit is None
             tables = run(subject.model, sequences, measurements, batch_size=batch_size)
     out["total_s"], out["total_cpu_s"] = time.perf_counter() - start, time.process_time() - cpu

@@ -39,9 +39,8 @@ QUANTIZER = 1.5 * 2.0**23
 """M = 1.5 * 2^23. Every float32 in [2^23, 2^24) is an integer, so adding M before the bias -M
 rounds a pre-activation to the nearest integer; in exact arithmetic +M and -M cancel."""
 
-MAX_EXACT_N_CTX = 2048
-"""Largest n_ctx for which the step MLP is exact in float32: its slopes 4(k+1)(k+2) stay below
-2^24 (exactly representable) and every partial sum of W_out stays an integer below 2^24."""
+COUNTER_HEAD = "uniform causal head; value = BOS flag; writes 1/(i+1) into counter"
+"""What head ``0.0`` of every circuit does (:func:`set_counter_block`)."""
 
 CONSTRUCTIONS = ("steps", "interpolant")
 
@@ -319,12 +318,18 @@ def counter(
     model = blank_circuit_decoder(n_ctx, 1, d_vocab, construction, dtype)
     set_embedding(model)
     set_counter_block(model, 0, construction)
+    return attach_info(model, "counter")
+
+
+def attach_info(model: Decoder, name: str, heads: dict[str, str] | None = None, **parameters) -> Decoder:
+    """Set ``model.circuit``: head ``0.0`` is the counter, ``heads`` describe the heads above it and
+    ``parameters`` are the :class:`CircuitInfo` fields of the construction (``slope``, ``sharpness``)."""
     model.circuit = CircuitInfo(
-        name="counter",
-        n_ctx=n_ctx,
-        exact_positions=n_ctx,
-        heads={"0.0": "uniform causal head; value = BOS flag; writes 1/(i+1) into counter"},
+        name=name,
+        n_ctx=model.cfg.n_ctx,
+        heads={"0.0": COUNTER_HEAD, **(heads or {})},
         content_dims=(CONTENT_START, model.cfg.d_model),
+        **parameters,
     )
     return model
 

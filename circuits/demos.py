@@ -45,12 +45,11 @@ def causal_table(tokens: tuple[str, ...] = FIG_004_TOKENS) -> pd.DataFrame:
     if not tokens:
         raise ValueError("causal_table needs at least one token")
     allowed = causal_mask(len(tokens), len(tokens))
-    table = pd.DataFrame(
+    return pd.DataFrame(
         [["Allowed" if a else "Blocked" for a in row] for row in allowed.tolist()],
         index=pd.Index(tokens, name="query"),
         columns=pd.Index(tokens, name="key"),
     )
-    return table
 
 
 def rows_with_no_allowed_key(table: pd.DataFrame) -> list[str]:
@@ -234,19 +233,14 @@ def constant_input_control(model: Decoder, token: int, length: int) -> dict[str,
     """
     if model.cfg.reads_positions:
         raise ValueError(f"constant_input_control needs a NoPE model, got position={model.cfg.position!r}")
+    patterns = act_names("pattern", model.cfg.n_layers)
+    resids = [act_name("resid_pre", 0), *act_names("resid_post", model.cfg.n_layers)]
     tokens = torch.full((1, length), token, dtype=torch.long)
     with torch.no_grad():
-        _, cache = model.run_with_cache(
-            tokens, names_filter=lambda name: name.endswith("hook_pattern") or name.endswith("hook_resid_post")
-            or name == "blocks.0.hook_resid_pre"
-        )
+        _, cache = model.run_with_cache(tokens, names_filter=patterns + resids)
     uniform = causal_mask(length, length).double() / torch.arange(1, length + 1, dtype=torch.float64)[:, None]
-    deviation, spread, scale = 0.0, 0.0, 0.0
-    for layer in range(model.cfg.n_layers):
-        pattern = cache[act_name("pattern", layer)][0].double()
-        deviation = max(deviation, float((pattern - uniform).abs().max()))
-    resids = [cache[act_name("resid_pre", 0)]] + [cache[name] for name in act_names("resid_post", model.cfg.n_layers)]
-    for resid in resids:
-        spread = max(spread, float((resid[0] - resid[0, :1]).abs().max()))
-        scale = max(scale, float(resid.abs().max()))
-    return {"max_pattern_deviation": deviation, "max_residual_spread": spread, "max_residual_abs": scale}
+    return {
+        "max_pattern_deviation": max(float((cache[name][0].double() - uniform).abs().max()) for name in patterns),
+        "max_residual_spread": max(float((cache[name][0] - cache[name][0, :1]).abs().max()) for name in resids),
+        "max_residual_abs": max(float(cache[name].abs().max()) for name in resids),
+    }

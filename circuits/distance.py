@@ -25,12 +25,13 @@ from nopelens.models.positions import alibi_slopes
 
 from .counter import (
     D_HEAD,
+    attach_info,
     blank_circuit_decoder,
     circuit_tokens,
     set_counter_block,
     set_embedding,
 )
-from .layout import ATTENDED_POSITION, CONTENT_START, ONE, POSITION, POSITION_SQ, CircuitInfo
+from .layout import ATTENDED_POSITION, ONE, POSITION, POSITION_SQ
 
 MAX_ALIBI_HEADS = 256
 """Head counts searched by :func:`alibi_head_for_slope`."""
@@ -212,19 +213,9 @@ def distance(
     n_heads, head = alibi_head_for_slope(slope)
     model = _two_layer_circuit(n_ctx, d_vocab, construction, dtype)
     set_distance_head(model, slope, layer=1)
-    model.circuit = CircuitInfo(
-        name="distance",
-        n_ctx=n_ctx,
-        exact_positions=n_ctx,
-        slope=slope,
-        heads={
-            "0.0": "uniform causal head; value = BOS flag; writes 1/(i+1) into counter",
-            "1.0": f"q_i = m[1, -i], k_j = [j, 1]: score -m(i - j), the ALiBi head {head} of "
-            f"{n_heads} (m = {slope}); writes sum_j A_ij j into attended_position",
-        },
-        content_dims=(CONTENT_START, model.cfg.d_model),
-    )
-    return model
+    head_1 = (f"q_i = m[1, -i], k_j = [j, 1]: score -m(i - j), the ALiBi head {head} of {n_heads} "
+              f"(m = {slope}); writes sum_j A_ij j into attended_position")
+    return attach_info(model, "distance", {"1.0": head_1}, slope=slope)
 
 
 def previous_token(
@@ -261,19 +252,9 @@ def previous_token(
     set_previous_token_head(model, sharpness, layer=1)
     if not all(bool(torch.isfinite(weight).all()) for weight in model.parameters()):
         raise ValueError(f"sharpness {sharpness:g} overflows the circuit's {dtype} weights; use a smaller one")
-    model.circuit = CircuitInfo(
-        name="previous_token",
-        n_ctx=n_ctx,
-        exact_positions=n_ctx,
-        sharpness=sharpness,
-        heads={
-            "0.0": "uniform causal head; value = BOS flag; writes 1/(i+1) into counter",
-            "1.0": f"q_i = c[2(i - 1), -1], k_j = [j, j^2]: score -c(i - j - 1)^2 + row constant "
-            f"(c = {sharpness}); writes the attended key's position into attended_position",
-        },
-        content_dims=(CONTENT_START, model.cfg.d_model),
-    )
-    return model
+    head_1 = (f"q_i = c[2(i - 1), -1], k_j = [j, j^2]: score -c(i - j - 1)^2 + row constant "
+              f"(c = {sharpness}); writes the attended key's position into attended_position")
+    return attach_info(model, "previous_token", {"1.0": head_1}, sharpness=sharpness)
 
 
 def head_pattern(model: Decoder, tokens: Tensor, layer: int = 1, head: int = 0) -> Float[Tensor, "query_pos key_pos"]:

@@ -55,8 +55,6 @@ class CircuitInfo:
     Attributes:
         name: ``counter``, ``distance`` or ``previous_token``.
         n_ctx: the context length the weights were built for.
-        exact_positions: positions ``0 .. exact_positions - 1`` get the exact index from the MLP
-            (equal to ``n_ctx``); past it the ReLU interpolant extrapolates linearly and is not i.
         bos_token: the token id that carries the BOS flag.
         heads: ``"layer.head"`` -> what that head does (layer numbers as in ``blocks.{l}``).
         slope: the ALiBi slope m the distance head reproduces (None otherwise).
@@ -68,7 +66,6 @@ class CircuitInfo:
 
     name: str
     n_ctx: int
-    exact_positions: int
     bos_token: int = BOS_TOKEN
     heads: dict[str, str] = field(default_factory=dict)
     slope: float | None = None
@@ -76,6 +73,11 @@ class CircuitInfo:
     dims: dict[str, int] = field(default_factory=lambda: dict(DIMENSIONS))
     meanings: dict[str, str] = field(default_factory=lambda: dict(MEANINGS))
     content_dims: tuple[int, int] = (CONTENT_START, CONTENT_START)
+
+    @property
+    def exact_positions(self) -> int:
+        """Positions ``0 .. n_ctx - 1`` get the exact index from the MLP; past them it is not i."""
+        return self.n_ctx
 
     @property
     def counter_dim(self) -> int:

@@ -88,10 +88,6 @@ class TrainedModel:
         return make_task(spec["name"], **spec.get("kwargs", {}))
 
 
-def _version() -> str:
-    return __version__
-
-
 def save_checkpoint(
     directory: str | Path,
     trained_or_model: TrainedModel | Decoder,
@@ -126,12 +122,12 @@ def save_checkpoint(
     meta.update(
         format=FORMAT,
         format_version=FORMAT_VERSION,
-        nopelens_version=_version(),
+        nopelens_version=__version__,
         config=model.cfg.to_dict(),
         dtype=str(model.embed.W_E.dtype).removeprefix("torch."),
     )
     target = Path(directory)
-    if target.exists() and not (target.is_dir() and ((target / METADATA_FILE).exists() or not any(target.iterdir()))):
+    if not may_hold_checkpoint(target):
         raise ValueError(f"{target} exists and is not a nopelens checkpoint; refusing to overwrite it")
     target.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
@@ -163,6 +159,11 @@ def save_checkpoint(
         shutil.rmtree(staging, ignore_errors=True)
         raise
     return target
+
+
+def may_hold_checkpoint(path: Path) -> bool:
+    """Whether a checkpoint may be written at ``path``: nothing there, an empty folder, or a checkpoint."""
+    return not path.exists() or path.is_dir() and ((path / METADATA_FILE).exists() or not any(path.iterdir()))
 
 
 def description_digest(meta: dict[str, Any]) -> str:
@@ -315,11 +316,7 @@ def check_state_dict(model: Decoder, tensors: dict[str, Tensor], source: str = "
     missing = sorted(set(expected) - set(tensors))
     extra = sorted(set(tensors) - set(expected))
     if missing or extra:
-        parts = []
-        if missing:
-            parts.append(f"missing tensors {missing}")
-        if extra:
-            parts.append(f"extra tensors {extra}")
+        parts = [f"{what} tensors {names}" for what, names in (("missing", missing), ("extra", extra)) if names]
         raise ValueError(f"{source} does not match its config: " + "; ".join(parts))
     wrong = [
         f"{name}: config gives {expected[name]}, weights have {tuple(tensors[name].shape)}"

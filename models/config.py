@@ -126,9 +126,7 @@ class DecoderConfig:
         if self.act_fn not in ACT_FNS:
             raise ValueError(f"act_fn must be one of {ACT_FNS}, got {self.act_fn!r}")
         if self.normalization not in NORMALIZATIONS:
-            raise ValueError(
-                f"normalization must be one of {NORMALIZATIONS}, got {self.normalization!r}"
-            )
+            raise ValueError(f"normalization must be one of {NORMALIZATIONS}, got {self.normalization!r}")
         self._validate_position()
         used = {type(m) for m in self.layer_methods} | {type(self.input_method)}
         for cls in METHODS.values():
@@ -142,15 +140,11 @@ class DecoderConfig:
         attention, inputs = method_names(per_layer=True), method_names(per_layer=False)  # the live registry
         if isinstance(self.position, str):
             if self.position not in attention + inputs:
-                raise ValueError(
-                    f"position must be one of {attention + inputs}, got {self.position!r}"
-                )
+                raise ValueError(f"position must be one of {attention + inputs}, got {self.position!r}")
             return
         if len(self.position) != self.n_layers:
-            raise ValueError(
-                f"position lists one method per layer: got {len(self.position)} for "
-                f"n_layers={self.n_layers}"
-            )
+            raise ValueError(f"position lists one method per layer: got {len(self.position)} for "
+                             f"n_layers={self.n_layers}")
         for layer, method in enumerate(self.position):
             if method in inputs:
                 raise ValueError(
@@ -158,9 +152,7 @@ class DecoderConfig:
                     "per model; give it as a single string, not per layer"
                 )
             if method not in attention:
-                raise ValueError(
-                    f"position[{layer}] must be one of {attention}, got {method!r}"
-                )
+                raise ValueError(f"position[{layer}] must be one of {attention}, got {method!r}")
 
     @property
     def input_position(self) -> str | None:

@@ -76,18 +76,12 @@ def act_name(name: str, layer: int) -> str:
         >>> act_name("q_norm.hook_out", 3)
         'blocks.3.attn.q_norm.hook_out'
     """
-    short = name[len("hook_"):] if name.startswith("hook_") else name
-    prefix = block(layer)
-    if short in BLOCK_HOOKS:
-        return f"{prefix}.hook_{short}"
-    if short in ATTN_HOOKS:
-        return f"{prefix}.attn.hook_{short}"
-    if short in MLP_HOOKS:
-        return f"{prefix}.mlp.hook_{short}"
-    if short in ATTN_NORM_HOOKS:
-        return f"{prefix}.attn.{short}"
-    known = BLOCK_HOOKS + ATTN_HOOKS + MLP_HOOKS + ATTN_NORM_HOOKS
-    raise ValueError(f"unknown hook {name!r}; known: {', '.join(known)}")
+    short, prefix = name.removeprefix("hook_"), block(layer)
+    places = {"hook_": BLOCK_HOOKS, "attn.hook_": ATTN_HOOKS, "mlp.hook_": MLP_HOOKS, "attn.": ATTN_NORM_HOOKS}
+    for place, names in places.items():
+        if short in names:
+            return f"{prefix}.{place}{short}"
+    raise ValueError(f"unknown hook {name!r}; known: {', '.join(sum(places.values(), ()))}")
 
 
 def act_names(name: str, layers) -> list[str]:

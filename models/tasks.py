@@ -205,8 +205,6 @@ class ParityTask(SymbolTask):
         return [N_SPECIAL + b for b in bits] + [SEP_ID], [N_SPECIAL + sum(bits) % 2, EOS_ID]
 
 
-
-
 class BigramBackcopyTask(Task):
     """``bigram_backcopy``: the Bigram-Backcopy (BB) task of Guo et al. 2024 ("Active-dormant
     attention heads: mechanistically demystifying extreme-token phenomena in LLMs", §2).

@@ -220,7 +220,6 @@ class TextTask(Task):
         return Batch(tokens, loss_mask, torch.ones_like(tokens), targets, torch.full((count,), length))
 
 
-
 @functools.lru_cache(maxsize=8)
 def help_text_bigrams(n_symbols: int) -> tuple[bytes, Tensor, Tensor]:
     """Byte statistics of CPython's help texts (:func:`default_documents`, every document).

@@ -30,6 +30,7 @@ from .checkpoint import (
     METADATA_FILE,
     TrainedModel,
     load_checkpoint,
+    may_hold_checkpoint,
     load_training_state,
     read_metadata,
     save_checkpoint,
@@ -97,11 +98,8 @@ def _param_groups(model: Decoder, weight_decay: float) -> list[dict[str, Any]]:
 
 
 def _optimizer_tensors(optimizer: torch.optim.Optimizer) -> dict[str, Tensor]:
-    tensors = {}
-    for index, state in optimizer.state_dict()["state"].items():
-        for key, value in state.items():
-            tensors[f"adamw.{index}.{key}"] = torch.as_tensor(value)
-    return tensors
+    return {f"adamw.{index}.{key}": torch.as_tensor(value)
+            for index, state in optimizer.state_dict()["state"].items() for key, value in state.items()}
 
 
 def _restore_optimizer(optimizer: torch.optim.Optimizer, tensors: dict[str, Tensor]) -> None:
@@ -242,12 +240,11 @@ def train(
 
 def _train(config, task, steps, recipe, batch_size, min_len, max_len, lr, weight_decay, warmup_steps, min_lr_ratio,
            grad_clip, seed, checkpoint_dir, checkpoint_every, out_dir, progress, callback, extra_metadata) -> TrainedModel:
-
     model = Decoder(config, seed=seed)
     optimizer = torch.optim.AdamW(_param_groups(model, weight_decay), lr=lr, betas=(0.9, 0.95))
     start, rows, seconds_before = 0, [], 0.0
-    if checkpoint_dir is not None and Path(checkpoint_dir).exists():
-        _check_checkpoint_dir(Path(checkpoint_dir))
+    if checkpoint_dir is not None and not may_hold_checkpoint(Path(checkpoint_dir)):
+        raise ValueError(f"checkpoint_dir {checkpoint_dir} exists and is not a nopelens checkpoint; refusing to use it")
     if checkpoint_dir is not None and (Path(checkpoint_dir) / METADATA_FILE).exists():
         resumed = _resume(Path(checkpoint_dir), recipe, model, optimizer, progress)
         if isinstance(resumed, TrainedModel):
@@ -356,16 +353,10 @@ def _make_folders(folders: list[Path]) -> None:
             raise ValueError(f"cannot create folder {folder}: it, or a folder above it, is a file") from None
 
 
-def _check_checkpoint_dir(path: Path) -> None:
-    if not path.is_dir() or (any(path.iterdir()) and not (path / METADATA_FILE).exists()):
-        raise ValueError(f"checkpoint_dir {path} exists and is not a nopelens checkpoint; refusing to use it")
-
-
 def _resume(path: Path, recipe: dict, model: Decoder, optimizer, progress: bool):
     """Load a matching checkpoint: the finished TrainedModel, or (step, loss rows, seconds) to go on."""
     meta = read_metadata(path)
-    stored = {key: meta.get(key) for key in recipe}
-    differing = sorted(key for key in recipe if stored[key] != recipe[key])
+    differing = sorted(key for key in recipe if meta.get(key) != recipe[key])
     if differing:
         raise ValueError(
             f"checkpoint {path} was made by a different recipe (differs in {', '.join(differing)}); "

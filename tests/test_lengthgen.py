@@ -16,6 +16,13 @@ TINY = LengthGenSettings(train_max_len=3, n_layers=1, d_model=16, n_heads=2, ste
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 
+def _record_runs(monkeypatch) -> list:
+    """The (task, method, seed) of every run_lengthgen trains from now on, in order."""
+    calls, real = [], lengthgen.run_one
+    monkeypatch.setattr(lengthgen, "run_one", lambda *args, **kwargs: calls.append(args[:3]) or real(*args, **kwargs))
+    return calls
+
+
 def test_run_writes_tidy_table_summary_and_plots(tmp_path):
     results = run_lengthgen(tmp_path, TINY, tasks=("repeat", "copy"), methods=("nope", "learned"), seeds=(0,), progress=False)
     assert len(results) == 2 * 2 * 1 * 6  # tasks x methods x seeds x lengths 1..2L
@@ -39,14 +46,7 @@ def test_run_writes_tidy_table_summary_and_plots(tmp_path):
 
 def test_rerun_resumes_and_skips_finished_runs(tmp_path, monkeypatch):
     run_lengthgen(tmp_path, TINY, tasks=("repeat",), methods=("nope",), seeds=(0,), progress=False)
-    calls = []
-    real = lengthgen.run_one
-
-    def counting(task, method, seed, settings, progress=False):
-        calls.append((task, method, seed))
-        return real(task, method, seed, settings, progress)
-
-    monkeypatch.setattr(lengthgen, "run_one", counting)
+    calls = _record_runs(monkeypatch)
     results = run_lengthgen(tmp_path, TINY, tasks=("repeat",), methods=("nope", "alibi"), seeds=(0,), progress=False)
     assert calls == [("repeat", "alibi", 0)]
     assert sorted(set(results["method"])) == ["alibi", "nope"]
@@ -56,9 +56,7 @@ def test_a_truncated_table_measures_the_cut_runs_again(tmp_path, monkeypatch, ca
     run_lengthgen(tmp_path, TINY, tasks=("repeat",), methods=("nope", "alibi"), seeds=(0,), progress=False)
     whole = (tmp_path / "lengthgen.csv").read_text().splitlines()
     (tmp_path / "lengthgen.csv").write_text("\n".join(whole[:9]) + "\n")  # nope's 6 rows and 2 of alibi's
-    calls = []
-    real = lengthgen.run_one
-    monkeypatch.setattr(lengthgen, "run_one", lambda *args, **kwargs: calls.append(args[:3]) or real(*args, **kwargs))
+    calls = _record_runs(monkeypatch)
     results = run_lengthgen(tmp_path, TINY, tasks=("repeat",), methods=("nope", "alibi"), seeds=(0,), progress=False)
     assert calls == [("repeat", "alibi", 0)] and len(results) == 12
     assert "holds only part of repeat alibi seed 0 (a truncated or damaged file?); measuring it again" in capsys.readouterr().err
@@ -80,9 +78,7 @@ def test_a_damaged_cell_measures_only_its_run_again(tmp_path, monkeypatch, capsy
     table = pd.read_csv(tmp_path / "lengthgen.csv").astype({column: object})
     table.loc[(table["method"] == "alibi") & (table["length"] == length), column] = cell
     table.to_csv(tmp_path / "lengthgen.csv", index=False)
-    calls = []
-    real = lengthgen.run_one
-    monkeypatch.setattr(lengthgen, "run_one", lambda *args, **kwargs: calls.append(args[:3]) or real(*args, **kwargs))
+    calls = _record_runs(monkeypatch)
     results = run_lengthgen(tmp_path, TINY, tasks=("repeat",), methods=("nope", "alibi"), seeds=(0,), progress=False)
     assert calls == [("repeat", "alibi", 0)] and len(results) == 12
     assert results["seed"].dtype.kind == "i" and results["exact_match"].between(0, 1).all()

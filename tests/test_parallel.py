@@ -144,19 +144,9 @@ def _join(thread: threading.Thread, timeout: float = 300.0) -> None:
 
 def _bounded(function, *args, **kwargs) -> None:
     """``function(*args, **kwargs)`` on a thread, waited for as :func:`_join` waits; its error is raised here."""
-    errors = []
-
-    def call():
-        try:
-            function(*args, **kwargs)
-        except BaseException as error:  # noqa: BLE001 - raised below, in the test's thread
-            errors.append(error)
-
-    thread = threading.Thread(target=call)
-    thread.start()
-    _join(thread)
-    if errors:
-        raise errors[0]
+    error = _error_within(300.0, function, *args, **kwargs)
+    if error is not None:
+        raise error
 
 
 def _wait_for(condition, timeout: float = 300.0):

@@ -145,8 +145,6 @@ def dot_scores(q: Tensor, k: Tensor, scale: float) -> Float[Tensor, "batch head_
     return torch.einsum("bqhe,bkhe->bhqk", q.double(), k.double()) * scale
 
 
-
-
 def as_ids(values: Tensor) -> Tensor:
     """Round float positions to int64; -1 marks values that are not integers.
 

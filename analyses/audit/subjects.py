@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import abc
 import contextlib
+import itertools
 from dataclasses import dataclass
 from typing import Any, Iterator
 
@@ -328,8 +329,8 @@ def audited_hook(name: str) -> bool:
 
 
 ATTENTION_HOOKS = ("hook_q", "hook_k", "hook_q_normed", "hook_k_normed", "hook_v", "hook_rot_q", "hook_rot_k",
-                   "hook_content_scores",
-                    "hook_pos_bias", "hook_attn_scores", "hook_pattern", "hook_z", "hook_cos", "hook_sin")
+                   "hook_content_scores", "hook_pos_bias", "hook_attn_scores", "hook_pattern", "hook_z", "hook_cos",
+                   "hook_sin")
 
 
 def _runs(labels: list[str]) -> str:
@@ -339,10 +340,5 @@ def _runs(labels: list[str]) -> str:
         >>> _runs(["rope", "rope", "rope", "nope", "rope"])
         'rope ×3; nope; rope'
     """
-    out: list[list] = []
-    for label in labels:
-        if out and out[-1][0] == label:
-            out[-1][1] += 1
-        else:
-            out.append([label, 1])
-    return "; ".join(label if n == 1 else f"{label} ×{n}" for label, n in out)
+    runs = [(label, len(list(run))) for label, run in itertools.groupby(labels)]
+    return "; ".join(label if n == 1 else f"{label} ×{n}" for label, n in runs)
