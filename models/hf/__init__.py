@@ -22,8 +22,8 @@ Adding a family is one new module under ``families/`` (or :func:`register` for o
 
 from .census import (_DESCRIPTIONS, SINKS_IN_THE_SOFTMAX, _one_line, census, check_readable, describe,
                      learned_sinks, refusing, sink_parameters, softmax_with_sink)
-from .config import (LAYER_COUNT_FIELDS, PER_LAYER_FIELDS, SIZE_FIELDS, check_config, describe_config,
-                     mla_head_dims, text_config, trained_length)
+from .config import (LAYER_COUNT_FIELDS, PER_LAYER_FIELDS, SIZE_FIELDS, check_config, check_sizes,
+                     describe_config, mla_head_dims, text_config, trained_length)
 from .description import (BLOCK_INDEXER_FIELDS, PAIRINGS, ConfigError, HFDescription, LayerPosition, QueryScale,
                           UnsupportedModelError)
 from .families.alibi import mpt_alibi_slopes
@@ -34,7 +34,7 @@ from .layout import HookLayout, bridge_refused, hook_layout, position_table, unr
 __all__ = [
     "BLOCK_INDEXER_FIELDS", "LAYER_COUNT_FIELDS", "PAIRINGS", "PER_LAYER_FIELDS", "SINKS_IN_THE_SOFTMAX",
     "SIZE_FIELDS", "ConfigError", "Family", "HFDescription", "HookLayout", "LayerPosition", "QueryScale",
-    "UnsupportedModelError", "bridge_refused", "census", "check_config", "check_readable", "describe",
+    "UnsupportedModelError", "bridge_refused", "census", "check_config", "check_sizes", "check_readable", "describe",
     "describe_config", "family_of", "hook_layout", "l2_normalize", "learned_sinks", "mla_head_dims",
     "mpt_alibi_slopes", "position_table", "refusing", "register", "sink_parameters", "softmax_with_sink",
     "text_config", "trained_length", "unreadable", "unregister",

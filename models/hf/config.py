@@ -9,7 +9,7 @@ traits only (each family's formulas, with their sources, are in its module under
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Any
+from typing import Any, Mapping
 
 from ..positions import alibi_slopes
 from .description import ConfigError, HFDescription, LayerPosition, UnsupportedModelError
@@ -117,6 +117,8 @@ def check_config(config: Any) -> None:
     if n_layers < 1:
         raise ConfigError(f"{count} is {n_layers}: a model needs at least one layer")
     family = config_family(config)
+    if family.check is not None:
+        family.check(config)
     mla = family.mla
     if mla:
         mla_head_dims(config)
@@ -137,6 +139,35 @@ def check_config(config: Any) -> None:
     for layer in range(n_layers):
         _key_window(config, family, layer)
         _rope_by_layer_type(config, layer)
+
+
+def check_sizes(fields: Mapping[str, Any], prefix: str = "") -> None:
+    """Refuse a config.json whose size fields are not whole numbers, before transformers reads them
+    (it fails on ``"head_dim": "64"`` with a comparison error that names no field).
+
+    Args:
+        fields: config.json as a dict; its ``text_config`` is checked too (named ``text_config.<field>``).
+        prefix: how the fields are named in the message.
+
+    Raises:
+        ConfigError: naming the first of :data:`LAYER_COUNT_FIELDS`, :data:`SIZE_FIELDS` or the
+            family's ``size_fields`` whose value is given and is not an integer.
+
+    Example:
+        >>> try:
+        ...     check_sizes({"model_type": "llama", "head_dim": "64"})
+        ... except ValueError as error:
+        ...     print(error)
+        head_dim is '64' (a str): config.json's sizes must be whole numbers, e.g. 64 without quotes
+    """
+    family = family_of(str(fields.get("model_type", "")))
+    for name in (*LAYER_COUNT_FIELDS, *SIZE_FIELDS, *family.size_fields):
+        value = fields.get(name)
+        if value is not None and (not isinstance(value, int) or isinstance(value, bool)):
+            raise ConfigError(f"{prefix}{name} is {value!r} (a {type(value).__name__}): config.json's sizes must be "
+                              "whole numbers, e.g. 64 without quotes")
+    if isinstance(fields.get("text_config"), Mapping):
+        check_sizes(fields["text_config"], "text_config.")
 
 
 def mla_head_dims(config: Any) -> tuple[int, int]:
@@ -197,11 +228,11 @@ def _first(config: Any, *names: str, default: Any = ...) -> Any:
     return default
 
 
-NON_ATTENTION_TYPES = {"linear_attention": "linear_attention", "mamba": "linear_attention", "moe": "none",
-                       "mlp": "none"}
+NON_ATTENTION_TYPES = {"linear_attention": "linear_attention", "mamba": "ssm", "moe": "none", "mlp": "none"}
 """``config.layer_types`` entries (transformers normalizes hybrids' block types to these) that are
-no softmax attention: linear attention and state-space mixers (Mamba, Gated DeltaNet, KDA), and
-MLP-only blocks (Nemotron-H)."""
+no softmax attention: linear attention (Gated DeltaNet, KDA; a family's Mamba blocks, which
+transformers also calls ``linear_attention``, are its ``linear_mixer``, ``ssm``), state-space
+mixers, and MLP-only blocks (Nemotron-H)."""
 
 MLA_REFERENCE = ("multi-head latent attention: the rotated slice is the last qk_rope_head_dim dims of each head and "
                  "one rotated key slice is shared by every head; nopelens' reference rotation covers leading dims of "
@@ -214,7 +245,7 @@ def _layer(config: Any, family: Family, layer: int, d_head: int) -> LayerPositio
     scale = _score_scale(config, family, layer, d_head)
     window, chunk = _key_window(config, family, layer)
     softcap = getattr(config, "attn_logit_softcapping", None)
-    common = dict(score_scale=scale, sliding_window=window, chunk_size=chunk, mixer=_mixer(config, layer),
+    common = dict(score_scale=scale, sliding_window=window, chunk_size=chunk, mixer=_mixer(config, family, layer),
                   softcap=float(softcap) if softcap else None, sink=at(family.sink, config, layer),
                   relative_bias=at(family.relative_bias, config, layer), **(at(family.indexer, config, layer) or {}))
     plain = LayerPosition(_layer_method(config, family, layer), **common)
@@ -241,8 +272,9 @@ def _layer(config: Any, family: Family, layer: int, d_head: int) -> LayerPositio
     return replace(plain, rotary_dim=rotary_dim, **rope)
 
 
-def _mixer(config: Any, layer: int) -> str:
-    return NON_ATTENTION_TYPES.get(layer_type(config, layer) or "", "attention")
+def _mixer(config: Any, family: Family, layer: int) -> str:
+    mixer = NON_ATTENTION_TYPES.get(layer_type(config, layer) or "", "attention")
+    return family.linear_mixer if mixer == "linear_attention" else mixer
 
 
 def _rope_by_layer_type(config: Any, layer: int) -> dict | None:
@@ -259,7 +291,7 @@ def _rope_by_layer_type(config: Any, layer: int) -> dict | None:
     if not isinstance(params, dict) or not kinds or not set(params) & set(kinds):
         return None
     if kinds[layer] not in params:
-        if _mixer(config, layer) != "attention":  # a Mamba or linear-attention layer takes no rotary embedding
+        if kinds[layer] in NON_ATTENTION_TYPES:  # a Mamba or linear-attention layer takes no rotary embedding
             return params
         raise ConfigError(f"rope_parameters has entries per layer type ({', '.join(sorted(set(params) & set(kinds)))}) "
                           f"but none for {kinds[layer]!r} (layer {layer}); give it one, or None for a NoPE layer type")
@@ -268,7 +300,7 @@ def _rope_by_layer_type(config: Any, layer: int) -> dict | None:
 
 def _layer_method(config: Any, family: Family, layer: int) -> str:
     """``nope``/``rope``/``alibi`` of one layer: the family's declared method, else its RoPE parameters."""
-    if _mixer(config, layer) != "attention":
+    if _mixer(config, family, layer) != "attention":
         return "nope"
     if family.mla and mla_head_dims(config)[1] == 0:  # no rope slice: the attention is NoPE
         return "nope"

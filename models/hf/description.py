@@ -22,6 +22,9 @@ PAIRINGS = ("half", "interleaved")
 BLOCK_INDEXER_FIELDS = {"QSA": ("indexer_budget", "indexer_compress_ratio"), "DSA k-pool": ("index_topk", "index_kpool")}
 """Block indexer -> the config fields of its budget (keys) and block size."""
 
+MIXER_LABELS = {"linear_attention": "linear attention", "ssm": "ssm (no attention)", "none": "MLP only (no attention)"}
+"""A block without softmax attention, by its ``mixer``, in the words of the per-layer labels."""
+
 
 class UnsupportedModelError(ValueError):
     """An HF model nopelens cannot measure right: refused with a one-line reason."""
@@ -104,8 +107,9 @@ class LayerPosition:
             (Llama 4's ``attention_chunk_size`` on its ``chunked_attention`` layers), or None.
         rope_type: HF's ``rope_type``; only ``default`` (unscaled) has a nopelens reference.
         mixer: ``attention`` (softmax attention with a pattern), ``linear_attention`` (a
-            linear-attention or state-space mixer: Mamba, Gated DeltaNet, KDA; it takes no position
-            ids, so its method is ``nope``) or ``none`` (an MLP-only block).
+            linear-attention mixer: Gated DeltaNet, KDA), ``ssm`` (a state-space mixer: Mamba)
+            or ``none`` (an MLP-only block). Only ``attention`` has a pattern; the others take no
+            position ids, so their method is ``nope``.
         rotary_start: first rotated dim of each q/k head (0; MLA heads are ``[nope | rope]``, so
             the rotated slice starts at ``qk_nope_head_dim``).
         query_scale: a position-dependent factor on the queries (:class:`QueryScale`), or None.
@@ -191,16 +195,19 @@ class LayerPosition:
 
     def label(self, d_head: int | None = None) -> str:
         """The layer in a few words, e.g. ``rope (rotary_fraction 0.5, sliding window 4, learned sink)``,
-        ``nope``, ``linear attention`` (a mixer without softmax attention) or ``MLP only``.
+        ``nope``, or for a block without attention ``linear attention``, ``ssm (no attention)`` or
+        ``MLP only (no attention)``.
 
         Example:
             >>> LayerPosition("rope", 1.0, rotary_dim=4, sliding_window=4, sink="learned").label(d_head=8)
             'rope (rotary_fraction 0.5, sliding window 4, learned sink)'
             >>> LayerPosition("nope", 1.0, mixer="linear_attention").label()
             'linear attention'
+            >>> LayerPosition("nope", 1.0, mixer="ssm").label()
+            'ssm (no attention)'
         """
         if self.mixer != "attention":
-            return {"linear_attention": "linear attention", "none": "MLP only"}.get(self.mixer, self.mixer)
+            return MIXER_LABELS.get(self.mixer, self.mixer)
         parts = []
         if self.rotates and d_head and self.rotary_dim is not None and self.rotary_dim < d_head:
             parts.append(f"rotary_fraction {self.rotary_dim / d_head:g}")
@@ -350,6 +357,22 @@ class HFDescription:
         if not self.fires(site):
             return "their hook_attn_scores never fires"
         return None
+
+    def attention_absent(self) -> str | None:
+        """Why no attention read applies to the model at all (no block is softmax attention), or None.
+
+        Example:
+            >>> ssm = LayerPosition("nope", 1.0, mixer="ssm")
+            >>> HFDescription("Toy", "toy", 2, 1, 1, 8, 16, None, 0, None, (ssm, ssm), None, "hook_q", "hook_k"
+            ...               ).attention_absent()
+            'Toy has no attention block (blocks 0-1: ssm (no attention)): no attention pattern to read'
+        """
+        if any(layer.mixer == "attention" for layer in self.layers):
+            return None
+        kinds = sorted({layer.label() for layer in self.layers})
+        what = kinds[0] if len(kinds) == 1 else ", ".join(kinds)
+        return (f"{self.architecture} has no attention block (blocks 0-{self.n_layers - 1}: {what}): no attention "
+                "pattern to read")
 
     def summary(self) -> str:
         """One line: family, input positions and the per-layer methods."""

@@ -63,6 +63,13 @@ class Family:
         unreadable_layer_types: ``layer_types`` entry -> why a model with such a layer is unreadable.
         position_bias_module: child of each attention whose output is its score bias by distance.
         sublayers: (attention list, norm list) of a decoder layer holding several attention sublayers.
+        linear_mixer: what its ``linear_attention`` layers are (transformers' name for every
+            non-softmax mixer): ``linear_attention`` (Gated DeltaNet, KDA) or ``ssm`` (Mamba blocks).
+        size_fields: config fields besides :data:`~nopelens.models.hf.config.SIZE_FIELDS` that
+            fix weight shapes (each must be a whole number in config.json).
+        check: a function of the config that raises
+            :class:`~nopelens.models.hf.description.ConfigError` naming a field the family's code
+            would fail on, or None.
     """
 
     model_types: tuple[str, ...]
@@ -93,6 +100,9 @@ class Family:
     unreadable_layer_types: Mapping[str, str] = field(default_factory=dict)
     position_bias_module: str | None = None
     sublayers: tuple[str, str] | None = None
+    linear_mixer: str = "linear_attention"
+    size_fields: tuple[str, ...] = ()
+    check: Callable[[Any], None] | None = None
 
 
 DEFAULT = Family(model_types=())
