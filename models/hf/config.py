@@ -97,8 +97,9 @@ def check_config(config: Any) -> None:
             (:data:`PER_LAYER_FIELDS`) does not have one entry per layer, or a layer's sliding
             window or attention chunk is shorter than one token (a
             window of 0 blocks every key: every query row would be fully masked), a
-            ``rope_parameters`` dict keyed by layer type has no entry for some layer's type, or a
-            multi-head latent attention config's head sizes cannot be read (:func:`mla_head_dims`).
+            ``rope_parameters`` dict keyed by layer type has no entry for some layer's type, a
+            multi-head latent attention config's head sizes cannot be read (:func:`mla_head_dims`),
+            or the family's own ``check`` names a field its code would fail on.
 
     Example:
         >>> from transformers import MistralConfig
