@@ -141,6 +141,7 @@ def measurements(subject: Subject, settings, sites: SweepSites,
     if settings.sink_ablation:
         with torch.no_grad():
             refused = refused_sink_blocks(subject.model, subject.n_layers, subject.tokens, subject.attention_mask)
+        refused.update(subject.attentionless_blocks())  # "ssm (no attention)", not "no hook point"
         if settings.layers is not None:  # blocks --layers leaves out get a not_applicable row, not a run
             refused.update({block: NOT_PROBED for block in range(subject.n_layers) if block not in settings.layers})
         blocks = [block for block in range(subject.n_layers) if block not in refused]

@@ -137,7 +137,7 @@ class Subject:
     def unreadable_blocks(self, read: str) -> dict[int, str]:
         """Block -> why ``read`` (``"sink read"`` or ``"variance read"``) cannot be made there: its
         kept keys are chosen by content (:meth:`sparse_blocks`: mass at key 0 mixes "not kept" with
-        "not attended"), or its window leaves nothing to average
+        "not attended"), it has no attention (:meth:`attentionless_blocks`), or its window leaves nothing to average
         (:func:`~nopelens.probes.sinks.sink_read_reason`, :func:`~nopelens.probes.sinks.variance_read_reason`:
         a sliding window of 1 for the sink, fewer than 3 distinct visible-key counts for the variance slope,
         as in a causal block over 3 tokens after BOS).
@@ -147,7 +147,7 @@ class Subject:
         """
         if read not in ("sink read", "variance read"):
             raise ValueError(f"read must be 'sink read' or 'variance read', got {read!r}")
-        blocks = self.sparse_blocks()
+        blocks = {**self.sparse_blocks(), **self.attentionless_blocks()}
         length = int(self.attention_mask.sum(-1).max())
         windows = self.key_windows()
         for block in range(self.n_layers):  # causal blocks too: 3 tokens after BOS leave 2 key counts
@@ -157,6 +157,13 @@ class Subject:
             if why is not None and block not in blocks:
                 blocks[block] = why
         return dict(sorted(blocks.items()))
+
+    def attentionless_blocks(self) -> dict[int, str]:
+        """Block -> what it is instead, for an HF model's blocks without softmax attention (an SSM,
+        linear-attention or MLP-only block: no pattern, no sink, no attention output variance)."""
+        if self.hf is None:
+            return {}
+        return {l: layer.label() for l, layer in enumerate(self.hf.layers) if layer.mixer != "attention"}
 
     def note_unreadable_reads(self) -> dict[str, dict[int, str]]:
         """Record in ``info["not_applicable"]`` the blocks the sink and variance reads skip

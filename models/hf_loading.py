@@ -18,10 +18,12 @@ import transformers
 from safetensors import SafetensorError
 from torch import Tensor
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+from transformers.models.auto import modeling_auto
+from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
 from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
 from .adapters import load_hf_model
-from .hf import SIZE_FIELDS, ConfigError, check_config
+from .hf import SIZE_FIELDS, ConfigError, check_config, check_sizes
 from .tasks import default_documents
 
 # what transformers raises for a config.json field of the wrong type (huggingface_hub's strict
@@ -256,7 +258,7 @@ def checked_hf_config(directory: Path):
             type or fields that contradict each other (e.g. a width the head count does not divide),
             or describes a model nopelens cannot read (:func:`nopelens.models.hf.check_config`).
     """
-    _check_dtype_fields(directory)
+    _check_field_types(directory)
     cls = _causal_lm_class(directory)
     try:
         check_config(_config_class(cls).from_pretrained(directory, local_files_only=True))
@@ -298,13 +300,18 @@ def _config_class(model_class):
     return AutoConfig if model_class is AutoModelForCausalLM else model_class.config_class
 
 
-def _check_dtype_fields(directory: Path) -> None:
+def _check_field_types(directory: Path) -> None:
     """Refuse a ``config.json`` whose ``dtype`` (or older ``torch_dtype``) names no torch dtype
-    (transformers looks the name up on ``torch`` and fails with an AttributeError)."""
+    (transformers looks the name up on ``torch`` and fails with an AttributeError), or whose sizes
+    are not whole numbers (:func:`nopelens.models.hf.check_sizes`)."""
     try:
         config = json.loads((Path(directory) / "config.json").read_text())
     except (OSError, ValueError):
         return  # the config's own check names a missing or broken file
+    try:
+        check_sizes(config if isinstance(config, dict) else {})
+    except ConfigError as error:
+        raise ValueError(f"{directory}/config.json is not a valid config: {error}") from None
     def named(value) -> bool:
         return isinstance(value, str) and isinstance(getattr(torch, value, None), torch.dtype)
 
@@ -325,11 +332,21 @@ def _causal_lm_class(directory: str | Path):
         return AutoModelForCausalLM  # it reports the missing or broken config itself
     if not isinstance(config, dict):
         return AutoModelForCausalLM
-    named = [name for name in config.get("architectures") or []
-             if str(name).endswith(("ForCausalLM", "ForConditionalGeneration"))]
-    if config.get("model_type") in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES or not named or not hasattr(transformers, named[0]):
+    model_type, given = config.get("model_type"), config.get("architectures")
+    named = [name for name in given or [] if str(name).endswith(("ForCausalLM", "ForConditionalGeneration"))]
+    if model_type in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
         return AutoModelForCausalLM
-    return getattr(transformers, named[0])
+    if named and hasattr(transformers, named[0]):
+        return getattr(transformers, named[0])
+    if model_type not in CONFIG_MAPPING_NAMES:
+        return AutoModelForCausalLM  # it names the unknown model_type itself
+    # transformers knows the model type but has no causal-LM auto class for it: architectures must name the class
+    fits = [name for table, names in vars(modeling_auto).items() if table.endswith("_MAPPING_NAMES")
+            for name in [names.get(model_type)] if str(name).endswith(("ForCausalLM", "ForConditionalGeneration"))]
+    fix = f'["{fits[0]}"]' if fits else "the model's ...ForCausalLM or ...ForConditionalGeneration class"
+    what = "is missing" if not given else f"is {given!r}, which names no causal LM class transformers has"
+    raise ValueError(f"{directory}/config.json: architectures {what}, and transformers' AutoModelForCausalLM has no "
+                     f"class for model_type {model_type!r}: set architectures to {fix}")
 
 
 def _config_message(error: Exception) -> str:

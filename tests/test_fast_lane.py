@@ -86,16 +86,29 @@ def named_modules(tree: ast.Module, helpers: dict[str, ast.Module]) -> set[str]:
     return found
 
 
+def discovered(module: str) -> set[str]:
+    """The modules a registry imports by discovery: every module of each nopelens package that
+    ``module`` names in a module-level ``..._PACKAGE`` string (``FAMILIES_PACKAGE`` of
+    :mod:`nopelens.models.hf.family`, which imports each module of that package at run time)."""
+    known = package_modules.modules()
+    tree = ast.parse(known[module][0].read_text(encoding="utf-8"))
+    packages = {node.value.value for node in tree.body if isinstance(node, ast.Assign)
+                and any(getattr(t, "id", "").endswith("_PACKAGE") for t in node.targets)
+                and isinstance(node.value, ast.Constant) and node.value.value in known}
+    return {name for name in known for package in packages if name.startswith(package + ".")}
+
+
 def reached(named: set[str]) -> set[str]:
-    """``named`` and what they import at run time, a package's ``__init__`` passing nothing on; each
-    package above a reached module (importing a module runs its package's ``__init__``)."""
+    """``named`` and what they import at run time (or discover, :func:`discovered`), a package's
+    ``__init__`` passing nothing on; each package above a reached module (importing a module runs
+    its package's ``__init__``)."""
     known, imports = package_modules.modules(), package_modules.imports()
     found, todo = set(named), list(named)
     while todo:
         module = todo.pop()
         if known[module][1]:
             continue
-        for target in imports[module] - found:
+        for target in (imports[module] | discovered(module)) - found:
             found.add(target)
             todo.append(target)
     return found | {module.rsplit(".", depth)[0] for module in found for depth in range(1, module.count("."))}

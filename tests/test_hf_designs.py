@@ -90,14 +90,14 @@ MIXERS = {  # families with layers that are no softmax attention
     "olmo_hybrid_nope": ("linear_attention",) * 3 + ("attention",),
     "qwen3_next": ("linear_attention",) * 3 + ("attention",),
     "qwen4_exp": ("linear_attention",) * 3 + ("attention",),
-    "granitemoehybrid": ("linear_attention", "attention") * 2,
-    "jamba": ("linear_attention", "attention") * 2,
+    "granitemoehybrid": ("ssm", "attention") * 2,  # Mamba blocks
+    "jamba": ("ssm", "attention") * 2,  # Mamba blocks
     "kimi_linear": ("linear_attention", "attention") * 2,
-    "nemotron_h": ("linear_attention", "attention", "none", "attention"),
-    "zamba": ("linear_attention", "attention") * 2,
+    "nemotron_h": ("ssm", "attention", "none", "attention"),
+    "zamba": ("ssm", "attention") * 2,  # Mamba blocks
     "bailing_hybrid": ("linear_attention", "attention") * 2,
-    "zamba2": ("linear_attention", "attention") * 2,
-    "zamba2_nope": ("linear_attention", "attention") * 2,
+    "zamba2": ("ssm", "attention") * 2,  # Mamba blocks
+    "zamba2_nope": ("ssm", "attention") * 2,  # Mamba blocks
     "glm5_next": ("linear_attention", "attention") * 2,
 }
 READING = {"rope": "relative", "nope": "nope"}

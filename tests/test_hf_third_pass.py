@@ -258,3 +258,61 @@ def test_a_wrong_typed_field_or_no_attention_layer_is_one_clear_line(saved, tmp_
     assert main(["audit", "--hf-dir", path]) == 2
     line = capsys.readouterr().err.strip()
     assert len(line.splitlines()) == 1 and message in line and not INTERNAL.search(line), line
+
+
+BAD_VALUES = [  # family, config.json field (dotted: nested), a wrong value, what the one line must say
+    ("zamba2_nope", "hybrid_layer_ids", [0, 99], "hybrid_layer_ids is [0, 99]: it must list the layers whose "
+                                                 "layers_block_type is 'hybrid' ([1, 3])"),
+    ("cohere_compass", "head_dim", "64", "head_dim is '64' (a str): config.json's sizes must be whole numbers"),
+    ("zamba2_nope", "attention_head_dim", "64", "attention_head_dim is '64' (a str)"),
+    ("zamba2_nope", "head_dim", "64", "head_dim is '64' (a str)"),
+    ("nemotron_h", "mamba_num_heads", 4.0, "mamba_num_heads is 4.0 (a float)"),
+    ("glm5_next", "text_config.num_hidden_layers", "4", "text_config.num_hidden_layers is '4' (a str)"),
+    ("glm5_next", "architectures", MISSING, 'architectures is missing, and transformers\' AutoModelForCausalLM has no '
+                                            'class for model_type \'glm5_next\': set architectures to '
+                                            '["Glm5NextForConditionalGeneration"]'),
+    ("glm5_next", "architectures", ["Glm5NextModelX"], "architectures is ['Glm5NextModelX'], which names no causal LM"),
+]
+
+
+@pytest.mark.parametrize("family, field, value, message", BAD_VALUES,
+                         ids=[f"{f}-{n}-{v!r}" for f, n, v, _ in BAD_VALUES])
+def test_a_bad_value_is_one_short_line_naming_the_field(saved, tmp_path, capsys, family, field, value, message):
+    """Found by trying to break the families: a Zamba2 ``hybrid_layer_ids`` naming other layers failed
+    in the forward pass (KeyError: 1), a string size gave transformers' "'>' not supported between
+    instances of 'str' and 'int'", and GLM-5.3 without a causal-LM ``architectures`` gave transformers'
+    3.5 KB list of config classes."""
+    path = _edited(saved(family), tmp_path / "model", field, value)
+    capsys.readouterr()
+    assert main(["audit", "--hf-dir", path]) == 2
+    line = capsys.readouterr().err.strip()
+    assert len(line.splitlines()) == 1 and len(line) < 400 and not INTERNAL.search(line), line
+    assert f"{path}/config.json" in line and message in line, line
+
+
+def test_a_model_without_attention_is_named_by_sinks_and_probe(tmp_path, capsys):
+    """A Zamba2 of Mamba blocks only: ``nopelens sinks`` says it has no attention block (it said "sites
+    is empty"), and ``nopelens probe`` measures no sink from nothing: no sinks.csv row, each block's
+    sink ablation and the sink and variance reads not applicable, as an ssm block."""
+    path = _mamba_only_zamba2(tmp_path / "model")
+    capsys.readouterr()
+    assert main(["sinks", f"hf:{path}", "--input", "random", "--quick"]) == 2
+    line = capsys.readouterr().err.strip()
+    assert line.endswith("Zamba2ForCausalLM has no attention block (blocks 0-3: ssm (no attention)): no attention "
+                         "pattern to read, so no attention sink to measure"), line
+    out = tmp_path / "probe"
+    assert main(["probe", f"hf:{path}", "--input", "random", "--quick", "--jobs", "1", "--quiet", "--no-figures",
+                 "--seq-len", "16", "--n-sequences", "8", "--out", str(out)]) == 0
+    printed = " ".join(capsys.readouterr().out.split())
+    assert "sink read: blocks [0, 1, 2, 3]: ssm (no attention)" in printed
+    assert "variance read: blocks [0, 1, 2, 3]: ssm (no attention)" in printed
+    assert pd.read_csv(out / "sinks.csv").empty
+    ablation = pd.read_csv(out / "sink_ablation.csv")
+    assert ablation["status"].eq("not_applicable").all() and ablation["note"].eq("ssm (no attention)").all()
+
+
+def test_mamba_blocks_are_labelled_ssm_not_linear_attention():
+    layers = hf.describe_config(build_design("nemotron_h").config).layers
+    assert [layer.mixer for layer in layers] == ["ssm", "attention", "none", "attention"]
+    assert [layer.label() for layer in layers] == ["ssm (no attention)", "nope", "MLP only (no attention)", "nope"]
+    assert hf.describe_config(build_design("qwen3_next").config).layers[0].label() == "linear attention"

@@ -13,6 +13,7 @@ import pytest
 from package_modules import imports, layer, modules, subpackages
 
 from nopelens.models import hooks
+from nopelens.models.hf.family import FAMILIES_PACKAGE, declared
 
 ROOT = Path(__file__).resolve().parents[1]
 SOURCE_FOLDERS = ("models", "circuits", "probes", "analyses", "examples", "benchmarks", "src")
@@ -176,3 +177,24 @@ def test_each_module_imports_alone():
                             env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert result.returncode == 0, result.stderr[-2000:]
     assert result.stdout.strip() == "ok", result.stdout
+
+
+HF_CORE = ("models/hf/config.py", "models/hf/layout.py", "models/hf/census.py", "models/hf/family.py",
+           "models/hf/__init__.py", "models/adapters.py", "models/hf_loading.py", "analyses/audit/hf.py")
+
+
+def test_a_family_is_one_file():
+    """Every HF family is declared by exactly one module of ``models/hf/families/``, and no model
+    type is named anywhere else: not in the HF core, which reads declared traits only, nor in
+    another family's module."""
+    sources = declared()
+    assert sources, "no family declared"
+    elsewhere = {t: s for t, s in sources.items() if not s.startswith(FAMILIES_PACKAGE + ".")}
+    assert not elsewhere, elsewhere
+    files = {name: ROOT / "models" / "hf" / "families" / f"{name.rsplit('.', 1)[-1]}.py" for name in set(sources.values())}
+    named = []
+    for model_type, source in sources.items():
+        quoted = re.compile(rf"""["']{re.escape(model_type)}["']""")
+        named += [f"{path}: {model_type}" for path in [*(ROOT / c for c in HF_CORE), *files.values()]
+                  if path != files[source] and quoted.search(path.read_text())]
+    assert not named, "\n".join(named)

@@ -3,7 +3,7 @@
 
 Everything family-specific (per-layer method, RoPE parameters, score scale and soft-capping, q/k
 norms, which hooks carry what they say, how positions enter the model) comes from the description
-in :mod:`nopelens.models.hf`, the one module that knows HF families; this module only runs the
+in :mod:`nopelens.models.hf`, the one package that knows HF families; this module only runs the
 bridged model and hands the audit what the description says.
 """
 

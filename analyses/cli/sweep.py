@@ -244,6 +244,9 @@ def run_sinks(args: argparse.Namespace) -> int:
         if args.out:
             _write_learned_sinks(logits, args.out)
         return 0
+    absent = subject.hf.attention_absent() if is_hf else None
+    if absent:
+        raise ValueError(f"{absent}, so no attention sink to measure")
     logits = learned_sink_logits(subject.model.original_model) if is_hf else None
     if "beyond_trained_length" in subject.info:
         print(f"nopelens sinks: {subject.name}: note: {subject.info['beyond_trained_length']}", file=sys.stderr)
