@@ -53,7 +53,7 @@ def describe_config(config: Any, architecture: str | None = None) -> HFDescripti
     n_kv = n_kv or _first(config, "num_key_value_heads", "num_kv_heads", default=None)
     n_layers = int(_first(config, "num_hidden_layers", "n_layer", "num_layers", "n_layers"))
     max_positions = None
-    if family.input_position == "learned":
+    if family.position_table:  # a learned table has rows for max_positions positions only
         max_positions = int(_first(config, "n_positions", "max_position_embeddings"))
     layers = tuple(_layer(config, family, layer, d_head) for layer in range(n_layers))
     qk_norm, q_hook, k_hook = _qk_norm(config, family)
