@@ -74,7 +74,7 @@ def fit_folds(
     """Fit and predict every fold for several targets of the same features.
 
     ``regression``: ``StandardScaler`` + ridge, penalty by grouped inner CV over ``alphas``
-    (module docstring). ``classification``: ``StandardScaler`` + :class:`PooledLDA`. Features at
+    (module docstring). ``classification``: ``StandardScaler`` + :class:`~nopelens.probes.linear.PooledLDA`. Features at
     round-off resolution are zeroed on each fitting side (:class:`RoundoffScaler`), and a pooled
     within-class covariance whose trace is at most what the kept features' round-off could give
     (each at :func:`roundoff_tolerance` times its scale) is zero, so LDA is then the nearest class
@@ -90,7 +90,7 @@ def fit_folds(
         task: ``regression`` or ``classification``.
         dtype: dtype the activations were computed in; default ``X``'s.
         alphas: ridge penalty grid (ascending).
-        shrinkage: :class:`PooledLDA` shrinkage.
+        shrinkage: :class:`~nopelens.probes.linear.PooledLDA` shrinkage.
         device: torch device for the algebra (``"cpu"``, ``"cuda"``, ...). CUDA is optional.
         compute_dtype: float64 by default; float32 allowed on an accelerator only (the
             round-off test and the Gram sums then carry float32 error).
@@ -121,7 +121,7 @@ def fold_models(moments: BlockMoments, members: Sequence[Sequence[int]], task: s
             ``classification``).
         members: the blocks of each fitting side (from :func:`fold_blocks`).
         task: ``regression`` (ridge, penalty by grouped inner CV over the fitting side's blocks)
-            or ``classification`` (:class:`PooledLDA`).
+            or ``classification`` (:class:`~nopelens.probes.linear.PooledLDA`).
         dtype: dtype the activations were computed in (the round-off rule).
         alphas: ridge penalty grid.
         shrinkage: LDA shrinkage.

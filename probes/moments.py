@@ -38,7 +38,7 @@ class BlockMoments:
     per class the count and ``sum (x - shift)`` (class labels, for LDA). Every fitting side's
     standardization, ridge normal equations, inner-CV errors and pooled LDA covariance are sums of
     these (module docstring), so statistics of batches, or of shards measured on different
-    machines, add (:meth:`merge`), and :func:`fit_folds` is the same statistics filled at once.
+    machines, add (:meth:`merge`), and :func:`~nopelens.probes.fitting.fit_folds` is the same statistics filled at once.
 
     With ``packed=True`` each block's Gram matrix is held as its upper triangle, row by row
     (``[B, d (d + 1) / 2]``: half the memory of the statistics that grow with the width, which is
@@ -288,7 +288,7 @@ def fold_statistics(
 
     Every block's Gram matrix is computed once, whichever targets read it, so a site's
     classification and regression probes on the same splits share it; each target's numbers are
-    bit for bit those of a :func:`fit_folds` call of its own.
+    bit for bit those of a :func:`~nopelens.probes.fitting.fit_folds` call of its own.
 
     Args:
         X: features ``[n, d]`` (numpy or torch).
@@ -296,7 +296,7 @@ def fold_statistics(
         splits: (fit, score) index pairs, grouped by sequence.
         values: ``[n]`` value targets (for ``regression`` models).
         classes: ``[n]`` class targets (for ``classification`` models).
-        device, compute_dtype: as :func:`fit_folds`.
+        device, compute_dtype: as :func:`~nopelens.probes.fitting.fit_folds`.
 
     Raises:
         ValueError: on a split with an empty side or not grouped by sequence, or float32 algebra on CPU.

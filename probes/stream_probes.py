@@ -257,19 +257,20 @@ def probe_absolute_index(
             on positions >= P (``split == "extrapolation"``), on held-out sequences.
         n_boot: bootstrap replicates.
         seed: seed of controls and bootstrap.
-        device: torch device for the probe algebra (see :func:`probe_features`).
+        device: torch device for the probe algebra (see :func:`~nopelens.probes.linear.probe_features`).
         max_classes: classify at most this many classes: with more positions, classes are
             position bins of equal width (:func:`position_classes`). None: every position its class.
 
     Returns:
-        Tidy DataFrame with :data:`RESULT_COLUMNS`, ``target == "absolute_index"`` (classification
-        over bins of width W: ``"absolute_index//W"``, see :func:`position_classes`). Features are
+        Tidy DataFrame with :data:`~nopelens.probes.linear.RESULT_COLUMNS`, ``target ==
+        "absolute_index"`` (classification over bins of width W: ``"absolute_index//W"``, see
+        :func:`~nopelens.probes.linear.position_classes`). Features are
         judged against the round-off of the dtype the activations were computed in
         (:meth:`~nopelens.probes.collect.Activations.dtype`).
 
     Raises:
         KeyError: for a site that was not collected.
-        ValueError: as :func:`probe_features`.
+        ValueError: as :func:`~nopelens.probes.linear.probe_features`.
     """
     sites = list(acts.acts) if sites is None else list(sites)
     probes = absolute_index_probes(Sequences.of_activations(acts), sites, tasks, n_splits, controls, extrapolate_from,
@@ -310,7 +311,7 @@ def probe_relative_distance(
       RoPE, ALiBi and Shaw on the same footing.
 
     Layer of an attention read: block ``l``'s read is reported at ``layer = l + 1``, the residual
-    layer its head writes into (DESIGN.md numbering), so :func:`first_recoverable_layer` takes
+    layer its head writes into (DESIGN.md numbering), so :func:`~nopelens.probes.linear.first_recoverable_layer` takes
     this table directly. The control task and the token-identity ceiling use the token pair
     (token_i, token_j) as the type.
 
@@ -328,12 +329,13 @@ def probe_relative_distance(
             :func:`~nopelens.probes.targets.spread_distances` rather than every distance).
 
     Returns:
-        Tidy DataFrame with :data:`RESULT_COLUMNS`, ``target == "relative_distance"``; the
+        Tidy DataFrame with :data:`~nopelens.probes.linear.RESULT_COLUMNS`, ``target == "relative_distance"``; the
         ``site`` of a bilinear row is the query site, of a score row the scores site.
 
     Raises:
         KeyError: for a site that was not collected.
-        ValueError: as :func:`probe_features` and :func:`~nopelens.probes.targets.score_features`.
+        ValueError: as :func:`~nopelens.probes.linear.probe_features` and
+            :func:`~nopelens.probes.targets.score_features`.
     """
     if sites is None:
         sites = [site for site, array in acts.acts.items() if array.ndim == 2]
