@@ -21,15 +21,15 @@ import torch
 from nopelens.models.progress import progress_bar
 
 from .collect import Activations
-from .engine import Probes, ProbeFamily, ProbeJob, RowLayout
+from .engine import Probes, ProbeFamily, ProbeJob, RowLayout, pair_scores
 from .linear import extrapolation_splits, position_classes, probe_labels, sequence_splits
 from .moments import _check_task
 from .stream import KeepBudget, Sequences, replay
 from .targets import sample_distance_pairs, spread_distances
 
 __all__ = [
-    "MAX_DISTANCES", "MAX_POSITION_CLASSES", "Probes", "absolute_index_probes", "probe_absolute_index", "probe_family",
-    "probe_relative_distance", "relative_distance_probes", "replay_probes", "token_probes",
+    "MAX_DISTANCES", "MAX_POSITION_CLASSES", "Probes", "absolute_index_probes", "pair_scores", "probe_absolute_index",
+    "probe_family", "probe_relative_distance", "relative_distance_probes", "replay_probes", "token_probes",
 ]
 
 MAX_POSITION_CLASSES = 64
