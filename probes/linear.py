@@ -7,7 +7,7 @@ scores every read with, and :func:`probe_features` for a feature matrix of one's
 A probe is a scikit-learn ``Pipeline(scaler, linear model)`` (:func:`make_probe`; the scaler is
 ``StandardScaler`` that zeroes round-off-only features): for
 classes, pooled-covariance LDA (:class:`PooledLDA`, default), ``RidgeClassifier`` or
-``LogisticRegression``; for values, ridge (:class:`~nopelens.probes.fitting.GroupedRidgeCV`).
+``LogisticRegression``; for values, ridge (:class:`~nopelens.probes.ridge.GroupedRidgeCV`).
 Cross-validation is ``GroupKFold`` over sequences (:func:`sequence_splits`): no sequence is on both
 sides of a split, and the whole pipeline, scaler included, is cloned and refit on the fitting side
 of every fold, so nothing about the held-out sequences leaks into the scaling.
@@ -17,13 +17,13 @@ classifier has a closed form (one d x d solve per fold), which is tens of times 
 iterative logistic fit at 64 classes; ``benchmarks/bench_probes.py``
 measures both on the same data and prints the speed ratio and the accuracy difference.
 The ridge penalty is chosen by cross-validation grouped by sequence inside the fitting side only
-(:class:`~nopelens.probes.fitting.GroupedRidgeCV`, over :data:`ALPHAS`, 1e-3 .. 1e6); the held-out
+(:class:`~nopelens.probes.ridge.GroupedRidgeCV`, over :data:`ALPHAS`, 1e-3 .. 1e6); the held-out
 sequences are never seen, and a result row says when the choice sat at an edge of the grid.
 :func:`probe_features` fits the main probe, the control task and the shuffled labels of one site
 from shared per-fold statistics (:func:`~nopelens.probes.fitting.fit_folds`); the results equal
 scikit-learn's ``StandardScaler`` + ``Ridge`` / :class:`PooledLDA` on the same folds.
 Features whose spread is only float round-off of the activations' dtype carry no signal and are
-zeroed (:class:`~nopelens.probes.fitting.RoundoffScaler`, issue 10 §1).
+zeroed (:class:`~nopelens.probes.roundoff.RoundoffScaler`, issue 10 §1).
 
 Every result is a tidy ``pandas.DataFrame`` (:data:`RESULT_COLUMNS`), one row per site, target,
 task, feature kind, probe, split and metric, with bootstrap 95 % CIs over sequences
@@ -51,7 +51,9 @@ from sklearn.model_selection import GroupKFold
 from sklearn.pipeline import Pipeline
 
 from .collect import site_block, site_layer
-from .fitting import ALPHAS, GroupedRidgeCV, RoundoffScaler, fit_folds, roundoff_tolerance
+from .fitting import fit_folds
+from .ridge import ALPHAS, GroupedRidgeCV
+from .roundoff import RoundoffScaler, roundoff_tolerance
 from .metrics import HIGHER_IS_BETTER, bootstrap_scores, mad_chance_of, metric_names, random_state
 from .targets import control_labels, shuffled_labels, token_identity_predictions
 
@@ -126,10 +128,10 @@ def make_probe(task: str, classifier: str = "lda", alphas: Sequence[float] = ALP
     """An unfitted ``Pipeline(RoundoffScaler, linear model)``.
 
     The scaler is ``StandardScaler`` that zeroes features whose spread is only round-off of
-    ``dtype`` (:class:`~nopelens.probes.fitting.RoundoffScaler`).
+    ``dtype`` (:class:`~nopelens.probes.roundoff.RoundoffScaler`).
 
     Args:
-        task: ``classification`` or ``regression`` (:class:`~nopelens.probes.fitting.GroupedRidgeCV`
+        task: ``classification`` or ``regression`` (:class:`~nopelens.probes.ridge.GroupedRidgeCV`
             over ``alphas``; pass the sequence ids as ``linear__groups`` to ``fit``, as
             :func:`out_of_fold_predictions` does when given ``groups``).
         classifier: for classification, ``lda`` (:class:`PooledLDA`), ``ridge`` (``RidgeClassifier``, alpha :data:`CLASSIFIER_ALPHA`)
@@ -218,7 +220,7 @@ def out_of_fold_predictions(
 ) -> tuple[np.ndarray, np.ndarray]:
     """Fit a fresh clone of ``estimator`` on each fitting side and predict its scoring side.
 
-    With ``groups`` (sequence ids ``[n]``), a :class:`~nopelens.probes.fitting.GroupedRidgeCV`
+    With ``groups`` (sequence ids ``[n]``), a :class:`~nopelens.probes.ridge.GroupedRidgeCV`
     (alone or as a pipeline's ``linear`` step) gets the fitting side's groups for its inner CV.
 
     Returns:

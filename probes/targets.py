@@ -32,7 +32,7 @@ import numpy as np
 import torch
 from jaxtyping import Float, Int
 
-from .fitting import roundoff_tolerance
+from .roundoff import roundoff_tolerance
 
 
 @dataclass
@@ -295,7 +295,7 @@ def score_features(
         position: position id of each sample ``[n]``.
         pairs: from :func:`sample_distance_pairs`.
         dtype: the dtype the scores were computed in (sets the round-off, see
-            :func:`~nopelens.probes.fitting.roundoff_tolerance`).
+            :func:`~nopelens.probes.roundoff.roundoff_tolerance`).
 
     Returns:
         ``[n_pairs, head_index]`` float64; 0 for every pair of distance 0.
@@ -318,8 +318,9 @@ def score_features(
     if not scores:
         raise ValueError("no score arrays given")
     n_heads = np.asarray(scores[0]).shape[0]
-    out = np.empty((len(pairs), n_heads))
+    pair, own = np.empty((len(pairs), n_heads)), np.empty((len(pairs), n_heads))
     seq = sequence_id[pairs.query]
+    i, j = position[pairs.query], position[pairs.key]
     for s in np.unique(seq):
         if not 0 <= s < len(scores):
             raise ValueError(f"sequence {s} has no score array ({len(scores)} given)")
@@ -327,38 +328,44 @@ def score_features(
         if e.ndim != 3 or e.shape[1] != e.shape[2] or e.shape[0] != n_heads:
             raise ValueError(f"scores of sequence {s} must be [{n_heads}, n, n], got {e.shape}")
         rows = np.flatnonzero(seq == s)
-        i, j = position[pairs.query[rows]], position[pairs.key[rows]]
-        out[rows] = score_differences(e[:, i, j], e[:, i, i], i, j, int(s), dtype)
-    return out
+        pair[rows], own[rows] = e[:, i[rows], j[rows]].T, e[:, i[rows], i[rows]].T
+    return score_read(pair, own, i, j, seq, dtype)
 
 
-def score_differences(pair_score: np.ndarray, own_score: np.ndarray, query: np.ndarray, key: np.ndarray,
-                      sequence: int, dtype="float32") -> np.ndarray:
-    """The score read of some pairs of one sequence from their scores: ``[n_pairs, head_index]``
-    float64 (:func:`score_features`, which gathers ``pair_score`` and ``own_score`` from whole
-    score arrays; a streamed read gathers them from a batch's scores inside the hook).
+def score_read(pair_score: np.ndarray, own_score: np.ndarray, query: np.ndarray, key: np.ndarray,
+               sequence_id: np.ndarray, dtype="float32") -> Float[np.ndarray, "n_pairs head_index"]:
+    """The score read of pairs from their gathered scores (:func:`score_features`, which gathers them
+    from whole score arrays; a streamed read gathers them from a batch's scores inside the hook,
+    :func:`~nopelens.probes.engine.pair_scores`): e(i, j) - e(i, i), 0 where within round-off.
 
     Args:
-        pair_score, own_score: ``[head_index, n_pairs]`` scores e_h(i, j) and e_h(i, i), float64.
+        pair_score, own_score: ``[n_pairs, head_index]`` scores e_h(i, j) and e_h(i, i), float64.
         query, key: the pairs' positions i and j ``[n_pairs]`` (for errors).
-        sequence: the pairs' sequence (for errors).
+        sequence_id: the pairs' sequences ``[n_pairs]`` (for errors).
         dtype: the dtype the scores were computed in.
 
+    Returns:
+        ``[n_pairs, head_index]`` float64.
+
     Raises:
-        ValueError: if a pair's key is blocked (see :func:`score_features`).
+        ValueError: on a NaN score, or if a pair's key is blocked (see :func:`score_features`).
     """
+    nan = np.isnan(pair_score) | np.isnan(own_score)
+    if nan.any():
+        raise ValueError(f"NaN attention score of sequence {int(sequence_id[np.argwhere(nan)[0][0]])} "
+                         "(a pair's key or its query's own key)")
     bar = blocked_score(dtype)
     blocked = ~np.isfinite(pair_score) | (pair_score <= bar) | (own_score <= bar)
     if blocked.any():
-        head, k = np.argwhere(blocked)[0]
+        k, head = np.argwhere(blocked)[0]
         raise ValueError(
-            f"sequence {sequence}, head {head}: key {key[k]} is blocked for query {query[k]} (score "
-            f"{pair_score[head, k]:.3g}); the score read needs every pair j <= i visible, and a sliding window or "
+            f"sequence {int(sequence_id[k])}, head {head}: key {key[k]} is blocked for query {query[k]} (score "
+            f"{pair_score[k, head]:.3g}); the score read needs every pair j <= i visible, and a sliding window or "
             "chunk shorter than the sequence blocks the pairs further apart: leave that block out of the score read"
         )
     difference = pair_score - own_score
     resolution = roundoff_tolerance(dtype) * np.maximum(np.abs(pair_score), np.abs(own_score))
-    return np.where(np.abs(difference) <= resolution, 0.0, difference).T
+    return np.where(np.abs(difference) <= resolution, 0.0, difference)
 
 
 def control_labels(

@@ -60,7 +60,7 @@ import torch  # noqa: E402
 
 from nopelens.models import Decoder, DecoderConfig  # noqa: E402
 from nopelens.probes import collect, first_recoverable_layer, probe_absolute_index, resid_sites  # noqa: E402
-from nopelens.probes.fitting import RoundoffScaler, roundoff_tolerance, signal_mask  # noqa: E402
+from nopelens.probes.roundoff import RoundoffScaler, roundoff_tolerance, signal_mask  # noqa: E402
 
 CONSTANT_CASES = [(p, torch.float32) for p in ("nope", "rope", "alibi", "shaw", ("nope", "rope"))] + [
     ("rope", torch.bfloat16), ("rope", torch.float16), (("rope", "nope"), torch.bfloat16)]
@@ -161,7 +161,7 @@ def test_penalty_path_equals_one_solve_per_penalty_and_the_eigendecomposition(d)
     """The tridiagonal penalty path (CPU) and the eigendecomposition (accelerators) give the ridge
     weights (C + alpha I)^-1 b of every penalty, also where C is singular (a feature that is the sum
     of two others), so only the penalty makes the system solvable."""
-    from nopelens.probes.fitting import _eigen_penalty_path, penalty_path
+    from nopelens.probes.ridge import _eigen_penalty_path, penalty_path
 
     rng = np.random.default_rng(d)
     X = rng.normal(size=(2 * d + 5, d)) * rng.uniform(0.1, 10, d)
@@ -187,7 +187,7 @@ def test_penalty_path_equals_one_solve_per_penalty_and_the_eigendecomposition(d)
 def test_spd_solve_equals_lu_and_falls_back_where_cholesky_fails():
     """The final ridge and LDA solves: Cholesky (LAPACK potrf/potrs) equals LU on a positive definite
     system, and a matrix round-off leaves indefinite still gets LU's answer, not an error."""
-    from nopelens.probes.fitting import spd_solve
+    from nopelens.probes.ridge import spd_solve
 
     rng = np.random.default_rng(0)
     X = rng.normal(size=(80, 40))
@@ -325,7 +325,7 @@ def test_fold_statistics_judge_float64_features_by_their_raw_extremes(as_tensor)
     own memory: the round-off rule reads the raw extremes. A feature of 1000 plus 2e-12 noise is round-off at
     its scale (float64 tolerance x 1000 = 5.9e-11 > its spread); judged from its centred values (magnitude
     ~1e-11, the other feature's ~4) it passed as signal."""
-    from nopelens.probes.fitting import fold_statistics
+    from nopelens.probes.moments import fold_statistics
 
     rng = np.random.default_rng(0)
     n = 400
@@ -343,16 +343,16 @@ def test_fold_statistics_reorders_features_row_by_row_and_keeps_the_extremes_of_
     """The reordered copy is filled a few rows at a time (here 3): every row lands in its place, in the
     compute dtype. The extremes come from that copy; rounding is monotone, so for a narrowing conversion
     (float64 features, float32 algebra on an accelerator) they are the rounded raw extremes."""
-    from nopelens.probes import fitting
+    from nopelens.probes import moments
 
-    monkeypatch.setattr(fitting, "GATHER_ELEMENTS", 7)  # 3 rows of 2 features at a time
+    monkeypatch.setattr(moments, "GATHER_ELEMENTS", 7)  # 3 rows of 2 features at a time
     rng = np.random.default_rng(1)
     X = rng.standard_normal((11, 2)).astype(np.float32)
     order = rng.permutation(11)
-    out = fitting._gathered(torch.from_numpy(X) if as_tensor else X, order, "cpu", torch.float64)
+    out = moments._gathered(torch.from_numpy(X) if as_tensor else X, order, "cpu", torch.float64)
     assert out.dtype == torch.float64 and np.array_equal(out.numpy(), X[order].astype(np.float64))
     wide = X.astype(np.float64) + 1e-12
-    out = fitting._gathered(torch.from_numpy(wide) if as_tensor else wide, order, "cpu", torch.float32)
+    out = moments._gathered(torch.from_numpy(wide) if as_tensor else wide, order, "cpu", torch.float32)
     assert np.array_equal(out.numpy(), wide[order].astype(np.float32))
     assert np.array_equal(out.numpy().max(0), wide.max(0).astype(np.float32))
     assert np.array_equal(out.numpy().min(0), wide.min(0).astype(np.float32))

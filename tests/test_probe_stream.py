@@ -577,7 +577,7 @@ def test_the_plans_fit_count_is_what_the_run_factorizes(model_dir, monkeypatch, 
     from nopelens.analyses.eta import FitRates
     from nopelens.analyses.subjects import HFInput, resolve
     from nopelens.analyses.sweep import SweepSettings, analyse_subject_streamed, sweep_sites
-    from nopelens.probes import fitting
+    from nopelens.probes import lda, ridge
 
     settings = dataclasses.replace(SweepSettings.quick("text", (f"hf:{model_dir}",), controls=False), n_sequences=6,
                                    seq_len=16, hf_input=HFInput(input="text"), streamed=True, keep_mib=keep_mib,
@@ -589,7 +589,7 @@ def test_the_plans_fit_count_is_what_the_run_factorizes(model_dir, monkeypatch, 
     settings = dataclasses.replace(settings, sink_ablation=False)
     counted = streamed.fit_work(streamed.measurements(subject, settings, sites, shapes), shapes)
     done = {"paths": 0, "solves": 0}
-    path, solve = fitting.penalty_path, fitting.spd_solve
+    path, solve = ridge.penalty_path, ridge.spd_solve
 
     def counting_path(C, b, alphas):
         done["paths"] += C.shape[0] ** 3
@@ -599,8 +599,9 @@ def test_the_plans_fit_count_is_what_the_run_factorizes(model_dir, monkeypatch, 
         done["solves"] += A.shape[0] ** 3
         return solve(A, B)
 
-    monkeypatch.setattr(fitting, "penalty_path", counting_path)
-    monkeypatch.setattr(fitting, "spd_solve", counting_solve)
+    monkeypatch.setattr(ridge, "penalty_path", counting_path)
+    for module in (ridge, lda):
+        monkeypatch.setattr(module, "spd_solve", counting_solve)
     monkeypatch.setattr(streamed, "fit_rates", lambda *args: FitRates(0, 0, 0, 0))  # the plan's timing factorizes too
     with torch.no_grad():
         analyse_subject_streamed(subject, settings)
