@@ -43,6 +43,7 @@ import pandas as pd
 import torch
 from tqdm.auto import tqdm
 
+from nopelens.models.hf_loading import attention_shortfall
 from nopelens.models.hooks import act_names
 from nopelens.models.methods import get_method
 from nopelens.probes import collect
@@ -59,7 +60,7 @@ from nopelens.probes.stream_probes import Probes
 from .eta import FitRates, FitWork
 from .intervene import later_token_probes, refused_sink_blocks, sink_ablation_drop_streamed
 from .reads import ProbeInput, SweepSites, bilinear_mode_of, measure_targets
-from .subjects import Subject, attention_shortfall
+from .subjects import Subject
 
 SKIPPED_ABLATION = "skipped (--no-sink-ablation): the sink ablation's extra forward passes were not run"
 NOT_PROBED = "not probed (--layers leaves this block out)"

@@ -58,6 +58,7 @@ import torch
 from tqdm.auto import tqdm
 
 import nopelens
+from nopelens.models.hf_loading import HFInput
 from nopelens.models.hooks import act_name, act_names
 from nopelens.models.progress import progress_bar
 from nopelens.models.threads import one_thread
@@ -72,7 +73,7 @@ from .intervene import sink_ablation_drop
 from .reads import ProbeInput, SweepSites, bilinear_mode
 from .streamed import measure_streamed, plan
 from .subjects import (
-    CONTROL_SPECS, HF_PREFIX, HFInput, Subject, check_spec, display_name, has_training_seed, input_changes,
+    CONTROL_SPECS, HF_PREFIX, Subject, check_spec, display_name, has_training_seed, input_changes,
     input_fingerprint, planned_work, qk_sites, resolve,
 )
 
@@ -108,7 +109,7 @@ class SweepSettings:
         sites: where absolute index is probed (:data:`SITE_KINDS`): ``resid`` (required) and any
             of the finer sites ``attn_out``, ``resid_mid``, ``mlp_out`` of every block. Relative
             distance is read on the residual stream and every block's attention either way.
-        hf_input: how ``hf:DIR`` models are read (:class:`~nopelens.analyses.subjects.HFInput`:
+        hf_input: how ``hf:DIR`` models are read (:class:`~nopelens.models.hf_loading.HFInput`:
             text through their tokenizer, random ids or one token repeated; device; dtype).
         streamed: measure ``hf:DIR`` models through the streaming engine
             (:func:`analyse_subject_streamed`; ``nopelens probe``).

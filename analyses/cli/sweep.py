@@ -14,9 +14,10 @@ from nopelens.analyses.parallel import default_jobs
 from nopelens.analyses.reads import choose_reads
 from nopelens.analyses.runs import slug
 from nopelens.analyses.streamed import plan
-from nopelens.analyses.subjects import HF_PREFIX, HFInput, fixed_length, resolve
+from nopelens.analyses.subjects import HF_PREFIX, fixed_length, resolve
 from nopelens.analyses.sweep import DEFAULT_SITES, SITE_KINDS, SweepSettings, measure_sinks, sweep, sweep_sites
 from nopelens.models.hf import UnsupportedModelError
+from nopelens.models.hf_loading import HFInput
 from nopelens.models.io import write_csv_atomic
 from nopelens.probes.sinks import learned_sink_line, learned_sink_logits, sink_flags
 
