@@ -71,7 +71,8 @@ from . import layers, parallel, reads, report, runs, seeds
 from .eta import SweepETA
 from .intervene import sink_ablation_drop
 from .reads import ProbeInput, SweepSites, bilinear_mode
-from .streamed import measure_streamed, plan
+from .plan import plan
+from .streamed import measure_streamed
 from .subjects import (
     CONTROL_SPECS, HF_PREFIX, Subject, check_spec, display_name, has_training_seed, input_changes,
     input_fingerprint, planned_work, qk_sites, resolve,

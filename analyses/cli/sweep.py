@@ -13,7 +13,7 @@ from nopelens.analyses import reads, report, runs
 from nopelens.analyses.parallel import default_jobs
 from nopelens.analyses.reads import choose_reads
 from nopelens.analyses.runs import slug
-from nopelens.analyses.streamed import plan
+from nopelens.analyses.plan import plan
 from nopelens.analyses.subjects import HF_PREFIX, fixed_length, resolve
 from nopelens.analyses.sweep import DEFAULT_SITES, SITE_KINDS, SweepSettings, measure_sinks, sweep, sweep_sites
 from nopelens.models.hf import UnsupportedModelError
