@@ -35,8 +35,9 @@ What the summary reports per model (one column, header and figure panel each) ar
 :data:`~nopelens.analyses.reads.SWEEP_READS`; the probe rows come from their target functions.
 
 Results go to a run folder (:mod:`~nopelens.analyses.runs`): ``probes.csv``, ``sinks.csv``,
-``variance.csv``, ``sink_ablation.csv``, ``summary.csv``, figures (PNG; SVG on request),
-``summary.md`` and the stamp ``sweep.json``. Each (model, seed)'s tables are written under
+``variance.csv``, ``sink_ablation.csv``, ``summary.csv`` and the stamp ``sweep.json``; its figures
+(PNG; SVG on request) and ``summary.md`` are drawn from the result by
+:func:`~nopelens.analyses.report.write_run`, which ``nopelens sweep`` calls. Each (model, seed)'s tables are written under
 ``parts/`` once it is done, so an interrupted sweep resumes where it stopped.
 """
 
@@ -60,6 +61,7 @@ from tqdm.auto import tqdm
 import nopelens
 from nopelens.models.hf_loading import HFInput
 from nopelens.models.hooks import act_name, act_names
+from nopelens.models.io import write_csv_atomic
 from nopelens.models.progress import progress_bar
 from nopelens.models.threads import one_thread
 from nopelens.probes import collect, resid_site
@@ -67,7 +69,7 @@ from nopelens.probes.collect import site_block
 from nopelens.probes.sinks import GU_WINDOW, SinkStats, empty_sink_table, sink_flags, variance_slopes
 from nopelens.probes.stream import AttentionVariance, Sequences, replay
 
-from . import layers, parallel, reads, report, runs, seeds
+from . import layers, parallel, reads, runs, seeds
 from .eta import SweepETA
 from .intervene import sink_ablation_drop
 from .reads import ProbeInput, SweepSites, bilinear_mode
@@ -241,8 +243,7 @@ class SweepResult:
     ``summary`` has one row per model (means over training seeds when there are several, see
     :func:`~nopelens.analyses.seeds.over_seeds`); ``summary_per_seed`` one row per model and seed;
     ``curves`` the main curves per layer (:func:`~nopelens.analyses.layers.layer_curves`);
-    ``reads`` the reads the summary and curves report (``--metric``, ``--threshold``); ``figures``
-    the stems of the figures written into ``out_dir`` (none with ``figures=False``).
+    ``reads`` the reads the summary and curves report (``--metric``, ``--threshold``).
     """
 
     probes: pd.DataFrame
@@ -255,7 +256,6 @@ class SweepResult:
     sink_ablation: pd.DataFrame = field(default_factory=pd.DataFrame)
     curves: pd.DataFrame | None = None
     reads: tuple[reads.SweepRead, ...] | None = None
-    figures: tuple[str, ...] = ()
 
 
 # ----------------------------------------------------------------------------- one subject
@@ -389,11 +389,10 @@ def analyse_subject(subject: Subject, settings: SweepSettings, progress: bool = 
         raise ValueError("--layers applies to hf:DIR models (the streamed probe)")
     sites = sweep_sites(subject, settings.sites)
     acts = collect(subject.model, subject.tokens, sites.all(), attention_mask=subject.attention_mask, batch_size=32)
-    # every batch kept, every position its class and every distance drawn, as the in-memory sweep always read them
+    # the streamed probe's settings (ProbeInput's position bins and spread distances), every batch kept
     inp = ProbeInput(Sequences.of_activations(acts), sites, seq_len=subject.tokens.shape[1],
                      n_sequences=settings.n_sequences, n_splits=settings.n_splits, n_boot=settings.n_boot,
-                     seed=settings.seed, bilinear=bilinear_mode(acts, sites.qk[0][0]) if sites.qk else "outer",
-                     max_classes=None, distances=None)
+                     seed=settings.seed, bilinear=bilinear_mode(acts, sites.qk[0][0]) if sites.qk else "outer")
     probes = reads.measure_in_memory(reads.measure_targets(inp), acts, subject.name if progress else None)
     probes.insert(0, "model", subject.name)
 
@@ -595,10 +594,11 @@ def _first_block_slope(variance: pd.DataFrame) -> float:
 
 
 def sweep(settings: SweepSettings, out_dir: str | Path | None = None, progress: bool = True, jobs: int = 1,
-          scheduler: str | None = None, svg: bool = False, security: str | Path | None = None,
-          sweep_reads: Sequence[reads.SweepRead] | None = None, name: str = "sweep",
-          figures: bool = True) -> SweepResult:
-    """Run the sweep; with ``out_dir``, write (and resume) a run folder.
+          scheduler: str | None = None, security: str | Path | None = None,
+          sweep_reads: Sequence[reads.SweepRead] | None = None, name: str = "sweep") -> SweepResult:
+    """Run the sweep; with ``out_dir``, write (and resume) a run folder's parts and tables
+    (:func:`write_tables`); its figures and ``summary.md`` are rendering,
+    :func:`~nopelens.analyses.report.write_run`'s (``nopelens sweep`` calls it).
 
     Args:
         settings: what to measure.
@@ -608,14 +608,12 @@ def sweep(settings: SweepSettings, out_dir: str | Path | None = None, progress: 
         jobs: local worker processes, one (model, seed) each (see :mod:`~nopelens.analyses.parallel`).
         scheduler: address of a Dask scheduler (``tls://`` or ``tcp://``) to send the (model,
             seed) tasks to instead.
-        svg: also save the figures as SVG (PNG always).
-        figures: draw the figures (False: the tables and ``summary.md`` only, ``--no-figures``).
         security: YAML file of distributed's TLS settings for a ``tls://`` scheduler (see
             :func:`~nopelens.analyses.parallel.dask_security`).
         sweep_reads: the reads the summary, the per-layer curves and the figure report (default
             :data:`~nopelens.analyses.reads.SWEEP_READS`; :func:`~nopelens.analyses.reads.choose_reads`
             makes others). They only read what was measured, so a run folder resumes with any.
-        name: the command, for the progress bar and ``summary.md`` (``sweep`` or ``probe``).
+        name: the command, for the progress bar (``sweep`` or ``probe``).
 
     Raises:
         ValueError: if ``out_dir`` holds a sweep made with other settings or another analysis's
@@ -638,15 +636,14 @@ def sweep(settings: SweepSettings, out_dir: str | Path | None = None, progress: 
         _check_absolute_paths(settings)
     out = Path(out_dir) if out_dir is not None else None
     if out is None:
-        return _sweep_tasks(settings, None, progress, jobs, scheduler, svg, security, sweep_reads, name, figures)
+        return _sweep_tasks(settings, None, progress, jobs, scheduler, security, sweep_reads, name)
     with runs.claimed(out, "sweep", settings.to_dict(), ignore=settings.RESUMABLE_CHANGES, command=name,
                       unset=settings.UNSET):
-        return _sweep_tasks(settings, out, progress, jobs, scheduler, svg, security, sweep_reads, name, figures)
+        return _sweep_tasks(settings, out, progress, jobs, scheduler, security, sweep_reads, name)
 
 
-def _sweep_tasks(settings: SweepSettings, out: Path | None, progress: bool, jobs: int, scheduler: str | None, svg: bool,
-                 security: str | Path | None, sweep_reads: Sequence[reads.SweepRead] | None, name: str,
-                 figures: bool) -> SweepResult:
+def _sweep_tasks(settings: SweepSettings, out: Path | None, progress: bool, jobs: int, scheduler: str | None,
+                 security: str | Path | None, sweep_reads: Sequence[reads.SweepRead] | None, name: str) -> SweepResult:
     """:func:`sweep` once its folder ``out`` (or None) is claimed."""
     tasks = settings.tasks()
     inputs = {spec: input_fingerprint(spec, settings.hf_input) for spec in settings.models}
@@ -699,9 +696,28 @@ def _sweep_tasks(settings: SweepSettings, out: Path | None, progress: bool, jobs
                          summary_per_seed=per_seed, sink_ablation=ablation,
                          curves=layers.layer_curves(probes, sinks, chosen), reads=chosen)
     if out is not None:
-        result.figures = tuple(report.write_run(result, settings, command=" ".join(["nopelens", *sys.argv[1:]]),
-                                                versions=versions(), svg=svg, name=name, draw=figures))
+        write_tables(result)
     return result
+
+
+def write_tables(result: SweepResult) -> None:
+    """Write a sweep's tables into ``result.out_dir``: ``probes``, ``sinks``, ``variance``,
+    ``summary``, ``layers`` (the main curves) and ``sink_ablation`` (when measured), and with
+    several training seeds also ``summary_per_seed`` and ``probes_over_seeds``
+    (:mod:`~nopelens.analyses.seeds`); a table this run has none of is removed if an earlier run
+    in the folder left one, so the folder describes this run only."""
+    out = result.out_dir
+    tables = {name: getattr(result, name) for name in ("probes", "sinks", "variance", "summary")}
+    tables["layers"] = result.curves
+    several = "n_seeds" in result.summary
+    tables["summary_per_seed"] = result.summary_per_seed if several else None
+    tables["probes_over_seeds"] = seeds.probes_over_seeds(result.probes) if several else None
+    tables["sink_ablation"] = None if result.sink_ablation.empty else result.sink_ablation
+    for name, table in tables.items():
+        if table is None:
+            (out / f"{name}.csv").unlink(missing_ok=True)
+        else:
+            write_csv_atomic(table, out / f"{name}.csv")
 
 
 SETTINGS_DIGEST = "settings_digest"

@@ -24,7 +24,7 @@ import matplotlib.pyplot as plt
 import seaborn as sns
 
 from nopelens.analyses.cli import OneLineParser, guarded
-from nopelens.analyses.report import save_figure
+from nopelens.analyses.figures import save_figure
 from nopelens.analyses.subjects import resolve
 from nopelens.analyses.sweep import SweepSettings
 from nopelens.models.io import write_csv_atomic
