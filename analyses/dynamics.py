@@ -46,7 +46,7 @@ from nopelens.probes.sinks import GU_WINDOW, sink_rate_ci
 
 from . import runs
 from .subjects import from_trained
-from .sweep import score_sites
+from .sites import score_sites
 
 THRESHOLD = 0.9
 """A layer recovers a target when the 95 % CI lower bound of R^2 clears this (the sweep's bar)."""

@@ -298,7 +298,7 @@ def summary_markdown(result, settings, command: str, versions: dict[str, str], f
     ablation, command, settings and versions.
 
     ``result`` and ``settings`` are the sweep's :class:`~nopelens.analyses.sweep.SweepResult` and
-    :class:`~nopelens.analyses.sweep.SweepSettings` (duck-typed: this module imports no analysis)."""
+    :class:`~nopelens.analyses.settings.SweepSettings` (duck-typed: this module imports no analysis)."""
     sweep_reads = result.reads
     skipped = not_applicable_reads(result.subjects)
     tables = fit_width(summary_table(result.summary, sweep_reads, skipped), _markdown)

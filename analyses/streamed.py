@@ -100,8 +100,8 @@ class Measurements:
 def measurements(subject: Subject, settings, sites: SweepSites,
                  shapes: dict[str, tuple[int, ...]] | None = None) -> Measurements:
     """The streamed measurements of ``subject`` under ``settings`` (a
-    :class:`~nopelens.analyses.sweep.SweepSettings`) on the sweep's ``sites``
-    (:func:`~nopelens.analyses.sweep.sweep_sites`): the sweep's probe set, its sink conditions, its
+    :class:`~nopelens.analyses.settings.SweepSettings`) on the sweep's ``sites``
+    (:func:`~nopelens.analyses.sites.sweep_sites`): the sweep's probe set, its sink conditions, its
     variance sites and (unless ``settings.sink_ablation`` is False) the sink ablation's clean
     probes, after checking on two sequences which blocks can be ablated
     (:func:`~nopelens.analyses.intervene.refused_sink_blocks`: a few short forward passes).

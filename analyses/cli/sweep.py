@@ -12,13 +12,13 @@ import sys
 from nopelens.analyses import reads, report, runs
 from nopelens.analyses.figures import save_figure, sink_figure
 from nopelens.analyses.parallel import default_jobs
+from nopelens.analyses.plan import plan
 from nopelens.analyses.reads import choose_reads
 from nopelens.analyses.runs import slug
-from nopelens.analyses.plan import plan
+from nopelens.analyses.settings import DEFAULT_SITES, SITE_KINDS, SweepSettings
+from nopelens.analyses.sites import sweep_sites
 from nopelens.analyses.subjects import HF_PREFIX, fixed_length, resolve
-from nopelens.analyses.sweep import (
-    DEFAULT_SITES, SITE_KINDS, SweepSettings, measure_sinks, sweep, sweep_sites, versions,
-)
+from nopelens.analyses.sweep import measure_sinks, sweep, versions
 from nopelens.models.hf import UnsupportedModelError
 from nopelens.models.hf_loading import HFInput
 from nopelens.models.io import write_csv_atomic
