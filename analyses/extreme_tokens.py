@@ -27,8 +27,9 @@ import torch.nn.functional as F
 
 from nopelens.models.hooks import act_names
 from nopelens.models.tasks import Batch
-from nopelens.probes import collect, resid_sites
-from nopelens.probes.extreme_tokens import active_dormant_table, first_token_norms
+from nopelens.probes import resid_sites
+from nopelens.probes.extreme_tokens import ActiveDormantStats, FirstTokenNorms
+from nopelens.probes.stream import Sequences, run
 
 from . import intervene as iv
 from .subjects import Subject
@@ -98,16 +99,14 @@ def ablation_table(subject: Subject, modes: tuple[str, ...] = iv.SINK_MODES) -> 
 def measure(subject: Subject, n_boot: int = 200, seed: int = 0) -> dict[str, pd.DataFrame]:
     """The three tables of the module docstring for one subject."""
     layers = subject.n_layers
-    values = act_names("v", layers)
-    patterns = act_names("pattern", layers)
-    residual = resid_sites(layers)
-    acts = collect(subject.model, subject.tokens, patterns + values + residual,
-                   attention_mask=subject.attention_mask, batch_size=32)
+    sequences = Sequences.of(subject.tokens, subject.attention_mask)
     flags, classes = query_classes(subject)
     real = subject.attention_mask.bool()
     per_sequence = [row[mask].numpy() for row, mask in zip(flags, real)]
-    heads = active_dormant_table(acts, per_sequence, classes, n_boot=n_boot, seed=seed)
-    norms = first_token_norms(acts, values + residual)
+    # statistics summed batch by batch while the model runs (issue 38): no pattern outlives its batch
+    heads, norms = run(subject.model, sequences, [
+        ActiveDormantStats(sequences, act_names("pattern", layers), per_sequence, classes, n_boot, seed),
+        FirstTokenNorms(sequences, act_names("v", layers) + resid_sites(layers))], batch_size=32)
     return {name: table.assign(model=subject.name) for name, table in
             (("heads", heads), ("norms", norms), ("ablation", ablation_table(subject)))}
 
