@@ -19,9 +19,10 @@ from .subjects import Subject, qk_sites
 def sweep_sites(subject: Subject, kinds: tuple[str, ...] = DEFAULT_SITES,
                 blocks: tuple[int, ...] | None = None) -> SweepSites:
     """The sites the sweep collects of ``subject`` (those it has and that fire); ``kinds`` as
-    :attr:`~nopelens.analyses.settings.SweepSettings.sites`, ``blocks`` as :attr:`~nopelens.analyses.settings.SweepSettings.layers` (None: every block;
-    otherwise each block's sites and its input and output residual stream, and the blocks left out
-    are recorded in ``subject.info["not_applicable"]``).
+    :attr:`~nopelens.analyses.settings.SweepSettings.sites`, ``blocks`` as
+    :attr:`~nopelens.analyses.settings.SweepSettings.layers` (None: every block; otherwise each
+    block's sites and its input and output residual stream, and the blocks left out are recorded
+    in ``subject.info["not_applicable"]``).
 
     Raises:
         ValueError: for a block the model does not have.

@@ -35,10 +35,11 @@ What the summary reports per model (one column, header and figure panel each) ar
 :data:`~nopelens.analyses.reads.SWEEP_READS`; the probe rows come from their target functions.
 
 Results go to a run folder (:mod:`~nopelens.analyses.runs`): ``probes.csv``, ``sinks.csv``,
-``variance.csv``, ``sink_ablation.csv``, ``summary.csv`` and the stamp ``sweep.json``; its figures
-(PNG; SVG on request) and ``summary.md`` are drawn from the result by
-:func:`~nopelens.analyses.report.write_run`, which ``nopelens sweep`` calls. Each (model, seed)'s tables are written under
-``parts/`` once it is done, so an interrupted sweep resumes where it stopped.
+``variance.csv``, ``sink_ablation.csv``, ``summary.csv``, ``layers.csv`` and the stamp
+``sweep.json``; its figures (PNG; SVG on request) and ``summary.md`` are rendered from the result
+by :func:`~nopelens.analyses.report.write_run`, which ``nopelens sweep`` calls. Each (model,
+seed)'s tables are written under ``parts/`` once it is done, so an interrupted sweep resumes where
+it stopped.
 """
 
 from __future__ import annotations
