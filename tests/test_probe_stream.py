@@ -425,12 +425,15 @@ def test_plan_prints_passes_tokens_memory_and_exits(model_dir, tmp_path, capsys)
     assert code == 0 and not (tmp_path / "run").exists()
     # 6 sequences of 16 tokens in one batch, the 15-token copies without BOS for the sink table, and one
     # pass over the 96 tokens per block for its sink ablation
-    assert ("6 forward passes over 570 tokens (1 of them over the sequences without BOS, for the sink table; "
-            "4 of them for the sink ablation of 4 blocks, each stopped after its block; no second pass") in out, out
+    assert ("6 forward passes over 570 tokens in batches of at most 6 sequences\n"
+            "  - 1 of them over the sequences without BOS, for the sink table\n"
+            "  - 4 of them for the sink ablation of 4 blocks, each stopped after its block\n"
+            "  - no second pass") in out, out
+    assert max(len(line) for line in out.splitlines()) <= 100, out
     assert "MiB" in out and "ETA about" in out, out
     code = main(["probe", f"hf:{model_dir}", *ARGS, "--plan", "--no-sink-ablation", "--out", str(tmp_path / "run")])
     out = capsys.readouterr().out
-    assert code == 0 and "2 forward passes over 186 tokens (" in out, out
+    assert code == 0 and "2 forward passes over 186 tokens in batches" in out, out
     # nothing kept: the main run and each ablated block's run make a second pass
     code = main(["probe", f"hf:{model_dir}", *ARGS, "--plan", "--keep-mib", "0", "--out", str(tmp_path / "run")])
     out = capsys.readouterr().out
