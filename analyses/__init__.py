@@ -1,14 +1,19 @@
 """Experiments a user runs, by role.
 
-- the analyses: :mod:`.sweep` (the main job), :mod:`.intervene` (causal tests), :mod:`.lengthgen`,
-  :mod:`.validate` (the known-answer suite), :mod:`.circuit_checks` (the hand-built circuits'
-  checks and figures), :mod:`.audit` (seed 002's ten-step audit);
+- the analyses, which return (and write) tables: :mod:`.sweep` (the main job; its settings in
+  :mod:`.settings`, the sites it reads in :mod:`.sites`, its summary in :mod:`.summary`, the streamed
+  run of an ``hf:DIR`` model in :mod:`.streamed` and its plan in :mod:`.plan`), :mod:`.intervene`
+  (causal tests), :mod:`.dynamics`, :mod:`.extreme_tokens`, :mod:`.lengthgen`, :mod:`.validate`
+  (the known-answer suite), :mod:`.circuit_checks` (the hand-built circuits' checks and figures),
+  :mod:`.audit` (seed 002's ten-step audit);
 - :mod:`.subjects`: model specs -> a hooked model and its evaluation batch;
 - :mod:`.reads`: what the sweep reads, one :class:`~.reads.SweepRead` per summary column and figure panel;
 - :mod:`.layers`: the main curves per layer (``layers.csv``) and :func:`load_run`, which reads a
   run folder back (``from nopelens.analyses import load_run``);
 - :mod:`.runs`: run folders (one claim rule, one slug, part folders, atomic writes);
-- :mod:`.report`: figures, summary tables and Markdown; :mod:`.seeds`: numbers over training seeds;
+- rendering, which the CLI calls and no analysis imports: :mod:`.report` (summary tables, Markdown, a
+  sweep's run-folder figures and ``summary.md``) and :mod:`.figures` (the drawings);
+  :mod:`.seeds`: numbers over training seeds;
   :mod:`.parallel`: local worker processes and Dask;
 - :mod:`.cli`: the ``nopelens`` command, thin over the rest; nothing here imports it.
 """

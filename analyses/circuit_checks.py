@@ -29,7 +29,7 @@ import seaborn as sns  # noqa: E402
 from nopelens import circuits  # noqa: E402
 from nopelens.circuits import demos  # noqa: E402
 
-from .report import TOL_BRIGHT  # noqa: E402
+from .figures import TOL_BRIGHT  # noqa: E402
 
 SUBJECTS = ("counter", "distance", "previous-token", "equivariance", "mask-table")
 

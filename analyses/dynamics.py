@@ -30,26 +30,23 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
-import seaborn as sns
 import torch
 
 from nopelens.models import Decoder, zoo
 from nopelens.models.checkpoint import METADATA_FILE, TrainedModel, load_checkpoint, save_checkpoint
 from nopelens.models.hooks import act_names
-from nopelens.models.io import write_csv_atomic, write_text_atomic
+from nopelens.models.io import write_csv_atomic
 from nopelens.models.threads import one_thread
 from nopelens.models.training import validation_loss
 from nopelens.probes import collect, probe_absolute_index, probe_relative_distance, resid_sites
 from nopelens.probes.extreme_tokens import active_dormant_table
 from nopelens.probes.sinks import GU_WINDOW, sink_rate_ci
 
-from . import report, runs
-from .report import _heatmap
+from . import runs
 from .subjects import from_trained
-from .sweep import score_sites
+from .sites import score_sites
 
 THRESHOLD = 0.9
 """A layer recovers a target when the 95 % CI lower bound of R^2 clears this (the sweep's bar)."""
@@ -208,7 +205,12 @@ def _backcopy_rows(subject, task, acts, settings: DynamicsSettings) -> list[dict
 
 
 def run(settings: DynamicsSettings, out: Path, progress: bool = True) -> pd.DataFrame:
-    """Train, checkpoint, measure and summarize ``settings.model`` into the run folder ``out``.
+    """Train, checkpoint and measure ``settings.model`` into the run folder ``out`` (its
+    ``summary.md`` and ``dynamics.png`` are the CLI's: :func:`summary_markdown`,
+    :func:`~nopelens.analyses.figures.dynamics_figure`).
+
+    Returns:
+        The ``dynamics.csv`` table, one row per (step, measure, layer or head).
 
     Raises:
         KeyError: on an unknown zoo name. ValueError: on settings that differ from those ``out``
@@ -231,9 +233,6 @@ def run(settings: DynamicsSettings, out: Path, progress: bool = True) -> pd.Data
             frames.append(pd.read_csv(part))
     table = pd.concat(frames, ignore_index=True).assign(model=settings.model)
     write_csv_atomic(table, out / "dynamics.csv")
-    write_text_atomic(out / "summary.md", summary_markdown(table, settings.model))
-
-    report.save_figure(dynamics_figure(table, settings.model), out / "dynamics", formats=("png",))
     return table
 
 
@@ -294,52 +293,3 @@ def summary_markdown(table: pd.DataFrame, name: str) -> str:
     return "\n".join(lines)
 
 
-def dynamics_figure(table: pd.DataFrame, name: str):
-    """Heatmaps (layer x step) of absolute-index R² and of the score read, the sink rate and
-    validation loss against step (log scale, 95 % CI band), and on Bigram-Backcopy each head's
-    attention on BOS (non-trigger queries) and on the previous token (trigger queries)."""
-    sns.set_theme(style="whitegrid", context="notebook")
-    heads = table[table["measure"].isin(["first_mass", "previous_mass"])]
-    n_panels = 4 if len(heads) else 3
-    fig, axes = plt.subplots(1, n_panels, figsize=(4.6 * n_panels, 3.9))
-
-    for ax, measure, title, label in ((axes[0], "absolute_r2", "absolute index R²", "layer"),
-                                      (axes[1], "score_read_r2", "head-score read of i − j, R²", "block")):
-        rows = table[table["measure"] == measure]
-        if rows.empty:
-            ax.set_axis_off()
-            continue
-        grid = rows.assign(row=(rows["layer"] - (1 if measure == "score_read_r2" else 0)).astype(int)).pivot(
-            index="row", columns="step", values="value")
-        image = _heatmap(ax, grid.clip(lower=0).iloc[::-1], sns.color_palette("rocket_r", as_cmap=True), 1.0, THRESHOLD)
-        if ax is axes[1]:
-            fig.colorbar(image, ax=ax, fraction=0.05)
-        ax.set(title=title, xlabel="training step", ylabel=label)
-        ax.tick_params(axis="x", labelrotation=90)
-    ax = axes[2]
-    sink = table[table["measure"] == "sink_rate"].sort_values("step")
-    x = sink["step"].clip(lower=0.5)
-    ax.plot(x, sink["value"], marker="o", label="sink rate (Gu, > 0.3)")
-    ax.fill_between(x, sink["ci_low"], sink["ci_high"], alpha=0.25)
-    loss = table[table["measure"] == "validation_loss"].sort_values("step")
-    twin = ax.twinx()
-    twin.plot(loss["step"].clip(lower=0.5), loss["value"], color="C3", marker=".", label="validation loss")
-    twin.set_ylabel("validation loss (nats/token)", color="C3")
-    twin.grid(False)
-    ax.set(xscale="log", ylim=(-0.02, 1.02), xlabel="training step (0 drawn at 0.5)", ylabel="sink rate",
-           title="sink rate (95 % CI) and loss")
-    if n_panels == 4:
-        ax = axes[3]
-        for (block, head, cls, measure), rows in heads.groupby(["block", "head", "query_class", "measure"]):
-            if (measure, cls) not in (("first_mass", "non_trigger"), ("previous_mass", "trigger")):
-                continue
-            rows = rows.sort_values("step")
-            style = "-" if measure == "first_mass" else "--"
-            ax.plot(rows["step"].clip(lower=0.5), rows["value"], style, marker=".",
-                    label=f"block {int(block)} head {int(head)}: {'BOS, non-trigger' if style == '-' else 'previous, trigger'}")
-        ax.set(xscale="log", ylim=(-0.02, 1.02), xlabel="training step", ylabel="attention",
-               title="dormant (on BOS) and active (on previous)")
-        ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.22), ncol=1)
-    fig.suptitle(f"{name} through training (R² below 0 drawn as 0)", y=1.03)
-    fig.subplots_adjust(wspace=0.5)
-    return fig

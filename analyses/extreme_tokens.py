@@ -19,7 +19,6 @@ On a model of another task every query is one class (``all``) and the ablation r
 
 from __future__ import annotations
 
-from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -28,11 +27,11 @@ import torch.nn.functional as F
 
 from nopelens.models.hooks import act_names
 from nopelens.models.tasks import Batch
-from nopelens.probes import collect, resid_sites
-from nopelens.probes.extreme_tokens import active_dormant_table, first_token_norms
+from nopelens.probes import resid_sites
+from nopelens.probes.extreme_tokens import ActiveDormantStats, FirstTokenNorms
+from nopelens.probes.stream import Sequences, run
 
 from . import intervene as iv
-from .report import rounded_text
 from .subjects import Subject
 
 
@@ -100,42 +99,15 @@ def ablation_table(subject: Subject, modes: tuple[str, ...] = iv.SINK_MODES) -> 
 def measure(subject: Subject, n_boot: int = 200, seed: int = 0) -> dict[str, pd.DataFrame]:
     """The three tables of the module docstring for one subject."""
     layers = subject.n_layers
-    values = act_names("v", layers)
-    patterns = act_names("pattern", layers)
-    residual = resid_sites(layers)
-    acts = collect(subject.model, subject.tokens, patterns + values + residual,
-                   attention_mask=subject.attention_mask, batch_size=32)
+    sequences = Sequences.of(subject.tokens, subject.attention_mask)
     flags, classes = query_classes(subject)
     real = subject.attention_mask.bool()
     per_sequence = [row[mask].numpy() for row, mask in zip(flags, real)]
-    heads = active_dormant_table(acts, per_sequence, classes, n_boot=n_boot, seed=seed)
-    norms = first_token_norms(acts, values + residual)
+    # statistics summed batch by batch while the model runs (issue 38): no pattern outlives its batch
+    heads, norms = run(subject.model, sequences, [
+        ActiveDormantStats(sequences, act_names("pattern", layers), per_sequence, classes, n_boot, seed),
+        FirstTokenNorms(sequences, act_names("v", layers) + resid_sites(layers))], batch_size=32)
     return {name: table.assign(model=subject.name) for name, table in
             (("heads", heads), ("norms", norms), ("ablation", ablation_table(subject)))}
 
 
-def format_report(tables: dict[str, pd.DataFrame]) -> str:
-    """The three tables as text, rounded; an undefined number reads ``n/a`` (the norm ratio when the
-    other tokens' states are zero, the accuracy of the task's floor, which is a loss only)."""
-    heads = tables["heads"][["block", "head", "query_class", "n_queries", "first_mass", "previous_mass", "dormant", "active"]]
-    norms = tables["norms"][["site", "head", "first_norm", "other_norm", "ratio"]]
-    ablation = tables["ablation"]
-    measured = ablation[ablation["status"] == "measured"]
-    shown = measured
-    if len(measured):
-        label = measured["condition"] + measured["ablated_block"].map(lambda b: "" if pd.isna(b) else f", block {int(b)}")
-        shown = measured.assign(condition=label).pivot_table(index="condition", columns="query_class",
-                                                             values=["loss", "accuracy"], sort=False)
-    parts = ["attention on the first token (BOS) and on the previous token, per head and query class",
-             rounded_text(heads).to_string(index=False),
-             "\nnorm of the first token's state over the other tokens' (value: hook_v per head; residual per layer)",
-             rounded_text(norms).to_string(index=False),
-             "\nloss (nats) and accuracy per query class: clean, the task's floor, and each sink ablation per block",
-             rounded_text(shown).to_string() if len(shown) else "(nothing measured)"]
-    for _, r in tables["norms"][tables["norms"]["note"].fillna("") != ""].iterrows():
-        parts.append(f"ratio n/a at {r['site']}" + ("" if pd.isna(r["head"]) else f" head {int(r['head'])}") + f": {r['note']}")
-    refused = ablation[ablation["status"] == "not_applicable"]
-    for _, r in refused.iterrows():
-        where = "" if pd.isna(r.get("ablated_block", np.nan)) else f" in block {int(r['ablated_block'])}"
-        parts.append(f"not applicable: {r['condition']}{where}: {r['note']}")
-    return "\n".join(parts)

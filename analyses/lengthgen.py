@@ -35,7 +35,7 @@ from nopelens.models.threads import limited_threads
 from nopelens.models.training import evaluate_exact_match, train
 
 from . import runs
-from .report import TOL_BRIGHT, save_figure
+from .figures import TOL_BRIGHT, save_figure
 
 METHODS = ("nope", "learned", "sinusoidal", "rope", "alibi", "t5")
 TASK_NAMES = ("repeat", "copy")

@@ -5,8 +5,8 @@ A *read* asks "from which layer on can a linear probe recover this target?" It n
 rows it looks at (``target``, ``task``, ``features``, ``metric``), the bar their 95 % CI must
 clear (``threshold``), and how it is reported: its ``summary.csv`` column (the first layer that
 clears the bar, :func:`~nopelens.probes.linear.first_recoverable_layer`), that column's header in
-``summary.md``, and its panel of ``probes.png``. The summary (:func:`~nopelens.analyses.sweep.summarize`),
-the figure (:func:`~nopelens.analyses.report.probe_figure`) and the tables over training seeds
+``summary.md``, and its panel of ``probes.png``. The summary (:func:`~nopelens.analyses.summary.summarize`),
+the figure (:func:`~nopelens.analyses.figures.probe_figure`) and the tables over training seeds
 (:func:`~nopelens.analyses.seeds.over_seeds`) all take their reads from :data:`SWEEP_READS`, in
 its order, at call time.
 

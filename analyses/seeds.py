@@ -41,7 +41,7 @@ def over_seeds(per_seed: pd.DataFrame, sweep_reads=None) -> pd.DataFrame:
     """One summary row per model from per-seed summary rows.
 
     Args:
-        per_seed: rows of :func:`~nopelens.analyses.sweep.summarize_per_seed` (``model``,
+        per_seed: rows of :func:`~nopelens.analyses.summary.summarize_per_seed` (``model``,
             ``train_seed``, the first-layer columns of ``sweep_reads`` (default
             :data:`~nopelens.analyses.reads.SWEEP_READS`), numbers).
         sweep_reads: the reads whose columns hold first layers.

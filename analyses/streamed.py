@@ -27,14 +27,13 @@ model's device), the sites run in groups by depth, one streamed run each, stoppe
 deepest site (:func:`statistics_groups`): more forward passes, the same numbers, and memory that
 does not grow with the depth either.
 
-:func:`plan` says before the run how many forward passes, tokens and how much memory the
-statistics need (``nopelens probe --plan``).
+:func:`~nopelens.analyses.plan.plan` says before the run how many forward passes, tokens and how
+much memory the statistics need (``nopelens probe --plan``).
 """
 
 from __future__ import annotations
 
 import sys
-import time
 from dataclasses import dataclass, field
 from typing import Sequence
 
@@ -46,20 +45,16 @@ from tqdm.auto import tqdm
 from nopelens.models.hooks import act_names
 from nopelens.models.methods import get_method
 from nopelens.probes import collect
-from nopelens.probes.collect import forward_with_hooks, is_pattern_site, site_block
-from nopelens.probes.fitting import ALPHAS, fit_folds, penalty_path, spd_solve
-from nopelens.probes.linear import sequence_splits
-from nopelens.probes.metrics import REGRESSION_METRICS, bootstrap_scores
+from nopelens.probes.collect import is_pattern_site, site_block
 from nopelens.probes.sinks import GU_WINDOW, SinkStats, empty_sink_table, uniform_sink_score
 from nopelens.probes.stream import (
     AUTO_KEEP_BYTES, AttentionVariance, KeepBudget, Sequences, available_memory, release_freed_memory, run,
 )
 from nopelens.probes.stream_probes import Probes
 
-from .eta import FitRates, FitWork
 from .intervene import later_token_probes, refused_sink_blocks, sink_ablation_drop_streamed
 from .reads import ProbeInput, SweepSites, bilinear_mode_of, measure_targets
-from .subjects import Subject, attention_shortfall
+from .subjects import Subject
 
 SKIPPED_ABLATION = "skipped (--no-sink-ablation): the sink ablation's extra forward passes were not run"
 NOT_PROBED = "not probed (--layers leaves this block out)"
@@ -105,8 +100,8 @@ class Measurements:
 def measurements(subject: Subject, settings, sites: SweepSites,
                  shapes: dict[str, tuple[int, ...]] | None = None) -> Measurements:
     """The streamed measurements of ``subject`` under ``settings`` (a
-    :class:`~nopelens.analyses.sweep.SweepSettings`) on the sweep's ``sites``
-    (:func:`~nopelens.analyses.sweep.sweep_sites`): the sweep's probe set, its sink conditions, its
+    :class:`~nopelens.analyses.settings.SweepSettings`) on the sweep's ``sites``
+    (:func:`~nopelens.analyses.sites.sweep_sites`): the sweep's probe set, its sink conditions, its
     variance sites and (unless ``settings.sink_ablation`` is False) the sink ablation's clean
     probes, after checking on two sequences which blocks can be ablated
     (:func:`~nopelens.analyses.intervene.refused_sink_blocks`: a few short forward passes).
@@ -163,12 +158,6 @@ def measurements(subject: Subject, settings, sites: SweepSites,
     return m
 
 
-def _more_memory_hint(m: Measurements) -> str:
-    if m.free_source.startswith("allowed"):
-        return "give a larger --memory-mib, or run where more memory is free"
-    return "run where more memory is free"
-
-
 def memory_allowed(settings, device: torch.device) -> tuple[int, str]:
     """Bytes a streamed run may use on ``device`` (the memory free there when it starts,
     :func:`~nopelens.probes.stream.available_memory`, or ``settings.memory_mib`` if less) and which
@@ -194,12 +183,6 @@ def _largest_fit(jobs: list, shapes: dict[str, tuple[int, ...]]) -> int:
     return max((job_statistics_bytes(job, shapes, packed=False) for job in jobs), default=0)
 
 
-def _largest_job(m: Measurements, shapes: dict[str, tuple[int, ...]]):
-    """(the job with the largest statistics, their bytes); (None, 0) without jobs."""
-    sizes = [(job, job_statistics_bytes(job, shapes)) for job in m.jobs()]
-    return max(sizes, key=lambda pair: pair[1], default=(None, 0))
-
-
 STATISTICS_OVERHEAD = 1.5
 """Peak memory of a run whose statistics are all summed at once, per byte of :func:`statistics_bytes`:
 the fits' grouped copies and the allocator's slack on top. Measured 1.35-1.43 with nothing kept on
@@ -209,7 +192,7 @@ a 1024-wide SmolLM3-shaped model (QA, 2026-12-01)."""
 STATISTICS_SHARE = 0.5
 """The share of the memory a run may use that what it holds besides its batches may take (one
 group's statistics, or its kept features and one site's statistics, with the fits' overhead:
-:func:`held_bytes`); the rest is for the forward passes. :func:`plan` refuses a run that cannot
+:func:`held_bytes`); the rest is for the forward passes. :func:`~nopelens.analyses.plan.plan` refuses a run that cannot
 keep to it."""
 
 
@@ -218,15 +201,15 @@ def held_bytes(m: Measurements, shapes: dict[str, tuple[int, ...]]) -> int:
     features fit the keep budget holds them and one job's statistics at a time (times
     :data:`STATISTICS_OVERHEAD`), any other the statistics of all its jobs at once (times the same)."""
     groups = m.groups if m.groups is not None else statistics_groups(m, shapes)
-    return max((_group_held_bytes(m, group, shapes) for group in groups), default=0)
+    return max((group_held_bytes(m, group, shapes) for group in groups), default=0)
 
 
-def _group_held_bytes(m: Measurements, group: list, shapes: dict[str, tuple[int, ...]]) -> int:
-    kept, summed = _kept_and_summed_bytes(m, group, shapes)
-    return kept if _group_kept(m, group, shapes) else summed
+def group_held_bytes(m: Measurements, group: list, shapes: dict[str, tuple[int, ...]]) -> int:
+    kept, summed = kept_and_summed_bytes(m, group, shapes)
+    return kept if group_kept(m, group, shapes) else summed
 
 
-def _kept_and_summed_bytes(m: Measurements, group: list, shapes: dict[str, tuple[int, ...]]) -> tuple[int, int]:
+def kept_and_summed_bytes(m: Measurements, group: list, shapes: dict[str, tuple[int, ...]]) -> tuple[int, int]:
     """What a run over ``group`` holds with its features kept (they and one job's unpacked
     statistics at a time, times :data:`STATISTICS_OVERHEAD`) and with none kept (every job's packed
     statistics at once, times the same, and the unpacked copy of the one being fitted)."""
@@ -235,13 +218,13 @@ def _kept_and_summed_bytes(m: Measurements, group: list, shapes: dict[str, tuple
     return kept, int(STATISTICS_OVERHEAD * sum(job_statistics_bytes(job, shapes) for job in group)) + fit
 
 
-def _group_kept(m: Measurements, group: list, shapes: dict[str, tuple[int, ...]]) -> bool:
+def group_kept(m: Measurements, group: list, shapes: dict[str, tuple[int, ...]]) -> bool:
     """Whether a run over ``group`` keeps its features: they all fit the keep budget, and the run
     holds them within :data:`STATISTICS_SHARE` of the memory (or keeping is what fits best), so a
     keep budget is never the reason a run is refused."""
     if m.budget.limit is not None and feature_bytes(m, shapes, group) > m.budget.limit:
         return False
-    kept, summed = _kept_and_summed_bytes(m, group, shapes)
+    kept, summed = kept_and_summed_bytes(m, group, shapes)
     return kept <= STATISTICS_SHARE * m.free or kept <= summed
 
 
@@ -251,19 +234,7 @@ def run_budget(m: Measurements, group: list, shapes: dict[str, tuple[int, ...]])
     of them would save only part of the second pass while holding the budget on top of every
     job's statistics; at the scale of the models users study, where the features of a few
     sequences pass any budget, that part is small."""
-    return KeepBudget(None if _group_kept(m, group, shapes) else 0)
-
-
-def _keeping_hint(m: Measurements, shapes: dict[str, tuple[int, ...]]) -> str:
-    """For a refusal: the keep budget under which every group that does not fit would fit by
-    keeping its features (fitted one site at a time), if there is one ("" otherwise)."""
-    room, need = STATISTICS_SHARE * m.free, 0
-    for group in m.groups:
-        if _group_held_bytes(m, group, shapes) > room:
-            if _kept_and_summed_bytes(m, group, shapes)[0] > room:
-                return ""
-            need = max(need, feature_bytes(m, shapes, group))
-    return f"keep the features (--keep-mib {-(-need // 2**20)} or more) or " if need else ""
+    return KeepBudget(None if group_kept(m, group, shapes) else 0)
 
 
 def ablation_budget(m: Measurements) -> KeepBudget:
@@ -285,12 +256,12 @@ def statistics_groups(m: Measurements, shapes: dict[str, tuple[int, ...]]) -> li
     block they read, and a group closes before its statistics, times :data:`STATISTICS_OVERHEAD`,
     and the unpacked copy one fit reads would pass that share; each run stops after its deepest
     site, so G groups cost between 1 and G forward passes' worth of compute. A job too large for
-    that share alone gets a group of its own, which :func:`plan` refuses. The numbers do not
+    that share alone gets a group of its own, which :func:`~nopelens.analyses.plan.plan` refuses. The numbers do not
     depend on the grouping (each job's fit uses its own statistics only).
     """
     jobs = m.jobs()
     room = STATISTICS_SHARE * m.free
-    if _group_kept(m, jobs, shapes) and _group_held_bytes(m, jobs, shapes) <= room:
+    if group_kept(m, jobs, shapes) and group_held_bytes(m, jobs, shapes) <= room:
         return [jobs]  # features kept and fitted job by job
     room -= _largest_fit(jobs, shapes)  # the unpacked copy of the job being fitted
     groups: list[list] = [[]]
@@ -321,7 +292,7 @@ def feature_bytes(m: Measurements, shapes: dict[str, tuple[int, ...]], group: li
 
 def _job_feature_bytes(job, shapes: dict[str, tuple[int, ...]], activation_bytes: int) -> int:
     item = {"rows": activation_bytes, "float32": 4}.get(job.form, 8)
-    return (item * _n_features(job, shapes) + 8) * len(job.layout.groups)
+    return (item * n_features(job, shapes) + 8) * len(job.layout.groups)
 
 
 MAX_AUTO_BATCH = 32
@@ -399,7 +370,7 @@ def measure_streamed(subject: Subject, settings, sites: SweepSites, progress: bo
     and ``not_applicable`` says so, when ``settings.sink_ablation`` is False). With ``--input
     repeated`` the known answer is checked and recorded in ``subject.info["known_answer"]``.
     ``progress``: a bar per pass with tokens/s and ETA. ``planned``: the measurements a
-    :func:`plan` made (its :attr:`Plan.measurements`), so that the run keeps to the plan's batch
+    :func:`~nopelens.analyses.plan.plan` made (its :attr:`~nopelens.analyses.plan.Plan.measurements`), so that the run keeps to the plan's batch
     size, keep budget and groups whatever the free memory does in between; None: made here."""
     plan_ = measurements(subject, settings, sites) if planned is None else planned
     batch_size = plan_.batch_size
@@ -524,10 +495,10 @@ def _positionless(method: str) -> bool:
         return False
 
 
-# ----------------------------------------------------------------------------- the plan
+# ----------------------------------------------------------------------------- sizes of the statistics
 
 
-def _n_features(job, shapes: dict[str, tuple[int, ...]]) -> int:
+def n_features(job, shapes: dict[str, tuple[int, ...]]) -> int:
     shape = shapes[job.sites[0]]
     d = int(np.prod(shape))
     if job.features == "concat":
@@ -550,251 +521,9 @@ def statistics_bytes(probe, shapes: dict[str, tuple[int, ...]]) -> int:
 def job_statistics_bytes(job, shapes: dict[str, tuple[int, ...]], packed: bool = True) -> int:
     """:func:`statistics_bytes` of one job (one feature matrix); ``packed=False``: with full Gram
     matrices, as a fit reads them."""
-    layout, d = job.layout, _n_features(job, shapes)
+    layout, d = job.layout, n_features(job, shapes)
     classes = sum(len(values) for values in layout.class_values)
     gram = d * (d + 1) // 2 if packed else d * d
     return 8 * layout.n_cells * (gram + d * (4 + len(layout.values) + classes))
 
 
-@dataclass
-class Plan:
-    """What a streamed probe will do, before it runs."""
-
-    forward_passes: int
-    tokens: int
-    statistics_bytes: int
-    keep_bytes: int
-    eta_seconds: float | None
-    eta_note: str
-    ablation_passes: int = 0  # of the forward passes, those with one block's first key removed
-    ablated_blocks: int = 0
-    batch_size: int = MAX_AUTO_BATCH
-    shortfall: str | None = None  # why the statistics cannot fit the memory free on the device (None: they can)
-    groups: int = 1  # runs over groups of sites whose statistics fit the memory (:func:`statistics_groups`)
-    held_bytes: int = 0  # the most the run holds besides its batches (:func:`held_bytes`)
-    measurements: Measurements | None = field(default=None, repr=False)  # what the run measures, as planned
-    stripped_passes: int = 0  # of the forward passes, those over the sequences without BOS (the sink table's)
-    second_passes: int = 0  # of the forward passes, the probes' second passes (features over the keep budget)
-    ablation_second_passes: int = 0  # of the second passes, the sink ablation's (also among its ablation passes)
-
-    def describe(self, name: str) -> str:
-        eta = f"about {_duration(self.eta_seconds)}: {self.eta_note}" if self.eta_seconds is not None else self.eta_note
-        blocks = "block" if self.ablated_blocks == 1 else "blocks"
-        ablation = (f"{self.ablation_passes} of them for the sink ablation of {self.ablated_blocks} {blocks}, each "
-                    f"stopped after its block; " if self.ablated_blocks else "")
-        shortfall = "; WILL NOT FIT (the error line says why)" if self.shortfall else ""
-        groups = (f"the sites in {self.groups} groups whose statistics fit the memory, a run each, stopped after its "
-                  f"deepest site; " if self.groups > 1 else "")
-        stripped = (f"{self.stripped_passes} of them over the sequences without BOS, for the sink table; "
-                    if self.stripped_passes else "")
-        among = f", {self.ablation_second_passes} of the sink ablation's among them" if self.ablation_second_passes else ""
-        passes = "a second pass" if self.second_passes == 1 else "second passes"
-        second = (f"{self.second_passes} of them {passes} to predict{among}, where a run's features do not all "
-                  "fit the keep budget within half the memory the run may use" if self.second_passes
-                  else "no second pass: every run's features fit the keep budget")
-        return (f"nopelens: plan for {name}: {self.forward_passes} forward passes over {self.tokens:,} tokens "
-                f"({groups}{stripped}{ablation}{second}) in "
-                f"batches of at most {self.batch_size} sequence{'s' * (self.batch_size != 1)}; statistics "
-                f"{self.statistics_bytes / 2**20:,.1f} MiB in all, at most {self.held_bytes / 2**20:,.1f} MiB held at "
-                f"once with the kept features or the fits' overhead (keep budget {self.keep_bytes / 2**20:,.1f} MiB); "
-                f"ETA {eta}{shortfall}")
-
-
-CALIBRATION_MAX_WIDTH = 1024
-"""Widest d at which :func:`fit_rates` times the fits' kernels; wider fits scale by d^3 from it."""
-
-
-def fit_work(m: Measurements, shapes: dict[str, tuple[int, ...]]) -> FitWork:
-    """Count the linear algebra of every job's fits (:class:`~nopelens.analyses.eta.FitWork`), from
-    the plan alone: per ridge family K(K - 1)/2 penalty paths (the grouped inner CV's fitting sets,
-    each shared by two outer folds), K x t Cholesky solves and K(K - 1) validation products over
-    the penalty grid; per LDA family K x t solves with their class means; one Gram matrix of
-    every row per split set, and the out-of-fold predictions (K folds, t targets, d features).
-
-    Returns:
-        :class:`~nopelens.analyses.eta.FitWork`: sums of d^3 (paths, solves), flops, samples scored
-        and call counts.
-    """
-    paths = solves = flops = scored = 0.0
-    calls = np.zeros(3, dtype=np.int64)
-    for job in m.jobs():
-        d, n = _n_features(job, shapes), len(job.layout.groups)
-        families = job.layout.families
-        flops += n * d * d * len({id(family.splits) for family in families})
-        for family in families:
-            k, t = len(family.splits), len(family.labels)
-            scored += t * int((family.fold >= 0).sum())
-            calls += (family.task == "regression", family.task != "regression", t)
-            if family.task == "regression":
-                paths += k * (k - 1) / 2 * d**3
-                solves += k * t * d**3
-                flops += k * (k - 1) * 2 * d * d * len(ALPHAS) * t + 2 * n * d * t
-            else:
-                classes = len(np.unique(family.labels["linear"]))
-                solves += k * t * d**3
-                flops += k * t * 4 * d * d * classes + 2 * n * d * classes * t
-    return FitWork(paths, solves, flops, scored, tuple(int(c) for c in calls))
-
-
-def fit_rates(device: torch.device, width: int, n_boot: int, n_splits: int) -> FitRates:
-    """Time the fits' kernels here, on ``device``: a penalty path over the ridge grid, a Cholesky
-    solve and a matrix product at ``width`` features (at most :data:`CALIBRATION_MAX_WIDTH`), the
-    bootstrap scoring of 4,096 samples with ``n_boot`` replicates, and the fixed cost of a family
-    (a ridge and an LDA fit of three targets over ``n_splits`` folds at 4 features) and of a scoring
-    (64 samples).
-
-    Returns:
-        :class:`~nopelens.analyses.eta.FitRates`: seconds per d^3, per flop, per sample and per call.
-    """
-    d = max(32, min(int(width), CALIBRATION_MAX_WIDTH))
-    generator = torch.Generator().manual_seed(0)
-    X = torch.randn(2 * d, d, generator=generator, dtype=torch.float64).to(device)
-    C = X.T @ X
-    b = X.T @ torch.randn(2 * d, 3, generator=generator, dtype=torch.float64).to(device)
-    C.diagonal().add_(1.0)
-    path = _seconds(lambda: penalty_path(C, b, ALPHAS), device) / d**3
-    solve = _seconds(lambda: spd_solve(C, b[:, :1]), device) / d**3
-    product = _seconds(lambda: X.T @ X, device) / (4.0 * d**3)
-    rng = np.random.default_rng(0)
-
-    def scoring(n: int) -> float:
-        y = rng.normal(size=n)
-        return _seconds(lambda: bootstrap_scores(y, y + rng.normal(size=n), np.arange(n) % 32, REGRESSION_METRICS,
-                                                 n_boot), torch.device("cpu"))
-
-    groups = np.arange(16 * n_splits) % (2 * n_splits)
-    splits = sequence_splits(groups, n_splits)
-    small = rng.normal(size=(len(groups), 4))
-    targets = [rng.integers(0, 4, size=len(groups)) for _ in range(3)]
-    family = [_seconds(lambda: fit_folds(small, targets, groups, splits, task, device=device), device)
-              for task in ("regression", "classification")]
-    score = max(scoring(4096) - scoring(64), 0.0) / 4096
-    return FitRates(path, solve, product, score, (*family, scoring(64)))
-
-
-def _seconds(work, device: torch.device) -> float:
-    """Wall seconds of ``work()`` (after one untimed call), the device's queue drained."""
-    work()
-    synchronize = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
-    synchronize()
-    start = time.perf_counter()
-    work()
-    synchronize()
-    return time.perf_counter() - start
-
-
-def block_seconds(subject: Subject, sites: Sequence[str], batch_size: int) -> float:
-    """Wall seconds one block of one sequence costs in a hooked forward pass: the first batch
-    (``batch_size`` sequences) run through the shallowest block any of ``sites`` is in, hooked
-    there (with hooks that keep nothing) and stopped after it, as the run's passes stop, divided
-    by the sequences and the blocks run (embedding included).
-
-    Returns:
-        Seconds per sequence and block (wall clock, the device's queue drained).
-    """
-    model, device = subject.model, next(subject.model.parameters()).device
-    first = min(site_block(site) or 0 for site in sites)
-    shallow = [site for site in sites if (site_block(site) or 0) == first]
-    rows = slice(0, batch_size)
-    mask = subject.attention_mask[rows]
-    mask = None if bool(mask.all()) else mask.to(device)
-    start = time.perf_counter()
-    forward_with_hooks(model, model.hook_dict, shallow, subject.tokens[rows].to(device), mask, lambda site, value: None)
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-    return (time.perf_counter() - start) / (len(subject.tokens[rows]) * (first + 1))
-
-
-def _eta(subject: Subject, settings, m: Measurements, shapes, block_passes: float) -> tuple[float, str]:
-    """(seconds, what they are made of): the forward passes (:func:`block_seconds` times the blocks
-    the sequences run through, ``block_passes``) and the fits, counted (:func:`fit_work`) and timed
-    here (:func:`fit_rates`) at the width of the widest job."""
-    device = next(subject.model.parameters()).device
-    forward = block_seconds(subject, m.sites.all(), m.batch_size) * block_passes
-    jobs = m.jobs()
-    width = max((_n_features(job, shapes) for job in jobs), default=1)
-    fits = fit_rates(device, width, settings.n_boot, settings.n_splits).seconds(fit_work(m, shapes)) if jobs else 0.0
-    return forward + fits, (f"{_duration(forward)} of forward passes and {_duration(fits)} of fits (a batch's first "
-                            f"block timed here, the fits' factorizations and products counted and timed here at d = "
-                            f"{min(width, CALIBRATION_MAX_WIDTH)})")
-
-
-def _duration(seconds: float) -> str:
-    """``45 s``, ``4 min 10 s``, ``25 min``, ``3.5 h``.
-
-    Example:
-        >>> _duration(44.6), _duration(250), _duration(298), _duration(1500), _duration(12600)
-        ('45 s', '4 min 10 s', '5 min', '25 min', '3.5 h')
-    """
-    if seconds < 90:
-        return f"{seconds:.0f} s"
-    if seconds < 600:
-        minutes, rest = divmod(int(round(seconds / 10)) * 10, 60)
-        return f"{minutes} min {rest} s" if rest else f"{minutes} min"
-    if seconds < 90 * 60:
-        return f"{seconds / 60:.0f} min"
-    return f"{seconds / 3600:.1f} h"
-
-
-def plan(subject: Subject, settings, sites: SweepSites) -> Plan:
-    """The forward passes, tokens and statistics' memory of :func:`measure_streamed`, and how long
-    it will take, measured here.
-
-    Forward passes: one per batch, plus one per batch of the sequences without BOS (the sink
-    table's second condition), plus one per batch and ablated block for the sink ablation (each
-    stopped after its block, so the n blocks cost about (n + 1) / 2 full passes; its tokens are
-    counted in full); the probes add a second pass over every batch to a run whose features do not
-    all fit the keep budget (:func:`run_budget`, :func:`ablation_budget`). When the statistics of
-    every site do not fit the memory the run may use, the sites run in groups
-    (:func:`statistics_groups`), one run of the passes above each (counted in full, though each
-    stops after its deepest site). A run that cannot hold what it must besides
-    its batches within :data:`STATISTICS_SHARE` of that memory is a shortfall: refused before any
-    forward pass.
-
-    The ETA is measured on this machine and device, for models of any size: the first batch run
-    through its first hooked block (:func:`block_seconds`), scaled by the blocks every pass runs
-    (an ablation pass stops after its block; a group's run is counted in full), plus the fits:
-    their penalty paths, Cholesky solves, matrix products and bootstrap scoring counted from the
-    plan (:func:`fit_work`) and timed at the widest job's width (at most
-    :data:`CALIBRATION_MAX_WIDTH`, scaled by d^3 beyond: :func:`fit_rates`). It leaves out the
-    measurements' own work inside the hooks, so it runs low. Nothing is estimated for a run that
-    does not fit.
-    """
-    shapes = site_shapes(subject, sites.all())
-    m = measurements(subject, settings, sites, shapes)
-    n_batches = len(m.sequences.batches(m.batch_size))
-    stats = sum(statistics_bytes(probe, shapes) for probe in m.all_probes())
-    keep = m.budget.limit
-    # a group's second pass: only when its features do not all fit the keep budget
-    runs = sum(1 if _group_kept(m, group, shapes) else 2 for group in m.groups)
-    stripped_passes = n_batches if m.stripped is not None else 0
-    passes = n_batches * runs + stripped_passes
-    tokens = int(m.sequences.n_samples) * runs + (int(m.stripped.n_samples) if m.stripped is not None else 0)
-    ablated = m.ablated_blocks(subject.n_layers)
-    twice = 1 if ablation_budget(m).limit is None else 2  # one residual site per ablated run, fitted alone
-    ablation_passes = n_batches * twice * len(ablated)
-    second_passes = n_batches * (runs - len(m.groups) + (twice - 1) * len(ablated))
-    tokens += int(m.sequences.n_samples) * twice * len(ablated)
-    passes += ablation_passes
-    device = next(subject.model.parameters()).device
-    shortfall = None
-    held = held_bytes(m, shapes)
-    if held > STATISTICS_SHARE * m.free:  # a group of one job: its statistics alone do not fit
-        largest, size = _largest_job(m, shapes)
-        shortfall = (f"the probes' statistics need {size / 2**20:,.1f} MiB for {largest.site} ({largest.features}) "
-                     f"alone (float64 on {device.type}); with the fits' overhead the run would hold "
-                     f"{held / 2**20:,.1f} MiB besides its batches, more than half of the {m.free / 2**20:,.1f} MiB "
-                     f"{m.free_source} (the rest is for the forward passes); they grow with the sites' width, not "
-                     f"with the tokens: {_keeping_hint(m, shapes)}{_more_memory_hint(m)}")
-    T, n_heads = subject.tokens.shape[1], int((subject.hf or subject.model.cfg).n_heads)
-    if shortfall is None and m.sites.patterns:
-        shortfall = attention_shortfall(T, n_heads, m.activation_bytes, m.free - held,
-                                        f"{m.free_source} besides what the run holds")
-    eta, note = None, "not estimated: the run does not fit"
-    if shortfall is None:
-        depth = max(site_block(site) or 0 for site in m.sites.all()) + 1
-        n, stripped = int(m.sequences.n_sequences), int(m.stripped.n_sequences) if m.stripped else 0
-        block_passes = (n * runs + stripped) * depth + n * twice * sum(block + 1 for block in ablated)
-        eta, note = _eta(subject, settings, m, shapes, block_passes)
-    return Plan(passes, tokens, stats, keep, eta, note, ablation_passes, len(ablated), m.batch_size, shortfall,
-                len(m.groups), held, m, stripped_passes, second_passes, n_batches * (twice - 1) * len(ablated))

@@ -35,14 +35,15 @@ What the summary reports per model (one column, header and figure panel each) ar
 :data:`~nopelens.analyses.reads.SWEEP_READS`; the probe rows come from their target functions.
 
 Results go to a run folder (:mod:`~nopelens.analyses.runs`): ``probes.csv``, ``sinks.csv``,
-``variance.csv``, ``sink_ablation.csv``, ``summary.csv``, figures (PNG; SVG on request),
-``summary.md`` and the stamp ``sweep.json``. Each (model, seed)'s tables are written under
-``parts/`` once it is done, so an interrupted sweep resumes where it stopped.
+``variance.csv``, ``sink_ablation.csv``, ``summary.csv``, ``layers.csv`` and the stamp
+``sweep.json``; its figures (PNG; SVG on request) and ``summary.md`` are rendered from the result
+by :func:`~nopelens.analyses.report.write_run`, which ``nopelens sweep`` calls. Each (model,
+seed)'s tables are written under ``parts/`` once it is done, so an interrupted sweep resumes where
+it stopped.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import platform
 import sys
 import time
@@ -58,178 +59,31 @@ import torch
 from tqdm.auto import tqdm
 
 import nopelens
-from nopelens.models.hooks import act_name, act_names
+from nopelens.models.hooks import act_names
+from nopelens.models.io import write_csv_atomic
 from nopelens.models.progress import progress_bar
 from nopelens.models.threads import one_thread
-from nopelens.probes import collect, resid_site
+from nopelens.probes import collect
 from nopelens.probes.collect import site_block
-from nopelens.probes.sinks import GU_WINDOW, SinkStats, empty_sink_table, sink_flags, variance_slopes
+from nopelens.probes.sinks import GU_WINDOW, SinkStats, empty_sink_table, variance_slopes
 from nopelens.probes.stream import AttentionVariance, Sequences, replay
 
-from . import layers, parallel, reads, report, runs, seeds
+from . import layers, parallel, reads, runs, seeds
 from .eta import SweepETA
 from .intervene import sink_ablation_drop
-from .reads import ProbeInput, SweepSites, bilinear_mode
-from .streamed import measure_streamed, plan
+from .plan import plan
+from .reads import ProbeInput, bilinear_mode
+# the sweep's settings, sites and summary have modules of their own; their names still import from here
+from .settings import DEFAULT_MODELS, DEFAULT_SITES, SITE_KINDS, SweepSettings  # noqa: F401
+from .sites import block_ranges, pattern_sites, probed_blocks, score_sites, sink_sites, sweep_sites  # noqa: F401
+from .streamed import measure_streamed
 from .subjects import (
-    CONTROL_SPECS, HF_PREFIX, HFInput, Subject, check_spec, display_name, has_training_seed, input_changes,
-    input_fingerprint, planned_work, qk_sites, resolve,
+    HF_PREFIX, Subject, check_spec, display_name, input_changes, input_fingerprint, planned_work, resolve,
 )
+from .summary import summarize, summarize_per_seed  # noqa: F401
 
-DEFAULT_MODELS = {"text": ("text-nope-4l", "text-rope-4l", "text-hybrid-4l", "bb-rope-2l", "bb-nope-3l"),
-                  "copy": ("copy-nope-3l", "copy-rope-3l")}
-"""The zoo models of the default sweep: the text models, and two Bigram-Backcopy models whose
-attention sink forms in training (Guo et al. 2024). Those of ``text`` ship with the package."""
 
 TABLES = ("probes", "sinks", "variance", "sink_ablation")
-
-SITE_KINDS = ("resid", "attn_out", "resid_mid", "mlp_out")
-"""What ``--sites`` may name: ``resid`` (every residual layer 0 .. n_layers, where every read's
-curve lives) and each block's finer sites, in the order a block computes them."""
-DEFAULT_SITES = ("resid", "attn_out", "mlp_out")
-
-
-@dataclass(frozen=True)
-class SweepSettings:
-    """What a sweep measures. Two runs with equal settings give equal numbers on CPU.
-
-    Attributes:
-        models: subject specs (zoo names, checkpoint paths, ``hf:DIR``, ``circuit``,
-            ``untrained-nope``, ``constant-METHOD``), in order.
-        n_sequences: fresh evaluation sequences per subject.
-        seq_len: tokens per evaluation sequence (BOS included).
-        n_boot: bootstrap replicates for the 95 % CIs.
-        n_splits: GroupKFold folds over sequences.
-        seed: seed of the sequences, pairs, controls and bootstrap.
-        quick_steps: train zoo models afresh for only this many steps (smoke tests).
-        train_seeds: training seeds; each zoo model (and the untrained control's weights) is
-            measured once per seed. Models that no seed changes (circuit, checkpoints, HF
-            directories) are measured once.
-        sites: where absolute index is probed (:data:`SITE_KINDS`): ``resid`` (required) and any
-            of the finer sites ``attn_out``, ``resid_mid``, ``mlp_out`` of every block. Relative
-            distance is read on the residual stream and every block's attention either way.
-        hf_input: how ``hf:DIR`` models are read (:class:`~nopelens.analyses.subjects.HFInput`:
-            text through their tokenizer, random ids or one token repeated; device; dtype).
-        streamed: measure ``hf:DIR`` models through the streaming engine
-            (:func:`analyse_subject_streamed`; ``nopelens probe``).
-        batch_size: sequences per forward pass of a streamed measurement, or ``"auto"``: at most 32,
-            fewer where a forward pass of 32 would not fit half the memory free on the model's
-            device (:func:`~nopelens.analyses.streamed.auto_batch_size`).
-        keep_mib: MiB of features a streamed measurement may keep for its predictions instead of
-            a second forward pass (None: 512 MiB or a quarter of the memory the run may use, whichever
-            is less, and no more than leaves room for the largest site's statistics,
-            :func:`~nopelens.analyses.streamed.auto_keep_bytes`; 0: none, so memory is the
-            statistics' whatever the number of tokens).
-        memory_mib: MiB a streamed measurement may add on the model's device (None: what is free
-            there when it starts): the keep budget, the batch size and the groups of sites whose
-            statistics are summed in one run (:func:`~nopelens.analyses.streamed.statistics_groups`)
-            follow from it. It changes no number, so a run folder does not record it.
-        layers: the blocks a streamed measurement probes (None: every block): each one's input and
-            output residual stream (layers l and l + 1), its attention and MLP outputs, q.k and
-            score reads, sinks, variance and sink ablation (and the variance of the model's first
-            attention block, :func:`first_variance_block`, which the summary's slope reads); each
-            forward pass stops after the deepest (:func:`sweep_sites`). The summary's first layers
-            are then the first probed ones that clear, and the run says which blocks it left out.
-        sink_ablation: measure the sink ablation of a streamed subject (about n_layers / 2 extra
-            forward passes; ``nopelens probe --no-sink-ablation`` turns it off). The in-memory
-            sweep always measures it.
-    """
-
-    models: tuple[str, ...]
-    n_sequences: int = 80
-    seq_len: int = 64
-    n_boot: int = 200
-    n_splits: int = 5
-    seed: int = 0
-    quick_steps: int | None = None
-    train_seeds: tuple[int, ...] = (0,)
-    sites: tuple[str, ...] = DEFAULT_SITES
-    hf_input: HFInput = HFInput()
-    streamed: bool = False
-    batch_size: int | str = "auto"
-    keep_mib: int | None = None
-    sink_ablation: bool = True
-    memory_mib: int | None = None
-    layers: tuple[int, ...] | None = None
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "train_seeds", tuple(self.train_seeds))
-        object.__setattr__(self, "sites", tuple(sorted(set(self.sites), key=_site_order)))
-        if "resid" not in self.sites:
-            raise ValueError(f"--sites must include resid (every read's layer curve is on the residual stream), "
-                             f"got {','.join(self.sites) or 'nothing'}")
-        if not self.train_seeds or len(set(self.train_seeds)) < len(self.train_seeds):
-            raise ValueError(f"--seeds must list distinct training seeds, got {list(self.train_seeds)}")
-        if min(self.train_seeds) < 0:
-            raise ValueError(f"training seeds must be >= 0, got {list(self.train_seeds)}")
-        if self.batch_size != "auto" and (isinstance(self.batch_size, bool) or not isinstance(self.batch_size, int)
-                                          or self.batch_size < 1):
-            raise ValueError(f"--batch-size must be a positive integer or auto, got {self.batch_size!r}")
-        if self.keep_mib is not None and (isinstance(self.keep_mib, bool) or not isinstance(self.keep_mib, int)
-                                          or self.keep_mib < 0):
-            raise ValueError(f"--keep-mib must be an integer >= 0, got {self.keep_mib!r}")
-        if self.memory_mib is not None and (isinstance(self.memory_mib, bool) or not isinstance(self.memory_mib, int)
-                                            or self.memory_mib < 1):
-            raise ValueError(f"--memory-mib must be an integer >= 1, got {self.memory_mib!r}")
-        if self.layers is not None:
-            object.__setattr__(self, "layers", tuple(sorted(set(self.layers))))
-            if not self.layers or any(isinstance(b, bool) or not isinstance(b, (int, np.integer)) or b < 0
-                                      for b in self.layers):
-                raise ValueError(f"--layers must name blocks by numbers >= 0, got {list(self.layers)}")
-            if not self.streamed:
-                raise ValueError("--layers applies to hf:DIR models (the streamed probe)")
-
-    @classmethod
-    def default(cls, task: str = "text", models: tuple[str, ...] | None = None, controls: bool = True, **kw) -> "SweepSettings":
-        """The default sweep: the zoo models of ``task`` (text: NoPE, RoPE and the RoPE/NoPE hybrid
-        language models and the two Bigram-Backcopy models) plus the controls."""
-        if models is None:
-            if task not in DEFAULT_MODELS:
-                raise ValueError(f"task must be one of {sorted(DEFAULT_MODELS)}, got {task!r}")
-            models = DEFAULT_MODELS[task]
-        models = tuple(models) + (CONTROL_SPECS if controls else ())
-        return cls(models=tuple(dict.fromkeys(models)), **kw)
-
-    @classmethod
-    def quick(cls, task: str = "text", models: tuple[str, ...] | None = None, controls: bool = True) -> "SweepSettings":
-        """A tiny sweep for smoke tests: few sequences, short sequences, briefly trained models."""
-        return cls.default(task, models, controls, n_sequences=24, seq_len=32, n_boot=50, n_splits=4, quick_steps=30)
-
-    RESUMABLE_CHANGES = ("train_seeds", "batch_size", "keep_mib")
-    """Settings a run folder may change between runs: adding seeds measures just the new ones; the
-    batch size and the keep budget cut the same work into other forward passes (``auto`` already
-    follows the memory free), which changes round-off only. The stamp records the latest."""
-
-    UNSET = {"hf_input": dataclasses.asdict(HFInput()),
-             "streamed": "in memory, as nopelens sweep measures",
-             "batch_size": "auto (32, or fewer where 32 do not fit the memory free)",
-             "keep_mib": "512 MiB or a quarter of the memory available", "sink_ablation": "on",
-             "sites": ",".join(DEFAULT_SITES), "layers": "every block"}
-    """What a setting :meth:`to_dict` leaves out (at its default) means, for a refused run folder's message."""
-
-    def to_dict(self) -> dict:
-        """The settings as the run folder's stamp holds them. ``sites`` is written only when it is
-        not :data:`DEFAULT_SITES`, so folders made before ``--sites`` existed keep their digest."""
-        settings = dataclasses.asdict(self)
-        del settings["memory_mib"]  # how the work is split in runs, not what is measured
-        if self.sites == DEFAULT_SITES:
-            del settings["sites"]
-        # written only when set, so folders made before they existed keep their digest
-        for name, default in (("hf_input", HFInput()), ("streamed", False), ("batch_size", "auto"), ("keep_mib", None),
-                              ("sink_ablation", True), ("layers", None)):
-            if getattr(self, name) == default:
-                del settings[name]
-        return settings
-
-    def digest(self) -> str:
-        """Hash of what each (model, seed) measurement depends on (the run folder's stamp,
-        :func:`~nopelens.analyses.runs.claim`); :data:`RESUMABLE_CHANGES` are left out."""
-        return runs.settings_digest(self.to_dict(), ignore=self.RESUMABLE_CHANGES)
-
-    def tasks(self) -> list[tuple[str, int]]:
-        """The (model spec, training seed) pairs a sweep measures, in table order."""
-        return [(spec, seed) for spec in self.models
-                for seed in (self.train_seeds if has_training_seed(spec) else self.train_seeds[:1])]
 
 
 @dataclass
@@ -239,8 +93,7 @@ class SweepResult:
     ``summary`` has one row per model (means over training seeds when there are several, see
     :func:`~nopelens.analyses.seeds.over_seeds`); ``summary_per_seed`` one row per model and seed;
     ``curves`` the main curves per layer (:func:`~nopelens.analyses.layers.layer_curves`);
-    ``reads`` the reads the summary and curves report (``--metric``, ``--threshold``); ``figures``
-    the stems of the figures written into ``out_dir`` (none with ``figures=False``).
+    ``reads`` the reads the summary and curves report (``--metric``, ``--threshold``).
     """
 
     probes: pd.DataFrame
@@ -253,129 +106,9 @@ class SweepResult:
     sink_ablation: pd.DataFrame = field(default_factory=pd.DataFrame)
     curves: pd.DataFrame | None = None
     reads: tuple[reads.SweepRead, ...] | None = None
-    figures: tuple[str, ...] = ()
 
 
 # ----------------------------------------------------------------------------- one subject
-
-
-def _site_order(kind: str) -> int:
-    if kind not in SITE_KINDS:
-        raise ValueError(f"unknown site kind {kind!r} for --sites; choose from {', '.join(SITE_KINDS)}")
-    return SITE_KINDS.index(kind)
-
-
-def sweep_sites(subject: Subject, kinds: tuple[str, ...] = DEFAULT_SITES,
-                blocks: tuple[int, ...] | None = None) -> SweepSites:
-    """The sites the sweep collects of ``subject`` (those it has and that fire); ``kinds`` as
-    :attr:`SweepSettings.sites`, ``blocks`` as :attr:`SweepSettings.layers` (None: every block;
-    otherwise each block's sites and its input and output residual stream, and the blocks left out
-    are recorded in ``subject.info["not_applicable"]``).
-
-    Raises:
-        ValueError: for a block the model does not have.
-    """
-    layers = subject.n_layers
-    chosen = probed_blocks(subject, blocks)
-    finer = [kind for kind in kinds if kind != "resid"]
-    inner = [act_name(kind, l) for l in chosen for kind in finer]
-    # the variance of the model's first attention block is read whatever --layers says: the summary's slope is its
-    variance_blocks = sorted(set(chosen) | ({first_variance_block(subject)} - {None} if blocks is not None else set()))
-    outputs = [site for site in act_names("attn_out", variance_blocks) if subject.usable(site)]
-    # a hybrid's linear-attention layers have no q, k or pattern, nor has a model hooked without the bridge
-    pairs = {l: qk_sites(subject, l) for l in chosen}
-    qk = [pair for pair in pairs.values() if pair is not None and all(subject.usable(s) for s in pair)]
-    unrotated = _blocks_by_reason({l: subject.hf.unrotated_qk(l) for l, pair in pairs.items() if pair is None},
-                                  "no rotated q and k to read")
-    if unrotated is not None:
-        subject.info.setdefault("not_applicable", {})["content q·k read"] = unrotated
-    sparse = subject.sparse_blocks()
-    available = score_sites(subject.model, layers, subject.hf)
-    scores, not_applicable = reads.readable_score_sites(available, subject.key_windows(),
-                                                        int(subject.attention_mask.sum(-1).max()))
-    scores = [site for site in scores if site_block(site) not in sparse and site_block(site) in chosen]
-    if sparse:
-        not_applicable = "; ".join(filter(None, [not_applicable, subject.sparse_note()]))
-    unscored = _unscored_note(subject, [l for l in chosen
-                                        if l not in sparse and act_name("attn_scores", l) not in available])
-    not_applicable = "; ".join(filter(None, [unscored, not_applicable])) or None
-    if not_applicable is not None:
-        subject.info.setdefault("not_applicable", {})["score read"] = not_applicable
-    residual = [resid_site(layer) for layer in sorted({l + step for l in chosen for step in (0, 1)})]
-    patterns = [site for site in pattern_sites(subject) if site_block(site) in chosen]
-    return SweepSites(residual=residual, inner=[site for site in inner if subject.usable(site)],
-                      outputs=outputs, qk=qk, scores=scores, patterns=patterns)
-
-
-def _unscored_note(subject: Subject, blocks: list[int]) -> str | None:
-    """Why the score read leaves out softmax-attention ``blocks`` of an HF model that expose no
-    pre-softmax scores (None: there are none; the reasons are the description's,
-    :meth:`~nopelens.models.hf.HFDescription.scores_unreadable`)."""
-    if subject.hf is None:
-        return None
-    return _blocks_by_reason({l: subject.hf.scores_unreadable(act_name("attn_scores", l)) for l in blocks
-                              if subject.hf.layers[l].mixer == "attention"}, "no pre-softmax scores to read")
-
-
-def _blocks_by_reason(reasons: dict[int, str | None], what: str) -> str | None:
-    """``{block: why}`` as one note, blocks grouped by reason (None where no block has one).
-
-    >>> _blocks_by_reason({0: "a", 1: "a", 3: "b", 4: None}, "not read")
-    'blocks 0-1: not read (a); blocks 3: not read (b)'
-    """
-    grouped: dict[str, list[int]] = {}
-    for block, why in reasons.items():
-        if why is not None:
-            grouped.setdefault(why, []).append(block)
-    return "; ".join(f"blocks {_ranges(b)}: {what} ({why})" for why, b in grouped.items()) or None
-
-
-def first_variance_block(subject: Subject) -> int | None:
-    """The first of :meth:`~nopelens.analyses.subjects.Subject.variance_blocks` whose ``hook_attn_out`` fires, or None: the block of the
-    summary's ``variance_slope_block0``."""
-    return next((l for l in subject.variance_blocks() if subject.usable(act_name("attn_out", l))), None)
-
-
-def probed_blocks(subject: Subject, blocks: tuple[int, ...] | None) -> list[int]:
-    """The blocks a measurement of ``subject`` probes (``blocks``, or every block when None); the
-    blocks left out are noted in ``subject.info["not_applicable"]``.
-
-    Raises:
-        ValueError: for a block the model does not have.
-    """
-    if blocks is None:
-        return list(range(subject.n_layers))
-    missing = [b for b in blocks if b >= subject.n_layers]
-    if missing:
-        raise ValueError(f"--layers {_ranges(missing)}: {subject.name} has {subject.n_layers} blocks "
-                         f"(0-{subject.n_layers - 1})")
-    left_out = [b for b in range(subject.n_layers) if b not in blocks]
-    if left_out:
-        subject.info.setdefault("not_applicable", {})["blocks not probed"] = (
-            f"blocks {_ranges(left_out)} (--layers {_ranges(blocks)}): their sites, sinks and sink ablation were not "
-            "measured (n/a in the per-layer and sink ablation tables), nor their variance except the model's first "
-            "attention block's (the summary's slope); a first layer is the first probed one that clears")
-    return list(blocks)
-
-
-def _ranges(blocks) -> str:
-    """Sorted block numbers as runs, for messages.
-
-    >>> _ranges([0, 1, 2, 3, 7]), _ranges([5])
-    ('0-3,7', '5')
-    """
-    parts, start = [], None
-    for b, nxt in zip(blocks, list(blocks[1:]) + [None]):
-        start = b if start is None else start
-        if nxt != b + 1:
-            parts.append(str(b) if start == b else f"{start}-{b}")
-            start = None
-    return ",".join(parts)
-
-
-def pattern_sites(subject: Subject) -> list[str]:
-    """Every block's ``hook_pattern`` that fires (a hybrid's linear-attention blocks have none)."""
-    return [site for site in act_names("pattern", subject.n_layers) if subject.usable(site)]
 
 
 def analyse_subject(subject: Subject, settings: SweepSettings, progress: bool = False) -> dict[str, pd.DataFrame]:
@@ -387,11 +120,10 @@ def analyse_subject(subject: Subject, settings: SweepSettings, progress: bool = 
         raise ValueError("--layers applies to hf:DIR models (the streamed probe)")
     sites = sweep_sites(subject, settings.sites)
     acts = collect(subject.model, subject.tokens, sites.all(), attention_mask=subject.attention_mask, batch_size=32)
-    # every batch kept, every position its class and every distance drawn, as the in-memory sweep always read them
+    # the streamed probe's settings (ProbeInput's position bins and spread distances), every batch kept
     inp = ProbeInput(Sequences.of_activations(acts), sites, seq_len=subject.tokens.shape[1],
                      n_sequences=settings.n_sequences, n_splits=settings.n_splits, n_boot=settings.n_boot,
-                     seed=settings.seed, bilinear=bilinear_mode(acts, sites.qk[0][0]) if sites.qk else "outer",
-                     max_classes=None, distances=None)
+                     seed=settings.seed, bilinear=bilinear_mode(acts, sites.qk[0][0]) if sites.qk else "outer")
     probes = reads.measure_in_memory(reads.measure_targets(inp), acts, subject.name if progress else None)
     probes.insert(0, "model", subject.name)
 
@@ -444,19 +176,6 @@ def _with_slopes(variance: pd.DataFrame) -> pd.DataFrame:
     return variance.assign(slope=variance["site"].map(slopes), note=note)
 
 
-
-def score_sites(model, n_layers: int, hf=None) -> list[str]:
-    """The ``blocks.{l}.attn.hook_attn_scores`` sites the model has (none: no score-read column).
-
-    With an HF description (``hf``), only sites that fire and hold the scores behind the pattern:
-    a bridge whose scores hook carries the pattern itself (GPT-J, GPT-Neo, OPT, XGLM, Llama 4) has none.
-    """
-    if hf is not None and not hf.scores_hook:
-        return []
-    sites = act_names("attn_scores", n_layers)
-    return [site for site in sites if site in model.hook_dict and (hf is None or hf.fires(site))]
-
-
 def sink_conditions(subject: Subject, acts) -> pd.DataFrame:
     """Sink table of ``acts`` as read, plus a run without BOS when the subject's sequences start with one.
 
@@ -497,13 +216,6 @@ def _sink_table(acts, window: int, windows: dict, sinks: dict, sites: list[str])
     return replay(acts, [stats])[0]
 
 
-def sink_sites(subject: Subject) -> list[str]:
-    """The extra sites a subject's non-token sinks are read from: ``attn.hook_v`` and ``attn.hook_z``
-    of its output-scale sink blocks (see :func:`~nopelens.probes.sinks.output_scale_sink_mass`)."""
-    return [act_name(name, block) for block, (kind, _) in subject.sinks().items() if kind == "output_scale"
-            for name in ("v", "z")]
-
-
 def measure_sinks(subject: Subject) -> pd.DataFrame:
     """:func:`sink_conditions` of ``subject``, collecting only its patterns (``nopelens sinks``)."""
     with torch.no_grad():
@@ -512,91 +224,15 @@ def measure_sinks(subject: Subject) -> pd.DataFrame:
         return sink_conditions(subject, acts)
 
 
-# ----------------------------------------------------------------------------- summary
-
-
-def summarize(probes: pd.DataFrame, sinks: pd.DataFrame, variance: pd.DataFrame,
-              sweep_reads: Sequence[reads.SweepRead] | None = None) -> pd.DataFrame:
-    """One row per model; with several training seeds, the mean over seeds (see
-    :func:`summarize_per_seed` for the columns and :func:`~nopelens.analyses.seeds.over_seeds`)."""
-    per_seed = summarize_per_seed(probes, sinks, variance, sweep_reads)
-    if per_seed.groupby("model")["train_seed"].nunique().max() > 1:
-        return seeds.over_seeds(per_seed, sweep_reads)
-    return per_seed.drop(columns="train_seed")
-
-
-def summarize_per_seed(probes: pd.DataFrame, sinks: pd.DataFrame, variance: pd.DataFrame,
-                       sweep_reads: Sequence[reads.SweepRead] | None = None) -> pd.DataFrame:
-    """:func:`summarize_seed` for each training seed, with a ``train_seed`` column (0 for tables
-    that have none), rows in model order."""
-    probes, sinks, variance = (seeds.with_train_seed(table) for table in (probes, sinks, variance))
-    frames = [summarize_seed(table, sinks[sinks["train_seed"] == seed], variance[variance["train_seed"] == seed],
-                             sweep_reads).assign(train_seed=seed) for seed, table in probes.groupby("train_seed")]
-    order = {model: i for i, model in enumerate(probes["model"].unique())}
-    rows = pd.concat(frames, ignore_index=True)
-    return rows.sort_values(["model", "train_seed"], key=lambda c: c.map(order) if c.name == "model" else c,
-                            kind="stable").reset_index(drop=True)
-
-
-def summarize_seed(probes: pd.DataFrame, sinks: pd.DataFrame, variance: pd.DataFrame,
-                   sweep_reads: Sequence[reads.SweepRead] | None = None) -> pd.DataFrame:
-    """One row per model of one training seed: the first layer at which each target is recovered,
-    and key numbers.
-
-    Columns: ``model``; one column per read of :data:`~nopelens.analyses.reads.SWEEP_READS`
-    (``absolute_acc``, ``absolute_r2``, ``relative_pairs_r2``, ``relative_score_r2``,
-    ``relative_content_qk_r2``), the first layer that clears its bar
-    (:meth:`~nopelens.analyses.reads.SweepRead.first_layer`: -1 when no layer does, None when the
-    model has no site for the read, e.g. no ``hook_attn_scores``); then
-    ``best_absolute_r2`` and its ``selectivity``,
-    ``mad_chance_layer0`` and ``mad_chance_best`` (regression MAD over its chance value E|X - Y|
-    for X, Y drawn from the scored positions, at the embeddings and at the best residual layer;
-    Haviv et al. 2022; NaN at layer 0 when ``--layers`` left block 0 out),
-    ``sink_rate`` (Gu et al., as read), ``variance_slope_block0``. ``sweep_reads`` replaces the
-    reads (``--metric``, ``--threshold``; default :data:`~nopelens.analyses.reads.SWEEP_READS`).
-    """
-    chosen = reads.SWEEP_READS if sweep_reads is None else sweep_reads
-    rows = []
-    for model, table in probes.groupby("model", sort=False):
-        linear = table[(table["probe"] == "linear") & (table["split"] == "grouped") & table["layer"].notna()]
-        residual = linear[linear["site"].str.contains("hook_resid_")]
-        absolute = residual[residual["target"] == "absolute_index"]
-        best = absolute[(absolute["metric"] == "r2")].sort_values("value").iloc[-1]
-        mad = absolute[(absolute["metric"] == "mad") & (absolute["task"] == "regression")].set_index("layer")
-        chance = layers.chance_of_mad(mad)
-        model_sinks = sinks[sinks["model"] == model]
-        as_read = model_sinks[model_sinks["condition"] == model_sinks["condition"].iloc[0]] if len(model_sinks) \
-            else model_sinks  # no sink read (every block DSA past index_topk): sink_rate NaN
-        rows.append(dict(
-            model=model,
-            **{read.column: read.first_layer(table) for read in chosen},
-            best_absolute_r2=float(best["value"]),
-            best_absolute_layer=int(best["layer"]),
-            selectivity_at_best=float(best["selectivity"]),
-            mad_chance_layer0=float(mad.loc[0, "value"] / chance.loc[0]) if 0 in mad.index else float("nan"),
-            mad_chance_best=float((mad["value"] / chance).min()),
-            sink_rate=float(sink_flags(as_read).mean()) if "is_sink" in as_read else float("nan"),
-            variance_slope_block0=_first_block_slope(variance[variance["model"] == model]),
-        ))
-    return pd.DataFrame(rows)
-
-
-def _first_block_slope(variance: pd.DataFrame) -> float:
-    """The variance slope of the first block that has one (block 0, or a hybrid's first attention
-    block); NaN when no block has an attention output."""
-    if variance.empty:
-        return float("nan")
-    return float(variance[variance["block"] == variance["block"].min()]["slope"].iloc[0])
-
-
 # ----------------------------------------------------------------------------- the run folder
 
 
 def sweep(settings: SweepSettings, out_dir: str | Path | None = None, progress: bool = True, jobs: int = 1,
-          scheduler: str | None = None, svg: bool = False, security: str | Path | None = None,
-          sweep_reads: Sequence[reads.SweepRead] | None = None, name: str = "sweep",
-          figures: bool = True) -> SweepResult:
-    """Run the sweep; with ``out_dir``, write (and resume) a run folder.
+          scheduler: str | None = None, security: str | Path | None = None,
+          sweep_reads: Sequence[reads.SweepRead] | None = None, name: str = "sweep") -> SweepResult:
+    """Run the sweep; with ``out_dir``, write (and resume) a run folder's parts and tables
+    (:func:`write_tables`); its figures and ``summary.md`` are rendering,
+    :func:`~nopelens.analyses.report.write_run`'s (``nopelens sweep`` calls it).
 
     Args:
         settings: what to measure.
@@ -606,14 +242,12 @@ def sweep(settings: SweepSettings, out_dir: str | Path | None = None, progress: 
         jobs: local worker processes, one (model, seed) each (see :mod:`~nopelens.analyses.parallel`).
         scheduler: address of a Dask scheduler (``tls://`` or ``tcp://``) to send the (model,
             seed) tasks to instead.
-        svg: also save the figures as SVG (PNG always).
-        figures: draw the figures (False: the tables and ``summary.md`` only, ``--no-figures``).
         security: YAML file of distributed's TLS settings for a ``tls://`` scheduler (see
             :func:`~nopelens.analyses.parallel.dask_security`).
         sweep_reads: the reads the summary, the per-layer curves and the figure report (default
             :data:`~nopelens.analyses.reads.SWEEP_READS`; :func:`~nopelens.analyses.reads.choose_reads`
             makes others). They only read what was measured, so a run folder resumes with any.
-        name: the command, for the progress bar and ``summary.md`` (``sweep`` or ``probe``).
+        name: the command, for the progress bar (``sweep`` or ``probe``).
 
     Raises:
         ValueError: if ``out_dir`` holds a sweep made with other settings or another analysis's
@@ -636,15 +270,14 @@ def sweep(settings: SweepSettings, out_dir: str | Path | None = None, progress: 
         _check_absolute_paths(settings)
     out = Path(out_dir) if out_dir is not None else None
     if out is None:
-        return _sweep_tasks(settings, None, progress, jobs, scheduler, svg, security, sweep_reads, name, figures)
+        return _sweep_tasks(settings, None, progress, jobs, scheduler, security, sweep_reads, name)
     with runs.claimed(out, "sweep", settings.to_dict(), ignore=settings.RESUMABLE_CHANGES, command=name,
                       unset=settings.UNSET):
-        return _sweep_tasks(settings, out, progress, jobs, scheduler, svg, security, sweep_reads, name, figures)
+        return _sweep_tasks(settings, out, progress, jobs, scheduler, security, sweep_reads, name)
 
 
-def _sweep_tasks(settings: SweepSettings, out: Path | None, progress: bool, jobs: int, scheduler: str | None, svg: bool,
-                 security: str | Path | None, sweep_reads: Sequence[reads.SweepRead] | None, name: str,
-                 figures: bool) -> SweepResult:
+def _sweep_tasks(settings: SweepSettings, out: Path | None, progress: bool, jobs: int, scheduler: str | None,
+                 security: str | Path | None, sweep_reads: Sequence[reads.SweepRead] | None, name: str) -> SweepResult:
     """:func:`sweep` once its folder ``out`` (or None) is claimed."""
     tasks = settings.tasks()
     inputs = {spec: input_fingerprint(spec, settings.hf_input) for spec in settings.models}
@@ -697,9 +330,28 @@ def _sweep_tasks(settings: SweepSettings, out: Path | None, progress: bool, jobs
                          summary_per_seed=per_seed, sink_ablation=ablation,
                          curves=layers.layer_curves(probes, sinks, chosen), reads=chosen)
     if out is not None:
-        result.figures = tuple(report.write_run(result, settings, command=" ".join(["nopelens", *sys.argv[1:]]),
-                                                versions=versions(), svg=svg, name=name, draw=figures))
+        write_tables(result)
     return result
+
+
+def write_tables(result: SweepResult) -> None:
+    """Write a sweep's tables into ``result.out_dir``: ``probes``, ``sinks``, ``variance``,
+    ``summary``, ``layers`` (the main curves) and ``sink_ablation`` (when measured), and with
+    several training seeds also ``summary_per_seed`` and ``probes_over_seeds``
+    (:mod:`~nopelens.analyses.seeds`); a table this run has none of is removed if an earlier run
+    in the folder left one, so the folder describes this run only."""
+    out = result.out_dir
+    tables = {name: getattr(result, name) for name in ("probes", "sinks", "variance", "summary")}
+    tables["layers"] = result.curves
+    several = "n_seeds" in result.summary
+    tables["summary_per_seed"] = result.summary_per_seed if several else None
+    tables["probes_over_seeds"] = seeds.probes_over_seeds(result.probes) if several else None
+    tables["sink_ablation"] = None if result.sink_ablation.empty else result.sink_ablation
+    for name, table in tables.items():
+        if table is None:
+            (out / f"{name}.csv").unlink(missing_ok=True)
+        else:
+            write_csv_atomic(table, out / f"{name}.csv")
 
 
 SETTINGS_DIGEST = "settings_digest"
@@ -799,7 +451,7 @@ def _measure(spec: str, train_seed: int, settings: SweepSettings, progress: bool
         tqdm.write(f"nopelens: {_label(subject.name, train_seed)}: note: {subject.info['beyond_trained_length']}",
                    file=sys.stderr)
     probed_blocks(subject, settings.layers)  # a block the model lacks is refused before the "probing" line
-    what = f"{subject.n_layers + 1} layers" if settings.layers is None else f"blocks {_ranges(settings.layers)}"
+    what = f"{subject.n_layers + 1} layers" if settings.layers is None else f"blocks {block_ranges(settings.layers)}"
     say(f"{_label(subject.name, train_seed)}: probing {what}")
     with torch.no_grad():
         if settings.streamed and subject.hf is not None:

@@ -24,7 +24,7 @@ import seaborn as sns
 
 from nopelens import circuits
 from nopelens.analyses.cli import OneLineParser, guarded
-from nopelens.analyses.report import save_figure
+from nopelens.analyses.figures import save_figure
 from nopelens.models.hooks import act_name
 from nopelens.models.io import write_csv_atomic
 

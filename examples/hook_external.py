@@ -23,8 +23,8 @@ import torch
 from torch import nn
 
 from nopelens.analyses.cli import OneLineParser, guarded
-from nopelens.analyses.subjects import load_hf_dir
 from nopelens.models.adapters import HookedModule
+from nopelens.models.hf_loading import load_hf_dir
 from nopelens.models.hooks import act_name
 from nopelens.models.io import write_csv_atomic
 from nopelens.probes import collect, probe_absolute_index, resid_sites

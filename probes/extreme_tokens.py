@@ -11,10 +11,13 @@ phenomena in LLMs", §2) train small transformers on the Bigram-Backcopy task
   dormant head writes almost nothing;
 - **residual-state peak**: the first token's residual-stream norm is much larger than the others'.
 
-This module measures each from collected activations (:func:`~nopelens.probes.collect`): the
-attention a head puts on key 0 and on the previous key, split by query class (trigger or not);
-value norms per head at ``hook_v``; residual norms per layer. Queries at positions >= 2 are
-counted, where key 0 and the previous key differ. Sequences are the bootstrap unit of the 95 % CIs.
+This module measures each as statistics summed batch by batch while the model runs
+(:class:`ActiveDormantStats`, :class:`FirstTokenNorms`, fed by :func:`~nopelens.probes.stream.run`)
+or replayed on collected activations (:func:`active_dormant_table`, :func:`first_token_norms`: the
+same measurements, :func:`~nopelens.probes.stream.replay`): the attention a head puts on key 0 and
+on the previous key, split by query class (trigger or not); value norms per head at ``hook_v``;
+residual norms per layer. Queries at positions >= 2 are counted, where key 0 and the previous key
+differ. Sequences are the bootstrap unit of the 95 % CIs.
 """
 
 from __future__ import annotations
@@ -25,9 +28,13 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
+import torch
+from torch import Tensor
+
 from .collect import Activations, site_block, site_layer
 from .metrics import random_state
 from .sinks import GU_EPSILON
+from .stream import Batch, Measurement, Sequences, replay
 
 ACTIVE_THRESHOLD = 0.5
 """A head is *active* on a query class when more than half its attention goes to the previous token."""
@@ -65,18 +72,101 @@ def ratio_ci(numerator: np.ndarray, denominator: np.ndarray, n_boot: int = 200,
     return value, float(result.confidence_interval.low), float(result.confidence_interval.high)
 
 
-def active_dormant_table(acts: Activations, query_class: Sequence[np.ndarray],
-                         classes: dict[str, bool] | None = None, n_boot: int = 200, seed: int = 0) -> pd.DataFrame:
-    """Per head and query class: attention on the first token and on the previous token.
+class ActiveDormantStats(Measurement):
+    """Per head and query class, the attention on the first token and on the previous token,
+    measured while the model runs: per sequence, head and class, the two attentions summed over
+    the class's queries (at positions >= :data:`FIRST_QUERY`), and the queries counted. Memory:
+    a few numbers per sequence and head; nothing of size T x T outlives its batch.
 
     Args:
-        acts: activations holding ``blocks.{l}.attn.hook_pattern`` patterns (padding removed, so
-            key 0 is the first real token).
+        sequences: the token set (:class:`~nopelens.probes.stream.Sequences`); key 0 of a
+            sequence is its first real token.
+        sites: ``blocks.{l}.attn.hook_pattern`` sites.
         query_class: one bool array ``[n_real]`` per sequence; True marks a query of the first
             class (for the BB task: the query token is a trigger).
         classes: names of the two classes, ``{name: flag}``; default ``{"trigger": True,
             "non_trigger": False}``.
-        n_boot, seed: bootstrap replicates and seed of the CIs.
+        n_boot, seed: bootstrap replicates and seed of the CIs (:func:`ratio_ci`).
+
+    Raises:
+        ValueError: if no site is given or ``query_class`` does not match the sequences.
+    """
+
+    def __init__(self, sequences: Sequences, sites: Sequence[str], query_class: Sequence[np.ndarray],
+                 classes: dict[str, bool] | None = None, n_boot: int = 200, seed: int = 0):
+        if not sites:
+            raise ValueError("no hook_pattern site was collected")
+        lengths = np.diff(sequences.offsets)
+        if len(lengths) != len(query_class):
+            raise ValueError(f"{len(query_class)} query-class arrays for {len(lengths)} sequences")
+        for k, (cls, n) in enumerate(zip(query_class, lengths)):
+            if len(cls) != n:
+                raise ValueError(f"sequence {k}: {len(cls)} query flags for {n} real tokens")
+        self.sequences, self.site_list, self.query_class = sequences, list(sites), query_class
+        self.classes = {"trigger": True, "non_trigger": False} if classes is None else classes
+        self.n_boot, self.seed = n_boot, seed
+        self.sums: dict[str, np.ndarray] = {}  # site -> [class, sequence, head, first/previous]
+        self.done = False
+
+    def queries(self, k: int, flag: bool) -> np.ndarray:
+        """Sequence ``k``'s queries of the class ``flag``: real positions >= :data:`FIRST_QUERY`."""
+        cls = np.asarray(self.query_class[k], bool)
+        return np.flatnonzero((cls == flag) & (np.arange(len(cls)) >= FIRST_QUERY))
+
+    def sites(self, batch_index: int) -> list[str]:
+        return [] if self.done else self.site_list
+
+    def update(self, site: str, value: Tensor, batch: Batch) -> None:
+        real = batch.mask.bool()
+        sums = self.sums.setdefault(site, np.zeros((len(self.classes), len(self.query_class), value.shape[1], 2)))
+        for r, k in enumerate(range(batch.rows.start, batch.rows.stop)):
+            columns = torch.nonzero(real[r]).flatten().to(value.device)
+            pattern = value[r][:, columns[:, None], columns[None, :]].float().cpu().numpy()  # [head, n, n]
+            for c, flag in enumerate(self.classes.values()):
+                queries = self.queries(k, flag)
+                sums[c, k, :, 0] = pattern[:, queries, 0].sum(-1)
+                sums[c, k, :, 1] = pattern[:, queries, queries - 1].sum(-1)
+
+    def end_pass(self) -> bool:
+        self.done = True
+        return False
+
+    def spawn(self) -> "ActiveDormantStats":
+        return ActiveDormantStats(self.sequences, self.site_list, self.query_class, self.classes, self.n_boot, self.seed)
+
+    def merge(self, other: "ActiveDormantStats") -> None:
+        for site, sums in other.sums.items():
+            self.sums[site] = self.sums[site] + sums if site in self.sums else sums
+
+    def result(self) -> pd.DataFrame:
+        """:func:`active_dormant_table`'s rows."""
+        rows = []
+        for site in self.site_list:
+            sums = self.sums[site]
+            for c, (name, flag) in enumerate(self.classes.items()):
+                counts = np.array([len(self.queries(k, flag)) for k in range(len(self.query_class))], dtype=float)
+                if counts.sum() == 0:
+                    continue
+                for head in range(sums.shape[2]):
+                    first = ratio_ci(sums[c, :, head, 0], counts, self.n_boot, self.seed)
+                    previous = ratio_ci(sums[c, :, head, 1], counts, self.n_boot, self.seed)
+                    rows.append(dict(site=site, block=site_block(site), head=head, query_class=name,
+                                     n_queries=int(counts.sum()), first_mass=first[0], first_mass_ci_low=first[1],
+                                     first_mass_ci_high=first[2], previous_mass=previous[0],
+                                     previous_mass_ci_low=previous[1], previous_mass_ci_high=previous[2],
+                                     dormant=bool(first[0] > GU_EPSILON), active=bool(previous[0] > ACTIVE_THRESHOLD)))
+        return pd.DataFrame(rows)
+
+
+def active_dormant_table(acts: Activations, query_class: Sequence[np.ndarray],
+                         classes: dict[str, bool] | None = None, n_boot: int = 200, seed: int = 0) -> pd.DataFrame:
+    """Per head and query class: attention on the first token and on the previous token
+    (:class:`ActiveDormantStats` replayed on ``acts``).
+
+    Args:
+        acts: activations holding ``blocks.{l}.attn.hook_pattern`` patterns (padding removed, so
+            key 0 is the first real token).
+        query_class, classes, n_boot, seed: as :class:`ActiveDormantStats`.
 
     Returns:
         One row per (site, head, class): ``block``, ``head``, ``query_class``, ``n_queries``,
@@ -87,45 +177,83 @@ def active_dormant_table(acts: Activations, query_class: Sequence[np.ndarray],
     Raises:
         ValueError: if no pattern site was collected or ``query_class`` does not match the patterns.
     """
-    classes = {"trigger": True, "non_trigger": False} if classes is None else classes
     sites = [site for site in acts.patterns if site.endswith("hook_pattern")]
     if not sites:
         raise ValueError("no hook_pattern site was collected")
-    rows = []
-    for site in sites:
-        patterns = acts.patterns[site]
-        if len(patterns) != len(query_class):
-            raise ValueError(f"{len(query_class)} query-class arrays for {len(patterns)} sequences")
-        n_heads = patterns[0].shape[0]
-        for name, flag in classes.items():
-            sums = np.zeros((len(patterns), n_heads, 2))
-            counts = np.zeros(len(patterns))
-            for k, (pattern, cls) in enumerate(zip(patterns, query_class)):
-                n = pattern.shape[-1]
-                if len(cls) != n:
-                    raise ValueError(f"sequence {k}: {len(cls)} query flags for {n} real tokens")
-                queries = np.flatnonzero((np.asarray(cls, bool) == flag) & (np.arange(n) >= FIRST_QUERY))
-                counts[k] = len(queries)
-                sums[k, :, 0] = pattern[:, queries, 0].sum(-1)
-                sums[k, :, 1] = pattern[:, queries, queries - 1].sum(-1)
-            if counts.sum() == 0:
-                continue
-            for head in range(n_heads):
-                first = ratio_ci(sums[:, head, 0], counts, n_boot, seed)
-                previous = ratio_ci(sums[:, head, 1], counts, n_boot, seed)
-                rows.append(dict(site=site, block=site_block(site), head=head, query_class=name,
-                                 n_queries=int(counts.sum()), first_mass=first[0], first_mass_ci_low=first[1],
-                                 first_mass_ci_high=first[2], previous_mass=previous[0],
-                                 previous_mass_ci_low=previous[1], previous_mass_ci_high=previous[2],
-                                 dormant=bool(first[0] > GU_EPSILON), active=bool(previous[0] > ACTIVE_THRESHOLD)))
-    return pd.DataFrame(rows)
+    # the sequences as the patterns hold them (the activations may hold patterns only)
+    lengths = torch.as_tensor([pattern.shape[-1] for pattern in acts.patterns[sites[0]]])
+    mask = torch.arange(int(lengths.max()))[None, :] < lengths[:, None]
+    sequences = Sequences.of(torch.zeros(mask.shape, dtype=torch.long), mask)
+    stats = ActiveDormantStats(sequences, sites, query_class, classes, n_boot, seed)
+    return replay(acts, [stats], sequences=sequences)[0]
+
+
+class FirstTokenNorms(Measurement):
+    """The L2 norm of the first real token's state against the other tokens', per site (and
+    head), measured while the model runs: per site and head, the norms (float64) summed over the
+    first tokens and over the others, and both counted.
+
+    Args:
+        sequences: the token set (:class:`~nopelens.probes.stream.Sequences`).
+        sites: residual sites (``[pos, d_model]``: one row) and per-head sites such as ``hook_v``
+            (``[pos, head_index, d_head]``: one row per head).
+
+    Raises:
+        ValueError: if no token follows the first in any sequence.
+    """
+
+    def __init__(self, sequences: Sequences, sites: Sequence[str]):
+        if (np.diff(sequences.offsets) <= 1).all():
+            raise ValueError("every sequence has one token: no other token to compare the first with")
+        self.sequences, self.site_list = sequences, list(sites)
+        self.sums: dict[str, np.ndarray] = {}  # site -> [first/other, head] summed norms
+        self.per_head: dict[str, bool] = {}
+        self.done = False
+
+    def sites(self, batch_index: int) -> list[str]:
+        return [] if self.done else self.site_list
+
+    def update(self, site: str, value: Tensor, batch: Batch) -> None:
+        rows = batch.real(site, value).to(torch.float64)
+        norms = torch.linalg.vector_norm(rows, dim=-1).reshape(len(rows), -1).cpu().numpy()  # [n, head]
+        first = batch.position == 0
+        self.per_head[site] = rows.ndim > 2
+        sums = np.stack([norms[first].sum(0), norms[~first].sum(0)])
+        self.sums[site] = self.sums[site] + sums if site in self.sums else sums
+
+    def end_pass(self) -> bool:
+        self.done = True
+        return False
+
+    def spawn(self) -> "FirstTokenNorms":
+        return FirstTokenNorms(self.sequences, self.site_list)
+
+    def merge(self, other: "FirstTokenNorms") -> None:
+        self.per_head.update(other.per_head)
+        for site, sums in other.sums.items():
+            self.sums[site] = self.sums[site] + sums if site in self.sums else sums
+
+    def result(self) -> pd.DataFrame:
+        """:func:`first_token_norms`' rows."""
+        n_first = len(self.sequences.offsets) - 1
+        n_other = int(self.sequences.offsets[-1]) - n_first
+        rows = []
+        for site in self.site_list:
+            sums = self.sums[site]
+            for head in range(sums.shape[1]):
+                first_norm, other_norm = sums[0, head] / n_first, sums[1, head] / n_other
+                zero = other_norm == 0
+                rows.append(dict(site=site, layer=site_layer(site), block=site_block(site),
+                                 head=head if self.per_head[site] else -1, first_norm=float(first_norm),
+                                 other_norm=float(other_norm),
+                                 ratio=float("nan") if zero else float(first_norm / other_norm),
+                                 note="the other tokens' states are all zero: no ratio" if zero else ""))
+        return pd.DataFrame(rows)
 
 
 def first_token_norms(acts: Activations, sites: Sequence[str]) -> pd.DataFrame:
-    """L2 norm of the first real token's state against the other tokens', per site (and head).
-
-    Residual sites (``[n, d_model]``) give one row; per-head sites such as ``hook_v``
-    (``[n, head_index, d_head]``) one row per head.
+    """L2 norm of the first real token's state against the other tokens', per site (and head):
+    :class:`FirstTokenNorms` replayed on ``acts``.
 
     Returns:
         ``site``, ``layer`` (residual sites) or ``block``, ``head`` (-1 for residual sites),
@@ -137,22 +265,4 @@ def first_token_norms(acts: Activations, sites: Sequence[str]) -> pd.DataFrame:
     Raises:
         KeyError: for a site that was not collected. ValueError: if no token follows the first.
     """
-    first = acts.position == 0
-    if first.all():
-        raise ValueError("every sequence has one token: no other token to compare the first with")
-    rows = []
-    for site in sites:
-        if site not in acts.acts:
-            raise KeyError(f"site {site!r} was not collected; collected: {sorted(acts.acts)}")
-        array = acts.acts[site].astype(np.float64)
-        norms = np.linalg.norm(array, axis=-1)  # [n] or [n, head]
-        per_head = norms.reshape(len(norms), -1)
-        layer = site_layer(site)
-        for head in range(per_head.shape[1]):
-            first_norm, other_norm = per_head[first, head].mean(), per_head[~first, head].mean()
-            zero = other_norm == 0
-            rows.append(dict(site=site, layer=layer, block=site_block(site),
-                             head=head if norms.ndim > 1 else -1, first_norm=float(first_norm),
-                             other_norm=float(other_norm), ratio=float("nan") if zero else float(first_norm / other_norm),
-                             note="the other tokens' states are all zero: no ratio" if zero else ""))
-    return pd.DataFrame(rows)
+    return replay(acts, [FirstTokenNorms(Sequences.of_activations(acts), sites)])[0]

@@ -9,6 +9,7 @@ import torch
 
 from nopelens.analyses import dynamics
 from nopelens.analyses.cli import main
+from nopelens.analyses.cli.dynamics import render
 from nopelens.models import zoo
 from nopelens.models.checkpoint import load_checkpoint
 
@@ -49,7 +50,9 @@ def test_run_keeps_the_recipes_own_weights_measures_every_checkpoint_and_resumes
             "first_mass", "previous_mass"} <= measures
     sink = table[table["measure"] == "sink_rate"]
     assert (sink["ci_low"] <= sink["value"]).all() and (sink["value"] <= sink["ci_high"]).all()
-    for name in ("dynamics.csv", "summary.md", "dynamics.png"):
+    assert (tmp_path / "dynamics.csv").is_file() and not (tmp_path / "summary.md").exists()
+    assert "# tiny-bb through training" in render(table, "tiny-bb", tmp_path)  # the CLI's rendering
+    for name in ("summary.md", "dynamics.png"):
         assert (tmp_path / name).is_file()
     # resuming: nothing is trained or measured again
     monkeypatch.setattr(zoo.Recipe, "train", lambda *a, **k: pytest.fail("trained again"))

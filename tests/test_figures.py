@@ -4,7 +4,7 @@ import matplotlib.pyplot as plt
 import pandas as pd
 import seaborn as sns
 
-from nopelens.analyses.report import save_figure
+from nopelens.analyses.figures import save_figure
 
 
 def figure(shift=0.0):

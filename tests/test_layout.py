@@ -156,6 +156,16 @@ def test_analyses_never_import_the_cli():
     assert not cli, cli
 
 
+def test_no_analysis_imports_the_rendering():
+    """The analyses return tables; the CLI renders them (issue 39): only the CLI imports
+    ``analyses.report`` (summary tables, Markdown and a sweep's run-folder figures)."""
+    rendering = "nopelens.analyses.report"
+    found = [f"{module} imports {rendering}" for module, targets in imports(type_checking=True).items()
+             if module.startswith("nopelens.analyses.") and not module.startswith("nopelens.analyses.cli")
+             and rendering in targets]
+    assert not found, found
+
+
 @pytest.mark.slow
 def test_each_module_imports_alone():
     """Import every module first, in a fresh set of nopelens modules (third-party ones stay loaded,

@@ -118,6 +118,7 @@ def test_auto_batch_size_fits_the_memory_free_and_leaves_the_tables_unchanged(mo
 
     import torch
 
+    from nopelens.analyses import plan as plan_module
     from nopelens.analyses import streamed
     from nopelens.analyses.subjects import HFInput, resolve
     from nopelens.analyses.sweep import SweepSettings, analyse_subject_streamed, sweep_sites
@@ -152,7 +153,7 @@ def test_auto_batch_size_fits_the_memory_free_and_leaves_the_tables_unchanged(mo
             monkeypatch.setattr(streamed, "sequence_bytes", lambda *args, fit=fit: (free - reserved) // 2 // fit)
             assert streamed.measurements(subject, tight_settings, sites, shapes).batch_size == expected
         monkeypatch.setattr(streamed, "sequence_bytes", lambda *args: (free - reserved) // 2 // 2)
-        assert "in batches of at most 2 sequences" in streamed.plan(subject, tight_settings, sites).describe("m")
+        assert "in batches of at most 2 sequences" in plan_module.plan(subject, tight_settings, sites).describe("m")
         small = analyse_subject_streamed(subject, tight_settings)
         assert subject.info["streamed"]["batch_size"] == 2
         monkeypatch.undo()
@@ -227,6 +228,7 @@ def test_sites_whose_statistics_do_not_fit_together_run_in_groups_with_the_same_
 
     import torch
 
+    from nopelens.analyses import plan as plan_module
     from nopelens.analyses import streamed
     from nopelens.analyses.subjects import HFInput, resolve
     from nopelens.analyses.sweep import SweepSettings, analyse_subject_streamed, sweep_sites
@@ -254,7 +256,7 @@ def test_sites_whose_statistics_do_not_fit_together_run_in_groups_with_the_same_
         assert all(max(a) <= min(b) for a, b in zip(depths, depths[1:]))  # shallow sites first
         assert streamed.held_bytes(grouped, shapes) <= streamed.STATISTICS_SHARE * free
         assert streamed.held_bytes(grouped, shapes) < streamed.held_bytes(one, shapes)
-        plan = streamed.plan(subject, settings, sites)
+        plan = plan_module.plan(subject, settings, sites)
         assert plan.shortfall is None and f"in {len(grouped.groups)} groups whose statistics fit" in plan.describe("m")
         # the run keeps to its plan even when the memory free changes after it: it reads the memory once
         calls = []
@@ -264,7 +266,7 @@ def test_sites_whose_statistics_do_not_fit_together_run_in_groups_with_the_same_
         assert len(calls) == 1 and subject.info["streamed"]["statistics_groups"] == len(grouped.groups)
         # the largest job alone no longer fits: refused, naming it
         monkeypatch.setattr(streamed, "available_memory", lambda device=None: max(sizes))
-        assert "alone" in streamed.plan(subject, settings, sites).shortfall
+        assert "alone" in plan_module.plan(subject, settings, sites).shortfall
     for name in ("probes", "sinks", "variance", "sink_ablation"):
         pd.testing.assert_frame_equal(run_in_groups[name], whole[name], check_exact=True, obj=name)
 
@@ -423,12 +425,15 @@ def test_plan_prints_passes_tokens_memory_and_exits(model_dir, tmp_path, capsys)
     assert code == 0 and not (tmp_path / "run").exists()
     # 6 sequences of 16 tokens in one batch, the 15-token copies without BOS for the sink table, and one
     # pass over the 96 tokens per block for its sink ablation
-    assert ("6 forward passes over 570 tokens (1 of them over the sequences without BOS, for the sink table; "
-            "4 of them for the sink ablation of 4 blocks, each stopped after its block; no second pass") in out, out
+    assert ("6 forward passes over 570 tokens in batches of at most 6 sequences\n"
+            "  - 1 of them over the sequences without BOS, for the sink table\n"
+            "  - 4 of them for the sink ablation of 4 blocks, each stopped after its block\n"
+            "  - no second pass") in out, out
+    assert max(len(line) for line in out.splitlines()) <= 100, out
     assert "MiB" in out and "ETA about" in out, out
     code = main(["probe", f"hf:{model_dir}", *ARGS, "--plan", "--no-sink-ablation", "--out", str(tmp_path / "run")])
     out = capsys.readouterr().out
-    assert code == 0 and "2 forward passes over 186 tokens (" in out, out
+    assert code == 0 and "2 forward passes over 186 tokens in batches" in out, out
     # nothing kept: the main run and each ablated block's run make a second pass
     code = main(["probe", f"hf:{model_dir}", *ARGS, "--plan", "--keep-mib", "0", "--out", str(tmp_path / "run")])
     out = capsys.readouterr().out
@@ -568,11 +573,12 @@ def test_sinks_reads_an_hf_model_through_its_tokenizer_as_probe_does(model_dir, 
 @pytest.mark.slow
 @pytest.mark.parametrize("keep_mib", [None, 0])
 def test_the_plans_fit_count_is_what_the_run_factorizes(model_dir, monkeypatch, keep_mib, one_thread):
-    """The ETA's fits are counted from the plan (:func:`~nopelens.analyses.streamed.fit_work`): the
+    """The ETA's fits are counted from the plan (:func:`~nopelens.analyses.plan.fit_work`): the
     penalty paths' sum of d^3 is exactly what the run factorizes, kept or summed batch by batch;
     the Cholesky solves counted bound those run (ridge solves once per distinct chosen penalty)."""
     import dataclasses
 
+    from nopelens.analyses import plan as plan_module
     from nopelens.analyses import streamed
     from nopelens.analyses.eta import FitRates
     from nopelens.analyses.subjects import HFInput, resolve
@@ -585,9 +591,9 @@ def test_the_plans_fit_count_is_what_the_run_factorizes(model_dir, monkeypatch, 
     subject = resolve(f"hf:{model_dir}", 6, 16, seed=0, progress=False, hf_input=settings.hf_input)
     sites = sweep_sites(subject, settings.sites)
     shapes = streamed.site_shapes(subject, sites.all())
-    with_ablation = streamed.fit_work(streamed.measurements(subject, settings, sites, shapes), shapes)
+    with_ablation = plan_module.fit_work(streamed.measurements(subject, settings, sites, shapes), shapes)
     settings = dataclasses.replace(settings, sink_ablation=False)
-    counted = streamed.fit_work(streamed.measurements(subject, settings, sites, shapes), shapes)
+    counted = plan_module.fit_work(streamed.measurements(subject, settings, sites, shapes), shapes)
     done = {"paths": 0, "solves": 0}
     path, solve = ridge.penalty_path, ridge.spd_solve
 
@@ -602,7 +608,7 @@ def test_the_plans_fit_count_is_what_the_run_factorizes(model_dir, monkeypatch, 
     monkeypatch.setattr(ridge, "penalty_path", counting_path)
     for module in (ridge, lda):
         monkeypatch.setattr(module, "spd_solve", counting_solve)
-    monkeypatch.setattr(streamed, "fit_rates", lambda *args: FitRates(0, 0, 0, 0))  # the plan's timing factorizes too
+    monkeypatch.setattr(plan_module, "fit_rates", lambda *args: FitRates(0, 0, 0, 0))  # the plan's timing factorizes too
     with torch.no_grad():
         analyse_subject_streamed(subject, settings)
     assert done["paths"] == counted.paths > 0 and with_ablation.paths > counted.paths  # the ablation's probes count too

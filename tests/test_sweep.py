@@ -4,9 +4,9 @@ import pandas as pd
 import pytest
 from schema import assert_documented, assert_folder_documented
 
-from nopelens.analyses import seeds
+from nopelens.analyses import report, seeds
 from nopelens.analyses.cli import main
-from nopelens.analyses.sweep import SweepSettings, sweep
+from nopelens.analyses.sweep import SweepSettings, sweep, versions
 
 pytestmark = pytest.mark.slow
 
@@ -18,6 +18,7 @@ def quick_run(tmp_path_factory):
     mp = pytest.MonkeyPatch()
     mp.setenv("NOPELENS_CACHE", str(cache))
     result = sweep(SweepSettings.quick(), out, progress=False)
+    report.write_run(result, SweepSettings.quick(), "nopelens sweep --quick", versions())  # as the CLI renders it
     yield result, out
     mp.undo()
 
@@ -133,6 +134,29 @@ def test_the_quick_smoke_test_has_its_own_default_folder(monkeypatch):
     for args in (["sweep", "--quiet"], ["sweep", "--quick", "--quiet"], ["sweep", "--quick", "--out", "mine"]):
         assert main(args) == 2
     assert folders == ["runs/sweep", "runs/sweep-quick", "mine"]
+
+
+def test_in_memory_and_streamed_sweeps_give_the_same_tables_past_64_positions(one_thread):
+    """Issue 38: both paths bin positions past 64 classes and draw pairs at 64 spread distances (one set
+    of settings, :class:`~nopelens.analyses.reads.ProbeInput`'s), so their tables agree at any length."""
+    import numpy as np
+    import torch
+
+    from nopelens.analyses.subjects import resolve
+    from nopelens.analyses.sweep import analyse_subject, analyse_subject_streamed
+
+    settings = SweepSettings(models=("untrained-nope",), n_sequences=6, seq_len=80, n_boot=10, n_splits=3,
+                             streamed=True, batch_size=4, sink_ablation=False)
+    subject = resolve("untrained-nope", 6, 80, seed=0, progress=False)
+    key = ["site", "target", "features", "task", "probe", "split", "metric"]
+    with torch.no_grad():
+        memory, streamed = (analyse(subject, settings)["probes"].sort_values(key).reset_index(drop=True)
+                            for analyse in (analyse_subject, analyse_subject_streamed))
+    assert "absolute_index//2" in set(memory["target"])  # 80 positions in 64 classes: bins of 2
+    pd.testing.assert_frame_equal(memory[key], streamed[key])
+    for column in ("value", "ci_low", "ci_high", "n_samples", "selectivity"):
+        np.testing.assert_allclose(streamed[column].astype(float), memory[column].astype(float), rtol=1e-8, atol=1e-8,
+                                   equal_nan=True, err_msg=column)
 
 
 def test_unknown_model_is_one_line_listing_the_zoo(capsys, tmp_path):

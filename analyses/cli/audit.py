@@ -15,9 +15,10 @@ from pathlib import Path
 from typing import Any
 
 from nopelens.analyses.audit import AuditReport, audit
-from nopelens.analyses.subjects import load_checkpoint_dir, load_hf_dir
+from nopelens.analyses.subjects import load_checkpoint_dir
 from nopelens.models import Decoder, DecoderConfig, zoo
 from nopelens.models.hf import UnsupportedModelError
+from nopelens.models.hf_loading import load_hf_dir
 from nopelens.models.io import check_writable
 from nopelens.probes.sinks import learned_sink_line, learned_sink_logits
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import pandas as pd
 
 from nopelens.analyses.circuit_checks import RUNNERS, SUBJECTS, CircuitSettings
-from nopelens.analyses.report import save_figure
+from nopelens.analyses.figures import save_figure
 from nopelens.circuits.counter import CONSTRUCTIONS
 from nopelens.models.io import write_csv_atomic
 

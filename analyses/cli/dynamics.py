@@ -6,6 +6,8 @@ import argparse
 from pathlib import Path
 
 from nopelens.analyses import dynamics
+from nopelens.analyses.figures import dynamics_figure, save_figure
+from nopelens.models.io import write_text_atomic
 
 from .options import add_quiet, seed_type
 
@@ -16,9 +18,18 @@ def run(args: argparse.Namespace) -> int:
                                 **{k: getattr(args, k) for k in ("n_sequences", "n_boot", "seed") if getattr(args, k) is not None})
     out = Path(args.out or f"runs/dynamics-{args.model}{'-quick' if args.quick else ''}")
     table = dynamics.run(settings, out, progress=not args.quiet)
-    print(dynamics.summary_markdown(table, settings.model))
+    print(render(table, settings.model, out))
     print(f"wrote {out}/dynamics.csv, summary.md, dynamics.png; checkpoints in {out}/checkpoints")
     return 0
+
+
+def render(table, name: str, out: Path) -> str:
+    """Write the run folder's ``summary.md`` and ``dynamics.png`` of ``table``
+    (:func:`~nopelens.analyses.dynamics.run`'s) and return the summary."""
+    summary = dynamics.summary_markdown(table, name)
+    write_text_atomic(out / "summary.md", summary)
+    save_figure(dynamics_figure(table, name, dynamics.THRESHOLD), out / "dynamics", formats=("png",))
+    return summary
 
 
 def register(subparsers) -> None:

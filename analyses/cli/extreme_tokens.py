@@ -6,7 +6,11 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+import numpy as np
+import pandas as pd
+
 from nopelens.analyses import extreme_tokens
+from nopelens.analyses.report import rounded_text
 from nopelens.analyses.runs import refuse_other_runs, slug
 from nopelens.analyses.subjects import fixed_length, resolve
 from nopelens.models.io import write_csv_atomic
@@ -33,7 +37,7 @@ def run(args: argparse.Namespace) -> int:
     out = Path(args.out or f"runs/extreme-tokens-{slug(args.model)}")
     for name, table in tables.items():
         write_csv_atomic(table, out / f"{name}.csv")
-    print(extreme_tokens.format_report(tables))
+    print(format_report(tables))
     print(f"\nwrote {out}/heads.csv, norms.csv, ablation.csv")
     return 0
 
@@ -57,3 +61,30 @@ def register(subparsers) -> None:
     parser.add_argument("--quick", action="store_true", help="zoo models trained for 30 steps (smoke tests)")
     add_quiet(parser)
     parser.set_defaults(func=run)
+
+
+def format_report(tables: dict[str, pd.DataFrame]) -> str:
+    """The three tables as text, rounded; an undefined number reads ``n/a`` (the norm ratio when the
+    other tokens' states are zero, the accuracy of the task's floor, which is a loss only)."""
+    heads = tables["heads"][["block", "head", "query_class", "n_queries", "first_mass", "previous_mass", "dormant", "active"]]
+    norms = tables["norms"][["site", "head", "first_norm", "other_norm", "ratio"]]
+    ablation = tables["ablation"]
+    measured = ablation[ablation["status"] == "measured"]
+    shown = measured
+    if len(measured):
+        label = measured["condition"] + measured["ablated_block"].map(lambda b: "" if pd.isna(b) else f", block {int(b)}")
+        shown = measured.assign(condition=label).pivot_table(index="condition", columns="query_class",
+                                                             values=["loss", "accuracy"], sort=False)
+    parts = ["attention on the first token (BOS) and on the previous token, per head and query class",
+             rounded_text(heads).to_string(index=False),
+             "\nnorm of the first token's state over the other tokens' (value: hook_v per head; residual per layer)",
+             rounded_text(norms).to_string(index=False),
+             "\nloss (nats) and accuracy per query class: clean, the task's floor, and each sink ablation per block",
+             rounded_text(shown).to_string() if len(shown) else "(nothing measured)"]
+    for _, r in tables["norms"][tables["norms"]["note"].fillna("") != ""].iterrows():
+        parts.append(f"ratio n/a at {r['site']}" + ("" if pd.isna(r["head"]) else f" head {int(r['head'])}") + f": {r['note']}")
+    refused = ablation[ablation["status"] == "not_applicable"]
+    for _, r in refused.iterrows():
+        where = "" if pd.isna(r.get("ablated_block", np.nan)) else f" in block {int(r['ablated_block'])}"
+        parts.append(f"not applicable: {r['condition']}{where}: {r['note']}")
+    return "\n".join(parts)

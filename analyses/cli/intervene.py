@@ -7,7 +7,8 @@ import argparse
 from pathlib import Path
 
 from nopelens.analyses.intervene import SINK_MODES, InterveneSettings, run_intervene
-from nopelens.analyses.report import intervention_figure, rounded_text, save_figure
+from nopelens.analyses.figures import intervention_figure, save_figure
+from nopelens.analyses.report import rounded_text
 from nopelens.analyses.runs import slug
 
 from .options import MODEL_HELP, add_quiet, seed_type

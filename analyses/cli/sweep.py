@@ -10,13 +10,17 @@ import re
 import sys
 
 from nopelens.analyses import reads, report, runs
+from nopelens.analyses.figures import save_figure, sink_figure
 from nopelens.analyses.parallel import default_jobs
+from nopelens.analyses.plan import plan
 from nopelens.analyses.reads import choose_reads
 from nopelens.analyses.runs import slug
-from nopelens.analyses.streamed import plan
-from nopelens.analyses.subjects import HF_PREFIX, HFInput, fixed_length, resolve
-from nopelens.analyses.sweep import DEFAULT_SITES, SITE_KINDS, SweepSettings, measure_sinks, sweep, sweep_sites
+from nopelens.analyses.settings import DEFAULT_SITES, SITE_KINDS, SweepSettings
+from nopelens.analyses.sites import sweep_sites
+from nopelens.analyses.subjects import HF_PREFIX, fixed_length, resolve
+from nopelens.analyses.sweep import measure_sinks, sweep, versions
 from nopelens.models.hf import UnsupportedModelError
+from nopelens.models.hf_loading import HFInput
 from nopelens.models.io import write_csv_atomic
 from nopelens.probes.sinks import learned_sink_line, learned_sink_logits, sink_flags
 
@@ -59,26 +63,37 @@ def _check_seq_len(models: tuple[str, ...], command: str) -> None:
 
 
 def _sweep(args: argparse.Namespace, settings: SweepSettings, out, name: str):
+    """Run the sweep into ``out``, then draw its figures and write its ``summary.md`` there.
+
+    Returns:
+        ``(result, figures)``: the :class:`~nopelens.analyses.sweep.SweepResult` and the stems of the
+        figures written (none without ``out``).
+    """
     sweep_reads = choose_reads(args.metric, args.threshold)  # before any work: a bad --metric costs nothing
     jobs = default_jobs() if args.jobs is None else args.jobs
     if out is not None and not str(out).strip():
         raise ValueError("--out is empty: name the run folder")
-    return sweep(settings, out, progress=not args.quiet, jobs=jobs, scheduler=args.scheduler, svg=args.svg,
-                 security=args.dask_security, sweep_reads=sweep_reads, name=name, figures=not args.no_figures)
+    result = sweep(settings, out, progress=not args.quiet, jobs=jobs, scheduler=args.scheduler,
+                   security=args.dask_security, sweep_reads=sweep_reads, name=name)
+    if out is None:
+        return result, []
+    return result, report.write_run(result, settings, command=" ".join(["nopelens", *sys.argv[1:]]),
+                                    versions=versions(), svg=args.svg, name=name, draw=not args.no_figures)
 
 
-def _figures_text(result) -> str:
+def _figures_text(figures: list[str]) -> str:
     """What the run folder got besides its tables: the figures written, or that none were."""
-    if not result.figures:
+    if not figures:
         return "no figures (--no-figures)"
-    return "figures " + ", ".join(result.figures) + " (.png)"
+    return "figures " + ", ".join(figures) + " (.png)"
 
 
-def _print_results(result, as_json: bool) -> None:
+def _print_results(swept: tuple, as_json: bool) -> None:
+    result, figures = swept
     if as_json:
         print(json.dumps(results_json(result), indent=1, allow_nan=False))
         if result.out_dir is not None:
-            print(f"nopelens: wrote {result.out_dir}/summary.md and its tables; {_figures_text(result)}", file=sys.stderr)
+            print(f"nopelens: wrote {result.out_dir}/summary.md and its tables; {_figures_text(figures)}", file=sys.stderr)
         return
     print(report.summary_text(result.summary, result.reads,
                               not_applicable=report.not_applicable_reads(result.subjects)))
@@ -86,7 +101,7 @@ def _print_results(result, as_json: bool) -> None:
     print(report.layer_tables_text(result.curves, result.reads))
     if result.out_dir is not None:
         print("\nwrote summary.md and tables (layers.csv: the curves above; columns: docs/schema.md),\n"
-              f"{_figures_text(result)}, to\n{result.out_dir}")
+              f"{_figures_text(figures)}, to\n{result.out_dir}")
 
 
 def results_json(result) -> dict:
@@ -272,7 +287,7 @@ def run_sinks(args: argparse.Namespace) -> int:
         if table.empty:  # no block's sink can be read: nothing to draw
             print(f"wrote {args.out}/sinks.csv (no rows)")
             return 0
-        report.save_figure(report.sink_figure(table, every_condition=True), f"{args.out}/sinks")
+        save_figure(sink_figure(table, every_condition=True), f"{args.out}/sinks")
         print(f"wrote {args.out}/sinks.csv and sinks.png/svg")
     return 0
 
