@@ -1,5 +1,6 @@
 """The package's layout holds: hook names come from one helper, imports flow one way
-(cli -> analyses -> probes -> models) without a loop, and no module needs another to be imported first."""
+(cli -> analyses -> probes -> models) without a loop, no module needs another to be imported first, and
+no module of the package is longer than 600 lines."""
 
 import ast
 import os
@@ -147,6 +148,34 @@ def test_the_lazy_import_finder_reads_imports_inside_functions_only(tmp_path):
                       "            from a import b\n")
     assert function_level_imports(source) == [(4, "    import json  # lazy: why"), (7, "            from a import b")]
     assert LAZY_REASON.search("    import json  # lazy: why") and not LAZY_REASON.search("    import json  # lazy:")
+
+
+# ----------------------------------------------------------------------------- module size
+
+MAX_LINES = 600
+"""Issue 39: a module of the package longer than this holds more than one concern; split it by concern."""
+SIZED_FOLDERS = ("models", "circuits", "probes", "analyses")
+
+
+def longer_than(limit: int, folders: list[Path]) -> dict[Path, int]:
+    """``{path: line count}`` of every ``.py`` file below ``folders`` with more than ``limit`` lines."""
+    counts = {path: len(path.read_text(encoding="utf-8").splitlines()) for folder in folders
+              for path in sorted(folder.rglob("*.py"))}
+    return {path: count for path, count in counts.items() if count > limit}
+
+
+def test_every_module_is_at_most_600_lines():
+    long = longer_than(MAX_LINES, [ROOT / folder for folder in SIZED_FOLDERS])
+    assert not long, (f"split by concern (issue 39), at most {MAX_LINES} lines a module:\n"
+                      + "\n".join(f"{path.relative_to(ROOT)}: {count} lines" for path, count in long.items()))
+
+
+def test_the_size_rule_counts_every_python_file_below_a_folder(tmp_path):
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "long.py").write_text("x = 1\n" * 601)
+    (tmp_path / "fits.py").write_text("x = 1\n" * 600)
+    (tmp_path / "notes.txt").write_text("x\n" * 700)
+    assert longer_than(600, [tmp_path]) == {tmp_path / "sub" / "long.py": 601}
 
 
 def test_analyses_never_import_the_cli():
