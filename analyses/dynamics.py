@@ -36,6 +36,7 @@ import torch
 
 from nopelens.models import Decoder, zoo
 from nopelens.models.checkpoint import METADATA_FILE, TrainedModel, load_checkpoint, save_checkpoint
+from nopelens.models.compat import moved_names
 from nopelens.models.hooks import act_names
 from nopelens.models.io import write_csv_atomic
 from nopelens.models.threads import one_thread
@@ -293,3 +294,4 @@ def summary_markdown(table: pd.DataFrame, name: str) -> str:
     return "\n".join(lines)
 
 
+__getattr__ = moved_names(__name__, moved={"dynamics_figure": "nopelens.analyses.figures"})

@@ -25,6 +25,7 @@ import pandas as pd
 import torch
 import torch.nn.functional as F
 
+from nopelens.models.compat import moved_names
 from nopelens.models.hooks import act_names
 from nopelens.models.tasks import Batch
 from nopelens.probes import resid_sites
@@ -111,3 +112,4 @@ def measure(subject: Subject, n_boot: int = 200, seed: int = 0) -> dict[str, pd.
             (("heads", heads), ("norms", norms), ("ablation", ablation_table(subject)))}
 
 
+__getattr__ = moved_names(__name__, moved={"format_report": "nopelens.analyses.cli.extreme_tokens"})

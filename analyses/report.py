@@ -17,6 +17,7 @@ from typing import Mapping, Sequence
 import numpy as np
 import pandas as pd
 
+from nopelens.models.compat import moved_names
 from nopelens.models.io import write_text_atomic
 
 from . import layers, reads, seeds
@@ -400,3 +401,8 @@ def sink_ablation_markdown(table: pd.DataFrame) -> str:
     grid = table.assign(cell=table.apply(cell, axis=1)).pivot(index="model", columns="block", values="cell")
     grid.columns = [f"block {int(b)}" for b in grid.columns]
     return grid.reset_index().fillna("").to_markdown(index=False)
+
+
+__getattr__ = moved_names(__name__, moved=dict.fromkeys(
+    ("Style", "model_styles", "intervention_figure", "REPRODUCIBLE", "NO_STAMPS", "LAYER_AXIS", "TOL_BRIGHT",
+     "TOL_MUTED", "MARKERS", "SITE_KIND_NAMES", "CONDITION_COLORS", "CONDITION_NAMES"), "nopelens.analyses.figures"))

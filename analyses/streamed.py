@@ -42,6 +42,7 @@ import pandas as pd
 import torch
 from tqdm.auto import tqdm
 
+from nopelens.models.compat import moved_names
 from nopelens.models.hooks import act_names
 from nopelens.models.methods import get_method
 from nopelens.probes import collect
@@ -527,3 +528,5 @@ def job_statistics_bytes(job, shapes: dict[str, tuple[int, ...]], packed: bool =
     return 8 * layout.n_cells * (gram + d * (4 + len(layout.values) + classes))
 
 
+__getattr__ = moved_names(__name__, moved=dict.fromkeys(
+    ("Plan", "plan", "fit_work", "fit_rates", "block_seconds", "CALIBRATION_MAX_WIDTH"), "nopelens.analyses.plan"))

@@ -39,19 +39,8 @@ from nopelens.models import Decoder, zoo
 from nopelens.models.checkpoint import METADATA_FILE, load_checkpoint
 from nopelens.models.hf import SIZE_FIELDS, UnsupportedModelError, check_readable, describe, learned_sinks, trained_length
 # HF loading lives in models/hf_loading.py; SIZE_FIELDS and these names were defined here before and still import from here
-from nopelens.models.hf_loading import (
-    DEVICES,
-    DTYPES,
-    INPUTS,
-    HFInput,
-    attention_shortfall,
-    checked_hf_config,
-    config_bos_id,
-    eager_attention_bytes,
-    load_hf_dir,
-    load_tokenizer,
-    text_windows,
-)
+from nopelens.models.hf_loading import (DEVICES, DTYPES, INPUTS, HFInput, attention_shortfall, checked_hf_config,  # noqa: F401
+                                        config_bos_id, eager_attention_bytes, load_hf_dir, load_tokenizer, text_windows)
 from nopelens.models.hooks import act_name
 from nopelens.models.io import file_sha256
 from nopelens.models.masks import CAUSAL

@@ -47,6 +47,7 @@ from __future__ import annotations
 import platform
 import sys
 import time
+import warnings
 from dataclasses import dataclass, field
 from importlib.metadata import version
 from pathlib import Path
@@ -59,6 +60,7 @@ import torch
 from tqdm.auto import tqdm
 
 import nopelens
+from nopelens.models.compat import moved_names
 from nopelens.models.hooks import act_names
 from nopelens.models.io import write_csv_atomic
 from nopelens.models.progress import progress_bar
@@ -229,7 +231,8 @@ def measure_sinks(subject: Subject) -> pd.DataFrame:
 
 def sweep(settings: SweepSettings, out_dir: str | Path | None = None, progress: bool = True, jobs: int = 1,
           scheduler: str | None = None, security: str | Path | None = None,
-          sweep_reads: Sequence[reads.SweepRead] | None = None, name: str = "sweep") -> SweepResult:
+          sweep_reads: Sequence[reads.SweepRead] | None = None, name: str = "sweep", svg: bool | None = None,
+          figures: bool | None = None) -> SweepResult:
     """Run the sweep; with ``out_dir``, write (and resume) a run folder's parts and tables
     (:func:`write_tables`); its figures and ``summary.md`` are rendering,
     :func:`~nopelens.analyses.report.write_run`'s (``nopelens sweep`` calls it).
@@ -248,6 +251,8 @@ def sweep(settings: SweepSettings, out_dir: str | Path | None = None, progress: 
             :data:`~nopelens.analyses.reads.SWEEP_READS`; :func:`~nopelens.analyses.reads.choose_reads`
             makes others). They only read what was measured, so a run folder resumes with any.
         name: the command, for the progress bar (``sweep`` or ``probe``).
+        svg, figures: deprecated and ignored (a one-line ``DeprecationWarning`` says so): the
+            sweep writes tables; :func:`~nopelens.analyses.report.write_run` draws.
 
     Raises:
         ValueError: if ``out_dir`` holds a sweep made with other settings or another analysis's
@@ -257,6 +262,9 @@ def sweep(settings: SweepSettings, out_dir: str | Path | None = None, progress: 
         KeyError, FileNotFoundError: on an unknown model spec (the message lists what exists).
         ChildProcessError: if parallel workers were lost (what finished is saved; rerun to resume).
     """
+    if svg is not None or figures is not None:
+        warnings.warn("sweep(svg=, figures=) no longer draws: call nopelens.analyses.report.write_run(result, "
+                      "settings, command, versions()) on its result", DeprecationWarning, stacklevel=2)
     for spec in settings.models:
         check_spec(spec)
     if settings.n_sequences < settings.n_splits:
@@ -486,3 +494,7 @@ def versions() -> dict[str, str]:
         "transformer_lens": version("transformer-lens"), "scikit-learn": sklearn.__version__,
         "numpy": np.__version__, "pandas": pd.__version__,
     }
+
+
+__getattr__ = moved_names(__name__, moved={"first_variance_block": "nopelens.analyses.sites",
+                                           "summarize_seed": "nopelens.analyses.summary"})

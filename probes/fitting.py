@@ -13,6 +13,8 @@ from typing import Sequence
 import numpy as np
 import torch
 
+from nopelens.models.compat import moved_names
+
 from .lda import _LDA, LDAFold
 from .moments import (
     BlockMoments, FoldStatistics, _check_task, check_compute_dtype, fold_blocks, fold_statistics, target_moments,
@@ -136,3 +138,6 @@ def fold_models(moments: BlockMoments, members: Sequence[Sequence[int]], task: s
     alphas = ridge_alphas(alphas)
     engine = _Ridge(moments, members, dtype, alphas) if task == "regression" else _LDA(moments, members, dtype, shrinkage)
     return [engine.model(k) for k in range(len(members))]
+
+
+__getattr__ = moved_names(__name__, moved={"GATHER_ELEMENTS": "nopelens.probes.moments"})

@@ -28,6 +28,7 @@ import torch
 from jaxtyping import Int
 from torch import Tensor
 
+from nopelens.models.compat import moved_names
 from nopelens.models.hooks import act_names
 from nopelens.models.masks import CAUSAL, KeyWindow
 
@@ -348,3 +349,9 @@ def compare_bos(
         acts = collect(model, toks, sites, attention_mask=mask, batch_size=batch_size)
         frames.append(sink_table(acts, eps, n_tokens, windows).assign(condition=condition))
     return pd.concat(frames, ignore_index=True)
+
+
+__getattr__ = moved_names(__name__, gone={
+    "learned_sink_mass": "sink_table(acts, sinks=...) reports a learned sink's mass (SinkStats)",
+    "output_scale_sink_mass": "sink_table(acts, sinks=...) reports an output-scale sink's mass (SinkStats)",
+    "sink_mass_by_position_table": "use sink_mass_by_position(patterns) per site"})

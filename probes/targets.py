@@ -32,6 +32,8 @@ import numpy as np
 import torch
 from jaxtyping import Float, Int
 
+from nopelens.models.compat import moved_names
+
 from .roundoff import roundoff_tolerance
 
 
@@ -448,3 +450,6 @@ def token_identity_predictions(
     counts = np.zeros((n_types, len(classes)), dtype=np.int64)
     np.add.at(counts, (type_index, label_index), 1)
     return classes[counts.argmax(1)][type_index]
+
+
+__getattr__ = moved_names(__name__, gone={"score_differences": "use score_read (the one score read)"})
