@@ -21,10 +21,9 @@ position ``i``. Padded positions are therefore never rows of a sink statistic. A
   see token 0 (a sliding window of w: queries 0..w-1). Averaging all queries instead would shrink
   a sliding layer's mass by about T / w and no sliding layer could ever be a sink.
 
-The table of every head (:func:`~nopelens.probes.sinks.sink_table`) is the streamed
-:class:`~nopelens.probes.sinks.SinkStats` (float64 sums); :func:`sink_mass` and :func:`sink_scores`
-give the same means in float32 on stripped patterns. Every name here is re-exported by
-:mod:`nopelens.probes.sinks`.
+:func:`~nopelens.probes.sinks.sink_table` (streamed, :class:`~nopelens.probes.sinks.SinkStats`),
+:func:`sink_mass` and :func:`sink_scores` sum the one read, :func:`first_key_sums`, in float64.
+Every name here is re-exported by :mod:`nopelens.probes.sinks`.
 """
 
 from __future__ import annotations
@@ -61,6 +60,15 @@ def uniform_sink_score(n_tokens: int = GU_WINDOW) -> float:
     return float(np.sum(1.0 / np.arange(1, n_tokens + 1)) / n_tokens)
 
 
+def check_gu_window(n_tokens: int, lengths: Sequence[int] = ()) -> None:
+    """Raise ValueError unless Gu's window T is an integer >= 1 and every sequence length is >= T."""
+    if isinstance(n_tokens, bool) or not isinstance(n_tokens, (int, np.integer)) or n_tokens < 1:
+        raise ValueError(f"n_tokens (Gu's window T) must be an integer >= 1, got {n_tokens!r}")
+    short = np.flatnonzero(np.asarray(lengths) < n_tokens)
+    if len(short):
+        raise ValueError(f"sequences {short[:10].tolist()} have fewer than T={n_tokens} real tokens")
+
+
 def gu_chance(n_tokens: int = GU_WINDOW, keys: KeyWindow = CAUSAL) -> float:
     """The Gu score of uniform attention over the queries it averages: the chance level of a sink flag.
 
@@ -78,8 +86,7 @@ def gu_chance(n_tokens: int = GU_WINDOW, keys: KeyWindow = CAUSAL) -> float:
         >>> round(gu_chance(64), 4), round(gu_chance(64, KeyWindow(window=4)), 4)
         (0.0741, 0.5208)
     """
-    if isinstance(n_tokens, bool) or not isinstance(n_tokens, (int, np.integer)) or n_tokens < 1:
-        raise ValueError(f"n_tokens (Gu's window T) must be an integer >= 1, got {n_tokens!r}")
+    check_gu_window(n_tokens)
     sees, visible = keys.sees_first(n_tokens), keys.n_visible(n_tokens)
     return float((1.0 / visible[sees].double()).mean())
 
@@ -145,6 +152,43 @@ def strip_padding(
     return [p[:, m.astype(bool)][:, :, m.astype(bool)] for p, m in zip(pattern, mask)]
 
 
+def first_key_sums(pattern: Float[torch.Tensor, "batch head query key"], mask: Int[torch.Tensor, "batch pos"],
+                   keys: KeyWindow = CAUSAL, start: int = 1, stop: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """The one definition of a sink read: attention on the first real key summed over the rows that see it.
+
+    Rows: the real queries at positions ``start``..``stop`` - 1 (real tokens counted from 0) that see
+    the first real key under ``keys``: sink mass ``start`` = 1, Gu et al.'s score ``start`` = 0 and
+    ``stop`` = T. :class:`~nopelens.probes.sinks.SinkStats` sums it batch by batch, :func:`sink_mass`,
+    :func:`sink_scores` and :func:`sink_mass_by_position` one sequence at a time.
+
+    Args:
+        pattern: ``hook_pattern`` of a padded batch; mask: ``[batch, pos]``, 1 for real tokens (left
+            padding is skipped as :func:`sink_index` does); keys: the layer's window or chunk.
+
+    Returns:
+        ``[head, query]`` float64 sums over the batch per query column (the position when nothing is
+        left-padded) and ``[query]`` the number of rows summed.
+
+    Raises:
+        ValueError: as :func:`sink_index` (a row with no real token).
+
+    Example:
+        >>> uniform = torch.tril(torch.ones(4, 4)) / torch.arange(1, 5)[:, None]
+        >>> sums, rows = first_key_sums(uniform[None, None], torch.ones(1, 4))
+        >>> round(float(sums.sum() / rows.sum()), 6), rows.tolist()
+        (0.361111, [0, 1, 1, 1])
+    """
+    device = pattern.device
+    real = mask.bool().to(device)
+    position = (real.long().cumsum(-1) - 1).clamp(min=0)
+    rows = keys.sees_first(mask.shape[1]).to(device)[position] & real & (position >= start)
+    if stop is not None:
+        rows &= position < stop
+    first = torch.as_tensor(sink_index(mask.cpu().numpy()), device=device)
+    first_key = pattern[torch.arange(len(mask), device=device), :, :, first]  # [batch, head, query]
+    return (first_key.to(torch.float64) * rows[:, None]).sum(0), rows.sum(0)
+
+
 def sink_mass_by_query(patterns: Sequence[np.ndarray]) -> list[np.ndarray]:
     """Attention each query row puts on key 0 (the first non-pad token): ``[head, n_real]`` per sequence.
 
@@ -156,16 +200,19 @@ def sink_mass_by_query(patterns: Sequence[np.ndarray]) -> list[np.ndarray]:
     return [_check_pattern(p, k)[:, :, 0] for k, p in enumerate(patterns)]
 
 
-def _seeing(patterns: Sequence[np.ndarray], keys: KeyWindow, start: int = 0) -> list[np.ndarray]:
-    """Per sequence, the masses ``[head, n_seeing]`` of the query rows >= ``start`` that can see key 0."""
-    out = []
-    for mass in sink_mass_by_query(patterns):
-        sees = keys.sees_first(mass.shape[1]).numpy()
-        sees[:start] = False
-        # C order, as a slice gives: numpy's float32 mean sums pairwise along a contiguous axis only, and a
-        # boolean index returns the other layout (the same masses, a mean different in the last bits)
-        out.append(np.ascontiguousarray(mass[:, sees]))
-    return out
+def _pooled(patterns: Sequence[np.ndarray], keys: KeyWindow, start: int = 0,
+            stop: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`first_key_sums` of each sequence, pooled per position: ``[head, longest]`` sums, ``[longest]`` rows."""
+    if not patterns:
+        raise ValueError("no patterns given")
+    patterns = [torch.as_tensor(np.ascontiguousarray(_check_pattern(p, k)))[None] for k, p in enumerate(patterns)]
+    longest = max(p.shape[-1] for p in patterns)
+    total, count = np.zeros((1, longest)), np.zeros(longest, dtype=np.int64)
+    for pattern in patterns:
+        sums, rows = first_key_sums(pattern, torch.ones(1, pattern.shape[-1]), keys, start, stop)
+        pad = (0, longest - len(rows))
+        total, count = total + np.pad(sums.numpy(), ((0, 0), pad)), count + np.pad(rows.numpy(), pad)
+    return total, count
 
 
 def sink_mass(patterns: Sequence[np.ndarray], include_sink_row: bool = False,
@@ -174,7 +221,7 @@ def sink_mass(patterns: Sequence[np.ndarray], include_sink_row: bool = False,
 
     The mean pools all (sequence, query) rows that can see key 0 (all of them under the causal
     rule; under a sliding window of w only queries 0..w-1); the sink's own row (always 1 under a
-    causal mask) is excluded unless ``include_sink_row``.
+    causal mask) is excluded unless ``include_sink_row``. Sums of :func:`first_key_sums`.
 
     Args:
         patterns: per sequence ``[head_index, n_real, n_real]`` (padding removed).
@@ -182,7 +229,7 @@ def sink_mass(patterns: Sequence[np.ndarray], include_sink_row: bool = False,
         keys: the layer's sliding window or chunk.
 
     Returns:
-        ``[head_index]`` mean masses in [0, 1].
+        ``[head_index]`` float64 mean masses in [0, 1].
 
     Raises:
         ValueError: if no row is left (every sequence has one token and the sink row is
@@ -197,11 +244,10 @@ def sink_mass(patterns: Sequence[np.ndarray], include_sink_row: bool = False,
         >>> float(sink_mass([windowed], keys=KeyWindow(window=2))[0])  # query 1 only: 1/2
         0.5
     """
-    rows = _seeing(patterns, keys, start=0 if include_sink_row else 1)
-    rows = np.concatenate(rows, axis=1) if rows else np.empty((0, 0))
-    if rows.shape[1] == 0:
-        raise ValueError(no_sink_row_reason(keys, max((p.shape[-1] for p in patterns), default=0)))
-    return rows.mean(1)
+    total, count = _pooled(patterns, keys, start=0 if include_sink_row else 1)
+    if count.sum() == 0:
+        raise ValueError(no_sink_row_reason(keys, len(count)))
+    return total.sum(1) / count.sum()
 
 
 def no_sink_row_reason(keys: KeyWindow, n_tokens: int) -> str:
@@ -217,15 +263,7 @@ def sink_mass_by_position(patterns: Sequence[np.ndarray], keys: KeyWindow = CAUS
         have it, ``[max_len]`` number of those sequences). Positions that cannot see key 0
         (outside its window or chunk) have no sequence: count 0, mass NaN.
     """
-    masses = sink_mass_by_query(patterns)
-    if not masses:
-        raise ValueError("no patterns given")
-    n_heads, longest = masses[0].shape[0], max(m.shape[1] for m in masses)
-    total, count = np.zeros((n_heads, longest)), np.zeros(longest, dtype=np.int64)
-    for mass in masses:
-        total[:, : mass.shape[1]] += mass
-        count[: mass.shape[1]] += 1
-    count[~keys.sees_first(longest).numpy()] = 0
+    total, count = _pooled(patterns, keys)
     with np.errstate(invalid="ignore", divide="ignore"):
         return np.where(count > 0, total / np.maximum(count, 1), np.nan), count
 
@@ -242,20 +280,14 @@ def sink_scores(patterns: Sequence[np.ndarray], n_tokens: int = GU_WINDOW, keys:
         keys: the layer's sliding window or chunk.
 
     Returns:
-        ``[head_index]`` scores in [0, 1].
+        ``[head_index]`` float64 scores in [0, 1].
 
     Raises:
         ValueError: if T is not an integer >= 1, or a sequence has fewer than T real tokens.
     """
-    if isinstance(n_tokens, bool) or not isinstance(n_tokens, (int, np.integer)) or n_tokens < 1:
-        raise ValueError(f"n_tokens (Gu's window T) must be an integer >= 1, got {n_tokens!r}")
-    short = [k for k, p in enumerate(patterns) if p.shape[-1] < n_tokens]
-    if short:
-        raise ValueError(f"sequences {short[:10]} have fewer than T={n_tokens} real tokens")
-    if not patterns:
-        raise ValueError("no patterns given")
-    masses = _seeing([np.asarray(p)[:, :n_tokens, :n_tokens] for p in patterns], keys)
-    return np.concatenate(masses, axis=1).mean(1)
+    check_gu_window(n_tokens, [p.shape[-1] for p in patterns])
+    total, count = _pooled([np.asarray(p)[:, :n_tokens, :n_tokens] for p in patterns], keys, stop=n_tokens)
+    return total.sum(1) / count.sum()
 
 
 def _check_pattern(pattern: np.ndarray, index: int) -> np.ndarray:

@@ -35,8 +35,8 @@ from nopelens.models.masks import CAUSAL, KeyWindow
 from .collect import Activations, check_patterns, collect, site_block
 from .learned_sinks import LEARNED_SINK_COLUMNS, learned_sink_line, learned_sink_logits  # noqa: F401  (re-exported)
 from .sink_patterns import (  # noqa: F401  (re-exported)
-    GU_EPSILON, GU_WINDOW, gu_chance, no_sink_row_reason, sink_index, sink_mass, sink_mass_by_position, sink_mass_by_query,
-    sink_rate_ci, sink_read_reason, sink_scores, strip_padding, uniform_sink_score,
+    GU_EPSILON, GU_WINDOW, check_gu_window, first_key_sums, gu_chance, no_sink_row_reason, sink_index, sink_mass,
+    sink_mass_by_position, sink_mass_by_query, sink_rate_ci, sink_read_reason, sink_scores, strip_padding, uniform_sink_score,
 )
 from .stream import Measurement, Sequences, replay
 from .variance import attention_variance, variance_read_reason, variance_shrinkage, variance_slopes  # noqa: F401  (re-exported)
@@ -137,19 +137,14 @@ class SinkStats(Measurement):
     head, sums and counts only.
 
     Inside the hook each batch's ``[batch, head_index, query_pos, key_pos]`` pattern is checked
-    (:func:`~nopelens.probes.collect.check_patterns`) and reduced on the model's device, in
-    float64, to what the table's means need: the attention the real queries give the first
-    real key (the sink candidate; left padding is skipped as :func:`sink_index` does) summed
-    over the queries that see it (all but the sink's own row: ``sink_mass``; the first T
-    positions, row 0 included: Gu et al.'s ``sink_score``), the queries counted; on a learned or
+    (:func:`~nopelens.probes.collect.check_patterns`) and reduced on the model's device by
+    :func:`first_key_sums`, the definition :func:`sink_mass` and :func:`sink_scores` use too (float64
+    sums and row counts: ``sink_mass`` over the rows 1.. that see the first real key, Gu et al.'s
+    ``sink_score`` over the rows 0..T-1 that see it, ``windows`` deciding which do); on a learned or
     per-token sink block the sum of 1 - row sum over real queries; on an output-scale block the
     sum of 1 - c per query (:meth:`end_batch`, from the batch's ``attn.hook_v`` and
-    ``attn.hook_z``). Memory: a few numbers per site and head,
-    whatever the number of tokens; nothing of size T x T outlives its batch.
-
-    Sliding windows and chunks (``windows``) restrict every mean to the queries that can see
-    key 0. The sums are float64: :func:`sink_mass` and :func:`sink_scores` (float32 means of the
-    same patterns) agree up to their round-off.
+    ``attn.hook_z``). Memory: a few numbers per site and head, whatever the number of tokens;
+    nothing of size T x T outlives its batch.
 
     Args:
         sequences: the token set (:class:`~nopelens.probes.stream.Sequences`).
@@ -167,11 +162,7 @@ class SinkStats(Measurement):
         if not sites:
             raise ValueError("no hook_pattern site given")
         if n_tokens is not None:
-            if isinstance(n_tokens, bool) or not isinstance(n_tokens, (int, np.integer)) or n_tokens < 1:
-                raise ValueError(f"n_tokens (Gu's window T) must be an integer >= 1, got {n_tokens!r}")
-            short = np.flatnonzero(np.diff(sequences.offsets) < n_tokens)
-            if len(short):
-                raise ValueError(f"sequences {short[:10].tolist()} have fewer than T={n_tokens} real tokens")
+            check_gu_window(n_tokens, np.diff(sequences.offsets))
         self.sequences, self.site_list = sequences, list(sites)
         self.eps, self.n_tokens, self.windows, self.sinks = eps, n_tokens, dict(windows or {}), sinks
         self.n_positions = int(np.diff(sequences.offsets).max())
@@ -203,21 +194,14 @@ class SinkStats(Measurement):
         if site not in self.site_list:  # hook_v or hook_z of an output-scale block
             self.pending[site] = value
             return
-        mask = batch.mask
-        check_patterns(value, mask, site, batch.rows.start)
-        device = value.device
-        real = mask.bool().to(device)
-        position = (real.long().cumsum(-1) - 1).clamp(min=0)
-        sees = self.windows.get(site_block(site), CAUSAL).sees_first(self.n_positions).to(device)[position] & real
-        first = torch.as_tensor(sink_index(mask.numpy()), device=device)
-        first_key = value[torch.arange(len(mask), device=device), :, :, first].to(torch.float64)  # [batch, head, query]
-        rows = sees & (position >= 1)
-        self._add(site, "mass", (first_key * rows[:, None]).sum((0, 2)))
-        self._add(site, "mass_rows", rows.sum())
-        if self.n_tokens is not None:
-            rows = sees & (position < self.n_tokens)
-            self._add(site, "score", (first_key * rows[:, None]).sum((0, 2)))
-            self._add(site, "score_rows", rows.sum())
+        check_patterns(value, batch.mask, site, batch.rows.start)
+        keys = self.windows.get(site_block(site), CAUSAL)
+        reads = [("mass", 1, None)] + ([("score", 0, self.n_tokens)] if self.n_tokens is not None else [])
+        for name, start, stop in reads:
+            sums, rows = first_key_sums(value, batch.mask, keys, start, stop)
+            self._add(site, name, sums.sum(-1))
+            self._add(site, f"{name}_rows", rows.sum())
+        real = batch.mask.bool().to(value.device)
         kind = self.kind(site)
         if kind == "output_scale":
             self.pending[site] = value
