@@ -21,9 +21,8 @@ position ``i``. Padded positions are therefore never rows of a sink statistic. A
   see token 0 (a sliding window of w: queries 0..w-1). Averaging all queries instead would shrink
   a sliding layer's mass by about T / w and no sliding layer could ever be a sink.
 
-:func:`~nopelens.probes.sinks.sink_table` (streamed, :class:`~nopelens.probes.sinks.SinkStats`),
-:func:`sink_mass` and :func:`sink_scores` sum the one read, :func:`first_key_sums`, in float64.
-Every name here is re-exported by :mod:`nopelens.probes.sinks`.
+:func:`~nopelens.probes.sinks.sink_table`, :func:`sink_mass` and :func:`sink_scores` sum one read,
+:func:`first_key_sums`, in float64. Every name here is re-exported by :mod:`nopelens.probes.sinks`.
 """
 
 from __future__ import annotations
@@ -157,9 +156,8 @@ def first_key_sums(pattern: Float[torch.Tensor, "batch head query key"], mask: I
     """The one definition of a sink read: attention on the first real key summed over the rows that see it.
 
     Rows: the real queries at positions ``start``..``stop`` - 1 (real tokens counted from 0) that see
-    the first real key under ``keys``: sink mass ``start`` = 1, Gu et al.'s score ``start`` = 0 and
-    ``stop`` = T. :class:`~nopelens.probes.sinks.SinkStats` sums it batch by batch, :func:`sink_mass`,
-    :func:`sink_scores` and :func:`sink_mass_by_position` one sequence at a time.
+    the first real key under ``keys`` (sink mass: ``start`` = 1; Gu et al.'s score: 0 .. T). Summed by
+    :class:`~nopelens.probes.sinks.SinkStats` per batch and by the pattern-list reads per sequence.
 
     Args:
         pattern: ``hook_pattern`` of a padded batch; mask: ``[batch, pos]``, 1 for real tokens (left

@@ -133,18 +133,14 @@ def sink_rate(table: pd.DataFrame) -> float:
 
 
 class SinkStats(Measurement):
-    """The sink table, measured while the model runs or replayed (:func:`sink_table`): per site and
-    head, sums and counts only.
+    """The sink table (:func:`sink_table`) as sums and counts per site and head, measured live or replayed.
 
     Inside the hook each batch's ``[batch, head_index, query_pos, key_pos]`` pattern is checked
-    (:func:`~nopelens.probes.collect.check_patterns`) and reduced on the model's device by
-    :func:`first_key_sums`, the definition :func:`sink_mass` and :func:`sink_scores` use too (float64
-    sums and row counts: ``sink_mass`` over the rows 1.. that see the first real key, Gu et al.'s
-    ``sink_score`` over the rows 0..T-1 that see it, ``windows`` deciding which do); on a learned or
-    per-token sink block the sum of 1 - row sum over real queries; on an output-scale block the
-    sum of 1 - c per query (:meth:`end_batch`, from the batch's ``attn.hook_v`` and
-    ``attn.hook_z``). Memory: a few numbers per site and head, whatever the number of tokens;
-    nothing of size T x T outlives its batch.
+    (:func:`~nopelens.probes.collect.check_patterns`) and reduced on the model's device to float64
+    sums and row counts: the sink read :func:`first_key_sums` (rows 1.. for ``sink_mass``, 0..T-1
+    for ``sink_score``, within ``windows``); on a learned or per-token sink block 1 - row sum over
+    real queries; on an output-scale block 1 - c per query (:meth:`end_batch`, from ``attn.hook_v``
+    and ``attn.hook_z``). Memory: a few numbers per site and head; nothing T x T outlives its batch.
 
     Args:
         sequences: the token set (:class:`~nopelens.probes.stream.Sequences`).
@@ -152,9 +148,8 @@ class SinkStats(Measurement):
         eps, n_tokens, windows, sinks: as :func:`sink_table` (``n_tokens`` None: no score).
 
     Raises:
-        ValueError: if no site is given, ``n_tokens`` is not an integer >= 1, or a sequence has
-            fewer than ``n_tokens`` real tokens (before any forward pass); at the result, if no
-            query row can see a sink other than itself.
+        ValueError: if no site is given, or as :func:`check_gu_window` (before any forward pass);
+            at the result, if no query row can see a sink other than itself.
     """
 
     def __init__(self, sequences, sites: Sequence[str], eps: float = GU_EPSILON, n_tokens: int | None = GU_WINDOW,
@@ -195,10 +190,9 @@ class SinkStats(Measurement):
             self.pending[site] = value
             return
         check_patterns(value, batch.mask, site, batch.rows.start)
-        keys = self.windows.get(site_block(site), CAUSAL)
         reads = [("mass", 1, None)] + ([("score", 0, self.n_tokens)] if self.n_tokens is not None else [])
         for name, start, stop in reads:
-            sums, rows = first_key_sums(value, batch.mask, keys, start, stop)
+            sums, rows = first_key_sums(value, batch.mask, self.windows.get(site_block(site), CAUSAL), start, stop)
             self._add(site, name, sums.sum(-1))
             self._add(site, f"{name}_rows", rows.sum())
         real = batch.mask.bool().to(value.device)
