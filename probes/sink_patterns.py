@@ -156,7 +156,7 @@ def first_key_sums(pattern: Float[torch.Tensor, "batch head query key"], mask: I
     """The one definition of a sink read: attention on the first real key summed over the rows that see it.
 
     Rows: the real queries at positions ``start``..``stop`` - 1 (real tokens counted from 0) that see
-    the first real key under ``keys`` (sink mass: ``start`` = 1; Gu et al.'s score: 0 .. T). Summed by
+    the first real key under ``keys`` (sink mass: ``start`` 1; Gu et al.'s score: 0, ``stop`` T). Summed by
     :class:`~nopelens.probes.sinks.SinkStats` per batch and by the pattern-list reads per sequence.
 
     Args:
@@ -179,9 +179,8 @@ def first_key_sums(pattern: Float[torch.Tensor, "batch head query key"], mask: I
     device = pattern.device
     real = mask.bool().to(device)
     position = (real.long().cumsum(-1) - 1).clamp(min=0)
-    rows = keys.sees_first(mask.shape[1]).to(device)[position] & real & (position >= start)
-    if stop is not None:
-        rows &= position < stop
+    stop = mask.shape[1] if stop is None else stop
+    rows = keys.sees_first(mask.shape[1]).to(device)[position] & real & (position >= start) & (position < stop)
     first = torch.as_tensor(sink_index(mask.cpu().numpy()), device=device)
     first_key = pattern[torch.arange(len(mask), device=device), :, :, first]  # [batch, head, query]
     return (first_key.to(torch.float64) * rows[:, None]).sum(0), rows.sum(0)
@@ -198,13 +197,10 @@ def sink_mass_by_query(patterns: Sequence[np.ndarray]) -> list[np.ndarray]:
     return [_check_pattern(p, k)[:, :, 0] for k, p in enumerate(patterns)]
 
 
-def _pooled(patterns: Sequence[np.ndarray], keys: KeyWindow, start: int = 0,
-            stop: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+def _pooled(patterns: Sequence[np.ndarray], keys: KeyWindow, start: int = 0, stop: int | None = None) -> tuple[np.ndarray, np.ndarray]:
     """:func:`first_key_sums` of each sequence, pooled per position: ``[head, longest]`` sums, ``[longest]`` rows."""
-    if not patterns:
-        raise ValueError("no patterns given")
     patterns = [torch.as_tensor(np.ascontiguousarray(_check_pattern(p, k)))[None] for k, p in enumerate(patterns)]
-    longest = max(p.shape[-1] for p in patterns)
+    longest = max((p.shape[-1] for p in patterns), default=0)
     total, count = np.zeros((1, longest)), np.zeros(longest, dtype=np.int64)
     for pattern in patterns:
         sums, rows = first_key_sums(pattern, torch.ones(1, pattern.shape[-1]), keys, start, stop)
@@ -261,6 +257,8 @@ def sink_mass_by_position(patterns: Sequence[np.ndarray], keys: KeyWindow = CAUS
         have it, ``[max_len]`` number of those sequences). Positions that cannot see key 0
         (outside its window or chunk) have no sequence: count 0, mass NaN.
     """
+    if not patterns:
+        raise ValueError("no patterns given")
     total, count = _pooled(patterns, keys)
     with np.errstate(invalid="ignore", divide="ignore"):
         return np.where(count > 0, total / np.maximum(count, 1), np.nan), count
@@ -284,6 +282,8 @@ def sink_scores(patterns: Sequence[np.ndarray], n_tokens: int = GU_WINDOW, keys:
         ValueError: if T is not an integer >= 1, or a sequence has fewer than T real tokens.
     """
     check_gu_window(n_tokens, [p.shape[-1] for p in patterns])
+    if not patterns:
+        raise ValueError("no patterns given")
     total, count = _pooled([np.asarray(p)[:, :n_tokens, :n_tokens] for p in patterns], keys, stop=n_tokens)
     return total.sum(1) / count.sum()
 
