@@ -87,7 +87,7 @@ def test_the_registry_refuses_what_is_not_a_family_or_a_model_type():
 def test_a_rule_that_fails_is_named_with_its_family(rule, field, where):
     toy = hf.register(hf.Family(("toy_nope_llama",), **rule))
     try:
-        with pytest.raises(registry.RuleError, match=rf"^family 'toy_nope_llama': its {field} rule failed{where} \("):
+        with pytest.raises(hf.RuleError, match=rf"^family 'toy_nope_llama': its {field} rule failed{where} \("):
             hf.describe_config(_toy_config())
     finally:
         hf.unregister(toy)
