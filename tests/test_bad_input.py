@@ -366,13 +366,14 @@ def test_a_zero_window_is_one_line_for_audit_and_probe_and_the_refused_probe_lea
 
 @pytest.mark.parametrize("theta", [0, -10000])
 def test_a_rope_base_that_is_not_positive_is_named_not_blamed_on_the_mask(tmp_path, capsys, theta):
-    """rope_theta 0 gives NaN RoPE frequencies and NaN attention weights (was: "the causal mask is dropped")."""
+    """rope_theta 0 gives NaN RoPE frequencies and NaN attention weights (was: "the causal mask is dropped"):
+    refused from the config before the model is built."""
     from hf_families import build_design
 
     folder = _saved(build_design("smollm3"), tmp_path / "smollm3",
                     rope_parameters={"rope_theta": theta, "rope_type": "default"})
     err = _one_line_refusal(["audit", "--hf-dir", str(folder)], capsys)
-    assert "gives non-finite attention weights (NaN or inf)" in err and "rope_theta" in err
+    assert f"rope_parameters.rope_theta is {theta}: the RoPE base of a rotating layer must be a positive number" in err
     assert "causal mask" not in err
 
 

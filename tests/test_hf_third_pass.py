@@ -18,11 +18,13 @@ import pandas as pd
 import pytest
 import torch
 import transformers
+from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
 from nopelens.analyses.cli import main
 from nopelens.models import hf
 from nopelens.models.adapters import load_hf_model
 from nopelens.models.hf import describe
+from nopelens.models.hf.config import rope_types
 
 from hf_families import POSITIONS, WINDOW, _instantiate, _tiny, build_design
 
@@ -272,6 +274,22 @@ BAD_VALUES = [  # family, config.json field (dotted: nested), a wrong value, wha
                                             'class for model_type \'glm5_next\': set architectures to '
                                             '["Glm5NextForConditionalGeneration"]'),
     ("glm5_next", "architectures", ["Glm5NextModelX"], "architectures is ['Glm5NextModelX'], which names no causal LM"),
+    # break-it findings 4-6, 8 (issue 40): raw Python messages, a ZeroDivisionError (exit 3) and a hang before
+    ("zamba2_nope", "hybrid_layer_ids", None, "hybrid_layer_ids is None: it must list the layers whose "
+                                              "layers_block_type is 'hybrid' ([1, 3])"),
+    ("cohere_compass", "rope_parameters.sliding_attention", 5,
+     "rope_parameters.sliding_attention is 5: give a dict of RoPE parameters, or None for a NoPE layer type"),
+    ("cohere_compass", "rope_parameters.sliding_attention.rope_theta", "big",
+     "rope_parameters.sliding_attention.rope_theta is 'big': the RoPE base of a rotating layer must be a positive"),
+    ("gpt_oss", "rope_parameters.rope_theta", None, "rope_parameters.rope_theta is None: the RoPE base"),
+    ("gpt_oss", "rope_parameters.rope_type", "nonsense",
+     "rope_parameters.rope_type is 'nonsense', which transformers does not know: use one of "),
+    ("gpt_oss", "rope_parameters.partial_rotary_factor", 1.5,
+     "rope_parameters.partial_rotary_factor is 1.5: the rotated fraction of each head must be above 0 and at most 1"),
+    ("gpt_oss", "num_hidden_layers", 10 ** 9, "num_hidden_layers is 1000000000: nopelens describes at most 10000"),
+    ("jamba", "attn_layer_period", 0, "attn_layer_period is 0: it must be at least 1"),
+    ("jamba", "expert_layer_period", 0, "expert_layer_period is 0: it must be at least 1"),
+    ("jamba", "attn_layer_offset", -1, "attn_layer_offset is -1: it must be a whole number, at least 0"),
 ]
 
 
@@ -288,6 +306,13 @@ def test_a_bad_value_is_one_short_line_naming_the_field(saved, tmp_path, capsys,
     line = capsys.readouterr().err.strip()
     assert len(line.splitlines()) == 1 and len(line) < 400 and not INTERNAL.search(line), line
     assert f"{path}/config.json" in line and message in line, line
+
+
+def test_the_rope_types_named_are_those_transformers_computes():
+    """The valid rope_type values are read from transformers, not listed here: its ``ROPE_INIT_FUNCTIONS``,
+    ``default``, and those the config class validates itself."""
+    known = rope_types(build_design("gpt_oss").config)
+    assert {"default", *ROPE_INIT_FUNCTIONS} <= set(known) and "nonsense" not in known
 
 
 def test_a_model_without_attention_is_named_by_sinks_and_probe(tmp_path, capsys):

@@ -29,12 +29,12 @@ from .description import (BLOCK_INDEXER_FIELDS, PAIRINGS, ConfigError, HFDescrip
                           UnsupportedModelError)
 from .families.alibi import mpt_alibi_slopes
 from .families.llama4 import l2_normalize
-from .family import Family, family_of, register, unregister
+from .family import Family, RuleError, family_of, register, unregister
 from .layout import HookLayout, bridge_refused, hook_layout, position_table, unreadable
 
 __all__ = [
     "BLOCK_INDEXER_FIELDS", "LAYER_COUNT_FIELDS", "PAIRINGS", "PER_LAYER_FIELDS", "SINKS_IN_THE_SOFTMAX",
-    "SIZE_FIELDS", "ConfigError", "Family", "HFDescription", "HookLayout", "LayerPosition", "QueryScale",
+    "SIZE_FIELDS", "ConfigError", "Family", "HFDescription", "HookLayout", "LayerPosition", "QueryScale", "RuleError",
     "UnsupportedModelError", "bridge_refused", "census", "check_config", "check_sizes", "check_readable", "describe",
     "describe_config", "family_of", "hook_layout", "l2_normalize", "learned_sinks", "mla_head_dims",
     "mpt_alibi_slopes", "position_table", "refusing", "register", "sink_parameters", "softmax_with_sink",

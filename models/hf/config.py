@@ -8,12 +8,15 @@ traits only (each family's formulas, with their sources, are in its module under
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 from typing import Any, Mapping
 
+from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
 from ..positions import alibi_slopes
 from .description import ConfigError, HFDescription, LayerPosition, UnsupportedModelError
-from .family import Family, at, family_of, layer_type
+from .family import Family, family_of, layer_type
 
 
 def config_family(config: Any) -> Family:
@@ -49,7 +52,7 @@ def describe_config(config: Any, architecture: str | None = None) -> HFDescripti
     d_head = int(getattr(config, "head_dim", None) or d_model // n_heads)
     if family.mla:
         d_head = sum(mla_head_dims(config))
-    n_kv = at(family.n_kv_heads, config, n_heads) if family.n_kv_heads else None
+    n_kv = family.rule("n_kv_heads", config, n_heads)
     n_kv = n_kv or _first(config, "num_key_value_heads", "num_kv_heads", default=None)
     n_layers = int(_first(config, "num_hidden_layers", "n_layer", "num_layers", "n_layers"))
     max_positions = None
@@ -61,13 +64,13 @@ def describe_config(config: Any, architecture: str | None = None) -> HFDescripti
         qk_norm or "", "batch pos head d_head")
     position_input = "position_ids"
     if layers and layers[0].biases_scores:
-        position_input = at(family.alibi_input)
+        position_input = family.rule("alibi_input")
     return HFDescription(
         architecture=architecture, family=model_type, n_layers=n_layers, n_heads=n_heads,
         n_kv_heads=int(n_kv or n_heads), d_head=d_head, d_vocab=int(config.vocab_size),
         input_position=family.input_position, position_offset=family.position_offset,
         max_positions=max_positions, layers=layers, qk_norm=qk_norm, q_hook=q_hook, k_hook=k_hook,
-        position_input=position_input, qk_layout=qk_layout, notes=at(family.notes, config) or (),
+        position_input=position_input, qk_layout=qk_layout, notes=family.rule("notes", config) or (),
     )
 
 
@@ -99,7 +102,11 @@ def check_config(config: Any) -> None:
             window of 0 blocks every key: every query row would be fully masked), a
             ``rope_parameters`` dict keyed by layer type has no entry for some layer's type, a
             multi-head latent attention config's head sizes cannot be read (:func:`mla_head_dims`),
-            or the family's own ``check`` names a field its code would fail on.
+            the layer count is above :data:`MAX_LAYERS`, RoPE parameters are of the wrong kind
+            (an entry neither a dict nor None, an unknown ``rope_type``, a ``partial_rotary_factor``
+            outside (0, 1], a rotating layer's base not a positive number), or the family's own
+            ``check`` names a field its code would fail on (:class:`~nopelens.models.hf.family.RuleError`
+            where a family rule itself fails).
 
     Example:
         >>> from transformers import MistralConfig
@@ -117,9 +124,10 @@ def check_config(config: Any) -> None:
     n_layers = int(getattr(config, count))
     if n_layers < 1:
         raise ConfigError(f"{count} is {n_layers}: a model needs at least one layer")
+    if n_layers > MAX_LAYERS:
+        raise _too_many_layers(count, n_layers)
     family = config_family(config)
-    if family.check is not None:
-        family.check(config)
+    family.rule("check", config)
     mla = family.mla
     if mla:
         mla_head_dims(config)
@@ -133,6 +141,7 @@ def check_config(config: Any) -> None:
     if getattr(config, "head_dim", None) is None and isinstance(width, int) and isinstance(heads, int) and heads > width:
         raise ConfigError(f"num_attention_heads {heads} is more than hidden_size {width}: each head would have "
                           f"{width // heads} dimensions")
+    _check_rope_parameters(config)
     for name in PER_LAYER_FIELDS:
         value = getattr(config, name, None)
         if isinstance(value, (list, tuple)) and len(value) != n_layers:
@@ -140,6 +149,72 @@ def check_config(config: Any) -> None:
     for layer in range(n_layers):
         _key_window(config, family, layer)
         _rope_by_layer_type(config, layer)
+        if _layer_method(config, family, layer) == "rope":
+            _rope_parameters(config, family, layer)
+
+
+MAX_LAYERS = 10_000
+"""The most layers :func:`check_config` accepts: describing a layer costs a few microseconds, and a
+config.json with a layer count like 10**9 would hang the description before its weights are checked."""
+
+
+def _check_rope_parameters(config: Any) -> None:
+    """Refuse RoPE parameters the model would fail on with a raw Python error: each entry of a
+    ``rope_parameters`` keyed by layer type a dict or None (:func:`_rope_entries`), ``rope_type`` one
+    transformers knows, and ``partial_rotary_factor`` in (0, 1] (``int(head_dim *
+    partial_rotary_factor)`` rotated dims, ``transformers/modeling_rope_utils.py``)."""
+    entries = _rope_entries(getattr(config, "rope_parameters", None), getattr(config, "layer_types", None))
+    for name, entry in entries.items():
+        known = rope_types(config)
+        if entry.get("rope_type", "default") not in known:
+            raise ConfigError(f"{name}.rope_type is {entry['rope_type']!r}, which transformers does not know: "
+                              f"use one of {', '.join(known)}")
+        _check_fraction(f"{name}.partial_rotary_factor", entry.get("partial_rotary_factor"))
+    _check_fraction("partial_rotary_factor", getattr(config, "partial_rotary_factor", None))
+
+
+def _too_many_layers(name: str, value: int) -> ConfigError:
+    return ConfigError(f"{name} is {value}: nopelens describes at most {MAX_LAYERS} layers (released models have a "
+                       "few hundred at most)")
+
+
+def _rope_entries(params: Any, layer_types: Any, prefix: str = "") -> dict[str, Mapping]:
+    """Name -> each set of RoPE parameters in ``rope_parameters`` (one per layer type where it is keyed so;
+    None entries, NoPE layer types, left out).
+
+    Raises:
+        ConfigError: if an entry is neither a dict nor None.
+    """
+    if not isinstance(params, Mapping):
+        return {}
+    per_type = set(params) & set(layer_types if isinstance(layer_types, (list, tuple)) else ())
+    entries = {f"{prefix}rope_parameters.{kind}": params[kind] for kind in sorted(per_type)} if per_type else \
+        {f"{prefix}rope_parameters": params}
+    for name, entry in entries.items():
+        if entry is not None and not isinstance(entry, Mapping):
+            raise ConfigError(f"{name} is {entry!r}: give a dict of RoPE parameters, or None for a NoPE layer type")
+    return {name: entry for name, entry in entries.items() if entry is not None}
+
+
+def rope_types(config: Any) -> tuple[str, ...]:
+    """The ``rope_type`` values transformers computes for ``config``'s class: ``default``, those of
+    ``ROPE_INIT_FUNCTIONS`` and those its config class validates (``_validate_<type>_rope_parameters``)."""
+    own = (name[len("_validate_"):-len("_rope_parameters")] for name in dir(type(config))
+           if name.startswith("_validate_") and name.endswith("_rope_parameters"))
+    return tuple(sorted({"default", *ROPE_INIT_FUNCTIONS, *own}))
+
+
+def _whole_or_none(value: Any) -> bool:
+    return value is None or isinstance(value, int) and not isinstance(value, bool)
+
+
+def _positive(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and 0 < value < math.inf
+
+
+def _check_fraction(name: str, value: Any) -> None:
+    if value is not None and not (_positive(value) and value <= 1):
+        raise ConfigError(f"{name} is {value!r}: the rotated fraction of each head must be above 0 and at most 1")
 
 
 def check_sizes(fields: Mapping[str, Any], prefix: str = "") -> None:
@@ -152,7 +227,9 @@ def check_sizes(fields: Mapping[str, Any], prefix: str = "") -> None:
 
     Raises:
         ConfigError: naming the first of :data:`LAYER_COUNT_FIELDS`, :data:`SIZE_FIELDS` or the
-            family's ``size_fields`` whose value is given and is not an integer.
+            family's ``size_fields`` whose value is given and is not an integer (or, of the family's,
+            is below 1; or, a layer count, above :data:`MAX_LAYERS`), or an entry of ``rope_parameters`` keyed by layer type that is neither a
+            dict nor None (transformers fails on it with an AttributeError).
 
     Example:
         >>> try:
@@ -167,6 +244,11 @@ def check_sizes(fields: Mapping[str, Any], prefix: str = "") -> None:
         if value is not None and (not isinstance(value, int) or isinstance(value, bool)):
             raise ConfigError(f"{prefix}{name} is {value!r} (a {type(value).__name__}): config.json's sizes must be "
                               "whole numbers, e.g. 64 without quotes")
+        if name in family.size_fields and value is not None and value < 1:
+            raise ConfigError(f"{prefix}{name} is {value}: it must be at least 1")
+        if name in LAYER_COUNT_FIELDS and value is not None and value > MAX_LAYERS:
+            raise _too_many_layers(prefix + name, value)  # before transformers lists per-layer fields
+    _rope_entries(fields.get("rope_parameters"), fields.get("layer_types"), prefix)
     if isinstance(fields.get("text_config"), Mapping):
         check_sizes(fields["text_config"], "text_config.")
 
@@ -247,15 +329,17 @@ def _layer(config: Any, family: Family, layer: int, d_head: int) -> LayerPositio
     window, chunk = _key_window(config, family, layer)
     softcap = getattr(config, "attn_logit_softcapping", None)
     common = dict(score_scale=scale, sliding_window=window, chunk_size=chunk, mixer=_mixer(config, family, layer),
-                  softcap=float(softcap) if softcap else None, sink=at(family.sink, config, layer),
-                  relative_bias=at(family.relative_bias, config, layer), **(at(family.indexer, config, layer) or {}))
+                  softcap=float(softcap) if softcap else None, sink=family.rule("sink", config, layer),
+                  relative_bias=family.rule("relative_bias", config, layer),
+                  **(family.rule("indexer", config, layer) or {}))
     plain = LayerPosition(_layer_method(config, family, layer), **common)
     if plain.biases_scores:
         n_heads = int(_first(config, "num_attention_heads", "n_head", "n_heads"))
-        slopes, bias_scale = (family.alibi or _alibi)(config, n_heads, d_head)
+        slopes, bias_scale = family.rule("alibi", config, n_heads, d_head) if family.alibi else _alibi(
+            config, n_heads, d_head)
         return replace(plain, alibi_slopes=slopes, bias_scale=bias_scale)
     if not plain.rotates:  # NoPE, or a method nopelens does not know (nothing about it is verified)
-        return replace(plain, query_scale=at(family.query_scale, config, layer),
+        return replace(plain, query_scale=family.rule("query_scale", config, layer),
                        qk_reference=MLA_REFERENCE if family.mla else None)
     base, fraction, rope_type = _rope_parameters(config, family, layer)
     rope = dict(rotary_base=base, rope_type=rope_type, pairing=family.pairing)
@@ -307,7 +391,7 @@ def _layer_method(config: Any, family: Family, layer: int) -> str:
         return "nope"
     if family.layer_theta:  # 0: the model passes position_embeddings=None to the layer
         return "rope" if config.layer_rope_theta[layer] else "nope"
-    declared = at(family.method, config, layer)
+    declared = family.rule("method", config, layer)
     if declared is not None:
         return declared
     per_type = _rope_by_layer_type(config, layer)
@@ -317,12 +401,21 @@ def _layer_method(config: Any, family: Family, layer: int) -> str:
 
 
 def _rope_parameters(config: Any, family: Family, layer: int) -> tuple[float, float, str]:
+    """(base, rotated fraction, rope_type) of a rotating layer.
+
+    Raises:
+        ConfigError: naming the field that gives the base if it is not a positive number (OLMo Hybrid's
+            ``rope_theta: None`` means no rotation: its method rule makes those layers NoPE first).
+    """
     per_type = _rope_by_layer_type(config, layer)  # Gemma 3: one set per layer type
     params = dict(per_type[config.layer_types[layer]] if per_type else getattr(config, "rope_parameters", None) or {})
     rope_type = str(params.get("rope_type", "default"))
+    name = f"rope_parameters.{config.layer_types[layer]}.rope_theta" if per_type else "rope_parameters.rope_theta"
     base = params.get("rope_theta", getattr(config, "rope_theta", None) or getattr(config, "rotary_emb_base", 10000.0))
     if family.layer_theta:  # Granite SWA: each layer's own base, over the global one
-        base = config.layer_rope_theta[layer]
+        name, base = f"layer_rope_theta[{layer}]", config.layer_rope_theta[layer]
+    if not _positive(base):
+        raise ConfigError(f"{name} is {base!r}: the RoPE base of a rotating layer must be a positive number")
     fraction = params.get("partial_rotary_factor", getattr(config, "partial_rotary_factor", None)
                           or getattr(config, "rotary_pct", None) or 1.0)
     return float(base), float(fraction), rope_type
@@ -330,7 +423,7 @@ def _rope_parameters(config: Any, family: Family, layer: int) -> tuple[float, fl
 
 def _score_scale(config: Any, family: Family, layer: int, d_head: int) -> float:
     """The factor on q.k in the scores: the family's own formula, else MLA's, Gemma's or 1/sqrt(d_head)."""
-    declared = family.score_scale(config, layer, d_head) if family.score_scale else None
+    declared = family.rule("score_scale", config, layer, d_head)
     if declared is not None:
         return float(declared)
     if family.mla:  # DeepseekV3Attention: qk_head_dim ** -0.5 (times yarn's mscale^2 if scaled)
@@ -354,7 +447,11 @@ def _key_window(config: Any, family: Family, layer: int) -> tuple[int | None, in
     ``layer_types`` windows every layer when it sets ``sliding_window`` (Mistral before layer types).
     """
     if family.window is not None:
-        return family.window(config, layer)
+        pair = family.rule("window", config, layer)
+        if not isinstance(pair, tuple) or len(pair) != 2 or not all(_whole_or_none(value) for value in pair):
+            raise family.fault(f"its window rule gave {pair!r} at layer {layer}, not (sliding window, chunk) "
+                               "as whole numbers or None")
+        return pair
     window = getattr(config, "sliding_window", None)
     kind = layer_type(config, layer)
     if kind == "chunked_attention":
@@ -389,7 +486,7 @@ def _qk_norm(config: Any, family: Family) -> tuple[str | None, str, str]:
     The bridge's ``hook_q``/``hook_k`` are the projection outputs, *before* any q/k norm; a norm
     the bridge hooks (Qwen3, OLMo-2, Gemma 3) is read from ``hook_q_normed``/``hook_k_normed``.
     """
-    declared = at(family.qk_norm, config)
+    declared = family.rule("qk_norm", config)
     if declared is not None:
         return declared
     if getattr(config, "qk_layernorm", False):

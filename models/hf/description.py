@@ -18,6 +18,8 @@ from ..masks import KeyWindow
 from ..methods import METHODS, QK_ROTATION, SCORE_BIAS, get_method
 
 PAIRINGS = ("half", "interleaved")
+SINK_KINDS = ("learned", "output_scale", "per_token")
+"""How a layer adds an attention sink besides token 0 (:attr:`LayerPosition.sink`)."""
 
 BLOCK_INDEXER_FIELDS = {"QSA": ("indexer_budget", "indexer_compress_ratio"), "DSA k-pool": ("index_topk", "index_kpool")}
 """Block indexer -> the config fields of its budget (keys) and block size."""

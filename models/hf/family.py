@@ -21,6 +21,9 @@ import pkgutil
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
+from ..methods import method_names
+from .description import PAIRINGS, SINK_KINDS, ConfigError, UnsupportedModelError
+
 FAMILIES_PACKAGE = "nopelens.models.hf.families"
 
 
@@ -66,7 +69,7 @@ class Family:
         linear_mixer: what its ``linear_attention`` layers are (transformers' name for every
             non-softmax mixer): ``linear_attention`` (Gated DeltaNet, KDA) or ``ssm`` (Mamba blocks).
         size_fields: config fields besides :data:`~nopelens.models.hf.config.SIZE_FIELDS` that
-            fix weight shapes (each must be a whole number in config.json).
+            fix weight shapes or place layers (each must be a whole number of at least 1 in config.json).
         check: a function of the config that raises
             :class:`~nopelens.models.hf.description.ConfigError` naming a field the family's code
             would fail on, or None.
@@ -104,6 +107,53 @@ class Family:
     size_fields: tuple[str, ...] = ()
     check: Callable[[Any], None] | None = None
 
+    def __post_init__(self) -> None:
+        """Refuse declarations the core cannot read, when the family is made rather than when it is used.
+
+        Raises:
+            TypeError: if ``model_types`` is not a tuple (or list) of non-empty strings.
+            ValueError: if a constant ``method``, ``pairing`` or ``sink`` is none the core knows.
+        """
+        types = self.model_types
+        if isinstance(types, str) or not isinstance(types, (tuple, list)) or \
+                not all(isinstance(name, str) and name for name in types):
+            raise TypeError(f"Family(model_types={types!r}): give a tuple of model_type strings, e.g. ('llama',)")
+        object.__setattr__(self, "model_types", tuple(types))
+        for name, known in (("method", (*method_names(), "unknown")), ("pairing", PAIRINGS), ("sink", SINK_KINDS)):
+            value = getattr(self, name)
+            if value is not None and not callable(value) and value not in known:
+                raise ValueError(f"Family {types!r}: {name}={value!r} is none of {', '.join(known)} (or a rule)")
+
+    def rule(self, name: str, *args: Any) -> Any:
+        """Rule field ``name``'s value: its function's result for ``args`` (``config, layer, ...``), or the
+        constant itself.
+
+        Raises:
+            RuleError: if the function fails with anything but a ConfigError (which names a config field).
+        """
+        rule = getattr(self, name)
+        if not callable(rule):
+            return rule
+        try:
+            return rule(*args)
+        except (ConfigError, UnsupportedModelError):
+            raise
+        except Exception as error:
+            where = f" at layer {args[1]}" if name in LAYER_RULES else ""
+            raise self.fault(f"its {name} rule failed{where} ({type(error).__name__}: {error})") from error
+
+    def fault(self, what: str) -> RuleError:
+        """The error for a fault of these declarations: ``family '<model types>': <what>``."""
+        return RuleError(f"family {'/'.join(self.model_types)!r}: {what}")
+
+
+LAYER_RULES = ("method", "window", "sink", "query_scale", "relative_bias", "indexer", "score_scale")
+"""Rule fields whose second argument is the layer."""
+
+
+class RuleError(ConfigError):
+    """A family's rule failed on a config: a fault of the family's declarations, named with the rule."""
+
 
 DEFAULT = Family(model_types=())
 """The declarations of a family nobody registered: nothing special."""
@@ -117,8 +167,13 @@ def register(family: Family, source: str = "register()") -> Family:
     """Add ``family`` to the registry under each of its ``model_types`` and return it.
 
     Raises:
-        ValueError: if another family (from another module) already declares one of its model types.
+        TypeError: if ``family`` is not a :class:`Family`.
+        ValueError: if it declares no model type, or another family (from another module) already
+            declares one of its model types.
     """
+    _need(family, Family, "register", "a Family")
+    if not family.model_types:
+        raise ValueError("register: the Family declares no model_type; give Family(('my_type',), ...)")
     discover()
     taken = [t for t in family.model_types if t in _REGISTRY and _REGISTRY[t] is not family]
     if taken:
@@ -129,7 +184,12 @@ def register(family: Family, source: str = "register()") -> Family:
 
 
 def unregister(family: Family) -> None:
-    """Remove ``family``'s model types from the registry (undoes :func:`register`)."""
+    """Remove ``family``'s model types from the registry (undoes :func:`register`).
+
+    Raises:
+        TypeError: if ``family`` is not a :class:`Family` (e.g. a model_type string: pass ``family_of(it)``).
+    """
+    _need(family, Family, "unregister", "a Family (family_of(model_type) gives one)")
     for model_type in family.model_types:
         if _REGISTRY.get(model_type) is family:
             del _REGISTRY[model_type], _SOURCES[model_type]
@@ -148,7 +208,12 @@ def discover() -> None:
 
 
 def family_of(model_type: str) -> Family:
-    """The declarations for ``model_type`` (:data:`DEFAULT` when no family declares it)."""
+    """The declarations for ``model_type`` (:data:`DEFAULT` when no family declares it).
+
+    Raises:
+        TypeError: if ``model_type`` is not a string.
+    """
+    _need(model_type, str, "family_of", "a model_type string")
     discover()
     return _REGISTRY.get(model_type, DEFAULT)
 
@@ -159,9 +224,9 @@ def declared() -> dict[str, str]:
     return dict(_SOURCES)
 
 
-def at(rule: Any, *args: Any) -> Any:
-    """A rule field's value: ``rule(*args)`` when it is a function, else ``rule`` itself."""
-    return rule(*args) if callable(rule) else rule
+def _need(value: Any, kind: type, function: str, what: str) -> None:
+    if not isinstance(value, kind):
+        raise TypeError(f"{function} needs {what}, got {value!r} (a {type(value).__name__})")
 
 
 # ----------------------------------------------------------------------------- rules families share
