@@ -7,6 +7,7 @@ dtype and device, and the refusals that name what is wrong with it before anythi
 from __future__ import annotations
 
 import json
+import math
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,7 +16,7 @@ from typing import Any
 import numpy as np
 import torch
 import transformers
-from safetensors import SafetensorError
+from safetensors import SafetensorError, safe_open
 from torch import Tensor
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 from transformers.models.auto import modeling_auto
@@ -210,6 +211,7 @@ def load_hf_dir(directory: Path, dtype: str | None = None, device: str | torch.d
 
     def load():
         cls = checked_hf_config(directory)
+        _check_sizes_before_loading(cls, directory)
         try:
             # safetensors only: a pytorch_model.bin is a pickle, and nopelens never unpickles a user file;
             # mismatched shapes are reported below from transformers' loading info, not its log
@@ -284,11 +286,7 @@ def _check_weights_match(info: dict, model: Any, directory: Path) -> None:
     mismatched = sorted(info.get("mismatched_keys") or (), key=lambda entry: (order.get(entry[0], len(order)), entry[0]))
     missing = sorted(info.get("missing_keys") or (), key=lambda name: (order.get(name, len(order)), name))
     if mismatched:
-        name, saved, built = mismatched[0]
-        sizes = " / ".join(field for field in SIZE_FIELDS if getattr(model.config, field, None) is not None)
-        more = f"; {len(mismatched) - 1} more tensors differ" if len(mismatched) > 1 else ""
-        raise ValueError(f"{directory}: the saved weights do not match config.json ({name}: checkpoint {list(saved)}, "
-                         f"config gives {list(built)}{more}): check {sizes}")
+        raise ValueError(_mismatch(mismatched, model.config, directory))
     if missing:
         more = f" and {len(missing) - 1} more" if len(missing) > 1 else ""
         raise ValueError(f"{directory}: config.json asks for weights the checkpoint does not hold ({missing[0]}{more}); "
@@ -302,6 +300,44 @@ def _check_weights_match(info: dict, model: Any, directory: Path) -> None:
                  else "its sizes and architectures against the saved model")
         raise ValueError(f"{directory}: the checkpoint holds weights config.json does not use ({', '.join(unused[:3])}"
                          f"{more}); nopelens measures no part of a saved model: check {check}")
+
+
+def _mismatch(mismatched: list, config: Any, directory: Path) -> str:
+    """The refusal of saved weights of other shapes than ``config`` gives: ``mismatched`` holds
+    ``(name, checkpoint shape, model shape)`` triples, the first named."""
+    name, saved, built = mismatched[0]
+    sizes = " / ".join(field for field in SIZE_FIELDS if getattr(config, field, None) is not None)
+    more = f"; {len(mismatched) - 1} more tensors differ" if len(mismatched) > 1 else ""
+    return (f"{directory}: the saved weights do not match config.json ({name}: checkpoint {list(saved)}, "
+            f"config gives {list(built)}{more}): check {sizes}")
+
+
+def _check_sizes_before_loading(cls, directory: Path) -> None:
+    """Refuse, before any weight is allocated, a config whose model does not fit the checkpoint: the
+    model is built on the meta device (no memory) and its tensors' shapes compared with the
+    safetensors headers (names both hold), and its size with theirs: a model more than twice the
+    checkpoint's size (a config fallen back to a full-size default, a vocab_size off by orders of
+    magnitude) would be allocated before :func:`_check_weights_match` could name what is missing.
+    Silent where the meta build or the headers fail: the load itself names those."""
+    try:
+        saved = {}
+        for path in sorted(Path(directory).glob("*.safetensors")):
+            with safe_open(path, framework="pt") as weights:
+                saved.update({name: tuple(weights.get_slice(name).get_shape()) for name in weights.keys()})
+        config = _config_class(cls).from_pretrained(directory, local_files_only=True)
+        with torch.device("meta"):
+            model = cls.from_config(config) if cls is AutoModelForCausalLM else cls._from_config(config)
+    except Exception:  # noqa: BLE001 - any failure here is the real load's to name
+        return
+    built = {name: tuple(tensor.shape) for name, tensor in model.state_dict().items()}
+    mismatched = [(name, saved[name], shape) for name, shape in built.items() if name in saved and saved[name] != shape]
+    if mismatched:
+        raise ValueError(_mismatch(mismatched, config.get_text_config(), directory))
+    n_built, n_saved = sum(p.numel() for p in model.parameters()), sum(math.prod(shape) for shape in saved.values())
+    if n_saved and n_built > 2 * n_saved:
+        raise ValueError(f"{directory}: config.json gives a model of {n_built:,} parameters, more than twice the "
+                         f"{n_saved:,} the checkpoint holds: check num_hidden_layers, the sizes and text_config against "
+                         "the saved model")
 
 
 def _natural(name: str) -> list:

@@ -67,3 +67,26 @@ def test_saved_weights_the_config_leaves_unused_are_refused(tmp_path):
                                          r"\.weight, .* and 6 more\); .*check num_hidden_layers \(1; the checkpoint "
                                          r"holds layer 1\)"):
         hf_loading.load_hf_dir(tmp_path)
+
+
+@pytest.mark.parametrize("edit, message", [
+    ({"vocab_size": 10**12}, r"do not match config\.json \(model\.embed_tokens\.weight: checkpoint \[64, 32\], config "
+                             r"gives \[1000000000000, 32\]; 1 more tensors differ\)"),
+    ({"num_hidden_layers": 1000}, r"config\.json gives a model of [\d,]+ parameters, more than twice the [\d,]+ the "
+                                  r"checkpoint holds: check num_hidden_layers")], ids=["vocab_size", "num_hidden_layers"])
+def test_a_config_far_larger_than_its_checkpoint_is_refused_before_allocating(tmp_path, monkeypatch, edit, message):
+    """vocab_size 10**12, or a wrapper without text_config (full-size defaults), was OOM-killed while loading."""
+    import json
+
+    from hf_families import build
+
+    build("llama").save_pretrained(tmp_path)
+    config = json.loads((tmp_path / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps({**config, **edit}))
+
+    def allocates(*args, **kwargs):
+        raise MemoryError("the weights were allocated")
+
+    monkeypatch.setattr(hf_loading.AutoModelForCausalLM, "from_pretrained", allocates)
+    with pytest.raises(ValueError, match=message):
+        hf_loading.load_hf_dir(tmp_path)
