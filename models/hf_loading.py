@@ -319,9 +319,11 @@ def _check_sizes_before_loading(cls, directory: Path) -> None:
     checkpoint's size (a config fallen back to a full-size default, a vocab_size off by orders of
     magnitude) would be allocated before :func:`_check_weights_match` could name what is missing.
     Silent where the meta build or the headers fail: the load itself names those."""
+    index = _json_object(Path(directory) / "model.safetensors.index.json").get("weight_map")
+    files = sorted(set(index.values())) if isinstance(index, dict) else ["model.safetensors"]  # as transformers reads
     try:
         saved = {}
-        for path in sorted(Path(directory).glob("*.safetensors")):
+        for path in (Path(directory) / name for name in files):
             with safe_open(path, framework="pt") as weights:
                 saved.update({name: tuple(weights.get_slice(name).get_shape()) for name in weights.keys()})
         config = _config_class(cls).from_pretrained(directory, local_files_only=True)
