@@ -26,7 +26,8 @@ import torch
 import torch.nn.functional as F
 
 from nopelens.models.compat import moved_names
-from nopelens.models.hooks import act_names
+from nopelens.models.hf import family_of
+from nopelens.models.hooks import act_name, act_names
 from nopelens.models.tasks import Batch
 from nopelens.probes import resid_sites
 from nopelens.probes.extreme_tokens import ActiveDormantStats, FirstTokenNorms
@@ -97,19 +98,51 @@ def ablation_table(subject: Subject, modes: tuple[str, ...] = iv.SINK_MODES) -> 
     return pd.DataFrame(rows)
 
 
+def values_head_first(subject: Subject) -> bool:
+    """``hook_v`` is ``[batch, head_index, pos, d_head]``, not ``[batch, pos, head_index, d_head]``:
+    TransformerLens' bridge hands an MLA attention's values so (DeepSeek-V3: each head's value is
+    decompressed from the shared latent by ``kv_b_proj``, so its norm per head is well defined)."""
+    return subject.hf is not None and subject.hf.adapter == "TransformerBridge" and family_of(subject.hf.family).mla
+
+
+def unread_blocks(subject: Subject, hook: str) -> dict[int, str]:
+    """Block -> why its ``blocks.{l}.attn.hook_{hook}`` is not read: the block has no attention
+    (:meth:`~nopelens.analyses.subjects.Subject.attentionless_blocks`, e.g. ``ssm (no attention)``)
+    or the model has no such hook point there (no value projection to hook)."""
+    absent = subject.attentionless_blocks()
+    return {l: absent.get(l, f"no hook point {site}") for l, site in enumerate(act_names(hook, subject.n_layers))
+            if l in absent or not subject.usable(site)}
+
+
 def measure(subject: Subject, n_boot: int = 200, seed: int = 0) -> dict[str, pd.DataFrame]:
-    """The three tables of the module docstring for one subject."""
+    """The three tables of the module docstring for one subject; each holds a ``status`` column:
+    ``not_applicable`` rows name the blocks a read skips and why (:func:`unread_blocks`)."""
     layers = subject.n_layers
     sequences = Sequences.of(subject.tokens, subject.attention_mask)
     flags, classes = query_classes(subject)
     real = subject.attention_mask.bool()
     per_sequence = [row[mask].numpy() for row, mask in zip(flags, real)]
+    skipped = {hook: unread_blocks(subject, hook) for hook in ("pattern", "v")}
+    patterns, values = ([act_name(hook, l) for l in range(layers) if l not in skipped[hook]] for hook in ("pattern", "v"))
+    head_major = values if values_head_first(subject) else []
     # statistics summed batch by batch while the model runs (issue 38): no pattern outlives its batch
-    heads, norms = run(subject.model, sequences, [
-        ActiveDormantStats(sequences, act_names("pattern", layers), per_sequence, classes, n_boot, seed),
-        FirstTokenNorms(sequences, act_names("v", layers) + resid_sites(layers))], batch_size=32)
-    return {name: table.assign(model=subject.name) for name, table in
-            (("heads", heads), ("norms", norms), ("ablation", ablation_table(subject)))}
+    norms = FirstTokenNorms(sequences, values + resid_sites(layers), head_major=head_major)
+    if patterns:
+        heads, norms = run(subject.model, sequences, [
+            ActiveDormantStats(sequences, patterns, per_sequence, classes, n_boot, seed), norms], batch_size=32)
+    else:
+        heads, norms = pd.DataFrame(), run(subject.model, sequences, [norms], batch_size=32)[0]
+    tables = {"heads": with_unread(heads, skipped["pattern"], "pattern"),
+              "norms": with_unread(norms, skipped["v"], "v"), "ablation": ablation_table(subject)}
+    return {name: table.assign(model=subject.name) for name, table in tables.items()}
+
+
+def with_unread(table: pd.DataFrame, unread: dict[int, str], hook: str) -> pd.DataFrame:
+    """``table`` (status ``measured``) with a ``not_applicable`` row per unread block, its ``note`` saying why."""
+    rows = pd.DataFrame([dict(site=act_name(hook, l), block=l, status="not_applicable", note=why)
+                         for l, why in unread.items()])
+    measured = table.assign(status="measured", note=table["note"] if "note" in table else "")
+    return pd.concat([measured, rows], ignore_index=True) if len(rows) else measured
 
 
 __getattr__ = moved_names(__name__, moved={"format_report": "nopelens.analyses.cli.extreme_tokens"})

@@ -7,6 +7,7 @@ dtype and device, and the refusals that name what is wrong with it before anythi
 from __future__ import annotations
 
 import json
+import math
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,7 +16,7 @@ from typing import Any
 import numpy as np
 import torch
 import transformers
-from safetensors import SafetensorError
+from safetensors import SafetensorError, safe_open
 from torch import Tensor
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 from transformers.models.auto import modeling_auto
@@ -210,6 +211,7 @@ def load_hf_dir(directory: Path, dtype: str | None = None, device: str | torch.d
 
     def load():
         cls = checked_hf_config(directory)
+        _check_sizes_before_loading(cls, directory)
         try:
             # safetensors only: a pytorch_model.bin is a pickle, and nopelens never unpickles a user file;
             # mismatched shapes are reported below from transformers' loading info, not its log
@@ -239,11 +241,8 @@ def _built_from(error: AssertionError, directory: Path) -> str:
     """What an ``AssertionError`` raised while building a model says, naming the config field behind
     the one known case: torch's ``Embedding`` refuses a ``padding_idx`` (``pad_token_id``) outside it."""
     if "Padding_idx" in str(error):
-        try:
-            config = json.loads((Path(directory) / "config.json").read_text())
-        except (OSError, ValueError):
-            config = {}
-        fields = config.get("text_config", config) if isinstance(config, dict) else {}
+        config = _json_object(Path(directory) / "config.json")
+        fields = config.get("text_config", config)
         pad, vocab = fields.get("pad_token_id"), fields.get("vocab_size")
         return f"pad_token_id {pad} is outside the vocabulary (0..{vocab - 1 if isinstance(vocab, int) else '?'})"
     return " ".join(str(error).split()) or "an internal check failed"
@@ -272,27 +271,80 @@ def checked_hf_config(directory: Path):
 
 
 def _check_weights_match(info: dict, model: Any, directory: Path) -> None:
-    """Refuse a model whose saved weights do not fill it: a tensor of another shape than its config
-    gives, or one the config asks for that the checkpoint lacks (transformers would initialize
-    either at random; nopelens never measures that). Extra saved tensors are allowed: a config
-    cut to fewer layers than were saved reads the first ones.
+    """Refuse a model whose saved weights do not fill it, or that leaves saved weights unused: a
+    tensor of another shape than its config gives, one the config asks for that the checkpoint
+    lacks (transformers would initialize either at random; nopelens never measures that), or one
+    the model has no place for (a config cut to fewer layers than were saved measures another
+    model than the checkpoint's). Unused tensors transformers itself ignores (the model's
+    ``_keys_to_ignore_on_load_unexpected``, tied weights, old ``rotary_emb.inv_freq`` buffers) are
+    not in its ``unexpected_keys``, so they pass.
 
     ``info`` is ``from_pretrained(..., output_loading_info=True)``'s: ``mismatched_keys`` holds
-    ``(name, checkpoint shape, model shape)`` triples, ``missing_keys`` names.
+    ``(name, checkpoint shape, model shape)`` triples, ``missing_keys`` and ``unexpected_keys`` names.
     """
     order = {name: k for k, name in enumerate(model.state_dict())}
     mismatched = sorted(info.get("mismatched_keys") or (), key=lambda entry: (order.get(entry[0], len(order)), entry[0]))
     missing = sorted(info.get("missing_keys") or (), key=lambda name: (order.get(name, len(order)), name))
     if mismatched:
-        name, saved, built = mismatched[0]
-        sizes = " / ".join(field for field in SIZE_FIELDS if getattr(model.config, field, None) is not None)
-        more = f"; {len(mismatched) - 1} more tensors differ" if len(mismatched) > 1 else ""
-        raise ValueError(f"{directory}: the saved weights do not match config.json ({name}: checkpoint {list(saved)}, "
-                         f"config gives {list(built)}{more}): check {sizes}")
+        raise ValueError(_mismatch(mismatched, model.config, directory))
     if missing:
         more = f" and {len(missing) - 1} more" if len(missing) > 1 else ""
         raise ValueError(f"{directory}: config.json asks for weights the checkpoint does not hold ({missing[0]}{more}); "
                          "check num_hidden_layers and the other sizes against the saved model")
+    unused = sorted(info.get("unexpected_keys") or (), key=_natural)
+    if unused:
+        more = f" and {len(unused) - 3} more" if len(unused) > 3 else ""
+        layers = [int(found.group(1)) for name in unused if (found := re.search(r"\.layers\.(\d+)\.", name))]
+        given = getattr(model.config.get_text_config(), "num_hidden_layers", "?")
+        check = (f"num_hidden_layers ({given}; the checkpoint holds layer {max(layers)})" if layers
+                 else "its sizes and architectures against the saved model")
+        raise ValueError(f"{directory}: the checkpoint holds weights config.json does not use ({', '.join(unused[:3])}"
+                         f"{more}); nopelens measures no part of a saved model: check {check}")
+
+
+def _mismatch(mismatched: list, config: Any, directory: Path) -> str:
+    """The refusal of saved weights of other shapes than ``config`` gives: ``mismatched`` holds
+    ``(name, checkpoint shape, model shape)`` triples, the first named."""
+    name, saved, built = mismatched[0]
+    sizes = " / ".join(field for field in SIZE_FIELDS if getattr(config, field, None) is not None)
+    more = f"; {len(mismatched) - 1} more tensors differ" if len(mismatched) > 1 else ""
+    return (f"{directory}: the saved weights do not match config.json ({name}: checkpoint {list(saved)}, "
+            f"config gives {list(built)}{more}): check {sizes}")
+
+
+def _check_sizes_before_loading(cls, directory: Path) -> None:
+    """Refuse, before any weight is allocated, a config whose model does not fit the checkpoint: the
+    model is built on the meta device (no memory) and its tensors' shapes compared with the
+    safetensors headers (names both hold), and its size with theirs: a model more than twice the
+    checkpoint's size (a config fallen back to a full-size default, a vocab_size off by orders of
+    magnitude) would be allocated before :func:`_check_weights_match` could name what is missing.
+    Silent where the meta build or the headers fail: the load itself names those."""
+    index = _json_object(Path(directory) / "model.safetensors.index.json").get("weight_map")
+    files = sorted(set(index.values())) if isinstance(index, dict) else ["model.safetensors"]  # as transformers reads
+    try:
+        saved = {}
+        for path in (Path(directory) / name for name in files):
+            with safe_open(path, framework="pt") as weights:
+                saved.update({name: tuple(weights.get_slice(name).get_shape()) for name in weights.keys()})
+        config = _config_class(cls).from_pretrained(directory, local_files_only=True)
+        with torch.device("meta"):
+            model = cls.from_config(config) if cls is AutoModelForCausalLM else cls._from_config(config)
+    except Exception:  # noqa: BLE001 - any failure here is the real load's to name
+        return
+    built = {name: tuple(tensor.shape) for name, tensor in model.state_dict().items()}
+    mismatched = [(name, saved[name], shape) for name, shape in built.items() if name in saved and saved[name] != shape]
+    if mismatched:
+        raise ValueError(_mismatch(mismatched, config.get_text_config(), directory))
+    n_built, n_saved = sum(p.numel() for p in model.parameters()), sum(math.prod(shape) for shape in saved.values())
+    if n_saved and n_built > 2 * n_saved:
+        raise ValueError(f"{directory}: config.json gives a model of {n_built:,} parameters, more than twice the "
+                         f"{n_saved:,} the checkpoint holds: check num_hidden_layers, the sizes and text_config against "
+                         "the saved model")
+
+
+def _natural(name: str) -> list:
+    """A sort key reading the numbers in a tensor name as numbers (``layers.2`` before ``layers.10``)."""
+    return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", name)]
 
 
 def _config_class(model_class):
@@ -304,19 +356,16 @@ def _check_field_types(directory: Path) -> None:
     """Refuse a ``config.json`` whose ``dtype`` (or older ``torch_dtype``) names no torch dtype
     (transformers looks the name up on ``torch`` and fails with an AttributeError), or whose sizes
     are not whole numbers (:func:`nopelens.models.hf.check_sizes`)."""
+    config = _json_object(Path(directory) / "config.json")  # the config's own check names a missing or broken file
     try:
-        config = json.loads((Path(directory) / "config.json").read_text())
-    except (OSError, ValueError):
-        return  # the config's own check names a missing or broken file
-    try:
-        check_sizes(config if isinstance(config, dict) else {})
+        check_sizes(config)
     except ConfigError as error:
         raise ValueError(f"{directory}/config.json is not a valid config: {error}") from None
     def named(value) -> bool:
         return isinstance(value, str) and isinstance(getattr(torch, value, None), torch.dtype)
 
     for key in ("dtype", "torch_dtype"):
-        value = config.get(key) if isinstance(config, dict) else None
+        value = config.get(key)
         # a multimodal config may give one dtype per sub-model
         if value is not None and not (named(value) or isinstance(value, dict) and all(map(named, value.values()))):
             raise ValueError(f"{directory}/config.json: {key} {value!r} is not a torch dtype (e.g. bfloat16, float32)")
@@ -326,12 +375,7 @@ def _causal_lm_class(directory: str | Path):
     """``AutoModelForCausalLM``, or, for a config transformers' auto mapping lacks (Mistral 4 in
     5.24; multimodal wrappers such as Muse Glimmer), the ``...ForCausalLM`` (or
     ``...ForConditionalGeneration``) class its ``config.json`` names in ``architectures``."""
-    try:
-        config = json.loads((Path(directory) / "config.json").read_text())
-    except (OSError, ValueError):
-        return AutoModelForCausalLM  # it reports the missing or broken config itself
-    if not isinstance(config, dict):
-        return AutoModelForCausalLM
+    config = _json_object(Path(directory) / "config.json")  # it reports a missing or broken config itself
     model_type, given = config.get("model_type"), config.get("architectures")
     named = [name for name in given or [] if str(name).endswith(("ForCausalLM", "ForConditionalGeneration"))]
     if model_type in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
@@ -357,7 +401,22 @@ def _config_message(error: Exception) -> str:
 
 
 def config_bos_id(directory: Path) -> int | None:
-    """The ``bos_token_id`` an HF model directory's ``config.json`` gives, or None (no config, or no integer id)."""
-    config = Path(directory) / "config.json"
-    bos = json.loads(config.read_text()).get("bos_token_id") if config.is_file() else None
-    return bos if isinstance(bos, int) else None
+    """The BOS id an HF model directory gives, or None where it gives no integer id: ``config.json``'s
+    ``bos_token_id``, else its ``text_config``'s (a multimodal wrapper keeps it there: GLM-5 Next,
+    Mistral Large 4, Muse), else ``generation_config.json``'s."""
+    config = _json_object(Path(directory) / "config.json")
+    text = config.get("text_config")
+    for fields in (config, text if isinstance(text, dict) else {}, _json_object(Path(directory) / "generation_config.json")):
+        bos = fields.get("bos_token_id")
+        if isinstance(bos, int) and not isinstance(bos, bool):
+            return bos
+    return None
+
+
+def _json_object(path: Path) -> dict:
+    """The JSON object in ``path``, or ``{}`` where there is none (no file, not JSON, not an object)."""
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}

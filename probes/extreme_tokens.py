@@ -197,15 +197,17 @@ class FirstTokenNorms(Measurement):
         sequences: the token set (:class:`~nopelens.probes.stream.Sequences`).
         sites: residual sites (``[pos, d_model]``: one row) and per-head sites such as ``hook_v``
             (``[pos, head_index, d_head]``: one row per head).
+        head_major: the per-head sites among ``sites`` laid out ``[batch, head_index, pos, d_head]``
+            (TransformerLens' bridge hands an MLA attention's ``hook_v`` so).
 
     Raises:
         ValueError: if no token follows the first in any sequence.
     """
 
-    def __init__(self, sequences: Sequences, sites: Sequence[str]):
+    def __init__(self, sequences: Sequences, sites: Sequence[str], head_major: Sequence[str] = ()):
         if (np.diff(sequences.offsets) <= 1).all():
             raise ValueError("every sequence has one token: no other token to compare the first with")
-        self.sequences, self.site_list = sequences, list(sites)
+        self.sequences, self.site_list, self.head_major = sequences, list(sites), set(head_major)
         self.sums: dict[str, np.ndarray] = {}  # site -> [first/other, head] summed norms
         self.per_head: dict[str, bool] = {}
         self.done = False
@@ -214,7 +216,7 @@ class FirstTokenNorms(Measurement):
         return [] if self.done else self.site_list
 
     def update(self, site: str, value: Tensor, batch: Batch) -> None:
-        rows = batch.real(site, value).to(torch.float64)
+        rows = batch.real(site, value.transpose(1, 2) if site in self.head_major else value).to(torch.float64)
         norms = torch.linalg.vector_norm(rows, dim=-1).reshape(len(rows), -1).cpu().numpy()  # [n, head]
         first = batch.position == 0
         self.per_head[site] = rows.ndim > 2
@@ -226,7 +228,7 @@ class FirstTokenNorms(Measurement):
         return False
 
     def spawn(self) -> "FirstTokenNorms":
-        return FirstTokenNorms(self.sequences, self.site_list)
+        return FirstTokenNorms(self.sequences, self.site_list, self.head_major)
 
     def merge(self, other: "FirstTokenNorms") -> None:
         self.per_head.update(other.per_head)

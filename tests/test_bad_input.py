@@ -334,8 +334,7 @@ def test_saved_weights_of_other_shapes_or_fewer_layers_than_the_config_are_named
     deeper = _saved(build("llama"), tmp_path / "layers", num_hidden_layers=3)
     with pytest.raises(ValueError, match=r"asks for weights the checkpoint does not hold \(model\.layers\.2\."):
         load_hf_dir(deeper)
-    fewer = _saved(build("llama"), tmp_path / "cut", num_hidden_layers=1)  # cut to its first layers: allowed
-    assert load_hf_dir(fewer).cfg.n_layers == 1
+    # a config cut to fewer layers than were saved: tests/test_hf_loading.py
 
 
 @pytest.mark.parametrize("family, field, value", [("mistral", "sliding_window", 0), ("mistral", "sliding_window", -3),

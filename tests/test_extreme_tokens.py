@@ -112,3 +112,47 @@ def test_the_command_refuses_options_it_would_ignore_or_misread(tmp_path, capsys
     assert main(["extreme-tokens", "bb-rope-2l", "--quick", "--out", str(tmp_path / "run")]) == 2
     assert "holds a run of nopelens lengthgen" in capsys.readouterr().err
     assert not (tmp_path / "run" / "heads.csv").exists()
+
+
+def _saved(tmp_path, family: str, **edits) -> str:
+    """A tiny HF model of ``family`` (tests/hf_families.py) saved to ``tmp_path``, ``edits`` written into its config.json."""
+    import json
+
+    from hf_families import DESIGNS, build, build_design
+
+    folder = tmp_path / family
+    (build_design(family) if family in DESIGNS else build(family)).save_pretrained(folder)
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, **edits}))
+    return str(folder)
+
+
+def _extreme_tokens(folder: str, capsys) -> str:
+    capsys.readouterr()
+    assert main(["extreme-tokens", f"hf:{folder}", "--seq-len", "8", "--n-sequences", "2", "--n-boot", "2",
+                 "--out", f"{folder}-out", "--quiet"]) == 0
+    return capsys.readouterr().out
+
+
+def test_a_hybrid_is_measured_on_its_attention_blocks_and_mla_values_per_head(tmp_path, capsys):
+    """Zamba2's blocks 0 and 2 are Mamba (was: "unknown sites ['blocks.0.attn.hook_pattern', ...]"); the bridge hands
+    DeepSeek-V3's MLA values [batch, head, pos, d_head] (was: "collect needs [batch, pos, ...]")."""
+    import pandas as pd
+
+    out = _extreme_tokens(_saved(tmp_path, "zamba2"), capsys)
+    assert "not applicable: attention (hook_pattern) on blocks [0, 2]: ssm (no attention)" in out
+    heads = pd.read_csv(tmp_path / "zamba2-out" / "heads.csv")
+    assert sorted(set(heads[heads["status"] == "measured"]["block"])) == [1, 3]
+    out = _extreme_tokens(_saved(tmp_path, "deepseek_v3"), capsys)
+    norms = pd.read_csv(tmp_path / "deepseek_v3-out" / "norms.csv")
+    values = norms[norms["site"] == "blocks.0.attn.hook_v"]
+    assert list(values["head"]) == [0, 1, 2, 3] and values["first_norm"].gt(0).all()  # one row per head of 4
+    assert "not applicable: attention" not in out and "not applicable: value" not in out
+
+
+def test_a_run_without_bos_does_not_call_its_first_token_bos(tmp_path, capsys):
+    """A config and generation config without bos_token_id: random tokens with no BOS first (was labelled "(BOS)")."""
+    folder = _saved(tmp_path, "llama", bos_token_id=None)
+    (tmp_path / "llama" / "generation_config.json").unlink()
+    out = _extreme_tokens(folder, capsys)
+    assert "the first token (no BOS: the sequences start with an ordinary token)" in out and "(BOS)" not in out

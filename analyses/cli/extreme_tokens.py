@@ -10,6 +10,7 @@ import numpy as np
 import pandas as pd
 
 from nopelens.analyses import extreme_tokens
+from nopelens.analyses.audit.report import by_reason
 from nopelens.analyses.report import rounded_text
 from nopelens.analyses.runs import refuse_other_runs, slug
 from nopelens.analyses.subjects import fixed_length, resolve
@@ -37,7 +38,7 @@ def run(args: argparse.Namespace) -> int:
     out = Path(args.out or f"runs/extreme-tokens-{slug(args.model)}")
     for name, table in tables.items():
         write_csv_atomic(table, out / f"{name}.csv")
-    print(format_report(tables))
+    print(format_report(tables, subject.has_bos))
     print(f"\nwrote {out}/heads.csv, norms.csv, ablation.csv")
     return 0
 
@@ -63,11 +64,15 @@ def register(subparsers) -> None:
     parser.set_defaults(func=run)
 
 
-def format_report(tables: dict[str, pd.DataFrame]) -> str:
+def format_report(tables: dict[str, pd.DataFrame], has_bos: bool = True) -> str:
     """The three tables as text, rounded; an undefined number reads ``n/a`` (the norm ratio when the
-    other tokens' states are zero, the accuracy of the task's floor, which is a loss only)."""
-    heads = tables["heads"][["block", "head", "query_class", "n_queries", "first_mass", "previous_mass", "dormant", "active"]]
-    norms = tables["norms"][["site", "head", "first_norm", "other_norm", "ratio"]]
+    other tokens' states are zero, the accuracy of the task's floor, which is a loss only). Without
+    ``has_bos`` the first token is named an ordinary one, not BOS; the blocks a read skips are listed
+    with the reason."""
+    read = {name: tables[name][tables[name]["status"] != "not_applicable"] for name in ("heads", "norms")}
+    heads = read["heads"].reindex(columns=["block", "head", "query_class", "n_queries", "first_mass", "previous_mass",
+                                           "dormant", "active"]).astype({"head": int, "n_queries": int})
+    norms = read["norms"][["site", "head", "first_norm", "other_norm", "ratio"]].astype({"head": int})
     ablation = tables["ablation"]
     measured = ablation[ablation["status"] == "measured"]
     shown = measured
@@ -75,13 +80,19 @@ def format_report(tables: dict[str, pd.DataFrame]) -> str:
         label = measured["condition"] + measured["ablated_block"].map(lambda b: "" if pd.isna(b) else f", block {int(b)}")
         shown = measured.assign(condition=label).pivot_table(index="condition", columns="query_class",
                                                              values=["loss", "accuracy"], sort=False)
-    parts = ["attention on the first token (BOS) and on the previous token, per head and query class",
+    first = "the first token (BOS)" if has_bos else "the first token (no BOS: the sequences start with an ordinary token)"
+    parts = [f"attention on {first} and on the previous token, per head and query class",
              rounded_text(heads).to_string(index=False),
              "\nnorm of the first token's state over the other tokens' (value: hook_v per head; residual per layer)",
              rounded_text(norms).to_string(index=False),
              "\nloss (nats) and accuracy per query class: clean, the task's floor, and each sink ablation per block",
              rounded_text(shown).to_string() if len(shown) else "(nothing measured)"]
-    for _, r in tables["norms"][tables["norms"]["note"].fillna("") != ""].iterrows():
+    for name, what in (("heads", "attention (hook_pattern)"), ("norms", "value norms (hook_v)")):
+        unread = tables[name][tables[name]["status"] == "not_applicable"]
+        if len(unread):
+            reasons = dict(zip(map(int, unread["block"]), unread["note"]))
+            parts.append(f"not applicable: {what} on {by_reason(reasons, 'blocks')}")
+    for _, r in read["norms"][read["norms"]["note"].fillna("") != ""].iterrows():
         parts.append(f"ratio n/a at {r['site']}" + ("" if pd.isna(r["head"]) else f" head {int(r['head'])}") + f": {r['note']}")
     refused = ablation[ablation["status"] == "not_applicable"]
     for _, r in refused.iterrows():
