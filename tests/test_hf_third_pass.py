@@ -341,3 +341,19 @@ def test_mamba_blocks_are_labelled_ssm_not_linear_attention():
     assert [layer.mixer for layer in layers] == ["ssm", "attention", "none", "attention"]
     assert [layer.label() for layer in layers] == ["ssm (no attention)", "nope", "MLP only (no attention)", "nope"]
     assert hf.describe_config(build_design("qwen3_next").config).layers[0].label() == "linear attention"
+
+
+@pytest.mark.parametrize("config, rotary_dim", [
+    # LlamaRotaryEmbedding.compute_default_rope_parameters ignores the factor: the whole head rotates
+    (lambda: transformers.LlamaConfig(hidden_size=32, num_attention_heads=4, num_hidden_layers=1, vocab_size=16,
+                                      rope_parameters={"rope_type": "default", "rope_theta": 1e4,
+                                                       "partial_rotary_factor": 0.5}), 8),
+    # GPT-NeoX's reads it: half of each head rotates
+    (lambda: transformers.GPTNeoXConfig(hidden_size=32, num_attention_heads=4, num_hidden_layers=1, vocab_size=16,
+                                        intermediate_size=16, rotary_pct=0.5), 4),
+], ids=["llama ignores it", "gpt_neox reads it"])
+def test_a_partial_rotary_factor_counts_only_where_the_models_own_rope_reads_it(config, rotary_dim):
+    """A false fail found by a break-it run: llama with partial_rotary_factor 0.5 was described as
+    rotating 4 of 8 dims, and the audit failed steps 2, 5 and 6 on a model that rotates all 8."""
+    layer = hf.describe_config(config()).layers[0]
+    assert layer.method == "rope" and layer.rotary_dim == rotary_dim

@@ -8,6 +8,8 @@ traits only (each family's formulas, with their sources, are in its module under
 
 from __future__ import annotations
 
+import importlib
+import inspect
 import math
 from dataclasses import replace
 from typing import Any, Mapping
@@ -349,12 +351,39 @@ def _layer(config: Any, family: Family, layer: int, d_head: int) -> LayerPositio
             rope["pairing"] = "interleaved"
         return replace(plain, rotary_dim=rotary_dim, rotary_start=start, qk_reference=MLA_REFERENCE, **rope)
     declared = getattr(config, "rotary_dim", None) if family.reads_rotary_dim else None
+    if declared is None and fraction != 1.0 and rope_type == "default":
+        declared = _default_rotary_dim(config, layer)
     rotary_dim = int(declared or round(d_head * fraction))
     rotary_dim -= rotary_dim % 2
     if family.trailing_rope:
         return replace(plain, rotary_dim=rotary_dim, rotary_start=d_head - rotary_dim,
                        qk_reference=TRAILING_REFERENCE, **{**rope, "pairing": "interleaved"})
     return replace(plain, rotary_dim=rotary_dim, **rope)
+
+
+def _default_rotary_dim(config: Any, layer: int) -> int | None:
+    """Dims the model's own default RoPE rotates: twice the inverse frequencies that its
+    ``*RotaryEmbedding.compute_default_rope_parameters`` returns for this config. Llama's ignores
+    ``partial_rotary_factor`` and rotates the whole head; GPT-NeoX's reads it
+    (``transformers/models/*/modeling_*.py``). None where the modeling module has not exactly one such
+    function, or it cannot run on this config: then the config's fraction is taken as given."""
+    try:
+        module = importlib.import_module(type(config).__module__.replace(".configuration_", ".modeling_"))
+    except ImportError:
+        return None
+    found = {value.compute_default_rope_parameters for name, value in vars(module).items()
+             if name.endswith("RotaryEmbedding") and hasattr(value, "compute_default_rope_parameters")}
+    if len(found) != 1:
+        return None
+    compute = found.pop()
+    kwargs = {}
+    if "layer_type" in inspect.signature(compute).parameters and getattr(config, "layer_types", None):
+        kwargs["layer_type"] = config.layer_types[layer]
+    try:
+        inv_freq, _ = compute(config, **kwargs)
+    except Exception:  # the model's own code refuses this config: the loader reports that, not the description
+        return None
+    return 2 * int(inv_freq.numel())
 
 
 def _mixer(config: Any, family: Family, layer: int) -> str:
