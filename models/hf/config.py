@@ -16,6 +16,7 @@ from typing import Any, Mapping
 
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
+from ..methods import METHODS, QK_ROTATION, get_method
 from ..positions import alibi_slopes
 from .description import ConfigError, HFDescription, LayerPosition, UnsupportedModelError
 from .family import Family, family_of, layer_type
@@ -151,7 +152,8 @@ def check_config(config: Any) -> None:
     for layer in range(n_layers):
         _key_window(config, family, layer)
         _rope_by_layer_type(config, layer)
-        if _layer_method(config, family, layer) == "rope":
+        method = _layer_method(config, family, layer)
+        if method in METHODS and get_method(method).acts(QK_ROTATION):  # the method unit says, not its name
             _rope_parameters(config, family, layer)
 
 
