@@ -297,7 +297,8 @@ class TransformerLensCompat(HookedRootModule):
                 As in TransformerLens, the parameters' ``.grad`` accumulate.
             pos_slice: keep only these positions (TransformerLens ``Slice`` input) along each
                 hook's position axis (:func:`pos_axis`).
-            *model_args, **model_kwargs: the forward pass's arguments.
+            *model_args: the forward pass's positional arguments.
+            **model_kwargs: the forward pass's keyword arguments.
 
         Raises:
             AssertionError: on ``remove_batch_dim`` with more than one sequence, as TransformerLens
