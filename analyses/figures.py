@@ -26,7 +26,8 @@ from nopelens.models.io import write_atomic  # noqa: E402
 from nopelens.probes.sinks import GU_EPSILON  # noqa: E402
 
 from . import layers  # noqa: E402
-from .palette import LINESTYLE_KEY, MARKERS, Style, method_color, method_label, model_styles  # noqa: E402, F401 (MARKERS, Style: their old home)
+# MARKERS and Style lived here before palette.py; they still import from here
+from .palette import LINESTYLE_KEY, MARKERS, Style, method_color, method_label, model_styles  # noqa: E402, F401
 from .reads import SweepRead  # noqa: E402
 
 

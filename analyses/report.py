@@ -315,6 +315,11 @@ FIGURE_CAPTIONS = {
 """What a point is in each figure of a sweep's run folder: the caption under it in ``summary.md``."""
 
 
+def caption(stem: str) -> str:
+    """The Markdown caption of figure ``stem``: :data:`FIGURE_CAPTIONS` in italics, in lines of at most 100 columns."""
+    return textwrap.fill(f"*{FIGURE_CAPTIONS[stem]}*", 100)
+
+
 def summary_markdown(result, settings, command: str, versions: dict[str, str], figures: Sequence[str] = (),
                      name: str = "sweep") -> str:
     """The ``summary.md`` of a sweep or ``nopelens probe`` (``name``): the summary, the per-layer
@@ -330,7 +335,7 @@ def summary_markdown(result, settings, command: str, versions: dict[str, str], f
         tables.append(not_applicable_text(skipped, bullet="- "))
     settings_text = ", ".join(f"{k}={v}" for k, v in dataclasses.asdict(settings).items())
     version_text = ", ".join(f"{k} {v}" for k, v in versions.items())
-    pictures = [f"![{FIGURE_TITLES.get(stem, stem)}]({stem}.png)\n\n*{FIGURE_CAPTIONS[stem]}*" for stem in figures
+    pictures = [f"![{FIGURE_TITLES.get(stem, stem)}]({stem}.png)\n\n{caption(stem)}" for stem in figures
                 if stem != "sink_ablation"]
     return "\n".join([
         f"# nopelens {name}",
@@ -411,7 +416,7 @@ def _sink_ablation_section(result, figure: bool = True) -> list[str]:
         "",
         sink_ablation_markdown(seeds.sink_ablation_over_seeds(result.sink_ablation)),
         "",
-        *(["![sink ablation](sink_ablation.png)", "", f"*{FIGURE_CAPTIONS['sink_ablation']}*", ""] if figure else []),
+        *(["![sink ablation](sink_ablation.png)", "", caption("sink_ablation"), ""] if figure else []),
     ]
 
 

@@ -100,8 +100,9 @@ def test_every_figure_of_a_run_counts_layers_the_same_way():
     sites = figures.site_figure(probes, SUBJECTS)
     residual = next(line for ax in sites.axes for line in ax.lines if line.get_label().startswith("residual"))
     assert list(residual.get_xdata()) == [0, 1, 2] and list(residual.get_ydata()) == [0.1, 0.9, 1.0]
-    assert sites.axes[0].get_xlabel() == figures.LAYER_AXIS and sites.axes[0].title.get_color() == palette.METHOD_COLORS["nope"]
-    attn = next(line for ax in sites.axes for line in ax.lines if line.get_marker() == "o" and line.get_linestyle() == "None")
+    panel = sites.axes[0]
+    assert panel.get_xlabel() == figures.LAYER_AXIS and panel.title.get_color() == palette.METHOD_COLORS["nope"]
+    attn = next(line for line in panel.lines if line.get_marker() == "o" and line.get_linestyle() == "None")
     assert list(attn.get_xdata()) == [0.25], "block 0's attention output sits between layer 0 and layer 1"
     plt.close(sites)
     probe = figures.probe_figure(curves(["circuit"]), subjects=SUBJECTS)

@@ -211,8 +211,8 @@ def test_two_sweeps_of_other_models_draw_each_method_in_the_same_colour(quick_ru
     (a, a_titles) = styles(out)
     rope, nope = "text-rope-4l (30 steps)", "text-nope-4l (30 steps)"  # the quick run's briefly trained models
     other = tmp_path / "other"
-    assert main(["sweep", "--models", "untrained-nope,constant-rope", "--no-controls", "--quick", "--n-sequences", "16",
-                 "--seq-len", "16", "--jobs", "1", "--quiet", "--out", str(other)]) == 0
+    assert main(["sweep", "--models", "untrained-nope,constant-rope", "--no-controls", "--quick", "--n-sequences",
+                 "16", "--seq-len", "16", "--jobs", "1", "--quiet", "--out", str(other)]) == 0
     (b, b_titles) = styles(other)
     assert set(b) == {"untrained-nope", "constant-rope"} and {rope, nope, "circuit", "constant-nope"} <= set(a)
     assert a["untrained-nope"] == b["untrained-nope"], "a model keeps its colour and style, whatever comes with it"

@@ -89,8 +89,8 @@ class DocstringConventions(griffe.Extension):
     ``Examples:`` (doctests as code), and every Sphinx cross-reference (``:func:`...```) must name
     an object of the package, or the build warns (and ``mkdocs build --strict`` fails).
 
-    A target is looked up from the object that documents it outward (its class, module, parent
-    packages), then from the package root; a dotted target whose first name is none of those
+    A target (or ``.target``) is looked up from the object that documents it outward (its class,
+    module, parent packages), then from the package root; a dotted target whose first name is none of those
     (``torch.Tensor``) is another package's and is not checked.
     """
 
@@ -118,7 +118,7 @@ class DocstringConventions(griffe.Extension):
 def resolves(obj: griffe.Object, target: str, pkg: griffe.Module) -> bool:
     """Whether ``target``, as written in ``obj``'s docstring, names an object (see
     :class:`DocstringConventions`)."""
-    first, *rest = target.split(".")
+    first, *rest = target.lstrip(".").split(".")  # .name: from this module outward, as Sphinx looks
     scopes = [scope for scope in _outward(obj)] + [None]
     for scope in scopes:
         if scope is None:  # from the root: nopelens.x.y, or another package's name
