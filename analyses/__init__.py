@@ -8,8 +8,8 @@
   :mod:`.audit` (seed 002's ten-step audit);
 - :mod:`.subjects`: model specs -> a hooked model and its evaluation batch;
 - :mod:`.reads`: what the sweep reads, one :class:`~.reads.SweepRead` per summary column and figure panel;
-- :mod:`.layers`: the main curves per layer (``layers.csv``) and :func:`load_run`, which reads a
-  run folder back (``from nopelens.analyses import load_run``);
+- :mod:`.layers`: the main curves per layer (``layers.csv``) and :func:`~.layers.load_run`, which
+  reads a run folder back (``from nopelens.analyses import load_run``);
 - :mod:`.runs`: run folders (one claim rule, one slug, part folders, atomic writes);
 - rendering, which the CLI calls and no analysis imports: :mod:`.report` (summary tables, Markdown, a
   sweep's run-folder figures and ``summary.md``) and :mod:`.figures` (the drawings);

@@ -26,6 +26,8 @@ from nopelens.models.io import write_atomic  # noqa: E402
 from nopelens.probes.sinks import GU_EPSILON  # noqa: E402
 
 from . import layers  # noqa: E402
+# MARKERS and Style lived here before palette.py; they still import from here
+from .palette import LINESTYLE_KEY, MARKERS, Style, method_color, method_label, model_styles  # noqa: E402, F401
 from .reads import SweepRead  # noqa: E402
 
 
@@ -54,45 +56,13 @@ def save_figure(fig: plt.Figure, stem: str | Path, formats: tuple[str, ...] = ("
 
 
 LAYER_AXIS = "layer (0 = embeddings, l + 1 = output of block l)"
+"""The x label of every per-layer figure: the design's layer convention (docs/schema.md)."""
 
 
 
 TOL_BRIGHT = ("#4477AA", "#EE6677", "#228833", "#CCBB44", "#66CCEE", "#AA3377", "#BBBBBB")
 """Paul Tol's "bright" qualitative scheme: distinct for the common colour-vision deficiencies
 and in greyscale (https://personal.sron.nl/~pault/)."""
-
-
-
-TOL_MUTED = ("#CC6677", "#332288", "#DDCC77", "#117733", "#88CCEE", "#882255", "#44AA99", "#999933", "#AA4499",
-             "#DDDDDD")
-"""Paul Tol's "muted" scheme, for up to ten lines."""
-
-
-
-MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*", "h", "<")
-
-
-
-@dataclasses.dataclass(frozen=True)
-class Style:
-    """How one model is drawn in every figure: its colour and its marker."""
-
-    color: str
-    marker: str
-
-
-
-def model_styles(models) -> dict[str, Style]:
-    """A colour and a marker per model, in order: Tol's bright scheme up to seven models, muted up
-    to ten, then the colours repeat with other markers. Every figure of a run uses the same map.
-
-    >>> styles = model_styles(["a", "b", "c"])
-    >>> len({style.color for style in styles.values()}), styles["a"].marker
-    (3, 'o')
-    """
-    models = list(dict.fromkeys(models))
-    colors = TOL_BRIGHT if len(models) <= len(TOL_BRIGHT) else TOL_MUTED
-    return {model: Style(colors[i % len(colors)], MARKERS[i % len(MARKERS)]) for i, model in enumerate(models)}
 
 
 
@@ -113,24 +83,36 @@ def _integer_ticks(ax: plt.Axes) -> None:
 
 
 
-def _model_legend(fig: plt.Figure, styles: dict[str, Style], title: str = "model") -> None:
-    """One legend for the figure, in a row under the panels."""
-    handles = [matplotlib.lines.Line2D([], [], color=s.color, marker=s.marker, label=m) for m, s in styles.items()]
+def _model_legend(fig: plt.Figure, styles: dict[str, Style], title: str = "model (position method; role)") -> None:
+    """One legend for the figure, under the panels: each model's colour (its position method),
+    line style (its role) and marker."""
+    handles = [matplotlib.lines.Line2D([], [], color=s.color, marker=s.marker, linestyle=s.linestyle,
+                                       label=s.label(m)) for m, s in styles.items()]
     fig.legend(handles=handles, title=title, loc="upper center", bbox_to_anchor=(0.5, 0.0),
-               ncol=min(len(handles), 6), frameon=False)
+               ncol=min(len(handles), 3), frameon=False, handlelength=4)
+
+
+def _method_title(ax: plt.Axes, model: str, style: Style, suffix: str = "") -> None:
+    """A per-model panel's title, in the colour of the model's method, naming its method and role."""
+    details = ", ".join(part for part in (style.description, suffix) if part)
+    ax.set_title(f"{model}\n({details})" if details else model, color=style.color, fontsize=10)
 
 
 
-def probe_figure(curves: pd.DataFrame, sweep_reads: Sequence[SweepRead] | None = None) -> plt.Figure:
+def probe_figure(curves: pd.DataFrame, sweep_reads: Sequence[SweepRead] | None = None,
+                 subjects: dict[str, dict] | None = None) -> plt.Figure:
     """Per-layer curves (:func:`~nopelens.analyses.layers.layer_curves`), one line per model, one
-    panel per read of ``sweep_reads`` plus MAD / chance, in a grid; dashed: the read's threshold.
-    The band is the 95 % bootstrap CI with one training seed, and the range over seeds (line:
-    their mean) with several."""
+    panel per read of ``sweep_reads`` plus MAD / chance, in a grid; grey line: the read's threshold.
+    A point is one model's probe score at one layer (layer 0 = embeddings, l + 1 = output of block
+    l); the band is the 95 % bootstrap CI over sequences with one training seed, and the range
+    over seeds (line: their mean) with several. Colour: the model's position method, line style:
+    its role (:func:`~nopelens.analyses.palette.model_styles`, from ``subjects``, the run's
+    :attr:`SweepResult.subjects <nopelens.analyses.sweep.SweepResult>`)."""
     panels = [curve for curve in layers.curves_of(sweep_reads) if curve.title is not None]
     several_seeds = curves.groupby("model")["train_seed"].nunique().max() > 1
     sns.set_theme(style="whitegrid", context="notebook")
     fig, axes = _grid(len(panels), 4.4, 3.3)
-    styles = model_styles(curves["model"].unique())
+    styles = model_styles(curves["model"].unique(), subjects)
     for ax, curve in zip(axes, panels):
         rows = curves[curves["curve"] == curve.key]
         for model, group in rows.groupby("model", sort=False):
@@ -140,21 +122,23 @@ def probe_figure(curves: pd.DataFrame, sweep_reads: Sequence[SweepRead] | None =
             else:  # line: the value; band: its 95 % CI
                 layer, value, low, high = (group[c] for c in ("layer", "value", "ci_low", "ci_high"))
             style = styles[model]
-            ax.plot(layer, value, color=style.color, marker=style.marker, markersize=5, label=model)
+            ax.plot(layer, value, color=style.color, marker=style.marker, markersize=5, linestyle=style.linestyle,
+                    label=model)
             ax.fill_between(layer, low, high, color=style.color, alpha=0.2, linewidth=0)
         if curve.threshold is not None:
-            ax.axhline(curve.threshold, color="0.35", linestyle="--", linewidth=1)
+            ax.axhline(curve.threshold, color="0.45", linewidth=2.5, alpha=0.5)
         values = pd.concat([rows["value"], rows["ci_low"]]).dropna()
         lowest = float(values.min()) if len(values) else 0.0
         top = max(1.05, float(rows["ci_high"].max()) + 0.05) if rows["ci_high"].notna().any() else 1.05
-        ax.set(title=curve.title, xlabel=LAYER_AXIS if ax in axes[-3:] else "layer", ylabel=curve.axis,
+        ax.set(title=curve.title, xlabel=LAYER_AXIS, ylabel=curve.axis,
                ylim=(min(-0.1, lowest - 0.05) if lowest < 0 else -0.03, top))
         ax.title.set_fontsize(11)
         _integer_ticks(ax)
     band = "range over training seeds" if several_seeds else "95 % CI over sequences"
     bars = sorted({curve.threshold for curve in panels if curve.threshold is not None})
     bar = f"threshold {bars[0]:g}" if len(bars) == 1 else "each panel's threshold"
-    fig.suptitle(f"Where position becomes linearly recoverable\n(dashed: {bar}; band: {band})")
+    fig.suptitle("Where position becomes linearly recoverable: a point is one model's probe score at one layer\n"
+                 f"(grey line: {bar}; band: {band})\ncolour: position method; {LINESTYLE_KEY}")
     fig.tight_layout()
     _model_legend(fig, styles)
     return fig
@@ -162,73 +146,88 @@ def probe_figure(curves: pd.DataFrame, sweep_reads: Sequence[SweepRead] | None =
 
 
 def site_rows(probes: pd.DataFrame) -> pd.DataFrame:
-    """Absolute-index R² (regression, grouped linear probe) at every site of every block: its
-    input (``resid_pre``: residual layer l), the finer sites the sweep measured (``attn_out``,
-    ``resid_mid``, ``mlp_out``) and its output (``resid_post``: layer l + 1), with ``block`` and
-    ``kind`` columns."""
+    """Absolute-index R² (regression, grouped linear probe) along the residual stream and at the
+    finer sites the sweep measured, placed on the layer axis (layer 0 = embeddings, l + 1 = output
+    of block l): ``kind`` is ``residual`` (at ``x`` = its layer) or the finer site of block l
+    (``attn_out``, ``resid_mid``, ``mlp_out``, at ``x`` = l + :data:`SITE_OFFSETS`)."""
     rows = probes[(probes["probe"] == "linear") & (probes["split"] == "grouped") & (probes["target"] == "absolute_index")
                   & (probes["task"] == "regression") & (probes["metric"] == "r2")]
     residual = rows[rows["layer"].notna()]
+    residual = residual.assign(kind="residual", x=residual["layer"].astype(float))
     finer = rows[rows["layer"].isna()]
-    last = residual.groupby("model")["layer"].transform("max")
-    inputs = residual[residual["layer"] < last].assign(kind="resid_pre", block=lambda t: t["layer"].astype(int))
-    outputs = residual[residual["layer"] > 0].assign(kind="resid_post", block=lambda t: t["layer"].astype(int) - 1)
-    finer = finer.assign(kind=finer["site"].str.rsplit(".", n=1).str[-1].str.removeprefix("hook_"),
-                         block=finer["block"].astype(int))
-    return pd.concat([inputs, finer, outputs], ignore_index=True)
+    kinds = finer["site"].str.rsplit(".", n=1).str[-1].str.removeprefix("hook_")
+    finer = finer.assign(kind=kinds, x=finer["block"].astype(float) + kinds.map(SITE_OFFSETS))
+    return pd.concat([residual, finer], ignore_index=True)
 
 
-
-SITE_KIND_NAMES = {"resid_pre": "block input (resid_pre)", "attn_out": "attention output (attn_out)",
-                   "resid_mid": "after attention (resid_mid)", "mlp_out": "MLP output (mlp_out)",
-                   "resid_post": "block output (resid_post)"}
+SITE_OFFSETS = {"attn_out": 0.25, "resid_mid": 0.5, "mlp_out": 0.75}
+"""Where block l's finer sites sit between layer l (its input) and layer l + 1 (its output)."""
 
 
+SITE_KIND_NAMES = {"residual": "residual stream (layer l)", "attn_out": "block l's attention output (attn_out)",
+                   "resid_mid": "after block l's attention (resid_mid)", "mlp_out": "block l's MLP output (mlp_out)"}
 
-def site_figure(probes: pd.DataFrame) -> plt.Figure:
-    """Absolute-index R² inside each block, one panel per model: at the block's input, at each
-    finer site the sweep measured and at its output (band: 95 % CI; several seeds: their range)."""
+
+SITE_COLORS = {"residual": "0.15", "attn_out": TOL_BRIGHT[0], "resid_mid": TOL_BRIGHT[4], "mlp_out": TOL_BRIGHT[1]}
+
+
+def site_figure(probes: pd.DataFrame, subjects: dict[str, dict] | None = None) -> plt.Figure:
+    """Absolute-index R² along the residual stream and inside each block, one panel per model
+    (titled in its method's colour): a point is one site's R² of the grouped linear probe, at its
+    layer (0 = embeddings, l + 1 = output of block l), with block l's finer sites between layer l
+    and l + 1 (band: 95 % CI over sequences; several seeds: their range)."""
     rows = site_rows(probes)
     sns.set_theme(style="whitegrid", context="notebook")
     models = list(rows["model"].unique())
-    fig, axes = _grid(len(models), 4.0, 3.2)
+    styles = model_styles(models, subjects)
+    fig, axes = _grid(len(models), 4.0, 3.4)
     kinds = [kind for kind in SITE_KIND_NAMES if kind in set(rows["kind"])]
-    colors = dict(zip(kinds, ("0.55", TOL_BRIGHT[0], TOL_BRIGHT[4], TOL_BRIGHT[1], "0.15")))
     for ax, model in zip(axes, models):
         for kind in kinds:
             line = rows[(rows["model"] == model) & (rows["kind"] == kind)]
             if line.empty:
                 continue
-            stats = line.groupby("block").agg(value=("value", "mean"), low=("ci_low", "min"), high=("ci_high", "max"),
-                                              lo_seed=("value", "min"), hi_seed=("value", "max"), n=("value", "size"))
+            stats = line.groupby("x").agg(value=("value", "mean"), low=("ci_low", "min"), high=("ci_high", "max"),
+                                          lo_seed=("value", "min"), hi_seed=("value", "max"), n=("value", "size"))
             several = (stats["n"] > 1).any()
             low, high = (stats["lo_seed"], stats["hi_seed"]) if several else (stats["low"], stats["high"])
-            dashed = kind in ("resid_pre", "resid_post")
-            ax.plot(stats.index, stats["value"], color=colors[kind], marker="o", markersize=4,
-                    linestyle="--" if dashed else "-", label=SITE_KIND_NAMES[kind])
-            ax.fill_between(stats.index, low, high, color=colors[kind], alpha=0.15, linewidth=0)
+            if kind == "residual":  # one curve over the layers, its CI a band
+                ax.plot(stats.index, stats["value"], color=SITE_COLORS[kind], marker="o", markersize=4,
+                        label=SITE_KIND_NAMES[kind])
+                ax.fill_between(stats.index, low, high, color=SITE_COLORS[kind], alpha=0.15, linewidth=0)
+            else:  # points between the layers, their CIs error bars
+                errors = np.vstack([np.clip(stats["value"] - low, 0, None), np.clip(high - stats["value"], 0, None)])
+                ax.errorbar(stats.index, stats["value"], yerr=np.nan_to_num(errors), color=SITE_COLORS[kind],
+                            marker="o", markersize=4, linestyle="none", capsize=2, label=SITE_KIND_NAMES[kind])
         lowest = float(rows.loc[rows["model"] == model, "value"].min())
-        ax.set(title=model, xlabel="block", ylabel="abs. index R²", ylim=(min(-0.1, lowest - 0.05), 1.05))
+        ax.set(xlabel=LAYER_AXIS, ylabel="abs. index R²", ylim=(min(-0.1, lowest - 0.05), 1.05))
+        ax.xaxis.label.set_fontsize(9)
+        _method_title(ax, model, styles[model])
         _integer_ticks(ax)
-    fig.suptitle("Absolute index inside each block: R² at the block's input, its attention and MLP "
-                 "outputs,\nand its output (band: 95 % CI over sequences)")
+    fig.suptitle("Absolute index along the residual stream and inside each block: a point is the R² of the "
+                 "grouped linear probe\nat one site (block l's attention and MLP outputs between layer l and "
+                 "l + 1; band: 95 % CI over sequences)")
     fig.tight_layout()
-    handles = [matplotlib.lines.Line2D([], [], color=colors[k], marker="o", linestyle="--" if k in ("resid_pre", "resid_post")
-                                       else "-", label=SITE_KIND_NAMES[k]) for k in kinds]
-    fig.legend(handles=handles, title="site", loc="upper center", bbox_to_anchor=(0.5, 0.0), ncol=len(kinds),
+    handles = [matplotlib.lines.Line2D([], [], color=SITE_COLORS[k], marker="o",
+                                       linestyle="-" if k == "residual" else "none", label=SITE_KIND_NAMES[k])
+               for k in kinds]
+    fig.legend(handles=handles, title="site", loc="upper center", bbox_to_anchor=(0.5, 0.0), ncol=2,
                frameon=False)
     return fig
 
 
 
-def sink_figure(sinks: pd.DataFrame, every_condition: bool = False) -> plt.Figure:
-    """Gu et al.'s sink score (layer x head) per model, as each model was read (``every_condition``:
+def sink_figure(sinks: pd.DataFrame, every_condition: bool = False, subjects: dict[str, dict] | None = None
+                ) -> plt.Figure:
+    """Gu et al.'s sink score (block x head: a cell is one head) per model, panels titled in the
+    colour of the model's position method, as each model was read (``every_condition``:
     one panel per model and condition, with and without BOS), on one colour scale fitted to the
     data and reaching past the sink threshold, which the colour bar marks; heads above it are
     outlined. (Tables without a score, from sequences too short for Gu's window, show the sink
     mass instead.)"""
     sns.set_theme(style="white", context="notebook")
     value = "sink_score" if "sink_score" in sinks else "sink_mass"
+    styles = model_styles(sinks["model"].unique(), subjects)
     models, grids, conditions = [], [], []
     for model in sinks["model"].unique():
         rows = sinks[sinks["model"] == model]
@@ -242,10 +241,10 @@ def sink_figure(sinks: pd.DataFrame, every_condition: bool = False) -> plt.Figur
     n_rows = -(-len(models) // n_cols)
     width = 3.3 * n_cols + 1.2
     if value == "sink_score":
-        title = ("Attention sinks: Gu et al.'s sink score per block and head (mean attention on the first token "
+        title = ("Attention sinks: a cell is one head's Gu et al. sink score (mean attention on the first token "
                  f"over the first T ≤ 64 queries; a head above {GU_EPSILON:g} is a sink, outlined)")
     else:
-        title = "Attention sinks: sink mass per block and head (mean attention on the first token)"
+        title = "Attention sinks: a cell is one head's sink mass (mean attention on the first token)"
     title = textwrap.fill(title, int(width * 9))
     height = 2.9 * n_rows + 0.5 + 0.3 * (title.count("\n") + 1)
     fig = plt.figure(figsize=(width, height))
@@ -256,8 +255,8 @@ def sink_figure(sinks: pd.DataFrame, every_condition: bool = False) -> plt.Figur
     for index, (model, grid, condition) in enumerate(zip(models, grids, conditions)):
         ax = fig.add_subplot(grid_spec[index // n_cols, index % n_cols])
         image = _heatmap(ax, grid, cmap, top, GU_EPSILON)
-        ax.set(title=f"{model}\n({condition})", xlabel="head", ylabel="block")
-        ax.title.set_fontsize(11)
+        _method_title(ax, model, styles[model], condition)
+        ax.set(xlabel="head", ylabel="block l")
     bar = fig.colorbar(image, cax=fig.add_subplot(grid_spec[:, -1]))
     bar.ax.axhline(GU_EPSILON, color=TOL_BRIGHT[4], linewidth=3)
     nice = matplotlib.ticker.MaxNLocator(nbins=5).tick_values(0, top)
@@ -291,13 +290,16 @@ def _heatmap(ax: plt.Axes, grid: pd.DataFrame, cmap, top: float, threshold: floa
 
 
 
-def variance_figure(variance: pd.DataFrame) -> plt.Figure:
-    """Attention-output variance against position on log-log axes, one panel per model, one line
-    per block (several training seeds: their mean, and a band over their range), and a dashed
-    slope -1 line (the 1/(i+1) law of uniform causal attention) through block 0's first point."""
+def variance_figure(variance: pd.DataFrame, subjects: dict[str, dict] | None = None) -> plt.Figure:
+    """Attention-output variance against position on log-log axes, one panel per model (titled in
+    its method's colour), one line per block: a point is the variance across sequences of block
+    l's ``attn_out`` at one position (several training seeds: their mean, and a band over their
+    range), and a dashed slope -1 line (the 1/(i+1) law of uniform causal attention) through block
+    0's first point."""
     sns.set_theme(style="whitegrid", context="notebook")
     data = variance[variance["variance"] > 0]  # a log axis cannot show an output that never varies
     models = list(data["model"].unique())
+    styles = model_styles(models, subjects)
     fig, axes = _grid(len(models), 3.8, 3.2, max_cols=3)
     blocks = sorted(data["block"].astype(int).unique())
     palette = dict(zip(blocks, (TOL_BRIGHT * 4)[: len(blocks)]))
@@ -312,15 +314,15 @@ def variance_figure(variance: pd.DataFrame) -> plt.Figure:
         first = stats[stats["block"] == stats["block"].min()].iloc[0]
         x = np.array([first["position"] + 1, stats["position"].max() + 1], dtype=float)
         ax.plot(x, first["mean"] * x[0] / x, color="black", linestyle="--", linewidth=1.2)
-        ax.set(xscale="log", yscale="log", title=model)
-        ax.title.set_fontsize(11)
+        ax.set(xscale="log", yscale="log")
+        _method_title(ax, model, styles[model])
         ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
         ax.yaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
     for ax in axes:
         ax.set_xlabel("position i + 1")
         ax.set_ylabel("variance of attn_out (per dim)")
-    fig.suptitle("Variance of each block's attention output across sequences, by position\n"
-                 "(dashed: slope −1, the 1/(i+1) law of uniform causal attention)")
+    fig.suptitle("Variance of each block's attention output across sequences: a point is block l's attn_out "
+                 "at one position\n(dashed: slope −1, the 1/(i+1) law of uniform causal attention)")
     fig.tight_layout()
     handles = [matplotlib.lines.Line2D([], [], color=palette[b], label=f"block {b}") for b in blocks]
     handles.append(matplotlib.lines.Line2D([], [], color="black", linestyle="--", label="slope −1"))
@@ -408,27 +410,29 @@ def intervention_figure(tables: dict[str, pd.DataFrame], name: str):
 
 
 
-def sink_ablation_figure(table: pd.DataFrame):
-    """The sweep's figure: per model, absolute-index R² at layer l + 1, clean and with the first
-    key removed in block l, with 95 % CIs (several seeds: means of the values and CI bounds)."""
+def sink_ablation_figure(table: pd.DataFrame, subjects: dict[str, dict] | None = None):
+    """The sweep's figure: per model (titled in its method's colour), a pair of bars per layer
+    l + 1 (the output of block l): absolute-index R² there, clean and with the first key removed in
+    block l, with 95 % CIs (several seeds: means of the values and CI bounds)."""
     sns.set_theme(style="whitegrid", context="notebook")
     keys = ["model", "block"]
     numbers = ["r2_clean", "r2_clean_ci_low", "r2_clean_ci_high", "r2_ablated", "r2_ablated_ci_low", "r2_ablated_ci_high"]
     measured = table[table["status"] == "measured"].groupby(keys, sort=False)[numbers].mean().reset_index()
     models = list(measured["model"].unique())
-    fig, axes = _grid(len(models), 3.6, 2.9)
+    styles = model_styles(models, subjects)
+    fig, axes = _grid(len(models), 3.6, 3.1)
     lowest = float(measured[["r2_clean_ci_low", "r2_ablated_ci_low"]].min().min())
     for ax, model in zip(axes, models):
         rows = measured[measured["model"] == model]
-        blocks = rows["block"].astype(int).tolist()
+        layers_read = (rows["block"].astype(int) + 1).tolist()
         series = {"clean": (rows["r2_clean"], rows["r2_clean_ci_low"], rows["r2_clean_ci_high"]),
                   "remove_key": (rows["r2_ablated"], rows["r2_ablated_ci_low"], rows["r2_ablated_ci_high"])}
-        _bars(ax, blocks, series, CONDITION_COLORS, CONDITION_NAMES)
-        ax.set(title=model, xlabel="block l", ylabel="R² at layer l + 1", ylim=(min(-0.1, lowest - 0.05), 1.1))
-        ax.title.set_fontsize(11)
+        _bars(ax, layers_read, series, CONDITION_COLORS, CONDITION_NAMES)
+        ax.set(xlabel="layer l + 1 (output of block l)", ylabel="abs. index R²", ylim=(min(-0.1, lowest - 0.05), 1.1))
+        _method_title(ax, model, styles[model])
     several = "train_seed" in table and table.groupby("model")["train_seed"].nunique().max() > 1
-    fig.suptitle("Sink ablation: absolute-index R² at layer l + 1, clean and with the first token\nremoved "
-                 "from the keys of block l (error bars: 95 % CI over sequences"
+    fig.suptitle("Sink ablation: a bar is the absolute-index R² at layer l + 1, clean and with the first token\n"
+                 "removed from the keys of block l (error bars: 95 % CI over sequences"
                  + ("; bars and bounds: means over training seeds)" if several else ")"))
     fig.tight_layout()
     handles = [matplotlib.patches.Patch(color=CONDITION_COLORS[c], label=CONDITION_NAMES[c]) for c in ("clean", "remove_key")]
@@ -436,17 +440,20 @@ def sink_ablation_figure(table: pd.DataFrame):
     return fig
 
 
-def dynamics_figure(table: pd.DataFrame, name: str, threshold: float):
+def dynamics_figure(table: pd.DataFrame, name: str, threshold: float, position: str | None = None):
     """Heatmaps (layer x step) of absolute-index R² and of the score read, the sink rate and
     validation loss against step (log scale, 95 % CI band), and on Bigram-Backcopy each head's
     attention on BOS (non-trigger queries) and on the previous token (trigger queries); cells above
-    ``threshold`` (:data:`~nopelens.analyses.dynamics.THRESHOLD`) outlined."""
+    ``threshold`` (:data:`~nopelens.analyses.dynamics.THRESHOLD`) outlined. A heatmap cell is one
+    checkpoint's probe score at one layer (0 = embeddings, l + 1 = output of block l) or block; the
+    sink rate is drawn in the colour of the model's position method(s), ``position``
+    (:func:`~nopelens.analyses.palette.method_color`)."""
     sns.set_theme(style="whitegrid", context="notebook")
     heads = table[table["measure"].isin(["first_mass", "previous_mass"])]
     n_panels = 4 if len(heads) else 3
     fig, axes = plt.subplots(1, n_panels, figsize=(4.6 * n_panels, 3.9))
 
-    for ax, measure, title, label in ((axes[0], "absolute_r2", "absolute index R²", "layer"),
+    for ax, measure, title, label in ((axes[0], "absolute_r2", "absolute index R²", "layer (0 = embeddings)"),
                                       (axes[1], "score_read_r2", "head-score read of i − j, R²", "block")):
         rows = table[table["measure"] == measure]
         if rows.empty:
@@ -462,8 +469,9 @@ def dynamics_figure(table: pd.DataFrame, name: str, threshold: float):
     ax = axes[2]
     sink = table[table["measure"] == "sink_rate"].sort_values("step")
     x = sink["step"].clip(lower=0.5)
-    ax.plot(x, sink["value"], marker="o", label="sink rate (Gu, > 0.3)")
-    ax.fill_between(x, sink["ci_low"], sink["ci_high"], alpha=0.25)
+    color = method_color(position)
+    ax.plot(x, sink["value"], marker="o", color=color, label="sink rate (Gu, > 0.3)")
+    ax.fill_between(x, sink["ci_low"], sink["ci_high"], color=color, alpha=0.25)
     loss = table[table["measure"] == "validation_loss"].sort_values("step")
     twin = ax.twinx()
     twin.plot(loss["step"].clip(lower=0.5), loss["value"], color="C3", marker=".", label="validation loss")
@@ -483,6 +491,8 @@ def dynamics_figure(table: pd.DataFrame, name: str, threshold: float):
         ax.set(xscale="log", ylim=(-0.02, 1.02), xlabel="training step", ylabel="attention",
                title="dormant (on BOS) and active (on previous)")
         ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.22), ncol=1)
-    fig.suptitle(f"{name} through training (R² below 0 drawn as 0)", y=1.03)
+    method = f" ({method_label(position)})" if position else ""
+    fig.suptitle(f"{name}{method} through training: a cell is one checkpoint's R² at one layer or block "
+                 "(R² below 0 drawn as 0)", y=1.03)
     fig.subplots_adjust(wspace=0.5)
     return fig

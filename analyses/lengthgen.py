@@ -35,7 +35,8 @@ from nopelens.models.threads import limited_threads
 from nopelens.models.training import evaluate_exact_match, train
 
 from . import runs
-from .figures import TOL_BRIGHT, save_figure
+from .figures import save_figure
+from .palette import method_color
 
 METHODS = ("nope", "learned", "sinusoidal", "rope", "alibi", "t5")
 TASK_NAMES = ("repeat", "copy")
@@ -148,16 +149,21 @@ def summarize(results: pd.DataFrame) -> pd.DataFrame:
 
 
 def plot(results: pd.DataFrame, out_stem: Path) -> list[Path]:
-    """Seaborn line plot of exact match against length, one line per method, one panel per task.
+    """Draw :func:`lengthgen_figure` into ``<out_stem>.png`` and ``<out_stem>.svg``, atomically;
+    returns their paths."""
+    return save_figure(lengthgen_figure(results), out_stem)
 
-    Writes ``<out_stem>.png`` and ``<out_stem>.svg`` atomically; returns their paths.
-    """
+
+def lengthgen_figure(results: pd.DataFrame):
+    """Seaborn line plot of exact match against length, one line per method (in its fixed colour,
+    :mod:`~nopelens.analyses.palette`), one panel per task: a point is a method's exact match at one
+    problem size, the mean over seeds."""
     L = int(results["train_max_len"].iloc[0])
     methods = [m for m in METHODS if m in set(results["method"])]
     sns.set_theme(style="whitegrid", context="notebook")
     grid = sns.relplot(
         data=results, x="length", y="exact_match", hue="method", hue_order=methods,
-        palette=dict(zip(METHODS, TOL_BRIGHT)), col="task", kind="line", marker="o", errorbar=("pi", 100),
+        palette={m: method_color(m) for m in methods}, col="task", kind="line", marker="o", errorbar=("pi", 100),
         height=3.3, aspect=1.3,
     )
     for ax in grid.axes.flat:
@@ -167,8 +173,8 @@ def plot(results: pd.DataFrame, out_stem: Path) -> list[Path]:
     grid.set_titles("{col_name}")
     grid.set_axis_labels("problem size (symbols)", "exact match (fraction of sequences)")
     grid.figure.suptitle(f"Length generalization: trained on sizes 1-{L} (left of the dashed line), tested up to "
-                         f"{2 * L}\n(band: range over seeds)", y=1.13)
-    return save_figure(grid.figure, out_stem)
+                         f"{2 * L}\n(a point: mean exact match over seeds; band: their range)", y=1.13)
+    return grid.figure
 
 
 RESULT_COLUMNS = ("task", "method", "seed", "length", "exact_match", "in_distribution")

@@ -263,17 +263,17 @@ def _duration(seconds: float) -> str:
 
 
 def plan(subject: Subject, settings, sites: SweepSites) -> Plan:
-    """The forward passes, tokens and statistics' memory of :func:`measure_streamed`, and how long
-    it will take, measured here.
+    """The forward passes, tokens and statistics' memory of
+    :func:`~nopelens.analyses.streamed.measure_streamed`, and how long it will take, measured here.
 
     Forward passes: one per batch, plus one per batch of the sequences without BOS (the sink
     table's second condition), plus one per batch and ablated block for the sink ablation (each
     stopped after its block, so the n blocks cost about (n + 1) / 2 full passes; its tokens are
     counted in full); the probes add a second pass over every batch to a run whose features do not
-    all fit the keep budget (:func:`run_budget`, :func:`ablation_budget`). When the statistics of
-    every site do not fit the memory the run may use, the sites run in groups
-    (:func:`statistics_groups`), one run of the passes above each (counted in full, though each
-    stops after its deepest site). A run that cannot hold what it must besides
+    all fit the keep budget (:func:`~nopelens.analyses.streamed.run_budget`, :func:`ablation_budget`).
+    When the statistics of every site do not fit the memory the run may use, the sites run in groups
+    (:func:`~nopelens.analyses.streamed.statistics_groups`), one run of the passes above each
+    (counted in full, though each stops after its deepest site). A run that cannot hold what it must besides
     its batches within :data:`STATISTICS_SHARE` of that memory is a shortfall: refused before any
     forward pass.
 

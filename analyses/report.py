@@ -291,6 +291,34 @@ FIGURE_TITLES = {"probes": "per-layer probe curves", "sites": "absolute index in
                  "sinks": "attention-sink scores", "variance": "attention-output variance",
                  "sink_ablation": "sink ablation"}
 
+_STYLE_KEY = ("Colour: the model's position method, the same in every figure of every run; line: solid for a "
+              "trained model, dashed for the circuit (positive control), dotted for the untrained model and "
+              "dash-dot for constant input (negative controls).")
+
+FIGURE_CAPTIONS = {
+    "probes": "A point is one model's score of one read at one layer (layer 0 = the embeddings, layer l + 1 = the "
+              "output of block l), from the linear probe on held-out sequences; band: 95 % bootstrap CI over "
+              "sequences (several training seeds: their range); grey line: the read's threshold. " + _STYLE_KEY,
+    "sites": "A point is the absolute-index R² of the linear probe at one site of one model: the residual stream at "
+             "layer l (0 = embeddings), and block l's attention output, the residual after its attention and its "
+             "MLP output between layer l and l + 1; band and bars: 95 % CI over sequences. Panel titles are in the "
+             "colour of the model's position method.",
+    "sinks": "A cell is one head (block l, head h) of one model: its sink score, the mean attention on the first "
+             "token; outlined: a sink. Panel titles are in the colour of the model's position method.",
+    "variance": "A point is the variance across sequences of block l's attention output at one position of one "
+                "model; dashed: slope −1, the 1/(i + 1) law of uniform causal attention. Panel titles are in the "
+                "colour of the model's position method.",
+    "sink_ablation": "A pair of bars is the absolute-index R² at layer l + 1 (the output of block l), clean and with "
+                     "the first token removed from block l's keys, with 95 % CIs. Panel titles are in the colour "
+                     "of the model's position method.",
+}
+"""What a point is in each figure of a sweep's run folder: the caption under it in ``summary.md``."""
+
+
+def caption(stem: str) -> str:
+    """The Markdown caption of figure ``stem``: :data:`FIGURE_CAPTIONS` in italics, in lines of at most 100 columns."""
+    return textwrap.fill(f"*{FIGURE_CAPTIONS[stem]}*", 100)
+
 
 def summary_markdown(result, settings, command: str, versions: dict[str, str], figures: Sequence[str] = (),
                      name: str = "sweep") -> str:
@@ -307,7 +335,8 @@ def summary_markdown(result, settings, command: str, versions: dict[str, str], f
         tables.append(not_applicable_text(skipped, bullet="- "))
     settings_text = ", ".join(f"{k}={v}" for k, v in dataclasses.asdict(settings).items())
     version_text = ", ".join(f"{k} {v}" for k, v in versions.items())
-    pictures = [f"![{FIGURE_TITLES.get(stem, stem)}]({stem}.png)" for stem in figures if stem != "sink_ablation"]
+    pictures = [f"![{FIGURE_TITLES.get(stem, stem)}]({stem}.png)\n\n{caption(stem)}" for stem in figures
+                if stem != "sink_ablation"]
     return "\n".join([
         f"# nopelens {name}",
         "",
@@ -351,15 +380,15 @@ def write_run(result, settings, command: str, versions: dict[str, str], svg: boo
     """
     out = result.out_dir
     formats = ("png", "svg") if svg else ("png",)
-    figures = {"probes": lambda: probe_figure(result.curves, result.reads)}
-    if not site_rows(result.probes).query("kind not in ('resid_pre', 'resid_post')").empty:
-        figures["sites"] = lambda: site_figure(result.probes)
+    figures = {"probes": lambda: probe_figure(result.curves, result.reads, result.subjects)}
+    if not site_rows(result.probes).query("kind != 'residual'").empty:
+        figures["sites"] = lambda: site_figure(result.probes, result.subjects)
     if not result.sinks.empty:  # no sink read applies (every block a DSA past index_topk): no figure
-        figures["sinks"] = lambda: sink_figure(result.sinks)
+        figures["sinks"] = lambda: sink_figure(result.sinks, subjects=result.subjects)
     if (result.variance.get("variance", pd.Series(dtype=float)) > 0).any():  # nothing varies: no figure
-        figures["variance"] = lambda: variance_figure(result.variance)
+        figures["variance"] = lambda: variance_figure(result.variance, result.subjects)
     if not result.sink_ablation.empty and (result.sink_ablation["status"] == "measured").any():
-        figures["sink_ablation"] = lambda: sink_ablation_figure(result.sink_ablation)
+        figures["sink_ablation"] = lambda: sink_ablation_figure(result.sink_ablation, result.subjects)
     if not draw:
         figures = {}
     for stem, figure in figures.items():
@@ -387,7 +416,7 @@ def _sink_ablation_section(result, figure: bool = True) -> list[str]:
         "",
         sink_ablation_markdown(seeds.sink_ablation_over_seeds(result.sink_ablation)),
         "",
-        *(["![sink ablation](sink_ablation.png)", ""] if figure else []),
+        *(["![sink ablation](sink_ablation.png)", "", caption("sink_ablation"), ""] if figure else []),
     ]
 
 
@@ -403,6 +432,8 @@ def sink_ablation_markdown(table: pd.DataFrame) -> str:
     return grid.reset_index().fillna("").to_markdown(index=False)
 
 
-__getattr__ = moved_names(__name__, moved=dict.fromkeys(
-    ("Style", "model_styles", "intervention_figure", "REPRODUCIBLE", "NO_STAMPS", "LAYER_AXIS", "TOL_BRIGHT",
-     "TOL_MUTED", "MARKERS", "SITE_KIND_NAMES", "CONDITION_COLORS", "CONDITION_NAMES"), "nopelens.analyses.figures"))
+__getattr__ = moved_names(__name__, moved={
+    **dict.fromkeys(("intervention_figure", "REPRODUCIBLE", "NO_STAMPS", "LAYER_AXIS", "TOL_BRIGHT", "SITE_KIND_NAMES",
+                     "CONDITION_COLORS", "CONDITION_NAMES"), "nopelens.analyses.figures"),
+    **dict.fromkeys(("Style", "model_styles", "MARKERS"), "nopelens.analyses.palette")},
+    gone={"TOL_MUTED": "nopelens.analyses.palette.METHOD_COLORS (a fixed colour per position method)"})

@@ -152,6 +152,6 @@ def score_sites(model, n_layers: int, hf=None) -> list[str]:
 
 def sink_sites(subject: Subject) -> list[str]:
     """The extra sites a subject's non-token sinks are read from: ``attn.hook_v`` and ``attn.hook_z``
-    of its output-scale sink blocks (see :func:`~nopelens.probes.sinks.output_scale_sink_mass`)."""
+    of its output-scale sink blocks (see :class:`~nopelens.probes.sinks.SinkStats`)."""
     return [act_name(name, block) for block, (kind, _) in subject.sinks().items() if kind == "output_scale"
             for name in ("v", "z")]

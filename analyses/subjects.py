@@ -68,7 +68,8 @@ class Subject:
         model: a ``Decoder``, ``TransformerBridge`` or ``HookedModule``.
         n_layers: number of blocks.
         position: the position method's name (``nope``, ``rope``, ...; ``hf`` when unknown).
-        kind: ``trained``, ``circuit``, ``untrained`` or ``external``.
+        kind: ``trained``, ``circuit`` (positive control), ``untrained`` or ``constant`` (negative
+            controls: random weights; read on constant input), or ``external``.
         tokens: int64 ``[batch, pos]`` evaluation sequences.
         attention_mask: int64 ``[batch, pos]``, 1 for real tokens.
         has_bos: whether every sequence starts with a dedicated BOS token.
@@ -470,7 +471,7 @@ def _constant(spec: str, n_sequences: int, seq_len: int, seed: int, init_seed: i
     config = constant_config(spec)
     model = Decoder(config, seed=init_seed).eval()
     tokens = torch.full((n_sequences, seq_len), CONSTANT_TOKEN, dtype=torch.long)  # no BOS
-    return Subject(spec, model, config.n_layers, config.position_name, "untrained", tokens, torch.ones_like(tokens),
+    return Subject(spec, model, config.n_layers, config.position_name, "constant", tokens, torch.ones_like(tokens),
                    has_bos=False, info={"init_std": config.init_std, "token": CONSTANT_TOKEN})
 
 

@@ -251,8 +251,9 @@ def sweep(settings: SweepSettings, out_dir: str | Path | None = None, progress: 
             :data:`~nopelens.analyses.reads.SWEEP_READS`; :func:`~nopelens.analyses.reads.choose_reads`
             makes others). They only read what was measured, so a run folder resumes with any.
         name: the command, for the progress bar (``sweep`` or ``probe``).
-        svg, figures: deprecated and ignored (a one-line ``DeprecationWarning`` says so): the
-            sweep writes tables; :func:`~nopelens.analyses.report.write_run` draws.
+        svg: deprecated and ignored (a one-line ``DeprecationWarning`` says so): the sweep
+            writes tables; :func:`~nopelens.analyses.report.write_run` draws.
+        figures: deprecated and ignored, as ``svg``.
 
     Raises:
         ValueError: if ``out_dir`` holds a sweep made with other settings or another analysis's

@@ -363,6 +363,8 @@ class Decoder(tl_compat.TransformerLensCompat):
                 cache's next position).
             stop_at_layer: if given, run blocks ``0 .. stop_at_layer - 1`` and return the residual
                 stream ``[batch, pos, d_model]`` (0 returns the embeddings plus input positions).
+                A negative ``k`` counts from the end, ``n_layers + k``, as TransformerLens'
+                ``HookedTransformer.forward`` documents (``-1`` skips the last block).
             past_kv: a :class:`KVCache`; the new keys and values are appended to it (only once the
                 pass has succeeded).
             return_type: as in TransformerLens: ``"logits"``, ``"loss"`` (next-token cross
@@ -379,7 +381,7 @@ class Decoder(tl_compat.TransformerLensCompat):
             TypeError: if tokens, mask or position ids are not integer tensors.
             ValueError: on a token id outside the vocabulary, a wrong shape, a mask that is not
                 0/1, a fully masked row, a negative position, a position past a learned table's
-                ``n_ctx`` rows, ``stop_at_layer`` outside ``[0, n_layers]`` or with a cache or a
+                ``n_ctx`` rows, ``stop_at_layer`` outside ``[-n_layers, n_layers]`` or with a cache or a
                 loss, an unknown ``return_type``, or a loss with no two consecutive real tokens.
         """
         tl_compat.check_return_type(return_type, loss_per_token, stop_at_layer)
@@ -486,9 +488,12 @@ class Decoder(tl_compat.TransformerLensCompat):
             )
 
     def _check_stop(self, stop_at_layer: int) -> int:
-        if not 0 <= stop_at_layer <= self.cfg.n_layers:
-            raise ValueError(f"stop_at_layer must lie in [0, {self.cfg.n_layers}], got {stop_at_layer}")
-        return stop_at_layer
+        """The number of blocks to run: ``stop_at_layer``, or ``n_layers + stop_at_layer`` when negative."""
+        n_layers = self.cfg.n_layers
+        if not -n_layers <= stop_at_layer <= n_layers:
+            raise ValueError(f"stop_at_layer must lie in [-{n_layers}, {n_layers}] (negative: n_layers + k, "
+                             f"as in TransformerLens), got {stop_at_layer}")
+        return stop_at_layer if stop_at_layer >= 0 else n_layers + stop_at_layer
 
     # ----------------------------------------------------------------------------- weights, stacked
     @property

@@ -297,16 +297,22 @@ class TransformerLensCompat(HookedRootModule):
                 As in TransformerLens, the parameters' ``.grad`` accumulate.
             pos_slice: keep only these positions (TransformerLens ``Slice`` input) along each
                 hook's position axis (:func:`pos_axis`).
-            *model_args, **model_kwargs: the forward pass's arguments.
+            *model_args: the forward pass's positional arguments.
+            **model_kwargs: the forward pass's keyword arguments.
 
         Raises:
-            ValueError: on ``remove_batch_dim`` with more than one sequence, ``incl_bwd`` without
-                ``return_type="loss"``, or a hook point in ``names_filter`` that cannot fire.
+            AssertionError: on ``remove_batch_dim`` with more than one sequence, as TransformerLens
+                documents (``HookedRootModule.run_with_cache``).
+            ValueError: on ``incl_bwd`` without ``return_type="loss"``, or a hook point in
+                ``names_filter`` that cannot fire.
             KeyError: on a name in ``names_filter`` that is no hook point of the model.
         """
         tokens = model_args[0] if model_args else model_kwargs.get("tokens")
         if remove_batch_dim and isinstance(tokens, Tensor) and tokens.ndim == 2 and tokens.shape[0] != 1:
-            raise ValueError(f"remove_batch_dim=True needs a batch of one sequence, got {tokens.shape[0]}")
+            # AssertionError, as TransformerLens' HookedRootModule.run_with_cache documents (raised, not
+            # asserted, so python -O keeps the check)
+            raise AssertionError(f"Cannot remove batch dimension from cache with batch size {tokens.shape[0]}: "
+                                 "remove_batch_dim=True needs a batch of one sequence")
         if incl_bwd and (model_kwargs.get("return_type") != "loss" or model_kwargs.get("loss_per_token")):
             raise ValueError(
                 "run_with_cache(incl_bwd=True) backpropagates the model's output, which must be a "

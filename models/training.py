@@ -167,7 +167,8 @@ def train(
         task: a :class:`~nopelens.models.tasks.Task`.
         steps: number of optimizer steps, >= 1.
         batch_size: sequences per step.
-        min_len, max_len: range of training problem sizes (see the task's docstring).
+        min_len: the smallest training problem size (see the task's docstring).
+        max_len: the largest training problem size.
         lr: peak learning rate of AdamW (betas 0.9, 0.95).
         weight_decay: decoupled weight decay on matrices and tables.
         warmup_steps: linear warmup length; default 5 % of ``steps``.

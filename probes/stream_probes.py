@@ -323,9 +323,16 @@ def probe_relative_distance(
         attention: pairs such as ``("blocks.0.attn.hook_rot_q", "blocks.0.attn.hook_rot_k")``.
         scores: collected ``hook_attn_scores`` sites, e.g. ``["blocks.0.attn.hook_attn_scores"]``.
         bilinear: ``outer`` or ``elementwise``.
-        tasks, n_splits, classifier, controls, n_boot, seed, device: as :func:`probe_absolute_index`.
-        max_distance, pairs_per_distance, distances: as
-            :func:`~nopelens.probes.targets.sample_distance_pairs` (at long context, pass
+        tasks: as :func:`probe_absolute_index`.
+        n_splits: as :func:`probe_absolute_index`.
+        classifier: as :func:`probe_absolute_index`.
+        controls: as :func:`probe_absolute_index`.
+        n_boot: as :func:`probe_absolute_index`.
+        seed: as :func:`probe_absolute_index`.
+        device: as :func:`probe_absolute_index`.
+        max_distance: as :func:`~nopelens.probes.targets.sample_distance_pairs`.
+        pairs_per_distance: as :func:`~nopelens.probes.targets.sample_distance_pairs`.
+        distances: as :func:`~nopelens.probes.targets.sample_distance_pairs` (at long context, pass
             :func:`~nopelens.probes.targets.spread_distances` rather than every distance).
 
     Returns:

@@ -52,6 +52,25 @@ def test_every_command_spells_seeds_and_the_progress_switch_one_way(capsys):
     assert "--seeds" in capsys.readouterr().err
 
 
+def _options_without_help(parser: argparse.ArgumentParser, command: str):
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, subparser in action.choices.items():
+                yield from _options_without_help(subparser, f"{command} {name}")
+        elif not (action.help or "").strip() or action.help == argparse.SUPPRESS:
+            yield f"{command} {'/'.join(action.option_strings) or action.dest}"
+
+
+def test_every_option_of_every_command_has_help_text():
+    """`nopelens train --help` showed --position, --layers, --d-model and --task without a word (issue 49)."""
+    parser = build_parser()  # every command module registered
+    assert len(parser._subparsers._group_actions[0].choices) == len(COMMANDS)
+    assert list(_options_without_help(parser, "nopelens")) == []
+    bare = argparse.ArgumentParser(prog="x")
+    bare.add_argument("--layers", type=int)
+    assert list(_options_without_help(bare, "x")) == ["x --layers"]  # the walk sees a missing text
+
+
 def test_one_model_spec_help_for_every_command_that_takes_a_model():
     from nopelens.analyses.cli.options import MODEL_HELP
 

@@ -10,7 +10,7 @@ MOVED = [
     ("nopelens.analyses.streamed", "plan", "nopelens.analyses.plan"),
     ("nopelens.analyses.streamed", "Plan", "nopelens.analyses.plan"),
     ("nopelens.analyses.report", "intervention_figure", "nopelens.analyses.figures"),
-    ("nopelens.analyses.report", "model_styles", "nopelens.analyses.figures"),
+    ("nopelens.analyses.report", "model_styles", "nopelens.analyses.palette"),
     ("nopelens.analyses.sweep", "summarize_seed", "nopelens.analyses.summary"),
     ("nopelens.analyses.sweep", "first_variance_block", "nopelens.analyses.sites"),
     ("nopelens.analyses.dynamics", "dynamics_figure", "nopelens.analyses.figures"),

@@ -10,7 +10,7 @@ from nopelens.analyses.sweep import SweepSettings, sweep
 def test_constant_nope_is_one_token_without_bos():
     subject = resolve("constant-nope", n_sequences=3, seq_len=8)
     assert torch.equal(subject.tokens, torch.full((3, 8), CONSTANT_TOKEN))
-    assert not subject.has_bos and subject.kind == "untrained" and subject.position == "nope"
+    assert not subject.has_bos and subject.kind == "constant" and subject.position == "nope"
 
 
 def test_constant_hybrid_repeats_the_list_over_layers():

@@ -157,6 +157,20 @@ def test_stop_at_layer_returns_the_residual_stream():
         model(toks, stop_at_layer=4)
 
 
+def test_negative_stop_at_layer_counts_from_the_end_as_in_transformer_lens():
+    # TransformerLens' HookedTransformer.forward: stop_at_layer "supports negative indexing", and its
+    # bridge runs len(blocks) + k blocks for k < 0: -1 skips the last block, -n_layers runs none
+    model = make("rope")  # 3 blocks
+    toks = tokens(2, 7)
+    _, cache = model.run_with_cache(toks)
+    torch.testing.assert_close(model(toks, stop_at_layer=-1), cache["blocks.1.hook_resid_post"])
+    torch.testing.assert_close(model(toks, stop_at_layer=-3), cache["blocks.0.hook_resid_pre"])
+    out, stopped = model.run_with_cache(toks, stop_at_layer=-1)
+    assert "blocks.1.hook_resid_post" in stopped and "blocks.2.hook_resid_pre" not in stopped
+    with pytest.raises(ValueError, match=r"stop_at_layer must lie in \[-3, 3\]"):
+        model(toks, stop_at_layer=-4)  # no silent clamp to the embeddings
+
+
 def test_hooks_are_removed_after_run_with_cache():
     model = make("alibi")
     model.run_with_cache(tokens(1, 4))

@@ -184,6 +184,45 @@ def test_a_sweep_of_models_whose_attention_output_never_varies_writes_no_varianc
     assert (out / "summary.md").is_file() and not (out / "variance.png").exists()
 
 
+def test_two_sweeps_of_other_models_draw_each_method_in_the_same_colour(quick_run, tmp_path, monkeypatch):
+    """Colours followed the order of models: NoPE pink and RoPE blue in one run's probes.png, the
+    reverse in another (issue 49). Read from the artists each run's figures were drawn with: the
+    default quick sweep's, and a sweep of other models in another order."""
+    import matplotlib.colors
+
+    drawn = {}
+    save = report.save_figure
+
+    def keep(fig, stem, formats=("png", "svg")):
+        drawn[str(stem)] = fig
+        return save(fig, stem, formats)
+
+    def styles(out):
+        probes, sites = drawn[str(out / "probes")], drawn[str(out / "sites")]
+        lines = {line.get_label(): (matplotlib.colors.to_hex(line.get_color()), line.get_linestyle())
+                 for ax in probes.axes for line in ax.lines if not line.get_label().startswith("_")}
+        titles = {ax.get_title().split("\n")[0]: matplotlib.colors.to_hex(ax.title.get_color())
+                  for ax in sites.axes if ax.get_visible()}
+        return lines, titles
+
+    monkeypatch.setattr(report, "save_figure", keep)
+    result, out = quick_run
+    report.write_run(result, SweepSettings.quick(), "nopelens sweep --quick", versions())  # the same files again
+    (a, a_titles) = styles(out)
+    rope, nope = "text-rope-4l (30 steps)", "text-nope-4l (30 steps)"  # the quick run's briefly trained models
+    other = tmp_path / "other"
+    assert main(["sweep", "--models", "untrained-nope,constant-rope", "--no-controls", "--quick", "--n-sequences",
+                 "16", "--seq-len", "16", "--jobs", "1", "--quiet", "--out", str(other)]) == 0
+    (b, b_titles) = styles(other)
+    assert set(b) == {"untrained-nope", "constant-rope"} and {rope, nope, "circuit", "constant-nope"} <= set(a)
+    assert a["untrained-nope"] == b["untrained-nope"], "a model keeps its colour and style, whatever comes with it"
+    assert a[rope][0] == b["constant-rope"][0] == a_titles[rope] == b_titles["constant-rope"], \
+        "one colour for RoPE, in every run and figure"
+    assert a[nope][0] == a["circuit"][0] == b["untrained-nope"][0] != a[rope][0]
+    assert (a[nope][1], a["circuit"][1], a["untrained-nope"][1], a["constant-nope"][1],
+            b["constant-rope"][1]) == ("-", "--", ":", "-.", "-."), "controls in their own line style"
+
+
 def test_a_rerun_with_no_figures_removes_the_earlier_figures(quick_run):
     """Last in this file: it changes the shared run folder. The tables would otherwise sit beside figures
     of an earlier run that this run did not draw."""

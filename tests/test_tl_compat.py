@@ -412,8 +412,11 @@ def test_remove_batch_dim_gives_a_cache_that_knows_it():
     table = lens.to_dataframe(top_k=1)
     assert "batch" not in table.columns and sorted(table["pos"].unique()) == list(range(5))
     assert single["pattern", 0, "attn"].shape == (2, 5, 5)  # detect_head reads [head_index, q, k]
-    with pytest.raises(ValueError, match="batch of one sequence, got 2"):
+    # TransformerLens' run_with_cache documents an AssertionError for a batch above 1
+    with pytest.raises(AssertionError, match="batch size 2"):
         model.run_with_cache(CLEAN, remove_batch_dim=True)
+    with pytest.raises(AssertionError, match="batch size 2"):
+        model.run_with_cache(tokens=CLEAN, remove_batch_dim=True)
 
 
 @pytest.mark.parametrize("remove_batch_dim", [False, True])

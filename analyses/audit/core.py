@@ -108,9 +108,10 @@ def audit(
         train_lengths: training lengths, overriding the metadata.
         shift: the constant added to every position in step 8's shift intervention, >= 1.
         seed: seed of the random probe tokens.
-        atol, rtol: agreement means max |a - b| <= atol + rtol * max |reference|; default: the
+        atol: agreement means max |a - b| <= atol + rtol * max |reference|; default: the
             tolerance of the model's compute dtype (:meth:`Tolerance.for_dtype`: float32 1e-5 and
             1e-4, bfloat16 and float16 4 eps).
+        rtol: see ``atol``.
         name: label of the model in the report.
 
     Returns:

@@ -194,7 +194,7 @@ def step6_score_parts(run: Run) -> StepResult:
 
 def _output_scale(run: Run, layer: int, pattern: Tensor) -> Tensor | None:
     """The factor c of each real (query, head) in hook_z = c * (pattern @ hook_v): an output-scale
-    sink's 1 - p_sink (see :func:`nopelens.probes.sinks.output_scale_sink_mass`); None unhooked."""
+    sink's 1 - p_sink (see :class:`nopelens.probes.sinks.SinkStats`); None unhooked."""
     v, z = run.hook(layer, "hook_v"), run.hook(layer, "hook_z")
     if v is None or z is None:
         return None

@@ -39,6 +39,6 @@ def register(subparsers) -> None:
         description="Build one small decoder per position method and print its hook names.",
         epilog="example: nopelens demo --verbose",
     )
-    parser.add_argument("--seed", type=seed_type, default=0)
+    parser.add_argument("--seed", type=seed_type, default=0, help="seed of the models' weights (default %(default)s)")
     parser.add_argument("--verbose", action="store_true", help="print every hook name")
     parser.set_defaults(func=run)

@@ -7,6 +7,7 @@ from pathlib import Path
 
 from nopelens.analyses import dynamics
 from nopelens.analyses.figures import dynamics_figure, save_figure
+from nopelens.models import zoo
 from nopelens.models.io import write_text_atomic
 
 from .options import add_quiet, seed_type
@@ -18,17 +19,18 @@ def run(args: argparse.Namespace) -> int:
                                 **{k: getattr(args, k) for k in ("n_sequences", "n_boot", "seed") if getattr(args, k) is not None})
     out = Path(args.out or f"runs/dynamics-{args.model}{'-quick' if args.quick else ''}")
     table = dynamics.run(settings, out, progress=not args.quiet)
-    print(render(table, settings.model, out))
+    print(render(table, settings.model, out, zoo.recipe(settings.model).config.position_name))
     print(f"wrote {out}/dynamics.csv, summary.md, dynamics.png; checkpoints in {out}/checkpoints")
     return 0
 
 
-def render(table, name: str, out: Path) -> str:
+def render(table, name: str, out: Path, position: str | None = None) -> str:
     """Write the run folder's ``summary.md`` and ``dynamics.png`` of ``table``
-    (:func:`~nopelens.analyses.dynamics.run`'s) and return the summary."""
+    (:func:`~nopelens.analyses.dynamics.run`'s; ``position``: the model's position method, for its
+    colour) and return the summary."""
     summary = dynamics.summary_markdown(table, name)
     write_text_atomic(out / "summary.md", summary)
-    save_figure(dynamics_figure(table, name, dynamics.THRESHOLD), out / "dynamics", formats=("png",))
+    save_figure(dynamics_figure(table, name, dynamics.THRESHOLD, position), out / "dynamics", formats=("png",))
     return summary
 
 

@@ -24,8 +24,10 @@ def register(subparsers) -> None:
     defaults = LengthGenSettings()
     parser.add_argument("--out", default="runs/lengthgen", help="run folder (created; resumed if it exists; default %(default)s)")
     parser.add_argument("--quick", action="store_true", help="tiny smoke-test settings (numbers not meaningful)")
-    parser.add_argument("--tasks", nargs="+", default=list(TASK_NAMES), choices=TASK_NAMES)
-    parser.add_argument("--methods", nargs="+", default=list(METHODS), choices=METHODS)
+    parser.add_argument("--tasks", nargs="+", default=list(TASK_NAMES), choices=TASK_NAMES,
+                        help="tasks to train and test (default: all)")
+    parser.add_argument("--methods", nargs="+", default=list(METHODS), choices=METHODS,
+                        help="position methods to compare (default: all)")
     add_seeds(parser, "each (task, method) is trained once per seed", default=(0, 1, 2))
     parser.add_argument("--train-max-len", type=int, default=None, help=f"L (default {defaults.train_max_len})")
     parser.add_argument("--steps", type=int, default=None, help=f"training steps per model (default {defaults.steps})")

@@ -287,7 +287,8 @@ def run_sinks(args: argparse.Namespace) -> int:
         if table.empty:  # no block's sink can be read: nothing to draw
             print(f"wrote {args.out}/sinks.csv (no rows)")
             return 0
-        save_figure(sink_figure(table, every_condition=True), f"{args.out}/sinks")
+        record = {"name": subject.name, "position": subject.position, "kind": subject.kind}
+        save_figure(sink_figure(table, every_condition=True, subjects={subject.name: record}), f"{args.out}/sinks")
         print(f"wrote {args.out}/sinks.csv and sinks.png/svg")
     return 0
 

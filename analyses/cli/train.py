@@ -148,19 +148,26 @@ def register(subparsers) -> None:
     parser.add_argument("--zoo", help=f"a zoo model name ({', '.join(zoo.names())})")
     parser.add_argument("--list", action="store_true", help="list the zoo's models")
     parser.add_argument("--cache-dir", help=f"zoo cache (default ${zoo.CACHE_ENV} or ~/.cache/nopelens)")
-    parser.add_argument("--task", choices=sorted(TASKS))
+    parser.add_argument("--task", choices=sorted(TASKS), help="the task to train on, with --out (each is a class of "
+                        "nopelens.models.tasks, whose docstring says what it asks)")
     parser.add_argument("--text-file", help="UTF-8 corpus for --task text (default: CPython's help texts)")
     parser.add_argument("--out", help="output folder (checkpoint/ and loss_curve.csv)")
-    parser.add_argument("--position", default="nope", choices=POSITION_METHODS)
-    parser.add_argument("--layers", type=int, default=3)
-    parser.add_argument("--d-model", type=int, default=64)
-    parser.add_argument("--heads", type=int, default=4)
-    parser.add_argument("--steps", type=int, default=600)
-    parser.add_argument("--batch-size", type=int, default=64)
-    parser.add_argument("--min-len", type=int, default=1)
-    parser.add_argument("--max-len", type=int, default=10)
-    parser.add_argument("--lr", type=float, default=3e-3)
-    parser.add_argument("--seed", type=seed_type, default=0)
+    parser.add_argument("--position", default="nope", choices=POSITION_METHODS,
+                        help="position method of every layer (default %(default)s)")
+    parser.add_argument("--layers", type=int, default=3, help="n_layers, transformer blocks (default %(default)s)")
+    parser.add_argument("--d-model", type=int, default=64, help="d_model, residual stream width (default %(default)s)")
+    parser.add_argument("--heads", type=int, default=4,
+                        help="n_heads, attention heads per block; d_head = d_model / n_heads (default %(default)s)")
+    parser.add_argument("--steps", type=int, default=600, help="optimizer steps (default %(default)s)")
+    parser.add_argument("--batch-size", type=int, default=64, help="sequences per step (default %(default)s)")
+    parser.add_argument("--min-len", type=int, default=1,
+                        help="shortest training problem size, in the task's units (default %(default)s)")
+    parser.add_argument("--max-len", type=int, default=10,
+                        help="longest training problem size; n_ctx fits twice it (default %(default)s)")
+    parser.add_argument("--lr", type=float, default=3e-3,
+                        help="peak AdamW learning rate, warmup then cosine decay (default %(default)s)")
+    parser.add_argument("--seed", type=seed_type, default=0,
+                        help="seed of the weights and the training batches (default %(default)s)")
     add_seeds(parser, "train once per seed; zoo models are cached per seed, --task runs go to --out/seed<N>")
     add_threads(parser)
     add_quiet(parser, "training progress bar")

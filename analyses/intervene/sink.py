@@ -237,7 +237,7 @@ def later_token_probes(sequences: Sequences, layers: Sequence[int], n_splits: in
                        seed: int = 0, keep: KeepBudget | int | str | None = "auto") -> Measurement:
     """The sink ablation's probe, streamed: regression for the index, no controls, on the tokens
     after the first real one (:func:`later_tokens`) at residual ``layers`` (DESIGN.md numbering);
-    its table is :func:`~nopelens.probes.linear.probe_absolute_index`'s on the same samples
+    its table is :func:`~nopelens.probes.stream_probes.probe_absolute_index`'s on the same samples
     (:func:`~nopelens.probes.stream_probes.absolute_index_probes` with ``min_position=1``).
 
     Raises:

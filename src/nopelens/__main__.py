@@ -1,3 +1,6 @@
+"""``python -m nopelens``: the ``nopelens`` command."""
+
 from nopelens.analyses.cli import main
 
-raise SystemExit(main())
+if __name__ == "__main__":  # importing this module (as the API reference's builder does) runs nothing
+    raise SystemExit(main())
