@@ -13,9 +13,8 @@ its order, at call time.
 A *target function* (:data:`TARGETS`) is a target's one definition: from one subject's token set,
 sites and probe settings (:class:`ProbeInput`) it builds the measurement of its probe rows
 (:class:`~nopelens.probes.stream_probes.Probes`: tidy rows, :data:`~nopelens.probes.linear.RESULT_COLUMNS`,
-whose ``target`` column is its key). The streamed probe (``nopelens probe hf:DIR``,
-:func:`~nopelens.analyses.streamed.measurements`) feeds it a hooked forward pass; the in-memory
-sweep feeds it the activations it collected (:func:`measure_in_memory`); the answers are the same.
+whose ``target`` column is its key). The sweep (:func:`~nopelens.analyses.streamed.measurements`) feeds it a hooked forward pass;
+:func:`measure_in_memory` feeds it activations already collected; the answers are the same.
 The sweep runs the target functions its reads name, in order of first use.
 
 Adding a sweep read is one :class:`SweepRead` appended to :data:`SWEEP_READS`, plus its target

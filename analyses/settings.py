@@ -55,8 +55,11 @@ class SweepSettings:
             distance is read on the residual stream and every block's attention either way.
         hf_input: how ``hf:DIR`` models are read (:class:`~nopelens.models.hf_loading.HFInput`:
             text through their tokenizer, random ids or one token repeated; device; dtype).
-        streamed: measure ``hf:DIR`` models through the streaming engine
-            (:func:`~nopelens.analyses.sweep.analyse_subject_streamed`; ``nopelens probe``).
+        streamed: plan the run under a memory budget (``nopelens probe hf:DIR``): the plan is
+            printed, a run that cannot fit refused, and the batch size, keep budget, memory,
+            ``--layers`` and sink-ablation settings below apply. Otherwise (``nopelens sweep``)
+            every batch's features are kept, in batches of 32: one pass
+            (:func:`~nopelens.analyses.sweep.analyse_subject` measures both through the streaming engine).
         batch_size: sequences per forward pass of a streamed measurement, or ``"auto"``: at most 32,
             fewer where a forward pass of 32 would not fit half the memory free on the model's
             device (:func:`~nopelens.analyses.streamed.auto_batch_size`).
@@ -147,7 +150,7 @@ class SweepSettings:
     follows the memory free), which changes round-off only. The stamp records the latest."""
 
     UNSET = {"hf_input": dataclasses.asdict(HFInput()),
-             "streamed": "in memory, as nopelens sweep measures",
+             "streamed": "one pass, every feature kept, as nopelens sweep measures",
              "batch_size": "auto (32, or fewer where 32 do not fit the memory free)",
              "keep_mib": "512 MiB or a quarter of the memory available", "sink_ablation": "on",
              "sites": ",".join(DEFAULT_SITES), "layers": "every block"}

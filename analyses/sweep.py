@@ -61,20 +61,14 @@ from tqdm.auto import tqdm
 
 import nopelens
 from nopelens.models.compat import moved_names
-from nopelens.models.hooks import act_names
 from nopelens.models.io import write_csv_atomic
 from nopelens.models.progress import progress_bar
 from nopelens.models.threads import one_thread
-from nopelens.probes import collect
-from nopelens.probes.collect import site_block
-from nopelens.probes.sinks import GU_WINDOW, SinkStats, empty_sink_table, variance_slopes
-from nopelens.probes.stream import AttentionVariance, Sequences, replay
+from nopelens.probes.sinks import variance_slopes
 
 from . import layers, parallel, reads, runs, seeds
 from .eta import SweepETA
-from .intervene import sink_ablation_drop
 from .plan import plan
-from .reads import ProbeInput, bilinear_mode
 # the sweep's settings, sites and summary have modules of their own; their names still import from here
 from .settings import DEFAULT_MODELS, DEFAULT_SITES, SITE_KINDS, SweepSettings  # noqa: F401
 from .sites import block_ranges, pattern_sites, probed_blocks, score_sites, sink_sites, sweep_sites  # noqa: F401
@@ -113,57 +107,39 @@ class SweepResult:
 # ----------------------------------------------------------------------------- one subject
 
 
-def analyse_subject(subject: Subject, settings: SweepSettings, progress: bool = False) -> dict[str, pd.DataFrame]:
-    """Probe, sink and variance tables of one subject (see the module docstring); the probe rows
-    are those of the targets :data:`~nopelens.analyses.reads.SWEEP_READS` names (``progress``:
-    bars over the sites as they are fitted)."""
-    layers = subject.n_layers
-    if settings.layers is not None:
-        raise ValueError("--layers applies to hf:DIR models (the streamed probe)")
-    sites = sweep_sites(subject, settings.sites)
-    acts = collect(subject.model, subject.tokens, sites.all(), attention_mask=subject.attention_mask, batch_size=32)
-    # the streamed probe's settings (ProbeInput's position bins and spread distances), every batch kept
-    inp = ProbeInput(Sequences.of_activations(acts), sites, seq_len=subject.tokens.shape[1],
-                     n_sequences=settings.n_sequences, n_splits=settings.n_splits, n_boot=settings.n_boot,
-                     seed=settings.seed, bilinear=bilinear_mode(acts, sites.qk[0][0]) if sites.qk else "outer")
-    probes = reads.measure_in_memory(reads.measure_targets(inp), acts, subject.name if progress else None)
-    probes.insert(0, "model", subject.name)
+def analyse_subject(subject: Subject, settings: SweepSettings, label: str | None = None,
+                    progress: bool = False) -> dict[str, pd.DataFrame]:
+    """Probe, sink, variance and sink-ablation tables of one subject (see the module docstring),
+    measured through the streaming engine (:func:`~nopelens.analyses.streamed.measure_streamed`);
+    the probe rows are those of the targets :data:`~nopelens.analyses.reads.SWEEP_READS` names.
 
-    sinks = sink_conditions(subject, acts)
-    variance_sites = [site for site in act_names("attn_out", subject.variance_blocks()) if site in acts.acts]
-    variance = (replay(acts, [AttentionVariance(inp.sequences, variance_sites, subject.key_windows())])[0]
-                if variance_sites else
-                pd.DataFrame(columns=["site", "block", "position", "visible_keys", "variance", "n_sequences"]))
-    variance = _variance_table(subject, variance)
-    # sink ablation (issue 14): next-layer absolute-index R^2 with block l's first key removed
-    ablation = sink_ablation_drop(subject.model, subject.tokens, subject.attention_mask, layers, acts,
-                                  settings.n_splits, settings.n_boot, settings.seed).assign(model=subject.name)
-    return {"probes": probes, "sinks": sinks, "variance": variance, "sink_ablation": ablation}
+    The sweep's models keep every batch's features (an unlimited keep budget, batches of 32: one
+    pass). A streamed probe (``settings.streamed``: ``nopelens probe hf:DIR``) is planned first
+    (:func:`~nopelens.analyses.plan.plan`, printed on stderr under ``label``), runs in the plan's
+    batches, keep budget and groups, and is refused before any forward pass when it cannot fit.
 
-
-def analyse_subject_streamed(subject: Subject, settings: SweepSettings, label: str | None = None,
-                             progress: bool = False) -> dict[str, pd.DataFrame]:
-    """:func:`analyse_subject`'s tables of an HF subject through the streaming engine
-    (:func:`~nopelens.analyses.streamed.measure_streamed`; ``nopelens probe hf:DIR``), after printing
-    its plan; the sink ablation is streamed too unless ``settings.sink_ablation`` is False."""
+    Raises:
+        ValueError: naming the subject, when the plan's statistics do not fit the memory.
+    """
     sites = sweep_sites(subject, settings.sites, settings.layers)
-    plan_ = plan(subject, settings, sites)
-    if plan_.shortfall:  # refused before any forward pass, not out of memory hours later (--plan shows the plan)
-        raise ValueError(f"{label or subject.name}: {plan_.shortfall}")
-    tqdm.write(plan_.describe(label or subject.name), file=sys.stderr)
-    # the batch size, keep budget and groups planned are those run, whatever the memory free does in between
-    tables = measure_streamed(subject, settings, sites, progress, planned=plan_.measurements)
-    if tables["variance"] is None:
-        tables["variance"] = pd.DataFrame(columns=["site", "block", "position", "visible_keys", "variance",
-                                                   "n_sequences", "slope", "note", "model"])
-    else:
-        tables["variance"] = _variance_table(subject, tables["variance"])
+    planned = None
+    if settings.streamed:
+        plan_ = plan(subject, settings, sites)
+        if plan_.shortfall:  # refused before any forward pass, not out of memory hours later (--plan shows the plan)
+            raise ValueError(f"{label or subject.name}: {plan_.shortfall}")
+        tqdm.write(plan_.describe(label or subject.name), file=sys.stderr)
+        planned = plan_.measurements  # the batch size, keep budget and groups planned are those run
+    tables = measure_streamed(subject, settings, sites, progress, planned=planned)
+    tables["variance"] = _variance_table(subject, tables["variance"])
     return tables
 
 
-def _variance_table(subject: Subject, variance: pd.DataFrame) -> pd.DataFrame:
+def _variance_table(subject: Subject, variance: pd.DataFrame | None) -> pd.DataFrame:
     """The variance table as the sweep writes it: position 0 left out after a BOS (every sequence has
-    the same token there, so its variance is exactly 0), each site's slope, the model."""
+    the same token there, so its variance is exactly 0), each site's slope, the model (no row
+    without attention outputs)."""
+    if variance is None:
+        variance = pd.DataFrame(columns=["site", "block", "position", "visible_keys", "variance", "n_sequences"])
     if subject.has_bos:
         variance = variance[variance["position"] > 0]
     return _with_slopes(variance).assign(model=subject.name)
@@ -176,54 +152,6 @@ def _with_slopes(variance: pd.DataFrame) -> pd.DataFrame:
     slopes = variance_slopes(fitted).set_index("site")["slope"] if len(fitted) else pd.Series(dtype=float)
     note = np.where(constant, "output identical across sequences at some position (variance 0): no slope", "")
     return variance.assign(slope=variance["site"].map(slopes), note=note)
-
-
-def sink_conditions(subject: Subject, acts) -> pd.DataFrame:
-    """Sink table of ``acts`` as read, plus a run without BOS when the subject's sequences start with one.
-
-    Args:
-        subject: the model and its evaluation sequences.
-        acts: activations of ``subject`` holding every ``blocks.{l}.attn.hook_pattern`` site.
-
-    Returns:
-        :func:`~nopelens.probes.sinks.sink_table` rows with ``condition`` (``with_bos`` or
-        ``without_bos``), ``model`` and ``gu_window`` (Gu et al.'s T, at most 64 tokens).
-    """
-    shortest = int(subject.attention_mask.sum(-1).min())  # synthetic tasks pad sequences of mixed lengths
-    window = min(GU_WINDOW, shortest)
-    condition = "with_bos" if subject.has_bos else "without_bos"
-    windows, sinks = subject.key_windows(), subject.sinks()
-    extra = [site for site in sink_sites(subject) if site not in acts.acts and site not in acts.patterns]
-    if extra:  # an output-scale sink is read from hook_v and hook_z
-        acts = collect(subject.model, subject.tokens, list(acts.patterns) + sink_sites(subject),
-                       attention_mask=subject.attention_mask, batch_size=32)
-    skipped = subject.note_unreadable_reads()["sink read"]  # DSA blocks, windows of 1
-    readable = [site for site in acts.patterns if site.endswith("hook_pattern") and site_block(site) not in skipped]
-    frames = [_sink_table(acts, window, windows, sinks, readable).assign(condition=condition, gu_window=window)]
-    if subject.has_bos:
-        stripped = collect(subject.model, subject.tokens[:, 1:], list(dict.fromkeys(list(acts.patterns) + sink_sites(subject))),
-                           attention_mask=subject.attention_mask[:, 1:], batch_size=32)
-        frames.append(_sink_table(stripped, min(window, shortest - 1), windows, sinks, readable)
-                      .assign(condition="without_bos", gu_window=min(window, shortest - 1)))
-    table = pd.concat(frames, ignore_index=True).assign(model=subject.name)
-    return table[[c for c in table if c != "gu_window"] + ["gu_window"]]  # T per condition, the last column
-
-
-def _sink_table(acts, window: int, windows: dict, sinks: dict, sites: list[str]) -> pd.DataFrame:
-    """The sink table of ``sites`` in ``acts``: the streamed :class:`~nopelens.probes.sinks.SinkStats`
-    replayed on them (one implementation of the read, streamed or in memory)."""
-    if not sites:
-        return empty_sink_table(window, sinks)
-    stats = SinkStats(Sequences.of_activations(acts), sites, n_tokens=window, windows=windows, sinks=sinks)
-    return replay(acts, [stats])[0]
-
-
-def measure_sinks(subject: Subject) -> pd.DataFrame:
-    """:func:`sink_conditions` of ``subject``, collecting only its patterns (``nopelens sinks``)."""
-    with torch.no_grad():
-        acts = collect(subject.model, subject.tokens, pattern_sites(subject), attention_mask=subject.attention_mask,
-                       batch_size=32)
-        return sink_conditions(subject, acts)
 
 
 # ----------------------------------------------------------------------------- the run folder
@@ -462,10 +390,7 @@ def _measure(spec: str, train_seed: int, settings: SweepSettings, progress: bool
     what = f"{subject.n_layers + 1} layers" if settings.layers is None else f"blocks {block_ranges(settings.layers)}"
     say(f"{_label(subject.name, train_seed)}: probing {what}")
     with torch.no_grad():
-        if settings.streamed and subject.hf is not None:
-            tables = analyse_subject_streamed(subject, settings, _label(subject.name, train_seed), progress)
-        else:
-            tables = analyse_subject(subject, settings, progress)
+        tables = analyse_subject(subject, settings, _label(subject.name, train_seed), progress)
     tables = {name: table.assign(train_seed=train_seed) for name, table in tables.items()}
     seconds = {"load": loaded - start, "measure": time.perf_counter() - loaded}
     say(f"{_label(subject.name, train_seed)}: measured in {seconds['measure']:.0f} s")
@@ -497,4 +422,7 @@ def versions() -> dict[str, str]:
 
 
 __getattr__ = moved_names(__name__, moved={"first_variance_block": "nopelens.analyses.sites",
-                                           "summarize_seed": "nopelens.analyses.summary"})
+                                           "summarize_seed": "nopelens.analyses.summary",
+                                           "measure_sinks": "nopelens.analyses.streamed"},
+                          gone={"analyse_subject_streamed": "analyse_subject measures every model streamed (one driver)",
+                                "sink_conditions": "use nopelens.analyses.streamed.measure_sinks (or SinkReads)"})

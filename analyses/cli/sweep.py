@@ -18,7 +18,8 @@ from nopelens.analyses.runs import slug
 from nopelens.analyses.settings import DEFAULT_SITES, SITE_KINDS, SweepSettings
 from nopelens.analyses.sites import sweep_sites
 from nopelens.analyses.subjects import HF_PREFIX, fixed_length, resolve
-from nopelens.analyses.sweep import measure_sinks, sweep, versions
+from nopelens.analyses.streamed import measure_sinks
+from nopelens.analyses.sweep import sweep, versions
 from nopelens.models.hf import UnsupportedModelError
 from nopelens.models.hf_loading import HFInput
 from nopelens.models.io import write_csv_atomic
