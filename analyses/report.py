@@ -143,25 +143,45 @@ SEEDS_LAYER_NOTE = (" Several training seeds: each cell is the mean over seeds o
                     "* = every seed clears the bar; sink heads: the mean fraction.")
 
 
+LAYER_HEADLINE = "Per layer: value [95 % CI over sequences], * = the CI clears the read's bar (notes below)"
+
+
+def low_selectivity_lines(low: pd.DataFrame | None, model: str) -> list[str]:
+    """One short line per read of ``model`` whose selectivity is low
+    (:func:`~nopelens.analyses.layers.low_selectivity`): its best value, the layer, the
+    selectivity and what the Hewitt & Liang control task scores there."""
+    if low is None or low.empty:
+        return []
+    return [f"{row.label} {_number(row.value)} (layer {row.layer}): low selectivity {_number(row.selectivity)}, "
+            f"the control task scores {_number(row.value - row.selectivity)}"
+            for row in low[low["model"] == model].itertuples()]
+
+
 def layer_tables_text(curves: pd.DataFrame, sweep_reads: Sequence[SweepRead] | None = None,
-                      width: int = SCREEN_WIDTH) -> str:
-    """Every model's :func:`layer_table` as plain text, each part at most ``width`` characters."""
+                      width: int = SCREEN_WIDTH, low: pd.DataFrame | None = None) -> str:
+    """Every model's :func:`layer_table` as plain text, each part at most ``width`` characters: a
+    headline, each model's table and its :func:`low_selectivity_lines` (``low``), then the notes."""
     several = curves.groupby("model")["train_seed"].nunique().max() > 1
-    parts = [textwrap.fill(LAYER_NOTE + (SEEDS_LAYER_NOTE if several else ""), width)]
+    parts = [LAYER_HEADLINE]
     for model in curves["model"].unique():
         parts.append(f"\n{model}")
         parts.extend(fit_width(layer_table(curves, model, sweep_reads), _text, width))
+        parts.extend(textwrap.fill(line, width, subsequent_indent="  ") for line in low_selectivity_lines(low, model))
+    parts.append("\n" + textwrap.fill(LAYER_NOTE + (SEEDS_LAYER_NOTE if several else ""), width))
     return "\n".join(parts)
 
 
-def layer_tables_markdown(curves: pd.DataFrame, sweep_reads: Sequence[SweepRead] | None = None) -> list[str]:
-    """The "Per layer" section of ``summary.md``: :func:`layer_table` of every model."""
+def layer_tables_markdown(curves: pd.DataFrame, sweep_reads: Sequence[SweepRead] | None = None,
+                          low: pd.DataFrame | None = None) -> list[str]:
+    """The "Per layer" section of ``summary.md``: :func:`layer_table` of every model, each with its
+    :func:`low_selectivity_lines` (``low``)."""
     several = curves.groupby("model")["train_seed"].nunique().max() > 1
     lines = ["## Per layer", "", LAYER_NOTE + (SEEDS_LAYER_NOTE if several else ""), ""]
     for model in curves["model"].unique():
         lines += [f"### {model}", ""]
         for part in fit_width(layer_table(curves, model, sweep_reads), _markdown):
             lines += [part, ""]
+        lines += [line for text in low_selectivity_lines(low, model) for line in (text, "")]
     return lines
 
 
@@ -265,7 +285,7 @@ def first_layer_note(sweep_reads: Sequence[SweepRead] | None = None) -> str:
                 "bound stays at or below it)")
     return (f"First layer {rule} (layer 0 = embeddings, layer l + 1 = output of block l; an attention read of "
             "block l is reported at layer l + 1). `none`: no layer cleared it; `n/a`: the model has no site for "
-            "that read, or its metric is undefined there (Spearman's ρ of predictions that are all equal). The numbers behind each first layer are in the per-layer tables below.")
+            "that read, or its metric is undefined there (Spearman's ρ of predictions that are all equal). The numbers behind each first layer are in the per-layer tables above.")
 
 
 READS_TEXT = (
@@ -294,9 +314,10 @@ FIGURE_TITLES = {"probes": "per-layer probe curves", "sites": "absolute index in
 
 def summary_markdown(result, settings, command: str, versions: dict[str, str], figures: Sequence[str] = (),
                      name: str = "sweep") -> str:
-    """The ``summary.md`` of a sweep or ``nopelens probe`` (``name``): the summary, the per-layer
-    tables, the figures in ``figures`` (the stems written; only those are linked), the sink
-    ablation, command, settings and versions.
+    """The ``summary.md`` of a sweep or ``nopelens probe`` (``name``): the per-layer tables (with a
+    line under a model's table for each read whose selectivity is low) and their figure first,
+    then the first layer at a bar and the summary's numbers, the other figures in ``figures`` (the
+    stems written; only those are linked), the sink ablation, command, settings and versions.
 
     ``result`` and ``settings`` are the sweep's :class:`~nopelens.analyses.sweep.SweepResult` and
     :class:`~nopelens.analyses.settings.SweepSettings` (duck-typed: this module imports no analysis)."""
@@ -308,8 +329,14 @@ def summary_markdown(result, settings, command: str, versions: dict[str, str], f
     settings_text = ", ".join(f"{k}={v}" for k, v in dataclasses.asdict(settings).items())
     version_text = ", ".join(f"{k} {v}" for k, v in versions.items())
     pictures = [f"![{FIGURE_TITLES.get(stem, stem)}]({stem}.png)" for stem in figures if stem != "sink_ablation"]
+    curves_first = pictures[:1] if figures[:1] == ["probes"] else []  # the curves' figure, after their tables
+    low = layers.low_selectivity(result.probes, sweep_reads)
     return "\n".join([
         f"# nopelens {name}",
+        "",
+        *(layer_tables_markdown(result.curves, sweep_reads, low) if result.curves is not None else []),
+        *[line for picture in curves_first for line in (picture, "")],
+        "## First layer at a bar",
         "",
         first_layer_note(sweep_reads),
         *([""] + [SEEDS_NOTE] if "n_seeds" in result.summary else []),
@@ -320,8 +347,7 @@ def summary_markdown(result, settings, command: str, versions: dict[str, str], f
         "",
         NUMBERS_TEXT,
         "",
-        *(layer_tables_markdown(result.curves, sweep_reads) if result.curves is not None else []),
-        *[line for picture in pictures for line in (picture, "")],
+        *[line for picture in pictures[len(curves_first):] for line in (picture, "")],
         *_sink_ablation_section(result, "sink_ablation" in figures),
         f"Command: `{command}`",
         "",

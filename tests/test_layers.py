@@ -30,20 +30,45 @@ def test_the_screen_shows_each_layer_with_its_ci_within_100_columns(probed):
     out, printed, progress = probed
     assert printed.strip().splitlines()[-1] == str(out), "it says where it wrote"
     assert max(len(line) for line in printed.splitlines()[:-1]) <= report.SCREEN_WIDTH
+    assert_curves_first(printed, ["circuit"])
     curves = pd.read_csv(out / "layers.csv")
     row = curves[(curves["curve"] == "absolute_r2") & (curves["layer"] == 0)].iloc[0]
     cell = f"{row['value']:.2f} [{row['ci_low']:.2f}, {row['ci_high']:.2f}]"
     assert cell in printed, "the layer-0 R² and its CI are printed"
     assert "1.00 [1.00, 1.00]*" in printed, "layer 1 clears the bar (Theorem 1)"
     assert "nopelens probe: " in progress and "nopelens sweep" not in progress, "the bar names the command"
-    assert "circuit: probing absolute index" in progress, "probe fitting has its own bar, named by model"
+    assert "circuit: pass 1" in progress, "the forward passes have their own bar, named by model"
+
+
+def assert_curves_first(printed: str, models: list[str]) -> None:
+    """Issue 49: the per-layer curves come first (each model's table), the first layer at a bar after."""
+    lines = printed.splitlines()
+    assert lines[0] == report.LAYER_HEADLINE and lines[2] == models[0], lines[:3]
+    first_layer_table = next(i for i, line in enumerate(lines) if line.lstrip().startswith("model "))
+    assert all(lines.index(model) < first_layer_table for model in models)
+
+
+def test_a_read_whose_selectivity_is_low_says_so_next_to_its_value(probed):
+    """The known answer: the circuit embeds its 8 token ids one-hot, so a probe fits the Hewitt & Liang
+    control task (a random label per token id) exactly: it scores 1.00 as the index read does, and
+    both absolute-index reads say their selectivity is low; reads without a control task say nothing."""
+    out, printed, _ = probed
+    low = layers.low_selectivity(pd.read_csv(out / "probes.csv"))
+    assert set(low["curve"]) == {"absolute_acc", "absolute_r2"} and (low["selectivity"].abs() < 0.01).all()
+    line = "abs. index R² 1.00 (layer 1): low selectivity 0.00, the control task scores 1.00"
+    assert line in printed.splitlines() and line in (out / "summary.md").read_text().splitlines()
+    # a read is judged at its best layer, and only where the control task scores more than half its value
+    probes = pd.read_csv(out / "probes.csv")
+    selective = probes.assign(selectivity=probes["value"] * 0.6)
+    assert layers.low_selectivity(selective).empty
 
 
 def test_summary_md_holds_the_per_layer_tables_and_links_only_written_figures(probed):
     out, _, _ = probed
     text = (out / "summary.md").read_text()
-    assert text.startswith("# nopelens probe\n")
-    assert "## Per layer" in text and "### circuit" in text
+    assert text.startswith("# nopelens probe\n\n## Per layer\n"), "the curves come first"
+    assert "### circuit" in text and text.index("### circuit") < text.index("## First layer at a bar")
+    assert text.index("![per-layer probe curves](probes.png)") < text.index("## First layer at a bar")
     linked = [part.split(")")[0] for part in text.split("](")[1:]]
     assert linked and all((out / name).is_file() for name in linked), linked
     assert "variance.png" not in linked and not (out / "variance.png").exists(), "the circuit's outputs never vary"

@@ -198,3 +198,25 @@ def test_a_rerun_with_no_figures_removes_the_earlier_figures(quick_run):
     assert main(["sweep", "--quick", "--out", str(out), "--quiet", "--no-figures"]) == 0
     assert not list(out.glob("*.png")) and not list(out.glob("*.svg"))
     assert (out / "probes.csv").is_file() and "![" not in (out / "summary.md").read_text()
+
+
+def test_the_quick_sweep_prints_its_curves_first_within_100_columns(quick_run, capsys):
+    """Issue 49: ``nopelens sweep --quick`` (here re-reading the fixture's finished folder) prints each
+    model's per-layer curves first, the first-layer table after them, no line over 100 columns."""
+    from test_layers import assert_curves_first
+
+    result, out = quick_run
+    assert main(["sweep", "--quick", "--out", str(out), "--quiet", "--jobs", "1"]) == 0
+    printed = capsys.readouterr().out
+    assert max(len(line) for line in printed.splitlines()) <= report.SCREEN_WIDTH
+    assert_curves_first(printed, list(result.summary["model"]))
+
+
+@pytest.mark.slow
+def test_a_default_probe_of_the_circuit_prints_its_curves_first_within_100_columns(tmp_path, capsys):
+    from test_layers import assert_curves_first
+
+    assert main(["probe", "circuit", "--out", str(tmp_path / "circuit"), "--quiet"]) == 0
+    printed = capsys.readouterr().out
+    assert max(len(line) for line in printed.splitlines()) <= report.SCREEN_WIDTH
+    assert_curves_first(printed, ["circuit"])

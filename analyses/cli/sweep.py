@@ -9,7 +9,7 @@ import os
 import re
 import sys
 
-from nopelens.analyses import reads, report, runs
+from nopelens.analyses import layers, reads, report, runs
 from nopelens.analyses.figures import save_figure, sink_figure
 from nopelens.analyses.parallel import default_jobs
 from nopelens.analyses.plan import plan
@@ -96,10 +96,10 @@ def _print_results(swept: tuple, as_json: bool) -> None:
         if result.out_dir is not None:
             print(f"nopelens: wrote {result.out_dir}/summary.md and its tables; {_figures_text(figures)}", file=sys.stderr)
         return
+    print(report.layer_tables_text(result.curves, result.reads, low=layers.low_selectivity(result.probes, result.reads)))
+    print()
     print(report.summary_text(result.summary, result.reads,
                               not_applicable=report.not_applicable_reads(result.subjects)))
-    print()
-    print(report.layer_tables_text(result.curves, result.reads))
     if result.out_dir is not None:
         print("\nwrote summary.md and tables (layers.csv: the curves above; columns: docs/schema.md),\n"
               f"{_figures_text(figures)}, to\n{result.out_dir}")
