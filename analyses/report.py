@@ -328,8 +328,10 @@ def summary_markdown(result, settings, command: str, versions: dict[str, str], f
         tables.append(not_applicable_text(skipped, bullet="- "))
     settings_text = ", ".join(f"{k}={v}" for k, v in dataclasses.asdict(settings).items())
     version_text = ", ".join(f"{k} {v}" for k, v in versions.items())
-    pictures = [f"![{FIGURE_TITLES.get(stem, stem)}]({stem}.png)" for stem in figures if stem != "sink_ablation"]
-    curves_first = pictures[:1] if figures[:1] == ["probes"] else []  # the curves' figure, after their tables
+    pictures = [f"![{FIGURE_TITLES.get(stem.split('-')[0], stem)}]({stem}.png)" for stem in figures
+                if stem != "sink_ablation"]
+    # the curves' figure (probes.png, or probes-<variant>.png) right after their tables
+    curves_first = pictures[:1] if figures and figures[0].startswith("probes") else []
     low = layers.low_selectivity(result.probes, sweep_reads)
     return "\n".join([
         f"# nopelens {name}",
@@ -349,9 +351,10 @@ def summary_markdown(result, settings, command: str, versions: dict[str, str], f
         "",
         *[line for picture in pictures[len(curves_first):] for line in (picture, "")],
         *_sink_ablation_section(result, "sink_ablation" in figures),
+        *measured_markdown(result.subjects),
         f"Command: `{command}`",
         "",
-        f"Settings: {settings_text}",
+        f"Settings: {settings_text} (seq_len is the length asked for; each model's own is in the table above)",
         "",
         f"Versions: {version_text}",
         "",
@@ -366,7 +369,10 @@ def write_run(result, settings, command: str, versions: dict[str, str], svg: boo
               draw: bool = True) -> list[str]:
     """Draw a sweep's figures (PNG; also SVG if ``svg``; none unless ``draw``) and write its
     ``summary.md`` into ``result.out_dir``, whose tables :func:`~nopelens.analyses.sweep.sweep`
-    wrote. ``result`` and ``settings``: as :func:`summary_markdown`.
+    wrote. ``result`` and ``settings``: as :func:`summary_markdown`. Reads other than the default
+    (``result.variant``, ``--metric``/``--threshold``) get ``summary-<variant>.md`` and
+    ``probes-<variant>.png`` beside the original's, which are left as they are (the other
+    figures do not depend on the reads: the summary links those the folder holds).
 
     A figure this run does not draw (``--no-figures``, no SVG asked, nothing to show) is removed if
     an earlier run in the folder left one, so the folder describes this run only.
@@ -377,6 +383,17 @@ def write_run(result, settings, command: str, versions: dict[str, str], svg: boo
     """
     out = result.out_dir
     formats = ("png", "svg") if svg else ("png",)
+    variant = getattr(result, "variant", "")
+    if variant:  # other reads: their curves' figure and summary beside the original's, which stay as they are
+        stem, others = f"probes-{variant}", [stem for stem in SWEEP_FIGURES[1:] if (out / f"{stem}.png").is_file()]
+        for ext in ("png", "svg"):
+            (out / f"{stem}.{ext}").unlink(missing_ok=True)
+        if draw:
+            save_figure(probe_figure(result.curves, result.reads), out / stem, formats)
+        drawn = [stem] if draw else []
+        write_text_atomic(out / f"summary-{variant}.md",
+                          summary_markdown(result, settings, command, versions, drawn + others, name))
+        return drawn
     figures = {"probes": lambda: probe_figure(result.curves, result.reads)}
     if not site_rows(result.probes).query("kind not in ('resid_pre', 'resid_post')").empty:
         figures["sites"] = lambda: site_figure(result.probes)
@@ -396,6 +413,34 @@ def write_run(result, settings, command: str, versions: dict[str, str], svg: boo
                 (out / f"{stem}.{ext}").unlink(missing_ok=True)
     write_text_atomic(out / "summary.md", summary_markdown(result, settings, command, versions, list(figures), name))
     return list(figures)
+
+
+NOT_RECORDED = "not recorded"
+"""What a part measured before nopelens recorded the sequences it read shows in their place."""
+
+
+def measured_table(subjects: Mapping[str, dict]) -> pd.DataFrame:
+    """What each (model, training seed) was read on, from its ``done.json`` (``read``): the
+    evaluation sequences, the tokens per sequence (BOS included; ``min–max`` where sequences of
+    mixed lengths are padded, as a synthetic task's are) and whether they start with BOS."""
+    def tokens(read: dict) -> str:
+        low, high = read["tokens"]
+        return str(low) if low == high else f"{low}–{high}"
+
+    rows = [{"model": label, "sequences": info["read"]["sequences"] if "read" in info else NOT_RECORDED,
+             "tokens per sequence": tokens(info["read"]) if "read" in info else NOT_RECORDED,
+             "BOS": "yes" if info.get("has_bos") else "no"} for label, info in subjects.items()]
+    return pd.DataFrame(rows, columns=["model", "sequences", "tokens per sequence", "BOS"])
+
+
+def measured_markdown(subjects: Mapping[str, dict]) -> list[str]:
+    """The "What was measured" section of ``summary.md`` (:func:`measured_table`)."""
+    if not subjects:
+        return []
+    return ["## What was measured", "",
+            "The evaluation sequences each model was read on, as read (synthetic-task models are read at their "
+            "longest training length, whatever --seq-len says).", "",
+            measured_table(subjects).to_markdown(index=False), ""]
 
 
 def _sink_ablation_section(result, figure: bool = True) -> list[str]:

@@ -89,7 +89,9 @@ class SweepResult:
     ``summary`` has one row per model (means over training seeds when there are several, see
     :func:`~nopelens.analyses.seeds.over_seeds`); ``summary_per_seed`` one row per model and seed;
     ``curves`` the main curves per layer (:func:`~nopelens.analyses.layers.layer_curves`);
-    ``reads`` the reads the summary and curves report (``--metric``, ``--threshold``).
+    ``reads`` the reads the summary and curves report (``--metric``, ``--threshold``);
+    ``variant`` names the files of reads other than the default ones (:func:`variant_name`), so
+    a re-read writes ``summary-<variant>.md`` beside the original and never over it.
     """
 
     probes: pd.DataFrame
@@ -102,6 +104,7 @@ class SweepResult:
     sink_ablation: pd.DataFrame = field(default_factory=pd.DataFrame)
     curves: pd.DataFrame | None = None
     reads: tuple[reads.SweepRead, ...] | None = None
+    variant: str = ""
 
 
 # ----------------------------------------------------------------------------- one subject
@@ -160,7 +163,7 @@ def _with_slopes(variance: pd.DataFrame) -> pd.DataFrame:
 def sweep(settings: SweepSettings, out_dir: str | Path | None = None, progress: bool = True, jobs: int = 1,
           scheduler: str | None = None, security: str | Path | None = None,
           sweep_reads: Sequence[reads.SweepRead] | None = None, name: str = "sweep", svg: bool | None = None,
-          figures: bool | None = None) -> SweepResult:
+          figures: bool | None = None, variant: str = "") -> SweepResult:
     """Run the sweep; with ``out_dir``, write (and resume) a run folder's parts and tables
     (:func:`write_tables`); its figures and ``summary.md`` are rendering,
     :func:`~nopelens.analyses.report.write_run`'s (``nopelens sweep`` calls it).
@@ -179,6 +182,8 @@ def sweep(settings: SweepSettings, out_dir: str | Path | None = None, progress: 
             :data:`~nopelens.analyses.reads.SWEEP_READS`; :func:`~nopelens.analyses.reads.choose_reads`
             makes others). They only read what was measured, so a run folder resumes with any.
         name: the command, for the progress bar (``sweep`` or ``probe``).
+        variant: the name of the read-dependent tables' files for reads other than the default
+            (:func:`variant_name`; ``""``: the default reads' own files).
         svg, figures: deprecated and ignored (a one-line ``DeprecationWarning`` says so): the
             sweep writes tables; :func:`~nopelens.analyses.report.write_run` draws.
 
@@ -206,14 +211,15 @@ def sweep(settings: SweepSettings, out_dir: str | Path | None = None, progress: 
         _check_absolute_paths(settings)
     out = Path(out_dir) if out_dir is not None else None
     if out is None:
-        return _sweep_tasks(settings, None, progress, jobs, scheduler, security, sweep_reads, name)
+        return _sweep_tasks(settings, None, progress, jobs, scheduler, security, sweep_reads, name, variant)
     with runs.claimed(out, "sweep", settings.to_dict(), ignore=settings.RESUMABLE_CHANGES, command=name,
                       unset=settings.UNSET):
-        return _sweep_tasks(settings, out, progress, jobs, scheduler, security, sweep_reads, name)
+        return _sweep_tasks(settings, out, progress, jobs, scheduler, security, sweep_reads, name, variant)
 
 
 def _sweep_tasks(settings: SweepSettings, out: Path | None, progress: bool, jobs: int, scheduler: str | None,
-                 security: str | Path | None, sweep_reads: Sequence[reads.SweepRead] | None, name: str) -> SweepResult:
+                 security: str | Path | None, sweep_reads: Sequence[reads.SweepRead] | None, name: str,
+                 variant: str = "") -> SweepResult:
     """:func:`sweep` once its folder ``out`` (or None) is claimed."""
     tasks = settings.tasks()
     inputs = {spec: input_fingerprint(spec, settings.hf_input) for spec in settings.models}
@@ -264,7 +270,7 @@ def _sweep_tasks(settings: SweepSettings, out: Path | None, progress: bool, jobs
     subjects = {_label(*task): done[task][1] for task in tasks}
     result = SweepResult(probes, sinks, variance, summarize(probes, sinks, variance, chosen), out, subjects,
                          summary_per_seed=per_seed, sink_ablation=ablation,
-                         curves=layers.layer_curves(probes, sinks, chosen), reads=chosen)
+                         curves=layers.layer_curves(probes, sinks, chosen), reads=chosen, variant=variant)
     if out is not None:
         write_tables(result)
     return result
@@ -275,19 +281,33 @@ def write_tables(result: SweepResult) -> None:
     ``summary``, ``layers`` (the main curves) and ``sink_ablation`` (when measured), and with
     several training seeds also ``summary_per_seed`` and ``probes_over_seeds``
     (:mod:`~nopelens.analyses.seeds`); a table this run has none of is removed if an earlier run
-    in the folder left one, so the folder describes this run only."""
+    in the folder left one, so the folder describes this run only. The tables that depend on
+    the reads (``summary``, ``layers``, ``summary_per_seed``) are written as
+    ``<name>-<variant>.csv`` when ``result.variant`` is set, beside the default reads' own."""
     out = result.out_dir
-    tables = {name: getattr(result, name) for name in ("probes", "sinks", "variance", "summary")}
-    tables["layers"] = result.curves
+    tables = {name: getattr(result, name) for name in ("probes", "sinks", "variance")}
     several = "n_seeds" in result.summary
-    tables["summary_per_seed"] = result.summary_per_seed if several else None
     tables["probes_over_seeds"] = seeds.probes_over_seeds(result.probes) if several else None
     tables["sink_ablation"] = None if result.sink_ablation.empty else result.sink_ablation
+    suffix = f"-{result.variant}" if result.variant else ""
+    tables[f"summary{suffix}"] = result.summary
+    tables[f"layers{suffix}"] = result.curves
+    tables[f"summary_per_seed{suffix}"] = result.summary_per_seed if several else None
     for name, table in tables.items():
         if table is None:
             (out / f"{name}.csv").unlink(missing_ok=True)
         else:
             write_csv_atomic(table, out / f"{name}.csv")
+
+
+def variant_name(metric: str | None, threshold: str | None) -> str:
+    """The name of the files of reads chosen by ``--metric`` and ``--threshold`` (``""``: the
+    default reads, whose files are ``summary.md``, ``summary.csv``, ``layers.csv``, ``probes.png``).
+
+    >>> variant_name("spearman", "0.8"), variant_name(None, "mad=2"), variant_name(None, None)
+    ('spearman-0.8', 'mad_2', '')
+    """
+    return "-".join(runs.slug(text.replace(" ", "")) for text in (metric, threshold) if text)
 
 
 SETTINGS_DIGEST = "settings_digest"
@@ -394,9 +414,11 @@ def _measure(spec: str, train_seed: int, settings: SweepSettings, progress: bool
     tables = {name: table.assign(train_seed=train_seed) for name, table in tables.items()}
     seconds = {"load": loaded - start, "measure": time.perf_counter() - loaded}
     say(f"{_label(subject.name, train_seed)}: measured in {seconds['measure']:.0f} s")
+    lengths = subject.attention_mask.sum(-1)
+    read = {"sequences": int(subject.tokens.shape[0]), "tokens": [int(lengths.min()), int(lengths.max())]}
     meta = dict(name=subject.name, kind=subject.kind, position=subject.position, n_layers=subject.n_layers,
                 has_bos=subject.has_bos, train_lengths=subject.train_lengths, train_seed=train_seed, **subject.info,
-                seconds=seconds)
+                seconds=seconds, read=read)
     return tables, meta
 
 

@@ -117,18 +117,35 @@ def test_json_threshold_and_metric_reread_the_folder_without_measuring_again(pro
     assert data["summary"][0]["absolute_r2"] == 1
     assert all(type(data["summary"][0][column]) is int for column in reads.read_columns()), "first layers are ints"
 
+    originals = {name: (out / name).read_bytes() for name in ("summary.md", "summary.csv", "layers.csv", "probes.png")}
     assert main(["probe", "circuit", "--out", str(out), *ARGS, "--quiet", "--metric", "spearman",
                  "--threshold", "0.5"]) == 0
     captured = capsys.readouterr()
     assert "already measured" in captured.err
-    summary = pd.read_csv(out / "summary.csv")
+    # issue 49: the re-read writes beside the original, never over it
+    assert {name: (out / name).read_bytes() for name in originals} == originals
+    summary = pd.read_csv(out / "summary-spearman-0.5.csv")
     assert "absolute_spearman" in summary and "absolute_r2" not in summary, "a Spearman layer under its own name"
     assert summary.loc[0, "absolute_acc"] == 1 and summary.loc[0, "absolute_spearman"] == 1
     assert "abs. index acc ≥ 0.5" in captured.out and "Spearman ρ ≥ 0.5" in captured.out
-    assert set(pd.read_csv(out / "layers.csv")["threshold"].dropna()) == {0.5}
+    assert set(pd.read_csv(out / "layers-spearman-0.5.csv")["threshold"].dropna()) == {0.5}
+    text = (out / "summary-spearman-0.5.md").read_text()
+    assert "Spearman ρ ≥ 0.5" in text and "(probes-spearman-0.5.png)" in text and (out / "probes-spearman-0.5.png").is_file()
     assert main(["probe", "circuit", "--out", str(out), *ARGS, "--quiet"]) == 0  # back to the defaults
-    assert "absolute_r2" in pd.read_csv(out / "summary.csv")
+    assert "absolute_r2" in pd.read_csv(out / "summary.csv") and (out / "summary-spearman-0.5.md").is_file()
     capsys.readouterr()
+
+
+def test_summary_md_says_what_each_model_was_read_on(probed):
+    """Issue 49: per model, the sequences and tokens per sequence actually read, beside the settings."""
+    out, _, _ = probed
+    text = (out / "summary.md").read_text()
+    assert "## What was measured" in text
+    measured = text[text.index("## What was measured"):]
+    row = next(line for line in measured.splitlines() if line.startswith("| circuit "))
+    assert [cell.strip() for cell in row.strip("|").split("|")] == ["circuit", "12", "16", "yes"]  # ARGS
+    done = json.loads(next(out.glob("parts/circuit/done.json")).read_text())
+    assert done["read"] == {"sequences": 12, "tokens": [16, 16]}
 
 
 @pytest.mark.parametrize("flags, message", [
@@ -178,3 +195,16 @@ def test_fit_width_splits_columns_and_repeats_the_row_labels():
     headers = [part.splitlines()[0].split("  ") for part in parts]
     assert all(part.splitlines()[1].lstrip().startswith("a") for part in parts), "every part keeps the model column"
     assert sum(part.count("column") for part in parts) == 8 and len(headers) == len(parts)
+
+
+@pytest.mark.slow
+def test_a_copy_task_model_says_it_was_read_at_its_own_length(tmp_path, monkeypatch):
+    """Issue 49: a copy-task model is read at its longest training length (23 tokens with BOS), not at
+    --seq-len; summary.md's table says so beside the settings line's seq_len."""
+    monkeypatch.setenv("NOPELENS_CACHE", str(tmp_path / "cache"))
+    out = tmp_path / "copy"
+    assert main(["probe", "copy-nope-3l", "--quick", "--out", str(out), "--quiet"]) == 0
+    text = (out / "summary.md").read_text()
+    row = next(line for line in text[text.index("## What was measured"):].splitlines() if line.startswith("| copy"))
+    assert [cell.strip() for cell in row.strip("|").split("|")][1:] == ["24", "23", "yes"]
+    assert "seq_len=32" in text and "seq_len is the length asked for" in text
