@@ -67,7 +67,7 @@ from nopelens.models.threads import one_thread
 from nopelens.probes.sinks import variance_slopes
 
 from . import layers, parallel, reads, runs, seeds
-from .eta import SweepETA
+from .eta import SweepETA, speed_factor
 from .plan import plan
 # the sweep's settings, sites and summary have modules of their own; their names still import from here
 from .settings import DEFAULT_MODELS, DEFAULT_SITES, SITE_KINDS, SweepSettings  # noqa: F401
@@ -235,8 +235,13 @@ def _sweep_tasks(settings: SweepSettings, out: Path | None, progress: bool, jobs
             done[task] = {name: _as_measured(name, seeds.with_train_seed(table, task[1]))
                           for name, table in tables.items()}, meta
     todo = [task for task in tasks if task not in done]
-    eta = SweepETA({task: planned_work(task[0], settings.n_sequences, settings.seq_len, task[1], settings.quick_steps)
-                    for task in todo}, jobs=1 if scheduler is None and jobs <= 1 else max(1, jobs))
+    work = {task: planned_work(task[0], settings.n_sequences, settings.seq_len, task[1], settings.quick_steps)
+            for task in todo}
+    speed = 1.0
+    if progress and any(task_work.estimated for task_work in work.values()):
+        with one_thread():  # as each task runs: the opening ETA measured on this machine, as busy as it is now
+            speed = speed_factor()
+    eta = SweepETA(work, jobs=1 if scheduler is None and jobs <= 1 else max(1, jobs), speed=speed)
     bar = progress_bar(total=len(tasks), initial=len(done), desc=f"nopelens {name}", unit="model",
                        bar_format="{desc}: {n_fmt}/{total_fmt} models [{elapsed}{postfix}]", disable=not progress)
     bar.set_postfix_str(eta.describe())

@@ -89,3 +89,17 @@ def test_the_probes_plan_reads_in_lines_of_at_most_100_columns():
     short = Plan(1, 64, 2**20, 0, None, "not estimated").describe("m")
     assert "in batches of at most 32 sequences" in short and "WILL NOT FIT" not in short
     assert "no second pass" in short and max(map(len, short.splitlines())) <= PLAN_WIDTH
+
+
+def test_the_opening_eta_is_measured_on_this_machine(monkeypatch):
+    """Issue 49: before any task finishes, the priors are scaled by the machine's speed measured when
+    the sweep starts (a busy machine three times slower: an ETA three times longer); an observed rate
+    replaces them."""
+    from nopelens.analyses import eta as eta_module
+
+    assert eta_module.speed_probe(repeats=2) > 0
+    monkeypatch.setattr(eta_module, "speed_probe", lambda: 3 * eta_module.SPEED_PROBE_SECONDS)
+    slow = SweepETA({"read0": READ, "read1": READ}, speed=eta_module.speed_factor())
+    assert slow.remaining() == pytest.approx(3 * 2 * READ.measure_work * MEASURE_PRIOR)
+    slow.finished("read0", 0.0, 12.0)
+    assert slow.remaining() == pytest.approx(12.0)
