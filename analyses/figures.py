@@ -25,8 +25,8 @@ import seaborn as sns  # noqa: E402
 from nopelens.models.io import write_atomic  # noqa: E402
 from nopelens.probes.sinks import GU_EPSILON  # noqa: E402
 
-from . import layers  # noqa: E402
-from .reads import SweepRead  # noqa: E402
+from .sweep import layers  # noqa: E402
+from .sweep.reads import SweepRead  # noqa: E402
 
 
 REPRODUCIBLE = {"svg.hashsalt": "nopelens"}
@@ -122,7 +122,7 @@ def _model_legend(fig: plt.Figure, styles: dict[str, Style], title: str = "model
 
 
 def probe_figure(curves: pd.DataFrame, sweep_reads: Sequence[SweepRead] | None = None) -> plt.Figure:
-    """Per-layer curves (:func:`~nopelens.analyses.layers.layer_curves`), one line per model, one
+    """Per-layer curves (:func:`~nopelens.analyses.sweep.layers.layer_curves`), one line per model, one
     panel per read of ``sweep_reads`` plus MAD / chance, in a grid; dashed: the read's threshold.
     The band is the 95 % bootstrap CI with one training seed, and the range over seeds (line:
     their mean) with several."""

@@ -4,7 +4,7 @@ after :func:`~nopelens.analyses.sweep.sweep`); every file is written atomically.
 themselves are drawn in :mod:`nopelens.analyses.figures`.
 
 The sweep's columns, headers and probe panels come from its reads
-(:data:`~nopelens.analyses.reads.SWEEP_READS`); this module formats what the analyses measured,
+(:data:`~nopelens.analyses.sweep.reads.SWEEP_READS`); this module formats what the analyses measured,
 and no analysis imports it (the analyses return tables; the CLI renders them).
 """
 
@@ -20,11 +20,11 @@ import pandas as pd
 from nopelens.models.compat import moved_names
 from nopelens.models.io import write_text_atomic
 
-from . import layers, reads, seeds
+from .sweep import layers, reads, seeds
 from .figures import (
     probe_figure, save_figure, sink_ablation_figure, sink_figure, site_figure, site_rows, variance_figure,
 )
-from .reads import NO_LAYER_CLEARS, SweepRead
+from .sweep.reads import NO_LAYER_CLEARS, SweepRead
 
 SEEDS_NOTE = (
     "Several training seeds: a first layer reads `agreed (per seed)`, where agreed is the first layer by "
@@ -47,7 +47,7 @@ NUMBER_HEADERS = {
 
 def summary_headers(sweep_reads: Sequence[SweepRead] | None = None) -> dict[str, str]:
     """Summary column -> header: ``model``, each read's column (``sweep_reads``, default
-    :data:`~nopelens.analyses.reads.SWEEP_READS`), then the numbers."""
+    :data:`~nopelens.analyses.sweep.reads.SWEEP_READS`), then the numbers."""
     chosen = reads.SWEEP_READS if sweep_reads is None else sweep_reads
     return {"model": "model", **{read.column: read.header for read in chosen}, **NUMBER_HEADERS}
 
@@ -106,7 +106,7 @@ def _with_ci(value, low, high, clears) -> str:
 
 def layer_table(curves: pd.DataFrame, model: str, sweep_reads: Sequence[SweepRead] | None = None) -> pd.DataFrame:
     """One model's per-layer table: a row per layer, a column per curve
-    (:func:`~nopelens.analyses.layers.curves_of`), each cell ``value [95 % CI]``, ``*`` where the
+    (:func:`~nopelens.analyses.sweep.layers.curves_of`), each cell ``value [95 % CI]``, ``*`` where the
     CI clears the read's bar, ``n/a`` where the model has no such site; sink heads as ``k/n``.
     With several training seeds a cell holds the means over seeds (value and CI bounds), ``*``
     where every seed clears the bar, and the sink column the mean fraction of sink heads."""
@@ -148,7 +148,7 @@ LAYER_HEADLINE = "Per layer: value [95 % CI over sequences], * = the CI clears t
 
 def low_selectivity_lines(low: pd.DataFrame | None, model: str) -> list[str]:
     """One short line per read of ``model`` whose selectivity is low
-    (:func:`~nopelens.analyses.layers.low_selectivity`): its best value, the layer, the
+    (:func:`~nopelens.analyses.sweep.layers.low_selectivity`): its best value, the layer, the
     selectivity and what the Hewitt & Liang control task scores there."""
     if low is None or low.empty:
         return []
@@ -224,12 +224,12 @@ def summary_table(summary: pd.DataFrame, sweep_reads: Sequence[SweepRead] | None
     """The summary with readable headers, "none" for targets no layer recovered, "n/a" for reads the
     model has no site for (no ``hook_attn_scores``) and for selectivity where the control task is
     undefined, rounded numbers; ``sweep_reads`` are the reads whose first layers it holds (default
-    :data:`~nopelens.analyses.reads.SWEEP_READS`). A sink rate or variance slope whose read a model
+    :data:`~nopelens.analyses.sweep.reads.SWEEP_READS`). A sink rate or variance slope whose read a model
     left out (``not_applicable``: model -> {read: why}, :func:`not_applicable_reads`; e.g. every
     block a DSA past ``index_topk``) reads :data:`NOT_READ`; a variance slope otherwise missing is
     an output that never varies.
 
-    With several training seeds (columns from :func:`~nopelens.analyses.seeds.over_seeds`) a
+    With several training seeds (columns from :func:`~nopelens.analyses.sweep.seeds.over_seeds`) a
     first layer reads ``2 (1/1/2)``: the layer all seeds agree on, then each seed's; a number
     reads ``0.953 ± 0.012``: mean ± standard deviation across seeds.
     """
@@ -320,7 +320,7 @@ def summary_markdown(result, settings, command: str, versions: dict[str, str], f
     stems written; only those are linked), the sink ablation, command, settings and versions.
 
     ``result`` and ``settings`` are the sweep's :class:`~nopelens.analyses.sweep.SweepResult` and
-    :class:`~nopelens.analyses.settings.SweepSettings` (duck-typed: this module imports no analysis)."""
+    :class:`~nopelens.analyses.sweep.settings.SweepSettings` (duck-typed: this module imports no analysis)."""
     sweep_reads = result.reads
     skipped = not_applicable_reads(result.subjects)
     tables = fit_width(summary_table(result.summary, sweep_reads, skipped), _markdown)

@@ -9,7 +9,8 @@ import json
 import pandas as pd
 import pytest
 
-from nopelens.analyses import layers, load_run, reads, report, runs
+from nopelens.analyses import load_run, report, runs
+from nopelens.analyses.sweep import layers, reads
 from nopelens.analyses.cli import main
 from nopelens.analyses.sweep import DEFAULT_SITES, SweepSettings
 

@@ -122,8 +122,8 @@ def test_auto_batch_size_fits_the_memory_free_and_leaves_the_tables_unchanged(mo
 
     import torch
 
-    from nopelens.analyses import plan as plan_module
-    from nopelens.analyses import streamed
+    from nopelens.analyses.sweep import plan as plan_module
+    from nopelens.analyses.sweep import streamed
     from nopelens.analyses.subjects import HFInput, resolve
     from nopelens.analyses.sweep import SweepSettings, analyse_subject, sweep_sites
 
@@ -177,7 +177,7 @@ def test_statistics_larger_than_the_memory_free_are_refused_before_any_forward_p
     """With nothing kept the jobs of a run hold their statistics at once; when one job's alone exceed
     the memory free on the device the run says so in one line, before its forward passes, and --plan
     says it too."""
-    from nopelens.analyses import streamed
+    from nopelens.analyses.sweep import streamed
     from nopelens.analyses.cli import main
 
     monkeypatch.setattr(streamed, "available_memory", lambda device=None: 2**20)  # 1 MiB free
@@ -232,8 +232,8 @@ def test_sites_whose_statistics_do_not_fit_together_run_in_groups_with_the_same_
 
     import torch
 
-    from nopelens.analyses import plan as plan_module
-    from nopelens.analyses import streamed
+    from nopelens.analyses.sweep import plan as plan_module
+    from nopelens.analyses.sweep import streamed
     from nopelens.analyses.subjects import HFInput, resolve
     from nopelens.analyses.sweep import SweepSettings, analyse_subject, sweep_sites
 
@@ -560,7 +560,7 @@ def test_sinks_reads_an_hf_model_through_its_tokenizer_as_probe_does(model_dir, 
     ``--input`` (default text through the model's tokenizer), ``--text``, ``--device`` and ``--dtype``."""
     from nopelens.analyses.cli import main
     from nopelens.analyses.subjects import HFInput, resolve
-    from nopelens.analyses.streamed import measure_sinks
+    from nopelens.analyses.sweep.streamed import measure_sinks
 
     args = ["sinks", f"hf:{model_dir}", "--quick", "--seq-len", "16", "--n-sequences", "6", "--quiet"]
     assert main([*args, "--out", str(tmp_path / "text")]) == 0, capsys.readouterr().err
@@ -577,14 +577,14 @@ def test_sinks_reads_an_hf_model_through_its_tokenizer_as_probe_does(model_dir, 
 @pytest.mark.slow
 @pytest.mark.parametrize("keep_mib", [None, 0])
 def test_the_plans_fit_count_is_what_the_run_factorizes(model_dir, monkeypatch, keep_mib, one_thread):
-    """The ETA's fits are counted from the plan (:func:`~nopelens.analyses.plan.fit_work`): the
+    """The ETA's fits are counted from the plan (:func:`~nopelens.analyses.sweep.plan.fit_work`): the
     penalty paths' sum of d^3 is exactly what the run factorizes, kept or summed batch by batch;
     the Cholesky solves counted bound those run (ridge solves once per distinct chosen penalty)."""
     import dataclasses
 
-    from nopelens.analyses import plan as plan_module
-    from nopelens.analyses import streamed
-    from nopelens.analyses.eta import FitRates
+    from nopelens.analyses.sweep import plan as plan_module
+    from nopelens.analyses.sweep import streamed
+    from nopelens.analyses.sweep.eta import FitRates
     from nopelens.analyses.subjects import HFInput, resolve
     from nopelens.analyses.sweep import SweepSettings, analyse_subject, sweep_sites
     from nopelens.probes import lda, ridge

@@ -6,7 +6,8 @@ import pandas as pd
 import pytest
 from schema import assert_documented, assert_folder_documented
 
-from nopelens.analyses import report, seeds
+from nopelens.analyses import report
+from nopelens.analyses.sweep import seeds
 from nopelens.analyses.cli import main
 from nopelens.analyses.sweep import SweepSettings, sweep, versions
 
@@ -141,7 +142,7 @@ def test_the_quick_smoke_test_has_its_own_default_folder(monkeypatch):
 def test_one_pass_and_planned_streamed_runs_give_the_same_tables_past_64_positions(one_thread):
     """Issue 38: the sweep's one pass (every feature kept) and a planned streamed run (batches of 4,
     nothing kept: a second pass) bin positions past 64 classes and draw pairs at 64 spread distances
-    (one set of settings, :class:`~nopelens.analyses.reads.ProbeInput`'s), so their tables agree at
+    (one set of settings, :class:`~nopelens.analyses.sweep.reads.ProbeInput`'s), so their tables agree at
     any length."""
     import numpy as np
     import torch

@@ -378,7 +378,7 @@ def test_the_repeated_token_known_answer_covers_only_blocks_theory_makes_uniform
 
     from hf_families import DESIGNS
 
-    from nopelens.analyses.streamed import uniform_blocks
+    from nopelens.analyses.sweep.streamed import uniform_blocks
     from nopelens.models.hf import describe_config
 
     config, _ = DESIGNS[family]()

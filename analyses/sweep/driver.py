@@ -27,12 +27,12 @@ through what earlier layers wrote), and the content-only read asks whether q and
 
 Training seeds: with ``train_seeds=(0, 1, 2)`` every zoo model is trained (and cached) once per
 seed and each is measured; the tables carry a ``train_seed`` column and the summary reports means
-over seeds with their spread (see :mod:`nopelens.analyses.seeds`). A sweep's unit of work is one
-(model, training seed); :mod:`nopelens.analyses.parallel` runs these in this process, in local
+over seeds with their spread (see :mod:`nopelens.analyses.sweep.seeds`). A sweep's unit of work is one
+(model, training seed); :mod:`nopelens.analyses.sweep.parallel` runs these in this process, in local
 worker processes (``jobs``) or on a Dask cluster (``scheduler``).
 
 What the summary reports per model (one column, header and figure panel each) are the reads of
-:data:`~nopelens.analyses.reads.SWEEP_READS`; the probe rows come from their target functions.
+:data:`~nopelens.analyses.sweep.reads.SWEEP_READS`; the probe rows come from their target functions.
 
 Results go to a run folder (:mod:`~nopelens.analyses.runs`): ``probes.csv``, ``sinks.csv``,
 ``variance.csv``, ``sink_ablation.csv``, ``summary.csv``, ``layers.csv`` and the stamp
@@ -66,14 +66,15 @@ from nopelens.models.progress import progress_bar
 from nopelens.models.threads import one_thread
 from nopelens.probes.sinks import variance_slopes
 
-from . import layers, parallel, reads, runs, seeds
+from .. import runs
+from . import layers, parallel, reads, seeds
 from .eta import SweepETA, speed_factor
 from .plan import plan
 # the sweep's settings, sites and summary have modules of their own; their names still import from here
 from .settings import DEFAULT_MODELS, DEFAULT_SITES, SITE_KINDS, SweepSettings  # noqa: F401
 from .sites import block_ranges, pattern_sites, probed_blocks, score_sites, sink_sites, sweep_sites  # noqa: F401
 from .streamed import measure_streamed
-from .subjects import (
+from ..subjects import (
     HF_PREFIX, Subject, check_spec, display_name, input_changes, input_fingerprint, planned_work, resolve,
 )
 from .summary import summarize, summarize_per_seed  # noqa: F401
@@ -87,8 +88,8 @@ class SweepResult:
     """The tidy tables of a sweep.
 
     ``summary`` has one row per model (means over training seeds when there are several, see
-    :func:`~nopelens.analyses.seeds.over_seeds`); ``summary_per_seed`` one row per model and seed;
-    ``curves`` the main curves per layer (:func:`~nopelens.analyses.layers.layer_curves`);
+    :func:`~nopelens.analyses.sweep.seeds.over_seeds`); ``summary_per_seed`` one row per model and seed;
+    ``curves`` the main curves per layer (:func:`~nopelens.analyses.sweep.layers.layer_curves`);
     ``reads`` the reads the summary and curves report (``--metric``, ``--threshold``);
     ``variant`` names the files of reads other than the default ones (:func:`variant_name`), so
     a re-read writes ``summary-<variant>.md`` beside the original and never over it.
@@ -113,12 +114,12 @@ class SweepResult:
 def analyse_subject(subject: Subject, settings: SweepSettings, label: str | None = None,
                     progress: bool = False) -> dict[str, pd.DataFrame]:
     """Probe, sink, variance and sink-ablation tables of one subject (see the module docstring),
-    measured through the streaming engine (:func:`~nopelens.analyses.streamed.measure_streamed`);
-    the probe rows are those of the targets :data:`~nopelens.analyses.reads.SWEEP_READS` names.
+    measured through the streaming engine (:func:`~nopelens.analyses.sweep.streamed.measure_streamed`);
+    the probe rows are those of the targets :data:`~nopelens.analyses.sweep.reads.SWEEP_READS` names.
 
     The sweep's models keep every batch's features (an unlimited keep budget, batches of 32: one
     pass). A streamed probe (``settings.streamed``: ``nopelens probe hf:DIR``) is planned first
-    (:func:`~nopelens.analyses.plan.plan`, printed on stderr under ``label``), runs in the plan's
+    (:func:`~nopelens.analyses.sweep.plan.plan`, printed on stderr under ``label``), runs in the plan's
     batches, keep budget and groups, and is refused before any forward pass when it cannot fit.
 
     Raises:
@@ -173,13 +174,13 @@ def sweep(settings: SweepSettings, out_dir: str | Path | None = None, progress: 
         out_dir: run folder; each finished (model, seed) is saved under ``parts/`` at once. A run
             refused or failed before its first part leaves no stamp (:func:`~nopelens.analyses.runs.claimed`).
         progress: progress bars and lines on stderr.
-        jobs: local worker processes, one (model, seed) each (see :mod:`~nopelens.analyses.parallel`).
+        jobs: local worker processes, one (model, seed) each (see :mod:`~nopelens.analyses.sweep.parallel`).
         scheduler: address of a Dask scheduler (``tls://`` or ``tcp://``) to send the (model,
             seed) tasks to instead.
         security: YAML file of distributed's TLS settings for a ``tls://`` scheduler (see
-            :func:`~nopelens.analyses.parallel.dask_security`).
+            :func:`~nopelens.analyses.sweep.parallel.dask_security`).
         sweep_reads: the reads the summary, the per-layer curves and the figure report (default
-            :data:`~nopelens.analyses.reads.SWEEP_READS`; :func:`~nopelens.analyses.reads.choose_reads`
+            :data:`~nopelens.analyses.sweep.reads.SWEEP_READS`; :func:`~nopelens.analyses.sweep.reads.choose_reads`
             makes others). They only read what was measured, so a run folder resumes with any.
         name: the command, for the progress bar (``sweep`` or ``probe``).
         variant: the name of the read-dependent tables' files for reads other than the default
@@ -191,7 +192,7 @@ def sweep(settings: SweepSettings, out_dir: str | Path | None = None, progress: 
         ValueError: if ``out_dir`` holds a sweep made with other settings or another analysis's
             run (:func:`~nopelens.analyses.runs.claim`), if there are fewer evaluation sequences
             than folds, or as :func:`~nopelens.analyses.subjects.resolve` and
-            :func:`~nopelens.analyses.parallel.run_tasks`.
+            :func:`~nopelens.analyses.sweep.parallel.run_tasks`.
         KeyError, FileNotFoundError: on an unknown model spec (the message lists what exists).
         ChildProcessError: if parallel workers were lost (what finished is saved; rerun to resume).
     """
@@ -285,7 +286,7 @@ def write_tables(result: SweepResult) -> None:
     """Write a sweep's tables into ``result.out_dir``: ``probes``, ``sinks``, ``variance``,
     ``summary``, ``layers`` (the main curves) and ``sink_ablation`` (when measured), and with
     several training seeds also ``summary_per_seed`` and ``probes_over_seeds``
-    (:mod:`~nopelens.analyses.seeds`); a table this run has none of is removed if an earlier run
+    (:mod:`~nopelens.analyses.sweep.seeds`); a table this run has none of is removed if an earlier run
     in the folder left one, so the folder describes this run only. The tables that depend on
     the reads (``summary``, ``layers``, ``summary_per_seed``) are written as
     ``<name>-<variant>.csv`` when ``result.variant`` is set, beside the default reads' own."""
@@ -387,7 +388,7 @@ def measure(spec: str, train_seed: int, settings: SweepSettings, progress: bool 
     zoo cache of the machine it runs on. It runs on one thread
     (:func:`~nopelens.models.threads.one_thread`), so its numbers do not depend on the core count
     or on how many workers share the machine; in a Dask worker that runs several tasks at once it
-    refuses (:func:`~nopelens.analyses.parallel.check_alone_in_process`).
+    refuses (:func:`~nopelens.analyses.sweep.parallel.check_alone_in_process`).
 
     Returns:
         ``(tables, meta)``: the ``probes``, ``sinks`` and ``variance`` tables (with ``train_seed``
@@ -448,8 +449,8 @@ def versions() -> dict[str, str]:
     }
 
 
-__getattr__ = moved_names(__name__, moved={"first_variance_block": "nopelens.analyses.sites",
-                                           "summarize_seed": "nopelens.analyses.summary",
-                                           "measure_sinks": "nopelens.analyses.streamed"},
+__getattr__ = moved_names(__name__, moved={"first_variance_block": "nopelens.analyses.sweep.sites",
+                                           "summarize_seed": "nopelens.analyses.sweep.summary",
+                                           "measure_sinks": "nopelens.analyses.sweep.streamed"},
                           gone={"analyse_subject_streamed": "analyse_subject measures every model streamed (one driver)",
-                                "sink_conditions": "use nopelens.analyses.streamed.measure_sinks (or SinkReads)"})
+                                "sink_conditions": "use nopelens.analyses.sweep.streamed.measure_sinks (or SinkReads)"})

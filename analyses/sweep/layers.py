@@ -7,7 +7,7 @@ nobody has to decode it: one row per model, training seed, layer and curve (``la
 
 The curves (:func:`curves_of`, in this order):
 
-- one per read of :data:`~nopelens.analyses.reads.SWEEP_READS` (or the reads ``--metric`` and
+- one per read of :data:`~nopelens.analyses.sweep.reads.SWEEP_READS` (or the reads ``--metric`` and
   ``--threshold`` chose): the linear probe on the grouped split (GroupKFold over sequences; not
   the extrapolation split), its metric, at every layer it has (residual layers 0 .. n_layers;
   attention reads of block l at layer l + 1);
@@ -73,7 +73,7 @@ class Curve:
 
 
 def curves_of(sweep_reads: Sequence[SweepRead] | None = None) -> list[Curve]:
-    """The curves of ``sweep_reads`` (default :data:`~nopelens.analyses.reads.SWEEP_READS`):
+    """The curves of ``sweep_reads`` (default :data:`~nopelens.analyses.sweep.reads.SWEEP_READS`):
     one per read, ``mad_chance`` after the last absolute-index read, ``sink_rate`` last."""
     chosen = reads_module.SWEEP_READS if sweep_reads is None else tuple(sweep_reads)
     curves = [Curve(read.column, read.label, read.title, METRIC_AXES.get(read.metric, read.metric), read)
@@ -92,7 +92,7 @@ def layer_curves(probes: pd.DataFrame, sinks: pd.DataFrame | None = None,
     Args:
         probes: a sweep's probe table (``probes.csv``).
         sinks: its sink table (``sinks.csv``); None leaves out ``sink_rate``.
-        sweep_reads: the reads (default :data:`~nopelens.analyses.reads.SWEEP_READS`).
+        sweep_reads: the reads (default :data:`~nopelens.analyses.sweep.reads.SWEEP_READS`).
 
     Returns:
         Tidy :data:`LAYER_COLUMNS` rows in model order, then curve order, then layer: ``value``
@@ -179,7 +179,7 @@ def low_selectivity(probes: pd.DataFrame, sweep_reads: Sequence[SweepRead] | Non
 
     Args:
         probes: a sweep's probe table (``probes.csv``; its ``selectivity`` column).
-        sweep_reads: the reads (default :data:`~nopelens.analyses.reads.SWEEP_READS`); only those
+        sweep_reads: the reads (default :data:`~nopelens.analyses.sweep.reads.SWEEP_READS`); only those
             whose higher values are better and whose rows carry a selectivity are judged.
 
     Returns:

@@ -1,10 +1,10 @@
 """The plan of a streamed probe (``nopelens probe --plan``), before any forward pass: how many
-forward passes and tokens :func:`~nopelens.analyses.streamed.measure_streamed` will run, how much
+forward passes and tokens :func:`~nopelens.analyses.sweep.streamed.measure_streamed` will run, how much
 memory its statistics need and hold at once, whether they fit the memory the run may use
 (a shortfall is refused before the first pass), and how long it will take, measured here.
 
 The measurements planned and their memory budgets (keep budget, batch size, groups of sites) are
-:mod:`nopelens.analyses.streamed`'s; this module counts and times them.
+:mod:`nopelens.analyses.sweep.streamed`'s; this module counts and times them.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from .streamed import (
     statistics_bytes,
 )
 from .reads import SweepSites
-from .subjects import Subject
+from ..subjects import Subject
 
 
 def _more_memory_hint(m: Measurements) -> str:
@@ -125,14 +125,14 @@ CALIBRATION_MAX_WIDTH = 1024
 
 
 def fit_work(m: Measurements, shapes: dict[str, tuple[int, ...]]) -> FitWork:
-    """Count the linear algebra of every job's fits (:class:`~nopelens.analyses.eta.FitWork`), from
+    """Count the linear algebra of every job's fits (:class:`~nopelens.analyses.sweep.eta.FitWork`), from
     the plan alone: per ridge family K(K - 1)/2 penalty paths (the grouped inner CV's fitting sets,
     each shared by two outer folds), K x t Cholesky solves and K(K - 1) validation products over
     the penalty grid; per LDA family K x t solves with their class means; one Gram matrix of
     every row per split set, and the out-of-fold predictions (K folds, t targets, d features).
 
     Returns:
-        :class:`~nopelens.analyses.eta.FitWork`: sums of d^3 (paths, solves), flops, samples scored
+        :class:`~nopelens.analyses.sweep.eta.FitWork`: sums of d^3 (paths, solves), flops, samples scored
         and call counts.
     """
     paths = solves = flops = scored = 0.0
@@ -165,7 +165,7 @@ def fit_rates(device: torch.device, width: int, n_boot: int, n_splits: int) -> F
     (64 samples).
 
     Returns:
-        :class:`~nopelens.analyses.eta.FitRates`: seconds per d^3, per flop, per sample and per call.
+        :class:`~nopelens.analyses.sweep.eta.FitRates`: seconds per d^3, per flop, per sample and per call.
     """
     d = max(32, min(int(width), CALIBRATION_MAX_WIDTH))
     generator = torch.Generator().manual_seed(0)

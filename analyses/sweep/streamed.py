@@ -29,7 +29,7 @@ model's device), the sites run in groups by depth, one streamed run each, stoppe
 deepest site (:func:`statistics_groups`): more forward passes, the same numbers, and memory that
 does not grow with the depth either.
 
-:func:`~nopelens.analyses.plan.plan` says before the run how many forward passes, tokens and how
+:func:`~nopelens.analyses.sweep.plan.plan` says before the run how many forward passes, tokens and how
 much memory the statistics need (``nopelens probe --plan``).
 """
 
@@ -55,10 +55,10 @@ from nopelens.probes.stream import (
 )
 from nopelens.probes.stream_probes import Probes
 
-from .intervene import later_token_probes, refused_sink_blocks, sink_ablation_drop_streamed
+from ..intervene import later_token_probes, refused_sink_blocks, sink_ablation_drop_streamed
 from .reads import ProbeInput, SweepSites, bilinear_mode_of, measure_targets
 from .sites import pattern_sites
-from .subjects import Subject
+from ..subjects import Subject
 
 SKIPPED_ABLATION = "skipped (--no-sink-ablation): the sink ablation's extra forward passes were not run"
 NOT_PROBED = "not probed (--layers leaves this block out)"
@@ -104,8 +104,8 @@ class Measurements:
 def measurements(subject: Subject, settings, sites: SweepSites,
                  shapes: dict[str, tuple[int, ...]] | None = None) -> Measurements:
     """The streamed measurements of ``subject`` under ``settings`` (a
-    :class:`~nopelens.analyses.settings.SweepSettings`) on the sweep's ``sites``
-    (:func:`~nopelens.analyses.sites.sweep_sites`): the sweep's probe set, its sink conditions, its
+    :class:`~nopelens.analyses.sweep.settings.SweepSettings`) on the sweep's ``sites``
+    (:func:`~nopelens.analyses.sweep.sites.sweep_sites`): the sweep's probe set, its sink conditions, its
     variance sites and (unless ``settings.sink_ablation`` is False) the sink ablation's clean
     probes, after checking on two sequences which blocks can be ablated
     (:func:`~nopelens.analyses.intervene.refused_sink_blocks`: a few short forward passes).
@@ -246,7 +246,7 @@ a 1024-wide SmolLM3-shaped model (QA, 2026-12-01)."""
 STATISTICS_SHARE = 0.5
 """The share of the memory a run may use that what it holds besides its batches may take (one
 group's statistics, or its kept features and one site's statistics, with the fits' overhead:
-:func:`held_bytes`); the rest is for the forward passes. :func:`~nopelens.analyses.plan.plan` refuses a run that cannot
+:func:`held_bytes`); the rest is for the forward passes. :func:`~nopelens.analyses.sweep.plan.plan` refuses a run that cannot
 keep to it."""
 
 
@@ -310,7 +310,7 @@ def statistics_groups(m: Measurements, shapes: dict[str, tuple[int, ...]]) -> li
     block they read, and a group closes before its statistics, times :data:`STATISTICS_OVERHEAD`,
     and the unpacked copy one fit reads would pass that share; each run stops after its deepest
     site, so G groups cost between 1 and G forward passes' worth of compute. A job too large for
-    that share alone gets a group of its own, which :func:`~nopelens.analyses.plan.plan` refuses. The numbers do not
+    that share alone gets a group of its own, which :func:`~nopelens.analyses.sweep.plan.plan` refuses. The numbers do not
     depend on the grouping (each job's fit uses its own statistics only).
     """
     jobs = m.jobs()
@@ -424,7 +424,7 @@ def measure_streamed(subject: Subject, settings, sites: SweepSites, progress: bo
     and ``not_applicable`` says so, when ``settings.sink_ablation`` is False). With ``--input
     repeated`` the known answer is checked and recorded in ``subject.info["known_answer"]``.
     ``progress``: a bar per pass with tokens/s and ETA. ``planned``: the measurements a
-    :func:`~nopelens.analyses.plan.plan` made (its :attr:`~nopelens.analyses.plan.Plan.measurements`), so that the run keeps to the plan's batch
+    :func:`~nopelens.analyses.sweep.plan.plan` made (its :attr:`~nopelens.analyses.sweep.plan.Plan.measurements`), so that the run keeps to the plan's batch
     size, keep budget and groups whatever the free memory does in between; None: made here."""
     plan_ = measurements(subject, settings, sites) if planned is None else planned
     batch_size = plan_.batch_size
@@ -572,4 +572,4 @@ def job_statistics_bytes(job, shapes: dict[str, tuple[int, ...]], packed: bool =
 
 
 __getattr__ = moved_names(__name__, moved=dict.fromkeys(
-    ("Plan", "plan", "fit_work", "fit_rates", "block_seconds", "CALIBRATION_MAX_WIDTH"), "nopelens.analyses.plan"))
+    ("Plan", "plan", "fit_work", "fit_rates", "block_seconds", "CALIBRATION_MAX_WIDTH"), "nopelens.analyses.sweep.plan"))
