@@ -1,8 +1,9 @@
 """The main job: at which layer does each model's absolute index, then relative distance, become
 linearly recoverable, and where are its attention sinks?
 
-For each subject (see :mod:`nopelens.analyses.subjects`) the sweep collects activations on fresh
-sequences and measures:
+For each subject (see :mod:`nopelens.analyses.subjects`) the sweep measures, on fresh sequences and
+while the model runs (the streaming engine, :mod:`nopelens.analyses.sweep.streamed`: one driver for
+every model):
 
 - absolute index at every residual layer (0 = embeddings ... n_layers) and at every block's
   ``hook_attn_out`` and ``hook_mlp_out``: classification and regression probes with the control
