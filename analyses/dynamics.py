@@ -47,7 +47,7 @@ from nopelens.probes.sinks import GU_WINDOW, sink_rate_ci
 
 from . import runs
 from .subjects import from_trained
-from .sites import score_sites
+from .sweep.sites import score_sites
 
 THRESHOLD = 0.9
 """A layer recovers a target when the 95 % CI lower bound of R^2 clears this (the sweep's bar)."""

@@ -25,10 +25,10 @@ import seaborn as sns  # noqa: E402
 from nopelens.models.io import write_atomic  # noqa: E402
 from nopelens.probes.sinks import GU_EPSILON  # noqa: E402
 
-from . import layers  # noqa: E402
 # MARKERS and Style lived here before palette.py; they still import from here
 from .palette import LINESTYLE_KEY, MARKERS, Style, method_color, method_label, model_styles  # noqa: E402, F401
-from .reads import SweepRead  # noqa: E402
+from .sweep import layers  # noqa: E402
+from .sweep.reads import SweepRead  # noqa: E402
 
 
 REPRODUCIBLE = {"svg.hashsalt": "nopelens"}
@@ -101,7 +101,7 @@ def _method_title(ax: plt.Axes, model: str, style: Style, suffix: str = "") -> N
 
 def probe_figure(curves: pd.DataFrame, sweep_reads: Sequence[SweepRead] | None = None,
                  subjects: dict[str, dict] | None = None) -> plt.Figure:
-    """Per-layer curves (:func:`~nopelens.analyses.layers.layer_curves`), one line per model, one
+    """Per-layer curves (:func:`~nopelens.analyses.sweep.layers.layer_curves`), one line per model, one
     panel per read of ``sweep_reads`` plus MAD / chance, in a grid; grey line: the read's threshold.
     A point is one model's probe score at one layer (layer 0 = embeddings, l + 1 = output of block
     l); the band is the 95 % bootstrap CI over sequences with one training seed, and the range

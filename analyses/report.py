@@ -4,7 +4,7 @@ after :func:`~nopelens.analyses.sweep.sweep`); every file is written atomically.
 themselves are drawn in :mod:`nopelens.analyses.figures`.
 
 The sweep's columns, headers and probe panels come from its reads
-(:data:`~nopelens.analyses.reads.SWEEP_READS`); this module formats what the analyses measured,
+(:data:`~nopelens.analyses.sweep.reads.SWEEP_READS`); this module formats what the analyses measured,
 and no analysis imports it (the analyses return tables; the CLI renders them).
 """
 
@@ -20,11 +20,11 @@ import pandas as pd
 from nopelens.models.compat import moved_names
 from nopelens.models.io import write_text_atomic
 
-from . import layers, reads, seeds
+from .sweep import layers, reads, seeds
 from .figures import (
     probe_figure, save_figure, sink_ablation_figure, sink_figure, site_figure, site_rows, variance_figure,
 )
-from .reads import NO_LAYER_CLEARS, SweepRead
+from .sweep.reads import NO_LAYER_CLEARS, SweepRead
 
 SEEDS_NOTE = (
     "Several training seeds: a first layer reads `agreed (per seed)`, where agreed is the first layer by "
@@ -47,7 +47,7 @@ NUMBER_HEADERS = {
 
 def summary_headers(sweep_reads: Sequence[SweepRead] | None = None) -> dict[str, str]:
     """Summary column -> header: ``model``, each read's column (``sweep_reads``, default
-    :data:`~nopelens.analyses.reads.SWEEP_READS`), then the numbers."""
+    :data:`~nopelens.analyses.sweep.reads.SWEEP_READS`), then the numbers."""
     chosen = reads.SWEEP_READS if sweep_reads is None else sweep_reads
     return {"model": "model", **{read.column: read.header for read in chosen}, **NUMBER_HEADERS}
 
@@ -106,7 +106,7 @@ def _with_ci(value, low, high, clears) -> str:
 
 def layer_table(curves: pd.DataFrame, model: str, sweep_reads: Sequence[SweepRead] | None = None) -> pd.DataFrame:
     """One model's per-layer table: a row per layer, a column per curve
-    (:func:`~nopelens.analyses.layers.curves_of`), each cell ``value [95 % CI]``, ``*`` where the
+    (:func:`~nopelens.analyses.sweep.layers.curves_of`), each cell ``value [95 % CI]``, ``*`` where the
     CI clears the read's bar, ``n/a`` where the model has no such site; sink heads as ``k/n``.
     With several training seeds a cell holds the means over seeds (value and CI bounds), ``*``
     where every seed clears the bar, and the sink column the mean fraction of sink heads."""
@@ -143,25 +143,45 @@ SEEDS_LAYER_NOTE = (" Several training seeds: each cell is the mean over seeds o
                     "* = every seed clears the bar; sink heads: the mean fraction.")
 
 
+LAYER_HEADLINE = "Per layer: value [95 % CI over sequences], * = the CI clears the read's bar (notes below)"
+
+
+def low_selectivity_lines(low: pd.DataFrame | None, model: str) -> list[str]:
+    """One short line per read of ``model`` whose selectivity is low
+    (:func:`~nopelens.analyses.sweep.layers.low_selectivity`): its best value, the layer, the
+    selectivity and what the Hewitt & Liang control task scores there."""
+    if low is None or low.empty:
+        return []
+    return [f"{row.label} {_number(row.value)} (layer {row.layer}): low selectivity {_number(row.selectivity)}, "
+            f"the control task scores {_number(row.value - row.selectivity)}"
+            for row in low[low["model"] == model].itertuples()]
+
+
 def layer_tables_text(curves: pd.DataFrame, sweep_reads: Sequence[SweepRead] | None = None,
-                      width: int = SCREEN_WIDTH) -> str:
-    """Every model's :func:`layer_table` as plain text, each part at most ``width`` characters."""
+                      width: int = SCREEN_WIDTH, low: pd.DataFrame | None = None) -> str:
+    """Every model's :func:`layer_table` as plain text, each part at most ``width`` characters: a
+    headline, each model's table and its :func:`low_selectivity_lines` (``low``), then the notes."""
     several = curves.groupby("model")["train_seed"].nunique().max() > 1
-    parts = [textwrap.fill(LAYER_NOTE + (SEEDS_LAYER_NOTE if several else ""), width)]
+    parts = [LAYER_HEADLINE]
     for model in curves["model"].unique():
         parts.append(f"\n{model}")
         parts.extend(fit_width(layer_table(curves, model, sweep_reads), _text, width))
+        parts.extend(textwrap.fill(line, width, subsequent_indent="  ") for line in low_selectivity_lines(low, model))
+    parts.append("\n" + textwrap.fill(LAYER_NOTE + (SEEDS_LAYER_NOTE if several else ""), width))
     return "\n".join(parts)
 
 
-def layer_tables_markdown(curves: pd.DataFrame, sweep_reads: Sequence[SweepRead] | None = None) -> list[str]:
-    """The "Per layer" section of ``summary.md``: :func:`layer_table` of every model."""
+def layer_tables_markdown(curves: pd.DataFrame, sweep_reads: Sequence[SweepRead] | None = None,
+                          low: pd.DataFrame | None = None) -> list[str]:
+    """The "Per layer" section of ``summary.md``: :func:`layer_table` of every model, each with its
+    :func:`low_selectivity_lines` (``low``)."""
     several = curves.groupby("model")["train_seed"].nunique().max() > 1
     lines = ["## Per layer", "", LAYER_NOTE + (SEEDS_LAYER_NOTE if several else ""), ""]
     for model in curves["model"].unique():
         lines += [f"### {model}", ""]
         for part in fit_width(layer_table(curves, model, sweep_reads), _markdown):
             lines += [part, ""]
+        lines += [line for text in low_selectivity_lines(low, model) for line in (text, "")]
     return lines
 
 
@@ -204,12 +224,12 @@ def summary_table(summary: pd.DataFrame, sweep_reads: Sequence[SweepRead] | None
     """The summary with readable headers, "none" for targets no layer recovered, "n/a" for reads the
     model has no site for (no ``hook_attn_scores``) and for selectivity where the control task is
     undefined, rounded numbers; ``sweep_reads`` are the reads whose first layers it holds (default
-    :data:`~nopelens.analyses.reads.SWEEP_READS`). A sink rate or variance slope whose read a model
+    :data:`~nopelens.analyses.sweep.reads.SWEEP_READS`). A sink rate or variance slope whose read a model
     left out (``not_applicable``: model -> {read: why}, :func:`not_applicable_reads`; e.g. every
     block a DSA past ``index_topk``) reads :data:`NOT_READ`; a variance slope otherwise missing is
     an output that never varies.
 
-    With several training seeds (columns from :func:`~nopelens.analyses.seeds.over_seeds`) a
+    With several training seeds (columns from :func:`~nopelens.analyses.sweep.seeds.over_seeds`) a
     first layer reads ``2 (1/1/2)``: the layer all seeds agree on, then each seed's; a number
     reads ``0.953 ± 0.012``: mean ± standard deviation across seeds.
     """
@@ -265,7 +285,7 @@ def first_layer_note(sweep_reads: Sequence[SweepRead] | None = None) -> str:
                 "bound stays at or below it)")
     return (f"First layer {rule} (layer 0 = embeddings, layer l + 1 = output of block l; an attention read of "
             "block l is reported at layer l + 1). `none`: no layer cleared it; `n/a`: the model has no site for "
-            "that read, or its metric is undefined there (Spearman's ρ of predictions that are all equal). The numbers behind each first layer are in the per-layer tables below.")
+            "that read, or its metric is undefined there (Spearman's ρ of predictions that are all equal). The numbers behind each first layer are in the per-layer tables above.")
 
 
 READS_TEXT = (
@@ -322,12 +342,13 @@ def caption(stem: str) -> str:
 
 def summary_markdown(result, settings, command: str, versions: dict[str, str], figures: Sequence[str] = (),
                      name: str = "sweep") -> str:
-    """The ``summary.md`` of a sweep or ``nopelens probe`` (``name``): the summary, the per-layer
-    tables, the figures in ``figures`` (the stems written; only those are linked), the sink
-    ablation, command, settings and versions.
+    """The ``summary.md`` of a sweep or ``nopelens probe`` (``name``): the per-layer tables (with a
+    line under a model's table for each read whose selectivity is low) and their figure first,
+    then the first layer at a bar and the summary's numbers, the other figures in ``figures`` (the
+    stems written; only those are linked), the sink ablation, command, settings and versions.
 
     ``result`` and ``settings`` are the sweep's :class:`~nopelens.analyses.sweep.SweepResult` and
-    :class:`~nopelens.analyses.settings.SweepSettings` (duck-typed: this module imports no analysis)."""
+    :class:`~nopelens.analyses.sweep.settings.SweepSettings` (duck-typed: this module imports no analysis)."""
     sweep_reads = result.reads
     skipped = not_applicable_reads(result.subjects)
     tables = fit_width(summary_table(result.summary, sweep_reads, skipped), _markdown)
@@ -335,10 +356,17 @@ def summary_markdown(result, settings, command: str, versions: dict[str, str], f
         tables.append(not_applicable_text(skipped, bullet="- "))
     settings_text = ", ".join(f"{k}={v}" for k, v in dataclasses.asdict(settings).items())
     version_text = ", ".join(f"{k} {v}" for k, v in versions.items())
-    pictures = [f"![{FIGURE_TITLES.get(stem, stem)}]({stem}.png)\n\n{caption(stem)}" for stem in figures
-                if stem != "sink_ablation"]
+    pictures = [f"![{FIGURE_TITLES.get(stem.split('-')[0], stem)}]({stem}.png)\n\n{caption(stem.split('-')[0])}"
+                for stem in figures if stem != "sink_ablation"]
+    # the curves' figure (probes.png, or probes-<variant>.png) right after their tables
+    curves_first = pictures[:1] if figures and figures[0].startswith("probes") else []
+    low = layers.low_selectivity(result.probes, sweep_reads)
     return "\n".join([
         f"# nopelens {name}",
+        "",
+        *(layer_tables_markdown(result.curves, sweep_reads, low) if result.curves is not None else []),
+        *[line for picture in curves_first for line in (picture, "")],
+        "## First layer at a bar",
         "",
         first_layer_note(sweep_reads),
         *([""] + [SEEDS_NOTE] if "n_seeds" in result.summary else []),
@@ -349,12 +377,12 @@ def summary_markdown(result, settings, command: str, versions: dict[str, str], f
         "",
         NUMBERS_TEXT,
         "",
-        *(layer_tables_markdown(result.curves, sweep_reads) if result.curves is not None else []),
-        *[line for picture in pictures for line in (picture, "")],
+        *[line for picture in pictures[len(curves_first):] for line in (picture, "")],
         *_sink_ablation_section(result, "sink_ablation" in figures),
+        *measured_markdown(result.subjects),
         f"Command: `{command}`",
         "",
-        f"Settings: {settings_text}",
+        f"Settings: {settings_text} (seq_len is the length asked for; each model's own is in the table above)",
         "",
         f"Versions: {version_text}",
         "",
@@ -369,7 +397,10 @@ def write_run(result, settings, command: str, versions: dict[str, str], svg: boo
               draw: bool = True) -> list[str]:
     """Draw a sweep's figures (PNG; also SVG if ``svg``; none unless ``draw``) and write its
     ``summary.md`` into ``result.out_dir``, whose tables :func:`~nopelens.analyses.sweep.sweep`
-    wrote. ``result`` and ``settings``: as :func:`summary_markdown`.
+    wrote. ``result`` and ``settings``: as :func:`summary_markdown`. Reads other than the default
+    (``result.variant``, ``--metric``/``--threshold``) get ``summary-<variant>.md`` and
+    ``probes-<variant>.png`` beside the original's, which are left as they are (the other
+    figures do not depend on the reads: the summary links those the folder holds).
 
     A figure this run does not draw (``--no-figures``, no SVG asked, nothing to show) is removed if
     an earlier run in the folder left one, so the folder describes this run only.
@@ -380,6 +411,17 @@ def write_run(result, settings, command: str, versions: dict[str, str], svg: boo
     """
     out = result.out_dir
     formats = ("png", "svg") if svg else ("png",)
+    variant = getattr(result, "variant", "")
+    if variant:  # other reads: their curves' figure and summary beside the original's, which stay as they are
+        stem, others = f"probes-{variant}", [stem for stem in SWEEP_FIGURES[1:] if (out / f"{stem}.png").is_file()]
+        for ext in ("png", "svg"):
+            (out / f"{stem}.{ext}").unlink(missing_ok=True)
+        if draw:
+            save_figure(probe_figure(result.curves, result.reads, result.subjects), out / stem, formats)
+        drawn = [stem] if draw else []
+        write_text_atomic(out / f"summary-{variant}.md",
+                          summary_markdown(result, settings, command, versions, drawn + others, name))
+        return drawn
     figures = {"probes": lambda: probe_figure(result.curves, result.reads, result.subjects)}
     if not site_rows(result.probes).query("kind != 'residual'").empty:
         figures["sites"] = lambda: site_figure(result.probes, result.subjects)
@@ -399,6 +441,34 @@ def write_run(result, settings, command: str, versions: dict[str, str], svg: boo
                 (out / f"{stem}.{ext}").unlink(missing_ok=True)
     write_text_atomic(out / "summary.md", summary_markdown(result, settings, command, versions, list(figures), name))
     return list(figures)
+
+
+NOT_RECORDED = "not recorded"
+"""What a part measured before nopelens recorded the sequences it read shows in their place."""
+
+
+def measured_table(subjects: Mapping[str, dict]) -> pd.DataFrame:
+    """What each (model, training seed) was read on, from its ``done.json`` (``read``): the
+    evaluation sequences, the tokens per sequence (BOS included; ``min–max`` where sequences of
+    mixed lengths are padded, as a synthetic task's are) and whether they start with BOS."""
+    def tokens(read: dict) -> str:
+        low, high = read["tokens"]
+        return str(low) if low == high else f"{low}–{high}"
+
+    rows = [{"model": label, "sequences": info["read"]["sequences"] if "read" in info else NOT_RECORDED,
+             "tokens per sequence": tokens(info["read"]) if "read" in info else NOT_RECORDED,
+             "BOS": "yes" if info.get("has_bos") else "no"} for label, info in subjects.items()]
+    return pd.DataFrame(rows, columns=["model", "sequences", "tokens per sequence", "BOS"])
+
+
+def measured_markdown(subjects: Mapping[str, dict]) -> list[str]:
+    """The "What was measured" section of ``summary.md`` (:func:`measured_table`)."""
+    if not subjects:
+        return []
+    return ["## What was measured", "",
+            "The evaluation sequences each model was read on, as read (synthetic-task models are read at their "
+            "longest training length, whatever --seq-len says).", "",
+            measured_table(subjects).to_markdown(index=False), ""]
 
 
 def _sink_ablation_section(result, figure: bool = True) -> list[str]:

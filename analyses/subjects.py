@@ -50,7 +50,7 @@ from nopelens.probes.stream import available_memory
 
 from .audit.report import by_reason
 
-from .eta import MEASURE_OVERHEAD_TOKENS, TaskWork
+from .sweep.eta import MEASURE_OVERHEAD_TOKENS, TaskWork
 
 CONTROL_SPECS = ("circuit", "untrained-nope", "constant-nope")
 HF_PREFIX = "hf:"
@@ -258,7 +258,7 @@ def has_training_seed(spec: str) -> bool:
 
 def planned_work(spec: str, n_sequences: int, seq_len: int, train_seed: int = 0, quick_steps: int | None = None):
     """What measuring ``spec`` will take, before it runs, for the sweep's ETA
-    (:class:`~nopelens.analyses.eta.TaskWork`): a zoo model trains first when it is not cached
+    (:class:`~nopelens.analyses.sweep.eta.TaskWork`): a zoo model trains first when it is not cached
     (always with ``quick_steps``); every other spec only loads or builds. The size of a checkpoint
     or HF directory is not read ahead: its work is marked not estimated.
     """

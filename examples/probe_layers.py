@@ -26,7 +26,7 @@ import seaborn as sns
 from nopelens.analyses.cli import OneLineParser, guarded
 from nopelens.analyses.figures import save_figure
 from nopelens.analyses.subjects import resolve
-from nopelens.analyses.settings import SweepSettings
+from nopelens.analyses.sweep.settings import SweepSettings
 from nopelens.models.io import write_csv_atomic
 from nopelens.probes import collect, probe_absolute_index, resid_sites
 

@@ -10,6 +10,8 @@ at one that imports it (``streamed`` -> ``plan``) without an import loop.
 from __future__ import annotations
 
 import importlib
+import importlib.abc
+import importlib.machinery
 import warnings
 from typing import Any, Callable, Mapping
 
@@ -51,3 +53,35 @@ def moved_names(module: str, moved: Mapping[str, str] | None = None,
         raise AttributeError(f"module {module!r} has no attribute {name!r}")
 
     return __getattr__
+
+
+class _MovedModule(importlib.abc.Loader):
+    """Loads an old module name as the module that now lives elsewhere (already executed there)."""
+
+    def __init__(self, new: str):
+        self.new = new
+
+    def create_module(self, spec):
+        return importlib.import_module(self.new)
+
+    def exec_module(self, module) -> None:
+        """The new module is already executed."""
+
+
+def moved_module_spec(old: str, new: str) -> importlib.machinery.ModuleSpec:
+    """The spec a :data:`sys.meta_path` finder returns for module ``old`` that moved to ``new``:
+    importing ``old`` gives the module ``new``, after a one-line ``DeprecationWarning`` naming it.
+
+    >>> import sys
+    >>> class Finder:
+    ...     def find_spec(self, fullname, path=None, target=None):
+    ...         return moved_module_spec(fullname, "json") if fullname == "old_json_home" else None
+    >>> sys.meta_path.append(Finder())
+    >>> with warnings.catch_warnings(record=True) as caught:
+    ...     warnings.simplefilter("always")
+    ...     import old_json_home
+    ...     old_json_home.dumps([1]), str(caught[0].message)
+    ('[1]', 'old_json_home moved to json; import it from there')
+    """
+    warnings.warn(f"{old} moved to {new}; import it from there", DeprecationWarning, stacklevel=3)
+    return importlib.machinery.ModuleSpec(old, _MovedModule(new))

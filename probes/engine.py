@@ -251,7 +251,7 @@ class Probes(Measurement):
         """A measurement of some of these jobs (the same objects: what it fits and predicts lands
         here), so that a run holds only their statistics; after every job has run in one,
         :meth:`finish` and :meth:`result` give the whole table
-        (:func:`~nopelens.analyses.streamed.measure_streamed` runs a large model's jobs in groups).
+        (:func:`~nopelens.analyses.sweep.streamed.measure_streamed` runs a large model's jobs in groups).
         ``keep``: the run's keep budget (None: this measurement's)."""
         part = object.__new__(Probes)
         part.__dict__.update(self.__dict__)

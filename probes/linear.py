@@ -506,7 +506,7 @@ def first_recoverable_layer(
 
     Returns:
         The DESIGN.md layer number, or None when no layer clears the bar (a summary table writes
-        that as -1: :data:`nopelens.analyses.reads.NO_LAYER_CLEARS`).
+        that as -1: :data:`nopelens.analyses.sweep.reads.NO_LAYER_CLEARS`).
 
     Raises:
         ValueError: if ``threshold`` is not finite, no row matches, or several tasks or feature

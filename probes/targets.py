@@ -305,7 +305,7 @@ def score_features(
     Raises:
         ValueError: if a pair's key is blocked (score -inf or <= :func:`blocked_score` of ``dtype``,
             e.g. outside a sliding window: the sweep leaves such blocks out of the score read, see
-            :func:`nopelens.analyses.reads.readable_score_sites`), a sequence is missing, or the
+            :func:`nopelens.analyses.sweep.reads.readable_score_sites`), a sequence is missing, or the
             score arrays are not square per head.
 
     Example:

@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from nopelens.analyses import reads, report
+from nopelens.analyses import report
+from nopelens.analyses.sweep import reads
 from nopelens.probes.metrics import HIGHER_IS_BETTER
 
 ROOT = Path(__file__).resolve().parents[1]

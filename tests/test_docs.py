@@ -18,7 +18,7 @@ import yaml
 from docs_pages import DOCS, ROOT, block_after, blocks, broken_links, commands, text
 
 from nopelens.analyses.cli import build_parser, main
-from nopelens.analyses.parallel import dask_security
+from nopelens.analyses.sweep.parallel import dask_security
 from nopelens.models import zoo
 from nopelens.models.methods import METHODS
 

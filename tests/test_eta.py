@@ -2,7 +2,7 @@
 
 import pytest
 
-from nopelens.analyses.eta import MEASURE_PRIOR, TRAIN_PRIOR, SweepETA, TaskWork
+from nopelens.analyses.sweep.eta import MEASURE_PRIOR, TRAIN_PRIOR, SweepETA, TaskWork
 from nopelens.analyses.subjects import planned_work
 from nopelens.models import zoo
 
@@ -71,7 +71,7 @@ def test_a_model_whose_size_is_not_read_ahead_gets_no_time(tmp_path):
 def test_the_probes_plan_reads_in_lines_of_at_most_100_columns():
     """``nopelens probe``'s plan (every part of the work at once) is a headline and one wrapped item per
     part, none wider than 100 columns, with the numbers and phrases a reader looks for unbroken."""
-    from nopelens.analyses.plan import PLAN_WIDTH, Plan
+    from nopelens.analyses.sweep.plan import PLAN_WIDTH, Plan
 
     note = ("3 min of forward passes and 17 min of fits (a batch's first block timed here, the fits' factorizations "
             "and products counted and timed here at d = 1024)")
@@ -89,3 +89,17 @@ def test_the_probes_plan_reads_in_lines_of_at_most_100_columns():
     short = Plan(1, 64, 2**20, 0, None, "not estimated").describe("m")
     assert "in batches of at most 32 sequences" in short and "WILL NOT FIT" not in short
     assert "no second pass" in short and max(map(len, short.splitlines())) <= PLAN_WIDTH
+
+
+def test_the_opening_eta_is_measured_on_this_machine(monkeypatch):
+    """Issue 49: before any task finishes, the priors are scaled by the machine's speed measured when
+    the sweep starts (a busy machine three times slower: an ETA three times longer); an observed rate
+    replaces them."""
+    from nopelens.analyses.sweep import eta as eta_module
+
+    assert eta_module.speed_probe(repeats=2) > 0
+    monkeypatch.setattr(eta_module, "speed_probe", lambda: 3 * eta_module.SPEED_PROBE_SECONDS)
+    slow = SweepETA({"read0": READ, "read1": READ}, speed=eta_module.speed_factor())
+    assert slow.remaining() == pytest.approx(3 * 2 * READ.measure_work * MEASURE_PRIOR)
+    slow.finished("read0", 0.0, 12.0)
+    assert slow.remaining() == pytest.approx(12.0)

@@ -9,7 +9,8 @@ import json
 import pandas as pd
 import pytest
 
-from nopelens.analyses import layers, load_run, reads, report, runs
+from nopelens.analyses import load_run, report, runs
+from nopelens.analyses.sweep import layers, reads
 from nopelens.analyses.cli import main
 from nopelens.analyses.sweep import DEFAULT_SITES, SweepSettings
 
@@ -30,20 +31,45 @@ def test_the_screen_shows_each_layer_with_its_ci_within_100_columns(probed):
     out, printed, progress = probed
     assert printed.strip().splitlines()[-1] == str(out), "it says where it wrote"
     assert max(len(line) for line in printed.splitlines()[:-1]) <= report.SCREEN_WIDTH
+    assert_curves_first(printed, ["circuit"])
     curves = pd.read_csv(out / "layers.csv")
     row = curves[(curves["curve"] == "absolute_r2") & (curves["layer"] == 0)].iloc[0]
     cell = f"{row['value']:.2f} [{row['ci_low']:.2f}, {row['ci_high']:.2f}]"
     assert cell in printed, "the layer-0 R² and its CI are printed"
     assert "1.00 [1.00, 1.00]*" in printed, "layer 1 clears the bar (Theorem 1)"
     assert "nopelens probe: " in progress and "nopelens sweep" not in progress, "the bar names the command"
-    assert "circuit: probing absolute index" in progress, "probe fitting has its own bar, named by model"
+    assert "circuit: pass 1" in progress, "the forward passes have their own bar, named by model"
+
+
+def assert_curves_first(printed: str, models: list[str]) -> None:
+    """Issue 49: the per-layer curves come first (each model's table), the first layer at a bar after."""
+    lines = printed.splitlines()
+    assert lines[0] == report.LAYER_HEADLINE and lines[2] == models[0], lines[:3]
+    first_layer_table = next(i for i, line in enumerate(lines) if line.lstrip().startswith("model "))
+    assert all(lines.index(model) < first_layer_table for model in models)
+
+
+def test_a_read_whose_selectivity_is_low_says_so_next_to_its_value(probed):
+    """The known answer: the circuit embeds its 8 token ids one-hot, so a probe fits the Hewitt & Liang
+    control task (a random label per token id) exactly: it scores 1.00 as the index read does, and
+    both absolute-index reads say their selectivity is low; reads without a control task say nothing."""
+    out, printed, _ = probed
+    low = layers.low_selectivity(pd.read_csv(out / "probes.csv"))
+    assert set(low["curve"]) == {"absolute_acc", "absolute_r2"} and (low["selectivity"].abs() < 0.01).all()
+    line = "abs. index R² 1.00 (layer 1): low selectivity 0.00, the control task scores 1.00"
+    assert line in printed.splitlines() and line in (out / "summary.md").read_text().splitlines()
+    # a read is judged at its best layer, and only where the control task scores more than half its value
+    probes = pd.read_csv(out / "probes.csv")
+    selective = probes.assign(selectivity=probes["value"] * 0.6)
+    assert layers.low_selectivity(selective).empty
 
 
 def test_summary_md_holds_the_per_layer_tables_and_links_only_written_figures(probed):
     out, _, _ = probed
     text = (out / "summary.md").read_text()
-    assert text.startswith("# nopelens probe\n")
-    assert "## Per layer" in text and "### circuit" in text
+    assert text.startswith("# nopelens probe\n\n## Per layer\n"), "the curves come first"
+    assert "### circuit" in text and text.index("### circuit") < text.index("## First layer at a bar")
+    assert text.index("![per-layer probe curves](probes.png)") < text.index("## First layer at a bar")
     linked = [part.split(")")[0] for part in text.split("](")[1:]]
     assert linked and all((out / name).is_file() for name in linked), linked
     assert "variance.png" not in linked and not (out / "variance.png").exists(), "the circuit's outputs never vary"
@@ -92,18 +118,35 @@ def test_json_threshold_and_metric_reread_the_folder_without_measuring_again(pro
     assert data["summary"][0]["absolute_r2"] == 1
     assert all(type(data["summary"][0][column]) is int for column in reads.read_columns()), "first layers are ints"
 
+    originals = {name: (out / name).read_bytes() for name in ("summary.md", "summary.csv", "layers.csv", "probes.png")}
     assert main(["probe", "circuit", "--out", str(out), *ARGS, "--quiet", "--metric", "spearman",
                  "--threshold", "0.5"]) == 0
     captured = capsys.readouterr()
     assert "already measured" in captured.err
-    summary = pd.read_csv(out / "summary.csv")
+    # issue 49: the re-read writes beside the original, never over it
+    assert {name: (out / name).read_bytes() for name in originals} == originals
+    summary = pd.read_csv(out / "summary-spearman-0.5.csv")
     assert "absolute_spearman" in summary and "absolute_r2" not in summary, "a Spearman layer under its own name"
     assert summary.loc[0, "absolute_acc"] == 1 and summary.loc[0, "absolute_spearman"] == 1
     assert "abs. index acc ≥ 0.5" in captured.out and "Spearman ρ ≥ 0.5" in captured.out
-    assert set(pd.read_csv(out / "layers.csv")["threshold"].dropna()) == {0.5}
+    assert set(pd.read_csv(out / "layers-spearman-0.5.csv")["threshold"].dropna()) == {0.5}
+    text = (out / "summary-spearman-0.5.md").read_text()
+    assert "Spearman ρ ≥ 0.5" in text and "(probes-spearman-0.5.png)" in text and (out / "probes-spearman-0.5.png").is_file()
     assert main(["probe", "circuit", "--out", str(out), *ARGS, "--quiet"]) == 0  # back to the defaults
-    assert "absolute_r2" in pd.read_csv(out / "summary.csv")
+    assert "absolute_r2" in pd.read_csv(out / "summary.csv") and (out / "summary-spearman-0.5.md").is_file()
     capsys.readouterr()
+
+
+def test_summary_md_says_what_each_model_was_read_on(probed):
+    """Issue 49: per model, the sequences and tokens per sequence actually read, beside the settings."""
+    out, _, _ = probed
+    text = (out / "summary.md").read_text()
+    assert "## What was measured" in text
+    measured = text[text.index("## What was measured"):]
+    row = next(line for line in measured.splitlines() if line.startswith("| circuit "))
+    assert [cell.strip() for cell in row.strip("|").split("|")] == ["circuit", "12", "16", "yes"]  # ARGS
+    done = json.loads(next(out.glob("parts/circuit/done.json")).read_text())
+    assert done["read"] == {"sequences": 12, "tokens": [16, 16]}
 
 
 @pytest.mark.parametrize("flags, message", [
@@ -153,3 +196,16 @@ def test_fit_width_splits_columns_and_repeats_the_row_labels():
     headers = [part.splitlines()[0].split("  ") for part in parts]
     assert all(part.splitlines()[1].lstrip().startswith("a") for part in parts), "every part keeps the model column"
     assert sum(part.count("column") for part in parts) == 8 and len(headers) == len(parts)
+
+
+@pytest.mark.slow
+def test_a_copy_task_model_says_it_was_read_at_its_own_length(tmp_path, monkeypatch):
+    """Issue 49: a copy-task model is read at its longest training length (23 tokens with BOS), not at
+    --seq-len; summary.md's table says so beside the settings line's seq_len."""
+    monkeypatch.setenv("NOPELENS_CACHE", str(tmp_path / "cache"))
+    out = tmp_path / "copy"
+    assert main(["probe", "copy-nope-3l", "--quick", "--out", str(out), "--quiet"]) == 0
+    text = (out / "summary.md").read_text()
+    row = next(line for line in text[text.index("## What was measured"):].splitlines() if line.startswith("| copy"))
+    assert [cell.strip() for cell in row.strip("|").split("|")][1:] == ["24", "23", "yes"]
+    assert "seq_len=32" in text and "seq_len is the length asked for" in text

@@ -8,7 +8,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from nopelens.analyses.layers import chance_of_mad
+from nopelens.analyses.sweep.layers import chance_of_mad
 from nopelens.probes import bootstrap_scores, mad_chance, mad_chance_of, probe_features, score
 
 
@@ -252,7 +252,7 @@ def test_untrained_nope_control_reads_no_negative_r2_at_any_site():
     read R² −0.86 at blocks.0.hook_attn_out with leave-one-token-out penalties; with the grouped
     inner CV no site may read below −0.05."""
     from nopelens.analyses.subjects import resolve
-    from nopelens.analyses.reads import bilinear_mode
+    from nopelens.analyses.sweep.reads import bilinear_mode
     from nopelens.analyses.subjects import qk_sites
     from nopelens.analyses.sweep import SweepSettings
     from nopelens.probes import probe_relative_distance

@@ -1,7 +1,7 @@
 """``nopelens probe hf:DIR`` through the streaming engine (issue 19): text through the model's own
 tokenizer (trained offline here with the ``tokenizers`` library and saved next to a random-init
-SmolLM3-shaped model, NoPE in its last block), the streamed tables equal the in-memory sweep's on
-the same subject, the repeated-token known answer, the plan, and bad input in one line."""
+SmolLM3-shaped model, NoPE in its last block), the planned streamed tables equal the sweep's one pass
+on the same subject, the repeated-token known answer, the plan, and bad input in one line."""
 
 from __future__ import annotations
 
@@ -73,24 +73,28 @@ def test_special_token_text_is_read_as_characters_and_a_length_of_only_specials_
         text_windows(tokenizer, str(text), 4, 1, 0, tokenizer.vocab_size)
 
 
-def test_streamed_probe_tables_equal_the_in_memory_sweep_on_the_same_text(model_dir, one_thread):
+def test_streamed_probe_tables_equal_the_sweeps_one_pass_on_the_same_text(model_dir, one_thread):
     """Probes (grouped CV, controls, bootstrap; the q.k and score reads), sinks with and without BOS,
-    variance, the sink ablation: the streaming engine's tables equal analyse_subject's in-memory ones."""
+    variance, the sink ablation: ``nopelens probe``'s planned run (batches of 4; features kept, or
+    none kept and a second pass) gives the tables of the sweep's one pass (every feature kept,
+    batches of 32, the fits from the kept features)."""
     import dataclasses
 
     import torch
 
     from nopelens.analyses.subjects import HFInput, resolve
-    from nopelens.analyses.sweep import SweepSettings, analyse_subject, analyse_subject_streamed
+    from nopelens.analyses.sweep import SweepSettings, analyse_subject
 
     settings = dataclasses.replace(SweepSettings.quick("text", (f"hf:{model_dir}",), controls=False), n_sequences=6,
                                    seq_len=16, hf_input=HFInput(input="text"), streamed=True, batch_size=4)
     subject = resolve(f"hf:{model_dir}", 6, 16, seed=0, progress=False, hf_input=settings.hf_input)
     with torch.no_grad():
-        memory = analyse_subject(subject, settings)
-        streamed = analyse_subject_streamed(subject, settings)
+        memory = analyse_subject(subject, dataclasses.replace(settings, streamed=False, batch_size="auto"))
+        assert subject.info["streamed"]["second_pass_batches"] == [] and subject.info["streamed"]["batch_size"] == 6
+        assert subject.info["streamed"]["kept_bytes_limit"] is None  # unlimited: one pass
+        streamed = analyse_subject(subject, settings)
         assert subject.info["streamed"]["second_pass_batches"] == []  # every batch kept: one pass
-        twice = analyse_subject_streamed(subject, dataclasses.replace(settings, keep_mib=0))
+        twice = analyse_subject(subject, dataclasses.replace(settings, keep_mib=0))
         assert subject.info["streamed"]["second_pass_batches"] == [0, 1]  # nothing kept: two passes
     keys = {"probes": ["site", "target", "features", "task", "probe", "split", "metric"],
             "sinks": ["condition", "site", "head"], "variance": ["site", "position"], "sink_ablation": ["block"]}
@@ -101,7 +105,7 @@ def test_streamed_probe_tables_equal_the_in_memory_sweep_on_the_same_text(model_
             assert len(a) == len(b) > 0, name
             for column in a.columns:
                 if a[column].dtype.kind == "f":
-                    tolerance = 1e-6 if name == "sinks" else 1e-8  # the in-memory sink means are float32
+                    tolerance = 1e-6 if name == "sinks" else 1e-8  # sink means are float32, other batches
                     np.testing.assert_allclose(b[column], a[column], rtol=tolerance, atol=tolerance, equal_nan=True,
                                                err_msg=f"{name}.{column}")
                 else:
@@ -118,10 +122,10 @@ def test_auto_batch_size_fits_the_memory_free_and_leaves_the_tables_unchanged(mo
 
     import torch
 
-    from nopelens.analyses import plan as plan_module
-    from nopelens.analyses import streamed
+    from nopelens.analyses.sweep import plan as plan_module
+    from nopelens.analyses.sweep import streamed
     from nopelens.analyses.subjects import HFInput, resolve
-    from nopelens.analyses.sweep import SweepSettings, analyse_subject_streamed, sweep_sites
+    from nopelens.analyses.sweep import SweepSettings, analyse_subject, sweep_sites
 
     settings = dataclasses.replace(SweepSettings.quick("text", (f"hf:{model_dir}",), controls=False), n_sequences=6,
                                    seq_len=16, hf_input=HFInput(input="text"), streamed=True)
@@ -154,10 +158,10 @@ def test_auto_batch_size_fits_the_memory_free_and_leaves_the_tables_unchanged(mo
             assert streamed.measurements(subject, tight_settings, sites, shapes).batch_size == expected
         monkeypatch.setattr(streamed, "sequence_bytes", lambda *args: (free - reserved) // 2 // 2)
         assert "in batches of at most 2 sequences" in plan_module.plan(subject, tight_settings, sites).describe("m")
-        small = analyse_subject_streamed(subject, tight_settings)
+        small = analyse_subject(subject, tight_settings)
         assert subject.info["streamed"]["batch_size"] == 2
         monkeypatch.undo()
-        whole = analyse_subject_streamed(subject, settings)
+        whole = analyse_subject(subject, settings)
         assert subject.info["streamed"]["batch_size"] == 6
     for name, key in {"probes": ["site", "target", "features", "task", "probe", "split", "metric"],
                       "sinks": ["condition", "site", "head"]}.items():
@@ -173,7 +177,7 @@ def test_statistics_larger_than_the_memory_free_are_refused_before_any_forward_p
     """With nothing kept the jobs of a run hold their statistics at once; when one job's alone exceed
     the memory free on the device the run says so in one line, before its forward passes, and --plan
     says it too."""
-    from nopelens.analyses import streamed
+    from nopelens.analyses.sweep import streamed
     from nopelens.analyses.cli import main
 
     monkeypatch.setattr(streamed, "available_memory", lambda device=None: 2**20)  # 1 MiB free
@@ -228,10 +232,10 @@ def test_sites_whose_statistics_do_not_fit_together_run_in_groups_with_the_same_
 
     import torch
 
-    from nopelens.analyses import plan as plan_module
-    from nopelens.analyses import streamed
+    from nopelens.analyses.sweep import plan as plan_module
+    from nopelens.analyses.sweep import streamed
     from nopelens.analyses.subjects import HFInput, resolve
-    from nopelens.analyses.sweep import SweepSettings, analyse_subject_streamed, sweep_sites
+    from nopelens.analyses.sweep import SweepSettings, analyse_subject, sweep_sites
 
     settings = dataclasses.replace(SweepSettings.quick("text", (f"hf:{model_dir}",), controls=False), n_sequences=6,
                                    seq_len=16, hf_input=HFInput(input="text"), streamed=True, keep_mib=0,
@@ -240,7 +244,7 @@ def test_sites_whose_statistics_do_not_fit_together_run_in_groups_with_the_same_
     sites = sweep_sites(subject, settings.sites)
     shapes = streamed.site_shapes(subject, sites.all())
     with torch.no_grad():
-        whole = analyse_subject_streamed(subject, settings)
+        whole = analyse_subject(subject, settings)
         assert subject.info["streamed"]["statistics_groups"] == 1
         one = streamed.measurements(subject, settings, sites, shapes)
         sizes = [streamed.job_statistics_bytes(job, shapes) for probe in one.all_probes() for job in probe.jobs]
@@ -262,7 +266,7 @@ def test_sites_whose_statistics_do_not_fit_together_run_in_groups_with_the_same_
         calls = []
         monkeypatch.setattr(streamed, "available_memory", lambda device=None: free if calls.append(1) or
                             len(calls) == 1 else 64 * 2**30)
-        run_in_groups = analyse_subject_streamed(subject, settings)
+        run_in_groups = analyse_subject(subject, settings)
         assert len(calls) == 1 and subject.info["streamed"]["statistics_groups"] == len(grouped.groups)
         # the largest job alone no longer fits: refused, naming it
         monkeypatch.setattr(streamed, "available_memory", lambda device=None: max(sizes))
@@ -556,7 +560,7 @@ def test_sinks_reads_an_hf_model_through_its_tokenizer_as_probe_does(model_dir, 
     ``--input`` (default text through the model's tokenizer), ``--text``, ``--device`` and ``--dtype``."""
     from nopelens.analyses.cli import main
     from nopelens.analyses.subjects import HFInput, resolve
-    from nopelens.analyses.sweep import measure_sinks
+    from nopelens.analyses.sweep.streamed import measure_sinks
 
     args = ["sinks", f"hf:{model_dir}", "--quick", "--seq-len", "16", "--n-sequences", "6", "--quiet"]
     assert main([*args, "--out", str(tmp_path / "text")]) == 0, capsys.readouterr().err
@@ -573,16 +577,16 @@ def test_sinks_reads_an_hf_model_through_its_tokenizer_as_probe_does(model_dir, 
 @pytest.mark.slow
 @pytest.mark.parametrize("keep_mib", [None, 0])
 def test_the_plans_fit_count_is_what_the_run_factorizes(model_dir, monkeypatch, keep_mib, one_thread):
-    """The ETA's fits are counted from the plan (:func:`~nopelens.analyses.plan.fit_work`): the
+    """The ETA's fits are counted from the plan (:func:`~nopelens.analyses.sweep.plan.fit_work`): the
     penalty paths' sum of d^3 is exactly what the run factorizes, kept or summed batch by batch;
     the Cholesky solves counted bound those run (ridge solves once per distinct chosen penalty)."""
     import dataclasses
 
-    from nopelens.analyses import plan as plan_module
-    from nopelens.analyses import streamed
-    from nopelens.analyses.eta import FitRates
+    from nopelens.analyses.sweep import plan as plan_module
+    from nopelens.analyses.sweep import streamed
+    from nopelens.analyses.sweep.eta import FitRates
     from nopelens.analyses.subjects import HFInput, resolve
-    from nopelens.analyses.sweep import SweepSettings, analyse_subject_streamed, sweep_sites
+    from nopelens.analyses.sweep import SweepSettings, analyse_subject, sweep_sites
     from nopelens.probes import lda, ridge
 
     settings = dataclasses.replace(SweepSettings.quick("text", (f"hf:{model_dir}",), controls=False), n_sequences=6,
@@ -610,7 +614,7 @@ def test_the_plans_fit_count_is_what_the_run_factorizes(model_dir, monkeypatch, 
         monkeypatch.setattr(module, "spd_solve", counting_solve)
     monkeypatch.setattr(plan_module, "fit_rates", lambda *args: FitRates(0, 0, 0, 0))  # the plan's timing factorizes too
     with torch.no_grad():
-        analyse_subject_streamed(subject, settings)
+        analyse_subject(subject, settings)
     assert done["paths"] == counted.paths > 0 and with_ablation.paths > counted.paths  # the ablation's probes count too
     assert 0 < done["solves"] <= counted.solves
 

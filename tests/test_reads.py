@@ -4,8 +4,9 @@ columns and panels from, and adding one is a definition plus its target function
 import pandas as pd
 import pytest
 
-from nopelens.analyses import reads, report, seeds
-from nopelens.analyses.reads import NO_LAYER_CLEARS, SweepRead
+from nopelens.analyses import report
+from nopelens.analyses.sweep import reads, seeds
+from nopelens.analyses.sweep.reads import NO_LAYER_CLEARS, SweepRead
 from nopelens.analyses.sweep import SweepSettings, sweep
 from nopelens.probes.stream_probes import token_probes
 

@@ -5,7 +5,8 @@ import math
 import pandas as pd
 import pytest
 
-from nopelens.analyses import report, seeds
+from nopelens.analyses import report
+from nopelens.analyses.sweep import seeds
 from nopelens.analyses.sweep import SweepSettings
 from nopelens.analyses.cli.options import parse_seeds
 from nopelens.models import zoo

@@ -580,7 +580,7 @@ def _oracle_predictions(X: np.ndarray, y: np.ndarray, splits, task: str) -> tupl
 def _default_reads_both_ways(model, tokens, mask, qk, scores, n_splits=3):
     """Every default read's table (the sweep's target table), streamed with nothing kept (the
     statistics alone) and in memory (cached activations replayed into the same engine)."""
-    from nopelens.analyses.reads import ProbeInput, SweepSites, measure_in_memory, measure_targets
+    from nopelens.analyses.sweep.reads import ProbeInput, SweepSites, measure_in_memory, measure_targets
 
     layers = len([s for s in model.hook_dict if s.endswith("hook_resid_post")])
     sites = SweepSites(resid_sites(layers), [], list(qk), list(scores), [])
@@ -601,7 +601,7 @@ def test_every_default_read_streamed_in_memory_and_by_scikit_learn_agree(kind, o
     HF-bridged model."""
     from sklearn.metrics import accuracy_score, r2_score
 
-    from nopelens.analyses.reads import SWEEP_READS
+    from nopelens.analyses.sweep.reads import SWEEP_READS
     from nopelens.probes.linear import is_target, position_classes
     from nopelens.probes.targets import bilinear_features, pair_features, sample_distance_pairs, score_features
 

@@ -1,10 +1,13 @@
 """The main job on its --quick setting: known answers of the controls, the run folder, resuming."""
 
+import dataclasses
+
 import pandas as pd
 import pytest
 from schema import assert_documented, assert_folder_documented
 
-from nopelens.analyses import report, seeds
+from nopelens.analyses import report
+from nopelens.analyses.sweep import seeds
 from nopelens.analyses.cli import main
 from nopelens.analyses.sweep import SweepSettings, sweep, versions
 
@@ -136,22 +139,26 @@ def test_the_quick_smoke_test_has_its_own_default_folder(monkeypatch):
     assert folders == ["runs/sweep", "runs/sweep-quick", "mine"]
 
 
-def test_in_memory_and_streamed_sweeps_give_the_same_tables_past_64_positions(one_thread):
-    """Issue 38: both paths bin positions past 64 classes and draw pairs at 64 spread distances (one set
-    of settings, :class:`~nopelens.analyses.reads.ProbeInput`'s), so their tables agree at any length."""
+def test_one_pass_and_planned_streamed_runs_give_the_same_tables_past_64_positions(one_thread):
+    """Issue 38: the sweep's one pass (every feature kept) and a planned streamed run (batches of 4,
+    nothing kept: a second pass) bin positions past 64 classes and draw pairs at 64 spread distances
+    (one set of settings, :class:`~nopelens.analyses.sweep.reads.ProbeInput`'s), so their tables agree at
+    any length."""
     import numpy as np
     import torch
 
     from nopelens.analyses.subjects import resolve
-    from nopelens.analyses.sweep import analyse_subject, analyse_subject_streamed
+    from nopelens.analyses.sweep import analyse_subject
 
     settings = SweepSettings(models=("untrained-nope",), n_sequences=6, seq_len=80, n_boot=10, n_splits=3,
-                             streamed=True, batch_size=4, sink_ablation=False)
+                             sink_ablation=False)
+    planned = dataclasses.replace(settings, streamed=True, batch_size=4, keep_mib=0)
     subject = resolve("untrained-nope", 6, 80, seed=0, progress=False)
     key = ["site", "target", "features", "task", "probe", "split", "metric"]
     with torch.no_grad():
-        memory, streamed = (analyse(subject, settings)["probes"].sort_values(key).reset_index(drop=True)
-                            for analyse in (analyse_subject, analyse_subject_streamed))
+        memory, streamed = (analyse_subject(subject, chosen)["probes"].sort_values(key).reset_index(drop=True)
+                            for chosen in (settings, planned))
+        assert subject.info["streamed"]["second_pass_batches"] == [0, 1]
     assert "absolute_index//2" in set(memory["target"])  # 80 positions in 64 classes: bins of 2
     pd.testing.assert_frame_equal(memory[key], streamed[key])
     for column in ("value", "ci_low", "ci_high", "n_samples", "selectivity"):
@@ -231,3 +238,25 @@ def test_a_rerun_with_no_figures_removes_the_earlier_figures(quick_run):
     assert main(["sweep", "--quick", "--out", str(out), "--quiet", "--no-figures"]) == 0
     assert not list(out.glob("*.png")) and not list(out.glob("*.svg"))
     assert (out / "probes.csv").is_file() and "![" not in (out / "summary.md").read_text()
+
+
+def test_the_quick_sweep_prints_its_curves_first_within_100_columns(quick_run, capsys):
+    """Issue 49: ``nopelens sweep --quick`` (here re-reading the fixture's finished folder) prints each
+    model's per-layer curves first, the first-layer table after them, no line over 100 columns."""
+    from test_layers import assert_curves_first
+
+    result, out = quick_run
+    assert main(["sweep", "--quick", "--out", str(out), "--quiet", "--jobs", "1"]) == 0
+    printed = capsys.readouterr().out
+    assert max(len(line) for line in printed.splitlines()) <= report.SCREEN_WIDTH
+    assert_curves_first(printed, list(result.summary["model"]))
+
+
+@pytest.mark.slow
+def test_a_default_probe_of_the_circuit_prints_its_curves_first_within_100_columns(tmp_path, capsys):
+    from test_layers import assert_curves_first
+
+    assert main(["probe", "circuit", "--out", str(tmp_path / "circuit"), "--quiet"]) == 0
+    printed = capsys.readouterr().out
+    assert max(len(line) for line in printed.splitlines()) <= report.SCREEN_WIDTH
+    assert_curves_first(printed, ["circuit"])

@@ -267,7 +267,7 @@ def test_a_window_too_short_for_a_read_makes_only_that_read_not_applicable(windo
     import pandas as pd
 
     from nopelens.analyses.subjects import Subject
-    from nopelens.analyses.sweep import SweepSettings, analyse_subject, analyse_subject_streamed
+    from nopelens.analyses.sweep import SweepSettings, analyse_subject
 
     model = _bridge("cohere2", sliding_window=window)
     tokens = torch.randint(3, 64, (8, 12), generator=torch.Generator().manual_seed(0))
@@ -281,8 +281,8 @@ def test_a_window_too_short_for_a_read_makes_only_that_read_not_applicable(windo
 
     with torch.no_grad():
         memory_subject, streamed_subject = subject(), subject()
-        memory = analyse_subject(memory_subject, settings)
-        streamed = analyse_subject_streamed(streamed_subject, settings)
+        memory = analyse_subject(memory_subject, dataclasses.replace(settings, streamed=False, batch_size="auto"))
+        streamed = analyse_subject(streamed_subject, settings)
     for tables, who in ((memory, memory_subject), (streamed, streamed_subject)):
         notes = who.info.get("not_applicable", {})
         assert ("sink read" in notes) == sink_na and ("variance read" in notes) == variance_na, notes
@@ -378,7 +378,7 @@ def test_the_repeated_token_known_answer_covers_only_blocks_theory_makes_uniform
 
     from hf_families import DESIGNS
 
-    from nopelens.analyses.streamed import uniform_blocks
+    from nopelens.analyses.sweep.streamed import uniform_blocks
     from nopelens.models.hf import describe_config
 
     config, _ = DESIGNS[family]()

@@ -9,16 +9,18 @@ import os
 import re
 import sys
 
-from nopelens.analyses import reads, report, runs
+from nopelens.analyses import report, runs
+from nopelens.analyses.sweep import layers, reads
 from nopelens.analyses.figures import save_figure, sink_figure
-from nopelens.analyses.parallel import default_jobs
-from nopelens.analyses.plan import plan
-from nopelens.analyses.reads import choose_reads
+from nopelens.analyses.sweep.parallel import default_jobs
+from nopelens.analyses.sweep.plan import plan
+from nopelens.analyses.sweep.reads import choose_reads
 from nopelens.analyses.runs import slug
-from nopelens.analyses.settings import DEFAULT_SITES, SITE_KINDS, SweepSettings
-from nopelens.analyses.sites import sweep_sites
+from nopelens.analyses.sweep.settings import DEFAULT_SITES, SITE_KINDS, SweepSettings
+from nopelens.analyses.sweep.sites import sweep_sites
 from nopelens.analyses.subjects import HF_PREFIX, fixed_length, resolve
-from nopelens.analyses.sweep import measure_sinks, sweep, versions
+from nopelens.analyses.sweep.streamed import measure_sinks
+from nopelens.analyses.sweep import sweep, variant_name, versions
 from nopelens.models.hf import UnsupportedModelError
 from nopelens.models.hf_loading import HFInput
 from nopelens.models.io import write_csv_atomic
@@ -74,7 +76,8 @@ def _sweep(args: argparse.Namespace, settings: SweepSettings, out, name: str):
     if out is not None and not str(out).strip():
         raise ValueError("--out is empty: name the run folder")
     result = sweep(settings, out, progress=not args.quiet, jobs=jobs, scheduler=args.scheduler,
-                   security=args.dask_security, sweep_reads=sweep_reads, name=name)
+                   security=args.dask_security, sweep_reads=sweep_reads, name=name,
+                   variant=variant_name(args.metric, args.threshold))
     if out is None:
         return result, []
     return result, report.write_run(result, settings, command=" ".join(["nopelens", *sys.argv[1:]]),
@@ -93,15 +96,17 @@ def _print_results(swept: tuple, as_json: bool) -> None:
     if as_json:
         print(json.dumps(results_json(result), indent=1, allow_nan=False))
         if result.out_dir is not None:
-            print(f"nopelens: wrote {result.out_dir}/summary.md and its tables; {_figures_text(figures)}", file=sys.stderr)
+            summary = f"summary-{result.variant}.md" if result.variant else "summary.md"
+            print(f"nopelens: wrote {result.out_dir}/{summary} and its tables; {_figures_text(figures)}", file=sys.stderr)
         return
+    print(report.layer_tables_text(result.curves, result.reads, low=layers.low_selectivity(result.probes, result.reads)))
+    print()
     print(report.summary_text(result.summary, result.reads,
                               not_applicable=report.not_applicable_reads(result.subjects)))
-    print()
-    print(report.layer_tables_text(result.curves, result.reads))
     if result.out_dir is not None:
-        print("\nwrote summary.md and tables (layers.csv: the curves above; columns: docs/schema.md),\n"
-              f"{_figures_text(figures)}, to\n{result.out_dir}")
+        suffix = f"-{result.variant}" if result.variant else ""
+        print(f"\nwrote summary{suffix}.md and tables (layers{suffix}.csv: the curves above; columns: docs/schema.md),"
+              f"\n{_figures_text(figures)}, to\n{result.out_dir}")
 
 
 def results_json(result) -> dict:

@@ -25,7 +25,7 @@ from nopelens.probes import (
 )
 from nopelens.probes.metrics import random_state
 
-from ..reads import bilinear_mode
+from ..sweep.reads import bilinear_mode
 from ..subjects import Subject, qk_sites
 from .hooks import intervention
 
@@ -53,7 +53,7 @@ def subset_sequences(acts: Activations, n_sequences: int) -> Activations:
 class ProbeSettings:
     """How the interventions re-probe: folds, bootstrap replicates, seed, tasks, controls, whether to
     read relative distance from q.k, and the bilinear read (``outer``/``elementwise``; default:
-    outer up to :data:`~nopelens.analyses.reads.MAX_OUTER_FEATURES` features per pair, as the sweep)."""
+    outer up to :data:`~nopelens.analyses.sweep.reads.MAX_OUTER_FEATURES` features per pair, as the sweep)."""
 
     n_splits: int = 5
     n_boot: int = 200

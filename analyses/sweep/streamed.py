@@ -1,7 +1,9 @@
-"""The sweep's measurements of one subject through the streaming engine (``nopelens probe hf:DIR``).
+"""The sweep's measurements of one subject through the streaming engine: every model's, the
+sweep's small ones with every batch's features kept (one pass), ``nopelens probe hf:DIR``'s under
+the budgets below.
 
-:func:`measure_streamed` gives the tables :func:`~nopelens.analyses.sweep.analyse_subject`
-gives (probes, sinks, variance), measured while the model runs
+:func:`measure_streamed` gives the tables of :func:`~nopelens.analyses.sweep.analyse_subject`
+(probes, sinks, variance), measured while the model runs
 (:func:`nopelens.probes.stream.run`): the probes from per-block sufficient statistics
 (:mod:`nopelens.probes.stream_probes`), the attention sinks from per-head sums
 (:class:`~nopelens.probes.sinks.SinkStats`), the variance from per-position moments
@@ -27,7 +29,7 @@ model's device), the sites run in groups by depth, one streamed run each, stoppe
 deepest site (:func:`statistics_groups`): more forward passes, the same numbers, and memory that
 does not grow with the depth either.
 
-:func:`~nopelens.analyses.plan.plan` says before the run how many forward passes, tokens and how
+:func:`~nopelens.analyses.sweep.plan.plan` says before the run how many forward passes, tokens and how
 much memory the statistics need (``nopelens probe --plan``).
 """
 
@@ -53,9 +55,10 @@ from nopelens.probes.stream import (
 )
 from nopelens.probes.stream_probes import Probes
 
-from .intervene import later_token_probes, refused_sink_blocks, sink_ablation_drop_streamed
+from ..intervene import later_token_probes, refused_sink_blocks, sink_ablation_drop_streamed
 from .reads import ProbeInput, SweepSites, bilinear_mode_of, measure_targets
-from .subjects import Subject
+from .sites import pattern_sites
+from ..subjects import Subject
 
 SKIPPED_ABLATION = "skipped (--no-sink-ablation): the sink ablation's extra forward passes were not run"
 NOT_PROBED = "not probed (--layers leaves this block out)"
@@ -101,8 +104,8 @@ class Measurements:
 def measurements(subject: Subject, settings, sites: SweepSites,
                  shapes: dict[str, tuple[int, ...]] | None = None) -> Measurements:
     """The streamed measurements of ``subject`` under ``settings`` (a
-    :class:`~nopelens.analyses.settings.SweepSettings`) on the sweep's ``sites``
-    (:func:`~nopelens.analyses.sites.sweep_sites`): the sweep's probe set, its sink conditions, its
+    :class:`~nopelens.analyses.sweep.settings.SweepSettings`) on the sweep's ``sites``
+    (:func:`~nopelens.analyses.sweep.sites.sweep_sites`): the sweep's probe set, its sink conditions, its
     variance sites and (unless ``settings.sink_ablation`` is False) the sink ablation's clean
     probes, after checking on two sequences which blocks can be ablated
     (:func:`~nopelens.analyses.intervene.refused_sink_blocks`: a few short forward passes).
@@ -114,25 +117,19 @@ def measurements(subject: Subject, settings, sites: SweepSites,
     sequences = Sequences.of(subject.tokens, subject.attention_mask)
     device = next(subject.model.parameters()).device
     free, free_source = memory_allowed(settings, device)
-    budget = KeepBudget(0 if settings.keep_mib is None else settings.keep_mib * 2**20)  # auto: set once the jobs are known
+    # the sweep's models (not settings.streamed): every batch's features kept, one pass; else a budget
+    unlimited = not settings.streamed
+    limit = None if unlimited else 0 if settings.keep_mib is None else settings.keep_mib * 2**20
+    budget = KeepBudget(limit)  # auto: set once the jobs are known
     mode = bilinear_mode_of(shapes[sites.qk[0][0]]) if sites.qk else "outer"
     probes = measure_targets(ProbeInput(sequences, sites, seq_len=subject.tokens.shape[1],
                                         n_sequences=settings.n_sequences, n_splits=settings.n_splits,
                                         n_boot=settings.n_boot, seed=settings.seed, bilinear=mode, keep=budget))
     skipped = subject.note_unreadable_reads()  # DSA blocks, windows that leave nothing to average
     outputs = [site for site in act_names("attn_out", subject.variance_blocks()) if site in sites.outputs]
-    windows, sinks = subject.key_windows(), subject.sinks()
-    variance = AttentionVariance(sequences, outputs, windows) if outputs else None
-    shortest = int(subject.attention_mask.sum(-1).min())
-    window = min(GU_WINDOW, shortest)
-    # SinkStats asks for an output-scale block's hook_v and hook_z itself
-    patterns = [site for site in sites.patterns if site_block(site) not in skipped["sink read"]]
-    sink_stats = SinkStats(sequences, patterns, n_tokens=window, windows=windows, sinks=sinks) if patterns else None
-    stripped, stripped_stats = None, None
-    if subject.has_bos:
-        stripped = Sequences.of(subject.tokens[:, 1:], subject.attention_mask[:, 1:])
-        stripped_stats = SinkStats(stripped, patterns, n_tokens=min(window, shortest - 1), windows=windows,
-                                   sinks=sinks) if patterns else None
+    variance = AttentionVariance(sequences, outputs, subject.key_windows()) if outputs else None
+    sinks = SinkReads.of(subject, sequences, [site for site in sites.patterns
+                                              if site_block(site) not in skipped["sink read"]])
     refused, ablation = None, None
     if settings.sink_ablation:
         with torch.no_grad():
@@ -144,19 +141,75 @@ def measurements(subject: Subject, settings, sites: SweepSites,
         if blocks:
             ablation = later_token_probes(sequences, [block + 1 for block in blocks], settings.n_splits,
                                           settings.n_boot, settings.seed, budget)
-    m = Measurements(sequences, stripped, sites, probes, variance, sink_stats, stripped_stats, window, budget,
-                     settings.batch_size, ablation, refused, free, free_source, shapes=shapes,
+    m = Measurements(sequences, sinks.stripped, sites, probes, variance, sinks.with_bos, sinks.without_bos,
+                     sinks.window, budget, settings.batch_size, ablation, refused, free, free_source, shapes=shapes,
                      activation_bytes=next(subject.model.parameters()).element_size())
-    if settings.keep_mib is None:
+    if settings.keep_mib is None and not unlimited:
         budget.limit = auto_keep_bytes(m, shapes)
     m.groups = statistics_groups(m, shapes)
     n = sequences.n_sequences
     if settings.batch_size != "auto":
         m.batch_size = min(settings.batch_size, n)  # as run, planned and recorded
+    elif unlimited:
+        m.batch_size = min(MAX_AUTO_BATCH, n)
     else:
         most = auto_batch_size(sequence_bytes(subject, shapes), free, held_bytes(m, shapes), min(MAX_AUTO_BATCH, n))
         m.batch_size = -(-n // -(-n // most))  # as even as the same number of batches allows (20: 10 + 10, not 19 + 1)
     return m
+
+
+@dataclass
+class SinkReads:
+    """The sink table's reads (:class:`~nopelens.probes.sinks.SinkStats`): on the sequences as
+    given, and, when they start with BOS, on the same sequences without it."""
+
+    with_bos: SinkStats | None  # on the sequences as given (None: no block's sink can be read)
+    stripped: Sequences | None  # the sequences without BOS (None: they have none)
+    without_bos: SinkStats | None
+    window: int  # Gu et al.'s T: at most GU_WINDOW queries, and no more than the shortest sequence
+
+    @classmethod
+    def of(cls, subject: Subject, sequences: Sequences, patterns: Sequence[str]) -> "SinkReads":
+        """The reads of ``subject``'s ``patterns`` (its ``hook_pattern`` sites whose sink can be read;
+        an output-scale sink block's ``hook_v`` and ``hook_z`` are asked for by the reads themselves)."""
+        windows, sinks = subject.key_windows(), subject.sinks()
+        shortest = int(subject.attention_mask.sum(-1).min())  # synthetic tasks pad sequences of mixed lengths
+        window = min(GU_WINDOW, shortest)
+        stats = SinkStats(sequences, patterns, n_tokens=window, windows=windows, sinks=sinks) if patterns else None
+        stripped, stripped_stats = None, None
+        if subject.has_bos:
+            stripped = Sequences.of(subject.tokens[:, 1:], subject.attention_mask[:, 1:])
+            stripped_stats = SinkStats(stripped, patterns, n_tokens=min(window, shortest - 1), windows=windows,
+                                       sinks=sinks) if patterns else None
+        return cls(stats, stripped, stripped_stats, window)
+
+    def table(self, subject: Subject, measured: pd.DataFrame | None, batch_size: int,
+              label: str | None = None) -> pd.DataFrame:
+        """The sink table: ``measured`` (:attr:`with_bos`'s result, from the caller's run) and a run
+        of :attr:`without_bos`, with ``condition`` (``with_bos`` or ``without_bos``), ``model`` and
+        ``gu_window`` (T per condition, the last column). ``label``: a progress bar's, or None."""
+        condition = "with_bos" if subject.has_bos else "without_bos"
+        if self.with_bos is None:
+            frames = [empty_sink_table(self.window, subject.sinks()).assign(condition=condition, gu_window=self.window)]
+        else:
+            frames = [measured.assign(condition=condition, gu_window=self.with_bos.n_tokens)]
+        if self.without_bos is not None:
+            frames.append(run(subject.model, self.stripped, [self.without_bos], batch_size=batch_size,
+                              progress=label and f"{label} without BOS")[0]
+                          .assign(condition="without_bos", gu_window=self.without_bos.n_tokens))
+        sinks = pd.concat(frames, ignore_index=True).assign(model=subject.name)
+        return sinks[[c for c in sinks if c != "gu_window"] + ["gu_window"]]
+
+
+def measure_sinks(subject: Subject, batch_size: int = 32) -> pd.DataFrame:
+    """:meth:`SinkReads.table` of ``subject``'s every readable ``hook_pattern`` (``nopelens sinks``),
+    streamed in batches of ``batch_size`` sequences."""
+    skipped = subject.note_unreadable_reads()["sink read"]  # DSA blocks, windows of 1
+    sequences = Sequences.of(subject.tokens, subject.attention_mask)
+    reads = SinkReads.of(subject, sequences, [site for site in pattern_sites(subject) if site_block(site) not in skipped])
+    with torch.no_grad():
+        measured = run(subject.model, sequences, [reads.with_bos], batch_size=batch_size)[0] if reads.with_bos else None
+        return reads.table(subject, measured, batch_size)
 
 
 def memory_allowed(settings, device: torch.device) -> tuple[int, str]:
@@ -193,7 +246,7 @@ a 1024-wide SmolLM3-shaped model (QA, 2026-12-01)."""
 STATISTICS_SHARE = 0.5
 """The share of the memory a run may use that what it holds besides its batches may take (one
 group's statistics, or its kept features and one site's statistics, with the fits' overhead:
-:func:`held_bytes`); the rest is for the forward passes. :func:`~nopelens.analyses.plan.plan` refuses a run that cannot
+:func:`held_bytes`); the rest is for the forward passes. :func:`~nopelens.analyses.sweep.plan.plan` refuses a run that cannot
 keep to it."""
 
 
@@ -257,12 +310,12 @@ def statistics_groups(m: Measurements, shapes: dict[str, tuple[int, ...]]) -> li
     block they read, and a group closes before its statistics, times :data:`STATISTICS_OVERHEAD`,
     and the unpacked copy one fit reads would pass that share; each run stops after its deepest
     site, so G groups cost between 1 and G forward passes' worth of compute. A job too large for
-    that share alone gets a group of its own, which :func:`~nopelens.analyses.plan.plan` refuses. The numbers do not
+    that share alone gets a group of its own, which :func:`~nopelens.analyses.sweep.plan.plan` refuses. The numbers do not
     depend on the grouping (each job's fit uses its own statistics only).
     """
     jobs = m.jobs()
     room = STATISTICS_SHARE * m.free
-    if group_kept(m, jobs, shapes) and group_held_bytes(m, jobs, shapes) <= room:
+    if m.budget.limit is None or group_kept(m, jobs, shapes) and group_held_bytes(m, jobs, shapes) <= room:
         return [jobs]  # features kept and fitted job by job
     room -= _largest_fit(jobs, shapes)  # the unpacked copy of the job being fitted
     groups: list[list] = [[]]
@@ -371,7 +424,7 @@ def measure_streamed(subject: Subject, settings, sites: SweepSites, progress: bo
     and ``not_applicable`` says so, when ``settings.sink_ablation`` is False). With ``--input
     repeated`` the known answer is checked and recorded in ``subject.info["known_answer"]``.
     ``progress``: a bar per pass with tokens/s and ETA. ``planned``: the measurements a
-    :func:`~nopelens.analyses.plan.plan` made (its :attr:`~nopelens.analyses.plan.Plan.measurements`), so that the run keeps to the plan's batch
+    :func:`~nopelens.analyses.sweep.plan.plan` made (its :attr:`~nopelens.analyses.sweep.plan.Plan.measurements`), so that the run keeps to the plan's batch
     size, keep budget and groups whatever the free memory does in between; None: made here."""
     plan_ = measurements(subject, settings, sites) if planned is None else planned
     batch_size = plan_.batch_size
@@ -379,18 +432,8 @@ def measure_streamed(subject: Subject, settings, sites: SweepSites, progress: bo
     measured = _run_groups(subject.model, plan_, label)
     probes = pd.concat([probe.result() for probe in plan_.probes], ignore_index=True)
     probes.insert(0, "model", subject.name)
-    condition = "with_bos" if subject.has_bos else "without_bos"
-    if plan_.sinks is None:
-        frames = [empty_sink_table(plan_.window, subject.sinks()).assign(condition=condition,
-                                                                                 gu_window=plan_.window)]
-    else:
-        frames = [measured[id(plan_.sinks)].assign(condition=condition, gu_window=plan_.sinks.n_tokens)]
-    if plan_.sinks_stripped is not None:
-        frames.append(run(subject.model, plan_.stripped, [plan_.sinks_stripped], batch_size=batch_size,
-                          progress=label and f"{label} without BOS")[0]
-                      .assign(condition="without_bos", gu_window=plan_.sinks_stripped.n_tokens))
-    sinks = pd.concat(frames, ignore_index=True).assign(model=subject.name)
-    sinks = sinks[[c for c in sinks if c != "gu_window"] + ["gu_window"]]  # T per condition, as in memory
+    reads = SinkReads(plan_.sinks, plan_.stripped, plan_.sinks_stripped, plan_.window)
+    sinks = reads.table(subject, measured.get(id(plan_.sinks)), batch_size, label)
     variance = measured.get(id(plan_.variance))
     if plan_.ablation_refused is None:
         ablation = pd.DataFrame()
@@ -529,4 +572,4 @@ def job_statistics_bytes(job, shapes: dict[str, tuple[int, ...]], packed: bool =
 
 
 __getattr__ = moved_names(__name__, moved=dict.fromkeys(
-    ("Plan", "plan", "fit_work", "fit_rates", "block_seconds", "CALIBRATION_MAX_WIDTH"), "nopelens.analyses.plan"))
+    ("Plan", "plan", "fit_work", "fit_rates", "block_seconds", "CALIBRATION_MAX_WIDTH"), "nopelens.analyses.sweep.plan"))

@@ -13,14 +13,14 @@ from nopelens.probes.collect import site_block
 from . import reads
 from .reads import SweepSites
 from .settings import DEFAULT_SITES
-from .subjects import Subject, qk_sites
+from ..subjects import Subject, qk_sites
 
 
 def sweep_sites(subject: Subject, kinds: tuple[str, ...] = DEFAULT_SITES,
                 blocks: tuple[int, ...] | None = None) -> SweepSites:
     """The sites the sweep collects of ``subject`` (those it has and that fire); ``kinds`` as
-    :attr:`~nopelens.analyses.settings.SweepSettings.sites`, ``blocks`` as
-    :attr:`~nopelens.analyses.settings.SweepSettings.layers` (None: every block; otherwise each
+    :attr:`~nopelens.analyses.sweep.settings.SweepSettings.sites`, ``blocks`` as
+    :attr:`~nopelens.analyses.sweep.settings.SweepSettings.layers` (None: every block; otherwise each
     block's sites and its input and output residual stream, and the blocks left out are recorded
     in ``subject.info["not_applicable"]``).
 

@@ -16,7 +16,7 @@ from . import layers, reads, seeds
 def summarize(probes: pd.DataFrame, sinks: pd.DataFrame, variance: pd.DataFrame,
               sweep_reads: Sequence[reads.SweepRead] | None = None) -> pd.DataFrame:
     """One row per model; with several training seeds, the mean over seeds (see
-    :func:`summarize_per_seed` for the columns and :func:`~nopelens.analyses.seeds.over_seeds`)."""
+    :func:`summarize_per_seed` for the columns and :func:`~nopelens.analyses.sweep.seeds.over_seeds`)."""
     per_seed = summarize_per_seed(probes, sinks, variance, sweep_reads)
     if per_seed.groupby("model")["train_seed"].nunique().max() > 1:
         return seeds.over_seeds(per_seed, sweep_reads)
@@ -43,17 +43,17 @@ def summarize_seed(probes: pd.DataFrame, sinks: pd.DataFrame, variance: pd.DataF
     """One row per model of one training seed: the first layer at which each target is recovered,
     and key numbers.
 
-    Columns: ``model``; one column per read of :data:`~nopelens.analyses.reads.SWEEP_READS`
+    Columns: ``model``; one column per read of :data:`~nopelens.analyses.sweep.reads.SWEEP_READS`
     (``absolute_acc``, ``absolute_r2``, ``relative_pairs_r2``, ``relative_score_r2``,
     ``relative_content_qk_r2``), the first layer that clears its bar
-    (:meth:`~nopelens.analyses.reads.SweepRead.first_layer`: -1 when no layer does, None when the
+    (:meth:`~nopelens.analyses.sweep.reads.SweepRead.first_layer`: -1 when no layer does, None when the
     model has no site for the read, e.g. no ``hook_attn_scores``); then
     ``best_absolute_r2`` and its ``selectivity``,
     ``mad_chance_layer0`` and ``mad_chance_best`` (regression MAD over its chance value E|X - Y|
     for X, Y drawn from the scored positions, at the embeddings and at the best residual layer;
     Haviv et al. 2022; NaN at layer 0 when ``--layers`` left block 0 out),
     ``sink_rate`` (Gu et al., as read), ``variance_slope_block0``. ``sweep_reads`` replaces the
-    reads (``--metric``, ``--threshold``; default :data:`~nopelens.analyses.reads.SWEEP_READS`).
+    reads (``--metric``, ``--threshold``; default :data:`~nopelens.analyses.sweep.reads.SWEEP_READS`).
     """
     chosen = reads.SWEEP_READS if sweep_reads is None else sweep_reads
     rows = []

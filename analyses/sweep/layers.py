@@ -7,7 +7,7 @@ nobody has to decode it: one row per model, training seed, layer and curve (``la
 
 The curves (:func:`curves_of`, in this order):
 
-- one per read of :data:`~nopelens.analyses.reads.SWEEP_READS` (or the reads ``--metric`` and
+- one per read of :data:`~nopelens.analyses.sweep.reads.SWEEP_READS` (or the reads ``--metric`` and
   ``--threshold`` chose): the linear probe on the grouped split (GroupKFold over sequences; not
   the extrapolation split), its metric, at every layer it has (residual layers 0 .. n_layers;
   attention reads of block l at layer l + 1);
@@ -34,8 +34,8 @@ from nopelens.probes.sinks import sink_flags
 from . import reads as reads_module
 from .reads import METRIC_AXES, SweepRead
 
-__all__ = ["Curve", "LAYER_COLUMNS", "MAD_CHANCE", "SINK_RATE", "Run", "curves_of", "layer_curves", "load_run",
-           "mad_over_chance"]
+__all__ = ["Curve", "LAYER_COLUMNS", "LOW_SELECTIVITY", "MAD_CHANCE", "SINK_RATE", "Run", "curves_of",
+           "layer_curves", "load_run", "low_selectivity", "mad_over_chance"]
 
 MAD_CHANCE = "mad_chance"
 SINK_RATE = "sink_rate"
@@ -73,7 +73,7 @@ class Curve:
 
 
 def curves_of(sweep_reads: Sequence[SweepRead] | None = None) -> list[Curve]:
-    """The curves of ``sweep_reads`` (default :data:`~nopelens.analyses.reads.SWEEP_READS`):
+    """The curves of ``sweep_reads`` (default :data:`~nopelens.analyses.sweep.reads.SWEEP_READS`):
     one per read, ``mad_chance`` after the last absolute-index read, ``sink_rate`` last."""
     chosen = reads_module.SWEEP_READS if sweep_reads is None else tuple(sweep_reads)
     curves = [Curve(read.column, read.label, read.title, METRIC_AXES.get(read.metric, read.metric), read)
@@ -92,7 +92,7 @@ def layer_curves(probes: pd.DataFrame, sinks: pd.DataFrame | None = None,
     Args:
         probes: a sweep's probe table (``probes.csv``).
         sinks: its sink table (``sinks.csv``); None leaves out ``sink_rate``.
-        sweep_reads: the reads (default :data:`~nopelens.analyses.reads.SWEEP_READS`).
+        sweep_reads: the reads (default :data:`~nopelens.analyses.sweep.reads.SWEEP_READS`).
 
     Returns:
         Tidy :data:`LAYER_COLUMNS` rows in model order, then curve order, then layer: ``value``
@@ -166,6 +166,44 @@ def _sink_rates(sinks: pd.DataFrame) -> pd.DataFrame:
                                     "curve": SINK_RATE, "metric": "sink_rate", "value": per_block["mean"],
                                     "ci_low": np.nan, "ci_high": np.nan, "n_heads": per_block["size"]}))
     return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
+
+
+LOW_SELECTIVITY = 0.5
+"""A read's selectivity is low where the Hewitt & Liang (2019) control task scores more than this
+share of the probe's own score (selectivity < ``LOW_SELECTIVITY`` x value): most of what the probe
+reads, a probe of the same size also fits to labels that follow token identity only."""
+
+
+def low_selectivity(probes: pd.DataFrame, sweep_reads: Sequence[SweepRead] | None = None) -> pd.DataFrame:
+    """The reads whose selectivity is low (:data:`LOW_SELECTIVITY`) at their best layer.
+
+    Args:
+        probes: a sweep's probe table (``probes.csv``; its ``selectivity`` column).
+        sweep_reads: the reads (default :data:`~nopelens.analyses.sweep.reads.SWEEP_READS`); only those
+            whose higher values are better and whose rows carry a selectivity are judged.
+
+    Returns:
+        One row per model and flagged read: ``model``, ``curve`` (the read's column), ``label``,
+        ``layer`` (where the value, the mean over training seeds, is highest), ``value`` and
+        ``selectivity`` there (means over seeds); empty when none is low. A value under half the
+        read's bar (little recovered to mislead anyone) or an undefined selectivity (one token id:
+        no control task) is not judged.
+    """
+    probes = _with_seed(probes)
+    chosen = reads_module.SWEEP_READS if sweep_reads is None else tuple(sweep_reads)
+    flagged = []
+    for read in (read for read in chosen if read.higher_is_better):
+        rows = read.rows(probes)
+        for model, per_model in rows.groupby("model", sort=False):
+            by_layer = per_model.groupby("layer")[["value", "selectivity"]].mean()
+            if by_layer["value"].isna().all():
+                continue
+            layer = by_layer["value"].idxmax()
+            value, selectivity = by_layer.loc[layer]
+            if value >= read.threshold / 2 and selectivity == selectivity and selectivity < LOW_SELECTIVITY * value:
+                flagged.append(dict(model=model, curve=read.column, label=read.label, layer=int(layer),
+                                    value=float(value), selectivity=float(selectivity)))
+    return pd.DataFrame(flagged, columns=["model", "curve", "label", "layer", "value", "selectivity"])
 
 
 # ----------------------------------------------------------------------------- reading a run folder

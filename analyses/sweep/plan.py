@@ -1,10 +1,10 @@
 """The plan of a streamed probe (``nopelens probe --plan``), before any forward pass: how many
-forward passes and tokens :func:`~nopelens.analyses.streamed.measure_streamed` will run, how much
+forward passes and tokens :func:`~nopelens.analyses.sweep.streamed.measure_streamed` will run, how much
 memory its statistics need and hold at once, whether they fit the memory the run may use
 (a shortfall is refused before the first pass), and how long it will take, measured here.
 
 The measurements planned and their memory budgets (keep budget, batch size, groups of sites) are
-:mod:`nopelens.analyses.streamed`'s; this module counts and times them.
+:mod:`nopelens.analyses.sweep.streamed`'s; this module counts and times them.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from .streamed import (
     statistics_bytes,
 )
 from .reads import SweepSites
-from .subjects import Subject
+from ..subjects import Subject
 
 
 def _more_memory_hint(m: Measurements) -> str:
@@ -125,14 +125,14 @@ CALIBRATION_MAX_WIDTH = 1024
 
 
 def fit_work(m: Measurements, shapes: dict[str, tuple[int, ...]]) -> FitWork:
-    """Count the linear algebra of every job's fits (:class:`~nopelens.analyses.eta.FitWork`), from
+    """Count the linear algebra of every job's fits (:class:`~nopelens.analyses.sweep.eta.FitWork`), from
     the plan alone: per ridge family K(K - 1)/2 penalty paths (the grouped inner CV's fitting sets,
     each shared by two outer folds), K x t Cholesky solves and K(K - 1) validation products over
     the penalty grid; per LDA family K x t solves with their class means; one Gram matrix of
     every row per split set, and the out-of-fold predictions (K folds, t targets, d features).
 
     Returns:
-        :class:`~nopelens.analyses.eta.FitWork`: sums of d^3 (paths, solves), flops, samples scored
+        :class:`~nopelens.analyses.sweep.eta.FitWork`: sums of d^3 (paths, solves), flops, samples scored
         and call counts.
     """
     paths = solves = flops = scored = 0.0
@@ -165,7 +165,7 @@ def fit_rates(device: torch.device, width: int, n_boot: int, n_splits: int) -> F
     (64 samples).
 
     Returns:
-        :class:`~nopelens.analyses.eta.FitRates`: seconds per d^3, per flop, per sample and per call.
+        :class:`~nopelens.analyses.sweep.eta.FitRates`: seconds per d^3, per flop, per sample and per call.
     """
     d = max(32, min(int(width), CALIBRATION_MAX_WIDTH))
     generator = torch.Generator().manual_seed(0)
@@ -264,15 +264,15 @@ def _duration(seconds: float) -> str:
 
 def plan(subject: Subject, settings, sites: SweepSites) -> Plan:
     """The forward passes, tokens and statistics' memory of
-    :func:`~nopelens.analyses.streamed.measure_streamed`, and how long it will take, measured here.
+    :func:`~nopelens.analyses.sweep.streamed.measure_streamed`, and how long it will take, measured here.
 
     Forward passes: one per batch, plus one per batch of the sequences without BOS (the sink
     table's second condition), plus one per batch and ablated block for the sink ablation (each
     stopped after its block, so the n blocks cost about (n + 1) / 2 full passes; its tokens are
     counted in full); the probes add a second pass over every batch to a run whose features do not
-    all fit the keep budget (:func:`~nopelens.analyses.streamed.run_budget`, :func:`ablation_budget`).
+    all fit the keep budget (:func:`~nopelens.analyses.sweep.streamed.run_budget`, :func:`ablation_budget`).
     When the statistics of every site do not fit the memory the run may use, the sites run in groups
-    (:func:`~nopelens.analyses.streamed.statistics_groups`), one run of the passes above each
+    (:func:`~nopelens.analyses.sweep.streamed.statistics_groups`), one run of the passes above each
     (counted in full, though each stops after its deepest site). A run that cannot hold what it must besides
     its batches within :data:`STATISTICS_SHARE` of that memory is a shortfall: refused before any
     forward pass.

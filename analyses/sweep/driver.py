@@ -1,8 +1,9 @@
 """The main job: at which layer does each model's absolute index, then relative distance, become
 linearly recoverable, and where are its attention sinks?
 
-For each subject (see :mod:`nopelens.analyses.subjects`) the sweep collects activations on fresh
-sequences and measures:
+For each subject (see :mod:`nopelens.analyses.subjects`) the sweep measures, on fresh sequences and
+while the model runs (the streaming engine, :mod:`nopelens.analyses.sweep.streamed`: one driver for
+every model):
 
 - absolute index at every residual layer (0 = embeddings ... n_layers) and at every block's
   ``hook_attn_out`` and ``hook_mlp_out``: classification and regression probes with the control
@@ -27,12 +28,12 @@ through what earlier layers wrote), and the content-only read asks whether q and
 
 Training seeds: with ``train_seeds=(0, 1, 2)`` every zoo model is trained (and cached) once per
 seed and each is measured; the tables carry a ``train_seed`` column and the summary reports means
-over seeds with their spread (see :mod:`nopelens.analyses.seeds`). A sweep's unit of work is one
-(model, training seed); :mod:`nopelens.analyses.parallel` runs these in this process, in local
+over seeds with their spread (see :mod:`nopelens.analyses.sweep.seeds`). A sweep's unit of work is one
+(model, training seed); :mod:`nopelens.analyses.sweep.parallel` runs these in this process, in local
 worker processes (``jobs``) or on a Dask cluster (``scheduler``).
 
 What the summary reports per model (one column, header and figure panel each) are the reads of
-:data:`~nopelens.analyses.reads.SWEEP_READS`; the probe rows come from their target functions.
+:data:`~nopelens.analyses.sweep.reads.SWEEP_READS`; the probe rows come from their target functions.
 
 Results go to a run folder (:mod:`~nopelens.analyses.runs`): ``probes.csv``, ``sinks.csv``,
 ``variance.csv``, ``sink_ablation.csv``, ``summary.csv``, ``layers.csv`` and the stamp
@@ -61,25 +62,20 @@ from tqdm.auto import tqdm
 
 import nopelens
 from nopelens.models.compat import moved_names
-from nopelens.models.hooks import act_names
 from nopelens.models.io import write_csv_atomic
 from nopelens.models.progress import progress_bar
 from nopelens.models.threads import one_thread
-from nopelens.probes import collect
-from nopelens.probes.collect import site_block
-from nopelens.probes.sinks import GU_WINDOW, SinkStats, empty_sink_table, variance_slopes
-from nopelens.probes.stream import AttentionVariance, Sequences, replay
+from nopelens.probes.sinks import variance_slopes
 
-from . import layers, parallel, reads, runs, seeds
-from .eta import SweepETA
-from .intervene import sink_ablation_drop
+from .. import runs
+from . import layers, parallel, reads, seeds
+from .eta import SweepETA, speed_factor
 from .plan import plan
-from .reads import ProbeInput, bilinear_mode
 # the sweep's settings, sites and summary have modules of their own; their names still import from here
 from .settings import DEFAULT_MODELS, DEFAULT_SITES, SITE_KINDS, SweepSettings  # noqa: F401
 from .sites import block_ranges, pattern_sites, probed_blocks, score_sites, sink_sites, sweep_sites  # noqa: F401
 from .streamed import measure_streamed
-from .subjects import (
+from ..subjects import (
     HF_PREFIX, Subject, check_spec, display_name, input_changes, input_fingerprint, planned_work, resolve,
 )
 from .summary import summarize, summarize_per_seed  # noqa: F401
@@ -93,9 +89,11 @@ class SweepResult:
     """The tidy tables of a sweep.
 
     ``summary`` has one row per model (means over training seeds when there are several, see
-    :func:`~nopelens.analyses.seeds.over_seeds`); ``summary_per_seed`` one row per model and seed;
-    ``curves`` the main curves per layer (:func:`~nopelens.analyses.layers.layer_curves`);
-    ``reads`` the reads the summary and curves report (``--metric``, ``--threshold``).
+    :func:`~nopelens.analyses.sweep.seeds.over_seeds`); ``summary_per_seed`` one row per model and seed;
+    ``curves`` the main curves per layer (:func:`~nopelens.analyses.sweep.layers.layer_curves`);
+    ``reads`` the reads the summary and curves report (``--metric``, ``--threshold``);
+    ``variant`` names the files of reads other than the default ones (:func:`variant_name`), so
+    a re-read writes ``summary-<variant>.md`` beside the original and never over it.
     """
 
     probes: pd.DataFrame
@@ -108,62 +106,45 @@ class SweepResult:
     sink_ablation: pd.DataFrame = field(default_factory=pd.DataFrame)
     curves: pd.DataFrame | None = None
     reads: tuple[reads.SweepRead, ...] | None = None
+    variant: str = ""
 
 
 # ----------------------------------------------------------------------------- one subject
 
 
-def analyse_subject(subject: Subject, settings: SweepSettings, progress: bool = False) -> dict[str, pd.DataFrame]:
-    """Probe, sink and variance tables of one subject (see the module docstring); the probe rows
-    are those of the targets :data:`~nopelens.analyses.reads.SWEEP_READS` names (``progress``:
-    bars over the sites as they are fitted)."""
-    layers = subject.n_layers
-    if settings.layers is not None:
-        raise ValueError("--layers applies to hf:DIR models (the streamed probe)")
-    sites = sweep_sites(subject, settings.sites)
-    acts = collect(subject.model, subject.tokens, sites.all(), attention_mask=subject.attention_mask, batch_size=32)
-    # the streamed probe's settings (ProbeInput's position bins and spread distances), every batch kept
-    inp = ProbeInput(Sequences.of_activations(acts), sites, seq_len=subject.tokens.shape[1],
-                     n_sequences=settings.n_sequences, n_splits=settings.n_splits, n_boot=settings.n_boot,
-                     seed=settings.seed, bilinear=bilinear_mode(acts, sites.qk[0][0]) if sites.qk else "outer")
-    probes = reads.measure_in_memory(reads.measure_targets(inp), acts, subject.name if progress else None)
-    probes.insert(0, "model", subject.name)
+def analyse_subject(subject: Subject, settings: SweepSettings, label: str | None = None,
+                    progress: bool = False) -> dict[str, pd.DataFrame]:
+    """Probe, sink, variance and sink-ablation tables of one subject (see the module docstring),
+    measured through the streaming engine (:func:`~nopelens.analyses.sweep.streamed.measure_streamed`);
+    the probe rows are those of the targets :data:`~nopelens.analyses.sweep.reads.SWEEP_READS` names.
 
-    sinks = sink_conditions(subject, acts)
-    variance_sites = [site for site in act_names("attn_out", subject.variance_blocks()) if site in acts.acts]
-    variance = (replay(acts, [AttentionVariance(inp.sequences, variance_sites, subject.key_windows())])[0]
-                if variance_sites else
-                pd.DataFrame(columns=["site", "block", "position", "visible_keys", "variance", "n_sequences"]))
-    variance = _variance_table(subject, variance)
-    # sink ablation (issue 14): next-layer absolute-index R^2 with block l's first key removed
-    ablation = sink_ablation_drop(subject.model, subject.tokens, subject.attention_mask, layers, acts,
-                                  settings.n_splits, settings.n_boot, settings.seed).assign(model=subject.name)
-    return {"probes": probes, "sinks": sinks, "variance": variance, "sink_ablation": ablation}
+    The sweep's models keep every batch's features (an unlimited keep budget, batches of 32: one
+    pass). A streamed probe (``settings.streamed``: ``nopelens probe hf:DIR``) is planned first
+    (:func:`~nopelens.analyses.sweep.plan.plan`, printed on stderr under ``label``), runs in the plan's
+    batches, keep budget and groups, and is refused before any forward pass when it cannot fit.
 
-
-def analyse_subject_streamed(subject: Subject, settings: SweepSettings, label: str | None = None,
-                             progress: bool = False) -> dict[str, pd.DataFrame]:
-    """:func:`analyse_subject`'s tables of an HF subject through the streaming engine
-    (:func:`~nopelens.analyses.streamed.measure_streamed`; ``nopelens probe hf:DIR``), after printing
-    its plan; the sink ablation is streamed too unless ``settings.sink_ablation`` is False."""
+    Raises:
+        ValueError: naming the subject, when the plan's statistics do not fit the memory.
+    """
     sites = sweep_sites(subject, settings.sites, settings.layers)
-    plan_ = plan(subject, settings, sites)
-    if plan_.shortfall:  # refused before any forward pass, not out of memory hours later (--plan shows the plan)
-        raise ValueError(f"{label or subject.name}: {plan_.shortfall}")
-    tqdm.write(plan_.describe(label or subject.name), file=sys.stderr)
-    # the batch size, keep budget and groups planned are those run, whatever the memory free does in between
-    tables = measure_streamed(subject, settings, sites, progress, planned=plan_.measurements)
-    if tables["variance"] is None:
-        tables["variance"] = pd.DataFrame(columns=["site", "block", "position", "visible_keys", "variance",
-                                                   "n_sequences", "slope", "note", "model"])
-    else:
-        tables["variance"] = _variance_table(subject, tables["variance"])
+    planned = None
+    if settings.streamed:
+        plan_ = plan(subject, settings, sites)
+        if plan_.shortfall:  # refused before any forward pass, not out of memory hours later (--plan shows the plan)
+            raise ValueError(f"{label or subject.name}: {plan_.shortfall}")
+        tqdm.write(plan_.describe(label or subject.name), file=sys.stderr)
+        planned = plan_.measurements  # the batch size, keep budget and groups planned are those run
+    tables = measure_streamed(subject, settings, sites, progress, planned=planned)
+    tables["variance"] = _variance_table(subject, tables["variance"])
     return tables
 
 
-def _variance_table(subject: Subject, variance: pd.DataFrame) -> pd.DataFrame:
+def _variance_table(subject: Subject, variance: pd.DataFrame | None) -> pd.DataFrame:
     """The variance table as the sweep writes it: position 0 left out after a BOS (every sequence has
-    the same token there, so its variance is exactly 0), each site's slope, the model."""
+    the same token there, so its variance is exactly 0), each site's slope, the model (no row
+    without attention outputs)."""
+    if variance is None:
+        variance = pd.DataFrame(columns=["site", "block", "position", "visible_keys", "variance", "n_sequences"])
     if subject.has_bos:
         variance = variance[variance["position"] > 0]
     return _with_slopes(variance).assign(model=subject.name)
@@ -178,61 +159,13 @@ def _with_slopes(variance: pd.DataFrame) -> pd.DataFrame:
     return variance.assign(slope=variance["site"].map(slopes), note=note)
 
 
-def sink_conditions(subject: Subject, acts) -> pd.DataFrame:
-    """Sink table of ``acts`` as read, plus a run without BOS when the subject's sequences start with one.
-
-    Args:
-        subject: the model and its evaluation sequences.
-        acts: activations of ``subject`` holding every ``blocks.{l}.attn.hook_pattern`` site.
-
-    Returns:
-        :func:`~nopelens.probes.sinks.sink_table` rows with ``condition`` (``with_bos`` or
-        ``without_bos``), ``model`` and ``gu_window`` (Gu et al.'s T, at most 64 tokens).
-    """
-    shortest = int(subject.attention_mask.sum(-1).min())  # synthetic tasks pad sequences of mixed lengths
-    window = min(GU_WINDOW, shortest)
-    condition = "with_bos" if subject.has_bos else "without_bos"
-    windows, sinks = subject.key_windows(), subject.sinks()
-    extra = [site for site in sink_sites(subject) if site not in acts.acts and site not in acts.patterns]
-    if extra:  # an output-scale sink is read from hook_v and hook_z
-        acts = collect(subject.model, subject.tokens, list(acts.patterns) + sink_sites(subject),
-                       attention_mask=subject.attention_mask, batch_size=32)
-    skipped = subject.note_unreadable_reads()["sink read"]  # DSA blocks, windows of 1
-    readable = [site for site in acts.patterns if site.endswith("hook_pattern") and site_block(site) not in skipped]
-    frames = [_sink_table(acts, window, windows, sinks, readable).assign(condition=condition, gu_window=window)]
-    if subject.has_bos:
-        stripped = collect(subject.model, subject.tokens[:, 1:], list(dict.fromkeys(list(acts.patterns) + sink_sites(subject))),
-                           attention_mask=subject.attention_mask[:, 1:], batch_size=32)
-        frames.append(_sink_table(stripped, min(window, shortest - 1), windows, sinks, readable)
-                      .assign(condition="without_bos", gu_window=min(window, shortest - 1)))
-    table = pd.concat(frames, ignore_index=True).assign(model=subject.name)
-    return table[[c for c in table if c != "gu_window"] + ["gu_window"]]  # T per condition, the last column
-
-
-def _sink_table(acts, window: int, windows: dict, sinks: dict, sites: list[str]) -> pd.DataFrame:
-    """The sink table of ``sites`` in ``acts``: the streamed :class:`~nopelens.probes.sinks.SinkStats`
-    replayed on them (one implementation of the read, streamed or in memory)."""
-    if not sites:
-        return empty_sink_table(window, sinks)
-    stats = SinkStats(Sequences.of_activations(acts), sites, n_tokens=window, windows=windows, sinks=sinks)
-    return replay(acts, [stats])[0]
-
-
-def measure_sinks(subject: Subject) -> pd.DataFrame:
-    """:func:`sink_conditions` of ``subject``, collecting only its patterns (``nopelens sinks``)."""
-    with torch.no_grad():
-        acts = collect(subject.model, subject.tokens, pattern_sites(subject), attention_mask=subject.attention_mask,
-                       batch_size=32)
-        return sink_conditions(subject, acts)
-
-
 # ----------------------------------------------------------------------------- the run folder
 
 
 def sweep(settings: SweepSettings, out_dir: str | Path | None = None, progress: bool = True, jobs: int = 1,
           scheduler: str | None = None, security: str | Path | None = None,
           sweep_reads: Sequence[reads.SweepRead] | None = None, name: str = "sweep", svg: bool | None = None,
-          figures: bool | None = None) -> SweepResult:
+          figures: bool | None = None, variant: str = "") -> SweepResult:
     """Run the sweep; with ``out_dir``, write (and resume) a run folder's parts and tables
     (:func:`write_tables`); its figures and ``summary.md`` are rendering,
     :func:`~nopelens.analyses.report.write_run`'s (``nopelens sweep`` calls it).
@@ -242,24 +175,25 @@ def sweep(settings: SweepSettings, out_dir: str | Path | None = None, progress: 
         out_dir: run folder; each finished (model, seed) is saved under ``parts/`` at once. A run
             refused or failed before its first part leaves no stamp (:func:`~nopelens.analyses.runs.claimed`).
         progress: progress bars and lines on stderr.
-        jobs: local worker processes, one (model, seed) each (see :mod:`~nopelens.analyses.parallel`).
+        jobs: local worker processes, one (model, seed) each (see :mod:`~nopelens.analyses.sweep.parallel`).
         scheduler: address of a Dask scheduler (``tls://`` or ``tcp://``) to send the (model,
             seed) tasks to instead.
         security: YAML file of distributed's TLS settings for a ``tls://`` scheduler (see
-            :func:`~nopelens.analyses.parallel.dask_security`).
+            :func:`~nopelens.analyses.sweep.parallel.dask_security`).
         sweep_reads: the reads the summary, the per-layer curves and the figure report (default
-            :data:`~nopelens.analyses.reads.SWEEP_READS`; :func:`~nopelens.analyses.reads.choose_reads`
+            :data:`~nopelens.analyses.sweep.reads.SWEEP_READS`; :func:`~nopelens.analyses.sweep.reads.choose_reads`
             makes others). They only read what was measured, so a run folder resumes with any.
         name: the command, for the progress bar (``sweep`` or ``probe``).
-        svg: deprecated and ignored (a one-line ``DeprecationWarning`` says so): the sweep
-            writes tables; :func:`~nopelens.analyses.report.write_run` draws.
-        figures: deprecated and ignored, as ``svg``.
+        variant: the name of the read-dependent tables' files for reads other than the default
+            (:func:`variant_name`; ``""``: the default reads' own files).
+        svg, figures: deprecated and ignored (a one-line ``DeprecationWarning`` says so): the
+            sweep writes tables; :func:`~nopelens.analyses.report.write_run` draws.
 
     Raises:
         ValueError: if ``out_dir`` holds a sweep made with other settings or another analysis's
             run (:func:`~nopelens.analyses.runs.claim`), if there are fewer evaluation sequences
             than folds, or as :func:`~nopelens.analyses.subjects.resolve` and
-            :func:`~nopelens.analyses.parallel.run_tasks`.
+            :func:`~nopelens.analyses.sweep.parallel.run_tasks`.
         KeyError, FileNotFoundError: on an unknown model spec (the message lists what exists).
         ChildProcessError: if parallel workers were lost (what finished is saved; rerun to resume).
     """
@@ -279,14 +213,15 @@ def sweep(settings: SweepSettings, out_dir: str | Path | None = None, progress: 
         _check_absolute_paths(settings)
     out = Path(out_dir) if out_dir is not None else None
     if out is None:
-        return _sweep_tasks(settings, None, progress, jobs, scheduler, security, sweep_reads, name)
+        return _sweep_tasks(settings, None, progress, jobs, scheduler, security, sweep_reads, name, variant)
     with runs.claimed(out, "sweep", settings.to_dict(), ignore=settings.RESUMABLE_CHANGES, command=name,
                       unset=settings.UNSET):
-        return _sweep_tasks(settings, out, progress, jobs, scheduler, security, sweep_reads, name)
+        return _sweep_tasks(settings, out, progress, jobs, scheduler, security, sweep_reads, name, variant)
 
 
 def _sweep_tasks(settings: SweepSettings, out: Path | None, progress: bool, jobs: int, scheduler: str | None,
-                 security: str | Path | None, sweep_reads: Sequence[reads.SweepRead] | None, name: str) -> SweepResult:
+                 security: str | Path | None, sweep_reads: Sequence[reads.SweepRead] | None, name: str,
+                 variant: str = "") -> SweepResult:
     """:func:`sweep` once its folder ``out`` (or None) is claimed."""
     tasks = settings.tasks()
     inputs = {spec: input_fingerprint(spec, settings.hf_input) for spec in settings.models}
@@ -302,8 +237,13 @@ def _sweep_tasks(settings: SweepSettings, out: Path | None, progress: bool, jobs
             done[task] = {name: _as_measured(name, seeds.with_train_seed(table, task[1]))
                           for name, table in tables.items()}, meta
     todo = [task for task in tasks if task not in done]
-    eta = SweepETA({task: planned_work(task[0], settings.n_sequences, settings.seq_len, task[1], settings.quick_steps)
-                    for task in todo}, jobs=1 if scheduler is None and jobs <= 1 else max(1, jobs))
+    work = {task: planned_work(task[0], settings.n_sequences, settings.seq_len, task[1], settings.quick_steps)
+            for task in todo}
+    speed = 1.0
+    if progress and any(task_work.estimated for task_work in work.values()):
+        with one_thread():  # as each task runs: the opening ETA measured on this machine, as busy as it is now
+            speed = speed_factor()
+    eta = SweepETA(work, jobs=1 if scheduler is None and jobs <= 1 else max(1, jobs), speed=speed)
     bar = progress_bar(total=len(tasks), initial=len(done), desc=f"nopelens {name}", unit="model",
                        bar_format="{desc}: {n_fmt}/{total_fmt} models [{elapsed}{postfix}]", disable=not progress)
     bar.set_postfix_str(eta.describe())
@@ -337,7 +277,7 @@ def _sweep_tasks(settings: SweepSettings, out: Path | None, progress: bool, jobs
     subjects = {_label(*task): done[task][1] for task in tasks}
     result = SweepResult(probes, sinks, variance, summarize(probes, sinks, variance, chosen), out, subjects,
                          summary_per_seed=per_seed, sink_ablation=ablation,
-                         curves=layers.layer_curves(probes, sinks, chosen), reads=chosen)
+                         curves=layers.layer_curves(probes, sinks, chosen), reads=chosen, variant=variant)
     if out is not None:
         write_tables(result)
     return result
@@ -347,20 +287,34 @@ def write_tables(result: SweepResult) -> None:
     """Write a sweep's tables into ``result.out_dir``: ``probes``, ``sinks``, ``variance``,
     ``summary``, ``layers`` (the main curves) and ``sink_ablation`` (when measured), and with
     several training seeds also ``summary_per_seed`` and ``probes_over_seeds``
-    (:mod:`~nopelens.analyses.seeds`); a table this run has none of is removed if an earlier run
-    in the folder left one, so the folder describes this run only."""
+    (:mod:`~nopelens.analyses.sweep.seeds`); a table this run has none of is removed if an earlier run
+    in the folder left one, so the folder describes this run only. The tables that depend on
+    the reads (``summary``, ``layers``, ``summary_per_seed``) are written as
+    ``<name>-<variant>.csv`` when ``result.variant`` is set, beside the default reads' own."""
     out = result.out_dir
-    tables = {name: getattr(result, name) for name in ("probes", "sinks", "variance", "summary")}
-    tables["layers"] = result.curves
+    tables = {name: getattr(result, name) for name in ("probes", "sinks", "variance")}
     several = "n_seeds" in result.summary
-    tables["summary_per_seed"] = result.summary_per_seed if several else None
     tables["probes_over_seeds"] = seeds.probes_over_seeds(result.probes) if several else None
     tables["sink_ablation"] = None if result.sink_ablation.empty else result.sink_ablation
+    suffix = f"-{result.variant}" if result.variant else ""
+    tables[f"summary{suffix}"] = result.summary
+    tables[f"layers{suffix}"] = result.curves
+    tables[f"summary_per_seed{suffix}"] = result.summary_per_seed if several else None
     for name, table in tables.items():
         if table is None:
             (out / f"{name}.csv").unlink(missing_ok=True)
         else:
             write_csv_atomic(table, out / f"{name}.csv")
+
+
+def variant_name(metric: str | None, threshold: str | None) -> str:
+    """The name of the files of reads chosen by ``--metric`` and ``--threshold`` (``""``: the
+    default reads, whose files are ``summary.md``, ``summary.csv``, ``layers.csv``, ``probes.png``).
+
+    >>> variant_name("spearman", "0.8"), variant_name(None, "mad=2"), variant_name(None, None)
+    ('spearman-0.8', 'mad_2', '')
+    """
+    return "-".join(runs.slug(text.replace(" ", "")) for text in (metric, threshold) if text)
 
 
 SETTINGS_DIGEST = "settings_digest"
@@ -435,7 +389,7 @@ def measure(spec: str, train_seed: int, settings: SweepSettings, progress: bool 
     zoo cache of the machine it runs on. It runs on one thread
     (:func:`~nopelens.models.threads.one_thread`), so its numbers do not depend on the core count
     or on how many workers share the machine; in a Dask worker that runs several tasks at once it
-    refuses (:func:`~nopelens.analyses.parallel.check_alone_in_process`).
+    refuses (:func:`~nopelens.analyses.sweep.parallel.check_alone_in_process`).
 
     Returns:
         ``(tables, meta)``: the ``probes``, ``sinks`` and ``variance`` tables (with ``train_seed``
@@ -463,16 +417,15 @@ def _measure(spec: str, train_seed: int, settings: SweepSettings, progress: bool
     what = f"{subject.n_layers + 1} layers" if settings.layers is None else f"blocks {block_ranges(settings.layers)}"
     say(f"{_label(subject.name, train_seed)}: probing {what}")
     with torch.no_grad():
-        if settings.streamed and subject.hf is not None:
-            tables = analyse_subject_streamed(subject, settings, _label(subject.name, train_seed), progress)
-        else:
-            tables = analyse_subject(subject, settings, progress)
+        tables = analyse_subject(subject, settings, _label(subject.name, train_seed), progress)
     tables = {name: table.assign(train_seed=train_seed) for name, table in tables.items()}
     seconds = {"load": loaded - start, "measure": time.perf_counter() - loaded}
     say(f"{_label(subject.name, train_seed)}: measured in {seconds['measure']:.0f} s")
+    lengths = subject.attention_mask.sum(-1)
+    read = {"sequences": int(subject.tokens.shape[0]), "tokens": [int(lengths.min()), int(lengths.max())]}
     meta = dict(name=subject.name, kind=subject.kind, position=subject.position, n_layers=subject.n_layers,
                 has_bos=subject.has_bos, train_lengths=subject.train_lengths, train_seed=train_seed, **subject.info,
-                seconds=seconds)
+                seconds=seconds, read=read)
     return tables, meta
 
 
@@ -497,5 +450,8 @@ def versions() -> dict[str, str]:
     }
 
 
-__getattr__ = moved_names(__name__, moved={"first_variance_block": "nopelens.analyses.sites",
-                                           "summarize_seed": "nopelens.analyses.summary"})
+__getattr__ = moved_names(__name__, moved={"first_variance_block": "nopelens.analyses.sweep.sites",
+                                           "summarize_seed": "nopelens.analyses.sweep.summary",
+                                           "measure_sinks": "nopelens.analyses.sweep.streamed"},
+                          gone={"analyse_subject_streamed": "analyse_subject measures every model streamed (one driver)",
+                                "sink_conditions": "use nopelens.analyses.sweep.streamed.measure_sinks (or SinkReads)"})

@@ -5,17 +5,16 @@ A *read* asks "from which layer on can a linear probe recover this target?" It n
 rows it looks at (``target``, ``task``, ``features``, ``metric``), the bar their 95 % CI must
 clear (``threshold``), and how it is reported: its ``summary.csv`` column (the first layer that
 clears the bar, :func:`~nopelens.probes.linear.first_recoverable_layer`), that column's header in
-``summary.md``, and its panel of ``probes.png``. The summary (:func:`~nopelens.analyses.summary.summarize`),
+``summary.md``, and its panel of ``probes.png``. The summary (:func:`~nopelens.analyses.sweep.summary.summarize`),
 the figure (:func:`~nopelens.analyses.figures.probe_figure`) and the tables over training seeds
-(:func:`~nopelens.analyses.seeds.over_seeds`) all take their reads from :data:`SWEEP_READS`, in
+(:func:`~nopelens.analyses.sweep.seeds.over_seeds`) all take their reads from :data:`SWEEP_READS`, in
 its order, at call time.
 
 A *target function* (:data:`TARGETS`) is a target's one definition: from one subject's token set,
 sites and probe settings (:class:`ProbeInput`) it builds the measurement of its probe rows
 (:class:`~nopelens.probes.stream_probes.Probes`: tidy rows, :data:`~nopelens.probes.linear.RESULT_COLUMNS`,
-whose ``target`` column is its key). The streamed probe (``nopelens probe hf:DIR``,
-:func:`~nopelens.analyses.streamed.measurements`) feeds it a hooked forward pass; the in-memory
-sweep feeds it the activations it collected (:func:`measure_in_memory`); the answers are the same.
+whose ``target`` column is its key). The sweep (:func:`~nopelens.analyses.sweep.streamed.measurements`) feeds it a hooked forward pass;
+:func:`measure_in_memory` feeds it activations already collected; the answers are the same.
 The sweep runs the target functions its reads name, in order of first use.
 
 Adding a sweep read is one :class:`SweepRead` appended to :data:`SWEEP_READS`, plus its target

@@ -9,16 +9,21 @@ The model (:class:`SweepETA`): a task costs ``train_work * train_rate + measure_
 measure_rate`` seconds. The work units are fixed per task before it runs (:class:`TaskWork`):
 training work is steps x tokens per step x parameters (the cost of a training step grows with
 both), measuring work is layers x (sequences x tokens + a fixed overhead). Each rate starts at a prior measured on
-the zoo's text models on one thread and becomes the observed rate (seconds over work, summed over
-the finished tasks of that kind) as soon as one such task has finished, so a machine faster or
-slower than ours corrects it within a task. With ``jobs`` workers the remaining cost is shared
+the zoo's text models on one idle core, times this machine's speed as measured when the sweep
+starts (:func:`speed_factor`: a fixed piece of the fits' arithmetic timed here, against its time
+where the priors were measured, so a slower or busier machine gets a longer opening ETA), and
+becomes the observed rate (seconds over work, summed over the finished tasks of that kind) as soon
+as one such task has finished. With ``jobs`` workers the remaining cost is shared
 among ``min(jobs, tasks left)`` of them, less the time spent since the last task finished.
 """
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import Hashable
+
+import torch
 
 TRAIN_PRIOR = 5e-11
 """Seconds per unit of training work on one thread: ``text-nope-4l`` (1000 steps of 16 x 64
@@ -30,6 +35,28 @@ of 64 tokens (5 layers) is probed in about 10 s."""
 
 MEASURE_OVERHEAD_TOKENS = 5120
 """Tokens' worth of measuring work each layer costs whatever the batch (fits, folds, bootstrap)."""
+
+SPEED_PROBE_SECONDS = 0.1
+"""Seconds :func:`speed_probe` takes on one core of the machine the priors were measured on (its
+CPU time there: 0.097-0.100 s over four runs, QA 2026-12-07)."""
+
+
+def speed_probe(repeats: int = 20) -> float:
+    """Wall seconds of a fixed piece of the probes' arithmetic here: ``repeats`` Gram matrices of
+    2048 x 256 float64 features and their Cholesky factors (a fit's kernels), on the caller's threads."""
+    generator = torch.Generator().manual_seed(0)
+    features = torch.randn(2048, 256, generator=generator, dtype=torch.float64)
+    ridge = torch.eye(256, dtype=torch.float64)
+    start = time.perf_counter()
+    for _ in range(repeats):
+        torch.linalg.cholesky(features.T @ features + ridge)
+    return time.perf_counter() - start
+
+
+def speed_factor() -> float:
+    """How much longer than where the priors were measured this machine takes now (>= 1: slower
+    or busy; :func:`speed_probe` over :data:`SPEED_PROBE_SECONDS`), at least 0.1."""
+    return max(0.1, speed_probe() / SPEED_PROBE_SECONDS)
 
 
 @dataclass(frozen=True)
@@ -60,6 +87,8 @@ class SweepETA:
     Args:
         work: the work of every task of the sweep still to run, by task key.
         jobs: tasks that run at once.
+        speed: the priors' factor until a rate is observed (:func:`speed_factor`, measured when the
+            sweep starts; 1: the priors as they are).
 
     Example:
         >>> eta = SweepETA({"train": TaskWork(1000, 1e12, 25600), "read": TaskWork(0, 0, 25600)})
@@ -70,18 +99,20 @@ class SweepETA:
         20
     """
 
-    def __init__(self, work: dict[Hashable, TaskWork], jobs: int = 1):
+    def __init__(self, work: dict[Hashable, TaskWork], jobs: int = 1, speed: float = 1.0):
         self.work = dict(work)
         self.jobs = max(1, jobs)
+        self.speed = speed
         self.left = set(self.work)
         self.seconds = {"train": 0.0, "measure": 0.0}
         self.units = {"train": 0.0, "measure": 0.0}
 
     def rate(self, kind: str) -> float:
-        """Seconds per work unit of ``kind`` (``train`` or ``measure``): observed, else the prior."""
+        """Seconds per work unit of ``kind`` (``train`` or ``measure``): observed, else the prior
+        times :attr:`speed`."""
         if self.units[kind] > 0:
             return self.seconds[kind] / self.units[kind]
-        return TRAIN_PRIOR if kind == "train" else MEASURE_PRIOR
+        return (TRAIN_PRIOR if kind == "train" else MEASURE_PRIOR) * self.speed
 
     def cost(self, key: Hashable) -> float:
         """Estimated seconds of task ``key``."""

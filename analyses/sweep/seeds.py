@@ -24,7 +24,7 @@ def with_train_seed(table: pd.DataFrame, seed: int = 0) -> pd.DataFrame:
 
 def agreed_layer(layers: pd.Series) -> int:
     """The first layer by which every seed has recovered a target: the latest of the per-seed
-    first layers, :data:`~nopelens.analyses.reads.NO_LAYER_CLEARS` (-1) if some seed never recovers
+    first layers, :data:`~nopelens.analyses.sweep.reads.NO_LAYER_CLEARS` (-1) if some seed never recovers
     it, NaN if the model has no site for it.
 
     >>> agreed_layer(pd.Series([1, 1, 2]))
@@ -41,9 +41,9 @@ def over_seeds(per_seed: pd.DataFrame, sweep_reads=None) -> pd.DataFrame:
     """One summary row per model from per-seed summary rows.
 
     Args:
-        per_seed: rows of :func:`~nopelens.analyses.summary.summarize_per_seed` (``model``,
+        per_seed: rows of :func:`~nopelens.analyses.sweep.summary.summarize_per_seed` (``model``,
             ``train_seed``, the first-layer columns of ``sweep_reads`` (default
-            :data:`~nopelens.analyses.reads.SWEEP_READS`), numbers).
+            :data:`~nopelens.analyses.sweep.reads.SWEEP_READS`), numbers).
         sweep_reads: the reads whose columns hold first layers.
 
     Returns:

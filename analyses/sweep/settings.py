@@ -13,8 +13,8 @@ import numpy as np
 
 from nopelens.models.hf_loading import HFInput
 
-from . import runs
-from .subjects import CONTROL_SPECS, has_training_seed
+from .. import runs
+from ..subjects import CONTROL_SPECS, has_training_seed
 
 
 DEFAULT_MODELS = {"text": ("text-nope-4l", "text-rope-4l", "text-hybrid-4l", "bb-rope-2l", "bb-nope-3l"),
@@ -55,26 +55,29 @@ class SweepSettings:
             distance is read on the residual stream and every block's attention either way.
         hf_input: how ``hf:DIR`` models are read (:class:`~nopelens.models.hf_loading.HFInput`:
             text through their tokenizer, random ids or one token repeated; device; dtype).
-        streamed: measure ``hf:DIR`` models through the streaming engine
-            (:func:`~nopelens.analyses.sweep.analyse_subject_streamed`; ``nopelens probe``).
+        streamed: plan the run under a memory budget (``nopelens probe hf:DIR``): the plan is
+            printed, a run that cannot fit refused, and the batch size, keep budget, memory,
+            ``--layers`` and sink-ablation settings below apply. Otherwise (``nopelens sweep``)
+            every batch's features are kept, in batches of 32: one pass
+            (:func:`~nopelens.analyses.sweep.analyse_subject` measures both through the streaming engine).
         batch_size: sequences per forward pass of a streamed measurement, or ``"auto"``: at most 32,
             fewer where a forward pass of 32 would not fit half the memory free on the model's
-            device (:func:`~nopelens.analyses.streamed.auto_batch_size`).
+            device (:func:`~nopelens.analyses.sweep.streamed.auto_batch_size`).
         keep_mib: MiB of features a streamed measurement may keep for its predictions instead of
             a second forward pass (None: 512 MiB or a quarter of the memory the run may use, whichever
             is less, and no more than leaves room for the largest site's statistics,
-            :func:`~nopelens.analyses.streamed.auto_keep_bytes`; 0: none, so memory is the
+            :func:`~nopelens.analyses.sweep.streamed.auto_keep_bytes`; 0: none, so memory is the
             statistics' whatever the number of tokens).
         memory_mib: MiB a streamed measurement may add on the model's device (None: what is free
             there when it starts): the keep budget, the batch size and the groups of sites whose
-            statistics are summed in one run (:func:`~nopelens.analyses.streamed.statistics_groups`)
+            statistics are summed in one run (:func:`~nopelens.analyses.sweep.streamed.statistics_groups`)
             follow from it. It changes no number, so a run folder does not record it.
         layers: the blocks a streamed measurement probes (None: every block): each one's input and
             output residual stream (layers l and l + 1), its attention and MLP outputs, q.k and
             score reads, sinks, variance and sink ablation (and the variance of the model's first
-            attention block, :func:`~nopelens.analyses.sites.first_variance_block`, which the
+            attention block, :func:`~nopelens.analyses.sweep.sites.first_variance_block`, which the
             summary's slope reads); each forward pass stops after the deepest
-            (:func:`~nopelens.analyses.sites.sweep_sites`). The summary's first layers are then the
+            (:func:`~nopelens.analyses.sweep.sites.sweep_sites`). The summary's first layers are then the
             first probed ones that clear, and the run says which blocks it left out.
         sink_ablation: measure the sink ablation of a streamed subject (about n_layers / 2 extra
             forward passes; ``nopelens probe --no-sink-ablation`` turns it off). The in-memory
@@ -147,7 +150,7 @@ class SweepSettings:
     follows the memory free), which changes round-off only. The stamp records the latest."""
 
     UNSET = {"hf_input": dataclasses.asdict(HFInput()),
-             "streamed": "in memory, as nopelens sweep measures",
+             "streamed": "one pass, every feature kept, as nopelens sweep measures",
              "batch_size": "auto (32, or fewer where 32 do not fit the memory free)",
              "keep_mib": "512 MiB or a quarter of the memory available", "sink_ablation": "on",
              "sites": ",".join(DEFAULT_SITES), "layers": "every block"}
