@@ -7,7 +7,7 @@
   :mod:`.circuit_checks` (the hand-built circuits' checks and figures), :mod:`.audit` (seed 002's
   ten-step audit);
 - :mod:`.subjects`: model specs -> a hooked model and its evaluation batch;
-- :func:`load_run` (:mod:`.sweep.layers`) reads a sweep's run folder back
+- :func:`~.sweep.layers.load_run` reads a sweep's run folder back
   (``from nopelens.analyses import load_run``);
 - :mod:`.runs`: run folders (one claim rule, one slug, part folders, atomic writes);
 - rendering, which the CLI calls and no analysis imports: :mod:`.report` (summary tables, Markdown, a

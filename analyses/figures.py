@@ -107,7 +107,7 @@ def probe_figure(curves: pd.DataFrame, sweep_reads: Sequence[SweepRead] | None =
     l); the band is the 95 % bootstrap CI over sequences with one training seed, and the range
     over seeds (line: their mean) with several. Colour: the model's position method, line style:
     its role (:func:`~nopelens.analyses.palette.model_styles`, from ``subjects``, the run's
-    :attr:`SweepResult.subjects <nopelens.analyses.sweep.SweepResult>`)."""
+    :attr:`SweepResult.subjects <nopelens.analyses.sweep.driver.SweepResult>`)."""
     panels = [curve for curve in layers.curves_of(sweep_reads) if curve.title is not None]
     several_seeds = curves.groupby("model")["train_seed"].nunique().max() > 1
     sns.set_theme(style="whitegrid", context="notebook")

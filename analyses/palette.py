@@ -100,7 +100,7 @@ def method_label(position: str | None) -> str:
 def model_styles(models, subjects: Mapping[str, Mapping] | None = None) -> dict[str, Style]:
     """A style per model of ``models``, from what ``subjects`` records of each (``position`` and
     ``kind``, keyed by model name or by run label with ``name`` inside, as
-    :attr:`SweepResult.subjects <nopelens.analyses.sweep.SweepResult>` holds them). A model ``subjects``
+    :attr:`SweepResult.subjects <nopelens.analyses.sweep.driver.SweepResult>` holds them). A model ``subjects``
     does not describe is grey and solid. Markers tell apart the models that share a colour and a
     line style, in the order of their names.
 

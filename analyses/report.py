@@ -1,6 +1,6 @@
 """Rendering of the sweep's results: readable summary and per-layer tables (on a screen and in
 Markdown) and a run folder's ``summary.md`` and figures (:func:`write_run`, which the CLI calls
-after :func:`~nopelens.analyses.sweep.sweep`); every file is written atomically. The figures
+after :func:`~nopelens.analyses.sweep.driver.sweep`); every file is written atomically. The figures
 themselves are drawn in :mod:`nopelens.analyses.figures`.
 
 The sweep's columns, headers and probe panels come from its reads
@@ -199,7 +199,7 @@ NOT_READ = "n/a (see below)"
 
 def not_applicable_reads(subjects: Mapping[str, dict]) -> dict[str, dict[str, str]]:
     """Model -> {read: why it was not applicable} from each measured subject's info
-    (:attr:`SweepResult.subjects <nopelens.analyses.sweep.SweepResult>`, as ``done.json`` holds it),
+    (:attr:`SweepResult.subjects <nopelens.analyses.sweep.driver.SweepResult>`, as ``done.json`` holds it),
     merged over training seeds; models that left nothing out are absent."""
     reasons: dict[str, dict[str, str]] = {}
     for label, info in subjects.items():
@@ -347,7 +347,7 @@ def summary_markdown(result, settings, command: str, versions: dict[str, str], f
     then the first layer at a bar and the summary's numbers, the other figures in ``figures`` (the
     stems written; only those are linked), the sink ablation, command, settings and versions.
 
-    ``result`` and ``settings`` are the sweep's :class:`~nopelens.analyses.sweep.SweepResult` and
+    ``result`` and ``settings`` are the sweep's :class:`~nopelens.analyses.sweep.driver.SweepResult` and
     :class:`~nopelens.analyses.sweep.settings.SweepSettings` (duck-typed: this module imports no analysis)."""
     sweep_reads = result.reads
     skipped = not_applicable_reads(result.subjects)
@@ -396,7 +396,7 @@ SWEEP_FIGURES = ("probes", "sites", "sinks", "variance", "sink_ablation")
 def write_run(result, settings, command: str, versions: dict[str, str], svg: bool = False, name: str = "sweep",
               draw: bool = True) -> list[str]:
     """Draw a sweep's figures (PNG; also SVG if ``svg``; none unless ``draw``) and write its
-    ``summary.md`` into ``result.out_dir``, whose tables :func:`~nopelens.analyses.sweep.sweep`
+    ``summary.md`` into ``result.out_dir``, whose tables :func:`~nopelens.analyses.sweep.driver.sweep`
     wrote. ``result`` and ``settings``: as :func:`summary_markdown`. Reads other than the default
     (``result.variant``, ``--metric``/``--threshold``) get ``summary-<variant>.md`` and
     ``probes-<variant>.png`` beside the original's, which are left as they are (the other

@@ -68,7 +68,7 @@ def _sweep(args: argparse.Namespace, settings: SweepSettings, out, name: str):
     """Run the sweep into ``out``, then draw its figures and write its ``summary.md`` there.
 
     Returns:
-        ``(result, figures)``: the :class:`~nopelens.analyses.sweep.SweepResult` and the stems of the
+        ``(result, figures)``: the :class:`~nopelens.analyses.sweep.driver.SweepResult` and the stems of the
         figures written (none without ``out``).
     """
     sweep_reads = choose_reads(args.metric, args.threshold)  # before any work: a bad --metric costs nothing

@@ -186,8 +186,9 @@ def sweep(settings: SweepSettings, out_dir: str | Path | None = None, progress: 
         name: the command, for the progress bar (``sweep`` or ``probe``).
         variant: the name of the read-dependent tables' files for reads other than the default
             (:func:`variant_name`; ``""``: the default reads' own files).
-        svg, figures: deprecated and ignored (a one-line ``DeprecationWarning`` says so): the
-            sweep writes tables; :func:`~nopelens.analyses.report.write_run` draws.
+        svg: deprecated and ignored (a one-line ``DeprecationWarning`` says so): the sweep
+            writes tables; :func:`~nopelens.analyses.report.write_run` draws.
+        figures: deprecated and ignored, as ``svg``.
 
     Raises:
         ValueError: if ``out_dir`` holds a sweep made with other settings or another analysis's

@@ -1,6 +1,6 @@
 """What a sweep measures (:class:`SweepSettings`): its models, sequences, probes' folds and
 bootstrap, training seeds, sites and, for ``nopelens probe hf:DIR``, the streamed run's batch size
-and memory. The run folder's stamp is :meth:`SweepSettings.to_dict`; :func:`~nopelens.analyses.sweep.sweep`
+and memory. The run folder's stamp is :meth:`SweepSettings.to_dict`; :func:`~nopelens.analyses.sweep.driver.sweep`
 runs them.
 """
 
@@ -59,7 +59,7 @@ class SweepSettings:
             printed, a run that cannot fit refused, and the batch size, keep budget, memory,
             ``--layers`` and sink-ablation settings below apply. Otherwise (``nopelens sweep``)
             every batch's features are kept, in batches of 32: one pass
-            (:func:`~nopelens.analyses.sweep.analyse_subject` measures both through the streaming engine).
+            (:func:`~nopelens.analyses.sweep.driver.analyse_subject` measures both through the streaming engine).
         batch_size: sequences per forward pass of a streamed measurement, or ``"auto"``: at most 32,
             fewer where a forward pass of 32 would not fit half the memory free on the model's
             device (:func:`~nopelens.analyses.sweep.streamed.auto_batch_size`).

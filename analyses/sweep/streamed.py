@@ -2,7 +2,7 @@
 sweep's small ones with every batch's features kept (one pass), ``nopelens probe hf:DIR``'s under
 the budgets below.
 
-:func:`measure_streamed` gives the tables of :func:`~nopelens.analyses.sweep.analyse_subject`
+:func:`measure_streamed` gives the tables of :func:`~nopelens.analyses.sweep.driver.analyse_subject`
 (probes, sinks, variance), measured while the model runs
 (:func:`nopelens.probes.stream.run`): the probes from per-block sufficient statistics
 (:mod:`nopelens.probes.stream_probes`), the attention sinks from per-head sums
@@ -417,7 +417,7 @@ def site_shapes(subject: Subject, names: Sequence[str]) -> dict[str, tuple[int, 
 
 def measure_streamed(subject: Subject, settings, sites: SweepSites, progress: bool = False,
                      planned: Measurements | None = None) -> dict[str, pd.DataFrame | None]:
-    """:func:`~nopelens.analyses.sweep.analyse_subject`'s tables of ``subject`` on ``sites``, streamed
+    """:func:`~nopelens.analyses.sweep.driver.analyse_subject`'s tables of ``subject`` on ``sites``, streamed
     (module docstring): ``probes``, ``sinks`` (with and without BOS), ``variance`` as measured (per
     position, before the sweep drops BOS and fits slopes; None without attention outputs) and
     ``sink_ablation`` (:func:`~nopelens.analyses.intervene.sink_ablation_drop`'s table; empty,
