@@ -267,6 +267,7 @@ class PlacementReport:
     offload_folder: str | None = None
     hooks: str = "?"
     read_rate: float | None = field(default=None, repr=False)
+    _loader: object = field(default=None, repr=False)  # accelerate's OffloadedWeightsLoader of the model
 
     @classmethod
     def of(cls, model: nn.Module, block_paths: list[str], offload_folder: str | None) -> "PlacementReport":
@@ -289,8 +290,11 @@ class PlacementReport:
             device = device_map[max(keys, key=len)] if keys else "cpu"
             return main if device in ("cpu", "disk") else main_device({path: device})
 
+        hooks = (getattr(module, "_hf_hook", None) for module in model.modules())
+        loader = next((hook.weights_map.dataset for hook in hooks
+                       if getattr(hook, "offload", False) and hasattr(getattr(hook, "weights_map", None), "dataset")), None)
         return cls(device_map, weights, [runs_on(path) for path in block_paths], offloaded,
-                   sum(sizes.get(key, 0) for key in offloaded), offload_folder)
+                   sum(sizes.get(key, 0) for key in offloaded), offload_folder, _loader=loader)
 
     def site_device(self, block: int | None) -> torch.device:
         """The execution device of block ``block``'s sites (None: embedding and final norm sites,
@@ -307,21 +311,22 @@ class PlacementReport:
         return self.offloaded_bytes / self.measure_read_rate()
 
     def measure_read_rate(self) -> float:
-        """Bytes per second of moving the offloaded weights to the main device: the largest
-        ``disk`` weight file of the offload folder read (through the page cache, as accelerate's
-        memory map reads it) and copied there, timed; for a ``cpu`` share, a host-to-device copy of
-        the same size."""
+        """Bytes per second of moving the offloaded weights to the main device, timed here on the
+        model's own offloaded tensors (up to 64 MiB of them, in map order) read through the loader
+        accelerate's hooks read them with (a memory map of the checkpoint's or the offload folder's
+        safetensors, or the CPU copy) and copied to the main device; the slower of two reads (the
+        first may miss the page cache, as a model larger than memory does every pass)."""
         if self.read_rate is None:
-            main = main_device(self.device_map)
-            files = sorted(Path(self.offload_folder).glob("*.dat"), key=lambda p: p.stat().st_size) \
-                if self.offload_folder else []
-            n = files[-1].stat().st_size if files else min(self.offloaded_bytes, 64 * 2**20)
+            main, keys, n = main_device(self.device_map), [], 0
+            for key in self._loader.all_keys if self._loader is not None else []:
+                if any(key.startswith(name + ".") for name in self.offloaded) and n < 64 * 2**20:
+                    keys.append(key)
+                    n += self._loader[key].nbytes
             rates = []
-            for _ in range(2):  # the first read may find the file outside the page cache; keep the slower
+            for _ in range(2):
                 start = time.perf_counter()
-                data = torch.frombuffer(bytearray(files[-1].read_bytes()), dtype=torch.uint8) if files \
-                    else torch.empty(n, dtype=torch.uint8)
-                data.to(main)
+                for key in keys:
+                    self._loader[key].to(main)
                 if main.type == "cuda":
                     torch.cuda.synchronize(main)
                 rates.append(max(n, 1) / max(time.perf_counter() - start, 1e-9))

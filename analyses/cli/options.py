@@ -118,8 +118,9 @@ def add_placement(group) -> None:
                        "...}; devices: a GPU index, cpu or disk); instead of --device")
     group.add_argument("--max-memory", metavar="BUDGETS", help="with --device-map: the weights each device may hold, "
                        "e.g. cpu=200MiB,0=70GiB (default: what is free on each); what does not fit goes to disk")
-    group.add_argument("--offload-folder", metavar="DIR", help="with --device-map: where the weights placed on disk "
-                       "are written (created if missing; needs room for them)")
+    group.add_argument("--offload-folder", metavar="DIR", help="with --device-map: needed when the map places weights "
+                       "on disk; transformers reads them from the checkpoint's safetensors where it can, and writes "
+                       "here those it must convert (created if missing; needs room for them)")
 
 
 def placement_of(args: argparse.Namespace):
