@@ -26,7 +26,8 @@ from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_N
 
 from .adapters import HookedHFModel, load_hf_model
 from .hf import SIZE_FIELDS, ConfigError, check_config, check_sizes, hook_layout
-from .placement import Placement, PlacementReport
+from .device_map import placement_report, resolve_device_map
+from .placement import Placement
 from .tasks import default_documents
 
 # what transformers raises for a config.json field of the wrong type (huggingface_hub's strict
@@ -238,7 +239,7 @@ def load_hf_dir(directory: Path, dtype: str | None = None, device: str | torch.d
         if placement is not None:
             # the plan names what is offloaded; accelerate's own warning would say it again, unasked
             logging.getLogger("accelerate.big_modeling").setLevel(logging.ERROR)
-            placed = {"device_map": placement.resolve(_meta_model(cls, directory, dtype)),
+            placed = {"device_map": resolve_device_map(placement, _meta_model(cls, directory, dtype)),
                       "offload_folder": placement.offload_folder}
         try:
             # safetensors only: a pytorch_model.bin is a pickle, and nopelens never unpickles a user file;
@@ -262,7 +263,7 @@ def load_hf_dir(directory: Path, dtype: str | None = None, device: str | torch.d
         model.config._attn_implementation = "eager"
         if placement is None:
             return model.to(device).eval()
-        reports.append(PlacementReport.of(model, hook_layout(model).layers, placement.offload_folder))
+        reports.append(placement_report(model, hook_layout(model).layers, placement.offload_folder))
         return model.eval()
 
     hooked = load_hf_model(load(), reload=load)

@@ -5,10 +5,10 @@ and checked before any weight is loaded, and what the placement costs once it is
 ``balanced``, ``sequential`` or a JSON file mapping module names to devices), ``--max-memory``
 (weights per device, ``cpu=200MiB,0=70GiB``) and ``--offload-folder`` (where the modules placed on
 ``disk`` are written). The map is computed here, on a copy of the model built on the meta device
-(no memory), with accelerate's own placement (``infer_auto_device_map``, after
-``get_balanced_memory`` for ``auto`` and ``balanced``, as transformers' ``from_pretrained`` does),
+(no memory), with accelerate's own placement (:func:`nopelens.models.device_map.resolve_device_map`),
 so every refusal comes before a weight is read; transformers then loads the checkpoint into that map
-and accelerate moves each module's inputs to it.
+and accelerate moves each module's inputs to it. This module imports no accelerate: the probes read
+:func:`model_device` of every model.
 
 Execution devices follow accelerate's ``dispatch_model``: a module mapped to a GPU runs there; one
 mapped to ``cpu`` or ``disk`` runs on the main device (the first GPU of the map, else the CPU), its
@@ -22,8 +22,6 @@ from __future__ import annotations
 import json
 import math
 import re
-import shutil
-import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -123,60 +121,6 @@ class Placement:
     def budgets(self) -> dict[int | str, int] | None:
         return None if self.max_memory is None else parse_max_memory(self.max_memory)
 
-    def resolve(self, model: nn.Module) -> dict[str, int | str]:
-        """The device map of ``model`` (built on the meta device, in the dtype it will be loaded in),
-        checked: every name a module or parameter of the model, every parameter placed, every device
-        present, the main device's budget large enough for the largest layer (an offloaded layer is
-        copied there to run), and an offload folder that can be written and holds the disk share.
-
-        Raises:
-            ValueError: naming what is wrong, in one line.
-        """
-        from accelerate.utils import compute_module_sizes, get_max_layer_size
-
-        no_split = list(getattr(model, "_no_split_modules", None) or [])
-        sizes = compute_module_sizes(model)
-        if self.device_map in DEVICE_MAPS:
-            device_map = self._inferred(model, no_split)
-        else:
-            device_map = read_device_map(self.device_map, model)
-        budgets = self.budgets() or {}
-        main = main_device(device_map)
-        layer, name = get_max_layer_size([(n, m) for n, m in model.named_children()], sizes, no_split)
-        budget = budgets.get(_device_key(main.index if main.type == "cuda" else main.type))
-        if budget is not None and layer > budget:
-            raise ValueError(f"--max-memory {self.max_memory}: the {_mib(budget)} for {main} cannot hold one layer "
-                             f"({name[0] if name else 'the largest'}, {_mib(layer)}), which must sit on {main} while "
-                             "it runs; give that device more memory")
-        disk = sum(sizes[key] for key, device in device_map.items() if device == "disk")
-        if disk:
-            self._check_offload_folder(disk)
-        return device_map
-
-    def _inferred(self, model: nn.Module, no_split: list[str]) -> dict[str, int | str]:
-        from accelerate.utils import get_balanced_memory, infer_auto_device_map
-
-        budgets = self.budgets()
-        if self.device_map != "sequential":
-            budgets = get_balanced_memory(model, max_memory=budgets, no_split_module_classes=no_split)
-        return dict(infer_auto_device_map(model, max_memory=budgets, no_split_module_classes=no_split))
-
-    def _check_offload_folder(self, need: int) -> None:
-        if self.offload_folder is None:
-            raise ValueError(f"the device map places {_mib(need)} of weights on disk: give --offload-folder DIR "
-                             "(or more --max-memory)")
-        folder = Path(self.offload_folder)
-        try:
-            folder.mkdir(parents=True, exist_ok=True)
-            with tempfile.NamedTemporaryFile(dir=folder):
-                pass
-        except OSError as error:
-            raise ValueError(f"--offload-folder {folder} cannot be written ({error.strerror or error})") from None
-        free = shutil.disk_usage(folder).free
-        if free < need:
-            raise ValueError(f"--offload-folder {folder}: the device map places {_mib(need)} on disk, more than the "
-                             f"{_mib(free)} free there")
-
 
 def read_device_map(path: str, model: nn.Module) -> dict[str, int | str]:
     """A device map from a JSON file ``{"module.name": device}``, checked against ``model``.
@@ -268,33 +212,6 @@ class PlacementReport:
     hooks: str = "?"
     read_rate: float | None = field(default=None, repr=False)
     _loader: object = field(default=None, repr=False)  # accelerate's OffloadedWeightsLoader of the model
-
-    @classmethod
-    def of(cls, model: nn.Module, block_paths: list[str], offload_folder: str | None) -> "PlacementReport":
-        """The report of an HF model loaded with a device map (its ``hf_device_map``); ``block_paths``
-        are its decoder layers' module names."""
-        from accelerate.utils import compute_module_sizes
-
-        device_map = dict(model.hf_device_map)
-        sizes = compute_module_sizes(model, dtype=next(model.parameters()).dtype)
-        main = main_device(device_map)
-        weights: dict[str, int] = {}
-        for key, device in device_map.items():
-            name = "disk" if device == "disk" else str(main_device({key: device}))
-            weights[name] = weights.get(name, 0) + sizes.get(key, 0)
-        moved = ("disk",) if main.type == "cpu" else ("cpu", "disk")
-        offloaded = [key for key, device in device_map.items() if device in moved]
-
-        def runs_on(path: str) -> torch.device:
-            keys = [key for key in device_map if key == "" or path == key or path.startswith(key + ".")]
-            device = device_map[max(keys, key=len)] if keys else "cpu"
-            return main if device in ("cpu", "disk") else main_device({path: device})
-
-        hooks = (getattr(module, "_hf_hook", None) for module in model.modules())
-        loader = next((hook.weights_map.dataset for hook in hooks
-                       if getattr(hook, "offload", False) and hasattr(getattr(hook, "weights_map", None), "dataset")), None)
-        return cls(device_map, weights, [runs_on(path) for path in block_paths], offloaded,
-                   sum(sizes.get(key, 0) for key in offloaded), offload_folder, _loader=loader)
 
     def site_device(self, block: int | None) -> torch.device:
         """The execution device of block ``block``'s sites (None: embedding and final norm sites,

@@ -131,7 +131,7 @@ def placement_of(args: argparse.Namespace):
         ValueError: for ``--max-memory`` or ``--offload-folder`` without ``--device-map``, for
             ``--device`` with it, or a bad budget or device (:func:`~nopelens.models.placement.parse_max_memory`).
     """
-    from nopelens.models.placement import Placement
+    from nopelens.models.placement import Placement  # lazy: `nopelens --help` imports no torch
 
     if args.device_map is None:
         given = [name for name in PLACEMENT_OPTIONS[1:] if getattr(args, name) is not None]
