@@ -124,3 +124,16 @@ def test_device_and_device_map_are_one_choice(model_dir, capsys):
 
     assert main(["probe", f"hf:{model_dir}", *ARGS, "--plan", "--device-map", "auto", "--device", "cpu"]) == 2
     assert "--device and --device-map: give one" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_the_gpu_script_runs_its_checks_at_a_tiny_size_on_the_cpu(tmp_path, capsys, one_thread):
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    import gpu_probe
+
+    assert gpu_probe.main(["--tiny", "--out", str(tmp_path)]) == 0
+    lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("check ")]
+    assert len(lines) == 4 and all(": ok: " in line for line in lines), lines
+    assert "largest difference of every number in the run folders 0 " in lines[-1]
+    result = json.loads((tmp_path / "result.json").read_text())
+    assert result["checks_passed"] and result["split_largest_difference"] == 0
