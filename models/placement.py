@@ -232,7 +232,9 @@ class PlacementReport:
         model's own offloaded tensors (up to 64 MiB of them, in map order) read through the loader
         accelerate's hooks read them with (a memory map of the checkpoint's or the offload folder's
         safetensors, or the CPU copy) and copied to the main device; the slower of two reads (the
-        first may miss the page cache, as a model larger than memory does every pass)."""
+        first may miss the page cache). A model larger than the page cache reads from the disk
+        itself every pass, more slowly than a read the cache serves: for it the rate is an upper
+        bound, and the ETA's offload traffic a lower one."""
         if self.read_rate is None:
             main, keys, n = main_device(self.device_map), [], 0
             for key in self._loader.all_keys if self._loader is not None else []:
@@ -242,8 +244,8 @@ class PlacementReport:
             rates = []
             for _ in range(2):
                 start = time.perf_counter()
-                for key in keys:
-                    self._loader[key].to(main)
+                for key in keys:  # a copy: a memory-mapped tensor is read only when it is used
+                    self._loader[key].to(main, copy=True)
                 if main.type == "cuda":
                     torch.cuda.synchronize(main)
                 rates.append(max(n, 1) / max(time.perf_counter() - start, 1e-9))
