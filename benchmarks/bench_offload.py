@@ -113,8 +113,8 @@ def main() -> int:
             print(child.stderr[-2000:], file=sys.stderr)
             return 1
         results[case] = json.loads(lines[-1])
-        results[case]["plan"] = [line for line in child.stderr.splitlines() if "disk:" in line or "offloaded" in line
-                                 or "ETA" in line]
+        results[case]["plan"] = child.stderr[child.stderr.find("plan for"):].split("\n\n")[0]
+        (out / f"{case}.json").write_text(json.dumps(results[case], indent=1))
 
     from accelerate.utils import compute_module_sizes
 

@@ -10,6 +10,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
+from accelerate import dispatch_model
 from accelerate.utils import compute_module_sizes, get_balanced_memory, get_max_layer_size, infer_auto_device_map
 from torch import nn
 
@@ -69,7 +70,7 @@ def _check_offload_folder(folder: str | None, need: int) -> None:
                          f"{_mib(free)} free there")
 
 
-def placement_report(model: nn.Module, block_paths: list[str], offload_folder: str | None) -> PlacementReport:
+def placement_report(model: nn.Module, block_paths: list[str], offload_folder: str | None = None) -> PlacementReport:
     """The :class:`~nopelens.models.placement.PlacementReport` of an HF model loaded with a device
     map (its ``hf_device_map``); ``block_paths`` are its decoder layers' module names."""
     device_map = dict(model.hf_device_map)
@@ -92,3 +93,19 @@ def placement_report(model: nn.Module, block_paths: list[str], offload_folder: s
                    if getattr(hook, "offload", False) and hasattr(getattr(hook, "weights_map", None), "dataset")), None)
     return PlacementReport(device_map, weights, [runs_on(path) for path in block_paths], offloaded,
                            sum(sizes.get(key, 0) for key in offloaded), offload_folder, _loader=loader)
+
+
+def dispatch_hf_model(model: nn.Module, placement: Placement) -> nn.Module:
+    """Spread an HF model already built in memory over devices and disk (accelerate's
+    ``dispatch_model``) by ``placement``'s map (:func:`resolve_device_map`, checked the same way): the
+    ``disk`` share is written to the offload folder and freed, the ``cpu`` share kept in memory, and
+    every module's inputs moved to where it runs. Returns the model, with ``hf_device_map`` set as
+    ``from_pretrained(device_map=...)`` sets it.
+
+    Raises:
+        ValueError: as :func:`resolve_device_map`.
+    """
+    device_map = resolve_device_map(placement, model)
+    dispatch_model(model, device_map, offload_dir=placement.offload_folder)
+    model.hf_device_map = device_map
+    return model

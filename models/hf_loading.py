@@ -24,9 +24,9 @@ from transformers.models.auto import modeling_auto
 from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
 from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
-from .adapters import HookedHFModel, load_hf_model
-from .hf import SIZE_FIELDS, ConfigError, check_config, check_sizes, hook_layout
-from .device_map import placement_report, resolve_device_map
+from .adapters import load_hf_model
+from .hf import SIZE_FIELDS, ConfigError, check_config, check_sizes
+from .device_map import resolve_device_map
 from .placement import Placement
 from .tasks import default_documents
 
@@ -230,8 +230,6 @@ def load_hf_dir(directory: Path, dtype: str | None = None, device: str | torch.d
     transformers.logging.set_verbosity_error()
     transformers.logging.disable_progress_bar()
 
-    reports = []
-
     def load():
         cls = checked_hf_config(directory)
         _check_sizes_before_loading(cls, directory)
@@ -261,16 +259,9 @@ def load_hf_dir(directory: Path, dtype: str | None = None, device: str | torch.d
                              f"({_built_from(error, directory)})") from None
         _check_weights_match(info, model, directory)
         model.config._attn_implementation = "eager"
-        if placement is None:
-            return model.to(device).eval()
-        reports.append(placement_report(model, hook_layout(model).layers, placement.offload_folder))
-        return model.eval()
+        return (model if placement is not None else model.to(device)).eval()
 
-    hooked = load_hf_model(load(), reload=load)
-    hooked.placement = reports[-1] if reports else None
-    if hooked.placement is not None:
-        hooked.placement.hooks = "forward hooks" if isinstance(hooked, HookedHFModel) else "the bridge"
-    return hooked
+    return load_hf_model(load(), reload=load)  # the placement report of a model loaded into a map
 
 
 def _meta_model(cls, directory: Path, dtype: str | None = None):

@@ -137,3 +137,26 @@ def test_the_gpu_script_runs_its_checks_at_a_tiny_size_on_the_cpu(tmp_path, caps
     assert "largest difference of every number in the run folders 0 " in lines[-1]
     result = json.loads((tmp_path / "result.json").read_text())
     assert result["checks_passed"] and result["split_largest_difference"] == 0
+
+
+def test_a_model_built_in_memory_is_dispatched_by_load_hf_model(model_dir, tmp_path, one_thread):
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from nopelens.models.adapters import load_hf_model
+
+    def built():
+        model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+        model.config._attn_implementation = "eager"
+        return model.eval()
+
+    whole = load_hf_model(built())
+    placed = load_hf_model(built(), device_map="auto", max_memory=_half(model_dir),
+                           offload_folder=str(tmp_path / "offload"))
+    assert whole.placement is None and placed.placement.weights["disk"] > 0
+    assert any((tmp_path / "offload").iterdir())  # accelerate wrote the disk share there and freed it
+    assert sum(p.is_meta for p in placed.original_model.parameters()) > 0
+    tokens = torch.randint(0, 300, (2, 10), generator=torch.Generator().manual_seed(0))
+    (a, cache_a), (b, cache_b) = whole.run_with_cache(tokens), placed.run_with_cache(tokens)
+    assert torch.equal(a, b) and set(cache_a) == set(cache_b)
+    assert all(torch.equal(cache_a[name], cache_b[name]) for name in cache_a)
