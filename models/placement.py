@@ -263,10 +263,10 @@ class PlacementReport:
         items = [f"sites hooked by {self.hooks} on the blocks wherever they live; each site's statistics "
                  f"accumulate on its block's execution device ({_blocks_text(blocks)})"]
         running = {str(device) for device in self.block_devices} | {str(main_device(self.device_map))}
-        for device in sorted(set(self.weights) | running | set(statistics or {})):
+        for device in sorted(set(self.weights) | (running if statistics is not None else set()) | set(statistics or {})):
             parts = [f"weights {_mib(self.weights[device])}"] if device in self.weights else []
-            if device in running:
-                parts += [f"statistics {_mib((statistics or {}).get(device, 0))}", f"batches up to {_mib(batch)}"]
+            if device in running and statistics is not None:  # the plan's; a bare placement has weights only
+                parts += [f"statistics {_mib(statistics.get(device, 0))}", f"batches up to {_mib(batch)}"]
             items.append(f"{device}: {', '.join(parts)}")
         if self.offloaded:
             shown = ", ".join(self.offloaded[:4]) + (f" and {len(self.offloaded) - 4} more" if len(self.offloaded) > 4 else "")

@@ -139,7 +139,8 @@ def test_the_gpu_script_runs_its_checks_at_a_tiny_size_on_the_cpu(tmp_path, caps
     assert result["checks_passed"] and result["split_largest_difference"] == 0
 
 
-def test_a_model_built_in_memory_is_dispatched_by_load_hf_model(model_dir, tmp_path, one_thread):
+@pytest.mark.parametrize("hooks", ["the bridge", "forward hooks"])
+def test_a_model_built_in_memory_is_dispatched_by_load_hf_model(model_dir, tmp_path, one_thread, monkeypatch, hooks):
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -150,10 +151,12 @@ def test_a_model_built_in_memory_is_dispatched_by_load_hf_model(model_dir, tmp_p
         model.config._attn_implementation = "eager"
         return model.eval()
 
+    if hooks == "forward hooks":  # as for a family TransformerLens has no adapter for
+        monkeypatch.setattr("nopelens.models.adapters.bridge_supports", lambda architecture: False)
     whole = load_hf_model(built())
     placed = load_hf_model(built(), device_map="auto", max_memory=_half(model_dir),
                            offload_folder=str(tmp_path / "offload"))
-    assert whole.placement is None and placed.placement.weights["disk"] > 0
+    assert whole.placement is None and placed.placement.weights["disk"] > 0 and placed.placement.hooks == hooks
     assert any((tmp_path / "offload").iterdir())  # accelerate wrote the disk share there and freed it
     assert sum(p.is_meta for p in placed.original_model.parameters()) > 0
     tokens = torch.randint(0, 300, (2, 10), generator=torch.Generator().manual_seed(0))
