@@ -44,6 +44,7 @@ from nopelens.models.hf_loading import (DEVICES, DTYPES, INPUTS, HFInput, attent
 from nopelens.models.hooks import act_name
 from nopelens.models.io import file_sha256
 from nopelens.models.masks import CAUSAL
+from nopelens.models.placement import model_device
 from nopelens.models.zoo import recipe
 from nopelens.probes.sinks import sink_read_reason, variance_read_reason
 from nopelens.probes.stream import available_memory
@@ -510,7 +511,8 @@ def _hf(directory: Path, n_sequences: int, seq_len: int, seed: int, how: HFInput
     device = how.torch_device()  # a bad device fails before the model loads
     checked_hf_config(directory)  # a broken config.json is named as such, not as a missing tokenizer
     tokenizer = load_tokenizer(directory) if how.input == "text" else None
-    model = load_hf_dir(directory, dtype=how.dtype, device=device)
+    model = load_hf_dir(directory, dtype=how.dtype, device=device, placement=how.placement)
+    device = model_device(model)  # a device map's main device
     description = describe(model)
     check_readable(description)
     if description.max_positions is not None and seq_len > description.max_positions:
@@ -541,6 +543,7 @@ def _hf(directory: Path, n_sequences: int, seq_len: int, seed: int, how: HFInput
     methods = sorted(set(description.layer_methods))
     position = description.input_position or ",".join(description.layer_methods if len(methods) > 1 else methods)
     info = {"hf": description.summary(), "input": how.input, "device": str(device),
+            **({"placement": "; ".join(model.placement.lines())} if model.placement else {}),
             "dtype": str(next(model.parameters()).dtype).removeprefix("torch.")}
     if how.input == "text":
         info["text"] = how.text or "pydoc_data.topics (the corpus nopelens ships)"

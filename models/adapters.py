@@ -27,7 +27,9 @@ from transformer_lens.model_bridge.sources._bridge_builder import build_bridge_f
 
 from .hf import (UnsupportedModelError, bridge_refused, check_readable, describe, hook_layout, refusing,
                  sink_parameters, unreadable)
+from .device_map import dispatch_hf_model, placement_report
 from .hooks import act_name
+from .placement import Placement
 
 
 def bridge_hf_model(hf_model: nn.Module, architecture: str | None = None) -> Any:
@@ -375,7 +377,8 @@ def bridge_supports(architecture: str) -> bool:
     return architecture in ArchitectureAdapterFactory._adapters
 
 
-def load_hf_model(hf_model: nn.Module, reload: Callable[[], nn.Module] | None = None) -> Any:
+def load_hf_model(hf_model: nn.Module, reload: Callable[[], nn.Module] | None = None, *, device_map: str | None = None,
+                  max_memory: str | None = None, offload_folder: str | None = None) -> Any:
     """The bridge where TransformerLens can bridge the model, else :class:`HookedHFModel`.
 
     A family nopelens knows the bridge to misread (:func:`nopelens.models.hf.bridge_refused`) or one
@@ -383,12 +386,34 @@ def load_hf_model(hf_model: nn.Module, reload: Callable[[], nn.Module] | None = 
     has already rebuilt the model in place, so the hooks need a fresh copy: ``reload`` gives one
     (e.g. from the directory the model came from); without it, the bridge's refusal stands.
 
+    ``device_map`` (with ``max_memory`` and ``offload_folder``,
+    :class:`~nopelens.models.placement.Placement`) spreads a model built in memory over devices and
+    disk first (:func:`~nopelens.models.device_map.dispatch_hf_model`); a model too large to build in
+    memory is loaded into its map instead (:func:`nopelens.models.hf_loading.load_hf_dir`). The
+    returned model's ``placement`` is the :class:`~nopelens.models.placement.PlacementReport` of a
+    model with a device map (``hf_device_map``), else None.
+
     Raises:
         nopelens.models.hf.UnsupportedModelError: if neither way can read the model, or its family has
             nothing per token to hook (:func:`nopelens.models.hf.unreadable`); that refusal keeps the
             model's learned sink logits as ``sink_parameters``
             (:func:`nopelens.models.hf.sink_parameters`), which need no hook.
     """
+    if device_map is not None:
+        hf_model = dispatch_hf_model(hf_model, Placement(device_map, max_memory, offload_folder))
+    elif max_memory is not None or offload_folder is not None:
+        raise ValueError("max_memory and offload_folder apply with a device_map")
+    report = None
+    if getattr(hf_model, "hf_device_map", None):
+        report = placement_report(hf_model, hook_layout(hf_model).layers, offload_folder)
+    hooked = _hooked(hf_model, reload)
+    hooked.placement = report
+    if report is not None:
+        report.hooks = "forward hooks" if isinstance(hooked, HookedHFModel) else "the bridge"
+    return hooked
+
+
+def _hooked(hf_model: nn.Module, reload: Callable[[], nn.Module] | None) -> Any:
     architecture = type(hf_model).__name__
     why = unreadable(hf_model)
     if why is not None:

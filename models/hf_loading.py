@@ -7,6 +7,7 @@ dtype and device, and the refusals that name what is wrong with it before anythi
 from __future__ import annotations
 
 import json
+import logging
 import math
 import re
 from dataclasses import dataclass
@@ -25,6 +26,8 @@ from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_N
 
 from .adapters import load_hf_model
 from .hf import SIZE_FIELDS, ConfigError, check_config, check_sizes
+from .device_map import resolve_device_map
+from .placement import Placement
 from .tasks import default_documents
 
 # what transformers raises for a config.json field of the wrong type (huggingface_hub's strict
@@ -57,12 +60,16 @@ class HFInput:
         text: a UTF-8 text file, or None for the shipped corpus.
         device: ``cpu``, ``cuda`` or ``auto`` (CUDA when available).
         dtype: ``bfloat16``, ``float16``, ``float32`` or None (the checkpoint's own, its config's ``dtype``).
+        placement: a :class:`~nopelens.models.placement.Placement` (``--device-map``, ``--max-memory``,
+            ``--offload-folder``) spreading the model over devices and disk instead of ``device``;
+            None: the whole model on ``device``.
     """
 
     input: str = "random"
     text: str | None = None
     device: str = "cpu"
     dtype: str | None = None
+    placement: Placement | None = None
 
     def __post_init__(self) -> None:
         if self.input not in INPUTS:
@@ -192,18 +199,32 @@ def text_windows(tokenizer, path: str | None, n_sequences: int, seq_len: int, se
     return torch.from_numpy(tokens), (bos if prefix and bos is not None and prefix[0] == bos else None)
 
 
-def load_hf_dir(directory: Path, dtype: str | None = None, device: str | torch.device = "cpu") -> Any:
+def load_hf_dir(directory: Path, dtype: str | None = None, device: str | torch.device = "cpu",
+                placement: Placement | None = None, *, device_map: str | None = None, max_memory: str | None = None,
+                offload_folder: str | None = None) -> Any:
     """Load a local HF causal LM offline (no hub access) and hook it: through TransformerLens'
     bridge where it can, else with forward hooks (:func:`nopelens.models.adapters.load_hf_model`;
     a bridge that fails is retried with hooks on a freshly loaded copy).
 
     ``dtype``: ``bfloat16``, ``float32`` or None (the checkpoint's own); ``device``: where it runs.
+    A model larger than one device is spread over devices and disk by accelerate's device map
+    instead: ``placement`` (a :class:`~nopelens.models.placement.Placement`), or its fields as
+    keywords (``device_map="auto"``, ``max_memory="cpu=200MiB"``, ``offload_folder="offload"``). The
+    map is computed and checked on a meta-device copy before any weight is read; the returned model's
+    ``placement`` attribute is then its :class:`~nopelens.models.placement.PlacementReport` (None
+    without a map).
 
     Raises:
         FileNotFoundError: if ``directory`` is not a directory.
         ValueError: if it holds no loadable model (weights must be safetensors; pickled
-            ``pytorch_model.bin`` files are refused).
+            ``pytorch_model.bin`` files are refused), or the placement cannot hold it (a device
+            that does not exist, a map naming modules the model lacks, a budget smaller than one
+            layer, an offload folder that cannot be written).
     """
+    if placement is None and device_map is not None:
+        placement = Placement(device_map, max_memory, offload_folder)
+    elif max_memory is not None or offload_folder is not None:
+        raise ValueError("max_memory and offload_folder apply with a device_map (or a placement)")
     if not Path(directory).is_dir():
         raise FileNotFoundError(f"no such HF model directory: {directory}")
     transformers.logging.set_verbosity_error()
@@ -212,12 +233,18 @@ def load_hf_dir(directory: Path, dtype: str | None = None, device: str | torch.d
     def load():
         cls = checked_hf_config(directory)
         _check_sizes_before_loading(cls, directory)
+        placed = {}
+        if placement is not None:
+            # the plan names what is offloaded; accelerate's own warning would say it again, unasked
+            logging.getLogger("accelerate.big_modeling").setLevel(logging.ERROR)
+            placed = {"device_map": resolve_device_map(placement, _meta_model(cls, directory, dtype)),
+                      "offload_folder": placement.offload_folder}
         try:
             # safetensors only: a pytorch_model.bin is a pickle, and nopelens never unpickles a user file;
             # mismatched shapes are reported below from transformers' loading info, not its log
             model, info = cls.from_pretrained(directory, local_files_only=True, use_safetensors=True,
                                               dtype=dtype or "auto", ignore_mismatched_sizes=True,
-                                              output_loading_info=True)
+                                              output_loading_info=True, **placed)
         except (OSError, ValueError) as error:
             raise ValueError(f"{directory} holds no loadable HF causal LM: {error}") from None
         except CONFIG_ERRORS as error:
@@ -232,9 +259,19 @@ def load_hf_dir(directory: Path, dtype: str | None = None, device: str | torch.d
                              f"({_built_from(error, directory)})") from None
         _check_weights_match(info, model, directory)
         model.config._attn_implementation = "eager"
-        return model.to(device).eval()
+        return (model if placement is not None else model.to(device)).eval()
 
-    return load_hf_model(load(), reload=load)
+    return load_hf_model(load(), reload=load)  # the placement report of a model loaded into a map
+
+
+def _meta_model(cls, directory: Path, dtype: str | None = None):
+    """The model ``directory``'s config describes, built on the meta device (no memory), in
+    ``dtype`` (None: its config's)."""
+    config = _config_class(cls).from_pretrained(directory, local_files_only=True)
+    with torch.device("meta"):
+        model = cls.from_config(config) if cls is AutoModelForCausalLM else cls._from_config(config)
+    dtype = dtype or getattr(config, "dtype", None)
+    return model.to(getattr(torch, dtype) if isinstance(dtype, str) else dtype) if dtype else model
 
 
 def _built_from(error: AssertionError, directory: Path) -> str:
@@ -326,9 +363,8 @@ def _check_sizes_before_loading(cls, directory: Path) -> None:
         for path in (Path(directory) / name for name in files):
             with safe_open(path, framework="pt") as weights:
                 saved.update({name: tuple(weights.get_slice(name).get_shape()) for name in weights.keys()})
-        config = _config_class(cls).from_pretrained(directory, local_files_only=True)
-        with torch.device("meta"):
-            model = cls.from_config(config) if cls is AutoModelForCausalLM else cls._from_config(config)
+        model = _meta_model(cls, directory)
+        config = model.config
     except Exception:  # noqa: BLE001 - any failure here is the real load's to name
         return
     built = {name: tuple(tensor.shape) for name, tensor in model.state_dict().items()}

@@ -38,6 +38,7 @@ from jaxtyping import Int
 from torch import Tensor
 
 from nopelens.models.hooks import act_name
+from nopelens.models.placement import model_device
 
 PATTERN_SUFFIXES = ("hook_pattern", "hook_attn_scores", "hook_content_scores", "hook_pos_bias")
 """Sites shaped ``[batch, head_index, query_pos, key_pos]``; collected per sequence."""
@@ -493,6 +494,4 @@ def _check_inputs(tokens, attention_mask) -> tuple[Tensor, Tensor]:
 
 
 def _model_device(model: torch.nn.Module) -> torch.device:
-    for param in model.parameters():
-        return param.device
-    return torch.device("cpu")
+    return model_device(model)  # a device-mapped model's inputs go to its main device

@@ -11,6 +11,7 @@ from transformers import PreTrainedModel
 
 from nopelens.models import Decoder
 from nopelens.models.adapters import HookedHFModel, load_hf_model
+from nopelens.models.placement import model_device
 from nopelens.probes import stream as probes_stream
 
 from .hf import BridgeSubject, HookedSubject
@@ -208,7 +209,7 @@ def _memory_shortfall(subject: Subject, eval_length: int) -> str | None:
     add more), whatever the number of layers."""
     item = torch.finfo(subject.compute_dtype).bits // 8
     need = ROWS_HELD * 2 * subject.n_heads * eval_length**2 * item
-    device = next(subject.model.parameters()).device
+    device = model_device(subject.model)
     free = probes_stream.available_memory(device)
     if need <= free:
         return None

@@ -12,6 +12,7 @@ from jaxtyping import Bool, Int
 from torch import Tensor
 
 from nopelens.models.hooks import act_name
+from nopelens.models.placement import model_device
 from nopelens.models.masks import CAUSAL, KeyWindow, visibility
 from nopelens.models.methods import SCORE_BIAS
 from nopelens.models.positions import position_ids_from_mask
@@ -80,7 +81,7 @@ def unpadded(probe: Probe) -> Probe:
 
 
 def device_of(subject: Subject) -> torch.device:
-    return next(subject.model.parameters()).device
+    return model_device(subject.model)
 
 
 LayerReducer = Callable[["Run", int], Any]

@@ -22,7 +22,7 @@ from nopelens.models.hf_loading import load_hf_dir
 from nopelens.models.io import check_writable
 from nopelens.probes.sinks import learned_sink_line, learned_sink_logits
 
-from .options import add_quiet, seed_type
+from .options import PLACEMENT_OPTIONS, add_placement, add_quiet, placement_of, seed_type
 
 
 def load_subject(args: argparse.Namespace) -> tuple[Any, str]:
@@ -37,7 +37,7 @@ def load_subject(args: argparse.Namespace) -> tuple[Any, str]:
     if args.model:
         return zoo.load(args.model, progress=not args.quiet), f"zoo model {args.model}"
     if args.hf_dir:
-        return load_hf_dir(Path(args.hf_dir)), f"HF model {args.hf_dir}"
+        return load_hf_dir(Path(args.hf_dir), placement=placement_of(args)), f"HF model {args.hf_dir}"
     return _fresh_decoder(args.position, args.eval_length, args.seed), f"random Decoder({args.position})"
 
 
@@ -59,6 +59,9 @@ def exit_code(report: AuditReport) -> int:
 def run(args: argparse.Namespace) -> int:
     if args.eval_length < 4:
         raise ValueError(f"--eval-length must be >= 4, got {args.eval_length}")
+    given = [name for name in PLACEMENT_OPTIONS if getattr(args, name) is not None]
+    if given and not args.hf_dir:
+        raise ValueError(f"--{given[0].replace('_', '-')} applies to --hf-dir models")
     if args.out:  # before the model loads: a file where the folder should be
         check_writable(Path(args.out) / "report.md")
     try:
@@ -102,5 +105,6 @@ def register(subparsers) -> None:
     parser.add_argument("--shift", type=int, default=3, help="constant added to positions in step 8")
     parser.add_argument("--seed", type=seed_type, default=0, help="seed of the probe tokens (and of --position)")
     parser.add_argument("--out", metavar="DIR", help="write report.md and audit.json here")
+    add_placement(parser.add_argument_group("--hf-dir models larger than one device"))
     add_quiet(parser, "training progress bar (a zoo model that is neither cached nor shipped trains first)")
     parser.set_defaults(func=run)

@@ -26,7 +26,7 @@ from nopelens.models.hf_loading import HFInput
 from nopelens.models.io import write_csv_atomic
 from nopelens.probes.sinks import learned_sink_line, learned_sink_logits, sink_flags
 
-from .options import MODEL_HELP, add_quiet, add_seeds, seed_type
+from .options import MODEL_HELP, PLACEMENT_OPTIONS, add_placement, add_quiet, add_seeds, placement_of, seed_type
 
 
 def _models(text: str | None) -> tuple[str, ...] | None:
@@ -145,8 +145,8 @@ def _probe_settings(args: argparse.Namespace) -> SweepSettings:
         args.text = os.path.normpath(args.text)
     settings = _settings(args, (args.model,), controls=False)
     if not args.model.startswith(HF_PREFIX):
-        _refuse_hf_options(args, ("input", "text", "device", "dtype", "batch_size", "keep_mib", "memory_mib", "layers",
-                                  "plan", "no_sink_ablation"), " (the streamed probe)")
+        _refuse_hf_options(args, ("input", "text", "device", "dtype", *PLACEMENT_OPTIONS, "batch_size", "keep_mib",
+                                  "memory_mib", "layers", "plan", "no_sink_ablation"), " (the streamed probe)")
         return settings
     if len(settings.train_seeds) > 1:
         raise ValueError(f"--seeds {','.join(map(str, settings.train_seeds))}: training seeds apply to zoo models, "
@@ -159,9 +159,11 @@ def _probe_settings(args: argparse.Namespace) -> SweepSettings:
 
 def _hf_input(args: argparse.Namespace):
     """How an ``hf:DIR`` model is read (``--input``, default text through its tokenizer; ``--text``,
-    ``--device``, ``--dtype``), with ``--device auto`` resolved to the device it picks here."""
+    ``--device``, ``--dtype``, or ``--device-map`` with its budgets), with ``--device auto`` resolved
+    to the device it picks here."""
+    placement = placement_of(args)
     how = HFInput(input="text" if args.input is None else args.input, text=args.text,
-                  device="cpu" if args.device is None else args.device, dtype=args.dtype)
+                  device="cpu" if args.device is None else args.device, dtype=args.dtype, placement=placement)
     return dataclasses.replace(how, device=how.torch_device().type)
 
 
@@ -185,6 +187,7 @@ def _add_input_options(group) -> None:
     group.add_argument("--device", help="cpu (default), cuda or auto (CUDA when available)")
     group.add_argument("--dtype", help="bfloat16, float16 or float32 (default: the checkpoint's own); statistics are "
                        "float64")
+    add_placement(group)
 
 
 MAX_BLOCK = 99_999
@@ -246,7 +249,7 @@ def run_sinks(args: argparse.Namespace) -> int:
     settings = _settings(args, (args.model,), controls=False)
     is_hf = args.model.startswith(HF_PREFIX)
     if not is_hf:
-        _refuse_hf_options(args, ("input", "text", "device", "dtype"))
+        _refuse_hf_options(args, ("input", "text", "device", "dtype", *PLACEMENT_OPTIONS))
     if args.out is not None:
         if not args.out.strip():
             raise ValueError("--out is empty; name a folder for sinks.csv and its figure")

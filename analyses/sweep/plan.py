@@ -18,16 +18,18 @@ import numpy as np
 import torch
 
 from nopelens.models.hf_loading import attention_shortfall
+from nopelens.models.placement import model_device
 from nopelens.probes.collect import forward_with_hooks, site_block
 from nopelens.probes.fitting import ALPHAS, fit_folds, penalty_path, spd_solve
 from nopelens.probes.linear import sequence_splits
 from nopelens.probes.metrics import REGRESSION_METRICS, bootstrap_scores
+from nopelens.probes.stream import available_memory
 
 from .eta import FitRates, FitWork
 from .streamed import (
     MAX_AUTO_BATCH, STATISTICS_SHARE, Measurements, group_held_bytes, group_kept, kept_and_summed_bytes,
-    n_features, ablation_budget, feature_bytes, held_bytes, job_statistics_bytes, measurements, site_shapes,
-    statistics_bytes,
+    n_features, ablation_budget, feature_bytes, held_bytes, job_statistics_bytes, measurements, sequence_bytes,
+    site_shapes, statistics_bytes,
 )
 from .reads import SweepSites
 from ..subjects import Subject
@@ -84,6 +86,7 @@ class Plan:
     stripped_passes: int = 0  # of the forward passes, those over the sequences without BOS (the sink table's)
     second_passes: int = 0  # of the forward passes, the probes' second passes (features over the keep budget)
     ablation_second_passes: int = 0  # of the second passes, the sink ablation's (also among its ablation passes)
+    placement: list[str] = field(default_factory=list)  # a device-mapped model's placement, in words
 
     def describe(self, name: str, width: int = PLAN_WIDTH) -> str:
         """The plan in words: a headline, then one item per part of the work, memory and ETA, each
@@ -102,6 +105,7 @@ class Plan:
             f"{self.second_passes} of them {passes} to predict{among}, where a run's features do not all fit the "
             "keep budget within half the memory the run may use" if self.second_passes
             else "no second pass: every run's features fit the keep budget",
+            *self.placement,
             f"statistics {self.statistics_bytes / 2**20:,.1f} MiB in all, at most {self.held_bytes / 2**20:,.1f} MiB "
             f"held at once with the kept features or the fits' overhead (keep budget "
             f"{self.keep_bytes / 2**20:,.1f} MiB)",
@@ -215,7 +219,7 @@ def block_seconds(subject: Subject, sites: Sequence[str], batch_size: int) -> fl
     Returns:
         Seconds per sequence and block (wall clock, the device's queue drained).
     """
-    model, device = subject.model, next(subject.model.parameters()).device
+    model, device = subject.model, model_device(subject.model)
     first = min(site_block(site) or 0 for site in sites)
     shallow = [site for site in sites if (site_block(site) or 0) == first]
     rows = slice(0, batch_size)
@@ -231,16 +235,50 @@ def block_seconds(subject: Subject, sites: Sequence[str], batch_size: int) -> fl
 
 def _eta(subject: Subject, settings, m: Measurements, shapes, block_passes: float) -> tuple[float, str]:
     """(seconds, what they are made of): the forward passes (:func:`block_seconds` times the blocks
-    the sequences run through, ``block_passes``) and the fits, counted (:func:`fit_work`) and timed
-    here (:func:`fit_rates`) at the width of the widest job."""
-    device = next(subject.model.parameters()).device
+    the sequences run through, ``block_passes``), a device-mapped model's offload traffic (its
+    offloaded bytes per full pass over the read rate measured here, times the full passes the
+    batches make, :meth:`~nopelens.models.placement.PlacementReport.offload_seconds`) and the fits,
+    counted (:func:`fit_work`) and timed here (:func:`fit_rates`) at the width of the widest job."""
+    device = model_device(subject.model)
     forward = block_seconds(subject, m.sites.all(), m.batch_size) * block_passes
+    report = getattr(subject.model, "placement", None)
+    traffic, traffic_note = 0.0, ""
+    if report is not None and report.offloaded_bytes:
+        full_passes = block_passes / (m.batch_size * subject.n_layers)
+        traffic = report.offload_seconds() * full_passes
+        traffic_note = (f", {_duration(traffic)} of offload traffic ({report.offloaded_bytes / 2**20:,.1f} MiB per full "
+                        f"pass, {full_passes:,.1f} full passes, at {report.measure_read_rate() / 2**20:,.0f} MiB/s "
+                        "measured here)")
     jobs = m.jobs()
     width = max((n_features(job, shapes) for job in jobs), default=1)
     fits = fit_rates(device, width, settings.n_boot, settings.n_splits).seconds(fit_work(m, shapes)) if jobs else 0.0
-    return forward + fits, (f"{_duration(forward)} of forward passes and {_duration(fits)} of fits (a batch's first "
-                            f"block timed here, the fits' factorizations and products counted and timed here at d = "
-                            f"{min(width, CALIBRATION_MAX_WIDTH)})")
+    return forward + traffic + fits, (f"{_duration(forward)} of forward passes{traffic_note} and {_duration(fits)} of "
+                                      f"fits (a batch's first block timed here, the fits' factorizations and products "
+                                      f"counted and timed here at d = {min(width, CALIBRATION_MAX_WIDTH)})")
+
+
+def _placement(subject: Subject, m: Measurements, shapes) -> tuple[list[str], str | None]:
+    """A device-mapped model's placement in words (weights, statistics and batches per device,
+    what is offloaded), and why it cannot run, if it cannot: an execution device other than the
+    main one (whose memory the run's own check counts) without room for the statistics of the
+    sites on its blocks and one batch's activations."""
+    report = getattr(subject.model, "placement", None)
+    if report is None:
+        return [], None
+    per_device: dict[str, int] = {}
+    for job in m.jobs():
+        device = str(report.site_device(site_block(job.sites[0])))
+        per_device[device] = per_device.get(device, 0) + job_statistics_bytes(job, shapes)
+    batch = sequence_bytes(subject, shapes) * m.batch_size
+    main = str(model_device(subject.model))
+    for device, need in per_device.items():
+        free = available_memory(torch.device(device))
+        if device != main and need + batch > free:
+            return report.lines(per_device, batch), (
+                f"the sites on {device}'s blocks need {need / 2**20:,.1f} MiB of statistics there, and a batch up to "
+                f"{batch / 2**20:,.1f} MiB, more than the {free / 2**20:,.1f} MiB free on {device}: give it fewer "
+                "layers (--max-memory, or a --device-map file), fewer --layers, or a smaller --batch-size")
+    return report.lines(per_device, batch), None
 
 
 
@@ -302,7 +340,7 @@ def plan(subject: Subject, settings, sites: SweepSites) -> Plan:
     second_passes = n_batches * (runs - len(m.groups) + (twice - 1) * len(ablated))
     tokens += int(m.sequences.n_samples) * twice * len(ablated)
     passes += ablation_passes
-    device = next(subject.model.parameters()).device
+    device = model_device(subject.model)
     shortfall = None
     held = held_bytes(m, shapes)
     if held > STATISTICS_SHARE * m.free:  # a group of one job: its statistics alone do not fit
@@ -316,6 +354,8 @@ def plan(subject: Subject, settings, sites: SweepSites) -> Plan:
     if shortfall is None and m.sites.patterns:
         shortfall = attention_shortfall(T, n_heads, m.activation_bytes, m.free - held,
                                         f"{m.free_source} besides what the run holds")
+    placement, placement_shortfall = _placement(subject, m, shapes)
+    shortfall = shortfall or placement_shortfall
     eta, note = None, "not estimated: the run does not fit"
     if shortfall is None:
         depth = max(site_block(site) or 0 for site in m.sites.all()) + 1
@@ -323,4 +363,5 @@ def plan(subject: Subject, settings, sites: SweepSites) -> Plan:
         block_passes = (n * runs + stripped) * depth + n * twice * sum(block + 1 for block in ablated)
         eta, note = _eta(subject, settings, m, shapes, block_passes)
     return Plan(passes, tokens, stats, keep, eta, note, ablation_passes, len(ablated), m.batch_size, shortfall,
-                len(m.groups), held, m, stripped_passes, second_passes, n_batches * (twice - 1) * len(ablated))
+                len(m.groups), held, m, stripped_passes, second_passes, n_batches * (twice - 1) * len(ablated),
+                placement)

@@ -161,12 +161,14 @@ class SweepSettings:
         not :data:`DEFAULT_SITES`, so folders made before ``--sites`` existed keep their digest."""
         settings = dataclasses.asdict(self)
         del settings["memory_mib"]  # how the work is split in runs, not what is measured
+        del settings["hf_input"]["placement"]  # where the model's modules live: the same numbers
         if self.sites == DEFAULT_SITES:
             del settings["sites"]
         # written only when set, so folders made before they existed keep their digest
-        for name, default in (("hf_input", HFInput()), ("streamed", False), ("batch_size", "auto"), ("keep_mib", None),
+        for name, default in (("hf_input", {k: v for k, v in dataclasses.asdict(HFInput()).items() if k != "placement"}),
+                              ("streamed", False), ("batch_size", "auto"), ("keep_mib", None),
                               ("sink_ablation", True), ("layers", None)):
-            if getattr(self, name) == default:
+            if settings[name] == default:
                 del settings[name]
         return settings
 

@@ -46,6 +46,7 @@ from tqdm.auto import tqdm
 
 from nopelens.models.compat import moved_names
 from nopelens.models.hooks import act_names
+from nopelens.models.placement import model_device
 from nopelens.models.methods import get_method
 from nopelens.probes import collect
 from nopelens.probes.collect import is_pattern_site, site_block
@@ -115,7 +116,7 @@ def measurements(subject: Subject, settings, sites: SweepSites,
     """
     shapes = site_shapes(subject, sites.all()) if shapes is None else shapes
     sequences = Sequences.of(subject.tokens, subject.attention_mask)
-    device = next(subject.model.parameters()).device
+    device = model_device(subject.model)
     free, free_source = memory_allowed(settings, device)
     # the sweep's models (not settings.streamed): every batch's features kept, one pass; else a budget
     unlimited = not settings.streamed

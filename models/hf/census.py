@@ -12,6 +12,7 @@ import torch
 from torch import Tensor, nn
 
 from ..hooks import act_name
+from ..placement import model_device
 from .config import config_family, describe_config
 from .description import ConfigError, HFDescription, UnsupportedModelError
 from .layout import position_table
@@ -61,7 +62,7 @@ def census(bridge: Any, static: HFDescription) -> dict[str, Any]:
     """
     length = CENSUS_LENGTH
     tokens = (torch.arange(2 * length).view(2, length) * 7 + 3) % static.d_vocab
-    device = next(bridge.parameters()).device
+    device = model_device(bridge)
     tokens = tokens.to(device)
     captured: dict[str, Tensor] = {}
     handles = []
