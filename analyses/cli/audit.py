@@ -22,7 +22,8 @@ from nopelens.models.hf_loading import load_hf_dir
 from nopelens.models.io import check_writable
 from nopelens.probes.sinks import learned_sink_line, learned_sink_logits
 
-from .options import PLACEMENT_OPTIONS, add_placement, add_quiet, placement_of, seed_type
+from .options import PLACEMENT_OPTIONS, add_placement, add_quiet, seed_type
+from .placement import placement_of
 
 
 def load_subject(args: argparse.Namespace) -> tuple[Any, str]:

@@ -111,7 +111,7 @@ PLACEMENT_OPTIONS = ("device_map", "max_memory", "offload_folder")
 
 def add_placement(group) -> None:
     """``--device-map``, ``--max-memory`` and ``--offload-folder`` of an HF model larger than one
-    device (:class:`nopelens.models.placement.Placement`, read by :func:`placement_of`)."""
+    device (:class:`nopelens.models.placement.Placement`, read by :func:`~nopelens.analyses.cli.placement.placement_of`)."""
     group.add_argument("--device-map", metavar="MAP", help="spread the model over devices and disk with accelerate: "
                        "auto (fill the GPUs, then the CPU, then disk), balanced (even over the GPUs), sequential, or a "
                        "JSON file mapping module names to devices ({\"model.layers.0\": 0, \"model.layers.1\": \"cpu\", "
@@ -121,23 +121,3 @@ def add_placement(group) -> None:
     group.add_argument("--offload-folder", metavar="DIR", help="with --device-map: needed when the map places weights "
                        "on disk; transformers reads them from the checkpoint's safetensors where it can, and writes "
                        "here those it must convert (created if missing; needs room for them)")
-
-
-def placement_of(args: argparse.Namespace):
-    """The :class:`~nopelens.models.placement.Placement` the options give, or None without
-    ``--device-map``.
-
-    Raises:
-        ValueError: for ``--max-memory`` or ``--offload-folder`` without ``--device-map``, for
-            ``--device`` with it, or a bad budget or device (:func:`~nopelens.models.placement.parse_max_memory`).
-    """
-    from nopelens.models.placement import Placement  # lazy: `nopelens --help` imports no torch
-
-    if args.device_map is None:
-        given = [name for name in PLACEMENT_OPTIONS[1:] if getattr(args, name) is not None]
-        if given:
-            raise ValueError(f"--{given[0].replace('_', '-')} applies with --device-map")
-        return None
-    if getattr(args, "device", None) is not None:
-        raise ValueError("--device and --device-map: give one (the map names the devices)")
-    return Placement(args.device_map, args.max_memory, args.offload_folder)

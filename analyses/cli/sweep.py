@@ -26,7 +26,8 @@ from nopelens.models.hf_loading import HFInput
 from nopelens.models.io import write_csv_atomic
 from nopelens.probes.sinks import learned_sink_line, learned_sink_logits, sink_flags
 
-from .options import MODEL_HELP, PLACEMENT_OPTIONS, add_placement, add_quiet, add_seeds, placement_of, seed_type
+from .options import MODEL_HELP, PLACEMENT_OPTIONS, add_placement, add_quiet, add_seeds, seed_type
+from .placement import placement_of
 
 
 def _models(text: str | None) -> tuple[str, ...] | None:
