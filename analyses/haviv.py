@@ -39,7 +39,7 @@ import pandas as pd
 from nopelens.models import zoo
 from nopelens.models.io import write_csv_atomic
 from nopelens.probes import collect, probe_absolute_index, resid_sites
-from nopelens.probes.mlp_probe import FLOORS, MLP_EPOCHS, kept_sequences, no_information_floor, probe_positions_mlp
+from nopelens.probes.mlp_probe import FLOORS, MLP_EPOCHS, MLP_MIN_STEPS, kept_sequences, no_information_floor, probe_positions_mlp
 
 from . import haviv_paper as paper
 from .runs import claimed, part_dir, read_part, write_part
@@ -65,7 +65,7 @@ class HavivSettings:
         contexts: window lengths in bytes (after BOS) of the NoPE context-length axis; each one up
             to the model's trained window.
         n_boot: bootstrap replicates of the CIs.
-        epochs: MLP probe epochs.
+        epochs, min_steps: MLP probe training (:class:`~nopelens.probes.mlp_probe.MLPPositionProbe`).
         n_splits: GroupKFold folds.
         seed: seed of the windows, folds, controls, MLP and bootstrap.
     """
@@ -76,13 +76,14 @@ class HavivSettings:
     contexts: tuple[int, ...] = (64, 128, 256)
     n_boot: int = 1000
     epochs: int = MLP_EPOCHS
+    min_steps: int = MLP_MIN_STEPS
     n_splits: int = 5
     seed: int = 0
 
     @classmethod
     def quick(cls, models: tuple[str, ...] = ("text-nope-4l", "text-rope-4l")) -> "HavivSettings":
         """Seconds, for tests: few windows, replicates and epochs (numbers not meaningful)."""
-        return cls(models=models, n_sequences=12, contexts=(16, 32), n_boot=20, epochs=2, n_splits=3)
+        return cls(models=models, n_sequences=12, contexts=(16, 32), n_boot=20, epochs=2, min_steps=20, n_splits=3)
 
     def check(self) -> None:
         """Raises:
@@ -194,7 +195,8 @@ def probe_model(spec: str, length: int, settings: HavivSettings) -> tuple[pd.Dat
     for site in sites:
         rows = probe_positions_mlp(acts.features(site), acts.position, acts.sequence_id, acts.token,
                                    settings.n_splits, n_boot=settings.n_boot, seed=settings.seed,
-                                   dtype=acts.dtype(site), epochs=settings.epochs)
+                                   dtype=acts.dtype(site), epochs=settings.epochs,
+                                   min_steps=settings.min_steps)
         layer = sites.index(site)
         frames.append(rows[(rows["metric"] == "mad") & rows["probe"].isin(FITS)].assign(site=site, layer=layer,
                                                                                         kind="mlp"))
