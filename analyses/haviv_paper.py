@@ -10,8 +10,9 @@ the data their ``plotter.py`` draws the paper's figures from:
 - ``probe.csv``: the mean absolute distance (MAD, in tokens) of the 2-layer ReLU MLP position
   probe at the embeddings (layer 0) and after each of the 24 layers of the 1.3B-parameter models
   trained on The Pile at 1,024 tokens (§4's probing figure), for NoPE (column ``None``), learned,
-  sinusoidal and ALiBi, with its chance column ``Random`` = 341.3333 = (1024^2 - 1) / (3 x 1024),
-  the MAD of uniform random guesses. MAD/chance is the value over that chance.
+  sinusoidal and ALiBi, with its chance column ``Random`` = 341.3333 = 1024 / 3, the MAD of uniform
+  random guesses in the continuous approximation (the exact discrete value, (1024^2 - 1) / (3 x 1024)
+  = 341.3330, which nopelens uses, differs by 1e-6 relative). MAD/chance is the value over that chance.
 - ``main_wiki_pile.csv``: validation perplexity by method on WikiText-103 and The Pile (the
   paper's Table 1 values).
 
@@ -32,7 +33,7 @@ PAPER_LAYERS = 24
 """Blocks of the probed 1.3B models (probe.csv has layers 0..24)."""
 PAPER_POSITIONS = 1024
 PAPER_CHANCE_MAD = 341.3333
-"""probe.csv's ``Random`` column, the same at every layer: (1024^2 - 1) / (3 x 1024) = 341.33."""
+"""probe.csv's ``Random`` column, the same at every layer: 1024 / 3."""
 
 PAPER_MAD = {
     "nope": (337.162, 286.432, 79.889, 27.508, 16.932, 17.392, 16.46, 16.528, 17.222, 19.175, 19.922, 20.963,
