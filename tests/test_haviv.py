@@ -10,6 +10,7 @@ from nopelens.analyses.haviv import HAVIV_MODELS, claims, first_layer_at
 from nopelens.analyses.haviv_figure import context_sentence
 from nopelens.models import zoo
 from nopelens.probes import mad_chance
+from schema import assert_folder_documented
 
 VERDICTS = {"reproduced", "direction only", "not reproduced", "not measured"}
 
@@ -61,6 +62,7 @@ def test_quick_run_writes_every_table_and_resumes(tmp_path, capsys, one_thread):
     assert len(claims_table) == 5 and all(v.split(":")[0] in VERDICTS for v in claims_table["verdict"])
     for name in ("losses.csv", "context.csv", "haviv.md", "summary.md", "haviv.png", "haviv.svg"):
         assert (tmp_path / name).stat().st_size > 0
+    assert_folder_documented(tmp_path, "compare haviv")
     assert main(args) == 0  # a rerun reads the finished parts back
     assert "already measured" in capsys.readouterr().out
     assert pd.read_csv(tmp_path / "haviv.csv").equals(table)

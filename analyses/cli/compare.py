@@ -8,6 +8,7 @@ import dataclasses
 from pathlib import Path
 
 from nopelens.analyses.haviv import HAVIV_MODELS, HavivSettings, compare_haviv
+from nopelens.analyses.haviv_figure import summary_markdown, write_report
 
 from .options import add_quiet, seed_type
 
@@ -57,8 +58,6 @@ def _lengths(text: str) -> tuple[int, ...]:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from nopelens.analyses.haviv_figure import summary_markdown, write_report
-
     settings = HavivSettings.quick(*([args.models] if args.models else [])) if args.quick else \
         HavivSettings(**({"models": args.models} if args.models else {}))
     changes = {key: value for key, value in (("n_sequences", args.n_sequences), ("memory_mib", args.memory_mib),
