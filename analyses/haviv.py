@@ -45,7 +45,7 @@ from . import haviv_paper as paper
 from .runs import claimed, part_dir, read_part, write_part
 from .subjects import resolve
 
-HAVIV_MODELS = tuple(f"text-{method}-6l-{zoo.HAVIV_LEN}" for method in zoo.HAVIV_METHODS)
+HAVIV_MODELS = tuple(f"text{zoo.HAVIV_LEN}-{method}-{zoo.HAVIV_LAYERS}l" for method in zoo.HAVIV_METHODS)
 """The comparison zoo (:data:`nopelens.models.zoo.HAVIV_METHODS`), the default models."""
 THRESHOLD = 0.1
 """MAD/chance at or below which a layer "knows" the position (the context-length axis)."""

@@ -131,9 +131,8 @@ def _text(method: str | tuple[str, ...], label: str | None = None, what: str | N
     config = DecoderConfig(
         d_vocab=258, n_ctx=length + 1, n_layers=n_layers, d_model=d_model, n_heads=4, position=method
     )
-    suffix = "" if length == TEXT_LEN else f"-{length}"
     return Recipe(
-        name=f"text-{label or method}-{n_layers}l{suffix}",
+        name=f"text{'' if length == TEXT_LEN else length}-{label or method}-{n_layers}l",
         description=f"{n_layers}-layer {what or method} byte-level language model of CPython's help texts "
         f"(pydoc_data.topics), {length}-byte windows",
         config=config,
