@@ -19,7 +19,8 @@ its CI's upper end at most 0.1, at each length). Validation bits per byte come f
 training record (every validation byte once), beside the paper's Table 1 perplexities. Each claim
 of the paper gets a verdict: reproduced, direction only, not reproduced, or not measured.
 
-Run folder: ``parts/<model>-L<bytes>/`` per model and window (``probes.csv`` and ``done.json``,
+Everything runs on one thread (:func:`~nopelens.models.threads.one_thread`): the same seed gives
+the same numbers on a CPU. Run folder: ``parts/<model>-L<bytes>/`` per model and window (``probes.csv`` and ``done.json``,
 written last: a rerun resumes), then ``haviv.csv`` (ours and the paper's rows, one tidy table),
 ``losses.csv``, ``context.csv``, ``claims.csv`` (rendered by the CLI with
 :mod:`~nopelens.analyses.haviv_figure`).
@@ -38,6 +39,7 @@ import pandas as pd
 
 from nopelens.models import zoo
 from nopelens.models.io import write_csv_atomic
+from nopelens.models.threads import one_thread
 from nopelens.probes import collect, probe_absolute_index, resid_sites
 from nopelens.probes.mlp_probe import FLOORS, MLP_EPOCHS, MLP_MIN_STEPS, kept_sequences, no_information_floor, probe_positions_mlp
 
@@ -129,7 +131,7 @@ def compare_haviv(out: str | Path, settings: HavivSettings = HavivSettings(),
     """
     settings.check()
     check_models_ready(settings.models)
-    with claimed(out, "haviv", dataclasses.asdict(settings), command="compare haviv") as folder:
+    with one_thread(), claimed(out, "haviv", dataclasses.asdict(settings), command="compare haviv") as folder:
         ours, metas = [], []
         for spec in settings.models:
             probes, meta = measure(folder, spec, None, settings, say)
