@@ -296,17 +296,21 @@ def _fmt(rows: pd.DataFrame) -> str:
 
 
 def _nope_depth(curve):
-    claim = "NoPE needs several layers before MAD/chance falls to 0.1"
-    said = "0.99, 0.84, 0.23, 0.08, 0.05 at layers 0-4 of 24: first <= 0.1 at layer 3 (depth 0.125)"
+    claim = "NoPE needs several layers before its residual stream knows the position"
+    said = ("0.99, 0.84, 0.23, 0.08, 0.05 at layers 0-4 of 24: still 0.84 after one block, first <= 0.1 at layer 3 "
+            "(depth 0.125)")
     if curve is None:
         return claim, said, "no NoPE model", "not measured"
-    layer = first_layer_at(curve)
-    found = f"{_fmt(curve)} at layers 0-{int(curve['layer'].max())}: first <= 0.1 (CI) at layer {layer}"
-    if layer >= 2:
+    layer, after_one = first_layer_at(curve), curve[curve["layer"] == 1].iloc[0]
+    first = "none" if layer < 0 else f"layer {layer}"
+    found = (f"{_fmt(curve)} at layers 0-{int(curve['layer'].max())} of {int(curve['n_layers'].iloc[0])}: "
+             f"{after_one['mad_chance']:.2f} after one block, first <= 0.1 (CI upper end): {first}")
+    if after_one["ci_low"] > 0.5:
         return claim, said, found, "reproduced"
-    if layer == 1:
-        return claim, said, found, "not reproduced: one block suffices at this context and size"
-    return claim, said, found, "not reproduced: no layer reaches 0.1"
+    depth = after_one["depth"]
+    paper_at = after_one["paper_mad_chance"]
+    return claim, said, found, (f"not reproduced in blocks: one block does most of it; at the same fraction of depth "
+                                f"({depth:.2f}) the paper's curve is at {paper_at:.2f}")
 
 
 def _alibi_floor(curve):
@@ -336,16 +340,21 @@ def _absolute_at_embeddings(curves):
 def _shed_at_the_end(curves):
     claim = "every method sheds position in its last layers"
     said = "last layer against the lowest: NoPE 0.39/0.05, learned 0.38/0.02, sinusoidal 0.27/0.00002, ALiBi 0.50/0.15"
-    if not curves:
-        return claim, said, "no model", "not measured"
-    found, shed, rising = [], [], []
+    found, shed, rising, skipped = [], [], [], []
     for method, curve in curves.items():
         low, last = curve.loc[curve["mad_chance"].idxmin()], curve.iloc[-1]
+        if low["mad_chance"] > 0.5:  # its residual stream never held the position: nothing to shed
+            skipped.append(f"{method} (never below {low['mad_chance']:.2f})")
+            continue
         found.append(f"{method} {last['mad_chance']:.3f}/{low['mad_chance']:.3f}")
         shed.append(last["ci_low"] > low["ci_high"])
         rising.append(last["mad_chance"] > low["mad_chance"])
+    if not found:
+        return claim, said, "no model whose residual stream holds the position", "not measured"
+    text = "last layer against the lowest: " + ", ".join(found)
+    text += f"; left out: {', '.join(skipped)}" if skipped else ""
     verdict = "reproduced" if all(shed) else "direction only" if all(rising) else "not reproduced"
-    return claim, said, "last layer against the lowest: " + ", ".join(found), verdict
+    return claim, said, text, verdict
 
 
 def _perplexity(loss: pd.DataFrame):
