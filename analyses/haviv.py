@@ -170,8 +170,17 @@ def measure(folder: Path, spec: str, length: int | None, settings: HavivSettings
 def _trained_window(spec: str) -> int:
     if spec in zoo.RECIPES:
         return zoo.recipe(spec).train_kwargs["max_len"]
-    subject = resolve(spec, 2, 3, progress=False)
+    subject = _text_subject(spec, 2, 3, 0)
     return (subject.train_lengths or [None, subject.model.cfg.n_ctx - 1])[1]
+
+
+def _text_subject(spec: str, n_sequences: int, seq_len: int, seed: int):
+    """The subject of a nopelens text model (zoo name or checkpoint), else a one-line refusal."""
+    subject = resolve(spec, n_sequences, seq_len, seed=seed, progress=False)
+    if subject.kind != "trained" or subject.task is None or subject.task.name != "text":
+        raise ValueError(f"{spec} is not a text model: the comparison reads nopelens language models of text "
+                         "(a zoo name or a checkpoint of `nopelens train --task text`)")
+    return subject
 
 
 def probe_model(spec: str, length: int, settings: HavivSettings) -> tuple[pd.DataFrame, dict]:
@@ -181,9 +190,7 @@ def probe_model(spec: str, length: int, settings: HavivSettings) -> tuple[pd.Dat
         (rows: one per probe, fit, layer; meta: method, n_layers, the training record's validation
         bits per byte, windows drawn and kept).
     """
-    subject = resolve(spec, settings.n_sequences, length + 1, seed=settings.seed, progress=False)
-    if subject.kind != "trained" or subject.task is None or subject.task.name != "text":
-        raise ValueError(f"{spec} is not a text model: the comparison reads language models of text")
+    subject = _text_subject(spec, settings.n_sequences, length + 1, settings.seed)
     sites = resid_sites(subject.n_layers)
     d_model = subject.model.cfg.d_model
     keep = kept_sequences(len(subject.tokens), length + 1, 4 * d_model * len(sites), settings.memory_mib << 20,
