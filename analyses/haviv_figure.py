@@ -97,10 +97,13 @@ def side_by_side_markdown(table: pd.DataFrame) -> str:
 def summary_markdown(tables: dict[str, pd.DataFrame]) -> str:
     """The run's summary.md: side-by-side, losses, context-length axis, claims."""
     loss = tables["losses"]
-    loss_lines = ["| model | method | validation bits/byte | gap to learned | paper ppl The Pile | paper ppl "
-                  "WikiText-103 | paper gap to learned (bits, The Pile) |", "|---|---|---|---|---|---|---|"]
+    loss_lines = ["| model | method | validation bits/byte | training levelled off (last tenth / tenth before) | "
+                  "gap to learned | paper ppl The Pile | paper ppl WikiText-103 | paper gap to learned (bits, The Pile) |",
+                  "|---|---|---|---|---|---|---|---|"]
     for _, r in loss.iterrows():
-        cells = [_number(r["bits_per_byte"], ".3f"), _number(r["gap_to_learned"], "+.1%"),
+        levelled = "n/a" if pd.isna(r["train_loss_last"]) else \
+            f"{'yes' if r['levelled_off'] else 'no'} ({r['train_loss_last']:.3f} / {r['train_loss_before']:.3f})"
+        cells = [_number(r["bits_per_byte"], ".3f"), levelled, _number(r["gap_to_learned"], "+.1%"),
                  _number(r["paper_ppl_the_pile"], ".2f"), _number(r["paper_ppl_wikitext-103"], ".2f"),
                  _number(r["paper_gap_the_pile"], "+.2%")]
         loss_lines.append(f"| {r['model']} | {r['method']} | " + " | ".join(cells) + " |")
