@@ -99,6 +99,8 @@ class HavivSettings:
         for name in ("memory_mib", "n_boot", "epochs"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.min_steps < 0:
+            raise ValueError(f"min_steps must be >= 0, got {self.min_steps}")
         if not self.contexts or min(self.contexts) < 4:
             raise ValueError(f"context lengths must be >= 4 bytes, got {list(self.contexts)}")
 
