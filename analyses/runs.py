@@ -33,7 +33,7 @@ import pandas as pd
 
 from nopelens.models.io import file_sha256, read_json, write_csv_atomic, write_json_atomic
 
-KINDS = ("sweep", "intervene", "lengthgen", "dynamics")
+KINDS = ("sweep", "intervene", "lengthgen", "dynamics", "haviv")
 """The analyses that write run folders; each stamps its folder with ``<kind>.json``."""
 
 LEGACY_STAMPS = {"intervene": "run.json", "lengthgen": "settings.json"}

@@ -107,6 +107,9 @@ class Recipe:
         )
 
 
+TEXT_LEN, TEXT_D_MODEL, TEXT_BATCH, TEXT_STEPS = 64, 128, 16, 4000
+
+
 def _copy(method: str) -> Recipe:
     task = make_task("copy", n_symbols=COPY_SYMBOLS)
     config = DecoderConfig(
@@ -123,18 +126,20 @@ def _copy(method: str) -> Recipe:
     )
 
 
-def _text(method: str | tuple[str, ...], label: str | None = None, what: str | None = None) -> Recipe:
+def _text(method: str | tuple[str, ...], label: str | None = None, what: str | None = None, n_layers: int = 4,
+          length: int = TEXT_LEN, d_model: int = TEXT_D_MODEL, batch: int = TEXT_BATCH, steps: int = TEXT_STEPS) -> Recipe:
     config = DecoderConfig(
-        d_vocab=258, n_ctx=TEXT_LEN + 1, n_layers=4, d_model=TEXT_D_MODEL, n_heads=4, position=method
+        d_vocab=258, n_ctx=length + 1, n_layers=n_layers, d_model=d_model, n_heads=4, position=method
     )
     return Recipe(
-        name=f"text-{label or method}-4l",
-        description=f"4-layer {what or method} byte-level language model of CPython's help texts (pydoc_data.topics)",
+        name=f"text{'' if length == TEXT_LEN else length}-{label or method}-{n_layers}l",
+        description=f"{n_layers}-layer {what or method} byte-level language model of CPython's help texts "
+        f"(pydoc_data.topics), {length}-byte windows",
         config=config,
         task="text",
         task_kwargs={"path": None, "validation_fraction": 0.1},
-        steps=TEXT_STEPS,
-        train_kwargs=dict(batch_size=TEXT_BATCH, min_len=TEXT_LEN, max_len=TEXT_LEN, lr=2e-3),
+        steps=steps,
+        train_kwargs=dict(batch_size=batch, min_len=length, max_len=length, lr=2e-3),
     )
 
 
@@ -157,8 +162,15 @@ def _bigram_backcopy(method: str, n_layers: int) -> Recipe:
 
 COPY_METHODS = ("nope", "rope", "alibi", "learned", "t5")
 TEXT_METHODS = ("nope", "rope", "learned")
+HAVIV_METHODS = ("nope", "learned", "sinusoidal", "alibi", "rope")
+HAVIV_LAYERS, HAVIV_LEN, HAVIV_STEPS = 6, 256, 6000
+"""The comparison zoo of issue 45 (Haviv et al. 2022 side by side, ``nopelens compare haviv``): five
+decoders identical but for the position method, 6 layers, d_model 128, 256-byte windows, batch 16
+(4,096 bytes a step, as the 4-layer text recipes), 6000 steps. Width and steps were chosen from a
+measured 0.67-0.77 s per step on one thread (NoPE and ALiBi; 13 steps each at load 1.6 on the 2-core
+development machine): 67-77 minutes per model, under the 90 minutes the issue allows. A 512-byte
+context at the same bytes per step measured 1.3-1.7 s per step (over 2 hours): not in the zoo."""
 COPY_SYMBOLS, COPY_MAX_LEN, COPY_STEPS = 32, 10, 1500
-TEXT_LEN, TEXT_D_MODEL, TEXT_BATCH, TEXT_STEPS = 64, 128, 16, 4000
 HYBRID_LAYERS = ("rope", "rope", "rope", "nope")
 BB_SYMBOLS, BB_TRIGGERS, BB_LEN, BB_D_MODEL, BB_BATCH, BB_STEPS, BB_LR = 64, 3, 63, 64, 32, 1500, 3e-3
 BB_MODELS = (("rope", 2), ("nope", 3))
@@ -170,6 +182,7 @@ RECIPES: dict[str, Recipe] = {
     for r in [
         *(_copy(m) for m in COPY_METHODS),
         *(_text(m) for m in TEXT_METHODS),
+        *(_text(m, n_layers=HAVIV_LAYERS, length=HAVIV_LEN, steps=HAVIV_STEPS) for m in HAVIV_METHODS),
         *(_bigram_backcopy(m, n) for m, n in BB_MODELS),
         # the hybrid pattern real NoPE models ship (SmolLM3, Llama 4: NoPE in every fourth layer)
         _text(HYBRID_LAYERS, "hybrid", "hybrid (RoPE in layers 0-2, NoPE in layer 3, as SmolLM3 and Llama 4)"),

@@ -17,6 +17,7 @@ from .linear import (
 )
 from .stream_probes import probe_absolute_index, probe_relative_distance
 from .metrics import bootstrap_scores, mad_chance, mad_chance_of, score
+from .mlp_probe import MLPPositionProbe, no_information_floor, probe_positions_mlp
 from .learned_sinks import learned_sink_logits
 from .sink_patterns import sink_mass, sink_mass_by_position, sink_scores, strip_padding
 from .sinks import compare_bos, sink_rate, sink_table
@@ -33,6 +34,7 @@ from .targets import (
 )
 
 __all__ = [
+    "MLPPositionProbe", "no_information_floor", "probe_positions_mlp",
     "Activations", "BatchHooks", "HookList", "hooks_added", "hooks_for_batch", "DistancePairs", "PooledLDA", "RESULT_COLUMNS", "attention_variance", "compare_bos",
     "learned_sink_logits", "sink_mass", "sink_mass_by_position", "sink_rate", "sink_scores", "sink_table", "strip_padding",
     "variance_shrinkage", "variance_slopes", "bilinear_features", "bootstrap_scores", "collect",

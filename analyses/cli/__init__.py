@@ -31,6 +31,7 @@ COMMAND_MODULES = (
     "nopelens.analyses.cli.validate",
     "nopelens.analyses.cli.dynamics",
     "nopelens.analyses.cli.extreme_tokens",
+    "nopelens.analyses.cli.compare",
 )
 
 COMMANDS = {
@@ -50,6 +51,8 @@ COMMANDS = {
     "dynamics": ("nopelens.analyses.cli.dynamics", "follow position probes and attention sinks through training"),
     "extreme-tokens": ("nopelens.analyses.cli.extreme_tokens",
                        "active-dormant heads, value-state drains and residual-state peaks (Guo et al. 2024)"),
+    "compare": ("nopelens.analyses.cli.compare",
+                "side by side with a paper: Haviv et al. 2022's position probe across NoPE, learned, sinusoidal, ALiBi"),
 }
 """Subcommand -> (module that registers it, its line in ``nopelens --help``). The CLI imports only
 the module of the command it runs, and none for ``nopelens --help``: the modules import torch and

@@ -1,0 +1,147 @@
+"""Rendering of ``nopelens compare haviv`` (:mod:`nopelens.analyses.haviv`): the side-by-side figure
+and the Markdown summary. Only the CLI imports this module (analyses return tables)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+import pandas as pd  # noqa: E402
+
+from nopelens.models.io import write_text_atomic  # noqa: E402
+
+from .figures import save_figure  # noqa: E402
+from .haviv_paper import PROBE_FILE  # noqa: E402
+
+PROBE_STYLE = {"ridge": ("--", "s", "ridge MAD"), "mlp": ("-", "o", "MLP argmax MAD")}
+
+
+def haviv_figure(table: pd.DataFrame) -> plt.Figure:
+    """One panel per method: MAD/chance by fraction of depth, ours (both probes, 95 % CI bands) at
+    each model's trained window, the paper's 1.3B curve, and each probe's no-information floor."""
+    ours = table[(table["source"] == "nopelens") & (table["fit"] == "linear")]
+    ours = ours[ours["n_positions"] == ours.groupby("model")["n_positions"].transform("max")]
+    theirs = table[table["source"] == "haviv2022"]
+    methods = list(dict.fromkeys([*ours["method"], *theirs["method"]]))
+    fig, axes = plt.subplots(1, len(methods), figsize=(3.2 * len(methods), 3.4), sharey=True, squeeze=False)
+    for ax, method in zip(axes[0], methods):
+        for probe, (line, marker, label) in PROBE_STYLE.items():
+            rows = ours[(ours["method"] == method) & (ours["probe"] == probe)].sort_values("depth")
+            if rows.empty:
+                continue
+            drawn = ax.plot(rows["depth"], rows["mad_chance"], line, marker=marker, label=f"ours, {label}")[0]
+            ax.fill_between(rows["depth"], rows["ci_low"], rows["ci_high"], color=drawn.get_color(), alpha=0.2)
+            ax.axhline(rows["floor"].iloc[0], color=drawn.get_color(), linestyle=":", linewidth=1,
+                       label=f"{probe} floor ({rows['floor'].iloc[0]:.2f})")
+        paper = theirs[theirs["method"] == method].sort_values("depth")
+        if not paper.empty:
+            ax.plot(paper["depth"], paper["mad_chance"], color="0.35", marker=".", label="Haviv et al. 2022, MLP")
+        else:
+            ax.text(0.5, 0.95, "not in the paper", transform=ax.transAxes, ha="center", va="top", fontsize=8)
+        models = ", ".join(sorted(set(ours.loc[ours["method"] == method, "model"]))) or "no model measured"
+        ax.set_title(f"{method}\n{models}", fontsize=9)
+        ax.set_xlabel("layer / n_layers")
+        ax.set_ylim(0, 1.6)
+    axes[0][0].set_ylabel("MAD / chance")
+    handles, labels = axes[0][0].get_legend_handles_labels()
+    for ax in axes[0][1:]:
+        for handle, label in zip(*ax.get_legend_handles_labels()):
+            if label not in labels:
+                handles.append(handle)
+                labels.append(label)
+    fig.legend(handles, labels, loc="lower center", ncol=4, fontsize=8, bbox_to_anchor=(0.5, -0.12))
+    fig.tight_layout()
+    return fig
+
+
+def _number(value, spec: str) -> str:
+    return "n/a" if pd.isna(value) else format(value, spec)
+
+
+def _cell(row) -> str:
+    if pd.isna(row.get("ci_low")):
+        return f"{row['mad_chance']:.3f}"
+    return f"{row['mad_chance']:.3f} [{row['ci_low']:.3f}, {row['ci_high']:.3f}]"
+
+
+def side_by_side_markdown(table: pd.DataFrame) -> str:
+    """Per model, one row per layer: ours with both probes (CIs; floors in the header), the
+    shuffled-label controls, and the paper's value for the same method at the same fraction of depth."""
+    ours = table[table["source"] == "nopelens"]
+    ours = ours[ours["n_positions"] == ours.groupby("model")["n_positions"].transform("max")]
+    lines = []
+    for model, own in ours.groupby("model", sort=False):
+        floors = {p: own.loc[own["probe"] == p, "floor"].iloc[0] for p in ("ridge", "mlp")}
+        lines += [f"**{model}** ({own['method'].iloc[0]}, {int(own['n_positions'].iloc[0])} positions, "
+                  f"{int(own['n_sequences'].iloc[0])} of {int(own['n_sequences_drawn'].iloc[0])} windows kept)", "",
+                  f"| layer | depth | ridge MAD/chance (floor {floors['ridge']:.2f}) | MLP MAD/chance (floor "
+                  f"{floors['mlp']:.2f}) | shuffled labels: ridge / MLP | Haviv et al. 2022 at that depth |",
+                  "|---|---|---|---|---|---|"]
+        for layer, rows in own.groupby("layer"):
+            get = {(r["probe"], r["fit"]): r for _, r in rows.iterrows()}
+            ridge, mlp = get[("ridge", "linear")], get[("mlp", "linear")]
+            shuffled = " / ".join(f"{get[(p, 'shuffled')]['mad_chance']:.2f}" for p in ("ridge", "mlp"))
+            theirs = mlp["paper_mad_chance"]
+            paper = f"{theirs:.3f} (layer {int(mlp['paper_layer'])} of 24)" if not np.isnan(theirs) else "not in the paper"
+            lines.append(f"| {layer} | {mlp['depth']:.2f} | {_cell(ridge)} | {_cell(mlp)} | {shuffled} | {paper} |")
+        lines.append("")
+    lines.append(f"Paper values: MAD / 341.33 (chance at 1,024 tokens) from `{PROBE_FILE}`.")
+    return "\n".join(lines)
+
+
+def summary_markdown(tables: dict[str, pd.DataFrame]) -> str:
+    """The run's summary.md: side-by-side, losses, context-length axis, claims."""
+    loss = tables["losses"]
+    loss_lines = ["| model | method | validation bits/byte | training levelled off (last tenth / tenth before) | "
+                  "gap to learned | paper ppl The Pile | paper ppl WikiText-103 | paper gap to learned (bits, The Pile) |",
+                  "|---|---|---|---|---|---|---|---|"]
+    for _, r in loss.iterrows():
+        levelled = "n/a" if pd.isna(r["train_loss_last"]) else \
+            f"{'yes' if r['levelled_off'] else 'no'} ({r['train_loss_last']:.3f} / {r['train_loss_before']:.3f})"
+        cells = [_number(r["bits_per_byte"], ".3f"), levelled, _number(r["gap_to_learned"], "+.1%"),
+                 _number(r["paper_ppl_the_pile"], ".2f"), _number(r["paper_ppl_wikitext-103"], ".2f"),
+                 _number(r["paper_gap_the_pile"], "+.2%")]
+        loss_lines.append(f"| {r['model']} | {r['method']} | " + " | ".join(cells) + " |")
+    context = tables["context"]
+    context_lines = ["| model | window (bytes) | probe | first layer <= 0.1 | depth |", "|---|---|---|---|---|"]
+    for _, r in context.iterrows():
+        first = "not measured (past the model's window)" if not r["measured"] else \
+            ("none" if r["first_layer"] < 0 else str(int(r["first_layer"])))
+        depth = "" if pd.isna(r["depth"]) else f"{r['depth']:.2f}"
+        context_lines.append(f"| {r['model']} | {int(r['length'])} | {r['probe']} | {first} | {depth} |")
+    claims = tables["claims"]
+    claim_lines = ["| claim | paper | ours | verdict |", "|---|---|---|---|"]
+    claim_lines += [f"| {r['claim']} | {r['paper']} | {r['ours']} | {r['verdict']} |" for _, r in claims.iterrows()]
+    return "\n".join(["# nopelens compare haviv", "", "## MAD/chance by layer", "", side_by_side_markdown(tables["haviv"]),
+                      "", "## Validation loss", "", *loss_lines, "", "## Context length (NoPE)", "", *context_lines,
+                      "", context_sentence(context), "", "## Claims", "", *claim_lines, ""])
+
+
+def context_sentence(context: pd.DataFrame) -> str:
+    """What the context-length axis found, in one sentence, either way."""
+    rows = context[(context["probe"] == "mlp") & context["measured"]].sort_values("length")
+    if len(rows) < 2:
+        return "Only one window length was measured: the context-length axis says nothing yet."
+    layers = [int(v) for v in rows["first_layer"]]
+    pairs = ", ".join(f"{'none' if l < 0 else l} at {int(n)} bytes" for l, n in zip(layers, rows["length"]))
+    if layers == sorted(layers) and layers[0] != layers[-1] and min(layers) >= 0:
+        return f"With the MLP probe, the first layer at MAD/chance <= 0.1 moves deeper as the window grows ({pairs})."
+    if len(set(layers)) == 1:
+        return f"With the MLP probe, the first layer at MAD/chance <= 0.1 does not move with the window ({pairs})."
+    return f"With the MLP probe, the first layer at MAD/chance <= 0.1 does not move monotonically with the window ({pairs})."
+
+
+def write_report(folder: str | Path, tables: dict[str, pd.DataFrame]) -> list[Path]:
+    """Render the tables into ``folder``: haviv.md (the side-by-side), summary.md and haviv.png/.svg."""
+    folder = Path(folder)
+    written = [write_text_atomic(folder / "haviv.md", side_by_side_markdown(tables["haviv"]) + "\n"),
+               write_text_atomic(folder / "summary.md", summary_markdown(tables))]
+    fig = haviv_figure(tables["haviv"])
+    written += save_figure(fig, folder / "haviv")
+    plt.close(fig)
+    return written

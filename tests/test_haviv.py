@@ -1,0 +1,90 @@
+"""``nopelens compare haviv`` (issue 45): the paper's values, the side-by-side run, its refusals."""
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from nopelens.analyses import haviv_paper as paper
+from nopelens.analyses.cli import main
+from nopelens.analyses.haviv import HAVIV_MODELS, claims, first_layer_at
+from nopelens.analyses.haviv_figure import context_sentence
+from nopelens.models import zoo
+from nopelens.probes import mad_chance
+from schema import assert_folder_documented
+
+VERDICTS = {"reproduced", "direction only", "not reproduced", "not measured"}
+
+
+def test_the_papers_values_are_its_released_data_with_their_source():
+    # the paper's chance is L / 3 (continuous uniform), ours (L^2 - 1) / (3L): 3e-4 apart at L = 1024
+    assert paper.PAPER_CHANCE_MAD == pytest.approx(1024 / 3, abs=1e-4) == pytest.approx(mad_chance(1024), abs=1e-3)
+    nope = paper.paper_curve("nope")
+    # the numbers the issue quotes from the released probe data: 0.99, 0.84, 0.23, 0.08, 0.05
+    assert np.round(nope["mad_chance"][:5], 2).tolist() == [0.99, 0.84, 0.23, 0.08, 0.05]
+    assert nope["depth"].iloc[-1] == 1 and len(nope) == paper.PAPER_LAYERS + 1
+    assert paper.paper_curve("alibi")["mad_chance"].min() == pytest.approx(0.154, abs=5e-4)
+    assert paper.paper_curve("rope") is None  # the paper trained no RoPE model: nothing invented
+    table = paper.paper_table()
+    assert table["source"].str.startswith(paper.REPOSITORY).all()
+    ppl = table[table["quantity"] == "perplexity"].set_index(["dataset", "method"])["value"]
+    assert ppl[("the_pile", "nope")] > ppl[("the_pile", "learned")] > ppl[("the_pile", "alibi")]
+
+
+def test_the_comparison_zoo_differs_only_in_the_position_method():
+    recipes = [zoo.recipe(name) for name in HAVIV_MODELS]
+    assert [r.config.position for r in recipes] == list(zoo.HAVIV_METHODS)
+    assert {r.config.n_layers for r in recipes} == {6} and {r.config.n_ctx for r in recipes} == {257}
+    plain = [(r.config.to_dict() | {"position": None}, r.steps, r.train_kwargs, r.task_kwargs, r.seed) for r in recipes]
+    assert all(entry == plain[0] for entry in plain)
+
+
+def test_first_layer_and_context_sentence():
+    curve = pd.DataFrame(dict(layer=[0, 1, 2, 3], ci_high=[1.0, 0.2, 0.09, 0.05]))
+    assert first_layer_at(curve) == 2 and first_layer_at(curve, 0.01) == -1
+    context = pd.DataFrame(dict(probe="mlp", measured=True, length=[64, 128, 256], first_layer=[1, 2, 3]))
+    assert "moves deeper" in context_sentence(context)
+    assert "does not move with" in context_sentence(context.assign(first_layer=2))
+
+
+def test_quick_run_writes_every_table_and_resumes(tmp_path, capsys, one_thread):
+    args = ["compare", "haviv", "--quick", "--models", "text-nope-4l", "--contexts", "16", "--out", str(tmp_path)]
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    assert "## Claims" in out and "Only one window length" not in out
+    table = pd.read_csv(tmp_path / "haviv.csv")
+    assert set(table["source"]) == {"nopelens", "haviv2022"}
+    ours = table[table["source"] == "nopelens"]
+    assert set(ours["probe"]) == {"ridge", "mlp"} and set(ours["n_positions"]) == {17, 65}
+    floors = ours.groupby("probe")["floor"].first()
+    assert floors["ridge"] == pytest.approx(3 * 65**2 / (4 * (65**2 - 1)), abs=0.01) and floors["mlp"] == 1
+    assert (ours["n_sequences"] == 12).all()  # the kept sample, said in every row
+    claims_table = pd.read_csv(tmp_path / "claims.csv")
+    assert len(claims_table) == 5 and all(v.split(":")[0] in VERDICTS for v in claims_table["verdict"])
+    for name in ("losses.csv", "context.csv", "haviv.md", "summary.md", "haviv.png", "haviv.svg"):
+        assert (tmp_path / name).stat().st_size > 0
+    assert_folder_documented(tmp_path, "compare haviv")
+    assert main(args) == 0  # a rerun reads the finished parts back
+    assert "already measured" in capsys.readouterr().out
+    assert pd.read_csv(tmp_path / "haviv.csv").equals(table)
+
+
+def test_untrained_zoo_and_bad_input_are_one_line_and_exit_2(tmp_path, capsys):
+    missing = [name for name in HAVIV_MODELS if not (zoo.is_cached(name) or zoo.is_shipped(name))]
+    if missing:
+        assert main(["compare", "haviv", "--out", str(tmp_path / "zoo")]) == 2
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and f"nopelens train --zoo {missing[0]}" in err
+        assert not (tmp_path / "zoo").exists()
+    assert main(["compare", "haviv", "--quick", "--models", "circuit", "--out", str(tmp_path / "c")]) == 2
+    assert "not a text model" in capsys.readouterr().err and not (tmp_path / "c").exists()
+    for args in (["compare", "haviv", "--contexts", "a,b"], ["compare", "nobody"]):
+        with pytest.raises(SystemExit) as exit:
+            main(args)
+        assert exit.value.code == 2
+
+
+def test_claims_without_models_say_not_measured():
+    empty = pd.DataFrame(columns=["source", "probe", "fit", "model", "n_positions", "method", "layer", "mad_chance",
+                                  "ci_low", "ci_high"])
+    verdicts = claims(empty, pd.DataFrame(columns=["model", "method", "bits_per_byte"]))["verdict"]
+    assert (verdicts == "not measured").all()
