@@ -227,10 +227,13 @@ def probe_model(spec: str, length: int, settings: HavivSettings) -> tuple[pd.Dat
     return table.sort_values(["probe", "fit", "layer"], ignore_index=True), meta
 
 
-LEVELLED_TOLERANCE, OVERFIT_TOLERANCE = 0.01, 0.05
-"""The comparison zoo's in-distribution rule, fixed before training (docs/zoo.md): trained when the
-mean training loss over the last tenth of the steps is within 1 % of the tenth before, and the
-final validation loss at most 5 % above that last-tenth training loss."""
+LEVELLED_TOLERANCE = 0.01
+"""The comparison zoo's in-distribution rule, fixed before training (docs/zoo.md): levelled off when
+the mean training loss over the last tenth of the steps is within 1 % of the tenth before."""
+
+OVERFIT_TOLERANCE = 0.05
+"""The same rule's second half: the final validation loss at most 5 % above the last tenth's
+training loss."""
 
 
 def training_levelled(curve: pd.DataFrame | None, validation: float) -> dict:

@@ -140,9 +140,13 @@ def probe_positions_mlp(X: np.ndarray, position: np.ndarray, groups: np.ndarray,
         position: absolute position of each sample ``[n]`` (each position its class).
         groups: sequence id of each sample ``[n]`` (GroupKFold groups and bootstrap units).
         token_types: token id of each sample ``[n]`` (control task, token-identity ceiling).
-        n_splits, controls, n_boot, seed: as :func:`~nopelens.probes.linear.probe_features`.
+        n_splits: folds, as :func:`~nopelens.probes.linear.probe_features`.
+        controls: fit the control task and shuffled labels too, as there.
+        n_boot: bootstrap replicates over sequences, as there.
+        seed: folds, bootstrap, shuffles and the MLP's initialisation.
         dtype: the dtype the activations were computed in (default ``X``'s).
-        epochs, min_steps: training length of every fit (:class:`MLPPositionProbe`).
+        epochs: passes over the fitting side in every fit (:class:`MLPPositionProbe`).
+        min_steps: at least this many optimizer steps in every fit, however few the samples.
 
     Returns:
         The rows of :func:`~nopelens.probes.linear.score_probes` (``probe`` ``linear`` is the MLP
