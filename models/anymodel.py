@@ -128,7 +128,9 @@ def _lists(model: nn.Module) -> list[tuple[str, list[str]]]:
 
 
 def _inside(stack: tuple[str, ...], path: str) -> bool:
-    return path in stack
+    """Whether a call made with these modules running ran under ``path`` (which may itself never be
+    called, as a ``ModuleList`` entry)."""
+    return any(running == path or running.startswith(path + ".") for running in stack)
 
 
 def _block_list(census: _Census, tokens: Tensor) -> SiteMap | None:
