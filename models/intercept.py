@@ -147,7 +147,7 @@ def infer_key_window(visible: Tensor) -> KeyWindow | None:
         candidates.append(KeyWindow(chunk=int(blocked_first[0])))
     for keys in candidates:
         if torch.equal(keys.visible(n), grid):
-            return CAUSAL if keys.causal_only or (keys.window or n) >= n else keys
+            return CAUSAL if keys.window is not None and keys.window >= n else keys
     return None
 
 
