@@ -1,0 +1,100 @@
+"""Issue 47: a third-party model library through hook_any with nothing written by hand.
+
+x-transformers (an optional test extra) builds its decoder as one flat list of attention and
+feed-forward entries, each ``[norms, block, Residual]``; its layer 0 is a projection after the
+embeddings, and its attention pattern is reachable by module hooks only as the input of a
+``Dropout(p=0)``. hook_any finds the residual stream at the ``Residual`` adds and reads the
+attention from the softmax (or, with ``attn_flash``, the ``scaled_dot_product_attention``) call.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from nopelens.models.adapters import HookedModule
+from nopelens.models.anymodel import hook_any
+from nopelens.models.hooks import act_names
+from nopelens.models.masks import KeyWindow
+from nopelens.probes import collect, probe_absolute_index, resid_sites, sink_table
+from nopelens.probes.sink_patterns import sink_mass_by_query
+
+x_transformers = pytest.importorskip("x_transformers")
+
+PATTERNS = act_names("pattern", 2)
+POSITIONS = {"nope": {}, "rope": {"rotary_pos_emb": True}, "alibi": {"alibi_pos_bias": True}}
+
+
+def decoder(position="nope", seed=0, **kwargs):
+    torch.manual_seed(seed)
+    layers = x_transformers.Decoder(dim=32, depth=2, heads=4, **POSITIONS[position], **kwargs)
+    return x_transformers.TransformerWrapper(num_tokens=64, max_seq_len=32, use_abs_pos_emb=False,
+                                             attn_layers=layers).eval()
+
+
+def tokens(n=6, length=12):
+    return torch.randint(0, 64, (n, length), generator=torch.Generator().manual_seed(1))
+
+
+def test_the_map_found_reads_the_residual_adds_and_equals_a_hand_written_map_bit_for_bit(capsys):
+    model = decoder()
+    hooked = hook_any(model)
+    auto = collect(hooked, tokens(), resid_sites(2))
+    assert "blocks.0.hook_resid_pre <- attn_layers.layers.0.2:input.1" in capsys.readouterr().err
+    hooked.remove()
+    by_hand = HookedModule(model, {"blocks.0.hook_resid_pre": "attn_layers.layers.0.2:input.1",
+                                   "blocks.0.hook_resid_post": "attn_layers.layers.1.2",
+                                   "blocks.1.hook_resid_post": "attn_layers.layers.3.2"})
+    manual = collect(by_hand, tokens(), resid_sites(2))
+    for site in resid_sites(2):
+        assert np.array_equal(auto.acts[site], manual.acts[site]), site
+
+
+@pytest.mark.parametrize("position", sorted(POSITIONS))
+def test_fused_patterns_equal_the_librarys_own_attention_weights(position):
+    explicit, fused = decoder(position), decoder(position, attn_flash=True)
+    fused.load_state_dict(explicit.state_dict())
+    with torch.no_grad():
+        _, own = explicit(tokens(), return_attn=True)  # x-transformers' own post-softmax weights
+    for model in (explicit, fused):
+        acts = collect(hook_any(model, verbose=False), tokens(), PATTERNS)
+        for l, site in enumerate(PATTERNS):
+            np.testing.assert_allclose(np.stack(acts.patterns[site]), own[l].numpy(), atol=1e-6)
+
+
+@pytest.mark.parametrize("flash", [False, True])
+def test_known_answers_zero_qk_and_repeated_nope(flash):
+    model = decoder(attn_flash=flash)
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            if name.endswith(("to_q.weight", "to_k.weight")):
+                parameter.zero_()
+    acts = collect(hook_any(model, verbose=False), tokens(), PATTERNS)
+    for site in PATTERNS:
+        for by_query in sink_mass_by_query(acts.patterns[site]):
+            np.testing.assert_allclose(by_query, np.broadcast_to(1 / np.arange(1, 13), by_query.shape), atol=1e-7)
+    repeated = collect(hook_any(decoder(attn_flash=flash), verbose=False), torch.full((24, 12), 5), resid_sites(2))
+    r2 = probe_absolute_index(repeated, tasks=("regression",), n_boot=20).query("probe == 'linear' and metric == 'r2'")
+    assert len(r2) == 3 and np.all(np.abs(r2["value"]) < 1e-6), r2
+
+
+def test_a_sliding_window_travels_with_the_activations_and_the_sink_mass_averages_the_queries_that_see_key_0():
+    model = decoder(attn_max_attend_past=3)  # key j visible to query i when i - j <= 3: a window of 4
+    acts = collect(hook_any(model, verbose=False), tokens(6, 16), PATTERNS)
+    assert acts.windows == {0: KeyWindow(window=4), 1: KeyWindow(window=4)}
+    table = sink_table(acts, n_tokens=None)
+    for l, site in enumerate(PATTERNS):
+        by_hand = np.mean([p[:, 1:4, 0].astype(np.float64).mean(1) for p in acts.patterns[site]], axis=0)
+        np.testing.assert_allclose(table.query(f"block == {l}")["sink_mass"], by_hand, rtol=1e-9)
+
+
+def test_sigmoid_attention_is_refused_by_the_pattern_read():
+    model = decoder(attn_sigmoid=True)
+    hooked = hook_any(model, verbose=False)
+    assert "blocks.0.attn.hook_pattern" not in hooked.hook_dict  # no softmax call
+    hooked.remove()
+    by_hand = HookedModule(model, {site: f"attn_layers.layers.{2 * l}.1.attend.attn_dropout:input"
+                                   for l, site in enumerate(PATTERNS)})  # the issue's route to the weights
+    with pytest.raises(ValueError, match="has rows that sum to .*not a softmax distribution"):
+        sink_table(collect(by_hand, tokens(), PATTERNS))
