@@ -23,8 +23,11 @@ and gets no attention sites.
 
 from __future__ import annotations
 
+import importlib
+import importlib.util
 import sys
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Callable, Mapping
 
 import torch
@@ -377,3 +380,53 @@ def hook_any(model: nn.Module, sites: Mapping[str, str] | None = None, *, tokens
     if verbose:
         print(found.describe(type(model).__name__), file=sys.stderr)
     return HookedAny(model, found.sites, found.blocks, attention, output_fn)
+
+
+def load_factory(ref: str) -> nn.Module:
+    """The module a user's own factory builds: ``path/to/file.py:make_model`` or ``package.module:make_model``,
+    called with no arguments (the file runs as a module named after it; nothing is unpickled).
+
+    A file runs with its own folder first on ``sys.path`` (as ``python file.py`` would), so it may
+    import its neighbours.
+
+    Raises:
+        FileNotFoundError: if the file does not exist.
+        ValueError: if ``ref`` has no ``:FUNCTION``, importing the file or module raises, the function
+            is missing, or calling it raises (the line names the factory and the error).
+        TypeError: if it returns no ``nn.Module``.
+    """
+    source, _, name = ref.rpartition(":")
+    if not source or not name.isidentifier():
+        raise ValueError(f"factory {ref!r}: write FILE.py:FUNCTION or package.module:FUNCTION")
+    if source.endswith(".py") and not Path(source).is_file():
+        raise FileNotFoundError(f"factory {ref!r}: no such file {source}")
+    try:
+        module = _import(source)
+    except Exception as error:  # the user's code: one line naming it, not a traceback from inside it
+        raise ValueError(f"factory {ref!r}: importing {source} raised {type(error).__name__}: {error}") from error
+    factory = getattr(module, name, None)
+    if not callable(factory):
+        raise ValueError(f"factory {ref!r}: {source} defines no function {name}")
+    try:
+        model = factory()
+    except Exception as error:  # the user's code: one line naming it, not a traceback from inside it
+        raise ValueError(f"factory {ref!r} raised {type(error).__name__}: {error}") from error
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"factory {ref!r} returned a {type(model).__name__}, not a torch.nn.Module")
+    return model
+
+
+def _import(source: str):
+    """The module of ``source``: a ``.py`` file (its folder on ``sys.path`` while it is imported), or a
+    dotted module name."""
+    if not source.endswith(".py"):
+        return importlib.import_module(source)
+    path = Path(source).resolve()
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.path.insert(0, str(path.parent))
+    try:
+        spec.loader.exec_module(module)
+    finally:
+        sys.path.remove(str(path.parent))
+    return module
