@@ -10,7 +10,9 @@ Two structures are recognised, both checked on the census pass (every residual s
 
 - a list of blocks (``nn.ModuleList``/``nn.Sequential``) each making exactly one attention call
   (nanoGPT, minGPT, HF, litgpt, torch's ``TransformerEncoder``): ``blocks.{l}.hook_resid_pre`` is
-  block l's input, ``hook_resid_post`` its output;
+  block l's input, ``hook_resid_post`` its output; where the blocks return only their branch and
+  the loop adds it (``x = x + block(x)``, checked exactly), the stream is read at the next block's
+  input, and after the last block at the input of the next module called (a final norm or unembedding);
 - a flat list of sublayer entries, one attention call in some and none in others (an attention
   entry and the feed-forward entries after it make one block), where each entry adds its branch to
   the residual stream in a module of its own (x-transformers' ``layers``: ``[norms, block,
@@ -147,13 +149,31 @@ def _block_list(census: _Census, tokens: Tensor) -> SiteMap | None:
             if per_child != [1] * len(children) or len(census.attention) != len(children):
                 continue
         calls = [census.call(child) for child in children]
-        if not all(call.args and _is_stream(call.args[0], tokens) and _is_stream(call.output, tokens) for call in calls):
-            continue
-        if not all(torch.equal(calls[l].output, calls[l + 1].args[0]) for l in range(len(calls) - 1)):
+        if not all(call.args and _is_stream(call.args[0], tokens) for call in calls):
             continue
         sites = {act_name("resid_pre", 0): f"{children[0]}:input"}
-        sites.update({act_name("resid_post", l): child for l, child in enumerate(children)})
-        return SiteMap(sites, [[child] for child in children], bool(census.attention))
+        if all(_is_stream(call.output, tokens) for call in calls) and all(
+                torch.equal(calls[l].output, calls[l + 1].args[0]) for l in range(len(calls) - 1)):
+            sites.update({act_name("resid_post", l): child for l, child in enumerate(children)})
+            return SiteMap(sites, [[child] for child in children], bool(census.attention))
+        after = _next_input(census, calls[-1])  # blocks that return their branch: x = x + block(x)
+        adds = [call.args[0] for call in calls[1:]] + ([after.args[0]] if after else [])
+        if after is None or not all(torch.equal(adds[l], calls[l].args[0] + calls[l].output) for l in range(len(calls))):
+            continue
+        sites.update({act_name("resid_post", l): f"{children[l + 1]}:input" for l in range(len(children) - 1)})
+        sites[act_name("resid_post", len(children) - 1)] = f"{after.path}:input"
+        note = f"the blocks return their branch (x = x + block(x)): the stream is read at their inputs and {after.path}'s"
+        return SiteMap(sites, [[child] for child in children], bool(census.attention), [note])
+    return None
+
+
+def _next_input(census: _Census, last: _Call) -> _Call | None:
+    """The first module called once after ``last`` (outside it) on a ``[batch, pos, d_model]`` input."""
+    for call in census.calls[census.calls.index(last) + 1:]:
+        if call.path.startswith(last.path + ".") or not call.args or not isinstance(call.args[0], Tensor):
+            continue
+        if call.args[0].shape == last.args[0].shape and census.count(call.path) == 1:
+            return call
     return None
 
 

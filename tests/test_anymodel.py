@@ -234,3 +234,68 @@ def test_sigmoid_attention_is_no_distribution_and_every_read_refuses_it():
     weights = [np.tril(np.full((1, 5, 5), 0.6))]
     with pytest.raises(ValueError, match="pattern 0 has rows that sum to up to 3"):
         sink_mass_by_query(weights)
+
+
+FACTORY = '''
+import math, torch
+from torch import nn
+import torch.nn.functional as F
+
+class Attention(nn.Module):
+    def __init__(self, sigmoid=False):
+        super().__init__()
+        self.qkv, self.out, self.sigmoid = nn.Linear(32, 96), nn.Linear(32, 32), sigmoid
+    def forward(self, x):
+        B, T, C = x.shape
+        q, k, v = (t.view(B, T, 4, 8).transpose(1, 2) for t in self.qkv(x).split(C, dim=2))
+        if self.sigmoid:
+            y = (torch.sigmoid(q @ k.transpose(-2, -1) / math.sqrt(8)) * torch.ones(T, T).tril()) @ v
+        else:
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return self.out(y.transpose(1, 2).reshape(B, T, C))
+
+class Model(nn.Module):
+    def __init__(self, sigmoid=False, shared=False):
+        super().__init__()
+        torch.manual_seed(0)
+        self.embed, self.unembed = nn.Embedding(64, 32), nn.Linear(32, 64)
+        self.blocks = nn.ModuleList(Attention(sigmoid) for _ in range(1 if shared else 2))
+        self.shared = shared
+    def forward(self, tokens):
+        x = self.embed(tokens)
+        for block in (list(self.blocks) * 2 if self.shared else self.blocks):
+            x = x + block(x)
+        return self.unembed(x)
+
+def make_model():
+    return Model()
+
+def sigmoid_model():
+    return Model(sigmoid=True)
+
+def shared_model():
+    return Model(shared=True)
+
+def broken():
+    raise RuntimeError("out of coffee")
+'''
+
+
+def test_cli_probes_and_sink_measures_a_factory_model_and_refuses_bad_ones_in_one_line(tmp_path, capsys):
+    from nopelens.analyses import cli
+
+    (tmp_path / "mine.py").write_text(FACTORY)
+    spec = f"factory:{tmp_path / 'mine.py'}"
+    assert cli.main(["sinks", f"{spec}:make_model", "--n-sequences", "4", "--seq-len", "70", "--quiet"]) == 0
+    out = capsys.readouterr()
+    assert "blocks.1.hook_resid_post <- unembed:input" in out.err  # the loop adds each block's branch
+    assert "sink mass (rows: layer, columns: head)" in out.out
+    assert cli.main(["probe", f"{spec}:make_model", "--n-sequences", "8", "--seq-len", "8", "--quiet",
+                     "--out", str(tmp_path / "run")]) == 0
+    assert (tmp_path / "run" / "layers.csv").exists()
+    capsys.readouterr()
+    for function, words in (("sigmoid_model", "no softmax attention call"), ("shared_model", "pass sites="),
+                            ("broken", "raised RuntimeError: out of coffee"), ("missing", "defines no function")):
+        assert cli.main(["sinks", f"{spec}:{function}", "--n-sequences", "4", "--seq-len", "70", "--quiet"]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert words in err[-1] and err[-1].startswith("nopelens sinks: error:"), err
