@@ -271,7 +271,9 @@ class HookedAny(HookedModule):
     with another number of calls than blocks, is refused. ``key_windows`` holds, per block, the
     sliding window or chunk its last intercepted call was made under (blocks under the causal rule
     are not listed; ``unknown_masks`` lists the blocks whose mask is neither), so reads need no
-    ``windows=``.
+    ``windows=``; ``sink_blocks`` the blocks whose softmax carried a learned sink's logit (one key
+    more than queries): their patterns sum to 1 - p_sink, and :func:`nopelens.probes.collect`
+    records them so that ``sink_table`` reports the sink's mass.
 
     Args:
         model: the module; sites: as :class:`HookedModule`; blocks: per block, the module paths
@@ -291,6 +293,7 @@ class HookedAny(HookedModule):
         self.mod_dict.update(self.hook_dict)
         self.key_windows: dict[int, KeyWindow] = {}
         self.unknown_masks: set[int] = set()
+        self.sink_blocks: set[int] = set()  # blocks whose softmax carries a learned sink's column
         self._inside: list[int] = []  # the blocks whose modules are running
         self._calls_made: list[int] = []
         modules = dict(model.named_modules())
@@ -329,7 +332,9 @@ class HookedAny(HookedModule):
         if kind == "sdpa":
             out, visible = run_sdpa(func, args, kwargs, self._point(block), self._wants(block))
         else:
-            out, visible = run_softmax(func, args, kwargs, self._point(block))
+            out, visible, sink = run_softmax(func, args, kwargs, self._point(block))
+            if sink:
+                self.sink_blocks.add(block)
         self._record_mask(block, visible)
         return out
 

@@ -61,13 +61,30 @@ def softmax_arguments(func, args: tuple, kwargs: dict) -> tuple[Tensor, int | No
 
 def is_attention_softmax(func, args: tuple, kwargs: dict) -> bool:
     """Whether a softmax call is over the keys of a ``[batch, head_index, query_pos, key_pos]`` score
-    tensor of one forward pass (4 axes, the last two equal, softmax over the last)."""
+    tensor of one forward pass (4 axes, softmax over the last, which has as many keys as queries, or
+    one more: a learned sink's logit, GPT-OSS's ``[scores, sink]`` or x-transformers' ``[sink, scores]``)."""
     try:
         scores, dim, _ = softmax_arguments(func, args, kwargs)
     except TypeError:
         return False
-    return (isinstance(scores, Tensor) and scores.ndim == 4 and scores.shape[-1] == scores.shape[-2]
+    return (isinstance(scores, Tensor) and scores.ndim == 4 and scores.shape[-1] - scores.shape[-2] in (0, 1)
             and dim is not None and dim % 4 == 3)
+
+
+def sink_column(scores: Tensor) -> int:
+    """Which column of a ``[batch, head, T, T + 1]`` score tensor is the learned sink: 0 or T, the one
+    every query sees while the other T columns keep the causal rule (query 0 sees key 0 only).
+
+    Raises:
+        ValueError: if neither reading gives a causal pattern (the extra column is not a sink).
+    """
+    visible = visible_keys(scores[:1, :1])[0, 0]
+    n = visible.shape[0]
+    for column, keys in ((0, visible[:, 1:]), (n, visible[:, :-1])):
+        if bool(visible[:, column].all()) and not bool(keys.triu(1).any()) and bool(keys[0, 0]):
+            return column
+    raise ValueError(f"a softmax over {n} queries and {n + 1} keys whose extra key is neither first nor last "
+                     "for every query: not a learned sink nopelens can read")
 
 
 def sdpa_scores(query: Tensor, key: Tensor, attn_mask: Tensor | None = None, is_causal: bool = False,
@@ -210,13 +227,27 @@ def run_sdpa(func, args: tuple, kwargs: dict, point: Callable[[str, Tensor], Ten
     return (read.double() @ v.double()).to(q.dtype), visible
 
 
-def run_softmax(func, args: tuple, kwargs: dict, point: Callable[[str, Tensor], Tensor]) -> tuple[Tensor, Tensor]:
+def run_softmax(func, args: tuple, kwargs: dict, point: Callable[[str, Tensor], Tensor]) -> tuple[Tensor, Tensor, bool]:
     """One explicit attention softmax through its block's ``hook_attn_scores`` and ``hook_pattern``.
 
+    With a learned sink's column (:func:`sink_column`), the hooks see the T key columns only: the
+    pattern's rows then sum to 1 - p_sink (what :func:`nopelens.probes.sink_table` reads as the
+    sink's mass), and the sink column is put back where the model expects it.
+
     Returns:
-        (the pattern the model goes on with, its visible keys).
+        (the pattern the model goes on with, its visible keys, whether the call carried a sink).
     """
     scores, dim, dtype = softmax_arguments(func, args, kwargs)
-    read = point("attn_scores", scores)
+    sink = scores.shape[-1] != scores.shape[-2]
+    column = sink_column(scores) if sink else None
+    keys = slice(None) if not sink else (slice(1, None) if column == 0 else slice(None, -1))
+    read = point("attn_scores", scores[..., keys])
+    if sink:
+        sink_scores = scores[..., column:column + 1]
+        read = torch.cat((sink_scores, read) if column == 0 else (read, sink_scores), dim=-1)
     pattern = func(read, dim, dtype=dtype) if dtype is not None else func(read, dim)
-    return point("pattern", pattern), visible_keys(read[:, :1])
+    seen = point("pattern", pattern[..., keys])
+    if sink:
+        sink_weights = pattern[..., column:column + 1]
+        seen = torch.cat((sink_weights, seen) if column == 0 else (seen, sink_weights), dim=-1)
+    return seen, visible_keys(read[:, :1, :, keys]), sink

@@ -110,6 +110,9 @@ class Activations:
         windows: block -> the sliding window or chunk the patterns were computed under, recorded by
             :func:`collect` from the model (:func:`model_key_windows`); the sink and variance reads
             use it when no ``windows`` is passed. None: not recorded (built by hand).
+        sinks: block -> (``"learned"``, None) for each block the model declares a learned sink in
+            (``model.sink_blocks``: a :class:`~nopelens.models.anymodel.HookedAny` finds them in its
+            softmax calls); ``sink_table`` reports their mass when no ``sinks`` is passed.
     """
 
     acts: dict[str, np.ndarray]
@@ -119,6 +122,7 @@ class Activations:
     patterns: dict[str, list[np.ndarray]] = field(default_factory=dict)
     dtypes: dict[str, str] = field(default_factory=dict)
     windows: dict[int, KeyWindow] | None = None
+    sinks: dict[int, tuple] | None = None
 
     @property
     def n_samples(self) -> int:
@@ -267,7 +271,6 @@ def collect(
         patterns={site: [] for site in sites if is_pattern_site(site)},
     )
     n_samples, filled = int(real.sum()), 0
-    sink_blocks = model_sink_blocks(model)
     flags = [(module, module.training) for module in model.modules()]
     model.eval()
     try:
@@ -282,7 +285,7 @@ def collect(
                 value = captured[site]
                 if is_pattern_site(site):
                     _store_patterns(out.patterns[site], value, batch_mask, site, start,
-                                    site_block(site) in sink_blocks, out.dtypes.get(site))
+                                    site_block(site) in model_sink_blocks(model), out.dtypes.get(site))
                     continue
                 rows = _real_rows(value, batch_real, site, start)
                 if site not in out.acts:
@@ -293,6 +296,8 @@ def collect(
         for module, training in flags:
             module.training = training
     out.windows = model_key_windows(model)
+    declared = sorted(getattr(model, "sink_blocks", None) or ())  # not an HF model's: its CLI passes sinks= with logits
+    out.sinks = {block: ("learned", None) for block in declared} or None
     return out
 
 

@@ -69,7 +69,8 @@ def sink_table(acts: Activations, eps: float = GU_EPSILON, n_tokens: int | None 
             recorded with the activations (``acts.windows``).
         sinks: block -> (kind, per-head logits or None) of a sink that is not a token
             (``learned``, ``per_token``, ``output_scale``; module docstring). An output-scale
-            block needs its ``attn.hook_v`` and ``attn.hook_z`` collected.
+            block needs its ``attn.hook_v`` and ``attn.hook_z`` collected. Default: the learned sinks
+            :func:`collect` recorded (``acts.sinks``).
         sites: the ``hook_pattern`` sites to read (default: every one collected); an empty list
             gives an empty table with the columns (e.g. every block's window is 1,
             :func:`sink_read_reason`).
@@ -92,6 +93,7 @@ def sink_table(acts: Activations, eps: float = GU_EPSILON, n_tokens: int | None 
     if not sites:
         return empty_sink_table(n_tokens, sinks)
     windows = acts.windows if windows is None else windows
+    sinks = acts.sinks if sinks is None else sinks
     sequences = Sequences.of_activations(acts)
     return replay(acts, [SinkStats(sequences, sites, eps, n_tokens, windows, sinks)], sequences=sequences)[0]
 

@@ -98,3 +98,24 @@ def test_sigmoid_attention_is_refused_by_the_pattern_read():
                                    for l, site in enumerate(PATTERNS)})  # the issue's route to the weights
     with pytest.raises(ValueError, match="has rows that sum to .*not a softmax distribution"):
         sink_table(collect(by_hand, tokens(), PATTERNS))
+
+
+def test_a_learned_sink_in_the_softmax_is_found_and_its_mass_reported():
+    """x-transformers' head_learned_sink puts one logit per head before the keys ([sink, scores]): with
+    zero W_Q, W_K and sink logits 0, query i spreads its weight evenly over i + 1 keys and the sink, so
+    the sink's mass is 1 / (i + 2) and the first key's 1 / (i + 2) too."""
+    model = decoder(attn_head_learned_sink=True)
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            if name.endswith(("to_q.weight", "to_k.weight", "head_attn_sink")):
+                parameter.zero_()
+    hooked = hook_any(model, verbose=False)
+    acts = collect(hooked, tokens(), PATTERNS)
+    assert hooked.sink_blocks == {0, 1} and acts.sinks == {0: ("learned", None), 1: ("learned", None)}
+    table = sink_table(acts, n_tokens=None)
+    expected = np.mean(1 / np.arange(2, 14))  # the 12 query rows' sink mass
+    np.testing.assert_allclose(table["learned_sink_mass"], expected, atol=1e-7)
+    np.testing.assert_allclose(table["sink_mass"], np.mean(1 / np.arange(3, 14)), atol=1e-7)  # rows 1..11
+    with torch.no_grad():
+        _, own = model(tokens(), return_attn=True)
+    np.testing.assert_allclose(np.stack(acts.patterns[PATTERNS[0]]), own[0][..., 1:].numpy(), atol=1e-6)  # its sink first
