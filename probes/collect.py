@@ -37,6 +37,7 @@ import torch
 from jaxtyping import Int
 from torch import Tensor
 
+from nopelens.models.hf import describe
 from nopelens.models.hooks import act_name
 from nopelens.models.masks import KeyWindow
 
@@ -305,8 +306,6 @@ def _hf_description(model):
     """The HF description of a bridged or hooked HF model (cached per model), else None."""
     if getattr(getattr(model, "original_model", None), "config", None) is None:
         return None
-    from nopelens.models.hf import describe
-
     return describe(model)
 
 
