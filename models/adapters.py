@@ -94,7 +94,9 @@ class HookedModule(HookedRootModule):
     refused: which call a site means would be ambiguous. Under left padding, position ids are
     counted from the attention mask and passed as ``position_ids`` when the wrapped module's
     forward takes them; a module that takes none is refused padded input (its positions would
-    be those of the padded row, shifted by the padding).
+    be those of the padded row, shifted by the padding). An ``attention_mask`` the module's forward
+    does not take is dropped where that is exact (no padding, or right padding: a causal model's
+    real tokens never see it) and left padding refused, naming the class and what it takes.
 
     Args:
         model: the module to wrap; called as ``model(tokens, **kwargs)``.
