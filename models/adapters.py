@@ -176,7 +176,7 @@ class HookedModule(HookedRootModule):
 
     def forward(self, tokens: Tensor, **kwargs) -> Tensor:
         mask = kwargs.get("attention_mask")
-        if mask is not None and not _takes(self.model, "attention_mask"):
+        if mask is not None and not _names(self.model, "attention_mask"):  # a **kwargs catch-all may fail deep inside
             kwargs.pop("attention_mask")
             if _left_padded(mask):  # a causal model's real tokens never see right padding: dropping it is exact
                 raise ValueError(
@@ -242,6 +242,14 @@ def _takes(module: nn.Module, name: str) -> bool:
     except (TypeError, ValueError):
         return False
     return name in params or any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
+
+
+def _names(module: nn.Module, name: str) -> bool:
+    """Whether ``module``'s forward names the parameter ``name`` (not only through ``**kwargs``)."""
+    try:
+        return name in inspect.signature(module.forward).parameters
+    except (TypeError, ValueError):
+        return False
 
 
 def _accepts(module: nn.Module) -> str:

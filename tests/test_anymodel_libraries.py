@@ -119,3 +119,22 @@ def test_a_learned_sink_in_the_softmax_is_found_and_its_mass_reported():
     with torch.no_grad():
         _, own = model(tokens(), return_attn=True)
     np.testing.assert_allclose(np.stack(acts.patterns[PATTERNS[0]]), own[0][..., 1:].numpy(), atol=1e-6)  # its sink first
+
+
+def test_cli_sink_measures_an_x_transformers_factory_under_its_window(tmp_path):
+    """The library's forward takes **kwargs but no attention_mask: nopelens does not hand it one (the
+    issue's error from inside the library), and the window its calls ran under reaches sinks.csv."""
+    import pandas as pd
+
+    from nopelens.analyses import cli
+
+    (tmp_path / "xt.py").write_text(
+        "from x_transformers import Decoder, TransformerWrapper\n\n"
+        "def make_model():\n"
+        "    return TransformerWrapper(num_tokens=64, max_seq_len=80, use_abs_pos_emb=False,\n"
+        "        attn_layers=Decoder(dim=32, depth=2, heads=4, rotary_pos_emb=True, attn_max_attend_past=7))\n")
+    out = tmp_path / "sinks"
+    assert cli.main(["sinks", f"factory:{tmp_path / 'xt.py'}:make_model", "--n-sequences", "4", "--seq-len", "70",
+                     "--quiet", "--out", str(out)]) == 0
+    table = pd.read_csv(out / "sinks.csv")
+    assert set(table["key_window"]) == {"sliding window 8"} and set(table["block"]) == {0, 1}
