@@ -36,7 +36,7 @@ import torch
 from torch import Tensor, nn
 from transformer_lens.hook_points import HookPoint
 
-from .adapters import HookedModule, _key, _site_spec
+from .adapters import HookedModule, _key
 from .hooks import act_name
 from .intercept import AttentionInterceptor, infer_key_window, run_sdpa, run_softmax
 from .masks import CAUSAL, KeyWindow
@@ -282,8 +282,7 @@ class HookedAny(HookedModule):
 
     def __init__(self, model: nn.Module, sites: Mapping[str, str], blocks: list[list[str]], attention: bool = True,
                  output_fn: Callable[[Any], Tensor] | None = None):
-        attention_sites = {act_name(name, l): None for l in range(len(blocks)) for name in ATTENTION_POINTS} \
-            if attention else {}
+        attention_sites = [act_name(name, l) for l in range(len(blocks)) for name in ATTENTION_POINTS] if attention else []
         super().__init__(model, sites, output_fn)
         self.n_blocks, self.attention = len(blocks), attention
         self.points.update({_key(name): HookPoint() for name in attention_sites})
@@ -397,10 +396,7 @@ def hook_any(model: nn.Module, sites: Mapping[str, str] | None = None, *, tokens
             raise
         found = SiteMap(dict(sites), [[] for name in sites if name.endswith("hook_resid_post")], False)
     if sites is not None:
-        missing = [spec for spec in sites.values() if _site_spec(spec)[0] not in dict(model.named_modules())]
-        if missing:
-            raise KeyError(f"module paths not found: {missing}")
-        found.sites = dict(sites)
+        found.sites = dict(sites)  # HookedModule checks the paths
     attention = found.attention if attention is None else attention
     if verbose:
         print(found.describe(type(model).__name__), file=sys.stderr)
