@@ -250,9 +250,12 @@ def find_sites(model: nn.Module, tokens: Tensor | None = None) -> SiteMap:
     census.run(tokens)
     found = _block_list(census, tokens) or _sublayer_list(census, tokens)
     if found is None:
+        lists = ", ".join(f"{path or '(the model)'}: {len(children)} entries, run {[census.count(c) for c in children]} times"
+                          for path, children in _lists(model)) or "none"
         raise UnmappableModelError(
-            f"cannot find the residual stream of {type(model).__name__}: no list of blocks that each make one attention "
-            f"call ({len(census.attention)} attention calls seen) and pass on a [batch, pos, d_model] state; pass "
+            f"cannot find the residual stream of {type(model).__name__}: no list of blocks that each run once, make one "
+            f"attention call ({len(census.attention)} attention calls seen) and pass on a [batch, pos, d_model] state "
+            f"(module lists: {lists}); pass "
             "sites={'blocks.0.hook_resid_pre': 'PATH:input', 'blocks.{l}.hook_resid_post': 'PATH', ...} "
             "(hook_any(model, sites=...))")
     embed = _embedding(census, tokens)
