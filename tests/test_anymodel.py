@@ -299,3 +299,10 @@ def test_cli_probes_and_sink_measures_a_factory_model_and_refuses_bad_ones_in_on
         assert cli.main(["sinks", f"{spec}:{function}", "--n-sequences", "4", "--seq-len", "70", "--quiet"]) == 2
         err = capsys.readouterr().err.strip().splitlines()
         assert words in err[-1] and err[-1].startswith("nopelens sinks: error:"), err
+
+
+def test_the_audit_refuses_a_hooked_module_in_one_line():
+    from nopelens.analyses.audit import audit
+
+    with pytest.raises(TypeError, match="audit does not read a HookedAny .* yet"):
+        audit(hook_any(nano(), verbose=False))

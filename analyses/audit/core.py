@@ -10,7 +10,7 @@ from torch import Tensor
 from transformers import PreTrainedModel
 
 from nopelens.models import Decoder
-from nopelens.models.adapters import HookedHFModel, load_hf_model
+from nopelens.models.adapters import HookedHFModel, HookedModule, load_hf_model
 from nopelens.probes import stream as probes_stream
 
 from .hf import BridgeSubject, HookedSubject
@@ -42,6 +42,10 @@ def make_subject(model: Any, name: str | None) -> tuple[Subject, dict[str, Any]]
         return HookedSubject(model, name or type(model.original_model).__name__), metadata
     if isinstance(model, PreTrainedModel):
         return make_subject(load_hf_model(model), name or type(model).__name__)[0], metadata
+    if isinstance(model, HookedModule):
+        raise TypeError(f"audit does not read a {type(model).__name__} (hook_any, HookedModule) yet: the audit's steps "
+                        "need a declared position method and a model that takes masks and position ids; collect, the "
+                        "probes and sink_table read it (nopelens probe / sinks factory:FILE.py:FUNCTION)")
     raise TypeError(
         f"audit needs a nopelens Decoder, a TrainedModel, a TransformerBridge, a HookedHFModel or an HF causal LM; "
         f"got {type(model).__name__}"
