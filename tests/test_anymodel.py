@@ -23,20 +23,34 @@ from nopelens.probes.sink_patterns import sink_mass_by_query
 PATTERNS = act_names("pattern", 2)
 
 
-class CausalSelfAttention(nn.Module):
-    """nanoGPT's attention (NoPE), fused (``scaled_dot_product_attention``) or explicit, with GQA."""
+def rotate(x, positions, base=10000.0):
+    """RoPE (rotate-half layout) of ``[batch, head, pos, d_head]`` at ``[batch, pos]`` positions."""
+    half = x.shape[-1] // 2
+    angles = positions[:, None, :, None].double() * base ** (-torch.arange(half).double() / half)
+    cos, sin = angles.cos().to(x.dtype), angles.sin().to(x.dtype)
+    x1, x2 = x[..., :half], x[..., half:]
+    return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), -1)
 
-    def __init__(self, d_model: int, n_heads: int, fused: bool, n_kv_heads: int | None = None, window: int | None = None):
+
+class CausalSelfAttention(nn.Module):
+    """nanoGPT's attention (NoPE, or RoPE with ``rope``), fused (``scaled_dot_product_attention``) or
+    explicit, with GQA."""
+
+    def __init__(self, d_model: int, n_heads: int, fused: bool, n_kv_heads: int | None = None, window: int | None = None,
+                 rope: bool = False):
         super().__init__()
         self.n_heads, self.n_kv, self.d_head = n_heads, n_kv_heads or n_heads, d_model // n_heads
         self.c_attn = nn.Linear(d_model, d_model + 2 * self.n_kv * self.d_head)
         self.c_proj = nn.Linear(d_model, d_model)
-        self.fused, self.window = fused, window
+        self.fused, self.window, self.rope = fused, window, rope
 
-    def forward(self, x):
+    def forward(self, x, positions=None):
         B, T, C = x.shape
         q, k, v = self.c_attn(x).split([C, self.n_kv * self.d_head, self.n_kv * self.d_head], dim=2)
         q, k, v = (t.view(B, T, -1, self.d_head).transpose(1, 2) for t in (q, k, v))
+        if self.rope:
+            positions = torch.arange(T).expand(B, T) if positions is None else positions
+            q, k = rotate(q, positions), rotate(k, positions)
         if self.window is not None:  # a boolean sliding-window mask, True = may attend
             i = torch.arange(T)
             mask = (i[None, :] <= i[:, None]) & (i[:, None] - i[None, :] < self.window)
@@ -58,8 +72,8 @@ class Block(nn.Module):
         self.attn = CausalSelfAttention(d_model, n_heads, **kwargs)
         self.mlp = nn.Sequential(nn.Linear(d_model, 4 * d_model), nn.GELU(), nn.Linear(4 * d_model, d_model))
 
-    def forward(self, x):
-        x = x + self.attn(self.ln_1(x))
+    def forward(self, x, positions=None):
+        x = x + self.attn(self.ln_1(x), positions)
         return x + self.mlp(self.ln_2(x))
 
 
@@ -73,16 +87,23 @@ class NanoGPT(nn.Module):
             h=nn.ModuleList(Block(d_model, n_heads, fused=fused, **kwargs) for _ in range(n_layers))))
         self.lm_head = nn.Linear(d_model, d_vocab, bias=False)
 
-    def forward(self, idx):
+    def forward(self, idx, positions=None):
         x = self.transformer.wte(idx)
         for block in self.transformer.h:
-            x = block(x)
+            x = block(x, positions)
         return self.lm_head(self.transformer.ln_f(x))
 
 
-def nano(seed=0, **kwargs) -> NanoGPT:
+class NanoGPTWithIds(NanoGPT):
+    """The same decoder, its forward taking ``position_ids`` (what lets the audit's detector set positions)."""
+
+    def forward(self, idx, position_ids=None):
+        return super().forward(idx, position_ids)
+
+
+def nano(seed=0, takes_ids=False, **kwargs) -> NanoGPT:
     torch.manual_seed(seed)
-    return NanoGPT(**kwargs).eval()
+    return (NanoGPTWithIds if takes_ids else NanoGPT)(**kwargs).eval()
 
 
 def tokens(n=6, length=10, seed=1):
@@ -177,7 +198,7 @@ def test_a_mask_the_model_cannot_take_is_refused_naming_the_class_or_dropped_whe
     hooked = hook_any(nano(), verbose=False)
     left = torch.ones(2, 10, dtype=torch.long)
     left[0, :3] = 0
-    with pytest.raises(ValueError, match=r"NanoGPT.forward takes the tokens and idx|NanoGPT.forward takes the tokens only"):
+    with pytest.raises(ValueError, match="NanoGPT.forward takes the tokens and positions, not attention_mask"):
         collect(hooked, tokens(2), resid_sites(2), attention_mask=left)
     right = left.flip(-1)
     padded = collect(hooked, tokens(2), resid_sites(2), attention_mask=right)
@@ -210,7 +231,7 @@ class SigmoidAttention(CausalSelfAttention):
         super().__init__(*args, **kwargs)
         self.probe = nn.Identity()
 
-    def forward(self, x):
+    def forward(self, x, positions=None):
         B, T, C = x.shape
         q, k, v = (t.view(B, T, -1, self.d_head).transpose(1, 2) for t in self.c_attn(x).split(C, dim=2))
         weights = torch.sigmoid(q @ k.transpose(-2, -1) / math.sqrt(self.d_head)) * torch.ones(T, T).tril()
@@ -301,8 +322,70 @@ def test_cli_probes_and_sink_measures_a_factory_model_and_refuses_bad_ones_in_on
         assert words in err[-1] and err[-1].startswith("nopelens sinks: error:"), err
 
 
-def test_the_audit_refuses_a_hooked_module_in_one_line():
+class AbsoluteBiasAttention(CausalSelfAttention):
+    """Attention adding a bias by absolute (query, key) position: no offset rule."""
+
+    def forward(self, x, positions=None):
+        B, T, C = x.shape
+        q, k, v = (t.view(B, T, 4, 8).transpose(1, 2) for t in self.c_attn(x).split(C, dim=2))
+        i = torch.arange(T, dtype=x.dtype)
+        bias = (0.3 * i[:, None] * i[None, :]).masked_fill(~torch.ones(T, T, dtype=torch.bool).tril(), float("-inf"))
+        return self.c_proj(F.scaled_dot_product_attention(q, k, v, attn_mask=bias).transpose(1, 2).reshape(B, T, C))
+
+
+AUDITED = {"nope, fused": ({}, ["nope", "nope"]), "rope, fused": ({"rope": True}, ["relative", "relative"]),
+           "rope, explicit softmax": ({"rope": True, "fused": False}, ["relative", "relative"]),
+           "rope, takes position_ids": ({"rope": True, "takes_ids": True}, ["relative", "relative"]),
+           "nope, takes position_ids": ({"takes_ids": True}, ["nope", "nope"])}
+
+
+@pytest.mark.parametrize("case", sorted(AUDITED))
+def test_the_audit_of_a_hooked_nanogpt_measures_each_layer_and_fails_nothing(case):
     from nopelens.analyses.audit import audit
 
-    with pytest.raises(TypeError, match="audit does not read a HookedAny .* yet"):
-        audit(hook_any(nano(), verbose=False))
+    kwargs, want = AUDITED[case]
+    report = audit(hook_any(nano(**kwargs), verbose=False))
+    assert report.model["measured_layer_positions"] == want
+    assert report.model["measured_input_positions"].startswith("none")
+    assert [s.number for s in report.steps if s.status == "pass"] == [3, 7] and report.passed
+    detector = "position_ids re-spaced" if "takes_ids" in kwargs else "constant input"
+    assert detector in report.step(5).reason and "declares no position method" in report.step(5).reason
+
+
+def test_the_audits_constant_input_reading_knows_absolute_positions_and_zero_qk():
+    from nopelens.analyses.audit import audit
+
+    model = nano(rope=True)
+    absolute = AbsoluteBiasAttention(32, 4, fused=True)
+    absolute.load_state_dict(model.transformer.h[1].attn.state_dict())
+    model.transformer.h[1].attn = absolute
+    with torch.no_grad():
+        model.transformer.h[0].attn.c_attn.weight[:64] = 0  # W_Q = W_K = 0: q = k = 0, so no position read
+        model.transformer.h[0].attn.c_attn.bias[:64] = 0
+    report = audit(hook_any(model, verbose=False))
+    assert report.model["measured_layer_positions"] == ["nope", "absolute"], report.step(5).evidence
+    learned = nano()
+    learned.transformer.wte = nn.Sequential(learned.transformer.wte)  # an absolute table added after the lookup
+    learned.transformer.wte.append(AddPositions(32))
+    report = audit(hook_any(learned, verbose=False))
+    assert report.model["measured_input_positions"].startswith("absolute")
+    assert report.model["measured_layer_positions"] == ["nope", "nope"]  # v held constant: the layers read none
+
+
+class AddPositions(nn.Module):
+    def __init__(self, d_model):
+        super().__init__()
+        self.table = nn.Parameter(torch.randn(64, d_model))
+
+    def forward(self, x):
+        return x + self.table[: x.shape[1]]
+
+
+def test_the_audit_refuses_attention_that_is_no_softmax_in_one_line():
+    from nopelens.analyses.audit import audit
+
+    model = nano()
+    for block in model.transformer.h:
+        block.attn = SigmoidAttention(32, 4, fused=False)
+    with pytest.raises(ValueError, match="records no softmax attention"):
+        audit(hook_any(model, verbose=False))

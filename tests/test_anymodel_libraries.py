@@ -138,3 +138,30 @@ def test_cli_sink_measures_an_x_transformers_factory_under_its_window(tmp_path):
                      "--quiet", "--out", str(out)]) == 0
     table = pd.read_csv(out / "sinks.csv")
     assert set(table["key_window"]) == {"sliding window 8"} and set(table["block"]) == {0, 1}
+
+
+AUDIT_CASES = [pytest.param(position, flash, marks=[pytest.mark.slow] if flash else [])
+               for position in sorted(POSITIONS) for flash in (False, True)]
+
+
+@pytest.mark.parametrize(("position", "flash"), AUDIT_CASES)
+def test_the_audit_says_which_method_each_layer_uses_and_fails_nothing(position, flash):
+    from nopelens.analyses.audit import audit
+
+    report = audit(hook_any(decoder(position, attn_flash=flash), verbose=False))
+    want = "nope" if position == "nope" else "relative"
+    assert report.model["measured_layer_positions"] == [want, want], report.step(5).evidence
+    assert report.model["measured_input_positions"].startswith("none") and report.passed
+    assert [s.number for s in report.steps if s.status == "pass"] == [3, 7]
+    if flash:  # q and k recorded: a rotation and an offset bias told apart
+        kind = {"nope": "q and k the same", "rope": "q and k rotate", "alibi": "a bias by offset"}[position]
+        assert all(kind in line for line in report.step(5).evidence["per_layer"])
+
+
+def test_the_audit_reads_a_window_and_a_learned_sink_from_the_intercepted_calls():
+    from nopelens.analyses.audit import audit
+
+    windowed = audit(hook_any(decoder("rope", attn_max_attend_past=3), verbose=False), eval_length=12)
+    assert windowed.passed and windowed.model["key_windows"] == {0: "sliding window 4", 1: "sliding window 4"}
+    sinked = audit(hook_any(decoder(attn_head_learned_sink=True), verbose=False))
+    assert sinked.step(7).status == "pass" and "1 - p_sink" in sinked.step(7).checks[0].name

@@ -14,6 +14,7 @@ from nopelens.models.adapters import HookedHFModel, HookedModule, load_hf_model
 from nopelens.probes import stream as probes_stream
 
 from .hf import BridgeSubject, HookedSubject
+from .hooked import audit_hooked
 from .numerics import Tolerance
 from .probe import Run, make_probe, stream, unpadded
 from .report import AuditReport, StepResult, make_step
@@ -42,10 +43,6 @@ def make_subject(model: Any, name: str | None) -> tuple[Subject, dict[str, Any]]
         return HookedSubject(model, name or type(model.original_model).__name__), metadata
     if isinstance(model, PreTrainedModel):
         return make_subject(load_hf_model(model), name or type(model).__name__)[0], metadata
-    if isinstance(model, HookedModule):
-        raise TypeError(f"audit does not read a {type(model).__name__} (hook_any, HookedModule) yet: the audit's steps "
-                        "need a declared position method and a model that takes masks and position ids; collect, the "
-                        "probes and sink_table read it (nopelens probe / sinks factory:FILE.py:FUNCTION)")
     raise TypeError(
         f"audit needs a nopelens Decoder, a TrainedModel, a TransformerBridge, a HookedHFModel or an HF causal LM; "
         f"got {type(model).__name__}"
@@ -103,8 +100,10 @@ def audit(
     Args:
         model: a nopelens ``Decoder``, a ``TrainedModel`` (its metadata gives training lengths),
             a TransformerLens ``TransformerBridge`` from
-            :func:`~nopelens.models.adapters.bridge_hf_model`, or an HF causal LM (bridged here,
-            which modifies it in place).
+            :func:`~nopelens.models.adapters.bridge_hf_model`, an HF causal LM (bridged here,
+            which modifies it in place), or any module hooked by
+            :func:`~nopelens.models.anymodel.hook_any` or a ``HookedModule`` (no declared position
+            method: each step runs where what it needs is recorded, :mod:`.hooked`).
         eval_length: probe length in tokens, >= 4; at most the learned table's rows.
         tokens: optional int64 token ids ``[pos]`` (or ``[batch, pos]``: the first row is used).
         metadata: checkpoint metadata (``train_lengths`` = [min, max] and similar keys), merged
@@ -126,7 +125,11 @@ def audit(
             shift, train_lengths that are not [min, max] with 1 <= min <= max, or an HF config
             whose position method cannot be read.
     """
-    subject, meta = make_subject(model, name)
+    meta = {}
+    if isinstance(model, HookedModule):  # hook_any or a hand map: no declared position method
+        subject = None
+    else:
+        subject, meta = make_subject(model, name)
     meta.update(metadata or {})
     if train_lengths is not None:
         if len(train_lengths) != 2 or not 1 <= train_lengths[0] <= train_lengths[1]:
@@ -138,6 +141,9 @@ def audit(
         raise ValueError(f"eval_length must be an integer >= 4, got {eval_length!r}")
     if not isinstance(shift, int) or shift < 1:
         raise ValueError(f"shift must be an integer >= 1, got {shift!r}")
+    if subject is None:
+        given = None if atol is None and rtol is None else Tolerance.for_dtype(_dtype(model.model), atol, rtol)
+        return audit_hooked(model, eval_length, tokens, seed, given, meta, name)
     if subject.max_positions is not None and eval_length > subject.max_positions:
         raise ValueError(
             f"eval_length={eval_length} is past the learned position table ({subject.max_positions} "
@@ -197,6 +203,11 @@ def audit(
     if hasattr(run, "_readings") and sparse is None:  # the per-layer detector ran (step 5) on a static mask
         model["measured_layer_positions"] = [r.reading for r in run.readings]
     return AuditReport(model, probe_record, steps)
+
+
+def _dtype(module: torch.nn.Module) -> torch.dtype:
+    """A module's compute dtype: its first floating-point parameter's."""
+    return next((p.dtype for p in module.parameters() if p.is_floating_point()), torch.float32)
 
 
 ROWS_HELD = 6
