@@ -389,3 +389,20 @@ def test_the_audit_refuses_attention_that_is_no_softmax_in_one_line():
         block.attn = SigmoidAttention(32, 4, fused=False)
     with pytest.raises(ValueError, match="records no softmax attention"):
         audit(hook_any(model, verbose=False))
+
+
+def test_cli_audits_a_factory_model_and_refuses_bad_ones_in_one_line(tmp_path, capsys):
+    from nopelens.analyses import cli
+
+    (tmp_path / "mine.py").write_text(FACTORY)
+    spec = f"factory:{tmp_path / 'mine.py'}"
+    assert cli.main(["audit", "--model", f"{spec}:make_model", "--out", str(tmp_path / "audit")]) == 0
+    out = capsys.readouterr()
+    assert "blocks.1.hook_resid_post <- unembed:input" in out.err  # the map chosen, on stderr
+    assert "measured per layer (constant input, read from the recorded scores, q, k and v): nope, nope" in out.out
+    assert (tmp_path / "audit" / "audit.json").exists()
+    for function, words in (("sigmoid_model", "records no softmax attention"), ("shared_model", "pass sites="),
+                            ("broken", "raised RuntimeError: out of coffee")):
+        assert cli.main(["audit", "--model", f"{spec}:{function}"]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert words in err[-1] and err[-1].startswith("nopelens audit: error:"), err
