@@ -389,6 +389,9 @@ def test_the_audit_refuses_attention_that_is_no_softmax_in_one_line():
         block.attn = SigmoidAttention(32, 4, fused=False)
     with pytest.raises(ValueError, match="records no softmax attention"):
         audit(hook_any(model, verbose=False))
+    by_hand = HookedModule(model, {**HAND_MAP, **{site: f"transformer.h.{l}.attn.probe" for l, site in enumerate(PATTERNS)}})
+    with pytest.raises(ValueError, match=r"blocks.0.attn.hook_pattern' has rows that sum to .*not a softmax"):
+        audit(by_hand)
 
 
 def test_cli_audits_a_factory_model_and_refuses_bad_ones_in_one_line(tmp_path, capsys):

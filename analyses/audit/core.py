@@ -142,8 +142,7 @@ def audit(
     if not isinstance(shift, int) or shift < 1:
         raise ValueError(f"shift must be an integer >= 1, got {shift!r}")
     if subject is None:
-        given = None if atol is None and rtol is None else Tolerance.for_dtype(_dtype(model.model), atol, rtol)
-        return audit_hooked(model, eval_length, tokens, seed, given, meta, name)
+        return audit_hooked(model, eval_length, tokens, seed, (atol, rtol), meta, name)
     if subject.max_positions is not None and eval_length > subject.max_positions:
         raise ValueError(
             f"eval_length={eval_length} is past the learned position table ({subject.max_positions} "
@@ -203,11 +202,6 @@ def audit(
     if hasattr(run, "_readings") and sparse is None:  # the per-layer detector ran (step 5) on a static mask
         model["measured_layer_positions"] = [r.reading for r in run.readings]
     return AuditReport(model, probe_record, steps)
-
-
-def _dtype(module: torch.nn.Module) -> torch.dtype:
-    """A module's compute dtype: its first floating-point parameter's."""
-    return next((p.dtype for p in module.parameters() if p.is_floating_point()), torch.float32)
 
 
 ROWS_HELD = 6

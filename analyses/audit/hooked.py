@@ -25,23 +25,16 @@ from types import SimpleNamespace
 from typing import Any
 
 import torch
-from nopelens.models.adapters import HookedModule, _names
-from nopelens.models.hooks import act_name
-from nopelens.models.masks import CAUSAL, visibility
 from torch import Tensor, nn
 
-from .detector import (
-    ABSOLUTE,
-    FLAT,
-    NOPE,
-    NOT_MEASURED,
-    RELATIVE,
-    UNDETERMINED,
-    LayerReading,
-    detect,
-)
+from nopelens.models.adapters import HookedModule, _names
+from nopelens.models.hooks import act_name
+from nopelens.models.masks import CAUSAL, KeyWindow, visibility
+from nopelens.probes.collect import check_distribution
+
+from .detector import ABSOLUTE, FLAT, NOPE, NOT_MEASURED, RELATIVE, UNDETERMINED, LayerReading, detect
 from .numerics import Tolerance
-from .report import AuditReport, Check, make_step
+from .report import AuditReport, Check, StepResult, make_step
 from .steps_runtime import step10_lengths
 
 NOT_DECLARED = ("{name} declares no position method per layer (it is hooked with no declaration: hook_any or "
@@ -77,13 +70,16 @@ def layout(model: HookedModule) -> HookedLayout:
     return HookedLayout(n_layers, attention, _names(model.model, "position_ids"))
 
 
-def audit_hooked(model: HookedModule, eval_length: int, tokens: Tensor | None, seed: int, tol: Tolerance | None,
-                 meta: dict[str, Any], name: str | None) -> AuditReport:
-    """The audit of a hooked module (module docstring); called by :func:`~.core.audit`.
+def audit_hooked(model: HookedModule, eval_length: int, tokens: Tensor | None, seed: int,
+                 tolerance: tuple[float | None, float | None], meta: dict[str, Any], name: str | None) -> AuditReport:
+    """The audit of a hooked module (module docstring); called by :func:`~.core.audit`, whose
+    arguments these are (``tolerance``: its ``(atol, rtol)``, None for the compute dtype's).
 
     Raises:
         ValueError: if the module records no softmax attention (sigmoid or linear attention, an SSM:
-            nothing the audit checks), or has no ``nn.Embedding`` to draw probe tokens from.
+            nothing the audit checks), a recorded pattern is no distribution (a hand map pointing at
+            sigmoid weights: :func:`~nopelens.probes.collect.check_distribution`), or the module has no
+            ``nn.Embedding`` to draw probe tokens from.
     """
     shape = layout(model)
     if not shape.attention_layers:
@@ -92,27 +88,23 @@ def audit_hooked(model: HookedModule, eval_length: int, tokens: Tensor | None, s
                          "or linear attention is no distribution), so there is nothing to audit")
     module = model.model
     dtype = next((p.dtype for p in module.parameters() if p.is_floating_point()), torch.float32)
-    tol = tol or Tolerance.for_dtype(dtype)
+    tol = Tolerance.for_dtype(dtype, *tolerance)
     device = next(module.parameters()).device
     probe = _probe_tokens(module, eval_length, seed, tokens).to(device)
     mask = torch.ones_like(probe)
     flags = [(m, m.training) for m in module.modules()]
+    steps = {n: make_step(n, [], {}, "", why) for n, why in NOT_APPLICABLE.items()}
     module.eval()
     try:
         with torch.no_grad():
-            records = _record_attention(model, probe, shape.attention_layers)
+            steps[3], steps[7] = _layer_checks(model, probe, shape.attention_layers, tol)
             readings, details, how = _readings(model, shape, probe, mask, tol)
             entering = input_positions(model, probe, tol)
     finally:
         for m, training in flags:
             m.training = training
     windows = dict(getattr(model, "key_windows", {}) or {})
-    unknown = set(getattr(model, "unknown_masks", ()) or ())
-    sinks = set(getattr(model, "sink_blocks", ()) or ())
-    steps = {n: make_step(n, [], {}, "", why) for n, why in NOT_APPLICABLE.items()}
-    steps[3] = _step3_masks(records, windows, unknown)
     steps[5] = _step5_detector(readings, details, how)
-    steps[7] = _step7_softmax(records, windows, unknown, sinks, tol)
     steps[10] = step10_lengths(SimpleNamespace(probe=SimpleNamespace(mask=mask, ids=mask.cumsum(-1) - 1)), meta)
     label = name or type(module).__name__
     described = {"name": label, "kind": f"{type(model).__name__} (no declared position method)",
@@ -139,60 +131,76 @@ def _probe_tokens(module: nn.Module, eval_length: int, seed: int, tokens: Tensor
     return torch.randint(0, embeddings[0].num_embeddings, (1, eval_length), generator=generator)
 
 
-def _record_attention(model: HookedModule, tokens: Tensor, layers: list[int]) -> dict[int, dict[str, Tensor]]:
-    """Per attention layer, its recorded scores (where a site holds them) and pattern, float64 on the CPU."""
-    records: dict[int, dict[str, Tensor]] = {l: {} for l in layers}
+def _layer_checks(model: HookedModule, tokens: Tensor, layers: list[int], tol: Tolerance) -> tuple[StepResult, StepResult]:
+    """Steps 3 and 7, each layer checked as its pattern is recorded (one layer's scores held at a time).
+
+    A first plain pass records the window or chunk each attention call runs under at this length
+    (``key_windows``, ``unknown_masks``, ``sink_blocks`` of a :class:`~nopelens.models.anymodel.HookedAny`)."""
+    model(tokens)
+    windows = dict(getattr(model, "key_windows", {}) or {})
+    unknown = set(getattr(model, "unknown_masks", ()) or ())
+    sinks = set(getattr(model, "sink_blocks", ()) or ())
     wanted = {act_name(point, l): (l, point) for l in layers for point in ("attn_scores", "pattern")}
+    scores: dict[int, Tensor] = {}
+    masks: dict[int, tuple[list[Check], Any]] = {}
+    softmax: dict[int, tuple[list[Check], Any]] = {}
 
-    def keep(x, hook):
+    def check(x, hook):
         layer, point = wanted[hook.name]
-        records[layer][point] = x.detach().double().cpu()
+        if point == "attn_scores":
+            scores[layer] = x.detach().double()
+            return
+        check_distribution(x, torch.ones_like(tokens), hook.name, sink=layer in sinks)  # else: refused, one line
+        pattern = x.detach().double()
+        masks[layer] = _mask_checks(layer, pattern, None if layer in unknown else windows.get(layer, CAUSAL))
+        softmax[layer] = _softmax_checks(layer, pattern, scores.pop(layer, None), layer in sinks, tol)
 
-    model.run_with_hooks(tokens, fwd_hooks=[(n, keep) for n in wanted if n in model.hook_dict])
-    return records
-
-
-def _step3_masks(records, windows, unknown):
-    """Step 3: keys outside the recorded causal / window rule get exactly 0, the others > 0."""
-    checks, evidence = [], {}
-    for layer, record in records.items():
-        if layer in unknown:
-            evidence[f"layer {layer}"] = "its mask is neither causal nor a window or chunk: not checked"
-            continue
-        pattern = record["pattern"]
-        seen = visibility(None, pattern.shape[-2], pattern.shape[-1], keys=windows.get(layer, CAUSAL)).expand_as(pattern)
-        blocked, smallest = float(pattern[~seen].abs().max()) if (~seen).any() else 0.0, float(pattern[seen].min())
-        evidence[f"layer {layer}"] = {"max_blocked": blocked, "min_allowed": smallest}
-        checks.append(Check(f"layer {layer}: blocked keys exactly 0", blocked == 0.0, f"max |p| at blocked keys {blocked:.3g}", blocked, 0.0))
-        checks.append(Check(f"layer {layer}: allowed keys > 0", smallest > 0.0, f"min p at allowed keys {smallest:.3g}", smallest, 0.0))
-    return make_step(3, checks, evidence, "blocked keys get exactly 0 and allowed keys more, in every recorded layer",
-                     "no layer's mask is known (neither causal nor a window or chunk)")
+    model.run_with_hooks(tokens, fwd_hooks=[(n, check) for n in wanted if n in model.hook_dict])
+    return (_step(3, masks, "blocked keys get exactly 0 and allowed keys more, in every recorded layer",
+                  "no layer's mask is known (neither causal nor a window or chunk)"),
+            _step(7, softmax, "every recorded pattern is the softmax of its recorded scores", "no pattern recorded"))
 
 
-def _step7_softmax(records, windows, unknown, sinks, tol):
-    """Step 7: each row is the softmax of the recorded scores over the keys (rows sum to 1, or to
-    1 - p_sink where a learned sink's column was carried)."""
-    checks, evidence = [], {}
-    for layer, record in records.items():
-        pattern, scores = record["pattern"], record.get("attn_scores")
-        sums = pattern.sum(-1)
-        if layer in sinks:
-            ok = bool(((sums > 0) & (sums < 1 + tol.atol)).all())
-            checks.append(Check(f"layer {layer}: rows sum to 1 - p_sink", ok, f"row sums in [{float(sums.min()):.3g}, "
-                                f"{float(sums.max()):.3g}] (a learned sink takes the rest)"))
-        else:
-            worst = float((sums - 1).abs().max())
-            checks.append(Check(f"layer {layer}: rows sum to 1", worst <= tol.atol, f"max |row sum - 1| {worst:.3g}",
-                                worst, tol.atol))
-        if scores is None:
-            evidence[f"layer {layer}"] = "no hook_attn_scores site: the pattern is checked against nothing else"
-            continue
-        want = torch.softmax(scores, dim=-1) * sums[..., None]  # with a sink: the T columns' share
-        gap, bound = float((pattern - want).abs().max()), tol.of(want)
-        evidence[f"layer {layer}"] = {"max_abs_diff_from_softmax_of_scores": gap}
-        checks.append(Check(f"layer {layer}: pattern = softmax(scores)", gap <= bound,
-                            f"max |pattern - softmax(scores)| {gap:.3g} (float64)", gap, bound))
-    return make_step(7, checks, evidence, "every recorded pattern is the softmax of its recorded scores", "nothing recorded")
+def _step(number: int, per_layer: dict[int, tuple[list[Check], Any]], summary: str, reason: str) -> StepResult:
+    checks = [c for layer in sorted(per_layer) for c in per_layer[layer][0]]
+    evidence = {f"layer {layer}": per_layer[layer][1] for layer in sorted(per_layer)}
+    return make_step(number, checks, evidence, summary, reason)
+
+
+def _mask_checks(layer: int, pattern: Tensor, window: KeyWindow | None) -> tuple[list[Check], Any]:
+    """Step 3 in one layer: keys outside the causal / window rule get exactly 0, the others > 0
+    (``window`` None: the call's mask is neither, so nothing is checked)."""
+    if window is None:
+        return [], "its mask is neither causal nor a window or chunk: not checked"
+    seen = visibility(None, pattern.shape[-2], pattern.shape[-1], pattern.device, keys=window).expand_as(pattern)
+    blocked = float(pattern[~seen].abs().max()) if bool((~seen).any()) else 0.0
+    smallest = float(pattern[seen].min())
+    return [Check(f"layer {layer}: blocked keys exactly 0", blocked == 0.0, f"max |p| at blocked keys {blocked:.3g}",
+                  blocked, 0.0),
+            Check(f"layer {layer}: allowed keys > 0", smallest > 0.0, f"min p at allowed keys {smallest:.3g}",
+                  smallest, 0.0)], {"mask": window.describe(), "max_blocked": blocked, "min_allowed": smallest}
+
+
+def _softmax_checks(layer: int, pattern: Tensor, scores: Tensor | None, sink: bool, tol: Tolerance
+                    ) -> tuple[list[Check], Any]:
+    """Step 7 in one layer: rows sum to 1 (to 1 - p_sink where a learned sink's logit was in the
+    softmax), and the pattern is the softmax of the recorded scores, in float64."""
+    sums = pattern.sum(-1)
+    if sink:
+        ok = bool(((sums > 0) & (sums < 1 + tol.atol)).all())
+        checks = [Check(f"layer {layer}: rows sum to 1 - p_sink", ok, f"row sums in [{float(sums.min()):.3g}, "
+                        f"{float(sums.max()):.3g}] (a learned sink takes the rest)")]
+    else:
+        worst = float((sums - 1).abs().max())
+        checks = [Check(f"layer {layer}: rows sum to 1", worst <= tol.atol, f"max |row sum - 1| {worst:.3g}",
+                        worst, tol.atol)]
+    if scores is None:
+        return checks, "no hook_attn_scores site: the pattern is checked against nothing else"
+    want = torch.softmax(scores, dim=-1) * sums[..., None]  # with a sink: the key columns' share
+    gap, bound = float((pattern - want).abs().max()), tol.of(want)
+    checks.append(Check(f"layer {layer}: pattern = softmax(scores)", gap <= bound,
+                        f"max |pattern - softmax(scores)| {gap:.3g} (float64)", gap, bound))
+    return checks, {"max_abs_diff_from_softmax_of_scores": gap}
 
 
 def _step5_detector(readings: list[LayerReading], details: list[str], how: str):
