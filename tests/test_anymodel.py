@@ -44,14 +44,18 @@ class CausalSelfAttention(nn.Module):
         self.c_proj = nn.Linear(d_model, d_model)
         self.fused, self.window, self.rope = fused, window, rope
 
-    def forward(self, x, positions=None):
+    def forward(self, x, positions=None, keys=None):
         B, T, C = x.shape
         q, k, v = self.c_attn(x).split([C, self.n_kv * self.d_head, self.n_kv * self.d_head], dim=2)
         q, k, v = (t.view(B, T, -1, self.d_head).transpose(1, 2) for t in (q, k, v))
         if self.rope:
             positions = torch.arange(T).expand(B, T) if positions is None else positions
             q, k = rotate(q, positions), rotate(k, positions)
-        if self.window is not None:  # a boolean sliding-window mask, True = may attend
+        if keys is not None:  # left padding: real queries see real keys only, a padded one its causal prefix
+            keys = keys.bool()
+            mask = torch.ones(T, T, dtype=torch.bool).tril() & (keys[:, None, None, :] | ~keys[:, None, :, None])
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        elif self.window is not None:  # a boolean sliding-window mask, True = may attend
             i = torch.arange(T)
             mask = (i[None, :] <= i[:, None]) & (i[:, None] - i[None, :] < self.window)
             y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
@@ -72,8 +76,8 @@ class Block(nn.Module):
         self.attn = CausalSelfAttention(d_model, n_heads, **kwargs)
         self.mlp = nn.Sequential(nn.Linear(d_model, 4 * d_model), nn.GELU(), nn.Linear(4 * d_model, d_model))
 
-    def forward(self, x, positions=None):
-        x = x + self.attn(self.ln_1(x), positions)
+    def forward(self, x, positions=None, keys=None):
+        x = x + self.attn(self.ln_1(x), positions, keys)
         return x + self.mlp(self.ln_2(x))
 
 
@@ -87,18 +91,19 @@ class NanoGPT(nn.Module):
             h=nn.ModuleList(Block(d_model, n_heads, fused=fused, **kwargs) for _ in range(n_layers))))
         self.lm_head = nn.Linear(d_model, d_vocab, bias=False)
 
-    def forward(self, idx, positions=None):
+    def forward(self, idx, positions=None, keys=None):
         x = self.transformer.wte(idx)
         for block in self.transformer.h:
-            x = block(x, positions)
+            x = block(x, positions, keys)
         return self.lm_head(self.transformer.ln_f(x))
 
 
 class NanoGPTWithIds(NanoGPT):
-    """The same decoder, its forward taking ``position_ids`` (what lets the audit's detector set positions)."""
+    """The same decoder, its forward taking ``position_ids`` and ``attention_mask`` (what lets the audit
+    set positions and pad on the left)."""
 
-    def forward(self, idx, position_ids=None):
-        return super().forward(idx, position_ids)
+    def forward(self, idx, position_ids=None, attention_mask=None):
+        return super().forward(idx, position_ids, attention_mask)
 
 
 def nano(seed=0, takes_ids=False, **kwargs) -> NanoGPT:
@@ -198,7 +203,7 @@ def test_a_mask_the_model_cannot_take_is_refused_naming_the_class_or_dropped_whe
     hooked = hook_any(nano(), verbose=False)
     left = torch.ones(2, 10, dtype=torch.long)
     left[0, :3] = 0
-    with pytest.raises(ValueError, match="NanoGPT.forward takes the tokens and positions, not attention_mask"):
+    with pytest.raises(ValueError, match="NanoGPT.forward takes the tokens and positions, keys, not attention_mask"):
         collect(hooked, tokens(2), resid_sites(2), attention_mask=left)
     right = left.flip(-1)
     padded = collect(hooked, tokens(2), resid_sites(2), attention_mask=right)
@@ -231,7 +236,7 @@ class SigmoidAttention(CausalSelfAttention):
         super().__init__(*args, **kwargs)
         self.probe = nn.Identity()
 
-    def forward(self, x, positions=None):
+    def forward(self, x, positions=None, keys=None):
         B, T, C = x.shape
         q, k, v = (t.view(B, T, -1, self.d_head).transpose(1, 2) for t in self.c_attn(x).split(C, dim=2))
         weights = torch.sigmoid(q @ k.transpose(-2, -1) / math.sqrt(self.d_head)) * torch.ones(T, T).tril()
@@ -325,7 +330,7 @@ def test_cli_probes_and_sink_measures_a_factory_model_and_refuses_bad_ones_in_on
 class AbsoluteBiasAttention(CausalSelfAttention):
     """Attention adding a bias by absolute (query, key) position: no offset rule."""
 
-    def forward(self, x, positions=None):
+    def forward(self, x, positions=None, keys=None):
         B, T, C = x.shape
         q, k, v = (t.view(B, T, 4, 8).transpose(1, 2) for t in self.c_attn(x).split(C, dim=2))
         i = torch.arange(T, dtype=x.dtype)
@@ -347,7 +352,8 @@ def test_the_audit_of_a_hooked_nanogpt_measures_each_layer_and_fails_nothing(cas
     report = audit(hook_any(nano(**kwargs), verbose=False))
     assert report.model["measured_layer_positions"] == want
     assert report.model["measured_input_positions"].startswith("none")
-    assert [s.number for s in report.steps if s.status == "pass"] == [3, 7] and report.passed
+    assert [s.number for s in report.steps if s.status == "pass"] == ([1, 3, 7] if "takes_ids" in kwargs else [3, 7])
+    assert report.passed
     detector = "position_ids re-spaced" if "takes_ids" in kwargs else "constant input"
     assert detector in report.step(5).reason and "declares no position method" in report.step(5).reason
 
@@ -370,6 +376,10 @@ def test_the_audits_constant_input_reading_knows_absolute_positions_and_zero_qk(
     report = audit(hook_any(learned, verbose=False))
     assert report.model["measured_input_positions"].startswith("absolute")
     assert report.model["measured_layer_positions"] == ["nope", "nope"]  # v held constant: the layers read none
+    ignoring = nano(takes_ids=True)  # takes position_ids, yet its table is indexed by the token's index
+    ignoring.transformer.wte = nn.Sequential(ignoring.transformer.wte, AddPositions(32))
+    step1 = audit(hook_any(ignoring, verbose=False)).step(1)
+    assert step1.status == "fail" and step1.checks[0].value > 1e-3
 
 
 class AddPositions(nn.Module):

@@ -11,7 +11,9 @@ no KV cache nopelens can drive. Each step runs where what it needs is recorded, 
   :func:`~.detector.detect`, each layer's input held fixed and the ids re-spaced and shifted); elsewhere
   each layer is measured from its recorded scores, q and k under a *constant input*
   (:func:`measure_constant_input`);
-- step 10 reports the lengths; steps 1, 2, 4, 6, 8 and 9 compare against a declaration or an
+- step 1 compares a left-padded row with the unpadded one where the forward takes ``attention_mask``
+  and ``position_ids``;
+- step 10 reports the lengths; steps 2, 4, 6, 8 and 9 compare against a declaration or an
   interface the module does not have, and say so.
 
 With no declared method, step 5 has nothing to hold its readings against: it is not applicable and
@@ -27,7 +29,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from nopelens.models.adapters import HookedModule, _names
+from nopelens.models.adapters import HookedModule, _accepts, _names
 from nopelens.models.hooks import act_name
 from nopelens.models.masks import CAUSAL, KeyWindow, visibility
 from nopelens.probes.collect import check_distribution
@@ -39,9 +41,9 @@ from .steps_runtime import step10_lengths
 
 NOT_DECLARED = ("{name} declares no position method per layer (it is hooked with no declaration: hook_any or "
                 "HookedModule), so there is nothing to hold this step's {what} against")
+LEFT_PADDING = ("step 1 compares a left-padded row with its unpadded one, which needs a forward that takes both "
+                "attention_mask and position_ids; {name}.forward takes {takes}")
 NOT_APPLICABLE = {
-    1: "step 1 compares a left-padded row with its unpadded one and the position ids the model used against a "
-       "declared padding convention; a hooked module declares none (no tokenizer, pad id or position-id rule)",
     2: NOT_DECLARED.format(name="the module", what="index origin and offset sign"),
     4: NOT_DECLARED.format(name="the module", what="absolute position additions (no declared position table)"),
     6: "the scores are one tensor at the attention call (the softmax's input, or recomputed from the q, k, scale "
@@ -97,6 +99,7 @@ def audit_hooked(model: HookedModule, eval_length: int, tokens: Tensor | None, s
     module.eval()
     try:
         with torch.no_grad():
+            steps[1] = _step1_left_padding(model, probe, tol)
             steps[3], steps[7] = _layer_checks(model, probe, shape.attention_layers, tol)
             readings, details, how = _readings(model, shape, probe, mask, tol)
             entering = input_positions(model, probe, tol)
@@ -129,6 +132,27 @@ def _probe_tokens(module: nn.Module, eval_length: int, seed: int, tokens: Tensor
         raise ValueError(f"{type(module).__name__} has no nn.Embedding, so its vocabulary is unknown: pass tokens=")
     generator = torch.Generator().manual_seed(seed)
     return torch.randint(0, embeddings[0].num_embeddings, (1, eval_length), generator=generator)
+
+
+def _step1_left_padding(model: HookedModule, tokens: Tensor, tol: Tolerance) -> StepResult:
+    """Step 1 where the forward takes ``attention_mask`` and ``position_ids``: the probe left-padded
+    by a quarter of its length (position ids counted from the mask, as :class:`HookedModule` does)
+    gives the unpadded row's logits at its real tokens. Else not applicable, naming what it takes."""
+    module = model.model
+    if not (_names(module, "attention_mask") and _names(module, "position_ids")):
+        return make_step(1, [], {}, "", LEFT_PADDING.format(name=type(module).__name__, takes=_accepts(module)))
+    n_pad = max(1, tokens.shape[1] // 4)
+    padded = torch.cat([tokens[:, :1].expand(-1, n_pad), tokens], 1)  # the pads' ids never reach a real token
+    mask = torch.cat([torch.zeros_like(tokens[:, :n_pad]), torch.ones_like(tokens)], 1)
+    ids = (mask.cumsum(-1) - 1).clamp(min=0)
+    plain = model(tokens).double()
+    shifted = model(padded, attention_mask=mask, position_ids=ids).double()[:, n_pad:]
+    gap, bound = float((shifted - plain).abs().max()), tol.of(plain)
+    check = Check("left-padding invariance", gap <= bound, f"the row left-padded by {n_pad} gives logits at its real "
+                  f"tokens within {gap:.3g} of the unpadded row's", gap, bound)
+    evidence = {"left_padding": n_pad, "position_ids_from_mask": ids.tolist(), "max_abs_diff": gap}
+    return make_step(1, [check], evidence, f"a row left-padded by {n_pad} (position ids from the mask) gives the "
+                     "unpadded row's logits at its real tokens")
 
 
 def _layer_checks(model: HookedModule, tokens: Tensor, layers: list[int], tol: Tolerance) -> tuple[StepResult, StepResult]:
