@@ -165,3 +165,17 @@ def test_the_audit_reads_a_window_and_a_learned_sink_from_the_intercepted_calls(
     assert windowed.passed and windowed.model["key_windows"] == {0: "sliding window 4", 1: "sliding window 4"}
     sinked = audit(hook_any(decoder(attn_head_learned_sink=True), verbose=False))
     assert sinked.step(7).status == "pass" and "1 - p_sink" in sinked.step(7).checks[0].name
+
+
+def test_the_audit_of_a_hand_map_reads_positions_from_the_pattern_alone():
+    """The issue's hand map: the pattern only as the input of a Dropout(p=0), no scores, q or k."""
+    from nopelens.analyses.audit import audit
+
+    for position, want in (("nope", "nope"), ("rope", "relative"), ("alibi", "relative")):
+        by_hand = HookedModule(decoder(position), {
+            "blocks.0.hook_resid_pre": "attn_layers.layers.0.2:input.1", "blocks.0.hook_resid_post": "attn_layers.layers.1.2",
+            "blocks.1.hook_resid_post": "attn_layers.layers.3.2",
+            **{site: f"attn_layers.layers.{2 * l}.1.attend.attn_dropout:input" for l, site in enumerate(PATTERNS)}})
+        report = audit(by_hand)
+        assert report.model["measured_layer_positions"] == [want, want], report.step(5).evidence
+        assert report.passed and report.step(7).status == "pass"

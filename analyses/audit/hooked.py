@@ -85,9 +85,9 @@ def audit_hooked(model: HookedModule, eval_length: int, tokens: Tensor | None, s
     """
     shape = layout(model)
     if not shape.attention_layers:
-        raise ValueError(f"{type(model.model).__name__} records no softmax attention (no hook_pattern site: its forward "
-                         "makes no scaled_dot_product_attention call or softmax over [batch, head, query, key]; sigmoid "
-                         "or linear attention is no distribution), so there is nothing to audit")
+        raise ValueError(f"{type(model.model).__name__} records no softmax attention (no hook_pattern site: its "
+                         "forward makes no scaled_dot_product_attention call or softmax over [batch, head, query, "
+                         "key]; sigmoid or linear attention is no distribution), so there is nothing to audit")
     module = model.model
     dtype = next((p.dtype for p in module.parameters() if p.is_floating_point()), torch.float32)
     tol = Tolerance.for_dtype(dtype, *tolerance)
@@ -155,7 +155,8 @@ def _step1_left_padding(model: HookedModule, tokens: Tensor, tol: Tolerance) -> 
                      "unpadded row's logits at its real tokens")
 
 
-def _layer_checks(model: HookedModule, tokens: Tensor, layers: list[int], tol: Tolerance) -> tuple[StepResult, StepResult]:
+def _layer_checks(model: HookedModule, tokens: Tensor, layers: list[int], tol: Tolerance
+                  ) -> tuple[StepResult, StepResult]:
     """Steps 3 and 7, each layer checked as its pattern is recorded (one layer's scores held at a time).
 
     A first plain pass records the window or chunk each attention call runs under at this length
@@ -228,7 +229,7 @@ def _softmax_checks(layer: int, pattern: Tensor, scores: Tensor | None, sink: bo
 
 
 def _step5_detector(readings: list[LayerReading], details: list[str], how: str):
-    """Step 5: the readings reported with how they were measured; not applicable (nothing declared to hold them against)."""
+    """Step 5: the readings, with how they were measured; not applicable (nothing declared to hold them against)."""
     evidence = {"detector": how, "readings": [r.to_dict() for r in readings], "per_layer": details}
     summary = ", ".join(f"{r.layer}:{r.reading}" for r in readings)
     return make_step(5, [], evidence, "", f"measured per layer ({how}): {summary}; not judged: "
@@ -299,14 +300,16 @@ def measure_constant_input(model: HookedModule, shape: HookedLayout, tokens: Ten
 
     Every token is the probe's first, and the residual stream feeding the layer is replaced by its
     first position's vector at every position. With its input the same at every position, the
-    layer's scores can vary along a row only by what the layer itself does with positions: flat
-    rows (``s_ij = s_ii``; with q and k constant over positions where recorded) read ``nope``;
-    scores that depend on i - j only (``s_ij = s_{i-1,j-1}``: RoPE, ALiBi, a relative bias) read
-    ``relative``; anything else ``absolute``. The input is verified constant from the recorded v
-    (the same at every position) or, with no v recorded, from the stream arriving at the feeding
-    site already constant (no earlier layer put positions into it); a layer whose input cannot be
-    verified is ``not_measured``. Flat rows without q and k to tell (a rotation of q.k = 0 is flat
-    too) read ``flat``. Tolerance: ``tol.rtol`` of the scores' magnitude (their round-off).
+    layer's scores (or the log of its pattern, where no scores are recorded) can vary along a row
+    only by what the layer itself does with positions. Flat rows (``s_ij = s_ii`` within round-off,
+    and q and k the same at every position where the call records them; else exactly flat) read
+    ``nope``; flat rows with nothing to tell a rotation of q.k = 0 apart read ``flat``; scores that
+    depend on i - j only (``s_ij - s_ii = s_{i-1,j-1} - s_{i-1,i-1}``: RoPE, ALiBi, a relative bias)
+    read ``relative``; anything else ``absolute``. The input is verified constant from the recorded
+    v (the same at every position) or, with no v recorded, from the stream arriving at the feeding
+    site already constant (every value the same, so no layer before could make positions differ,
+    whatever its pattern); a layer whose input cannot be verified is ``not_measured``, with the
+    reason. Tolerance: ``tol.rtol`` of the values' magnitude (their round-off).
 
     Returns:
         Per block, its :class:`~.detector.LayerReading` and one line saying what was seen.
@@ -325,7 +328,7 @@ def measure_constant_input(model: HookedModule, shape: HookedLayout, tokens: Ten
 def _run_constant(model: HookedModule, layer: int, constant: Tensor) -> dict[str, Tensor]:
     """One pass on the constant tokens with the stream feeding ``layer`` set to its first position's
     vector everywhere: the stream as it arrived (``arrived``) and the layer's ``q``, ``k``, ``v``,
-    ``scores`` where recorded (float64, CPU)."""
+    ``scores``, ``pattern`` where recorded (float64, CPU)."""
     seen: dict[str, Tensor] = {}
 
     def hold(x, hook):
@@ -335,7 +338,7 @@ def _run_constant(model: HookedModule, layer: int, constant: Tensor) -> dict[str
     def keep(x, hook):
         seen[hook.name.rsplit("_", 1)[-1]] = x.detach().double().cpu()
 
-    names = [act_name(p, layer) for p in ("q", "k", "v", "attn_scores")]
+    names = [act_name(p, layer) for p in ("q", "k", "v", "attn_scores", "pattern")]
     hooks = [(_feeding_site(model, layer), hold)] + [(n, keep) for n in names if n in model.hook_dict]
     model.run_with_hooks(constant, fwd_hooks=hooks)
     return seen
@@ -358,14 +361,18 @@ def _constant_reading(model: HookedModule, layer: int, seen: dict[str, Tensor], 
                "no v is recorded and the stream reaching it already carries positions")
         return (LayerReading(layer, NOT_MEASURED, "unknown", "scores"),
                 f"layer {layer}: not measured: its input could not be verified constant ({why})")
-    scores = seen["scores"][0]  # [head, query, key]
+    if "scores" in seen:
+        scores, floor = seen["scores"][0], 1e-30  # [head, query, key]
+    else:  # log p_ij - log p_ii = s_ij - s_ii; at least the round-off of two pattern entries (2 rtol)
+        scores, floor = seen["pattern"][0].clamp(min=1e-300).log(), 2.0
     window = dict(getattr(model, "key_windows", {}) or {}).get(layer, CAUSAL)
     where = visibility(None, scores.shape[-2], scores.shape[-1], keys=window)[0].expand_as(scores)
     own = scores.diagonal(dim1=-2, dim2=-1)[..., None]
-    relative = (scores - own).masked_fill(~where, 0.0)
+    relative = (scores - own).masked_fill(~where, 0.0)  # s_ij - s_ii: what the softmax sees
     scale = float(relative.abs().max())
-    bound = tol.rtol * max(float(scores[where].abs().max()), 1e-30)  # the round-off of scores of that magnitude
-    step = (scores[:, 1:, 1:] - scores[:, :-1, :-1]).masked_fill(~(where[:, 1:, 1:] & where[:, :-1, :-1]), 0.0)
+    bound = tol.rtol * max(float(scores[where].abs().max()), floor)  # the round-off of values of that magnitude
+    # s depends on i - j only iff s_ij - s_ii does: compared along the diagonals
+    step = (relative[:, 1:, 1:] - relative[:, :-1, :-1]).masked_fill(~(where[:, 1:, 1:] & where[:, :-1, :-1]), 0.0)
     moved = [k for k in ("q", "k") if _varies(seen.get(k), 1, tol)]
     recorded = all(k in seen for k in ("q", "k"))
     if scale <= bound:
@@ -378,5 +385,6 @@ def _constant_reading(model: HookedModule, layer: int, seen: dict[str, Tensor], 
     else:
         reading = ABSOLUTE if not moved or recorded else UNDETERMINED
         detail = f"scores change along the diagonals by up to {float(step.abs().max()):.3g}"
-    text = f"layer {layer}: measured {reading} under constant input: {detail} (row spread {scale:.3g}, tolerance {bound:.3g})"
+    text = (f"layer {layer}: measured {reading} under constant input: {detail} (row spread {scale:.3g}, "
+            f"tolerance {bound:.3g})")
     return LayerReading(layer, reading, "unknown", "scores", spread=scale, tolerance=bound), text
