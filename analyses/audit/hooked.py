@@ -5,14 +5,16 @@ Such a module declares nothing: no position method per layer, no tokenizer or pa
 no KV cache nopelens can drive. Each step runs where what it needs is recorded, and is
 ``not_applicable`` with its reason where not:
 
+- step 1 compares a left-padded row with the unpadded one where the forward takes ``attention_mask``
+  and ``position_ids``;
 - step 3 (masks) and step 7 (softmax) run on the recorded ``hook_attn_scores`` and ``hook_pattern``
-  of the intercepted attention calls, under the window each call was recorded under;
+  of the intercepted attention calls, under the window each call was recorded under (a pattern that
+  is no distribution is refused in one line, as by every other read);
 - step 5's per-layer detector runs where positions can be set (the forward takes ``position_ids``:
   :func:`~.detector.detect`, each layer's input held fixed and the ids re-spaced and shifted); elsewhere
   each layer is measured from its recorded scores, q and k under a *constant input*
-  (:func:`measure_constant_input`);
-- step 1 compares a left-padded row with the unpadded one where the forward takes ``attention_mask``
-  and ``position_ids``;
+  (:func:`measure_constant_input`), and so is whether positions enter before block 0
+  (:func:`input_positions`);
 - step 10 reports the lengths; steps 2, 4, 6, 8 and 9 compare against a declaration or an
   interface the module does not have, and say so.
 
@@ -34,21 +36,21 @@ from nopelens.models.hooks import act_name
 from nopelens.models.masks import CAUSAL, KeyWindow, visibility
 from nopelens.probes.collect import check_distribution
 
-from .detector import ABSOLUTE, FLAT, NOPE, NOT_MEASURED, RELATIVE, UNDETERMINED, LayerReading, detect
+from .detector import ABSOLUTE, FLAT, NOPE, NOT_MEASURED, RELATIVE, LayerReading, detect
 from .numerics import Tolerance
 from .report import AuditReport, Check, StepResult, make_step
 from .steps_runtime import step10_lengths
 
-NOT_DECLARED = ("{name} declares no position method per layer (it is hooked with no declaration: hook_any or "
+NOT_DECLARED = ("the module declares no position method per layer (it is hooked with no declaration: hook_any or "
                 "HookedModule), so there is nothing to hold this step's {what} against")
 LEFT_PADDING = ("step 1 compares a left-padded row with its unpadded one, which needs a forward that takes both "
                 "attention_mask and position_ids; {name}.forward takes {takes}")
 NOT_APPLICABLE = {
-    2: NOT_DECLARED.format(name="the module", what="index origin and offset sign"),
-    4: NOT_DECLARED.format(name="the module", what="absolute position additions (no declared position table)"),
+    2: NOT_DECLARED.format(what="index origin and offset sign"),
+    4: NOT_DECLARED.format(what="absolute position additions (no declared position table)"),
     6: "the scores are one tensor at the attention call (the softmax's input, or recomputed from the q, k, scale "
        "and mask of scaled_dot_product_attention): no separately recorded content and position parts to add up",
-    8: NOT_DECLARED.format(name="the module", what="interventions (zeroed, shifted, swapped positions: their "
+    8: NOT_DECLARED.format(what="interventions (zeroed, shifted, swapped positions: their "
                            "expected effect is the declared method's)"),
     9: "nopelens knows no KV-cache interface of a hooked module, so cached decoding cannot be driven",
 }
@@ -233,7 +235,7 @@ def _step5_detector(readings: list[LayerReading], details: list[str], how: str):
     evidence = {"detector": how, "readings": [r.to_dict() for r in readings], "per_layer": details}
     summary = ", ".join(f"{r.layer}:{r.reading}" for r in readings)
     return make_step(5, [], evidence, "", f"measured per layer ({how}): {summary}; not judged: "
-                     + NOT_DECLARED.format(name="the module", what="readings"))
+                     + NOT_DECLARED.format(what="readings"))
 
 
 def _readings(model: HookedModule, shape: HookedLayout, tokens: Tensor, mask: Tensor, tol: Tolerance):
@@ -383,7 +385,7 @@ def _constant_reading(model: HookedModule, layer: int, seen: dict[str, Tensor], 
         detail = ("scores depend on i - j only; " + (f"{' and '.join(moved)} rotate with position" if moved else
                   "q and k the same at every position: a bias by offset" if recorded else "q and k not recorded"))
     else:
-        reading = ABSOLUTE if not moved or recorded else UNDETERMINED
+        reading = ABSOLUTE
         detail = f"scores change along the diagonals by up to {float(step.abs().max()):.3g}"
     text = (f"layer {layer}: measured {reading} under constant input: {detail} (row spread {scale:.3g}, "
             f"tolerance {bound:.3g})")
