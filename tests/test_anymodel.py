@@ -391,7 +391,7 @@ class AddPositions(nn.Module):
         return x + self.table[: x.shape[1]]
 
 
-def test_the_audit_refuses_attention_that_is_no_softmax_in_one_line():
+def test_the_audit_refuses_attention_that_is_no_softmax_and_logits_that_are_not_finite_in_one_line():
     from nopelens.analyses.audit import audit
 
     model = nano()
@@ -402,6 +402,11 @@ def test_the_audit_refuses_attention_that_is_no_softmax_in_one_line():
     by_hand = HookedModule(model, {**HAND_MAP, **{site: f"transformer.h.{l}.attn.probe" for l, site in enumerate(PATTERNS)}})
     with pytest.raises(ValueError, match=r"blocks.0.attn.hook_pattern' has rows that sum to .*not a softmax"):
         audit(by_hand)
+    broken = nano()
+    with torch.no_grad():
+        broken.lm_head.weight[0, 0] = float("nan")
+    with pytest.raises(ValueError, match="logits are not finite on the probe"):
+        audit(hook_any(broken, verbose=False))
 
 
 def test_cli_audits_a_factory_model_and_refuses_bad_ones_in_one_line(tmp_path, capsys):

@@ -82,8 +82,8 @@ def audit_hooked(model: HookedModule, eval_length: int, tokens: Tensor | None, s
     Raises:
         ValueError: if the module records no softmax attention (sigmoid or linear attention, an SSM:
             nothing the audit checks), a recorded pattern is no distribution (a hand map pointing at
-            sigmoid weights: :func:`~nopelens.probes.collect.check_distribution`), or the module has no
-            ``nn.Embedding`` to draw probe tokens from.
+            sigmoid weights: :func:`~nopelens.probes.collect.check_distribution`), its logits are not
+            finite, or the module has no ``nn.Embedding`` to draw probe tokens from.
     """
     shape = layout(model)
     if not shape.attention_layers:
@@ -119,8 +119,7 @@ def audit_hooked(model: HookedModule, eval_length: int, tokens: Tensor | None, s
                  "sites": dict(model.site_paths), "key_windows": {l: w.describe() for l, w in sorted(windows.items())},
                  "measured_input_positions": entering, "measured_layer_positions": [r.reading for r in readings],
                  "detector": how}
-    probe_record = {"tokens": probe.tolist(), "attention_mask": mask.tolist(), "left_padding": 0,
-                    "eval_length": probe.shape[1], "seed": seed if tokens is None else None,
+    probe_record = {"tokens": probe.tolist(), "attention_mask": mask.tolist(), "eval_length": probe.shape[1], "seed": seed if tokens is None else None,
                     "compute_dtype": tol.dtype, "tolerance": {"atol": tol.atol, "rtol": tol.rtol}}
     return AuditReport(described, probe_record, [steps[n] for n in sorted(steps)])
 
@@ -162,8 +161,13 @@ def _layer_checks(model: HookedModule, tokens: Tensor, layers: list[int], tol: T
     """Steps 3 and 7, each layer checked as its pattern is recorded (one layer's scores held at a time).
 
     A first plain pass records the window or chunk each attention call runs under at this length
-    (``key_windows``, ``unknown_masks``, ``sink_blocks`` of a :class:`~nopelens.models.anymodel.HookedAny`)."""
-    model(tokens)
+    (``key_windows``, ``unknown_masks``, ``sink_blocks`` of a :class:`~nopelens.models.anymodel.HookedAny`).
+
+    Raises:
+        ValueError: if the logits are not finite (nothing to compare: refused, not failed)."""
+    if not bool(torch.isfinite(model(tokens)).all()):
+        raise ValueError(f"{type(model.model).__name__}'s logits are not finite on the probe (NaN or inf): check its "
+                         "weights for NaN or inf")
     windows = dict(getattr(model, "key_windows", {}) or {})
     unknown = set(getattr(model, "unknown_masks", ()) or ())
     sinks = set(getattr(model, "sink_blocks", ()) or ())
