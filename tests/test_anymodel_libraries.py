@@ -171,11 +171,14 @@ def test_the_audit_of_a_hand_map_reads_positions_from_the_pattern_alone():
     """The issue's hand map: the pattern only as the input of a Dropout(p=0), no scores, q or k."""
     from nopelens.analyses.audit import audit
 
+    sites = {"blocks.0.hook_resid_pre": "attn_layers.layers.0.2:input.1", "blocks.0.hook_resid_post": "attn_layers.layers.1.2",
+             "blocks.1.hook_resid_post": "attn_layers.layers.3.2",
+             **{site: f"attn_layers.layers.{2 * l}.1.attend.attn_dropout:input" for l, site in enumerate(PATTERNS)}}
     for position, want in (("nope", "nope"), ("rope", "relative"), ("alibi", "relative")):
-        by_hand = HookedModule(decoder(position), {
-            "blocks.0.hook_resid_pre": "attn_layers.layers.0.2:input.1", "blocks.0.hook_resid_post": "attn_layers.layers.1.2",
-            "blocks.1.hook_resid_post": "attn_layers.layers.3.2",
-            **{site: f"attn_layers.layers.{2 * l}.1.attend.attn_dropout:input" for l, site in enumerate(PATTERNS)}})
-        report = audit(by_hand)
+        report = audit(HookedModule(decoder(position), sites))
         assert report.model["measured_layer_positions"] == [want, want], report.step(5).evidence
         assert report.passed and report.step(7).status == "pass"
+    del sites["blocks.0.hook_resid_pre"]  # nothing feeding block 0 that the audit can set or read
+    report = audit(HookedModule(decoder("rope"), sites))
+    assert report.model["measured_layer_positions"] == ["not_measured", "relative"]
+    assert "no residual site feeds it" in report.step(5).evidence["per_layer"][0]

@@ -59,7 +59,8 @@ NOT_APPLICABLE = {
 @dataclass
 class HookedLayout:
     """What the audit reads of a hooked module: blocks, the ones with a recorded softmax attention,
-    whether positions can be set."""
+    whether the detector can set positions (the forward takes ``position_ids``, and block 0's input
+    is a site, where the detector holds it)."""
 
     n_layers: int
     attention_layers: list[int]
@@ -71,7 +72,8 @@ def layout(model: HookedModule) -> HookedLayout:
     names = model.hook_dict
     n_layers = sum(1 for name in names if name.startswith("blocks.") and name.endswith(".hook_resid_post"))
     attention = [l for l in range(n_layers) if act_name("pattern", l) in names]
-    return HookedLayout(n_layers, attention, _names(model.model, "position_ids"))
+    held = act_name("resid_pre", 0) in names  # the detector holds block 0's input there
+    return HookedLayout(n_layers, attention, held and _names(model.model, "position_ids"))
 
 
 def audit_hooked(model: HookedModule, eval_length: int, tokens: Tensor | None, seed: int,
@@ -119,7 +121,8 @@ def audit_hooked(model: HookedModule, eval_length: int, tokens: Tensor | None, s
                  "sites": dict(model.site_paths), "key_windows": {l: w.describe() for l, w in sorted(windows.items())},
                  "measured_input_positions": entering, "measured_layer_positions": [r.reading for r in readings],
                  "detector": how}
-    probe_record = {"tokens": probe.tolist(), "attention_mask": mask.tolist(), "eval_length": probe.shape[1], "seed": seed if tokens is None else None,
+    probe_record = {"tokens": probe.tolist(), "attention_mask": mask.tolist(), "eval_length": probe.shape[1],
+                    "seed": seed if tokens is None else None,
                     "compute_dtype": tol.dtype, "tolerance": {"atol": tol.atol, "rtol": tol.rtol}}
     return AuditReport(described, probe_record, [steps[n] for n in sorted(steps)])
 
@@ -293,11 +296,13 @@ def input_positions(model: HookedModule, tokens: Tensor, tol: Tolerance) -> str:
     return "none: under a constant input the stream entering block 0 is the same at every position"
 
 
-def _feeding_site(model: HookedModule, layer: int) -> str:
+def _feeding_site(model: HookedModule, layer: int) -> str | None:
     """The residual site whose value block ``layer`` reads: its ``hook_resid_pre`` where mapped, else
-    the previous block's ``hook_resid_post``."""
-    pre = act_name("resid_pre", layer)
-    return pre if pre in model.hook_dict else act_name("resid_post", layer - 1)
+    the previous block's ``hook_resid_post`` (None: neither is mapped)."""
+    for site in [act_name("resid_pre", layer)] + ([act_name("resid_post", layer - 1)] if layer else []):
+        if site in model.hook_dict:
+            return site
+    return None
 
 
 def measure_constant_input(model: HookedModule, shape: HookedLayout, tokens: Tensor, tol: Tolerance
@@ -345,7 +350,8 @@ def _run_constant(model: HookedModule, layer: int, constant: Tensor) -> dict[str
         seen[hook.name.rsplit("_", 1)[-1]] = x.detach().double().cpu()
 
     names = [act_name(p, layer) for p in ("q", "k", "v", "attn_scores", "pattern")]
-    hooks = [(_feeding_site(model, layer), hold)] + [(n, keep) for n in names if n in model.hook_dict]
+    site = _feeding_site(model, layer)
+    hooks = ([(site, hold)] if site else []) + [(n, keep) for n in names if n in model.hook_dict]
     model.run_with_hooks(constant, fwd_hooks=hooks)
     return seen
 
@@ -360,11 +366,12 @@ def _varies(x: Tensor | None, axis: int, tol: Tolerance) -> bool | None:
 
 def _constant_reading(model: HookedModule, layer: int, seen: dict[str, Tensor], tol: Tolerance
                       ) -> tuple[LayerReading, str]:
-    arrived = seen["arrived"].double()
     v_varies = _varies(seen.get("v"), 1, tol)
-    if v_varies or (v_varies is None and _varies(arrived, 1, tol)):
+    arrived_varies = _varies(seen.get("arrived"), 1, tol)
+    if v_varies or (v_varies is None and arrived_varies is not False):
         why = ("its recorded v differs between positions" if v_varies else
-               "no v is recorded and the stream reaching it already carries positions")
+               "no v is recorded and the stream reaching it already carries positions" if arrived_varies else
+               "no v is recorded and no residual site feeds it")
         return (LayerReading(layer, NOT_MEASURED, "unknown", "scores"),
                 f"layer {layer}: not measured: its input could not be verified constant ({why})")
     if "scores" in seen:
