@@ -259,25 +259,21 @@ def _readings(model: HookedModule, shape: HookedLayout, tokens: Tensor, mask: Te
 class _DetectorSubject:
     """What :func:`~.detector.detect` reads of a subject, for a hooked module that takes ``position_ids``.
 
-    Block l's input is held at ``blocks.{l-1}.hook_resid_post`` (the census checked it is block l's
-    input), block 0's at ``blocks.0.hook_resid_pre``."""
+    Block l's input is held at its feeding site (:func:`_feeding_site`: ``blocks.{l-1}.hook_resid_post``
+    where no ``hook_resid_pre`` is mapped; hook_any's census checked it is block l's input)."""
 
     def __init__(self, model: HookedModule, shape: HookedLayout):
         self.model, self.shape = model, shape
         self.n_layers, self.attention_layers = shape.n_layers, shape.attention_layers
         self.layer_names = ["unknown"] * shape.n_layers
         self.takes_positions, self.scores_trusted, self.max_positions = True, True, None
-        self.sites = dict.fromkeys(model.hook_dict)
 
     def key_window(self, layer: int):
         return dict(getattr(self.model, "key_windows", {}) or {}).get(layer, CAUSAL)
 
     def forward(self, tokens, mask, position_ids=None, fwd_hooks=()):
-        hooks = []
-        for name, hook in fwd_hooks:
-            if name.endswith("hook_resid_pre") and name not in self.sites:
-                name = act_name("resid_post", int(name.split(".")[1]) - 1)
-            hooks.append((name, hook))
+        hooks = [(_feeding_site(self.model, int(name.split(".")[1])) if name.endswith("hook_resid_pre") else name, hook)
+                 for name, hook in fwd_hooks]
         return self.model.run_with_hooks(tokens, position_ids=position_ids, fwd_hooks=hooks)
 
 
