@@ -8,6 +8,7 @@ A subject is named on the command line by one spec:
   bridged with TransformerLens;
 - ``circuit``, the hand-built Theorem 1 + 2 NoPE circuit (positive control; ``nopelens.circuits``);
 - ``untrained-nope``, a randomly initialized NoPE decoder read without BOS (negative control);
+- ``factory:FILE.py:FUNCTION`` (or ``package.module:FUNCTION``), the user's own torch module (:mod:`.factory`);
 - ``constant-METHOD``, a randomly initialized decoder with position method METHOD read on constant
   input: every token the same id, no BOS (negative control, issue 10). In exact arithmetic every
   position then has the same state at every layer for any method that puts position only into
@@ -46,11 +47,13 @@ from nopelens.models.io import file_sha256
 from nopelens.models.masks import CAUSAL
 from nopelens.models.placement import model_device
 from nopelens.models.zoo import recipe
+from nopelens.probes.collect import model_key_windows
 from nopelens.probes.sinks import sink_read_reason, variance_read_reason
 from nopelens.probes.stream import available_memory
 
 from .audit.report import by_reason
 
+from .factory import FACTORY_PREFIX, factory_subject
 from .sweep.eta import MEASURE_OVERHEAD_TOKENS, TaskWork
 
 CONTROL_SPECS = ("circuit", "untrained-nope", "constant-nope")
@@ -101,8 +104,8 @@ class Subject:
 
     def key_windows(self) -> dict:
         """Block -> its sliding window or chunk (:class:`~nopelens.models.masks.KeyWindow`), for the
-        blocks of an HF model that have one; empty for nopelens' own models (causal attention)."""
-        return self.hf.key_windows() if self.hf is not None else {}
+        blocks of an HF model or a hooked module that have one; empty for nopelens' own models."""
+        return self.hf.key_windows() if self.hf is not None else model_key_windows(self.model)
 
     def sparse_blocks(self) -> dict[int, str]:
         """Block -> why its attention over this subject's sequences is no static mask (a DSA indexer
@@ -236,6 +239,8 @@ def resolve(
         return _constant(spec, n_sequences, seq_len, seed, seed + train_seed)
     if spec.startswith(HF_PREFIX):
         return _hf(Path(spec[len(HF_PREFIX):]), n_sequences, seq_len, seed, hf_input or HFInput())
+    if spec.startswith(FACTORY_PREFIX):
+        return factory_subject(spec, n_sequences, seq_len, seed, Subject)
     if "/" in spec or Path(spec).exists():
         return _trained(load_checkpoint_dir(Path(spec)), str(spec), n_sequences, seq_len, seed)
 
@@ -252,7 +257,7 @@ def has_training_seed(spec: str) -> bool:
     the hand-set circuit are one fixed model each."""
     if spec == "untrained-nope" or spec.startswith(CONSTANT_PREFIX):
         return True
-    if spec in CONTROL_SPECS or spec.startswith(HF_PREFIX) or "/" in spec or Path(spec).exists():
+    if spec in CONTROL_SPECS or spec.startswith((HF_PREFIX, FACTORY_PREFIX)) or "/" in spec or Path(spec).exists():
         return False
     return True
 
@@ -265,7 +270,7 @@ def planned_work(spec: str, n_sequences: int, seq_len: int, train_seed: int = 0,
     """
     n_layers, steps, train_work = 4, 0, 0.0
     built = spec == "circuit" or spec in CONTROL_SPECS or spec.startswith(CONSTANT_PREFIX)
-    if spec.startswith(HF_PREFIX) or (not built and ("/" in spec or Path(spec).exists())):
+    if spec.startswith((HF_PREFIX, FACTORY_PREFIX)) or (not built and ("/" in spec or Path(spec).exists())):
         return TaskWork(0, 0.0, 0.0, estimated=False)
     if spec == "circuit":
         n_layers = 2
@@ -292,7 +297,7 @@ def fixed_length(spec: str) -> str | None:
     ``seq_len``. Read from the zoo recipe or the checkpoint's ``nopelens.json``, without loading
     weights (an unreadable checkpoint gives None: loading it reports the problem).
     """
-    if spec in CONTROL_SPECS or spec.startswith((CONSTANT_PREFIX, HF_PREFIX)):
+    if spec in CONTROL_SPECS or spec.startswith((CONSTANT_PREFIX, HF_PREFIX, FACTORY_PREFIX)):
         return None
     if "/" in spec or Path(spec).exists():
         for meta_path in (Path(spec) / METADATA_FILE, Path(spec) / "checkpoint" / METADATA_FILE):
@@ -415,7 +420,7 @@ def check_spec(spec: str) -> None:
         KeyError: on an unknown zoo name (listing the available ones).
         FileNotFoundError: on a checkpoint or HF directory that does not exist.
     """
-    if spec in CONTROL_SPECS:
+    if spec in CONTROL_SPECS or spec.startswith(FACTORY_PREFIX):
         return
     if spec.startswith(CONSTANT_PREFIX):
         constant_config(spec)

@@ -96,12 +96,16 @@ class HookedModule(HookedRootModule):
     refused: which call a site means would be ambiguous. Under left padding, position ids are
     counted from the attention mask and passed as ``position_ids`` when the wrapped module's
     forward takes them; a module that takes none is refused padded input (its positions would
-    be those of the padded row, shifted by the padding).
+    be those of the padded row, shifted by the padding). An ``attention_mask`` the module's forward
+    does not take is dropped where that is exact (no padding, or right padding: a causal model's
+    real tokens never see it) and left padding refused, naming the class and what it takes.
 
     Args:
         model: the module to wrap; called as ``model(tokens, **kwargs)``.
-        sites: site name -> dotted path of a submodule, e.g.
-            ``{"blocks.0.hook_resid_post": "transformer.h.0"}``.
+        sites: site name -> dotted path of a submodule, whose output the site is, e.g.
+            ``{"blocks.0.hook_resid_post": "transformer.h.0"}``; ``path:input`` is its first
+            positional input instead (``path:input.N`` the N-th), e.g.
+            ``{"blocks.0.hook_resid_pre": "transformer.h.0:input"}``.
         output_fn: turns the model's output into logits (default: ``.logits`` if present).
 
     Raises:
@@ -122,7 +126,7 @@ class HookedModule(HookedRootModule):
         self.model = model
         self.output_fn = output_fn
         modules = dict(model.named_modules())
-        missing = [path for path in sites.values() if path not in modules]
+        missing = [spec for spec in sites.values() if _site_spec(spec)[0] not in modules]
         if missing:
             raise KeyError(
                 f"module paths not found: {missing}; available: {sorted(p for p in modules if p)}"
@@ -130,10 +134,14 @@ class HookedModule(HookedRootModule):
         self.site_paths = dict(sites)
         self._calls: dict[str, int] | None = None
         self.points = nn.ModuleDict({_key(name): HookPoint() for name in sites})
-        self._handles = [
-            modules[path].register_forward_hook(self._make_hook(_key(name)))
-            for name, path in sites.items()
-        ]
+        self._handles = []
+        for name, spec in sites.items():
+            path, argument = _site_spec(spec)
+            if argument is None:
+                self._handles.append(modules[path].register_forward_hook(self._make_hook(_key(name))))
+            else:
+                self._handles.append(modules[path].register_forward_pre_hook(
+                    self._make_hook(_key(name), argument), with_kwargs=True))
         self.setup()
         # Expose hook points under the site names the caller chose, not "points.<key>".
         self.hook_dict = {name: self.points[_key(name)] for name in sites}
@@ -141,8 +149,8 @@ class HookedModule(HookedRootModule):
         for name, point in self.hook_dict.items():
             point.name = name
 
-    def _make_hook(self, key: str):
-        def hook(module, inputs, output):
+    def _make_hook(self, key: str, argument: int | None = None):
+        def count(module):
             if self._calls is not None:  # counted only inside this wrapper's forward
                 self._calls[key] = self._calls.get(key, 0) + 1
             if self._calls is not None and self._calls[key] > 1:
@@ -151,15 +159,32 @@ class HookedModule(HookedRootModule):
                     f"module {self.site_paths[name]!r} (site {name!r}) ran {self._calls[key]} times in one "
                     "forward pass; a site must name one call: map a submodule that runs once"
                 )
+
+        def hook(module, inputs, output):
+            count(module)
             if isinstance(output, tuple):
                 return (self.points[key](output[0]),) + output[1:]
             return self.points[key](output)
 
-        return hook
+        def input_hook(module, args, kwargs):
+            count(module)
+            if argument >= len(args):
+                raise ValueError(f"site {self.points[key].name!r} reads positional input {argument} of "
+                                 f"{type(module).__name__}, which got {len(args)}")
+            args = args[:argument] + (self.points[key](args[argument]),) + args[argument + 1:]
+            return args, kwargs
+
+        return hook if argument is None else input_hook
 
     def forward(self, tokens: Tensor, **kwargs) -> Tensor:
         mask = kwargs.get("attention_mask")
-        if mask is not None and kwargs.get("position_ids") is None and _left_padded(mask):
+        if mask is not None and not _names(self.model, "attention_mask"):  # a **kwargs catch-all may fail deep inside
+            kwargs.pop("attention_mask")
+            if _left_padded(mask):  # a causal model's real tokens never see right padding: dropping it is exact
+                raise ValueError(
+                    f"{type(self.model).__name__}.forward takes {_accepts(self.model)}, not attention_mask, so a "
+                    "left-padded row would attend to its padding; pad on the right (or not at all)")
+        elif mask is not None and kwargs.get("position_ids") is None and _left_padded(mask):
             if not _takes(self.model, "position_ids"):
                 raise ValueError(
                     f"{type(self.model).__name__} takes no position_ids, so under left padding its positions "
@@ -188,6 +213,24 @@ class HookedModule(HookedRootModule):
         self._handles = []
 
 
+def _site_spec(spec: str) -> tuple[str, int | None]:
+    """(module path, positional input index or None for the output) of a site's ``path``,
+    ``path:input`` (its first positional input) or ``path:input.N``.
+
+    Example:
+        >>> _site_spec("h.0"), _site_spec("h.0:input"), _site_spec("layers.2.2:input.1")
+        (('h.0', None), ('h.0', 0), ('layers.2.2', 1))
+    """
+    path, _, where = spec.partition(":")
+    if not where:
+        return path, None
+    if where == "input":
+        return path, 0
+    if where.startswith("input.") and where[6:].isdigit():
+        return path, int(where[6:])
+    raise ValueError(f"site {spec!r}: after ':' write input or input.N (N a positional argument index)")
+
+
 def _left_padded(mask: Tensor) -> bool:
     """True if some row has a padding entry before a real token."""
     mask = mask.bool()
@@ -201,6 +244,23 @@ def _takes(module: nn.Module, name: str) -> bool:
     except (TypeError, ValueError):
         return False
     return name in params or any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
+
+
+def _names(module: nn.Module, name: str) -> bool:
+    """Whether ``module``'s forward names the parameter ``name`` (not only through ``**kwargs``)."""
+    try:
+        return name in inspect.signature(module.forward).parameters
+    except (TypeError, ValueError):
+        return False
+
+
+def _accepts(module: nn.Module) -> str:
+    """What ``module.forward`` takes besides the tokens, in words (for a refusal)."""
+    try:
+        params = list(inspect.signature(module.forward).parameters)[1:]
+    except (TypeError, ValueError):
+        return "an unknown signature"
+    return "the tokens and " + ", ".join(params) if params else "the tokens only"
 
 
 def _key(site: str) -> str:

@@ -37,7 +37,9 @@ import torch
 from jaxtyping import Int
 from torch import Tensor
 
+from nopelens.models.hf import describe
 from nopelens.models.hooks import act_name
+from nopelens.models.masks import KeyWindow
 from nopelens.models.placement import model_device
 
 PATTERN_SUFFIXES = ("hook_pattern", "hook_attn_scores", "hook_content_scores", "hook_pos_bias")
@@ -107,6 +109,12 @@ class Activations:
             removed, so index ``[h, i, j]`` is query position ``i`` and key position ``j``.
         dtypes: site -> name of the dtype the model computed the site in (``"bfloat16"``, ...),
             before the float32 copy; probes judge float round-off by it.
+        windows: block -> the sliding window or chunk the patterns were computed under, recorded by
+            :func:`collect` from the model (:func:`model_key_windows`); the sink and variance reads
+            use it when no ``windows`` is passed. None: not recorded (built by hand).
+        sinks: block -> (``"learned"``, None) for each block the model declares a learned sink in
+            (``model.sink_blocks``: a :class:`~nopelens.models.anymodel.HookedAny` finds them in its
+            softmax calls); ``sink_table`` reports their mass when no ``sinks`` is passed.
     """
 
     acts: dict[str, np.ndarray]
@@ -115,6 +123,8 @@ class Activations:
     token: np.ndarray
     patterns: dict[str, list[np.ndarray]] = field(default_factory=dict)
     dtypes: dict[str, str] = field(default_factory=dict)
+    windows: dict[int, KeyWindow] | None = None
+    sinks: dict[int, tuple] | None = None
 
     @property
     def n_samples(self) -> int:
@@ -276,7 +286,8 @@ def collect(
             for site in sites:
                 value = captured[site]
                 if is_pattern_site(site):
-                    _store_patterns(out.patterns[site], value, batch_mask, site, start)
+                    _store_patterns(out.patterns[site], value, batch_mask, site, start,
+                                    site_block(site) in model_sink_blocks(model), out.dtypes.get(site))
                     continue
                 rows = _real_rows(value, batch_real, site, start)
                 if site not in out.acts:
@@ -286,7 +297,37 @@ def collect(
     finally:
         for module, training in flags:
             module.training = training
+    out.windows = model_key_windows(model)
+    declared = sorted(getattr(model, "sink_blocks", None) or ())  # not an HF model's: its CLI passes sinks= with logits
+    out.sinks = {block: ("learned", None) for block in declared} or None
     return out
+
+
+def _hf_description(model):
+    """The HF description of a bridged or hooked HF model (cached per model), else None."""
+    if getattr(getattr(model, "original_model", None), "config", None) is None:
+        return None
+    return describe(model)
+
+
+def model_key_windows(model) -> dict[int, KeyWindow]:
+    """Block -> the sliding window or chunk its attention runs under, as the model records it: an HF
+    model's description (:meth:`nopelens.models.hf.HFDescription.key_windows`), or the ``key_windows``
+    a model keeps (:class:`nopelens.models.anymodel.HookedAny`: from its intercepted calls). Blocks
+    not listed run under the causal rule."""
+    description = _hf_description(model)
+    if description is not None:
+        return description.key_windows()
+    return dict(getattr(model, "key_windows", None) or {})
+
+
+def model_sink_blocks(model) -> set[int]:
+    """Blocks whose attention has a sink that is not a token (rows sum to 1 - p_sink): an HF model's
+    ``learned`` and ``per_token`` sinks, or the ``sink_blocks`` a model declares."""
+    description = _hf_description(model)
+    if description is not None:
+        return {l for l, layer in enumerate(description.layers) if layer.sink in ("learned", "per_token")}
+    return set(getattr(model, "sink_blocks", None) or ())
 
 
 def _run_batch(
@@ -381,18 +422,28 @@ def real_values(value: Tensor, real: Tensor, site: str, start: int) -> Tensor:
     return rows
 
 
-def _store_patterns(store: list, value: Tensor, mask: Tensor, site: str, start: int) -> None:
+def _store_patterns(store: list, value: Tensor, mask: Tensor, site: str, start: int, sink: bool | None = None,
+                    dtype: str | None = None) -> None:
     """``[batch, head, query, key]`` -> one ``[head, n_real, n_real]`` array per sequence."""
-    check_patterns(value, mask, site, start)
+    check_patterns(value, mask, site, start, sink, getattr(torch, dtype) if dtype else None)
     for row in range(mask.shape[0]):
         keep = mask[row].bool().cpu()
         store.append(value[row][:, keep][:, :, keep].numpy())
 
 
-def check_patterns(value: Tensor, mask: Tensor, site: str, start: int) -> None:
+def check_patterns(value: Tensor, mask: Tensor, site: str, start: int, sink: bool | None = None,
+                   dtype: torch.dtype | None = None) -> None:
     """Check a ``[batch, head_index, query_pos, key_pos]`` site output on its device: its shape, at
-    ``hook_pattern`` sites that no future key gets weight (DESIGN.md), and that its real rows and
+    ``hook_pattern`` sites that no future key gets weight (DESIGN.md) and that every real query row
+    is a distribution over the real keys (:func:`check_distribution`), and that its real rows and
     columns are finite (scores may hold -inf at blocked keys by design).
+
+    Args:
+        sink: whether the block has a sink that is not a token (a learned or per-token logit in the
+            softmax denominator, so rows sum to 1 - p_sink): True allows row sums below 1, False
+            refuses them, None (not known) lets them pass.
+        dtype: the dtype the model computed ``value`` in, when it is a copy in another (its round-off
+            sets the row-sum tolerance; default ``value.dtype``).
 
     Raises:
         ValueError: naming the site, the sequence (``start`` + row), the head and the query position.
@@ -407,6 +458,7 @@ def check_patterns(value: Tensor, mask: Tensor, site: str, start: int) -> None:
     if site.endswith("hook_pattern"):
         _check_causal(value, mask, site, start)
         if bool(torch.isfinite(total)):
+            check_distribution(value, mask, site, sink, dtype)
             return
         finite = torch.isfinite(value)
     else:  # scores hold -inf at blocked (future) keys by design
@@ -422,6 +474,43 @@ def check_patterns(value: Tensor, mask: Tensor, site: str, start: int) -> None:
             f"non-finite value at site {site!r}, sequence {start + row}, head {head}, "
             f"query position {position}"
         )
+
+
+def row_sum_tolerance(dtype: torch.dtype) -> float:
+    """How far a row of softmax weights computed in ``dtype`` may sum from 1: 4 units of round-off
+    (``torch.finfo(dtype).eps``: bfloat16 0.031, float16 0.0039), at least 1e-5 (float32 rows of
+    thousands of keys, summed here in float64).
+
+    Example:
+        >>> row_sum_tolerance(torch.bfloat16), row_sum_tolerance(torch.float32)
+        (0.03125, 1e-05)
+    """
+    return max(4 * torch.finfo(dtype).eps, 1e-5)
+
+
+def check_distribution(pattern: Tensor, mask: Tensor, site: str, sink: bool | None = None,
+                       dtype: torch.dtype | None = None) -> None:
+    """Refuse attention that is not a distribution: a real query row with a negative weight, or whose
+    weights on the real keys do not sum to 1 within :func:`row_sum_tolerance` (sigmoid or ReLU
+    attention, a hand map pointing at something other than the softmax's output). Below 1 is allowed
+    where the block has a non-token sink (``sink`` True), and not refused where that is unknown (None).
+
+    Raises:
+        ValueError: one line naming the site and the range of row sums found; no number is read.
+    """
+    real = mask.bool().to(pattern.device)
+    weights = pattern.to(torch.float64) * real[:, None, None, :]
+    sums = weights.sum(-1)[real[:, None, :].expand(-1, pattern.shape[1], -1)]  # the real query rows
+    if sums.numel() == 0:
+        return
+    dtype = dtype or pattern.dtype
+    low, high, tolerance = float(sums.min()), float(sums.max()), row_sum_tolerance(dtype)
+    negative = float(weights.min()) < 0
+    below = low < 1 - tolerance and sink is False
+    if negative or high > 1 + tolerance or below:
+        what = "has negative weights" if negative else f"has rows that sum to {low:.4g}..{high:.4g}, not 1"
+        raise ValueError(f"site {site!r} {what} (tolerance {tolerance:.2g} in {str(dtype).removeprefix('torch.')}):"
+                         " its attention is not a softmax distribution over the keys, so no pattern or sink read is made")
 
 
 def _check_causal(pattern: Tensor, mask: Tensor, site: str, start: int) -> None:

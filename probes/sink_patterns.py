@@ -36,7 +36,7 @@ from scipy import stats
 
 from nopelens.models.masks import CAUSAL, KeyWindow
 
-from .collect import Activations
+from .collect import Activations, row_sum_tolerance
 from .metrics import random_state
 
 GU_EPSILON = 0.3
@@ -168,7 +168,9 @@ def first_key_sums(pattern: Float[torch.Tensor, "batch head query key"], mask: I
         left-padded) and ``[query]`` the number of rows summed.
 
     Raises:
-        ValueError: as :func:`sink_index` (a row with no real token).
+        ValueError: as :func:`sink_index` (a row with no real token), or when a row that ``keys`` says
+            sees the first key gives it exactly zero weight: a softmax gives that only to a blocked
+            key, so the pattern ran under a mask ``keys`` does not describe, and is not averaged in.
 
     Example:
         >>> uniform = torch.tril(torch.ones(4, 4)) / torch.arange(1, 5)[:, None]
@@ -183,6 +185,13 @@ def first_key_sums(pattern: Float[torch.Tensor, "batch head query key"], mask: I
     rows = keys.sees_first(mask.shape[1]).to(device)[position] & real & (position >= start) & (position < stop)
     first = torch.as_tensor(sink_index(mask.cpu().numpy()), device=device)
     first_key = pattern[torch.arange(len(mask), device=device), :, :, first]  # [batch, head, query]
+    blind = (first_key == 0) & rows[:, None]
+    if bool(blind.any()):
+        row, _, query = blind.nonzero()[0].tolist()
+        raise ValueError(
+            f"query position {int(position[row, query])} gives the first key exactly zero weight, though "
+            f"{keys.describe()} lets it see it: the pattern was computed under a mask the read does not know "
+            "(a sliding window or chunk?); collect it from a model that records its mask, or pass windows=")
     return (first_key.to(torch.float64) * rows[:, None]).sum(0), rows.sum(0)
 
 
@@ -294,6 +303,12 @@ def _check_pattern(pattern: np.ndarray, index: int) -> np.ndarray:
         raise ValueError(f"pattern {index} must be [head_index, n, n] with n >= 1, got {pattern.shape}")
     if not np.all(np.isfinite(pattern)):
         raise ValueError(f"pattern {index} contains NaN or Inf")
+    # collect() checked each row against its dtype's round-off; a list made by hand is held to
+    # bfloat16's (row sums below 1 pass: a learned sink's rows sum to 1 - p_sink)
+    sums = pattern.sum(-1, dtype=np.float64)
+    if pattern.min() < 0 or sums.max() > 1 + row_sum_tolerance(torch.bfloat16):
+        what = "has negative weights" if pattern.min() < 0 else f"has rows that sum to up to {sums.max():.4g}, not 1"
+        raise ValueError(f"pattern {index} {what}: its attention is not a softmax distribution over the keys")
     return pattern
 
 

@@ -65,10 +65,12 @@ def sink_table(acts: Activations, eps: float = GU_EPSILON, n_tokens: int | None 
         eps: Gu's threshold; a head is a sink when its score is > eps.
         n_tokens: Gu's window T; None skips the score (e.g. for sequences shorter than 64).
         windows: block -> its sliding window or chunk (blocks not listed: the causal rule), e.g.
-            :meth:`nopelens.models.hf.HFDescription.key_windows`.
+            :meth:`nopelens.models.hf.HFDescription.key_windows`; default: what :func:`collect`
+            recorded with the activations (``acts.windows``).
         sinks: block -> (kind, per-head logits or None) of a sink that is not a token
             (``learned``, ``per_token``, ``output_scale``; module docstring). An output-scale
-            block needs its ``attn.hook_v`` and ``attn.hook_z`` collected.
+            block needs its ``attn.hook_v`` and ``attn.hook_z`` collected. Default: the learned sinks
+            :func:`collect` recorded (``acts.sinks``).
         sites: the ``hook_pattern`` sites to read (default: every one collected); an empty list
             gives an empty table with the columns (e.g. every block's window is 1,
             :func:`sink_read_reason`).
@@ -90,6 +92,8 @@ def sink_table(acts: Activations, eps: float = GU_EPSILON, n_tokens: int | None 
             raise ValueError(f"no hook_pattern site was collected (collected: {sorted(acts.acts) + sorted(acts.patterns)})")
     if not sites:
         return empty_sink_table(n_tokens, sinks)
+    windows = acts.windows if windows is None else windows
+    sinks = acts.sinks if sinks is None else sinks
     sequences = Sequences.of_activations(acts)
     return replay(acts, [SinkStats(sequences, sites, eps, n_tokens, windows, sinks)], sequences=sequences)[0]
 
@@ -189,14 +193,18 @@ class SinkStats(Measurement):
         if site not in self.site_list:  # hook_v or hook_z of an output-scale block
             self.pending[site] = value
             return
-        check_patterns(value, batch.mask, site, batch.rows.start)
+        kind = self.kind(site)
+        sink = None if self.sinks is None else kind in ("learned", "per_token")
+        check_patterns(value, batch.mask, site, batch.rows.start, sink)
         reads = [("mass", 1, None)] + ([("score", 0, self.n_tokens)] if self.n_tokens is not None else [])
         for name, start, stop in reads:
-            sums, rows = first_key_sums(value, batch.mask, self.windows.get(site_block(site), CAUSAL), start, stop)
+            try:
+                sums, rows = first_key_sums(value, batch.mask, self.windows.get(site_block(site), CAUSAL), start, stop)
+            except ValueError as error:
+                raise ValueError(f"site {site!r}, sequences from {batch.rows.start}: {error}") from None
             self._add(site, name, sums.sum(-1))
             self._add(site, f"{name}_rows", rows.sum())
         real = batch.mask.bool().to(value.device)
-        kind = self.kind(site)
         if kind == "output_scale":
             self.pending[site] = value
         elif kind is not None:

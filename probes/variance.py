@@ -59,7 +59,8 @@ def attention_variance(acts: Activations, sites: Sequence[str] | None = None,
     Args:
         acts: activations at the sites.
         sites: default: every collected non-pattern site.
-        windows: block -> its sliding window or chunk (blocks not listed: the causal rule).
+        windows: block -> its sliding window or chunk (blocks not listed: the causal rule); default:
+            what :func:`~nopelens.probes.collect` recorded (``acts.windows``).
 
     Returns:
         DataFrame ``site, block, position, visible_keys, variance, n_sequences`` (positions with
@@ -73,6 +74,7 @@ def attention_variance(acts: Activations, sites: Sequence[str] | None = None,
     if not sites:
         raise ValueError("no non-pattern site was collected; collect blocks.{l}.hook_attn_out or attn.hook_z sites")
     sequences = Sequences.of_activations(acts)
+    windows = acts.windows if windows is None else windows
     return replay(acts, [AttentionVariance(sequences, sites, windows)], sequences=sequences)[0]
 
 

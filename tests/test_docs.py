@@ -199,10 +199,18 @@ def test_hooking_hf_example_prints_a_per_layer_probe_curve(capsys):
 
 
 def test_hooking_any_module_example_collects_every_named_site(capsys):
-    run_python(block_after("docs/hooking.md", "## Any torch module"), "hooking.md")
+    run_python(block_after("docs/hooking.md", "## A hand-written map (the fallback)"), "hooking.md")
     printed = capsys.readouterr().out.strip()
     assert printed == str({site: (4 * 16, 32) for site in
                            ("blocks.0.hook_resid_pre", "blocks.0.hook_resid_post", "blocks.1.hook_resid_post")})
+
+
+def test_hooking_one_call_example_reads_both_blocks_sinks(capsys):
+    run_python(block_after("docs/hooking.md", "## Any torch model in one call"), "hooking.md")
+    captured = capsys.readouterr()
+    masses = eval(captured.out.strip())  # {block: mean sink mass}
+    assert sorted(masses) == [0, 1] and all(0 < mass < 1 for mass in masses.values())
+    assert "blocks.0.hook_resid_pre <- blocks.0:input" in captured.err
 
 
 def _session():

@@ -2,8 +2,9 @@
 
 Seed 002 ends with an audit order for a position bug that keeps every tensor shape. :func:`audit`
 runs it on a nopelens :class:`~nopelens.models.Decoder` (any position method, per-layer hybrids
-included) or on an HF causal LM through TransformerLens' ``TransformerBridge``
-(:func:`nopelens.models.adapters.bridge_hf_model`), and says step by step what it verified, with
+included), on an HF causal LM through TransformerLens' ``TransformerBridge``
+(:func:`nopelens.models.adapters.bridge_hf_model`), or on any module hooked with no declaration
+(:mod:`.hooked`), and says step by step what it verified, with
 the evidence: each step is ``pass``, ``fail`` or ``not_applicable`` (with the reason).
 
 1. token ids, padding, special tokens and the position ids the model used, incl. a left-padded row
@@ -33,6 +34,9 @@ Layout of this package (one concern per module):
 - :mod:`.subjects` what the audit needs of a model, and the nopelens ``Decoder`` as a subject
 - :mod:`.hf` HF models as subjects: bridged by TransformerLens, or hooked with forward hooks
   where the bridge refuses (their family knowledge is in :mod:`nopelens.models.hf`)
+- :mod:`.hooked` any module hooked with no declaration (``hook_any``, ``HookedModule``): the steps
+  its recorded attention allows, the detector under re-spaced ids or a constant input, the rest
+  not applicable with the reason
 - :mod:`.detector` the per-layer NoPE detector (step 5)
 - :mod:`.probe` the two-row probe batch and one run's records, reduced layer by layer as the pass goes
 - :mod:`.streaming` hooks that hold one layer's tensors at a time, and the bytes they hold

@@ -10,11 +10,12 @@ from torch import Tensor
 from transformers import PreTrainedModel
 
 from nopelens.models import Decoder
-from nopelens.models.adapters import HookedHFModel, load_hf_model
+from nopelens.models.adapters import HookedHFModel, HookedModule, load_hf_model
 from nopelens.models.placement import model_device
 from nopelens.probes import stream as probes_stream
 
 from .hf import BridgeSubject, HookedSubject
+from .hooked import audit_hooked
 from .numerics import Tolerance
 from .probe import Run, make_probe, stream, unpadded
 from .report import AuditReport, StepResult, make_step
@@ -100,8 +101,10 @@ def audit(
     Args:
         model: a nopelens ``Decoder``, a ``TrainedModel`` (its metadata gives training lengths),
             a TransformerLens ``TransformerBridge`` from
-            :func:`~nopelens.models.adapters.bridge_hf_model`, or an HF causal LM (bridged here,
-            which modifies it in place).
+            :func:`~nopelens.models.adapters.bridge_hf_model`, an HF causal LM (bridged here,
+            which modifies it in place), or any module hooked by
+            :func:`~nopelens.models.anymodel.hook_any` or a ``HookedModule`` (no declared position
+            method: each step runs where what it needs is recorded, :mod:`.hooked`).
         eval_length: probe length in tokens, >= 4; at most the learned table's rows.
         tokens: optional int64 token ids ``[pos]`` (or ``[batch, pos]``: the first row is used).
         metadata: checkpoint metadata (``train_lengths`` = [min, max] and similar keys), merged
@@ -124,7 +127,11 @@ def audit(
             shift, train_lengths that are not [min, max] with 1 <= min <= max, or an HF config
             whose position method cannot be read.
     """
-    subject, meta = make_subject(model, name)
+    meta = {}
+    if isinstance(model, HookedModule):  # hook_any or a hand map: no declared position method
+        subject = None
+    else:
+        subject, meta = make_subject(model, name)
     meta.update(metadata or {})
     if train_lengths is not None:
         if len(train_lengths) != 2 or not 1 <= train_lengths[0] <= train_lengths[1]:
@@ -136,6 +143,8 @@ def audit(
         raise ValueError(f"eval_length must be an integer >= 4, got {eval_length!r}")
     if not isinstance(shift, int) or shift < 1:
         raise ValueError(f"shift must be an integer >= 1, got {shift!r}")
+    if subject is None:
+        return audit_hooked(model, eval_length, tokens, seed, (atol, rtol), meta, name)
     if subject.max_positions is not None and eval_length > subject.max_positions:
         raise ValueError(
             f"eval_length={eval_length} is past the learned position table ({subject.max_positions} "

@@ -102,7 +102,10 @@ class AuditReport:
         mark = {"pass": "PASS", "fail": "FAIL", "not_applicable": "n/a "}
         lines = [f"nopelens audit: {self.model['name']} ({self.model['description']})"]
         if "measured_layer_positions" in self.model:
-            lines.append(f" measured per layer (input held fixed, positions re-spaced): "
+            if "measured_input_positions" in self.model:
+                lines.append(f" measured input positions: {self.model['measured_input_positions']}")
+            how = self.model.get("detector", "input held fixed, positions re-spaced")
+            lines.append(f" measured per layer ({how}): "
                          f"{', '.join(self.model['measured_layer_positions'])}")
         if "learned_sinks" in self.model:
             lines += textwrap.wrap(self.model["learned_sinks"]["summary"], 110, initial_indent=" ", subsequent_indent="   ")

@@ -1,7 +1,9 @@
 """``nopelens audit``: seed 002's ten-step position audit of one model, from the command line.
 
 The model comes from exactly one of: a nopelens checkpoint directory (``--checkpoint``), a zoo
-name (``--model``), a local HF model directory (``--hf-dir``, loaded offline and bridged through
+name or the user's own factory (``--model``: ``factory:FILE.py:FUNCTION`` or
+``factory:package.module:FUNCTION``, hooked by :func:`~nopelens.models.anymodel.hook_any`, which prints
+the map it chose to stderr), a local HF model directory (``--hf-dir``, loaded offline and bridged through
 TransformerLens), or a fresh random Decoder of a position method (``--position``, a demo that
 needs no training). The one-screen summary goes to stdout; ``--out DIR`` also writes
 ``report.md`` and ``audit.json`` there, atomically. Exit code 0 when no step fails, 1 when a step
@@ -15,8 +17,10 @@ from pathlib import Path
 from typing import Any
 
 from nopelens.analyses.audit import AuditReport, audit
+from nopelens.analyses.factory import FACTORY_PREFIX
 from nopelens.analyses.subjects import load_checkpoint_dir
 from nopelens.models import Decoder, DecoderConfig, zoo
+from nopelens.models.anymodel import hook_any, load_factory
 from nopelens.models.hf import UnsupportedModelError
 from nopelens.models.hf_loading import load_hf_dir
 from nopelens.models.io import check_writable
@@ -31,10 +35,13 @@ def load_subject(args: argparse.Namespace) -> tuple[Any, str]:
 
     Raises:
         FileNotFoundError: if a checkpoint or HF directory does not exist.
-        ValueError: on an invalid checkpoint, an unknown zoo name or position method.
+        ValueError: on an invalid checkpoint, an unknown zoo name or position method, a factory that fails
+            or builds a model hook_any cannot map.
     """
     if args.checkpoint:
         return load_checkpoint_dir(Path(args.checkpoint)), f"checkpoint {args.checkpoint}"
+    if args.model and args.model.startswith(FACTORY_PREFIX):
+        return hook_any(load_factory(args.model[len(FACTORY_PREFIX):])), f"factory {args.model[len(FACTORY_PREFIX):]}"
     if args.model:
         return zoo.load(args.model, progress=not args.quiet), f"zoo model {args.model}"
     if args.hf_dir:
@@ -91,11 +98,13 @@ def register(subparsers) -> None:
         "interventions, cached decoding, training lengths). Exit code 0 when no step fails, 1 "
         "when one does, 2 on bad input.",
         epilog="examples: nopelens audit --position rope --out runs/audit-rope; "
-        "nopelens audit --checkpoint runs/copy-rope; nopelens audit --hf-dir ./tiny-gpt2",
+        "nopelens audit --checkpoint runs/copy-rope; nopelens audit --hf-dir ./tiny-gpt2; "
+        "nopelens audit --model factory:mymodel.py:make_model",
     )
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--checkpoint", metavar="DIR", help="a nopelens checkpoint directory")
-    source.add_argument("--model", metavar="NAME", help="a zoo model name")
+    source.add_argument("--model", metavar="NAME", help="a zoo model name, or factory:FILE.py:FUNCTION / "
+                        "factory:package.module:FUNCTION (your own torch module, hooked with no map)")
     source.add_argument("--hf-dir", metavar="DIR", help="a local HF causal LM directory (offline)")
     source.add_argument("--position", metavar="METHOD",
                         help="audit a fresh random Decoder of this method (nope, learned, sinusoidal, "

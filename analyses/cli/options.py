@@ -16,6 +16,7 @@ import argparse
 import os
 
 MODEL_HELP = ("zoo name (see `nopelens train --list`), checkpoint directory, hf:DIR (local HF model), "
+              "factory:FILE.py:FUNCTION or factory:package.module:FUNCTION (your own torch module, hooked with no map), "
               "circuit, untrained-nope or constant-METHOD (constant input, no BOS; e.g. constant-nope, "
               "constant-rope+rope+rope+nope)")
 """What a model spec may be (see :mod:`nopelens.analyses.subjects`)."""

@@ -271,6 +271,10 @@ def run_sinks(args: argparse.Namespace) -> int:
     absent = subject.hf.attention_absent() if is_hf else None
     if absent:
         raise ValueError(f"{absent}, so no attention sink to measure")
+    if not any(site.endswith("hook_pattern") for site in subject.model.hook_dict):
+        raise ValueError(f"{subject.name} has no hook_pattern site: its forward pass makes no softmax attention call "
+                         "(scaled_dot_product_attention, or a softmax over [batch, head, query, key]; sigmoid or linear "
+                         "attention is no distribution), so no attention sink to measure")
     logits = learned_sink_logits(subject.model.original_model) if is_hf else None
     if "beyond_trained_length" in subject.info:
         print(f"nopelens sinks: {subject.name}: note: {subject.info['beyond_trained_length']}", file=sys.stderr)

@@ -1,0 +1,34 @@
+"""The subject of a model built by the user's own Python factory (spec ``factory:FILE.py:FUNCTION`` or
+``factory:package.module:FUNCTION``): the module the factory returns, hooked with no hand-written map
+(:func:`nopelens.models.anymodel.hook_any`, which prints the map it chose to stderr), read on uniform
+random token ids below its first ``nn.Embedding``'s vocabulary, with no BOS."""
+
+from __future__ import annotations
+
+import torch
+
+from nopelens.models.anymodel import hook_any, load_factory
+
+FACTORY_PREFIX = "factory:"
+
+
+def factory_subject(spec: str, n_sequences: int, seq_len: int, seed: int, subject_class):
+    """A ``subject_class`` (:class:`nopelens.analyses.subjects.Subject`) of the module ``spec``'s factory builds.
+
+    Raises:
+        as :func:`~nopelens.models.anymodel.load_factory` and :func:`~nopelens.models.anymodel.hook_any`
+        (an unmappable model: one line saying which map to pass); ValueError if the module has no
+        ``nn.Embedding`` to take the vocabulary from.
+    """
+    model = load_factory(spec[len(FACTORY_PREFIX):])
+    embeddings = [module for module in model.modules() if isinstance(module, torch.nn.Embedding)]
+    if not embeddings:
+        raise ValueError(f"{spec}: {type(model).__name__} has no nn.Embedding, so its vocabulary is unknown")
+    tokens = torch.randint(0, embeddings[0].num_embeddings, (n_sequences, seq_len),
+                           generator=torch.Generator().manual_seed(seed))
+    hooked = hook_any(model, tokens=tokens[:2])
+    with torch.no_grad():
+        hooked(tokens[:2])  # records the window or chunk of each block's attention call (hooked.key_windows)
+    info = {"factory": spec[len(FACTORY_PREFIX):], "sites": dict(hooked.site_paths), "input": "random"}
+    return subject_class(spec, hooked, hooked.n_blocks, "unknown", "external", tokens, torch.ones_like(tokens),
+                         has_bos=False, info=info)
