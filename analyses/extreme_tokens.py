@@ -19,7 +19,6 @@ On a model of another task every query is one class (``all``) and the ablation r
 
 from __future__ import annotations
 
-
 import numpy as np
 import pandas as pd
 import torch

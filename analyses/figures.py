@@ -6,7 +6,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import textwrap
 from pathlib import Path
 from typing import Sequence
@@ -29,7 +28,6 @@ from nopelens.probes.sinks import GU_EPSILON  # noqa: E402
 from .palette import LINESTYLE_KEY, MARKERS, Style, method_color, method_label, model_styles  # noqa: E402, F401
 from .sweep import layers  # noqa: E402
 from .sweep.reads import SweepRead  # noqa: E402
-
 
 REPRODUCIBLE = {"svg.hashsalt": "nopelens"}
 """rcParams that make SVG ids (clip paths, glyphs) a hash of the content instead of a random uuid."""

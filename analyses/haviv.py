@@ -42,7 +42,14 @@ from nopelens.models.checkpoint import LOSS_CURVE_FILE
 from nopelens.models.io import write_csv_atomic
 from nopelens.models.threads import one_thread
 from nopelens.probes import collect, probe_absolute_index, resid_sites
-from nopelens.probes.mlp_probe import FLOORS, MLP_EPOCHS, MLP_MIN_STEPS, kept_sequences, no_information_floor, probe_positions_mlp
+from nopelens.probes.mlp_probe import (
+    FLOORS,
+    MLP_EPOCHS,
+    MLP_MIN_STEPS,
+    kept_sequences,
+    no_information_floor,
+    probe_positions_mlp,
+)
 
 from . import haviv_paper as paper
 from .runs import claimed, part_dir, read_part, write_part

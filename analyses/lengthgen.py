@@ -29,8 +29,8 @@ import pandas as pd
 import seaborn as sns
 
 from nopelens.models import DecoderConfig
-from nopelens.models.tasks import make_task
 from nopelens.models.io import write_csv_atomic
+from nopelens.models.tasks import make_task
 from nopelens.models.threads import limited_threads
 from nopelens.models.training import evaluate_exact_match, train
 

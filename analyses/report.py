@@ -20,10 +20,16 @@ import pandas as pd
 from nopelens.models.compat import moved_names
 from nopelens.models.io import write_text_atomic
 
-from .sweep import layers, reads, seeds
 from .figures import (
-    probe_figure, save_figure, sink_ablation_figure, sink_figure, site_figure, site_rows, variance_figure,
+    probe_figure,
+    save_figure,
+    sink_ablation_figure,
+    sink_figure,
+    site_figure,
+    site_rows,
+    variance_figure,
 )
+from .sweep import layers, reads, seeds
 from .sweep.reads import NO_LAYER_CLEARS, SweepRead
 
 SEEDS_NOTE = (

@@ -37,10 +37,23 @@ from nopelens.circuits import distance
 from nopelens.circuits.layout import BOS_TOKEN
 from nopelens.models import Decoder, zoo
 from nopelens.models.checkpoint import METADATA_FILE, load_checkpoint
-from nopelens.models.hf import SIZE_FIELDS, UnsupportedModelError, check_readable, describe, learned_sinks, trained_length
+from nopelens.models.hf import SIZE_FIELDS as SIZE_FIELDS
+from nopelens.models.hf import UnsupportedModelError, check_readable, describe, learned_sinks, trained_length
+
 # HF loading lives in models/hf_loading.py; SIZE_FIELDS and these names were defined here before and still import from here
-from nopelens.models.hf_loading import (DEVICES, DTYPES, INPUTS, HFInput, attention_shortfall, checked_hf_config,  # noqa: F401
-                                        config_bos_id, eager_attention_bytes, load_hf_dir, load_tokenizer, text_windows)
+from nopelens.models.hf_loading import (  # noqa: F401
+    DEVICES,
+    DTYPES,
+    INPUTS,
+    HFInput,
+    attention_shortfall,
+    checked_hf_config,
+    config_bos_id,
+    eager_attention_bytes,
+    load_hf_dir,
+    load_tokenizer,
+    text_windows,
+)
 from nopelens.models.hooks import act_name
 from nopelens.models.io import file_sha256
 from nopelens.models.masks import CAUSAL
@@ -50,7 +63,6 @@ from nopelens.probes.sinks import sink_read_reason, variance_read_reason
 from nopelens.probes.stream import available_memory
 
 from .audit.report import by_reason
-
 from .sweep.eta import MEASURE_OVERHEAD_TOKENS, TaskWork
 
 CONTROL_SPECS = ("circuit", "untrained-nope", "constant-nope")

@@ -40,18 +40,40 @@ those on tiny Hugging Face models (the last three) in :mod:`nopelens.analyses.va
 """
 
 from __future__ import annotations
+
 from dataclasses import asdict
 from typing import Callable
 
 import pandas as pd
 import torch
 
-from nopelens.analyses.validate_decoders import (CONSTANT_METHODS, EXACT, LENGTH, N_BOOT, N_SEQUENCES, SEED, Row,
-                                                 check_alibi, check_bos_constant, check_circuit, check_constant,
-                                                 check_learned, check_repeated_tokens, check_rope_constant,
-                                                 check_sinks, check_sinusoidal, check_variance, sink_model)
-from nopelens.analyses.validate_hf import (TINY_SPECIAL, _hf_model, check_detector, check_learned_sinks,
-                                           check_query_temperatures)
+from nopelens.analyses.validate_decoders import (
+    CONSTANT_METHODS,
+    EXACT,
+    LENGTH,
+    N_BOOT,
+    N_SEQUENCES,
+    SEED,
+    Row,
+    check_alibi,
+    check_bos_constant,
+    check_circuit,
+    check_constant,
+    check_learned,
+    check_repeated_tokens,
+    check_rope_constant,
+    check_sinks,
+    check_sinusoidal,
+    check_variance,
+    sink_model,
+)
+from nopelens.analyses.validate_hf import (
+    TINY_SPECIAL,
+    _hf_model,
+    check_detector,
+    check_learned_sinks,
+    check_query_temperatures,
+)
 from nopelens.models.threads import one_thread
 
 __all__ = [  # the checks and their constants live in validate_decoders and validate_hf; they stay importable here

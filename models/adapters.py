@@ -17,7 +17,6 @@ from __future__ import annotations
 import inspect
 from typing import Any, Callable, Mapping
 
-import torch
 from torch import Tensor, nn
 from transformer_lens import ActivationCache, HookedRootModule
 from transformer_lens.factories.architecture_adapter_factory import ArchitectureAdapterFactory
@@ -25,9 +24,17 @@ from transformer_lens.hook_points import HookPoint
 from transformer_lens.model_bridge.generalized_components import AttentionBridge
 from transformer_lens.model_bridge.sources._bridge_builder import build_bridge_from_module
 
-from .hf import (UnsupportedModelError, bridge_refused, check_readable, describe, hook_layout, refusing,
-                 sink_parameters, unreadable)
 from .device_map import dispatch_hf_model, placement_report
+from .hf import (
+    UnsupportedModelError,
+    bridge_refused,
+    check_readable,
+    describe,
+    hook_layout,
+    refusing,
+    sink_parameters,
+    unreadable,
+)
 from .hooks import act_name
 from .placement import Placement
 

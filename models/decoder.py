@@ -505,7 +505,7 @@ class Decoder(tl_compat.TransformerLensCompat):
         return self.unembed.W_U
 
     @property
-    def b_U(self) -> Float[Tensor, "d_vocab"]:
+    def b_U(self) -> Float[Tensor, " d_vocab"]:
         """The unembedding bias (zeros when ``use_bias`` is off)."""
         bias = getattr(self.unembed, "b_U", None)
         return bias if bias is not None else self.W_U.new_zeros(self.cfg.d_vocab)

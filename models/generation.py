@@ -151,7 +151,7 @@ def sample_logits(
     repetition_penalty: float = 1.0,
     tokens: Int[Tensor, "batch pos"] | None = None,
     token_mask: Int[Tensor, "batch pos"] | None = None,
-) -> Int[Tensor, "batch"]:
+) -> Int[Tensor, " batch"]:
     """The next token of each row: argmax, or a draw from softmax(logits / temperature).
 
     In TransformerLens' order (``transformer_lens.utilities.sample_logits``): the repetition
@@ -421,7 +421,9 @@ def generate(
     mask = torch.cat([mask, torch.ones_like(tokens[:, prompt.shape[1]:])], dim=1)
 
     if output_logits:
-        from transformers.generation.utils import GenerateDecoderOnlyOutput  # lazy: seconds to import; output_logits only
+        from transformers.generation.utils import (
+            GenerateDecoderOnlyOutput,  # lazy: seconds to import; output_logits only
+        )
 
         result = GenerateDecoderOnlyOutput(sequences=tokens, logits=tuple(step_logits))
     elif return_type == "tokens" or (return_type == "input" and not _is_text(input)):

@@ -25,8 +25,8 @@ from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
 from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
 from .adapters import load_hf_model
-from .hf import SIZE_FIELDS, ConfigError, check_config, check_sizes
 from .device_map import resolve_device_map
+from .hf import SIZE_FIELDS, ConfigError, check_config, check_sizes
 from .placement import Placement
 from .tasks import default_documents
 

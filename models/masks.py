@@ -77,12 +77,12 @@ class KeyWindow:
         pos = torch.arange(n, device=device)
         return self.allows(pos[:, None], pos[None, :])
 
-    def sees_first(self, n: int) -> Bool[Tensor, "query_pos"]:
+    def sees_first(self, n: int) -> Bool[Tensor, " query_pos"]:
         """``[n]``: which of n queries can see the first token (the sink candidate); O(n) memory."""
         pos = torch.arange(n)
         return self.allows(pos, torch.zeros_like(pos))
 
-    def n_visible(self, n: int) -> Int[Tensor, "query_pos"]:
+    def n_visible(self, n: int) -> Int[Tensor, " query_pos"]:
         """``[n]``: the number of keys each of n queries sees (i + 1 without a window or chunk); O(n)
         memory: query i sees exactly the keys from ``first`` to i, ``first`` the latest of 0, the
         window's start i - w + 1 and the chunk's start (i // c) c."""

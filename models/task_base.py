@@ -40,7 +40,7 @@ class Batch:
     loss_mask: Bool[Tensor, "batch pos"]
     attention_mask: Int[Tensor, "batch pos"]
     targets: Int[Tensor, "batch pos"]
-    lengths: Int[Tensor, "batch"] = field(default_factory=lambda: torch.zeros(0, dtype=torch.long))
+    lengths: Int[Tensor, " batch"] = field(default_factory=lambda: torch.zeros(0, dtype=torch.long))
 
     def __len__(self) -> int:
         return self.tokens.shape[0]

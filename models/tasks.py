@@ -45,10 +45,29 @@ import torch
 from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
-from .task_base import (BOS_ID, EOS_ID, N_SPECIAL, PAD_ID, SEP_ID, Batch, SeedLike, Task, as_generator, check_sizes,
-                        pad_rows)
-from .text import (DOCUMENT_SEPARATOR, VALIDATION_FRACTION, ByteTokenizer, TextTask, default_documents, file_documents,
-                   help_text_bigrams, is_validation_document)
+from .task_base import (
+    BOS_ID,
+    EOS_ID,
+    N_SPECIAL,
+    PAD_ID,
+    SEP_ID,
+    Batch,
+    SeedLike,
+    Task,
+    as_generator,
+    check_sizes,
+    pad_rows,
+)
+from .text import (
+    DOCUMENT_SEPARATOR,
+    VALIDATION_FRACTION,
+    ByteTokenizer,
+    TextTask,
+    default_documents,
+    file_documents,
+    help_text_bigrams,
+    is_validation_document,
+)
 
 __all__ = [  # the names of task_base and text stay importable from here, where they were defined first
     "BOS_ID", "DOCUMENT_SEPARATOR", "EOS_ID", "N_SPECIAL", "PAD_ID", "SEP_ID", "TASKS", "VALIDATION_FRACTION",

@@ -326,7 +326,7 @@ class TransformerLensCompat(HookedRootModule):
         return out, DecoderCache(cache_dict, self, has_batch_dim=not remove_batch_dim)
 
     # ----------------------------------------------------------------------------- read by ActivationCache
-    def accumulated_bias(self, layer: int, mlp_input: bool = False, include_mlp_biases: bool = True) -> Float[Tensor, "d_model"]:
+    def accumulated_bias(self, layer: int, mlp_input: bool = False, include_mlp_biases: bool = True) -> Float[Tensor, " d_model"]:
         """Sum of the output biases written into the residual stream before block ``layer``'s input.
 
         As TransformerLens' ``accumulated_bias``: b_O of blocks ``0 .. layer - 1`` (and their MLPs'

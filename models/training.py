@@ -23,22 +23,22 @@ import pandas as pd
 import torch
 import torch.nn.functional as F
 from torch import Tensor
-from .progress import progress_bar
-from .threads import limited_threads
 
 from .checkpoint import (
     METADATA_FILE,
     TrainedModel,
     load_checkpoint,
-    may_hold_checkpoint,
     load_training_state,
+    may_hold_checkpoint,
     read_metadata,
     save_checkpoint,
 )
 from .config import DecoderConfig
 from .decoder import Decoder
 from .io import write_csv_atomic
+from .progress import progress_bar
 from .tasks import Batch, Task, TextTask
+from .threads import limited_threads
 
 TRAIN_STREAM, EVAL_STREAM, VALIDATION_STREAM = 0, 1, 2
 

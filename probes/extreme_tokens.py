@@ -26,9 +26,8 @@ from typing import Sequence
 
 import numpy as np
 import pandas as pd
-from scipy import stats
-
 import torch
+from scipy import stats
 from torch import Tensor
 
 from .collect import Activations, site_block, site_layer

@@ -17,7 +17,13 @@ from nopelens.models.compat import moved_names
 
 from .lda import _LDA, LDAFold
 from .moments import (
-    BlockMoments, FoldStatistics, _check_task, check_compute_dtype, fold_blocks, fold_statistics, target_moments,
+    BlockMoments,
+    FoldStatistics,
+    _check_task,
+    check_compute_dtype,
+    fold_blocks,
+    fold_statistics,
+    target_moments,
 )
 from .ridge import ALPHAS, GroupedRidgeCV, RidgeFold, _Ridge, penalty_path, ridge_alphas, spd_solve
 from .roundoff import COMPUTE_ULPS, STORED_ULPS, RoundoffScaler, roundoff_scale, roundoff_tolerance, signal_mask

@@ -11,7 +11,6 @@ import pandas as pd
 
 from nopelens.models.hf import sink_parameters
 
-
 LEARNED_SINK_COLUMNS = ["block", "head", "sink_logit", "parameter"]
 
 

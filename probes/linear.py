@@ -43,18 +43,18 @@ import pandas as pd
 from jaxtyping import Float, Int
 from scipy import linalg, sparse
 from sklearn.base import BaseEstimator, clone
-from sklearn.linear_model._base import LinearClassifierMixin
-from sklearn.utils.validation import check_is_fitted, check_X_y
 from sklearn.dummy import DummyClassifier, DummyRegressor
 from sklearn.linear_model import LogisticRegression, RidgeClassifier
+from sklearn.linear_model._base import LinearClassifierMixin
 from sklearn.model_selection import GroupKFold
 from sklearn.pipeline import Pipeline
+from sklearn.utils.validation import check_is_fitted, check_X_y
 
 from .collect import site_block, site_layer
 from .fitting import fit_folds
+from .metrics import HIGHER_IS_BETTER, bootstrap_scores, mad_chance_of, metric_names, random_state
 from .ridge import ALPHAS, GroupedRidgeCV
 from .roundoff import RoundoffScaler, roundoff_tolerance
-from .metrics import HIGHER_IS_BETTER, bootstrap_scores, mad_chance_of, metric_names, random_state
 from .targets import control_labels, shuffled_labels, token_identity_predictions
 
 CLASSIFIER_ALPHA = 1.0
@@ -159,7 +159,7 @@ def make_probe(task: str, classifier: str = "lda", alphas: Sequence[float] = ALP
     return Pipeline([("scale", RoundoffScaler(dtype)), ("linear", model)])
 
 
-def sequence_splits(groups: Int[np.ndarray, "n"], n_splits: int = 5) -> list[tuple[np.ndarray, np.ndarray]]:
+def sequence_splits(groups: Int[np.ndarray, " n"], n_splits: int = 5) -> list[tuple[np.ndarray, np.ndarray]]:
     """GroupKFold splits by sequence: no sequence is ever on both sides of a split.
 
     Args:
@@ -192,7 +192,7 @@ def sequence_splits(groups: Int[np.ndarray, "n"], n_splits: int = 5) -> list[tup
 
 
 def extrapolation_splits(
-    groups: Int[np.ndarray, "n"], position: Int[np.ndarray, "n"], boundary: int, n_splits: int = 5
+    groups: Int[np.ndarray, " n"], position: Int[np.ndarray, " n"], boundary: int, n_splits: int = 5
 ) -> list[tuple[np.ndarray, np.ndarray]]:
     """Grouped splits that fit on positions < ``boundary`` and score on positions >= ``boundary``.
 
@@ -249,7 +249,7 @@ def _group_params(estimator, groups, fit) -> dict:
 def probe_features(
     X: Float[np.ndarray, "n d"],
     y: np.ndarray,
-    groups: Int[np.ndarray, "n"],
+    groups: Int[np.ndarray, " n"],
     task: str,
     token_types: np.ndarray | None = None,
     splits: list[tuple[np.ndarray, np.ndarray]] | None = None,
@@ -436,7 +436,7 @@ def pipeline_fits(X: np.ndarray, labels: dict, groups, splits, classifier: str, 
             for name, target in labels.items()}
 
 
-def position_classes(position: Int[np.ndarray, "n"], max_classes: int | None) -> tuple[np.ndarray, str]:
+def position_classes(position: Int[np.ndarray, " n"], max_classes: int | None) -> tuple[np.ndarray, str]:
     """Classes of an absolute-index classification, and the target name the table gives them.
 
     With at most ``max_classes`` positions (or ``max_classes`` None), each position is its class

@@ -145,9 +145,9 @@ def score(y: np.ndarray, pred: np.ndarray, metric: str) -> float:
 
 
 def bootstrap_scores(
-    y: Float[np.ndarray, "n"] | Int[np.ndarray, "n"],
-    pred: Float[np.ndarray, "n"] | Int[np.ndarray, "n"],
-    groups: Int[np.ndarray, "n"],
+    y: Float[np.ndarray, " n"] | Int[np.ndarray, " n"],
+    pred: Float[np.ndarray, " n"] | Int[np.ndarray, " n"],
+    groups: Int[np.ndarray, " n"],
     metrics: tuple[str, ...] | list[str],
     n_boot: int = 1000,
     confidence: float = 0.95,

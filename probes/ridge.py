@@ -29,7 +29,6 @@ from sklearn.utils.validation import check_is_fitted, check_X_y
 
 from .moments import BlockMoments, FittingSide, _block_sum, _sub, target_moments
 
-
 ALPHAS = tuple(float(a) for a in np.logspace(-3, 6, 28))
 """Ridge penalties tried by the grouped inner cross-validation: 1e-3 .. 1e6, 28 values (three per
 decade). On standardized features the useful range runs from "no penalty" (a penalty far below

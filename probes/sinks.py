@@ -35,8 +35,21 @@ from nopelens.models.masks import CAUSAL, KeyWindow
 from .collect import Activations, check_patterns, collect, site_block
 from .learned_sinks import LEARNED_SINK_COLUMNS, learned_sink_line, learned_sink_logits  # noqa: F401  (re-exported)
 from .sink_patterns import (  # noqa: F401  (re-exported)
-    GU_EPSILON, GU_WINDOW, check_gu_window, first_key_sums, gu_chance, no_sink_row_reason, sink_index, sink_mass,
-    sink_mass_by_position, sink_mass_by_query, sink_rate_ci, sink_read_reason, sink_scores, strip_padding, uniform_sink_score,
+    GU_EPSILON,
+    GU_WINDOW,
+    check_gu_window,
+    first_key_sums,
+    gu_chance,
+    no_sink_row_reason,
+    sink_index,
+    sink_mass,
+    sink_mass_by_position,
+    sink_mass_by_query,
+    sink_rate_ci,
+    sink_read_reason,
+    sink_scores,
+    strip_padding,
+    uniform_sink_score,
 )
 from .stream import Measurement, Sequences, replay
 from .variance import attention_variance, variance_read_reason, variance_shrinkage, variance_slopes  # noqa: F401  (re-exported)

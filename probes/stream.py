@@ -58,8 +58,17 @@ from nopelens.models.progress import progress_bar
 from nopelens.models.threads import one_thread
 
 from .collect import (
-    Activations, BatchHooks, HookList, _check_inputs, _model_device, _resolve_sites, forward_with_hooks, hooks_added, hooks_for_batch,
-    real_values, site_block,
+    Activations,
+    BatchHooks,
+    HookList,
+    _check_inputs,
+    _model_device,
+    _resolve_sites,
+    forward_with_hooks,
+    hooks_added,
+    hooks_for_batch,
+    real_values,
+    site_block,
 )
 from .memory import AUTO_KEEP_BYTES, KeepBudget, available_memory, release_freed_memory  # noqa: F401  (re-exported)
 

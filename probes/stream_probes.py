@@ -21,7 +21,7 @@ import torch
 from nopelens.models.progress import progress_bar
 
 from .collect import Activations
-from .engine import Probes, ProbeFamily, ProbeJob, RowLayout, pair_scores
+from .engine import ProbeFamily, ProbeJob, Probes, RowLayout, pair_scores
 from .linear import extrapolation_splits, position_classes, probe_labels, sequence_splits
 from .moments import _check_task
 from .stream import KeepBudget, Sequences, replay

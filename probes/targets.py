@@ -58,8 +58,8 @@ class DistancePairs:
 
 
 def sample_distance_pairs(
-    sequence_id: Int[np.ndarray, "n"],
-    position: Int[np.ndarray, "n"],
+    sequence_id: Int[np.ndarray, " n"],
+    position: Int[np.ndarray, " n"],
     max_distance: int | None = None,
     pairs_per_distance: int | None = None,
     seed: int = 0,
@@ -268,8 +268,8 @@ def blocked_score(dtype="float32") -> float:
 
 def score_features(
     scores: Sequence[np.ndarray],
-    sequence_id: Int[np.ndarray, "n"],
-    position: Int[np.ndarray, "n"],
+    sequence_id: Int[np.ndarray, " n"],
+    position: Int[np.ndarray, " n"],
     pairs: DistancePairs,
     dtype="float32",
 ) -> Float[np.ndarray, "n_pairs head_index"]:

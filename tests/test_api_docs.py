@@ -10,7 +10,6 @@ import textwrap
 
 import griffe
 import pytest
-
 from docs_pages import DOCS, ROOT, broken_links
 
 

@@ -17,8 +17,8 @@ from transformers import (
     LlamaForCausalLM,
 )
 
-from nopelens.analyses.cli import audit as audit_cmd
 from nopelens.analyses.audit import STATUSES, audit
+from nopelens.analyses.cli import audit as audit_cmd
 from nopelens.analyses.cli import main
 from nopelens.models import Decoder, DecoderConfig
 from nopelens.models.adapters import bridge_hf_model

@@ -9,8 +9,7 @@ import torch
 import transformers
 from transformers import BloomConfig, BloomForCausalLM, LlamaConfig, LlamaForCausalLM
 
-from nopelens.analyses.audit import Tolerance, audit
-from nopelens.analyses.audit import detector
+from nopelens.analyses.audit import Tolerance, audit, detector
 from nopelens.analyses.audit.core import LAYER_REDUCERS, ROWS_HELD, STEPS, make_subject
 from nopelens.analyses.audit.numerics import max_err
 from nopelens.analyses.audit.probe import Run, layer_of, make_probe, stream

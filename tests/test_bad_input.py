@@ -11,8 +11,8 @@ from safetensors.torch import save_file
 from schema import assert_documented
 
 from nopelens.analyses import cli
-from nopelens.analyses.cli import demo
 from nopelens.analyses.audit import audit
+from nopelens.analyses.cli import demo
 from nopelens.circuits import previous_token
 from nopelens.models import Decoder, DecoderConfig
 from nopelens.models.checkpoint import load_checkpoint, save_checkpoint

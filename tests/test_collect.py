@@ -25,8 +25,14 @@ def hook_count(model: nn.Module) -> int:
 
 
 def hf_models():
-    from transformers import (GPT2Config, GPT2LMHeadModel, GPTNeoXConfig, GPTNeoXForCausalLM, LlamaConfig,
-                              LlamaForCausalLM)
+    from transformers import (
+        GPT2Config,
+        GPT2LMHeadModel,
+        GPTNeoXConfig,
+        GPTNeoXForCausalLM,
+        LlamaConfig,
+        LlamaForCausalLM,
+    )
 
     torch.manual_seed(0)
     return {

@@ -43,7 +43,7 @@ def test_a_gone_name_says_what_to_use_instead(old, name, instead):
 
 def test_an_unknown_name_is_still_an_ordinary_attribute_error():
     with pytest.raises(AttributeError, match="has no attribute 'no_such_name'"):
-        importlib.import_module("nopelens.analyses.sweep.streamed").no_such_name
+        _ = importlib.import_module("nopelens.analyses.sweep.streamed").no_such_name
 
 
 def test_sweep_figures_and_svg_are_deprecated_in_one_line():

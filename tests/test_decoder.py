@@ -35,7 +35,9 @@ def test_left_padded_batch_equals_each_sequence_alone(method):
     for row, seq in enumerate(seqs):
         padded[row, width - len(seq):] = seq
         mask[row, width - len(seq):] = 1
-    names = lambda n: n.endswith(("hook_resid_post", "hook_z", "hook_embed", "hook_pos_embed"))
+    def names(n):
+        return n.endswith(("hook_resid_post", "hook_z", "hook_embed", "hook_pos_embed"))
+
     batch_logits, batch_cache = model.run_with_cache(padded, attention_mask=mask, names_filter=names)
     for row, seq in enumerate(seqs):
         alone_logits, alone_cache = model.run_with_cache(seq[None], names_filter=names)

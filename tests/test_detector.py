@@ -7,15 +7,14 @@ import warnings
 
 import pytest
 import torch
+from hf_families import build
 
 from nopelens.analyses.audit import Tolerance, audit
-from nopelens.analyses.audit.detector import MAX_GAP, detect, respaced_ids
 from nopelens.analyses.audit.core import make_subject
+from nopelens.analyses.audit.detector import MAX_GAP, detect, respaced_ids
 from nopelens.models import Decoder, DecoderConfig
 from nopelens.models.adapters import bridge_hf_model
 from nopelens.models.positions import position_ids_from_mask
-
-from hf_families import build
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -14,7 +14,6 @@ import sys
 import pandas as pd
 import pytest
 import yaml
-
 from docs_pages import DOCS, ROOT, block_after, blocks, broken_links, commands, text
 
 from nopelens.analyses.cli import build_parser, main

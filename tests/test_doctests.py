@@ -5,7 +5,6 @@ import doctest
 import importlib
 
 import pytest
-
 from package_modules import modules
 
 MODULES = sorted(name for name in modules() if name != "nopelens")

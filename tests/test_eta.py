@@ -2,8 +2,8 @@
 
 import pytest
 
-from nopelens.analyses.sweep.eta import MEASURE_PRIOR, TRAIN_PRIOR, SweepETA, TaskWork
 from nopelens.analyses.subjects import planned_work
+from nopelens.analyses.sweep.eta import MEASURE_PRIOR, TRAIN_PRIOR, SweepETA, TaskWork
 from nopelens.models import zoo
 
 TRAIN = TaskWork(1000, 1000 * 16 * 65 * 0.85e6, 5 * (80 * 64 + 5120))  # text-nope-4l, not cached yet

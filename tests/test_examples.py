@@ -15,7 +15,6 @@ from schema import assert_documented
 
 from nopelens.analyses.cli import guarded
 from nopelens.analyses.sweep import SweepSettings, sweep
-
 from nopelens.models import Decoder, DecoderConfig
 from nopelens.models.checkpoint import TrainedModel, save_checkpoint
 

@@ -29,7 +29,6 @@ def test_saving_the_same_figure_twice_gives_identical_files(tmp_path):
 
 # ----------------------------------------------------------------------------- one palette (issue 49)
 import matplotlib.colors  # noqa: E402
-import pytest  # noqa: E402
 
 from nopelens.analyses import figures, layers, lengthgen, palette, report  # noqa: E402
 from nopelens.models.methods import METHODS  # noqa: E402

@@ -3,6 +3,7 @@
 import numpy as np
 import pandas as pd
 import pytest
+from schema import assert_folder_documented
 
 from nopelens.analyses import haviv_paper as paper
 from nopelens.analyses.cli import main
@@ -10,7 +11,6 @@ from nopelens.analyses.haviv import HAVIV_MODELS, claims, first_layer_at
 from nopelens.analyses.haviv_figure import context_sentence
 from nopelens.models import zoo
 from nopelens.probes import mad_chance
-from schema import assert_folder_documented
 
 VERDICTS = {"reproduced", "direction only", "not reproduced", "not measured"}
 

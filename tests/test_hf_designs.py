@@ -21,15 +21,15 @@ import re
 import warnings
 from pathlib import Path
 
+import pandas as pd
 import pytest
 import torch
+from hf_families import DESIGNS, POSITIONS, WINDOW, build_design
 
 from nopelens.analyses.audit import audit
 from nopelens.models import hf
 from nopelens.models.adapters import load_hf_model
-from nopelens.models.hf import describe
-
-from hf_families import DESIGNS, POSITIONS, WINDOW, build_design
+from nopelens.models.hf import LayerPosition, describe
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -208,7 +208,6 @@ def test_rotated_dims_and_block_indexers_as_the_models_compute_them(hooked):
 def _tiny_text_model(config_class, model_class, **fields):
     """A 4-layer random-init model of the HF classes, for refusal tests."""
     import transformers as T
-
     from hf_families import _instantiate, _tiny
 
     return _instantiate(_tiny(getattr(T, config_class), **fields), getattr(T, model_class), 0, {})
@@ -243,7 +242,6 @@ def test_dots3_note_is_refused_in_one_line():
     """Dots3-Note's text config holds per-layer attention shapes (``per_layer_config``), which
     nopelens does not read: refused by name, in one line, never measured wrong."""
     import transformers as T
-
     from hf_families import _instantiate, _tiny
 
     config = _tiny(T.Dots3NoteTextConfig, q_lora_rank=16, n_routed_experts=2, num_experts_per_tok=1, n_group=1,

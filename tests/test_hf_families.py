@@ -10,18 +10,16 @@ verify named as ``not_applicable`` and why), or the one-line refusal.
 from __future__ import annotations
 
 import json
-
 import warnings
 
 import numpy as np
 import pytest
 import torch
+from hf_families import FAMILIES, VOCAB, build
 
 from nopelens.models.adapters import bridge_hf_model
 from nopelens.models.hf import UnsupportedModelError, describe
 from nopelens.probes import collect, resid_sites
-
-from hf_families import FAMILIES, VOCAB, build
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -111,8 +109,7 @@ def test_description_per_layer(bridges, family):
 
 def probe_sites(bridge) -> list[str]:
     """The sites ``nopelens probe`` reads (see analyses.sweep.analyse_subject), as it chooses them."""
-    from nopelens.analyses.subjects import Subject
-    from nopelens.analyses.subjects import qk_sites
+    from nopelens.analyses.subjects import Subject, qk_sites
 
     d = describe(bridge)
     subject = Subject("x", bridge, d.n_layers, "", "external", torch.zeros(1, 1), torch.zeros(1, 1), False, hf=d)

@@ -10,8 +10,8 @@ import pytest
 from transformers import LlamaConfig
 
 from nopelens.models import hf
-from nopelens.models.hf import family as registry
 from nopelens.models.hf import families
+from nopelens.models.hf import family as registry
 
 
 class ToyConfig(LlamaConfig):

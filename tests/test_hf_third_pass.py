@@ -18,6 +18,7 @@ import pandas as pd
 import pytest
 import torch
 import transformers
+from hf_families import POSITIONS, WINDOW, _instantiate, _tiny, build_design
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
 from nopelens.analyses.cli import main
@@ -25,8 +26,6 @@ from nopelens.models import hf
 from nopelens.models.adapters import load_hf_model
 from nopelens.models.hf import describe
 from nopelens.models.hf.config import rope_types
-
-from hf_families import POSITIONS, WINDOW, _instantiate, _tiny, build_design
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -7,8 +7,8 @@ import torch
 from schema import assert_folder_documented
 
 from nopelens.analyses import intervene as iv
-from nopelens.analyses.intervene import measure
 from nopelens.analyses.cli import main
+from nopelens.analyses.intervene import measure
 from nopelens.circuits import distance
 from nopelens.circuits.layout import ATTENDED_POSITION, BOS_TOKEN, POSITION
 from nopelens.models import Decoder, DecoderConfig
@@ -167,7 +167,9 @@ def test_probe_direction_shift_and_projection(circuit):
     with iv.intervention(model, direction.project_out()):
         projected = iv.later_tokens(collect(model, tokens, [1]))
     site = "blocks.0.hook_resid_post"
-    read = lambda acts: direction.predict(torch.from_numpy(acts.features(site))).numpy()
+    def read(acts):
+        return direction.predict(torch.from_numpy(acts.features(site))).numpy()
+
     np.testing.assert_allclose(read(shifted) - read(clean), 5, atol=1e-3)
     np.testing.assert_allclose(read(projected), direction.intercept, atol=1e-3)
     table = iv.direction_interventions(model, tokens, mask, 2, SETTINGS, layers=[1], shifts=(2,))

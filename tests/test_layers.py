@@ -10,9 +10,8 @@ import pandas as pd
 import pytest
 
 from nopelens.analyses import load_run, report, runs
-from nopelens.analyses.sweep import layers, reads
 from nopelens.analyses.cli import main
-from nopelens.analyses.sweep import DEFAULT_SITES, SweepSettings
+from nopelens.analyses.sweep import DEFAULT_SITES, SweepSettings, layers, reads
 
 ARGS = ["--n-sequences", "12", "--seq-len", "16", "--jobs", "1"]
 

@@ -3,9 +3,9 @@ works wherever a method works (hooks, fused path, KV cache, left padding, checkp
 
 import pytest
 import torch
+from schema import assert_documented
 from transformers import T5Config
 from transformers.models.t5.modeling_t5 import T5Attention
-from schema import assert_documented
 
 from nopelens.analyses.cli import main
 from nopelens.models import Decoder, DecoderConfig, KVCache

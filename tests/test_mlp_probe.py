@@ -9,7 +9,11 @@ from nopelens.models import Decoder, DecoderConfig
 from nopelens.probes import collect, mad_chance, resid_sites
 from nopelens.probes.linear import out_of_fold_predictions, sequence_splits
 from nopelens.probes.mlp_probe import (
-    MLPPositionProbe, constant_prediction_band, kept_sequences, make_mlp_probe, no_information_floor,
+    MLPPositionProbe,
+    constant_prediction_band,
+    kept_sequences,
+    make_mlp_probe,
+    no_information_floor,
     probe_positions_mlp,
 )
 

@@ -17,8 +17,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from nopelens.analyses.sweep import parallel
-from nopelens.analyses.sweep import TABLES, SweepSettings, sweep
+from nopelens.analyses.sweep import TABLES, SweepSettings, parallel, sweep
 
 SETTINGS = SweepSettings(models=("circuit", "untrained-nope"), n_sequences=12, seq_len=16, n_boot=20, n_splits=3,
                          train_seeds=(0, 1))

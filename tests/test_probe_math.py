@@ -143,16 +143,16 @@ def test_shared_ridge_fits_equal_sklearn_on_the_same_folds(n_splits, extrapolate
     blocks, members = fold_blocks(splits, groups)
     X64 = X.astype(np.float64)
     offset = 0
-    for k, (fit_side, score) in enumerate(splits):
+    for k, (fit_side, score_side) in enumerate(splits):
         for t, y in enumerate(targets):
             search = GridSearchCV(make_pipeline(StandardScaler(), Ridge()), {"ridge__alpha": list(grid)},
                                   cv=_inner_cv(members[k], blocks, fit_side, len(X)),
                                   scoring="neg_mean_squared_error").fit(X64[fit_side], y[fit_side])
             assert fit.alphas[t][k] == search.best_params_["ridge__alpha"]
             reference = make_pipeline(StandardScaler(), Ridge(alpha=fit.alphas[t][k])).fit(X64[fit_side], y[fit_side])
-            np.testing.assert_allclose(fit.predictions[t][offset:offset + len(score)], reference.predict(X64[score]),
+            np.testing.assert_allclose(fit.predictions[t][offset:offset + len(score_side)], reference.predict(X64[score_side]),
                                        rtol=1e-9, atol=1e-9)
-        offset += len(score)
+        offset += len(score_side)
     np.testing.assert_array_equal(fit.index, np.concatenate([s for _, s in splits]))
 
 
@@ -217,11 +217,11 @@ def test_shared_lda_fits_equal_pooled_lda_pipeline_on_the_same_folds():
     fit = fit_folds(X, targets, groups, splits, "classification")
     X64 = X.astype(np.float64)
     offset = 0
-    for fit_side, score in splits:
+    for fit_side, score_side in splits:
         for t, y in enumerate(targets):
-            reference = make_pipeline(StandardScaler(), PooledLDA()).fit(X64[fit_side], y[fit_side]).predict(X64[score])
-            np.testing.assert_array_equal(fit.predictions[t][offset:offset + len(score)], reference)
-        offset += len(score)
+            reference = make_pipeline(StandardScaler(), PooledLDA()).fit(X64[fit_side], y[fit_side]).predict(X64[score_side])
+            np.testing.assert_array_equal(fit.predictions[t][offset:offset + len(score_side)], reference)
+        offset += len(score_side)
 
 
 def test_grouped_ridge_cv_estimator_equals_grid_search_over_group_kfold():
@@ -251,10 +251,9 @@ def test_untrained_nope_control_reads_no_negative_r2_at_any_site():
     """Issue 10 §3 known answer: the sweep's untrained-nope control (as the sweep builds and probes it)
     read R² −0.86 at blocks.0.hook_attn_out with leave-one-token-out penalties; with the grouped
     inner CV no site may read below −0.05."""
-    from nopelens.analyses.subjects import resolve
-    from nopelens.analyses.sweep.reads import bilinear_mode
-    from nopelens.analyses.subjects import qk_sites
+    from nopelens.analyses.subjects import qk_sites, resolve
     from nopelens.analyses.sweep import SweepSettings
+    from nopelens.analyses.sweep.reads import bilinear_mode
     from nopelens.probes import probe_relative_distance
 
     settings = SweepSettings.default()

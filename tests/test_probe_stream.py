@@ -122,10 +122,9 @@ def test_auto_batch_size_fits_the_memory_free_and_leaves_the_tables_unchanged(mo
 
     import torch
 
-    from nopelens.analyses.sweep import plan as plan_module
-    from nopelens.analyses.sweep import streamed
     from nopelens.analyses.subjects import HFInput, resolve
-    from nopelens.analyses.sweep import SweepSettings, analyse_subject, sweep_sites
+    from nopelens.analyses.sweep import SweepSettings, analyse_subject, streamed, sweep_sites
+    from nopelens.analyses.sweep import plan as plan_module
 
     settings = dataclasses.replace(SweepSettings.quick("text", (f"hf:{model_dir}",), controls=False), n_sequences=6,
                                    seq_len=16, hf_input=HFInput(input="text"), streamed=True)
@@ -177,8 +176,8 @@ def test_statistics_larger_than_the_memory_free_are_refused_before_any_forward_p
     """With nothing kept the jobs of a run hold their statistics at once; when one job's alone exceed
     the memory free on the device the run says so in one line, before its forward passes, and --plan
     says it too."""
-    from nopelens.analyses.sweep import streamed
     from nopelens.analyses.cli import main
+    from nopelens.analyses.sweep import streamed
 
     monkeypatch.setattr(streamed, "available_memory", lambda device=None: 2**20)  # 1 MiB free
     common = ["probe", f"hf:{model_dir}", *ARGS, "--no-sink-ablation", "--keep-mib", "0"]
@@ -232,10 +231,9 @@ def test_sites_whose_statistics_do_not_fit_together_run_in_groups_with_the_same_
 
     import torch
 
-    from nopelens.analyses.sweep import plan as plan_module
-    from nopelens.analyses.sweep import streamed
     from nopelens.analyses.subjects import HFInput, resolve
-    from nopelens.analyses.sweep import SweepSettings, analyse_subject, sweep_sites
+    from nopelens.analyses.sweep import SweepSettings, analyse_subject, streamed, sweep_sites
+    from nopelens.analyses.sweep import plan as plan_module
 
     settings = dataclasses.replace(SweepSettings.quick("text", (f"hf:{model_dir}",), controls=False), n_sequences=6,
                                    seq_len=16, hf_input=HFInput(input="text"), streamed=True, keep_mib=0,
@@ -582,11 +580,10 @@ def test_the_plans_fit_count_is_what_the_run_factorizes(model_dir, monkeypatch, 
     the Cholesky solves counted bound those run (ridge solves once per distinct chosen penalty)."""
     import dataclasses
 
-    from nopelens.analyses.sweep import plan as plan_module
-    from nopelens.analyses.sweep import streamed
-    from nopelens.analyses.sweep.eta import FitRates
     from nopelens.analyses.subjects import HFInput, resolve
-    from nopelens.analyses.sweep import SweepSettings, analyse_subject, sweep_sites
+    from nopelens.analyses.sweep import SweepSettings, analyse_subject, streamed, sweep_sites
+    from nopelens.analyses.sweep import plan as plan_module
+    from nopelens.analyses.sweep.eta import FitRates
     from nopelens.probes import lda, ridge
 
     settings = dataclasses.replace(SweepSettings.quick("text", (f"hf:{model_dir}",), controls=False), n_sequences=6,

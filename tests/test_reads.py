@@ -5,9 +5,8 @@ import pandas as pd
 import pytest
 
 from nopelens.analyses import report
-from nopelens.analyses.sweep import reads, seeds
+from nopelens.analyses.sweep import SweepSettings, reads, seeds, sweep
 from nopelens.analyses.sweep.reads import NO_LAYER_CLEARS, SweepRead
-from nopelens.analyses.sweep import SweepSettings, sweep
 from nopelens.probes.stream_probes import token_probes
 
 SETTINGS = SweepSettings(models=("circuit",), n_sequences=12, seq_len=16, n_boot=20, n_splits=3)

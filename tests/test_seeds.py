@@ -6,9 +6,8 @@ import pandas as pd
 import pytest
 
 from nopelens.analyses import report
-from nopelens.analyses.sweep import seeds
-from nopelens.analyses.sweep import SweepSettings
 from nopelens.analyses.cli.options import parse_seeds
+from nopelens.analyses.sweep import SweepSettings, seeds
 from nopelens.models import zoo
 
 

@@ -7,9 +7,8 @@ import pytest
 from schema import assert_documented, assert_folder_documented
 
 from nopelens.analyses import report
-from nopelens.analyses.sweep import seeds
 from nopelens.analyses.cli import main
-from nopelens.analyses.sweep import SweepSettings, sweep, versions
+from nopelens.analyses.sweep import SweepSettings, seeds, sweep, versions
 
 pytestmark = pytest.mark.slow
 

@@ -9,6 +9,7 @@ from schema import assert_documented
 from nopelens.analyses import validate
 from nopelens.analyses.cli import main
 
+
 @pytest.fixture(scope="module")
 def suite() -> pd.DataFrame:
     return validate.run_suite()

@@ -17,14 +17,13 @@ import warnings
 import numpy as np
 import pytest
 import torch
+from hf_families import build
 
 from nopelens.models.adapters import bridge_hf_model
 from nopelens.models.hf import describe
 from nopelens.models.masks import KeyWindow, visibility
 from nopelens.probes import collect
 from nopelens.probes.sinks import attention_variance, sink_table, uniform_sink_score, variance_slopes
-
-from hf_families import build
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -19,11 +19,16 @@ from .numerics import Tolerance
 from .probe import Run, make_probe, stream, unpadded
 from .report import AuditReport, StepResult, make_step
 from .steps_lookups import rotations_and_lookups_layer, step5_rotations_and_lookups
-from .steps_positions import (origin_and_sign_layer, step1_position_ids, step2_origin_and_sign,
-                              step4_absolute_additions)
+from .steps_positions import origin_and_sign_layer, step1_position_ids, step2_origin_and_sign, step4_absolute_additions
 from .steps_runtime import step8_interventions, step9_cached_decoding, step10_lengths
-from .steps_scores import (masks_layer, score_parts_layer, softmax_layer, step3_masks_vs_biases, step6_score_parts,
-                           step7_softmax)
+from .steps_scores import (
+    masks_layer,
+    score_parts_layer,
+    softmax_layer,
+    step3_masks_vs_biases,
+    step6_score_parts,
+    step7_softmax,
+)
 from .subjects import DecoderSubject, Subject
 
 

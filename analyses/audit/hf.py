@@ -22,8 +22,7 @@ from nopelens.models.hf import _one_line, check_readable, describe, l2_normalize
 from nopelens.models.hooks import act_name
 from nopelens.models.methods import get_method
 from nopelens.models.methods.nope import NoPE
-from nopelens.models.positions import rope_angles
-from nopelens.models.positions import position_ids_from_mask
+from nopelens.models.positions import position_ids_from_mask, rope_angles
 from nopelens.probes.sinks import learned_sink_line, learned_sink_logits
 
 from .numerics import as_ids, dot_scores

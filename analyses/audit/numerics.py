@@ -13,7 +13,6 @@ from nopelens.models.positions import apply_rope
 
 from .report import Check
 
-
 HALF_ULPS = 4
 """Tolerance of a half-precision model, in units of its dtype's eps (both atol and rtol)."""
 FLOAT32 = (1e-5, 1e-4)

@@ -12,9 +12,9 @@ from jaxtyping import Bool, Int
 from torch import Tensor
 
 from nopelens.models.hooks import act_name
-from nopelens.models.placement import model_device
 from nopelens.models.masks import CAUSAL, KeyWindow, visibility
 from nopelens.models.methods import SCORE_BIAS
+from nopelens.models.placement import model_device
 from nopelens.models.positions import position_ids_from_mask
 
 from .detector import detect
@@ -252,7 +252,7 @@ def stream(subject: Subject, probe: Probe, tol: Tolerance, reducers) -> Run:
     """
     kept: dict[str, Tensor] = {}
     run = Run(subject, probe, None, kept, None, tol, {reducer: {} for reducer in reducers})
-    held, seen = HeldBytes(probe.tokens.shape[1]), []
+    held = HeldBytes(probe.tokens.shape[1])
     batch = probe.tokens.shape[0]
 
     def check_finite(name, x):

@@ -11,7 +11,6 @@ from typing import Any
 
 from nopelens.models.io import write_text_atomic
 
-
 STATUSES = ("pass", "fail", "not_applicable")
 STEP_TITLES = {
     1: "Token ids, padding, special tokens and position ids",

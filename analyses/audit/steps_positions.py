@@ -13,7 +13,7 @@ from nopelens.models.methods import QK_ROTATION
 
 from .numerics import agree, max_err
 from .probe import Run, ids_list
-from .report import Check, StepResult, make_step, by_reason
+from .report import Check, StepResult, by_reason, make_step
 
 
 # ----------------------------------------------------------------------------- step 1

@@ -14,8 +14,8 @@ from nopelens.models.positions import alibi_bias
 
 from .numerics import agree, dot_scores, max_err
 from .probe import Run
+from .report import Check, StepResult, by_reason, make_step
 from .streaming import HeldBytes, hold_by_layer
-from .report import Check, StepResult, make_step, by_reason
 
 
 # ----------------------------------------------------------------------------- step 3

@@ -10,17 +10,16 @@ import re
 import sys
 
 from nopelens.analyses import report, runs
-from nopelens.analyses.sweep import layers, reads
 from nopelens.analyses.figures import save_figure, sink_figure
+from nopelens.analyses.runs import slug
+from nopelens.analyses.subjects import HF_PREFIX, fixed_length, resolve
+from nopelens.analyses.sweep import layers, reads, sweep, variant_name, versions
 from nopelens.analyses.sweep.parallel import default_jobs
 from nopelens.analyses.sweep.plan import plan
 from nopelens.analyses.sweep.reads import choose_reads
-from nopelens.analyses.runs import slug
 from nopelens.analyses.sweep.settings import DEFAULT_SITES, SITE_KINDS, SweepSettings
 from nopelens.analyses.sweep.sites import sweep_sites
-from nopelens.analyses.subjects import HF_PREFIX, fixed_length, resolve
 from nopelens.analyses.sweep.streamed import measure_sinks
-from nopelens.analyses.sweep import sweep, variant_name, versions
 from nopelens.models.hf import UnsupportedModelError
 from nopelens.models.hf_loading import HFInput
 from nopelens.models.io import write_csv_atomic

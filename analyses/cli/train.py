@@ -16,8 +16,7 @@ from pathlib import Path
 import torch
 
 from nopelens.analyses.runs import refuse_other_runs
-from nopelens.models import POSITION_METHODS, DecoderConfig
-from nopelens.models import zoo
+from nopelens.models import POSITION_METHODS, DecoderConfig, zoo
 from nopelens.models.checkpoint import METADATA_FILE, TrainedModel
 from nopelens.models.tasks import TASKS, TextTask, make_task
 from nopelens.models.threads import limited_threads

@@ -10,7 +10,6 @@ from nopelens.models.io import check_writable, write_csv_atomic, write_text_atom
 
 from .options import seed_type
 
-
 REPORT = "known_answers.md"
 
 

@@ -15,10 +15,19 @@ from sklearn.metrics import r2_score
 from torch import Tensor
 
 from nopelens.models.progress import progress_bar
-from nopelens.probes import Activations, HookList, collect, make_probe, probe_absolute_index, resid_site, sequence_splits
+from nopelens.probes import (
+    Activations,
+    HookList,
+    collect,
+    make_probe,
+    probe_absolute_index,
+    resid_site,
+    sequence_splits,
+)
 
 from .hooks import intervention, project_out_hook, shift_hook
 from .measure import ProbeSettings, behavior, behavior_change, later_tokens
+
 
 @dataclass(frozen=True)
 class IndexDirection:

@@ -25,9 +25,10 @@ from nopelens.probes import (
 )
 from nopelens.probes.metrics import random_state
 
-from ..sweep.reads import bilinear_mode
 from ..subjects import Subject, qk_sites
+from ..sweep.reads import bilinear_mode
 from .hooks import intervention
+
 
 def later_tokens(acts: Activations, renumber: bool = False) -> Activations:
     """The samples at position >= 1 (the queries a sink ablation touches).

@@ -27,6 +27,7 @@ from .measure import ProbeSettings
 from .patching import position_patching
 from .sink import sink_ablation
 
+
 @dataclass(frozen=True)
 class InterveneSettings:
     """What ``nopelens intervene`` measures; equal settings give equal numbers on CPU."""

@@ -68,18 +68,25 @@ from nopelens.models.threads import one_thread
 from nopelens.probes.sinks import variance_slopes
 
 from .. import runs
+from ..subjects import (
+    HF_PREFIX,
+    Subject,
+    check_spec,
+    display_name,
+    input_changes,
+    input_fingerprint,
+    planned_work,
+    resolve,
+)
 from . import layers, parallel, reads, seeds
 from .eta import SweepETA, speed_factor
 from .plan import plan
+
 # the sweep's settings, sites and summary have modules of their own; their names still import from here
 from .settings import DEFAULT_MODELS, DEFAULT_SITES, SITE_KINDS, SweepSettings  # noqa: F401
 from .sites import block_ranges, pattern_sites, probed_blocks, score_sites, sink_sites, sweep_sites  # noqa: F401
 from .streamed import measure_streamed
-from ..subjects import (
-    HF_PREFIX, Subject, check_spec, display_name, input_changes, input_fingerprint, planned_work, resolve,
-)
 from .summary import summarize, summarize_per_seed  # noqa: F401
-
 
 TABLES = ("probes", "sinks", "variance", "sink_ablation")
 

@@ -25,14 +25,26 @@ from nopelens.probes.linear import sequence_splits
 from nopelens.probes.metrics import REGRESSION_METRICS, bootstrap_scores
 from nopelens.probes.stream import available_memory
 
-from .eta import FitRates, FitWork
-from .streamed import (
-    MAX_AUTO_BATCH, STATISTICS_SHARE, Measurements, group_held_bytes, group_kept, kept_and_summed_bytes,
-    n_features, ablation_budget, feature_bytes, held_bytes, job_statistics_bytes, measurements, sequence_bytes,
-    site_shapes, statistics_bytes,
-)
-from .reads import SweepSites
 from ..subjects import Subject
+from .eta import FitRates, FitWork
+from .reads import SweepSites
+from .streamed import (
+    MAX_AUTO_BATCH,
+    STATISTICS_SHARE,
+    Measurements,
+    ablation_budget,
+    feature_bytes,
+    group_held_bytes,
+    group_kept,
+    held_bytes,
+    job_statistics_bytes,
+    kept_and_summed_bytes,
+    measurements,
+    n_features,
+    sequence_bytes,
+    site_shapes,
+    statistics_bytes,
+)
 
 
 def _more_memory_hint(m: Measurements) -> str:

@@ -35,11 +35,15 @@ import pandas as pd
 
 from nopelens.probes import Activations, first_recoverable_layer, site_block
 from nopelens.probes.linear import clears_bar, is_target
+from nopelens.probes.metrics import HIGHER_IS_BETTER, metric_names
 from nopelens.probes.stream import KeepBudget, Measurement, Sequences, replay
 from nopelens.probes.stream_probes import (
-    MAX_POSITION_CLASSES, Probes, absolute_index_probes, relative_distance_probes, replay_probes,
+    MAX_POSITION_CLASSES,
+    Probes,
+    absolute_index_probes,
+    relative_distance_probes,
+    replay_probes,
 )
-from nopelens.probes.metrics import HIGHER_IS_BETTER, metric_names
 
 __all__ = ["NO_LAYER_CLEARS", "ProbeInput", "SweepRead", "SweepSites", "SWEEP_READS", "TARGETS", "read_columns"]
 

@@ -16,7 +16,6 @@ from nopelens.models.hf_loading import HFInput
 from .. import runs
 from ..subjects import CONTROL_SPECS, has_training_seed
 
-
 DEFAULT_MODELS = {"text": ("text-nope-4l", "text-rope-4l", "text-hybrid-4l", "bb-rope-2l", "bb-nope-3l"),
                   "copy": ("copy-nope-3l", "copy-rope-3l")}
 """The zoo models of the default sweep: the text models, and two Bigram-Backcopy models whose

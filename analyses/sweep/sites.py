@@ -10,10 +10,10 @@ from nopelens.models.hooks import act_name, act_names
 from nopelens.probes import resid_site
 from nopelens.probes.collect import site_block
 
+from ..subjects import Subject, qk_sites
 from . import reads
 from .reads import SweepSites
 from .settings import DEFAULT_SITES
-from ..subjects import Subject, qk_sites
 
 
 def sweep_sites(subject: Subject, kinds: tuple[str, ...] = DEFAULT_SITES,

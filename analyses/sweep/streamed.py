@@ -46,20 +46,26 @@ from tqdm.auto import tqdm
 
 from nopelens.models.compat import moved_names
 from nopelens.models.hooks import act_names
-from nopelens.models.placement import model_device
 from nopelens.models.methods import get_method
+from nopelens.models.placement import model_device
 from nopelens.probes import collect
 from nopelens.probes.collect import is_pattern_site, site_block
 from nopelens.probes.sinks import GU_WINDOW, SinkStats, empty_sink_table, uniform_sink_score
 from nopelens.probes.stream import (
-    AUTO_KEEP_BYTES, AttentionVariance, KeepBudget, Sequences, available_memory, release_freed_memory, run,
+    AUTO_KEEP_BYTES,
+    AttentionVariance,
+    KeepBudget,
+    Sequences,
+    available_memory,
+    release_freed_memory,
+    run,
 )
 from nopelens.probes.stream_probes import Probes
 
 from ..intervene import later_token_probes, refused_sink_blocks, sink_ablation_drop_streamed
+from ..subjects import Subject
 from .reads import ProbeInput, SweepSites, bilinear_mode_of, measure_targets
 from .sites import pattern_sites
-from ..subjects import Subject
 
 SKIPPED_ABLATION = "skipped (--no-sink-ablation): the sink ablation's extra forward passes were not run"
 NOT_PROBED = "not probed (--layers leaves this block out)"

@@ -21,12 +21,38 @@ Adding a family is one new module under ``families/`` (or :func:`register` for o
 """
 
 from ..compat import moved_names
-from .census import (_DESCRIPTIONS, SINKS_IN_THE_SOFTMAX, _one_line, census, check_readable, describe,
-                     learned_sinks, refusing, sink_parameters, softmax_with_sink)
-from .config import (LAYER_COUNT_FIELDS, PER_LAYER_FIELDS, SIZE_FIELDS, check_config, check_sizes,
-                     describe_config, mla_head_dims, text_config, trained_length)
-from .description import (BLOCK_INDEXER_FIELDS, PAIRINGS, ConfigError, HFDescription, LayerPosition, QueryScale,
-                          UnsupportedModelError)
+from .census import _DESCRIPTIONS as _DESCRIPTIONS
+from .census import (
+                     SINKS_IN_THE_SOFTMAX,
+                     census,
+                     check_readable,
+                     describe,
+                     learned_sinks,
+                     refusing,
+                     sink_parameters,
+                     softmax_with_sink,
+)
+from .census import _one_line as _one_line
+from .config import (
+                     LAYER_COUNT_FIELDS,
+                     PER_LAYER_FIELDS,
+                     SIZE_FIELDS,
+                     check_config,
+                     check_sizes,
+                     describe_config,
+                     mla_head_dims,
+                     text_config,
+                     trained_length,
+)
+from .description import (
+                     BLOCK_INDEXER_FIELDS,
+                     PAIRINGS,
+                     ConfigError,
+                     HFDescription,
+                     LayerPosition,
+                     QueryScale,
+                     UnsupportedModelError,
+)
 from .families.alibi import mpt_alibi_slopes
 from .families.llama4 import l2_normalize
 from .family import Family, RuleError, family_of, register, unregister

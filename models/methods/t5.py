@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from torch import Tensor, nn
 import torch
+from torch import Tensor, nn
 
 from ..positions import t5_relative_bucket
 from .base import SCORE_BIAS, LookupBias
