@@ -134,8 +134,11 @@ class Subject:
         """The attention blocks whose output variance can be read: not a linear-attention or SSM
         mixer, not a DSA block, a window that leaves a slope to fit (:meth:`unreadable_blocks`)."""
         unreadable = self.unreadable_blocks("variance read")
-        return [l for l in range(self.n_layers) if (self.hf is None or self.hf.layers[l].mixer == "attention")
-                and l not in unreadable]
+        return [
+            l
+            for l in range(self.n_layers)
+            if (self.hf is None or self.hf.layers[l].mixer == "attention") and l not in unreadable
+        ]
 
     def unreadable_blocks(self, read: str) -> dict[int, str]:
         """Block -> why ``read`` (``"sink read"`` or ``"variance read"``) cannot be made there: its
@@ -155,8 +158,11 @@ class Subject:
         windows = self.key_windows()
         for block in range(self.n_layers):  # causal blocks too: 3 tokens after BOS leave 2 key counts
             keys = windows.get(block, CAUSAL)
-            why = (sink_read_reason(keys, length) if read == "sink read"
-                   else variance_read_reason(keys, length, first_position=int(self.has_bos)))
+            why = (
+                sink_read_reason(keys, length)
+                if read == "sink read"
+                else variance_read_reason(keys, length, first_position=int(self.has_bos))
+            )
             if why is not None and block not in blocks:
                 blocks[block] = why
         return dict(sorted(blocks.items()))
@@ -211,8 +217,14 @@ def qk_sites(source, layer: int) -> tuple[str, str] | None:
 
 
 def resolve(
-    spec: str, n_sequences: int, seq_len: int, seed: int = 0, progress: bool = True, quick_steps: int | None = None,
-    train_seed: int = 0, hf_input: HFInput | None = None,
+    spec: str,
+    n_sequences: int,
+    seq_len: int,
+    seed: int = 0,
+    progress: bool = True,
+    quick_steps: int | None = None,
+    train_seed: int = 0,
+    hf_input: HFInput | None = None,
 ) -> Subject:
     """Build the subject a spec names, with ``n_sequences`` fresh evaluation sequences.
 
@@ -247,7 +259,7 @@ def resolve(
     if spec.startswith(CONSTANT_PREFIX):
         return _constant(spec, n_sequences, seq_len, seed, seed + train_seed)
     if spec.startswith(HF_PREFIX):
-        return _hf(Path(spec[len(HF_PREFIX):]), n_sequences, seq_len, seed, hf_input or HFInput())
+        return _hf(Path(spec[len(HF_PREFIX) :]), n_sequences, seq_len, seed, hf_input or HFInput())
     if "/" in spec or Path(spec).exists():
         return _trained(load_checkpoint_dir(Path(spec)), str(spec), n_sequences, seq_len, seed)
 
@@ -281,8 +293,9 @@ def planned_work(spec: str, n_sequences: int, seq_len: int, train_seed: int = 0,
         return TaskWork(0, 0.0, 0.0, estimated=False)
     if spec == "circuit":
         n_layers = 2
-    elif not (spec in CONTROL_SPECS or spec.startswith((CONSTANT_PREFIX, HF_PREFIX)) or "/" in spec
-              or Path(spec).exists()):
+    elif not (
+        spec in CONTROL_SPECS or spec.startswith((CONSTANT_PREFIX, HF_PREFIX)) or "/" in spec or Path(spec).exists()
+    ):
         recipe = zoo.recipe(spec, train_seed)
         config = recipe.config
         n_layers = config.n_layers
@@ -290,7 +303,7 @@ def planned_work(spec: str, n_sequences: int, seq_len: int, train_seed: int = 0,
             steps = recipe.steps if quick_steps is None else quick_steps
             batch = recipe.train_kwargs.get("batch_size", 64) if quick_steps is None else QUICK_BATCH
             tokens = batch * (recipe.train_kwargs.get("max_len", 16) + 1)
-            parameters = config.n_layers * 12 * config.d_model ** 2 + 2 * config.d_vocab * config.d_model
+            parameters = config.n_layers * 12 * config.d_model**2 + 2 * config.d_vocab * config.d_model
             train_work = float(steps) * tokens * parameters
     return TaskWork(steps, train_work, float((n_layers + 1) * (n_sequences * seq_len + MEASURE_OVERHEAD_TOKENS)))
 
@@ -326,8 +339,10 @@ def fixed_length(spec: str) -> str | None:
     if task == "text":
         return None
     trained = f" (max_len {longest})" if longest is not None else ""
-    return (f"{spec} is a {task}-task model, read on {task} samples of its longest training length{trained}, "
-            "so that every sequence covers every trained position")
+    return (
+        f"{spec} is a {task}-task model, read on {task} samples of its longest training length{trained}, "
+        "so that every sequence covers every trained position"
+    )
 
 
 def input_fingerprint(spec: str, hf_input: HFInput | None = None) -> dict[str, Any] | None:
@@ -346,7 +361,7 @@ def input_fingerprint(spec: str, hf_input: HFInput | None = None) -> dict[str, A
         control models (zoo weights are checked against their sha256 when loaded).
     """
     if spec.startswith(HF_PREFIX):
-        directory = Path(spec[len(HF_PREFIX):])
+        directory = Path(spec[len(HF_PREFIX) :])
     elif Path(spec).is_dir():  # a nopelens checkpoint directory (resolve reads an existing path as one)
         directory = Path(spec)
     else:
@@ -369,8 +384,18 @@ def input_fingerprint(spec: str, hf_input: HFInput | None = None) -> dict[str, A
     return fingerprint
 
 
-MODEL_FILES = ("config.json", "*.safetensors", "*.safetensors.index.json", "tokenizer*", "special_tokens_map.json",
-               "added_tokens.json", "vocab.*", "merges.txt", "*.model", "nopelens.json")
+MODEL_FILES = (
+    "config.json",
+    "*.safetensors",
+    "*.safetensors.index.json",
+    "tokenizer*",
+    "special_tokens_map.json",
+    "added_tokens.json",
+    "vocab.*",
+    "merges.txt",
+    "*.model",
+    "nopelens.json",
+)
 """The files of a model directory that loading it reads (fnmatch patterns): an HF model's config,
 weights and tokenizer, a nopelens checkpoint's metadata and weights."""
 
@@ -398,8 +423,10 @@ def input_changes(recorded: dict[str, Any] | None, current: dict[str, Any] | Non
     if recorded is None or current is None:
         return []
     # a part recorded when every file counted: only the model's files compare
-    before, now = ({name: value for name, value in side.get("files", {}).items() if is_model_file(name)}
-                   for side in (recorded, current))
+    before, now = (
+        {name: value for name, value in side.get("files", {}).items() if is_model_file(name)}
+        for side in (recorded, current)
+    )
     changes = [f"{name} changed" for name in sorted(set(before) & set(now)) if list(before[name]) != list(now[name])]
     changes += [f"{name} is gone" for name in sorted(set(before) - set(now))]
     changes += [f"{name} is new" for name in sorted(set(now) - set(before))]
@@ -416,7 +443,7 @@ def display_name(spec: str) -> str:
     ('hf:smol', 'hf:smol', 'text-nope-4l')
     """
     if spec.startswith(HF_PREFIX):
-        return f"{HF_PREFIX}{Path(spec[len(HF_PREFIX):]).name}"
+        return f"{HF_PREFIX}{Path(spec[len(HF_PREFIX) :]).name}"
     return spec
 
 
@@ -433,10 +460,10 @@ def check_spec(spec: str) -> None:
         constant_config(spec)
         return
     if spec.startswith(HF_PREFIX):
-        if not spec[len(HF_PREFIX):].strip():
+        if not spec[len(HF_PREFIX) :].strip():
             raise FileNotFoundError(f"{spec!r} names no directory: give hf:DIR, e.g. hf:./my-model")
-        if not Path(spec[len(HF_PREFIX):]).is_dir():
-            raise FileNotFoundError(f"no such HF model directory: {spec[len(HF_PREFIX):]}")
+        if not Path(spec[len(HF_PREFIX) :]).is_dir():
+            raise FileNotFoundError(f"no such HF model directory: {spec[len(HF_PREFIX) :]}")
         return
     if "/" in spec or Path(spec).exists():
         if not Path(spec).is_dir():
@@ -450,16 +477,35 @@ def _circuit(n_sequences: int, seq_len: int, seed: int) -> Subject:
     model = distance(n_ctx=seq_len)
     tokens = _random_tokens(n_sequences, seq_len, 1, model.cfg.d_vocab, seed)
     tokens[:, 0] = BOS_TOKEN
-    return Subject("circuit", model, model.cfg.n_layers, "nope", "circuit", tokens, torch.ones_like(tokens),
-                   has_bos=True, bos_token_id=BOS_TOKEN, info={"construction": "Kazemnejad et al. 2023 Thm 1+2"})
+    return Subject(
+        "circuit",
+        model,
+        model.cfg.n_layers,
+        "nope",
+        "circuit",
+        tokens,
+        torch.ones_like(tokens),
+        has_bos=True,
+        bos_token_id=BOS_TOKEN,
+        info={"construction": "Kazemnejad et al. 2023 Thm 1+2"},
+    )
 
 
 def _untrained(n_sequences: int, seq_len: int, seed: int, init_seed: int) -> Subject:
     config = recipe("text-nope-4l").config
     model = Decoder(config, seed=init_seed).eval()
     tokens = _random_tokens(n_sequences, seq_len, 0, config.d_vocab, seed)  # no distinct BOS
-    return Subject("untrained-nope", model, config.n_layers, "nope", "untrained", tokens, torch.ones_like(tokens),
-                   has_bos=False, info={"init_std": config.init_std})
+    return Subject(
+        "untrained-nope",
+        model,
+        config.n_layers,
+        "nope",
+        "untrained",
+        tokens,
+        torch.ones_like(tokens),
+        has_bos=False,
+        info={"init_std": config.init_std},
+    )
 
 
 def constant_config(spec: str):
@@ -469,7 +515,7 @@ def constant_config(spec: str):
         ValueError: if METHOD is not a position method (the message lists them).
     """
     config = recipe("text-nope-4l").config
-    methods = spec[len(CONSTANT_PREFIX):].split("+")
+    methods = spec[len(CONSTANT_PREFIX) :].split("+")
     if len(methods) == 1:
         position = methods[0]
     else:
@@ -484,8 +530,17 @@ def _constant(spec: str, n_sequences: int, seq_len: int, seed: int, init_seed: i
     config = constant_config(spec)
     model = Decoder(config, seed=init_seed).eval()
     tokens = torch.full((n_sequences, seq_len), CONSTANT_TOKEN, dtype=torch.long)  # no BOS
-    return Subject(spec, model, config.n_layers, config.position_name, "constant", tokens, torch.ones_like(tokens),
-                   has_bos=False, info={"init_std": config.init_std, "token": CONSTANT_TOKEN})
+    return Subject(
+        spec,
+        model,
+        config.n_layers,
+        config.position_name,
+        "constant",
+        tokens,
+        torch.ones_like(tokens),
+        has_bos=False,
+        info={"init_std": config.init_std, "token": CONSTANT_TOKEN},
+    )
 
 
 def from_trained(trained, name: str, n_sequences: int, seq_len: int, seed: int = 0) -> Subject:
@@ -500,10 +555,22 @@ def _trained(trained, name: str, n_sequences: int, seq_len: int, seed: int) -> S
     batch = _evaluation_batch(task, n_sequences, seq_len, meta.get("train_lengths"), seed)
     config = trained.model.cfg
     info = {k: meta[k] for k in ("steps", "final_losses", "zoo_recipe") if k in meta}
-    return Subject(name, trained.model.eval(), config.n_layers, config.position_name, "trained", batch.tokens,
-                   batch.attention_mask, has_bos=True, bos_token_id=task.bos_id,
-                   train_lengths=meta.get("train_lengths"), info=info, targets=batch.targets,
-                   loss_mask=batch.loss_mask, task=task)
+    return Subject(
+        name,
+        trained.model.eval(),
+        config.n_layers,
+        config.position_name,
+        "trained",
+        batch.tokens,
+        batch.attention_mask,
+        has_bos=True,
+        bos_token_id=task.bos_id,
+        train_lengths=meta.get("train_lengths"),
+        info=info,
+        targets=batch.targets,
+        loss_mask=batch.loss_mask,
+        task=task,
+    )
 
 
 def _evaluation_batch(task, n_sequences: int, seq_len: int, train_lengths, seed: int):
@@ -533,9 +600,13 @@ def _hf(directory: Path, n_sequences: int, seq_len: int, seed: int, how: HFInput
             f"({description.max_positions} positions); use --seq-len {description.max_positions} or less"
         )
     if any(layer.mixer == "attention" for layer in description.layers):  # refused before any token is drawn
-
-        shortfall = attention_shortfall(seq_len, description.n_heads, next(model.parameters()).element_size(),
-                                        available_memory(device), f"free on {device.type}")
+        shortfall = attention_shortfall(
+            seq_len,
+            description.n_heads,
+            next(model.parameters()).element_size(),
+            available_memory(device),
+            f"free on {device.type}",
+        )
         if shortfall:
             raise ValueError(f"{HF_PREFIX}{directory}: {shortfall}")
     if tokenizer is not None:
@@ -543,8 +614,10 @@ def _hf(directory: Path, n_sequences: int, seq_len: int, seed: int, how: HFInput
     else:
         bos_id = config_bos_id(directory)
         if bos_id is not None and not 0 <= bos_id < description.d_vocab:
-            raise ValueError(f"{directory}/config.json: bos_token_id {bos_id} is outside the vocabulary "
-                             f"(0..{description.d_vocab - 1})")
+            raise ValueError(
+                f"{directory}/config.json: bos_token_id {bos_id} is outside the vocabulary "
+                f"(0..{description.d_vocab - 1})"
+            )
         if how.input == "repeated":  # no BOS: every token the same is the known answer's input
             tokens = torch.full((n_sequences, seq_len), repeated_token(description.d_vocab, bos_id), dtype=torch.long)
             bos_id = None
@@ -554,18 +627,34 @@ def _hf(directory: Path, n_sequences: int, seq_len: int, seed: int, how: HFInput
             tokens[:, 0] = bos_id
     methods = sorted(set(description.layer_methods))
     position = description.input_position or ",".join(description.layer_methods if len(methods) > 1 else methods)
-    info = {"hf": description.summary(), "input": how.input, "device": str(device),
-            **({"placement": "; ".join(model.placement.lines())} if model.placement else {}),
-            "dtype": str(next(model.parameters()).dtype).removeprefix("torch.")}
+    info = {
+        "hf": description.summary(),
+        "input": how.input,
+        "device": str(device),
+        **({"placement": "; ".join(model.placement.lines())} if model.placement else {}),
+        "dtype": str(next(model.parameters()).dtype).removeprefix("torch."),
+    }
     if how.input == "text":
         info["text"] = how.text or "pydoc_data.topics (the corpus nopelens ships)"
     trained = trained_length(model.original_model.config)
     if description.max_positions is None and trained is not None and seq_len > trained:
-        info["beyond_trained_length"] = (f"--seq-len {seq_len} passes max_position_embeddings {trained} of config.json: "
-                                         f"positions from {trained} on are beyond the length the model was made for")
-    return Subject(display_name(f"{HF_PREFIX}{directory}"), model, description.n_layers, position, "external", tokens,
-                   torch.ones_like(tokens), has_bos=bos_id is not None, bos_token_id=bos_id,
-                   info=info, hf=description)
+        info["beyond_trained_length"] = (
+            f"--seq-len {seq_len} passes max_position_embeddings {trained} of config.json: "
+            f"positions from {trained} on are beyond the length the model was made for"
+        )
+    return Subject(
+        display_name(f"{HF_PREFIX}{directory}"),
+        model,
+        description.n_layers,
+        position,
+        "external",
+        tokens,
+        torch.ones_like(tokens),
+        has_bos=bos_id is not None,
+        bos_token_id=bos_id,
+        info=info,
+        hf=description,
+    )
 
 
 def repeated_token(d_vocab: int, bos_id: int | None) -> int:

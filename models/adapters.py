@@ -131,15 +131,12 @@ class HookedModule(HookedRootModule):
         modules = dict(model.named_modules())
         missing = [path for path in sites.values() if path not in modules]
         if missing:
-            raise KeyError(
-                f"module paths not found: {missing}; available: {sorted(p for p in modules if p)}"
-            )
+            raise KeyError(f"module paths not found: {missing}; available: {sorted(p for p in modules if p)}")
         self.site_paths = dict(sites)
         self._calls: dict[str, int] | None = None
         self.points = nn.ModuleDict({_key(name): HookPoint() for name in sites})
         self._handles = [
-            modules[path].register_forward_hook(self._make_hook(_key(name)))
-            for name, path in sites.items()
+            modules[path].register_forward_hook(self._make_hook(_key(name))) for name, path in sites.items()
         ]
         self.setup()
         # Expose hook points under the site names the caller chose, not "points.<key>".
@@ -261,9 +258,13 @@ class HookedHFModel(HookedRootModule):
         self.layout = layout or hook_layout(hf_model)
         modules = dict(hf_model.named_modules())
         names: dict[str, tuple[str, str]] = {"hook_embed": (self.layout.embed, "output")}
-        for l, (layer, mixer, attention) in enumerate(zip(self.layout.layers, self.layout.mixers, self.layout.attention)):
+        for l, (layer, mixer, attention) in enumerate(
+            zip(self.layout.layers, self.layout.mixers, self.layout.attention)
+        ):
             names[act_name("resid_pre", l)] = (layer, "input")
-            names[act_name("resid_post", l)] = self.layout.outputs_at[l] if self.layout.outputs_at else (layer, "output")
+            names[act_name("resid_post", l)] = (
+                self.layout.outputs_at[l] if self.layout.outputs_at else (layer, "output")
+            )
             if mixer is not None:
                 names[act_name("attn_out", l)] = (mixer, "output")
                 if attention:
@@ -284,8 +285,9 @@ class HookedHFModel(HookedRootModule):
             if kind == "input":
                 self._handles.append(module.register_forward_pre_hook(_input_hook(point), with_kwargs=True))
             elif kind == "input heads":
-                self._handles.append(module.register_forward_pre_hook(_input_hook(point, self.layout.d_head),
-                                                                      with_kwargs=True))
+                self._handles.append(
+                    module.register_forward_pre_hook(_input_hook(point, self.layout.d_head), with_kwargs=True)
+                )
             else:
                 self._handles.append(module.register_forward_hook(_output_hook(point, kind, self.layout.d_head)))
         self.setup()
@@ -294,12 +296,14 @@ class HookedHFModel(HookedRootModule):
         for name, point in self.hook_dict.items():
             point.name = name
 
-    def forward(self, tokens: Tensor, attention_mask: Tensor | None = None, position_ids: Tensor | None = None,
-                **kwargs) -> Tensor:
+    def forward(
+        self, tokens: Tensor, attention_mask: Tensor | None = None, position_ids: Tensor | None = None, **kwargs
+    ) -> Tensor:
         if attention_mask is not None and position_ids is None:
             position_ids = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
-        out = self.original_model(tokens, attention_mask=attention_mask, position_ids=position_ids, use_cache=False,
-                                  **kwargs)
+        out = self.original_model(
+            tokens, attention_mask=attention_mask, position_ids=position_ids, use_cache=False, **kwargs
+        )
         return out.logits
 
     def remove(self) -> None:
@@ -384,8 +388,14 @@ def bridge_supports(architecture: str) -> bool:
     return architecture in ArchitectureAdapterFactory._adapters
 
 
-def load_hf_model(hf_model: nn.Module, reload: Callable[[], nn.Module] | None = None, *, device_map: str | None = None,
-                  max_memory: str | None = None, offload_folder: str | None = None) -> Any:
+def load_hf_model(
+    hf_model: nn.Module,
+    reload: Callable[[], nn.Module] | None = None,
+    *,
+    device_map: str | None = None,
+    max_memory: str | None = None,
+    offload_folder: str | None = None,
+) -> Any:
     """The bridge where TransformerLens can bridge the model, else :class:`HookedHFModel`.
 
     A family nopelens knows the bridge to misread (:func:`nopelens.models.hf.bridge_refused`) or one
@@ -426,8 +436,9 @@ def _hooked(hf_model: nn.Module, reload: Callable[[], nn.Module] | None) -> Any:
     if why is not None:
         error = UnsupportedModelError(f"nopelens cannot read {architecture}: {why}")
         # what can still be read: the learned sink logits are weights (none on the meta device)
-        error.sink_parameters = {l: (name, logits) for l, (name, logits) in sink_parameters(hf_model).items()
-                                 if not logits.is_meta}
+        error.sink_parameters = {
+            l: (name, logits) for l, (name, logits) in sink_parameters(hf_model).items() if not logits.is_meta
+        }
         raise error
     reason = bridge_refused(hf_model)
     if reason is None and not bridge_supports(architecture):

@@ -287,9 +287,12 @@ def t5_relative_bucket(
         distance = relative_position.abs()
     else:
         distance = (-relative_position).clamp(min=0)
-    far = max_exact + (
-        torch.log(distance.clamp(min=1).float() / max_exact) / math.log(max_distance / max_exact) * (n - max_exact)
-    ).long()
+    far = (
+        max_exact
+        + (
+            torch.log(distance.clamp(min=1).float() / max_exact) / math.log(max_distance / max_exact) * (n - max_exact)
+        ).long()
+    )
     far = far.clamp(max=n - 1)
     return buckets + torch.where(distance < max_exact, distance, far)
 

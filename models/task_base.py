@@ -46,7 +46,9 @@ class Batch:
         return self.tokens.shape[0]
 
     def to(self, device: torch.device | str) -> "Batch":
-        return Batch(*(t.to(device) for t in (self.tokens, self.loss_mask, self.attention_mask, self.targets, self.lengths)))
+        return Batch(
+            *(t.to(device) for t in (self.tokens, self.loss_mask, self.attention_mask, self.targets, self.lengths))
+        )
 
 
 def as_generator(seed: SeedLike) -> torch.Generator:

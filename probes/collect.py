@@ -305,8 +305,9 @@ def _run_batch(
     return captured
 
 
-def forward_with_hooks(model, hook_points: dict, sites: Sequence[str], tokens: Tensor, mask: Tensor | None,
-                       on_value) -> None:
+def forward_with_hooks(
+    model, hook_points: dict, sites: Sequence[str], tokens: Tensor, mask: Tensor | None, on_value
+) -> None:
     """One forward pass that hands each site's detached output to ``on_value(site, value)`` as it is
     computed (inside the hook, so a caller can reduce it at once and keep nothing of it).
 
@@ -419,8 +420,7 @@ def check_patterns(value: Tensor, mask: Tensor, site: str, start: int) -> None:
         row, head, query, _ = bad.nonzero()[0].tolist()
         position = int(real[row, : query + 1].sum()) - 1
         raise ValueError(
-            f"non-finite value at site {site!r}, sequence {start + row}, head {head}, "
-            f"query position {position}"
+            f"non-finite value at site {site!r}, sequence {start + row}, head {head}, query position {position}"
         )
 
 
@@ -453,9 +453,7 @@ def _check_finite(rows: Tensor, site: str, real: Tensor, start: int) -> None:
         sample = int(bad.nonzero()[0])
         seq, pos = real.nonzero()[sample].tolist()
         position = int(real[seq, : pos + 1].sum()) - 1
-        raise ValueError(
-            f"NaN or Inf activation at site {site!r}, sequence {start + seq}, position {position}"
-        )
+        raise ValueError(f"NaN or Inf activation at site {site!r}, sequence {start + seq}, position {position}")
 
 
 def _resolve_sites(sites: Sequence[str | int], hook_points: dict) -> list[str]:

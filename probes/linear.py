@@ -61,8 +61,23 @@ CLASSIFIER_ALPHA = 1.0
 """Penalty of ``RidgeClassifier`` on standardized features."""
 
 RESULT_COLUMNS = (
-    "site", "layer", "block", "target", "task", "features", "probe", "split", "metric",
-    "value", "ci_low", "ci_high", "selectivity", "n_samples", "n_sequences", "chance", "alpha",
+    "site",
+    "layer",
+    "block",
+    "target",
+    "task",
+    "features",
+    "probe",
+    "split",
+    "metric",
+    "value",
+    "ci_low",
+    "ci_high",
+    "selectivity",
+    "n_samples",
+    "n_sequences",
+    "chance",
+    "alpha",
     "alpha_at_edge",
 )
 """Columns of every results table. ``layer`` is the DESIGN.md layer of residual sites, ``block + 1``
@@ -123,8 +138,9 @@ class PooledLDA(LinearClassifierMixin, BaseEstimator):
         return super().decision_function(np.asarray(X, dtype=np.float64))
 
 
-def make_probe(task: str, classifier: str = "lda", alphas: Sequence[float] = ALPHAS, seed: int = 0,
-               dtype=None, n_inner: int = 4) -> Pipeline:
+def make_probe(
+    task: str, classifier: str = "lda", alphas: Sequence[float] = ALPHAS, seed: int = 0, dtype=None, n_inner: int = 4
+) -> Pipeline:
     """An unfitted ``Pipeline(RoundoffScaler, linear model)``.
 
     The scaler is ``StandardScaler`` that zeroes features whose spread is only round-off of
@@ -215,7 +231,10 @@ def extrapolation_splits(
 
 
 def out_of_fold_predictions(
-    estimator, X: np.ndarray, y: np.ndarray, splits: Iterable[tuple[np.ndarray, np.ndarray]],
+    estimator,
+    X: np.ndarray,
+    y: np.ndarray,
+    splits: Iterable[tuple[np.ndarray, np.ndarray]],
     groups: np.ndarray | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Fit a fresh clone of ``estimator`` on each fitting side and predict its scoring side.
@@ -320,7 +339,9 @@ def probe_features(
     return score_probes(fitted, labels, groups, splits, task, token_types, controls, n_boot, seed, baselines)
 
 
-def probe_labels(y: np.ndarray, token_types: np.ndarray | None, controls: bool = True, seed: int = 0) -> dict[str, np.ndarray]:
+def probe_labels(
+    y: np.ndarray, token_types: np.ndarray | None, controls: bool = True, seed: int = 0
+) -> dict[str, np.ndarray]:
     """The targets a site's probes fit: probe name -> ``[n]`` labels.
 
     ``linear``: ``y``; with ``controls``, ``control`` (Hewitt & Liang's control task,
@@ -340,12 +361,23 @@ def probe_labels(y: np.ndarray, token_types: np.ndarray | None, controls: bool =
 def fitted_probes(fit, labels: dict[str, np.ndarray]) -> dict:
     """probe name -> (scored index, out-of-fold predictions, median chosen alpha, alpha at an edge),
     from a :class:`~nopelens.probes.fitting.FoldFit` of ``labels`` (in their order)."""
-    return {name: (fit.index, fit.predictions[t], _median(fit.alphas[t]), fit.at_edge[t]) for t, name in enumerate(labels)}
+    return {
+        name: (fit.index, fit.predictions[t], _median(fit.alphas[t]), fit.at_edge[t]) for t, name in enumerate(labels)
+    }
 
 
-def score_probes(fitted: dict, labels: dict[str, np.ndarray], groups: np.ndarray, splits, task: str,
-                 token_types: np.ndarray | None, controls: bool = True, n_boot: int = 1000, seed: int = 0,
-                 baselines: list | None = None) -> pd.DataFrame:
+def score_probes(
+    fitted: dict,
+    labels: dict[str, np.ndarray],
+    groups: np.ndarray,
+    splits,
+    task: str,
+    token_types: np.ndarray | None,
+    controls: bool = True,
+    n_boot: int = 1000,
+    seed: int = 0,
+    baselines: list | None = None,
+) -> pd.DataFrame:
     """The tidy rows of :func:`probe_features` from out-of-fold predictions.
 
     Scores every fitted probe with bootstrap CIs over sequences, adds the ``majority`` and
@@ -376,16 +408,27 @@ def score_probes(fitted: dict, labels: dict[str, np.ndarray], groups: np.ndarray
             selectivity = np.nan
             if name == "linear" and control is not None and metric in control and HIGHER_IS_BETTER[metric]:
                 selectivity = value - control[metric][0]
-            rows.append(dict(probe=name, metric=metric, value=value, ci_low=low, ci_high=high,
-                             selectivity=selectivity, n_samples=len(index),
-                             n_sequences=n_sequences,
-                             chance=mad_chance_of(truth) if metric == "mad" else np.nan,
-                             alpha=alpha, alpha_at_edge=edge))
+            rows.append(
+                dict(
+                    probe=name,
+                    metric=metric,
+                    value=value,
+                    ci_low=low,
+                    ci_high=high,
+                    selectivity=selectivity,
+                    n_samples=len(index),
+                    n_sequences=n_sequences,
+                    chance=mad_chance_of(truth) if metric == "mad" else np.nan,
+                    alpha=alpha,
+                    alpha_at_edge=edge,
+                )
+            )
     return pd.DataFrame(rows)
 
 
-def baseline_runs(y: np.ndarray, groups: np.ndarray, splits, task: str, token_types: np.ndarray, n_boot: int,
-                  seed: int) -> list[tuple]:
+def baseline_runs(
+    y: np.ndarray, groups: np.ndarray, splits, task: str, token_types: np.ndarray, n_boot: int, seed: int
+) -> list[tuple]:
     """The scored ``majority`` and ``token_identity`` baselines of :func:`score_probes` (arguments
     as there): they read no features, so every site probed for the same target shares them."""
     metrics = metric_names(task)
@@ -394,8 +437,16 @@ def baseline_runs(y: np.ndarray, groups: np.ndarray, splits, task: str, token_ty
     runs = [("majority", _scores(y[index], pred, groups[index], metrics, n_boot, seed), index, y[index], np.nan, False)]
     index = np.concatenate([score for _, score in splits])
     pred = token_identity_predictions(np.asarray(token_types)[index], y[index], task)
-    runs.append(("token_identity", _scores(y[index], pred, groups[index], metrics, n_boot, seed), index, y[index],
-                 np.nan, False))
+    runs.append(
+        (
+            "token_identity",
+            _scores(y[index], pred, groups[index], metrics, n_boot, seed),
+            index,
+            y[index],
+            np.nan,
+            False,
+        )
+    )
     return runs
 
 
@@ -422,7 +473,7 @@ CLASSIFIERS = ("lda", "ridge", "logistic")
 
 def check_classifier(classifier: str) -> None:
     """Raises:
-        ValueError: for a classifier not in :data:`CLASSIFIERS`."""
+    ValueError: for a classifier not in :data:`CLASSIFIERS`."""
     if classifier not in CLASSIFIERS:
         raise ValueError(f"classifier must be 'lda', 'ridge' or 'logistic', got {classifier!r}")
 
@@ -432,8 +483,10 @@ def pipeline_fits(X: np.ndarray, labels: dict, groups, splits, classifier: str, 
     ``classifier`` (``ridge``, ``logistic``: they read the features themselves, not their
     statistics), fold by fold: probe name -> (scored index, out-of-fold predictions, NaN, False)."""
     probe = make_probe("classification", classifier, seed=seed, dtype=dtype)
-    return {name: (*out_of_fold_predictions(probe, X, target, splits, groups), np.nan, False)
-            for name, target in labels.items()}
+    return {
+        name: (*out_of_fold_predictions(probe, X, target, splits, groups), np.nan, False)
+        for name, target in labels.items()
+    }
 
 
 def position_classes(position: Int[np.ndarray, " n"], max_classes: int | None) -> tuple[np.ndarray, str]:
@@ -463,8 +516,6 @@ def position_classes(position: Int[np.ndarray, " n"], max_classes: int | None) -
         return position, "absolute_index"
     width = -(-n_positions // max_classes)
     return position // width, f"absolute_index//{width}"
-
-
 
 
 def is_target(targets: pd.Series, target: str) -> pd.Series:
@@ -519,8 +570,13 @@ def first_recoverable_layer(
         metric = {"regression": "r2", "classification": "accuracy"}[task]
     if metric not in HIGHER_IS_BETTER:
         raise ValueError(f"unknown metric {metric!r}; known: {sorted(HIGHER_IS_BETTER)}")
-    rows = results[(results["probe"] == "linear") & (results["split"] == "grouped") & is_target(results["target"], target)
-                   & (results["metric"] == metric) & results["layer"].notna()]
+    rows = results[
+        (results["probe"] == "linear")
+        & (results["split"] == "grouped")
+        & is_target(results["target"], target)
+        & (results["metric"] == metric)
+        & results["layer"].notna()
+    ]
     if task is not None:
         rows = rows[rows["task"] == task]
     if features is not None:
@@ -551,8 +607,15 @@ def _coarser(a: str, b: str) -> str:
 def _label(frame: pd.DataFrame, site: str, target: str, task: str, features: str, split: str) -> pd.DataFrame:
     layer = site_layer(site)
     block = site_block(site)
-    return frame.assign(site=site, layer=np.nan if layer is None else layer, block=np.nan if block is None else block,
-                        target=target, task=task, features=features, split=split)
+    return frame.assign(
+        site=site,
+        layer=np.nan if layer is None else layer,
+        block=np.nan if block is None else block,
+        target=target,
+        task=task,
+        features=features,
+        split=split,
+    )
 
 
 def _tidy(frames: list[pd.DataFrame]) -> pd.DataFrame:

@@ -25,7 +25,14 @@ from jaxtyping import Float, Int
 
 CLASSIFICATION_METRICS = ("accuracy", "balanced_accuracy", "within_one", "mad")
 REGRESSION_METRICS = ("r2", "spearman", "mad")
-HIGHER_IS_BETTER = {"accuracy": True, "balanced_accuracy": True, "within_one": True, "r2": True, "spearman": True, "mad": False}
+HIGHER_IS_BETTER = {
+    "accuracy": True,
+    "balanced_accuracy": True,
+    "within_one": True,
+    "r2": True,
+    "spearman": True,
+    "mad": False,
+}
 
 
 def random_state(seed: int) -> int | np.random.Generator:

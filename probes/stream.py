@@ -96,8 +96,11 @@ class Sequences:
     offsets: np.ndarray
 
     @classmethod
-    def of(cls, tokens: Int[Tensor, "batch pos"] | np.ndarray,
-           attention_mask: Int[Tensor, "batch pos"] | np.ndarray | None = None) -> "Sequences":
+    def of(
+        cls,
+        tokens: Int[Tensor, "batch pos"] | np.ndarray,
+        attention_mask: Int[Tensor, "batch pos"] | np.ndarray | None = None,
+    ) -> "Sequences":
         """Validate ``tokens`` and ``attention_mask`` (as :func:`~nopelens.probes.collect.collect`
         does) and derive the per-token arrays.
 
@@ -109,9 +112,15 @@ class Sequences:
         position = (mask.cumsum(-1) - 1).masked_fill(mask == 0, 0)
         sequence_id = torch.arange(tokens.shape[0])[:, None].expand_as(tokens)
         lengths = mask.sum(-1).numpy().astype(np.int64)
-        return cls(tokens, mask, attention_mask is not None, sequence_id[real].numpy().astype(np.int64),
-                   position[real].numpy().astype(np.int64), tokens[real].numpy().astype(np.int64),
-                   np.concatenate([[0], np.cumsum(lengths)]))
+        return cls(
+            tokens,
+            mask,
+            attention_mask is not None,
+            sequence_id[real].numpy().astype(np.int64),
+            position[real].numpy().astype(np.int64),
+            tokens[real].numpy().astype(np.int64),
+            np.concatenate([[0], np.cumsum(lengths)]),
+        )
 
     @classmethod
     def of_activations(cls, acts: Activations) -> "Sequences":
@@ -139,15 +148,24 @@ class Sequences:
         row = row.reshape(-1).astype(np.int64)
         step = np.diff(row * (int(position.max()) + 1) + position)
         if (step <= 0).any():
-            raise ValueError("activations must hold each sequence's samples together, in ascending position order "
-                             "and each position once (as collect stores them)")
+            raise ValueError(
+                "activations must hold each sequence's samples together, in ascending position order "
+                "and each position once (as collect stores them)"
+            )
         tokens = torch.zeros((len(ids), int(position.max()) + 1), dtype=torch.int64)
         mask = torch.zeros_like(tokens)
         tokens[row, position] = torch.as_tensor(np.asarray(acts.token), dtype=torch.int64)
         mask[row, position] = 1
         lengths = np.bincount(row, minlength=len(ids))
-        return cls(tokens, mask, True, row, position.astype(np.int64), np.asarray(acts.token).astype(np.int64),
-                   np.concatenate([[0], np.cumsum(lengths)]))
+        return cls(
+            tokens,
+            mask,
+            True,
+            row,
+            position.astype(np.int64),
+            np.asarray(acts.token).astype(np.int64),
+            np.concatenate([[0], np.cumsum(lengths)]),
+        )
 
     @property
     def n_sequences(self) -> int:
@@ -161,7 +179,9 @@ class Sequences:
         """The sequence ranges of the forward passes, in order."""
         if not isinstance(batch_size, (int, np.integer)) or batch_size < 1:
             raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
-        return [slice(start, min(start + batch_size, self.n_sequences)) for start in range(0, self.n_sequences, batch_size)]
+        return [
+            slice(start, min(start + batch_size, self.n_sequences)) for start in range(0, self.n_sequences, batch_size)
+        ]
 
 
 @dataclass
@@ -269,8 +289,10 @@ def run(
     """
     batches = sequences.batches(batch_size)
     if executor is not None and (isinstance(model, torch.nn.Module) or not callable(model)):
-        raise TypeError("with an executor, pass a zero-argument function that loads the model: each shard "
-                        "loads its own copy (two shards must not hook one model object)")
+        raise TypeError(
+            "with an executor, pass a zero-argument function that loads the model: each shard "
+            "loads its own copy (two shards must not hook one model object)"
+        )
     if executor is None:
         _check_hooked(model)
     elif hooks is not None:
@@ -284,8 +306,14 @@ def run(
         n_pass += 1
         if executor is None:
             tokens = int(sum(sequences.offsets[batches[i].stop] - sequences.offsets[batches[i].start] for i in needed))
-            with progress_bar(total=tokens, desc=f"{progress}: pass {n_pass}", unit="token", unit_scale=True,
-                              leave=False, disable=progress is None) as bar:
+            with progress_bar(
+                total=tokens,
+                desc=f"{progress}: pass {n_pass}",
+                unit="token",
+                unit_scale=True,
+                leave=False,
+                disable=progress is None,
+            ) as bar:
                 _run_batches(model, sequences, measurements, batches, needed, hooked, bar.update, hooks)
         else:
             _run_shards(model, sequences, measurements, batches, needed, hooked, executor, shards, hooks)
@@ -295,8 +323,13 @@ def run(
             return [m.result() for m in measurements]
 
 
-def replay(acts: Activations, measurements: Sequence[Measurement], batch_size: int = 32,
-           device: torch.device | str = "cpu", sequences: Sequences | None = None) -> list:
+def replay(
+    acts: Activations,
+    measurements: Sequence[Measurement],
+    batch_size: int = 32,
+    device: torch.device | str = "cpu",
+    sequences: Sequences | None = None,
+) -> list:
     """Feed ``measurements`` cached activations as :func:`run` feeds them a model's hooks, pass
     after pass, and return their results: the in-memory API (``probe_absolute_index(acts, ...)``)
     is this over the same measurements, so a read is one definition, streamed or in memory.
@@ -328,7 +361,9 @@ def replay(acts: Activations, measurements: Sequence[Measurement], batch_size: i
     while True:
         for i, rows in enumerate(batches):
             wanted = [(m, set(m.sites(i))) for m in measurements]
-            batch = Batch(i, rows, slice(int(sequences.offsets[rows.start]), int(sequences.offsets[rows.stop])), sequences)
+            batch = Batch(
+                i, rows, slice(int(sequences.offsets[rows.start]), int(sequences.offsets[rows.stop])), sequences
+            )
             for site in dict.fromkeys(site for m in measurements for site in m.sites(i)):
                 value = _cached(acts, site, batch, torch.device(device))
                 for measurement, asked in wanted:
@@ -375,8 +410,10 @@ def _check_picklable(hooks) -> None:
     try:
         pickle.dumps(hooks)
     except Exception as error:  # pickle raises several types (PicklingError, AttributeError, TypeError)
-        raise TypeError(f"the intervention hooks cannot be sent to the shards ({type(error).__name__}: {error}); "
-                        "give a module-level function or a dataclass instance, or run without an executor") from None
+        raise TypeError(
+            f"the intervention hooks cannot be sent to the shards ({type(error).__name__}: {error}); "
+            "give a module-level function or a dataclass instance, or run without an executor"
+        ) from None
 
 
 def _check_hooked(model) -> dict:
@@ -389,9 +426,16 @@ def _check_hooked(model) -> dict:
     return hook_points
 
 
-def _run_batches(model, sequences: Sequences, measurements, batches: list[slice], indices: Sequence[int],
-                 hooked: dict[int, list[str]], done: Callable[[int], object] | None = None,
-                 hooks: HookList | BatchHooks | None = None) -> None:
+def _run_batches(
+    model,
+    sequences: Sequences,
+    measurements,
+    batches: list[slice],
+    indices: Sequence[int],
+    hooked: dict[int, list[str]],
+    done: Callable[[int], object] | None = None,
+    hooks: HookList | BatchHooks | None = None,
+) -> None:
     """Forward passes over ``batches[i]`` for ``i`` in ``indices`` with hooks on ``hooked[i]``, each
     site handed to whoever asked for it, under the intervention ``hooks`` (see :func:`run`)."""
     hook_points = _check_hooked(model)
@@ -405,7 +449,9 @@ def _run_batches(model, sequences: Sequences, measurements, batches: list[slice]
                 continue
             sites = _resolve_sites(hooked[i], hook_points)
             rows = batches[i]
-            batch = Batch(i, rows, slice(int(sequences.offsets[rows.start]), int(sequences.offsets[rows.stop])), sequences)
+            batch = Batch(
+                i, rows, slice(int(sequences.offsets[rows.start]), int(sequences.offsets[rows.stop])), sequences
+            )
 
             def hand_over(site: str, value: Tensor) -> None:
                 for measurement, asked in wanted:
@@ -433,8 +479,19 @@ def _run_shards(load: Callable, sequences, measurements, batches, indices, hooke
     if not isinstance(shards, (int, np.integer)) or shards < 1:
         raise ValueError(f"shards must be a positive integer, got {shards!r}")
     groups = [list(part) for part in np.array_split(np.asarray(indices), min(shards, len(indices))) if len(part)]
-    futures = [executor.submit(_shard, load, sequences, [m.spawn() for m in measurements], batches, group,
-                               {i: hooked[i] for i in group}, hooks) for group in groups]
+    futures = [
+        executor.submit(
+            _shard,
+            load,
+            sequences,
+            [m.spawn() for m in measurements],
+            batches,
+            group,
+            {i: hooked[i] for i in group},
+            hooks,
+        )
+        for group in groups
+    ]
     for future in futures:  # in shard order, so the sums are the same on every run
         for measurement, part in zip(measurements, future.result()):
             measurement.merge(part)
@@ -543,7 +600,18 @@ class AttentionVariance(Measurement):
             variance = (m2[shared] / (n[shared, None] - 1)).mean(1)
             position = torch.nonzero(shared).flatten().cpu().numpy().astype(int)
             visible = self.windows.get(site_block(site), CAUSAL).n_visible(self.n_positions).numpy()
-            frames.append(pd.DataFrame({"site": site, "block": site_block(site), "position": position,
-                                        "visible_keys": visible[position],
-                                        "variance": variance.cpu().numpy(), "n_sequences": n[shared].cpu().numpy().astype(int)}))
-        return pd.concat(frames, ignore_index=True)[["site", "block", "position", "visible_keys", "variance", "n_sequences"]]
+            frames.append(
+                pd.DataFrame(
+                    {
+                        "site": site,
+                        "block": site_block(site),
+                        "position": position,
+                        "visible_keys": visible[position],
+                        "variance": variance.cpu().numpy(),
+                        "n_sequences": n[shared].cpu().numpy().astype(int),
+                    }
+                )
+            )
+        return pd.concat(frames, ignore_index=True)[
+            ["site", "block", "position", "visible_keys", "variance", "n_sequences"]
+        ]

@@ -39,12 +39,15 @@ def variance_read_reason(keys: KeyWindow, n_tokens: int, first_position: int = 0
     counts = sorted(keys.n_visible(n_tokens)[first_position:].unique().tolist())
     if len(counts) >= 3:
         return None
-    return (f"{keys.describe()}: the queries from position {first_position} on see {counts} keys; "
-            "a variance slope needs 3 distinct numbers")
+    return (
+        f"{keys.describe()}: the queries from position {first_position} on see {counts} keys; "
+        "a variance slope needs 3 distinct numbers"
+    )
 
 
-def attention_variance(acts: Activations, sites: Sequence[str] | None = None,
-                       windows: dict[int, KeyWindow] | None = None) -> pd.DataFrame:
+def attention_variance(
+    acts: Activations, sites: Sequence[str] | None = None, windows: dict[int, KeyWindow] | None = None
+) -> pd.DataFrame:
     """Per-position variance of attention outputs across sequences, averaged over coordinates: the
     cached activations replayed (:func:`~nopelens.probes.stream.replay`) into
     :class:`~nopelens.probes.stream.AttentionVariance`, the streamed read.
@@ -97,11 +100,21 @@ def variance_slopes(table: pd.DataFrame) -> pd.DataFrame:
             raise ValueError(f"site {site!r}: variance <= 0 at some position; the log-log fit is undefined")
         keys = group["visible_keys"] if "visible_keys" in group else group["position"] + 1.0
         if keys.nunique() < 3:
-            raise ValueError(f"site {site!r}: a slope needs >= 3 distinct numbers of visible keys, got "
-                             f"{sorted(keys.unique().tolist())} (a window shorter than 3?)")
+            raise ValueError(
+                f"site {site!r}: a slope needs >= 3 distinct numbers of visible keys, got "
+                f"{sorted(keys.unique().tolist())} (a window shorter than 3?)"
+            )
         fit = stats.linregress(np.log(keys.astype(float)), np.log(group["variance"]))
-        rows.append(dict(site=site, block=site_block(site), slope=fit.slope, intercept=fit.intercept,
-                         r_value=fit.rvalue, n_positions=len(group)))
+        rows.append(
+            dict(
+                site=site,
+                block=site_block(site),
+                slope=fit.slope,
+                intercept=fit.intercept,
+                r_value=fit.rvalue,
+                n_positions=len(group),
+            )
+        )
     return pd.DataFrame(rows)
 
 
@@ -125,6 +138,8 @@ def variance_shrinkage(
     first = acts.token[acts.position == 0]
     if len(first) and bool((first == first[0]).all()):
         table = table[table["position"] > 0].reset_index(drop=True)
-        table = table.assign(note=f"position 0 left out: every sequence starts with token {int(first[0])} (BOS), "
-                             "so its output never varies")
+        table = table.assign(
+            note=f"position 0 left out: every sequence starts with token {int(first[0])} (BOS), "
+            "so its output never varies"
+        )
     return table, variance_slopes(table)

@@ -80,5 +80,6 @@ def test_the_sweep_package_gives_the_drivers_names_and_imports_a_module_alone():
 
     assert sweep is driver.sweep
     code = "import sys, nopelens.analyses.sweep.eta; print('nopelens.analyses.sweep.driver' in sys.modules)"
-    assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split() \
-        == ["False"]
+    assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split() == [
+        "False"
+    ]

@@ -84,7 +84,8 @@ def test_untrained_zoo_and_bad_input_are_one_line_and_exit_2(tmp_path, capsys):
 
 
 def test_claims_without_models_say_not_measured():
-    empty = pd.DataFrame(columns=["source", "probe", "fit", "model", "n_positions", "method", "layer", "mad_chance",
-                                  "ci_low", "ci_high"])
+    empty = pd.DataFrame(
+        columns=["source", "probe", "fit", "model", "n_positions", "method", "layer", "mad_chance", "ci_low", "ci_high"]
+    )
     verdicts = claims(empty, pd.DataFrame(columns=["model", "method", "bits_per_byte"]))["verdict"]
     assert (verdicts == "not measured").all()

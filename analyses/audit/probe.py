@@ -154,8 +154,7 @@ class Run:
         q_name, k_name = self.subject.qk_names(layer)
         return self.subject.prepare_qk(self.hook(layer, q_name), self.hook(layer, k_name), layer)
 
-    def content(self, layer: int, ids: Tensor | None = None, pairing: str | None = None,
-                direction: int = 1) -> Tensor:
+    def content(self, layer: int, ids: Tensor | None = None, pairing: str | None = None, direction: int = 1) -> Tensor:
         """q.k * scale of a layer, with q and k rotated by the reference when the layer is RoPE
         (row-centred where the model records no pre-softmax scores, see :meth:`scores`)."""
         q, k = self.qk(layer)
@@ -258,8 +257,12 @@ def stream(subject: Subject, probe: Probe, tol: Tolerance, reducers) -> Run:
     def check_finite(name, x):
         if x.shape[:1] == (batch,):
             rows = tuple(_not_finite(name, x[row]) for row in range(batch))
-            beyond = (batch > 1 and rows[1] and name.endswith("hook_pattern")
-                      and not bool(torch.isfinite(x[1][:, probe.n_pad:]).all()))
+            beyond = (
+                batch > 1
+                and rows[1]
+                and name.endswith("hook_pattern")
+                and not bool(torch.isfinite(x[1][:, probe.n_pad :]).all())
+            )
             run.not_finite.append((name, rows, beyond))
 
     def reduce(layer, tensors):

@@ -18,8 +18,19 @@ the driver and everything it imports.
 
 import importlib
 
-SUBMODULES = ("driver", "eta", "layers", "parallel", "plan", "reads", "seeds", "settings", "sites", "streamed",
-              "summary")
+SUBMODULES = (
+    "driver",
+    "eta",
+    "layers",
+    "parallel",
+    "plan",
+    "reads",
+    "seeds",
+    "settings",
+    "sites",
+    "streamed",
+    "summary",
+)
 
 
 def __getattr__(name: str):

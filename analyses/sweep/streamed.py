@@ -108,8 +108,9 @@ class Measurements:
         return [block for block in range(n_layers) if block not in self.ablation_refused]
 
 
-def measurements(subject: Subject, settings, sites: SweepSites,
-                 shapes: dict[str, tuple[int, ...]] | None = None) -> Measurements:
+def measurements(
+    subject: Subject, settings, sites: SweepSites, shapes: dict[str, tuple[int, ...]] | None = None
+) -> Measurements:
     """The streamed measurements of ``subject`` under ``settings`` (a
     :class:`~nopelens.analyses.sweep.settings.SweepSettings`) on the sweep's ``sites``
     (:func:`~nopelens.analyses.sweep.sites.sweep_sites`): the sweep's probe set, its sink conditions, its
@@ -129,14 +130,25 @@ def measurements(subject: Subject, settings, sites: SweepSites,
     limit = None if unlimited else 0 if settings.keep_mib is None else settings.keep_mib * 2**20
     budget = KeepBudget(limit)  # auto: set once the jobs are known
     mode = bilinear_mode_of(shapes[sites.qk[0][0]]) if sites.qk else "outer"
-    probes = measure_targets(ProbeInput(sequences, sites, seq_len=subject.tokens.shape[1],
-                                        n_sequences=settings.n_sequences, n_splits=settings.n_splits,
-                                        n_boot=settings.n_boot, seed=settings.seed, bilinear=mode, keep=budget))
+    probes = measure_targets(
+        ProbeInput(
+            sequences,
+            sites,
+            seq_len=subject.tokens.shape[1],
+            n_sequences=settings.n_sequences,
+            n_splits=settings.n_splits,
+            n_boot=settings.n_boot,
+            seed=settings.seed,
+            bilinear=mode,
+            keep=budget,
+        )
+    )
     skipped = subject.note_unreadable_reads()  # DSA blocks, windows that leave nothing to average
     outputs = [site for site in act_names("attn_out", subject.variance_blocks()) if site in sites.outputs]
     variance = AttentionVariance(sequences, outputs, subject.key_windows()) if outputs else None
-    sinks = SinkReads.of(subject, sequences, [site for site in sites.patterns
-                                              if site_block(site) not in skipped["sink read"]])
+    sinks = SinkReads.of(
+        subject, sequences, [site for site in sites.patterns if site_block(site) not in skipped["sink read"]]
+    )
     refused, ablation = None, None
     if settings.sink_ablation:
         with torch.no_grad():
@@ -146,11 +158,27 @@ def measurements(subject: Subject, settings, sites: SweepSites,
             refused.update({block: NOT_PROBED for block in range(subject.n_layers) if block not in settings.layers})
         blocks = [block for block in range(subject.n_layers) if block not in refused]
         if blocks:
-            ablation = later_token_probes(sequences, [block + 1 for block in blocks], settings.n_splits,
-                                          settings.n_boot, settings.seed, budget)
-    m = Measurements(sequences, sinks.stripped, sites, probes, variance, sinks.with_bos, sinks.without_bos,
-                     sinks.window, budget, settings.batch_size, ablation, refused, free, free_source, shapes=shapes,
-                     activation_bytes=next(subject.model.parameters()).element_size())
+            ablation = later_token_probes(
+                sequences, [block + 1 for block in blocks], settings.n_splits, settings.n_boot, settings.seed, budget
+            )
+    m = Measurements(
+        sequences,
+        sinks.stripped,
+        sites,
+        probes,
+        variance,
+        sinks.with_bos,
+        sinks.without_bos,
+        sinks.window,
+        budget,
+        settings.batch_size,
+        ablation,
+        refused,
+        free,
+        free_source,
+        shapes=shapes,
+        activation_bytes=next(subject.model.parameters()).element_size(),
+    )
     if settings.keep_mib is None and not unlimited:
         budget.limit = auto_keep_bytes(m, shapes)
     m.groups = statistics_groups(m, shapes)
@@ -186,12 +214,16 @@ class SinkReads:
         stripped, stripped_stats = None, None
         if subject.has_bos:
             stripped = Sequences.of(subject.tokens[:, 1:], subject.attention_mask[:, 1:])
-            stripped_stats = SinkStats(stripped, patterns, n_tokens=min(window, shortest - 1), windows=windows,
-                                       sinks=sinks) if patterns else None
+            stripped_stats = (
+                SinkStats(stripped, patterns, n_tokens=min(window, shortest - 1), windows=windows, sinks=sinks)
+                if patterns
+                else None
+            )
         return cls(stats, stripped, stripped_stats, window)
 
-    def table(self, subject: Subject, measured: pd.DataFrame | None, batch_size: int,
-              label: str | None = None) -> pd.DataFrame:
+    def table(
+        self, subject: Subject, measured: pd.DataFrame | None, batch_size: int, label: str | None = None
+    ) -> pd.DataFrame:
         """The sink table: ``measured`` (:attr:`with_bos`'s result, from the caller's run) and a run
         of :attr:`without_bos`, with ``condition`` (``with_bos`` or ``without_bos``), ``model`` and
         ``gu_window`` (T per condition, the last column). ``label``: a progress bar's, or None."""
@@ -201,9 +233,15 @@ class SinkReads:
         else:
             frames = [measured.assign(condition=condition, gu_window=self.with_bos.n_tokens)]
         if self.without_bos is not None:
-            frames.append(run(subject.model, self.stripped, [self.without_bos], batch_size=batch_size,
-                              progress=label and f"{label} without BOS")[0]
-                          .assign(condition="without_bos", gu_window=self.without_bos.n_tokens))
+            frames.append(
+                run(
+                    subject.model,
+                    self.stripped,
+                    [self.without_bos],
+                    batch_size=batch_size,
+                    progress=label and f"{label} without BOS",
+                )[0].assign(condition="without_bos", gu_window=self.without_bos.n_tokens)
+            )
         sinks = pd.concat(frames, ignore_index=True).assign(model=subject.name)
         return sinks[[c for c in sinks if c != "gu_window"] + ["gu_window"]]
 
@@ -213,7 +251,9 @@ def measure_sinks(subject: Subject, batch_size: int = 32) -> pd.DataFrame:
     streamed in batches of ``batch_size`` sequences."""
     skipped = subject.note_unreadable_reads()["sink read"]  # DSA blocks, windows of 1
     sequences = Sequences.of(subject.tokens, subject.attention_mask)
-    reads = SinkReads.of(subject, sequences, [site for site in pattern_sites(subject) if site_block(site) not in skipped])
+    reads = SinkReads.of(
+        subject, sequences, [site for site in pattern_sites(subject) if site_block(site) not in skipped]
+    )
     with torch.no_grad():
         measured = run(subject.model, sequences, [reads.with_bos], batch_size=batch_size)[0] if reads.with_bos else None
         return reads.table(subject, measured, batch_size)
@@ -416,14 +456,17 @@ def site_shapes(subject: Subject, names: Sequence[str]) -> dict[str, tuple[int, 
     head count first), read from one forward pass over the first three tokens of one sequence."""
     n = min(3, subject.tokens.shape[1])
     with torch.no_grad():
-        acts = collect(subject.model, subject.tokens[:1, :n], list(names), attention_mask=subject.attention_mask[:1, :n])
+        acts = collect(
+            subject.model, subject.tokens[:1, :n], list(names), attention_mask=subject.attention_mask[:1, :n]
+        )
     shapes = {site: tuple(value.shape[1:]) for site, value in acts.acts.items()}
     shapes.update({site: tuple(value[0].shape) for site, value in acts.patterns.items()})
     return shapes
 
 
-def measure_streamed(subject: Subject, settings, sites: SweepSites, progress: bool = False,
-                     planned: Measurements | None = None) -> dict[str, pd.DataFrame | None]:
+def measure_streamed(
+    subject: Subject, settings, sites: SweepSites, progress: bool = False, planned: Measurements | None = None
+) -> dict[str, pd.DataFrame | None]:
     """:func:`~nopelens.analyses.sweep.driver.analyse_subject`'s tables of ``subject`` on ``sites``, streamed
     (module docstring): ``probes``, ``sinks`` (with and without BOS), ``variance`` as measured (per
     position, before the sweep drops BOS and fits slopes; None without attention outputs) and
@@ -448,14 +491,26 @@ def measure_streamed(subject: Subject, settings, sites: SweepSites, progress: bo
     else:
         clean = plan_.ablation.result() if plan_.ablation is not None else None
         with torch.no_grad():
-            ablation = sink_ablation_drop_streamed(subject.model, plan_.sequences, subject.n_layers, clean,
-                                                   plan_.ablation_refused, settings.n_splits, settings.n_boot,
-                                                   settings.seed, ablation_budget(plan_), batch_size, label)
+            ablation = sink_ablation_drop_streamed(
+                subject.model,
+                plan_.sequences,
+                subject.n_layers,
+                clean,
+                plan_.ablation_refused,
+                settings.n_splits,
+                settings.n_boot,
+                settings.seed,
+                ablation_budget(plan_),
+                batch_size,
+                label,
+            )
         ablation = ablation.assign(model=subject.name)
-    subject.info["streamed"] = {"batch_size": batch_size, "kept_bytes_limit": plan_.budget.limit,
-                                "statistics_groups": len(plan_.groups),
-                                "second_pass_batches": sorted({i for m in plan_.probes for job in m.jobs
-                                                               for i in job.rerun})}
+    subject.info["streamed"] = {
+        "batch_size": batch_size,
+        "kept_bytes_limit": plan_.budget.limit,
+        "statistics_groups": len(plan_.groups),
+        "second_pass_batches": sorted({i for m in plan_.probes for job in m.jobs for i in job.rerun}),
+    }
     if subject.info.get("input") == "repeated":
         subject.info["known_answer"] = repeated_token_answer(subject, sinks)
         tqdm.write(f"nopelens: {subject.name}: {subject.info['known_answer']}", file=sys.stderr)
@@ -472,12 +527,15 @@ def _run_groups(model, m: Measurements, label: str | None) -> dict[int, pd.DataF
     measured = {}
     for g, group in enumerate(m.groups):
         members, budget = {id(job) for job in group}, run_budget(m, group, m.shapes)
-        parts = [part for part in (probe.subset([job for job in probe.jobs if id(job) in members], budget)
-                                   for probe in parents) if part.jobs]
+        parts = [
+            part
+            for part in (probe.subset([job for job in probe.jobs if id(job) in members], budget) for probe in parents)
+            if part.jobs
+        ]
         extra = others if g == len(m.groups) - 1 else []
         tag = label if label is None or len(m.groups) == 1 else f"{label}, sites {g + 1}/{len(m.groups)}"
         results = run(model, m.sequences, parts + extra, batch_size=m.batch_size, progress=tag)
-        measured.update({id(measurement): table for measurement, table in zip(extra, results[len(parts):])})
+        measured.update({id(measurement): table for measurement, table in zip(extra, results[len(parts) :])})
         del parts, results
         release_freed_memory()  # this group's statistics, before the next group's
     for probe in parents:
@@ -500,17 +558,22 @@ def repeated_token_answer(subject: Subject, sinks: pd.DataFrame) -> str:
     nope = uniform_blocks(subject)
     at = rows[rows["block"].isin(nope)]
     if at.empty:
-        return ("known answer (--input repeated, Gu et al. 2025 Prop. 1): no block probed here has the exactly uniform "
-                "attention the theory fixes (a causal NoPE softmax block without a sink or relative bias, after "
-                "blocks that keep every position's state the same)")
+        return (
+            "known answer (--input repeated, Gu et al. 2025 Prop. 1): no block probed here has the exactly uniform "
+            "attention the theory fixes (a causal NoPE softmax block without a sink or relative bias, after "
+            "blocks that keep every position's state the same)"
+        )
     length = int(subject.attention_mask.sum(-1).min())
     window = int(rows["gu_window"].iloc[0])
     mass = float(np.mean([1.0 / (i + 1) for i in range(1, length)]))
-    deviation = max(float((at["sink_mass"] - mass).abs().max()),
-                    float((at["sink_score"] - uniform_sink_score(window)).abs().max()))
-    return (f"known answer (--input repeated, Gu et al. 2025 Prop. 1): NoPE blocks {nope} attend exactly uniformly "
-            f"(sink mass {mass:.6f}, Gu score H_T/T = {uniform_sink_score(window):.6f}); measured: largest deviation "
-            f"{deviation:.2e} over their heads")
+    deviation = max(
+        float((at["sink_mass"] - mass).abs().max()), float((at["sink_score"] - uniform_sink_score(window)).abs().max())
+    )
+    return (
+        f"known answer (--input repeated, Gu et al. 2025 Prop. 1): NoPE blocks {nope} attend exactly uniformly "
+        f"(sink mass {mass:.6f}, Gu score H_T/T = {uniform_sink_score(window):.6f}); measured: largest deviation "
+        f"{deviation:.2e} over their heads"
+    )
 
 
 def uniform_blocks(subject: Subject) -> list[int]:
@@ -578,5 +641,10 @@ def job_statistics_bytes(job, shapes: dict[str, tuple[int, ...]], packed: bool =
     return 8 * layout.n_cells * (gram + d * (4 + len(layout.values) + classes))
 
 
-__getattr__ = moved_names(__name__, moved=dict.fromkeys(
-    ("Plan", "plan", "fit_work", "fit_rates", "block_seconds", "CALIBRATION_MAX_WIDTH"), "nopelens.analyses.sweep.plan"))
+__getattr__ = moved_names(
+    __name__,
+    moved=dict.fromkeys(
+        ("Plan", "plan", "fit_work", "fit_rates", "block_seconds", "CALIBRATION_MAX_WIDTH"),
+        "nopelens.analyses.sweep.plan",
+    ),
+)
