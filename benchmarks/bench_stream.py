@@ -133,9 +133,10 @@ def measure(
     from nopelens.analyses.subjects import resolve
     from nopelens.probes import collect, probe_absolute_index, probe_relative_distance
     from nopelens.probes.sinks import attention_variance
-    from nopelens.probes.stream import AttentionVariance, KeepBudget, Sequences, run
+    from nopelens.probes.stream import KeepBudget, Sequences, run
     from nopelens.probes.stream_probes import absolute_index_probes, relative_distance_probes
     from nopelens.probes.targets import spread_distances
+    from nopelens.probes.variance import AttentionVariance
 
     torch.set_num_threads(1)
     subject = resolve(f"hf:{model_dir}", n_sequences, seq_len, seed=0, progress=False)

@@ -18,6 +18,8 @@ MOVED = [
     ("nopelens.analyses.extreme_tokens", "format_report", "nopelens.analyses.cli.extreme_tokens"),
     ("nopelens.probes.fitting", "GATHER_ELEMENTS", "nopelens.probes.moments"),
     ("nopelens.analyses.sweep.driver", "measure_sinks", "nopelens.analyses.sweep.streamed"),
+    ("nopelens.probes.stream", "AttentionVariance", "nopelens.probes.variance"),
+    ("nopelens.probes.stream", "ROWS_AT_ONCE", "nopelens.probes.variance"),
 ]
 GONE = [
     ("nopelens.models.hf", "MLA_FAMILIES", "family_of"),

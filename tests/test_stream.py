@@ -17,8 +17,9 @@ from nopelens.models import Decoder, DecoderConfig
 from nopelens.probes import collect, probe_absolute_index, probe_relative_distance, resid_sites, sequence_splits
 from nopelens.probes.fitting import BlockMoments
 from nopelens.probes.sinks import attention_variance
-from nopelens.probes.stream import AttentionVariance, KeepBudget, Sequences, run
+from nopelens.probes.stream import KeepBudget, Sequences, run
 from nopelens.probes.stream_probes import absolute_index_probes, relative_distance_probes
+from nopelens.probes.variance import AttentionVariance
 
 TOLERANCE = 1e-8
 
@@ -672,7 +673,7 @@ def test_attention_variance_in_row_chunks_is_bit_identical(monkeypatch):
     """AttentionVariance converts a batch to float64 a few rows at a time (glibc reuses such copies
     instead of mapping a fresh one per call); chunks of 7 rows give the same sums, bit for bit, as one
     chunk, with padded sequences and float32 and float64 outputs."""
-    import nopelens.probes.stream as stream_module
+    import nopelens.probes.variance as variance_module
     from nopelens.probes.stream import Batch
 
     torch.manual_seed(0)
@@ -685,7 +686,7 @@ def test_attention_variance_in_row_chunks_is_bit_identical(monkeypatch):
     values = [(torch.randn(5, 40, 12) * 3 + 5).to(dtype) for dtype in (torch.float32, torch.float64)]
 
     def state(rows_at_once):
-        monkeypatch.setattr(stream_module, "ROWS_AT_ONCE", rows_at_once)
+        monkeypatch.setattr(variance_module, "ROWS_AT_ONCE", rows_at_once)
         measurement = AttentionVariance(sequences, ["blocks.0.hook_attn_out"])
         for value in values:
             measurement.update("blocks.0.hook_attn_out", value, batch)

@@ -7,7 +7,7 @@ the budgets below.
 (:func:`nopelens.probes.stream.run`): the probes from per-block sufficient statistics
 (:mod:`nopelens.probes.stream_probes`), the attention sinks from per-head sums
 (:class:`~nopelens.probes.sinks.SinkStats`), the variance from per-position moments
-(:class:`~nopelens.probes.stream.AttentionVariance`). Nothing of size tokens x d_model or T x T
+(:class:`~nopelens.probes.variance.AttentionVariance`). Nothing of size tokens x d_model or T x T
 outlives its batch beyond the keep budget (:class:`~nopelens.probes.stream.KeepBudget`: features
 kept for the out-of-fold predictions instead of a second forward pass: by default 512 MiB or a
 quarter of the memory available when the run starts, whichever is less). The budget buys a whole
@@ -53,7 +53,6 @@ from nopelens.probes.collect import is_pattern_site, site_block
 from nopelens.probes.sinks import GU_WINDOW, SinkStats, empty_sink_table, uniform_sink_score
 from nopelens.probes.stream import (
     AUTO_KEEP_BYTES,
-    AttentionVariance,
     KeepBudget,
     Sequences,
     available_memory,
@@ -61,6 +60,7 @@ from nopelens.probes.stream import (
     run,
 )
 from nopelens.probes.stream_probes import Probes
+from nopelens.probes.variance import AttentionVariance
 
 from ..intervene import later_token_probes, refused_sink_blocks, sink_ablation_drop_streamed
 from ..subjects import Subject
