@@ -253,7 +253,7 @@ def _backcopy_rows(subject, task, acts, settings: DynamicsSettings) -> list[dict
 def run(settings: DynamicsSettings, out: Path, progress: bool = True) -> pd.DataFrame:
     """Train, checkpoint and measure ``settings.model`` into the run folder ``out`` (its
     ``summary.md`` and ``dynamics.png`` are the CLI's: :func:`summary_markdown`,
-    :func:`~nopelens.analyses.figures.dynamics_figure`).
+    :func:`~nopelens.analyses.command_figures.dynamics_figure`).
 
     Returns:
         The ``dynamics.csv`` table, one row per (step, measure, layer or head).
@@ -353,4 +353,4 @@ def summary_markdown(table: pd.DataFrame, name: str) -> str:
     return "\n".join(lines)
 
 
-__getattr__ = moved_names(__name__, moved={"dynamics_figure": "nopelens.analyses.figures"})
+__getattr__ = moved_names(__name__, moved={"dynamics_figure": "nopelens.analyses.command_figures"})

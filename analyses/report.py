@@ -441,7 +441,6 @@ __getattr__ = moved_names(
     moved={
         **dict.fromkeys(
             (
-                "intervention_figure",
                 "REPRODUCIBLE",
                 "NO_STAMPS",
                 "LAYER_AXIS",
@@ -452,6 +451,7 @@ __getattr__ = moved_names(
             ),
             "nopelens.analyses.figures",
         ),
+        "intervention_figure": "nopelens.analyses.command_figures",
         **dict.fromkeys(("Style", "model_styles", "MARKERS"), "nopelens.analyses.palette"),
     },
     gone={"TOL_MUTED": "nopelens.analyses.palette.METHOD_COLORS (a fixed colour per position method)"},

@@ -6,7 +6,8 @@ import argparse
 from pathlib import Path
 
 from nopelens.analyses import dynamics
-from nopelens.analyses.figures import dynamics_figure, save_figure
+from nopelens.analyses.command_figures import dynamics_figure
+from nopelens.analyses.figures import save_figure
 from nopelens.models import zoo
 from nopelens.models.io import write_text_atomic
 

@@ -6,7 +6,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from nopelens.analyses.figures import intervention_figure, save_figure
+from nopelens.analyses.command_figures import intervention_figure
+from nopelens.analyses.figures import save_figure
 from nopelens.analyses.intervene import SINK_MODES, InterveneSettings, run_intervene
 from nopelens.analyses.report import rounded_text
 from nopelens.analyses.runs import slug

@@ -3,7 +3,7 @@
 (loss and exact match per ablation, with paired CIs), ``directions.csv``, ``patching.csv``,
 ``summary.csv`` (one row per ablated block) and the stamp ``intervene.json``; the CLI then draws
 the figure ``intervene.png``/``.svg`` from the tables
-(:func:`~nopelens.analyses.figures.intervention_figure`). Each table is written atomically
+(:func:`~nopelens.analyses.command_figures.intervention_figure`). Each table is written atomically
 once it is done, so an interrupted run resumes from the tables already there (same settings only).
 """
 
