@@ -32,7 +32,7 @@ bridged by TransformerLens), with random token ids after BOS:
   --keep-mib 0`` (nothing kept, so every job of a run sums its statistics at once; no sink ablation,
   no figures) at 1x and 4x the layers (d_model 384, 6 and 24 layers, 128 tokens, 24 sequences), with
   the memory free and with ``--memory-mib`` (the jobs then run in groups whose statistics fit it,
-  :func:`~nopelens.analyses.sweep.streamed.statistics_groups`); the grouped tables are compared with the
+  :func:`~nopelens.analyses.sweep.budget.statistics_groups`); the grouped tables are compared with the
   ungrouped ones (the largest difference of any number is printed).
 
 Both paths probe the same definitions (classification over at most 64 position bins, pairs at 64
@@ -213,7 +213,7 @@ def measure(
 
 def plan_keep(subject, sequences, probes, sites, budget):
     """The keep budget ``nopelens probe hf:DIR`` gives a run of these probes
-    (:func:`nopelens.analyses.sweep.streamed.run_budget`: every feature kept if all fit ``budget``, else none)."""
+    (:func:`nopelens.analyses.sweep.budget.run_budget`: every feature kept if all fit ``budget``, else none)."""
     from types import SimpleNamespace
 
     from nopelens.analyses.sweep import streamed

@@ -99,7 +99,7 @@ def eager_attention_bytes(seq_len: int, n_heads: int, activation_bytes: int) -> 
     ``T^2 ((item + 4) n_heads + 1)`` bytes for ``T`` tokens: the scores ``[n_heads, T, T]`` in the
     model's dtype (``item`` bytes each) and their float32 softmax, which eager attention (the
     attention the pattern hooks read) materializes, and a boolean ``[T, T]`` mask at least. A
-    floor, not an estimate (:func:`~nopelens.analyses.sweep.streamed.sequence_bytes` counts the rest).
+    floor, not an estimate (:func:`~nopelens.analyses.sweep.budget.sequence_bytes` counts the rest).
 
     >>> eager_attention_bytes(1024, 16, 2) / 2**20  # bfloat16, 16 heads, 1,024 tokens: (6 * 16 + 1) MiB
     97.0

@@ -280,7 +280,7 @@ def test_sites_whose_statistics_do_not_fit_together_run_in_groups_with_the_same_
     import torch
 
     from nopelens.analyses.subjects import HFInput, resolve
-    from nopelens.analyses.sweep import SweepSettings, analyse_subject, streamed, sweep_sites
+    from nopelens.analyses.sweep import SweepSettings, analyse_subject, budget, streamed, sweep_sites
     from nopelens.analyses.sweep import plan as plan_module
 
     settings = dataclasses.replace(
@@ -311,7 +311,7 @@ def test_sites_whose_statistics_do_not_fit_together_run_in_groups_with_the_same_
         monkeypatch.setattr(streamed, "available_memory", lambda device=None: free)
         grouped = streamed.measurements(subject, settings, sites, shapes)
         assert 3 <= len(grouped.groups) < len(sizes)
-        depths = [[streamed._depth(job) for job in group] for group in grouped.groups]
+        depths = [[budget._depth(job) for job in group] for group in grouped.groups]
         assert all(max(a) <= min(b) for a, b in zip(depths, depths[1:]))  # shallow sites first
         assert streamed.held_bytes(grouped, shapes) <= streamed.STATISTICS_SHARE * free
         assert streamed.held_bytes(grouped, shapes) < streamed.held_bytes(one, shapes)

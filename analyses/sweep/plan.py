@@ -26,12 +26,9 @@ from nopelens.probes.metrics import REGRESSION_METRICS, bootstrap_scores
 from nopelens.probes.stream import available_memory
 
 from ..subjects import Subject
-from .eta import FitRates, FitWork
-from .reads import SweepSites
-from .streamed import (
+from .budget import (
     MAX_AUTO_BATCH,
     STATISTICS_SHARE,
-    Measurements,
     ablation_budget,
     feature_bytes,
     group_held_bytes,
@@ -39,12 +36,14 @@ from .streamed import (
     held_bytes,
     job_statistics_bytes,
     kept_and_summed_bytes,
-    measurements,
     n_features,
     sequence_bytes,
     site_shapes,
     statistics_bytes,
 )
+from .eta import FitRates, FitWork
+from .reads import SweepSites
+from .streamed import Measurements, measurements
 
 
 def _more_memory_hint(m: Measurements) -> str:
@@ -336,9 +335,9 @@ def plan(subject: Subject, settings, sites: SweepSites) -> Plan:
     table's second condition), plus one per batch and ablated block for the sink ablation (each
     stopped after its block, so the n blocks cost about (n + 1) / 2 full passes; its tokens are
     counted in full); the probes add a second pass over every batch to a run whose features do not
-    all fit the keep budget (:func:`~nopelens.analyses.sweep.streamed.run_budget`, :func:`ablation_budget`).
+    all fit the keep budget (:func:`~nopelens.analyses.sweep.budget.run_budget`, :func:`ablation_budget`).
     When the statistics of every site do not fit the memory the run may use, the sites run in groups
-    (:func:`~nopelens.analyses.sweep.streamed.statistics_groups`), one run of the passes above each
+    (:func:`~nopelens.analyses.sweep.budget.statistics_groups`), one run of the passes above each
     (counted in full, though each stops after its deepest site). A run that cannot hold what it must besides
     its batches within :data:`STATISTICS_SHARE` of that memory is a shortfall: refused before any
     forward pass.

@@ -60,15 +60,15 @@ class SweepSettings:
             (:func:`~nopelens.analyses.sweep.driver.analyse_subject` measures both through the streaming engine).
         batch_size: sequences per forward pass of a streamed measurement, or ``"auto"``: at most 32,
             fewer where a forward pass of 32 would not fit half the memory free on the model's
-            device (:func:`~nopelens.analyses.sweep.streamed.auto_batch_size`).
+            device (:func:`~nopelens.analyses.sweep.budget.auto_batch_size`).
         keep_mib: MiB of features a streamed measurement may keep for its predictions instead of
             a second forward pass (None: 512 MiB or a quarter of the memory the run may use, whichever
             is less, and no more than leaves room for the largest site's statistics,
-            :func:`~nopelens.analyses.sweep.streamed.auto_keep_bytes`; 0: none, so memory is the
+            :func:`~nopelens.analyses.sweep.budget.auto_keep_bytes`; 0: none, so memory is the
             statistics' whatever the number of tokens).
         memory_mib: MiB a streamed measurement may add on the model's device (None: what is free
             there when it starts): the keep budget, the batch size and the groups of sites whose
-            statistics are summed in one run (:func:`~nopelens.analyses.sweep.streamed.statistics_groups`)
+            statistics are summed in one run (:func:`~nopelens.analyses.sweep.budget.statistics_groups`)
             follow from it. It changes no number, so a run folder does not record it.
         layers: the blocks a streamed measurement probes (None: every block): each one's input and
             output residual stream (layers l and l + 1), its attention and MLP outputs, q.k and
