@@ -435,7 +435,7 @@ def _check_absolute_paths(settings: SweepSettings) -> None:
 
 def _check_same_inputs(part: Path, spec: str, recorded: dict | None, current: dict | None) -> None:
     """Refuse to reuse a finished part whose model files or text changed since it was measured
-    (:func:`~nopelens.analyses.subjects.input_fingerprint`): its tables would describe another model.
+    (:func:`~nopelens.analyses.specs.input_fingerprint`): its tables would describe another model.
 
     Raises:
         ValueError: naming what changed.
