@@ -430,9 +430,7 @@ def generate(
     mask = torch.cat([mask, torch.ones_like(tokens[:, prompt.shape[1] :])], dim=1)
 
     if output_logits:
-        from transformers.generation.utils import (
-            GenerateDecoderOnlyOutput,  # lazy: seconds to import; output_logits only
-        )
+        from transformers.generation.utils import GenerateDecoderOnlyOutput  # lazy: slow to import; logits only
 
         result = GenerateDecoderOnlyOutput(sequences=tokens, logits=tuple(step_logits))
     elif return_type == "tokens" or (return_type == "input" and not _is_text(input)):

@@ -1,9 +1,11 @@
 """The memory of a streamed run: what it holds besides its batches (the keep budget,
 :func:`run_budget`; the probes' statistics, :func:`statistics_bytes`), how its probes' jobs are
 grouped so their statistics fit (:func:`statistics_groups`), and how many sequences a forward pass
-takes (:func:`auto_batch_size`; the memory allowed: :func:`~nopelens.analyses.sweep.streamed.memory_allowed`). :func:`~nopelens.analyses.sweep.plan.plan`
+takes (:func:`auto_batch_size`; the memory it may use:
+:func:`~nopelens.analyses.sweep.streamed.memory_allowed`). :func:`~nopelens.analyses.sweep.plan.plan`
 reads the same numbers before a run, :func:`~nopelens.analyses.sweep.streamed.measure_streamed`
-during it.
+during it. Their ``m`` is the run's :class:`~nopelens.analyses.sweep.streamed.Measurements` (not
+annotated: streamed imports this module).
 """
 
 from __future__ import annotations
@@ -19,10 +21,9 @@ from nopelens.probes.stream import AUTO_KEEP_BYTES, KeepBudget
 
 if TYPE_CHECKING:
     from ..subjects import Subject
-    from .streamed import Measurements
 
 
-def auto_keep_bytes(m: Measurements, shapes: dict[str, tuple[int, ...]]) -> int:
+def auto_keep_bytes(m, shapes: dict[str, tuple[int, ...]]) -> int:
     """The default keep budget: :data:`~nopelens.probes.stream.AUTO_KEEP_BYTES` or a quarter of the
     memory the run may use, whichever is less, and no more than leaves room, within
     :data:`STATISTICS_SHARE` of that memory, for the fit of the largest site (its unpacked
@@ -49,7 +50,7 @@ group's statistics, or its kept features and one site's statistics, with the fit
 keep to it."""
 
 
-def held_bytes(m: Measurements, shapes: dict[str, tuple[int, ...]]) -> int:
+def held_bytes(m, shapes: dict[str, tuple[int, ...]]) -> int:
     """Bytes a streamed run holds besides its batches, the most of any of its groups: a group whose
     features fit the keep budget holds them and one job's statistics at a time (times
     :data:`STATISTICS_OVERHEAD`), any other the statistics of all its jobs at once (times the same)."""
@@ -57,12 +58,12 @@ def held_bytes(m: Measurements, shapes: dict[str, tuple[int, ...]]) -> int:
     return max((group_held_bytes(m, group, shapes) for group in groups), default=0)
 
 
-def group_held_bytes(m: Measurements, group: list, shapes: dict[str, tuple[int, ...]]) -> int:
+def group_held_bytes(m, group: list, shapes: dict[str, tuple[int, ...]]) -> int:
     kept, summed = kept_and_summed_bytes(m, group, shapes)
     return kept if group_kept(m, group, shapes) else summed
 
 
-def kept_and_summed_bytes(m: Measurements, group: list, shapes: dict[str, tuple[int, ...]]) -> tuple[int, int]:
+def kept_and_summed_bytes(m, group: list, shapes: dict[str, tuple[int, ...]]) -> tuple[int, int]:
     """What a run over ``group`` holds with its features kept (they and one job's unpacked
     statistics at a time, times :data:`STATISTICS_OVERHEAD`) and with none kept (every job's packed
     statistics at once, times the same, and the unpacked copy of the one being fitted)."""
@@ -71,7 +72,7 @@ def kept_and_summed_bytes(m: Measurements, group: list, shapes: dict[str, tuple[
     return kept, int(STATISTICS_OVERHEAD * sum(job_statistics_bytes(job, shapes) for job in group)) + fit
 
 
-def group_kept(m: Measurements, group: list, shapes: dict[str, tuple[int, ...]]) -> bool:
+def group_kept(m, group: list, shapes: dict[str, tuple[int, ...]]) -> bool:
     """Whether a run over ``group`` keeps its features: they all fit the keep budget, and the run
     holds them within :data:`STATISTICS_SHARE` of the memory (or keeping is what fits best), so a
     keep budget is never the reason a run is refused."""
@@ -81,7 +82,7 @@ def group_kept(m: Measurements, group: list, shapes: dict[str, tuple[int, ...]])
     return kept <= STATISTICS_SHARE * m.free or kept <= summed
 
 
-def run_budget(m: Measurements, group: list, shapes: dict[str, tuple[int, ...]]) -> KeepBudget:
+def run_budget(m, group: list, shapes: dict[str, tuple[int, ...]]) -> KeepBudget:
     """The keep budget of the run over ``group`` (jobs of ``m``'s probes): no limit when all its
     features fit ``m.budget`` (one pass), else nothing kept (a second pass predicts). Keeping part
     of them would save only part of the second pass while holding the budget on top of every
@@ -90,14 +91,14 @@ def run_budget(m: Measurements, group: list, shapes: dict[str, tuple[int, ...]])
     return KeepBudget(None if group_kept(m, group, shapes) else 0)
 
 
-def ablation_budget(m: Measurements) -> KeepBudget:
+def ablation_budget(m) -> KeepBudget:
     """The keep budget of each run of the sink ablation (one residual site, as wide as the clean
     probes' first job): :func:`run_budget` of that site."""
     jobs = m.ablation.jobs[:1] if m.ablation is not None else []
     return run_budget(m, jobs, m.shapes)
 
 
-def statistics_groups(m: Measurements, shapes: dict[str, tuple[int, ...]]) -> list[list]:
+def statistics_groups(m, shapes: dict[str, tuple[int, ...]]) -> list[list]:
     """The probes' jobs (one feature matrix each) in groups whose statistics fit the memory the
     run may use, one streamed run per group.
 
@@ -134,7 +135,7 @@ def _depth(job) -> int:
     return max(-1 if site_block(site) is None else site_block(site) for site in job.sites)
 
 
-def feature_bytes(m: Measurements, shapes: dict[str, tuple[int, ...]], group: list | None = None) -> int:
+def feature_bytes(m, shapes: dict[str, tuple[int, ...]], group: list | None = None) -> int:
     """Bytes of the features a run keeps when the keep budget holds them all, for the jobs of
     ``group`` (None: every job of ``m``'s probes): per row of each job (a token, or a pair), its
     features (a site's activations in the model's dtype; pair and q.k features in float32; score

@@ -12,8 +12,8 @@ outlives its batch beyond the keep budget (:class:`~nopelens.probes.stream.KeepB
 kept for the out-of-fold predictions instead of a second forward pass: by default 512 MiB or a
 quarter of the memory available when the run starts, whichever is less). The budget buys a whole
 pass: a run keeps its features when all of them fit it, and otherwise keeps none and predicts in a
-second pass (:func:`~nopelens.analyses.sweep.budget.run_budget`), so a run holds the kept features or the statistics, never both,
-and memory does not grow with the number of tokens past the budget.
+second pass (:func:`~nopelens.analyses.sweep.budget.run_budget`), so a run holds the kept features
+or the statistics, never both, and memory does not grow with the number of tokens past the budget.
 
 The sink ablation is streamed too (:func:`~nopelens.analyses.intervene.sink_ablation_drop_streamed`):
 the clean later-token probes of every ablatable block's next layer are measured in the main run,
@@ -26,8 +26,8 @@ The statistics grow with the sites probed and their width, not with the tokens (
 layer of a 2048-wide model, each Gram matrix held as its upper triangle). When those of every
 site do not fit the memory the run may use (``--memory-mib``, default: what is free on the
 model's device), the sites run in groups by depth, one streamed run each, stopped after its
-deepest site (:func:`~nopelens.analyses.sweep.budget.statistics_groups`): more forward passes, the same numbers, and memory that
-does not grow with the depth either.
+deepest site (:func:`~nopelens.analyses.sweep.budget.statistics_groups`): more forward passes, the
+same numbers, and memory that does not grow with the depth either.
 
 :func:`~nopelens.analyses.sweep.plan.plan` says before the run how many forward passes, tokens and how
 much memory the statistics need (``nopelens probe --plan``).
