@@ -79,8 +79,6 @@ def _checks_table(subject: str, values: dict, bounds: dict) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-
-
 def _style() -> None:
     """The figures' look: seaborn's white grid with Tol's colour-blind-safe colours."""
     sns.set_theme(style="whitegrid", context="notebook", palette=list(TOL_BRIGHT))
@@ -112,13 +110,18 @@ def run_counter(settings: CircuitSettings, say: Callable[[str], None] = print) -
     left.set(xlabel="position i", ylabel="counter dimension after layer 1", title="Theorem 1: the counter")
     sns.lineplot(x=trace.position, y=trace.position, ax=right, color="0.6", linestyle="--", label="i")
     sns.scatterplot(x=trace.position, y=trace.position_value, ax=right, s=14, label="position dim")
-    right.set(xlabel="position i", ylabel="position dimension after layer 1",
-              title=f"MLP inverse ({settings.construction}): max error {values['position_max_error']:.1e}")
+    right.set(
+        xlabel="position i",
+        ylabel="position dimension after layer 1",
+        title=f"MLP inverse ({settings.construction}): max error {values['position_max_error']:.1e}",
+    )
     return _checks_table("counter", values, COUNTER_BOUNDS), fig
 
 
 def run_distance(settings: CircuitSettings, say: Callable[[str], None] = print) -> tuple[pd.DataFrame, plt.Figure]:
-    model = circuits.distance(settings.n_ctx, slope=settings.slope, d_vocab=settings.d_vocab, construction=settings.construction)
+    model = circuits.distance(
+        settings.n_ctx, slope=settings.slope, d_vocab=settings.d_vocab, construction=settings.construction
+    )
     say(model.circuit.describe())
     values = circuits.check_distance(model, seed=settings.seed)
     pattern = circuits.head_pattern(model, circuits.circuit_tokens(model, seed=settings.seed)).numpy()
@@ -126,17 +129,29 @@ def run_distance(settings: CircuitSettings, say: Callable[[str], None] = print) 
     _style()
     fig, axes = plt.subplots(1, 3, figsize=(15, 4.6), layout="constrained")
     _pattern(axes[0], pattern, "circuit: block 1's head\n(no position embedding)")
-    _pattern(axes[1], reference, f"Decoder's ALiBi head {values['alibi_head']} of {values['alibi_heads']}\n"
-             f"(slope m = {settings.slope:g})")
+    _pattern(
+        axes[1],
+        reference,
+        f"Decoder's ALiBi head {values['alibi_head']} of {values['alibi_heads']}\n(slope m = {settings.slope:g})",
+    )
     difference = np.abs(pattern - reference)
-    _pattern(axes[2], difference, f"|difference|: max {values['pattern_max_error']:.1e}",
-             vmax=max(float(difference.max()), 1e-6), label="|difference| (attention weight)")
+    _pattern(
+        axes[2],
+        difference,
+        f"|difference|: max {values['pattern_max_error']:.1e}",
+        vmax=max(float(difference.max()), 1e-6),
+        label="|difference| (attention weight)",
+    )
     fig.suptitle("Theorem 2: a NoPE head that scores -m (i - j) from the counted position attends like ALiBi")
     return _checks_table("distance", values, DISTANCE_BOUNDS), fig
 
 
-def run_previous_token(settings: CircuitSettings, say: Callable[[str], None] = print) -> tuple[pd.DataFrame, plt.Figure]:
-    model = circuits.previous_token(settings.n_ctx, sharpness=settings.sharpness, d_vocab=settings.d_vocab, construction=settings.construction)
+def run_previous_token(
+    settings: CircuitSettings, say: Callable[[str], None] = print
+) -> tuple[pd.DataFrame, plt.Figure]:
+    model = circuits.previous_token(
+        settings.n_ctx, sharpness=settings.sharpness, d_vocab=settings.d_vocab, construction=settings.construction
+    )
     say(model.circuit.describe())
     values = circuits.check_previous_token(model, seed=settings.seed)
     tokens = circuits.circuit_tokens(model, seed=settings.seed)
@@ -154,22 +169,42 @@ def run_previous_token(settings: CircuitSettings, say: Callable[[str], None] = p
 
 def run_equivariance(settings: CircuitSettings, say: Callable[[str], None] = print) -> tuple[pd.DataFrame, plt.Figure]:
     result = demos.permutation_equivariance(seed=settings.seed)
-    expected = {"all_visible": True, "fixed_causal_mask": False, "permuted_causal_mask": True, "nope_decoder_causal": False}
+    expected = {
+        "all_visible": True,
+        "fixed_causal_mask": False,
+        "permuted_causal_mask": True,
+        "nope_decoder_causal": False,
+    }
     say("seed 001: Attention(PX) == P Attention(X)?  (P reorders rows [0, 1, 2] to [2, 0, 1])")
     rows = []
     for name, want in expected.items():
         got, error = result[name], result[f"{name}_max_error"]
         say(f"  {name:<24} {str(got):<5} (max |A(PX) - P A(X)| = {error:.2e}; expected {want})")
-        rows.append({"subject": "equivariance", "check": name, "value": got, "max_error": error, "expected": want, "passed": got == want})
+        rows.append(
+            {
+                "subject": "equivariance",
+                "check": name,
+                "value": got,
+                "max_error": error,
+                "expected": want,
+                "passed": got == want,
+            }
+        )
     table = pd.DataFrame(rows)
     _style()
     fig, ax = plt.subplots(figsize=(7.5, 4.2), layout="constrained")
-    plot = table.assign(max_error=table.max_error.clip(lower=1e-17),  # log axis: 0 -> 1e-17
-                        equivariant=table.value.map({True: "yes", False: "no"}),
-                        check=table.check.str.replace("_", " "))
+    plot = table.assign(
+        max_error=table.max_error.clip(lower=1e-17),  # log axis: 0 -> 1e-17
+        equivariant=table.value.map({True: "yes", False: "no"}),
+        check=table.check.str.replace("_", " "),
+    )
     sns.barplot(data=plot, x="check", y="max_error", hue="equivariant", hue_order=["yes", "no"], ax=ax, dodge=False)
-    ax.set(yscale="log", xlabel="", ylabel="max |Attention(PX) − P Attention(X)|",
-           title="seed 001: permutation equivariance (exact values, no sampling)")
+    ax.set(
+        yscale="log",
+        xlabel="",
+        ylabel="max |Attention(PX) − P Attention(X)|",
+        title="seed 001: permutation equivariance (exact values, no sampling)",
+    )
     ax.tick_params(axis="x", rotation=15)
     return table, fig
 
@@ -188,27 +223,48 @@ def run_mask_table(settings: CircuitSettings, say: Callable[[str], None] = print
     allowed = weights.index != weights.index[-1]
     checks = pd.DataFrame(
         [
-            {"subject": "mask_table", "check": "rows_with_no_allowed_key", "value": len(empty_rows), "passed": not empty_rows},
+            {
+                "subject": "mask_table",
+                "check": "rows_with_no_allowed_key",
+                "value": len(empty_rows),
+                "passed": not empty_rows,
+            },
             {"subject": "mask_table", "check": "fully_masked_rejected", "value": message, "passed": True},
-            {"subject": "mask_table", "check": "blocked_weight", "value": float(weights.blocked.iloc[-1]),
-             "passed": weights.blocked.iloc[-1] == 0.0},
-            {"subject": "mask_table", "check": "zero_score_weight", "value": float(weights.zero_score.iloc[-1]),
-             "passed": weights.zero_score.iloc[-1] > 0.0},
-            {"subject": "mask_table", "check": "renormalized_max_error",
-             "value": float((weights.blocked - weights.renormalized)[allowed].abs().max()),
-             "passed": bool(np.allclose(weights.blocked, weights.renormalized, atol=1e-12))},
+            {
+                "subject": "mask_table",
+                "check": "blocked_weight",
+                "value": float(weights.blocked.iloc[-1]),
+                "passed": weights.blocked.iloc[-1] == 0.0,
+            },
+            {
+                "subject": "mask_table",
+                "check": "zero_score_weight",
+                "value": float(weights.zero_score.iloc[-1]),
+                "passed": weights.zero_score.iloc[-1] > 0.0,
+            },
+            {
+                "subject": "mask_table",
+                "check": "renormalized_max_error",
+                "value": float((weights.blocked - weights.renormalized)[allowed].abs().max()),
+                "passed": bool(np.allclose(weights.blocked, weights.renormalized, atol=1e-12)),
+            },
         ]
     )
     _style()
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4), layout="constrained")
     sns.heatmap((table == "Allowed").astype(int), annot=table.to_numpy(), fmt="", cbar=False, cmap="Greens", ax=left)
     left.set(title="FIG-004: key j visible to query i iff j <= i")
-    long = weights[["unmasked", "zero_score", "blocked"]].rename(columns={"zero_score": "zero score"}).reset_index().melt(
-        id_vars="key", var_name="key 'rises'", value_name="weight")
+    long = (
+        weights[["unmasked", "zero_score", "blocked"]]
+        .rename(columns={"zero_score": "zero score"})
+        .reset_index()
+        .melt(id_vars="key", var_name="key 'rises'", value_name="weight")
+    )
     sns.barplot(data=long, x="key", y="weight", hue="key 'rises'", ax=right)
-    right.set(title="blocking (-inf) is not scoring zero\n(exact softmax weights, no sampling)", ylabel="attention weight")
+    right.set(
+        title="blocking (-inf) is not scoring zero\n(exact softmax weights, no sampling)", ylabel="attention weight"
+    )
     return checks, fig
-
 
 
 RUNNERS = {

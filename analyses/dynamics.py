@@ -83,7 +83,9 @@ class DynamicsSettings:
 
     def __post_init__(self) -> None:
         if self.n_checkpoints < 2:
-            raise ValueError(f"--checkpoints must be >= 2 (the initialization and the last step), got {self.n_checkpoints}")
+            raise ValueError(
+                f"--checkpoints must be >= 2 (the initialization and the last step), got {self.n_checkpoints}"
+            )
         if self.n_sequences < self.n_splits:
             raise ValueError(f"{self.n_sequences} sequences are fewer than the {self.n_splits} folds")
         # checked before training: a refusal at measuring time would strand the trained checkpoints
@@ -105,7 +107,9 @@ def checkpoint_steps(steps: int, n_checkpoints: int) -> list[int]:
     """
     if steps < 1 or n_checkpoints < 2:
         raise ValueError(f"need steps >= 1 and n_checkpoints >= 2, got {steps}, {n_checkpoints}")
-    spaced = np.unique(np.round(np.geomspace(1, steps, n_checkpoints - 1)).astype(int)) if n_checkpoints > 2 else [steps]
+    spaced = (
+        np.unique(np.round(np.geomspace(1, steps, n_checkpoints - 1)).astype(int)) if n_checkpoints > 2 else [steps]
+    )
     return [0] + sorted(set(int(s) for s in spaced) | {steps})
 
 
@@ -123,9 +127,17 @@ def step_dir(out: Path, kind: str, step: int) -> Path:
 
 def _snapshot_meta(spec, step: int) -> dict:
     kw = spec.train_kwargs
-    return dict(task={"name": spec.task, "kwargs": dict(spec.task_kwargs)}, train_lengths=[kw["min_len"], kw["max_len"]],
-                steps=spec.steps, step=step, seed=spec.seed, complete=False, zoo_name=spec.name,
-                zoo_recipe=spec.digest, snapshot_of_training_step=step)
+    return dict(
+        task={"name": spec.task, "kwargs": dict(spec.task_kwargs)},
+        train_lengths=[kw["min_len"], kw["max_len"]],
+        steps=spec.steps,
+        step=step,
+        seed=spec.seed,
+        complete=False,
+        zoo_name=spec.name,
+        zoo_recipe=spec.digest,
+        snapshot_of_training_step=step,
+    )
 
 
 def train_with_snapshots(spec, steps: list[int], out: Path, progress: bool = True) -> None:
@@ -134,8 +146,10 @@ def train_with_snapshots(spec, steps: list[int], out: Path, progress: bool = Tru
     if not missing:
         return
     if 0 in missing:  # the initialization train() starts from
-        save_checkpoint(step_dir(out, "checkpoints", 0), TrainedModel(Decoder(spec.config, seed=spec.seed).eval(),
-                                                                      _snapshot_meta(spec, 0)))
+        save_checkpoint(
+            step_dir(out, "checkpoints", 0),
+            TrainedModel(Decoder(spec.config, seed=spec.seed).eval(), _snapshot_meta(spec, 0)),
+        )
     wanted = set(steps) - {0}
 
     def keep(step: int, loss: float, model) -> None:
@@ -149,8 +163,10 @@ def train_with_snapshots(spec, steps: list[int], out: Path, progress: bool = Tru
             save_checkpoint(last, TrainedModel(trained.model, _snapshot_meta(spec, spec.steps)))
         still = [s for s in steps if not (step_dir(out, "checkpoints", s) / METADATA_FILE).is_file()]
         if still:
-            raise ValueError(f"{out / 'train'} holds a finished run but checkpoints {still} are missing; "
-                             "delete the run folder to train again")
+            raise ValueError(
+                f"{out / 'train'} holds a finished run but checkpoints {still} are missing; "
+                "delete the run folder to train again"
+            )
 
 
 def measure_step(path: Path, settings: DynamicsSettings) -> pd.DataFrame:
@@ -161,27 +177,47 @@ def measure_step(path: Path, settings: DynamicsSettings) -> pd.DataFrame:
     layers = subject.n_layers
     residual, scores = resid_sites(layers), score_sites(subject.model, layers)
     patterns = act_names("pattern", layers)
-    acts = collect(subject.model, subject.tokens, residual + scores + patterns,
-                   attention_mask=subject.attention_mask, batch_size=32)
-    common = dict(tasks=("regression",), controls=False, n_splits=settings.n_splits, n_boot=settings.n_boot,
-                  seed=settings.seed)
+    acts = collect(
+        subject.model,
+        subject.tokens,
+        residual + scores + patterns,
+        attention_mask=subject.attention_mask,
+        batch_size=32,
+    )
+    common = dict(
+        tasks=("regression",), controls=False, n_splits=settings.n_splits, n_boot=settings.n_boot, seed=settings.seed
+    )
     rows = []
     absolute = probe_absolute_index(acts, sites=residual, **common)
     for _, r in absolute[(absolute["probe"] == "linear") & (absolute["metric"] == "r2")].iterrows():
-        rows.append(dict(measure="absolute_r2", layer=int(r["layer"]), value=r["value"], ci_low=r["ci_low"], ci_high=r["ci_high"]))
+        rows.append(
+            dict(
+                measure="absolute_r2", layer=int(r["layer"]), value=r["value"], ci_low=r["ci_low"], ci_high=r["ci_high"]
+            )
+        )
     if scores:
-        relative = probe_relative_distance(acts, sites=[], feature_kinds=(), scores=scores,
-                                           pairs_per_distance=min(64, settings.n_sequences), **common)
+        relative = probe_relative_distance(
+            acts, sites=[], feature_kinds=(), scores=scores, pairs_per_distance=min(64, settings.n_sequences), **common
+        )
         for _, r in relative[(relative["probe"] == "linear") & (relative["metric"] == "r2")].iterrows():
-            rows.append(dict(measure="score_read_r2", layer=int(r["layer"]), block=int(r["layer"]) - 1,
-                             value=r["value"], ci_low=r["ci_low"], ci_high=r["ci_high"]))
+            rows.append(
+                dict(
+                    measure="score_read_r2",
+                    layer=int(r["layer"]),
+                    block=int(r["layer"]) - 1,
+                    value=r["value"],
+                    ci_low=r["ci_low"],
+                    ci_high=r["ci_high"],
+                )
+            )
     window = min(GU_WINDOW, int(subject.attention_mask.sum(-1).min()))
     rate = sink_rate_ci(acts, n_tokens=window, n_boot=settings.n_boot, seed=settings.seed)
     rows.append(dict(measure="sink_rate", value=rate[0], ci_low=rate[1], ci_high=rate[2]))
     task = trained.task
     low, high = trained.metadata["train_lengths"]
-    rows.append(dict(measure="validation_loss", value=validation_loss(subject.model, task, low, high,
-                                                                       seed=settings.train_seed)))
+    rows.append(
+        dict(measure="validation_loss", value=validation_loss(subject.model, task, low, high, seed=settings.train_seed))
+    )
     if hasattr(task, "is_trigger"):
         rows += _backcopy_rows(subject, task, acts, settings)
     table = pd.DataFrame(rows).assign(step=step)
@@ -200,15 +236,24 @@ def _backcopy_rows(subject, task, acts, settings: DynamicsSettings) -> list[dict
     heads = active_dormant_table(acts, flags, n_boot=settings.n_boot, seed=settings.seed)
     for _, h in heads.iterrows():
         for name in ("first_mass", "previous_mass"):
-            rows.append(dict(measure=name, block=int(h["block"]), head=int(h["head"]), query_class=h["query_class"],
-                             value=h[name], ci_low=h[f"{name}_ci_low"], ci_high=h[f"{name}_ci_high"]))
+            rows.append(
+                dict(
+                    measure=name,
+                    block=int(h["block"]),
+                    head=int(h["head"]),
+                    query_class=h["query_class"],
+                    value=h[name],
+                    ci_low=h[f"{name}_ci_low"],
+                    ci_high=h[f"{name}_ci_high"],
+                )
+            )
     return rows
 
 
 def run(settings: DynamicsSettings, out: Path, progress: bool = True) -> pd.DataFrame:
     """Train, checkpoint and measure ``settings.model`` into the run folder ``out`` (its
     ``summary.md`` and ``dynamics.png`` are the CLI's: :func:`summary_markdown`,
-    :func:`~nopelens.analyses.figures.dynamics_figure`).
+    :func:`~nopelens.analyses.command_figures.dynamics_figure`).
 
     Returns:
         The ``dynamics.csv`` table, one row per (step, measure, layer or head).
@@ -246,6 +291,7 @@ def first_steps(table: pd.DataFrame) -> dict:
         ``learned`` (first step with :data:`LEARNED_SHARE` of the validation-loss drop made),
         ``backcopy`` (first step with back-copy accuracy >= 0.9; None when not measured or never).
     """
+
     def first(rows: pd.DataFrame, passed: pd.Series):
         hit = rows[passed]
         return int(hit["step"].min()) if len(hit) else None
@@ -253,8 +299,9 @@ def first_steps(table: pd.DataFrame) -> dict:
     answers = {}
     for measure in ("absolute_r2", "score_read_r2"):
         rows = table[table["measure"] == measure]
-        answers[measure] = {int(layer): first(group, group["ci_low"] >= THRESHOLD)
-                            for layer, group in rows.groupby("layer")}
+        answers[measure] = {
+            int(layer): first(group, group["ci_low"] >= THRESHOLD) for layer, group in rows.groupby("layer")
+        }
     sink = table[table["measure"] == "sink_rate"]
     answers["sink"] = first(sink, sink["ci_low"] > 0)
     loss = table[table["measure"] == "validation_loss"].sort_values("step")
@@ -269,10 +316,16 @@ def summary_markdown(table: pd.DataFrame, name: str) -> str:
     """The summary: the answers of :func:`first_steps` as sentences, then the numbers per checkpoint."""
     answers = first_steps(table)
     steps = sorted(table["step"].unique())
-    lines = [f"# {name} through training", "",
-             f"Checkpoints at steps {', '.join(map(str, steps))} (0 = initialization).", ""]
-    for measure, what in (("absolute_r2", "absolute index (R² CI low ≥ 0.9) at layer"),
-                          ("score_read_r2", "head-score read of i − j (R² CI low ≥ 0.9) of block")):
+    lines = [
+        f"# {name} through training",
+        "",
+        f"Checkpoints at steps {', '.join(map(str, steps))} (0 = initialization).",
+        "",
+    ]
+    for measure, what in (
+        ("absolute_r2", "absolute index (R² CI low ≥ 0.9) at layer"),
+        ("score_read_r2", "head-score read of i − j (R² CI low ≥ 0.9) of block"),
+    ):
         for layer, step in answers[measure].items():
             shown = layer - 1 if measure == "score_read_r2" else layer
             lines.append(f"- {what} {shown}: {'never' if step is None else f'from step {step}'}")
@@ -280,18 +333,24 @@ def summary_markdown(table: pd.DataFrame, name: str) -> str:
     lines.append(f"- task learned ({LEARNED_SHARE:.0%} of the validation-loss drop made): step {learned}")
     backcopy = answers["backcopy"]
     if "backcopy_accuracy" in set(table["measure"]):
-        lines.append(f"- back-copy after triggers ≥ 90 % right: {'never' if backcopy is None else f'from step {backcopy}'}")
+        lines.append(
+            f"- back-copy after triggers ≥ 90 % right: {'never' if backcopy is None else f'from step {backcopy}'}"
+        )
     sink = answers["sink"]
     if sink is None:
         lines.append("- attention sink (sink-rate CI excludes 0): never")
     else:
         order = "before" if sink < learned else "after" if sink > learned else "at the same checkpoint as"
         lines.append(f"- attention sink (sink-rate CI excludes 0): from step {sink}, {order} the task is learned")
-    wide = (table[table["measure"].isin(["absolute_r2", "score_read_r2", "sink_rate", "validation_loss", "backcopy_accuracy"])]
-            .assign(column=lambda t: t["measure"] + t["layer"].map(lambda v: "" if pd.isna(v) else f" {int(v)}"))
-            .pivot_table(index="step", columns="column", values="value", sort=False))
+    wide = (
+        table[
+            table["measure"].isin(["absolute_r2", "score_read_r2", "sink_rate", "validation_loss", "backcopy_accuracy"])
+        ]
+        .assign(column=lambda t: t["measure"] + t["layer"].map(lambda v: "" if pd.isna(v) else f" {int(v)}"))
+        .pivot_table(index="step", columns="column", values="value", sort=False)
+    )
     lines += ["", wide.round(3).reset_index().to_markdown(index=False), ""]
     return "\n".join(lines)
 
 
-__getattr__ = moved_names(__name__, moved={"dynamics_figure": "nopelens.analyses.figures"})
+__getattr__ = moved_names(__name__, moved={"dynamics_figure": "nopelens.analyses.command_figures"})

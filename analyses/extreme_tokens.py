@@ -19,7 +19,6 @@ On a model of another task every query is one class (``all``) and the ablation r
 
 from __future__ import annotations
 
-
 import numpy as np
 import pandas as pd
 import torch
@@ -64,8 +63,15 @@ def ablation_table(subject: Subject, modes: tuple[str, ...] = iv.SINK_MODES) -> 
         when the ablation cannot be checked to act on this model).
     """
     if subject.targets is None:
-        return pd.DataFrame([dict(condition="clean", status="not_applicable",
-                                  note=f"{subject.name} has no task targets: no loss to measure")])
+        return pd.DataFrame(
+            [
+                dict(
+                    condition="clean",
+                    status="not_applicable",
+                    note=f"{subject.name} has no task targets: no loss to measure",
+                )
+            ]
+        )
     flags, classes = query_classes(subject)
     model, scored = subject.model, subject.loss_mask
 
@@ -74,10 +80,18 @@ def ablation_table(subject: Subject, modes: tuple[str, ...] = iv.SINK_MODES) -> 
         for name, flag in classes.items():
             cls = scored & (flags == flag)
             if cls.any():
-                out.append(dict(condition=condition, ablated_block=block, query_class=name, n=int(cls.sum()),
-                                loss=float(nats[cls].double().mean()),
-                                accuracy=float(right[cls].float().mean()) if right is not None else np.nan,
-                                status="measured", note=""))
+                out.append(
+                    dict(
+                        condition=condition,
+                        ablated_block=block,
+                        query_class=name,
+                        n=int(cls.sum()),
+                        loss=float(nats[cls].double().mean()),
+                        accuracy=float(right[cls].float().mean()) if right is not None else np.nan,
+                        status="measured",
+                        note="",
+                    )
+                )
         return out
 
     rows = rows_of("clean", np.nan, *per_position_loss(model, subject))
@@ -85,7 +99,11 @@ def ablation_table(subject: Subject, modes: tuple[str, ...] = iv.SINK_MODES) -> 
         batch = Batch(subject.tokens, scored, subject.attention_mask, subject.targets)
         rows += rows_of("floor", np.nan, subject.task.oracle_nats(batch), None)
     first = iv.first_real_index(subject.attention_mask)
-    means = iv.mean_values(model, subject.tokens, subject.attention_mask, range(subject.n_layers)) if "mean_value" in modes else {}
+    means = (
+        iv.mean_values(model, subject.tokens, subject.attention_mask, range(subject.n_layers))
+        if "mean_value" in modes
+        else {}
+    )
     for mode in modes:
         for block in range(subject.n_layers):
             try:
@@ -110,8 +128,11 @@ def unread_blocks(subject: Subject, hook: str) -> dict[int, str]:
     (:meth:`~nopelens.analyses.subjects.Subject.attentionless_blocks`, e.g. ``ssm (no attention)``)
     or the model has no such hook point there (no value projection to hook)."""
     absent = subject.attentionless_blocks()
-    return {l: absent.get(l, f"no hook point {site}") for l, site in enumerate(act_names(hook, subject.n_layers))
-            if l in absent or not subject.usable(site)}
+    return {
+        l: absent.get(l, f"no hook point {site}")
+        for l, site in enumerate(act_names(hook, subject.n_layers))
+        if l in absent or not subject.usable(site)
+    }
 
 
 def measure(subject: Subject, n_boot: int = 200, seed: int = 0) -> dict[str, pd.DataFrame]:
@@ -123,24 +144,34 @@ def measure(subject: Subject, n_boot: int = 200, seed: int = 0) -> dict[str, pd.
     real = subject.attention_mask.bool()
     per_sequence = [row[mask].numpy() for row, mask in zip(flags, real)]
     skipped = {hook: unread_blocks(subject, hook) for hook in ("pattern", "v")}
-    patterns, values = ([act_name(hook, l) for l in range(layers) if l not in skipped[hook]] for hook in ("pattern", "v"))
+    patterns, values = (
+        [act_name(hook, l) for l in range(layers) if l not in skipped[hook]] for hook in ("pattern", "v")
+    )
     head_major = values if values_head_first(subject) else []
     # statistics summed batch by batch while the model runs (issue 38): no pattern outlives its batch
     norms = FirstTokenNorms(sequences, values + resid_sites(layers), head_major=head_major)
     if patterns:
-        heads, norms = run(subject.model, sequences, [
-            ActiveDormantStats(sequences, patterns, per_sequence, classes, n_boot, seed), norms], batch_size=32)
+        heads, norms = run(
+            subject.model,
+            sequences,
+            [ActiveDormantStats(sequences, patterns, per_sequence, classes, n_boot, seed), norms],
+            batch_size=32,
+        )
     else:
         heads, norms = pd.DataFrame(), run(subject.model, sequences, [norms], batch_size=32)[0]
-    tables = {"heads": with_unread(heads, skipped["pattern"], "pattern"),
-              "norms": with_unread(norms, skipped["v"], "v"), "ablation": ablation_table(subject)}
+    tables = {
+        "heads": with_unread(heads, skipped["pattern"], "pattern"),
+        "norms": with_unread(norms, skipped["v"], "v"),
+        "ablation": ablation_table(subject),
+    }
     return {name: table.assign(model=subject.name) for name, table in tables.items()}
 
 
 def with_unread(table: pd.DataFrame, unread: dict[int, str], hook: str) -> pd.DataFrame:
     """``table`` (status ``measured``) with a ``not_applicable`` row per unread block, its ``note`` saying why."""
-    rows = pd.DataFrame([dict(site=act_name(hook, l), block=l, status="not_applicable", note=why)
-                         for l, why in unread.items()])
+    rows = pd.DataFrame(
+        [dict(site=act_name(hook, l), block=l, status="not_applicable", note=why) for l, why in unread.items()]
+    )
     measured = table.assign(status="measured", note=table["note"] if "note" in table else "")
     return pd.concat([measured, rows], ignore_index=True) if len(rows) else measured
 

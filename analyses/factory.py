@@ -20,15 +20,17 @@ def factory_subject(spec: str, n_sequences: int, seq_len: int, seed: int, subjec
         (an unmappable model: one line saying which map to pass); ValueError if the module has no
         ``nn.Embedding`` to take the vocabulary from.
     """
-    model = load_factory(spec[len(FACTORY_PREFIX):])
+    model = load_factory(spec[len(FACTORY_PREFIX) :])
     embeddings = [module for module in model.modules() if isinstance(module, torch.nn.Embedding)]
     if not embeddings:
         raise ValueError(f"{spec}: {type(model).__name__} has no nn.Embedding, so its vocabulary is unknown")
-    tokens = torch.randint(0, embeddings[0].num_embeddings, (n_sequences, seq_len),
-                           generator=torch.Generator().manual_seed(seed))
+    tokens = torch.randint(
+        0, embeddings[0].num_embeddings, (n_sequences, seq_len), generator=torch.Generator().manual_seed(seed)
+    )
     hooked = hook_any(model, tokens=tokens[:2])
     with torch.no_grad():
         hooked(tokens[:2])  # records the window or chunk of each block's attention call (hooked.key_windows)
-    info = {"factory": spec[len(FACTORY_PREFIX):], "sites": dict(hooked.site_paths), "input": "random"}
-    return subject_class(spec, hooked, hooked.n_blocks, "unknown", "external", tokens, torch.ones_like(tokens),
-                         has_bos=False, info=info)
+    info = {"factory": spec[len(FACTORY_PREFIX) :], "sites": dict(hooked.site_paths), "input": "random"}
+    return subject_class(
+        spec, hooked, hooked.n_blocks, "unknown", "external", tokens, torch.ones_like(tokens), has_bos=False, info=info
+    )

@@ -1,12 +1,11 @@
-"""Figures: seaborn and matplotlib drawings of what the analyses measured, for the sweep,
-``nopelens intervene`` and ``nopelens dynamics``, saved atomically and reproducibly
-(:func:`save_figure`). Every analysis returns tables; the CLI (or
+"""Figures: seaborn and matplotlib drawings of what the analyses measured, for the sweep (those of
+``nopelens intervene`` and ``nopelens dynamics`` are in :mod:`nopelens.analyses.command_figures`),
+saved atomically and reproducibly (:func:`save_figure`). Every analysis returns tables; the CLI (or
 :func:`~nopelens.analyses.report.write_run` for a sweep's run folder) draws them here.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import textwrap
 from pathlib import Path
 from typing import Sequence
@@ -22,6 +21,7 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 import seaborn as sns  # noqa: E402
 
+from nopelens.models.compat import moved_names  # noqa: E402
 from nopelens.models.io import write_atomic  # noqa: E402
 from nopelens.probes.sinks import GU_EPSILON  # noqa: E402
 
@@ -30,15 +30,12 @@ from .palette import LINESTYLE_KEY, MARKERS, Style, method_color, method_label, 
 from .sweep import layers  # noqa: E402
 from .sweep.reads import SweepRead  # noqa: E402
 
-
 REPRODUCIBLE = {"svg.hashsalt": "nopelens"}
 """rcParams that make SVG ids (clip paths, glyphs) a hash of the content instead of a random uuid."""
 
 
-
 NO_STAMPS = {"png": {"Software": None}, "svg": {"Date": None, "Creator": None}}
 """Metadata left out, so a file depends on the figure only (not on the date or matplotlib's version)."""
-
 
 
 def save_figure(fig: plt.Figure, stem: str | Path, formats: tuple[str, ...] = ("png", "svg")) -> list[Path]:
@@ -47,23 +44,26 @@ def save_figure(fig: plt.Figure, stem: str | Path, formats: tuple[str, ...] = ("
     The files are reproducible: the same figure gives byte-identical files on every run.
     """
     with matplotlib.rc_context(REPRODUCIBLE):
-        paths = [write_atomic(f"{stem}.{ext}", lambda temp, ext=ext: fig.savefig(
-                     temp, format=ext, dpi=120, bbox_inches="tight", metadata=NO_STAMPS[ext]))
-                 for ext in formats]
+        paths = [
+            write_atomic(
+                f"{stem}.{ext}",
+                lambda temp, ext=ext: fig.savefig(
+                    temp, format=ext, dpi=120, bbox_inches="tight", metadata=NO_STAMPS[ext]
+                ),
+            )
+            for ext in formats
+        ]
     plt.close(fig)
     return paths
-
 
 
 LAYER_AXIS = "layer (0 = embeddings, l + 1 = output of block l)"
 """The x label of every per-layer figure: the design's layer convention (docs/schema.md)."""
 
 
-
 TOL_BRIGHT = ("#4477AA", "#EE6677", "#228833", "#CCBB44", "#66CCEE", "#AA3377", "#BBBBBB")
 """Paul Tol's "bright" qualitative scheme: distinct for the common colour-vision deficiencies
 and in greyscale (https://personal.sron.nl/~pault/)."""
-
 
 
 def _grid(n_panels: int, width: float, height: float, max_cols: int = 3, **kw):
@@ -77,19 +77,26 @@ def _grid(n_panels: int, width: float, height: float, max_cols: int = 3, **kw):
     return fig, list(axes.flat[:n_panels])
 
 
-
 def _integer_ticks(ax: plt.Axes) -> None:
     ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
-
 
 
 def _model_legend(fig: plt.Figure, styles: dict[str, Style], title: str = "model (position method; role)") -> None:
     """One legend for the figure, under the panels: each model's colour (its position method),
     line style (its role) and marker."""
-    handles = [matplotlib.lines.Line2D([], [], color=s.color, marker=s.marker, linestyle=s.linestyle,
-                                       label=s.label(m)) for m, s in styles.items()]
-    fig.legend(handles=handles, title=title, loc="upper center", bbox_to_anchor=(0.5, 0.0),
-               ncol=min(len(handles), 3), frameon=False, handlelength=4)
+    handles = [
+        matplotlib.lines.Line2D([], [], color=s.color, marker=s.marker, linestyle=s.linestyle, label=s.label(m))
+        for m, s in styles.items()
+    ]
+    fig.legend(
+        handles=handles,
+        title=title,
+        loc="upper center",
+        bbox_to_anchor=(0.5, 0.0),
+        ncol=min(len(handles), 3),
+        frameon=False,
+        handlelength=4,
+    )
 
 
 def _method_title(ax: plt.Axes, model: str, style: Style, suffix: str = "") -> None:
@@ -98,9 +105,9 @@ def _method_title(ax: plt.Axes, model: str, style: Style, suffix: str = "") -> N
     ax.set_title(f"{model}\n({details})" if details else model, color=style.color, fontsize=10)
 
 
-
-def probe_figure(curves: pd.DataFrame, sweep_reads: Sequence[SweepRead] | None = None,
-                 subjects: dict[str, dict] | None = None) -> plt.Figure:
+def probe_figure(
+    curves: pd.DataFrame, sweep_reads: Sequence[SweepRead] | None = None, subjects: dict[str, dict] | None = None
+) -> plt.Figure:
     """Per-layer curves (:func:`~nopelens.analyses.sweep.layers.layer_curves`), one line per model, one
     panel per read of ``sweep_reads`` plus MAD / chance, in a grid; grey line: the read's threshold.
     A point is one model's probe score at one layer (layer 0 = embeddings, l + 1 = output of block
@@ -122,27 +129,39 @@ def probe_figure(curves: pd.DataFrame, sweep_reads: Sequence[SweepRead] | None =
             else:  # line: the value; band: its 95 % CI
                 layer, value, low, high = (group[c] for c in ("layer", "value", "ci_low", "ci_high"))
             style = styles[model]
-            ax.plot(layer, value, color=style.color, marker=style.marker, markersize=5, linestyle=style.linestyle,
-                    label=model)
+            ax.plot(
+                layer,
+                value,
+                color=style.color,
+                marker=style.marker,
+                markersize=5,
+                linestyle=style.linestyle,
+                label=model,
+            )
             ax.fill_between(layer, low, high, color=style.color, alpha=0.2, linewidth=0)
         if curve.threshold is not None:
             ax.axhline(curve.threshold, color="0.45", linewidth=2.5, alpha=0.5)
         values = pd.concat([rows["value"], rows["ci_low"]]).dropna()
         lowest = float(values.min()) if len(values) else 0.0
         top = max(1.05, float(rows["ci_high"].max()) + 0.05) if rows["ci_high"].notna().any() else 1.05
-        ax.set(title=curve.title, xlabel=LAYER_AXIS, ylabel=curve.axis,
-               ylim=(min(-0.1, lowest - 0.05) if lowest < 0 else -0.03, top))
+        ax.set(
+            title=curve.title,
+            xlabel=LAYER_AXIS,
+            ylabel=curve.axis,
+            ylim=(min(-0.1, lowest - 0.05) if lowest < 0 else -0.03, top),
+        )
         ax.title.set_fontsize(11)
         _integer_ticks(ax)
     band = "range over training seeds" if several_seeds else "95 % CI over sequences"
     bars = sorted({curve.threshold for curve in panels if curve.threshold is not None})
     bar = f"threshold {bars[0]:g}" if len(bars) == 1 else "each panel's threshold"
-    fig.suptitle("Where position becomes linearly recoverable: a point is one model's probe score at one layer\n"
-                 f"(grey line: {bar}; band: {band})\ncolour: position method; {LINESTYLE_KEY}")
+    fig.suptitle(
+        "Where position becomes linearly recoverable: a point is one model's probe score at one layer\n"
+        f"(grey line: {bar}; band: {band})\ncolour: position method; {LINESTYLE_KEY}"
+    )
     fig.tight_layout()
     _model_legend(fig, styles)
     return fig
-
 
 
 def site_rows(probes: pd.DataFrame) -> pd.DataFrame:
@@ -150,8 +169,13 @@ def site_rows(probes: pd.DataFrame) -> pd.DataFrame:
     finer sites the sweep measured, placed on the layer axis (layer 0 = embeddings, l + 1 = output
     of block l): ``kind`` is ``residual`` (at ``x`` = its layer) or the finer site of block l
     (``attn_out``, ``resid_mid``, ``mlp_out``, at ``x`` = l + :data:`SITE_OFFSETS`)."""
-    rows = probes[(probes["probe"] == "linear") & (probes["split"] == "grouped") & (probes["target"] == "absolute_index")
-                  & (probes["task"] == "regression") & (probes["metric"] == "r2")]
+    rows = probes[
+        (probes["probe"] == "linear")
+        & (probes["split"] == "grouped")
+        & (probes["target"] == "absolute_index")
+        & (probes["task"] == "regression")
+        & (probes["metric"] == "r2")
+    ]
     residual = rows[rows["layer"].notna()]
     residual = residual.assign(kind="residual", x=residual["layer"].astype(float))
     finer = rows[rows["layer"].isna()]
@@ -164,8 +188,12 @@ SITE_OFFSETS = {"attn_out": 0.25, "resid_mid": 0.5, "mlp_out": 0.75}
 """Where block l's finer sites sit between layer l (its input) and layer l + 1 (its output)."""
 
 
-SITE_KIND_NAMES = {"residual": "residual stream (layer l)", "attn_out": "block l's attention output (attn_out)",
-                   "resid_mid": "after block l's attention (resid_mid)", "mlp_out": "block l's MLP output (mlp_out)"}
+SITE_KIND_NAMES = {
+    "residual": "residual stream (layer l)",
+    "attn_out": "block l's attention output (attn_out)",
+    "resid_mid": "after block l's attention (resid_mid)",
+    "mlp_out": "block l's MLP output (mlp_out)",
+}
 
 
 SITE_COLORS = {"residual": "0.15", "attn_out": TOL_BRIGHT[0], "resid_mid": TOL_BRIGHT[4], "mlp_out": TOL_BRIGHT[1]}
@@ -187,38 +215,68 @@ def site_figure(probes: pd.DataFrame, subjects: dict[str, dict] | None = None) -
             line = rows[(rows["model"] == model) & (rows["kind"] == kind)]
             if line.empty:
                 continue
-            stats = line.groupby("x").agg(value=("value", "mean"), low=("ci_low", "min"), high=("ci_high", "max"),
-                                          lo_seed=("value", "min"), hi_seed=("value", "max"), n=("value", "size"))
+            stats = line.groupby("x").agg(
+                value=("value", "mean"),
+                low=("ci_low", "min"),
+                high=("ci_high", "max"),
+                lo_seed=("value", "min"),
+                hi_seed=("value", "max"),
+                n=("value", "size"),
+            )
             several = (stats["n"] > 1).any()
             low, high = (stats["lo_seed"], stats["hi_seed"]) if several else (stats["low"], stats["high"])
             if kind == "residual":  # one curve over the layers, its CI a band
-                ax.plot(stats.index, stats["value"], color=SITE_COLORS[kind], marker="o", markersize=4,
-                        label=SITE_KIND_NAMES[kind])
+                ax.plot(
+                    stats.index,
+                    stats["value"],
+                    color=SITE_COLORS[kind],
+                    marker="o",
+                    markersize=4,
+                    label=SITE_KIND_NAMES[kind],
+                )
                 ax.fill_between(stats.index, low, high, color=SITE_COLORS[kind], alpha=0.15, linewidth=0)
             else:  # points between the layers, their CIs error bars
                 errors = np.vstack([np.clip(stats["value"] - low, 0, None), np.clip(high - stats["value"], 0, None)])
-                ax.errorbar(stats.index, stats["value"], yerr=np.nan_to_num(errors), color=SITE_COLORS[kind],
-                            marker="o", markersize=4, linestyle="none", capsize=2, label=SITE_KIND_NAMES[kind])
+                ax.errorbar(
+                    stats.index,
+                    stats["value"],
+                    yerr=np.nan_to_num(errors),
+                    color=SITE_COLORS[kind],
+                    marker="o",
+                    markersize=4,
+                    linestyle="none",
+                    capsize=2,
+                    label=SITE_KIND_NAMES[kind],
+                )
         lowest = float(rows.loc[rows["model"] == model, "value"].min())
         ax.set(xlabel=LAYER_AXIS, ylabel="abs. index R²", ylim=(min(-0.1, lowest - 0.05), 1.05))
         ax.xaxis.label.set_fontsize(9)
         _method_title(ax, model, styles[model])
         _integer_ticks(ax)
-    fig.suptitle("Absolute index along the residual stream and inside each block: a point is the R² of the "
-                 "grouped linear probe\nat one site (block l's attention and MLP outputs between layer l and "
-                 "l + 1; band: 95 % CI over sequences)")
+    fig.suptitle(
+        "Absolute index along the residual stream and inside each block: a point is the R² of the "
+        "grouped linear probe\nat one site (block l's attention and MLP outputs between layer l and "
+        "l + 1; band: 95 % CI over sequences)"
+    )
     fig.tight_layout()
-    handles = [matplotlib.lines.Line2D([], [], color=SITE_COLORS[k], marker="o",
-                                       linestyle="-" if k == "residual" else "none", label=SITE_KIND_NAMES[k])
-               for k in kinds]
-    fig.legend(handles=handles, title="site", loc="upper center", bbox_to_anchor=(0.5, 0.0), ncol=2,
-               frameon=False)
+    handles = [
+        matplotlib.lines.Line2D(
+            [],
+            [],
+            color=SITE_COLORS[k],
+            marker="o",
+            linestyle="-" if k == "residual" else "none",
+            label=SITE_KIND_NAMES[k],
+        )
+        for k in kinds
+    ]
+    fig.legend(handles=handles, title="site", loc="upper center", bbox_to_anchor=(0.5, 0.0), ncol=2, frameon=False)
     return fig
 
 
-
-def sink_figure(sinks: pd.DataFrame, every_condition: bool = False, subjects: dict[str, dict] | None = None
-                ) -> plt.Figure:
+def sink_figure(
+    sinks: pd.DataFrame, every_condition: bool = False, subjects: dict[str, dict] | None = None
+) -> plt.Figure:
     """Gu et al.'s sink score (block x head: a cell is one head) per model, panels titled in the
     colour of the model's position method, as each model was read (``every_condition``:
     one panel per model and condition, with and without BOS), on one colour scale fitted to the
@@ -241,15 +299,24 @@ def sink_figure(sinks: pd.DataFrame, every_condition: bool = False, subjects: di
     n_rows = -(-len(models) // n_cols)
     width = 3.3 * n_cols + 1.2
     if value == "sink_score":
-        title = ("Attention sinks: a cell is one head's Gu et al. sink score (mean attention on the first token "
-                 f"over the first T ≤ 64 queries; a head above {GU_EPSILON:g} is a sink, outlined)")
+        title = (
+            "Attention sinks: a cell is one head's Gu et al. sink score (mean attention on the first token "
+            f"over the first T ≤ 64 queries; a head above {GU_EPSILON:g} is a sink, outlined)"
+        )
     else:
         title = "Attention sinks: a cell is one head's sink mass (mean attention on the first token)"
     title = textwrap.fill(title, int(width * 9))
     height = 2.9 * n_rows + 0.5 + 0.3 * (title.count("\n") + 1)
     fig = plt.figure(figsize=(width, height))
-    grid_spec = fig.add_gridspec(n_rows, n_cols + 1, width_ratios=[1] * n_cols + [0.07], wspace=0.35, hspace=0.6,
-                                 top=1 - (0.55 + 0.3 * (title.count("\n") + 1)) / height, bottom=0.5 / height)
+    grid_spec = fig.add_gridspec(
+        n_rows,
+        n_cols + 1,
+        width_ratios=[1] * n_cols + [0.07],
+        wspace=0.35,
+        hspace=0.6,
+        top=1 - (0.55 + 0.3 * (title.count("\n") + 1)) / height,
+        bottom=0.5 / height,
+    )
     cmap = sns.color_palette("rocket_r", as_cmap=True)
     image = None
     for index, (model, grid, condition) in enumerate(zip(models, grids, conditions)):
@@ -266,7 +333,6 @@ def sink_figure(sinks: pd.DataFrame, every_condition: bool = False, subjects: di
     return fig
 
 
-
 def _heatmap(ax: plt.Axes, grid: pd.DataFrame, cmap, top: float, threshold: float):
     """``grid`` as cells on the scale 0 .. ``top``, annotated when there are at most 8 columns;
     cells above ``threshold`` outlined. Returns the image (for a colour bar).
@@ -278,8 +344,11 @@ def _heatmap(ax: plt.Axes, grid: pd.DataFrame, cmap, top: float, threshold: floa
     image = ax.imshow(values, vmin=0, vmax=top, cmap=cmap, aspect="auto", interpolation="nearest")
     for (i, j), value in np.ndenumerate(values):
         if value > threshold:
-            ax.add_patch(matplotlib.patches.Rectangle((j - 0.45, i - 0.45), 0.9, 0.9, fill=False,
-                                                      edgecolor=TOL_BRIGHT[4], linewidth=3))
+            ax.add_patch(
+                matplotlib.patches.Rectangle(
+                    (j - 0.45, i - 0.45), 0.9, 0.9, fill=False, edgecolor=TOL_BRIGHT[4], linewidth=3
+                )
+            )
         if grid.shape[1] <= 8:
             dark = sns.utils.relative_luminance(cmap(value / top)) <= 0.408  # seaborn's rule for the text colour
             ax.text(j, i, f"{value:.2f}", ha="center", va="center", fontsize=9, color="white" if dark else "black")
@@ -287,7 +356,6 @@ def _heatmap(ax: plt.Axes, grid: pd.DataFrame, cmap, top: float, threshold: floa
     ax.set_yticks(range(grid.shape[0]), [str(r) for r in grid.index])
     ax.grid(False)
     return image
-
 
 
 def variance_figure(variance: pd.DataFrame, subjects: dict[str, dict] | None = None) -> plt.Figure:
@@ -304,8 +372,12 @@ def variance_figure(variance: pd.DataFrame, subjects: dict[str, dict] | None = N
     blocks = sorted(data["block"].astype(int).unique())
     palette = dict(zip(blocks, (TOL_BRIGHT * 4)[: len(blocks)]))
     for ax, model in zip(axes, models):
-        stats = (data[data["model"] == model].groupby(["block", "position"])["variance"]
-                 .agg(["mean", "min", "max"]).reset_index())
+        stats = (
+            data[data["model"] == model]
+            .groupby(["block", "position"])["variance"]
+            .agg(["mean", "min", "max"])
+            .reset_index()
+        )
         for block, line in stats.groupby("block"):
             x = line["position"] + 1
             ax.plot(x, line["mean"], color=palette[int(block)], label=str(int(block)))
@@ -321,8 +393,10 @@ def variance_figure(variance: pd.DataFrame, subjects: dict[str, dict] | None = N
     for ax in axes:
         ax.set_xlabel("position i + 1")
         ax.set_ylabel("variance of attn_out (per dim)")
-    fig.suptitle("Variance of each block's attention output across sequences: a point is block l's attn_out "
-                 "at one position\n(dashed: slope −1, the 1/(i+1) law of uniform causal attention)")
+    fig.suptitle(
+        "Variance of each block's attention output across sequences: a point is block l's attn_out "
+        "at one position\n(dashed: slope −1, the 1/(i+1) law of uniform causal attention)"
+    )
     fig.tight_layout()
     handles = [matplotlib.lines.Line2D([], [], color=palette[b], label=f"block {b}") for b in blocks]
     handles.append(matplotlib.lines.Line2D([], [], color="black", linestyle="--", label="slope −1"))
@@ -330,84 +404,36 @@ def variance_figure(variance: pd.DataFrame, subjects: dict[str, dict] | None = N
     return fig
 
 
-
 CONDITION_COLORS = {"clean": "0.65", "remove_key": TOL_BRIGHT[1], "mean_value": TOL_BRIGHT[0]}
-
 
 
 CONDITION_NAMES = {"clean": "clean", "remove_key": "first key removed", "mean_value": "first value set to the mean"}
 
 
-
-def _bars(ax: plt.Axes, groups: list[int], series: dict[str, tuple[list, list, list]], colors: dict[str, str],
-          names: dict[str, str]) -> None:
+def _bars(
+    ax: plt.Axes,
+    groups: list[int],
+    series: dict[str, tuple[list, list, list]],
+    colors: dict[str, str],
+    names: dict[str, str],
+) -> None:
     """Grouped bars with 95 % CI error bars: ``series[name] = (values, ci_lows, ci_highs)`` per group."""
     width = 0.8 / max(1, len(series))
     for i, (label, (values, lows, highs)) in enumerate(series.items()):
         x = np.arange(len(groups)) + (i - (len(series) - 1) / 2) * width
         values, lows, highs = (np.asarray(v, dtype=float) for v in (values, lows, highs))
         errors = np.vstack([np.clip(values - lows, 0, None), np.clip(highs - values, 0, None)])
-        ax.bar(x, values, width, color=colors.get(label, "0.5"), label=names.get(label, label), yerr=errors,
-               capsize=2, error_kw=dict(elinewidth=1, ecolor="0.2"))
+        ax.bar(
+            x,
+            values,
+            width,
+            color=colors.get(label, "0.5"),
+            label=names.get(label, label),
+            yerr=errors,
+            capsize=2,
+            error_kw=dict(elinewidth=1, ecolor="0.2"),
+        )
     ax.set_xticks(range(len(groups)), [str(g) for g in groups])
-
-
-
-def intervention_figure(tables: dict[str, pd.DataFrame], name: str):
-    """Three panels: sink ablation (absolute-index R² at layer l + 1, clean and ablated in block l,
-    with 95 % CIs), the shift a clean probe reads at later layers after the index direction at
-    layer l was shifted, and the share of the index that moves with a patched state (95 % CIs)."""
-    sns.set_theme(style="whitegrid", context="notebook")
-    fig, axes = plt.subplots(1, 3, figsize=(15, 4.8))
-    summary = tables["summary"]
-    probes = tables["sink_probes"]
-    if "abs_r2" in summary:
-        blocks = sorted(summary["ablated_block"].astype(int).unique())
-        clean = probes[(probes["condition"] == "clean") & (probes["probe"] == "linear")
-                       & (probes["target"] == "absolute_index") & (probes["metric"] == "r2")].set_index("layer")
-        series = {"clean": ([clean.loc[b + 1, "value"] for b in blocks], [clean.loc[b + 1, "ci_low"] for b in blocks],
-                            [clean.loc[b + 1, "ci_high"] for b in blocks])}
-        for mode, rows in summary.groupby("condition", sort=False):
-            rows = rows.set_index("ablated_block").reindex(blocks)
-            series[mode] = (rows["abs_r2"].tolist(), rows["abs_r2_ci_low"].tolist(), rows["abs_r2_ci_high"].tolist())
-        _bars(axes[0], blocks, series, CONDITION_COLORS, CONDITION_NAMES)
-        lowest = min(float(np.nanmin(values)) for _, values, _ in series.values())
-        axes[0].set_ylim(min(-0.1, lowest - 0.05), 1.1)
-        axes[0].legend(fontsize=9, loc="upper center", bbox_to_anchor=(0.5, -0.25), ncol=len(series), frameon=False)
-    axes[0].set(title="sink ablated in block l:\nabs. index R² at layer l + 1", xlabel="block l",
-                ylabel="abs. index R² (refitted probe)")
-    directions = tables["directions"]
-    if "read_shift" in directions:
-        shifted = directions[directions["intervention"] == "shift"]
-        for i, (layer, line) in enumerate(shifted.groupby("layer")):
-            ax_color = (TOL_BRIGHT * 3)[i]
-            axes[1].plot(line["read_layer"], line["read_shift"] / line["k"], marker="o", color=ax_color,
-                         label=f"layer {int(layer)}")
-        carried = shifted["read_shift"] / shifted["k"]
-        axes[1].set_ylim(min(-0.1, float(carried.min()) - 0.05), max(1.1, float(carried.max()) + 0.05))
-        axes[1].legend(fontsize=9, loc="upper center", bbox_to_anchor=(0.5, -0.25), ncol=4, frameon=False,
-                       title="index shifted at", title_fontsize=9)
-        _integer_ticks(axes[1])
-    axes[1].set(title="index direction shifted by k at layer l:\nshift a clean probe reads / k", xlabel="read layer",
-                ylabel="read shift / k (1 = all carried)")
-    patching = tables["patching"]
-    if "moved" in patching:
-        for i, (position, line) in enumerate(patching.groupby("position")):
-            errors = np.vstack([line["moved"] - line["moved_ci_low"], line["moved_ci_high"] - line["moved"]])
-            axes[2].errorbar(line["layer"], line["moved"], yerr=np.clip(np.nan_to_num(errors), 0, None), marker="o",
-                             capsize=2, color=(TOL_BRIGHT * 3)[i], label=f"position {int(position)}")
-        moved = pd.concat([patching["moved_ci_low"], patching["moved_ci_high"]]).dropna()
-        if len(moved):
-            axes[2].set_ylim(min(-0.1, float(moved.min()) - 0.05), max(1.1, float(moved.max()) + 0.05))
-        axes[2].legend(fontsize=9, loc="upper center", bbox_to_anchor=(0.5, -0.25), ncol=4, frameon=False)
-        _integer_ticks(axes[2])
-    axes[2].set(title="state patched from a shifted copy:\nshare of the index that moves (last layer)",
-                xlabel="patched layer (resid_pre)", ylabel="share moved (0 = recomputed)")
-    fig.suptitle(f"{name}: does the model make and use the position a probe reads? (error bars: 95 % CI)")
-    fig.tight_layout()
-    fig.subplots_adjust(bottom=0.32, wspace=0.3)
-    return fig
-
 
 
 def sink_ablation_figure(table: pd.DataFrame, subjects: dict[str, dict] | None = None):
@@ -416,7 +442,14 @@ def sink_ablation_figure(table: pd.DataFrame, subjects: dict[str, dict] | None =
     block l, with 95 % CIs (several seeds: means of the values and CI bounds)."""
     sns.set_theme(style="whitegrid", context="notebook")
     keys = ["model", "block"]
-    numbers = ["r2_clean", "r2_clean_ci_low", "r2_clean_ci_high", "r2_ablated", "r2_ablated_ci_low", "r2_ablated_ci_high"]
+    numbers = [
+        "r2_clean",
+        "r2_clean_ci_low",
+        "r2_clean_ci_high",
+        "r2_ablated",
+        "r2_ablated_ci_low",
+        "r2_ablated_ci_high",
+    ]
     measured = table[table["status"] == "measured"].groupby(keys, sort=False)[numbers].mean().reset_index()
     models = list(measured["model"].unique())
     styles = model_styles(models, subjects)
@@ -425,74 +458,28 @@ def sink_ablation_figure(table: pd.DataFrame, subjects: dict[str, dict] | None =
     for ax, model in zip(axes, models):
         rows = measured[measured["model"] == model]
         layers_read = (rows["block"].astype(int) + 1).tolist()
-        series = {"clean": (rows["r2_clean"], rows["r2_clean_ci_low"], rows["r2_clean_ci_high"]),
-                  "remove_key": (rows["r2_ablated"], rows["r2_ablated_ci_low"], rows["r2_ablated_ci_high"])}
+        series = {
+            "clean": (rows["r2_clean"], rows["r2_clean_ci_low"], rows["r2_clean_ci_high"]),
+            "remove_key": (rows["r2_ablated"], rows["r2_ablated_ci_low"], rows["r2_ablated_ci_high"]),
+        }
         _bars(ax, layers_read, series, CONDITION_COLORS, CONDITION_NAMES)
         ax.set(xlabel="layer l + 1 (output of block l)", ylabel="abs. index R²", ylim=(min(-0.1, lowest - 0.05), 1.1))
         _method_title(ax, model, styles[model])
     several = "train_seed" in table and table.groupby("model")["train_seed"].nunique().max() > 1
-    fig.suptitle("Sink ablation: a bar is the absolute-index R² at layer l + 1, clean and with the first token\n"
-                 "removed from the keys of block l (error bars: 95 % CI over sequences"
-                 + ("; bars and bounds: means over training seeds)" if several else ")"))
+    fig.suptitle(
+        "Sink ablation: a bar is the absolute-index R² at layer l + 1, clean and with the first token\n"
+        "removed from the keys of block l (error bars: 95 % CI over sequences"
+        + ("; bars and bounds: means over training seeds)" if several else ")")
+    )
     fig.tight_layout()
-    handles = [matplotlib.patches.Patch(color=CONDITION_COLORS[c], label=CONDITION_NAMES[c]) for c in ("clean", "remove_key")]
+    handles = [
+        matplotlib.patches.Patch(color=CONDITION_COLORS[c], label=CONDITION_NAMES[c]) for c in ("clean", "remove_key")
+    ]
     fig.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, 0.0), ncol=2, frameon=False)
     return fig
 
 
-def dynamics_figure(table: pd.DataFrame, name: str, threshold: float, position: str | None = None):
-    """Heatmaps (layer x step) of absolute-index R² and of the score read, the sink rate and
-    validation loss against step (log scale, 95 % CI band), and on Bigram-Backcopy each head's
-    attention on BOS (non-trigger queries) and on the previous token (trigger queries); cells above
-    ``threshold`` (:data:`~nopelens.analyses.dynamics.THRESHOLD`) outlined. A heatmap cell is one
-    checkpoint's probe score at one layer (0 = embeddings, l + 1 = output of block l) or block; the
-    sink rate is drawn in the colour of the model's position method(s), ``position``
-    (:func:`~nopelens.analyses.palette.method_color`)."""
-    sns.set_theme(style="whitegrid", context="notebook")
-    heads = table[table["measure"].isin(["first_mass", "previous_mass"])]
-    n_panels = 4 if len(heads) else 3
-    fig, axes = plt.subplots(1, n_panels, figsize=(4.6 * n_panels, 3.9))
-
-    for ax, measure, title, label in ((axes[0], "absolute_r2", "absolute index R²", "layer (0 = embeddings)"),
-                                      (axes[1], "score_read_r2", "head-score read of i − j, R²", "block")):
-        rows = table[table["measure"] == measure]
-        if rows.empty:
-            ax.set_axis_off()
-            continue
-        grid = rows.assign(row=(rows["layer"] - (1 if measure == "score_read_r2" else 0)).astype(int)).pivot(
-            index="row", columns="step", values="value")
-        image = _heatmap(ax, grid.clip(lower=0).iloc[::-1], sns.color_palette("rocket_r", as_cmap=True), 1.0, threshold)
-        if ax is axes[1]:
-            fig.colorbar(image, ax=ax, fraction=0.05)
-        ax.set(title=title, xlabel="training step", ylabel=label)
-        ax.tick_params(axis="x", labelrotation=90)
-    ax = axes[2]
-    sink = table[table["measure"] == "sink_rate"].sort_values("step")
-    x = sink["step"].clip(lower=0.5)
-    color = method_color(position)
-    ax.plot(x, sink["value"], marker="o", color=color, label="sink rate (Gu, > 0.3)")
-    ax.fill_between(x, sink["ci_low"], sink["ci_high"], color=color, alpha=0.25)
-    loss = table[table["measure"] == "validation_loss"].sort_values("step")
-    twin = ax.twinx()
-    twin.plot(loss["step"].clip(lower=0.5), loss["value"], color="C3", marker=".", label="validation loss")
-    twin.set_ylabel("validation loss (nats/token)", color="C3")
-    twin.grid(False)
-    ax.set(xscale="log", ylim=(-0.02, 1.02), xlabel="training step (0 drawn at 0.5)", ylabel="sink rate",
-           title="sink rate (95 % CI) and loss")
-    if n_panels == 4:
-        ax = axes[3]
-        for (block, head, cls, measure), rows in heads.groupby(["block", "head", "query_class", "measure"]):
-            if (measure, cls) not in (("first_mass", "non_trigger"), ("previous_mass", "trigger")):
-                continue
-            rows = rows.sort_values("step")
-            style = "-" if measure == "first_mass" else "--"
-            ax.plot(rows["step"].clip(lower=0.5), rows["value"], style, marker=".",
-                    label=f"block {int(block)} head {int(head)}: {'BOS, non-trigger' if style == '-' else 'previous, trigger'}")
-        ax.set(xscale="log", ylim=(-0.02, 1.02), xlabel="training step", ylabel="attention",
-               title="dormant (on BOS) and active (on previous)")
-        ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.22), ncol=1)
-    method = f" ({method_label(position)})" if position else ""
-    fig.suptitle(f"{name}{method} through training: a cell is one checkpoint's R² at one layer or block "
-                 "(R² below 0 drawn as 0)", y=1.03)
-    fig.subplots_adjust(wspace=0.5)
-    return fig
+# the figures of nopelens intervene and nopelens dynamics live in command_figures.py (it imports this module)
+__getattr__ = moved_names(
+    __name__, moved=dict.fromkeys(("intervention_figure", "dynamics_figure"), "nopelens.analyses.command_figures")
+)

@@ -42,7 +42,14 @@ from nopelens.models.checkpoint import LOSS_CURVE_FILE
 from nopelens.models.io import write_csv_atomic
 from nopelens.models.threads import one_thread
 from nopelens.probes import collect, probe_absolute_index, resid_sites
-from nopelens.probes.mlp_probe import FLOORS, MLP_EPOCHS, MLP_MIN_STEPS, kept_sequences, no_information_floor, probe_positions_mlp
+from nopelens.probes.mlp_probe import (
+    FLOORS,
+    MLP_EPOCHS,
+    MLP_MIN_STEPS,
+    kept_sequences,
+    no_information_floor,
+    probe_positions_mlp,
+)
 
 from . import haviv_paper as paper
 from .runs import claimed, part_dir, read_part, write_part
@@ -90,12 +97,14 @@ class HavivSettings:
 
     def check(self) -> None:
         """Raises:
-            ValueError: on no models, too few windows for the folds, or a non-positive size."""
+        ValueError: on no models, too few windows for the folds, or a non-positive size."""
         if not self.models:
             raise ValueError("no models to compare")
         if self.n_splits < 2 or self.n_sequences < 2 * self.n_splits:
-            raise ValueError(f"need n_splits >= 2 and at least 2 windows per fold, got {self.n_sequences} windows "
-                             f"for {self.n_splits} folds")
+            raise ValueError(
+                f"need n_splits >= 2 and at least 2 windows per fold, got {self.n_sequences} windows "
+                f"for {self.n_splits} folds"
+            )
         for name in ("memory_mib", "n_boot", "epochs"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
@@ -115,13 +124,16 @@ def check_models_ready(models) -> None:
     for spec in models:
         if spec in zoo.RECIPES and not (zoo.is_cached(spec) or zoo.is_shipped(spec)):
             missing = [m for m in models if m in zoo.RECIPES and not (zoo.is_cached(m) or zoo.is_shipped(m))]
-            raise ValueError(f"{', '.join(missing)}: not trained yet (no cached or shipped weights); train with "
-                             f"`nopelens train --zoo {spec}` (one per model, about {zoo.RECIPES[spec].steps} steps), "
-                             f"or compare the models there are, e.g. --models text-nope-4l,text-rope-4l")
+            raise ValueError(
+                f"{', '.join(missing)}: not trained yet (no cached or shipped weights); train with "
+                f"`nopelens train --zoo {spec}` (one per model, about {zoo.RECIPES[spec].steps} steps), "
+                f"or compare the models there are, e.g. --models text-nope-4l,text-rope-4l"
+            )
 
 
-def compare_haviv(out: str | Path, settings: HavivSettings = HavivSettings(),
-                  say: Callable[[str], None] = print) -> dict[str, pd.DataFrame]:
+def compare_haviv(
+    out: str | Path, settings: HavivSettings = HavivSettings(), say: Callable[[str], None] = print
+) -> dict[str, pd.DataFrame]:
     """Measure every model of ``settings`` and write the side-by-side tables into ``out``.
 
     Returns:
@@ -140,20 +152,21 @@ def compare_haviv(out: str | Path, settings: HavivSettings = HavivSettings(),
             probes, meta = measure(folder, spec, None, settings, say)
             ours.append(probes)
             metas.append(meta)
-            if meta["method"] == "nope":
+            if not meta["reads_positions"]:  # NoPE: the context axis
                 for length in settings.contexts:
                     if length < meta["window"]:
                         ours.append(measure(folder, spec, length, settings, say)[0])
         ours = pd.concat(ours, ignore_index=True)
-        tables = {"haviv": side_by_side(ours), "losses": losses(metas), "context": context_axis(ours, settings)}
+        tables = {"haviv": side_by_side(ours), "losses": losses(metas), "context": context_axis(ours, settings, metas)}
         tables["claims"] = claims(tables["haviv"], tables["losses"])
         for name, table in tables.items():
             write_csv_atomic(table, folder / f"{name}.csv")
     return tables
 
 
-def measure(folder: Path, spec: str, length: int | None, settings: HavivSettings,
-            say: Callable[[str], None]) -> tuple[pd.DataFrame, dict]:
+def measure(
+    folder: Path, spec: str, length: int | None, settings: HavivSettings, say: Callable[[str], None]
+) -> tuple[pd.DataFrame, dict]:
     """One model at one window length (None: its trained window), from its part folder or measured
     and written there. Returns (its probe rows, its ``done.json`` record)."""
     window = _trained_window(spec)
@@ -181,8 +194,10 @@ def _text_subject(spec: str, n_sequences: int, seq_len: int, seed: int):
     """The subject of a nopelens text model (zoo name or checkpoint), else a one-line refusal."""
     subject = resolve(spec, n_sequences, seq_len, seed=seed, progress=False)
     if subject.kind != "trained" or subject.task is None or subject.task.name != "text":
-        raise ValueError(f"{spec} is not a text model: the comparison reads nopelens language models of text "
-                         "(a zoo name or a checkpoint of `nopelens train --task text`)")
+        raise ValueError(
+            f"{spec} is not a text model: the comparison reads nopelens language models of text "
+            "(a zoo name or a checkpoint of `nopelens train --task text`)"
+        )
     return subject
 
 
@@ -196,34 +211,74 @@ def probe_model(spec: str, length: int, settings: HavivSettings) -> tuple[pd.Dat
     subject = _text_subject(spec, settings.n_sequences, length + 1, settings.seed)
     sites = resid_sites(subject.n_layers)
     d_model = subject.model.cfg.d_model
-    keep = kept_sequences(len(subject.tokens), length + 1, 4 * d_model * len(sites), settings.memory_mib << 20,
-                          settings.seed, min_sequences=2 * settings.n_splits)
+    keep = kept_sequences(
+        len(subject.tokens),
+        length + 1,
+        4 * d_model * len(sites),
+        settings.memory_mib << 20,
+        settings.seed,
+        min_sequences=2 * settings.n_splits,
+    )
     acts = collect(subject.model, subject.tokens[keep], sites, subject.attention_mask[keep])
-    ridge = probe_absolute_index(acts, sites, tasks=("regression",), n_splits=settings.n_splits,
-                                 n_boot=settings.n_boot, seed=settings.seed)
+    ridge = probe_absolute_index(
+        acts, sites, tasks=("regression",), n_splits=settings.n_splits, n_boot=settings.n_boot, seed=settings.seed
+    )
     ridge = ridge[(ridge["metric"] == "mad") & ridge["probe"].isin(FITS)].assign(
-        floor=no_information_floor(acts.position, FLOORS["ridge"]), kind="ridge")
+        floor=no_information_floor(acts.position, FLOORS["ridge"]), kind="ridge"
+    )
     frames = [ridge]
     for site in sites:
-        rows = probe_positions_mlp(acts.features(site), acts.position, acts.sequence_id, acts.token,
-                                   settings.n_splits, n_boot=settings.n_boot, seed=settings.seed,
-                                   dtype=acts.dtype(site), epochs=settings.epochs,
-                                   min_steps=settings.min_steps)
+        rows = probe_positions_mlp(
+            acts.features(site),
+            acts.position,
+            acts.sequence_id,
+            acts.token,
+            settings.n_splits,
+            n_boot=settings.n_boot,
+            seed=settings.seed,
+            dtype=acts.dtype(site),
+            epochs=settings.epochs,
+            min_steps=settings.min_steps,
+        )
         layer = sites.index(site)
-        frames.append(rows[(rows["metric"] == "mad") & rows["probe"].isin(FITS)].assign(site=site, layer=layer,
-                                                                                        kind="mlp"))
+        frames.append(
+            rows[(rows["metric"] == "mad") & rows["probe"].isin(FITS)].assign(site=site, layer=layer, kind="mlp")
+        )
     rows = pd.concat(frames, ignore_index=True)
     validation = subject.info.get("final_losses", {}).get("validation", math.nan)
-    meta = dict(model=spec, method=subject.position, n_layers=subject.n_layers, length=length,
-                n_positions=length + 1, n_sequences=len(subject.tokens), kept=len(keep),
-                bits_per_byte=validation / math.log(2))
-    table = pd.DataFrame(dict(
-        source="nopelens", model=spec, method=subject.position, probe=rows["kind"], fit=rows["probe"],
-        n_positions=length + 1, layer=rows["layer"].astype(int), n_layers=subject.n_layers,
-        depth=rows["layer"].astype(int) / subject.n_layers, mad=rows["value"], chance=rows["chance"],
-        mad_chance=rows["value"] / rows["chance"], ci_low=rows["ci_low"] / rows["chance"],
-        ci_high=rows["ci_high"] / rows["chance"], floor=rows["floor"], n_sequences=rows["n_sequences"],
-        n_sequences_drawn=len(subject.tokens), reference="measured"))
+    meta = dict(
+        model=spec,
+        method=subject.position,
+        reads_positions=subject.model.cfg.reads_positions,
+        n_layers=subject.n_layers,
+        length=length,
+        n_positions=length + 1,
+        n_sequences=len(subject.tokens),
+        kept=len(keep),
+        bits_per_byte=validation / math.log(2),
+    )
+    table = pd.DataFrame(
+        dict(
+            source="nopelens",
+            model=spec,
+            method=subject.position,
+            probe=rows["kind"],
+            fit=rows["probe"],
+            n_positions=length + 1,
+            layer=rows["layer"].astype(int),
+            n_layers=subject.n_layers,
+            depth=rows["layer"].astype(int) / subject.n_layers,
+            mad=rows["value"],
+            chance=rows["chance"],
+            mad_chance=rows["value"] / rows["chance"],
+            ci_low=rows["ci_low"] / rows["chance"],
+            ci_high=rows["ci_high"] / rows["chance"],
+            floor=rows["floor"],
+            n_sequences=rows["n_sequences"],
+            n_sequences_drawn=len(subject.tokens),
+            reference="measured",
+        )
+    )
     return table.sort_values(["probe", "fit", "layer"], ignore_index=True), meta
 
 
@@ -249,14 +304,24 @@ def training_levelled(curve: pd.DataFrame | None, validation: float) -> dict:
         (True, 0.005, True)
     """
     if curve is None or "loss" not in curve or len(curve) < 20:
-        return dict(train_loss_last=math.nan, train_loss_before=math.nan, levelled_off=False,
-                    validation_over_train=math.nan, trained_enough=False)
+        return dict(
+            train_loss_last=math.nan,
+            train_loss_before=math.nan,
+            levelled_off=False,
+            validation_over_train=math.nan,
+            trained_enough=False,
+        )
     tenth = len(curve) // 10
-    last, before = curve["loss"].iloc[-tenth:].mean(), curve["loss"].iloc[-2 * tenth:-tenth].mean()
+    last, before = curve["loss"].iloc[-tenth:].mean(), curve["loss"].iloc[-2 * tenth : -tenth].mean()
     levelled = bool(last >= before * (1 - LEVELLED_TOLERANCE))
     over = validation / last - 1
-    return dict(train_loss_last=float(last), train_loss_before=float(before), levelled_off=levelled,
-                validation_over_train=float(over), trained_enough=levelled and bool(over <= OVERFIT_TOLERANCE))
+    return dict(
+        train_loss_last=float(last),
+        train_loss_before=float(before),
+        levelled_off=levelled,
+        validation_over_train=float(over),
+        trained_enough=levelled and bool(over <= OVERFIT_TOLERANCE),
+    )
 
 
 def _loss_curve(spec: str) -> pd.DataFrame | None:
@@ -277,18 +342,36 @@ def side_by_side(ours: pd.DataFrame) -> pd.DataFrame:
     (its layer round(depth x 24)), NaN where the paper has no such model."""
     ours = ours.copy()
     ours["paper_layer"] = (ours["depth"] * paper.PAPER_LAYERS).round().astype(int)
-    ours["paper_mad_chance"] = [paper.PAPER_MAD[m][l] / paper.PAPER_CHANCE_MAD if m in paper.PAPER_MAD else np.nan
-                                for m, l in zip(ours["method"], ours["paper_layer"])]
+    ours["paper_mad_chance"] = [
+        paper.PAPER_MAD[m][l] / paper.PAPER_CHANCE_MAD if m in paper.PAPER_MAD else np.nan
+        for m, l in zip(ours["method"], ours["paper_layer"])
+    ]
     table = paper.paper_table()
     theirs = table[table["quantity"] == "mad_chance"]
-    theirs = pd.DataFrame(dict(
-        source="haviv2022", model="1.3B (The Pile)", method=theirs["method"], probe="mlp", fit="linear",
-        n_positions=theirs["n_positions"], layer=theirs["layer"].astype(int), n_layers=theirs["n_layers"],
-        depth=theirs["depth"], mad=theirs["value"] * paper.PAPER_CHANCE_MAD, chance=paper.PAPER_CHANCE_MAD,
-        mad_chance=theirs["value"], ci_low=np.nan, ci_high=np.nan,
-        floor=no_information_floor(np.arange(paper.PAPER_POSITIONS), "argmax"), n_sequences=np.nan,
-        n_sequences_drawn=np.nan, reference=theirs["source"], paper_layer=theirs["layer"].astype(int),
-        paper_mad_chance=theirs["value"]))
+    theirs = pd.DataFrame(
+        dict(
+            source="haviv2022",
+            model="1.3B (The Pile)",
+            method=theirs["method"],
+            probe="mlp",
+            fit="linear",
+            n_positions=theirs["n_positions"],
+            layer=theirs["layer"].astype(int),
+            n_layers=theirs["n_layers"],
+            depth=theirs["depth"],
+            mad=theirs["value"] * paper.PAPER_CHANCE_MAD,
+            chance=paper.PAPER_CHANCE_MAD,
+            mad_chance=theirs["value"],
+            ci_low=np.nan,
+            ci_high=np.nan,
+            floor=no_information_floor(np.arange(paper.PAPER_POSITIONS), "argmax"),
+            n_sequences=np.nan,
+            n_sequences_drawn=np.nan,
+            reference=theirs["source"],
+            paper_layer=theirs["layer"].astype(int),
+            paper_mad_chance=theirs["value"],
+        )
+    )
     return pd.concat([ours, theirs], ignore_index=True)
 
 
@@ -296,16 +379,26 @@ def losses(metas: list[dict]) -> pd.DataFrame:
     """Validation bits per byte by model, whether its training levelled off
     (:func:`training_levelled`), the gap to the learned-position model when there is one, and the
     paper's Table 1 perplexities (and their gap to learned) for the same method."""
-    rows = pd.DataFrame([dict(model=m["model"], method=m["method"], bits_per_byte=m["bits_per_byte"],
-                              **training_levelled(_loss_curve(m["model"]), m["bits_per_byte"] * math.log(2)))
-                         for m in metas])
-    learned = rows.loc[rows["method"] == "learned", "bits_per_byte"]
+    rows = pd.DataFrame(
+        [
+            dict(
+                model=m["model"],
+                method=m["method"],
+                reads_positions=m["reads_positions"],
+                bits_per_byte=m["bits_per_byte"],
+                **training_levelled(_loss_curve(m["model"]), m["bits_per_byte"] * math.log(2)),
+            )
+            for m in metas
+        ]
+    )
+    learned = rows.loc[rows["method"] == paper.BASELINE, "bits_per_byte"]
     rows["gap_to_learned"] = rows["bits_per_byte"] / learned.iloc[0] - 1 if len(learned) else np.nan
     for dataset in ("wikitext-103", "the_pile"):
         ppl = [paper.PAPER_PERPLEXITY.get((dataset, m), np.nan) for m in rows["method"]]
         rows[f"paper_ppl_{dataset}"] = ppl
-        rows[f"paper_gap_{dataset}"] = [np.log2(p) / np.log2(paper.PAPER_PERPLEXITY[(dataset, "learned")]) - 1
-                                        for p in ppl]
+        rows[f"paper_gap_{dataset}"] = [
+            np.log2(p) / np.log2(paper.PAPER_PERPLEXITY[(dataset, paper.BASELINE)]) - 1 for p in ppl
+        ]
     rows["paper_source"] = paper.PERPLEXITY_FILE
     return rows
 
@@ -316,12 +409,13 @@ def first_layer_at(rows: pd.DataFrame, threshold: float = THRESHOLD) -> int:
     return int(cleared.min()) if len(cleared) else -1
 
 
-def context_axis(ours: pd.DataFrame, settings: HavivSettings) -> pd.DataFrame:
+def context_axis(ours: pd.DataFrame, settings: HavivSettings, metas: list[dict]) -> pd.DataFrame:
     """For each NoPE model, window length and probe: the first layer with MAD/chance <= 0.1
     (:func:`first_layer_at`; -1: none), as a layer and as a fraction of depth; lengths past the
     model's window are rows with ``measured`` False."""
     rows = []
-    nope = ours[(ours["method"] == "nope") & (ours["fit"] == "linear")]
+    position_free = {meta["model"] for meta in metas if not meta["reads_positions"]}  # NoPE, by its method units
+    nope = ours[ours["model"].isin(position_free) & (ours["fit"] == "linear")]
     for model, own in nope.groupby("model"):
         longest = int(own["n_positions"].max()) - 1
         for length in sorted({*settings.contexts, longest}):
@@ -329,10 +423,17 @@ def context_axis(ours: pd.DataFrame, settings: HavivSettings) -> pd.DataFrame:
                 curve = own[(own["n_positions"] == length + 1) & (own["probe"] == probe)]
                 layer = first_layer_at(curve) if len(curve) else -1
                 n_layers = int(own["n_layers"].iloc[0])
-                rows.append(dict(model=model, length=length, probe=probe, measured=len(curve) > 0,
-                                 first_layer=layer if len(curve) else np.nan,
-                                 depth=layer / n_layers if len(curve) and layer >= 0 else np.nan,
-                                 threshold=THRESHOLD))
+                rows.append(
+                    dict(
+                        model=model,
+                        length=length,
+                        probe=probe,
+                        measured=len(curve) > 0,
+                        first_layer=layer if len(curve) else np.nan,
+                        depth=layer / n_layers if len(curve) and layer >= 0 else np.nan,
+                        threshold=THRESHOLD,
+                    )
+                )
     return pd.DataFrame(rows, columns=["model", "length", "probe", "measured", "first_layer", "depth", "threshold"])
 
 
@@ -343,8 +444,13 @@ def claims(table: pd.DataFrame, loss: pd.DataFrame) -> pd.DataFrame:
     ours = table[(table["source"] == "nopelens") & (table["probe"] == "mlp") & (table["fit"] == "linear")]
     ours = ours[ours["n_positions"] == ours.groupby("model")["n_positions"].transform("max")]
     curves = {method: rows.sort_values("layer") for method, rows in ours.groupby("method")}
-    out = [_nope_depth(curves.get("nope")), _alibi_floor(curves.get("alibi")),
-           _absolute_at_embeddings(curves), _shed_at_the_end(curves), _perplexity(loss)]
+    out = [
+        _nope_depth(curves.get("nope")),
+        _alibi_floor(curves.get("alibi")),
+        _absolute_at_embeddings(curves),
+        _shed_at_the_end(curves),
+        _perplexity(loss),
+    ]
     return pd.DataFrame(out, columns=["claim", "paper", "ours", "verdict"])
 
 
@@ -354,20 +460,31 @@ def _fmt(rows: pd.DataFrame) -> str:
 
 def _nope_depth(curve):
     claim = "NoPE needs several layers before its residual stream knows the position"
-    said = ("0.99, 0.84, 0.23, 0.08, 0.05 at layers 0-4 of 24: still 0.84 after one block, first <= 0.1 at layer 3 "
-            "(depth 0.125)")
+    said = (
+        "0.99, 0.84, 0.23, 0.08, 0.05 at layers 0-4 of 24: still 0.84 after one block, first <= 0.1 at layer 3 "
+        "(depth 0.125)"
+    )
     if curve is None:
         return claim, said, "no NoPE model", "not measured"
     layer, after_one = first_layer_at(curve), curve[curve["layer"] == 1].iloc[0]
     first = "none" if layer < 0 else f"layer {layer}"
-    found = (f"{_fmt(curve)} at layers 0-{int(curve['layer'].max())} of {int(curve['n_layers'].iloc[0])}: "
-             f"{after_one['mad_chance']:.2f} after one block, first <= 0.1 (CI upper end): {first}")
+    found = (
+        f"{_fmt(curve)} at layers 0-{int(curve['layer'].max())} of {int(curve['n_layers'].iloc[0])}: "
+        f"{after_one['mad_chance']:.2f} after one block, first <= 0.1 (CI upper end): {first}"
+    )
     if after_one["ci_low"] > 0.5:
         return claim, said, found, "reproduced"
     depth = after_one["depth"]
     paper_at = after_one["paper_mad_chance"]
-    return claim, said, found, (f"not reproduced in blocks: one block does most of it; at the same fraction of depth "
-                                f"({depth:.2f}) the paper's curve is at {paper_at:.2f}")
+    return (
+        claim,
+        said,
+        found,
+        (
+            f"not reproduced in blocks: one block does most of it; at the same fraction of depth "
+            f"({depth:.2f}) the paper's curve is at {paper_at:.2f}"
+        ),
+    )
 
 
 def _alibi_floor(curve):
@@ -416,16 +533,24 @@ def _shed_at_the_end(curves):
 
 def _perplexity(loss: pd.DataFrame):
     claim = "NoPE's loss is slightly worse than the position-aware models'"
-    said = ("perplexity, 1.3B: The Pile NoPE 13.10 against 12.51-13.05 (+0.1 % in bits against learned), "
-            "WikiText-103 20.97 against 19.71-20.42; " + paper.PAPER_SCALE_CLAIM)
-    if "nope" not in set(loss["method"]) or len(loss) < 2:
+    said = (
+        "perplexity, 1.3B: The Pile NoPE 13.10 against 12.51-13.05 (+0.1 % in bits against learned), "
+        "WikiText-103 20.97 against 19.71-20.42; " + paper.PAPER_SCALE_CLAIM
+    )
+    if loss["reads_positions"].all() or len(loss) < 2:
         return claim, said, "no NoPE model and another to compare", "not measured"
-    nope = loss.loc[loss["method"] == "nope", "bits_per_byte"].iloc[0]
-    others = loss.loc[loss["method"] != "nope"]
+    nope = loss.loc[~loss["reads_positions"], "bits_per_byte"].iloc[0]
+    others = loss.loc[loss["reads_positions"]]
     found = ", ".join(f"{m} {b:.3f}" for m, b in zip(loss["method"], loss["bits_per_byte"])) + " bits/byte"
     worst, gap = nope >= others["bits_per_byte"].max(), nope / others["bits_per_byte"].min() - 1
     found += f"; NoPE {gap:+.1%} against the best"
     if worst and gap <= 0.05:
         return claim, said, found, "reproduced"
-    return claim, said, found, "direction only: NoPE worst, by more than the paper's few percent" if worst else \
-        "not reproduced: NoPE is not the worst"
+    return (
+        claim,
+        said,
+        found,
+        "direction only: NoPE worst, by more than the paper's few percent"
+        if worst
+        else "not reproduced: NoPE is not the worst",
+    )

@@ -36,8 +36,13 @@ def haviv_figure(table: pd.DataFrame) -> plt.Figure:
                 continue
             drawn = ax.plot(rows["depth"], rows["mad_chance"], line, marker=marker, label=f"ours, {label}")[0]
             ax.fill_between(rows["depth"], rows["ci_low"], rows["ci_high"], color=drawn.get_color(), alpha=0.2)
-            ax.axhline(rows["floor"].iloc[0], color=drawn.get_color(), linestyle=":", linewidth=1,
-                       label=f"{probe} floor ({rows['floor'].iloc[0]:.2f})")
+            ax.axhline(
+                rows["floor"].iloc[0],
+                color=drawn.get_color(),
+                linestyle=":",
+                linewidth=1,
+                label=f"{probe} floor ({rows['floor'].iloc[0]:.2f})",
+            )
         paper = theirs[theirs["method"] == method].sort_values("depth")
         if not paper.empty:
             ax.plot(paper["depth"], paper["mad_chance"], color="0.35", marker=".", label="Haviv et al. 2022, MLP")
@@ -77,17 +82,22 @@ def side_by_side_markdown(table: pd.DataFrame) -> str:
     lines = []
     for model, own in ours.groupby("model", sort=False):
         floors = {p: own.loc[own["probe"] == p, "floor"].iloc[0] for p in ("ridge", "mlp")}
-        lines += [f"**{model}** ({own['method'].iloc[0]}, {int(own['n_positions'].iloc[0])} positions, "
-                  f"{int(own['n_sequences'].iloc[0])} of {int(own['n_sequences_drawn'].iloc[0])} windows kept)", "",
-                  f"| layer | depth | ridge MAD/chance (floor {floors['ridge']:.2f}) | MLP MAD/chance (floor "
-                  f"{floors['mlp']:.2f}) | shuffled labels: ridge / MLP | Haviv et al. 2022 at that depth |",
-                  "|---|---|---|---|---|---|"]
+        lines += [
+            f"**{model}** ({own['method'].iloc[0]}, {int(own['n_positions'].iloc[0])} positions, "
+            f"{int(own['n_sequences'].iloc[0])} of {int(own['n_sequences_drawn'].iloc[0])} windows kept)",
+            "",
+            f"| layer | depth | ridge MAD/chance (floor {floors['ridge']:.2f}) | MLP MAD/chance (floor "
+            f"{floors['mlp']:.2f}) | shuffled labels: ridge / MLP | Haviv et al. 2022 at that depth |",
+            "|---|---|---|---|---|---|",
+        ]
         for layer, rows in own.groupby("layer"):
             get = {(r["probe"], r["fit"]): r for _, r in rows.iterrows()}
             ridge, mlp = get[("ridge", "linear")], get[("mlp", "linear")]
             shuffled = " / ".join(f"{get[(p, 'shuffled')]['mad_chance']:.2f}" for p in ("ridge", "mlp"))
             theirs = mlp["paper_mad_chance"]
-            paper = f"{theirs:.3f} (layer {int(mlp['paper_layer'])} of 24)" if not np.isnan(theirs) else "not in the paper"
+            paper = (
+                f"{theirs:.3f} (layer {int(mlp['paper_layer'])} of 24)" if not np.isnan(theirs) else "not in the paper"
+            )
             lines.append(f"| {layer} | {mlp['depth']:.2f} | {_cell(ridge)} | {_cell(mlp)} | {shuffled} | {paper} |")
         lines.append("")
     lines.append(f"Paper values: MAD / 341.33 (chance at 1,024 tokens) from `{PROBE_FILE}`.")
@@ -97,29 +107,63 @@ def side_by_side_markdown(table: pd.DataFrame) -> str:
 def summary_markdown(tables: dict[str, pd.DataFrame]) -> str:
     """The run's summary.md: side-by-side, losses, context-length axis, claims."""
     loss = tables["losses"]
-    loss_lines = ["| model | method | validation bits/byte | training levelled off (last tenth / tenth before) | "
-                  "gap to learned | paper ppl The Pile | paper ppl WikiText-103 | paper gap to learned (bits, The Pile) |",
-                  "|---|---|---|---|---|---|---|---|"]
+    loss_lines = [
+        "| model | method | validation bits/byte | training levelled off (last tenth / tenth before) | "
+        "gap to learned | paper ppl The Pile | paper ppl WikiText-103 | paper gap to learned (bits, The Pile) |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     for _, r in loss.iterrows():
-        levelled = "n/a" if pd.isna(r["train_loss_last"]) else \
-            f"{'yes' if r['levelled_off'] else 'no'} ({r['train_loss_last']:.3f} / {r['train_loss_before']:.3f})"
-        cells = [_number(r["bits_per_byte"], ".3f"), levelled, _number(r["gap_to_learned"], "+.1%"),
-                 _number(r["paper_ppl_the_pile"], ".2f"), _number(r["paper_ppl_wikitext-103"], ".2f"),
-                 _number(r["paper_gap_the_pile"], "+.2%")]
+        levelled = (
+            "n/a"
+            if pd.isna(r["train_loss_last"])
+            else f"{'yes' if r['levelled_off'] else 'no'} ({r['train_loss_last']:.3f} / {r['train_loss_before']:.3f})"
+        )
+        cells = [
+            _number(r["bits_per_byte"], ".3f"),
+            levelled,
+            _number(r["gap_to_learned"], "+.1%"),
+            _number(r["paper_ppl_the_pile"], ".2f"),
+            _number(r["paper_ppl_wikitext-103"], ".2f"),
+            _number(r["paper_gap_the_pile"], "+.2%"),
+        ]
         loss_lines.append(f"| {r['model']} | {r['method']} | " + " | ".join(cells) + " |")
     context = tables["context"]
     context_lines = ["| model | window (bytes) | probe | first layer <= 0.1 | depth |", "|---|---|---|---|---|"]
     for _, r in context.iterrows():
-        first = "not measured (past the model's window)" if not r["measured"] else \
-            ("none" if r["first_layer"] < 0 else str(int(r["first_layer"])))
+        first = (
+            "not measured (past the model's window)"
+            if not r["measured"]
+            else ("none" if r["first_layer"] < 0 else str(int(r["first_layer"])))
+        )
         depth = "" if pd.isna(r["depth"]) else f"{r['depth']:.2f}"
         context_lines.append(f"| {r['model']} | {int(r['length'])} | {r['probe']} | {first} | {depth} |")
     claims = tables["claims"]
     claim_lines = ["| claim | paper | ours | verdict |", "|---|---|---|---|"]
     claim_lines += [f"| {r['claim']} | {r['paper']} | {r['ours']} | {r['verdict']} |" for _, r in claims.iterrows()]
-    return "\n".join(["# nopelens compare haviv", "", "## MAD/chance by layer", "", side_by_side_markdown(tables["haviv"]),
-                      "", "## Validation loss", "", *loss_lines, "", "## Context length (NoPE)", "", *context_lines,
-                      "", context_sentence(context), "", "## Claims", "", *claim_lines, ""])
+    return "\n".join(
+        [
+            "# nopelens compare haviv",
+            "",
+            "## MAD/chance by layer",
+            "",
+            side_by_side_markdown(tables["haviv"]),
+            "",
+            "## Validation loss",
+            "",
+            *loss_lines,
+            "",
+            "## Context length (NoPE)",
+            "",
+            *context_lines,
+            "",
+            context_sentence(context),
+            "",
+            "## Claims",
+            "",
+            *claim_lines,
+            "",
+        ]
+    )
 
 
 def context_sentence(context: pd.DataFrame) -> str:
@@ -139,8 +183,10 @@ def context_sentence(context: pd.DataFrame) -> str:
 def write_report(folder: str | Path, tables: dict[str, pd.DataFrame]) -> list[Path]:
     """Render the tables into ``folder``: haviv.md (the side-by-side), summary.md and haviv.png/.svg."""
     folder = Path(folder)
-    written = [write_text_atomic(folder / "haviv.md", side_by_side_markdown(tables["haviv"]) + "\n"),
-               write_text_atomic(folder / "summary.md", summary_markdown(tables))]
+    written = [
+        write_text_atomic(folder / "haviv.md", side_by_side_markdown(tables["haviv"]) + "\n"),
+        write_text_atomic(folder / "summary.md", summary_markdown(tables)),
+    ]
     fig = haviv_figure(tables["haviv"])
     written += save_figure(fig, folder / "haviv")
     plt.close(fig)

@@ -29,8 +29,8 @@ import pandas as pd
 import seaborn as sns
 
 from nopelens.models import DecoderConfig
-from nopelens.models.tasks import make_task
 from nopelens.models.io import write_csv_atomic
+from nopelens.models.tasks import make_task
 from nopelens.models.threads import limited_threads
 from nopelens.models.training import evaluate_exact_match, train
 
@@ -100,7 +100,9 @@ def _config(task, method: str, settings: LengthGenSettings) -> DecoderConfig:
     )
 
 
-def run_one(task_name: str, method: str, seed: int, settings: LengthGenSettings, progress: bool = False) -> pd.DataFrame:
+def run_one(
+    task_name: str, method: str, seed: int, settings: LengthGenSettings, progress: bool = False
+) -> pd.DataFrame:
     """Train one model and return its exact match at every length ``1 .. 2L`` (tidy rows)."""
     task = make_task(task_name, n_symbols=settings.n_symbols)
     L = settings.train_max_len
@@ -117,8 +119,9 @@ def run_one(task_name: str, method: str, seed: int, settings: LengthGenSettings,
         threads=settings.threads,
     )
     with limited_threads(settings.threads):
-        table = evaluate_exact_match(trained, task, range(1, 2 * L + 1), n=settings.n_eval, seed=10_000 + seed,
-                                     progress=progress)
+        table = evaluate_exact_match(
+            trained, task, range(1, 2 * L + 1), n=settings.n_eval, seed=10_000 + seed, progress=progress
+        )
     table.insert(1, "method", method)
     table.insert(2, "seed", seed)
     table["train_max_len"] = L
@@ -145,7 +148,9 @@ def summarize(results: pd.DataFrame) -> pd.DataFrame:
     )
     summary["kazemnejad_2023_repeat_copy"] = summary["method"].map(KAZEMNEJAD_2023)
     order = {m: i for i, m in enumerate(METHODS)}
-    return summary.sort_values(["task", "method"], key=lambda s: s.map(order) if s.name == "method" else s).reset_index(drop=True)
+    return summary.sort_values(["task", "method"], key=lambda s: s.map(order) if s.name == "method" else s).reset_index(
+        drop=True
+    )
 
 
 def plot(results: pd.DataFrame, out_stem: Path) -> list[Path]:
@@ -162,9 +167,18 @@ def lengthgen_figure(results: pd.DataFrame):
     methods = [m for m in METHODS if m in set(results["method"])]
     sns.set_theme(style="whitegrid", context="notebook")
     grid = sns.relplot(
-        data=results, x="length", y="exact_match", hue="method", hue_order=methods,
-        palette={m: method_color(m) for m in methods}, col="task", kind="line", marker="o", errorbar=("pi", 100),
-        height=3.3, aspect=1.3,
+        data=results,
+        x="length",
+        y="exact_match",
+        hue="method",
+        hue_order=methods,
+        palette={m: method_color(m) for m in methods},
+        col="task",
+        kind="line",
+        marker="o",
+        errorbar=("pi", 100),
+        height=3.3,
+        aspect=1.3,
     )
     for ax in grid.axes.flat:
         ax.axvline(L + 0.5, color="grey", linestyle="--", linewidth=1)
@@ -172,8 +186,11 @@ def lengthgen_figure(results: pd.DataFrame):
         ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
     grid.set_titles("{col_name}")
     grid.set_axis_labels("problem size (symbols)", "exact match (fraction of sequences)")
-    grid.figure.suptitle(f"Length generalization: trained on sizes 1-{L} (left of the dashed line), tested up to "
-                         f"{2 * L}\n(a point: mean exact match over seeds; band: their range)", y=1.13)
+    grid.figure.suptitle(
+        f"Length generalization: trained on sizes 1-{L} (left of the dashed line), tested up to "
+        f"{2 * L}\n(a point: mean exact match over seeds; band: their range)",
+        y=1.13,
+    )
     return grid.figure
 
 
@@ -186,15 +203,25 @@ def _valid_rows(results: pd.DataFrame, train_max_len: int) -> pd.DataFrame:
     integer seed >= 0 and length >= 1, an exact match in [0, 1], and ``in_distribution`` a boolean
     equal to ``length <= train_max_len``. pandas reads a column with one bad cell as text, so each
     is parsed here."""
-    seed, length, exact = (pd.to_numeric(results[column], errors="coerce") for column in ("seed", "length", "exact_match"))
+    seed, length, exact = (
+        pd.to_numeric(results[column], errors="coerce") for column in ("seed", "length", "exact_match")
+    )
     flag = results["in_distribution"].map(
-        lambda cell: {"true": True, "false": False, "1": True, "0": False}.get(str(cell).strip().lower()))
+        lambda cell: {"true": True, "false": False, "1": True, "0": False}.get(str(cell).strip().lower())
+    )
 
     def whole(number: pd.Series, low: int) -> pd.Series:
         return (number == number.round()) & number.between(low, 2**62)
 
-    valid = (results["task"].isin(TASK_NAMES) & results["method"].isin(METHODS) & whole(seed, 0) & whole(length, 1)
-             & exact.between(0, 1) & flag.notna() & (flag == (length <= train_max_len)))
+    valid = (
+        results["task"].isin(TASK_NAMES)
+        & results["method"].isin(METHODS)
+        & whole(seed, 0)
+        & whole(length, 1)
+        & exact.between(0, 1)
+        & flag.notna()
+        & (flag == (length <= train_max_len))
+    )
     parsed = results.assign(seed=seed, length=length, exact_match=exact, in_distribution=flag)[valid]
     return parsed.astype({"seed": int, "length": int, "exact_match": float, "in_distribution": bool})
 
@@ -205,6 +232,7 @@ def _read_results(path: Path, train_max_len: int) -> pd.DataFrame:
     damaged cell (empty, not a number, out of range: :func:`_valid_rows`), or whose rows do not cover
     every length ``1 .. 2 train_max_len`` (a truncated file), is left out, named, and measured again;
     the other runs are kept."""
+
     def measure_all_again(why: str) -> pd.DataFrame:
         print(f"nopelens lengthgen: {path} {why}; measuring every run again", file=sys.stderr)
         return pd.DataFrame()
@@ -226,8 +254,11 @@ def _read_results(path: Path, train_max_len: int) -> pd.DataFrame:
     lengths = set(range(1, 2 * train_max_len + 1))
     complete = results.groupby(run)["length"].transform(lambda rows: set(rows) == lengths and len(rows) == len(lengths))
     for (task, method, seed), _ in results[~complete.astype(bool)].groupby(run):
-        print(f"nopelens lengthgen: {path} holds only part of {task} {method} seed {seed} (a truncated or damaged "
-              "file?); measuring it again", file=sys.stderr)
+        print(
+            f"nopelens lengthgen: {path} holds only part of {task} {method} seed {seed} (a truncated or damaged "
+            "file?); measuring it again",
+            file=sys.stderr,
+        )
     return results[complete.astype(bool)].reset_index(drop=True)
 
 
@@ -275,7 +306,10 @@ def run_lengthgen(
     write_csv_atomic(summary, out_dir / "summary.csv")
     single = summary[summary["seeds"] < 2]
     if len(single):
-        print(f"nopelens lengthgen: exact_match_longer_std is empty in summary.csv for {len(single)} task and method "
-              "pair(s) with one seed (a std over seeds needs two)", file=sys.stderr)
+        print(
+            f"nopelens lengthgen: exact_match_longer_std is empty in summary.csv for {len(single)} task and method "
+            "pair(s) with one seed (a std over seeds needs two)",
+            file=sys.stderr,
+        )
     plot(results, out_dir / "lengthgen")
     return results

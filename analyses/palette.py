@@ -42,8 +42,11 @@ UNKNOWN_COLOR = "#777777"
 ROLE_LINESTYLES = {"trained": "-", "external": "-", "circuit": "--", "untrained": ":", "constant": "-."}
 """Subject kind -> line style: controls are drawn in their own style."""
 
-ROLE_NAMES = {"circuit": "positive control", "untrained": "negative control, untrained",
-              "constant": "negative control, constant input"}
+ROLE_NAMES = {
+    "circuit": "positive control",
+    "untrained": "negative control, untrained",
+    "constant": "negative control, constant input",
+}
 """How a legend names a control's role."""
 
 MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*", "h", "<")

@@ -14,16 +14,34 @@ import dataclasses
 import textwrap
 from typing import Mapping, Sequence
 
-import numpy as np
 import pandas as pd
 
 from nopelens.models.compat import moved_names
 from nopelens.models.io import write_text_atomic
 
-from .sweep import layers, reads, seeds
 from .figures import (
-    probe_figure, save_figure, sink_ablation_figure, sink_figure, site_figure, site_rows, variance_figure,
+    probe_figure,
+    save_figure,
+    sink_ablation_figure,
+    sink_figure,
+    site_figure,
+    site_rows,
+    variance_figure,
 )
+from .layer_tables import (  # noqa: F401  (the per-layer tables' names, re-exported)
+    LAYER_HEADLINE,
+    LAYER_NOTE,
+    SCREEN_WIDTH,
+    SEEDS_LAYER_NOTE,
+    _markdown,
+    _text,
+    fit_width,
+    layer_table,
+    layer_tables_markdown,
+    layer_tables_text,
+    low_selectivity_lines,
+)
+from .sweep import layers, reads, seeds
 from .sweep.reads import NO_LAYER_CLEARS, SweepRead
 
 SEEDS_NOTE = (
@@ -52,141 +70,12 @@ def summary_headers(sweep_reads: Sequence[SweepRead] | None = None) -> dict[str,
     return {"model": "model", **{read.column: read.header for read in chosen}, **NUMBER_HEADERS}
 
 
-# ----------------------------------------------------------------------------- tables on a screen
-
-
-SCREEN_WIDTH = 100
-"""Characters a printed table may take; wider ones are split into column groups (:func:`fit_width`)."""
-
-
-def fit_width(table: pd.DataFrame, render, width: int = SCREEN_WIDTH, keep: int = 1) -> list[str]:
-    """``table`` rendered in column groups that each fit ``width`` characters.
-
-    Args:
-        table: the table.
-        render: DataFrame -> text (``lambda t: t.to_string(index=False)``, ``to_markdown``).
-        width: the widest line allowed (a single column wider than that is shown alone).
-        keep: how many leading columns (the row labels) every group repeats.
-
-    Returns:
-        The rendered groups, in column order.
-    """
-    fixed, rest = list(table.columns[:keep]), list(table.columns[keep:])
-    groups, current = [], []
-    for column in rest:
-        trial = render(table[fixed + current + [column]])
-        if current and max(len(line) for line in trial.splitlines()) > width:
-            groups.append(current)
-            current = [column]
-        else:
-            current.append(column)
-    groups.append(current)
-    return [render(table[fixed + group]) for group in groups]
-
-
-def _text(table: pd.DataFrame) -> str:
-    return table.to_string(index=False)
-
-
-def _markdown(table: pd.DataFrame) -> str:
-    return table.to_markdown(index=False)
-
-
-def _number(value: float) -> str:
-    text = f"{value:.2f}"
-    return "0.00" if text == "-0.00" else text
-
-
-def _with_ci(value, low, high, clears) -> str:
-    if pd.isna(value):
-        return "n/a"
-    ci = "" if pd.isna(low) else f" [{_number(low)}, {_number(high)}]"
-    return f"{_number(value)}{ci}{'*' if clears is True else ''}"
-
-
-def layer_table(curves: pd.DataFrame, model: str, sweep_reads: Sequence[SweepRead] | None = None) -> pd.DataFrame:
-    """One model's per-layer table: a row per layer, a column per curve
-    (:func:`~nopelens.analyses.sweep.layers.curves_of`), each cell ``value [95 % CI]``, ``*`` where the
-    CI clears the read's bar, ``n/a`` where the model has no such site; sink heads as ``k/n``.
-    With several training seeds a cell holds the means over seeds (value and CI bounds), ``*``
-    where every seed clears the bar, and the sink column the mean fraction of sink heads."""
-    rows = curves[curves["model"] == model]
-    several = rows["train_seed"].nunique() > 1
-    table = pd.DataFrame({"layer": sorted(rows["layer"].unique())})
-    for curve in layers.curves_of(sweep_reads):
-        picked = rows[rows["curve"] == curve.key]
-        by_layer = picked.groupby("layer").agg(value=("value", "mean"), ci_low=("ci_low", "mean"),
-                                               ci_high=("ci_high", "mean"), n_heads=("n_heads", "first"),
-                                               clears=("clears", lambda c: bool(c.notna().all() and c.all())
-                                                       if c.notna().any() else None))
-        if curve.key == layers.SINK_RATE:
-            cells = {layer: ("n/a" if row.value != row.value else f"{row.value:.2f}" if several
-                             else f"{round(row.value * row.n_heads)}/{row.n_heads}")  # n/a: no head got a verdict
-                     for layer, row in by_layer.iterrows()}
-            missing = np.where(table["layer"] == 0, "", "n/a")  # layer 0: the embeddings, no block
-            table[curve.label] = table["layer"].map(cells).fillna(pd.Series(missing, index=table.index))
-        else:
-            cells = {layer: _with_ci(row.value, row.ci_low, row.ci_high, row.clears) for layer, row in by_layer.iterrows()}
-            table[curve.label] = table["layer"].map(cells).fillna("n/a")
-    return table
-
-
-LAYER_NOTE = ("value [95 % CI over sequences] per layer (0 = embeddings, l + 1 = output of block l; an attention "
-              "read of block l sits at layer l + 1); * = the CI clears the read's bar; n/a = no such site (or a "
-              "block --layers left out: listed under Not applicable), or a metric undefined there (Spearman's ρ of "
-              "predictions that are all equal); "
-              "MAD/chance: 0 = exact, about 0.75 = predicting the mean; sink heads: heads of block l with Gu et "
-              "al.'s score > 0.3, at layer l + 1 (n/a: no verdict where uniform attention alone scores > 0.3 over the "
-              "queries scored, under a short window or on short sequences: gu_chance in sinks.csv; or no sink read "
-              "at that block: listed under Not applicable).")
-SEEDS_LAYER_NOTE = (" Several training seeds: each cell is the mean over seeds of the value and of its CI bounds; "
-                    "* = every seed clears the bar; sink heads: the mean fraction.")
-
-
-LAYER_HEADLINE = "Per layer: value [95 % CI over sequences], * = the CI clears the read's bar (notes below)"
-
-
-def low_selectivity_lines(low: pd.DataFrame | None, model: str) -> list[str]:
-    """One short line per read of ``model`` whose selectivity is low
-    (:func:`~nopelens.analyses.sweep.layers.low_selectivity`): its best value, the layer, the
-    selectivity and what the Hewitt & Liang control task scores there."""
-    if low is None or low.empty:
-        return []
-    return [f"{row.label} {_number(row.value)} (layer {row.layer}): low selectivity {_number(row.selectivity)}, "
-            f"the control task scores {_number(row.value - row.selectivity)}"
-            for row in low[low["model"] == model].itertuples()]
-
-
-def layer_tables_text(curves: pd.DataFrame, sweep_reads: Sequence[SweepRead] | None = None,
-                      width: int = SCREEN_WIDTH, low: pd.DataFrame | None = None) -> str:
-    """Every model's :func:`layer_table` as plain text, each part at most ``width`` characters: a
-    headline, each model's table and its :func:`low_selectivity_lines` (``low``), then the notes."""
-    several = curves.groupby("model")["train_seed"].nunique().max() > 1
-    parts = [LAYER_HEADLINE]
-    for model in curves["model"].unique():
-        parts.append(f"\n{model}")
-        parts.extend(fit_width(layer_table(curves, model, sweep_reads), _text, width))
-        parts.extend(textwrap.fill(line, width, subsequent_indent="  ") for line in low_selectivity_lines(low, model))
-    parts.append("\n" + textwrap.fill(LAYER_NOTE + (SEEDS_LAYER_NOTE if several else ""), width))
-    return "\n".join(parts)
-
-
-def layer_tables_markdown(curves: pd.DataFrame, sweep_reads: Sequence[SweepRead] | None = None,
-                          low: pd.DataFrame | None = None) -> list[str]:
-    """The "Per layer" section of ``summary.md``: :func:`layer_table` of every model, each with its
-    :func:`low_selectivity_lines` (``low``)."""
-    several = curves.groupby("model")["train_seed"].nunique().max() > 1
-    lines = ["## Per layer", "", LAYER_NOTE + (SEEDS_LAYER_NOTE if several else ""), ""]
-    for model in curves["model"].unique():
-        lines += [f"### {model}", ""]
-        for part in fit_width(layer_table(curves, model, sweep_reads), _markdown):
-            lines += [part, ""]
-        lines += [line for text in low_selectivity_lines(low, model) for line in (text, "")]
-    return lines
-
-
-def summary_text(summary: pd.DataFrame, sweep_reads: Sequence[SweepRead] | None = None,
-                 width: int = SCREEN_WIDTH, not_applicable: Mapping[str, Mapping[str, str]] | None = None) -> str:
+def summary_text(
+    summary: pd.DataFrame,
+    sweep_reads: Sequence[SweepRead] | None = None,
+    width: int = SCREEN_WIDTH,
+    not_applicable: Mapping[str, Mapping[str, str]] | None = None,
+) -> str:
     """The summary table (:func:`summary_table`) as plain text in column groups of at most ``width``,
     then the reads each model left out and why (``not_applicable``, :func:`not_applicable_reads`)."""
     tables = fit_width(summary_table(summary, sweep_reads, not_applicable), _text, width)
@@ -208,19 +97,26 @@ def not_applicable_reads(subjects: Mapping[str, dict]) -> dict[str, dict[str, st
     return reasons
 
 
-def not_applicable_text(not_applicable: Mapping[str, Mapping[str, str]], bullet: str = "",
-                        width: int | None = None) -> str:
+def not_applicable_text(
+    not_applicable: Mapping[str, Mapping[str, str]], bullet: str = "", width: int | None = None
+) -> str:
     """``not_applicable`` (:func:`not_applicable_reads`) as lines ``model, read: why``, each wrapped at
     ``width`` characters when given (on screen; Markdown keeps one line per read)."""
-    lines = [f"{bullet}{model}, {read}: {why}" for model, notes in not_applicable.items()
-             for read, why in sorted(notes.items())]
+    lines = [
+        f"{bullet}{model}, {read}: {why}"
+        for model, notes in not_applicable.items()
+        for read, why in sorted(notes.items())
+    ]
     if width is not None:
         lines = [textwrap.fill(line, width, subsequent_indent="  ") for line in lines]
     return "\n".join(["Not applicable:"] + lines)
 
 
-def summary_table(summary: pd.DataFrame, sweep_reads: Sequence[SweepRead] | None = None,
-                  not_applicable: Mapping[str, Mapping[str, str]] | None = None) -> pd.DataFrame:
+def summary_table(
+    summary: pd.DataFrame,
+    sweep_reads: Sequence[SweepRead] | None = None,
+    not_applicable: Mapping[str, Mapping[str, str]] | None = None,
+) -> pd.DataFrame:
     """The summary with readable headers, "none" for targets no layer recovered, "n/a" for reads the
     model has no site for (no ``hook_attn_scores``) and for selectivity where the control task is
     undefined, rounded numbers; ``sweep_reads`` are the reads whose first layers it holds (default
@@ -238,23 +134,30 @@ def summary_table(summary: pd.DataFrame, sweep_reads: Sequence[SweepRead] | None
         table[column] = table[column].map(_layer_text)
         if f"{column}_per_seed" in table:
             per_seed = table.pop(f"{column}_per_seed").str.replace(str(NO_LAYER_CLEARS), "none")
-            table[column] = [f"{agreed} ({seeds})" if n_seeds > 1 else agreed
-                             for agreed, seeds, n_seeds in zip(table[column], per_seed, table["n_seeds"])]
+            table[column] = [
+                f"{agreed} ({seeds})" if n_seeds > 1 else agreed
+                for agreed, seeds, n_seeds in zip(table[column], per_seed, table["n_seeds"])
+            ]
     table = table.round(3)
     skipped = not_applicable or {}
 
     def missing(model, read: str, otherwise: str) -> str:
         return NOT_READ if read in skipped.get(model, {}) else otherwise
 
-    table["variance_slope_block0"] = [missing(model, "variance read", "n/a (variance 0)") if pd.isna(v) else f"{v:.3f}"
-                                      for model, v in zip(table["model"], table["variance_slope_block0"])]
+    table["variance_slope_block0"] = [
+        missing(model, "variance read", "n/a (variance 0)") if pd.isna(v) else f"{v:.3f}"
+        for model, v in zip(table["model"], table["variance_slope_block0"])
+    ]
     if "sink_rate" in table:
-        table["sink_rate"] = [missing(model, "sink read", "n/a") if pd.isna(v) else v
-                              for model, v in zip(table["model"], table["sink_rate"])]
+        table["sink_rate"] = [
+            missing(model, "sink read", "n/a") if pd.isna(v) else v
+            for model, v in zip(table["model"], table["sink_rate"])
+        ]
     # NaN selectivity: the control task is undefined (every sampled token has one id)
     if "selectivity_at_best" in table:
         table["selectivity_at_best"] = table["selectivity_at_best"].map(
-            lambda v: "n/a (one token id)" if pd.isna(v) else v)
+            lambda v: "n/a (one token id)" if pd.isna(v) else v
+        )
     for column in [c for c in table.columns if c.endswith("_seed_sd")]:
         spread = table.pop(column)
         name = column[: -len("_seed_sd")]
@@ -281,11 +184,15 @@ def first_layer_note(sweep_reads: Sequence[SweepRead] | None = None) -> str:
     if len(bars) == 1 and lower:
         rule = f"whose 95 % CI lower bound clears {bars[0]:g}"
     else:
-        rule = ("whose 95 % CI clears the bar in its column's header (≥: the lower bound reaches it; ≤: the upper "
-                "bound stays at or below it)")
-    return (f"First layer {rule} (layer 0 = embeddings, layer l + 1 = output of block l; an attention read of "
-            "block l is reported at layer l + 1). `none`: no layer cleared it; `n/a`: the model has no site for "
-            "that read, or its metric is undefined there (Spearman's ρ of predictions that are all equal). The numbers behind each first layer are in the per-layer tables above.")
+        rule = (
+            "whose 95 % CI clears the bar in its column's header (≥: the lower bound reaches it; ≤: the upper "
+            "bound stays at or below it)"
+        )
+    return (
+        f"First layer {rule} (layer 0 = embeddings, layer l + 1 = output of block l; an attention read of "
+        "block l is reported at layer l + 1). `none`: no layer cleared it; `n/a`: the model has no site for "
+        "that read, or its metric is undefined there (Spearman's ρ of predictions that are all equal). The numbers behind each first layer are in the per-layer tables above."
+    )
 
 
 READS_TEXT = (
@@ -307,30 +214,36 @@ NUMBERS_TEXT = (
     "Every column of every table is described in docs/schema.md."
 )
 
-FIGURE_TITLES = {"probes": "per-layer probe curves", "sites": "absolute index inside each block",
-                 "sinks": "attention-sink scores", "variance": "attention-output variance",
-                 "sink_ablation": "sink ablation"}
+FIGURE_TITLES = {
+    "probes": "per-layer probe curves",
+    "sites": "absolute index inside each block",
+    "sinks": "attention-sink scores",
+    "variance": "attention-output variance",
+    "sink_ablation": "sink ablation",
+}
 
-_STYLE_KEY = ("Colour: the model's position method, the same in every figure of every run; line: solid for a "
-              "trained model, dashed for the circuit (positive control), dotted for the untrained model and "
-              "dash-dot for constant input (negative controls).")
+_STYLE_KEY = (
+    "Colour: the model's position method, the same in every figure of every run; line: solid for a "
+    "trained model, dashed for the circuit (positive control), dotted for the untrained model and "
+    "dash-dot for constant input (negative controls)."
+)
 
 FIGURE_CAPTIONS = {
     "probes": "A point is one model's score of one read at one layer (layer 0 = the embeddings, layer l + 1 = the "
-              "output of block l), from the linear probe on held-out sequences; band: 95 % bootstrap CI over "
-              "sequences (several training seeds: their range); grey line: the read's threshold. " + _STYLE_KEY,
+    "output of block l), from the linear probe on held-out sequences; band: 95 % bootstrap CI over "
+    "sequences (several training seeds: their range); grey line: the read's threshold. " + _STYLE_KEY,
     "sites": "A point is the absolute-index R² of the linear probe at one site of one model: the residual stream at "
-             "layer l (0 = embeddings), and block l's attention output, the residual after its attention and its "
-             "MLP output between layer l and l + 1; band and bars: 95 % CI over sequences. Panel titles are in the "
-             "colour of the model's position method.",
+    "layer l (0 = embeddings), and block l's attention output, the residual after its attention and its "
+    "MLP output between layer l and l + 1; band and bars: 95 % CI over sequences. Panel titles are in the "
+    "colour of the model's position method.",
     "sinks": "A cell is one head (block l, head h) of one model: its sink score, the mean attention on the first "
-             "token; outlined: a sink. Panel titles are in the colour of the model's position method.",
+    "token; outlined: a sink. Panel titles are in the colour of the model's position method.",
     "variance": "A point is the variance across sequences of block l's attention output at one position of one "
-                "model; dashed: slope −1, the 1/(i + 1) law of uniform causal attention. Panel titles are in the "
-                "colour of the model's position method.",
+    "model; dashed: slope −1, the 1/(i + 1) law of uniform causal attention. Panel titles are in the "
+    "colour of the model's position method.",
     "sink_ablation": "A pair of bars is the absolute-index R² at layer l + 1 (the output of block l), clean and with "
-                     "the first token removed from block l's keys, with 95 % CIs. Panel titles are in the colour "
-                     "of the model's position method.",
+    "the first token removed from block l's keys, with 95 % CIs. Panel titles are in the colour "
+    "of the model's position method.",
 }
 """What a point is in each figure of a sweep's run folder: the caption under it in ``summary.md``."""
 
@@ -340,8 +253,9 @@ def caption(stem: str) -> str:
     return textwrap.fill(f"*{FIGURE_CAPTIONS[stem]}*", 100)
 
 
-def summary_markdown(result, settings, command: str, versions: dict[str, str], figures: Sequence[str] = (),
-                     name: str = "sweep") -> str:
+def summary_markdown(
+    result, settings, command: str, versions: dict[str, str], figures: Sequence[str] = (), name: str = "sweep"
+) -> str:
     """The ``summary.md`` of a sweep or ``nopelens probe`` (``name``): the per-layer tables (with a
     line under a model's table for each read whose selectivity is low) and their figure first,
     then the first layer at a bar and the summary's numbers, the other figures in ``figures`` (the
@@ -356,45 +270,51 @@ def summary_markdown(result, settings, command: str, versions: dict[str, str], f
         tables.append(not_applicable_text(skipped, bullet="- "))
     settings_text = ", ".join(f"{k}={v}" for k, v in dataclasses.asdict(settings).items())
     version_text = ", ".join(f"{k} {v}" for k, v in versions.items())
-    pictures = [f"![{FIGURE_TITLES.get(stem.split('-')[0], stem)}]({stem}.png)\n\n{caption(stem.split('-')[0])}"
-                for stem in figures if stem != "sink_ablation"]
+    pictures = [
+        f"![{FIGURE_TITLES.get(stem.split('-')[0], stem)}]({stem}.png)\n\n{caption(stem.split('-')[0])}"
+        for stem in figures
+        if stem != "sink_ablation"
+    ]
     # the curves' figure (probes.png, or probes-<variant>.png) right after their tables
     curves_first = pictures[:1] if figures and figures[0].startswith("probes") else []
     low = layers.low_selectivity(result.probes, sweep_reads)
-    return "\n".join([
-        f"# nopelens {name}",
-        "",
-        *(layer_tables_markdown(result.curves, sweep_reads, low) if result.curves is not None else []),
-        *[line for picture in curves_first for line in (picture, "")],
-        "## First layer at a bar",
-        "",
-        first_layer_note(sweep_reads),
-        *([""] + [SEEDS_NOTE] if "n_seeds" in result.summary else []),
-        "",
-        "\n\n".join(tables),
-        "",
-        READS_TEXT,
-        "",
-        NUMBERS_TEXT,
-        "",
-        *[line for picture in pictures[len(curves_first):] for line in (picture, "")],
-        *_sink_ablation_section(result, "sink_ablation" in figures),
-        *measured_markdown(result.subjects),
-        f"Command: `{command}`",
-        "",
-        f"Settings: {settings_text} (seq_len is the length asked for; each model's own is in the table above)",
-        "",
-        f"Versions: {version_text}",
-        "",
-    ])
+    return "\n".join(
+        [
+            f"# nopelens {name}",
+            "",
+            *(layer_tables_markdown(result.curves, sweep_reads, low) if result.curves is not None else []),
+            *[line for picture in curves_first for line in (picture, "")],
+            "## First layer at a bar",
+            "",
+            first_layer_note(sweep_reads),
+            *([""] + [SEEDS_NOTE] if "n_seeds" in result.summary else []),
+            "",
+            "\n\n".join(tables),
+            "",
+            READS_TEXT,
+            "",
+            NUMBERS_TEXT,
+            "",
+            *[line for picture in pictures[len(curves_first) :] for line in (picture, "")],
+            *_sink_ablation_section(result, "sink_ablation" in figures),
+            *measured_markdown(result.subjects),
+            f"Command: `{command}`",
+            "",
+            f"Settings: {settings_text} (seq_len is the length asked for; each model's own is in the table above)",
+            "",
+            f"Versions: {version_text}",
+            "",
+        ]
+    )
 
 
 SWEEP_FIGURES = ("probes", "sites", "sinks", "variance", "sink_ablation")
 """The stems of every figure :func:`write_run` may draw."""
 
 
-def write_run(result, settings, command: str, versions: dict[str, str], svg: bool = False, name: str = "sweep",
-              draw: bool = True) -> list[str]:
+def write_run(
+    result, settings, command: str, versions: dict[str, str], svg: bool = False, name: str = "sweep", draw: bool = True
+) -> list[str]:
     """Draw a sweep's figures (PNG; also SVG if ``svg``; none unless ``draw``) and write its
     ``summary.md`` into ``result.out_dir``, whose tables :func:`~nopelens.analyses.sweep.driver.sweep`
     wrote. ``result`` and ``settings``: as :func:`summary_markdown`. Reads other than the default
@@ -419,8 +339,9 @@ def write_run(result, settings, command: str, versions: dict[str, str], svg: boo
         if draw:
             save_figure(probe_figure(result.curves, result.reads, result.subjects), out / stem, formats)
         drawn = [stem] if draw else []
-        write_text_atomic(out / f"summary-{variant}.md",
-                          summary_markdown(result, settings, command, versions, drawn + others, name))
+        write_text_atomic(
+            out / f"summary-{variant}.md", summary_markdown(result, settings, command, versions, drawn + others, name)
+        )
         return drawn
     figures = {"probes": lambda: probe_figure(result.curves, result.reads, result.subjects)}
     if not site_rows(result.probes).query("kind != 'residual'").empty:
@@ -451,13 +372,20 @@ def measured_table(subjects: Mapping[str, dict]) -> pd.DataFrame:
     """What each (model, training seed) was read on, from its ``done.json`` (``read``): the
     evaluation sequences, the tokens per sequence (BOS included; ``min–max`` where sequences of
     mixed lengths are padded, as a synthetic task's are) and whether they start with BOS."""
+
     def tokens(read: dict) -> str:
         low, high = read["tokens"]
         return str(low) if low == high else f"{low}–{high}"
 
-    rows = [{"model": label, "sequences": info["read"]["sequences"] if "read" in info else NOT_RECORDED,
-             "tokens per sequence": tokens(info["read"]) if "read" in info else NOT_RECORDED,
-             "BOS": "yes" if info.get("has_bos") else "no"} for label, info in subjects.items()]
+    rows = [
+        {
+            "model": label,
+            "sequences": info["read"]["sequences"] if "read" in info else NOT_RECORDED,
+            "tokens per sequence": tokens(info["read"]) if "read" in info else NOT_RECORDED,
+            "BOS": "yes" if info.get("has_bos") else "no",
+        }
+        for label, info in subjects.items()
+    ]
     return pd.DataFrame(rows, columns=["model", "sequences", "tokens per sequence", "BOS"])
 
 
@@ -465,10 +393,15 @@ def measured_markdown(subjects: Mapping[str, dict]) -> list[str]:
     """The "What was measured" section of ``summary.md`` (:func:`measured_table`)."""
     if not subjects:
         return []
-    return ["## What was measured", "",
-            "The evaluation sequences each model was read on, as read (synthetic-task models are read at their "
-            "longest training length, whatever --seq-len says).", "",
-            measured_table(subjects).to_markdown(index=False), ""]
+    return [
+        "## What was measured",
+        "",
+        "The evaluation sequences each model was read on, as read (synthetic-task models are read at their "
+        "longest training length, whatever --seq-len says).",
+        "",
+        measured_table(subjects).to_markdown(index=False),
+        "",
+    ]
 
 
 def _sink_ablation_section(result, figure: bool = True) -> list[str]:
@@ -492,6 +425,7 @@ def _sink_ablation_section(result, figure: bool = True) -> list[str]:
 
 def sink_ablation_markdown(table: pd.DataFrame) -> str:
     """The sweep's compact table: one row per model, one column per block (R² clean → ablated)."""
+
     def cell(row) -> str:
         if row["status"] != "measured":
             return "n/a"
@@ -502,8 +436,23 @@ def sink_ablation_markdown(table: pd.DataFrame) -> str:
     return grid.reset_index().fillna("").to_markdown(index=False)
 
 
-__getattr__ = moved_names(__name__, moved={
-    **dict.fromkeys(("intervention_figure", "REPRODUCIBLE", "NO_STAMPS", "LAYER_AXIS", "TOL_BRIGHT", "SITE_KIND_NAMES",
-                     "CONDITION_COLORS", "CONDITION_NAMES"), "nopelens.analyses.figures"),
-    **dict.fromkeys(("Style", "model_styles", "MARKERS"), "nopelens.analyses.palette")},
-    gone={"TOL_MUTED": "nopelens.analyses.palette.METHOD_COLORS (a fixed colour per position method)"})
+__getattr__ = moved_names(
+    __name__,
+    moved={
+        **dict.fromkeys(
+            (
+                "REPRODUCIBLE",
+                "NO_STAMPS",
+                "LAYER_AXIS",
+                "TOL_BRIGHT",
+                "SITE_KIND_NAMES",
+                "CONDITION_COLORS",
+                "CONDITION_NAMES",
+            ),
+            "nopelens.analyses.figures",
+        ),
+        "intervention_figure": "nopelens.analyses.command_figures",
+        **dict.fromkeys(("Style", "model_styles", "MARKERS"), "nopelens.analyses.palette"),
+    },
+    gone={"TOL_MUTED": "nopelens.analyses.palette.METHOD_COLORS (a fixed colour per position method)"},
+)

@@ -58,8 +58,15 @@ def settings_digest(settings: dict[str, Any], ignore: Sequence[str] = ()) -> str
     return hashlib.sha256(json.dumps(measured, sort_keys=True).encode()).hexdigest()[:12]
 
 
-def claim(folder: str | Path, kind: str, settings: dict[str, Any], ignore: Sequence[str] = (),
-          command: str | None = None, unset: dict[str, Any] | None = None, run: str | None = None) -> Path:
+def claim(
+    folder: str | Path,
+    kind: str,
+    settings: dict[str, Any],
+    ignore: Sequence[str] = (),
+    command: str | None = None,
+    unset: dict[str, Any] | None = None,
+    run: str | None = None,
+) -> Path:
     """Make ``folder`` the run folder of a ``kind`` analysis with ``settings``, or refuse it.
 
     Writes ``<kind>.json`` (``digest``, ``settings`` and the ``command``) into ``folder``, creating
@@ -95,8 +102,10 @@ def claim(folder: str | Path, kind: str, settings: dict[str, Any], ignore: Seque
     previous = _stamped_settings(folder, kind)
     if previous is not None and settings_digest(previous, ignore) != digest:
         changes = "; ".join(_changes(previous, settings, ignore, unset or {}))
-        raise ValueError(f"{folder} holds a run of nopelens {_made_by(folder, kind)} made with other settings "
-                         f"({changes}); use another --out folder, or delete it to start over")
+        raise ValueError(
+            f"{folder} holds a run of nopelens {_made_by(folder, kind)} made with other settings "
+            f"({changes}); use another --out folder, or delete it to start over"
+        )
     write_json_atomic({"digest": digest, "settings": settings, "command": command, "run": run}, folder / f"{kind}.json")
     return folder
 
@@ -111,8 +120,10 @@ def refuse_other_runs(folder: str | Path, command: str, kind: str | None = None)
     folder = Path(folder)
     for other in KINDS:
         if other != kind and ((folder / f"{other}.json").is_file() or _legacy(folder, other).is_file()):
-            raise ValueError(f"{folder} holds a run of nopelens {_made_by(folder, other)}; use another --out folder "
-                             f"for this {command} run")
+            raise ValueError(
+                f"{folder} holds a run of nopelens {_made_by(folder, other)}; use another --out folder "
+                f"for this {command} run"
+            )
 
 
 def _made_by(folder: Path, kind: str) -> str:
@@ -125,8 +136,9 @@ def _made_by(folder: Path, kind: str) -> str:
     return command if isinstance(command, str) and command else kind
 
 
-def _changes(previous: dict[str, Any], settings: dict[str, Any], ignore: Sequence[str],
-             unset: dict[str, Any]) -> list[str]:
+def _changes(
+    previous: dict[str, Any], settings: dict[str, Any], ignore: Sequence[str], unset: dict[str, Any]
+) -> list[str]:
     """Each setting that differs, as ``key: old there, new now``; a record (a dict) as each of its
     fields that differs, ``key.field: ...``, a missing record read as its default in ``unset``.
 
@@ -138,11 +150,15 @@ def _changes(previous: dict[str, Any], settings: dict[str, Any], ignore: Sequenc
         if key in ignore or _json(previous.get(key)) == _json(settings.get(key)):
             continue
         default = unset.get(key)
-        old, new = ((side.get(key, default) if isinstance(default, dict) else side.get(key))
-                    for side in (previous, settings))
+        old, new = (
+            (side.get(key, default) if isinstance(default, dict) else side.get(key)) for side in (previous, settings)
+        )
         if isinstance(old, dict) and isinstance(new, dict):
-            changes += [f"{key}.{field}: {_plain(old.get(field))} there, {_plain(new.get(field))} now"
-                        for field in sorted(set(old) | set(new)) if _json(old.get(field)) != _json(new.get(field))]
+            changes += [
+                f"{key}.{field}: {_plain(old.get(field))} there, {_plain(new.get(field))} now"
+                for field in sorted(set(old) | set(new))
+                if _json(old.get(field)) != _json(new.get(field))
+            ]
         else:
             changes.append(f"{key}: {_shown(previous, key, unset)} there, {_shown(settings, key, unset)} now")
     return changes
@@ -175,8 +191,14 @@ def _shown(settings: dict[str, Any], key: str, unset: dict[str, Any]) -> str:
 
 
 @contextmanager
-def claimed(folder: str | Path, kind: str, settings: dict[str, Any], ignore: Sequence[str] = (),
-            command: str | None = None, unset: dict[str, Any] | None = None) -> Iterator[Path]:
+def claimed(
+    folder: str | Path,
+    kind: str,
+    settings: dict[str, Any],
+    ignore: Sequence[str] = (),
+    command: str | None = None,
+    unset: dict[str, Any] | None = None,
+) -> Iterator[Path]:
     """:func:`claim` ``folder`` for the run inside the ``with`` block; a run that fails (is refused,
     raises, is interrupted) before it writes anything there leaves nothing behind.
 
@@ -307,8 +329,11 @@ def read_part(part: Path, names: Sequence[str]) -> tuple[dict[str, pd.DataFrame]
     for name in names:
         path = part / f"{name}.csv"
         if name in digests and file_sha256(path) != digests[name]:
-            _measure_again(path, "is not what was written when the part was finished (its sha256 differs: "
-                                 "emptied, truncated or edited since)")
+            _measure_again(
+                path,
+                "is not what was written when the part was finished (its sha256 differs: "
+                "emptied, truncated or edited since)",
+            )
             return None
         try:
             tables[name] = pd.read_csv(path)
@@ -326,8 +351,13 @@ def _measure_again(path: Path, why: str) -> None:
     print(f"nopelens: {path} {why}; measuring that part again", file=sys.stderr)
 
 
-def cached_tables(folder: Path, names: Sequence[str], compute: Callable[[], Sequence[pd.DataFrame]],
-                  say: Callable[[str], None], label: str) -> dict[str, pd.DataFrame]:
+def cached_tables(
+    folder: Path,
+    names: Sequence[str],
+    compute: Callable[[], Sequence[pd.DataFrame]],
+    say: Callable[[str], None],
+    label: str,
+) -> dict[str, pd.DataFrame]:
     """Tables ``names`` read from ``folder`` when all are there and readable, else ``compute()``d
     and written (one ``<name>.csv`` each)."""
     paths = [folder / f"{name}.csv" for name in names]

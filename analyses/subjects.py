@@ -19,14 +19,14 @@ A subject is named on the command line by one spec:
   carries the position table, so there it is a positive check, not a negative control.
 
 Every subject carries its own evaluation batch: fresh sequences the model never trained on
-(validation documents for text models, new samples for synthetic tasks).
+(validation documents for text models, new samples for synthetic tasks). What a spec names before
+any model is loaded (its training seeds, planned work, fixed length, display name and input
+fingerprint) is read by :mod:`nopelens.analyses.specs`.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import fnmatch
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -37,13 +37,25 @@ from torch import Tensor
 from nopelens.circuits import distance
 from nopelens.circuits.layout import BOS_TOKEN
 from nopelens.models import Decoder, zoo
-from nopelens.models.checkpoint import METADATA_FILE, load_checkpoint
-from nopelens.models.hf import SIZE_FIELDS, UnsupportedModelError, check_readable, describe, learned_sinks, trained_length
+from nopelens.models.checkpoint import load_checkpoint
+from nopelens.models.hf import SIZE_FIELDS as SIZE_FIELDS
+from nopelens.models.hf import UnsupportedModelError, check_readable, describe, learned_sinks, trained_length
+
 # HF loading lives in models/hf_loading.py; SIZE_FIELDS and these names were defined here before and still import from here
-from nopelens.models.hf_loading import (DEVICES, DTYPES, INPUTS, HFInput, attention_shortfall, checked_hf_config,  # noqa: F401
-                                        config_bos_id, eager_attention_bytes, load_hf_dir, load_tokenizer, text_windows)
+from nopelens.models.hf_loading import (  # noqa: F401
+    DEVICES,
+    DTYPES,
+    INPUTS,
+    HFInput,
+    attention_shortfall,
+    checked_hf_config,
+    config_bos_id,
+    eager_attention_bytes,
+    load_hf_dir,
+    load_tokenizer,
+    text_windows,
+)
 from nopelens.models.hooks import act_name
-from nopelens.models.io import file_sha256
 from nopelens.models.masks import CAUSAL
 from nopelens.models.placement import model_device
 from nopelens.models.zoo import recipe
@@ -52,13 +64,22 @@ from nopelens.probes.sinks import sink_read_reason, variance_read_reason
 from nopelens.probes.stream import available_memory
 
 from .audit.report import by_reason
-
 from .factory import FACTORY_PREFIX, factory_subject
-from .sweep.eta import MEASURE_OVERHEAD_TOKENS, TaskWork
+from .specs import (  # noqa: F401  (what a spec names before loading: defined there, re-exported here)
+    CONSTANT_PREFIX,
+    CONTROL_SPECS,
+    HF_PREFIX,
+    MODEL_FILES,
+    QUICK_BATCH,
+    display_name,
+    fixed_length,
+    has_training_seed,
+    input_changes,
+    input_fingerprint,
+    is_model_file,
+    planned_work,
+)
 
-CONTROL_SPECS = ("circuit", "untrained-nope", "constant-nope")
-HF_PREFIX = "hf:"
-CONSTANT_PREFIX = "constant-"
 CONSTANT_TOKEN = 3
 """The one token id of a ``constant-METHOD`` subject's sequences."""
 
@@ -125,8 +146,11 @@ class Subject:
         """The attention blocks whose output variance can be read: not a linear-attention or SSM
         mixer, not a DSA block, a window that leaves a slope to fit (:meth:`unreadable_blocks`)."""
         unreadable = self.unreadable_blocks("variance read")
-        return [l for l in range(self.n_layers) if (self.hf is None or self.hf.layers[l].mixer == "attention")
-                and l not in unreadable]
+        return [
+            l
+            for l in range(self.n_layers)
+            if (self.hf is None or self.hf.layers[l].mixer == "attention") and l not in unreadable
+        ]
 
     def unreadable_blocks(self, read: str) -> dict[int, str]:
         """Block -> why ``read`` (``"sink read"`` or ``"variance read"``) cannot be made there: its
@@ -146,8 +170,11 @@ class Subject:
         windows = self.key_windows()
         for block in range(self.n_layers):  # causal blocks too: 3 tokens after BOS leave 2 key counts
             keys = windows.get(block, CAUSAL)
-            why = (sink_read_reason(keys, length) if read == "sink read"
-                   else variance_read_reason(keys, length, first_position=int(self.has_bos)))
+            why = (
+                sink_read_reason(keys, length)
+                if read == "sink read"
+                else variance_read_reason(keys, length, first_position=int(self.has_bos))
+            )
             if why is not None and block not in blocks:
                 blocks[block] = why
         return dict(sorted(blocks.items()))
@@ -202,8 +229,14 @@ def qk_sites(source, layer: int) -> tuple[str, str] | None:
 
 
 def resolve(
-    spec: str, n_sequences: int, seq_len: int, seed: int = 0, progress: bool = True, quick_steps: int | None = None,
-    train_seed: int = 0, hf_input: HFInput | None = None,
+    spec: str,
+    n_sequences: int,
+    seq_len: int,
+    seed: int = 0,
+    progress: bool = True,
+    quick_steps: int | None = None,
+    train_seed: int = 0,
+    hf_input: HFInput | None = None,
 ) -> Subject:
     """Build the subject a spec names, with ``n_sequences`` fresh evaluation sequences.
 
@@ -238,7 +271,7 @@ def resolve(
     if spec.startswith(CONSTANT_PREFIX):
         return _constant(spec, n_sequences, seq_len, seed, seed + train_seed)
     if spec.startswith(HF_PREFIX):
-        return _hf(Path(spec[len(HF_PREFIX):]), n_sequences, seq_len, seed, hf_input or HFInput())
+        return _hf(Path(spec[len(HF_PREFIX) :]), n_sequences, seq_len, seed, hf_input or HFInput())
     if spec.startswith(FACTORY_PREFIX):
         return factory_subject(spec, n_sequences, seq_len, seed, Subject)
     if "/" in spec or Path(spec).exists():
@@ -249,168 +282,6 @@ def resolve(
         trained = _quick_train(recipe, quick_steps)
         return _trained(trained, f"{spec} ({quick_steps} steps)", n_sequences, seq_len, seed)
     return _trained(zoo.load(spec, progress=progress, seed=train_seed), spec, n_sequences, seq_len, seed)
-
-
-def has_training_seed(spec: str) -> bool:
-    """Whether a training seed changes the model ``spec`` names: zoo models (trained once per seed),
-    ``untrained-nope`` and ``constant-*`` (their random weights). A checkpoint, an HF directory and
-    the hand-set circuit are one fixed model each."""
-    if spec == "untrained-nope" or spec.startswith(CONSTANT_PREFIX):
-        return True
-    if spec in CONTROL_SPECS or spec.startswith((HF_PREFIX, FACTORY_PREFIX)) or "/" in spec or Path(spec).exists():
-        return False
-    return True
-
-
-def planned_work(spec: str, n_sequences: int, seq_len: int, train_seed: int = 0, quick_steps: int | None = None):
-    """What measuring ``spec`` will take, before it runs, for the sweep's ETA
-    (:class:`~nopelens.analyses.sweep.eta.TaskWork`): a zoo model trains first when it is not cached
-    (always with ``quick_steps``); every other spec only loads or builds. The size of a checkpoint
-    or HF directory is not read ahead: its work is marked not estimated.
-    """
-    n_layers, steps, train_work = 4, 0, 0.0
-    built = spec == "circuit" or spec in CONTROL_SPECS or spec.startswith(CONSTANT_PREFIX)
-    if spec.startswith((HF_PREFIX, FACTORY_PREFIX)) or (not built and ("/" in spec or Path(spec).exists())):
-        return TaskWork(0, 0.0, 0.0, estimated=False)
-    if spec == "circuit":
-        n_layers = 2
-    elif not (spec in CONTROL_SPECS or spec.startswith((CONSTANT_PREFIX, HF_PREFIX)) or "/" in spec
-              or Path(spec).exists()):
-        recipe = zoo.recipe(spec, train_seed)
-        config = recipe.config
-        n_layers = config.n_layers
-        if quick_steps is not None or not (zoo.is_cached(spec, seed=train_seed) or zoo.is_shipped(spec, train_seed)):
-            steps = recipe.steps if quick_steps is None else quick_steps
-            batch = recipe.train_kwargs.get("batch_size", 64) if quick_steps is None else QUICK_BATCH
-            tokens = batch * (recipe.train_kwargs.get("max_len", 16) + 1)
-            parameters = config.n_layers * 12 * config.d_model ** 2 + 2 * config.d_vocab * config.d_model
-            train_work = float(steps) * tokens * parameters
-    return TaskWork(steps, train_work, float((n_layers + 1) * (n_sequences * seq_len + MEASURE_OVERHEAD_TOKENS)))
-
-
-def fixed_length(spec: str) -> str | None:
-    """Why ``seq_len`` does not set the length of ``spec``'s evaluation sequences, or None.
-
-    A model of a synthetic task (copy, Bigram-Backcopy, ...) is read on fresh samples of its task
-    at its longest training length (:func:`_evaluation_batch`), so that every sequence covers
-    every trained position; text models, the circuit, the controls and ``hf:DIR`` models take
-    ``seq_len``. Read from the zoo recipe or the checkpoint's ``nopelens.json``, without loading
-    weights (an unreadable checkpoint gives None: loading it reports the problem).
-    """
-    if spec in CONTROL_SPECS or spec.startswith((CONSTANT_PREFIX, HF_PREFIX, FACTORY_PREFIX)):
-        return None
-    if "/" in spec or Path(spec).exists():
-        for meta_path in (Path(spec) / METADATA_FILE, Path(spec) / "checkpoint" / METADATA_FILE):
-            try:
-                meta = json.loads(meta_path.read_text(encoding="utf-8"))
-                task, lengths = meta["task"]["name"], meta.get("train_lengths") or [None, None]
-                break
-            except (OSError, ValueError, KeyError, TypeError):
-                continue
-        else:
-            return None
-        longest = lengths[1]
-    else:
-        try:
-            recipe = zoo.recipe(spec)
-        except KeyError:
-            return None  # check_spec names it
-        task, longest = recipe.task, recipe.train_kwargs.get("max_len")
-    if task == "text":
-        return None
-    trained = f" (max_len {longest})" if longest is not None else ""
-    return (f"{spec} is a {task}-task model, read on {task} samples of its longest training length{trained}, "
-            "so that every sequence covers every trained position")
-
-
-def input_fingerprint(spec: str, hf_input: HFInput | None = None) -> dict[str, Any] | None:
-    """What a measurement of ``spec`` reads besides its settings, so that a rerun into the same run
-    folder can tell whether a finished part still stands for the model and text it would read now.
-
-    For a model in a directory (``hf:DIR``, or a nopelens checkpoint directory): each file directly
-    in it that loading the model reads (:data:`MODEL_FILES`: its config, weights and tokenizer; not
-    a README, nor a run folder's own files when ``--out`` is inside it), by size and modification
-    time in ns (as ``make`` and ``git`` notice a change; hashing a checkpoint of hundreds of GB would
-    cost minutes on every rerun). With ``--text FILE``, also the sha256 of the text. A file that
-    cannot be read is left out: the measurement itself reports it.
-
-    Returns:
-        ``{"files": {name: [bytes, mtime_ns]}, "text_sha256": hex or absent}``; None for the zoo and
-        control models (zoo weights are checked against their sha256 when loaded).
-    """
-    if spec.startswith(HF_PREFIX):
-        directory = Path(spec[len(HF_PREFIX):])
-    elif Path(spec).is_dir():  # a nopelens checkpoint directory (resolve reads an existing path as one)
-        directory = Path(spec)
-    else:
-        return None
-    files = {}
-    for path in sorted(directory.iterdir()) if directory.is_dir() else []:
-        try:
-            if path.is_file() and is_model_file(path.name):
-                stat = path.stat()
-                files[path.name] = [stat.st_size, stat.st_mtime_ns]
-        except OSError:
-            continue
-    fingerprint: dict[str, Any] = {"files": files}
-    text = hf_input.text if hf_input is not None and spec.startswith(HF_PREFIX) else None
-    if text is not None:
-        try:
-            fingerprint["text_sha256"] = file_sha256(Path(text))
-        except OSError:
-            pass
-    return fingerprint
-
-
-MODEL_FILES = ("config.json", "*.safetensors", "*.safetensors.index.json", "tokenizer*", "special_tokens_map.json",
-               "added_tokens.json", "vocab.*", "merges.txt", "*.model", "nopelens.json")
-"""The files of a model directory that loading it reads (fnmatch patterns): an HF model's config,
-weights and tokenizer, a nopelens checkpoint's metadata and weights."""
-
-
-def is_model_file(name: str) -> bool:
-    """Whether a file of a model directory is one loading the model reads (:data:`MODEL_FILES`).
-
-    >>> [is_model_file(n) for n in ("model-00001-of-00002.safetensors", "tokenizer.json", "README.md", "sweep.json")]
-    [True, True, False, False]
-    """
-    return any(fnmatch.fnmatchcase(name, pattern) for pattern in MODEL_FILES)
-
-
-def input_changes(recorded: dict[str, Any] | None, current: dict[str, Any] | None) -> list[str]:
-    """What differs between two :func:`input_fingerprint` results, in words (empty: nothing, or a
-    part recorded before fingerprints existed).
-
-    >>> before = {"config.json": [1, 5], "a.safetensors": [2, 5], "README.md": [3, 5]}
-    >>> now = {"config.json": [1, 6], "b.safetensors": [2, 5], "README.md": [4, 6]}
-    >>> input_changes({"files": before}, {"files": now})
-    ['config.json changed', 'a.safetensors is gone', 'b.safetensors is new']
-    >>> input_changes({"files": {}, "text_sha256": "00"}, {"files": {}, "text_sha256": "ff"})
-    ['the --text file changed']
-    """
-    if recorded is None or current is None:
-        return []
-    # a part recorded when every file counted: only the model's files compare
-    before, now = ({name: value for name, value in side.get("files", {}).items() if is_model_file(name)}
-                   for side in (recorded, current))
-    changes = [f"{name} changed" for name in sorted(set(before) & set(now)) if list(before[name]) != list(now[name])]
-    changes += [f"{name} is gone" for name in sorted(set(before) - set(now))]
-    changes += [f"{name} is new" for name in sorted(set(now) - set(before))]
-    if recorded.get("text_sha256") != current.get("text_sha256"):
-        changes.append("the --text file changed")
-    return changes
-
-
-def display_name(spec: str) -> str:
-    """The name the tables give the model ``spec`` names: ``hf:`` and the directory's own name for
-    an HF model (as :func:`resolve` names it), else the spec.
-
-    >>> display_name("hf:/models/smol/"), display_name("hf:./smol"), display_name("text-nope-4l")
-    ('hf:smol', 'hf:smol', 'text-nope-4l')
-    """
-    if spec.startswith(HF_PREFIX):
-        return f"{HF_PREFIX}{Path(spec[len(HF_PREFIX):]).name}"
-    return spec
 
 
 def check_spec(spec: str) -> None:
@@ -426,10 +297,10 @@ def check_spec(spec: str) -> None:
         constant_config(spec)
         return
     if spec.startswith(HF_PREFIX):
-        if not spec[len(HF_PREFIX):].strip():
+        if not spec[len(HF_PREFIX) :].strip():
             raise FileNotFoundError(f"{spec!r} names no directory: give hf:DIR, e.g. hf:./my-model")
-        if not Path(spec[len(HF_PREFIX):]).is_dir():
-            raise FileNotFoundError(f"no such HF model directory: {spec[len(HF_PREFIX):]}")
+        if not Path(spec[len(HF_PREFIX) :]).is_dir():
+            raise FileNotFoundError(f"no such HF model directory: {spec[len(HF_PREFIX) :]}")
         return
     if "/" in spec or Path(spec).exists():
         if not Path(spec).is_dir():
@@ -443,16 +314,35 @@ def _circuit(n_sequences: int, seq_len: int, seed: int) -> Subject:
     model = distance(n_ctx=seq_len)
     tokens = _random_tokens(n_sequences, seq_len, 1, model.cfg.d_vocab, seed)
     tokens[:, 0] = BOS_TOKEN
-    return Subject("circuit", model, model.cfg.n_layers, "nope", "circuit", tokens, torch.ones_like(tokens),
-                   has_bos=True, bos_token_id=BOS_TOKEN, info={"construction": "Kazemnejad et al. 2023 Thm 1+2"})
+    return Subject(
+        "circuit",
+        model,
+        model.cfg.n_layers,
+        "nope",
+        "circuit",
+        tokens,
+        torch.ones_like(tokens),
+        has_bos=True,
+        bos_token_id=BOS_TOKEN,
+        info={"construction": "Kazemnejad et al. 2023 Thm 1+2"},
+    )
 
 
 def _untrained(n_sequences: int, seq_len: int, seed: int, init_seed: int) -> Subject:
     config = recipe("text-nope-4l").config
     model = Decoder(config, seed=init_seed).eval()
     tokens = _random_tokens(n_sequences, seq_len, 0, config.d_vocab, seed)  # no distinct BOS
-    return Subject("untrained-nope", model, config.n_layers, "nope", "untrained", tokens, torch.ones_like(tokens),
-                   has_bos=False, info={"init_std": config.init_std})
+    return Subject(
+        "untrained-nope",
+        model,
+        config.n_layers,
+        "nope",
+        "untrained",
+        tokens,
+        torch.ones_like(tokens),
+        has_bos=False,
+        info={"init_std": config.init_std},
+    )
 
 
 def constant_config(spec: str):
@@ -462,7 +352,7 @@ def constant_config(spec: str):
         ValueError: if METHOD is not a position method (the message lists them).
     """
     config = recipe("text-nope-4l").config
-    methods = spec[len(CONSTANT_PREFIX):].split("+")
+    methods = spec[len(CONSTANT_PREFIX) :].split("+")
     if len(methods) == 1:
         position = methods[0]
     else:
@@ -477,8 +367,17 @@ def _constant(spec: str, n_sequences: int, seq_len: int, seed: int, init_seed: i
     config = constant_config(spec)
     model = Decoder(config, seed=init_seed).eval()
     tokens = torch.full((n_sequences, seq_len), CONSTANT_TOKEN, dtype=torch.long)  # no BOS
-    return Subject(spec, model, config.n_layers, config.position_name, "constant", tokens, torch.ones_like(tokens),
-                   has_bos=False, info={"init_std": config.init_std, "token": CONSTANT_TOKEN})
+    return Subject(
+        spec,
+        model,
+        config.n_layers,
+        config.position_name,
+        "constant",
+        tokens,
+        torch.ones_like(tokens),
+        has_bos=False,
+        info={"init_std": config.init_std, "token": CONSTANT_TOKEN},
+    )
 
 
 def from_trained(trained, name: str, n_sequences: int, seq_len: int, seed: int = 0) -> Subject:
@@ -493,10 +392,22 @@ def _trained(trained, name: str, n_sequences: int, seq_len: int, seed: int) -> S
     batch = _evaluation_batch(task, n_sequences, seq_len, meta.get("train_lengths"), seed)
     config = trained.model.cfg
     info = {k: meta[k] for k in ("steps", "final_losses", "zoo_recipe") if k in meta}
-    return Subject(name, trained.model.eval(), config.n_layers, config.position_name, "trained", batch.tokens,
-                   batch.attention_mask, has_bos=True, bos_token_id=task.bos_id,
-                   train_lengths=meta.get("train_lengths"), info=info, targets=batch.targets,
-                   loss_mask=batch.loss_mask, task=task)
+    return Subject(
+        name,
+        trained.model.eval(),
+        config.n_layers,
+        config.position_name,
+        "trained",
+        batch.tokens,
+        batch.attention_mask,
+        has_bos=True,
+        bos_token_id=task.bos_id,
+        train_lengths=meta.get("train_lengths"),
+        info=info,
+        targets=batch.targets,
+        loss_mask=batch.loss_mask,
+        task=task,
+    )
 
 
 def _evaluation_batch(task, n_sequences: int, seq_len: int, train_lengths, seed: int):
@@ -526,9 +437,13 @@ def _hf(directory: Path, n_sequences: int, seq_len: int, seed: int, how: HFInput
             f"({description.max_positions} positions); use --seq-len {description.max_positions} or less"
         )
     if any(layer.mixer == "attention" for layer in description.layers):  # refused before any token is drawn
-
-        shortfall = attention_shortfall(seq_len, description.n_heads, next(model.parameters()).element_size(),
-                                        available_memory(device), f"free on {device.type}")
+        shortfall = attention_shortfall(
+            seq_len,
+            description.n_heads,
+            next(model.parameters()).element_size(),
+            available_memory(device),
+            f"free on {device.type}",
+        )
         if shortfall:
             raise ValueError(f"{HF_PREFIX}{directory}: {shortfall}")
     if tokenizer is not None:
@@ -536,8 +451,10 @@ def _hf(directory: Path, n_sequences: int, seq_len: int, seed: int, how: HFInput
     else:
         bos_id = config_bos_id(directory)
         if bos_id is not None and not 0 <= bos_id < description.d_vocab:
-            raise ValueError(f"{directory}/config.json: bos_token_id {bos_id} is outside the vocabulary "
-                             f"(0..{description.d_vocab - 1})")
+            raise ValueError(
+                f"{directory}/config.json: bos_token_id {bos_id} is outside the vocabulary "
+                f"(0..{description.d_vocab - 1})"
+            )
         if how.input == "repeated":  # no BOS: every token the same is the known answer's input
             tokens = torch.full((n_sequences, seq_len), repeated_token(description.d_vocab, bos_id), dtype=torch.long)
             bos_id = None
@@ -547,18 +464,34 @@ def _hf(directory: Path, n_sequences: int, seq_len: int, seed: int, how: HFInput
             tokens[:, 0] = bos_id
     methods = sorted(set(description.layer_methods))
     position = description.input_position or ",".join(description.layer_methods if len(methods) > 1 else methods)
-    info = {"hf": description.summary(), "input": how.input, "device": str(device),
-            **({"placement": "; ".join(model.placement.lines())} if model.placement else {}),
-            "dtype": str(next(model.parameters()).dtype).removeprefix("torch.")}
+    info = {
+        "hf": description.summary(),
+        "input": how.input,
+        "device": str(device),
+        **({"placement": "; ".join(model.placement.lines())} if model.placement else {}),
+        "dtype": str(next(model.parameters()).dtype).removeprefix("torch."),
+    }
     if how.input == "text":
         info["text"] = how.text or "pydoc_data.topics (the corpus nopelens ships)"
     trained = trained_length(model.original_model.config)
     if description.max_positions is None and trained is not None and seq_len > trained:
-        info["beyond_trained_length"] = (f"--seq-len {seq_len} passes max_position_embeddings {trained} of config.json: "
-                                         f"positions from {trained} on are beyond the length the model was made for")
-    return Subject(display_name(f"{HF_PREFIX}{directory}"), model, description.n_layers, position, "external", tokens,
-                   torch.ones_like(tokens), has_bos=bos_id is not None, bos_token_id=bos_id,
-                   info=info, hf=description)
+        info["beyond_trained_length"] = (
+            f"--seq-len {seq_len} passes max_position_embeddings {trained} of config.json: "
+            f"positions from {trained} on are beyond the length the model was made for"
+        )
+    return Subject(
+        display_name(f"{HF_PREFIX}{directory}"),
+        model,
+        description.n_layers,
+        position,
+        "external",
+        tokens,
+        torch.ones_like(tokens),
+        has_bos=bos_id is not None,
+        bos_token_id=bos_id,
+        info=info,
+        hf=description,
+    )
 
 
 def repeated_token(d_vocab: int, bos_id: int | None) -> int:
@@ -582,11 +515,6 @@ def load_checkpoint_dir(path: Path):
             f"under {zoo.cache_root() / 'zoo'}: {available}"
         )
     return load_checkpoint(path)
-
-
-QUICK_BATCH = 4
-"""Training batch of a quick (smoke-test) model: a few steps on a few sequences exercise training,
-which is all a smoke test asks; the numbers mean nothing."""
 
 
 def _quick_train(recipe, steps: int):

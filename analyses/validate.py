@@ -40,46 +40,115 @@ those on tiny Hugging Face models (the last three) in :mod:`nopelens.analyses.va
 """
 
 from __future__ import annotations
+
 from dataclasses import asdict
 from typing import Callable
 
 import pandas as pd
 import torch
 
-from nopelens.analyses.validate_decoders import (CONSTANT_METHODS, EXACT, LENGTH, N_BOOT, N_SEQUENCES, SEED, Row,
-                                                 check_alibi, check_bos_constant, check_circuit, check_constant,
-                                                 check_learned, check_repeated_tokens, check_rope_constant,
-                                                 check_sinks, check_sinusoidal, check_variance, sink_model)
-from nopelens.analyses.validate_hf import (TINY_SPECIAL, _hf_model, check_detector, check_learned_sinks,
-                                           check_query_temperatures)
+from nopelens.analyses.validate_decoders import (
+    CONSTANT_METHODS,
+    EXACT,
+    LENGTH,
+    N_BOOT,
+    N_SEQUENCES,
+    SEED,
+    Row,
+    check_alibi,
+    check_bos_constant,
+    check_circuit,
+    check_constant,
+    check_learned,
+    check_repeated_tokens,
+    check_rope_constant,
+    check_sinks,
+    check_sinusoidal,
+    check_variance,
+    sink_model,
+)
+from nopelens.analyses.validate_hf import (
+    TINY_SPECIAL,
+    _hf_model,
+    check_detector,
+    check_learned_sinks,
+    check_query_temperatures,
+)
 from nopelens.models.threads import one_thread
 
 __all__ = [  # the checks and their constants live in validate_decoders and validate_hf; they stay importable here
-    "CHECKS", "CONSTANT_METHODS", "EXACT", "LENGTH", "N_BOOT", "N_SEQUENCES", "ROW_NAMES", "SEED", "TINY_SPECIAL",
-    "Row", "_hf_model", "check_alibi", "check_bos_constant", "check_circuit", "check_constant", "check_detector",
-    "check_learned", "check_learned_sinks", "check_query_temperatures", "check_repeated_tokens",
-    "check_rope_constant", "check_sinks", "check_sinusoidal", "check_variance", "report_markdown", "run_suite",
+    "CHECKS",
+    "CONSTANT_METHODS",
+    "EXACT",
+    "LENGTH",
+    "N_BOOT",
+    "N_SEQUENCES",
+    "ROW_NAMES",
+    "SEED",
+    "TINY_SPECIAL",
+    "Row",
+    "_hf_model",
+    "check_alibi",
+    "check_bos_constant",
+    "check_circuit",
+    "check_constant",
+    "check_detector",
+    "check_learned",
+    "check_learned_sinks",
+    "check_query_temperatures",
+    "check_repeated_tokens",
+    "check_rope_constant",
+    "check_sinks",
+    "check_sinusoidal",
+    "check_variance",
+    "report_markdown",
+    "run_suite",
     "sink_model",
 ]
 
 
 CHECKS: tuple[Callable[[int], list[Row]], ...] = (
-    check_learned, check_sinusoidal, check_constant, check_bos_constant, check_circuit, check_alibi,
-    check_rope_constant, check_sinks, check_variance, check_repeated_tokens, check_query_temperatures,
-    check_detector, check_learned_sinks,
+    check_learned,
+    check_sinusoidal,
+    check_constant,
+    check_bos_constant,
+    check_circuit,
+    check_alibi,
+    check_rope_constant,
+    check_sinks,
+    check_variance,
+    check_repeated_tokens,
+    check_query_temperatures,
+    check_detector,
+    check_learned_sinks,
 )
 
 ROW_NAMES = (
-    "learned_layer0_accuracy", "sinusoidal_layer0_r2",
+    "learned_layer0_accuracy",
+    "sinusoidal_layer0_r2",
     *(f"constant_{name}_{what}" for name in CONSTANT_METHODS for what in ("max_r2", "max_accuracy")),
-    "bos_constant_layer0_r2", "bos_constant_layer0_accuracy", "bos_constant_layer0_mad",
+    "bos_constant_layer0_r2",
+    "bos_constant_layer0_accuracy",
+    "bos_constant_layer0_mad",
     "mean_predictor_mad_over_chance",
-    "circuit_layer0_r2", "circuit_layer0_accuracy", "circuit_layer1_r2", "circuit_layer1_accuracy",
-    "circuit_block0_score_r2", "circuit_block1_score_r2",
-    "alibi_block0_score_r2", "rope_constant_content_qk_r2",
-    "sink_all_mass_on_token0", "sink_uniform_head", "nope_block0_variance_slope",
-    "nope_repeated_tokens_uniform", "nope_repeated_tokens_sink_rate", "llama4_query_temperature",
-    "beam_query_temperature", "detector_decoder_hybrid", "detector_smollm3", "flint_sink_mass",
+    "circuit_layer0_r2",
+    "circuit_layer0_accuracy",
+    "circuit_layer1_r2",
+    "circuit_layer1_accuracy",
+    "circuit_block0_score_r2",
+    "circuit_block1_score_r2",
+    "alibi_block0_score_r2",
+    "rope_constant_content_qk_r2",
+    "sink_all_mass_on_token0",
+    "sink_uniform_head",
+    "nope_block0_variance_slope",
+    "nope_repeated_tokens_uniform",
+    "nope_repeated_tokens_sink_rate",
+    "llama4_query_temperature",
+    "beam_query_temperature",
+    "detector_decoder_hybrid",
+    "detector_smollm3",
+    "flint_sink_mass",
     "granite_swa_sink_mass",
 )
 """Every row the suite produces, in order."""
@@ -106,26 +175,36 @@ def report_markdown(table: pd.DataFrame, command: str = "nopelens validate") -> 
         tolerance=table["tolerance"].map(lambda v: f"{v:.3g}"),
         passed=table["passed"].map({True: "pass", False: "FAIL"}),
     )
-    columns = {"name": "row", "model": "model", "quantity": "quantity", "expected": "expected",
-               "comparison": "test", "measured": "measured", "tolerance": "tolerance", "passed": "result",
-               "derivation": "why"}
+    columns = {
+        "name": "row",
+        "model": "model",
+        "quantity": "quantity",
+        "expected": "expected",
+        "comparison": "test",
+        "measured": "measured",
+        "tolerance": "tolerance",
+        "passed": "result",
+        "derivation": "why",
+    }
     n_failed = int((~table["passed"]).sum())
     verdict = "every row passes" if n_failed == 0 else f"{n_failed} of {len(table)} rows FAIL"
-    return "\n".join([
-        "# Known answers",
-        "",
-        "Models where theory fixes the number, built by nopelens and probed with the functions the sweep "
-        "uses (`collect`, `probe_absolute_index`, `probe_relative_distance`, `sink_table`, "
-        "`attention_variance`). Each expected value is derived in the docstring of its check in "
-        "`analyses/validate_decoders.py` or `analyses/validate_hf.py` (run by `nopelens.analyses.validate`). "
-        "A row passes when the measured value is within the tolerance: `==` both ways, `<=` at most expected + "
-        "tolerance, `>=` at least expected − "
-        f"tolerance. L = {LENGTH} positions per sequence, {N_SEQUENCES} sequences per model, float32.",
-        "",
-        f"Result: {verdict}.",
-        "",
-        shown[list(columns)].rename(columns=columns).to_markdown(index=False),
-        "",
-        f"Written by `{command}`.",
-        "",
-    ])
+    return "\n".join(
+        [
+            "# Known answers",
+            "",
+            "Models where theory fixes the number, built by nopelens and probed with the functions the sweep "
+            "uses (`collect`, `probe_absolute_index`, `probe_relative_distance`, `sink_table`, "
+            "`attention_variance`). Each expected value is derived in the docstring of its check in "
+            "`analyses/validate_decoders.py` or `analyses/validate_hf.py` (run by `nopelens.analyses.validate`). "
+            "A row passes when the measured value is within the tolerance: `==` both ways, `<=` at most expected + "
+            "tolerance, `>=` at least expected − "
+            f"tolerance. L = {LENGTH} positions per sequence, {N_SEQUENCES} sequences per model, float32.",
+            "",
+            f"Result: {verdict}.",
+            "",
+            shown[list(columns)].rename(columns=columns).to_markdown(index=False),
+            "",
+            f"Written by `{command}`.",
+            "",
+        ]
+    )

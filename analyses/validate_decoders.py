@@ -78,8 +78,12 @@ def random_tokens(n: int, length: int, low: int, high: int, seed: int) -> torch.
 
 def _linear(table: pd.DataFrame, metric: str, task: str = "regression", **where) -> pd.Series:
     """Values of the linear grouped probe for ``metric``, indexed by layer."""
-    rows = table[(table["probe"] == "linear") & (table["split"] == "grouped") & (table["metric"] == metric)
-                 & (table["task"] == task)]
+    rows = table[
+        (table["probe"] == "linear")
+        & (table["split"] == "grouped")
+        & (table["metric"] == metric)
+        & (table["task"] == task)
+    ]
     for column, value in where.items():
         rows = rows[rows[column] == value]
     return rows.set_index("layer")["value"]
@@ -111,9 +115,18 @@ def check_learned(seed: int = SEED) -> list[Row]:
     """
     model = small_decoder(seed, d_vocab=8, position="learned")
     table = _absolute(model, random_tokens(N_SEQUENCES, LENGTH, 0, 8, seed), [0], tasks=("classification",))
-    return [Row("learned_layer0_accuracy", "untrained learned APE (d_vocab 8, d_model 32)",
-                "layer 0 absolute index, classification accuracy", 1.0, _linear(table, "accuracy", "classification")[0],
-                "==", 0.0, "position rows independent of token directions (L + d_vocab - 1 <= d_model)")]
+    return [
+        Row(
+            "learned_layer0_accuracy",
+            "untrained learned APE (d_vocab 8, d_model 32)",
+            "layer 0 absolute index, classification accuracy",
+            1.0,
+            _linear(table, "accuracy", "classification")[0],
+            "==",
+            0.0,
+            "position rows independent of token directions (L + d_vocab - 1 <= d_model)",
+        )
+    ]
 
 
 def check_sinusoidal(seed: int = SEED) -> list[Row]:
@@ -126,9 +139,18 @@ def check_sinusoidal(seed: int = SEED) -> list[Row]:
     """
     model = small_decoder(seed, d_vocab=8, position="sinusoidal")
     table = _absolute(model, random_tokens(N_SEQUENCES, LENGTH, 0, 8, seed), [0], tasks=("regression",))
-    return [Row("sinusoidal_layer0_r2", "untrained sinusoidal (d_vocab 8, d_model 32)",
-                "layer 0 absolute index, regression R²", 1.0, _linear(table, "r2")[0], "==", EXACT,
-                "p is linear in the exact table PE[p] (rank L - 1 after centering)")]
+    return [
+        Row(
+            "sinusoidal_layer0_r2",
+            "untrained sinusoidal (d_vocab 8, d_model 32)",
+            "layer 0 absolute index, regression R²",
+            1.0,
+            _linear(table, "r2")[0],
+            "==",
+            EXACT,
+            "p is linear in the exact table PE[p] (rank L - 1 after centering)",
+        )
+    ]
 
 
 CONSTANT_METHODS = {"nope": "nope", "rope": "rope", "alibi": "alibi", "shaw": "shaw", "hybrid": ("rope", "nope")}
@@ -155,11 +177,30 @@ def check_constant(seed: int = SEED) -> list[Row]:
         model = small_decoder(seed, n_layers=2, position=position)
         table = _absolute(model, tokens, [0, 1, 2])
         label = f"untrained {name if name != 'hybrid' else 'RoPE+NoPE hybrid'}, constant input, no BOS, float32"
-        rows.append(Row(f"constant_{name}_max_r2", label, "largest regression R² over layers 0-2", 0.0,
-                        float(_linear(table, "r2").max()), "==", 1e-6, "one state at every position: nothing to read"))
-        rows.append(Row(f"constant_{name}_max_accuracy", label, "largest classification accuracy over layers 0-2",
-                        1 / LENGTH, float(_linear(table, "accuracy", "classification").max()), "==", 1e-9,
-                        "one class predicted for L equally frequent positions"))
+        rows.append(
+            Row(
+                f"constant_{name}_max_r2",
+                label,
+                "largest regression R² over layers 0-2",
+                0.0,
+                float(_linear(table, "r2").max()),
+                "==",
+                1e-6,
+                "one state at every position: nothing to read",
+            )
+        )
+        rows.append(
+            Row(
+                f"constant_{name}_max_accuracy",
+                label,
+                "largest classification accuracy over layers 0-2",
+                1 / LENGTH,
+                float(_linear(table, "accuracy", "classification").max()),
+                "==",
+                1e-9,
+                "one class predicted for L equally frequent positions",
+            )
+        )
     return rows
 
 
@@ -187,16 +228,46 @@ def check_bos_constant(seed: int = SEED) -> list[Row]:
     L = LENGTH
     majority = table[(table["probe"] == "majority") & (table["task"] == "regression") & (table["metric"] == "mad")]
     return [
-        Row("bos_constant_layer0_r2", label, "layer 0 regression R²", 3 / (L + 1), _linear(table, "r2")[0], "==", EXACT,
-            "R² = 3/(L + 1): only position 0 is told apart"),
-        Row("bos_constant_layer0_accuracy", label, "layer 0 classification accuracy", 2 / L,
-            _linear(table, "accuracy", "classification")[0], "==", 1e-9, "accuracy = 2/L"),
-        Row("bos_constant_layer0_mad", label, "layer 0 regression MAD (positions)", (L - 2) / 4,
-            _linear(table, "mad")[0], "==", EXACT * L, "MAD = (L - 2)/4 for even L"),
-        Row("mean_predictor_mad_over_chance", "a mean predictor (the sweep's majority row)",
-            "MAD / chance MAD", 3 * L**2 / (4 * (L**2 - 1)),
-            float(majority["value"].iloc[0]) / float(majority["chance"].iloc[0]), "==",
-            1e-9, "MAD = L/4 over (L² - 1)/(3L) = 3L²/(4(L² - 1))"),
+        Row(
+            "bos_constant_layer0_r2",
+            label,
+            "layer 0 regression R²",
+            3 / (L + 1),
+            _linear(table, "r2")[0],
+            "==",
+            EXACT,
+            "R² = 3/(L + 1): only position 0 is told apart",
+        ),
+        Row(
+            "bos_constant_layer0_accuracy",
+            label,
+            "layer 0 classification accuracy",
+            2 / L,
+            _linear(table, "accuracy", "classification")[0],
+            "==",
+            1e-9,
+            "accuracy = 2/L",
+        ),
+        Row(
+            "bos_constant_layer0_mad",
+            label,
+            "layer 0 regression MAD (positions)",
+            (L - 2) / 4,
+            _linear(table, "mad")[0],
+            "==",
+            EXACT * L,
+            "MAD = (L - 2)/4 for even L",
+        ),
+        Row(
+            "mean_predictor_mad_over_chance",
+            "a mean predictor (the sweep's majority row)",
+            "MAD / chance MAD",
+            3 * L**2 / (4 * (L**2 - 1)),
+            float(majority["value"].iloc[0]) / float(majority["chance"].iloc[0]),
+            "==",
+            1e-9,
+            "MAD = L/4 over (L² - 1)/(3L) = 3L²/(4(L² - 1))",
+        ),
     ]
 
 
@@ -216,23 +287,58 @@ def check_circuit(seed: int = SEED) -> list[Row]:
     scores = ["blocks.0.attn.hook_attn_scores", "blocks.1.attn.hook_attn_scores"]
     acts = collect(model, tokens, [resid_site(0), resid_site(1)] + scores)
     absolute = probe_absolute_index(acts, controls=False, n_boot=N_BOOT, seed=seed)
-    relative = probe_relative_distance(acts, sites=[], scores=scores, tasks=("regression",), controls=False,
-                                       n_boot=N_BOOT, seed=seed)
+    relative = probe_relative_distance(
+        acts, sites=[], scores=scores, tasks=("regression",), controls=False, n_boot=N_BOOT, seed=seed
+    )
     r2, accuracy = _linear(absolute, "r2"), _linear(absolute, "accuracy", "classification")
     score_r2 = _linear(relative, "r2", features="score")
     label = "Theorem 1/2 circuit (hand-set NoPE, BOS)"
     L = LENGTH
     return [
         Row("circuit_layer0_r2", label, "layer 0 regression R²", 3 / (L + 1), r2[0], "<=", 0.05, "BOS flag only"),
-        Row("circuit_layer0_accuracy", label, "layer 0 classification accuracy", 2 / L, accuracy[0], "<=", 0.05,
-            "BOS flag only"),
-        Row("circuit_layer1_r2", label, "layer 1 regression R²", 1.0, r2[1], "==", EXACT, "Theorem 1: i written exactly"),
-        Row("circuit_layer1_accuracy", label, "layer 1 classification accuracy", 1.0, accuracy[1], "==", 0.0,
-            "Theorem 1: i written exactly"),
-        Row("circuit_block0_score_r2", label, "block 0 score read R² (layer 1)", 0.0, score_r2[1], "<=", 0.01,
-            "W_Q = 0: every score 0"),
-        Row("circuit_block1_score_r2", label, "block 1 score read R² (layer 2)", 1.0, score_r2[2], "==", EXACT,
-            "Theorem 2: score = -m (i - j)"),
+        Row(
+            "circuit_layer0_accuracy",
+            label,
+            "layer 0 classification accuracy",
+            2 / L,
+            accuracy[0],
+            "<=",
+            0.05,
+            "BOS flag only",
+        ),
+        Row(
+            "circuit_layer1_r2", label, "layer 1 regression R²", 1.0, r2[1], "==", EXACT, "Theorem 1: i written exactly"
+        ),
+        Row(
+            "circuit_layer1_accuracy",
+            label,
+            "layer 1 classification accuracy",
+            1.0,
+            accuracy[1],
+            "==",
+            0.0,
+            "Theorem 1: i written exactly",
+        ),
+        Row(
+            "circuit_block0_score_r2",
+            label,
+            "block 0 score read R² (layer 1)",
+            0.0,
+            score_r2[1],
+            "<=",
+            0.01,
+            "W_Q = 0: every score 0",
+        ),
+        Row(
+            "circuit_block1_score_r2",
+            label,
+            "block 1 score read R² (layer 2)",
+            1.0,
+            score_r2[2],
+            "==",
+            EXACT,
+            "Theorem 2: score = -m (i - j)",
+        ),
     ]
 
 
@@ -245,11 +351,21 @@ def check_alibi(seed: int = SEED) -> list[Row]:
     """
     model = small_decoder(seed, d_vocab=50, position="alibi")
     acts = collect(model, random_tokens(N_SEQUENCES, LENGTH, 0, 50, seed), ["blocks.0.attn.hook_attn_scores"])
-    table = probe_relative_distance(acts, sites=[], scores=list(acts.patterns), tasks=("regression",),
-                                    controls=False, n_boot=N_BOOT, seed=seed)
-    return [Row("alibi_block0_score_r2", "untrained ALiBi (d_model 32, 4 heads), random tokens",
-                "block 0 score read R² (layer 1)", 1.0, _linear(table, "r2", features="score")[1], ">=", 0.01,
-                "score = content (~1e-3) - m_h (i - j)")]
+    table = probe_relative_distance(
+        acts, sites=[], scores=list(acts.patterns), tasks=("regression",), controls=False, n_boot=N_BOOT, seed=seed
+    )
+    return [
+        Row(
+            "alibi_block0_score_r2",
+            "untrained ALiBi (d_model 32, 4 heads), random tokens",
+            "block 0 score read R² (layer 1)",
+            1.0,
+            _linear(table, "r2", features="score")[1],
+            ">=",
+            0.01,
+            "score = content (~1e-3) - m_h (i - j)",
+        )
+    ]
 
 
 def check_rope_constant(seed: int = SEED) -> list[Row]:
@@ -263,11 +379,21 @@ def check_rope_constant(seed: int = SEED) -> list[Row]:
     model = small_decoder(seed, position="rope")
     sites = ("blocks.0.attn.hook_rot_q", "blocks.0.attn.hook_rot_k")
     acts = collect(model, torch.full((N_SEQUENCES, LENGTH), 3, dtype=torch.long), list(sites))
-    table = probe_relative_distance(acts, sites=[], attention=[sites], tasks=("regression",), controls=False,
-                                    n_boot=N_BOOT, seed=seed)
-    return [Row("rope_constant_content_qk_r2", "untrained RoPE, constant content",
-                "block 0 content-only q·k read R² (layer 1)", 1.0, _linear(table, "r2", features="bilinear_outer")[1],
-                "==", EXACT, "rotated q_i k_j holds sin/cos of (i - j) theta")]
+    table = probe_relative_distance(
+        acts, sites=[], attention=[sites], tasks=("regression",), controls=False, n_boot=N_BOOT, seed=seed
+    )
+    return [
+        Row(
+            "rope_constant_content_qk_r2",
+            "untrained RoPE, constant content",
+            "block 0 content-only q·k read R² (layer 1)",
+            1.0,
+            _linear(table, "r2", features="bilinear_outer")[1],
+            "==",
+            EXACT,
+            "rotated q_i k_j holds sin/cos of (i - j) theta",
+        )
+    ]
 
 
 def sink_model():
@@ -278,8 +404,9 @@ def sink_model():
     otherwise: e^-141 underflows in float32 and the whole mass lands on token 0. Head 1 has zero
     weights: every score 0, uniform attention.
     """
-    cfg = DecoderConfig(d_vocab=4, n_ctx=LENGTH, n_layers=1, d_model=4, n_heads=2, d_mlp=0,
-                        normalization="none", position="nope")
+    cfg = DecoderConfig(
+        d_vocab=4, n_ctx=LENGTH, n_layers=1, d_model=4, n_heads=2, d_mlp=0, normalization="none", position="nope"
+    )
     model = Decoder(cfg, seed=SEED)
     with torch.no_grad():
         for param in model.parameters():
@@ -305,10 +432,26 @@ def check_sinks(seed: int = SEED) -> list[Row]:
     harmonic = float(sum(Fraction(1, i) for i in range(1, LENGTH + 1)) / LENGTH)
     label = "hand-set one-layer NoPE, 2 heads"
     return [
-        Row("sink_all_mass_on_token0", label, f"sink score of head 0 (T = {LENGTH})", 1.0, scores[0], "==", 1e-6,
-            "every query puts weight 1 on token 0"),
-        Row("sink_uniform_head", label, f"sink score of head 1 (T = {LENGTH})", harmonic, scores[1], "==", 1e-6,
-            "uniform: H_T / T"),
+        Row(
+            "sink_all_mass_on_token0",
+            label,
+            f"sink score of head 0 (T = {LENGTH})",
+            1.0,
+            scores[0],
+            "==",
+            1e-6,
+            "every query puts weight 1 on token 0",
+        ),
+        Row(
+            "sink_uniform_head",
+            label,
+            f"sink score of head 1 (T = {LENGTH})",
+            harmonic,
+            scores[1],
+            "==",
+            1e-6,
+            "uniform: H_T / T",
+        ),
     ]
 
 
@@ -330,15 +473,26 @@ def check_variance(seed: int = SEED, n_sequences: int = 200, n_boot: int = 100) 
     boot = []
     for _ in range(n_boot):
         draw = by_sequence[rng.integers(0, n_sequences, n_sequences)]
-        resampled = Activations(acts={site: draw.reshape(n_sequences * LENGTH, -1)},
-                                sequence_id=np.repeat(np.arange(n_sequences), LENGTH),
-                                position=np.tile(np.arange(LENGTH), n_sequences),
-                                token=np.zeros(n_sequences * LENGTH, dtype=np.int64))
+        resampled = Activations(
+            acts={site: draw.reshape(n_sequences * LENGTH, -1)},
+            sequence_id=np.repeat(np.arange(n_sequences), LENGTH),
+            position=np.tile(np.arange(LENGTH), n_sequences),
+            token=np.zeros(n_sequences * LENGTH, dtype=np.int64),
+        )
         boot.append(float(variance_slopes(attention_variance(resampled))["slope"].iloc[0]))
     error = float(np.std(boot, ddof=1))
-    return [Row("nope_block0_variance_slope", f"untrained NoPE, {n_sequences} random sequences",
-                "log-log slope of block 0 attention-output variance vs position + 1", -1.0, slope, "==", 3 * error,
-                f"Var(z_i) = Var(v)/(i + 1); tolerance 3 bootstrap SE (SE {error:.3f})")]
+    return [
+        Row(
+            "nope_block0_variance_slope",
+            f"untrained NoPE, {n_sequences} random sequences",
+            "log-log slope of block 0 attention-output variance vs position + 1",
+            -1.0,
+            slope,
+            "==",
+            3 * error,
+            f"Var(z_i) = Var(v)/(i + 1); tolerance 3 bootstrap SE (SE {error:.3f})",
+        )
+    ]
 
 
 def check_repeated_tokens(seed: int = SEED) -> list[Row]:
@@ -356,8 +510,24 @@ def check_repeated_tokens(seed: int = SEED) -> list[Row]:
     rate = sink_rate(sink_table(acts, n_tokens=LENGTH))
     label = "random 2-layer NoPE, one repeated token, no BOS"
     return [
-        Row("nope_repeated_tokens_uniform", label, "max |pattern - 1/(i + 1)| at allowed keys", 0.0, deviation,
-            "==", 1e-6, "equal keys give equal scores: uniform attention (Gu et al. Prop. 1)"),
-        Row("nope_repeated_tokens_sink_rate", label, "Gu sink rate (eps 0.3)", 0.0, rate, "==", 0.0,
-            f"uniform gives token 0 the score H_T/T = {float(uniform[:, 0].mean()):.3f} < 0.3"),
+        Row(
+            "nope_repeated_tokens_uniform",
+            label,
+            "max |pattern - 1/(i + 1)| at allowed keys",
+            0.0,
+            deviation,
+            "==",
+            1e-6,
+            "equal keys give equal scores: uniform attention (Gu et al. Prop. 1)",
+        ),
+        Row(
+            "nope_repeated_tokens_sink_rate",
+            label,
+            "Gu sink rate (eps 0.3)",
+            0.0,
+            rate,
+            "==",
+            0.0,
+            f"uniform gives token 0 the score H_T/T = {float(uniform[:, 0].mean()):.3f} < 0.3",
+        ),
     ]

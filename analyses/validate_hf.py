@@ -34,6 +34,7 @@ def _hf_model(cls, config, seed: int):
 def _row_factors(before: torch.Tensor, after: torch.Tensor) -> torch.Tensor:
     """Per query row, the least-squares factor c with (log p_after - own) = c (log p_before - own),
     over heads and visible keys; ``[query_pos]`` (row 0, with no other key, gets 1)."""
+
     def centred(p):
         logp = p.double().clamp(min=1e-300).log()
         visible = p > 0
@@ -58,11 +59,24 @@ def check_query_temperatures(seed: int = SEED) -> list[Row]:
     """
     index = torch.arange(LENGTH)
     rows = []
-    config = T.Llama4TextConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                                head_dim=8, intermediate_size=64, intermediate_size_mlp=64, num_local_experts=2,
-                                vocab_size=64, no_rope_layers=[1, 0], floor_scale=4, attn_scale=0.1,
-                                attn_temperature_tuning=True, initializer_range=0.2, attention_chunk_size=LENGTH,
-                                **TINY_SPECIAL)
+    config = T.Llama4TextConfig(
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=8,
+        intermediate_size=64,
+        intermediate_size_mlp=64,
+        num_local_experts=2,
+        vocab_size=64,
+        no_rope_layers=[1, 0],
+        floor_scale=4,
+        attn_scale=0.1,
+        attn_temperature_tuning=True,
+        initializer_range=0.2,
+        attention_chunk_size=LENGTH,
+        **TINY_SPECIAL,
+    )
     llama4 = _hf_model(T.Llama4ForCausalLM, config, seed)
     tokens = random_tokens(1, LENGTH, 0, 64, seed)
     attention = llama4.model.layers[1].self_attn
@@ -72,15 +86,37 @@ def check_query_temperatures(seed: int = SEED) -> list[Row]:
         patterns.append(llama4(tokens, attention_mask=torch.ones_like(tokens), output_attentions=True).attentions[1])
     measured = _row_factors(patterns[0], patterns[1])
     expected = QueryScale("llama4", "index", 4.0, 0.1).factor(index)
-    rows.append(Row("llama4_query_temperature", "tiny Llama 4, NoPE layer 1, floor_scale 4",
-                    "max |fitted row factor - tau(i)| over query rows 1..15", 0.0,
-                    float((measured[1:] - expected[1:]).abs().max()), "==", 1e-4,
-                    "tau(i) = 1 + attn_scale log1p(floor((i + 1) / floor_scale)), i the token index"))
+    rows.append(
+        Row(
+            "llama4_query_temperature",
+            "tiny Llama 4, NoPE layer 1, floor_scale 4",
+            "max |fitted row factor - tau(i)| over query rows 1..15",
+            0.0,
+            float((measured[1:] - expected[1:]).abs().max()),
+            "==",
+            1e-4,
+            "tau(i) = 1 + attn_scale log1p(floor((i + 1) / floor_scale)), i the token index",
+        )
+    )
 
-    config = T.BeamConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                          head_dim=8, intermediate_size=64, moe_intermediate_size=32, num_experts=2,
-                          num_experts_per_tok=1, n_group=1, topk_group=1, vocab_size=64, initializer_range=0.2,
-                          layer_types=["sliding_attention", "full_attention"], sliding_window=LENGTH, **TINY_SPECIAL)
+    config = T.BeamConfig(
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=8,
+        intermediate_size=64,
+        moe_intermediate_size=32,
+        num_experts=2,
+        num_experts_per_tok=1,
+        n_group=1,
+        topk_group=1,
+        vocab_size=64,
+        initializer_range=0.2,
+        layer_types=["sliding_attention", "full_attention"],
+        sliding_window=LENGTH,
+        **TINY_SPECIAL,
+    )
     beam = hook_hf_model(_hf_model(T.BeamForCausalLM, config, seed))
     ids = index[None]
     held = {}
@@ -94,16 +130,28 @@ def check_query_temperatures(seed: int = SEED) -> list[Row]:
     shifted_patterns = []
     for shift in (0, 100_000):
         with beam.hooks(fwd_hooks=[("blocks.1.hook_resid_pre", hold)]):
-            _, cache = beam.run_with_cache(tokens, attention_mask=torch.ones_like(tokens), position_ids=ids + shift,
-                                           names_filter="blocks.1.attn.hook_pattern")
+            _, cache = beam.run_with_cache(
+                tokens,
+                attention_mask=torch.ones_like(tokens),
+                position_ids=ids + shift,
+                names_filter="blocks.1.attn.hook_pattern",
+            )
         shifted_patterns.append(cache["blocks.1.attn.hook_pattern"])
     measured = _row_factors(shifted_patterns[0], shifted_patterns[1])
     tau = QueryScale("beam", "position")
     expected = tau.factor(index + 100_000) / tau.factor(index)
-    rows.append(Row("beam_query_temperature", "tiny Beam, NoPE layer 1, positions + 100000",
-                    "max |fitted row factor - tau(p + 100000) / tau(p)| over query rows 1..15", 0.0,
-                    float((measured[1:] - expected[1:]).abs().max()), "==", 1e-4,
-                    "tau(p) = (1 + (p + 1) / 2048)^0.1, p the position id"))
+    rows.append(
+        Row(
+            "beam_query_temperature",
+            "tiny Beam, NoPE layer 1, positions + 100000",
+            "max |fitted row factor - tau(p + 100000) / tau(p)| over query rows 1..15",
+            0.0,
+            float((measured[1:] - expected[1:]).abs().max()),
+            "==",
+            1e-4,
+            "tau(p) = (1 + (p + 1) / 2048)^0.1, p the position id",
+        )
+    )
     return rows
 
 
@@ -115,21 +163,41 @@ def check_detector(seed: int = SEED) -> list[Row]:
     mask = torch.ones_like(tokens)
     mask[1, :3] = 0
     decoder = small_decoder(seed, n_layers=4, position=["nope", "rope", "alibi", "nope"], init_std=0.3)
-    config = T.SmolLM3Config(hidden_size=32, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
-                             intermediate_size=64, vocab_size=64, no_rope_layers=[0, 1, 1, 0], initializer_range=0.2,
-                             **TINY_SPECIAL)
+    config = T.SmolLM3Config(
+        hidden_size=32,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        intermediate_size=64,
+        vocab_size=64,
+        no_rope_layers=[0, 1, 1, 0],
+        initializer_range=0.2,
+        **TINY_SPECIAL,
+    )
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         smollm3 = bridge_hf_model(_hf_model(T.SmolLM3ForCausalLM, config, seed))
     rows = []
-    for name, model, label in (("detector_decoder_hybrid", decoder, "Decoder nope, rope, alibi, nope"),
-                               ("detector_smollm3", smollm3, "tiny SmolLM3, no_rope_layers [0, 1, 1, 0]")):
+    for name, model, label in (
+        ("detector_decoder_hybrid", decoder, "Decoder nope, rope, alibi, nope"),
+        ("detector_smollm3", smollm3, "tiny SmolLM3, no_rope_layers [0, 1, 1, 0]"),
+    ):
         subject, _ = make_subject(model, None)
         readings = detect(subject, tokens, mask, Tolerance())
         right = sum(r.reading == declared_reading(subject, r.layer) for r in readings)
-        rows.append(Row(name, label, "layers whose measured reading is the declared one", float(len(readings)),
-                        float(right), "==", 0.0, "NoPE layers bitwise unchanged under re-spaced positions, "
-                        "rotating and ALiBi layers changed but shift-invariant"))
+        rows.append(
+            Row(
+                name,
+                label,
+                "layers whose measured reading is the declared one",
+                float(len(readings)),
+                float(right),
+                "==",
+                0.0,
+                "NoPE layers bitwise unchanged under re-spaced positions, "
+                "rotating and ALiBi layers changed but shift-invariant",
+            )
+        )
     return rows
 
 
@@ -138,14 +206,35 @@ def check_learned_sinks(seed: int = SEED) -> list[Row]:
     takes e^s / (e^s + n) of it; with s = log 2, 2 / (n + 2). Full-attention layer 0 of Flint (a
     learned logit in the denominator, GPT-OSS style) and of Granite SWA (the same as an output scale
     sigmoid(lse - s)): mean over queries i of 2 / (i + 3), read by ``sink_table``."""
-    base = dict(hidden_size=32, num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2,
-                intermediate_size=64, vocab_size=64, initializer_range=0.2, **TINY_SPECIAL)
+    base = dict(
+        hidden_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        intermediate_size=64,
+        vocab_size=64,
+        initializer_range=0.2,
+        **TINY_SPECIAL,
+    )
     models = {
-        "flint": (T.FlintForCausalLM, T.FlintConfig(**base, head_dim=8, num_experts=2, num_experts_per_tok=1,
-                                                    moe_intermediate_size=32, shared_expert_intermediate_size=32,
-                                                    layer_types=["full_attention"]), "learned"),
-        "granite_swa": (T.GraniteSWAForCausalLM, T.GraniteSWAConfig(**base, layer_types=["full_attention"]),
-                        "output_scale"),
+        "flint": (
+            T.FlintForCausalLM,
+            T.FlintConfig(
+                **base,
+                head_dim=8,
+                num_experts=2,
+                num_experts_per_tok=1,
+                moe_intermediate_size=32,
+                shared_expert_intermediate_size=32,
+                layer_types=["full_attention"],
+            ),
+            "learned",
+        ),
+        "granite_swa": (
+            T.GraniteSWAForCausalLM,
+            T.GraniteSWAConfig(**base, layer_types=["full_attention"]),
+            "output_scale",
+        ),
     }
     expected = float(np.mean([2.0 / (i + 3) for i in range(LENGTH)]))
     # no pad id: its embedding row is zero, and a query whose values are all zero shows no output scale
@@ -157,11 +246,21 @@ def check_learned_sinks(seed: int = SEED) -> list[Row]:
         attention.q_proj.weight.data.zero_()
         attention.sinks.data.fill_(float(np.log(2.0)))
         model = hook_hf_model(hf_model)
-        sites = ["blocks.0.attn.hook_pattern"] + (["blocks.0.attn.hook_v", "blocks.0.attn.hook_z"]
-                                                  if kind == "output_scale" else [])
+        sites = ["blocks.0.attn.hook_pattern"] + (
+            ["blocks.0.attn.hook_v", "blocks.0.attn.hook_z"] if kind == "output_scale" else []
+        )
         acts = collect(model, tokens, sites)
         table = sink_table(acts, n_tokens=LENGTH, sinks={0: (kind, attention.sinks.detach())})
-        rows.append(Row(f"{name}_sink_mass", f"tiny {name}, q = 0, sink logit log 2 ({kind})",
-                        "mean learned_sink_mass over heads", expected, float(table["learned_sink_mass"].mean()),
-                        "==", 1e-5, "e^s / (e^s + n) = 2 / (n + 2) for n = i + 1 visible keys"))
+        rows.append(
+            Row(
+                f"{name}_sink_mass",
+                f"tiny {name}, q = 0, sink logit log 2 ({kind})",
+                "mean learned_sink_mass over heads",
+                expected,
+                float(table["learned_sink_mass"].mean()),
+                "==",
+                1e-5,
+                "e^s / (e^s + n) = 2 / (n + 2) for n = i + 1 visible keys",
+            )
+        )
     return rows

@@ -66,8 +66,9 @@ from nopelens.probes.fitting import ALPHAS, fit_folds, fold_blocks
 
 def build_activations(position: str, n_samples: int, seed: int, init_std: float = 0.02):
     n_ctx = 64
-    cfg = DecoderConfig(d_vocab=512, n_ctx=n_ctx, n_layers=4, d_model=128, n_heads=4, position=position,
-                        init_std=init_std)
+    cfg = DecoderConfig(
+        d_vocab=512, n_ctx=n_ctx, n_layers=4, d_model=128, n_heads=4, position=position, init_std=init_std
+    )
     model = Decoder(cfg, seed=seed)
     n_seq = -(-n_samples // n_ctx)
     generator = torch.Generator().manual_seed(seed)
@@ -98,8 +99,12 @@ def sklearn_grouped_ridge(X, y, groups, splits):
         test_fold = np.full(len(X), -1)
         for j in members[k]:
             test_fold[blocks[j]] = j
-        search = GridSearchCV(make_pipeline(StandardScaler(), Ridge()), {"ridge__alpha": list(ALPHAS)},
-                              cv=PredefinedSplit(test_fold[fit]), scoring="neg_mean_squared_error")
+        search = GridSearchCV(
+            make_pipeline(StandardScaler(), Ridge()),
+            {"ridge__alpha": list(ALPHAS)},
+            cv=PredefinedSplit(test_fold[fit]),
+            scoring="neg_mean_squared_error",
+        )
         search.fit(X[fit], y[fit])
         index.append(score)
         preds.append(search.predict(X[score]))
@@ -124,8 +129,10 @@ def main() -> None:
     yf = y.astype(np.float64)
     splits = sequence_splits(groups, n_splits=5)
     X64 = X.astype(np.float64)
-    print(f"{args.position} decoder, {args.site}: X {X.shape} {X.dtype}, {acts.n_sequences} sequences, 5-fold "
-          f"GroupKFold, {len(ALPHAS)} penalties; {args.threads} thread(s); load average before {os.getloadavg()}")
+    print(
+        f"{args.position} decoder, {args.site}: X {X.shape} {X.dtype}, {acts.n_sequences} sequences, 5-fold "
+        f"GroupKFold, {len(ALPHAS)} penalties; {args.threads} thread(s); load average before {os.getloadavg()}"
+    )
 
     _, floor, floor_cpu = timed(lambda: X64.T @ X64, args.repeats)
     rows = [("floor: X^T X (float64)", floor, floor_cpu)]
@@ -144,15 +151,21 @@ def main() -> None:
         rows.append(("sklearn: GridSearchCV same folds", wall, cpu))
         difference = np.abs(pred - ours.predictions[0]).max() if np.array_equal(index, ours.index) else np.nan
         sklearn_wall = wall
-        (loo_index, loo_pred), loo_wall, cpu = timed(lambda: out_of_fold_predictions(
-            make_pipeline(StandardScaler(), RidgeCV(alphas=ALPHAS)), X64, yf, splits))
+        (loo_index, loo_pred), loo_wall, cpu = timed(
+            lambda: out_of_fold_predictions(make_pipeline(StandardScaler(), RidgeCV(alphas=ALPHAS)), X64, yf, splits)
+        )
         rows.append(("sklearn: RidgeCV LOO, 28 penalties", loo_wall, cpu))
-        _, wall, cpu = timed(lambda: out_of_fold_predictions(make_pipeline(StandardScaler(), RidgeCV(alphas=(0.1, 1, 10))),
-                                                             X64, yf, splits))
+        _, wall, cpu = timed(
+            lambda: out_of_fold_predictions(
+                make_pipeline(StandardScaler(), RidgeCV(alphas=(0.1, 1, 10))), X64, yf, splits
+            )
+        )
         rows.append(("sklearn: previous RidgeCV (LOO)", wall, cpu))
         # issue 38 §4: one layer's absolute-index regression probe through the engine (the in-memory API)
-        table, engine_wall, cpu = timed(lambda: probe_absolute_index(acts, sites=[args.site], tasks=("regression",),
-                                                                     controls=False, n_boot=1), args.repeats)
+        table, engine_wall, cpu = timed(
+            lambda: probe_absolute_index(acts, sites=[args.site], tasks=("regression",), controls=False, n_boot=1),
+            args.repeats,
+        )
         rows.append(("ours: probe_absolute_index (engine)", engine_wall, cpu))
         engine_r2 = table[(table.probe == "linear") & (table.metric == "r2")]["value"].iloc[0]
         peer_r2 = {"GridSearchCV": r2_score(yf[index], pred), "RidgeCV LOO": r2_score(yf[loo_index], loo_pred)}
@@ -161,24 +174,34 @@ def main() -> None:
     _, wall, cpu = timed(lambda: out_of_fold_predictions(make_pipeline(StandardScaler(), PooledLDA()), X64, y, splits))
     rows.append(("sklearn pipeline: PooledLDA", wall, cpu))
     pred = ours.predictions[0]
-    _, wall, cpu = timed(lambda: bootstrap_scores(yf[ours.index], pred, groups[ours.index], ("r2", "spearman", "mad"),
-                                                  args.n_boot))
+    _, wall, cpu = timed(
+        lambda: bootstrap_scores(yf[ours.index], pred, groups[ours.index], ("r2", "spearman", "mad"), args.n_boot)
+    )
     rows.append((f"bootstrap CIs, {args.n_boot} replicates", wall, cpu))
 
     print(f"{'what':38s} {'wall s':>8s} {'cpu s':>8s} {'x floor':>8s}")
     for name, wall, cpu in rows:
         print(f"{name:38s} {wall:8.4f} {cpu:8.4f} {wall / floor:8.1f}")
-    print(f"controls add {100 * (controls / plain - 1):.0f} % to probe_features (goal <= 50 %); "
-          f"probe_features without controls is {plain / floor:.1f}x the floor (goal <= 10x)")
+    print(
+        f"controls add {100 * (controls / plain - 1):.0f} % to probe_features (goal <= 50 %); "
+        f"probe_features without controls is {plain / floor:.1f}x the floor (goal <= 10x)"
+    )
     if not args.skip_sklearn:
-        print(f"max |ours - scikit-learn| over the out-of-fold predictions: {difference:.2e}; chosen penalties per fold: "
-              f"{ours.alphas[0].tolist()}")
-        print(f"peer ratio (issue 38 §4), one layer's absolute-index regression probe: the engine is "
-              f"{sklearn_wall / engine_wall:.1f}x faster than the equal-work GridSearchCV and "
-              f"{loo_wall / engine_wall:.1f}x faster than RidgeCV's leave-one-out search in the same outer GroupKFold; "
-              f"R^2 {engine_r2:.6f}, " + ", ".join(f"{name} {r2:.6f} (|diff| {abs(r2 - engine_r2):.1e}, "
-                                                   f"{'within' if abs(r2 - engine_r2) <= 1e-4 else 'NOT within'} 1e-4)"
-                                                   for name, r2 in peer_r2.items()))
+        print(
+            f"max |ours - scikit-learn| over the out-of-fold predictions: {difference:.2e}; chosen penalties per fold: "
+            f"{ours.alphas[0].tolist()}"
+        )
+        print(
+            f"peer ratio (issue 38 §4), one layer's absolute-index regression probe: the engine is "
+            f"{sklearn_wall / engine_wall:.1f}x faster than the equal-work GridSearchCV and "
+            f"{loo_wall / engine_wall:.1f}x faster than RidgeCV's leave-one-out search in the same outer GroupKFold; "
+            f"R^2 {engine_r2:.6f}, "
+            + ", ".join(
+                f"{name} {r2:.6f} (|diff| {abs(r2 - engine_r2):.1e}, "
+                f"{'within' if abs(r2 - engine_r2) <= 1e-4 else 'NOT within'} 1e-4)"
+                for name, r2 in peer_r2.items()
+            )
+        )
     print(f"load average after: {os.getloadavg()}")
 
 

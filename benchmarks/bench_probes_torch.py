@@ -72,8 +72,10 @@ def main() -> None:
     X64np = X.astype(np.float64)  # scikit-learn computes in the dtype it is given; ours in float64
     splits = sequence_splits(groups, 5)
     cuda = torch.cuda.is_available()
-    print(f"X {X.shape} float32, 5-fold GroupKFold; torch {torch.__version__}, {torch.get_num_threads()} CPU "
-          f"thread(s); CUDA: {torch.cuda.get_device_name() if cuda else 'not available'}; load average {os.getloadavg()}")
+    print(
+        f"X {X.shape} float32, 5-fold GroupKFold; torch {torch.__version__}, {torch.get_num_threads()} CPU "
+        f"thread(s); CUDA: {torch.cuda.get_device_name() if cuda else 'not available'}; load average {os.getloadavg()}"
+    )
     X64 = torch.as_tensor(X, dtype=torch.float64)
     rows = []
     _, floor, cpu = timed(lambda: X64.numpy().T @ X64.numpy())
@@ -86,14 +88,25 @@ def main() -> None:
             timed(lambda: Xg.T @ Xg, sync=True)  # warm-up
             _, wall, cpu = timed(lambda: Xg.T @ Xg, sync=True)
             rows.append((f"floor: X^T X, CUDA {str(dtype)[6:]}", wall, cpu))
-            fit_folds(X[:4096], [y[:4096]], groups[:4096], sequence_splits(groups[:4096], 5), "regression",
-                      device="cuda", compute_dtype=dtype)  # warm-up
-            gpu, wall, cpu = timed(lambda: fit_folds(X, [y], groups, splits, "regression", device="cuda",
-                                                     compute_dtype=dtype), sync=True)
+            fit_folds(
+                X[:4096],
+                [y[:4096]],
+                groups[:4096],
+                sequence_splits(groups[:4096], 5),
+                "regression",
+                device="cuda",
+                compute_dtype=dtype,
+            )  # warm-up
+            gpu, wall, cpu = timed(
+                lambda: fit_folds(X, [y], groups, splits, "regression", device="cuda", compute_dtype=dtype), sync=True
+            )
             rows.append((f"ours: fit_folds, CUDA {str(dtype)[6:]}", wall, cpu))
-            print(f"CUDA {str(dtype)[6:]} vs CPU float64: max |difference| of predictions "
-                  f"{np.abs(gpu.predictions[0] - ours.predictions[0]).max():.2e}")
+            print(
+                f"CUDA {str(dtype)[6:]} vs CPU float64: max |difference| of predictions "
+                f"{np.abs(gpu.predictions[0] - ours.predictions[0]).max():.2e}"
+            )
     if not args.skip_sklearn:
+
         def sklearn_fixed():
             out = []
             for k, (fit, score) in enumerate(splits):

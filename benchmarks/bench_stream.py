@@ -32,7 +32,7 @@ bridged by TransformerLens), with random token ids after BOS:
   --keep-mib 0`` (nothing kept, so every job of a run sums its statistics at once; no sink ablation,
   no figures) at 1x and 4x the layers (d_model 384, 6 and 24 layers, 128 tokens, 24 sequences), with
   the memory free and with ``--memory-mib`` (the jobs then run in groups whose statistics fit it,
-  :func:`~nopelens.analyses.sweep.streamed.statistics_groups`); the grouped tables are compared with the
+  :func:`~nopelens.analyses.sweep.budget.statistics_groups`); the grouped tables are compared with the
   ungrouped ones (the largest difference of any number is printed).
 
 Both paths probe the same definitions (classification over at most 64 position bins, pairs at 64
@@ -75,9 +75,17 @@ def make_model_dir(directory: Path, d_model: int, n_layers: int, n_ctx: int, see
     from transformers import LlamaConfig, LlamaForCausalLM
 
     n_heads = d_model // 64
-    config = LlamaConfig(hidden_size=d_model, num_hidden_layers=n_layers, num_attention_heads=n_heads,
-                         num_key_value_heads=max(1, n_heads // 2), intermediate_size=int(8 * d_model / 3 // 64 * 64),
-                         vocab_size=32000, max_position_embeddings=max(n_ctx, 2048), bos_token_id=1, eos_token_id=2)
+    config = LlamaConfig(
+        hidden_size=d_model,
+        num_hidden_layers=n_layers,
+        num_attention_heads=n_heads,
+        num_key_value_heads=max(1, n_heads // 2),
+        intermediate_size=int(8 * d_model / 3 // 64 * 64),
+        vocab_size=32000,
+        max_position_embeddings=max(n_ctx, 2048),
+        bos_token_id=1,
+        eos_token_id=2,
+    )
     torch.manual_seed(seed)
     LlamaForCausalLM(config).save_pretrained(directory, safe_serialization=True)
     return directory
@@ -100,8 +108,11 @@ def probe_plan(subject, probes: str):
         return residual, [], [], [], [], "outer"
 
     def per_block(suffix: str) -> dict[int, str]:
-        return {site_block(s): s for s in subject.model.hook_dict
-                if s.endswith(suffix) and site_block(s) is not None and subject.usable(s)}
+        return {
+            site_block(s): s
+            for s in subject.model.hook_dict
+            if s.endswith(suffix) and site_block(s) is not None and subject.usable(s)
+        }
 
     outputs = (".hook_attn_out", ".hook_mlp_out")
     inner = [per_block(suffix)[l] for l in range(layers) for suffix in outputs if l in per_block(suffix)]
@@ -112,7 +123,9 @@ def probe_plan(subject, probes: str):
     return residual, inner, qk, scores, [s for s in inner if s.endswith(outputs[0])], mode
 
 
-def measure(case: str, model_dir: str, n_sequences: int, seq_len: int, probes: str, batch_size: int, n_boot: int) -> dict:
+def measure(
+    case: str, model_dir: str, n_sequences: int, seq_len: int, probes: str, batch_size: int, n_boot: int
+) -> dict:
     """Load the model, measure one case; the seconds of each stage."""
     import numpy as np
     import torch
@@ -120,9 +133,10 @@ def measure(case: str, model_dir: str, n_sequences: int, seq_len: int, probes: s
     from nopelens.analyses.subjects import resolve
     from nopelens.probes import collect, probe_absolute_index, probe_relative_distance
     from nopelens.probes.sinks import attention_variance
-    from nopelens.probes.stream import AttentionVariance, KeepBudget, Sequences, run
+    from nopelens.probes.stream import KeepBudget, Sequences, run
     from nopelens.probes.stream_probes import absolute_index_probes, relative_distance_probes
     from nopelens.probes.targets import spread_distances
+    from nopelens.probes.variance import AttentionVariance
 
     torch.set_num_threads(1)
     subject = resolve(f"hf:{model_dir}", n_sequences, seq_len, seed=0, progress=False)
@@ -136,26 +150,56 @@ def measure(case: str, model_dir: str, n_sequences: int, seq_len: int, probes: s
     with torch.no_grad():
         if case in ("memory", MAIN_CASE):
             exact = case == MAIN_CASE
-            acts = collect(subject.model, subject.tokens, sites, attention_mask=subject.attention_mask,
-                           batch_size=batch_size)
+            acts = collect(
+                subject.model, subject.tokens, sites, attention_mask=subject.attention_mask, batch_size=batch_size
+            )
             out["collect_s"] = time.perf_counter() - start
-            tables = [probe_absolute_index(acts, sites=residual + inner, extrapolate_from=extrapolate,
-                                           max_classes=None if exact else 64, **common)]
+            tables = [
+                probe_absolute_index(
+                    acts,
+                    sites=residual + inner,
+                    extrapolate_from=extrapolate,
+                    max_classes=None if exact else 64,
+                    **common,
+                )
+            ]
             if probes == "sweep":
-                tables.append(probe_relative_distance(
-                    acts, sites=residual, feature_kinds=("concat",), attention=qk, scores=scores, bilinear=mode,
-                    tasks=("regression",), pairs_per_distance=pairs,
-                    distances=None if exact else spread_distances(seq_len - 1, 64), **common))
+                tables.append(
+                    probe_relative_distance(
+                        acts,
+                        sites=residual,
+                        feature_kinds=("concat",),
+                        attention=qk,
+                        scores=scores,
+                        bilinear=mode,
+                        tasks=("regression",),
+                        pairs_per_distance=pairs,
+                        distances=None if exact else spread_distances(seq_len - 1, 64),
+                        **common,
+                    )
+                )
                 tables.append(attention_variance(acts, variance_sites))
         else:
             budget = KeepBudget(KEEP[case])
             sequences = Sequences.of(subject.tokens, subject.attention_mask)
-            measurements = [absolute_index_probes(sequences, residual + inner, extrapolate_from=extrapolate, keep=budget,
-                                                  **common)]
+            measurements = [
+                absolute_index_probes(sequences, residual + inner, extrapolate_from=extrapolate, keep=budget, **common)
+            ]
             if probes == "sweep":
-                measurements.append(relative_distance_probes(
-                    sequences, sites=residual, feature_kinds=("concat",), attention=qk, scores=scores, bilinear=mode,
-                    tasks=("regression",), pairs_per_distance=pairs, keep=budget, **common))
+                measurements.append(
+                    relative_distance_probes(
+                        sequences,
+                        sites=residual,
+                        feature_kinds=("concat",),
+                        attention=qk,
+                        scores=scores,
+                        bilinear=mode,
+                        tasks=("regression",),
+                        pairs_per_distance=pairs,
+                        keep=budget,
+                        **common,
+                    )
+                )
                 measurements.append(AttentionVariance(sequences, variance_sites))
             if case == "stream-default":
                 budget.limit = plan_keep(subject, sequences, measurements[:2], sites, budget).limit
@@ -169,7 +213,7 @@ def measure(case: str, model_dir: str, n_sequences: int, seq_len: int, probes: s
 
 def plan_keep(subject, sequences, probes, sites, budget):
     """The keep budget ``nopelens probe hf:DIR`` gives a run of these probes
-    (:func:`nopelens.analyses.sweep.streamed.run_budget`: every feature kept if all fit ``budget``, else none)."""
+    (:func:`nopelens.analyses.sweep.budget.run_budget`: every feature kept if all fit ``budget``, else none)."""
     from types import SimpleNamespace
 
     from nopelens.analyses.sweep import streamed
@@ -177,13 +221,19 @@ def plan_keep(subject, sequences, probes, sites, budget):
 
     shapes = streamed.site_shapes(subject, sites)
     probes = [probe for probe in probes if hasattr(probe, "jobs")]
-    m = SimpleNamespace(all_probes=lambda: probes, sequences=sequences, budget=budget, free=available_memory(),
-                        activation_bytes=next(subject.model.parameters()).element_size())
+    m = SimpleNamespace(
+        all_probes=lambda: probes,
+        sequences=sequences,
+        budget=budget,
+        free=available_memory(),
+        activation_bytes=next(subject.model.parameters()).element_size(),
+    )
     return streamed.run_budget(m, [job for probe in probes for job in probe.jobs], shapes)
 
 
-def forward_seconds(model_dir: str, n_sequences: int, seq_len: int, batch_size: int,
-                    implementations=("eager", "sdpa")) -> dict:
+def forward_seconds(
+    model_dir: str, n_sequences: int, seq_len: int, batch_size: int, implementations=("eager", "sdpa")
+) -> dict:
     """Wall and CPU seconds of the plain HF forward pass (logits included) over the probes' tokens
     and batches, per attention implementation."""
     import torch
@@ -195,13 +245,14 @@ def forward_seconds(model_dir: str, n_sequences: int, seq_len: int, batch_size: 
     tokens = resolve(f"hf:{model_dir}", n_sequences, seq_len, seed=0, progress=False).tokens
     out = {}
     for implementation in implementations:
-        model = AutoModelForCausalLM.from_pretrained(model_dir, local_files_only=True,
-                                                     attn_implementation=implementation).eval()
+        model = AutoModelForCausalLM.from_pretrained(
+            model_dir, local_files_only=True, attn_implementation=implementation
+        ).eval()
         with torch.no_grad():
             model(tokens[:1, :16])  # warm-up
             start, cpu = time.perf_counter(), time.process_time()
             for first in range(0, n_sequences, batch_size):
-                model(tokens[first:first + batch_size])
+                model(tokens[first : first + batch_size])
         out[implementation], out[f"{implementation}_cpu"] = time.perf_counter() - start, time.process_time() - cpu
         del model
     return out
@@ -214,11 +265,19 @@ def child(args: argparse.Namespace) -> int:
         result = forward_seconds(args.model_dir, args.n_sequences, args.seq_len, args.batch_size)
     elif args.child.startswith("paired-"):  # the forward pass, then the case, in one process: paired ratios
         result = forward_seconds(args.model_dir, args.n_sequences, args.seq_len, args.batch_size, ("eager",))
-        result |= measure(args.child.removeprefix("paired-"), args.model_dir, args.n_sequences, args.seq_len,
-                          args.probes, args.batch_size, args.n_boot)
+        result |= measure(
+            args.child.removeprefix("paired-"),
+            args.model_dir,
+            args.n_sequences,
+            args.seq_len,
+            args.probes,
+            args.batch_size,
+            args.n_boot,
+        )
     else:
-        result = measure(args.child, args.model_dir, args.n_sequences, args.seq_len, args.probes, args.batch_size,
-                         args.n_boot)
+        result = measure(
+            args.child, args.model_dir, args.n_sequences, args.seq_len, args.probes, args.batch_size, args.n_boot
+        )
     print(json.dumps(result))
     return 0
 
@@ -233,9 +292,11 @@ def main() -> None:
     parser.add_argument("--main", action="store_true", help=f"time runs: also the case {MAIN_CASE!r}")
     parser.add_argument("--cases", help="comma list of the cases to run (default: all)")
     parser.add_argument("--batch-size", type=int, default=32)
-    parser.add_argument("--time-sequences",
-                        help="time runs: comma list of sequence counts, each measured (default 32, --quick 16; "
-                             "e.g. 32,96 for the trend with the tokens)")
+    parser.add_argument(
+        "--time-sequences",
+        help="time runs: comma list of sequence counts, each measured (default 32, --quick 16; "
+        "e.g. 32,96 for the trend with the tokens)",
+    )
     parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument("--model-dir", help=argparse.SUPPRESS)
     parser.add_argument("--n-sequences", type=int, help=argparse.SUPPRESS)
@@ -250,17 +311,23 @@ def main() -> None:
         if args.only in (None, "memory"):
             d, layers, tokens, n = memory_shape
             model_dir = make_model_dir(Path(tmp) / "memory", d, layers, tokens)
-            print(f"\nmemory: Llama d_model {d}, {layers} layers, {tokens} tokens, the sweep's probes; peak RSS per process")
+            print(
+                f"\nmemory: Llama d_model {d}, {layers} layers, {tokens} tokens, the sweep's probes; peak RSS per process"
+            )
             print(f"{'case':18s} {'1x MiB':>9s} {'4x MiB':>9s} {'4x / 1x':>8s} {'1x s':>7s} {'4x s':>7s}")
             for case in selected(args, CASES + (CLI_CASE,)):
                 if case == CLI_CASE:
                     (small, rss_small), (large, rss_large) = (run_cli(model_dir, k * n, tokens, args) for k in (1, 4))
                 else:
                     (small, rss_small), (large, rss_large) = (
-                        run_child(case, model_dir, k * n, tokens, "sweep", args) for k in (1, 4))
+                        run_child(case, model_dir, k * n, tokens, "sweep", args) for k in (1, 4)
+                    )
                     small, large = small["total_s"], large["total_s"]
-                print(f"{case:18s} {rss_small:9.0f} {rss_large:9.0f} {rss_large / rss_small:8.2f} "
-                      f"{small:7.1f} {large:7.1f}", flush=True)
+                print(
+                    f"{case:18s} {rss_small:9.0f} {rss_large:9.0f} {rss_large / rss_small:8.2f} "
+                    f"{small:7.1f} {large:7.1f}",
+                    flush=True,
+                )
         if args.only in (None, "time"):
             d, layers, tokens, n = time_shape
             model_dir = make_model_dir(Path(tmp) / "time", d, layers, tokens)
@@ -276,18 +343,24 @@ def time_runs(model_dir: Path, d: int, layers: int, tokens: int, n: int, args) -
     """Each time case at ``n`` sequences against a plain forward pass run right before it (module docstring)."""
     forward, forward_rss = run_child("forward", model_dir, n, tokens, args.probes, args)
     print(f"\ntime: Llama d_model {d}, {layers} layers, {tokens} tokens, {n} sequences, probes: {args.probes}")
-    print(f"plain HF forward pass alone: {forward['eager']:.1f} s eager attention, {forward['sdpa']:.1f} s SDPA "
-          f"(peak RSS {forward_rss:.0f} MiB). Each case below runs in its own process right after a plain "
-          "forward pass (eager), and is divided by that one: the ratios pair measurements made minutes apart, "
-          "not hours, on a shared machine")
-    print(f"{'case':18s} {'forward s':>9s} {'case s':>8s} {'x forward':>9s} {'fwd CPU s':>9s} {'case CPU s':>10s} "
-          f"{'x (CPU)':>8s} {'collect s':>9s}")
+    print(
+        f"plain HF forward pass alone: {forward['eager']:.1f} s eager attention, {forward['sdpa']:.1f} s SDPA "
+        f"(peak RSS {forward_rss:.0f} MiB). Each case below runs in its own process right after a plain "
+        "forward pass (eager), and is divided by that one: the ratios pair measurements made minutes apart, "
+        "not hours, on a shared machine"
+    )
+    print(
+        f"{'case':18s} {'forward s':>9s} {'case s':>8s} {'x forward':>9s} {'fwd CPU s':>9s} {'case CPU s':>10s} "
+        f"{'x (CPU)':>8s} {'collect s':>9s}"
+    )
     for case in selected(args, CASES + ((MAIN_CASE,) if args.main else ())):
         r, _ = run_child(f"paired-{case}", model_dir, n, tokens, args.probes, args)
         collect = f"{r['collect_s']:9.1f}" if "collect_s" in r else f"{'':9s}"
-        print(f"{case:18s} {r['eager']:9.1f} {r['total_s']:8.1f} {r['total_s'] / r['eager']:9.2f} "
-              f"{r['eager_cpu']:9.1f} {r['total_cpu_s']:10.1f} {r['total_cpu_s'] / r['eager_cpu']:8.2f} {collect}",
-              flush=True)
+        print(
+            f"{case:18s} {r['eager']:9.1f} {r['total_s']:8.1f} {r['total_s'] / r['eager']:9.2f} "
+            f"{r['eager_cpu']:9.1f} {r['total_cpu_s']:10.1f} {r['total_cpu_s'] / r['eager_cpu']:8.2f} {collect}",
+            flush=True,
+        )
 
 
 def depth(tmp: Path, args) -> None:
@@ -296,8 +369,10 @@ def depth(tmp: Path, args) -> None:
     import pandas as pd
 
     d, tokens, n = (192, 64, 12) if args.quick else (384, 128, 24)
-    print(f"\ndepth: Llama d_model {d}, {tokens} tokens, {n} sequences; nopelens probe hf:DIR --input random "
-          "--keep-mib 0 --no-sink-ablation --no-figures; peak RSS per process")
+    print(
+        f"\ndepth: Llama d_model {d}, {tokens} tokens, {n} sequences; nopelens probe hf:DIR --input random "
+        "--keep-mib 0 --no-sink-ablation --no-figures; peak RSS per process"
+    )
     print(f"{'layers':>6s} {'--memory-mib':>12s} {'groups':>6s} {'peak MiB':>9s} {'wall s':>7s} {'max |diff|':>10s}")
     for layers in (6, 24):
         model_dir = make_model_dir(tmp / f"depth-{layers}", d, layers, tokens)
@@ -305,9 +380,29 @@ def depth(tmp: Path, args) -> None:
         for memory in (None, args.memory_mib):
             out = tmp / f"depth-{layers}-{memory}"
             extra = [] if memory is None else ["--memory-mib", str(memory)]
-            command = [sys.executable, "-m", "nopelens", "probe", f"hf:{model_dir}", "--input", "random",
-                       "--n-sequences", str(n), "--seq-len", str(tokens), "--keep-mib", "0", "--no-sink-ablation",
-                       "--no-figures", "--quiet", "--jobs", "1", "--out", str(out), *extra]
+            command = [
+                sys.executable,
+                "-m",
+                "nopelens",
+                "probe",
+                f"hf:{model_dir}",
+                "--input",
+                "random",
+                "--n-sequences",
+                str(n),
+                "--seq-len",
+                str(tokens),
+                "--keep-mib",
+                "0",
+                "--no-sink-ablation",
+                "--no-figures",
+                "--quiet",
+                "--jobs",
+                "1",
+                "--out",
+                str(out),
+                *extra,
+            ]
             seconds, rss = _wait(command, f"depth {layers} {memory}", lambda text: None)
             (done,) = out.glob("parts/*/done.json")
             groups = json.loads(done.read_text())["streamed"]["statistics_groups"]
@@ -333,9 +428,26 @@ def run_cli(model_dir: Path, n_sequences: int, seq_len: int, args) -> tuple[floa
     """(wall seconds, peak RSS in MiB) of ``nopelens probe hf:DIR --input random`` as a user runs it:
     its defaults (keep budget, sites, sinks, figures), one thread, a fresh run folder."""
     with tempfile.TemporaryDirectory() as out:
-        command = [sys.executable, "-m", "nopelens", "probe", f"hf:{model_dir}", "--input", "random", "--n-sequences",
-                   str(n_sequences), "--seq-len", str(seq_len), "--batch-size", str(args.batch_size), "--quiet",
-                   "--jobs", "1", "--out", out]
+        command = [
+            sys.executable,
+            "-m",
+            "nopelens",
+            "probe",
+            f"hf:{model_dir}",
+            "--input",
+            "random",
+            "--n-sequences",
+            str(n_sequences),
+            "--seq-len",
+            str(seq_len),
+            "--batch-size",
+            str(args.batch_size),
+            "--quiet",
+            "--jobs",
+            "1",
+            "--out",
+            out,
+        ]
         return _wait(command, CLI_CASE, lambda text: None)
 
 
@@ -358,9 +470,24 @@ def _wait(command: list[str], case: str, parse) -> tuple:
 
 def run_child(case: str, model_dir: Path, n_sequences: int, seq_len: int, probes: str, args) -> tuple[dict, float]:
     """(the case's numbers, its peak RSS in MiB), measured in a fresh process (``os.wait4``)."""
-    command = [sys.executable, __file__, "--child", case, "--model-dir", str(model_dir), "--n-sequences",
-               str(n_sequences), "--seq-len", str(seq_len), "--probes", probes, "--batch-size", str(args.batch_size),
-               "--n-boot", str(args.n_boot)]
+    command = [
+        sys.executable,
+        __file__,
+        "--child",
+        case,
+        "--model-dir",
+        str(model_dir),
+        "--n-sequences",
+        str(n_sequences),
+        "--seq-len",
+        str(seq_len),
+        "--probes",
+        probes,
+        "--batch-size",
+        str(args.batch_size),
+        "--n-boot",
+        str(args.n_boot),
+    ]
     return _wait(command, case, lambda text: json.loads(text.strip().splitlines()[-1]))
 
 

@@ -81,15 +81,19 @@ def main() -> None:
     cases = {
         "help": (nopelens("--help"), env),
         "quick": (nopelens("sweep", "--quick", "--out", str(scratch / "quick"), *jobs), env),
-        "cached": (nopelens("sweep", "--out", str(scratch / "cached"), *jobs),
-                   dict(env, NOPELENS_CACHE=str(scratch / "cache"))),
+        "cached": (
+            nopelens("sweep", "--out", str(scratch / "cached"), *jobs),
+            dict(env, NOPELENS_CACHE=str(scratch / "cache")),
+        ),
     }
     if not args.skip_fresh:
         fresh_env = dict(env, NOPELENS_CACHE=str(scratch / "empty-cache"))
         cases["fresh"] = (nopelens("sweep", "--out", str(scratch / "fresh"), *jobs), fresh_env)
     try:
         subprocess.run([sys.executable, "-c", FILL_CACHE, str(scratch / "cache")], env=env, check=True)
-        print(f"cores usable: {len(os.sched_getaffinity(0))}; sweep workers: {args.jobs or 'CLI default (one per core)'}")
+        print(
+            f"cores usable: {len(os.sched_getaffinity(0))}; sweep workers: {args.jobs or 'CLI default (one per core)'}"
+        )
         print(f"{'case':<8} {'wall s':>8} {'CPU s':>8} {'load':>6} {'goal s':>7} {'wall/goal':>10} {'CPU/goal':>9}")
         measured = {}
         for name, (command, case_env) in cases.items():
@@ -98,8 +102,10 @@ def main() -> None:
             print(f"{name:<8} {wall:8.1f} {cpu:8.1f} {load:6.1f} {goal:7.0f} {wall / goal:10.2f} {cpu / goal:9.2f}")
         if "fresh" in measured:
             (fresh_wall, fresh_cpu, _), (cached_wall, cached_cpu, _) = measured["fresh"], measured["cached"]
-            print(f"fresh / cached: wall {fresh_wall / cached_wall:.2f}, CPU {fresh_cpu / cached_cpu:.2f} "
-                  f"(goal <= {FRESH_OVER_CACHED})")
+            print(
+                f"fresh / cached: wall {fresh_wall / cached_wall:.2f}, CPU {fresh_cpu / cached_cpu:.2f} "
+                f"(goal <= {FRESH_OVER_CACHED})"
+            )
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
 

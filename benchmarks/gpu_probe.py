@@ -53,11 +53,21 @@ def save_model(directory: Path, d_model: int, n_layers: int, vocab: int, dtype: 
     from transformers import SmolLM3Config, SmolLM3ForCausalLM
 
     n_heads = max(1, d_model // 128)
-    config = SmolLM3Config(hidden_size=d_model, num_hidden_layers=n_layers, num_attention_heads=n_heads,
-                           num_key_value_heads=max(1, n_heads // 4), head_dim=d_model // n_heads,
-                           intermediate_size=int(d_model * 5.5) // 64 * 64, vocab_size=vocab,
-                           max_position_embeddings=65536, no_rope_layers=[int((l + 1) % 4 != 0) for l in range(n_layers)],
-                           bos_token_id=1, eos_token_id=2, pad_token_id=0, tie_word_embeddings=True)
+    config = SmolLM3Config(
+        hidden_size=d_model,
+        num_hidden_layers=n_layers,
+        num_attention_heads=n_heads,
+        num_key_value_heads=max(1, n_heads // 4),
+        head_dim=d_model // n_heads,
+        intermediate_size=int(d_model * 5.5) // 64 * 64,
+        vocab_size=vocab,
+        max_position_embeddings=65536,
+        no_rope_layers=[int((l + 1) % 4 != 0) for l in range(n_layers)],
+        bos_token_id=1,
+        eos_token_id=2,
+        pad_token_id=0,
+        tie_word_embeddings=True,
+    )
     torch.manual_seed(0)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -86,10 +96,16 @@ def largest_difference(a: Path, b: Path) -> float:
         x, y = pd.read_csv(a / name), pd.read_csv(b / name)
         numbers = x.select_dtypes("number").columns
         text = [column for column in x.columns if column not in numbers]
-        if (list(x.columns) != list(y.columns) or x.shape != y.shape or not x[numbers].isna().equals(y[numbers].isna())
-                or not x[text].fillna("").equals(y[text].fillna(""))):
+        if (
+            list(x.columns) != list(y.columns)
+            or x.shape != y.shape
+            or not x[numbers].isna().equals(y[numbers].isna())
+            or not x[text].fillna("").equals(y[text].fillna(""))
+        ):
             return float("inf")
-        worst = max(worst, float(np.nanmax(np.abs(x[numbers].to_numpy(float) - y[numbers].to_numpy(float)), initial=0.0)))
+        worst = max(
+            worst, float(np.nanmax(np.abs(x[numbers].to_numpy(float) - y[numbers].to_numpy(float)), initial=0.0))
+        )
     return worst
 
 
@@ -103,12 +119,24 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--vocab", type=int, default=128256, help="vocabulary (default 128,256, SmolLM3's)")
     parser.add_argument("--seq-len", type=int, default=1024, help="tokens per window (default 1,024)")
     parser.add_argument("--n-sequences", type=int, default=32, help="windows read (default 32)")
-    parser.add_argument("--batch-size", default="auto", help="sequences per forward pass, or auto (nopelens probe's "
-                        "default: up to 32, as many as fit half the memory free on the device)")
-    parser.add_argument("--tolerance", type=float, default=1e-6, help="the largest difference the split run's "
-                        "numbers may have from the whole run's (default 1e-6; the same kernels on the same data give 0)")
-    parser.add_argument("--tiny", action="store_true", help="the same checks on the CPU at a tiny size in float32 "
-                        "(a test of this script's logic, not of a GPU)")
+    parser.add_argument(
+        "--batch-size",
+        default="auto",
+        help="sequences per forward pass, or auto (nopelens probe's "
+        "default: up to 32, as many as fit half the memory free on the device)",
+    )
+    parser.add_argument(
+        "--tolerance",
+        type=float,
+        default=1e-6,
+        help="the largest difference the split run's "
+        "numbers may have from the whole run's (default 1e-6; the same kernels on the same data give 0)",
+    )
+    parser.add_argument(
+        "--tiny",
+        action="store_true",
+        help="the same checks on the CPU at a tiny size in float32 (a test of this script's logic, not of a GPU)",
+    )
     args = parser.parse_args(argv)
     quick = []
     if args.tiny:
@@ -149,11 +177,27 @@ def main(argv: list[str] | None = None) -> int:
     steps = {s["number"]: s["status"] for s in audit["steps"]}
     declared = ["nope" if (l + 1) % 4 == 0 else "rope" for l in range(args.layers)]
     measured = audit["model"].get("measured_layer_positions")
-    check("audit", "fail" not in steps.values(),
-          f"steps {', '.join(f'{n} {v}' for n, v in steps.items())}; declared {','.join(declared)}, measured "
-          f"{measured}")
-    common = [f"hf:{model_dir}", "--dtype", args.dtype, "--seq-len", str(args.seq_len), "--n-sequences",
-              str(args.n_sequences), "--batch-size", str(args.batch_size), "--jobs", "1", "--quiet", "--no-figures", *quick]
+    check(
+        "audit",
+        "fail" not in steps.values(),
+        f"steps {', '.join(f'{n} {v}' for n, v in steps.items())}; declared {','.join(declared)}, measured {measured}",
+    )
+    common = [
+        f"hf:{model_dir}",
+        "--dtype",
+        args.dtype,
+        "--seq-len",
+        str(args.seq_len),
+        "--n-sequences",
+        str(args.n_sequences),
+        "--batch-size",
+        str(args.batch_size),
+        "--jobs",
+        "1",
+        "--quiet",
+        "--no-figures",
+        *quick,
+    ]
     whole = [*common, "--device", args.device]
     first, rest = (0, "cpu") if args.device == "cuda" else ("cpu", "disk")
     (out / "split.json").write_text(json.dumps(split_map(model_dir, first, rest), indent=1))
@@ -168,31 +212,53 @@ def main(argv: list[str] | None = None) -> int:
             torch.cuda.reset_peak_memory_stats()
         start = time.perf_counter()
         code = nopelens(["probe", *options, "--out", str(out / name)])
-        runs[name] = {"code": code, "seconds": time.perf_counter() - start,
-                      "peak_cuda_mib": torch.cuda.max_memory_allocated() / 2**20 if args.device == "cuda" else None}
+        runs[name] = {
+            "code": code,
+            "seconds": time.perf_counter() - start,
+            "peak_cuda_mib": torch.cuda.max_memory_allocated() / 2**20 if args.device == "cuda" else None,
+        }
         peak = f", peak CUDA {runs[name]['peak_cuda_mib']:,.0f} MiB" if args.device == "cuda" else ""
-        where = (f"on {args.device}" if name == "whole" else
-                 f"blocks 0-{args.layers // 2 - 1} on {first if first != 0 else 'cuda:0'}, the rest on {rest}")
-        check(f"probe ({name}: {where}, {args.dtype}, {args.n_sequences} x {args.seq_len:,} tokens)", code == 0,
-              f"exit {code}, {runs[name]['seconds']:,.0f} s{peak}")
+        where = (
+            f"on {args.device}"
+            if name == "whole"
+            else f"blocks 0-{args.layers // 2 - 1} on {first if first != 0 else 'cuda:0'}, the rest on {rest}"
+        )
+        check(
+            f"probe ({name}: {where}, {args.dtype}, {args.n_sequences} x {args.seq_len:,} tokens)",
+            code == 0,
+            f"exit {code}, {runs[name]['seconds']:,.0f} s{peak}",
+        )
         if code != 0:
             return 1
     difference = largest_difference(out / "whole", out / "split")
-    check("split equals whole", difference <= args.tolerance,
-          f"largest difference of every number in the run folders {difference:.3g} (tolerance {args.tolerance:g})")
+    check(
+        "split equals whole",
+        difference <= args.tolerance,
+        f"largest difference of every number in the run folders {difference:.3g} (tolerance {args.tolerance:g})",
+    )
 
     (done,) = (out / "whole" / "parts").glob("*/done.json")
     meta = json.loads(done.read_text())
     layers = pd.read_csv(out / "whole" / "layers.csv")
     methods = meta["hf"].split("layers: ", 1)[1].split(", ")
     result = {
-        "seconds": runs["whole"]["seconds"], "split_seconds": runs["split"]["seconds"], "device": meta["device"],
-        "dtype": meta["dtype"], "input": meta["input"], "tokens": args.n_sequences * args.seq_len,
-        "d_model": args.d_model, "layers": args.layers, "peak_cuda_mib": runs["whole"]["peak_cuda_mib"],
-        "split_peak_cuda_mib": runs["split"]["peak_cuda_mib"], "split_largest_difference": difference,
+        "seconds": runs["whole"]["seconds"],
+        "split_seconds": runs["split"]["seconds"],
+        "device": meta["device"],
+        "dtype": meta["dtype"],
+        "input": meta["input"],
+        "tokens": args.n_sequences * args.seq_len,
+        "d_model": args.d_model,
+        "layers": args.layers,
+        "peak_cuda_mib": runs["whole"]["peak_cuda_mib"],
+        "split_peak_cuda_mib": runs["split"]["peak_cuda_mib"],
+        "split_largest_difference": difference,
         "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
-        "declared_methods": methods, "measured_layer_positions": measured, "audit_steps": steps,
-        "second_pass_batches": meta["streamed"]["second_pass_batches"], "batch_size": meta["streamed"]["batch_size"],
+        "declared_methods": methods,
+        "measured_layer_positions": measured,
+        "audit_steps": steps,
+        "second_pass_batches": meta["streamed"]["second_pass_batches"],
+        "batch_size": meta["streamed"]["batch_size"],
         "checks_passed": all(checks),
         "summary": pd.read_csv(out / "whole" / "summary.csv").to_dict(orient="records"),
         "layer_curves": layers.to_dict(orient="records"),

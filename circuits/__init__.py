@@ -10,7 +10,7 @@ heads. :mod:`nopelens.circuits.demos` holds the seed demonstrations (causal tabl
 equivariance, blocking versus a zero score).
 """
 
-from .counter import check_counter, counter, counter_trace, circuit_tokens
+from .counter import check_counter, circuit_tokens, counter, counter_trace
 from .distance import (
     alibi_head_for_slope,
     alibi_reference_pattern,

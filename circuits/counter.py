@@ -244,8 +244,7 @@ def set_counter_block(model: Decoder, layer: int = 0, construction: str = "steps
     n_ctx, d_model, d_mlp = model.cfg.n_ctx, model.cfg.d_model, model.cfg.d_mlp
     if d_mlp != mlp_width(n_ctx, construction):
         raise ValueError(
-            f"the {construction!r} construction needs d_mlp={mlp_width(n_ctx, construction)}, "
-            f"the model has {d_mlp}"
+            f"the {construction!r} construction needs d_mlp={mlp_width(n_ctx, construction)}, the model has {d_mlp}"
         )
     W_K = torch.zeros(1, d_model, D_HEAD, dtype=torch.float64)
     W_K[0, ONE, 0] = 1.0
@@ -334,9 +333,7 @@ def attach_info(model: Decoder, name: str, heads: dict[str, str] | None = None, 
     return model
 
 
-def circuit_tokens(
-    model: Decoder, length: int | None = None, seed: int = 0, bos: bool = True
-) -> Int[Tensor, "1 pos"]:
+def circuit_tokens(model: Decoder, length: int | None = None, seed: int = 0, bos: bool = True) -> Int[Tensor, "1 pos"]:
     """A random sequence for a circuit: BOS at position 0 (if ``bos``), then random non-BOS tokens.
 
     Args:
@@ -361,7 +358,9 @@ def circuit_tokens(
     return tokens
 
 
-def residual_after(model: Decoder, tokens: Tensor, layer: int = 1, **forward_kwargs) -> Float[Tensor, "batch pos d_model"]:
+def residual_after(
+    model: Decoder, tokens: Tensor, layer: int = 1, **forward_kwargs
+) -> Float[Tensor, "batch pos d_model"]:
     """The residual stream at layer ``layer`` (0 = embeddings, l + 1 = output of ``blocks.{l}``)."""
     with torch.no_grad():
         return model(tokens, stop_at_layer=layer, **forward_kwargs)

@@ -89,8 +89,16 @@ def alibi_reference_pattern(n_ctx: int, slope: float) -> Float[Tensor, "query_po
     """
     n_heads, head = alibi_head_for_slope(slope)
     cfg = DecoderConfig(
-        d_vocab=1, n_ctx=n_ctx, n_layers=1, d_model=n_heads, n_heads=n_heads, d_head=1, d_mlp=0,
-        normalization="none", use_bias=False, position="alibi",
+        d_vocab=1,
+        n_ctx=n_ctx,
+        n_layers=1,
+        d_model=n_heads,
+        n_heads=n_heads,
+        d_head=1,
+        d_mlp=0,
+        normalization="none",
+        use_bias=False,
+        position="alibi",
     )
     reference = Decoder(cfg, seed=0)
     with torch.no_grad():
@@ -213,8 +221,10 @@ def distance(
     n_heads, head = alibi_head_for_slope(slope)
     model = _two_layer_circuit(n_ctx, d_vocab, construction, dtype)
     set_distance_head(model, slope, layer=1)
-    head_1 = (f"q_i = m[1, -i], k_j = [j, 1]: score -m(i - j), the ALiBi head {head} of {n_heads} "
-              f"(m = {slope}); writes sum_j A_ij j into attended_position")
+    head_1 = (
+        f"q_i = m[1, -i], k_j = [j, 1]: score -m(i - j), the ALiBi head {head} of {n_heads} "
+        f"(m = {slope}); writes sum_j A_ij j into attended_position"
+    )
     return attach_info(model, "distance", {"1.0": head_1}, slope=slope)
 
 
@@ -252,8 +262,10 @@ def previous_token(
     set_previous_token_head(model, sharpness, layer=1)
     if not all(bool(torch.isfinite(weight).all()) for weight in model.parameters()):
         raise ValueError(f"sharpness {sharpness:g} overflows the circuit's {dtype} weights; use a smaller one")
-    head_1 = (f"q_i = c[2(i - 1), -1], k_j = [j, j^2]: score -c(i - j - 1)^2 + row constant "
-              f"(c = {sharpness}); writes the attended key's position into attended_position")
+    head_1 = (
+        f"q_i = c[2(i - 1), -1], k_j = [j, j^2]: score -c(i - j - 1)^2 + row constant "
+        f"(c = {sharpness}); writes the attended key's position into attended_position"
+    )
     return attach_info(model, "previous_token", {"1.0": head_1}, sharpness=sharpness)
 
 

@@ -32,8 +32,12 @@ from nopelens.models.io import write_csv_atomic
 def main(argv: list[str] | None = None) -> list[Path]:
     parser = OneLineParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--n-ctx", type=int, default=64, help="positions, BOS at 0 (default 64)")
-    parser.add_argument("--slope", type=float, default=0.5, help="the ALiBi slope m the distance head reproduces (default 0.5)")
-    parser.add_argument("--out", type=Path, default=Path("runs/examples"), help="folder to write into (default runs/examples)")
+    parser.add_argument(
+        "--slope", type=float, default=0.5, help="the ALiBi slope m the distance head reproduces (default 0.5)"
+    )
+    parser.add_argument(
+        "--out", type=Path, default=Path("runs/examples"), help="folder to write into (default runs/examples)"
+    )
     args = parser.parse_args(argv)
     if args.n_ctx < 2:
         raise ValueError(f"--n-ctx must be >= 2 (BOS and one token), got {args.n_ctx}")
@@ -49,8 +53,15 @@ def main(argv: list[str] | None = None) -> list[Path]:
     uniform = cache[act_name("pattern", 0)][0, 0].numpy()  # the counter head: 1/(i+1) on each visible key
     pattern = cache[act_name("pattern", 1)][0, 0].numpy()
     alibi = circuits.alibi_reference_pattern(args.n_ctx, args.slope).numpy()
-    table = pd.DataFrame({"position": i, "counter": counter, "one_over_i_plus_1": 1 / (i + 1),
-                          "bos_weight": uniform[:, 0], "position_dim": position})
+    table = pd.DataFrame(
+        {
+            "position": i,
+            "counter": counter,
+            "one_over_i_plus_1": 1 / (i + 1),
+            "bos_weight": uniform[:, 0],
+            "position_dim": position,
+        }
+    )
     print(f"max |counter - 1/(i+1)| = {np.abs(counter - 1 / (i + 1)).max():.2e}")
     print(f"max |position dim - i|   = {np.abs(position - i).max():.2e}")
     print(f"max |pattern - ALiBi(m={args.slope:g})| = {np.abs(pattern - alibi).max():.2e}")
@@ -59,11 +70,14 @@ def main(argv: list[str] | None = None) -> list[Path]:
     fig, axes = plt.subplots(1, 3, figsize=(14, 4.6), gridspec_kw=dict(width_ratios=[1.2, 1, 1]), layout="constrained")
     axes[0].plot(i, 1 / (i + 1), color="0.5", linestyle="--", label="1/(i+1)")
     axes[0].scatter(i, counter, s=14, color="#4477AA", label="counter dim after block 0", zorder=3)
-    axes[0].set(xlabel="position i", ylabel="counter dimension (residual units)",
-                title="Theorem 1: the causal mask counts")
+    axes[0].set(
+        xlabel="position i", ylabel="counter dimension (residual units)", title="Theorem 1: the causal mask counts"
+    )
     axes[0].legend()
-    for ax, matrix, title in ((axes[1], pattern, "block 1's head\n(no position embedding)"),
-                              (axes[2], alibi, f"ALiBi head, slope m = {args.slope:g}")):
+    for ax, matrix, title in (
+        (axes[1], pattern, "block 1's head\n(no position embedding)"),
+        (axes[2], alibi, f"ALiBi head, slope m = {args.slope:g}"),
+    ):
         # imshow, not a heatmap of n_ctx^2 rectangles: one small image in the SVG
         image = ax.imshow(matrix, cmap="viridis", vmin=0, vmax=1, interpolation="nearest")
         ax.grid(False)

@@ -72,11 +72,15 @@ def r2_per_layer(name: str, model, n_layers: int, tokens: torch.Tensor, n_boot: 
 
 def main(argv: list[str] | None = None) -> list[Path]:
     parser = OneLineParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--hf-dir", type=Path, default=None, help="a local HF causal LM (default: a tiny GPT-2 in a temp dir)")
+    parser.add_argument(
+        "--hf-dir", type=Path, default=None, help="a local HF causal LM (default: a tiny GPT-2 in a temp dir)"
+    )
     parser.add_argument("--n-sequences", type=int, default=48)
     parser.add_argument("--seq-len", type=int, default=32)
     parser.add_argument("--n-boot", type=int, default=200)
-    parser.add_argument("--out", type=Path, default=Path("runs/examples"), help="folder to write into (default runs/examples)")
+    parser.add_argument(
+        "--out", type=Path, default=Path("runs/examples"), help="folder to write into (default runs/examples)"
+    )
     args = parser.parse_args(argv)
 
     generator = torch.Generator().manual_seed(0)

@@ -37,12 +37,17 @@ def save_tokenizer(path: Path, vocab_size: int = 300, documents: int | None = 40
     tokenizer = Tokenizer(models.BPE(unk_token="<unk>"))
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tokenizer.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=SPECIAL_TOKENS,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=SPECIAL_TOKENS,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
     tokenizer.train_from_iterator(list(default_documents().values())[:documents], trainer)
     tokenizer.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", 1)])
-    PreTrainedTokenizerFast(tokenizer_object=tokenizer, bos_token="<s>", eos_token="</s>", pad_token="<pad>",
-                            unk_token="<unk>").save_pretrained(path)
+    PreTrainedTokenizerFast(
+        tokenizer_object=tokenizer, bos_token="<s>", eos_token="</s>", pad_token="<pad>", unk_token="<unk>"
+    ).save_pretrained(path)
     return tokenizer.get_vocab_size()
 
 
@@ -51,9 +56,19 @@ def smol_model(vocab_size: int, seed: int = 0) -> torch.nn.Module:
     d_model 32, 4 query and 2 key-value heads of 8, 64 positions, eager attention."""
     from transformers import SmolLM3Config, SmolLM3ForCausalLM
 
-    config = SmolLM3Config(hidden_size=32, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
-                           intermediate_size=64, vocab_size=vocab_size, max_position_embeddings=64,
-                           no_rope_layers=[1, 1, 1, 0], pad_token_id=0, bos_token_id=1, eos_token_id=2)
+    config = SmolLM3Config(
+        hidden_size=32,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        intermediate_size=64,
+        vocab_size=vocab_size,
+        max_position_embeddings=64,
+        no_rope_layers=[1, 1, 1, 0],
+        pad_token_id=0,
+        bos_token_id=1,
+        eos_token_id=2,
+    )
     config._attn_implementation = "eager"
     torch.manual_seed(seed)
     with warnings.catch_warnings():
@@ -84,8 +99,10 @@ def main(argv: list[str] | None = None) -> int:
     if (out / "config.json").exists():
         raise ValueError(f"{out} already holds a model (config.json); give another --out, or delete it")
     save_smol(out, args.seed)
-    print(f"wrote a random-init SmolLM3-shaped model and its tokenizer to {out}; try:\n"
-          f"  nopelens probe hf:{out} --quick --seq-len 16 --n-sequences 6")
+    print(
+        f"wrote a random-init SmolLM3-shaped model and its tokenizer to {out}; try:\n"
+        f"  nopelens probe hf:{out} --quick --seq-len 16 --n-sequences 6"
+    )
     return 0
 
 

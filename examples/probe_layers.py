@@ -45,8 +45,12 @@ def probe_plot(table, title: str) -> plt.Figure:
         sns.lineplot(data=linear, x="layer", y="value", marker="o", ax=ax, label="linear probe")
         ax.fill_between(linear.layer, linear.ci_low, linear.ci_high, alpha=0.25)
         sns.lineplot(data=shuffled, x="layer", y="value", ax=ax, color="0.5", linestyle="--", label="shuffled labels")
-        ax.set(xlabel="layer (0 = embeddings)", ylabel=label, title=f"absolute index: {label}",
-               ylim=(min(-0.1, rows.value.min() - 0.05), 1.05))
+        ax.set(
+            xlabel="layer (0 = embeddings)",
+            ylabel=label,
+            title=f"absolute index: {label}",
+            ylim=(min(-0.1, rows.value.min() - 0.05), 1.05),
+        )
         ax.xaxis.get_major_locator().set_params(integer=True)
     fig.suptitle(title)
     fig.tight_layout()
@@ -56,20 +60,39 @@ def probe_plot(table, title: str) -> plt.Figure:
 def main(argv: list[str] | None = None) -> list[Path]:
     parser = OneLineParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("model", help="a zoo name (nopelens train --list), 'circuit', or a checkpoint directory")
-    parser.add_argument("--n-sequences", type=int, default=SWEEP.n_sequences,
-                        help=f"evaluation sequences, split by sequence (default {SWEEP.n_sequences}, as the sweep)")
-    parser.add_argument("--seq-len", type=int, default=SWEEP.seq_len,
-                        help=f"tokens per sequence, BOS included (default {SWEEP.seq_len}, as the sweep)")
-    parser.add_argument("--n-boot", type=int, default=SWEEP.n_boot,
-                        help=f"bootstrap replicates of the CIs (default {SWEEP.n_boot})")
-    parser.add_argument("--quick-steps", type=int, default=None, help="train a zoo model for only this many steps (smoke test)")
-    parser.add_argument("--out", type=Path, default=Path("runs/examples"), help="folder to write into (default runs/examples)")
+    parser.add_argument(
+        "--n-sequences",
+        type=int,
+        default=SWEEP.n_sequences,
+        help=f"evaluation sequences, split by sequence (default {SWEEP.n_sequences}, as the sweep)",
+    )
+    parser.add_argument(
+        "--seq-len",
+        type=int,
+        default=SWEEP.seq_len,
+        help=f"tokens per sequence, BOS included (default {SWEEP.seq_len}, as the sweep)",
+    )
+    parser.add_argument(
+        "--n-boot", type=int, default=SWEEP.n_boot, help=f"bootstrap replicates of the CIs (default {SWEEP.n_boot})"
+    )
+    parser.add_argument(
+        "--quick-steps", type=int, default=None, help="train a zoo model for only this many steps (smoke test)"
+    )
+    parser.add_argument(
+        "--out", type=Path, default=Path("runs/examples"), help="folder to write into (default runs/examples)"
+    )
     args = parser.parse_args(argv)
 
-    subject = resolve(args.model, args.n_sequences, args.seq_len, seed=SWEEP.seed, quick_steps=args.quick_steps,
-                      progress=False)
-    acts = collect(subject.model, subject.tokens, resid_sites(subject.n_layers), attention_mask=subject.attention_mask,
-                   batch_size=32)
+    subject = resolve(
+        args.model, args.n_sequences, args.seq_len, seed=SWEEP.seed, quick_steps=args.quick_steps, progress=False
+    )
+    acts = collect(
+        subject.model,
+        subject.tokens,
+        resid_sites(subject.n_layers),
+        attention_mask=subject.attention_mask,
+        batch_size=32,
+    )
     table = probe_absolute_index(acts, n_splits=SWEEP.n_splits, n_boot=args.n_boot, seed=SWEEP.seed)
     scores = table[(table.probe == "linear") & (table.metric.isin(["accuracy", "r2"]))]
     print(scores.pivot_table(index="layer", columns="metric", values="value").round(3).to_string())

@@ -17,7 +17,6 @@ from __future__ import annotations
 import inspect
 from typing import Any, Callable, Mapping
 
-import torch
 from torch import Tensor, nn
 from transformer_lens import ActivationCache, HookedRootModule
 from transformer_lens.factories.architecture_adapter_factory import ArchitectureAdapterFactory
@@ -25,9 +24,17 @@ from transformer_lens.hook_points import HookPoint
 from transformer_lens.model_bridge.generalized_components import AttentionBridge
 from transformer_lens.model_bridge.sources._bridge_builder import build_bridge_from_module
 
-from .hf import (UnsupportedModelError, bridge_refused, check_readable, describe, hook_layout, refusing,
-                 sink_parameters, unreadable)
 from .device_map import dispatch_hf_model, placement_report
+from .hf import (
+    UnsupportedModelError,
+    bridge_refused,
+    check_readable,
+    describe,
+    hook_layout,
+    refusing,
+    sink_parameters,
+    unreadable,
+)
 from .hooks import act_name
 from .placement import Placement
 
@@ -128,9 +135,7 @@ class HookedModule(HookedRootModule):
         modules = dict(model.named_modules())
         missing = [spec for spec in sites.values() if _site_spec(spec)[0] not in modules]
         if missing:
-            raise KeyError(
-                f"module paths not found: {missing}; available: {sorted(p for p in modules if p)}"
-            )
+            raise KeyError(f"module paths not found: {missing}; available: {sorted(p for p in modules if p)}")
         self.site_paths = dict(sites)
         self._calls: dict[str, int] | None = None
         self.points = nn.ModuleDict({_key(name): HookPoint() for name in sites})
@@ -140,8 +145,9 @@ class HookedModule(HookedRootModule):
             if argument is None:
                 self._handles.append(modules[path].register_forward_hook(self._make_hook(_key(name))))
             else:
-                self._handles.append(modules[path].register_forward_pre_hook(
-                    self._make_hook(_key(name), argument), with_kwargs=True))
+                self._handles.append(
+                    modules[path].register_forward_pre_hook(self._make_hook(_key(name), argument), with_kwargs=True)
+                )
         self.setup()
         # Expose hook points under the site names the caller chose, not "points.<key>".
         self.hook_dict = {name: self.points[_key(name)] for name in sites}
@@ -169,9 +175,11 @@ class HookedModule(HookedRootModule):
         def input_hook(module, args, kwargs):
             count(module)
             if argument >= len(args):
-                raise ValueError(f"site {self.points[key].name!r} reads positional input {argument} of "
-                                 f"{type(module).__name__}, which got {len(args)}")
-            args = args[:argument] + (self.points[key](args[argument]),) + args[argument + 1:]
+                raise ValueError(
+                    f"site {self.points[key].name!r} reads positional input {argument} of "
+                    f"{type(module).__name__}, which got {len(args)}"
+                )
+            args = args[:argument] + (self.points[key](args[argument]),) + args[argument + 1 :]
             return args, kwargs
 
         return hook if argument is None else input_hook
@@ -183,7 +191,8 @@ class HookedModule(HookedRootModule):
             if _left_padded(mask):  # a causal model's real tokens never see right padding: dropping it is exact
                 raise ValueError(
                     f"{type(self.model).__name__}.forward takes {_accepts(self.model)}, not attention_mask, so a "
-                    "left-padded row would attend to its padding; pad on the right (or not at all)")
+                    "left-padded row would attend to its padding; pad on the right (or not at all)"
+                )
         elif mask is not None and kwargs.get("position_ids") is None and _left_padded(mask):
             if not _takes(self.model, "position_ids"):
                 raise ValueError(
@@ -314,9 +323,13 @@ class HookedHFModel(HookedRootModule):
         self.layout = layout or hook_layout(hf_model)
         modules = dict(hf_model.named_modules())
         names: dict[str, tuple[str, str]] = {"hook_embed": (self.layout.embed, "output")}
-        for l, (layer, mixer, attention) in enumerate(zip(self.layout.layers, self.layout.mixers, self.layout.attention)):
+        for l, (layer, mixer, attention) in enumerate(
+            zip(self.layout.layers, self.layout.mixers, self.layout.attention)
+        ):
             names[act_name("resid_pre", l)] = (layer, "input")
-            names[act_name("resid_post", l)] = self.layout.outputs_at[l] if self.layout.outputs_at else (layer, "output")
+            names[act_name("resid_post", l)] = (
+                self.layout.outputs_at[l] if self.layout.outputs_at else (layer, "output")
+            )
             if mixer is not None:
                 names[act_name("attn_out", l)] = (mixer, "output")
                 if attention:
@@ -337,8 +350,9 @@ class HookedHFModel(HookedRootModule):
             if kind == "input":
                 self._handles.append(module.register_forward_pre_hook(_input_hook(point), with_kwargs=True))
             elif kind == "input heads":
-                self._handles.append(module.register_forward_pre_hook(_input_hook(point, self.layout.d_head),
-                                                                      with_kwargs=True))
+                self._handles.append(
+                    module.register_forward_pre_hook(_input_hook(point, self.layout.d_head), with_kwargs=True)
+                )
             else:
                 self._handles.append(module.register_forward_hook(_output_hook(point, kind, self.layout.d_head)))
         self.setup()
@@ -347,12 +361,14 @@ class HookedHFModel(HookedRootModule):
         for name, point in self.hook_dict.items():
             point.name = name
 
-    def forward(self, tokens: Tensor, attention_mask: Tensor | None = None, position_ids: Tensor | None = None,
-                **kwargs) -> Tensor:
+    def forward(
+        self, tokens: Tensor, attention_mask: Tensor | None = None, position_ids: Tensor | None = None, **kwargs
+    ) -> Tensor:
         if attention_mask is not None and position_ids is None:
             position_ids = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
-        out = self.original_model(tokens, attention_mask=attention_mask, position_ids=position_ids, use_cache=False,
-                                  **kwargs)
+        out = self.original_model(
+            tokens, attention_mask=attention_mask, position_ids=position_ids, use_cache=False, **kwargs
+        )
         return out.logits
 
     def remove(self) -> None:
@@ -437,8 +453,14 @@ def bridge_supports(architecture: str) -> bool:
     return architecture in ArchitectureAdapterFactory._adapters
 
 
-def load_hf_model(hf_model: nn.Module, reload: Callable[[], nn.Module] | None = None, *, device_map: str | None = None,
-                  max_memory: str | None = None, offload_folder: str | None = None) -> Any:
+def load_hf_model(
+    hf_model: nn.Module,
+    reload: Callable[[], nn.Module] | None = None,
+    *,
+    device_map: str | None = None,
+    max_memory: str | None = None,
+    offload_folder: str | None = None,
+) -> Any:
     """The bridge where TransformerLens can bridge the model, else :class:`HookedHFModel`.
 
     A family nopelens knows the bridge to misread (:func:`nopelens.models.hf.bridge_refused`) or one
@@ -479,8 +501,9 @@ def _hooked(hf_model: nn.Module, reload: Callable[[], nn.Module] | None) -> Any:
     if why is not None:
         error = UnsupportedModelError(f"nopelens cannot read {architecture}: {why}")
         # what can still be read: the learned sink logits are weights (none on the meta device)
-        error.sink_parameters = {l: (name, logits) for l, (name, logits) in sink_parameters(hf_model).items()
-                                 if not logits.is_meta}
+        error.sink_parameters = {
+            l: (name, logits) for l, (name, logits) in sink_parameters(hf_model).items() if not logits.is_meta
+        }
         raise error
     reason = bridge_refused(hf_model)
     if reason is None and not bridge_supports(architecture):

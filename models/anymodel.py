@@ -60,8 +60,10 @@ class SiteMap:
     notes: list[str] = field(default_factory=list)
 
     def describe(self, name: str) -> str:
-        lines = [f"hook_any: {name}: {len(self.blocks)} blocks"
-                 + ("" if self.attention else ", no attention call found (no attention sites)")]
+        lines = [
+            f"hook_any: {name}: {len(self.blocks)} blocks"
+            + ("" if self.attention else ", no attention call found (no attention sites)")
+        ]
         lines += [f"  {site} <- {spec}" for site, spec in self.sites.items()]
         if self.attention:
             lines.append(f"  blocks.{{l}}.attn.hook_{{{','.join(ATTENTION_POINTS)}}} <- the l-th attention call")
@@ -103,6 +105,7 @@ class _Census:
     def _enter(self, path):
         def hook(module, args):
             self.stack.append(path)
+
         return hook
 
     def _leave(self, path):
@@ -110,6 +113,7 @@ class _Census:
             self.stack.pop()
             first = output[0] if isinstance(output, tuple) and output else output
             self.calls.append(_Call(path, args, first, tuple(self.stack)))
+
         return hook
 
     def _attention(self, kind, func, args, kwargs):
@@ -128,8 +132,11 @@ def _is_stream(value: Any, tokens: Tensor) -> bool:
 
 
 def _lists(model: nn.Module) -> list[tuple[str, list[str]]]:
-    return [(path, [f"{path}.{name}" if path else name for name, _ in module.named_children()])
-            for path, module in model.named_modules() if isinstance(module, (nn.ModuleList, nn.Sequential))]
+    return [
+        (path, [f"{path}.{name}" if path else name for name, _ in module.named_children()])
+        for path, module in model.named_modules()
+        if isinstance(module, (nn.ModuleList, nn.Sequential))
+    ]
 
 
 def _inside(stack: tuple[str, ...], path: str) -> bool:
@@ -153,23 +160,28 @@ def _block_list(census: _Census, tokens: Tensor) -> SiteMap | None:
             continue
         sites = {act_name("resid_pre", 0): f"{children[0]}:input"}
         if all(_is_stream(call.output, tokens) for call in calls) and all(
-                torch.equal(calls[l].output, calls[l + 1].args[0]) for l in range(len(calls) - 1)):
+            torch.equal(calls[l].output, calls[l + 1].args[0]) for l in range(len(calls) - 1)
+        ):
             sites.update({act_name("resid_post", l): child for l, child in enumerate(children)})
             return SiteMap(sites, [[child] for child in children], bool(census.attention))
         after = _next_input(census, calls[-1])  # blocks that return their branch: x = x + block(x)
         adds = [call.args[0] for call in calls[1:]] + ([after.args[0]] if after else [])
-        if after is None or not all(torch.equal(adds[l], calls[l].args[0] + calls[l].output) for l in range(len(calls))):
+        if after is None or not all(
+            torch.equal(adds[l], calls[l].args[0] + calls[l].output) for l in range(len(calls))
+        ):
             continue
         sites.update({act_name("resid_post", l): f"{children[l + 1]}:input" for l in range(len(children) - 1)})
         sites[act_name("resid_post", len(children) - 1)] = f"{after.path}:input"
-        note = f"the blocks return their branch (x = x + block(x)): the stream is read at their inputs and {after.path}'s"
+        note = (
+            f"the blocks return their branch (x = x + block(x)): the stream is read at their inputs and {after.path}'s"
+        )
         return SiteMap(sites, [[child] for child in children], bool(census.attention), [note])
     return None
 
 
 def _next_input(census: _Census, last: _Call) -> _Call | None:
     """The first module called once after ``last`` (outside it) on a ``[batch, pos, d_model]`` input."""
-    for call in census.calls[census.calls.index(last) + 1:]:
+    for call in census.calls[census.calls.index(last) + 1 :]:
         if call.path.startswith(last.path + ".") or not call.args or not isinstance(call.args[0], Tensor):
             continue
         if call.args[0].shape == last.args[0].shape and census.count(call.path) == 1:
@@ -184,8 +196,12 @@ def _add_call(entry: str, calls: list[_Call]) -> _Call | None:
         if not (call.path == entry or call.path.startswith(entry + ".")):
             continue
         tensors = [arg for arg in call.args[:2] if isinstance(arg, Tensor)]
-        if (len(tensors) == 2 and isinstance(call.output, Tensor) and tensors[0].shape == tensors[1].shape
-                == call.output.shape and torch.equal(call.output, tensors[0] + tensors[1])):
+        if (
+            len(tensors) == 2
+            and isinstance(call.output, Tensor)
+            and tensors[0].shape == tensors[1].shape == call.output.shape
+            and torch.equal(call.output, tensors[0] + tensors[1])
+        ):
             found = call
     return found
 
@@ -201,26 +217,42 @@ def _sublayer_list(census: _Census, tokens: Tensor) -> SiteMap | None:
         adds = [_add_call(entry, census.calls) for entry in entries]
         if any(add is None or not _is_stream(add.output, tokens) for add in adds):
             continue
-        residual = 1 if all(torch.equal(adds[i].args[1], adds[i - 1].output) for i in range(1, len(adds))) else (
-            0 if all(torch.equal(adds[i].args[0], adds[i - 1].output) for i in range(1, len(adds))) else None)
+        residual = (
+            1
+            if all(torch.equal(adds[i].args[1], adds[i - 1].output) for i in range(1, len(adds)))
+            else (0 if all(torch.equal(adds[i].args[0], adds[i - 1].output) for i in range(1, len(adds))) else None)
+        )
         if residual is None or any(census.count(add.path) != 1 for add in adds):
             continue
         starts = [i for i, n in enumerate(per_entry) if n == 1]
         ends = [start - 1 for start in starts[1:]] + [len(entries) - 1]
         sites = {act_name("resid_pre", 0): f"{adds[0].path}:input.{residual}"}
         sites.update({act_name("resid_post", l): adds[end].path for l, end in enumerate(ends)})
-        blocks = [[path for path, _ in census.model.named_modules()
-                   if any(path == e or path.startswith(e + ".") for e in entries[start:end + 1])]
-                  for start, end in zip(starts, ends)]
-        note = f"blocks are runs of sublayers of {len(entries)} entries; the residual stream is read at each entry's add"
+        blocks = [
+            [
+                path
+                for path, _ in census.model.named_modules()
+                if any(path == e or path.startswith(e + ".") for e in entries[start : end + 1])
+            ]
+            for start, end in zip(starts, ends)
+        ]
+        note = (
+            f"blocks are runs of sublayers of {len(entries)} entries; the residual stream is read at each entry's add"
+        )
         return SiteMap(sites, blocks, True, [note])
     return None
 
 
 def _embedding(census: _Census, tokens: Tensor) -> str | None:
     for call in census.calls:
-        if call.args and isinstance(call.args[0], Tensor) and call.args[0] is tokens and isinstance(call.output, Tensor) \
-                and call.output.ndim == 3 and isinstance(census.model.get_submodule(call.path), nn.Embedding):
+        if (
+            call.args
+            and isinstance(call.args[0], Tensor)
+            and call.args[0] is tokens
+            and isinstance(call.output, Tensor)
+            and call.output.ndim == 3
+            and isinstance(census.model.get_submodule(call.path), nn.Embedding)
+        ):
             return call.path
     return None
 
@@ -250,14 +282,20 @@ def find_sites(model: nn.Module, tokens: Tensor | None = None) -> SiteMap:
     census.run(tokens)
     found = _block_list(census, tokens) or _sublayer_list(census, tokens)
     if found is None:
-        lists = ", ".join(f"{path or '(the model)'}: {len(children)} entries, run {[census.count(c) for c in children]} times"
-                          for path, children in _lists(model)) or "none"
+        lists = (
+            ", ".join(
+                f"{path or '(the model)'}: {len(children)} entries, run {[census.count(c) for c in children]} times"
+                for path, children in _lists(model)
+            )
+            or "none"
+        )
         raise UnmappableModelError(
             f"cannot find the residual stream of {type(model).__name__}: no list of blocks that each run once, make one "
             f"attention call ({len(census.attention)} attention calls seen) and pass on a [batch, pos, d_model] state "
             f"(module lists: {lists}); pass "
             "sites={'blocks.0.hook_resid_pre': 'PATH:input', 'blocks.{l}.hook_resid_post': 'PATH', ...} "
-            "(hook_any(model, sites=...))")
+            "(hook_any(model, sites=...))"
+        )
     embed = _embedding(census, tokens)
     if embed is not None:
         found.sites = {"hook_embed": embed, **found.sites}
@@ -283,9 +321,17 @@ class HookedAny(HookedModule):
             whose calls belong to it (empty lists: not checked); attention: add the attention sites.
     """
 
-    def __init__(self, model: nn.Module, sites: Mapping[str, str], blocks: list[list[str]], attention: bool = True,
-                 output_fn: Callable[[Any], Tensor] | None = None):
-        attention_sites = [act_name(name, l) for l in range(len(blocks)) for name in ATTENTION_POINTS] if attention else []
+    def __init__(
+        self,
+        model: nn.Module,
+        sites: Mapping[str, str],
+        blocks: list[list[str]],
+        attention: bool = True,
+        output_fn: Callable[[Any], Tensor] | None = None,
+    ):
+        attention_sites = (
+            [act_name(name, l) for l in range(len(blocks)) for name in ATTENTION_POINTS] if attention else []
+        )
         super().__init__(model, sites, output_fn)
         self.n_blocks, self.attention = len(blocks), attention
         self.points.update({_key(name): HookPoint() for name in attention_sites})
@@ -307,16 +353,19 @@ class HookedAny(HookedModule):
     def _enter(self, block: int):
         def hook(module, args):
             self._inside.append(block)
+
         return hook
 
     def _leave(self):
         def hook(module, args, output):
             self._inside.pop()
+
         return hook
 
     def _point(self, block: int):
         def point(name: str, value: Tensor) -> Tensor:
             return self.hook_dict[act_name(name, block)](value)
+
         return point
 
     def _wants(self, block: int):
@@ -325,11 +374,15 @@ class HookedAny(HookedModule):
     def _attention_call(self, kind, func, args, kwargs):
         block = len(self._calls_made)
         if block >= self.n_blocks:
-            raise ValueError(f"{type(self.model).__name__} made more attention calls than its {self.n_blocks} blocks "
-                             "in one forward pass; map it by hand (HookedModule)")
+            raise ValueError(
+                f"{type(self.model).__name__} made more attention calls than its {self.n_blocks} blocks "
+                "in one forward pass; map it by hand (HookedModule)"
+            )
         if self._inside and self._inside[-1] != block:
-            raise ValueError(f"attention call {block} of {type(self.model).__name__} ran inside block "
-                             f"{self._inside[-1]}, not block {block}: the calls do not map one to one onto the blocks")
+            raise ValueError(
+                f"attention call {block} of {type(self.model).__name__} ran inside block "
+                f"{self._inside[-1]}, not block {block}: the calls do not map one to one onto the blocks"
+            )
         self._calls_made.append(block)
         if kind == "sdpa":
             out, visible = run_sdpa(func, args, kwargs, self._point(block), self._wants(block))
@@ -362,14 +415,22 @@ class HookedAny(HookedModule):
         with AttentionInterceptor(self._attention_call):
             out = super().forward(tokens, **kwargs)
         if len(self._calls_made) != self.n_blocks:
-            raise ValueError(f"{type(self.model).__name__} made {len(self._calls_made)} attention calls in one forward "
-                             f"pass, not one per block ({self.n_blocks})")
+            raise ValueError(
+                f"{type(self.model).__name__} made {len(self._calls_made)} attention calls in one forward "
+                f"pass, not one per block ({self.n_blocks})"
+            )
         return out
 
 
-def hook_any(model: nn.Module, sites: Mapping[str, str] | None = None, *, tokens: Tensor | None = None,
-             attention: bool | None = None, output_fn: Callable[[Any], Tensor] | None = None,
-             verbose: bool = True) -> HookedAny:
+def hook_any(
+    model: nn.Module,
+    sites: Mapping[str, str] | None = None,
+    *,
+    tokens: Tensor | None = None,
+    attention: bool | None = None,
+    output_fn: Callable[[Any], Tensor] | None = None,
+    verbose: bool = True,
+) -> HookedAny:
     """Hook any causal LM module at TransformerLens site names, with no hand-written map.
 
     Finds the residual sites (:func:`find_sites`), prints the map it chose (so it can be checked, or

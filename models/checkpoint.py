@@ -135,7 +135,9 @@ def save_checkpoint(
         os.chmod(staging, 0o777 & ~umask())  # mkdtemp makes it 0o700; give what mkdir would
         files = []
         if training_state:
-            save_file({k: v.detach().cpu().contiguous() for k, v in training_state.items()}, staging / TRAINING_STATE_FILE)
+            save_file(
+                {k: v.detach().cpu().contiguous() for k, v in training_state.items()}, staging / TRAINING_STATE_FILE
+            )
             files.append(TRAINING_STATE_FILE)
         if len(curve):
             curve.to_csv(staging / LOSS_CURVE_FILE, index=False)
@@ -215,8 +217,10 @@ def _check_description(path: Path, meta: dict[str, Any]) -> None:
     except (SafetensorError, OSError, ValueError) as error:
         raise ValueError(f"checkpoint {path}: {WEIGHTS_FILE} is corrupted ({error})") from None
     if recorded is not None and recorded != description_digest(meta):
-        raise ValueError(f"checkpoint {path}: {METADATA_FILE} was edited after the checkpoint was written (its "
-                         f"description no longer matches the digest sealed in {WEIGHTS_FILE}); restore it or retrain")
+        raise ValueError(
+            f"checkpoint {path}: {METADATA_FILE} was edited after the checkpoint was written (its "
+            f"description no longer matches the digest sealed in {WEIGHTS_FILE}); restore it or retrain"
+        )
 
 
 def _swap_into_place(staging: Path, target: Path) -> None:
@@ -269,8 +273,14 @@ def read_metadata(path: str | Path) -> dict[str, Any]:
         raise ValueError(f"{path} is not a nopelens checkpoint: it has no {METADATA_FILE}")
     try:
         meta = json.loads(meta_path.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, ValueError, RecursionError) as error:  # JSONDecodeError, a 4300-digit integer, deep nesting
-        raise ValueError(f"{meta_path} is corrupted (not valid JSON: {type(error).__name__}: {str(error)[:200]})") from None
+    except (
+        UnicodeDecodeError,
+        ValueError,
+        RecursionError,
+    ) as error:  # JSONDecodeError, a 4300-digit integer, deep nesting
+        raise ValueError(
+            f"{meta_path} is corrupted (not valid JSON: {type(error).__name__}: {str(error)[:200]})"
+        ) from None
     if not isinstance(meta, dict) or meta.get("format") != FORMAT:
         found = meta.get("format") if isinstance(meta, dict) else type(meta).__name__
         raise ValueError(f"{path} is not a nopelens checkpoint: format marker is {found!r}, expected {FORMAT!r}")
@@ -283,7 +293,9 @@ def read_metadata(path: str | Path) -> dict[str, Any]:
     if not isinstance(digests, dict) or not all(isinstance(v, str) for v in digests.values()):
         raise ValueError(f"{meta_path} is corrupted: 'sha256' must map file names to hex digests, got {digests!r:.80}")
     if not isinstance(meta.get("config"), dict):
-        raise ValueError(f"{meta_path} is corrupted: 'config' must be a dict of DecoderConfig fields, got {meta.get('config')!r:.80}")
+        raise ValueError(
+            f"{meta_path} is corrupted: 'config' must be a dict of DecoderConfig fields, got {meta.get('config')!r:.80}"
+        )
     return meta
 
 

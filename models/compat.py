@@ -16,8 +16,9 @@ import warnings
 from typing import Any, Callable, Mapping
 
 
-def moved_names(module: str, moved: Mapping[str, str] | None = None,
-                gone: Mapping[str, str] | None = None) -> Callable[[str], Any]:
+def moved_names(
+    module: str, moved: Mapping[str, str] | None = None, gone: Mapping[str, str] | None = None
+) -> Callable[[str], Any]:
     """A module-level ``__getattr__`` for names that left ``module``.
 
     Args:
@@ -45,8 +46,9 @@ def moved_names(module: str, moved: Mapping[str, str] | None = None,
 
     def __getattr__(name: str) -> Any:
         if name in moved:
-            warnings.warn(f"{module}.{name} moved to {moved[name]}.{name}; import it from there",
-                          DeprecationWarning, stacklevel=2)
+            warnings.warn(
+                f"{module}.{name} moved to {moved[name]}.{name}; import it from there", DeprecationWarning, stacklevel=2
+            )
             return getattr(importlib.import_module(moved[name]), name)
         if name in gone:
             raise AttributeError(f"{module}.{name} is gone: {gone[name]}")

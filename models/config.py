@@ -143,8 +143,9 @@ class DecoderConfig:
                 raise ValueError(f"position must be one of {attention + inputs}, got {self.position!r}")
             return
         if len(self.position) != self.n_layers:
-            raise ValueError(f"position lists one method per layer: got {len(self.position)} for "
-                             f"n_layers={self.n_layers}")
+            raise ValueError(
+                f"position lists one method per layer: got {len(self.position)} for n_layers={self.n_layers}"
+            )
         for layer, method in enumerate(self.position):
             if method in inputs:
                 raise ValueError(
@@ -286,4 +287,3 @@ class DecoderConfig:
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), sort_keys=True)
-

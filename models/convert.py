@@ -66,7 +66,9 @@ def _gpt2_config(hf_cfg) -> DecoderConfig:
     if getattr(hf_cfg, "add_cross_attention", False):
         raise ValueError("GPT-2 config has add_cross_attention=True; the Decoder has no cross attention")
     if getattr(hf_cfg, "scale_attn_by_inverse_layer_idx", False):
-        raise ValueError("GPT-2 config has scale_attn_by_inverse_layer_idx=True; the Decoder scales by 1/sqrt(d_head) only")
+        raise ValueError(
+            "GPT-2 config has scale_attn_by_inverse_layer_idx=True; the Decoder scales by 1/sqrt(d_head) only"
+        )
     if not getattr(hf_cfg, "scale_attn_weights", True):
         raise ValueError("GPT-2 config has scale_attn_weights=False; the Decoder always scales by 1/sqrt(d_head)")
     if hf_cfg.activation_function not in _GPT2_TANH_GELUS:

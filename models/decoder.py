@@ -192,7 +192,9 @@ class Attention(nn.Module):
         # allowed is a subset of the causal mask; it is exactly causal iff it has all its entries
         # (a batch-1 input with left padding also has allowed.shape[0] == 1, but fewer entries)
         plain_causal = (
-            bias is None and allowed.shape[0] == 1 and n_query == n_key
+            bias is None
+            and allowed.shape[0] == 1
+            and n_query == n_key
             and int(allowed.sum()) == n_query * (n_query + 1) // 2
         )
         if plain_causal:
@@ -301,8 +303,9 @@ class Decoder(tl_compat.TransformerLensCompat):
         cfg = self.cfg = copy.copy(cfg)  # its own: .to() and set_use_attn_result update it
         cfg._set_runtime(use_attn_result=False)
         if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
-            raise ValueError(f"dtype must be a real floating torch.dtype such as torch.float32 or torch.bfloat16, "
-                             f"got {dtype!r}")
+            raise ValueError(
+                f"dtype must be a real floating torch.dtype such as torch.float32 or torch.bfloat16, got {dtype!r}"
+            )
         self.embed = Embed(cfg)
         self.hook_embed = HookPoint()
         self.input_method = cfg.input_method
@@ -449,7 +452,9 @@ class Decoder(tl_compat.TransformerLensCompat):
         if not isinstance(tokens, Tensor) or tokens.dtype.is_floating_point or tokens.dtype == torch.bool:
             raise TypeError(f"tokens must be an integer tensor [batch, pos], got {_describe(tokens)}")
         if tokens.ndim != 2 or 0 in tokens.shape:
-            raise ValueError(f"tokens must have shape [batch, pos] with batch >= 1 and pos >= 1, got {tuple(tokens.shape)}")
+            raise ValueError(
+                f"tokens must have shape [batch, pos] with batch >= 1 and pos >= 1, got {tuple(tokens.shape)}"
+            )
         low, high = int(tokens.min()), int(tokens.max())
         if low < 0 or high >= self.cfg.d_vocab:
             bad = low if low < 0 else high
@@ -475,9 +480,7 @@ class Decoder(tl_compat.TransformerLensCompat):
         if not isinstance(position_ids, Tensor) or position_ids.dtype.is_floating_point:
             raise TypeError(f"position_ids must be an int64 tensor, got {_describe(position_ids)}")
         if position_ids.shape != tokens.shape:
-            raise ValueError(
-                f"position_ids shape {tuple(position_ids.shape)} != tokens shape {tuple(tokens.shape)}"
-            )
+            raise ValueError(f"position_ids shape {tuple(position_ids.shape)} != tokens shape {tuple(tokens.shape)}")
         if int(position_ids.min()) < 0:
             raise ValueError(f"position ids must be >= 0, got {int(position_ids.min())}")
         limit = self.cfg.max_positions
@@ -491,8 +494,10 @@ class Decoder(tl_compat.TransformerLensCompat):
         """The number of blocks to run: ``stop_at_layer``, or ``n_layers + stop_at_layer`` when negative."""
         n_layers = self.cfg.n_layers
         if not -n_layers <= stop_at_layer <= n_layers:
-            raise ValueError(f"stop_at_layer must lie in [-{n_layers}, {n_layers}] (negative: n_layers + k, "
-                             f"as in TransformerLens), got {stop_at_layer}")
+            raise ValueError(
+                f"stop_at_layer must lie in [-{n_layers}, {n_layers}] (negative: n_layers + k, "
+                f"as in TransformerLens), got {stop_at_layer}"
+            )
         return stop_at_layer if stop_at_layer >= 0 else n_layers + stop_at_layer
 
     # ----------------------------------------------------------------------------- weights, stacked
@@ -505,7 +510,7 @@ class Decoder(tl_compat.TransformerLensCompat):
         return self.unembed.W_U
 
     @property
-    def b_U(self) -> Float[Tensor, "d_vocab"]:
+    def b_U(self) -> Float[Tensor, " d_vocab"]:
         """The unembedding bias (zeros when ``use_bias`` is off)."""
         bias = getattr(self.unembed, "b_U", None)
         return bias if bias is not None else self.W_U.new_zeros(self.cfg.d_vocab)

@@ -45,9 +45,11 @@ def resolve_device_map(placement: Placement, model: nn.Module) -> dict[str, int 
     layer, names = get_max_layer_size(list(model.named_children()), sizes, no_split)
     budget = (budgets or {}).get(_device_key(main.index if main.type == "cuda" else main.type))
     if budget is not None and layer > budget:
-        raise ValueError(f"--max-memory {placement.max_memory}: the {_mib(budget)} for {main} cannot hold one layer "
-                         f"({names[0] if names else 'the largest'}, {_mib(layer)}), which must sit on {main} while it "
-                         "runs; give that device more memory")
+        raise ValueError(
+            f"--max-memory {placement.max_memory}: the {_mib(budget)} for {main} cannot hold one layer "
+            f"({names[0] if names else 'the largest'}, {_mib(layer)}), which must sit on {main} while it "
+            "runs; give that device more memory"
+        )
     disk = sum(sizes[key] for key, device in device_map.items() if device == "disk")
     if disk:
         _check_offload_folder(placement.offload_folder, disk)
@@ -56,8 +58,9 @@ def resolve_device_map(placement: Placement, model: nn.Module) -> dict[str, int 
 
 def _check_offload_folder(folder: str | None, need: int) -> None:
     if folder is None:
-        raise ValueError(f"the device map places {_mib(need)} of weights on disk: give --offload-folder DIR "
-                         "(or more --max-memory)")
+        raise ValueError(
+            f"the device map places {_mib(need)} of weights on disk: give --offload-folder DIR (or more --max-memory)"
+        )
     try:
         Path(folder).mkdir(parents=True, exist_ok=True)
         with tempfile.NamedTemporaryFile(dir=folder):
@@ -66,8 +69,10 @@ def _check_offload_folder(folder: str | None, need: int) -> None:
         raise ValueError(f"--offload-folder {folder} cannot be written ({error.strerror or error})") from None
     free = shutil.disk_usage(folder).free
     if free < need:
-        raise ValueError(f"--offload-folder {folder}: the device map places {_mib(need)} on disk, more than the "
-                         f"{_mib(free)} free there")
+        raise ValueError(
+            f"--offload-folder {folder}: the device map places {_mib(need)} on disk, more than the "
+            f"{_mib(free)} free there"
+        )
 
 
 def placement_report(model: nn.Module, block_paths: list[str], offload_folder: str | None = None) -> PlacementReport:
@@ -89,10 +94,23 @@ def placement_report(model: nn.Module, block_paths: list[str], offload_folder: s
         return main if device in ("cpu", "disk") else main_device({path: device})
 
     hooks = (getattr(module, "_hf_hook", None) for module in model.modules())
-    loader = next((hook.weights_map.dataset for hook in hooks
-                   if getattr(hook, "offload", False) and hasattr(getattr(hook, "weights_map", None), "dataset")), None)
-    return PlacementReport(device_map, weights, [runs_on(path) for path in block_paths], offloaded,
-                           sum(sizes.get(key, 0) for key in offloaded), offload_folder, _loader=loader)
+    loader = next(
+        (
+            hook.weights_map.dataset
+            for hook in hooks
+            if getattr(hook, "offload", False) and hasattr(getattr(hook, "weights_map", None), "dataset")
+        ),
+        None,
+    )
+    return PlacementReport(
+        device_map,
+        weights,
+        [runs_on(path) for path in block_paths],
+        offloaded,
+        sum(sizes.get(key, 0) for key in offloaded),
+        offload_folder,
+        _loader=loader,
+    )
 
 
 def dispatch_hf_model(model: nn.Module, placement: Placement) -> nn.Module:

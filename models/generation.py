@@ -151,7 +151,7 @@ def sample_logits(
     repetition_penalty: float = 1.0,
     tokens: Int[Tensor, "batch pos"] | None = None,
     token_mask: Int[Tensor, "batch pos"] | None = None,
-) -> Int[Tensor, "batch"]:
+) -> Int[Tensor, " batch"]:
     """The next token of each row: argmax, or a draw from softmax(logits / temperature).
 
     In TransformerLens' order (``transformer_lens.utilities.sample_logits``): the repetition
@@ -286,8 +286,10 @@ class _Stopper:
         for criterion in self.criteria:
             verdict = torch.as_tensor(criterion(tokens, scores), device=new.device).to(torch.bool)
             if verdict.ndim > 1 or verdict.numel() not in (1, len(new)):
-                raise ValueError(f"a stopping criterion returned shape {tuple(verdict.shape)}; it must "
-                                 f"give one bool per row ({len(new)}) or a single bool")
+                raise ValueError(
+                    f"a stopping criterion returned shape {tuple(verdict.shape)}; it must "
+                    f"give one bool per row ({len(new)}) or a single bool"
+                )
             done |= verdict
         return done
 
@@ -404,8 +406,14 @@ def generate(
         raise ValueError(f"max_new_tokens must be a non-negative integer, got {max_new_tokens!r}")
     if not return_cache and (names_filter is not None or device is not None):
         raise ValueError("names_filter and device choose what return_cache=True caches; pass return_cache=True")
-    checked = dict(do_sample=do_sample, temperature=temperature, top_k=top_k, top_p=top_p,
-                   freq_penalty=freq_penalty, repetition_penalty=repetition_penalty)
+    checked = dict(
+        do_sample=do_sample,
+        temperature=temperature,
+        top_k=top_k,
+        top_p=top_p,
+        freq_penalty=freq_penalty,
+        repetition_penalty=repetition_penalty,
+    )
     sample_logits(torch.zeros(1, 1), tokens=torch.zeros(1, 1, dtype=torch.long), **checked)  # checks them
     prompt, mask = _prompt(model, input, prepend_bos, padding_side, attention_mask)
     limit = model.cfg.max_positions
@@ -416,12 +424,13 @@ def generate(
         )
     stopper = _Stopper(model, prompt.shape[0], stop_at_eos, eos_token_id, stop_strings, stopping_criteria)
     generator = torch.Generator(device=model.device).manual_seed(seed) if seed is not None else None
-    tokens, step_logits = _generate_tokens(model, prompt, mask, max_new_tokens, stopper, use_past_kv_cache,
-                                           generator, verbose, checked)
-    mask = torch.cat([mask, torch.ones_like(tokens[:, prompt.shape[1]:])], dim=1)
+    tokens, step_logits = _generate_tokens(
+        model, prompt, mask, max_new_tokens, stopper, use_past_kv_cache, generator, verbose, checked
+    )
+    mask = torch.cat([mask, torch.ones_like(tokens[:, prompt.shape[1] :])], dim=1)
 
     if output_logits:
-        from transformers.generation.utils import GenerateDecoderOnlyOutput  # lazy: seconds to import; output_logits only
+        from transformers.generation.utils import GenerateDecoderOnlyOutput  # lazy: slow to import; logits only
 
         result = GenerateDecoderOnlyOutput(sequences=tokens, logits=tuple(step_logits))
     elif return_type == "tokens" or (return_type == "input" and not _is_text(input)):

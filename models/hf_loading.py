@@ -25,8 +25,8 @@ from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
 from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
 from .adapters import load_hf_model
-from .hf import SIZE_FIELDS, ConfigError, check_config, check_sizes
 from .device_map import resolve_device_map
+from .hf import SIZE_FIELDS, ConfigError, check_config, check_sizes
 from .placement import Placement
 from .tasks import default_documents
 
@@ -99,7 +99,7 @@ def eager_attention_bytes(seq_len: int, n_heads: int, activation_bytes: int) -> 
     ``T^2 ((item + 4) n_heads + 1)`` bytes for ``T`` tokens: the scores ``[n_heads, T, T]`` in the
     model's dtype (``item`` bytes each) and their float32 softmax, which eager attention (the
     attention the pattern hooks read) materializes, and a boolean ``[T, T]`` mask at least. A
-    floor, not an estimate (:func:`~nopelens.analyses.sweep.streamed.sequence_bytes` counts the rest).
+    floor, not an estimate (:func:`~nopelens.analyses.sweep.budget.sequence_bytes` counts the rest).
 
     >>> eager_attention_bytes(1024, 16, 2) / 2**20  # bfloat16, 16 heads, 1,024 tokens: (6 * 16 + 1) MiB
     97.0
@@ -113,10 +113,12 @@ def attention_shortfall(seq_len: int, n_heads: int, activation_bytes: int, room:
     need = eager_attention_bytes(seq_len, n_heads, activation_bytes)
     if need <= room:
         return None
-    return (f"one sequence of {seq_len:,} tokens needs at least {need / 2**20:,.1f} MiB for one layer's attention "
-            f"(eager attention, which the pattern hooks read, materializes the scores [{n_heads}, {seq_len:,}, "
-            f"{seq_len:,}] and their float32 softmax), more than the {max(room, 0) / 2**20:,.1f} MiB {where}; give a "
-            f"shorter --seq-len, or run where more memory is free")
+    return (
+        f"one sequence of {seq_len:,} tokens needs at least {need / 2**20:,.1f} MiB for one layer's attention "
+        f"(eager attention, which the pattern hooks read, materializes the scores [{n_heads}, {seq_len:,}, "
+        f"{seq_len:,}] and their float32 softmax), more than the {max(room, 0) / 2**20:,.1f} MiB {where}; give a "
+        f"shorter --seq-len, or run where more memory is free"
+    )
 
 
 def load_tokenizer(directory: Path):
@@ -130,13 +132,16 @@ def load_tokenizer(directory: Path):
         return AutoTokenizer.from_pretrained(directory, local_files_only=True)
     except (OSError, ValueError, TypeError, KeyError) as error:
         cause = " ".join(str(error).split())
-        raise ValueError(f"{directory} holds no tokenizer: save one there (tokenizer.json and tokenizer_config.json) "
-                         f"or use --input random (nopelens loads none from the hub; the tokenizer library said: "
-                         f"{cause[:100] + ('...' if len(cause) > 100 else '')})") from None
+        raise ValueError(
+            f"{directory} holds no tokenizer: save one there (tokenizer.json and tokenizer_config.json) "
+            f"or use --input random (nopelens loads none from the hub; the tokenizer library said: "
+            f"{cause[:100] + ('...' if len(cause) > 100 else '')})"
+        ) from None
 
 
-def text_windows(tokenizer, path: str | None, n_sequences: int, seq_len: int, seed: int,
-                 d_vocab: int) -> tuple[Tensor, int | None]:
+def text_windows(
+    tokenizer, path: str | None, n_sequences: int, seq_len: int, seed: int, d_vocab: int
+) -> tuple[Tensor, int | None]:
     """``n_sequences`` windows of ``seq_len`` tokens of a text, through the model's tokenizer.
 
     The text (a UTF-8 file, or the shipped corpus :func:`~nopelens.models.tasks.default_documents`
@@ -171,37 +176,58 @@ def text_windows(tokenizer, path: str | None, n_sequences: int, seq_len: int, se
         raise ValueError(f"{name} is empty")
     content = tokenizer("a", add_special_tokens=False)["input_ids"]
     framed = tokenizer("a", add_special_tokens=True)["input_ids"]
-    at = next((k for k in range(len(framed) - len(content) + 1) if framed[k:k + len(content)] == content), 0)
-    prefix, suffix = framed[:at], framed[at + len(content):]
+    at = next((k for k in range(len(framed) - len(content) + 1) if framed[k : k + len(content)] == content), 0)
+    prefix, suffix = framed[:at], framed[at + len(content) :]
     width = seq_len - len(prefix) - len(suffix)
     if width <= 0:
-        raise ValueError(f"--seq-len {seq_len} leaves no room for text: the model's tokenizer adds "
-                         f"{len(prefix) + len(suffix)} special tokens to every sequence; give a longer --seq-len")
+        raise ValueError(
+            f"--seq-len {seq_len} leaves no room for text: the model's tokenizer adds "
+            f"{len(prefix) + len(suffix)} special tokens to every sequence; give a longer --seq-len"
+        )
     # the text is text: a "<s>" or "</s>" in it is read as characters, not as the BOS or EOS token
     ids = np.asarray(tokenizer(text, add_special_tokens=False, split_special_tokens=True)["input_ids"], dtype=np.int64)
     n_windows = len(ids) // width
     if n_windows == 0:
-        raise ValueError(f"{name} gives {len(ids)} tokens through the model's tokenizer, shorter than one "
-                         f"{seq_len}-token sequence ({len(prefix) + len(suffix)} of them special); give a longer "
-                         "--text or a shorter --seq-len")
+        raise ValueError(
+            f"{name} gives {len(ids)} tokens through the model's tokenizer, shorter than one "
+            f"{seq_len}-token sequence ({len(prefix) + len(suffix)} of them special); give a longer "
+            "--text or a shorter --seq-len"
+        )
     if n_windows < n_sequences:
-        raise ValueError(f"{name} gives {len(ids)} tokens through the model's tokenizer: {n_windows} windows of "
-                         f"{seq_len} tokens ({len(prefix) + len(suffix)} special), fewer than the {n_sequences} "
-                         "sequences asked for; give a longer --text, or fewer --n-sequences or a shorter --seq-len")
+        raise ValueError(
+            f"{name} gives {len(ids)} tokens through the model's tokenizer: {n_windows} windows of "
+            f"{seq_len} tokens ({len(prefix) + len(suffix)} special), fewer than the {n_sequences} "
+            "sequences asked for; give a longer --text, or fewer --n-sequences or a shorter --seq-len"
+        )
     chosen = np.sort(np.random.default_rng(seed).choice(n_windows, n_sequences, replace=False))
     windows = ids[: n_windows * width].reshape(n_windows, width)[chosen]
-    tokens = np.concatenate([np.tile(np.asarray(prefix, dtype=np.int64), (n_sequences, 1)), windows,
-                             np.tile(np.asarray(suffix, dtype=np.int64), (n_sequences, 1))], axis=1)
+    tokens = np.concatenate(
+        [
+            np.tile(np.asarray(prefix, dtype=np.int64), (n_sequences, 1)),
+            windows,
+            np.tile(np.asarray(suffix, dtype=np.int64), (n_sequences, 1)),
+        ],
+        axis=1,
+    )
     if tokens.min() < 0 or tokens.max() >= d_vocab:
-        raise ValueError(f"the tokenizer gives token id {int(tokens.max())} (or a negative one), outside the model's "
-                         f"vocabulary 0..{d_vocab - 1}: tokenizer and model do not match")
+        raise ValueError(
+            f"the tokenizer gives token id {int(tokens.max())} (or a negative one), outside the model's "
+            f"vocabulary 0..{d_vocab - 1}: tokenizer and model do not match"
+        )
     bos = tokenizer.bos_token_id
     return torch.from_numpy(tokens), (bos if prefix and bos is not None and prefix[0] == bos else None)
 
 
-def load_hf_dir(directory: Path, dtype: str | None = None, device: str | torch.device = "cpu",
-                placement: Placement | None = None, *, device_map: str | None = None, max_memory: str | None = None,
-                offload_folder: str | None = None) -> Any:
+def load_hf_dir(
+    directory: Path,
+    dtype: str | None = None,
+    device: str | torch.device = "cpu",
+    placement: Placement | None = None,
+    *,
+    device_map: str | None = None,
+    max_memory: str | None = None,
+    offload_folder: str | None = None,
+) -> Any:
     """Load a local HF causal LM offline (no hub access) and hook it: through TransformerLens'
     bridge where it can, else with forward hooks (:func:`nopelens.models.adapters.load_hf_model`;
     a bridge that fails is retried with hooks on a freshly loaded copy).
@@ -237,26 +263,38 @@ def load_hf_dir(directory: Path, dtype: str | None = None, device: str | torch.d
         if placement is not None:
             # the plan names what is offloaded; accelerate's own warning would say it again, unasked
             logging.getLogger("accelerate.big_modeling").setLevel(logging.ERROR)
-            placed = {"device_map": resolve_device_map(placement, _meta_model(cls, directory, dtype)),
-                      "offload_folder": placement.offload_folder}
+            placed = {
+                "device_map": resolve_device_map(placement, _meta_model(cls, directory, dtype)),
+                "offload_folder": placement.offload_folder,
+            }
         try:
             # safetensors only: a pytorch_model.bin is a pickle, and nopelens never unpickles a user file;
             # mismatched shapes are reported below from transformers' loading info, not its log
-            model, info = cls.from_pretrained(directory, local_files_only=True, use_safetensors=True,
-                                              dtype=dtype or "auto", ignore_mismatched_sizes=True,
-                                              output_loading_info=True, **placed)
+            model, info = cls.from_pretrained(
+                directory,
+                local_files_only=True,
+                use_safetensors=True,
+                dtype=dtype or "auto",
+                ignore_mismatched_sizes=True,
+                output_loading_info=True,
+                **placed,
+            )
         except (OSError, ValueError) as error:
             raise ValueError(f"{directory} holds no loadable HF causal LM: {error}") from None
         except CONFIG_ERRORS as error:
             raise ValueError(f"{directory}/config.json is not a valid config: {_config_message(error)}") from None
         except KeyError as error:  # the model's code looks up an entry the config lacks
-            raise ValueError(f"{directory}/config.json: transformers cannot build this model from it (it looks up "
-                             f"{error.args[0] if error.args else '?'!r}, which the config does not give)") from None
+            raise ValueError(
+                f"{directory}/config.json: transformers cannot build this model from it (it looks up "
+                f"{error.args[0] if error.args else '?'!r}, which the config does not give)"
+            ) from None
         except SafetensorError as error:
             raise ValueError(f"{directory}: a safetensors weight file is corrupted or truncated ({error})") from None
         except AssertionError as error:  # torch's own checks while transformers builds the layers
-            raise ValueError(f"{directory}/config.json: transformers cannot build this model from it "
-                             f"({_built_from(error, directory)})") from None
+            raise ValueError(
+                f"{directory}/config.json: transformers cannot build this model from it "
+                f"({_built_from(error, directory)})"
+            ) from None
         _check_weights_match(info, model, directory)
         model.config._attn_implementation = "eager"
         return (model if placement is not None else model.to(device)).eval()
@@ -320,23 +358,32 @@ def _check_weights_match(info: dict, model: Any, directory: Path) -> None:
     ``(name, checkpoint shape, model shape)`` triples, ``missing_keys`` and ``unexpected_keys`` names.
     """
     order = {name: k for k, name in enumerate(model.state_dict())}
-    mismatched = sorted(info.get("mismatched_keys") or (), key=lambda entry: (order.get(entry[0], len(order)), entry[0]))
+    mismatched = sorted(
+        info.get("mismatched_keys") or (), key=lambda entry: (order.get(entry[0], len(order)), entry[0])
+    )
     missing = sorted(info.get("missing_keys") or (), key=lambda name: (order.get(name, len(order)), name))
     if mismatched:
         raise ValueError(_mismatch(mismatched, model.config, directory))
     if missing:
         more = f" and {len(missing) - 1} more" if len(missing) > 1 else ""
-        raise ValueError(f"{directory}: config.json asks for weights the checkpoint does not hold ({missing[0]}{more}); "
-                         "check num_hidden_layers and the other sizes against the saved model")
+        raise ValueError(
+            f"{directory}: config.json asks for weights the checkpoint does not hold ({missing[0]}{more}); "
+            "check num_hidden_layers and the other sizes against the saved model"
+        )
     unused = sorted(info.get("unexpected_keys") or (), key=_natural)
     if unused:
         more = f" and {len(unused) - 3} more" if len(unused) > 3 else ""
         layers = [int(found.group(1)) for name in unused if (found := re.search(r"\.layers\.(\d+)\.", name))]
         given = getattr(model.config.get_text_config(), "num_hidden_layers", "?")
-        check = (f"num_hidden_layers ({given}; the checkpoint holds layer {max(layers)})" if layers
-                 else "its sizes and architectures against the saved model")
-        raise ValueError(f"{directory}: the checkpoint holds weights config.json does not use ({', '.join(unused[:3])}"
-                         f"{more}); nopelens measures no part of a saved model: check {check}")
+        check = (
+            f"num_hidden_layers ({given}; the checkpoint holds layer {max(layers)})"
+            if layers
+            else "its sizes and architectures against the saved model"
+        )
+        raise ValueError(
+            f"{directory}: the checkpoint holds weights config.json does not use ({', '.join(unused[:3])}"
+            f"{more}); nopelens measures no part of a saved model: check {check}"
+        )
 
 
 def _mismatch(mismatched: list, config: Any, directory: Path) -> str:
@@ -345,8 +392,10 @@ def _mismatch(mismatched: list, config: Any, directory: Path) -> str:
     name, saved, built = mismatched[0]
     sizes = " / ".join(field for field in SIZE_FIELDS if getattr(config, field, None) is not None)
     more = f"; {len(mismatched) - 1} more tensors differ" if len(mismatched) > 1 else ""
-    return (f"{directory}: the saved weights do not match config.json ({name}: checkpoint {list(saved)}, "
-            f"config gives {list(built)}{more}): check {sizes}")
+    return (
+        f"{directory}: the saved weights do not match config.json ({name}: checkpoint {list(saved)}, "
+        f"config gives {list(built)}{more}): check {sizes}"
+    )
 
 
 def _check_sizes_before_loading(cls, directory: Path) -> None:
@@ -373,9 +422,11 @@ def _check_sizes_before_loading(cls, directory: Path) -> None:
         raise ValueError(_mismatch(mismatched, config.get_text_config(), directory))
     n_built, n_saved = sum(p.numel() for p in model.parameters()), sum(math.prod(shape) for shape in saved.values())
     if n_saved and n_built > 2 * n_saved:
-        raise ValueError(f"{directory}: config.json gives a model of {n_built:,} parameters, more than twice the "
-                         f"{n_saved:,} the checkpoint holds: check num_hidden_layers, the sizes and text_config against "
-                         "the saved model")
+        raise ValueError(
+            f"{directory}: config.json gives a model of {n_built:,} parameters, more than twice the "
+            f"{n_saved:,} the checkpoint holds: check num_hidden_layers, the sizes and text_config against "
+            "the saved model"
+        )
 
 
 def _natural(name: str) -> list:
@@ -397,6 +448,7 @@ def _check_field_types(directory: Path) -> None:
         check_sizes(config)
     except ConfigError as error:
         raise ValueError(f"{directory}/config.json is not a valid config: {error}") from None
+
     def named(value) -> bool:
         return isinstance(value, str) and isinstance(getattr(torch, value, None), torch.dtype)
 
@@ -421,12 +473,19 @@ def _causal_lm_class(directory: str | Path):
     if model_type not in CONFIG_MAPPING_NAMES:
         return AutoModelForCausalLM  # it names the unknown model_type itself
     # transformers knows the model type but has no causal-LM auto class for it: architectures must name the class
-    fits = [name for table, names in vars(modeling_auto).items() if table.endswith("_MAPPING_NAMES")
-            for name in [names.get(model_type)] if str(name).endswith(("ForCausalLM", "ForConditionalGeneration"))]
+    fits = [
+        name
+        for table, names in vars(modeling_auto).items()
+        if table.endswith("_MAPPING_NAMES")
+        for name in [names.get(model_type)]
+        if str(name).endswith(("ForCausalLM", "ForConditionalGeneration"))
+    ]
     fix = f'["{fits[0]}"]' if fits else "the model's ...ForCausalLM or ...ForConditionalGeneration class"
     what = "is missing" if not given else f"is {given!r}, which names no causal LM class transformers has"
-    raise ValueError(f"{directory}/config.json: architectures {what}, and transformers' AutoModelForCausalLM has no "
-                     f"class for model_type {model_type!r}: set architectures to {fix}")
+    raise ValueError(
+        f"{directory}/config.json: architectures {what}, and transformers' AutoModelForCausalLM has no "
+        f"class for model_type {model_type!r}: set architectures to {fix}"
+    )
 
 
 def _config_message(error: Exception) -> str:
@@ -442,7 +501,11 @@ def config_bos_id(directory: Path) -> int | None:
     Mistral Large 4, Muse), else ``generation_config.json``'s."""
     config = _json_object(Path(directory) / "config.json")
     text = config.get("text_config")
-    for fields in (config, text if isinstance(text, dict) else {}, _json_object(Path(directory) / "generation_config.json")):
+    for fields in (
+        config,
+        text if isinstance(text, dict) else {},
+        _json_object(Path(directory) / "generation_config.json"),
+    ):
         bos = fields.get("bos_token_id")
         if isinstance(bos, int) and not isinstance(bos, bool):
             return bos

@@ -21,8 +21,21 @@ BLOCK_HOOKS = ("resid_pre", "attn_out", "resid_mid", "mlp_out", "resid_post")
 """Hooks directly under ``blocks.{l}`` (each ``[batch, pos, d_model]``)."""
 
 ATTN_HOOKS = (
-    "q", "k", "v", "q_normed", "k_normed", "rot_q", "rot_k", "content_scores", "pos_bias", "attn_scores",
-    "pattern", "z", "result", "cos", "sin",
+    "q",
+    "k",
+    "v",
+    "q_normed",
+    "k_normed",
+    "rot_q",
+    "rot_k",
+    "content_scores",
+    "pos_bias",
+    "attn_scores",
+    "pattern",
+    "z",
+    "result",
+    "cos",
+    "sin",
 )
 """Hooks under ``blocks.{l}.attn`` (q/k/v/z/result ``[batch, pos, head_index, d_head]``, scores and
 pattern ``[batch, head_index, query_pos, key_pos]``)."""

@@ -41,8 +41,16 @@ SOFTMAXES = (torch.softmax, F.softmax, Tensor.softmax)
 
 
 def _sdpa_arguments(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
-    return dict(query=query, key=key, value=value, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal,
-                scale=scale, enable_gqa=enable_gqa)
+    return dict(
+        query=query,
+        key=key,
+        value=value,
+        attn_mask=attn_mask,
+        dropout_p=dropout_p,
+        is_causal=is_causal,
+        scale=scale,
+        enable_gqa=enable_gqa,
+    )
 
 
 def _functional_softmax(input, dim=None, _stacklevel=3, dtype=None):
@@ -67,8 +75,13 @@ def is_attention_softmax(func, args: tuple, kwargs: dict) -> bool:
         scores, dim, _ = softmax_arguments(func, args, kwargs)
     except TypeError:
         return False
-    return (isinstance(scores, Tensor) and scores.ndim == 4 and scores.shape[-1] - scores.shape[-2] in (0, 1)
-            and dim is not None and dim % 4 == 3)
+    return (
+        isinstance(scores, Tensor)
+        and scores.ndim == 4
+        and scores.shape[-1] - scores.shape[-2] in (0, 1)
+        and dim is not None
+        and dim % 4 == 3
+    )
 
 
 def sink_column(scores: Tensor) -> int:
@@ -83,12 +96,20 @@ def sink_column(scores: Tensor) -> int:
     for column, keys in ((0, visible[:, 1:]), (n, visible[:, :-1])):
         if bool(visible[:, column].all()) and not bool(keys.triu(1).any()) and bool(keys[0, 0]):
             return column
-    raise ValueError(f"a softmax over {n} queries and {n + 1} keys whose extra key is neither first nor last "
-                     "for every query: not a learned sink nopelens can read")
+    raise ValueError(
+        f"a softmax over {n} queries and {n + 1} keys whose extra key is neither first nor last "
+        "for every query: not a learned sink nopelens can read"
+    )
 
 
-def sdpa_scores(query: Tensor, key: Tensor, attn_mask: Tensor | None = None, is_causal: bool = False,
-                scale: float | None = None, enable_gqa: bool = False) -> Tensor:
+def sdpa_scores(
+    query: Tensor,
+    key: Tensor,
+    attn_mask: Tensor | None = None,
+    is_causal: bool = False,
+    scale: float | None = None,
+    enable_gqa: bool = False,
+) -> Tensor:
     """The pre-softmax scores of a ``scaled_dot_product_attention`` call, in float64.
 
     scores = q k^T * scale (+ the additive mask, or -inf where a boolean mask is False, or where
@@ -122,8 +143,9 @@ def sdpa_scores(query: Tensor, key: Tensor, attn_mask: Tensor | None = None, is_
     return scores
 
 
-def sdpa_visible(attn_mask: Tensor | None, is_causal: bool, n_queries: int, n_keys: int,
-                 device: torch.device) -> Tensor:
+def sdpa_visible(
+    attn_mask: Tensor | None, is_causal: bool, n_queries: int, n_keys: int, device: torch.device
+) -> Tensor:
     """Which keys each query of a ``scaled_dot_product_attention`` call may see, from its mask and
     ``is_causal`` alone (no scores computed): bool, broadcast ``[batch or 1, 1, query, key]``."""
     visible = torch.ones(n_queries, n_keys, dtype=torch.bool, device=device)
@@ -190,8 +212,9 @@ class AttentionInterceptor(TorchFunctionMode):
         return func(*args, **kwargs)
 
 
-def run_sdpa(func, args: tuple, kwargs: dict, point: Callable[[str, Tensor], Tensor],
-             wants: Callable[[str], bool]) -> tuple[Tensor, Tensor]:
+def run_sdpa(
+    func, args: tuple, kwargs: dict, point: Callable[[str, Tensor], Tensor], wants: Callable[[str], bool]
+) -> tuple[Tensor, Tensor]:
     """One ``scaled_dot_product_attention`` call through the hook points of its block.
 
     Args:
@@ -209,10 +232,14 @@ def run_sdpa(func, args: tuple, kwargs: dict, point: Callable[[str, Tensor], Ten
     if call["dropout_p"]:
         raise ValueError(f"attention dropout p={call['dropout_p']} is on, so the pattern is random: call model.eval()")
     if call["query"].ndim != 4:
-        raise ValueError(f"scaled_dot_product_attention on {call['query'].ndim}-axis tensors; nopelens reads "
-                         "[batch, head_index, pos, d_head]")
-    q, k, v = (point(name, call[key].transpose(1, 2)).transpose(1, 2)
-               for name, key in (("q", "query"), ("k", "key"), ("v", "value")))
+        raise ValueError(
+            f"scaled_dot_product_attention on {call['query'].ndim}-axis tensors; nopelens reads "
+            "[batch, head_index, pos, d_head]"
+        )
+    q, k, v = (
+        point(name, call[key].transpose(1, 2)).transpose(1, 2)
+        for name, key in (("q", "query"), ("k", "key"), ("v", "value"))
+    )
     call.update(query=q, key=k, value=v)
     visible = sdpa_visible(call["attn_mask"], call["is_causal"], q.shape[-2], k.shape[-2], q.device)
     if not (wants("attn_scores") or wants("pattern")):
@@ -243,11 +270,11 @@ def run_softmax(func, args: tuple, kwargs: dict, point: Callable[[str, Tensor], 
     keys = slice(None) if not sink else (slice(1, None) if column == 0 else slice(None, -1))
     read = point("attn_scores", scores[..., keys])
     if sink:
-        sink_scores = scores[..., column:column + 1]
+        sink_scores = scores[..., column : column + 1]
         read = torch.cat((sink_scores, read) if column == 0 else (read, sink_scores), dim=-1)
     pattern = func(read, dim, dtype=dtype) if dtype is not None else func(read, dim)
     seen = point("pattern", pattern[..., keys])
     if sink:
-        sink_weights = pattern[..., column:column + 1]
+        sink_weights = pattern[..., column : column + 1]
         seen = torch.cat((sink_weights, seen) if column == 0 else (seen, sink_weights), dim=-1)
     return seen, visible_keys(read[:, :1, :, keys]), sink

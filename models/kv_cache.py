@@ -45,6 +45,6 @@ class KVCache:
         return self.position_ids.shape[1]
 
     @property
-    def next_position(self) -> Int[Tensor, "batch"]:
+    def next_position(self) -> Int[Tensor, " batch"]:
         """Position id of the next real token of each row: the number of real tokens so far."""
         return self.attention_mask.sum(-1)

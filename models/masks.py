@@ -68,8 +68,10 @@ class KeyWindow:
         if self.window is not None:
             allowed = allowed & (query_pos - key_pos < self.window)
         if self.chunk is not None:
-            allowed = allowed & (torch.div(query_pos, self.chunk, rounding_mode="floor")
-                                 == torch.div(key_pos, self.chunk, rounding_mode="floor"))
+            allowed = allowed & (
+                torch.div(query_pos, self.chunk, rounding_mode="floor")
+                == torch.div(key_pos, self.chunk, rounding_mode="floor")
+            )
         return allowed
 
     def visible(self, n: int, device: torch.device | str | None = None) -> Bool[Tensor, "query_pos key_pos"]:
@@ -77,12 +79,12 @@ class KeyWindow:
         pos = torch.arange(n, device=device)
         return self.allows(pos[:, None], pos[None, :])
 
-    def sees_first(self, n: int) -> Bool[Tensor, "query_pos"]:
+    def sees_first(self, n: int) -> Bool[Tensor, " query_pos"]:
         """``[n]``: which of n queries can see the first token (the sink candidate); O(n) memory."""
         pos = torch.arange(n)
         return self.allows(pos, torch.zeros_like(pos))
 
-    def n_visible(self, n: int) -> Int[Tensor, "query_pos"]:
+    def n_visible(self, n: int) -> Int[Tensor, " query_pos"]:
         """``[n]``: the number of keys each of n queries sees (i + 1 without a window or chunk); O(n)
         memory: query i sees exactly the keys from ``first`` to i, ``first`` the latest of 0, the
         window's start i - w + 1 and the chunk's start (i // c) c."""
@@ -101,7 +103,8 @@ class KeyWindow:
     def describe(self) -> str:
         """E.g. ``causal``, ``sliding window 4``, ``chunks of 8``."""
         parts = ([f"sliding window {self.window}"] if self.window is not None else []) + (
-            [f"chunks of {self.chunk}"] if self.chunk is not None else [])
+            [f"chunks of {self.chunk}"] if self.chunk is not None else []
+        )
         return ", ".join(parts) or "causal"
 
 
@@ -180,15 +183,14 @@ def visibility(
     if empty.any():
         row = int(empty.nonzero()[0, 0])
         raise ValueError(
-            f"attention_mask row {row} masks every position: a fully masked sequence has no "
-            "visible key for any query"
+            f"attention_mask row {row} masks every position: a fully masked sequence has no visible key for any query"
         )
     query_is_real = key_mask[:, key_len - query_len :]
     readable = key_mask[:, None, :] | ~query_is_real[:, :, None]
     allowed = allowed & readable[:, None]
     if not keys.causal_only:
         key_pos = (key_mask.long().cumsum(-1) - 1).clamp(min=0).to(allowed.device)
-        query_pos = key_pos[:, key_len - query_len:]
+        query_pos = key_pos[:, key_len - query_len :]
         allowed = allowed & keys.allows(query_pos[:, None, :, None], key_pos[:, None, None, :])
     return allowed
 

@@ -31,8 +31,17 @@ from torch import nn
 
 DEVICE_MAPS = ("auto", "balanced", "sequential")
 """The device maps accelerate computes; anything else given to ``--device-map`` is a JSON file."""
-UNITS = {"B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
-         "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}
+UNITS = {
+    "B": 1,
+    "KB": 10**3,
+    "MB": 10**6,
+    "GB": 10**9,
+    "TB": 10**12,
+    "KIB": 2**10,
+    "MIB": 2**20,
+    "GIB": 2**30,
+    "TIB": 2**40,
+}
 
 
 def parse_max_memory(text: str) -> dict[int | str, int]:
@@ -56,8 +65,10 @@ def parse_max_memory(text: str) -> dict[int | str, int]:
     for part in text.split(","):
         match = re.fullmatch(r"\s*([a-z]+(?::[0-9]+)?|[0-9]+)\s*=\s*([0-9]+(?:\.[0-9]+)?)\s*([a-zA-Z]+)\s*", part)
         if match is None or match.group(3).upper() not in UNITS:
-            raise ValueError(f"--max-memory {text!r}: each entry is DEVICE=SIZE with a unit, e.g. cpu=200MiB,0=70GiB "
-                             f"(units {', '.join(sorted(UNITS, key=UNITS.get))}); got {part.strip()!r}")
+            raise ValueError(
+                f"--max-memory {text!r}: each entry is DEVICE=SIZE with a unit, e.g. cpu=200MiB,0=70GiB "
+                f"(units {', '.join(sorted(UNITS, key=UNITS.get))}); got {part.strip()!r}"
+            )
         device = _device_key(match.group(1))
         size = int(float(match.group(2)) * UNITS[match.group(3).upper()])
         if size <= 0:
@@ -132,28 +143,39 @@ def read_device_map(path: str, model: nn.Module) -> dict[str, int | str]:
     try:
         given = json.loads(Path(path).read_text())
     except OSError as error:
-        raise ValueError(f"--device-map {path}: not auto, balanced or sequential, and no readable JSON file "
-                         f"({error.strerror or error})") from None
+        raise ValueError(
+            f"--device-map {path}: not auto, balanced or sequential, and no readable JSON file "
+            f"({error.strerror or error})"
+        ) from None
     except ValueError as error:
         raise ValueError(f"--device-map {path} is not JSON ({error})") from None
     if not isinstance(given, dict) or not given:
-        raise ValueError(f"--device-map {path}: give a JSON object mapping module names to devices, e.g. "
-                         '{"model.embed_tokens": 0, "model.layers.0": 0, "model.layers.1": "cpu", ...}')
+        raise ValueError(
+            f"--device-map {path}: give a JSON object mapping module names to devices, e.g. "
+            '{"model.embed_tokens": 0, "model.layers.0": 0, "model.layers.1": "cpu", ...}'
+        )
     if "" in given and len(given) > 1:
         raise ValueError(f'--device-map {path}: "" (the whole model) must be the only entry when it is given')
     names = {name for name, _ in model.named_modules()} | {name for name, _ in model.named_parameters()}
     unknown = [name for name in given if name not in names]
     if unknown:
         children = ", ".join(name for name, _ in model.named_children())
-        raise ValueError(f"--device-map {path} names {unknown[0]!r}{f' and {len(unknown) - 1} more' if len(unknown) > 1 else ''}, "
-                         f"which {type(model).__name__} does not have (its top modules: {children})")
+        raise ValueError(
+            f"--device-map {path} names {unknown[0]!r}{f' and {len(unknown) - 1} more' if len(unknown) > 1 else ''}, "
+            f"which {type(model).__name__} does not have (its top modules: {children})"
+        )
     for name, device in given.items():
         check_device(device, f"--device-map {path} ({name})")
-    placed = [name for name, _ in model.named_parameters()
-              if not any(key == "" or name == key or name.startswith(key + ".") for key in given)]
+    placed = [
+        name
+        for name, _ in model.named_parameters()
+        if not any(key == "" or name == key or name.startswith(key + ".") for key in given)
+    ]
     if placed:
-        raise ValueError(f"--device-map {path} places no device for {placed[0]}"
-                         f"{f' and {len(placed) - 1} more parameters' if len(placed) > 1 else ''}")
+        raise ValueError(
+            f"--device-map {path} places no device for {placed[0]}"
+            f"{f' and {len(placed) - 1} more parameters' if len(placed) > 1 else ''}"
+        )
     return {name: _device_key(device) for name, device in given.items()}
 
 
@@ -260,18 +282,26 @@ class PlacementReport:
         blocks: dict[str, list[int]] = {}
         for block, device in enumerate(self.block_devices):
             blocks.setdefault(str(device), []).append(block)
-        items = [f"sites hooked by {self.hooks} on the blocks wherever they live; each site's statistics "
-                 f"accumulate on its block's execution device ({_blocks_text(blocks)})"]
+        items = [
+            f"sites hooked by {self.hooks} on the blocks wherever they live; each site's statistics "
+            f"accumulate on its block's execution device ({_blocks_text(blocks)})"
+        ]
         running = {str(device) for device in self.block_devices} | {str(main_device(self.device_map))}
-        for device in sorted(set(self.weights) | (running if statistics is not None else set()) | set(statistics or {})):
+        for device in sorted(
+            set(self.weights) | (running if statistics is not None else set()) | set(statistics or {})
+        ):
             parts = [f"weights {_mib(self.weights[device])}"] if device in self.weights else []
             if device in running and statistics is not None:  # the plan's; a bare placement has weights only
                 parts += [f"statistics {_mib(statistics.get(device, 0))}", f"batches up to {_mib(batch)}"]
             items.append(f"{device}: {', '.join(parts)}")
         if self.offloaded:
-            shown = ", ".join(self.offloaded[:4]) + (f" and {len(self.offloaded) - 4} more" if len(self.offloaded) > 4 else "")
-            items.append(f"offloaded ({_mib(self.offloaded_bytes)}, copied to {main_device(self.device_map)} for every "
-                         f"forward pass): {shown}")
+            shown = ", ".join(self.offloaded[:4]) + (
+                f" and {len(self.offloaded) - 4} more" if len(self.offloaded) > 4 else ""
+            )
+            items.append(
+                f"offloaded ({_mib(self.offloaded_bytes)}, copied to {main_device(self.device_map)} for every "
+                f"forward pass): {shown}"
+            )
         return items
 
 

@@ -152,7 +152,7 @@ def apply_rope(
     return torch.cat([rotated.to(x.dtype), rest], dim=-1)
 
 
-def alibi_slopes(n_heads: int, device: torch.device | str | None = None) -> Float[Tensor, "n_heads"]:
+def alibi_slopes(n_heads: int, device: torch.device | str | None = None) -> Float[Tensor, " n_heads"]:
     """Per-head ALiBi slopes m_h.
 
     For a power of two n, m_h = 2^(-8(h+1)/n). Otherwise take the slopes of the largest power of
@@ -190,7 +190,7 @@ def alibi_slopes(n_heads: int, device: torch.device | str | None = None) -> Floa
 
 
 def alibi_bias(
-    slopes: Float[Tensor, "n_heads"],
+    slopes: Float[Tensor, " n_heads"],
     query_positions: Int[Tensor, "batch query_pos"],
     key_positions: Int[Tensor, "batch key_pos"],
 ) -> Float[Tensor, "batch n_heads query_pos key_pos"]:
@@ -287,15 +287,18 @@ def t5_relative_bucket(
         distance = relative_position.abs()
     else:
         distance = (-relative_position).clamp(min=0)
-    far = max_exact + (
-        torch.log(distance.clamp(min=1).float() / max_exact) / math.log(max_distance / max_exact) * (n - max_exact)
-    ).long()
+    far = (
+        max_exact
+        + (
+            torch.log(distance.clamp(min=1).float() / max_exact) / math.log(max_distance / max_exact) * (n - max_exact)
+        ).long()
+    )
     far = far.clamp(max=n - 1)
     return buckets + torch.where(distance < max_exact, distance, far)
 
 
 def position_ids_from_mask(
-    attention_mask: Int[Tensor, "batch pos"], start: Int[Tensor, "batch"] | None = None
+    attention_mask: Int[Tensor, "batch pos"], start: Int[Tensor, " batch"] | None = None
 ) -> Int[Tensor, "batch pos"]:
     """Position ids that count only real tokens: the first real token of a row gets ``start``.
 

@@ -40,13 +40,15 @@ class Batch:
     loss_mask: Bool[Tensor, "batch pos"]
     attention_mask: Int[Tensor, "batch pos"]
     targets: Int[Tensor, "batch pos"]
-    lengths: Int[Tensor, "batch"] = field(default_factory=lambda: torch.zeros(0, dtype=torch.long))
+    lengths: Int[Tensor, " batch"] = field(default_factory=lambda: torch.zeros(0, dtype=torch.long))
 
     def __len__(self) -> int:
         return self.tokens.shape[0]
 
     def to(self, device: torch.device | str) -> "Batch":
-        return Batch(*(t.to(device) for t in (self.tokens, self.loss_mask, self.attention_mask, self.targets, self.lengths)))
+        return Batch(
+            *(t.to(device) for t in (self.tokens, self.loss_mask, self.attention_mask, self.targets, self.lengths))
+        )
 
 
 def as_generator(seed: SeedLike) -> torch.Generator:

@@ -45,16 +45,58 @@ import torch
 from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
-from .task_base import (BOS_ID, EOS_ID, N_SPECIAL, PAD_ID, SEP_ID, Batch, SeedLike, Task, as_generator, check_sizes,
-                        pad_rows)
-from .text import (DOCUMENT_SEPARATOR, VALIDATION_FRACTION, ByteTokenizer, TextTask, default_documents, file_documents,
-                   help_text_bigrams, is_validation_document)
+from .task_base import (
+    BOS_ID,
+    EOS_ID,
+    N_SPECIAL,
+    PAD_ID,
+    SEP_ID,
+    Batch,
+    SeedLike,
+    Task,
+    as_generator,
+    check_sizes,
+    pad_rows,
+)
+from .text import (
+    DOCUMENT_SEPARATOR,
+    VALIDATION_FRACTION,
+    ByteTokenizer,
+    TextTask,
+    default_documents,
+    file_documents,
+    help_text_bigrams,
+    is_validation_document,
+)
 
 __all__ = [  # the names of task_base and text stay importable from here, where they were defined first
-    "BOS_ID", "DOCUMENT_SEPARATOR", "EOS_ID", "N_SPECIAL", "PAD_ID", "SEP_ID", "TASKS", "VALIDATION_FRACTION",
-    "AdditionTask", "Batch", "BigramBackcopyTask", "ByteTokenizer", "CopyTask", "ParityTask", "PreviousTokenTask",
-    "RepeatTask", "ReverseTask", "SeedLike", "SymbolTask", "Task", "TextTask", "as_generator", "default_documents",
-    "file_documents", "help_text_bigrams", "is_validation_document", "make_task",
+    "BOS_ID",
+    "DOCUMENT_SEPARATOR",
+    "EOS_ID",
+    "N_SPECIAL",
+    "PAD_ID",
+    "SEP_ID",
+    "TASKS",
+    "VALIDATION_FRACTION",
+    "AdditionTask",
+    "Batch",
+    "BigramBackcopyTask",
+    "ByteTokenizer",
+    "CopyTask",
+    "ParityTask",
+    "PreviousTokenTask",
+    "RepeatTask",
+    "ReverseTask",
+    "SeedLike",
+    "SymbolTask",
+    "Task",
+    "TextTask",
+    "as_generator",
+    "default_documents",
+    "file_documents",
+    "help_text_bigrams",
+    "is_validation_document",
+    "make_task",
 ]
 
 
@@ -183,7 +225,9 @@ class AdditionTask(SymbolTask):
         if length <= 18:
             a, b = torch.randint(0, high, (2,), generator=generator).tolist()
         else:  # beyond int64: draw digit by digit
-            a, b = (int("".join(map(str, torch.randint(0, 10, (length,), generator=generator).tolist()))) for _ in range(2))
+            a, b = (
+                int("".join(map(str, torch.randint(0, 10, (length,), generator=generator).tolist()))) for _ in range(2)
+            )
         prompt = self._digits(a, length) + [self.PLUS_ID] + self._digits(b, length) + [SEP_ID]
         return prompt, self._digits(a + b, length + 1)[::-1] + [EOS_ID]
 

@@ -167,7 +167,9 @@ class TextTask(Task):
                 )
         self.documents = {name: len(docs) for name, docs in split.items()}
         self.streams = {
-            name: torch.frombuffer(bytearray(DOCUMENT_SEPARATOR.join(t.encode("utf-8") for t in docs)), dtype=torch.uint8).long()
+            name: torch.frombuffer(
+                bytearray(DOCUMENT_SEPARATOR.join(t.encode("utf-8") for t in docs)), dtype=torch.uint8
+            ).long()
             for name, docs in split.items()
         }
         self.characters = {name: sum(len(t) for t in docs) + 2 * (len(docs) - 1) for name, docs in split.items()}
@@ -238,11 +240,15 @@ def help_text_bigrams(n_symbols: int) -> tuple[bytes, Tensor, Tensor]:
     """
     if isinstance(n_symbols, bool) or not isinstance(n_symbols, int) or not 2 <= n_symbols <= 256:
         raise ValueError(f"n_symbols must be an integer in 2..256, got {n_symbols!r}")
-    documents = [torch.frombuffer(bytearray(text.encode("utf-8")), dtype=torch.uint8).long()
-                 for text in default_documents().values()]
+    documents = [
+        torch.frombuffer(bytearray(text.encode("utf-8")), dtype=torch.uint8).long()
+        for text in default_documents().values()
+    ]
     counts = torch.bincount(torch.cat(documents), minlength=256)
     if int((counts > 0).sum()) < n_symbols:
-        raise ValueError(f"the help texts have {int((counts > 0).sum())} distinct bytes, fewer than n_symbols={n_symbols}")
+        raise ValueError(
+            f"the help texts have {int((counts > 0).sum())} distinct bytes, fewer than n_symbols={n_symbols}"
+        )
     order = sorted(range(256), key=lambda b: (-int(counts[b]), b))[:n_symbols]
     index = torch.full((256,), -1, dtype=torch.long)
     index[torch.tensor(order)] = torch.arange(n_symbols)

@@ -253,11 +253,14 @@ class TransformerLensCompat(HookedRootModule):
             return lambda name: name in wanted
         if callable(names_filter):
             return self._open_points(names_filter, api)
-        raise ValueError(f"names_filter must be a string, list of strings, or function, got {type(names_filter).__name__}")
+        raise ValueError(
+            f"names_filter must be a string, list of strings, or function, got {type(names_filter).__name__}"
+        )
 
     # ----------------------------------------------------------------------------- caching
-    def get_caching_hooks(self, names_filter=None, incl_bwd=False, device=None, remove_batch_dim=False,
-                          cache=None, pos_slice=None):
+    def get_caching_hooks(
+        self, names_filter=None, incl_bwd=False, device=None, remove_batch_dim=False, cache=None, pos_slice=None
+    ):
         """TransformerLens' ``get_caching_hooks``, with the position axis of each hook point from
         :func:`pos_axis` and only hook points that fire."""
         names = self._cache_filter(names_filter, "run_with_cache")
@@ -269,12 +272,22 @@ class TransformerLensCompat(HookedRootModule):
         return cache, fwd, bwd
 
     def add_caching_hooks(self, names_filter=None, incl_bwd=False, device=None, remove_batch_dim=False, cache=None):
-        return super().add_caching_hooks(self._cache_filter(names_filter, "add_caching_hooks"), incl_bwd,
-                                         device, remove_batch_dim, cache)
+        return super().add_caching_hooks(
+            self._cache_filter(names_filter, "add_caching_hooks"), incl_bwd, device, remove_batch_dim, cache
+        )
 
-    def run_with_cache(self, *model_args, names_filter=None, device=None, remove_batch_dim=False,
-                       incl_bwd=False, reset_hooks_end=True, clear_contexts=False, pos_slice=None,
-                       **model_kwargs) -> tuple[Tensor, "DecoderCache"]:
+    def run_with_cache(
+        self,
+        *model_args,
+        names_filter=None,
+        device=None,
+        remove_batch_dim=False,
+        incl_bwd=False,
+        reset_hooks_end=True,
+        clear_contexts=False,
+        pos_slice=None,
+        **model_kwargs,
+    ) -> tuple[Tensor, "DecoderCache"]:
         """TransformerLens' ``run_with_cache``, returning a :class:`DecoderCache`.
 
         The cache's methods work as on a TransformerLens model: ``accumulated_resid``,
@@ -311,22 +324,32 @@ class TransformerLensCompat(HookedRootModule):
         if remove_batch_dim and isinstance(tokens, Tensor) and tokens.ndim == 2 and tokens.shape[0] != 1:
             # AssertionError, as TransformerLens' HookedRootModule.run_with_cache documents (raised, not
             # asserted, so python -O keeps the check)
-            raise AssertionError(f"Cannot remove batch dimension from cache with batch size {tokens.shape[0]}: "
-                                 "remove_batch_dim=True needs a batch of one sequence")
+            raise AssertionError(
+                f"Cannot remove batch dimension from cache with batch size {tokens.shape[0]}: "
+                "remove_batch_dim=True needs a batch of one sequence"
+            )
         if incl_bwd and (model_kwargs.get("return_type") != "loss" or model_kwargs.get("loss_per_token")):
             raise ValueError(
                 "run_with_cache(incl_bwd=True) backpropagates the model's output, which must be a "
                 "scalar: pass return_type='loss' (without loss_per_token)"
             )
         out, cache_dict = super().run_with_cache(
-            *model_args, names_filter=names_filter, device=device, remove_batch_dim=remove_batch_dim,
-            incl_bwd=incl_bwd, reset_hooks_end=reset_hooks_end, clear_contexts=clear_contexts,
-            pos_slice=pos_slice, **model_kwargs,
+            *model_args,
+            names_filter=names_filter,
+            device=device,
+            remove_batch_dim=remove_batch_dim,
+            incl_bwd=incl_bwd,
+            reset_hooks_end=reset_hooks_end,
+            clear_contexts=clear_contexts,
+            pos_slice=pos_slice,
+            **model_kwargs,
         )
         return out, DecoderCache(cache_dict, self, has_batch_dim=not remove_batch_dim)
 
     # ----------------------------------------------------------------------------- read by ActivationCache
-    def accumulated_bias(self, layer: int, mlp_input: bool = False, include_mlp_biases: bool = True) -> Float[Tensor, "d_model"]:
+    def accumulated_bias(
+        self, layer: int, mlp_input: bool = False, include_mlp_biases: bool = True
+    ) -> Float[Tensor, " d_model"]:
         """Sum of the output biases written into the residual stream before block ``layer``'s input.
 
         As TransformerLens' ``accumulated_bias``: b_O of blocks ``0 .. layer - 1`` (and their MLPs'
@@ -337,7 +360,9 @@ class TransformerLensCompat(HookedRootModule):
             ValueError: if ``layer`` is outside ``[0, n_layers]``, or ``mlp_input`` at ``n_layers``.
         """
         if not 0 <= layer <= self.cfg.n_layers or (mlp_input and layer == self.cfg.n_layers):
-            raise ValueError(f"layer must lie in [0, {self.cfg.n_layers}] ({self.cfg.n_layers - 1} with mlp_input), got {layer}")
+            raise ValueError(
+                f"layer must lie in [0, {self.cfg.n_layers}] ({self.cfg.n_layers - 1} with mlp_input), got {layer}"
+            )
         total = torch.zeros(self.cfg.d_model, device=self.W_E.device, dtype=self.W_E.dtype)
         for index, block in enumerate(self.blocks[: layer + int(mlp_input)]):
             total = total + getattr(block.attn, "b_O", 0)

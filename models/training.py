@@ -23,22 +23,22 @@ import pandas as pd
 import torch
 import torch.nn.functional as F
 from torch import Tensor
-from .progress import progress_bar
-from .threads import limited_threads
 
 from .checkpoint import (
     METADATA_FILE,
     TrainedModel,
     load_checkpoint,
-    may_hold_checkpoint,
     load_training_state,
+    may_hold_checkpoint,
     read_metadata,
     save_checkpoint,
 )
 from .config import DecoderConfig
 from .decoder import Decoder
 from .io import write_csv_atomic
+from .progress import progress_bar
 from .tasks import Batch, Task, TextTask
+from .threads import limited_threads
 
 TRAIN_STREAM, EVAL_STREAM, VALIDATION_STREAM = 0, 1, 2
 
@@ -98,8 +98,11 @@ def _param_groups(model: Decoder, weight_decay: float) -> list[dict[str, Any]]:
 
 
 def _optimizer_tensors(optimizer: torch.optim.Optimizer) -> dict[str, Tensor]:
-    return {f"adamw.{index}.{key}": torch.as_tensor(value)
-            for index, state in optimizer.state_dict()["state"].items() for key, value in state.items()}
+    return {
+        f"adamw.{index}.{key}": torch.as_tensor(value)
+        for index, state in optimizer.state_dict()["state"].items()
+        for key, value in state.items()
+    }
 
 
 def _restore_optimizer(optimizer: torch.optim.Optimizer, tensors: dict[str, Tensor]) -> None:
@@ -205,8 +208,10 @@ def train(
         raise ValueError(f"lr, grad_clip and weight_decay must be finite, got {lr}, {grad_clip}, {weight_decay}")
     too_large = torch.finfo(torch.float32).max  # the optimizer holds them next to float32 weights
     if max(abs(lr), abs(grad_clip), abs(weight_decay)) > too_large:
-        raise ValueError(f"lr, grad_clip and weight_decay must be at most {too_large:.3g} (float32), got {lr}, "
-                         f"{grad_clip}, {weight_decay}")
+        raise ValueError(
+            f"lr, grad_clip and weight_decay must be at most {too_large:.3g} (float32), got {lr}, "
+            f"{grad_clip}, {weight_decay}"
+        )
     if batch_size < 1 or lr <= 0 or grad_clip <= 0 or not 0 <= min_lr_ratio <= 1 or weight_decay < 0:
         raise ValueError(
             f"invalid hyperparameters: batch_size={batch_size}, lr={lr}, grad_clip={grad_clip}, "
@@ -219,8 +224,13 @@ def train(
     if warmup_steps < 0 or checkpoint_every < 1:
         raise ValueError(f"warmup_steps must be >= 0 and checkpoint_every >= 1, got {warmup_steps}, {checkpoint_every}")
     hyper = dict(
-        batch_size=batch_size, lr=lr, weight_decay=weight_decay, warmup_steps=warmup_steps,
-        min_lr_ratio=min_lr_ratio, grad_clip=grad_clip, betas=[0.9, 0.95],
+        batch_size=batch_size,
+        lr=lr,
+        weight_decay=weight_decay,
+        warmup_steps=warmup_steps,
+        min_lr_ratio=min_lr_ratio,
+        grad_clip=grad_clip,
+        betas=[0.9, 0.95],
     )
     recipe = _normalized(
         dict(
@@ -234,13 +244,50 @@ def train(
         )
     )
     with limited_threads(threads):
-        return _train(config, task, steps, recipe, batch_size, min_len, max_len, lr, weight_decay, warmup_steps,
-                      min_lr_ratio, grad_clip, seed, checkpoint_dir, checkpoint_every, out_dir, progress, callback,
-                      extra_metadata)
+        return _train(
+            config,
+            task,
+            steps,
+            recipe,
+            batch_size,
+            min_len,
+            max_len,
+            lr,
+            weight_decay,
+            warmup_steps,
+            min_lr_ratio,
+            grad_clip,
+            seed,
+            checkpoint_dir,
+            checkpoint_every,
+            out_dir,
+            progress,
+            callback,
+            extra_metadata,
+        )
 
 
-def _train(config, task, steps, recipe, batch_size, min_len, max_len, lr, weight_decay, warmup_steps, min_lr_ratio,
-           grad_clip, seed, checkpoint_dir, checkpoint_every, out_dir, progress, callback, extra_metadata) -> TrainedModel:
+def _train(
+    config,
+    task,
+    steps,
+    recipe,
+    batch_size,
+    min_len,
+    max_len,
+    lr,
+    weight_decay,
+    warmup_steps,
+    min_lr_ratio,
+    grad_clip,
+    seed,
+    checkpoint_dir,
+    checkpoint_every,
+    out_dir,
+    progress,
+    callback,
+    extra_metadata,
+) -> TrainedModel:
     model = Decoder(config, seed=seed)
     optimizer = torch.optim.AdamW(_param_groups(model, weight_decay), lr=lr, betas=(0.9, 0.95))
     start, rows, seconds_before = 0, [], 0.0
@@ -253,7 +300,9 @@ def _train(config, task, steps, recipe, batch_size, min_len, max_len, lr, weight
         start, rows, seconds_before = resumed
 
     model.train()
-    bar = progress_bar(total=steps, initial=start, disable=not progress, desc=f"train {task.name} {config.position_name}", leave=False)
+    bar = progress_bar(
+        total=steps, initial=start, disable=not progress, desc=f"train {task.name} {config.position_name}", leave=False
+    )
     clock, cpu_clock = time.perf_counter(), time.process_time()
     tokens_seen = 0
     try:
@@ -276,14 +325,20 @@ def _train(config, task, steps, recipe, batch_size, min_len, max_len, lr, weight
                     f"training loss became {value} at step {step + 1} (lr {rate:.3g}); the run diverged, "
                     "so nothing past the last checkpoint was saved; lower --lr"
                 )
-            rows.append(dict(step=step + 1, loss=value, lr=rate, grad_norm=float(grad_norm), elapsed_s=seconds_before + elapsed))
+            rows.append(
+                dict(step=step + 1, loss=value, lr=rate, grad_norm=float(grad_norm), elapsed_s=seconds_before + elapsed)
+            )
             bar.update(1)
             bar.set_postfix(loss=f"{value:.4f}", tok_s=f"{tokens_seen / max(elapsed, 1e-9):,.0f}")
             if callback is not None:
                 callback(step + 1, value, model)
             if checkpoint_dir is not None and (step + 1) % checkpoint_every == 0 and step + 1 < steps:
                 meta = dict(recipe, step=step + 1, complete=False, **(extra_metadata or {}))
-                save_checkpoint(checkpoint_dir, TrainedModel(model, meta, pd.DataFrame(rows)), training_state=_optimizer_tensors(optimizer))
+                save_checkpoint(
+                    checkpoint_dir,
+                    TrainedModel(model, meta, pd.DataFrame(rows)),
+                    training_state=_optimizer_tensors(optimizer),
+                )
     finally:
         bar.close()
 
@@ -324,10 +379,14 @@ def environment() -> dict[str, str]:
     """
     cpu = _cpu_info()
     return {
-        "python": platform.python_version(), "torch": torch.__version__, "numpy": np.__version__,
-        "machine": platform.machine(), "cpu": cpu.get("model name", platform.processor() or "unknown"),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "numpy": np.__version__,
+        "machine": platform.machine(),
+        "cpu": cpu.get("model name", platform.processor() or "unknown"),
         "cpu_family": f"{cpu.get('cpu family', '?')}/{cpu.get('model', '?')}",
-        "cpu_capability": torch.backends.cpu.get_cpu_capability(), "torch_threads": str(torch.get_num_threads()),
+        "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+        "torch_threads": str(torch.get_num_threads()),
     }
 
 
@@ -378,8 +437,9 @@ def _resume(path: Path, recipe: dict, model: Decoder, optimizer, progress: bool)
 
 
 @torch.no_grad()
-def _scored(model: Decoder, batch: Batch, chunk: int = 256, progress: bool = False,
-            desc: str = "evaluating") -> tuple[Tensor, Tensor, Tensor]:
+def _scored(
+    model: Decoder, batch: Batch, chunk: int = 256, progress: bool = False, desc: str = "evaluating"
+) -> tuple[Tensor, Tensor, Tensor]:
     """Per-row (all scored predictions right, number right, summed nats) over ``batch``."""
     exact, right, nats = [], [], []
     starts = range(0, len(batch), chunk)
@@ -466,8 +526,9 @@ def evaluate_exact_match(
     was_training = model.training
     model.eval()
     rows = []
-    for length in progress_bar(list(lengths), desc="exact match by length", unit="length", leave=False,
-                               disable=not progress):
+    for length in progress_bar(
+        list(lengths), desc="exact match by length", unit="length", leave=False, disable=not progress
+    ):
         batch = task.sample(n, length, length, stream_seed(seed, EVAL_STREAM, int(length)))
         exact, right, nats = _scored(model, batch)
         scored = batch.loss_mask.sum()

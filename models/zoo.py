@@ -89,8 +89,7 @@ class Recipe:
         text = json.dumps(self.to_dict(), sort_keys=True)
         return hashlib.sha256(text.encode("utf-8")).hexdigest()[:10]
 
-    def train(self, checkpoint_dir: str | Path | None = None, progress: bool = True,
-              callback=None) -> TrainedModel:
+    def train(self, checkpoint_dir: str | Path | None = None, progress: bool = True, callback=None) -> TrainedModel:
         """Train the recipe (resuming from ``checkpoint_dir`` if it holds an unfinished run);
         ``callback`` as in :func:`~nopelens.models.training.train` (it does not change the result)."""
         return train(
@@ -126,8 +125,16 @@ def _copy(method: str) -> Recipe:
     )
 
 
-def _text(method: str | tuple[str, ...], label: str | None = None, what: str | None = None, n_layers: int = 4,
-          length: int = TEXT_LEN, d_model: int = TEXT_D_MODEL, batch: int = TEXT_BATCH, steps: int = TEXT_STEPS) -> Recipe:
+def _text(
+    method: str | tuple[str, ...],
+    label: str | None = None,
+    what: str | None = None,
+    n_layers: int = 4,
+    length: int = TEXT_LEN,
+    d_model: int = TEXT_D_MODEL,
+    batch: int = TEXT_BATCH,
+    steps: int = TEXT_STEPS,
+) -> Recipe:
     config = DecoderConfig(
         d_vocab=258, n_ctx=length + 1, n_layers=n_layers, d_model=d_model, n_heads=4, position=method
     )
@@ -146,8 +153,14 @@ def _text(method: str | tuple[str, ...], label: str | None = None, what: str | N
 def _bigram_backcopy(method: str, n_layers: int) -> Recipe:
     task_kwargs = {"n_symbols": BB_SYMBOLS, "n_triggers": BB_TRIGGERS}
     task = make_task("bigram_backcopy", **task_kwargs)
-    config = DecoderConfig(d_vocab=task.d_vocab, n_ctx=task.seq_len(BB_LEN), n_layers=n_layers, d_model=BB_D_MODEL,
-                           n_heads=1, position=method)
+    config = DecoderConfig(
+        d_vocab=task.d_vocab,
+        n_ctx=task.seq_len(BB_LEN),
+        n_layers=n_layers,
+        d_model=BB_D_MODEL,
+        n_heads=1,
+        position=method,
+    )
     return Recipe(
         name=f"bb-{method}-{n_layers}l",
         description=f"{n_layers}-layer one-head {method} decoder trained on Bigram-Backcopy (Guo et al. 2024: "
@@ -266,8 +279,9 @@ def _holds_finished_run(path: Path, spec: Recipe) -> bool:
     return bool(meta.get("complete")) and meta.get("zoo_recipe") == spec.digest
 
 
-def load(name: str, cache_dir: str | Path | None = None, progress: bool = True, seed: int = 0,
-         shipped: bool = True) -> TrainedModel:
+def load(
+    name: str, cache_dir: str | Path | None = None, progress: bool = True, seed: int = 0, shipped: bool = True
+) -> TrainedModel:
     """The zoo model ``name``: from the cache, else the copy shipped with the package, else trained
     (and cached).
 
@@ -294,8 +308,11 @@ def load(name: str, cache_dir: str | Path | None = None, progress: bool = True, 
         return trained
     if shipped and is_shipped(name, seed):
         trained = _load(shipped_dir(name, seed), "reinstall nopelens, or train it with `nopelens train --zoo`")
-        print(f"nopelens: loaded zoo model {label} as shipped with nopelens (trained from its recipe; "
-              f"`nopelens train --zoo {name}` retrains it)", file=sys.stderr)
+        print(
+            f"nopelens: loaded zoo model {label} as shipped with nopelens (trained from its recipe; "
+            f"`nopelens train --zoo {name}` retrains it)",
+            file=sys.stderr,
+        )
         return trained
     print(f"nopelens: training zoo model {label} ({spec.steps} steps); it will be cached in {path}", file=sys.stderr)
     return spec.train(checkpoint_dir=path, progress=progress)
@@ -324,9 +341,11 @@ def compare_with_shipped(trained: TrainedModel, name: str, seed: int = 0) -> str
         return f"{name}: weights bit-identical to the shipped copy"
     env = shipped.metadata.get("environment", {})
     cpu = " ".join(str(env[key]) for key in ("cpu", "cpu_family", "cpu_capability") if env.get(key)) or "?"
-    return (f"{name}: weights differ from the shipped copy by up to {largest:.3g} (shipped copy trained with "
-            f"torch {env.get('torch', '?')} on {cpu}, {env.get('torch_threads', '?')} thread(s); the order of "
-            f"floating-point sums differs between CPUs)")
+    return (
+        f"{name}: weights differ from the shipped copy by up to {largest:.3g} (shipped copy trained with "
+        f"torch {env.get('torch', '?')} on {cpu}, {env.get('torch_threads', '?')} thread(s); the order of "
+        f"floating-point sums differs between CPUs)"
+    )
 
 
 def check_source_checkout() -> None:
@@ -337,8 +356,10 @@ def check_source_checkout() -> None:
         ValueError: if nopelens is not imported from a source checkout.
     """
     if not (SHIPPED_DIR.parent.parent / "pyproject.toml").is_file():
-        raise ValueError(f"--ship writes into a source checkout's models/shipped/, but nopelens is imported from "
-                         f"{SHIPPED_DIR.parent.parent} (an installed package); install the checkout with `pip install -e .`")
+        raise ValueError(
+            f"--ship writes into a source checkout's models/shipped/, but nopelens is imported from "
+            f"{SHIPPED_DIR.parent.parent} (an installed package); install the checkout with `pip install -e .`"
+        )
 
 
 def ship(name: str, cache_dir: str | Path | None = None, seed: int = 0) -> Path:
@@ -351,8 +372,9 @@ def ship(name: str, cache_dir: str | Path | None = None, seed: int = 0) -> Path:
     """
     check_source_checkout()
     if not is_cached(name, cache_dir, seed):
-        raise ValueError(f"the cache holds no finished run of {name} (seed {seed}); train it first "
-                         f"(`nopelens train --zoo {name}`)")
+        raise ValueError(
+            f"the cache holds no finished run of {name} (seed {seed}); train it first (`nopelens train --zoo {name}`)"
+        )
     target = shipped_dir(name, seed)
     label = name if seed == 0 else f"{name}-seed{seed}"
     for old in SHIPPED_DIR.glob(f"{label}-*"):

@@ -286,8 +286,15 @@ def collect(
             for site in sites:
                 value = captured[site]
                 if is_pattern_site(site):
-                    _store_patterns(out.patterns[site], value, batch_mask, site, start,
-                                    site_block(site) in model_sink_blocks(model), out.dtypes.get(site))
+                    _store_patterns(
+                        out.patterns[site],
+                        value,
+                        batch_mask,
+                        site,
+                        start,
+                        site_block(site) in model_sink_blocks(model),
+                        out.dtypes.get(site),
+                    )
                     continue
                 rows = _real_rows(value, batch_real, site, start)
                 if site not in out.acts:
@@ -346,8 +353,9 @@ def _run_batch(
     return captured
 
 
-def forward_with_hooks(model, hook_points: dict, sites: Sequence[str], tokens: Tensor, mask: Tensor | None,
-                       on_value) -> None:
+def forward_with_hooks(
+    model, hook_points: dict, sites: Sequence[str], tokens: Tensor, mask: Tensor | None, on_value
+) -> None:
     """One forward pass that hands each site's detached output to ``on_value(site, value)`` as it is
     computed (inside the hook, so a caller can reduce it at once and keep nothing of it).
 
@@ -422,8 +430,9 @@ def real_values(value: Tensor, real: Tensor, site: str, start: int) -> Tensor:
     return rows
 
 
-def _store_patterns(store: list, value: Tensor, mask: Tensor, site: str, start: int, sink: bool | None = None,
-                    dtype: str | None = None) -> None:
+def _store_patterns(
+    store: list, value: Tensor, mask: Tensor, site: str, start: int, sink: bool | None = None, dtype: str | None = None
+) -> None:
     """``[batch, head, query, key]`` -> one ``[head, n_real, n_real]`` array per sequence."""
     check_patterns(value, mask, site, start, sink, getattr(torch, dtype) if dtype else None)
     for row in range(mask.shape[0]):
@@ -431,8 +440,9 @@ def _store_patterns(store: list, value: Tensor, mask: Tensor, site: str, start: 
         store.append(value[row][:, keep][:, :, keep].numpy())
 
 
-def check_patterns(value: Tensor, mask: Tensor, site: str, start: int, sink: bool | None = None,
-                   dtype: torch.dtype | None = None) -> None:
+def check_patterns(
+    value: Tensor, mask: Tensor, site: str, start: int, sink: bool | None = None, dtype: torch.dtype | None = None
+) -> None:
     """Check a ``[batch, head_index, query_pos, key_pos]`` site output on its device: its shape, at
     ``hook_pattern`` sites that no future key gets weight (DESIGN.md) and that every real query row
     is a distribution over the real keys (:func:`check_distribution`), and that its real rows and
@@ -471,8 +481,7 @@ def check_patterns(value: Tensor, mask: Tensor, site: str, start: int, sink: boo
         row, head, query, _ = bad.nonzero()[0].tolist()
         position = int(real[row, : query + 1].sum()) - 1
         raise ValueError(
-            f"non-finite value at site {site!r}, sequence {start + row}, head {head}, "
-            f"query position {position}"
+            f"non-finite value at site {site!r}, sequence {start + row}, head {head}, query position {position}"
         )
 
 
@@ -488,8 +497,9 @@ def row_sum_tolerance(dtype: torch.dtype) -> float:
     return max(4 * torch.finfo(dtype).eps, 1e-5)
 
 
-def check_distribution(pattern: Tensor, mask: Tensor, site: str, sink: bool | None = None,
-                       dtype: torch.dtype | None = None) -> None:
+def check_distribution(
+    pattern: Tensor, mask: Tensor, site: str, sink: bool | None = None, dtype: torch.dtype | None = None
+) -> None:
     """Refuse attention that is not a distribution: a real query row with a negative weight, or whose
     weights on the real keys do not sum to 1 within :func:`row_sum_tolerance` (sigmoid or ReLU
     attention, a hand map pointing at something other than the softmax's output). Below 1 is allowed
@@ -509,8 +519,10 @@ def check_distribution(pattern: Tensor, mask: Tensor, site: str, sink: bool | No
     below = low < 1 - tolerance and sink is False
     if negative or high > 1 + tolerance or below:
         what = "has negative weights" if negative else f"has rows that sum to {low:.4g}..{high:.4g}, not 1"
-        raise ValueError(f"site {site!r} {what} (tolerance {tolerance:.2g} in {str(dtype).removeprefix('torch.')}):"
-                         " its attention is not a softmax distribution over the keys, so no pattern or sink read is made")
+        raise ValueError(
+            f"site {site!r} {what} (tolerance {tolerance:.2g} in {str(dtype).removeprefix('torch.')}):"
+            " its attention is not a softmax distribution over the keys, so no pattern or sink read is made"
+        )
 
 
 def _check_causal(pattern: Tensor, mask: Tensor, site: str, start: int) -> None:
@@ -542,9 +554,7 @@ def _check_finite(rows: Tensor, site: str, real: Tensor, start: int) -> None:
         sample = int(bad.nonzero()[0])
         seq, pos = real.nonzero()[sample].tolist()
         position = int(real[seq, : pos + 1].sum()) - 1
-        raise ValueError(
-            f"NaN or Inf activation at site {site!r}, sequence {start + seq}, position {position}"
-        )
+        raise ValueError(f"NaN or Inf activation at site {site!r}, sequence {start + seq}, position {position}")
 
 
 def _resolve_sites(sites: Sequence[str | int], hook_points: dict) -> list[str]:

@@ -86,8 +86,13 @@ class ProbeFamily:
 class RowLayout:
     """The rows of a set of jobs (tokens, or pairs), their probe families and their cells."""
 
-    def __init__(self, groups: np.ndarray, token_types: np.ndarray, families: list[ProbeFamily],
-                 sample_rows: np.ndarray | None = None):
+    def __init__(
+        self,
+        groups: np.ndarray,
+        token_types: np.ndarray,
+        families: list[ProbeFamily],
+        sample_rows: np.ndarray | None = None,
+    ):
         self.groups, self.token_types, self.families = groups, token_types, families
         # token jobs on a subset of the samples: each sample's row, -1 where it is not probed (None: row = sample)
         self.sample_rows = sample_rows
@@ -104,8 +109,10 @@ class RowLayout:
         unused = (combos == -1).all(1)
         cell[unused[cell]] = -1  # rows on no fitting side add to no statistic
         self.cell, self.n_cells = cell, len(combos)
-        self.cells_of = [[[c for c in range(len(combos)) if combos[c, f] == b] for b in range(n_blocks[f])]
-                         for f in range(len(families))]
+        self.cells_of = [
+            [[c for c in range(len(combos)) if combos[c, f] == b] for b in range(n_blocks[f])]
+            for f in range(len(families))
+        ]
         # value targets (regression) and class targets (classification), each array once
         self.values, self.classes, self.columns = [], [], []
         for family in families:
@@ -129,7 +136,14 @@ class ProbeJob:
     """One feature matrix to probe: which sites make it, how a batch gives its rows."""
 
     def __init__(self, layout: RowLayout, sites: tuple[str, ...], site: str, features: str, form: str, read: bool):
-        self.layout, self.sites, self.site, self.features, self.form, self.read = layout, sites, site, features, form, read
+        self.layout, self.sites, self.site, self.features, self.form, self.read = (
+            layout,
+            sites,
+            site,
+            features,
+            form,
+            read,
+        )
         # the activations' dtype for the round-off rule, no finer than what the in-memory path stores
         # (float32 copies; the score read's float64 differences)
         self.dtype = "float64" if form == "scores" else "float32"
@@ -155,8 +169,13 @@ class ProbeJob:
 
     def _empty_predictions(self) -> None:
         n_rows = len(self.layout.groups)
-        self.predictions = [{name: np.zeros(n_rows, dtype=np.float64 if family.task == "regression" else labels.dtype)
-                             for name, labels in family.labels.items()} for family in self.layout.families]
+        self.predictions = [
+            {
+                name: np.zeros(n_rows, dtype=np.float64 if family.task == "regression" else labels.dtype)
+                for name, labels in family.labels.items()
+            }
+            for family in self.layout.families
+        ]
         self.filled = [np.zeros(n_rows, dtype=bool) for _ in self.layout.families]
 
 
@@ -171,9 +190,19 @@ class Probes(Measurement):
     not kept, if any), ``done``.
     """
 
-    def __init__(self, sequences: Sequences, jobs: list[ProbeJob], pairs: DistancePairs | None, n_boot: int, seed: int,
-                 keep, compute_dtype: torch.dtype | None, alphas=ALPHAS, shrinkage: float = 1e-3,
-                 classifier: str = "lda"):
+    def __init__(
+        self,
+        sequences: Sequences,
+        jobs: list[ProbeJob],
+        pairs: DistancePairs | None,
+        n_boot: int,
+        seed: int,
+        keep,
+        compute_dtype: torch.dtype | None,
+        alphas=ALPHAS,
+        shrinkage: float = 1e-3,
+        classifier: str = "lda",
+    ):
         check_classifier(classifier)
         self.sequences, self.jobs, self.pairs, self.classifier = sequences, jobs, pairs, classifier
         self.n_boot, self.seed, self.compute_dtype = n_boot, seed, compute_dtype
@@ -182,7 +211,9 @@ class Probes(Measurement):
         self.phase = "statistics"
         if pairs is not None:
             self._pair_order = np.argsort(pairs.sequence_id, kind="stable")
-            self._pair_starts = np.searchsorted(pairs.sequence_id[self._pair_order], np.arange(sequences.n_sequences + 1))
+            self._pair_starts = np.searchsorted(
+                pairs.sequence_id[self._pair_order], np.arange(sequences.n_sequences + 1)
+            )
 
     # ------------------------------------------------------------------ what the runner asks
 
@@ -276,15 +307,33 @@ class Probes(Measurement):
         frames, baselines = [], {}
         for job in self.jobs:
             for f, family in enumerate(job.layout.families):
-                predictions = [[job.predictions[f][name][np.asarray(score)] for name in family.labels]
-                               for _, score in family.splits]
+                predictions = [
+                    [job.predictions[f][name][np.asarray(score)] for name in family.labels]
+                    for _, score in family.splits
+                ]
                 fit = FoldFit.assemble(family.splits, job.models[f], predictions, self.alphas)
                 if family.controls and id(family) not in baselines:  # the jobs of a layout share its families
-                    baselines[id(family)] = baseline_runs(family.labels["linear"], job.layout.groups, family.splits,
-                                                          family.task, job.layout.token_types, self.n_boot, self.seed)
-                frame = score_probes(fitted_probes(fit, family.labels), family.labels, job.layout.groups, family.splits,
-                                     family.task, job.layout.token_types, family.controls, self.n_boot, self.seed,
-                                     baselines.get(id(family)))
+                    baselines[id(family)] = baseline_runs(
+                        family.labels["linear"],
+                        job.layout.groups,
+                        family.splits,
+                        family.task,
+                        job.layout.token_types,
+                        self.n_boot,
+                        self.seed,
+                    )
+                frame = score_probes(
+                    fitted_probes(fit, family.labels),
+                    family.labels,
+                    job.layout.groups,
+                    family.splits,
+                    family.task,
+                    job.layout.token_types,
+                    family.controls,
+                    self.n_boot,
+                    self.seed,
+                    baselines.get(id(family)),
+                )
                 frame = _label(frame, job.site, family.target, family.task, job.features, family.split)
                 if job.read:  # an attention read of block l counts at layer l + 1
                     frame["layer"] = frame["block"] + 1
@@ -294,7 +343,7 @@ class Probes(Measurement):
     # ------------------------------------------------------------------ the work
 
     def _local_pairs(self, batch: Batch) -> tuple[np.ndarray, DistancePairs]:
-        ids = self._pair_order[self._pair_starts[batch.rows.start]:self._pair_starts[batch.rows.stop]]
+        ids = self._pair_order[self._pair_starts[batch.rows.start] : self._pair_starts[batch.rows.stop]]
         p, s0 = self.pairs, batch.samples.start
         return ids, DistancePairs(p.query[ids] - s0, p.key[ids] - s0, p.distance[ids], p.sequence_id[ids])
 
@@ -312,9 +361,12 @@ class Probes(Measurement):
         if job.form == "float32" and len(job.sites) == 1:
             return ids, pair_features(job.pending[job.sites[0]], local, job.features)
         if job.form == "float32":
-            return ids, bilinear_features(job.pending[job.sites[0]], job.pending[job.sites[1]], local,
-                                          job.features.removeprefix("bilinear_"))
-        return ids, torch.from_numpy(np.ascontiguousarray(pair_scores(job.pending[job.sites[0]], batch, local, job.dtype)))
+            return ids, bilinear_features(
+                job.pending[job.sites[0]], job.pending[job.sites[1]], local, job.features.removeprefix("bilinear_")
+            )
+        return ids, torch.from_numpy(
+            np.ascontiguousarray(pair_scores(job.pending[job.sites[0]], batch, local, job.dtype))
+        )
 
     def _take(self, job: ProbeJob, rows: np.ndarray, X: Tensor, batch: Batch) -> None:
         """First pass: keep a batch's features while the budget allows, and sum statistics only once
@@ -333,7 +385,8 @@ class Probes(Measurement):
                 raise ValueError(
                     f"{job.site} ({job.features}): classifier {self.classifier!r} is fitted on the features "
                     f"themselves, not on streamed statistics, and they do not fit the keep budget of "
-                    f"{self.budget.limit / 2**20:,.1f} MiB; give a larger keep budget (--keep-mib), or classifier 'lda'")
+                    f"{self.budget.limit / 2**20:,.1f} MiB; give a larger keep budget (--keep-mib), or classifier 'lda'"
+                )
             job.spilled = True
             for kept_rows, kept_X in job.kept:
                 self._add(job, kept_rows, kept_X)
@@ -350,8 +403,9 @@ class Probes(Measurement):
         Xd = X.to(compute)
         if job.moments is None:
             job.shift = Xd.mean(0)  # near the mean keeps the Gram sums precise; merges reshift
-            job.moments = BlockMoments(layout.n_cells, job.shift, n_values=len(layout.values), classes=layout.class_values,
-                                      packed=True)
+            job.moments = BlockMoments(
+                layout.n_cells, job.shift, n_values=len(layout.values), classes=layout.class_values, packed=True
+            )
         Xs = Xd - job.shift
         cell = layout.cell[rows]
         for c in np.unique(cell[cell >= 0]):
@@ -368,8 +422,10 @@ class Probes(Measurement):
         if not job.spilled:
             self._fit_at_once(job)
         elif self._by_pipeline(job):
-            raise ValueError(f"{job.site} ({job.features}): classifier {self.classifier!r} needs the features kept "
-                             "on one machine (a sharded run sums statistics only); use classifier 'lda'")
+            raise ValueError(
+                f"{job.site} ({job.features}): classifier {self.classifier!r} needs the features kept "
+                "on one machine (a sharded run sums statistics only); use classifier 'lda'"
+            )
         else:
             job.models = []
             for f, family in enumerate(layout.families):
@@ -378,8 +434,9 @@ class Probes(Measurement):
                     moments = job.moments.group(layout.cells_of[f], values=cols, classes=[])
                 else:
                     moments = job.moments.group(layout.cells_of[f], values=[], classes=cols)
-                job.models.append(fold_models(moments, family.members, family.task, job.dtype, self.alphas,
-                                              self.shrinkage))
+                job.models.append(
+                    fold_models(moments, family.members, family.task, job.dtype, self.alphas, self.shrinkage)
+                )
             job.moments = None
             job._empty_predictions()
             for rows, X in job.kept:
@@ -414,8 +471,11 @@ class Probes(Measurement):
                 first, count = taken[family.task], len(family.labels)
                 taken[family.task] += count
                 wanted = list(range(first, first + count))
-                moments = stats.moments.select(values=wanted) if family.task == "regression" else \
-                    stats.moments.select(classes=wanted)
+                moments = (
+                    stats.moments.select(values=wanted)
+                    if family.task == "regression"
+                    else stats.moments.select(classes=wanted)
+                )
                 job.models[f] = fold_models(moments, stats.members, family.task, job.dtype, self.alphas, self.shrinkage)
                 for (_, score), predicted in zip(family.splits, stats.predict(job.models[f], family.splits)):
                     for name, values_k in zip(family.labels, predicted):
@@ -435,8 +495,9 @@ class Probes(Measurement):
         (float32 as :func:`~nopelens.probes.collect.collect` stores it, float64 score reads as they are)."""
         family = job.layout.families[f]
         Xn = X.to(torch.float64 if X.dtype == torch.float64 else torch.float32).cpu().numpy()
-        fitted = pipeline_fits(Xn, family.labels, job.layout.groups, family.splits, self.classifier, self.seed,
-                               job.dtype)
+        fitted = pipeline_fits(
+            Xn, family.labels, job.layout.groups, family.splits, self.classifier, self.seed, job.dtype
+        )
         for name, (index, predicted, _, _) in fitted.items():
             job.predictions[f][name][index] = predicted
             job.filled[f][index] = True
@@ -458,8 +519,10 @@ class Probes(Measurement):
             for family, filled in zip(job.layout.families, job.filled):
                 scored = family.fold >= 0
                 if not filled[scored].all():
-                    raise RuntimeError(f"{job.site} ({job.features}): {int((~filled[scored]).sum())} scored rows "
-                                       "were never predicted; a batch was not fed in the prediction pass")
+                    raise RuntimeError(
+                        f"{job.site} ({job.features}): {int((~filled[scored]).sum())} scored rows "
+                        "were never predicted; a batch was not fed in the prediction pass"
+                    )
 
 
 def _assemble(kept: list[tuple[np.ndarray, Tensor]], n_rows: int, what: str) -> Tensor:

@@ -26,9 +26,8 @@ from typing import Sequence
 
 import numpy as np
 import pandas as pd
-from scipy import stats
-
 import torch
+from scipy import stats
 from torch import Tensor
 
 from .collect import Activations, site_block, site_layer
@@ -43,8 +42,9 @@ FIRST_QUERY = 2
 """Queries before this position are left out: at position 1 the previous key is key 0."""
 
 
-def ratio_ci(numerator: np.ndarray, denominator: np.ndarray, n_boot: int = 200,
-             seed: int = 0) -> tuple[float, float, float]:
+def ratio_ci(
+    numerator: np.ndarray, denominator: np.ndarray, n_boot: int = 200, seed: int = 0
+) -> tuple[float, float, float]:
     """sum(numerator) / sum(denominator) with a paired percentile bootstrap 95 % CI over rows (SciPy).
 
     Rows are sequences: each holds one sequence's summed attention and its number of queries, so
@@ -66,9 +66,15 @@ def ratio_ci(numerator: np.ndarray, denominator: np.ndarray, n_boot: int = 200,
         return value, float("nan"), float("nan")
     if np.ptp(numerator[used] / denominator[used]) == 0:
         return value, value, value
-    result = stats.bootstrap((numerator, denominator), lambda a, b, axis=-1: a.sum(axis) / b.sum(axis),
-                             paired=True, vectorized=True, n_resamples=n_boot, method="percentile",
-                             random_state=random_state(seed))
+    result = stats.bootstrap(
+        (numerator, denominator),
+        lambda a, b, axis=-1: a.sum(axis) / b.sum(axis),
+        paired=True,
+        vectorized=True,
+        n_resamples=n_boot,
+        method="percentile",
+        random_state=random_state(seed),
+    )
     return value, float(result.confidence_interval.low), float(result.confidence_interval.high)
 
 
@@ -92,8 +98,15 @@ class ActiveDormantStats(Measurement):
         ValueError: if no site is given or ``query_class`` does not match the sequences.
     """
 
-    def __init__(self, sequences: Sequences, sites: Sequence[str], query_class: Sequence[np.ndarray],
-                 classes: dict[str, bool] | None = None, n_boot: int = 200, seed: int = 0):
+    def __init__(
+        self,
+        sequences: Sequences,
+        sites: Sequence[str],
+        query_class: Sequence[np.ndarray],
+        classes: dict[str, bool] | None = None,
+        n_boot: int = 200,
+        seed: int = 0,
+    ):
         if not sites:
             raise ValueError("no hook_pattern site was collected")
         lengths = np.diff(sequences.offsets)
@@ -132,7 +145,9 @@ class ActiveDormantStats(Measurement):
         return False
 
     def spawn(self) -> "ActiveDormantStats":
-        return ActiveDormantStats(self.sequences, self.site_list, self.query_class, self.classes, self.n_boot, self.seed)
+        return ActiveDormantStats(
+            self.sequences, self.site_list, self.query_class, self.classes, self.n_boot, self.seed
+        )
 
     def merge(self, other: "ActiveDormantStats") -> None:
         for site, sums in other.sums.items():
@@ -150,16 +165,33 @@ class ActiveDormantStats(Measurement):
                 for head in range(sums.shape[2]):
                     first = ratio_ci(sums[c, :, head, 0], counts, self.n_boot, self.seed)
                     previous = ratio_ci(sums[c, :, head, 1], counts, self.n_boot, self.seed)
-                    rows.append(dict(site=site, block=site_block(site), head=head, query_class=name,
-                                     n_queries=int(counts.sum()), first_mass=first[0], first_mass_ci_low=first[1],
-                                     first_mass_ci_high=first[2], previous_mass=previous[0],
-                                     previous_mass_ci_low=previous[1], previous_mass_ci_high=previous[2],
-                                     dormant=bool(first[0] > GU_EPSILON), active=bool(previous[0] > ACTIVE_THRESHOLD)))
+                    rows.append(
+                        dict(
+                            site=site,
+                            block=site_block(site),
+                            head=head,
+                            query_class=name,
+                            n_queries=int(counts.sum()),
+                            first_mass=first[0],
+                            first_mass_ci_low=first[1],
+                            first_mass_ci_high=first[2],
+                            previous_mass=previous[0],
+                            previous_mass_ci_low=previous[1],
+                            previous_mass_ci_high=previous[2],
+                            dormant=bool(first[0] > GU_EPSILON),
+                            active=bool(previous[0] > ACTIVE_THRESHOLD),
+                        )
+                    )
         return pd.DataFrame(rows)
 
 
-def active_dormant_table(acts: Activations, query_class: Sequence[np.ndarray],
-                         classes: dict[str, bool] | None = None, n_boot: int = 200, seed: int = 0) -> pd.DataFrame:
+def active_dormant_table(
+    acts: Activations,
+    query_class: Sequence[np.ndarray],
+    classes: dict[str, bool] | None = None,
+    n_boot: int = 200,
+    seed: int = 0,
+) -> pd.DataFrame:
     """Per head and query class: attention on the first token and on the previous token
     (:class:`ActiveDormantStats` replayed on ``acts``).
 
@@ -245,11 +277,18 @@ class FirstTokenNorms(Measurement):
             for head in range(sums.shape[1]):
                 first_norm, other_norm = sums[0, head] / n_first, sums[1, head] / n_other
                 zero = other_norm == 0
-                rows.append(dict(site=site, layer=site_layer(site), block=site_block(site),
-                                 head=head if self.per_head[site] else -1, first_norm=float(first_norm),
-                                 other_norm=float(other_norm),
-                                 ratio=float("nan") if zero else float(first_norm / other_norm),
-                                 note="the other tokens' states are all zero: no ratio" if zero else ""))
+                rows.append(
+                    dict(
+                        site=site,
+                        layer=site_layer(site),
+                        block=site_block(site),
+                        head=head if self.per_head[site] else -1,
+                        first_norm=float(first_norm),
+                        other_norm=float(other_norm),
+                        ratio=float("nan") if zero else float(first_norm / other_norm),
+                        note="the other tokens' states are all zero: no ratio" if zero else "",
+                    )
+                )
         return pd.DataFrame(rows)
 
 

@@ -17,16 +17,41 @@ from nopelens.models.compat import moved_names
 
 from .lda import _LDA, LDAFold
 from .moments import (
-    BlockMoments, FoldStatistics, _check_task, check_compute_dtype, fold_blocks, fold_statistics, target_moments,
+    BlockMoments,
+    FoldStatistics,
+    _check_task,
+    check_compute_dtype,
+    fold_blocks,
+    fold_statistics,
+    target_moments,
 )
 from .ridge import ALPHAS, GroupedRidgeCV, RidgeFold, _Ridge, penalty_path, ridge_alphas, spd_solve
 from .roundoff import COMPUTE_ULPS, STORED_ULPS, RoundoffScaler, roundoff_scale, roundoff_tolerance, signal_mask
 
 __all__ = [
-    "ALPHAS", "COMPUTE_ULPS", "STORED_ULPS", "BlockMoments", "FoldChoice", "FoldFit", "FoldStatistics",
-    "GroupedRidgeCV", "LDAFold", "RidgeFold", "RoundoffScaler", "check_compute_dtype", "fit_folds", "fold_blocks",
-    "fold_models", "fold_statistics", "penalty_path", "ridge_alphas", "roundoff_scale", "roundoff_tolerance",
-    "signal_mask", "spd_solve", "target_moments",
+    "ALPHAS",
+    "COMPUTE_ULPS",
+    "STORED_ULPS",
+    "BlockMoments",
+    "FoldChoice",
+    "FoldFit",
+    "FoldStatistics",
+    "GroupedRidgeCV",
+    "LDAFold",
+    "RidgeFold",
+    "RoundoffScaler",
+    "check_compute_dtype",
+    "fit_folds",
+    "fold_blocks",
+    "fold_models",
+    "fold_statistics",
+    "penalty_path",
+    "ridge_alphas",
+    "roundoff_scale",
+    "roundoff_tolerance",
+    "signal_mask",
+    "spd_solve",
+    "target_moments",
 ]
 
 
@@ -41,15 +66,24 @@ class FoldFit:
     n_signal: np.ndarray  # [n_folds] features above round-off on each fitting side
 
     @classmethod
-    def assemble(cls, splits, models: Sequence["RidgeFold | LDAFold"], predictions: Sequence[Sequence[np.ndarray]],
-                 alphas: np.ndarray) -> "FoldFit":
+    def assemble(
+        cls,
+        splits,
+        models: Sequence["RidgeFold | LDAFold"],
+        predictions: Sequence[Sequence[np.ndarray]],
+        alphas: np.ndarray,
+    ) -> "FoldFit":
         """From each fold's model and its predictions of its scoring side (``predictions[k][t]``)."""
         n_targets = len(predictions[0]) if len(predictions) else 0
         chosen = [np.asarray([m.alpha[t] for m in models if m.alpha is not None]) for t in range(n_targets)]
         at_edge = [bool(len(c) and ((c == alphas[0]) | (c == alphas[-1])).any()) for c in chosen]
-        return cls(np.concatenate([np.asarray(score) for _, score in splits]),
-                   [np.concatenate([p[t] for p in predictions]) for t in range(n_targets)], chosen, at_edge,
-                   np.asarray([m.n_signal for m in models]))
+        return cls(
+            np.concatenate([np.asarray(score) for _, score in splits]),
+            [np.concatenate([p[t] for p in predictions]) for t in range(n_targets)],
+            chosen,
+            at_edge,
+            np.asarray([m.n_signal for m in models]),
+        )
 
 
 @dataclass
@@ -105,17 +139,24 @@ def fit_folds(
             side, an unknown task, or float32 algebra on CPU.
     """
     _check_task(task)
-    dtype = (X.dtype if dtype is None else dtype)
+    dtype = X.dtype if dtype is None else dtype
     alphas = ridge_alphas(alphas)
     regression = task == "regression"
-    stats = fold_statistics(X, groups, splits, targets if regression else (), () if regression else targets, device,
-                            compute_dtype)
+    stats = fold_statistics(
+        X, groups, splits, targets if regression else (), () if regression else targets, device, compute_dtype
+    )
     models = fold_models(stats.moments, stats.members, task, dtype, alphas, shrinkage)
     return FoldFit.assemble(splits, models, stats.predict(models, splits), alphas)
 
 
-def fold_models(moments: BlockMoments, members: Sequence[Sequence[int]], task: str, dtype,
-                alphas: Sequence[float] = ALPHAS, shrinkage: float = 1e-3) -> list["RidgeFold | LDAFold"]:
+def fold_models(
+    moments: BlockMoments,
+    members: Sequence[Sequence[int]],
+    task: str,
+    dtype,
+    alphas: Sequence[float] = ALPHAS,
+    shrinkage: float = 1e-3,
+) -> list["RidgeFold | LDAFold"]:
     """Fit every fold from its blocks' statistics: fold ``k`` fits on blocks ``members[k]``.
 
     Args:
@@ -136,7 +177,9 @@ def fold_models(moments: BlockMoments, members: Sequence[Sequence[int]], task: s
     """
     _check_task(task)
     alphas = ridge_alphas(alphas)
-    engine = _Ridge(moments, members, dtype, alphas) if task == "regression" else _LDA(moments, members, dtype, shrinkage)
+    engine = (
+        _Ridge(moments, members, dtype, alphas) if task == "regression" else _LDA(moments, members, dtype, shrinkage)
+    )
     return [engine.model(k) for k in range(len(members))]
 
 

@@ -34,7 +34,7 @@ class LDAFold:
             scores = torch.addmm(self.bias, Xs, self.weights).cpu().numpy()
         out, first = [], 0
         for classes in self.classes:
-            out.append(classes[scores[:, first:first + len(classes)].argmax(1)])
+            out.append(classes[scores[:, first : first + len(classes)].argmax(1)])
             first += len(classes)
         return out
 

@@ -11,7 +11,6 @@ import pandas as pd
 
 from nopelens.models.hf import sink_parameters
 
-
 LEARNED_SINK_COLUMNS = ["block", "head", "sink_logit", "parameter"]
 
 
@@ -34,8 +33,11 @@ def learned_sink_logits(source) -> pd.DataFrame:
         model has no ``sinks`` parameter (:func:`nopelens.models.hf.sink_parameters`).
     """
     parameters = source if isinstance(source, dict) else sink_parameters(source)
-    rows = [(block, head, float(logit), name) for block, (name, logits) in parameters.items()
-            for head, logit in enumerate(logits.tolist())]
+    rows = [
+        (block, head, float(logit), name)
+        for block, (name, logits) in parameters.items()
+        for head, logit in enumerate(logits.tolist())
+    ]
     return pd.DataFrame(rows, columns=LEARNED_SINK_COLUMNS)
 
 
@@ -53,5 +55,7 @@ def learned_sink_line(table: pd.DataFrame) -> str | None:
         return None
     names = sorted({re.sub(r"layers\.\d+\.", "layers.{l}.", name) for name in table["parameter"]})
     logits = table["sink_logit"]
-    return (f"learned sink logits, from the weights ({', '.join(names)}, {table['block'].nunique()} blocks x "
-            f"{table['head'].nunique()} heads): mean {logits.mean():.3g}, range {logits.min():.3g} to {logits.max():.3g}")
+    return (
+        f"learned sink logits, from the weights ({', '.join(names)}, {table['block'].nunique()} blocks x "
+        f"{table['head'].nunique()} heads): mean {logits.mean():.3g}, range {logits.min():.3g} to {logits.max():.3g}"
+    )

@@ -43,26 +43,42 @@ import pandas as pd
 from jaxtyping import Float, Int
 from scipy import linalg, sparse
 from sklearn.base import BaseEstimator, clone
-from sklearn.linear_model._base import LinearClassifierMixin
-from sklearn.utils.validation import check_is_fitted, check_X_y
 from sklearn.dummy import DummyClassifier, DummyRegressor
 from sklearn.linear_model import LogisticRegression, RidgeClassifier
+from sklearn.linear_model._base import LinearClassifierMixin
 from sklearn.model_selection import GroupKFold
 from sklearn.pipeline import Pipeline
+from sklearn.utils.validation import check_is_fitted, check_X_y
 
 from .collect import site_block, site_layer
 from .fitting import fit_folds
+from .metrics import HIGHER_IS_BETTER, bootstrap_scores, mad_chance_of, metric_names, random_state
+from .recoverable import clears_bar, first_recoverable_layer, is_target  # noqa: F401  (re-exported)
 from .ridge import ALPHAS, GroupedRidgeCV
 from .roundoff import RoundoffScaler, roundoff_tolerance
-from .metrics import HIGHER_IS_BETTER, bootstrap_scores, mad_chance_of, metric_names, random_state
 from .targets import control_labels, shuffled_labels, token_identity_predictions
 
 CLASSIFIER_ALPHA = 1.0
 """Penalty of ``RidgeClassifier`` on standardized features."""
 
 RESULT_COLUMNS = (
-    "site", "layer", "block", "target", "task", "features", "probe", "split", "metric",
-    "value", "ci_low", "ci_high", "selectivity", "n_samples", "n_sequences", "chance", "alpha",
+    "site",
+    "layer",
+    "block",
+    "target",
+    "task",
+    "features",
+    "probe",
+    "split",
+    "metric",
+    "value",
+    "ci_low",
+    "ci_high",
+    "selectivity",
+    "n_samples",
+    "n_sequences",
+    "chance",
+    "alpha",
     "alpha_at_edge",
 )
 """Columns of every results table. ``layer`` is the DESIGN.md layer of residual sites, ``block + 1``
@@ -123,8 +139,9 @@ class PooledLDA(LinearClassifierMixin, BaseEstimator):
         return super().decision_function(np.asarray(X, dtype=np.float64))
 
 
-def make_probe(task: str, classifier: str = "lda", alphas: Sequence[float] = ALPHAS, seed: int = 0,
-               dtype=None, n_inner: int = 4) -> Pipeline:
+def make_probe(
+    task: str, classifier: str = "lda", alphas: Sequence[float] = ALPHAS, seed: int = 0, dtype=None, n_inner: int = 4
+) -> Pipeline:
     """An unfitted ``Pipeline(RoundoffScaler, linear model)``.
 
     The scaler is ``StandardScaler`` that zeroes features whose spread is only round-off of
@@ -159,7 +176,7 @@ def make_probe(task: str, classifier: str = "lda", alphas: Sequence[float] = ALP
     return Pipeline([("scale", RoundoffScaler(dtype)), ("linear", model)])
 
 
-def sequence_splits(groups: Int[np.ndarray, "n"], n_splits: int = 5) -> list[tuple[np.ndarray, np.ndarray]]:
+def sequence_splits(groups: Int[np.ndarray, " n"], n_splits: int = 5) -> list[tuple[np.ndarray, np.ndarray]]:
     """GroupKFold splits by sequence: no sequence is ever on both sides of a split.
 
     Args:
@@ -192,7 +209,7 @@ def sequence_splits(groups: Int[np.ndarray, "n"], n_splits: int = 5) -> list[tup
 
 
 def extrapolation_splits(
-    groups: Int[np.ndarray, "n"], position: Int[np.ndarray, "n"], boundary: int, n_splits: int = 5
+    groups: Int[np.ndarray, " n"], position: Int[np.ndarray, " n"], boundary: int, n_splits: int = 5
 ) -> list[tuple[np.ndarray, np.ndarray]]:
     """Grouped splits that fit on positions < ``boundary`` and score on positions >= ``boundary``.
 
@@ -215,7 +232,10 @@ def extrapolation_splits(
 
 
 def out_of_fold_predictions(
-    estimator, X: np.ndarray, y: np.ndarray, splits: Iterable[tuple[np.ndarray, np.ndarray]],
+    estimator,
+    X: np.ndarray,
+    y: np.ndarray,
+    splits: Iterable[tuple[np.ndarray, np.ndarray]],
     groups: np.ndarray | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Fit a fresh clone of ``estimator`` on each fitting side and predict its scoring side.
@@ -249,7 +269,7 @@ def _group_params(estimator, groups, fit) -> dict:
 def probe_features(
     X: Float[np.ndarray, "n d"],
     y: np.ndarray,
-    groups: Int[np.ndarray, "n"],
+    groups: Int[np.ndarray, " n"],
     task: str,
     token_types: np.ndarray | None = None,
     splits: list[tuple[np.ndarray, np.ndarray]] | None = None,
@@ -320,7 +340,9 @@ def probe_features(
     return score_probes(fitted, labels, groups, splits, task, token_types, controls, n_boot, seed, baselines)
 
 
-def probe_labels(y: np.ndarray, token_types: np.ndarray | None, controls: bool = True, seed: int = 0) -> dict[str, np.ndarray]:
+def probe_labels(
+    y: np.ndarray, token_types: np.ndarray | None, controls: bool = True, seed: int = 0
+) -> dict[str, np.ndarray]:
     """The targets a site's probes fit: probe name -> ``[n]`` labels.
 
     ``linear``: ``y``; with ``controls``, ``control`` (Hewitt & Liang's control task,
@@ -340,12 +362,23 @@ def probe_labels(y: np.ndarray, token_types: np.ndarray | None, controls: bool =
 def fitted_probes(fit, labels: dict[str, np.ndarray]) -> dict:
     """probe name -> (scored index, out-of-fold predictions, median chosen alpha, alpha at an edge),
     from a :class:`~nopelens.probes.fitting.FoldFit` of ``labels`` (in their order)."""
-    return {name: (fit.index, fit.predictions[t], _median(fit.alphas[t]), fit.at_edge[t]) for t, name in enumerate(labels)}
+    return {
+        name: (fit.index, fit.predictions[t], _median(fit.alphas[t]), fit.at_edge[t]) for t, name in enumerate(labels)
+    }
 
 
-def score_probes(fitted: dict, labels: dict[str, np.ndarray], groups: np.ndarray, splits, task: str,
-                 token_types: np.ndarray | None, controls: bool = True, n_boot: int = 1000, seed: int = 0,
-                 baselines: list | None = None) -> pd.DataFrame:
+def score_probes(
+    fitted: dict,
+    labels: dict[str, np.ndarray],
+    groups: np.ndarray,
+    splits,
+    task: str,
+    token_types: np.ndarray | None,
+    controls: bool = True,
+    n_boot: int = 1000,
+    seed: int = 0,
+    baselines: list | None = None,
+) -> pd.DataFrame:
     """The tidy rows of :func:`probe_features` from out-of-fold predictions.
 
     Scores every fitted probe with bootstrap CIs over sequences, adds the ``majority`` and
@@ -376,16 +409,27 @@ def score_probes(fitted: dict, labels: dict[str, np.ndarray], groups: np.ndarray
             selectivity = np.nan
             if name == "linear" and control is not None and metric in control and HIGHER_IS_BETTER[metric]:
                 selectivity = value - control[metric][0]
-            rows.append(dict(probe=name, metric=metric, value=value, ci_low=low, ci_high=high,
-                             selectivity=selectivity, n_samples=len(index),
-                             n_sequences=n_sequences,
-                             chance=mad_chance_of(truth) if metric == "mad" else np.nan,
-                             alpha=alpha, alpha_at_edge=edge))
+            rows.append(
+                dict(
+                    probe=name,
+                    metric=metric,
+                    value=value,
+                    ci_low=low,
+                    ci_high=high,
+                    selectivity=selectivity,
+                    n_samples=len(index),
+                    n_sequences=n_sequences,
+                    chance=mad_chance_of(truth) if metric == "mad" else np.nan,
+                    alpha=alpha,
+                    alpha_at_edge=edge,
+                )
+            )
     return pd.DataFrame(rows)
 
 
-def baseline_runs(y: np.ndarray, groups: np.ndarray, splits, task: str, token_types: np.ndarray, n_boot: int,
-                  seed: int) -> list[tuple]:
+def baseline_runs(
+    y: np.ndarray, groups: np.ndarray, splits, task: str, token_types: np.ndarray, n_boot: int, seed: int
+) -> list[tuple]:
     """The scored ``majority`` and ``token_identity`` baselines of :func:`score_probes` (arguments
     as there): they read no features, so every site probed for the same target shares them."""
     metrics = metric_names(task)
@@ -394,8 +438,16 @@ def baseline_runs(y: np.ndarray, groups: np.ndarray, splits, task: str, token_ty
     runs = [("majority", _scores(y[index], pred, groups[index], metrics, n_boot, seed), index, y[index], np.nan, False)]
     index = np.concatenate([score for _, score in splits])
     pred = token_identity_predictions(np.asarray(token_types)[index], y[index], task)
-    runs.append(("token_identity", _scores(y[index], pred, groups[index], metrics, n_boot, seed), index, y[index],
-                 np.nan, False))
+    runs.append(
+        (
+            "token_identity",
+            _scores(y[index], pred, groups[index], metrics, n_boot, seed),
+            index,
+            y[index],
+            np.nan,
+            False,
+        )
+    )
     return runs
 
 
@@ -422,7 +474,7 @@ CLASSIFIERS = ("lda", "ridge", "logistic")
 
 def check_classifier(classifier: str) -> None:
     """Raises:
-        ValueError: for a classifier not in :data:`CLASSIFIERS`."""
+    ValueError: for a classifier not in :data:`CLASSIFIERS`."""
     if classifier not in CLASSIFIERS:
         raise ValueError(f"classifier must be 'lda', 'ridge' or 'logistic', got {classifier!r}")
 
@@ -432,11 +484,13 @@ def pipeline_fits(X: np.ndarray, labels: dict, groups, splits, classifier: str, 
     ``classifier`` (``ridge``, ``logistic``: they read the features themselves, not their
     statistics), fold by fold: probe name -> (scored index, out-of-fold predictions, NaN, False)."""
     probe = make_probe("classification", classifier, seed=seed, dtype=dtype)
-    return {name: (*out_of_fold_predictions(probe, X, target, splits, groups), np.nan, False)
-            for name, target in labels.items()}
+    return {
+        name: (*out_of_fold_predictions(probe, X, target, splits, groups), np.nan, False)
+        for name, target in labels.items()
+    }
 
 
-def position_classes(position: Int[np.ndarray, "n"], max_classes: int | None) -> tuple[np.ndarray, str]:
+def position_classes(position: Int[np.ndarray, " n"], max_classes: int | None) -> tuple[np.ndarray, str]:
     """Classes of an absolute-index classification, and the target name the table gives them.
 
     With at most ``max_classes`` positions (or ``max_classes`` None), each position is its class
@@ -465,84 +519,6 @@ def position_classes(position: Int[np.ndarray, "n"], max_classes: int | None) ->
     return position // width, f"absolute_index//{width}"
 
 
-
-
-def is_target(targets: pd.Series, target: str) -> pd.Series:
-    """Rows of ``target``, its position-bin form included (``absolute_index//16`` is a read of
-    ``absolute_index``: classification over bins of 16 positions when there are too many to class).
-
-    Example:
-        >>> is_target(pd.Series(["absolute_index", "absolute_index//16", "relative_distance"]), "absolute_index").tolist()
-        [True, True, False]
-    """
-    return (targets == target) | targets.astype(str).str.startswith(f"{target}//")
-
-
-def first_recoverable_layer(
-    results: pd.DataFrame,
-    target: str = "absolute_index",
-    metric: str | None = None,
-    threshold: float = 0.9,
-    task: str | None = None,
-    features: str | None = None,
-) -> int | None:
-    """The first layer whose CI lower bound clears ``threshold`` for ``target`` and ``metric``.
-
-    Only ``linear`` probes on the grouped split at rows with a ``layer`` count: residual sites,
-    and the attention reads of :func:`probe_relative_distance` (block ``l`` at layer ``l + 1``).
-    "Clears" means ``ci_low >= threshold`` for higher-is-better metrics and ``ci_high <= threshold``
-    for ``mad``. Defaults: R^2 >= 0.9 for regression, accuracy >= 0.9 for classification.
-
-    Args:
-        results: from :func:`probe_absolute_index` or :func:`probe_relative_distance`.
-        target: ``absolute_index`` or ``relative_distance``.
-        metric: e.g. ``r2``, ``accuracy``, ``spearman``, ``mad``; default ``r2`` for regression
-            and ``accuracy`` for classification.
-        threshold: the bar.
-        task: ``regression`` or ``classification``; default: regression unless ``metric`` only
-            exists for classification. Needed for ``mad``, which both tasks report.
-        features: feature kind (``token``, ``concat``, ``score``, ``bilinear_outer``, ...) when
-            the table has several.
-
-    Returns:
-        The DESIGN.md layer number, or None when no layer clears the bar (a summary table writes
-        that as -1: :data:`nopelens.analyses.sweep.reads.NO_LAYER_CLEARS`).
-
-    Raises:
-        ValueError: if ``threshold`` is not finite, no row matches, or several tasks or feature
-            kinds match.
-    """
-    if not np.isfinite(threshold):
-        raise ValueError(f"threshold must be a finite number, got {threshold!r}")
-    if metric is None:
-        task = task or "regression"
-        metric = {"regression": "r2", "classification": "accuracy"}[task]
-    if metric not in HIGHER_IS_BETTER:
-        raise ValueError(f"unknown metric {metric!r}; known: {sorted(HIGHER_IS_BETTER)}")
-    rows = results[(results["probe"] == "linear") & (results["split"] == "grouped") & is_target(results["target"], target)
-                   & (results["metric"] == metric) & results["layer"].notna()]
-    if task is not None:
-        rows = rows[rows["task"] == task]
-    if features is not None:
-        rows = rows[rows["features"] == features]
-    if rows.empty:
-        raise ValueError(f"no linear probe rows for target {target!r}, metric {metric!r} at a layer")
-    for column, argument in (("task", "task"), ("features", "features")):
-        kinds = rows[column].unique()
-        if len(kinds) > 1:
-            raise ValueError(f"several {column} values {sorted(kinds)} match {target!r}/{metric!r}; pass {argument}=")
-    layers = rows.loc[clears_bar(rows, metric, threshold), "layer"]
-    return int(layers.min()) if len(layers) else None
-
-
-def clears_bar(rows: pd.DataFrame, metric: str, threshold: float) -> pd.Series:
-    """Whether each result row clears ``threshold``: ``ci_low >= threshold`` for higher-is-better
-    metrics, ``ci_high <= threshold`` for ``mad`` (the rule of :func:`first_recoverable_layer`)."""
-    if HIGHER_IS_BETTER[metric]:
-        return rows["ci_low"] >= threshold
-    return rows["ci_high"] <= threshold
-
-
 def _coarser(a: str, b: str) -> str:
     """The dtype with the larger round-off of two (a product is no finer than its factors)."""
     return a if roundoff_tolerance(a) >= roundoff_tolerance(b) else b
@@ -551,8 +527,15 @@ def _coarser(a: str, b: str) -> str:
 def _label(frame: pd.DataFrame, site: str, target: str, task: str, features: str, split: str) -> pd.DataFrame:
     layer = site_layer(site)
     block = site_block(site)
-    return frame.assign(site=site, layer=np.nan if layer is None else layer, block=np.nan if block is None else block,
-                        target=target, task=task, features=features, split=split)
+    return frame.assign(
+        site=site,
+        layer=np.nan if layer is None else layer,
+        block=np.nan if block is None else block,
+        target=target,
+        task=task,
+        features=features,
+        split=split,
+    )
 
 
 def _tidy(frames: list[pd.DataFrame]) -> pd.DataFrame:

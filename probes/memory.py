@@ -13,7 +13,6 @@ import os
 import numpy as np
 import torch
 
-
 AUTO_KEEP_BYTES = 2**29
 """The most an ``"auto"`` keep budget holds: a fixed cap, so that memory stops growing with the
 number of tokens once the kept features reach it (the rest is predicted in a second pass)."""

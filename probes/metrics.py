@@ -25,7 +25,14 @@ from jaxtyping import Float, Int
 
 CLASSIFICATION_METRICS = ("accuracy", "balanced_accuracy", "within_one", "mad")
 REGRESSION_METRICS = ("r2", "spearman", "mad")
-HIGHER_IS_BETTER = {"accuracy": True, "balanced_accuracy": True, "within_one": True, "r2": True, "spearman": True, "mad": False}
+HIGHER_IS_BETTER = {
+    "accuracy": True,
+    "balanced_accuracy": True,
+    "within_one": True,
+    "r2": True,
+    "spearman": True,
+    "mad": False,
+}
 
 
 def random_state(seed: int) -> int | np.random.Generator:
@@ -145,9 +152,9 @@ def score(y: np.ndarray, pred: np.ndarray, metric: str) -> float:
 
 
 def bootstrap_scores(
-    y: Float[np.ndarray, "n"] | Int[np.ndarray, "n"],
-    pred: Float[np.ndarray, "n"] | Int[np.ndarray, "n"],
-    groups: Int[np.ndarray, "n"],
+    y: Float[np.ndarray, " n"] | Int[np.ndarray, " n"],
+    pred: Float[np.ndarray, " n"] | Int[np.ndarray, " n"],
+    groups: Int[np.ndarray, " n"],
     metrics: tuple[str, ...] | list[str],
     n_boot: int = 1000,
     confidence: float = 0.95,

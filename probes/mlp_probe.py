@@ -74,8 +74,14 @@ class MLPPositionProbe(ClassifierMixin, BaseEstimator):
     everything random).
     """
 
-    def __init__(self, epochs: int = MLP_EPOCHS, lr: float = MLP_LR, batch_size: int = MLP_BATCH, seed: int = 0,
-                 min_steps: int = MLP_MIN_STEPS):
+    def __init__(
+        self,
+        epochs: int = MLP_EPOCHS,
+        lr: float = MLP_LR,
+        batch_size: int = MLP_BATCH,
+        seed: int = 0,
+        min_steps: int = MLP_MIN_STEPS,
+    ):
         self.epochs, self.lr, self.batch_size, self.seed, self.min_steps = epochs, lr, batch_size, seed, min_steps
 
     def fit(self, X, y):
@@ -86,16 +92,24 @@ class MLPPositionProbe(ClassifierMixin, BaseEstimator):
                 ``epochs``/``lr``/``batch_size``.
         """
         X, y = check_X_y(X, y, dtype=np.float32)
-        if not (int(self.epochs) == self.epochs >= 1 and self.lr > 0 and int(self.batch_size) == self.batch_size >= 1
-                and int(self.min_steps) == self.min_steps >= 0):
-            raise ValueError(f"epochs and batch_size must be integers >= 1, min_steps >= 0 and lr > 0, got "
-                             f"{self.epochs!r}, {self.batch_size!r}, {self.min_steps!r}, {self.lr!r}")
+        if not (
+            int(self.epochs) == self.epochs >= 1
+            and self.lr > 0
+            and int(self.batch_size) == self.batch_size >= 1
+            and int(self.min_steps) == self.min_steps >= 0
+        ):
+            raise ValueError(
+                f"epochs and batch_size must be integers >= 1, min_steps >= 0 and lr > 0, got "
+                f"{self.epochs!r}, {self.batch_size!r}, {self.min_steps!r}, {self.lr!r}"
+            )
         self.classes_, label = np.unique(y, return_inverse=True)
         if len(self.classes_) < 2:
             raise ValueError(f"need at least 2 classes, got {len(self.classes_)}")
         generator = torch.Generator().manual_seed(int(self.seed))
         d = X.shape[1]
-        self.net_ = torch.nn.Sequential(torch.nn.Linear(d, 2 * d), torch.nn.ReLU(), torch.nn.Linear(2 * d, len(self.classes_)))
+        self.net_ = torch.nn.Sequential(
+            torch.nn.Linear(d, 2 * d), torch.nn.ReLU(), torch.nn.Linear(2 * d, len(self.classes_))
+        )
         for layer in self.net_[::2]:
             torch.nn.init.xavier_uniform_(layer.weight, generator=generator)
             torch.nn.init.zeros_(layer.bias)
@@ -125,13 +139,24 @@ class MLPPositionProbe(ClassifierMixin, BaseEstimator):
 def make_mlp_probe(seed: int = 0, dtype=None, epochs: int = MLP_EPOCHS, min_steps: int = MLP_MIN_STEPS) -> Pipeline:
     """An unfitted ``Pipeline(RoundoffScaler, MLPPositionProbe)``; ``dtype`` is the dtype the
     activations were computed in (sets the round-off below which a feature counts as constant)."""
-    return Pipeline([("scale", RoundoffScaler(dtype)),
-                     ("linear", MLPPositionProbe(epochs=epochs, seed=seed, min_steps=min_steps))])
+    return Pipeline(
+        [("scale", RoundoffScaler(dtype)), ("linear", MLPPositionProbe(epochs=epochs, seed=seed, min_steps=min_steps))]
+    )
 
 
-def probe_positions_mlp(X: np.ndarray, position: np.ndarray, groups: np.ndarray, token_types: np.ndarray,
-                        n_splits: int = 5, controls: bool = True, n_boot: int = 1000, seed: int = 0, dtype=None,
-                        epochs: int = MLP_EPOCHS, min_steps: int = MLP_MIN_STEPS) -> pd.DataFrame:
+def probe_positions_mlp(
+    X: np.ndarray,
+    position: np.ndarray,
+    groups: np.ndarray,
+    token_types: np.ndarray,
+    n_splits: int = 5,
+    controls: bool = True,
+    n_boot: int = 1000,
+    seed: int = 0,
+    dtype=None,
+    epochs: int = MLP_EPOCHS,
+    min_steps: int = MLP_MIN_STEPS,
+) -> pd.DataFrame:
     """The MLP probe of absolute position on one feature matrix, with the linear probes' folds,
     controls, baselines and CIs.
 
@@ -159,14 +184,18 @@ def probe_positions_mlp(X: np.ndarray, position: np.ndarray, groups: np.ndarray,
     """
     X, position, groups = np.asarray(X), np.asarray(position), np.asarray(groups)
     if X.ndim != 2 or not len(X) == len(position) == len(groups):
-        raise ValueError(f"X [n, d], position [n] and groups [n] do not match: {X.shape}, {position.shape}, {groups.shape}")
+        raise ValueError(
+            f"X [n, d], position [n] and groups [n] do not match: {X.shape}, {position.shape}, {groups.shape}"
+        )
     if not np.all(np.isfinite(X)):
         raise ValueError("features contain NaN or Inf")
     splits = sequence_splits(groups, n_splits)
     labels = probe_labels(position.astype(np.int64), token_types, controls, seed)
     probe = make_mlp_probe(seed, str(X.dtype) if dtype is None else dtype, epochs, min_steps)
-    fitted = {name: (*out_of_fold_predictions(clone(probe), X, target, splits), np.nan, False)
-              for name, target in labels.items()}
+    fitted = {
+        name: (*out_of_fold_predictions(clone(probe), X, target, splits), np.nan, False)
+        for name, target in labels.items()
+    }
     rows = score_probes(fitted, labels, groups, splits, "classification", token_types, controls, n_boot, seed)
     floor = no_information_floor(position, "argmax")
     return rows.assign(floor=np.where(rows["metric"] == "mad", floor, np.nan))
@@ -211,14 +240,23 @@ def constant_prediction_band(targets: np.ndarray) -> tuple[float, float]:
     """
     targets = np.asarray(targets, dtype=np.float64)
     values = np.unique(targets)
-    mads = np.abs(targets[None, :] - values[:, None]).mean(1) if len(values) * len(targets) <= 1 << 24 else \
-        np.array([np.abs(targets - c).mean() for c in values])
+    mads = (
+        np.abs(targets[None, :] - values[:, None]).mean(1)
+        if len(values) * len(targets) <= 1 << 24
+        else np.array([np.abs(targets - c).mean() for c in values])
+    )
     chance = mad_chance_of(targets)
     return float(mads.min() / chance), float(mads.max() / chance)
 
 
-def kept_sequences(n_sequences: int, tokens_per_sequence: int, bytes_per_token: int, budget_bytes: int,
-                   seed: int = 0, min_sequences: int = 10) -> np.ndarray:
+def kept_sequences(
+    n_sequences: int,
+    tokens_per_sequence: int,
+    bytes_per_token: int,
+    budget_bytes: int,
+    seed: int = 0,
+    min_sequences: int = 10,
+) -> np.ndarray:
     """Which sequences to keep so that their features fit ``budget_bytes``: a random sample
     (sorted ids) of floor(budget / (tokens x bytes per token)) of ``n_sequences``, or all of them.
 
@@ -242,8 +280,10 @@ def kept_sequences(n_sequences: int, tokens_per_sequence: int, bytes_per_token: 
     per_sequence = max(1, tokens_per_sequence * bytes_per_token)
     fits = int(budget_bytes // per_sequence)
     if min(fits, n_sequences) < min_sequences:
-        raise ValueError(f"a memory budget of {budget_bytes} bytes keeps {fits} sequences; the MLP probe needs at "
-                         f"least {min_sequences} ({min_sequences * per_sequence} bytes)")
+        raise ValueError(
+            f"a memory budget of {budget_bytes} bytes keeps {fits} sequences; the MLP probe needs at "
+            f"least {min_sequences} ({min_sequences * per_sequence} bytes)"
+        )
     if fits >= n_sequences:
         return np.arange(n_sequences)
     return np.sort(np.random.default_rng(seed).choice(n_sequences, size=fits, replace=False))

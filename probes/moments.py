@@ -54,8 +54,14 @@ class BlockMoments:
             class_counts ``[B, C]`` per class target.
     """
 
-    def __init__(self, n_blocks: int, shift: torch.Tensor, n_values: int = 0, classes: Sequence[np.ndarray] = (),
-                 packed: bool = False):
+    def __init__(
+        self,
+        n_blocks: int,
+        shift: torch.Tensor,
+        n_values: int = 0,
+        classes: Sequence[np.ndarray] = (),
+        packed: bool = False,
+    ):
         d, dtype, device = shift.shape[0], shift.dtype, shift.device
         zeros = lambda *shape: torch.zeros(*shape, dtype=dtype, device=device)  # noqa: E731
         self.shift, self.packed = shift, packed
@@ -63,7 +69,11 @@ class BlockMoments:
         self.gram = zeros(n_blocks, d * (d + 1) // 2) if packed else zeros(n_blocks, d, d)
         self.high = torch.full((n_blocks, d), -torch.inf, dtype=dtype, device=device)
         self.low = torch.full((n_blocks, d), torch.inf, dtype=dtype, device=device)
-        self.ysum, self.yy, self.xty = zeros(n_blocks, n_values), zeros(n_blocks, n_values), zeros(n_blocks, d, n_values)
+        self.ysum, self.yy, self.xty = (
+            zeros(n_blocks, n_values),
+            zeros(n_blocks, n_values),
+            zeros(n_blocks, d, n_values),
+        )
         self.classes = [np.asarray(c) for c in classes]
         self.class_sums = [zeros(n_blocks, len(c), d) for c in self.classes]
         self.class_counts = [zeros(n_blocks, len(c)) for c in self.classes]
@@ -78,8 +88,9 @@ class BlockMoments:
         tensors = [self.total, self.gram, self.high, self.low, self.ysum, self.yy, self.xty, *self.class_sums]
         return sum(t.element_size() * t.nelement() for t in tensors)
 
-    def add(self, block: int, Xs: torch.Tensor, raw, values: torch.Tensor | None = None,
-            labels: Sequence[torch.Tensor] = ()) -> None:
+    def add(
+        self, block: int, Xs: torch.Tensor, raw, values: torch.Tensor | None = None, labels: Sequence[torch.Tensor] = ()
+    ) -> None:
         """Add rows to ``block``.
 
         Args:
@@ -118,8 +129,12 @@ class BlockMoments:
 
     def merge(self, other: "BlockMoments") -> "BlockMoments":
         """Add ``other`` (same blocks and targets, any shift) into these statistics, in place."""
-        if other.packed != self.packed or other.gram.shape != self.gram.shape or len(other.classes) != len(self.classes) \
-                or other.xty.shape != self.xty.shape:
+        if (
+            other.packed != self.packed
+            or other.gram.shape != self.gram.shape
+            or len(other.classes) != len(self.classes)
+            or other.xty.shape != self.xty.shape
+        ):
             raise ValueError("statistics of different blocks, features or targets cannot be merged")
         other = other.reshifted(self.shift)
         for name in ("count", "total", "gram", "ysum", "yy", "xty"):
@@ -142,8 +157,11 @@ class BlockMoments:
         n = self.count[:, None]
         out.count, out.ysum, out.yy, out.high, out.low = self.count, self.ysum, self.yy, self.high, self.low
         out.total = self.total + n * a
-        outer = self.total[:, :, None] * a[None, None, :] + a[None, :, None] * self.total[:, None, :] \
+        outer = (
+            self.total[:, :, None] * a[None, None, :]
+            + a[None, :, None] * self.total[:, None, :]
             + n[:, :, None] * torch.outer(a, a)
+        )
         if self.packed:
             outer = outer.reshape(len(outer), -1)[:, _upper(len(a), a.device)]
         out.gram = self.gram + outer
@@ -165,8 +183,9 @@ class BlockMoments:
         out.class_counts = [self.class_counts[c] for c in classes]
         return out
 
-    def group(self, blocks: Sequence[Sequence[int]], values: Sequence[int] | None = None,
-              classes: Sequence[int] | None = None) -> "BlockMoments":
+    def group(
+        self, blocks: Sequence[Sequence[int]], values: Sequence[int] | None = None, classes: Sequence[int] | None = None
+    ) -> "BlockMoments":
         """Statistics of unions of blocks (``blocks[g]``: the blocks of new block ``g``), keeping the
         value targets ``values`` and the class targets ``classes`` (default: all)."""
         values = range(self.xty.shape[2]) if values is None else list(values)
@@ -209,7 +228,9 @@ def _unpack(packed: torch.Tensor, d: int) -> torch.Tensor:
     return full.reshape(len(packed), d, d)
 
 
-def fold_blocks(splits: Sequence[tuple[np.ndarray, np.ndarray]], groups: np.ndarray) -> tuple[list[np.ndarray], list[list[int]]]:
+def fold_blocks(
+    splits: Sequence[tuple[np.ndarray, np.ndarray]], groups: np.ndarray
+) -> tuple[list[np.ndarray], list[list[int]]]:
     """Cut the samples into blocks such that every fitting side is a union of >= 2 whole blocks.
 
     Samples in the same fitting sides form one block (for GroupKFold: the scored side of each
@@ -271,8 +292,10 @@ class FoldStatistics:
 
     def predict(self, models, splits) -> list[list[np.ndarray]]:
         """Each fold's predictions of its scoring side, ``[fold][target] -> [m]``, in ``score`` order."""
-        return [model.predict(self.Xs[_rows(_slice_if_contiguous(self.where[np.asarray(score)]), self.Xs)])
-                for model, (_, score) in zip(models, splits)]
+        return [
+            model.predict(self.Xs[_rows(_slice_if_contiguous(self.where[np.asarray(score)]), self.Xs)])
+            for model, (_, score) in zip(models, splits)
+        ]
 
 
 def fold_statistics(
@@ -316,16 +339,18 @@ def fold_statistics(
     shift = Xs.mean(0)  # a global shift changes nothing mathematically and keeps Gram sums precise
     bounds = np.concatenate([[0], np.cumsum([len(b) for b in blocks])])
     index = [slice(int(a), int(b)) for a, b in zip(bounds[:-1], bounds[1:])]
-    moments, value_rows, labels = _moments_for(len(blocks), shift, [np.asarray(t)[order] for t in values],
-                                               [np.asarray(t)[order] for t in classes])
+    moments, value_rows, labels = _moments_for(
+        len(blocks), shift, [np.asarray(t)[order] for t in values], [np.asarray(t)[order] for t in classes]
+    )
     # the raw extremes, before the shift: rounding is monotone, so the extremes of the converted
     # features are the converted extremes, which is what the statistics hold
     for b, rows in enumerate(index):
         moments.add_extremes(b, Xs[rows])
     Xs -= shift
     for b, rows in enumerate(index):
-        moments.add(b, Xs[rows], None, None if value_rows is None else value_rows[rows],
-                    [label[rows] for label in labels])
+        moments.add(
+            b, Xs[rows], None, None if value_rows is None else value_rows[rows], [label[rows] for label in labels]
+        )
     return FoldStatistics(moments, members, Xs, where)
 
 
@@ -341,7 +366,7 @@ def _gathered(X, order: np.ndarray, device, dtype) -> torch.Tensor:
     out = torch.empty((len(order), *X.shape[1:]), dtype=dtype, device=device)
     step = max(1, GATHER_ELEMENTS // max(int(np.prod(X.shape[1:])), 1))
     for start in range(0, len(order), step):
-        out[start:start + step] = _take(X, order[start:start + step])
+        out[start : start + step] = _take(X, order[start : start + step])
     return out
 
 

@@ -29,11 +29,11 @@ from sklearn.utils.validation import check_is_fitted, check_X_y
 
 from .moments import BlockMoments, FittingSide, _block_sum, _sub, target_moments
 
-
 ALPHAS = tuple(float(a) for a in np.logspace(-3, 6, 28))
 """Ridge penalties tried by the grouped inner cross-validation: 1e-3 .. 1e6, 28 values (three per
 decade). On standardized features the useful range runs from "no penalty" (a penalty far below
 the smallest eigenvalue of the Gram matrix of thousands of samples) to "predict the mean"."""
+
 
 def ridge_alphas(alphas: Sequence[float]) -> np.ndarray:
     """A ridge penalty grid, checked and sorted ascending (float64).
@@ -120,8 +120,11 @@ def penalty_path(C: torch.Tensor, b: torch.Tensor, alphas: torch.Tensor) -> torc
     if C.dtype != torch.float64 or b.dtype != torch.float64:
         raise ValueError(f"penalty_path runs in float64 on CPU, got C {C.dtype} and b {b.dtype}")
     A = C.numpy().T  # C is symmetric: its transpose is C in the column-major order LAPACK takes, uncopied
-    reflectors, diagonal, off, tau, _ = lapack.dsytrd(A, lower=1, lwork=_sytrd_lwork(d)) if d > 1 else \
-        (A, np.diagonal(A).copy(), np.zeros(0), np.zeros(0), 0)
+    reflectors, diagonal, off, tau, _ = (
+        lapack.dsytrd(A, lower=1, lwork=_sytrd_lwork(d))
+        if d > 1
+        else (A, np.diagonal(A).copy(), np.zeros(0), np.zeros(0), 0)
+    )
     # Q = diag(1, Q') with Q' the product of the reflectors stored below the subdiagonal, in
     # geqrf's layout for the trailing (d - 1) x (d - 1) block, so torch.ormqr applies it
     below, tau = torch.from_numpy(reflectors)[1:, :-1], torch.from_numpy(tau)

@@ -12,7 +12,6 @@ from sklearn.base import BaseEstimator, TransformerMixin
 from sklearn.preprocessing import StandardScaler
 from sklearn.utils.validation import check_is_fitted
 
-
 STORED_ULPS = 8
 """Round-off allowance, in units of the activations' own dtype: each stored activation is rounded
 to that dtype, and a few such roundings pile up through a block."""

@@ -43,6 +43,7 @@ GU_EPSILON = 0.3
 
 GU_WINDOW = 64
 
+
 def uniform_sink_score(n_tokens: int = GU_WINDOW) -> float:
     """Gu et al.'s sink score of uniform causal attention over T tokens: H_T / T.
 
@@ -151,8 +152,13 @@ def strip_padding(
     return [p[:, m.astype(bool)][:, :, m.astype(bool)] for p, m in zip(pattern, mask)]
 
 
-def first_key_sums(pattern: Float[torch.Tensor, "batch head query key"], mask: Int[torch.Tensor, "batch pos"],
-                   keys: KeyWindow = CAUSAL, start: int = 1, stop: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def first_key_sums(
+    pattern: Float[torch.Tensor, "batch head query key"],
+    mask: Int[torch.Tensor, "batch pos"],
+    keys: KeyWindow = CAUSAL,
+    start: int = 1,
+    stop: int | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """The one definition of a sink read: attention on the first real key summed over the rows that see it.
 
     Rows: the real queries at positions ``start``..``stop`` - 1 (real tokens counted from 0) that see
@@ -191,7 +197,8 @@ def first_key_sums(pattern: Float[torch.Tensor, "batch head query key"], mask: I
         raise ValueError(
             f"query position {int(position[row, query])} gives the first key exactly zero weight, though "
             f"{keys.describe()} lets it see it: the pattern was computed under a mask the read does not know "
-            "(a sliding window or chunk?); collect it from a model that records its mask, or pass windows=")
+            "(a sliding window or chunk?); collect it from a model that records its mask, or pass windows="
+        )
     return (first_key.to(torch.float64) * rows[:, None]).sum(0), rows.sum(0)
 
 
@@ -206,7 +213,9 @@ def sink_mass_by_query(patterns: Sequence[np.ndarray]) -> list[np.ndarray]:
     return [_check_pattern(p, k)[:, :, 0] for k, p in enumerate(patterns)]
 
 
-def _pooled(patterns: Sequence[np.ndarray], keys: KeyWindow, start: int = 0, stop: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+def _pooled(
+    patterns: Sequence[np.ndarray], keys: KeyWindow, start: int = 0, stop: int | None = None
+) -> tuple[np.ndarray, np.ndarray]:
     """:func:`first_key_sums` of each sequence, pooled per position: ``[head, longest]`` sums, ``[longest]`` rows."""
     patterns = [torch.as_tensor(np.ascontiguousarray(_check_pattern(p, k)))[None] for k, p in enumerate(patterns)]
     longest = max((p.shape[-1] for p in patterns), default=0)
@@ -218,8 +227,7 @@ def _pooled(patterns: Sequence[np.ndarray], keys: KeyWindow, start: int = 0, sto
     return total, count
 
 
-def sink_mass(patterns: Sequence[np.ndarray], include_sink_row: bool = False,
-              keys: KeyWindow = CAUSAL) -> np.ndarray:
+def sink_mass(patterns: Sequence[np.ndarray], include_sink_row: bool = False, keys: KeyWindow = CAUSAL) -> np.ndarray:
     """Mean attention on the first non-pad key over the query rows that see it, per head.
 
     The mean pools all (sequence, query) rows that can see key 0 (all of them under the causal
@@ -330,14 +338,21 @@ def sink_rate_ci(
     sites = [site for site in acts.patterns if site.endswith("hook_pattern")]
     if not sites:
         raise ValueError("no hook_pattern site was collected")
-    per_sequence = np.concatenate([np.stack([sink_scores([p], n_tokens) for p in acts.patterns[site]])
-                                   for site in sites], axis=1)  # [sequence, all heads]
+    per_sequence = np.concatenate(
+        [np.stack([sink_scores([p], n_tokens) for p in acts.patterns[site]]) for site in sites], axis=1
+    )  # [sequence, all heads]
     rate = float((per_sequence.mean(0) > eps).mean())
     if n_boot < 1 or len(per_sequence) < 2:
         return rate, float("nan"), float("nan")
     if np.ptp(per_sequence, axis=0).max() == 0:
         return rate, rate, rate
     rows = np.arange(len(per_sequence))  # resampled sequence indices
-    result = stats.bootstrap((rows,), lambda idx: float((per_sequence[idx].mean(0) > eps).mean()),
-                             vectorized=False, n_resamples=n_boot, method="percentile", random_state=random_state(seed))
+    result = stats.bootstrap(
+        (rows,),
+        lambda idx: float((per_sequence[idx].mean(0) > eps).mean()),
+        vectorized=False,
+        n_resamples=n_boot,
+        method="percentile",
+        random_state=random_state(seed),
+    )
     return rate, float(result.confidence_interval.low), float(result.confidence_interval.high)

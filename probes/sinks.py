@@ -35,8 +35,21 @@ from nopelens.models.masks import CAUSAL, KeyWindow
 from .collect import Activations, check_patterns, collect, site_block
 from .learned_sinks import LEARNED_SINK_COLUMNS, learned_sink_line, learned_sink_logits  # noqa: F401  (re-exported)
 from .sink_patterns import (  # noqa: F401  (re-exported)
-    GU_EPSILON, GU_WINDOW, check_gu_window, first_key_sums, gu_chance, no_sink_row_reason, sink_index, sink_mass,
-    sink_mass_by_position, sink_mass_by_query, sink_rate_ci, sink_read_reason, sink_scores, strip_padding, uniform_sink_score,
+    GU_EPSILON,
+    GU_WINDOW,
+    check_gu_window,
+    first_key_sums,
+    gu_chance,
+    no_sink_row_reason,
+    sink_index,
+    sink_mass,
+    sink_mass_by_position,
+    sink_mass_by_query,
+    sink_rate_ci,
+    sink_read_reason,
+    sink_scores,
+    strip_padding,
+    uniform_sink_score,
 )
 from .stream import Measurement, Sequences, replay
 from .variance import attention_variance, variance_read_reason, variance_shrinkage, variance_slopes  # noqa: F401  (re-exported)
@@ -54,9 +67,14 @@ def sink_flags(table: pd.DataFrame) -> pd.Series:
     return flags.astype(float)
 
 
-def sink_table(acts: Activations, eps: float = GU_EPSILON, n_tokens: int | None = GU_WINDOW,
-               windows: dict[int, KeyWindow] | None = None, sinks: dict | None = None,
-               sites: Sequence[str] | None = None) -> pd.DataFrame:
+def sink_table(
+    acts: Activations,
+    eps: float = GU_EPSILON,
+    n_tokens: int | None = GU_WINDOW,
+    windows: dict[int, KeyWindow] | None = None,
+    sinks: dict | None = None,
+    sites: Sequence[str] | None = None,
+) -> pd.DataFrame:
     """Sink mass, Gu sink score and sink flag for every collected ``hook_pattern`` site and head: the
     cached activations replayed into :class:`SinkStats` (one definition, streamed or in memory).
 
@@ -89,7 +107,9 @@ def sink_table(acts: Activations, eps: float = GU_EPSILON, n_tokens: int | None 
     if sites is None:
         sites = [site for site in acts.patterns if site.endswith("hook_pattern")]
         if not sites:
-            raise ValueError(f"no hook_pattern site was collected (collected: {sorted(acts.acts) + sorted(acts.patterns)})")
+            raise ValueError(
+                f"no hook_pattern site was collected (collected: {sorted(acts.acts) + sorted(acts.patterns)})"
+            )
     if not sites:
         return empty_sink_table(n_tokens, sinks)
     windows = acts.windows if windows is None else windows
@@ -101,12 +121,21 @@ def sink_table(acts: Activations, eps: float = GU_EPSILON, n_tokens: int | None 
 def empty_sink_table(n_tokens: int | None = GU_WINDOW, sinks: dict | None = None) -> pd.DataFrame:
     """A :func:`sink_table` with its columns and no row (no block can be read)."""
     columns = ["site", "block", "head", "sink_mass"] + (["sink_score", "gu_chance", "is_sink"] if n_tokens else [])
-    columns += ["key_window", "threshold_on"] + (["sink_kind", "sink_logit", "learned_sink_mass"] if sinks is not None else [])
+    columns += ["key_window", "threshold_on"] + (
+        ["sink_kind", "sink_logit", "learned_sink_mass"] if sinks is not None else []
+    )
     return pd.DataFrame(columns=columns)
 
 
-def _sink_rows(site: str, keys: KeyWindow, masses: np.ndarray, scores: np.ndarray | None, eps: float,
-               extra: tuple | None, n_tokens: int | None) -> list[dict]:
+def _sink_rows(
+    site: str,
+    keys: KeyWindow,
+    masses: np.ndarray,
+    scores: np.ndarray | None,
+    eps: float,
+    extra: tuple | None,
+    n_tokens: int | None,
+) -> list[dict]:
     """One :func:`sink_table` row per head of ``site`` (``extra``: (kind, logits, learned mass) of
     the block's non-token sink when sinks were asked for, else None). ``is_sink`` is None (no
     verdict) where uniform attention over the scored queries already reaches ``eps``
@@ -116,14 +145,20 @@ def _sink_rows(site: str, keys: KeyWindow, masses: np.ndarray, scores: np.ndarra
     for head, mass in enumerate(masses):
         row = dict(site=site, block=site_block(site), head=head, sink_mass=float(mass))
         if scores is not None:
-            row.update(sink_score=float(scores[head]), gu_chance=chance,
-                       is_sink=bool(scores[head] > eps) if chance < eps else None)
+            row.update(
+                sink_score=float(scores[head]),
+                gu_chance=chance,
+                is_sink=bool(scores[head] > eps) if chance < eps else None,
+            )
         row["key_window"] = keys.describe()
         row["threshold_on"] = "first token (Gu et al.)"
         if extra is not None:
             kind, logits, learned = extra
-            row.update(sink_kind=kind or "", sink_logit=float(logits[head]) if logits is not None else np.nan,
-                       learned_sink_mass=float(learned[head]) if learned is not None else np.nan)
+            row.update(
+                sink_kind=kind or "",
+                sink_logit=float(logits[head]) if logits is not None else np.nan,
+                learned_sink_mass=float(learned[head]) if learned is not None else np.nan,
+            )
         rows.append(row)
     return rows
 
@@ -156,8 +191,15 @@ class SinkStats(Measurement):
             at the result, if no query row can see a sink other than itself.
     """
 
-    def __init__(self, sequences, sites: Sequence[str], eps: float = GU_EPSILON, n_tokens: int | None = GU_WINDOW,
-                 windows: dict[int, KeyWindow] | None = None, sinks: dict | None = None):
+    def __init__(
+        self,
+        sequences,
+        sites: Sequence[str],
+        eps: float = GU_EPSILON,
+        n_tokens: int | None = GU_WINDOW,
+        windows: dict[int, KeyWindow] | None = None,
+        sinks: dict | None = None,
+    ):
         if not sites:
             raise ValueError("no hook_pattern site given")
         if n_tokens is not None:
@@ -271,17 +313,27 @@ class SinkStats(Measurement):
                 kind, logits = self.sinks.get(site_block(site), (None, None))
                 unshown = np.flatnonzero(held["learned_rows"] == 0).tolist() if kind == "output_scale" else []
                 if unshown:
-                    raise ValueError(f"{site}: output-scale sink heads {unshown}: every weighted value is 0, so no "
-                                     "query shows its output scale (sink mass not measurable)")
-                extra = (None, None, None) if kind is None else (
-                    kind, None if logits is None else np.asarray(logits, dtype=np.float64),
-                    held["learned"] / held["learned_rows"])
+                    raise ValueError(
+                        f"{site}: output-scale sink heads {unshown}: every weighted value is 0, so no "
+                        "query shows its output scale (sink mass not measurable)"
+                    )
+                extra = (
+                    (None, None, None)
+                    if kind is None
+                    else (
+                        kind,
+                        None if logits is None else np.asarray(logits, dtype=np.float64),
+                        held["learned"] / held["learned_rows"],
+                    )
+                )
             rows += _sink_rows(site, keys, masses, scores, self.eps, extra, self.n_tokens)
         return pd.DataFrame(rows)
 
 
 def prepend_bos(
-    tokens: Int[torch.Tensor, "batch pos"], bos_token_id: int, attention_mask: Int[torch.Tensor, "batch pos"] | None = None
+    tokens: Int[torch.Tensor, "batch pos"],
+    bos_token_id: int,
+    attention_mask: Int[torch.Tensor, "batch pos"] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Insert BOS before the first real token of each row (after any left padding); one column longer.
 
@@ -337,7 +389,11 @@ def compare_bos(
     return pd.concat(frames, ignore_index=True)
 
 
-__getattr__ = moved_names(__name__, gone={
-    "learned_sink_mass": "sink_table(acts, sinks=...) reports a learned sink's mass (SinkStats)",
-    "output_scale_sink_mass": "sink_table(acts, sinks=...) reports an output-scale sink's mass (SinkStats)",
-    "sink_mass_by_position_table": "use sink_mass_by_position(patterns) per site"})
+__getattr__ = moved_names(
+    __name__,
+    gone={
+        "learned_sink_mass": "sink_table(acts, sinks=...) reports a learned sink's mass (SinkStats)",
+        "output_scale_sink_mass": "sink_table(acts, sinks=...) reports an output-scale sink's mass (SinkStats)",
+        "sink_mass_by_position_table": "use sink_mass_by_position(patterns) per site",
+    },
+)

@@ -36,7 +36,7 @@ reads, variance shrinkage): subclass :class:`Measurement` and implement
   earlier passes fitted), for a shard; and adding a shard's copy back; the statistics must add;
 - ``result()``.
 
-:class:`AttentionVariance` is a complete small example: the per-position variance of attention
+:class:`~nopelens.probes.variance.AttentionVariance` is a complete small example: the per-position variance of attention
 outputs across sequences (:func:`nopelens.probes.variance.attention_variance`) from per-position
 counts, means and sums of squared deviations, combined across batches by Chan et al.'s update.
 """
@@ -48,18 +48,25 @@ from dataclasses import dataclass
 from typing import Callable, Sequence
 
 import numpy as np
-import pandas as pd
 import torch
 from jaxtyping import Int
 from torch import Tensor
 
-from nopelens.models.masks import CAUSAL, KeyWindow
+from nopelens.models.compat import moved_names
 from nopelens.models.progress import progress_bar
 from nopelens.models.threads import one_thread
 
 from .collect import (
-    Activations, BatchHooks, HookList, _check_inputs, _model_device, _resolve_sites, forward_with_hooks, hooks_added, hooks_for_batch,
-    real_values, site_block,
+    Activations,
+    BatchHooks,
+    HookList,
+    _check_inputs,
+    _model_device,
+    _resolve_sites,
+    forward_with_hooks,
+    hooks_added,
+    hooks_for_batch,
+    real_values,
 )
 from .memory import AUTO_KEEP_BYTES, KeepBudget, available_memory, release_freed_memory  # noqa: F401  (re-exported)
 
@@ -87,8 +94,11 @@ class Sequences:
     offsets: np.ndarray
 
     @classmethod
-    def of(cls, tokens: Int[Tensor, "batch pos"] | np.ndarray,
-           attention_mask: Int[Tensor, "batch pos"] | np.ndarray | None = None) -> "Sequences":
+    def of(
+        cls,
+        tokens: Int[Tensor, "batch pos"] | np.ndarray,
+        attention_mask: Int[Tensor, "batch pos"] | np.ndarray | None = None,
+    ) -> "Sequences":
         """Validate ``tokens`` and ``attention_mask`` (as :func:`~nopelens.probes.collect.collect`
         does) and derive the per-token arrays.
 
@@ -100,9 +110,15 @@ class Sequences:
         position = (mask.cumsum(-1) - 1).masked_fill(mask == 0, 0)
         sequence_id = torch.arange(tokens.shape[0])[:, None].expand_as(tokens)
         lengths = mask.sum(-1).numpy().astype(np.int64)
-        return cls(tokens, mask, attention_mask is not None, sequence_id[real].numpy().astype(np.int64),
-                   position[real].numpy().astype(np.int64), tokens[real].numpy().astype(np.int64),
-                   np.concatenate([[0], np.cumsum(lengths)]))
+        return cls(
+            tokens,
+            mask,
+            attention_mask is not None,
+            sequence_id[real].numpy().astype(np.int64),
+            position[real].numpy().astype(np.int64),
+            tokens[real].numpy().astype(np.int64),
+            np.concatenate([[0], np.cumsum(lengths)]),
+        )
 
     @classmethod
     def of_activations(cls, acts: Activations) -> "Sequences":
@@ -130,15 +146,24 @@ class Sequences:
         row = row.reshape(-1).astype(np.int64)
         step = np.diff(row * (int(position.max()) + 1) + position)
         if (step <= 0).any():
-            raise ValueError("activations must hold each sequence's samples together, in ascending position order "
-                             "and each position once (as collect stores them)")
+            raise ValueError(
+                "activations must hold each sequence's samples together, in ascending position order "
+                "and each position once (as collect stores them)"
+            )
         tokens = torch.zeros((len(ids), int(position.max()) + 1), dtype=torch.int64)
         mask = torch.zeros_like(tokens)
         tokens[row, position] = torch.as_tensor(np.asarray(acts.token), dtype=torch.int64)
         mask[row, position] = 1
         lengths = np.bincount(row, minlength=len(ids))
-        return cls(tokens, mask, True, row, position.astype(np.int64), np.asarray(acts.token).astype(np.int64),
-                   np.concatenate([[0], np.cumsum(lengths)]))
+        return cls(
+            tokens,
+            mask,
+            True,
+            row,
+            position.astype(np.int64),
+            np.asarray(acts.token).astype(np.int64),
+            np.concatenate([[0], np.cumsum(lengths)]),
+        )
 
     @property
     def n_sequences(self) -> int:
@@ -152,7 +177,9 @@ class Sequences:
         """The sequence ranges of the forward passes, in order."""
         if not isinstance(batch_size, (int, np.integer)) or batch_size < 1:
             raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
-        return [slice(start, min(start + batch_size, self.n_sequences)) for start in range(0, self.n_sequences, batch_size)]
+        return [
+            slice(start, min(start + batch_size, self.n_sequences)) for start in range(0, self.n_sequences, batch_size)
+        ]
 
 
 @dataclass
@@ -260,8 +287,10 @@ def run(
     """
     batches = sequences.batches(batch_size)
     if executor is not None and (isinstance(model, torch.nn.Module) or not callable(model)):
-        raise TypeError("with an executor, pass a zero-argument function that loads the model: each shard "
-                        "loads its own copy (two shards must not hook one model object)")
+        raise TypeError(
+            "with an executor, pass a zero-argument function that loads the model: each shard "
+            "loads its own copy (two shards must not hook one model object)"
+        )
     if executor is None:
         _check_hooked(model)
     elif hooks is not None:
@@ -275,8 +304,14 @@ def run(
         n_pass += 1
         if executor is None:
             tokens = int(sum(sequences.offsets[batches[i].stop] - sequences.offsets[batches[i].start] for i in needed))
-            with progress_bar(total=tokens, desc=f"{progress}: pass {n_pass}", unit="token", unit_scale=True,
-                              leave=False, disable=progress is None) as bar:
+            with progress_bar(
+                total=tokens,
+                desc=f"{progress}: pass {n_pass}",
+                unit="token",
+                unit_scale=True,
+                leave=False,
+                disable=progress is None,
+            ) as bar:
                 _run_batches(model, sequences, measurements, batches, needed, hooked, bar.update, hooks)
         else:
             _run_shards(model, sequences, measurements, batches, needed, hooked, executor, shards, hooks)
@@ -286,8 +321,13 @@ def run(
             return [m.result() for m in measurements]
 
 
-def replay(acts: Activations, measurements: Sequence[Measurement], batch_size: int = 32,
-           device: torch.device | str = "cpu", sequences: Sequences | None = None) -> list:
+def replay(
+    acts: Activations,
+    measurements: Sequence[Measurement],
+    batch_size: int = 32,
+    device: torch.device | str = "cpu",
+    sequences: Sequences | None = None,
+) -> list:
     """Feed ``measurements`` cached activations as :func:`run` feeds them a model's hooks, pass
     after pass, and return their results: the in-memory API (``probe_absolute_index(acts, ...)``)
     is this over the same measurements, so a read is one definition, streamed or in memory.
@@ -319,7 +359,9 @@ def replay(acts: Activations, measurements: Sequence[Measurement], batch_size: i
     while True:
         for i, rows in enumerate(batches):
             wanted = [(m, set(m.sites(i))) for m in measurements]
-            batch = Batch(i, rows, slice(int(sequences.offsets[rows.start]), int(sequences.offsets[rows.stop])), sequences)
+            batch = Batch(
+                i, rows, slice(int(sequences.offsets[rows.start]), int(sequences.offsets[rows.stop])), sequences
+            )
             for site in dict.fromkeys(site for m in measurements for site in m.sites(i)):
                 value = _cached(acts, site, batch, torch.device(device))
                 for measurement, asked in wanted:
@@ -366,8 +408,10 @@ def _check_picklable(hooks) -> None:
     try:
         pickle.dumps(hooks)
     except Exception as error:  # pickle raises several types (PicklingError, AttributeError, TypeError)
-        raise TypeError(f"the intervention hooks cannot be sent to the shards ({type(error).__name__}: {error}); "
-                        "give a module-level function or a dataclass instance, or run without an executor") from None
+        raise TypeError(
+            f"the intervention hooks cannot be sent to the shards ({type(error).__name__}: {error}); "
+            "give a module-level function or a dataclass instance, or run without an executor"
+        ) from None
 
 
 def _check_hooked(model) -> dict:
@@ -380,9 +424,16 @@ def _check_hooked(model) -> dict:
     return hook_points
 
 
-def _run_batches(model, sequences: Sequences, measurements, batches: list[slice], indices: Sequence[int],
-                 hooked: dict[int, list[str]], done: Callable[[int], object] | None = None,
-                 hooks: HookList | BatchHooks | None = None) -> None:
+def _run_batches(
+    model,
+    sequences: Sequences,
+    measurements,
+    batches: list[slice],
+    indices: Sequence[int],
+    hooked: dict[int, list[str]],
+    done: Callable[[int], object] | None = None,
+    hooks: HookList | BatchHooks | None = None,
+) -> None:
     """Forward passes over ``batches[i]`` for ``i`` in ``indices`` with hooks on ``hooked[i]``, each
     site handed to whoever asked for it, under the intervention ``hooks`` (see :func:`run`)."""
     hook_points = _check_hooked(model)
@@ -396,7 +447,9 @@ def _run_batches(model, sequences: Sequences, measurements, batches: list[slice]
                 continue
             sites = _resolve_sites(hooked[i], hook_points)
             rows = batches[i]
-            batch = Batch(i, rows, slice(int(sequences.offsets[rows.start]), int(sequences.offsets[rows.stop])), sequences)
+            batch = Batch(
+                i, rows, slice(int(sequences.offsets[rows.start]), int(sequences.offsets[rows.stop])), sequences
+            )
 
             def hand_over(site: str, value: Tensor) -> None:
                 for measurement, asked in wanted:
@@ -424,8 +477,19 @@ def _run_shards(load: Callable, sequences, measurements, batches, indices, hooke
     if not isinstance(shards, (int, np.integer)) or shards < 1:
         raise ValueError(f"shards must be a positive integer, got {shards!r}")
     groups = [list(part) for part in np.array_split(np.asarray(indices), min(shards, len(indices))) if len(part)]
-    futures = [executor.submit(_shard, load, sequences, [m.spawn() for m in measurements], batches, group,
-                               {i: hooked[i] for i in group}, hooks) for group in groups]
+    futures = [
+        executor.submit(
+            _shard,
+            load,
+            sequences,
+            [m.spawn() for m in measurements],
+            batches,
+            group,
+            {i: hooked[i] for i in group},
+            hooks,
+        )
+        for group in groups
+    ]
     for future in futures:  # in shard order, so the sums are the same on every run
         for measurement, part in zip(measurements, future.result()):
             measurement.merge(part)
@@ -439,102 +503,8 @@ def _shard(load: Callable, sequences: Sequences, measurements, batches, indices,
     return measurements
 
 
-# ----------------------------------------------------------------------------- attention variance
-
-
-ROWS_AT_ONCE = 1 << 20
-"""Elements (rows x features) :class:`AttentionVariance` converts to float64 at a time (8 MB)."""
-
-
-class AttentionVariance(Measurement):
-    """Per-position variance of site outputs across sequences, averaged over coordinates, streamed.
-
-    The table of :func:`nopelens.probes.variance.attention_variance` (which replays cached activations
-    into this measurement): for each site and position
-    i, Var_s(z_{s,i,c}) over the sequences s that have position i (ddof = 1), then the mean over
-    coordinates c. Per position it keeps the count n, the mean and the sum of squared deviations
-    M2 ``[d]`` (float64); batches combine by Chan, Golub & LeVeque's pairwise update
-    (M2 = M2_a + M2_b + delta^2 n_a n_b / n, delta = mean_b - mean_a), which stays accurate where
-    sums of squares would cancel. Memory: positions x d_model per site.
-
-    Args:
-        sequences: the token set.
-        sites: ``blocks.{l}.hook_attn_out`` (or ``attn.hook_z``) sites.
-        windows: block -> its sliding window or chunk, for the ``visible_keys`` column (blocks not
-            listed: the causal rule, i + 1).
-    """
-
-    def __init__(self, sequences: Sequences, sites: Sequence[str], windows: dict[int, KeyWindow] | None = None):
-        if not sites:
-            raise ValueError("no site given; name blocks.{l}.hook_attn_out or attn.hook_z sites")
-        self.sequences, self.site_list = sequences, list(sites)
-        self.windows = dict(windows or {})
-        self.n_positions = int(sequences.position.max()) + 1
-        self.state: dict[str, tuple[Tensor, Tensor, Tensor]] = {}  # site -> (n [P], mean [P, d], M2 [P, d])
-        self.done = False
-
-    def sites(self, batch_index: int) -> Sequence[str]:
-        return [] if self.done else self.site_list
-
-    def update(self, site: str, value: Tensor, batch: Batch) -> None:
-        rows = batch.real(site, value)
-        rows = rows.reshape(len(rows), -1)
-        position = torch.as_tensor(batch.position, device=rows.device)
-        count = torch.bincount(position, minlength=self.n_positions).to(torch.float64)
-        present = count > 0
-        mean = torch.zeros(self.n_positions, rows.shape[1], dtype=torch.float64, device=rows.device)
-        # float64 copies a few MB at a time: glibc serves those from its heap and reuses them, where one
-        # copy of the batch (64 MB at 16k x 512) is mapped afresh each call, page by page (4x slower here)
-        step = max(1, ROWS_AT_ONCE // rows.shape[1])
-        parts = [slice(start, start + step) for start in range(0, len(rows), step)]
-        for part in parts:
-            mean.index_add_(0, position[part], rows[part].to(torch.float64))
-        mean[present] /= count[present, None]
-        m2 = torch.zeros_like(mean)
-        for part in parts:
-            X = rows[part].to(torch.float64, copy=True)
-            m2.index_add_(0, position[part], X.sub_(mean.index_select(0, position[part])).mul_(X))
-        self._combine(site, (count, mean, m2))
-
-    def _combine(self, site: str, part: tuple[Tensor, Tensor, Tensor]) -> None:
-        if site not in self.state:
-            self.state[site] = part
-            return
-        (n_a, mean_a, m2_a), (n_b, mean_b, m2_b) = self.state[site], (t.to(self.state[site][0].device) for t in part)
-        n = n_a + n_b
-        share = torch.where(n > 0, n_b / torch.where(n > 0, n, 1), 0)[:, None]
-        delta = mean_b - mean_a
-        self.state[site] = (n, mean_a + delta * share, m2_a + m2_b + delta**2 * (n_a[:, None] * share))
-
-    def end_pass(self) -> bool:
-        self.done = True
-        return False
-
-    def spawn(self) -> "AttentionVariance":
-        other = AttentionVariance(self.sequences, self.site_list, self.windows)
-        other.done = self.done
-        return other
-
-    def merge(self, other: "AttentionVariance") -> None:
-        for site, part in other.state.items():
-            self._combine(site, part)
-
-    def result(self) -> pd.DataFrame:
-        """DataFrame ``site, block, position, visible_keys, variance, n_sequences`` (positions with >= 2 sequences).
-
-        Raises:
-            ValueError: if no position of a site has two sequences.
-        """
-        frames = []
-        for site in self.site_list:
-            n, _, m2 = self.state[site]
-            shared = n >= 2
-            if not bool(shared.any()):
-                raise ValueError(f"site {site!r}: no position is shared by two sequences")
-            variance = (m2[shared] / (n[shared, None] - 1)).mean(1)
-            position = torch.nonzero(shared).flatten().cpu().numpy().astype(int)
-            visible = self.windows.get(site_block(site), CAUSAL).n_visible(self.n_positions).numpy()
-            frames.append(pd.DataFrame({"site": site, "block": site_block(site), "position": position,
-                                        "visible_keys": visible[position],
-                                        "variance": variance.cpu().numpy(), "n_sequences": n[shared].cpu().numpy().astype(int)}))
-        return pd.concat(frames, ignore_index=True)[["site", "block", "position", "visible_keys", "variance", "n_sequences"]]
+# AttentionVariance lives with its read in variance.py (it imports this module: the old name answers lazily)
+__getattr__ = moved_names(
+    __name__,
+    moved={"AttentionVariance": "nopelens.probes.variance", "ROWS_AT_ONCE": "nopelens.probes.variance"},
+)

@@ -21,15 +21,24 @@ import torch
 from nopelens.models.progress import progress_bar
 
 from .collect import Activations
-from .engine import Probes, ProbeFamily, ProbeJob, RowLayout, pair_scores
+from .engine import ProbeFamily, ProbeJob, Probes, RowLayout, pair_scores
 from .linear import extrapolation_splits, position_classes, probe_labels, sequence_splits
 from .moments import _check_task
 from .stream import KeepBudget, Sequences, replay
 from .targets import sample_distance_pairs, spread_distances
 
 __all__ = [
-    "MAX_DISTANCES", "MAX_POSITION_CLASSES", "Probes", "absolute_index_probes", "pair_scores", "probe_absolute_index",
-    "probe_family", "probe_relative_distance", "relative_distance_probes", "replay_probes", "token_probes",
+    "MAX_DISTANCES",
+    "MAX_POSITION_CLASSES",
+    "Probes",
+    "absolute_index_probes",
+    "pair_scores",
+    "probe_absolute_index",
+    "probe_family",
+    "probe_relative_distance",
+    "relative_distance_probes",
+    "replay_probes",
+    "token_probes",
 ]
 
 MAX_POSITION_CLASSES = 64
@@ -82,25 +91,45 @@ def absolute_index_probes(
             ``min_position`` or later), an unknown task, a negative ``min_position``, or as
             :func:`~nopelens.probes.linear.extrapolation_splits`.
     """
+
     def families(groups, position, token, splits):
         out = []
         for task in tasks:
-            y, target = position_classes(position, max_classes) if task == "classification" else \
-                (position, "absolute_index")
+            y, target = (
+                position_classes(position, max_classes) if task == "classification" else (position, "absolute_index")
+            )
             out.append(ProbeFamily(target, task, "grouped", probe_labels(y, token, controls, seed), splits, controls))
         if extrapolate_from is not None:
-            out.append(ProbeFamily("absolute_index", "regression", "extrapolation", {"linear": position},
-                               extrapolation_splits(groups, position, extrapolate_from, n_splits), False))
+            out.append(
+                ProbeFamily(
+                    "absolute_index",
+                    "regression",
+                    "extrapolation",
+                    {"linear": position},
+                    extrapolation_splits(groups, position, extrapolate_from, n_splits),
+                    False,
+                )
+            )
         return out
 
-    return token_probes(sequences, sites, families, tasks, n_splits, n_boot, seed, keep, compute_dtype, min_position,
-                        classifier)
+    return token_probes(
+        sequences, sites, families, tasks, n_splits, n_boot, seed, keep, compute_dtype, min_position, classifier
+    )
 
 
-def token_probes(sequences: Sequences, sites: Sequence[str], families, tasks: Sequence[str] = ("classification",),
-                 n_splits: int = 5, n_boot: int = 1000, seed: int = 0, keep: KeepBudget | int | str | None = "auto",
-                 compute_dtype: torch.dtype | None = None, min_position: int = 0,
-                 classifier: str = "lda") -> Probes:
+def token_probes(
+    sequences: Sequences,
+    sites: Sequence[str],
+    families,
+    tasks: Sequence[str] = ("classification",),
+    n_splits: int = 5,
+    n_boot: int = 1000,
+    seed: int = 0,
+    keep: KeepBudget | int | str | None = "auto",
+    compute_dtype: torch.dtype | None = None,
+    min_position: int = 0,
+    classifier: str = "lda",
+) -> Probes:
     """Probes of a per-token target at residual-like ``sites``: the one definition of a new token
     read, streamed (:func:`~nopelens.probes.stream.run`) or in memory
     (:func:`~nopelens.probes.stream.replay`).
@@ -142,8 +171,16 @@ def token_probes(sequences: Sequences, sites: Sequence[str], families, tasks: Se
     return Probes(sequences, jobs, None, n_boot, seed, keep, compute_dtype, classifier=classifier)
 
 
-def probe_family(target: str, task: str, labels: np.ndarray, token_types: np.ndarray, splits, split: str = "grouped",
-                 controls: bool = True, seed: int = 0) -> ProbeFamily:
+def probe_family(
+    target: str,
+    task: str,
+    labels: np.ndarray,
+    token_types: np.ndarray,
+    splits,
+    split: str = "grouped",
+    controls: bool = True,
+    seed: int = 0,
+) -> ProbeFamily:
     """One probe family: ``target``'s ``labels`` ``[n]`` fitted as ``task`` on ``splits``, with the
     control task and the shuffled labels of :func:`~nopelens.probes.linear.probe_labels` (and the
     baselines) when ``controls``."""
@@ -198,12 +235,22 @@ def relative_distance_probes(
     if distances == "spread":
         longest = int(np.diff(sequences.offsets).max())
         distances = spread_distances(longest - 1 if max_distance is None else max_distance, MAX_DISTANCES)
-    pairs = sample_distance_pairs(sequences.sequence_id, sequences.position, max_distance, pairs_per_distance, seed,
-                                  distances)
+    pairs = sample_distance_pairs(
+        sequences.sequence_id, sequences.position, max_distance, pairs_per_distance, seed, distances
+    )
     pair_tokens = np.stack([sequences.token[pairs.query], sequences.token[pairs.key]], axis=1)
     splits = sequence_splits(pairs.sequence_id, n_splits)
-    families = [ProbeFamily("relative_distance", task, "grouped", probe_labels(pairs.distance, pair_tokens, controls, seed),
-                        splits, controls) for task in tasks]
+    families = [
+        ProbeFamily(
+            "relative_distance",
+            task,
+            "grouped",
+            probe_labels(pairs.distance, pair_tokens, controls, seed),
+            splits,
+            controls,
+        )
+        for task in tasks
+    ]
     layout = RowLayout(pairs.sequence_id, pair_tokens, families)
     jobs = [ProbeJob(layout, (site,), site, kind, "float32", read=False) for site in sites for kind in feature_kinds]
     jobs += [ProbeJob(layout, (q, k), q, f"bilinear_{bilinear}", "float32", read=True) for q, k in attention]
@@ -211,8 +258,9 @@ def relative_distance_probes(
     return Probes(sequences, jobs, pairs, n_boot, seed, keep, compute_dtype, classifier=classifier)
 
 
-def replay_probes(probes: Probes, acts, device: torch.device | str = "cpu", batch_size: int = 32,
-                  progress: str | None = None) -> pd.DataFrame:
+def replay_probes(
+    probes: Probes, acts, device: torch.device | str = "cpu", batch_size: int = 32, progress: str | None = None
+) -> pd.DataFrame:
     """The table of ``probes`` on cached activations: every job replayed and fitted in turn
     (:func:`~nopelens.probes.stream.replay`, one :meth:`~nopelens.probes.engine.Probes.subset` each, every batch kept), so
     no more than one job's features are copied at a time; the in-memory API is this.
@@ -221,8 +269,7 @@ def replay_probes(probes: Probes, acts, device: torch.device | str = "cpu", batc
     Raises:
         KeyError, ValueError: as :func:`~nopelens.probes.stream.replay` and the probes' fits.
     """
-    for job in progress_bar(probes.jobs, desc=progress, unit="site", leave=False,
-                            disable=progress is None):
+    for job in progress_bar(probes.jobs, desc=progress, unit="site", leave=False, disable=progress is None):
         replay(acts, [probes.subset([job], KeepBudget(None))], batch_size, device, probes.sequences)
     probes.finish()
     return probes.result()
@@ -273,8 +320,19 @@ def probe_absolute_index(
         ValueError: as :func:`~nopelens.probes.linear.probe_features`.
     """
     sites = list(acts.acts) if sites is None else list(sites)
-    probes = absolute_index_probes(Sequences.of_activations(acts), sites, tasks, n_splits, controls, extrapolate_from,
-                                   max_classes, n_boot, seed, keep=None, classifier=classifier)
+    probes = absolute_index_probes(
+        Sequences.of_activations(acts),
+        sites,
+        tasks,
+        n_splits,
+        controls,
+        extrapolate_from,
+        max_classes,
+        n_boot,
+        seed,
+        keep=None,
+        classifier=classifier,
+    )
     return replay_probes(probes, acts, device)
 
 
@@ -346,7 +404,22 @@ def probe_relative_distance(
     """
     if sites is None:
         sites = [site for site, array in acts.acts.items() if array.ndim == 2]
-    probes = relative_distance_probes(Sequences.of_activations(acts), sites, feature_kinds, attention, scores, bilinear,
-                                      tasks, max_distance, pairs_per_distance, distances, n_splits, controls, n_boot,
-                                      seed, keep=None, classifier=classifier)
+    probes = relative_distance_probes(
+        Sequences.of_activations(acts),
+        sites,
+        feature_kinds,
+        attention,
+        scores,
+        bilinear,
+        tasks,
+        max_distance,
+        pairs_per_distance,
+        distances,
+        n_splits,
+        controls,
+        n_boot,
+        seed,
+        keep=None,
+        classifier=classifier,
+    )
     return replay_probes(probes, acts, device)

@@ -58,8 +58,8 @@ class DistancePairs:
 
 
 def sample_distance_pairs(
-    sequence_id: Int[np.ndarray, "n"],
-    position: Int[np.ndarray, "n"],
+    sequence_id: Int[np.ndarray, " n"],
+    position: Int[np.ndarray, " n"],
     max_distance: int | None = None,
     pairs_per_distance: int | None = None,
     seed: int = 0,
@@ -97,7 +97,9 @@ def sample_distance_pairs(
     """
     sequence_id, position = np.asarray(sequence_id), np.asarray(position)
     if sequence_id.shape != position.shape or sequence_id.ndim != 1 or len(position) == 0:
-        raise ValueError(f"sequence_id and position must be equal-length 1-D arrays, got {sequence_id.shape}, {position.shape}")
+        raise ValueError(
+            f"sequence_id and position must be equal-length 1-D arrays, got {sequence_id.shape}, {position.shape}"
+        )
     order = np.lexsort((position, sequence_id))
     seqs, starts, lengths = np.unique(sequence_id[order], return_index=True, return_counts=True)
     expected = np.arange(len(order)) - np.repeat(starts, lengths)
@@ -107,10 +109,17 @@ def sample_distance_pairs(
     if max_distance is None:
         max_distance = longest - 1
     if not isinstance(max_distance, (int, np.integer)) or not 0 <= max_distance < longest:
-        raise ValueError(f"max_distance must lie in [0, {longest - 1}] (longest sequence has {longest} tokens), got {max_distance!r}")
+        raise ValueError(
+            f"max_distance must lie in [0, {longest - 1}] (longest sequence has {longest} tokens), got {max_distance!r}"
+        )
     distances = np.arange(max_distance + 1) if distances is None else np.asarray(distances, dtype=np.int64)
-    if distances.ndim != 1 or len(distances) == 0 or distances.min() < 0 or distances.max() > max_distance \
-            or np.any(np.diff(distances) <= 0):
+    if (
+        distances.ndim != 1
+        or len(distances) == 0
+        or distances.min() < 0
+        or distances.max() > max_distance
+        or np.any(np.diff(distances) <= 0)
+    ):
         raise ValueError(f"distances must be ascending and distinct in [0, {max_distance}], got {distances.tolist()}")
     available = np.array([np.clip(lengths - d, 0, None).sum() for d in distances])
     per_distance = int(available.min()) if pairs_per_distance is None else pairs_per_distance
@@ -222,7 +231,9 @@ def bilinear_features(
         ([[15.0, 18.0, 20.0, 24.0]], [[15.0, 24.0]])
     """
     if queries.ndim != 3 or keys.ndim != 3 or queries.shape[2] != keys.shape[2] or len(queries) != len(keys):
-        raise ValueError(f"queries [n, head, d_head] and keys [n, kv_head, d_head] do not match: {queries.shape}, {keys.shape}")
+        raise ValueError(
+            f"queries [n, head, d_head] and keys [n, kv_head, d_head] do not match: {queries.shape}, {keys.shape}"
+        )
     n_heads, n_kv = queries.shape[1], keys.shape[1]
     if n_heads % n_kv:
         raise ValueError(f"key heads ({n_kv}) must divide query heads ({n_heads})")
@@ -268,8 +279,8 @@ def blocked_score(dtype="float32") -> float:
 
 def score_features(
     scores: Sequence[np.ndarray],
-    sequence_id: Int[np.ndarray, "n"],
-    position: Int[np.ndarray, "n"],
+    sequence_id: Int[np.ndarray, " n"],
+    position: Int[np.ndarray, " n"],
     pairs: DistancePairs,
     dtype="float32",
 ) -> Float[np.ndarray, "n_pairs head_index"]:
@@ -334,8 +345,14 @@ def score_features(
     return score_read(pair, own, i, j, seq, dtype)
 
 
-def score_read(pair_score: np.ndarray, own_score: np.ndarray, query: np.ndarray, key: np.ndarray,
-               sequence_id: np.ndarray, dtype="float32") -> Float[np.ndarray, "n_pairs head_index"]:
+def score_read(
+    pair_score: np.ndarray,
+    own_score: np.ndarray,
+    query: np.ndarray,
+    key: np.ndarray,
+    sequence_id: np.ndarray,
+    dtype="float32",
+) -> Float[np.ndarray, "n_pairs head_index"]:
     """The score read of pairs from their gathered scores (:func:`score_features`, which gathers them
     from whole score arrays; a streamed read gathers them from a batch's scores inside the hook,
     :func:`~nopelens.probes.engine.pair_scores`): e(i, j) - e(i, i), 0 where within round-off.
@@ -354,8 +371,10 @@ def score_read(pair_score: np.ndarray, own_score: np.ndarray, query: np.ndarray,
     """
     nan = np.isnan(pair_score) | np.isnan(own_score)
     if nan.any():
-        raise ValueError(f"NaN attention score of sequence {int(sequence_id[np.argwhere(nan)[0][0]])} "
-                         "(a pair's key or its query's own key)")
+        raise ValueError(
+            f"NaN attention score of sequence {int(sequence_id[np.argwhere(nan)[0][0]])} "
+            "(a pair's key or its query's own key)"
+        )
     bar = blocked_score(dtype)
     blocked = ~np.isfinite(pair_score) | (pair_score <= bar) | (own_score <= bar)
     if blocked.any():
@@ -370,9 +389,7 @@ def score_read(pair_score: np.ndarray, own_score: np.ndarray, query: np.ndarray,
     return np.where(np.abs(difference) <= resolution, 0.0, difference)
 
 
-def control_labels(
-    token_types: np.ndarray, labels: np.ndarray, seed: int = 0
-) -> np.ndarray:
+def control_labels(token_types: np.ndarray, labels: np.ndarray, seed: int = 0) -> np.ndarray:
     """Hewitt & Liang 2019 control task: a fixed random label per token type, from the label distribution.
 
     Each distinct token type (a token id, or a row such as a (token_i, token_j) pair) gets one
@@ -398,7 +415,9 @@ def control_labels(
     """
     token_types, labels = np.asarray(token_types), np.asarray(labels)
     if len(token_types) != len(labels) or len(labels) == 0:
-        raise ValueError(f"token_types and labels must be non-empty with equal length, got {len(token_types)}, {len(labels)}")
+        raise ValueError(
+            f"token_types and labels must be non-empty with equal length, got {len(token_types)}, {len(labels)}"
+        )
     _, type_index = np.unique(token_types, axis=0, return_inverse=True)
     type_index = type_index.reshape(-1)
     rng = np.random.default_rng(seed)
@@ -411,9 +430,7 @@ def shuffled_labels(labels: np.ndarray, seed: int = 0) -> np.ndarray:
     return np.random.default_rng(seed).permutation(np.asarray(labels))
 
 
-def token_identity_predictions(
-    token_types: np.ndarray, labels: np.ndarray, task: str = "classification"
-) -> np.ndarray:
+def token_identity_predictions(token_types: np.ndarray, labels: np.ndarray, task: str = "classification") -> np.ndarray:
     """Best prediction from token identity alone: per type, the majority label (or the mean).
 
     This is the ceiling of any token-identity-only probe on this data (fitted and scored on the
@@ -437,7 +454,9 @@ def token_identity_predictions(
     """
     token_types, labels = np.asarray(token_types), np.asarray(labels)
     if len(token_types) != len(labels) or len(labels) == 0:
-        raise ValueError(f"token_types and labels must be non-empty with equal length, got {len(token_types)}, {len(labels)}")
+        raise ValueError(
+            f"token_types and labels must be non-empty with equal length, got {len(token_types)}, {len(labels)}"
+        )
     _, type_index = np.unique(token_types, axis=0, return_inverse=True)
     type_index = type_index.reshape(-1)
     n_types = int(type_index.max()) + 1

@@ -24,7 +24,7 @@ def blocks(page: str, language: str) -> list[str]:
 def block_after(page: str, heading: str, language: str = "python") -> str:
     """The first ``language`` block after ``heading`` (a line of the page)."""
     page_text = text(page)
-    section = page_text[page_text.index(heading):]
+    section = page_text[page_text.index(heading) :]
     return re.search(rf"^```{language}\n(.*?)^```", section, re.S | re.M).group(1)
 
 

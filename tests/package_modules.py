@@ -69,7 +69,8 @@ def imports(type_checking: bool = False) -> dict[str, frozenset[str]]:
         targets = set()
         for node in ast.walk(tree):
             if not isinstance(node, (ast.Import, ast.ImportFrom)) or (
-                    not type_checking and _type_checking_only(node, parents)):
+                not type_checking and _type_checking_only(node, parents)
+            ):
                 continue
             if isinstance(node, ast.Import):
                 targets.update(alias.name for alias in node.names)
@@ -78,8 +79,9 @@ def imports(type_checking: bool = False) -> dict[str, frozenset[str]]:
             for _ in range(node.level - 1):
                 base = base.rpartition(".")[0]
             module = node.module if not node.level else ".".join(filter(None, [base, node.module]))
-            targets.update(f"{module}.{alias.name}" if f"{module}.{alias.name}" in known else module
-                           for alias in node.names)
+            targets.update(
+                f"{module}.{alias.name}" if f"{module}.{alias.name}" in known else module for alias in node.names
+            )
         resolved = set()
         for target in targets:
             while target not in known and "." in target:

@@ -16,8 +16,21 @@ from nopelens.probes.metrics import HIGHER_IS_BETTER
 ROOT = Path(__file__).resolve().parents[1]
 DOC = ROOT / "docs" / "schema.md"
 
-LISTED = ("target", "task", "features", "probe", "split", "metric", "condition", "status", "curve", "intervention",
-          "method", "subject", "comparison")
+LISTED = (
+    "target",
+    "task",
+    "features",
+    "probe",
+    "split",
+    "metric",
+    "condition",
+    "status",
+    "curve",
+    "intervention",
+    "method",
+    "subject",
+    "comparison",
+)
 """Columns whose every value the doc lists (as `value`)."""
 
 PLACEHOLDERS = {
@@ -39,7 +52,7 @@ def documented() -> dict[str, dict[str, str]]:
     heads = list(SECTION.finditer(text))
     sections = {}
     for head, following in zip(heads, heads[1:] + [None]):
-        body = text[head.end(): following.start() if following else len(text)]
+        body = text[head.end() : following.start() if following else len(text)]
         columns = {}
         for names, meaning in ROW.findall(body):
             for name in re.findall(r"`([^`]+)`", names):
@@ -50,8 +63,9 @@ def documented() -> dict[str, dict[str, str]]:
 
 def _pattern(name: str) -> re.Pattern:
     parts = re.split(r"<(\w+)>", name)
-    regex = "".join(re.escape(part) if i % 2 == 0 else f"({'|'.join(PLACEHOLDERS[part]())})"
-                    for i, part in enumerate(parts))
+    regex = "".join(
+        re.escape(part) if i % 2 == 0 else f"({'|'.join(PLACEHOLDERS[part]())})" for i, part in enumerate(parts)
+    )
     return re.compile(f"^{regex}$")
 
 

@@ -16,8 +16,19 @@ ATOL = 1e-10
 
 
 def make(normalization="layernorm", position="learned", d_mlp=24, shaw_values=False):
-    cfg = DecoderConfig(d_vocab=13, n_ctx=12, n_layers=2, d_model=16, n_heads=2, d_mlp=d_mlp, shaw_clip=3,
-                        shaw_values=shaw_values, normalization=normalization, position=position, init_std=0.3)
+    cfg = DecoderConfig(
+        d_vocab=13,
+        n_ctx=12,
+        n_layers=2,
+        d_model=16,
+        n_heads=2,
+        d_mlp=d_mlp,
+        shaw_clip=3,
+        shaw_values=shaw_values,
+        normalization=normalization,
+        position=position,
+        init_std=0.3,
+    )
     model = Decoder(cfg, seed=0, dtype=torch.float64).eval()
     with torch.no_grad():  # non-zero biases and norm weights, so a forgotten term shows
         generator = torch.Generator().manual_seed(1)
@@ -119,8 +130,11 @@ def test_decompose_resid(normalization):
         attn = head_results(model, cache, layer).sum(2) + model.blocks[layer].attn.b_O
         close(stack[labels.index(f"{layer}_attn_out")], attn)
         mlp = model.blocks[layer].mlp
-        hidden = cache[f"blocks.{layer}.ln2.hook_normalized"] * model.blocks[layer].ln2.w if normalization != "none" \
+        hidden = (
+            cache[f"blocks.{layer}.ln2.hook_normalized"] * model.blocks[layer].ln2.w
+            if normalization != "none"
             else cache[f"blocks.{layer}.hook_resid_mid"]
+        )
         if normalization == "layernorm":
             hidden = hidden + model.blocks[layer].ln2.b
         close(stack[labels.index(f"{layer}_mlp_out")], F.gelu(hidden @ mlp.W_in + mlp.b_in) @ mlp.W_out + mlp.b_out)
@@ -211,7 +225,12 @@ def test_logit_attrs_sum_to_the_logits_less_the_biases(normalization):
     close(attrs.sum(0), picked(logits - offset))
     wrong = (targets + 1) % 13
     diff = cache.logit_attrs(stack, targets, incorrect_tokens=wrong)
-    close(diff.sum(0), picked(logits) - logits.gather(-1, wrong[..., None])[..., 0] - (picked(offset.expand_as(logits)) - offset[wrong]))
+    close(
+        diff.sum(0),
+        picked(logits)
+        - logits.gather(-1, wrong[..., None])[..., 0]
+        - (picked(offset.expand_as(logits)) - offset[wrong]),
+    )
     direction = model.tokens_to_residual_directions(3)
     weight = model.ln_final.w if normalization != "none" else 1.0
     close(direction, model.W_U[:, 3] * weight)

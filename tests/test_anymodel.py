@@ -36,8 +36,15 @@ class CausalSelfAttention(nn.Module):
     """nanoGPT's attention (NoPE, or RoPE with ``rope``), fused (``scaled_dot_product_attention``) or
     explicit, with GQA."""
 
-    def __init__(self, d_model: int, n_heads: int, fused: bool, n_kv_heads: int | None = None, window: int | None = None,
-                 rope: bool = False):
+    def __init__(
+        self,
+        d_model: int,
+        n_heads: int,
+        fused: bool,
+        n_kv_heads: int | None = None,
+        window: int | None = None,
+        rope: bool = False,
+    ):
         super().__init__()
         self.n_heads, self.n_kv, self.d_head = n_heads, n_kv_heads or n_heads, d_model // n_heads
         self.c_attn = nn.Linear(d_model, d_model + 2 * self.n_kv * self.d_head)
@@ -86,9 +93,13 @@ class NanoGPT(nn.Module):
 
     def __init__(self, d_vocab=64, d_model=32, n_heads=4, n_layers=2, fused=True, **kwargs):
         super().__init__()
-        self.transformer = nn.ModuleDict(dict(
-            wte=nn.Embedding(d_vocab, d_model), ln_f=nn.LayerNorm(d_model),
-            h=nn.ModuleList(Block(d_model, n_heads, fused=fused, **kwargs) for _ in range(n_layers))))
+        self.transformer = nn.ModuleDict(
+            dict(
+                wte=nn.Embedding(d_vocab, d_model),
+                ln_f=nn.LayerNorm(d_model),
+                h=nn.ModuleList(Block(d_model, n_heads, fused=fused, **kwargs) for _ in range(n_layers)),
+            )
+        )
         self.lm_head = nn.Linear(d_model, d_vocab, bias=False)
 
     def forward(self, idx, positions=None, keys=None):
@@ -115,8 +126,11 @@ def tokens(n=6, length=10, seed=1):
     return torch.randint(0, 64, (n, length), generator=torch.Generator().manual_seed(seed))
 
 
-HAND_MAP = {"blocks.0.hook_resid_pre": "transformer.h.0:input", "blocks.0.hook_resid_post": "transformer.h.0",
-            "blocks.1.hook_resid_post": "transformer.h.1"}
+HAND_MAP = {
+    "blocks.0.hook_resid_pre": "transformer.h.0:input",
+    "blocks.0.hook_resid_post": "transformer.h.0",
+    "blocks.1.hook_resid_post": "transformer.h.1",
+}
 
 
 def test_the_map_found_is_printed_and_its_activations_equal_a_hand_written_maps_bit_for_bit(capsys):
@@ -167,16 +181,24 @@ def test_known_answers_zero_qk_gives_first_key_mass_one_over_i_plus_one_and_repe
         for by_query in sink_mass_by_query(acts.patterns[site]):
             np.testing.assert_allclose(by_query, np.broadcast_to(1 / np.arange(1, 11), by_query.shape), atol=1e-7)
     repeated = torch.full((24, 12), 5)
-    table = probe_absolute_index(collect(hook_any(nano(fused=fused), verbose=False), repeated, resid_sites(2)),
-                                 tasks=("regression",), n_boot=20)
+    table = probe_absolute_index(
+        collect(hook_any(nano(fused=fused), verbose=False), repeated, resid_sites(2)), tasks=("regression",), n_boot=20
+    )
     r2 = table.query("probe == 'linear' and metric == 'r2'")
     assert len(r2) == 3 and np.all(np.abs(r2["value"]) < 1e-6), r2
 
 
 def test_hf_sdpa_pattern_equals_its_own_eager_weights():
     transformers = pytest.importorskip("transformers")
-    config = transformers.LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-                                      num_key_value_heads=2, vocab_size=64, max_position_embeddings=64)
+    config = transformers.LlamaConfig(
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=64,
+        max_position_embeddings=64,
+    )
     config._attn_implementation = "eager"
     torch.manual_seed(0)
     model = transformers.LlamaForCausalLM(config).eval()
@@ -194,7 +216,9 @@ def test_the_window_of_the_intercepted_call_travels_with_the_activations():
     assert acts.windows == {0: KeyWindow(window=4), 1: KeyWindow(window=4)}
     table = sink_table(acts, n_tokens=None)
     for l, site in enumerate(PATTERNS):
-        by_hand = np.mean([p[:, 1:4, 0].astype(np.float64).mean(1) for p in acts.patterns[site]], axis=0)  # queries 1..3
+        by_hand = np.mean(
+            [p[:, 1:4, 0].astype(np.float64).mean(1) for p in acts.patterns[site]], axis=0
+        )  # queries 1..3
         np.testing.assert_allclose(table.query(f"block == {l}")["sink_mass"], by_hand, rtol=1e-9)
     assert infer_key_window(KeyWindow(chunk=3).visible(7)) == KeyWindow(chunk=3)
 
@@ -208,7 +232,9 @@ def test_a_mask_the_model_cannot_take_is_refused_naming_the_class_or_dropped_whe
     right = left.flip(-1)
     padded = collect(hooked, tokens(2), resid_sites(2), attention_mask=right)
     plain = collect(hooked, tokens(2)[:, :7], resid_sites(2))
-    np.testing.assert_array_equal(padded.acts["blocks.1.hook_resid_post"][:7], plain.acts["blocks.1.hook_resid_post"][:7])
+    np.testing.assert_array_equal(
+        padded.acts["blocks.1.hook_resid_post"][:7], plain.acts["blocks.1.hook_resid_post"][:7]
+    )
 
 
 class SharedLoop(nn.Module):
@@ -262,7 +288,7 @@ def test_sigmoid_attention_is_no_distribution_and_every_read_refuses_it():
         sink_mass_by_query(weights)
 
 
-FACTORY = '''
+FACTORY = """
 import math, torch
 from torch import nn
 import torch.nn.functional as F
@@ -304,7 +330,7 @@ def shared_model():
 
 def broken():
     raise RuntimeError("out of coffee")
-'''
+"""
 
 
 def test_cli_probes_and_sink_measures_a_factory_model_and_refuses_bad_ones_in_one_line(tmp_path, capsys):
@@ -316,12 +342,30 @@ def test_cli_probes_and_sink_measures_a_factory_model_and_refuses_bad_ones_in_on
     out = capsys.readouterr()
     assert "blocks.1.hook_resid_post <- unembed:input" in out.err  # the loop adds each block's branch
     assert "sink mass (rows: layer, columns: head)" in out.out
-    assert cli.main(["probe", f"{spec}:make_model", "--n-sequences", "8", "--seq-len", "8", "--quiet",
-                     "--out", str(tmp_path / "run")]) == 0
+    assert (
+        cli.main(
+            [
+                "probe",
+                f"{spec}:make_model",
+                "--n-sequences",
+                "8",
+                "--seq-len",
+                "8",
+                "--quiet",
+                "--out",
+                str(tmp_path / "run"),
+            ]
+        )
+        == 0
+    )
     assert (tmp_path / "run" / "layers.csv").exists()
     capsys.readouterr()
-    for function, words in (("sigmoid_model", "no softmax attention call"), ("shared_model", "pass sites="),
-                            ("broken", "raised RuntimeError: out of coffee"), ("missing", "defines no function")):
+    for function, words in (
+        ("sigmoid_model", "no softmax attention call"),
+        ("shared_model", "pass sites="),
+        ("broken", "raised RuntimeError: out of coffee"),
+        ("missing", "defines no function"),
+    ):
         assert cli.main(["sinks", f"{spec}:{function}", "--n-sequences", "4", "--seq-len", "70", "--quiet"]) == 2
         err = capsys.readouterr().err.strip().splitlines()
         assert words in err[-1] and err[-1].startswith("nopelens sinks: error:"), err
@@ -338,10 +382,13 @@ class AbsoluteBiasAttention(CausalSelfAttention):
         return self.c_proj(F.scaled_dot_product_attention(q, k, v, attn_mask=bias).transpose(1, 2).reshape(B, T, C))
 
 
-AUDITED = {"nope, fused": ({}, ["nope", "nope"]), "rope, fused": ({"rope": True}, ["relative", "relative"]),
-           "rope, explicit softmax": ({"rope": True, "fused": False}, ["relative", "relative"]),
-           "rope, takes position_ids": ({"rope": True, "takes_ids": True}, ["relative", "relative"]),
-           "nope, takes position_ids": ({"takes_ids": True}, ["nope", "nope"])}
+AUDITED = {
+    "nope, fused": ({}, ["nope", "nope"]),
+    "rope, fused": ({"rope": True}, ["relative", "relative"]),
+    "rope, explicit softmax": ({"rope": True, "fused": False}, ["relative", "relative"]),
+    "rope, takes position_ids": ({"rope": True, "takes_ids": True}, ["relative", "relative"]),
+    "nope, takes position_ids": ({"takes_ids": True}, ["nope", "nope"]),
+}
 
 
 @pytest.mark.parametrize("case", sorted(AUDITED))
@@ -399,7 +446,9 @@ def test_the_audit_refuses_attention_that_is_no_softmax_and_logits_that_are_not_
         block.attn = SigmoidAttention(32, 4, fused=False)
     with pytest.raises(ValueError, match="records no softmax attention"):
         audit(hook_any(model, verbose=False))
-    by_hand = HookedModule(model, {**HAND_MAP, **{site: f"transformer.h.{l}.attn.probe" for l, site in enumerate(PATTERNS)}})
+    by_hand = HookedModule(
+        model, {**HAND_MAP, **{site: f"transformer.h.{l}.attn.probe" for l, site in enumerate(PATTERNS)}}
+    )
     with pytest.raises(ValueError, match=r"blocks.0.attn.hook_pattern' has rows that sum to .*not a softmax"):
         audit(by_hand)
     broken = nano()
@@ -419,8 +468,11 @@ def test_cli_audits_a_factory_model_and_refuses_bad_ones_in_one_line(tmp_path, c
     assert "blocks.1.hook_resid_post <- unembed:input" in out.err  # the map chosen, on stderr
     assert "measured per layer (constant input, read from the recorded scores, q, k and v): nope, nope" in out.out
     assert (tmp_path / "audit" / "audit.json").exists()
-    for function, words in (("sigmoid_model", "records no softmax attention"), ("shared_model", "pass sites="),
-                            ("broken", "raised RuntimeError: out of coffee")):
+    for function, words in (
+        ("sigmoid_model", "records no softmax attention"),
+        ("shared_model", "pass sites="),
+        ("broken", "raised RuntimeError: out of coffee"),
+    ):
         assert cli.main(["audit", "--model", f"{spec}:{function}"]) == 2
         err = capsys.readouterr().err.strip().splitlines()
         assert words in err[-1] and err[-1].startswith("nopelens audit: error:"), err

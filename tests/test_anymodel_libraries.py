@@ -29,8 +29,9 @@ POSITIONS = {"nope": {}, "rope": {"rotary_pos_emb": True}, "alibi": {"alibi_pos_
 def decoder(position="nope", seed=0, **kwargs):
     torch.manual_seed(seed)
     layers = x_transformers.Decoder(dim=32, depth=2, heads=4, **POSITIONS[position], **kwargs)
-    return x_transformers.TransformerWrapper(num_tokens=64, max_seq_len=32, use_abs_pos_emb=False,
-                                             attn_layers=layers).eval()
+    return x_transformers.TransformerWrapper(
+        num_tokens=64, max_seq_len=32, use_abs_pos_emb=False, attn_layers=layers
+    ).eval()
 
 
 def tokens(n=6, length=12):
@@ -43,9 +44,14 @@ def test_the_map_found_reads_the_residual_adds_and_equals_a_hand_written_map_bit
     auto = collect(hooked, tokens(), resid_sites(2))
     assert "blocks.0.hook_resid_pre <- attn_layers.layers.0.2:input.1" in capsys.readouterr().err
     hooked.remove()
-    by_hand = HookedModule(model, {"blocks.0.hook_resid_pre": "attn_layers.layers.0.2:input.1",
-                                   "blocks.0.hook_resid_post": "attn_layers.layers.1.2",
-                                   "blocks.1.hook_resid_post": "attn_layers.layers.3.2"})
+    by_hand = HookedModule(
+        model,
+        {
+            "blocks.0.hook_resid_pre": "attn_layers.layers.0.2:input.1",
+            "blocks.0.hook_resid_post": "attn_layers.layers.1.2",
+            "blocks.1.hook_resid_post": "attn_layers.layers.3.2",
+        },
+    )
     manual = collect(by_hand, tokens(), resid_sites(2))
     for site in resid_sites(2):
         assert np.array_equal(auto.acts[site], manual.acts[site]), site
@@ -94,8 +100,9 @@ def test_sigmoid_attention_is_refused_by_the_pattern_read():
     hooked = hook_any(model, verbose=False)
     assert "blocks.0.attn.hook_pattern" not in hooked.hook_dict  # no softmax call
     hooked.remove()
-    by_hand = HookedModule(model, {site: f"attn_layers.layers.{2 * l}.1.attend.attn_dropout:input"
-                                   for l, site in enumerate(PATTERNS)})  # the issue's route to the weights
+    by_hand = HookedModule(
+        model, {site: f"attn_layers.layers.{2 * l}.1.attend.attn_dropout:input" for l, site in enumerate(PATTERNS)}
+    )  # the issue's route to the weights
     with pytest.raises(ValueError, match="has rows that sum to .*not a softmax distribution"):
         sink_table(collect(by_hand, tokens(), PATTERNS))
 
@@ -118,7 +125,9 @@ def test_a_learned_sink_in_the_softmax_is_found_and_its_mass_reported():
     np.testing.assert_allclose(table["sink_mass"], np.mean(1 / np.arange(3, 14)), atol=1e-7)  # rows 1..11
     with torch.no_grad():
         _, own = model(tokens(), return_attn=True)
-    np.testing.assert_allclose(np.stack(acts.patterns[PATTERNS[0]]), own[0][..., 1:].numpy(), atol=1e-6)  # its sink first
+    np.testing.assert_allclose(
+        np.stack(acts.patterns[PATTERNS[0]]), own[0][..., 1:].numpy(), atol=1e-6
+    )  # its sink first
 
 
 def test_cli_sink_measures_an_x_transformers_factory_under_its_window(tmp_path):
@@ -132,16 +141,34 @@ def test_cli_sink_measures_an_x_transformers_factory_under_its_window(tmp_path):
         "from x_transformers import Decoder, TransformerWrapper\n\n"
         "def make_model():\n"
         "    return TransformerWrapper(num_tokens=64, max_seq_len=80, use_abs_pos_emb=False,\n"
-        "        attn_layers=Decoder(dim=32, depth=2, heads=4, rotary_pos_emb=True, attn_max_attend_past=7))\n")
+        "        attn_layers=Decoder(dim=32, depth=2, heads=4, rotary_pos_emb=True, attn_max_attend_past=7))\n"
+    )
     out = tmp_path / "sinks"
-    assert cli.main(["sinks", f"factory:{tmp_path / 'xt.py'}:make_model", "--n-sequences", "4", "--seq-len", "70",
-                     "--quiet", "--out", str(out)]) == 0
+    assert (
+        cli.main(
+            [
+                "sinks",
+                f"factory:{tmp_path / 'xt.py'}:make_model",
+                "--n-sequences",
+                "4",
+                "--seq-len",
+                "70",
+                "--quiet",
+                "--out",
+                str(out),
+            ]
+        )
+        == 0
+    )
     table = pd.read_csv(out / "sinks.csv")
     assert set(table["key_window"]) == {"sliding window 8"} and set(table["block"]) == {0, 1}
 
 
-AUDIT_CASES = [pytest.param(position, flash, marks=[pytest.mark.slow] if flash else [])
-               for position in sorted(POSITIONS) for flash in (False, True)]
+AUDIT_CASES = [
+    pytest.param(position, flash, marks=[pytest.mark.slow] if flash else [])
+    for position in sorted(POSITIONS)
+    for flash in (False, True)
+]
 
 
 @pytest.mark.parametrize(("position", "flash"), AUDIT_CASES)
@@ -171,9 +198,12 @@ def test_the_audit_of_a_hand_map_reads_positions_from_the_pattern_alone():
     """The issue's hand map: the pattern only as the input of a Dropout(p=0), no scores, q or k."""
     from nopelens.analyses.audit import audit
 
-    sites = {"blocks.0.hook_resid_pre": "attn_layers.layers.0.2:input.1", "blocks.0.hook_resid_post": "attn_layers.layers.1.2",
-             "blocks.1.hook_resid_post": "attn_layers.layers.3.2",
-             **{site: f"attn_layers.layers.{2 * l}.1.attend.attn_dropout:input" for l, site in enumerate(PATTERNS)}}
+    sites = {
+        "blocks.0.hook_resid_pre": "attn_layers.layers.0.2:input.1",
+        "blocks.0.hook_resid_post": "attn_layers.layers.1.2",
+        "blocks.1.hook_resid_post": "attn_layers.layers.3.2",
+        **{site: f"attn_layers.layers.{2 * l}.1.attend.attn_dropout:input" for l, site in enumerate(PATTERNS)},
+    }
     for position, want in (("nope", "nope"), ("rope", "relative"), ("alibi", "relative")):
         report = audit(HookedModule(decoder(position), sites))
         assert report.model["measured_layer_positions"] == [want, want], report.step(5).evidence

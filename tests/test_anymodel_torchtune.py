@@ -14,7 +14,7 @@ import torch
 
 from nopelens.models.adapters import HookedModule
 from nopelens.models.anymodel import hook_any
-from nopelens.models.hooks import act_name, act_names
+from nopelens.models.hooks import act_names
 from nopelens.models.masks import KeyWindow
 from nopelens.probes import collect, probe_absolute_index, resid_sites, sink_table
 from nopelens.probes.sink_patterns import sink_mass_by_query
@@ -29,8 +29,9 @@ def llama(rope=True, seed=0):
     from torchtune.models.llama3 import llama3
 
     torch.manual_seed(seed)
-    model = llama3(vocab_size=64, num_layers=2, num_heads=4, num_kv_heads=2, embed_dim=32, max_seq_len=64,
-                   intermediate_dim=64).eval()
+    model = llama3(
+        vocab_size=64, num_layers=2, num_heads=4, num_kv_heads=2, embed_dim=32, max_seq_len=64, intermediate_dim=64
+    ).eval()
     if not rope:
         for layer in model.layers:
             layer.attn.pos_embeddings = None  # torchtune's MultiHeadAttention then adds no position
@@ -41,8 +42,17 @@ def gemma(window=4, seed=0):
     from torchtune.models.gemma2 import gemma2
 
     torch.manual_seed(seed)
-    return gemma2(vocab_size=64, num_layers=2, num_heads=4, head_dim=8, num_kv_heads=2, embed_dim=32,
-                  intermediate_dim=64, max_seq_len=64, sliding_window_size=window).eval()
+    return gemma2(
+        vocab_size=64,
+        num_layers=2,
+        num_heads=4,
+        head_dim=8,
+        num_kv_heads=2,
+        embed_dim=32,
+        intermediate_dim=64,
+        max_seq_len=64,
+        sliding_window_size=window,
+    ).eval()
 
 
 def tokens(n=6, length=12):
@@ -55,8 +65,14 @@ def test_the_map_found_equals_a_hand_written_map_bit_for_bit(capsys):
     assert "blocks.0.hook_resid_pre <- layers.0:input" in capsys.readouterr().err
     auto = collect(hooked, tokens(), resid_sites(2))
     hooked.remove()
-    by_hand = HookedModule(model, {"blocks.0.hook_resid_pre": "layers.0:input", "blocks.0.hook_resid_post": "layers.0",
-                                   "blocks.1.hook_resid_post": "layers.1"})
+    by_hand = HookedModule(
+        model,
+        {
+            "blocks.0.hook_resid_pre": "layers.0:input",
+            "blocks.0.hook_resid_post": "layers.0",
+            "blocks.1.hook_resid_post": "layers.1",
+        },
+    )
     manual = collect(by_hand, tokens(), resid_sites(2))
     for site in resid_sites(2):
         assert np.array_equal(auto.acts[site], manual.acts[site]), site
@@ -76,7 +92,9 @@ def test_fused_patterns_equal_a_float64_recomputation_through_the_librarys_own_m
             q = attn.pos_embeddings(attn.q_proj(x).view(6, 12, 4, 8)).double().transpose(1, 2)
             k = attn.pos_embeddings(attn.k_proj(x).view(6, 12, 2, 8)).double().transpose(1, 2)
         k = k.repeat_interleave(2, dim=1)
-        scores = (q @ k.transpose(-1, -2) / 8**0.5).masked_fill(~torch.ones(12, 12, dtype=torch.bool).tril(), -torch.inf)
+        scores = (q @ k.transpose(-1, -2) / 8**0.5).masked_fill(
+            ~torch.ones(12, 12, dtype=torch.bool).tril(), -torch.inf
+        )
         np.testing.assert_allclose(np.stack(acts.patterns[PATTERNS[l]]), scores.softmax(-1).numpy(), atol=1e-6)
 
 
@@ -125,8 +143,11 @@ def test_the_sliding_window_travels_and_the_sink_mass_averages_the_queries_that_
         np.testing.assert_allclose(table.query(f"block == {l}")["sink_mass"], by_hand, rtol=1e-9)
 
 
-@pytest.mark.parametrize(("build", "want"), [(lambda: llama(rope=False), "nope"), (llama, "relative"), (gemma, "relative")],
-                         ids=["llama-nope", "llama-rope", "gemma2-window"])
+@pytest.mark.parametrize(
+    ("build", "want"),
+    [(lambda: llama(rope=False), "nope"), (llama, "relative"), (gemma, "relative")],
+    ids=["llama-nope", "llama-rope", "gemma2-window"],
+)
 def test_the_audit_says_which_method_each_layer_uses_and_fails_nothing(build, want):
     from nopelens.analyses.audit import audit
 

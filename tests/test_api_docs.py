@@ -10,7 +10,6 @@ import textwrap
 
 import griffe
 import pytest
-
 from docs_pages import DOCS, ROOT, broken_links
 
 
@@ -24,8 +23,12 @@ def reference_module():
 @pytest.mark.slow
 def test_the_api_reference_builds_strictly(tmp_path):
     site = tmp_path / "site"
-    result = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(site)], cwd=ROOT,
-                            capture_output=True, text=True)
+    result = subprocess.run(
+        [sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(site)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     probes = (site / "api" / "probes" / "index.html").read_text(encoding="utf-8")
     assert "probe_absolute_index" in probes and ":func:" not in probes, "rendered, roles shown as code"
@@ -43,7 +46,8 @@ def test_a_docstring_reference_to_no_object_fails_the_build(tmp_path, caplog):
     extension checks each target, so a reference left behind by a rename fails the strict build."""
     package = tmp_path / "pkg"
     package.mkdir()
-    (package / "__init__.py").write_text(textwrap.dedent('''
+    (package / "__init__.py").write_text(
+        textwrap.dedent('''
         import json
 
         def good():
@@ -63,7 +67,8 @@ def test_a_docstring_reference_to_no_object_fails_the_build(tmp_path, caplog):
         class Thing:
             def run(self):
                 pass
-    '''))
+    ''')
+    )
     extension = reference_module().DocstringConventions()
     with caplog.at_level(logging.WARNING):
         loaded = griffe.load("pkg", search_paths=[tmp_path], extensions=griffe.load_extensions(extension))

@@ -17,8 +17,8 @@ from transformers import (
     LlamaForCausalLM,
 )
 
-from nopelens.analyses.cli import audit as audit_cmd
 from nopelens.analyses.audit import STATUSES, audit
+from nopelens.analyses.cli import audit as audit_cmd
 from nopelens.analyses.cli import main
 from nopelens.models import Decoder, DecoderConfig
 from nopelens.models.adapters import bridge_hf_model
@@ -169,7 +169,10 @@ def test_step9_catches_a_lost_cache_offset():
     report = audit(model, eval_length=EVAL_LENGTH)
     assert report.failed_steps == [9]  # the full forward is right; only decoding is wrong
     assert failed_check_names(report, 9) == [
-        "cached position assignments", "KV cache position ids", "cached logits = full forward"]
+        "cached position assignments",
+        "KV cache position ids",
+        "cached logits = full forward",
+    ]
 
 
 class OffByOneTableDecoder(Decoder):
@@ -207,16 +210,32 @@ def test_step4_catches_a_table_lookup_off_by_one():
 def hf_model(kind: str, **extra):
     torch.manual_seed(0)
     if kind == "gpt2":
-        config = GPT2Config(n_embd=32, n_layer=2, n_head=4, vocab_size=64, n_positions=64, bos_token_id=1,
-                            eos_token_id=2, **extra)  # GPT-2's own BOS (50256) is outside this vocabulary
+        config = GPT2Config(
+            n_embd=32, n_layer=2, n_head=4, vocab_size=64, n_positions=64, bos_token_id=1, eos_token_id=2, **extra
+        )  # GPT-2's own BOS (50256) is outside this vocabulary
         model = GPT2LMHeadModel
     elif kind == "neox":
-        config = GPTNeoXConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
-                               vocab_size=64, max_position_embeddings=64, **extra)
+        config = GPTNeoXConfig(
+            hidden_size=32,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            intermediate_size=64,
+            vocab_size=64,
+            max_position_embeddings=64,
+            **extra,
+        )
         model = GPTNeoXForCausalLM
     elif kind == "llama":
-        config = LlamaConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=4,
-                             intermediate_size=64, vocab_size=64, max_position_embeddings=64, **extra)
+        config = LlamaConfig(
+            hidden_size=32,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=4,
+            intermediate_size=64,
+            vocab_size=64,
+            max_position_embeddings=64,
+            **extra,
+        )
         model = LlamaForCausalLM
     else:
         config = BloomConfig(hidden_size=32, n_layer=2, n_head=4, vocab_size=64, **extra)
@@ -361,8 +380,11 @@ def test_an_eval_length_whose_layer_attention_cannot_fit_is_refused_before_the_f
 
     model = decoder("rope", n_layers=4)
     monkeypatch.setattr(stream, "available_memory", lambda device=None: 6 * 2 * 4 * 16**2 * 4 - 1)
-    with pytest.raises(ValueError, match=r"eval_length 16 needs at least 0.0 MiB for one layer's .* \(6 rows x "
-                                         r"\[4, 16, 16\], twice\), more than"):
+    with pytest.raises(
+        ValueError,
+        match=r"eval_length 16 needs at least 0.0 MiB for one layer's .* \(6 rows x "
+        r"\[4, 16, 16\], twice\), more than",
+    ):
         audit(model, eval_length=16)
     monkeypatch.setattr(stream, "available_memory", lambda device=None: 6 * 2 * 4 * 16**2 * 4)
     assert audit(model, eval_length=16).passed
@@ -380,6 +402,9 @@ def test_logits_that_are_not_finite_are_refused_not_failed():
     model = decoder("rope")
     with torch.no_grad():
         model.unembed.W_U[0, 5] = float("nan")
-    with pytest.raises(ValueError, match=r"logits are not finite on the probe's unpadded row \(NaN or inf; every "
-                                         r"attention hook the audit caches is finite"):
+    with pytest.raises(
+        ValueError,
+        match=r"logits are not finite on the probe's unpadded row \(NaN or inf; every "
+        r"attention hook the audit caches is finite",
+    ):
         audit(model, eval_length=8)

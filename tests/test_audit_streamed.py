@@ -9,8 +9,7 @@ import torch
 import transformers
 from transformers import BloomConfig, BloomForCausalLM, LlamaConfig, LlamaForCausalLM
 
-from nopelens.analyses.audit import Tolerance, audit
-from nopelens.analyses.audit import detector
+from nopelens.analyses.audit import Tolerance, audit, detector
 from nopelens.analyses.audit.core import LAYER_REDUCERS, ROWS_HELD, STEPS, make_subject
 from nopelens.analyses.audit.numerics import max_err
 from nopelens.analyses.audit.probe import Run, layer_of, make_probe, stream
@@ -26,9 +25,18 @@ HEADS = 4
 
 def llama(n_layers: int) -> LlamaForCausalLM:
     torch.manual_seed(0)
-    config = LlamaConfig(hidden_size=32, num_hidden_layers=n_layers, num_attention_heads=HEADS, num_key_value_heads=2,
-                         intermediate_size=64, vocab_size=64, max_position_embeddings=256, bos_token_id=1,
-                         eos_token_id=2, pad_token_id=0)
+    config = LlamaConfig(
+        hidden_size=32,
+        num_hidden_layers=n_layers,
+        num_attention_heads=HEADS,
+        num_key_value_heads=2,
+        intermediate_size=64,
+        vocab_size=64,
+        max_position_embeddings=256,
+        bos_token_id=1,
+        eos_token_id=2,
+        pad_token_id=0,
+    )
     config._attn_implementation = "eager"
     return LlamaForCausalLM(config)
 
@@ -43,8 +51,10 @@ def bloom() -> BloomForCausalLM:
 SUBJECTS = {
     "llama": lambda: llama(3),
     "bloom": bloom,  # ALiBi handed as a tensor: the bias is dropped through it (step 3)
-    "decoder-alibi-shaw-t5": lambda: Decoder(DecoderConfig(d_vocab=64, n_ctx=32, n_layers=3, d_model=32, n_heads=HEADS,
-                                                           position=["alibi", "shaw", "t5"]), seed=0),
+    "decoder-alibi-shaw-t5": lambda: Decoder(
+        DecoderConfig(d_vocab=64, n_ctx=32, n_layers=3, d_model=32, n_heads=HEADS, position=["alibi", "shaw", "t5"]),
+        seed=0,
+    ),
 }
 
 
@@ -52,8 +62,9 @@ def all_layers_run(subject, probe, tol) -> Run:
     """The audit's former run: every layer's hooks cached at once, each step's per-layer part read
     from that cache."""
     with subject.capture_position_ids() as seen:
-        logits, cache = subject.model.run_with_cache(probe.tokens, attention_mask=probe.mask,
-                                                     names_filter=lambda n: n in set(_audited(subject)))
+        logits, cache = subject.model.run_with_cache(
+            probe.tokens, attention_mask=probe.mask, names_filter=lambda n: n in set(_audited(subject))
+        )
     run = Run(subject, probe, logits, dict(cache.items()), seen[0] if seen else None, tol)
     run.records = {r: {layer: r(run, layer) for layer in range(subject.n_layers)} for r in LAYER_REDUCERS}
     return run
@@ -80,6 +91,7 @@ def separate_runs_detector(subject, tokens, mask, tol) -> list:
             def hook(x, hook):
                 kept[name] = x.detach().clone()
                 return None if patch is None or name not in patch else patch[name]
+
             return hook
 
         subject.forward(tokens, mask, position_ids, [(n, keep(n)) for n in sites + inputs])
@@ -89,8 +101,20 @@ def separate_runs_detector(subject, tokens, mask, tol) -> list:
     held = {n: base[n] for n in inputs}
     changed = run(detector.respaced_ids(ids, mask, 0, subject.max_positions), held)
     shifted = run(ids + detector.SHIFT, held)
-    return [detector._reading(subject, l, detector.declared_reading(subject, l), quantity, mask, tol,
-                              base[sites[l]], changed[sites[l]], shifted[sites[l]]) for l in range(subject.n_layers)]
+    return [
+        detector._reading(
+            subject,
+            l,
+            detector.declared_reading(subject, l),
+            quantity,
+            mask,
+            tol,
+            base[sites[l]],
+            changed[sites[l]],
+            shifted[sites[l]],
+        )
+        for l in range(subject.n_layers)
+    ]
 
 
 @pytest.mark.parametrize("name", list(SUBJECTS))
@@ -112,17 +136,21 @@ def test_streamed_reductions_equal_the_all_layers_computation(name):
         for reducer in LAYER_REDUCERS:  # each step's per-layer statistics, exactly
             assert streamed.layer_records(reducer) == cached.layer_records(reducer), reducer.__name__
         assert [r.to_dict() for r in streamed.readings] == [
-            r.to_dict() for r in separate_runs_detector(subject, probe.tokens, probe.mask, tol)]
+            r.to_dict() for r in separate_runs_detector(subject, probe.tokens, probe.mask, tol)
+        ]
         cached._readings = streamed.readings
         for number, step in enumerate(STEPS[:7], 1):  # every step read from the streamed records, as from the cache
             assert step(streamed, 3, {}) == step(cached, 3, {}), number
         if subject.layers_acting(SCORE_BIAS):  # the bias dropped in a second copy of the batch, as in a second pass
             kept = {}
             names = [act_name(n, l) for l in subject.layers_acting(SCORE_BIAS) for n in ("attn_scores", "pattern")]
-            assert subject.forward_without_bias(probe.tokens, probe.mask, [
-                (n, lambda x, hook, n=n: kept.__setitem__(n, x.clone())) for n in names])
-            change = [max_err(cached.cache[act_name("attn_scores", l)], kept[act_name("attn_scores", l)], cached.allowed(l))
-                      for l in subject.layers_acting(SCORE_BIAS)]
+            assert subject.forward_without_bias(
+                probe.tokens, probe.mask, [(n, lambda x, hook, n=n: kept.__setitem__(n, x.clone())) for n in names]
+            )
+            change = [
+                max_err(cached.cache[act_name("attn_scores", l)], kept[act_name("attn_scores", l)], cached.allowed(l))
+                for l in subject.layers_acting(SCORE_BIAS)
+            ]
             assert STEPS[2](streamed, 3, {}).evidence["drop_bias_score_change"] == change
 
 

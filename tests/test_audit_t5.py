@@ -16,8 +16,9 @@ APPLICABLE = {1, 2, 3, 5, 6, 7, 8, 9}
 
 
 def t5_decoder(position="t5", **overrides) -> Decoder:
-    config = dict(d_vocab=64, n_ctx=32, n_layers=2, d_model=32, n_heads=4, position=position,
-                  t5_num_buckets=6, t5_max_distance=5)  # exact below 3, log-spaced to 5, one bucket beyond
+    config = dict(
+        d_vocab=64, n_ctx=32, n_layers=2, d_model=32, n_heads=4, position=position, t5_num_buckets=6, t5_max_distance=5
+    )  # exact below 3, log-spaced to 5, one bucket beyond
     config.update(overrides)
     model = Decoder(DecoderConfig(**config), seed=0)
     with torch.no_grad():  # a bias large enough that a wrong bucket changes the output

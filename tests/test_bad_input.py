@@ -11,8 +11,8 @@ from safetensors.torch import save_file
 from schema import assert_documented
 
 from nopelens.analyses import cli
-from nopelens.analyses.cli import demo
 from nopelens.analyses.audit import audit
+from nopelens.analyses.cli import demo
 from nopelens.circuits import previous_token
 from nopelens.models import Decoder, DecoderConfig
 from nopelens.models.checkpoint import load_checkpoint, save_checkpoint
@@ -40,8 +40,18 @@ def test_train_refuses_an_infinite_lr():
 def test_a_diverging_run_raises_instead_of_saving_nan(tmp_path):
     torch.set_num_threads(1)
     with pytest.raises(ValueError, match="training loss became nan"):
-        train(tiny_config(), make_task("copy"), 4, batch_size=4, max_len=4, lr=1e30, warmup_steps=0,
-              checkpoint_dir=tmp_path / "ckpt", checkpoint_every=100, progress=False)
+        train(
+            tiny_config(),
+            make_task("copy"),
+            4,
+            batch_size=4,
+            max_len=4,
+            lr=1e30,
+            warmup_steps=0,
+            checkpoint_dir=tmp_path / "ckpt",
+            checkpoint_every=100,
+            progress=False,
+        )
     assert not (tmp_path / "ckpt").exists()
 
 
@@ -50,8 +60,16 @@ def test_an_output_folder_blocked_by_a_file_fails_before_training(tmp_path):
     blocker.write_text("not a folder")
     steps_run = []
     with pytest.raises(ValueError, match="is a file"):
-        train(tiny_config(), make_task("copy"), 2, batch_size=4, max_len=4, checkpoint_dir=blocker / "zoo" / "m",
-              progress=False, callback=lambda step, loss, model: steps_run.append(step))
+        train(
+            tiny_config(),
+            make_task("copy"),
+            2,
+            batch_size=4,
+            max_len=4,
+            checkpoint_dir=blocker / "zoo" / "m",
+            progress=False,
+            callback=lambda step, loss, model: steps_run.append(step),
+        )
     assert steps_run == []
 
 
@@ -131,7 +149,9 @@ def test_previous_token_circuit_refuses_infinite_sharpness():
 
 def test_cli_turns_out_of_memory_into_one_line(monkeypatch, capsys):
     def allocate(args):
-        raise RuntimeError("[enforce fail] DefaultCPUAllocator: can't allocate memory: you tried to allocate 8e10 bytes")
+        raise RuntimeError(
+            "[enforce fail] DefaultCPUAllocator: can't allocate memory: you tried to allocate 8e10 bytes"
+        )
 
     monkeypatch.setattr(demo, "run", allocate)
     assert cli.main(["demo"]) == 2
@@ -159,8 +179,14 @@ def test_an_hf_directory_with_pickled_weights_is_refused_not_unpickled(tmp_path)
 
     from nopelens.models.hf_loading import load_hf_dir
 
-    config = GPTNeoXConfig(vocab_size=32, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
-                           intermediate_size=32, max_position_embeddings=64)
+    config = GPTNeoXConfig(
+        vocab_size=32,
+        hidden_size=16,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        intermediate_size=32,
+        max_position_embeddings=64,
+    )
     config.save_pretrained(tmp_path)
     torch.save(GPTNeoXForCausalLM(config).state_dict(), tmp_path / "pytorch_model.bin")  # a pickle
     with pytest.raises(ValueError, match="model.safetensors"):
@@ -177,9 +203,19 @@ def test_sweep_with_fewer_sequences_than_folds_fails_before_any_work(tmp_path):
 
 def test_sinks_on_a_task_of_mixed_lengths_uses_the_shortest_sequence(tmp_path, capsys):
     torch.set_num_threads(1)
-    train(tiny_config(), make_task("copy"), 1, batch_size=2, min_len=1, max_len=6,
-          checkpoint_dir=tmp_path / "ckpt", progress=False)
-    assert cli.main(["sinks", str(tmp_path / "ckpt"), "--n-sequences", "8", "--quiet", "--out", str(tmp_path / "s")]) == 0
+    train(
+        tiny_config(),
+        make_task("copy"),
+        1,
+        batch_size=2,
+        min_len=1,
+        max_len=6,
+        checkpoint_dir=tmp_path / "ckpt",
+        progress=False,
+    )
+    assert (
+        cli.main(["sinks", str(tmp_path / "ckpt"), "--n-sequences", "8", "--quiet", "--out", str(tmp_path / "s")]) == 0
+    )
     assert "T = " in capsys.readouterr().out
     assert_documented(tmp_path / "s" / "sinks.csv", "sinks: sinks.csv")
 
@@ -216,8 +252,11 @@ def test_a_corrupted_zoo_cache_says_how_to_recover(tmp_path):
     from nopelens.models import zoo
 
     path = zoo.model_dir("copy-nope-3l", tmp_path)
-    save_checkpoint(path, Decoder(tiny_config(), seed=0),
-                    metadata={"complete": True, "zoo_recipe": zoo.recipe("copy-nope-3l").digest})
+    save_checkpoint(
+        path,
+        Decoder(tiny_config(), seed=0),
+        metadata={"complete": True, "zoo_recipe": zoo.recipe("copy-nope-3l").digest},
+    )
     weights = path / "model.safetensors"
     weights.write_bytes(weights.read_bytes()[:100])
     with pytest.raises(ValueError, match=f"is corrupted.*; delete {path} to retrain copy-nope-3l"):
@@ -228,8 +267,16 @@ def test_probe_runs_on_a_checkpoint_of_a_synthetic_task(tmp_path, capsys):
     """Copy-task sequences used to have mixed lengths: the extrapolation boundary (seq_len // 2)
     and the relative-distance pair counts then had no data, and `nopelens probe copy-nope-3l` failed."""
     torch.set_num_threads(1)
-    train(tiny_config(), make_task("copy"), 1, batch_size=2, min_len=1, max_len=6,
-          checkpoint_dir=tmp_path / "ckpt", progress=False)
+    train(
+        tiny_config(),
+        make_task("copy"),
+        1,
+        batch_size=2,
+        min_len=1,
+        max_len=6,
+        checkpoint_dir=tmp_path / "ckpt",
+        progress=False,
+    )
     assert cli.main(["probe", str(tmp_path / "ckpt"), "--quick", "--quiet", "--out", str(tmp_path / "run")]) == 0
     assert (tmp_path / "run" / "summary.md").is_file()
 
@@ -284,8 +331,9 @@ def test_an_hf_config_field_of_the_wrong_type_is_bad_input_not_an_internal_error
 
     from nopelens.analyses.cli import main
 
-    LlamaConfig(hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
-                vocab_size=32).save_pretrained(tmp_path)
+    LlamaConfig(
+        hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2, vocab_size=32
+    ).save_pretrained(tmp_path)
     config = json.loads((tmp_path / "config.json").read_text())
     (tmp_path / "config.json").write_text(json.dumps({**config, "hidden_size": "big"}))
     assert main(["audit", "--hf-dir", str(tmp_path)]) == 2  # `probe hf:DIR` loads it the same way
@@ -329,16 +377,20 @@ def test_saved_weights_of_other_shapes_or_fewer_layers_than_the_config_are_named
 
     folder = _saved(build("llama"), tmp_path / "heads", num_attention_heads=8)  # head_dim stays 8: q is 64 wide
     err = _one_line_refusal(["audit", "--hf-dir", str(folder)], capsys)
-    assert ("the saved weights do not match config.json (model.layers.0.self_attn.q_proj.weight: checkpoint "
-            "[32, 32], config gives [64, 32]; 3 more tensors differ): check hidden_size / num_attention_heads") in err
+    assert (
+        "the saved weights do not match config.json (model.layers.0.self_attn.q_proj.weight: checkpoint "
+        "[32, 32], config gives [64, 32]; 3 more tensors differ): check hidden_size / num_attention_heads"
+    ) in err
     deeper = _saved(build("llama"), tmp_path / "layers", num_hidden_layers=3)
     with pytest.raises(ValueError, match=r"asks for weights the checkpoint does not hold \(model\.layers\.2\."):
         load_hf_dir(deeper)
     # a config cut to fewer layers than were saved: tests/test_hf_loading.py
 
 
-@pytest.mark.parametrize("family, field, value", [("mistral", "sliding_window", 0), ("mistral", "sliding_window", -3),
-                                                   ("llama4", "attention_chunk_size", 0)])
+@pytest.mark.parametrize(
+    "family, field, value",
+    [("mistral", "sliding_window", 0), ("mistral", "sliding_window", -3), ("llama4", "attention_chunk_size", 0)],
+)
 def test_a_window_or_chunk_below_one_token_is_refused_at_description_time(family, field, value):
     """A window of 0 lets no key through (was blamed on the bridge: "the causal mask is dropped")."""
     from hf_families import build
@@ -358,8 +410,9 @@ def test_a_zero_window_is_one_line_for_audit_and_probe_and_the_refused_probe_lea
     expected = f"{folder}/config.json: sliding_window is 0: a window must be at least 1 token"
     assert expected in _one_line_refusal(["audit", "--hf-dir", str(folder)], capsys)
     out = tmp_path / "run"
-    assert expected in _one_line_refusal(["probe", f"hf:{folder}", "--input", "random", "--out", str(out), "--quiet",
-                                          "--no-figures"], capsys)
+    assert expected in _one_line_refusal(
+        ["probe", f"hf:{folder}", "--input", "random", "--out", str(out), "--quiet", "--no-figures"], capsys
+    )
     assert not out.exists()
 
 
@@ -369,8 +422,9 @@ def test_a_rope_base_that_is_not_positive_is_named_not_blamed_on_the_mask(tmp_pa
     refused from the config before the model is built."""
     from hf_families import build_design
 
-    folder = _saved(build_design("smollm3"), tmp_path / "smollm3",
-                    rope_parameters={"rope_theta": theta, "rope_type": "default"})
+    folder = _saved(
+        build_design("smollm3"), tmp_path / "smollm3", rope_parameters={"rope_theta": theta, "rope_type": "default"}
+    )
     err = _one_line_refusal(["audit", "--hf-dir", str(folder)], capsys)
     assert f"rope_parameters.rope_theta is {theta}: the RoPE base of a rotating layer must be a positive number" in err
     assert "causal mask" not in err
@@ -383,10 +437,19 @@ def test_seq_len_on_synthetic_task_models_is_refused_or_noted_not_silently_ignor
     assert _one_line_refusal(["probe", "copy-nope-3l", "--seq-len", "20", "--out", str(tmp_path / "run")], capsys) == (
         "nopelens probe: error: --seq-len does not apply: copy-nope-3l is a copy-task model, read on copy samples of "
         "its longest training length (max_len 10), so that every sequence covers every trained position; leave "
-        "--seq-len out")
+        "--seq-len out"
+    )
     assert not (tmp_path / "run").exists()
-    train(tiny_config(), make_task("copy"), 1, batch_size=2, min_len=1, max_len=6, checkpoint_dir=tmp_path / "ckpt",
-          progress=False)
+    train(
+        tiny_config(),
+        make_task("copy"),
+        1,
+        batch_size=2,
+        min_len=1,
+        max_len=6,
+        checkpoint_dir=tmp_path / "ckpt",
+        progress=False,
+    )
     assert "(max_len 6)" in fixed_length(str(tmp_path / "ckpt"))
     assert fixed_length("text-nope-4l") is None and fixed_length("circuit") is None
     from nopelens.analyses.cli.sweep import _check_seq_len
@@ -401,8 +464,26 @@ def test_the_closing_line_of_a_probe_says_what_was_written(tmp_path, capsys):
 
     folder = _saved(build("llama"), tmp_path / "llama")
     out = tmp_path / "run"
-    assert cli.main(["probe", f"hf:{folder}", "--input", "random", "--n-sequences", "8", "--seq-len", "12", "--quiet",
-                     "--no-figures", "--no-sink-ablation", "--out", str(out)]) == 0
+    assert (
+        cli.main(
+            [
+                "probe",
+                f"hf:{folder}",
+                "--input",
+                "random",
+                "--n-sequences",
+                "8",
+                "--seq-len",
+                "12",
+                "--quiet",
+                "--no-figures",
+                "--no-sink-ablation",
+                "--out",
+                str(out),
+            ]
+        )
+        == 0
+    )
     closing = capsys.readouterr().out.strip().splitlines()[-2]
     assert closing.endswith("no figures (--no-figures), to") and not list(out.glob("*.png"))
 
@@ -430,8 +511,9 @@ def test_memory_errors_without_a_message_and_a_full_disk_are_one_line(capsys):
         raise MemoryError
 
     def disk_full():
-        raise RuntimeError("Error while serializing: IoError(Os { code: 28, kind: StorageFull, message: "
-                           "\"No space left on device\" })")
+        raise RuntimeError(
+            'Error while serializing: IoError(Os { code: 28, kind: StorageFull, message: "No space left on device" })'
+        )
 
     assert cli.guarded(no_memory, "nopelens x") == 2
     assert capsys.readouterr().err == "nopelens x: error: out of memory; use smaller lengths, sizes or counts\n"
@@ -445,8 +527,22 @@ def test_threads_are_bounded_and_train_out_is_not_a_checkpoint_directory(tmp_pat
     with pytest.raises(SystemExit) as exit_:  # a usage error: argparse exits
         cli.main(["lengthgen", "--quick", "--threads", "100000", "--out", str(tmp_path / "lg")])
     assert exit_.value.code == 2 and "--threads: must be between 1 and" in capsys.readouterr().err
-    args = ["train", "--task", "copy", "--layers", "1", "--d-model", "16", "--heads", "2", "--max-len", "4",
-            "--steps", "2", "--quiet"]
+    args = [
+        "train",
+        "--task",
+        "copy",
+        "--layers",
+        "1",
+        "--d-model",
+        "16",
+        "--heads",
+        "2",
+        "--max-len",
+        "4",
+        "--steps",
+        "2",
+        "--quiet",
+    ]
     assert cli.main([*args, "--out", str(tmp_path / "t")]) == 0
     before = (tmp_path / "t" / "checkpoint" / "loss_curve.csv").read_bytes()
     capsys.readouterr()
@@ -456,10 +552,16 @@ def test_threads_are_bounded_and_train_out_is_not_a_checkpoint_directory(tmp_pat
 
 
 def test_dynamics_checks_its_measuring_settings_before_training(tmp_path, capsys):
-    for option, value, message in (("--n-boot", "0", "--n-boot must be a positive integer"),
-                                   ("--train-seed", str(10**20), "--train-seed must be an integer in [0, 2^63)")):
-        assert cli.main(["dynamics", "bb-rope-2l", "--quick", "--checkpoints", "2", option, value,
-                         "--out", str(tmp_path / "d")]) == 2
+    for option, value, message in (
+        ("--n-boot", "0", "--n-boot must be a positive integer"),
+        ("--train-seed", str(10**20), "--train-seed must be an integer in [0, 2^63)"),
+    ):
+        assert (
+            cli.main(
+                ["dynamics", "bb-rope-2l", "--quick", "--checkpoints", "2", option, value, "--out", str(tmp_path / "d")]
+            )
+            == 2
+        )
         assert message in capsys.readouterr().err
         assert not (tmp_path / "d").exists()
 
@@ -480,7 +582,28 @@ def test_a_sharpness_that_overflows_float32_is_refused_not_a_nan_check():
 
 
 def test_backcopy_report_without_a_scored_trigger_says_so(tmp_path, capsys):
-    assert cli.main(["train", "--task", "bigram_backcopy", "--max-len", "2", "--steps", "3", "--layers", "1",
-                     "--d-model", "16", "--heads", "2", "--quiet", "--out", str(tmp_path / "bb")]) == 0
+    assert (
+        cli.main(
+            [
+                "train",
+                "--task",
+                "bigram_backcopy",
+                "--max-len",
+                "2",
+                "--steps",
+                "3",
+                "--layers",
+                "1",
+                "--d-model",
+                "16",
+                "--heads",
+                "2",
+                "--quiet",
+                "--out",
+                str(tmp_path / "bb"),
+            ]
+        )
+        == 0
+    )
     out = capsys.readouterr().out
     assert "back-copy after triggers: none scored at length 2" in out and "nan" not in out

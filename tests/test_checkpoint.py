@@ -129,12 +129,15 @@ def _forge_json(path, edit):
     _rewrite(path, load_file(path / WEIGHTS_FILE), meta)
 
 
-@pytest.mark.parametrize("edit", [
-    lambda meta: meta["config"].update(position="rope"),  # same shapes: it would load as another model
-    lambda meta: meta.update(steps=99),
-    lambda meta: meta["sha256"].pop("loss_curve.csv"),
-    lambda meta: meta.update(note="added"),
-])
+@pytest.mark.parametrize(
+    "edit",
+    [
+        lambda meta: meta["config"].update(position="rope"),  # same shapes: it would load as another model
+        lambda meta: meta.update(steps=99),
+        lambda meta: meta["sha256"].pop("loss_curve.csv"),
+        lambda meta: meta.update(note="added"),
+    ],
+)
 def test_an_edited_json_is_refused(saved, edit):
     path, _ = saved
     meta = json.loads((path / METADATA_FILE).read_text())
@@ -149,8 +152,10 @@ def test_the_json_may_be_reformatted_and_an_unsealed_older_checkpoint_loads(save
     meta = json.loads((path / METADATA_FILE).read_text())
     (path / METADATA_FILE).write_text(json.dumps(meta, indent=1, sort_keys=False))  # same description
     assert torch.equal(load_checkpoint(path).model.embed.W_E, model.embed.W_E)
-    as_jq_writes = json.loads((path / METADATA_FILE).read_text(), parse_float=lambda text: (
-        int(float(text)) if float(text).is_integer() else float(text)))  # 10000.0 -> 10000, the same JSON number
+    as_jq_writes = json.loads(
+        (path / METADATA_FILE).read_text(),
+        parse_float=lambda text: int(float(text)) if float(text).is_integer() else float(text),
+    )  # 10000.0 -> 10000, the same JSON number
     assert json.dumps(as_jq_writes) != json.dumps(meta)  # (as dicts they are equal: 10000 == 10000.0)
     (path / METADATA_FILE).write_text(json.dumps(as_jq_writes))
     assert torch.equal(load_checkpoint(path).model.embed.W_E, model.embed.W_E)
@@ -169,7 +174,9 @@ def test_missing_and_extra_tensors_are_named(saved):
     del tensors["blocks.1.attn.W_Q"]
     tensors["blocks.9.attn.W_Q"] = torch.zeros(2, 16, 8)
     _rewrite(path, tensors)
-    with pytest.raises(ValueError, match=r"missing tensors \['blocks.1.attn.W_Q'\]; extra tensors \['blocks.9.attn.W_Q'\]"):
+    with pytest.raises(
+        ValueError, match=r"missing tensors \['blocks.1.attn.W_Q'\]; extra tensors \['blocks.9.attn.W_Q'\]"
+    ):
         load_checkpoint(path)
 
 

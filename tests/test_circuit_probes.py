@@ -24,8 +24,13 @@ def circuit_batch(model, n_sequences, length, seed=0):
 
 
 def linear_value(table, site, task, metric):
-    row = table[(table["site"] == site) & (table["task"] == task) & (table["metric"] == metric)
-                & (table["probe"] == "linear") & (table["split"] == "grouped")]
+    row = table[
+        (table["site"] == site)
+        & (table["task"] == task)
+        & (table["metric"] == metric)
+        & (table["probe"] == "linear")
+        & (table["split"] == "grouped")
+    ]
     assert len(row) == 1
     return float(row["value"].iloc[0])
 
@@ -63,8 +68,9 @@ def test_relative_distance_is_first_read_by_block_1_attention():
     sites = [f"blocks.{l}.attn.hook_{x}" for l in range(2) for x in ("q", "k")]
     acts = collect(model, tokens, sites)
     pairs = [("blocks.0.attn.hook_q", "blocks.0.attn.hook_k"), ("blocks.1.attn.hook_q", "blocks.1.attn.hook_k")]
-    table = probe_relative_distance(acts, sites=[], attention=pairs, tasks=("regression",), controls=False,
-                                    pairs_per_distance=12, n_boot=50)
+    table = probe_relative_distance(
+        acts, sites=[], attention=pairs, tasks=("regression",), controls=False, pairs_per_distance=12, n_boot=50
+    )
     assert linear_value(table, "blocks.0.attn.hook_q", "regression", "r2") < 0.05
     assert linear_value(table, "blocks.1.attn.hook_q", "regression", "r2") > 0.999
 

@@ -157,7 +157,9 @@ CONSTANT_MODELS = {
     "counter": lambda: circuits.counter(32),
     "distance": lambda: circuits.distance(32),
     "previous_token": lambda: circuits.previous_token(32),
-    "random_nope_layernorm": lambda: Decoder(DecoderConfig(d_vocab=16, n_ctx=32, n_layers=3, d_model=32, n_heads=4), seed=1),
+    "random_nope_layernorm": lambda: Decoder(
+        DecoderConfig(d_vocab=16, n_ctx=32, n_layers=3, d_model=32, n_heads=4), seed=1
+    ),
 }
 
 

@@ -27,8 +27,10 @@ def test_a_command_gets_its_full_parser_alone():
 
 
 def test_top_level_help_imports_neither_torch_nor_pandas():
-    code = ("import sys\nfrom nopelens.analyses.cli import main\ntry:\n    main(['--help'])\nexcept SystemExit:\n    pass\n"
-            "print(sorted(m for m in ('torch', 'pandas', 'transformer_lens') if m in sys.modules))")
+    code = (
+        "import sys\nfrom nopelens.analyses.cli import main\ntry:\n    main(['--help'])\nexcept SystemExit:\n    pass\n"
+        "print(sorted(m for m in ('torch', 'pandas', 'transformer_lens') if m in sys.modules))"
+    )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert "sweep" in result.stdout and result.stdout.strip().endswith("[]")
 
@@ -90,11 +92,14 @@ def test_an_interrupt_while_the_command_starts_is_one_line_and_exit_130(monkeypa
 
     monkeypatch.setattr(cli, "build_parser", interrupted)
     assert cli.main(["sweep"]) == 130
-    assert capsys.readouterr().err.splitlines() == ["nopelens: interrupted before the command started; nothing was written"]
+    assert capsys.readouterr().err.splitlines() == [
+        "nopelens: interrupted before the command started; nothing was written"
+    ]
 
 
-@pytest.mark.parametrize("argv", [["validate", "--seed", "-1"], ["probe", "circuit", "--seed", str(2**64)],
-                                  ["sweep", "--seeds", "0,-1"]])
+@pytest.mark.parametrize(
+    "argv", [["validate", "--seed", "-1"], ["probe", "circuit", "--seed", str(2**64)], ["sweep", "--seeds", "0,-1"]]
+)
 def test_a_seed_out_of_range_names_the_option(argv, capsys):
     """``--seed -1`` said only "expected non-negative integer" (torch's words), 2**64 "Overflow when unpacking"."""
     from nopelens.analyses.cli import main

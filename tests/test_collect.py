@@ -25,17 +25,39 @@ def hook_count(model: nn.Module) -> int:
 
 
 def hf_models():
-    from transformers import (GPT2Config, GPT2LMHeadModel, GPTNeoXConfig, GPTNeoXForCausalLM, LlamaConfig,
-                              LlamaForCausalLM)
+    from transformers import (
+        GPT2Config,
+        GPT2LMHeadModel,
+        GPTNeoXConfig,
+        GPTNeoXForCausalLM,
+        LlamaConfig,
+        LlamaForCausalLM,
+    )
 
     torch.manual_seed(0)
     return {
         "gpt2": GPT2LMHeadModel(GPT2Config(n_embd=32, n_layer=2, n_head=4, vocab_size=64, n_positions=64)),
-        "neox": GPTNeoXForCausalLM(GPTNeoXConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-                                                 intermediate_size=64, vocab_size=64, max_position_embeddings=64)),
-        "llama": LlamaForCausalLM(LlamaConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-                                              num_key_value_heads=2, intermediate_size=64, vocab_size=64,
-                                              max_position_embeddings=64)),
+        "neox": GPTNeoXForCausalLM(
+            GPTNeoXConfig(
+                hidden_size=32,
+                num_hidden_layers=2,
+                num_attention_heads=4,
+                intermediate_size=64,
+                vocab_size=64,
+                max_position_embeddings=64,
+            )
+        ),
+        "llama": LlamaForCausalLM(
+            LlamaConfig(
+                hidden_size=32,
+                num_hidden_layers=2,
+                num_attention_heads=4,
+                num_key_value_heads=2,
+                intermediate_size=64,
+                vocab_size=64,
+                max_position_embeddings=64,
+            )
+        ),
     }
 
 
@@ -120,7 +142,9 @@ def test_bridged_hf_models_collect_and_handle_left_padding(bridges, name):
 
 
 def test_bridge_rotated_queries_and_grouped_keys(bridges):
-    acts = collect(bridges["llama"], torch.randint(0, 64, (2, 5)), ["blocks.1.attn.hook_rot_q", "blocks.1.attn.hook_rot_k"])
+    acts = collect(
+        bridges["llama"], torch.randint(0, 64, (2, 5)), ["blocks.1.attn.hook_rot_q", "blocks.1.attn.hook_rot_k"]
+    )
     assert acts.acts["blocks.1.attn.hook_rot_q"].shape == (10, 4, 8)
     assert acts.acts["blocks.1.attn.hook_rot_k"].shape == (10, 2, 8)
 

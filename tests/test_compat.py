@@ -10,14 +10,18 @@ import pytest
 MOVED = [
     ("nopelens.analyses.sweep.streamed", "plan", "nopelens.analyses.sweep.plan"),
     ("nopelens.analyses.sweep.streamed", "Plan", "nopelens.analyses.sweep.plan"),
-    ("nopelens.analyses.report", "intervention_figure", "nopelens.analyses.figures"),
+    ("nopelens.analyses.report", "intervention_figure", "nopelens.analyses.command_figures"),
     ("nopelens.analyses.report", "model_styles", "nopelens.analyses.palette"),
     ("nopelens.analyses.sweep.driver", "summarize_seed", "nopelens.analyses.sweep.summary"),
     ("nopelens.analyses.sweep.driver", "first_variance_block", "nopelens.analyses.sweep.sites"),
-    ("nopelens.analyses.dynamics", "dynamics_figure", "nopelens.analyses.figures"),
+    ("nopelens.analyses.dynamics", "dynamics_figure", "nopelens.analyses.command_figures"),
+    ("nopelens.analyses.figures", "intervention_figure", "nopelens.analyses.command_figures"),
+    ("nopelens.analyses.figures", "dynamics_figure", "nopelens.analyses.command_figures"),
     ("nopelens.analyses.extreme_tokens", "format_report", "nopelens.analyses.cli.extreme_tokens"),
     ("nopelens.probes.fitting", "GATHER_ELEMENTS", "nopelens.probes.moments"),
     ("nopelens.analyses.sweep.driver", "measure_sinks", "nopelens.analyses.sweep.streamed"),
+    ("nopelens.probes.stream", "AttentionVariance", "nopelens.probes.variance"),
+    ("nopelens.probes.stream", "ROWS_AT_ONCE", "nopelens.probes.variance"),
 ]
 GONE = [
     ("nopelens.models.hf", "MLA_FAMILIES", "family_of"),
@@ -43,7 +47,7 @@ def test_a_gone_name_says_what_to_use_instead(old, name, instead):
 
 def test_an_unknown_name_is_still_an_ordinary_attribute_error():
     with pytest.raises(AttributeError, match="has no attribute 'no_such_name'"):
-        importlib.import_module("nopelens.analyses.sweep.streamed").no_such_name
+        _ = importlib.import_module("nopelens.analyses.sweep.streamed").no_such_name
 
 
 def test_sweep_figures_and_svg_are_deprecated_in_one_line():
@@ -80,5 +84,6 @@ def test_the_sweep_package_gives_the_drivers_names_and_imports_a_module_alone():
 
     assert sweep is driver.sweep
     code = "import sys, nopelens.analyses.sweep.eta; print('nopelens.analyses.sweep.driver' in sys.modules)"
-    assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split() \
-        == ["False"]
+    assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split() == [
+        "False"
+    ]

@@ -13,8 +13,15 @@ METHODS = list(POSITION_METHODS) + ["hybrid"]
 def make(method, **kw):
     position = ["nope", "rope", "alibi"] if method == "hybrid" else method
     base = dict(
-        d_vocab=23, n_ctx=24, n_layers=3, d_model=32, n_heads=4, position=position,
-        shaw_clip=4, shaw_values=True, rotary_fraction=0.5,
+        d_vocab=23,
+        n_ctx=24,
+        n_layers=3,
+        d_model=32,
+        n_heads=4,
+        position=position,
+        shaw_clip=4,
+        shaw_values=True,
+        rotary_fraction=0.5,
     )
     base.update(kw)
     return Decoder(DecoderConfig(**base), seed=0).eval()
@@ -33,9 +40,12 @@ def test_left_padded_batch_equals_each_sequence_alone(method):
     padded = torch.zeros(len(seqs), width, dtype=torch.long)
     mask = torch.zeros_like(padded)
     for row, seq in enumerate(seqs):
-        padded[row, width - len(seq):] = seq
-        mask[row, width - len(seq):] = 1
-    names = lambda n: n.endswith(("hook_resid_post", "hook_z", "hook_embed", "hook_pos_embed"))
+        padded[row, width - len(seq) :] = seq
+        mask[row, width - len(seq) :] = 1
+
+    def names(n):
+        return n.endswith(("hook_resid_post", "hook_z", "hook_embed", "hook_pos_embed"))
+
     batch_logits, batch_cache = model.run_with_cache(padded, attention_mask=mask, names_filter=names)
     for row, seq in enumerate(seqs):
         alone_logits, alone_cache = model.run_with_cache(seq[None], names_filter=names)

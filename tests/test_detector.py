@@ -7,15 +7,14 @@ import warnings
 
 import pytest
 import torch
+from hf_families import build
 
 from nopelens.analyses.audit import Tolerance, audit
-from nopelens.analyses.audit.detector import MAX_GAP, detect, respaced_ids
 from nopelens.analyses.audit.core import make_subject
+from nopelens.analyses.audit.detector import MAX_GAP, detect, respaced_ids
 from nopelens.models import Decoder, DecoderConfig
 from nopelens.models.adapters import bridge_hf_model
 from nopelens.models.positions import position_ids_from_mask
-
-from hf_families import build
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -47,22 +46,28 @@ def test_respaced_ids_keep_the_origin_and_order_and_leave_padding_alone():
     assert int(respaced_ids(ids, mask, seed=3, limit=21).max()) <= 20
 
 
-@pytest.mark.parametrize("position, expected", [
-    (["nope", "rope", "alibi", "shaw"], ["nope", "relative", "relative", "relative"]),
-    (["rope", "nope", "t5", "nope"], ["relative", "nope", "relative", "nope"]),
-    ("learned", ["nope"] * 2),  # the table acts on the input; every attention layer itself is NoPE
-])
+@pytest.mark.parametrize(
+    "position, expected",
+    [
+        (["nope", "rope", "alibi", "shaw"], ["nope", "relative", "relative", "relative"]),
+        (["rope", "nope", "t5", "nope"], ["relative", "nope", "relative", "nope"]),
+        ("learned", ["nope"] * 2),  # the table acts on the input; every attention layer itself is NoPE
+    ],
+)
 def test_the_detector_reads_decoder_hybrids_built_with_known_layers(position, expected):
     n_layers = len(expected)
-    model = Decoder(DecoderConfig(d_vocab=64, n_ctx=64, n_layers=n_layers, d_model=32, n_heads=4, position=position,
-                                  init_std=0.3), seed=0)
+    model = Decoder(
+        DecoderConfig(d_vocab=64, n_ctx=64, n_layers=n_layers, d_model=32, n_heads=4, position=position, init_std=0.3),
+        seed=0,
+    )
     assert readings(model) == expected
 
 
 def test_a_layer_with_no_scores_to_rotate_reads_flat_and_fails_nothing():
     """q.k = 0 in a RoPE layer: nothing a rotation could change, so the detector says ``flat``."""
-    model = Decoder(DecoderConfig(d_vocab=64, n_ctx=64, n_layers=2, d_model=32, n_heads=4, position="rope",
-                                  init_std=0.3), seed=0)
+    model = Decoder(
+        DecoderConfig(d_vocab=64, n_ctx=64, n_layers=2, d_model=32, n_heads=4, position="rope", init_std=0.3), seed=0
+    )
     with torch.no_grad():
         model.blocks[1].attn.W_Q.zero_()
     assert readings(model) == ["relative", "flat"]

@@ -39,8 +39,9 @@ def _same_tables(a: Path, b: Path, names: list[str]) -> None:
         assert list(whole.columns) == list(placed.columns) and whole.shape == placed.shape, name
         numbers = whole.select_dtypes("number").columns
         assert not whole[numbers].isna().all().all(), name
-        np.testing.assert_allclose(placed[numbers].to_numpy(float), whole[numbers].to_numpy(float), rtol=0, atol=1e-10,
-                                   err_msg=name)
+        np.testing.assert_allclose(
+            placed[numbers].to_numpy(float), whole[numbers].to_numpy(float), rtol=0, atol=1e-10, err_msg=name
+        )
         text = [column for column in whole.columns if column not in numbers]
         assert whole[text].fillna("").equals(placed[text].fillna("")), name
 
@@ -50,20 +51,41 @@ def _same_probe(model_dir: Path, tmp_path: Path, options: list[str], tables: lis
 
     whole, placed = tmp_path / "whole", tmp_path / "placed"
     assert main(["probe", f"hf:{model_dir}", *ARGS, *options, "--no-figures", "--out", str(whole)]) == 0
-    assert main(["probe", f"hf:{model_dir}", *ARGS, *options, *_placed(model_dir, tmp_path), "--no-figures",
-                 "--out", str(placed)]) == 0
+    assert (
+        main(
+            [
+                "probe",
+                f"hf:{model_dir}",
+                *ARGS,
+                *options,
+                *_placed(model_dir, tmp_path),
+                "--no-figures",
+                "--out",
+                str(placed),
+            ]
+        )
+        == 0
+    )
     _same_tables(whole, placed, tables)
 
 
 @pytest.mark.slow
 def test_every_probe_number_of_an_offloaded_model_is_the_whole_models(model_dir, tmp_path, one_thread):
-    _same_probe(model_dir, tmp_path, [], ["probes.csv", "layers.csv", "summary.csv", "sinks.csv", "variance.csv",
-                                          "sink_ablation.csv"])
+    _same_probe(
+        model_dir,
+        tmp_path,
+        [],
+        ["probes.csv", "layers.csv", "summary.csv", "sinks.csv", "variance.csv", "sink_ablation.csv"],
+    )
     from nopelens.analyses.cli import main
 
     assert main(["sinks", f"hf:{model_dir}", *ARGS, "--out", str(tmp_path / "sinks-whole")]) == 0
-    assert main(["sinks", f"hf:{model_dir}", *ARGS, *_placed(model_dir, tmp_path), "--out",
-                 str(tmp_path / "sinks-placed")]) == 0
+    assert (
+        main(
+            ["sinks", f"hf:{model_dir}", *ARGS, *_placed(model_dir, tmp_path), "--out", str(tmp_path / "sinks-placed")]
+        )
+        == 0
+    )
     _same_tables(tmp_path / "sinks-whole", tmp_path / "sinks-placed", ["sinks.csv"])
 
 
@@ -71,11 +93,26 @@ def test_offloaded_model_measures_what_the_whole_model_does(model_dir, tmp_path,
     from nopelens.analyses.cli import main
 
     # the fast lane's share: a RoPE and the NoPE block, without the sink ablation's extra fits
-    _same_probe(model_dir, tmp_path, ["--layers", "1,3", "--no-sink-ablation"],
-                ["probes.csv", "layers.csv", "summary.csv", "sinks.csv", "variance.csv"])
+    _same_probe(
+        model_dir,
+        tmp_path,
+        ["--layers", "1,3", "--no-sink-ablation"],
+        ["probes.csv", "layers.csv", "summary.csv", "sinks.csv", "variance.csv"],
+    )
     assert main(["audit", "--hf-dir", str(model_dir), "--out", str(tmp_path / "audit-whole")]) == 0
-    assert main(["audit", "--hf-dir", str(model_dir), *_placed(model_dir, tmp_path), "--out",
-                 str(tmp_path / "audit-placed")]) == 0
+    assert (
+        main(
+            [
+                "audit",
+                "--hf-dir",
+                str(model_dir),
+                *_placed(model_dir, tmp_path),
+                "--out",
+                str(tmp_path / "audit-placed"),
+            ]
+        )
+        == 0
+    )
     reports = [json.loads((tmp_path / f"audit-{how}" / "audit.json").read_text()) for how in ("whole", "placed")]
     assert reports[0]["steps"] == reports[1]["steps"] and reports[0]["model"] == reports[1]["model"]
 
@@ -84,8 +121,9 @@ def test_the_offloaded_share_stays_on_disk_and_the_plan_says_so(model_dir, tmp_p
     from nopelens.analyses.cli import main
     from nopelens.models.hf_loading import load_hf_dir
 
-    model = load_hf_dir(model_dir, device_map="auto", max_memory=_half(model_dir),
-                        offload_folder=str(tmp_path / "offload"))
+    model = load_hf_dir(
+        model_dir, device_map="auto", max_memory=_half(model_dir), offload_folder=str(tmp_path / "offload")
+    )
     report, size = model.placement, (model_dir / "model.safetensors").stat().st_size
     assert report.weights["disk"] > 0 and report.offloaded_bytes == report.weights["disk"]
     # the offloaded parameters hold no memory (meta tensors); what is resident fits the CPU budget
@@ -97,21 +135,37 @@ def test_the_offloaded_share_stays_on_disk_and_the_plan_says_so(model_dir, tmp_p
     assert f"disk: weights {report.weights['disk'] / 2**10:,.1f} KiB" in out and "offload traffic" in out
 
 
-@pytest.mark.parametrize("options, message", [
-    (["--device-map", "auto", "--max-memory", "7=1GiB"], "device 7 does not exist here"),
-    (["--device-map", "MAP", ], "names 'model.layer.0', which SmolLM3ForCausalLM does not have"),
-    (["--device-map", "auto", "--max-memory", "cpu=4KiB", "--offload-folder", "OFF"], "cannot hold one layer"),
-    (["--device-map", "auto", "--max-memory", "HALF", "--offload-folder", "FILE/offload"], "cannot be written"),
-    (["--device-map", "auto", "--max-memory", "HALF"], "give --offload-folder"),
-    (["--max-memory", "cpu=1GiB"], "--max-memory applies with --device-map"),
-])
+@pytest.mark.parametrize(
+    "options, message",
+    [
+        (["--device-map", "auto", "--max-memory", "7=1GiB"], "device 7 does not exist here"),
+        (
+            [
+                "--device-map",
+                "MAP",
+            ],
+            "names 'model.layer.0', which SmolLM3ForCausalLM does not have",
+        ),
+        (["--device-map", "auto", "--max-memory", "cpu=4KiB", "--offload-folder", "OFF"], "cannot hold one layer"),
+        (["--device-map", "auto", "--max-memory", "HALF", "--offload-folder", "FILE/offload"], "cannot be written"),
+        (["--device-map", "auto", "--max-memory", "HALF"], "give --offload-folder"),
+        (["--max-memory", "cpu=1GiB"], "--max-memory applies with --device-map"),
+    ],
+)
 def test_bad_placements_are_one_line(model_dir, tmp_path, capsys, options, message):
     from nopelens.analyses.cli import main
 
     (tmp_path / "map.json").write_text(json.dumps({"model.embed_tokens": "cpu", "model.layer.0": "cpu"}))
     (tmp_path / "file").write_text("")
-    given = [{"MAP": str(tmp_path / "map.json"), "OFF": str(tmp_path / "off"), "HALF": _half(model_dir),
-              "FILE/offload": str(tmp_path / "file" / "offload")}.get(option, option) for option in options]
+    given = [
+        {
+            "MAP": str(tmp_path / "map.json"),
+            "OFF": str(tmp_path / "off"),
+            "HALF": _half(model_dir),
+            "FILE/offload": str(tmp_path / "file" / "offload"),
+        }.get(option, option)
+        for option in options
+    ]
     for command in (["probe", f"hf:{model_dir}", *ARGS, "--plan"], ["audit", "--hf-dir", str(model_dir)]):
         code = main([*command, *given])
         err = capsys.readouterr().err
@@ -154,8 +208,9 @@ def test_a_model_built_in_memory_is_dispatched_by_load_hf_model(model_dir, tmp_p
     if hooks == "forward hooks":  # as for a family TransformerLens has no adapter for
         monkeypatch.setattr("nopelens.models.adapters.bridge_supports", lambda architecture: False)
     whole = load_hf_model(built())
-    placed = load_hf_model(built(), device_map="auto", max_memory=_half(model_dir),
-                           offload_folder=str(tmp_path / "offload"))
+    placed = load_hf_model(
+        built(), device_map="auto", max_memory=_half(model_dir), offload_folder=str(tmp_path / "offload")
+    )
     assert whole.placement is None and placed.placement.weights["disk"] > 0 and placed.placement.hooks == hooks
     assert any((tmp_path / "offload").iterdir())  # accelerate wrote the disk share there and freed it
     assert sum(p.is_meta for p in placed.original_model.parameters()) > 0

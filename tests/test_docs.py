@@ -14,7 +14,6 @@ import sys
 import pandas as pd
 import pytest
 import yaml
-
 from docs_pages import DOCS, ROOT, block_after, blocks, broken_links, commands, text
 
 from nopelens.analyses.cli import build_parser, main
@@ -22,8 +21,18 @@ from nopelens.analyses.sweep.parallel import dask_security
 from nopelens.models import zoo
 from nopelens.models.methods import METHODS
 
-TOPIC_PAGES = ("probing.md", "circuits.md", "hooking.md", "audit.md", "zoo.md", "decoder.md", "dask.md",
-               "schema.md", "results.md", "development.md")
+TOPIC_PAGES = (
+    "probing.md",
+    "circuits.md",
+    "hooking.md",
+    "audit.md",
+    "zoo.md",
+    "decoder.md",
+    "dask.md",
+    "schema.md",
+    "results.md",
+    "development.md",
+)
 ALL_PAGES = ["README.md"] + sorted(f"docs/{page.name}" for page in DOCS.glob("*.md"))
 
 
@@ -60,6 +69,7 @@ def working_directory(path):
 
 # ---- every page -------------------------------------------------------------------------------
 
+
 def test_every_topic_page_exists_and_is_linked_from_the_readme():
     readme = text("README.md")
     for page in TOPIC_PAGES:
@@ -93,12 +103,25 @@ def test_the_command_reader_finds_commands_and_rejects_a_stale_flag(capsys):
 
 # ---- probing.md and schema.md: a real run folder ----------------------------------------------
 
+
 @pytest.fixture(scope="module")
 def run_root(tmp_path_factory):
     """``runs/sweep`` of a small sweep of text-rope-4l (shipped), made by the CLI."""
     root = tmp_path_factory.mktemp("docs_run")
-    argv = ["sweep", "--models", "text-rope-4l", "--no-controls", "--n-sequences", "12", "--seq-len", "16",
-            "--no-figures", "--quiet", "--out", str(root / "runs" / "sweep")]
+    argv = [
+        "sweep",
+        "--models",
+        "text-rope-4l",
+        "--no-controls",
+        "--n-sequences",
+        "12",
+        "--seq-len",
+        "16",
+        "--no-figures",
+        "--quiet",
+        "--out",
+        str(root / "runs" / "sweep"),
+    ]
     assert main(argv) == 0
     return root
 
@@ -162,17 +185,30 @@ def test_probing_intervene_command_gives_the_circuits_known_answer(tmp_path, cap
 
 # ---- circuits.md ------------------------------------------------------------------------------
 
+
 def test_circuits_example_prints_the_exact_checks(capsys):
     run_python(blocks("docs/circuits.md", "python")[0], "circuits.md")
     out = capsys.readouterr().out
     assert "'position_max_error': 0.0" in out and "'no_bos_counter_max_abs': 0.0" in out
     assert "'pattern_max_error': 0.0" in out and "'alibi_head': 4" in out
-    assert out.splitlines()[2].split() == ["position", "counter", "expected_counter", "position_value", "position_error"]
+    assert out.splitlines()[2].split() == [
+        "position",
+        "counter",
+        "expected_counter",
+        "position_value",
+        "position_error",
+    ]
 
 
 def test_circuits_commands_pass_their_checks(tmp_path, capsys):
     circuit_commands = [argv for argv in commands("docs/circuits.md") if argv[0] == "circuit"]
-    assert {argv[1] for argv in circuit_commands} == {"counter", "distance", "previous-token", "equivariance", "mask-table"}
+    assert {argv[1] for argv in circuit_commands} == {
+        "counter",
+        "distance",
+        "previous-token",
+        "equivariance",
+        "mask-table",
+    }
     for argv in circuit_commands:
         argv = with_option(with_option(argv, "--n-ctx", 16), "--out", tmp_path)  # smaller circuits, same checks
         code, out = nopelens(argv, capsys)
@@ -191,6 +227,7 @@ def test_circuits_demo_script_runs(tmp_path):
 
 # ---- hooking.md -------------------------------------------------------------------------------
 
+
 def test_hooking_hf_example_prints_a_per_layer_probe_curve(capsys):
     run_python(block_after("docs/hooking.md", "## An HF model in Python"), "hooking.md")
     lines = capsys.readouterr().out.strip().splitlines()
@@ -201,8 +238,12 @@ def test_hooking_hf_example_prints_a_per_layer_probe_curve(capsys):
 def test_hooking_any_module_example_collects_every_named_site(capsys):
     run_python(block_after("docs/hooking.md", "## A hand-written map (the fallback)"), "hooking.md")
     printed = capsys.readouterr().out.strip()
-    assert printed == str({site: (4 * 16, 32) for site in
-                           ("blocks.0.hook_resid_pre", "blocks.0.hook_resid_post", "blocks.1.hook_resid_post")})
+    assert printed == str(
+        {
+            site: (4 * 16, 32)
+            for site in ("blocks.0.hook_resid_pre", "blocks.0.hook_resid_post", "blocks.1.hook_resid_post")
+        }
+    )
 
 
 def test_hooking_one_call_example_reads_both_blocks_sinks(capsys):
@@ -265,6 +306,7 @@ def test_hooking_session_repeated_input_is_the_known_answer(smol, tmp_path, caps
 
 # ---- audit.md ---------------------------------------------------------------------------------
 
+
 def test_audit_example_reads_a_fresh_rope_decoder(capsys):
     run_python(blocks("docs/audit.md", "python")[0], "audit.md")
     out = capsys.readouterr().out
@@ -290,6 +332,7 @@ def test_audit_of_a_checkpoint_just_trained(tmp_path, capsys):
 
 
 # ---- zoo.md -----------------------------------------------------------------------------------
+
 
 def test_zoo_example_loads_the_shipped_model(capsys):
     run_python(blocks("docs/zoo.md", "python")[0], "zoo.md")
@@ -321,6 +364,7 @@ def test_zoo_lengthgen_smoke_test(tmp_path, capsys):
 
 # ---- decoder.md -------------------------------------------------------------------------------
 
+
 def test_decoder_example_runs(capsys):
     run_python(blocks("docs/decoder.md", "python")[0], "decoder.md")
     assert capsys.readouterr().out.strip() == "torch.Size([2, 16, 4, 32])"
@@ -328,7 +372,7 @@ def test_decoder_example_runs(capsys):
 
 def test_decoder_methods_table_is_the_registry_and_demo_builds_each(capsys):
     page = text("docs/decoder.md")
-    table = page[page.index("| method | `position` |"):]
+    table = page[page.index("| method | `position` |") :]
     listed = re.findall(r"^\| [^|]+ \| `(\w+)` \|", table, re.M)[1:]  # after the header row
     assert set(listed) == set(METHODS)
     code, out = nopelens(["demo"], capsys)
@@ -337,6 +381,7 @@ def test_decoder_methods_table_is_the_registry_and_demo_builds_each(capsys):
 
 
 # ---- dask.md ----------------------------------------------------------------------------------
+
 
 def test_dask_certificates_and_security_file_work(tmp_path):
     """The page's openssl lines make a CA and a certificate; its YAML, pointed at them, is what
@@ -355,6 +400,7 @@ def test_dask_certificates_and_security_file_work(tmp_path):
 
 # ---- results.md and the README: the default sweep's tables -------------------------------------
 
+
 def _markdown_tables(page: str, heading: str) -> list[pd.DataFrame]:
     """The tables of one section of ``page``: from ``heading`` to the next heading of its level."""
     section = text(page).split(heading + "\n", 1)[1].split("\n" + heading.split()[0] + " ", 1)[0]
@@ -369,13 +415,18 @@ def _markdown_tables(page: str, heading: str) -> list[pd.DataFrame]:
     return found
 
 
-FIRST_LAYER = {"abs. index acc ≥ 0.9": "absolute_acc", "abs. index R² ≥ 0.9": "absolute_r2",
-               "rel. dist. pairs R² ≥ 0.9": "relative_pairs_r2", "rel. dist. head scores R² ≥ 0.9": "relative_score_r2",
-               "rel. dist. content q·k R² ≥ 0.9": "relative_content_qk_r2"}
+FIRST_LAYER = {
+    "abs. index acc ≥ 0.9": "absolute_acc",
+    "abs. index R² ≥ 0.9": "absolute_r2",
+    "rel. dist. pairs R² ≥ 0.9": "relative_pairs_r2",
+    "rel. dist. head scores R² ≥ 0.9": "relative_score_r2",
+    "rel. dist. content q·k R² ≥ 0.9": "relative_content_qk_r2",
+}
 
 
-@pytest.mark.parametrize("page, heading", [("README.md", "## What the sweep finds"),
-                                           ("docs/results.md", "## The default sweep")])
+@pytest.mark.parametrize(
+    "page, heading", [("README.md", "## What the sweep finds"), ("docs/results.md", "## The default sweep")]
+)
 def test_the_default_sweep_tables_are_docs_sweep_summary(page, heading):
     summary = pd.read_csv(DOCS / "sweep" / "summary.csv").set_index("model")
     checked = 0
@@ -405,6 +456,7 @@ def test_results_keeps_current_figures_without_the_dated_logs():
 
 
 # ---- development.md ---------------------------------------------------------------------------
+
 
 def test_development_paths_exist():
     page = text("docs/development.md")

@@ -5,15 +5,20 @@ import doctest
 import importlib
 
 import pytest
-
 from package_modules import modules
 
 MODULES = sorted(name for name in modules() if name != "nopelens")
 
 
 def test_the_math_modules_are_discovered():
-    assert {"nopelens.models.positions", "nopelens.probes.metrics", "nopelens.analyses.audit.numerics",
-            "nopelens.analyses.audit.detector", "nopelens.models.masks", "nopelens.analyses.cli.options"} <= set(MODULES)
+    assert {
+        "nopelens.models.positions",
+        "nopelens.probes.metrics",
+        "nopelens.analyses.audit.numerics",
+        "nopelens.analyses.audit.detector",
+        "nopelens.models.masks",
+        "nopelens.analyses.cli.options",
+    } <= set(MODULES)
 
 
 @pytest.mark.parametrize("name", MODULES)
@@ -25,6 +30,10 @@ def test_doctests(name):
 def test_the_package_has_doctests():
     attempted = {name: doctest.testmod(importlib.import_module(name), report=False).attempted for name in MODULES}
     assert sum(attempted.values()) >= 80, "the math helpers lost their doctests"
-    for name in ("nopelens.models.positions", "nopelens.models.hooks", "nopelens.probes.metrics",
-                 "nopelens.analyses.runs"):
+    for name in (
+        "nopelens.models.positions",
+        "nopelens.models.hooks",
+        "nopelens.probes.metrics",
+        "nopelens.analyses.runs",
+    ):
         assert attempted[name] > 0, f"{name} has no doctests"

@@ -2,8 +2,8 @@
 
 import pytest
 
-from nopelens.analyses.sweep.eta import MEASURE_PRIOR, TRAIN_PRIOR, SweepETA, TaskWork
 from nopelens.analyses.subjects import planned_work
+from nopelens.analyses.sweep.eta import MEASURE_PRIOR, TRAIN_PRIOR, SweepETA, TaskWork
 from nopelens.models import zoo
 
 TRAIN = TaskWork(1000, 1000 * 16 * 65 * 0.85e6, 5 * (80 * 64 + 5120))  # text-nope-4l, not cached yet
@@ -73,18 +73,39 @@ def test_the_probes_plan_reads_in_lines_of_at_most_100_columns():
     part, none wider than 100 columns, with the numbers and phrases a reader looks for unbroken."""
     from nopelens.analyses.sweep.plan import PLAN_WIDTH, Plan
 
-    note = ("3 min of forward passes and 17 min of fits (a batch's first block timed here, the fits' factorizations "
-            "and products counted and timed here at d = 1024)")
-    plan = Plan(forward_passes=123, tokens=456_789, statistics_bytes=3 * 2**30, keep_bytes=2**29, eta_seconds=1234.0,
-                eta_note=note, ablation_passes=40, ablated_blocks=4, batch_size=8, shortfall="too large", groups=3,
-                held_bytes=2**30, stripped_passes=10, second_passes=20, ablation_second_passes=5)
+    note = (
+        "3 min of forward passes and 17 min of fits (a batch's first block timed here, the fits' factorizations "
+        "and products counted and timed here at d = 1024)"
+    )
+    plan = Plan(
+        forward_passes=123,
+        tokens=456_789,
+        statistics_bytes=3 * 2**30,
+        keep_bytes=2**29,
+        eta_seconds=1234.0,
+        eta_note=note,
+        ablation_passes=40,
+        ablated_blocks=4,
+        batch_size=8,
+        shortfall="too large",
+        groups=3,
+        held_bytes=2**30,
+        stripped_passes=10,
+        second_passes=20,
+        ablation_second_passes=5,
+    )
     text = plan.describe("hf:/models/SmolLM3-3B")
     lines = text.splitlines()
     assert PLAN_WIDTH == 100 and len(lines) >= 8 and max(map(len, lines)) <= PLAN_WIDTH, text
     assert lines[0].startswith("nopelens: plan for hf:/models/SmolLM3-3B: 123 forward passes over 456,789 tokens")
     assert all(line.startswith(("  - ", "    ")) for line in lines[1:]), text
-    for phrase in ("3 groups whose statistics fit the memory", "40 of them for the sink ablation of 4 blocks",
-                   "statistics 3,072.0 MiB in all", "ETA about 21 min", "WILL NOT FIT (the error line says why)"):
+    for phrase in (
+        "3 groups whose statistics fit the memory",
+        "40 of them for the sink ablation of 4 blocks",
+        "statistics 3,072.0 MiB in all",
+        "ETA about 21 min",
+        "WILL NOT FIT (the error line says why)",
+    ):
         assert phrase in text, phrase
     short = Plan(1, 64, 2**20, 0, None, "not estimated").describe("m")
     assert "in batches of at most 32 sequences" in short and "WILL NOT FIT" not in short

@@ -15,7 +15,6 @@ from schema import assert_documented
 
 from nopelens.analyses.cli import guarded
 from nopelens.analyses.sweep import SweepSettings, sweep
-
 from nopelens.models import Decoder, DecoderConfig
 from nopelens.models.checkpoint import TrainedModel, save_checkpoint
 
@@ -36,8 +35,9 @@ def example(name):
 
 
 def test_probe_layers_on_the_circuit_finds_position_at_layer_1_and_reads_as_the_sweep(tmp_path, capsys):
-    paths = example("probe_layers").main(["circuit", "--n-sequences", "12", "--seq-len", "10", "--n-boot", "10",
-                                          "--out", str(tmp_path)])
+    paths = example("probe_layers").main(
+        ["circuit", "--n-sequences", "12", "--seq-len", "10", "--n-boot", "10", "--out", str(tmp_path)]
+    )
     assert sorted(p.name for p in paths) == ["probe_layers.csv", "probe_layers.png", "probe_layers.svg"]
     assert f"wrote {tmp_path / 'probe_layers.png'}" in capsys.readouterr().out, "it says where it wrote"
     table = pd.read_csv(tmp_path / "probe_layers.csv")
@@ -63,12 +63,15 @@ def test_probe_layers_defaults_are_the_sweeps():
     assert parser_defaults == default
 
 
-@pytest.mark.parametrize("name, argv, message", [
-    ("probe_layers", ["gpt-17"], "unknown zoo model 'gpt-17'"),
-    ("probe_layers", ["runs/no/such/checkpoint"], "no checkpoint directory at runs/no/such/checkpoint"),
-    ("hook_external", ["--hf-dir", "/no/such/dir"], "no such HF model directory"),
-    ("circuit_demo", ["--n-ctx", "1"], "--n-ctx must be >= 2"),
-])
+@pytest.mark.parametrize(
+    "name, argv, message",
+    [
+        ("probe_layers", ["gpt-17"], "unknown zoo model 'gpt-17'"),
+        ("probe_layers", ["runs/no/such/checkpoint"], "no checkpoint directory at runs/no/such/checkpoint"),
+        ("hook_external", ["--hf-dir", "/no/such/dir"], "no such HF model directory"),
+        ("circuit_demo", ["--n-ctx", "1"], "--n-ctx must be >= 2"),
+    ],
+)
 def test_bad_input_is_one_line_and_exit_code_2(name, argv, message, capsys):
     module = example(name)
     assert guarded(lambda: module.main(argv), f"{name}.py") == 2
@@ -83,7 +86,8 @@ def test_a_script_run_as_main_exits_2_with_one_line(tmp_path, monkeypatch, capsy
         runpy.run_path(str(EXAMPLES / "circuit_demo.py"), run_name="__main__")
     assert exit_info.value.code == 2
     assert capsys.readouterr().err.strip().splitlines() == [
-        "circuit_demo.py: error: --n-ctx must be >= 2 (BOS and one token), got 1"]
+        "circuit_demo.py: error: --n-ctx must be >= 2 (BOS and one token), got 1"
+    ]
     monkeypatch.setattr(sys, "argv", ["circuit_demo.py", "--bogus"])
     with pytest.raises(SystemExit) as exit_info:
         runpy.run_path(str(EXAMPLES / "circuit_demo.py"), run_name="__main__")
@@ -94,7 +98,9 @@ def test_probe_layers_on_a_checkpoint(tmp_path):
     model = Decoder(DecoderConfig(d_vocab=12, n_ctx=16, n_layers=1, d_model=16, n_heads=2), seed=0)
     meta = {"task": {"name": "copy", "kwargs": {"n_symbols": 8}}, "train_lengths": [1, 4]}
     save_checkpoint(tmp_path / "ckpt", TrainedModel(model, meta))
-    example("probe_layers").main([str(tmp_path / "ckpt"), "--n-sequences", "10", "--n-boot", "10", "--out", str(tmp_path / "out")])
+    example("probe_layers").main(
+        [str(tmp_path / "ckpt"), "--n-sequences", "10", "--n-boot", "10", "--out", str(tmp_path / "out")]
+    )
     table = pd.read_csv(tmp_path / "out" / "probe_layers.csv")
     assert sorted(table.layer.unique()) == [0, 1]
 
@@ -134,16 +140,34 @@ def test_make_hf_model_saves_a_model_nopelens_probe_reads_and_refuses_to_overwri
     captured = capsys.readouterr()
     assert f"nopelens probe hf:{out} --quick" in captured.out
     assert captured.err.strip().splitlines() == [
-        f"make_hf_model.py: error: {out} already holds a model (config.json); give another --out, or delete it"]
+        f"make_hf_model.py: error: {out} already holds a model (config.json); give another --out, or delete it"
+    ]
     assert {"config.json", "model.safetensors", "tokenizer.json"} <= {p.name for p in out.iterdir()}
     module = example("make_hf_model")
     (tmp_path / "afile").write_text("")
-    for argv, message in [(["--out", str(tmp_path / "afile")], "is a file; give a folder"),
-                          (["--out", str(tmp_path / "other"), "--seed", "-1"], "argument --seed: a seed is an integer")]:
+    for argv, message in [
+        (["--out", str(tmp_path / "afile")], "is a file; give a folder"),
+        (["--out", str(tmp_path / "other"), "--seed", "-1"], "argument --seed: a seed is an integer"),
+    ]:
         with pytest.raises(SystemExit) if "--seed" in argv else _no_exit():
             assert guarded(lambda: module.main(argv), "make_hf_model.py") == 2
         assert message in capsys.readouterr().err
     assert not (tmp_path / "other").exists(), "a bad --seed writes nothing"
-    assert main(["probe", f"hf:{out}", "--quick", "--seq-len", "16", "--n-sequences", "6", "--plan",
-                 "--out", str(tmp_path / "run")]) == 0
+    assert (
+        main(
+            [
+                "probe",
+                f"hf:{out}",
+                "--quick",
+                "--seq-len",
+                "16",
+                "--n-sequences",
+                "6",
+                "--plan",
+                "--out",
+                str(tmp_path / "run"),
+            ]
+        )
+        == 0
+    )
     assert "plan for hf:" in capsys.readouterr().out

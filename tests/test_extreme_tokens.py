@@ -23,7 +23,7 @@ def active_dormant_pattern(trigger: np.ndarray, sink: float = 0.9) -> np.ndarray
             p[0, i, i - 1] = 1.0
         else:
             p[0, i, 0] = sink
-            p[0, i, 1:i + 1] = (1 - sink) / i
+            p[0, i, 1 : i + 1] = (1 - sink) / i
     return p
 
 
@@ -47,8 +47,10 @@ def test_an_active_dormant_head_reads_as_one_and_uniform_attention_as_neither(ha
     assert head0_other["first_mass"] == pytest.approx(0.9) and head0_trigger["active"] and head0_other["dormant"]
     assert not head0_other["active"] and not head0_trigger["dormant"]
     # uniform attention: 1 / (i + 1) on key 0 and on key i - 1, averaged over the class's queries (i >= 2)
-    expected = {name: np.mean([1 / (i + 1) for f in flags for i in range(FIRST_QUERY, N) if f[i] == flag])
-                for name, flag in (("trigger", True), ("non_trigger", False))}
+    expected = {
+        name: np.mean([1 / (i + 1) for f in flags for i in range(FIRST_QUERY, N) if f[i] == flag])
+        for name, flag in (("trigger", True), ("non_trigger", False))
+    }
     for name, value in expected.items():
         row = table.loc[(1, name)]
         assert row["first_mass"] == pytest.approx(value) == pytest.approx(row["previous_mass"])
@@ -70,8 +72,12 @@ def test_first_token_norms_find_a_drain_and_a_peak():
     value[position == 0, 0] *= 0.1  # head 0's first value is a tenth of the others: a drain
     resid = np.ones((20, 4))
     resid[position == 0] *= 10.0  # the first residual state is ten times the others: a peak
-    acts = Activations({"blocks.0.attn.hook_v": value, "blocks.0.hook_resid_post": resid},
-                       np.repeat(np.arange(4), 5), position, np.zeros(20, dtype=int))
+    acts = Activations(
+        {"blocks.0.attn.hook_v": value, "blocks.0.hook_resid_post": resid},
+        np.repeat(np.arange(4), 5),
+        position,
+        np.zeros(20, dtype=int),
+    )
     table = first_token_norms(acts, ["blocks.0.attn.hook_v", "blocks.0.hook_resid_post"])
     assert table["ratio"].round(6).tolist() == [0.1, 1.0, 10.0]
     assert table["head"].tolist() == [0, 1, -1] and table["layer"].iloc[-1] == 1
@@ -87,14 +93,43 @@ def test_ratio_ci():
 
 
 def test_cli_on_a_quick_backcopy_model_and_a_text_model(tmp_path, capsys):
-    assert main(["extreme-tokens", "bb-rope-2l", "--quick", "--n-sequences", "8", "--n-boot", "10",
-                 "--out", str(tmp_path / "bb"), "--quiet"]) == 0
+    assert (
+        main(
+            [
+                "extreme-tokens",
+                "bb-rope-2l",
+                "--quick",
+                "--n-sequences",
+                "8",
+                "--n-boot",
+                "10",
+                "--out",
+                str(tmp_path / "bb"),
+                "--quiet",
+            ]
+        )
+        == 0
+    )
     out = capsys.readouterr().out
     assert "non_trigger" in out and "remove_key, block 1" in out and "floor" in out
     assert "NaN" not in out and "n/a" in out  # the floor is a loss only: its accuracy reads n/a
     assert all((tmp_path / "bb" / f"{name}.csv").is_file() for name in ("heads", "norms", "ablation"))
-    assert main(["extreme-tokens", "circuit", "--n-sequences", "8", "--n-boot", "10", "--out", str(tmp_path / "c"),
-                 "--quiet"]) == 0
+    assert (
+        main(
+            [
+                "extreme-tokens",
+                "circuit",
+                "--n-sequences",
+                "8",
+                "--n-boot",
+                "10",
+                "--out",
+                str(tmp_path / "c"),
+                "--quiet",
+            ]
+        )
+        == 0
+    )
     out = capsys.readouterr().out
     assert " all " in out and "NaN" not in out
     assert "ratio n/a at blocks.0.attn.hook_v" in out  # the circuit's other values are all zero
@@ -104,8 +139,10 @@ def test_the_command_refuses_options_it_would_ignore_or_misread(tmp_path, capsys
     from nopelens.analyses.cli import main
     from nopelens.analyses.runs import claim
 
-    for option, value, message in (("--n-boot", "-1", "--n-boot must be a positive integer"),
-                                   ("--seq-len", "1000", "--seq-len does not apply: bb-rope-2l is a bigram_backcopy")):
+    for option, value, message in (
+        ("--n-boot", "-1", "--n-boot must be a positive integer"),
+        ("--seq-len", "1000", "--seq-len does not apply: bb-rope-2l is a bigram_backcopy"),
+    ):
         assert main(["extreme-tokens", "bb-rope-2l", "--quick", option, value, "--out", str(tmp_path / "e")]) == 2
         assert message in capsys.readouterr().err
     claim(tmp_path / "run", "lengthgen", {"steps": 1})
@@ -129,8 +166,24 @@ def _saved(tmp_path, family: str, **edits) -> str:
 
 def _extreme_tokens(folder: str, capsys) -> str:
     capsys.readouterr()
-    assert main(["extreme-tokens", f"hf:{folder}", "--seq-len", "8", "--n-sequences", "2", "--n-boot", "2",
-                 "--out", f"{folder}-out", "--quiet"]) == 0
+    assert (
+        main(
+            [
+                "extreme-tokens",
+                f"hf:{folder}",
+                "--seq-len",
+                "8",
+                "--n-sequences",
+                "2",
+                "--n-boot",
+                "2",
+                "--out",
+                f"{folder}-out",
+                "--quiet",
+            ]
+        )
+        == 0
+    )
     return capsys.readouterr().out
 
 

@@ -36,8 +36,11 @@ def has_fast_tests(tree: ast.Module) -> bool:
         if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "pytestmark" for t in node.targets):
             if _is_slow(node.value):
                 return False
-    tests = [node for node in ast.walk(tree)
-             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name.startswith("test")]
+    tests = [
+        node
+        for node in ast.walk(tree)
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name.startswith("test")
+    ]
     return any(not any(_is_slow(d) for d in test.decorator_list) for test in tests)
 
 
@@ -56,8 +59,13 @@ def _module_aliases(tree: ast.Module, known: dict) -> dict[str, str]:
         if isinstance(node, ast.Import):
             aliases.update({alias.asname: alias.name for alias in node.names if alias.asname and alias.name in known})
         elif isinstance(node, ast.ImportFrom) and node.module in known:
-            aliases.update({alias.asname or alias.name: f"{node.module}.{alias.name}" for alias in node.names
-                            if f"{node.module}.{alias.name}" in known})
+            aliases.update(
+                {
+                    alias.asname or alias.name: f"{node.module}.{alias.name}"
+                    for alias in node.names
+                    if f"{node.module}.{alias.name}" in known
+                }
+            )
     return aliases
 
 
@@ -67,8 +75,11 @@ def named_modules(tree: ast.Module, helpers: dict[str, ast.Module]) -> set[str]:
     known = package_modules.modules()
     found: set[str] = set()
     for alias, module in _module_aliases(tree, known).items():  # ``iv.first_real_index``: where it is defined
-        found.update(_defining_module(module, node.attr, known) for node in ast.walk(tree)
-                     if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == alias)
+        found.update(
+            _defining_module(module, node.attr, known)
+            for node in ast.walk(tree)
+            if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == alias
+        )
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             names = [alias.name for alias in node.names]
@@ -92,9 +103,14 @@ def discovered(module: str) -> set[str]:
     :mod:`nopelens.models.hf.family`, which imports each module of that package at run time)."""
     known = package_modules.modules()
     tree = ast.parse(known[module][0].read_text(encoding="utf-8"))
-    packages = {node.value.value for node in tree.body if isinstance(node, ast.Assign)
-                and any(getattr(t, "id", "").endswith("_PACKAGE") for t in node.targets)
-                and isinstance(node.value, ast.Constant) and node.value.value in known}
+    packages = {
+        node.value.value
+        for node in tree.body
+        if isinstance(node, ast.Assign)
+        and any(getattr(t, "id", "").endswith("_PACKAGE") for t in node.targets)
+        and isinstance(node.value, ast.Constant)
+        and node.value.value in known
+    }
     return {name for name in known for package in packages if name.startswith(package + ".")}
 
 
@@ -143,16 +159,27 @@ def test_the_reach_rule_on_written_files(tmp_path):
     """Each route counts, and only from tests the fast lane runs."""
     (tmp_path / "conftest.py").write_text("")
     (tmp_path / "helper.py").write_text("from nopelens.models import zoo\n")
-    (tmp_path / "test_a.py").write_text("import helper\nfrom nopelens.models import Decoder\n"
-                                        "def test_x():\n    main(['circuit'])\n    get_method('alibi')\n")
-    (tmp_path / "test_b.py").write_text("import pytest\nfrom nopelens.analyses import lengthgen\n"
-                                        "@pytest.mark.slow\ndef test_y():\n    pass\n")
-    (tmp_path / "test_c.py").write_text("import pytest\npytestmark = [pytest.mark.slow]\n"
-                                        "from nopelens.analyses import validate\ndef test_z():\n    pass\n")
+    (tmp_path / "test_a.py").write_text(
+        "import helper\nfrom nopelens.models import Decoder\n"
+        "def test_x():\n    main(['circuit'])\n    get_method('alibi')\n"
+    )
+    (tmp_path / "test_b.py").write_text(
+        "import pytest\nfrom nopelens.analyses import lengthgen\n@pytest.mark.slow\ndef test_y():\n    pass\n"
+    )
+    (tmp_path / "test_c.py").write_text(
+        "import pytest\npytestmark = [pytest.mark.slow]\n"
+        "from nopelens.analyses import validate\ndef test_z():\n    pass\n"
+    )
     reach = fast_lane_reach(tmp_path)
-    for module in ("nopelens.models.zoo", "nopelens.models.decoder", "nopelens.analyses.cli.circuit",
-                   "nopelens.analyses.circuit_checks", "nopelens.models.methods.alibi", "nopelens.models",
-                   "nopelens.analyses.cli"):
+    for module in (
+        "nopelens.models.zoo",
+        "nopelens.models.decoder",
+        "nopelens.analyses.cli.circuit",
+        "nopelens.analyses.circuit_checks",
+        "nopelens.models.methods.alibi",
+        "nopelens.models",
+        "nopelens.analyses.cli",
+    ):
         assert module in reach, module
     assert "nopelens.analyses.lengthgen" not in reach and "nopelens.analyses.validate" not in reach
     assert "nopelens.models.methods.shaw" not in reach  # the methods package imports it, and passes nothing on

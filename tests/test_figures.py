@@ -8,7 +8,9 @@ from nopelens.analyses.figures import save_figure
 
 
 def figure(shift=0.0):
-    data = pd.DataFrame({"layer": [0, 1, 2] * 2, "value": [0.1, 0.5 + shift, 0.9, 0.2, 0.3, 0.4], "model": ["a"] * 3 + ["b"] * 3})
+    data = pd.DataFrame(
+        {"layer": [0, 1, 2] * 2, "value": [0.1, 0.5 + shift, 0.9, 0.2, 0.3, 0.4], "model": ["a"] * 3 + ["b"] * 3}
+    )
     fig, ax = plt.subplots(figsize=(3, 2))
     sns.lineplot(data=data, x="layer", y="value", hue="model", marker="o", ax=ax)  # clip paths, legend, text
     ax.fill_between([0, 1, 2], [0, 0.1, 0.2], [0.3, 0.4, 0.5], alpha=0.2)
@@ -29,7 +31,6 @@ def test_saving_the_same_figure_twice_gives_identical_files(tmp_path):
 
 # ----------------------------------------------------------------------------- one palette (issue 49)
 import matplotlib.colors  # noqa: E402
-import pytest  # noqa: E402
 
 from nopelens.analyses import figures, layers, lengthgen, palette, report  # noqa: E402
 from nopelens.models.methods import METHODS  # noqa: E402
@@ -46,9 +47,24 @@ SUBJECTS = {  # as a run's done.json records them (SweepResult.subjects), keyed 
 
 
 def curves(models):
-    rows = [dict(model=model, train_seed=0, layer=layer, curve=curve.key, metric="r2", value=0.1 * layer,
-                 ci_low=0.0, ci_high=0.3, threshold=0.9, clears=False, n_heads=None)
-            for model in models for curve in layers.curves_of() for layer in range(3)]
+    rows = [
+        dict(
+            model=model,
+            train_seed=0,
+            layer=layer,
+            curve=curve.key,
+            metric="r2",
+            value=0.1 * layer,
+            ci_low=0.0,
+            ci_high=0.3,
+            threshold=0.9,
+            clears=False,
+            n_heads=None,
+        )
+        for model in models
+        for curve in layers.curves_of()
+        for layer in range(3)
+    ]
     return pd.DataFrame(rows)
 
 
@@ -76,9 +92,12 @@ def test_every_registered_method_has_a_colour_of_its_own():
 
 def test_a_method_keeps_its_colour_whatever_the_models_and_their_order():
     first = drawn_styles(figures.probe_figure(curves(["text-rope-4l", "circuit", "text-nope-4l"]), subjects=SUBJECTS))
-    second = drawn_styles(figures.probe_figure(
-        curves(["constant-alibi", "text-nope-4l", "untrained-nope", "text-hybrid-4l", "hf:smol", "text-rope-4l"]),
-        subjects=SUBJECTS))
+    second = drawn_styles(
+        figures.probe_figure(
+            curves(["constant-alibi", "text-nope-4l", "untrained-nope", "text-hybrid-4l", "hf:smol", "text-rope-4l"]),
+            subjects=SUBJECTS,
+        )
+    )
     for model in set(first) & set(second):
         assert first[model] == second[model], model
     nope, rope = palette.METHOD_COLORS["nope"], palette.METHOD_COLORS["rope"]
@@ -91,12 +110,25 @@ def test_a_method_keeps_its_colour_whatever_the_models_and_their_order():
 
 def test_every_figure_of_a_run_counts_layers_the_same_way():
     """sites.png counted blocks where probes.png counted layers (block + 1): one x for one point."""
-    base = dict(probe="linear", split="grouped", target="absolute_index", task="regression", metric="r2",
-                model="circuit", ci_low=0.0, ci_high=1.0)
-    probes = pd.DataFrame([*[dict(base, layer=layer, block=None, site=f"blocks.{layer}.hook_resid_pre", value=v)
-                             for layer, v in ((0, 0.1), (1, 0.9), (2, 1.0))],
-                           dict(base, layer=None, block=0, site="blocks.0.hook_attn_out", value=0.5)]).astype(
-        {"layer": "Int64", "block": "Int64"})
+    base = dict(
+        probe="linear",
+        split="grouped",
+        target="absolute_index",
+        task="regression",
+        metric="r2",
+        model="circuit",
+        ci_low=0.0,
+        ci_high=1.0,
+    )
+    probes = pd.DataFrame(
+        [
+            *[
+                dict(base, layer=layer, block=None, site=f"blocks.{layer}.hook_resid_pre", value=v)
+                for layer, v in ((0, 0.1), (1, 0.9), (2, 1.0))
+            ],
+            dict(base, layer=None, block=0, site="blocks.0.hook_attn_out", value=0.5),
+        ]
+    ).astype({"layer": "Int64", "block": "Int64"})
     sites = figures.site_figure(probes, SUBJECTS)
     residual = next(line for ax in sites.axes for line in ax.lines if line.get_label().startswith("residual"))
     assert list(residual.get_xdata()) == [0, 1, 2] and list(residual.get_ydata()) == [0.1, 0.9, 1.0]
@@ -116,10 +148,16 @@ def test_summary_captions_say_what_a_point_is():
 
 
 def test_lengthgen_draws_each_method_in_its_colour():
-    rows = [dict(task="copy", method=method, seed=0, length=n, exact_match=1.0 / n, in_distribution=n <= 2,
-                 train_max_len=2) for method in ("rope", "nope", "alibi") for n in (1, 2, 3)]
+    rows = [
+        dict(task="copy", method=method, seed=0, length=n, exact_match=1.0 / n, in_distribution=n <= 2, train_max_len=2)
+        for method in ("rope", "nope", "alibi")
+        for n in (1, 2, 3)
+    ]
     fig = lengthgen.lengthgen_figure(pd.DataFrame(rows))
-    drawn = {line.get_label(): matplotlib.colors.to_hex(line.get_color()) for line in fig.axes[0].lines
-             if line.get_label() in METHODS}
+    drawn = {
+        line.get_label(): matplotlib.colors.to_hex(line.get_color())
+        for line in fig.axes[0].lines
+        if line.get_label() in METHODS
+    }
     assert drawn == {m: palette.METHOD_COLORS[m].lower() for m in ("rope", "nope", "alibi")}
     plt.close(fig)

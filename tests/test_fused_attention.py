@@ -115,9 +115,7 @@ def test_fused_and_explicit_gradients_agree(name):
         torch.testing.assert_close(grads[True][n], grads[False][n], atol=1e-5, rtol=1e-4, msg=n)
 
 
-@pytest.mark.parametrize(
-    "hook_name", ["hook_pattern", "hook_attn_scores", "hook_content_scores", "hook_pos_bias"]
-)
+@pytest.mark.parametrize("hook_name", ["hook_pattern", "hook_attn_scores", "hook_content_scores", "hook_pos_bias"])
 def test_hooking_a_score_or_pattern_switches_to_the_explicit_path(hook_name, sdpa_calls):
     model = make_model("alibi_rope_hybrid" if hook_name != "hook_pos_bias" else "alibi_6_heads")
     tokens, mask = tokens_and_padded_mask()
@@ -178,11 +176,17 @@ def test_fused_norm_equals_explicit_norm(normalization, use_bias, monkeypatch):
     assert len(calls) == n_norms
     calls.clear()
     scales = []
-    hooks = [(name, lambda act, hook: scales.append(hook.name) or act) for name in model.hook_dict if name.endswith("hook_scale")]
+    hooks = [
+        (name, lambda act, hook: scales.append(hook.name) or act)
+        for name in model.hook_dict
+        if name.endswith("hook_scale")
+    ]
     explicit = model.run_with_hooks(tokens, attention_mask=mask, fwd_hooks=hooks)
     assert len(scales) == n_norms and not calls
     torch.testing.assert_close(fused, explicit, atol=1e-5, rtol=1e-5)
-    doubled = model.run_with_hooks(tokens, attention_mask=mask, fwd_hooks=[("ln_final.hook_normalized", lambda a, hook: 2 * a)])
+    doubled = model.run_with_hooks(
+        tokens, attention_mask=mask, fwd_hooks=[("ln_final.hook_normalized", lambda a, hook: 2 * a)]
+    )
     assert not torch.allclose(doubled, fused, atol=1e-3)
     grads = []
     for fwd_hooks in ([], hooks):

@@ -100,7 +100,9 @@ def test_generation_stops_at_eos(model):
     eos = int(greedy[0, 2])  # the first generated token
     stopped = model.generate("x", max_new_tokens=8, do_sample=False, eos_token_id=eos, return_type="tokens")
     assert stopped.tolist() == greedy[:, :3].tolist()
-    kept = model.generate("x", max_new_tokens=8, do_sample=False, eos_token_id=eos, stop_at_eos=False, return_type="tokens")
+    kept = model.generate(
+        "x", max_new_tokens=8, do_sample=False, eos_token_id=eos, stop_at_eos=False, return_type="tokens"
+    )
     assert torch.equal(kept, greedy)
 
 
@@ -137,7 +139,9 @@ def test_text_checkpoints_carry_the_byte_tokenizer(tmp_path):
     loaded = load_checkpoint(tmp_path / "ckpt").model
     assert isinstance(loaded.tokenizer, ByteTokenizer)
     assert loaded.to_string(loaded.to_tokens(TEXT)[0]) == TEXT
-    save_checkpoint(tmp_path / "copy", TrainedModel(Decoder(DecoderConfig(d_vocab=20, n_ctx=8)), {"task": {"name": "copy"}}))
+    save_checkpoint(
+        tmp_path / "copy", TrainedModel(Decoder(DecoderConfig(d_vocab=20, n_ctx=8)), {"task": {"name": "copy"}})
+    )
     assert load_checkpoint(tmp_path / "copy").model.tokenizer is None
 
 
@@ -150,10 +154,13 @@ def test_generate_takes_every_argument_of_transformerbridge_generate():
     from nopelens.models import generation
 
     ours = inspect.signature(generation.generate).parameters
-    theirs = [n for n, p in inspect.signature(TransformerBridge.generate).parameters.items()
-              if n != "self" and p.kind is not inspect.Parameter.VAR_KEYWORD]
+    theirs = [
+        n
+        for n, p in inspect.signature(TransformerBridge.generate).parameters.items()
+        if n != "self" and p.kind is not inspect.Parameter.VAR_KEYWORD
+    ]
     assert [n for n in theirs if n not in ours] == []
-    assert list(ours)[1:len(theirs) + 1] == theirs  # same order, so positional calls mean the same
+    assert list(ours)[1 : len(theirs) + 1] == theirs  # same order, so positional calls mean the same
 
 
 def test_generate_refuses_by_name_what_a_decoder_cannot_do(model):
@@ -165,8 +172,12 @@ def test_generate_refuses_by_name_what_a_decoder_cannot_do(model):
         model.generate("a", image_sizes=[(4, 4)])
     with pytest.raises(ValueError, match="return_cache"):
         model.generate("a", names_filter="blocks.0.hook_resid_pre")
-    for bad in (dict(freq_penalty=-1.0), dict(repetition_penalty=0.0), dict(padding_side="middle"),
-                dict(return_type="text")):
+    for bad in (
+        dict(freq_penalty=-1.0),
+        dict(repetition_penalty=0.0),
+        dict(padding_side="middle"),
+        dict(return_type="text"),
+    ):
         with pytest.raises(ValueError, match=next(iter(bad))):
             model.generate("a", **bad)
 
@@ -190,15 +201,27 @@ def test_penalties_in_sample_logits_are_transformerlens_formulas():
     assert penalized[0].argmax() == 1 and penalized[0, 2] == -2.0
     greedy = sample_logits(logits, do_sample=False, repetition_penalty=2.0, tokens=tokens, token_mask=mask)
     assert greedy.tolist() == penalized.argmax(-1).tolist() == [1, 0]
-    assert sample_logits(logits, do_sample=False, repetition_penalty=5.0, tokens=tokens, token_mask=mask).tolist() == [0, 0]
+    assert sample_logits(logits, do_sample=False, repetition_penalty=5.0, tokens=tokens, token_mask=mask).tolist() == [
+        0,
+        0,
+    ]
     # frequency penalty f (sampling only): logits / T - f * count, then the draw
     manual = (logits / 0.8 - 0.7 * counts).softmax(-1)
     for seed in range(5):
-        drawn = sample_logits(logits, temperature=0.8, freq_penalty=0.7, tokens=tokens, token_mask=mask,
-                              generator=torch.Generator().manual_seed(seed))
+        drawn = sample_logits(
+            logits,
+            temperature=0.8,
+            freq_penalty=0.7,
+            tokens=tokens,
+            token_mask=mask,
+            generator=torch.Generator().manual_seed(seed),
+        )
         reference = torch.multinomial(manual, 1, generator=torch.Generator().manual_seed(seed)).squeeze(-1)
         assert drawn.tolist() == reference.tolist()
-    assert sample_logits(logits, do_sample=False, freq_penalty=50.0, tokens=tokens).tolist() == [1, 0]  # greedy ignores it
+    assert sample_logits(logits, do_sample=False, freq_penalty=50.0, tokens=tokens).tolist() == [
+        1,
+        0,
+    ]  # greedy ignores it
     with pytest.raises(ValueError, match="tokens so far"):
         sample_logits(logits, freq_penalty=0.5)
 
@@ -252,13 +275,21 @@ def test_output_logits_cache_and_input_tokens(model):
     assert out.sequences.shape == (1, 7) and len(out.logits) == 4
     for step, logits in enumerate(out.logits):  # the raw last-position logits of each step
         torch.testing.assert_close(logits, model(out.sequences[:, : 3 + step])[:, -1], atol=1e-5, rtol=1e-5)
-    text, cache, tokens = model.generate("ab", max_new_tokens=4, do_sample=False, return_cache=True,
-                                         return_input_tokens=True, names_filter=["blocks.1.hook_resid_post"])
+    text, cache, tokens = model.generate(
+        "ab",
+        max_new_tokens=4,
+        do_sample=False,
+        return_cache=True,
+        return_input_tokens=True,
+        names_filter=["blocks.1.hook_resid_post"],
+    )
     assert text == model.to_string(out.sequences[0]) and torch.equal(tokens, prompt)
     assert list(cache.keys()) == ["blocks.1.hook_resid_post"]
     _, reference = model.run_with_cache(out.sequences, names_filter="blocks.1.hook_resid_post")
     torch.testing.assert_close(cache["blocks.1.hook_resid_post"], reference["blocks.1.hook_resid_post"])
-    assert model.generate("ab", max_new_tokens=2, do_sample=False, return_type=None) == model.to_string(out.sequences[0, :5])
+    assert model.generate("ab", max_new_tokens=2, do_sample=False, return_type=None) == model.to_string(
+        out.sequences[0, :5]
+    )
 
 
 def test_stop_strings_stopping_criteria_and_several_end_tokens(model):
@@ -274,7 +305,9 @@ def test_stop_strings_stopping_criteria_and_several_end_tokens(model):
         seen.append((tokens.clone(), scores.clone()))
         return torch.tensor([tokens.shape[1] >= 5])
 
-    by_criterion = model.generate("ab", max_new_tokens=10, do_sample=False, stopping_criteria=[after_two], return_type="tokens")
+    by_criterion = model.generate(
+        "ab", max_new_tokens=10, do_sample=False, stopping_criteria=[after_two], return_type="tokens"
+    )
     assert torch.equal(by_criterion, greedy[:, :5])
     for tokens, scores in seen:  # the scores are the logits the new token was picked from
         torch.testing.assert_close(scores, model(tokens[:, :-1])[:, -1], atol=1e-5, rtol=1e-5)

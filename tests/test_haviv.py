@@ -3,6 +3,7 @@
 import numpy as np
 import pandas as pd
 import pytest
+from schema import assert_folder_documented
 
 from nopelens.analyses import haviv_paper as paper
 from nopelens.analyses.cli import main
@@ -10,7 +11,6 @@ from nopelens.analyses.haviv import HAVIV_MODELS, claims, first_layer_at
 from nopelens.analyses.haviv_figure import context_sentence
 from nopelens.models import zoo
 from nopelens.probes import mad_chance
-from schema import assert_folder_documented
 
 VERDICTS = {"reproduced", "direction only", "not reproduced", "not measured"}
 
@@ -84,7 +84,8 @@ def test_untrained_zoo_and_bad_input_are_one_line_and_exit_2(tmp_path, capsys):
 
 
 def test_claims_without_models_say_not_measured():
-    empty = pd.DataFrame(columns=["source", "probe", "fit", "model", "n_positions", "method", "layer", "mad_chance",
-                                  "ci_low", "ci_high"])
-    verdicts = claims(empty, pd.DataFrame(columns=["model", "method", "bits_per_byte"]))["verdict"]
+    empty = pd.DataFrame(
+        columns=["source", "probe", "fit", "model", "n_positions", "method", "layer", "mad_chance", "ci_low", "ci_high"]
+    )
+    verdicts = claims(empty, pd.DataFrame(columns=["model", "method", "reads_positions", "bits_per_byte"]))["verdict"]
     assert (verdicts == "not measured").all()

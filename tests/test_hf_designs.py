@@ -21,15 +21,15 @@ import re
 import warnings
 from pathlib import Path
 
+import pandas as pd
 import pytest
 import torch
+from hf_families import DESIGNS, POSITIONS, WINDOW, build_design
 
 from nopelens.analyses.audit import audit
 from nopelens.models import hf
 from nopelens.models.adapters import load_hf_model
-from nopelens.models.hf import describe
-
-from hf_families import DESIGNS, POSITIONS, WINDOW, build_design
+from nopelens.models.hf import LayerPosition, describe
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -76,7 +76,12 @@ EXPECTED = {
     "muse_glimmer": ((R, N, R, N), HOOKS, {0: WINDOW, 1: WINDOW, 2: WINDOW}, {}),
     "muse_spark": ((R, N, R, N), HOOKS, {0: WINDOW, 1: WINDOW, 2: WINDOW}, {}),
     "gpt_oss": ((R, R, R, R), BRIDGE, {0: WINDOW, 2: WINDOW}, dict.fromkeys(range(4), "learned")),
-    "mimo_v2_flash": ((R, R, R, R), HOOKS, {1: WINDOW, 2: WINDOW, 3: WINDOW}, {1: "learned", 2: "learned", 3: "learned"}),
+    "mimo_v2_flash": (
+        (R, R, R, R),
+        HOOKS,
+        {1: WINDOW, 2: WINDOW, 3: WINDOW},
+        {1: "learned", 2: "learned", 3: "learned"},
+    ),
     "hy_v4": ((R, R, R, R), HOOKS, {}, dict.fromkeys(range(4), "learned")),
     "inkling2": ((N, N, N, N), HOOKS, {0: WINDOW, 2: WINDOW}, dict.fromkeys(range(4), "per_token")),
     "zamba": ((N, N, N, N), HOOKS, {}, {}),
@@ -122,8 +127,9 @@ def hooked():
         if (family, dtype) not in cache:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
-                cache[family, dtype] = load_hf_model(build_design(family, dtype),
-                                                     reload=lambda: build_design(family, dtype))
+                cache[family, dtype] = load_hf_model(
+                    build_design(family, dtype), reload=lambda: build_design(family, dtype)
+                )
         return cache[family, dtype]
 
     return get
@@ -147,16 +153,21 @@ def test_labels_from_the_config(hooked, family):
     description = describe(hooked(family, torch.float32))
     assert description.layer_methods == methods
     assert description.adapter == adapter
-    got_windows = {l: ("chunk", layer.chunk_size) if layer.chunk_size else layer.sliding_window
-                   for l, layer in enumerate(description.layers) if layer.sliding_window or layer.chunk_size}
+    got_windows = {
+        l: ("chunk", layer.chunk_size) if layer.chunk_size else layer.sliding_window
+        for l, layer in enumerate(description.layers)
+        if layer.sliding_window or layer.chunk_size
+    }
     assert got_windows == windows
     assert {l: layer.sink for l, layer in enumerate(description.layers) if layer.sink} == sinks
     assert tuple(layer.mixer for layer in description.layers) == MIXERS.get(family, ("attention",) * 4)
 
 
 def test_the_traps_read_from_transformers_source(hooked):
-    layers = {family: describe(hooked(family, torch.float32)).layers for family in
-              ("beam", "granite_swa", "deepseek_v3", "qwen3_next", "kimi_linear", "llama4_text")}
+    layers = {
+        family: describe(hooked(family, torch.float32)).layers
+        for family in ("beam", "granite_swa", "deepseek_v3", "qwen3_next", "kimi_linear", "llama4_text")
+    }
     assert layers["beam"][3].query_scale.kind == "beam" and layers["beam"][3].query_scale.by == "position"
     assert [layer.rotary_base for layer in layers["granite_swa"]] == [10000.0, None, 10000.0, None]
     mla = layers["deepseek_v3"][0]  # [nope | rope] heads: the last qk_rope_head_dim dims rotate
@@ -168,8 +179,16 @@ def test_the_traps_read_from_transformers_source(hooked):
     assert (scale.kind, scale.by, scale.floor_scale) == ("llama4", "index", 8192.0)
     assert all(layer.query_scale is None for layer in llama4.layers[:3])
     assert llama4.layers[3].chunk_size is None and llama4.layers[0].chunk_size == WINDOW  # RoPE layers chunked
-    for family in ("mistral4", "axk1", "axk2", "glm_moe_dsa", "bailing_hybrid", "longcat_flash", "deepseek_v32",
-                   "mistral_large4"):
+    for family in (
+        "mistral4",
+        "axk1",
+        "axk2",
+        "glm_moe_dsa",
+        "bailing_hybrid",
+        "longcat_flash",
+        "deepseek_v32",
+        "mistral_large4",
+    ):
         layer = next(l for l in describe(hooked(family, torch.float32)).layers if l.rotates)  # [nope 4 | rope 4]
         assert (layer.rotary_dim, layer.rotary_start, layer.pairing) == (4, 4, "interleaved"), family
         dsa = ("axk2", "glm_moe_dsa", "deepseek_v32", "mistral_large4")
@@ -208,24 +227,58 @@ def test_rotated_dims_and_block_indexers_as_the_models_compute_them(hooked):
 def _tiny_text_model(config_class, model_class, **fields):
     """A 4-layer random-init model of the HF classes, for refusal tests."""
     import transformers as T
-
     from hf_families import _instantiate, _tiny
 
     return _instantiate(_tiny(getattr(T, config_class), **fields), getattr(T, model_class), 0, {})
 
 
-@pytest.mark.parametrize("config_class, model_class, fields, why", [
-    ("Inkling2LoopTextConfig", "Inkling2LoopForCausalLM", dict(
-        head_dim=8, swa_num_attention_heads=4, swa_num_key_value_heads=2, swa_head_dim=8, sliding_window_size=WINDOW,
-        rel_extent=8, d_rel=4, layer_types=["hybrid_sliding", "hybrid"] * 2, moe_intermediate_size=32,
-        n_routed_experts=2, num_experts_per_tok=1, n_layers_per_attn_res_block=1, unpadded_vocab_size=64,
-        loop_layer_index_start=1, loop_layer_index_end=3, loop_num_passes=2, loop_gate_rank=4),
-     "loop layers .* loop_num_passes times"),
-    ("MiniMaxM3VLTextConfig", "MiniMaxM3VLForCausalLM", dict(
-        head_dim=8, num_local_experts=2, num_experts_per_tok=1, shared_intermediate_size=32, dense_intermediate_size=64,
-        index_n_heads=2, index_head_dim=8, index_block_size=4, index_topk_blocks=2,
-        layer_types=["full_attention", "minimax_m3_sparse"] * 2), "minimax_m3_sparse .* position id"),
-], ids=["inkling2_loop", "minimax_m3_sparse"])
+@pytest.mark.parametrize(
+    "config_class, model_class, fields, why",
+    [
+        (
+            "Inkling2LoopTextConfig",
+            "Inkling2LoopForCausalLM",
+            dict(
+                head_dim=8,
+                swa_num_attention_heads=4,
+                swa_num_key_value_heads=2,
+                swa_head_dim=8,
+                sliding_window_size=WINDOW,
+                rel_extent=8,
+                d_rel=4,
+                layer_types=["hybrid_sliding", "hybrid"] * 2,
+                moe_intermediate_size=32,
+                n_routed_experts=2,
+                num_experts_per_tok=1,
+                n_layers_per_attn_res_block=1,
+                unpadded_vocab_size=64,
+                loop_layer_index_start=1,
+                loop_layer_index_end=3,
+                loop_num_passes=2,
+                loop_gate_rank=4,
+            ),
+            "loop layers .* loop_num_passes times",
+        ),
+        (
+            "MiniMaxM3VLTextConfig",
+            "MiniMaxM3VLForCausalLM",
+            dict(
+                head_dim=8,
+                num_local_experts=2,
+                num_experts_per_tok=1,
+                shared_intermediate_size=32,
+                dense_intermediate_size=64,
+                index_n_heads=2,
+                index_head_dim=8,
+                index_block_size=4,
+                index_topk_blocks=2,
+                layer_types=["full_attention", "minimax_m3_sparse"] * 2,
+            ),
+            "minimax_m3_sparse .* position id",
+        ),
+    ],
+    ids=["inkling2_loop", "minimax_m3_sparse"],
+)
 def test_a_looped_or_block_sparse_model_is_refused_in_one_line(config_class, model_class, fields, why):
     """Inkling 2 Loop (one layer module, several passes) and MiniMax-M3 with a block-sparse layer
     (blocks placed by position id): both give false fails or crashes when measured (steps 3 and 7; an
@@ -243,14 +296,28 @@ def test_dots3_note_is_refused_in_one_line():
     """Dots3-Note's text config holds per-layer attention shapes (``per_layer_config``), which
     nopelens does not read: refused by name, in one line, never measured wrong."""
     import transformers as T
-
     from hf_families import _instantiate, _tiny
 
-    config = _tiny(T.Dots3NoteTextConfig, q_lora_rank=16, n_routed_experts=2, num_experts_per_tok=1, n_group=1,
-                   topk_group=1, moe_intermediate_size=32, mlp_layer_types=["dense"] + ["sparse"] * 3,
-                   index_head_dim=8, index_n_heads=2, index_topk=64, sliding_window=WINDOW,
-                   layer_types=["indexed_attention", "sliding_attention"] * 2, kv_lora_rank=16, qk_rope_head_dim=4,
-                   qk_nope_head_dim=4, v_head_dim=8, num_key_value_heads=4)
+    config = _tiny(
+        T.Dots3NoteTextConfig,
+        q_lora_rank=16,
+        n_routed_experts=2,
+        num_experts_per_tok=1,
+        n_group=1,
+        topk_group=1,
+        moe_intermediate_size=32,
+        mlp_layer_types=["dense"] + ["sparse"] * 3,
+        index_head_dim=8,
+        index_n_heads=2,
+        index_topk=64,
+        sliding_window=WINDOW,
+        layer_types=["indexed_attention", "sliding_attention"] * 2,
+        kv_lora_rank=16,
+        qk_rope_head_dim=4,
+        qk_nope_head_dim=4,
+        v_head_dim=8,
+        num_key_value_heads=4,
+    )
     model = _instantiate(config, T.Dots3NoteForCausalLM, 0, {})
     with pytest.raises(hf.UnsupportedModelError, match="Dots3NoteForCausalLM.*per-layer") as error:
         load_hf_model(model)
@@ -273,22 +340,51 @@ def test_the_detector_measures_the_labels_and_the_audit_passes(reports, family, 
 
 
 README_ROWS = {  # family -> the first cell of its row in README's table of designs
-    "smollm3": "SmolLM3", "llama4_text": "Llama 4 text", "cohere2": "Cohere2", "cohere2_moe": "Cohere2-MoE",
-    "exaone4": "EXAONE 4", "exaone_moe": "EXAONE-MoE, Kolibri1", "kolibri1": "EXAONE-MoE, Kolibri1",
-    "flint": "Flint", "lara_mini": "Lara-mini", "granite_swa": "Granite SWA, GraniteMoe SWA",
-    "granitemoe_swa": "Granite SWA, GraniteMoe SWA", "beam": "Beam", "olmo_hybrid": "OLMo-Hybrid",
-    "olmo_hybrid_nope": "OLMo-Hybrid, as released", "granitemoehybrid": "GraniteMoeHybrid", "jamba": "Jamba",
-    "kimi_linear": "Kimi Linear", "nemotron_h": "Nemotron-H", "qwen3_next": "Qwen3-Next", "qwen4_exp": "Qwen4-Exp",
-    "minimax_m3": "MiniMax-M3 text", "deepseek_v3": "DeepSeek V3", "deepseek_v2": "DeepSeek V2",
-    "deepseek_v32": "DeepSeek V3.2", "glm4_moe_lite": "GLM-4-MoE-Lite, Youtu, Sarvam-MLA",
-    "youtu": "GLM-4-MoE-Lite, Youtu, Sarvam-MLA", "sarvam_mla": "GLM-4-MoE-Lite, Youtu, Sarvam-MLA",
-    "minicpm3": "MiniCPM3", "longcat_flash": "LongCat-Flash", "mistral4": "Mistral 4, AXK1", "axk1": "Mistral 4, AXK1",
-    "axk2": "AXK2, GLM-MoE-DSA", "glm_moe_dsa": "AXK2, GLM-MoE-DSA", "bailing_hybrid": "Bailing-Hybrid",
+    "smollm3": "SmolLM3",
+    "llama4_text": "Llama 4 text",
+    "cohere2": "Cohere2",
+    "cohere2_moe": "Cohere2-MoE",
+    "exaone4": "EXAONE 4",
+    "exaone_moe": "EXAONE-MoE, Kolibri1",
+    "kolibri1": "EXAONE-MoE, Kolibri1",
+    "flint": "Flint",
+    "lara_mini": "Lara-mini",
+    "granite_swa": "Granite SWA, GraniteMoe SWA",
+    "granitemoe_swa": "Granite SWA, GraniteMoe SWA",
+    "beam": "Beam",
+    "olmo_hybrid": "OLMo-Hybrid",
+    "olmo_hybrid_nope": "OLMo-Hybrid, as released",
+    "granitemoehybrid": "GraniteMoeHybrid",
+    "jamba": "Jamba",
+    "kimi_linear": "Kimi Linear",
+    "nemotron_h": "Nemotron-H",
+    "qwen3_next": "Qwen3-Next",
+    "qwen4_exp": "Qwen4-Exp",
+    "minimax_m3": "MiniMax-M3 text",
+    "deepseek_v3": "DeepSeek V3",
+    "deepseek_v2": "DeepSeek V2",
+    "deepseek_v32": "DeepSeek V3.2",
+    "glm4_moe_lite": "GLM-4-MoE-Lite, Youtu, Sarvam-MLA",
+    "youtu": "GLM-4-MoE-Lite, Youtu, Sarvam-MLA",
+    "sarvam_mla": "GLM-4-MoE-Lite, Youtu, Sarvam-MLA",
+    "minicpm3": "MiniCPM3",
+    "longcat_flash": "LongCat-Flash",
+    "mistral4": "Mistral 4, AXK1",
+    "axk1": "Mistral 4, AXK1",
+    "axk2": "AXK2, GLM-MoE-DSA",
+    "glm_moe_dsa": "AXK2, GLM-MoE-DSA",
+    "bailing_hybrid": "Bailing-Hybrid",
     "mistral_large4": "Mistral Large 4 (`...ForConditionalGeneration`)",
     "muse_glimmer": "Muse Glimmer, Muse Spark (`...ForConditionalGeneration`)",
-    "muse_spark": "Muse Glimmer, Muse Spark (`...ForConditionalGeneration`)", "gpt_oss": "GPT-OSS",
-    "mimo_v2_flash": "MiMo-V2-Flash", "hy_v4": "HY-V4", "inkling2": "Inkling 2", "zamba": "Zamba", "zamba2": "Zamba2",
-    "zamba2_nope": "Zamba2, as shipped", "cohere_compass": "Cohere Compass",
+    "muse_spark": "Muse Glimmer, Muse Spark (`...ForConditionalGeneration`)",
+    "gpt_oss": "GPT-OSS",
+    "mimo_v2_flash": "MiMo-V2-Flash",
+    "hy_v4": "HY-V4",
+    "inkling2": "Inkling 2",
+    "zamba": "Zamba",
+    "zamba2": "Zamba2",
+    "zamba2_nope": "Zamba2, as shipped",
+    "cohere_compass": "Cohere Compass",
     "glm5_next": "GLM-5.3 (`...ForConditionalGeneration`)",
 }
 ALWAYS_NOT_APPLICABLE = {4, 10}  # no absolute position addition; training lengths unknown
@@ -446,8 +542,27 @@ def _probe(path: str, out, capsys) -> "pd.DataFrame":
 
     from nopelens.analyses.cli import main
 
-    code = main(["probe", f"hf:{path}", "--input", "random", "--quick", "--seq-len", "8", "--n-sequences", "4", "--quiet",
-                 "--jobs", "1", "--sites", "resid", "--no-figures", "--out", str(out)])
+    code = main(
+        [
+            "probe",
+            f"hf:{path}",
+            "--input",
+            "random",
+            "--quick",
+            "--seq-len",
+            "8",
+            "--n-sequences",
+            "4",
+            "--quiet",
+            "--jobs",
+            "1",
+            "--sites",
+            "resid",
+            "--no-figures",
+            "--out",
+            str(out),
+        ]
+    )
     assert code == 0, capsys.readouterr().err
     return pd.read_csv(out / "sinks.csv")
 
@@ -483,11 +598,15 @@ def test_dsa_past_index_topk_probes_with_the_reads_not_applicable(saved, tmp_pat
     assert sinks.empty
     printed = capsys.readouterr().out
     assert "variance 0" not in printed and "NaN" not in printed, printed
-    assert not list((tmp_path / "sparse").glob("*.png")) and "![" not in (tmp_path / "sparse" / "summary.md").read_text()
+    assert (
+        not list((tmp_path / "sparse").glob("*.png")) and "![" not in (tmp_path / "sparse" / "summary.md").read_text()
+    )
     assert "variance read: blocks [0, 1, 2, 3]: a DSA indexer keeps only the top 4" in printed, printed
     (done,) = (tmp_path / "sparse" / "parts").glob("*/done.json")
     notes = json.loads(done.read_text())["not_applicable"]
-    assert all("DSA indexer keeps only the top 4" in notes[read] for read in ("sink read", "variance read", "score read"))
+    assert all(
+        "DSA indexer keeps only the top 4" in notes[read] for read in ("sink read", "variance read", "score read")
+    )
     assert set(_probe(saved("deepseek_v32", index_topk=8), tmp_path / "dense", capsys)["block"]) == {0, 1, 2, 3}
 
 
@@ -505,7 +624,12 @@ def test_labels_of_designs_without_a_tiny_model():
     large4 = layers(T.MistralLarge4TextConfig(num_hidden_layers=4, no_rope_layers=[1, 1, 1, 0]))
     assert [l.method for l in large4] == [R, R, R, N] and (large4[0].rotary_start, large4[0].rotary_dim) == (64, 64)
     for config in (T.MuseGlimmerTextConfig, T.MuseSparkTextConfig):
-        assert [l.method for l in layers(config(num_hidden_layers=4, layer_rope_theta=[1e4, 0, 1e4, 0]))] == [R, N, R, N]
+        assert [l.method for l in layers(config(num_hidden_layers=4, layer_rope_theta=[1e4, 0, 1e4, 0]))] == [
+            R,
+            N,
+            R,
+            N,
+        ]
     inkling = layers(T.Inkling2TextConfig(num_hidden_layers=6))
     assert {l.method for l in inkling} == {N} and {l.sink for l in inkling} == {"per_token"}
     assert (inkling[0].sliding_window, inkling[0].relative_bias) == (1024, 1024) and inkling[5].relative_bias == 1024
@@ -579,10 +703,14 @@ def test_a_relative_bias_extent_one_off_fails_step_5(hooked, off):
     nonzero at every distance below it, so a declared extent one token off fails either way."""
     model = hooked("inkling2", torch.float32)
     layers = describe(model).layers
-    assert (layers[1].relative_bias, layers[0].relative_bias) == (8, WINDOW)  # full layers rel_extent; sliding: the window
+    assert (layers[1].relative_bias, layers[0].relative_bias) == (
+        8,
+        WINDOW,
+    )  # full layers rel_extent; sliding: the window
     report = audit(model, eval_length=16)
     assert {"layer 1 relative bias is zero beyond rel_extent 8", "layer 1 relative bias acts below rel_extent 8"} <= {
-        c.name for c in report.step(5).checks if c.passed}
+        c.name for c in report.step(5).checks if c.passed
+    }
     spec = dataclasses.replace(layers[1], relative_bias=8 + off)
     report = _audit_declared(model, _redeclared(model, 1, spec)[1])
     failed = [c.name for c in report.step(5).failed_checks]
@@ -595,9 +723,21 @@ def test_deepseek_v4_is_refused_in_one_line():
     pattern column per key token): refused by name before any forward pass (built on the meta device)."""
     import transformers as T
 
-    config = T.DeepseekV4Config(vocab_size=64, hidden_size=32, moe_intermediate_size=32, num_hidden_layers=2,
-                                num_attention_heads=4, head_dim=16, q_lora_rank=16, n_routed_experts=2,
-                                num_experts_per_tok=1, index_n_heads=2, index_head_dim=8, o_groups=2, o_lora_rank=8)
+    config = T.DeepseekV4Config(
+        vocab_size=64,
+        hidden_size=32,
+        moe_intermediate_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        head_dim=16,
+        q_lora_rank=16,
+        n_routed_experts=2,
+        num_experts_per_tok=1,
+        index_n_heads=2,
+        index_head_dim=8,
+        o_groups=2,
+        o_lora_rank=8,
+    )
     with torch.device("meta"), warnings.catch_warnings():
         warnings.simplefilter("ignore")
         model = T.DeepseekV4ForCausalLM(config)
@@ -606,11 +746,20 @@ def test_deepseek_v4_is_refused_in_one_line():
     assert "\n" not in str(error.value)
 
 
-@pytest.mark.parametrize("family, note", [
-    ("llama4_text", "blocks 0-3: no pre-softmax scores to read (the bridge's hook_attn_scores is not the scores behind"),
-    ("jamba", "blocks 1,3: no pre-softmax scores to read"),  # its Mamba blocks 0 and 2 have no attention to score
-    ("granite_swa", "blocks 0-3: no pre-softmax scores to read (hooked with forward hooks, not through TransformerBridge"),
-])
+@pytest.mark.parametrize(
+    "family, note",
+    [
+        (
+            "llama4_text",
+            "blocks 0-3: no pre-softmax scores to read (the bridge's hook_attn_scores is not the scores behind",
+        ),
+        ("jamba", "blocks 1,3: no pre-softmax scores to read"),  # its Mamba blocks 0 and 2 have no attention to score
+        (
+            "granite_swa",
+            "blocks 0-3: no pre-softmax scores to read (hooked with forward hooks, not through TransformerBridge",
+        ),
+    ],
+)
 def test_a_score_read_without_scores_says_which_blocks_and_why(saved, family, note):
     """Their head-score column read n/a at every layer with no reason in not_applicable."""
     from nopelens.analyses.subjects import HFInput, resolve

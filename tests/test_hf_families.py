@@ -10,18 +10,16 @@ verify named as ``not_applicable`` and why), or the one-line refusal.
 from __future__ import annotations
 
 import json
-
 import warnings
 
 import numpy as np
 import pytest
 import torch
+from hf_families import FAMILIES, VOCAB, build
 
 from nopelens.models.adapters import bridge_hf_model
 from nopelens.models.hf import UnsupportedModelError, describe
 from nopelens.probes import collect, resid_sites
-
-from hf_families import FAMILIES, VOCAB, build
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -111,8 +109,7 @@ def test_description_per_layer(bridges, family):
 
 def probe_sites(bridge) -> list[str]:
     """The sites ``nopelens probe`` reads (see analyses.sweep.analyse_subject), as it chooses them."""
-    from nopelens.analyses.subjects import Subject
-    from nopelens.analyses.subjects import qk_sites
+    from nopelens.analyses.subjects import Subject, qk_sites
 
     d = describe(bridge)
     subject = Subject("x", bridge, d.n_layers, "", "external", torch.zeros(1, 1), torch.zeros(1, 1), False, hf=d)
@@ -146,7 +143,9 @@ NO_TABLE = {4: "no absolute position addition"}
 AUDIT_NOT_APPLICABLE = {
     # family: {step: what its not_applicable reason says}; every other step except 10 passes. Step 5's
     # per-layer detector measures every model that takes position ids (GPT-2's layers: nope).
-    "gpt2": {}, "gpt_neo": {}, "gpt_bigcode": {},
+    "gpt2": {},
+    "gpt_neo": {},
+    "gpt_bigcode": {},
     "opt": {2: "no position method with an origin"},  # OPT's table takes the mask, not ids
     "xglm": {2: "no position method with an origin", 4: "hook_pos_embed never fires"},
     "mpt": {**NO_TABLE, 5: "not measured (the model takes no position ids)", 8: "takes no position ids"},
@@ -235,6 +234,7 @@ def _scale_alibi(bridge):
 
 def _ignore_padding(bridge):
     """Position ids counted from column 0 whatever the mask says (left padding not subtracted)."""
+
     def pre(module, args, kwargs):
         tokens = args[0] if args else kwargs["input_ids"]
         ids = torch.arange(tokens.shape[1], device=tokens.device).expand_as(tokens)
@@ -252,8 +252,10 @@ BROKEN = {
     "bloom": ("ALiBi slopes twice the declared ones", "alibi", {2, 6}),
     "falcon_alibi": ("ALiBi slopes twice the declared ones", "alibi", {2, 6}),
     "mpt": ("a wrong alibi_bias_max", "mpt_bias_max", {2, 6}),
-    **{f: ("left padding not subtracted from the position ids", "padding", {1})
-       for f in ("gpt2", "gpt_neo", "opt", "gpt_bigcode", "xglm")},
+    **{
+        f: ("left padding not subtracted from the position ids", "padding", {1})
+        for f in ("gpt2", "gpt_neo", "opt", "gpt_bigcode", "xglm")
+    },
 }
 for _family, (_input, _methods, _pairing) in EXPECTED.items():
     if _family not in BROKEN and _family not in UNREADABLE and R in _methods:
@@ -310,9 +312,22 @@ def test_probe_cli_reads_a_family_whose_hooks_misled_it(tmp_path, capsys):
     from nopelens.analyses.cli import main
 
     family = "gpt_neox"
-    code = main(["probe", f"hf:{_save(tmp_path, family)}", "--input", "random", "--quick", "--seq-len", "8", "--n-sequences", "6",
-                 "--quiet",
-                 "--out", str(tmp_path / "run")])
+    code = main(
+        [
+            "probe",
+            f"hf:{_save(tmp_path, family)}",
+            "--input",
+            "random",
+            "--quick",
+            "--seq-len",
+            "8",
+            "--n-sequences",
+            "6",
+            "--quiet",
+            "--out",
+            str(tmp_path / "run"),
+        ]
+    )
     assert code == 0, capsys.readouterr().err
     import pandas as pd
 
@@ -331,8 +346,20 @@ def test_intervene_cli_reads_a_family_whose_hooks_misled_it(tmp_path, capsys):
     (``nopelens intervene`` exited 2 on GPT-NeoX, GPT-J, Falcon and Phi-3)."""
     from nopelens.analyses.cli import main
 
-    code = main(["intervene", f"hf:{_save(tmp_path, 'gpt_neox')}", "--quick", "--quiet", "--n-sequences", "8",
-                 "--seq-len", "8", "--out", str(tmp_path / "run")])
+    code = main(
+        [
+            "intervene",
+            f"hf:{_save(tmp_path, 'gpt_neox')}",
+            "--quick",
+            "--quiet",
+            "--n-sequences",
+            "8",
+            "--seq-len",
+            "8",
+            "--out",
+            str(tmp_path / "run"),
+        ]
+    )
     assert code == 0, capsys.readouterr().err
     import pandas as pd
 
@@ -341,10 +368,17 @@ def test_intervene_cli_reads_a_family_whose_hooks_misled_it(tmp_path, capsys):
     assert not probes["site"].str.contains(r"hook_(?:rot_)?[qk]$").any()  # q and k before RoPE: no q.k read
 
 
-@pytest.mark.parametrize("field, value, message", [
-    ("pad_token_id", VOCAB, f"transformers cannot build this model from it (pad_token_id {VOCAB} is outside the vocabulary"),
-    ("bos_token_id", VOCAB + 5, f"bos_token_id {VOCAB + 5} is outside the vocabulary (0..{VOCAB - 1})"),
-])
+@pytest.mark.parametrize(
+    "field, value, message",
+    [
+        (
+            "pad_token_id",
+            VOCAB,
+            f"transformers cannot build this model from it (pad_token_id {VOCAB} is outside the vocabulary",
+        ),
+        ("bos_token_id", VOCAB + 5, f"bos_token_id {VOCAB + 5} is outside the vocabulary (0..{VOCAB - 1})"),
+    ],
+)
 def test_audit_refuses_a_special_token_outside_the_vocabulary_in_one_line(tmp_path, field, value, message, capsys):
     """A pad id torch's Embedding refuses was an internal error; a BOS id outside the vocabulary was
     silently replaced by a random token (sinks and intervene refused it already)."""
@@ -359,10 +393,13 @@ def test_audit_refuses_a_special_token_outside_the_vocabulary_in_one_line(tmp_pa
     assert code == 2 and message in err and "Traceback" not in err and len(err.strip().splitlines()) == 1, err
 
 
-@pytest.mark.parametrize("family, args, message", [
-    ("openai_gpt", ["sinks"], "causal mask is dropped"),
-    ("gpt2", ["probe", "--input", "random", "--seq-len", "80"], "longer than the learned position table"),
-])
+@pytest.mark.parametrize(
+    "family, args, message",
+    [
+        ("openai_gpt", ["sinks"], "causal mask is dropped"),
+        ("gpt2", ["probe", "--input", "random", "--seq-len", "80"], "longer than the learned position table"),
+    ],
+)
 def test_cli_refuses_in_one_line_with_exit_2(tmp_path, family, args, message, capsys, monkeypatch):
     from nopelens.analyses.cli import main
 

@@ -9,8 +9,19 @@ from transformers import GPTNeoXConfig, GPTNeoXForCausalLM, LlamaConfig
 from nopelens.analyses import subjects
 from nopelens.models import hf, hf_loading
 
-MOVED = ("INPUTS", "DEVICES", "DTYPES", "HFInput", "eager_attention_bytes", "attention_shortfall", "load_tokenizer",
-         "text_windows", "load_hf_dir", "checked_hf_config", "SIZE_FIELDS")
+MOVED = (
+    "INPUTS",
+    "DEVICES",
+    "DTYPES",
+    "HFInput",
+    "eager_attention_bytes",
+    "attention_shortfall",
+    "load_tokenizer",
+    "text_windows",
+    "load_hf_dir",
+    "checked_hf_config",
+    "SIZE_FIELDS",
+)
 
 
 @pytest.mark.parametrize("name", MOVED)
@@ -28,14 +39,23 @@ def test_one_size_fields_for_the_config_check_and_the_weights_hint():
 
 def test_the_weights_hint_names_the_sizes_of_the_family_at_hand(tmp_path):
     """GPT-NeoX names its sizes like Llama; a shape mismatch is named with the fields its config gives."""
-    config = GPTNeoXConfig(vocab_size=32, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
-                           intermediate_size=32, max_position_embeddings=64)
+    config = GPTNeoXConfig(
+        vocab_size=32,
+        hidden_size=16,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        intermediate_size=32,
+        max_position_embeddings=64,
+    )
     weights = {name: tensor.contiguous() for name, tensor in GPTNeoXForCausalLM(config).state_dict().items()}
     config.intermediate_size = 48  # the saved MLP is 32 wide
     config.save_pretrained(tmp_path)
     save_file(weights, tmp_path / "model.safetensors")
-    with pytest.raises(ValueError, match=r"do not match config\.json .*check hidden_size / num_attention_heads"
-                                         r".* / intermediate_size / vocab_size"):
+    with pytest.raises(
+        ValueError,
+        match=r"do not match config\.json .*check hidden_size / num_attention_heads"
+        r".* / intermediate_size / vocab_size",
+    ):
         hf_loading.load_hf_dir(tmp_path)
 
 
@@ -63,17 +83,31 @@ def test_saved_weights_the_config_leaves_unused_are_refused(tmp_path):
     build("llama").save_pretrained(tmp_path)
     config = json.loads((tmp_path / "config.json").read_text())
     (tmp_path / "config.json").write_text(json.dumps({**config, "num_hidden_layers": 1}))
-    with pytest.raises(ValueError, match=r"holds weights config\.json does not use \(model\.layers\.1\.input_layernorm"
-                                         r"\.weight, .* and 6 more\); .*check num_hidden_layers \(1; the checkpoint "
-                                         r"holds layer 1\)"):
+    with pytest.raises(
+        ValueError,
+        match=r"holds weights config\.json does not use \(model\.layers\.1\.input_layernorm"
+        r"\.weight, .* and 6 more\); .*check num_hidden_layers \(1; the checkpoint "
+        r"holds layer 1\)",
+    ):
         hf_loading.load_hf_dir(tmp_path)
 
 
-@pytest.mark.parametrize("edit, message", [
-    ({"vocab_size": 10**12}, r"do not match config\.json \(model\.embed_tokens\.weight: checkpoint \[64, 32\], config "
-                             r"gives \[1000000000000, 32\]; 1 more tensors differ\)"),
-    ({"num_hidden_layers": 1000}, r"config\.json gives a model of [\d,]+ parameters, more than twice the [\d,]+ the "
-                                  r"checkpoint holds: check num_hidden_layers")], ids=["vocab_size", "num_hidden_layers"])
+@pytest.mark.parametrize(
+    "edit, message",
+    [
+        (
+            {"vocab_size": 10**12},
+            r"do not match config\.json \(model\.embed_tokens\.weight: checkpoint \[64, 32\], config "
+            r"gives \[1000000000000, 32\]; 1 more tensors differ\)",
+        ),
+        (
+            {"num_hidden_layers": 1000},
+            r"config\.json gives a model of [\d,]+ parameters, more than twice the [\d,]+ the "
+            r"checkpoint holds: check num_hidden_layers",
+        ),
+    ],
+    ids=["vocab_size", "num_hidden_layers"],
+)
 def test_a_config_far_larger_than_its_checkpoint_is_refused_before_allocating(tmp_path, monkeypatch, edit, message):
     """vocab_size 10**12, or a wrapper without text_config (full-size defaults), was OOM-killed while loading."""
     import json

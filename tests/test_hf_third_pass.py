@@ -18,6 +18,7 @@ import pandas as pd
 import pytest
 import torch
 import transformers
+from hf_families import POSITIONS, WINDOW, _instantiate, _tiny, build_design
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
 from nopelens.analyses.cli import main
@@ -25,8 +26,6 @@ from nopelens.models import hf
 from nopelens.models.adapters import load_hf_model
 from nopelens.models.hf import describe
 from nopelens.models.hf.config import rope_types
-
-from hf_families import POSITIONS, WINDOW, _instantiate, _tiny, build_design
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -37,9 +36,21 @@ def _deepseek_v4(seed: int = 0):
     """A 2-layer DeepSeek V4 with sink logits that differ by block and head (its init zeroes them)."""
     import transformers as T
 
-    config = T.DeepseekV4Config(vocab_size=64, hidden_size=32, moe_intermediate_size=32, num_hidden_layers=2,
-                                num_attention_heads=4, head_dim=16, q_lora_rank=16, n_routed_experts=2,
-                                num_experts_per_tok=1, index_n_heads=2, index_head_dim=8, o_groups=2, o_lora_rank=8)
+    config = T.DeepseekV4Config(
+        vocab_size=64,
+        hidden_size=32,
+        moe_intermediate_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        head_dim=16,
+        q_lora_rank=16,
+        n_routed_experts=2,
+        num_experts_per_tok=1,
+        index_n_heads=2,
+        index_head_dim=8,
+        o_groups=2,
+        o_lora_rank=8,
+    )
     torch.manual_seed(seed)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -75,7 +86,8 @@ def test_a_rope_dict_with_none_for_a_layer_type_makes_that_type_nope():
     audit in test_hf_designs); a dict keyed by layer type with no entry for a layer's type is named."""
     layers = hf.describe_config(build_design("cohere_compass").config).layers
     assert [(l.method, l.rotary_base, l.pairing) for l in layers] == [("rope", 10000.0, "half")] * 3 + [
-        ("nope", None, None)]
+        ("nope", None, None)
+    ]
     config = build_design("cohere_compass").config
     config.rope_parameters = {"sliding_attention": config.rope_parameters["sliding_attention"]}
     with pytest.raises(hf.ConfigError, match="rope_parameters has entries per layer type .* none for 'full_attention'"):
@@ -86,9 +98,14 @@ def test_a_rope_dict_without_a_layer_types_entry_is_named_from_the_command_line(
     path = _edited(saved("cohere_compass"), tmp_path / "model", "rope_parameters.full_attention", MISSING)
     capsys.readouterr()
     assert main(["audit", "--hf-dir", path]) == 2
-    assert capsys.readouterr().err.strip().endswith(
-        "config.json: rope_parameters has entries per layer type (sliding_attention) but none for 'full_attention' "
-        "(layer 3); give it one, or None for a NoPE layer type")
+    assert (
+        capsys.readouterr()
+        .err.strip()
+        .endswith(
+            "config.json: rope_parameters has entries per layer type (sliding_attention) but none for 'full_attention' "
+            "(layer 3); give it one, or None for a NoPE layer type"
+        )
+    )
 
 
 @pytest.mark.parametrize("family", ["nemotron_h", "zamba2", "zamba2_nope"])
@@ -117,17 +134,20 @@ def test_mla_without_a_rope_slice_is_nope_with_the_models_own_sizes():
     description = hf.describe_config(model.config)
     assert description.d_head == 8 == model.model.language_model.layers[1].self_attn.qk_head_dim
     attention = description.layers[1]
-    assert (attention.method, attention.rotary_dim, attention.score_scale) == ("nope", None, 8 ** -0.5)
+    assert (attention.method, attention.rotary_dim, attention.score_scale) == ("nope", None, 8**-0.5)
     assert (attention.index_topk, attention.index_block, attention.index_kind) == (POSITIONS, WINDOW, "DSA k-pool")
     assert attention.sparse_reason(POSITIONS) is None
     assert "DSA k-pool indexer keeps only the top 16 blocks of 4 keys" in attention.sparse_reason(POSITIONS + WINDOW)
 
 
-@pytest.mark.parametrize("fields, message", [
-    (dict(qk_rope_head_dim=None), "qk_rope_head_dim is None"),
-    (dict(qk_nope_head_dim=-1), "qk_nope_head_dim is -1"),
-    (dict(qk_nope_head_dim=0, qk_rope_head_dim=0), "both 0"),
-])
+@pytest.mark.parametrize(
+    "fields, message",
+    [
+        (dict(qk_rope_head_dim=None), "qk_rope_head_dim is None"),
+        (dict(qk_nope_head_dim=-1), "qk_nope_head_dim is -1"),
+        (dict(qk_nope_head_dim=0, qk_rope_head_dim=0), "both 0"),
+    ],
+)
 def test_mla_head_sizes_that_cannot_be_read_are_named(fields, message):
     config = build_design("glm5_next").config.get_text_config()
     config.__dict__.update(fields)  # past the strict config's own type check, as a hand-made config would be
@@ -159,8 +179,10 @@ def test_the_audit_names_and_summarises_learned_sinks_per_head(saved, tmp_path, 
     """GPT-OSS: the audit's model record holds each block's per-head sink logits, equal to the weights."""
     path = saved("gpt_oss")
     assert main(["audit", "--hf-dir", path, "--out", str(tmp_path)]) == 0
-    assert "learned sink logits, from the weights (model.layers.{l}.self_attn.sinks, 4 blocks x 4 heads)" in \
-        capsys.readouterr().out
+    assert (
+        "learned sink logits, from the weights (model.layers.{l}.self_attn.sinks, 4 blocks x 4 heads)"
+        in capsys.readouterr().out
+    )
     record = json.loads((tmp_path / "audit.json").read_text())["model"]["learned_sinks"]
     weights = build_design("gpt_oss").model.layers
     for block in range(4):
@@ -171,24 +193,40 @@ def test_a_directory_without_a_tokenizer_gives_the_advice_first(saved, capsys):
     assert main(["sinks", f"hf:{saved('gpt_oss')}"]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1
-    assert err.split(": error: ", 1)[1].split(" holds no tokenizer: ", 1)[1].startswith(
-        "save one there (tokenizer.json and tokenizer_config.json) or use --input random")
+    assert (
+        err.split(": error: ", 1)[1]
+        .split(" holds no tokenizer: ", 1)[1]
+        .startswith("save one there (tokenizer.json and tokenizer_config.json) or use --input random")
+    )
 
 
 # ----------------------------------------------------------------------------- one field off
 MISSING = object()
 FIELDS = {  # family -> config.json fields (dotted: nested) removed (MISSING) or set to None
-    "cohere_compass": ["rope_parameters", "rope_parameters.full_attention", "rope_parameters.sliding_attention",
-                       "layer_types", "sliding_window", "head_dim", "num_key_value_heads"],
+    "cohere_compass": [
+        "rope_parameters",
+        "rope_parameters.full_attention",
+        "rope_parameters.sliding_attention",
+        "layer_types",
+        "sliding_window",
+        "head_dim",
+        "num_key_value_heads",
+    ],
     "zamba2_nope": ["use_mem_rope", "layers_block_type", "attention_head_dim", "num_mem_blocks", "hybrid_layer_ids"],
     "nemotron_h": ["layers_block_type", "head_dim", "num_key_value_heads"],
-    "glm5_next": ["text_config.qk_rope_head_dim", "text_config.qk_nope_head_dim", "text_config.head_dim",
-                  "text_config.index_kpool", "text_config.index_topk", "text_config.layer_types",
-                  "text_config.indexer_types", "text_config.index_kpool_always_select_tail"],
+    "glm5_next": [
+        "text_config.qk_rope_head_dim",
+        "text_config.qk_nope_head_dim",
+        "text_config.head_dim",
+        "text_config.index_kpool",
+        "text_config.index_topk",
+        "text_config.layer_types",
+        "text_config.indexer_types",
+        "text_config.index_kpool_always_select_tail",
+    ],
     "deepseek_v4": ["layer_types", "compress_rates", "head_dim", "qk_rope_head_dim"],
 }
-CASES = [(family, field, value) for family, fields in FIELDS.items() for field in fields
-         for value in (MISSING, None)]
+CASES = [(family, field, value) for family, fields in FIELDS.items() for field in fields for value in (MISSING, None)]
 
 
 def _edited(source: str, target, field: str, value) -> str:
@@ -207,13 +245,17 @@ def _edited(source: str, target, field: str, value) -> str:
     return str(target)
 
 
-@pytest.mark.parametrize("family, field, value", CASES,
-                         ids=[f"{f}-{n}-{'removed' if v is MISSING else 'None'}" for f, n, v in CASES])
+@pytest.mark.parametrize(
+    "family, field, value", CASES, ids=[f"{f}-{n}-{'removed' if v is MISSING else 'None'}" for f, n, v in CASES]
+)
 def test_one_field_off_gives_a_correct_run_or_one_clear_line(saved, tmp_path, capsys, family, field, value):
     path = _edited(saved(family), tmp_path / "model", field, value)
     capsys.readouterr()  # saving the model writes progress bars
-    command = ["sinks", f"hf:{path}", "--input", "random", "--quick", "--seq-len", "8", "--n-sequences", "2"] \
-        if family == "deepseek_v4" else ["audit", "--hf-dir", path]
+    command = (
+        ["sinks", f"hf:{path}", "--input", "random", "--quick", "--seq-len", "8", "--n-sequences", "2"]
+        if family == "deepseek_v4"
+        else ["audit", "--hf-dir", path]
+    )
     code = main(command)
     captured = capsys.readouterr()
     if code == 0:
@@ -230,8 +272,24 @@ def test_the_probe_screen_is_at_most_100_columns_wide(saved, tmp_path, capsys):
     reads it leaves out with their long reasons (a sliding window blocks the pairs further apart),
     fit 100 columns; only the run folder's own path may be longer."""
     out = tmp_path / "probe"
-    assert main(["probe", f"hf:{saved('gpt_oss')}", "--input", "random", "--quick", "--jobs", "1", "--quiet",
-                 "--no-figures", "--out", str(out)]) == 0
+    assert (
+        main(
+            [
+                "probe",
+                f"hf:{saved('gpt_oss')}",
+                "--input",
+                "random",
+                "--quick",
+                "--jobs",
+                "1",
+                "--quiet",
+                "--no-figures",
+                "--out",
+                str(out),
+            ]
+        )
+        == 0
+    )
     printed = capsys.readouterr().out
     assert "Not applicable:" in printed and "score read: blocks [0, 2]: sliding window 4" in " ".join(printed.split())
     widths = {line: len(line) for line in printed.splitlines() if line != str(out)}
@@ -239,23 +297,38 @@ def test_the_probe_screen_is_at_most_100_columns_wide(saved, tmp_path, capsys):
 
 
 def _mamba_only_zamba2(target) -> str:
-    config = _tiny(transformers.Zamba2Config, layers_block_type=["mamba"] * 4, mamba_d_state=8, mamba_headdim=8,
-                   n_mamba_heads=8, mamba_ngroups=1, attention_head_dim=8, num_mem_blocks=1, use_mem_rope=False,
-                   chunk_size=8, adapter_rank=4, time_step_min=1e-9)
+    config = _tiny(
+        transformers.Zamba2Config,
+        layers_block_type=["mamba"] * 4,
+        mamba_d_state=8,
+        mamba_headdim=8,
+        n_mamba_heads=8,
+        mamba_ngroups=1,
+        attention_head_dim=8,
+        num_mem_blocks=1,
+        use_mem_rope=False,
+        chunk_size=8,
+        adapter_rank=4,
+        time_step_min=1e-9,
+    )
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         _instantiate(config, transformers.Zamba2ForCausalLM, 0, {}).save_pretrained(target)
     return str(target)
 
 
-@pytest.mark.parametrize("case, message", [("rope entry a string", "is not a valid config"),
-                                           ("mamba blocks only", "has no attention layer")])
+@pytest.mark.parametrize(
+    "case, message", [("rope entry a string", "is not a valid config"), ("mamba blocks only", "has no attention layer")]
+)
 def test_a_wrong_typed_field_or_no_attention_layer_is_one_clear_line(saved, tmp_path, capsys, case, message):
     """Found by trying to break the families: a rope entry that is neither a dict nor None made transformers
     raise an AttributeError (exit 3, an internal error), and a model of state-space blocks only failed
     inside step 3 (``max() arg is an empty sequence``)."""
-    path = (_edited(saved("cohere_compass"), tmp_path / "model", "rope_parameters.full_attention", "nope")
-            if case == "rope entry a string" else _mamba_only_zamba2(tmp_path / "model"))
+    path = (
+        _edited(saved("cohere_compass"), tmp_path / "model", "rope_parameters.full_attention", "nope")
+        if case == "rope entry a string"
+        else _mamba_only_zamba2(tmp_path / "model")
+    )
     capsys.readouterr()
     assert main(["audit", "--hf-dir", path]) == 2
     line = capsys.readouterr().err.strip()
@@ -263,38 +336,68 @@ def test_a_wrong_typed_field_or_no_attention_layer_is_one_clear_line(saved, tmp_
 
 
 BAD_VALUES = [  # family, config.json field (dotted: nested), a wrong value, what the one line must say
-    ("zamba2_nope", "hybrid_layer_ids", [0, 99], "hybrid_layer_ids is [0, 99]: it must list the layers whose "
-                                                 "layers_block_type is 'hybrid' ([1, 3])"),
+    (
+        "zamba2_nope",
+        "hybrid_layer_ids",
+        [0, 99],
+        "hybrid_layer_ids is [0, 99]: it must list the layers whose layers_block_type is 'hybrid' ([1, 3])",
+    ),
     ("cohere_compass", "head_dim", "64", "head_dim is '64' (a str): config.json's sizes must be whole numbers"),
     ("zamba2_nope", "attention_head_dim", "64", "attention_head_dim is '64' (a str)"),
     ("zamba2_nope", "head_dim", "64", "head_dim is '64' (a str)"),
     ("nemotron_h", "mamba_num_heads", 4.0, "mamba_num_heads is 4.0 (a float)"),
     ("glm5_next", "text_config.num_hidden_layers", "4", "text_config.num_hidden_layers is '4' (a str)"),
-    ("glm5_next", "architectures", MISSING, 'architectures is missing, and transformers\' AutoModelForCausalLM has no '
-                                            'class for model_type \'glm5_next\': set architectures to '
-                                            '["Glm5NextForConditionalGeneration"]'),
+    (
+        "glm5_next",
+        "architectures",
+        MISSING,
+        "architectures is missing, and transformers' AutoModelForCausalLM has no "
+        "class for model_type 'glm5_next': set architectures to "
+        '["Glm5NextForConditionalGeneration"]',
+    ),
     ("glm5_next", "architectures", ["Glm5NextModelX"], "architectures is ['Glm5NextModelX'], which names no causal LM"),
     # break-it findings 4-6, 8 (issue 40): raw Python messages, a ZeroDivisionError (exit 3) and a hang before
-    ("zamba2_nope", "hybrid_layer_ids", None, "hybrid_layer_ids is None: it must list the layers whose "
-                                              "layers_block_type is 'hybrid' ([1, 3])"),
-    ("cohere_compass", "rope_parameters.sliding_attention", 5,
-     "rope_parameters.sliding_attention is 5: give a dict of RoPE parameters, or None for a NoPE layer type"),
-    ("cohere_compass", "rope_parameters.sliding_attention.rope_theta", "big",
-     "rope_parameters.sliding_attention.rope_theta is 'big': the RoPE base of a rotating layer must be a positive"),
+    (
+        "zamba2_nope",
+        "hybrid_layer_ids",
+        None,
+        "hybrid_layer_ids is None: it must list the layers whose layers_block_type is 'hybrid' ([1, 3])",
+    ),
+    (
+        "cohere_compass",
+        "rope_parameters.sliding_attention",
+        5,
+        "rope_parameters.sliding_attention is 5: give a dict of RoPE parameters, or None for a NoPE layer type",
+    ),
+    (
+        "cohere_compass",
+        "rope_parameters.sliding_attention.rope_theta",
+        "big",
+        "rope_parameters.sliding_attention.rope_theta is 'big': the RoPE base of a rotating layer must be a positive",
+    ),
     ("gpt_oss", "rope_parameters.rope_theta", None, "rope_parameters.rope_theta is None: the RoPE base"),
-    ("gpt_oss", "rope_parameters.rope_type", "nonsense",
-     "rope_parameters.rope_type is 'nonsense', which transformers does not know: use one of "),
-    ("gpt_oss", "rope_parameters.partial_rotary_factor", 1.5,
-     "rope_parameters.partial_rotary_factor is 1.5: the rotated fraction of each head must be above 0 and at most 1"),
-    ("gpt_oss", "num_hidden_layers", 10 ** 9, "num_hidden_layers is 1000000000: nopelens describes at most 10000"),
+    (
+        "gpt_oss",
+        "rope_parameters.rope_type",
+        "nonsense",
+        "rope_parameters.rope_type is 'nonsense', which transformers does not know: use one of ",
+    ),
+    (
+        "gpt_oss",
+        "rope_parameters.partial_rotary_factor",
+        1.5,
+        "rope_parameters.partial_rotary_factor is 1.5: the rotated fraction of each head must be above 0 and at most 1",
+    ),
+    ("gpt_oss", "num_hidden_layers", 10**9, "num_hidden_layers is 1000000000: nopelens describes at most 10000"),
     ("jamba", "attn_layer_period", 0, "attn_layer_period is 0: it must be at least 1"),
     ("jamba", "expert_layer_period", 0, "expert_layer_period is 0: it must be at least 1"),
     ("jamba", "attn_layer_offset", -1, "attn_layer_offset is -1: it must be a whole number, at least 0"),
 ]
 
 
-@pytest.mark.parametrize("family, field, value, message", BAD_VALUES,
-                         ids=[f"{f}-{n}-{v!r}" for f, n, v, _ in BAD_VALUES])
+@pytest.mark.parametrize(
+    "family, field, value, message", BAD_VALUES, ids=[f"{f}-{n}-{v!r}" for f, n, v, _ in BAD_VALUES]
+)
 def test_a_bad_value_is_one_short_line_naming_the_field(saved, tmp_path, capsys, family, field, value, message):
     """Found by trying to break the families: a Zamba2 ``hybrid_layer_ids`` naming other layers failed
     in the forward pass (KeyError: 1), a string size gave transformers' "'>' not supported between
@@ -323,11 +426,33 @@ def test_a_model_without_attention_is_named_by_sinks_and_probe(tmp_path, capsys)
     capsys.readouterr()
     assert main(["sinks", f"hf:{path}", "--input", "random", "--quick"]) == 2
     line = capsys.readouterr().err.strip()
-    assert line.endswith("Zamba2ForCausalLM has no attention block (blocks 0-3: ssm (no attention)): no attention "
-                         "pattern to read, so no attention sink to measure"), line
+    assert line.endswith(
+        "Zamba2ForCausalLM has no attention block (blocks 0-3: ssm (no attention)): no attention "
+        "pattern to read, so no attention sink to measure"
+    ), line
     out = tmp_path / "probe"
-    assert main(["probe", f"hf:{path}", "--input", "random", "--quick", "--jobs", "1", "--quiet", "--no-figures",
-                 "--seq-len", "16", "--n-sequences", "8", "--out", str(out)]) == 0
+    assert (
+        main(
+            [
+                "probe",
+                f"hf:{path}",
+                "--input",
+                "random",
+                "--quick",
+                "--jobs",
+                "1",
+                "--quiet",
+                "--no-figures",
+                "--seq-len",
+                "16",
+                "--n-sequences",
+                "8",
+                "--out",
+                str(out),
+            ]
+        )
+        == 0
+    )
     printed = " ".join(capsys.readouterr().out.split())
     assert "sink read: blocks [0, 1, 2, 3]: ssm (no attention)" in printed
     assert "variance read: blocks [0, 1, 2, 3]: ssm (no attention)" in printed
@@ -343,15 +468,35 @@ def test_mamba_blocks_are_labelled_ssm_not_linear_attention():
     assert hf.describe_config(build_design("qwen3_next").config).layers[0].label() == "linear attention"
 
 
-@pytest.mark.parametrize("config, rotary_dim", [
-    # LlamaRotaryEmbedding.compute_default_rope_parameters ignores the factor: the whole head rotates
-    (lambda: transformers.LlamaConfig(hidden_size=32, num_attention_heads=4, num_hidden_layers=1, vocab_size=16,
-                                      rope_parameters={"rope_type": "default", "rope_theta": 1e4,
-                                                       "partial_rotary_factor": 0.5}), 8),
-    # GPT-NeoX's reads it: half of each head rotates
-    (lambda: transformers.GPTNeoXConfig(hidden_size=32, num_attention_heads=4, num_hidden_layers=1, vocab_size=16,
-                                        intermediate_size=16, rotary_pct=0.5), 4),
-], ids=["llama ignores it", "gpt_neox reads it"])
+@pytest.mark.parametrize(
+    "config, rotary_dim",
+    [
+        # LlamaRotaryEmbedding.compute_default_rope_parameters ignores the factor: the whole head rotates
+        (
+            lambda: transformers.LlamaConfig(
+                hidden_size=32,
+                num_attention_heads=4,
+                num_hidden_layers=1,
+                vocab_size=16,
+                rope_parameters={"rope_type": "default", "rope_theta": 1e4, "partial_rotary_factor": 0.5},
+            ),
+            8,
+        ),
+        # GPT-NeoX's reads it: half of each head rotates
+        (
+            lambda: transformers.GPTNeoXConfig(
+                hidden_size=32,
+                num_attention_heads=4,
+                num_hidden_layers=1,
+                vocab_size=16,
+                intermediate_size=16,
+                rotary_pct=0.5,
+            ),
+            4,
+        ),
+    ],
+    ids=["llama ignores it", "gpt_neox reads it"],
+)
 def test_a_partial_rotary_factor_counts_only_where_the_models_own_rope_reads_it(config, rotary_dim):
     """A false fail found by a break-it run: llama with partial_rotary_factor 0.5 was described as
     rotating 4 of 8 dims, and the audit failed steps 2, 5 and 6 on a model that rotates all 8."""

@@ -7,8 +7,8 @@ import torch
 from schema import assert_folder_documented
 
 from nopelens.analyses import intervene as iv
-from nopelens.analyses.intervene import measure
 from nopelens.analyses.cli import main
+from nopelens.analyses.intervene import measure
 from nopelens.circuits import distance
 from nopelens.circuits.layout import ATTENDED_POSITION, BOS_TOKEN, POSITION
 from nopelens.models import Decoder, DecoderConfig
@@ -132,7 +132,9 @@ def test_hooks_are_removed_after_the_pass_and_when_it_raises(circuit):
                 model(bad)
         assert not point._forward_hooks
         with pytest.raises(RuntimeError, match="inside"):
-            with iv.intervention(model, iv.IndexDirection(1, torch.ones(model.cfg.d_model), torch.zeros(model.cfg.d_model), 0.0).shift(2)):
+            with iv.intervention(
+                model, iv.IndexDirection(1, torch.ones(model.cfg.d_model), torch.zeros(model.cfg.d_model), 0.0).shift(2)
+            ):
                 raise RuntimeError("inside")
         assert not any(p._forward_hooks for p in model.hook_dict.values())
         assert torch.equal(model(tokens), clean)
@@ -154,7 +156,10 @@ def test_shifting_the_index_dimension_shifts_what_the_distance_head_writes_by_k(
             after = collect(model, tokens, sites)
         for a, b in zip(after.patterns["blocks.1.attn.hook_pattern"], before.patterns["blocks.1.attn.hook_pattern"]):
             np.testing.assert_allclose(a, b, atol=1e-6)
-        moved = after.acts["blocks.1.hook_resid_post"][:, ATTENDED_POSITION] - before.acts["blocks.1.hook_resid_post"][:, ATTENDED_POSITION]
+        moved = (
+            after.acts["blocks.1.hook_resid_post"][:, ATTENDED_POSITION]
+            - before.acts["blocks.1.hook_resid_post"][:, ATTENDED_POSITION]
+        )
         np.testing.assert_allclose(moved, k, atol=1e-4)
 
 
@@ -167,7 +172,10 @@ def test_probe_direction_shift_and_projection(circuit):
     with iv.intervention(model, direction.project_out()):
         projected = iv.later_tokens(collect(model, tokens, [1]))
     site = "blocks.0.hook_resid_post"
-    read = lambda acts: direction.predict(torch.from_numpy(acts.features(site))).numpy()
+
+    def read(acts):
+        return direction.predict(torch.from_numpy(acts.features(site))).numpy()
+
     np.testing.assert_allclose(read(shifted) - read(clean), 5, atol=1e-3)
     np.testing.assert_allclose(read(projected), direction.intercept, atol=1e-3)
     table = iv.direction_interventions(model, tokens, mask, 2, SETTINGS, layers=[1], shifts=(2,))
@@ -201,11 +209,22 @@ def hf_models():
 
     torch.manual_seed(0)
     return {
-        "gpt2": GPT2LMHeadModel(GPT2Config(n_embd=32, n_layer=2, n_head=4, vocab_size=64, n_positions=64,
-                                           bos_token_id=0, eos_token_id=0)),
-        "llama": LlamaForCausalLM(LlamaConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-                                              num_key_value_heads=4, intermediate_size=64, vocab_size=64,
-                                              max_position_embeddings=64, bos_token_id=0, eos_token_id=0)),
+        "gpt2": GPT2LMHeadModel(
+            GPT2Config(n_embd=32, n_layer=2, n_head=4, vocab_size=64, n_positions=64, bos_token_id=0, eos_token_id=0)
+        ),
+        "llama": LlamaForCausalLM(
+            LlamaConfig(
+                hidden_size=32,
+                num_hidden_layers=2,
+                num_attention_heads=4,
+                num_key_value_heads=4,
+                intermediate_size=64,
+                vocab_size=64,
+                max_position_embeddings=64,
+                bos_token_id=0,
+                eos_token_id=0,
+            )
+        ),
     }
 
 
@@ -235,28 +254,61 @@ def test_a_model_whose_ablation_cannot_be_checked_is_refused():
     from transformers import GPT2Config, GPT2LMHeadModel
 
     hf = GPT2LMHeadModel(GPT2Config(n_embd=32, n_layer=1, n_head=4, vocab_size=64, n_positions=64)).eval()
-    wrapped = HookedModule(hf, {"blocks.0.hook_resid_pre": "transformer.drop", "blocks.0.hook_resid_post": "transformer.h.0"})
+    wrapped = HookedModule(
+        hf, {"blocks.0.hook_resid_pre": "transformer.drop", "blocks.0.hook_resid_post": "transformer.h.0"}
+    )
     tokens = torch.randint(0, 64, (4, 8), generator=torch.Generator().manual_seed(0))
     with pytest.raises(iv.NotApplicable, match="no hook point blocks.0.attn.hook_attn_scores"):
         iv.check_sink_ablation(wrapped, 0, "remove_key", tokens, torch.ones_like(tokens))
-    wrapped = HookedModule(hf, {"blocks.0.attn.hook_attn_scores": "transformer.h.0.attn.attn_dropout",
-                                "blocks.0.hook_resid_post": "transformer.h.0"})
+    wrapped = HookedModule(
+        hf,
+        {
+            "blocks.0.attn.hook_attn_scores": "transformer.h.0.attn.attn_dropout",
+            "blocks.0.hook_resid_post": "transformer.h.0",
+        },
+    )
     with pytest.raises(iv.NotApplicable, match="to check that the ablation"):
         iv.check_sink_ablation(wrapped, 0, "remove_key", tokens, torch.ones_like(tokens))
-    _, behavior = iv.sink_ablation(wrapped, tokens, torch.ones_like(tokens), 1,
-                                   iv.ProbeSettings(n_splits=2, n_boot=10, tasks=("regression",), controls=False,
-                                                    relative=False), modes=("remove_key",))
+    _, behavior = iv.sink_ablation(
+        wrapped,
+        tokens,
+        torch.ones_like(tokens),
+        1,
+        iv.ProbeSettings(n_splits=2, n_boot=10, tasks=("regression",), controls=False, relative=False),
+        modes=("remove_key",),
+    )
     assert behavior["status"].tolist() == ["not_applicable"]
 
 
 @pytest.mark.slow
 def test_cli_writes_a_run_folder_and_bad_input_is_one_line(tmp_path, capsys):
     out = tmp_path / "run"
-    args = ["intervene", "circuit", "--out", str(out), "--n-sequences", "6", "--seq-len", "12", "--n-boot", "10",
-            "--modes", "remove_key", "--quiet"]
+    args = [
+        "intervene",
+        "circuit",
+        "--out",
+        str(out),
+        "--n-sequences",
+        "6",
+        "--seq-len",
+        "12",
+        "--n-boot",
+        "10",
+        "--modes",
+        "remove_key",
+        "--quiet",
+    ]
     assert main(args) == 0
-    for name in ("summary.csv", "sink_probes.csv", "sink_behavior.csv", "directions.csv", "patching.csv",
-                 "intervene.png", "intervene.svg", "intervene.json"):
+    for name in (
+        "summary.csv",
+        "sink_probes.csv",
+        "sink_behavior.csv",
+        "directions.csv",
+        "patching.csv",
+        "intervene.png",
+        "intervene.svg",
+        "intervene.json",
+    ):
         assert (out / name).is_file(), name
     summary = pd.read_csv(out / "summary.csv")
     assert summary.loc[summary["ablated_block"] == 0, "abs_r2_delta"].iloc[0] < -0.5
@@ -264,11 +316,13 @@ def test_cli_writes_a_run_folder_and_bad_input_is_one_line(tmp_path, capsys):
     assert main(args) == 0  # resumes from the written tables
     printed = capsys.readouterr().out
     assert "NaN" not in printed and "qk_r2 n/a" in printed  # the circuit's last block has no read after it
-    for bad, message in ((["intervene", "nosuch-model"], "unknown zoo model"),
-                         (["intervene", "circuit", "--modes", "sideways", "--out", str(tmp_path / "b")], "sideways"),
-                         (["intervene", "circuit", "--shift", "0", "--out", str(tmp_path / "c")], "non-zero"),
-                         (["intervene", "circuit", "--n-sequences", "3", "--out", str(tmp_path / "d")], "folds"),
-                         (args[:-3] + ["--n-boot", "11"], "other settings")):
+    for bad, message in (
+        (["intervene", "nosuch-model"], "unknown zoo model"),
+        (["intervene", "circuit", "--modes", "sideways", "--out", str(tmp_path / "b")], "sideways"),
+        (["intervene", "circuit", "--shift", "0", "--out", str(tmp_path / "c")], "non-zero"),
+        (["intervene", "circuit", "--n-sequences", "3", "--out", str(tmp_path / "d")], "folds"),
+        (args[:-3] + ["--n-boot", "11"], "other settings"),
+    ):
         assert main(bad) == 2
         err = capsys.readouterr().err.strip()
         assert "\n" not in err and message in err and "Traceback" not in err
@@ -317,8 +371,8 @@ def _one_by_one(model, tokens, mask, sites, block):
     """The states of every sequence run alone with its own first key removed in ``block`` (the reference)."""
     parts = []
     for s in range(len(tokens)):
-        with iv.intervention(model, iv.sink_hooks(block, "remove_key", iv.first_real_index(mask[s:s + 1]))):
-            parts.append(collect(model, tokens[s:s + 1], sites, attention_mask=mask[s:s + 1]))
+        with iv.intervention(model, iv.sink_hooks(block, "remove_key", iv.first_real_index(mask[s : s + 1]))):
+            parts.append(collect(model, tokens[s : s + 1], sites, attention_mask=mask[s : s + 1]))
     return {site: np.concatenate([part.acts[site] for part in parts]) for site in sites}
 
 
@@ -331,23 +385,40 @@ def test_sink_ablation_removes_each_rows_own_first_key_in_every_batch(one_thread
     sites = ["blocks.0.hook_resid_post", "blocks.1.hook_resid_post"]
     reference = _one_by_one(model, tokens, mask, sites, block=0)
     for batch_size in (3, 32):
-        batched = collect(model, tokens, sites, attention_mask=mask, batch_size=batch_size,
-                          hooks=iv.sink_batch_hooks(0, "remove_key"))
+        batched = collect(
+            model, tokens, sites, attention_mask=mask, batch_size=batch_size, hooks=iv.sink_batch_hooks(0, "remove_key")
+        )
         for site in sites:
             np.testing.assert_allclose(batched.acts[site], reference[site], atol=1e-5, err_msg=site)
     clean = collect(model, tokens, sites, attention_mask=mask)
     table = iv.sink_ablation_drop(model, tokens, mask, 2, clean, n_splits=3, n_boot=20, seed=0)
-    acts = iv.later_tokens(Activations(acts={sites[0]: reference[sites[0]]}, sequence_id=clean.sequence_id,
-                                       position=clean.position, token=clean.token))
-    expected = probe_absolute_index(acts, sites=[sites[0]], tasks=("regression",), controls=False, n_splits=3,
-                                    n_boot=20, seed=0)
+    acts = iv.later_tokens(
+        Activations(
+            acts={sites[0]: reference[sites[0]]},
+            sequence_id=clean.sequence_id,
+            position=clean.position,
+            token=clean.token,
+        )
+    )
+    expected = probe_absolute_index(
+        acts, sites=[sites[0]], tasks=("regression",), controls=False, n_splits=3, n_boot=20, seed=0
+    )
     expected = expected[(expected["probe"] == "linear") & (expected["metric"] == "r2")].iloc[0]["value"]
     assert table.loc[0, "r2_ablated"] == pytest.approx(expected, abs=1e-5)
     # the behaviour under the same ablation: each sequence's loss is its own run's
     batched = iv.behavior(model, tokens, mask, hooks=iv.sink_batch_hooks(0, "remove_key"))
-    alone = pd.concat([iv.behavior(model, tokens[s:s + 1], mask[s:s + 1],
-                                   hooks=iv.sink_hooks(0, "remove_key", iv.first_real_index(mask[s:s + 1])))
-                       for s in range(len(tokens))], ignore_index=True)
+    alone = pd.concat(
+        [
+            iv.behavior(
+                model,
+                tokens[s : s + 1],
+                mask[s : s + 1],
+                hooks=iv.sink_hooks(0, "remove_key", iv.first_real_index(mask[s : s + 1])),
+            )
+            for s in range(len(tokens))
+        ],
+        ignore_index=True,
+    )
     np.testing.assert_allclose(batched["loss"], alone["loss"], rtol=1e-5)
 
 
@@ -370,8 +441,9 @@ def test_seeds_past_2_to_the_32_draw_bootstrap_cis_and_too_short_sequences_are_n
     from scipy import stats
 
     values = np.arange(12, dtype=float) % 5
-    before = stats.bootstrap((values,), np.mean, n_resamples=50, method="percentile",
-                             random_state=np.random.RandomState(7)).confidence_interval
+    before = stats.bootstrap(
+        (values,), np.mean, n_resamples=50, method="percentile", random_state=np.random.RandomState(7)
+    ).confidence_interval
     assert measure._mean_ci(values, 50, 7) == (before.low, before.high)
     low, high = measure._mean_ci(values, 50, 2**40)
     assert low <= values.mean() <= high

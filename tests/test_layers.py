@@ -10,9 +10,8 @@ import pandas as pd
 import pytest
 
 from nopelens.analyses import load_run, report, runs
-from nopelens.analyses.sweep import layers, reads
 from nopelens.analyses.cli import main
-from nopelens.analyses.sweep import DEFAULT_SITES, SweepSettings
+from nopelens.analyses.sweep import DEFAULT_SITES, SweepSettings, layers, reads
 
 ARGS = ["--n-sequences", "12", "--seq-len", "16", "--jobs", "1"]
 
@@ -119,8 +118,10 @@ def test_json_threshold_and_metric_reread_the_folder_without_measuring_again(pro
     assert all(type(data["summary"][0][column]) is int for column in reads.read_columns()), "first layers are ints"
 
     originals = {name: (out / name).read_bytes() for name in ("summary.md", "summary.csv", "layers.csv", "probes.png")}
-    assert main(["probe", "circuit", "--out", str(out), *ARGS, "--quiet", "--metric", "spearman",
-                 "--threshold", "0.5"]) == 0
+    assert (
+        main(["probe", "circuit", "--out", str(out), *ARGS, "--quiet", "--metric", "spearman", "--threshold", "0.5"])
+        == 0
+    )
     captured = capsys.readouterr()
     assert "already measured" in captured.err
     # issue 49: the re-read writes beside the original, never over it
@@ -131,7 +132,11 @@ def test_json_threshold_and_metric_reread_the_folder_without_measuring_again(pro
     assert "abs. index acc ≥ 0.5" in captured.out and "Spearman ρ ≥ 0.5" in captured.out
     assert set(pd.read_csv(out / "layers-spearman-0.5.csv")["threshold"].dropna()) == {0.5}
     text = (out / "summary-spearman-0.5.md").read_text()
-    assert "Spearman ρ ≥ 0.5" in text and "(probes-spearman-0.5.png)" in text and (out / "probes-spearman-0.5.png").is_file()
+    assert (
+        "Spearman ρ ≥ 0.5" in text
+        and "(probes-spearman-0.5.png)" in text
+        and (out / "probes-spearman-0.5.png").is_file()
+    )
     assert main(["probe", "circuit", "--out", str(out), *ARGS, "--quiet"]) == 0  # back to the defaults
     assert "absolute_r2" in pd.read_csv(out / "summary.csv") and (out / "summary-spearman-0.5.md").is_file()
     capsys.readouterr()
@@ -142,23 +147,26 @@ def test_summary_md_says_what_each_model_was_read_on(probed):
     out, _, _ = probed
     text = (out / "summary.md").read_text()
     assert "## What was measured" in text
-    measured = text[text.index("## What was measured"):]
+    measured = text[text.index("## What was measured") :]
     row = next(line for line in measured.splitlines() if line.startswith("| circuit "))
     assert [cell.strip() for cell in row.strip("|").split("|")] == ["circuit", "12", "16", "yes"]  # ARGS
     done = json.loads(next(out.glob("parts/circuit/done.json")).read_text())
     assert done["read"] == {"sequences": 12, "tokens": [16, 16]}
 
 
-@pytest.mark.parametrize("flags, message", [
-    (["--metric", "f1"], "unknown metric 'f1'"),
-    (["--metric", "mad"], "--threshold mad=2"),
-    (["--metric", "mad", "--threshold", "2"], "accuracy cannot exceed 1"),
-    (["--threshold", "mad=x"], "BAR or METRIC=BAR"),
-    (["--threshold", "1.5"], "cannot exceed 1"),
-    (["--metric", "sideways=r2"], "regression or classification"),
-    (["--sites", "resid,attn_in"], "unknown site kind 'attn_in'"),
-    (["--sites", "attn_out"], "--sites must include resid"),
-])
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        (["--metric", "f1"], "unknown metric 'f1'"),
+        (["--metric", "mad"], "--threshold mad=2"),
+        (["--metric", "mad", "--threshold", "2"], "accuracy cannot exceed 1"),
+        (["--threshold", "mad=x"], "BAR or METRIC=BAR"),
+        (["--threshold", "1.5"], "cannot exceed 1"),
+        (["--metric", "sideways=r2"], "regression or classification"),
+        (["--sites", "resid,attn_in"], "unknown site kind 'attn_in'"),
+        (["--sites", "attn_out"], "--sites must include resid"),
+    ],
+)
 def test_bad_reads_and_sites_are_one_line_before_any_work(flags, message, tmp_path, capsys):
     assert main(["probe", "circuit", "--out", str(tmp_path / "x"), *ARGS, *flags]) == 2
     err = capsys.readouterr().err.strip().splitlines()
@@ -168,7 +176,10 @@ def test_bad_reads_and_sites_are_one_line_before_any_work(flags, message, tmp_pa
 
 def test_choose_reads_replaces_the_metric_of_the_task_that_reports_it():
     chosen = reads.choose_reads("classification=within_one,regression=mad", threshold="0.5,mad=2")
-    assert [(r.column, r.metric) for r in chosen[:2]] == [("absolute_within_one", "within_one"), ("absolute_mad", "mad")]
+    assert [(r.column, r.metric) for r in chosen[:2]] == [
+        ("absolute_within_one", "within_one"),
+        ("absolute_mad", "mad"),
+    ]
     assert chosen[1].header == "abs. index MAD ≤ 2" and not chosen[1].higher_is_better
     assert chosen[0].threshold == 0.5, "the bare bar for the others"
     assert reads.choose_reads() == reads.SWEEP_READS
@@ -178,9 +189,14 @@ def test_sites_choose_what_is_measured_and_keep_old_digests(tmp_path, capsys):
     default = SweepSettings(models=("circuit",))
     assert default.sites == DEFAULT_SITES and "sites" not in default.to_dict()
     assert default.digest() == runs.settings_digest(
-        {k: v for k, v in dataclasses.asdict(default).items()
-         if k not in ("sites", "hf_input", "streamed", "batch_size", "keep_mib", "sink_ablation",
-                      "memory_mib", "layers")}, ignore=("train_seeds",))
+        {
+            k: v
+            for k, v in dataclasses.asdict(default).items()
+            if k
+            not in ("sites", "hf_input", "streamed", "batch_size", "keep_mib", "sink_ablation", "memory_mib", "layers")
+        },
+        ignore=("train_seeds",),
+    )
     out = tmp_path / "resid"
     assert main(["probe", "circuit", "--out", str(out), *ARGS, "--quiet", "--sites", "resid,resid_mid"]) == 0
     sites = set(pd.read_csv(out / "probes.csv")["site"])
@@ -206,6 +222,6 @@ def test_a_copy_task_model_says_it_was_read_at_its_own_length(tmp_path, monkeypa
     out = tmp_path / "copy"
     assert main(["probe", "copy-nope-3l", "--quick", "--out", str(out), "--quiet"]) == 0
     text = (out / "summary.md").read_text()
-    row = next(line for line in text[text.index("## What was measured"):].splitlines() if line.startswith("| copy"))
+    row = next(line for line in text[text.index("## What was measured") :].splitlines() if line.startswith("| copy"))
     assert [cell.strip() for cell in row.strip("|").split("|")][1:] == ["24", "23", "yes"]
     assert "seq_len=32" in text and "seq_len is the length asked for" in text

@@ -29,9 +29,13 @@ def source_files():
 
 def test_hook_names_are_built_by_the_helper_only():
     """No ``f"blocks.{l}...."`` outside :mod:`nopelens.models.hooks`."""
-    found = [f"{path.relative_to(ROOT)}:{number}: {line.strip()}"
-             for path in source_files() if path != ROOT / "models" / "hooks.py"
-             for number, line in enumerate(path.read_text().splitlines(), 1) if HAND_WRITTEN_HOOK.search(line)]
+    found = [
+        f"{path.relative_to(ROOT)}:{number}: {line.strip()}"
+        for path in source_files()
+        if path != ROOT / "models" / "hooks.py"
+        for number, line in enumerate(path.read_text().splitlines(), 1)
+        if HAND_WRITTEN_HOOK.search(line)
+    ]
     assert not found, "build hook names with nopelens.models.hooks.act_name:\n" + "\n".join(found)
 
 
@@ -64,8 +68,12 @@ def test_act_name_knows_every_hook_a_decoder_has():
 def test_imports_flow_one_way():
     """cli -> analyses -> probes -> (circuits ->) models: no module imports a later layer, at
     module level or inside a function."""
-    backwards = [f"{module} imports {target}" for module, targets in sorted(imports().items())
-                 for target in sorted(targets) if layer(target) > layer(module)]
+    backwards = [
+        f"{module} imports {target}"
+        for module, targets in sorted(imports().items())
+        for target in sorted(targets)
+        if layer(target) > layer(module)
+    ]
     assert not backwards, "\n".join(backwards)
 
 
@@ -127,25 +135,41 @@ def function_level_imports(path: Path) -> list[tuple[int, str]]:
     """``(line number, line)`` of every import statement inside a function of ``path``."""
     text = path.read_text(encoding="utf-8")
     lines = text.splitlines()
-    functions = [node for node in ast.walk(ast.parse(text)) if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))]
-    found = {node.lineno for function in functions for node in ast.walk(function)
-             if isinstance(node, (ast.Import, ast.ImportFrom))}
+    functions = [
+        node for node in ast.walk(ast.parse(text)) if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+    ]
+    found = {
+        node.lineno
+        for function in functions
+        for node in ast.walk(function)
+        if isinstance(node, (ast.Import, ast.ImportFrom))
+    }
     return [(number, lines[number - 1]) for number in sorted(found)]
 
 
 def test_function_level_imports_are_few_and_each_says_why():
-    package = [path for folder in [ROOT / "src" / "nopelens", *subpackages().values()] for path in sorted(folder.rglob("*.py"))]
-    lazy = [(path.relative_to(ROOT), number, line.strip()) for path in package for number, line in function_level_imports(path)]
+    package = [
+        path for folder in [ROOT / "src" / "nopelens", *subpackages().values()] for path in sorted(folder.rglob("*.py"))
+    ]
+    lazy = [
+        (path.relative_to(ROOT), number, line.strip())
+        for path in package
+        for number, line in function_level_imports(path)
+    ]
     unexplained = [f"{path}:{number}: {line}" for path, number, line in lazy if not LAZY_REASON.search(line)]
-    assert not unexplained, ("import at the module's top, or say on the line why not (`# lazy: distributed is "
-                             "optional`):\n" + "\n".join(unexplained))
+    assert not unexplained, (
+        "import at the module's top, or say on the line why not (`# lazy: distributed is "
+        "optional`):\n" + "\n".join(unexplained)
+    )
     assert len(lazy) <= MAX_LAZY_IMPORTS, "\n".join(f"{path}:{number}: {line}" for path, number, line in lazy)
 
 
 def test_the_lazy_import_finder_reads_imports_inside_functions_only(tmp_path):
     source = tmp_path / "m.py"
-    source.write_text("import os\n\ndef f():\n    import json  # lazy: why\n    class C:\n        def g(self):\n"
-                      "            from a import b\n")
+    source.write_text(
+        "import os\n\ndef f():\n    import json  # lazy: why\n    class C:\n        def g(self):\n"
+        "            from a import b\n"
+    )
     assert function_level_imports(source) == [(4, "    import json  # lazy: why"), (7, "            from a import b")]
     assert LAZY_REASON.search("    import json  # lazy: why") and not LAZY_REASON.search("    import json  # lazy:")
 
@@ -159,15 +183,19 @@ SIZED_FOLDERS = ("models", "circuits", "probes", "analyses")
 
 def longer_than(limit: int, folders: list[Path]) -> dict[Path, int]:
     """``{path: line count}`` of every ``.py`` file below ``folders`` with more than ``limit`` lines."""
-    counts = {path: len(path.read_text(encoding="utf-8").splitlines()) for folder in folders
-              for path in sorted(folder.rglob("*.py"))}
+    counts = {
+        path: len(path.read_text(encoding="utf-8").splitlines())
+        for folder in folders
+        for path in sorted(folder.rglob("*.py"))
+    }
     return {path: count for path, count in counts.items() if count > limit}
 
 
 def test_every_module_is_at_most_600_lines():
     long = longer_than(MAX_LINES, [ROOT / folder for folder in SIZED_FOLDERS])
-    assert not long, (f"split by concern (issue 39), at most {MAX_LINES} lines a module:\n"
-                      + "\n".join(f"{path.relative_to(ROOT)}: {count} lines" for path, count in long.items()))
+    assert not long, f"split by concern (issue 39), at most {MAX_LINES} lines a module:\n" + "\n".join(
+        f"{path.relative_to(ROOT)}: {count} lines" for path, count in long.items()
+    )
 
 
 def test_the_size_rule_counts_every_python_file_below_a_folder(tmp_path):
@@ -179,9 +207,13 @@ def test_the_size_rule_counts_every_python_file_below_a_folder(tmp_path):
 
 
 def test_analyses_never_import_the_cli():
-    cli = [f"{module} imports {target}" for module, targets in imports().items()
-           if module.startswith("nopelens.analyses.") and not module.startswith("nopelens.analyses.cli")
-           for target in targets if target.startswith("nopelens.analyses.cli")]
+    cli = [
+        f"{module} imports {target}"
+        for module, targets in imports().items()
+        if module.startswith("nopelens.analyses.") and not module.startswith("nopelens.analyses.cli")
+        for target in targets
+        if target.startswith("nopelens.analyses.cli")
+    ]
     assert not cli, cli
 
 
@@ -189,9 +221,13 @@ def test_no_analysis_imports_the_rendering():
     """The analyses return tables; the CLI renders them (issue 39): only the CLI imports
     ``analyses.report`` (summary tables, Markdown and a sweep's run-folder figures)."""
     rendering = "nopelens.analyses.report"
-    found = [f"{module} imports {rendering}" for module, targets in imports(type_checking=True).items()
-             if module.startswith("nopelens.analyses.") and not module.startswith("nopelens.analyses.cli")
-             and rendering in targets]
+    found = [
+        f"{module} imports {rendering}"
+        for module, targets in imports(type_checking=True).items()
+        if module.startswith("nopelens.analyses.")
+        and not module.startswith("nopelens.analyses.cli")
+        and rendering in targets
+    ]
     assert not found, found
 
 
@@ -212,14 +248,27 @@ def test_each_module_imports_alone():
                 failed.append(name + ": " + traceback.format_exc().strip().splitlines()[-1])
         print("\\n".join(failed) or "ok")
     """)
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600,
-                            env={**os.environ, "OMP_NUM_THREADS": "1"})
+    result = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
     assert result.returncode == 0, result.stderr[-2000:]
     assert result.stdout.strip() == "ok", result.stdout
 
 
-HF_CORE = ("models/hf/config.py", "models/hf/layout.py", "models/hf/census.py", "models/hf/family.py",
-           "models/hf/__init__.py", "models/adapters.py", "models/hf_loading.py", "analyses/audit/hf.py")
+HF_CORE = (
+    "models/hf/config.py",
+    "models/hf/layout.py",
+    "models/hf/census.py",
+    "models/hf/family.py",
+    "models/hf/__init__.py",
+    "models/adapters.py",
+    "models/hf_loading.py",
+    "analyses/audit/hf.py",
+)
 
 
 def test_a_family_is_one_file():
@@ -230,10 +279,15 @@ def test_a_family_is_one_file():
     assert sources, "no family declared"
     elsewhere = {t: s for t, s in sources.items() if not s.startswith(FAMILIES_PACKAGE + ".")}
     assert not elsewhere, elsewhere
-    files = {name: ROOT / "models" / "hf" / "families" / f"{name.rsplit('.', 1)[-1]}.py" for name in set(sources.values())}
+    files = {
+        name: ROOT / "models" / "hf" / "families" / f"{name.rsplit('.', 1)[-1]}.py" for name in set(sources.values())
+    }
     named = []
     for model_type, source in sources.items():
         quoted = re.compile(rf"""["']{re.escape(model_type)}["']""")
-        named += [f"{path}: {model_type}" for path in [*(ROOT / c for c in HF_CORE), *files.values()]
-                  if path != files[source] and quoted.search(path.read_text())]
+        named += [
+            f"{path}: {model_type}"
+            for path in [*(ROOT / c for c in HF_CORE), *files.values()]
+            if path != files[source] and quoted.search(path.read_text())
+        ]
     assert not named, "\n".join(named)

@@ -10,7 +10,9 @@ from nopelens.analyses import lengthgen
 from nopelens.analyses.cli import main
 from nopelens.analyses.lengthgen import KAZEMNEJAD_2023, LengthGenSettings, run_lengthgen, summarize
 
-TINY = LengthGenSettings(train_max_len=3, n_layers=1, d_model=16, n_heads=2, steps=3, batch_size=4, n_symbols=4, n_eval=4)
+TINY = LengthGenSettings(
+    train_max_len=3, n_layers=1, d_model=16, n_heads=2, steps=3, batch_size=4, n_symbols=4, n_eval=4
+)
 
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -24,18 +26,24 @@ def _record_runs(monkeypatch) -> list:
 
 
 def test_run_writes_tidy_table_summary_and_plots(tmp_path):
-    results = run_lengthgen(tmp_path, TINY, tasks=("repeat", "copy"), methods=("nope", "learned"), seeds=(0,), progress=False)
+    results = run_lengthgen(
+        tmp_path, TINY, tasks=("repeat", "copy"), methods=("nope", "learned"), seeds=(0,), progress=False
+    )
     assert len(results) == 2 * 2 * 1 * 6  # tasks x methods x seeds x lengths 1..2L
     assert set(results["length"]) == set(range(1, 7))
     assert results.groupby(["task", "method", "seed"])["in_distribution"].sum().eq(3).all()
     on_disk = pd.read_csv(tmp_path / "lengthgen.csv")
     assert len(on_disk) == len(results)
-    assert {"task", "method", "seed", "length", "exact_match", "token_accuracy", "in_distribution"} <= set(on_disk.columns)
+    assert {"task", "method", "seed", "length", "exact_match", "token_accuracy", "in_distribution"} <= set(
+        on_disk.columns
+    )
     for name in ("summary.csv", "lengthgen.png", "lengthgen.svg", "lengthgen.json"):
         assert (tmp_path / name).stat().st_size > 0
     assert (tmp_path / "lengthgen.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     summary = pd.read_csv(tmp_path / "summary.csv")
-    assert set(zip(summary["task"], summary["method"])) == {(t, m) for t in ("repeat", "copy") for m in ("nope", "learned")}
+    assert set(zip(summary["task"], summary["method"])) == {
+        (t, m) for t in ("repeat", "copy") for m in ("nope", "learned")
+    }
     assert not any(p.name.startswith(".") for p in tmp_path.iterdir())  # no temp files left
     assert assert_folder_documented(tmp_path, "lengthgen") == ["lengthgen.csv", "summary.csv"]
     mask = os.umask(0)
@@ -59,17 +67,30 @@ def test_a_truncated_table_measures_the_cut_runs_again(tmp_path, monkeypatch, ca
     calls = _record_runs(monkeypatch)
     results = run_lengthgen(tmp_path, TINY, tasks=("repeat",), methods=("nope", "alibi"), seeds=(0,), progress=False)
     assert calls == [("repeat", "alibi", 0)] and len(results) == 12
-    assert "holds only part of repeat alibi seed 0 (a truncated or damaged file?); measuring it again" in capsys.readouterr().err
+    assert (
+        "holds only part of repeat alibi seed 0 (a truncated or damaged file?); measuring it again"
+        in capsys.readouterr().err
+    )
     (tmp_path / "lengthgen.csv").write_bytes(b"\xff\xfe garbage")
     run_lengthgen(tmp_path, TINY, tasks=("repeat",), methods=("nope",), seeds=(0,), progress=False)
     assert "cannot be read" in capsys.readouterr().err
 
 
-DAMAGED_CELLS = [("exact_match", 2, None), ("seed", 1, "abc")] + [pytest.param(*cell, marks=pytest.mark.slow) for cell in [
-    ("seed", 5, None), ("length", 3, "x"), ("exact_match", 2, "abc"), ("exact_match", 2, 7), ("exact_match", 4, "inf"),
-    ("in_distribution", 2, "yes"), ("in_distribution", 1, False), ("seed", 2, 0.5), ("length", 6, -6),
-    ("method", 3, "bogus"),
-]]  # the fast lane keeps a missing cell and a text cell; each costs a lengthgen run
+DAMAGED_CELLS = [("exact_match", 2, None), ("seed", 1, "abc")] + [
+    pytest.param(*cell, marks=pytest.mark.slow)
+    for cell in [
+        ("seed", 5, None),
+        ("length", 3, "x"),
+        ("exact_match", 2, "abc"),
+        ("exact_match", 2, 7),
+        ("exact_match", 4, "inf"),
+        ("in_distribution", 2, "yes"),
+        ("in_distribution", 1, False),
+        ("seed", 2, 0.5),
+        ("length", 6, -6),
+        ("method", 3, "bogus"),
+    ]
+]  # the fast lane keeps a missing cell and a text cell; each costs a lengthgen run
 
 
 @pytest.mark.parametrize("column, length, cell", DAMAGED_CELLS)
@@ -91,7 +112,13 @@ def test_a_damaged_cell_measures_only_its_run_again(tmp_path, monkeypatch, capsy
 def test_other_settings_in_the_same_folder_are_refused(tmp_path):
     run_lengthgen(tmp_path, TINY, tasks=("repeat",), methods=("nope",), seeds=(0,), progress=False)
     with pytest.raises(ValueError, match="other settings.*steps"):
-        run_lengthgen(tmp_path, LengthGenSettings(**{**TINY.__dict__, "steps": 4}), tasks=("repeat",), methods=("nope",), seeds=(0,))
+        run_lengthgen(
+            tmp_path,
+            LengthGenSettings(**{**TINY.__dict__, "steps": 4}),
+            tasks=("repeat",),
+            methods=("nope",),
+            seeds=(0,),
+        )
 
 
 def test_unknown_method_and_bad_settings():
@@ -105,9 +132,13 @@ def test_summary_arithmetic():
     rows = []
     for seed, (inside, longer) in enumerate([(1.0, 0.5), (0.8, 0.1)]):
         for length in (1, 2):
-            rows.append(dict(task="copy", method="nope", seed=seed, length=length, exact_match=inside, in_distribution=True))
+            rows.append(
+                dict(task="copy", method="nope", seed=seed, length=length, exact_match=inside, in_distribution=True)
+            )
         for length in (3, 4):
-            rows.append(dict(task="copy", method="nope", seed=seed, length=length, exact_match=longer, in_distribution=False))
+            rows.append(
+                dict(task="copy", method="nope", seed=seed, length=length, exact_match=longer, in_distribution=False)
+            )
     summary = summarize(pd.DataFrame(rows))
     row = summary.iloc[0]
     assert row["exact_match_in_distribution"] == pytest.approx(0.9)
@@ -117,8 +148,25 @@ def test_summary_arithmetic():
 
 
 def test_cli_quick_subset(tmp_path, capsys):
-    code = main(["lengthgen", "--out", str(tmp_path), "--quick", "--tasks", "repeat", "--methods", "rope",
-                 "--seeds", "0", "--steps", "2", "--threads", "1", "--quiet"])
+    code = main(
+        [
+            "lengthgen",
+            "--out",
+            str(tmp_path),
+            "--quick",
+            "--tasks",
+            "repeat",
+            "--methods",
+            "rope",
+            "--seeds",
+            "0",
+            "--steps",
+            "2",
+            "--threads",
+            "1",
+            "--quiet",
+        ]
+    )
     assert code == 0
     out = capsys.readouterr().out
     assert "rope" in out and "kazemnejad_2023_repeat_copy" in out

@@ -3,9 +3,9 @@ works wherever a method works (hooks, fused path, KV cache, left padding, checkp
 
 import pytest
 import torch
+from schema import assert_documented
 from transformers import T5Config
 from transformers.models.t5.modeling_t5 import T5Attention
-from schema import assert_documented
 
 from nopelens.analyses.cli import main
 from nopelens.models import Decoder, DecoderConfig, KVCache
@@ -17,10 +17,18 @@ from nopelens.models.positions import t5_relative_bucket
 OFFSETS = torch.arange(-400, 6)
 
 
-@pytest.mark.parametrize("num_buckets,max_distance,bidirectional", [
-    (32, 128, False), (8, 20, False), (6, 5, False), (2, 3, False),  # a decoder's unidirectional buckets
-    (32, 128, True), (8, 20, True), (6, 5, True),  # an encoder's (two buckets per direction at least)
-])
+@pytest.mark.parametrize(
+    "num_buckets,max_distance,bidirectional",
+    [
+        (32, 128, False),
+        (8, 20, False),
+        (6, 5, False),
+        (2, 3, False),  # a decoder's unidirectional buckets
+        (32, 128, True),
+        (8, 20, True),
+        (6, 5, True),  # an encoder's (two buckets per direction at least)
+    ],
+)
 def test_buckets_equal_hf(num_buckets, max_distance, bidirectional):
     ours = t5_relative_bucket(OFFSETS, bidirectional, num_buckets, max_distance)
     theirs = T5Attention._relative_position_bucket(OFFSETS, bidirectional, num_buckets, max_distance)
@@ -28,13 +36,16 @@ def test_buckets_equal_hf(num_buckets, max_distance, bidirectional):
     distance = (-OFFSETS).clamp(min=0)
     if not bidirectional:
         assert (ours[distance >= max_distance] == num_buckets - 1).all()  # one bucket past max_distance
-        assert torch.equal(ours[(distance < num_buckets // 2) & (OFFSETS <= 0)],
-                           distance[(distance < num_buckets // 2) & (OFFSETS <= 0)])  # exact near
+        assert torch.equal(
+            ours[(distance < num_buckets // 2) & (OFFSETS <= 0)],
+            distance[(distance < num_buckets // 2) & (OFFSETS <= 0)],
+        )  # exact near
 
 
 def model(length=48, **overrides):
-    config = dict(d_vocab=31, n_ctx=length, n_layers=2, d_model=32, n_heads=4, position="t5",
-                  t5_num_buckets=8, t5_max_distance=20)
+    config = dict(
+        d_vocab=31, n_ctx=length, n_layers=2, d_model=32, n_heads=4, position="t5", t5_num_buckets=8, t5_max_distance=20
+    )
     config.update(overrides)
     m = Decoder(DecoderConfig(**config), seed=0).eval()
     with torch.no_grad():  # a bias large enough that a wrong bucket changes the output
@@ -46,13 +57,21 @@ def model(length=48, **overrides):
 def test_bias_equals_hf_compute_bias_past_max_distance():
     """Our hook_pos_bias is HF's T5Attention.compute_bias (decoder) with the same table."""
     ours = model()
-    hf_config = T5Config(d_model=32, d_kv=8, num_heads=4, relative_attention_num_buckets=8,
-                         relative_attention_max_distance=20, is_decoder=True)
+    hf_config = T5Config(
+        d_model=32,
+        d_kv=8,
+        num_heads=4,
+        relative_attention_num_buckets=8,
+        relative_attention_max_distance=20,
+        is_decoder=True,
+    )
     hf = T5Attention(hf_config, has_relative_attention_bias=True)
     with torch.no_grad():
         hf.relative_attention_bias.weight.copy_(ours.blocks[0].attn.W_rel_bias)
     length = 48  # distances up to 47 > max_distance 20
-    _, cache = ours.run_with_cache(torch.randint(0, 31, (1, length)), names_filter=lambda n: n.endswith("hook_pos_bias"))
+    _, cache = ours.run_with_cache(
+        torch.randint(0, 31, (1, length)), names_filter=lambda n: n.endswith("hook_pos_bias")
+    )
     expected = hf.compute_bias(length, length)
     assert torch.allclose(cache["blocks.0.attn.hook_pos_bias"], expected, atol=0, rtol=0)
     # with a cache offset, HF's past_seen_tokens: the last 5 queries against all keys
@@ -77,7 +96,7 @@ def test_fused_path_kv_cache_and_left_padding():
     assert torch.allclose(m(x), full, atol=1e-5)
     m.set_fused_attention(True)
     cache = KVCache.empty(m.cfg, 2)
-    pieces = [m(x[:, :25], past_kv=cache)] + [m(x[:, t:t + 1], past_kv=cache) for t in range(25, 40)]
+    pieces = [m(x[:, :25], past_kv=cache)] + [m(x[:, t : t + 1], past_kv=cache) for t in range(25, 40)]
     assert torch.allclose(torch.cat(pieces, 1), full, atol=1e-5)
     padded = torch.cat([torch.zeros(1, 7, dtype=torch.long), x[:1, :33]], 1)
     mask = torch.cat([torch.zeros(1, 7, dtype=torch.long), torch.ones(1, 33, dtype=torch.long)], 1)
@@ -103,8 +122,26 @@ def test_config_fields_validated_and_saved(tmp_path):
 
 def test_cli_train_t5(tmp_path):
     out = tmp_path / "run"
-    assert main(["train", "--task", "copy", "--position", "t5", "--layers", "1", "--steps", "3",
-                 "--out", str(out), "--threads", "1"]) == 0
+    assert (
+        main(
+            [
+                "train",
+                "--task",
+                "copy",
+                "--position",
+                "t5",
+                "--layers",
+                "1",
+                "--steps",
+                "3",
+                "--out",
+                str(out),
+                "--threads",
+                "1",
+            ]
+        )
+        == 0
+    )
     trained = load_checkpoint(out / "checkpoint").model
     assert_documented(out / "loss_curve.csv", "train: loss_curve.csv")
     assert trained.cfg.position == "t5" and trained.cfg.layer_methods == (get_method("t5"),)

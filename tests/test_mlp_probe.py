@@ -9,7 +9,11 @@ from nopelens.models import Decoder, DecoderConfig
 from nopelens.probes import collect, mad_chance, resid_sites
 from nopelens.probes.linear import out_of_fold_predictions, sequence_splits
 from nopelens.probes.mlp_probe import (
-    MLPPositionProbe, constant_prediction_band, kept_sequences, make_mlp_probe, no_information_floor,
+    MLPPositionProbe,
+    constant_prediction_band,
+    kept_sequences,
+    make_mlp_probe,
+    no_information_floor,
     probe_positions_mlp,
 )
 
@@ -47,8 +51,9 @@ def test_constant_input_gives_the_no_information_floor_at_every_layer(one_thread
         index, pred = out_of_fold_predictions(probe, X, acts.position, splits)
         for _, score in splits:  # the probe read nothing: one class per fold, whatever the token
             assert len(np.unique(pred[np.isin(index, score)])) == 1, site
-        rows = probe_positions_mlp(X, acts.position, acts.sequence_id, acts.token, 3, n_boot=20,
-                                   dtype=acts.dtype(site), epochs=3, min_steps=50)
+        rows = probe_positions_mlp(
+            X, acts.position, acts.sequence_id, acts.token, 3, n_boot=20, dtype=acts.dtype(site), epochs=3, min_steps=50
+        )
         value, row = _mad_chance(rows)
         assert low - 1e-9 <= value <= high + 1e-9 and row["floor"] == 1.0, (site, value)
 
@@ -58,8 +63,9 @@ def test_an_untrained_sinusoidal_model_is_near_exact_at_layer_0(one_thread):
     model = Decoder(config, seed=0).eval()
     tokens = torch.randint(0, 20, (30, 32), generator=torch.Generator().manual_seed(0))
     acts = collect(model, tokens, resid_sites(1)[:1])
-    rows = probe_positions_mlp(acts.features(resid_sites(1)[0]), acts.position, acts.sequence_id, acts.token, 3,
-                               controls=False, n_boot=50)  # the default epochs: what the comparison fits
+    rows = probe_positions_mlp(
+        acts.features(resid_sites(1)[0]), acts.position, acts.sequence_id, acts.token, 3, controls=False, n_boot=50
+    )  # the default epochs: what the comparison fits
     value, row = _mad_chance(rows)
     assert value <= 0.01 and row["ci_high"] / row["chance"] <= 0.01
 
@@ -72,8 +78,9 @@ def test_the_hand_built_circuit_is_read_to_within_one_position_at_layer_1(one_th
     subject = resolve("circuit", n_sequences=30, seq_len=16)
     site = resid_sites(subject.n_layers)[1]
     acts = collect(subject.model, subject.tokens, [site], subject.attention_mask)
-    rows = probe_positions_mlp(acts.features(site), acts.position, acts.sequence_id, acts.token, 3,
-                               controls=False, n_boot=20)  # the default training, as the comparison fits
+    rows = probe_positions_mlp(
+        acts.features(site), acts.position, acts.sequence_id, acts.token, 3, controls=False, n_boot=20
+    )  # the default training, as the comparison fits
     value, row = _mad_chance(rows)
     within_one = rows[(rows["probe"] == "linear") & (rows["metric"] == "within_one")]["value"].iloc[0]
     assert within_one == 1 and value <= 0.05 and row["n_sequences"] == 30

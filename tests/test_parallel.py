@@ -17,11 +17,11 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from nopelens.analyses.sweep import parallel
-from nopelens.analyses.sweep import TABLES, SweepSettings, sweep
+from nopelens.analyses.sweep import TABLES, SweepSettings, parallel, sweep
 
-SETTINGS = SweepSettings(models=("circuit", "untrained-nope"), n_sequences=12, seq_len=16, n_boot=20, n_splits=3,
-                         train_seeds=(0, 1))
+SETTINGS = SweepSettings(
+    models=("circuit", "untrained-nope"), n_sequences=12, seq_len=16, n_boot=20, n_splits=3, train_seeds=(0, 1)
+)
 N_TASKS = 3
 
 
@@ -84,15 +84,27 @@ def cluster(tmp_path_factory):
     pytest.importorskip("cryptography", reason="Security.temporary() needs the cryptography package")
     security = distributed.security.Security.temporary()
     folder = tmp_path_factory.mktemp("tls")
-    for name, pem in (("ca.pem", security.tls_ca_file), ("client.pem", security.tls_client_cert),
-                      ("client-key.pem", security.tls_client_key)):
+    for name, pem in (
+        ("ca.pem", security.tls_ca_file),
+        ("client.pem", security.tls_client_cert),
+        ("client-key.pem", security.tls_client_key),
+    ):
         (folder / name).write_text(pem)
     config = folder / "dask-tls.yaml"
-    config.write_text("distributed:\n  comm:\n    require-encryption: true\n    tls:\n"
-                      f"      ca-file: {folder / 'ca.pem'}\n"
-                      f"      client:\n        cert: {folder / 'client.pem'}\n        key: {folder / 'client-key.pem'}\n")
-    with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None,
-                                  protocol="tls://", host="127.0.0.1", security=security) as local:
+    config.write_text(
+        "distributed:\n  comm:\n    require-encryption: true\n    tls:\n"
+        f"      ca-file: {folder / 'ca.pem'}\n"
+        f"      client:\n        cert: {folder / 'client.pem'}\n        key: {folder / 'client-key.pem'}\n"
+    )
+    with distributed.LocalCluster(
+        n_workers=2,
+        threads_per_worker=1,
+        processes=True,
+        dashboard_address=None,
+        protocol="tls://",
+        host="127.0.0.1",
+        security=security,
+    ) as local:
         with distributed.Client(local) as client:
             yield local.scheduler_address, client, config
 
@@ -277,7 +289,9 @@ def test_a_listener_that_never_speaks_times_out(monkeypatch):
     monkeypatch.setattr(parallel, "CONNECT_TIMEOUT", 2.0)
     with _fake_server(None) as address:
         error = _one_task(address)
-    assert type(error) is ValueError and str(error) == f"no Dask scheduler answered at {address} within 2 s", repr(error)
+    assert type(error) is ValueError and str(error) == f"no Dask scheduler answered at {address} within 2 s", repr(
+        error
+    )
 
 
 @pytest.mark.slow  # a Dask cluster or worker processes: seconds each
@@ -287,8 +301,10 @@ def test_a_scheduler_without_workers_is_named(monkeypatch):
     with distributed.LocalCluster(n_workers=0, processes=False, dashboard_address=":0") as local:
         error = _one_task(local.scheduler_address)
     assert type(error) is ValueError, repr(error)
-    assert str(error) == (f"the Dask scheduler at {local.scheduler_address} has no workers (none joined within 1 s); "
-                          f"start one with `dask worker {local.scheduler_address} --nthreads 1`")
+    assert str(error) == (
+        f"the Dask scheduler at {local.scheduler_address} has no workers (none joined within 1 s); "
+        f"start one with `dask worker {local.scheduler_address} --nthreads 1`"
+    )
 
 
 @pytest.mark.slow  # a Dask cluster or worker processes: seconds each
@@ -306,8 +322,10 @@ def test_a_scheduler_whose_workers_all_leave_mid_run_gives_up_in_one_line(monkey
         leave.join()
     assert done == {"quick": None}, "the task that finished is passed on before the run gives up"
     assert type(error) is ChildProcessError, repr(error)
-    assert str(error).startswith(f"the Dask scheduler at {address} has had no workers (or has not answered) for 1 s; 1 of 2 tasks did not "
-                                 "finish; the finished ones are saved")
+    assert str(error).startswith(
+        f"the Dask scheduler at {address} has had no workers (or has not answered) for 1 s; 1 of 2 tasks did not "
+        "finish; the finished ones are saved"
+    )
 
 
 @pytest.mark.slow  # a Dask cluster or worker processes: seconds each
@@ -319,15 +337,39 @@ def test_a_lost_or_frozen_scheduler_is_named_in_one_line(caplog):
     import subprocess
     import sys
 
-    for stop, says in ((signal.SIGKILL, "did not finish because the Dask scheduler at {} was lost (slow)"),
-                       (signal.SIGSTOP, "the Dask scheduler at {} has had no workers (or has not answered) for 2 s")):
+    for stop, says in (
+        (signal.SIGKILL, "did not finish because the Dask scheduler at {} was lost (slow)"),
+        (signal.SIGSTOP, "the Dask scheduler at {} has had no workers (or has not answered) for 2 s"),
+    ):
         port = _free_port()
         address = f"tcp://127.0.0.1:{port}"
         options = dict(stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        scheduler = subprocess.Popen([sys.executable, "-m", "distributed.cli.dask_scheduler", "--host", "127.0.0.1",
-                                      "--port", str(port), "--no-dashboard"], **options)
-        worker = subprocess.Popen([sys.executable, "-m", "distributed.cli.dask_worker", address, "--nthreads", "1",
-                                   "--no-nanny", "--no-dashboard"], **options)
+        scheduler = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "distributed.cli.dask_scheduler",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(port),
+                "--no-dashboard",
+            ],
+            **options,
+        )
+        worker = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "distributed.cli.dask_worker",
+                address,
+                "--nthreads",
+                "1",
+                "--no-nanny",
+                "--no-dashboard",
+            ],
+            **options,
+        )
         try:
             with pytest.MonkeyPatch.context() as patch:
                 patch.setattr(parallel, "WORKER_TIMEOUT", 2.0)
@@ -339,8 +381,14 @@ def test_a_lost_or_frozen_scheduler_is_named_in_one_line(caplog):
                     if key == "quick":  # the worker runs; stop the scheduler while "slow" sleeps
                         scheduler.send_signal(stop)
 
-                error = _error_within(120, parallel.run_tasks, time.sleep, [("quick", (0.0,)), ("slow", (30.0,))],
-                                      on_done, scheduler=address)
+                error = _error_within(
+                    120,
+                    parallel.run_tasks,
+                    time.sleep,
+                    [("quick", (0.0,)), ("slow", (30.0,))],
+                    on_done,
+                    scheduler=address,
+                )
         finally:
             for process in (scheduler, worker):
                 process.send_signal(signal.SIGCONT)
@@ -367,11 +415,14 @@ def test_nothing_to_measure_starts_no_executor(monkeypatch):
         assert _error_within(5, parallel.run_tasks, divmod, [], lambda *a: None, **kwargs) is None, kwargs
 
 
-@pytest.mark.parametrize("address, says", [
-    ("garbage", "tls://HOST:PORT or tcp://HOST:PORT address, got 'garbage'"),
-    ("tcp://10.0.0.5", "tls://HOST:PORT or tcp://HOST:PORT address, got 'tcp://10.0.0.5'"),
-    ("inproc://foo", "inproc://foo: an inproc:// address names a cluster inside this process"),
-])
+@pytest.mark.parametrize(
+    "address, says",
+    [
+        ("garbage", "tls://HOST:PORT or tcp://HOST:PORT address, got 'garbage'"),
+        ("tcp://10.0.0.5", "tls://HOST:PORT or tcp://HOST:PORT address, got 'tcp://10.0.0.5'"),
+        ("inproc://foo", "inproc://foo: an inproc:// address names a cluster inside this process"),
+    ],
+)
 def test_a_malformed_address_is_one_line(address, says, capsys):
     pytest.importorskip("distributed")
     error = _one_task(address)
@@ -385,15 +436,18 @@ def test_a_sweep_with_a_malformed_address_says_so_before_its_progress_bar(tmp_pa
     code = main(["sweep", "--models", "circuit", "--scheduler", "garbage", "--out", str(tmp_path / "run")])
     err = capsys.readouterr().err
     assert code == 2 and err.strip().splitlines() == [
-        "nopelens sweep: error: --scheduler takes a tls://HOST:PORT or tcp://HOST:PORT address, got 'garbage'"], err
+        "nopelens sweep: error: --scheduler takes a tls://HOST:PORT or tcp://HOST:PORT address, got 'garbage'"
+    ], err
     assert not (tmp_path / "run").exists()
 
 
 def test_missing_tls_files_are_named(tmp_path):
     pytest.importorskip("distributed")
     config = tmp_path / "dask-tls.yaml"
-    config.write_text("distributed:\n  comm:\n    tls:\n"
-                      f"      ca-file: {tmp_path / 'ca.pem'}\n      client:\n        cert: {tmp_path / 'client.pem'}\n")
+    config.write_text(
+        "distributed:\n  comm:\n    tls:\n"
+        f"      ca-file: {tmp_path / 'ca.pem'}\n      client:\n        cert: {tmp_path / 'client.pem'}\n"
+    )
     error = _one_task("tls://127.0.0.1:1", security=config)
     assert type(error) is FileNotFoundError, repr(error)
     assert str(error) == f"no such file: {tmp_path / 'ca.pem'}, the Dask TLS ca-file (in {config})"

@@ -49,7 +49,9 @@ def test_probe_mad_rows_carry_the_chance_of_their_scored_positions():
     assert mad["chance"].iloc[0] == pytest.approx(6.277778, abs=1e-6)
     assert table[table.metric != "mad"]["chance"].isna().all()
     # the sweep's summary divides by this value, not by the uniform formula at the mean length
-    frame = pd.DataFrame(dict(value=[5.0], n_samples=[len(position)], n_sequences=[12], chance=mad["chance"].iloc[:1].values))
+    frame = pd.DataFrame(
+        dict(value=[5.0], n_samples=[len(position)], n_sequences=[12], chance=mad["chance"].iloc[:1].values)
+    )
     assert chance_of_mad(frame).iloc[0] == pytest.approx(6.277778, abs=1e-6)
     assert chance_of_mad(frame.drop(columns="chance")).iloc[0] == pytest.approx(mad_chance(15))
 
@@ -63,7 +65,10 @@ from nopelens.probes import collect, first_recoverable_layer, probe_absolute_ind
 from nopelens.probes.roundoff import RoundoffScaler, roundoff_tolerance, signal_mask  # noqa: E402
 
 CONSTANT_CASES = [(p, torch.float32) for p in ("nope", "rope", "alibi", "shaw", ("nope", "rope"))] + [
-    ("rope", torch.bfloat16), ("rope", torch.float16), (("rope", "nope"), torch.bfloat16)]
+    ("rope", torch.bfloat16),
+    ("rope", torch.float16),
+    (("rope", "nope"), torch.bfloat16),
+]
 
 
 @pytest.mark.parametrize("position, dtype", CONSTANT_CASES, ids=lambda v: str(v))
@@ -121,7 +126,7 @@ def _data(n_seq=30, length=12, d=10, seed=0):
     position = np.tile(np.arange(length), n_seq)
     X = rng.normal(size=(len(groups), d)) * rng.uniform(0.1, 10, d) + rng.normal(size=d) * 5
     X[:, 0] += 0.3 * position
-    X[:, 1] += 0.05 * position ** 1.5
+    X[:, 1] += 0.05 * position**1.5
     return X.astype(np.float32), position, groups, rng
 
 
@@ -136,23 +141,29 @@ def _inner_cv(members, blocks, fit, n):
 def test_shared_ridge_fits_equal_sklearn_on_the_same_folds(n_splits, extrapolate):
     X, position, groups, rng = _data()
     targets = [position.astype(float), rng.normal(size=len(position))]
-    splits = (extrapolation_splits(groups, position, 8, n_splits) if extrapolate
-              else sequence_splits(groups, n_splits))
+    splits = extrapolation_splits(groups, position, 8, n_splits) if extrapolate else sequence_splits(groups, n_splits)
     grid = ALPHAS[::3]  # every third penalty keeps scikit-learn's grid search cheap
     fit = fit_folds(X, targets, groups, splits, "regression", alphas=grid)
     blocks, members = fold_blocks(splits, groups)
     X64 = X.astype(np.float64)
     offset = 0
-    for k, (fit_side, score) in enumerate(splits):
+    for k, (fit_side, score_side) in enumerate(splits):
         for t, y in enumerate(targets):
-            search = GridSearchCV(make_pipeline(StandardScaler(), Ridge()), {"ridge__alpha": list(grid)},
-                                  cv=_inner_cv(members[k], blocks, fit_side, len(X)),
-                                  scoring="neg_mean_squared_error").fit(X64[fit_side], y[fit_side])
+            search = GridSearchCV(
+                make_pipeline(StandardScaler(), Ridge()),
+                {"ridge__alpha": list(grid)},
+                cv=_inner_cv(members[k], blocks, fit_side, len(X)),
+                scoring="neg_mean_squared_error",
+            ).fit(X64[fit_side], y[fit_side])
             assert fit.alphas[t][k] == search.best_params_["ridge__alpha"]
             reference = make_pipeline(StandardScaler(), Ridge(alpha=fit.alphas[t][k])).fit(X64[fit_side], y[fit_side])
-            np.testing.assert_allclose(fit.predictions[t][offset:offset + len(score)], reference.predict(X64[score]),
-                                       rtol=1e-9, atol=1e-9)
-        offset += len(score)
+            np.testing.assert_allclose(
+                fit.predictions[t][offset : offset + len(score_side)],
+                reference.predict(X64[score_side]),
+                rtol=1e-9,
+                atol=1e-9,
+            )
+        offset += len(score_side)
     np.testing.assert_array_equal(fit.index, np.concatenate([s for _, s in splits]))
 
 
@@ -203,8 +214,10 @@ def test_a_zero_or_missing_penalty_is_refused_where_the_probes_take_a_grid():
     validation error round-off: every entry point refuses it in one clear error."""
     X, position, groups, _ = _data()
     splits = sequence_splits(groups, 4)
-    for call in (lambda a: fit_folds(X, [position.astype(float)], groups, splits, "regression", alphas=a),
-                 lambda a: GroupedRidgeCV(alphas=a).fit(X, position, groups)):
+    for call in (
+        lambda a: fit_folds(X, [position.astype(float)], groups, splits, "regression", alphas=a),
+        lambda a: GroupedRidgeCV(alphas=a).fit(X, position, groups),
+    ):
         for bad in ([0.0, 1e-3, 1.0], [], [1.0, float("inf")]):
             with pytest.raises(ValueError, match="penalties must be finite numbers > 0"):
                 call(bad)
@@ -217,19 +230,25 @@ def test_shared_lda_fits_equal_pooled_lda_pipeline_on_the_same_folds():
     fit = fit_folds(X, targets, groups, splits, "classification")
     X64 = X.astype(np.float64)
     offset = 0
-    for fit_side, score in splits:
+    for fit_side, score_side in splits:
         for t, y in enumerate(targets):
-            reference = make_pipeline(StandardScaler(), PooledLDA()).fit(X64[fit_side], y[fit_side]).predict(X64[score])
-            np.testing.assert_array_equal(fit.predictions[t][offset:offset + len(score)], reference)
-        offset += len(score)
+            reference = (
+                make_pipeline(StandardScaler(), PooledLDA()).fit(X64[fit_side], y[fit_side]).predict(X64[score_side])
+            )
+            np.testing.assert_array_equal(fit.predictions[t][offset : offset + len(score_side)], reference)
+        offset += len(score_side)
 
 
 def test_grouped_ridge_cv_estimator_equals_grid_search_over_group_kfold():
     X, position, groups, _ = _data()
     Z = StandardScaler().fit_transform(X.astype(np.float64))
     ours = GroupedRidgeCV(n_splits=4).fit(Z, position, groups)
-    search = GridSearchCV(make_pipeline(StandardScaler(), Ridge()), {"ridge__alpha": list(ALPHAS)}, cv=GroupKFold(4),
-                          scoring="neg_mean_squared_error")
+    search = GridSearchCV(
+        make_pipeline(StandardScaler(), Ridge()),
+        {"ridge__alpha": list(ALPHAS)},
+        cv=GroupKFold(4),
+        scoring="neg_mean_squared_error",
+    )
     search.fit(Z, position, groups=groups)
     assert ours.alpha_ == search.best_params_["ridge__alpha"]
     np.testing.assert_allclose(ours.predict(Z), search.predict(Z), rtol=1e-9, atol=1e-9)
@@ -251,10 +270,9 @@ def test_untrained_nope_control_reads_no_negative_r2_at_any_site():
     """Issue 10 §3 known answer: the sweep's untrained-nope control (as the sweep builds and probes it)
     read R² −0.86 at blocks.0.hook_attn_out with leave-one-token-out penalties; with the grouped
     inner CV no site may read below −0.05."""
-    from nopelens.analyses.subjects import resolve
-    from nopelens.analyses.sweep.reads import bilinear_mode
-    from nopelens.analyses.subjects import qk_sites
+    from nopelens.analyses.subjects import qk_sites, resolve
     from nopelens.analyses.sweep import SweepSettings
+    from nopelens.analyses.sweep.reads import bilinear_mode
     from nopelens.probes import probe_relative_distance
 
     settings = SweepSettings.default()
@@ -262,12 +280,20 @@ def test_untrained_nope_control_reads_no_negative_r2_at_any_site():
     layers = subject.n_layers
     sites = resid_sites(layers) + [f"blocks.{l}.hook_{kind}_out" for l in range(layers) for kind in ("attn", "mlp")]
     qk = [qk_sites(subject.model, l) for l in range(layers)]
-    acts = collect(subject.model, subject.tokens, sites + [s for pair in qk for s in pair],
-                   attention_mask=subject.attention_mask)
+    acts = collect(
+        subject.model, subject.tokens, sites + [s for pair in qk for s in pair], attention_mask=subject.attention_mask
+    )
     common = dict(tasks=("regression",), controls=False, n_splits=settings.n_splits, n_boot=10)
     absolute = probe_absolute_index(acts, sites=sites, **common)
-    relative = probe_relative_distance(acts, sites=resid_sites(layers), feature_kinds=("concat",), attention=qk,
-                                       bilinear=bilinear_mode(acts, qk[0][0]), pairs_per_distance=64, **common)
+    relative = probe_relative_distance(
+        acts,
+        sites=resid_sites(layers),
+        feature_kinds=("concat",),
+        attention=qk,
+        bilinear=bilinear_mode(acts, qk[0][0]),
+        pairs_per_distance=64,
+        **common,
+    )
     r2 = pd.concat([absolute, relative])
     r2 = r2[r2.metric == "r2"]
     assert len(r2) == len(sites) + 2 * layers + 1
@@ -294,7 +320,9 @@ def test_make_probe_pipeline_takes_groups_for_its_inner_cv():
 
     X, position, groups, _ = _data()
     splits = sequence_splits(groups, 4)
-    index, pred = out_of_fold_predictions(make_probe("regression", n_inner=3), X, position.astype(float), splits, groups)
+    index, pred = out_of_fold_predictions(
+        make_probe("regression", n_inner=3), X, position.astype(float), splits, groups
+    )
     assert len(index) == len(X) and np.isfinite(pred).all()
     probe = make_probe("regression").fit(X, position, linear__groups=groups)
     assert probe.named_steps["linear"].alpha_ in ALPHAS
@@ -315,8 +343,9 @@ def test_spearman_ties_predictions_that_differ_only_by_round_off():
     on_noisy = bootstrap_scores(y, noisy, groups, ["spearman"], n_boot=50)["spearman"]
     assert on_noisy == on_exact
     assert on_exact[0] == pytest.approx(spearmanr(y, exact).statistic, abs=1e-12)
-    assert bootstrap_scores(y, y + 1e-6 * rng.normal(size=len(y)), groups, ["spearman"], n_boot=5)["spearman"][0] \
-        < 1.0, "real differences, far above round-off, still rank"
+    assert (
+        bootstrap_scores(y, y + 1e-6 * rng.normal(size=len(y)), groups, ["spearman"], n_boot=5)["spearman"][0] < 1.0
+    ), "real differences, far above round-off, still rank"
 
 
 @pytest.mark.parametrize("as_tensor", [False, True])
@@ -331,8 +360,12 @@ def test_fold_statistics_judge_float64_features_by_their_raw_extremes(as_tensor)
     n = 400
     X = np.stack([1000 + 2e-12 * rng.standard_normal(n), rng.standard_normal(n)], 1)
     groups = np.repeat(np.arange(20), 20)
-    stats = fold_statistics(torch.from_numpy(X.copy()) if as_tensor else X.copy(), groups,
-                            sequence_splits(groups, 5), [rng.standard_normal(n)])
+    stats = fold_statistics(
+        torch.from_numpy(X.copy()) if as_tensor else X.copy(),
+        groups,
+        sequence_splits(groups, 5),
+        [rng.standard_normal(n)],
+    )
     high, low = stats.moments.high.max(0).values, stats.moments.low.min(0).values
     assert np.array_equal(high.numpy(), X.max(0)) and np.array_equal(low.numpy(), X.min(0))
     assert signal_mask(high, low, "float64").tolist() == [False, True]

@@ -52,8 +52,9 @@ def test_text_is_read_through_the_models_tokenizer_with_its_bos(model_dir, tmp_p
         for row in subject.tokens:
             assert tokenizer.decode(row[1:].tolist()) in source  # a window of the text, as the tokenizer cuts it
     other = resolve(f"hf:{model_dir}", 5, 16, seed=1, progress=False, hf_input=HFInput(input="text"))
-    assert not (other.tokens == resolve(f"hf:{model_dir}", 5, 16, seed=0, progress=False,
-                                        hf_input=HFInput(input="text")).tokens).all()
+    assert not (
+        other.tokens == resolve(f"hf:{model_dir}", 5, 16, seed=0, progress=False, hf_input=HFInput(input="text")).tokens
+    ).all()
 
 
 def test_special_token_text_is_read_as_characters_and_a_length_of_only_specials_is_named(model_dir, tmp_path):
@@ -85,8 +86,14 @@ def test_streamed_probe_tables_equal_the_sweeps_one_pass_on_the_same_text(model_
     from nopelens.analyses.subjects import HFInput, resolve
     from nopelens.analyses.sweep import SweepSettings, analyse_subject
 
-    settings = dataclasses.replace(SweepSettings.quick("text", (f"hf:{model_dir}",), controls=False), n_sequences=6,
-                                   seq_len=16, hf_input=HFInput(input="text"), streamed=True, batch_size=4)
+    settings = dataclasses.replace(
+        SweepSettings.quick("text", (f"hf:{model_dir}",), controls=False),
+        n_sequences=6,
+        seq_len=16,
+        hf_input=HFInput(input="text"),
+        streamed=True,
+        batch_size=4,
+    )
     subject = resolve(f"hf:{model_dir}", 6, 16, seed=0, progress=False, hf_input=settings.hf_input)
     with torch.no_grad():
         memory = analyse_subject(subject, dataclasses.replace(settings, streamed=False, batch_size="auto"))
@@ -96,8 +103,12 @@ def test_streamed_probe_tables_equal_the_sweeps_one_pass_on_the_same_text(model_
         assert subject.info["streamed"]["second_pass_batches"] == []  # every batch kept: one pass
         twice = analyse_subject(subject, dataclasses.replace(settings, keep_mib=0))
         assert subject.info["streamed"]["second_pass_batches"] == [0, 1]  # nothing kept: two passes
-    keys = {"probes": ["site", "target", "features", "task", "probe", "split", "metric"],
-            "sinks": ["condition", "site", "head"], "variance": ["site", "position"], "sink_ablation": ["block"]}
+    keys = {
+        "probes": ["site", "target", "features", "task", "probe", "split", "metric"],
+        "sinks": ["condition", "site", "head"],
+        "variance": ["site", "position"],
+        "sink_ablation": ["block"],
+    }
     for tables in (streamed, twice):
         for name, key in keys.items():
             a = memory[name].sort_values(key).reset_index(drop=True)
@@ -106,12 +117,16 @@ def test_streamed_probe_tables_equal_the_sweeps_one_pass_on_the_same_text(model_
             for column in a.columns:
                 if a[column].dtype.kind == "f":
                     tolerance = 1e-6 if name == "sinks" else 1e-8  # sink means are float32, other batches
-                    np.testing.assert_allclose(b[column], a[column], rtol=tolerance, atol=tolerance, equal_nan=True,
-                                               err_msg=f"{name}.{column}")
+                    np.testing.assert_allclose(
+                        b[column], a[column], rtol=tolerance, atol=tolerance, equal_nan=True, err_msg=f"{name}.{column}"
+                    )
                 else:
                     pd.testing.assert_series_equal(b[column], a[column], check_dtype=False, obj=f"{name}.{column}")
     assert set(streamed["sinks"]["condition"]) == {"with_bos", "without_bos"}
-    assert set(streamed["sink_ablation"]["status"]) == {"measured"} and (streamed["sink_ablation"]["drop"].abs() > 1e-3).any()
+    assert (
+        set(streamed["sink_ablation"]["status"]) == {"measured"}
+        and (streamed["sink_ablation"]["drop"].abs() > 1e-3).any()
+    )
 
 
 @pytest.mark.slow
@@ -122,13 +137,17 @@ def test_auto_batch_size_fits_the_memory_free_and_leaves_the_tables_unchanged(mo
 
     import torch
 
-    from nopelens.analyses.sweep import plan as plan_module
-    from nopelens.analyses.sweep import streamed
     from nopelens.analyses.subjects import HFInput, resolve
-    from nopelens.analyses.sweep import SweepSettings, analyse_subject, sweep_sites
+    from nopelens.analyses.sweep import SweepSettings, analyse_subject, streamed, sweep_sites
+    from nopelens.analyses.sweep import plan as plan_module
 
-    settings = dataclasses.replace(SweepSettings.quick("text", (f"hf:{model_dir}",), controls=False), n_sequences=6,
-                                   seq_len=16, hf_input=HFInput(input="text"), streamed=True)
+    settings = dataclasses.replace(
+        SweepSettings.quick("text", (f"hf:{model_dir}",), controls=False),
+        n_sequences=6,
+        seq_len=16,
+        hf_input=HFInput(input="text"),
+        streamed=True,
+    )
     assert settings.batch_size == "auto" and "batch_size" not in settings.to_dict()
     subject = resolve(f"hf:{model_dir}", 6, 16, seed=0, progress=False, hf_input=settings.hf_input)
     sites = sweep_sites(subject, settings.sites)
@@ -163,22 +182,26 @@ def test_auto_batch_size_fits_the_memory_free_and_leaves_the_tables_unchanged(mo
         monkeypatch.undo()
         whole = analyse_subject(subject, settings)
         assert subject.info["streamed"]["batch_size"] == 6
-    for name, key in {"probes": ["site", "target", "features", "task", "probe", "split", "metric"],
-                      "sinks": ["condition", "site", "head"]}.items():
+    for name, key in {
+        "probes": ["site", "target", "features", "task", "probe", "split", "metric"],
+        "sinks": ["condition", "site", "head"],
+    }.items():
         a = whole[name].sort_values(key).reset_index(drop=True)
         b = small[name].sort_values(key).reset_index(drop=True)
-        np.testing.assert_allclose(b["value"], a["value"], rtol=1e-8, atol=1e-8, equal_nan=True, err_msg=name) \
-            if "value" in a else pd.testing.assert_frame_equal(a, b, check_exact=False, rtol=1e-8, atol=1e-8)
+        np.testing.assert_allclose(
+            b["value"], a["value"], rtol=1e-8, atol=1e-8, equal_nan=True, err_msg=name
+        ) if "value" in a else pd.testing.assert_frame_equal(a, b, check_exact=False, rtol=1e-8, atol=1e-8)
 
 
 @pytest.mark.slow
-def test_statistics_larger_than_the_memory_free_are_refused_before_any_forward_pass(model_dir, tmp_path, capsys,
-                                                                                       monkeypatch):
+def test_statistics_larger_than_the_memory_free_are_refused_before_any_forward_pass(
+    model_dir, tmp_path, capsys, monkeypatch
+):
     """With nothing kept the jobs of a run hold their statistics at once; when one job's alone exceed
     the memory free on the device the run says so in one line, before its forward passes, and --plan
     says it too."""
-    from nopelens.analyses.sweep import streamed
     from nopelens.analyses.cli import main
+    from nopelens.analyses.sweep import streamed
 
     monkeypatch.setattr(streamed, "available_memory", lambda device=None: 2**20)  # 1 MiB free
     common = ["probe", f"hf:{model_dir}", *ARGS, "--no-sink-ablation", "--keep-mib", "0"]
@@ -194,18 +217,38 @@ def test_statistics_larger_than_the_memory_free_are_refused_before_any_forward_p
     assert "WILL NOT FIT" not in err, err  # the reason once, not the plan line and then the error
     assert not forward and not (tmp_path / "run").exists()
     # a --memory-mib above what is free is capped, and the message says so
-    _one_error(main([*common, "--memory-mib", "64", "--out", str(tmp_path / "run")]), capsys.readouterr().err,
-               "MiB free on cpu, less than --memory-mib 64 (the rest is for the forward passes)")
+    _one_error(
+        main([*common, "--memory-mib", "64", "--out", str(tmp_path / "run")]),
+        capsys.readouterr().err,
+        "MiB free on cpu, less than --memory-mib 64 (the rest is for the forward passes)",
+    )
     monkeypatch.undo()
     # --memory-mib: room for the largest job, not for every job at once: groups, no refusal
     assert main([*common, "--memory-mib", "8", "--plan", "--out", str(tmp_path / "p2")]) == 0
     out = capsys.readouterr().out
     assert "WILL NOT FIT" not in out and "groups whose statistics fit the memory" in out
-    _one_error(main([*common, "--memory-mib", "1", "--out", str(tmp_path / "p3")]), capsys.readouterr().err,
-               "MiB allowed (--memory-mib)")
+    _one_error(
+        main([*common, "--memory-mib", "1", "--out", str(tmp_path / "p3")]),
+        capsys.readouterr().err,
+        "MiB allowed (--memory-mib)",
+    )
     # the default keep budget leaves room for the largest site: no refusal where keeping nothing fits
-    assert main(["probe", f"hf:{model_dir}", *ARGS, "--no-sink-ablation", "--memory-mib", "8", "--plan",
-                 "--out", str(tmp_path / "p4")]) == 0
+    assert (
+        main(
+            [
+                "probe",
+                f"hf:{model_dir}",
+                *ARGS,
+                "--no-sink-ablation",
+                "--memory-mib",
+                "8",
+                "--plan",
+                "--out",
+                str(tmp_path / "p4"),
+            ]
+        )
+        == 0
+    )
     assert "WILL NOT FIT" not in capsys.readouterr().out
     # a keep budget buys a whole pass where the kept features fit the memory, and is never why a run is refused
     passes = {}
@@ -217,14 +260,18 @@ def test_statistics_larger_than_the_memory_free_are_refused_before_any_forward_p
     assert passes["100", "16"] == 2 < passes["0", "16"]  # one run and the run without BOS, against groups run twice
     assert passes["100", "8"] < passes["0", "8"]  # where all of them do not fit, groups whose features fit keep them
     # keeping nothing can hold more than keeping every feature (each site fitted alone): the refusal says so
-    _one_error(main([*common, "--memory-mib", "7", "--out", str(tmp_path / "p6")]), capsys.readouterr().err,
-               "keep the features (--keep-mib 1 or more) or give a larger --memory-mib, or run where more memory is free")
+    _one_error(
+        main([*common, "--memory-mib", "7", "--out", str(tmp_path / "p6")]),
+        capsys.readouterr().err,
+        "keep the features (--keep-mib 1 or more) or give a larger --memory-mib, or run where more memory is free",
+    )
     assert main([*common[:-1], "1", "--memory-mib", "7", "--plan", "--out", str(tmp_path / "p7")]) == 0
 
 
 @pytest.mark.slow
-def test_sites_whose_statistics_do_not_fit_together_run_in_groups_with_the_same_tables(model_dir, monkeypatch,
-                                                                                       one_thread):
+def test_sites_whose_statistics_do_not_fit_together_run_in_groups_with_the_same_tables(
+    model_dir, monkeypatch, one_thread
+):
     """When every job's statistics do not fit the memory at once, the jobs run in groups by depth, a
     run each (stopped after its deepest site); each job's numbers are those of one run, bit for bit,
     and the run holds one group's statistics instead of all of them."""
@@ -232,14 +279,19 @@ def test_sites_whose_statistics_do_not_fit_together_run_in_groups_with_the_same_
 
     import torch
 
-    from nopelens.analyses.sweep import plan as plan_module
-    from nopelens.analyses.sweep import streamed
     from nopelens.analyses.subjects import HFInput, resolve
-    from nopelens.analyses.sweep import SweepSettings, analyse_subject, sweep_sites
+    from nopelens.analyses.sweep import SweepSettings, analyse_subject, budget, streamed, sweep_sites
+    from nopelens.analyses.sweep import plan as plan_module
 
-    settings = dataclasses.replace(SweepSettings.quick("text", (f"hf:{model_dir}",), controls=False), n_sequences=6,
-                                   seq_len=16, hf_input=HFInput(input="text"), streamed=True, keep_mib=0,
-                                   batch_size=4)
+    settings = dataclasses.replace(
+        SweepSettings.quick("text", (f"hf:{model_dir}",), controls=False),
+        n_sequences=6,
+        seq_len=16,
+        hf_input=HFInput(input="text"),
+        streamed=True,
+        keep_mib=0,
+        batch_size=4,
+    )
     subject = resolve(f"hf:{model_dir}", 6, 16, seed=0, progress=False, hf_input=settings.hf_input)
     sites = sweep_sites(subject, settings.sites)
     shapes = streamed.site_shapes(subject, sites.all())
@@ -248,15 +300,18 @@ def test_sites_whose_statistics_do_not_fit_together_run_in_groups_with_the_same_
         assert subject.info["streamed"]["statistics_groups"] == 1
         one = streamed.measurements(subject, settings, sites, shapes)
         sizes = [streamed.job_statistics_bytes(job, shapes) for probe in one.all_probes() for job in probe.jobs]
-        unpacked = max(streamed.job_statistics_bytes(job, shapes, packed=False) for probe in one.all_probes()
-                       for job in probe.jobs)
+        unpacked = max(
+            streamed.job_statistics_bytes(job, shapes, packed=False) for probe in one.all_probes() for job in probe.jobs
+        )
         # room for a third of the statistics at once (and for the largest job alone), and one fit's copy
-        free = int((max(sum(sizes) / 3, max(sizes)) * streamed.STATISTICS_OVERHEAD + unpacked)
-                   / streamed.STATISTICS_SHARE) + 1
+        free = (
+            int((max(sum(sizes) / 3, max(sizes)) * streamed.STATISTICS_OVERHEAD + unpacked) / streamed.STATISTICS_SHARE)
+            + 1
+        )
         monkeypatch.setattr(streamed, "available_memory", lambda device=None: free)
         grouped = streamed.measurements(subject, settings, sites, shapes)
         assert 3 <= len(grouped.groups) < len(sizes)
-        depths = [[streamed._depth(job) for job in group] for group in grouped.groups]
+        depths = [[budget._depth(job) for job in group] for group in grouped.groups]
         assert all(max(a) <= min(b) for a, b in zip(depths, depths[1:]))  # shallow sites first
         assert streamed.held_bytes(grouped, shapes) <= streamed.STATISTICS_SHARE * free
         assert streamed.held_bytes(grouped, shapes) < streamed.held_bytes(one, shapes)
@@ -264,8 +319,9 @@ def test_sites_whose_statistics_do_not_fit_together_run_in_groups_with_the_same_
         assert plan.shortfall is None and f"in {len(grouped.groups)} groups whose statistics fit" in plan.describe("m")
         # the run keeps to its plan even when the memory free changes after it: it reads the memory once
         calls = []
-        monkeypatch.setattr(streamed, "available_memory", lambda device=None: free if calls.append(1) or
-                            len(calls) == 1 else 64 * 2**30)
+        monkeypatch.setattr(
+            streamed, "available_memory", lambda device=None: free if calls.append(1) or len(calls) == 1 else 64 * 2**30
+        )
         run_in_groups = analyse_subject(subject, settings)
         assert len(calls) == 1 and subject.info["streamed"]["statistics_groups"] == len(grouped.groups)
         # the largest job alone no longer fits: refused, naming it
@@ -289,8 +345,11 @@ def test_layers_probe_a_subset_of_blocks_with_the_numbers_of_the_whole_run(model
     assert main([*common, "--layers", "1-2", "--json", "--out", str(tmp_path / "some")]) == 0  # reread, not measured
     why = json.loads(capsys.readouterr().out)["not_applicable"]["hf:smol"]["blocks not probed"]
     assert why.startswith("blocks 0,3 (--layers 1-2)")
-    keys = {"probes": ["site", "target", "features", "task", "probe", "split", "metric"],
-            "sinks": ["condition", "site", "head"], "variance": ["site", "position"]}
+    keys = {
+        "probes": ["site", "target", "features", "task", "probe", "split", "metric"],
+        "sinks": ["condition", "site", "head"],
+        "variance": ["site", "position"],
+    }
     for name, key in keys.items():
         whole = pd.read_csv(tmp_path / "all" / f"{name}.csv")
         some = pd.read_csv(tmp_path / "some" / f"{name}.csv")
@@ -306,8 +365,9 @@ def test_layers_probe_a_subset_of_blocks_with_the_numbers_of_the_whole_run(model
         merged = some.merge(whole, on=key, suffixes=("", "_all"), validate="one_to_one")
         assert len(merged) == len(some), name
         value = "value" if name == "probes" else ("sink_mass" if name == "sinks" else "variance")
-        np.testing.assert_allclose(merged[value], merged[f"{value}_all"], rtol=1e-10, atol=1e-12, equal_nan=True,
-                                   err_msg=name)
+        np.testing.assert_allclose(
+            merged[value], merged[f"{value}_all"], rtol=1e-10, atol=1e-12, equal_nan=True, err_msg=name
+        )
     summaries = [pd.read_csv(tmp_path / run / "summary.csv").iloc[0] for run in ("some", "all")]
     assert summaries[0]["variance_slope_block0"] == pytest.approx(summaries[1]["variance_slope_block0"], abs=1e-12)
     assert np.isnan(summaries[0]["mad_chance_layer0"]) and not np.isnan(summaries[1]["mad_chance_layer0"])
@@ -317,8 +377,11 @@ def test_layers_probe_a_subset_of_blocks_with_the_numbers_of_the_whole_run(model
     assert set(ablation.loc[[0, 3], "status"]) == {"not_applicable"}
     assert ablation.loc[0, "note"].startswith("not probed (--layers")
     capsys.readouterr()
-    for bad, message in (("4", "--layers 4: hf:smol has 4 blocks (0-3)"), ("a", "must be block numbers or rising ranges"),
-                         ("3-1", "a range must rise")):
+    for bad, message in (
+        ("4", "--layers 4: hf:smol has 4 blocks (0-3)"),
+        ("a", "must be block numbers or rising ranges"),
+        ("3-1", "a range must rise"),
+    ):
         try:
             code = main([*common, "--layers", bad, "--out", str(tmp_path / "bad")])
         except SystemExit as exit_:  # argparse refuses what its type does not parse
@@ -327,8 +390,11 @@ def test_layers_probe_a_subset_of_blocks_with_the_numbers_of_the_whole_run(model
         _one_error(code, err, message)
         assert ": probing" not in err, err  # refused before it says what it probes
     assert not (tmp_path / "bad").exists()
-    _one_error(main(["probe", "circuit", *ARGS, "--layers", "1", "--out", str(tmp_path / "bad")]),
-               capsys.readouterr().err, "--layers applies to hf:DIR models")
+    _one_error(
+        main(["probe", "circuit", *ARGS, "--layers", "1", "--out", str(tmp_path / "bad")]),
+        capsys.readouterr().err,
+        "--layers applies to hf:DIR models",
+    )
 
 
 @pytest.mark.slow
@@ -350,8 +416,20 @@ def test_probe_cli_on_text_and_the_repeated_token_known_answer(model_dir, tmp_pa
     assert "sink ablation" not in meta.get("not_applicable", {})
     assert "sink ablation" in (tmp_path / "text" / "summary.md").read_text().lower()
 
-    code = main(["probe", f"hf:{model_dir}", *ARGS, "--input", "repeated", "--dtype", "bfloat16",
-                 "--no-sink-ablation", "--out", str(tmp_path / "repeated")])
+    code = main(
+        [
+            "probe",
+            f"hf:{model_dir}",
+            *ARGS,
+            "--input",
+            "repeated",
+            "--dtype",
+            "bfloat16",
+            "--no-sink-ablation",
+            "--out",
+            str(tmp_path / "repeated"),
+        ]
+    )
     assert code == 0, capsys.readouterr().err
     (done,) = (tmp_path / "repeated" / "parts").glob("*/done.json")
     meta = json.loads(done.read_text())
@@ -362,8 +440,12 @@ def test_probe_cli_on_text_and_the_repeated_token_known_answer(model_dir, tmp_pa
     assert "NoPE blocks [3]" in meta["known_answer"] and deviation < 1e-2  # bfloat16 round-off only
     # repeated tokens: every position's state is the same, so no layer's absolute index is recoverable
     probes = pd.read_csv(tmp_path / "repeated" / "probes.csv")
-    r2 = probes[(probes.probe == "linear") & (probes.metric == "r2") & (probes.split == "grouped")
-                & (probes.target == "absolute_index")]
+    r2 = probes[
+        (probes.probe == "linear")
+        & (probes.metric == "r2")
+        & (probes.split == "grouped")
+        & (probes.target == "absolute_index")
+    ]
     assert len(r2) and (r2["value"] < 0.05).all()
 
 
@@ -378,8 +460,22 @@ def test_a_rerun_refuses_parts_measured_on_other_weights_or_text(model_dir, tmp_
     model, text = tmp_path / "model", tmp_path / "mine.txt"
     shutil.copytree(model_dir, model)
     text.write_text("The quick brown fox jumps over the lazy dog. " * 40, encoding="utf-8")
-    args = ["probe", f"hf:{model}", "--quick", "--seq-len", "8", "--n-sequences", "4", "--quiet", "--no-sink-ablation",
-            "--no-figures", "--text", str(text), "--out", str(tmp_path / "run")]
+    args = [
+        "probe",
+        f"hf:{model}",
+        "--quick",
+        "--seq-len",
+        "8",
+        "--n-sequences",
+        "4",
+        "--quiet",
+        "--no-sink-ablation",
+        "--no-figures",
+        "--text",
+        str(text),
+        "--out",
+        str(tmp_path / "run"),
+    ]
     assert main(args) == 0, capsys.readouterr().err
     (done,) = (tmp_path / "run" / "parts").glob("*/done.json")
     assert set(json.loads(done.read_text())["inputs"]) == {"files", "text_sha256"}
@@ -429,10 +525,12 @@ def test_plan_prints_passes_tokens_memory_and_exits(model_dir, tmp_path, capsys)
     assert code == 0 and not (tmp_path / "run").exists()
     # 6 sequences of 16 tokens in one batch, the 15-token copies without BOS for the sink table, and one
     # pass over the 96 tokens per block for its sink ablation
-    assert ("6 forward passes over 570 tokens in batches of at most 6 sequences\n"
-            "  - 1 of them over the sequences without BOS, for the sink table\n"
-            "  - 4 of them for the sink ablation of 4 blocks, each stopped after its block\n"
-            "  - no second pass") in out, out
+    assert (
+        "6 forward passes over 570 tokens in batches of at most 6 sequences\n"
+        "  - 1 of them over the sequences without BOS, for the sink table\n"
+        "  - 4 of them for the sink ablation of 4 blocks, each stopped after its block\n"
+        "  - no second pass"
+    ) in out, out
     assert max(len(line) for line in out.splitlines()) <= 100, out
     assert "MiB" in out and "ETA about" in out, out
     code = main(["probe", f"hf:{model_dir}", *ARGS, "--plan", "--no-sink-ablation", "--out", str(tmp_path / "run")])
@@ -441,7 +539,11 @@ def test_plan_prints_passes_tokens_memory_and_exits(model_dir, tmp_path, capsys)
     # nothing kept: the main run and each ablated block's run make a second pass
     code = main(["probe", f"hf:{model_dir}", *ARGS, "--plan", "--keep-mib", "0", "--out", str(tmp_path / "run")])
     out = capsys.readouterr().out
-    assert code == 0 and "11 forward passes over 1,050 tokens" in out and ("5 of them second passes to predict, 4 of the sink ablation's among them") in out, out
+    assert (
+        code == 0
+        and "11 forward passes over 1,050 tokens" in out
+        and ("5 of them second passes to predict, 4 of the sink ablation's among them") in out
+    ), out
 
 
 @pytest.mark.slow
@@ -451,8 +553,20 @@ def test_three_tokens_leave_no_variance_slope_and_say_so(model_dir, tmp_path, ca
     for causal blocks as for windows (it used to exit 2 after its forward passes)."""
     from nopelens.analyses.cli import main
 
-    args = ["probe", f"hf:{model_dir}", "--quick", "--seq-len", "3", "--n-sequences", "5", "--quiet",
-            "--no-sink-ablation", "--no-figures", "--out", str(tmp_path / "run")]
+    args = [
+        "probe",
+        f"hf:{model_dir}",
+        "--quick",
+        "--seq-len",
+        "3",
+        "--n-sequences",
+        "5",
+        "--quiet",
+        "--no-sink-ablation",
+        "--no-figures",
+        "--out",
+        str(tmp_path / "run"),
+    ]
     assert main(args) == 0, capsys.readouterr().err
     (done,) = (tmp_path / "run" / "parts").glob("*/done.json")
     reason = json.loads(done.read_text())["not_applicable"]["variance read"]
@@ -460,31 +574,37 @@ def test_three_tokens_leave_no_variance_slope_and_say_so(model_dir, tmp_path, ca
     assert "n/a (see below)" in capsys.readouterr().out
 
 
-@pytest.mark.parametrize("case, message", [
-    ("no tokenizer", "holds no tokenizer"),
-    ("empty text", "is empty"),
-    ("short text", "shorter than one 16-token sequence"),
-    ("too few windows", "fewer than the 6 sequences"),
-    ("bad device", "--device must be one of"),
-    ("cuda", "no CUDA device"),
-    ("zoo model", "applies to hf:DIR models"),
-    ("batch size 0", "--batch-size must be a positive integer or auto, got 0"),
-    ("memory 0", "--memory-mib must be an integer >= 1, got 0"),
-    ("config not JSON", "holds no loadable HF causal LM: It looks like the config file"),
-    ("heads do not divide the width", "config.json is not a valid config: Class validation error"),
-    ("no layers", "config.json: num_hidden_layers is 0: a model needs at least one layer"),
-    ("no width", "config.json: hidden_size is 0: a model's sizes must be at least 1"),
-    ("no dtype", "config.json: dtype 'banana' is not a torch dtype"),
-    ("dtype not a name", "config.json: dtype 5 is not a torch dtype"),
-    ("more heads than width", "config.json: num_attention_heads 64 is more than hidden_size 32"),
-    ("empty input", "--input must be one of text, random, repeated, got ''"),
-    ("empty out", "--out is empty: name the run folder"),
-    ("no directory", "'hf:' names no directory"),
-    ("seeds", "--seeds 0,1: training seeds apply to zoo models"),
-    ("text is a directory", "is a directory: give a UTF-8 text file"),
-    ("attention past the memory", "one sequence of 2,048 tokens needs at least 132.0 MiB for one layer's attention"),
-    ("attention past all memory", "one sequence of 10,000,000 tokens needs at least 3,147,125,244.1 MiB"),
-])
+@pytest.mark.parametrize(
+    "case, message",
+    [
+        ("no tokenizer", "holds no tokenizer"),
+        ("empty text", "is empty"),
+        ("short text", "shorter than one 16-token sequence"),
+        ("too few windows", "fewer than the 6 sequences"),
+        ("bad device", "--device must be one of"),
+        ("cuda", "no CUDA device"),
+        ("zoo model", "applies to hf:DIR models"),
+        ("batch size 0", "--batch-size must be a positive integer or auto, got 0"),
+        ("memory 0", "--memory-mib must be an integer >= 1, got 0"),
+        ("config not JSON", "holds no loadable HF causal LM: It looks like the config file"),
+        ("heads do not divide the width", "config.json is not a valid config: Class validation error"),
+        ("no layers", "config.json: num_hidden_layers is 0: a model needs at least one layer"),
+        ("no width", "config.json: hidden_size is 0: a model's sizes must be at least 1"),
+        ("no dtype", "config.json: dtype 'banana' is not a torch dtype"),
+        ("dtype not a name", "config.json: dtype 5 is not a torch dtype"),
+        ("more heads than width", "config.json: num_attention_heads 64 is more than hidden_size 32"),
+        ("empty input", "--input must be one of text, random, repeated, got ''"),
+        ("empty out", "--out is empty: name the run folder"),
+        ("no directory", "'hf:' names no directory"),
+        ("seeds", "--seeds 0,1: training seeds apply to zoo models"),
+        ("text is a directory", "is a directory: give a UTF-8 text file"),
+        (
+            "attention past the memory",
+            "one sequence of 2,048 tokens needs at least 132.0 MiB for one layer's attention",
+        ),
+        ("attention past all memory", "one sequence of 10,000,000 tokens needs at least 3,147,125,244.1 MiB"),
+    ],
+)
 def test_bad_input_is_one_line_and_exit_2(model_dir, tmp_path, capsys, case, message):
     import shutil
 
@@ -518,32 +638,58 @@ def test_bad_input_is_one_line_and_exit_2(model_dir, tmp_path, capsys, case, mes
         extra = ["--batch-size", "0"]
     elif case == "memory 0":
         extra = ["--memory-mib", "0"]
-    elif case in ("config not JSON", "heads do not divide the width", "no layers", "no width", "no dtype",
-                  "dtype not a name", "more heads than width"):
+    elif case in (
+        "config not JSON",
+        "heads do not divide the width",
+        "no layers",
+        "no width",
+        "no dtype",
+        "dtype not a name",
+        "more heads than width",
+    ):
         # with the tokenizer beside it: the message names config.json, not a missing tokenizer
         broken = tmp_path / "broken"
         shutil.copytree(model_dir, broken)
         if case == "heads do not divide the width":  # Llama's config checks its shape (SmolLM3's does not)
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
-                build("llama", vocab_size=json.loads((broken / "config.json").read_text())["vocab_size"]).save_pretrained(
-                    broken)
+                build(
+                    "llama", vocab_size=json.loads((broken / "config.json").read_text())["vocab_size"]
+                ).save_pretrained(broken)
         config = json.loads((broken / "config.json").read_text())
-        config.update({"heads do not divide the width": {"num_attention_heads": 3},
-                       "no layers": {"num_hidden_layers": 0}, "no width": {"hidden_size": 0},
-                       "no dtype": {"dtype": "banana"}, "dtype not a name": {"dtype": 5},
-                       "more heads than width": {"num_attention_heads": 64, "num_key_value_heads": 64}}.get(case, {}))
+        config.update(
+            {
+                "heads do not divide the width": {"num_attention_heads": 3},
+                "no layers": {"num_hidden_layers": 0},
+                "no width": {"hidden_size": 0},
+                "no dtype": {"dtype": "banana"},
+                "dtype not a name": {"dtype": 5},
+                "more heads than width": {"num_attention_heads": 64, "num_key_value_heads": 64},
+            }.get(case, {})
+        )
         if case == "no layers":  # without the per-layer lists transformers checks against the count
-            config = {key: value for key, value in config.items() if not isinstance(value, list) or key == "architectures"}
+            config = {
+                key: value for key, value in config.items() if not isinstance(value, list) or key == "architectures"
+            }
         text = json.dumps(config) if case != "config not JSON" else "{not json"
         (broken / "config.json").write_text(text)
         target = f"hf:{broken}"
-    elif case in ("empty input", "seeds", "text is a directory", "attention past the memory", "attention past all memory"):
-        extra = {"empty input": ["--input", ""], "seeds": ["--seeds", "0,1"], "text is a directory": ["--text", str(tmp_path)],
-                 # 4 float32 heads: 2048^2 (8 * 4 + 1) bytes, past the 100 MiB allowed before any forward pass
-                 "attention past the memory": ["--input", "random", "--seq-len", "2048", "--memory-mib", "100"],
-                 # refused once the model is loaded, before 6 x 10^7 tokens are drawn and laid out
-                 "attention past all memory": ["--input", "random", "--seq-len", "10000000", "--plan"]}[case]
+    elif case in (
+        "empty input",
+        "seeds",
+        "text is a directory",
+        "attention past the memory",
+        "attention past all memory",
+    ):
+        extra = {
+            "empty input": ["--input", ""],
+            "seeds": ["--seeds", "0,1"],
+            "text is a directory": ["--text", str(tmp_path)],
+            # 4 float32 heads: 2048^2 (8 * 4 + 1) bytes, past the 100 MiB allowed before any forward pass
+            "attention past the memory": ["--input", "random", "--seq-len", "2048", "--memory-mib", "100"],
+            # refused once the model is loaded, before 6 x 10^7 tokens are drawn and laid out
+            "attention past all memory": ["--input", "random", "--seq-len", "10000000", "--plan"],
+        }[case]
     elif case == "no directory":
         target = "hf:"
     elif case == "zoo model":
@@ -570,8 +716,11 @@ def test_sinks_reads_an_hf_model_through_its_tokenizer_as_probe_does(model_dir, 
     np.testing.assert_allclose(text["sink_mass"], expected["sink_mass"], atol=1e-12)
     assert not np.allclose(text["sink_mass"], random["sink_mass"])
     capsys.readouterr()
-    _one_error(main(["sinks", "circuit", "--input", "random"]), capsys.readouterr().err,
-               "--input applies to hf:DIR models, not to circuit")
+    _one_error(
+        main(["sinks", "circuit", "--input", "random"]),
+        capsys.readouterr().err,
+        "--input applies to hf:DIR models, not to circuit",
+    )
 
 
 @pytest.mark.slow
@@ -582,16 +731,21 @@ def test_the_plans_fit_count_is_what_the_run_factorizes(model_dir, monkeypatch, 
     the Cholesky solves counted bound those run (ridge solves once per distinct chosen penalty)."""
     import dataclasses
 
-    from nopelens.analyses.sweep import plan as plan_module
-    from nopelens.analyses.sweep import streamed
-    from nopelens.analyses.sweep.eta import FitRates
     from nopelens.analyses.subjects import HFInput, resolve
-    from nopelens.analyses.sweep import SweepSettings, analyse_subject, sweep_sites
+    from nopelens.analyses.sweep import SweepSettings, analyse_subject, streamed, sweep_sites
+    from nopelens.analyses.sweep import plan as plan_module
+    from nopelens.analyses.sweep.eta import FitRates
     from nopelens.probes import lda, ridge
 
-    settings = dataclasses.replace(SweepSettings.quick("text", (f"hf:{model_dir}",), controls=False), n_sequences=6,
-                                   seq_len=16, hf_input=HFInput(input="text"), streamed=True, keep_mib=keep_mib,
-                                   batch_size=4)
+    settings = dataclasses.replace(
+        SweepSettings.quick("text", (f"hf:{model_dir}",), controls=False),
+        n_sequences=6,
+        seq_len=16,
+        hf_input=HFInput(input="text"),
+        streamed=True,
+        keep_mib=keep_mib,
+        batch_size=4,
+    )
     subject = resolve(f"hf:{model_dir}", 6, 16, seed=0, progress=False, hf_input=settings.hf_input)
     sites = sweep_sites(subject, settings.sites)
     shapes = streamed.site_shapes(subject, sites.all())
@@ -612,7 +766,9 @@ def test_the_plans_fit_count_is_what_the_run_factorizes(model_dir, monkeypatch, 
     monkeypatch.setattr(ridge, "penalty_path", counting_path)
     for module in (ridge, lda):
         monkeypatch.setattr(module, "spd_solve", counting_solve)
-    monkeypatch.setattr(plan_module, "fit_rates", lambda *args: FitRates(0, 0, 0, 0))  # the plan's timing factorizes too
+    monkeypatch.setattr(
+        plan_module, "fit_rates", lambda *args: FitRates(0, 0, 0, 0)
+    )  # the plan's timing factorizes too
     with torch.no_grad():
         analyse_subject(subject, settings)
     assert done["paths"] == counted.paths > 0 and with_ablation.paths > counted.paths  # the ablation's probes count too

@@ -124,8 +124,9 @@ def test_latin_square_token_identity_is_chance_and_template_has_zero_selectivity
     assert acc.loc["linear", "value"] == 1.0 and acc.loc["control", "value"] == 1.0
     assert acc.loc["linear", "selectivity"] == 0.0
     assert acc.loc["token_identity", "value"] == 1.0
-    latin = probe_features(np.eye(4)[LATIN.ravel()], position, groups, "classification", LATIN.ravel(),
-                           n_splits=4, n_boot=50)
+    latin = probe_features(
+        np.eye(4)[LATIN.ravel()], position, groups, "classification", LATIN.ravel(), n_splits=4, n_boot=50
+    )
     assert latin.set_index(["probe", "metric"]).loc[("token_identity", "accuracy"), "value"] == 0.25
 
 
@@ -179,7 +180,10 @@ def test_weighted_metrics_equal_library_metrics_on_repeated_samples():
     weights = rng.integers(0, 4, (1, n_groups)).astype(float)
     repeat = weights[0, groups].astype(int)
     ey, ep, eyr, epr = (np.repeat(a, repeat) for a in (y, pred, y_real, pred_real))
-    got = {m: _metric_values(m, y, pred, groups, weights)[0] for m in ("accuracy", "balanced_accuracy", "within_one", "mad")}
+    got = {
+        m: _metric_values(m, y, pred, groups, weights)[0]
+        for m in ("accuracy", "balanced_accuracy", "within_one", "mad")
+    }
     assert got["accuracy"] == pytest.approx(accuracy_score(ey, ep))
     assert got["balanced_accuracy"] == pytest.approx(balanced_accuracy_score(ey, ep))
     assert got["within_one"] == pytest.approx(np.mean(np.abs(ey - ep) <= 1))
@@ -189,8 +193,9 @@ def test_weighted_metrics_equal_library_metrics_on_repeated_samples():
     assert rho == pytest.approx(stats.spearmanr(ey, np.repeat(pred_real, repeat)).statistic)
 
 
-@pytest.mark.parametrize("kind", ["ties_in_y", "ties_in_both", "real_y_tied_pred", "no_ties", "constant_pred",
-                                  "few_tied_pred"])
+@pytest.mark.parametrize(
+    "kind", ["ties_in_y", "ties_in_both", "real_y_tied_pred", "no_ties", "constant_pred", "few_tied_pred"]
+)
 def test_weighted_spearman_equals_scipy_on_repeated_samples_for_every_weight_row(kind):
     rng = np.random.default_rng(3)
     n, n_groups = 400, 25
@@ -199,9 +204,14 @@ def test_weighted_spearman_equals_scipy_on_repeated_samples_for_every_weight_row
     noisy = position + rng.normal(size=n)
     few_tied = noisy.copy()
     few_tied[:12], few_tied[200:204] = few_tied[0], few_tied[200]  # 16 of 400 tied: ranked one by one, then fixed
-    y, pred = {"ties_in_y": (position, noisy), "ties_in_both": (position, rng.integers(0, 12, n)),
-               "few_tied_pred": (rng.normal(size=n), few_tied), "real_y_tied_pred": (noisy, position.astype(float)),
-               "no_ties": (rng.normal(size=n), noisy), "constant_pred": (position, np.zeros(n))}[kind]
+    y, pred = {
+        "ties_in_y": (position, noisy),
+        "ties_in_both": (position, rng.integers(0, 12, n)),
+        "few_tied_pred": (rng.normal(size=n), few_tied),
+        "real_y_tied_pred": (noisy, position.astype(float)),
+        "no_ties": (rng.normal(size=n), noisy),
+        "constant_pred": (position, np.zeros(n)),
+    }[kind]
     weights = rng.multinomial(n_groups, np.full(n_groups, 1 / n_groups), size=6).astype(float)
     got = _metric_values("spearman", y, pred, groups, weights)
     for row, value in zip(weights, got):
@@ -209,7 +219,9 @@ def test_weighted_spearman_equals_scipy_on_repeated_samples_for_every_weight_row
         if kind == "constant_pred":
             assert np.isnan(value)
             continue
-        assert value == pytest.approx(stats.spearmanr(np.repeat(y, repeat), np.repeat(pred, repeat)).statistic, abs=1e-12)
+        assert value == pytest.approx(
+            stats.spearmanr(np.repeat(y, repeat), np.repeat(pred, repeat)).statistic, abs=1e-12
+        )
 
 
 def test_spearman_replicates_are_the_same_numbers_whatever_the_chunk():
@@ -271,7 +283,6 @@ def test_pair_and_bilinear_features():
     np.testing.assert_allclose(np.trace(outer[:, 3], axis1=1, axis2=2), (q[pairs.query, 3] * k[pairs.key, 1]).sum(-1))
 
 
-
 def test_pair_and_bilinear_features_of_tensors_are_the_numpy_numbers_on_the_tensors_device():
     """The streamed probes build them from float32 tensors on the model's device; the in-memory path
     from float32 numpy: the same definition gives bit-equal features."""
@@ -286,6 +297,7 @@ def test_pair_and_bilinear_features_of_tensors_are_the_numpy_numbers_on_the_tens
         assert isinstance(out, torch.Tensor) and np.array_equal(out.numpy(), bilinear_features(q, k, pairs, mode))
     outer = bilinear_features(q, k, pairs).reshape(len(pairs), 4, 3, 3)
     np.testing.assert_array_equal(outer[:, 1], np.einsum("pe,pf->pef", q[pairs.query, 1], k[pairs.key, 0]))
+
 
 def test_extrapolation_split_fits_early_positions_and_scores_late_ones():
     groups = np.repeat(np.arange(10), 20)
@@ -303,17 +315,32 @@ def test_extrapolation_split_fits_early_positions_and_scores_late_ones():
 
 
 def test_first_recoverable_layer_uses_the_ci_lower_bound():
-    table = pd.DataFrame(dict(
-        site=[f"s{k}" for k in range(4)], layer=pd.array([0, 1, 2, 3], dtype="Int64"), target="absolute_index",
-        task="regression", features="token", probe="linear", split="grouped", metric="r2",
-        value=[0.5, 0.93, 0.97, 0.99], ci_low=[0.2, 0.85, 0.95, 0.99], ci_high=1.0))
+    table = pd.DataFrame(
+        dict(
+            site=[f"s{k}" for k in range(4)],
+            layer=pd.array([0, 1, 2, 3], dtype="Int64"),
+            target="absolute_index",
+            task="regression",
+            features="token",
+            probe="linear",
+            split="grouped",
+            metric="r2",
+            value=[0.5, 0.93, 0.97, 0.99],
+            ci_low=[0.2, 0.85, 0.95, 0.99],
+            ci_high=1.0,
+        )
+    )
     assert first_recoverable_layer(table) == 2
     assert first_recoverable_layer(table, threshold=0.99) == 3
     assert first_recoverable_layer(table, threshold=0.995) is None  # never -1, which would index the last layer
     with pytest.raises(ValueError):
         first_recoverable_layer(table, metric="accuracy")
-    both = pd.concat([table.assign(metric="mad", ci_high=[3.0, 2.0, 0.5, 0.1]),
-                      table.assign(metric="mad", task="classification", ci_high=0.0)])
+    both = pd.concat(
+        [
+            table.assign(metric="mad", ci_high=[3.0, 2.0, 0.5, 0.1]),
+            table.assign(metric="mad", task="classification", ci_high=0.0),
+        ]
+    )
     with pytest.raises(ValueError, match="several task"):
         first_recoverable_layer(both, metric="mad", threshold=1.0)
     assert first_recoverable_layer(both, metric="mad", threshold=1.0, task="regression") == 2
@@ -347,8 +374,15 @@ def test_relative_distance_probe_runs_on_residual_and_bilinear_sites():
     cfg = DecoderConfig(d_vocab=100, n_ctx=8, n_layers=1, d_model=16, n_heads=2, position="rope")
     sites = resid_sites(1) + ["blocks.0.attn.hook_rot_q", "blocks.0.attn.hook_rot_k"]
     acts = collect(Decoder(cfg, seed=0), random_tokens(12, 8, 100), sites)
-    table = probe_relative_distance(acts, sites=resid_sites(1), attention=[tuple(sites[2:])],
-                                    tasks=("regression",), n_splits=3, n_boot=50, controls=False)
+    table = probe_relative_distance(
+        acts,
+        sites=resid_sites(1),
+        attention=[tuple(sites[2:])],
+        tasks=("regression",),
+        n_splits=3,
+        n_boot=50,
+        controls=False,
+    )
     assert set(table.features) == {"concat", "difference", "bilinear_outer"}
     assert table["value"].notna().all() and (table.target == "relative_distance").all()
     assert table.n_samples.nunique() == 1
@@ -357,8 +391,9 @@ def test_relative_distance_probe_runs_on_residual_and_bilinear_sites():
 def test_extrapolation_rows_score_only_late_positions_of_held_out_sequences():
     cfg = DecoderConfig(d_vocab=100, n_ctx=16, n_layers=1, d_model=16, n_heads=2, position="sinusoidal")
     acts = collect(Decoder(cfg, seed=0), random_tokens(10, 16, 100), [0])
-    table = probe_absolute_index(acts, tasks=("regression",), controls=False, extrapolate_from=12,
-                                 n_splits=5, n_boot=50)
+    table = probe_absolute_index(
+        acts, tasks=("regression",), controls=False, extrapolate_from=12, n_splits=5, n_boot=50
+    )
     late = table[table.split == "extrapolation"]
     assert set(late.metric) == {"r2", "spearman", "mad"} and (late.probe == "linear").all()
     assert (late.n_samples == 10 * 4).all()  # positions 12..15 of every sequence, each scored once
@@ -376,7 +411,9 @@ def test_the_pipeline_classifiers_run_through_the_one_engine_streamed_and_in_mem
     from nopelens.probes.stream import Sequences, run
     from nopelens.probes.stream_probes import absolute_index_probes
 
-    model = Decoder(DecoderConfig(d_vocab=50, n_ctx=32, n_layers=1, d_model=16, n_heads=2, position="rope"), seed=2).eval()
+    model = Decoder(
+        DecoderConfig(d_vocab=50, n_ctx=32, n_layers=1, d_model=16, n_heads=2, position="rope"), seed=2
+    ).eval()
     tokens = torch.randint(0, 50, (9, 8), generator=torch.Generator().manual_seed(3))
     site = "blocks.0.hook_resid_post"
     acts = collect(model, tokens, [site])
@@ -387,12 +424,18 @@ def test_the_pipeline_classifiers_run_through_the_one_engine_streamed_and_in_mem
         probes = absolute_index_probes(Sequences.of(tokens), [site], keep=None, max_classes=None, **common)
         streamed = run(model, Sequences.of(tokens), [probes], batch_size=4)[0]
         pd.testing.assert_frame_equal(memory, streamed)
-        predicted = cross_val_predict(make_pipeline(StandardScaler(), oracle), acts.features(site).astype(np.float64),
-                                      acts.position, groups=acts.sequence_id, cv=GroupKFold(3))
+        predicted = cross_val_predict(
+            make_pipeline(StandardScaler(), oracle),
+            acts.features(site).astype(np.float64),
+            acts.position,
+            groups=acts.sequence_id,
+            cv=GroupKFold(3),
+        )
         row = memory[(memory.probe == "linear") & (memory.metric == "accuracy")].iloc[0]
         assert row.value == pytest.approx(accuracy_score(acts.position, predicted), abs=1e-6), classifier
-    refused = absolute_index_probes(Sequences.of(tokens), [site], keep=0, tasks=("classification",), n_splits=3,
-                                    n_boot=20, classifier="logistic")
+    refused = absolute_index_probes(
+        Sequences.of(tokens), [site], keep=0, tasks=("classification",), n_splits=3, n_boot=20, classifier="logistic"
+    )
     with pytest.raises(ValueError, match="classifier 'logistic' is fitted on the features themselves"):
         run(model, Sequences.of(tokens), [refused], batch_size=4)
     with pytest.raises(ValueError, match="classifier must be"):

@@ -29,7 +29,7 @@ def test_ci_runs_the_readme_test_command():
 def test_the_test_section_names_the_full_run_and_the_fast_lane():
     shell = "\n".join(blocks("README.md", "bash"))
     assert re.search(r"^python -m pytest -m \"not slow\" .*about 3 minutes", shell, re.M)
-    section = README[README.index("**Tests.**"):README.index("## What the sweep finds")]
+    section = README[README.index("**Tests.**") : README.index("## What the sweep finds")]
     assert "`python -m pytest` runs everything" in section and "CI" in section
     markers = re.search(r"^markers = \[(.*)\]$", (ROOT / "pyproject.toml").read_text(encoding="utf-8"), re.M)
     assert markers and '"slow:' in markers.group(1), "the marker the fast lane deselects is registered"

@@ -141,7 +141,9 @@ def test_interleaved_rope_matches_gpt_j(qk_and_positions, rotary_dim):
 # ----------------------------------------------------------------------------- ALiBi
 @pytest.mark.parametrize("n_heads", range(1, 17))
 def test_alibi_slopes_match_bloom(n_heads):
-    torch.testing.assert_close(alibi_slopes(n_heads), _get_alibi_slopes(n_heads, torch.device("cpu")), atol=0, rtol=1e-6)
+    torch.testing.assert_close(
+        alibi_slopes(n_heads), _get_alibi_slopes(n_heads, torch.device("cpu")), atol=0, rtol=1e-6
+    )
 
 
 @pytest.mark.parametrize("n_heads", [3, 4, 6])

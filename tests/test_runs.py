@@ -15,8 +15,11 @@ def test_a_folder_is_resumed_with_the_same_settings_and_refused_with_others(tmp_
     stamp = json.loads((tmp_path / "run" / "intervene.json").read_text())
     assert stamp["settings"]["modes"] == ["a", "b"] and len(stamp["digest"]) == 12
     runs.claim(tmp_path / "run", "intervene", {"model": "circuit", "n_boot": 200, "modes": ["a", "b"]})
-    with pytest.raises(ValueError, match=r"holds a run of nopelens intervene made with other settings \(n_boot: 200 there, "
-                                         r"11 now\); use another --out folder, or delete it"):
+    with pytest.raises(
+        ValueError,
+        match=r"holds a run of nopelens intervene made with other settings \(n_boot: 200 there, "
+        r"11 now\); use another --out folder, or delete it",
+    ):
         runs.claim(tmp_path / "run", "intervene", {"model": "circuit", "n_boot": 11, "modes": ["a", "b"]})
 
 
@@ -30,7 +33,9 @@ def test_ignored_settings_may_change_and_are_recorded(tmp_path):
 
 def test_a_folder_of_another_analysis_is_refused(tmp_path):
     runs.claim(tmp_path, "sweep", {"seed": 0})
-    with pytest.raises(ValueError, match="holds a run of nopelens sweep; use another --out folder for this intervene run"):
+    with pytest.raises(
+        ValueError, match="holds a run of nopelens sweep; use another --out folder for this intervene run"
+    ):
         runs.claim(tmp_path, "intervene", {"seed": 0})
 
 
@@ -113,12 +118,21 @@ def test_a_run_that_fails_before_writing_leaves_no_stamp_but_finished_parts_keep
 
 def test_a_refused_folder_names_the_command_that_made_it_and_reads_unset_settings_in_words(tmp_path):
     runs.claim(tmp_path, "sweep", {"seed": 0, "models": ["a", "b"]}, command="probe")
-    with pytest.raises(ValueError, match=r"holds a run of nopelens probe made with other settings \(hf_input: not set "
-                                         r"\(input random\) there, input text, device cpu now; models: a,b there, c now\)"):
-        runs.claim(tmp_path, "sweep", {"seed": 0, "models": ["c"], "hf_input": {"input": "text", "device": "cpu",
-                                                                                 "dtype": None}},
-                   command="sweep", unset={"hf_input": "input random"})
-    with pytest.raises(ValueError, match="holds a run of nopelens probe; use another --out folder for this intervene run"):
+    with pytest.raises(
+        ValueError,
+        match=r"holds a run of nopelens probe made with other settings \(hf_input: not set "
+        r"\(input random\) there, input text, device cpu now; models: a,b there, c now\)",
+    ):
+        runs.claim(
+            tmp_path,
+            "sweep",
+            {"seed": 0, "models": ["c"], "hf_input": {"input": "text", "device": "cpu", "dtype": None}},
+            command="sweep",
+            unset={"hf_input": "input random"},
+        )
+    with pytest.raises(
+        ValueError, match="holds a run of nopelens probe; use another --out folder for this intervene run"
+    ):
         runs.claim(tmp_path, "intervene", {"seed": 0})
 
 
@@ -126,9 +140,13 @@ def test_a_refused_folder_names_each_field_of_a_record_that_differs(tmp_path):
     """A record (``hf_input``) missing on one side is read as its default record, field by field."""
     default = {"input": "random", "text": None, "device": "cpu", "dtype": None}
     runs.claim(tmp_path, "sweep", {"seed": 0, "hf_input": {**default, "input": "text"}}, command="probe")
-    for now, change in [({"seed": 0}, "hf_input.input: text there, random now"),
-                        ({"seed": 0, "hf_input": {**default, "dtype": "float32"}},
-                         "hf_input.dtype: none there, float32 now; hf_input.input: text there, random now")]:
+    for now, change in [
+        ({"seed": 0}, "hf_input.input: text there, random now"),
+        (
+            {"seed": 0, "hf_input": {**default, "dtype": "float32"}},
+            "hf_input.dtype: none there, float32 now; hf_input.input: text there, random now",
+        ),
+    ]:
         with pytest.raises(ValueError, match=rf"made with other settings \({change}\); use another"):
             runs.claim(tmp_path, "sweep", now, command="probe", unset={"hf_input": default})
 
@@ -160,8 +178,24 @@ def test_a_part_measured_with_other_settings_is_refused_even_without_the_stamp(t
     assert main(["probe", "untrained-nope", "--quick", "--no-figures", "--quiet", "--out", out]) == 0
     (tmp_path / "run" / "sweep.json").unlink()
     capsys.readouterr()
-    assert main(["probe", "untrained-nope", "--quick", "--no-figures", "--quiet", "--out", out,
-                 "--seq-len", "16", "--n-sequences", "12"]) == 2
+    assert (
+        main(
+            [
+                "probe",
+                "untrained-nope",
+                "--quick",
+                "--no-figures",
+                "--quiet",
+                "--out",
+                out,
+                "--seq-len",
+                "16",
+                "--n-sequences",
+                "12",
+            ]
+        )
+        == 2
+    )
     err = capsys.readouterr().err
     assert "parts/untrained-nope was measured with other settings than this run's" in err and "Traceback" not in err
     assert main(["probe", "untrained-nope", "--quick", "--no-figures", "--quiet", "--out", out]) == 0
@@ -230,9 +264,26 @@ def test_sigterm_ends_a_run_as_an_interrupt_does(tmp_path):
 
     out = tmp_path / "run"
     env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1"}
-    process = subprocess.Popen([sys.executable, "-m", "nopelens", "probe", "untrained-nope", "--quick", "--quiet",
-                                "--no-figures", "--n-sequences", "400", "--out", str(out)],
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    process = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "nopelens",
+            "probe",
+            "untrained-nope",
+            "--quick",
+            "--quiet",
+            "--no-figures",
+            "--n-sequences",
+            "400",
+            "--out",
+            str(out),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
     deadline = time.monotonic() + 120
     while not (out / "sweep.json").is_file() and process.poll() is None and time.monotonic() < deadline:
         time.sleep(0.05)

@@ -31,8 +31,17 @@ def reads(model, tokens, layers=(0,), bilinear="outer", **kw):
     qk = [(f"blocks.{l}.attn.hook_q", f"blocks.{l}.attn.hook_k") for l in layers]
     scores = [f"blocks.{l}.attn.hook_attn_scores" for l in layers]
     acts = collect(model, tokens, [s for pair in qk for s in pair] + scores)
-    table = probe_relative_distance(acts, sites=[], attention=qk, scores=scores, bilinear=bilinear,
-                                    tasks=("regression",), controls=False, n_boot=100, **kw)
+    table = probe_relative_distance(
+        acts,
+        sites=[],
+        attention=qk,
+        scores=scores,
+        bilinear=bilinear,
+        tasks=("regression",),
+        controls=False,
+        n_boot=100,
+        **kw,
+    )
     return table[(table.probe == "linear") & (table.metric == "r2")].set_index(["features", "layer"]), table
 
 
@@ -100,8 +109,9 @@ def test_first_recoverable_layer_takes_relative_distance_output_directly(one_thr
     tokens = random_tokens(16, LENGTH, model.cfg.d_vocab - 1) + 1
     tokens[:, 0] = BOS_TOKEN
     acts = collect(model, tokens, ["blocks.0.attn.hook_attn_scores", "blocks.1.attn.hook_attn_scores"])
-    table = probe_relative_distance(acts, sites=[], scores=list(acts.patterns), tasks=("regression",),
-                                    controls=False, n_boot=50)
+    table = probe_relative_distance(
+        acts, sites=[], scores=list(acts.patterns), tasks=("regression",), controls=False, n_boot=50
+    )
     assert first_recoverable_layer(table, target="relative_distance") == 2
     assert sorted(table["layer"].unique()) == [1, 2] and (table["layer"] == table["block"] + 1).all()
     rows = table[(table.probe == "linear") & (table.metric == "r2")].set_index("layer")["value"]
@@ -120,8 +130,10 @@ def test_score_features_are_relative_to_the_query_and_refuse_blocked_keys():
     pairs = sample_distance_pairs(np.zeros(4, dtype=int), np.arange(4))
     scores = np.random.default_rng(0).normal(size=(2, 4, 4))
     shifted = scores + np.arange(4.0)[None, :, None]  # a constant per query row: the softmax ignores it
-    assert np.allclose(score_features([scores], np.zeros(4, int), np.arange(4), pairs),
-                       score_features([shifted], np.zeros(4, int), np.arange(4), pairs))
+    assert np.allclose(
+        score_features([scores], np.zeros(4, int), np.arange(4), pairs),
+        score_features([shifted], np.zeros(4, int), np.arange(4), pairs),
+    )
     window = scores.copy()
     window[:, 3, 0] = -np.inf  # a sliding window of 3 keys
     with pytest.raises(ValueError, match="key 0 is blocked for query 3"):
@@ -142,8 +154,9 @@ def test_bridged_hf_bloom_scores_carry_alibi(one_thread):
     torch.manual_seed(0)
     model = bridge_hf_model(transformers.BloomForCausalLM(config).eval())
     acts = collect(model, random_tokens(16, LENGTH, 50), ["blocks.0.attn.hook_attn_scores"])
-    table = probe_relative_distance(acts, sites=[], scores=["blocks.0.attn.hook_attn_scores"],
-                                    tasks=("regression",), controls=False, n_boot=50)
+    table = probe_relative_distance(
+        acts, sites=[], scores=["blocks.0.attn.hook_attn_scores"], tasks=("regression",), controls=False, n_boot=50
+    )
     assert first_recoverable_layer(table, target="relative_distance") == 1
     r2 = table[(table.probe == "linear") & (table.metric == "r2")]["ci_low"].iloc[0]
     assert r2 >= 0.99
@@ -172,10 +185,25 @@ def test_summary_says_na_where_a_model_has_no_score_site():
 
     from nopelens.analyses.report import summary_table
 
-    summary = pd.DataFrame([dict(model="m", absolute_acc=-1, absolute_r2=1, relative_pairs_r2=2, relative_score_r2=None,
-                                 relative_content_qk_r2=-1, best_absolute_r2=0.9, best_absolute_layer=1,
-                                 selectivity_at_best=0.1, mad_chance_layer0=0.7, mad_chance_best=0.2, sink_rate=0.0,
-                                 variance_slope_block0=-1.0)])
+    summary = pd.DataFrame(
+        [
+            dict(
+                model="m",
+                absolute_acc=-1,
+                absolute_r2=1,
+                relative_pairs_r2=2,
+                relative_score_r2=None,
+                relative_content_qk_r2=-1,
+                best_absolute_r2=0.9,
+                best_absolute_layer=1,
+                selectivity_at_best=0.1,
+                mad_chance_layer0=0.7,
+                mad_chance_best=0.2,
+                sink_rate=0.0,
+                variance_slope_block0=-1.0,
+            )
+        ]
+    )
     row = summary_table(summary).iloc[0]
     assert row["rel. dist. head scores R² ≥ 0.9"] == "n/a"
     assert row["rel. dist. content q·k R² ≥ 0.9"] == "none" and row["abs. index R² ≥ 0.9"] == "1"
@@ -188,9 +216,20 @@ def test_summary_gives_the_reason_a_sink_or_variance_read_is_missing():
 
     from nopelens.analyses.report import NOT_READ, summary_table, summary_text
 
-    row = dict(absolute_acc=-1, absolute_r2=1, relative_pairs_r2=2, relative_score_r2=None, relative_content_qk_r2=-1,
-               best_absolute_r2=0.9, best_absolute_layer=1, selectivity_at_best=0.1, mad_chance_layer0=0.7,
-               mad_chance_best=0.2, sink_rate=float("nan"), variance_slope_block0=float("nan"))
+    row = dict(
+        absolute_acc=-1,
+        absolute_r2=1,
+        relative_pairs_r2=2,
+        relative_score_r2=None,
+        relative_content_qk_r2=-1,
+        best_absolute_r2=0.9,
+        best_absolute_layer=1,
+        selectivity_at_best=0.1,
+        mad_chance_layer0=0.7,
+        mad_chance_best=0.2,
+        sink_rate=float("nan"),
+        variance_slope_block0=float("nan"),
+    )
     summary = pd.DataFrame([dict(row, model="sparse"), dict(row, model="constant")])
     why = "blocks [0, 1]: a DSA indexer keeps only the top 4 of the keys a query sees"
     skipped = {"sparse": {"variance read": why, "sink read": why}}

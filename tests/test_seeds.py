@@ -6,17 +6,22 @@ import pandas as pd
 import pytest
 
 from nopelens.analyses import report
-from nopelens.analyses.sweep import seeds
-from nopelens.analyses.sweep import SweepSettings
 from nopelens.analyses.cli.options import parse_seeds
+from nopelens.analyses.sweep import SweepSettings, seeds
 from nopelens.models import zoo
 
 
 def test_seed_0_keeps_its_cache_folder_and_other_seeds_get_their_own(tmp_path):
-    assert zoo.model_dir("text-nope-4l", tmp_path) == tmp_path / "zoo" / f"text-nope-4l-{zoo.RECIPES['text-nope-4l'].digest}"
+    assert (
+        zoo.model_dir("text-nope-4l", tmp_path)
+        == tmp_path / "zoo" / f"text-nope-4l-{zoo.RECIPES['text-nope-4l'].digest}"
+    )
     one, two = (zoo.model_dir("text-nope-4l", tmp_path, seed=s) for s in (1, 2))
     assert one.name.startswith("text-nope-4l-seed1-") and two.name.startswith("text-nope-4l-seed2-")
-    assert zoo.recipe("text-nope-4l", 1).seed == 1 and zoo.recipe("text-nope-4l", 1).digest != zoo.recipe("text-nope-4l").digest
+    assert (
+        zoo.recipe("text-nope-4l", 1).seed == 1
+        and zoo.recipe("text-nope-4l", 1).digest != zoo.recipe("text-nope-4l").digest
+    )
     assert not zoo.is_cached("text-nope-4l", tmp_path, seed=1)
     with pytest.raises(ValueError, match="seed"):
         zoo.recipe("text-nope-4l", -1)
@@ -24,8 +29,15 @@ def test_seed_0_keeps_its_cache_folder_and_other_seeds_get_their_own(tmp_path):
 
 def test_sweep_tasks_repeat_seeded_models_only():
     settings = SweepSettings(models=("text-nope-4l", "circuit", "untrained-nope"), train_seeds=(0, 1, 2))
-    assert settings.tasks() == [("text-nope-4l", 0), ("text-nope-4l", 1), ("text-nope-4l", 2), ("circuit", 0),
-                                ("untrained-nope", 0), ("untrained-nope", 1), ("untrained-nope", 2)]
+    assert settings.tasks() == [
+        ("text-nope-4l", 0),
+        ("text-nope-4l", 1),
+        ("text-nope-4l", 2),
+        ("circuit", 0),
+        ("untrained-nope", 0),
+        ("untrained-nope", 1),
+        ("untrained-nope", 2),
+    ]
 
 
 def test_training_seeds_do_not_change_the_run_folder_digest():
@@ -49,11 +61,19 @@ def test_parse_seeds():
 
 
 def _per_seed():
-    return pd.DataFrame(dict(
-        model=["a", "a", "a", "b"], train_seed=[0, 1, 2, 0],
-        absolute_acc=[1, 1, 2, 1], absolute_r2=[1, -1, 1, 3], relative_pairs_r2=[0, 0, 0, 1],
-        relative_score_r2=[2, 2, 2, -1], relative_content_qk_r2=[2, 3, 2, math.nan], best_absolute_r2=[0.9, 0.95, 1.0, 0.5], variance_slope_block0=[-1.0, -0.9, -1.1, math.nan],
-    ))
+    return pd.DataFrame(
+        dict(
+            model=["a", "a", "a", "b"],
+            train_seed=[0, 1, 2, 0],
+            absolute_acc=[1, 1, 2, 1],
+            absolute_r2=[1, -1, 1, 3],
+            relative_pairs_r2=[0, 0, 0, 1],
+            relative_score_r2=[2, 2, 2, -1],
+            relative_content_qk_r2=[2, 3, 2, math.nan],
+            best_absolute_r2=[0.9, 0.95, 1.0, 0.5],
+            variance_slope_block0=[-1.0, -0.9, -1.1, math.nan],
+        )
+    )
 
 
 def test_over_seeds_agreed_layer_per_seed_layers_mean_and_spread():
@@ -80,8 +100,20 @@ def test_summary_table_shows_agreed_and_per_seed_layers_and_mean_plus_minus_sd()
 
 
 def test_probes_over_seeds_mean_spread_and_ci():
-    rows = pd.DataFrame(dict(model="a", site="s", layer=1, metric="r2", probe="linear", train_seed=[0, 1, 2],
-                             value=[0.8, 0.9, 1.0], ci_low=[0.7, 0.8, 0.9], ci_high=[0.85, 0.95, 1.0], selectivity=0.1))
+    rows = pd.DataFrame(
+        dict(
+            model="a",
+            site="s",
+            layer=1,
+            metric="r2",
+            probe="linear",
+            train_seed=[0, 1, 2],
+            value=[0.8, 0.9, 1.0],
+            ci_low=[0.7, 0.8, 0.9],
+            ci_high=[0.85, 0.95, 1.0],
+            selectivity=0.1,
+        )
+    )
     table = seeds.probes_over_seeds(rows)
     assert len(table) == 1
     row = table.iloc[0]
@@ -95,17 +127,43 @@ def test_train_seeds_train_once_per_seed(tmp_path):
     from nopelens.analyses.cli import main
     from nopelens.models.checkpoint import read_metadata
 
-    common = ["train", "--task", "copy", "--steps", "2", "--layers", "1", "--d-model", "16", "--batch-size", "4",
-              "--max-len", "3", "--quiet", "--threads", "1", "--out", str(tmp_path)]
+    common = [
+        "train",
+        "--task",
+        "copy",
+        "--steps",
+        "2",
+        "--layers",
+        "1",
+        "--d-model",
+        "16",
+        "--batch-size",
+        "4",
+        "--max-len",
+        "3",
+        "--quiet",
+        "--threads",
+        "1",
+        "--out",
+        str(tmp_path),
+    ]
     assert main([*common, "--seeds", "0,1"]) == 0
     assert [read_metadata(tmp_path / f"seed{s}" / "checkpoint")["seed"] for s in (0, 1)] == [0, 1]
     assert main([*common, "--seeds", "0", "--seed", "3"]) == 2
 
 
 def test_sink_ablation_over_seeds_means_and_a_status_every_seed_shares():
-    rows = pd.DataFrame(dict(model="a", block=[0, 0, 1, 1], train_seed=[0, 1, 0, 1], r2_clean=[0.9, 0.7, 0.5, 0.5],
-                             r2_ablated=[0.5, 0.5, 0.4, math.nan], drop=[0.4, 0.2, 0.1, math.nan],
-                             status=["measured", "measured", "measured", "not_applicable"]))
+    rows = pd.DataFrame(
+        dict(
+            model="a",
+            block=[0, 0, 1, 1],
+            train_seed=[0, 1, 0, 1],
+            r2_clean=[0.9, 0.7, 0.5, 0.5],
+            r2_ablated=[0.5, 0.5, 0.4, math.nan],
+            drop=[0.4, 0.2, 0.1, math.nan],
+            status=["measured", "measured", "measured", "not_applicable"],
+        )
+    )
     table = seeds.sink_ablation_over_seeds(rows).set_index("block")
     assert table.loc[0, "r2_clean"] == pytest.approx(0.8) and table.loc[0, "drop"] == pytest.approx(0.3)
     assert list(table["status"]) == ["measured", "not_applicable"]

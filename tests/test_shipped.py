@@ -24,8 +24,10 @@ def same_environment(meta: dict) -> bool:
     torch uses), torch and thread count the shipped run records; a copy that does not record one of
     them is compared within round-off."""
     here = environment()
-    return all(meta["environment"].get(key) == here[key]
-               for key in ("torch", "cpu", "cpu_family", "cpu_capability", "machine", "torch_threads"))
+    return all(
+        meta["environment"].get(key) == here[key]
+        for key in ("torch", "cpu", "cpu_family", "cpu_capability", "machine", "torch_threads")
+    )
 
 
 @pytest.mark.parametrize("name", SHIPPED)
@@ -57,8 +59,9 @@ def test_pyproject_packages_every_shipped_file():
     source = package / "shipped"  # the checkout's, whether nopelens is installed editable or not
     files = {f.relative_to(package) for p in source.iterdir() if p.is_dir() for f in p.iterdir()}
     assert files and files == listed
-    installed = {f.relative_to(zoo.SHIPPED_DIR.parent) for p in zoo.SHIPPED_DIR.iterdir() if p.is_dir()
-                 for f in p.iterdir()}
+    installed = {
+        f.relative_to(zoo.SHIPPED_DIR.parent) for p in zoo.SHIPPED_DIR.iterdir() if p.is_dir() for f in p.iterdir()
+    }
     assert installed == files  # what the imported package holds is what the checkout ships
 
 
@@ -127,8 +130,9 @@ def test_retraining_a_shipped_model_fully_gives_its_weights():
     tables = [measure(from_trained(t, name, 40, 64), n_boot=0)["heads"] for t in (shipped, ours)]
     for column in ("first_mass", "previous_mass"):
         np.testing.assert_allclose(tables[0][column], tables[1][column], atol=0.02)
-    assert math.isclose(shipped.metadata["final_losses"]["validation"], ours.metadata["final_losses"]["validation"],
-                        abs_tol=1e-3)
+    assert math.isclose(
+        shipped.metadata["final_losses"]["validation"], ours.metadata["final_losses"]["validation"], abs_tol=1e-3
+    )
 
 
 def test_ship_refuses_an_installed_package_before_training(tmp_path, monkeypatch, capsys):

@@ -42,8 +42,13 @@ def test_causal_sink_mass_and_score_are_the_plain_means_and_the_tables_read():
     plain_score = np.concatenate([p[:, :16, 0] for p in patterns], axis=1).mean(1)
     np.testing.assert_allclose(sink_mass(patterns), plain_mass, rtol=1e-6)
     np.testing.assert_allclose(sink_scores(patterns, n_tokens=16), plain_score, rtol=1e-6)
-    acts = Activations(acts={}, sequence_id=np.zeros(0, int), position=np.zeros(0, int), token=np.zeros(0, int),
-                       patterns={"blocks.0.attn.hook_pattern": patterns})
+    acts = Activations(
+        acts={},
+        sequence_id=np.zeros(0, int),
+        position=np.zeros(0, int),
+        token=np.zeros(0, int),
+        patterns={"blocks.0.attn.hook_pattern": patterns},
+    )
     table = sink_table(acts, n_tokens=16)
     np.testing.assert_allclose(table["sink_mass"], sink_mass(patterns), rtol=1e-12)
     np.testing.assert_allclose(table["sink_score"], sink_scores(patterns, n_tokens=16), rtol=1e-12)
@@ -63,8 +68,9 @@ def test_left_padded_sink_is_the_first_real_token():
 def test_gu_sink_score_of_uniform_attention_and_strict_threshold():
     assert uniform_sink_score(64) == pytest.approx(0.0741, abs=5e-5)
     layers = {f"blocks.{l}.attn.hook_pattern": [uniform_causal(64, 2)] * 3 for l in range(2)}
-    acts = Activations(acts={}, sequence_id=np.zeros(0, int), position=np.zeros(0, int), token=np.zeros(0, int),
-                       patterns=layers)
+    acts = Activations(
+        acts={}, sequence_id=np.zeros(0, int), position=np.zeros(0, int), token=np.zeros(0, int), patterns=layers
+    )
     table = sink_table(acts)
     np.testing.assert_allclose(table.sink_score, uniform_sink_score(64))
     assert sink_rate(table) == 0.0 and len(table) == 4
@@ -128,9 +134,12 @@ def test_variance_shrinkage_slope_of_untrained_prenorm_nope():
 
 def test_attention_variance_ignores_padding_and_needs_two_sequences():
     rng = np.random.default_rng(0)
-    acts = Activations(acts={"blocks.0.hook_attn_out": rng.normal(size=(7, 3)).astype(np.float32)},
-                       sequence_id=np.array([0, 0, 0, 1, 1, 1, 1]), position=np.array([0, 1, 2, 0, 1, 2, 3]),
-                       token=np.zeros(7, int))
+    acts = Activations(
+        acts={"blocks.0.hook_attn_out": rng.normal(size=(7, 3)).astype(np.float32)},
+        sequence_id=np.array([0, 0, 0, 1, 1, 1, 1]),
+        position=np.array([0, 1, 2, 0, 1, 2, 3]),
+        token=np.zeros(7, int),
+    )
     table = attention_variance(acts)
     assert table.position.tolist() == [0, 1, 2]  # position 3 has one sequence
     with pytest.raises(ValueError, match=">= 3 positions"):
@@ -175,9 +184,13 @@ def test_an_output_scale_row_whose_values_are_zero_is_left_out_of_the_mass():
     outputs = np.array([[[0.0, 0.0]], [[0.6, 1.2]]])  # query 1: c = 0.6 of its weighted value (1, 2)
 
     def learned_mass(values):
-        acts = Activations(acts={"blocks.0.attn.hook_v": values, "blocks.0.attn.hook_z": outputs},
-                           sequence_id=np.zeros(2, int), position=np.arange(2), token=np.zeros(2, int),
-                           patterns={"blocks.0.attn.hook_pattern": [pattern]})
+        acts = Activations(
+            acts={"blocks.0.attn.hook_v": values, "blocks.0.attn.hook_z": outputs},
+            sequence_id=np.zeros(2, int),
+            position=np.arange(2),
+            token=np.zeros(2, int),
+            patterns={"blocks.0.attn.hook_pattern": [pattern]},
+        )
         return sink_table(acts, n_tokens=None, sinks={0: ("output_scale", None)})["learned_sink_mass"].tolist()
 
     assert learned_mass(values) == pytest.approx([0.4])

@@ -17,8 +17,9 @@ from nopelens.models import Decoder, DecoderConfig
 from nopelens.probes import collect, probe_absolute_index, probe_relative_distance, resid_sites, sequence_splits
 from nopelens.probes.fitting import BlockMoments
 from nopelens.probes.sinks import attention_variance
-from nopelens.probes.stream import AttentionVariance, KeepBudget, Sequences, run
+from nopelens.probes.stream import KeepBudget, Sequences, run
 from nopelens.probes.stream_probes import absolute_index_probes, relative_distance_probes
+from nopelens.probes.variance import AttentionVariance
 
 TOLERANCE = 1e-8
 
@@ -29,8 +30,14 @@ def assert_tables_equal(memory: pd.DataFrame, streamed: pd.DataFrame, tolerance:
     assert len(memory) == len(streamed)
     for column in memory.columns:
         if memory[column].dtype.kind == "f":
-            np.testing.assert_allclose(streamed[column].to_numpy(), memory[column].to_numpy(), rtol=tolerance,
-                                       atol=tolerance, equal_nan=True, err_msg=column)
+            np.testing.assert_allclose(
+                streamed[column].to_numpy(),
+                memory[column].to_numpy(),
+                rtol=tolerance,
+                atol=tolerance,
+                equal_nan=True,
+                err_msg=column,
+            )
         else:
             pd.testing.assert_series_equal(streamed[column], memory[column], check_dtype=False)
 
@@ -45,10 +52,20 @@ def in_memory(model, tokens, mask, residual, inner, qk, scores, n_splits, n_boot
     sites = residual + inner + [s for pair in qk for s in pair] + scores
     acts = collect(model, tokens, sites, attention_mask=mask, batch_size=4)
     common = dict(n_splits=n_splits, n_boot=n_boot, seed=0)
-    absolute = probe_absolute_index(acts, sites=residual + inner, extrapolate_from=tokens.shape[1] // 2,
-                                    max_classes=64, **common)
-    relative = probe_relative_distance(acts, sites=residual, feature_kinds=("concat",), attention=qk, scores=scores,
-                                       bilinear=mode, tasks=("regression",), pairs_per_distance=pairs, **common)
+    absolute = probe_absolute_index(
+        acts, sites=residual + inner, extrapolate_from=tokens.shape[1] // 2, max_classes=64, **common
+    )
+    relative = probe_relative_distance(
+        acts,
+        sites=residual,
+        feature_kinds=("concat",),
+        attention=qk,
+        scores=scores,
+        bilinear=mode,
+        tasks=("regression",),
+        pairs_per_distance=pairs,
+        **common,
+    )
     variance = attention_variance(acts, inner[:1]) if inner else None
     return absolute, relative, variance
 
@@ -59,9 +76,18 @@ def streamed(model, tokens, mask, residual, inner, qk, scores, n_splits, n_boot,
     common = dict(n_splits=n_splits, n_boot=n_boot, seed=0, keep=budget)
     measurements = [
         absolute_index_probes(sequences, residual + inner, extrapolate_from=tokens.shape[1] // 2, **common),
-        relative_distance_probes(sequences, sites=residual, feature_kinds=("concat",), attention=qk, scores=scores,
-                                 bilinear=mode, tasks=("regression",), pairs_per_distance=pairs, distances=None,
-                                 **common),
+        relative_distance_probes(
+            sequences,
+            sites=residual,
+            feature_kinds=("concat",),
+            attention=qk,
+            scores=scores,
+            bilinear=mode,
+            tasks=("regression",),
+            pairs_per_distance=pairs,
+            distances=None,
+            **common,
+        ),
     ]
     if inner:
         measurements.append(AttentionVariance(sequences, inner[:1]))
@@ -83,8 +109,19 @@ def test_streamed_sweep_probes_equal_in_memory_on_the_circuit(circuit, one_threa
     qk = [(f"blocks.{l}.attn.hook_q", f"blocks.{l}.attn.hook_k") for l in range(layers)]
     scores = [f"blocks.{l}.attn.hook_attn_scores" for l in range(layers)]
     inner = [f"blocks.{l}.hook_attn_out" for l in range(layers)]
-    args = (circuit.model, circuit.tokens, circuit.attention_mask, resid_sites(layers), inner, qk, scores, 4, 40,
-            "elementwise", 12)
+    args = (
+        circuit.model,
+        circuit.tokens,
+        circuit.attention_mask,
+        resid_sites(layers),
+        inner,
+        qk,
+        scores,
+        4,
+        40,
+        "elementwise",
+        12,
+    )
     absolute, relative, variance = in_memory(*args)
     tables, measurements = streamed(*args, keep=keep)
     assert_tables_equal(absolute, tables[0])
@@ -111,8 +148,15 @@ def _tiny_bridged_llama():
     from nopelens.models.adapters import bridge_hf_model
 
     torch.manual_seed(0)
-    config = LlamaConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                         intermediate_size=64, vocab_size=64, max_position_embeddings=64)
+    config = LlamaConfig(
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        intermediate_size=64,
+        vocab_size=64,
+        max_position_embeddings=64,
+    )
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         return bridge_hf_model(LlamaForCausalLM(config).eval())
@@ -136,14 +180,26 @@ def test_streamed_probes_equal_in_memory_on_a_bridged_hf_llama(one_thread):
 def test_two_folds_halve_the_blocks_and_left_padding_stays_out_of_the_samples(one_thread):
     """With 2 folds every fitting side is one block, so blocks are halved by sequence for the inner
     CV (fold_blocks); an ALiBi decoder, left-padded rows."""
-    model = Decoder(DecoderConfig(d_vocab=50, n_ctx=32, n_layers=2, d_model=32, n_heads=4, position="alibi"),
-                    seed=1).eval()
+    model = Decoder(
+        DecoderConfig(d_vocab=50, n_ctx=32, n_layers=2, d_model=32, n_heads=4, position="alibi"), seed=1
+    ).eval()
     tokens = torch.randint(0, 50, (9, 20), generator=torch.Generator().manual_seed(5))
     mask = torch.ones_like(tokens)
     mask[2:5, :6] = 0
     qk = [("blocks.1.attn.hook_q", "blocks.1.attn.hook_k")]
-    args = (model, tokens, mask, resid_sites(2), ["blocks.0.hook_attn_out"], qk, ["blocks.1.attn.hook_attn_scores"],
-            2, 30, "outer", 3)
+    args = (
+        model,
+        tokens,
+        mask,
+        resid_sites(2),
+        ["blocks.0.hook_attn_out"],
+        qk,
+        ["blocks.1.attn.hook_attn_scores"],
+        2,
+        30,
+        "outer",
+        3,
+    )
     for memory, stream in zip(in_memory(*args), streamed(*args, keep=0)[0]):
         assert_tables_equal(memory, stream)
 
@@ -151,12 +207,26 @@ def test_two_folds_halve_the_blocks_and_left_padding_stays_out_of_the_samples(on
 def test_constant_input_in_bfloat16_recovers_nothing_streamed_as_in_memory(one_thread):
     """Round-off is not signal: the streamed statistics judge raw per-feature extremes by the
     activations' own dtype (bfloat16 here, kept as such), as the in-memory path does."""
-    model = Decoder(DecoderConfig(d_vocab=50, n_ctx=32, n_layers=2, d_model=32, n_heads=4, position="nope"), seed=1,
-                    dtype=torch.bfloat16).eval()
+    model = Decoder(
+        DecoderConfig(d_vocab=50, n_ctx=32, n_layers=2, d_model=32, n_heads=4, position="nope"),
+        seed=1,
+        dtype=torch.bfloat16,
+    ).eval()
     tokens = torch.full((8, 20), 3)  # one token id, no BOS: every position has the same state
     qk = [("blocks.1.attn.hook_q", "blocks.1.attn.hook_k")]
-    args = (model, tokens, None, resid_sites(2), ["blocks.0.hook_attn_out"], qk, ["blocks.1.attn.hook_attn_scores"],
-            4, 30, "outer", 4)
+    args = (
+        model,
+        tokens,
+        None,
+        resid_sites(2),
+        ["blocks.0.hook_attn_out"],
+        qk,
+        ["blocks.1.attn.hook_attn_scores"],
+        4,
+        30,
+        "outer",
+        4,
+    )
     tables, measurements = streamed(*args, keep=0)
     for memory, stream in zip(in_memory(*args)[:2], tables[:2]):
         assert_tables_equal(memory, stream)
@@ -166,20 +236,35 @@ def test_constant_input_in_bfloat16_recovers_nothing_streamed_as_in_memory(one_t
 
 
 def _tiny_rope_decoder():
-    return Decoder(DecoderConfig(d_vocab=50, n_ctx=32, n_layers=2, d_model=32, n_heads=4, position="rope"), seed=3).eval()
+    return Decoder(
+        DecoderConfig(d_vocab=50, n_ctx=32, n_layers=2, d_model=32, n_heads=4, position="rope"), seed=3
+    ).eval()
 
 
 def test_shards_on_a_dask_cluster_equal_one_machine(one_thread):
     distributed = pytest.importorskip("distributed", reason='Dask distributed is not installed (pip install ".[dask]")')
     tokens = torch.randint(0, 50, (12, 20), generator=torch.Generator().manual_seed(2))
     qk = [("blocks.1.attn.hook_rot_q", "blocks.1.attn.hook_rot_k")]
-    args = (tokens, None, resid_sites(2), ["blocks.0.hook_attn_out"], qk, ["blocks.1.attn.hook_attn_scores"], 4, 40,
-            "elementwise", 8)
+    args = (
+        tokens,
+        None,
+        resid_sites(2),
+        ["blocks.0.hook_attn_out"],
+        qk,
+        ["blocks.1.attn.hook_attn_scores"],
+        4,
+        40,
+        "elementwise",
+        8,
+    )
     local, _ = streamed(_tiny_rope_decoder(), *args, keep=None)
-    with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=False, dashboard_address=None) as cluster:
+    with distributed.LocalCluster(
+        n_workers=2, threads_per_worker=1, processes=False, dashboard_address=None
+    ) as cluster:
         with distributed.Client(cluster) as client:
-            sharded, measurements = streamed(_tiny_rope_decoder, *args, keep=None,
-                                             executor=client.get_executor(pure=False), shards=3)
+            sharded, measurements = streamed(
+                _tiny_rope_decoder, *args, keep=None, executor=client.get_executor(pure=False), shards=3
+            )
     assert all(job.rerun == {0, 1, 2} for job in measurements[0].jobs), "a shard keeps nothing: a second pass predicts"
     for one, many in zip(local, sharded):
         assert_tables_equal(one, many, tolerance=1e-10)
@@ -192,19 +277,28 @@ def test_long_context_2048_tokens_with_position_bins_and_spread_distances(one_th
     carries the position table), classification is over 64 bins of 32 positions, the pairs cover
     0..2047 at 64 distances, and the in-memory path gives the same table."""
     T = 2048
-    model = Decoder(DecoderConfig(d_vocab=50, n_ctx=T, n_layers=1, d_model=32, n_heads=2, position="sinusoidal"),
-                    seed=0).eval()
+    model = Decoder(
+        DecoderConfig(d_vocab=50, n_ctx=T, n_layers=1, d_model=32, n_heads=2, position="sinusoidal"), seed=0
+    ).eval()
     tokens = torch.randint(0, 50, (3, T), generator=torch.Generator().manual_seed(0))
     sequences = Sequences.of(tokens)
     sites = resid_sites(1)
     common = dict(n_splits=3, n_boot=20, seed=0, keep=0)
     absolute = absolute_index_probes(sequences, sites, **common)
-    relative = relative_distance_probes(sequences, sites=sites[:1], feature_kinds=("concat",),
-                                        scores=["blocks.0.attn.hook_attn_scores"], tasks=("regression",), **common)
+    relative = relative_distance_probes(
+        sequences,
+        sites=sites[:1],
+        feature_kinds=("concat",),
+        scores=["blocks.0.attn.hook_attn_scores"],
+        tasks=("regression",),
+        **common,
+    )
     table, pairs = run(model, sequences, [absolute, relative], batch_size=1)
     assert set(table["target"]) == {"absolute_index//32", "absolute_index"}
     bins = table[table.target == "absolute_index//32"]
-    assert (bins["task"] == "classification").all() and not (table[table.target == "absolute_index"]["task"] != "regression").any()
+    assert (bins["task"] == "classification").all() and not (
+        table[table.target == "absolute_index"]["task"] != "regression"
+    ).any()
     linear = table[(table.probe == "linear") & (table.site == sites[0])].set_index(["task", "metric"])["value"]
     assert linear["regression", "r2"] > 0.99 and linear["regression", "mad"] < 20
     assert linear["classification", "within_one"] > 0.9
@@ -251,8 +345,12 @@ def test_packed_block_moments_hold_half_the_gram_and_group_to_the_same_full_matr
     assert packed.gram.shape == (3, 15) and full.gram.shape == (3, 5, 5)
     blocks = [[0, 2], [1]]
     assert torch.equal(packed.group(blocks).gram, full.group(blocks).gram)  # the same sums, bit for bit
-    torch.testing.assert_close(packed.reshifted(other_shift).group(blocks).gram,
-                               full.reshifted(other_shift).group(blocks).gram, rtol=1e-14, atol=1e-12)
+    torch.testing.assert_close(
+        packed.reshifted(other_shift).group(blocks).gram,
+        full.reshifted(other_shift).group(blocks).gram,
+        rtol=1e-14,
+        atol=1e-12,
+    )
     with pytest.raises(ValueError, match="cannot be merged"):
         full.merge(packed)
 
@@ -291,13 +389,17 @@ def test_a_non_finite_score_names_the_scores_site(one_thread):
     tokens = torch.randint(0, 50, (4, 10), generator=torch.Generator().manual_seed(0))
     site = "blocks.0.attn.hook_attn_scores"
     for bad in (float("nan"), float("inf")):
+
         def corrupt(value, hook, bad=bad):
             value[1, 2, 6, 3] = bad  # sequence 1, head 2, query 6, a visible key
             return value
 
-        probes = relative_distance_probes(Sequences.of(tokens), scores=[site], tasks=("regression",), n_splits=2,
-                                          n_boot=10)
-        with pytest.raises(ValueError, match=f"non-finite value at site '{site}', sequence 1, head 2, query position 6"):
+        probes = relative_distance_probes(
+            Sequences.of(tokens), scores=[site], tasks=("regression",), n_splits=2, n_boot=10
+        )
+        with pytest.raises(
+            ValueError, match=f"non-finite value at site '{site}', sequence 1, head 2, query position 6"
+        ):
             run(_tiny_rope_decoder(), Sequences.of(tokens), [probes], batch_size=4, hooks=[(site, corrupt)])
 
 
@@ -331,13 +433,21 @@ def _sinks_both_ways(model, tokens, mask, sites, n_tokens, windows=None, sinks=N
     from nopelens.probes.sinks import SinkStats, sink_table
 
     with torch.no_grad():
-        extra = [s.replace("hook_pattern", name) for s in sites if (sinks or {}).get(int(s.split(".")[1]), (None,))[0]
-                 == "output_scale" for name in ("hook_v", "hook_z")]
+        extra = [
+            s.replace("hook_pattern", name)
+            for s in sites
+            if (sinks or {}).get(int(s.split(".")[1]), (None,))[0] == "output_scale"
+            for name in ("hook_v", "hook_z")
+        ]
         acts = collect(model, tokens, sites + extra, attention_mask=mask, batch_size=batch_size)
         memory = sink_table(acts, n_tokens=n_tokens, windows=windows, sinks=sinks)
         sequences = Sequences.of(tokens, mask)
-        streamed_table, = run(model, sequences, [SinkStats(sequences, sites, n_tokens=n_tokens, windows=windows,
-                                                           sinks=sinks)], batch_size=batch_size)
+        (streamed_table,) = run(
+            model,
+            sequences,
+            [SinkStats(sequences, sites, n_tokens=n_tokens, windows=windows, sinks=sinks)],
+            batch_size=batch_size,
+        )
     return memory, streamed_table
 
 
@@ -350,8 +460,16 @@ def test_streamed_sinks_equal_the_in_memory_table_with_padding_and_a_window(one_
     from nopelens.models.masks import KeyWindow
 
     torch.manual_seed(0)
-    config = LlamaConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                         intermediate_size=64, vocab_size=64, max_position_embeddings=64, initializer_range=0.3)
+    config = LlamaConfig(
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        intermediate_size=64,
+        vocab_size=64,
+        max_position_embeddings=64,
+        initializer_range=0.3,
+    )
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         model = bridge_hf_model(LlamaForCausalLM(config).eval())
@@ -379,23 +497,44 @@ def test_streamed_sinks_of_uniform_attention_and_learned_sinks_are_the_known_ans
     from nopelens.probes.sinks import SinkStats, uniform_sink_score
 
     n = 12
-    nope = Decoder(DecoderConfig(d_model=16, n_layers=1, n_heads=2, d_head=8, d_mlp=32, d_vocab=8, n_ctx=n,
-                                 position="nope"))
+    nope = Decoder(
+        DecoderConfig(d_model=16, n_layers=1, n_heads=2, d_head=8, d_mlp=32, d_vocab=8, n_ctx=n, position="nope")
+    )
     tokens = torch.full((5, n), 3)
     sequences = Sequences.of(tokens)
     with torch.no_grad():
-        table, = run(nope, sequences, [SinkStats(sequences, ["blocks.0.attn.hook_pattern"], n_tokens=n)], batch_size=2)
+        (table,) = run(
+            nope, sequences, [SinkStats(sequences, ["blocks.0.attn.hook_pattern"], n_tokens=n)], batch_size=2
+        )
     expected = np.mean([1 / (i + 1) for i in range(1, n)])
     np.testing.assert_allclose(table["sink_mass"], expected, atol=1e-6)
     np.testing.assert_allclose(table["sink_score"], uniform_sink_score(n), atol=1e-6)
     assert not table["is_sink"].any()
 
-    base = dict(hidden_size=32, num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2,
-                intermediate_size=64, vocab_size=64, initializer_range=0.2, **TINY_SPECIAL)
+    base = dict(
+        hidden_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        intermediate_size=64,
+        vocab_size=64,
+        initializer_range=0.2,
+        **TINY_SPECIAL,
+    )
     for cls, config, kind in [
-        (T.FlintForCausalLM, T.FlintConfig(**base, head_dim=8, num_experts=2, num_experts_per_tok=1,
-                                           moe_intermediate_size=32, shared_expert_intermediate_size=32,
-                                           layer_types=["full_attention"]), "learned"),
+        (
+            T.FlintForCausalLM,
+            T.FlintConfig(
+                **base,
+                head_dim=8,
+                num_experts=2,
+                num_experts_per_tok=1,
+                moe_intermediate_size=32,
+                shared_expert_intermediate_size=32,
+                layer_types=["full_attention"],
+            ),
+            "learned",
+        ),
         (T.GraniteSWAForCausalLM, T.GraniteSWAConfig(**base, layer_types=["full_attention"]), "output_scale"),
     ]:
         hf_model = _hf_model(cls, config, 0)
@@ -404,11 +543,13 @@ def test_streamed_sinks_of_uniform_attention_and_learned_sinks_are_the_known_ans
         attention.sinks.data.fill_(float(np.log(2.0)))
         model = hook_hf_model(hf_model)
         tokens = torch.randint(3, 64, (4, n), generator=torch.Generator().manual_seed(2))
-        memory, streamed_table = _sinks_both_ways(model, tokens, None, ["blocks.0.attn.hook_pattern"], n_tokens=n,
-                                                  sinks={0: (kind, attention.sinks.detach())})
+        memory, streamed_table = _sinks_both_ways(
+            model, tokens, None, ["blocks.0.attn.hook_pattern"], n_tokens=n, sinks={0: (kind, attention.sinks.detach())}
+        )
         assert_tables_equal(memory, streamed_table, tolerance=1e-6)
-        np.testing.assert_allclose(streamed_table["learned_sink_mass"], np.mean([2 / (i + 3) for i in range(n)]),
-                                   atol=1e-5, err_msg=kind)
+        np.testing.assert_allclose(
+            streamed_table["learned_sink_mass"], np.mean([2 / (i + 3) for i in range(n)]), atol=1e-5, err_msg=kind
+        )
 
 
 # ----------------------------------------------------------------------------- sink ablation
@@ -427,8 +568,9 @@ def _ablation_both_ways(model, tokens, mask, n_layers, keep, n_splits=3, n_boot=
         blocks = [b for b in range(n_layers) if b not in refused]
         clean_probes = iv.later_token_probes(sequences, [b + 1 for b in blocks], n_splits, n_boot, 0, budget)
         (clean_table,) = run(model, sequences, [clean_probes], batch_size=4)
-        streamed_table = iv.sink_ablation_drop_streamed(model, sequences, n_layers, clean_table, refused, n_splits,
-                                                        n_boot, 0, budget, batch_size=4)
+        streamed_table = iv.sink_ablation_drop_streamed(
+            model, sequences, n_layers, clean_table, refused, n_splits, n_boot, 0, budget, batch_size=4
+        )
     assert budget.used == 0, "kept features are released after each fit"
     return memory, streamed_table
 
@@ -480,8 +622,9 @@ def test_later_token_probes_equal_the_in_memory_probe_of_later_tokens(one_thread
     common = dict(tasks=("classification", "regression"), controls=True, n_splits=4, n_boot=30, seed=0)
     memory = probe_absolute_index(acts, sites=sites, **common)
     sequences = Sequences.of(tokens, mask)
-    (later,) = run(model, sequences, [absolute_index_probes(sequences, sites, keep=0, min_position=1, **common)],
-                   batch_size=3)
+    (later,) = run(
+        model, sequences, [absolute_index_probes(sequences, sites, keep=0, min_position=1, **common)], batch_size=3
+    )
     assert_tables_equal(memory, later)
     assert later["n_samples"].max() == int(mask.sum()) - 8
     with pytest.raises(ValueError, match="min_position"):
@@ -503,17 +646,26 @@ def test_an_intervention_is_added_per_batch_and_sent_to_shards_or_refused(one_th
     def probe():
         return iv.later_token_probes(sequences, [1], n_splits=3, n_boot=30, keep=None)
 
-    clean, = run(_tiny_rope_decoder(), sequences, [probe()], batch_size=4)
-    local, = run(_tiny_rope_decoder(), sequences, [probe()], batch_size=4, hooks=hooks)
+    (clean,) = run(_tiny_rope_decoder(), sequences, [probe()], batch_size=4)
+    (local,) = run(_tiny_rope_decoder(), sequences, [probe()], batch_size=4, hooks=hooks)
     assert not np.allclose(local["value"], clean["value"]), "the intervention changed the states"
-    with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=False, dashboard_address=None) as cluster:
+    with distributed.LocalCluster(
+        n_workers=2, threads_per_worker=1, processes=False, dashboard_address=None
+    ) as cluster:
         with distributed.Client(cluster) as client:
             executor = client.get_executor(pure=False)
-            sharded, = run(_tiny_rope_decoder, sequences, [probe()], batch_size=4, executor=executor, shards=3,
-                           hooks=hooks)
+            (sharded,) = run(
+                _tiny_rope_decoder, sequences, [probe()], batch_size=4, executor=executor, shards=3, hooks=hooks
+            )
             with pytest.raises(TypeError, match="cannot be sent to the shards"):
-                run(_tiny_rope_decoder, sequences, [probe()], batch_size=4, executor=executor,
-                    hooks=lambda rows, mask: hooks(rows, mask))
+                run(
+                    _tiny_rope_decoder,
+                    sequences,
+                    [probe()],
+                    batch_size=4,
+                    executor=executor,
+                    hooks=lambda rows, mask: hooks(rows, mask),
+                )
     assert_tables_equal(local, sharded, tolerance=1e-10)
 
 
@@ -521,7 +673,7 @@ def test_attention_variance_in_row_chunks_is_bit_identical(monkeypatch):
     """AttentionVariance converts a batch to float64 a few rows at a time (glibc reuses such copies
     instead of mapping a fresh one per call); chunks of 7 rows give the same sums, bit for bit, as one
     chunk, with padded sequences and float32 and float64 outputs."""
-    import nopelens.probes.stream as stream_module
+    import nopelens.probes.variance as variance_module
     from nopelens.probes.stream import Batch
 
     torch.manual_seed(0)
@@ -534,7 +686,7 @@ def test_attention_variance_in_row_chunks_is_bit_identical(monkeypatch):
     values = [(torch.randn(5, 40, 12) * 3 + 5).to(dtype) for dtype in (torch.float32, torch.float64)]
 
     def state(rows_at_once):
-        monkeypatch.setattr(stream_module, "ROWS_AT_ONCE", rows_at_once)
+        monkeypatch.setattr(variance_module, "ROWS_AT_ONCE", rows_at_once)
         measurement = AttentionVariance(sequences, ["blocks.0.hook_attn_out"])
         for value in values:
             measurement.update("blocks.0.hook_attn_out", value, batch)
@@ -568,8 +720,12 @@ def _oracle_predictions(X: np.ndarray, y: np.ndarray, splits, task: str) -> tupl
     index, predicted = [], []
     for fit, score in splits:
         if task == "regression":
-            model = GridSearchCV(make_pipeline(StandardScaler(), Ridge()), {"ridge__alpha": list(ALPHAS)},
-                                 cv=PredefinedSplit(fold_of[fit]), scoring="neg_mean_squared_error")
+            model = GridSearchCV(
+                make_pipeline(StandardScaler(), Ridge()),
+                {"ridge__alpha": list(ALPHAS)},
+                cv=PredefinedSplit(fold_of[fit]),
+                scoring="neg_mean_squared_error",
+            )
         else:
             model = make_pipeline(StandardScaler(), PooledLDA())
         index.append(score)
@@ -585,10 +741,19 @@ def _default_reads_both_ways(model, tokens, mask, qk, scores, n_splits=3):
     layers = len([s for s in model.hook_dict if s.endswith("hook_resid_post")])
     sites = SweepSites(resid_sites(layers), [], list(qk), list(scores), [])
     sequences = Sequences.of(tokens, mask)
-    settings = dict(seq_len=tokens.shape[1], n_sequences=len(tokens), n_splits=n_splits, n_boot=20, seed=0,
-                    bilinear="outer", max_classes=None, distances=None)
-    streamed_tables = run(model, sequences, measure_targets(ProbeInput(sequences, sites, keep=KeepBudget(0),
-                                                                       **settings)), batch_size=4)
+    settings = dict(
+        seq_len=tokens.shape[1],
+        n_sequences=len(tokens),
+        n_splits=n_splits,
+        n_boot=20,
+        seed=0,
+        bilinear="outer",
+        max_classes=None,
+        distances=None,
+    )
+    streamed_tables = run(
+        model, sequences, measure_targets(ProbeInput(sequences, sites, keep=KeepBudget(0), **settings)), batch_size=4
+    )
     acts = collect(model, tokens, sites.all(), attention_mask=mask, batch_size=4)
     memory = measure_in_memory(measure_targets(ProbeInput(Sequences.of_activations(acts), sites, **settings)), acts)
     return pd.concat(streamed_tables, ignore_index=True), memory, acts, sites
@@ -610,8 +775,9 @@ def test_every_default_read_streamed_in_memory_and_by_scikit_learn_agree(kind, o
     if kind == "hf":
         model, rot = _tiny_bridged_llama(), "rot_"
     else:
-        model = Decoder(DecoderConfig(d_vocab=50, n_ctx=32, n_layers=2, d_model=16, n_heads=2, position=kind),
-                        seed=4).eval()
+        model = Decoder(
+            DecoderConfig(d_vocab=50, n_ctx=32, n_layers=2, d_model=16, n_heads=2, position=kind), seed=4
+        ).eval()
         rot = "rot_" if kind == "rope" else ""
     qk = [(f"blocks.{l}.attn.hook_{rot}q", f"blocks.{l}.attn.hook_{rot}k") for l in range(2)]
     scores = [f"blocks.{l}.attn.hook_attn_scores" for l in range(2)]
@@ -621,14 +787,22 @@ def test_every_default_read_streamed_in_memory_and_by_scikit_learn_agree(kind, o
     pairs = sample_distance_pairs(acts.sequence_id, acts.position, None, min(64, len(tokens)), 0)
     token_splits = sequence_splits(acts.sequence_id, 3)
     pair_splits = sequence_splits(pairs.sequence_id, 3)
-    features = {"token": lambda s: acts.features(s), "concat": lambda s: pair_features(acts.features(s), pairs),
-                "score": lambda s: score_features(acts.patterns[s], acts.sequence_id, acts.position, pairs)}
+    features = {
+        "token": lambda s: acts.features(s),
+        "concat": lambda s: pair_features(acts.features(s), pairs),
+        "score": lambda s: score_features(acts.patterns[s], acts.sequence_id, acts.position, pairs),
+    }
     heads = {q: k for q, k in qk}
     checked = 0
     for read in SWEEP_READS:
-        rows = memory[(memory.probe == "linear") & (memory.split == "grouped") & is_target(memory.target, read.target)
-                      & (memory.task == read.task) & (memory.metric == read.metric)
-                      & memory.features.str.startswith(read.features.rstrip("*"))]
+        rows = memory[
+            (memory.probe == "linear")
+            & (memory.split == "grouped")
+            & is_target(memory.target, read.target)
+            & (memory.task == read.task)
+            & (memory.metric == read.metric)
+            & memory.features.str.startswith(read.features.rstrip("*"))
+        ]
         assert len(rows), f"{read.column}: no rows"
         for _, row in rows.iterrows():
             if row.features.startswith("bilinear"):
@@ -637,8 +811,14 @@ def test_every_default_read_streamed_in_memory_and_by_scikit_learn_agree(kind, o
             else:
                 X = features[row.features](row.site)
             if read.target == "absolute_index":
-                y, splits = (position_classes(acts.position, None)[0] if read.task == "classification"
-                             else acts.position.astype(float)), token_splits
+                y, splits = (
+                    (
+                        position_classes(acts.position, None)[0]
+                        if read.task == "classification"
+                        else acts.position.astype(float)
+                    ),
+                    token_splits,
+                )
             else:
                 y, splits = pairs.distance.astype(float), pair_splits
             index, predicted = _oracle_predictions(X, y, splits, read.task)

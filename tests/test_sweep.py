@@ -7,9 +7,8 @@ import pytest
 from schema import assert_documented, assert_folder_documented
 
 from nopelens.analyses import report
-from nopelens.analyses.sweep import seeds
 from nopelens.analyses.cli import main
-from nopelens.analyses.sweep import SweepSettings, sweep, versions
+from nopelens.analyses.sweep import SweepSettings, seeds, sweep, versions
 
 pytestmark = pytest.mark.slow
 
@@ -28,8 +27,14 @@ def quick_run(tmp_path_factory):
 
 def linear(result, model, target, metric, features=None):
     rows = result.probes
-    rows = rows[(rows["model"] == model) & (rows["probe"] == "linear") & (rows["split"] == "grouped")
-                & (rows["target"] == target) & (rows["metric"] == metric) & rows["layer"].notna()]
+    rows = rows[
+        (rows["model"] == model)
+        & (rows["probe"] == "linear")
+        & (rows["split"] == "grouped")
+        & (rows["target"] == target)
+        & (rows["metric"] == metric)
+        & rows["layer"].notna()
+    ]
     if features == "resid":
         rows = rows[rows["site"].str.contains("hook_resid_")]
     elif features is not None:
@@ -68,8 +73,11 @@ def test_constant_input_recovers_nothing_at_any_layer(quick_run):
 
 def test_selectivity_next_to_every_linear_score(quick_run):
     result, _ = quick_run
-    rows = result.probes[(result.probes["probe"] == "linear") & result.probes["metric"].isin(["accuracy", "r2"])
-                         & (result.probes["split"] == "grouped")]
+    rows = result.probes[
+        (result.probes["probe"] == "linear")
+        & result.probes["metric"].isin(["accuracy", "r2"])
+        & (result.probes["split"] == "grouped")
+    ]
     one_token = rows["model"] == "constant-nope"  # one token type: the control task is undefined
     assert rows.loc[~one_token, "selectivity"].notna().all()
     assert rows.loc[one_token, "selectivity"].isna().all()
@@ -79,8 +87,18 @@ def test_selectivity_next_to_every_linear_score(quick_run):
 
 def test_run_folder_holds_tables_figures_and_summary(quick_run):
     result, out = quick_run
-    for name in ("probes.csv", "sinks.csv", "variance.csv", "summary.csv", "layers.csv", "summary.md",
-                 "probes.png", "sites.png", "sinks.png", "variance.png"):
+    for name in (
+        "probes.csv",
+        "sinks.csv",
+        "variance.csv",
+        "summary.csv",
+        "layers.csv",
+        "summary.md",
+        "probes.png",
+        "sites.png",
+        "sinks.png",
+        "variance.png",
+    ):
         assert (out / name).is_file(), name
     assert not list(out.glob("*.svg")), "SVG only on request (--svg)"
     assert not (out / "summary_per_seed.csv").exists(), "one training seed: no per-seed tables"
@@ -100,8 +118,10 @@ def test_every_column_of_every_table_is_documented(quick_run):
     two_seeds = pd.concat([result.summary_per_seed, result.summary_per_seed.assign(train_seed=1)])
     assert_documented(two_seeds, "sweep: summary_per_seed.csv")
     assert_documented(seeds.over_seeds(two_seeds), "sweep: summary.csv")
-    assert_documented(seeds.probes_over_seeds(pd.concat([result.probes, result.probes.assign(train_seed=1)])),
-                      "sweep: probes_over_seeds.csv")
+    assert_documented(
+        seeds.probes_over_seeds(pd.concat([result.probes, result.probes.assign(train_seed=1)])),
+        "sweep: probes_over_seeds.csv",
+    )
 
 
 def test_rerun_resumes_and_other_settings_are_refused(quick_run, capsys):
@@ -150,20 +170,29 @@ def test_one_pass_and_planned_streamed_runs_give_the_same_tables_past_64_positio
     from nopelens.analyses.subjects import resolve
     from nopelens.analyses.sweep import analyse_subject
 
-    settings = SweepSettings(models=("untrained-nope",), n_sequences=6, seq_len=80, n_boot=10, n_splits=3,
-                             sink_ablation=False)
+    settings = SweepSettings(
+        models=("untrained-nope",), n_sequences=6, seq_len=80, n_boot=10, n_splits=3, sink_ablation=False
+    )
     planned = dataclasses.replace(settings, streamed=True, batch_size=4, keep_mib=0)
     subject = resolve("untrained-nope", 6, 80, seed=0, progress=False)
     key = ["site", "target", "features", "task", "probe", "split", "metric"]
     with torch.no_grad():
-        memory, streamed = (analyse_subject(subject, chosen)["probes"].sort_values(key).reset_index(drop=True)
-                            for chosen in (settings, planned))
+        memory, streamed = (
+            analyse_subject(subject, chosen)["probes"].sort_values(key).reset_index(drop=True)
+            for chosen in (settings, planned)
+        )
         assert subject.info["streamed"]["second_pass_batches"] == [0, 1]
     assert "absolute_index//2" in set(memory["target"])  # 80 positions in 64 classes: bins of 2
     pd.testing.assert_frame_equal(memory[key], streamed[key])
     for column in ("value", "ci_low", "ci_high", "n_samples", "selectivity"):
-        np.testing.assert_allclose(streamed[column].astype(float), memory[column].astype(float), rtol=1e-8, atol=1e-8,
-                                   equal_nan=True, err_msg=column)
+        np.testing.assert_allclose(
+            streamed[column].astype(float),
+            memory[column].astype(float),
+            rtol=1e-8,
+            atol=1e-8,
+            equal_nan=True,
+            err_msg=column,
+        )
 
 
 def test_unknown_model_is_one_line_listing_the_zoo(capsys, tmp_path):
@@ -206,10 +235,17 @@ def test_two_sweeps_of_other_models_draw_each_method_in_the_same_colour(quick_ru
 
     def styles(out):
         probes, sites = drawn[str(out / "probes")], drawn[str(out / "sites")]
-        lines = {line.get_label(): (matplotlib.colors.to_hex(line.get_color()), line.get_linestyle())
-                 for ax in probes.axes for line in ax.lines if not line.get_label().startswith("_")}
-        titles = {ax.get_title().split("\n")[0]: matplotlib.colors.to_hex(ax.title.get_color())
-                  for ax in sites.axes if ax.get_visible()}
+        lines = {
+            line.get_label(): (matplotlib.colors.to_hex(line.get_color()), line.get_linestyle())
+            for ax in probes.axes
+            for line in ax.lines
+            if not line.get_label().startswith("_")
+        }
+        titles = {
+            ax.get_title().split("\n")[0]: matplotlib.colors.to_hex(ax.title.get_color())
+            for ax in sites.axes
+            if ax.get_visible()
+        }
         return lines, titles
 
     monkeypatch.setattr(report, "save_figure", keep)
@@ -218,16 +254,41 @@ def test_two_sweeps_of_other_models_draw_each_method_in_the_same_colour(quick_ru
     (a, a_titles) = styles(out)
     rope, nope = "text-rope-4l (30 steps)", "text-nope-4l (30 steps)"  # the quick run's briefly trained models
     other = tmp_path / "other"
-    assert main(["sweep", "--models", "untrained-nope,constant-rope", "--no-controls", "--quick", "--n-sequences",
-                 "16", "--seq-len", "16", "--jobs", "1", "--quiet", "--out", str(other)]) == 0
+    assert (
+        main(
+            [
+                "sweep",
+                "--models",
+                "untrained-nope,constant-rope",
+                "--no-controls",
+                "--quick",
+                "--n-sequences",
+                "16",
+                "--seq-len",
+                "16",
+                "--jobs",
+                "1",
+                "--quiet",
+                "--out",
+                str(other),
+            ]
+        )
+        == 0
+    )
     (b, b_titles) = styles(other)
     assert set(b) == {"untrained-nope", "constant-rope"} and {rope, nope, "circuit", "constant-nope"} <= set(a)
     assert a["untrained-nope"] == b["untrained-nope"], "a model keeps its colour and style, whatever comes with it"
-    assert a[rope][0] == b["constant-rope"][0] == a_titles[rope] == b_titles["constant-rope"], \
+    assert a[rope][0] == b["constant-rope"][0] == a_titles[rope] == b_titles["constant-rope"], (
         "one colour for RoPE, in every run and figure"
+    )
     assert a[nope][0] == a["circuit"][0] == b["untrained-nope"][0] != a[rope][0]
-    assert (a[nope][1], a["circuit"][1], a["untrained-nope"][1], a["constant-nope"][1],
-            b["constant-rope"][1]) == ("-", "--", ":", "-.", "-."), "controls in their own line style"
+    assert (a[nope][1], a["circuit"][1], a["untrained-nope"][1], a["constant-nope"][1], b["constant-rope"][1]) == (
+        "-",
+        "--",
+        ":",
+        "-.",
+        "-.",
+    ), "controls in their own line style"
 
 
 def test_a_rerun_with_no_figures_removes_the_earlier_figures(quick_run):

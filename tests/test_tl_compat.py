@@ -35,14 +35,25 @@ ATOL = 1e-12  # float64: the fused and explicit norm/attention kernels agree to 
 
 
 def make(position="nope", n_layers=2, d_mlp=8, normalization="layernorm", d_vocab=11, **kw):
-    cfg = DecoderConfig(d_vocab=d_vocab, n_ctx=16, n_layers=n_layers, d_model=16, n_heads=2, d_mlp=d_mlp,
-                        normalization=normalization, position=position, init_std=0.5, **kw)
+    cfg = DecoderConfig(
+        d_vocab=d_vocab,
+        n_ctx=16,
+        n_layers=n_layers,
+        d_model=16,
+        n_heads=2,
+        d_mlp=d_mlp,
+        normalization=normalization,
+        position=position,
+        init_std=0.5,
+        **kw,
+    )
     return Decoder(cfg, seed=0, dtype=torch.float64).eval()
 
 
 def close(a, b, atol=ATOL):
-    torch.testing.assert_close(torch.as_tensor(a, dtype=torch.float64), torch.as_tensor(b, dtype=torch.float64),
-                               atol=atol, rtol=0)
+    torch.testing.assert_close(
+        torch.as_tensor(a, dtype=torch.float64), torch.as_tensor(b, dtype=torch.float64), atol=atol, rtol=0
+    )
 
 
 def close_store(patched, expected):
@@ -91,7 +102,10 @@ def test_runtime_state_follows_the_model_and_stays_out_of_the_serialized_config(
     assert Decoder(model.cfg).cfg.use_attn_result is False  # a new model starts with the flag off
     for bound in (model.cfg, copied.cfg):  # nothing runtime is serialized
         assert bound.to_dict() == cfg.to_dict() and bound.to_json() == cfg.to_json()
-        assert set(bound.to_dict()) == {f.name for f in dataclasses.fields(DecoderConfig)} - {"t5_num_buckets", "t5_max_distance"}
+        assert set(bound.to_dict()) == {f.name for f in dataclasses.fields(DecoderConfig)} - {
+            "t5_num_buckets",
+            "t5_max_distance",
+        }
         assert dataclasses.replace(bound).device is None
     spec = recipe("copy-rope-3l")
     bound_spec = dataclasses.replace(spec, config=Decoder(spec.config).to(torch.float64).cfg)
@@ -165,9 +179,14 @@ def test_patching_gives_one_where_theory_says_and_zero_elsewhere(position):
     close(run(patching.get_act_patch_attn_head_pattern_by_pos), torch.zeros(1, 2, T))
     close(run(patching.get_act_patch_attn_head_pattern_dest_src_pos), torch.zeros(1, 2, T, T))
     head0 = one_hot(1, 2, at=(0, 0))
-    close(run(patching.get_act_patch_attn_head_all_pos_every), torch.stack([head0, 0 * head0, 0 * head0, head0, 0 * head0]))
-    close(run(patching.get_act_patch_block_every),
-          torch.stack([one_hot(1, T, at=(0, P)), one_hot(1, T, at=(0, last)), torch.zeros(1, T)]))
+    close(
+        run(patching.get_act_patch_attn_head_all_pos_every),
+        torch.stack([head0, 0 * head0, 0 * head0, head0, 0 * head0]),
+    )
+    close(
+        run(patching.get_act_patch_block_every),
+        torch.stack([one_hot(1, T, at=(0, P)), one_hot(1, T, at=(0, last)), torch.zeros(1, T)]),
+    )
     by_pos = run(patching.get_act_patch_attn_head_by_pos_every)
     assert by_pos.shape == (5, 1, T, 2)
     close(by_pos[0], one_hot(1, T, 2, at=(0, last, 0)))
@@ -227,17 +246,27 @@ def test_every_patching_function_equals_a_patching_loop_written_here(position):
         "attn_head_pattern_dest_src_pos": manual_patch(model, cache, metric, pattern, (L, H, T, T), set_pattern),
     }
     for kind, hook in (("out", "z"), ("q", "q"), ("k", "k"), ("v", "v")):
-        expected[f"attn_head_{kind}_by_pos"] = manual_patch(model, cache, metric, f"attn.hook_{hook}", by_pos, set_pos_head)
-        expected[f"attn_head_{kind}_all_pos"] = manual_patch(model, cache, metric, f"attn.hook_{hook}", all_pos, set_head)
+        expected[f"attn_head_{kind}_by_pos"] = manual_patch(
+            model, cache, metric, f"attn.hook_{hook}", by_pos, set_pos_head
+        )
+        expected[f"attn_head_{kind}_all_pos"] = manual_patch(
+            model, cache, metric, f"attn.hook_{hook}", all_pos, set_head
+        )
     for name, value in expected.items():
         close_store(quiet(getattr(patching, f"get_act_patch_{name}"), model, CORRUPTED, cache, metric), value)
     stack = lambda names: torch.stack([expected[n] for n in names])  # noqa: E731
     heads = [f"attn_head_{k}" for k in ("out", "q", "k", "v", "pattern")]
-    close_store(quiet(patching.get_act_patch_block_every, model, CORRUPTED, cache, metric),
-                stack(["resid_pre", "attn_out", "mlp_out"]))
-    close_store(quiet(patching.get_act_patch_attn_head_all_pos_every, model, CORRUPTED, cache, metric),
-                stack([h + "_all_pos" for h in heads]))
-    every = torch.stack([expected[h + "_by_pos"] if "pattern" not in h else expected[h + "_by_pos"].transpose(1, 2) for h in heads])
+    close_store(
+        quiet(patching.get_act_patch_block_every, model, CORRUPTED, cache, metric),
+        stack(["resid_pre", "attn_out", "mlp_out"]),
+    )
+    close_store(
+        quiet(patching.get_act_patch_attn_head_all_pos_every, model, CORRUPTED, cache, metric),
+        stack([h + "_all_pos" for h in heads]),
+    )
+    every = torch.stack(
+        [expected[h + "_by_pos"] if "pattern" not in h else expected[h + "_by_pos"].transpose(1, 2) for h in heads]
+    )
     close_store(quiet(patching.get_act_patch_attn_head_by_pos_every, model, CORRUPTED, cache, metric), every)
 
 
@@ -246,8 +275,19 @@ def test_patching_hook_result_needs_use_attn_result_and_then_equals_patching_z()
     metric = recovered(model, CLEAN, CORRUPTED)
     model.set_use_attn_result(True)
     _, cache = model.run_with_cache(CLEAN)  # holds hook_result
-    patch_result = lambda: quiet(patching.generic_activation_patch, model, CORRUPTED, cache, metric,  # noqa: E731
-                                 patching.layer_pos_head_vector_patch_setter, "result", ("layer", "pos", "head"))
+
+    def patch_result():
+        return quiet(
+            patching.generic_activation_patch,
+            model,
+            CORRUPTED,
+            cache,
+            metric,
+            patching.layer_pos_head_vector_patch_setter,
+            "result",
+            ("layer", "pos", "head"),
+        )
+
     by_result = patch_result()  # each head's output z_h W_O[h]: the same patch as its z
     close(by_result, quiet(patching.get_act_patch_attn_head_out_by_pos, model, CORRUPTED, cache, metric), atol=1e-6)
     assert by_result.abs().max() > 0.01
@@ -316,15 +356,23 @@ def rope_heads(beta=20.0):
         attn.b_Q[1, 0] = beta
     offsets = lambda T: (torch.arange(T)[None, :] - torch.arange(T)[:, None]).double()  # noqa: E731  j - i
     scale = beta / math.sqrt(model.cfg.d_head)
-    expected = lambda T: [softmax_rows(scale * torch.cos(offsets(T) + 1.0)),  # noqa: E731
-                          softmax_rows(scale * torch.cos(offsets(T)))]
+
+    def expected(T):
+        return [
+            softmax_rows(scale * torch.cos(offsets(T) + 1.0)),
+            softmax_rows(scale * torch.cos(offsets(T))),
+        ]
+
     return model, expected
 
 
 def alibi_heads():
     """ALiBi with W_Q = W_K = 0: head h scores -m_h (i - j), m_h = 2^-(h+1) for 8 heads."""
-    model = Decoder(DecoderConfig(d_vocab=258, n_ctx=16, n_layers=1, d_model=32, n_heads=8, position="alibi"),
-                    seed=0, dtype=torch.float64).eval()
+    model = Decoder(
+        DecoderConfig(d_vocab=258, n_ctx=16, n_layers=1, d_model=32, n_heads=8, position="alibi"),
+        seed=0,
+        dtype=torch.float64,
+    ).eval()
     model.set_tokenizer(ByteTokenizer())
     with torch.no_grad():
         attn = model.blocks[0].attn
@@ -368,8 +416,11 @@ def test_detect_head_finds_the_nope_previous_token_circuit():
     uniform = softmax_rows(torch.zeros(T, T, dtype=torch.float64))
     circuit = softmax_rows(sharpness * (2 * (i - 1) * j - j * j))
     scores = head_detector.detect_head(model, text, "previous_token_head")
-    close(scores[:, 0], [mul_score(uniform, previous_token_pattern(T)), mul_score(circuit, previous_token_pattern(T))],
-          atol=1e-9)
+    close(
+        scores[:, 0],
+        [mul_score(uniform, previous_token_pattern(T)), mul_score(circuit, previous_token_pattern(T))],
+        atol=1e-9,
+    )
     assert scores[1, 0] > 0.9 * (T - 1) / T and scores[1, 0] > 2 * scores[0, 0]
     abs_score = head_detector.detect_head(model, text, "previous_token_head", error_measure="abs")
     expected_abs = 1 - round(float((circuit - previous_token_pattern(T)).abs().mean() * T), 3)
@@ -447,8 +498,16 @@ def test_incl_bwd_caches_the_gradients_autograd_gives(position):
     tokens = CLEAN
     loss, cache = model.run_with_cache(tokens, return_type="loss", incl_bwd=True)
     model.zero_grad()
-    names = ["hook_embed", "blocks.0.hook_resid_pre", "blocks.0.attn.hook_q", "blocks.0.attn.hook_pattern",
-             "blocks.1.attn.hook_z", "blocks.1.hook_mlp_out", "blocks.1.ln2.hook_scale", "ln_final.hook_normalized"]
+    names = [
+        "hook_embed",
+        "blocks.0.hook_resid_pre",
+        "blocks.0.attn.hook_q",
+        "blocks.0.attn.hook_pattern",
+        "blocks.1.attn.hook_z",
+        "blocks.1.hook_mlp_out",
+        "blocks.1.ln2.hook_scale",
+        "ln_final.hook_normalized",
+    ]
     if position == "rope":
         names.append("blocks.1.attn.hook_rot_k")
     kept = {}
@@ -459,7 +518,10 @@ def test_incl_bwd_caches_the_gradients_autograd_gives(position):
     for name, grad in zip(names, grads):
         close(cache[f"{name}_grad"], grad, atol=1e-10)
     if position == "alibi":  # the ALiBi bias needs no gradient, so its hook gets none
-        assert "blocks.0.attn.hook_pos_bias" in cache.cache_dict and "blocks.0.attn.hook_pos_bias_grad" not in cache.cache_dict
+        assert (
+            "blocks.0.attn.hook_pos_bias" in cache.cache_dict
+            and "blocks.0.attn.hook_pos_bias_grad" not in cache.cache_dict
+        )
     for return_type in ("logits", "both"):
         with pytest.raises(ValueError, match="return_type='loss'"):
             model.run_with_cache(tokens, return_type=return_type, incl_bwd=True)
@@ -471,7 +533,9 @@ def test_hook_result_refuses_hooks_while_use_attn_result_is_off():
     name = "blocks.1.attn.hook_result"
     calls = []
     hook = lambda act, hook: calls.append(hook.name)  # noqa: E731
-    message = re.escape(f"Cannot add hook {name} because use_attn_result is False. Call set_use_attn_result(True) first.")
+    message = re.escape(
+        f"Cannot add hook {name} because use_attn_result is False. Call set_use_attn_result(True) first."
+    )
     with pytest.raises(ValueError, match=message):
         model.add_hook(name, hook)
     with pytest.raises(ValueError, match=message):
@@ -517,14 +581,18 @@ def test_every_hook_point_that_cannot_fire_refuses_and_every_other_fires():
         model.reset_hooks()
         assert fired == {name for name, reason in reasons.items() if reason is None}
     assert closed_hook_reason(make(d_mlp=0).cfg, "blocks.1.hook_mlp_out").startswith("this model is attention-only")
-    assert closed_hook_reason(make(normalization="none").cfg, "ln_final.hook_scale").startswith("normalization is 'none'")
+    assert closed_hook_reason(make(normalization="none").cfg, "ln_final.hook_scale").startswith(
+        "normalization is 'none'"
+    )
 
 
 def test_a_name_that_is_no_hook_point_raises():
     model = make("nope")
-    for call in (lambda: model.run_with_cache(CLEAN, names_filter=["blocks.0.attn.hook_rot_q"]),
-                 lambda: model.run_with_hooks(CLEAN, fwd_hooks=[("blocks.0.attn.hook_rot_q", print)]),
-                 lambda: model.add_hook("blocks.0.attn.hook_rot_q", print)):
+    for call in (
+        lambda: model.run_with_cache(CLEAN, names_filter=["blocks.0.attn.hook_rot_q"]),
+        lambda: model.run_with_hooks(CLEAN, fwd_hooks=[("blocks.0.attn.hook_rot_q", print)]),
+        lambda: model.add_hook("blocks.0.attn.hook_rot_q", print),
+    ):
         with pytest.raises(KeyError, match="not a hook point of this model"):
             call()
 
@@ -550,7 +618,12 @@ def test_loss_is_the_next_token_cross_entropy(position):
     assert per_token.shape == (2, 4) and per_token[0, :2].eq(0).all()
     close(per_token[mask[:, :-1].bool() & mask[:, 1:].bool()], per_pair)
     calls = []
-    assert model.run_with_hooks(CLEAN, return_type=None, fwd_hooks=[("blocks.1.hook_resid_post", lambda a, hook: calls.append(1))]) is None
+    assert (
+        model.run_with_hooks(
+            CLEAN, return_type=None, fwd_hooks=[("blocks.1.hook_resid_post", lambda a, hook: calls.append(1))]
+        )
+        is None
+    )
     assert calls == [1]
 
 

@@ -52,8 +52,16 @@ def test_interrupted_run_resumes_to_identical_weights(tmp_path):
     assert (ckpt / "training_state.safetensors").exists()
 
     seen = []
-    resumed = train(CFG, TASK, 12, seed=1, checkpoint_dir=ckpt, checkpoint_every=4,
-                    callback=lambda step, loss, model: seen.append(step), **QUICK)
+    resumed = train(
+        CFG,
+        TASK,
+        12,
+        seed=1,
+        checkpoint_dir=ckpt,
+        checkpoint_every=4,
+        callback=lambda step, loss, model: seen.append(step),
+        **QUICK,
+    )
     assert seen == [9, 10, 11, 12]
     assert same_weights(weights(full), weights(resumed))
     pd.testing.assert_series_equal(full.loss_curve["loss"], resumed.loss_curve["loss"])
@@ -181,8 +189,26 @@ def test_previous_token_is_learned_by_a_two_layer_nope_model():
 def test_train_command_writes_checkpoint_and_reports(tmp_path, capsys):
     from nopelens.analyses.cli import main
 
-    args = ["train", "--task", "repeat", "--steps", "3", "--out", str(tmp_path), "--layers", "1", "--d-model", "16",
-            "--heads", "2", "--max-len", "3", "--batch-size", "4", "--quiet"]
+    args = [
+        "train",
+        "--task",
+        "repeat",
+        "--steps",
+        "3",
+        "--out",
+        str(tmp_path),
+        "--layers",
+        "1",
+        "--d-model",
+        "16",
+        "--heads",
+        "2",
+        "--max-len",
+        "3",
+        "--batch-size",
+        "4",
+        "--quiet",
+    ]
     assert main(args) == 0
     out = capsys.readouterr().out
     assert "exact match" in out and "on training lengths" in out
@@ -203,8 +229,15 @@ def test_training_runs_on_one_thread_by_default_and_the_count_is_part_of_the_rec
 
     torch.set_num_threads(2)  # what torch would use on a 2-core machine
     seen = []
-    trained = train(CFG, TASK, 2, seed=0, checkpoint_dir=tmp_path / "one",
-                    callback=lambda step, loss, model: seen.append(torch.get_num_threads()), **QUICK)
+    trained = train(
+        CFG,
+        TASK,
+        2,
+        seed=0,
+        checkpoint_dir=tmp_path / "one",
+        callback=lambda step, loss, model: seen.append(torch.get_num_threads()),
+        **QUICK,
+    )
     assert seen == [1, 1] and trained.metadata["torch_threads"] == 1
     assert torch.get_num_threads() == 2, "the caller's thread count is restored"
     assert "threads" not in trained.metadata, "1 thread is the recipe's default: old checkpoints still resume"

@@ -9,6 +9,7 @@ from schema import assert_documented
 from nopelens.analyses import validate
 from nopelens.analyses.cli import main
 
+
 @pytest.fixture(scope="module")
 def suite() -> pd.DataFrame:
     return validate.run_suite()
@@ -21,19 +22,31 @@ def test_the_suite_produces_every_row_once(suite):
 @pytest.mark.parametrize("name", validate.ROW_NAMES)
 def test_known_answer(suite, name):
     row = suite.set_index("name").loc[name]
-    assert row["passed"], f"{name}: expected {row['comparison']} {row['expected']:.6g} ± {row['tolerance']:.3g}, measured {row['measured']:.6g}"
+    assert row["passed"], (
+        f"{name}: expected {row['comparison']} {row['expected']:.6g} ± {row['tolerance']:.3g}, measured {row['measured']:.6g}"
+    )
 
 
-@pytest.mark.parametrize("comparison, measured, passed", [
-    ("==", 1.05, True), ("==", 1.2, False), ("<=", 1.1, True), ("<=", 1.2, False), (">=", 0.9, True),
-    (">=", 0.8, False), ("==", float("nan"), False),
-])
+@pytest.mark.parametrize(
+    "comparison, measured, passed",
+    [
+        ("==", 1.05, True),
+        ("==", 1.2, False),
+        ("<=", 1.1, True),
+        ("<=", 1.2, False),
+        (">=", 0.9, True),
+        (">=", 0.8, False),
+        ("==", float("nan"), False),
+    ],
+)
 def test_row_verdicts(comparison, measured, passed):
     row = validate.Row("x", "m", "q", 1.0, measured, comparison, 0.1, "d")
     assert row.passed is passed
 
 
-def test_validate_command_prints_rows_writes_the_report_and_exits_1_on_a_failed_row(suite, tmp_path, monkeypatch, capsys):
+def test_validate_command_prints_rows_writes_the_report_and_exits_1_on_a_failed_row(
+    suite, tmp_path, monkeypatch, capsys
+):
     monkeypatch.setattr(validate, "run_suite", lambda seed: suite)
     out = tmp_path / "docs" / "known_answers.md"
     code = main(["validate", "--out", str(out)])
@@ -59,7 +72,10 @@ def test_validate_writes_into_a_run_folder_by_default(suite, tmp_path, monkeypat
     monkeypatch.setattr(validate, "run_suite", lambda seed: suite)
     monkeypatch.chdir(tmp_path)
     main(["validate"])
-    assert sorted(p.name for p in (tmp_path / "runs" / "validate").iterdir()) == ["known_answers.csv", "known_answers.md"]
+    assert sorted(p.name for p in (tmp_path / "runs" / "validate").iterdir()) == [
+        "known_answers.csv",
+        "known_answers.md",
+    ]
     assert not (tmp_path / "docs").exists()
     assert "runs/validate/known_answers.md" in capsys.readouterr().out
     main(["validate", "--out", "elsewhere"])

@@ -18,14 +18,13 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
+from hf_families import build
 
 from nopelens.models.adapters import bridge_hf_model
 from nopelens.models.hf import describe
 from nopelens.models.masks import KeyWindow, visibility
 from nopelens.probes import collect
 from nopelens.probes.sinks import attention_variance, sink_table, uniform_sink_score, variance_slopes
-
-from hf_families import build
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -82,8 +81,10 @@ def test_a_window_one_token_off_fails_the_mask_step(off_by):
 
     bridge = _bridge("cohere2", sliding_window=4)
     right = describe(bridge)
-    layers = tuple(dataclasses.replace(l, sliding_window=l.sliding_window + off_by) if l.sliding_window else l
-                   for l in right.layers)
+    layers = tuple(
+        dataclasses.replace(l, sliding_window=l.sliding_window + off_by) if l.sliding_window else l
+        for l in right.layers
+    )
     hf._DESCRIPTIONS[bridge] = dataclasses.replace(right, layers=layers)
     report = audit(bridge, eval_length=16)
     failed = {c.name for c in report.step(3).failed_checks}
@@ -112,8 +113,18 @@ def test_sink_mass_of_a_sliding_layer_averages_the_queries_that_see_the_first_to
         sink_table(acts, n_tokens=16)
 
 
-@pytest.mark.parametrize("keys", [KeyWindow(), KeyWindow(window=1), KeyWindow(window=3), KeyWindow(chunk=1),
-                                  KeyWindow(chunk=4), KeyWindow(window=3, chunk=4), KeyWindow(window=5, chunk=3)])
+@pytest.mark.parametrize(
+    "keys",
+    [
+        KeyWindow(),
+        KeyWindow(window=1),
+        KeyWindow(window=3),
+        KeyWindow(chunk=1),
+        KeyWindow(chunk=4),
+        KeyWindow(window=3, chunk=4),
+        KeyWindow(window=5, chunk=3),
+    ],
+)
 def test_visible_key_counts_and_first_token_equal_the_mask_and_need_no_square_array(keys):
     for n in (1, 2, 7, 13):
         visible = keys.visible(n)
@@ -140,9 +151,12 @@ def test_the_variance_read_counts_the_visible_keys():
     z = np.einsum("qk,skd->sqd", weights, values)
     from nopelens.probes import Activations
 
-    acts = Activations(acts={"blocks.0.hook_attn_out": z.reshape(n * length, 8).astype(np.float32)},
-                       sequence_id=np.repeat(np.arange(n), length), position=np.tile(np.arange(length), n),
-                       token=np.zeros(n * length, dtype=np.int64))
+    acts = Activations(
+        acts={"blocks.0.hook_attn_out": z.reshape(n * length, 8).astype(np.float32)},
+        sequence_id=np.repeat(np.arange(n), length),
+        position=np.tile(np.arange(length), n),
+        token=np.zeros(n * length, dtype=np.int64),
+    )
     table = attention_variance(acts, windows={0: keys})
     assert table["visible_keys"].tolist() == [1, 2, 3] + [4] * 9
     assert variance_slopes(table)["slope"].iloc[0] == pytest.approx(-1.0, abs=0.1)
@@ -160,8 +174,22 @@ def test_probe_hf_on_a_windowed_model_marks_only_the_score_read_not_applicable(t
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         build("cohere2", sliding_window=4).save_pretrained(path)
-    code = main(["probe", f"hf:{path}", "--input", "random", "--quick", "--seq-len", "16", "--n-sequences", "6", "--quiet",
-                 "--out", str(tmp_path / "run")])
+    code = main(
+        [
+            "probe",
+            f"hf:{path}",
+            "--input",
+            "random",
+            "--quick",
+            "--seq-len",
+            "16",
+            "--n-sequences",
+            "6",
+            "--quiet",
+            "--out",
+            str(tmp_path / "run"),
+        ]
+    )
     assert code == 0, capsys.readouterr().err
     import pandas as pd
 
@@ -176,7 +204,9 @@ def test_probe_hf_on_a_windowed_model_marks_only_the_score_read_not_applicable(t
     sliding, full = sinks[sinks["block"] < 3], sinks[sinks["block"] == 3]
     assert sliding["is_sink"].isna().all() and np.allclose(sliding["gu_chance"], 25 / 48)
     assert full["is_sink"].notna().all()
-    assert np.allclose(full["gu_chance"], [uniform_sink_score(int(t)) for t in full["gu_window"]])  # T = 16, 15 without BOS
+    assert np.allclose(
+        full["gu_chance"], [uniform_sink_score(int(t)) for t in full["gu_window"]]
+    )  # T = 16, 15 without BOS
 
 
 def test_a_head_with_no_preference_is_never_a_sink_whatever_the_window():
@@ -189,9 +219,13 @@ def test_a_head_with_no_preference_is_never_a_sink_whatever_the_window():
     for keys, verdict in ((KeyWindow(window=4), None), (KeyWindow(window=12), False), (KeyWindow(), False)):
         weights = keys.visible(length).double().numpy()
         pattern = np.broadcast_to(weights / weights.sum(1, keepdims=True), (2, length, length)).astype(np.float32)
-        acts = Activations(acts={}, sequence_id=np.repeat(np.arange(n), length), position=np.tile(np.arange(length), n),
-                           token=np.zeros(n * length, dtype=np.int64),
-                           patterns={"blocks.0.attn.hook_pattern": [pattern.copy() for _ in range(n)]})
+        acts = Activations(
+            acts={},
+            sequence_id=np.repeat(np.arange(n), length),
+            position=np.tile(np.arange(length), n),
+            token=np.zeros(n * length, dtype=np.int64),
+            patterns={"blocks.0.attn.hook_pattern": [pattern.copy() for _ in range(n)]},
+        )
         table = sink_table(acts, n_tokens=length, windows={0: keys})
         np.testing.assert_allclose(table["sink_score"], gu_chance(length, keys), rtol=1e-6)
         assert table["is_sink"].tolist() == [verdict] * 2
@@ -221,8 +255,10 @@ def test_a_broken_half_precision_model_still_fails(dtype):
     rotating.config.no_rope_layers = [1, 1, 1, 0]
     assert not audit(bridge_hf_model(rotating.to(dtype)), eval_length=16).passed
     wrong_base = build("llama")
-    wrong_base.config.rope_parameters = {**wrong_base.config.rope_parameters,
-                                         "rope_theta": 3 * wrong_base.config.rope_parameters["rope_theta"]}
+    wrong_base.config.rope_parameters = {
+        **wrong_base.config.rope_parameters,
+        "rope_theta": 3 * wrong_base.config.rope_parameters["rope_theta"],
+    }
     assert 5 in audit(bridge_hf_model(wrong_base.to(dtype)), eval_length=16).failed_steps
 
 
@@ -252,16 +288,21 @@ def test_tolerances_follow_the_dtype():
 
     assert Tolerance.for_dtype(torch.float32) == Tolerance()
     bf16, fp16 = Tolerance.for_dtype(torch.bfloat16), Tolerance.for_dtype(torch.float16)
-    assert bf16.rtol == 4 * 2 ** -7 and fp16.rtol == 4 * 2 ** -10
+    assert bf16.rtol == 4 * 2**-7 and fp16.rtol == 4 * 2**-10
     assert fp16.masked_score == -32752.0 and bf16.masked_score == -1e30
     assert Tolerance.for_dtype(torch.bfloat16, atol=1e-3).atol == 1e-3
     with pytest.raises(ValueError, match="floating point"):
         Tolerance.for_dtype(torch.int64)
 
 
-@pytest.mark.parametrize("window, sink_na, variance_na", [  # the fast lane keeps the two ends: both n/a, neither
-    (1, True, True), *(pytest.param(*case, marks=pytest.mark.slow) for case in [(2, False, True), (3, False, True)]),
-    (5, False, False)])
+@pytest.mark.parametrize(
+    "window, sink_na, variance_na",
+    [  # the fast lane keeps the two ends: both n/a, neither
+        (1, True, True),
+        *(pytest.param(*case, marks=pytest.mark.slow) for case in [(2, False, True), (3, False, True)]),
+        (5, False, False),
+    ],
+)
 def test_a_window_too_short_for_a_read_makes_only_that_read_not_applicable(window, sink_na, variance_na):
     """Cohere2 with a sliding window w on blocks 0-2 (block 3 is full NoPE): under w = 1 every query sees only
     itself, so no sink can be read; the variance slope needs 3 distinct visible-key counts from position 1 on
@@ -277,12 +318,29 @@ def test_a_window_too_short_for_a_read_makes_only_that_read_not_applicable(windo
     model = _bridge("cohere2", sliding_window=window)
     tokens = torch.randint(3, 64, (8, 12), generator=torch.Generator().manual_seed(0))
     tokens[:, 0] = 1
-    settings = dataclasses.replace(SweepSettings.quick("text", ("hf:x",), controls=False), n_sequences=8, seq_len=12,
-                                   streamed=True, batch_size=4, sink_ablation=False, n_boot=20)
+    settings = dataclasses.replace(
+        SweepSettings.quick("text", ("hf:x",), controls=False),
+        n_sequences=8,
+        seq_len=12,
+        streamed=True,
+        batch_size=4,
+        sink_ablation=False,
+        n_boot=20,
+    )
 
     def subject():
-        return Subject(name="hf:x", model=model, n_layers=4, position="hf", kind="external", tokens=tokens,
-                       attention_mask=torch.ones_like(tokens), has_bos=True, bos_token_id=1, hf=describe(model))
+        return Subject(
+            name="hf:x",
+            model=model,
+            n_layers=4,
+            position="hf",
+            kind="external",
+            tokens=tokens,
+            attention_mask=torch.ones_like(tokens),
+            has_bos=True,
+            bos_token_id=1,
+            hf=describe(model),
+        )
 
     with torch.no_grad():
         memory_subject, streamed_subject = subject(), subject()
@@ -315,11 +373,16 @@ def test_no_readable_block_gives_an_empty_sink_table_with_its_columns():
     with pytest.raises(ValueError, match="sliding window 1: no query but token 0 itself sees token 0"):
         sink_table(acts, n_tokens=12, windows={0: KeyWindow(window=1)})
     empty = sink_table(acts, n_tokens=12, windows={0: KeyWindow(window=1)}, sites=[])
-    assert empty.empty and list(empty.columns) == list(sink_table(collect(_bridge("mistral"), tokens, [
-        "blocks.0.attn.hook_pattern"], attention_mask=mask), n_tokens=12).columns) == list(empty_sink_table(12).columns)
+    assert empty.empty and list(empty.columns) == list(
+        sink_table(
+            collect(_bridge("mistral"), tokens, ["blocks.0.attn.hook_pattern"], attention_mask=mask), n_tokens=12
+        ).columns
+    ) == list(empty_sink_table(12).columns)
 
 
-@pytest.mark.parametrize("family, only_self", [("mistral", dict(sliding_window=1)), ("llama4", dict(attention_chunk_size=1))])
+@pytest.mark.parametrize(
+    "family, only_self", [("mistral", dict(sliding_window=1)), ("llama4", dict(attention_chunk_size=1))]
+)
 def test_a_window_of_1_makes_the_position_interventions_change_nothing(family, only_self):
     """Each query sees only its own key: a RoPE offset of 0 and a softmax over one key, so zeroing or
     swapping positions leaves the logits as they were (step 8 passes); transformers' own sliding-window cache
@@ -347,8 +410,21 @@ def test_the_sinks_command_says_which_blocks_it_cannot_read(tmp_path, capsys):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         build("mistral", sliding_window=1).save_pretrained(path)
-    code = main(["sinks", f"hf:{path}", "--input", "random", "--n-sequences", "4", "--seq-len", "12", "--quiet",
-                 "--out", str(tmp_path / "s")])
+    code = main(
+        [
+            "sinks",
+            f"hf:{path}",
+            "--input",
+            "random",
+            "--n-sequences",
+            "4",
+            "--seq-len",
+            "12",
+            "--quiet",
+            "--out",
+            str(tmp_path / "s"),
+        ]
+    )
     out = capsys.readouterr().out
     assert code == 0 and "no sink read on blocks [0, 1]: sliding window 1" in out, out
     assert (tmp_path / "s" / "sinks.csv").exists() and not (tmp_path / "s" / "sinks.png").exists()
@@ -373,8 +449,18 @@ def test_a_correct_bfloat16_model_saved_and_loaded_passes_the_position_intervent
     assert "not checked in bfloat16" in report.steps[7].evidence["positions shifted by 3"]
 
 
-@pytest.mark.parametrize("family, expected", [("smollm3", [3]), ("cohere2", [3]), ("kimi_linear", []), ("qwen3_next", []),
-                                              ("gpt_oss", []), ("inkling2", []), ("jamba", [])])
+@pytest.mark.parametrize(
+    "family, expected",
+    [
+        ("smollm3", [3]),
+        ("cohere2", [3]),
+        ("kimi_linear", []),
+        ("qwen3_next", []),
+        ("gpt_oss", []),
+        ("inkling2", []),
+        ("jamba", []),
+    ],
+)
 def test_the_repeated_token_known_answer_covers_only_blocks_theory_makes_uniform(family, expected):
     """Prop. 1 (Gu et al. 2025) needs every earlier block to keep the repeated token's states equal: a
     linear-attention or SSM mixer (Kimi's KDA, Jamba's Mamba, Qwen3-Next's DeltaNet) or a learned sink

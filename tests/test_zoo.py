@@ -9,8 +9,15 @@ from nopelens.models import zoo
 from nopelens.models.tasks import make_task
 
 REQUIRED = {
-    "copy-nope-3l", "copy-rope-3l", "copy-alibi-3l", "copy-learned-3l",
-    "text-nope-4l", "text-rope-4l", "text-learned-4l", "text-hybrid-4l", "previous-token-nope-2l",
+    "copy-nope-3l",
+    "copy-rope-3l",
+    "copy-alibi-3l",
+    "copy-learned-3l",
+    "text-nope-4l",
+    "text-rope-4l",
+    "text-learned-4l",
+    "text-hybrid-4l",
+    "previous-token-nope-2l",
 }
 
 
@@ -27,14 +34,20 @@ def test_names_and_recipes():
         assert task.seq_len(spec.train_kwargs["max_len"]) <= spec.config.n_ctx
         layers = int(name.rsplit("-", 1)[1].rstrip("l"))
         assert spec.config.n_layers == layers
-        assert spec.config.position_name in name or (name == "text-hybrid-4l" and spec.config.position_name == "rope+nope")
+        assert spec.config.position_name in name or (
+            name == "text-hybrid-4l" and spec.config.position_name == "rope+nope"
+        )
 
 
 def test_text_twins_differ_only_in_position():
     nope, learned = zoo.recipe("text-nope-4l"), zoo.recipe("text-learned-4l")
     assert nope.config.replace(position="learned") == learned.config
     assert (nope.steps, nope.train_kwargs, nope.task_kwargs, nope.seed) == (
-        learned.steps, learned.train_kwargs, learned.task_kwargs, learned.seed)
+        learned.steps,
+        learned.train_kwargs,
+        learned.task_kwargs,
+        learned.seed,
+    )
 
 
 def test_hybrid_is_the_text_recipe_with_nope_in_the_last_layer():
@@ -42,7 +55,11 @@ def test_hybrid_is_the_text_recipe_with_nope_in_the_last_layer():
     assert hybrid.config.layer_positions == ("rope", "rope", "rope", "nope")  # SmolLM3's no_rope_layers [1, 1, 1, 0]
     assert rope.config.replace(position=("rope", "rope", "rope", "nope")) == hybrid.config
     assert (hybrid.steps, hybrid.train_kwargs, hybrid.task_kwargs, hybrid.seed) == (
-        rope.steps, rope.train_kwargs, rope.task_kwargs, rope.seed)
+        rope.steps,
+        rope.train_kwargs,
+        rope.task_kwargs,
+        rope.seed,
+    )
 
 
 def test_unknown_name_lists_available():
@@ -135,8 +152,13 @@ def test_load_uses_the_cache_then_the_shipped_copy_then_trains(tiny_recipe, tmp_
     with torch.no_grad():
         next(again.model.parameters()).add_(1e-3)
     line = zoo.compare_with_shipped(again, "tiny-test")
-    assert line.startswith("tiny-test: weights differ from the shipped copy by up to 0.001 (shipped copy trained with "
-                           "torch ") and "  " not in line and " ," not in line, line
+    assert (
+        line.startswith(
+            "tiny-test: weights differ from the shipped copy by up to 0.001 (shipped copy trained with torch "
+        )
+        and "  " not in line
+        and " ," not in line
+    ), line
     # a shipped copy of an older recipe is not used
     monkeypatch.setitem(zoo.RECIPES, "tiny-test", dataclasses.replace(tiny_recipe, steps=5))
     assert not zoo.is_shipped("tiny-test")

@@ -20,11 +20,16 @@ from .numerics import Tolerance
 from .probe import Run, make_probe, stream, unpadded
 from .report import AuditReport, StepResult, make_step
 from .steps_lookups import rotations_and_lookups_layer, step5_rotations_and_lookups
-from .steps_positions import (origin_and_sign_layer, step1_position_ids, step2_origin_and_sign,
-                              step4_absolute_additions)
+from .steps_positions import origin_and_sign_layer, step1_position_ids, step2_origin_and_sign, step4_absolute_additions
 from .steps_runtime import step8_interventions, step9_cached_decoding, step10_lengths
-from .steps_scores import (masks_layer, score_parts_layer, softmax_layer, step3_masks_vs_biases, step6_score_parts,
-                           step7_softmax)
+from .steps_scores import (
+    masks_layer,
+    score_parts_layer,
+    softmax_layer,
+    step3_masks_vs_biases,
+    step6_score_parts,
+    step7_softmax,
+)
 from .subjects import DecoderSubject, Subject
 
 
@@ -151,8 +156,10 @@ def audit(
             "rows): those positions cannot be computed at all"
         )
     if not subject.attention_layers:
-        raise ValueError("the model has no attention layer (every block is a state-space, linear-attention or MLP "
-                         "block): the audit checks how attention reads positions, so there is nothing to audit")
+        raise ValueError(
+            "the model has no attention layer (every block is a state-space, linear-attention or MLP "
+            "block): the audit checks how attention reads positions, so there is nothing to audit"
+        )
     shortfall = _memory_shortfall(subject, eval_length)
     if shortfall is not None:
         raise ValueError(shortfall)
@@ -167,10 +174,16 @@ def audit(
             run = stream(subject, probe, tol, LAYER_REDUCERS)
             if not bool(torch.isfinite(run.logits[0]).all()):  # nothing to compare: refused, not failed
                 first = run.first_not_finite(0)
-                where = (f"first at {first}" if first else "every attention hook the audit caches is finite: "
-                         "an MLP, the final norm or the unembedding gives them")
-                raise ValueError(f"the model's logits are not finite on the probe's unpadded row (NaN or inf; {where}): "
-                                 "check its weights for NaN or inf")
+                where = (
+                    f"first at {first}"
+                    if first
+                    else "every attention hook the audit caches is finite: "
+                    "an MLP, the final norm or the unembedding gives them"
+                )
+                raise ValueError(
+                    f"the model's logits are not finite on the probe's unpadded row (NaN or inf; {where}): "
+                    "check its weights for NaN or inf"
+                )
             steps = [STEPS[0](run, shift, meta)]
             left_out = run.padded_row_not_finite
             if left_out is not None:  # step 1 fails on it; the other steps read the unpadded row alone
@@ -179,8 +192,10 @@ def audit(
             steps += [run_step(run, shift, meta) for run_step in STEPS[1:]]
             reason = subject.unverifiable()
             if reason is not None:  # the position steps: not_applicable with the reason, never a false fail
-                steps = [make_step(step.number, [], {}, "", reason) if step.number in (2, 4, 5, 6, 8) else step
-                         for step in steps]
+                steps = [
+                    make_step(step.number, [], {}, "", reason) if step.number in (2, 4, 5, 6, 8) else step
+                    for step in steps
+                ]
             sparse = subject.sparse_reason(int(probe.real.sum(-1).max()))
             if sparse is not None:  # the steps that hold patterns against a static mask
                 steps = [_without_sparse(step, sparse) for step in steps]
@@ -222,9 +237,11 @@ def _memory_shortfall(subject: Subject, eval_length: int) -> str | None:
     free = probes_stream.available_memory(device)
     if need <= free:
         return None
-    return (f"eval_length {eval_length:,} needs at least {need / 2**20:,.1f} MiB for one layer's scores and patterns "
-            f"({ROWS_HELD} rows x [{subject.n_heads}, {eval_length:,}, {eval_length:,}], twice), more than the "
-            f"{free / 2**20:,.1f} MiB free on {device.type}; give a smaller --eval-length")
+    return (
+        f"eval_length {eval_length:,} needs at least {need / 2**20:,.1f} MiB for one layer's scores and patterns "
+        f"({ROWS_HELD} rows x [{subject.n_heads}, {eval_length:,}, {eval_length:,}], twice), more than the "
+        f"{free / 2**20:,.1f} MiB free on {device.type}; give a smaller --eval-length"
+    )
 
 
 def _without_sparse(step: StepResult, sparse: str) -> StepResult:
@@ -236,7 +253,10 @@ def _without_sparse(step: StepResult, sparse: str) -> StepResult:
     if dropped is None or step.status == "not_applicable":
         return step
     checks = [c for c in step.checks if c.name != dropped]
-    evidence = {**step.evidence, "not_checked": f"{dropped}: {sparse}; which keys it keeps can change with the "
-                "sequence's layout (its index scores tie and top-k breaks ties by key index)"}
+    evidence = {
+        **step.evidence,
+        "not_checked": f"{dropped}: {sparse}; which keys it keeps can change with the "
+        "sequence's layout (its index scores tie and top-k breaks ties by key index)",
+    }
     summary = step.summary if step.status == "pass" else f"the checks other than {dropped} pass"
     return make_step(step.number, checks, evidence, summary, sparse, step.warnings)

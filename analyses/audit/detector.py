@@ -94,8 +94,10 @@ class LayerReading:
     def describe(self) -> str:
         if self.reading == NOT_MEASURED:
             return f"layer {self.layer}: not measured"
-        text = (f"layer {self.layer} declared {self.declared}, measured {self.reading}: {self.quantity} change "
-                f"{self.respaced_change:.3g} under re-spaced positions")
+        text = (
+            f"layer {self.layer} declared {self.declared}, measured {self.reading}: {self.quantity} change "
+            f"{self.respaced_change:.3g} under re-spaced positions"
+        )
         if self.shifted_change is not None:
             text += f", {self.shifted_change:.3g} under positions + {SHIFT}"
         if self.reading == FLAT:
@@ -146,8 +148,9 @@ def respaced_ids(ids: Tensor, mask: Tensor, seed: int = 0, limit: int | None = N
     return torch.where(real, new, ids)
 
 
-def detect(subject: Subject, tokens: Tensor, mask: Tensor, tol: Tolerance, seed: int = 0,
-           held=None) -> list[LayerReading]:
+def detect(
+    subject: Subject, tokens: Tensor, mask: Tensor, tol: Tolerance, seed: int = 0, held=None
+) -> list[LayerReading]:
     """Measure, per layer, whether it reads positions (module docstring).
 
     The original, re-spaced and shifted ids run as one batch (the probe's rows repeated): every
@@ -168,8 +171,10 @@ def detect(subject: Subject, tokens: Tensor, mask: Tensor, tol: Tolerance, seed:
     """
     declared = [declared_reading(subject, layer) for layer in range(subject.n_layers)]
     attention = set(subject.attention_layers)
-    quantity = {layer: ("scores" if subject.scores_trusted else "pattern") if layer in attention else "output"
-                for layer in range(subject.n_layers)}
+    quantity = {
+        layer: ("scores" if subject.scores_trusted else "pattern") if layer in attention else "output"
+        for layer in range(subject.n_layers)
+    }
     if not subject.takes_positions:
         return [LayerReading(l, NOT_MEASURED, declared[l], quantity[l]) for l in range(subject.n_layers)]
     ids = position_ids_from_mask(mask)
@@ -188,8 +193,9 @@ def detect(subject: Subject, tokens: Tensor, mask: Tensor, tol: Tolerance, seed:
         return x[:rows].repeat(copies, *([1] * (x.ndim - 1)))
 
     held = held if held is not None else HeldBytes(tokens.shape[1])
-    hooks, finish = hold_by_layer([n for n in subject.model.hook_dict if n in sites], sites.get, read, {}, held,
-                                  clone=True)
+    hooks, finish = hold_by_layer(
+        [n for n in subject.model.hook_dict if n in sites], sites.get, read, {}, held, clone=True
+    )
     # the reads first: a bridge may alias block l's resid_post (a site) with block l + 1's resid_pre
     hooks += [(name, hold_first) for name in act_names("resid_pre", subject.n_layers)]
     subject.forward(tokens.repeat(copies, 1), mask.repeat(copies, 1), torch.cat(variants), hooks)
@@ -197,8 +203,17 @@ def detect(subject: Subject, tokens: Tensor, mask: Tensor, tol: Tolerance, seed:
     return [readings[layer] for layer in range(subject.n_layers)]
 
 
-def _reading(subject: Subject, layer: int, declared: str, kind: str, mask: Tensor, tol: Tolerance,
-             base: Tensor, changed: Tensor, shifted: Tensor | None = None) -> LayerReading:
+def _reading(
+    subject: Subject,
+    layer: int,
+    declared: str,
+    kind: str,
+    mask: Tensor,
+    tol: Tolerance,
+    base: Tensor,
+    changed: Tensor,
+    shifted: Tensor | None = None,
+) -> LayerReading:
     """One layer's reading from its quantity with the original, re-spaced and shifted ids."""
     where = _compared(subject, layer, kind, mask)
     before = _as_softmax_sees(base, kind, where)

@@ -22,8 +22,7 @@ from nopelens.models.hf import _one_line, check_readable, describe, l2_normalize
 from nopelens.models.hooks import act_name
 from nopelens.models.methods import get_method
 from nopelens.models.methods.nope import NoPE
-from nopelens.models.positions import rope_angles
-from nopelens.models.positions import position_ids_from_mask
+from nopelens.models.positions import position_ids_from_mask, rope_angles
 from nopelens.probes.sinks import learned_sink_line, learned_sink_logits
 
 from .numerics import as_ids, dot_scores
@@ -57,12 +56,22 @@ class BridgeSubject(Subject):
         if rope_layers:
             self.rope = self.rope_spec(rope_layers[0])
             self.details["rope"] = asdict(self.rope)
-        self.details |= {"hf": {"architecture": self.hf.architecture, "family": self.hf.family,
-                               "layer_positions": list(self.hf.layer_methods), "qk_norm": self.hf.qk_norm,
-                               "scores_hook": self.hf.scores_hook, "position_input": self.hf.position_input,
-                               "layers": [asdict(layer) for layer in self.hf.layers], "notes": list(self.hf.notes)}}
+        self.details |= {
+            "hf": {
+                "architecture": self.hf.architecture,
+                "family": self.hf.family,
+                "layer_positions": list(self.hf.layer_methods),
+                "qk_norm": self.hf.qk_norm,
+                "scores_hook": self.hf.scores_hook,
+                "position_input": self.hf.position_input,
+                "layers": [asdict(layer) for layer in self.hf.layers],
+                "notes": list(self.hf.notes),
+            }
+        }
         self.details |= learned_sink_details(bridge.original_model)
-        self.special_tokens = {k: getattr(self.config, k, None) for k in ("bos_token_id", "eos_token_id", "pad_token_id")}
+        self.special_tokens = {
+            k: getattr(self.config, k, None) for k in ("bos_token_id", "eos_token_id", "pad_token_id")
+        }
         self.position_limit = 4096  # audit() sets it from the probe length
 
     @property
@@ -103,8 +112,10 @@ class BridgeSubject(Subject):
     def qk_unreadable(self, layer: int) -> str | None:
         spec = self.hf.layers[layer]
         if spec.rotates and spec.rope_type != "default":
-            return (f"rope_type {spec.rope_type!r} scales RoPE frequencies; the reference covers the default "
-                    "(unscaled) RoPE only")
+            return (
+                f"rope_type {spec.rope_type!r} scales RoPE frequencies; the reference covers the default "
+                "(unscaled) RoPE only"
+            )
         return spec.qk_reference
 
     def query_scale(self, layer: int):
@@ -157,11 +168,15 @@ class BridgeSubject(Subject):
     def unverifiable(self) -> str | None:
         unknown = [l for l, spec in enumerate(self.hf.layers) if spec.unit is None]
         if unknown:
-            return (f"the position method of {self.hf.family!r} layers {unknown} is not known to nopelens.models.hf; "
-                    "nothing about positions is verified")
+            return (
+                f"the position method of {self.hf.family!r} layers {unknown} is not known to nopelens.models.hf; "
+                "nothing about positions is verified"
+            )
         if self.hf.qk_norm is not None and "not hooked" in self.hf.qk_norm:
-            return (f"{self.hf.family} normalizes q and k ({self.hf.qk_norm}) where the bridge hooks neither, so "
-                    "the q and k entering the scores cannot be read")
+            return (
+                f"{self.hf.family} normalizes q and k ({self.hf.qk_norm}) where the bridge hooks neither, so "
+                "the q and k entering the scores cannot be read"
+            )
         return None
 
     @property
@@ -246,7 +261,7 @@ class BridgeSubject(Subject):
                 return None
             # Bloom hands [batch * heads, 1, key], Falcon <5.25 [batch, heads, 1, key]: both hold slope_h * p_j;
             # Falcon 5.25's mask [batch, heads, query, key] holds slope_h * p_j / sqrt(d_head), blocked below -1
-            ids = position_ids[:, -bias.shape[-1]:].to(bias.dtype)
+            ids = position_ids[:, -bias.shape[-1] :].to(bias.dtype)
             new = slopes[None, :, None].to(bias.dtype) * ids[:, None, :]
             new = torch.where(bias < -1, bias, new[:, :, None]) if in_mask else new.reshape(bias.shape)
             return args, {**kwargs, key: new}
@@ -264,8 +279,9 @@ class BridgeSubject(Subject):
 
     def run_with_cache(self, tokens, mask, position_ids=None):
         with self._alibi_positions(position_ids), self.capture_position_ids() as seen:
-            logits, cache = self.model.run_with_cache(tokens, names_filter=audited_hook,
-                                                      **self._kwargs(mask, position_ids))
+            logits, cache = self.model.run_with_cache(
+                tokens, names_filter=audited_hook, **self._kwargs(mask, position_ids)
+            )
         return logits, cache, (seen[0] if seen else None)
 
     @contextlib.contextmanager
@@ -280,12 +296,13 @@ class BridgeSubject(Subject):
         seen: list[Tensor] = []
         bridge = self.model
         if self._alibi_input:
+
             def pre(module, args, kwargs):
                 _, bias = self._alibi_bias(kwargs)
                 if bias is not None:
                     hidden = args[0] if args else kwargs["hidden_states"]
                     keys = self._alibi_key_positions(bias, hidden.shape[0])
-                    seen.append(as_ids(keys[:, -hidden.shape[1]:]))
+                    seen.append(as_ids(keys[:, -hidden.shape[1] :]))
 
             handle = bridge.blocks[0].attn.register_forward_pre_hook(pre, with_kwargs=True)
             try:
@@ -298,13 +315,18 @@ class BridgeSubject(Subject):
 
             def hook(x, hook):
                 seen.append(x.detach().clone() - offset)
+
             with bridge.hooks(fwd_hooks=[(self.hf.position_ids_hook, hook)]):
                 yield seen
             return
         rope_layers = [l for l, spec in enumerate(self.hf.layers) if spec.rotates]
         names = [act_name(n, rope_layers[0]) for n in ("cos", "sin")] if rope_layers else []
-        if (not names or not all(self.hf.fires(n) for n in names) or self.unverifiable() is not None
-                or self.hf.layers[rope_layers[0]].rope_type != "default"):
+        if (
+            not names
+            or not all(self.hf.fires(n) for n in names)
+            or self.unverifiable() is not None
+            or self.hf.layers[rope_layers[0]].rope_type != "default"
+        ):
             yield seen  # no angles nopelens can decode (e.g. scaled RoPE frequencies)
             return
         store: dict[str, Tensor] = {}
@@ -332,7 +354,7 @@ class BridgeSubject(Subject):
             c_all, s_all = cos[..., pick].double().cpu(), sin[..., pick].double().cpu()
             found, worst = [], 0.0
             for start in range(0, c_all.shape[-2], 32):  # chunks bound the [pos, candidate, half] tensor
-                c, s = c_all[..., start:start + 32, None, :], s_all[..., start:start + 32, None, :]
+                c, s = c_all[..., start : start + 32, None, :], s_all[..., start : start + 32, None, :]
                 err = (c - ref_cos).abs().sum(-1) + (s - ref_sin).abs().sum(-1)
                 found.append(err.argmin(-1))
                 worst = max(worst, float(err.min(-1).values.max()))
@@ -348,16 +370,21 @@ class BridgeSubject(Subject):
         with self.capture_position_ids() as seen, warnings.catch_warnings():
             # The bridge hands HF its cache as past_key_values, which transformers 5 deprecates.
             warnings.filterwarnings("ignore", message=".*past_key_values.*", category=FutureWarning)
-            logits, past = self.model(tokens[:, :split], attention_mask=mask[:, :split],
-                                      return_type="logits_and_cache", use_cache=True)
+            logits, past = self.model(
+                tokens[:, :split], attention_mask=mask[:, :split], return_type="logits_and_cache", use_cache=True
+            )
             pieces.append(logits)
             for t in range(split, tokens.shape[1]):
-                logits, past = self.model(tokens[:, t:t + 1], attention_mask=mask[:, :t + 1],
-                                          past_key_values=past, return_type="logits_and_cache", use_cache=True)
+                logits, past = self.model(
+                    tokens[:, t : t + 1],
+                    attention_mask=mask[:, : t + 1],
+                    past_key_values=past,
+                    return_type="logits_and_cache",
+                    use_cache=True,
+                )
                 pieces.append(logits)
         ids = torch.cat([s.expand(tokens.shape[0], -1) for s in seen], 1) if len(seen) == len(pieces) else None
         return torch.cat(pieces, 1), {"step_ids": ids, "cache_ids": None}
-
 
 
 class HookedSubject(BridgeSubject):
@@ -372,8 +399,10 @@ class HookedSubject(BridgeSubject):
     kind = "HF causal LM via forward hooks"
 
     def qk_unreadable(self, layer: int) -> str | None:
-        return ("the model is hooked with PyTorch forward hooks (TransformerLens cannot bridge it), which reach "
-                "its attention weights but not its q and k")
+        return (
+            "the model is hooked with PyTorch forward hooks (TransformerLens cannot bridge it), which reach "
+            "its attention weights but not its q and k"
+        )
 
     def forward(self, tokens, mask, position_ids=None, fwd_hooks=()):
         with self.model.hooks(fwd_hooks=list(fwd_hooks)):
@@ -381,8 +410,9 @@ class HookedSubject(BridgeSubject):
 
     def run_with_cache(self, tokens, mask, position_ids=None):
         with self.capture_position_ids() as seen:
-            logits, cache = self.model.run_with_cache(tokens, names_filter=audited_hook, attention_mask=mask,
-                                                      position_ids=position_ids)
+            logits, cache = self.model.run_with_cache(
+                tokens, names_filter=audited_hook, attention_mask=mask, position_ids=position_ids
+            )
         return logits, cache, (seen[0] if seen else None)
 
     @contextlib.contextmanager
@@ -414,12 +444,19 @@ class HookedSubject(BridgeSubject):
                 out = hf(tokens[:, :split], attention_mask=mask[:, :split], position_ids=ids[:, :split], use_cache=True)
                 pieces.append(out.logits)
                 for t in range(split, tokens.shape[1]):
-                    out = hf(tokens[:, t:t + 1], attention_mask=mask[:, :t + 1], position_ids=ids[:, t:t + 1],
-                             past_key_values=out.past_key_values, use_cache=True)
+                    out = hf(
+                        tokens[:, t : t + 1],
+                        attention_mask=mask[:, : t + 1],
+                        position_ids=ids[:, t : t + 1],
+                        past_key_values=out.past_key_values,
+                        use_cache=True,
+                    )
                     pieces.append(out.logits)
             except Exception as error:  # the model's own cache, not nopelens: say so, never a traceback
-                raise DecodingUnavailable(f"{type(hf).__name__}'s own KV cache fails when decoding one token at a "
-                                          f"time ({type(error).__name__}: {_one_line(error)})") from None
+                raise DecodingUnavailable(
+                    f"{type(hf).__name__}'s own KV cache fails when decoding one token at a "
+                    f"time ({type(error).__name__}: {_one_line(error)})"
+                ) from None
         step_ids = torch.cat(seen, 1) if len(seen) == len(pieces) else None
         return torch.cat(pieces, 1), {"step_ids": step_ids, "cache_ids": None}
 
@@ -432,5 +469,10 @@ def learned_sink_details(hf_model: Any) -> dict[str, Any]:
     if table.empty:
         return {}
     per_block = {int(block): rows.sort_values("head")["sink_logit"].tolist() for block, rows in table.groupby("block")}
-    return {"learned_sinks": {"summary": learned_sink_line(table), "parameters": sorted(set(table["parameter"])),
-                              "logits_per_block": per_block}}
+    return {
+        "learned_sinks": {
+            "summary": learned_sink_line(table),
+            "parameters": sorted(set(table["parameter"])),
+            "logits_per_block": per_block,
+        }
+    }

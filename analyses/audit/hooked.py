@@ -41,17 +41,22 @@ from .numerics import Tolerance
 from .report import AuditReport, Check, StepResult, make_step
 from .steps_runtime import step10_lengths
 
-NOT_DECLARED = ("the module declares no position method per layer (it is hooked with no declaration: hook_any or "
-                "HookedModule), so there is nothing to hold this step's {what} against")
-LEFT_PADDING = ("step 1 compares a left-padded row with its unpadded one, which needs a forward that takes both "
-                "attention_mask and position_ids; {name}.forward takes {takes}")
+NOT_DECLARED = (
+    "the module declares no position method per layer (it is hooked with no declaration: hook_any or "
+    "HookedModule), so there is nothing to hold this step's {what} against"
+)
+LEFT_PADDING = (
+    "step 1 compares a left-padded row with its unpadded one, which needs a forward that takes both "
+    "attention_mask and position_ids; {name}.forward takes {takes}"
+)
 NOT_APPLICABLE = {
     2: NOT_DECLARED.format(what="index origin and offset sign"),
     4: NOT_DECLARED.format(what="absolute position additions (no declared position table)"),
     6: "the scores are one tensor at the attention call (the softmax's input, or recomputed from the q, k, scale "
-       "and mask of scaled_dot_product_attention): no separately recorded content and position parts to add up",
-    8: NOT_DECLARED.format(what="interventions (zeroed, shifted, swapped positions: their "
-                           "expected effect is the declared method's)"),
+    "and mask of scaled_dot_product_attention): no separately recorded content and position parts to add up",
+    8: NOT_DECLARED.format(
+        what="interventions (zeroed, shifted, swapped positions: their expected effect is the declared method's)"
+    ),
     9: "nopelens knows no KV-cache interface of a hooked module, so cached decoding cannot be driven",
 }
 
@@ -76,8 +81,15 @@ def layout(model: HookedModule) -> HookedLayout:
     return HookedLayout(n_layers, attention, held and _names(model.model, "position_ids"))
 
 
-def audit_hooked(model: HookedModule, eval_length: int, tokens: Tensor | None, seed: int,
-                 tolerance: tuple[float | None, float | None], meta: dict[str, Any], name: str | None) -> AuditReport:
+def audit_hooked(
+    model: HookedModule,
+    eval_length: int,
+    tokens: Tensor | None,
+    seed: int,
+    tolerance: tuple[float | None, float | None],
+    meta: dict[str, Any],
+    name: str | None,
+) -> AuditReport:
     """The audit of a hooked module (module docstring); called by :func:`~.core.audit`, whose
     arguments these are (``tolerance``: its ``(atol, rtol)``, None for the compute dtype's).
 
@@ -89,9 +101,11 @@ def audit_hooked(model: HookedModule, eval_length: int, tokens: Tensor | None, s
     """
     shape = layout(model)
     if not shape.attention_layers:
-        raise ValueError(f"{type(model.model).__name__} records no softmax attention (no hook_pattern site: its "
-                         "forward makes no scaled_dot_product_attention call or softmax over [batch, head, query, "
-                         "key]; sigmoid or linear attention is no distribution), so there is nothing to audit")
+        raise ValueError(
+            f"{type(model.model).__name__} records no softmax attention (no hook_pattern site: its "
+            "forward makes no scaled_dot_product_attention call or softmax over [batch, head, query, "
+            "key]; sigmoid or linear attention is no distribution), so there is nothing to audit"
+        )
     module = model.model
     dtype = next((p.dtype for p in module.parameters() if p.is_floating_point()), torch.float32)
     tol = Tolerance.for_dtype(dtype, *tolerance)
@@ -114,16 +128,27 @@ def audit_hooked(model: HookedModule, eval_length: int, tokens: Tensor | None, s
     steps[5] = _step5_detector(readings, details, how)
     steps[10] = step10_lengths(SimpleNamespace(probe=SimpleNamespace(mask=mask, ids=mask.cumsum(-1) - 1)), meta)
     label = name or type(module).__name__
-    described = {"name": label, "kind": f"{type(model).__name__} (no declared position method)",
-                 "description": f"{type(module).__name__} hooked with no declared position method; "
-                                f"{shape.n_layers} blocks, softmax attention in {len(shape.attention_layers)}",
-                 "n_layers": shape.n_layers, "attention_layers": shape.attention_layers,
-                 "sites": dict(model.site_paths), "key_windows": {l: w.describe() for l, w in sorted(windows.items())},
-                 "measured_input_positions": entering, "measured_layer_positions": [r.reading for r in readings],
-                 "detector": how}
-    probe_record = {"tokens": probe.tolist(), "attention_mask": mask.tolist(), "eval_length": probe.shape[1],
-                    "seed": seed if tokens is None else None,
-                    "compute_dtype": tol.dtype, "tolerance": {"atol": tol.atol, "rtol": tol.rtol}}
+    described = {
+        "name": label,
+        "kind": f"{type(model).__name__} (no declared position method)",
+        "description": f"{type(module).__name__} hooked with no declared position method; "
+        f"{shape.n_layers} blocks, softmax attention in {len(shape.attention_layers)}",
+        "n_layers": shape.n_layers,
+        "attention_layers": shape.attention_layers,
+        "sites": dict(model.site_paths),
+        "key_windows": {l: w.describe() for l, w in sorted(windows.items())},
+        "measured_input_positions": entering,
+        "measured_layer_positions": [r.reading for r in readings],
+        "detector": how,
+    }
+    probe_record = {
+        "tokens": probe.tolist(),
+        "attention_mask": mask.tolist(),
+        "eval_length": probe.shape[1],
+        "seed": seed if tokens is None else None,
+        "compute_dtype": tol.dtype,
+        "tolerance": {"atol": tol.atol, "rtol": tol.rtol},
+    }
     return AuditReport(described, probe_record, [steps[n] for n in sorted(steps)])
 
 
@@ -152,15 +177,25 @@ def _step1_left_padding(model: HookedModule, tokens: Tensor, tol: Tolerance) -> 
     plain = model(tokens).double()
     shifted = model(padded, attention_mask=mask, position_ids=ids).double()[:, n_pad:]
     gap, bound = float((shifted - plain).abs().max()), tol.of(plain)
-    check = Check("left-padding invariance", gap <= bound, f"the row left-padded by {n_pad} gives logits at its real "
-                  f"tokens within {gap:.3g} of the unpadded row's", gap, bound)
+    check = Check(
+        "left-padding invariance",
+        gap <= bound,
+        f"the row left-padded by {n_pad} gives logits at its real tokens within {gap:.3g} of the unpadded row's",
+        gap,
+        bound,
+    )
     evidence = {"left_padding": n_pad, "position_ids_from_mask": ids.tolist(), "max_abs_diff": gap}
-    return make_step(1, [check], evidence, f"a row left-padded by {n_pad} (position ids from the mask) gives the "
-                     "unpadded row's logits at its real tokens")
+    return make_step(
+        1,
+        [check],
+        evidence,
+        f"a row left-padded by {n_pad} (position ids from the mask) gives the unpadded row's logits at its real tokens",
+    )
 
 
-def _layer_checks(model: HookedModule, tokens: Tensor, layers: list[int], tol: Tolerance
-                  ) -> tuple[StepResult, StepResult]:
+def _layer_checks(
+    model: HookedModule, tokens: Tensor, layers: list[int], tol: Tolerance
+) -> tuple[StepResult, StepResult]:
     """Steps 3 and 7, each layer checked as its pattern is recorded (one layer's scores held at a time).
 
     A first plain pass records the window or chunk each attention call runs under at this length
@@ -169,8 +204,10 @@ def _layer_checks(model: HookedModule, tokens: Tensor, layers: list[int], tol: T
     Raises:
         ValueError: if the logits are not finite (nothing to compare: refused, not failed)."""
     if not bool(torch.isfinite(model(tokens)).all()):
-        raise ValueError(f"{type(model.model).__name__}'s logits are not finite on the probe (NaN or inf): check its "
-                         "weights for NaN or inf")
+        raise ValueError(
+            f"{type(model.model).__name__}'s logits are not finite on the probe (NaN or inf): check its "
+            "weights for NaN or inf"
+        )
     windows = dict(getattr(model, "key_windows", {}) or {})
     unknown = set(getattr(model, "unknown_masks", ()) or ())
     sinks = set(getattr(model, "sink_blocks", ()) or ())
@@ -190,9 +227,15 @@ def _layer_checks(model: HookedModule, tokens: Tensor, layers: list[int], tol: T
         softmax[layer] = _softmax_checks(layer, pattern, scores.pop(layer, None), layer in sinks, tol)
 
     model.run_with_hooks(tokens, fwd_hooks=[(n, check) for n in wanted if n in model.hook_dict])
-    return (_step(3, masks, "blocked keys get exactly 0 and allowed keys more, in every recorded layer",
-                  "no layer's mask is known (neither causal nor a window or chunk)"),
-            _step(7, softmax, "every recorded pattern is the softmax of its recorded scores", "no pattern recorded"))
+    return (
+        _step(
+            3,
+            masks,
+            "blocked keys get exactly 0 and allowed keys more, in every recorded layer",
+            "no layer's mask is known (neither causal nor a window or chunk)",
+        ),
+        _step(7, softmax, "every recorded pattern is the softmax of its recorded scores", "no pattern recorded"),
+    )
 
 
 def _step(number: int, per_layer: dict[int, tuple[list[Check], Any]], summary: str, reason: str) -> StepResult:
@@ -209,31 +252,53 @@ def _mask_checks(layer: int, pattern: Tensor, window: KeyWindow | None) -> tuple
     seen = visibility(None, pattern.shape[-2], pattern.shape[-1], pattern.device, keys=window).expand_as(pattern)
     blocked = float(pattern[~seen].abs().max()) if bool((~seen).any()) else 0.0
     smallest = float(pattern[seen].min())
-    return [Check(f"layer {layer}: blocked keys exactly 0", blocked == 0.0, f"max |p| at blocked keys {blocked:.3g}",
-                  blocked, 0.0),
-            Check(f"layer {layer}: allowed keys > 0", smallest > 0.0, f"min p at allowed keys {smallest:.3g}",
-                  smallest, 0.0)], {"mask": window.describe(), "max_blocked": blocked, "min_allowed": smallest}
+    return [
+        Check(
+            f"layer {layer}: blocked keys exactly 0",
+            blocked == 0.0,
+            f"max |p| at blocked keys {blocked:.3g}",
+            blocked,
+            0.0,
+        ),
+        Check(
+            f"layer {layer}: allowed keys > 0", smallest > 0.0, f"min p at allowed keys {smallest:.3g}", smallest, 0.0
+        ),
+    ], {"mask": window.describe(), "max_blocked": blocked, "min_allowed": smallest}
 
 
-def _softmax_checks(layer: int, pattern: Tensor, scores: Tensor | None, sink: bool, tol: Tolerance
-                    ) -> tuple[list[Check], Any]:
+def _softmax_checks(
+    layer: int, pattern: Tensor, scores: Tensor | None, sink: bool, tol: Tolerance
+) -> tuple[list[Check], Any]:
     """Step 7 in one layer: rows sum to 1 (to 1 - p_sink where a learned sink's logit was in the
     softmax), and the pattern is the softmax of the recorded scores, in float64."""
     sums = pattern.sum(-1)
     if sink:
         ok = bool(((sums > 0) & (sums < 1 + tol.atol)).all())
-        checks = [Check(f"layer {layer}: rows sum to 1 - p_sink", ok, f"row sums in [{float(sums.min()):.3g}, "
-                        f"{float(sums.max()):.3g}] (a learned sink takes the rest)")]
+        checks = [
+            Check(
+                f"layer {layer}: rows sum to 1 - p_sink",
+                ok,
+                f"row sums in [{float(sums.min()):.3g}, {float(sums.max()):.3g}] (a learned sink takes the rest)",
+            )
+        ]
     else:
         worst = float((sums - 1).abs().max())
-        checks = [Check(f"layer {layer}: rows sum to 1", worst <= tol.atol, f"max |row sum - 1| {worst:.3g}",
-                        worst, tol.atol)]
+        checks = [
+            Check(f"layer {layer}: rows sum to 1", worst <= tol.atol, f"max |row sum - 1| {worst:.3g}", worst, tol.atol)
+        ]
     if scores is None:
         return checks, "no hook_attn_scores site: the pattern is checked against nothing else"
     want = torch.softmax(scores, dim=-1) * sums[..., None]  # with a sink: the key columns' share
     gap, bound = float((pattern - want).abs().max()), tol.of(want)
-    checks.append(Check(f"layer {layer}: pattern = softmax(scores)", gap <= bound,
-                        f"max |pattern - softmax(scores)| {gap:.3g} (float64)", gap, bound))
+    checks.append(
+        Check(
+            f"layer {layer}: pattern = softmax(scores)",
+            gap <= bound,
+            f"max |pattern - softmax(scores)| {gap:.3g} (float64)",
+            gap,
+            bound,
+        )
+    )
     return checks, {"max_abs_diff_from_softmax_of_scores": gap}
 
 
@@ -241,8 +306,13 @@ def _step5_detector(readings: list[LayerReading], details: list[str], how: str):
     """Step 5: the readings, with how they were measured; not applicable (nothing declared to hold them against)."""
     evidence = {"detector": how, "readings": [r.to_dict() for r in readings], "per_layer": details}
     summary = ", ".join(f"{r.layer}:{r.reading}" for r in readings)
-    return make_step(5, [], evidence, "", f"measured per layer ({how}): {summary}; not judged: "
-                     + NOT_DECLARED.format(what="readings"))
+    return make_step(
+        5,
+        [],
+        evidence,
+        "",
+        f"measured per layer ({how}): {summary}; not judged: " + NOT_DECLARED.format(what="readings"),
+    )
 
 
 def _readings(model: HookedModule, shape: HookedLayout, tokens: Tensor, mask: Tensor, tol: Tolerance):
@@ -252,8 +322,11 @@ def _readings(model: HookedModule, shape: HookedLayout, tokens: Tensor, mask: Te
         readings = detect(_DetectorSubject(model, shape), tokens, mask, tol)
         return readings, [r.describe() for r in readings], "input held fixed, position_ids re-spaced and shifted"
     measured = measure_constant_input(model, shape, tokens, tol)
-    return ([r for r, _ in measured], [line for _, line in measured],
-            "constant input, read from the recorded scores, q, k and v")
+    return (
+        [r for r, _ in measured],
+        [line for _, line in measured],
+        "constant input, read from the recorded scores, q, k and v",
+    )
 
 
 class _DetectorSubject:
@@ -272,8 +345,10 @@ class _DetectorSubject:
         return dict(getattr(self.model, "key_windows", {}) or {}).get(layer, CAUSAL)
 
     def forward(self, tokens, mask, position_ids=None, fwd_hooks=()):
-        hooks = [(_feeding_site(self.model, int(name.split(".")[1])) if name.endswith("hook_resid_pre") else name, hook)
-                 for name, hook in fwd_hooks]
+        hooks = [
+            (_feeding_site(self.model, int(name.split(".")[1])) if name.endswith("hook_resid_pre") else name, hook)
+            for name, hook in fwd_hooks
+        ]
         return self.model.run_with_hooks(tokens, position_ids=position_ids, fwd_hooks=hooks)
 
 
@@ -285,8 +360,10 @@ def input_positions(model: HookedModule, tokens: Tensor, tol: Tolerance) -> str:
     if site not in model.hook_dict:
         return f"not measured: no {site} site"
     seen = []
-    model.run_with_hooks(tokens[:, :1].expand_as(tokens).contiguous(),
-                         fwd_hooks=[(site, lambda x, hook: seen.append(x.detach().double()))])
+    model.run_with_hooks(
+        tokens[:, :1].expand_as(tokens).contiguous(),
+        fwd_hooks=[(site, lambda x, hook: seen.append(x.detach().double()))],
+    )
     if _varies(seen[0], 1, tol):
         return "absolute: under a constant input the stream entering block 0 differs between positions"
     return "none: under a constant input the stream entering block 0 is the same at every position"
@@ -301,8 +378,9 @@ def _feeding_site(model: HookedModule, layer: int) -> str | None:
     return None
 
 
-def measure_constant_input(model: HookedModule, shape: HookedLayout, tokens: Tensor, tol: Tolerance
-                           ) -> list[tuple[LayerReading, str]]:
+def measure_constant_input(
+    model: HookedModule, shape: HookedLayout, tokens: Tensor, tol: Tolerance
+) -> list[tuple[LayerReading, str]]:
     """Each layer's position reading from its recorded scores, q and k under a constant input.
 
     Every token is the probe's first, and the residual stream feeding the layer is replaced by its
@@ -325,8 +403,12 @@ def measure_constant_input(model: HookedModule, shape: HookedLayout, tokens: Ten
     readings = []
     for layer in range(shape.n_layers):
         if layer not in shape.attention_layers:
-            readings.append((LayerReading(layer, NOT_MEASURED, "unknown", "scores"),
-                             f"layer {layer}: not measured: no softmax attention recorded"))
+            readings.append(
+                (
+                    LayerReading(layer, NOT_MEASURED, "unknown", "scores"),
+                    f"layer {layer}: not measured: no softmax attention recorded",
+                )
+            )
             continue
         readings.append(_constant_reading(model, layer, _run_constant(model, layer, constant), tol))
     return readings
@@ -360,16 +442,23 @@ def _varies(x: Tensor | None, axis: int, tol: Tolerance) -> bool | None:
     return float((x - first).abs().max()) > tol.of(x)
 
 
-def _constant_reading(model: HookedModule, layer: int, seen: dict[str, Tensor], tol: Tolerance
-                      ) -> tuple[LayerReading, str]:
+def _constant_reading(
+    model: HookedModule, layer: int, seen: dict[str, Tensor], tol: Tolerance
+) -> tuple[LayerReading, str]:
     v_varies = _varies(seen.get("v"), 1, tol)
     arrived_varies = _varies(seen.get("arrived"), 1, tol)
     if v_varies or (v_varies is None and arrived_varies is not False):
-        why = ("its recorded v differs between positions" if v_varies else
-               "no v is recorded and the stream reaching it already carries positions" if arrived_varies else
-               "no v is recorded and no residual site feeds it")
-        return (LayerReading(layer, NOT_MEASURED, "unknown", "scores"),
-                f"layer {layer}: not measured: its input could not be verified constant ({why})")
+        why = (
+            "its recorded v differs between positions"
+            if v_varies
+            else "no v is recorded and the stream reaching it already carries positions"
+            if arrived_varies
+            else "no v is recorded and no residual site feeds it"
+        )
+        return (
+            LayerReading(layer, NOT_MEASURED, "unknown", "scores"),
+            f"layer {layer}: not measured: its input could not be verified constant ({why})",
+        )
     if "scores" in seen:
         scores, floor = seen["scores"][0], 1e-30  # [head, query, key]
     else:  # log p_ij - log p_ii = s_ij - s_ii; at least the round-off of two pattern entries (2 rtol)
@@ -389,11 +478,18 @@ def _constant_reading(model: HookedModule, layer: int, seen: dict[str, Tensor], 
         detail = "rows flat" + (", q and k the same at every position" if reading == NOPE and recorded else "")
     elif float(step.abs().max()) <= bound:
         reading = RELATIVE
-        detail = ("scores depend on i - j only; " + (f"{' and '.join(moved)} rotate with position" if moved else
-                  "q and k the same at every position: a bias by offset" if recorded else "q and k not recorded"))
+        detail = "scores depend on i - j only; " + (
+            f"{' and '.join(moved)} rotate with position"
+            if moved
+            else "q and k the same at every position: a bias by offset"
+            if recorded
+            else "q and k not recorded"
+        )
     else:
         reading = ABSOLUTE
         detail = f"scores change along the diagonals by up to {float(step.abs().max()):.3g}"
-    text = (f"layer {layer}: measured {reading} under constant input: {detail} (row spread {scale:.3g}, "
-            f"tolerance {bound:.3g})")
+    text = (
+        f"layer {layer}: measured {reading} under constant input: {detail} (row spread {scale:.3g}, "
+        f"tolerance {bound:.3g})"
+    )
     return LayerReading(layer, reading, "unknown", "scores", spread=scale, tolerance=bound), text

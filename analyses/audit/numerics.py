@@ -13,7 +13,6 @@ from nopelens.models.positions import apply_rope
 
 from .report import Check
 
-
 HALF_ULPS = 4
 """Tolerance of a half-precision model, in units of its dtype's eps (both atol and rtol)."""
 FLOAT32 = (1e-5, 1e-4)
@@ -59,8 +58,11 @@ class Tolerance:
         else:
             eps = float(torch.finfo(torch_dtype).eps)
             base = (HALF_ULPS * eps, HALF_ULPS * eps)
-        return cls(base[0] if atol is None else atol, base[1] if rtol is None else rtol,
-                   str(torch_dtype).removeprefix("torch."))
+        return cls(
+            base[0] if atol is None else atol,
+            base[1] if rtol is None else rtol,
+            str(torch_dtype).removeprefix("torch."),
+        )
 
     @property
     def half_precision(self) -> bool:
@@ -110,8 +112,9 @@ def max_err(a: Tensor, b: Tensor, where: Tensor | None = None) -> float:
     return float(diff.max()) if diff.numel() else 0.0
 
 
-def agree(name: str, observed: Tensor, reference: Tensor, tol: Tolerance, detail: str,
-           where: Tensor | None = None) -> Check:
+def agree(
+    name: str, observed: Tensor, reference: Tensor, tol: Tolerance, detail: str, where: Tensor | None = None
+) -> Check:
     ref = reference if where is None else reference[where.expand_as(reference)]
     err, bound = max_err(observed, reference, where), tol.of(ref)
     return Check(name, err <= bound, f"{detail}; max |error| {err:.3g}", err, bound)

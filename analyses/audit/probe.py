@@ -12,9 +12,9 @@ from jaxtyping import Bool, Int
 from torch import Tensor
 
 from nopelens.models.hooks import act_name
-from nopelens.models.placement import model_device
 from nopelens.models.masks import CAUSAL, KeyWindow, visibility
 from nopelens.models.methods import SCORE_BIAS
+from nopelens.models.placement import model_device
 from nopelens.models.positions import position_ids_from_mask
 
 from .detector import detect
@@ -154,8 +154,7 @@ class Run:
         q_name, k_name = self.subject.qk_names(layer)
         return self.subject.prepare_qk(self.hook(layer, q_name), self.hook(layer, k_name), layer)
 
-    def content(self, layer: int, ids: Tensor | None = None, pairing: str | None = None,
-                direction: int = 1) -> Tensor:
+    def content(self, layer: int, ids: Tensor | None = None, pairing: str | None = None, direction: int = 1) -> Tensor:
         """q.k * scale of a layer, with q and k rotated by the reference when the layer is RoPE
         (row-centred where the model records no pre-softmax scores, see :meth:`scores`)."""
         q, k = self.qk(layer)
@@ -252,14 +251,18 @@ def stream(subject: Subject, probe: Probe, tol: Tolerance, reducers) -> Run:
     """
     kept: dict[str, Tensor] = {}
     run = Run(subject, probe, None, kept, None, tol, {reducer: {} for reducer in reducers})
-    held, seen = HeldBytes(probe.tokens.shape[1]), []
+    held = HeldBytes(probe.tokens.shape[1])
     batch = probe.tokens.shape[0]
 
     def check_finite(name, x):
         if x.shape[:1] == (batch,):
             rows = tuple(_not_finite(name, x[row]) for row in range(batch))
-            beyond = (batch > 1 and rows[1] and name.endswith("hook_pattern")
-                      and not bool(torch.isfinite(x[1][:, probe.n_pad:]).all()))
+            beyond = (
+                batch > 1
+                and rows[1]
+                and name.endswith("hook_pattern")
+                and not bool(torch.isfinite(x[1][:, probe.n_pad :]).all())
+            )
             run.not_finite.append((name, rows, beyond))
 
     def reduce(layer, tensors):

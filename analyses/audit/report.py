@@ -11,7 +11,6 @@ from typing import Any
 
 from nopelens.models.io import write_text_atomic
 
-
 STATUSES = ("pass", "fail", "not_applicable")
 STEP_TITLES = {
     1: "Token ids, padding, special tokens and position ids",
@@ -86,13 +85,15 @@ class AuditReport:
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict of the whole report."""
-        return _finite({
-            "model": self.model,
-            "probe": self.probe,
-            "passed": self.passed,
-            "failed_steps": self.failed_steps,
-            "steps": [asdict(s) for s in self.steps],
-        })
+        return _finite(
+            {
+                "model": self.model,
+                "probe": self.probe,
+                "passed": self.passed,
+                "failed_steps": self.failed_steps,
+                "steps": [asdict(s) for s in self.steps],
+            }
+        )
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), indent=1, sort_keys=False, allow_nan=False)
@@ -105,10 +106,11 @@ class AuditReport:
             if "measured_input_positions" in self.model:
                 lines.append(f" measured input positions: {self.model['measured_input_positions']}")
             how = self.model.get("detector", "input held fixed, positions re-spaced")
-            lines.append(f" measured per layer ({how}): "
-                         f"{', '.join(self.model['measured_layer_positions'])}")
+            lines.append(f" measured per layer ({how}): {', '.join(self.model['measured_layer_positions'])}")
         if "learned_sinks" in self.model:
-            lines += textwrap.wrap(self.model["learned_sinks"]["summary"], 110, initial_indent=" ", subsequent_indent="   ")
+            lines += textwrap.wrap(
+                self.model["learned_sinks"]["summary"], 110, initial_indent=" ", subsequent_indent="   "
+            )
         if "padded_row_left_out" in self.probe:
             lines += textwrap.wrap(self.probe["padded_row_left_out"], 110, initial_indent=" ", subsequent_indent="   ")
         for s in self.steps:
@@ -118,13 +120,13 @@ class AuditReport:
                 lines.append(f"          x {c.name}: {_clip(c.detail, 86)}")
         warnings = [(s.number, w) for s in self.steps for w in s.warnings]
         for number, warning in warnings:
-            lines += textwrap.wrap(f"warning (step {number}): {warning}", 110, initial_indent=" ",
-                                   subsequent_indent="   ")
+            lines += textwrap.wrap(
+                f"warning (step {number}): {warning}", 110, initial_indent=" ", subsequent_indent="   "
+            )
         verdict = "no step failed" if self.passed else f"FAILED steps: {self.failed_steps}"
         counts = {k: sum(s.status == k for s in self.steps) for k in STATUSES}
         lines.append(
-            f" {verdict} ({counts['pass']} pass, {counts['fail']} fail, "
-            f"{counts['not_applicable']} not applicable)"
+            f" {verdict} ({counts['pass']} pass, {counts['fail']} fail, {counts['not_applicable']} not applicable)"
         )
         return "\n".join(lines)
 
@@ -219,12 +221,9 @@ def make_step(
     if not checks:
         if reason is None:
             raise ValueError(f"step {number} has neither checks nor a not-applicable reason")
-        return StepResult(number, STEP_TITLES[number], "not_applicable", reason, [], evidence,
-                          warnings or [], reason)
+        return StepResult(number, STEP_TITLES[number], "not_applicable", reason, [], evidence, warnings or [], reason)
     failed = [c for c in checks if not c.passed]
     if failed:
         summary = f"{len(failed)} of {len(checks)} checks failed: " + "; ".join(c.name for c in failed)
         return StepResult(number, STEP_TITLES[number], "fail", summary, checks, evidence, warnings or [])
     return StepResult(number, STEP_TITLES[number], "pass", summary_pass, checks, evidence, warnings or [])
-
-

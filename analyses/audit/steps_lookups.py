@@ -54,9 +54,12 @@ def step5_rotations_and_lookups(run: Run, shift: int) -> StepResult:
     for layer in lookup_layers:
         _merge(records[layer]["lookup"], checks, evidence)
     referenced = [l for l in rope_layers if s.qk_unreadable(l) is None] + lookup_layers
-    summary = ("every layer reads positions as declared (measured); rotations / lookups match the reference "
-               "at the declared pairing, fraction and offsets" if referenced
-               else "every layer reads positions as declared (measured with its input held fixed)")
+    summary = (
+        "every layer reads positions as declared (measured); rotations / lookups match the reference "
+        "at the declared pairing, fraction and offsets"
+        if referenced
+        else "every layer reads positions as declared (measured with its input held fixed)"
+    )
     if bias_layers:
         summary += "; relative biases act exactly within their declared extent"
     return make_step(5, checks, evidence, summary)
@@ -100,32 +103,61 @@ def _rotation_checks(run: Run, layer: int, evidence: dict) -> list[Check]:
         declared = apply_rope(q, ids, spec.rotary_dim, spec.base, spec.pairing)
         swapped = apply_rope(q, ids, spec.rotary_dim, spec.base, other)
         e_other = max_err(rot_q, swapped, real_q)
-        check = agree(f"layer {layer} hook_rot_q = R(p) hook_q", rot_q, declared, run.tol,
-                       f"pairing {spec.pairing} (the {other} pairing gives error {e_other:.3g})", real_q)
+        check = agree(
+            f"layer {layer} hook_rot_q = R(p) hook_q",
+            rot_q,
+            declared,
+            run.tol,
+            f"pairing {spec.pairing} (the {other} pairing gives error {e_other:.3g})",
+            real_q,
+        )
         if not check.passed and e_other <= check.tolerance:
             check.detail += f"; the rotation matches the {other} pairing instead of the declared {spec.pairing}"
         checks.append(check)
         rot_k = run.hook(layer, "hook_rot_k")
-        checks.append(agree(f"layer {layer} hook_rot_k = R(p) hook_k", rot_k,
-                             apply_rope(k, ids, spec.rotary_dim, spec.base, spec.pairing), run.tol,
-                             f"rotary_dim {spec.rotary_dim}, base {spec.base:g}", real_q))
+        checks.append(
+            agree(
+                f"layer {layer} hook_rot_k = R(p) hook_k",
+                rot_k,
+                apply_rope(k, ids, spec.rotary_dim, spec.base, spec.pairing),
+                run.tol,
+                f"rotary_dim {spec.rotary_dim}, base {spec.base:g}",
+                real_q,
+            )
+        )
         if spec.rotary_dim < q.shape[-1]:
-            checks.append(agree(f"layer {layer} dims past rotary_dim pass through",
-                                 rot_q[..., spec.rotary_dim:], q[..., spec.rotary_dim:], run.tol,
-                                 f"{q.shape[-1] - spec.rotary_dim} of {q.shape[-1]} dims unrotated "
-                                 f"(rotary_fraction {spec.rotary_dim / q.shape[-1]:g})", real_q))
+            checks.append(
+                agree(
+                    f"layer {layer} dims past rotary_dim pass through",
+                    rot_q[..., spec.rotary_dim :],
+                    q[..., spec.rotary_dim :],
+                    run.tol,
+                    f"{q.shape[-1] - spec.rotary_dim} of {q.shape[-1]} dims unrotated "
+                    f"(rotary_fraction {spec.rotary_dim / q.shape[-1]:g})",
+                    real_q,
+                )
+            )
     cos = run.hook(layer, "hook_cos")
     if cos is not None:
         half = spec.rotary_dim // 2
         angles = rope_angles(ids, spec.rotary_dim, spec.base, dtype=torch.float64)
-        layouts = {"half": torch.cat([angles.cos(), angles.cos()], -1),  # [theta_0.., theta_0..]
-                   "interleaved": angles.cos().repeat_interleave(2, -1)}  # [theta_0, theta_0, ..]
+        layouts = {
+            "half": torch.cat([angles.cos(), angles.cos()], -1),  # [theta_0.., theta_0..]
+            "interleaved": angles.cos().repeat_interleave(2, -1),
+        }  # [theta_0, theta_0, ..]
         observed = cos.expand(ids.shape[0], -1, -1)[..., : 2 * half]
         errors = {name: max_err(observed, ref, p.real[..., None]) for name, ref in layouts.items()}
         layout = min(errors, key=errors.get)  # how HF lays out cos is bookkeeping, not the pairing
-        checks.append(agree(f"layer {layer} hook_cos = cos(p theta_r)", observed, layouts[layout], run.tol,
-                             f"{half} frequencies base {spec.base:g} (HF's {layout} cos layout)",
-                             p.real[..., None]))
+        checks.append(
+            agree(
+                f"layer {layer} hook_cos = cos(p theta_r)",
+                observed,
+                layouts[layout],
+                run.tol,
+                f"{half} frequencies base {spec.base:g} (HF's {layout} cos layout)",
+                p.real[..., None],
+            )
+        )
     checks.append(_rope_scores_check(run, layer, other, evidence))
     return checks
 
@@ -133,13 +165,22 @@ def _rotation_checks(run: Run, layer: int, evidence: dict) -> list[Check]:
 def _detector_checks(run: Run) -> tuple[list[Check], dict]:
     """Declared against measured, per layer: a definite reading that disagrees fails, named."""
     readings = run.readings
-    evidence = {"measured": [r.reading for r in readings], "declared": [r.declared for r in readings],
-                "detector": [r.describe() for r in readings]}
+    evidence = {
+        "measured": [r.reading for r in readings],
+        "declared": [r.declared for r in readings],
+        "detector": [r.describe() for r in readings],
+    }
     undecided = [r.layer for r in readings if r.agrees is None]
-    notes = {"flat": "too flat to tell (scores within round-off)", "undetermined": "changed within round-off only",
-             "not_measured": "not measured (the model takes no position ids)"}
-    evidence["measured_note"] = "; ".join(f"layers {[r.layer for r in readings if r.reading == k]} {v}"
-                                          for k, v in notes.items() if any(r.reading == k for r in readings))
+    notes = {
+        "flat": "too flat to tell (scores within round-off)",
+        "undetermined": "changed within round-off only",
+        "not_measured": "not measured (the model takes no position ids)",
+    }
+    evidence["measured_note"] = "; ".join(
+        f"layers {[r.layer for r in readings if r.reading == k]} {v}"
+        for k, v in notes.items()
+        if any(r.reading == k for r in readings)
+    )
     checks = []
     for r in readings:
         if r.agrees is None:
@@ -158,9 +199,15 @@ def _rope_scores_check(run: Run, layer: int, other: str, evidence: dict) -> Chec
     e_other = max_err(observed, run.content(layer, pairing=other), allowed)
     evidence[f"layer{layer}_scores_error_other_pairing"] = e_other
     same = " (with one rotated pair the two pairings coincide)" if run.subject.rope_spec(layer).rotary_dim == 2 else ""
-    return agree(f"layer {layer} scores = R(p)q . R(p)k / sqrt(d_head)", observed, declared, run.tol,
-                  f"scores vs the reference with the declared pairing, fraction and base ({other} "
-                  f"pairing: error {e_other:.3g}{same})", allowed)
+    return agree(
+        f"layer {layer} scores = R(p)q . R(p)k / sqrt(d_head)",
+        observed,
+        declared,
+        run.tol,
+        f"scores vs the reference with the declared pairing, fraction and base ({other} "
+        f"pairing: error {e_other:.3g}{same})",
+        allowed,
+    )
 
 
 def _rope_offset_checks(run: Run, layers: list[int], shift: int, evidence: dict) -> list[Check]:
@@ -178,10 +225,16 @@ def _rope_offset_checks(run: Run, layers: list[int], shift: int, evidence: dict)
     for reading in run.readings:
         if reading.layer not in layers or reading.shifted_change is None:
             continue
-        checks.append(Check(f"layer {reading.layer} rotated q.k depends only on the offset",
-                            reading.shifted_change <= reading.tolerance,
-                            f"{reading.quantity} with every position + {SHIFT} (the layer's input held fixed) vs the "
-                            f"originals: change {reading.shifted_change:.3g}", reading.shifted_change, reading.tolerance))
+        checks.append(
+            Check(
+                f"layer {reading.layer} rotated q.k depends only on the offset",
+                reading.shifted_change <= reading.tolerance,
+                f"{reading.quantity} with every position + {SHIFT} (the layer's input held fixed) vs the "
+                f"originals: change {reading.shifted_change:.3g}",
+                reading.shifted_change,
+                reading.tolerance,
+            )
+        )
     return checks
 
 
@@ -199,21 +252,37 @@ def _lookup_checks(run: Run, layer: int, evidence: dict) -> list[Check]:
     try:
         reference = method.reference_bias(attn, q, rel_ids)
     except IndexError as error:  # the layer's table is smaller than the declaration needs
-        return [Check(name, False, f"the layer's {method.table_name} cannot be read at the ids of the declaration "
-                      f"({method.lookup_formula(declared)}): {error}")]
+        return [
+            Check(
+                name,
+                False,
+                f"the layer's {method.table_name} cannot be read at the ids of the declaration "
+                f"({method.lookup_formula(declared)}): {error}",
+            )
+        ]
     allowed = run.allowed(layer)
-    checks = [agree(name, run.hook(layer, "hook_pos_bias"), reference, run.tol, method.lookup_formula(declared),
-                    allowed)]
+    checks = [
+        agree(name, run.hook(layer, "hook_pos_bias"), reference, run.tol, method.lookup_formula(declared), allowed)
+    ]
     evidence[f"layer{layer}_{method.name}_{method.ids_evidence_name}"] = method.ids_evidence(
-        declared, rel_ids[allowed[:, 0]])
+        declared, rel_ids[allowed[:, 0]]
+    )
     pattern = run.hook(layer, "hook_pattern").double()
     value_term = method.reference_value_term(attn, pattern, rel_ids)
     if value_term is not None:
         v = run.hook(layer, "hook_v").double()
         z = torch.einsum("bhqk,bkhe->bqhe", pattern, v)
         z = z + value_term
-        checks.append(agree(f"layer {layer} {method.label} {method.value_table_name} lookup", run.hook(layer, "hook_z"),
-                            z, run.tol, method.value_formula, p.real[:, :, None, None]))
+        checks.append(
+            agree(
+                f"layer {layer} {method.label} {method.value_table_name} lookup",
+                run.hook(layer, "hook_z"),
+                z,
+                run.tol,
+                method.value_formula,
+                p.real[:, :, None, None],
+            )
+        )
     return checks
 
 
@@ -224,8 +293,10 @@ def _relative_bias_checks(run: Run, layer: int, evidence: dict) -> list[Check]:
     extent = run.subject.relative_bias(layer)
     bias = run.hook(layer, "hook_pos_bias")
     if bias is None:
-        evidence[f"layer{layer}_relative_bias"] = (f"a learned bias by token-index distance i - j < {extent} is "
-                                                   "declared, but no hook_pos_bias records it: not verified")
+        evidence[f"layer{layer}_relative_bias"] = (
+            f"a learned bias by token-index distance i - j < {extent} is "
+            "declared, but no hook_pos_bias records it: not verified"
+        )
         return []
     bias = bias.double()
     index = torch.arange(bias.shape[-1], device=bias.device)
@@ -236,13 +307,25 @@ def _relative_bias_checks(run: Run, layer: int, evidence: dict) -> list[Check]:
     outside = float(bias[beyond].abs().max()) if beyond.any() else 0.0
     within = range(min(extent, int(real.sum(-1).max())))
     silent = [d for d in within if float(bias[pairs & (distance == d)].abs().max()) == 0.0]
-    evidence[f"layer{layer}_relative_bias"] = (f"bias by token-index distance, extent {extent}: read from "
-                                               "hook_pos_bias (position ids do not enter it, so the detector cannot)")
+    evidence[f"layer{layer}_relative_bias"] = (
+        f"bias by token-index distance, extent {extent}: read from "
+        "hook_pos_bias (position ids do not enter it, so the detector cannot)"
+    )
     return [
-        Check(f"layer {layer} relative bias is zero beyond rel_extent {extent}", outside == 0.0,
-              f"max |hook_pos_bias| at token distances i - j >= {extent} or < 0 ({int(beyond.sum())} entries): "
-              f"{outside:.3g}", outside, 0.0),
-        Check(f"layer {layer} relative bias acts below rel_extent {extent}", not silent,
-              f"hook_pos_bias is nonzero somewhere at every distance 0..{len(within) - 1}"
-              + (f"; exactly 0 at distances {silent}" if silent else ""), float(len(silent)), 0.0),
+        Check(
+            f"layer {layer} relative bias is zero beyond rel_extent {extent}",
+            outside == 0.0,
+            f"max |hook_pos_bias| at token distances i - j >= {extent} or < 0 ({int(beyond.sum())} entries): "
+            f"{outside:.3g}",
+            outside,
+            0.0,
+        ),
+        Check(
+            f"layer {layer} relative bias acts below rel_extent {extent}",
+            not silent,
+            f"hook_pos_bias is nonzero somewhere at every distance 0..{len(within) - 1}"
+            + (f"; exactly 0 at distances {silent}" if silent else ""),
+            float(len(silent)),
+            0.0,
+        ),
     ]

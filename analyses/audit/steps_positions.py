@@ -13,7 +13,7 @@ from nopelens.models.methods import QK_ROTATION
 
 from .numerics import agree, max_err
 from .probe import Run, ids_list
-from .report import Check, StepResult, make_step, by_reason
+from .report import Check, StepResult, by_reason, make_step
 
 
 # ----------------------------------------------------------------------------- step 1
@@ -25,10 +25,15 @@ def step1_position_ids(run: Run) -> StepResult:
     logits equal the unpadded row's (left-padding invariance).
     """
     s, p = run.subject, run.probe
-    checks, evidence = [], {
-        "tokens": p.tokens.tolist(), "attention_mask": p.mask.tolist(),
-        "special_tokens": s.special_tokens, "expected_position_ids": ids_list(p.ids, p.real),
-    }
+    checks, evidence = (
+        [],
+        {
+            "tokens": p.tokens.tolist(),
+            "attention_mask": p.mask.tolist(),
+            "special_tokens": s.special_tokens,
+            "expected_position_ids": ids_list(p.ids, p.real),
+        },
+    )
     if run.seen_ids is not None:
         seen = run.ids_used
         evidence["recorded_position_ids"] = ids_list(seen, p.real)
@@ -46,14 +51,22 @@ def step1_position_ids(run: Run) -> StepResult:
         evidence["recorded_position_ids"] = "not observable: the model exposes no position evidence"
     n_real = p.tokens.shape[1] - p.n_pad
     reference = run.logits[0, :n_real]
-    padded = run.logits[1, p.n_pad:]
+    padded = run.logits[1, p.n_pad :]
     compared = f"logits of the left-padded row's {n_real} real tokens vs the same tokens unpadded"
     not_finite = run.padded_row_not_finite
-    checks.append(agree("left-padding invariance", padded, reference, run.logit_tol,
-                        compared if not_finite is None else f"{compared}: {not_finite}"))
+    checks.append(
+        agree(
+            "left-padding invariance",
+            padded,
+            reference,
+            run.logit_tol,
+            compared if not_finite is None else f"{compared}: {not_finite}",
+        )
+    )
     evidence["left_padding"] = p.n_pad
-    return make_step(1, checks, evidence, "probe batch recorded; left-padded row uses mask-derived ids "
-                      "and gives the unpadded logits")
+    return make_step(
+        1, checks, evidence, "probe batch recorded; left-padded row uses mask-derived ids and gives the unpadded logits"
+    )
 
 
 # ----------------------------------------------------------------------------- step 2
@@ -76,8 +89,13 @@ def step2_origin_and_sign(run: Run) -> StepResult:
         first = p.mask.argmax(-1)
         origin = run.ids_used.gather(1, first[:, None])[:, 0]
         evidence["first_real_token_position"] = origin.tolist()
-        checks.append(Check("index origin", bool((origin == 0).all()),
-                            f"first real token of each row at positions {origin.tolist()} (expected 0)"))
+        checks.append(
+            Check(
+                "index origin",
+                bool((origin == 0).all()),
+                f"first real token of each row at positions {origin.tolist()} (expected 0)",
+            )
+        )
     for layer, (layer_checks, layer_evidence, why) in run.layer_records(origin_and_sign_layer).items():
         checks += layer_checks
         evidence.update(layer_evidence)
@@ -85,11 +103,17 @@ def step2_origin_and_sign(run: Run) -> StepResult:
             unreadable[layer] = why
     reason = None
     if not checks:
-        reason = (by_reason(unreadable) if unreadable
-                  else "no position method with an origin or signed offset (NoPE: only the causal mask)")
+        reason = (
+            by_reason(unreadable)
+            if unreadable
+            else "no position method with an origin or signed offset (NoPE: only the causal mask)"
+        )
     relative = len(checks) > 1 or (checks and checks[0].name != "index origin")
-    summary = ("first real token at 0; every relative method has its declared sign" if relative
-               else "first real token of every row at position 0")
+    summary = (
+        "first real token at 0; every relative method has its declared sign"
+        if relative
+        else "first real token of every row at position 0"
+    )
     return make_step(2, checks, evidence, summary, reason)
 
 
@@ -101,8 +125,10 @@ def origin_and_sign_layer(run: Run, layer: int) -> tuple[list[Check], dict[str, 
     evidence: dict[str, Any] = {}
     why = None
     if method.reads_positions and s.offset_zero_only(layer):
-        why = (f"{s.key_window(layer).describe()}: each query sees only its own key (offset 0), "
-               "so no offset's sign can show")
+        why = (
+            f"{s.key_window(layer).describe()}: each query sees only its own key (offset 0), "
+            "so no offset's sign can show"
+        )
         evidence[f"layer{layer}_offset_sign"] = f"not checked: {why}"
     elif method.acts(QK_ROTATION) and s.qk_unreadable(layer) is not None:
         why = s.qk_unreadable(layer)
@@ -142,9 +168,14 @@ def _linear_bias_sign_check(run: Run, layer: int, evidence: dict) -> Check:
         verdict = f"the bias penalizes distant keys, with slopes {scale} the declared m_h"
     else:
         verdict = "the bias penalizes distant keys with the declared slopes"
-    return Check(f"layer {layer} {method.label} sign and slopes", penalizes and err <= bound,
-                 f"{verdict}: bias vs distance i - j fits slopes {[round(f, 5) for f in fitted]}, declared "
-                 f"+m_h = {[round(e, 5) for e in expected]}", err, bound)
+    return Check(
+        f"layer {layer} {method.label} sign and slopes",
+        penalizes and err <= bound,
+        f"{verdict}: bias vs distance i - j fits slopes {[round(f, 5) for f in fitted]}, declared "
+        f"+m_h = {[round(e, 5) for e in expected]}",
+        err,
+        bound,
+    )
 
 
 def _lookup_sign_check(run: Run, layer: int, evidence: dict) -> Check:
@@ -157,18 +188,25 @@ def _lookup_sign_check(run: Run, layer: int, evidence: dict) -> Check:
     try:
         declared = method.reference_bias(attn, q, rows)
     except IndexError as error:  # the layer's table is smaller than the declaration needs
-        return Check(f"layer {layer} {method.label} offset sign", False,
-                     f"the layer's {method.table_name} cannot be read at the ids of the declaration: {error}")
+        return Check(
+            f"layer {layer} {method.label} offset sign",
+            False,
+            f"the layer's {method.table_name} cannot be read at the ids of the declaration: {error}",
+        )
     mirrored = method.reference_bias(attn, q, rows.transpose(1, 2))
     observed = run.position_contribution(layer)
     e_dec, e_mir = max_err(observed, declared, allowed), max_err(observed, mirrored, allowed)
     evidence[f"layer{layer}_{method.name}_error_j_minus_i"] = e_dec
     evidence[f"layer{layer}_{method.name}_error_i_minus_j"] = e_mir
     bound = run.tol.of(declared)
-    return Check(f"layer {layer} {method.label} offset sign", e_dec <= bound,
-                 f"hook_pos_bias vs {method.table_name} at the declared offset {method.declared_offset}: "
-                 f"error {e_dec:.3g}; at the mirrored offset {method.mirrored_offset}: error {e_mir:.3g}",
-                 e_dec, bound)
+    return Check(
+        f"layer {layer} {method.label} offset sign",
+        e_dec <= bound,
+        f"hook_pos_bias vs {method.table_name} at the declared offset {method.declared_offset}: "
+        f"error {e_dec:.3g}; at the mirrored offset {method.mirrored_offset}: error {e_mir:.3g}",
+        e_dec,
+        bound,
+    )
 
 
 def _rotation_direction_check(run: Run, layer: int, evidence: dict) -> Check:
@@ -178,22 +216,34 @@ def _rotation_direction_check(run: Run, layer: int, evidence: dict) -> Check:
     """
     scores = observed_content(run, layer)
     allowed = run.allowed(layer)
-    errors = {(pairing, direction): max_err(scores, run.content(layer, pairing=pairing, direction=direction), allowed)
-              for pairing in ("half", "interleaved") for direction in (1, -1)}
-    evidence[f"layer{layer}_rope_errors"] = {f"{pairing} R({'+' if d > 0 else '-'}p)": e
-                                              for (pairing, d), e in errors.items()}
+    errors = {
+        (pairing, direction): max_err(scores, run.content(layer, pairing=pairing, direction=direction), allowed)
+        for pairing in ("half", "interleaved")
+        for direction in (1, -1)
+    }
+    evidence[f"layer{layer}_rope_errors"] = {
+        f"{pairing} R({'+' if d > 0 else '-'}p)": e for (pairing, d), e in errors.items()
+    }
     (pairing, direction), err = min(errors.items(), key=lambda item: item[1])
     bound = run.tol.of(scores[allowed.expand_as(scores)])
     if err > bound:
-        return Check(f"layer {layer} RoPE rotation direction", False,
-                     f"no rotation of either pairing or sense reproduces the scores (best error {err:.3g}); "
-                     "see step 5", err, bound)
+        return Check(
+            f"layer {layer} RoPE rotation direction",
+            False,
+            f"no rotation of either pairing or sense reproduces the scores (best error {err:.3g}); see step 5",
+            err,
+            bound,
+        )
     plus = min(errors[(pr, 1)] for pr in ("half", "interleaved"))
     minus = min(errors[(pr, -1)] for pr in ("half", "interleaved"))
     sense = "R(+p theta), so q.k depends on n - m" if direction > 0 else "R(-p theta): the sign is flipped"
-    return Check(f"layer {layer} RoPE rotation direction", direction > 0,
-                 f"scores are reproduced by {sense} (error {plus:.3g} for R(+p theta), {minus:.3g} for "
-                 "R(-p theta))", err, bound)
+    return Check(
+        f"layer {layer} RoPE rotation direction",
+        direction > 0,
+        f"scores are reproduced by {sense} (error {plus:.3g} for R(+p theta), {minus:.3g} for R(-p theta))",
+        err,
+        bound,
+    )
 
 
 def observed_content(run: Run, layer: int) -> Tensor:
@@ -216,8 +266,14 @@ def step4_absolute_additions(run: Run) -> StepResult:
     if s.input_method is None:
         return make_step(4, [], {}, "", f"no absolute position addition (methods {s.method_names})")
     if "hook_pos_embed" not in run.cache.keys():
-        return make_step(4, [], {}, "", f"{s.input_name} positions are added, but the model's hook_pos_embed never "
-                         "fires, so the added rows cannot be read")
+        return make_step(
+            4,
+            [],
+            {},
+            "",
+            f"{s.input_name} positions are added, but the model's hook_pos_embed never "
+            "fires, so the added rows cannot be read",
+        )
     ids = run.ids_used.clamp(min=0)
     recorded = run.cache["hook_pos_embed"].double()
     reference, what = s.input_reference(ids, recorded.shape[-1]), s.input_method.reference_text
@@ -228,8 +284,16 @@ def step4_absolute_additions(run: Run) -> StepResult:
     checks = [agree("hook_pos_embed equals the table", recorded, reference, run.tol, what, real)]
     resid = run.cache["blocks.0.hook_resid_pre"].double()
     embed = run.cache["hook_embed"].double()
-    checks.append(agree("positions are added to the embeddings", resid, embed + recorded, run.tol,
-                         "blocks.0.hook_resid_pre = hook_embed + hook_pos_embed", real))
+    checks.append(
+        agree(
+            "positions are added to the embeddings",
+            resid,
+            embed + recorded,
+            run.tol,
+            "blocks.0.hook_resid_pre = hook_embed + hook_pos_embed",
+            real,
+        )
+    )
     evidence = {"method": s.input_name, "position_ids": ids_list(ids, p.real)}
     if s.input_method.fixed_formula:  # a formula's first values are worth showing
         first = recorded[0, 0, :4].tolist()

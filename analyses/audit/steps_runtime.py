@@ -44,8 +44,14 @@ def step8_interventions(run: Run, shift: int) -> StepResult:
     """
     s, p = run.subject, run.probe
     if not s.takes_positions:
-        return make_step(8, [], {}, "", "the model takes no position ids (its position bias is built from key "
-                         "indices), so positions cannot be intervened on")
+        return make_step(
+            8,
+            [],
+            {},
+            "",
+            "the model takes no position ids (its position bias is built from key "
+            "indices), so positions cannot be intervened on",
+        )
     base = run.logits.double()
     bound = run.logit_tol.of(base)
     checks, evidence = [], {"expectations": {}}
@@ -60,13 +66,23 @@ def step8_interventions(run: Run, shift: int) -> StepResult:
         threshold = 0.0 if should_change else bound
         evidence["expectations"][label] = why
         evidence[f"{label}_max_logit_change"] = value
-        checks.append(Check(label, (value > threshold) == should_change,
-                            f"expected {'a change' if should_change else f'no change beyond {bound:.3g}'} ({why}); "
-                            f"max logit change {value:.3g}", value, threshold))
+        checks.append(
+            Check(
+                label,
+                (value > threshold) == should_change,
+                f"expected {'a change' if should_change else f'no change beyond {bound:.3g}'} ({why}); "
+                f"max logit change {value:.3g}",
+                value,
+                threshold,
+            )
+        )
 
     uses = s.positions_reach_output
-    no_effect = ("NoPE reads no positions" if not s.uses_positions else
-                 "a window or chunk of 1: each query sees only its own key, so its softmax is 1 whatever the positions")
+    no_effect = (
+        "NoPE reads no positions"
+        if not s.uses_positions
+        else "a window or chunk of 1: each query sees only its own key, so its softmax is 1 whatever the positions"
+    )
     zero = torch.zeros_like(p.ids)
     expect("zeroed positions", effect(zero), p.real, uses, "every method reads positions" if uses else no_effect)
     absolute_names = [m.name for m in (s.input_method, *s.layer_methods) if m is not None and m.absolute]
@@ -82,11 +98,18 @@ def step8_interventions(run: Run, shift: int) -> StepResult:
         evidence[f"positions shifted by {shift}"] = (
             f"not checked in {run.tol.dtype}: max logit change {change:.3g}; a shift changes the rounding of every "
             "rotation, which grows through the blocks (and can flip MoE routing), so only step 5's per-layer "
-            "shift test, with each layer's input held fixed, can hold offsets-only to round-off")
+            "shift test, with each layer's input held fixed, can hold offsets-only to round-off"
+        )
     else:
-        expect(f"positions shifted by {shift}", effect(p.ids + shift), p.real, absolute,
-               f"{', '.join(dict.fromkeys(absolute_names))} positions are absolute" if absolute
-               else _relative_note(s.layer_methods))
+        expect(
+            f"positions shifted by {shift}",
+            effect(p.ids + shift),
+            p.real,
+            absolute,
+            f"{', '.join(dict.fromkeys(absolute_names))} positions are absolute"
+            if absolute
+            else _relative_note(s.layer_methods),
+        )
     swapped, a, b = p.ids.clone(), [], []
     for row in range(p.ids.shape[0]):
         first, last = int(p.mask[row].argmax()), p.ids.shape[1] - 1
@@ -99,10 +122,20 @@ def step8_interventions(run: Run, shift: int) -> StepResult:
     index = torch.arange(p.ids.shape[1], device=p.ids.device)[None]
     before = p.real & (index < torch.tensor(a, device=index.device)[:, None])
     after = p.real & ~before
-    expect("swap: tokens before the first swapped one", diff, before, False,
-           "causal: earlier queries neither see nor carry the swapped positions")
-    expect("swap: tokens from the first swapped one on", diff, after, uses,
-           "their positions or offsets changed" if uses else no_effect)
+    expect(
+        "swap: tokens before the first swapped one",
+        diff,
+        before,
+        False,
+        "causal: earlier queries neither see nor carry the swapped positions",
+    )
+    expect(
+        "swap: tokens from the first swapped one on",
+        diff,
+        after,
+        uses,
+        "their positions or offsets changed" if uses else no_effect,
+    )
     return make_step(8, checks, evidence, "every intervention has its method's expected effect")
 
 
@@ -136,17 +169,29 @@ def step9_cached_decoding(run: Run) -> StepResult:
     if record.get("cache_ids") is not None:
         cache_ids = record["cache_ids"]
         bad = (cache_ids != p.ids) & p.real
-        checks.append(Check("KV cache position ids", not bad.any(),
-                            "cache.position_ids equal position_ids_from_mask" if not bad.any()
-                            else f"cache holds {ids_list(cache_ids, p.real)}, the mask gives "
-                            f"{ids_list(p.ids, p.real)}"))
-    check = agree("cached logits = full forward", logits, run.logits, run.logit_tol,
-                  f"prefix of {split} tokens, then one token at a time", p.real[..., None])
+        checks.append(
+            Check(
+                "KV cache position ids",
+                not bad.any(),
+                "cache.position_ids equal position_ids_from_mask"
+                if not bad.any()
+                else f"cache holds {ids_list(cache_ids, p.real)}, the mask gives {ids_list(p.ids, p.real)}",
+            )
+        )
+    check = agree(
+        "cached logits = full forward",
+        logits,
+        run.logits,
+        run.logit_tol,
+        f"prefix of {split} tokens, then one token at a time",
+        p.real[..., None],
+    )
     if not check.passed and s.decoding_caveat() is not None:
         check.detail += f" (known cause: {s.decoding_caveat()})"
     checks.append(check)
-    return make_step(9, checks, evidence,
-                      "incremental decoding assigns the same positions and logits as the full forward")
+    return make_step(
+        9, checks, evidence, "incremental decoding assigns the same positions and logits as the full forward"
+    )
 
 
 # ----------------------------------------------------------------------------- step 10
@@ -162,9 +207,15 @@ def step10_lengths(run: Run, meta: dict[str, Any]) -> StepResult:
     found = next(((k, meta[k]) for k in TRAIN_LENGTH_KEYS if meta.get(k) is not None), None)
     if found is None:
         evidence["train_lengths"] = "unknown"
-        return make_step(10, [], evidence, "", "training lengths unknown (no train_lengths in the metadata); "
-                          f"evaluated at lengths {eval_lengths}; {GENERALIZATION_NOTE}",
-                          warnings=[f"training lengths unknown: {GENERALIZATION_NOTE}"])
+        return make_step(
+            10,
+            [],
+            evidence,
+            "",
+            "training lengths unknown (no train_lengths in the metadata); "
+            f"evaluated at lengths {eval_lengths}; {GENERALIZATION_NOTE}",
+            warnings=[f"training lengths unknown: {GENERALIZATION_NOTE}"],
+        )
     key, value = found
     lengths = [int(v) for v in value] if isinstance(value, (list, tuple)) else [int(value)]
     if not lengths or min(lengths) < 1:
@@ -173,10 +224,19 @@ def step10_lengths(run: Run, meta: dict[str, Any]) -> StepResult:
     beyond = [n for n in eval_lengths if n > max(lengths)]
     warnings = []
     if beyond:
-        warnings.append(f"evaluation lengths {beyond} go past the longest training length {max(lengths)}: "
-                        f"{GENERALIZATION_NOTE}")
-    check = Check("lengths reported before any generalization claim", True,
-                  f"trained on lengths {lengths}, evaluated at {eval_lengths}"
-                  + (f"; {len(beyond)} beyond training" if beyond else "; within training"))
-    return make_step(10, [check], evidence, f"trained on {lengths}, evaluated at {eval_lengths}"
-                      + (" (BEYOND training)" if beyond else ""), warnings=warnings)
+        warnings.append(
+            f"evaluation lengths {beyond} go past the longest training length {max(lengths)}: {GENERALIZATION_NOTE}"
+        )
+    check = Check(
+        "lengths reported before any generalization claim",
+        True,
+        f"trained on lengths {lengths}, evaluated at {eval_lengths}"
+        + (f"; {len(beyond)} beyond training" if beyond else "; within training"),
+    )
+    return make_step(
+        10,
+        [check],
+        evidence,
+        f"trained on {lengths}, evaluated at {eval_lengths}" + (" (BEYOND training)" if beyond else ""),
+        warnings=warnings,
+    )

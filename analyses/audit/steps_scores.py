@@ -14,8 +14,8 @@ from nopelens.models.positions import alibi_bias
 
 from .numerics import agree, dot_scores, max_err
 from .probe import Run
+from .report import Check, StepResult, by_reason, make_step
 from .streaming import HeldBytes, hold_by_layer
-from .report import Check, StepResult, make_step, by_reason
 
 
 # ----------------------------------------------------------------------------- step 3
@@ -26,9 +26,13 @@ def masks_layer(run: Run, layer: int) -> dict | None:
         return None
     allowed, blocked = run.allowed(layer), run.blocked(layer)
     pattern = run.hook(layer, "hook_pattern").double()
-    record = {"min_allowed": float(pattern[allowed.expand_as(pattern)].min()),
-              "max_blocked": float(pattern[blocked.expand_as(pattern)].abs().max()),
-              "blocked_scores_ok": True, "allowed_finite": True, "worst_bias": None}
+    record = {
+        "min_allowed": float(pattern[allowed.expand_as(pattern)].min()),
+        "max_blocked": float(pattern[blocked.expand_as(pattern)].abs().max()),
+        "blocked_scores_ok": True,
+        "allowed_finite": True,
+        "worst_bias": None,
+    }
     if s.scores_trusted:
         scores = run.hook(layer, "hook_attn_scores").double()
         record["blocked_scores_ok"] = bool((scores[blocked.expand_as(scores)] <= run.tol.masked_score).all())
@@ -53,23 +57,45 @@ def step3_masks_vs_biases(run: Run) -> StepResult:
     worst_bias = [r["worst_bias"] for r in records if r["worst_bias"] is not None]
     blocked_scores_ok = all(r["blocked_scores_ok"] for r in records)
     allowed_finite = all(r["allowed_finite"] for r in records)
-    windows = {layer: s.key_window(layer).describe() for layer in s.attention_layers if not s.key_window(layer).causal_only}
+    windows = {
+        layer: s.key_window(layer).describe() for layer in s.attention_layers if not s.key_window(layer).causal_only
+    }
     if windows:
         evidence["windows"] = windows
     evidence.update(min_allowed_weight=min_allowed, max_blocked_weight=max_blocked, largest_bias=worst_bias)
-    checks.append(Check("blocked entries have exactly zero weight", max(max_blocked) == 0.0,
-                        f"max weight on a blocked (future or padded) key: {max(max_blocked):.3g}",
-                        max(max_blocked), 0.0))
-    checks.append(Check("allowed entries keep weight > 0", min(min_allowed) > 0.0,
-                        f"min weight on an allowed key {min(min_allowed):.3g}"
-                        + (f", under biases up to {max(worst_bias):.3g}" if worst_bias else ""), min(min_allowed)))
+    checks.append(
+        Check(
+            "blocked entries have exactly zero weight",
+            max(max_blocked) == 0.0,
+            f"max weight on a blocked (future or padded) key: {max(max_blocked):.3g}",
+            max(max_blocked),
+            0.0,
+        )
+    )
+    checks.append(
+        Check(
+            "allowed entries keep weight > 0",
+            min(min_allowed) > 0.0,
+            f"min weight on an allowed key {min(min_allowed):.3g}"
+            + (f", under biases up to {max(worst_bias):.3g}" if worst_bias else ""),
+            min(min_allowed),
+        )
+    )
     if s.scores_trusted:
-        checks.append(Check("mask is -inf (or the dtype minimum), biases finite", blocked_scores_ok and allowed_finite,
-                            f"blocked scores <= {run.tol.masked_score:.3g} and every allowed score finite" if blocked_scores_ok
-                            and allowed_finite else "a blocked score is finite-valued or an allowed score is not finite"))
+        checks.append(
+            Check(
+                "mask is -inf (or the dtype minimum), biases finite",
+                blocked_scores_ok and allowed_finite,
+                f"blocked scores <= {run.tol.masked_score:.3g} and every allowed score finite"
+                if blocked_scores_ok and allowed_finite
+                else "a blocked score is finite-valued or an allowed score is not finite",
+            )
+        )
     else:
-        evidence["masked_scores"] = ("not checked: the model records no pre-softmax scores (its hook_attn_scores "
-                                     "carry the pattern); blocked weights are checked on hook_pattern")
+        evidence["masked_scores"] = (
+            "not checked: the model records no pre-softmax scores (its hook_attn_scores "
+            "carry the pattern); blocked weights are checked on hook_pattern"
+        )
     bias_layers = s.layers_acting(SCORE_BIAS)
     if bias_layers:
         drop = _drop_bias(run, bias_layers)
@@ -101,8 +127,9 @@ def _drop_bias(run: Run, layers: list[int]) -> tuple[list[Check], dict] | None:
         changed[layer] = max_err(scores[:rows], scores[rows:], allowed)
 
     held = HeldBytes(p.tokens.shape[1])
-    hooks, finish = hold_by_layer([n for n in s.model.hook_dict if n in wanted], wanted.get, compare, {}, held,
-                                  clone=True)
+    hooks, finish = hold_by_layer(
+        [n for n in s.model.hook_dict if n in wanted], wanted.get, compare, {}, held, clone=True
+    )
     if not s.forward_without_bias(p.tokens.repeat(2, 1), p.mask.repeat(2, 1), hooks, rows=slice(rows, None)):
         return None
     finish()
@@ -110,10 +137,18 @@ def _drop_bias(run: Run, layers: list[int]) -> tuple[list[Check], dict] | None:
     changed = [changed[layer] for layer in layers]
     bound = run.tol.of(run.logits)
     checks = [
-        Check("dropping the bias keeps the blocked set", all(same_blocked),
-              "entries with zero weight are the same with and without the position bias"),
-        Check("dropping the bias changes the scores", min(changed) > bound,
-              f"max score change per bias layer {[round(c, 6) for c in changed]}", min(changed), bound),
+        Check(
+            "dropping the bias keeps the blocked set",
+            all(same_blocked),
+            "entries with zero weight are the same with and without the position bias",
+        ),
+        Check(
+            "dropping the bias changes the scores",
+            min(changed) > bound,
+            f"max score change per bias layer {[round(c, 6) for c in changed]}",
+            min(changed),
+            bound,
+        ),
     ]
     return checks, {"drop_bias_score_change": changed}
 
@@ -135,29 +170,49 @@ def score_parts_layer(run: Run, layer: int) -> tuple[list[Check], bool, str | No
     if content_hook is not None:
         q = q_rot if q_rot is not None else run.hook(layer, "hook_q")
         k = run.hook(layer, "hook_rot_k") if q_rot is not None else run.hook(layer, "hook_k")
-        checks.append(agree(f"layer {layer} content = q.k / sqrt(d_head)", content_hook,
-                             dot_scores(q, k, s.score_scale(layer)), run.tol,
-                             "hook_content_scores recomputed from the hooked q and k", allowed))
+        checks.append(
+            agree(
+                f"layer {layer} content = q.k / sqrt(d_head)",
+                content_hook,
+                dot_scores(q, k, s.score_scale(layer)),
+                run.tol,
+                "hook_content_scores recomputed from the hooked q and k",
+                allowed,
+            )
+        )
         content = content_hook.double()
     else:
         content = run.content(layer)
     bias = run.position_contribution(layer)
     if bias is None or content_hook is not None:  # a derived bias adds up by construction
         total = content + (bias if bias is not None else 0.0)
-        checks.append(agree(f"layer {layer} content + position = scores", scores, total, run.tol,
-                             f"{method.name}: " + ("content + position bias" if bias is not None
-                                              else "content only (no score bias)"),
-                             allowed))
+        checks.append(
+            agree(
+                f"layer {layer} content + position = scores",
+                scores,
+                total,
+                run.tol,
+                f"{method.name}: "
+                + ("content + position bias" if bias is not None else "content only (no score bias)"),
+                allowed,
+            )
+        )
     if method.bias_kind == "linear":
         ids = run.ids_used.clamp(min=0)
         reference = alibi_bias(s.alibi_slopes(layer).to(ids.device), ids, ids).double()
         observed = bias
         if content_hook is None:  # HF adds slope * p_j; compare up to the per-row constant
             observed = bias - bias.diagonal(dim1=-2, dim2=-1)[..., :, None]
-        checks.append(agree(f"layer {layer} {method.label} position contribution", observed, reference,
-                             run.tol, method.reference_text
-                             + (" (row-centred)" if content_hook is None else ""),
-                             allowed))
+        checks.append(
+            agree(
+                f"layer {layer} {method.label} position contribution",
+                observed,
+                reference,
+                run.tol,
+                method.reference_text + (" (row-centred)" if content_hook is None else ""),
+                allowed,
+            )
+        )
     return checks, content_hook is None, None
 
 
@@ -181,15 +236,18 @@ def step6_score_parts(run: Run) -> StepResult:
             derived.append(layer)
     if derived:
         evidence["derived_content_layers"] = derived
-        evidence["note"] = ("the bridge hooks no separate content or bias scores; content is recomputed from "
-                            "hook_q/hook_k (rotated by the reference for RoPE) and the position part is "
-                            "hook_attn_scores - content")
+        evidence["note"] = (
+            "the bridge hooks no separate content or bias scores; content is recomputed from "
+            "hook_q/hook_k (rotated by the reference for RoPE) and the position part is "
+            "hook_attn_scores - content"
+        )
     reason = None
     if unreadable:
         evidence["q_k_not_read"] = {str(layer): why for layer, why in unreadable.items()}
         reason = by_reason(unreadable)
-    return make_step(6, checks, evidence,
-                      "content and position parts are recorded separately and add up to the scores", reason)
+    return make_step(
+        6, checks, evidence, "content and position parts are recorded separately and add up to the scores", reason
+    )
 
 
 def _output_scale(run: Run, layer: int, pattern: Tensor) -> Tensor | None:
@@ -257,27 +315,58 @@ def step7_softmax(run: Run) -> StepResult:
     bound = run.tol.atol
     evidence: dict = {"padded_query_rows_excluded": p.n_pad}
     if s.scores_trusted:
-        checks.append(Check("softmax over the key axis", worst_key <= bound,
-                            f"hook_pattern = softmax(hook_attn_scores, key axis){' with the learned sinks' if sink_mass else ''}"
-                            f": error {worst_key:.3g}; over the query axis it would be {worst_query:.3g}",
-                            worst_key, bound))
+        checks.append(
+            Check(
+                "softmax over the key axis",
+                worst_key <= bound,
+                f"hook_pattern = softmax(hook_attn_scores, key axis){' with the learned sinks' if sink_mass else ''}"
+                f": error {worst_key:.3g}; over the query axis it would be {worst_query:.3g}",
+                worst_key,
+                bound,
+            )
+        )
     else:
-        evidence["softmax_axis"] = ("not checked: the model records no pre-softmax scores (its hook_attn_scores "
-                                    "carry the pattern, or it is hooked without the bridge)")
+        evidence["softmax_axis"] = (
+            "not checked: the model records no pre-softmax scores (its hook_attn_scores "
+            "carry the pattern, or it is hooked without the bridge)"
+        )
     if plain:
-        checks.append(Check("unmasked rows sum to 1", worst_sum <= bound,
-                            f"max |row sum - 1| over real query rows {worst_sum:.3g}", worst_sum, bound))
+        checks.append(
+            Check(
+                "unmasked rows sum to 1",
+                worst_sum <= bound,
+                f"max |row sum - 1| over real query rows {worst_sum:.3g}",
+                worst_sum,
+                bound,
+            )
+        )
     if sink_mass:
         evidence["mean_sink_mass_per_layer"] = {str(l): m for l, m in sink_mass.items()}
         least = min(sink_mass.values())
-        checks.append(Check("declared sinks take mass", least > bound and over_one <= bound,
-                            f"mean p_sink per sink layer {[round(m, 4) for m in sink_mass.values()]} (1 - row sum, "
-                            f"or 1 - the output scale; must be > {bound:.3g}: a declared sink takes mass); largest "
-                            f"row sum (or scale) - 1 {over_one:.3g}", least, bound))
-    checks.append(Check("blocked entries exactly 0", worst_block == 0.0,
-                        f"max weight at blocked entries {worst_block:.3g}", worst_block, 0.0))
+        checks.append(
+            Check(
+                "declared sinks take mass",
+                least > bound and over_one <= bound,
+                f"mean p_sink per sink layer {[round(m, 4) for m in sink_mass.values()]} (1 - row sum, "
+                f"or 1 - the output scale; must be > {bound:.3g}: a declared sink takes mass); largest "
+                f"row sum (or scale) - 1 {over_one:.3g}",
+                least,
+                bound,
+            )
+        )
+    checks.append(
+        Check(
+            "blocked entries exactly 0",
+            worst_block == 0.0,
+            f"max weight at blocked entries {worst_block:.3g}",
+            worst_block,
+            0.0,
+        )
+    )
     summary = "patterns are key-axis softmaxes; rows sum to 1; blocked entries are exactly 0"
     if sink_mass:
-        summary = ("patterns are key-axis softmaxes (learned sinks in the denominator); rows sum to 1, or to "
-                   "1 - p_sink on sink layers; blocked entries are exactly 0")
+        summary = (
+            "patterns are key-axis softmaxes (learned sinks in the denominator); rows sum to 1, or to "
+            "1 - p_sink on sink layers; blocked entries are exactly 0"
+        )
     return make_step(7, checks, evidence, summary)

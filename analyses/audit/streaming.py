@@ -30,9 +30,15 @@ class HeldBytes:
         self.now -= sum(self._bytes(x) for x in tensors)
 
 
-def hold_by_layer(names, layer_of: Callable[[str], int | None], on_layer: Callable[[int, dict[str, Tensor]], None],
-                  kept: dict[str, Tensor], held: HeldBytes, on_tensor: Callable[[str, Tensor], None] | None = None,
-                  clone: bool = False):
+def hold_by_layer(
+    names,
+    layer_of: Callable[[str], int | None],
+    on_layer: Callable[[int, dict[str, Tensor]], None],
+    kept: dict[str, Tensor],
+    held: HeldBytes,
+    on_tensor: Callable[[str, Tensor], None] | None = None,
+    clone: bool = False,
+):
     """Forward hooks that hold the hooks of each layer (``layer_of(name)``) until a later layer's first
     hook fires, then hand them to ``on_layer(layer, tensors)`` and drop them; hooks of no layer
     (``layer_of`` None) go to ``kept``.
@@ -71,11 +77,14 @@ def hold_by_layer(names, layer_of: Callable[[str], int | None], on_layer: Callab
             if layer != state["layer"]:
                 flush()
                 if layer in state["done"]:
-                    raise RuntimeError(f"{name} fired after the hooks of a later layer: the audit reads a layer's "
-                                       "hooks once it is complete, so they must fire layer by layer")
+                    raise RuntimeError(
+                        f"{name} fired after the hooks of a later layer: the audit reads a layer's "
+                        "hooks once it is complete, so they must fire layer by layer"
+                    )
                 state["layer"] = layer
             state["tensors"][name] = x
             held.add(x)
+
         return hook
 
     return [(name, keep(name)) for name in names], flush

@@ -71,7 +71,8 @@ class Subject(abc.ABC):
         key (under a window or chunk of 1 a relative method meets offset 0 only, and the softmax
         over one key is 1 whatever the score)."""
         return self.input_method is not None or any(
-            m.reads_positions and not self.offset_zero_only(layer) for layer, m in enumerate(self.layer_methods))
+            m.reads_positions and not self.offset_zero_only(layer) for layer, m in enumerate(self.layer_methods)
+        )
 
     def offset_zero_only(self, layer: int) -> bool:
         """The layer's method reads only offsets, and each query sees only its own key (a window or
@@ -119,12 +120,20 @@ class Subject(abc.ABC):
         return [layer for layer, m in enumerate(self.layer_methods) if m.acts(place)]
 
     def describe(self) -> dict[str, Any]:
-        desc = (f"{self.kind}; input positions: {self.input_name or 'none'}; per layer: "
-                f"{_runs(self.layer_labels)}")
-        out = {"name": self.name, "kind": self.kind, "description": desc,
-               "input_position": self.input_name, "layer_positions": self.layer_names,
-               "attention_methods": self.method_names, "n_layers": self.n_layers, "n_heads": self.n_heads,
-               "d_head": self.d_head, "d_vocab": self.d_vocab, "max_positions": self.max_positions}
+        desc = f"{self.kind}; input positions: {self.input_name or 'none'}; per layer: {_runs(self.layer_labels)}"
+        out = {
+            "name": self.name,
+            "kind": self.kind,
+            "description": desc,
+            "input_position": self.input_name,
+            "layer_positions": self.layer_names,
+            "attention_methods": self.method_names,
+            "n_layers": self.n_layers,
+            "n_heads": self.n_heads,
+            "d_head": self.d_head,
+            "d_vocab": self.d_vocab,
+            "max_positions": self.max_positions,
+        }
         out.update(self.details)
         return out
 
@@ -139,13 +148,15 @@ class Subject(abc.ABC):
         return "hook_attn_scores"
 
     @abc.abstractmethod
-    def forward(self, tokens: Tensor, mask: Tensor, position_ids: Tensor | None = None,
-                fwd_hooks: Any = ()) -> Float[Tensor, "batch pos d_vocab"]:
+    def forward(
+        self, tokens: Tensor, mask: Tensor, position_ids: Tensor | None = None, fwd_hooks: Any = ()
+    ) -> Float[Tensor, "batch pos d_vocab"]:
         """Logits, with explicit position ids (an intervention) and TransformerLens hooks."""
 
     @abc.abstractmethod
-    def run_with_cache(self, tokens: Tensor, mask: Tensor, position_ids: Tensor | None = None
-                       ) -> tuple[Tensor, Any, Tensor | None]:
+    def run_with_cache(
+        self, tokens: Tensor, mask: Tensor, position_ids: Tensor | None = None
+    ) -> tuple[Tensor, Any, Tensor | None]:
         """Logits, the audited activations and the position ids the model used (None if unseen)."""
 
     @abc.abstractmethod
@@ -165,7 +176,7 @@ class Subject(abc.ABC):
 
     def score_scale(self, layer: int) -> float:
         """The factor multiplying q.k in a layer's scores: 1 / sqrt(d_head)."""
-        return self.d_head ** -0.5
+        return self.d_head**-0.5
 
     def rope_spec(self, layer: int) -> RopeSpec | None:
         """The RoPE parameters of a layer, None where the layer does not rotate."""
@@ -275,13 +286,15 @@ class DecoderSubject(Subject):
         return self.input_method.reference_vectors(self.model, position_ids, width)
 
     def forward(self, tokens, mask, position_ids=None, fwd_hooks=()):
-        return self.model.run_with_hooks(tokens, attention_mask=mask, position_ids=position_ids,
-                                         fwd_hooks=list(fwd_hooks))
+        return self.model.run_with_hooks(
+            tokens, attention_mask=mask, position_ids=position_ids, fwd_hooks=list(fwd_hooks)
+        )
 
     def run_with_cache(self, tokens, mask, position_ids=None):
         with self.capture_position_ids() as seen:
-            logits, cache = self.model.run_with_cache(tokens, attention_mask=mask, position_ids=position_ids,
-                                                      names_filter=audited_hook)
+            logits, cache = self.model.run_with_cache(
+                tokens, attention_mask=mask, position_ids=position_ids, names_filter=audited_hook
+            )
         return logits, cache, seen[0]
 
     @contextlib.contextmanager
@@ -291,7 +304,7 @@ class DecoderSubject(Subject):
 
         def hook(module, args):
             resid, key_positions = args[0], args[1]
-            seen.append(key_positions[:, -resid.shape[1]:].detach().clone())
+            seen.append(key_positions[:, -resid.shape[1] :].detach().clone())
 
         handle = self.model.blocks[0].register_forward_pre_hook(hook)
         try:
@@ -305,7 +318,7 @@ class DecoderSubject(Subject):
         with self.capture_position_ids() as seen:
             pieces.append(self.model(tokens[:, :split], attention_mask=mask[:, :split], past_kv=cache))
             for t in range(split, tokens.shape[1]):
-                pieces.append(self.model(tokens[:, t:t + 1], attention_mask=mask[:, t:t + 1], past_kv=cache))
+                pieces.append(self.model(tokens[:, t : t + 1], attention_mask=mask[:, t : t + 1], past_kv=cache))
         return torch.cat(pieces, 1), {"step_ids": torch.cat(seen, 1), "cache_ids": cache.position_ids}
 
     def forward_without_bias(self, tokens, mask, fwd_hooks, rows=slice(None)):
@@ -328,9 +341,22 @@ def audited_hook(name: str) -> bool:
     return ".attn.hook_" in name and name.rsplit(".", 1)[-1] in ATTENTION_HOOKS
 
 
-ATTENTION_HOOKS = ("hook_q", "hook_k", "hook_q_normed", "hook_k_normed", "hook_v", "hook_rot_q", "hook_rot_k",
-                   "hook_content_scores", "hook_pos_bias", "hook_attn_scores", "hook_pattern", "hook_z", "hook_cos",
-                   "hook_sin")
+ATTENTION_HOOKS = (
+    "hook_q",
+    "hook_k",
+    "hook_q_normed",
+    "hook_k_normed",
+    "hook_v",
+    "hook_rot_q",
+    "hook_rot_k",
+    "hook_content_scores",
+    "hook_pos_bias",
+    "hook_attn_scores",
+    "hook_pattern",
+    "hook_z",
+    "hook_cos",
+    "hook_sin",
+)
 
 
 def _runs(labels: list[str]) -> str:

@@ -35,24 +35,37 @@ COMMAND_MODULES = (
 )
 
 COMMANDS = {
-    "sweep": ("nopelens.analyses.cli.sweep", "where absolute index and relative distance first become recoverable (the main job)"),
+    "sweep": (
+        "nopelens.analyses.cli.sweep",
+        "where absolute index and relative distance first become recoverable (the main job)",
+    ),
     "probe": ("nopelens.analyses.cli.sweep", "probe one model (checkpoint, zoo name or HF directory) layer by layer"),
     "sinks": ("nopelens.analyses.cli.sweep", "attention-sink mass and rate per layer and head, with and without BOS"),
     "demo": ("nopelens.analyses.cli.demo", "build one model per position method and print its hook names"),
     "train": ("nopelens.analyses.cli.train", "train a decoder on a task, or train/load a zoo model"),
-    "lengthgen": ("nopelens.analyses.cli.lengthgen",
-                  "train each position method on short sequences, test exact match on longer ones"),
-    "circuit": ("nopelens.analyses.cli.circuit",
-                "hand-built NoPE circuits (Kazemnejad et al. 2023) and seed demos, with checks and a figure"),
+    "lengthgen": (
+        "nopelens.analyses.cli.lengthgen",
+        "train each position method on short sequences, test exact match on longer ones",
+    ),
+    "circuit": (
+        "nopelens.analyses.cli.circuit",
+        "hand-built NoPE circuits (Kazemnejad et al. 2023) and seed demos, with checks and a figure",
+    ),
     "audit": ("nopelens.analyses.cli.audit", "run seed 002's ten-step position audit on a model"),
-    "intervene": ("nopelens.analyses.cli.intervene",
-                  "causal tests: does the probed position come from the attention sink, and is it used?"),
+    "intervene": (
+        "nopelens.analyses.cli.intervene",
+        "causal tests: does the probed position come from the attention sink, and is it used?",
+    ),
     "validate": ("nopelens.analyses.cli.validate", "the known-answer suite: models where theory fixes every number"),
     "dynamics": ("nopelens.analyses.cli.dynamics", "follow position probes and attention sinks through training"),
-    "extreme-tokens": ("nopelens.analyses.cli.extreme_tokens",
-                       "active-dormant heads, value-state drains and residual-state peaks (Guo et al. 2024)"),
-    "compare": ("nopelens.analyses.cli.compare",
-                "side by side with a paper: Haviv et al. 2022's position probe across NoPE, learned, sinusoidal, ALiBi"),
+    "extreme-tokens": (
+        "nopelens.analyses.cli.extreme_tokens",
+        "active-dormant heads, value-state drains and residual-state peaks (Guo et al. 2024)",
+    ),
+    "compare": (
+        "nopelens.analyses.cli.compare",
+        "side by side with a paper: Haviv et al. 2022's position probe across NoPE, learned, sinusoidal, ALiBi",
+    ),
 }
 """Subcommand -> (module that registers it, its line in ``nopelens --help``). The CLI imports only
 the module of the command it runs, and none for ``nopelens --help``: the modules import torch and
@@ -123,6 +136,7 @@ def main(argv: list[str] | None = None) -> int:
 def _terminate_as_interrupt():
     """Make SIGTERM raise KeyboardInterrupt in this (main) thread; the handler it replaces (None
     where signals cannot be set here)."""
+
     def interrupt(signum, frame):
         raise KeyboardInterrupt
 
@@ -163,12 +177,18 @@ def guarded(run: Callable[[], int | None], label: str) -> int:
             print(f"{label}: error: out of memory{detail}; use smaller lengths, sizes or counts", file=sys.stderr)
             return 2
         if _is_disk_full(error):
-            print(f"{label}: error: no space left on the device written to ({_first_line(error)}); free some, or "
-                  "write elsewhere (--out)", file=sys.stderr)
+            print(
+                f"{label}: error: no space left on the device written to ({_first_line(error)}); free some, or "
+                "write elsewhere (--out)",
+                file=sys.stderr,
+            )
             return 2
-        print(f"{label}: internal error: {type(error).__name__}: {_first_line(error)} "
-              f"(at {_where(error)}); this is a bug in nopelens: please report it with the command line to "
-              f"{REPORT_TO} (rerun with NOPELENS_TRACEBACK=1 for the traceback)", file=sys.stderr)
+        print(
+            f"{label}: internal error: {type(error).__name__}: {_first_line(error)} "
+            f"(at {_where(error)}); this is a bug in nopelens: please report it with the command line to "
+            f"{REPORT_TO} (rerun with NOPELENS_TRACEBACK=1 for the traceback)",
+            file=sys.stderr,
+        )
         return 3
 
 
@@ -191,8 +211,12 @@ def _where(error: BaseException) -> str:
 def _is_out_of_memory(error: BaseException) -> bool:
     """True for a failed allocation (torch raises RuntimeError for CPU, OutOfMemoryError for GPU)."""
     text = str(error)
-    return (isinstance(error, MemoryError) or "out of memory" in text.lower() or "can't allocate memory" in text
-            or "std::bad_alloc" in text)
+    return (
+        isinstance(error, MemoryError)
+        or "out of memory" in text.lower()
+        or "can't allocate memory" in text
+        or "std::bad_alloc" in text
+    )
 
 
 def _is_disk_full(error: BaseException) -> bool:

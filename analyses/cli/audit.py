@@ -41,7 +41,7 @@ def load_subject(args: argparse.Namespace) -> tuple[Any, str]:
     if args.checkpoint:
         return load_checkpoint_dir(Path(args.checkpoint)), f"checkpoint {args.checkpoint}"
     if args.model and args.model.startswith(FACTORY_PREFIX):
-        return hook_any(load_factory(args.model[len(FACTORY_PREFIX):])), f"factory {args.model[len(FACTORY_PREFIX):]}"
+        return hook_any(load_factory(args.model[len(FACTORY_PREFIX) :])), f"factory {args.model[len(FACTORY_PREFIX) :]}"
     if args.model:
         return zoo.load(args.model, progress=not args.quiet), f"zoo model {args.model}"
     if args.hf_dir:
@@ -54,8 +54,9 @@ def _fresh_decoder(position: str, eval_length: int, seed: int) -> Any:
     methods = [m.strip() for m in position.split(",")]
     spec: str | list[str] = methods[0] if len(methods) == 1 else methods
     n_layers = 2 if len(methods) == 1 else len(methods)
-    config = DecoderConfig(d_vocab=64, n_ctx=max(64, eval_length), n_layers=n_layers, d_model=32,
-                           n_heads=4, position=spec)
+    config = DecoderConfig(
+        d_vocab=64, n_ctx=max(64, eval_length), n_layers=n_layers, d_model=32, n_heads=4, position=spec
+    )
     return Decoder(config, seed=seed)
 
 
@@ -80,8 +81,9 @@ def run(args: argparse.Namespace) -> int:
             print(f"nopelens audit: {args.hf_dir}: {line} (per head: nopelens sinks)")
         raise
     train_lengths = args.train_lengths
-    report = audit(model, eval_length=args.eval_length, train_lengths=train_lengths, shift=args.shift,
-                   seed=args.seed, name=label)
+    report = audit(
+        model, eval_length=args.eval_length, train_lengths=train_lengths, shift=args.shift, seed=args.seed, name=label
+    )
     print(report.summary())
     if args.out:
         md, js = report.write(args.out)
@@ -103,15 +105,27 @@ def register(subparsers) -> None:
     )
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--checkpoint", metavar="DIR", help="a nopelens checkpoint directory")
-    source.add_argument("--model", metavar="NAME", help="a zoo model name, or factory:FILE.py:FUNCTION / "
-                        "factory:package.module:FUNCTION (your own torch module, hooked with no map)")
+    source.add_argument(
+        "--model",
+        metavar="NAME",
+        help="a zoo model name, or factory:FILE.py:FUNCTION / "
+        "factory:package.module:FUNCTION (your own torch module, hooked with no map)",
+    )
     source.add_argument("--hf-dir", metavar="DIR", help="a local HF causal LM directory (offline)")
-    source.add_argument("--position", metavar="METHOD",
-                        help="audit a fresh random Decoder of this method (nope, learned, sinusoidal, "
-                        "rope, alibi, shaw, t5) or per-layer list such as nope,rope")
+    source.add_argument(
+        "--position",
+        metavar="METHOD",
+        help="audit a fresh random Decoder of this method (nope, learned, sinusoidal, "
+        "rope, alibi, shaw, t5) or per-layer list such as nope,rope",
+    )
     parser.add_argument("--eval-length", type=int, default=16, help="probe length in tokens (default 16)")
-    parser.add_argument("--train-lengths", type=int, nargs=2, metavar=("MIN", "MAX"),
-                        help="training lengths, overriding the checkpoint metadata")
+    parser.add_argument(
+        "--train-lengths",
+        type=int,
+        nargs=2,
+        metavar=("MIN", "MAX"),
+        help="training lengths, overriding the checkpoint metadata",
+    )
     parser.add_argument("--shift", type=int, default=3, help="constant added to positions in step 8")
     parser.add_argument("--seed", type=seed_type, default=0, help="seed of the probe tokens (and of --position)")
     parser.add_argument("--out", metavar="DIR", help="write report.md and audit.json here")

@@ -38,8 +38,14 @@ def run(args: argparse.Namespace) -> int:
     if args.n_ctx < 2:
         raise ValueError(f"--n-ctx must be >= 2, got {args.n_ctx}")
     out = Path(args.out)
-    settings = CircuitSettings(n_ctx=args.n_ctx, slope=args.slope, sharpness=args.sharpness,
-                               construction=args.construction, d_vocab=args.d_vocab, seed=args.seed)
+    settings = CircuitSettings(
+        n_ctx=args.n_ctx,
+        slope=args.slope,
+        sharpness=args.sharpness,
+        construction=args.construction,
+        d_vocab=args.d_vocab,
+        seed=args.seed,
+    )
     table, fig = RUNNERS[args.subject](settings)
     stem = args.subject.replace("-", "_")
     if args.subject in ("counter", "distance", "previous-token"):
@@ -61,8 +67,11 @@ def register(subparsers) -> None:
         + " Subjects: counter, distance, previous-token (circuits) and equivariance, mask-table (seed demos).",
         epilog="example: nopelens circuit distance --n-ctx 128 --slope 0.25 --out runs/circuit",
     )
-    parser.add_argument("subject", choices=SUBJECTS, help="a circuit (counter, distance, previous-token) or a seed "
-                        "demo (equivariance, mask-table)")
+    parser.add_argument(
+        "subject",
+        choices=SUBJECTS,
+        help="a circuit (counter, distance, previous-token) or a seed demo (equivariance, mask-table)",
+    )
     parser.add_argument("--n-ctx", type=int, default=64, help="positions the circuit covers (default 64)")
     parser.add_argument("--slope", type=float, default=0.5, help="ALiBi slope m of the distance head (default 0.5)")
     parser.add_argument("--sharpness", type=float, default=10.0, help="c of the previous-token head (default 10)")

@@ -28,17 +28,36 @@ def register(subparsers) -> None:
         epilog="example: nopelens compare haviv --models text-nope-4l,text-rope-4l --out runs/haviv",
     )
     parser.add_argument("paper", choices=PAPERS, help="the paper to compare with")
-    parser.add_argument("--models", type=_models, default=None,
-                        help=f"comma-separated model specs (default: the comparison zoo, {','.join(HAVIV_MODELS)})")
-    parser.add_argument("--out", default="runs/haviv", help="run folder (created; resumed if it exists; default %(default)s)")
-    parser.add_argument("--quick", action="store_true", help="tiny settings for a smoke test (numbers not meaningful); "
-                        "default models text-nope-4l,text-rope-4l")
+    parser.add_argument(
+        "--models",
+        type=_models,
+        default=None,
+        help=f"comma-separated model specs (default: the comparison zoo, {','.join(HAVIV_MODELS)})",
+    )
+    parser.add_argument(
+        "--out", default="runs/haviv", help="run folder (created; resumed if it exists; default %(default)s)"
+    )
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="tiny settings for a smoke test (numbers not meaningful); default models text-nope-4l,text-rope-4l",
+    )
     parser.add_argument("--n-sequences", type=int, default=None, help="validation windows per model (default 100)")
-    parser.add_argument("--memory-mib", type=int, default=None,
-                        help="memory the kept features may take, in MiB (default 256): sets how many windows are kept")
-    parser.add_argument("--contexts", type=_lengths, default=None,
-                        help="window lengths in bytes of the NoPE context-length axis (default 64,128,256)")
-    parser.add_argument("--seed", type=seed_type, default=None, help="seed of windows, folds, probes, bootstrap (default 0)")
+    parser.add_argument(
+        "--memory-mib",
+        type=int,
+        default=None,
+        help="memory the kept features may take, in MiB (default 256): sets how many windows are kept",
+    )
+    parser.add_argument(
+        "--contexts",
+        type=_lengths,
+        default=None,
+        help="window lengths in bytes of the NoPE context-length axis (default 64,128,256)",
+    )
+    parser.add_argument(
+        "--seed", type=seed_type, default=None, help="seed of windows, folds, probes, bootstrap (default 0)"
+    )
     add_quiet(parser, "progress lines")
     parser.set_defaults(func=_run)
 
@@ -58,14 +77,27 @@ def _lengths(text: str) -> tuple[int, ...]:
 
 
 def _run(args: argparse.Namespace) -> int:
-    settings = HavivSettings.quick(*([args.models] if args.models else [])) if args.quick else \
-        HavivSettings(**({"models": args.models} if args.models else {}))
-    changes = {key: value for key, value in (("n_sequences", args.n_sequences), ("memory_mib", args.memory_mib),
-                                             ("contexts", args.contexts), ("seed", args.seed)) if value is not None}
+    settings = (
+        HavivSettings.quick(*([args.models] if args.models else []))
+        if args.quick
+        else HavivSettings(**({"models": args.models} if args.models else {}))
+    )
+    changes = {
+        key: value
+        for key, value in (
+            ("n_sequences", args.n_sequences),
+            ("memory_mib", args.memory_mib),
+            ("contexts", args.contexts),
+            ("seed", args.seed),
+        )
+        if value is not None
+    }
     settings = dataclasses.replace(settings, **changes)
     say = (lambda line: None) if args.quiet else (lambda line: print(f"nopelens compare: {line}", flush=True))
     tables = compare_haviv(args.out, settings, say)
     write_report(args.out, tables)
     print(summary_markdown(tables))
-    print(f"wrote {Path(args.out) / 'haviv.csv'}, losses.csv, context.csv, claims.csv, haviv.md, summary.md, haviv.png/.svg")
+    print(
+        f"wrote {Path(args.out) / 'haviv.csv'}, losses.csv, context.csv, claims.csv, haviv.md, summary.md, haviv.png/.svg"
+    )
     return 0

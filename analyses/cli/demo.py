@@ -26,7 +26,9 @@ def run(args: argparse.Namespace) -> int:
     for method, model in demo_models(args.seed).items():
         logits, cache = model.run_with_cache(tokens)
         position_hooks = [n for n in cache.keys() if n.rsplit(".", 1)[-1] in POSITION_HOOKS]
-        print(f"{method:>10}: {len(cache.keys())} hooks, logits {tuple(logits.shape)}; position hooks: {position_hooks or 'none (only the causal mask)'}")
+        print(
+            f"{method:>10}: {len(cache.keys())} hooks, logits {tuple(logits.shape)}; position hooks: {position_hooks or 'none (only the causal mask)'}"
+        )
         if args.verbose:
             print("            " + ", ".join(cache.keys()))
     return 0

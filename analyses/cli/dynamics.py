@@ -6,7 +6,8 @@ import argparse
 from pathlib import Path
 
 from nopelens.analyses import dynamics
-from nopelens.analyses.figures import dynamics_figure, save_figure
+from nopelens.analyses.command_figures import dynamics_figure
+from nopelens.analyses.figures import save_figure
 from nopelens.models import zoo
 from nopelens.models.io import write_text_atomic
 
@@ -14,9 +15,13 @@ from .options import add_quiet, seed_type
 
 
 def run(args: argparse.Namespace) -> int:
-    settings = dynamics.DynamicsSettings(model=args.model, n_checkpoints=args.checkpoints, train_seed=args.train_seed,
-                                quick_steps=30 if args.quick else None,
-                                **{k: getattr(args, k) for k in ("n_sequences", "n_boot", "seed") if getattr(args, k) is not None})
+    settings = dynamics.DynamicsSettings(
+        model=args.model,
+        n_checkpoints=args.checkpoints,
+        train_seed=args.train_seed,
+        quick_steps=30 if args.quick else None,
+        **{k: getattr(args, k) for k in ("n_sequences", "n_boot", "seed") if getattr(args, k) is not None},
+    )
     out = Path(args.out or f"runs/dynamics-{args.model}{'-quick' if args.quick else ''}")
     table = dynamics.run(settings, out, progress=not args.quiet)
     print(render(table, settings.model, out, zoo.recipe(settings.model).config.position_name))
@@ -36,7 +41,8 @@ def render(table, name: str, out: Path, position: str | None = None) -> str:
 
 def register(subparsers) -> None:
     parser = subparsers.add_parser(
-        "dynamics", help="follow position probes and attention sinks through training",
+        "dynamics",
+        help="follow position probes and attention sinks through training",
         description="Retrain a zoo model from its recipe, keep checkpoints at log-spaced steps and measure each "
         "with the sweep's probes: absolute-index R² per layer, the head-score read of i − j, the sink rate, the loss.",
         epilog="examples:\n  nopelens dynamics bb-nope-3l\n  nopelens dynamics text-nope-4l --checkpoints 10",

@@ -22,12 +22,24 @@ def register(subparsers) -> None:
         epilog="example: nopelens lengthgen --out runs/lengthgen --quick",
     )
     defaults = LengthGenSettings()
-    parser.add_argument("--out", default="runs/lengthgen", help="run folder (created; resumed if it exists; default %(default)s)")
+    parser.add_argument(
+        "--out", default="runs/lengthgen", help="run folder (created; resumed if it exists; default %(default)s)"
+    )
     parser.add_argument("--quick", action="store_true", help="tiny smoke-test settings (numbers not meaningful)")
-    parser.add_argument("--tasks", nargs="+", default=list(TASK_NAMES), choices=TASK_NAMES,
-                        help="tasks to train and test (default: all)")
-    parser.add_argument("--methods", nargs="+", default=list(METHODS), choices=METHODS,
-                        help="position methods to compare (default: all)")
+    parser.add_argument(
+        "--tasks",
+        nargs="+",
+        default=list(TASK_NAMES),
+        choices=TASK_NAMES,
+        help="tasks to train and test (default: all)",
+    )
+    parser.add_argument(
+        "--methods",
+        nargs="+",
+        default=list(METHODS),
+        choices=METHODS,
+        help="position methods to compare (default: all)",
+    )
     add_seeds(parser, "each (task, method) is trained once per seed", default=(0, 1, 2))
     parser.add_argument("--train-max-len", type=int, default=None, help=f"L (default {defaults.train_max_len})")
     parser.add_argument("--steps", type=int, default=None, help=f"training steps per model (default {defaults.steps})")
@@ -38,11 +50,15 @@ def register(subparsers) -> None:
 
 def _run(args: argparse.Namespace) -> int:
     settings = LengthGenSettings.quick() if args.quick else LengthGenSettings()
-    changes = {k: v for k, v in (("train_max_len", args.train_max_len), ("steps", args.steps), ("threads", args.threads))
-               if v is not None}
+    changes = {
+        k: v
+        for k, v in (("train_max_len", args.train_max_len), ("steps", args.steps), ("threads", args.threads))
+        if v is not None
+    }
     settings = dataclasses.replace(settings, **changes)
-    results = run_lengthgen(args.out, settings, tuple(args.tasks), tuple(args.methods), args.seeds,
-                            progress=not args.quiet)
+    results = run_lengthgen(
+        args.out, settings, tuple(args.tasks), tuple(args.methods), args.seeds, progress=not args.quiet
+    )
     summary = summarize(results)
     print(summary.to_string(index=False, float_format=lambda x: f"{x:.3f}"))
     print(f"wrote {Path(args.out) / 'lengthgen.csv'}, summary.csv, lengthgen.png/.svg")

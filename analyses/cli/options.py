@@ -15,10 +15,12 @@ from __future__ import annotations
 import argparse
 import os
 
-MODEL_HELP = ("zoo name (see `nopelens train --list`), checkpoint directory, hf:DIR (local HF model), "
-              "factory:FILE.py:FUNCTION or factory:package.module:FUNCTION (your own torch module, hooked with no map), "
-              "circuit, untrained-nope or constant-METHOD (constant input, no BOS; e.g. constant-nope, "
-              "constant-rope+rope+rope+nope)")
+MODEL_HELP = (
+    "zoo name (see `nopelens train --list`), checkpoint directory, hf:DIR (local HF model), "
+    "factory:FILE.py:FUNCTION or factory:package.module:FUNCTION (your own torch module, hooked with no map), "
+    "circuit, untrained-nope or constant-METHOD (constant input, no BOS; e.g. constant-nope, "
+    "constant-rope+rope+rope+nope)"
+)
 """What a model spec may be (see :mod:`nopelens.analyses.subjects`)."""
 
 
@@ -73,8 +75,13 @@ def _seeds_type(text: str) -> tuple[int, ...]:
 def add_seeds(parser: argparse.ArgumentParser, help: str, default: tuple[int, ...] | None = None) -> None:
     """``--seeds 0,1,2``, parsed to a tuple of ints (``default`` when not given)."""
     shown = "" if default is None else f" (default {','.join(map(str, default))})"
-    parser.add_argument("--seeds", type=_seeds_type, default=default, metavar="0,1,2",
-                        help=f"training seeds, a comma list{shown}: {help}")
+    parser.add_argument(
+        "--seeds",
+        type=_seeds_type,
+        default=default,
+        metavar="0,1,2",
+        help=f"training seeds, a comma list{shown}: {help}",
+    )
 
 
 def add_quiet(parser: argparse.ArgumentParser, what: str = "progress bars and progress lines") -> None:
@@ -101,10 +108,14 @@ def _threads(text: str) -> int:
 
 def add_threads(parser: argparse.ArgumentParser) -> None:
     """``--threads N``: torch and BLAS threads for training (default 1, part of the recipe)."""
-    parser.add_argument("--threads", type=_threads, default=1,
-                        help="torch and BLAS threads while training (default 1: the same recipe and seed give the "
-                        "same weights on any machine, and one thread is fastest for these small models on a shared "
-                        "CPU; the weights depend on the count, so it is part of the recipe)")
+    parser.add_argument(
+        "--threads",
+        type=_threads,
+        default=1,
+        help="torch and BLAS threads while training (default 1: the same recipe and seed give the "
+        "same weights on any machine, and one thread is fastest for these small models on a shared "
+        "CPU; the weights depend on the count, so it is part of the recipe)",
+    )
 
 
 PLACEMENT_OPTIONS = ("device_map", "max_memory", "offload_folder")
@@ -113,12 +124,24 @@ PLACEMENT_OPTIONS = ("device_map", "max_memory", "offload_folder")
 def add_placement(group) -> None:
     """``--device-map``, ``--max-memory`` and ``--offload-folder`` of an HF model larger than one
     device (:class:`nopelens.models.placement.Placement`, read by :func:`~nopelens.analyses.cli.placement.placement_of`)."""
-    group.add_argument("--device-map", metavar="MAP", help="spread the model over devices and disk with accelerate: "
-                       "auto (fill the GPUs, then the CPU, then disk), balanced (even over the GPUs), sequential, or a "
-                       "JSON file mapping module names to devices ({\"model.layers.0\": 0, \"model.layers.1\": \"cpu\", "
-                       "...}; devices: a GPU index, cpu or disk); instead of --device")
-    group.add_argument("--max-memory", metavar="BUDGETS", help="with --device-map: the weights each device may hold, "
-                       "e.g. cpu=200MiB,0=70GiB (default: what is free on each); what does not fit goes to disk")
-    group.add_argument("--offload-folder", metavar="DIR", help="with --device-map: needed when the map places weights "
-                       "on disk; transformers reads them from the checkpoint's safetensors where it can, and writes "
-                       "here those it must convert (created if missing; needs room for them)")
+    group.add_argument(
+        "--device-map",
+        metavar="MAP",
+        help="spread the model over devices and disk with accelerate: "
+        "auto (fill the GPUs, then the CPU, then disk), balanced (even over the GPUs), sequential, or a "
+        'JSON file mapping module names to devices ({"model.layers.0": 0, "model.layers.1": "cpu", '
+        "...}; devices: a GPU index, cpu or disk); instead of --device",
+    )
+    group.add_argument(
+        "--max-memory",
+        metavar="BUDGETS",
+        help="with --device-map: the weights each device may hold, "
+        "e.g. cpu=200MiB,0=70GiB (default: what is free on each); what does not fit goes to disk",
+    )
+    group.add_argument(
+        "--offload-folder",
+        metavar="DIR",
+        help="with --device-map: needed when the map places weights "
+        "on disk; transformers reads them from the checkpoint's safetensors where it can, and writes "
+        "here those it must convert (created if missing; needs room for them)",
+    )

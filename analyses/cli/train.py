@@ -16,8 +16,7 @@ from pathlib import Path
 import torch
 
 from nopelens.analyses.runs import refuse_other_runs
-from nopelens.models import POSITION_METHODS, DecoderConfig
-from nopelens.models import zoo
+from nopelens.models import POSITION_METHODS, DecoderConfig, zoo
 from nopelens.models.checkpoint import METADATA_FILE, TrainedModel
 from nopelens.models.tasks import TASKS, TextTask, make_task
 from nopelens.models.threads import limited_threads
@@ -84,11 +83,12 @@ def _run(args: argparse.Namespace) -> int:
         if args.ship:  # before training: a refusal after minutes of it would lose them
             zoo.check_source_checkout()
         if args.threads != 1:
-            raise ValueError(f"--threads {args.threads}: a zoo recipe trains on 1 thread (its weights depend on the "
-                             "count); use --task for a run of your own on more threads")
+            raise ValueError(
+                f"--threads {args.threads}: a zoo recipe trains on 1 thread (its weights depend on the "
+                "count); use --task for a run of your own on more threads"
+            )
         for seed in seeds:  # from the cache or the recipe, never the shipped copy: this command trains
-            trained = zoo.load(args.zoo, cache_dir=args.cache_dir, progress=not args.quiet, seed=seed,
-                               shipped=False)
+            trained = zoo.load(args.zoo, cache_dir=args.cache_dir, progress=not args.quiet, seed=seed, shipped=False)
             print(report(trained, progress=not args.quiet))
             print(zoo.compare_with_shipped(trained, args.zoo, seed))
             if args.ship:
@@ -99,8 +99,10 @@ def _run(args: argparse.Namespace) -> int:
     if not args.task or not args.out:
         raise ValueError("give --zoo NAME, --list, or both --task and --out")
     if (Path(args.out) / METADATA_FILE).is_file():  # the loss curve would overwrite the checkpoint's own
-        raise ValueError(f"--out {args.out} is a checkpoint directory; give the folder to train into (its "
-                         "checkpoint goes in OUT/checkpoint)")
+        raise ValueError(
+            f"--out {args.out} is a checkpoint directory; give the folder to train into (its "
+            "checkpoint goes in OUT/checkpoint)"
+        )
     refuse_other_runs(args.out, "train")
     task_kwargs = {"path": args.text_file} if args.task == "text" else {}
     if args.text_file and args.task != "text":
@@ -117,8 +119,17 @@ def _run(args: argparse.Namespace) -> int:
     for seed in seeds:
         out = Path(args.out) if args.seeds is None else Path(args.out) / f"seed{seed}"
         trained = train(
-            config, task, args.steps, batch_size=args.batch_size, min_len=args.min_len, max_len=args.max_len,
-            lr=args.lr, seed=seed, checkpoint_dir=out / "checkpoint", out_dir=out, progress=not args.quiet,
+            config,
+            task,
+            args.steps,
+            batch_size=args.batch_size,
+            min_len=args.min_len,
+            max_len=args.max_len,
+            lr=args.lr,
+            seed=seed,
+            checkpoint_dir=out / "checkpoint",
+            out_dir=out,
+            progress=not args.quiet,
             threads=args.threads,
         )
         print(report(trained, progress=not args.quiet, threads=args.threads))
@@ -148,29 +159,58 @@ def register(subparsers) -> None:
     parser.add_argument("--zoo", help=f"a zoo model name ({', '.join(zoo.names())})")
     parser.add_argument("--list", action="store_true", help="list the zoo's models")
     parser.add_argument("--cache-dir", help=f"zoo cache (default ${zoo.CACHE_ENV} or ~/.cache/nopelens)")
-    parser.add_argument("--task", choices=sorted(TASKS), help="the task to train on, with --out (each is a class of "
-                        "nopelens.models.tasks, whose docstring says what it asks)")
+    parser.add_argument(
+        "--task",
+        choices=sorted(TASKS),
+        help="the task to train on, with --out (each is a class of "
+        "nopelens.models.tasks, whose docstring says what it asks)",
+    )
     parser.add_argument("--text-file", help="UTF-8 corpus for --task text (default: CPython's help texts)")
     parser.add_argument("--out", help="output folder (checkpoint/ and loss_curve.csv)")
-    parser.add_argument("--position", default="nope", choices=POSITION_METHODS,
-                        help="position method of every layer (default %(default)s)")
+    parser.add_argument(
+        "--position",
+        default="nope",
+        choices=POSITION_METHODS,
+        help="position method of every layer (default %(default)s)",
+    )
     parser.add_argument("--layers", type=int, default=3, help="n_layers, transformer blocks (default %(default)s)")
     parser.add_argument("--d-model", type=int, default=64, help="d_model, residual stream width (default %(default)s)")
-    parser.add_argument("--heads", type=int, default=4,
-                        help="n_heads, attention heads per block; d_head = d_model / n_heads (default %(default)s)")
+    parser.add_argument(
+        "--heads",
+        type=int,
+        default=4,
+        help="n_heads, attention heads per block; d_head = d_model / n_heads (default %(default)s)",
+    )
     parser.add_argument("--steps", type=int, default=600, help="optimizer steps (default %(default)s)")
     parser.add_argument("--batch-size", type=int, default=64, help="sequences per step (default %(default)s)")
-    parser.add_argument("--min-len", type=int, default=1,
-                        help="shortest training problem size, in the task's units (default %(default)s)")
-    parser.add_argument("--max-len", type=int, default=10,
-                        help="longest training problem size; n_ctx fits twice it (default %(default)s)")
-    parser.add_argument("--lr", type=float, default=3e-3,
-                        help="peak AdamW learning rate, warmup then cosine decay (default %(default)s)")
-    parser.add_argument("--seed", type=seed_type, default=0,
-                        help="seed of the weights and the training batches (default %(default)s)")
+    parser.add_argument(
+        "--min-len",
+        type=int,
+        default=1,
+        help="shortest training problem size, in the task's units (default %(default)s)",
+    )
+    parser.add_argument(
+        "--max-len",
+        type=int,
+        default=10,
+        help="longest training problem size; n_ctx fits twice it (default %(default)s)",
+    )
+    parser.add_argument(
+        "--lr",
+        type=float,
+        default=3e-3,
+        help="peak AdamW learning rate, warmup then cosine decay (default %(default)s)",
+    )
+    parser.add_argument(
+        "--seed", type=seed_type, default=0, help="seed of the weights and the training batches (default %(default)s)"
+    )
     add_seeds(parser, "train once per seed; zoo models are cached per seed, --task runs go to --out/seed<N>")
     add_threads(parser)
     add_quiet(parser, "training progress bar")
-    parser.add_argument("--ship", action="store_true", help="with --zoo, in a source checkout: copy the trained "
-                        "model into the package's shipped models (nopelens/models/shipped/), for maintainers")
+    parser.add_argument(
+        "--ship",
+        action="store_true",
+        help="with --zoo, in a source checkout: copy the trained "
+        "model into the package's shipped models (nopelens/models/shipped/), for maintainers",
+    )
     parser.set_defaults(func=_run)

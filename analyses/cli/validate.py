@@ -10,7 +10,6 @@ from nopelens.models.io import check_writable, write_csv_atomic, write_text_atom
 
 from .options import seed_type
 
-
 REPORT = "known_answers.md"
 
 
@@ -27,8 +26,10 @@ def run_validate(args: argparse.Namespace) -> int:
     width = max(len(name) for name in table["name"])
     for row in table.itertuples():
         verdict = "pass" if row.passed else "FAIL"
-        print(f"{row.name:<{width}}  expected {row.comparison} {row.expected:<10.6g} measured {row.measured:<12.6g} "
-              f"(tolerance {row.tolerance:.3g})  {verdict}")
+        print(
+            f"{row.name:<{width}}  expected {row.comparison} {row.expected:<10.6g} measured {row.measured:<12.6g} "
+            f"(tolerance {row.tolerance:.3g})  {verdict}"
+        )
     failed = int((~table["passed"]).sum())
     print(f"\n{len(table) - failed} of {len(table)} rows pass")
     if args.out != "-":
@@ -41,7 +42,8 @@ def run_validate(args: argparse.Namespace) -> int:
 
 def register(subparsers) -> None:
     parser = subparsers.add_parser(
-        "validate", help="the known-answer suite: models where theory fixes every number",
+        "validate",
+        help="the known-answer suite: models where theory fixes every number",
         description="Build small models whose answers theory fixes (untrained learned and sinusoidal positions, "
         "constant input for every attention method, the Theorem 1/2 circuit, ALiBi and RoPE score reads, "
         "hand-set sink heads, NoPE variance shrinkage), probe them with the sweep's own functions, print "
@@ -52,8 +54,13 @@ def register(subparsers) -> None:
         "  nopelens validate --seed 3 --out -",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("--out", default="runs/validate",
-                        help="run folder for known_answers.md and known_answers.csv (default runs/validate); a path "
-                        "ending in .md is the report itself; - writes none")
-    parser.add_argument("--seed", type=seed_type, default=validate.SEED, help="seed of the weights and sequences (default 0)")
+    parser.add_argument(
+        "--out",
+        default="runs/validate",
+        help="run folder for known_answers.md and known_answers.csv (default runs/validate); a path "
+        "ending in .md is the report itself; - writes none",
+    )
+    parser.add_argument(
+        "--seed", type=seed_type, default=validate.SEED, help="seed of the weights and sequences (default 0)"
+    )
     parser.set_defaults(func=run_validate)

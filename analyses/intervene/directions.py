@@ -15,10 +15,19 @@ from sklearn.metrics import r2_score
 from torch import Tensor
 
 from nopelens.models.progress import progress_bar
-from nopelens.probes import Activations, HookList, collect, make_probe, probe_absolute_index, resid_site, sequence_splits
+from nopelens.probes import (
+    Activations,
+    HookList,
+    collect,
+    make_probe,
+    probe_absolute_index,
+    resid_site,
+    sequence_splits,
+)
 
 from .hooks import intervention, project_out_hook, shift_hook
 from .measure import ProbeSettings, behavior, behavior_change, later_tokens
+
 
 @dataclass(frozen=True)
 class IndexDirection:
@@ -46,7 +55,8 @@ class IndexDirection:
         """Fit a regression probe for the index on every sample of ``acts`` at ``layer``."""
         site = resid_site(layer)
         pipeline = make_probe("regression", seed=seed, dtype=acts.dtype(site)).fit(
-            acts.features(site), acts.position, linear__groups=acts.sequence_id)
+            acts.features(site), acts.position, linear__groups=acts.sequence_id
+        )
         scaler, ridge = pipeline[0], pipeline[-1]
         weights = torch.as_tensor(ridge.coef_ / scaler.scale_, dtype=torch.float64)
         if not bool(torch.isfinite(weights).all()) or float(weights.norm()) == 0:
@@ -67,7 +77,9 @@ class IndexDirection:
         return [(resid_site(self.layer), project_out_hook(self.weights, self.center))]
 
 
-def clean_probe_reads(clean: Activations, changed: Activations, site: str, n_splits: int, seed: int) -> tuple[float, float]:
+def clean_probe_reads(
+    clean: Activations, changed: Activations, site: str, n_splits: int, seed: int
+) -> tuple[float, float]:
     """Out-of-fold: fit an index probe on the clean states of the fitting sequences and read the
     changed states of the held-out ones. Returns (R^2 of that read, mean read minus clean read)."""
     y, groups = clean.position, clean.sequence_id
@@ -75,16 +87,25 @@ def clean_probe_reads(clean: Activations, changed: Activations, site: str, n_spl
     read_clean, read_changed = np.empty(len(y)), np.empty(len(y))
     for fit, score in sequence_splits(groups, n_splits):
         probe = make_probe("regression", seed=seed, dtype=clean.dtype(site)).fit(
-            X_clean[fit], y[fit], linear__groups=groups[fit])
+            X_clean[fit], y[fit], linear__groups=groups[fit]
+        )
         read_clean[score], read_changed[score] = probe.predict(X_clean[score]), probe.predict(X_changed[score])
     r2 = r2_score(y, read_changed)
     return float(r2), float(np.mean(read_changed - read_clean))
 
 
-def direction_interventions(model, tokens: Tensor, attention_mask: Tensor, n_layers: int, settings: ProbeSettings,
-                            layers: Sequence[int] | None = None, shifts: Sequence[int] = (4,),
-                            targets: Tensor | None = None, loss_mask: Tensor | None = None,
-                            progress: bool = False) -> pd.DataFrame:
+def direction_interventions(
+    model,
+    tokens: Tensor,
+    attention_mask: Tensor,
+    n_layers: int,
+    settings: ProbeSettings,
+    layers: Sequence[int] | None = None,
+    shifts: Sequence[int] = (4,),
+    targets: Tensor | None = None,
+    loss_mask: Tensor | None = None,
+    progress: bool = False,
+) -> pd.DataFrame:
     """Project out or shift the index direction at each layer; read the next layers and the loss.
 
     For each intervened layer l (default 1 .. n_layers - 1) and each later layer l' >= l, one row
@@ -103,20 +124,47 @@ def direction_interventions(model, tokens: Tensor, attention_mask: Tensor, n_lay
     for layer in progress_bar(layers, desc="index directions", unit="layer", disable=not progress):
         direction = IndexDirection.fit(clean, layer, settings.seed)
         for name, k, hooks in [("project_out", 0, direction.project_out())] + [
-                ("shift", k, direction.shift(k)) for k in shifts]:
+            ("shift", k, direction.shift(k)) for k in shifts
+        ]:
             with intervention(model, hooks):
-                changed = later_tokens(collect(model, tokens, sites[layer:], attention_mask=attention_mask, batch_size=32))
-            effect = {f"{row['metric']}_{key}": row[key] for row in behavior_change(
-                clean_behavior, behavior(model, tokens, attention_mask, targets, loss_mask, hooks),
-                settings.n_boot, settings.seed) for key in ("delta", "delta_ci_low", "delta_ci_high")}
-            refit = probe_absolute_index(changed, sites=sites[layer:], tasks=("regression",), controls=False,
-                                         n_splits=settings.n_splits, n_boot=settings.n_boot, seed=settings.seed)
+                changed = later_tokens(
+                    collect(model, tokens, sites[layer:], attention_mask=attention_mask, batch_size=32)
+                )
+            effect = {
+                f"{row['metric']}_{key}": row[key]
+                for row in behavior_change(
+                    clean_behavior,
+                    behavior(model, tokens, attention_mask, targets, loss_mask, hooks),
+                    settings.n_boot,
+                    settings.seed,
+                )
+                for key in ("delta", "delta_ci_low", "delta_ci_high")
+            }
+            refit = probe_absolute_index(
+                changed,
+                sites=sites[layer:],
+                tasks=("regression",),
+                controls=False,
+                n_splits=settings.n_splits,
+                n_boot=settings.n_boot,
+                seed=settings.seed,
+            )
             refit = refit[(refit["probe"] == "linear") & (refit["metric"] == "r2")].set_index("site")
             for read_layer in range(layer, n_layers + 1):
                 site = resid_site(read_layer)
                 r2_clean_probe, read_shift = clean_probe_reads(clean, changed, site, settings.n_splits, settings.seed)
-                rows.append(dict(intervention=name, k=k, layer=layer, read_layer=read_layer,
-                                 r2_refit=refit.loc[site, "value"], r2_refit_ci_low=refit.loc[site, "ci_low"],
-                                 r2_refit_ci_high=refit.loc[site, "ci_high"], r2_clean_probe=r2_clean_probe,
-                                 read_shift=read_shift, **effect))
+                rows.append(
+                    dict(
+                        intervention=name,
+                        k=k,
+                        layer=layer,
+                        read_layer=read_layer,
+                        r2_refit=refit.loc[site, "value"],
+                        r2_refit_ci_low=refit.loc[site, "ci_low"],
+                        r2_refit_ci_high=refit.loc[site, "ci_high"],
+                        r2_clean_probe=r2_clean_probe,
+                        read_shift=read_shift,
+                        **effect,
+                    )
+                )
     return pd.DataFrame(rows)

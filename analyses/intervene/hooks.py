@@ -47,8 +47,10 @@ def first_real_index(attention_mask: Tensor) -> Tensor:
 
 def _check_rows(first: Tensor, n_rows: int, site: str) -> None:
     if first.shape[0] != n_rows:
-        raise ValueError(f"a sink hook at {site} was made for {first.shape[0]} rows but sees a batch of {n_rows}: "
-                         "make the hooks per batch (sink_batch_hooks), so each batch gets its own rows' first indices")
+        raise ValueError(
+            f"a sink hook at {site} was made for {first.shape[0]} rows but sees a batch of {n_rows}: "
+            "make the hooks per batch (sink_batch_hooks), so each batch gets its own rows' first indices"
+        )
 
 
 def remove_first_key_hook(first: Tensor) -> Callable:

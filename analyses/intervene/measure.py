@@ -25,9 +25,10 @@ from nopelens.probes import (
 )
 from nopelens.probes.metrics import random_state
 
-from ..sweep.reads import bilinear_mode
 from ..subjects import Subject, qk_sites
+from ..sweep.reads import bilinear_mode
 from .hooks import intervention
+
 
 def later_tokens(acts: Activations, renumber: bool = False) -> Activations:
     """The samples at position >= 1 (the queries a sink ablation touches).
@@ -38,15 +39,21 @@ def later_tokens(acts: Activations, renumber: bool = False) -> Activations:
     keep = acts.position > 0
     return Activations(
         acts={site: array[keep] for site, array in acts.acts.items()},
-        sequence_id=acts.sequence_id[keep], position=acts.position[keep] - int(renumber), token=acts.token[keep],
+        sequence_id=acts.sequence_id[keep],
+        position=acts.position[keep] - int(renumber),
+        token=acts.token[keep],
     )
 
 
 def subset_sequences(acts: Activations, n_sequences: int) -> Activations:
     """The samples of the first ``n_sequences`` sequences (ids 0 .. n - 1) of ``acts``."""
     keep = acts.sequence_id < n_sequences
-    return Activations(acts={site: array[keep] for site, array in acts.acts.items()},
-                       sequence_id=acts.sequence_id[keep], position=acts.position[keep], token=acts.token[keep])
+    return Activations(
+        acts={site: array[keep] for site, array in acts.acts.items()},
+        sequence_id=acts.sequence_id[keep],
+        position=acts.position[keep],
+        token=acts.token[keep],
+    )
 
 
 @dataclass(frozen=True)
@@ -64,9 +71,16 @@ class ProbeSettings:
     bilinear: str | None = None
 
 
-def reprobe(model, tokens: Tensor, attention_mask: Tensor, from_layer: int, n_layers: int,
-            settings: ProbeSettings, hooks: HookList | BatchHooks = (),
-            subject: Subject | None = None) -> pd.DataFrame:
+def reprobe(
+    model,
+    tokens: Tensor,
+    attention_mask: Tensor,
+    from_layer: int,
+    n_layers: int,
+    settings: ProbeSettings,
+    hooks: HookList | BatchHooks = (),
+    subject: Subject | None = None,
+) -> pd.DataFrame:
     """Probe absolute index at layers ``from_layer .. n_layers`` and the q.k distance read of the
     blocks whose queries and keys come from those layers, under ``hooks`` (the same for every
     batch, or made per batch). ``subject`` (of ``model``), when given, says which q/k hooks fire
@@ -85,17 +99,31 @@ def reprobe(model, tokens: Tensor, attention_mask: Tensor, from_layer: int, n_la
     frames = [probe_absolute_index(acts, sites=residual, tasks=settings.tasks, controls=settings.controls, **common)]
     if qk:
         mode = settings.bilinear or bilinear_mode(acts, qk[0][0])
-        relative = probe_relative_distance(later_tokens(collected, renumber=True), sites=[], feature_kinds=(), attention=qk, bilinear=mode,
-                                           tasks=("regression",), controls=settings.controls,
-                                           pairs_per_distance=min(64, int(tokens.shape[0])), **common)
+        relative = probe_relative_distance(
+            later_tokens(collected, renumber=True),
+            sites=[],
+            feature_kinds=(),
+            attention=qk,
+            bilinear=mode,
+            tasks=("regression",),
+            controls=settings.controls,
+            pairs_per_distance=min(64, int(tokens.shape[0])),
+            **common,
+        )
         relative["layer"] = relative["block"] + 1
         frames.append(relative)
     return pd.concat(frames, ignore_index=True)
 
 
-def behavior(model, tokens: Tensor, attention_mask: Tensor, targets: Tensor | None = None,
-             loss_mask: Tensor | None = None, hooks: HookList | BatchHooks = (),
-             check_finite: bool = False) -> pd.DataFrame:
+def behavior(
+    model,
+    tokens: Tensor,
+    attention_mask: Tensor,
+    targets: Tensor | None = None,
+    loss_mask: Tensor | None = None,
+    hooks: HookList | BatchHooks = (),
+    check_finite: bool = False,
+) -> pd.DataFrame:
     """Per-sequence loss (nats per scored token) and exact match under ``hooks`` (the same for
     every batch of 32 sequences, or made per batch).
 
@@ -115,8 +143,13 @@ def behavior(model, tokens: Tensor, attention_mask: Tensor, targets: Tensor | No
     """
     if targets is None:
         targets = torch.cat([tokens[:, 1:], tokens[:, :1]], dim=1)
-        loss_mask = torch.cat([(attention_mask[:, 1:] * attention_mask[:, :-1]).bool(),
-                               torch.zeros_like(tokens[:, :1], dtype=torch.bool)], dim=1)
+        loss_mask = torch.cat(
+            [
+                (attention_mask[:, 1:] * attention_mask[:, :-1]).bool(),
+                torch.zeros_like(tokens[:, :1], dtype=torch.bool),
+            ],
+            dim=1,
+        )
     rows = []
     with torch.no_grad():
         for start in range(0, tokens.shape[0], 32):
@@ -125,14 +158,21 @@ def behavior(model, tokens: Tensor, attention_mask: Tensor, targets: Tensor | No
                 logits = _logits(model(tokens[part], attention_mask=attention_mask[part])).float()
             mask = loss_mask[part].to(logits.device)
             if check_finite and not bool(torch.isfinite(logits[mask]).all()):
-                raise ValueError("the model's logits are not finite (NaN or inf) on the clean sequences: check its "
-                                 "weights for NaN or inf")
+                raise ValueError(
+                    "the model's logits are not finite (NaN or inf) on the clean sequences: check its "
+                    "weights for NaN or inf"
+                )
             target = targets[part].to(logits.device)
             nats = F.cross_entropy(logits.transpose(1, 2), target, reduction="none") * mask
             right = (logits.argmax(-1) == target) & mask
             for row in range(logits.shape[0]):
-                rows.append(dict(sequence=start + row, loss=float(nats[row].sum() / mask[row].sum()),
-                                 exact_match=float(bool(right[row].sum() == mask[row].sum()))))
+                rows.append(
+                    dict(
+                        sequence=start + row,
+                        loss=float(nats[row].sum() / mask[row].sum()),
+                        exact_match=float(bool(right[row].sum() == mask[row].sum())),
+                    )
+                )
     return pd.DataFrame(rows)
 
 
@@ -146,8 +186,16 @@ def behavior_change(clean: pd.DataFrame, changed: pd.DataFrame, n_boot: int, see
     for metric in ("loss", "exact_match"):
         delta = changed[metric].to_numpy() - clean[metric].to_numpy()
         low, high = _mean_ci(delta, n_boot, seed)
-        rows.append(dict(metric=metric, clean=float(clean[metric].mean()), value=float(changed[metric].mean()),
-                         delta=float(delta.mean()), delta_ci_low=low, delta_ci_high=high))
+        rows.append(
+            dict(
+                metric=metric,
+                clean=float(clean[metric].mean()),
+                value=float(changed[metric].mean()),
+                delta=float(delta.mean()),
+                delta_ci_low=low,
+                delta_ci_high=high,
+            )
+        )
     return rows
 
 
@@ -155,6 +203,7 @@ def _mean_ci(values: np.ndarray, n_boot: int, seed: int) -> tuple[float, float]:
     """Percentile bootstrap 95 % CI of a mean (SciPy); a constant sample has a zero-width CI."""
     if np.ptp(values) == 0:
         return float(values[0]), float(values[0])
-    result = stats.bootstrap((values,), np.mean, n_resamples=n_boot, method="percentile",
-                             random_state=random_state(seed))
+    result = stats.bootstrap(
+        (values,), np.mean, n_resamples=n_boot, method="percentile", random_state=random_state(seed)
+    )
     return float(result.confidence_interval.low), float(result.confidence_interval.high)

@@ -32,13 +32,22 @@ def shifted_copy(tokens: Tensor, shift: int, keep_first: bool) -> Tensor:
     """
     start = 1 if keep_first else 0
     if not 1 <= shift <= tokens.shape[1] - start - 2:
-        raise ValueError(f"shift must lie in 1..{tokens.shape[1] - start - 2} for sequences of {tokens.shape[1]} tokens, got {shift}")
-    return torch.cat([tokens[:, :start], tokens[:, start + shift:]], dim=1)
+        raise ValueError(
+            f"shift must lie in 1..{tokens.shape[1] - start - 2} for sequences of {tokens.shape[1]} tokens, got {shift}"
+        )
+    return torch.cat([tokens[:, :start], tokens[:, start + shift :]], dim=1)
 
 
-def position_patching(model, tokens: Tensor, n_layers: int, settings: ProbeSettings, shift: int | None = None,
-                      positions: Sequence[int] | None = None, keep_first: bool = True,
-                      progress: bool = False) -> pd.DataFrame:
+def position_patching(
+    model,
+    tokens: Tensor,
+    n_layers: int,
+    settings: ProbeSettings,
+    shift: int | None = None,
+    positions: Sequence[int] | None = None,
+    keep_first: bool = True,
+    progress: bool = False,
+) -> pd.DataFrame:
     """How much of the index moves with a residual state patched in from a left-shifted copy.
 
     For each patch layer l in 0 .. n_layers - 1 (``blocks.{l}.hook_resid_pre``) and position i,
@@ -77,13 +86,16 @@ def position_patching(model, tokens: Tensor, n_layers: int, settings: ProbeSetti
         positions = sorted(set(np.linspace(low, length - 1, 4).round().astype(int).tolist()))
     for position in positions:
         if not low <= position < length:
-            raise ValueError(f"patched positions must lie in {low}..{length - 1} (the copy holds those tokens), got {position}")
+            raise ValueError(
+                f"patched positions must lie in {low}..{length - 1} (the copy holds those tokens), got {position}"
+            )
     read_site = resid_site(n_layers)
     sites = act_names("resid_pre", n_layers)
     original = collect(model, tokens, sites + [read_site])
     source = collect(model, copy, sites + [read_site])
     probe = make_probe("regression", seed=settings.seed, dtype=original.dtype(read_site)).fit(
-        original.features(read_site), original.position, linear__groups=original.sequence_id)
+        original.features(read_site), original.position, linear__groups=original.sequence_id
+    )
     read_r2, _ = clean_probe_reads(original, original, read_site, settings.n_splits, settings.seed)
     read_original = probe.predict(original.features(read_site)).reshape(tokens.shape)
     read_copy = probe.predict(source.features(read_site)).reshape(copy.shape)
@@ -93,34 +105,63 @@ def position_patching(model, tokens: Tensor, n_layers: int, settings: ProbeSetti
         before, after = read_original[:, position], read_copy[:, position - shift]
         for layer, site in enumerate(sites):
             replacement = torch.from_numpy(source.acts[site]).reshape(len(copy), copy.shape[1], -1)[:, position - shift]
-            patched = collect(model, tokens, [read_site], batch_size=32,
-                              hooks=lambda rows, mask, site=site, replacement=replacement: [
-                                  (site, patch_position_hook(position, replacement[rows]))])
+            patched = collect(
+                model,
+                tokens,
+                [read_site],
+                batch_size=32,
+                hooks=lambda rows, mask, site=site, replacement=replacement: [
+                    (site, patch_position_hook(position, replacement[rows]))
+                ],
+            )
             patched_read = probe.predict(patched.features(read_site)).reshape(tokens.shape)[:, position]
             scale = float(np.mean(after - before))
             if abs(scale) < MIN_READ_SHIFT * shift:
                 moved = low_ci = high_ci = float("nan")
-                note = (f"the last layer does not read the copy's index shift (copy - original = {scale:.2f}, "
-                        f"not about -{shift}): no scale to normalize by")
+                note = (
+                    f"the last layer does not read the copy's index shift (copy - original = {scale:.2f}, "
+                    f"not about -{shift}): no scale to normalize by"
+                )
             else:
-                moved, low_ci, high_ci = _ratio_of_means(patched_read - before, after - before, settings.n_boot,
-                                                          settings.seed)
+                moved, low_ci, high_ci = _ratio_of_means(
+                    patched_read - before, after - before, settings.n_boot, settings.seed
+                )
                 note = ""
-            rows.append(dict(layer=layer, position=position, shift=shift, read_layer=n_layers, read_r2=read_r2,
-                             original_read=float(before.mean()), copy_read=float(after.mean()),
-                             patched_read=float(patched_read.mean()), moved=moved,
-                             moved_ci_low=low_ci, moved_ci_high=high_ci, note=note))
+            rows.append(
+                dict(
+                    layer=layer,
+                    position=position,
+                    shift=shift,
+                    read_layer=n_layers,
+                    read_r2=read_r2,
+                    original_read=float(before.mean()),
+                    copy_read=float(after.mean()),
+                    patched_read=float(patched_read.mean()),
+                    moved=moved,
+                    moved_ci_low=low_ci,
+                    moved_ci_high=high_ci,
+                    note=note,
+                )
+            )
     return pd.DataFrame(rows)
 
 
-def _ratio_of_means(numerator: np.ndarray, denominator: np.ndarray, n_boot: int, seed: int) -> tuple[float, float, float]:
+def _ratio_of_means(
+    numerator: np.ndarray, denominator: np.ndarray, n_boot: int, seed: int
+) -> tuple[float, float, float]:
     """mean(numerator) / mean(denominator) with a paired percentile bootstrap CI over sequences (SciPy)."""
     if np.mean(denominator) == 0:
         raise ValueError("the copy and the original read the same index: the patching effect has no scale")
     ratio = float(np.mean(numerator) / np.mean(denominator))
     if np.ptp(numerator) == 0 and np.ptp(denominator) == 0:
         return ratio, ratio, ratio
-    result = stats.bootstrap((numerator, denominator), lambda a, b, axis=-1: a.mean(axis) / b.mean(axis),
-                             paired=True, vectorized=True, n_resamples=n_boot, method="percentile",
-                             random_state=random_state(seed))
+    result = stats.bootstrap(
+        (numerator, denominator),
+        lambda a, b, axis=-1: a.mean(axis) / b.mean(axis),
+        paired=True,
+        vectorized=True,
+        n_resamples=n_boot,
+        method="percentile",
+        random_state=random_state(seed),
+    )
     return ratio, float(result.confidence_interval.low), float(result.confidence_interval.high)

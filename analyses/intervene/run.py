@@ -3,7 +3,7 @@
 (loss and exact match per ablation, with paired CIs), ``directions.csv``, ``patching.csv``,
 ``summary.csv`` (one row per ablated block) and the stamp ``intervene.json``; the CLI then draws
 the figure ``intervene.png``/``.svg`` from the tables
-(:func:`~nopelens.analyses.figures.intervention_figure`). Each table is written atomically
+(:func:`~nopelens.analyses.command_figures.intervention_figure`). Each table is written atomically
 once it is done, so an interrupted run resumes from the tables already there (same settings only).
 """
 
@@ -26,6 +26,7 @@ from .hooks import SINK_MODES
 from .measure import ProbeSettings
 from .patching import position_patching
 from .sink import sink_ablation
+
 
 @dataclass(frozen=True)
 class InterveneSettings:
@@ -55,22 +56,35 @@ def sink_summary(probes: pd.DataFrame, behavior: pd.DataFrame) -> pd.DataFrame:
     rows = []
     for (mode, block), group in linear.groupby(["condition", "ablated_block"], sort=False):
         row = dict(condition=mode, ablated_block=int(block), next_layer=int(block) + 1)
-        for name, target, metric, features in (("abs_r2", "absolute_index", "r2", "token"),
-                                               ("abs_acc", "absolute_index", "accuracy", "token"),
-                                               ("qk_r2", "relative_distance", "r2", None)):
+        for name, target, metric, features in (
+            ("abs_r2", "absolute_index", "r2", "token"),
+            ("abs_acc", "absolute_index", "accuracy", "token"),
+            ("qk_r2", "relative_distance", "r2", None),
+        ):
             hit = group[(group["target"] == target) & (group["metric"] == metric)]
             if features is not None:
                 hit = hit[hit["features"] == features]
             if len(hit):
                 first = hit.iloc[0]
-                row.update({f"{name}_clean": first["clean_value"], f"{name}": first["value"],
-                            f"{name}_ci_low": first["ci_low"], f"{name}_ci_high": first["ci_high"],
-                            f"{name}_delta": first["delta"]})
+                row.update(
+                    {
+                        f"{name}_clean": first["clean_value"],
+                        f"{name}": first["value"],
+                        f"{name}_ci_low": first["ci_low"],
+                        f"{name}_ci_high": first["ci_high"],
+                        f"{name}_delta": first["delta"],
+                    }
+                )
         measured = behavior[(behavior["condition"] == mode) & (behavior["ablated_block"] == block)]
         for _, b in measured.iterrows():
             if b.get("status") == "measured":
-                row.update({f"{b['metric']}_delta": b["delta"], f"{b['metric']}_delta_ci_low": b["delta_ci_low"],
-                            f"{b['metric']}_delta_ci_high": b["delta_ci_high"]})
+                row.update(
+                    {
+                        f"{b['metric']}_delta": b["delta"],
+                        f"{b['metric']}_delta_ci_low": b["delta_ci_low"],
+                        f"{b['metric']}_delta_ci_high": b["delta_ci_high"],
+                    }
+                )
         rows.append(row)
     return pd.DataFrame(rows)
 
@@ -89,8 +103,10 @@ def run_intervene(settings: InterveneSettings, out: Path, progress: bool = True)
     """
     check_spec(settings.model)
     if settings.n_sequences < settings.n_splits:
-        raise ValueError(f"{settings.n_sequences} sequences are fewer than the {settings.n_splits} folds; "
-                         f"use --n-sequences {settings.n_splits} or more")
+        raise ValueError(
+            f"{settings.n_sequences} sequences are fewer than the {settings.n_splits} folds; "
+            f"use --n-sequences {settings.n_splits} or more"
+        )
     for mode in settings.modes:
         if mode not in SINK_MODES:
             raise ValueError(f"unknown sink ablation mode {mode!r}; choose from {', '.join(SINK_MODES)}")
@@ -101,40 +117,73 @@ def run_intervene(settings: InterveneSettings, out: Path, progress: bool = True)
     runs.claim(out, "intervene", dataclasses.asdict(settings))
     say = (lambda text: print(f"nopelens: {text}", file=sys.stderr)) if progress else (lambda text: None)
     say(f"{settings.model}: loading")
-    subject = resolve(settings.model, settings.n_sequences, settings.seq_len, settings.seed, progress,
-                      settings.quick_steps)
+    subject = resolve(
+        settings.model, settings.n_sequences, settings.seq_len, settings.seed, progress, settings.quick_steps
+    )
     tables: dict[str, pd.DataFrame] = {}
     with torch.no_grad():
-        tables.update(runs.cached_tables(out, ("sink_probes", "sink_behavior"), lambda: _sink(subject, settings, progress),
-                                         say, "sink ablation"))
-        tables.update(runs.cached_tables(out, ("directions",), lambda: _directions(subject, settings, progress), say,
-                                         "index directions"))
-        tables.update(runs.cached_tables(out, ("patching",), lambda: _patching(subject, settings, progress), say,
-                                         "position patching"))
+        tables.update(
+            runs.cached_tables(
+                out, ("sink_probes", "sink_behavior"), lambda: _sink(subject, settings, progress), say, "sink ablation"
+            )
+        )
+        tables.update(
+            runs.cached_tables(
+                out, ("directions",), lambda: _directions(subject, settings, progress), say, "index directions"
+            )
+        )
+        tables.update(
+            runs.cached_tables(
+                out, ("patching",), lambda: _patching(subject, settings, progress), say, "position patching"
+            )
+        )
     tables["summary"] = sink_summary(tables["sink_probes"], tables["sink_behavior"]).assign(model=subject.name)
     write_csv_atomic(tables["summary"], out / "summary.csv")
     return tables
 
 
 def _sink(subject: Subject, settings: InterveneSettings, progress: bool) -> tuple[pd.DataFrame, pd.DataFrame]:
-    probes, behavior = sink_ablation(subject.model, subject.tokens, subject.attention_mask, subject.n_layers,
-                                        settings.probes(), settings.modes, targets=subject.targets,
-                                        loss_mask=subject.loss_mask, progress=progress, subject=subject)
+    probes, behavior = sink_ablation(
+        subject.model,
+        subject.tokens,
+        subject.attention_mask,
+        subject.n_layers,
+        settings.probes(),
+        settings.modes,
+        targets=subject.targets,
+        loss_mask=subject.loss_mask,
+        progress=progress,
+        subject=subject,
+    )
     return probes.assign(model=subject.name), behavior.assign(model=subject.name)
 
 
 def _directions(subject: Subject, settings: InterveneSettings, progress: bool) -> tuple[pd.DataFrame]:
     if subject.n_layers < 2:
         return (pd.DataFrame({"note": ["one block: no layer has a later layer to read"]}),)
-    table = direction_interventions(subject.model, subject.tokens, subject.attention_mask, subject.n_layers,
-                                       settings.probes(), shifts=(settings.shift,), targets=subject.targets,
-                                       loss_mask=subject.loss_mask, progress=progress)
+    table = direction_interventions(
+        subject.model,
+        subject.tokens,
+        subject.attention_mask,
+        subject.n_layers,
+        settings.probes(),
+        shifts=(settings.shift,),
+        targets=subject.targets,
+        loss_mask=subject.loss_mask,
+        progress=progress,
+    )
     return (table.assign(model=subject.name),)
 
 
 def _patching(subject: Subject, settings: InterveneSettings, progress: bool) -> tuple[pd.DataFrame]:
     if not bool(subject.attention_mask.all()):
         return (pd.DataFrame({"note": ["padded sequences: position patching needs sequences without padding"]}),)
-    table = position_patching(subject.model, subject.tokens, subject.n_layers, settings.probes(),
-                                 keep_first=subject.has_bos, progress=progress)
+    table = position_patching(
+        subject.model,
+        subject.tokens,
+        subject.n_layers,
+        settings.probes(),
+        keep_first=subject.has_bos,
+        progress=progress,
+    )
     return (table.assign(model=subject.name),)

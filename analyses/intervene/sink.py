@@ -65,8 +65,9 @@ def first_real_tokens(tokens: Tensor, attention_mask: Tensor, n: int) -> tuple[T
     return padded, mask
 
 
-def check_sink_ablation(model, block: int, mode: str, tokens: Tensor, attention_mask: Tensor,
-                        mean_value: Tensor | None = None) -> None:
+def check_sink_ablation(
+    model, block: int, mode: str, tokens: Tensor, attention_mask: Tensor, mean_value: Tensor | None = None
+) -> None:
     """Check on two sequences that the ablation reaches the attention output, or refuse.
 
     A bridged HF attention that delegates to the HF module fires ``hook_attn_scores`` after the
@@ -96,8 +97,10 @@ def check_sink_ablation(model, block: int, mode: str, tokens: Tensor, attention_
         warnings.simplefilter("always")
         ablated = collect(model, tokens, sites, attention_mask=attention_mask, hooks=hooks)
     if any("discarded" in str(w.message) for w in caught):
-        raise NotApplicable(f"{name} is fired after the attention is computed (edits are discarded); "
-                            "the sink ablation would measure nothing")
+        raise NotApplicable(
+            f"{name} is fired after the attention is computed (edits are discarded); "
+            "the sink ablation would measure nothing"
+        )
     if mode == "remove_key":
         kept = max(float(np.abs(p[:, 1:, 0]).max()) for p in ablated.patterns[pattern_site])
         if kept > PATTERN_TOLERANCE:
@@ -106,10 +109,19 @@ def check_sink_ablation(model, block: int, mode: str, tokens: Tensor, attention_
         raise NotApplicable(f"an edit at {name} does not change {out_site}: the hook is not on the computation path")
 
 
-def sink_ablation(model, tokens: Tensor, attention_mask: Tensor, n_layers: int, settings: ProbeSettings,
-                  modes: Sequence[str] = SINK_MODES, blocks: Sequence[int] | None = None,
-                  targets: Tensor | None = None, loss_mask: Tensor | None = None,
-                  progress: bool = False, subject: Subject | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
+def sink_ablation(
+    model,
+    tokens: Tensor,
+    attention_mask: Tensor,
+    n_layers: int,
+    settings: ProbeSettings,
+    modes: Sequence[str] = SINK_MODES,
+    blocks: Sequence[int] | None = None,
+    targets: Tensor | None = None,
+    loss_mask: Tensor | None = None,
+    progress: bool = False,
+    subject: Subject | None = None,
+) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Ablate the first real token in each block; re-probe every later layer and measure behaviour.
 
     Args:
@@ -142,7 +154,8 @@ def sink_ablation(model, tokens: Tensor, attention_mask: Tensor, n_layers: int, 
     bar = progress_bar(total=len(ablations) + 1, desc="sink ablation", unit="probe set", disable=not progress)
     bar.set_postfix_str("clean")
     clean = reprobe(model, tokens, attention_mask, 1, n_layers, settings, subject=subject).assign(
-        condition="clean", ablated_block=np.nan)
+        condition="clean", ablated_block=np.nan
+    )
     clean_behavior = behavior(model, tokens, attention_mask, targets, loss_mask, check_finite=True)
     means = mean_values(model, tokens, attention_mask, blocks) if "mean_value" in modes else {}
     probe_frames, behavior_rows = [clean], []
@@ -181,9 +194,17 @@ def with_clean_values(probes: pd.DataFrame) -> pd.DataFrame:
 # ----------------------------------------------------------------------------- the sweep's form
 
 
-def sink_ablation_drop(model, tokens: Tensor, attention_mask: Tensor, n_layers: int, clean: Activations,
-                       n_splits: int = 5, n_boot: int = 200, seed: int = 0,
-                       max_sequences: int | None = None) -> pd.DataFrame:
+def sink_ablation_drop(
+    model,
+    tokens: Tensor,
+    attention_mask: Tensor,
+    n_layers: int,
+    clean: Activations,
+    n_splits: int = 5,
+    n_boot: int = 200,
+    seed: int = 0,
+    max_sequences: int | None = None,
+) -> pd.DataFrame:
     """Per block l, absolute-index R^2 at layer l + 1, clean and with the first key removed in block l.
 
     The cheap form of :func:`sink_ablation` for the sweep: regression probes only, no controls,
@@ -217,8 +238,9 @@ def sink_ablation_drop(model, tokens: Tensor, attention_mask: Tensor, n_layers: 
     if layers:  # else every block is refused: no probe to fit
         probes = later_token_probes(sequences, layers, n_splits, n_boot, seed, keep=None)
         (clean_table,) = stream.replay(clean, [probes], sequences=sequences)
-    return sink_ablation_drop_streamed(model, sequences, n_layers, clean_table, refused, n_splits, n_boot, seed,
-                                       keep=None)
+    return sink_ablation_drop_streamed(
+        model, sequences, n_layers, clean_table, refused, n_splits, n_boot, seed, keep=None
+    )
 
 
 def refused_sink_blocks(model, n_layers: int, tokens: Tensor, attention_mask: Tensor) -> dict[int, str]:
@@ -233,8 +255,14 @@ def refused_sink_blocks(model, n_layers: int, tokens: Tensor, attention_mask: Te
     return refused
 
 
-def later_token_probes(sequences: Sequences, layers: Sequence[int], n_splits: int = 5, n_boot: int = 200,
-                       seed: int = 0, keep: KeepBudget | int | str | None = "auto") -> Measurement:
+def later_token_probes(
+    sequences: Sequences,
+    layers: Sequence[int],
+    n_splits: int = 5,
+    n_boot: int = 200,
+    seed: int = 0,
+    keep: KeepBudget | int | str | None = "auto",
+) -> Measurement:
     """The sink ablation's probe, streamed: regression for the index, no controls, on the tokens
     after the first real one (:func:`later_tokens`) at residual ``layers`` (DESIGN.md numbering);
     its table is :func:`~nopelens.probes.stream_probes.probe_absolute_index`'s on the same samples
@@ -244,15 +272,32 @@ def later_token_probes(sequences: Sequences, layers: Sequence[int], n_splits: in
         ValueError: as :func:`~nopelens.probes.stream_probes.absolute_index_probes` (too few
             sequences with a second token for the folds).
     """
-    return absolute_index_probes(sequences, [resid_site(layer) for layer in layers], tasks=("regression",),
-                                 controls=False, n_splits=n_splits, n_boot=n_boot, seed=seed, keep=keep,
-                                 min_position=1)
+    return absolute_index_probes(
+        sequences,
+        [resid_site(layer) for layer in layers],
+        tasks=("regression",),
+        controls=False,
+        n_splits=n_splits,
+        n_boot=n_boot,
+        seed=seed,
+        keep=keep,
+        min_position=1,
+    )
 
 
-def sink_ablation_drop_streamed(model, sequences: Sequences, n_layers: int, clean: pd.DataFrame,
-                                refused: dict[int, str], n_splits: int = 5, n_boot: int = 200, seed: int = 0,
-                                keep: KeepBudget | int | str | None = "auto", batch_size: int = 32,
-                                progress: str | None = None) -> pd.DataFrame:
+def sink_ablation_drop_streamed(
+    model,
+    sequences: Sequences,
+    n_layers: int,
+    clean: pd.DataFrame,
+    refused: dict[int, str],
+    n_splits: int = 5,
+    n_boot: int = 200,
+    seed: int = 0,
+    keep: KeepBudget | int | str | None = "auto",
+    batch_size: int = 32,
+    progress: str | None = None,
+) -> pd.DataFrame:
     """:func:`sink_ablation_drop`'s table, streamed (:func:`nopelens.probes.stream.run`): memory
     does not grow with the tokens past the keep budget.
 
@@ -290,24 +335,44 @@ def sink_ablation_drop_streamed(model, sequences: Sequences, n_layers: int, clea
             continue
         site = resid_site(block + 1)
         probe = later_token_probes(sequences, [block + 1], n_splits, n_boot, seed, keep)
-        (ablated,) = stream.run(model, sequences, [probe], batch_size=batch_size,
-                                hooks=sink_batch_hooks(block, "remove_key"),
-                                progress=progress and f"{progress}: sink ablation, block {block}")
+        (ablated,) = stream.run(
+            model,
+            sequences,
+            [probe],
+            batch_size=batch_size,
+            hooks=sink_batch_hooks(block, "remove_key"),
+            progress=progress and f"{progress}: sink ablation, block {block}",
+        )
         rows.append(_drop_row(block, _linear_r2(clean, site), _linear_r2(ablated, site)))
     return pd.DataFrame(rows, columns=DROP_COLUMNS)
 
 
 def _linear_r2(table: pd.DataFrame, site: str) -> pd.Series:
     """The grouped linear probe's R^2 row of ``site`` in a probe table."""
-    hit = table[(table["site"] == site) & (table["probe"] == "linear") & (table["metric"] == "r2")
-                & (table["split"] == "grouped")]
+    hit = table[
+        (table["site"] == site)
+        & (table["probe"] == "linear")
+        & (table["metric"] == "r2")
+        & (table["split"] == "grouped")
+    ]
     if hit.empty:
         raise KeyError(f"no linear R^2 of {site} in the probe table")
     return hit.iloc[0]
 
 
-DROP_COLUMNS = ("block", "layer", "r2_clean", "r2_clean_ci_low", "r2_clean_ci_high", "r2_ablated", "r2_ablated_ci_low",
-                "r2_ablated_ci_high", "drop", "status", "note")
+DROP_COLUMNS = (
+    "block",
+    "layer",
+    "r2_clean",
+    "r2_clean_ci_low",
+    "r2_clean_ci_high",
+    "r2_ablated",
+    "r2_ablated_ci_low",
+    "r2_ablated_ci_high",
+    "drop",
+    "status",
+    "note",
+)
 """The sink ablation table's columns, in order (whichever block comes first)."""
 
 
@@ -316,7 +381,15 @@ def _drop_row(block: int, clean: pd.Series | None = None, ablated: pd.Series | N
     row = dict(block=block, layer=block + 1)
     if clean is None:
         return dict(row, status="not_applicable", note=note)
-    return dict(row, r2_clean=clean["value"], r2_clean_ci_low=clean["ci_low"], r2_clean_ci_high=clean["ci_high"],
-                r2_ablated=ablated["value"], r2_ablated_ci_low=ablated["ci_low"],
-                r2_ablated_ci_high=ablated["ci_high"], drop=clean["value"] - ablated["value"], status="measured",
-                note="")
+    return dict(
+        row,
+        r2_clean=clean["value"],
+        r2_clean_ci_low=clean["ci_low"],
+        r2_clean_ci_high=clean["ci_high"],
+        r2_ablated=ablated["value"],
+        r2_ablated_ci_low=ablated["ci_low"],
+        r2_ablated_ci_high=ablated["ci_high"],
+        drop=clean["value"] - ablated["value"],
+        status="measured",
+        note="",
+    )

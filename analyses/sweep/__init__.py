@@ -6,7 +6,8 @@ recoverable, and where its attention sinks are (``nopelens sweep`` and ``nopelen
   (``from nopelens.analyses.sweep import SweepSettings, sweep``);
 - :mod:`.settings`: what a sweep measures; :mod:`.sites`: where it reads; :mod:`.reads`: one
   :class:`~.reads.SweepRead` per summary column and figure panel, one target function per target;
-- :mod:`.streamed`: every model's measurements through the streaming engine; :mod:`.plan`: an
+- :mod:`.streamed`: every model's measurements through the streaming engine; :mod:`.budget`: the
+  memory it holds (keep budget, statistics groups, batch size); :mod:`.plan`: an
   ``hf:DIR`` probe's forward passes, memory and ETA before it runs; :mod:`.eta`: the sweep's ETA;
 - :mod:`.summary`, :mod:`.layers` (the curves per layer, :func:`~.layers.load_run`),
   :mod:`.seeds` (numbers over training seeds): what the run folder reports;
@@ -18,8 +19,20 @@ the driver and everything it imports.
 
 import importlib
 
-SUBMODULES = ("driver", "eta", "layers", "parallel", "plan", "reads", "seeds", "settings", "sites", "streamed",
-              "summary")
+SUBMODULES = (
+    "budget",
+    "driver",
+    "eta",
+    "layers",
+    "parallel",
+    "plan",
+    "reads",
+    "seeds",
+    "settings",
+    "sites",
+    "streamed",
+    "summary",
+)
 
 
 def __getattr__(name: str):

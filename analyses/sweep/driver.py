@@ -68,18 +68,25 @@ from nopelens.models.threads import one_thread
 from nopelens.probes.sinks import variance_slopes
 
 from .. import runs
+from ..subjects import (
+    HF_PREFIX,
+    Subject,
+    check_spec,
+    display_name,
+    input_changes,
+    input_fingerprint,
+    planned_work,
+    resolve,
+)
 from . import layers, parallel, reads, seeds
 from .eta import SweepETA, speed_factor
 from .plan import plan
+
 # the sweep's settings, sites and summary have modules of their own; their names still import from here
 from .settings import DEFAULT_MODELS, DEFAULT_SITES, SITE_KINDS, SweepSettings  # noqa: F401
 from .sites import block_ranges, pattern_sites, probed_blocks, score_sites, sink_sites, sweep_sites  # noqa: F401
 from .streamed import measure_streamed
-from ..subjects import (
-    HF_PREFIX, Subject, check_spec, display_name, input_changes, input_fingerprint, planned_work, resolve,
-)
 from .summary import summarize, summarize_per_seed  # noqa: F401
-
 
 TABLES = ("probes", "sinks", "variance", "sink_ablation")
 
@@ -112,8 +119,9 @@ class SweepResult:
 # ----------------------------------------------------------------------------- one subject
 
 
-def analyse_subject(subject: Subject, settings: SweepSettings, label: str | None = None,
-                    progress: bool = False) -> dict[str, pd.DataFrame]:
+def analyse_subject(
+    subject: Subject, settings: SweepSettings, label: str | None = None, progress: bool = False
+) -> dict[str, pd.DataFrame]:
     """Probe, sink, variance and sink-ablation tables of one subject (see the module docstring),
     measured through the streaming engine (:func:`~nopelens.analyses.sweep.streamed.measure_streamed`);
     the probe rows are those of the targets :data:`~nopelens.analyses.sweep.reads.SWEEP_READS` names.
@@ -162,10 +170,19 @@ def _with_slopes(variance: pd.DataFrame) -> pd.DataFrame:
 # ----------------------------------------------------------------------------- the run folder
 
 
-def sweep(settings: SweepSettings, out_dir: str | Path | None = None, progress: bool = True, jobs: int = 1,
-          scheduler: str | None = None, security: str | Path | None = None,
-          sweep_reads: Sequence[reads.SweepRead] | None = None, name: str = "sweep", svg: bool | None = None,
-          figures: bool | None = None, variant: str = "") -> SweepResult:
+def sweep(
+    settings: SweepSettings,
+    out_dir: str | Path | None = None,
+    progress: bool = True,
+    jobs: int = 1,
+    scheduler: str | None = None,
+    security: str | Path | None = None,
+    sweep_reads: Sequence[reads.SweepRead] | None = None,
+    name: str = "sweep",
+    svg: bool | None = None,
+    figures: bool | None = None,
+    variant: str = "",
+) -> SweepResult:
     """Run the sweep; with ``out_dir``, write (and resume) a run folder's parts and tables
     (:func:`write_tables`); its figures and ``summary.md`` are rendering,
     :func:`~nopelens.analyses.report.write_run`'s (``nopelens sweep`` calls it).
@@ -199,8 +216,12 @@ def sweep(settings: SweepSettings, out_dir: str | Path | None = None, progress: 
         ChildProcessError: if parallel workers were lost (what finished is saved; rerun to resume).
     """
     if svg is not None or figures is not None:
-        warnings.warn("sweep(svg=, figures=) no longer draws: call nopelens.analyses.report.write_run(result, "
-                      "settings, command, versions()) on its result", DeprecationWarning, stacklevel=2)
+        warnings.warn(
+            "sweep(svg=, figures=) no longer draws: call nopelens.analyses.report.write_run(result, "
+            "settings, command, versions()) on its result",
+            DeprecationWarning,
+            stacklevel=2,
+        )
     for spec in settings.models:
         check_spec(spec)
     if settings.n_sequences < settings.n_splits:
@@ -215,14 +236,23 @@ def sweep(settings: SweepSettings, out_dir: str | Path | None = None, progress: 
     out = Path(out_dir) if out_dir is not None else None
     if out is None:
         return _sweep_tasks(settings, None, progress, jobs, scheduler, security, sweep_reads, name, variant)
-    with runs.claimed(out, "sweep", settings.to_dict(), ignore=settings.RESUMABLE_CHANGES, command=name,
-                      unset=settings.UNSET):
+    with runs.claimed(
+        out, "sweep", settings.to_dict(), ignore=settings.RESUMABLE_CHANGES, command=name, unset=settings.UNSET
+    ):
         return _sweep_tasks(settings, out, progress, jobs, scheduler, security, sweep_reads, name, variant)
 
 
-def _sweep_tasks(settings: SweepSettings, out: Path | None, progress: bool, jobs: int, scheduler: str | None,
-                 security: str | Path | None, sweep_reads: Sequence[reads.SweepRead] | None, name: str,
-                 variant: str = "") -> SweepResult:
+def _sweep_tasks(
+    settings: SweepSettings,
+    out: Path | None,
+    progress: bool,
+    jobs: int,
+    scheduler: str | None,
+    security: str | Path | None,
+    sweep_reads: Sequence[reads.SweepRead] | None,
+    name: str,
+    variant: str = "",
+) -> SweepResult:
     """:func:`sweep` once its folder ``out`` (or None) is claimed."""
     tasks = settings.tasks()
     inputs = {spec: input_fingerprint(spec, settings.hf_input) for spec in settings.models}
@@ -235,18 +265,28 @@ def _sweep_tasks(settings: SweepSettings, out: Path | None, progress: bool, jobs
             _check_same_inputs(part, task[0], meta.get("inputs"), inputs[task[0]])
             _check_same_settings(part, meta.get(SETTINGS_DIGEST), settings)
             tqdm.write(f"nopelens: {_label(*task)}: already measured in {part}, reusing", file=sys.stderr)
-            done[task] = {name: _as_measured(name, seeds.with_train_seed(table, task[1]))
-                          for name, table in tables.items()}, meta
+            done[task] = (
+                {name: _as_measured(name, seeds.with_train_seed(table, task[1])) for name, table in tables.items()},
+                meta,
+            )
     todo = [task for task in tasks if task not in done]
-    work = {task: planned_work(task[0], settings.n_sequences, settings.seq_len, task[1], settings.quick_steps)
-            for task in todo}
+    work = {
+        task: planned_work(task[0], settings.n_sequences, settings.seq_len, task[1], settings.quick_steps)
+        for task in todo
+    }
     speed = 1.0
     if progress and any(task_work.estimated for task_work in work.values()):
         with one_thread():  # as each task runs: the opening ETA measured on this machine, as busy as it is now
             speed = speed_factor()
     eta = SweepETA(work, jobs=1 if scheduler is None and jobs <= 1 else max(1, jobs), speed=speed)
-    bar = progress_bar(total=len(tasks), initial=len(done), desc=f"nopelens {name}", unit="model",
-                       bar_format="{desc}: {n_fmt}/{total_fmt} models [{elapsed}{postfix}]", disable=not progress)
+    bar = progress_bar(
+        total=len(tasks),
+        initial=len(done),
+        desc=f"nopelens {name}",
+        unit="model",
+        bar_format="{desc}: {n_fmt}/{total_fmt} models [{elapsed}{postfix}]",
+        disable=not progress,
+    )
     bar.set_postfix_str(eta.describe())
     clock = [time.perf_counter()]
 
@@ -266,19 +306,31 @@ def _sweep_tasks(settings: SweepSettings, out: Path | None, progress: bool, jobs
     # local workers write their training progress as timed lines; Dask workers log elsewhere
     show_training = progress and scheduler is None
     try:
-        parallel.run_tasks(measure, [(task, (*task, settings, show_training)) for task in todo], keep, jobs, scheduler,
-                           security)
+        parallel.run_tasks(
+            measure, [(task, (*task, settings, show_training)) for task in todo], keep, jobs, scheduler, security
+        )
     finally:  # an error's one line then starts on a line of its own
         bar.close()
     parts = [done[task][0] for task in tasks]
-    probes, sinks, variance, ablation = (pd.concat([part[table] for part in parts], ignore_index=True)
-                                         for table in TABLES)
+    probes, sinks, variance, ablation = (
+        pd.concat([part[table] for part in parts], ignore_index=True) for table in TABLES
+    )
     chosen = tuple(reads.SWEEP_READS if sweep_reads is None else sweep_reads)
     per_seed = summarize_per_seed(probes, sinks, variance, chosen)
     subjects = {_label(*task): done[task][1] for task in tasks}
-    result = SweepResult(probes, sinks, variance, summarize(probes, sinks, variance, chosen), out, subjects,
-                         summary_per_seed=per_seed, sink_ablation=ablation,
-                         curves=layers.layer_curves(probes, sinks, chosen), reads=chosen, variant=variant)
+    result = SweepResult(
+        probes,
+        sinks,
+        variance,
+        summarize(probes, sinks, variance, chosen),
+        out,
+        subjects,
+        summary_per_seed=per_seed,
+        sink_ablation=ablation,
+        curves=layers.layer_curves(probes, sinks, chosen),
+        reads=chosen,
+        variant=variant,
+    )
     if out is not None:
         write_tables(result)
     return result
@@ -330,9 +382,11 @@ def _check_same_settings(part: Path, recorded: str | None, settings: SweepSettin
         ValueError: naming the part.
     """
     if recorded is not None and recorded != settings.digest():
-        raise ValueError(f"{part} was measured with other settings than this run's (another --seq-len, "
-                         "--n-sequences, --seed, --sites, ...); use another --out folder, or delete that part folder "
-                         "to measure it again")
+        raise ValueError(
+            f"{part} was measured with other settings than this run's (another --seq-len, "
+            "--n-sequences, --seed, --sites, ...); use another --out folder, or delete that part folder "
+            "to measure it again"
+        )
 
 
 def _check_distinct(tasks: Sequence[tuple[str, int]]) -> None:
@@ -343,14 +397,18 @@ def _check_distinct(tasks: Sequence[tuple[str, int]]) -> None:
     Raises:
         ValueError: naming both specs.
     """
-    for what, key in (("would both be named", lambda spec, seed: _label(display_name(spec), seed)),
-                      ("would share the part folder", lambda spec, seed: runs.part_dir(".", spec, seed).name)):
+    for what, key in (
+        ("would both be named", lambda spec, seed: _label(display_name(spec), seed)),
+        ("would share the part folder", lambda spec, seed: runs.part_dir(".", spec, seed).name),
+    ):
         seen: dict[str, str] = {}
         for spec, seed in tasks:
             name = key(spec, seed)
             if name in seen and seen[name] != spec:
-                raise ValueError(f"{seen[name]} and {spec} {what} {name}; give each model once, under names "
-                                 "that differ (e.g. rename or link one directory)")
+                raise ValueError(
+                    f"{seen[name]} and {spec} {what} {name}; give each model once, under names "
+                    "that differ (e.g. rename or link one directory)"
+                )
             seen[name] = spec
 
 
@@ -360,27 +418,34 @@ def _check_absolute_paths(settings: SweepSettings) -> None:
     Raises:
         ValueError: naming the first relative path.
     """
-    paths = [spec.removeprefix(HF_PREFIX) for spec in settings.models
-             if spec.startswith(HF_PREFIX) or "/" in spec or Path(spec).exists()]
+    paths = [
+        spec.removeprefix(HF_PREFIX)
+        for spec in settings.models
+        if spec.startswith(HF_PREFIX) or "/" in spec or Path(spec).exists()
+    ]
     if settings.hf_input.text is not None:
         paths.append(settings.hf_input.text)
     for path in paths:
         if not Path(path).is_absolute():
-            raise ValueError(f"--scheduler: {path} is a relative path, which each Dask worker would read in its own "
-                             f"working directory; give it as an absolute path ({Path(path).resolve()})")
+            raise ValueError(
+                f"--scheduler: {path} is a relative path, which each Dask worker would read in its own "
+                f"working directory; give it as an absolute path ({Path(path).resolve()})"
+            )
 
 
 def _check_same_inputs(part: Path, spec: str, recorded: dict | None, current: dict | None) -> None:
     """Refuse to reuse a finished part whose model files or text changed since it was measured
-    (:func:`~nopelens.analyses.subjects.input_fingerprint`): its tables would describe another model.
+    (:func:`~nopelens.analyses.specs.input_fingerprint`): its tables would describe another model.
 
     Raises:
         ValueError: naming what changed.
     """
     changes = input_changes(recorded, current)
     if changes:
-        raise ValueError(f"{part} was measured on other inputs than {spec} gives now ({', '.join(changes)} since); "
-                         "use another --out folder, or delete that part folder to measure it again")
+        raise ValueError(
+            f"{part} was measured on other inputs than {spec} gives now ({', '.join(changes)} since); "
+            "use another --out folder, or delete that part folder to measure it again"
+        )
 
 
 def measure(spec: str, train_seed: int, settings: SweepSettings, progress: bool = False) -> tuple[dict, dict]:
@@ -408,12 +473,22 @@ def _measure(spec: str, train_seed: int, settings: SweepSettings, progress: bool
 
     say(f"{_label(spec, train_seed)}: loading")
     start = time.perf_counter()
-    subject = resolve(spec, settings.n_sequences, settings.seq_len, settings.seed, progress, settings.quick_steps,
-                      train_seed=train_seed, hf_input=settings.hf_input)
+    subject = resolve(
+        spec,
+        settings.n_sequences,
+        settings.seq_len,
+        settings.seed,
+        progress,
+        settings.quick_steps,
+        train_seed=train_seed,
+        hf_input=settings.hf_input,
+    )
     loaded = time.perf_counter()
     if "beyond_trained_length" in subject.info:
-        tqdm.write(f"nopelens: {_label(subject.name, train_seed)}: note: {subject.info['beyond_trained_length']}",
-                   file=sys.stderr)
+        tqdm.write(
+            f"nopelens: {_label(subject.name, train_seed)}: note: {subject.info['beyond_trained_length']}",
+            file=sys.stderr,
+        )
     probed_blocks(subject, settings.layers)  # a block the model lacks is refused before the "probing" line
     what = f"{subject.n_layers + 1} layers" if settings.layers is None else f"blocks {block_ranges(settings.layers)}"
     say(f"{_label(subject.name, train_seed)}: probing {what}")
@@ -424,9 +499,18 @@ def _measure(spec: str, train_seed: int, settings: SweepSettings, progress: bool
     say(f"{_label(subject.name, train_seed)}: measured in {seconds['measure']:.0f} s")
     lengths = subject.attention_mask.sum(-1)
     read = {"sequences": int(subject.tokens.shape[0]), "tokens": [int(lengths.min()), int(lengths.max())]}
-    meta = dict(name=subject.name, kind=subject.kind, position=subject.position, n_layers=subject.n_layers,
-                has_bos=subject.has_bos, train_lengths=subject.train_lengths, train_seed=train_seed, **subject.info,
-                seconds=seconds, read=read)
+    meta = dict(
+        name=subject.name,
+        kind=subject.kind,
+        position=subject.position,
+        n_layers=subject.n_layers,
+        has_bos=subject.has_bos,
+        train_lengths=subject.train_lengths,
+        train_seed=train_seed,
+        **subject.info,
+        seconds=seconds,
+        read=read,
+    )
     return tables, meta
 
 
@@ -445,14 +529,25 @@ def _label(spec: str, train_seed: int) -> str:
 def versions() -> dict[str, str]:
     """Versions of what produced the numbers."""
     return {
-        "nopelens": nopelens.__version__, "python": platform.python_version(), "torch": torch.__version__,
-        "transformer_lens": version("transformer-lens"), "scikit-learn": sklearn.__version__,
-        "numpy": np.__version__, "pandas": pd.__version__,
+        "nopelens": nopelens.__version__,
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "transformer_lens": version("transformer-lens"),
+        "scikit-learn": sklearn.__version__,
+        "numpy": np.__version__,
+        "pandas": pd.__version__,
     }
 
 
-__getattr__ = moved_names(__name__, moved={"first_variance_block": "nopelens.analyses.sweep.sites",
-                                           "summarize_seed": "nopelens.analyses.sweep.summary",
-                                           "measure_sinks": "nopelens.analyses.sweep.streamed"},
-                          gone={"analyse_subject_streamed": "analyse_subject measures every model streamed (one driver)",
-                                "sink_conditions": "use nopelens.analyses.sweep.streamed.measure_sinks (or SinkReads)"})
+__getattr__ = moved_names(
+    __name__,
+    moved={
+        "first_variance_block": "nopelens.analyses.sweep.sites",
+        "summarize_seed": "nopelens.analyses.sweep.summary",
+        "measure_sinks": "nopelens.analyses.sweep.streamed",
+    },
+    gone={
+        "analyse_subject_streamed": "analyse_subject measures every model streamed (one driver)",
+        "sink_conditions": "use nopelens.analyses.sweep.streamed.measure_sinks (or SinkReads)",
+    },
+)

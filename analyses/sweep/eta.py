@@ -201,5 +201,10 @@ class FitRates:
     def seconds(self, work: FitWork) -> float:
         """Estimated seconds of ``work``."""
         fixed = sum(n * seconds for n, seconds in zip(work.calls, self.call))
-        return (work.paths * self.path + work.solves * self.solve + work.flops * self.flop
-                + work.scored * self.score + fixed)
+        return (
+            work.paths * self.path
+            + work.solves * self.solve
+            + work.flops * self.flop
+            + work.scored * self.score
+            + fixed
+        )

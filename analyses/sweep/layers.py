@@ -34,14 +34,36 @@ from nopelens.probes.sinks import sink_flags
 from . import reads as reads_module
 from .reads import METRIC_AXES, SweepRead
 
-__all__ = ["Curve", "LAYER_COLUMNS", "LOW_SELECTIVITY", "MAD_CHANCE", "SINK_RATE", "Run", "curves_of",
-           "layer_curves", "load_run", "low_selectivity", "mad_over_chance"]
+__all__ = [
+    "Curve",
+    "LAYER_COLUMNS",
+    "LOW_SELECTIVITY",
+    "MAD_CHANCE",
+    "SINK_RATE",
+    "Run",
+    "curves_of",
+    "layer_curves",
+    "load_run",
+    "low_selectivity",
+    "mad_over_chance",
+]
 
 MAD_CHANCE = "mad_chance"
 SINK_RATE = "sink_rate"
 
-LAYER_COLUMNS = ("model", "train_seed", "layer", "curve", "metric", "value", "ci_low", "ci_high", "threshold",
-                 "clears", "n_heads")
+LAYER_COLUMNS = (
+    "model",
+    "train_seed",
+    "layer",
+    "curve",
+    "metric",
+    "value",
+    "ci_low",
+    "ci_high",
+    "threshold",
+    "clears",
+    "n_heads",
+)
 """Columns of :func:`layer_curves` (``layers.csv``; each is described in docs/schema.md)."""
 
 MAD_READ = SweepRead("mad", "abs. index", "absolute index", "absolute_index", "regression", "mad", "token")
@@ -76,8 +98,9 @@ def curves_of(sweep_reads: Sequence[SweepRead] | None = None) -> list[Curve]:
     """The curves of ``sweep_reads`` (default :data:`~nopelens.analyses.sweep.reads.SWEEP_READS`):
     one per read, ``mad_chance`` after the last absolute-index read, ``sink_rate`` last."""
     chosen = reads_module.SWEEP_READS if sweep_reads is None else tuple(sweep_reads)
-    curves = [Curve(read.column, read.label, read.title, METRIC_AXES.get(read.metric, read.metric), read)
-              for read in chosen]
+    curves = [
+        Curve(read.column, read.label, read.title, METRIC_AXES.get(read.metric, read.metric), read) for read in chosen
+    ]
     absolute = [i for i, read in enumerate(chosen) if read.target == "absolute_index"]
     mad = Curve(MAD_CHANCE, "MAD/chance", "absolute index: MAD / chance", "MAD / chance")
     curves.insert(absolute[-1] + 1 if absolute else len(curves), mad)
@@ -85,8 +108,9 @@ def curves_of(sweep_reads: Sequence[SweepRead] | None = None) -> list[Curve]:
     return curves
 
 
-def layer_curves(probes: pd.DataFrame, sinks: pd.DataFrame | None = None,
-                 sweep_reads: Sequence[SweepRead] | None = None) -> pd.DataFrame:
+def layer_curves(
+    probes: pd.DataFrame, sinks: pd.DataFrame | None = None, sweep_reads: Sequence[SweepRead] | None = None
+) -> pd.DataFrame:
     """Every curve of :func:`curves_of` at every layer of every model and training seed.
 
     Args:
@@ -105,8 +129,11 @@ def layer_curves(probes: pd.DataFrame, sinks: pd.DataFrame | None = None,
     for curve in curves_of(sweep_reads):
         if curve.read is not None:
             rows = curve.read.rows(probes)
-            frames.append(_rows(rows, curve.key, curve.read.metric).assign(
-                threshold=curve.read.threshold, clears=curve.read.clears(rows).to_numpy()))
+            frames.append(
+                _rows(rows, curve.key, curve.read.metric).assign(
+                    threshold=curve.read.threshold, clears=curve.read.clears(rows).to_numpy()
+                )
+            )
         elif curve.key == MAD_CHANCE:
             frames.append(mad_over_chance(probes))
         elif sinks is not None and not sinks.empty and "is_sink" in sinks:
@@ -115,9 +142,11 @@ def layer_curves(probes: pd.DataFrame, sinks: pd.DataFrame | None = None,
     table = table.reindex(columns=list(LAYER_COLUMNS))
     order = {model: i for i, model in enumerate(probes["model"].unique())}
     curve_order = {curve.key: i for i, curve in enumerate(curves_of(sweep_reads))}
-    table = table.sort_values(["model", "train_seed", "curve", "layer"], kind="stable",
-                              key=lambda c: c.map(order) if c.name == "model"
-                              else c.map(curve_order) if c.name == "curve" else c)
+    table = table.sort_values(
+        ["model", "train_seed", "curve", "layer"],
+        kind="stable",
+        key=lambda c: c.map(order) if c.name == "model" else c.map(curve_order) if c.name == "curve" else c,
+    )
     table["layer"] = table["layer"].astype(int)
     table["train_seed"] = table["train_seed"].astype(int)
     table["n_heads"] = table["n_heads"].astype("Int64")
@@ -130,10 +159,18 @@ def _with_seed(table: pd.DataFrame) -> pd.DataFrame:
 
 
 def _rows(rows: pd.DataFrame, key: str, metric: str) -> pd.DataFrame:
-    return pd.DataFrame({"model": rows["model"].to_numpy(), "train_seed": rows["train_seed"].to_numpy(),
-                         "layer": rows["layer"].astype(int).to_numpy(), "curve": key, "metric": metric,
-                         "value": rows["value"].to_numpy(), "ci_low": rows["ci_low"].to_numpy(),
-                         "ci_high": rows["ci_high"].to_numpy()})
+    return pd.DataFrame(
+        {
+            "model": rows["model"].to_numpy(),
+            "train_seed": rows["train_seed"].to_numpy(),
+            "layer": rows["layer"].astype(int).to_numpy(),
+            "curve": key,
+            "metric": metric,
+            "value": rows["value"].to_numpy(),
+            "ci_low": rows["ci_low"].to_numpy(),
+            "ci_high": rows["ci_high"].to_numpy(),
+        }
+    )
 
 
 def mad_over_chance(probes: pd.DataFrame) -> pd.DataFrame:
@@ -161,10 +198,24 @@ def _sink_rates(sinks: pd.DataFrame) -> pd.DataFrame:
     frames = []
     for (model, seed), table in sinks.groupby(["model", "train_seed"], sort=False):
         as_read = table[table["condition"] == table["condition"].iloc[0]]
-        per_block = as_read.assign(is_sink=sink_flags(as_read)).groupby("block")["is_sink"].agg(["mean", "size"]).reset_index()
-        frames.append(pd.DataFrame({"model": model, "train_seed": seed, "layer": per_block["block"] + 1,
-                                    "curve": SINK_RATE, "metric": "sink_rate", "value": per_block["mean"],
-                                    "ci_low": np.nan, "ci_high": np.nan, "n_heads": per_block["size"]}))
+        per_block = (
+            as_read.assign(is_sink=sink_flags(as_read)).groupby("block")["is_sink"].agg(["mean", "size"]).reset_index()
+        )
+        frames.append(
+            pd.DataFrame(
+                {
+                    "model": model,
+                    "train_seed": seed,
+                    "layer": per_block["block"] + 1,
+                    "curve": SINK_RATE,
+                    "metric": "sink_rate",
+                    "value": per_block["mean"],
+                    "ci_low": np.nan,
+                    "ci_high": np.nan,
+                    "n_heads": per_block["size"],
+                }
+            )
+        )
     return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
 
 
@@ -201,16 +252,32 @@ def low_selectivity(probes: pd.DataFrame, sweep_reads: Sequence[SweepRead] | Non
             layer = by_layer["value"].idxmax()
             value, selectivity = by_layer.loc[layer]
             if value >= read.threshold / 2 and selectivity == selectivity and selectivity < LOW_SELECTIVITY * value:
-                flagged.append(dict(model=model, curve=read.column, label=read.label, layer=int(layer),
-                                    value=float(value), selectivity=float(selectivity)))
+                flagged.append(
+                    dict(
+                        model=model,
+                        curve=read.column,
+                        label=read.label,
+                        layer=int(layer),
+                        value=float(value),
+                        selectivity=float(selectivity),
+                    )
+                )
     return pd.DataFrame(flagged, columns=["model", "curve", "label", "layer", "value", "selectivity"])
 
 
 # ----------------------------------------------------------------------------- reading a run folder
 
 
-RUN_TABLES = ("probes", "sinks", "variance", "sink_ablation", "summary", "summary_per_seed", "probes_over_seeds",
-              "layers")
+RUN_TABLES = (
+    "probes",
+    "sinks",
+    "variance",
+    "sink_ablation",
+    "summary",
+    "summary_per_seed",
+    "probes_over_seeds",
+    "layers",
+)
 """The tables a sweep (or ``nopelens probe``) run folder may hold, as ``<name>.csv``."""
 
 

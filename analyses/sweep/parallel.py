@@ -153,26 +153,32 @@ def _as_completed(futures: dict, has_workers: Callable[[], bool], scheduler: str
             raise ChildProcessError(
                 f"the Dask scheduler at {scheduler} has had no workers (or has not answered) for {WORKER_TIMEOUT:.0f} s; "
                 f"{len(pending)} of {len(futures)} tasks did not finish; the finished ones are saved: start workers "
-                f"(`dask worker {scheduler} --nthreads 1`) and rerun the same command to measure the rest")
+                f"(`dask worker {scheduler} --nthreads 1`) and rerun the same command to measure the rest"
+            )
 
 
 @contextmanager
 def _executor(jobs: int, scheduler: str | None, security: str | Path | None = None) -> Iterator[cf.Executor]:
     if scheduler is None:
         # workers share this terminal: their progress bars write lines instead of redrawing
-        with cf.ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context("spawn"),
-                                    initializer=lines_only) as pool:
+        with cf.ProcessPoolExecutor(
+            max_workers=jobs, mp_context=multiprocessing.get_context("spawn"), initializer=lines_only
+        ) as pool:
             yield _Engine(pool)
         return
     try:
         from distributed import Client  # lazy: distributed is optional (nopelens[dask])
     except ImportError:
-        raise ValueError('--scheduler needs Dask distributed, which is not installed: pip install "nopelens[dask]"') from None
+        raise ValueError(
+            '--scheduler needs Dask distributed, which is not installed: pip install "nopelens[dask]"'
+        ) from None
     scheme = check_address(scheduler)
     settings = dask_security(security)
     if scheme == "tls" and not (settings.tls_ca_file and settings.tls_client_cert):
-        raise ValueError(f"--scheduler {scheduler} is a TLS address, but no TLS settings were given: pass "
-                         "--dask-security FILE (distributed's ca-file and client cert and key)")
+        raise ValueError(
+            f"--scheduler {scheduler} is a TLS address, but no TLS settings were given: pass "
+            "--dask-security FILE (distributed's ca-file and client cert and key)"
+        )
     _check_tls_files(settings, security)
     warning = insecure_address(scheduler)
     if warning:
@@ -187,8 +193,9 @@ def _executor(jobs: int, scheduler: str | None, security: str | Path | None = No
             _wait_for_a_worker(client, scheduler)
             _check_single_threaded(client)
             # pure=False: the same arguments on a rerun must run again, not return a cached key
-            yield _Engine(client.get_executor(pure=False), lambda: _has_workers(client),
-                          lambda: client.status != "running")
+            yield _Engine(
+                client.get_executor(pure=False), lambda: _has_workers(client), lambda: client.status != "running"
+            )
         finally:
             client.close()
 
@@ -206,8 +213,10 @@ def check_address(scheduler: str) -> str:
         raise ValueError(f"--scheduler takes a tls:// or tcp:// address, got {scheduler!r}")
     if scheme == "inproc":
         if location.count("/") != 2:
-            raise ValueError(f"--scheduler {scheduler}: an inproc:// address names a cluster inside this "
-                             "process (inproc://IP/PID/N); use a tls:// or tcp:// address")
+            raise ValueError(
+                f"--scheduler {scheduler}: an inproc:// address names a cluster inside this "
+                "process (inproc://IP/PID/N); use a tls:// or tcp:// address"
+            )
         return scheme
     host, _, port = location.rpartition(":")
     if not host.strip("[]") or not port.isdigit() or not 0 < int(port) < 65536:
@@ -219,8 +228,11 @@ def _check_tls_files(settings, security: str | Path | None) -> None:
     """Raise FileNotFoundError naming a certificate or key file of ``settings`` that does not
     exist (a value with a line break is the PEM text itself)."""
     where = f" (in {security})" if security is not None else ""
-    for name, value in (("ca-file", settings.tls_ca_file), ("client cert", settings.tls_client_cert),
-                        ("client key", settings.tls_client_key)):
+    for name, value in (
+        ("ca-file", settings.tls_ca_file),
+        ("client cert", settings.tls_client_cert),
+        ("client key", settings.tls_client_key),
+    ):
         if isinstance(value, str) and "\n" not in value and not Path(value).is_file():
             raise FileNotFoundError(f"no such file: {value}, the Dask TLS {name}{where}")
 
@@ -258,8 +270,10 @@ def _connection_error(scheduler: str, error: BaseException) -> Exception:
     if isinstance(error, OSError):
         return OSError(f"cannot reach the Dask scheduler at {scheduler}: {said}")
     if isinstance(error, MemoryError):  # distributed read the first bytes of a stranger's reply as a length
-        return ValueError(f"cannot talk to a Dask scheduler at {scheduler}: its reply is not Dask's protocol "
-                          "(is it another kind of server?)")
+        return ValueError(
+            f"cannot talk to a Dask scheduler at {scheduler}: its reply is not Dask's protocol "
+            "(is it another kind of server?)"
+        )
     return ValueError(f"cannot talk to a Dask scheduler at {scheduler}: {type(error).__name__}: {said}")
 
 
@@ -293,8 +307,10 @@ def _wait_for_a_worker(client, scheduler: str) -> None:
     try:
         client.wait_for_workers(n_workers=1, timeout=WORKER_TIMEOUT)
     except (TimeoutError, asyncio.TimeoutError):
-        raise ValueError(f"the Dask scheduler at {scheduler} has no workers (none joined within "
-                         f"{WORKER_TIMEOUT:.0f} s); start one with `dask worker {scheduler} --nthreads 1`") from None
+        raise ValueError(
+            f"the Dask scheduler at {scheduler} has no workers (none joined within "
+            f"{WORKER_TIMEOUT:.0f} s); start one with `dask worker {scheduler} --nthreads 1`"
+        ) from None
 
 
 def dask_security(path: str | Path | None = None):
@@ -367,14 +383,19 @@ def insecure_address(address: str) -> str | None:
         loopback = False
     if loopback:
         return None
-    return (f"{address} is plain tcp: unencrypted, and anyone who can reach it can run code on the "
-            "workers; bind the scheduler and workers to a private interface, or use a tls:// address "
-            "with --dask-security (docs/dask.md)")
+    return (
+        f"{address} is plain tcp: unencrypted, and anyone who can reach it can run code on the "
+        "workers; bind the scheduler and workers to a private interface, or use a tls:// address "
+        "with --dask-security (docs/dask.md)"
+    )
 
 
 def _check_single_threaded(client) -> None:
-    busy = {address: info.get("nthreads", 1) for address, info in client.scheduler_info()["workers"].items()
-            if info.get("nthreads", 1) > 1}
+    busy = {
+        address: info.get("nthreads", 1)
+        for address, info in client.scheduler_info()["workers"].items()
+        if info.get("nthreads", 1) > 1
+    }
     if busy:
         raise ValueError(_threads_message(", ".join(f"{a} ({n} threads)" for a, n in busy.items())))
 
@@ -402,8 +423,10 @@ def check_alone_in_process() -> None:
 
 
 def _threads_message(workers: str) -> str:
-    return (f"Dask workers must run one thread each (dask worker --nthreads 1): a sweep task sets "
-            f"process-wide thread limits; refused: {workers}")
+    return (
+        f"Dask workers must run one thread each (dask worker --nthreads 1): a sweep task sets "
+        f"process-wide thread limits; refused: {workers}"
+    )
 
 
 def default_jobs() -> int:
@@ -411,8 +434,9 @@ def default_jobs() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
 
-def _raise_failures(failures: list[tuple[Hashable, BaseException]], n_tasks: int, lost_scheduler: str | None = None
-                    ) -> None:
+def _raise_failures(
+    failures: list[tuple[Hashable, BaseException]], n_tasks: int, lost_scheduler: str | None = None
+) -> None:
     if not failures:
         return
     lost = [(key, error) for key, error in failures if type(error).__name__ in WORKER_LOST]

@@ -25,14 +25,25 @@ from nopelens.probes.linear import sequence_splits
 from nopelens.probes.metrics import REGRESSION_METRICS, bootstrap_scores
 from nopelens.probes.stream import available_memory
 
-from .eta import FitRates, FitWork
-from .streamed import (
-    MAX_AUTO_BATCH, STATISTICS_SHARE, Measurements, group_held_bytes, group_kept, kept_and_summed_bytes,
-    n_features, ablation_budget, feature_bytes, held_bytes, job_statistics_bytes, measurements, sequence_bytes,
-    site_shapes, statistics_bytes,
-)
-from .reads import SweepSites
 from ..subjects import Subject
+from .budget import (
+    MAX_AUTO_BATCH,
+    STATISTICS_SHARE,
+    ablation_budget,
+    feature_bytes,
+    group_held_bytes,
+    group_kept,
+    held_bytes,
+    job_statistics_bytes,
+    kept_and_summed_bytes,
+    n_features,
+    sequence_bytes,
+    site_shapes,
+    statistics_bytes,
+)
+from .eta import FitRates, FitWork
+from .reads import SweepSites
+from .streamed import Measurements, measurements
 
 
 def _more_memory_hint(m: Measurements) -> str:
@@ -41,12 +52,10 @@ def _more_memory_hint(m: Measurements) -> str:
     return "run where more memory is free"
 
 
-
 def _largest_job(m: Measurements, shapes: dict[str, tuple[int, ...]]):
     """(the job with the largest statistics, their bytes); (None, 0) without jobs."""
     sizes = [(job, job_statistics_bytes(job, shapes)) for job in m.jobs()]
     return max(sizes, key=lambda pair: pair[1], default=(None, 0))
-
 
 
 def _keeping_hint(m: Measurements, shapes: dict[str, tuple[int, ...]]) -> str:
@@ -59,7 +68,6 @@ def _keeping_hint(m: Measurements, shapes: dict[str, tuple[int, ...]]) -> str:
                 return ""
             need = max(need, feature_bytes(m, shapes, group))
     return f"keep the features (--keep-mib {-(-need // 2**20)} or more) or " if need else ""
-
 
 
 PLAN_WIDTH = 100
@@ -93,17 +101,25 @@ class Plan:
         wrapped at ``width`` columns (``nopelens probe`` prints it on stderr, ``--plan`` on stdout)."""
         eta = f"about {_duration(self.eta_seconds)}: {self.eta_note}" if self.eta_seconds is not None else self.eta_note
         blocks = "block" if self.ablated_blocks == 1 else "blocks"
-        among = f", {self.ablation_second_passes} of the sink ablation's among them" if self.ablation_second_passes else ""
+        among = (
+            f", {self.ablation_second_passes} of the sink ablation's among them" if self.ablation_second_passes else ""
+        )
         passes = "a second pass" if self.second_passes == 1 else "second passes"
         items = [
             f"the sites in {self.groups} groups whose statistics fit the memory, a run each, stopped after its "
-            "deepest site" if self.groups > 1 else "",
+            "deepest site"
+            if self.groups > 1
+            else "",
             f"{self.stripped_passes} of them over the sequences without BOS, for the sink table"
-            if self.stripped_passes else "",
+            if self.stripped_passes
+            else "",
             f"{self.ablation_passes} of them for the sink ablation of {self.ablated_blocks} {blocks}, each stopped "
-            "after its block" if self.ablated_blocks else "",
+            "after its block"
+            if self.ablated_blocks
+            else "",
             f"{self.second_passes} of them {passes} to predict{among}, where a run's features do not all fit the "
-            "keep budget within half the memory the run may use" if self.second_passes
+            "keep budget within half the memory the run may use"
+            if self.second_passes
             else "no second pass: every run's features fit the keep budget",
             *self.placement,
             f"statistics {self.statistics_bytes / 2**20:,.1f} MiB in all, at most {self.held_bytes / 2**20:,.1f} MiB "
@@ -112,20 +128,28 @@ class Plan:
             f"ETA {eta}",
             "WILL NOT FIT (the error line says why)" if self.shortfall else "",
         ]
-        head = (f"nopelens: plan for {name}: {self.forward_passes} forward passes over {self.tokens:,} tokens in "
-                f"batches of at most {self.batch_size} sequence{'s' * (self.batch_size != 1)}")
-        lines = [textwrap.fill(head, width, subsequent_indent="    ", break_on_hyphens=False,
-                                break_long_words=False)]
-        lines += [textwrap.fill(item, width, initial_indent="  - ", subsequent_indent="    ", break_on_hyphens=False,
-                                break_long_words=False)
-                  for item in items if item]
+        head = (
+            f"nopelens: plan for {name}: {self.forward_passes} forward passes over {self.tokens:,} tokens in "
+            f"batches of at most {self.batch_size} sequence{'s' * (self.batch_size != 1)}"
+        )
+        lines = [textwrap.fill(head, width, subsequent_indent="    ", break_on_hyphens=False, break_long_words=False)]
+        lines += [
+            textwrap.fill(
+                item,
+                width,
+                initial_indent="  - ",
+                subsequent_indent="    ",
+                break_on_hyphens=False,
+                break_long_words=False,
+            )
+            for item in items
+            if item
+        ]
         return "\n".join(lines)
-
 
 
 CALIBRATION_MAX_WIDTH = 1024
 """Widest d at which :func:`fit_rates` times the fits' kernels; wider fits scale by d^3 from it."""
-
 
 
 def fit_work(m: Measurements, shapes: dict[str, tuple[int, ...]]) -> FitWork:
@@ -160,7 +184,6 @@ def fit_work(m: Measurements, shapes: dict[str, tuple[int, ...]]) -> FitWork:
     return FitWork(paths, solves, flops, scored, tuple(int(c) for c in calls))
 
 
-
 def fit_rates(device: torch.device, width: int, n_boot: int, n_splits: int) -> FitRates:
     """Time the fits' kernels here, on ``device``: a penalty path over the ridge grid, a Cholesky
     solve and a matrix product at ``width`` features (at most :data:`CALIBRATION_MAX_WIDTH`), the
@@ -184,18 +207,21 @@ def fit_rates(device: torch.device, width: int, n_boot: int, n_splits: int) -> F
 
     def scoring(n: int) -> float:
         y = rng.normal(size=n)
-        return _seconds(lambda: bootstrap_scores(y, y + rng.normal(size=n), np.arange(n) % 32, REGRESSION_METRICS,
-                                                 n_boot), torch.device("cpu"))
+        return _seconds(
+            lambda: bootstrap_scores(y, y + rng.normal(size=n), np.arange(n) % 32, REGRESSION_METRICS, n_boot),
+            torch.device("cpu"),
+        )
 
     groups = np.arange(16 * n_splits) % (2 * n_splits)
     splits = sequence_splits(groups, n_splits)
     small = rng.normal(size=(len(groups), 4))
     targets = [rng.integers(0, 4, size=len(groups)) for _ in range(3)]
-    family = [_seconds(lambda: fit_folds(small, targets, groups, splits, task, device=device), device)
-              for task in ("regression", "classification")]
+    family = [
+        _seconds(lambda: fit_folds(small, targets, groups, splits, task, device=device), device)
+        for task in ("regression", "classification")
+    ]
     score = max(scoring(4096) - scoring(64), 0.0) / 4096
     return FitRates(path, solve, product, score, (*family, scoring(64)))
-
 
 
 def _seconds(work, device: torch.device) -> float:
@@ -207,7 +233,6 @@ def _seconds(work, device: torch.device) -> float:
     work()
     synchronize()
     return time.perf_counter() - start
-
 
 
 def block_seconds(subject: Subject, sites: Sequence[str], batch_size: int) -> float:
@@ -232,7 +257,6 @@ def block_seconds(subject: Subject, sites: Sequence[str], batch_size: int) -> fl
     return (time.perf_counter() - start) / (len(subject.tokens[rows]) * (first + 1))
 
 
-
 def _eta(subject: Subject, settings, m: Measurements, shapes, block_passes: float) -> tuple[float, str]:
     """(seconds, what they are made of): the forward passes (:func:`block_seconds` times the blocks
     the sequences run through, ``block_passes``), a device-mapped model's offload traffic (its
@@ -246,15 +270,19 @@ def _eta(subject: Subject, settings, m: Measurements, shapes, block_passes: floa
     if report is not None and report.offloaded_bytes:
         full_passes = block_passes / (m.batch_size * subject.n_layers)
         traffic = report.offload_seconds() * full_passes
-        traffic_note = (f", {_duration(traffic)} of offload traffic ({report.offloaded_bytes / 2**20:,.1f} MiB per full "
-                        f"pass, {full_passes:,.1f} full passes, at {report.measure_read_rate() / 2**20:,.0f} MiB/s "
-                        "measured here)")
+        traffic_note = (
+            f", {_duration(traffic)} of offload traffic ({report.offloaded_bytes / 2**20:,.1f} MiB per full "
+            f"pass, {full_passes:,.1f} full passes, at {report.measure_read_rate() / 2**20:,.0f} MiB/s "
+            "measured here)"
+        )
     jobs = m.jobs()
     width = max((n_features(job, shapes) for job in jobs), default=1)
     fits = fit_rates(device, width, settings.n_boot, settings.n_splits).seconds(fit_work(m, shapes)) if jobs else 0.0
-    return forward + traffic + fits, (f"{_duration(forward)} of forward passes{traffic_note} and {_duration(fits)} of "
-                                      f"fits (a batch's first block timed here, the fits' factorizations and products "
-                                      f"counted and timed here at d = {min(width, CALIBRATION_MAX_WIDTH)})")
+    return forward + traffic + fits, (
+        f"{_duration(forward)} of forward passes{traffic_note} and {_duration(fits)} of "
+        f"fits (a batch's first block timed here, the fits' factorizations and products "
+        f"counted and timed here at d = {min(width, CALIBRATION_MAX_WIDTH)})"
+    )
 
 
 def _placement(subject: Subject, m: Measurements, shapes) -> tuple[list[str], str | None]:
@@ -277,9 +305,9 @@ def _placement(subject: Subject, m: Measurements, shapes) -> tuple[list[str], st
             return report.lines(per_device, batch), (
                 f"the sites on {device}'s blocks need {need / 2**20:,.1f} MiB of statistics there, and a batch up to "
                 f"{batch / 2**20:,.1f} MiB, more than the {free / 2**20:,.1f} MiB free on {device}: give it fewer "
-                "layers (--max-memory, or a --device-map file), fewer --layers, or a smaller --batch-size")
+                "layers (--max-memory, or a --device-map file), fewer --layers, or a smaller --batch-size"
+            )
     return report.lines(per_device, batch), None
-
 
 
 def _duration(seconds: float) -> str:
@@ -299,7 +327,6 @@ def _duration(seconds: float) -> str:
     return f"{seconds / 3600:.1f} h"
 
 
-
 def plan(subject: Subject, settings, sites: SweepSites) -> Plan:
     """The forward passes, tokens and statistics' memory of
     :func:`~nopelens.analyses.sweep.streamed.measure_streamed`, and how long it will take, measured here.
@@ -308,9 +335,9 @@ def plan(subject: Subject, settings, sites: SweepSites) -> Plan:
     table's second condition), plus one per batch and ablated block for the sink ablation (each
     stopped after its block, so the n blocks cost about (n + 1) / 2 full passes; its tokens are
     counted in full); the probes add a second pass over every batch to a run whose features do not
-    all fit the keep budget (:func:`~nopelens.analyses.sweep.streamed.run_budget`, :func:`ablation_budget`).
+    all fit the keep budget (:func:`~nopelens.analyses.sweep.budget.run_budget`, :func:`ablation_budget`).
     When the statistics of every site do not fit the memory the run may use, the sites run in groups
-    (:func:`~nopelens.analyses.sweep.streamed.statistics_groups`), one run of the passes above each
+    (:func:`~nopelens.analyses.sweep.budget.statistics_groups`), one run of the passes above each
     (counted in full, though each stops after its deepest site). A run that cannot hold what it must besides
     its batches within :data:`STATISTICS_SHARE` of that memory is a shortfall: refused before any
     forward pass.
@@ -345,15 +372,18 @@ def plan(subject: Subject, settings, sites: SweepSites) -> Plan:
     held = held_bytes(m, shapes)
     if held > STATISTICS_SHARE * m.free:  # a group of one job: its statistics alone do not fit
         largest, size = _largest_job(m, shapes)
-        shortfall = (f"the probes' statistics need {size / 2**20:,.1f} MiB for {largest.site} ({largest.features}) "
-                     f"alone (float64 on {device.type}); with the fits' overhead the run would hold "
-                     f"{held / 2**20:,.1f} MiB besides its batches, more than half of the {m.free / 2**20:,.1f} MiB "
-                     f"{m.free_source} (the rest is for the forward passes); they grow with the sites' width, not "
-                     f"with the tokens: {_keeping_hint(m, shapes)}{_more_memory_hint(m)}")
+        shortfall = (
+            f"the probes' statistics need {size / 2**20:,.1f} MiB for {largest.site} ({largest.features}) "
+            f"alone (float64 on {device.type}); with the fits' overhead the run would hold "
+            f"{held / 2**20:,.1f} MiB besides its batches, more than half of the {m.free / 2**20:,.1f} MiB "
+            f"{m.free_source} (the rest is for the forward passes); they grow with the sites' width, not "
+            f"with the tokens: {_keeping_hint(m, shapes)}{_more_memory_hint(m)}"
+        )
     T, n_heads = subject.tokens.shape[1], int((subject.hf or subject.model.cfg).n_heads)
     if shortfall is None and m.sites.patterns:
-        shortfall = attention_shortfall(T, n_heads, m.activation_bytes, m.free - held,
-                                        f"{m.free_source} besides what the run holds")
+        shortfall = attention_shortfall(
+            T, n_heads, m.activation_bytes, m.free - held, f"{m.free_source} besides what the run holds"
+        )
     placement, placement_shortfall = _placement(subject, m, shapes)
     shortfall = shortfall or placement_shortfall
     eta, note = None, "not estimated: the run does not fit"
@@ -362,6 +392,22 @@ def plan(subject: Subject, settings, sites: SweepSites) -> Plan:
         n, stripped = int(m.sequences.n_sequences), int(m.stripped.n_sequences) if m.stripped else 0
         block_passes = (n * runs + stripped) * depth + n * twice * sum(block + 1 for block in ablated)
         eta, note = _eta(subject, settings, m, shapes, block_passes)
-    return Plan(passes, tokens, stats, keep, eta, note, ablation_passes, len(ablated), m.batch_size, shortfall,
-                len(m.groups), held, m, stripped_passes, second_passes, n_batches * (twice - 1) * len(ablated),
-                placement)
+    return Plan(
+        passes,
+        tokens,
+        stats,
+        keep,
+        eta,
+        note,
+        ablation_passes,
+        len(ablated),
+        m.batch_size,
+        shortfall,
+        len(m.groups),
+        held,
+        m,
+        stripped_passes,
+        second_passes,
+        n_batches * (twice - 1) * len(ablated),
+        placement,
+    )

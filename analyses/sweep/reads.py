@@ -35,11 +35,15 @@ import pandas as pd
 
 from nopelens.probes import Activations, first_recoverable_layer, site_block
 from nopelens.probes.linear import clears_bar, is_target
+from nopelens.probes.metrics import HIGHER_IS_BETTER, metric_names
 from nopelens.probes.stream import KeepBudget, Measurement, Sequences, replay
 from nopelens.probes.stream_probes import (
-    MAX_POSITION_CLASSES, Probes, absolute_index_probes, relative_distance_probes, replay_probes,
+    MAX_POSITION_CLASSES,
+    Probes,
+    absolute_index_probes,
+    relative_distance_probes,
+    replay_probes,
 )
-from nopelens.probes.metrics import HIGHER_IS_BETTER, metric_names
 
 __all__ = ["NO_LAYER_CLEARS", "ProbeInput", "SweepRead", "SweepSites", "SWEEP_READS", "TARGETS", "read_columns"]
 
@@ -48,12 +52,24 @@ MAX_OUTER_FEATURES = 1024
 the elementwise (diagonal) read keeps the fits inside the sweep's time budget."""
 
 
-METRIC_NAMES = {"r2": "R²", "accuracy": "acc", "balanced_accuracy": "balanced acc", "within_one": "acc ±1",
-                "spearman": "Spearman ρ", "mad": "MAD"}
+METRIC_NAMES = {
+    "r2": "R²",
+    "accuracy": "acc",
+    "balanced_accuracy": "balanced acc",
+    "within_one": "acc ±1",
+    "spearman": "Spearman ρ",
+    "mad": "MAD",
+}
 """Short names of the probe metrics, as summary headers and per-layer tables print them."""
 
-METRIC_AXES = {"r2": "R²", "accuracy": "accuracy", "balanced_accuracy": "balanced accuracy",
-               "within_one": "accuracy within ±1 position", "spearman": "Spearman ρ", "mad": "MAD (positions)"}
+METRIC_AXES = {
+    "r2": "R²",
+    "accuracy": "accuracy",
+    "balanced_accuracy": "balanced accuracy",
+    "within_one": "accuracy within ±1 position",
+    "spearman": "Spearman ρ",
+    "mad": "MAD (positions)",
+}
 """Axis labels of the probe metrics in figures (with their units)."""
 
 NO_LAYER_CLEARS = -1
@@ -130,9 +146,15 @@ class SweepRead:
             matches = features.str.startswith(self.features[:-1])
         else:
             matches = features == self.features
-        return probes[(probes["probe"] == "linear") & (probes["split"] == self.split)
-                      & is_target(probes["target"], self.target) & (probes["task"] == self.task)
-                      & (probes["metric"] == self.metric) & matches & probes["layer"].notna()]
+        return probes[
+            (probes["probe"] == "linear")
+            & (probes["split"] == self.split)
+            & is_target(probes["target"], self.target)
+            & (probes["task"] == self.task)
+            & (probes["metric"] == self.metric)
+            & matches
+            & probes["layer"].notna()
+        ]
 
     def clears(self, rows: pd.DataFrame) -> pd.Series:
         """Whether each of its probe rows clears the bar (:func:`~nopelens.probes.linear.clears_bar`)."""
@@ -155,12 +177,36 @@ class SweepRead:
 SWEEP_READS: tuple[SweepRead, ...] = (
     SweepRead("absolute_acc", "abs. index", "absolute index", "absolute_index", "classification", "accuracy", "token"),
     SweepRead("absolute_r2", "abs. index", "absolute index", "absolute_index", "regression", "r2", "token"),
-    SweepRead("relative_pairs_r2", "rel. dist. pairs", "relative distance, pairs [h_i; h_j]",
-              "relative_distance", "regression", "r2", "concat", short="pairs"),
-    SweepRead("relative_score_r2", "rel. dist. head scores", "relative distance, head scores\n(content + position bias)",
-              "relative_distance", "regression", "r2", "score", short="head scores"),
-    SweepRead("relative_content_qk_r2", "rel. dist. content q·k", "relative distance, content-only q·k\n(no position bias)",
-              "relative_distance", "regression", "r2", "bilinear_*", short="content q·k"),
+    SweepRead(
+        "relative_pairs_r2",
+        "rel. dist. pairs",
+        "relative distance, pairs [h_i; h_j]",
+        "relative_distance",
+        "regression",
+        "r2",
+        "concat",
+        short="pairs",
+    ),
+    SweepRead(
+        "relative_score_r2",
+        "rel. dist. head scores",
+        "relative distance, head scores\n(content + position bias)",
+        "relative_distance",
+        "regression",
+        "r2",
+        "score",
+        short="head scores",
+    ),
+    SweepRead(
+        "relative_content_qk_r2",
+        "rel. dist. content q·k",
+        "relative distance, content-only q·k\n(no position bias)",
+        "relative_distance",
+        "regression",
+        "r2",
+        "bilinear_*",
+        short="content q·k",
+    ),
 )
 """The sweep's reads, in summary-column and figure-panel order."""
 
@@ -170,8 +216,9 @@ def read_columns(sweep_reads: Sequence[SweepRead] | None = None) -> tuple[str, .
     return tuple(read.column for read in (SWEEP_READS if sweep_reads is None else sweep_reads))
 
 
-def choose_reads(metric: str | None = None, threshold: float | str | None = None,
-                 sweep_reads: Sequence[SweepRead] | None = None) -> tuple[SweepRead, ...]:
+def choose_reads(
+    metric: str | None = None, threshold: float | str | None = None, sweep_reads: Sequence[SweepRead] | None = None
+) -> tuple[SweepRead, ...]:
     """The sweep's reads with another metric or bar (``nopelens sweep --metric --threshold``).
 
     Args:
@@ -227,8 +274,10 @@ def choose_reads(metric: str | None = None, threshold: float | str | None = None
             result.append(read)
             continue
         if read.metric in BOUNDED_METRICS and bar > 1:
-            raise ValueError(f"--threshold {bar:g}: {read.metric} cannot exceed 1, so no layer could clear it "
-                             "(give a MAD bar alone as mad=BAR)")
+            raise ValueError(
+                f"--threshold {bar:g}: {read.metric} cannot exceed 1, so no layer could clear it "
+                "(give a MAD bar alone as mad=BAR)"
+            )
         if read.metric == "mad" and bar <= 0:
             raise ValueError(f"--threshold {bar:g}: a MAD bar must be positive (positions)")
         result.append(dataclasses.replace(read, threshold=float(bar)))
@@ -240,7 +289,7 @@ def _bars(threshold: float | str | None) -> tuple[float | None, dict[str, float]
     if threshold is None:
         return None, {}
     default, by_metric = None, {}
-    for part in (str(threshold).split(",") if isinstance(threshold, str) else [threshold]):
+    for part in str(threshold).split(",") if isinstance(threshold, str) else [threshold]:
         name, _, text = str(part).strip().rpartition("=")
         try:
             bar = float(text)
@@ -345,8 +394,13 @@ def absolute_index(inp: ProbeInput) -> Probes:
     """Absolute index at every residual layer and block output, as classes and as a value, with
     controls, plus an extrapolation probe (fit on positions < L/2, score on >= L/2; half the batch
     width, since synthetic tasks take their lengths from training, not from ``seq_len``)."""
-    return absolute_index_probes(inp.sequences, inp.sites.residual + inp.sites.inner,
-                                 extrapolate_from=inp.seq_len // 2, max_classes=inp.max_classes, **inp.common)
+    return absolute_index_probes(
+        inp.sequences,
+        inp.sites.residual + inp.sites.inner,
+        extrapolate_from=inp.seq_len // 2,
+        max_classes=inp.max_classes,
+        **inp.common,
+    )
 
 
 def relative_distance(inp: ProbeInput) -> Probes | None:
@@ -356,9 +410,18 @@ def relative_distance(inp: ProbeInput) -> Probes | None:
     sites = inp.sites
     if not (sites.residual or sites.qk or sites.scores):
         return None
-    return relative_distance_probes(inp.sequences, sites=sites.residual, feature_kinds=("concat",), attention=sites.qk,
-                                    scores=sites.scores, bilinear=inp.bilinear, tasks=("regression",),
-                                    pairs_per_distance=min(64, inp.n_sequences), distances=inp.distances, **inp.common)
+    return relative_distance_probes(
+        inp.sequences,
+        sites=sites.residual,
+        feature_kinds=("concat",),
+        attention=sites.qk,
+        scores=sites.scores,
+        bilinear=inp.bilinear,
+        tasks=("regression",),
+        pairs_per_distance=min(64, inp.n_sequences),
+        distances=inp.distances,
+        **inp.common,
+    )
 
 
 def readable_score_sites(sites: list[str], windows: dict, length: int) -> tuple[list[str], str | None]:
@@ -384,8 +447,10 @@ def readable_score_sites(sites: list[str], windows: dict, length: int) -> tuple[
         return kept, None
     blocks = [site_block(site) for site in skipped]
     reasons = sorted({windows[b].describe() for b in blocks})
-    return kept, (f"blocks {blocks}: {', '.join(reasons)} shorter than the {length}-token sequences blocks the pairs "
-                  "further apart, whose scores are -inf (no score to read)")
+    return kept, (
+        f"blocks {blocks}: {', '.join(reasons)} shorter than the {length}-token sequences blocks the pairs "
+        "further apart, whose scores are -inf (no score to read)"
+    )
 
 
 def bilinear_mode(acts: Activations, q_site: str) -> str:
@@ -426,8 +491,12 @@ def measure_in_memory(measurements: Sequence[Measurement], acts: Activations, la
     """The probe rows of ``measurements`` on cached activations (:func:`~nopelens.probes.stream.replay`;
     probes one job at a time, :func:`~nopelens.probes.stream_probes.replay_probes`), one table;
     ``label``: show a bar over the probes' jobs, ``<label>: probing <target>``."""
-    frames = [replay_probes(m, acts, progress=label and f"{label}: probing {_target_name(m)}")
-              if isinstance(m, Probes) else replay(acts, [m])[0] for m in measurements]
+    frames = [
+        replay_probes(m, acts, progress=label and f"{label}: probing {_target_name(m)}")
+        if isinstance(m, Probes)
+        else replay(acts, [m])[0]
+        for m in measurements
+    ]
     return pd.concat(frames, ignore_index=True)
 
 

@@ -80,9 +80,16 @@ def probes_over_seeds(probes: pd.DataFrame) -> pd.DataFrame:
     probes = with_train_seed(probes)
     keys = [c for c in probes.columns if c not in PROBE_NUMBERS]
     grouped = probes.groupby(keys, sort=False, dropna=False)
-    table = grouped.agg(value=("value", "mean"), seed_sd=("value", "std"), seed_min=("value", "min"),
-                        seed_max=("value", "max"), ci_low=("ci_low", "mean"), ci_high=("ci_high", "mean"),
-                        selectivity=("selectivity", "mean"), n_seeds=("train_seed", "nunique"))
+    table = grouped.agg(
+        value=("value", "mean"),
+        seed_sd=("value", "std"),
+        seed_min=("value", "min"),
+        seed_max=("value", "max"),
+        ci_low=("ci_low", "mean"),
+        ci_high=("ci_high", "mean"),
+        selectivity=("selectivity", "mean"),
+        n_seeds=("train_seed", "nunique"),
+    )
     return table.reset_index()
 
 

@@ -16,12 +16,12 @@ from nopelens.models.hf_loading import HFInput
 from .. import runs
 from ..subjects import CONTROL_SPECS, has_training_seed
 
-
-DEFAULT_MODELS = {"text": ("text-nope-4l", "text-rope-4l", "text-hybrid-4l", "bb-rope-2l", "bb-nope-3l"),
-                  "copy": ("copy-nope-3l", "copy-rope-3l")}
+DEFAULT_MODELS = {
+    "text": ("text-nope-4l", "text-rope-4l", "text-hybrid-4l", "bb-rope-2l", "bb-nope-3l"),
+    "copy": ("copy-nope-3l", "copy-rope-3l"),
+}
 """The zoo models of the default sweep: the text models, and two Bigram-Backcopy models whose
 attention sink forms in training (Guo et al. 2024). Those of ``text`` ship with the package."""
-
 
 
 SITE_KINDS = ("resid", "attn_out", "resid_mid", "mlp_out")
@@ -29,9 +29,7 @@ SITE_KINDS = ("resid", "attn_out", "resid_mid", "mlp_out")
 curve lives) and each block's finer sites, in the order a block computes them."""
 
 
-
 DEFAULT_SITES = ("resid", "attn_out", "mlp_out")
-
 
 
 @dataclass(frozen=True)
@@ -62,15 +60,15 @@ class SweepSettings:
             (:func:`~nopelens.analyses.sweep.driver.analyse_subject` measures both through the streaming engine).
         batch_size: sequences per forward pass of a streamed measurement, or ``"auto"``: at most 32,
             fewer where a forward pass of 32 would not fit half the memory free on the model's
-            device (:func:`~nopelens.analyses.sweep.streamed.auto_batch_size`).
+            device (:func:`~nopelens.analyses.sweep.budget.auto_batch_size`).
         keep_mib: MiB of features a streamed measurement may keep for its predictions instead of
             a second forward pass (None: 512 MiB or a quarter of the memory the run may use, whichever
             is less, and no more than leaves room for the largest site's statistics,
-            :func:`~nopelens.analyses.sweep.streamed.auto_keep_bytes`; 0: none, so memory is the
+            :func:`~nopelens.analyses.sweep.budget.auto_keep_bytes`; 0: none, so memory is the
             statistics' whatever the number of tokens).
         memory_mib: MiB a streamed measurement may add on the model's device (None: what is free
             there when it starts): the keep budget, the batch size and the groups of sites whose
-            statistics are summed in one run (:func:`~nopelens.analyses.sweep.streamed.statistics_groups`)
+            statistics are summed in one run (:func:`~nopelens.analyses.sweep.budget.statistics_groups`)
             follow from it. It changes no number, so a run folder does not record it.
         layers: the blocks a streamed measurement probes (None: every block): each one's input and
             output residual stream (layers l and l + 1), its attention and MLP outputs, q.k and
@@ -105,31 +103,39 @@ class SweepSettings:
         object.__setattr__(self, "train_seeds", tuple(self.train_seeds))
         object.__setattr__(self, "sites", tuple(sorted(set(self.sites), key=_site_order)))
         if "resid" not in self.sites:
-            raise ValueError(f"--sites must include resid (every read's layer curve is on the residual stream), "
-                             f"got {','.join(self.sites) or 'nothing'}")
+            raise ValueError(
+                f"--sites must include resid (every read's layer curve is on the residual stream), "
+                f"got {','.join(self.sites) or 'nothing'}"
+            )
         if not self.train_seeds or len(set(self.train_seeds)) < len(self.train_seeds):
             raise ValueError(f"--seeds must list distinct training seeds, got {list(self.train_seeds)}")
         if min(self.train_seeds) < 0:
             raise ValueError(f"training seeds must be >= 0, got {list(self.train_seeds)}")
-        if self.batch_size != "auto" and (isinstance(self.batch_size, bool) or not isinstance(self.batch_size, int)
-                                          or self.batch_size < 1):
+        if self.batch_size != "auto" and (
+            isinstance(self.batch_size, bool) or not isinstance(self.batch_size, int) or self.batch_size < 1
+        ):
             raise ValueError(f"--batch-size must be a positive integer or auto, got {self.batch_size!r}")
-        if self.keep_mib is not None and (isinstance(self.keep_mib, bool) or not isinstance(self.keep_mib, int)
-                                          or self.keep_mib < 0):
+        if self.keep_mib is not None and (
+            isinstance(self.keep_mib, bool) or not isinstance(self.keep_mib, int) or self.keep_mib < 0
+        ):
             raise ValueError(f"--keep-mib must be an integer >= 0, got {self.keep_mib!r}")
-        if self.memory_mib is not None and (isinstance(self.memory_mib, bool) or not isinstance(self.memory_mib, int)
-                                            or self.memory_mib < 1):
+        if self.memory_mib is not None and (
+            isinstance(self.memory_mib, bool) or not isinstance(self.memory_mib, int) or self.memory_mib < 1
+        ):
             raise ValueError(f"--memory-mib must be an integer >= 1, got {self.memory_mib!r}")
         if self.layers is not None:
             object.__setattr__(self, "layers", tuple(sorted(set(self.layers))))
-            if not self.layers or any(isinstance(b, bool) or not isinstance(b, (int, np.integer)) or b < 0
-                                      for b in self.layers):
+            if not self.layers or any(
+                isinstance(b, bool) or not isinstance(b, (int, np.integer)) or b < 0 for b in self.layers
+            ):
                 raise ValueError(f"--layers must name blocks by numbers >= 0, got {list(self.layers)}")
             if not self.streamed:
                 raise ValueError("--layers applies to hf:DIR models (the streamed probe)")
 
     @classmethod
-    def default(cls, task: str = "text", models: tuple[str, ...] | None = None, controls: bool = True, **kw) -> "SweepSettings":
+    def default(
+        cls, task: str = "text", models: tuple[str, ...] | None = None, controls: bool = True, **kw
+    ) -> "SweepSettings":
         """The default sweep: the zoo models of ``task`` (text: NoPE, RoPE and the RoPE/NoPE hybrid
         language models and the two Bigram-Backcopy models) plus the controls."""
         if models is None:
@@ -149,11 +155,15 @@ class SweepSettings:
     batch size and the keep budget cut the same work into other forward passes (``auto`` already
     follows the memory free), which changes round-off only. The stamp records the latest."""
 
-    UNSET = {"hf_input": dataclasses.asdict(HFInput()),
-             "streamed": "one pass, every feature kept, as nopelens sweep measures",
-             "batch_size": "auto (32, or fewer where 32 do not fit the memory free)",
-             "keep_mib": "512 MiB or a quarter of the memory available", "sink_ablation": "on",
-             "sites": ",".join(DEFAULT_SITES), "layers": "every block"}
+    UNSET = {
+        "hf_input": dataclasses.asdict(HFInput()),
+        "streamed": "one pass, every feature kept, as nopelens sweep measures",
+        "batch_size": "auto (32, or fewer where 32 do not fit the memory free)",
+        "keep_mib": "512 MiB or a quarter of the memory available",
+        "sink_ablation": "on",
+        "sites": ",".join(DEFAULT_SITES),
+        "layers": "every block",
+    }
     """What a setting :meth:`to_dict` leaves out (at its default) means, for a refused run folder's message."""
 
     def to_dict(self) -> dict:
@@ -165,9 +175,14 @@ class SweepSettings:
         if self.sites == DEFAULT_SITES:
             del settings["sites"]
         # written only when set, so folders made before they existed keep their digest
-        for name, default in (("hf_input", {k: v for k, v in dataclasses.asdict(HFInput()).items() if k != "placement"}),
-                              ("streamed", False), ("batch_size", "auto"), ("keep_mib", None),
-                              ("sink_ablation", True), ("layers", None)):
+        for name, default in (
+            ("hf_input", {k: v for k, v in dataclasses.asdict(HFInput()).items() if k != "placement"}),
+            ("streamed", False),
+            ("batch_size", "auto"),
+            ("keep_mib", None),
+            ("sink_ablation", True),
+            ("layers", None),
+        ):
             if settings[name] == default:
                 del settings[name]
         return settings
@@ -179,9 +194,11 @@ class SweepSettings:
 
     def tasks(self) -> list[tuple[str, int]]:
         """The (model spec, training seed) pairs a sweep measures, in table order."""
-        return [(spec, seed) for spec in self.models
-                for seed in (self.train_seeds if has_training_seed(spec) else self.train_seeds[:1])]
-
+        return [
+            (spec, seed)
+            for spec in self.models
+            for seed in (self.train_seeds if has_training_seed(spec) else self.train_seeds[:1])
+        ]
 
 
 def _site_order(kind: str) -> int:

@@ -10,14 +10,15 @@ from nopelens.models.hooks import act_name, act_names
 from nopelens.probes import resid_site
 from nopelens.probes.collect import site_block
 
+from ..subjects import Subject, qk_sites
 from . import reads
 from .reads import SweepSites
 from .settings import DEFAULT_SITES
-from ..subjects import Subject, qk_sites
 
 
-def sweep_sites(subject: Subject, kinds: tuple[str, ...] = DEFAULT_SITES,
-                blocks: tuple[int, ...] | None = None) -> SweepSites:
+def sweep_sites(
+    subject: Subject, kinds: tuple[str, ...] = DEFAULT_SITES, blocks: tuple[int, ...] | None = None
+) -> SweepSites:
     """The sites the sweep collects of ``subject`` (those it has and that fire); ``kinds`` as
     :attr:`~nopelens.analyses.sweep.settings.SweepSettings.sites`, ``blocks`` as
     :attr:`~nopelens.analyses.sweep.settings.SweepSettings.layers` (None: every block; otherwise each
@@ -37,27 +38,35 @@ def sweep_sites(subject: Subject, kinds: tuple[str, ...] = DEFAULT_SITES,
     # a hybrid's linear-attention layers have no q, k or pattern, nor has a model hooked without the bridge
     pairs = {l: qk_sites(subject, l) for l in chosen}
     qk = [pair for pair in pairs.values() if pair is not None and all(subject.usable(s) for s in pair)]
-    unrotated = _blocks_by_reason({l: subject.hf.unrotated_qk(l) for l, pair in pairs.items() if pair is None},
-                                  "no rotated q and k to read")
+    unrotated = _blocks_by_reason(
+        {l: subject.hf.unrotated_qk(l) for l, pair in pairs.items() if pair is None}, "no rotated q and k to read"
+    )
     if unrotated is not None:
         subject.info.setdefault("not_applicable", {})["content q·k read"] = unrotated
     sparse = subject.sparse_blocks()
     available = score_sites(subject.model, layers, subject.hf)
-    scores, not_applicable = reads.readable_score_sites(available, subject.key_windows(),
-                                                        int(subject.attention_mask.sum(-1).max()))
+    scores, not_applicable = reads.readable_score_sites(
+        available, subject.key_windows(), int(subject.attention_mask.sum(-1).max())
+    )
     scores = [site for site in scores if site_block(site) not in sparse and site_block(site) in chosen]
     if sparse:
         not_applicable = "; ".join(filter(None, [not_applicable, subject.sparse_note()]))
-    unscored = _unscored_note(subject, [l for l in chosen
-                                        if l not in sparse and act_name("attn_scores", l) not in available])
+    unscored = _unscored_note(
+        subject, [l for l in chosen if l not in sparse and act_name("attn_scores", l) not in available]
+    )
     not_applicable = "; ".join(filter(None, [unscored, not_applicable])) or None
     if not_applicable is not None:
         subject.info.setdefault("not_applicable", {})["score read"] = not_applicable
     residual = [resid_site(layer) for layer in sorted({l + step for l in chosen for step in (0, 1)})]
     patterns = [site for site in pattern_sites(subject) if site_block(site) in chosen]
-    return SweepSites(residual=residual, inner=[site for site in inner if subject.usable(site)],
-                      outputs=outputs, qk=qk, scores=scores, patterns=patterns)
-
+    return SweepSites(
+        residual=residual,
+        inner=[site for site in inner if subject.usable(site)],
+        outputs=outputs,
+        qk=qk,
+        scores=scores,
+        patterns=patterns,
+    )
 
 
 def _unscored_note(subject: Subject, blocks: list[int]) -> str | None:
@@ -66,9 +75,14 @@ def _unscored_note(subject: Subject, blocks: list[int]) -> str | None:
     :meth:`~nopelens.models.hf.HFDescription.scores_unreadable`)."""
     if subject.hf is None:
         return None
-    return _blocks_by_reason({l: subject.hf.scores_unreadable(act_name("attn_scores", l)) for l in blocks
-                              if subject.hf.layers[l].mixer == "attention"}, "no pre-softmax scores to read")
-
+    return _blocks_by_reason(
+        {
+            l: subject.hf.scores_unreadable(act_name("attn_scores", l))
+            for l in blocks
+            if subject.hf.layers[l].mixer == "attention"
+        },
+        "no pre-softmax scores to read",
+    )
 
 
 def _blocks_by_reason(reasons: dict[int, str | None], what: str) -> str | None:
@@ -84,12 +98,10 @@ def _blocks_by_reason(reasons: dict[int, str | None], what: str) -> str | None:
     return "; ".join(f"blocks {block_ranges(b)}: {what} ({why})" for why, b in grouped.items()) or None
 
 
-
 def first_variance_block(subject: Subject) -> int | None:
     """The first of :meth:`~nopelens.analyses.subjects.Subject.variance_blocks` whose ``hook_attn_out`` fires, or None: the block of the
     summary's ``variance_slope_block0``."""
     return next((l for l in subject.variance_blocks() if subject.usable(act_name("attn_out", l))), None)
-
 
 
 def probed_blocks(subject: Subject, blocks: tuple[int, ...] | None) -> list[int]:
@@ -103,16 +115,17 @@ def probed_blocks(subject: Subject, blocks: tuple[int, ...] | None) -> list[int]
         return list(range(subject.n_layers))
     missing = [b for b in blocks if b >= subject.n_layers]
     if missing:
-        raise ValueError(f"--layers {block_ranges(missing)}: {subject.name} has {subject.n_layers} blocks "
-                         f"(0-{subject.n_layers - 1})")
+        raise ValueError(
+            f"--layers {block_ranges(missing)}: {subject.name} has {subject.n_layers} blocks (0-{subject.n_layers - 1})"
+        )
     left_out = [b for b in range(subject.n_layers) if b not in blocks]
     if left_out:
         subject.info.setdefault("not_applicable", {})["blocks not probed"] = (
             f"blocks {block_ranges(left_out)} (--layers {block_ranges(blocks)}): their sites, sinks and sink ablation were not "
             "measured (n/a in the per-layer and sink ablation tables), nor their variance except the model's first "
-            "attention block's (the summary's slope); a first layer is the first probed one that clears")
+            "attention block's (the summary's slope); a first layer is the first probed one that clears"
+        )
     return list(blocks)
-
 
 
 def block_ranges(blocks) -> str:
@@ -130,11 +143,9 @@ def block_ranges(blocks) -> str:
     return ",".join(parts)
 
 
-
 def pattern_sites(subject: Subject) -> list[str]:
     """Every block's ``hook_pattern`` that fires (a hybrid's linear-attention blocks have none)."""
     return [site for site in act_names("pattern", subject.n_layers) if subject.usable(site)]
-
 
 
 def score_sites(model, n_layers: int, hf=None) -> list[str]:
@@ -149,9 +160,12 @@ def score_sites(model, n_layers: int, hf=None) -> list[str]:
     return [site for site in sites if site in model.hook_dict and (hf is None or hf.fires(site))]
 
 
-
 def sink_sites(subject: Subject) -> list[str]:
     """The extra sites a subject's non-token sinks are read from: ``attn.hook_v`` and ``attn.hook_z``
     of its output-scale sink blocks (see :class:`~nopelens.probes.sinks.SinkStats`)."""
-    return [act_name(name, block) for block, (kind, _) in subject.sinks().items() if kind == "output_scale"
-            for name in ("v", "z")]
+    return [
+        act_name(name, block)
+        for block, (kind, _) in subject.sinks().items()
+        if kind == "output_scale"
+        for name in ("v", "z")
+    ]

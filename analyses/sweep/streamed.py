@@ -7,13 +7,13 @@ the budgets below.
 (:func:`nopelens.probes.stream.run`): the probes from per-block sufficient statistics
 (:mod:`nopelens.probes.stream_probes`), the attention sinks from per-head sums
 (:class:`~nopelens.probes.sinks.SinkStats`), the variance from per-position moments
-(:class:`~nopelens.probes.stream.AttentionVariance`). Nothing of size tokens x d_model or T x T
+(:class:`~nopelens.probes.variance.AttentionVariance`). Nothing of size tokens x d_model or T x T
 outlives its batch beyond the keep budget (:class:`~nopelens.probes.stream.KeepBudget`: features
 kept for the out-of-fold predictions instead of a second forward pass: by default 512 MiB or a
 quarter of the memory available when the run starts, whichever is less). The budget buys a whole
 pass: a run keeps its features when all of them fit it, and otherwise keeps none and predicts in a
-second pass (:func:`run_budget`), so a run holds the kept features or the statistics, never both,
-and memory does not grow with the number of tokens past the budget.
+second pass (:func:`~nopelens.analyses.sweep.budget.run_budget`), so a run holds the kept features
+or the statistics, never both, and memory does not grow with the number of tokens past the budget.
 
 The sink ablation is streamed too (:func:`~nopelens.analyses.intervene.sink_ablation_drop_streamed`):
 the clean later-token probes of every ablatable block's next layer are measured in the main run,
@@ -26,8 +26,8 @@ The statistics grow with the sites probed and their width, not with the tokens (
 layer of a 2048-wide model, each Gram matrix held as its upper triangle). When those of every
 site do not fit the memory the run may use (``--memory-mib``, default: what is free on the
 model's device), the sites run in groups by depth, one streamed run each, stopped after its
-deepest site (:func:`statistics_groups`): more forward passes, the same numbers, and memory that
-does not grow with the depth either.
+deepest site (:func:`~nopelens.analyses.sweep.budget.statistics_groups`): more forward passes, the
+same numbers, and memory that does not grow with the depth either.
 
 :func:`~nopelens.analyses.sweep.plan.plan` says before the run how many forward passes, tokens and how
 much memory the statistics need (``nopelens probe --plan``).
@@ -46,20 +46,45 @@ from tqdm.auto import tqdm
 
 from nopelens.models.compat import moved_names
 from nopelens.models.hooks import act_names
-from nopelens.models.placement import model_device
 from nopelens.models.methods import get_method
-from nopelens.probes import collect
-from nopelens.probes.collect import is_pattern_site, site_block
+from nopelens.models.placement import model_device
+from nopelens.probes.collect import site_block
 from nopelens.probes.sinks import GU_WINDOW, SinkStats, empty_sink_table, uniform_sink_score
 from nopelens.probes.stream import (
-    AUTO_KEEP_BYTES, AttentionVariance, KeepBudget, Sequences, available_memory, release_freed_memory, run,
+    KeepBudget,
+    Sequences,
+    available_memory,
+    release_freed_memory,
+    run,
 )
 from nopelens.probes.stream_probes import Probes
+from nopelens.probes.variance import AttentionVariance
 
 from ..intervene import later_token_probes, refused_sink_blocks, sink_ablation_drop_streamed
+from ..subjects import Subject
+from .budget import (  # noqa: F401  (the memory budget's names, re-exported)
+    ACTIVATION_COPIES,
+    MAX_AUTO_BATCH,
+    STATISTICS_OVERHEAD,
+    STATISTICS_SHARE,
+    ablation_budget,
+    auto_batch_size,
+    auto_keep_bytes,
+    feature_bytes,
+    group_held_bytes,
+    group_kept,
+    held_bytes,
+    job_statistics_bytes,
+    kept_and_summed_bytes,
+    n_features,
+    run_budget,
+    sequence_bytes,
+    site_shapes,
+    statistics_bytes,
+    statistics_groups,
+)
 from .reads import ProbeInput, SweepSites, bilinear_mode_of, measure_targets
 from .sites import pattern_sites
-from ..subjects import Subject
 
 SKIPPED_ABLATION = "skipped (--no-sink-ablation): the sink ablation's extra forward passes were not run"
 NOT_PROBED = "not probed (--layers leaves this block out)"
@@ -102,8 +127,9 @@ class Measurements:
         return [block for block in range(n_layers) if block not in self.ablation_refused]
 
 
-def measurements(subject: Subject, settings, sites: SweepSites,
-                 shapes: dict[str, tuple[int, ...]] | None = None) -> Measurements:
+def measurements(
+    subject: Subject, settings, sites: SweepSites, shapes: dict[str, tuple[int, ...]] | None = None
+) -> Measurements:
     """The streamed measurements of ``subject`` under ``settings`` (a
     :class:`~nopelens.analyses.sweep.settings.SweepSettings`) on the sweep's ``sites``
     (:func:`~nopelens.analyses.sweep.sites.sweep_sites`): the sweep's probe set, its sink conditions, its
@@ -123,14 +149,25 @@ def measurements(subject: Subject, settings, sites: SweepSites,
     limit = None if unlimited else 0 if settings.keep_mib is None else settings.keep_mib * 2**20
     budget = KeepBudget(limit)  # auto: set once the jobs are known
     mode = bilinear_mode_of(shapes[sites.qk[0][0]]) if sites.qk else "outer"
-    probes = measure_targets(ProbeInput(sequences, sites, seq_len=subject.tokens.shape[1],
-                                        n_sequences=settings.n_sequences, n_splits=settings.n_splits,
-                                        n_boot=settings.n_boot, seed=settings.seed, bilinear=mode, keep=budget))
+    probes = measure_targets(
+        ProbeInput(
+            sequences,
+            sites,
+            seq_len=subject.tokens.shape[1],
+            n_sequences=settings.n_sequences,
+            n_splits=settings.n_splits,
+            n_boot=settings.n_boot,
+            seed=settings.seed,
+            bilinear=mode,
+            keep=budget,
+        )
+    )
     skipped = subject.note_unreadable_reads()  # DSA blocks, windows that leave nothing to average
     outputs = [site for site in act_names("attn_out", subject.variance_blocks()) if site in sites.outputs]
     variance = AttentionVariance(sequences, outputs, subject.key_windows()) if outputs else None
-    sinks = SinkReads.of(subject, sequences, [site for site in sites.patterns
-                                              if site_block(site) not in skipped["sink read"]])
+    sinks = SinkReads.of(
+        subject, sequences, [site for site in sites.patterns if site_block(site) not in skipped["sink read"]]
+    )
     refused, ablation = None, None
     if settings.sink_ablation:
         with torch.no_grad():
@@ -140,11 +177,27 @@ def measurements(subject: Subject, settings, sites: SweepSites,
             refused.update({block: NOT_PROBED for block in range(subject.n_layers) if block not in settings.layers})
         blocks = [block for block in range(subject.n_layers) if block not in refused]
         if blocks:
-            ablation = later_token_probes(sequences, [block + 1 for block in blocks], settings.n_splits,
-                                          settings.n_boot, settings.seed, budget)
-    m = Measurements(sequences, sinks.stripped, sites, probes, variance, sinks.with_bos, sinks.without_bos,
-                     sinks.window, budget, settings.batch_size, ablation, refused, free, free_source, shapes=shapes,
-                     activation_bytes=next(subject.model.parameters()).element_size())
+            ablation = later_token_probes(
+                sequences, [block + 1 for block in blocks], settings.n_splits, settings.n_boot, settings.seed, budget
+            )
+    m = Measurements(
+        sequences,
+        sinks.stripped,
+        sites,
+        probes,
+        variance,
+        sinks.with_bos,
+        sinks.without_bos,
+        sinks.window,
+        budget,
+        settings.batch_size,
+        ablation,
+        refused,
+        free,
+        free_source,
+        shapes=shapes,
+        activation_bytes=next(subject.model.parameters()).element_size(),
+    )
     if settings.keep_mib is None and not unlimited:
         budget.limit = auto_keep_bytes(m, shapes)
     m.groups = statistics_groups(m, shapes)
@@ -180,12 +233,16 @@ class SinkReads:
         stripped, stripped_stats = None, None
         if subject.has_bos:
             stripped = Sequences.of(subject.tokens[:, 1:], subject.attention_mask[:, 1:])
-            stripped_stats = SinkStats(stripped, patterns, n_tokens=min(window, shortest - 1), windows=windows,
-                                       sinks=sinks) if patterns else None
+            stripped_stats = (
+                SinkStats(stripped, patterns, n_tokens=min(window, shortest - 1), windows=windows, sinks=sinks)
+                if patterns
+                else None
+            )
         return cls(stats, stripped, stripped_stats, window)
 
-    def table(self, subject: Subject, measured: pd.DataFrame | None, batch_size: int,
-              label: str | None = None) -> pd.DataFrame:
+    def table(
+        self, subject: Subject, measured: pd.DataFrame | None, batch_size: int, label: str | None = None
+    ) -> pd.DataFrame:
         """The sink table: ``measured`` (:attr:`with_bos`'s result, from the caller's run) and a run
         of :attr:`without_bos`, with ``condition`` (``with_bos`` or ``without_bos``), ``model`` and
         ``gu_window`` (T per condition, the last column). ``label``: a progress bar's, or None."""
@@ -195,9 +252,15 @@ class SinkReads:
         else:
             frames = [measured.assign(condition=condition, gu_window=self.with_bos.n_tokens)]
         if self.without_bos is not None:
-            frames.append(run(subject.model, self.stripped, [self.without_bos], batch_size=batch_size,
-                              progress=label and f"{label} without BOS")[0]
-                          .assign(condition="without_bos", gu_window=self.without_bos.n_tokens))
+            frames.append(
+                run(
+                    subject.model,
+                    self.stripped,
+                    [self.without_bos],
+                    batch_size=batch_size,
+                    progress=label and f"{label} without BOS",
+                )[0].assign(condition="without_bos", gu_window=self.without_bos.n_tokens)
+            )
         sinks = pd.concat(frames, ignore_index=True).assign(model=subject.name)
         return sinks[[c for c in sinks if c != "gu_window"] + ["gu_window"]]
 
@@ -207,7 +270,9 @@ def measure_sinks(subject: Subject, batch_size: int = 32) -> pd.DataFrame:
     streamed in batches of ``batch_size`` sequences."""
     skipped = subject.note_unreadable_reads()["sink read"]  # DSA blocks, windows of 1
     sequences = Sequences.of(subject.tokens, subject.attention_mask)
-    reads = SinkReads.of(subject, sequences, [site for site in pattern_sites(subject) if site_block(site) not in skipped])
+    reads = SinkReads.of(
+        subject, sequences, [site for site in pattern_sites(subject) if site_block(site) not in skipped]
+    )
     with torch.no_grad():
         measured = run(subject.model, sequences, [reads.with_bos], batch_size=batch_size)[0] if reads.with_bos else None
         return reads.table(subject, measured, batch_size)
@@ -224,200 +289,9 @@ def memory_allowed(settings, device: torch.device) -> tuple[int, str]:
     return free, f"free on {torch.device(device).type}{capped}"
 
 
-def auto_keep_bytes(m: Measurements, shapes: dict[str, tuple[int, ...]]) -> int:
-    """The default keep budget: :data:`~nopelens.probes.stream.AUTO_KEEP_BYTES` or a quarter of the
-    memory the run may use, whichever is less, and no more than leaves room, within
-    :data:`STATISTICS_SHARE` of that memory, for the fit of the largest site (its unpacked
-    statistics, times :data:`STATISTICS_OVERHEAD`)."""
-    room = int(STATISTICS_SHARE * m.free - STATISTICS_OVERHEAD * _largest_fit(m.jobs(), shapes))
-    return max(0, min(AUTO_KEEP_BYTES, m.free // 4, room))
-
-
-def _largest_fit(jobs: list, shapes: dict[str, tuple[int, ...]]) -> int:
-    """Bytes of the largest job's statistics as a fit reads them (Gram matrices unpacked)."""
-    return max((job_statistics_bytes(job, shapes, packed=False) for job in jobs), default=0)
-
-
-STATISTICS_OVERHEAD = 1.5
-"""Peak memory of a run whose statistics are all summed at once, per byte of :func:`statistics_bytes`:
-the fits' grouped copies and the allocator's slack on top. Measured 1.35-1.43 with nothing kept on
-a 1024-wide SmolLM3-shaped model (QA, 2026-12-01)."""
-
-
-STATISTICS_SHARE = 0.5
-"""The share of the memory a run may use that what it holds besides its batches may take (one
-group's statistics, or its kept features and one site's statistics, with the fits' overhead:
-:func:`held_bytes`); the rest is for the forward passes. :func:`~nopelens.analyses.sweep.plan.plan` refuses a run that cannot
-keep to it."""
-
-
-def held_bytes(m: Measurements, shapes: dict[str, tuple[int, ...]]) -> int:
-    """Bytes a streamed run holds besides its batches, the most of any of its groups: a group whose
-    features fit the keep budget holds them and one job's statistics at a time (times
-    :data:`STATISTICS_OVERHEAD`), any other the statistics of all its jobs at once (times the same)."""
-    groups = m.groups if m.groups is not None else statistics_groups(m, shapes)
-    return max((group_held_bytes(m, group, shapes) for group in groups), default=0)
-
-
-def group_held_bytes(m: Measurements, group: list, shapes: dict[str, tuple[int, ...]]) -> int:
-    kept, summed = kept_and_summed_bytes(m, group, shapes)
-    return kept if group_kept(m, group, shapes) else summed
-
-
-def kept_and_summed_bytes(m: Measurements, group: list, shapes: dict[str, tuple[int, ...]]) -> tuple[int, int]:
-    """What a run over ``group`` holds with its features kept (they and one job's unpacked
-    statistics at a time, times :data:`STATISTICS_OVERHEAD`) and with none kept (every job's packed
-    statistics at once, times the same, and the unpacked copy of the one being fitted)."""
-    fit = _largest_fit(group, shapes)
-    kept = feature_bytes(m, shapes, group) + int(STATISTICS_OVERHEAD * fit)
-    return kept, int(STATISTICS_OVERHEAD * sum(job_statistics_bytes(job, shapes) for job in group)) + fit
-
-
-def group_kept(m: Measurements, group: list, shapes: dict[str, tuple[int, ...]]) -> bool:
-    """Whether a run over ``group`` keeps its features: they all fit the keep budget, and the run
-    holds them within :data:`STATISTICS_SHARE` of the memory (or keeping is what fits best), so a
-    keep budget is never the reason a run is refused."""
-    if m.budget.limit is not None and feature_bytes(m, shapes, group) > m.budget.limit:
-        return False
-    kept, summed = kept_and_summed_bytes(m, group, shapes)
-    return kept <= STATISTICS_SHARE * m.free or kept <= summed
-
-
-def run_budget(m: Measurements, group: list, shapes: dict[str, tuple[int, ...]]) -> KeepBudget:
-    """The keep budget of the run over ``group`` (jobs of ``m``'s probes): no limit when all its
-    features fit ``m.budget`` (one pass), else nothing kept (a second pass predicts). Keeping part
-    of them would save only part of the second pass while holding the budget on top of every
-    job's statistics; at the scale of the models users study, where the features of a few
-    sequences pass any budget, that part is small."""
-    return KeepBudget(None if group_kept(m, group, shapes) else 0)
-
-
-def ablation_budget(m: Measurements) -> KeepBudget:
-    """The keep budget of each run of the sink ablation (one residual site, as wide as the clean
-    probes' first job): :func:`run_budget` of that site."""
-    jobs = m.ablation.jobs[:1] if m.ablation is not None else []
-    return run_budget(m, jobs, m.shapes)
-
-
-def statistics_groups(m: Measurements, shapes: dict[str, tuple[int, ...]]) -> list[list]:
-    """The probes' jobs (one feature matrix each) in groups whose statistics fit the memory the
-    run may use, one streamed run per group.
-
-    When every batch's features fit the keep budget, and they and the largest job's statistics
-    fit :data:`STATISTICS_SHARE` of ``m.free``, each job is fitted alone from its kept features at
-    the end of the pass: one group. Otherwise every job of a run sums its float64 statistics at
-    once (:func:`run_budget`), which grow with the sites and their width (about 1 GB per layer of
-    a 2048-wide model), not with the tokens. Then the jobs are taken in the order of the deepest
-    block they read, and a group closes before its statistics, times :data:`STATISTICS_OVERHEAD`,
-    and the unpacked copy one fit reads would pass that share; each run stops after its deepest
-    site, so G groups cost between 1 and G forward passes' worth of compute. A job too large for
-    that share alone gets a group of its own, which :func:`~nopelens.analyses.sweep.plan.plan` refuses. The numbers do not
-    depend on the grouping (each job's fit uses its own statistics only).
-    """
-    jobs = m.jobs()
-    room = STATISTICS_SHARE * m.free
-    if m.budget.limit is None or group_kept(m, jobs, shapes) and group_held_bytes(m, jobs, shapes) <= room:
-        return [jobs]  # features kept and fitted job by job
-    room -= _largest_fit(jobs, shapes)  # the unpacked copy of the job being fitted
-    groups: list[list] = [[]]
-    size = 0.0
-    for job in sorted(jobs, key=_depth):
-        need = STATISTICS_OVERHEAD * job_statistics_bytes(job, shapes)
-        if groups[-1] and size + need > room:
-            groups.append([])
-            size = 0.0
-        groups[-1].append(job)
-        size += need
-    return groups
-
-
-def _depth(job) -> int:
-    """The deepest block a job's sites are in (-1: before block 0, e.g. ``hook_embed``)."""
-    return max(-1 if site_block(site) is None else site_block(site) for site in job.sites)
-
-
-def feature_bytes(m: Measurements, shapes: dict[str, tuple[int, ...]], group: list | None = None) -> int:
-    """Bytes of the features a run keeps when the keep budget holds them all, for the jobs of
-    ``group`` (None: every job of ``m``'s probes): per row of each job (a token, or a pair), its
-    features (a site's activations in the model's dtype; pair and q.k features in float32; score
-    reads in float64) and its row index."""
-    jobs = m.jobs() if group is None else group
-    return sum(_job_feature_bytes(job, shapes, m.activation_bytes) for job in jobs)
-
-
-def _job_feature_bytes(job, shapes: dict[str, tuple[int, ...]], activation_bytes: int) -> int:
-    item = {"rows": activation_bytes, "float32": 4}.get(job.form, 8)
-    return (item * n_features(job, shapes) + 8) * len(job.layout.groups)
-
-
-MAX_AUTO_BATCH = 32
-"""``--batch-size auto`` runs at most this many sequences per forward pass (the fixed default before it)."""
-
-ACTIVATION_COPIES = 32
-"""How many float32 ``[pos, width]`` arrays :func:`sequence_bytes` counts per sequence, ``width`` the
-widest hooked site per token: the residual stream, q, k, v and their rotations, the gated MLP's
-three intermediates of about 4 x d_model, and the float32 copies the hooks take, with room to spare."""
-
-
-def sequence_bytes(subject: Subject, shapes: dict[str, tuple[int, ...]]) -> int:
-    """Upper estimate of the memory one sequence adds to a hooked forward pass of ``subject``.
-
-    ``T (4 d_vocab + 12 n_heads T + 4 * ACTIVATION_COPIES * width)`` bytes for ``T`` tokens: the
-    logits in float32, three float32 ``[head_index, T, T]`` arrays (scores, softmax, pattern; eager
-    attention materializes them) and :data:`ACTIVATION_COPIES` float32 arrays ``[T, width]``.
-    Only one layer's attention is alive at once; the statistics and kept features are counted
-    apart (:func:`auto_batch_size`'s ``reserved``).
-
-    Args:
-        subject: the model and its tokens ``[batch, T]``.
-        shapes: each hooked site's per-token shape (:func:`site_shapes`).
-
-    Returns:
-        Bytes per sequence.
-    """
-    T = int(subject.tokens.shape[1])
-    config = subject.hf if subject.hf is not None else subject.model.cfg
-    width = max([int(np.prod(shape)) for site, shape in shapes.items() if not is_pattern_site(site)] + [1])
-    return T * (4 * int(config.d_vocab) + 12 * int(config.n_heads) * T + 4 * ACTIVATION_COPIES * width)
-
-
-def auto_batch_size(sequence: int, available: int, reserved: int, most: int = MAX_AUTO_BATCH) -> int:
-    """Sequences per forward pass for ``--batch-size auto``: as many as fit half the memory left
-    after ``reserved`` (the other half is margin for what :func:`sequence_bytes` does not count),
-    at most ``most`` and at least 1.
-
-    Args:
-        sequence: bytes one sequence adds to a forward pass (:func:`sequence_bytes`), > 0.
-        available: bytes free on the model's device (:func:`~nopelens.probes.stream.available_memory`).
-        reserved: bytes the run holds besides its batches (statistics, kept features).
-        most: the largest batch.
-
-    Returns:
-        The batch size, in ``[1, most]``.
-
-    Example:
-        >>> auto_batch_size(2**30, 40 * 2**30, 8 * 2**30)  # 1 GiB per sequence, 16 GiB of 32 left
-        16
-        >>> auto_batch_size(2**20, 40 * 2**30, 0), auto_batch_size(2**35, 2**30, 0)
-        (32, 1)
-    """
-    room = max(0, available - reserved) // 2
-    return int(max(1, min(most, room // max(1, sequence))))
-
-
-def site_shapes(subject: Subject, names: Sequence[str]) -> dict[str, tuple[int, ...]]:
-    """Each named site's output shape per token (``[pos, ...]`` dropped; a pattern or score site: its
-    head count first), read from one forward pass over the first three tokens of one sequence."""
-    n = min(3, subject.tokens.shape[1])
-    with torch.no_grad():
-        acts = collect(subject.model, subject.tokens[:1, :n], list(names), attention_mask=subject.attention_mask[:1, :n])
-    shapes = {site: tuple(value.shape[1:]) for site, value in acts.acts.items()}
-    shapes.update({site: tuple(value[0].shape) for site, value in acts.patterns.items()})
-    return shapes
-
-
-def measure_streamed(subject: Subject, settings, sites: SweepSites, progress: bool = False,
-                     planned: Measurements | None = None) -> dict[str, pd.DataFrame | None]:
+def measure_streamed(
+    subject: Subject, settings, sites: SweepSites, progress: bool = False, planned: Measurements | None = None
+) -> dict[str, pd.DataFrame | None]:
     """:func:`~nopelens.analyses.sweep.driver.analyse_subject`'s tables of ``subject`` on ``sites``, streamed
     (module docstring): ``probes``, ``sinks`` (with and without BOS), ``variance`` as measured (per
     position, before the sweep drops BOS and fits slopes; None without attention outputs) and
@@ -442,14 +316,26 @@ def measure_streamed(subject: Subject, settings, sites: SweepSites, progress: bo
     else:
         clean = plan_.ablation.result() if plan_.ablation is not None else None
         with torch.no_grad():
-            ablation = sink_ablation_drop_streamed(subject.model, plan_.sequences, subject.n_layers, clean,
-                                                   plan_.ablation_refused, settings.n_splits, settings.n_boot,
-                                                   settings.seed, ablation_budget(plan_), batch_size, label)
+            ablation = sink_ablation_drop_streamed(
+                subject.model,
+                plan_.sequences,
+                subject.n_layers,
+                clean,
+                plan_.ablation_refused,
+                settings.n_splits,
+                settings.n_boot,
+                settings.seed,
+                ablation_budget(plan_),
+                batch_size,
+                label,
+            )
         ablation = ablation.assign(model=subject.name)
-    subject.info["streamed"] = {"batch_size": batch_size, "kept_bytes_limit": plan_.budget.limit,
-                                "statistics_groups": len(plan_.groups),
-                                "second_pass_batches": sorted({i for m in plan_.probes for job in m.jobs
-                                                               for i in job.rerun})}
+    subject.info["streamed"] = {
+        "batch_size": batch_size,
+        "kept_bytes_limit": plan_.budget.limit,
+        "statistics_groups": len(plan_.groups),
+        "second_pass_batches": sorted({i for m in plan_.probes for job in m.jobs for i in job.rerun}),
+    }
     if subject.info.get("input") == "repeated":
         subject.info["known_answer"] = repeated_token_answer(subject, sinks)
         tqdm.write(f"nopelens: {subject.name}: {subject.info['known_answer']}", file=sys.stderr)
@@ -466,12 +352,15 @@ def _run_groups(model, m: Measurements, label: str | None) -> dict[int, pd.DataF
     measured = {}
     for g, group in enumerate(m.groups):
         members, budget = {id(job) for job in group}, run_budget(m, group, m.shapes)
-        parts = [part for part in (probe.subset([job for job in probe.jobs if id(job) in members], budget)
-                                   for probe in parents) if part.jobs]
+        parts = [
+            part
+            for part in (probe.subset([job for job in probe.jobs if id(job) in members], budget) for probe in parents)
+            if part.jobs
+        ]
         extra = others if g == len(m.groups) - 1 else []
         tag = label if label is None or len(m.groups) == 1 else f"{label}, sites {g + 1}/{len(m.groups)}"
         results = run(model, m.sequences, parts + extra, batch_size=m.batch_size, progress=tag)
-        measured.update({id(measurement): table for measurement, table in zip(extra, results[len(parts):])})
+        measured.update({id(measurement): table for measurement, table in zip(extra, results[len(parts) :])})
         del parts, results
         release_freed_memory()  # this group's statistics, before the next group's
     for probe in parents:
@@ -494,17 +383,22 @@ def repeated_token_answer(subject: Subject, sinks: pd.DataFrame) -> str:
     nope = uniform_blocks(subject)
     at = rows[rows["block"].isin(nope)]
     if at.empty:
-        return ("known answer (--input repeated, Gu et al. 2025 Prop. 1): no block probed here has the exactly uniform "
-                "attention the theory fixes (a causal NoPE softmax block without a sink or relative bias, after "
-                "blocks that keep every position's state the same)")
+        return (
+            "known answer (--input repeated, Gu et al. 2025 Prop. 1): no block probed here has the exactly uniform "
+            "attention the theory fixes (a causal NoPE softmax block without a sink or relative bias, after "
+            "blocks that keep every position's state the same)"
+        )
     length = int(subject.attention_mask.sum(-1).min())
     window = int(rows["gu_window"].iloc[0])
     mass = float(np.mean([1.0 / (i + 1) for i in range(1, length)]))
-    deviation = max(float((at["sink_mass"] - mass).abs().max()),
-                    float((at["sink_score"] - uniform_sink_score(window)).abs().max()))
-    return (f"known answer (--input repeated, Gu et al. 2025 Prop. 1): NoPE blocks {nope} attend exactly uniformly "
-            f"(sink mass {mass:.6f}, Gu score H_T/T = {uniform_sink_score(window):.6f}); measured: largest deviation "
-            f"{deviation:.2e} over their heads")
+    deviation = max(
+        float((at["sink_mass"] - mass).abs().max()), float((at["sink_score"] - uniform_sink_score(window)).abs().max())
+    )
+    return (
+        f"known answer (--input repeated, Gu et al. 2025 Prop. 1): NoPE blocks {nope} attend exactly uniformly "
+        f"(sink mass {mass:.6f}, Gu score H_T/T = {uniform_sink_score(window):.6f}); measured: largest deviation "
+        f"{deviation:.2e} over their heads"
+    )
 
 
 def uniform_blocks(subject: Subject) -> list[int]:
@@ -540,37 +434,10 @@ def _positionless(method: str) -> bool:
         return False
 
 
-# ----------------------------------------------------------------------------- sizes of the statistics
-
-
-def n_features(job, shapes: dict[str, tuple[int, ...]]) -> int:
-    shape = shapes[job.sites[0]]
-    d = int(np.prod(shape))
-    if job.features == "concat":
-        return 2 * d
-    if job.features == "bilinear_outer":
-        return int(shape[-2] * shape[-1] ** 2)
-    if job.features == "score":
-        return int(shape[0])
-    return d  # token, difference, bilinear_elementwise
-
-
-def statistics_bytes(probe, shapes: dict[str, tuple[int, ...]]) -> int:
-    """Bytes of the float64 per-block statistics of a streamed probe measurement's jobs
-    (:class:`~nopelens.probes.fitting.BlockMoments`: Gram matrix, sums, extremes, X^T y, class
-    sums per cell of the folds; each Gram matrix packed as its upper triangle), from each site's
-    per-token shape."""
-    return sum(job_statistics_bytes(job, shapes) for job in probe.jobs)
-
-
-def job_statistics_bytes(job, shapes: dict[str, tuple[int, ...]], packed: bool = True) -> int:
-    """:func:`statistics_bytes` of one job (one feature matrix); ``packed=False``: with full Gram
-    matrices, as a fit reads them."""
-    layout, d = job.layout, n_features(job, shapes)
-    classes = sum(len(values) for values in layout.class_values)
-    gram = d * (d + 1) // 2 if packed else d * d
-    return 8 * layout.n_cells * (gram + d * (4 + len(layout.values) + classes))
-
-
-__getattr__ = moved_names(__name__, moved=dict.fromkeys(
-    ("Plan", "plan", "fit_work", "fit_rates", "block_seconds", "CALIBRATION_MAX_WIDTH"), "nopelens.analyses.sweep.plan"))
+__getattr__ = moved_names(
+    __name__,
+    moved=dict.fromkeys(
+        ("Plan", "plan", "fit_work", "fit_rates", "block_seconds", "CALIBRATION_MAX_WIDTH"),
+        "nopelens.analyses.sweep.plan",
+    ),
+)

@@ -13,8 +13,12 @@ from nopelens.probes.sinks import sink_flags
 from . import layers, reads, seeds
 
 
-def summarize(probes: pd.DataFrame, sinks: pd.DataFrame, variance: pd.DataFrame,
-              sweep_reads: Sequence[reads.SweepRead] | None = None) -> pd.DataFrame:
+def summarize(
+    probes: pd.DataFrame,
+    sinks: pd.DataFrame,
+    variance: pd.DataFrame,
+    sweep_reads: Sequence[reads.SweepRead] | None = None,
+) -> pd.DataFrame:
     """One row per model; with several training seeds, the mean over seeds (see
     :func:`summarize_per_seed` for the columns and :func:`~nopelens.analyses.sweep.seeds.over_seeds`)."""
     per_seed = summarize_per_seed(probes, sinks, variance, sweep_reads)
@@ -23,23 +27,34 @@ def summarize(probes: pd.DataFrame, sinks: pd.DataFrame, variance: pd.DataFrame,
     return per_seed.drop(columns="train_seed")
 
 
-
-def summarize_per_seed(probes: pd.DataFrame, sinks: pd.DataFrame, variance: pd.DataFrame,
-                       sweep_reads: Sequence[reads.SweepRead] | None = None) -> pd.DataFrame:
+def summarize_per_seed(
+    probes: pd.DataFrame,
+    sinks: pd.DataFrame,
+    variance: pd.DataFrame,
+    sweep_reads: Sequence[reads.SweepRead] | None = None,
+) -> pd.DataFrame:
     """:func:`summarize_seed` for each training seed, with a ``train_seed`` column (0 for tables
     that have none), rows in model order."""
     probes, sinks, variance = (seeds.with_train_seed(table) for table in (probes, sinks, variance))
-    frames = [summarize_seed(table, sinks[sinks["train_seed"] == seed], variance[variance["train_seed"] == seed],
-                             sweep_reads).assign(train_seed=seed) for seed, table in probes.groupby("train_seed")]
+    frames = [
+        summarize_seed(
+            table, sinks[sinks["train_seed"] == seed], variance[variance["train_seed"] == seed], sweep_reads
+        ).assign(train_seed=seed)
+        for seed, table in probes.groupby("train_seed")
+    ]
     order = {model: i for i, model in enumerate(probes["model"].unique())}
     rows = pd.concat(frames, ignore_index=True)
-    return rows.sort_values(["model", "train_seed"], key=lambda c: c.map(order) if c.name == "model" else c,
-                            kind="stable").reset_index(drop=True)
+    return rows.sort_values(
+        ["model", "train_seed"], key=lambda c: c.map(order) if c.name == "model" else c, kind="stable"
+    ).reset_index(drop=True)
 
 
-
-def summarize_seed(probes: pd.DataFrame, sinks: pd.DataFrame, variance: pd.DataFrame,
-                   sweep_reads: Sequence[reads.SweepRead] | None = None) -> pd.DataFrame:
+def summarize_seed(
+    probes: pd.DataFrame,
+    sinks: pd.DataFrame,
+    variance: pd.DataFrame,
+    sweep_reads: Sequence[reads.SweepRead] | None = None,
+) -> pd.DataFrame:
     """One row per model of one training seed: the first layer at which each target is recovered,
     and key numbers.
 
@@ -65,21 +80,25 @@ def summarize_seed(probes: pd.DataFrame, sinks: pd.DataFrame, variance: pd.DataF
         mad = absolute[(absolute["metric"] == "mad") & (absolute["task"] == "regression")].set_index("layer")
         chance = layers.chance_of_mad(mad)
         model_sinks = sinks[sinks["model"] == model]
-        as_read = model_sinks[model_sinks["condition"] == model_sinks["condition"].iloc[0]] if len(model_sinks) \
-            else model_sinks  # no sink read (every block DSA past index_topk): sink_rate NaN
-        rows.append(dict(
-            model=model,
-            **{read.column: read.first_layer(table) for read in chosen},
-            best_absolute_r2=float(best["value"]),
-            best_absolute_layer=int(best["layer"]),
-            selectivity_at_best=float(best["selectivity"]),
-            mad_chance_layer0=float(mad.loc[0, "value"] / chance.loc[0]) if 0 in mad.index else float("nan"),
-            mad_chance_best=float((mad["value"] / chance).min()),
-            sink_rate=float(sink_flags(as_read).mean()) if "is_sink" in as_read else float("nan"),
-            variance_slope_block0=_first_block_slope(variance[variance["model"] == model]),
-        ))
+        as_read = (
+            model_sinks[model_sinks["condition"] == model_sinks["condition"].iloc[0]]
+            if len(model_sinks)
+            else model_sinks
+        )  # no sink read (every block DSA past index_topk): sink_rate NaN
+        rows.append(
+            dict(
+                model=model,
+                **{read.column: read.first_layer(table) for read in chosen},
+                best_absolute_r2=float(best["value"]),
+                best_absolute_layer=int(best["layer"]),
+                selectivity_at_best=float(best["selectivity"]),
+                mad_chance_layer0=float(mad.loc[0, "value"] / chance.loc[0]) if 0 in mad.index else float("nan"),
+                mad_chance_best=float((mad["value"] / chance).min()),
+                sink_rate=float(sink_flags(as_read).mean()) if "is_sink" in as_read else float("nan"),
+                variance_slope_block0=_first_block_slope(variance[variance["model"] == model]),
+            )
+        )
     return pd.DataFrame(rows)
-
 
 
 def _first_block_slope(variance: pd.DataFrame) -> float:

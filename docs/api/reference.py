@@ -110,8 +110,10 @@ class DocstringConventions(griffe.Extension):
     def on_package(self, *, pkg: griffe.Module, **kwargs) -> None:
         for obj, target in self.references:
             if obj.package is pkg and not resolves(obj, target, pkg):
-                griffe.logger.warning(f"{obj.relative_filepath}:{obj.lineno}: {obj.path} refers to {target!r}, "
-                                      "which is no object of the package")
+                griffe.logger.warning(
+                    f"{obj.relative_filepath}:{obj.lineno}: {obj.path} refers to {target!r}, "
+                    "which is no object of the package"
+                )
         self.references = []
 
 

@@ -44,8 +44,11 @@ def describe(bridge: Any) -> HFDescription:
     extra = {} if hooked else {"cache_unreadable": config_family(hf.config).bridge_cache_broken}
     if hooked:
         reason = getattr(bridge, "reason", None)
-        extra = dict(adapter="forward hooks", scores_hook=False,
-                     notes=static.notes + ((f"hooked with PyTorch forward hooks: {reason}",) if reason else ()))
+        extra = dict(
+            adapter="forward hooks",
+            scores_hook=False,
+            notes=static.notes + ((f"hooked with PyTorch forward hooks: {reason}",) if reason else ()),
+        )
     description = replace(static, **census(bridge, static), position_ids_hook=_position_ids_hook(bridge))
     description = replace(description, **extra)
     _DESCRIPTIONS[bridge] = description
@@ -67,9 +70,11 @@ def census(bridge: Any, static: HFDescription) -> dict[str, Any]:
     captured: dict[str, Tensor] = {}
     handles = []
     for name, point in bridge.hook_dict.items():
+
         def keep(x, hook, name=name):
             if isinstance(x, Tensor) and (name.endswith(("hook_pattern", "hook_attn_scores")) or name not in captured):
                 captured[name] = x.detach()
+
         handles.append((point, point.add_hook(keep)))
     was_training = bridge.training
     bridge.eval()
@@ -77,10 +82,14 @@ def census(bridge: Any, static: HFDescription) -> dict[str, Any]:
         with torch.no_grad():
             bridge(tokens, attention_mask=torch.ones_like(tokens))
     except Exception as error:  # a bridge that builds but cannot run is refused, whatever it raised
-        who = (f"TransformerLens bridges {static.architecture}" if hasattr(bridge, "blocks")
-               else f"nopelens hooks {static.architecture}")
-        raise UnsupportedModelError(f"{who} but its forward pass fails ({type(error).__name__}: {_one_line(error)})"
-                                    ) from None
+        who = (
+            f"TransformerLens bridges {static.architecture}"
+            if hasattr(bridge, "blocks")
+            else f"nopelens hooks {static.architecture}"
+        )
+        raise UnsupportedModelError(
+            f"{who} but its forward pass fails ({type(error).__name__}: {_one_line(error)})"
+        ) from None
     finally:
         bridge.train(was_training)
         for point, handle in handles:
@@ -99,13 +108,16 @@ def census(bridge: Any, static: HFDescription) -> dict[str, Any]:
         if pattern is None:
             continue
         if pattern.shape[-1] != length:
-            raise UnsupportedModelError(f"the attention weights of {static.architecture} layer {layer} have "
-                                        f"{pattern.shape[-1]} key columns for {length} tokens (not one per key token)")
+            raise UnsupportedModelError(
+                f"the attention weights of {static.architecture} layer {layer} have "
+                f"{pattern.shape[-1]} key columns for {length} tokens (not one per key token)"
+            )
         if not bool(torch.isfinite(pattern).all()):
             raise UnsupportedModelError(
                 f"{static.architecture} layer {layer} gives non-finite attention weights (NaN or inf) on a short "
                 "input: check its weights for NaN or inf and its RoPE base (rope_theta, layer_rope_theta) for a "
-                "positive value")
+                "positive value"
+            )
         causal &= float(pattern[..., future].abs().max()) == 0.0
         if scores is None or torch.equal(scores, pattern) or sinks is None:
             scores_ok = False
@@ -147,8 +159,9 @@ def learned_sinks(hf_model: Any, description: HFDescription) -> dict[int, Tensor
     declared = [l for l, layer in enumerate(description.layers) if layer.sink in ("learned", "output_scale")]
     missing = [l for l in declared if l not in found]
     if missing:
-        raise UnsupportedModelError(f"{description.architecture} declares learned sinks in layers {missing} but "
-                                    "has no sinks parameter there")
+        raise UnsupportedModelError(
+            f"{description.architecture} declares learned sinks in layers {missing} but has no sinks parameter there"
+        )
     return {l: found[l] for l in declared}
 
 
@@ -179,8 +192,10 @@ def _position_ids_hook(bridge: Any) -> str | None:
         table = position_table(bridge.original_model)
     except UnsupportedModelError:
         return None
-    plain = any(getattr(m, "weight", None) is table and type(m).forward is nn.Embedding.forward
-                for m in bridge.original_model.modules())
+    plain = any(
+        getattr(m, "weight", None) is table and type(m).forward is nn.Embedding.forward
+        for m in bridge.original_model.modules()
+    )
     return "pos_embed.hook_in" if plain and "pos_embed.hook_in" in bridge.hook_dict else None
 
 
@@ -200,9 +215,10 @@ def check_readable(description: HFDescription) -> None:
     attention = [l for l, layer in enumerate(description.layers) if layer.mixer == "attention"]
     if attention and not description.fires(act_name("pattern", attention[0])):
         why = next((n for n in description.notes if n.startswith("hooked with")), None)
-        raise UnsupportedModelError(f"no hook_pattern fires in {description.architecture} through its "
-                                    f"{description.adapter} (its attention weights cannot be read)"
-                                    + (f"; {why}" if why else ""))
+        raise UnsupportedModelError(
+            f"no hook_pattern fires in {description.architecture} through its "
+            f"{description.adapter} (its attention weights cannot be read)" + (f"; {why}" if why else "")
+        )
 
 
 def _one_line(error: BaseException) -> str:

@@ -64,16 +64,29 @@ def describe_config(config: Any, architecture: str | None = None) -> HFDescripti
     layers = tuple(_layer(config, family, layer, d_head) for layer in range(n_layers))
     qk_norm, q_hook, k_hook = _qk_norm(config, family)
     qk_layout = {"per-head": "batch head pos d_head", "full-width": "batch pos (head d_head)"}.get(
-        qk_norm or "", "batch pos head d_head")
+        qk_norm or "", "batch pos head d_head"
+    )
     position_input = "position_ids"
     if layers and layers[0].biases_scores:
         position_input = family.rule("alibi_input")
     return HFDescription(
-        architecture=architecture, family=model_type, n_layers=n_layers, n_heads=n_heads,
-        n_kv_heads=int(n_kv or n_heads), d_head=d_head, d_vocab=int(config.vocab_size),
-        input_position=family.input_position, position_offset=family.position_offset,
-        max_positions=max_positions, layers=layers, qk_norm=qk_norm, q_hook=q_hook, k_hook=k_hook,
-        position_input=position_input, qk_layout=qk_layout, notes=family.rule("notes", config) or (),
+        architecture=architecture,
+        family=model_type,
+        n_layers=n_layers,
+        n_heads=n_heads,
+        n_kv_heads=int(n_kv or n_heads),
+        d_head=d_head,
+        d_vocab=int(config.vocab_size),
+        input_position=family.input_position,
+        position_offset=family.position_offset,
+        max_positions=max_positions,
+        layers=layers,
+        qk_norm=qk_norm,
+        q_hook=q_hook,
+        k_hook=k_hook,
+        position_input=position_input,
+        qk_layout=qk_layout,
+        notes=family.rule("notes", config) or (),
     )
 
 
@@ -81,8 +94,19 @@ PER_LAYER_FIELDS = ("layer_types", "mlp_layer_types", "no_rope_layers", "layer_r
 """Config fields with one entry per layer, which the family rules below index by layer."""
 
 LAYER_COUNT_FIELDS = ("num_hidden_layers", "n_layer", "num_layers", "n_layers")
-SIZE_FIELDS = ("hidden_size", "n_embd", "d_model", "num_attention_heads", "n_head", "num_heads", "n_heads",
-               "num_key_value_heads", "head_dim", "intermediate_size", "vocab_size")
+SIZE_FIELDS = (
+    "hidden_size",
+    "n_embd",
+    "d_model",
+    "num_attention_heads",
+    "n_head",
+    "num_heads",
+    "n_heads",
+    "num_key_value_heads",
+    "head_dim",
+    "intermediate_size",
+    "vocab_size",
+)
 """Config fields that fix weight shapes, under each family's name: each must be at least 1 where a
 config gives it (:func:`check_config`; transformers divides by some), and those a config gives are
 named in the hint when its saved weights do not fit it (:func:`nopelens.models.hf_loading.load_hf_dir`)."""
@@ -141,9 +165,16 @@ def check_config(config: Any) -> None:
         if isinstance(value, int) and not isinstance(value, bool) and value < 1:
             raise ConfigError(f"{name} is {value}: a model's sizes must be at least 1")
     width, heads = getattr(config, "hidden_size", None), getattr(config, "num_attention_heads", None)
-    if getattr(config, "head_dim", None) is None and isinstance(width, int) and isinstance(heads, int) and heads > width:
-        raise ConfigError(f"num_attention_heads {heads} is more than hidden_size {width}: each head would have "
-                          f"{width // heads} dimensions")
+    if (
+        getattr(config, "head_dim", None) is None
+        and isinstance(width, int)
+        and isinstance(heads, int)
+        and heads > width
+    ):
+        raise ConfigError(
+            f"num_attention_heads {heads} is more than hidden_size {width}: each head would have "
+            f"{width // heads} dimensions"
+        )
     _check_rope_parameters(config)
     for name in PER_LAYER_FIELDS:
         value = getattr(config, name, None)
@@ -171,15 +202,19 @@ def _check_rope_parameters(config: Any) -> None:
     for name, entry in entries.items():
         known = rope_types(config)
         if entry.get("rope_type", "default") not in known:
-            raise ConfigError(f"{name}.rope_type is {entry['rope_type']!r}, which transformers does not know: "
-                              f"use one of {', '.join(known)}")
+            raise ConfigError(
+                f"{name}.rope_type is {entry['rope_type']!r}, which transformers does not know: "
+                f"use one of {', '.join(known)}"
+            )
         _check_fraction(f"{name}.partial_rotary_factor", entry.get("partial_rotary_factor"))
     _check_fraction("partial_rotary_factor", getattr(config, "partial_rotary_factor", None))
 
 
 def _too_many_layers(name: str, value: int) -> ConfigError:
-    return ConfigError(f"{name} is {value}: nopelens describes at most {MAX_LAYERS} layers (released models have a "
-                       "few hundred at most)")
+    return ConfigError(
+        f"{name} is {value}: nopelens describes at most {MAX_LAYERS} layers (released models have a "
+        "few hundred at most)"
+    )
 
 
 def _rope_entries(params: Any, layer_types: Any, prefix: str = "") -> dict[str, Mapping]:
@@ -192,8 +227,11 @@ def _rope_entries(params: Any, layer_types: Any, prefix: str = "") -> dict[str, 
     if not isinstance(params, Mapping):
         return {}
     per_type = set(params) & set(layer_types if isinstance(layer_types, (list, tuple)) else ())
-    entries = {f"{prefix}rope_parameters.{kind}": params[kind] for kind in sorted(per_type)} if per_type else \
-        {f"{prefix}rope_parameters": params}
+    entries = (
+        {f"{prefix}rope_parameters.{kind}": params[kind] for kind in sorted(per_type)}
+        if per_type
+        else {f"{prefix}rope_parameters": params}
+    )
     for name, entry in entries.items():
         if entry is not None and not isinstance(entry, Mapping):
             raise ConfigError(f"{name} is {entry!r}: give a dict of RoPE parameters, or None for a NoPE layer type")
@@ -203,8 +241,11 @@ def _rope_entries(params: Any, layer_types: Any, prefix: str = "") -> dict[str, 
 def rope_types(config: Any) -> tuple[str, ...]:
     """The ``rope_type`` values transformers computes for ``config``'s class: ``default``, those of
     ``ROPE_INIT_FUNCTIONS`` and those its config class validates (``_validate_<type>_rope_parameters``)."""
-    own = (name[len("_validate_"):-len("_rope_parameters")] for name in dir(type(config))
-           if name.startswith("_validate_") and name.endswith("_rope_parameters"))
+    own = (
+        name[len("_validate_") : -len("_rope_parameters")]
+        for name in dir(type(config))
+        if name.startswith("_validate_") and name.endswith("_rope_parameters")
+    )
     return tuple(sorted({"default", *ROPE_INIT_FUNCTIONS, *own}))
 
 
@@ -246,8 +287,10 @@ def check_sizes(fields: Mapping[str, Any], prefix: str = "") -> None:
     for name in (*LAYER_COUNT_FIELDS, *SIZE_FIELDS, *family.size_fields):
         value = fields.get(name)
         if value is not None and (not isinstance(value, int) or isinstance(value, bool)):
-            raise ConfigError(f"{prefix}{name} is {value!r} (a {type(value).__name__}): config.json's sizes must be "
-                              "whole numbers, e.g. 64 without quotes")
+            raise ConfigError(
+                f"{prefix}{name} is {value!r} (a {type(value).__name__}): config.json's sizes must be "
+                "whole numbers, e.g. 64 without quotes"
+            )
         if name in family.size_fields and value is not None and value < 1:
             raise ConfigError(f"{prefix}{name} is {value}: it must be at least 1")
         if name in LAYER_COUNT_FIELDS and value is not None and value > MAX_LAYERS:
@@ -276,8 +319,10 @@ def mla_head_dims(config: Any) -> tuple[int, int]:
     for name in ("qk_nope_head_dim", "qk_rope_head_dim"):
         value = getattr(config, name, None)
         if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-            raise ConfigError(f"{name} is {value!r}: multi-head latent attention needs a whole number of dims "
-                              "(0 or more) for each head's nope and rope slices")
+            raise ConfigError(
+                f"{name} is {value!r}: multi-head latent attention needs a whole number of dims "
+                "(0 or more) for each head's nope and rope slices"
+            )
         dims.append(value)
     if sum(dims) < 1:
         raise ConfigError("qk_nope_head_dim and qk_rope_head_dim are both 0: each head needs at least one q/k dim")
@@ -321,30 +366,44 @@ no softmax attention: linear attention (Gated DeltaNet, KDA; a family's Mamba bl
 transformers also calls ``linear_attention``, are its ``linear_mixer``, ``ssm``), state-space
 mixers, and MLP-only blocks (Nemotron-H)."""
 
-MLA_REFERENCE = ("multi-head latent attention: the rotated slice is the last qk_rope_head_dim dims of each head and "
-                 "one rotated key slice is shared by every head; nopelens' reference rotation covers leading dims of "
-                 "per-head q and k")
-TRAILING_REFERENCE = ("the rotated slice is the trailing rotary_dim dims of each head (DeepSeek V4's [nope | rope] "
-                      "layout); nopelens' reference rotation covers the leading dims")
+MLA_REFERENCE = (
+    "multi-head latent attention: the rotated slice is the last qk_rope_head_dim dims of each head and "
+    "one rotated key slice is shared by every head; nopelens' reference rotation covers leading dims of "
+    "per-head q and k"
+)
+TRAILING_REFERENCE = (
+    "the rotated slice is the trailing rotary_dim dims of each head (DeepSeek V4's [nope | rope] "
+    "layout); nopelens' reference rotation covers the leading dims"
+)
 
 
 def _layer(config: Any, family: Family, layer: int, d_head: int) -> LayerPosition:
     scale = _score_scale(config, family, layer, d_head)
     window, chunk = _key_window(config, family, layer)
     softcap = getattr(config, "attn_logit_softcapping", None)
-    common = dict(score_scale=scale, sliding_window=window, chunk_size=chunk, mixer=_mixer(config, family, layer),
-                  softcap=float(softcap) if softcap else None, sink=family.rule("sink", config, layer),
-                  relative_bias=family.rule("relative_bias", config, layer),
-                  **(family.rule("indexer", config, layer) or {}))
+    common = dict(
+        score_scale=scale,
+        sliding_window=window,
+        chunk_size=chunk,
+        mixer=_mixer(config, family, layer),
+        softcap=float(softcap) if softcap else None,
+        sink=family.rule("sink", config, layer),
+        relative_bias=family.rule("relative_bias", config, layer),
+        **(family.rule("indexer", config, layer) or {}),
+    )
     plain = LayerPosition(_layer_method(config, family, layer), **common)
     if plain.biases_scores:
         n_heads = int(_first(config, "num_attention_heads", "n_head", "n_heads"))
-        slopes, bias_scale = family.rule("alibi", config, n_heads, d_head) if family.alibi else _alibi(
-            config, n_heads, d_head)
+        slopes, bias_scale = (
+            family.rule("alibi", config, n_heads, d_head) if family.alibi else _alibi(config, n_heads, d_head)
+        )
         return replace(plain, alibi_slopes=slopes, bias_scale=bias_scale)
     if not plain.rotates:  # NoPE, or a method nopelens does not know (nothing about it is verified)
-        return replace(plain, query_scale=family.rule("query_scale", config, layer),
-                       qk_reference=MLA_REFERENCE if family.mla else None)
+        return replace(
+            plain,
+            query_scale=family.rule("query_scale", config, layer),
+            qk_reference=MLA_REFERENCE if family.mla else None,
+        )
     base, fraction, rope_type = _rope_parameters(config, family, layer)
     rope = dict(rotary_base=base, rope_type=rope_type, pairing=family.pairing)
     if family.mla:  # heads are [nope | rope]; the rope slice of k is one head shared by all
@@ -358,8 +417,13 @@ def _layer(config: Any, family: Family, layer: int, d_head: int) -> LayerPositio
     rotary_dim = int(declared or round(d_head * fraction))
     rotary_dim -= rotary_dim % 2
     if family.trailing_rope:
-        return replace(plain, rotary_dim=rotary_dim, rotary_start=d_head - rotary_dim,
-                       qk_reference=TRAILING_REFERENCE, **{**rope, "pairing": "interleaved"})
+        return replace(
+            plain,
+            rotary_dim=rotary_dim,
+            rotary_start=d_head - rotary_dim,
+            qk_reference=TRAILING_REFERENCE,
+            **{**rope, "pairing": "interleaved"},
+        )
     return replace(plain, rotary_dim=rotary_dim, **rope)
 
 
@@ -373,8 +437,11 @@ def _default_rotary_dim(config: Any, layer: int) -> int | None:
         module = importlib.import_module(type(config).__module__.replace(".configuration_", ".modeling_"))
     except ImportError:
         return None
-    found = {value.compute_default_rope_parameters for name, value in vars(module).items()
-             if name.endswith("RotaryEmbedding") and hasattr(value, "compute_default_rope_parameters")}
+    found = {
+        value.compute_default_rope_parameters
+        for name, value in vars(module).items()
+        if name.endswith("RotaryEmbedding") and hasattr(value, "compute_default_rope_parameters")
+    }
     if len(found) != 1:
         return None
     compute = found.pop()
@@ -409,8 +476,10 @@ def _rope_by_layer_type(config: Any, layer: int) -> dict | None:
     if kinds[layer] not in params:
         if kinds[layer] in NON_ATTENTION_TYPES:  # a Mamba or linear-attention layer takes no rotary embedding
             return params
-        raise ConfigError(f"rope_parameters has entries per layer type ({', '.join(sorted(set(params) & set(kinds)))}) "
-                          f"but none for {kinds[layer]!r} (layer {layer}); give it one, or None for a NoPE layer type")
+        raise ConfigError(
+            f"rope_parameters has entries per layer type ({', '.join(sorted(set(params) & set(kinds)))}) "
+            f"but none for {kinds[layer]!r} (layer {layer}); give it one, or None for a NoPE layer type"
+        )
     return params
 
 
@@ -447,8 +516,10 @@ def _rope_parameters(config: Any, family: Family, layer: int) -> tuple[float, fl
         name, base = f"layer_rope_theta[{layer}]", config.layer_rope_theta[layer]
     if not _positive(base):
         raise ConfigError(f"{name} is {base!r}: the RoPE base of a rotating layer must be a positive number")
-    fraction = params.get("partial_rotary_factor", getattr(config, "partial_rotary_factor", None)
-                          or getattr(config, "rotary_pct", None) or 1.0)
+    fraction = params.get(
+        "partial_rotary_factor",
+        getattr(config, "partial_rotary_factor", None) or getattr(config, "rotary_pct", None) or 1.0,
+    )
     return float(base), float(fraction), rope_type
 
 
@@ -461,7 +532,7 @@ def _score_scale(config: Any, family: Family, layer: int, d_head: int) -> float:
         return float(sum(mla_head_dims(config))) ** -0.5
     if getattr(config, "query_pre_attn_scalar", None):  # Gemma 2/3: query_pre_attn_scalar ** -0.5
         return float(config.query_pre_attn_scalar) ** -0.5
-    scale = d_head ** -0.5
+    scale = d_head**-0.5
     if getattr(config, "scale_attn_by_inverse_layer_idx", False):
         scale /= layer + 1
     return scale
@@ -480,8 +551,9 @@ def _key_window(config: Any, family: Family, layer: int) -> tuple[int | None, in
     if family.window is not None:
         pair = family.rule("window", config, layer)
         if not isinstance(pair, tuple) or len(pair) != 2 or not all(_whole_or_none(value) for value in pair):
-            raise family.fault(f"its window rule gave {pair!r} at layer {layer}, not (sliding window, chunk) "
-                               "as whole numbers or None")
+            raise family.fault(
+                f"its window rule gave {pair!r} at layer {layer}, not (sliding window, chunk) as whole numbers or None"
+            )
         return pair
     window = getattr(config, "sliding_window", None)
     kind = layer_type(config, layer)

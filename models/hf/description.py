@@ -21,7 +21,10 @@ PAIRINGS = ("half", "interleaved")
 SINK_KINDS = ("learned", "output_scale", "per_token")
 """How a layer adds an attention sink besides token 0 (:attr:`LayerPosition.sink`)."""
 
-BLOCK_INDEXER_FIELDS = {"QSA": ("indexer_budget", "indexer_compress_ratio"), "DSA k-pool": ("index_topk", "index_kpool")}
+BLOCK_INDEXER_FIELDS = {
+    "QSA": ("indexer_budget", "indexer_compress_ratio"),
+    "DSA k-pool": ("index_topk", "index_kpool"),
+}
 """Block indexer -> the config fields of its budget (keys) and block size."""
 
 MIXER_LABELS = {"linear_attention": "linear attention", "ssm": "ssm (no attention)", "none": "MLP only (no attention)"}
@@ -81,11 +84,15 @@ class QueryScale:
 
     def describe(self) -> str:
         if self.kind == "llama4":
-            return (f"queries times 1 + {self.attn_scale:g} log1p(floor((i + 1) / {self.floor_scale:g})), i the token's "
-                    "index (Llama 4 temperature tuning)")
+            return (
+                f"queries times 1 + {self.attn_scale:g} log1p(floor((i + 1) / {self.floor_scale:g})), i the token's "
+                "index (Llama 4 temperature tuning)"
+            )
         if self.kind == "inkling2":
-            return (f"queries and relative-bias states times 1 + {self.attn_scale:g} log(max((p + 1) / "
-                    f"{self.floor_scale:g}, 1)), p the position id (Inkling 2's log scaling)")
+            return (
+                f"queries and relative-bias states times 1 + {self.attn_scale:g} log(max((p + 1) / "
+                f"{self.floor_scale:g}, 1)), p the position id (Inkling 2's log scaling)"
+            )
         return "queries times (1 + (p + 1) / 2048)^0.1, p the position id (Beam's scalable softmax)"
 
 
@@ -186,14 +193,18 @@ class LayerPosition:
         if self.index_block is None:
             if length <= self.index_topk:
                 return None
-            return (f"a DSA indexer keeps only the top {self.index_topk} of the keys a query sees (index_topk), "
-                    f"{unmodelled}")
+            return (
+                f"a DSA indexer keeps only the top {self.index_topk} of the keys a query sees (index_topk), "
+                f"{unmodelled}"
+            )
         if length < self.index_topk + self.index_block:
             return None
         budget, block = BLOCK_INDEXER_FIELDS[self.index_kind]
-        return (f"a {self.index_kind} indexer keeps only the top {self.index_topk // self.index_block} blocks of "
-                f"{self.index_block} keys a query sees and its incomplete last block ({budget} {self.index_topk}, "
-                f"{block} {self.index_block}), {unmodelled}")
+        return (
+            f"a {self.index_kind} indexer keeps only the top {self.index_topk // self.index_block} blocks of "
+            f"{self.index_block} keys a query sees and its incomplete last block ({budget} {self.index_topk}, "
+            f"{block} {self.index_block}), {unmodelled}"
+        )
 
     def label(self, d_head: int | None = None) -> str:
         """The layer in a few words, e.g. ``rope (rotary_fraction 0.5, sliding window 4, learned sink)``,
@@ -323,8 +334,10 @@ class HFDescription:
         ``keys[:, :, -0:]``, i.e. every key (transformers 5.24, ``cache_utils.py``), so a decoded
         token sees keys the full forward blocks."""
         if any(layer.key_window.only_self for layer in self.layers):
-            return ("a window or chunk of 1: transformers' sliding-window cache slices its last window - 1 = 0 keys "
-                    "as keys[-0:], i.e. keeps every key, so decoded tokens see keys the full forward blocks")
+            return (
+                "a window or chunk of 1: transformers' sliding-window cache slices its last window - 1 = 0 keys "
+                "as keys[-0:], i.e. keeps every key, so decoded tokens see keys the full forward blocks"
+            )
         return None
 
     def fires(self, site: str) -> bool:
@@ -344,8 +357,10 @@ class HFDescription:
         ``hook_rot_q/k`` on GPT-NeoX, Phi-3, GPT-J and Falcon and never fires them), and
         ``hook_q``/``hook_k`` hold them before the rotation."""
         if self.layers[layer].rotates and self.rotated_qk_sites(layer) is None:
-            return ("hook_rot_q/k never fire, and hook_q/k hold q and k before RoPE, where a q·k read misses the "
-                    "position RoPE adds; the score read covers it")
+            return (
+                "hook_rot_q/k never fire, and hook_q/k hold q and k before RoPE, where a q·k read misses the "
+                "position RoPE adds; the score read covers it"
+            )
         return None
 
     def scores_unreadable(self, site: str) -> str | None:
@@ -354,8 +369,10 @@ class HFDescription:
         if self.adapter == "forward hooks":
             return "hooked with forward hooks, not through TransformerBridge: no hook exposes them"
         if not self.scores_hook:
-            return ("the bridge's hook_attn_scores is not the scores behind hook_pattern: their softmax is not it, "
-                    "or it is the pattern itself")
+            return (
+                "the bridge's hook_attn_scores is not the scores behind hook_pattern: their softmax is not it, "
+                "or it is the pattern itself"
+            )
         if not self.fires(site):
             return "their hook_attn_scores never fires"
         return None
@@ -373,10 +390,14 @@ class HFDescription:
             return None
         kinds = sorted({layer.label() for layer in self.layers})
         what = kinds[0] if len(kinds) == 1 else ", ".join(kinds)
-        return (f"{self.architecture} has no attention block (blocks 0-{self.n_layers - 1}: {what}): no attention "
-                "pattern to read")
+        return (
+            f"{self.architecture} has no attention block (blocks 0-{self.n_layers - 1}: {what}): no attention "
+            "pattern to read"
+        )
 
     def summary(self) -> str:
         """One line: family, input positions and the per-layer methods."""
         methods = ", ".join(self.layer_methods)
-        return f"{self.architecture} ({self.family}): input positions {self.input_position or 'none'}; layers: {methods}"
+        return (
+            f"{self.architecture} ({self.family}): input positions {self.input_position or 'none'}; layers: {methods}"
+        )

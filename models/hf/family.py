@@ -115,8 +115,11 @@ class Family:
             ValueError: if a constant ``method``, ``pairing`` or ``sink`` is none the core knows.
         """
         types = self.model_types
-        if isinstance(types, str) or not isinstance(types, (tuple, list)) or \
-                not all(isinstance(name, str) and name for name in types):
+        if (
+            isinstance(types, str)
+            or not isinstance(types, (tuple, list))
+            or not all(isinstance(name, str) and name for name in types)
+        ):
             raise TypeError(f"Family(model_types={types!r}): give a tuple of model_type strings, e.g. ('llama',)")
         object.__setattr__(self, "model_types", tuple(types))
         for name, known in (("method", (*method_names(), "unknown")), ("pairing", PAIRINGS), ("sink", SINK_KINDS)):

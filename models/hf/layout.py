@@ -72,13 +72,18 @@ def hook_layout(hf_model: Any) -> HookLayout:
         root = _decoder_list(modules, static, lambda m: True)
         per_layer = len(modules[f"{root}.0.{attn}"])
         if per_layer * len(modules[root]) != static.n_layers:
-            raise UnsupportedModelError(f"{static.architecture}: {len(modules[root])} decoder layers of {per_layer} "
-                                        f"attention sublayers are not its {static.n_layers} layers")
+            raise UnsupportedModelError(
+                f"{static.architecture}: {len(modules[root])} decoder layers of {per_layer} "
+                f"attention sublayers are not its {static.n_layers} layers"
+            )
         block = [f"{root}.{l // per_layer}" for l in range(static.n_layers)]
-        layers = tuple(path if l % per_layer == 0 else f"{path}.{norm_name}.{l % per_layer}" for l, path in enumerate(block))
+        layers = tuple(
+            path if l % per_layer == 0 else f"{path}.{norm_name}.{l % per_layer}" for l, path in enumerate(block)
+        )
         mixers = [f"{path}.{attn}.{l % per_layer}" for l, path in enumerate(block)]
-        outputs_at = tuple((layers[l + 1], "input") if (l + 1) % per_layer else (path, "output")
-                           for l, path in enumerate(block))
+        outputs_at = tuple(
+            (layers[l + 1], "input") if (l + 1) % per_layer else (path, "output") for l, path in enumerate(block)
+        )
     embedding = hf_model.get_input_embeddings()
     embed = next((name for name, m in modules.items() if m is embedding), None)
     if embed is None:
@@ -90,8 +95,14 @@ def hook_layout(hf_model: Any) -> HookLayout:
         layers = tuple(f"{root}.{l}" for l in range(static.n_layers))
         mixers = [_mixer_path(modules, path, spec.mixer == "attention") for path, spec in zip(layers, static.layers)]
     prefix = root.rsplit(".", 1)[0] if "." in root else ""
-    norm = next((f"{prefix}.{n}".lstrip(".") for n in ("norm", "final_layernorm", "ln_f", "final_norm")
-                 if f"{prefix}.{n}".lstrip(".") in modules), None)
+    norm = next(
+        (
+            f"{prefix}.{n}".lstrip(".")
+            for n in ("norm", "final_layernorm", "ln_f", "final_norm")
+            if f"{prefix}.{n}".lstrip(".") in modules
+        ),
+        None,
+    )
     attention = tuple(layer.mixer == "attention" and mixer is not None for layer, mixer in zip(static.layers, mixers))
 
     def child(mixer: str | None, name: str, is_attention: bool) -> str | None:
@@ -101,7 +112,9 @@ def hook_layout(hf_model: Any) -> HookLayout:
     values = tuple(child(m, "v_proj", a) for m, a in zip(mixers, attention))
     outputs = tuple(child(m, "o_proj", a) for m, a in zip(mixers, attention))
     bias = family.position_bias_module
-    biases = tuple(f"{m}.{bias}" if bias and a and f"{m}.{bias}" in modules else None for m, a in zip(mixers, attention))
+    biases = tuple(
+        f"{m}.{bias}" if bias and a and f"{m}.{bias}" in modules else None for m, a in zip(mixers, attention)
+    )
     # MiMo-V2-Flash: v heads differ from q/k heads
     v_head = int(getattr(text_config(hf_model.config), "v_head_dim", None) or static.d_head)
     return HookLayout(embed, layers, tuple(mixers), attention, norm, values, outputs, v_head, outputs_at, biases)
@@ -137,7 +150,9 @@ def unreadable(hf_model: Any) -> str | None:
 
 
 def _unreadable_layer_types() -> dict[str, str]:
-    return {kind: why for model_type in declared() for kind, why in family_of(model_type).unreadable_layer_types.items()}
+    return {
+        kind: why for model_type in declared() for kind, why in family_of(model_type).unreadable_layer_types.items()
+    }
 
 
 def bridge_refused(hf_model: Any) -> str | None:
@@ -162,6 +177,7 @@ def position_table(hf_model: Any) -> Tensor:
             module = modules.get(candidate)
             if module is not None and isinstance(getattr(module, "weight", None), Tensor):
                 return module.weight
-    raise UnsupportedModelError(f"cannot find the learned position table of {type(hf_model).__name__} "
-                                f"(looked for {', '.join(position_tables())})")
-
+    raise UnsupportedModelError(
+        f"cannot find the learned position table of {type(hf_model).__name__} "
+        f"(looked for {', '.join(position_tables())})"
+    )

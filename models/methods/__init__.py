@@ -43,9 +43,7 @@ from .shaw import Shaw
 from .sinusoidal import Sinusoidal
 from .t5 import T5
 
-METHODS: dict[str, type[PositionMethod]] = {
-    cls.name: cls for cls in (NoPE, RoPE, ALiBi, Shaw, T5, Learned, Sinusoidal)
-}
+METHODS: dict[str, type[PositionMethod]] = {cls.name: cls for cls in (NoPE, RoPE, ALiBi, Shaw, T5, Learned, Sinusoidal)}
 """Registry: config name -> method class. Attention methods first, then input methods."""
 
 
@@ -66,5 +64,14 @@ def method_names(per_layer: bool | None = None) -> tuple[str, ...]:
     return tuple(n for n, cls in METHODS.items() if per_layer is None or cls().per_layer == per_layer)
 
 
-__all__ = ["INPUT", "METHODS", "PLACES", "QK_ROTATION", "SCORE_BIAS", "VALUE", "PositionMethod", "get_method",
-           "method_names"]
+__all__ = [
+    "INPUT",
+    "METHODS",
+    "PLACES",
+    "QK_ROTATION",
+    "SCORE_BIAS",
+    "VALUE",
+    "PositionMethod",
+    "get_method",
+    "method_names",
+]

@@ -109,13 +109,13 @@ class PositionMethod:
         """Queries or keys ``[batch, pos, head_index, d_head]`` rotated to their positions."""
         return x
 
-    def score_bias(self, attn: nn.Module, q: Tensor, query_positions: Tensor, key_positions: Tensor
-                   ) -> Tensor | None:
+    def score_bias(self, attn: nn.Module, q: Tensor, query_positions: Tensor, key_positions: Tensor) -> Tensor | None:
         """The ``[batch, head_index, query_pos, key_pos]`` term added to the scores, or None."""
         return None
 
-    def value_term(self, attn: nn.Module, pattern: Tensor, query_positions: Tensor, key_positions: Tensor
-                   ) -> Tensor | None:
+    def value_term(
+        self, attn: nn.Module, pattern: Tensor, query_positions: Tensor, key_positions: Tensor
+    ) -> Tensor | None:
         """A ``[batch, query_pos, head_index, d_head]`` term added to the attention output, or None."""
         return None
 

@@ -25,8 +25,10 @@ class RoPE(PositionMethod):
     name = "rope"
     label = "RoPE"
     acts_on = frozenset({QK_ROTATION})
-    convention = ("R(p theta) applied to q and k; (R(m theta) q)^T (R(n theta) k) = q^T R((n - m) theta) k "
-                  "depends on the offset n - m (seed 002)")
+    convention = (
+        "R(p theta) applied to q and k; (R(m theta) q)^T (R(n theta) k) = q^T R((n - m) theta) k "
+        "depends on the offset n - m (seed 002)"
+    )
     config_fields = ("rotary_fraction", "rotary_base", "pairing")
 
     @classmethod

@@ -54,7 +54,7 @@ class Shaw(LookupBias):
 
     def reference_bias(self, attn: nn.Module, q: Tensor, ids: Tensor) -> Tensor:
         table = attn.W_rel_K.to(q.dtype)
-        return torch.einsum("bqhe,bqke->bhqk", q, table[ids]) * attn.cfg.d_head ** -0.5
+        return torch.einsum("bqhe,bqke->bhqk", q, table[ids]) * attn.cfg.d_head**-0.5
 
     def reference_value_term(self, attn: nn.Module, pattern: Tensor, ids: Tensor) -> Tensor | None:
         if not attn.cfg.shaw_values:
@@ -68,8 +68,9 @@ class Shaw(LookupBias):
     def ids_evidence(self, cfg, ids: Tensor) -> list[int]:
         return sorted(set((ids - cfg.shaw_clip).tolist()))
 
-    def value_term(self, attn: nn.Module, pattern: Tensor, query_positions: Tensor, key_positions: Tensor
-                   ) -> Tensor | None:
+    def value_term(
+        self, attn: nn.Module, pattern: Tensor, query_positions: Tensor, key_positions: Tensor
+    ) -> Tensor | None:
         if not attn.cfg.shaw_values:
             return None
         ids = self.relative_ids(attn.cfg, query_positions, key_positions)

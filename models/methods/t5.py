@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from torch import Tensor, nn
 import torch
+from torch import Tensor, nn
 
 from ..positions import t5_relative_bucket
 from .base import SCORE_BIAS, LookupBias
@@ -28,8 +28,10 @@ class T5(LookupBias):
     name = "t5"
     label = "T5"
     acts_on = frozenset({SCORE_BIAS})
-    convention = ("bias b_h[bucket(j - i)], unidirectional: distance i - j, exact below num_buckets / 2, "
-                  "log-spaced up to max_distance, one bucket beyond")
+    convention = (
+        "bias b_h[bucket(j - i)], unidirectional: distance i - j, exact below num_buckets / 2, "
+        "log-spaced up to max_distance, one bucket beyond"
+    )
     config_fields = ("t5_num_buckets", "t5_max_distance")
     bidirectional = False
     table_name, declared_offset, mirrored_offset = "b_h", "bucket(j - i)", "bucket(i - j)"
@@ -48,8 +50,13 @@ class T5(LookupBias):
             )
 
     def describe(self, cfg) -> dict:
-        return {"t5": {"num_buckets": cfg.t5_num_buckets, "max_distance": cfg.t5_max_distance,
-                       "bidirectional": self.bidirectional}}
+        return {
+            "t5": {
+                "num_buckets": cfg.t5_num_buckets,
+                "max_distance": cfg.t5_max_distance,
+                "bidirectional": self.bidirectional,
+            }
+        }
 
     def add_parameters(self, attn: nn.Module, cfg) -> None:
         attn.W_rel_bias = nn.Parameter(torch.empty(cfg.t5_num_buckets, cfg.n_heads))
@@ -67,5 +74,7 @@ class T5(LookupBias):
         return self.reference_bias(attn, q, self.relative_ids(attn.cfg, query_positions, key_positions))
 
     def lookup_formula(self, cfg) -> str:
-        return (f"b_h[bucket(j - i)], {cfg.t5_num_buckets} buckets (exact below {cfg.t5_num_buckets // 2}), "
-                f"max_distance {cfg.t5_max_distance}, unidirectional")
+        return (
+            f"b_h[bucket(j - i)], {cfg.t5_num_buckets} buckets (exact below {cfg.t5_num_buckets // 2}), "
+            f"max_distance {cfg.t5_max_distance}, unidirectional"
+        )

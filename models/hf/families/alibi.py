@@ -50,7 +50,7 @@ def _falcon_alibi(config: Any, n_heads: int, d_head: int) -> tuple[tuple[float, 
     transformers 5.24's FalconModel folded alibi / sqrt(d_head) into the causal mask and also handed
     alibi to every attention, so the bias counted twice (the audit reports it); 5.25 folds it into
     the mask only."""
-    return tuple(alibi_slopes(n_heads).tolist()), d_head ** -0.5
+    return tuple(alibi_slopes(n_heads).tolist()), d_head**-0.5
 
 
 def _falcon_alibi_input() -> str:
@@ -80,6 +80,11 @@ FAMILIES = (
     Family(("bloom",), method="alibi"),
     # MPT computes its bias inside the attention: no position input
     Family(("mpt",), method="alibi", alibi=_mpt_alibi, alibi_input=None, score_scale=_mpt_scale, qk_norm=_mpt_qk_norm),
-    Family(("falcon",), method=lambda config, layer: "alibi" if getattr(config, "alibi", False) else None,
-           alibi=_falcon_alibi, alibi_input=_falcon_alibi_input, n_kv_heads=_falcon_kv),
+    Family(
+        ("falcon",),
+        method=lambda config, layer: "alibi" if getattr(config, "alibi", False) else None,
+        alibi=_falcon_alibi,
+        alibi_input=_falcon_alibi_input,
+        n_kv_heads=_falcon_kv,
+    ),
 )

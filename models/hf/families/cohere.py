@@ -16,8 +16,11 @@ def _cohere2_moe_method(config: Any, layer: int) -> str:
 
 
 FAMILIES = (
-    Family(("cohere",), pairing="interleaved",
-           qk_norm=lambda config: PER_HEAD_QK_NORM if getattr(config, "use_qk_norm", False) else None),
+    Family(
+        ("cohere",),
+        pairing="interleaved",
+        qk_norm=lambda config: PER_HEAD_QK_NORM if getattr(config, "use_qk_norm", False) else None,
+    ),
     Family(("cohere2",), pairing="interleaved", method=rope_if_sliding),
     Family(("cohere2_moe",), method=_cohere2_moe_method),
 )

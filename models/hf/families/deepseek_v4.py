@@ -6,9 +6,16 @@ compressor's entries onto the keys)."""
 from ..family import Family, index_topk
 
 FAMILIES = (
-    Family(("deepseek_v4",), trailing_rope=True, sink="learned", indexer=index_topk, unreadable=(
-        "DeepSeek V4's compressed-attention layers (layer_types compressed_sparse_attention and "
-        "heavily_compressed_attention, every layer as shipped) append one compressed KV entry per "
-        "compress_rate tokens to the key axis, so its attention weights are not one column per key token "
-        "and no mask, sink or pattern read applies")),
+    Family(
+        ("deepseek_v4",),
+        trailing_rope=True,
+        sink="learned",
+        indexer=index_topk,
+        unreadable=(
+            "DeepSeek V4's compressed-attention layers (layer_types compressed_sparse_attention and "
+            "heavily_compressed_attention, every layer as shipped) append one compressed KV entry per "
+            "compress_rate tokens to the key axis, so its attention weights are not one column per key token "
+            "and no mask, sink or pattern read applies"
+        ),
+    ),
 )

@@ -21,8 +21,14 @@ ROTARY_EMBEDDING_TYPES = frozenset({"rope"})
 FAMILIES = (
     Family(("granite", "granitemoe"), score_scale=_multiplier),
     Family(("granite_swa", "granitemoe_swa"), score_scale=_multiplier, layer_theta=True, sink="output_scale"),
-    Family(("granitemoehybrid",), score_scale=_multiplier, linear_mixer="ssm",  # its linear_attention layers are Mamba
-           method=lambda config, layer: rope_if(getattr(config, "position_embedding_type", None) in ROTARY_EMBEDDING_TYPES),
-           bridge_refused="TransformerLens 4.3's GraniteMoeHybrid bridge cannot run its forward pass "
-                          "(its rotary_emb component is never set)"),
+    Family(
+        ("granitemoehybrid",),
+        score_scale=_multiplier,
+        linear_mixer="ssm",  # its linear_attention layers are Mamba
+        method=lambda config, layer: rope_if(
+            getattr(config, "position_embedding_type", None) in ROTARY_EMBEDDING_TYPES
+        ),
+        bridge_refused="TransformerLens 4.3's GraniteMoeHybrid bridge cannot run its forward pass "
+        "(its rotary_emb component is never set)",
+    ),
 )

@@ -19,8 +19,10 @@ def _zamba2_check(config: Any) -> None:
         return
     hybrid = [layer for layer, kind in enumerate(kinds) if kind == "hybrid"]
     if not isinstance(ids, (list, tuple)) or list(ids) != hybrid:
-        raise ConfigError(f"hybrid_layer_ids is {ids if ids is None else list(ids)!r}: it must list the layers whose "
-                          f"layers_block_type is 'hybrid' ({hybrid}); remove it (transformers derives it) or correct it")
+        raise ConfigError(
+            f"hybrid_layer_ids is {ids if ids is None else list(ids)!r}: it must list the layers whose "
+            f"layers_block_type is 'hybrid' ({hybrid}); remove it (transformers derives it) or correct it"
+        )
 
 
 def _jamba_check(config: Any) -> None:
@@ -43,15 +45,25 @@ FAMILIES = (
     Family(("jamba",), **MAMBA, check=_jamba_check, size_fields=("attn_layer_period", "expert_layer_period")),
     Family(("zamba",), **MAMBA),
     Family(("kimi_linear",), method="nope"),
-    Family(("nemotron_h",), **MAMBA, size_fields=("mamba_head_dim", "mamba_num_heads", "ssm_state_size"),
-           bridge_refused=(
-               "TransformerLens 4.3's Nemotron-H bridge wraps every block's mixer (Mamba, attention or MLP) as one "
-               "opaque SSM2MixerBridge, so no hook_pattern fires: its attention blocks are hooked directly")),
+    Family(
+        ("nemotron_h",),
+        **MAMBA,
+        size_fields=("mamba_head_dim", "mamba_num_heads", "ssm_state_size"),
+        bridge_refused=(
+            "TransformerLens 4.3's Nemotron-H bridge wraps every block's mixer (Mamba, attention or MLP) as one "
+            "opaque SSM2MixerBridge, so no hook_pattern fires: its attention blocks are hooked directly"
+        ),
+    ),
     # Zamba2Model: rotary_emb only with use_mem_rope
-    Family(("zamba2",), method=lambda config, layer: rope_if(getattr(config, "use_mem_rope", False)),
-           linear_mixer="ssm", check=_zamba2_check,
-           size_fields=("attention_head_dim", "mamba_headdim", "n_mamba_heads", "mamba_d_state", "num_mem_blocks"),
-           bridge_refused=(
-               "TransformerLens 4.3's Zamba2 bridge wraps each hybrid layer as one opaque SSMBlockBridge, so its "
-               "shared attention fires no hook_pattern: the attention blocks are hooked directly")),
+    Family(
+        ("zamba2",),
+        method=lambda config, layer: rope_if(getattr(config, "use_mem_rope", False)),
+        linear_mixer="ssm",
+        check=_zamba2_check,
+        size_fields=("attention_head_dim", "mamba_headdim", "n_mamba_heads", "mamba_d_state", "num_mem_blocks"),
+        bridge_refused=(
+            "TransformerLens 4.3's Zamba2 bridge wraps each hybrid layer as one opaque SSMBlockBridge, so its "
+            "shared attention fires no hook_pattern: the attention blocks are hooked directly"
+        ),
+    ),
 )

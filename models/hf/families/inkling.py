@@ -35,18 +35,32 @@ def _query_scale(config: Any, layer: int) -> QueryScale | None:
     return QueryScale("inkling2", "position", float(config.log_scaling_n_floor), float(config.log_scaling_alpha))
 
 
-NOTE = ("Inkling 2 adds a learned bias by token-index distance i - j < rel_extent (none beyond) and a "
-        "short convolution over neighbouring tokens' keys and values; neither reads position ids, so "
-        "the per-layer detector cannot see them: the audit's step 5 reads the bias from hook_pos_bias, "
-        "and no step verifies the convolution")
+NOTE = (
+    "Inkling 2 adds a learned bias by token-index distance i - j < rel_extent (none beyond) and a "
+    "short convolution over neighbouring tokens' keys and values; neither reads position ids, so "
+    "the per-layer detector cannot see them: the audit's step 5 reads the bias from hook_pos_bias, "
+    "and no step verifies the convolution"
+)
 
 FAMILIES = (
     # sinks = sink_proj(hidden_states): one logit per token
-    Family(("inkling2_text",), method="nope", sink="per_token", window=_window, relative_bias=_relative_bias,
-           query_scale=_query_scale, notes=lambda config: (NOTE,), position_bias_module="relative_position_bias"),
-    Family(("inkling2_loop_text",), unreadable=(
-        "Inkling 2 Loop runs its loop layers (loop_layer_index_start to loop_layer_index_end - 1) "
-        "loop_num_passes times in one forward pass, the later passes mixing in messages from the "
-        "one before, so one layer module is several steps of the computation and its hooks cannot "
-        "tell the passes apart")),
+    Family(
+        ("inkling2_text",),
+        method="nope",
+        sink="per_token",
+        window=_window,
+        relative_bias=_relative_bias,
+        query_scale=_query_scale,
+        notes=lambda config: (NOTE,),
+        position_bias_module="relative_position_bias",
+    ),
+    Family(
+        ("inkling2_loop_text",),
+        unreadable=(
+            "Inkling 2 Loop runs its loop layers (loop_layer_index_start to loop_layer_index_end - 1) "
+            "loop_num_passes times in one forward pass, the later passes mixing in messages from the "
+            "one before, so one layer module is several steps of the computation and its hooks cannot "
+            "tell the passes apart"
+        ),
+    ),
 )

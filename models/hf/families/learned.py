@@ -32,11 +32,17 @@ LEARNED = dict(method="nope", input_position="learned")
 
 FAMILIES = (
     Family(("gpt2",), **LEARNED, position_table="transformer.wpe", score_scale=_gpt2_scale),
-    Family(("gpt_bigcode",), **LEARNED, position_table="transformer.wpe", score_scale=_gpt2_scale,
-           n_kv_heads=_bigcode_kv),
+    Family(
+        ("gpt_bigcode",), **LEARNED, position_table="transformer.wpe", score_scale=_gpt2_scale, n_kv_heads=_bigcode_kv
+    ),
     # GPTNeoSelfAttention does not scale q.k
-    Family(("gpt_neo",), **LEARNED, position_table="transformer.wpe", score_scale=lambda c, l, d: 1.0,
-           window=_gpt_neo_window),
+    Family(
+        ("gpt_neo",),
+        **LEARNED,
+        position_table="transformer.wpe",
+        score_scale=lambda c, l, d: 1.0,
+        window=_gpt_neo_window,
+    ),
     # OPTLearnedPositionalEmbedding keeps two rows for padding ids: read at position_id + 2
     Family(("opt",), **LEARNED, position_table="model.decoder.embed_positions", position_offset=2),
     Family(("openai-gpt",), **LEARNED, position_table="transformer.positions_embed"),

@@ -32,12 +32,19 @@ def _notes(config: Any) -> tuple[str, ...]:
     if not getattr(config, "attn_temperature_tuning", False):
         return ()
     floor = int(config.floor_scale)
-    return (f"Llama 4 scales NoPE-layer queries by 1 + attn_scale * log(1 + floor((p + 1) / {floor})): "
-            f"exactly 1 below position {floor - 1}",)
+    return (
+        f"Llama 4 scales NoPE-layer queries by 1 + attn_scale * log(1 + floor((p + 1) / {floor})): "
+        f"exactly 1 below position {floor - 1}",
+    )
 
 
 FAMILIES = (
-    Family(("llama4_text", "llama4"), method=no_rope_layers, pairing="interleaved", query_scale=_query_scale,
-           qk_norm=lambda config: ("l2 after rope", "hook_q", "hook_k") if getattr(config, "use_qk_norm", False)
-           else None, notes=_notes),
+    Family(
+        ("llama4_text", "llama4"),
+        method=no_rope_layers,
+        pairing="interleaved",
+        query_scale=_query_scale,
+        qk_norm=lambda config: ("l2 after rope", "hook_q", "hook_k") if getattr(config, "use_qk_norm", False) else None,
+        notes=_notes,
+    ),
 )

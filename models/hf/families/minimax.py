@@ -8,9 +8,14 @@ key blocks)."""
 from ..family import Family
 
 FAMILIES = (
-    Family(("minimax_m3_vl_text",), reads_rotary_dim=False, unreadable_layer_types={
-        "minimax_m3_sparse": "MiniMax-M3's minimax_m3_sparse layers keep, per query, only the key blocks its "
-                             "lightning indexer scores highest (a content-chosen key set) and place those blocks by "
-                             "position id in key-slot units, so re-spaced position ids (the per-layer detector's) "
-                             "crash it and left padding changes which keys it keeps"}),
+    Family(
+        ("minimax_m3_vl_text",),
+        reads_rotary_dim=False,
+        unreadable_layer_types={
+            "minimax_m3_sparse": "MiniMax-M3's minimax_m3_sparse layers keep, per query, only the key blocks its "
+            "lightning indexer scores highest (a content-chosen key set) and place those blocks by "
+            "position id in key-slot units, so re-spaced position ids (the per-layer detector's) "
+            "crash it and left padding changes which keys it keeps"
+        },
+    ),
 )

@@ -37,9 +37,11 @@ def _pooled_dsa(config: Any, layer: int) -> dict[str, Any]:
     if layer_type(config, layer) != "indexed_attention":
         return {}
     if not getattr(config, "index_kpool_always_select_tail", True):
-        raise UnsupportedModelError("index_kpool_always_select_tail is false: each query's DSA indexer drops the "
-                                    "keys of its incomplete last pool at every length, a content-dependent sparse "
-                                    "mask nopelens does not model")
+        raise UnsupportedModelError(
+            "index_kpool_always_select_tail is false: each query's DSA indexer drops the "
+            "keys of its incomplete last pool at every length, a content-dependent sparse "
+            "mask nopelens does not model"
+        )
     return dict(index_topk=int(config.index_topk), index_block=int(config.index_kpool), index_kind="DSA k-pool")
 
 

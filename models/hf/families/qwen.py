@@ -19,17 +19,28 @@ def _qsa(config: Any, layer: int) -> dict[str, Any]:
 
 
 def _qwen4_notes(config: Any) -> tuple[str, ...]:
-    return (f"Qwen4-Exp keeps {config.hc_count} hyper-connection residual streams: hook_resid_pre/post hold "
-            f"them side by side ({config.hc_count} x d_model wide), and the final mixer sums them"
-            + ("; its PLE layers add hashed n-gram embeddings of neighbouring token ids, which read no "
-               "position ids (nothing verifies them)" if config.ple_layer_ids else ""),)
+    return (
+        f"Qwen4-Exp keeps {config.hc_count} hyper-connection residual streams: hook_resid_pre/post hold "
+        f"them side by side ({config.hc_count} x d_model wide), and the final mixer sums them"
+        + (
+            "; its PLE layers add hashed n-gram embeddings of neighbouring token ids, which read no "
+            "position ids (nothing verifies them)"
+            if config.ple_layer_ids
+            else ""
+        ),
+    )
 
 
 FAMILIES = (
     Family(("qwen3",), qk_norm=PER_HEAD_QK_NORM),
-    Family(("qwen3_next",), qk_norm=PER_HEAD_QK_NORM, bridge_cache_broken=(
-        "TransformerLens 4.3's Qwen3-Next bridge loses the linear-attention state between cached "
-        "steps (its decoding diverges from the full forward while the HF model's own does not), so "
-        "cached decoding through the bridge is not the model's")),
+    Family(
+        ("qwen3_next",),
+        qk_norm=PER_HEAD_QK_NORM,
+        bridge_cache_broken=(
+            "TransformerLens 4.3's Qwen3-Next bridge loses the linear-attention state between cached "
+            "steps (its decoding diverges from the full forward while the HF model's own does not), so "
+            "cached decoding through the bridge is not the model's"
+        ),
+    ),
     Family(("qwen4_exp_text",), indexer=_qsa, notes=_qwen4_notes),
 )
