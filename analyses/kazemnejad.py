@@ -186,7 +186,8 @@ def ranking_verdicts(results: pd.DataFrame) -> pd.DataFrame:
                              claim=f"NoPE {'above' if paper > 0 else 'below'} {VARIANTS[other].paper_method}",
                              released_difference=paper, difference=diff, ci_low=low, ci_high=high,
                              **_verdict(paper, diff, low, high)))
-    return pd.DataFrame(rows)
+    return pd.DataFrame(rows, columns=["task", "paper_task", "claim", "released_difference", "difference", "ci_low",
+                                       "ci_high", "verdict", "why"])
 
 
 def _verdict(paper: float, diff: float, low: float, high: float) -> dict:
@@ -226,4 +227,4 @@ def distance_verdicts(distances: pd.DataFrame, nope: str = "nope", second: str =
         for claim, holds, why in checks:
             rows.append(dict(task=task, claim=claim, verdict="reproduced" if holds else "not reproduced",
                              why=why + " (mean over layers, one model per method)"))
-    return pd.DataFrame(rows)
+    return pd.DataFrame(rows, columns=["task", "claim", "verdict", "why"])

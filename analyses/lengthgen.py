@@ -74,13 +74,13 @@ class LengthGenSettings:
 
     train_max_len: int = 20
     n_layers: int = 2
-    d_model: int = 64
+    d_model: int = 32
     n_heads: int = 4
     steps: int = 500
     batch_size: int = 32
     lr: float = 3e-3
     n_symbols: int = 100
-    n_eval: int = 64
+    n_eval: int = 32
     curve_points: int = 4
     threads: int = 1
 
@@ -446,6 +446,7 @@ def run_lengthgen(
     seeds: tuple[int, ...] = (0, 1, 2, 3, 4),
     progress: bool = True,
     default_row_seeds: tuple[int, ...] | None = None,
+    figures: bool = True,
 ) -> pd.DataFrame:
     """Run (or resume) the side-by-side into ``out_dir``; returns the tidy per-length results.
 
@@ -457,6 +458,7 @@ def run_lengthgen(
         progress: progress bars and one line per trained model.
         default_row_seeds: seeds of the rows of nopelens' defaults
             (:data:`~nopelens.analyses.kazemnejad.DEFAULT_ROWS`) when they should use fewer.
+        figures: draw the figures (the tables and ``summary.md`` are always written).
 
     Raises:
         ValueError: on an unknown task or method, no seeds, or if ``out_dir`` holds a run with other
@@ -496,16 +498,16 @@ def run_lengthgen(
     summary = summarize(results, settings.n_symbols)
     claims = kazemnejad.ranking_verdicts(results)
     distances = measure_distances(out_dir, settings, tasks, methods, seeds)
-    distance_claims = kazemnejad.distance_verdicts(distances, second=SECOND_SEED) if len(distances) else pd.DataFrame()
+    distance_claims = kazemnejad.distance_verdicts(distances, second=SECOND_SEED)
     for name, table in (("summary", summary), ("claims", claims), ("attention_distance", distances),
                         ("distance_claims", distance_claims)):
         write_csv_atomic(table, out_dir / f"{name}.csv")
     write_text_atomic(out_dir / "summary.md", summary_markdown(settings, summary, claims, distances, distance_claims,
                                                                time.perf_counter() - clock_all))
-    plot(results, out_dir / "lengthgen")
-    if len(curve):
+    if figures:
+        plot(results, out_dir / "lengthgen")
         plot_curve(curve, out_dir / "curve")
-    if len(distances):
-        plot_distances(distances, out_dir / "attention_distance")
-    plt.close("all")
+        if len(distances):
+            plot_distances(distances, out_dir / "attention_distance")
+        plt.close("all")
     return results

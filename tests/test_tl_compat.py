@@ -91,7 +91,7 @@ def test_runtime_state_follows_the_model_and_stays_out_of_the_serialized_config(
     assert Decoder(model.cfg).cfg.use_attn_result is False  # a new model starts with the flag off
     for bound in (model.cfg, copied.cfg):  # nothing runtime is serialized
         assert bound.to_dict() == cfg.to_dict() and bound.to_json() == cfg.to_json()
-        assert set(bound.to_dict()) == {f.name for f in dataclasses.fields(DecoderConfig)} - {"t5_num_buckets", "t5_max_distance"}
+        assert set(bound.to_dict()) == {f.name for f in dataclasses.fields(DecoderConfig)} - {"t5_num_buckets", "t5_max_distance", "t5_shared", "score_scale"}
         assert dataclasses.replace(bound).device is None
     spec = recipe("copy-rope-3l")
     bound_spec = dataclasses.replace(spec, config=Decoder(spec.config).to(torch.float64).cfg)
