@@ -161,6 +161,9 @@ def side_by_side(results: pd.DataFrame, n_symbols: int) -> pd.DataFrame:
 
 TIE = 0.05
 """Released differences smaller than this (exact-match points) are not read as a claim."""
+LEARNED = 0.5
+"""In-distribution exact match (sizes 1..L) a model needs before its score on longer sizes says
+anything about length generalization."""
 
 
 def ranking_verdicts(results: pd.DataFrame) -> pd.DataFrame:
@@ -170,22 +173,29 @@ def ranking_verdicts(results: pd.DataFrame) -> pd.DataFrame:
     difference d (NoPE minus X, mean over seeds) and its 95 % Welch CI: *reproduced* when the CI
     excludes 0 on the paper's side and holds the released difference; *direction only* when it
     excludes 0 on the paper's side but not the released size; *not reproduced* otherwise (the CI
-    holds 0, or excludes it on the other side).
+    holds 0, or excludes it on the other side), and whenever either model's in-distribution exact
+    match is below :data:`LEARNED` (then the claim was not tested).
     """
     scores = per_seed_scores(results)
     rows = []
     for task, group in scores.groupby("task", sort=False):
-        nope = group.loc[group["method"] == PAPER_VARIANTS[0], "exact_match_longer"]
+        rows_of = {name: group[group["method"] == name] for name in PAPER_VARIANTS}
+        nope = rows_of[PAPER_VARIANTS[0]]
         for other in PAPER_VARIANTS[1:]:
-            theirs = group.loc[group["method"] == other, "exact_match_longer"]
+            theirs = rows_of[other]
             paper = released(task, PAPER_VARIANTS[0]) - released(task, other)
             if nope.empty or theirs.empty or math.isnan(paper) or abs(paper) <= TIE:
                 continue
-            diff, low, high = difference_ci(nope, theirs)
+            diff, low, high = difference_ci(nope["exact_match_longer"], theirs["exact_match_longer"])
+            learned = {VARIANTS[name].paper_method: rows["exact_match_in_distribution"].mean()
+                       for name, rows in ((PAPER_VARIANTS[0], nope), (other, theirs))}
+            verdict = _verdict(paper, diff, low, high)
+            if min(learned.values()) < LEARNED:
+                verdict = dict(verdict="not reproduced", why="not learned in distribution (exact match on 1-L: " +
+                               ", ".join(f"{k} {v:.2f}" for k, v in learned.items()) + f", below {LEARNED}): no test")
             rows.append(dict(task=task, paper_task=PAPER_TASKS[task],
                              claim=f"NoPE {'above' if paper > 0 else 'below'} {VARIANTS[other].paper_method}",
-                             released_difference=paper, difference=diff, ci_low=low, ci_high=high,
-                             **_verdict(paper, diff, low, high)))
+                             released_difference=paper, difference=diff, ci_low=low, ci_high=high, **verdict))
     return pd.DataFrame(rows, columns=["task", "paper_task", "claim", "released_difference", "difference", "ci_low",
                                        "ci_high", "verdict", "why"])
 
@@ -208,6 +218,8 @@ def distance_verdicts(distances: pd.DataFrame, nope: str = "nope", second: str =
     closest to T5 bias among the explicit methods; NoPE is closer to another NoPE seed than to
     Rotary and APE; NoPE is farthest from Rotary and APE. One model pair per cell, so each claim
     is reproduced or not, without a CI."""
+    row_of = {VARIANTS[name].paper_method: name for name in PAPER_VARIANTS}
+    near, far_names = row_of["T5 bias"], {row_of["Rotary"], row_of["APE"]}
     rows = []
     for task, group in distances.groupby("task", sort=False):
         mean = group[group["model_a"] == nope].groupby("model_b")["jsd_bits"].mean()
@@ -215,8 +227,8 @@ def distance_verdicts(distances: pd.DataFrame, nope: str = "nope", second: str =
         if len(explicit) < 2:
             continue
         order = mean[explicit].sort_values()
-        far = {"rope", "sinusoidal"} & set(explicit)
-        checks = [("NoPE closest to T5 bias", order.index[0] == "t5", f"closest: {order.index[0]}")]
+        far = far_names & set(explicit)
+        checks = [("NoPE closest to T5 bias", order.index[0] == near, f"closest: {order.index[0]}")]
         if far:
             checks.append(("NoPE farthest from Rotary and APE", set(order.index[-len(far):]) == far,
                            f"farthest: {', '.join(order.index[-len(far):])}"))

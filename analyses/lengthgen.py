@@ -76,7 +76,7 @@ class LengthGenSettings:
     n_layers: int = 2
     d_model: int = 32
     n_heads: int = 4
-    steps: int = 500
+    steps: int = 300
     batch_size: int = 32
     lr: float = 3e-3
     n_symbols: int = 100
@@ -201,6 +201,9 @@ def plot_curve(curve: pd.DataFrame, out_stem: Path) -> list[Path]:
                        marker="o", errorbar=("ci", 95), height=3.0, aspect=1.3)
     for ax in grid.axes.flat:
         ax.set_xscale("log")
+        ax.set_xticks(sorted(set(curve["step"])))
+        ax.xaxis.set_major_formatter(matplotlib.ticker.ScalarFormatter())
+        ax.xaxis.set_minor_locator(matplotlib.ticker.NullLocator())
         ax.set_ylim(-0.03, 1.03)
     grid.set_titles("{col_name}")
     grid.set_axis_labels("training step", "exact match, unseen sizes")
@@ -209,19 +212,20 @@ def plot_curve(curve: pd.DataFrame, out_stem: Path) -> list[Path]:
 
 
 def plot_distances(distances: pd.DataFrame, out_stem: Path) -> list[Path]:
-    """Heatmaps of the layer-mean Jensen-Shannon distance (bits) between every pair of models, one per task."""
+    """Heatmaps of the layer-mean Jensen-Shannon distance (bits) between the paper's methods (and
+    NoPE's second seed), one per task; attention_distance.csv has every row."""
     tasks = list(dict.fromkeys(distances["task"]))
-    fig, axes = plt.subplots(1, len(tasks), figsize=(4.6 * len(tasks), 4.0), squeeze=False)
+    fig, axes = plt.subplots(1, len(tasks), figsize=(4.2 * len(tasks), 3.8), squeeze=False)
     for ax, task in zip(axes[0], tasks):
         grid = distances[distances["task"] == task].pivot_table(index="model_a", columns="model_b", values="jsd_bits")
-        names = [m for m in [*METHODS, SECOND_SEED] if m in grid.index]
-        sns.heatmap(grid.loc[names, names], ax=ax, annot=True, fmt=".2f", cmap="viridis", vmin=0, cbar=False,
-                    annot_kws={"size": 7})
+        names = [m for m in [*kazemnejad.PAPER_VARIANTS, SECOND_SEED] if m in grid.index] or list(grid.index)
+        sns.heatmap(grid.loc[names, names], ax=ax, annot=True, fmt=".3f", cmap="viridis", vmin=0, cbar=False,
+                    annot_kws={"size": 8})
         ax.set_title(task)
         ax.set_xlabel("")
         ax.set_ylabel("")
-    fig.suptitle("Attention distance (Kazemnejad et al. 2023, Sec. 5.2): mean JSD of attention rows, bits; "
-                 "min over head pairs, mean over layers")
+    fig.suptitle("Attention distance (Kazemnejad et al. 2023, Sec. 5.2): mean JSD of attention rows (bits),\n"
+                 "min over head pairs, mean over layers", y=1.02)
     fig.tight_layout()
     return save_figure(fig, out_stem)
 
@@ -257,17 +261,27 @@ def measure_distances(out_dir: Path, settings: LengthGenSettings, tasks, methods
     return pd.DataFrame(rows, columns=["task", "model_a", "model_b", "layer", "jsd_bits", "head_a", "head_b"])
 
 
-def levelled_step(curve: pd.DataFrame, share: float = 0.9) -> int:
-    """The in-distribution budget rule: the first logged step by which the validation loss has made
-    ``share`` of its whole drop over the pilot (from its first logged value to its lowest).
+def levelled_step(curve: pd.DataFrame, share: float = 0.9, last_quarter: float = 0.05) -> int | None:
+    """The in-distribution budget rule, on one pilot curve of validation loss against step.
 
-    >>> levelled_step(pd.DataFrame({"step": [100, 200, 300, 400], "validation_loss": [2.0, 0.5, 0.2, 0.1]}))
+    The curve has levelled off when the last quarter of the pilot's steps brought less than
+    ``last_quarter`` of its whole drop (first logged value to lowest); then the budget is the first
+    logged step by which the loss made ``share`` of that drop. None when it has not levelled off.
+
+    >>> levelled_step(pd.DataFrame({"step": [100, 200, 300, 400], "validation_loss": [2.0, 0.5, 0.2, 0.19]}))
     300
+    >>> levelled_step(pd.DataFrame({"step": [100, 200, 300, 400], "validation_loss": [4.0, 3.8, 3.5, 3.2]})) is None
+    True
     """
     curve = curve.sort_values("step")
-    losses = curve["validation_loss"].to_numpy()
-    target = losses.min() + (1 - share) * (losses[0] - losses.min())
-    return int(curve["step"].to_numpy()[np.argmax(losses <= target)])
+    steps, losses = curve["step"].to_numpy(), curve["validation_loss"].to_numpy()
+    drop = losses[0] - losses.min()
+    late = losses[steps <= 0.75 * steps[-1]][-1] - losses[-1]
+    if drop <= 0:
+        return int(steps[0])
+    if late >= last_quarter * drop:
+        return None
+    return int(steps[np.argmax(losses <= losses.min() + (1 - share) * drop)])
 
 
 def run_pilot(out_dir: str | Path, settings: LengthGenSettings, tasks=DEFAULT_TASKS, methods=("nope", "rope"),
@@ -277,8 +291,8 @@ def run_pilot(out_dir: str | Path, settings: LengthGenSettings, tasks=DEFAULT_TA
     Trains each (task, method) once for ``settings.steps`` on a seed the comparison never uses,
     logging the validation loss on held-out training sizes (1..L) at ``points`` evenly spaced steps.
     Writes ``pilot.csv`` (``task``, ``method``, ``step``, ``validation_loss``, ``levelled_step``) and
-    ``pilot.png``/``.svg`` into ``out_dir``; the budget is the largest :func:`levelled_step`, rounded up
-    to a multiple of ``settings.steps // points``. Nothing out of distribution is measured.
+    ``pilot.png``/``.svg`` into ``out_dir``; :func:`chosen_budget` reads the budget from it. Nothing out
+    of distribution is measured.
     """
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -298,7 +312,7 @@ def run_pilot(out_dir: str | Path, settings: LengthGenSettings, tasks=DEFAULT_TA
                   max_len=settings.train_max_len, lr=settings.lr, seed=seed, progress=progress, threads=settings.threads,
                   callback=record)
             curve = pd.DataFrame(rows).assign(task=task_name, method=method)
-            frames.append(curve.assign(levelled_step=levelled_step(curve)))
+            frames.append(curve.assign(levelled_step=levelled_step(curve)))  # NaN: not levelled off
             if progress:
                 print(f"pilot {task_name} {method}: validation loss {curve['validation_loss'].iloc[0]:.3f} -> "
                       f"{curve['validation_loss'].iloc[-1]:.3f}; levelled by step {frames[-1]['levelled_step'].iloc[0]}")
@@ -312,10 +326,15 @@ def run_pilot(out_dir: str | Path, settings: LengthGenSettings, tasks=DEFAULT_TA
     return pilot
 
 
-def chosen_budget(pilot: pd.DataFrame) -> int:
-    """The steps the comparison trains for: the pilot's largest levelled step, rounded up to its logging grid."""
+def chosen_budget(pilot: pd.DataFrame) -> int | None:
+    """The steps the comparison trains for: the largest levelled step among the pilot curves that
+    levelled off, rounded up to the pilot's logging grid; None when none did. Curves that did not
+    level off within the pilot (``levelled_step`` empty) need more than it ran: say so next to the result."""
+    levelled = pilot["levelled_step"].dropna()
+    if levelled.empty:
+        return None
     every = int(pilot["step"].min())
-    return int(math.ceil(pilot["levelled_step"].max() / every) * every)
+    return int(math.ceil(levelled.max() / every) * every)
 
 
 def _fmt(value: float) -> str:
@@ -477,7 +496,9 @@ def run_lengthgen(
     done = set() if results.empty else set(zip(results["task"], results["method"], results["seed"]))
     curve = _read_curve(curve_path, done)
     row_seeds = {m: (default_row_seeds or seeds) if m in kazemnejad.DEFAULT_ROWS else seeds for m in methods}
-    todo = [(t, m, s) for t in tasks for m in methods for s in row_seeds[m] if (t, m, s) not in done]
+    # the paper's rows first, seed by seed: a run cut short has every task and method at fewer seeds
+    todo = sorted(((t, m, s) for t in tasks for m in methods for s in row_seeds[m] if (t, m, s) not in done),
+                  key=lambda run: (run[1] in kazemnejad.DEFAULT_ROWS, run[2], tasks.index(run[0]), methods.index(run[1])))
     if progress and done:
         print(f"nopelens lengthgen: resuming; {len(done)} runs already in {csv_path}, {len(todo)} to go")
     clock_all = time.perf_counter()

@@ -166,8 +166,17 @@ def test_a_released_tie_is_no_claim():
 
 def test_the_budget_rule_reads_only_the_in_distribution_loss():
     curve = pd.DataFrame({"step": [50, 100, 150, 200], "validation_loss": [3.0, 1.0, 0.35, 0.3]})
-    assert levelled_step(curve) == 150  # 0.35 <= 0.3 + 0.1 * (3.0 - 0.3)
+    assert levelled_step(curve) == 150  # 0.35 <= 0.3 + 0.1 * (3.0 - 0.3); the last quarter gave 0.05 < 5 % of 2.7
     assert levelled_step(curve.assign(validation_loss=1.0)) == 50  # flat from the start
+    assert levelled_step(curve.assign(validation_loss=[4.5, 4.0, 3.5, 3.1])) is None  # still falling: not levelled
+    pilot = pd.concat([curve.assign(levelled_step=150.0), curve.assign(levelled_step=float("nan"))])
+    assert lengthgen.chosen_budget(pilot) == 150 and lengthgen.chosen_budget(pilot.iloc[4:]) is None
+
+
+def test_an_unlearned_task_tests_no_claim():
+    results = _rows({("repeat", "nope"): [(0.2, 0.0), (0.1, 0.0)], ("repeat", "rope"): [(1.0, 0.0), (1.0, 0.0)]})
+    claims = kazemnejad.ranking_verdicts(results)
+    assert claims["verdict"].tolist() == ["not reproduced"] and "not learned in distribution" in claims["why"].iloc[0]
 
 
 def test_cli_quick_subset(tmp_path, capsys):
@@ -177,3 +186,28 @@ def test_cli_quick_subset(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "rope" in out and "released" in out
     assert (tmp_path / "lengthgen.svg").exists()
+
+
+def test_distance_verdicts_on_hand_set_distances():
+    def table(**jsd):
+        return pd.DataFrame([dict(task="copy", model_a="nope", model_b=name.replace("_", " "), layer=layer, jsd_bits=value)
+                             for name, value in jsd.items() for layer in (0, 1)])
+
+    paper = table(t5=0.1, alibi=0.2, rope=0.5, sinusoidal=0.6, nope_second_seed=0.05)
+    verdicts = kazemnejad.distance_verdicts(paper, second="nope second seed")
+    assert verdicts["verdict"].tolist() == ["reproduced"] * 3
+    swapped = kazemnejad.distance_verdicts(table(t5=0.5, alibi=0.2, rope=0.1, sinusoidal=0.6, nope_second_seed=0.3),
+                                           second="nope second seed")
+    assert swapped["verdict"].tolist() == ["not reproduced"] * 3
+
+
+def test_cli_bad_input_is_one_line_and_loses_nothing(tmp_path, capsys):
+    assert main(["lengthgen", "--out", str(tmp_path), "--quick", "--tasks", "repeat", "--methods", "nope", "--seeds", "0",
+                 "--steps", "2", "--quiet"]) == 0
+    before = (tmp_path / "lengthgen.csv").read_bytes()
+    capsys.readouterr()
+    for argv in (["--train-max-len", "0"], ["--steps", "3"]):  # a bad setting; another run's settings in the folder
+        assert main(["lengthgen", "--out", str(tmp_path), "--quick", "--quiet", *argv]) == 2
+        err = capsys.readouterr().err
+        assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
+    assert (tmp_path / "lengthgen.csv").read_bytes() == before

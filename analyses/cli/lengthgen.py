@@ -53,9 +53,12 @@ def _run(args: argparse.Namespace) -> int:
     settings = dataclasses.replace(settings, **changes)
     if args.pilot:
         pilot = run_pilot(args.out, settings, tuple(args.tasks), progress=not args.quiet)
-        print(pilot.groupby(["task", "method"])["levelled_step"].first().to_string())
-        print(f"budget by the in-distribution rule: --steps {chosen_budget(pilot)}; wrote "
-              f"{Path(args.out) / 'pilot.csv'}, pilot.png/.svg")
+        levelled = pilot.groupby(["task", "method"])["levelled_step"].first()
+        print(levelled.to_string(na_rep="not levelled off"))
+        budget = chosen_budget(pilot)
+        print(f"budget by the in-distribution rule: {'none' if budget is None else f'--steps {budget}'}"
+              f"{'' if levelled.notna().all() else f' (not levelled off within {settings.steps} steps: ' + ', '.join(' '.join(i) for i in levelled[levelled.isna()].index) + ')'}; "
+              f"wrote {Path(args.out) / 'pilot.csv'}, pilot.png/.svg")
         return 0
     results = run_lengthgen(args.out, settings, tuple(args.tasks), tuple(args.methods), args.seeds,
                             progress=not args.quiet, default_row_seeds=args.default_row_seeds)
