@@ -40,7 +40,7 @@ COMMANDS = {
     "demo": ("nopelens.analyses.cli.demo", "build one model per position method and print its hook names"),
     "train": ("nopelens.analyses.cli.train", "train a decoder on a task, or train/load a zoo model"),
     "lengthgen": ("nopelens.analyses.cli.lengthgen",
-                  "train each position method on short sequences, test exact match on longer ones"),
+                  "train each position method on short problems, test exact match on longer ones (Kazemnejad et al. 2023)"),
     "circuit": ("nopelens.analyses.cli.circuit",
                 "hand-built NoPE circuits (Kazemnejad et al. 2023) and seed demos, with checks and a figure"),
     "audit": ("nopelens.analyses.cli.audit", "run seed 002's ten-step position audit on a model"),
