@@ -76,7 +76,7 @@ class LengthGenSettings:
     n_layers: int = 2
     d_model: int = 32
     n_heads: int = 4
-    steps: int = 300
+    steps: int = 650
     batch_size: int = 32
     lr: float = 3e-3
     n_symbols: int = 100
@@ -261,7 +261,7 @@ def measure_distances(out_dir: Path, settings: LengthGenSettings, tasks, methods
     return pd.DataFrame(rows, columns=["task", "model_a", "model_b", "layer", "jsd_bits", "head_a", "head_b"])
 
 
-def levelled_step(curve: pd.DataFrame, share: float = 0.9, last_quarter: float = 0.05) -> int | None:
+def levelled_step(curve: pd.DataFrame, share: float = 0.99, last_quarter: float = 0.05) -> int | None:
     """The in-distribution budget rule, on one pilot curve of validation loss against step.
 
     The curve has levelled off when the last quarter of the pilot's steps brought less than

@@ -166,7 +166,8 @@ def test_a_released_tie_is_no_claim():
 
 def test_the_budget_rule_reads_only_the_in_distribution_loss():
     curve = pd.DataFrame({"step": [50, 100, 150, 200], "validation_loss": [3.0, 1.0, 0.35, 0.3]})
-    assert levelled_step(curve) == 150  # 0.35 <= 0.3 + 0.1 * (3.0 - 0.3); the last quarter gave 0.05 < 5 % of 2.7
+    assert levelled_step(curve) == 200  # 0.35 > 0.3 + 0.01 * (3.0 - 0.3); the last quarter gave 0.05 < 5 % of 2.7
+    assert levelled_step(curve, share=0.9) == 150  # 0.35 <= 0.3 + 0.1 * 2.7
     assert levelled_step(curve.assign(validation_loss=1.0)) == 50  # flat from the start
     assert levelled_step(curve.assign(validation_loss=[4.5, 4.0, 3.5, 3.1])) is None  # still falling: not levelled
     pilot = pd.concat([curve.assign(levelled_step=150.0), curve.assign(levelled_step=float("nan"))])
