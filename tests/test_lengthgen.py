@@ -212,3 +212,12 @@ def test_cli_bad_input_is_one_line_and_loses_nothing(tmp_path, capsys):
         err = capsys.readouterr().err
         assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
     assert (tmp_path / "lengthgen.csv").read_bytes() == before
+
+
+def test_cli_pilot_logs_only_the_in_distribution_loss(tmp_path, capsys):
+    assert main(["lengthgen", "--pilot", "--quick", "--tasks", "repeat", "--steps", "8", "--out", str(tmp_path), "--quiet"]) == 0
+    pilot = pd.read_csv(tmp_path / "pilot.csv")
+    assert set(pilot["method"]) == {"nope", "rope"} and sorted(set(pilot["step"])) == list(range(1, 9))
+    assert assert_folder_documented(tmp_path, "lengthgen") == ["pilot.csv"]
+    assert "budget by the in-distribution rule" in capsys.readouterr().out
+    assert not (tmp_path / "lengthgen.csv").exists()
