@@ -213,7 +213,8 @@ def _verdict(paper: float, diff: float, low: float, high: float) -> dict:
     return dict(verdict="not reproduced", why="the CI holds 0: no difference shown")
 
 
-def distance_verdicts(distances: pd.DataFrame, nope: str = "nope", second: str = "nope (second seed)") -> pd.DataFrame:
+def distance_verdicts(distances: pd.DataFrame, nope: str = "nope", second: str = "nope (second seed)",
+                      unlearned: frozenset = frozenset()) -> pd.DataFrame:
     """The paper's Sec. 5.2 claims per task, on the layer-mean distances from ``nope``: NoPE is
     closest to T5 bias among the explicit methods; NoPE is closer to another NoPE seed than to
     Rotary and APE; NoPE is farthest from Rotary and APE. One model pair per cell, so each claim
@@ -237,6 +238,8 @@ def distance_verdicts(distances: pd.DataFrame, nope: str = "nope", second: str =
                            bool(mean[second] < min(mean[name] for name in far)),
                            f"second seed {mean[second]:.3f} bits, Rotary/APE from {min(mean[n] for n in far):.3f}"))
         for claim, holds, why in checks:
+            if task in unlearned:
+                holds, why = False, f"not learned in distribution (NoPE below {LEARNED}): no test; {why}"
             rows.append(dict(task=task, claim=claim, verdict="reproduced" if holds else "not reproduced",
                              why=why + " (mean over layers, one model per method)"))
     return pd.DataFrame(rows, columns=["task", "claim", "verdict", "why"])

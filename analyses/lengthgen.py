@@ -519,7 +519,9 @@ def run_lengthgen(
     summary = summarize(results, settings.n_symbols)
     claims = kazemnejad.ranking_verdicts(results)
     distances = measure_distances(out_dir, settings, tasks, methods, seeds)
-    distance_claims = kazemnejad.distance_verdicts(distances, second=SECOND_SEED)
+    nope_rows = summary[summary["method"] == kazemnejad.PAPER_VARIANTS[0]]
+    unlearned = frozenset(nope_rows.loc[nope_rows["exact_match_in_distribution"] < kazemnejad.LEARNED, "task"])
+    distance_claims = kazemnejad.distance_verdicts(distances, second=SECOND_SEED, unlearned=unlearned)
     for name, table in (("summary", summary), ("claims", claims), ("attention_distance", distances),
                         ("distance_claims", distance_claims)):
         write_csv_atomic(table, out_dir / f"{name}.csv")

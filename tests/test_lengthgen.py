@@ -200,6 +200,8 @@ def test_distance_verdicts_on_hand_set_distances():
     swapped = kazemnejad.distance_verdicts(table(t5=0.5, alibi=0.2, rope=0.1, sinusoidal=0.6, nope_second_seed=0.3),
                                            second="nope second seed")
     assert swapped["verdict"].tolist() == ["not reproduced"] * 3
+    untested = kazemnejad.distance_verdicts(paper, second="nope second seed", unlearned=frozenset({"copy"}))
+    assert untested["verdict"].tolist() == ["not reproduced"] * 3 and untested["why"].str.contains("no test").all()
 
 
 def test_cli_bad_input_is_one_line_and_loses_nothing(tmp_path, capsys):
