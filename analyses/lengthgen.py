@@ -342,7 +342,8 @@ def _fmt(value: float) -> str:
 
 
 def summary_markdown(settings: LengthGenSettings, summary: pd.DataFrame, claims: pd.DataFrame,
-                     distances: pd.DataFrame, distance_claims: pd.DataFrame, seconds: float) -> str:
+                     distances: pd.DataFrame, distance_claims: pd.DataFrame, seconds: float,
+                     train_seconds: pd.Series | None = None) -> str:
     """The run's ``summary.md``: settings, the side-by-side table, the verdicts and the distances."""
     L = settings.train_max_len
     side = pd.DataFrame({
@@ -358,7 +359,9 @@ def summary_markdown(settings: LengthGenSettings, summary: pd.DataFrame, claims:
     parts = [
         "# Kazemnejad et al. 2023 side by side (`nopelens lengthgen`)", "",
         f"Settings: {settings.to_dict()}; training sizes 1-{L}, test sizes {L + 1}-{2 * L}. "
-        f"Time: {seconds / 60:.1f} min for the models trained in this session.", "",
+        f"Time: {seconds / 60:.1f} min wall in this session"
+        + ("" if train_seconds is None else f"; {len(train_seconds)} models in the folder, {train_seconds.sum() / 60:.1f} min "
+           f"of training in all (median {train_seconds.median():.0f} s per model)") + ".", "",
         "Rows: " + "; ".join(f"`{name}`: {v.note}" for name, v in kazemnejad.VARIANTS.items() if name in set(summary["method"])),
         "", f"Released numbers: {kazemnejad.RELEASED_SOURCE}. Exact match is the paper's metric (every answer token "
         "right); its no-information floor is 0 (a uniform guess is right with probability n_symbols^-size).", "",
@@ -525,8 +528,9 @@ def run_lengthgen(
     for name, table in (("summary", summary), ("claims", claims), ("attention_distance", distances),
                         ("distance_claims", distance_claims)):
         write_csv_atomic(table, out_dir / f"{name}.csv")
+    per_model = results.groupby(["task", "method", "seed"])["train_seconds"].first() if "train_seconds" in results else None
     write_text_atomic(out_dir / "summary.md", summary_markdown(settings, summary, claims, distances, distance_claims,
-                                                               time.perf_counter() - clock_all))
+                                                               time.perf_counter() - clock_all, per_model))
     if figures:
         plot(results, out_dir / "lengthgen")
         plot_curve(curve, out_dir / "curve")
