@@ -1,17 +1,21 @@
-"""Length generalization: train on lengths <= L, test exact match on L+1 .. 2L, per position method.
+"""Length generalization: train on sizes 1..L, test exact match on L+1..2L, per position method,
+side by side with Kazemnejad et al. 2023 ("The Impact of Positional Encoding on Length
+Generalization in Transformers").
 
-The experiment of Kazemnejad et al. 2023 ("The Impact of Positional Encoding on Length
-Generalization in Transformers"), scaled down to a CPU: for the ``repeat`` and ``copy`` tasks and
-each method (nope, learned, sinusoidal, rope, alibi, t5), train a small decoder on problem sizes
-``1 .. L`` over several seeds, then measure exact match (greedy answer entirely right) at every
-size ``1 .. 2L``. Their 107M-parameter models, trained on <= 20 and tested on 21-40 on the
-repeat-copy task, scored NoPE 0.986, T5 bias 0.771, ALiBi 0.289, RoPE 0.0002, learned and
-sinusoidal 0.000 (:data:`KAZEMNEJAD_2023`).
+By default the paper's setting: its tasks (same-token copy ``repeat``, A->B copy ``replace``,
+random-token copy ``copy`` and reverse ``reverse``; ``repeat_twice`` on request), train on sizes
+1-20 and test on 21-40, its position-method choices (:data:`~nopelens.analyses.kazemnejad.VARIANTS`:
+unscaled scores, one shared T5 table, RoPE on 25 % of each head in interleaved pairs) and the rows
+of nopelens' own defaults where they differ. The training budget (``steps``) is fixed before the
+comparison by :func:`~nopelens.analyses.lengthgen_pilot.run_pilot`'s in-distribution rule, never by the out-of-distribution score.
 
-Results go into a run folder, each file written atomically:
-``lengthgen.csv`` (tidy, one row per task, method, seed, length), ``summary.csv`` (mean exact
-match on L+1 .. 2L per task and method, next to the published numbers), ``lengthgen.png`` and
-``lengthgen.svg`` (accuracy against length, one line per method), and the stamp ``lengthgen.json``
+Results go into a run folder, each file written atomically (the schema: docs/schema.md):
+``lengthgen.csv`` (one row per task, method, seed, length), ``curve.csv`` (exact match on the
+unseen sizes and validation loss at log-spaced steps through training), ``summary.csv`` (per task
+and method: per-seed values, mean, 95 % CI, the released number), ``claims.csv`` (a verdict per
+claim), ``attention_distance.csv`` (the paper's Sec. 5.2 Jensen-Shannon distance between every
+pair of methods), ``summary.md``, figures (``lengthgen``, ``curve``, ``attention_distance``, PNG and
+SVG), the trained models under ``models/`` and the stamp ``lengthgen.json``
 (:func:`~nopelens.analyses.runs.claim`). A rerun with the same settings skips the (task, method,
 seed) triples already in ``lengthgen.csv``.
 """
@@ -19,30 +23,32 @@ seed) triples already in ``lengthgen.csv``.
 from __future__ import annotations
 
 import dataclasses
+import math
 import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
-import matplotlib.ticker
+import matplotlib.pyplot as plt
 import pandas as pd
-import seaborn as sns
 
 from nopelens.models import DecoderConfig
-from nopelens.models.io import write_csv_atomic
+from nopelens.models.checkpoint import load_checkpoint, save_checkpoint
+from nopelens.models.io import write_csv_atomic, write_text_atomic
 from nopelens.models.tasks import make_task
 from nopelens.models.threads import limited_threads
-from nopelens.models.training import evaluate_exact_match, train
+from nopelens.models.training import evaluate_exact_match, train, validation_loss
 
-from . import runs
-from .figures import save_figure
-from .palette import method_color
+from . import kazemnejad, runs
+from .attention_distance import pairwise_table
+from .kazemnejad import SECOND_SEED
+from .lengthgen_figures import plot, plot_curve, plot_distances
 
-METHODS = ("nope", "learned", "sinusoidal", "rope", "alibi", "t5")
-TASK_NAMES = ("repeat", "copy")
-
-KAZEMNEJAD_2023 = {"nope": 0.986, "t5": 0.771, "alibi": 0.289, "rope": 0.0002, "learned": 0.000, "sinusoidal": 0.000}
-"""Published exact match on the repeat-copy task, train <= 20 / test 21-40 (Kazemnejad et al. 2023)."""
+METHODS = tuple(kazemnejad.VARIANTS)
+"""Every row name (:data:`~nopelens.analyses.kazemnejad.VARIANTS`)."""
+DEFAULT_METHODS = kazemnejad.PAPER_VARIANTS + kazemnejad.DEFAULT_ROWS
+TASK_NAMES = tuple(kazemnejad.PAPER_TASKS)
+DEFAULT_TASKS = ("repeat", "replace", "copy", "reverse")
 
 
 @dataclass(frozen=True)
@@ -50,24 +56,28 @@ class LengthGenSettings:
     """Model and training settings shared by every (task, method, seed) run.
 
     Attributes:
-        train_max_len: L; training sizes are ``1 .. L``, test sizes ``L+1 .. 2L``.
+        train_max_len: L; training sizes are ``1 .. L``, test sizes ``L+1 .. 2L`` (the paper: 20).
         n_layers, d_model, n_heads: decoder shape (d_mlp = 4 d_model).
-        steps, batch_size, lr: training (AdamW, warmup then cosine; see ``train``).
-        n_symbols: alphabet size of the tasks.
-        n_eval: test sequences per length.
+        steps, batch_size, lr: training (AdamW, warmup then cosine; see ``train``). ``steps`` is
+            fixed by :func:`~nopelens.analyses.lengthgen_pilot.run_pilot`'s in-distribution rule (docs/results.md records the pilot).
+        n_symbols: alphabet size of the tasks (the paper's random-token tasks draw from 100).
+        n_eval: test sequences per length at the end of training.
+        curve_points: log-spaced steps (halving back from ``steps``) where the exact match on the
+            unseen sizes is recorded through training, the last one included.
         threads: torch and BLAS threads while training and testing (the weights depend on it);
-            in the run folder's stamp only when it is not 1, so older folders still resume.
+            in the run folder's stamp only when it is not 1.
     """
 
-    train_max_len: int = 8
-    n_layers: int = 3
-    d_model: int = 64
+    train_max_len: int = 20
+    n_layers: int = 2
+    d_model: int = 32
     n_heads: int = 4
-    steps: int = 500
+    steps: int = 650
     batch_size: int = 32
     lr: float = 3e-3
-    n_symbols: int = 16
-    n_eval: int = 128
+    n_symbols: int = 100
+    n_eval: int = 32
+    curve_points: int = 4
     threads: int = 1
 
     def __post_init__(self) -> None:
@@ -85,27 +95,72 @@ class LengthGenSettings:
 
     @classmethod
     def quick(cls) -> "LengthGenSettings":
-        """A smoke-test size (minutes on 2 cores); its numbers are not meant to be read."""
-        return cls(train_max_len=5, n_layers=2, d_model=32, steps=60, batch_size=32, n_eval=32)
+        """A smoke-test size (seconds); its numbers are not meant to be read."""
+        return cls(
+            train_max_len=4,
+            n_layers=2,
+            d_model=16,
+            n_heads=2,
+            steps=24,
+            batch_size=8,
+            n_symbols=6,
+            n_eval=8,
+            curve_points=2,
+        )
+
+    def curve_steps(self) -> list[int]:
+        """The log-spaced steps of the training curve: ``steps / 2^k`` for k < ``curve_points``."""
+        return sorted({max(1, round(self.steps / 2**k)) for k in range(self.curve_points)})
 
 
 def _config(task, method: str, settings: LengthGenSettings) -> DecoderConfig:
+    variant = kazemnejad.VARIANTS[method]
     return DecoderConfig(
         d_vocab=task.d_vocab,
         n_ctx=task.seq_len(2 * settings.train_max_len),
         n_layers=settings.n_layers,
         d_model=settings.d_model,
         n_heads=settings.n_heads,
-        position=method,
+        position=variant.position,
+        **variant.options,
     )
 
 
+def _task(task_name: str, settings: LengthGenSettings):
+    return make_task(task_name, n_symbols=settings.n_symbols)
+
+
 def run_one(
-    task_name: str, method: str, seed: int, settings: LengthGenSettings, progress: bool = False
-) -> pd.DataFrame:
-    """Train one model and return its exact match at every length ``1 .. 2L`` (tidy rows)."""
-    task = make_task(task_name, n_symbols=settings.n_symbols)
+    task_name: str,
+    method: str,
+    seed: int,
+    settings: LengthGenSettings,
+    progress: bool = False,
+    model_dir: Path | None = None,
+) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Train one model; return its exact match at every size ``1 .. 2L`` and its training curve.
+
+    The curve holds, at each of ``settings.curve_steps()``, the exact match on the unseen sizes
+    (``n_eval // 4`` sequences per size, at least 4; the last step uses the final ``n_eval``) and the
+    validation loss on held-out training sizes. Evaluating during training leaves the batches and
+    the weights unchanged. With ``model_dir`` the final model is saved there (safetensors + JSON).
+    """
+    task = _task(task_name, settings)
     L = settings.train_max_len
+    longer = range(L + 1, 2 * L + 1)
+    curve = []
+
+    def record(step: int, loss: float, model) -> None:
+        if step in settings.curve_steps() and step < settings.steps:
+            table = evaluate_exact_match(model, task, longer, n=max(4, settings.n_eval // 4), seed=20_000 + seed)
+            curve.append(
+                dict(
+                    step=step,
+                    exact_match_longer=float(table["exact_match"].mean()),
+                    validation_loss=validation_loss(model, task, 1, L, seed=seed, n=128),
+                )
+            )
+
     trained = train(
         _config(task, method, settings),
         task,
@@ -117,84 +172,168 @@ def run_one(
         seed=seed,
         progress=progress,
         threads=settings.threads,
+        callback=record,
     )
+    clock = time.perf_counter()
     with limited_threads(settings.threads):
         table = evaluate_exact_match(
             trained, task, range(1, 2 * L + 1), n=settings.n_eval, seed=10_000 + seed, progress=progress
         )
-    table.insert(1, "method", method)
-    table.insert(2, "seed", seed)
+    curve.append(
+        dict(
+            step=settings.steps,
+            exact_match_longer=float(table.loc[~table["in_distribution"], "exact_match"].mean()),
+            validation_loss=trained.metadata["final_losses"]["validation"],
+        )
+    )
+    if model_dir is not None:
+        save_checkpoint(model_dir, trained)
+    ids = dict(task=task_name, method=method, seed=seed)
+    table = table.drop(columns="task").assign(**ids)[["task", "method", "seed", *table.columns.drop("task")]]
     table["train_max_len"] = L
     table["final_train_loss"] = trained.metadata["final_losses"]["train"]
     table["train_seconds"] = trained.metadata["train_seconds"]
-    return table
+    table["eval_seconds"] = time.perf_counter() - clock
+    return table, pd.DataFrame(curve).assign(**ids)[
+        ["task", "method", "seed", "step", "exact_match_longer", "validation_loss"]
+    ]
 
 
-def summarize(results: pd.DataFrame) -> pd.DataFrame:
-    """Mean (and std over seeds) exact match on L+1 .. 2L and on 1 .. L, per task and method.
+def summarize(results: pd.DataFrame, n_symbols: int = LengthGenSettings.n_symbols) -> pd.DataFrame:
+    """Per task and method: the side-by-side row (:func:`~nopelens.analyses.kazemnejad.side_by_side`)."""
+    return kazemnejad.side_by_side(results, n_symbols)
 
-    The std is the sample std (ddof 1), so it is empty (NaN) for a task and method with one seed.
 
-    Adds the published repeat-copy number of the method (Kazemnejad et al. 2023) for reference.
+def _model_dir(out_dir: Path, task: str, method: str, seed: int) -> Path:
+    return out_dir / "models" / task / method / f"seed{seed}"
+
+
+def measure_distances(out_dir: Path, settings: LengthGenSettings, tasks, methods, seeds, n: int = 32) -> pd.DataFrame:
+    """The Sec. 5.2 distances per task between the first seed's model of every method, and NoPE's
+    second seed (:data:`SECOND_SEED`), all reading the same ``n`` sequences of size L.
+
+    A model missing from ``models/`` (a run made before it was saved) is left out with a line on stderr.
     """
-    frame = results.assign(split=results["in_distribution"].map({True: "in_distribution", False: "longer"}))
-    per_seed = frame.groupby(["task", "method", "seed", "split"], as_index=False)["exact_match"].mean()
-    wide = per_seed.pivot_table(index=["task", "method", "seed"], columns="split", values="exact_match").reset_index()
-    summary = wide.groupby(["task", "method"], as_index=False).agg(
-        exact_match_longer=("longer", "mean"),
-        exact_match_longer_std=("longer", "std"),
-        exact_match_in_distribution=("in_distribution", "mean"),
-        seeds=("seed", "nunique"),
-    )
-    summary["kazemnejad_2023_repeat_copy"] = summary["method"].map(KAZEMNEJAD_2023)
-    order = {m: i for i, m in enumerate(METHODS)}
-    return summary.sort_values(["task", "method"], key=lambda s: s.map(order) if s.name == "method" else s).reset_index(
-        drop=True
-    )
+    rows = []
+    for task_name in tasks:
+        wanted = {m: (m, seeds[0]) for m in methods}
+        if kazemnejad.PAPER_VARIANTS[0] in methods and len(seeds) > 1:
+            wanted[SECOND_SEED] = (kazemnejad.PAPER_VARIANTS[0], seeds[1])
+        models = {}
+        for name, (method, seed) in wanted.items():
+            path = _model_dir(out_dir, task_name, method, seed)
+            if not path.exists():
+                print(
+                    f"nopelens lengthgen: no saved model at {path}; left out of the attention distances",
+                    file=sys.stderr,
+                )
+                continue
+            models[name] = load_checkpoint(path).model.eval()
+        if len(models) < 2:
+            continue
+        task = _task(task_name, settings)
+        tokens = task.sample(n, settings.train_max_len, settings.train_max_len, seed=30_000).tokens
+        with limited_threads(settings.threads):
+            rows += [dict(task=task_name, **row) for row in pairwise_table(models, tokens)]
+    return pd.DataFrame(rows, columns=["task", "model_a", "model_b", "layer", "jsd_bits", "head_a", "head_b"])
 
 
-def plot(results: pd.DataFrame, out_stem: Path) -> list[Path]:
-    """Draw :func:`lengthgen_figure` into ``<out_stem>.png`` and ``<out_stem>.svg``, atomically;
-    returns their paths."""
-    return save_figure(lengthgen_figure(results), out_stem)
+def _fmt(value: float) -> str:
+    return "n/a" if value is None or (isinstance(value, float) and math.isnan(value)) else f"{value:.3f}"
 
 
-def lengthgen_figure(results: pd.DataFrame):
-    """Seaborn line plot of exact match against length, one line per method (in its fixed colour,
-    :mod:`~nopelens.analyses.palette`), one panel per task: a point is a method's exact match at one
-    problem size, the mean over seeds."""
-    L = int(results["train_max_len"].iloc[0])
-    methods = [m for m in METHODS if m in set(results["method"])]
-    sns.set_theme(style="whitegrid", context="notebook")
-    grid = sns.relplot(
-        data=results,
-        x="length",
-        y="exact_match",
-        hue="method",
-        hue_order=methods,
-        palette={m: method_color(m) for m in methods},
-        col="task",
-        kind="line",
-        marker="o",
-        errorbar=("pi", 100),
-        height=3.3,
-        aspect=1.3,
+def summary_markdown(
+    settings: LengthGenSettings,
+    summary: pd.DataFrame,
+    claims: pd.DataFrame,
+    distances: pd.DataFrame,
+    distance_claims: pd.DataFrame,
+    seconds: float,
+    train_seconds: pd.Series | None = None,
+) -> str:
+    """The run's ``summary.md``: settings, the side-by-side table, the verdicts and the distances."""
+    L = settings.train_max_len
+    side = pd.DataFrame(
+        {
+            "task (paper)": summary["task"] + " (" + summary["paper_task"] + ")",
+            "method": summary["method"],
+            f"exact match {L + 1}-{2 * L}, mean [95 % CI]": [
+                f"{_fmt(m)} [{_fmt(lo)}, {_fmt(hi)}]"
+                for m, lo, hi in zip(summary["exact_match_longer"], summary["ci_low"], summary["ci_high"])
+            ],
+            "per seed": summary["per_seed"],
+            "released": [_fmt(v) for v in summary["released"]],
+            f"exact match 1-{L}": [_fmt(v) for v in summary["exact_match_in_distribution"]],
+            f"token accuracy {L + 1}-{2 * L} (floor {1 / settings.n_symbols:.3f})": [
+                _fmt(v) for v in summary["token_accuracy_longer"]
+            ],
+        }
     )
-    for ax in grid.axes.flat:
-        ax.axvline(L + 0.5, color="grey", linestyle="--", linewidth=1)
-        ax.set_ylim(-0.03, 1.03)
-        ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
-    grid.set_titles("{col_name}")
-    grid.set_axis_labels("problem size (symbols)", "exact match (fraction of sequences)")
-    grid.figure.suptitle(
-        f"Length generalization: trained on sizes 1-{L} (left of the dashed line), tested up to "
-        f"{2 * L}\n(a point: mean exact match over seeds; band: their range)",
-        y=1.13,
-    )
-    return grid.figure
+    parts = [
+        "# Kazemnejad et al. 2023 side by side (`nopelens lengthgen`)",
+        "",
+        f"Settings: {settings.to_dict()}; training sizes 1-{L}, test sizes {L + 1}-{2 * L}. "
+        f"Time: {seconds / 60:.1f} min wall in this session"
+        + (
+            ""
+            if train_seconds is None
+            else f"; {len(train_seconds)} models in the folder, {train_seconds.sum() / 60:.1f} min "
+            f"of training in all (median {train_seconds.median():.0f} s per model)"
+        )
+        + ".",
+        "",
+        "Rows: "
+        + "; ".join(f"`{name}`: {v.note}" for name, v in kazemnejad.VARIANTS.items() if name in set(summary["method"])),
+        "",
+        f"Released numbers: {kazemnejad.RELEASED_SOURCE}. Exact match is the paper's metric (every answer token "
+        "right); its no-information floor is 0 (a uniform guess is right with probability n_symbols^-size).",
+        "",
+        side.to_markdown(index=False),
+        "",
+        "## Verdicts: NoPE against each explicit method (paper's choices)",
+        "",
+        f"A claim exists where the released means differ by more than {kazemnejad.TIE}; our difference is NoPE "
+        "minus the method, mean over seeds, with a 95 % Welch CI.",
+        "",
+    ]
+    if len(claims):
+        shown = claims.assign(
+            **{c: claims[c].map(_fmt) for c in ("released_difference", "difference", "ci_low", "ci_high")}
+        )
+        parts.append(shown.drop(columns="paper_task").to_markdown(index=False))
+    if len(distances):
+        mean = (
+            distances[distances["model_a"] != distances["model_b"]]
+            .groupby(["task", "model_a", "model_b"], as_index=False)["jsd_bits"]
+            .mean()
+        )
+        from_nope = mean[mean["model_a"] == kazemnejad.PAPER_VARIANTS[0]].pivot_table(
+            index="task", columns="model_b", values="jsd_bits"
+        )
+        parts += [
+            "",
+            "## Attention distance from NoPE (Sec. 5.2)",
+            "",
+            "Mean over query positions of the Jensen-Shannon divergence (bits) of two heads' attention rows, "
+            "minimum over head pairs, mean over layers; every model reads the same sequences of size "
+            f"{L}. Full table: attention_distance.csv.",
+            "",
+            from_nope.map(_fmt).reset_index().to_markdown(index=False),
+            "",
+        ]
+        if len(distance_claims):
+            parts.append(distance_claims.to_markdown(index=False))
+    parts += [
+        "",
+        "Figures: lengthgen.png (exact match by size), curve.png (out-of-distribution exact match through "
+        "training), attention_distance.png.",
+        "",
+    ]
+    return "\n".join(parts)
 
 
 RESULT_COLUMNS = ("task", "method", "seed", "length", "exact_match", "in_distribution")
+
 """Columns a finished run's rows of ``lengthgen.csv`` must have."""
 
 
@@ -262,54 +401,112 @@ def _read_results(path: Path, train_max_len: int) -> pd.DataFrame:
     return results[complete.astype(bool)].reset_index(drop=True)
 
 
+def _read_curve(path: Path, done: set) -> pd.DataFrame:
+    """The curve rows of finished runs (a run measured again gets its rows anew)."""
+    if not path.exists():
+        return pd.DataFrame()
+    try:
+        curve = pd.read_csv(path)
+    except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError, ValueError):
+        print(f"nopelens lengthgen: {path} cannot be read; its curve is measured again with the runs", file=sys.stderr)
+        return pd.DataFrame()
+    if not {"task", "method", "seed"} <= set(curve.columns):
+        return pd.DataFrame()
+    keep = [(t, m, s) in done for t, m, s in zip(curve["task"], curve["method"], curve["seed"])]
+    return curve[keep].reset_index(drop=True)
+
+
 def run_lengthgen(
     out_dir: str | Path,
     settings: LengthGenSettings | None = None,
-    tasks: tuple[str, ...] = TASK_NAMES,
-    methods: tuple[str, ...] = METHODS,
-    seeds: tuple[int, ...] = (0, 1, 2),
+    tasks: tuple[str, ...] = DEFAULT_TASKS,
+    methods: tuple[str, ...] = DEFAULT_METHODS,
+    seeds: tuple[int, ...] = (0, 1, 2, 3, 4),
     progress: bool = True,
+    default_row_seeds: tuple[int, ...] | None = None,
+    figures: bool = True,
 ) -> pd.DataFrame:
-    """Run (or resume) the experiment into ``out_dir``; returns the tidy results.
+    """Run (or resume) the side-by-side into ``out_dir``; returns the tidy per-length results.
+
+    Args:
+        out_dir: the run folder.
+        settings: model and training settings (default :class:`LengthGenSettings`).
+        tasks, methods: task names (:data:`TASK_NAMES`) and row names (:data:`METHODS`).
+        seeds: training seeds of every row.
+        progress: progress bars and one line per trained model.
+        default_row_seeds: seeds of the rows of nopelens' defaults
+            (:data:`~nopelens.analyses.kazemnejad.DEFAULT_ROWS`) when they should use fewer.
+        figures: draw the figures (the tables and ``summary.md`` are always written).
 
     Raises:
-        ValueError: on an unknown task or method, or if ``out_dir`` holds a run with other settings
-            or another analysis's run.
+        ValueError: on an unknown task or method, no seeds, or if ``out_dir`` holds a run with other
+            settings or another analysis's run.
     """
     settings = settings or LengthGenSettings()
     for kind, chosen, known in (("method", methods, METHODS), ("task", tasks, TASK_NAMES)):
         unknown = next((name for name in chosen if name not in known), None)
         if unknown is not None:
             raise ValueError(f"unknown {kind} {unknown!r}; choose from {known}")
+    if not seeds:
+        raise ValueError("give at least one seed")
     out_dir = runs.claim(out_dir, "lengthgen", settings.to_dict())
-    csv_path = out_dir / "lengthgen.csv"
+    csv_path, curve_path = out_dir / "lengthgen.csv", out_dir / "curve.csv"
     results = _read_results(csv_path, settings.train_max_len)
     done = set() if results.empty else set(zip(results["task"], results["method"], results["seed"]))
-    todo = [(t, m, s) for t in tasks for m in methods for s in seeds if (t, m, s) not in done]
+    curve = _read_curve(curve_path, done)
+    row_seeds = {m: (default_row_seeds or seeds) if m in kazemnejad.DEFAULT_ROWS else seeds for m in methods}
+    # the paper's rows first, seed by seed: a run cut short has every task and method at fewer seeds
+    todo = sorted(
+        ((t, m, s) for t in tasks for m in methods for s in row_seeds[m] if (t, m, s) not in done),
+        key=lambda run: (run[1] in kazemnejad.DEFAULT_ROWS, run[2], tasks.index(run[0]), methods.index(run[1])),
+    )
     if progress and done:
         print(f"nopelens lengthgen: resuming; {len(done)} runs already in {csv_path}, {len(todo)} to go")
+    clock_all = time.perf_counter()
     for index, (task_name, method, seed) in enumerate(todo, start=1):
         clock = time.perf_counter()
-        table = run_one(task_name, method, seed, settings, progress=progress)
+        table, run_curve = run_one(
+            task_name, method, seed, settings, progress=progress, model_dir=_model_dir(out_dir, task_name, method, seed)
+        )
+        curve = pd.concat([curve, run_curve], ignore_index=True) if len(curve) else run_curve
+        write_csv_atomic(curve, curve_path)
         results = pd.concat([results, table], ignore_index=True) if len(results) else table
         write_csv_atomic(results, csv_path)
         if progress:
             longer = table.loc[~table["in_distribution"].astype(bool), "exact_match"].mean()
             inside = table.loc[table["in_distribution"].astype(bool), "exact_match"].mean()
             print(
-                f"[{index}/{len(todo)}] {task_name:>6} {method:>10} seed {seed}: exact match "
-                f"{inside:.3f} on 1-{settings.train_max_len}, {longer:.3f} on longer "
-                f"({time.perf_counter() - clock:.0f} s)"
+                f"[{index}/{len(todo)}] {task_name:>12} {method:>12} seed {seed}: exact match {inside:.3f} on "
+                f"1-{settings.train_max_len}, {longer:.3f} on longer ({time.perf_counter() - clock:.0f} s)",
+                flush=True,
             )
     results["in_distribution"] = results["in_distribution"].astype(bool)
-    summary = summarize(results)
-    write_csv_atomic(summary, out_dir / "summary.csv")
-    single = summary[summary["seeds"] < 2]
-    if len(single):
-        print(
-            f"nopelens lengthgen: exact_match_longer_std is empty in summary.csv for {len(single)} task and method "
-            "pair(s) with one seed (a std over seeds needs two)",
-            file=sys.stderr,
-        )
-    plot(results, out_dir / "lengthgen")
+    summary = summarize(results, settings.n_symbols)
+    claims = kazemnejad.ranking_verdicts(results)
+    distances = measure_distances(out_dir, settings, tasks, methods, seeds)
+    nope_rows = summary[summary["method"] == kazemnejad.PAPER_VARIANTS[0]]
+    unlearned = frozenset(nope_rows.loc[nope_rows["exact_match_in_distribution"] < kazemnejad.LEARNED, "task"])
+    distance_claims = kazemnejad.distance_verdicts(distances, second=SECOND_SEED, unlearned=unlearned)
+    for name, table in (
+        ("summary", summary),
+        ("claims", claims),
+        ("attention_distance", distances),
+        ("distance_claims", distance_claims),
+    ):
+        write_csv_atomic(table, out_dir / f"{name}.csv")
+    per_model = (
+        results.groupby(["task", "method", "seed"])["train_seconds"].first() if "train_seconds" in results else None
+    )
+    write_text_atomic(
+        out_dir / "summary.md",
+        summary_markdown(
+            settings, summary, claims, distances, distance_claims, time.perf_counter() - clock_all, per_model
+        ),
+    )
+    if figures:
+        plot(results, out_dir / "lengthgen")
+        plot_curve(curve, out_dir / "curve")
+        if len(distances):
+            plot_distances(distances, out_dir / "attention_distance")
+        plt.close("all")
     return results

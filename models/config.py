@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -39,7 +40,7 @@ ATTENTION_METHODS = method_names(per_layer=True)
 POSITION_METHODS = ATTENTION_METHODS + INPUT_METHODS
 NORMALIZATIONS = ("layernorm", "rmsnorm", "none")
 ACT_FNS = ("gelu", "gelu_tanh", "relu", "silu")
-_WRITTEN_WHEN_SET = ("t5_num_buckets", "t5_max_distance")
+_WRITTEN_WHEN_SET = ("t5_num_buckets", "t5_max_distance", "t5_shared", "score_scale")
 
 
 @dataclass(frozen=True)
@@ -76,6 +77,12 @@ class DecoderConfig:
         t5_num_buckets: T5's num_buckets (HF ``relative_attention_num_buckets``); distances below
             half of it get a bucket each, the rest log-spaced buckets (Raffel et al. 2020).
         t5_max_distance: T5's max_distance; every distance from it on shares the last bucket.
+        t5_shared: one T5 table for every ``t5`` layer, owned by the first of them (T5's and
+            Kazemnejad et al.'s choice: block 0 computes the bias, the others reuse it); False
+            (default) gives each ``t5`` layer its own table.
+        score_scale: the factor on q.k in every layer's scores; None (default) is
+            1 / sqrt(d_head) (Vaswani et al. 2017, eq. 1). T5 (Raffel et al. 2020) and the models
+            of Kazemnejad et al. 2023 use 1.0 (the scale folded into the initialization).
         layer_norm_eps: epsilon of the normalization layers.
         init_std: standard deviation of the normal weight initialization.
     """
@@ -98,6 +105,8 @@ class DecoderConfig:
     shaw_values: bool = False
     t5_num_buckets: int = 32
     t5_max_distance: int = 128
+    t5_shared: bool = False
+    score_scale: float | None = None
     layer_norm_eps: float = 1e-5
     init_std: float = 0.02
     extra: dict = field(default_factory=dict, compare=False)
@@ -131,6 +140,14 @@ class DecoderConfig:
         used = {type(m) for m in self.layer_methods} | {type(self.input_method)}
         for cls in METHODS.values():
             cls.validate_config(self, used=cls in used)
+        if self.score_scale is not None and (
+            isinstance(self.score_scale, bool)
+            or not isinstance(self.score_scale, (int, float))
+            or not 0 < self.score_scale < math.inf
+        ):
+            raise ValueError(
+                f"score_scale must be None (1/sqrt(d_head)) or a finite number > 0, got {self.score_scale!r}"
+            )
         if not self.layer_norm_eps > 0:
             raise ValueError(f"layer_norm_eps must be > 0, got {self.layer_norm_eps!r}")
         if not self.init_std > 0:
@@ -195,6 +212,11 @@ class DecoderConfig:
     def rotary_dim(self) -> int:
         """Number of rotated dims per head, ``rotary_fraction * d_head``."""
         return int(round(self.rotary_fraction * self.d_head))
+
+    @property
+    def content_scale(self) -> float:
+        """The factor on q.k in the scores: ``score_scale``, or 1 / sqrt(d_head) when it is None."""
+        return self.d_head**-0.5 if self.score_scale is None else float(self.score_scale)
 
     @property
     def position_name(self) -> str:

@@ -8,7 +8,8 @@ follow TransformerLens (``blocks.{l}.attn.hook_pattern``, ``W_Q [n_heads, d_mode
 Content scores and position contributions are hooked separately (seed
 ``002_c993a97fc3f160f5.txt``, audit step 6):
 
-- ``attn.hook_content_scores`` q.k / sqrt(d_head) (for RoPE, of the rotated q and k)
+- ``attn.hook_content_scores`` q.k times ``cfg.content_scale`` (1 / sqrt(d_head) unless ``score_scale``
+  says otherwise; for RoPE, of the rotated q and k)
 - ``attn.hook_pos_bias`` the score a method adds: ALiBi's -m_h (i - j), Shaw's q.a^K / sqrt(d_head)
 - ``attn.hook_attn_scores`` their sum, with -inf at blocked entries (as in TransformerLens)
 """
@@ -16,7 +17,6 @@ Content scores and position contributions are hooked separately (seed
 from __future__ import annotations
 
 import copy
-import math
 
 import torch
 import torch.nn.functional as F
@@ -173,7 +173,7 @@ class Attention(nn.Module):
         return out, (k_new, v_new)
 
     def _explicit(self, q, k, v, query_positions, key_positions, allowed) -> Tensor:
-        content = torch.einsum("bqhe,bkhe->bhqk", q, k) / math.sqrt(self.cfg.d_head)
+        content = torch.einsum("bqhe,bkhe->bhqk", q, k) * self.cfg.content_scale
         scores = self.hook_content_scores(content)
         bias = self.position_method.score_bias(self, q, query_positions, key_positions)
         if bias is not None:
@@ -188,6 +188,7 @@ class Attention(nn.Module):
         """``scaled_dot_product_attention``: the same function, without materializing hooks."""
         bias = self.position_method.score_bias(self, q, query_positions, key_positions)
         q, k, v = (t.transpose(1, 2) for t in (q, k, v))
+        scale = self.cfg.content_scale
         n_query, n_key = q.shape[2], k.shape[2]
         # allowed is a subset of the causal mask; it is exactly causal iff it has all its entries
         # (a batch-1 input with left padding also has allowed.shape[0] == 1, but fewer entries)
@@ -198,11 +199,13 @@ class Attention(nn.Module):
             and int(allowed.sum()) == n_query * (n_query + 1) // 2
         )
         if plain_causal:
-            z = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+            z = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale)
         elif bias is None:
-            z = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed)
+            z = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, scale=scale)
         else:
-            z = F.scaled_dot_product_attention(q, k, v, attn_mask=bias.masked_fill(~allowed, float("-inf")))
+            z = F.scaled_dot_product_attention(
+                q, k, v, attn_mask=bias.masked_fill(~allowed, float("-inf")), scale=scale
+            )
         return z.transpose(1, 2)
 
 
@@ -313,6 +316,8 @@ class Decoder(tl_compat.TransformerLensCompat):
             self.input_method.add_input_parameters(self, cfg)
             self.hook_pos_embed = HookPoint()
         self.blocks = nn.ModuleList(Block(cfg, m) for m in cfg.layer_methods)
+        for method in dict.fromkeys(cfg.layer_methods):
+            method.share_parameters(self, cfg)
         self.ln_final = Norm(cfg)
         self.unembed = Unembed(cfg)
         self.tokenizer = None  # set_tokenizer(); byte-level text models carry a ByteTokenizer

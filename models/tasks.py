@@ -86,6 +86,8 @@ __all__ = [  # the names of task_base and text stay importable from here, where 
     "ParityTask",
     "PreviousTokenTask",
     "RepeatTask",
+    "RepeatTwiceTask",
+    "ReplaceTask",
     "ReverseTask",
     "SeedLike",
     "SymbolTask",
@@ -166,6 +168,40 @@ class RepeatTask(SymbolTask):
     def _example(self, length, generator):
         xs = self._symbols(1, generator) * length
         return xs + [SEP_ID], xs + [EOS_ID]
+
+
+class RepeatTwiceTask(SymbolTask):
+    """``repeat_twice``: ``BOS x^n SEP | x^2n EOS`` (Kazemnejad et al. 2023's ``rsc2x``: the same-token
+    copy whose answer is twice as long as the prompt; ``make_copy_dataset.py`` of their repository)."""
+
+    name = "repeat_twice"
+
+    def seq_len(self, length: int) -> int:
+        return 3 * length + 3
+
+    def _example(self, length, generator):
+        x = self._symbols(1, generator)
+        return x * length + [SEP_ID], x * (2 * length) + [EOS_ID]
+
+
+class ReplaceTask(SymbolTask):
+    """``replace``: ``BOS a b a^n SEP | b^n EOS`` with two different symbols a, b: "replace a with b in
+    a .. a" (Kazemnejad et al. 2023's ``rdc``, the A->B copy; their prompt is ``Replace a with b in a
+    .. a [SEP]``, ``make_copy_dataset.py`` of their repository). Needs ``n_symbols >= 2``."""
+
+    name = "replace"
+
+    def __init__(self, n_symbols: int = 16) -> None:
+        super().__init__(n_symbols)
+        if n_symbols < 2:
+            raise ValueError(f"replace needs two different symbols: n_symbols must be >= 2, got {n_symbols}")
+
+    def seq_len(self, length: int) -> int:
+        return 2 * length + 5
+
+    def _example(self, length, generator):
+        a, b = (torch.randperm(self.n_symbols, generator=generator)[:2] + N_SPECIAL).tolist()
+        return [a, b] + [a] * length + [SEP_ID], [b] * length + [EOS_ID]
 
 
 class ReverseTask(SymbolTask):
@@ -340,6 +376,8 @@ class BigramBackcopyTask(Task):
 TASKS: dict[str, Callable[..., Task]] = {
     "copy": CopyTask,
     "repeat": RepeatTask,
+    "repeat_twice": RepeatTwiceTask,
+    "replace": ReplaceTask,
     "reverse": ReverseTask,
     "previous_token": PreviousTokenTask,
     "addition": AdditionTask,

@@ -39,7 +39,7 @@ def test_t5_passes_every_applicable_step(position):
     assert f"layer {layer} T5 b_h lookup" in names
     assert report.step(5).evidence[f"layer{layer}_t5_buckets_used"] == [0, 1, 2, 3, 4, 5]  # distances 0..11
     assert f"layer {layer} T5 offset sign" in [c.name for c in report.step(2).checks]
-    assert report.model["t5"] == {"num_buckets": 6, "max_distance": 5, "bidirectional": False}
+    assert report.model["t5"] == {"num_buckets": 6, "max_distance": 5, "bidirectional": False, "shared": False}
     effects = {c.name: c.value > c.tolerance for c in report.step(8).checks}
     assert effects["positions shifted by 3"] is False  # relative
     assert effects["zeroed positions"] and effects["swap: tokens from the first swapped one on"]

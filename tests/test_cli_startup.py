@@ -40,7 +40,7 @@ def test_every_command_spells_seeds_and_the_progress_switch_one_way(capsys):
         args = build_parser(argv).parse_args([*argv, "--seeds", "0,2", "--quiet"])
         assert args.seeds == (0, 2) and args.quiet, argv
         assert build_parser(argv).parse_args([*argv, "--no-progress"]).quiet, "the former name still works"
-    assert build_parser(["lengthgen"]).parse_args(["lengthgen"]).seeds == (0, 1, 2)
+    assert build_parser(["lengthgen"]).parse_args(["lengthgen"]).seeds == (0, 1, 2, 3, 4)
     assert build_parser(["sweep"]).parse_args(["sweep"]).seeds is None
     for argv in (["sinks", "circuit"], ["intervene", "circuit"]):
         assert build_parser(argv).parse_args([*argv, "--quiet"]).quiet

@@ -451,7 +451,7 @@ def test_the_default_sweep_tables_are_docs_sweep_summary(page, heading):
 
 def test_results_keeps_current_figures_without_the_dated_logs():
     page = text("docs/results.md")
-    assert len(page.splitlines()) < 981
+    assert len(page.splitlines()) < 1100  # three records added in issues 45, 46, 48; dated logs stay out
     assert "Rerun 2026-12-01 16:10-16:40" not in page  # a superseded run of the streamed-probe log
 
 

@@ -32,7 +32,7 @@ def test_saving_the_same_figure_twice_gives_identical_files(tmp_path):
 # ----------------------------------------------------------------------------- one palette (issue 49)
 import matplotlib.colors  # noqa: E402
 
-from nopelens.analyses import figures, layers, lengthgen, palette, report  # noqa: E402
+from nopelens.analyses import figures, layers, lengthgen_figures, palette, report  # noqa: E402
 from nopelens.models.methods import METHODS  # noqa: E402
 
 SUBJECTS = {  # as a run's done.json records them (SweepResult.subjects), keyed by run label
@@ -153,7 +153,7 @@ def test_lengthgen_draws_each_method_in_its_colour():
         for method in ("rope", "nope", "alibi")
         for n in (1, 2, 3)
     ]
-    fig = lengthgen.lengthgen_figure(pd.DataFrame(rows))
+    fig = lengthgen_figures.lengthgen_figure(pd.DataFrame(rows))
     drawn = {
         line.get_label(): matplotlib.colors.to_hex(line.get_color())
         for line in fig.axes[0].lines

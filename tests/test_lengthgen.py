@@ -1,17 +1,20 @@
-"""Length generalization: tidy output, summary arithmetic, plot files, resume, CLI."""
+"""Length generalization side by side with Kazemnejad et al. 2023: tidy output, summary and verdict
+arithmetic, the budget rule, plot files, resume, CLI."""
 
 import os
 
 import pandas as pd
 import pytest
 from schema import assert_folder_documented
+from scipy import stats
 
-from nopelens.analyses import lengthgen
+from nopelens.analyses import kazemnejad, lengthgen
 from nopelens.analyses.cli import main
-from nopelens.analyses.lengthgen import KAZEMNEJAD_2023, LengthGenSettings, run_lengthgen, summarize
+from nopelens.analyses.lengthgen import LengthGenSettings, run_lengthgen, summarize
+from nopelens.analyses.lengthgen_pilot import chosen_budget, levelled_step
 
 TINY = LengthGenSettings(
-    train_max_len=3, n_layers=1, d_model=16, n_heads=2, steps=3, batch_size=4, n_symbols=4, n_eval=4
+    train_max_len=3, n_layers=1, d_model=16, n_heads=2, steps=3, batch_size=4, n_symbols=4, n_eval=4, curve_points=2
 )
 
 
@@ -27,9 +30,9 @@ def _record_runs(monkeypatch) -> list:
 
 def test_run_writes_tidy_table_summary_and_plots(tmp_path):
     results = run_lengthgen(
-        tmp_path, TINY, tasks=("repeat", "copy"), methods=("nope", "learned"), seeds=(0,), progress=False
+        tmp_path, TINY, tasks=("repeat", "copy"), methods=("nope", "learned"), seeds=(0, 1), progress=False
     )
-    assert len(results) == 2 * 2 * 1 * 6  # tasks x methods x seeds x lengths 1..2L
+    assert len(results) == 2 * 2 * 2 * 6  # tasks x methods x seeds x lengths 1..2L
     assert set(results["length"]) == set(range(1, 7))
     assert results.groupby(["task", "method", "seed"])["in_distribution"].sum().eq(3).all()
     on_disk = pd.read_csv(tmp_path / "lengthgen.csv")
@@ -37,15 +40,41 @@ def test_run_writes_tidy_table_summary_and_plots(tmp_path):
     assert {"task", "method", "seed", "length", "exact_match", "token_accuracy", "in_distribution"} <= set(
         on_disk.columns
     )
-    for name in ("summary.csv", "lengthgen.png", "lengthgen.svg", "lengthgen.json"):
+    for name in (
+        "summary.csv",
+        "summary.md",
+        "lengthgen.png",
+        "lengthgen.svg",
+        "curve.png",
+        "attention_distance.png",
+        "lengthgen.json",
+        "models/copy/learned/seed1/model.safetensors",
+    ):
         assert (tmp_path / name).stat().st_size > 0
+    curve = pd.read_csv(tmp_path / "curve.csv")
+    assert sorted(set(curve["step"])) == TINY.curve_steps() == [2, 3]
+    final = curve[curve["step"] == 3].set_index(["task", "method", "seed"])["exact_match_longer"]
+    longer = results[~results["in_distribution"]].groupby(["task", "method", "seed"])["exact_match"].mean()
+    assert final.sort_index().to_numpy() == pytest.approx(
+        longer.sort_index().to_numpy()
+    )  # the curve ends where the table does
+    distances = pd.read_csv(tmp_path / "attention_distance.csv")
+    assert set(distances["model_a"]) == {"nope", "learned", "nope (second seed)"}
+    assert (distances.loc[distances["model_a"] == distances["model_b"], "jsd_bits"] == 0).all()
     assert (tmp_path / "lengthgen.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     summary = pd.read_csv(tmp_path / "summary.csv")
     assert set(zip(summary["task"], summary["method"])) == {
         (t, m) for t in ("repeat", "copy") for m in ("nope", "learned")
     }
     assert not any(p.name.startswith(".") for p in tmp_path.iterdir())  # no temp files left
-    assert assert_folder_documented(tmp_path, "lengthgen") == ["lengthgen.csv", "summary.csv"]
+    assert assert_folder_documented(tmp_path, "lengthgen") == [
+        "attention_distance.csv",
+        "claims.csv",
+        "curve.csv",
+        "distance_claims.csv",
+        "lengthgen.csv",
+        "summary.csv",
+    ]
     mask = os.umask(0)
     os.umask(mask)
     for name in ("lengthgen.csv", "lengthgen.png"):  # what a plain open() gives, not mkstemp's 0o600
@@ -53,26 +82,32 @@ def test_run_writes_tidy_table_summary_and_plots(tmp_path):
 
 
 def test_rerun_resumes_and_skips_finished_runs(tmp_path, monkeypatch):
-    run_lengthgen(tmp_path, TINY, tasks=("repeat",), methods=("nope",), seeds=(0,), progress=False)
+    run_lengthgen(tmp_path, TINY, tasks=("repeat",), methods=("nope",), seeds=(0,), progress=False, figures=False)
     calls = _record_runs(monkeypatch)
-    results = run_lengthgen(tmp_path, TINY, tasks=("repeat",), methods=("nope", "alibi"), seeds=(0,), progress=False)
+    results = run_lengthgen(
+        tmp_path, TINY, tasks=("repeat",), methods=("nope", "alibi"), seeds=(0,), progress=False, figures=False
+    )
     assert calls == [("repeat", "alibi", 0)]
     assert sorted(set(results["method"])) == ["alibi", "nope"]
 
 
 def test_a_truncated_table_measures_the_cut_runs_again(tmp_path, monkeypatch, capsys):
-    run_lengthgen(tmp_path, TINY, tasks=("repeat",), methods=("nope", "alibi"), seeds=(0,), progress=False)
+    run_lengthgen(
+        tmp_path, TINY, tasks=("repeat",), methods=("nope", "alibi"), seeds=(0,), progress=False, figures=False
+    )
     whole = (tmp_path / "lengthgen.csv").read_text().splitlines()
     (tmp_path / "lengthgen.csv").write_text("\n".join(whole[:9]) + "\n")  # nope's 6 rows and 2 of alibi's
     calls = _record_runs(monkeypatch)
-    results = run_lengthgen(tmp_path, TINY, tasks=("repeat",), methods=("nope", "alibi"), seeds=(0,), progress=False)
+    results = run_lengthgen(
+        tmp_path, TINY, tasks=("repeat",), methods=("nope", "alibi"), seeds=(0,), progress=False, figures=False
+    )
     assert calls == [("repeat", "alibi", 0)] and len(results) == 12
     assert (
         "holds only part of repeat alibi seed 0 (a truncated or damaged file?); measuring it again"
         in capsys.readouterr().err
     )
     (tmp_path / "lengthgen.csv").write_bytes(b"\xff\xfe garbage")
-    run_lengthgen(tmp_path, TINY, tasks=("repeat",), methods=("nope",), seeds=(0,), progress=False)
+    run_lengthgen(tmp_path, TINY, tasks=("repeat",), methods=("nope",), seeds=(0,), progress=False, figures=False)
     assert "cannot be read" in capsys.readouterr().err
 
 
@@ -95,22 +130,24 @@ DAMAGED_CELLS = [("exact_match", 2, None), ("seed", 1, "abc")] + [
 
 @pytest.mark.parametrize("column, length, cell", DAMAGED_CELLS)
 def test_a_damaged_cell_measures_only_its_run_again(tmp_path, monkeypatch, capsys, column, length, cell):
-    run_lengthgen(tmp_path, TINY, tasks=("repeat",), methods=("nope", "alibi"), seeds=(0,), progress=False)
+    run_lengthgen(
+        tmp_path, TINY, tasks=("repeat",), methods=("nope", "alibi"), seeds=(0,), progress=False, figures=False
+    )
     table = pd.read_csv(tmp_path / "lengthgen.csv").astype({column: object})
     table.loc[(table["method"] == "alibi") & (table["length"] == length), column] = cell
     table.to_csv(tmp_path / "lengthgen.csv", index=False)
     calls = _record_runs(monkeypatch)
-    results = run_lengthgen(tmp_path, TINY, tasks=("repeat",), methods=("nope", "alibi"), seeds=(0,), progress=False)
+    results = run_lengthgen(
+        tmp_path, TINY, tasks=("repeat",), methods=("nope", "alibi"), seeds=(0,), progress=False, figures=False
+    )
     assert calls == [("repeat", "alibi", 0)] and len(results) == 12
     assert results["seed"].dtype.kind == "i" and results["exact_match"].between(0, 1).all()
     assert (results["in_distribution"] == (results["length"] <= TINY.train_max_len)).all()
-    err = capsys.readouterr().err
-    assert "holds only part of repeat alibi seed 0" in err
-    assert "exact_match_longer_std is empty in summary.csv for 2 task and method pair(s) with one seed" in err
+    assert "holds only part of repeat alibi seed 0" in capsys.readouterr().err
 
 
 def test_other_settings_in_the_same_folder_are_refused(tmp_path):
-    run_lengthgen(tmp_path, TINY, tasks=("repeat",), methods=("nope",), seeds=(0,), progress=False)
+    run_lengthgen(tmp_path, TINY, tasks=("repeat",), methods=("nope",), seeds=(0,), progress=False, figures=False)
     with pytest.raises(ValueError, match="other settings.*steps"):
         run_lengthgen(
             tmp_path,
@@ -118,6 +155,7 @@ def test_other_settings_in_the_same_folder_are_refused(tmp_path):
             tasks=("repeat",),
             methods=("nope",),
             seeds=(0,),
+            figures=False,
         )
 
 
@@ -128,23 +166,85 @@ def test_unknown_method_and_bad_settings():
         LengthGenSettings(steps=0)
 
 
-def test_summary_arithmetic():
+def _rows(values: dict) -> pd.DataFrame:
+    """Per-length rows: {(task, method): [(in-distribution, longer) per seed]}, sizes 1-2 and 3-4."""
     rows = []
-    for seed, (inside, longer) in enumerate([(1.0, 0.5), (0.8, 0.1)]):
-        for length in (1, 2):
-            rows.append(
-                dict(task="copy", method="nope", seed=seed, length=length, exact_match=inside, in_distribution=True)
-            )
-        for length in (3, 4):
-            rows.append(
-                dict(task="copy", method="nope", seed=seed, length=length, exact_match=longer, in_distribution=False)
-            )
-    summary = summarize(pd.DataFrame(rows))
+    for (task, method), seeds in values.items():
+        for seed, (inside, longer) in enumerate(seeds):
+            for length, value in ((1, inside), (2, inside), (3, longer), (4, longer)):
+                rows.append(
+                    dict(
+                        task=task,
+                        method=method,
+                        seed=seed,
+                        length=length,
+                        exact_match=value,
+                        token_accuracy=value,
+                        in_distribution=length <= 2,
+                    )
+                )
+    return pd.DataFrame(rows)
+
+
+def test_summary_arithmetic():
+    summary = summarize(_rows({("copy", "nope"): [(1.0, 0.5), (0.8, 0.1)]}), n_symbols=4)
     row = summary.iloc[0]
     assert row["exact_match_in_distribution"] == pytest.approx(0.9)
     assert row["exact_match_longer"] == pytest.approx(0.3)
-    assert row["exact_match_longer_std"] == pytest.approx(pd.Series([0.5, 0.1]).std())
-    assert row["seeds"] == 2 and row["kazemnejad_2023_repeat_copy"] == KAZEMNEJAD_2023["nope"] == 0.986
+    half = stats.t.ppf(0.975, 1) * pd.Series([0.5, 0.1]).std() / 2**0.5
+    assert (row["ci_low"], row["ci_high"]) == pytest.approx((0.3 - half, 0.3 + half))
+    assert row["seeds"] == 2 and row["per_seed"] == "0.500 0.100" and row["token_accuracy_floor"] == 0.25
+    assert row["released"] == kazemnejad.RELEASED[("cmc", "NoPE")] == 0.305 and row["released_in_ci"]
+    assert row["paper_task"] == "cmc" and row["paper_method"] == "NoPE"
+
+
+def test_every_released_number_has_its_row_and_source():
+    assert len(kazemnejad.RELEASED) == 5 * 5
+    for task, paper_task in kazemnejad.PAPER_TASKS.items():
+        for method in kazemnejad.PAPER_VARIANTS:
+            assert (
+                kazemnejad.released(task, method)
+                == kazemnejad.RELEASED[(paper_task, kazemnejad.VARIANTS[method].paper_method)]
+            )
+    assert pd.isna(kazemnejad.released("copy", "nope_scaled"))  # a nopelens-default row is not the paper's model
+    assert "results/*.jsonl" in kazemnejad.RELEASED_SOURCE
+
+
+@pytest.mark.parametrize(
+    "nope, rope, verdict",
+    [
+        ([0.99, 0.97, 0.98], [0.0, 0.01, 0.0], "reproduced"),  # released difference 0.986 inside the CI
+        ([0.50, 0.52, 0.48], [0.0, 0.01, 0.0], "direction only"),  # right side, far from 0.986
+        ([0.0, 0.3, 0.0], [0.0, 0.0, 0.1], "not reproduced"),  # the CI holds 0
+        ([0.0, 0.0, 0.01], [0.5, 0.6, 0.55], "not reproduced"),  # the other side
+    ],
+)
+def test_verdicts_survive_their_known_answers(nope, rope, verdict):
+    results = _rows({("repeat", "nope"): [(1.0, v) for v in nope], ("repeat", "rope"): [(1.0, v) for v in rope]})
+    claims = kazemnejad.ranking_verdicts(results)
+    assert claims["claim"].tolist() == ["NoPE above Rotary"] and claims["verdict"].tolist() == [verdict]
+    assert claims["released_difference"].iloc[0] == pytest.approx(0.986 - 0.0002)
+
+
+def test_a_released_tie_is_no_claim():
+    results = _rows({("copy", "nope"): [(1, 0.3), (1, 0.3)], ("copy", "alibi"): [(1, 0.3), (1, 0.3)]})
+    assert kazemnejad.ranking_verdicts(results).empty  # released 0.305 against 0.331
+
+
+def test_the_budget_rule_reads_only_the_in_distribution_loss():
+    curve = pd.DataFrame({"step": [50, 100, 150, 200], "validation_loss": [3.0, 1.0, 0.35, 0.3]})
+    assert levelled_step(curve) == 200  # 0.35 > 0.3 + 0.01 * (3.0 - 0.3); the last quarter gave 0.05 < 5 % of 2.7
+    assert levelled_step(curve, share=0.9) == 150  # 0.35 <= 0.3 + 0.1 * 2.7
+    assert levelled_step(curve.assign(validation_loss=1.0)) == 50  # flat from the start
+    assert levelled_step(curve.assign(validation_loss=[4.5, 4.0, 3.5, 3.1])) is None  # still falling: not levelled
+    pilot = pd.concat([curve.assign(levelled_step=150.0), curve.assign(levelled_step=float("nan"))])
+    assert chosen_budget(pilot) == 150 and chosen_budget(pilot.iloc[4:]) is None
+
+
+def test_an_unlearned_task_tests_no_claim():
+    results = _rows({("repeat", "nope"): [(0.2, 0.0), (0.1, 0.0)], ("repeat", "rope"): [(1.0, 0.0), (1.0, 0.0)]})
+    claims = kazemnejad.ranking_verdicts(results)
+    assert claims["verdict"].tolist() == ["not reproduced"] and "not learned in distribution" in claims["why"].iloc[0]
 
 
 def test_cli_quick_subset(tmp_path, capsys):
@@ -169,5 +269,70 @@ def test_cli_quick_subset(tmp_path, capsys):
     )
     assert code == 0
     out = capsys.readouterr().out
-    assert "rope" in out and "kazemnejad_2023_repeat_copy" in out
+    assert "rope" in out and "released" in out
     assert (tmp_path / "lengthgen.svg").exists()
+
+
+def test_distance_verdicts_on_hand_set_distances():
+    def table(**jsd):
+        return pd.DataFrame(
+            [
+                dict(task="copy", model_a="nope", model_b=name.replace("_", " "), layer=layer, jsd_bits=value)
+                for name, value in jsd.items()
+                for layer in (0, 1)
+            ]
+        )
+
+    paper = table(t5=0.1, alibi=0.2, rope=0.5, sinusoidal=0.6, nope_second_seed=0.05)
+    verdicts = kazemnejad.distance_verdicts(paper, second="nope second seed")
+    assert verdicts["verdict"].tolist() == ["reproduced"] * 3
+    swapped = kazemnejad.distance_verdicts(
+        table(t5=0.5, alibi=0.2, rope=0.1, sinusoidal=0.6, nope_second_seed=0.3), second="nope second seed"
+    )
+    assert swapped["verdict"].tolist() == ["not reproduced"] * 3
+    untested = kazemnejad.distance_verdicts(paper, second="nope second seed", unlearned=frozenset({"copy"}))
+    assert untested["verdict"].tolist() == ["not reproduced"] * 3 and untested["why"].str.contains("no test").all()
+
+
+def test_cli_bad_input_is_one_line_and_loses_nothing(tmp_path, capsys):
+    assert (
+        main(
+            [
+                "lengthgen",
+                "--out",
+                str(tmp_path),
+                "--quick",
+                "--tasks",
+                "repeat",
+                "--methods",
+                "nope",
+                "--seeds",
+                "0",
+                "--steps",
+                "2",
+                "--quiet",
+            ]
+        )
+        == 0
+    )
+    before = (tmp_path / "lengthgen.csv").read_bytes()
+    capsys.readouterr()
+    for argv in (["--train-max-len", "0"], ["--steps", "3"]):  # a bad setting; another run's settings in the folder
+        assert main(["lengthgen", "--out", str(tmp_path), "--quick", "--quiet", *argv]) == 2
+        err = capsys.readouterr().err
+        assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
+    assert (tmp_path / "lengthgen.csv").read_bytes() == before
+
+
+def test_cli_pilot_logs_only_the_in_distribution_loss(tmp_path, capsys):
+    assert (
+        main(
+            ["lengthgen", "--pilot", "--quick", "--tasks", "repeat", "--steps", "8", "--out", str(tmp_path), "--quiet"]
+        )
+        == 0
+    )
+    pilot = pd.read_csv(tmp_path / "pilot.csv")
+    assert set(pilot["method"]) == {"nope", "rope"} and sorted(set(pilot["step"])) == list(range(1, 9))
+    assert assert_folder_documented(tmp_path, "lengthgen") == ["pilot.csv"]
+    assert "budget by the in-distribution rule" in capsys.readouterr().out
+    assert not (tmp_path / "lengthgen.csv").exists()

@@ -16,7 +16,17 @@ from nopelens.models.tasks import (
     make_task,
 )
 
-SYNTHETIC = ["copy", "repeat", "reverse", "previous_token", "addition", "parity", "bigram_backcopy"]
+SYNTHETIC = [
+    "copy",
+    "repeat",
+    "repeat_twice",
+    "replace",
+    "reverse",
+    "previous_token",
+    "addition",
+    "parity",
+    "bigram_backcopy",
+]
 
 
 def rows(batch: Batch):
@@ -71,6 +81,28 @@ def test_repeat_layout_is_one_symbol():
         assert len(set(tokens[1 : 1 + n])) == 1
         assert tokens == [BOS_ID] + [tokens[1]] * n + [SEP_ID] + [tokens[1]] * n + [EOS_ID]
         assert answer == [tokens[1]] * n + [EOS_ID]
+
+
+def test_repeat_twice_layout():
+    """Kazemnejad et al.'s rsc2x: one symbol n times, answered 2n times."""
+    for tokens, answer in rows(make_task("repeat_twice").sample(20, 1, 6, 3)):
+        n = (len(tokens) - 3) // 3
+        assert tokens == [BOS_ID] + [tokens[1]] * n + [SEP_ID] + [tokens[1]] * (2 * n) + [EOS_ID]
+        assert answer == [tokens[1]] * (2 * n) + [EOS_ID]
+
+
+def test_replace_layout():
+    """Kazemnejad et al.'s rdc: "replace a with b in a .. a", answered b .. b, a != b."""
+    seen = set()
+    for tokens, answer in rows(make_task("replace", n_symbols=3).sample(40, 1, 6, 3)):
+        n = (len(tokens) - 5) // 2
+        a, b = tokens[1], tokens[2]
+        assert a != b and tokens == [BOS_ID, a, b] + [a] * n + [SEP_ID] + [b] * n + [EOS_ID]
+        assert answer == [b] * n + [EOS_ID]
+        seen.add((a, b))
+    assert len(seen) == 6  # every ordered pair of 3 symbols
+    with pytest.raises(ValueError, match="two different symbols"):
+        make_task("replace", n_symbols=1)
 
 
 def test_reverse_layout():

@@ -105,6 +105,8 @@ def test_runtime_state_follows_the_model_and_stays_out_of_the_serialized_config(
         assert set(bound.to_dict()) == {f.name for f in dataclasses.fields(DecoderConfig)} - {
             "t5_num_buckets",
             "t5_max_distance",
+            "t5_shared",
+            "score_scale",
         }
         assert dataclasses.replace(bound).device is None
     spec = recipe("copy-rope-3l")

@@ -266,6 +266,10 @@ class DecoderSubject(Subject):
     def reads_tables(self) -> bool:
         return True
 
+    def score_scale(self, layer: int) -> float:
+        """The declared factor on q.k: ``cfg.content_scale`` (1 / sqrt(d_head) unless ``score_scale`` is set)."""
+        return self.model.cfg.content_scale
+
     @property
     def content_hook(self) -> str:
         return "hook_content_scores"

@@ -45,7 +45,7 @@ COMMANDS = {
     "train": ("nopelens.analyses.cli.train", "train a decoder on a task, or train/load a zoo model"),
     "lengthgen": (
         "nopelens.analyses.cli.lengthgen",
-        "train each position method on short sequences, test exact match on longer ones",
+        "train each position method on short problems, test exact match on longer ones (Kazemnejad et al. 2023)",
     ),
     "circuit": (
         "nopelens.analyses.cli.circuit",

@@ -1,4 +1,5 @@
-"""``nopelens lengthgen``: length generalization per position method (:mod:`nopelens.analyses.lengthgen`)."""
+"""``nopelens lengthgen``: length generalization per position method, side by side with Kazemnejad et
+al. 2023 (:mod:`nopelens.analyses.lengthgen`)."""
 
 from __future__ import annotations
 
@@ -6,41 +7,68 @@ import argparse
 import dataclasses
 from pathlib import Path
 
-from nopelens.analyses.lengthgen import METHODS, TASK_NAMES, LengthGenSettings, run_lengthgen, summarize
+from nopelens.analyses.lengthgen import (
+    DEFAULT_METHODS,
+    DEFAULT_TASKS,
+    METHODS,
+    TASK_NAMES,
+    LengthGenSettings,
+    run_lengthgen,
+    summarize,
+)
+from nopelens.analyses.lengthgen_pilot import chosen_budget, run_pilot
 
-from .options import add_quiet, add_seeds, add_threads
+from .options import _seeds_type, add_quiet, add_seeds, add_threads
 
 
 def register(subparsers) -> None:
     parser = subparsers.add_parser(
         "lengthgen",
-        help="train each position method on short sequences, test exact match on longer ones",
-        description="Length generalization (Kazemnejad et al. 2023, scaled down): for the repeat "
-        "and copy tasks, train each position method on lengths 1..L over several seeds and "
-        "measure exact match at 1..2L. Writes lengthgen.csv, summary.csv and a plot (PNG+SVG) "
-        "into --out; a rerun resumes.",
+        help="train each position method on short problems, test exact match on longer ones (Kazemnejad et al. 2023)",
+        description="Length generalization side by side with Kazemnejad et al. 2023: the paper's tasks, train on "
+        "sizes 1-20 and test on 21-40, its position-method choices and nopelens' defaults, over several seeds; "
+        "exact match per size next to the released numbers, CIs, a verdict per claim, the out-of-distribution "
+        "score through training and the attention distance between methods (Sec. 5.2). Writes tables, figures "
+        "and summary.md into --out; a rerun resumes. --pilot fixes the training budget in advance from the "
+        "in-distribution validation loss.",
         epilog="example: nopelens lengthgen --out runs/lengthgen --quick",
     )
     defaults = LengthGenSettings()
     parser.add_argument(
         "--out", default="runs/lengthgen", help="run folder (created; resumed if it exists; default %(default)s)"
     )
-    parser.add_argument("--quick", action="store_true", help="tiny smoke-test settings (numbers not meaningful)")
+    parser.add_argument(
+        "--quick", action="store_true", help="tiny smoke-test settings (seconds; numbers not meaningful)"
+    )
+    parser.add_argument(
+        "--pilot",
+        action="store_true",
+        help="instead of the comparison: train nope and rope once per task for --steps, log the "
+        "in-distribution validation loss, and print the budget its rule chooses (pilot.csv, pilot.png)",
+    )
     parser.add_argument(
         "--tasks",
         nargs="+",
-        default=list(TASK_NAMES),
+        default=list(DEFAULT_TASKS),
         choices=TASK_NAMES,
-        help="tasks to train and test (default: all)",
+        help=f"default: {' '.join(DEFAULT_TASKS)}",
     )
     parser.add_argument(
         "--methods",
         nargs="+",
-        default=list(METHODS),
+        default=list(DEFAULT_METHODS),
         choices=METHODS,
-        help="position methods to compare (default: all)",
+        help=f"rows (default: {' '.join(DEFAULT_METHODS)})",
     )
-    add_seeds(parser, "each (task, method) is trained once per seed", default=(0, 1, 2))
+    add_seeds(parser, "each (task, method) is trained once per seed", default=(0, 1, 2, 3, 4))
+    parser.add_argument(
+        "--default-row-seeds",
+        type=_seeds_type,
+        default=None,
+        metavar="0,1,2",
+        help="seeds of the rows of nopelens' defaults (nope_scaled, t5_per_layer, rope_full), "
+        "when they should use fewer (default: --seeds)",
+    )
     parser.add_argument("--train-max-len", type=int, default=None, help=f"L (default {defaults.train_max_len})")
     parser.add_argument("--steps", type=int, default=None, help=f"training steps per model (default {defaults.steps})")
     add_threads(parser)
@@ -56,10 +84,40 @@ def _run(args: argparse.Namespace) -> int:
         if v is not None
     }
     settings = dataclasses.replace(settings, **changes)
+    if args.pilot:
+        pilot = run_pilot(args.out, settings, tuple(args.tasks), progress=not args.quiet)
+        levelled = pilot.groupby(["task", "method"])["levelled_step"].first()
+        print(levelled.to_string(na_rep="not levelled off"))
+        budget = chosen_budget(pilot)
+        print(
+            f"budget by the in-distribution rule: {'none' if budget is None else f'--steps {budget}'}"
+            f"{'' if levelled.notna().all() else f' (not levelled off within {settings.steps} steps: ' + ', '.join(' '.join(i) for i in levelled[levelled.isna()].index) + ')'}; "
+            f"wrote {Path(args.out) / 'pilot.csv'}, pilot.png/.svg"
+        )
+        return 0
     results = run_lengthgen(
-        args.out, settings, tuple(args.tasks), tuple(args.methods), args.seeds, progress=not args.quiet
+        args.out,
+        settings,
+        tuple(args.tasks),
+        tuple(args.methods),
+        args.seeds,
+        progress=not args.quiet,
+        default_row_seeds=args.default_row_seeds,
     )
-    summary = summarize(results)
-    print(summary.to_string(index=False, float_format=lambda x: f"{x:.3f}"))
-    print(f"wrote {Path(args.out) / 'lengthgen.csv'}, summary.csv, lengthgen.png/.svg")
+    summary = summarize(results, settings.n_symbols)
+    columns = [
+        "task",
+        "method",
+        "seeds",
+        "exact_match_longer",
+        "ci_low",
+        "ci_high",
+        "released",
+        "exact_match_in_distribution",
+    ]
+    print(summary[columns].to_string(index=False, float_format=lambda x: f"{x:.3f}"))
+    print(
+        f"wrote {Path(args.out) / 'summary.md'}, lengthgen.csv, curve.csv, summary.csv, claims.csv, "
+        "attention_distance.csv and figures"
+    )
     return 0

@@ -29,7 +29,7 @@ What the audit (``nopelens.analyses.audit``) reads of a method: ``acts_on`` (whi
 or ``lookup`` (a :class:`~nopelens.models.methods.base.LookupBias`: ``relative_ids``,
 ``reference_bias``, the declared and mirrored offsets), ``reference_vectors`` of input methods, and
 ``describe`` (the report's model entries). Optional: a zoo recipe (``COPY_METHODS`` in
-``models/zoo.py``) and a ``nopelens lengthgen`` run (``METHODS`` in ``analyses/lengthgen.py``).
+``models/zoo.py``) and a ``nopelens lengthgen`` row (``VARIANTS`` in ``analyses/kazemnejad.py``).
 """
 
 from __future__ import annotations

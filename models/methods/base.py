@@ -105,6 +105,9 @@ class PositionMethod:
     def add_parameters(self, attn: nn.Module, cfg) -> None:
         """Register the method's parameters and buffers on one ``Attention`` module."""
 
+    def share_parameters(self, decoder: nn.Module, cfg) -> None:
+        """Let layers share parameters once every block is built (T5's one table); default none."""
+
     def rotate(self, attn: nn.Module, x: Tensor, position_ids: Tensor) -> Tensor:
         """Queries or keys ``[batch, pos, head_index, d_head]`` rotated to their positions."""
         return x

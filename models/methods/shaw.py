@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import math
-
 import torch
 from torch import Tensor, nn
 
@@ -12,8 +10,8 @@ from .base import SCORE_BIAS, VALUE, LookupBias
 
 
 class Shaw(LookupBias):
-    """Adds q_i . a^K_{clip(j - i, -k, k)} / sqrt(d_head) to the scores (eq. 4), and with
-    ``shaw_values`` the pattern-weighted a^V_{clip(j - i)} to the output (eq. 3).
+    """Adds q_i . a^K_{clip(j - i, -k, k)} times ``cfg.content_scale`` (1 / sqrt(d_head) by default) to the
+    scores (eq. 4), and with ``shaw_values`` the pattern-weighted a^V_{clip(j - i)} to the output (eq. 3).
 
     Parameters: ``attn.W_rel_K [2k + 1, d_head]`` and, with ``shaw_values``, ``attn.W_rel_V``.
     Config fields: ``shaw_clip`` (k), ``shaw_values``. Hook: ``attn.hook_pos_bias``.
@@ -47,14 +45,14 @@ class Shaw(LookupBias):
 
     def score_bias(self, attn: nn.Module, q: Tensor, query_positions: Tensor, key_positions: Tensor) -> Tensor:
         rel = attn.W_rel_K[self.relative_ids(attn.cfg, query_positions, key_positions)]  # [b, q, k, e]
-        return torch.einsum("bqhe,bqke->bhqk", q, rel) / math.sqrt(attn.cfg.d_head)
+        return torch.einsum("bqhe,bqke->bhqk", q, rel) * attn.cfg.content_scale
 
     def describe(self, cfg) -> dict:
         return {"shaw_clip": cfg.shaw_clip}
 
     def reference_bias(self, attn: nn.Module, q: Tensor, ids: Tensor) -> Tensor:
         table = attn.W_rel_K.to(q.dtype)
-        return torch.einsum("bqhe,bqke->bhqk", q, table[ids]) * attn.cfg.d_head**-0.5
+        return torch.einsum("bqhe,bqke->bhqk", q, table[ids]) * attn.cfg.content_scale
 
     def reference_value_term(self, attn: nn.Module, pattern: Tensor, ids: Tensor) -> Tensor | None:
         if not attn.cfg.shaw_values:

@@ -17,8 +17,9 @@ class T5(LookupBias):
     ``t5_max_distance``, and the last bucket beyond (:func:`t5_relative_bucket`).
 
     Parameter: ``attn.W_rel_bias [t5_num_buckets, n_heads]`` (HF's ``relative_attention_bias``
-    weight). T5 computes it in the first layer and shares it; here each layer that uses ``t5``
-    has its own table, as per-layer methods need. The content score keeps this decoder's
+    weight). T5 computes it in the first layer and shares it: with ``t5_shared`` the first ``t5``
+    layer owns the one table and every other ``t5`` layer reads it (``blocks.{l}.attn`` then has
+    no ``W_rel_bias`` of its own); without it (default) each ``t5`` layer has its own table. The content score keeps this decoder's
     1 / sqrt(d_head) (T5 folds that scale into its initialization). Hook: ``attn.hook_pos_bias``.
 
     Audit expectations: relative (a constant shift changes nothing); ``hook_pos_bias`` equals the
@@ -32,14 +33,16 @@ class T5(LookupBias):
         "bias b_h[bucket(j - i)], unidirectional: distance i - j, exact below num_buckets / 2, "
         "log-spaced up to max_distance, one bucket beyond"
     )
-    config_fields = ("t5_num_buckets", "t5_max_distance")
+    config_fields = ("t5_num_buckets", "t5_max_distance", "t5_shared")
     bidirectional = False
     table_name, declared_offset, mirrored_offset = "b_h", "bucket(j - i)", "bucket(i - j)"
     ids_evidence_name = "buckets_used"
 
     @classmethod
     def validate_config(cls, cfg, used: bool) -> None:
-        for name in cls.config_fields:
+        if not isinstance(cfg.t5_shared, bool):
+            raise ValueError(f"t5_shared must be True or False, got {cfg.t5_shared!r}")
+        for name in ("t5_num_buckets", "t5_max_distance"):
             value = getattr(cfg, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
@@ -55,11 +58,26 @@ class T5(LookupBias):
                 "num_buckets": cfg.t5_num_buckets,
                 "max_distance": cfg.t5_max_distance,
                 "bidirectional": self.bidirectional,
+                "shared": cfg.t5_shared,
             }
         }
 
     def add_parameters(self, attn: nn.Module, cfg) -> None:
         attn.W_rel_bias = nn.Parameter(torch.empty(cfg.t5_num_buckets, cfg.n_heads))
+
+    def share_parameters(self, decoder: nn.Module, cfg) -> None:
+        """With ``t5_shared``: every ``t5`` layer after the first reads the first one's table."""
+        if not cfg.t5_shared:
+            return
+        owner, *others = [block.attn for block in decoder.blocks if block.attn.position_method == self]
+        for attn in others:
+            del attn.W_rel_bias
+            attn.__dict__["_t5_table_owner"] = owner  # a plain reference: the owner's state dict keeps the one table
+
+    @staticmethod
+    def table(attn: nn.Module) -> Tensor:
+        """The ``[t5_num_buckets, n_heads]`` table a layer reads: its own, or the shared owner's."""
+        return attn.__dict__.get("_t5_table_owner", attn).W_rel_bias
 
     def relative_ids(self, cfg, query_positions: Tensor, key_positions: Tensor) -> Tensor:
         """Bucket of each (i, j): bucket(j - i), int64 ``[batch, query_pos, key_pos]``."""
@@ -68,7 +86,7 @@ class T5(LookupBias):
 
     def reference_bias(self, attn: nn.Module, q: Tensor, ids: Tensor) -> Tensor:
         """b_h at table rows ``ids [batch, query_pos, key_pos]``: ``[batch, head_index, query_pos, key_pos]``."""
-        return attn.W_rel_bias.to(q.dtype)[ids].permute(0, 3, 1, 2)
+        return self.table(attn).to(q.dtype)[ids].permute(0, 3, 1, 2)
 
     def score_bias(self, attn: nn.Module, q: Tensor, query_positions: Tensor, key_positions: Tensor) -> Tensor:
         return self.reference_bias(attn, q, self.relative_ids(attn.cfg, query_positions, key_positions))
@@ -77,4 +95,5 @@ class T5(LookupBias):
         return (
             f"b_h[bucket(j - i)], {cfg.t5_num_buckets} buckets (exact below {cfg.t5_num_buckets // 2}), "
             f"max_distance {cfg.t5_max_distance}, unidirectional"
+            f"{', one table shared by every layer' if cfg.t5_shared else ''}"
         )

@@ -1,0 +1,127 @@
+"""The in-distribution pilot that fixes ``nopelens lengthgen``'s training budget before the
+comparison runs (:mod:`~nopelens.analyses.lengthgen`): the validation loss on the training sizes,
+and the step by which it levelled off. Nothing out of distribution is measured."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import seaborn as sns
+
+from nopelens.models.io import write_csv_atomic
+from nopelens.models.training import train, validation_loss
+
+from .figures import save_figure
+from .lengthgen import DEFAULT_TASKS, LengthGenSettings, _config, _task
+
+
+def levelled_step(curve: pd.DataFrame, share: float = 0.99, last_quarter: float = 0.05) -> int | None:
+    """The in-distribution budget rule, on one pilot curve of validation loss against step.
+
+    The curve has levelled off when the last quarter of the pilot's steps brought less than
+    ``last_quarter`` of its whole drop (first logged value to lowest); then the budget is the first
+    logged step by which the loss made ``share`` of that drop. None when it has not levelled off.
+
+    >>> levelled_step(pd.DataFrame({"step": [100, 200, 300, 400], "validation_loss": [2.0, 0.5, 0.2, 0.19]}))
+    300
+    >>> levelled_step(pd.DataFrame({"step": [100, 200, 300, 400], "validation_loss": [4.0, 3.8, 3.5, 3.2]})) is None
+    True
+    """
+    curve = curve.sort_values("step")
+    steps, losses = curve["step"].to_numpy(), curve["validation_loss"].to_numpy()
+    drop = losses[0] - losses.min()
+    late = losses[steps <= 0.75 * steps[-1]][-1] - losses[-1]
+    if drop <= 0:
+        return int(steps[0])
+    if late >= last_quarter * drop:
+        return None
+    return int(steps[np.argmax(losses <= losses.min() + (1 - share) * drop)])
+
+
+def run_pilot(
+    out_dir: str | Path,
+    settings: LengthGenSettings,
+    tasks=DEFAULT_TASKS,
+    methods=("nope", "rope"),
+    seed: int = 1000,
+    points: int = 20,
+    progress: bool = True,
+) -> pd.DataFrame:
+    """Fix the training budget in advance by an in-distribution criterion.
+
+    Trains each (task, method) once for ``settings.steps`` on a seed the comparison never uses,
+    logging the validation loss on held-out training sizes (1..L) at ``points`` evenly spaced steps.
+    Writes ``pilot.csv`` (``task``, ``method``, ``step``, ``validation_loss``, ``levelled_step``) and
+    ``pilot.png``/``.svg`` into ``out_dir``; :func:`chosen_budget` reads the budget from it. Nothing out
+    of distribution is measured.
+    """
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    every = max(1, settings.steps // points)
+    frames = []
+    for task_name in tasks:
+        task = _task(task_name, settings)
+        for method in methods:
+            rows = []
+
+            def record(step: int, loss: float, model, rows=rows, task=task) -> None:
+                if step % every == 0:
+                    rows.append(
+                        dict(
+                            step=step,
+                            validation_loss=validation_loss(model, task, 1, settings.train_max_len, seed=seed, n=128),
+                        )
+                    )
+
+            train(
+                _config(task, method, settings),
+                task,
+                settings.steps,
+                batch_size=settings.batch_size,
+                min_len=1,
+                max_len=settings.train_max_len,
+                lr=settings.lr,
+                seed=seed,
+                progress=progress,
+                threads=settings.threads,
+                callback=record,
+            )
+            curve = pd.DataFrame(rows).assign(task=task_name, method=method)
+            frames.append(curve.assign(levelled_step=levelled_step(curve)))  # NaN: not levelled off
+            if progress:
+                print(
+                    f"pilot {task_name} {method}: validation loss {curve['validation_loss'].iloc[0]:.3f} -> "
+                    f"{curve['validation_loss'].iloc[-1]:.3f}; levelled by step {frames[-1]['levelled_step'].iloc[0]}"
+                )
+    pilot = pd.concat(frames, ignore_index=True)[["task", "method", "step", "validation_loss", "levelled_step"]]
+    write_csv_atomic(pilot, out_dir / "pilot.csv")
+    sns.set_theme(style="whitegrid", context="notebook")
+    grid = sns.relplot(
+        data=pilot,
+        x="step",
+        y="validation_loss",
+        hue="method",
+        col="task",
+        kind="line",
+        marker="o",
+        height=3.0,
+        aspect=1.2,
+        facet_kws={"sharey": False},
+    )
+    grid.set_axis_labels("training step", "validation loss (nats/token), sizes 1-L")
+    save_figure(grid.figure, out_dir / "pilot")
+    return pilot
+
+
+def chosen_budget(pilot: pd.DataFrame) -> int | None:
+    """The steps the comparison trains for: the largest levelled step among the pilot curves that
+    levelled off, rounded up to the pilot's logging grid; None when none did. Curves that did not
+    level off within the pilot (``levelled_step`` empty) need more than it ran: say so next to the result."""
+    levelled = pilot["levelled_step"].dropna()
+    if levelled.empty:
+        return None
+    every = int(pilot["step"].min())
+    return int(math.ceil(levelled.max() / every) * every)
