@@ -30,7 +30,8 @@ def js_divergence(p: Float[Tensor, "... key_pos"], q: Float[Tensor, "... key_pos
     both rows) add nothing.
 
     Args:
-        p, q: non-negative tensors whose last axis sums to 1, of shapes that broadcast.
+        p: a non-negative tensor whose last axis sums to 1.
+        q: the same, of a shape that broadcasts with ``p``.
 
     Returns:
         The divergences, the broadcast shape without its last axis, in bits, in [0, 1].
@@ -87,8 +88,8 @@ def layer_distances(model_a, model_b, tokens: Tensor, batch_size: int = 16) -> F
     """Mean JSD (bits) over sequences and query positions, per layer and pair of heads.
 
     Args:
-        model_a, model_b: hooked models with the same number of layers (``cfg.n_layers``) that
-            record ``blocks.{l}.attn.hook_pattern``.
+        model_a: a hooked model that records ``blocks.{l}.attn.hook_pattern``.
+        model_b: another, with the same number of layers (``cfg.n_layers``).
         tokens: int ``[batch, pos]`` sequences both models read, all of one length (no padding).
         batch_size: sequences per forward pass; memory holds one batch's patterns.
 

@@ -431,7 +431,8 @@ def run_lengthgen(
     Args:
         out_dir: the run folder.
         settings: model and training settings (default :class:`LengthGenSettings`).
-        tasks, methods: task names (:data:`TASK_NAMES`) and row names (:data:`METHODS`).
+        tasks: task names (:data:`TASK_NAMES`).
+        methods: row names (:data:`METHODS`).
         seeds: training seeds of every row.
         progress: progress bars and one line per trained model.
         default_row_seeds: seeds of the rows of nopelens' defaults
