@@ -17,6 +17,7 @@ Content scores and position contributions are hooked separately (seed
 from __future__ import annotations
 
 import copy
+import math
 
 import torch
 import torch.nn.functional as F
@@ -173,8 +174,9 @@ class Attention(nn.Module):
         return out, (k_new, v_new)
 
     def _explicit(self, q, k, v, query_positions, key_positions, allowed) -> Tensor:
-        content = torch.einsum("bqhe,bkhe->bhqk", q, k) * self.cfg.content_scale
-        scores = self.hook_content_scores(content)
+        content, scale = torch.einsum("bqhe,bkhe->bhqk", q, k), self.cfg.score_scale
+        # the default divides by sqrt(d_head), as it always did: its numbers stay the same to the last bit
+        scores = self.hook_content_scores(content / math.sqrt(self.cfg.d_head) if scale is None else content * scale)
         bias = self.position_method.score_bias(self, q, query_positions, key_positions)
         if bias is not None:
             scores = scores + self.hook_pos_bias(bias)
@@ -188,7 +190,7 @@ class Attention(nn.Module):
         """``scaled_dot_product_attention``: the same function, without materializing hooks."""
         bias = self.position_method.score_bias(self, q, query_positions, key_positions)
         q, k, v = (t.transpose(1, 2) for t in (q, k, v))
-        scale = self.cfg.content_scale
+        scale = self.cfg.score_scale  # None: the kernel's own 1 / sqrt(d_head)
         n_query, n_key = q.shape[2], k.shape[2]
         # allowed is a subset of the causal mask; it is exactly causal iff it has all its entries
         # (a batch-1 input with left padding also has allowed.shape[0] == 1, but fewer entries)

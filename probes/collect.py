@@ -8,17 +8,15 @@ One function, :func:`collect`, works on the three kinds of model nopelens reads:
 - any ``torch.nn.Module`` wrapped by :class:`nopelens.models.adapters.HookedModule`.
 
 All three expose ``hook_dict`` (site name -> ``HookPoint``). Collection adds hooks through
-TransformerLens' own ``HookPoint.add_hook`` (some bridged hook points fire only for hooks added
-that way, e.g. Granite's scaled ``hook_attn_out``), keeps their handles, and removes exactly those
-handles afterwards (TransformerLens' ``reset_hooks`` would also drop hooks the caller had added).
+``HookPoint.add_hook`` (some bridged hook points fire only so, e.g. Granite's ``hook_attn_out``)
+and removes exactly those handles afterwards (``reset_hooks`` would drop the caller's hooks too).
 A hook on the last site still missing raises a private exception that ends the forward pass
 early; nothing after it runs (except on a model that says ``sites_may_repeat``, such as a
 ``HookedModule``: it runs to the end, and a site that fires twice is refused). Every submodule's
 train/eval flag is restored afterwards.
 
-At ``hook_pattern`` sites, every future key must get exactly zero weight: a model whose attention
-ignores the causal mask (OpenAI-GPT's bridged attention given an ``attention_mask``) is refused
-rather than measured.
+At ``hook_pattern`` sites every future key must get exactly zero weight: a model whose attention
+ignores the causal mask (OpenAI-GPT's bridged attention with an ``attention_mask``) is refused.
 
 Site names are TransformerLens hook names. Layer numbering follows DESIGN.md: layer 0 is the
 input to block 0 (``blocks.0.hook_resid_pre``), layer ``l + 1`` is the output of block ``l``
@@ -37,6 +35,7 @@ import torch
 from jaxtyping import Int
 from torch import Tensor
 
+from nopelens.models.decoder import Decoder
 from nopelens.models.hf import describe
 from nopelens.models.hooks import act_name
 from nopelens.models.masks import KeyWindow
@@ -304,7 +303,7 @@ def collect(
     finally:
         for module, training in flags:
             module.training = training
-    out.windows = model_key_windows(model)
+    out.windows = model_key_windows(model) if model_declares_mask(model) else None
     declared = sorted(getattr(model, "sink_blocks", None) or ())  # not an HF model's: its CLI passes sinks= with logits
     out.sinks = {block: ("learned", None) for block in declared} or None
     return out
@@ -315,6 +314,11 @@ def _hf_description(model):
     if getattr(getattr(model, "original_model", None), "config", None) is None:
         return None
     return describe(model)
+
+
+def model_declares_mask(model) -> bool:
+    """Whether ``model`` declares its attention mask: a ``Decoder`` (causal), a described HF model, a ``HookedAny``."""
+    return isinstance(model, Decoder) or _hf_description(model) is not None or hasattr(model, "key_windows")
 
 
 def model_key_windows(model) -> dict[int, KeyWindow]:

@@ -158,6 +158,7 @@ def first_key_sums(
     keys: KeyWindow = CAUSAL,
     start: int = 1,
     stop: int | None = None,
+    underflow_ok: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The one definition of a sink read: attention on the first real key summed over the rows that see it.
 
@@ -168,15 +169,19 @@ def first_key_sums(
     Args:
         pattern: ``hook_pattern`` of a padded batch; mask: ``[batch, pos]``, 1 for real tokens (left
             padding is skipped as :func:`sink_index` does); keys: the layer's window or chunk.
+        underflow_ok: ``keys`` is the mask the model declares, so an exact zero on a visible first key
+            is a weight below the dtype's smallest number (a softmax underflows past a score gap of about
+            100 in float32: a sharp head, or ALiBi far from the key) and is summed as 0; False (the
+            mask is unknown): such a row is refused.
 
     Returns:
         ``[head, query]`` float64 sums over the batch per query column (the position when nothing is
         left-padded) and ``[query]`` the number of rows summed.
 
     Raises:
-        ValueError: as :func:`sink_index` (a row with no real token), or when a row that ``keys`` says
-            sees the first key gives it exactly zero weight: a softmax gives that only to a blocked
-            key, so the pattern ran under a mask ``keys`` does not describe, and is not averaged in.
+        ValueError: as :func:`sink_index` (a row with no real token), or, unless ``underflow_ok``, when a
+            row that ``keys`` says sees the first key gives it exactly zero weight: with the mask unknown
+            that may be a key blocked by a mask ``keys`` does not describe, so it is not averaged in.
 
     Example:
         >>> uniform = torch.tril(torch.ones(4, 4)) / torch.arange(1, 5)[:, None]
@@ -192,7 +197,7 @@ def first_key_sums(
     first = torch.as_tensor(sink_index(mask.cpu().numpy()), device=device)
     first_key = pattern[torch.arange(len(mask), device=device), :, :, first]  # [batch, head, query]
     blind = (first_key == 0) & rows[:, None]
-    if bool(blind.any()):
+    if not underflow_ok and bool(blind.any()):
         row, _, query = blind.nonzero()[0].tolist()
         raise ValueError(
             f"query position {int(position[row, query])} gives the first key exactly zero weight, though "

@@ -184,7 +184,9 @@ class SinkStats(Measurement):
     Args:
         sequences: the token set (:class:`~nopelens.probes.stream.Sequences`).
         sites: ``blocks.{l}.attn.hook_pattern`` sites.
-        eps, n_tokens, windows, sinks: as :func:`sink_table` (``n_tokens`` None: no score).
+        eps, n_tokens, windows, sinks: as :func:`sink_table` (``n_tokens`` None: no score). ``windows``
+            None: the mask is unknown, so a visible first key given exactly zero weight is refused
+            (:func:`first_key_sums`); a dict (``{}``: causal everywhere) is the model's declared mask.
 
     Raises:
         ValueError: if no site is given, or as :func:`check_gu_window` (before any forward pass);
@@ -206,6 +208,7 @@ class SinkStats(Measurement):
             check_gu_window(n_tokens, np.diff(sequences.offsets))
         self.sequences, self.site_list = sequences, list(sites)
         self.eps, self.n_tokens, self.windows, self.sinks = eps, n_tokens, dict(windows or {}), sinks
+        self.mask_declared = windows is not None  # {}: causal everywhere, as the model declares; None: unknown
         self.n_positions = int(np.diff(sequences.offsets).max())
         self.sums: dict[str, dict[str, Tensor]] = {}  # site -> name -> [head] float64 (counts: [])
         self.pending: dict[str, Tensor] = {}  # an output-scale block's pattern and hook_v until its hook_z
@@ -241,7 +244,8 @@ class SinkStats(Measurement):
         reads = [("mass", 1, None)] + ([("score", 0, self.n_tokens)] if self.n_tokens is not None else [])
         for name, start, stop in reads:
             try:
-                sums, rows = first_key_sums(value, batch.mask, self.windows.get(site_block(site), CAUSAL), start, stop)
+                keys = self.windows.get(site_block(site), CAUSAL)
+                sums, rows = first_key_sums(value, batch.mask, keys, start, stop, underflow_ok=self.mask_declared)
             except ValueError as error:
                 raise ValueError(f"site {site!r}, sequences from {batch.rows.start}: {error}") from None
             self._add(site, name, sums.sum(-1))

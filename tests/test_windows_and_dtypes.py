@@ -113,6 +113,31 @@ def test_sink_mass_of_a_sliding_layer_averages_the_queries_that_see_the_first_to
         sink_table(acts, n_tokens=16)
 
 
+def test_a_declared_mask_reads_an_underflowed_first_key_as_zero_and_an_unknown_one_refuses():
+    """A softmax underflows to exactly 0 past a score gap of about 100 in float32 (a sharp head, ALiBi
+    far from the key): under the mask a nopelens Decoder declares (causal), that weight is 0 and is
+    averaged in; with the mask unknown (activations built by hand) the row is refused, since a
+    window would leave the same zero."""
+    from nopelens.models import Decoder, DecoderConfig
+
+    model = Decoder(DecoderConfig(d_vocab=32, n_ctx=16, n_layers=1, d_model=16, n_heads=2, position="nope")).eval()
+    with torch.no_grad():
+        model.blocks[0].attn.W_Q.mul_(3000.0)
+        model.blocks[0].attn.W_K.mul_(3000.0)
+    tokens = torch.randint(0, 32, (4, 16), generator=torch.Generator().manual_seed(0))
+    acts = collect(model, tokens, ["blocks.0.attn.hook_pattern"])
+    patterns = acts.patterns["blocks.0.attn.hook_pattern"]
+    first = np.concatenate([p[:, 1:, 0].ravel() for p in patterns])
+    assert (first == 0).any() and (first > 0).any()  # some rows underflowed, some did not
+    assert acts.windows == {}  # the Decoder declares its mask: causal everywhere
+    table = sink_table(acts, n_tokens=None)
+    by_hand = np.mean([p[:, 1:, 0].astype(np.float64).mean(1) for p in patterns], axis=0)
+    np.testing.assert_allclose(table["sink_mass"], by_hand, rtol=1e-6)
+    acts.windows = None
+    with pytest.raises(ValueError, match="exactly zero weight"):
+        sink_table(acts, n_tokens=None)
+
+
 @pytest.mark.parametrize(
     "keys",
     [
