@@ -84,6 +84,17 @@ def _pass_renamed_cache(module: nn.Module, args: tuple, kwargs: dict) -> tuple[t
     return args, {**kwargs, "past_key_values": cache}
 
 
+def _logits_of(out: Any) -> Any:
+    """The logits in a module's output: ``.logits`` (HF), ``["logits"]`` (a dict), the first item
+    of a tuple or list, or the output itself (what reads the logits refuses one that is no tensor)."""
+    logits = getattr(out, "logits", None)
+    if logits is None and isinstance(out, Mapping):
+        logits = out.get("logits")
+    if logits is None and isinstance(out, (tuple, list)) and out:
+        logits = out[0]
+    return out if logits is None else logits
+
+
 class HookedModule(HookedRootModule):
     """Any ``nn.Module`` with TransformerLens hook points at named submodule outputs.
 
@@ -106,7 +117,8 @@ class HookedModule(HookedRootModule):
             ``{"blocks.0.hook_resid_post": "transformer.h.0"}``; ``path:input`` is its first
             positional input instead (``path:input.N`` the N-th), e.g.
             ``{"blocks.0.hook_resid_pre": "transformer.h.0:input"}``.
-        output_fn: turns the model's output into logits (default: ``.logits`` if present).
+        output_fn: turns the model's output into logits (default: :func:`_logits_of`: the output's
+            ``.logits`` or ``["logits"]``, the first item of a tuple, or the output itself).
 
     Raises:
         KeyError: if a module path does not exist in ``model``, listing the paths that do.
@@ -198,7 +210,7 @@ class HookedModule(HookedRootModule):
             self._calls = None
         if self.output_fn is not None:
             return self.output_fn(out)
-        return getattr(out, "logits", out)
+        return _logits_of(out)
 
     def run_with_cache(self, *args, **kwargs) -> tuple[Tensor, ActivationCache]:
         out, cache = super().run_with_cache(*args, **kwargs)

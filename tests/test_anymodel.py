@@ -424,3 +424,32 @@ def test_cli_audits_a_factory_model_and_refuses_bad_ones_in_one_line(tmp_path, c
         assert cli.main(["audit", "--model", f"{spec}:{function}"]) == 2
         err = capsys.readouterr().err.strip().splitlines()
         assert words in err[-1] and err[-1].startswith("nopelens audit: error:"), err
+
+
+class DictOutput(NanoGPT):
+    def forward(self, idx):
+        return {"logits": super().forward(idx), "aux": None}
+
+
+class TupleOutput(NanoGPT):
+    def forward(self, idx):
+        return super().forward(idx), None
+
+
+class NoLogits(NanoGPT):
+    def forward(self, idx):
+        return {"hidden": super().forward(idx)}
+
+
+def test_logits_are_found_in_a_dict_or_tuple_output_and_an_output_without_them_is_refused_in_one_line():
+    from nopelens.analyses.audit import audit
+
+    torch.manual_seed(0)
+    plain = nano()
+    for wrapper in (DictOutput, TupleOutput):
+        model = wrapper().eval()
+        model.load_state_dict(plain.state_dict())
+        assert torch.equal(hook_any(model, verbose=False)(tokens()), plain(tokens()))
+        assert audit(hook_any(model, verbose=False)).passed
+    with pytest.raises(ValueError, match=r"NoLogits's forward returned a dict with no tensor of logits.*output_fn"):
+        audit(hook_any(NoLogits().eval(), verbose=False))
