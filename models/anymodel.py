@@ -243,13 +243,15 @@ def find_sites(model: nn.Module, tokens: Tensor | None = None) -> SiteMap:
         A :class:`SiteMap` (``hook_embed``, ``blocks.0.hook_resid_pre``, ``blocks.{l}.hook_resid_post``).
 
     Raises:
-        UnmappableModelError: if neither structure of the module docstring fits, saying which map to pass.
+        UnmappableModelError: if neither structure of the module docstring fits, saying which map to pass
+            (or, where a module's output holds NaN, naming the first such module).
     """
     tokens = example_tokens(model) if tokens is None else tokens
     census = _Census(model)
     census.run(tokens)
     found = _block_list(census, tokens) or _sublayer_list(census, tokens)
     if found is None:
+        _refuse_non_finite(census)
         lists = ", ".join(f"{path or '(the model)'}: {len(children)} entries, run {[census.count(c) for c in children]} times"
                           for path, children in _lists(model)) or "none"
         raise UnmappableModelError(
@@ -262,6 +264,14 @@ def find_sites(model: nn.Module, tokens: Tensor | None = None) -> SiteMap:
     if embed is not None:
         found.sites = {"hook_embed": embed, **found.sites}
     return found
+
+
+def _refuse_non_finite(census: _Census) -> None:
+    """Raise if a call's output is a NaN-holding tensor (the blocks' chain cannot be checked on it)."""
+    for call in census.calls:
+        if isinstance(call.output, Tensor) and call.output.is_floating_point() and call.output.isnan().any():
+            raise UnmappableModelError(f"{type(census.model).__name__}'s forward pass gives NaN at {call.path} on the "
+                                       "census input, so its residual stream cannot be traced: check its weights")
 
 
 class HookedAny(HookedModule):

@@ -453,3 +453,11 @@ def test_logits_are_found_in_a_dict_or_tuple_output_and_an_output_without_them_i
         assert audit(hook_any(model, verbose=False)).passed
     with pytest.raises(ValueError, match=r"NoLogits's forward returned a dict with no tensor of logits.*output_fn"):
         audit(hook_any(NoLogits().eval(), verbose=False))
+
+
+def test_a_model_giving_nan_is_refused_naming_where_not_as_an_unmappable_structure():
+    model = nano()
+    with torch.no_grad():
+        model.transformer.wte.weight[:] = float("nan")
+    with pytest.raises(UnmappableModelError, match=r"gives NaN at transformer.wte on the census input"):
+        hook_any(model, verbose=False)
