@@ -99,6 +99,7 @@ def test_the_offloaded_share_stays_on_disk_and_the_plan_says_so(model_dir, tmp_p
 
 @pytest.mark.parametrize("options, message", [
     (["--device-map", "auto", "--max-memory", "7=1GiB"], "device 7 does not exist here"),
+    (["--device-map", "auto", "--max-memory", "disk=1GiB"], "disk takes no budget"),
     (["--device-map", "MAP", ], "names 'model.layer.0', which SmolLM3ForCausalLM does not have"),
     (["--device-map", "auto", "--max-memory", "cpu=4KiB", "--offload-folder", "OFF"], "cannot hold one layer"),
     (["--device-map", "auto", "--max-memory", "HALF", "--offload-folder", "FILE/offload"], "cannot be written"),
