@@ -156,6 +156,13 @@ def test_summary_md_says_what_each_model_was_read_on(probed):
     (["--threshold", "mad=x"], "BAR or METRIC=BAR"),
     (["--threshold", "1.5"], "cannot exceed 1"),
     (["--metric", "sideways=r2"], "regression or classification"),
+    (["--threshold", "mad=2"], "no read uses mad (they use accuracy, r2; choose it with --metric)"),
+    (["--threshold", "mad=-1"], "no read uses mad"),
+    (["--threshold", "r2=0.5,r2=0.7"], "gives the bar of r2 twice"),
+    (["--threshold", "0.5,0.7"], "gives a bare bar twice"),
+    (["--metric", "regression=spearman,regression=r2"], "names the regression metric twice"),
+    (["--threshold", "-3"], "accuracy is never below 0, so every layer would clear it"),
+    (["--metric", "spearman", "--threshold", "spearman=-1"], "spearman is never below -1"),
     (["--sites", "resid,attn_in"], "unknown site kind 'attn_in'"),
     (["--sites", "attn_out"], "--sites must include resid"),
 ])
