@@ -14,7 +14,10 @@ All give ``run_with_cache(tokens, names_filter=...)`` and ``hook_dict`` like a n
 
 from __future__ import annotations
 
+import importlib.util
 import inspect
+import traceback
+from pathlib import Path
 from typing import Any, Callable, Mapping
 
 import torch
@@ -82,6 +85,36 @@ def _pass_renamed_cache(module: nn.Module, args: tuple, kwargs: dict) -> tuple[t
     if cache is None or kwargs.get("past_key_values") is not None:
         return None
     return args, {**kwargs, "past_key_values": cache}
+
+
+_NOPELENS = tuple(str(Path(location).resolve()) + "/" for name in ("nopelens", "nopelens.models", "nopelens.circuits",
+                                                                     "nopelens.probes", "nopelens.analyses")
+                  for location in importlib.util.find_spec(name).submodule_search_locations)
+"""The folders of nopelens' own code (its subpackages live in separate folders: pyproject's package-dir)."""
+_TORCH = str(Path(torch.__file__).resolve().parent)
+
+
+def raised_by_model(error: BaseException) -> bool:
+    """Whether a wrapped module's own code raised ``error`` (a shape its position table cannot take, a
+    bad attention call), not nopelens: the innermost frame outside torch and the attention
+    interceptor's pass-through is not nopelens' (a hook of ours that fails is a bug, reported as one).
+    Out-of-memory errors are left as they are."""
+    if isinstance(error, MemoryError) or "out of memory" in str(error) or "can't allocate memory" in str(error):
+        return False
+    for frame in reversed(traceback.extract_tb(error.__traceback__)):
+        path = str(Path(frame.filename).resolve())
+        if path.startswith(_TORCH) or frame.name in ("__torch_function__", "_attention"):
+            continue
+        return not path.startswith(_NOPELENS)
+    return False
+
+
+def model_error(model: nn.Module, tokens: Tensor, error: Exception) -> ValueError:
+    """The one-line refusal of a wrapped module whose forward pass raised ``error`` on ``tokens``."""
+    lines = str(error).strip().splitlines()
+    return ValueError(f"{type(model).__name__}'s forward pass on token ids of shape {list(tokens.shape)} raised "
+                      f"{type(error).__name__}: {lines[0][:300] if lines else '(no message)'} in its own code "
+                      "(a length its position table cannot take is one cause)")
 
 
 def _logits_of(out: Any) -> Any:
@@ -206,6 +239,10 @@ class HookedModule(HookedRootModule):
         self._calls = {}
         try:
             out = self.model(tokens, **kwargs)
+        except Exception as error:
+            if raised_by_model(error):
+                raise model_error(self.model, tokens, error) from error
+            raise
         finally:
             self._calls = None
         if self.output_fn is not None:

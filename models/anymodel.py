@@ -36,7 +36,7 @@ import torch
 from torch import Tensor, nn
 from transformer_lens.hook_points import HookPoint
 
-from .adapters import HookedModule, _key
+from .adapters import HookedModule, _key, model_error, raised_by_model
 from .hooks import act_name
 from .intercept import AttentionInterceptor, infer_key_window, run_sdpa, run_softmax
 from .masks import CAUSAL, KeyWindow
@@ -96,6 +96,10 @@ class _Census:
         try:
             with torch.no_grad(), AttentionInterceptor(self._attention):
                 self.model(tokens)
+        except Exception as error:
+            if raised_by_model(error):
+                raise model_error(self.model, tokens, error) from error
+            raise
         finally:
             for handle in handles:
                 handle.remove()

@@ -461,3 +461,40 @@ def test_a_model_giving_nan_is_refused_naming_where_not_as_an_unmappable_structu
         model.transformer.wte.weight[:] = float("nan")
     with pytest.raises(UnmappableModelError, match=r"gives NaN at transformer.wte on the census input"):
         hook_any(model, verbose=False)
+
+
+class ShortTable(NanoGPT):
+    """A learned position table of 12 rows, added after the lookup: longer inputs fail in its own code."""
+
+    def __init__(self):
+        super().__init__()
+        self.pos = nn.Parameter(torch.zeros(12, 32))
+
+    def forward(self, idx):
+        x = self.transformer.wte(idx) + self.pos[: idx.shape[1]]
+        for block in self.transformer.h:
+            x = block(x)
+        return self.lm_head(self.transformer.ln_f(x))
+
+
+def test_a_forward_pass_failing_in_the_models_own_code_is_its_error_not_an_internal_one(tmp_path, capsys):
+    from nopelens.analyses import cli
+    from nopelens.analyses.audit import audit
+
+    model = ShortTable().eval()
+    hooked = hook_any(model, verbose=False)  # the census at 8 tokens runs
+    with pytest.raises(ValueError, match=r"ShortTable's forward pass on token ids of shape \[6, 20\] raised "
+                                         r"RuntimeError: The size of tensor a \(20\).* in its own code"):
+        collect(hooked, tokens(length=20), resid_sites(2))
+    with pytest.raises(ValueError, match=r"ShortTable's forward pass .* raised RuntimeError"):
+        hook_any(model, tokens=tokens(length=20), verbose=False)
+    with pytest.raises(ValueError, match=r"ShortTable's forward pass on token ids of shape \[1, 20\]"):
+        audit(hook_any(model, verbose=False), eval_length=20)
+    (tmp_path / "mine.py").write_text(FACTORY)
+    assert cli.main(["sinks", f"factory:{tmp_path / 'mine.py'}:make_model", "--n-sequences", "4", "--seq-len", "70",
+                     "--quiet"]) == 0  # the factory's model has no table: any length runs
+    (tmp_path / "short.py").write_text(FACTORY.replace("x = self.embed(tokens)", "x = self.embed(tokens) + self.pos[: tokens.shape[1]]")
+                                       .replace("self.shared = shared", "self.shared, self.pos = shared, nn.Parameter(torch.zeros(12, 32))"))
+    assert cli.main(["sinks", f"factory:{tmp_path / 'short.py'}:make_model", "--n-sequences", "4", "--seq-len", "20",
+                     "--quiet"]) == 2
+    assert "raised RuntimeError" in capsys.readouterr().err.strip().splitlines()[-1]
