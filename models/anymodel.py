@@ -440,14 +440,14 @@ def load_factory(ref: str) -> nn.Module:
         raise FileNotFoundError(f"factory {ref!r}: no such file {source}")
     try:
         module = _import(source)
-    except Exception as error:  # the user's code: one line naming it, not a traceback from inside it
+    except (Exception, SystemExit) as error:  # the user's code (a script parsing sys.argv exits): one line naming it
         raise ValueError(f"factory {ref!r}: importing {source} raised {type(error).__name__}: {error}") from error
     factory = getattr(module, name, None)
     if not callable(factory):
         raise ValueError(f"factory {ref!r}: {source} defines no function {name}")
     try:
         model = factory()
-    except Exception as error:  # the user's code: one line naming it, not a traceback from inside it
+    except (Exception, SystemExit) as error:  # the user's code: one line naming it, not a traceback from inside it
         raise ValueError(f"factory {ref!r} raised {type(error).__name__}: {error}") from error
     if not isinstance(model, nn.Module):
         raise TypeError(f"factory {ref!r} returned a {type(model).__name__}, not a torch.nn.Module")

@@ -304,6 +304,9 @@ def shared_model():
 
 def broken():
     raise RuntimeError("out of coffee")
+
+def exits():
+    raise SystemExit(3)
 '''
 
 
@@ -321,7 +324,8 @@ def test_cli_probes_and_sink_measures_a_factory_model_and_refuses_bad_ones_in_on
     assert (tmp_path / "run" / "layers.csv").exists()
     capsys.readouterr()
     for function, words in (("sigmoid_model", "no softmax attention call"), ("shared_model", "pass sites="),
-                            ("broken", "raised RuntimeError: out of coffee"), ("missing", "defines no function")):
+                            ("broken", "raised RuntimeError: out of coffee"), ("missing", "defines no function"),
+                            ("exits", "raised SystemExit: 3")):
         assert cli.main(["sinks", f"{spec}:{function}", "--n-sequences", "4", "--seq-len", "70", "--quiet"]) == 2
         err = capsys.readouterr().err.strip().splitlines()
         assert words in err[-1] and err[-1].startswith("nopelens sinks: error:"), err
