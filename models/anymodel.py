@@ -420,6 +420,17 @@ def hook_any(model: nn.Module, sites: Mapping[str, str] | None = None, *, tokens
     return HookedAny(model, found.sites, found.blocks, attention, output_fn)
 
 
+def no_attention_reason(model: nn.Module) -> str:
+    """Why a forward pass of ``model`` recorded no softmax attention, in words (for a refusal)."""
+    fused = [path for path, module in model.named_modules() if isinstance(module, nn.MultiheadAttention)]
+    if fused:
+        return (f"its nn.MultiheadAttention ({fused[0]}{f' and {len(fused) - 1} more' if len(fused) > 1 else ''}) "
+                "computes attention inside one fused call that hook_any does not see; map hook_pattern by hand "
+                "(HookedModule) or call scaled_dot_product_attention")
+    return ("its forward pass makes no softmax attention call (scaled_dot_product_attention, or a softmax over "
+            "[batch, head, query, key]; sigmoid or linear attention is no distribution)")
+
+
 def load_factory(ref: str) -> nn.Module:
     """The module a user's own factory builds: ``path/to/file.py:make_model`` or ``package.module:make_model``,
     called with no arguments (the file runs as a module named after it; nothing is unpickled).

@@ -502,3 +502,23 @@ def test_a_forward_pass_failing_in_the_models_own_code_is_its_error_not_an_inter
     assert cli.main(["sinks", f"factory:{tmp_path / 'short.py'}:make_model", "--n-sequences", "4", "--seq-len", "20",
                      "--quiet"]) == 2
     assert "raised RuntimeError" in capsys.readouterr().err.strip().splitlines()[-1]
+
+
+class MHABlock(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.attn = nn.MultiheadAttention(32, 4, batch_first=True)
+
+    def forward(self, x, *unused):
+        T = x.shape[1]
+        return x + self.attn(x, x, x, attn_mask=~torch.ones(T, T, dtype=torch.bool).tril(), need_weights=False)[0]
+
+
+def test_a_model_of_nn_multiheadattention_is_refused_naming_it_not_as_sigmoid_attention():
+    from nopelens.analyses.audit import audit
+
+    model = nano()
+    model.transformer.h = nn.ModuleList(MHABlock() for _ in range(2))
+    with pytest.raises(ValueError, match=r"nn.MultiheadAttention \(transformer.h.0.attn and 1 more\) computes attention "
+                                         "inside one fused call that hook_any does not see"):
+        audit(hook_any(model.eval(), verbose=False))

@@ -32,6 +32,7 @@ import torch
 from torch import Tensor, nn
 
 from nopelens.models.adapters import HookedModule, _accepts, _names
+from nopelens.models.anymodel import no_attention_reason
 from nopelens.models.hooks import act_name
 from nopelens.models.masks import CAUSAL, KeyWindow, visibility
 from nopelens.probes.collect import check_distribution
@@ -89,9 +90,8 @@ def audit_hooked(model: HookedModule, eval_length: int, tokens: Tensor | None, s
     """
     shape = layout(model)
     if not shape.attention_layers:
-        raise ValueError(f"{type(model.model).__name__} records no softmax attention (no hook_pattern site: its "
-                         "forward makes no scaled_dot_product_attention call or softmax over [batch, head, query, "
-                         "key]; sigmoid or linear attention is no distribution), so there is nothing to audit")
+        raise ValueError(f"{type(model.model).__name__} records no softmax attention (no hook_pattern site: "
+                         f"{no_attention_reason(model.model)}), so there is nothing to audit")
     module = model.model
     dtype = next((p.dtype for p in module.parameters() if p.is_floating_point()), torch.float32)
     tol = Tolerance.for_dtype(dtype, *tolerance)
