@@ -188,6 +188,22 @@ def test_hf_sdpa_pattern_equals_its_own_eager_weights():
         np.testing.assert_allclose(np.stack(acts.patterns[site]), eager[l].numpy(), atol=1e-6)
 
 
+def test_the_audit_of_an_hf_model_through_hook_any_pads_on_the_left_and_passes():
+    from nopelens.analyses.audit import audit
+
+    transformers = pytest.importorskip("transformers")
+    config = transformers.LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                                      num_key_value_heads=2, vocab_size=64, max_position_embeddings=64)
+    config._attn_implementation = "sdpa"
+    torch.manual_seed(0)
+    padded = torch.ones(4, 4, dtype=torch.bool).tril()
+    padded[:, 0] = padded[0, :] = False  # the first token a pad: query 0 sees no key
+    assert infer_key_window(padded) is None  # no window or chunk of 0
+    report = audit(hook_any(transformers.LlamaForCausalLM(config).eval(), verbose=False))
+    assert report.step(1).status == "pass" and report.passed
+    assert report.model["measured_layer_positions"] == ["relative", "relative"]
+
+
 def test_the_window_of_the_intercepted_call_travels_with_the_activations():
     model = nano(window=4)
     acts = collect(hook_any(model, verbose=False), tokens(6, 16), PATTERNS)
