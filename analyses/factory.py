@@ -5,6 +5,9 @@ random token ids below its first ``nn.Embedding``'s vocabulary, with no BOS."""
 
 from __future__ import annotations
 
+import importlib.util
+from pathlib import Path
+
 import torch
 
 from nopelens.models.anymodel import hook_any, load_factory
@@ -32,3 +35,16 @@ def factory_subject(spec: str, n_sequences: int, seq_len: int, seed: int, subjec
     info = {"factory": spec[len(FACTORY_PREFIX):], "sites": dict(hooked.site_paths), "input": "random"}
     return subject_class(spec, hooked, hooked.n_blocks, "unknown", "external", tokens, torch.ones_like(tokens),
                          has_bos=False, info=info)
+
+
+def factory_source(spec: str) -> Path | None:
+    """The Python file a ``factory:`` spec's model is built by (the ``.py`` file, or the module's
+    origin), for the run folder's fingerprint of what was measured; None if it cannot be found."""
+    source = spec[len(FACTORY_PREFIX):].rpartition(":")[0]
+    if source.endswith(".py"):
+        return Path(source)
+    try:
+        origin = importlib.util.find_spec(source).origin
+    except (ImportError, AttributeError, ValueError):
+        return None
+    return Path(origin) if origin else None

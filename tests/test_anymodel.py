@@ -538,3 +538,17 @@ def test_a_model_of_nn_multiheadattention_is_refused_naming_it_not_as_sigmoid_at
     with pytest.raises(ValueError, match=r"nn.MultiheadAttention \(transformer.h.0.attn and 1 more\) computes attention "
                                          "inside one fused call that hook_any does not see"):
         audit(hook_any(model.eval(), verbose=False))
+
+
+def test_a_rerun_after_the_factory_file_changed_is_refused_not_answered_from_the_old_model(tmp_path, capsys):
+    from nopelens.analyses import cli
+
+    source = tmp_path / "mine.py"
+    source.write_text(FACTORY)
+    command = ["probe", f"factory:{source}:make_model", "--n-sequences", "8", "--seq-len", "8", "--quiet",
+               "--out", str(tmp_path / "run")]
+    assert cli.main(command) == 0 and cli.main(command) == 0  # unchanged: reused
+    source.write_text(FACTORY.replace("torch.manual_seed(0)", "torch.manual_seed(1)"))
+    capsys.readouterr()
+    assert cli.main(command) == 2
+    assert "the factory's source file changed" in capsys.readouterr().err.strip().splitlines()[-1]
