@@ -11,6 +11,7 @@ from pathlib import Path
 import torch
 
 from nopelens.models.anymodel import hook_any, load_factory
+from nopelens.models.io import file_sha256
 
 FACTORY_PREFIX = "factory:"
 
@@ -37,14 +38,13 @@ def factory_subject(spec: str, n_sequences: int, seq_len: int, seed: int, subjec
                          has_bos=False, info=info)
 
 
-def factory_source(spec: str) -> Path | None:
-    """The Python file a ``factory:`` spec's model is built by (the ``.py`` file, or the module's
-    origin), for the run folder's fingerprint of what was measured; None if it cannot be found."""
+def factory_fingerprint(spec: str) -> dict | None:
+    """What a run folder records of a ``factory:`` model, so a rerun can tell the model changed:
+    ``{"files": {}, "factory_sha256": hex}`` of the factory's source (the ``.py`` file, or the
+    module's origin); None where it cannot be read. Weights the factory reads elsewhere are not seen."""
     source = spec[len(FACTORY_PREFIX):].rpartition(":")[0]
-    if source.endswith(".py"):
-        return Path(source)
     try:
-        origin = importlib.util.find_spec(source).origin
-    except (ImportError, AttributeError, ValueError):
+        path = Path(source if source.endswith(".py") else importlib.util.find_spec(source).origin)
+        return {"files": {}, "factory_sha256": file_sha256(path)}
+    except (ImportError, AttributeError, ValueError, TypeError, OSError):
         return None
-    return Path(origin) if origin else None

@@ -52,8 +52,7 @@ from nopelens.probes.sinks import sink_read_reason, variance_read_reason
 from nopelens.probes.stream import available_memory
 
 from .audit.report import by_reason
-
-from .factory import FACTORY_PREFIX, factory_source, factory_subject
+from .factory import FACTORY_PREFIX, factory_fingerprint, factory_subject
 from .sweep.eta import MEASURE_OVERHEAD_TOKENS, TaskWork
 
 CONTROL_SPECS = ("circuit", "untrained-nope", "constant-nope")
@@ -332,26 +331,18 @@ def input_fingerprint(spec: str, hf_input: HFInput | None = None) -> dict[str, A
     a README, nor a run folder's own files when ``--out`` is inside it), by size and modification
     time in ns (as ``make`` and ``git`` notice a change; hashing a checkpoint of hundreds of GB would
     cost minutes on every rerun). With ``--text FILE``, also the sha256 of the text. A file that
-    cannot be read is left out: the measurement itself reports it. For a ``factory:`` model: the
-    sha256 of the factory's source file (weights it reads elsewhere are not seen).
+    cannot be read is left out: the measurement itself reports it. ``factory:``: its source's sha256.
 
     Returns:
-        ``{"files": {name: [bytes, mtime_ns]}, "text_sha256": hex or absent, "factory_sha256": hex
-        or absent}``; None for the zoo and control models (zoo weights are checked against their
-        sha256 when loaded).
+        ``{"files": {name: [bytes, mtime_ns]}, "text_sha256": hex or absent}``; None for the zoo and
+        control models (zoo weights are checked against their sha256 when loaded).
     """
-    if spec.startswith(FACTORY_PREFIX):
-        source = factory_source(spec)
-        try:
-            return {"files": {}, "factory_sha256": file_sha256(source)} if source is not None else None
-        except OSError:
-            return None
     if spec.startswith(HF_PREFIX):
         directory = Path(spec[len(HF_PREFIX):])
     elif Path(spec).is_dir():  # a nopelens checkpoint directory (resolve reads an existing path as one)
         directory = Path(spec)
     else:
-        return None
+        return factory_fingerprint(spec) if spec.startswith(FACTORY_PREFIX) else None
     files = {}
     for path in sorted(directory.iterdir()) if directory.is_dir() else []:
         try:
@@ -404,10 +395,8 @@ def input_changes(recorded: dict[str, Any] | None, current: dict[str, Any] | Non
     changes = [f"{name} changed" for name in sorted(set(before) & set(now)) if list(before[name]) != list(now[name])]
     changes += [f"{name} is gone" for name in sorted(set(before) - set(now))]
     changes += [f"{name} is new" for name in sorted(set(now) - set(before))]
-    if recorded.get("text_sha256") != current.get("text_sha256"):
-        changes.append("the --text file changed")
-    if recorded.get("factory_sha256") != current.get("factory_sha256"):
-        changes.append("the factory's source file changed")
+    for key, what in (("text_sha256", "the --text file"), ("factory_sha256", "the factory's source file")):
+        changes += [f"{what} changed"] if recorded.get(key) != current.get(key) else []
     return changes
 
 
