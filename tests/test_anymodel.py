@@ -471,7 +471,7 @@ def test_logits_are_found_in_a_dict_or_tuple_output_and_an_output_without_them_i
         model.load_state_dict(plain.state_dict())
         assert torch.equal(hook_any(model, verbose=False)(tokens()), plain(tokens()))
         assert audit(hook_any(model, verbose=False)).passed
-    with pytest.raises(ValueError, match=r"NoLogits's forward returned a dict with no tensor of logits.*output_fn"):
+    with pytest.raises(TypeError, match=r"NoLogits's forward returned a dict with no tensor of logits.*output_fn"):
         audit(hook_any(NoLogits().eval(), verbose=False))
 
 

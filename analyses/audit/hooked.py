@@ -167,11 +167,11 @@ def _layer_checks(model: HookedModule, tokens: Tensor, layers: list[int], tol: T
     (``key_windows``, ``unknown_masks``, ``sink_blocks`` of a :class:`~nopelens.models.anymodel.HookedAny`).
 
     Raises:
-        ValueError: if the forward pass gives no tensor of logits, or logits that are not finite
-            (nothing to compare: refused, not failed)."""
+        TypeError: if the forward pass gives no tensor of logits.
+        ValueError: if the logits are not finite (nothing to compare: refused, not failed)."""
     logits = model(tokens)
     if not isinstance(logits, Tensor):
-        raise ValueError(f"{type(model.model).__name__}'s forward returned a {type(logits).__name__} with no tensor of "
+        raise TypeError(f"{type(model.model).__name__}'s forward returned a {type(logits).__name__} with no tensor of "
                          "logits (.logits, ['logits'] or a tuple's first item): wrap it with output_fn=...")
     if not bool(torch.isfinite(logits).all()):
         raise ValueError(f"{type(model.model).__name__}'s logits are not finite on the probe (NaN or inf): check its "
