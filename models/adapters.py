@@ -196,9 +196,8 @@ class HookedModule(HookedRootModule):
 
     def _make_hook(self, key: str, argument: int | None = None):
         def count(module):
-            if self._calls is not None:  # counted only inside this wrapper's forward
-                self._calls[key] = self._calls.get(key, 0) + 1
-            if self._calls is not None and self._calls[key] > 1:
+            self._calls[key] = self._calls.get(key, 0) + 1
+            if self._calls[key] > 1:
                 name = self.points[key].name
                 raise ValueError(
                     f"module {self.site_paths[name]!r} (site {name!r}) ran {self._calls[key]} times in one "
@@ -206,12 +205,16 @@ class HookedModule(HookedRootModule):
                 )
 
         def hook(module, inputs, output):
+            if self._calls is None:  # outside this wrapper's forward (the bare model, another wrapper): inert
+                return None
             count(module)
             if isinstance(output, tuple):
                 return (self.points[key](output[0]),) + output[1:]
             return self.points[key](output)
 
         def input_hook(module, args, kwargs):
+            if self._calls is None:
+                return None
             count(module)
             if argument >= len(args):
                 raise ValueError(f"site {self.points[key].name!r} reads positional input {argument} of "

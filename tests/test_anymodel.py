@@ -552,3 +552,14 @@ def test_a_rerun_after_the_factory_file_changed_is_refused_not_answered_from_the
     capsys.readouterr()
     assert cli.main(command) == 2
     assert "the factory's source file changed" in capsys.readouterr().err.strip().splitlines()[-1]
+
+
+def test_a_failed_or_abandoned_wrapper_leaves_the_users_model_working():
+    model = nano()
+    bad = hook_any(model, sites={"blocks.0.hook_resid_pre": "transformer.h.0:input.5"}, verbose=False)
+    with pytest.raises(ValueError, match="reads positional input 5"):
+        bad(tokens())
+    assert torch.equal(model(tokens()), nano()(tokens()))  # the bare model: the wrapper's hooks are inert
+    good = hook_any(model, verbose=False)  # the census and the new wrapper run despite the old hooks
+    assert torch.equal(good(tokens()), model(tokens()))
+    assert act_names("pattern", 1)[0] in good.run_with_cache(tokens())[1]
