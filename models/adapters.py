@@ -150,7 +150,7 @@ class HookedModule(HookedRootModule):
             ``{"blocks.0.hook_resid_post": "transformer.h.0"}``; ``path:input`` is its first
             positional input instead (``path:input.N`` the N-th), e.g.
             ``{"blocks.0.hook_resid_pre": "transformer.h.0:input"}``.
-        output_fn: turns the model's output into logits (default: :func:`_logits_of`: the output's
+        output_fn: turns the model's output into logits (default: the output's
             ``.logits`` or ``["logits"]``, the first item of a tuple, or the output itself).
 
     Raises:
