@@ -563,3 +563,16 @@ def test_a_failed_or_abandoned_wrapper_leaves_the_users_model_working():
     good = hook_any(model, verbose=False)  # the census and the new wrapper run despite the old hooks
     assert torch.equal(good(tokens()), model(tokens()))
     assert act_names("pattern", 1)[0] in good.run_with_cache(tokens())[1]
+
+
+def test_a_factory_models_tokens_span_the_vocabulary_of_the_embedding_they_go_through(tmp_path):
+    from nopelens.analyses.factory import factory_subject
+    from nopelens.analyses.subjects import Subject
+
+    (tmp_path / "gpt.py").write_text(FACTORY.replace(  # a position table declared before the token table
+        "        self.embed, self.unembed = nn.Embedding(64, 32), nn.Linear(32, 64)",
+        "        self.wpe = nn.Embedding(16, 32)\n        self.embed, self.unembed = nn.Embedding(64, 32), nn.Linear(32, 64)"
+    ).replace("x = self.embed(tokens)", "x = self.embed(tokens) + self.wpe(torch.arange(tokens.shape[1]))"))
+    subject = factory_subject(f"factory:{tmp_path / 'gpt.py'}:make_model", 8, 12, 0, Subject)
+    assert subject.model.site_paths["hook_embed"] == "embed" and int(subject.tokens.max()) >= 16
+    assert torch.equal(subject.tokens, torch.randint(0, 64, (8, 12), generator=torch.Generator().manual_seed(0)))
