@@ -97,9 +97,15 @@ class HavivSettings:
 
     def check(self) -> None:
         """Raises:
-        ValueError: on no models, too few windows for the folds, or a non-positive size."""
+        ValueError: on no models, a model listed twice, too few windows for the folds, or a
+                non-positive size."""
         if not self.models:
             raise ValueError("no models to compare")
+        twice = [spec for i, spec in enumerate(self.models) if spec in self.models[:i]]
+        if twice:
+            raise ValueError(
+                f"--models lists {twice[0]} twice (its rows would count twice in the side-by-side and claims)"
+            )
         if self.n_splits < 2 or self.n_sequences < 2 * self.n_splits:
             raise ValueError(
                 f"need n_splits >= 2 and at least 2 windows per fold, got {self.n_sequences} windows "

@@ -58,6 +58,11 @@ def settings_digest(settings: dict[str, Any], ignore: Sequence[str] = ()) -> str
     return hashlib.sha256(json.dumps(measured, sort_keys=True).encode()).hexdigest()[:12]
 
 
+OUTPUT_SUFFIXES = (".csv", ".md", ".png", ".svg", ".json")
+"""The kinds of file a run writes at the top of its folder: an unstamped folder holding one is not
+claimed (the run could overwrite someone's table or notes of that name)."""
+
+
 def claim(
     folder: str | Path,
     kind: str,
@@ -91,7 +96,8 @@ def claim(
 
     Raises:
         ValueError: if ``folder`` holds a ``kind`` run made with other settings (the message names
-            the keys that differ), or a run of another analysis.
+            the keys that differ), a run of another analysis, or, unstamped and with no ``parts``
+            folder (a run whose stamp was lost), files of the kinds runs write (:data:`OUTPUT_SUFFIXES`).
     """
     folder = Path(folder)
     command = command or kind
@@ -100,6 +106,17 @@ def claim(
     refuse_other_runs(folder, command, kind)
     digest = settings_digest(settings, ignore)
     previous = _stamped_settings(folder, kind)
+    foreign = (
+        sorted(path.name for path in folder.iterdir() if path.is_file() and path.suffix in OUTPUT_SUFFIXES)
+        if previous is None and folder.is_dir() and not (folder / "parts").is_dir()
+        else []
+    )
+    if foreign:
+        raise ValueError(
+            f"{folder} holds tables or figures no nopelens {command} run wrote ({', '.join(foreign[:3])}"
+            f"{f' and {len(foreign) - 3} more' if len(foreign) > 3 else ''}), which it could overwrite; "
+            "use a new or empty --out folder"
+        )
     if previous is not None and settings_digest(previous, ignore) != digest:
         changes = "; ".join(_changes(previous, settings, ignore, unset or {}))
         raise ValueError(

@@ -19,7 +19,7 @@ from nopelens.models.checkpoint import METADATA_FILE
 from nopelens.models.hf_loading import HFInput
 from nopelens.models.io import file_sha256
 
-from .factory import FACTORY_PREFIX
+from .factory import FACTORY_PREFIX, factory_fingerprint
 from .sweep.eta import MEASURE_OVERHEAD_TOKENS, TaskWork
 
 CONTROL_SPECS = ("circuit", "untrained-nope", "constant-nope")
@@ -115,7 +115,7 @@ def input_fingerprint(spec: str, hf_input: HFInput | None = None) -> dict[str, A
     a README, nor a run folder's own files when ``--out`` is inside it), by size and modification
     time in ns (as ``make`` and ``git`` notice a change; hashing a checkpoint of hundreds of GB would
     cost minutes on every rerun). With ``--text FILE``, also the sha256 of the text. A file that
-    cannot be read is left out: the measurement itself reports it.
+    cannot be read is left out: the measurement itself reports it. ``factory:``: its source's sha256.
 
     Returns:
         ``{"files": {name: [bytes, mtime_ns]}, "text_sha256": hex or absent}``; None for the zoo and
@@ -126,7 +126,7 @@ def input_fingerprint(spec: str, hf_input: HFInput | None = None) -> dict[str, A
     elif Path(spec).is_dir():  # a nopelens checkpoint directory (subjects.resolve reads an existing path as one)
         directory = Path(spec)
     else:
-        return None
+        return factory_fingerprint(spec) if spec.startswith(FACTORY_PREFIX) else None
     files = {}
     for path in sorted(directory.iterdir()) if directory.is_dir() else []:
         try:
@@ -191,8 +191,8 @@ def input_changes(recorded: dict[str, Any] | None, current: dict[str, Any] | Non
     changes = [f"{name} changed" for name in sorted(set(before) & set(now)) if list(before[name]) != list(now[name])]
     changes += [f"{name} is gone" for name in sorted(set(before) - set(now))]
     changes += [f"{name} is new" for name in sorted(set(now) - set(before))]
-    if recorded.get("text_sha256") != current.get("text_sha256"):
-        changes.append("the --text file changed")
+    for key, what in (("text_sha256", "the --text file"), ("factory_sha256", "the factory's source file")):
+        changes += [f"{what} changed"] if recorded.get(key) != current.get(key) else []
     return changes
 
 

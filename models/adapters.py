@@ -14,9 +14,13 @@ All give ``run_with_cache(tokens, names_filter=...)`` and ``hook_dict`` like a n
 
 from __future__ import annotations
 
+import importlib.util
 import inspect
+import traceback
+from pathlib import Path
 from typing import Any, Callable, Mapping
 
+import torch
 from torch import Tensor, nn
 from transformer_lens import ActivationCache, HookedRootModule
 from transformer_lens.factories.architecture_adapter_factory import ArchitectureAdapterFactory
@@ -91,6 +95,51 @@ def _pass_renamed_cache(module: nn.Module, args: tuple, kwargs: dict) -> tuple[t
     return args, {**kwargs, "past_key_values": cache}
 
 
+_NOPELENS = tuple(
+    str(Path(location).resolve()) + "/"
+    for name in ("nopelens", "nopelens.models", "nopelens.circuits", "nopelens.probes", "nopelens.analyses")
+    for location in importlib.util.find_spec(name).submodule_search_locations
+)
+"""The folders of nopelens' own code (its subpackages live in separate folders: pyproject's package-dir)."""
+_TORCH = str(Path(torch.__file__).resolve().parent)
+
+
+def raised_by_model(error: BaseException) -> bool:
+    """Whether a wrapped module's own code raised ``error`` (a shape its position table cannot take, a
+    bad attention call), not nopelens: the innermost frame outside torch and the attention
+    interceptor's pass-through is not nopelens' (a hook of ours that fails is a bug, reported as one).
+    Out-of-memory errors are left as they are."""
+    if isinstance(error, MemoryError) or "out of memory" in str(error) or "can't allocate memory" in str(error):
+        return False
+    for frame in reversed(traceback.extract_tb(error.__traceback__)):
+        path = str(Path(frame.filename).resolve())
+        if path.startswith(_TORCH) or frame.name in ("__torch_function__", "_attention"):
+            continue
+        return not path.startswith(_NOPELENS)
+    return False
+
+
+def model_error(model: nn.Module, tokens: Tensor, error: Exception) -> ValueError:
+    """The one-line refusal of a wrapped module whose forward pass raised ``error`` on ``tokens``."""
+    lines = str(error).strip().splitlines()
+    return ValueError(
+        f"{type(model).__name__}'s forward pass on token ids of shape {list(tokens.shape)} raised "
+        f"{type(error).__name__}: {lines[0][:300] if lines else '(no message)'} in its own code "
+        "(a length its position table cannot take is one cause)"
+    )
+
+
+def _logits_of(out: Any) -> Any:
+    """The logits in a module's output: ``.logits`` (HF), ``["logits"]`` (a dict), the first item
+    of a tuple or list, or the output itself (what reads the logits refuses one that is no tensor)."""
+    logits = getattr(out, "logits", None)
+    if logits is None and isinstance(out, Mapping):
+        logits = out.get("logits")
+    if logits is None and isinstance(out, (tuple, list)) and out:
+        logits = out[0]
+    return out if logits is None else logits
+
+
 class HookedModule(HookedRootModule):
     """Any ``nn.Module`` with TransformerLens hook points at named submodule outputs.
 
@@ -113,7 +162,8 @@ class HookedModule(HookedRootModule):
             ``{"blocks.0.hook_resid_post": "transformer.h.0"}``; ``path:input`` is its first
             positional input instead (``path:input.N`` the N-th), e.g.
             ``{"blocks.0.hook_resid_pre": "transformer.h.0:input"}``.
-        output_fn: turns the model's output into logits (default: ``.logits`` if present).
+        output_fn: turns the model's output into logits (default: the output's
+            ``.logits`` or ``["logits"]``, the first item of a tuple, or the output itself).
 
     Raises:
         KeyError: if a module path does not exist in ``model``, listing the paths that do.
@@ -157,9 +207,8 @@ class HookedModule(HookedRootModule):
 
     def _make_hook(self, key: str, argument: int | None = None):
         def count(module):
-            if self._calls is not None:  # counted only inside this wrapper's forward
-                self._calls[key] = self._calls.get(key, 0) + 1
-            if self._calls is not None and self._calls[key] > 1:
+            self._calls[key] = self._calls.get(key, 0) + 1
+            if self._calls[key] > 1:
                 name = self.points[key].name
                 raise ValueError(
                     f"module {self.site_paths[name]!r} (site {name!r}) ran {self._calls[key]} times in one "
@@ -167,12 +216,16 @@ class HookedModule(HookedRootModule):
                 )
 
         def hook(module, inputs, output):
+            if self._calls is None:  # outside this wrapper's forward (the bare model, another wrapper): inert
+                return None
             count(module)
             if isinstance(output, tuple):
                 return (self.points[key](output[0]),) + output[1:]
             return self.points[key](output)
 
         def input_hook(module, args, kwargs):
+            if self._calls is None:
+                return None
             count(module)
             if argument >= len(args):
                 raise ValueError(
@@ -203,11 +256,15 @@ class HookedModule(HookedRootModule):
         self._calls = {}
         try:
             out = self.model(tokens, **kwargs)
+        except Exception as error:
+            if raised_by_model(error):
+                raise model_error(self.model, tokens, error) from error
+            raise
         finally:
             self._calls = None
         if self.output_fn is not None:
             return self.output_fn(out)
-        return getattr(out, "logits", out)
+        return _logits_of(out)
 
     def run_with_cache(self, *args, **kwargs) -> tuple[Tensor, ActivationCache]:
         out, cache = super().run_with_cache(*args, **kwargs)

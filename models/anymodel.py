@@ -36,7 +36,7 @@ import torch
 from torch import Tensor, nn
 from transformer_lens.hook_points import HookPoint
 
-from .adapters import HookedModule, _key
+from .adapters import HookedModule, _key, model_error, raised_by_model
 from .hooks import act_name
 from .intercept import AttentionInterceptor, infer_key_window, run_sdpa, run_softmax
 from .masks import CAUSAL, KeyWindow
@@ -98,6 +98,10 @@ class _Census:
         try:
             with torch.no_grad(), AttentionInterceptor(self._attention):
                 self.model(tokens)
+        except Exception as error:
+            if raised_by_model(error):
+                raise model_error(self.model, tokens, error) from error
+            raise
         finally:
             for handle in handles:
                 handle.remove()
@@ -275,13 +279,15 @@ def find_sites(model: nn.Module, tokens: Tensor | None = None) -> SiteMap:
         A :class:`SiteMap` (``hook_embed``, ``blocks.0.hook_resid_pre``, ``blocks.{l}.hook_resid_post``).
 
     Raises:
-        UnmappableModelError: if neither structure of the module docstring fits, saying which map to pass.
+        UnmappableModelError: if neither structure of the module docstring fits, saying which map to pass
+            (or, where a module's output holds NaN, naming the first such module).
     """
     tokens = example_tokens(model) if tokens is None else tokens
     census = _Census(model)
     census.run(tokens)
     found = _block_list(census, tokens) or _sublayer_list(census, tokens)
     if found is None:
+        _refuse_non_finite(census)
         lists = (
             ", ".join(
                 f"{path or '(the model)'}: {len(children)} entries, run {[census.count(c) for c in children]} times"
@@ -300,6 +306,16 @@ def find_sites(model: nn.Module, tokens: Tensor | None = None) -> SiteMap:
     if embed is not None:
         found.sites = {"hook_embed": embed, **found.sites}
     return found
+
+
+def _refuse_non_finite(census: _Census) -> None:
+    """Raise if a call's output is a NaN-holding tensor (the blocks' chain cannot be checked on it)."""
+    for call in census.calls:
+        if isinstance(call.output, Tensor) and call.output.is_floating_point() and call.output.isnan().any():
+            raise UnmappableModelError(
+                f"{type(census.model).__name__}'s forward pass gives NaN at {call.path} on the "
+                "census input, so its residual stream cannot be traced: check its weights"
+            )
 
 
 class HookedAny(HookedModule):
@@ -467,6 +483,21 @@ def hook_any(
     return HookedAny(model, found.sites, found.blocks, attention, output_fn)
 
 
+def no_attention_reason(model: nn.Module) -> str:
+    """Why a forward pass of ``model`` recorded no softmax attention, in words (for a refusal)."""
+    fused = [path for path, module in model.named_modules() if isinstance(module, nn.MultiheadAttention)]
+    if fused:
+        return (
+            f"its nn.MultiheadAttention ({fused[0]}{f' and {len(fused) - 1} more' if len(fused) > 1 else ''}) "
+            "computes attention inside one fused call that hook_any does not see; map hook_pattern by hand "
+            "(HookedModule) or call scaled_dot_product_attention"
+        )
+    return (
+        "its forward pass makes no softmax attention call (scaled_dot_product_attention, or a softmax over "
+        "[batch, head, query, key]; sigmoid or linear attention is no distribution)"
+    )
+
+
 def load_factory(ref: str) -> nn.Module:
     """The module a user's own factory builds: ``path/to/file.py:make_model`` or ``package.module:make_model``,
     called with no arguments (the file runs as a module named after it; nothing is unpickled).
@@ -487,14 +518,14 @@ def load_factory(ref: str) -> nn.Module:
         raise FileNotFoundError(f"factory {ref!r}: no such file {source}")
     try:
         module = _import(source)
-    except Exception as error:  # the user's code: one line naming it, not a traceback from inside it
+    except (Exception, SystemExit) as error:  # the user's code (a script parsing sys.argv exits): one line naming it
         raise ValueError(f"factory {ref!r}: importing {source} raised {type(error).__name__}: {error}") from error
     factory = getattr(module, name, None)
     if not callable(factory):
         raise ValueError(f"factory {ref!r}: {source} defines no function {name}")
     try:
         model = factory()
-    except Exception as error:  # the user's code: one line naming it, not a traceback from inside it
+    except (Exception, SystemExit) as error:  # the user's code: one line naming it, not a traceback from inside it
         raise ValueError(f"factory {ref!r} raised {type(error).__name__}: {error}") from error
     if not isinstance(model, nn.Module):
         raise TypeError(f"factory {ref!r} returned a {type(model).__name__}, not a torch.nn.Module")

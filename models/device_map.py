@@ -11,7 +11,13 @@ import tempfile
 from pathlib import Path
 
 from accelerate import dispatch_model
-from accelerate.utils import compute_module_sizes, get_balanced_memory, get_max_layer_size, infer_auto_device_map
+from accelerate.utils import (
+    compute_module_sizes,
+    find_tied_parameters,
+    get_balanced_memory,
+    get_max_layer_size,
+    infer_auto_device_map,
+)
 from torch import nn
 
 from .placement import DEVICE_MAPS, Placement, PlacementReport, _device_key, _mib, main_device, read_device_map
@@ -41,6 +47,7 @@ def resolve_device_map(placement: Placement, model: nn.Module) -> dict[str, int 
         device_map = dict(infer_auto_device_map(model, max_memory=inferred, no_split_module_classes=no_split))
     else:
         device_map = read_device_map(placement.device_map, model)
+        _check_tied(placement.device_map, device_map, model)
     main = main_device(device_map)
     layer, names = get_max_layer_size(list(model.named_children()), sizes, no_split)
     budget = (budgets or {}).get(_device_key(main.index if main.type == "cuda" else main.type))
@@ -54,6 +61,24 @@ def resolve_device_map(placement: Placement, model: nn.Module) -> dict[str, int 
     if disk:
         _check_offload_folder(placement.offload_folder, disk)
     return device_map
+
+
+def _check_tied(path: str, device_map: dict[str, int | str], model: nn.Module) -> None:
+    """Refuse a map placing one tied weight (an embedding shared with the unembedding) on two devices."""
+
+    def placed(name: str):
+        return device_map[
+            max((key for key in device_map if key == "" or name == key or name.startswith(key + ".")), key=len)
+        ]
+
+    for group in find_tied_parameters(model):
+        devices = {name: placed(name) for name in group}
+        if len(set(devices.values())) > 1:
+            shown = ", ".join(f"{name} on {device}" for name, device in devices.items())
+            raise ValueError(
+                f"--device-map {path}: {' and '.join(group)} are one tied weight, placed apart ({shown}); "
+                "place them on one device"
+            )
 
 
 def _check_offload_folder(folder: str | None, need: int) -> None:

@@ -182,7 +182,7 @@ def infer_key_window(visible: Tensor) -> KeyWindow | None:
     last = int(grid[-1].sum())
     blocked_first = (~grid[:, 0]).nonzero()
     candidates = [CAUSAL, KeyWindow(window=max(last, 1))]
-    if len(blocked_first):
+    if len(blocked_first) and int(blocked_first[0]) >= 1:  # query 0 seeing no key (a left-padded row): no chunk
         candidates.append(KeyWindow(chunk=int(blocked_first[0])))
     for keys in candidates:
         if torch.equal(keys.visible(n), grid):

@@ -55,7 +55,7 @@ def parse_max_memory(text: str) -> dict[int | str, int]:
 
     Raises:
         ValueError: on an entry that is not ``DEVICE=SIZE``, a unit it does not know, a size of 0,
-            or a device named twice.
+            a budget for ``disk``, or a device named twice.
 
     Example:
         >>> parse_max_memory("cpu=200MiB,0=1.5GB")
@@ -70,6 +70,11 @@ def parse_max_memory(text: str) -> dict[int | str, int]:
                 f"(units {', '.join(sorted(UNITS, key=UNITS.get))}); got {part.strip()!r}"
             )
         device = _device_key(match.group(1))
+        if device == "disk":
+            raise ValueError(
+                f"--max-memory {part.strip()}: disk takes no budget (what the devices do not hold goes "
+                "to disk, in --offload-folder)"
+            )
         size = int(float(match.group(2)) * UNITS[match.group(3).upper()])
         if size <= 0:
             raise ValueError(f"--max-memory {part.strip()}: a budget must be more than 0 bytes")

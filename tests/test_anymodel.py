@@ -210,6 +210,29 @@ def test_hf_sdpa_pattern_equals_its_own_eager_weights():
         np.testing.assert_allclose(np.stack(acts.patterns[site]), eager[l].numpy(), atol=1e-6)
 
 
+def test_the_audit_of_an_hf_model_through_hook_any_pads_on_the_left_and_passes():
+    from nopelens.analyses.audit import audit
+
+    transformers = pytest.importorskip("transformers")
+    config = transformers.LlamaConfig(
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=64,
+        max_position_embeddings=64,
+    )
+    config._attn_implementation = "sdpa"
+    torch.manual_seed(0)
+    padded = torch.ones(4, 4, dtype=torch.bool).tril()
+    padded[:, 0] = padded[0, :] = False  # the first token a pad: query 0 sees no key
+    assert infer_key_window(padded) is None  # no window or chunk of 0
+    report = audit(hook_any(transformers.LlamaForCausalLM(config).eval(), verbose=False))
+    assert report.step(1).status == "pass" and report.passed
+    assert report.model["measured_layer_positions"] == ["relative", "relative"]
+
+
 def test_the_window_of_the_intercepted_call_travels_with_the_activations():
     model = nano(window=4)
     acts = collect(hook_any(model, verbose=False), tokens(6, 16), PATTERNS)
@@ -330,6 +353,9 @@ def shared_model():
 
 def broken():
     raise RuntimeError("out of coffee")
+
+def exits():
+    raise SystemExit(3)
 """
 
 
@@ -365,6 +391,7 @@ def test_cli_probes_and_sink_measures_a_factory_model_and_refuses_bad_ones_in_on
         ("shared_model", "pass sites="),
         ("broken", "raised RuntimeError: out of coffee"),
         ("missing", "defines no function"),
+        ("exits", "raised SystemExit: 3"),
     ):
         assert cli.main(["sinks", f"{spec}:{function}", "--n-sequences", "4", "--seq-len", "70", "--quiet"]) == 2
         err = capsys.readouterr().err.strip().splitlines()
@@ -476,3 +503,163 @@ def test_cli_audits_a_factory_model_and_refuses_bad_ones_in_one_line(tmp_path, c
         assert cli.main(["audit", "--model", f"{spec}:{function}"]) == 2
         err = capsys.readouterr().err.strip().splitlines()
         assert words in err[-1] and err[-1].startswith("nopelens audit: error:"), err
+
+
+class DictOutput(NanoGPT):
+    def forward(self, idx):
+        return {"logits": super().forward(idx), "aux": None}
+
+
+class TupleOutput(NanoGPT):
+    def forward(self, idx):
+        return super().forward(idx), None
+
+
+class NoLogits(NanoGPT):
+    def forward(self, idx):
+        return {"hidden": super().forward(idx)}
+
+
+def test_logits_are_found_in_a_dict_or_tuple_output_and_an_output_without_them_is_refused_in_one_line():
+    from nopelens.analyses.audit import audit
+
+    torch.manual_seed(0)
+    plain = nano()
+    for wrapper in (DictOutput, TupleOutput):
+        model = wrapper().eval()
+        model.load_state_dict(plain.state_dict())
+        assert torch.equal(hook_any(model, verbose=False)(tokens()), plain(tokens()))
+        assert audit(hook_any(model, verbose=False)).passed
+    with pytest.raises(TypeError, match=r"NoLogits's forward returned a dict with no tensor of logits.*output_fn"):
+        audit(hook_any(NoLogits().eval(), verbose=False))
+
+
+def test_a_model_giving_nan_is_refused_naming_where_not_as_an_unmappable_structure():
+    model = nano()
+    with torch.no_grad():
+        model.transformer.wte.weight[:] = float("nan")
+    with pytest.raises(UnmappableModelError, match=r"gives NaN at transformer.wte on the census input"):
+        hook_any(model, verbose=False)
+
+
+class ShortTable(NanoGPT):
+    """A learned position table of 12 rows, added after the lookup: longer inputs fail in its own code."""
+
+    def __init__(self):
+        super().__init__()
+        self.pos = nn.Parameter(torch.zeros(12, 32))
+
+    def forward(self, idx):
+        x = self.transformer.wte(idx) + self.pos[: idx.shape[1]]
+        for block in self.transformer.h:
+            x = block(x)
+        return self.lm_head(self.transformer.ln_f(x))
+
+
+def test_a_forward_pass_failing_in_the_models_own_code_is_its_error_not_an_internal_one(tmp_path, capsys):
+    from nopelens.analyses import cli
+    from nopelens.analyses.audit import audit
+
+    model = ShortTable().eval()
+    hooked = hook_any(model, verbose=False)  # the census at 8 tokens runs
+    with pytest.raises(
+        ValueError,
+        match=r"ShortTable's forward pass on token ids of shape \[6, 20\] raised "
+        r"RuntimeError: The size of tensor a \(20\).* in its own code",
+    ):
+        collect(hooked, tokens(length=20), resid_sites(2))
+    with pytest.raises(ValueError, match=r"ShortTable's forward pass .* raised RuntimeError"):
+        hook_any(model, tokens=tokens(length=20), verbose=False)
+    with pytest.raises(ValueError, match=r"ShortTable's forward pass on token ids of shape \[1, 20\]"):
+        audit(hook_any(model, verbose=False), eval_length=20)
+    (tmp_path / "mine.py").write_text(FACTORY)
+    assert (
+        cli.main(
+            ["sinks", f"factory:{tmp_path / 'mine.py'}:make_model", "--n-sequences", "4", "--seq-len", "70", "--quiet"]
+        )
+        == 0
+    )  # the factory's model has no table: any length runs
+    (tmp_path / "short.py").write_text(
+        FACTORY.replace("x = self.embed(tokens)", "x = self.embed(tokens) + self.pos[: tokens.shape[1]]").replace(
+            "self.shared = shared", "self.shared, self.pos = shared, nn.Parameter(torch.zeros(12, 32))"
+        )
+    )
+    assert (
+        cli.main(
+            ["sinks", f"factory:{tmp_path / 'short.py'}:make_model", "--n-sequences", "4", "--seq-len", "20", "--quiet"]
+        )
+        == 2
+    )
+    assert "raised RuntimeError" in capsys.readouterr().err.strip().splitlines()[-1]
+
+
+class MHABlock(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.attn = nn.MultiheadAttention(32, 4, batch_first=True)
+
+    def forward(self, x, *unused):
+        T = x.shape[1]
+        return x + self.attn(x, x, x, attn_mask=~torch.ones(T, T, dtype=torch.bool).tril(), need_weights=False)[0]
+
+
+def test_a_model_of_nn_multiheadattention_is_refused_naming_it_not_as_sigmoid_attention():
+    from nopelens.analyses.audit import audit
+
+    model = nano()
+    model.transformer.h = nn.ModuleList(MHABlock() for _ in range(2))
+    with pytest.raises(
+        ValueError,
+        match=r"nn.MultiheadAttention \(transformer.h.0.attn and 1 more\) computes attention "
+        "inside one fused call that hook_any does not see",
+    ):
+        audit(hook_any(model.eval(), verbose=False))
+
+
+def test_a_rerun_after_the_factory_file_changed_is_refused_not_answered_from_the_old_model(tmp_path, capsys):
+    from nopelens.analyses import cli
+
+    source = tmp_path / "mine.py"
+    source.write_text(FACTORY)
+    command = [
+        "probe",
+        f"factory:{source}:make_model",
+        "--n-sequences",
+        "8",
+        "--seq-len",
+        "8",
+        "--quiet",
+        "--out",
+        str(tmp_path / "run"),
+    ]
+    assert cli.main(command) == 0 and cli.main(command) == 0  # unchanged: reused
+    source.write_text(FACTORY.replace("torch.manual_seed(0)", "torch.manual_seed(1)"))
+    capsys.readouterr()
+    assert cli.main(command) == 2
+    assert "the factory's source file changed" in capsys.readouterr().err.strip().splitlines()[-1]
+
+
+def test_a_failed_or_abandoned_wrapper_leaves_the_users_model_working():
+    model = nano()
+    bad = hook_any(model, sites={"blocks.0.hook_resid_pre": "transformer.h.0:input.5"}, verbose=False)
+    with pytest.raises(ValueError, match="reads positional input 5"):
+        bad(tokens())
+    assert torch.equal(model(tokens()), nano()(tokens()))  # the bare model: the wrapper's hooks are inert
+    good = hook_any(model, verbose=False)  # the census and the new wrapper run despite the old hooks
+    assert torch.equal(good(tokens()), model(tokens()))
+    assert act_names("pattern", 1)[0] in good.run_with_cache(tokens())[1]
+
+
+def test_a_factory_models_tokens_span_the_vocabulary_of_the_embedding_they_go_through(tmp_path):
+    from nopelens.analyses.factory import factory_subject
+    from nopelens.analyses.subjects import Subject
+
+    (tmp_path / "gpt.py").write_text(
+        FACTORY.replace(  # a position table declared before the token table
+            "        self.embed, self.unembed = nn.Embedding(64, 32), nn.Linear(32, 64)",
+            "        self.wpe = nn.Embedding(16, 32)\n        self.embed, self.unembed = nn.Embedding(64, 32), nn.Linear(32, 64)",
+        ).replace("x = self.embed(tokens)", "x = self.embed(tokens) + self.wpe(torch.arange(tokens.shape[1]))")
+    )
+    subject = factory_subject(f"factory:{tmp_path / 'gpt.py'}:make_model", 8, 12, 0, Subject)
+    assert subject.model.site_paths["hook_embed"] == "embed" and int(subject.tokens.max()) >= 16
+    assert torch.equal(subject.tokens, torch.randint(0, 64, (8, 12), generator=torch.Generator().manual_seed(0)))

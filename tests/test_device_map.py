@@ -139,6 +139,8 @@ def test_the_offloaded_share_stays_on_disk_and_the_plan_says_so(model_dir, tmp_p
     "options, message",
     [
         (["--device-map", "auto", "--max-memory", "7=1GiB"], "device 7 does not exist here"),
+        (["--device-map", "auto", "--max-memory", "disk=1GiB"], "disk takes no budget"),
+        (["--device-map", "TIED", "--offload-folder", "OFF"], "are one tied weight, placed apart"),
         (
             [
                 "--device-map",
@@ -157,9 +159,11 @@ def test_bad_placements_are_one_line(model_dir, tmp_path, capsys, options, messa
 
     (tmp_path / "map.json").write_text(json.dumps({"model.embed_tokens": "cpu", "model.layer.0": "cpu"}))
     (tmp_path / "file").write_text("")
+    (tmp_path / "tied.json").write_text(json.dumps({"model": "cpu", "lm_head": "disk"}))
     given = [
         {
             "MAP": str(tmp_path / "map.json"),
+            "TIED": str(tmp_path / "tied.json"),
             "OFF": str(tmp_path / "off"),
             "HALF": _half(model_dir),
             "FILE/offload": str(tmp_path / "file" / "offload"),

@@ -77,6 +77,11 @@ def test_untrained_zoo_and_bad_input_are_one_line_and_exit_2(tmp_path, capsys):
         assert not (tmp_path / "zoo").exists()
     assert main(["compare", "haviv", "--quick", "--models", "circuit", "--out", str(tmp_path / "c")]) == 2
     assert "not a text model" in capsys.readouterr().err and not (tmp_path / "c").exists()
+    assert (
+        main(["compare", "haviv", "--quick", "--models", "text-nope-4l,text-nope-4l", "--out", str(tmp_path / "d")])
+        == 2
+    )
+    assert "lists text-nope-4l twice" in capsys.readouterr().err and not (tmp_path / "d").exists()
     for args in (["compare", "haviv", "--contexts", "a,b"], ["compare", "nobody"]):
         with pytest.raises(SystemExit) as exit:
             main(args)

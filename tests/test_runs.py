@@ -302,3 +302,17 @@ def test_sinks_writes_into_no_other_commands_run_folder(tmp_path, capsys):
     assert not (tmp_path / "run" / "sinks.csv").exists()
     assert main(["sinks", "circuit", "--quick", "--quiet", "--out", " "]) == 2
     assert "--out is empty" in capsys.readouterr().err
+
+
+def test_a_folder_holding_someone_elses_files_is_refused_not_overwritten(tmp_path):
+    (tmp_path / "summary.md").write_text("my notes")
+    with pytest.raises(
+        ValueError,
+        match=r"holds tables or figures no nopelens probe run wrote \(summary.md\), which it could "
+        "overwrite; use a new or empty --out folder",
+    ):
+        runs.claim(tmp_path, "sweep", {"seed": 0}, command="probe")
+    assert (tmp_path / "summary.md").read_text() == "my notes" and not (tmp_path / "sweep.json").exists()
+    (tmp_path / "parts").mkdir()  # a run whose stamp was lost: resumed, its parts checked one by one
+    runs.claim(tmp_path, "sweep", {"seed": 0})
+    runs.claim(tmp_path, "sweep", {"seed": 0})  # stamped now

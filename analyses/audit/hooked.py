@@ -32,6 +32,7 @@ import torch
 from torch import Tensor, nn
 
 from nopelens.models.adapters import HookedModule, _accepts, _names
+from nopelens.models.anymodel import no_attention_reason
 from nopelens.models.hooks import act_name
 from nopelens.models.masks import CAUSAL, KeyWindow, visibility
 from nopelens.probes.collect import check_distribution
@@ -102,9 +103,8 @@ def audit_hooked(
     shape = layout(model)
     if not shape.attention_layers:
         raise ValueError(
-            f"{type(model.model).__name__} records no softmax attention (no hook_pattern site: its "
-            "forward makes no scaled_dot_product_attention call or softmax over [batch, head, query, "
-            "key]; sigmoid or linear attention is no distribution), so there is nothing to audit"
+            f"{type(model.model).__name__} records no softmax attention (no hook_pattern site: "
+            f"{no_attention_reason(model.model)}), so there is nothing to audit"
         )
     module = model.model
     dtype = next((p.dtype for p in module.parameters() if p.is_floating_point()), torch.float32)
@@ -202,8 +202,15 @@ def _layer_checks(
     (``key_windows``, ``unknown_masks``, ``sink_blocks`` of a :class:`~nopelens.models.anymodel.HookedAny`).
 
     Raises:
+        TypeError: if the forward pass gives no tensor of logits.
         ValueError: if the logits are not finite (nothing to compare: refused, not failed)."""
-    if not bool(torch.isfinite(model(tokens)).all()):
+    logits = model(tokens)
+    if not isinstance(logits, Tensor):
+        raise TypeError(
+            f"{type(model.model).__name__}'s forward returned a {type(logits).__name__} with no tensor of "
+            "logits (.logits, ['logits'] or a tuple's first item): wrap it with output_fn=..."
+        )
+    if not bool(torch.isfinite(logits).all()):
         raise ValueError(
             f"{type(model.model).__name__}'s logits are not finite on the probe (NaN or inf): check its "
             "weights for NaN or inf"

@@ -20,6 +20,7 @@ from nopelens.analyses.sweep.reads import choose_reads
 from nopelens.analyses.sweep.settings import DEFAULT_SITES, SITE_KINDS, SweepSettings
 from nopelens.analyses.sweep.sites import sweep_sites
 from nopelens.analyses.sweep.streamed import measure_sinks
+from nopelens.models.anymodel import no_attention_reason
 from nopelens.models.hf import UnsupportedModelError
 from nopelens.models.hf_loading import HFInput
 from nopelens.models.io import write_csv_atomic
@@ -364,9 +365,9 @@ def run_sinks(args: argparse.Namespace) -> int:
         raise ValueError(f"{absent}, so no attention sink to measure")
     if not any(site.endswith("hook_pattern") for site in subject.model.hook_dict):
         raise ValueError(
-            f"{subject.name} has no hook_pattern site: its forward pass makes no softmax attention call "
-            "(scaled_dot_product_attention, or a softmax over [batch, head, query, key]; sigmoid or linear "
-            "attention is no distribution), so no attention sink to measure"
+            f"{subject.name} has no hook_pattern site: "
+            f"{no_attention_reason(getattr(subject.model, 'model', subject.model))}, so no attention sink "
+            "to measure"
         )
     logits = learned_sink_logits(subject.model.original_model) if is_hf else None
     if "beyond_trained_length" in subject.info:

@@ -80,6 +80,9 @@ returns None instead, which no list index mistakes for a layer."""
 BOUNDED_METRICS = ("r2", "accuracy", "balanced_accuracy", "within_one", "spearman")
 """Metrics that cannot exceed 1, so a bar above 1 is one no layer can clear."""
 
+METRIC_FLOORS = {"accuracy": 0.0, "balanced_accuracy": 0.0, "within_one": 0.0, "spearman": -1.0}
+"""The lowest value of the metrics bounded below: a bar at or below it is one every layer clears."""
+
 
 @dataclass(frozen=True)
 class SweepRead:
@@ -237,9 +240,10 @@ def choose_reads(
 
     Raises:
         ValueError: on a metric no task reports, a task that is not ``classification`` or
-            ``regression``, a MAD read without a MAD bar (MAD is in positions, not a fraction), a
-            bar that is not a finite number, above 1 for a metric that cannot exceed 1, or not
-            positive for MAD.
+            ``regression``, a task or bar given twice, a ``METRIC=BAR`` for a metric no read uses,
+            a MAD read without a MAD bar (MAD is in positions, not a fraction), a bar that is not a
+            finite number, above 1 for a metric that cannot exceed 1, at or below the lowest value
+            of its metric (:data:`METRIC_FLOORS`), or not positive for MAD.
 
     Example:
         >>> [read.column for read in choose_reads("spearman")][:2]
@@ -265,6 +269,12 @@ def choose_reads(
             renamed.append(dataclasses.replace(read, metric=new, column=column))
         chosen = renamed
     default, by_metric = _bars(threshold)
+    unused = sorted(set(by_metric) - {read.metric for read in chosen})
+    if unused:
+        raise ValueError(
+            f"--threshold {unused[0]}={by_metric[unused[0]]:g}: no read uses {unused[0]} "
+            f"(they use {', '.join(sorted({read.metric for read in chosen}))}; choose it with --metric)"
+        )
     if any(read.metric == "mad" for read in chosen) and "mad" not in by_metric and default is None:
         raise ValueError("a MAD read needs its bar in positions: add --threshold mad=2 (within 2 positions on average)")
     result = []
@@ -277,6 +287,11 @@ def choose_reads(
             raise ValueError(
                 f"--threshold {bar:g}: {read.metric} cannot exceed 1, so no layer could clear it "
                 "(give a MAD bar alone as mad=BAR)"
+            )
+        if read.metric in METRIC_FLOORS and bar <= METRIC_FLOORS[read.metric]:
+            raise ValueError(
+                f"--threshold {bar:g}: {read.metric} is never below {METRIC_FLOORS[read.metric]:g}, so "
+                "every layer would clear it"
             )
         if read.metric == "mad" and bar <= 0:
             raise ValueError(f"--threshold {bar:g}: a MAD bar must be positive (positions)")
@@ -299,6 +314,8 @@ def _bars(threshold: float | str | None) -> tuple[float | None, dict[str, float]
             raise ValueError(f"--threshold must be a finite number, got {part!r}")
         if name and name not in HIGHER_IS_BETTER:
             raise ValueError(f"--threshold {part!r}: unknown metric {name!r} (known: {', '.join(HIGHER_IS_BETTER)})")
+        if (name in by_metric) if name else (default is not None):
+            raise ValueError(f"--threshold {threshold!r} gives {'the bar of ' + name if name else 'a bare bar'} twice")
         if name:
             by_metric[name] = bar
         else:
@@ -318,6 +335,8 @@ def _metric_by_task(text: str) -> dict[str, str]:
         if not tasks or metric not in metric_names(tasks[0]):
             known = ", ".join(sorted(set(metric_names("regression")) | set(metric_names("classification"))))
             raise ValueError(f"--metric {text!r}: unknown metric {metric!r} (known: {known})")
+        if tasks[0] in by_task:
+            raise ValueError(f"--metric {text!r} names the {tasks[0]} metric twice")
         by_task[tasks[0]] = metric
     if not by_task:
         raise ValueError("--metric names no metric")
