@@ -180,12 +180,16 @@ def context_sentence(context: pd.DataFrame) -> str:
     return f"With the MLP probe, the first layer at MAD/chance <= 0.1 does not move monotonically with the window ({pairs})."
 
 
-def write_report(folder: str | Path, tables: dict[str, pd.DataFrame]) -> list[Path]:
-    """Render the tables into ``folder``: haviv.md (the side-by-side), summary.md and haviv.png/.svg."""
+def write_report(folder: str | Path, tables: dict[str, pd.DataFrame], quick: bool = False) -> list[Path]:
+    """Render the tables into ``folder``: haviv.md (the side-by-side), summary.md and haviv.png/.svg;
+    ``quick``: summary.md opens by saying its numbers are a smoke test's."""
     folder = Path(folder)
+    label = (
+        "**Quick mode (`--quick`): a smoke test at toy size; its numbers and verdicts are not meant to be read.**\n\n"
+    )
     written = [
         write_text_atomic(folder / "haviv.md", side_by_side_markdown(tables["haviv"]) + "\n"),
-        write_text_atomic(folder / "summary.md", summary_markdown(tables)),
+        write_text_atomic(folder / "summary.md", (label if quick else "") + summary_markdown(tables)),
     ]
     fig = haviv_figure(tables["haviv"])
     written += save_figure(fig, folder / "haviv")

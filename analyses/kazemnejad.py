@@ -38,7 +38,7 @@ PAPER_TASKS = {"repeat": "rsc", "repeat_twice": "rsc2x", "replace": "rdc", "copy
 
 RELEASED_SOURCE = (
     "Kazemnejad et al. 2023, released results (McGill-NLP/length-generalization, results/*.jsonl): "
-    "mean exact match over 3 seeds on the test set, sizes 21-40 only; as quoted in nopelens issue 46"
+    "mean exact match over 3 seeds on the test set, sizes 21-40 only (transcribed from those files, not re-read by nopelens)"
 )
 """Where every value of :data:`RELEASED` comes from."""
 

@@ -272,6 +272,14 @@ def summary_markdown(
     parts = [
         "# Kazemnejad et al. 2023 side by side (`nopelens lengthgen`)",
         "",
+        *(
+            [
+                "**Quick mode (`--quick`): a smoke test at toy size; its numbers and verdicts are not meant to be read.**",
+                "",
+            ]
+            if settings == LengthGenSettings.quick()
+            else []
+        ),
         f"Settings: {settings.to_dict()}; training sizes 1-{L}, test sizes {L + 1}-{2 * L}. "
         f"Time: {seconds / 60:.1f} min wall in this session"
         + (

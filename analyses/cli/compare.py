@@ -20,7 +20,7 @@ def register(subparsers) -> None:
         "compare",
         help="side by side with a paper: Haviv et al. 2022's position probe across NoPE, learned, sinusoidal, ALiBi",
         description="Probe every residual layer of each model with ridge regression (ours) and with "
-        "Haviv et al. 2022's 2-layer MLP classifier (its argmax MAD), both as MAD/chance with 95 %% CIs "
+        "Haviv et al. 2022's 2-layer MLP classifier (its argmax MAD), both as MAD/chance with 95 % CIs "
         "and no-information floors, next to the paper's released per-layer values at the same fraction "
         "of depth; validation bits per byte next to the paper's Table 1; the NoPE model at shorter "
         "windows; a verdict per claim. Writes haviv.csv, losses.csv, context.csv, claims.csv, "
@@ -95,7 +95,7 @@ def _run(args: argparse.Namespace) -> int:
     settings = dataclasses.replace(settings, **changes)
     say = (lambda line: None) if args.quiet else (lambda line: print(f"nopelens compare: {line}", flush=True))
     tables = compare_haviv(args.out, settings, say)
-    write_report(args.out, tables)
+    write_report(args.out, tables, quick=args.quick)
     print(summary_markdown(tables))
     print(
         f"wrote {Path(args.out) / 'haviv.csv'}, losses.csv, context.csv, claims.csv, haviv.md, summary.md, haviv.png/.svg"
