@@ -58,7 +58,9 @@ def test_quick_run_writes_every_table_and_resumes(tmp_path, capsys, one_thread):
     floors = ours.groupby("probe")["floor"].first()
     assert floors["ridge"] == pytest.approx(3 * 65**2 / (4 * (65**2 - 1)), abs=0.01) and floors["mlp"] == 1
     assert (ours["n_sequences"] == 12).all()  # the kept sample, said in every row
-    assert (tmp_path / "summary.md").read_text().startswith("**Quick mode (`--quick`)")  # its numbers are a smoke test's
+    assert (
+        (tmp_path / "summary.md").read_text().startswith("**Quick mode (`--quick`)")
+    )  # its numbers are a smoke test's
     claims_table = pd.read_csv(tmp_path / "claims.csv")
     assert len(claims_table) == 5 and all(v.split(":")[0] in VERDICTS for v in claims_table["verdict"])
     for name in ("losses.csv", "context.csv", "haviv.md", "summary.md", "haviv.png", "haviv.svg"):
