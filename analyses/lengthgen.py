@@ -43,6 +43,7 @@ from . import kazemnejad, runs
 from .attention_distance import pairwise_table
 from .kazemnejad import SECOND_SEED
 from .lengthgen_figures import plot, plot_curve, plot_distances
+from .sweep.parallel import run_tasks
 
 METHODS = tuple(kazemnejad.VARIANTS)
 """Every row name (:data:`~nopelens.analyses.kazemnejad.VARIANTS`)."""
@@ -373,6 +374,13 @@ def _valid_rows(results: pd.DataFrame, train_max_len: int) -> pd.DataFrame:
     return parsed.astype({"seed": int, "length": int, "exact_match": float, "in_distribution": bool})
 
 
+def _run_and_save(task_name: str, method: str, seed: int, settings, progress: bool, model_dir: Path) -> tuple:
+    """:func:`run_one` as a worker process's task: its tables and wall seconds."""
+    clock = time.perf_counter()
+    table, curve = run_one(task_name, method, seed, settings, progress=progress, model_dir=model_dir)
+    return table, curve, time.perf_counter() - clock
+
+
 def _read_results(path: Path, train_max_len: int) -> pd.DataFrame:
     """The finished runs in ``lengthgen.csv``: none when it is missing; when it is emptied, cannot be
     read or lacks a column (a line says so) none either, and every run is measured again. A run with a
@@ -433,6 +441,7 @@ def run_lengthgen(
     progress: bool = True,
     default_row_seeds: tuple[int, ...] | None = None,
     figures: bool = True,
+    jobs: int = 1,
 ) -> pd.DataFrame:
     """Run (or resume) the side-by-side into ``out_dir``; returns the tidy per-length results.
 
@@ -446,10 +455,13 @@ def run_lengthgen(
         default_row_seeds: seeds of the rows of nopelens' defaults
             (:data:`~nopelens.analyses.kazemnejad.DEFAULT_ROWS`) when they should use fewer.
         figures: draw the figures (the tables and ``summary.md`` are always written).
+        jobs: models trained at once, each in its own worker process on ``settings.threads``
+            threads (:func:`~nopelens.analyses.sweep.parallel.run_tasks`); the weights and numbers
+            do not depend on it. 1: in this process.
 
     Raises:
-        ValueError: on an unknown task or method, no seeds, or if ``out_dir`` holds a run with other
-            settings or another analysis's run.
+        ValueError: on an unknown task or method, no seeds, ``jobs`` < 1, or if ``out_dir`` holds a
+            run with other settings or another analysis's run.
     """
     settings = settings or LengthGenSettings()
     for kind, chosen, known in (("method", methods, METHODS), ("task", tasks, TASK_NAMES)):
@@ -458,6 +470,8 @@ def run_lengthgen(
             raise ValueError(f"unknown {kind} {unknown!r}; choose from {known}")
     if not seeds:
         raise ValueError("give at least one seed")
+    if jobs < 1:
+        raise ValueError(f"--jobs must be >= 1, got {jobs}")
     out_dir = runs.claim(out_dir, "lengthgen", settings.to_dict())
     csv_path, curve_path = out_dir / "lengthgen.csv", out_dir / "curve.csv"
     results = _read_results(csv_path, settings.train_max_len)
@@ -472,23 +486,32 @@ def run_lengthgen(
     if progress and done:
         print(f"nopelens lengthgen: resuming; {len(done)} runs already in {csv_path}, {len(todo)} to go")
     clock_all = time.perf_counter()
-    for index, (task_name, method, seed) in enumerate(todo, start=1):
-        clock = time.perf_counter()
-        table, run_curve = run_one(
-            task_name, method, seed, settings, progress=progress, model_dir=_model_dir(out_dir, task_name, method, seed)
-        )
+    finished = 0
+
+    def on_done(key: tuple, result: tuple) -> None:
+        nonlocal results, curve, finished
+        (task_name, method, seed), (table, run_curve, seconds) = key, result
         curve = pd.concat([curve, run_curve], ignore_index=True) if len(curve) else run_curve
         write_csv_atomic(curve, curve_path)
         results = pd.concat([results, table], ignore_index=True) if len(results) else table
         write_csv_atomic(results, csv_path)
+        finished += 1
         if progress:
             longer = table.loc[~table["in_distribution"].astype(bool), "exact_match"].mean()
             inside = table.loc[table["in_distribution"].astype(bool), "exact_match"].mean()
             print(
-                f"[{index}/{len(todo)}] {task_name:>12} {method:>12} seed {seed}: exact match {inside:.3f} on "
-                f"1-{settings.train_max_len}, {longer:.3f} on longer ({time.perf_counter() - clock:.0f} s)",
+                f"[{finished}/{len(todo)}] {task_name:>12} {method:>12} seed {seed}: exact match {inside:.3f} on "
+                f"1-{settings.train_max_len}, {longer:.3f} on longer ({seconds:.0f} s)",
                 flush=True,
             )
+
+    bars = progress and jobs == 1  # worker processes would interleave their bars
+    run_tasks(
+        _run_and_save,
+        [((t, m, s), (t, m, s, settings, bars, _model_dir(out_dir, t, m, s))) for t, m, s in todo],
+        on_done,
+        jobs=jobs,
+    )
     results["in_distribution"] = results["in_distribution"].astype(bool)
     summary = summarize(results, settings.n_symbols)
     claims = kazemnejad.ranking_verdicts(results)

@@ -12,7 +12,7 @@ import pandas as pd
 import seaborn as sns
 
 from nopelens.models.io import write_csv_atomic
-from nopelens.models.training import train, validation_loss
+from nopelens.models.training import evaluate_exact_match, train, validation_loss
 
 from .figures import save_figure
 from .lengthgen import DEFAULT_TASKS, LengthGenSettings, _config, _task
@@ -53,8 +53,9 @@ def run_pilot(
     """Fix the training budget in advance by an in-distribution criterion.
 
     Trains each (task, method) once for ``settings.steps`` on a seed the comparison never uses,
-    logging the validation loss on held-out training sizes (1..L) at ``points`` evenly spaced steps.
-    Writes ``pilot.csv`` (``task``, ``method``, ``step``, ``validation_loss``, ``levelled_step``) and
+    logging the validation loss on held-out training sizes (1..L) and the exact match there (8
+    sequences per size) at ``points`` evenly spaced steps. Writes ``pilot.csv`` (``task``,
+    ``method``, ``step``, ``validation_loss``, ``exact_match_in_distribution``, ``levelled_step``) and
     ``pilot.png``/``.svg`` into ``out_dir``; :func:`chosen_budget` reads the budget from it. Nothing out
     of distribution is measured.
     """
@@ -69,10 +70,14 @@ def run_pilot(
 
             def record(step: int, loss: float, model, rows=rows, task=task) -> None:
                 if step % every == 0:
+                    sizes = range(1, settings.train_max_len + 1)
                     rows.append(
                         dict(
                             step=step,
                             validation_loss=validation_loss(model, task, 1, settings.train_max_len, seed=seed, n=128),
+                            exact_match_in_distribution=float(
+                                evaluate_exact_match(model, task, sizes, n=8, seed=seed + 1)["exact_match"].mean()
+                            ),
                         )
                     )
 
@@ -94,9 +99,11 @@ def run_pilot(
             if progress:
                 print(
                     f"pilot {task_name} {method}: validation loss {curve['validation_loss'].iloc[0]:.3f} -> "
-                    f"{curve['validation_loss'].iloc[-1]:.3f}; levelled by step {frames[-1]['levelled_step'].iloc[0]}"
+                    f"{curve['validation_loss'].iloc[-1]:.3f}; levelled by step {frames[-1]['levelled_step'].iloc[0]}; "
+                    f"exact match on sizes 1-L at the end {curve['exact_match_in_distribution'].iloc[-1]:.2f}"
                 )
-    pilot = pd.concat(frames, ignore_index=True)[["task", "method", "step", "validation_loss", "levelled_step"]]
+    columns = ["task", "method", "step", "validation_loss", "exact_match_in_distribution", "levelled_step"]
+    pilot = pd.concat(frames, ignore_index=True)[columns]
     write_csv_atomic(pilot, out_dir / "pilot.csv")
     sns.set_theme(style="whitegrid", context="notebook")
     grid = sns.relplot(

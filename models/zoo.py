@@ -308,11 +308,8 @@ def load(
         return trained
     if shipped and is_shipped(name, seed):
         trained = _load(shipped_dir(name, seed), "reinstall nopelens, or train it with `nopelens train --zoo`")
-        print(
-            f"nopelens: loaded zoo model {label} as shipped with nopelens (trained from its recipe; "
-            f"`nopelens train --zoo {name}` retrains it)",
-            file=sys.stderr,
-        )
+        # no retrain hint: `nopelens train --help` has it, and this line stays within 100 columns
+        print(f"nopelens: loaded zoo model {label} as shipped with nopelens", file=sys.stderr)
         return trained
     print(f"nopelens: training zoo model {label} ({spec.steps} steps); it will be cached in {path}", file=sys.stderr)
     return spec.train(checkpoint_dir=path, progress=progress)

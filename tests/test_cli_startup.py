@@ -116,3 +116,23 @@ def test_a_seed_listed_twice_is_refused():
 
     with pytest.raises(ValueError, match="--seeds lists a seed twice: '0,1,0'"):
         parse_seeds("0,1,0")
+
+
+def _helps(parser: argparse.ArgumentParser, command: str):
+    yield command, parser.format_help()
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, subparser in action.choices.items():
+                yield from _helps(subparser, f"{command} {name}")
+
+
+def test_every_help_screen_fits_100_columns(monkeypatch):
+    """`nopelens --help` printed its command list as one 121-column line, lengthgen its choices (issue 49)."""
+    monkeypatch.setenv("COLUMNS", "100")
+    wide = [
+        f"{command}: {len(line)} columns: {line.strip()[:60]}"
+        for command, text in _helps(build_parser(), "nopelens")
+        for line in text.splitlines()
+        if len(line) > 100
+    ]
+    assert wide == []

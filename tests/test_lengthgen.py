@@ -4,6 +4,7 @@ arithmetic, the budget rule, plot files, resume, CLI."""
 import os
 
 import pandas as pd
+from pandas.testing import assert_frame_equal
 import pytest
 from schema import assert_folder_documented
 from scipy import stats
@@ -89,6 +90,22 @@ def test_rerun_resumes_and_skips_finished_runs(tmp_path, monkeypatch):
     )
     assert calls == [("repeat", "alibi", 0)]
     assert sorted(set(results["method"])) == ["alibi", "nope"]
+
+
+@pytest.mark.slow
+def test_worker_processes_give_the_same_numbers(tmp_path):
+    """--jobs 2 trains in spawned workers; each model's weights depend on its seed and thread count only."""
+    kwargs = dict(tasks=("repeat",), methods=("nope", "alibi"), seeds=(0, 1), progress=False, figures=False)
+    alone = run_lengthgen(tmp_path / "one", TINY, **kwargs)
+    pooled = run_lengthgen(tmp_path / "two", TINY, jobs=2, **kwargs)
+    key = ["task", "method", "seed", "length"]
+    columns = [*key, "exact_match", "token_accuracy", "loss", "final_train_loss"]
+    assert_frame_equal(
+        alone[columns].sort_values(key).reset_index(drop=True), pooled[columns].sort_values(key).reset_index(drop=True)
+    )
+    with pytest.raises(ValueError, match="--jobs must be >= 1"):
+        run_lengthgen(tmp_path / "three", TINY, jobs=0, **kwargs)
+    assert not (tmp_path / "three").exists()
 
 
 def test_a_truncated_table_measures_the_cut_runs_again(tmp_path, monkeypatch, capsys):
@@ -333,6 +350,7 @@ def test_cli_pilot_logs_only_the_in_distribution_loss(tmp_path, capsys):
     )
     pilot = pd.read_csv(tmp_path / "pilot.csv")
     assert set(pilot["method"]) == {"nope", "rope"} and sorted(set(pilot["step"])) == list(range(1, 9))
+    assert pilot["exact_match_in_distribution"].between(0, 1).all()
     assert assert_folder_documented(tmp_path, "lengthgen") == ["pilot.csv"]
     assert "budget by the in-distribution rule" in capsys.readouterr().out
     assert not (tmp_path / "lengthgen.csv").exists()

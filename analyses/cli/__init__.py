@@ -20,6 +20,8 @@ import sys
 import traceback
 from typing import Callable
 
+from .options import HelpFormatter
+
 COMMAND_MODULES = (
     "nopelens.analyses.cli.sweep",
     "nopelens.analyses.cli.demo",
@@ -76,7 +78,12 @@ USER_ERRORS = (ValueError, KeyError, TypeError, OSError)
 
 
 class OneLineParser(argparse.ArgumentParser):
-    """argparse, but a usage error is one line and exit code 2 (the examples use it too)."""
+    """argparse, but a usage error is one line and exit code 2 (the examples use it too), and help
+    that keeps its line breaks within 100 columns (:class:`~nopelens.analyses.cli.options.HelpFormatter`)."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        kwargs.setdefault("formatter_class", HelpFormatter)
+        super().__init__(*args, **kwargs)
 
     def error(self, message: str):
         self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
@@ -92,7 +99,7 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
         description="Where does a transformer know where a token is? Probes, sinks and circuits "
         "for NoPE, RoPE, ALiBi, learned and sinusoidal decoders.",
     )
-    subparsers = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    subparsers = parser.add_subparsers(dest="command", required=True, parser_class=_Parser, metavar="COMMAND")
     command = next((arg for arg in argv if not arg.startswith("-")), None) if argv is not None else None
     if command in COMMANDS:
         importlib.import_module(COMMANDS[command][0]).register(_Only(subparsers, command))

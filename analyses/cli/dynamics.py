@@ -46,7 +46,6 @@ def register(subparsers) -> None:
         description="Retrain a zoo model from its recipe, keep checkpoints at log-spaced steps and measure each "
         "with the sweep's probes: absolute-index R² per layer, the head-score read of i − j, the sink rate, the loss.",
         epilog="examples:\n  nopelens dynamics bb-nope-3l\n  nopelens dynamics text-nope-4l --checkpoints 10",
-        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("model", help="a zoo name (nopelens train --list)")
     parser.add_argument("--out", help="run folder (default runs/dynamics-<model>); reruns resume")

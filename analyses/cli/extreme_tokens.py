@@ -52,7 +52,6 @@ def register(subparsers) -> None:
         "attention on BOS and on the previous token for trigger and non-trigger queries, the first token's value and "
         "residual norms, and the loss per query class under the sink ablations of `nopelens intervene`.",
         epilog="examples:\n  nopelens extreme-tokens bb-nope-3l\n  nopelens extreme-tokens text-nope-4l",
-        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("model", help=MODEL_HELP)
     parser.add_argument("--out", help="output folder (default runs/extreme-tokens-<model>)")

@@ -69,7 +69,6 @@ def register(subparsers) -> None:
         description="Ablate the first token in each block (remove its key, or mean its value) and re-probe later "
         "layers; shift or project out the probe's index direction; patch states from a shifted copy.",
         epilog="examples:\n  nopelens intervene circuit\n  nopelens intervene text-nope-4l --out runs/iv-nope",
-        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("model", help=MODEL_HELP)
     parser.add_argument("--out", help="run folder (default runs/intervene-<model>); reruns resume")

@@ -51,14 +51,16 @@ def register(subparsers) -> None:
         nargs="+",
         default=list(DEFAULT_TASKS),
         choices=TASK_NAMES,
-        help=f"default: {' '.join(DEFAULT_TASKS)}",
+        metavar="TASK",
+        help=f"tasks, of {' '.join(TASK_NAMES)} (default: {' '.join(DEFAULT_TASKS)})",
     )
     parser.add_argument(
         "--methods",
         nargs="+",
         default=list(DEFAULT_METHODS),
         choices=METHODS,
-        help=f"rows (default: {' '.join(DEFAULT_METHODS)})",
+        metavar="METHOD",
+        help=f"rows, of {' '.join(METHODS)} (default: {' '.join(DEFAULT_METHODS)})",
     )
     add_seeds(parser, "each (task, method) is trained once per seed", default=(0, 1, 2, 3, 4))
     parser.add_argument(
@@ -72,6 +74,13 @@ def register(subparsers) -> None:
     parser.add_argument("--train-max-len", type=int, default=None, help=f"L (default {defaults.train_max_len})")
     parser.add_argument("--steps", type=int, default=None, help=f"training steps per model (default {defaults.steps})")
     add_threads(parser)
+    parser.add_argument(
+        "--jobs",
+        type=int,
+        default=1,
+        help="models trained at once, each in a worker process on --threads threads (the numbers do "
+        "not depend on it; default 1: in this process, with live bars)",
+    )
     add_quiet(parser, "training progress bars or progress lines")
     parser.set_defaults(func=_run)
 
@@ -103,6 +112,7 @@ def _run(args: argparse.Namespace) -> int:
         args.seeds,
         progress=not args.quiet,
         default_row_seeds=args.default_row_seeds,
+        jobs=args.jobs,
     )
     summary = summarize(results, settings.n_symbols)
     columns = [

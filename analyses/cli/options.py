@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import textwrap
 
 MODEL_HELP = (
     "zoo name (see `nopelens train --list`), checkpoint directory, hf:DIR (local HF model), "
@@ -145,3 +146,31 @@ def add_placement(group) -> None:
         "on disk; transformers reads them from the checkpoint's safetensors where it can, and writes "
         "here those it must convert (created if missing; needs room for them)",
     )
+
+
+class HelpFormatter(argparse.RawDescriptionHelpFormatter):
+    """Keeps a description's or epilog's line breaks but wraps each line to the help's width (100
+    columns at most); a wrapped command example continues with a backslash, so it still pastes."""
+
+    def __init__(self, prog: str, **kwargs) -> None:
+        kwargs.setdefault("width", min(100, argparse.HelpFormatter(prog)._width + 2))
+        super().__init__(prog, **kwargs)
+
+    def _fill_text(self, text: str, width: int, indent: str) -> str:
+        return "\n".join(_wrap_line(indent + line, width) for line in text.splitlines())
+
+
+def _wrap_line(line: str, width: int) -> str:
+    if len(line) <= width:
+        return line
+    lead = line[: len(line) - len(line.lstrip())]
+    command = line.lstrip().startswith(("nopelens ", "python "))
+    pieces = textwrap.wrap(
+        line.strip(),
+        width - len(lead) - (2 if command else 0),
+        break_long_words=False,
+        break_on_hyphens=False,
+    )
+    if command:
+        return " \\\n".join(lead + ("" if i == 0 else "    ") + piece for i, piece in enumerate(pieces))
+    return "\n".join(lead + piece for piece in pieces)

@@ -512,7 +512,6 @@ def register(subparsers) -> None:
         "  nopelens sweep --metric spearman --threshold 0.8     # re-reads a finished folder in seconds\n"
         "  nopelens sweep --json > sweep.json\n"
         "  nopelens sweep --scheduler tls://10.0.0.5:8786 --dask-security dask-tls.yaml",
-        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     sweep_parser.add_argument("--models", help=f"comma list of models; each a {MODEL_HELP}")
     sweep_parser.add_argument("--no-controls", action="store_true", help="leave out the circuit and untrained controls")
@@ -535,7 +534,6 @@ def register(subparsers) -> None:
         "  nopelens probe hf:/path/to/smollm3-dir --text my.txt --seq-len 1024 --device cuda --dtype bfloat16 --plan\n"
         "  nopelens probe text-rope-4l --sites resid,attn_out,resid_mid,mlp_out --json > rope.json\n"
         "  nopelens probe text-nope-4l --metric mad --threshold mad=2",
-        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     probe_parser.add_argument("model", help=MODEL_HELP)
     probe_parser.add_argument("--out", help="run folder (default runs/probe-<model>)")
@@ -591,7 +589,6 @@ def register(subparsers) -> None:
         description="Measure attention sinks of one model: mean attention on the first token per layer and head, "
         "and Gu et al.'s sink rate, with and without a BOS token.",
         epilog="examples:\n  nopelens sinks text-nope-4l\n  nopelens sinks circuit --out runs/sinks",
-        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     sinks_parser.add_argument("model", help=MODEL_HELP)
     sinks_parser.add_argument("--out", help="also write sinks.csv and a heatmap here")

@@ -162,7 +162,8 @@ def register(subparsers) -> None:
     parser.add_argument(
         "--task",
         choices=sorted(TASKS),
-        help="the task to train on, with --out (each is a class of "
+        metavar="TASK",
+        help=f"the task to train on, with --out: one of {', '.join(sorted(TASKS))} (each is a class of "
         "nopelens.models.tasks, whose docstring says what it asks)",
     )
     parser.add_argument("--text-file", help="UTF-8 corpus for --task text (default: CPython's help texts)")

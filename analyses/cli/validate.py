@@ -52,7 +52,6 @@ def register(subparsers) -> None:
         epilog="examples:\n  nopelens validate                       # writes runs/validate/known_answers.md\n"
         "  nopelens validate --out docs            # refresh the report the README links\n"
         "  nopelens validate --seed 3 --out -",
-        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument(
         "--out",
