@@ -4,8 +4,8 @@ arithmetic, the budget rule, plot files, resume, CLI."""
 import os
 
 import pandas as pd
-from pandas.testing import assert_frame_equal
 import pytest
+from pandas.testing import assert_frame_equal
 from schema import assert_folder_documented
 from scipy import stats
 
