@@ -70,20 +70,21 @@ def test_an_untrained_sinusoidal_model_is_near_exact_at_layer_0(one_thread):
     assert value <= 0.01 and row["ci_high"] / row["chance"] <= 0.01
 
 
-def test_the_hand_built_circuit_is_read_to_within_one_position_at_layer_1(one_thread):
-    """Layer 1 of the circuit holds i and i^2 exactly (ridge reads them with MAD 3e-4): the argmax
-    puts every held-out token within one position of its own, and nearly all on it. Exactly 0 would
-    take more fitting than the comparison gives its probes (held-out accuracy 0.85 after 1000 Adam
-    steps, 0.975 after 4000, on 20 windows' fitting side)."""
-    subject = resolve("circuit", n_sequences=30, seq_len=16)
+def test_the_hand_built_circuit_is_read_exactly_at_layer_1(one_thread):
+    """Layer 1 of the circuit holds i and i^2 exactly (ridge reads them with MAD 3e-4), beside the
+    token's embedding. With the comparison's fixed training the argmax puts every held-out token on
+    its own position once the fitting side has 160 windows (about 10 per feature and class); with 20
+    it put 13 % one position off (held-out accuracy 0.87, 0.95, 0.99, 1.0 at 30, 60, 120, 240 windows):
+    the extra samples teach it to ignore the token dimensions."""
+    subject = resolve("circuit", n_sequences=240, seq_len=16)
     site = resid_sites(subject.n_layers)[1]
     acts = collect(subject.model, subject.tokens, [site], subject.attention_mask)
     rows = probe_positions_mlp(
         acts.features(site), acts.position, acts.sequence_id, acts.token, 3, controls=False, n_boot=20
     )  # the default training, as the comparison fits
     value, row = _mad_chance(rows)
-    within_one = rows[(rows["probe"] == "linear") & (rows["metric"] == "within_one")]["value"].iloc[0]
-    assert within_one == 1 and value <= 0.05 and row["n_sequences"] == 30
+    accuracy = rows[(rows["probe"] == "linear") & (rows["metric"] == "accuracy")]["value"].iloc[0]
+    assert accuracy == 1 and value == 0 and row["ci_high"] == 0 and row["n_sequences"] == 240
 
 
 def test_same_seed_same_numbers_and_bad_input(one_thread):
