@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -54,6 +55,7 @@ from nopelens.probes.mlp_probe import (
 from . import haviv_paper as paper
 from .runs import claimed, part_dir, read_part, write_part
 from .subjects import resolve
+from .sweep.parallel import run_tasks
 
 HAVIV_MODELS = tuple(f"text{zoo.HAVIV_LEN}-{method}-{zoo.HAVIV_LAYERS}l" for method in zoo.HAVIV_METHODS)
 """The comparison zoo (:data:`nopelens.models.zoo.HAVIV_METHODS`), the default models."""
@@ -138,31 +140,48 @@ def check_models_ready(models) -> None:
 
 
 def compare_haviv(
-    out: str | Path, settings: HavivSettings = HavivSettings(), say: Callable[[str], None] = print
+    out: str | Path, settings: HavivSettings = HavivSettings(), say: Callable[[str], None] = print, jobs: int = 1
 ) -> dict[str, pd.DataFrame]:
     """Measure every model of ``settings`` and write the side-by-side tables into ``out``.
+
+    Args:
+        out: the run folder.
+        settings: what to measure.
+        say: receives one progress line per part measured or found measured.
+        jobs: parts (a model at one window length) measured at once, each in a worker process on
+            one thread (:func:`~nopelens.analyses.sweep.parallel.run_tasks`); the numbers do not
+            depend on it. 1: in this process.
 
     Returns:
         ``{"haviv": ..., "losses": ..., "context": ..., "claims": ...}`` (see the module docstring;
         columns in docs/schema.md).
 
     Raises:
-        ValueError: on bad settings, a model not trained yet (:func:`check_models_ready`), a run
-            folder made with other settings, or as the probes.
+        ValueError: on bad settings, ``jobs`` < 1, a model not trained yet
+            (:func:`check_models_ready`), a run folder made with other settings, or as the probes.
     """
     settings.check()
+    if jobs < 1:
+        raise ValueError(f"--jobs must be >= 1, got {jobs}")
     check_models_ready(settings.models)
+    whole = []  # each model at its trained window
+    parts = []
+    for spec in settings.models:
+        window, reads_positions = _window_and_method(spec)
+        whole.append((spec, window))
+        parts.append((spec, window))
+        if not reads_positions:  # NoPE: the context axis
+            parts += [(spec, length) for length in settings.contexts if length < window]
     with one_thread(), claimed(out, "haviv", dataclasses.asdict(settings), command="compare haviv") as folder:
-        ours, metas = [], []
-        for spec in settings.models:
-            probes, meta = measure(folder, spec, None, settings, say)
-            ours.append(probes)
-            metas.append(meta)
-            if not meta["reads_positions"]:  # NoPE: the context axis
-                for length in settings.contexts:
-                    if length < meta["window"]:
-                        ours.append(measure(folder, spec, length, settings, say)[0])
-        ours = pd.concat(ours, ignore_index=True)
+        measured = {}
+
+        def on_done(part: tuple, result: tuple) -> None:
+            measured[part] = result[:2]
+            say(f"{part[0]} at {part[1]} bytes: {result[2]}")
+
+        run_tasks(measure, [(part, (folder, *part, settings)) for part in parts], on_done, jobs=jobs)
+        ours = pd.concat([measured[part][0] for part in parts], ignore_index=True)
+        metas = [measured[part][1] for part in whole]
         tables = {"haviv": side_by_side(ours), "losses": losses(metas), "context": context_axis(ours, settings, metas)}
         tables["claims"] = claims(tables["haviv"], tables["losses"])
         for name, table in tables.items():
@@ -170,30 +189,28 @@ def compare_haviv(
     return tables
 
 
-def measure(
-    folder: Path, spec: str, length: int | None, settings: HavivSettings, say: Callable[[str], None]
-) -> tuple[pd.DataFrame, dict]:
-    """One model at one window length (None: its trained window), from its part folder or measured
-    and written there. Returns (its probe rows, its ``done.json`` record)."""
-    window = _trained_window(spec)
-    length = window if length is None else length
+def measure(folder: Path, spec: str, length: int, settings: HavivSettings) -> tuple[pd.DataFrame, dict, str]:
+    """One model at one window length, from its part folder or measured (on one thread) and written
+    there. Returns (its probe rows, its ``done.json`` record, what happened in words)."""
     part = part_dir(folder, f"{spec}-L{length}")
     done = read_part(part, ["probes"])
     if done is not None:
-        say(f"{spec} at {length} bytes: already measured in {part}")
-        return done[0]["probes"], done[1]
-    say(f"{spec} at {length} bytes: probing")
-    probes, meta = probe_model(spec, length, settings)
-    meta["window"] = window
+        return done[0]["probes"], done[1], f"already measured in {part}"
+    clock = time.perf_counter()
+    with one_thread():
+        probes, meta = probe_model(spec, length, settings)
+    meta["window"] = _window_and_method(spec)[0]
     write_part(part, {"probes": probes}, meta)
-    return probes, meta
+    return probes, meta, f"probed in {time.perf_counter() - clock:.0f} s"
 
 
-def _trained_window(spec: str) -> int:
-    if spec in zoo.RECIPES:
-        return zoo.recipe(spec).train_kwargs["max_len"]
+def _window_and_method(spec: str) -> tuple[int, bool]:
+    """The window (bytes after BOS) ``spec`` was trained on, and whether its method reads positions."""
     subject = _text_subject(spec, 2, 3, 0)
-    return (subject.train_lengths or [None, subject.model.cfg.n_ctx - 1])[1]
+    window = zoo.recipe(spec).train_kwargs["max_len"] if spec in zoo.RECIPES else None
+    return window or (subject.train_lengths or [None, subject.model.cfg.n_ctx - 1])[
+        1
+    ], subject.model.cfg.reads_positions
 
 
 def _text_subject(spec: str, n_sequences: int, seq_len: int, seed: int):

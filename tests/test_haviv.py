@@ -71,6 +71,17 @@ def test_quick_run_writes_every_table_and_resumes(tmp_path, capsys, one_thread):
     assert pd.read_csv(tmp_path / "haviv.csv").equals(table)
 
 
+@pytest.mark.slow
+def test_worker_processes_give_the_same_tables(tmp_path, capsys):
+    args = ["compare", "haviv", "--quick", "--models", "text-nope-4l", "--contexts", "16", "--quiet"]
+    assert main([*args, "--out", str(tmp_path / "one")]) == 0
+    assert main([*args, "--out", str(tmp_path / "two"), "--jobs", "2"]) == 0
+    for name in ("haviv.csv", "context.csv", "claims.csv"):
+        assert (tmp_path / "one" / name).read_bytes() == (tmp_path / "two" / name).read_bytes(), name
+    assert main([*args, "--out", str(tmp_path / "three"), "--jobs", "0"]) == 2
+    assert "--jobs must be >= 1" in capsys.readouterr().err and not (tmp_path / "three").exists()
+
+
 def test_untrained_zoo_and_bad_input_are_one_line_and_exit_2(tmp_path, capsys):
     missing = [name for name in HAVIV_MODELS if not (zoo.is_cached(name) or zoo.is_shipped(name))]
     if missing:

@@ -58,6 +58,13 @@ def register(subparsers) -> None:
     parser.add_argument(
         "--seed", type=seed_type, default=None, help="seed of windows, folds, probes, bootstrap (default 0)"
     )
+    parser.add_argument(
+        "--jobs",
+        type=int,
+        default=1,
+        help="models (and window lengths) measured at once, each in a worker process on one thread "
+        "(the numbers do not depend on it; default 1: in this process)",
+    )
     add_quiet(parser, "progress lines")
     parser.set_defaults(func=_run)
 
@@ -94,7 +101,7 @@ def _run(args: argparse.Namespace) -> int:
     }
     settings = dataclasses.replace(settings, **changes)
     say = (lambda line: None) if args.quiet else (lambda line: print(f"nopelens compare: {line}", flush=True))
-    tables = compare_haviv(args.out, settings, say)
+    tables = compare_haviv(args.out, settings, say, jobs=args.jobs)
     write_report(args.out, tables, quick=args.quick)
     print(summary_markdown(tables))
     print(
