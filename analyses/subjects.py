@@ -306,8 +306,11 @@ def check_spec(spec: str) -> None:
         if not Path(spec).is_dir():
             load_checkpoint_dir(Path(spec))  # raises, listing what exists
         return
-
-    zoo.recipe(spec)
+    if spec not in zoo.RECIPES:
+        raise KeyError(
+            f"unknown model {spec!r}: not a zoo model ({', '.join(zoo.names())}), nor circuit, untrained-nope, "
+            "constant-METHOD, a checkpoint directory, hf:DIR or factory:FILE.py:FUNCTION"
+        )
 
 
 def _circuit(n_sequences: int, seq_len: int, seed: int) -> Subject:

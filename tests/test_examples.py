@@ -66,7 +66,7 @@ def test_probe_layers_defaults_are_the_sweeps():
 @pytest.mark.parametrize(
     "name, argv, message",
     [
-        ("probe_layers", ["gpt-17"], "unknown zoo model 'gpt-17'"),
+        ("probe_layers", ["gpt-17"], "unknown model 'gpt-17'"),
         ("probe_layers", ["runs/no/such/checkpoint"], "no checkpoint directory at runs/no/such/checkpoint"),
         ("hook_external", ["--hf-dir", "/no/such/dir"], "no such HF model directory"),
         ("circuit_demo", ["--n-ctx", "1"], "--n-ctx must be >= 2"),

@@ -317,7 +317,7 @@ def test_cli_writes_a_run_folder_and_bad_input_is_one_line(tmp_path, capsys):
     printed = capsys.readouterr().out
     assert "NaN" not in printed and "qk_r2 n/a" in printed  # the circuit's last block has no read after it
     for bad, message in (
-        (["intervene", "nosuch-model"], "unknown zoo model"),
+        (["intervene", "nosuch-model"], "unknown model"),
         (["intervene", "circuit", "--modes", "sideways", "--out", str(tmp_path / "b")], "sideways"),
         (["intervene", "circuit", "--shift", "0", "--out", str(tmp_path / "c")], "non-zero"),
         (["intervene", "circuit", "--n-sequences", "3", "--out", str(tmp_path / "d")], "folds"),
