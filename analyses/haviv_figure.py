@@ -12,56 +12,67 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
+from matplotlib.lines import Line2D  # noqa: E402
 
 from nopelens.models.io import write_text_atomic  # noqa: E402
 
 from .figures import save_figure  # noqa: E402
 from .haviv_paper import PROBE_FILE  # noqa: E402
+from .palette import method_color  # noqa: E402
 
 PROBE_STYLE = {"ridge": ("--", "s", "ridge MAD"), "mlp": ("-", "o", "MLP argmax MAD")}
+PAPER_COLOR = "0.35"
 
 
 def haviv_figure(table: pd.DataFrame) -> plt.Figure:
-    """One panel per method: MAD/chance by fraction of depth, ours (both probes, 95 % CI bands) at
-    each model's trained window, the paper's 1.3B curve, and each probe's no-information floor."""
+    """One panel per method, in its fixed colour (:mod:`~nopelens.analyses.palette`): MAD/chance by
+    fraction of depth, ours (both probes, 95 % CI bands) at each model's trained window, the paper's
+    1.3B curve in grey, and each probe's no-information floor (dotted)."""
     ours = table[(table["source"] == "nopelens") & (table["fit"] == "linear")]
     ours = ours[ours["n_positions"] == ours.groupby("model")["n_positions"].transform("max")]
     theirs = table[table["source"] == "haviv2022"]
     methods = list(dict.fromkeys([*ours["method"], *theirs["method"]]))
     fig, axes = plt.subplots(1, len(methods), figsize=(3.2 * len(methods), 3.4), sharey=True, squeeze=False)
+    floors = {}
     for ax, method in zip(axes[0], methods):
-        for probe, (line, marker, label) in PROBE_STYLE.items():
+        color = method_color(method)
+        for probe, (line, marker, _) in PROBE_STYLE.items():
             rows = ours[(ours["method"] == method) & (ours["probe"] == probe)].sort_values("depth")
             if rows.empty:
                 continue
-            drawn = ax.plot(rows["depth"], rows["mad_chance"], line, marker=marker, label=f"ours, {label}")[0]
-            ax.fill_between(rows["depth"], rows["ci_low"], rows["ci_high"], color=drawn.get_color(), alpha=0.2)
-            ax.axhline(
-                rows["floor"].iloc[0],
-                color=drawn.get_color(),
-                linestyle=":",
-                linewidth=1,
-                label=f"{probe} floor ({rows['floor'].iloc[0]:.2f})",
-            )
+            ax.plot(rows["depth"], rows["mad_chance"], line, marker=marker, color=color)
+            ax.fill_between(rows["depth"], rows["ci_low"], rows["ci_high"], color=color, alpha=0.2)
+            floors[probe] = rows["floor"].iloc[0]
+            ax.axhline(floors[probe], color=color, linestyle=":", linewidth=1)
         paper = theirs[theirs["method"] == method].sort_values("depth")
         if not paper.empty:
-            ax.plot(paper["depth"], paper["mad_chance"], color="0.35", marker=".", label="Haviv et al. 2022, MLP")
+            ax.plot(paper["depth"], paper["mad_chance"], color=PAPER_COLOR, marker=".")
         else:
             ax.text(0.5, 0.95, "not in the paper", transform=ax.transAxes, ha="center", va="top", fontsize=8)
         models = ", ".join(sorted(set(ours.loc[ours["method"] == method, "model"]))) or "no model measured"
-        ax.set_title(f"{method}\n{models}", fontsize=9)
+        ax.set_title(f"{method}\n{models}", fontsize=9, color=color)
         ax.set_xlabel("layer / n_layers")
         ax.set_ylim(0, 1.6)
     axes[0][0].set_ylabel("MAD / chance")
-    handles, labels = axes[0][0].get_legend_handles_labels()
-    for ax in axes[0][1:]:
-        for handle, label in zip(*ax.get_legend_handles_labels()):
-            if label not in labels:
-                handles.append(handle)
-                labels.append(label)
-    fig.legend(handles, labels, loc="lower center", ncol=4, fontsize=8, bbox_to_anchor=(0.5, -0.12))
+    fig.legend(handles=_legend(floors), loc="lower center", ncol=4, fontsize=8, bbox_to_anchor=(0.5, -0.12))
     fig.tight_layout()
     return fig
+
+
+def _legend(floors: dict) -> list[Line2D]:
+    """Neutral legend entries: the colour is the panel's method, the line and marker the probe."""
+    handles = [
+        Line2D([], [], color="black", linestyle=line, marker=marker, label=f"ours, {label}")
+        for probe, (line, marker, label) in PROBE_STYLE.items()
+        if probe in floors
+    ]
+    handles.append(Line2D([], [], color=PAPER_COLOR, marker=".", label="Haviv et al. 2022, MLP"))
+    if floors:
+        values = ", ".join(f"{probe} {value:.2f}" for probe, value in floors.items())
+        handles.append(
+            Line2D([], [], color="black", linestyle=":", linewidth=1, label=f"no-information floor ({values})")
+        )
+    return handles
 
 
 def _number(value, spec: str) -> str:

@@ -108,3 +108,36 @@ def test_claims_without_models_say_not_measured():
     )
     verdicts = claims(empty, pd.DataFrame(columns=["model", "method", "reads_positions", "bits_per_byte"]))["verdict"]
     assert (verdicts == "not measured").all()
+
+
+def test_each_panel_is_drawn_in_its_method_colour():
+    """Issue 49: one fixed colour per position method in every figure, this one's panels included."""
+    from matplotlib.colors import to_hex
+
+    from nopelens.analyses.haviv_figure import PAPER_COLOR, haviv_figure
+    from nopelens.analyses.palette import method_color
+
+    rows = [
+        dict(
+            source="nopelens",
+            fit="linear",
+            n_positions=65,
+            model=f"m-{method}",
+            method=method,
+            probe=probe,
+            depth=layer / 2,
+            mad_chance=0.5,
+            ci_low=0.4,
+            ci_high=0.6,
+            floor=floor,
+        )
+        for method in ("rope", "nope")
+        for probe, floor in (("ridge", 0.75), ("mlp", 1.0))
+        for layer in range(3)
+    ]
+    rows.append(dict(source="haviv2022", method="nope", depth=0.0, mad_chance=0.99))
+    figure = haviv_figure(pd.DataFrame(rows))
+    for ax, method in zip(figure.axes, ("rope", "nope")):
+        drawn = {to_hex(line.get_color()) for line in ax.lines} - {to_hex(PAPER_COLOR)}
+        assert drawn == {to_hex(method_color(method))} and ax.title.get_color() == method_color(method)
+    assert method_color("rope") != method_color("nope")
