@@ -268,6 +268,7 @@ def summary_markdown(
             ],
             "per seed": summary["per_seed"],
             "released": [_fmt(v) for v in summary["released"]],
+            "released per seed": summary["released_per_seed"],
             f"exact match 1-{L}": [_fmt(v) for v in summary["exact_match_in_distribution"]],
             f"token accuracy {L + 1}-{2 * L} (floor {1 / settings.n_symbols:.3f})": [
                 _fmt(v) for v in summary["token_accuracy_longer"]
