@@ -166,7 +166,8 @@ def dynamics_figure(table: pd.DataFrame, name: str, threshold: float, position: 
                 rows["value"],
                 style,
                 marker=".",
-                label=f"block {int(block)} head {int(head)}: {'BOS, non-trigger' if style == '-' else 'previous, trigger'}",
+                label=f"block {int(block)} head {int(head)}: "
+                f"{'BOS, non-trigger' if style == '-' else 'previous, trigger'}",
             )
         ax.set(
             xscale="log",

@@ -45,7 +45,8 @@ def query_classes(subject: Subject) -> tuple[torch.Tensor, dict[str, bool]]:
 
 
 def per_position_loss(model, subject: Subject, hooks: iv.HookList = ()) -> tuple[torch.Tensor, torch.Tensor]:
-    """(nats ``[batch, pos]``, right ``[batch, pos]``) of every prediction under ``hooks`` (0 / False where not scored)."""
+    """(nats ``[batch, pos]``, right ``[batch, pos]``) of every prediction under ``hooks`` (0 /
+    False where not scored)."""
     with torch.no_grad(), iv.intervention(model, list(hooks)):
         logits = model(subject.tokens, attention_mask=subject.attention_mask).float()
     nats = F.cross_entropy(logits.transpose(1, 2), subject.targets, reduction="none") * subject.loss_mask

@@ -20,7 +20,8 @@ training record (every validation byte once), beside the paper's Table 1 perplex
 of the paper gets a verdict: reproduced, direction only, not reproduced, or not measured.
 
 Everything runs on one thread (:func:`~nopelens.models.threads.one_thread`): the same seed gives
-the same numbers on a CPU. Run folder: ``parts/<model>-L<bytes>/`` per model and window (``probes.csv`` and ``done.json``,
+the same numbers on a CPU. Run folder: ``parts/<model>-L<bytes>/`` per model and window
+(``probes.csv`` and ``done.json``,
 written last: a rerun resumes), then ``haviv.csv`` (ours and the paper's rows, one tidy table),
 ``losses.csv``, ``context.csv``, ``claims.csv`` (rendered by the CLI with
 :mod:`~nopelens.analyses.haviv_figure`).

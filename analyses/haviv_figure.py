@@ -188,7 +188,10 @@ def context_sentence(context: pd.DataFrame) -> str:
         return f"With the MLP probe, the first layer at MAD/chance <= 0.1 moves deeper as the window grows ({pairs})."
     if len(set(layers)) == 1:
         return f"With the MLP probe, the first layer at MAD/chance <= 0.1 does not move with the window ({pairs})."
-    return f"With the MLP probe, the first layer at MAD/chance <= 0.1 does not move monotonically with the window ({pairs})."
+    return (
+        "With the MLP probe, the first layer at MAD/chance <= 0.1 does not move monotonically "
+        f"with the window ({pairs})."
+    )
 
 
 def write_report(folder: str | Path, tables: dict[str, pd.DataFrame], quick: bool = False) -> list[Path]:

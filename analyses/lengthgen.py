@@ -7,7 +7,8 @@ random-token copy ``copy`` and reverse ``reverse``; ``repeat_twice`` on request)
 1-20 and test on 21-40, its position-method choices (:data:`~nopelens.analyses.kazemnejad.VARIANTS`:
 unscaled scores, one shared T5 table, RoPE on 25 % of each head in interleaved pairs) and the rows
 of nopelens' own defaults where they differ. The training budget (``steps``) is fixed before the
-comparison by :func:`~nopelens.analyses.lengthgen_pilot.run_pilot`'s in-distribution rule, never by the out-of-distribution score.
+comparison by :func:`~nopelens.analyses.lengthgen_pilot.run_pilot`'s in-distribution rule, never by
+the out-of-distribution score.
 
 Results go into a run folder, each file written atomically (the schema: docs/schema.md):
 ``lengthgen.csv`` (one row per task, method, seed, length), ``curve.csv`` (exact match on the
@@ -280,7 +281,8 @@ def summary_markdown(
         "",
         *(
             [
-                "**Quick mode (`--quick`): a smoke test at toy size; its numbers and verdicts are not meant to be read.**",
+                "**Quick mode (`--quick`): a smoke test at toy size; its numbers and verdicts "
+                "are not meant to be read.**",
                 "",
             ]
             if settings == LengthGenSettings.quick()

@@ -191,7 +191,8 @@ def first_layer_note(sweep_reads: Sequence[SweepRead] | None = None) -> str:
     return (
         f"First layer {rule} (layer 0 = embeddings, layer l + 1 = output of block l; an attention read of "
         "block l is reported at layer l + 1). `none`: no layer cleared it; `n/a`: the model has no site for "
-        "that read, or its metric is undefined there (Spearman's ρ of predictions that are all equal). The numbers behind each first layer are in the per-layer tables above."
+        "that read, or its metric is undefined there (Spearman's ρ of predictions that are all equal). "
+        "The numbers behind each first layer are in the per-layer tables above."
     )
 
 

@@ -159,7 +159,8 @@ def _changes(
     """Each setting that differs, as ``key: old there, new now``; a record (a dict) as each of its
     fields that differs, ``key.field: ...``, a missing record read as its default in ``unset``.
 
-    >>> _changes({"hf": {"input": "text", "device": "cpu"}, "n": 8}, {"n": 9}, (), {"hf": {"input": "random", "device": "cpu"}})
+    >>> _changes({"hf": {"input": "text", "device": "cpu"}, "n": 8}, {"n": 9}, (),
+    ...          {"hf": {"input": "random", "device": "cpu"}})
     ['hf.input: text there, random now', 'n: 8 there, 9 now']
     """
     changes = []

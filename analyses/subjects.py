@@ -41,7 +41,8 @@ from nopelens.models.checkpoint import load_checkpoint
 from nopelens.models.hf import SIZE_FIELDS as SIZE_FIELDS
 from nopelens.models.hf import UnsupportedModelError, check_readable, describe, learned_sinks, trained_length
 
-# HF loading lives in models/hf_loading.py; SIZE_FIELDS and these names were defined here before and still import from here
+# HF loading lives in models/hf_loading.py; SIZE_FIELDS and these names were defined here before and
+# still import from here
 from nopelens.models.hf_loading import (  # noqa: F401
     DEVICES,
     DTYPES,

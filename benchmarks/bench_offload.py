@@ -201,7 +201,8 @@ def main() -> int:
     forward = forward_ratios(model_dir, args, placed)
     print(
         f"forward pass over {args.n_sequences} x {args.seq_len} tokens (best of 3, each case in its own process, "
-        f"alternated twice): whole {forward['whole']['seconds']:.3f} s, peak RSS {forward['whole']['peak_rss_mib']:,.0f} "
+        f"alternated twice): whole {forward['whole']['seconds']:.3f} s, "
+        f"peak RSS {forward['whole']['peak_rss_mib']:,.0f} "
         f"MiB; offloaded {forward['offloaded']['seconds']:.3f} s, peak RSS {forward['offloaded']['peak_rss_mib']:,.0f} "
         f"MiB; ratios {forward['offloaded']['seconds'] / forward['whole']['seconds']:.2f} (time), "
         f"{forward['offloaded']['peak_rss_mib'] / forward['whole']['peak_rss_mib']:.2f} (RSS)",

@@ -10,7 +10,8 @@ one run and on the same data:
   5-fold probe with the ridge penalty chosen by a grouped inner CV over 28 penalties
   (1e-3 .. 1e6), point metrics included; and the same call with the default controls (control
   task, shuffled labels, majority, token identity);
-- **scikit-learn** (on the float64 copy of ``X``, as ours computes): the same model fold by fold: ``GridSearchCV(Pipeline(StandardScaler, Ridge),
+- **scikit-learn** (on the float64 copy of ``X``, as ours computes): the same model fold by fold:
+  ``GridSearchCV(Pipeline(StandardScaler, Ridge),
   28 penalties, cv=the same inner folds)`` refit per outer fold; its predictions are compared
   with ours (max abs difference). Also the previous default, ``Pipeline(StandardScaler,
   RidgeCV(alphas=(0.1, 1, 10)))`` (token-level leave-one-out), for reference; and issue 38 §4's

@@ -312,7 +312,8 @@ def main() -> None:
             d, layers, tokens, n = memory_shape
             model_dir = make_model_dir(Path(tmp) / "memory", d, layers, tokens)
             print(
-                f"\nmemory: Llama d_model {d}, {layers} layers, {tokens} tokens, the sweep's probes; peak RSS per process"
+                f"\nmemory: Llama d_model {d}, {layers} layers, {tokens} tokens, the sweep's probes; "
+                "peak RSS per process"
             )
             print(f"{'case':18s} {'1x MiB':>9s} {'4x MiB':>9s} {'4x / 1x':>8s} {'1x s':>7s} {'4x s':>7s}")
             for case in selected(args, CASES + (CLI_CASE,)):

@@ -25,8 +25,8 @@ of 32 tokens, ``--quick`` probes; the split puts the second half of the blocks o
 the CPU), so a test exercises it (``tests/test_device_map.py``); the first thing to run when an
 accelerator is available is the default:
 
-    python benchmarks/gpu_probe.py --out /tmp/gpu-probe                 # the default shapes, sized for 10 min on one GPU
-    python benchmarks/gpu_probe.py --tiny --out /tmp/gpu-probe-tiny     # the logic, on the CPU
+    python benchmarks/gpu_probe.py --out /tmp/gpu-probe  # the default shapes, sized for 10 min on one GPU
+    python benchmarks/gpu_probe.py --tiny --out /tmp/gpu-probe-tiny  # the logic, on the CPU
     python benchmarks/gpu_probe.py --device cpu --layers 4 --n-sequences 8 --batch-size 2  # full width on CPU
 
 Numbers of a random-init model say nothing about trained SmolLM3; the run checks that the

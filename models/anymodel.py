@@ -296,9 +296,9 @@ def find_sites(model: nn.Module, tokens: Tensor | None = None) -> SiteMap:
             or "none"
         )
         raise UnmappableModelError(
-            f"cannot find the residual stream of {type(model).__name__}: no list of blocks that each run once, make one "
-            f"attention call ({len(census.attention)} attention calls seen) and pass on a [batch, pos, d_model] state "
-            f"(module lists: {lists}); pass "
+            f"cannot find the residual stream of {type(model).__name__}: no list of blocks that each run once, make "
+            f"one attention call ({len(census.attention)} attention calls seen) and pass on a [batch, pos, d_model] "
+            f"state (module lists: {lists}); pass "
             "sites={'blocks.0.hook_resid_pre': 'PATH:input', 'blocks.{l}.hook_resid_post': 'PATH', ...} "
             "(hook_any(model, sites=...))"
         )

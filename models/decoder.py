@@ -558,11 +558,13 @@ class Decoder(tl_compat.TransformerLensCompat):
         self.tokenizer = tokenizer
 
     def to_tokens(self, input, prepend_bos=None, padding_side="right", move_to_device=True, truncate=False):
-        """Token ids ``[batch, pos]`` of a string or a list of strings; see :func:`~nopelens.models.generation.to_tokens`."""
+        """Token ids ``[batch, pos]`` of a string or a list of strings; see
+        :func:`~nopelens.models.generation.to_tokens`."""
         return generation.to_tokens(self, input, prepend_bos, padding_side, move_to_device, truncate)
 
     def to_string(self, tokens):
-        """Text of ``[pos]`` (a str) or ``[batch, pos]`` (a list) ids; see :func:`~nopelens.models.generation.to_string`."""
+        """Text of ``[pos]`` (a str) or ``[batch, pos]`` (a list) ids; see
+        :func:`~nopelens.models.generation.to_string`."""
         return generation.to_string(self, tokens)
 
     def to_str_tokens(self, input, prepend_bos=None):

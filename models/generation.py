@@ -1,7 +1,8 @@
 """Text in and out of a :class:`~nopelens.models.Decoder`: ``to_tokens``, ``to_string``, ``generate``.
 
 The signatures mirror TransformerLens' (``TransformerBridge.to_tokens``, ``to_string``,
-``generate``; TransformerLens 4.3 has no ``HookedTransformer``) so TransformerLens habits carry over; the ``Decoder`` methods of the same names call
+``generate``; TransformerLens 4.3 has no ``HookedTransformer``) so TransformerLens habits carry
+over; the ``Decoder`` methods of the same names call
 these functions, whose ``model`` is that ``Decoder`` (not imported here: the decoder imports this
 module). Strings need a model with a tokenizer: byte-level text models (zoo ``text-*``
 models, checkpoints trained on the ``text`` task) carry a

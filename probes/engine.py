@@ -181,7 +181,8 @@ class ProbeJob:
 
 class Probes(Measurement):
     """Probe families on streamed features (module docstring); build with
-    :func:`~nopelens.probes.stream_probes.absolute_index_probes` or :func:`~nopelens.probes.stream_probes.relative_distance_probes`, feed with
+    :func:`~nopelens.probes.stream_probes.absolute_index_probes` or
+    :func:`~nopelens.probes.stream_probes.relative_distance_probes`, feed with
     :func:`~nopelens.probes.stream.run`; :meth:`result` is the tidy table of the in-memory
     function (:data:`~nopelens.probes.linear.RESULT_COLUMNS`).
 

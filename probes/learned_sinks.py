@@ -47,7 +47,8 @@ def learned_sink_line(table: pd.DataFrame) -> str | None:
 
     Example:
         >>> t = pd.DataFrame({"block": [0, 0, 2, 2], "head": [0, 1, 0, 1], "sink_logit": [0.5, -1.0, 2.0, 0.0],
-        ...                   "parameter": ["model.layers.0.self_attn.sinks"] * 2 + ["model.layers.2.self_attn.sinks"] * 2})
+        ...                   "parameter": ["model.layers.0.self_attn.sinks"] * 2
+        ...                                + ["model.layers.2.self_attn.sinks"] * 2})
         >>> learned_sink_line(t)
         'learned sink logits, from the weights (model.layers.{l}.self_attn.sinks, 2 blocks x 2 heads): mean 0.375, range -1 to 2'
     """

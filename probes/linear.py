@@ -151,7 +151,8 @@ def make_probe(
         task: ``classification`` or ``regression`` (:class:`~nopelens.probes.ridge.GroupedRidgeCV`
             over ``alphas``; pass the sequence ids as ``linear__groups`` to ``fit``, as
             :func:`out_of_fold_predictions` does when given ``groups``).
-        classifier: for classification, ``lda`` (:class:`PooledLDA`), ``ridge`` (``RidgeClassifier``, alpha :data:`CLASSIFIER_ALPHA`)
+        classifier: for classification, ``lda`` (:class:`PooledLDA`), ``ridge``
+            (``RidgeClassifier``, alpha :data:`CLASSIFIER_ALPHA`)
             or ``logistic`` (``LogisticRegression``, lbfgs, multinomial).
         alphas: ridge penalties tried by the grouped inner cross-validation.
         seed: random state of estimators that use one.

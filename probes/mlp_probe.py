@@ -272,7 +272,8 @@ def kept_sequences(
         ValueError: if the budget keeps fewer than ``min_sequences`` (naming the budget it needs).
 
     Example:
-        >>> kept_sequences(100, 64, 1024, 64 * 1024 * 20).tolist() == sorted(kept_sequences(100, 64, 1024, 64 * 1024 * 20).tolist())
+        >>> kept_sequences(100, 64, 1024, 64 * 1024 * 20).tolist() == sorted(
+        ...     kept_sequences(100, 64, 1024, 64 * 1024 * 20).tolist())
         True
         >>> len(kept_sequences(100, 64, 1024, 64 * 1024 * 20)), len(kept_sequences(100, 64, 1024, 10**12))
         (20, 100)

@@ -20,7 +20,8 @@ def is_target(targets: pd.Series, target: str) -> pd.Series:
     ``absolute_index``: classification over bins of 16 positions when there are too many to class).
 
     Example:
-        >>> is_target(pd.Series(["absolute_index", "absolute_index//16", "relative_distance"]), "absolute_index").tolist()
+        >>> is_target(pd.Series(["absolute_index", "absolute_index//16", "relative_distance"]),
+        ...           "absolute_index").tolist()
         [True, True, False]
     """
     return (targets == target) | targets.astype(str).str.startswith(f"{target}//")

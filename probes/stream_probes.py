@@ -262,7 +262,8 @@ def replay_probes(
     probes: Probes, acts, device: torch.device | str = "cpu", batch_size: int = 32, progress: str | None = None
 ) -> pd.DataFrame:
     """The table of ``probes`` on cached activations: every job replayed and fitted in turn
-    (:func:`~nopelens.probes.stream.replay`, one :meth:`~nopelens.probes.engine.Probes.subset` each, every batch kept), so
+    (:func:`~nopelens.probes.stream.replay`, one :meth:`~nopelens.probes.engine.Probes.subset` each,
+    every batch kept), so
     no more than one job's features are copied at a time; the in-memory API is this.
     ``progress``: the label of a bar over the jobs (None: no bar).
 

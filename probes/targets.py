@@ -126,7 +126,8 @@ def sample_distance_pairs(
     if not isinstance(per_distance, (int, np.integer)) or not 1 <= per_distance <= available.min():
         raise ValueError(
             f"pairs_per_distance must lie in [1, {int(available.min())}] (distance "
-            f"{int(distances[available.argmin()])} has only {int(available.min())} candidate pairs), got {pairs_per_distance!r}"
+            f"{int(distances[available.argmin()])} has only {int(available.min())} candidate pairs), "
+            f"got {pairs_per_distance!r}"
         )
     rng = np.random.default_rng(seed)
     query, key, distance = [], [], []

@@ -657,7 +657,8 @@ def test_a_factory_models_tokens_span_the_vocabulary_of_the_embedding_they_go_th
     (tmp_path / "gpt.py").write_text(
         FACTORY.replace(  # a position table declared before the token table
             "        self.embed, self.unembed = nn.Embedding(64, 32), nn.Linear(32, 64)",
-            "        self.wpe = nn.Embedding(16, 32)\n        self.embed, self.unembed = nn.Embedding(64, 32), nn.Linear(32, 64)",
+            "        self.wpe = nn.Embedding(16, 32)\n"
+            "        self.embed, self.unembed = nn.Embedding(64, 32), nn.Linear(32, 64)",
         ).replace("x = self.embed(tokens)", "x = self.embed(tokens) + self.wpe(torch.arange(tokens.shape[1]))")
     )
     subject = factory_subject(f"factory:{tmp_path / 'gpt.py'}:make_model", 8, 12, 0, Subject)

@@ -152,7 +152,8 @@ def test_the_command_refuses_options_it_would_ignore_or_misread(tmp_path, capsys
 
 
 def _saved(tmp_path, family: str, **edits) -> str:
-    """A tiny HF model of ``family`` (tests/hf_families.py) saved to ``tmp_path``, ``edits`` written into its config.json."""
+    """A tiny HF model of ``family`` (tests/hf_families.py) saved to ``tmp_path``, ``edits`` written
+    into its config.json."""
     import json
 
     from hf_families import DESIGNS, build, build_design

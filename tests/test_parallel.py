@@ -1,4 +1,5 @@
-"""Sweeps in local worker processes and on a Dask cluster (over TLS, the README's setup): same tables as the serial run, and a
+"""Sweeps in local worker processes and on a Dask cluster (over TLS, the README's setup): same
+tables as the serial run, and a
 worker killed mid-run loses only its task (a rerun completes the folder, measuring nothing twice).
 
 Tiny settings (two controls, two training seeds of the untrained one, few short sequences) keep
@@ -220,7 +221,7 @@ def test_workers_running_several_threads_are_refused(tmp_path):
     parallel.check_alone_in_process()  # outside a worker: nothing to refuse
 
 
-# ----------------------------------------------------------------------------- schedulers that are not there, or not Dask
+# --------------------------------------------------------------------------- schedulers that are not there, or not Dask
 
 
 @contextmanager

@@ -23,7 +23,8 @@ def test_the_suite_produces_every_row_once(suite):
 def test_known_answer(suite, name):
     row = suite.set_index("name").loc[name]
     assert row["passed"], (
-        f"{name}: expected {row['comparison']} {row['expected']:.6g} ± {row['tolerance']:.3g}, measured {row['measured']:.6g}"
+        f"{name}: expected {row['comparison']} {row['expected']:.6g} ± {row['tolerance']:.3g}, "
+        f"measured {row['measured']:.6g}"
     )
 
 

@@ -21,8 +21,10 @@ layer may read; for a layer that is no softmax attention (a linear-attention or 
 block's output. "Unchanged" means within the compute dtype's relative tolerance
 (:class:`~nopelens.analyses.audit.numerics.Tolerance` ``rtol`` of the scores' or outputs' scale;
 row-centred log-pattern values are score differences, so the same, but at least twice ``rtol``,
-the round-off of two pattern entries relative to themselves); a NoPE layer is in fact bitwise unchanged. A change that is one factor
-per query row (the scores times c_i) is a query temperature, ``query_scaled``. A layer whose scores are flat to that tolerance (q.k about 0, uniform attention)
+the round-off of two pattern entries relative to themselves); a NoPE layer is in fact bitwise
+unchanged. A change that is one factor
+per query row (the scores times c_i) is a query temperature, ``query_scaled``. A layer whose scores
+are flat to that tolerance (q.k about 0, uniform attention)
 cannot show a rotation: it is reported ``flat`` and never counted as agreeing or disagreeing.
 
 transformers treats position ids with gaps as *packed sequences* and masks across them when no

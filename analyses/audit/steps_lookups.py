@@ -22,7 +22,8 @@ def step5_rotations_and_lookups(run: Run, shift: int) -> StepResult:
 
     Every layer first: the per-layer detector (:mod:`.detector`) measures with the layer's input
     held fixed whether it reads positions (nope, relative or absolute), and a layer whose
-    measurement disagrees with its declared method fails, named. Then RoPE layers: ``hook_rot_q = R(p) hook_q`` and ``hook_rot_k = R(p) hook_k`` at the declared
+    measurement disagrees with its declared method fails, named. Then RoPE layers:
+    ``hook_rot_q = R(p) hook_q`` and ``hook_rot_k = R(p) hook_k`` at the declared
     pairing, fraction and base (the other pairing's error is reported), unrotated dims pass
     through, HF's ``hook_cos`` equals cos(p theta_r), the scores equal R(p)q . R(p)k / sqrt(d_head),
     and shifting every position leaves the rotated dot products unchanged. Lookup layers (Shaw,

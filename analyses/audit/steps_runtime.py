@@ -35,7 +35,8 @@ def step8_interventions(run: Run, shift: int) -> StepResult:
     adding ``shift`` to every position changes it only where a method is absolute; swapping two
     positions leaves every earlier token unchanged (causality) and changes the later ones unless
     the model reads no positions or every layer that reads them has a window or chunk of 1 (each
-    query sees only its own key: no offset but 0, and a softmax over one key). A model that ignores an intervention computes exactly what it
+    query sees only its own key: no offset but 0, and a softmax over one key). A model that ignores
+    an intervention computes exactly what it
     computed before, so "a change" means any nonzero change (a half-precision model's position
     effects may be a few ulps of its logits); "no change" allows the agreement tolerance. In
     bfloat16 and float16 the shift of a model with only relative methods is not held to a bound

@@ -105,6 +105,7 @@ def _run(args: argparse.Namespace) -> int:
     write_report(args.out, tables, quick=args.quick)
     print(summary_markdown(tables))
     print(
-        f"wrote {Path(args.out) / 'haviv.csv'}, losses.csv, context.csv, claims.csv, haviv.md, summary.md, haviv.png/.svg"
+        f"wrote {Path(args.out) / 'haviv.csv'}, losses.csv, context.csv, claims.csv, haviv.md, summary.md, "
+        "haviv.png/.svg"
     )
     return 0

@@ -27,7 +27,8 @@ def run(args: argparse.Namespace) -> int:
         logits, cache = model.run_with_cache(tokens)
         position_hooks = [n for n in cache.keys() if n.rsplit(".", 1)[-1] in POSITION_HOOKS]
         print(
-            f"{method:>10}: {len(cache.keys())} hooks, logits {tuple(logits.shape)}; position hooks: {position_hooks or 'none (only the causal mask)'}"
+            f"{method:>10}: {len(cache.keys())} hooks, logits {tuple(logits.shape)}; "
+            f"position hooks: {position_hooks or 'none (only the causal mask)'}"
         )
         if args.verbose:
             print("            " + ", ".join(cache.keys()))

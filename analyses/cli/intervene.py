@@ -57,7 +57,8 @@ def run(args: argparse.Namespace) -> int:
         for _, row in refused[refused["status"] == "not_applicable"].iterrows():
             print(f"not applicable: {row['condition']} in block {int(row['ablated_block'])}: {row['note']}")
     print(
-        f"\nwrote {out}/summary.csv, sink_probes.csv, sink_behavior.csv, directions.csv, patching.csv, intervene.png and .svg; its settings in intervene.json"
+        f"\nwrote {out}/summary.csv, sink_probes.csv, sink_behavior.csv, directions.csv, patching.csv, "
+        "intervene.png and .svg; its settings in intervene.json"
     )
     return 0
 

@@ -98,9 +98,16 @@ def _run(args: argparse.Namespace) -> int:
         levelled = pilot.groupby(["task", "method"])["levelled_step"].first()
         print(levelled.to_string(na_rep="not levelled off"))
         budget = chosen_budget(pilot)
+        not_levelled = (
+            ""
+            if levelled.notna().all()
+            else f" (not levelled off within {settings.steps} steps: "
+            + ", ".join(" ".join(i) for i in levelled[levelled.isna()].index)
+            + ")"
+        )
         print(
             f"budget by the in-distribution rule: {'none' if budget is None else f'--steps {budget}'}"
-            f"{'' if levelled.notna().all() else f' (not levelled off within {settings.steps} steps: ' + ', '.join(' '.join(i) for i in levelled[levelled.isna()].index) + ')'}; "
+            f"{not_levelled}; "
             f"wrote {Path(args.out) / 'pilot.csv'}, pilot.png/.svg"
         )
         return 0

@@ -124,7 +124,8 @@ PLACEMENT_OPTIONS = ("device_map", "max_memory", "offload_folder")
 
 def add_placement(group) -> None:
     """``--device-map``, ``--max-memory`` and ``--offload-folder`` of an HF model larger than one
-    device (:class:`nopelens.models.placement.Placement`, read by :func:`~nopelens.analyses.cli.placement.placement_of`)."""
+    device (:class:`nopelens.models.placement.Placement`, read by
+    :func:`~nopelens.analyses.cli.placement.placement_of`)."""
     group.add_argument(
         "--device-map",
         metavar="MAP",

@@ -507,7 +507,8 @@ def register(subparsers) -> None:
         "sinks and variance shrinkage; write a run folder and print the summary.",
         epilog="examples:\n  nopelens sweep\n  nopelens sweep --quick --out runs/smoke\n"
         "  nopelens sweep --models text-nope-4l,text-rope-4l,text-learned-4l\n  nopelens sweep --task copy\n"
-        "  nopelens sweep --models constant-nope,constant-rope,constant-alibi,constant-shaw,constant-rope+rope+rope+nope\n"
+        "  nopelens sweep --models "
+        "constant-nope,constant-rope,constant-alibi,constant-shaw,constant-rope+rope+rope+nope\n"
         "  nopelens sweep --seeds 0,1,2 --jobs 2\n"
         "  nopelens sweep --metric spearman --threshold 0.8     # re-reads a finished folder in seconds\n"
         "  nopelens sweep --json > sweep.json\n"

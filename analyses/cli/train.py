@@ -32,8 +32,10 @@ def report(trained: TrainedModel, progress: bool = False, threads: int = 1) -> s
     losses = meta.get("final_losses", {})
     lines = [
         f"{task.name} / {trained.config.position_name}: {meta.get('steps')} steps, seed {meta.get('seed')}, "
-        f"trained in {meta.get('train_seconds', float('nan')):.0f} s with {meta.get('torch_threads', '?')} torch thread(s)",
-        f"final loss (nats/token): train {losses.get('train', float('nan')):.4f}, validation {losses.get('validation', float('nan')):.4f}",
+        f"trained in {meta.get('train_seconds', float('nan')):.0f} s "
+        f"with {meta.get('torch_threads', '?')} torch thread(s)",
+        f"final loss (nats/token): train {losses.get('train', float('nan')):.4f}, "
+        f"validation {losses.get('validation', float('nan')):.4f}",
     ]
     if isinstance(task, TextTask):
         bits = losses["validation"] / math.log(2)

@@ -48,7 +48,8 @@ class InterveneSettings:
 
 def sink_summary(probes: pd.DataFrame, behavior: pd.DataFrame) -> pd.DataFrame:
     """One row per (mode, ablated block) l: absolute-index R^2 and accuracy at layer l + 1, the q.k
-    distance read of block l + 1 (``qk_*``; none after the last block), each clean -> ablated, and the change in loss and exact match."""
+    distance read of block l + 1 (``qk_*``; none after the last block), each clean -> ablated, and
+    the change in loss and exact match."""
     linear = probes[(probes["probe"] == "linear") & (probes["condition"] != "clean")]
     absolute = (linear["target"] == "absolute_index") & (linear["layer"] == linear["ablated_block"] + 1)
     next_read = (linear["target"] == "relative_distance") & (linear["block"] == linear["ablated_block"] + 1)

@@ -46,7 +46,8 @@ a 1024-wide SmolLM3-shaped model (QA, 2026-12-01)."""
 STATISTICS_SHARE = 0.5
 """The share of the memory a run may use that what it holds besides its batches may take (one
 group's statistics, or its kept features and one site's statistics, with the fits' overhead:
-:func:`held_bytes`); the rest is for the forward passes. :func:`~nopelens.analyses.sweep.plan.plan` refuses a run that cannot
+:func:`held_bytes`); the rest is for the forward passes. :func:`~nopelens.analyses.sweep.plan.plan`
+refuses a run that cannot
 keep to it."""
 
 
@@ -110,7 +111,8 @@ def statistics_groups(m, shapes: dict[str, tuple[int, ...]]) -> list[list]:
     block they read, and a group closes before its statistics, times :data:`STATISTICS_OVERHEAD`,
     and the unpacked copy one fit reads would pass that share; each run stops after its deepest
     site, so G groups cost between 1 and G forward passes' worth of compute. A job too large for
-    that share alone gets a group of its own, which :func:`~nopelens.analyses.sweep.plan.plan` refuses. The numbers do not
+    that share alone gets a group of its own, which :func:`~nopelens.analyses.sweep.plan.plan`
+    refuses. The numbers do not
     depend on the grouping (each job's fit uses its own statistics only).
     """
     jobs = m.jobs()

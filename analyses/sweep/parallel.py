@@ -13,7 +13,8 @@ worker lost mid-task loses only its own tasks (a rerun measures just those).
   that, but this process is multi-threaded once pandas is imported (pyarrow's jemalloc starts a
   background thread, torch and BLAS keep thread pools), and a child forked from a multi-threaded
   process can deadlock on a lock another thread held at the fork (Python deprecates it from 3.12;
-  a test sweep with forked workers hung, rarely, and never again reproduced). A script that calls ``sweep(..., jobs=N)`` must
+  a test sweep with forked workers hung, rarely, and never again reproduced). A script that calls
+  ``sweep(..., jobs=N)`` must
   therefore guard its entry point with ``if __name__ == "__main__":``, as spawned multiprocessing
   always asks. Their progress bars write timed lines (they share a terminal);
 - ``scheduler=ADDRESS``: a Dask ``distributed`` cluster through its ``concurrent.futures``
@@ -151,7 +152,8 @@ def _as_completed(futures: dict, has_workers: Callable[[], bool], scheduler: str
         idle_since = idle_since or time.monotonic()
         if time.monotonic() - idle_since >= WORKER_TIMEOUT:
             raise ChildProcessError(
-                f"the Dask scheduler at {scheduler} has had no workers (or has not answered) for {WORKER_TIMEOUT:.0f} s; "
+                f"the Dask scheduler at {scheduler} has had no workers (or has not answered) "
+                f"for {WORKER_TIMEOUT:.0f} s; "
                 f"{len(pending)} of {len(futures)} tasks did not finish; the finished ones are saved: start workers "
                 f"(`dask worker {scheduler} --nthreads 1`) and rerun the same command to measure the rest"
             )

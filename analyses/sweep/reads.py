@@ -13,7 +13,8 @@ its order, at call time.
 A *target function* (:data:`TARGETS`) is a target's one definition: from one subject's token set,
 sites and probe settings (:class:`ProbeInput`) it builds the measurement of its probe rows
 (:class:`~nopelens.probes.stream_probes.Probes`: tidy rows, :data:`~nopelens.probes.linear.RESULT_COLUMNS`,
-whose ``target`` column is its key). The sweep (:func:`~nopelens.analyses.sweep.streamed.measurements`) feeds it a hooked forward pass;
+whose ``target`` column is its key). The sweep
+(:func:`~nopelens.analyses.sweep.streamed.measurements`) feeds it a hooked forward pass;
 :func:`measure_in_memory` feeds it activations already collected; the answers are the same.
 The sweep runs the target functions its reads name, in order of first use.
 

@@ -99,7 +99,8 @@ def _blocks_by_reason(reasons: dict[int, str | None], what: str) -> str | None:
 
 
 def first_variance_block(subject: Subject) -> int | None:
-    """The first of :meth:`~nopelens.analyses.subjects.Subject.variance_blocks` whose ``hook_attn_out`` fires, or None: the block of the
+    """The first of :meth:`~nopelens.analyses.subjects.Subject.variance_blocks` whose
+    ``hook_attn_out`` fires, or None: the block of the
     summary's ``variance_slope_block0``."""
     return next((l for l in subject.variance_blocks() if subject.usable(act_name("attn_out", l))), None)
 
@@ -121,7 +122,8 @@ def probed_blocks(subject: Subject, blocks: tuple[int, ...] | None) -> list[int]
     left_out = [b for b in range(subject.n_layers) if b not in blocks]
     if left_out:
         subject.info.setdefault("not_applicable", {})["blocks not probed"] = (
-            f"blocks {block_ranges(left_out)} (--layers {block_ranges(blocks)}): their sites, sinks and sink ablation were not "
+            f"blocks {block_ranges(left_out)} (--layers {block_ranges(blocks)}): "
+            "their sites, sinks and sink ablation were not "
             "measured (n/a in the per-layer and sink ablation tables), nor their variance except the model's first "
             "attention block's (the summary's slope); a first layer is the first probed one that clears"
         )

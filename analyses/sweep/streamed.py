@@ -299,7 +299,8 @@ def measure_streamed(
     and ``not_applicable`` says so, when ``settings.sink_ablation`` is False). With ``--input
     repeated`` the known answer is checked and recorded in ``subject.info["known_answer"]``.
     ``progress``: a bar per pass with tokens/s and ETA. ``planned``: the measurements a
-    :func:`~nopelens.analyses.sweep.plan.plan` made (its :attr:`~nopelens.analyses.sweep.plan.Plan.measurements`), so that the run keeps to the plan's batch
+    :func:`~nopelens.analyses.sweep.plan.plan` made (its
+    :attr:`~nopelens.analyses.sweep.plan.Plan.measurements`), so that the run keeps to the plan's batch
     size, keep budget and groups whatever the free memory does in between; None: made here."""
     plan_ = measurements(subject, settings, sites) if planned is None else planned
     batch_size = plan_.batch_size

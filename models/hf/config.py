@@ -273,7 +273,8 @@ def check_sizes(fields: Mapping[str, Any], prefix: str = "") -> None:
     Raises:
         ConfigError: naming the first of :data:`LAYER_COUNT_FIELDS`, :data:`SIZE_FIELDS` or the
             family's ``size_fields`` whose value is given and is not an integer (or, of the family's,
-            is below 1; or, a layer count, above :data:`MAX_LAYERS`), or an entry of ``rope_parameters`` keyed by layer type that is neither a
+            is below 1; or, a layer count, above :data:`MAX_LAYERS`), or an entry of
+            ``rope_parameters`` keyed by layer type that is neither a
             dict nor None (transformers fails on it with an AttributeError).
 
     Example:

@@ -19,7 +19,8 @@ class T5(LookupBias):
     Parameter: ``attn.W_rel_bias [t5_num_buckets, n_heads]`` (HF's ``relative_attention_bias``
     weight). T5 computes it in the first layer and shares it: with ``t5_shared`` the first ``t5``
     layer owns the one table and every other ``t5`` layer reads it (``blocks.{l}.attn`` then has
-    no ``W_rel_bias`` of its own); without it (default) each ``t5`` layer has its own table. The content score keeps this decoder's
+    no ``W_rel_bias`` of its own); without it (default) each ``t5`` layer has its own table. The
+    content score keeps this decoder's
     1 / sqrt(d_head) (T5 folds that scale into its initialization). Hook: ``attn.hook_pos_bias``.
 
     Audit expectations: relative (a constant shift changes nothing); ``hook_pos_bias`` equals the
