@@ -455,6 +455,27 @@ def test_results_keeps_current_figures_without_the_dated_logs():
     assert "Rerun 2026-12-01 16:10-16:40" not in page  # a superseded run of the streamed-probe log
 
 
+def test_results_length_generalization_table_is_the_shipped_run():
+    """Each mean, CI, per-seed list and released number of results.md's lengthgen table is the one in
+    docs/lengthgen/summary.csv, the command's own output of that run."""
+    page = text("docs/results.md")
+    section = page[page.index("## Length generalization") :]
+    rows = re.findall(
+        r"^\| (\w+) \((\w+)\) \| (\w+) \| ([\d.]+) (?:\[([-\d.]+), ([-\d.]+)\]|\(one seed\)) \| ([\d. ]+) \|"
+        r" ([\d.]+) \| ([\d.]+|n/a) \|",
+        section,
+        re.M,
+    )
+    summary = pd.read_csv(DOCS / "lengthgen" / "summary.csv").set_index(["task", "method"])
+    assert len(rows) == len(summary) == 32
+    for task, paper_task, method, mean, low, high, per_seed, inside, released in rows:
+        row = summary.loc[(task, method)]
+        assert row["paper_task"] == paper_task and row["per_seed"] == per_seed.strip()
+        assert (mean, inside) == (f"{row['exact_match_longer']:.3f}", f"{row['exact_match_in_distribution']:.3f}")
+        assert (low, high) == ((f"{row['ci_low']:.3f}", f"{row['ci_high']:.3f}") if row["seeds"] > 1 else ("", ""))
+        assert released == ("n/a" if pd.isna(row["released"]) else f"{row['released']:.3f}")
+
+
 # ---- development.md ---------------------------------------------------------------------------
 
 
