@@ -471,7 +471,8 @@ def test_an_interrupt_sent_to_the_main_process_alone_ends_its_workers_mid_task()
     import sys
 
     script = (
-        "import time\n"
+        "import signal, time\n"
+        "signal.signal(signal.SIGINT, signal.default_int_handler)  # whatever this test's runner left\n"
         "from nopelens.analyses.sweep.parallel import run_tasks\n"
         "print('started', flush=True)\n"
         "run_tasks(time.sleep, [(0, (300,)), (1, (300,))], lambda key, result: None, jobs=2)\n"
@@ -485,5 +486,9 @@ def test_an_interrupt_sent_to_the_main_process_alone_ends_its_workers_mid_task()
     time.sleep(5)  # the workers import nopelens, then sleep in their tasks
     workers = [int(pid) for pid in children.read_text().split()]
     process.send_signal(signal.SIGINT)
-    process.communicate(timeout=60)  # not the tasks' 300 s
+    try:
+        process.communicate(timeout=60)  # not the tasks' 300 s
+    except subprocess.TimeoutExpired:
+        process.kill()
+        raise AssertionError(f"still running 60 s after SIGINT; {process.communicate()}") from None
     _wait_for(lambda: not any(Path(f"/proc/{pid}").exists() for pid in workers))

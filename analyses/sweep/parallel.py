@@ -120,7 +120,6 @@ def run_tasks(
         except BaseException:  # an interrupt, or no workers left: drop what has not started
             for future in futures:
                 future.cancel()
-            engine.stop_workers()
             engine.executor.shutdown(wait=False)
             raise
         lost_scheduler = scheduler if failures and engine.scheduler_lost() else None
@@ -134,7 +133,6 @@ class _Engine:
     executor: cf.Executor
     has_workers: Callable[[], bool] = lambda: True  # a lost local worker breaks the pool, which raises
     scheduler_lost: Callable[[], bool] = lambda: False
-    stop_workers: Callable[[], None] = lambda: None  # a Dask cluster's workers are not ours to stop
 
 
 def _as_completed(futures: dict, has_workers: Callable[[], bool], scheduler: str | None) -> Iterator[cf.Future]:
@@ -161,18 +159,6 @@ def _as_completed(futures: dict, has_workers: Callable[[], bool], scheduler: str
             )
 
 
-def _terminate_workers(pool: cf.ProcessPoolExecutor) -> None:
-    """End the pool's worker processes now, mid-task. An interrupt sent to this process alone (``kill``,
-    a batch scheduler; a terminal's Ctrl-C reaches the workers too) would otherwise wait for each
-    running task to end, and a rerun started meanwhile would train the same models beside them."""
-    terminate = getattr(pool, "terminate_workers", None)  # Python >= 3.14
-    if terminate is not None:
-        terminate()
-        return
-    for process in list((pool._processes or {}).values()):  # no public way before 3.14
-        process.terminate()
-
-
 @contextmanager
 def _executor(jobs: int, scheduler: str | None, security: str | Path | None = None) -> Iterator[cf.Executor]:
     if scheduler is None:
@@ -180,7 +166,17 @@ def _executor(jobs: int, scheduler: str | None, security: str | Path | None = No
         with cf.ProcessPoolExecutor(
             max_workers=jobs, mp_context=multiprocessing.get_context("spawn"), initializer=lines_only
         ) as pool:
-            yield _Engine(pool, stop_workers=lambda: _terminate_workers(pool))
+            # the pool fills this dict as it starts workers; shutdown() drops the attribute, not the dict
+            workers = pool._processes  # no public handle before Python 3.14's terminate_workers()
+            try:
+                yield _Engine(pool)
+            except BaseException:
+                # an interrupt sent to this process alone (kill, a batch scheduler; a terminal's Ctrl-C
+                # reaches the workers too), a lost worker, a failing on_done: end the workers mid-task,
+                # rather than wait for their tasks while a rerun may start beside them
+                for process in list(workers.values()):
+                    process.terminate()
+                raise
         return
     try:
         from distributed import Client  # lazy: distributed is optional (nopelens[dask])
