@@ -461,34 +461,3 @@ def test_encryption_required_with_a_tcp_address_is_one_clear_error(cluster):
         error = _one_task(address, security=config)
     assert type(error) is ValueError, repr(error)
     assert str(error).startswith(f"cannot talk to a Dask scheduler at {address}: RuntimeError: encryption required")
-
-
-@pytest.mark.slow  # worker processes: seconds
-def test_an_interrupt_sent_to_the_main_process_alone_ends_its_workers_mid_task():
-    """``kill -INT PID`` reaches the main process only (a terminal's Ctrl-C reaches the workers too):
-    the run ends at once and leaves no worker running its task on."""
-    import subprocess
-    import sys
-
-    script = (
-        "import signal, time\n"
-        "signal.signal(signal.SIGINT, signal.default_int_handler)  # whatever this test's runner left\n"
-        "from nopelens.analyses.sweep.parallel import run_tasks\n"
-        "print('started', flush=True)\n"
-        "run_tasks(time.sleep, [(0, (300,)), (1, (300,))], lambda key, result: None, jobs=2)\n"
-    )
-    process = subprocess.Popen(
-        [sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
-    )
-    assert process.stdout.readline().strip() == "started"
-    children = Path(f"/proc/{process.pid}/task/{process.pid}/children")
-    _wait_for(lambda: len(children.read_text().split()) >= 3)  # the resource tracker and two workers
-    time.sleep(5)  # the workers import nopelens, then sleep in their tasks
-    workers = [int(pid) for pid in children.read_text().split()]
-    process.send_signal(signal.SIGINT)
-    try:
-        process.communicate(timeout=60)  # not the tasks' 300 s
-    except subprocess.TimeoutExpired:
-        process.kill()
-        raise AssertionError(f"still running 60 s after SIGINT; {process.communicate()}") from None
-    _wait_for(lambda: not any(Path(f"/proc/{pid}").exists() for pid in workers))

@@ -166,17 +166,7 @@ def _executor(jobs: int, scheduler: str | None, security: str | Path | None = No
         with cf.ProcessPoolExecutor(
             max_workers=jobs, mp_context=multiprocessing.get_context("spawn"), initializer=lines_only
         ) as pool:
-            # the pool fills this dict as it starts workers; shutdown() drops the attribute, not the dict
-            workers = pool._processes  # no public handle before Python 3.14's terminate_workers()
-            try:
-                yield _Engine(pool)
-            except BaseException:
-                # an interrupt sent to this process alone (kill, a batch scheduler; a terminal's Ctrl-C
-                # reaches the workers too), a lost worker, a failing on_done: end the workers mid-task,
-                # rather than wait for their tasks while a rerun may start beside them
-                for process in list(workers.values()):
-                    process.terminate()
-                raise
+            yield _Engine(pool)
         return
     try:
         from distributed import Client  # lazy: distributed is optional (nopelens[dask])
