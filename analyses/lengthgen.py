@@ -467,7 +467,7 @@ def run_lengthgen(
             do not depend on it. 1: in this process.
 
     Raises:
-        ValueError: on an unknown task or method, no seeds, ``jobs`` < 1, or if ``out_dir`` holds a
+        ValueError: on an unknown task or method, one listed twice, no seeds, ``jobs`` < 1, or if ``out_dir`` holds a
             run with other settings or another analysis's run.
     """
     settings = settings or LengthGenSettings()
@@ -475,6 +475,9 @@ def run_lengthgen(
         unknown = next((name for name in chosen if name not in known), None)
         if unknown is not None:
             raise ValueError(f"unknown {kind} {unknown!r}; choose from {known}")
+        twice = next((name for name in chosen if chosen.count(name) > 1), None)
+        if twice is not None:  # each would be trained and written twice
+            raise ValueError(f"the {kind} {twice!r} is listed twice")
     if not seeds:
         raise ValueError("give at least one seed")
     if jobs < 1:

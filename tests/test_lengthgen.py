@@ -179,6 +179,10 @@ def test_other_settings_in_the_same_folder_are_refused(tmp_path):
 def test_unknown_method_and_bad_settings():
     with pytest.raises(ValueError, match="unknown method"):
         run_lengthgen("/nonexistent", TINY, methods=("no-such-method",))
+    with pytest.raises(ValueError, match="'repeat' is listed twice"):
+        run_lengthgen("/nonexistent", TINY, tasks=("repeat", "copy", "repeat"))
+    with pytest.raises(ValueError, match="'nope' is listed twice"):
+        run_lengthgen("/nonexistent", TINY, methods=("nope", "nope"))
     with pytest.raises(ValueError, match="steps"):
         LengthGenSettings(steps=0)
 
