@@ -351,7 +351,12 @@ def test_cli_bad_input_is_one_line_and_loses_nothing(tmp_path, capsys):
     )
     before = (tmp_path / "lengthgen.csv").read_bytes()
     capsys.readouterr()
-    for argv in (["--train-max-len", "0"], ["--steps", "3"]):  # a bad setting; another run's settings in the folder
+    for argv in (
+        ["--train-max-len", "0"],  # a bad setting
+        ["--steps", "3"],  # another run's settings in the folder
+        ["--pilot", "--methods", "alibi"],  # options the pilot would ignore
+        ["--pilot", "--seeds", "7", "--jobs", "2"],
+    ):
         assert main(["lengthgen", "--out", str(tmp_path), "--quick", "--quiet", *argv]) == 2
         err = capsys.readouterr().err
         assert len(err.strip().splitlines()) == 1 and "Traceback" not in err

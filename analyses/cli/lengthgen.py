@@ -20,6 +20,8 @@ from nopelens.analyses.lengthgen_pilot import chosen_budget, run_pilot
 
 from .options import _seeds_type, add_quiet, add_seeds, add_threads
 
+DEFAULT_SEEDS = (0, 1, 2, 3, 4)
+
 
 def register(subparsers) -> None:
     parser = subparsers.add_parser(
@@ -62,7 +64,7 @@ def register(subparsers) -> None:
         metavar="METHOD",
         help=f"rows, of {' '.join(METHODS)} (default: {' '.join(DEFAULT_METHODS)})",
     )
-    add_seeds(parser, "each (task, method) is trained once per seed", default=(0, 1, 2, 3, 4))
+    add_seeds(parser, "each (task, method) is trained once per seed", default=DEFAULT_SEEDS)
     parser.add_argument(
         "--default-row-seeds",
         type=_seeds_type,
@@ -85,6 +87,23 @@ def register(subparsers) -> None:
     parser.set_defaults(func=_run)
 
 
+def _refuse_options_the_pilot_ignores(args: argparse.Namespace) -> None:
+    given = [
+        option
+        for option, value, default in (
+            ("--methods", args.methods, list(DEFAULT_METHODS)),
+            ("--seeds", tuple(args.seeds), DEFAULT_SEEDS),
+            ("--default-row-seeds", args.default_row_seeds, None),
+            ("--jobs", args.jobs, 1),
+        )
+        if value != default
+    ]
+    if given:
+        raise ValueError(
+            f"--pilot trains nope and rope once per task, on seed 1000, in this process: it takes no {', '.join(given)}"
+        )
+
+
 def _run(args: argparse.Namespace) -> int:
     settings = LengthGenSettings.quick() if args.quick else LengthGenSettings()
     changes = {
@@ -94,6 +113,7 @@ def _run(args: argparse.Namespace) -> int:
     }
     settings = dataclasses.replace(settings, **changes)
     if args.pilot:
+        _refuse_options_the_pilot_ignores(args)
         pilot = run_pilot(args.out, settings, tuple(args.tasks), progress=not args.quiet)
         levelled = pilot.groupby(["task", "method"])["levelled_step"].first()
         print(levelled.to_string(na_rep="not levelled off"))
