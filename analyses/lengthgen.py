@@ -51,6 +51,7 @@ METHODS = tuple(kazemnejad.VARIANTS)
 DEFAULT_METHODS = kazemnejad.PAPER_VARIANTS + kazemnejad.DEFAULT_ROWS
 TASK_NAMES = tuple(kazemnejad.PAPER_TASKS)
 DEFAULT_TASKS = ("repeat", "replace", "copy", "reverse")
+DEFAULT_SEEDS = (0, 1, 2, 3, 4)
 
 
 @dataclass(frozen=True)
@@ -444,7 +445,7 @@ def run_lengthgen(
     settings: LengthGenSettings | None = None,
     tasks: tuple[str, ...] = DEFAULT_TASKS,
     methods: tuple[str, ...] = DEFAULT_METHODS,
-    seeds: tuple[int, ...] = (0, 1, 2, 3, 4),
+    seeds: tuple[int, ...] = DEFAULT_SEEDS,
     progress: bool = True,
     default_row_seeds: tuple[int, ...] | None = None,
     figures: bool = True,
@@ -467,8 +468,8 @@ def run_lengthgen(
             do not depend on it. 1: in this process.
 
     Raises:
-        ValueError: on an unknown task or method, one listed twice, no seeds, ``jobs`` < 1, or if ``out_dir`` holds a
-            run with other settings or another analysis's run.
+        ValueError: on an unknown task or method, one listed twice, no seeds, ``jobs`` < 1, or if
+            ``out_dir`` holds a run with other settings or another analysis's run.
     """
     settings = settings or LengthGenSettings()
     for kind, chosen, known in (("method", methods, METHODS), ("task", tasks, TASK_NAMES)):

@@ -17,6 +17,9 @@ from nopelens.models.training import evaluate_exact_match, train, validation_los
 from .figures import save_figure
 from .lengthgen import DEFAULT_TASKS, LengthGenSettings, _config, _task
 
+PILOT_METHODS = ("nope", "rope")
+PILOT_SEED = 1000  # a seed the comparison never uses
+
 
 def levelled_step(curve: pd.DataFrame, share: float = 0.99, last_quarter: float = 0.05) -> int | None:
     """The in-distribution budget rule, on one pilot curve of validation loss against step.
@@ -45,8 +48,8 @@ def run_pilot(
     out_dir: str | Path,
     settings: LengthGenSettings,
     tasks=DEFAULT_TASKS,
-    methods=("nope", "rope"),
-    seed: int = 1000,
+    methods=PILOT_METHODS,
+    seed: int = PILOT_SEED,
     points: int = 20,
     progress: bool = True,
 ) -> pd.DataFrame:

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from nopelens.analyses.lengthgen import (
     DEFAULT_METHODS,
+    DEFAULT_SEEDS,
     DEFAULT_TASKS,
     METHODS,
     TASK_NAMES,
@@ -16,11 +17,9 @@ from nopelens.analyses.lengthgen import (
     run_lengthgen,
     summarize,
 )
-from nopelens.analyses.lengthgen_pilot import chosen_budget, run_pilot
+from nopelens.analyses.lengthgen_pilot import PILOT_METHODS, PILOT_SEED, chosen_budget, run_pilot
 
 from .options import _seeds_type, add_quiet, add_seeds, add_threads
-
-DEFAULT_SEEDS = (0, 1, 2, 3, 4)
 
 
 def register(subparsers) -> None:
@@ -45,7 +44,7 @@ def register(subparsers) -> None:
     parser.add_argument(
         "--pilot",
         action="store_true",
-        help="instead of the comparison: train nope and rope once per task for --steps, log the "
+        help=f"instead of the comparison: train {' and '.join(PILOT_METHODS)} once per task for --steps, log the "
         "in-distribution validation loss, and print the budget its rule chooses (pilot.csv, pilot.png)",
     )
     parser.add_argument(
@@ -100,7 +99,8 @@ def _refuse_options_the_pilot_ignores(args: argparse.Namespace) -> None:
     ]
     if given:
         raise ValueError(
-            f"--pilot trains nope and rope once per task, on seed 1000, in this process: it takes no {', '.join(given)}"
+            f"--pilot trains {' and '.join(PILOT_METHODS)} once per task, on seed {PILOT_SEED}, in this process: "
+            f"it takes no {', '.join(given)}"
         )
 
 
