@@ -93,6 +93,10 @@ class HavivSettings:
     n_splits: int = 5
     seed: int = 0
 
+    RESUMABLE_CHANGES = ("models", "contexts")
+    """Settings a run folder may change between runs: each part is one model at one window length,
+    so adding a model or a length measures just the new parts (the stamp records the latest)."""
+
     @classmethod
     def quick(cls, models: tuple[str, ...] = ("text-nope-4l", "text-rope-4l")) -> "HavivSettings":
         """Seconds, for tests: few windows, replicates and epochs (numbers not meaningful)."""
@@ -173,7 +177,12 @@ def compare_haviv(
         parts.append((spec, window))
         if not reads_positions:  # NoPE: the context axis
             parts += [(spec, length) for length in settings.contexts if length < window]
-    with one_thread(), claimed(out, "haviv", dataclasses.asdict(settings), command="compare haviv") as folder:
+    with (
+        one_thread(),
+        claimed(
+            out, "haviv", dataclasses.asdict(settings), ignore=settings.RESUMABLE_CHANGES, command="compare haviv"
+        ) as folder,
+    ):
         measured = {}
 
         def on_done(part: tuple, result: tuple) -> None:

@@ -180,6 +180,7 @@ def run_one(
         progress=progress,
         threads=settings.threads,
         callback=record,
+        desc=f"train {task_name} {method} seed {seed}",  # the row's name: t5_shared and t5_per_layer are both t5
     )
     clock = time.perf_counter()
     with limited_threads(settings.threads):
@@ -215,27 +216,51 @@ def _model_dir(out_dir: Path, task: str, method: str, seed: int) -> Path:
     return out_dir / "models" / task / method / f"seed{seed}"
 
 
-def measure_distances(out_dir: Path, settings: LengthGenSettings, tasks, methods, seeds, n: int = 32) -> pd.DataFrame:
-    """The Sec. 5.2 distances per task between the first seed's model of every method, and NoPE's
-    second seed (:data:`SECOND_SEED`), all reading the same ``n`` sequences of size L.
+def _distance_models(methods, seeds) -> dict[str, tuple[str, int]]:
+    """The models the Sec. 5.2 distances read, per task: each method's first seed, and NoPE's second
+    seed (:data:`SECOND_SEED`) when there is one; name -> (method, seed)."""
+    wanted = {m: (m, seeds[0]) for m in methods}
+    if kazemnejad.PAPER_VARIANTS[0] in methods and len(seeds) > 1:
+        wanted[SECOND_SEED] = (kazemnejad.PAPER_VARIANTS[0], seeds[1])
+    return wanted
 
-    A model missing from ``models/`` (a run made before it was saved) is left out with a line on stderr.
+
+def _unreadable_models(out_dir: Path, tasks, methods, seeds, done: set) -> set:
+    """The finished runs whose saved model the distances need but cannot load (deleted, damaged),
+    each named on stderr: they are trained again, so the distance table never loses a row."""
+    redo = set()
+    for task_name in tasks:
+        for method, seed in _distance_models(methods, seeds).values():
+            path = _model_dir(out_dir, task_name, method, seed)
+            if (task_name, method, seed) not in done:
+                continue
+            try:
+                load_checkpoint(path)
+            except (ValueError, OSError) as error:
+                reason = "missing" if not path.exists() else " ".join(str(error).split())[:120]
+                print(
+                    f"nopelens lengthgen: the saved model at {path} ({reason}) is needed for the attention "
+                    "distances; training it again",
+                    file=sys.stderr,
+                )
+                redo.add((task_name, method, seed))
+    return redo
+
+
+def measure_distances(out_dir: Path, settings: LengthGenSettings, tasks, methods, seeds, n: int = 32) -> pd.DataFrame:
+    """The Sec. 5.2 distances per task between the models of :func:`_distance_models`, all reading
+    the same ``n`` sequences of size L, from the models saved in ``out_dir``'s ``models/``.
+
+    Raises:
+        ValueError: if a saved model cannot be loaded (:func:`run_lengthgen` trains such a model
+            again before it gets here).
     """
     rows = []
     for task_name in tasks:
-        wanted = {m: (m, seeds[0]) for m in methods}
-        if kazemnejad.PAPER_VARIANTS[0] in methods and len(seeds) > 1:
-            wanted[SECOND_SEED] = (kazemnejad.PAPER_VARIANTS[0], seeds[1])
-        models = {}
-        for name, (method, seed) in wanted.items():
-            path = _model_dir(out_dir, task_name, method, seed)
-            if not path.exists():
-                print(
-                    f"nopelens lengthgen: no saved model at {path}; left out of the attention distances",
-                    file=sys.stderr,
-                )
-                continue
-            models[name] = load_checkpoint(path).model.eval()
+        models = {
+            name: load_checkpoint(_model_dir(out_dir, task_name, method, seed)).model.eval()
+            for name, (method, seed) in _distance_models(methods, seeds).items()
+        }
         if len(models) < 2:
             continue
         task = _task(task_name, settings)
@@ -425,19 +450,43 @@ def _read_results(path: Path, train_max_len: int) -> pd.DataFrame:
     return results[complete.astype(bool)].reset_index(drop=True)
 
 
-def _read_curve(path: Path, done: set) -> pd.DataFrame:
-    """The curve rows of finished runs (a run measured again gets its rows anew)."""
-    if not path.exists():
-        return pd.DataFrame()
-    try:
-        curve = pd.read_csv(path)
-    except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError, ValueError):
-        print(f"nopelens lengthgen: {path} cannot be read; its curve is measured again with the runs", file=sys.stderr)
-        return pd.DataFrame()
-    if not {"task", "method", "seed"} <= set(curve.columns):
-        return pd.DataFrame()
-    keep = [(t, m, s) in done for t, m, s in zip(curve["task"], curve["method"], curve["seed"])]
-    return curve[keep].reset_index(drop=True)
+CURVE_COLUMNS = ["task", "method", "seed", "step", "exact_match_longer", "validation_loss"]
+
+
+def _read_curve(path: Path, done: set, steps: list[int]) -> tuple[pd.DataFrame, set]:
+    """The rows of ``curve.csv`` of the finished runs ``done``, and the finished runs whose curve is
+    missing, truncated or damaged (not one valid row per step of ``steps``: an exact match in
+    [0, 1], a finite validation loss >= 0), named on stderr: those are measured again."""
+    curve = pd.DataFrame(columns=CURVE_COLUMNS)
+    if path.exists():
+        try:
+            curve = pd.read_csv(path)
+        except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError, ValueError):
+            pass
+    if not set(CURVE_COLUMNS) <= set(curve.columns):
+        curve = pd.DataFrame(columns=CURVE_COLUMNS)
+    seed, step, exact, loss = (
+        pd.to_numeric(curve[c], errors="coerce") for c in ("seed", "step", "exact_match_longer", "validation_loss")
+    )
+    valid = exact.between(0, 1) & loss.between(0, math.inf) & step.isin(steps) & seed.notna()
+    parsed = curve.assign(seed=seed, step=step, exact_match_longer=exact, validation_loss=loss)[valid]
+    parsed = parsed.drop_duplicates(["task", "method", "seed", "step"]).astype({"seed": int, "step": int})
+    whole = {run for run, rows in parsed.groupby(["task", "method", "seed"]) if len(rows) == len(steps)}
+    damaged = set(done) - whole
+    if damaged:
+        first = " ".join(map(str, min(damaged)))
+        print(
+            f"nopelens lengthgen: {path} lacks or holds a damaged curve for {len(damaged)} finished "
+            f"run(s) ({first}{', ...' if len(damaged) > 1 else ''}); measuring them again",
+            file=sys.stderr,
+        )
+    return _runs_in(parsed, whole & set(done))[CURVE_COLUMNS], damaged
+
+
+def _runs_in(table: pd.DataFrame, runs_kept: set) -> pd.DataFrame:
+    """The rows of ``table`` whose (task, method, seed) is in ``runs_kept``."""
+    keep = pd.Series([run in runs_kept for run in zip(table["task"], table["method"], table["seed"])], dtype=bool)
+    return table[keep.to_numpy()].reset_index(drop=True)
 
 
 def run_lengthgen(
@@ -468,7 +517,8 @@ def run_lengthgen(
             do not depend on it. 1: in this process.
 
     Raises:
-        ValueError: on an unknown task or method, one listed twice, no seeds, ``jobs`` < 1, or if
+        ValueError: on an unknown task or method, one listed twice, no seeds, ``default_row_seeds``
+            not among ``seeds``, ``jobs`` < 1, or if
             ``out_dir`` holds a run with other settings or another analysis's run.
     """
     settings = settings or LengthGenSettings()
@@ -481,13 +531,22 @@ def run_lengthgen(
             raise ValueError(f"the {kind} {twice!r} is listed twice")
     if not seeds:
         raise ValueError("give at least one seed")
+    if default_row_seeds is not None and not set(default_row_seeds) <= set(seeds):
+        raise ValueError(
+            f"--default-row-seeds {','.join(map(str, default_row_seeds))} must be among --seeds "
+            f"{','.join(map(str, seeds))} (it gives the default rows fewer of them)"
+        )
     if jobs < 1:
         raise ValueError(f"--jobs must be >= 1, got {jobs}")
     out_dir = runs.claim(out_dir, "lengthgen", settings.to_dict())
     csv_path, curve_path = out_dir / "lengthgen.csv", out_dir / "curve.csv"
     results = _read_results(csv_path, settings.train_max_len)
     done = set() if results.empty else set(zip(results["task"], results["method"], results["seed"]))
-    curve = _read_curve(curve_path, done)
+    curve, damaged = _read_curve(curve_path, done, settings.curve_steps())
+    redo = damaged | _unreadable_models(out_dir, tasks, methods, seeds, done)
+    if redo:  # measured again: their rows go, so that none is written twice
+        done -= redo
+        results, curve = _runs_in(results, done), _runs_in(curve, done)
     row_seeds = {m: (default_row_seeds or seeds) if m in kazemnejad.DEFAULT_ROWS else seeds for m in methods}
     # the paper's rows first, seed by seed: a run cut short has every task and method at fewer seeds
     todo = sorted(
@@ -524,6 +583,15 @@ def run_lengthgen(
         jobs=jobs,
     )
     results["in_distribution"] = results["in_distribution"].astype(bool)
+    asked = {(t, m, s) for t in tasks for m in methods for s in row_seeds[m]}
+    beyond = sorted(set(zip(results["task"], results["method"], results["seed"])) - asked)
+    if beyond:
+        print(
+            f"nopelens lengthgen: {out_dir} also holds {len(beyond)} run(s) not asked for this time "
+            f"({' '.join(map(str, beyond[0]))}{', ...' if len(beyond) > 1 else ''}); "
+            "the summary covers every run there",
+            file=sys.stderr,
+        )
     summary = summarize(results, settings.n_symbols)
     claims = kazemnejad.ranking_verdicts(results)
     distances = measure_distances(out_dir, settings, tasks, methods, seeds)

@@ -14,6 +14,7 @@ import seaborn as sns
 from nopelens.models.io import write_csv_atomic
 from nopelens.models.training import evaluate_exact_match, train, validation_loss
 
+from . import runs
 from .figures import save_figure
 from .lengthgen import DEFAULT_TASKS, LengthGenSettings, _config, _task
 
@@ -44,6 +45,32 @@ def levelled_step(curve: pd.DataFrame, share: float = 0.99, last_quarter: float 
     return int(steps[np.argmax(losses <= losses.min() + (1 - share) * drop)])
 
 
+def check_pilot_folder(out_dir: Path, settings: LengthGenSettings) -> None:
+    """Refuse a pilot's ``out_dir`` when writing there would lose or mislabel a record: a
+    ``pilot.csv`` already there (the record that fixed a budget), another analysis's run, or a
+    ``nopelens lengthgen`` comparison whose settings differ from the pilot's in more than ``steps``
+    (a pilot sits beside the comparison whose budget it fixed, as docs/lengthgen/ does).
+
+    Raises:
+        ValueError: naming what is there and what to do.
+    """
+    runs.refuse_other_runs(out_dir, "lengthgen --pilot", "lengthgen")
+    if (out_dir / "pilot.csv").exists():
+        raise ValueError(
+            f"{out_dir} holds a pilot already (pilot.csv, the record that fixed a budget); "
+            "use another --out folder for this pilot"
+        )
+    comparison = runs.stamped_settings(out_dir, "lengthgen") if out_dir.is_dir() else None
+    if comparison is not None:
+        ours = {k: v for k, v in settings.to_dict().items() if k != "steps"}
+        differ = sorted(k for k in set(ours) | set(comparison) if k != "steps" and ours.get(k) != comparison.get(k))
+        if differ:
+            raise ValueError(
+                f"{out_dir} holds a lengthgen comparison with other settings ({', '.join(differ)}); "
+                "use another --out folder for this pilot"
+            )
+
+
 def run_pilot(
     out_dir: str | Path,
     settings: LengthGenSettings,
@@ -61,8 +88,13 @@ def run_pilot(
     ``method``, ``step``, ``validation_loss``, ``exact_match_in_distribution``, ``levelled_step``) and
     ``pilot.png``/``.svg`` into ``out_dir``; :func:`chosen_budget` reads the budget from it. Nothing out
     of distribution is measured.
+
+    Raises:
+        ValueError: before anything is trained, if ``out_dir`` (:func:`check_pilot_folder`) holds a
+            pilot already, another analysis's run, or a comparison made with other settings.
     """
     out_dir = Path(out_dir)
+    check_pilot_folder(out_dir, settings)
     out_dir.mkdir(parents=True, exist_ok=True)
     every = max(1, settings.steps // points)
     frames = []

@@ -105,7 +105,7 @@ def claim(
         raise ValueError(f"unknown run kind {kind!r}; known: {', '.join(KINDS)}")
     refuse_other_runs(folder, command, kind)
     digest = settings_digest(settings, ignore)
-    previous = _stamped_settings(folder, kind)
+    previous = stamped_settings(folder, kind)
     foreign = (
         sorted(path.name for path in folder.iterdir() if path.is_file() and path.suffix in OUTPUT_SUFFIXES)
         if previous is None and folder.is_dir() and not (folder / "parts").is_dir()
@@ -229,7 +229,7 @@ def claimed(
         ValueError: as :func:`claim`; and whatever the block raises.
     """
     folder = Path(folder)
-    stamped = folder.is_dir() and _stamped_settings(folder, kind) is not None
+    stamped = folder.is_dir() and stamped_settings(folder, kind) is not None
     before = set(folder.rglob("*")) if folder.is_dir() else None
     run = uuid.uuid4().hex
     claim(folder, kind, settings, ignore, command, unset, run)
@@ -266,7 +266,12 @@ def _legacy(folder: Path, kind: str) -> Path:
     return folder / LEGACY_STAMPS.get(kind, f"{kind}.json")
 
 
-def _stamped_settings(folder: Path, kind: str) -> dict[str, Any] | None:
+def stamped_settings(folder: Path, kind: str) -> dict[str, Any] | None:
+    """The settings ``folder``'s ``kind`` stamp holds (a legacy stamp's whole record), else None.
+
+    Raises:
+        ValueError: if the stamp is not one nopelens wrote.
+    """
     stamp = folder / f"{kind}.json"
     if stamp.is_file():
         record = read_json(stamp)

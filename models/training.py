@@ -158,6 +158,7 @@ def train(
     callback: Callable[[int, float, Decoder], None] | None = None,
     extra_metadata: dict[str, Any] | None = None,
     threads: int = 1,
+    desc: str | None = None,
 ) -> TrainedModel:
     """Train a :class:`Decoder` on ``task``.
 
@@ -191,6 +192,7 @@ def train(
             depend on it (reductions split differently), so it is part of the recipe: a
             checkpoint made with another count is not resumed. (Written into the metadata's
             recipe only when it is not 1, so checkpoints from before it existed still resume.)
+        desc: the progress bar's label (default ``train <task> <position method>``).
 
     Returns:
         A :class:`TrainedModel`; ``metadata`` holds the recipe, ``final_losses`` (``train``: mean
@@ -264,6 +266,7 @@ def train(
             progress,
             callback,
             extra_metadata,
+            desc or f"train {task.name} {config.position_name}",
         )
 
 
@@ -287,6 +290,7 @@ def _train(
     progress,
     callback,
     extra_metadata,
+    desc,
 ) -> TrainedModel:
     model = Decoder(config, seed=seed)
     optimizer = torch.optim.AdamW(_param_groups(model, weight_decay), lr=lr, betas=(0.9, 0.95))
@@ -300,9 +304,7 @@ def _train(
         start, rows, seconds_before = resumed
 
     model.train()
-    bar = progress_bar(
-        total=steps, initial=start, disable=not progress, desc=f"train {task.name} {config.position_name}", leave=False
-    )
+    bar = progress_bar(total=steps, initial=start, disable=not progress, desc=desc, leave=False)
     clock, cpu_clock = time.perf_counter(), time.process_time()
     tokens_seen = 0
     try:

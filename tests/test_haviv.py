@@ -69,6 +69,16 @@ def test_quick_run_writes_every_table_and_resumes(tmp_path, capsys, one_thread):
     assert main(args) == 0  # a rerun reads the finished parts back
     assert "already measured" in capsys.readouterr().out
     assert pd.read_csv(tmp_path / "haviv.csv").equals(table)
+    # a model added to the folder: the finished parts are read back, only the new one is probed
+    assert main([*args[:4], "text-nope-4l,text-rope-4l", *args[5:]]) == 0
+    out = capsys.readouterr().out
+    assert out.count("already measured") == 2 and "text-rope-4l at 64 bytes: probed" in out
+    both = pd.read_csv(tmp_path / "haviv.csv")
+    assert set(both["model"].dropna()) >= {"text-nope-4l", "text-rope-4l"}
+    pd.testing.assert_frame_equal(
+        both[both["model"] == "text-nope-4l"].reset_index(drop=True),
+        table[table["model"] == "text-nope-4l"].reset_index(drop=True),
+    )
 
 
 @pytest.mark.slow

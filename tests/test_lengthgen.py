@@ -128,6 +128,45 @@ def test_a_truncated_table_measures_the_cut_runs_again(tmp_path, monkeypatch, ca
     assert "cannot be read" in capsys.readouterr().err
 
 
+def test_a_damaged_curve_or_a_lost_model_is_measured_again(tmp_path, monkeypatch, capsys):
+    kwargs = dict(tasks=("repeat",), methods=("nope", "alibi"), seeds=(0, 1), progress=False, figures=False)
+    run_lengthgen(tmp_path, TINY, **kwargs)
+    curve, distances = (pd.read_csv(tmp_path / f"{name}.csv") for name in ("curve", "attention_distance"))
+    assert len(distances) > 0
+    damaged = curve.astype({"validation_loss": object})
+    damaged.loc[(damaged["method"] == "alibi") & (damaged["seed"] == 1), "validation_loss"] = "nan"
+    cut = damaged[(damaged["method"] == "nope") & (damaged["seed"] == 1)].index[-1]
+    damaged.drop(index=cut).to_csv(tmp_path / "curve.csv", index=False)  # and nope seed 1's last row cut
+    calls = _record_runs(monkeypatch)
+    run_lengthgen(tmp_path, TINY, **kwargs)
+    assert sorted(calls) == [("repeat", "alibi", 1), ("repeat", "nope", 1)]
+    assert "lacks or holds a damaged curve for 2 finished run(s)" in capsys.readouterr().err
+    key = ["method", "seed", "step"]
+    assert_frame_equal(
+        pd.read_csv(tmp_path / "curve.csv").sort_values(key, ignore_index=True),
+        curve.sort_values(key, ignore_index=True),
+    )  # the same seeds: the same curve
+    for folder in (tmp_path / "models").rglob("seed0"):
+        for file in folder.iterdir():
+            file.unlink()  # the saved models the distances need (each method's first seed)
+    calls.clear()
+    run_lengthgen(tmp_path, TINY, **kwargs)
+    assert sorted(calls) == [("repeat", "alibi", 0), ("repeat", "nope", 0)]
+    assert "is needed for the attention distances; training it again" in capsys.readouterr().err
+    assert_frame_equal(pd.read_csv(tmp_path / "attention_distance.csv"), distances)  # nothing lost
+    assert len(pd.read_csv(tmp_path / "lengthgen.csv")) == 4 * 6  # no run written twice
+
+
+def test_a_narrower_rerun_says_what_the_summary_covers(tmp_path, capsys):
+    kwargs = dict(tasks=("repeat",), methods=("nope",), progress=False, figures=False)
+    run_lengthgen(tmp_path, TINY, seeds=(0, 1), **kwargs)
+    capsys.readouterr()
+    run_lengthgen(tmp_path, TINY, seeds=(0,), **kwargs)
+    assert "also holds 1 run(s) not asked for this time (repeat nope 1)" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="--default-row-seeds 5 must be among --seeds 0"):
+        run_lengthgen(tmp_path, TINY, seeds=(0,), default_row_seeds=(5,), **kwargs)
+
+
 DAMAGED_CELLS = [("exact_match", 2, None), ("seed", 1, "abc")] + [
     pytest.param(*cell, marks=pytest.mark.slow)
     for cell in [
@@ -376,3 +415,19 @@ def test_cli_pilot_logs_only_the_in_distribution_loss(tmp_path, capsys):
     assert assert_folder_documented(tmp_path, "lengthgen") == ["pilot.csv"]
     assert "budget by the in-distribution rule" in capsys.readouterr().out
     assert not (tmp_path / "lengthgen.csv").exists()
+    before = (tmp_path / "pilot.csv").read_bytes()
+    pilot_args = ["lengthgen", "--pilot", "--quick", "--tasks", "repeat", "--steps", "8", "--quiet", "--out"]
+    assert main([*pilot_args, str(tmp_path)]) == 2  # the record that fixed a budget is never overwritten
+    assert "holds a pilot already" in capsys.readouterr().err and (tmp_path / "pilot.csv").read_bytes() == before
+    comparison = ["lengthgen", "--quick", "--tasks", "repeat", "--methods", "nope", "--seeds", "0", "--quiet"]
+    assert main([*comparison, "--train-max-len", "3", "--out", str(tmp_path / "other")]) == 0
+    assert main([*pilot_args, str(tmp_path / "other")]) == 2  # a comparison of another length
+    err = capsys.readouterr().err
+    assert "holds a lengthgen comparison with other settings (train_max_len)" in err and len(err.splitlines()) == 1
+    assert main([*comparison, "--out", str(tmp_path / "same")]) == 0
+    assert main([*pilot_args, str(tmp_path / "same")]) == 0  # beside the comparison it fixed: steps may differ
+    (tmp_path / "sweep").mkdir()
+    (tmp_path / "sweep" / "sweep.json").write_text('{"settings": {}, "command": "sweep"}')
+    assert (
+        main([*pilot_args, str(tmp_path / "sweep")]) == 2 and "holds a run of nopelens sweep" in capsys.readouterr().err
+    )

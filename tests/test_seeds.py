@@ -55,7 +55,7 @@ def test_bad_seed_lists_are_refused(seeds_):
 
 def test_parse_seeds():
     assert parse_seeds("0,1, 2") == (0, 1, 2)
-    for bad in ("", "0,x", "1.5"):
+    for bad in ("", " ", "0,x", "1.5", "1,,2", "1,", ",1", "0,1,0", "-1"):
         with pytest.raises(ValueError, match="--seeds"):
             parse_seeds(bad)
 

@@ -51,14 +51,18 @@ def parse_seeds(text: str) -> tuple[int, ...]:
     (0, 1, 2)
 
     Raises:
-        ValueError: on anything but a comma list of integers in ``0..MAX_SEED``, or an empty one.
+        ValueError: on anything but a comma list of integers in ``0..MAX_SEED``, an empty list or item,
+            or a seed listed twice.
     """
+    parts = text.split(",")
+    if not text.strip():
+        raise ValueError("--seeds lists no seed")
+    if not all(part.strip() for part in parts):  # "1,,2" or "1,": a seed left out by mistake?
+        raise ValueError(f"--seeds has an empty item: {text!r}")
     try:
-        seeds = tuple(int(part) for part in text.split(",") if part.strip())
+        seeds = tuple(int(part) for part in parts)
     except ValueError:
         raise ValueError(f"--seeds takes a comma list of integers such as 0,1,2, got {text!r}") from None
-    if not seeds:
-        raise ValueError("--seeds lists no seed")
     if not all(0 <= seed <= MAX_SEED for seed in seeds):
         raise ValueError(f"--seeds takes integers in 0..{MAX_SEED}, got {text!r}")
     if len(set(seeds)) < len(seeds):
