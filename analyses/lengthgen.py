@@ -518,8 +518,8 @@ def run_lengthgen(
 
     Raises:
         ValueError: on an unknown task or method, one listed twice, no seeds, ``default_row_seeds``
-            not among ``seeds``, ``jobs`` < 1, or if
-            ``out_dir`` holds a run with other settings or another analysis's run.
+            not among ``seeds``, ``jobs`` < 1, or if ``out_dir`` holds a run with other settings or
+            another analysis's run, or another run is using it (:func:`~nopelens.analyses.runs.claimed`).
     """
     settings = settings or LengthGenSettings()
     for kind, chosen, known in (("method", methods, METHODS), ("task", tasks, TASK_NAMES)):
@@ -538,7 +538,12 @@ def run_lengthgen(
         )
     if jobs < 1:
         raise ValueError(f"--jobs must be >= 1, got {jobs}")
-    out_dir = runs.claim(out_dir, "lengthgen", settings.to_dict())
+    with runs.claimed(out_dir, "lengthgen", settings.to_dict()) as out_dir:
+        return _run(out_dir, settings, tasks, methods, seeds, progress, default_row_seeds, figures, jobs)
+
+
+def _run(out_dir: Path, settings, tasks, methods, seeds, progress, default_row_seeds, figures, jobs) -> pd.DataFrame:
+    """:func:`run_lengthgen` in its claimed and held folder."""
     csv_path, curve_path = out_dir / "lengthgen.csv", out_dir / "curve.csv"
     results = _read_results(csv_path, settings.train_max_len)
     done = set() if results.empty else set(zip(results["task"], results["method"], results["seed"]))

@@ -3,11 +3,11 @@
 Every analysis that writes a run folder (``nopelens sweep`` and ``probe``, ``intervene``,
 ``lengthgen``) goes through this module, so a folder behaves the same whichever command made it:
 
-- :func:`claim` (or :func:`claimed`, which takes the stamp back from a run that fails before it
-  writes anything) stamps the folder with its analysis (the *kind*) and the digest of its settings
-  (``<kind>.json``), and refuses, with one message, a folder made with other settings or by another
-  analysis: a rerun resumes only what the same settings measured, and never overwrites another
-  command's tables;
+- :func:`claim` (or :func:`claimed`, which also holds the folder against a second run while it
+  runs, and takes the stamp back from a run that fails before it writes anything) stamps the folder
+  with its analysis (the *kind*) and the digest of its settings (``<kind>.json``), and refuses, with
+  one message, a folder made with other settings or by another analysis: a rerun resumes only what
+  the same settings measured, and never overwrites another command's tables;
 - :func:`slug` turns a model spec into a file name;
 - :func:`part_dir`, :func:`write_part` and :func:`read_part` keep one finished unit of work (a
   model and training seed of a sweep) per folder under ``parts/``; its ``done.json`` is written
@@ -21,11 +21,13 @@ leaves the old file or the new one, never half of one.
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
+import os
 import sys
 import uuid
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
 
@@ -226,19 +228,50 @@ def claimed(
     a stamp: it would refuse the corrected rerun as "made with other settings".
 
     Raises:
-        ValueError: as :func:`claim`; and whatever the block raises.
+        ValueError: as :func:`claim` and :func:`held`; and whatever the block raises.
     """
     folder = Path(folder)
     stamped = folder.is_dir() and stamped_settings(folder, kind) is not None
     before = set(folder.rglob("*")) if folder.is_dir() else None
     run = uuid.uuid4().hex
-    claim(folder, kind, settings, ignore, command, unset, run)
+    with ExitStack() as hold:
+        existed = folder.is_dir()
+        if existed:  # held before the stamp is rewritten, so a running run's stamp stays its own
+            hold.enter_context(held(folder, command or kind))
+        claim(folder, kind, settings, ignore, command, unset, run)
+        try:
+            if not existed:
+                hold.enter_context(held(folder, command or kind))
+            yield folder
+        except BaseException:
+            if not stamped:
+                _unclaim(folder, kind, before, run)
+            raise
+
+
+@contextmanager
+def held(folder: Path, command: str) -> Iterator[None]:
+    """Hold ``folder`` for one run: a second run started in it meanwhile (a rerun while an
+    interrupted run still waits for its workers, say) is refused instead of training the same
+    models beside it and writing its tables over the first's. The hold is an advisory ``flock`` on
+    the folder itself (no file is written); the kernel releases it when the run ends, however it
+    ends. Worker processes are spawned, so they do not inherit it.
+
+    Raises:
+        ValueError: if another process holds ``folder``.
+    """
+    descriptor = os.open(folder, os.O_RDONLY)
     try:
-        yield folder
-    except BaseException:
-        if not stamped:
-            _unclaim(folder, kind, before, run)
-        raise
+        try:
+            fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise ValueError(
+                f"{folder} is in use by another nopelens run; wait for it to end, or use another --out folder "
+                f"for this {command} run"
+            ) from None
+        yield
+    finally:
+        os.close(descriptor)  # releases the lock
 
 
 def _unclaim(folder: Path, kind: str, before: set[Path] | None, run: str) -> None:

@@ -1,6 +1,7 @@
 """Length generalization side by side with Kazemnejad et al. 2023: tidy output, summary and verdict
 arithmetic, the budget rule, plot files, resume, CLI."""
 
+import fcntl
 import os
 
 import pandas as pd
@@ -165,6 +166,13 @@ def test_a_narrower_rerun_says_what_the_summary_covers(tmp_path, capsys):
     assert "also holds 1 run(s) not asked for this time (repeat nope 1)" in capsys.readouterr().err
     with pytest.raises(ValueError, match="--default-row-seeds 5 must be among --seeds 0"):
         run_lengthgen(tmp_path, TINY, seeds=(0,), default_row_seeds=(5,), **kwargs)
+    descriptor = os.open(tmp_path, os.O_RDONLY)  # another process running in the folder
+    fcntl.flock(descriptor, fcntl.LOCK_EX)
+    before = sorted((path, path.stat().st_mtime_ns) for path in tmp_path.rglob("*"))
+    with pytest.raises(ValueError, match="is in use by another nopelens run; .* for this lengthgen run"):
+        run_lengthgen(tmp_path, TINY, seeds=(0, 1, 2), **kwargs)
+    os.close(descriptor)
+    assert sorted((path, path.stat().st_mtime_ns) for path in tmp_path.rglob("*")) == before  # nothing touched
 
 
 DAMAGED_CELLS = [("exact_match", 2, None), ("seed", 1, "abc")] + [

@@ -91,6 +91,23 @@ def test_an_emptied_or_truncated_table_of_a_finished_part_is_named_and_measured_
     assert {name: (out / f"{name}.csv").read_bytes() for name in fresh} == fresh, "a resumed run writes the same bytes"
 
 
+def test_a_folder_in_use_by_another_run_is_refused_and_its_stamp_kept(tmp_path):
+    """An interrupted run may wait minutes for its workers; a rerun started meanwhile must not train
+    the same models beside it and write its tables over the first's."""
+    folder = tmp_path / "run"
+    with runs.claimed(folder, "sweep", {"seed": 0, "train_seeds": [0]}, ignore=("train_seeds",), command="probe"):
+        stamp = (folder / "sweep.json").read_bytes()
+        with pytest.raises(
+            ValueError,
+            match=r"run is in use by another nopelens run; wait for it to end, .* for this sweep run",
+        ):
+            with runs.claimed(folder, "sweep", {"seed": 0, "train_seeds": [0, 1]}, ignore=("train_seeds",)):
+                pass
+        assert (folder / "sweep.json").read_bytes() == stamp  # the running run's stamp is its own
+    with runs.claimed(folder, "sweep", {"seed": 0, "train_seeds": [0]}, ignore=("train_seeds",)):
+        pass  # released when the run ends
+
+
 def test_a_run_that_fails_before_writing_leaves_no_stamp_but_finished_parts_keep_theirs(tmp_path):
     """A refused probe left sweep.json behind, which then refused the corrected rerun as "other settings"."""
     with pytest.raises(ValueError, match="refused"):
