@@ -21,10 +21,9 @@ of the paper gets a verdict: reproduced, direction only, not reproduced, or not 
 
 Everything runs on one thread (:func:`~nopelens.models.threads.one_thread`): the same seed gives
 the same numbers on a CPU. Run folder: ``parts/<model>-L<bytes>/`` per model and window
-(``probes.csv`` and ``done.json``,
-written last: a rerun resumes), then ``haviv.csv`` (ours and the paper's rows, one tidy table),
-``losses.csv``, ``context.csv``, ``claims.csv`` (rendered by the CLI with
-:mod:`~nopelens.analyses.haviv_figure`).
+(``probes.csv`` and ``done.json``, written last: a rerun resumes), then ``haviv.csv`` (ours and the
+paper's rows, one tidy table), ``losses.csv``, ``context.csv``, ``training.csv`` (each model's
+training curve) and ``claims.csv`` (rendered by the CLI with :mod:`~nopelens.analyses.haviv_figure`).
 """
 
 from __future__ import annotations
@@ -158,7 +157,7 @@ def compare_haviv(
             depend on it. 1: in this process.
 
     Returns:
-        ``{"haviv": ..., "losses": ..., "context": ..., "claims": ...}`` (see the module docstring;
+        ``{"haviv": ..., "losses": ..., "context": ..., "training": ..., "claims": ...}`` (see the module docstring;
         columns in docs/schema.md).
 
     Raises:
@@ -192,7 +191,12 @@ def compare_haviv(
         run_tasks(measure, [(part, (folder, *part, settings)) for part in parts], on_done, jobs=jobs)
         ours = pd.concat([measured[part][0] for part in parts], ignore_index=True)
         metas = [measured[part][1] for part in whole]
-        tables = {"haviv": side_by_side(ours), "losses": losses(metas), "context": context_axis(ours, settings, metas)}
+        tables = {
+            "haviv": side_by_side(ours),
+            "losses": losses(metas),
+            "context": context_axis(ours, settings, metas),
+            "training": training_curves(metas),
+        }
         tables["claims"] = claims(tables["haviv"], tables["losses"])
         for name, table in tables.items():
             write_csv_atomic(table, folder / f"{name}.csv")
@@ -367,6 +371,47 @@ def _loss_curve(spec: str) -> pd.DataFrame | None:
         if path.is_file():
             return pd.read_csv(path)
     return None
+
+
+CURVE_POINTS = 300
+"""Points of each model's smoothed training curve in ``training.csv``."""
+
+
+def training_curves(metas: list[dict]) -> pd.DataFrame:
+    """Each model's training loss through its run (its ``loss_curve.csv``), in bits per byte, as the
+    mean over the last ``steps / 60`` steps (a trailing window; 100 steps at 6000), at about
+    :data:`CURVE_POINTS` steps at most (and the last); with the two tenths the levelling-off rule
+    (:func:`training_levelled`) compares marked by ``tenth`` (``last``, ``before``, else empty).
+
+    Returns:
+        columns ``model``, ``method``, ``step``, ``train_bits_per_byte``, ``window``, ``tenth``; no
+        rows for a model without a loss curve.
+    """
+    frames = []
+    for meta in metas:
+        curve = _loss_curve(meta["model"])
+        if curve is None or "loss" not in curve or len(curve) < 20:
+            continue
+        n = len(curve)
+        window, every = max(1, n // 60), -(-n // CURVE_POINTS)
+        smooth = curve["loss"].rolling(window, min_periods=1).mean() / math.log(2)
+        index = np.arange(n)
+        keep = (index % every == every - 1) | (index == n - 1)
+        tenth = np.where(index >= n - n // 10, "last", np.where(index >= n - 2 * (n // 10), "before", ""))
+        frames.append(
+            pd.DataFrame(
+                dict(
+                    model=meta["model"],
+                    method=meta["method"],
+                    step=curve["step"].to_numpy()[keep],
+                    train_bits_per_byte=smooth.to_numpy()[keep],
+                    window=window,
+                    tenth=tenth[keep],
+                )
+            )
+        )
+    columns = ["model", "method", "step", "train_bits_per_byte", "window", "tenth"]
+    return pd.concat(frames, ignore_index=True)[columns] if frames else pd.DataFrame(columns=columns)
 
 
 def side_by_side(ours: pd.DataFrame) -> pd.DataFrame:

@@ -163,6 +163,12 @@ def summary_markdown(tables: dict[str, pd.DataFrame]) -> str:
             "",
             *loss_lines,
             "",
+            "![training loss](training.png)",
+            "",
+            "Each model's training loss in bits per byte (the mean over a trailing window of "
+            f"{_window(tables['training'])} steps) against the step; shaded: the two last tenths of the run, "
+            "which the levelling-off rule compares.",
+            "",
             "## Context length (NoPE)",
             "",
             *context_lines,
@@ -175,6 +181,10 @@ def summary_markdown(tables: dict[str, pd.DataFrame]) -> str:
             "",
         ]
     )
+
+
+def _window(training: pd.DataFrame) -> str:
+    return "n/a" if training.empty else "/".join(str(w) for w in sorted(set(training["window"])))
 
 
 def context_sentence(context: pd.DataFrame) -> str:
@@ -194,8 +204,29 @@ def context_sentence(context: pd.DataFrame) -> str:
     )
 
 
+def training_figure(training: pd.DataFrame) -> plt.Figure:
+    """Each model's training loss (bits per byte, trailing mean) against the step, in its method's
+    colour, the two tenths the levelling-off rule compares shaded."""
+    fig, ax = plt.subplots(figsize=(6.4, 3.6))
+    for model, rows in training.groupby("model", sort=False):
+        ax.plot(rows["step"], rows["train_bits_per_byte"], color=method_color(rows["method"].iloc[0]), label=model)
+    if len(training):
+        for tenth, shade in (("before", "0.92"), ("last", "0.82")):
+            steps = training.loc[training["tenth"] == tenth, "step"]
+            if len(steps):
+                ax.axvspan(steps.min(), steps.max(), color=shade, zorder=0)
+        low, high = training["train_bits_per_byte"].quantile([0.0, 0.9])
+        ax.set_ylim(low - 0.1 * (high - low), high)
+        ax.legend(fontsize=8)
+    ax.set_xlabel("training step")
+    ax.set_ylabel("training loss (bits/byte)")
+    fig.tight_layout()
+    return fig
+
+
 def write_report(folder: str | Path, tables: dict[str, pd.DataFrame], quick: bool = False) -> list[Path]:
-    """Render the tables into ``folder``: haviv.md (the side-by-side), summary.md and haviv.png/.svg;
+    """Render the tables into ``folder``: haviv.md (the side-by-side), summary.md, haviv.png/.svg
+    and training.png/.svg (:func:`training_figure`);
     ``quick``: summary.md opens by saying its numbers are a smoke test's."""
     folder = Path(folder)
     label = (
@@ -205,7 +236,7 @@ def write_report(folder: str | Path, tables: dict[str, pd.DataFrame], quick: boo
         write_text_atomic(folder / "haviv.md", side_by_side_markdown(tables["haviv"]) + "\n"),
         write_text_atomic(folder / "summary.md", (label if quick else "") + summary_markdown(tables)),
     ]
-    fig = haviv_figure(tables["haviv"])
-    written += save_figure(fig, folder / "haviv")
-    plt.close(fig)
+    for name, fig in (("haviv", haviv_figure(tables["haviv"])), ("training", training_figure(tables["training"]))):
+        written += save_figure(fig, folder / name)
+        plt.close(fig)
     return written

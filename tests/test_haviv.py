@@ -10,6 +10,7 @@ from nopelens.analyses.cli import main
 from nopelens.analyses.haviv import HAVIV_MODELS, claims, first_layer_at
 from nopelens.analyses.haviv_figure import context_sentence
 from nopelens.models import zoo
+from nopelens.models.checkpoint import load_checkpoint
 from nopelens.probes import mad_chance
 
 VERDICTS = {"reproduced", "direction only", "not reproduced", "not measured"}
@@ -63,7 +64,17 @@ def test_quick_run_writes_every_table_and_resumes(tmp_path, capsys, one_thread):
     )  # its numbers are a smoke test's
     claims_table = pd.read_csv(tmp_path / "claims.csv")
     assert len(claims_table) == 5 and all(v.split(":")[0] in VERDICTS for v in claims_table["verdict"])
-    for name in ("losses.csv", "context.csv", "haviv.md", "summary.md", "haviv.png", "haviv.svg"):
+    training = pd.read_csv(tmp_path / "training.csv")
+    curve = load_checkpoint(zoo.shipped_dir("text-nope-4l")).loss_curve  # 4000 steps: a 66-step window
+    assert set(training["window"]) == {66} and training["step"].iloc[-1] == 4000 and len(training) <= 301
+    last_66 = curve["loss"].iloc[-66:].mean() / np.log(2)
+    assert training["train_bits_per_byte"].iloc[-1] == pytest.approx(last_66)
+    assert (
+        training.loc[training["tenth"] == "last", "step"].min()
+        > 3600
+        >= training.loc[training["tenth"] == "before", "step"].max() - 400
+    )  # the rule's two tenths, marked
+    for name in ("losses.csv", "context.csv", "haviv.md", "summary.md", "haviv.png", "haviv.svg", "training.png"):
         assert (tmp_path / name).stat().st_size > 0
     assert_folder_documented(tmp_path, "compare haviv")
     assert main(args) == 0  # a rerun reads the finished parts back
