@@ -100,9 +100,12 @@ def _model_legend(fig: plt.Figure, styles: dict[str, Style], title: str = "model
 
 
 def _method_title(ax: plt.Axes, model: str, style: Style, suffix: str = "") -> None:
-    """A per-model panel's title, in the colour of the model's method, naming its method and role."""
+    """A per-model panel's title, in the colour of the model's method, naming its method and role;
+    the details wrapped to the panel's width, so that neighbouring titles do not run into each other."""
     details = ", ".join(part for part in (style.description, suffix) if part)
-    ax.set_title(f"{model}\n({details})" if details else model, color=style.color, fontsize=10)
+    inches = ax.get_position().width * ax.figure.get_figwidth()
+    wrapped = textwrap.fill(f"({details})", max(16, int(inches * 14)))  # about 14 characters an inch at 10 pt
+    ax.set_title(f"{model}\n{wrapped}" if details else model, color=style.color, fontsize=10)
 
 
 def probe_figure(

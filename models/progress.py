@@ -19,6 +19,9 @@ from tqdm.autonotebook import tqdm as _autonotebook_tqdm
 LOG_INTERVAL = 5.0
 """Seconds between two progress lines written to a file or a pipe."""
 
+LOG_COLUMNS = 100
+"""Widest progress line written to a file or a pipe (tqdm shortens the bar, then trims the line)."""
+
 _CURSOR_MOVES = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 
 
@@ -82,7 +85,8 @@ def progress_bar(iterable: Iterable | None = None, *, file: IO[str] | None = Non
         iterable: what to iterate over, as for ``tqdm``.
         file: the stream; default ``sys.stderr``.
         **kwargs: ``tqdm`` arguments (``total``, ``desc``, ``disable``, ``leave``, ...). In a log,
-            ``mininterval`` defaults to :data:`LOG_INTERVAL`, and the bar's last state is always
+            ``mininterval`` defaults to :data:`LOG_INTERVAL` and ``ncols`` to :data:`LOG_COLUMNS`,
+            and the bar's last state is always
             left in place (``leave=True``).
 
     Returns:
@@ -93,5 +97,6 @@ def progress_bar(iterable: Iterable | None = None, *, file: IO[str] | None = Non
     if not _LINES_ONLY and (notebook or is_terminal(stream)):
         return tqdm(iterable, file=stream, **kwargs)
     kwargs.setdefault("mininterval", LOG_INTERVAL)
+    kwargs.setdefault("ncols", LOG_COLUMNS)
     kwargs.update(leave=True, dynamic_ncols=False, ascii=True, position=0)  # nested bars: lines, not cursor moves
     return _LogBar(iterable, file=_LineStream(stream), **kwargs)

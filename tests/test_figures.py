@@ -161,3 +161,32 @@ def test_lengthgen_draws_each_method_in_its_colour():
     }
     assert drawn == {m: palette.METHOD_COLORS[m].lower() for m in ("rope", "nope", "alibi")}
     plt.close(fig)
+
+
+def test_panel_titles_of_the_default_sweeps_sink_figure_do_not_overlap():
+    """The bottom row's two negative controls had titles too long for their panels."""
+    import numpy as np
+
+    models = {
+        "text-nope-4l": ("nope", "trained", 4),
+        "text-hybrid-4l": ("rope+nope", "trained", 4),
+        "circuit": ("nope", "circuit", 1),
+        "untrained-nope": ("nope", "untrained", 4),
+        "constant-nope": ("nope", "constant", 4),
+    }
+    rows = [
+        dict(model=model, condition="with_bos", block=block, head=head, sink_score=0.5)
+        for model, (_, _, heads) in models.items()
+        for block in range(2)
+        for head in range(heads)
+    ]
+    subjects = {model: {"position": position, "kind": kind} for model, (position, kind, _) in models.items()}
+    fig = figures.sink_figure(pd.DataFrame(rows), subjects=subjects)
+    renderer = fig.canvas.get_renderer()
+    boxes = [ax.title.get_window_extent(renderer) for ax in fig.axes if ax.get_title()]
+    assert len(boxes) == len(models)
+    for i, a in enumerate(boxes):
+        for b in boxes[i + 1 :]:
+            assert not a.overlaps(b), (a, b)
+    assert np.isfinite([box.width for box in boxes]).all()
+    plt.close(fig)

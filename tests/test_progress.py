@@ -71,3 +71,14 @@ def test_after_lines_only_a_terminal_gets_lines_too(monkeypatch):
         pass
     assert "\r" not in screen.getvalue()
     assert screen.getvalue().splitlines()[-1].startswith("train: 100%")
+
+
+def test_a_log_line_is_at_most_100_columns_however_long_the_label():
+    log = io.StringIO()
+    bar = progress_bar(total=5120, file=log, desc="text-hybrid-4l: sink ablation, block 0: pass 1", unit_scale=True)
+    bar.update(5120)
+    bar.set_postfix(loss=1.234, tok_s="9,000")
+    bar.close()
+    lines = log.getvalue().splitlines()
+    assert lines and max(len(line) for line in lines) <= 100, lines
+    assert lines[-1].startswith("text-hybrid-4l: sink ablation, block 0: pass 1: 100%")

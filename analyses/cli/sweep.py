@@ -130,8 +130,8 @@ def _print_results(swept: tuple, as_json: bool) -> None:
     if result.out_dir is not None:
         suffix = f"-{result.variant}" if result.variant else ""
         print(
-            f"\nwrote summary{suffix}.md and tables (layers{suffix}.csv: the curves above; columns: docs/schema.md),"
-            f"\n{_figures_text(figures)}, to\n{result.out_dir}"
+            f"\nwrote summary{suffix}.md and tables (layers{suffix}.csv: the curves above;"
+            f"\ncolumns: docs/schema.md), {_figures_text(figures)}, to\n{result.out_dir}"
         )
 
 
