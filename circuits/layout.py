@@ -36,6 +36,8 @@ DIMENSIONS = {
     "position_sq": POSITION_SQ,
     "attended_position": ATTENDED_POSITION,
 }
+"""Residual-stream dimension of each named feature of the hand-set circuits (:data:`MEANINGS` says
+what each holds)."""
 
 MEANINGS = {
     "one": "1 for every token (embedding): the constant every key and query can read",

@@ -38,6 +38,7 @@ ATTENTION_METHODS = method_names(per_layer=True)
 """Methods that act inside attention, and may differ from layer to layer."""
 
 POSITION_METHODS = ATTENTION_METHODS + INPUT_METHODS
+"""Every position method's name (``DecoderConfig.position``; ``"nope"`` is one of them)."""
 NORMALIZATIONS = ("layernorm", "rmsnorm", "none")
 ACT_FNS = ("gelu", "gelu_tanh", "relu", "silu")
 _WRITTEN_WHEN_SET = ("t5_num_buckets", "t5_max_distance", "t5_shared", "score_scale")

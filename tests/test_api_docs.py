@@ -2,11 +2,13 @@
 a docstring that refers to no object of the package, on a link that goes nowhere, or on a docstring
 griffe cannot read."""
 
+import importlib
 import importlib.util
 import logging
 import subprocess
 import sys
 import textwrap
+import zlib
 
 import griffe
 import pytest
@@ -34,6 +36,21 @@ def test_the_api_reference_builds_strictly(tmp_path):
     assert "probe_absolute_index" in probes and ":func:" not in probes, "rendered, roles shown as code"
     assert "remove_batch_dim" in (site / "api" / "models" / "index.html").read_text(encoding="utf-8")
     assert (site / "schema" / "index.html").is_file(), "the table schema is part of the reference"
+    inventory = _inventory(site / "objects.inv")
+    for package in ("nopelens.models", "nopelens.probes", "nopelens.circuits"):
+        for name in importlib.import_module(package).__all__:  # a function named as its module was left out
+            documented = [
+                key
+                for key, role in inventory.items()
+                if key.startswith(package + ".") and key.rsplit(".", 1)[1] == name
+            ]
+            assert any(inventory[key] != "py:module" for key in documented), f"{package}.{name} is not in the reference"
+
+
+def _inventory(path) -> dict[str, str]:
+    """objects.inv (Sphinx's inventory format, version 2): object name -> its role."""
+    lines = zlib.decompress(path.read_bytes().split(b"\n", 4)[4]).decode().splitlines()
+    return {line.split(" ")[0]: line.split(" ")[1] for line in lines}
 
 
 def test_the_reference_pages_links_resolve():
