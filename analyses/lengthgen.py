@@ -24,6 +24,7 @@ seed) triples already in ``lengthgen.csv``.
 from __future__ import annotations
 
 import dataclasses
+import io
 import math
 import sys
 import time
@@ -216,40 +217,54 @@ def _model_dir(out_dir: Path, task: str, method: str, seed: int) -> Path:
     return out_dir / "models" / task / method / f"seed{seed}"
 
 
-def _distance_models(methods, seeds) -> dict[str, tuple[str, int]]:
-    """The models the Sec. 5.2 distances read, per task: each method's first seed, and NoPE's second
-    seed (:data:`SECOND_SEED`) when there is one; name -> (method, seed)."""
+def _covering(tasks, methods, seeds, runs: set) -> tuple[tuple, tuple, tuple]:
+    """The tasks and methods asked for, then those of the folder's finished ``runs`` not asked for,
+    and every seed of either in order: the summary and the distances cover every run in the folder,
+    however narrow the rerun."""
+    return (
+        (*tasks, *sorted({t for t, _, _ in runs} - set(tasks), key=TASK_NAMES.index)),
+        (*methods, *sorted({m for _, m, _ in runs} - set(methods), key=METHODS.index)),
+        tuple(sorted(set(seeds) | {s for _, _, s in runs})),
+    )
+
+
+def _distance_models(task_name: str, methods, seeds, runs: set) -> dict[str, tuple[str, int]]:
+    """The models the Sec. 5.2 distances read for ``task_name``: each method's first seed, and
+    NoPE's second seed (:data:`SECOND_SEED`) when there is one, among ``runs`` (finished or to be
+    trained); name -> (method, seed)."""
     wanted = {m: (m, seeds[0]) for m in methods}
     if kazemnejad.PAPER_VARIANTS[0] in methods and len(seeds) > 1:
         wanted[SECOND_SEED] = (kazemnejad.PAPER_VARIANTS[0], seeds[1])
-    return wanted
+    return {name: run for name, run in wanted.items() if (task_name, *run) in runs}
 
 
 def _unreadable_models(out_dir: Path, tasks, methods, seeds, done: set) -> set:
     """The finished runs whose saved model the distances need but cannot load (deleted, damaged),
-    each named on stderr: they are trained again, so the distance table never loses a row."""
-    redo = set()
+    named in one line on stderr: they are trained again, so the distance table never loses a row."""
+    unreadable = {}
     for task_name in tasks:
-        for method, seed in _distance_models(methods, seeds).values():
+        for method, seed in _distance_models(task_name, methods, seeds, done).values():
             path = _model_dir(out_dir, task_name, method, seed)
-            if (task_name, method, seed) not in done:
-                continue
             try:
                 load_checkpoint(path)
             except (ValueError, OSError) as error:
-                reason = "missing" if not path.exists() else " ".join(str(error).split())[:120]
-                print(
-                    f"nopelens lengthgen: the saved model at {path} ({reason}) is needed for the attention "
-                    "distances; training it again",
-                    file=sys.stderr,
-                )
-                redo.add((task_name, method, seed))
-    return redo
+                unreadable[task_name, method, seed] = (path, "missing" if not path.exists() else str(error))
+    if unreadable:
+        path, reason = next(iter(unreadable.values()))
+        print(
+            f"nopelens lengthgen: {len(unreadable)} saved model(s) the attention distances read cannot be "
+            f"loaded (first: {path}: {' '.join(reason.split())[:120]}); training them again",
+            file=sys.stderr,
+        )
+    return set(unreadable)
 
 
-def measure_distances(out_dir: Path, settings: LengthGenSettings, tasks, methods, seeds, n: int = 32) -> pd.DataFrame:
-    """The Sec. 5.2 distances per task between the models of :func:`_distance_models`, all reading
-    the same ``n`` sequences of size L, from the models saved in ``out_dir``'s ``models/``.
+def measure_distances(
+    out_dir: Path, settings: LengthGenSettings, tasks, methods, seeds, runs: set, n: int = 32
+) -> pd.DataFrame:
+    """The Sec. 5.2 distances per task between the models of :func:`_distance_models` among
+    ``runs``, all reading the same ``n`` sequences of size L, from the models saved in ``out_dir``'s
+    ``models/``.
 
     Raises:
         ValueError: if a saved model cannot be loaded (:func:`run_lengthgen` trains such a model
@@ -259,7 +274,7 @@ def measure_distances(out_dir: Path, settings: LengthGenSettings, tasks, methods
     for task_name in tasks:
         models = {
             name: load_checkpoint(_model_dir(out_dir, task_name, method, seed)).model.eval()
-            for name, (method, seed) in _distance_models(methods, seeds).items()
+            for name, (method, seed) in _distance_models(task_name, methods, seeds, runs).items()
         }
         if len(models) < 2:
             continue
@@ -374,37 +389,67 @@ def summary_markdown(
     return "\n".join(parts)
 
 
-RESULT_COLUMNS = ("task", "method", "seed", "length", "exact_match", "in_distribution")
+RESULT_COLUMNS = ("task", "method", "seed", "length", "n", "exact_match", "token_accuracy", "loss", "in_distribution")
+"""Columns a finished run's rows of ``lengthgen.csv`` must have (:data:`RUN_COLUMNS` too, where present)."""
 
-"""Columns a finished run's rows of ``lengthgen.csv`` must have."""
+RUN_COLUMNS = ("train_max_len", "final_train_loss", "train_seconds", "eval_seconds")
+"""Per-run columns, checked where the file has them (folders from before they were written lack some)."""
 
 
 def _valid_rows(results: pd.DataFrame, train_max_len: int) -> pd.DataFrame:
     """The rows of ``lengthgen.csv`` that hold what a run writes, parsed: a known task and method, an
-    integer seed >= 0 and length >= 1, an exact match in [0, 1], and ``in_distribution`` a boolean
-    equal to ``length <= train_max_len``. pandas reads a column with one bad cell as text, so each
-    is parsed here."""
-    seed, length, exact = (
-        pd.to_numeric(results[column], errors="coerce") for column in ("seed", "length", "exact_match")
-    )
+    integer seed >= 0, length >= 1 and n >= 1, an exact match and a token accuracy in [0, 1], a
+    finite loss >= 0, ``in_distribution`` a boolean equal to ``length <= train_max_len``, and where
+    present ``train_max_len`` equal to the run's and finite losses and seconds >= 0. pandas reads a
+    column with one bad cell as text, so each is parsed here."""
+    labels = ("task", "method", "in_distribution")
+    numeric = [c for c in (*RESULT_COLUMNS, *RUN_COLUMNS) if c in results and c not in labels]
+    number = {column: pd.to_numeric(results[column], errors="coerce") for column in numeric}
     flag = results["in_distribution"].map(
         lambda cell: {"true": True, "false": False, "1": True, "0": False}.get(str(cell).strip().lower())
     )
 
-    def whole(number: pd.Series, low: int) -> pd.Series:
-        return (number == number.round()) & number.between(low, 2**62)
+    def whole(values: pd.Series, low: int) -> pd.Series:
+        return (values == values.round()) & values.between(low, 2**62)
 
     valid = (
         results["task"].isin(TASK_NAMES)
         & results["method"].isin(METHODS)
-        & whole(seed, 0)
-        & whole(length, 1)
-        & exact.between(0, 1)
+        & whole(number["seed"], 0)
+        & whole(number["length"], 1)
+        & whole(number["n"], 1)
+        & number["exact_match"].between(0, 1)
+        & number["token_accuracy"].between(0, 1)
+        & number["loss"].between(0, math.inf)
         & flag.notna()
-        & (flag == (length <= train_max_len))
+        & (flag == (number["length"] <= train_max_len))
     )
-    parsed = results.assign(seed=seed, length=length, exact_match=exact, in_distribution=flag)[valid]
-    return parsed.astype({"seed": int, "length": int, "exact_match": float, "in_distribution": bool})
+    if "train_max_len" in results:
+        valid &= number["train_max_len"] == train_max_len
+    for column in ("final_train_loss", "train_seconds", "eval_seconds"):
+        if column in results:
+            valid &= number[column].between(0, math.inf)
+    parsed = results.assign(**number, in_distribution=flag)
+    whole_numbers = {c: int for c in ("seed", "length", "n", "train_max_len") if c in parsed}
+    return parsed[valid].astype({**whole_numbers, "exact_match": float, "in_distribution": bool})
+
+
+def _read_lines(path: Path) -> io.StringIO | None:
+    """``path``'s text up to its last newline (None: no such file). Tables are written whole, each
+    line ending in a newline: a cut last line (a copy or an editor stopped half-way) is dropped,
+    with a line on stderr, so that its row's run counts as incomplete rather than keeping a cut
+    number.
+
+    Raises:
+        UnicodeDecodeError: on bytes that are not UTF-8.
+    """
+    if not path.exists():
+        return None
+    text = path.read_bytes().decode("utf-8")
+    if text and not text.endswith("\n"):
+        print(f"nopelens lengthgen: {path} ends in a cut line; that line is left out", file=sys.stderr)
+        text = text[: text.rfind("\n") + 1]
+    return io.StringIO(text)
 
 
 def _run_and_save(task_name: str, method: str, seed: int, settings, progress: bool, model_dir: Path) -> tuple:
@@ -425,10 +470,11 @@ def _read_results(path: Path, train_max_len: int) -> pd.DataFrame:
         print(f"nopelens lengthgen: {path} {why}; measuring every run again", file=sys.stderr)
         return pd.DataFrame()
 
-    if not path.exists():
-        return pd.DataFrame()
     try:
-        results = pd.read_csv(path)
+        lines = _read_lines(path)
+        if lines is None:
+            return pd.DataFrame()
+        results = pd.read_csv(lines)
     except pd.errors.EmptyDataError:
         return measure_all_again("is empty")
     except (pd.errors.ParserError, UnicodeDecodeError, ValueError) as error:
@@ -458,11 +504,12 @@ def _read_curve(path: Path, done: set, steps: list[int]) -> tuple[pd.DataFrame, 
     missing, truncated or damaged (not one valid row per step of ``steps``: an exact match in
     [0, 1], a finite validation loss >= 0), named on stderr: those are measured again."""
     curve = pd.DataFrame(columns=CURVE_COLUMNS)
-    if path.exists():
-        try:
-            curve = pd.read_csv(path)
-        except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError, ValueError):
-            pass
+    try:
+        lines = _read_lines(path)
+        if lines is not None:
+            curve = pd.read_csv(lines)
+    except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError, ValueError):
+        pass
     if not set(CURVE_COLUMNS) <= set(curve.columns):
         curve = pd.DataFrame(columns=CURVE_COLUMNS)
     seed, step, exact, loss = (
@@ -548,7 +595,7 @@ def _run(out_dir: Path, settings, tasks, methods, seeds, progress, default_row_s
     results = _read_results(csv_path, settings.train_max_len)
     done = set() if results.empty else set(zip(results["task"], results["method"], results["seed"]))
     curve, damaged = _read_curve(curve_path, done, settings.curve_steps())
-    redo = damaged | _unreadable_models(out_dir, tasks, methods, seeds, done)
+    redo = damaged | _unreadable_models(out_dir, *_covering(tasks, methods, seeds, done), done)
     if redo:  # measured again: their rows go, so that none is written twice
         done -= redo
         results, curve = _runs_in(results, done), _runs_in(curve, done)
@@ -589,17 +636,18 @@ def _run(out_dir: Path, settings, tasks, methods, seeds, progress, default_row_s
     )
     results["in_distribution"] = results["in_distribution"].astype(bool)
     asked = {(t, m, s) for t in tasks for m in methods for s in row_seeds[m]}
-    beyond = sorted(set(zip(results["task"], results["method"], results["seed"])) - asked)
+    held = set(zip(results["task"], results["method"], results["seed"]))
+    beyond = sorted(held - asked)
     if beyond:
         print(
             f"nopelens lengthgen: {out_dir} also holds {len(beyond)} run(s) not asked for this time "
             f"({' '.join(map(str, beyond[0]))}{', ...' if len(beyond) > 1 else ''}); "
-            "the summary covers every run there",
+            "the summary and the distances cover every run there",
             file=sys.stderr,
         )
     summary = summarize(results, settings.n_symbols)
     claims = kazemnejad.ranking_verdicts(results)
-    distances = measure_distances(out_dir, settings, tasks, methods, seeds)
+    distances = measure_distances(out_dir, settings, *_covering(tasks, methods, seeds, held), held)
     nope_rows = summary[summary["method"] == kazemnejad.PAPER_VARIANTS[0]]
     unlearned = frozenset(nope_rows.loc[nope_rows["exact_match_in_distribution"] < kazemnejad.LEARNED, "task"])
     distance_claims = kazemnejad.distance_verdicts(distances, second=SECOND_SEED, unlearned=unlearned)

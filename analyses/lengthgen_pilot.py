@@ -46,10 +46,11 @@ def levelled_step(curve: pd.DataFrame, share: float = 0.99, last_quarter: float 
 
 
 def check_pilot_folder(out_dir: Path, settings: LengthGenSettings) -> None:
-    """Refuse a pilot's ``out_dir`` when writing there would lose or mislabel a record: a
-    ``pilot.csv`` already there (the record that fixed a budget), another analysis's run, or a
-    ``nopelens lengthgen`` comparison whose settings differ from the pilot's in more than ``steps``
-    (a pilot sits beside the comparison whose budget it fixed, as docs/lengthgen/ does).
+    """Refuse a pilot's ``out_dir`` when writing there would lose or mislabel a record: a pilot
+    writes into a new or empty folder, or beside the ``nopelens lengthgen`` comparison whose budget
+    it fixed (as docs/lengthgen/ does): not where a ``pilot.csv`` is already (the record that fixed
+    a budget), nor beside a comparison whose settings differ from the pilot's in more than
+    ``steps``, nor into a folder of anything else.
 
     Raises:
         ValueError: naming what is there and what to do.
@@ -61,6 +62,11 @@ def check_pilot_folder(out_dir: Path, settings: LengthGenSettings) -> None:
             "use another --out folder for this pilot"
         )
     comparison = runs.stamped_settings(out_dir, "lengthgen") if out_dir.is_dir() else None
+    if comparison is None and out_dir.is_dir() and any(out_dir.iterdir()):
+        raise ValueError(
+            f"{out_dir} holds files of its own; a pilot writes into a new or empty folder, or beside the "
+            "lengthgen comparison whose budget it fixes: use another --out folder"
+        )
     if comparison is not None:
         ours = {k: v for k, v in settings.to_dict().items() if k != "steps"}
         differ = sorted(k for k in set(ours) | set(comparison) if k != "steps" and ours.get(k) != comparison.get(k))

@@ -153,7 +153,7 @@ def test_a_damaged_curve_or_a_lost_model_is_measured_again(tmp_path, monkeypatch
     calls.clear()
     run_lengthgen(tmp_path, TINY, **kwargs)
     assert sorted(calls) == [("repeat", "alibi", 0), ("repeat", "nope", 0)]
-    assert "is needed for the attention distances; training it again" in capsys.readouterr().err
+    assert "2 saved model(s) the attention distances read cannot be loaded" in capsys.readouterr().err
     assert_frame_equal(pd.read_csv(tmp_path / "attention_distance.csv"), distances)  # nothing lost
     assert len(pd.read_csv(tmp_path / "lengthgen.csv")) == 4 * 6  # no run written twice
 
@@ -162,8 +162,10 @@ def test_a_narrower_rerun_says_what_the_summary_covers(tmp_path, capsys):
     kwargs = dict(tasks=("repeat",), methods=("nope",), progress=False, figures=False)
     run_lengthgen(tmp_path, TINY, seeds=(0, 1), **kwargs)
     capsys.readouterr()
+    distances = (tmp_path / "attention_distance.csv").read_bytes()
     run_lengthgen(tmp_path, TINY, seeds=(0,), **kwargs)
     assert "also holds 1 run(s) not asked for this time (repeat nope 1)" in capsys.readouterr().err
+    assert (tmp_path / "attention_distance.csv").read_bytes() == distances  # NoPE's second seed kept
     with pytest.raises(ValueError, match="--default-row-seeds 5 must be among --seeds 0"):
         run_lengthgen(tmp_path, TINY, seeds=(0,), default_row_seeds=(5,), **kwargs)
     descriptor = os.open(tmp_path, os.O_RDONLY)  # another process running in the folder
@@ -175,7 +177,25 @@ def test_a_narrower_rerun_says_what_the_summary_covers(tmp_path, capsys):
     assert sorted((path, path.stat().st_mtime_ns) for path in tmp_path.rglob("*")) == before  # nothing touched
 
 
-DAMAGED_CELLS = [("exact_match", 2, None), ("seed", 1, "abc")] + [
+def test_a_cut_last_line_is_left_out_and_its_run_measured_again(tmp_path, monkeypatch, capsys):
+    """A copy stopped half-way leaves a last line whose number is cut short, still a number."""
+    kwargs = dict(tasks=("repeat",), methods=("nope", "alibi"), seeds=(0,), progress=False, figures=False)
+    whole = run_lengthgen(tmp_path, TINY, **kwargs)
+    for name in ("lengthgen.csv", "curve.csv"):
+        text = (tmp_path / name).read_text()
+        (tmp_path / name).write_text(text[: len(text) - 7])  # the last line's end, and its newline
+    calls = _record_runs(monkeypatch)
+    results = run_lengthgen(tmp_path, TINY, **kwargs)
+    err = capsys.readouterr().err
+    assert "lengthgen.csv ends in a cut line" in err and "curve.csv ends in a cut line" in err
+    assert calls == [("repeat", "alibi", 0)]  # the run of the cut line, once
+    key, columns = ["method", "length"], ["task", "method", "seed", "length", "n", "exact_match", "loss"]
+    assert_frame_equal(
+        results.sort_values(key, ignore_index=True)[columns], whole.sort_values(key, ignore_index=True)[columns]
+    )  # the same numbers as before the cut (times aside)
+
+
+DAMAGED_CELLS = [("exact_match", 2, None), ("seed", 1, "abc"), ("token_accuracy", 2, 7.5)] + [
     pytest.param(*cell, marks=pytest.mark.slow)
     for cell in [
         ("seed", 5, None),
@@ -188,6 +208,11 @@ DAMAGED_CELLS = [("exact_match", 2, None), ("seed", 1, "abc")] + [
         ("seed", 2, 0.5),
         ("length", 6, -6),
         ("method", 3, "bogus"),
+        ("token_accuracy", 1, "nan"),
+        ("loss", 2, -1),
+        ("n", 1, 0),
+        ("train_max_len", 2, 5),
+        ("final_train_loss", 3, "inf"),
     ]
 ]  # the fast lane keeps a missing cell and a text cell; each costs a lengthgen run
 
@@ -439,3 +464,5 @@ def test_cli_pilot_logs_only_the_in_distribution_loss(tmp_path, capsys):
     assert (
         main([*pilot_args, str(tmp_path / "sweep")]) == 2 and "holds a run of nopelens sweep" in capsys.readouterr().err
     )
+    assert main([*pilot_args, str(tmp_path / "same" / "models")]) == 2  # inside a comparison, not beside it
+    assert "holds files of its own; a pilot writes into a new or empty folder" in capsys.readouterr().err
