@@ -39,7 +39,6 @@ import numpy as np
 import pandas as pd
 
 from nopelens.models import zoo
-from nopelens.models.checkpoint import LOSS_CURVE_FILE
 from nopelens.models.io import write_csv_atomic
 from nopelens.models.threads import one_thread
 from nopelens.probes import collect, probe_absolute_index, resid_sites
@@ -53,6 +52,7 @@ from nopelens.probes.mlp_probe import (
 )
 
 from . import haviv_paper as paper
+from .haviv_training import losses, training_curves
 from .runs import claimed, part_dir, read_part, write_part
 from .subjects import resolve
 from .sweep.parallel import run_tasks
@@ -319,101 +319,6 @@ def probe_model(spec: str, length: int, settings: HavivSettings) -> tuple[pd.Dat
     return table.sort_values(["probe", "fit", "layer"], ignore_index=True), meta
 
 
-LEVELLED_TOLERANCE = 0.01
-"""The comparison zoo's in-distribution rule, fixed before training (docs/zoo.md): levelled off when
-the mean training loss over the last tenth of the steps is within 1 % of the tenth before."""
-
-OVERFIT_TOLERANCE = 0.05
-"""The same rule's second half: the final validation loss at most 5 % above the last tenth's
-training loss."""
-
-
-def training_levelled(curve: pd.DataFrame | None, validation: float) -> dict:
-    """The levelling-off rule on a training run: ``train_loss_last`` and ``train_loss_before`` (mean
-    loss over the last tenth of the steps and the tenth before, nats), ``levelled_off``,
-    ``validation_over_train`` (final validation / train_loss_last - 1) and ``trained_enough``
-    (levelled off, and validation within :data:`OVERFIT_TOLERANCE` of training). NaN and False
-    without a loss curve of at least 20 steps.
-
-    Example:
-        >>> out = training_levelled(pd.DataFrame({"loss": [3.0] * 80 + [2.0] * 10 + [1.99] * 10}), 2.0)
-        >>> out["levelled_off"], round(out["validation_over_train"], 4), out["trained_enough"]
-        (True, 0.005, True)
-    """
-    if curve is None or "loss" not in curve or len(curve) < 20:
-        return dict(
-            train_loss_last=math.nan,
-            train_loss_before=math.nan,
-            levelled_off=False,
-            validation_over_train=math.nan,
-            trained_enough=False,
-        )
-    tenth = len(curve) // 10
-    last, before = curve["loss"].iloc[-tenth:].mean(), curve["loss"].iloc[-2 * tenth : -tenth].mean()
-    levelled = bool(last >= before * (1 - LEVELLED_TOLERANCE))
-    over = validation / last - 1
-    return dict(
-        train_loss_last=float(last),
-        train_loss_before=float(before),
-        levelled_off=levelled,
-        validation_over_train=float(over),
-        trained_enough=levelled and bool(over <= OVERFIT_TOLERANCE),
-    )
-
-
-def _loss_curve(spec: str) -> pd.DataFrame | None:
-    """The training loss curve of a zoo model (its cached or shipped run) or a checkpoint directory."""
-    if spec in zoo.RECIPES:
-        folder = zoo.model_dir(spec) if zoo.is_cached(spec) else zoo.shipped_dir(spec)
-    else:
-        folder = Path(spec)
-    for path in (folder / LOSS_CURVE_FILE, folder / "checkpoint" / LOSS_CURVE_FILE):
-        if path.is_file():
-            return pd.read_csv(path)
-    return None
-
-
-CURVE_POINTS = 300
-"""Points of each model's smoothed training curve in ``training.csv``."""
-
-
-def training_curves(metas: list[dict]) -> pd.DataFrame:
-    """Each model's training loss through its run (its ``loss_curve.csv``), in bits per byte, as the
-    mean over the last ``steps / 60`` steps (a trailing window; 100 steps at 6000), at about
-    :data:`CURVE_POINTS` steps at most (and the last); with the two tenths the levelling-off rule
-    (:func:`training_levelled`) compares marked by ``tenth`` (``last``, ``before``, else empty).
-
-    Returns:
-        columns ``model``, ``method``, ``step``, ``train_bits_per_byte``, ``window``, ``tenth``; no
-        rows for a model without a loss curve.
-    """
-    frames = []
-    for meta in metas:
-        curve = _loss_curve(meta["model"])
-        if curve is None or "loss" not in curve or len(curve) < 20:
-            continue
-        n = len(curve)
-        window, every = max(1, n // 60), -(-n // CURVE_POINTS)
-        smooth = curve["loss"].rolling(window, min_periods=1).mean() / math.log(2)
-        index = np.arange(n)
-        keep = (index % every == every - 1) | (index == n - 1)
-        tenth = np.where(index >= n - n // 10, "last", np.where(index >= n - 2 * (n // 10), "before", ""))
-        frames.append(
-            pd.DataFrame(
-                dict(
-                    model=meta["model"],
-                    method=meta["method"],
-                    step=curve["step"].to_numpy()[keep],
-                    train_bits_per_byte=smooth.to_numpy()[keep],
-                    window=window,
-                    tenth=tenth[keep],
-                )
-            )
-        )
-    columns = ["model", "method", "step", "train_bits_per_byte", "window", "tenth"]
-    return pd.concat(frames, ignore_index=True)[columns] if frames else pd.DataFrame(columns=columns)
-
-
 def side_by_side(ours: pd.DataFrame) -> pd.DataFrame:
     """Our rows and the paper's MAD/chance rows in one tidy table (``source`` says whose), with
     ``paper_mad_chance``: the paper's value for the same method at the nearest fraction of depth
@@ -451,34 +356,6 @@ def side_by_side(ours: pd.DataFrame) -> pd.DataFrame:
         )
     )
     return pd.concat([ours, theirs], ignore_index=True)
-
-
-def losses(metas: list[dict]) -> pd.DataFrame:
-    """Validation bits per byte by model, whether its training levelled off
-    (:func:`training_levelled`), the gap to the learned-position model when there is one, and the
-    paper's Table 1 perplexities (and their gap to learned) for the same method."""
-    rows = pd.DataFrame(
-        [
-            dict(
-                model=m["model"],
-                method=m["method"],
-                reads_positions=m["reads_positions"],
-                bits_per_byte=m["bits_per_byte"],
-                **training_levelled(_loss_curve(m["model"]), m["bits_per_byte"] * math.log(2)),
-            )
-            for m in metas
-        ]
-    )
-    learned = rows.loc[rows["method"] == paper.BASELINE, "bits_per_byte"]
-    rows["gap_to_learned"] = rows["bits_per_byte"] / learned.iloc[0] - 1 if len(learned) else np.nan
-    for dataset in ("wikitext-103", "the_pile"):
-        ppl = [paper.PAPER_PERPLEXITY.get((dataset, m), np.nan) for m in rows["method"]]
-        rows[f"paper_ppl_{dataset}"] = ppl
-        rows[f"paper_gap_{dataset}"] = [
-            np.log2(p) / np.log2(paper.PAPER_PERPLEXITY[(dataset, paper.BASELINE)]) - 1 for p in ppl
-        ]
-    rows["paper_source"] = paper.PERPLEXITY_FILE
-    return rows
 
 
 def first_layer_at(rows: pd.DataFrame, threshold: float = THRESHOLD) -> int:

@@ -24,7 +24,6 @@ seed) triples already in ``lengthgen.csv``.
 from __future__ import annotations
 
 import dataclasses
-import io
 import math
 import sys
 import time
@@ -45,6 +44,7 @@ from . import kazemnejad, runs
 from .attention_distance import pairwise_table
 from .kazemnejad import SECOND_SEED
 from .lengthgen_figures import plot, plot_curve, plot_distances
+from .lengthgen_folder import read_curve, read_results, runs_in
 from .sweep.parallel import run_tasks
 
 METHODS = tuple(kazemnejad.VARIANTS)
@@ -389,151 +389,11 @@ def summary_markdown(
     return "\n".join(parts)
 
 
-RESULT_COLUMNS = ("task", "method", "seed", "length", "n", "exact_match", "token_accuracy", "loss", "in_distribution")
-"""Columns a finished run's rows of ``lengthgen.csv`` must have (:data:`RUN_COLUMNS` too, where present)."""
-
-RUN_COLUMNS = ("train_max_len", "final_train_loss", "train_seconds", "eval_seconds")
-"""Per-run columns, checked where the file has them (folders from before they were written lack some)."""
-
-
-def _valid_rows(results: pd.DataFrame, train_max_len: int) -> pd.DataFrame:
-    """The rows of ``lengthgen.csv`` that hold what a run writes, parsed: a known task and method, an
-    integer seed >= 0, length >= 1 and n >= 1, an exact match and a token accuracy in [0, 1], a
-    finite loss >= 0, ``in_distribution`` a boolean equal to ``length <= train_max_len``, and where
-    present ``train_max_len`` equal to the run's and finite losses and seconds >= 0. pandas reads a
-    column with one bad cell as text, so each is parsed here."""
-    labels = ("task", "method", "in_distribution")
-    numeric = [c for c in (*RESULT_COLUMNS, *RUN_COLUMNS) if c in results and c not in labels]
-    number = {column: pd.to_numeric(results[column], errors="coerce") for column in numeric}
-    flag = results["in_distribution"].map(
-        lambda cell: {"true": True, "false": False, "1": True, "0": False}.get(str(cell).strip().lower())
-    )
-
-    def whole(values: pd.Series, low: int) -> pd.Series:
-        return (values == values.round()) & values.between(low, 2**62)
-
-    valid = (
-        results["task"].isin(TASK_NAMES)
-        & results["method"].isin(METHODS)
-        & whole(number["seed"], 0)
-        & whole(number["length"], 1)
-        & whole(number["n"], 1)
-        & number["exact_match"].between(0, 1)
-        & number["token_accuracy"].between(0, 1)
-        & number["loss"].between(0, math.inf)
-        & flag.notna()
-        & (flag == (number["length"] <= train_max_len))
-    )
-    if "train_max_len" in results:
-        valid &= number["train_max_len"] == train_max_len
-    for column in ("final_train_loss", "train_seconds", "eval_seconds"):
-        if column in results:
-            valid &= number[column].between(0, math.inf)
-    parsed = results.assign(**number, in_distribution=flag)
-    whole_numbers = {c: int for c in ("seed", "length", "n", "train_max_len") if c in parsed}
-    return parsed[valid].astype({**whole_numbers, "exact_match": float, "in_distribution": bool})
-
-
-def _read_lines(path: Path) -> io.StringIO | None:
-    """``path``'s text up to its last newline (None: no such file). Tables are written whole, each
-    line ending in a newline: a cut last line (a copy or an editor stopped half-way) is dropped,
-    with a line on stderr, so that its row's run counts as incomplete rather than keeping a cut
-    number.
-
-    Raises:
-        UnicodeDecodeError: on bytes that are not UTF-8.
-    """
-    if not path.exists():
-        return None
-    text = path.read_bytes().decode("utf-8")
-    if text and not text.endswith("\n"):
-        print(f"nopelens lengthgen: {path} ends in a cut line; that line is left out", file=sys.stderr)
-        text = text[: text.rfind("\n") + 1]
-    return io.StringIO(text)
-
-
 def _run_and_save(task_name: str, method: str, seed: int, settings, progress: bool, model_dir: Path) -> tuple:
     """:func:`run_one` as a worker process's task: its tables and wall seconds."""
     clock = time.perf_counter()
     table, curve = run_one(task_name, method, seed, settings, progress=progress, model_dir=model_dir)
     return table, curve, time.perf_counter() - clock
-
-
-def _read_results(path: Path, train_max_len: int) -> pd.DataFrame:
-    """The finished runs in ``lengthgen.csv``: none when it is missing; when it is emptied, cannot be
-    read or lacks a column (a line says so) none either, and every run is measured again. A run with a
-    damaged cell (empty, not a number, out of range: :func:`_valid_rows`), or whose rows do not cover
-    every length ``1 .. 2 train_max_len`` (a truncated file), is left out, named, and measured again;
-    the other runs are kept."""
-
-    def measure_all_again(why: str) -> pd.DataFrame:
-        print(f"nopelens lengthgen: {path} {why}; measuring every run again", file=sys.stderr)
-        return pd.DataFrame()
-
-    try:
-        lines = _read_lines(path)
-        if lines is None:
-            return pd.DataFrame()
-        results = pd.read_csv(lines)
-    except pd.errors.EmptyDataError:
-        return measure_all_again("is empty")
-    except (pd.errors.ParserError, UnicodeDecodeError, ValueError) as error:
-        return measure_all_again(f"cannot be read ({' '.join(str(error).split())[:200]})")
-    missing = [column for column in RESULT_COLUMNS if column not in results]
-    if missing:
-        return measure_all_again(f"is damaged (columns {missing} missing)")
-    run = ["task", "method", "seed"]
-    # a row with a damaged cell is dropped; its run then lacks a length and is measured again below
-    results = _valid_rows(results, train_max_len)
-    lengths = set(range(1, 2 * train_max_len + 1))
-    complete = results.groupby(run)["length"].transform(lambda rows: set(rows) == lengths and len(rows) == len(lengths))
-    for (task, method, seed), _ in results[~complete.astype(bool)].groupby(run):
-        print(
-            f"nopelens lengthgen: {path} holds only part of {task} {method} seed {seed} (a truncated or damaged "
-            "file?); measuring it again",
-            file=sys.stderr,
-        )
-    return results[complete.astype(bool)].reset_index(drop=True)
-
-
-CURVE_COLUMNS = ["task", "method", "seed", "step", "exact_match_longer", "validation_loss"]
-
-
-def _read_curve(path: Path, done: set, steps: list[int]) -> tuple[pd.DataFrame, set]:
-    """The rows of ``curve.csv`` of the finished runs ``done``, and the finished runs whose curve is
-    missing, truncated or damaged (not one valid row per step of ``steps``: an exact match in
-    [0, 1], a finite validation loss >= 0), named on stderr: those are measured again."""
-    curve = pd.DataFrame(columns=CURVE_COLUMNS)
-    try:
-        lines = _read_lines(path)
-        if lines is not None:
-            curve = pd.read_csv(lines)
-    except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError, ValueError):
-        pass
-    if not set(CURVE_COLUMNS) <= set(curve.columns):
-        curve = pd.DataFrame(columns=CURVE_COLUMNS)
-    seed, step, exact, loss = (
-        pd.to_numeric(curve[c], errors="coerce") for c in ("seed", "step", "exact_match_longer", "validation_loss")
-    )
-    valid = exact.between(0, 1) & loss.between(0, math.inf) & step.isin(steps) & seed.notna()
-    parsed = curve.assign(seed=seed, step=step, exact_match_longer=exact, validation_loss=loss)[valid]
-    parsed = parsed.drop_duplicates(["task", "method", "seed", "step"]).astype({"seed": int, "step": int})
-    whole = {run for run, rows in parsed.groupby(["task", "method", "seed"]) if len(rows) == len(steps)}
-    damaged = set(done) - whole
-    if damaged:
-        first = " ".join(map(str, min(damaged)))
-        print(
-            f"nopelens lengthgen: {path} lacks or holds a damaged curve for {len(damaged)} finished "
-            f"run(s) ({first}{', ...' if len(damaged) > 1 else ''}); measuring them again",
-            file=sys.stderr,
-        )
-    return _runs_in(parsed, whole & set(done))[CURVE_COLUMNS], damaged
-
-
-def _runs_in(table: pd.DataFrame, runs_kept: set) -> pd.DataFrame:
-    """The rows of ``table`` whose (task, method, seed) is in ``runs_kept``."""
-    keep = pd.Series([run in runs_kept for run in zip(table["task"], table["method"], table["seed"])], dtype=bool)
-    return table[keep.to_numpy()].reset_index(drop=True)
 
 
 def run_lengthgen(
@@ -592,13 +452,13 @@ def run_lengthgen(
 def _run(out_dir: Path, settings, tasks, methods, seeds, progress, default_row_seeds, figures, jobs) -> pd.DataFrame:
     """:func:`run_lengthgen` in its claimed and held folder."""
     csv_path, curve_path = out_dir / "lengthgen.csv", out_dir / "curve.csv"
-    results = _read_results(csv_path, settings.train_max_len)
+    results = read_results(csv_path, settings.train_max_len)
     done = set() if results.empty else set(zip(results["task"], results["method"], results["seed"]))
-    curve, damaged = _read_curve(curve_path, done, settings.curve_steps())
+    curve, damaged = read_curve(curve_path, done, settings.curve_steps())
     redo = damaged | _unreadable_models(out_dir, *_covering(tasks, methods, seeds, done), done)
     if redo:  # measured again: their rows go, so that none is written twice
         done -= redo
-        results, curve = _runs_in(results, done), _runs_in(curve, done)
+        results, curve = runs_in(results, done), runs_in(curve, done)
     row_seeds = {m: (default_row_seeds or seeds) if m in kazemnejad.DEFAULT_ROWS else seeds for m in methods}
     # the paper's rows first, seed by seed: a run cut short has every task and method at fewer seeds
     todo = sorted(
