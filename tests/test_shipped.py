@@ -8,12 +8,15 @@ import numpy as np
 import pytest
 import torch
 
+from nopelens.analyses.haviv import HAVIV_MODELS
 from nopelens.analyses.sweep import DEFAULT_MODELS
 from nopelens.models import zoo
 from nopelens.models.checkpoint import load_checkpoint, read_metadata
 from nopelens.models.training import environment
 
-SHIPPED = DEFAULT_MODELS["text"]
+SHIPPED = (*DEFAULT_MODELS["text"], *(name for name in HAVIV_MODELS if "alibi" not in name and "rope" not in name))
+"""The default sweep's models and the Haviv comparison zoo (issue 45), so that no command they run
+trains. The zoo's ALiBi and RoPE models are still in training: issue 45 stays open until they ship."""
 REPO = Path(__file__).resolve().parents[1]
 CURVE_STEPS = 100
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -31,7 +34,7 @@ def same_environment(meta: dict) -> bool:
 
 
 @pytest.mark.parametrize("name", SHIPPED)
-def test_every_default_sweep_model_ships_for_its_current_recipe(name):
+def test_every_default_model_ships_for_its_current_recipe(name):
     assert zoo.is_shipped(name), f"{name}: no shipped copy of the current recipe; `nopelens train --zoo {name} --ship`"
     meta = read_metadata(zoo.shipped_dir(name))
     spec = zoo.recipe(name)
@@ -46,7 +49,7 @@ def test_only_current_recipes_ship_and_the_size_is_small():
     folders = sorted(p for p in zoo.SHIPPED_DIR.iterdir() if p.is_dir())
     assert [p.name for p in folders] == sorted(zoo.shipped_dir(name).name for name in SHIPPED)
     size = sum(f.stat().st_size for p in folders for f in p.iterdir())
-    assert size < 16e6, f"shipped models take {size / 1e6:.1f} MB"
+    assert size < 48e6, f"shipped models take {size / 1e6:.1f} MB"  # 12 MB + 5 x 5.3 MB as trained
 
 
 def test_pyproject_packages_every_shipped_file():
