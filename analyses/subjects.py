@@ -27,6 +27,7 @@ fingerprint) is read by :mod:`nopelens.analyses.specs`.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -308,9 +309,11 @@ def check_spec(spec: str) -> None:
             load_checkpoint_dir(Path(spec))  # raises, listing what exists
         return
     if spec not in zoo.RECIPES:
+        close = difflib.get_close_matches(spec, zoo.names(), n=2)
+        hint = f"did you mean {' or '.join(close)}? " if close else ""
         raise KeyError(
-            f"unknown model {spec!r}: not a zoo model ({', '.join(zoo.names())}), nor circuit, untrained-nope, "
-            "constant-METHOD, a checkpoint directory, hf:DIR or factory:FILE.py:FUNCTION"
+            f"unknown model {spec!r}: not a zoo model ({hint}`nopelens train --list` lists them), nor circuit, "
+            "untrained-nope, constant-METHOD, a checkpoint directory, hf:DIR or factory:FILE.py:FUNCTION"
         )
 
 

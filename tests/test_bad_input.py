@@ -607,3 +607,11 @@ def test_backcopy_report_without_a_scored_trigger_says_so(tmp_path, capsys):
     )
     out = capsys.readouterr().out
     assert "back-copy after triggers: none scored at length 2" in out and "nan" not in out
+
+
+def test_a_misspelt_zoo_name_gets_the_close_names_in_one_line(capsys):
+    assert cli.main(["probe", "text-nope-4"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "did you mean text-nope-4l" in err and "nopelens train --list" in err
+    assert cli.main(["probe", "zzzz"]) == 2
+    assert "did you mean" not in capsys.readouterr().err  # nothing close: no guess
