@@ -21,7 +21,6 @@ leaves the old file or the new one, never half of one.
 
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import json
 import os
@@ -32,6 +31,11 @@ from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
 
 import pandas as pd
+
+try:
+    import fcntl
+except ImportError:  # Windows: no flock; a folder is then not held (everything else works)
+    fcntl = None
 
 from nopelens.models.io import file_sha256, read_json, write_csv_atomic, write_json_atomic
 
@@ -255,11 +259,15 @@ def held(folder: Path, command: str) -> Iterator[None]:
     interrupted run still waits for its workers, say) is refused instead of training the same
     models beside it and writing its tables over the first's. The hold is an advisory ``flock`` on
     the folder itself (no file is written); the kernel releases it when the run ends, however it
-    ends. Worker processes are spawned, so they do not inherit it.
+    ends. Worker processes are spawned, so they do not inherit it. (Where there is no ``fcntl``,
+    Windows, the folder is not held.)
 
     Raises:
         ValueError: if another process holds ``folder``.
     """
+    if fcntl is None:
+        yield
+        return
     descriptor = os.open(folder, os.O_RDONLY)
     try:
         try:
