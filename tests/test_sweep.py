@@ -195,10 +195,16 @@ def test_one_pass_and_planned_streamed_runs_give_the_same_tables_past_64_positio
         )
 
 
-def test_unknown_model_is_one_line_listing_the_zoo(capsys, tmp_path):
+def test_unknown_model_is_one_line_pointing_to_the_zoo(capsys, tmp_path):
     assert main(["sweep", "--models", "gpt-17", "--out", str(tmp_path / "x")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "text-nope-4l" in err[0]
+    assert len(err) == 1 and "nopelens train --list" in err[0] and "did you mean" not in err[0]
+
+
+def test_a_misspelt_zoo_name_suggests_the_close_ones(capsys, tmp_path):
+    assert main(["sweep", "--models", "text-nope-4", "--out", str(tmp_path / "x")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "did you mean text-nope-4l" in err[0]
 
 
 def test_sink_ablation_section(quick_run):
