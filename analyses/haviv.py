@@ -10,14 +10,15 @@ on the same kept sample of sequences and the same sequence-grouped folds:
   (:func:`~nopelens.probes.mlp_probe.probe_positions_mlp`);
 
 each as MAD/chance with a 95 % bootstrap CI over sequences, next to its no-information floor
-(:func:`~nopelens.probes.mlp_probe.no_information_floor`: 0.75 for ridge, 1 for the argmax) and
-to the shuffled-label control. Layers are also given as a fraction of depth (layer / n_layers), so
-the 6-layer models sit beside the paper's 24-layer ones; the paper's value at the same fraction is
-its layer round(depth x 24) (:mod:`~nopelens.analyses.haviv_paper`). The NoPE model is also read at
-shorter windows (the context-length axis: the first layer at which MAD/chance falls to 0.1 or less,
-its CI's upper end at most 0.1, at each length). Validation bits per byte come from each model's
-training record (every validation byte once), beside the paper's Table 1 perplexities. Each claim
-of the paper gets a verdict: reproduced, direction only, not reproduced, or not measured.
+(:func:`~nopelens.probes.mlp_probe.no_information_floor`: 0.75 for ridge, 1 for the argmax) and to
+the controls (Hewitt & Liang's control task and shuffled labels). Layers are also given as a
+fraction of depth (layer / n_layers), so the 6-layer models sit beside the paper's 24-layer ones;
+the paper's value at the same fraction is its layer round(depth x 24)
+(:mod:`~nopelens.analyses.haviv_paper`). The NoPE model is also read at shorter windows (the
+context-length axis: the first layer at which MAD/chance falls to 0.1 or less, its CI's upper end at
+most 0.1, at each length). Validation bits per byte come from each model's training record (every
+validation byte once), beside the paper's Table 1 perplexities. Each claim of the paper gets a
+verdict: reproduced, direction only, not reproduced, or not measured.
 
 Everything runs on one thread (:func:`~nopelens.models.threads.one_thread`): the same seed gives
 the same numbers on a CPU. Run folder: ``parts/<model>-L<bytes>/`` per model and window
@@ -62,8 +63,9 @@ HAVIV_MODELS = tuple(f"text{zoo.HAVIV_LEN}-{method}-{zoo.HAVIV_LAYERS}l" for met
 THRESHOLD = 0.1
 """MAD/chance at or below which a layer "knows" the position (the context-length axis)."""
 PROBES = ("ridge", "mlp")
-FITS = ("linear", "shuffled")
-"""Which of the probes' rows the comparison keeps: the position itself, and the shuffled-label control."""
+FITS = ("linear", "control", "shuffled")
+"""Which of the probes' rows the comparison keeps: the position itself, Hewitt & Liang's control task
+(what the probe's own capacity reads from token identity: selectivity) and the shuffled-label control."""
 
 
 @dataclass(frozen=True)

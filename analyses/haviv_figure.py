@@ -87,7 +87,8 @@ def _cell(row) -> str:
 
 def side_by_side_markdown(table: pd.DataFrame) -> str:
     """Per model, one row per layer: ours with both probes (CIs; floors in the header), the
-    shuffled-label controls, and the paper's value for the same method at the same fraction of depth."""
+    controls (Hewitt & Liang's control task, shuffled labels), and the paper's value for the same
+    method at the same fraction of depth."""
     ours = table[table["source"] == "nopelens"]
     ours = ours[ours["n_positions"] == ours.groupby("model")["n_positions"].transform("max")]
     lines = []
@@ -98,18 +99,24 @@ def side_by_side_markdown(table: pd.DataFrame) -> str:
             f"{int(own['n_sequences'].iloc[0])} of {int(own['n_sequences_drawn'].iloc[0])} windows kept)",
             "",
             f"| layer | depth | ridge MAD/chance (floor {floors['ridge']:.2f}) | MLP MAD/chance (floor "
-            f"{floors['mlp']:.2f}) | shuffled labels: ridge / MLP | Haviv et al. 2022 at that depth |",
-            "|---|---|---|---|---|---|",
+            f"{floors['mlp']:.2f}) | control task: ridge / MLP | shuffled labels: ridge / MLP "
+            "| Haviv et al. 2022 at that depth |",
+            "|---|---|---|---|---|---|---|",
         ]
         for layer, rows in own.groupby("layer"):
             get = {(r["probe"], r["fit"]): r for _, r in rows.iterrows()}
             ridge, mlp = get[("ridge", "linear")], get[("mlp", "linear")]
-            shuffled = " / ".join(f"{get[(p, 'shuffled')]['mad_chance']:.2f}" for p in ("ridge", "mlp"))
+            control, shuffled = (
+                " / ".join(f"{get[(p, fit)]['mad_chance']:.2f}" for p in ("ridge", "mlp"))
+                for fit in ("control", "shuffled")
+            )
             theirs = mlp["paper_mad_chance"]
             paper = (
                 f"{theirs:.3f} (layer {int(mlp['paper_layer'])} of 24)" if not np.isnan(theirs) else "not in the paper"
             )
-            lines.append(f"| {layer} | {mlp['depth']:.2f} | {_cell(ridge)} | {_cell(mlp)} | {shuffled} | {paper} |")
+            lines.append(
+                f"| {layer} | {mlp['depth']:.2f} | {_cell(ridge)} | {_cell(mlp)} | {control} | {shuffled} | {paper} |"
+            )
         lines.append("")
     lines.append(f"Paper values: MAD / 341.33 (chance at 1,024 tokens) from `{PROBE_FILE}`.")
     return "\n".join(lines)

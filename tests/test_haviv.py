@@ -56,6 +56,9 @@ def test_quick_run_writes_every_table_and_resumes(tmp_path, capsys, one_thread):
     assert set(table["source"]) == {"nopelens", "haviv2022"}
     ours = table[table["source"] == "nopelens"]
     assert set(ours["probe"]) == {"ridge", "mlp"} and set(ours["n_positions"]) == {17, 65}
+    fits = ours.groupby(["n_positions", "probe", "layer"])["fit"].agg(sorted)
+    assert all(fit == ["control", "linear", "shuffled"] for fit in fits)  # each probe with both controls
+    assert "control task: ridge / MLP" in (tmp_path / "haviv.md").read_text()
     floors = ours.groupby("probe")["floor"].first()
     assert floors["ridge"] == pytest.approx(3 * 65**2 / (4 * (65**2 - 1)), abs=0.01) and floors["mlp"] == 1
     assert (ours["n_sequences"] == 12).all()  # the kept sample, said in every row
