@@ -81,9 +81,9 @@ def claim(
     """Make ``folder`` the run folder of a ``kind`` analysis with ``settings``, or refuse it.
 
     Writes ``<kind>.json`` (``digest``, ``settings`` and the ``command``) into ``folder``, creating
-    it. A folder already stamped with the same digest is resumed (its stamp is rewritten with
-    ``settings``, which may differ in the ``ignore`` keys: a sweep records its latest list of
-    training seeds).
+    it. A folder already stamped with the same digest is resumed: its stamp is left as it is when
+    ``settings`` are the same (a re-read rewrites nothing), else rewritten with ``settings``, which
+    may differ in the ``ignore`` keys (a sweep records its latest list of training seeds).
 
     Args:
         folder: the run folder.
@@ -129,6 +129,8 @@ def claim(
             f"{folder} holds a run of nopelens {_made_by(folder, kind)} made with other settings "
             f"({changes}); use another --out folder, or delete it to start over"
         )
+    if previous is not None and _json(previous) == _json(settings) and (folder / f"{kind}.json").is_file():
+        return folder  # resumed or re-read as it was: the stamp, and the command that made the run, stay
     write_json_atomic({"digest": digest, "settings": settings, "command": command, "run": run}, folder / f"{kind}.json")
     return folder
 

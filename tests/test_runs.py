@@ -23,6 +23,13 @@ def test_a_folder_is_resumed_with_the_same_settings_and_refused_with_others(tmp_
         runs.claim(tmp_path / "run", "intervene", {"model": "circuit", "n_boot": 11, "modes": ["a", "b"]})
 
 
+def test_a_run_resumed_with_the_same_settings_leaves_its_stamp_as_it_was(tmp_path):
+    runs.claim(tmp_path, "sweep", {"seed": 0}, command="probe", run="first")
+    before = (tmp_path / "sweep.json").read_bytes()
+    runs.claim(tmp_path, "sweep", {"seed": 0}, command="sweep", run="second")  # a resume, or a re-read
+    assert (tmp_path / "sweep.json").read_bytes() == before
+
+
 def test_ignored_settings_may_change_and_are_recorded(tmp_path):
     runs.claim(tmp_path, "sweep", {"seed": 0, "train_seeds": [0]}, ignore=("train_seeds",))
     runs.claim(tmp_path, "sweep", {"seed": 0, "train_seeds": [0, 1]}, ignore=("train_seeds",))
@@ -219,10 +226,11 @@ def test_a_part_measured_with_other_settings_is_refused_even_without_the_stamp(t
 
 
 def test_an_interrupted_run_leaves_a_stamp_another_run_claimed_since(tmp_path):
-    settings = {"seed": 0}
+    settings = {"seed": 0, "train_seeds": [0]}
     with pytest.raises(KeyboardInterrupt):
-        with runs.claimed(tmp_path / "run", "sweep", settings):
-            runs.claim(tmp_path / "run", "sweep", settings)  # a second run with the same settings, meanwhile
+        with runs.claimed(tmp_path / "run", "sweep", settings, ignore=("train_seeds",)):
+            # a second run, meanwhile, with more training seeds (a run with the very same settings is held off)
+            runs.claim(tmp_path / "run", "sweep", {"seed": 0, "train_seeds": [0, 1]}, ignore=("train_seeds",))
             raise KeyboardInterrupt
     assert (tmp_path / "run" / "sweep.json").is_file()
     with pytest.raises(KeyboardInterrupt):  # alone, the interrupted run removes what it made
