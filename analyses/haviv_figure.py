@@ -126,9 +126,10 @@ def summary_markdown(tables: dict[str, pd.DataFrame]) -> str:
     """The run's summary.md: side-by-side, losses, context-length axis, claims."""
     loss = tables["losses"]
     loss_lines = [
-        "| model | method | validation bits/byte | training levelled off (last tenth / tenth before) | "
-        "gap to learned | paper ppl The Pile | paper ppl WikiText-103 | paper gap to learned (bits, The Pile) |",
-        "|---|---|---|---|---|---|---|---|",
+        "| model | method | validation bits/byte | unseen validation bits/byte | training levelled off (last tenth "
+        "/ tenth before) | gap to learned (all / unseen) | paper ppl The Pile | paper ppl WikiText-103 | paper gap to "
+        "learned (bits, The Pile) |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for _, r in loss.iterrows():
         levelled = (
@@ -138,8 +139,9 @@ def summary_markdown(tables: dict[str, pd.DataFrame]) -> str:
         )
         cells = [
             _number(r["bits_per_byte"], ".3f"),
+            _number(r["unseen_bits_per_byte"], ".3f") if r["unseen_bytes"] else "no document unseen",
             levelled,
-            _number(r["gap_to_learned"], "+.1%"),
+            f"{_number(r['gap_to_learned'], '+.1%')} / {_number(r['unseen_gap_to_learned'], '+.1%')}",
             _number(r["paper_ppl_the_pile"], ".2f"),
             _number(r["paper_ppl_wikitext-103"], ".2f"),
             _number(r["paper_gap_the_pile"], "+.2%"),
@@ -170,6 +172,9 @@ def summary_markdown(tables: dict[str, pd.DataFrame]) -> str:
             "",
             *loss_lines,
             "",
+            f"Unseen: the {_unseen_bytes(loss)} validation bytes whose documents share no 64-byte string with the "
+            "training text (the others are mostly copied there); the paper's perplexities are on unseen text.",
+            "",
             "![training loss](training.png)",
             "",
             "Each model's training loss in bits per byte (the mean over a trailing window of "
@@ -188,6 +193,10 @@ def summary_markdown(tables: dict[str, pd.DataFrame]) -> str:
             "",
         ]
     )
+
+
+def _unseen_bytes(loss: pd.DataFrame) -> str:
+    return "/".join(f"{int(b):,}" for b in sorted(set(loss["unseen_bytes"]))) if len(loss) else "0"
 
 
 def _window(training: pd.DataFrame) -> str:

@@ -12,6 +12,7 @@ import pandas as pd
 
 from nopelens.models import zoo
 from nopelens.models.checkpoint import LOSS_CURVE_FILE
+from nopelens.models.training import validation_loss
 
 from . import haviv_paper as paper
 
@@ -110,10 +111,23 @@ def training_curves(metas: list[dict]) -> pd.DataFrame:
     return pd.concat(frames, ignore_index=True)[columns] if frames else pd.DataFrame(columns=columns)
 
 
+def unseen_loss(model, task, window: int) -> tuple[float, int]:
+    """A text model's loss on the validation documents that share no 64-byte string with its
+    training text (``split="unseen"`` of :meth:`~nopelens.models.tasks.TextTask.windows`), in
+    windows of ``window`` bytes: (bits per byte, bytes scored); (NaN, 0) when no document is unseen
+    (its table cell says so)."""
+    try:
+        batch_bytes = len(task.windows(window, split="unseen").tokens) * window
+    except ValueError:
+        return math.nan, 0
+    return validation_loss(model, task, 1, window, split="unseen") / math.log(2), batch_bytes
+
+
 def losses(metas: list[dict]) -> pd.DataFrame:
-    """Validation bits per byte by model, whether its training levelled off
-    (:func:`training_levelled`), the gap to the learned-position model when there is one, and the
-    paper's Table 1 perplexities (and their gap to learned) for the same method."""
+    """Validation bits per byte by model (every validation byte, and the unseen documents alone),
+    whether its training levelled off (:func:`training_levelled`), the gaps to the learned-position
+    model when there is one, and the paper's Table 1 perplexities (and their gap to learned) for
+    the same method."""
     rows = pd.DataFrame(
         [
             dict(
@@ -121,13 +135,17 @@ def losses(metas: list[dict]) -> pd.DataFrame:
                 method=m["method"],
                 reads_positions=m["reads_positions"],
                 bits_per_byte=m["bits_per_byte"],
+                unseen_bits_per_byte=m["unseen_bits_per_byte"],
+                unseen_bytes=m["unseen_bytes"],
                 **training_levelled(_loss_curve(m["model"]), m["bits_per_byte"] * math.log(2)),
             )
             for m in metas
         ]
     )
-    learned = rows.loc[rows["method"] == paper.BASELINE, "bits_per_byte"]
-    rows["gap_to_learned"] = rows["bits_per_byte"] / learned.iloc[0] - 1 if len(learned) else np.nan
+    for column in ("bits_per_byte", "unseen_bits_per_byte"):
+        learned = rows.loc[rows["method"] == paper.BASELINE, column]
+        gap = column.replace("bits_per_byte", "gap_to_learned")
+        rows[gap] = rows[column] / learned.iloc[0] - 1 if len(learned) else np.nan
     for dataset in ("wikitext-103", "the_pile"):
         ppl = [paper.PAPER_PERPLEXITY.get((dataset, m), np.nan) for m in rows["method"]]
         rows[f"paper_ppl_{dataset}"] = ppl

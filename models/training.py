@@ -466,22 +466,30 @@ def validation_loss(
     seed: int = 0,
     n: int = 512,
     progress: bool = False,
+    split: str = "validation",
 ) -> float:
     """Mean cross-entropy in nats per scored token on held-out data.
 
-    For :class:`~nopelens.models.tasks.TextTask` this is every byte of the validation documents,
-    in non-overlapping windows of ``max_len`` bytes (each window starts from BOS). For synthetic
-    tasks it is ``n`` fresh sequences from a random stream training never uses.
+    For :class:`~nopelens.models.tasks.TextTask` this is every byte of the ``split`` documents
+    (``validation``, or ``unseen``: those of them that share no 64-byte string with the training
+    text), in non-overlapping windows of ``max_len`` bytes (each window starts from BOS). For
+    synthetic tasks it is ``n`` fresh sequences from a random stream training never uses.
     Divide by ln 2 for bits per token (per byte for text; times
     ``task.bytes_per_character()`` for bits per character). ``progress``: a bar over the batches.
+
+    Raises:
+        ValueError: on a ``split`` other than ``validation`` for a synthetic task, or as
+            :meth:`~nopelens.models.tasks.TextTask.windows`.
     """
     model = model.model if isinstance(model, TrainedModel) else model
-    was_training = model.training
-    model.eval()
     if isinstance(task, TextTask):
-        batch = task.windows(max_len, split="validation")
+        batch = task.windows(max_len, split=split)
+    elif split != "validation":
+        raise ValueError(f"split {split!r} is a text split; the {task.name} task has fresh validation sequences only")
     else:
         batch = task.sample(n, min_len, max_len, stream_seed(seed, VALIDATION_STREAM, 0))
+    was_training = model.training
+    model.eval()
     _, _, nats = _scored(model, batch, progress=progress, desc="validation loss")
     model.train(was_training)
     return float(nats.sum() / batch.loss_mask.sum())

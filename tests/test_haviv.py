@@ -11,6 +11,7 @@ from nopelens.analyses.haviv import HAVIV_MODELS, claims, first_layer_at
 from nopelens.analyses.haviv_figure import context_sentence
 from nopelens.models import zoo
 from nopelens.models.checkpoint import load_checkpoint
+from nopelens.models.tasks import TextTask
 from nopelens.probes import mad_chance
 
 VERDICTS = {"reproduced", "direction only", "not reproduced", "not measured"}
@@ -65,6 +66,10 @@ def test_quick_run_writes_every_table_and_resumes(tmp_path, capsys, one_thread):
     assert (
         (tmp_path / "summary.md").read_text().startswith("**Quick mode (`--quick`)")
     )  # its numbers are a smoke test's
+    loss = pd.read_csv(tmp_path / "losses.csv").iloc[0]
+    unseen = TextTask().windows(64, "unseen")  # the documents none of whose 64-byte strings is in training
+    assert loss["unseen_bytes"] == unseen.loss_mask.sum() and 0 < loss["unseen_bits_per_byte"] < 8
+    assert loss["unseen_bits_per_byte"] > loss["bits_per_byte"]  # mostly copied text is the easier
     claims_table = pd.read_csv(tmp_path / "claims.csv")
     assert len(claims_table) == 5 and all(v.split(":")[0] in VERDICTS for v in claims_table["verdict"])
     training = pd.read_csv(tmp_path / "training.csv")

@@ -236,6 +236,30 @@ def test_text_windows_are_corpus_bytes(text_task):
         text_task.sample(2, 5, 6, 0, split="test")
 
 
+def test_unseen_split_is_the_validation_documents_that_share_no_64_byte_string_with_training(text_task):
+    documents = default_documents()
+    train = bytes(text_task.streams["train"].to(torch.uint8).tolist())
+    stream = bytes(text_task.windows(64, "unseen", max_windows=1).tokens[0, 1:].tolist())
+    unseen = bytes(text_task.streams["unseen"].to(torch.uint8).tolist())
+    assert stream == unseen[:64] and text_task.documents["unseen"] == 3  # of 11: the help topics copy each other
+    for key, text in documents.items():
+        data = text.encode("utf-8")
+        shares = any(data[i : i + 64] in train for i in range(0, len(data) - 63, 7))
+        if is_validation_document(key) and data in unseen:
+            assert not any(data[i : i + 64] in train for i in range(len(data) - 63)), key
+        elif is_validation_document(key):
+            assert shares, f"{key} is left out of the unseen split but shares no 64-byte string"
+    assert text_task.bytes_per_character("unseen") >= 1
+
+
+def test_a_corpus_whose_validation_is_copied_from_training_has_no_unseen_split(tmp_path):
+    path = tmp_path / "copies.txt"
+    path.write_text("\n\n".join(["the same paragraph, long enough to hold a 64-byte string " * 2] * 60))
+    task = make_task("text", path=str(path))
+    with pytest.raises(ValueError, match="none of the .* validation documents is unseen"):
+        task.windows(16, "unseen")
+
+
 def test_user_file(tmp_path):
     path = tmp_path / "corpus.txt"
     path.write_text("\n\n".join(f"paragraph number {i}: caf\u00e9" for i in range(60)), encoding="utf-8")
