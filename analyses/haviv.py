@@ -516,15 +516,14 @@ def _perplexity(loss: pd.DataFrame):
     )
     worst, gap = nope >= others.max(), nope / others.min() - 1
     found += f"; NoPE {gap:+.1%} against the best"
-    if not loss["trained_enough"].any():
-        found += "; no model passes the levelling-off rule"
+    # why a verdict may not speak to the paper: models that have not levelled off, or that memorize
+    failed = list(loss.loc[~loss["trained_enough"].astype(bool), "method"])
+    why = f" ({', '.join(failed)}: not trained to the levelling-off rule, see losses.csv)" if failed else ""
     if worst and gap <= 0.05:
-        return claim, said, found, "reproduced"
-    return (
-        claim,
-        said,
-        found,
+        return claim, said, found, "reproduced" + why
+    verdict = (
         "direction only: NoPE worst, by more than the paper's few percent"
         if worst
-        else "not reproduced: NoPE is not the worst",
+        else "not reproduced: NoPE is not the worst"
     )
+    return claim, said, found, verdict + why

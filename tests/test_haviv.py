@@ -139,6 +139,34 @@ def test_claims_without_models_say_not_measured():
     assert (verdicts == "not measured").all()
 
 
+def test_the_loss_claim_is_judged_on_unseen_text_and_says_which_models_were_not_trained_enough():
+    empty = pd.DataFrame(
+        columns=["source", "probe", "fit", "model", "n_positions", "method", "layer", "mad_chance", "ci_low", "ci_high"]
+    )
+
+    def verdict(nope_all, nope_unseen, trained=(True, True), unseen_bytes=100):
+        loss = pd.DataFrame(
+            dict(
+                model=["a", "b"],
+                method=["nope", "learned"],
+                reads_positions=[False, True],
+                bits_per_byte=[nope_all, 1.0],
+                unseen_bits_per_byte=[nope_unseen, 2.0] if unseen_bytes else [np.nan, np.nan],
+                unseen_bytes=unseen_bytes,
+                trained_enough=list(trained),
+            )
+        )
+        return claims(empty, loss).set_index("claim")["verdict"].iloc[-1]
+
+    assert verdict(1.02, 2.04) == "reproduced"  # NoPE worst by 2 % on unseen text
+    assert verdict(1.50, 1.90) == "not reproduced: NoPE is not the worst"  # the whole validation set is not judged
+    assert verdict(1.50, 3.00).startswith("direction only")
+    assert verdict(1.02, np.nan, unseen_bytes=0) == "reproduced"  # no unseen text: every validation byte
+    assert verdict(1.02, 2.04, trained=(True, False)) == (
+        "reproduced (learned: not trained to the levelling-off rule, see losses.csv)"
+    )
+
+
 def test_each_panel_is_drawn_in_its_method_colour():
     """Issue 49: one fixed colour per position method in every figure, this one's panels included."""
     from matplotlib.colors import to_hex
