@@ -201,7 +201,14 @@ def test_a_directory_without_a_tokenizer_gives_the_advice_first(saved, capsys):
 
 
 # ----------------------------------------------------------------------------- one field off
-MISSING = object()
+class _Missing:
+    """The field removed from config.json (a fixed repr: test ids must match across xdist workers)."""
+
+    def __repr__(self) -> str:
+        return "MISSING"
+
+
+MISSING = _Missing()
 FIELDS = {  # family -> config.json fields (dotted: nested) removed (MISSING) or set to None
     "cohere_compass": [
         "rope_parameters",
