@@ -22,7 +22,7 @@ def test_ci_runs_the_readme_test_command():
     commands = re.findall(r"^pip install torch==2\.13\.0 .*$", README, re.M)
     assert len(commands) == 2, "exactly two set-up commands"
     assert commands[0] == "pip install torch==2.13.0 && pip install . && nopelens sweep"
-    assert commands[1] == 'pip install torch==2.13.0 && pip install ".[test]" && python -m pytest'
+    assert commands[1] == 'pip install torch==2.13.0 && pip install ".[test]" && python -m pytest -n 2 --dist loadfile'
     assert commands[1] in (ROOT / ".ci" / "run").read_text(encoding="utf-8")
 
 
