@@ -67,14 +67,12 @@ def check_pilot_folder(out_dir: Path, settings: LengthGenSettings) -> None:
             f"{out_dir} holds files of its own; a pilot writes into a new or empty folder, or beside the "
             "lengthgen comparison whose budget it fixes: use another --out folder"
         )
-    if comparison is not None:
-        ours = {k: v for k, v in settings.to_dict().items() if k != "steps"}
-        differ = sorted(k for k in set(ours) | set(comparison) if k != "steps" and ours.get(k) != comparison.get(k))
-        if differ:
-            raise ValueError(
-                f"{out_dir} holds a lengthgen comparison with other settings ({', '.join(differ)}); "
-                "use another --out folder for this pilot"
-            )
+    differ = runs.setting_changes(comparison, settings.to_dict(), ignore=("steps",)) if comparison is not None else []
+    if differ:
+        raise ValueError(
+            f"{out_dir} holds a lengthgen comparison with other settings ({'; '.join(differ)}); "
+            "use another --out folder for this pilot"
+        )
 
 
 def run_pilot(

@@ -124,7 +124,7 @@ def claim(
             "use a new or empty --out folder"
         )
     if previous is not None and settings_digest(previous, ignore) != digest:
-        changes = "; ".join(_changes(previous, settings, ignore, unset or {}))
+        changes = "; ".join(setting_changes(previous, settings, ignore, unset))
         raise ValueError(
             f"{folder} holds a run of nopelens {_made_by(folder, kind)} made with other settings "
             f"({changes}); use another --out folder, or delete it to start over"
@@ -161,17 +161,17 @@ def _made_by(folder: Path, kind: str) -> str:
     return command if isinstance(command, str) and command else kind
 
 
-def _changes(
-    previous: dict[str, Any], settings: dict[str, Any], ignore: Sequence[str], unset: dict[str, Any]
+def setting_changes(
+    previous: dict[str, Any], settings: dict[str, Any], ignore: Sequence[str] = (), unset: dict[str, Any] | None = None
 ) -> list[str]:
     """Each setting that differs, as ``key: old there, new now``; a record (a dict) as each of its
     fields that differs, ``key.field: ...``, a missing record read as its default in ``unset``.
 
-    >>> _changes({"hf": {"input": "text", "device": "cpu"}, "n": 8}, {"n": 9}, (),
-    ...          {"hf": {"input": "random", "device": "cpu"}})
+    >>> setting_changes({"hf": {"input": "text", "device": "cpu"}, "n": 8}, {"n": 9}, (),
+    ...                 {"hf": {"input": "random", "device": "cpu"}})
     ['hf.input: text there, random now', 'n: 8 there, 9 now']
     """
-    changes = []
+    changes, unset = [], unset or {}
     for key in sorted(set(previous) | set(settings)):
         if key in ignore or _json(previous.get(key)) == _json(settings.get(key)):
             continue

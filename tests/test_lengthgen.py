@@ -456,7 +456,7 @@ def test_cli_pilot_logs_only_the_in_distribution_loss(tmp_path, capsys):
     assert main([*comparison, "--train-max-len", "3", "--out", str(tmp_path / "other")]) == 0
     assert main([*pilot_args, str(tmp_path / "other")]) == 2  # a comparison of another length
     err = capsys.readouterr().err
-    assert "holds a lengthgen comparison with other settings (train_max_len)" in err and len(err.splitlines()) == 1
+    assert "holds a lengthgen comparison with other settings (train_max_len: " in err and len(err.splitlines()) == 1
     assert main([*comparison, "--out", str(tmp_path / "same")]) == 0
     assert main([*pilot_args, str(tmp_path / "same")]) == 0  # beside the comparison it fixed: steps may differ
     (tmp_path / "sweep").mkdir()
