@@ -3,6 +3,7 @@ and the Markdown summary. Only the CLI imports this module (analyses return tabl
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import matplotlib
@@ -118,6 +119,14 @@ def side_by_side_markdown(table: pd.DataFrame) -> str:
                 f"| {layer} | {mlp['depth']:.2f} | {_cell(ridge)} | {_cell(mlp)} | {control} | {shuffled} | {paper} |"
             )
         lines.append("")
+    lines.append(
+        "MAD/chance: the probe's mean absolute distance from the true position over that of a random guess "
+        "(0: exact). Floor: what a probe that reads nothing scores. Control task: the same probe fitted to a "
+        "fixed random position per token (what it reads from token identity alone: near 0 means it can map "
+        "tokens to any label; the position is not such a map, since a token occurs at every position). "
+        "Shuffled labels: fitted to shuffled positions (the chance of this data)."
+    )
+    lines.append("")
     lines.append(f"Paper values: MAD / 341.33 (chance at 1,024 tokens) from `{PROBE_FILE}`.")
     return "\n".join(lines)
 
@@ -148,7 +157,10 @@ def summary_markdown(tables: dict[str, pd.DataFrame]) -> str:
         ]
         loss_lines.append(f"| {r['model']} | {r['method']} | " + " | ".join(cells) + " |")
     context = tables["context"]
-    context_lines = ["| model | window (bytes) | probe | first layer <= 0.1 | depth |", "|---|---|---|---|---|"]
+    context_lines = [
+        "| model | window (bytes) | probe | first layer with MAD/chance CI upper end <= 0.1 | depth |",
+        "|---|---|---|---|---|",
+    ]
     for _, r in context.iterrows():
         first = (
             "not measured (past the model's window)"
@@ -210,14 +222,15 @@ def context_sentence(context: pd.DataFrame) -> str:
         return "Only one window length was measured: the context-length axis says nothing yet."
     layers = [int(v) for v in rows["first_layer"]]
     pairs = ", ".join(f"{'none' if l < 0 else l} at {int(n)} bytes" for l, n in zip(layers, rows["length"]))
-    if layers == sorted(layers) and layers[0] != layers[-1] and min(layers) >= 0:
-        return f"With the MLP probe, the first layer at MAD/chance <= 0.1 moves deeper as the window grows ({pairs})."
-    if len(set(layers)) == 1:
-        return f"With the MLP probe, the first layer at MAD/chance <= 0.1 does not move with the window ({pairs})."
-    return (
-        "With the MLP probe, the first layer at MAD/chance <= 0.1 does not move monotonically "
-        f"with the window ({pairs})."
-    )
+    onset = [math.inf if l < 0 else l for l in layers]  # none: past the last layer
+    start = "With the MLP probe, the first layer whose MAD/chance CI upper end is <= 0.1"
+    if len(set(onset)) == 1:
+        return f"{start} does not move with the window ({pairs})."
+    if onset == sorted(onset):
+        return f"{start} moves deeper as the window grows ({pairs})."
+    if onset == sorted(onset, reverse=True):
+        return f"{start} comes earlier as the window grows ({pairs})."
+    return f"{start} does not move monotonically with the window ({pairs})."
 
 
 def training_figure(training: pd.DataFrame) -> plt.Figure:

@@ -46,6 +46,9 @@ def test_first_layer_and_context_sentence():
     context = pd.DataFrame(dict(probe="mlp", measured=True, length=[64, 128, 256], first_layer=[1, 2, 3]))
     assert "moves deeper" in context_sentence(context)
     assert "does not move with" in context_sentence(context.assign(first_layer=2))
+    assert "comes earlier" in context_sentence(context.assign(first_layer=[-1, 2, 2]))  # none: past the last layer
+    assert "moves deeper" in context_sentence(context.assign(first_layer=[2, 3, -1]))
+    assert "not move monotonically" in context_sentence(context.assign(first_layer=[2, 1, 3]))
 
 
 def test_quick_run_writes_every_table_and_resumes(tmp_path, capsys, one_thread):

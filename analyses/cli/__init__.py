@@ -53,7 +53,7 @@ COMMANDS = {
         "nopelens.analyses.cli.circuit",
         "hand-built NoPE circuits (Kazemnejad et al. 2023) and seed demos, with checks and a figure",
     ),
-    "audit": ("nopelens.analyses.cli.audit", "run seed 002's ten-step position audit on a model"),
+    "audit": ("nopelens.analyses.cli.audit", "the ten-step position audit of a model (docs/audit.md)"),
     "intervene": (
         "nopelens.analyses.cli.intervene",
         "causal tests: does the probed position come from the attention sink, and is it used?",
@@ -66,7 +66,8 @@ COMMANDS = {
     ),
     "compare": (
         "nopelens.analyses.cli.compare",
-        "side by side with a paper: Haviv et al. 2022's position probe across NoPE, learned, sinusoidal, ALiBi",
+        "side by side with a paper: Haviv et al. 2022's position probe across NoPE, learned, sinusoidal, "
+        "ALiBi and RoPE",
     ),
 }
 """Subcommand -> (module that registers it, its line in ``nopelens --help``). The CLI imports only
@@ -99,7 +100,9 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
         description="Where does a transformer know where a token is? Probes, sinks and circuits "
         "for NoPE, RoPE, ALiBi, learned and sinusoidal decoders.",
     )
-    subparsers = parser.add_subparsers(dest="command", required=True, parser_class=_Parser, metavar="COMMAND")
+    subparsers = parser.add_subparsers(
+        dest="command", required=True, parser_class=_Parser, metavar="COMMAND", help="one of these, then its own --help"
+    )
     command = next((arg for arg in argv if not arg.startswith("-")), None) if argv is not None else None
     if command in COMMANDS:
         importlib.import_module(COMMANDS[command][0]).register(_Only(subparsers, command))

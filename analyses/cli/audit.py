@@ -94,7 +94,7 @@ def run(args: argparse.Namespace) -> int:
 def register(subparsers) -> None:
     parser = subparsers.add_parser(
         "audit",
-        help="run seed 002's ten-step position audit on a model",
+        help="the ten-step position audit of a model (docs/audit.md)",
         description="Run seed 002's ten-step position audit (token and position ids, origin and "
         "sign, masks vs biases, absolute additions, rotations and lookups, score parts, softmax, "
         "interventions, cached decoding, training lengths). Exit code 0 when no step fails, 1 "

@@ -18,13 +18,15 @@ PAPERS = ("haviv",)
 def register(subparsers) -> None:
     parser = subparsers.add_parser(
         "compare",
-        help="side by side with a paper: Haviv et al. 2022's position probe across NoPE, learned, sinusoidal, ALiBi",
+        help="side by side with a paper: Haviv et al. 2022's position probe across NoPE, learned, sinusoidal, "
+        "ALiBi and RoPE",
         description="Probe every residual layer of each model with ridge regression (ours) and with "
         "Haviv et al. 2022's 2-layer MLP classifier (its argmax MAD), both as MAD/chance with 95 % CIs "
         "and no-information floors, next to the paper's released per-layer values at the same fraction "
         "of depth; validation bits per byte next to the paper's Table 1; the NoPE model at shorter "
-        "windows; a verdict per claim. Writes haviv.csv, losses.csv, context.csv, claims.csv, "
-        "haviv.md, summary.md and haviv.png/.svg into --out; a rerun resumes.",
+        "windows; a verdict per claim. Writes haviv.csv, losses.csv, context.csv, training.csv, claims.csv, "
+        "haviv.md, summary.md, haviv.png/.svg and training.png/.svg into --out, stamped by haviv.json; "
+        "a rerun resumes.",
         epilog="example: nopelens compare haviv --models text-nope-4l,text-rope-4l --out runs/haviv",
     )
     parser.add_argument("paper", choices=PAPERS, help="the paper to compare with")
@@ -32,7 +34,7 @@ def register(subparsers) -> None:
         "--models",
         type=_models,
         default=None,
-        help=f"comma-separated model specs (default: the comparison zoo, {','.join(HAVIV_MODELS)})",
+        help=f"comma-separated model specs (default: the comparison zoo, {', '.join(HAVIV_MODELS)})",
     )
     parser.add_argument(
         "--out", default="runs/haviv", help="run folder (created; resumed if it exists; default %(default)s)"
@@ -104,8 +106,7 @@ def _run(args: argparse.Namespace) -> int:
     tables = compare_haviv(args.out, settings, say, jobs=args.jobs)
     write_report(args.out, tables, quick=args.quick)
     print(summary_markdown(tables))
-    print(
-        f"wrote {Path(args.out) / 'haviv.csv'}, losses.csv, context.csv, claims.csv, haviv.md, summary.md, "
-        "haviv.png/.svg"
-    )
+    print(f"wrote into {Path(args.out)}:")
+    print("  haviv.csv, losses.csv, context.csv, training.csv, claims.csv, haviv.md, summary.md,")
+    print("  haviv.png/.svg, training.png/.svg")
     return 0

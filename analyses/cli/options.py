@@ -164,6 +164,10 @@ class HelpFormatter(argparse.RawDescriptionHelpFormatter):
     def _fill_text(self, text: str, width: int, indent: str) -> str:
         return "\n".join(_wrap_line(indent + line, width) for line in text.splitlines())
 
+    def _split_lines(self, text: str, width: int) -> list[str]:
+        # an option's help wraps at spaces only: a model name such as text256-nope-6l stays whole
+        return textwrap.wrap(self._whitespace_matcher.sub(" ", text).strip(), width, break_on_hyphens=False)
+
 
 def _wrap_line(line: str, width: int) -> str:
     if len(line) <= width:
