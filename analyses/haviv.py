@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -55,6 +56,7 @@ from nopelens.probes.mlp_probe import (
 from . import haviv_paper as paper
 from .haviv_training import losses, training_curves, unseen_loss
 from .runs import claimed, part_dir, read_part, write_part
+from .specs import input_changes, input_fingerprint
 from .subjects import resolve
 from .sweep.parallel import run_tasks
 
@@ -62,6 +64,8 @@ HAVIV_MODELS = tuple(f"text{zoo.HAVIV_LEN}-{method}-{zoo.HAVIV_LAYERS}l" for met
 """The comparison zoo (:data:`nopelens.models.zoo.HAVIV_METHODS`), the default models."""
 THRESHOLD = 0.1
 """MAD/chance at or below which a layer "knows" the position (the context-length axis)."""
+MAX_SEQUENCES = 10**7
+"""The most validation windows a comparison draws per model and length."""
 PROBES = ("ridge", "mlp")
 FITS = ("linear", "control", "shuffled")
 """Which of the probes' rows the comparison keeps: the position itself, Hewitt & Liang's control task
@@ -105,8 +109,8 @@ class HavivSettings:
 
     def check(self) -> None:
         """Raises:
-        ValueError: on no models, a model listed twice, too few windows for the folds, or a
-                non-positive size."""
+        ValueError: on no models, a model or length listed twice, too few or too many windows,
+                or a non-positive size."""
         if not self.models:
             raise ValueError("no models to compare")
         twice = [spec for i, spec in enumerate(self.models) if spec in self.models[:i]]
@@ -126,6 +130,13 @@ class HavivSettings:
             raise ValueError(f"min_steps must be >= 0, got {self.min_steps}")
         if not self.contexts or min(self.contexts) < 4:
             raise ValueError(f"context lengths must be >= 4 bytes, got {list(self.contexts)}")
+        if len(set(self.contexts)) < len(self.contexts):
+            raise ValueError(f"--contexts lists a length twice ({list(self.contexts)}): its rows would count twice")
+        if self.n_sequences > MAX_SEQUENCES:
+            raise ValueError(
+                f"n_sequences must be at most {MAX_SEQUENCES:,} windows (each is read by the model), "
+                f"got {self.n_sequences:,}"
+            )
 
 
 def check_models_ready(models) -> None:
@@ -178,6 +189,7 @@ def compare_haviv(
         parts.append((spec, window))
         if not reads_positions:  # NoPE: the context axis
             parts += [(spec, length) for length in settings.contexts if length < window]
+    _check_distinct_parts(parts)
     with (
         one_thread(),
         claimed(
@@ -210,21 +222,70 @@ def measure(folder: Path, spec: str, length: int, settings: HavivSettings) -> tu
     there. Returns (its probe rows, its ``done.json`` record, what happened in words)."""
     part = part_dir(folder, f"{spec}-L{length}")
     done = read_part(part, ["probes"])
+    inputs = input_fingerprint(spec)
     if done is not None:
-        return done[0]["probes"], done[1], f"already measured in {part}"
+        changes = input_changes(done[1].get("inputs"), inputs)
+        if changes:
+            raise ValueError(
+                f"{part} was measured on other files than {spec} holds now ({', '.join(changes)} since); "
+                "use another --out folder, or delete that part folder to measure it again"
+            )
+        problem = _unsound_part(done[0]["probes"], done[1], spec, length)
+        if problem is None:
+            return done[0]["probes"], done[1], f"already measured in {part}"
+        print(f"nopelens: {part}/done.json {problem}; measuring it again", file=sys.stderr)
     clock = time.perf_counter()
     with one_thread():
         probes, meta = probe_model(spec, length, settings)
-    meta["window"] = _window_and_method(spec)[0]
+    meta.update(window=_window_and_method(spec)[0], inputs=inputs)
     write_part(part, {"probes": probes}, meta)
     return probes, meta, f"probed in {time.perf_counter() - clock:.0f} s"
 
 
+PART_FIELDS = {"model": str, "method": str, "reads_positions": bool, "n_layers": int, "length": int, "window": int}
+"""What a finished part's ``done.json`` records (besides numbers), and its type."""
+
+
+def _unsound_part(probes: pd.DataFrame, meta: dict, spec: str, length: int) -> str | None:
+    """What is wrong with a finished part read back for ``spec`` at ``length`` bytes, or None."""
+    for field, kind in PART_FIELDS.items():
+        if not isinstance(meta.get(field), kind) or (kind is int and isinstance(meta.get(field), bool)):
+            return f"lacks {field} or holds a wrong value there"
+    if meta["model"] != spec or meta["length"] != length:
+        return f"records {meta['model']} at {meta['length']} bytes, not {spec} at {length}"
+    if not isinstance(meta.get("bits_per_byte"), (int, float)) or isinstance(meta.get("bits_per_byte"), bool):
+        return "lacks bits_per_byte"
+    expected = len(PROBES) * len(FITS) * (meta["n_layers"] + 1)
+    if len(probes) != expected or "mad_chance" not in probes:
+        return f"goes with a probes.csv of {len(probes)} rows, not {expected}"
+    return None
+
+
+def _check_distinct_parts(parts: list[tuple[str, int]]) -> None:
+    """Refuse, before any work, two models whose parts would share a folder (``a/ck`` and ``a_ck``
+    are both ``parts/a_ck-L<n>``).
+
+    Raises:
+        ValueError: naming both specs.
+    """
+    seen: dict[str, str] = {}
+    for spec, length in parts:
+        name = part_dir(".", f"{spec}-L{length}").name
+        if seen.get(name, spec) != spec:
+            raise ValueError(
+                f"{seen[name]} and {spec} would share the part folder parts/{name}; give each model "
+                "under a name that differs (e.g. rename or link one directory)"
+            )
+        seen[name] = spec
+
+
 def _with_unseen_loss(meta: dict, spec: str, window: int) -> dict:
-    """``meta`` with the model's loss on the unseen validation documents (:func:`unseen_loss`)."""
+    """``meta`` with the model's loss on the unseen validation documents (:func:`unseen_loss`) and
+    the text it was trained on (``corpus``: the file, or CPython's help topics)."""
     subject = _text_subject(spec, 2, 3, 0)
     bits, scored = unseen_loss(subject.model, subject.task, window)
-    return {**meta, "unseen_bits_per_byte": bits, "unseen_bytes": scored}
+    corpus = subject.task.path or "CPython's help topics"
+    return {**meta, "unseen_bits_per_byte": bits, "unseen_bytes": scored, "corpus": corpus}
 
 
 def _window_and_method(spec: str) -> tuple[int, bool]:
@@ -505,6 +566,13 @@ def _perplexity(loss: pd.DataFrame):
     )
     if loss["reads_positions"].all() or len(loss) < 2:
         return claim, said, "no NoPE model and another to compare", "not measured"
+    if loss["corpus"].nunique() > 1:
+        return (
+            claim,
+            said,
+            "the models were trained on different text: " + ", ".join(loss["corpus"].unique()),
+            ("not measured: the losses are of different text"),
+        )
     # the paper's perplexities are on text its models never saw: so ours, where some is unseen
     unseen = bool(loss["unseen_bits_per_byte"].notna().all())
     column = "unseen_bits_per_byte" if unseen else "bits_per_byte"

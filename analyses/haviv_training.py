@@ -5,13 +5,13 @@ model's training curve, and the validation losses next to the paper's Table 1 pe
 from __future__ import annotations
 
 import math
-from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
 from nopelens.models import zoo
-from nopelens.models.checkpoint import LOSS_CURVE_FILE
+from nopelens.models.checkpoint import load_checkpoint
+from nopelens.models.tasks import TextTask
 from nopelens.models.training import validation_loss
 
 from . import haviv_paper as paper
@@ -59,15 +59,19 @@ def training_levelled(curve: pd.DataFrame | None, validation: float) -> dict:
 
 
 def _loss_curve(spec: str) -> pd.DataFrame | None:
-    """The training loss curve of a zoo model (its cached or shipped run) or a checkpoint directory."""
-    if spec in zoo.RECIPES:
-        folder = zoo.model_dir(spec) if zoo.is_cached(spec) else zoo.shipped_dir(spec)
-    else:
-        folder = Path(spec)
-    for path in (folder / LOSS_CURVE_FILE, folder / "checkpoint" / LOSS_CURVE_FILE):
-        if path.is_file():
-            return pd.read_csv(path)
-    return None
+    """The training loss curve of a zoo model (its cached or shipped run) or a checkpoint directory,
+    as its checkpoint records it (checked against the checksum written with it); None without one.
+
+    Raises:
+        ValueError: naming the checkpoint, when its curve is damaged or not numbers.
+    """
+    folder = (zoo.model_dir(spec) if zoo.is_cached(spec) else zoo.shipped_dir(spec)) if spec in zoo.RECIPES else spec
+    curve = load_checkpoint(folder).loss_curve
+    if curve.empty or "loss" not in curve:
+        return None
+    if not pd.api.types.is_numeric_dtype(curve["loss"]) or not np.isfinite(curve["loss"]).all():
+        raise ValueError(f"the loss curve of {spec} holds values that are not finite numbers")
+    return curve
 
 
 CURVE_POINTS = 300
@@ -114,13 +118,21 @@ def training_curves(metas: list[dict]) -> pd.DataFrame:
 def unseen_loss(model, task, window: int) -> tuple[float, int]:
     """A text model's loss on the validation documents that share no 64-byte string with its
     training text (``split="unseen"`` of :meth:`~nopelens.models.tasks.TextTask.windows`), in
-    windows of ``window`` bytes: (bits per byte, bytes scored); (NaN, 0) when no document is unseen
-    (its table cell says so)."""
+    windows of ``window`` bytes (one shorter window when there are fewer unseen bytes than that):
+    (bits per byte, bytes scored); (NaN, 0) when no document is unseen (its table cell says so).
+
+    Raises:
+        ValueError: if ``task`` is not a text task.
+    """
+    if not isinstance(task, TextTask):
+        raise ValueError(f"the unseen loss reads text; the {task.name} task has none")
     try:
-        batch_bytes = len(task.windows(window, split="unseen").tokens) * window
-    except ValueError:
+        available = len(task.stream("unseen"))
+    except ValueError:  # no validation document is unseen
         return math.nan, 0
-    return validation_loss(model, task, 1, window, split="unseen") / math.log(2), batch_bytes
+    length = min(window, available)
+    scored = len(task.windows(length, split="unseen").tokens) * length
+    return validation_loss(model, task, 1, length, split="unseen") / math.log(2), scored
 
 
 def losses(metas: list[dict]) -> pd.DataFrame:
@@ -137,6 +149,7 @@ def losses(metas: list[dict]) -> pd.DataFrame:
                 bits_per_byte=m["bits_per_byte"],
                 unseen_bits_per_byte=m["unseen_bits_per_byte"],
                 unseen_bytes=m["unseen_bytes"],
+                corpus=m["corpus"],
                 **training_levelled(_loss_curve(m["model"]), m["bits_per_byte"] * math.log(2)),
             )
             for m in metas

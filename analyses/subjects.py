@@ -247,7 +247,7 @@ def resolve(
         n_sequences: evaluation sequences, >= 2 (probes split by sequence).
         seq_len: tokens per evaluation sequence (BOS included), >= 3.
         seed: seed of the evaluation sequences and of untrained weights.
-        progress: show training progress bars.
+        progress: show training progress bars, and say which copy of a zoo model was loaded.
         quick_steps: if given, a zoo model is trained afresh for only this many steps, on
             batches of :data:`QUICK_BATCH` sequences (not cached), for smoke tests.
         train_seed: training seed of a zoo model (each seed is its own cached model), and the
@@ -283,7 +283,9 @@ def resolve(
     if quick_steps is not None:
         trained = _quick_train(recipe, quick_steps)
         return _trained(trained, f"{spec} ({quick_steps} steps)", n_sequences, seq_len, seed)
-    return _trained(zoo.load(spec, progress=progress, seed=train_seed), spec, n_sequences, seq_len, seed)
+    return _trained(
+        zoo.load(spec, progress=progress, seed=train_seed, announce=progress), spec, n_sequences, seq_len, seed
+    )
 
 
 def check_spec(spec: str) -> None:

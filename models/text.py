@@ -13,6 +13,7 @@ import hashlib
 from pathlib import Path
 from pydoc_data.topics import topics
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -71,6 +72,18 @@ def is_validation_document(key: str, fraction: float = VALIDATION_FRACTION) -> b
     """
     digest = hashlib.sha256(key.encode("utf-8")).digest()
     return int.from_bytes(digest[:8], "big") / 2**64 < fraction
+
+
+def _span_hashes(data: np.ndarray) -> np.ndarray:
+    """A 64-bit polynomial hash (arithmetic mod 2**64) of every :data:`UNSEEN_SPAN`-byte string of
+    ``data`` (``uint8 [n]``), ``uint64 [n - UNSEEN_SPAN + 1]`` (empty when ``n`` is shorter)."""
+    count = len(data) - UNSEEN_SPAN + 1
+    hashes = np.zeros(max(count, 0), dtype=np.uint64)
+    with np.errstate(over="ignore"):
+        for offset in range(min(UNSEEN_SPAN, len(data))):
+            if count > 0:
+                hashes = hashes * np.uint64(1_000_003) + data[offset : offset + count].astype(np.uint64) + np.uint64(1)
+    return hashes
 
 
 class ByteTokenizer:
@@ -187,6 +200,15 @@ class TextTask(Task):
         """UTF-8 bytes per character of a split (1.0 for pure ASCII); converts bits/byte to bits/char."""
         return len(self.streams[self._check_split(split)]) / self.characters[split]
 
+    def stream(self, split: str) -> Tensor:
+        """The byte stream of ``split`` (``train``, ``validation`` or ``unseen``, built on first use),
+        ``long [n_bytes]``.
+
+        Raises:
+            ValueError: on an unknown split, or ``unseen`` when no validation document is unseen.
+        """
+        return self.streams[self._check_split(split)]
+
     def _check_split(self, split: str) -> str:
         if split == "unseen" and split not in self.streams:
             self.streams["unseen"] = self._unseen_stream()
@@ -196,19 +218,24 @@ class TextTask(Task):
 
     def _unseen_stream(self) -> Tensor:
         """The validation documents none of whose :data:`UNSEEN_SPAN`-byte strings occurs in the
-        training stream, joined as the other splits are (built on first use: it hashes every
-        such string of the training text)."""
-        train = bytes(self.streams["train"].tolist())
-        seen = {train[i : i + UNSEEN_SPAN] for i in range(len(train) - UNSEEN_SPAN + 1)}
+        training stream (one shorter than that: not found whole in it), joined as the other splits
+        are. Built on first use, from a 64-bit hash of each such string of the training text (8
+        bytes per training byte)."""
+        train = self.streams["train"].numpy().astype(np.uint8)
+        seen = np.unique(_span_hashes(train))
         unseen = []
         for text in self._validation_texts:
             data = text.encode("utf-8")
-            if not any(data[i : i + UNSEEN_SPAN] in seen for i in range(len(data) - UNSEEN_SPAN + 1)):
+            if len(data) < UNSEEN_SPAN:
+                copied = data in train.tobytes()
+            else:
+                copied = bool(np.isin(_span_hashes(np.frombuffer(data, dtype=np.uint8)), seen).any())
+            if not copied:
                 unseen.append(data)
         if not unseen:
             raise ValueError(
                 f"none of the {len(self._validation_texts)} validation documents is unseen: each shares a "
-                f"{UNSEEN_SPAN}-byte string with the training text"
+                f"{UNSEEN_SPAN}-byte string with the training text (or, shorter, occurs in it whole)"
             )
         self.documents["unseen"] = len(unseen)
         self.characters["unseen"] = sum(len(d.decode("utf-8")) for d in unseen) + 2 * (len(unseen) - 1)
@@ -239,9 +266,14 @@ class TextTask(Task):
         ``validation`` or ``unseen`` (see :meth:`sample`).
 
         Raises:
-            ValueError: on an unknown split, a stream shorter than one window, or ``unseen`` when
-                every validation document shares a string with the training text.
+            ValueError: on a length or ``max_windows`` that is not a whole number >= 1, an unknown
+                split, a stream shorter than one window, or ``unseen`` when every validation
+                document shares a string with the training text.
         """
+        if isinstance(length, bool) or not isinstance(length, int) or length < 1:
+            raise ValueError(f"window length must be a whole number of bytes >= 1, got {length!r}")
+        if max_windows is not None and (not isinstance(max_windows, int) or max_windows < 1):
+            raise ValueError(f"max_windows must be a whole number >= 1, got {max_windows!r}")
         stream = self.streams[self._check_split(split)]
         count = len(stream) // length
         if max_windows is not None:

@@ -280,12 +280,18 @@ def _holds_finished_run(path: Path, spec: Recipe) -> bool:
 
 
 def load(
-    name: str, cache_dir: str | Path | None = None, progress: bool = True, seed: int = 0, shipped: bool = True
+    name: str,
+    cache_dir: str | Path | None = None,
+    progress: bool = True,
+    seed: int = 0,
+    shipped: bool = True,
+    announce: bool = True,
 ) -> TrainedModel:
     """The zoo model ``name``: from the cache, else the copy shipped with the package, else trained
     (and cached).
 
-    Prints one line to stderr saying which happened.
+    Prints one line to stderr saying which happened (a loaded one only with ``announce``; training
+    always says so).
 
     Args:
         name: one of :func:`names`.
@@ -293,6 +299,7 @@ def load(
         progress: show the training progress bar.
         seed: training seed (initialization and data order); 0 is the recipe's own.
         shipped: use the shipped copy when the cache has none; False trains from the recipe.
+        announce: say which copy was loaded (a command's ``--quiet`` leaves it out).
 
     Raises:
         KeyError: on an unknown name (the message lists the available ones).
@@ -304,12 +311,14 @@ def load(
     label = name if seed == 0 else f"{name} (seed {seed})"
     if is_cached(name, cache_dir, seed):
         trained = _load(path, f"delete {path} to retrain {name}")
-        print(f"nopelens: loaded cached zoo model {label} from {path}", file=sys.stderr)
+        if announce:
+            print(f"nopelens: loaded cached zoo model {label} from {path}", file=sys.stderr)
         return trained
     if shipped and is_shipped(name, seed):
         trained = _load(shipped_dir(name, seed), "reinstall nopelens, or train it with `nopelens train --zoo`")
         # no retrain hint: `nopelens train --help` has it, and this line stays within 100 columns
-        print(f"nopelens: loaded zoo model {label} as shipped with nopelens", file=sys.stderr)
+        if announce:
+            print(f"nopelens: loaded zoo model {label} as shipped with nopelens", file=sys.stderr)
         return trained
     print(f"nopelens: training zoo model {label} ({spec.steps} steps); it will be cached in {path}", file=sys.stderr)
     return spec.train(checkpoint_dir=path, progress=progress)

@@ -1,5 +1,9 @@
 """``nopelens compare haviv`` (issue 45): the paper's values, the side-by-side run, its refusals."""
 
+import json
+import os
+import shutil
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -132,6 +136,43 @@ def test_untrained_zoo_and_bad_input_are_one_line_and_exit_2(tmp_path, capsys):
         with pytest.raises(SystemExit) as exit:
             main(args)
         assert exit.value.code == 2
+    capsys.readouterr()
+    quick = ["compare", "haviv", "--quick", "--models", "text-nope-4l"]
+    for extra, said in (
+        (["--contexts", "16,16"], "lists a length twice"),
+        (["--n-sequences", str(10**20)], "at most 10,000,000 windows"),
+    ):
+        assert main([*quick, *extra, "--out", str(tmp_path / "e")]) == 2
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and said in err and not (tmp_path / "e").exists()
+    shipped = zoo.shipped_dir("text-nope-4l")
+    shutil.copytree(shipped, tmp_path / "x" / "ck")
+    shutil.copytree(shipped, tmp_path / "x_ck")
+    two = f"{tmp_path}/x/ck,{tmp_path}/x_ck"
+    assert main(["compare", "haviv", "--quick", "--models", two, "--out", str(tmp_path / "f")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "would share the part folder" in err and not (tmp_path / "f").exists()
+
+
+def test_a_part_of_another_or_changed_model_or_with_a_damaged_record_is_not_reused(tmp_path, capsys, one_thread):
+    shutil.copytree(zoo.shipped_dir("text-nope-4l"), tmp_path / "ck")
+    args = ["compare", "haviv", "--quick", "--models", str(tmp_path / "ck"), "--contexts", "16", "--quiet"]
+    out = ["--out", str(tmp_path / "run")]
+    assert main([*args, *out]) == 0
+    table = pd.read_csv(tmp_path / "run" / "haviv.csv")
+    part = next((tmp_path / "run" / "parts").glob("*-L16")) / "done.json"
+    record = json.loads(part.read_text())
+    del record["reads_positions"]
+    part.write_text(json.dumps(record))  # valid JSON, a field gone
+    capsys.readouterr()
+    assert main([*args, *out]) == 0
+    assert "lacks reads_positions" in capsys.readouterr().err
+    pd.testing.assert_frame_equal(pd.read_csv(tmp_path / "run" / "haviv.csv"), table)
+    weights = tmp_path / "ck" / "model.safetensors"
+    os.utime(weights, ns=(weights.stat().st_atime_ns, weights.stat().st_mtime_ns + 10**9))  # retrained in place
+    assert main([*args, *out]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "was measured on other files" in err and "model.safetensors changed" in err
 
 
 def test_claims_without_models_say_not_measured():
@@ -147,7 +188,7 @@ def test_the_loss_claim_is_judged_on_unseen_text_and_says_which_models_were_not_
         columns=["source", "probe", "fit", "model", "n_positions", "method", "layer", "mad_chance", "ci_low", "ci_high"]
     )
 
-    def verdict(nope_all, nope_unseen, trained=(True, True), unseen_bytes=100):
+    def verdict(nope_all, nope_unseen, trained=(True, True), unseen_bytes=100, corpus=("help", "help")):
         loss = pd.DataFrame(
             dict(
                 model=["a", "b"],
@@ -157,6 +198,7 @@ def test_the_loss_claim_is_judged_on_unseen_text_and_says_which_models_were_not_
                 unseen_bits_per_byte=[nope_unseen, 2.0] if unseen_bytes else [np.nan, np.nan],
                 unseen_bytes=unseen_bytes,
                 trained_enough=list(trained),
+                corpus=corpus,
             )
         )
         return claims(empty, loss).set_index("claim")["verdict"].iloc[-1]
@@ -168,6 +210,7 @@ def test_the_loss_claim_is_judged_on_unseen_text_and_says_which_models_were_not_
     assert verdict(1.02, 2.04, trained=(True, False)) == (
         "reproduced (learned: not trained to the levelling-off rule, see losses.csv)"
     )
+    assert verdict(1.02, 2.04, corpus=("help", "mine.txt")) == "not measured: the losses are of different text"
 
 
 def test_each_panel_is_drawn_in_its_method_colour():

@@ -260,6 +260,20 @@ def test_a_corpus_whose_validation_is_copied_from_training_has_no_unseen_split(t
         task.windows(16, "unseen")
 
 
+def test_a_document_shorter_than_the_span_is_unseen_only_when_training_does_not_hold_it_whole(tmp_path):
+    copies = tmp_path / "copies.txt"
+    copies.write_text("\n\n".join(["hello world"] * 40))
+    with pytest.raises(ValueError, match="is unseen"):
+        make_task("text", path=str(copies)).windows(4, "unseen")
+    novel = tmp_path / "novel.txt"
+    novel.write_text("\n\n".join(f"doc {i} zq{i}x" for i in range(60)))
+    task = make_task("text", path=str(novel))
+    assert len(task.windows(4, "unseen").tokens) >= 1 and task.documents["unseen"] == task.documents["validation"]
+    for bad in (0, -5, 16.5, True):
+        with pytest.raises(ValueError, match="whole number of bytes"):
+            task.windows(bad)
+
+
 def test_user_file(tmp_path):
     path = tmp_path / "corpus.txt"
     path.write_text("\n\n".join(f"paragraph number {i}: caf\u00e9" for i in range(60)), encoding="utf-8")
