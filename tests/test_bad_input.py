@@ -615,3 +615,20 @@ def test_a_misspelt_zoo_name_gets_the_close_names_in_one_line(capsys):
     assert len(err.splitlines()) == 1 and "did you mean text-nope-4l" in err and "nopelens train --list" in err
     assert cli.main(["probe", "zzzz"]) == 2
     assert "did you mean" not in capsys.readouterr().err  # nothing close: no guess
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["sweep"],
+        ["compare", "haviv", "--quick"],
+        ["lengthgen", "--quick"],
+        ["probe", "circuit"],
+        ["train", "--zoo", "text-nope-4l"],
+    ],
+)
+def test_an_empty_out_is_one_line_and_writes_nothing(command, tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)  # Path("") is the working directory
+    assert cli.main([*command, "--out", " "]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "--out is empty" in err and not any(tmp_path.iterdir())

@@ -137,6 +137,10 @@ def main(argv: list[str] | None = None) -> int:
         except KeyboardInterrupt:
             print("nopelens: interrupted before the command started; nothing was written", file=sys.stderr)
             return 130
+        if isinstance(getattr(args, "out", None), str) and not args.out.strip():
+            # Path("") is the working directory: a run would write its tables among the user's files
+            print(f"nopelens {args.command}: error: --out is empty; give a folder", file=sys.stderr)
+            return 2
         return guarded(lambda: args.func(args), f"nopelens {args.command}")
     finally:
         if previous is not None:
