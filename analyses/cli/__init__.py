@@ -139,7 +139,7 @@ def main(argv: list[str] | None = None) -> int:
             return 130
         if isinstance(getattr(args, "out", None), str) and not args.out.strip():
             # Path("") is the working directory: a run would write its tables among the user's files
-            print(f"nopelens {args.command}: error: --out is empty; give a folder", file=sys.stderr)
+            print(f"nopelens {args.command}: error: --out is empty: name the run folder", file=sys.stderr)
             return 2
         return guarded(lambda: args.func(args), f"nopelens {args.command}")
     finally:

@@ -77,8 +77,6 @@ def _sweep(args: argparse.Namespace, settings: SweepSettings, out, name: str):
     """
     sweep_reads = choose_reads(args.metric, args.threshold)  # before any work: a bad --metric costs nothing
     jobs = default_jobs() if args.jobs is None else args.jobs
-    if out is not None and not str(out).strip():
-        raise ValueError("--out is empty: name the run folder")
     result = sweep(
         settings,
         out,
@@ -337,8 +335,6 @@ def run_sinks(args: argparse.Namespace) -> int:
     if not is_hf:
         _refuse_hf_options(args, ("input", "text", "device", "dtype", *PLACEMENT_OPTIONS))
     if args.out is not None:
-        if not args.out.strip():
-            raise ValueError("--out is empty; name a folder for sinks.csv and its figure")
         runs.refuse_other_runs(args.out, "sinks")
     how = _hf_input(args) if is_hf else None
     try:
