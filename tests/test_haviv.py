@@ -145,13 +145,15 @@ def test_untrained_zoo_and_bad_input_are_one_line_and_exit_2(tmp_path, capsys):
         assert main([*quick, *extra, "--out", str(tmp_path / "e")]) == 2
         err = capsys.readouterr().err.strip()
         assert len(err.splitlines()) == 1 and said in err and not (tmp_path / "e").exists()
-    shipped = zoo.shipped_dir("text-nope-4l")
-    shutil.copytree(shipped, tmp_path / "x" / "ck")
-    shutil.copytree(shipped, tmp_path / "x_ck")
-    two = f"{tmp_path}/x/ck,{tmp_path}/x_ck"
-    assert main(["compare", "haviv", "--quick", "--models", two, "--out", str(tmp_path / "f")]) == 2
-    err = capsys.readouterr().err.strip()
-    assert len(err.splitlines()) == 1 and "would share the part folder" in err and not (tmp_path / "f").exists()
+    shutil.copytree(zoo.shipped_dir("text-nope-4l"), tmp_path / "x" / "ck")
+    shutil.copytree(zoo.shipped_dir("text-rope-4l"), tmp_path / "x_ck")
+    for models, said in (
+        (f"{tmp_path}/x/ck,{tmp_path}/x_ck", "would share the part folder"),
+        (f"text-nope-4l,{tmp_path}/x/ck", "both use nope positions"),  # each claim reads one curve per method
+    ):
+        assert main(["compare", "haviv", "--quick", "--models", models, "--out", str(tmp_path / "f")]) == 2
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and said in err and not (tmp_path / "f").exists()
 
 
 def test_a_part_of_another_or_changed_model_or_with_a_damaged_record_is_not_reused(tmp_path, capsys, one_thread):
