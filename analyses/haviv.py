@@ -180,15 +180,14 @@ def compare_haviv(
     if jobs < 1:
         raise ValueError(f"--jobs must be >= 1, got {jobs}")
     check_models_ready(settings.models)
-    _one_model_per_method(settings.models)
-    whole = []  # each model at its trained window
-    parts = []
+    whole, parts, methods = [], [], {}  # whole: each model at its trained window
     for spec in settings.models:
-        window, reads_positions = _window_and_method(spec)
+        window, reads_positions, methods[spec] = _window_and_method(spec)
         whole.append((spec, window))
         parts.append((spec, window))
         if not reads_positions:  # NoPE: the context axis
             parts += [(spec, length) for length in settings.contexts if length < window]
+    _one_model_per_method(methods)
     _check_distinct_parts(parts)
     with (
         one_thread(),
@@ -279,16 +278,15 @@ def _check_distinct_parts(parts: list[tuple[str, int]]) -> None:
         seen[name] = spec
 
 
-def _one_model_per_method(models) -> None:
-    """Refuse, before any work, two models of one position method: each claim reads one curve per
-    method (run such models into separate folders).
+def _one_model_per_method(methods: dict[str, str]) -> None:
+    """Refuse, before any work, two models (``{spec: method}``) of one position method: each claim
+    reads one curve per method (run such models into separate folders).
 
     Raises:
         ValueError: naming the method and both models.
     """
     seen: dict[str, str] = {}
-    for spec in models:
-        method = _text_subject(spec, 2, 3, 0).position
+    for spec, method in methods.items():
         if method in seen:
             raise ValueError(
                 f"{seen[method]} and {spec} both use {method} positions: the claims read one model per "
@@ -306,13 +304,13 @@ def _with_unseen_loss(meta: dict, spec: str, window: int) -> dict:
     return {**meta, "unseen_bits_per_byte": bits, "unseen_bytes": scored, "corpus": corpus}
 
 
-def _window_and_method(spec: str) -> tuple[int, bool]:
-    """The window (bytes after BOS) ``spec`` was trained on, and whether its method reads positions."""
+def _window_and_method(spec: str) -> tuple[int, bool, str]:
+    """The window (bytes after BOS) ``spec`` was trained on, whether its method reads positions,
+    and the method."""
     subject = _text_subject(spec, 2, 3, 0)
     window = zoo.recipe(spec).train_kwargs["max_len"] if spec in zoo.RECIPES else None
-    return window or (subject.train_lengths or [None, subject.model.cfg.n_ctx - 1])[
-        1
-    ], subject.model.cfg.reads_positions
+    window = window or (subject.train_lengths or [None, subject.model.cfg.n_ctx - 1])[1]
+    return window, subject.model.cfg.reads_positions, subject.position
 
 
 def _text_subject(spec: str, n_sequences: int, seq_len: int, seed: int):

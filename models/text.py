@@ -222,12 +222,12 @@ class TextTask(Task):
         are. Built on first use, from a 64-bit hash of each such string of the training text (8
         bytes per training byte)."""
         train = self.streams["train"].numpy().astype(np.uint8)
-        seen = np.unique(_span_hashes(train))
+        seen, train_bytes = np.unique(_span_hashes(train)), train.tobytes()
         unseen = []
         for text in self._validation_texts:
             data = text.encode("utf-8")
             if len(data) < UNSEEN_SPAN:
-                copied = data in train.tobytes()
+                copied = data in train_bytes
             else:
                 copied = bool(np.isin(_span_hashes(np.frombuffer(data, dtype=np.uint8)), seen).any())
             if not copied:
