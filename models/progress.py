@@ -50,6 +50,8 @@ class _LogBar(std.tqdm):
         super().set_description(desc, refresh=False)
 
     def close(self):
+        if "disable" not in vars(self):  # interrupted (Ctrl-C, SIGTERM) inside __init__: nothing to close
+            return
         if not self.disable and self.last_print_n == self.n:
             self.leave = False  # the last line written already shows the final count
         super().close()

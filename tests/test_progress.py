@@ -2,6 +2,9 @@
 
 import io
 
+import pytest
+
+from nopelens.models import progress
 from nopelens.models.progress import LOG_INTERVAL, progress_bar
 
 
@@ -82,3 +85,21 @@ def test_a_log_line_is_at_most_100_columns_however_long_the_label():
     lines = log.getvalue().splitlines()
     assert lines and max(len(line) for line in lines) <= 100, lines
     assert lines[-1].startswith("text-hybrid-4l: sink ablation, block 0: pass 1: 100%")
+
+
+def test_a_bar_interrupted_while_it_is_built_closes_quietly(monkeypatch):
+    """Ctrl-C or SIGTERM inside tqdm's ``__init__`` leaves a half-built bar, which the garbage
+    collector closes: that must not print "Exception ignored ... Traceback" under the run's one line."""
+    import gc
+    import sys
+
+    def interrupted(self, *args, **kwargs):
+        raise KeyboardInterrupt
+
+    unraisable = []
+    monkeypatch.setattr(sys, "unraisablehook", unraisable.append)
+    monkeypatch.setattr(progress.std.tqdm, "__init__", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        progress.progress_bar(range(3), file=io.StringIO())
+    gc.collect()
+    assert unraisable == []
