@@ -300,7 +300,7 @@ def _with_unseen_loss(meta: dict, spec: str, window: int) -> dict:
     the text it was trained on (``corpus``: the file, or CPython's help topics)."""
     subject = _text_subject(spec, 2, 3, 0)
     bits, scored = unseen_loss(subject.model, subject.task, window)
-    corpus = subject.task.path or "CPython's help topics"
+    corpus = subject.task.corpus_name
     return {**meta, "unseen_bits_per_byte": bits, "unseen_bytes": scored, "corpus": corpus}
 
 

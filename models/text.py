@@ -1,15 +1,18 @@
 """The ``text`` task: a byte-level language model over real text, and the corpus it reads.
 
-The corpus is a set of documents (CPython's bundled help texts by default, or the paragraphs of a
-UTF-8 file), split into train and validation by a hash of each document's key; the vocabulary is
+The corpus is a set of documents (CPython's bundled help texts by default; those and the docstrings
+of CPython's standard library, ``corpus="python_docs"``; or the paragraphs of a UTF-8 file), split into train and validation by a hash of each document's key; the vocabulary is
 UTF-8 bytes plus BOS and PAD (:class:`ByteTokenizer`). :func:`help_text_bigrams` gives the byte
 statistics the ``bigram_backcopy`` task samples from.
 """
 
 from __future__ import annotations
 
+import ast
 import functools
 import hashlib
+import inspect
+import sysconfig
 from pathlib import Path
 from pydoc_data.topics import topics
 
@@ -34,6 +37,63 @@ def default_documents() -> dict[str, str]:
         ``{topic: text}``, one document per help topic, sorted by topic.
     """
     return dict(sorted(topics.items()))
+
+
+MIN_DOCSTRING = 40
+"""Docstrings shorter than this many characters ("Return self==value.") are left out of
+``python_docs``."""
+
+
+@functools.lru_cache(maxsize=1)
+def python_docs_documents() -> dict[str, str]:
+    """CPython's help texts and every docstring of its standard library (about 2.6 MB on 3.11).
+
+    The docstrings are read from the running interpreter's standard library (``sysconfig``'s
+    ``stdlib`` folder, never ``site-packages``) with :mod:`ast`, so no module is imported. Each is
+    cleaned as ``inspect.cleandoc`` does; those shorter than :data:`MIN_DOCSTRING` characters,
+    and copies of an earlier one (files and names in sorted order), are left out. A file Python
+    cannot parse (test data written to fail) is skipped. Like the help texts, the corpus is the
+    running Python's: another Python version gives other text.
+
+    Returns:
+        ``{key: text}``: the help topics keyed ``"topic:<topic>"``, then the docstrings keyed
+        ``"<module>:<qualified name>"`` (``"<module>:"`` for a module's own).
+    """
+    documents = {f"topic:{key}": text for key, text in default_documents().items()}
+    seen = set()
+    root = Path(sysconfig.get_paths()["stdlib"])
+    for path in sorted(root.rglob("*.py")):
+        relative = path.relative_to(root)
+        if "site-packages" in relative.parts:
+            continue
+        try:
+            tree = ast.parse(path.read_bytes())
+        except (SyntaxError, ValueError, UnicodeDecodeError):
+            continue
+        module = ".".join(relative.with_suffix("").parts)
+        for name, text in _docstrings(tree):
+            text = inspect.cleandoc(text)
+            if len(text) >= MIN_DOCSTRING and text not in seen:
+                seen.add(text)
+                documents[f"{module}:{name}"] = text
+    return documents
+
+
+def _docstrings(node: ast.AST, prefix: str = ""):
+    """``(qualified name, docstring)`` of ``node`` and of the classes and functions in it, in order."""
+    text = ast.get_docstring(node, clean=False)
+    if text:
+        yield prefix, text
+    for child in ast.iter_child_nodes(node):
+        if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            yield from _docstrings(child, f"{prefix}.{child.name}" if prefix else child.name)
+
+
+CORPORA = {
+    "help": (default_documents, "CPython's help topics"),
+    "python_docs": (python_docs_documents, "CPython's help topics and standard-library docstrings"),
+}
+"""The built-in corpora of :class:`TextTask`: name -> (documents, what to call it in a report)."""
 
 
 def file_documents(path: str | Path) -> dict[str, str]:
@@ -152,33 +212,49 @@ class TextTask(Task):
     line into one byte stream; a sample is a window of n bytes starting uniformly in its stream.
 
     Args:
-        path: a UTF-8 text file whose paragraphs are the documents; None (default) uses CPython's
-            bundled help texts (:func:`default_documents`).
+        path: a UTF-8 text file whose paragraphs are the documents; None (default) reads
+            ``corpus``.
         validation_fraction: share of documents (by hashed key) held out for validation.
+        corpus: the built-in corpus read when ``path`` is None (:data:`CORPORA`): ``help``
+            (default, :func:`default_documents`) or ``python_docs`` (:func:`python_docs_documents`).
+
+    Attributes:
+        corpus_name: what the text is, for reports: the file, or the built-in corpus's name.
 
     Raises:
-        FileNotFoundError / ValueError: see :func:`file_documents`; ValueError if either split is
-            empty.
+        FileNotFoundError / ValueError: see :func:`file_documents`; ValueError on an unknown
+            ``corpus`` or a ``corpus`` given with ``path``, or if either split is empty.
     """
 
     name = "text"
     min_length = 1
     tokenizer = ByteTokenizer()
 
-    def __init__(self, path: str | None = None, validation_fraction: float = VALIDATION_FRACTION) -> None:
+    def __init__(
+        self, path: str | None = None, validation_fraction: float = VALIDATION_FRACTION, corpus: str = "help"
+    ) -> None:
         super().__init__()
         if not 0.0 < validation_fraction < 1.0:
             raise ValueError(f"validation_fraction must lie in (0, 1), got {validation_fraction!r}")
+        if corpus not in CORPORA:
+            raise ValueError(f"corpus must be one of {', '.join(map(repr, CORPORA))}, got {corpus!r}")
+        if path is not None and corpus != "help":
+            raise ValueError(f"give a text file (path) or a built-in corpus, not both (path={str(path)!r}, corpus={corpus!r})")
         self.path = None if path is None else str(path)
+        # the default corpus stays out of kwargs: recipes from before it existed keep their digests
         self.kwargs = {"path": self.path, "validation_fraction": validation_fraction}
-        documents = default_documents() if path is None else file_documents(path)
+        if corpus != "help":
+            self.kwargs["corpus"] = corpus
+        read, self.corpus_name = CORPORA[corpus]
+        documents = read() if path is None else file_documents(path)
+        self.corpus_name = self.path or self.corpus_name
         split = {"train": [], "validation": []}
         for key, text in documents.items():
             split["validation" if is_validation_document(key, validation_fraction) else "train"].append(text)
         for name, docs in split.items():
             if not docs:
                 raise ValueError(
-                    f"the {name} split of {self.path or 'pydoc_data.topics'} is empty "
+                    f"the {name} split of {self.corpus_name} is empty "
                     f"({len(documents)} documents, validation_fraction={validation_fraction}); "
                     "use a corpus with more documents or another fraction"
                 )
@@ -229,7 +305,9 @@ class TextTask(Task):
             if len(data) < UNSEEN_SPAN:
                 copied = data in train_bytes
             else:
-                copied = bool(np.isin(_span_hashes(np.frombuffer(data, dtype=np.uint8)), seen).any())
+                spans = _span_hashes(np.frombuffer(data, dtype=np.uint8))
+                found = seen[np.minimum(np.searchsorted(seen, spans), len(seen) - 1)] == spans  # seen is sorted
+                copied = bool(found.any())
             if not copied:
                 unseen.append(data)
         if not unseen:
