@@ -134,17 +134,21 @@ def _text(
     d_model: int = TEXT_D_MODEL,
     batch: int = TEXT_BATCH,
     steps: int = TEXT_STEPS,
+    corpus: str = "help",
 ) -> Recipe:
     config = DecoderConfig(
         d_vocab=258, n_ctx=length + 1, n_layers=n_layers, d_model=d_model, n_heads=4, position=method
     )
+    text = {
+        "help": "CPython's help texts (pydoc_data.topics)",
+        "python_docs": "CPython's help texts and standard-library docstrings",
+    }[corpus]
     return Recipe(
         name=f"text{'' if length == TEXT_LEN else length}-{label or method}-{n_layers}l",
-        description=f"{n_layers}-layer {what or method} byte-level language model of CPython's help texts "
-        f"(pydoc_data.topics), {length}-byte windows",
+        description=f"{n_layers}-layer {what or method} byte-level language model of {text}, {length}-byte windows",
         config=config,
         task="text",
-        task_kwargs={"path": None, "validation_fraction": 0.1},
+        task_kwargs={"path": None, "validation_fraction": 0.1, **({} if corpus == "help" else {"corpus": corpus})},
         steps=steps,
         train_kwargs=dict(batch_size=batch, min_len=length, max_len=length, lr=2e-3),
     )

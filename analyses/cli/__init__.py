@@ -13,10 +13,12 @@ shows the traceback).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import os
 import signal
 import sys
+import threading
 import traceback
 from typing import Callable
 
@@ -133,7 +135,8 @@ def main(argv: list[str] | None = None) -> int:
     previous = _terminate_as_interrupt()
     try:
         try:  # building the parser imports the command's modules (torch, pandas): seconds a Ctrl-C may land in
-            args = build_parser(sys.argv[1:] if argv is None else argv).parse_args(argv)
+            with _sigterm_held():
+                args = build_parser(sys.argv[1:] if argv is None else argv).parse_args(argv)
         except KeyboardInterrupt:
             print("nopelens: interrupted before the command started; nothing was written", file=sys.stderr)
             return 130
@@ -145,6 +148,23 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)
+
+
+@contextlib.contextmanager
+def _sigterm_held():
+    """Hold SIGTERM back while modules import, and deliver it (as KeyboardInterrupt) at the end.
+
+    An interrupt raised inside an import's ``__del__`` or lock callback is printed as "Exception
+    ignored" and lost, and the command would run on to the end; held back, it lands here instead.
+    """
+    hold = hasattr(signal, "pthread_sigmask") and threading.current_thread() is threading.main_thread()
+    if hold:
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+    try:
+        yield
+    finally:
+        if hold:
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
 
 
 def _terminate_as_interrupt():
