@@ -70,7 +70,8 @@ def python_docs_documents() -> dict[str, str]:
             tree = ast.parse(path.read_bytes())
         except (SyntaxError, ValueError, UnicodeDecodeError):
             continue
-        module = ".".join(relative.with_suffix("").parts)
+        parts = relative.with_suffix("").parts
+        module = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
         for name, text in _docstrings(tree):
             text = inspect.cleandoc(text)
             if len(text) >= MIN_DOCSTRING and text not in seen:

@@ -295,3 +295,34 @@ def test_user_file_errors(tmp_path):
     single.write_text("only one paragraph\nwith two lines", encoding="utf-8")
     with pytest.raises(ValueError, match="at least 2"):
         make_task("text", path=str(single))
+
+
+def test_python_docs_is_the_help_topics_and_the_standard_librarys_docstrings():
+    import json
+    import sysconfig
+
+    from nopelens.models.text import MIN_DOCSTRING, python_docs_documents
+
+    documents = python_docs_documents()
+    topics = {k: v for k, v in documents.items() if k.startswith("topic:")}
+    assert topics == {f"topic:{k}": v for k, v in default_documents().items()}
+    assert documents["json:"] == json.__doc__.strip()  # a module's own docstring, cleaned
+    assert documents["json.decoder:JSONDecoder.decode"].startswith("Return the Python representation of ``s``")
+    docstrings = [v for k, v in documents.items() if not k.startswith("topic:")]
+    assert len(set(docstrings)) == len(docstrings) and min(map(len, docstrings)) >= MIN_DOCSTRING
+    assert not any(k.split(":")[0].split(".")[0] in {"torch", "numpy", "pandas", "site-packages"} for k in documents)
+    assert "site-packages" not in sysconfig.get_paths()["stdlib"]
+    assert sum(len(v.encode()) for v in documents.values()) > 4 * sum(len(v.encode()) for v in topics.values())
+
+
+def test_the_built_in_corpus_is_a_setting_of_the_task_that_rebuilds_it():
+    task = make_task("text", corpus="python_docs")
+    assert task.kwargs == {"path": None, "validation_fraction": 0.1, "corpus": "python_docs"}
+    assert task.corpus_name == "CPython's help topics and standard-library docstrings"
+    assert torch.equal(make_task("text", **task.kwargs).streams["validation"], task.streams["validation"])
+    assert "corpus" not in TextTask().kwargs and TextTask().corpus_name == "CPython's help topics"
+    assert task.documents["validation"] > 10 * TextTask().documents["validation"]
+    with pytest.raises(ValueError, match="corpus must be one of 'help', 'python_docs'"):
+        TextTask(corpus="wiki")
+    with pytest.raises(ValueError, match="not both"):
+        TextTask(path="some.txt", corpus="python_docs")
