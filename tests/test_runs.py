@@ -318,6 +318,27 @@ def test_sigterm_ends_a_run_as_an_interrupt_does(tmp_path):
     assert not (out / "parts").exists() and not (out / "sweep.json").exists()
 
 
+def test_sigterm_while_the_cli_imports_lands_after_the_imports():
+    """A SIGTERM held back while modules import is delivered, as KeyboardInterrupt, when they are
+    done: not inside an import's ``__del__``, where Python prints it as "Exception ignored" and
+    drops it."""
+    import signal
+    import threading
+
+    from nopelens.analyses import cli
+
+    previous = cli._terminate_as_interrupt()
+    reached = []
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            with cli._sigterm_held():
+                signal.pthread_kill(threading.main_thread().ident, signal.SIGTERM)
+                reached.append("after the signal")
+        assert reached == ["after the signal"]
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 def test_sinks_writes_into_no_other_commands_run_folder(tmp_path, capsys):
     from nopelens.analyses.cli import main
 
