@@ -1,8 +1,9 @@
 """The ``text`` task: a byte-level language model over real text, and the corpus it reads.
 
 The corpus is a set of documents (CPython's bundled help texts by default; those and the docstrings
-of CPython's standard library, ``corpus="python_docs"``; or the paragraphs of a UTF-8 file), split into train and validation by a hash of each document's key; the vocabulary is
-UTF-8 bytes plus BOS and PAD (:class:`ByteTokenizer`). :func:`help_text_bigrams` gives the byte
+of CPython's standard library, ``corpus="python_docs"``; or the paragraphs of a UTF-8 file), split
+into train and validation by a hash of each document's key; the vocabulary is UTF-8 bytes plus BOS
+and PAD (:class:`ByteTokenizer`). :func:`help_text_bigrams` gives the byte
 statistics the ``bigram_backcopy`` task samples from.
 """
 
@@ -240,7 +241,9 @@ class TextTask(Task):
         if corpus not in CORPORA:
             raise ValueError(f"corpus must be one of {', '.join(map(repr, CORPORA))}, got {corpus!r}")
         if path is not None and corpus != "help":
-            raise ValueError(f"give a text file (path) or a built-in corpus, not both (path={str(path)!r}, corpus={corpus!r})")
+            raise ValueError(
+                f"give a text file (path) or a built-in corpus, not both (path={str(path)!r}, corpus={corpus!r})"
+            )
         self.path = None if path is None else str(path)
         # the default corpus stays out of kwargs: recipes from before it existed keep their digests
         self.kwargs = {"path": self.path, "validation_fraction": validation_fraction}
