@@ -220,6 +220,23 @@ def test_train_command_writes_checkpoint_and_reports(tmp_path, capsys):
     assert "--out" in capsys.readouterr().err
 
 
+def test_train_command_reads_the_built_in_corpus_it_is_given(tmp_path, capsys):
+    from nopelens.analyses.cli import main
+
+    small = ["--steps", "1", "--layers", "1", "--d-model", "16", "--heads", "2", "--max-len", "8", "--quiet"]
+    assert main(["train", "--task", "text", "--corpus", "python_docs", "--out", str(tmp_path / "docs"), *small]) == 0
+    task = load_checkpoint(tmp_path / "docs" / "checkpoint").metadata["task"]
+    assert task == {"name": "text", "kwargs": {"path": None, "validation_fraction": 0.1, "corpus": "python_docs"}}
+    for bad, said in (
+        (["--task", "copy", "--corpus", "python_docs"], "--corpus only applies to --task text"),
+        (["--task", "text", "--corpus", "python_docs", "--text-file", "x.txt"], "not both"),
+    ):
+        capsys.readouterr()
+        assert main(["train", *bad, "--out", str(tmp_path / "bad"), *small]) == 2
+        err = capsys.readouterr().err
+        assert said in err and len(err.strip().splitlines()) == 1, err
+
+
 def test_training_runs_on_one_thread_by_default_and_the_count_is_part_of_the_recipe(tmp_path):
     """Issue 23: "same recipe and seed, same weights" holds as written: the thread count, which the
     weights depend on, is 1 unless the recipe says otherwise, and a checkpoint made with another count

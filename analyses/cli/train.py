@@ -19,6 +19,7 @@ from nopelens.analyses.runs import refuse_other_runs
 from nopelens.models import POSITION_METHODS, DecoderConfig, zoo
 from nopelens.models.checkpoint import METADATA_FILE, TrainedModel
 from nopelens.models.tasks import TASKS, TextTask, make_task
+from nopelens.models.text import CORPORA
 from nopelens.models.threads import limited_threads
 from nopelens.models.training import EVAL_STREAM, evaluate_exact_match, stream_seed, train
 
@@ -106,9 +107,9 @@ def _run(args: argparse.Namespace) -> int:
             "checkpoint goes in OUT/checkpoint)"
         )
     refuse_other_runs(args.out, "train")
-    task_kwargs = {"path": args.text_file} if args.task == "text" else {}
-    if args.text_file and args.task != "text":
-        raise ValueError("--text-file only applies to --task text")
+    task_kwargs = {"path": args.text_file, "corpus": args.corpus or "help"} if args.task == "text" else {}
+    if (args.text_file or args.corpus) and args.task != "text":
+        raise ValueError(f"{'--text-file' if args.text_file else '--corpus'} only applies to --task text")
     task = make_task(args.task, **task_kwargs)
     config = DecoderConfig(
         d_vocab=task.d_vocab,
@@ -169,6 +170,13 @@ def register(subparsers) -> None:
         "nopelens.models.tasks, whose docstring says what it asks)",
     )
     parser.add_argument("--text-file", help="UTF-8 corpus for --task text (default: CPython's help texts)")
+    parser.add_argument(
+        "--corpus",
+        choices=sorted(CORPORA),
+        default=None,
+        help="built-in corpus for --task text: help (CPython's help texts, 440 KB; the default) or python_docs "
+        "(those and the standard library's docstrings, 2.6 MB)",
+    )
     parser.add_argument("--out", help="output folder (checkpoint/ and loss_curve.csv)")
     parser.add_argument(
         "--position",
