@@ -39,6 +39,7 @@ from typing import Callable
 
 import numpy as np
 import pandas as pd
+from scipy import stats as scipy_stats
 
 from nopelens.models import zoo
 from nopelens.models.io import write_csv_atomic
@@ -85,6 +86,8 @@ class HavivSettings:
         epochs, min_steps: MLP probe training (:class:`~nopelens.probes.mlp_probe.MLPPositionProbe`).
         n_splits: GroupKFold folds.
         seed: seed of the windows, folds, controls, MLP and bootstrap.
+        train_seeds: training seeds of each zoo model (each seed is its own trained model); with
+            two or more, each curve is their mean, with a CI over the training runs.
     """
 
     models: tuple[str, ...] = HAVIV_MODELS
@@ -96,10 +99,12 @@ class HavivSettings:
     min_steps: int = MLP_MIN_STEPS
     n_splits: int = 5
     seed: int = 0
+    train_seeds: tuple[int, ...] = (0,)
 
-    RESUMABLE_CHANGES = ("models", "contexts")
-    """Settings a run folder may change between runs: each part is one model at one window length,
-    so adding a model or a length measures just the new parts (the stamp records the latest)."""
+    RESUMABLE_CHANGES = ("models", "contexts", "train_seeds")
+    """Settings a run folder may change between runs: each part is one model (one training seed) at
+    one window length, so adding a model, a seed or a length measures just the new parts (the stamp
+    records the latest)."""
 
     @classmethod
     def quick(cls, models: tuple[str, ...] = ("text-nope-4l", "text-rope-4l")) -> "HavivSettings":
@@ -131,6 +136,15 @@ class HavivSettings:
             raise ValueError(f"context lengths must be >= 4 bytes, got {list(self.contexts)}")
         if len(set(self.contexts)) < len(self.contexts):
             raise ValueError(f"--contexts lists a length twice ({list(self.contexts)}): its rows would count twice")
+        if not self.train_seeds or len(set(self.train_seeds)) < len(self.train_seeds):
+            raise ValueError(f"--seeds must list each training seed once, got {list(self.train_seeds)}")
+        if self.train_seeds != (0,):
+            checkpoints = [spec for spec in self.models if spec not in zoo.RECIPES]
+            if checkpoints:
+                raise ValueError(
+                    f"--seeds names training seeds of zoo models; {checkpoints[0]} is not one (a checkpoint "
+                    "is one trained model): compare it in a run without --seeds"
+                )
         if self.n_sequences > MAX_SEQUENCES:
             raise ValueError(
                 f"n_sequences must be at most {MAX_SEQUENCES:,} windows (each is read by the model), "
@@ -138,21 +152,28 @@ class HavivSettings:
             )
 
 
-def check_models_ready(models) -> None:
-    """Refuse, before anything runs, a zoo model that is neither cached nor shipped (this command
-    never trains one: the comparison zoo takes about 70 minutes a model on one thread).
+def check_models_ready(models, train_seeds=(0,)) -> None:
+    """Refuse, before anything runs, a zoo model (at a training seed) that is neither cached nor
+    shipped (this command never trains one: the comparison zoo takes about 70 minutes a model on
+    one thread).
 
     Raises:
-        ValueError: naming the first such model and the command that trains it.
+        ValueError: naming each such model and seed, and the command that trains the first.
     """
-    for spec in models:
-        if spec in zoo.RECIPES and not (zoo.is_cached(spec) or zoo.is_shipped(spec)):
-            missing = [m for m in models if m in zoo.RECIPES and not (zoo.is_cached(m) or zoo.is_shipped(m))]
-            raise ValueError(
-                f"{', '.join(missing)}: not trained yet (no cached or shipped weights); train with "
-                f"`nopelens train --zoo {spec}` (one per model, about {zoo.RECIPES[spec].steps} steps), "
-                f"or compare the models there are, e.g. --models text-nope-4l,text-rope-4l"
-            )
+    missing = [
+        (spec, seed)
+        for spec in models
+        for seed in train_seeds
+        if spec in zoo.RECIPES and not (zoo.is_cached(spec, seed=seed) or zoo.is_shipped(spec, seed=seed))
+    ]
+    if missing:
+        (spec, seed), named = missing[0], ", ".join(m if s == 0 else f"{m} (seed {s})" for m, s in missing)
+        raise ValueError(
+            f"{named}: not trained yet (no cached or shipped weights); train with "
+            f"`nopelens train --zoo {spec}{'' if seed == 0 else f' --seeds {seed}'}` (one per model, about "
+            f"{zoo.RECIPES[spec].steps} steps), or compare the models there are, e.g. "
+            "--models text-nope-4l,text-rope-4l"
+        )
 
 
 def compare_haviv(
@@ -179,14 +200,15 @@ def compare_haviv(
     settings.check()
     if jobs < 1:
         raise ValueError(f"--jobs must be >= 1, got {jobs}")
-    check_models_ready(settings.models)
+    check_models_ready(settings.models, settings.train_seeds)
     whole, parts, methods = [], [], {}  # whole: each model at its trained window
     for spec in settings.models:
         window, reads_positions, methods[spec] = _window_and_method(spec)
-        whole.append((spec, window))
-        parts.append((spec, window))
-        if not reads_positions:  # NoPE: the context axis
-            parts += [(spec, length) for length in settings.contexts if length < window]
+        for train_seed in settings.train_seeds:
+            whole.append((spec, train_seed, window))
+            parts.append((spec, train_seed, window))
+            if not reads_positions:  # NoPE: the context axis
+                parts += [(spec, train_seed, length) for length in settings.contexts if length < window]
     _one_model_per_method(methods)
     _check_distinct_parts(parts)
     with (
@@ -199,15 +221,18 @@ def compare_haviv(
 
         def on_done(part: tuple, result: tuple) -> None:
             measured[part] = result[:2]
-            say(f"{part[0]} at {part[1]} bytes: {result[2]}")
+            spec, train_seed, length = part
+            say(f"{spec}{'' if train_seed == 0 else f' (seed {train_seed})'} at {length} bytes: {result[2]}")
 
         run_tasks(measure, [(part, (folder, *part, settings)) for part in parts], on_done, jobs=jobs)
-        ours = pd.concat([measured[part][0] for part in parts], ignore_index=True)
+        seeds = pd.concat([measured[part][0] for part in parts], ignore_index=True)
         metas = [_with_unseen_loss(measured[part][1], *part) for part in whole]
+        ours = over_training_seeds(seeds)
         tables = {
             "haviv": side_by_side(ours),
+            "seeds": seeds,
             "losses": losses(metas),
-            "context": context_axis(ours, settings, metas),
+            "context": context_axis(ours, seeds, settings, metas),
             "training": training_curves(metas),
         }
         tables["claims"] = claims(tables["haviv"], tables["losses"])
@@ -216,10 +241,13 @@ def compare_haviv(
     return tables
 
 
-def measure(folder: Path, spec: str, length: int, settings: HavivSettings) -> tuple[pd.DataFrame, dict, str]:
-    """One model at one window length, from its part folder or measured (on one thread) and written
-    there. Returns (its probe rows, its ``done.json`` record, what happened in words)."""
-    part = part_dir(folder, f"{spec}-L{length}")
+def measure(
+    folder: Path, spec: str, train_seed: int, length: int, settings: HavivSettings
+) -> tuple[pd.DataFrame, dict, str]:
+    """One model (one training seed) at one window length, from its part folder or measured (on one
+    thread) and written there. Returns (its probe rows, its ``done.json`` record, what happened in
+    words)."""
+    part = part_dir(folder, _part_name(spec, train_seed, length))
     done = read_part(part, ["probes"])
     inputs = input_fingerprint(spec)
     if done is not None:
@@ -229,13 +257,13 @@ def measure(folder: Path, spec: str, length: int, settings: HavivSettings) -> tu
                 f"{part} was measured on other files than {spec} holds now ({', '.join(changes)} since); "
                 "use another --out folder, or delete that part folder to measure it again"
             )
-        problem = _unsound_part(done[0]["probes"], done[1], spec, length)
+        problem = _unsound_part(done[0]["probes"], done[1], spec, train_seed, length)
         if problem is None:
             return done[0]["probes"], done[1], f"already measured in {part}"
         print(f"nopelens: {part}/done.json {problem}; measuring it again", file=sys.stderr)
     clock = time.perf_counter()
     with one_thread():
-        probes, meta = probe_model(spec, length, settings)
+        probes, meta = probe_model(spec, length, settings, train_seed)
     meta.update(window=_window_and_method(spec)[0], inputs=inputs)
     write_part(part, {"probes": probes}, meta)
     return probes, meta, f"probed in {time.perf_counter() - clock:.0f} s"
@@ -245,13 +273,23 @@ PART_FIELDS = {"model": str, "method": str, "reads_positions": bool, "n_layers":
 """What a finished part's ``done.json`` records (besides numbers), and its type."""
 
 
-def _unsound_part(probes: pd.DataFrame, meta: dict, spec: str, length: int) -> str | None:
-    """What is wrong with a finished part read back for ``spec`` at ``length`` bytes, or None."""
+def _part_name(spec: str, train_seed: int, length: int) -> str:
+    """A part's folder name: ``<model>-L<bytes>``, with ``-seed<n>`` before the length for a
+    training seed other than 0 (run folders from before seeds keep their parts)."""
+    return f"{spec}{'' if train_seed == 0 else f'-seed{train_seed}'}-L{length}"
+
+
+def _unsound_part(probes: pd.DataFrame, meta: dict, spec: str, train_seed: int, length: int) -> str | None:
+    """What is wrong with a finished part read back for ``spec`` (training seed ``train_seed``) at
+    ``length`` bytes, or None."""
     for field, kind in PART_FIELDS.items():
         if not isinstance(meta.get(field), kind) or (kind is int and isinstance(meta.get(field), bool)):
             return f"lacks {field} or holds a wrong value there"
-    if meta["model"] != spec or meta["length"] != length:
-        return f"records {meta['model']} at {meta['length']} bytes, not {spec} at {length}"
+    if meta["model"] != spec or meta["length"] != length or meta.get("train_seed", 0) != train_seed:
+        return (
+            f"records {meta['model']} (seed {meta.get('train_seed', 0)}) at {meta['length']} bytes, "
+            f"not {spec} (seed {train_seed}) at {length}"
+        )
     if not isinstance(meta.get("bits_per_byte"), (int, float)) or isinstance(meta.get("bits_per_byte"), bool):
         return "lacks bits_per_byte"
     expected = len(PROBES) * len(FITS) * (meta["n_layers"] + 1)
@@ -260,7 +298,7 @@ def _unsound_part(probes: pd.DataFrame, meta: dict, spec: str, length: int) -> s
     return None
 
 
-def _check_distinct_parts(parts: list[tuple[str, int]]) -> None:
+def _check_distinct_parts(parts: list[tuple[str, int, int]]) -> None:
     """Refuse, before any work, two models whose parts would share a folder (``a/ck`` and ``a_ck``
     are both ``parts/a_ck-L<n>``).
 
@@ -268,8 +306,8 @@ def _check_distinct_parts(parts: list[tuple[str, int]]) -> None:
         ValueError: naming both specs.
     """
     seen: dict[str, str] = {}
-    for spec, length in parts:
-        name = part_dir(".", f"{spec}-L{length}").name
+    for spec, train_seed, length in parts:
+        name = part_dir(".", _part_name(spec, train_seed, length)).name
         if seen.get(name, spec) != spec:
             raise ValueError(
                 f"{seen[name]} and {spec} would share the part folder parts/{name}; give each model "
@@ -295,10 +333,10 @@ def _one_model_per_method(methods: dict[str, str]) -> None:
         seen[method] = spec
 
 
-def _with_unseen_loss(meta: dict, spec: str, window: int) -> dict:
+def _with_unseen_loss(meta: dict, spec: str, train_seed: int, window: int) -> dict:
     """``meta`` with the model's loss on the unseen validation documents (:func:`unseen_loss`) and
-    the text it was trained on (``corpus``: the file, or CPython's help topics)."""
-    subject = _text_subject(spec, 2, 3, 0)
+    the text it was trained on (``corpus``: the file, or the built-in corpus's name)."""
+    subject = _text_subject(spec, 2, 3, 0, train_seed)
     bits, scored = unseen_loss(subject.model, subject.task, window)
     corpus = subject.task.corpus_name
     return {**meta, "unseen_bits_per_byte": bits, "unseen_bytes": scored, "corpus": corpus}
@@ -313,9 +351,10 @@ def _window_and_method(spec: str) -> tuple[int, bool, str]:
     return window, subject.model.cfg.reads_positions, subject.position
 
 
-def _text_subject(spec: str, n_sequences: int, seq_len: int, seed: int):
-    """The subject of a nopelens text model (zoo name or checkpoint), else a one-line refusal."""
-    subject = resolve(spec, n_sequences, seq_len, seed=seed, progress=False)
+def _text_subject(spec: str, n_sequences: int, seq_len: int, seed: int, train_seed: int = 0):
+    """The subject of a nopelens text model (zoo name at ``train_seed``, or checkpoint), else a
+    one-line refusal."""
+    subject = resolve(spec, n_sequences, seq_len, seed=seed, progress=False, train_seed=train_seed)
     if subject.kind != "trained" or subject.task is None or subject.task.name != "text":
         raise ValueError(
             f"{spec} is not a text model: the comparison reads nopelens language models of text "
@@ -324,14 +363,15 @@ def _text_subject(spec: str, n_sequences: int, seq_len: int, seed: int):
     return subject
 
 
-def probe_model(spec: str, length: int, settings: HavivSettings) -> tuple[pd.DataFrame, dict]:
-    """Both probes at every residual layer of ``spec`` on windows of ``length`` bytes after BOS.
+def probe_model(spec: str, length: int, settings: HavivSettings, train_seed: int = 0) -> tuple[pd.DataFrame, dict]:
+    """Both probes at every residual layer of ``spec`` (trained with ``train_seed``) on windows of
+    ``length`` bytes after BOS.
 
     Returns:
         (rows: one per probe, fit, layer; meta: method, n_layers, the training record's validation
         bits per byte, windows drawn and kept).
     """
-    subject = _text_subject(spec, settings.n_sequences, length + 1, settings.seed)
+    subject = _text_subject(spec, settings.n_sequences, length + 1, settings.seed, train_seed)
     sites = resid_sites(subject.n_layers)
     d_model = subject.model.cfg.d_model
     keep = kept_sequences(
@@ -371,6 +411,7 @@ def probe_model(spec: str, length: int, settings: HavivSettings) -> tuple[pd.Dat
     validation = subject.info.get("final_losses", {}).get("validation", math.nan)
     meta = dict(
         model=spec,
+        train_seed=train_seed,
         method=subject.position,
         reads_positions=subject.model.cfg.reads_positions,
         n_layers=subject.n_layers,
@@ -384,6 +425,7 @@ def probe_model(spec: str, length: int, settings: HavivSettings) -> tuple[pd.Dat
         dict(
             source="nopelens",
             model=spec,
+            train_seed=train_seed,
             method=subject.position,
             probe=rows["kind"],
             fit=rows["probe"],
@@ -403,6 +445,36 @@ def probe_model(spec: str, length: int, settings: HavivSettings) -> tuple[pd.Dat
         )
     )
     return table.sort_values(["probe", "fit", "layer"], ignore_index=True), meta
+
+
+SEED_KEYS = ["source", "model", "method", "probe", "fit", "n_positions", "layer", "n_layers", "depth", "floor"]
+"""What identifies one point of a curve across training seeds."""
+
+
+def over_training_seeds(seeds: pd.DataFrame) -> pd.DataFrame:
+    """One row per point of each curve (:data:`SEED_KEYS`) from the per-seed rows of
+    :func:`probe_model`: with one training seed, its row, whose CI is the bootstrap over windows;
+    with ``n`` >= 2, the mean over seeds of ``mad``, ``chance`` and ``mad_chance``, and a 95 %
+    Student-t CI over the training runs, ``mean ± t(0.975, n-1) * sd / sqrt(n)`` (Student 1908),
+    on MAD/chance. ``n_train_seeds`` and ``ci_over`` (``windows`` or ``training runs``) say which."""
+    rows = []
+    for _, group in seeds.groupby(SEED_KEYS, sort=False, dropna=False):
+        first, n = group.iloc[0], len(group)
+        row = first.drop("train_seed").to_dict()
+        row.update(n_train_seeds=n, ci_over="windows")
+        if n >= 2:
+            mean, sd = group["mad_chance"].mean(), group["mad_chance"].std(ddof=1)
+            half = scipy_stats.t.ppf(0.975, n - 1) * sd / math.sqrt(n)
+            row.update(
+                mad=group["mad"].mean(),
+                chance=group["chance"].mean(),
+                mad_chance=mean,
+                ci_low=mean - half,
+                ci_high=mean + half,
+                ci_over="training runs",
+            )
+        rows.append(row)
+    return pd.DataFrame(rows)
 
 
 def side_by_side(ours: pd.DataFrame) -> pd.DataFrame:
@@ -444,10 +516,12 @@ def side_by_side(ours: pd.DataFrame) -> pd.DataFrame:
     return pd.concat([ours, theirs], ignore_index=True)
 
 
-def context_axis(ours: pd.DataFrame, settings: HavivSettings, metas: list[dict]) -> pd.DataFrame:
+def context_axis(ours: pd.DataFrame, seeds: pd.DataFrame, settings: HavivSettings, metas: list[dict]) -> pd.DataFrame:
     """For each NoPE model, window length and probe: the first layer with MAD/chance <= 0.1
-    (:func:`first_layer_at`; -1: none), as a layer and as a fraction of depth; lengths past the
-    model's window are rows with ``measured`` False."""
+    (:func:`first_layer_at` on the curve over training seeds, :func:`over_training_seeds`; -1:
+    none), as a layer and as a fraction of depth, and each training seed's own first layer
+    (``seed_first_layers``, in the order of ``train_seeds``); lengths past the model's window are
+    rows with ``measured`` False."""
     rows = []
     position_free = {meta["model"] for meta in metas if not meta["reads_positions"]}  # NoPE, by its method units
     nope = ours[ours["model"].isin(position_free) & (ours["fit"] == "linear")]
@@ -458,6 +532,12 @@ def context_axis(ours: pd.DataFrame, settings: HavivSettings, metas: list[dict])
                 curve = own[(own["n_positions"] == length + 1) & (own["probe"] == probe)]
                 layer = first_layer_at(curve) if len(curve) else -1
                 n_layers = int(own["n_layers"].iloc[0])
+                each = seeds[
+                    (seeds["model"] == model)
+                    & (seeds["fit"] == "linear")
+                    & (seeds["n_positions"] == length + 1)
+                    & (seeds["probe"] == probe)
+                ]
                 rows.append(
                     dict(
                         model=model,
@@ -467,6 +547,10 @@ def context_axis(ours: pd.DataFrame, settings: HavivSettings, metas: list[dict])
                         first_layer=layer if len(curve) else np.nan,
                         depth=layer / n_layers if len(curve) and layer >= 0 else np.nan,
                         threshold=THRESHOLD,
+                        seed_first_layers=" ".join(
+                            str(first_layer_at(rows_of_seed)) for _, rows_of_seed in each.groupby("train_seed")
+                        ),
                     )
                 )
-    return pd.DataFrame(rows, columns=["model", "length", "probe", "measured", "first_layer", "depth", "threshold"])
+    columns = ["model", "length", "probe", "measured", "first_layer", "depth", "threshold", "seed_first_layers"]
+    return pd.DataFrame(rows, columns=columns)

@@ -120,7 +120,7 @@ def _perplexity(loss: pd.DataFrame):
         "perplexity, 1.3B: The Pile NoPE 13.10 against 12.51-13.05 (+0.15 % in bits against learned), "
         "WikiText-103 20.97 against 19.71-20.42; " + paper.PAPER_SCALE_CLAIM
     )
-    if loss["reads_positions"].all() or len(loss) < 2:
+    if loss["reads_positions"].all() or loss["method"].nunique() < 2:
         return claim, said, "no NoPE model and another to compare", "not measured"
     if loss["corpus"].nunique() > 1:
         return (
@@ -132,18 +132,24 @@ def _perplexity(loss: pd.DataFrame):
     # the paper's perplexities are on text its models never saw: so ours, where some is unseen
     unseen = bool(loss["unseen_bits_per_byte"].notna().all())
     column = "unseen_bits_per_byte" if unseen else "bits_per_byte"
-    nope = loss.loc[~loss["reads_positions"], column].iloc[0]
-    others = loss.loc[loss["reads_positions"], column]
-    found = ", ".join(f"{m} {b:.3f}" for m, b in zip(loss["method"], loss[column]))
+    # each method's mean over its training seeds
+    means = loss.groupby("method", sort=False).agg(
+        value=(column, "mean"), reads=("reads_positions", "first"), runs=("method", "size")
+    )
+    nope = means.loc[~means["reads"], "value"].iloc[0]
+    others = means.loc[means["reads"], "value"]
+    found = ", ".join(f"{m} {b:.3f}" for m, b in means["value"].items())
     found += (
         f" bits/byte on the {int(loss['unseen_bytes'].iloc[0]):,} validation bytes unseen in training"
         if unseen
         else " bits/byte on every validation byte (no validation document is unseen in training)"
     )
+    if means["runs"].max() > 1:
+        found += " (means over training seeds: " + ", ".join(f"{m} {n}" for m, n in means["runs"].items()) + ")"
     worst, gap = nope >= others.max(), nope / others.min() - 1
     found += f"; NoPE {gap:+.1%} against the best"
     # why a verdict may not speak to the paper: models that have not levelled off, or that memorize
-    failed = list(loss.loc[~loss["trained_enough"].astype(bool), "method"])
+    failed = list(dict.fromkeys(loss.loc[~loss["trained_enough"].astype(bool), "method"]))
     why = f" ({', '.join(failed)}: not trained to the levelling-off rule, see losses.csv)" if failed else ""
     if worst and gap <= 0.05:
         return claim, said, found, "reproduced" + why

@@ -95,9 +95,11 @@ def side_by_side_markdown(table: pd.DataFrame) -> str:
     lines = []
     for model, own in ours.groupby("model", sort=False):
         floors = {p: own.loc[own["probe"] == p, "floor"].iloc[0] for p in ("ridge", "mlp")}
+        runs = int(own["n_train_seeds"].iloc[0]) if "n_train_seeds" in own else 1
         lines += [
             f"**{model}** ({own['method'].iloc[0]}, {int(own['n_positions'].iloc[0])} positions, "
-            f"{int(own['n_sequences'].iloc[0])} of {int(own['n_sequences_drawn'].iloc[0])} windows kept)",
+            f"{int(own['n_sequences'].iloc[0])} of {int(own['n_sequences_drawn'].iloc[0])} windows kept"
+            + (f"; the mean of {runs} training seeds, CIs over the training runs)" if runs > 1 else ")"),
             "",
             f"| layer | depth | ridge MAD/chance (floor {floors['ridge']:.2f}) | MLP MAD/chance (floor "
             f"{floors['mlp']:.2f}) | control task: ridge / MLP | shuffled labels: ridge / MLP "
@@ -135,10 +137,10 @@ def summary_markdown(tables: dict[str, pd.DataFrame]) -> str:
     """The run's summary.md: side-by-side, losses, context-length axis, claims."""
     loss = tables["losses"]
     loss_lines = [
-        "| model | method | validation bits/byte | unseen validation bits/byte | training levelled off (last tenth "
-        "/ tenth before) | gap to learned (all / unseen) | paper ppl The Pile | paper ppl WikiText-103 | paper gap to "
-        "learned (bits, The Pile) |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| model | training seed | method | validation bits/byte | unseen validation bits/byte | training levelled off "
+        "(last tenth / tenth before) | gap to learned (all / unseen) | paper ppl The Pile | paper ppl WikiText-103 | "
+        "paper gap to learned (bits, The Pile) |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for _, r in loss.iterrows():
         levelled = (
@@ -155,11 +157,12 @@ def summary_markdown(tables: dict[str, pd.DataFrame]) -> str:
             _number(r["paper_ppl_wikitext-103"], ".2f"),
             _number(r["paper_gap_the_pile"], "+.2%"),
         ]
-        loss_lines.append(f"| {r['model']} | {r['method']} | " + " | ".join(cells) + " |")
+        loss_lines.append(f"| {r['model']} | {r.get('train_seed', 0)} | {r['method']} | " + " | ".join(cells) + " |")
     context = tables["context"]
     context_lines = [
-        "| model | window (bytes) | probe | first layer with MAD/chance CI upper end <= 0.1 | depth |",
-        "|---|---|---|---|---|",
+        "| model | window (bytes) | probe | first layer with MAD/chance CI upper end <= 0.1 | depth | each training "
+        "seed's own |",
+        "|---|---|---|---|---|---|",
     ]
     for _, r in context.iterrows():
         first = (
@@ -168,7 +171,9 @@ def summary_markdown(tables: dict[str, pd.DataFrame]) -> str:
             else ("none" if r["first_layer"] < 0 else str(int(r["first_layer"])))
         )
         depth = "" if pd.isna(r["depth"]) else f"{r['depth']:.2f}"
-        context_lines.append(f"| {r['model']} | {int(r['length'])} | {r['probe']} | {first} | {depth} |")
+        each = r.get("seed_first_layers", "")
+        each = "" if pd.isna(each) else str(each).replace("-1", "none")
+        context_lines.append(f"| {r['model']} | {int(r['length'])} | {r['probe']} | {first} | {depth} | {each} |")
     claims = tables["claims"]
     claim_lines = ["| claim | paper | ours | verdict |", "|---|---|---|---|"]
     claim_lines += [f"| {r['claim']} | {r['paper']} | {r['ours']} | {r['verdict']} |" for _, r in claims.iterrows()]
@@ -237,8 +242,12 @@ def training_figure(training: pd.DataFrame) -> plt.Figure:
     """Each model's training loss (bits per byte, trailing mean) against the step, in its method's
     colour, the two tenths the levelling-off rule compares shaded."""
     fig, ax = plt.subplots(figsize=(6.4, 3.6))
-    for model, rows in training.groupby("model", sort=False):
-        ax.plot(rows["step"], rows["train_bits_per_byte"], color=method_color(rows["method"].iloc[0]), label=model)
+    seeds = training["train_seed"] if "train_seed" in training else pd.Series(0, index=training.index)
+    labelled = set()  # one legend entry per model; its other training seeds share its colour
+    for (model, _), rows in training.groupby([training["model"], seeds], sort=False):
+        label = None if model in labelled else model
+        labelled.add(model)
+        ax.plot(rows["step"], rows["train_bits_per_byte"], color=method_color(rows["method"].iloc[0]), label=label)
     if len(training):
         for tenth, shade in (("before", "0.92"), ("last", "0.82")):
             steps = training.loc[training["tenth"] == tenth, "step"]

@@ -58,14 +58,20 @@ def training_levelled(curve: pd.DataFrame | None, validation: float) -> dict:
     )
 
 
-def _loss_curve(spec: str) -> pd.DataFrame | None:
-    """The training loss curve of a zoo model (its cached or shipped run) or a checkpoint directory,
-    as its checkpoint records it (checked against the checksum written with it); None without one.
+def _loss_curve(spec: str, train_seed: int = 0) -> pd.DataFrame | None:
+    """The training loss curve of a zoo model at ``train_seed`` (its cached or shipped run) or a
+    checkpoint directory, as its checkpoint records it (checked against the checksum written with
+    it); None without one.
 
     Raises:
         ValueError: naming the checkpoint, when its curve is damaged or not numbers.
     """
-    folder = (zoo.model_dir(spec) if zoo.is_cached(spec) else zoo.shipped_dir(spec)) if spec in zoo.RECIPES else spec
+    cached = spec in zoo.RECIPES and zoo.is_cached(spec, seed=train_seed)
+    folder = (
+        (zoo.model_dir(spec, seed=train_seed) if cached else zoo.shipped_dir(spec, seed=train_seed))
+        if spec in zoo.RECIPES
+        else spec
+    )
     curve = load_checkpoint(folder).loss_curve
     if curve.empty or "loss" not in curve:
         return None
@@ -85,12 +91,12 @@ def training_curves(metas: list[dict]) -> pd.DataFrame:
     (:func:`training_levelled`) compares marked by ``tenth`` (``last``, ``before``, else empty).
 
     Returns:
-        columns ``model``, ``method``, ``step``, ``train_bits_per_byte``, ``window``, ``tenth``; no
-        rows for a model without a loss curve.
+        columns ``model``, ``train_seed``, ``method``, ``step``, ``train_bits_per_byte``,
+        ``window``, ``tenth``; no rows for a model without a loss curve.
     """
     frames = []
     for meta in metas:
-        curve = _loss_curve(meta["model"])
+        curve = _loss_curve(meta["model"], meta.get("train_seed", 0))
         if curve is None or "loss" not in curve or len(curve) < 20:
             continue
         n = len(curve)
@@ -103,6 +109,7 @@ def training_curves(metas: list[dict]) -> pd.DataFrame:
             pd.DataFrame(
                 dict(
                     model=meta["model"],
+                    train_seed=meta.get("train_seed", 0),
                     method=meta["method"],
                     step=curve["step"].to_numpy()[keep],
                     train_bits_per_byte=smooth.to_numpy()[keep],
@@ -111,7 +118,7 @@ def training_curves(metas: list[dict]) -> pd.DataFrame:
                 )
             )
         )
-    columns = ["model", "method", "step", "train_bits_per_byte", "window", "tenth"]
+    columns = ["model", "train_seed", "method", "step", "train_bits_per_byte", "window", "tenth"]
     return pd.concat(frames, ignore_index=True)[columns] if frames else pd.DataFrame(columns=columns)
 
 
@@ -136,21 +143,22 @@ def unseen_loss(model, task, window: int) -> tuple[float, int]:
 
 
 def losses(metas: list[dict]) -> pd.DataFrame:
-    """Validation bits per byte by model (every validation byte, and the unseen documents alone),
-    whether its training levelled off (:func:`training_levelled`), the gaps to the learned-position
-    model when there is one, and the paper's Table 1 perplexities (and their gap to learned) for
-    the same method."""
+    """Validation bits per byte by model and training seed (every validation byte, and the unseen
+    documents alone), whether its training levelled off (:func:`training_levelled`), the gaps to
+    the learned-position model when there is one (its mean over seeds), and the paper's Table 1
+    perplexities (and their gap to learned) for the same method."""
     rows = pd.DataFrame(
         [
             dict(
                 model=m["model"],
+                train_seed=m.get("train_seed", 0),
                 method=m["method"],
                 reads_positions=m["reads_positions"],
                 bits_per_byte=m["bits_per_byte"],
                 unseen_bits_per_byte=m["unseen_bits_per_byte"],
                 unseen_bytes=m["unseen_bytes"],
                 corpus=m["corpus"],
-                **training_levelled(_loss_curve(m["model"]), m["bits_per_byte"] * math.log(2)),
+                **training_levelled(_loss_curve(m["model"], m.get("train_seed", 0)), m["bits_per_byte"] * math.log(2)),
             )
             for m in metas
         ]
@@ -158,7 +166,7 @@ def losses(metas: list[dict]) -> pd.DataFrame:
     for column in ("bits_per_byte", "unseen_bits_per_byte"):
         learned = rows.loc[rows["method"] == paper.BASELINE, column]
         gap = column.replace("bits_per_byte", "gap_to_learned")
-        rows[gap] = rows[column] / learned.iloc[0] - 1 if len(learned) else np.nan
+        rows[gap] = rows[column] / learned.mean() - 1 if len(learned) else np.nan
     for dataset in ("wikitext-103", "the_pile"):
         ppl = [paper.PAPER_PERPLEXITY.get((dataset, m), np.nan) for m in rows["method"]]
         rows[f"paper_ppl_{dataset}"] = ppl

@@ -246,3 +246,66 @@ def test_each_panel_is_drawn_in_its_method_colour():
         drawn = {to_hex(line.get_color()) for line in ax.lines} - {to_hex(PAPER_COLOR)}
         assert drawn == {to_hex(method_color(method))} and ax.title.get_color() == method_color(method)
     assert method_color("rope") != method_color("nope")
+
+
+def test_over_training_seeds_is_the_mean_with_a_student_t_ci_over_the_runs():
+    from nopelens.analyses.haviv import over_training_seeds
+
+    point = dict(source="nopelens", model="m", method="nope", probe="mlp", fit="linear", n_positions=65, layer=1)
+    point.update(n_layers=4, depth=0.25, floor=1.0, n_sequences=12, n_sequences_drawn=12, reference="measured")
+    seeds = pd.DataFrame(
+        [
+            {**point, "train_seed": s, "mad": 2 * v, "chance": 2.0, "mad_chance": v, "ci_low": 0, "ci_high": 1}
+            for s, v in enumerate([0.1, 0.2, 0.3])
+        ]
+    )
+    row = over_training_seeds(seeds).iloc[0]
+    half = 4.302653 * 0.1 / np.sqrt(3)  # t(0.975, 2) * sd / sqrt(n)
+    assert row["mad_chance"] == pytest.approx(0.2) and row["mad"] == pytest.approx(0.4)
+    assert (row["ci_low"], row["ci_high"]) == pytest.approx((0.2 - half, 0.2 + half), abs=1e-6)
+    assert row["n_train_seeds"] == 3 and row["ci_over"] == "training runs" and "train_seed" not in row
+    one = over_training_seeds(seeds.iloc[:1]).iloc[0]  # one seed: its own row and bootstrap CI
+    assert (one["mad_chance"], one["ci_low"], one["ci_high"], one["ci_over"]) == (0.1, 0, 1, "windows")
+    same = over_training_seeds(seeds.assign(mad_chance=0.3)).iloc[0]  # seeds that agree: a CI of width 0
+    assert same["ci_low"] == same["ci_high"] == pytest.approx(0.3)
+
+
+def test_training_seeds_are_parts_of_their_own_averaged_in_the_tables(tmp_path, capsys, monkeypatch, one_thread):
+    """--seeds 0,1: each seed of a zoo model is measured as its own part; haviv.csv holds the mean
+    with a CI over the runs, seeds.csv each seed, context.csv each seed's first layer; a checkpoint
+    (one trained model) is refused with --seeds, and an untrained seed is named."""
+    import dataclasses
+
+    base = zoo.recipe("text-nope-4l")
+    tiny = dataclasses.replace(
+        base,
+        name="tiny-text",
+        config=base.config.replace(n_layers=1, d_model=16, n_heads=2, n_ctx=33),
+        steps=3,
+        train_kwargs=dict(batch_size=2, min_len=32, max_len=32, lr=1e-3),
+    )
+    monkeypatch.setitem(zoo.RECIPES, "tiny-text", tiny)
+    monkeypatch.setenv("NOPELENS_CACHE", str(tmp_path / "zoo"))
+    args = ["compare", "haviv", "--quick", "--models", "tiny-text", "--contexts", "16", "--quiet"]
+    assert main([*args, "--seeds", "0,1", "--out", str(tmp_path / "run")]) == 2
+    assert "tiny-text, tiny-text (seed 1): not trained yet" in capsys.readouterr().err
+    for seed in (0, 1):
+        zoo.load("tiny-text", seed=seed, progress=False)
+    assert main([*args, "--seeds", "0,1", "--out", str(tmp_path / "run")]) == 0
+    parts = sorted(p.name for p in (tmp_path / "run" / "parts").iterdir())
+    assert parts == ["tiny-text-L16", "tiny-text-L32", "tiny-text-seed1-L16", "tiny-text-seed1-L32"]
+    seeds = pd.read_csv(tmp_path / "run" / "seeds.csv")
+    ours = pd.read_csv(tmp_path / "run" / "haviv.csv").query("source == 'nopelens'")
+    assert len(seeds) == 2 * len(ours) and (ours["n_train_seeds"] == 2).all()
+    assert (ours["ci_over"] == "training runs").all()
+    means = seeds.groupby(["probe", "fit", "n_positions", "layer"])["mad_chance"].mean()
+    got = ours.set_index(["probe", "fit", "n_positions", "layer"])["mad_chance"]
+    pd.testing.assert_series_equal(got.sort_index(), means.sort_index(), check_names=False)
+    context = pd.read_csv(tmp_path / "run" / "context.csv", dtype={"seed_first_layers": str})
+    assert all(len(each.split()) == 2 for each in context.loc[context["measured"], "seed_first_layers"])
+    assert set(pd.read_csv(tmp_path / "run" / "losses.csv")["train_seed"]) == {0, 1}
+    assert_folder_documented(tmp_path / "run", "compare haviv")
+    checkpoint = str(zoo.model_dir("tiny-text"))
+    assert main([*args, "--models", checkpoint, "--seeds", "0,1", "--out", str(tmp_path / "ck")]) == 2
+    err = capsys.readouterr().err
+    assert "is not one (a checkpoint is one trained model)" in err and not (tmp_path / "ck").exists()

@@ -10,7 +10,7 @@ from pathlib import Path
 from nopelens.analyses.haviv import HAVIV_MODELS, HavivSettings, compare_haviv
 from nopelens.analyses.haviv_figure import summary_markdown, write_report
 
-from .options import add_quiet, seed_type
+from .options import add_quiet, add_seeds, seed_type
 
 PAPERS = ("haviv",)
 
@@ -22,9 +22,10 @@ def register(subparsers) -> None:
         "ALiBi and RoPE",
         description="Probe every residual layer of each model with ridge regression (ours) and with "
         "Haviv et al. 2022's 2-layer MLP classifier (its argmax MAD), both as MAD/chance with 95 % CIs "
-        "and no-information floors, next to the paper's released per-layer values at the same fraction "
+        "and no-information floors (the mean over --seeds training seeds, CIs over the runs), next to the "
+        "paper's released per-layer values at the same fraction "
         "of depth; validation bits per byte next to the paper's Table 1; the NoPE model at shorter "
-        "windows; a verdict per claim. Writes haviv.csv, losses.csv, context.csv, training.csv, claims.csv, "
+        "windows; a verdict per claim. Writes haviv.csv, seeds.csv, losses.csv, context.csv, training.csv, claims.csv, "
         "haviv.md, summary.md, haviv.png/.svg and training.png/.svg into --out, stamped by haviv.json; "
         "a rerun resumes.",
         epilog="example: nopelens compare haviv --models text-nope-4l,text-rope-4l --out runs/haviv",
@@ -67,6 +68,12 @@ def register(subparsers) -> None:
         help="models (and window lengths) measured at once, each in a worker process on one thread "
         "(the numbers do not depend on it; default 1: in this process)",
     )
+    add_seeds(
+        parser,
+        "each zoo model at each seed (its own trained model); with two or more, each curve is their "
+        "mean, with a CI over the training runs",
+        default=(0,),
+    )
     add_quiet(parser, "progress lines")
     parser.set_defaults(func=_run)
 
@@ -98,6 +105,7 @@ def _run(args: argparse.Namespace) -> int:
             ("memory_mib", args.memory_mib),
             ("contexts", args.contexts),
             ("seed", args.seed),
+            ("train_seeds", args.seeds),
         )
         if value is not None
     }
@@ -107,6 +115,6 @@ def _run(args: argparse.Namespace) -> int:
     write_report(args.out, tables, quick=args.quick)
     print(summary_markdown(tables))
     print(f"wrote into {Path(args.out)}:")
-    print("  haviv.csv, losses.csv, context.csv, training.csv, claims.csv, haviv.md, summary.md,")
+    print("  haviv.csv, seeds.csv, losses.csv, context.csv, training.csv, claims.csv, haviv.md, summary.md,")
     print("  haviv.png/.svg, training.png/.svg")
     return 0
