@@ -68,6 +68,34 @@ def test_a_lost_local_worker_loses_only_unfinished_tasks(serial, tmp_path, capsy
     assert_same_tables(out, serial)
 
 
+def _start_then_sleep(folder: str, name: str) -> bool:
+    """A task: says it started (with whether SIGINT is ignored here), sleeps, says it finished."""
+    ignored = signal.getsignal(signal.SIGINT) == signal.SIG_IGN
+    Path(folder, f"{name}.started").write_text(str(ignored))
+    time.sleep(60)
+    Path(folder, f"{name}.finished").write_text("")
+    return ignored
+
+
+def test_an_interrupt_stops_the_local_workers_which_ignore_ctrl_c(tmp_path):
+    """Ctrl-C reaches the whole process group: the workers start with SIGINT ignored (a worker still
+    importing printed its own traceback), and the interrupted run ends them, running tasks
+    included, instead of waiting for those to finish."""
+    tasks = [(name, (str(tmp_path), name)) for name in ("a", "b")]
+
+    def interrupt_once_both_started():
+        while len(list(tmp_path.glob("*.started"))) < 2:
+            time.sleep(0.05)
+        signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)
+
+    threading.Thread(target=interrupt_once_both_started, daemon=True).start()
+    with pytest.raises(KeyboardInterrupt):
+        parallel.run_tasks(_start_then_sleep, tasks, lambda key, result: None, jobs=2)
+    assert [p.read_text() for p in sorted(tmp_path.glob("*.started"))] == ["True", "True"]
+    assert not list(tmp_path.glob("*.finished")) and not multiprocessing.active_children()
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # this process's handler is back
+
+
 def test_run_tasks_reports_failures_after_passing_on_the_rest():
     done = {}
     with pytest.raises(ZeroDivisionError):

@@ -36,7 +36,9 @@ import ipaddress
 import logging
 import multiprocessing
 import os
+import signal
 import sys
+import threading
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -107,7 +109,8 @@ def run_tasks(
         return
     failures = []
     with _executor(jobs, scheduler, security) as engine:
-        futures = {engine.executor.submit(function, *args): key for key, args in tasks}
+        with _sigint_ignored_by_new_workers():  # local workers start as the tasks are submitted
+            futures = {engine.executor.submit(function, *args): key for key, args in tasks}
         try:
             for future in _as_completed(futures, engine.has_workers, scheduler):
                 key = futures[future]
@@ -120,10 +123,37 @@ def run_tasks(
         except BaseException:  # an interrupt, or no workers left: drop what has not started
             for future in futures:
                 future.cancel()
+            _stop_local_workers(engine.executor)
             engine.executor.shutdown(wait=False)
             raise
         lost_scheduler = scheduler if failures and engine.scheduler_lost() else None
     _raise_failures(failures, len(tasks), lost_scheduler)
+
+
+@contextmanager
+def _sigint_ignored_by_new_workers() -> Iterator[None]:
+    """Start worker processes with SIGINT ignored (kept across their exec; Python then installs no
+    KeyboardInterrupt handler). Ctrl-C reaches the whole process group: without this, a worker
+    still importing nopelens printed its own KeyboardInterrupt traceback under the run's one line.
+    This process gets the interrupt and stops the workers (:func:`_stop_local_workers`)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def _stop_local_workers(executor: cf.Executor) -> None:
+    """End a local pool's worker processes now (their running tasks included: a part is written
+    only when it is finished, so a rerun measures it again); nothing for a Dask executor."""
+    processes = list((getattr(executor, "_processes", None) or {}).values())
+    for process in processes:
+        process.terminate()
+    for process in processes:
+        process.join(timeout=10)
 
 
 @dataclass
