@@ -171,8 +171,12 @@ def check_models_ready(models, train_seeds=(0,)) -> None:
         raise ValueError(
             f"{named}: not trained yet (no cached or shipped weights); train with "
             f"`nopelens train --zoo {spec}{'' if seed == 0 else f' --seeds {seed}'}` (one per model, about "
-            f"{zoo.RECIPES[spec].steps} steps), or compare the models there are, e.g. "
-            "--models text-nope-4l,text-rope-4l"
+            f"{zoo.RECIPES[spec].steps} steps), or compare "
+            + (
+                "the seeds there are, e.g. --seeds 0"
+                if seed
+                else "the models there are, e.g. --models text-nope-4l,text-rope-4l"
+            )
         )
 
 
@@ -454,9 +458,12 @@ SEED_KEYS = ["source", "model", "method", "probe", "fit", "n_positions", "layer"
 def over_training_seeds(seeds: pd.DataFrame) -> pd.DataFrame:
     """One row per point of each curve (:data:`SEED_KEYS`) from the per-seed rows of
     :func:`probe_model`: with one training seed, its row, whose CI is the bootstrap over windows;
-    with ``n`` >= 2, the mean over seeds of ``mad``, ``chance`` and ``mad_chance``, and a 95 %
-    Student-t CI over the training runs, ``mean ± t(0.975, n-1) * sd / sqrt(n)`` (Student 1908),
-    on MAD/chance. ``n_train_seeds`` and ``ci_over`` (``windows`` or ``training runs``) say which."""
+    with ``n`` >= 2, the mean over seeds of ``mad``, ``chance`` and ``mad_chance``, with a 95 % CI
+    on MAD/chance of half-width ``sqrt(h_runs**2 + h_windows**2)``: ``h_runs = t(0.975, n-1) *
+    sd / sqrt(n)`` (Student 1908, over the training runs) and ``h_windows`` the seeds' mean
+    bootstrap half-width. Every seed reads the same windows, so their sampling noise is shared and
+    does not average out over seeds: without it, seeds that agree would give a CI of width 0.
+    ``n_train_seeds`` and ``ci_over`` (``windows``, or ``training runs and windows``) say which."""
     rows = []
     for _, group in seeds.groupby(SEED_KEYS, sort=False, dropna=False):
         first, n = group.iloc[0], len(group)
@@ -464,14 +471,16 @@ def over_training_seeds(seeds: pd.DataFrame) -> pd.DataFrame:
         row.update(n_train_seeds=n, ci_over="windows")
         if n >= 2:
             mean, sd = group["mad_chance"].mean(), group["mad_chance"].std(ddof=1)
-            half = scipy_stats.t.ppf(0.975, n - 1) * sd / math.sqrt(n)
+            runs = scipy_stats.t.ppf(0.975, n - 1) * sd / math.sqrt(n)
+            windows = ((group["ci_high"] - group["ci_low"]) / 2).mean()
+            half = math.hypot(runs, windows)
             row.update(
                 mad=group["mad"].mean(),
                 chance=group["chance"].mean(),
                 mad_chance=mean,
                 ci_low=mean - half,
                 ci_high=mean + half,
-                ci_over="training runs",
+                ci_over="training runs and windows",
             )
         rows.append(row)
     return pd.DataFrame(rows)

@@ -99,7 +99,7 @@ def side_by_side_markdown(table: pd.DataFrame) -> str:
         lines += [
             f"**{model}** ({own['method'].iloc[0]}, {int(own['n_positions'].iloc[0])} positions, "
             f"{int(own['n_sequences'].iloc[0])} of {int(own['n_sequences_drawn'].iloc[0])} windows kept"
-            + (f"; the mean of {runs} training seeds, CIs over the training runs)" if runs > 1 else ")"),
+            + (f"; the mean of {runs} training seeds, CIs over the runs and the windows)" if runs > 1 else ")"),
             "",
             f"| layer | depth | ridge MAD/chance (floor {floors['ridge']:.2f}) | MLP MAD/chance (floor "
             f"{floors['mlp']:.2f}) | control task: ridge / MLP | shuffled labels: ridge / MLP "

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import re
 import sys
+import threading
 from typing import IO, Iterable
 
 from tqdm import std
@@ -61,13 +62,17 @@ _LINES_ONLY = False
 
 
 def lines_only() -> None:
-    """Make every later bar of this process write timed plain lines, even on a terminal.
+    """Make every later bar of this process write timed plain lines, even on a terminal, and guard
+    them with a thread lock.
 
     For worker processes that share their parent's terminal: live bars of several processes would
-    overwrite each other's lines.
+    overwrite each other's lines. tqdm's default lock holds a multiprocessing semaphore, which a
+    worker ended mid-task (an interrupted run) leaves behind: multiprocessing's resource tracker
+    then warns, under the run's one line, that it leaked.
     """
     global _LINES_ONLY
     _LINES_ONLY = True
+    std.tqdm.set_lock(threading.RLock())
 
 
 def is_terminal(stream: IO[str]) -> bool:

@@ -248,26 +248,29 @@ def test_each_panel_is_drawn_in_its_method_colour():
     assert method_color("rope") != method_color("nope")
 
 
-def test_over_training_seeds_is_the_mean_with_a_student_t_ci_over_the_runs():
+def test_over_training_seeds_is_the_mean_with_a_ci_over_the_runs_and_the_shared_windows():
     from nopelens.analyses.haviv import over_training_seeds
 
     point = dict(source="nopelens", model="m", method="nope", probe="mlp", fit="linear", n_positions=65, layer=1)
     point.update(n_layers=4, depth=0.25, floor=1.0, n_sequences=12, n_sequences_drawn=12, reference="measured")
     seeds = pd.DataFrame(
         [
-            {**point, "train_seed": s, "mad": 2 * v, "chance": 2.0, "mad_chance": v, "ci_low": 0, "ci_high": 1}
-            for s, v in enumerate([0.1, 0.2, 0.3])
+            {**point, "train_seed": s, "mad": 2 * v, "chance": 2.0, "mad_chance": v, "ci_low": v - w, "ci_high": v + w}
+            for s, (v, w) in enumerate([(0.1, 0.02), (0.2, 0.03), (0.3, 0.04)])
         ]
     )
     row = over_training_seeds(seeds).iloc[0]
-    half = 4.302653 * 0.1 / np.sqrt(3)  # t(0.975, 2) * sd / sqrt(n)
+    runs = 4.302653 * 0.1 / np.sqrt(3)  # t(0.975, 2) * sd / sqrt(n)
+    half = np.hypot(runs, 0.03)  # and the seeds' mean bootstrap half-width, in quadrature
     assert row["mad_chance"] == pytest.approx(0.2) and row["mad"] == pytest.approx(0.4)
     assert (row["ci_low"], row["ci_high"]) == pytest.approx((0.2 - half, 0.2 + half), abs=1e-6)
-    assert row["n_train_seeds"] == 3 and row["ci_over"] == "training runs" and "train_seed" not in row
+    assert row["n_train_seeds"] == 3 and row["ci_over"] == "training runs and windows" and "train_seed" not in row
     one = over_training_seeds(seeds.iloc[:1]).iloc[0]  # one seed: its own row and bootstrap CI
-    assert (one["mad_chance"], one["ci_low"], one["ci_high"], one["ci_over"]) == (0.1, 0, 1, "windows")
-    same = over_training_seeds(seeds.assign(mad_chance=0.3)).iloc[0]  # seeds that agree: a CI of width 0
-    assert same["ci_low"] == same["ci_high"] == pytest.approx(0.3)
+    assert (one["mad_chance"], one["ci_low"], one["ci_high"]) == pytest.approx((0.1, 0.08, 0.12))
+    assert one["ci_over"] == "windows"
+    # seeds that agree: the windows' CI, not one of width 0 (their windows are the same windows)
+    same = over_training_seeds(seeds.assign(mad_chance=0.3, ci_low=0.25, ci_high=0.35)).iloc[0]
+    assert (same["ci_low"], same["ci_high"]) == pytest.approx((0.25, 0.35))
 
 
 def test_training_seeds_are_parts_of_their_own_averaged_in_the_tables(tmp_path, capsys, monkeypatch, one_thread):
@@ -297,7 +300,7 @@ def test_training_seeds_are_parts_of_their_own_averaged_in_the_tables(tmp_path, 
     seeds = pd.read_csv(tmp_path / "run" / "seeds.csv")
     ours = pd.read_csv(tmp_path / "run" / "haviv.csv").query("source == 'nopelens'")
     assert len(seeds) == 2 * len(ours) and (ours["n_train_seeds"] == 2).all()
-    assert (ours["ci_over"] == "training runs").all()
+    assert (ours["ci_over"] == "training runs and windows").all()
     means = seeds.groupby(["probe", "fit", "n_positions", "layer"])["mad_chance"].mean()
     got = ours.set_index(["probe", "fit", "n_positions", "layer"])["mad_chance"]
     pd.testing.assert_series_equal(got.sort_index(), means.sort_index(), check_names=False)

@@ -77,11 +77,14 @@ def _start_then_sleep(folder: str, name: str) -> bool:
     return ignored
 
 
-def test_an_interrupt_stops_the_local_workers_which_ignore_ctrl_c(tmp_path):
+def test_an_interrupt_stops_the_local_workers_which_ignore_ctrl_c(tmp_path, monkeypatch):
     """Ctrl-C reaches the whole process group: the workers start with SIGINT ignored (a worker still
     importing printed its own traceback), and the interrupted run ends them, running tasks
-    included, instead of waiting for those to finish."""
-    tasks = [(name, (str(tmp_path), name)) for name in ("a", "b")]
+    included, instead of waiting for those to finish, and cancels the waiting ones without a
+    traceback from the pool's threads."""
+    tasks = [(name, (str(tmp_path), name)) for name in ("a", "b", "c", "d")]  # two wait: cancelled
+    thread_errors = []
+    monkeypatch.setattr(threading, "excepthook", thread_errors.append)
 
     def interrupt_once_both_started():
         while len(list(tmp_path.glob("*.started"))) < 2:
@@ -93,6 +96,7 @@ def test_an_interrupt_stops_the_local_workers_which_ignore_ctrl_c(tmp_path):
         parallel.run_tasks(_start_then_sleep, tasks, lambda key, result: None, jobs=2)
     assert [p.read_text() for p in sorted(tmp_path.glob("*.started"))] == ["True", "True"]
     assert not list(tmp_path.glob("*.finished")) and not multiprocessing.active_children()
+    assert thread_errors == []  # the pool's manager thread raised InvalidStateError on cancelled futures
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # this process's handler is back
 
 

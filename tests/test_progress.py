@@ -65,10 +65,15 @@ def test_nested_bars_in_a_log_write_plain_lines():
 
 def test_after_lines_only_a_terminal_gets_lines_too(monkeypatch):
     """Sweep workers share their parent's terminal: their bars must not redraw over each other."""
+    import threading
+
     from nopelens.models import progress
 
     monkeypatch.setattr(progress, "_LINES_ONLY", False)
+    monkeypatch.setattr(progress.std.tqdm, "_lock", progress.std.tqdm.get_lock(), raising=False)
     progress.lines_only()
+    # a worker's bars hold no multiprocessing semaphore, which a worker ended mid-task would leak
+    assert isinstance(progress.std.tqdm.get_lock(), type(threading.RLock()))
     screen = Terminal()
     for _ in progress_bar(range(20_000), file=screen, desc="train"):
         pass

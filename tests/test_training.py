@@ -230,6 +230,7 @@ def test_train_command_reads_the_built_in_corpus_it_is_given(tmp_path, capsys):
     for bad, said in (
         (["--task", "copy", "--corpus", "python_docs"], "--corpus only applies to --task text"),
         (["--task", "text", "--corpus", "python_docs", "--text-file", "x.txt"], "not both"),
+        (["--task", "text", "--corpus", "help", "--text-file", "x.txt"], "not both"),
     ):
         capsys.readouterr()
         assert main(["train", *bad, "--out", str(tmp_path / "bad"), *small]) == 2

@@ -22,7 +22,7 @@ def register(subparsers) -> None:
         "ALiBi and RoPE",
         description="Probe every residual layer of each model with ridge regression (ours) and with "
         "Haviv et al. 2022's 2-layer MLP classifier (its argmax MAD), both as MAD/chance with 95 % CIs "
-        "and no-information floors (the mean over --seeds training seeds, CIs over the runs), next to the "
+        "and no-information floors (the mean over --seeds training seeds, CIs over the runs and windows), next to the "
         "paper's released per-layer values at the same fraction "
         "of depth; validation bits per byte next to the paper's Table 1; the NoPE model at shorter "
         "windows; a verdict per claim. Writes haviv.csv, seeds.csv, losses.csv, context.csv, training.csv, claims.csv, "
@@ -71,7 +71,7 @@ def register(subparsers) -> None:
     add_seeds(
         parser,
         "each zoo model at each seed (its own trained model); with two or more, each curve is their "
-        "mean, with a CI over the training runs",
+        "mean, with a CI over the training runs and the windows",
         default=(0,),
     )
     add_quiet(parser, "progress lines")

@@ -110,6 +110,8 @@ def _run(args: argparse.Namespace) -> int:
     task_kwargs = {"path": args.text_file, "corpus": args.corpus or "help"} if args.task == "text" else {}
     if (args.text_file or args.corpus) and args.task != "text":
         raise ValueError(f"{'--text-file' if args.text_file else '--corpus'} only applies to --task text")
+    if args.text_file and args.corpus:
+        raise ValueError(f"give --text-file or --corpus, not both (--corpus {args.corpus} would not be read)")
     task = make_task(args.task, **task_kwargs)
     config = DecoderConfig(
         d_vocab=task.d_vocab,

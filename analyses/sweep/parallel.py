@@ -121,9 +121,9 @@ def run_tasks(
                     continue
                 on_done(key, result)
         except BaseException:  # an interrupt, or no workers left: drop what has not started
+            _stop_local_workers(engine.executor)
             for future in futures:
                 future.cancel()
-            _stop_local_workers(engine.executor)
             engine.executor.shutdown(wait=False)
             raise
         lost_scheduler = scheduler if failures and engine.scheduler_lost() else None
@@ -148,12 +148,19 @@ def _sigint_ignored_by_new_workers() -> Iterator[None]:
 
 def _stop_local_workers(executor: cf.Executor) -> None:
     """End a local pool's worker processes now (their running tasks included: a part is written
-    only when it is finished, so a rerun measures it again); nothing for a Dask executor."""
+    only when it is finished, so a rerun measures it again); nothing for a Dask executor.
+
+    The pool's manager thread then fails every unfinished future as "broken"; it is waited for
+    before the caller cancels them (a future cancelled first makes that thread raise
+    InvalidStateError, printed as a traceback)."""
     processes = list((getattr(executor, "_processes", None) or {}).values())
     for process in processes:
         process.terminate()
     for process in processes:
         process.join(timeout=10)
+    manager = getattr(executor, "_executor_manager_thread", None)
+    if processes and manager is not None:
+        manager.join(timeout=10)
 
 
 @dataclass
