@@ -92,12 +92,17 @@ def test_an_interrupt_stops_the_local_workers_which_ignore_ctrl_c(tmp_path, monk
         signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)
 
     threading.Thread(target=interrupt_once_both_started, daemon=True).start()
-    with pytest.raises(KeyboardInterrupt):
-        parallel.run_tasks(_start_then_sleep, tasks, lambda key, result: None, jobs=2)
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)  # an xdist worker ignores SIGINT
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            parallel.run_tasks(_start_then_sleep, tasks, lambda key, result: None, jobs=2)
+        handler = signal.getsignal(signal.SIGINT)
+    finally:
+        signal.signal(signal.SIGINT, previous)
     assert [p.read_text() for p in sorted(tmp_path.glob("*.started"))] == ["True", "True"]
     assert not list(tmp_path.glob("*.finished")) and not multiprocessing.active_children()
     assert thread_errors == []  # the pool's manager thread raised InvalidStateError on cancelled futures
-    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # this process's handler is back
+    assert handler is signal.default_int_handler  # this process's handler is back
 
 
 def test_run_tasks_reports_failures_after_passing_on_the_rest():
