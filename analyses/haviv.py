@@ -261,9 +261,13 @@ def measure(
                 f"{part} was measured on other files than {spec} holds now ({', '.join(changes)} since); "
                 "use another --out folder, or delete that part folder to measure it again"
             )
-        problem = _unsound_part(done[0]["probes"], done[1], spec, train_seed, length)
+        probes, meta = done[0]["probes"], done[1]
+        problem = _unsound_part(probes, meta, spec, train_seed, length)
         if problem is None:
-            return done[0]["probes"], done[1], f"already measured in {part}"
+            if "train_seed" not in probes:  # a part from before training seeds: seed 0's
+                probes.insert(probes.columns.get_loc("model") + 1, "train_seed", train_seed)
+                meta = {**meta, "train_seed": train_seed}
+            return probes, meta, f"already measured in {part}"
         print(f"nopelens: {part}/done.json {problem}; measuring it again", file=sys.stderr)
     clock = time.perf_counter()
     with one_thread():

@@ -308,6 +308,20 @@ def test_training_seeds_are_parts_of_their_own_averaged_in_the_tables(tmp_path, 
     assert all(len(each.split()) == 2 for each in context.loc[context["measured"], "seed_first_layers"])
     assert set(pd.read_csv(tmp_path / "run" / "losses.csv")["train_seed"]) == {0, 1}
     assert_folder_documented(tmp_path / "run", "compare haviv")
+    # parts from before training seeds (no train_seed) are read back as seed 0's, not measured again
+    from nopelens.analyses.runs import read_part, write_part
+
+    for name in ("tiny-text-L16", "tiny-text-L32"):
+        part = tmp_path / "run" / "parts" / name
+        tables, meta = read_part(part, ["probes"])
+        meta.pop("train_seed")
+        write_part(part, {"probes": tables["probes"].drop(columns="train_seed")}, meta)
+    capsys.readouterr()
+    assert main([*args[:-1], "--seeds", "0,1", "--out", str(tmp_path / "run")]) == 0
+    assert capsys.readouterr().out.count("already measured") == 4
+    pd.testing.assert_frame_equal(pd.read_csv(tmp_path / "run" / "seeds.csv"), seeds)
+    reread = pd.read_csv(tmp_path / "run" / "context.csv", dtype={"seed_first_layers": str})
+    pd.testing.assert_frame_equal(reread, context)
     checkpoint = str(zoo.model_dir("tiny-text"))
     assert main([*args, "--models", checkpoint, "--seeds", "0,1", "--out", str(tmp_path / "ck")]) == 2
     err = capsys.readouterr().err
