@@ -95,7 +95,7 @@ def side_by_side_markdown(table: pd.DataFrame) -> str:
     lines = []
     for model, own in ours.groupby("model", sort=False):
         floors = {p: own.loc[own["probe"] == p, "floor"].iloc[0] for p in ("ridge", "mlp")}
-        runs = int(own["n_train_seeds"].iloc[0]) if "n_train_seeds" in own else 1
+        runs = int(own["n_train_seeds"].iloc[0])
         lines += [
             f"**{model}** ({own['method'].iloc[0]}, {int(own['n_positions'].iloc[0])} positions, "
             f"{int(own['n_sequences'].iloc[0])} of {int(own['n_sequences_drawn'].iloc[0])} windows kept"
@@ -157,7 +157,7 @@ def summary_markdown(tables: dict[str, pd.DataFrame]) -> str:
             _number(r["paper_ppl_wikitext-103"], ".2f"),
             _number(r["paper_gap_the_pile"], "+.2%"),
         ]
-        loss_lines.append(f"| {r['model']} | {r.get('train_seed', 0)} | {r['method']} | " + " | ".join(cells) + " |")
+        loss_lines.append(f"| {r['model']} | {r['train_seed']} | {r['method']} | " + " | ".join(cells) + " |")
     context = tables["context"]
     context_lines = [
         "| model | window (bytes) | probe | first layer with MAD/chance CI upper end <= 0.1 | depth | each training "
@@ -171,8 +171,7 @@ def summary_markdown(tables: dict[str, pd.DataFrame]) -> str:
             else ("none" if r["first_layer"] < 0 else str(int(r["first_layer"])))
         )
         depth = "" if pd.isna(r["depth"]) else f"{r['depth']:.2f}"
-        each = r.get("seed_first_layers", "")
-        each = "" if pd.isna(each) else str(each).replace("-1", "none")
+        each = r["seed_first_layers"].replace("-1", "none")
         context_lines.append(f"| {r['model']} | {int(r['length'])} | {r['probe']} | {first} | {depth} | {each} |")
     claims = tables["claims"]
     claim_lines = ["| claim | paper | ours | verdict |", "|---|---|---|---|"]
@@ -242,9 +241,8 @@ def training_figure(training: pd.DataFrame) -> plt.Figure:
     """Each model's training loss (bits per byte, trailing mean) against the step, in its method's
     colour, the two tenths the levelling-off rule compares shaded."""
     fig, ax = plt.subplots(figsize=(6.4, 3.6))
-    seeds = training["train_seed"] if "train_seed" in training else pd.Series(0, index=training.index)
     labelled = set()  # one legend entry per model; its other training seeds share its colour
-    for (model, _), rows in training.groupby([training["model"], seeds], sort=False):
+    for (model, _), rows in training.groupby(["model", "train_seed"], sort=False):
         label = None if model in labelled else model
         labelled.add(model)
         ax.plot(rows["step"], rows["train_bits_per_byte"], color=method_color(rows["method"].iloc[0]), label=label)

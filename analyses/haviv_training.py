@@ -66,12 +66,12 @@ def _loss_curve(spec: str, train_seed: int = 0) -> pd.DataFrame | None:
     Raises:
         ValueError: naming the checkpoint, when its curve is damaged or not numbers.
     """
-    cached = spec in zoo.RECIPES and zoo.is_cached(spec, seed=train_seed)
-    folder = (
-        (zoo.model_dir(spec, seed=train_seed) if cached else zoo.shipped_dir(spec, seed=train_seed))
-        if spec in zoo.RECIPES
-        else spec
-    )
+    if spec not in zoo.RECIPES:
+        folder = spec
+    elif zoo.is_cached(spec, seed=train_seed):
+        folder = zoo.model_dir(spec, seed=train_seed)
+    else:
+        folder = zoo.shipped_dir(spec, seed=train_seed)
     curve = load_checkpoint(folder).loss_curve
     if curve.empty or "loss" not in curve:
         return None
@@ -96,7 +96,7 @@ def training_curves(metas: list[dict]) -> pd.DataFrame:
     """
     frames = []
     for meta in metas:
-        curve = _loss_curve(meta["model"], meta.get("train_seed", 0))
+        curve = _loss_curve(meta["model"], meta["train_seed"])
         if curve is None or "loss" not in curve or len(curve) < 20:
             continue
         n = len(curve)
@@ -109,7 +109,7 @@ def training_curves(metas: list[dict]) -> pd.DataFrame:
             pd.DataFrame(
                 dict(
                     model=meta["model"],
-                    train_seed=meta.get("train_seed", 0),
+                    train_seed=meta["train_seed"],
                     method=meta["method"],
                     step=curve["step"].to_numpy()[keep],
                     train_bits_per_byte=smooth.to_numpy()[keep],
@@ -151,14 +151,14 @@ def losses(metas: list[dict]) -> pd.DataFrame:
         [
             dict(
                 model=m["model"],
-                train_seed=m.get("train_seed", 0),
+                train_seed=m["train_seed"],
                 method=m["method"],
                 reads_positions=m["reads_positions"],
                 bits_per_byte=m["bits_per_byte"],
                 unseen_bits_per_byte=m["unseen_bits_per_byte"],
                 unseen_bytes=m["unseen_bytes"],
                 corpus=m["corpus"],
-                **training_levelled(_loss_curve(m["model"], m.get("train_seed", 0)), m["bits_per_byte"] * math.log(2)),
+                **training_levelled(_loss_curve(m["model"], m["train_seed"]), m["bits_per_byte"] * math.log(2)),
             )
             for m in metas
         ]

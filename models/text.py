@@ -249,9 +249,9 @@ class TextTask(Task):
         self.kwargs = {"path": self.path, "validation_fraction": validation_fraction}
         if corpus != "help":
             self.kwargs["corpus"] = corpus
-        read, self.corpus_name = CORPORA[corpus]
+        read, label = CORPORA[corpus]
         documents = read() if path is None else file_documents(path)
-        self.corpus_name = self.path or self.corpus_name
+        self.corpus_name = self.path or label
         split = {"train": [], "validation": []}
         for key, text in documents.items():
             split["validation" if is_validation_document(key, validation_fraction) else "train"].append(text)

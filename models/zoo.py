@@ -32,6 +32,7 @@ from typing import Any
 from .checkpoint import METADATA_FILE, TrainedModel, load_checkpoint, read_metadata
 from .config import DecoderConfig
 from .tasks import Task, make_task
+from .text import CORPORA
 from .training import train
 
 CACHE_ENV = "NOPELENS_CACHE"
@@ -139,13 +140,10 @@ def _text(
     config = DecoderConfig(
         d_vocab=258, n_ctx=length + 1, n_layers=n_layers, d_model=d_model, n_heads=4, position=method
     )
-    text = {
-        "help": "CPython's help texts (pydoc_data.topics)",
-        "python_docs": "CPython's help texts and standard-library docstrings",
-    }[corpus]
     return Recipe(
         name=f"text{'' if length == TEXT_LEN else length}-{label or method}-{n_layers}l",
-        description=f"{n_layers}-layer {what or method} byte-level language model of {text}, {length}-byte windows",
+        description=f"{n_layers}-layer {what or method} byte-level language model of {CORPORA[corpus][1]}, "
+        f"{length}-byte windows",
         config=config,
         task="text",
         task_kwargs={"path": None, "validation_fraction": 0.1, **({} if corpus == "help" else {"corpus": corpus})},
