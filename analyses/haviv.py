@@ -526,7 +526,9 @@ def side_by_side(ours: pd.DataFrame) -> pd.DataFrame:
             paper_mad_chance=theirs["value"],
         )
     )
-    return pd.concat([ours, theirs], ignore_index=True)
+    table = pd.concat([ours, theirs], ignore_index=True)
+    counts = [c for c in ("n_sequences", "n_sequences_drawn", "n_train_seeds") if c in table]
+    return table.astype(dict.fromkeys(counts, "Int64"))  # counts stay integers; the paper's rows are empty
 
 
 def context_axis(ours: pd.DataFrame, seeds: pd.DataFrame, settings: HavivSettings, metas: list[dict]) -> pd.DataFrame:

@@ -415,10 +415,22 @@ def _make_folders(folders: list[Path]) -> None:
             raise ValueError(f"cannot create folder {folder}: it, or a folder above it, is a file") from None
 
 
+def _differing_settings(recipe: dict, meta: dict, prefix: str = "") -> list[str]:
+    """The recipe's settings that ``meta`` holds otherwise, named down to the nested key (``task.corpus``)."""
+    differing = []
+    for key in sorted(recipe):
+        ours, theirs = recipe[key], meta.get(key)
+        if isinstance(ours, dict) and isinstance(theirs, dict):
+            differing += _differing_settings({**dict.fromkeys(theirs), **ours}, theirs, f"{prefix}{key}.")
+        elif ours != theirs:
+            differing.append(f"{prefix}{key}")
+    return differing
+
+
 def _resume(path: Path, recipe: dict, model: Decoder, optimizer, progress: bool):
     """Load a matching checkpoint: the finished TrainedModel, or (step, loss rows, seconds) to go on."""
     meta = read_metadata(path)
-    differing = sorted(key for key in recipe if meta.get(key) != recipe[key])
+    differing = _differing_settings(recipe, meta)
     if differing:
         raise ValueError(
             f"checkpoint {path} was made by a different recipe (differs in {', '.join(differing)}); "

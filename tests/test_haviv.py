@@ -70,6 +70,8 @@ def test_quick_run_writes_every_table_and_resumes(tmp_path, capsys, one_thread):
     floors = ours.groupby("probe")["floor"].first()
     assert floors["ridge"] == pytest.approx(3 * 65**2 / (4 * (65**2 - 1)), abs=0.01) and floors["mlp"] == 1
     assert (ours["n_sequences"] == 12).all()  # the kept sample, said in every row
+    written = pd.read_csv(tmp_path / "haviv.csv", dtype=str)
+    assert set(written["n_sequences"].dropna()) == {"12"} and set(written["n_train_seeds"].dropna()) == {"1"}
     assert (
         (tmp_path / "summary.md").read_text().startswith("**Quick mode (`--quick`)")
     )  # its numbers are a smoke test's

@@ -264,6 +264,9 @@ def test_training_runs_on_one_thread_by_default_and_the_count_is_part_of_the_rec
     two = train(CFG, TASK, 2, seed=0, threads=2, **QUICK)
     assert two.metadata["threads"] == 2 and two.metadata["torch_threads"] == 2
 
+    with pytest.raises(ValueError, match=r"differs in task\.kwargs\.n_symbols\)"):
+        train(CFG, make_task("copy", n_symbols=5), 2, seed=0, checkpoint_dir=tmp_path / "one", **QUICK)
+
     recipe = zoo.recipe("text-nope-4l")
     assert recipe.threads == 1 and "threads" not in recipe.to_dict(), "zoo digests and cache folders unchanged"
     assert dataclasses.replace(recipe, threads=2).digest != recipe.digest

@@ -194,7 +194,7 @@ def guarded(run: Callable[[], int | None], label: str) -> int:
         code = run()
         return code if isinstance(code, int) and not isinstance(code, bool) else 0
     except KeyboardInterrupt:
-        print(f"{label}: interrupted; results written so far are kept, rerun to resume", file=sys.stderr)
+        print(f"{label}: interrupted; rerun the same command to resume from what it wrote", file=sys.stderr)
         return 130
     except USER_ERRORS as error:
         if os.environ.get("NOPELENS_TRACEBACK"):
