@@ -343,7 +343,8 @@ def _one_model_per_method(methods: dict[str, str]) -> None:
 
 def _with_unseen_loss(meta: dict, spec: str, train_seed: int, window: int) -> dict:
     """``meta`` with the model's loss on the unseen validation documents (:func:`unseen_loss`) and
-    the text it was trained on (``corpus``: the file, or the built-in corpus's name)."""
+    the text it was trained on (``corpus``: the file, or what the built-in corpus holds, in the
+    words of :data:`~nopelens.models.text.CORPORA`)."""
     subject = _text_subject(spec, 2, 3, 0, train_seed)
     bits, scored = unseen_loss(subject.model, subject.task, window)
     corpus = subject.task.corpus_name
