@@ -416,7 +416,7 @@ def _make_folders(folders: list[Path]) -> None:
 
 
 def _differing_settings(recipe: dict, meta: dict, prefix: str = "") -> list[str]:
-    """The recipe's settings that ``meta`` holds otherwise, named down to the nested key (``task.corpus``)."""
+    """The recipe's settings that ``meta`` holds otherwise, named down to the nested key (``task.kwargs.corpus``)."""
     differing = []
     for key in sorted(recipe):
         ours, theirs = recipe[key], meta.get(key)

@@ -189,7 +189,7 @@ context at the same bytes per step measured 1.3-1.7 s per step (over 2 hours): n
 The text is CPython's help topics and standard-library docstrings (2.4 MB of training text, about
 ten passes in 6000 steps). The first zoo of this recipe read the help topics alone (439 KB, 56
 passes); every model failed the levelling-off rule fixed before training: the validation loss was
-25-280 % above the training loss, the models had memorized their text. That in-distribution
+25-282 % above the training loss, the models had memorized their text. That in-distribution
 failure, not the probes, chose the larger text; the rule, width and steps stay as they were."""
 COPY_SYMBOLS, COPY_MAX_LEN, COPY_STEPS = 32, 10, 1500
 HYBRID_LAYERS = ("rope", "rope", "rope", "nope")
